@@ -1,0 +1,33 @@
+"""The error types every layer raises, and the exit code each one maps to.
+
+The CLI turns any RocmforgeError into one line on stderr and its exit code (no traceback unless
+--debug). Exit codes are the same in every command:
+0 ok; 1 failure; 2 usage error; 3 invalid model file; 4 valid but unsupported; 5 out of memory.
+"""
+
+from __future__ import annotations
+
+from hipcore.runtime.errors import (  # noqa: F401  (re-exported)
+    EXIT_FAILURE,
+    EXIT_INVALID_MODEL,
+    EXIT_OK,
+    EXIT_OUT_OF_MEMORY,
+    EXIT_UNSUPPORTED,
+    EXIT_USAGE,
+    DeviceError,
+    DeviceOutOfMemory,
+    RocmforgeError,
+    UsageError,
+)
+
+
+class InvalidModelError(RocmforgeError):
+    """The model file is malformed (exit 3)."""
+
+    exit_code = EXIT_INVALID_MODEL
+
+
+class UnsupportedModelError(RocmforgeError):
+    """The model file is valid but uses something we do not support (exit 4): name it."""
+
+    exit_code = EXIT_UNSUPPORTED

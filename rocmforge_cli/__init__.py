@@ -1,0 +1,1 @@
+"""rocmforge's command line: the Typer app, argument parsing, rendering and exit codes only."""

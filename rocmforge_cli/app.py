@@ -1,0 +1,39 @@
+"""Assembles the rocmforge commands; nothing else lives here."""
+
+from __future__ import annotations
+
+import typer
+
+from rocmforge_cli.common import set_debug
+
+app = typer.Typer(
+    name="rocmforge",
+    help=(
+        "Run GGUF language models on your GPU (AMD through HIP, NVIDIA through CUDA, or the CPU) "
+        "and see where the GPU memory goes.\n\n"
+        "Start with `rocmforge generate \"Hello\"` (uses the demo model if installed) or "
+        "`rocmforge devices` to see what hardware was found."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _global_options(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+) -> None:
+    set_debug(debug)
+
+
+# Commands register here, one line each.
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

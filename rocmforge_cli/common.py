@@ -1,0 +1,73 @@
+"""What every command shares: the error-to-exit-code boundary, the consoles, the --debug switch."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from typing import Any, Callable, TypeVar
+
+import typer
+from rich.console import Console
+
+from hipcore.errors import EXIT_FAILURE, RocmforgeError
+
+# Results go to stdout; progress, stats and errors go to stderr (so `generate ... > out.txt` and
+# `--json | jq` stay clean).
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+_state = {"debug": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def set_debug(on: bool) -> None:
+    _state["debug"] = on
+
+
+def debug_enabled() -> bool:
+    return _state["debug"]
+
+
+def fail(message: str, code: int) -> "typer.Exit":
+    """Print one 'error: ...' line on stderr and return the Exit to raise."""
+    stderr.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    return typer.Exit(code)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn RocmforgeError into one line and its exit code; anything else into exit 1 with a hint.
+
+    With --debug the traceback is printed as well.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except RocmforgeError as exc:
+            if debug_enabled():
+                traceback.print_exc(file=sys.stderr)
+            raise fail(_escape(str(exc)), exc.exit_code) from None
+        except KeyboardInterrupt:
+            stderr.print("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as exc:  # a bug of ours: say so, keep the traceback behind --debug
+            if debug_enabled():
+                traceback.print_exc(file=sys.stderr)
+                raise typer.Exit(EXIT_FAILURE) from None
+            raise fail(
+                _escape(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)"),
+                EXIT_FAILURE,
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
