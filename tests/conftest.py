@@ -1,0 +1,27 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hipcore.demo_model import INSTALL_HINT, find_demo_model
+
+
+@pytest.fixture(scope="session")
+def demo_model_path() -> Path:
+    """The real demo model. CI installs it; a missing model is a setup error, not a skip."""
+    path = find_demo_model()
+    if path is None:
+        pytest.fail(f"the demo model is not installed; run: {INSTALL_HINT}", pytrace=False)
+    return path
+
+
+@pytest.fixture
+def cpu_device():
+    from hipcore.runtime.cpu import CpuDevice
+
+    dev = CpuDevice(capacity=4 << 30)
+    yield dev
+    dev.close()
