@@ -1,0 +1,1 @@
+"""The paged KV cache: block pool, block tables, the KvCache and its MemoryProfile."""

@@ -1,0 +1,1 @@
+"""Model configuration, weights on the device, and the forward pass (one module per architecture)."""

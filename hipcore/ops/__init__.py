@@ -1,0 +1,5 @@
+"""One module per op: the device launcher and its numpy reference side by side.
+
+Each module also registers the op's host implementation with the cpu backend, so the same
+launcher runs on every device.
+"""

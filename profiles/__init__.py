@@ -1,0 +1,1 @@
+"""Memory-profiling workloads and reports: KV sweeps, model presets, the leak check."""
