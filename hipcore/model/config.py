@@ -1,0 +1,242 @@
+"""ModelConfig: the llama family's hyperparameters, read from GGUF metadata and checked against the tensors.
+
+Accepted architectures: "llama" (mistral-style llama GGUFs use it too). Anything else is a valid but
+unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
+and "linear" (positions divided by the factor); "yarn", "longrope" and the rest are named and
+refused (exit 4) rather than silently computed wrong.
+
+The checks here are what make a plan safe to allocate from: block_count, context and head counts
+are capped, every tensor the architecture needs must exist with exactly the shape the config
+implies, and nothing unexpected may be present (as llama.cpp, which refuses extra tensors).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Protocol
+
+from hipcore.gguf_header import GGUFError, Limits, show
+from hipcore.model.metadata_keys import MetadataKeys
+
+ARCHITECTURES = ("llama",)
+SUPPORTED_ROPE_SCALING = ("none", "linear")
+
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.")
+_SPECIAL_TOKEN_KEY = re.compile(r"tokenizer\.ggml\.\w+_token_id\Z")
+_MAX_DIM = 1 << 24  # hidden, ffn, heads and head_dim above this describe no real model
+
+
+class _Tensor(Protocol):
+    name: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    name: str
+    vocab_size: int
+    context_length: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_dim: int                 # leading dimensions of each head that RoPE rotates (<= head_dim)
+    rope_scaling: str             # one of SUPPORTED_ROPE_SCALING
+    rope_scaling_factor: float    # 1.0 unless rope_scaling == "linear"
+    rope_original_context: int
+    tie_embeddings: bool          # output.weight absent: the output projection is token_embd.weight
+    file_type: int | None
+
+    @property
+    def q_size(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def expected_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Numpy-order shapes of every tensor this config needs (a weight is (out_features, in_features))."""
+        h, v, f = self.hidden_size, self.vocab_size, self.ffn_size
+        shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
+        if not self.tie_embeddings:
+            shapes["output.weight"] = (v, h)
+        layer = {
+            "attn_norm": (h,), "attn_q": (self.q_size, h), "attn_k": (self.kv_size, h),
+            "attn_v": (self.kv_size, h), "attn_output": (h, self.q_size),
+            "ffn_norm": (h,), "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f),
+        }
+        for i in range(self.n_layers):
+            for part, shape in layer.items():
+                shapes[f"blk.{i}.{part}.weight"] = shape
+        return shapes
+
+    def optional_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Tensors a llama file may carry: per-frequency RoPE factors (llama 3.1-style long context)."""
+        return {"rope_freqs.weight": (self.rope_dim // 2,)}
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV-cache bytes one token occupies across all layers (K and V; GQA: KV heads, not query heads)."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes
+
+
+def config_from_metadata(
+    metadata: Mapping[str, object],
+    tensors: Iterable[_Tensor],
+    *,
+    types: Mapping[str, str] | None = None,
+    offsets: Mapping[str, int] | None = None,
+    limits: Limits = Limits(),
+) -> ModelConfig:
+    """Build and validate the config; also checks every tensor's presence and shape against it.
+
+    `types`/`offsets` (GGUF value type names and byte offsets per key, from the header parser) make
+    type checks exact and errors point at bytes; without them, Python types are checked.
+    """
+    tensors = list(tensors)
+    keys = MetadataKeys(metadata, types, offsets)
+    arch = keys.string("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise keys.error("general.architecture", arch, " or ".join(map(repr, ARCHITECTURES)), unsupported=True,
+                         problem=f"architecture {show(arch)} is not supported")
+    experts = keys.uint32(f"{arch}.expert_count", default=0)
+    if experts:
+        raise keys.error(f"{arch}.expert_count", experts, "0 (dense models)", unsupported=True,
+                         problem=f"a mixture-of-experts model ({experts} experts) is not supported")
+    n_layers = keys.uint32(f"{arch}.block_count", lo=1, hi=limits.max_layers)
+    context = keys.uint32(f"{arch}.context_length", lo=1, hi=limits.max_context)
+    hidden = keys.uint32(f"{arch}.embedding_length", lo=1, hi=_MAX_DIM)
+    ffn = keys.uint32_or_uniform_array(f"{arch}.feed_forward_length", n_layers, lo=1, hi=_MAX_DIM)
+    n_heads = keys.uint32_or_uniform_array(f"{arch}.attention.head_count", n_layers, lo=1, hi=_MAX_DIM)
+    n_kv = keys.uint32_or_uniform_array(f"{arch}.attention.head_count_kv", n_layers, lo=1, hi=n_heads,
+                                        default=n_heads)
+    if n_heads % n_kv:
+        raise keys.error(f"{arch}.attention.head_count_kv", n_kv, f"a divisor of head_count ({n_heads})",
+                         problem=f"head_count {n_heads} is not divisible by head_count_kv {n_kv}")
+    head_dim = _head_dim(keys, arch, hidden, n_heads)
+    rope_dim = keys.uint32(f"{arch}.rope.dimension_count", lo=2, hi=head_dim, default=head_dim)
+    if rope_dim % 2:
+        raise keys.error(f"{arch}.rope.dimension_count", rope_dim, f"an even number from 2 to {head_dim}")
+    scaling, factor, original = _rope_scaling(keys, arch, context)
+    names = {t.name for t in tensors}
+    config = ModelConfig(
+        architecture=arch,
+        name=keys.string("general.name", default=""),
+        vocab_size=_vocab_size(keys, arch, tensors),
+        context_length=context, hidden_size=hidden, n_layers=n_layers,
+        n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, ffn_size=ffn,
+        rms_norm_eps=keys.float32(f"{arch}.attention.layer_norm_rms_epsilon", lo=0.0, hi=1.0),
+        rope_theta=keys.float32(f"{arch}.rope.freq_base", lo=0.0, hi=1e12, default=10000.0),
+        rope_dim=rope_dim, rope_scaling=scaling, rope_scaling_factor=factor, rope_original_context=original,
+        tie_embeddings="output.weight" not in names,
+        file_type=keys.uint32("general.file_type", required=False),
+    )
+    _check_vocabulary(keys, config.vocab_size)
+    check_tensor_shapes(config, tensors)
+    return config
+
+
+def _head_dim(keys: MetadataKeys, arch: str, hidden: int, n_heads: int) -> int:
+    key_length = keys.uint32(f"{arch}.attention.key_length", lo=1, hi=_MAX_DIM, required=False)
+    if key_length is None:
+        if hidden % n_heads:
+            raise keys.error(f"{arch}.attention.head_count", n_heads, f"a divisor of embedding_length ({hidden})",
+                             problem=f"embedding_length {hidden} is not divisible by head_count {n_heads}")
+        key_length = hidden // n_heads
+    value_length = keys.uint32(f"{arch}.attention.value_length", lo=1, hi=_MAX_DIM, default=key_length)
+    if value_length != key_length:
+        raise keys.error(f"{arch}.attention.value_length", value_length, f"equal to key_length ({key_length})",
+                         unsupported=True, problem="different key and value head sizes are not supported")
+    return key_length
+
+
+def _rope_scaling(keys: MetadataKeys, arch: str, context: int) -> tuple[str, float, int]:
+    type_key = f"{arch}.rope.scaling.type"
+    factor_key = f"{arch}.rope.scaling.factor"
+    if factor_key not in keys and f"{arch}.rope.scale_linear" in keys:
+        factor_key = f"{arch}.rope.scale_linear"  # the older name of the linear factor
+    factor = keys.float32(factor_key, lo=0.0, hi=1024.0, default=1.0)
+    kind = keys.string(type_key, default="linear" if factor != 1.0 else "none")
+    if kind not in SUPPORTED_ROPE_SCALING:
+        raise keys.error(type_key, kind, " or ".join(SUPPORTED_ROPE_SCALING), unsupported=True,
+                         problem=f"RoPE scaling {show(kind)} is not supported")
+    if kind == "none" and factor != 1.0:
+        raise keys.error(factor_key, factor, "1.0 when rope.scaling.type is 'none'",
+                         problem=f"factor {factor:g} contradicts scaling type 'none'")
+    original = keys.uint32(f"{arch}.rope.scaling.original_context_length", lo=1, hi=context, default=context)
+    return kind, factor, original
+
+
+def _vocab_size(keys: MetadataKeys, arch: str, tensors: list[_Tensor]) -> int:
+    tokens = keys.array("tokenizer.ggml.tokens", ("string",))
+    declared = keys.uint32(f"{arch}.vocab_size", lo=1, hi=_MAX_DIM, required=False)
+    if tokens is not None and declared is not None and declared != len(tokens):
+        raise keys.error(f"{arch}.vocab_size", declared, f"the number of tokenizer.ggml.tokens ({len(tokens)})",
+                         problem=f"{declared} disagrees with the {len(tokens)} entries of tokenizer.ggml.tokens")
+    if tokens is not None:
+        if not tokens:
+            raise keys.error("tokenizer.ggml.tokens", 0, "at least one token", problem="the vocabulary is empty")
+        return len(tokens)
+    if declared is not None:
+        return declared
+    embedding = next((t for t in tensors if t.name == "token_embd.weight"), None)
+    if embedding is None:
+        raise GGUFError("token_embd.weight", None, None, "a [vocab, hidden] tensor", problem="the tensor is missing")
+    return embedding.shape[0]
+
+
+def _check_vocabulary(keys: MetadataKeys, vocab: int) -> None:
+    """Per-token arrays must have one entry per token; special token ids must name a token."""
+    has_tokens = "tokenizer.ggml.tokens" in keys
+    for key, element_types in (("tokenizer.ggml.scores", ("float32",)),
+                               ("tokenizer.ggml.token_type", ("int32", "uint32"))):
+        values = keys.array(key, element_types)
+        if values is not None and len(values) != vocab:
+            raise keys.error(key, len(values), f"{vocab} entries, one per token",
+                             problem=f"has {len(values)} entries for a vocabulary of {vocab}")
+    merges = keys.array("tokenizer.ggml.merges", ("string",))
+    if merges is not None and not has_tokens:
+        raise keys.error("tokenizer.ggml.merges", len(merges), "merges only together with tokenizer.ggml.tokens",
+                         problem="merges without a vocabulary")
+    for key in keys.metadata:
+        if _SPECIAL_TOKEN_KEY.match(key):
+            keys.uint32(key, hi=vocab - 1 if has_tokens else (1 << 32) - 1)
+
+
+def check_tensor_shapes(config: ModelConfig, tensors: Iterable[_Tensor]) -> None:
+    """Every needed tensor present with the config's shape; nothing the architecture does not use."""
+    present = {t.name: t for t in tensors}
+    expected = config.expected_tensor_shapes()
+    optional = config.optional_tensor_shapes()
+    arch = config.architecture
+    for name, tensor in present.items():
+        if name in expected or name in optional:
+            continue
+        layer = _LAYER_NAME.match(name)
+        if layer and int(layer.group(1)) >= config.n_layers:
+            raise GGUFError(f"{arch}.block_count", None, config.n_layers, f"more than {layer.group(1)}",
+                            problem=f"block_count is {config.n_layers} but tensor {show(name)} "
+                                    f"belongs to layer {layer.group(1)}")
+        raise GGUFError(f"tensor {show(name)}", getattr(tensor, "header_offset", None), name,
+                        f"the tensors of the {arch} architecture", unsupported=True,
+                        problem=f"tensor {show(name)} is not part of the {arch} architecture as rocmforge implements it")
+    for name, shape in expected.items():
+        if name not in present:
+            layer = _LAYER_NAME.match(name)
+            hint = f" (block_count is {config.n_layers})" if layer else ""
+            raise GGUFError(f"tensor {name!r}", None, None, f"a tensor of shape {shape}",
+                            problem=f"required tensor {name!r} is missing{hint}")
+    for name, tensor in present.items():
+        shape = expected.get(name) or optional[name]
+        if tuple(tensor.shape) != shape:
+            raise GGUFError(f"tensor {name!r} shape", getattr(tensor, "header_offset", None), tuple(tensor.shape),
+                            f"{shape} from the model config",
+                            problem=f"shape {tuple(tensor.shape)} disagrees with the config, which implies {shape}")

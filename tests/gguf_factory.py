@@ -1,0 +1,265 @@
+"""Tiny, valid llama GGUF files for tests, written with the gguf package's GGUFWriter.
+
+    from gguf_factory import write_tiny_llama
+    path = write_tiny_llama(tmp_path / "m.gguf", tensor_type="Q8_0", tokenizer="llama")
+
+Random weights, scaled so that activations stay near unit size through every layer; 2-D weights in
+`tensor_type` (norms stay F32, as llama.cpp's converters do); a small working tokenizer vocabulary
+(tests/gguf_vocab.py). `tiny_llama_spec` gives the same model as data (the float32 originals and
+the encoded bytes of every tensor) and `raw_tiny_llama` the same file as a RawGGUF (tests/gguf_raw.py)
+ready to be corrupted field by field.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+from gguf import GGUFValueType, GGUFWriter
+from gguf.constants import GGMLQuantizationType
+
+from gguf_quantize import quantize
+from gguf_raw import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, RawGGUF, RawKV, RawTensor
+from gguf_vocab import gpt2_vocab, llama_vocab
+
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Meta:
+    key: str
+    value_type: int          # GGUF value type id (gguf_raw.UINT32, STRING, ARRAY ...)
+    value: object
+    element_type: int | None = None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    type_name: str
+    values: np.ndarray       # the float32 originals, numpy-order shape (out_features, in_features)
+    data: np.ndarray         # the encoded bytes (uint8), what the file holds
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+
+@dataclass(frozen=True)
+class TinyLlama:
+    metadata: tuple[Meta, ...]
+    tensors: tuple[TensorSpec, ...]
+    alignment: int | None = None
+
+    def tensor(self, name: str) -> TensorSpec:
+        return next(t for t in self.tensors if t.name == name)
+
+
+def tiny_llama_spec(
+    *,
+    n_layers: int = 2,
+    hidden: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    ffn: int = 128,
+    vocab: int = 384,
+    tensor_type: str = "F32",
+    embedding_type: str | None = None,
+    tied: bool = True,
+    context: int = 256,
+    seed: int = 0,
+    tokenizer: str | None = "gpt2",
+    extra_metadata: Mapping[str, object] | None = None,
+    rope_theta: float = 10000.0,
+    rms_eps: float = 1e-5,
+    alignment: int | None = None,
+) -> TinyLlama:
+    """The model of write_tiny_llama as data. extra_metadata: key -> value (type inferred: bool, int as
+    uint32, float as float32, str, lists of str/int/float) or key -> Meta; a value of None removes the key."""
+    if hidden % n_heads or n_heads % n_kv_heads:
+        raise ValueError("hidden must divide by n_heads and n_heads by n_kv_heads")
+    head_dim = hidden // n_heads
+    meta = [
+        Meta("general.architecture", STRING, "llama"),
+        Meta("general.name", STRING, "tiny-llama-test"),
+        Meta("general.file_type", UINT32, FILE_TYPES.get(tensor_type, 0)),
+        Meta("llama.vocab_size", UINT32, vocab),
+        Meta("llama.context_length", UINT32, context),
+        Meta("llama.embedding_length", UINT32, hidden),
+        Meta("llama.block_count", UINT32, n_layers),
+        Meta("llama.feed_forward_length", UINT32, ffn),
+        Meta("llama.attention.head_count", UINT32, n_heads),
+        Meta("llama.attention.head_count_kv", UINT32, n_kv_heads),
+        Meta("llama.rope.freq_base", FLOAT32, rope_theta),
+        Meta("llama.rope.dimension_count", UINT32, head_dim),
+        Meta("llama.attention.layer_norm_rms_epsilon", FLOAT32, rms_eps),
+    ]
+    if alignment is not None:
+        meta.append(Meta("general.alignment", UINT32, alignment))
+    meta += _tokenizer_metadata(tokenizer, vocab)
+    meta = _apply_extra(meta, extra_metadata or {})
+    tensors = _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type,
+                       embedding_type or tensor_type, tied, seed)
+    return TinyLlama(tuple(meta), tuple(tensors), alignment)
+
+
+def write_tiny_llama(path: str | Path, **kwargs) -> Path:
+    """Write a valid tiny llama GGUF (see tiny_llama_spec for the arguments) and return its path."""
+    return write_gguf(path, tiny_llama_spec(**kwargs))
+
+
+def write_gguf(path: str | Path, model: TinyLlama) -> Path:
+    """Write any metadata + tensors through the gguf package's writer (an independent implementation)."""
+    path = Path(path)
+    arch = next((m.value for m in model.metadata if m.key == "general.architecture"), "llama")
+    writer = GGUFWriter(str(path), str(arch))
+    if model.alignment is not None:
+        writer.data_alignment = model.alignment
+    for m in model.metadata:
+        if m.key == "general.architecture":
+            continue  # GGUFWriter writes it first by itself
+        sub = GGUFValueType(m.element_type) if m.element_type is not None else None
+        writer.add_key_value(m.key, m.value, GGUFValueType(m.value_type), sub_type=sub)
+    for t in model.tensors:
+        qtype = GGMLQuantizationType[t.type_name]
+        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def raw_tiny_llama(**kwargs) -> RawGGUF:
+    """The same file as write_tiny_llama, as a RawGGUF whose every field a test may then corrupt."""
+    model = tiny_llama_spec(**kwargs)
+    kvs = [RawKV(m.key, m.value_type, m.value, m.element_type) for m in model.metadata]
+    tensors = [RawTensor(t.name, tuple(reversed(t.shape)), int(GGMLQuantizationType[t.type_name]),
+                         data=t.data.tobytes()) for t in model.tensors]
+    return RawGGUF(kvs=kvs, tensors=tensors, alignment=model.alignment or 32)
+
+
+def _tokenizer_metadata(kind: str | None, vocab: int) -> list[Meta]:
+    if kind is None:
+        return []
+    if kind == "gpt2":
+        tokens, types, merges = _gpt2(vocab)
+        return [
+            Meta("tokenizer.ggml.model", STRING, "gpt2"),
+            Meta("tokenizer.ggml.pre", STRING, "smollm"),
+            Meta("tokenizer.ggml.tokens", ARRAY, tokens, STRING),
+            Meta("tokenizer.ggml.token_type", ARRAY, types, INT32),
+            Meta("tokenizer.ggml.merges", ARRAY, merges, STRING),
+            Meta("tokenizer.ggml.bos_token_id", UINT32, 1),
+            Meta("tokenizer.ggml.eos_token_id", UINT32, 2),
+            Meta("tokenizer.ggml.unknown_token_id", UINT32, 0),
+            Meta("tokenizer.ggml.padding_token_id", UINT32, 2),
+            Meta("tokenizer.ggml.add_bos_token", BOOL, False),
+            Meta("tokenizer.chat_template", STRING, CHATML_TEMPLATE),
+        ]
+    if kind == "llama":
+        tokens, scores, types = _llama(vocab)
+        return [
+            Meta("tokenizer.ggml.model", STRING, "llama"),
+            Meta("tokenizer.ggml.pre", STRING, "default"),
+            Meta("tokenizer.ggml.tokens", ARRAY, tokens, STRING),
+            Meta("tokenizer.ggml.scores", ARRAY, scores, FLOAT32),
+            Meta("tokenizer.ggml.token_type", ARRAY, types, INT32),
+            Meta("tokenizer.ggml.bos_token_id", UINT32, 1),
+            Meta("tokenizer.ggml.eos_token_id", UINT32, 2),
+            Meta("tokenizer.ggml.unknown_token_id", UINT32, 0),
+            Meta("tokenizer.ggml.add_bos_token", BOOL, True),
+            Meta("tokenizer.ggml.add_eos_token", BOOL, False),
+            Meta("tokenizer.ggml.add_space_prefix", BOOL, True),
+        ]
+    raise ValueError(f"tokenizer must be 'gpt2', 'llama' or None, not {kind!r}")
+
+
+@functools.lru_cache(maxsize=8)
+def _gpt2(vocab: int):
+    tokens, types, merges = gpt2_vocab(vocab)
+    return tuple(tokens), tuple(types), tuple(merges)
+
+
+@functools.lru_cache(maxsize=8)
+def _llama(vocab: int):
+    tokens, scores, types = llama_vocab(vocab)
+    return tuple(tokens), tuple(scores), tuple(types)
+
+
+def _apply_extra(meta: list[Meta], extra: Mapping[str, object]) -> list[Meta]:
+    by_key = {m.key: m for m in meta}
+    for key, value in extra.items():
+        if value is None:
+            by_key.pop(key, None)
+        else:
+            by_key[key] = value if isinstance(value, Meta) else _infer(key, value)
+    return list(by_key.values())
+
+
+def _infer(key: str, value: object) -> Meta:
+    if isinstance(value, bool):
+        return Meta(key, BOOL, value)
+    if isinstance(value, int):
+        return Meta(key, UINT32 if value >= 0 else INT32, value)
+    if isinstance(value, float):
+        return Meta(key, FLOAT32, value)
+    if isinstance(value, str):
+        return Meta(key, STRING, value)
+    if isinstance(value, (list, tuple)) and value:
+        element = _infer(key, value[0]).value_type
+        return Meta(key, ARRAY, tuple(value), INT32 if element == UINT32 else element)
+    raise ValueError(f"cannot infer a GGUF type for {key}={value!r}; pass a Meta")
+
+
+def _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type, embedding_type, tied, seed):
+    rng = np.random.default_rng(seed)
+    head_dim = hidden // n_heads
+    # Weights ~ N(0, 1/fan_in) keep each projection's output near unit size; the two projections
+    # that write into the residual stream are further shrunk so that it grows slowly with depth.
+    residual = 1.0 / math.sqrt(2 * n_layers)
+
+    def linear(out_f, in_f, scale=1.0):
+        return (rng.standard_normal((out_f, in_f)) * (scale / math.sqrt(in_f))).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
+
+    out = [_encode("token_embd.weight", linear(vocab, hidden), embedding_type)]
+    for i in range(n_layers):
+        parts = {
+            "attn_norm": norm(hidden),
+            "attn_q": linear(n_heads * head_dim, hidden),
+            "attn_k": linear(n_kv_heads * head_dim, hidden),
+            "attn_v": linear(n_kv_heads * head_dim, hidden),
+            "attn_output": linear(hidden, n_heads * head_dim, residual),
+            "ffn_norm": norm(hidden),
+            "ffn_gate": linear(ffn, hidden),
+            "ffn_up": linear(ffn, hidden),
+            "ffn_down": linear(hidden, ffn, residual),
+        }
+        for part in LAYER_TENSORS:
+            values = parts[part]
+            out.append(_encode(f"blk.{i}.{part}.weight", values, tensor_type if values.ndim == 2 else "F32"))
+    out.append(_encode("output_norm.weight", norm(hidden), "F32"))
+    if not tied:
+        out.append(_encode("output.weight", linear(vocab, hidden), tensor_type))
+    return out
+
+
+def _encode(name: str, values: np.ndarray, type_name: str) -> TensorSpec:
+    try:
+        data = quantize(values, type_name)
+    except ValueError as exc:
+        raise ValueError(f"{name} {values.shape}: {exc} (K-quants need hidden and ffn multiples of 256)") from None
+    return TensorSpec(name, type_name, values, np.ascontiguousarray(data))
