@@ -1,0 +1,323 @@
+"""KvCache: the paged KV pools on a device, and a block table per sequence.
+
+Usage by an engine (one thread owns the cache; memory_profile may be read from any thread):
+
+    cache.add_sequence(7)
+    if not cache.reserve(7, len(prompt)):        # no space: nothing changed; preempt or queue
+        ...
+    slots = cache.slot_mapping(7, 0, len(prompt)) # where the prompt's K/V rows go
+    ... launch the step (kv_store writes through slots, attention reads through block tables) ...
+    device.synchronize()                          # or wait for the step's event
+    cache.release_fenced()                        # blocks released meanwhile become reusable
+    cache.free_sequence(7)                        # any ending: finished, cancelled, failed, preempted
+
+Freed blocks are not reusable at once: they wait on a pending list until `release_fenced()` says
+the device work that might still touch them has finished (invariant 9). An engine that pipelines
+steps calls `begin_step()` before launching each step and `release_fenced(step)` once that step
+is known finished; blocks released while later steps were in flight wait for those.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterable
+
+import numpy as np
+
+from hipcore.kvcache.block_pool import BlockPool
+from hipcore.kvcache.config import NULL_BLOCK, KvCacheConfig
+from hipcore.kvcache.errors import KvCacheError, KvInvariantError
+from hipcore.kvcache.invariants import check_cache_invariants
+from hipcore.kvcache.profile import MemoryProfile, build_profile
+from hipcore.runtime.device import Buffer, Device, Stream
+from hipcore.runtime.errors import DeviceOutOfMemory
+from hipcore.runtime.ledger import format_bytes
+
+
+class KvCache:
+    """Paged K/V pools (one K and one V allocation per layer, tag "kv") and per-sequence block tables."""
+
+    def __init__(self, device: Device, config: KvCacheConfig, label: str = "kv"):
+        self.device = device
+        self.config = config
+        self._lock = threading.RLock()
+        self._pool = BlockPool(config.num_blocks)
+        self._tables: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+        self._launched_step = 0
+        self._closed = False
+        self.k_pools: tuple[Buffer, ...] = ()
+        self.v_pools: tuple[Buffer, ...] = ()
+        self._allocate_pools(label)
+
+    def _allocate_pools(self, label: str) -> None:
+        cfg = self.config
+        free = self.device.memory_info().free
+        if cfg.cache_bytes > free:  # plan before allocating: refuse without touching the device
+            raise DeviceOutOfMemory(
+                f"{self.device.vendor_name} out of memory on {self.device.arch}: the KV cache needs "
+                f"{format_bytes(cfg.cache_bytes)} ({cfg.num_blocks:,} blocks of {format_bytes(cfg.bytes_per_block)}), "
+                f"{format_bytes(free)} is free; use fewer blocks or a smaller KV dtype",
+                requested=cfg.cache_bytes, free=free, tag="kv", label=label,
+            )
+        made: list[Buffer] = []
+        try:
+            for layer in range(cfg.n_layers):
+                for kind in "kv":
+                    buf = self.device.allocate(cfg.pool_bytes, tag="kv", label=f"{label}.layer{layer}.{kind}")
+                    made.append(buf)
+                    # Zeroed so that unwritten slots (the null block, padding) read as finite numbers.
+                    buf.fill(0)
+        except BaseException:
+            for buf in reversed(made):
+                buf.free()
+            raise
+        self.k_pools = tuple(made[0::2])
+        self.v_pools = tuple(made[1::2])
+
+    # ---- sequences -----------------------------------------------------------------------------
+
+    def add_sequence(self, seq_id: int) -> None:
+        """Start an empty sequence (no blocks until `reserve`)."""
+        with self._lock:
+            self._check_open()
+            _check_seq_id(seq_id)
+            if seq_id in self._tables:
+                raise KvCacheError(f"sequence {seq_id} already exists in the KV cache")
+            self._tables[seq_id] = []
+            self._lengths[seq_id] = 0
+
+    def reserve(self, seq_id: int, n_tokens: int, stream: Stream | None = None) -> bool:
+        """Extend sequence `seq_id` by n_tokens slots (taking blocks as needed, copying a shared
+        partly filled last block first). False when there are not enough free blocks: then nothing
+        changed. A copy-on-write copy is queued on `stream`, before the step's writes."""
+        with self._lock:
+            table = self._table(seq_id)
+            _check_count("n_tokens", n_tokens)
+            copy_on_write, new_blocks = self._append_plan(table, self._lengths[seq_id], n_tokens)
+            taken = self._pool.take(int(copy_on_write) + new_blocks, seq_id)
+            if taken is None:
+                return False
+            if copy_on_write:
+                shared, private = table[-1], taken[0]
+                try:
+                    self._copy_block(shared, private, stream)
+                except BaseException:
+                    self._pool.discard_unused(taken, self._launched_step)
+                    raise
+                table[-1] = private
+                self._pool.release(shared, seq_id, self._launched_step)
+                taken = taken[1:]
+            table.extend(taken)
+            self._lengths[seq_id] += n_tokens
+            return True
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """Make `child_id` a sequence sharing every block (and the length) of `parent_id`.
+        Allocates nothing; whichever of them appends into the shared last block copies it first."""
+        with self._lock:
+            parent = self._table(parent_id)
+            _check_seq_id(child_id)
+            if child_id in self._tables:
+                raise KvCacheError(f"cannot fork {parent_id} into {child_id}: sequence {child_id} already exists")
+            for block in parent:
+                self._pool.share(block, child_id)
+            self._tables[child_id] = list(parent)
+            self._lengths[child_id] = self._lengths[parent_id]
+
+    def free_sequence(self, seq_id: int) -> None:
+        """End a sequence: its blocks lose one reference each (last block first); blocks nobody holds
+        any more wait for the step fence. Freeing an unknown (or already freed) id is an error."""
+        with self._lock:
+            table = self._table(seq_id)
+            for block in reversed(table):
+                self._pool.release(block, seq_id, self._launched_step)
+            del self._tables[seq_id]
+            del self._lengths[seq_id]
+
+    # ---- the step fence ------------------------------------------------------------------------
+
+    def begin_step(self) -> int:
+        """Call before launching device work that reads or writes the pools; returns the step's
+        fence id. Only needed by engines that keep more than one step in flight."""
+        with self._lock:
+            self._launched_step += 1
+            return self._launched_step
+
+    def release_fenced(self, completed_step: int | None = None) -> int:
+        """Pending blocks become free. Call after the device finished the work that may touch them:
+        with no argument, everything launched so far has finished (e.g. after synchronize); with a
+        step id from `begin_step`, that step and all before it have. Returns how many blocks moved."""
+        with self._lock:
+            if completed_step is not None:
+                _check_count("completed_step", completed_step)
+                if completed_step > self._launched_step:
+                    raise KvCacheError(f"step {completed_step} was never begun (the last begun is {self._launched_step})")
+            return self._pool.release_fenced(completed_step)
+
+    # ---- queries -------------------------------------------------------------------------------
+
+    def has_sequence(self, seq_id: int) -> bool:
+        with self._lock:
+            return seq_id in self._tables
+
+    def sequences(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(self._tables)
+
+    def seq_len(self, seq_id: int) -> int:
+        with self._lock:
+            self._table(seq_id)
+            return self._lengths[seq_id]
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(self._table(seq_id))
+
+    def block_tables(self, seq_ids: Iterable[int], width: int | None = None) -> np.ndarray:
+        """int32 [len(seq_ids), width] tables padded with the null block (what attention kernels read);
+        width defaults to the longest table."""
+        with self._lock:
+            tables = [self._table(s) for s in seq_ids]
+            longest = max((len(t) for t in tables), default=0)
+            width = longest if width is None else width
+            if width < longest:
+                raise KvCacheError(f"block table width {width} is shorter than the longest table ({longest} blocks)")
+            out = np.full((len(tables), width), NULL_BLOCK, dtype=np.int32)
+            for row, table in zip(out, tables):
+                row[:len(table)] = table
+            return out
+
+    def slot_mapping(self, seq_id: int, start: int, count: int) -> np.ndarray:
+        """int32 slots (block * block_size + offset) of the sequence's tokens [start, start + count)."""
+        with self._lock:
+            table = self._table(seq_id)
+            _check_count("start", start)
+            _check_count("count", count)
+            if start + count > self._lengths[seq_id]:
+                raise KvCacheError(
+                    f"slots [{start}, {start + count}) of sequence {seq_id} are past its {self._lengths[seq_id]} "
+                    f"reserved tokens; reserve first"
+                )
+            bs = self.config.block_size
+            positions = np.arange(start, start + count, dtype=np.int64)
+            blocks = np.asarray(table, dtype=np.int64)[positions // bs] if count else positions
+            return (blocks * bs + positions % bs).astype(np.int32)
+
+    def blocks_needed(self, seq_id: int | None, n_tokens: int) -> int:
+        """Free blocks that `reserve(seq_id, n_tokens)` would take (seq_id None: a new sequence)."""
+        with self._lock:
+            _check_count("n_tokens", n_tokens)
+            if seq_id is None:
+                return self.config.blocks_for_tokens(n_tokens)
+            copy_on_write, new_blocks = self._append_plan(self._table(seq_id), self._lengths[seq_id], n_tokens)
+            return int(copy_on_write) + new_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.num_free
+
+    @property
+    def num_pending_blocks(self) -> int:
+        return self._pool.num_pending
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks a sequence could ever get (all but the null block): the admission limit."""
+        return self._pool.num_usable
+
+    @property
+    def tokens_that_fit(self) -> int:
+        return self._pool.num_free * self.config.block_size
+
+    def refcount(self, block: int) -> int:
+        with self._lock:
+            return self._pool.refcount(block)
+
+    def memory_profile(self) -> MemoryProfile:
+        with self._lock:
+            return build_profile(self.config, self._tables, self._lengths, self._pool.refcounts(),
+                                 self._pool.num_free, self._pool.num_pending)
+
+    # ---- invariants ----------------------------------------------------------------------------
+
+    def check_invariants(self, quiescent: bool = False) -> None:
+        """Raise KvInvariantError naming what broke (RELIABILITY.md invariants 1, 2, 7; and 6 when
+        `quiescent`: no sequence left, nothing pending, every usable block free)."""
+        with self._lock:
+            if self._closed:
+                raise KvInvariantError("the KV cache is closed; its invariants are not defined any more")
+            check_cache_invariants(self.config, self._pool, self._tables, self._lengths)
+            for buf in self.k_pools + self.v_pools:
+                if buf.freed:
+                    raise KvInvariantError(f"pool {buf.label} was freed while the cache is open")
+            if quiescent:
+                if self._tables:
+                    raise KvInvariantError(f"not quiescent: sequences {sorted(self._tables)[:10]} are still live")
+                if self._pool.num_pending:
+                    raise KvInvariantError(f"not quiescent: {self._pool.num_pending} blocks still wait for the step fence")
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Free every pool. Idempotent; the cache refuses all use afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pools, self.k_pools, self.v_pools = self.k_pools + self.v_pools, (), ()
+            self._tables.clear()
+            self._lengths.clear()
+            for buf in pools:
+                if not buf.freed:
+                    buf.free()
+
+    def __enter__(self) -> "KvCache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KvCacheError("the KV cache is closed")
+
+    def _table(self, seq_id: int) -> list[int]:
+        self._check_open()
+        _check_seq_id(seq_id)
+        table = self._tables.get(seq_id)
+        if table is None:
+            raise KvCacheError(f"unknown sequence {seq_id!r} in the KV cache")
+        return table
+
+    def _append_plan(self, table: list[int], length: int, n_tokens: int) -> tuple[bool, int]:
+        """(copy-on-write needed, new blocks needed) to append n_tokens to a sequence."""
+        if n_tokens == 0:
+            return False, 0
+        bs = self.config.block_size
+        filled = length % bs
+        room = bs - filled if filled else 0  # free slots in a partly filled last block
+        copy_on_write = room > 0 and self._pool.refcount(table[-1]) > 1
+        return copy_on_write, -(-max(0, n_tokens - room) // bs)
+
+    def _copy_block(self, src: int, dst: int, stream: Stream | None) -> None:
+        nbytes = self.config.block_bytes_per_pool
+        for pool in self.k_pools + self.v_pools:
+            self.device.copy_device_to_device(pool, pool, nbytes, dst_offset=dst * nbytes,
+                                              src_offset=src * nbytes, stream=stream)
+
+
+def _check_seq_id(seq_id: object) -> None:
+    if not isinstance(seq_id, int) or isinstance(seq_id, bool) or seq_id < 0:
+        raise KvCacheError(f"sequence ids are non-negative integers, got {seq_id!r}")
+
+
+def _check_count(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise KvCacheError(f"{name} must be a non-negative integer, got {value!r}")

@@ -1,0 +1,76 @@
+"""kv_store: write n tokens' K and V rows (float32) into their cache slots, converting to the KV dtype.
+
+Kernels `kv_store_<dtype>` for dtype in f16, bf16, f32, q8_0, all with the signature
+    (k_pool p, v_pool p, k p, v p, slot_mapping p, n_tokens i, n_kv_heads i, head_dim i, block_size i, num_blocks i)
+k and v: float32 [n_tokens, n_kv_heads, head_dim]; slot_mapping: int32 [n_tokens], slot =
+block * block_size + offset, and a negative slot means "skip this token" (padding rows of a batch);
+pools: [num_blocks, n_kv_heads, block_size, row_bytes] as laid out by KvCacheConfig.
+Launch geometry: one workgroup per token, 128 threads.
+
+The numpy reference below is what the host kernels run and what GPU kernels are compared with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hipcore.kvcache.cache import KvCache
+from hipcore.kvcache.dtypes import KV_DTYPES, KvDtype, kv_dtype
+from hipcore.runtime.cpu import CpuDevice, cpu_kernel
+from hipcore.runtime.device import Buffer, Module, Stream
+from hipcore.runtime.errors import DeviceError
+
+KV_STORE_SIGNATURE = "pppppiiiii"
+THREADS_PER_TOKEN = 128
+
+
+def kv_store_kernel_name(dtype: str) -> str:
+    return f"kv_store_{kv_dtype(dtype).name}"
+
+
+def kv_store_reference(pool: np.ndarray, rows: np.ndarray, slots: np.ndarray, fmt: KvDtype) -> None:
+    """Encode float32 rows [n, n_kv_heads, head_dim] into `pool` (uint8 [num_blocks, n_kv_heads,
+    block_size, row_bytes]) at `slots`; negative slots are skipped."""
+    num_blocks, _, block_size, _ = pool.shape
+    slots = np.asarray(slots, dtype=np.int64)
+    valid = slots >= 0
+    target = slots[valid]
+    if target.size and int(target.max()) >= num_blocks * block_size:
+        raise DeviceError(f"kv_store: slot {int(target.max())} is outside the pool of {num_blocks * block_size} slots")
+    pool[target // block_size, :, target % block_size, :] = fmt.encode(rows[valid])
+
+
+def _register_host_kernel(fmt: KvDtype) -> None:
+    @cpu_kernel(kv_store_kernel_name(fmt.name), KV_STORE_SIGNATURE)
+    def kv_store_host(dev: CpuDevice, grid: tuple, block: tuple, k_pool: int, v_pool: int, k: int, v: int,
+                      slot_mapping: int, n_tokens: int, n_kv_heads: int, head_dim: int, block_size: int,
+                      num_blocks: int) -> None:
+        pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
+        slots = dev.view(slot_mapping, np.int32, n_tokens)
+        for pool_ptr, src_ptr in ((k_pool, k), (v_pool, v)):
+            kv_store_reference(dev.view(pool_ptr, np.uint8, pool_shape),
+                               dev.view(src_ptr, np.float32, (n_tokens, n_kv_heads, head_dim)), slots, fmt)
+
+
+for _fmt in KV_DTYPES.values():
+    _register_host_kernel(_fmt)
+
+
+def kv_store(module: Module, cache: KvCache, layer: int, k: Buffer, v: Buffer, slot_mapping: Buffer,
+             n_tokens: int, stream: Stream | None = None) -> None:
+    """Queue the write of n_tokens K/V rows into `layer` of `cache` at the slots in `slot_mapping`
+    (device buffers, laid out as the module docstring says). `module` holds the kv_store kernels."""
+    cfg = cache.config
+    if not 0 <= layer < cfg.n_layers:
+        raise ValueError(f"layer {layer} outside the cache's {cfg.n_layers} layers")
+    row_f32 = cfg.n_kv_heads * cfg.head_dim * 4
+    for name, buf, need in (("k", k, n_tokens * row_f32), ("v", v, n_tokens * row_f32),
+                            ("slot_mapping", slot_mapping, n_tokens * 4)):
+        if buf.nbytes < need:
+            raise ValueError(f"kv_store: {name} holds {buf.nbytes} bytes, {n_tokens} tokens need {need}")
+    if n_tokens == 0:
+        return
+    kernel = module.kernel(kv_store_kernel_name(cfg.dtype), KV_STORE_SIGNATURE)
+    kernel.launch(n_tokens, THREADS_PER_TOKEN,
+                  [cache.k_pools[layer], cache.v_pools[layer], k, v, slot_mapping, n_tokens, cfg.n_kv_heads,
+                   cfg.head_dim, cfg.block_size, cfg.num_blocks], stream=stream)
