@@ -185,7 +185,7 @@ def _offset_error(raw: RawTensorInfo, expected: int, align: int) -> GGUFError:
     elif found < expected:
         why = f"offset {found} overlaps the previous tensor or is out of order (expected {expected})"
     else:
-        why = f"offset {found} leaves a gap after the previous tensor (expected {expected})"
+        why = f"offset {found} leaves a gap after the previous tensor or is out of order (expected {expected})"
     return GGUFError(f"tensor {raw.name!r} offset", raw.offset_offset, found,
                      f"{expected}, the end of the previous tensor padded to {align}", problem=why)
 

@@ -267,7 +267,7 @@ def _read_count(cur: _Cursor, field: str, cap: int, min_item_bytes: int, what: s
         raise GGUFError(field, start, count,
                         f"at most {cur.remaining() // min_item_bytes} {what} in the {cur.remaining()} bytes left",
                         problem=f"{count} {what} need at least {count * min_item_bytes} bytes, "
-                                f"only {cur.remaining()} remain")
+                                f"only {cur.remaining()} remain (a corrupt count, or the file is truncated)")
     return count
 
 
@@ -331,7 +331,7 @@ def _read_array(cur: _Cursor, key: str, limits: Limits) -> tuple[tuple, str]:
         raise GGUFError(f"{key} array length", count_at, count,
                         f"at most {cur.remaining() // item_bytes} elements in the {cur.remaining()} bytes left",
                         problem=f"{count} elements need at least {count * item_bytes} bytes, "
-                                f"only {cur.remaining()} remain")
+                                f"only {cur.remaining()} remain (a corrupt length, or the file is truncated)")
     if elem_type == TYPE_STRING:
         return _read_string_array(cur, key, count, limits), "array[string]"
     name, fmt, width = _SCALAR_TYPES[elem_type]

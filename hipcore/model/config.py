@@ -140,7 +140,7 @@ def config_from_metadata(
         file_type=keys.uint32("general.file_type", required=False),
     )
     _check_vocabulary(keys, config.vocab_size)
-    check_tensor_shapes(config, tensors)
+    check_tensor_shapes(config, tensors, offsets=offsets)
     return config
 
 
@@ -211,7 +211,8 @@ def _check_vocabulary(keys: MetadataKeys, vocab: int) -> None:
             keys.uint32(key, hi=vocab - 1 if has_tokens else (1 << 32) - 1)
 
 
-def check_tensor_shapes(config: ModelConfig, tensors: Iterable[_Tensor]) -> None:
+def check_tensor_shapes(config: ModelConfig, tensors: Iterable[_Tensor], *,
+                        offsets: Mapping[str, int] | None = None) -> None:
     """Every needed tensor present with the config's shape; nothing the architecture does not use."""
     present = {t.name: t for t in tensors}
     expected = config.expected_tensor_shapes()
@@ -222,7 +223,8 @@ def check_tensor_shapes(config: ModelConfig, tensors: Iterable[_Tensor]) -> None
             continue
         layer = _LAYER_NAME.match(name)
         if layer and int(layer.group(1)) >= config.n_layers:
-            raise GGUFError(f"{arch}.block_count", None, config.n_layers, f"more than {layer.group(1)}",
+            block_count_at = (offsets or {}).get(f"{arch}.block_count")
+            raise GGUFError(f"{arch}.block_count", block_count_at, config.n_layers, f"more than {layer.group(1)}",
                             problem=f"block_count is {config.n_layers} but tensor {show(name)} "
                                     f"belongs to layer {layer.group(1)}")
         raise GGUFError(f"tensor {show(name)}", getattr(tensor, "header_offset", None), name,
