@@ -29,6 +29,8 @@ def _global_options(
 
 
 # Commands register here, one line each.
+from rocmforge_cli import devices as _devices  # noqa: E402
+app.command("devices")(_devices.devices_command)
 
 
 def main() -> None:

@@ -119,6 +119,9 @@ class Stream(abc.ABC):
     @abc.abstractmethod
     def synchronize(self) -> None: ...
 
+    def destroy(self) -> None:
+        """Release the stream's driver handle (GPU backends); the device's close() does it too."""
+
 
 class Event(abc.ABC):
     @abc.abstractmethod
@@ -135,6 +138,9 @@ class Event(abc.ABC):
     def elapsed_ms(self, end: "Event") -> float:
         """Milliseconds from this event to `end` (both recorded and finished)."""
 
+    def destroy(self) -> None:
+        """Release the event's driver handle (GPU backends); garbage collection does it too."""
+
 
 class Kernel(abc.ABC):
     """One entry point of a loaded module, with its argument signature (see ARG_TYPES)."""
@@ -145,6 +151,11 @@ class Kernel(abc.ABC):
     @abc.abstractmethod
     def launch(self, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[Any],
                shared_mem: int = 0, stream: Stream | None = None) -> None: ...
+
+    def attributes(self) -> dict[str, int]:
+        """What the compiler gave the kernel on the device: registers, static shared memory, local
+        (spill) memory, max threads per block. Host kernels have none of these and return {}."""
+        return {}
 
     def _check_args(self, args: Sequence[Any]) -> None:
         if len(args) != len(self.signature):
@@ -300,6 +311,11 @@ class Device(abc.ABC):
     def close(self) -> None:
         """Release backend resources (contexts, modules). Live buffers are the caller's to free."""
 
+    def jit_compile(self, source: str, name: str, include_dirs: Sequence[str] = (), options: Sequence[str] = ()) -> bytes:
+        """Compile kernel source at run time into a code object for this device (nvrtc on NVIDIA,
+        hiprtc on AMD). Raises KernelCompileError with the compiler's log when the source is rejected."""
+        raise DeviceError(f"the {self.backend} backend has no run-time compiler: its kernels are host functions")
+
     # ---- helpers shared by the backends -------------------------------------------------------
 
     @staticmethod
@@ -311,6 +327,27 @@ class Device(abc.ABC):
     def describe(self) -> str:
         info = self.memory_info()
         return f"{self.backend}:{self.index} {self.name} ({self.arch}), {format_bytes(info.total)} total, {format_bytes(info.free)} free"
+
+
+@dataclass
+class DeviceChoice:
+    """What pick_device() took, and one line per backend saying why it was or was not taken."""
+
+    device: "Device"
+    reasons: list[str]
+
+
+def pick_device(spec: str = "auto", *, cpu_capacity: int | None = None) -> DeviceChoice:
+    """Open the device named by `spec`: "auto" | "hip" | "cuda" | "cpu", optionally with ":N".
+
+    auto takes an AMD GPU through HIP, else an NVIDIA GPU through CUDA, else the CPU. A backend
+    asked for by name that cannot be used is a UsageError saying why; so is an unknown spec.
+    (The logic lives in selection.py, which imports the backends; this keeps the protocol importable
+    on its own.)
+    """
+    from hipcore.runtime.selection import pick_device as _pick
+
+    return _pick(spec, cpu_capacity=cpu_capacity)
 
 
 def host_bytes(src: np.ndarray | bytes | memoryview) -> memoryview:

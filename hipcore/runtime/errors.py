@@ -44,3 +44,30 @@ class DeviceOutOfMemory(RocmforgeError):
         self.free = free
         self.tag = tag
         self.label = label
+
+
+class DriverCallError(DeviceError):
+    """A driver/runtime call returned an error code. Keeps the parts so that callers can react to a
+    specific code (an allocation turns the out-of-memory code into DeviceOutOfMemory)."""
+
+    def __init__(self, vendor: str, call: str, code: int, error_name: str, error_text: str):
+        detail = f"{error_name} ({error_text})" if error_text and error_text != error_name else error_name
+        super().__init__(f"{vendor} call {call} failed: {detail}")
+        self.vendor = vendor
+        self.call = call
+        self.code = code
+        self.error_name = error_name
+        self.error_text = error_text
+
+
+class BackendUnavailable(DeviceError):
+    """A backend cannot be used on this machine; the message is the reason, e.g.
+    "no HIP runtime (libamdhip64.so not found)". pick_device turns it into a reason or a UsageError."""
+
+
+class KernelCompileError(DeviceError):
+    """The run-time compiler (nvrtc / hiprtc) rejected a kernel source; `log` is its full output."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log

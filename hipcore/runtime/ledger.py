@@ -56,6 +56,23 @@ class Allocation:
     owner: str = ""  # free-form: e.g. "request 17" for per-request scratch; set by the allocator's caller
 
 
+def format_allocation(a: Allocation) -> str:
+    """One line for a report: 'kv 12.0 MiB "kv pool layer 3" (request 17), allocated at file:line in fn'."""
+    label = f' "{a.label}"' if a.label else ""
+    owner = f" ({a.owner})" if a.owner else ""
+    return f"{a.tag} {format_bytes(a.nbytes)}{label}{owner}, allocated at {a.site}"
+
+
+def format_allocations(allocs: Iterable[Allocation], limit: int = 20) -> list[str]:
+    """Lines for the first `limit` allocations (largest first), plus one line counting the rest."""
+    ordered = sorted(allocs, key=lambda a: (-a.nbytes, a.serial))
+    lines = [format_allocation(a) for a in ordered[:limit]]
+    if len(ordered) > limit:
+        rest = ordered[limit:]
+        lines.append(f"... and {len(rest)} more ({format_bytes(sum(a.nbytes for a in rest))})")
+    return lines
+
+
 @dataclass(frozen=True)
 class LedgerSnapshot:
     """Frozen state of a ledger at one moment (plus the driver's free bytes when the backend has one)."""
@@ -64,6 +81,8 @@ class LedgerSnapshot:
     count_by_tag: dict[str, int]
     live: tuple[Allocation, ...]
     driver_free: int | None = None
+    peak_by_tag: dict[str, int] = field(default_factory=dict)
+    peak_total: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -101,6 +120,10 @@ class LedgerDelta:
     @property
     def clean(self) -> bool:
         return not self.new and all(v == 0 for v in self.bytes_by_tag.values())
+
+    def describe(self, limit: int = 20) -> list[str]:
+        """The allocations made since the baseline and still alive, with where each was made."""
+        return format_allocations(self.new, limit)
 
     @property
     def total_bytes(self) -> int:
@@ -165,7 +188,14 @@ class Ledger:
 
     @property
     def peak_total(self) -> int:
+        """The most bytes live at once, all tags together, since the ledger began or reset_peaks()."""
         return self._peak_total
+
+    def reset_peaks(self) -> None:
+        """Start peak tracking afresh from what is live now (to measure one phase's peak)."""
+        with self._lock:
+            self._peak = dict(self._bytes)
+            self._peak_total = sum(self._bytes.values())
 
     @property
     def total_bytes(self) -> int:
@@ -174,7 +204,9 @@ class Ledger:
 
     def snapshot(self, driver_free: int | None = None) -> LedgerSnapshot:
         with self._lock:
-            return LedgerSnapshot(dict(self._bytes), dict(self._count), tuple(sorted(self._live.values(), key=lambda a: a.serial)), driver_free)
+            return LedgerSnapshot(dict(self._bytes), dict(self._count),
+                                  tuple(sorted(self._live.values(), key=lambda a: a.serial)), driver_free,
+                                  dict(self._peak), self._peak_total)
 
     def summary(self, tags: Iterable[str] = TAGS) -> str:
         """One line: 'weights 92.1 MiB (301), kv 12.0 MiB (60), ...' (tags with nothing live are left out)."""

@@ -1,0 +1,81 @@
+"""How the NVIDIA backend talks to cuda-python: importing it on first use, check() for its
+(err, *values) tuples, error names, probing for devices, and the context current on each thread.
+
+Kept apart from cuda.py (the device protocol) so that both stay readable; nothing here needs a GPU
+to import.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from hipcore.runtime.errors import BackendUnavailable, DriverCallError
+from hipcore.runtime.gpu_support import library_failure_reason
+
+VENDOR = "CUDA"
+
+_driver: Any = None
+thread_state = threading.local()  # .context: key of the context made current on this thread
+
+
+def load_driver_bindings() -> Any:
+    """cuda.bindings.driver, imported on first use; BackendUnavailable when cuda-python is missing."""
+    global _driver
+    if _driver is None:
+        try:
+            from cuda.bindings import driver
+        except ImportError as exc:
+            raise BackendUnavailable(f"cuda-python is not installed ({exc}); pip install cuda-bindings") from None
+        _driver = driver
+    return _driver
+
+
+def describe_error(err: Any) -> tuple[str, str]:
+    """(name, text) of a CUresult from the driver, or from the enum when the driver cannot say."""
+    name = getattr(err, "name", None) or f"CUresult {int(err)}"
+    text = ""
+    try:
+        drv = load_driver_bindings()
+        e1, raw_name = drv.cuGetErrorName(err)
+        e2, raw_text = drv.cuGetErrorString(err)
+        if not e1 and raw_name:
+            name = raw_name.decode(errors="replace")
+        if not e2 and raw_text:
+            text = raw_text.decode(errors="replace")
+    except Exception:  # noqa: BLE001 - no driver to ask: the enum's name is still exact
+        pass
+    return name, text
+
+
+def call_error(err: Any, call: str) -> DriverCallError:
+    name, text = describe_error(err)
+    return DriverCallError(VENDOR, call, int(err), name, text)
+
+
+def check(result: tuple, call: str) -> Any:
+    """Unwrap a cuda-python (err, *values) tuple: the value(s), or DriverCallError naming `call`."""
+    err = result[0]
+    if err:  # CUresult is an int enum; CUDA_SUCCESS is 0
+        raise call_error(err, call)
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def probe() -> int:
+    """How many NVIDIA devices answer; BackendUnavailable saying why when none can be used."""
+    drv = load_driver_bindings()
+    try:
+        result = drv.cuInit(0)
+    except (RuntimeError, OSError) as exc:  # the pathfinder's DynamicLibNotFoundError is a RuntimeError
+        raise BackendUnavailable(f"no NVIDIA driver ({library_failure_reason(exc, 'libcuda.so')})") from None
+    err = result[0]
+    if err == drv.CUresult.CUDA_ERROR_NO_DEVICE:
+        raise BackendUnavailable("no NVIDIA GPU found (cuInit: CUDA_ERROR_NO_DEVICE)")
+    if err:
+        raise BackendUnavailable(f"NVIDIA driver unusable: {call_error(err, 'cuInit')}")
+    count = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
+    if count < 1:
+        raise BackendUnavailable("no NVIDIA GPU found (cuDeviceGetCount: 0)")
+    return int(count)
