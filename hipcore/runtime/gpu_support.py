@@ -50,6 +50,10 @@ def launch_dims(value: Any) -> tuple[int, int, int]:
         if value < 1:
             raise ValueError(f"launch dimensions must be positive, got {value}")
         return value, 1, 1
+    if type(value) is tuple and len(value) == 3:
+        x, y, z = value
+        if type(x) is int and type(y) is int and type(z) is int and x > 0 and y > 0 and z > 0:
+            return value  # type: ignore[return-value]
     dims = tuple(int(v) for v in value)
     if not 1 <= len(dims) <= 3 or min(dims) < 1:
         raise ValueError(f"launch dimensions must be 1 to 3 positive ints, got {value!r}")
