@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from hipcore.errors import InvalidModelError, UnsupportedModelError
-from hipcore.tokenizer_bpe import PRETOKENIZERS, PreTokenizer, resolve_pretokenizer
+from hipcore.tokenizer_bpe import PreTokenizer, resolve_pretokenizer
 
 # Token attributes (bit flags), one value per GGUF token type.
 ATTR_UNDEFINED = 0
@@ -218,10 +218,6 @@ def read_vocabulary(metadata: Mapping[str, object]) -> Vocabulary:
         special_ids=tuple(special_ids),
         notes=tuple(notes),
     )
-
-
-def supported_pretokenizers() -> tuple[str, ...]:
-    return tuple(sorted(PRETOKENIZERS))
 
 
 # --- typed metadata access: every wrong type is an InvalidModelError naming the key -------------
