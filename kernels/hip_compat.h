@@ -1,0 +1,250 @@
+// hip_compat.h: the one header every kernel includes. It makes the HIP kernel language available on
+// every compiler rocmforge builds with, so that kernels/*.hip are vendor-neutral:
+//
+//   1. bare clang (Debian's clang-22, no ROCm installed), AMD:
+//        clang-22 -x hip --offload-arch=gfx942 --cuda-device-only --no-gpu-bundle-output
+//                 -nogpulib -nogpuinc -nohipwrapperinc -O3
+//      No HIP header exists here, so this file defines the language on clang builtins.
+//   2. HIP with ROCm headers (hipcc, hiprtc): the language is already there; only the extras below
+//      (WARP_SIZE, 16-bit float conversions, reductions) are added.
+//   3. NVIDIA (nvcc, nvrtc): CUDA's built-ins, plus __shfl_xor mapped onto __shfl_xor_sync. No header
+//      is included, because nvrtc has no include path to the CUDA toolkit on a user's machine.
+//
+// What a kernel may use, everywhere:
+//   threadIdx / blockIdx / blockDim / gridDim (.x .y .z), __syncthreads(), __shfl_xor(v, mask[, width])
+//   for int / unsigned / float, WARP_SIZE (a compile-time constant: 64 on CDNA/GCN, 32 on RDNA and
+//   NVIDIA), __global__ __device__ __shared__ __launch_bounds__ __forceinline__ __restrict__,
+//   float4 / uint4, expf exp2f log2f sqrtf fabsf fmaxf fminf fmaf rintf, and the rf_* helpers at the
+//   end of the file.
+//   16-bit floats are handled as raw bits (unsigned short) through rf_f16_to_float / rf_float_to_f16 /
+//   rf_bf16_to_float / rf_float_to_bf16, because the __half types of cuda_fp16.h and hip_fp16.h need
+//   headers that nvrtc cannot see. On bare clang `half` / `__half` (= _Float16) and __half2float /
+//   __float2half exist as well, as HIP defines them.
+// Block sizes handed to rf_block_* must be multiples of WARP_SIZE; launchers use multiples of 64.
+
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+// ------------------------------------------------------------------------------------------------
+// NVIDIA: nvcc or nvrtc. The kernel language is CUDA's own; warps are 32 lanes.
+// ------------------------------------------------------------------------------------------------
+#define RF_NVIDIA 1
+#define WARP_SIZE 32
+
+// CUDA 9 removed the mask-less shuffles for sm_70+; ours have every lane of the warp take part. A
+// macro, because the host pass of nvcc still declares the old ones under the same name.
+static __device__ __forceinline__ int rf_shfl_xor(int v, int lane_mask, int width = WARP_SIZE) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
+}
+static __device__ __forceinline__ unsigned int rf_shfl_xor(unsigned int v, int lane_mask, int width = WARP_SIZE) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
+}
+static __device__ __forceinline__ float rf_shfl_xor(float v, int lane_mask, int width = WARP_SIZE) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
+}
+#define __shfl_xor rf_shfl_xor
+
+static __device__ __forceinline__ int rf_lane_id() {
+  unsigned int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return (int)lane;
+}
+
+// PTX conversions: exact for f16 -> f32, round-to-nearest-even for f32 -> f16.
+static __device__ __forceinline__ float rf_f16_to_float(unsigned short bits) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+  return f;
+}
+static __device__ __forceinline__ unsigned short rf_float_to_f16(float f) {
+  unsigned short bits;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(f));
+  return bits;
+}
+static __device__ __forceinline__ unsigned int rf_float_as_uint(float f) { return __float_as_uint(f); }
+static __device__ __forceinline__ float rf_uint_as_float(unsigned int u) { return __uint_as_float(u); }
+
+#elif defined(__HIP__) && (defined(__HIPCC_RTC__) || defined(__CLANG_HIP_RUNTIME_WRAPPER_H__) || \
+                           defined(HIP_INCLUDE_HIP_HIP_RUNTIME_H))
+// ------------------------------------------------------------------------------------------------
+// AMD with ROCm's HIP headers (hipcc, hiprtc): the kernel language exists; add the extras only.
+// ------------------------------------------------------------------------------------------------
+#define RF_AMD 1
+
+static __device__ __forceinline__ int rf_lane_id() {
+  return (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+}
+
+#else
+// ------------------------------------------------------------------------------------------------
+// AMD on bare clang: define the HIP kernel language on clang's AMDGPU builtins.
+// ------------------------------------------------------------------------------------------------
+#if !defined(__HIP__) || !defined(__AMDGCN__)
+#error "hip_compat.h: compile as HIP device code (clang -x hip --cuda-device-only) or with nvcc/nvrtc"
+#endif
+#define RF_AMD 1
+
+// clang implements these attributes natively in HIP mode; HIP's headers only name them.
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __shared__ __attribute__((shared))
+#define __constant__ __attribute__((constant))
+#define __forceinline__ inline __attribute__((always_inline))
+// As in HIP, the optional second argument is the minimum number of waves per SIMD (on CUDA: blocks per
+// SM). Both cap the registers a thread may use; kernels pick values sensible under either meaning.
+#define RF_LAUNCH_BOUNDS_1(max_threads) __attribute__((amdgpu_flat_work_group_size(1, max_threads)))
+#define RF_LAUNCH_BOUNDS_2(max_threads, min_waves_per_simd) \
+  __attribute__((amdgpu_flat_work_group_size(1, max_threads), amdgpu_waves_per_eu(min_waves_per_simd)))
+#define RF_LAUNCH_BOUNDS_PICK(_1, _2, name, ...) name
+#define __launch_bounds__(...) RF_LAUNCH_BOUNDS_PICK(__VA_ARGS__, RF_LAUNCH_BOUNDS_2, RF_LAUNCH_BOUNDS_1, unused)(__VA_ARGS__)
+
+struct rf_uint3 {
+  unsigned int x, y, z;
+};
+
+// The unused components fold away: these builtins are pure reads of registers or of the dispatch packet.
+static __device__ __forceinline__ rf_uint3 rf_thread_idx() {
+  return {__builtin_amdgcn_workitem_id_x(), __builtin_amdgcn_workitem_id_y(), __builtin_amdgcn_workitem_id_z()};
+}
+static __device__ __forceinline__ rf_uint3 rf_block_idx() {
+  return {__builtin_amdgcn_workgroup_id_x(), __builtin_amdgcn_workgroup_id_y(), __builtin_amdgcn_workgroup_id_z()};
+}
+static __device__ __forceinline__ rf_uint3 rf_block_dim() {
+  return {__builtin_amdgcn_workgroup_size_x(), __builtin_amdgcn_workgroup_size_y(), __builtin_amdgcn_workgroup_size_z()};
+}
+// The dispatch's grid size counts work-items (HSA), HIP's gridDim counts blocks.
+static __device__ __forceinline__ rf_uint3 rf_grid_dim() {
+  return {__builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(),
+          __builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y(),
+          __builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z()};
+}
+#define threadIdx (rf_thread_idx())
+#define blockIdx (rf_block_idx())
+#define blockDim (rf_block_dim())
+#define gridDim (rf_grid_dim())
+
+// A workgroup barrier that also orders the shared (LDS) and global memory operations around it, as
+// HIP's __syncthreads does: release before the barrier, acquire after it.
+static __device__ __forceinline__ void __syncthreads() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+
+static __device__ __forceinline__ int rf_lane_id() {
+  return (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+}
+
+// ds_bpermute reads the value of the lane whose byte address is given; a partner outside the
+// caller's `width`-lane segment reads the caller's own value, as on CUDA.
+static __device__ __forceinline__ int __shfl_xor(int v, int lane_mask, int width = __builtin_amdgcn_wavefrontsize()) {
+  const int self = rf_lane_id();
+  int partner = self ^ lane_mask;
+  partner = partner >= ((self + width) & ~(width - 1)) ? self : partner;
+  return __builtin_amdgcn_ds_bpermute(partner << 2, v);
+}
+static __device__ __forceinline__ unsigned int __shfl_xor(unsigned int v, int lane_mask,
+                                                          int width = __builtin_amdgcn_wavefrontsize()) {
+  return (unsigned int)__shfl_xor((int)v, lane_mask, width);
+}
+static __device__ __forceinline__ float __shfl_xor(float v, int lane_mask, int width = __builtin_amdgcn_wavefrontsize()) {
+  return __builtin_bit_cast(float, __shfl_xor(__builtin_bit_cast(int, v), lane_mask, width));
+}
+
+// The vector types the kernels load with; 16-byte alignment makes a load of one a single instruction.
+struct __attribute__((aligned(16))) float4 {
+  float x, y, z, w;
+};
+struct __attribute__((aligned(16))) uint4 {
+  unsigned int x, y, z, w;
+};
+
+typedef _Float16 __half;
+typedef _Float16 half;
+static __device__ __forceinline__ float __half2float(__half h) { return (float)h; }
+static __device__ __forceinline__ __half __float2half(float f) { return (__half)f; }
+
+// Math: without the ROCm device libraries only what the AMDGPU backend lowers by itself is available.
+// These llvm intrinsics are expanded inline with full float accuracy (exp/log with their denormal and
+// range fix-ups, sqrt correctly rounded); none of them becomes a library call.
+static __device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
+static __device__ __forceinline__ float exp2f(float x) { return __builtin_exp2f(x); }
+static __device__ __forceinline__ float log2f(float x) { return __builtin_log2f(x); }
+static __device__ __forceinline__ float sqrtf(float x) { return __builtin_sqrtf(x); }
+static __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
+static __device__ __forceinline__ float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+static __device__ __forceinline__ float fminf(float a, float b) { return __builtin_fminf(a, b); }
+static __device__ __forceinline__ float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+static __device__ __forceinline__ float rintf(float x) { return __builtin_rintf(x); }
+#endif
+
+// ------------------------------------------------------------------------------------------------
+// Shared by every AMD path.
+// ------------------------------------------------------------------------------------------------
+#if defined(RF_AMD)
+// Wave64 on GCN/CDNA (gfx9: gfx90a, gfx942 ...), wave32 on RDNA (gfx10, gfx11, gfx12). clang no longer
+// predefines the wavefront size, and __builtin_amdgcn_wavefrontsize() is not a constant expression, so
+// the size comes from the target family; rf_check_wave_size() (folded away when right) traps if a build
+// forced the other mode (-mwavefrontsize64) without -DRF_WARP_SIZE.
+#if defined(RF_WARP_SIZE)
+#define WARP_SIZE RF_WARP_SIZE
+#elif defined(__GFX10__) || defined(__GFX11__) || defined(__GFX12__)
+#define WARP_SIZE 32
+#else
+#define WARP_SIZE 64
+#endif
+
+static __device__ __forceinline__ unsigned int rf_float_as_uint(float f) { return __builtin_bit_cast(unsigned int, f); }
+static __device__ __forceinline__ float rf_uint_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }
+static __device__ __forceinline__ float rf_f16_to_float(unsigned short bits) {
+  return (float)__builtin_bit_cast(_Float16, bits);
+}
+static __device__ __forceinline__ unsigned short rf_float_to_f16(float f) {
+  return __builtin_bit_cast(unsigned short, (_Float16)f);
+}
+#endif
+
+static __device__ __forceinline__ void rf_check_wave_size() {
+#if defined(RF_AMD)
+  if (__builtin_amdgcn_wavefrontsize() != WARP_SIZE) __builtin_trap();
+#endif
+}
+
+// bfloat16 is the top half of a float32: widening is a shift; narrowing rounds to nearest even and
+// keeps NaNs quiet (a NaN whose payload sits in the low bits would otherwise round to infinity).
+static __device__ __forceinline__ float rf_bf16_to_float(unsigned short bits) {
+  return rf_uint_as_float((unsigned int)bits << 16);
+}
+static __device__ __forceinline__ unsigned short rf_float_to_bf16(float f) {
+  const unsigned int u = rf_float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reductions written in terms of WARP_SIZE, so they are right on wave32 and wave64 alike.
+// ------------------------------------------------------------------------------------------------
+#define RF_MAX_WARPS_PER_BLOCK (1024 / 32)
+
+// Sum over the lanes of a warp; every lane gets the total.
+static __device__ __forceinline__ float rf_warp_sum(float v) {
+#pragma unroll
+  for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) v += __shfl_xor(v, offset);
+  return v;
+}
+
+// Sum over the block; every thread gets the total. `scratch` is a __shared__ array of
+// RF_MAX_WARPS_PER_BLOCK floats; it may be reused as soon as this returns.
+static __device__ __forceinline__ float rf_block_sum(float v, float* scratch) {
+  rf_check_wave_size();
+  const int lane = (int)threadIdx.x % WARP_SIZE, warp = (int)threadIdx.x / WARP_SIZE;
+  const int warps = (int)blockDim.x / WARP_SIZE;
+  v = rf_warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  v = rf_warp_sum(v);
+  __syncthreads();  // every warp has read scratch before anyone may write it again
+  return v;
+}

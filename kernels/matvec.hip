@@ -1,0 +1,190 @@
+// Matrix-vector product on GGUF weights, the hot kernel of decoding:
+//   y[b, r] = sum_c W[r, c] * x[b, c]   for r < rows, b < batch
+// W stays in its GGUF block layout, row-major: row r is cols/32 blocks (Q4_1, Q8_0) or cols halves
+// (F16), rows back to back. x is [batch, cols] and y is [batch, rows], float32.
+//
+// Decoding reads every weight once per token, so the kernel is bound by memory bandwidth:
+// - A warp owns a group of rows at a time (a grid-stride loop over the groups covers any grid); the
+//   lanes of a warp walk the rows together, so each load instruction of the warp reads consecutive
+//   bytes. With batch 1 (decoding) a group is two rows, so every x value loaded serves two rows.
+// - A lane's unit of work ("item") is 8 weights of one row; a row has cols/8 items in every format.
+//   Items are placed so each format reads naturally aligned words: F16 one 16-byte load, Q4_1 two
+//   4-byte loads (the 20-byte blocks keep 4-byte alignment), Q8_0 five 2-byte loads (its 34-byte
+//   blocks are only 2-byte aligned, and a misaligned wider load would fault on NVIDIA).
+// - x is read with 16-byte loads straight into registers. It is small and shared by every warp, so it
+//   stays in L1/L2; staging it in shared memory would cost a block-wide barrier and the same on-chip
+//   bandwidth without saving any DRAM traffic.
+// - With batch > 1 the weights of an item are decoded once and applied to up to 8 rows of x
+//   (kMaxBatchPerPass); larger batches take further passes over W. A group is then one row: the
+//   batch's accumulators already fill the registers, and all variants share one register budget
+//   (measured: 2 rows x 8 batch rows needed 110-230 VGPRs and spilled under a cap; this layout needs
+//   60-72 registers on sm_90 and about 90 VGPRs on gfx90a / gfx1100).
+// Requirements the launcher checks: cols % 32 == 0; W 16-byte aligned (F16), 4-byte (Q4_1) or 2-byte
+// (Q8_0); x 16-byte aligned. Block size: a multiple of 64 up to 256.
+#include "hip_compat.h"
+
+namespace {
+
+constexpr int kMaxBatchPerPass = 8;
+
+// Q4_1 block: {half d; half m; uint8 qs[16]}; element j < 16 is d * (qs[j] & 15) + m, element j >= 16
+// is d * (qs[j - 16] >> 4) + m. Item s (0..3) of a block takes qs[4s .. 4s+3]: their low nibbles are
+// elements 4s..4s+3 and their high nibbles elements 16+4s..16+4s+3.
+struct Q4_1Format {
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
+  static __device__ __forceinline__ void load(const unsigned char* __restrict__ row, int item, float w[8], int& col_a,
+                                              int& col_b) {
+    const int block = item >> 2, part = item & 3;
+    const unsigned char* b = row + block * 20;
+    const unsigned int dm = *reinterpret_cast<const unsigned int*>(b);  // d in the low half, m in the high
+    const unsigned int q = *reinterpret_cast<const unsigned int*>(b + 4 + 4 * part);
+    const float d = rf_f16_to_float((unsigned short)(dm & 0xffffu));
+    const float m = rf_f16_to_float((unsigned short)(dm >> 16));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = fmaf(d, (float)((q >> (8 * j)) & 15u), m);
+      w[4 + j] = fmaf(d, (float)((q >> (8 * j + 4)) & 15u), m);
+    }
+    col_a = block * 32 + 4 * part;
+    col_b = col_a + 16;
+  }
+};
+
+// Q8_0 block: {half d; int8 qs[32]}; element j is d * qs[j]. Item s takes qs[8s .. 8s+7].
+struct Q8_0Format {
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 34; }
+  static __device__ __forceinline__ void load(const unsigned char* __restrict__ row, int item, float w[8], int& col_a,
+                                              int& col_b) {
+    const int block = item >> 2, part = item & 3;
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + block * 34);
+    const float d = rf_f16_to_float(b[0]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned short pair = b[1 + 4 * part + j];
+      w[2 * j] = d * (float)(signed char)(pair & 0xffu);
+      w[2 * j + 1] = d * (float)(signed char)(pair >> 8);
+    }
+    col_a = block * 32 + 8 * part;
+    col_b = col_a + 4;
+  }
+};
+
+// F16: plain halves; item i is columns 8i .. 8i+7, one 16-byte load.
+struct F16Format {
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 2; }
+  static __device__ __forceinline__ void load(const unsigned char* __restrict__ row, int item, float w[8], int& col_a,
+                                              int& col_b) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * item);
+    w[0] = rf_f16_to_float((unsigned short)(v.x & 0xffffu));
+    w[1] = rf_f16_to_float((unsigned short)(v.x >> 16));
+    w[2] = rf_f16_to_float((unsigned short)(v.y & 0xffffu));
+    w[3] = rf_f16_to_float((unsigned short)(v.y >> 16));
+    w[4] = rf_f16_to_float((unsigned short)(v.z & 0xffffu));
+    w[5] = rf_f16_to_float((unsigned short)(v.z >> 16));
+    w[6] = rf_f16_to_float((unsigned short)(v.w & 0xffffu));
+    w[7] = rf_f16_to_float((unsigned short)(v.w >> 16));
+    col_a = 8 * item;
+    col_b = col_a + 4;
+  }
+};
+
+static __device__ __forceinline__ float dot8(const float w[8], const float4 a, const float4 b, float acc) {
+  acc = fmaf(w[0], a.x, acc);
+  acc = fmaf(w[1], a.y, acc);
+  acc = fmaf(w[2], a.z, acc);
+  acc = fmaf(w[3], a.w, acc);
+  acc = fmaf(w[4], b.x, acc);
+  acc = fmaf(w[5], b.y, acc);
+  acc = fmaf(w[6], b.z, acc);
+  return fmaf(w[7], b.w, acc);
+}
+
+// One pass over W for the NB batch rows starting at x / y (NB <= kMaxBatchPerPass), ROWS (1 or 2)
+// rows of W per warp at a time.
+template <class Format, int NB, int ROWS>
+__device__ __forceinline__ void matvec_pass(float* __restrict__ y, const unsigned char* __restrict__ W,
+                                            const float* __restrict__ x, int rows, int cols) {
+  const int lane = (int)threadIdx.x % WARP_SIZE;
+  const int warps_per_block = (int)blockDim.x / WARP_SIZE;
+  const int first_group = (int)blockIdx.x * warps_per_block + (int)threadIdx.x / WARP_SIZE;
+  const int group_stride = (int)gridDim.x * warps_per_block;
+  const int groups = (rows + ROWS - 1) / ROWS;
+  const int items = cols / 8;
+  const unsigned long long row_bytes = Format::row_bytes(cols);
+
+  for (int group = first_group; group < groups; group += group_stride) {  // uniform across the warp
+    const int r0 = ROWS * group;
+    const bool has_second = ROWS == 2 && r0 + 1 < rows;
+    const unsigned char* w0 = W + (unsigned long long)r0 * row_bytes;
+    const unsigned char* w1 = has_second ? w0 + row_bytes : w0;  // an odd last row is read twice, written once
+
+    float acc0[NB], acc1[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) acc0[b] = acc1[b] = 0.0f;
+
+    for (int item = lane; item < items; item += WARP_SIZE) {
+      float wa[8], wb[8];
+      int col_a, col_b;
+      Format::load(w0, item, wa, col_a, col_b);
+      if (ROWS == 2) Format::load(w1, item, wb, col_a, col_b);
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const float* xb = x + (unsigned long long)b * cols;
+        const float4 xa = *reinterpret_cast<const float4*>(xb + col_a);
+        const float4 xc = *reinterpret_cast<const float4*>(xb + col_b);
+        acc0[b] = dot8(wa, xa, xc, acc0[b]);
+        if (ROWS == 2) acc1[b] = dot8(wb, xa, xc, acc1[b]);
+      }
+    }
+
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float s0 = rf_warp_sum(acc0[b]);
+      const float s1 = ROWS == 2 ? rf_warp_sum(acc1[b]) : 0.0f;
+      if (lane == 0) {
+        float* yb = y + (unsigned long long)b * rows;
+        yb[r0] = s0;
+        if (has_second) yb[r0 + 1] = s1;
+      }
+    }
+  }
+}
+
+template <class Format>
+__device__ __forceinline__ void matvec(float* __restrict__ y, const void* __restrict__ W_, const float* __restrict__ x,
+                                       int rows, int cols, int batch) {
+  rf_check_wave_size();
+  const unsigned char* W = static_cast<const unsigned char*>(W_);
+  for (int b0 = 0; b0 < batch; b0 += kMaxBatchPerPass) {
+    float* yp = y + (unsigned long long)b0 * rows;
+    const float* xp = x + (unsigned long long)b0 * cols;
+    const int left = batch - b0;
+    switch (left < kMaxBatchPerPass ? left : kMaxBatchPerPass) {
+      case 1: matvec_pass<Format, 1, 2>(yp, W, xp, rows, cols); break;
+      case 2: matvec_pass<Format, 2, 1>(yp, W, xp, rows, cols); break;
+      case 3: matvec_pass<Format, 3, 1>(yp, W, xp, rows, cols); break;
+      case 4: matvec_pass<Format, 4, 1>(yp, W, xp, rows, cols); break;
+      case 5: matvec_pass<Format, 5, 1>(yp, W, xp, rows, cols); break;
+      case 6: matvec_pass<Format, 6, 1>(yp, W, xp, rows, cols); break;
+      case 7: matvec_pass<Format, 7, 1>(yp, W, xp, rows, cols); break;
+      default: matvec_pass<Format, 8, 1>(yp, W, xp, rows, cols); break;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ __launch_bounds__(256) void matvec_q4_1(float* __restrict__ y, const void* __restrict__ W,
+                                                              const float* __restrict__ x, int rows, int cols, int batch) {
+  matvec<Q4_1Format>(y, W, x, rows, cols, batch);
+}
+
+extern "C" __global__ __launch_bounds__(256) void matvec_q8_0(float* __restrict__ y, const void* __restrict__ W,
+                                                              const float* __restrict__ x, int rows, int cols, int batch) {
+  matvec<Q8_0Format>(y, W, x, rows, cols, batch);
+}
+
+extern "C" __global__ __launch_bounds__(256) void matvec_f16(float* __restrict__ y, const void* __restrict__ W,
+                                                             const float* __restrict__ x, int rows, int cols, int batch) {
+  matvec<F16Format>(y, W, x, rows, cols, batch);
+}

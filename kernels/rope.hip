@@ -1,0 +1,49 @@
+// Rotary position embedding, llama.cpp's NORM mode (the llama architecture), in place on
+// x[n_tokens, n_heads, head_dim]: for every pair (x[2i], x[2i+1]) with 2i < rope_dim,
+//   angle = positions[token] * freq_scale * theta_base^(-2i / rope_dim)
+//   (x[2i], x[2i+1]) <- (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)
+// Elements at and past rope_dim are left alone. One thread per pair, grid-stride: any grid covers all.
+#include "hip_compat.h"
+
+// sin and cos of a float32 angle, the same code on every vendor (so both give the same results, and
+// AMD needs no device library). The angle is reduced by k * pi/2 in three parts with fused
+// multiply-adds (Cody-Waite, exact enough for |angle| up to about 1e5, past every position times
+// frequency a context window reaches), then minimax polynomials on [-pi/4, pi/4] (Cephes' sinf / cosf
+// coefficients, about 1 ulp).
+static __device__ __forceinline__ void rope_sincos(float angle, float* sin_out, float* cos_out) {
+  const float k = rintf(angle * 0.636619772f);  // angle / (pi/2), rounded to the nearest quadrant
+  float r = fmaf(-k, 1.57079637050628662109375f, angle);
+  r = fmaf(-k, -4.37113882867379e-08f, r);
+  r = fmaf(-k, -1.71512451e-15f, r);
+  const float z = r * r;
+  const float s = fmaf(fmaf(fmaf(-1.9515295891e-4f, z, 8.3321608736e-3f), z, -1.6666654611e-1f), z * r, r);
+  const float c = fmaf(fmaf(fmaf(fmaf(2.443315711809948e-5f, z, -1.388731625493765e-3f), z, 4.166664568298827e-2f), z,
+                            -0.5f),
+                       z, 1.0f);
+  const int quadrant = (int)k & 3;  // two's complement: right for negative k as well
+  const float s_q = (quadrant & 1) ? c : s;
+  const float c_q = (quadrant & 1) ? s : c;
+  *sin_out = (quadrant & 2) ? -s_q : s_q;
+  *cos_out = ((quadrant + 1) & 2) ? -c_q : c_q;
+}
+
+extern "C" __global__ __launch_bounds__(256) void rope_f32(float* x, const int* positions, int n_tokens, int n_heads,
+                                                           int head_dim, int rope_dim, float theta_base, float freq_scale) {
+  const int pairs_per_head = rope_dim / 2;
+  const unsigned long long total = (unsigned long long)n_tokens * (unsigned long long)n_heads * pairs_per_head;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  // theta_base^(-2i/rope_dim) = exp2(i * (-2 log2(theta_base) / rope_dim)).
+  const float log2_step = -2.0f * log2f(theta_base) / (float)rope_dim;
+  for (unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
+    const int i = (int)(k % pairs_per_head);
+    const unsigned long long token_head = k / pairs_per_head;
+    const int token = (int)(token_head / n_heads);
+    const float angle = (float)positions[token] * (freq_scale * exp2f((float)i * log2_step));
+    float s, c;
+    rope_sincos(angle, &s, &c);
+    float* p = x + token_head * head_dim + 2 * i;
+    const float a = p[0], b = p[1];
+    p[0] = a * c - b * s;
+    p[1] = a * s + b * c;
+  }
+}
