@@ -1,0 +1,46 @@
+"""rmsnorm: out = x / sqrt(mean(x^2) + eps) * weight, row by row (llama.cpp's RMS_NORM then MUL).
+
+Kernel `rmsnorm_f32(out p, x p, weight p, n i, eps f)` (kernels/rmsnorm.hip): x and out are float32
+[rows, n], weight float32 [n]; one block per row (grid = rows), so the row count is the grid's.
+`out` may be `x`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hipcore.ops.launch_checks import check_memory, check_sizes, row_block
+from hipcore.runtime.cpu import CpuDevice, cpu_kernel
+from hipcore.runtime.device import Device, Dim3, Stream
+from hipcore.runtime.kernels import get_kernel
+
+OP = "rmsnorm"
+ENTRY = "rmsnorm_f32"
+SIGNATURE = "pppif"
+MAX_THREADS = 256  # the kernel's __launch_bounds__
+
+
+def reference(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """float64 [rows, n] (sums of squares in float64)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + float(np.float32(eps)))
+    return x64 * scale * np.asarray(weight, dtype=np.float64)
+
+
+@cpu_kernel(ENTRY, SIGNATURE)
+def _host(device: CpuDevice, grid: Dim3, block: Dim3, out: int, x: int, weight: int, n: int, eps: float) -> None:
+    rows = grid[0]
+    result = reference(device.view(x, np.float32, (rows, n)), device.view(weight, np.float32, n), eps)
+    device.view(out, np.float32, (rows, n))[:] = result  # computed in full first: out may be x
+
+
+def launch(device: Device, stream: Stream | None, out: Any, x: Any, weight: Any, rows: int, n: int, eps: float) -> None:
+    """Normalize `rows` rows of `n` floats of x into out."""
+    check_sizes(OP, rows=rows, n=n)
+    check_memory(OP, "out", out, rows * n * 4)
+    check_memory(OP, "x", x, rows * n * 4)
+    check_memory(OP, "weight", weight, n * 4)
+    kernel = get_kernel(device, OP, ENTRY, SIGNATURE)
+    kernel.launch(rows, row_block(n, MAX_THREADS), (out, x, weight, n, eps), stream=stream)

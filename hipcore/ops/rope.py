@@ -1,0 +1,63 @@
+"""rope: rotary position embedding in llama.cpp's NORM mode (the llama architecture), in place.
+
+Kernel `rope_f32(x p, positions p, n_tokens i, n_heads i, head_dim i, rope_dim i, theta_base f,
+freq_scale f)` (kernels/rope.hip): x is float32 [n_tokens, n_heads, head_dim], positions int32
+[n_tokens]. Adjacent pairs (x[2i], x[2i+1]) with 2i < rope_dim turn by
+angle = position * freq_scale * theta_base^(-2i / rope_dim); the rest of each head is untouched.
+One thread per pair, grid-stride.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hipcore.ops.launch_checks import check_memory, check_sizes, elementwise_grid
+from hipcore.runtime.cpu import CpuDevice, cpu_kernel
+from hipcore.runtime.device import Device, Dim3, Stream
+from hipcore.runtime.kernels import get_kernel
+
+OP = "rope"
+ENTRY = "rope_f32"
+SIGNATURE = "ppiiiiff"
+
+
+def angles(positions: np.ndarray, rope_dim: int, theta_base: float, freq_scale: float) -> np.ndarray:
+    """float64 [n_tokens, rope_dim // 2]: the angle of each pair at each position."""
+    i = np.arange(rope_dim // 2, dtype=np.float64)
+    freqs = float(np.float32(freq_scale)) * float(np.float32(theta_base)) ** (-2.0 * i / rope_dim)
+    return np.asarray(positions, dtype=np.float64)[:, None] * freqs[None, :]
+
+
+def reference(x: np.ndarray, positions: np.ndarray, rope_dim: int, theta_base: float, freq_scale: float) -> np.ndarray:
+    """float64 copy of x [n_tokens, n_heads, head_dim] with the first rope_dim of each head rotated."""
+    out = np.array(x, dtype=np.float64)
+    theta = angles(positions, rope_dim, theta_base, freq_scale)[:, None, :]  # broadcast over heads
+    cos, sin = np.cos(theta), np.sin(theta)
+    even, odd = out[..., 0:rope_dim:2].copy(), out[..., 1:rope_dim:2].copy()
+    out[..., 0:rope_dim:2] = even * cos - odd * sin
+    out[..., 1:rope_dim:2] = even * sin + odd * cos
+    return out
+
+
+@cpu_kernel(ENTRY, SIGNATURE)
+def _host(device: CpuDevice, grid: Dim3, block: Dim3, x: int, positions: int, n_tokens: int, n_heads: int,
+          head_dim: int, rope_dim: int, theta_base: float, freq_scale: float) -> None:
+    view = device.view(x, np.float32, (n_tokens, n_heads, head_dim))
+    view[:] = reference(view, device.view(positions, np.int32, n_tokens), rope_dim, theta_base, freq_scale)
+
+
+def launch(device: Device, stream: Stream | None, x: Any, positions: Any, n_tokens: int, n_heads: int, head_dim: int,
+           rope_dim: int, theta_base: float, freq_scale: float = 1.0) -> None:
+    """Rotate x [n_tokens, n_heads, head_dim] in place for the given int32 positions."""
+    check_sizes(OP, n_tokens=n_tokens, n_heads=n_heads, head_dim=head_dim, rope_dim=rope_dim)
+    if rope_dim % 2 or rope_dim > head_dim:
+        raise ValueError(f"{OP}: rope_dim must be even and at most head_dim ({head_dim}), got {rope_dim}")
+    if not theta_base > 0 or not freq_scale > 0:
+        raise ValueError(f"{OP}: theta_base and freq_scale must be positive, got {theta_base} and {freq_scale}")
+    check_memory(OP, "x", x, n_tokens * n_heads * head_dim * 4)
+    check_memory(OP, "positions", positions, n_tokens * 4)
+    grid, block = elementwise_grid(n_tokens * n_heads * (rope_dim // 2))
+    kernel = get_kernel(device, OP, ENTRY, SIGNATURE)
+    kernel.launch(grid, block, (x, positions, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale), stream=stream)
