@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from hipcore.kvcache.cache import KvCache
 from hipcore.kvcache.config import KvCacheConfig
 from hipcore.ops.kv_gather import gather_kv
-from hipcore.ops.kv_store import kv_store_reference
+from hipcore.ops.kv_store import reference as kv_store_reference
 from hipcore.runtime.cpu import CpuDevice
 
 CONFIG = KvCacheConfig(n_layers=2, n_kv_heads=1, head_dim=32, num_blocks=12, block_size=4, dtype="f32")

@@ -12,7 +12,7 @@ from hipcore.kvcache.cache import KvCache
 from hipcore.kvcache.config import KvCacheConfig
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype
 from hipcore.ops.kv_gather import gather_kv
-from hipcore.ops.kv_store import kv_store, kv_store_kernel_name
+from hipcore.ops import kv_store
 from hipcore.runtime.errors import DeviceError
 
 TOLERANCE = {"f32": 0.0, "f16": 2**-11, "bf16": 2**-8}  # relative: half an ulp of the format
@@ -28,7 +28,7 @@ def upload(device, array):
 def store(device, cache, layer, k, v, slots):
     bufs = [upload(device, np.ascontiguousarray(a)) for a in (k, v, np.asarray(slots, np.int32))]
     try:
-        kv_store(device.load_module(), cache, layer, *bufs, n_tokens=len(slots))
+        kv_store.launch(device, None, cache, layer, *bufs, n_tokens=len(slots))
     finally:
         for b in bufs:
             b.free()
@@ -97,7 +97,7 @@ def test_undersized_buffers_are_refused_before_launch(cpu_device):
     with KvCache(cpu_device, cfg) as cache:
         small = cpu_device.allocate(64, tag="scratch")
         with pytest.raises(ValueError, match="k holds 64 bytes, 1 tokens need 256"):
-            kv_store(cpu_device.load_module(), cache, 0, small, small, small, n_tokens=1)
+            kv_store.launch(cpu_device, None, cache, 0, small, small, small, n_tokens=1)
         small.free()
 
 
@@ -117,4 +117,4 @@ def test_q8_0_and_bf16_bytes_equal_the_gguf_reference_quantizers():
 def test_every_dtype_has_a_registered_host_kernel(cpu_device):
     module = cpu_device.load_module()
     for name in KV_DTYPES:
-        assert module.kernel(kv_store_kernel_name(name), "pppppiiiii").name == f"kv_store_{name}"
+        assert module.kernel(kv_store.kernel_name(name), kv_store.SIGNATURE).name == f"kv_store_{name}"

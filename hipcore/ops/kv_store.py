@@ -17,18 +17,19 @@ import numpy as np
 from hipcore.kvcache.cache import KvCache
 from hipcore.kvcache.dtypes import KV_DTYPES, KvDtype, kv_dtype
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
-from hipcore.runtime.device import Buffer, Module, Stream
+from hipcore.runtime.device import Buffer, Device, Stream
 from hipcore.runtime.errors import DeviceError
+from hipcore.runtime.kernels import get_kernel
 
-KV_STORE_SIGNATURE = "pppppiiiii"
-THREADS_PER_TOKEN = 128
+SIGNATURE = "pppppiiiii"
+THREADS = 128
 
 
-def kv_store_kernel_name(dtype: str) -> str:
+def kernel_name(dtype: str) -> str:
     return f"kv_store_{kv_dtype(dtype).name}"
 
 
-def kv_store_reference(pool: np.ndarray, rows: np.ndarray, slots: np.ndarray, fmt: KvDtype) -> None:
+def reference(pool: np.ndarray, rows: np.ndarray, slots: np.ndarray, fmt: KvDtype) -> None:
     """Encode float32 rows [n, n_kv_heads, head_dim] into `pool` (uint8 [num_blocks, n_kv_heads,
     block_size, row_bytes]) at `slots`; negative slots are skipped."""
     num_blocks, _, block_size, _ = pool.shape
@@ -41,14 +42,14 @@ def kv_store_reference(pool: np.ndarray, rows: np.ndarray, slots: np.ndarray, fm
 
 
 def _register_host_kernel(fmt: KvDtype) -> None:
-    @cpu_kernel(kv_store_kernel_name(fmt.name), KV_STORE_SIGNATURE)
+    @cpu_kernel(kernel_name(fmt.name), SIGNATURE)
     def kv_store_host(dev: CpuDevice, grid: tuple, block: tuple, k_pool: int, v_pool: int, k: int, v: int,
                       slot_mapping: int, n_tokens: int, n_kv_heads: int, head_dim: int, block_size: int,
                       num_blocks: int) -> None:
         pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
         slots = dev.view(slot_mapping, np.int32, n_tokens)
         for pool_ptr, src_ptr in ((k_pool, k), (v_pool, v)):
-            kv_store_reference(dev.view(pool_ptr, np.uint8, pool_shape),
+            reference(dev.view(pool_ptr, np.uint8, pool_shape),
                                dev.view(src_ptr, np.float32, (n_tokens, n_kv_heads, head_dim)), slots, fmt)
 
 
@@ -56,10 +57,10 @@ for _fmt in KV_DTYPES.values():
     _register_host_kernel(_fmt)
 
 
-def kv_store(module: Module, cache: KvCache, layer: int, k: Buffer, v: Buffer, slot_mapping: Buffer,
-             n_tokens: int, stream: Stream | None = None) -> None:
+def launch(device: Device, stream: Stream | None, cache: KvCache, layer: int, k: Buffer, v: Buffer,
+           slot_mapping: Buffer, n_tokens: int) -> None:
     """Queue the write of n_tokens K/V rows into `layer` of `cache` at the slots in `slot_mapping`
-    (device buffers, laid out as the module docstring says). `module` holds the kv_store kernels."""
+    (device buffers, laid out as the module docstring says)."""
     cfg = cache.config
     if not 0 <= layer < cfg.n_layers:
         raise ValueError(f"layer {layer} outside the cache's {cfg.n_layers} layers")
@@ -70,7 +71,7 @@ def kv_store(module: Module, cache: KvCache, layer: int, k: Buffer, v: Buffer, s
             raise ValueError(f"kv_store: {name} holds {buf.nbytes} bytes, {n_tokens} tokens need {need}")
     if n_tokens == 0:
         return
-    kernel = module.kernel(kv_store_kernel_name(cfg.dtype), KV_STORE_SIGNATURE)
-    kernel.launch(n_tokens, THREADS_PER_TOKEN,
+    kernel = get_kernel(device, "kv_store", kernel_name(cfg.dtype), SIGNATURE)
+    kernel.launch(n_tokens, THREADS,
                   [cache.k_pools[layer], cache.v_pools[layer], k, v, slot_mapping, n_tokens, cfg.n_kv_heads,
                    cfg.head_dim, cfg.block_size, cfg.num_blocks], stream=stream)
