@@ -10,7 +10,11 @@ non-ASCII text), and inside limits the sandbox alone does not give:
   - one-shot growth: `*`, `**`, `+`, `%`, `~` and the width arguments of center/indent/format/
     ljust/rjust/zfill/expandtabs/str.format/tojson are checked before they allocate;
   - gradual growth: the process's resident memory may not grow more than 256 MiB while the
-    template runs (read from /proc on Linux; elsewhere from the peak that getrusage reports).
+    template runs (read from /proc on Linux; elsewhere from the peak that getrusage reports);
+  - everything else: by default the render runs in a child process (hipcore.chat_template_worker)
+    with 1 GiB of address space and a CPU-time limit, killed at the deadline, so that even a single
+    runaway C-level operation cannot hang or exhaust this process. It costs about 0.1-0.3 s per
+    render; `isolated=False` renders in this process (for trusted templates).
 Each limit ends the render with a one-line InvalidModelError (exit 3); a template that calls
 raise_exception (e.g. "roles must alternate") gives a UsageError with its message.
 
@@ -20,30 +24,36 @@ should say so (FALLBACK_NOTE).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-from jinja2.exceptions import SecurityError, TemplateError
 
 from hipcore.chat_template_sandbox import (
     BASE_OUTPUT_CAP,
     DEFAULT_TIMEOUT_S,
-    Budget,
-    LimitExceeded,
-    RaisedByTemplate,
-    compile_template,
-    one_line,
+    USAGE,
+    describe_failure,
+    render_sandboxed,
 )
-from hipcore.errors import InvalidModelError, UsageError
+from hipcore.errors import InvalidModelError, RocmforgeError, UsageError
 
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 FALLBACK_NOTE = "the model has no chat template; formatting the conversation as ChatML (<|im_start|>role ... <|im_end|>)"
+
+# Time for the child interpreter to start and import jinja2, on top of the render's own deadline.
+CHILD_STARTUP_S = 10.0
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+_CHILD_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from hipcore.chat_template_worker import main; main()"
+
 
 def chat_template_from_metadata(metadata: Mapping[str, object]) -> str | None:
     """The model's default chat template, or None when the file has none (or an empty one)."""
@@ -64,41 +74,59 @@ def render_chat(
     add_generation_prompt: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_output_chars: int | None = None,
+    isolated: bool = True,
 ) -> str:
     """Render `messages` ([{"role": ..., "content": ...}]) with `template` (None: ChatML)."""
     conversation = _checked_messages(messages)
     size = sum(len(m["role"]) + len(m["content"]) for m in conversation) + len(bos_token) + len(eos_token)
-    cap = max_output_chars if max_output_chars is not None else BASE_OUTPUT_CAP + 4 * size
-    compiled = compile_template(template if template is not None else CHATML_TEMPLATE)
+    max_chars = max_output_chars if max_output_chars is not None else BASE_OUTPUT_CAP + 4 * size
     context = {
         "messages": conversation,
         "bos_token": bos_token,
         "eos_token": eos_token,
         "add_generation_prompt": bool(add_generation_prompt),
     }
-    budget = Budget(timeout_s, cap)
+    source = template if template is not None else CHATML_TEMPLATE
+    if isolated:
+        return _render_in_child(source, context, timeout_s, max_chars)
     try:
-        with budget:
-            pieces: list[str] = []
-            produced = 0
-            for chunk in compiled.generate(context):
-                produced += len(chunk)
-                budget.check_size(produced, "the rendered prompt")
-                pieces.append(chunk)
-            return "".join(pieces)
-    except RaisedByTemplate as exc:
-        raise UsageError(f"the model's chat template rejected the conversation: {exc}") from None
-    except LimitExceeded as exc:
-        raise InvalidModelError(f"the model's chat template was stopped: {exc}") from None
-    except SecurityError as exc:
-        raise InvalidModelError(f"the model's chat template tried an unsafe operation and was stopped: {exc}") from None
-    except RecursionError:
-        raise InvalidModelError("the model's chat template recursed too deeply and was stopped") from None
-    except MemoryError:
-        raise InvalidModelError("the model's chat template ran out of memory and was stopped") from None
-    except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError,
-            ZeroDivisionError) as exc:
-        raise InvalidModelError(f"the model's chat template failed: {type(exc).__name__}: {one_line(exc)}") from None
+        return render_sandboxed(source, context, timeout_s=timeout_s, max_chars=max_chars)
+    except Exception as exc:  # an untrusted template can raise anything: each becomes one line
+        kind, message = describe_failure(exc)
+        raise (UsageError if kind == USAGE else InvalidModelError)(message) from None
+
+
+def _render_in_child(template: str, context: dict, timeout_s: float, max_chars: int) -> str:
+    request = json.dumps({"template": template, "context": context, "timeout_s": timeout_s, "max_chars": max_chars},
+                         ensure_ascii=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _CHILD_BOOT, _PROJECT_ROOT],
+            input=request, capture_output=True, text=True, encoding="ascii", timeout=timeout_s + CHILD_STARTUP_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise InvalidModelError(
+            f"the model's chat template was stopped: rendering took longer than {timeout_s:g} s"
+        ) from None
+    except OSError as exc:
+        raise RocmforgeError(
+            f"cannot start the chat-template renderer ({sys.executable}): {exc}; "
+            "render with isolated=False only if the template is trusted"
+        ) from None
+    try:
+        reply = json.loads(done.stdout)
+    except ValueError:
+        reply = None
+    if done.returncode != 0 or not isinstance(reply, dict):
+        ending = f"signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+        raise InvalidModelError(
+            f"the model's chat template was stopped: its renderer process ended abnormally ({ending}), "
+            "most likely at its memory or CPU-time limit"
+        )
+    if "text" in reply:
+        return str(reply["text"])
+    message = str(reply.get("message", "the model's chat template failed"))
+    raise (UsageError if reply.get("kind") == USAGE else InvalidModelError)(message)
 
 
 def _checked_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:

@@ -1,5 +1,8 @@
 """The sandbox chat templates render in: Jinja's ImmutableSandboxedEnvironment plus the limits
-it does not give by itself (see hipcore.chat_template for the list). Used only by chat_template.
+it does not give by itself (see hipcore.chat_template for the list). Used by chat_template, in
+process or inside the child process of chat_template_worker; so it imports nothing of the
+project but the standard library and jinja2, and reports failures as (kind, message) pairs that
+the caller turns into rocmforge errors.
 """
 
 from __future__ import annotations
@@ -19,10 +22,8 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 from jinja2.compiler import CodeGenerator, Frame
-from jinja2.exceptions import TemplateError, TemplateSyntaxError
+from jinja2.exceptions import SecurityError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from hipcore.errors import InvalidModelError
 
 try:  # memory probe fallback where /proc is absent; missing on Windows
     import resource
@@ -42,6 +43,47 @@ class LimitExceeded(Exception):
 
 class RaisedByTemplate(Exception):
     """The template called raise_exception(message)."""
+
+
+class BadTemplate(Exception):
+    """The template does not compile."""
+
+
+# Outcome kinds: "usage" (the conversation was rejected by the template: exit 2) and "invalid"
+# (the template itself is broken or hostile: exit 3).
+USAGE, INVALID = "usage", "invalid"
+
+
+def render_sandboxed(template: str, context: Mapping[str, Any], *, timeout_s: float, max_chars: int) -> str:
+    """Render in the sandbox within the limits; raises the exceptions describe_failure knows."""
+    compiled = compile_template(template)
+    budget = Budget(timeout_s, max_chars)
+    with budget:
+        pieces: list[str] = []
+        produced = 0
+        for chunk in compiled.generate(context):
+            produced += len(chunk)
+            budget.check_size(produced, "the rendered prompt")
+            pieces.append(chunk)
+        return "".join(pieces)
+
+
+def describe_failure(exc: BaseException) -> tuple[str, str]:
+    """(kind, one-line message) for any exception a render raised."""
+    prefix = "the model's chat template"
+    if isinstance(exc, RaisedByTemplate):
+        return USAGE, f"{prefix} rejected the conversation: {exc}"
+    if isinstance(exc, BadTemplate):
+        return INVALID, f"{prefix} {exc}"
+    if isinstance(exc, LimitExceeded):
+        return INVALID, f"{prefix} was stopped: {exc}"
+    if isinstance(exc, SecurityError):
+        return INVALID, f"{prefix} tried an unsafe operation and was stopped: {one_line(exc)}"
+    if isinstance(exc, RecursionError):
+        return INVALID, f"{prefix} recursed too deeply and was stopped"
+    if isinstance(exc, MemoryError):
+        return INVALID, f"{prefix} ran out of memory and was stopped"
+    return INVALID, f"{prefix} failed: {type(exc).__name__}: {one_line(exc)}"
 
 
 def one_line(exc: BaseException) -> str:
@@ -309,8 +351,6 @@ def compile_template(template: str) -> jinja2.Template:
     try:
         return env.from_string(template)
     except TemplateSyntaxError as exc:
-        raise InvalidModelError(
-            f"the model's chat template does not parse (line {exc.lineno}): {one_line(exc)}"
-        ) from None
-    except (TemplateError, RecursionError, MemoryError, ValueError) as exc:
-        raise InvalidModelError(f"the model's chat template cannot be compiled: {one_line(exc)}") from None
+        raise BadTemplate(f"does not parse (line {exc.lineno}): {one_line(exc)}") from None
+    except Exception as exc:  # anything else the compiler trips on is the template's fault too
+        raise BadTemplate(f"cannot be compiled: {type(exc).__name__}: {one_line(exc)}") from None

@@ -16,6 +16,7 @@ token that completes it arrives.
 from __future__ import annotations
 
 import codecs
+import operator
 import re
 from typing import Mapping, Sequence
 
@@ -138,17 +139,15 @@ class Tokenizer:
 
     def token_text(self, id: int) -> str:
         """The vocabulary entry as stored in the file (e.g. 'Ġworld', '▁the', '<|im_end|>')."""
-        self._check_id(id)
-        return self._vocab.tokens[id]
+        return self._vocab.tokens[self._index(id)]
 
     def is_special(self, id: int) -> bool:
         """Control or unknown tokens: not printed when decoding with skip_special."""
-        self._check_id(id)
-        return bool(self._vocab.attrs[id] & _SHOWN_ONLY_WHEN_SPECIAL)
+        return bool(self._vocab.attrs[self._index(id)] & _SHOWN_ONLY_WHEN_SPECIAL)
 
     def token_piece(self, id: int, *, skip_special: bool = False) -> bytes:
         """The bytes token `id` stands for (may be part of a UTF-8 character)."""
-        self._check_id(id)
+        id = self._index(id)
         if skip_special and self._vocab.attrs[id] & _SHOWN_ONLY_WHEN_SPECIAL:
             return b""
         piece = self._pieces[id]
@@ -193,9 +192,15 @@ class Tokenizer:
     def stream_decoder(self, skip_special: bool = True) -> "StreamDecoder":
         return StreamDecoder(self, skip_special=skip_special)
 
-    def _check_id(self, id: int) -> None:
-        if not isinstance(id, int) or isinstance(id, bool) or not 0 <= id < self.vocab_size:
+    def _index(self, id: int) -> int:
+        """`id` as a Python int in range (numpy integers from a sampler are fine)."""
+        try:
+            index = operator.index(id) if not isinstance(id, bool) else None
+        except TypeError:
+            index = None
+        if index is None or not 0 <= index < self.vocab_size:
             raise UsageError(f"token id {id!r} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return index
 
 
 class StreamDecoder:

@@ -160,8 +160,18 @@ def test_empty_text(smollm, spm):
 def test_decode_rejects_ids_outside_the_vocabulary(smollm):
     with pytest.raises(UsageError, match="outside the vocabulary"):
         smollm.decode([5, smollm.vocab_size])
-    with pytest.raises(UsageError):
-        smollm.token_text(-1)
+    for bad in (-1, True, 2.0, "7"):
+        with pytest.raises(UsageError):
+            smollm.token_text(bad)
+
+
+def test_numpy_integer_ids_are_accepted(smollm):
+    import numpy as np
+
+    ids = smollm.encode("Hello world", add_bos=False)
+    assert smollm.decode(np.array(ids, dtype=np.int64)) == "Hello world"
+    stream = smollm.stream_decoder()
+    assert "".join(stream.feed(np.int32(i)) for i in ids) == "Hello world"
 
 
 def test_text_with_lone_surrogates_is_tokenized_with_replacement_characters(smollm):
