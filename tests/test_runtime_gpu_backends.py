@@ -79,6 +79,28 @@ def test_gcn_arch_names_lose_their_feature_suffixes():
     assert hip_backend.as_text(b"gfx90a:xnack-\0garbage") == "gfx90a:xnack-"
 
 
+def test_device_properties_with_the_installed_binding_reaches_the_runtime():
+    with pytest.raises(RuntimeError, match=HIP_MISSING) as info:
+        hip_backend.device_properties(hip, 0)
+    assert failing_binding_call(info.value) == "hipGetDeviceProperties"
+
+
+def test_device_properties_with_an_older_binding_fills_the_struct_passed_in():
+    class OldHip:  # hip-python for ROCm 6: hipGetDeviceProperties(props, deviceId) -> (err,)
+        hipError_t = hip.hipError_t
+
+        class hipDeviceProp_t:
+            gcnArchName = b""
+
+        @staticmethod
+        def hipGetDeviceProperties(props, device_id):
+            props.gcnArchName = b"gfx90a:sramecc+:xnack-"
+            return (hip.hipError_t.hipSuccess,)
+
+    props = hip_backend.device_properties(OldHip, 0)
+    assert hip_backend.arch_from_gcn_name(hip_backend.as_text(props.gcnArchName)) == "gfx90a"
+
+
 # ---- error translation ---------------------------------------------------------------------------
 
 

@@ -163,3 +163,39 @@ def test_devices_checks_one_device_value():
     assert "Traceback" not in bad.output
     unknown = runner.invoke(app, ["devices", "-d", "tpu"])
     assert unknown.exit_code == EXIT_USAGE and "valid devices: auto, hip, cuda, cpu" in unknown.output
+
+
+def test_devices_shows_a_gpu_row_with_its_code_objects(monkeypatch):
+    from rocmforge_cli import devices as devices_cli
+
+    inventory = selection.DeviceInventory(
+        found=[selection.DeviceSummary("cuda", 0, "NVIDIA H100 80GB HBM3", "sm_90", 80 << 30, 79 << 30),
+               selection.DeviceSummary("cpu", 0, "host CPU (numpy)", "cpu", 16 << 30, 16 << 30)],
+        unavailable={"hip": "no HIP runtime (libamdhip64.so not found)"})
+    monkeypatch.setattr(devices_cli, "discover_devices", lambda: inventory)
+    monkeypatch.setattr(devices_cli, "code_objects_for", lambda arch: ["add", "rmsnorm"] if arch == "sm_90" else None)
+    table = runner.invoke(app, ["devices"])
+    assert table.exit_code == 0, table.output
+    assert "NVIDIA H100 80GB HBM3" in table.output and "sm_90" in table.output and "add, rmsnorm" in table.output
+    assert "--device auto takes cuda:0" in table.output and "cpu: not taken: cuda is preferred" in table.output
+    data = json.loads(runner.invoke(app, ["devices", "--json"]).output)
+    assert data["auto"] == "cuda:0" and data["devices"][0]["code_objects"] == ["add", "rmsnorm"]
+
+
+def test_code_object_cells_say_what_is_there_or_why_not():
+    from rocmforge_cli.devices import _code_objects_cell
+
+    gpu = selection.DeviceSummary("hip", 0, "AMD Instinct MI300X", "gfx942", 192 << 30, 190 << 30)
+    assert _code_objects_cell(gpu, ["matvec", "rmsnorm"]) == "matvec, rmsnorm"
+    assert _code_objects_cell(gpu, []) == "none for gfx942 (kernels compile at run time)"
+    assert _code_objects_cell(gpu, None) == "n/a"
+    cpu = selection.DeviceSummary("cpu", 0, "host", "cpu", 1, 1)
+    assert _code_objects_cell(cpu, None) == "host kernels (numpy)"
+
+
+def test_the_kernel_loader_lists_code_objects_for_an_arch():
+    from rocmforge_cli.devices import code_objects_for
+
+    listed = code_objects_for("sm_90")
+    assert isinstance(listed, list) and all(isinstance(op, str) for op in listed)
+    assert code_objects_for("cpu") is None

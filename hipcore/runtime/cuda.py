@@ -175,14 +175,21 @@ class CudaDevice(Device):
         self._cu_device = check(drv.cuDeviceGet(index), "cuDeviceGet")
         self._context = check(drv.cuDevicePrimaryCtxRetain(self._cu_device), "cuDevicePrimaryCtxRetain")
         self._context_key = int(self._context)
-        self._make_current()
-        raw_name = check(drv.cuDeviceGetName(256, self._cu_device), "cuDeviceGetName")
-        self.name = bytes(raw_name).split(b"\0", 1)[0].decode(errors="replace").strip()
-        A = drv.CUdevice_attribute
-        major = check(drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._cu_device), "cuDeviceGetAttribute")
-        minor = check(drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._cu_device), "cuDeviceGetAttribute")
-        self.arch = f"sm_{major}{minor}"
-        self._default = CudaStream(self)
+        try:
+            self._make_current()
+            raw_name = check(drv.cuDeviceGetName(256, self._cu_device), "cuDeviceGetName")
+            self.name = bytes(raw_name).split(b"\0", 1)[0].decode(errors="replace").strip()
+            A = drv.CUdevice_attribute
+            major = check(drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._cu_device),
+                          "cuDeviceGetAttribute")
+            minor = check(drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._cu_device),
+                          "cuDeviceGetAttribute")
+            self.arch = f"sm_{major}{minor}"
+            self._default = CudaStream(self)
+        except BaseException:  # a half-opened device must not keep the primary context retained
+            _thread.context = None
+            release_quietly(drv.cuDevicePrimaryCtxRelease, self._cu_device)
+            raise
 
     # ---- context ---------------------------------------------------------------------------------
 

@@ -22,7 +22,9 @@ import numpy as np
 from hipcore.runtime.device import Buffer, Capture, Device, Event, Graph, Kernel, MemoryInfo, Module, Stream, host_bytes
 from hipcore.runtime.errors import BackendUnavailable, DeviceError
 from hipcore.runtime.gpu_support import DriverResource, ResourceRegistry, allocation_failure, launch_dims, release_quietly
-from hipcore.runtime.hip_calls import arch_from_gcn_name, as_text, call_error, check, load_hip_bindings, probe  # noqa: F401
+from hipcore.runtime.hip_calls import (  # noqa: F401 (probe: selection)
+    arch_from_gcn_name, as_text, call_error, check, device_properties, load_hip_bindings, probe,
+)
 from hipcore.runtime.hip_calls import thread_state as _thread
 from hipcore.runtime.launch_args import ArgPacker, normalize_signature
 
@@ -166,7 +168,7 @@ class HipDevice(Device):
         self._resources = ResourceRegistry()
         self._closed = False
         self._select()
-        props = check(hip.hipGetDeviceProperties(index), "hipGetDeviceProperties")
+        props = device_properties(hip, index)
         self.name = as_text(props.name).strip() or f"AMD GPU {index}"
         self.gcn_arch_name = as_text(props.gcnArchName)
         self.arch = arch_from_gcn_name(self.gcn_arch_name)

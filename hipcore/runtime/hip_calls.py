@@ -46,6 +46,17 @@ def arch_from_gcn_name(gcn_arch_name: str) -> str:
     return gcn_arch_name.strip().split(":", 1)[0]
 
 
+def device_properties(hip: Any, index: int) -> Any:
+    """hipDeviceProp_t of a device. Recent hip-python returns it (hipGetDeviceProperties(index));
+    releases made for ROCm 6 and earlier fill one passed in (hipGetDeviceProperties(props, index))."""
+    try:
+        return check(hip.hipGetDeviceProperties(index), "hipGetDeviceProperties")
+    except TypeError:
+        props = hip.hipDeviceProp_t()
+        check(hip.hipGetDeviceProperties(props, index), "hipGetDeviceProperties")
+        return props
+
+
 def describe_error(err: Any) -> tuple[str, str]:
     """(name, text) of a hipError_t from the runtime, or from the enum when the runtime cannot say."""
     name = getattr(err, "name", None) or f"hipError_t {int(err)}"
