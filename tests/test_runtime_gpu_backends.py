@@ -9,6 +9,7 @@ bindings something they do not accept, which would break on a real GPU.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from types import SimpleNamespace
 
@@ -45,6 +46,22 @@ def test_cuda_python_imports_and_reports_no_driver_cleanly():
         cuda_backend.probe()
     with pytest.raises(BackendUnavailable, match=r"no NVIDIA driver"):
         cuda_backend.CudaDevice(0)
+
+
+def test_missing_binding_packages_are_reasons_too(monkeypatch):
+    from hipcore.runtime import cuda_calls, hip_calls
+    from hipcore.runtime.device import pick_device
+
+    monkeypatch.setattr(hip_calls, "_hip", None)
+    monkeypatch.setattr(cuda_calls, "_driver", None)
+    monkeypatch.setitem(sys.modules, "hip", None)  # what an uninstalled package looks like to import
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    with pytest.raises(BackendUnavailable, match="hip-python is not installed"):
+        hip_backend.probe()
+    choice = pick_device("auto")
+    assert choice.device.backend == "cpu"
+    assert choice.reasons[0].startswith("hip: not taken: hip-python is not installed")
+    assert choice.reasons[1].startswith("cuda: not taken: cuda-python is not installed")
 
 
 def test_library_failure_reasons_name_the_library():
