@@ -363,3 +363,41 @@ def test_jit_compile_without_hiprtc_says_what_is_missing():
 def test_compiler_options_target_the_device():
     assert nvrtc_options("sm_90", ["/inc"], ["-DN=4"]) == [b"--gpu-architecture=sm_90", b"--include-path=/inc", b"-DN=4"]
     assert hiprtc_options("gfx942", ["/inc"], ["-O3"]) == [b"--offload-arch=gfx942", b"-I/inc", b"-O3"]
+
+
+# ---- driver handles are released exactly once ---------------------------------------------------
+
+
+def test_driver_handles_are_released_once_by_destroy_collection_or_close():
+    import gc
+
+    from hipcore.runtime.gpu_support import DriverResource
+
+    released: list[str] = []
+
+    class Handle(DriverResource):
+        def __init__(self, registry: ResourceRegistry, name: str):
+            self._own(registry, released.append, name)
+
+    registry = ResourceRegistry()
+    explicit, collected, kept_1, kept_2 = (Handle(registry, n) for n in ("explicit", "collected", "kept 1", "kept 2"))
+    assert len(registry) == 4
+    explicit.destroy()
+    explicit.destroy()  # a second destroy is a no-op, not a second release
+    del collected
+    gc.collect()
+    assert released == ["explicit", "collected"] and len(registry) == 2
+    registry.release_all()  # what Device.close() does: newest first
+    assert released == ["explicit", "collected", "kept 2", "kept 1"]
+    assert kept_1.destroyed and kept_2.destroyed and len(registry) == 0
+    kept_1.destroy()
+    assert len(released) == 4
+
+
+def test_release_quietly_swallows_failures_of_destroy_calls():
+    from hipcore.runtime.gpu_support import release_quietly
+
+    def failing(handle):
+        raise RuntimeError("context already destroyed")
+
+    release_quietly(failing, 1)  # no exception: finalizers and close() must not raise
