@@ -128,6 +128,17 @@ def test_copies_and_memset_round_trip(cpu_device):
     assert cpu_device.ledger.live() == []
 
 
+def test_download_into_a_strided_array_is_refused_not_lost(cpu_device):
+    with cpu_device.allocate(64, "scratch") as buf:
+        target = np.zeros((4, 4), np.float32)
+        with pytest.raises(ValueError, match="C-contiguous"):
+            cpu_device.copy_device_to_host(target[:, ::2], buf)
+        frozen = np.zeros(16, np.uint8)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="writeable"):
+            cpu_device.copy_device_to_host(frozen, buf)
+
+
 def test_stream_ordered_upload_reads_the_source_when_the_stream_gets_there(cpu_device):
     stream = cpu_device.create_stream()
     with cpu_device.allocate(16, "scratch") as buf:

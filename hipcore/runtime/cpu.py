@@ -209,6 +209,8 @@ class CpuDevice(Device):
             self._stream(stream).submit(lambda: self.bytes_at(ptr, data.nbytes).__setitem__(slice(None), data))
 
     def copy_device_to_host(self, dst: np.ndarray, src: Buffer, offset: int = 0) -> None:
+        if not dst.flags.c_contiguous or not dst.flags.writeable:  # reshape would copy and drop the data
+            raise ValueError("download: the destination array must be C-contiguous and writeable")
         out = dst.reshape(-1).view(np.uint8)
         self._check_copy(src, offset, out.nbytes, "download")
         out[:] = self.bytes_at(src.ptr + offset, out.nbytes)
