@@ -91,9 +91,14 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def softmax_rows(scores: np.ndarray) -> np.ndarray:
-    shifted = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
-    total = np.sum(shifted, axis=-1, keepdims=True, dtype=np.float64)
-    return (shifted / total).astype(np.float32)
+    """Softmax over the last axis, IN PLACE on a float32 array (attention's biggest temporary).
+
+    The row sums stay float32: numpy sums pairwise, so the error grows with log(length), and a
+    float64 pass over the prompt's (heads x tokens x tokens) scores would cost more than the rest."""
+    scores -= np.max(scores, axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= np.sum(scores, axis=-1, keepdims=True)
+    return scores
 
 
 class LlamaReference:
@@ -179,8 +184,10 @@ class LlamaReference:
         # (n, kv, group, d) -> (kv, group * n, d): head h = kv * group + g shares KV head kv.
         qg = q.reshape(n, self.n_kv_heads, group, self.head_dim).transpose(1, 2, 0, 3)
         qg = qg.reshape(self.n_kv_heads, group * n, self.head_dim)
-        scores = (qg @ keys.transpose(0, 2, 1)) * np.float32(1.0 / math.sqrt(self.head_dim))
-        scores = scores.reshape(self.n_kv_heads, group, n, -1) + mask
+        scores = qg @ keys.transpose(0, 2, 1)
+        scores *= np.float32(1.0 / math.sqrt(self.head_dim))
+        scores = scores.reshape(self.n_kv_heads, group, n, -1)
+        scores += mask
         probs = softmax_rows(scores).reshape(self.n_kv_heads, group * n, -1)
         out = (probs @ values).reshape(self.n_kv_heads, group, n, self.head_dim)
         return np.ascontiguousarray(out.transpose(2, 0, 1, 3)).reshape(n, self.q_dim)
