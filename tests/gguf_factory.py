@@ -150,8 +150,8 @@ def raw_tiny_llama(**kwargs) -> RawGGUF:
 
 
 def _tokenizer_metadata(kind: str | None, vocab: int) -> list[Meta]:
-    if kind is None:
-        return []
+    if kind is None:  # llama.cpp insists on a tokenizer.ggml.model; "no_vocab" is its "none"
+        return [Meta("tokenizer.ggml.model", STRING, "no_vocab")]
     if kind == "gpt2":
         tokens, types, merges = _gpt2(vocab)
         return [

@@ -18,6 +18,7 @@ from typing import Iterable, Mapping, Protocol
 
 from hipcore.gguf_header import GGUFError, Limits, show
 from hipcore.model.metadata_keys import MetadataKeys
+from hipcore.model.vocabulary_checks import check_tokenizer_metadata
 
 ARCHITECTURES = ("llama",)
 SUPPORTED_ROPE_SCALING = ("none", "linear")
@@ -25,7 +26,6 @@ SUPPORTED_ROPE_SCALING = ("none", "linear")
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.")
-_SPECIAL_TOKEN_KEY = re.compile(r"tokenizer\.ggml\.\w+_token_id\Z")
 _MAX_DIM = 1 << 24  # hidden, ffn, heads and head_dim above this describe no real model
 
 
@@ -48,7 +48,7 @@ class ModelConfig:
     ffn_size: int
     rms_norm_eps: float
     rope_theta: float
-    rope_dim: int                 # leading dimensions of each head that RoPE rotates (<= head_dim)
+    rope_dim: int                 # dimensions of each head that RoPE rotates (== head_dim for llama)
     rope_scaling: str             # one of SUPPORTED_ROPE_SCALING
     rope_scaling_factor: float    # 1.0 unless rope_scaling == "linear"
     rope_original_context: int
@@ -122,9 +122,11 @@ def config_from_metadata(
         raise keys.error(f"{arch}.attention.head_count_kv", n_kv, f"a divisor of head_count ({n_heads})",
                          problem=f"head_count {n_heads} is not divisible by head_count_kv {n_kv}")
     head_dim = _head_dim(keys, arch, hidden, n_heads)
-    rope_dim = keys.uint32(f"{arch}.rope.dimension_count", lo=2, hi=head_dim, default=head_dim)
+    # llama.cpp rotates whole heads for llama ("invalid n_rot" otherwise): partial RoPE is another architecture.
+    rope_dim = keys.uint32(f"{arch}.rope.dimension_count", lo=head_dim, hi=head_dim, default=head_dim)
     if rope_dim % 2:
-        raise keys.error(f"{arch}.rope.dimension_count", rope_dim, f"an even number from 2 to {head_dim}")
+        raise keys.error(f"{arch}.rope.dimension_count", rope_dim, "an even head size",
+                         problem=f"RoPE needs an even head size, not {rope_dim}")
     scaling, factor, original = _rope_scaling(keys, arch, context)
     names = {t.name for t in tensors}
     config = ModelConfig(
@@ -139,7 +141,6 @@ def config_from_metadata(
         tie_embeddings="output.weight" not in names,
         file_type=keys.uint32("general.file_type", required=False),
     )
-    _check_vocabulary(keys, config.vocab_size)
     check_tensor_shapes(config, tensors, offsets=offsets)
     return config
 
@@ -176,39 +177,19 @@ def _rope_scaling(keys: MetadataKeys, arch: str, context: int) -> tuple[str, flo
 
 
 def _vocab_size(keys: MetadataKeys, arch: str, tensors: list[_Tensor]) -> int:
-    tokens = keys.array("tokenizer.ggml.tokens", ("string",))
+    n_tokens = check_tokenizer_metadata(keys)
     declared = keys.uint32(f"{arch}.vocab_size", lo=1, hi=_MAX_DIM, required=False)
-    if tokens is not None and declared is not None and declared != len(tokens):
-        raise keys.error(f"{arch}.vocab_size", declared, f"the number of tokenizer.ggml.tokens ({len(tokens)})",
-                         problem=f"{declared} disagrees with the {len(tokens)} entries of tokenizer.ggml.tokens")
-    if tokens is not None:
-        if not tokens:
-            raise keys.error("tokenizer.ggml.tokens", 0, "at least one token", problem="the vocabulary is empty")
-        return len(tokens)
+    if n_tokens is not None and declared is not None and declared != n_tokens:
+        raise keys.error(f"{arch}.vocab_size", declared, f"the number of tokenizer.ggml.tokens ({n_tokens})",
+                         problem=f"{declared} disagrees with the {n_tokens} entries of tokenizer.ggml.tokens")
+    if n_tokens is not None:
+        return n_tokens
     if declared is not None:
         return declared
     embedding = next((t for t in tensors if t.name == "token_embd.weight"), None)
     if embedding is None:
         raise GGUFError("token_embd.weight", None, None, "a [vocab, hidden] tensor", problem="the tensor is missing")
     return embedding.shape[0]
-
-
-def _check_vocabulary(keys: MetadataKeys, vocab: int) -> None:
-    """Per-token arrays must have one entry per token; special token ids must name a token."""
-    has_tokens = "tokenizer.ggml.tokens" in keys
-    for key, element_types in (("tokenizer.ggml.scores", ("float32",)),
-                               ("tokenizer.ggml.token_type", ("int32", "uint32"))):
-        values = keys.array(key, element_types)
-        if values is not None and len(values) != vocab:
-            raise keys.error(key, len(values), f"{vocab} entries, one per token",
-                             problem=f"has {len(values)} entries for a vocabulary of {vocab}")
-    merges = keys.array("tokenizer.ggml.merges", ("string",))
-    if merges is not None and not has_tokens:
-        raise keys.error("tokenizer.ggml.merges", len(merges), "merges only together with tokenizer.ggml.tokens",
-                         problem="merges without a vocabulary")
-    for key in keys.metadata:
-        if _SPECIAL_TOKEN_KEY.match(key):
-            keys.uint32(key, hi=vocab - 1 if has_tokens else (1 << 32) - 1)
 
 
 def check_tensor_shapes(config: ModelConfig, tensors: Iterable[_Tensor], *,
