@@ -51,21 +51,24 @@ def test_matvec_matches_reference(cpu_device, weight_type, rows, cols, batch):
     got = y.download(np.float32).reshape(batch, rows)
     want = matvec.reference(raw, weight_type, x, rows, cols)
     # Float32 sums of `cols` products: error below cols * u * sum|w x| (the recursive-summation bound).
-    w64 = matvec.dequantize_rows(raw, weight_type, cols).astype(np.float64)
+    w64 = matvec.dequantize_rows(raw, weight_type, cols, np.float64)
     bound = (cols + 2) * U32 * (np.abs(x.astype(np.float64)) @ np.abs(w64).T)
     assert np.all(np.abs(got - want) <= bound + 1e-30)
 
 
-def test_matvec_host_dequantizer_agrees_with_gguf(cpu_device):
+def test_matvec_dequantizer_agrees_with_gguf():
+    """Our decoder (used by the reference and the host kernel) against the gguf package's."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     rng = np.random.default_rng(7)
-    for weight_type, qtype in (("q4_1", GGMLQuantizationType.Q4_1), ("q8_0", GGMLQuantizationType.Q8_0)):
+    qtypes = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0, "f16": GGMLQuantizationType.F16}
+    for weight_type, qtype in qtypes.items():
         raw = random_quantized(rng, weight_type, 5, 128)
-        ours = matvec.dequantize_rows(raw, weight_type, 128)
-        theirs = dequantize(raw, qtype).reshape(5, 128)
-        np.testing.assert_allclose(ours, theirs, rtol=2 * U32, atol=0)  # d*q+m rounded once or twice
+        theirs = dequantize(raw, qtype).reshape(5, 128).astype(np.float64)
+        exact = matvec.dequantize_rows(raw, weight_type, 128, np.float64)
+        np.testing.assert_allclose(exact, theirs, rtol=2 * U32, atol=0)  # gguf rounds d*q+m to float32
+        np.testing.assert_allclose(matvec.dequantize_rows(raw, weight_type, 128), exact, rtol=2 * U32, atol=0)
 
 
 def test_matvec_launcher_refuses_bad_arguments(cpu_device):

@@ -41,33 +41,34 @@ def row_bytes(weight_type: str, cols: int) -> int:
 
 
 def reference(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """float64 [batch, rows]: W dequantized by the gguf package, products summed in float64."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
+    """float64 [batch, rows]: W decoded exactly (in float64) and the products summed in float64.
 
+    The decoder is this module's numpy one, checked against the gguf package's dequantizer in the
+    tests; it keeps the reference usable where gguf is not installed (the GPU test machines).
+    """
     raw = np.ascontiguousarray(w_raw, dtype=np.uint8).reshape(rows, row_bytes(weight_type, cols))
-    qtype = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0, "f16": GGMLQuantizationType.F16}
-    w = dequantize(raw, qtype[weight_type]).reshape(rows, cols).astype(np.float64)
+    w = dequantize_rows(raw, weight_type, cols, np.float64)
     return np.asarray(x, dtype=np.float64).reshape(-1, cols) @ w.T
 
 
 # ---- host implementation (the cpu backend) ---------------------------------------------------
 
 
-def dequantize_rows(raw: np.ndarray, weight_type: str, cols: int) -> np.ndarray:
-    """float32 [rows, cols] from raw bytes [rows, row_bytes]; written independently of the gguf
-    package's dequantizer, so the two check each other."""
+def dequantize_rows(raw: np.ndarray, weight_type: str, cols: int, dtype: type = np.float32) -> np.ndarray:
+    """[rows, cols] of `dtype` from raw bytes [rows, row_bytes]. In float64 the values are exact (halves
+    times small integers); in float32 d*q+m is rounded twice (within 2 ulp). Written independently of
+    the gguf package's dequantizer, which the tests check it against."""
     rows = raw.shape[0]
     if weight_type == "f16":
-        return raw.view(np.float16).astype(np.float32).reshape(rows, cols)
+        return raw.view(np.float16).astype(dtype).reshape(rows, cols)
     blocks = raw.reshape(rows, cols // 32, BLOCK_BYTES[weight_type])
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, nb, 1]
+    d = blocks[..., 0:2].copy().view(np.float16).astype(dtype)  # [rows, nb, 1]
     if weight_type == "q8_0":
-        q = blocks[..., 2:34].view(np.int8).astype(np.float32)
+        q = blocks[..., 2:34].view(np.int8).astype(dtype)
         return (d * q).reshape(rows, cols)
-    m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16).astype(dtype)
     qs = blocks[..., 4:20]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32)  # elements 0..15, then 16..31
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(dtype)  # elements 0..15, then 16..31
     return (d * q + m).reshape(rows, cols)
 
 

@@ -54,13 +54,19 @@ log = logging.getLogger("rocmforge")
 
 
 def kernels_dir() -> Path:
-    """The folder holding hip_compat.h, the <op>.hip sources and prebuilt/."""
+    """The folder holding hip_compat.h, the <op>.hip sources and prebuilt/.
+
+    The installed package `rocmforge_kernels`; in a source checkout used without installing (the
+    repository on PYTHONPATH), the repository's kernels/ folder.
+    """
     try:
-        root = importlib.resources.files(KERNELS_PACKAGE)
+        return Path(str(importlib.resources.files(KERNELS_PACKAGE)))
     except ModuleNotFoundError:
+        checkout = Path(__file__).resolve().parents[2] / "kernels"
+        if (checkout / COMPAT_HEADER).is_file():
+            return checkout
         raise DeviceError(f"the kernel sources (package {KERNELS_PACKAGE}) are not installed; "
                           "reinstall rocmforge (pip install -e . from the repository)") from None
-    return Path(str(root))
 
 
 def prebuilt_dir() -> Path:

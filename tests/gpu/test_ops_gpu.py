@@ -1,0 +1,265 @@
+"""Each kernel on a real GPU against its numpy reference (run with `pytest -m gpu tests/gpu`).
+
+Fresh random inputs every run (the seed is in each failure message), outputs poisoned with 0xFF bytes
+(NaN floats, -1 ints) before every launch so an element a kernel fails to write cannot pass, and sizes
+that include the demo model's shapes (SmolLM2-135M: hidden 576, ffn 1536, 9 heads / 3 KV heads of 64,
+vocabulary 49152) and sizes that are not multiples of a block or a warp.
+
+Kernels come through the loader like in a real run: the precompiled code object for the device when
+kernels/prebuilt holds a current one (build it with `python -m rocmforge_kernels.build`), otherwise
+compiled at run time. test_every_op_compiles_at_run_time and test_prebuilt_code_objects_load cover the
+path not taken.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.ops import add, argmax, matvec, rmsnorm, rope, silu_mul
+from hipcore.runtime import kernels as loader
+from hipcore.runtime.device import pick_device
+
+pytestmark = pytest.mark.gpu
+
+U32 = 2.0**-24  # float32 unit roundoff
+ENTRIES = {
+    "add": [("add_f32", add.SIGNATURE)],
+    "argmax": [("argmax_f32", argmax.SIGNATURE)],
+    "matvec": [(f"matvec_{t}", matvec.SIGNATURE) for t in matvec.WEIGHT_TYPES],
+    "rmsnorm": [("rmsnorm_f32", rmsnorm.SIGNATURE)],
+    "rope": [("rope_f32", rope.SIGNATURE)],
+    "silu_mul": [("silu_mul_f32", silu_mul.SIGNATURE)],
+}
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    choice = pick_device("auto")
+    dev = choice.device
+    if dev.backend == "cpu":
+        dev.close()
+        pytest.fail("the GPU tier needs a GPU; pick_device said: " + "; ".join(choice.reasons), pytrace=False)
+    yield dev
+    loader.forget_device(dev)
+    dev.close()
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(np.random.SeedSequence().entropy % 2**32)
+
+
+@pytest.fixture
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+class Scratch:
+    """Device buffers of one test, freed at its end."""
+
+    def __init__(self, dev):
+        self.dev, self.buffers = dev, []
+
+    def upload(self, array: np.ndarray, tag: str = "activations"):
+        buf = self.dev.allocate(max(array.nbytes, 4), tag)
+        buf.upload(np.ascontiguousarray(array))
+        self.buffers.append(buf)
+        return buf
+
+    def poisoned(self, nbytes: int):
+        buf = self.dev.allocate(nbytes, "activations")
+        buf.fill(0xFF)
+        self.buffers.append(buf)
+        return buf
+
+    def free(self):
+        for buf in self.buffers:
+            buf.free()
+
+
+@pytest.fixture
+def mem(gpu):
+    scratch = Scratch(gpu)
+    yield scratch
+    scratch.free()
+
+
+def random_weights(rng: np.random.Generator, weight_type: str, rows: int, cols: int) -> np.ndarray:
+    """Raw GGUF bytes [rows, row_bytes]: random quants, finite scales (d, m) of varied sign and size."""
+    if weight_type == "f16":
+        return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
+    blocks = rng.integers(0, 256, (rows, cols // 32, matvec.BLOCK_BYTES[weight_type]), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, cols // 32, 2)) * 0.02).astype(np.float16)
+    blocks[..., 0:2] = scales[..., 0:1].view(np.uint8)
+    if weight_type == "q4_1":
+        blocks[..., 2:4] = scales[..., 1:2].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch, kernel=None):
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((batch, cols)).astype(np.float32)
+    w, xs, y = mem.upload(raw, "weights"), mem.upload(x), mem.poisoned(batch * rows * 4)
+    if kernel is None:
+        matvec.launch(gpu, None, y, w, xs, rows, cols, batch, weight_type=weight_type)
+    else:
+        grid, block = matvec.geometry(gpu.arch, rows, batch)
+        kernel.launch(grid, block, (y, w, xs, rows, cols, batch))
+    got = y.download(np.float32).reshape(batch, rows)
+    want = matvec.reference(raw, weight_type, x, rows, cols)
+    # Tolerance: every output is a float32 sum of `cols` products of exactly decoded weights (the halves
+    # d, m and the quants convert exactly; d*q+m is one fma) with x. Whatever the order of the sum (lanes,
+    # then a butterfly over the warp), each product passes through at most `cols` roundings, so
+    # |error| <= cols * u * sum|w x| (the recursive summation bound; the reference decodes exactly and
+    # sums in float64). A mis-decoded block is off by O(|w x|), far above it.
+    w_abs = np.abs(matvec.dequantize_rows(raw, weight_type, cols, np.float64))
+    bound = (cols + 2) * U32 * (np.abs(x.astype(np.float64)) @ w_abs.T)
+    bad = ~(np.abs(got - want) <= bound + 1e-30)
+    assert not bad.any(), (f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at "
+                           f"{np.argwhere(bad)[0].tolist()}: got {got[bad][0]!r}, want {want[bad][0]!r}")
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,batch", [
+    # The demo model's matrices at decode (batch 1).
+    ("q4_1", 1536, 576, 1), ("q4_1", 576, 1536, 1), ("q8_0", 49152, 576, 1),
+    ("q4_1", 576, 576, 1), ("q4_1", 192, 576, 1), ("q8_0", 576, 576, 1), ("q8_0", 192, 576, 1),
+    ("f16", 576, 576, 1), ("f16", 192, 576, 1),
+    # Odd row counts (the last row pair is half full), a row shorter than a warp's items, long rows.
+    ("q4_1", 7, 32, 1), ("q8_0", 33, 64, 1), ("f16", 1001, 96, 1), ("q4_1", 3, 8192, 1), ("q8_0", 5, 4128, 1),
+    # Batches: one pass of 2..8 rows of x, then several passes with a remainder.
+    ("q4_1", 1536, 576, 2), ("q8_0", 577, 576, 8), ("f16", 192, 576, 5), ("q4_1", 576, 1536, 17), ("q8_0", 9, 64, 11),
+])
+def test_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch):
+    run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 576), (4, 576), (3, 1), (2, 63), (5, 1000), (1, 4096)])
+def test_rmsnorm(gpu, mem, rng, seed, rows, n):
+    x = (rng.standard_normal((rows, n)) * rng.uniform(0.1, 10)).astype(np.float32)
+    weight = rng.standard_normal(n).astype(np.float32)
+    xs, ws, out = mem.upload(x), mem.upload(weight), mem.poisoned(x.nbytes)
+    rmsnorm.launch(gpu, None, out, xs, ws, rows, n, 1e-5)
+    want = rmsnorm.reference(x, weight, 1e-5)
+    # Tolerance: the sum of squares carries at most n roundings (relative n*u), the mean, eps, sqrt and
+    # division add a few, and sqrt halves the sum's error; x*scale*weight two more: (n + 8) * u relative.
+    tol = (n + 8) * U32 * np.abs(want) + 1e-30
+    got = out.download(np.float32).reshape(rows, n)
+    assert np.all(np.abs(got - want) <= tol), f"seed {seed}"
+    rmsnorm.launch(gpu, None, xs, xs, ws, rows, n, 1e-5)  # in place, as the model does it
+    assert np.all(np.abs(xs.download(np.float32).reshape(rows, n) - want) <= tol), f"seed {seed}"
+
+
+@pytest.mark.parametrize("n_tokens,n_heads,head_dim,rope_dim,max_pos", [
+    (1, 9, 64, 64, 4096), (7, 3, 64, 64, 4096), (33, 9, 64, 64, 64), (5, 2, 64, 32, 32768), (3, 1, 6, 4, 100),
+])
+def test_rope(gpu, mem, rng, seed, n_tokens, n_heads, head_dim, rope_dim, max_pos):
+    x = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
+    positions = rng.integers(0, max_pos, n_tokens).astype(np.int32)
+    positions[0] = max_pos - 1
+    xs, ps = mem.upload(x), mem.upload(positions)
+    theta_base, freq_scale = 10000.0, float(rng.choice([1.0, 0.25]))
+    rope.launch(gpu, None, xs, ps, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale)
+    got = xs.download(np.float32).reshape(x.shape)
+    want = rope.reference(x, positions, rope_dim, theta_base, freq_scale)
+    # Tolerance: the kernel forms each angle in float32 as pos * freq_scale * exp2(i * log2_step). The
+    # exponent's error is a few ulps of |i * log2_step| <= log2(theta_base) ~ 13.3, which exp2 turns into a
+    # relative error of ln2 * 13.3 * 3u ~ 28u of the frequency; with the products' roundings the angle
+    # is within 32u * |angle| (float32 cannot hold pos * freq better than u * |angle| anyway). Its own
+    # sin/cos add ~2u, the rotation 2u: each output is within (|a| + |b|) * (32u * |angle| + 8u).
+    angle = rope.angles(positions, rope_dim, theta_base, freq_scale)[:, None, :]
+    pair = np.abs(x[..., 0:rope_dim:2]).astype(np.float64) + np.abs(x[..., 1:rope_dim:2])
+    tol = pair * (32 * U32 * angle + 8 * U32) + 1e-30
+    for lane in (0, 1):
+        err = np.abs(got[..., lane:rope_dim:2] - want[..., lane:rope_dim:2])
+        assert np.all(err <= tol), f"seed {seed}: worst {float((err / tol).max()):.2f} x tolerance"
+    assert np.array_equal(got[..., rope_dim:], x[..., rope_dim:])  # untouched past rope_dim, bit for bit
+
+
+@pytest.mark.parametrize("n", [1, 1000, 1536, (1 << 20) + 3])
+def test_silu_mul(gpu, mem, rng, seed, n):
+    gate = (rng.standard_normal(n) * 4).astype(np.float32)
+    gate[: min(n, 5)] = np.array([-100.0, 100.0, 0.0, -1e30, 80.0], np.float32)[: min(n, 5)]
+    up = rng.standard_normal(n).astype(np.float32)
+    g, u, out = mem.upload(gate), mem.upload(up), mem.poisoned(4 * n)
+    silu_mul.launch(gpu, None, out, g, u, n)
+    want = silu_mul.reference(gate, up)
+    # Tolerance: expf within 2 ulp (CUDA's documented bound; AMD's inline expansion is within 1), then
+    # 1 + e, the division and the product one rounding each: 6u relative. Large negative gates overflow
+    # exp to inf and give a zero, as in the reference.
+    tol = 6 * U32 * np.abs(want) + 1e-30
+    assert np.all(np.abs(out.download(np.float32) - want) <= tol), f"seed {seed}"
+    silu_mul.launch(gpu, None, g, g, u, n)  # in place
+    assert np.all(np.abs(g.download(np.float32) - want) <= tol), f"seed {seed}"
+
+
+@pytest.mark.parametrize("n", [1, 576, 1000, (1 << 20) + 3])
+def test_add_is_bit_exact(gpu, mem, rng, seed, n):
+    a = rng.standard_normal(n).astype(np.float32)
+    b = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    ab, bb, out = mem.upload(a), mem.upload(b), mem.poisoned(4 * n)
+    add.launch(gpu, None, out, ab, bb, n)
+    # A float32 sum is correctly rounded on every GPU: no tolerance at all.
+    assert np.array_equal(out.download(np.float32), add.reference(a, b)), f"seed {seed}"
+    add.launch(gpu, None, ab, ab, bb, n)
+    assert np.array_equal(ab.download(np.float32), add.reference(a, b))
+
+
+@pytest.mark.parametrize("rows,n", [(1, 49152), (3, 49152), (2, 1), (4, 100), (1, 1025), (2, 5000)])
+def test_argmax(gpu, mem, rng, seed, rows, n):
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    if n > 3:
+        top = x.max() + 1.0
+        x[0, rng.choice(n, 3, replace=False)] = top  # a three-way tie in row 0: the lowest index must win
+    xs, out = mem.upload(x), mem.poisoned(4 * rows)
+    argmax.launch(gpu, None, out, xs, rows, n)
+    assert np.array_equal(out.download(np.int32), argmax.reference(x)), f"seed {seed}"
+
+
+def test_argmax_nan_and_infinities(gpu, mem):
+    n = 49152
+    x = np.zeros((4, n), np.float32)
+    x[0, :] = -np.inf  # all equal: index 0
+    x[1, [30000, 700]] = np.nan  # the first NaN, as numpy
+    x[1, 5] = np.inf
+    x[2, n - 1] = np.inf
+    x[3, [40000, 12, 40001]] = 2.0
+    xs, out = mem.upload(x), mem.poisoned(16)
+    argmax.launch(gpu, None, out, xs, 4, n)
+    assert out.download(np.int32).tolist() == [0, 700, n - 1, 12]
+
+
+def test_every_op_compiles_at_run_time(gpu, mem, rng, seed):
+    """hiprtc / nvrtc take the same sources (hip_compat.h has no include for them to find), and the
+    run-time compiled matvec computes the same as the reference."""
+    sources = loader.kernels_dir()
+    modules = {}
+    for op, entries in ENTRIES.items():
+        image = gpu.jit_compile((sources / f"{op}.hip").read_text(), f"{op}.hip", [str(sources)], [])
+        modules[op] = gpu.load_module(image, op)
+        for entry, signature in entries:
+            modules[op].kernel(entry, signature)
+    for weight_type in matvec.WEIGHT_TYPES:
+        kernel = modules["matvec"].kernel(f"matvec_{weight_type}", matvec.SIGNATURE)
+        run_matvec(gpu, mem, rng, seed, weight_type, 1536, 576, 1, kernel=kernel)
+        run_matvec(gpu, mem, rng, seed, weight_type, 65, 576, 3, kernel=kernel)
+
+
+def test_prebuilt_code_objects_load(gpu):
+    """The precompiled code objects for this device load and hold every entry point."""
+    available = loader.available_code_objects(gpu.arch)
+    assert set(ENTRIES) <= set(available), (
+        f"no current precompiled code objects for {gpu.arch} in {loader.prebuilt_dir()} (have: {available}); "
+        "build them with `python -m rocmforge_kernels.build` and bring kernels/prebuilt along")
+    manifest = loader.read_manifest()
+    for op, entries in ENTRIES.items():
+        path = loader.current_object(gpu.arch, op)
+        built_for = path.parent.name
+        module = gpu.load_module(path.read_bytes(), op)
+        for entry, signature in entries:
+            attributes = module.kernel(entry, signature).attributes()
+            recorded = manifest["objects"][built_for][op]["kernels"][entry]["registers"]
+            if gpu.backend == "cuda":  # the driver reports what ptxas reported at build time
+                assert attributes["registers"] == recorded, entry
+            if "max_threads_per_block" in attributes:  # the launchers' blocks fit the kernels' launch bounds
+                assert attributes["max_threads_per_block"] >= (argmax.MAX_THREADS if op == "argmax" else 256), entry
