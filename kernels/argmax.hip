@@ -17,7 +17,7 @@ extern "C" __global__ __launch_bounds__(1024) void argmax_f32(int* out, const fl
   x += (unsigned long long)blockIdx.x * (unsigned long long)n;
 
   // A thread without elements holds (-inf, INT_MAX), which every real element beats.
-  const float minus_inf = rf_uint_as_float(0xff800000u);
+  const float minus_inf = -RF_INFINITY;
   float best = minus_inf;
   int best_index = 0x7fffffff;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {

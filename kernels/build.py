@@ -165,6 +165,7 @@ class _ManifestWriter:
     def record(self, target: str, op: str, entry: dict) -> None:
         with self.lock:
             self.manifest["objects"].setdefault(target, {})[op] = entry
+            self.manifest.setdefault("sources", {})[op] = entry["source_sha256"]  # the latest build's, per op
             write_manifest(self.manifest, self.out_dir)
 
 

@@ -12,10 +12,11 @@
 //
 // What a kernel may use, everywhere:
 //   threadIdx / blockIdx / blockDim / gridDim (.x .y .z), __syncthreads(), __shfl_xor(v, mask[, width])
-//   for int / unsigned / float, WARP_SIZE (a compile-time constant: 64 on CDNA/GCN, 32 on RDNA and
-//   NVIDIA), __global__ __device__ __shared__ __launch_bounds__ __forceinline__ __restrict__,
-//   float4 / uint4, expf exp2f log2f sqrtf fabsf fmaxf fminf fmaf rintf, and the rf_* helpers at the
-//   end of the file.
+//   and __shfl(v, src_lane[, width]) for int / unsigned / float, WARP_SIZE (a compile-time constant: 64
+//   on CDNA/GCN, 32 on RDNA and NVIDIA), __global__ __device__ __shared__ __launch_bounds__
+//   __forceinline__ __restrict__, float4 / uint4, expf __expf exp2f log2f sqrtf fabsf fmaxf fminf fmaf
+//   rintf, int min / max, atomicAdd (int, unsigned, float) atomicMax (int) atomicCAS (int) on global
+//   or shared memory, RF_INFINITY, and the rf_* helpers at the end of the file.
 //   16-bit floats are handled as raw bits (unsigned short) through rf_f16_to_float / rf_float_to_f16 /
 //   rf_bf16_to_float / rf_float_to_bf16, because the __half types of cuda_fp16.h and hip_fp16.h need
 //   headers that nvrtc cannot see. On bare clang `half` / `__half` (= _Float16) and __half2float /
@@ -42,7 +43,17 @@ static __device__ __forceinline__ unsigned int rf_shfl_xor(unsigned int v, int l
 static __device__ __forceinline__ float rf_shfl_xor(float v, int lane_mask, int width = WARP_SIZE) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
 }
+static __device__ __forceinline__ int rf_shfl(int v, int src_lane, int width = WARP_SIZE) {
+  return __shfl_sync(0xffffffffu, v, src_lane, width);
+}
+static __device__ __forceinline__ unsigned int rf_shfl(unsigned int v, int src_lane, int width = WARP_SIZE) {
+  return __shfl_sync(0xffffffffu, v, src_lane, width);
+}
+static __device__ __forceinline__ float rf_shfl(float v, int src_lane, int width = WARP_SIZE) {
+  return __shfl_sync(0xffffffffu, v, src_lane, width);
+}
 #define __shfl_xor rf_shfl_xor
+#define __shfl rf_shfl
 
 static __device__ __forceinline__ int rf_lane_id() {
   unsigned int lane;
@@ -151,6 +162,37 @@ static __device__ __forceinline__ unsigned int __shfl_xor(unsigned int v, int la
 static __device__ __forceinline__ float __shfl_xor(float v, int lane_mask, int width = __builtin_amdgcn_wavefrontsize()) {
   return __builtin_bit_cast(float, __shfl_xor(__builtin_bit_cast(int, v), lane_mask, width));
 }
+// Read `src_lane` of the caller's `width`-lane segment.
+static __device__ __forceinline__ int __shfl(int v, int src_lane, int width = __builtin_amdgcn_wavefrontsize()) {
+  const int self = rf_lane_id();
+  const int partner = (src_lane & (width - 1)) + (self & ~(width - 1));
+  return __builtin_amdgcn_ds_bpermute(partner << 2, v);
+}
+static __device__ __forceinline__ unsigned int __shfl(unsigned int v, int src_lane, int width = __builtin_amdgcn_wavefrontsize()) {
+  return (unsigned int)__shfl((int)v, src_lane, width);
+}
+static __device__ __forceinline__ float __shfl(float v, int src_lane, int width = __builtin_amdgcn_wavefrontsize()) {
+  return __builtin_bit_cast(float, __shfl(__builtin_bit_cast(int, v), src_lane, width));
+}
+
+// Device-wide (agent scope) relaxed atomics, as HIP's atomicAdd / atomicMax / atomicCAS.
+static __device__ __forceinline__ int atomicAdd(int* p, int v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+static __device__ __forceinline__ unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+static __device__ __forceinline__ float atomicAdd(float* p, float v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+static __device__ __forceinline__ int atomicMax(int* p, int v) {
+  return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+static __device__ __forceinline__ int atomicCAS(int* p, int expected, int desired) {
+  __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_RELAXED, __ATOMIC_RELAXED,
+                                       __HIP_MEMORY_SCOPE_AGENT);
+  return expected;
+}
 
 // The vector types the kernels load with; 16-byte alignment makes a load of one a single instruction.
 struct __attribute__((aligned(16))) float4 {
@@ -177,6 +219,12 @@ static __device__ __forceinline__ float fmaxf(float a, float b) { return __built
 static __device__ __forceinline__ float fminf(float a, float b) { return __builtin_fminf(a, b); }
 static __device__ __forceinline__ float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 static __device__ __forceinline__ float rintf(float x) { return __builtin_rintf(x); }
+// The fast exponential: one hardware exp2 (v_exp_f32), a few ulp, like CUDA's __expf.
+static __device__ __forceinline__ float __expf(float x) { return __builtin_amdgcn_exp2f(x * 1.4426950408889634f); }
+static __device__ __forceinline__ int min(int a, int b) { return a < b ? a : b; }
+static __device__ __forceinline__ int max(int a, int b) { return a > b ? a : b; }
+static __device__ __forceinline__ unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
+static __device__ __forceinline__ unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
 #endif
 
 // ------------------------------------------------------------------------------------------------
@@ -204,6 +252,9 @@ static __device__ __forceinline__ unsigned short rf_float_to_f16(float f) {
   return __builtin_bit_cast(unsigned short, (_Float16)f);
 }
 #endif
+
+// +infinity on every compiler (nvrtc has no math.h for INFINITY, nor __builtin_huge_valf).
+#define RF_INFINITY rf_uint_as_float(0x7f800000u)
 
 static __device__ __forceinline__ void rf_check_wave_size() {
 #if defined(RF_AMD)

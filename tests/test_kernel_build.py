@@ -108,6 +108,7 @@ def test_nvidia_objects_are_cubins_for_their_sm(built, target):
 def test_manifest_records_hashes_symbols_and_register_use(built):
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["sources"] == {op: loader.source_digest(op) for op in EXPECTED_KERNELS}
     for target in all_targets():
         for op, entries in EXPECTED_KERNELS.items():
             entry = manifest["objects"][target][op]

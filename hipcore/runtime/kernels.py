@@ -18,8 +18,11 @@ else ~/.cache/rocmforge/kernels.
 
 This module also owns the manifest format, which kernels/build.py writes:
     {"format": 1,
+     "sources": {"<op>": "<sha256 of hip_compat.h + <op>.hip at its latest build>"},
      "objects": {"<target>": {"<op>": {"file": "<target>/<op>.hsaco", "source_sha256": "...",
-                                       "compiler": "...", "kernels": {"<entry>": {"registers": 12, ...}}}}}}
+                                       "compiler": "...", "flags": [...], "elf_machine": 224, "elf_flags": "0x54c",
+                                       "kernels": {"<entry>": {"registers": 12, "shared_bytes": 128, ...}}}}}}
+A code object is current when its own source_sha256 equals the digest of the sources on disk.
 """
 
 from __future__ import annotations
