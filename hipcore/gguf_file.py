@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -199,6 +200,8 @@ class _open_mapping:
 
     def __enter__(self):
         try:
+            if not stat.S_ISREG(os.stat(self.path).st_mode):  # a FIFO would block open(), a device has no size
+                raise UsageError(f"cannot open model file {show(self.path, 200)}: not a regular file")
             with open(self.path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 if size:

@@ -4,6 +4,7 @@ tiny files from the factory; the frozen plan; phase-2 views; limits; file-level 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import gguf
@@ -152,11 +153,13 @@ def test_limits_are_configurable(tmp_path):
         read_plan(path, Limits(max_layers=0))
 
 
-@pytest.mark.parametrize("make", ["missing", "directory"])
+@pytest.mark.parametrize("make", ["missing", "directory", "fifo"])
 def test_unopenable_path_is_a_usage_error(tmp_path, make):
     path = tmp_path / "nothing.gguf"
     if make == "directory":
         path.mkdir()
+    elif make == "fifo":
+        os.mkfifo(path)  # opening it for reading would block forever
     with pytest.raises(UsageError) as info:
         read_plan(path)
     assert info.value.exit_code == EXIT_USAGE and "cannot open model file" in str(info.value)
