@@ -51,6 +51,10 @@ class GGUFError(RocmforgeError):
         self.source = source
         self.exit_code = EXIT_UNSUPPORTED if unsupported else EXIT_INVALID_MODEL
 
+    def __reduce__(self):  # picklable across processes despite the keyword-only arguments
+        return (_rebuild, (self.field, self.offset, self.value, self.allowed, self.unsupported, self.problem,
+                           self.source))
+
     def __str__(self) -> str:
         kind = "unsupported model file" if self.unsupported else "invalid model file"
         where = f" {show(self.source, 200)}" if self.source else ""
@@ -58,6 +62,10 @@ class GGUFError(RocmforgeError):
         problem = self.problem or f"found {show(self.value)}"
         text = f"{kind}{where}: {self.field}{at}: {problem}; allowed: {self.allowed}"
         return " ".join(text.split())  # one line, whatever a caller passed in
+
+
+def _rebuild(field, offset, value, allowed, unsupported, problem, source) -> GGUFError:
+    return GGUFError(field, offset, value, allowed, unsupported=unsupported, problem=problem, source=source)
 
 
 def truncated(field: str, offset: int, need: int, have: int) -> GGUFError:

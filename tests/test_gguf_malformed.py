@@ -340,3 +340,11 @@ def test_unsupported_type_is_reported_only_after_structure_checks(tmp_path):
     path = tmp_path / "both.gguf"
     path.write_bytes(g.to_bytes())
     assert _read(path).exit_code == INVALID
+
+
+def test_error_survives_pickling():
+    import pickle
+
+    error = GGUFError("llama.block_count", 280, 10**9, "a uint32 from 1 to 4096", unsupported=True, source="m.gguf")
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) and copy.exit_code == 4 and copy.offset == 280
