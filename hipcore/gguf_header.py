@@ -35,8 +35,6 @@ _SCALAR_TYPES: dict[int, tuple[str, str, int]] = {
 TYPE_STRING = 8
 TYPE_ARRAY = 9
 TYPE_BOOL = 7
-TYPE_UINT32 = 4
-VALUE_TYPE_NAMES = {**{k: v[0] for k, v in _SCALAR_TYPES.items()}, TYPE_STRING: "string", TYPE_ARRAY: "array"}
 
 _KEY_PATTERN = re.compile(rb"[a-z0-9_]+(?:\.[a-z0-9_]+)*\Z")
 _MIN_KV_BYTES = 8 + 1 + 4 + 1          # key length, a 1-byte key, value type, a 1-byte value
@@ -48,8 +46,6 @@ _U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
-
-
 class Limits:
     """Hard caps on what a header may declare; a file past any of them is rejected before reading."""
 
@@ -66,8 +62,6 @@ class Limits:
 
 
 @dataclass(frozen=True)
-
-
 class RawTensorInfo:
     """A tensor-info record as read, before its type, size and offset are checked."""
 
@@ -83,8 +77,6 @@ class RawTensorInfo:
 
 
 @dataclass(frozen=True)
-
-
 class RawHeader:
     version: int
     alignment: int
