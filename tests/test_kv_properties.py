@@ -177,6 +177,6 @@ class KvCacheMachine(RuleBasedStateMachine):
 
 
 KvCacheMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
 )
 test_kv_cache_state_machine = KvCacheMachine.TestCase
