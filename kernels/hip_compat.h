@@ -253,6 +253,12 @@ static __device__ __forceinline__ unsigned short rf_float_to_f16(float f) {
 }
 #endif
 
+// ================================================================================================
+// Vendor-neutral from here on: built on the definitions above only. tests/test_kernels_emulated.py
+// compiles everything below this line as is, with a host emulation of the language in place of the
+// vendor sections, to run the kernels on the CPU.
+// ================================================================================================
+
 // +infinity on every compiler (nvrtc has no math.h for INFINITY, nor __builtin_huge_valf).
 #define RF_INFINITY rf_uint_as_float(0x7f800000u)
 

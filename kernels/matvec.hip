@@ -18,7 +18,8 @@
 //   (kMaxBatchPerPass); larger batches take further passes over W. A group is then one row: the
 //   batch's accumulators already fill the registers, and all variants share one register budget
 //   (measured: 2 rows x 8 batch rows needed 110-230 VGPRs and spilled under a cap; this layout needs
-//   60-72 registers on sm_90 and about 90 VGPRs on gfx90a / gfx1100).
+//   58-64 registers on sm_80 / sm_90 and 63-96 VGPRs on the AMD targets).
+// - In decoding each lane loads two items before using the first (see matvec_pass).
 // Requirements the launcher checks: cols % 32 == 0; W 16-byte aligned (F16), 4-byte (Q4_1) or 2-byte
 // (Q8_0); x 16-byte aligned. Block size: a multiple of 64 up to 256.
 #include "hip_compat.h"
@@ -27,54 +28,65 @@ namespace {
 
 constexpr int kMaxBatchPerPass = 8;
 
+// Each format loads an item's raw words (load) apart from turning them into 8 floats (decode), so that
+// the loop can issue the loads of two items before it waits for the first.
+
 // Q4_1 block: {half d; half m; uint8 qs[16]}; element j < 16 is d * (qs[j] & 15) + m, element j >= 16
 // is d * (qs[j - 16] >> 4) + m. Item s (0..3) of a block takes qs[4s .. 4s+3]: their low nibbles are
 // elements 4s..4s+3 and their high nibbles elements 16+4s..16+4s+3.
 struct Q4_1Format {
+  struct Raw {
+    unsigned int dm, q;  // d in the low half of dm, m in the high half
+  };
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
-  static __device__ __forceinline__ void load(const unsigned char* __restrict__ row, int item, float w[8], int& col_a,
-                                              int& col_b) {
-    const int block = item >> 2, part = item & 3;
-    const unsigned char* b = row + block * 20;
-    const unsigned int dm = *reinterpret_cast<const unsigned int*>(b);  // d in the low half, m in the high
-    const unsigned int q = *reinterpret_cast<const unsigned int*>(b + 4 + 4 * part);
-    const float d = rf_f16_to_float((unsigned short)(dm & 0xffffu));
-    const float m = rf_f16_to_float((unsigned short)(dm >> 16));
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
+    const unsigned char* b = row + (item >> 2) * 20;
+    return {*reinterpret_cast<const unsigned int*>(b), *reinterpret_cast<const unsigned int*>(b + 4 + 4 * (item & 3))};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
+    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      w[j] = fmaf(d, (float)((q >> (8 * j)) & 15u), m);
-      w[4 + j] = fmaf(d, (float)((q >> (8 * j + 4)) & 15u), m);
+      w[j] = fmaf(d, (float)((r.q >> (8 * j)) & 15u), m);
+      w[4 + j] = fmaf(d, (float)((r.q >> (8 * j + 4)) & 15u), m);
     }
-    col_a = block * 32 + 4 * part;
+    col_a = (item >> 2) * 32 + 4 * (item & 3);
     col_b = col_a + 16;
   }
 };
 
 // Q8_0 block: {half d; int8 qs[32]}; element j is d * qs[j]. Item s takes qs[8s .. 8s+7].
 struct Q8_0Format {
+  struct Raw {
+    unsigned short d, q[4];
+  };
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 34; }
-  static __device__ __forceinline__ void load(const unsigned char* __restrict__ row, int item, float w[8], int& col_a,
-                                              int& col_b) {
-    const int block = item >> 2, part = item & 3;
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + block * 34);
-    const float d = rf_f16_to_float(b[0]);
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * 34);
+    const unsigned short* q = b + 1 + 4 * (item & 3);
+    return {b[0], {q[0], q[1], q[2], q[3]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
+    const float d = rf_f16_to_float(r.d);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const unsigned short pair = b[1 + 4 * part + j];
-      w[2 * j] = d * (float)(signed char)(pair & 0xffu);
-      w[2 * j + 1] = d * (float)(signed char)(pair >> 8);
+      w[2 * j] = d * (float)(signed char)(r.q[j] & 0xffu);
+      w[2 * j + 1] = d * (float)(signed char)(r.q[j] >> 8);
     }
-    col_a = block * 32 + 8 * part;
+    col_a = (item >> 2) * 32 + 8 * (item & 3);
     col_b = col_a + 4;
   }
 };
 
 // F16: plain halves; item i is columns 8i .. 8i+7, one 16-byte load.
 struct F16Format {
+  typedef uint4 Raw;
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 2; }
-  static __device__ __forceinline__ void load(const unsigned char* __restrict__ row, int item, float w[8], int& col_a,
-                                              int& col_b) {
-    const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * item);
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
+    return *reinterpret_cast<const uint4*>(row + 16 * item);
+  }
+  static __device__ __forceinline__ void decode(const Raw v, int item, float w[8], int& col_a, int& col_b) {
     w[0] = rf_f16_to_float((unsigned short)(v.x & 0xffffu));
     w[1] = rf_f16_to_float((unsigned short)(v.x >> 16));
     w[2] = rf_f16_to_float((unsigned short)(v.y & 0xffffu));
@@ -97,6 +109,30 @@ static __device__ __forceinline__ float dot8(const float w[8], const float4 a, c
   acc = fmaf(w[5], b.y, acc);
   acc = fmaf(w[6], b.z, acc);
   return fmaf(w[7], b.w, acc);
+}
+
+// acc0/acc1[b] += the item's weights of row 0 / row 1 times x[b], when `live` (a select, not a branch,
+// so that the loads feeding it are not sunk into a branch by the compiler).
+template <class Format, int NB, int ROWS>
+__device__ __forceinline__ void accumulate(const typename Format::Raw raw0, const typename Format::Raw raw1, int item,
+                                           const float* __restrict__ x, int cols, float acc0[NB], float acc1[NB],
+                                           bool live = true) {
+  float wa[8], wb[8];
+  int col_a, col_b;
+  Format::decode(raw0, item, wa, col_a, col_b);
+  if (ROWS == 2) Format::decode(raw1, item, wb, col_a, col_b);
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    const float* xb = x + (unsigned long long)b * cols;
+    const float4 xa = *reinterpret_cast<const float4*>(xb + col_a);
+    const float4 xc = *reinterpret_cast<const float4*>(xb + col_b);
+    const float sum0 = dot8(wa, xa, xc, acc0[b]);
+    acc0[b] = live ? sum0 : acc0[b];
+    if (ROWS == 2) {
+      const float sum1 = dot8(wb, xa, xc, acc1[b]);
+      acc1[b] = live ? sum1 : acc1[b];
+    }
+  }
 }
 
 // One pass over W for the NB batch rows starting at x / y (NB <= kMaxBatchPerPass), ROWS (1 or 2)
@@ -122,19 +158,22 @@ __device__ __forceinline__ void matvec_pass(float* __restrict__ y, const unsigne
 #pragma unroll
     for (int b = 0; b < NB; ++b) acc0[b] = acc1[b] = 0.0f;
 
-    for (int item = lane; item < items; item += WARP_SIZE) {
-      float wa[8], wb[8];
-      int col_a, col_b;
-      Format::load(w0, item, wa, col_a, col_b);
-      if (ROWS == 2) Format::load(w1, item, wb, col_a, col_b);
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        const float* xb = x + (unsigned long long)b * cols;
-        const float4 xa = *reinterpret_cast<const float4*>(xb + col_a);
-        const float4 xc = *reinterpret_cast<const float4*>(xb + col_b);
-        acc0[b] = dot8(wa, xa, xc, acc0[b]);
-        if (ROWS == 2) acc1[b] = dot8(wb, xa, xc, acc1[b]);
-      }
+    // Decoding (NB == 1) takes two items per lane and step: both items' loads are in flight before the
+    // first is used, which halves the round trips to memory on short rows (576 columns are 72 items:
+    // 3 steps of one item on a 32-lane warp, 2 of two). Batches already have NB rows of x to load per
+    // item, and the registers a second item would take there lower every path's occupancy.
+    constexpr int kItemsPerStep = NB == 1 ? 2 : 1;
+    for (int item = lane; item < items; item += kItemsPerStep * WARP_SIZE) {
+      // Past the end of the row the second item repeats the first and is not added: its loads stay
+      // unconditional, so the compilers issue them together with the first item's.
+      const bool has_item2 = kItemsPerStep == 2 && item + WARP_SIZE < items;
+      const int item2 = has_item2 ? item + WARP_SIZE : item;
+      const typename Format::Raw raw0 = Format::load(w0, item);
+      const typename Format::Raw raw1 = ROWS == 2 ? Format::load(w1, item) : raw0;
+      const typename Format::Raw next0 = kItemsPerStep == 2 ? Format::load(w0, item2) : raw0;
+      const typename Format::Raw next1 = kItemsPerStep == 2 && ROWS == 2 ? Format::load(w1, item2) : raw1;
+      accumulate<Format, NB, ROWS>(raw0, raw1, item, x, cols, acc0, acc1);
+      if (kItemsPerStep == 2) accumulate<Format, NB, ROWS>(next0, next1, item2, x, cols, acc0, acc1, has_item2);
     }
 
 #pragma unroll

@@ -1,0 +1,84 @@
+// Runs one kernel of kernels/*.hip under the host emulation (emulation.h) and writes its output.
+//   harness <entry> <grid> <block> <int and float arguments...> <input files...> <output file>
+// Inputs and outputs are raw little-endian arrays, written and read by tests/test_kernels_emulated.py.
+// The kernel sources are compiled as they are; only hip_compat.h's vendor sections are replaced.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "add.hip"
+#include "argmax.hip"
+#include "matvec.hip"
+#include "rmsnorm.hip"
+#include "rope.hip"
+#include "silu_mul.hip"
+
+static std::vector<char> read_file(const char* path) {
+  std::vector<char> data;
+  FILE* f = std::fopen(path, "rb");
+  if (!f) std::exit(3);
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
+  std::fclose(f);
+  return data;
+}
+
+static void write_file(const char* path, const void* p, size_t n) {
+  FILE* f = std::fopen(path, "wb");
+  if (!f || std::fwrite(p, 1, n, f) != n) std::exit(4);
+  std::fclose(f);
+}
+
+static std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, std::nanf("")); }
+
+int main(int argc, char** argv) {
+  if (argc < 4) return 2;
+  const std::string entry = argv[1];
+  const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
+  char** a = argv + 4;
+  if (entry.rfind("matvec_", 0) == 0) {  // rows cols batch W x y
+    const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
+    std::vector<char> w = read_file(a[3]), x = read_file(a[4]);
+    std::vector<float> y = nan_filled((size_t)rows * batch);
+    auto kernel = entry == "matvec_q4_1" ? matvec_q4_1 : entry == "matvec_q8_0" ? matvec_q8_0 : matvec_f16;
+    emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
+    write_file(a[5], y.data(), y.size() * 4);
+  } else if (entry == "argmax_f32") {  // n x out
+    const int n = std::atoi(a[0]);
+    std::vector<char> x = read_file(a[1]);
+    std::vector<int> out(grid, -1);
+    emu_launch(grid, block, [&] { argmax_f32(out.data(), (const float*)x.data(), n); });
+    write_file(a[2], out.data(), out.size() * 4);
+  } else if (entry == "rmsnorm_f32") {  // n eps x weight out; x is normalized in place when out is "-"
+    const int n = std::atoi(a[0]);
+    const float eps = std::strtof(a[1], nullptr);
+    std::vector<char> x = read_file(a[2]), weight = read_file(a[3]);
+    std::vector<float> out = nan_filled((size_t)grid * n);
+    float* dst = std::string(a[4]) == "-" ? (float*)x.data() : out.data();
+    emu_launch(grid, block, [&] { rmsnorm_f32(dst, (const float*)x.data(), (const float*)weight.data(), n, eps); });
+    write_file(a[std::string(a[4]) == "-" ? 5 : 4], dst, (size_t)grid * n * 4);
+  } else if (entry == "rope_f32") {  // n_tokens n_heads head_dim rope_dim theta_base freq_scale x positions out
+    const int tokens = std::atoi(a[0]), heads = std::atoi(a[1]), head_dim = std::atoi(a[2]), rope_dim = std::atoi(a[3]);
+    const float theta = std::strtof(a[4], nullptr), scale = std::strtof(a[5], nullptr);
+    std::vector<char> x = read_file(a[6]), positions = read_file(a[7]);
+    emu_launch(grid, block, [&] {
+      rope_f32((float*)x.data(), (const int*)positions.data(), tokens, heads, head_dim, rope_dim, theta, scale);
+    });
+    write_file(a[8], x.data(), x.size());
+  } else if (entry == "silu_mul_f32" || entry == "add_f32") {  // n first second out
+    const int n = std::atoi(a[0]);
+    std::vector<char> first = read_file(a[1]), second = read_file(a[2]);
+    std::vector<float> out = nan_filled((size_t)n);
+    const float* p = (const float*)first.data();
+    const float* q = (const float*)second.data();
+    emu_launch(grid, block, [&] {
+      if (entry == "add_f32") add_f32(out.data(), p, q, n);
+      else silu_mul_f32(out.data(), p, q, n);
+    });
+    write_file(a[3], out.data(), out.size() * 4);
+  } else {
+    return 2;
+  }
+  return 0;
+}
