@@ -7,7 +7,8 @@
 Output: <out>/<target>/<op>.hsaco (AMD) or .cubin (NVIDIA), and <out>/manifest.json recording for each
 code object the sha256 of the sources it was built from (hip_compat.h + <op>.hip), the compiler, the
 kernel symbols and each kernel's registers and shared memory. <out> defaults to the package's
-prebuilt/ folder, where the loader (hipcore/runtime/kernels.py) looks and which a wheel carries.
+prebuilt/ folder, where the loader (hipcore/runtime/kernels.py) looks and which a wheel carries, or to
+$ROCMFORGE_PREBUILT_DIR when that is set (the loader then looks there instead).
 
 AMD: Debian's clang-22 (apt-get install clang-22 lld-22) needs no ROCm: hip_compat.h defines the HIP
 kernel language on clang builtins. --amd-compiler takes another clang (ROCm's llvm/bin/clang works the
@@ -27,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -212,6 +214,17 @@ def _compile_one(vendor: str, compiler: str, version: str, target: str, op: str,
         scratch.unlink(missing_ok=True)
 
 
+def _check_writable(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as exc:
+        raise BuildUsageError(f"cannot write the code objects to {out_dir} ({exc.strerror or exc}); set "
+                              "ROCMFORGE_PREBUILT_DIR to a folder of yours (rocmforge then loads them from there too) "
+                              "or pass --out") from None
+
+
 def build(out_dir: Path | None = None, amd_targets: Sequence[str] | str | None = None,
           nvidia_targets: Sequence[str] | str | None = None, amd_compiler: str = DEFAULT_AMD_COMPILER,
           nvcc: str = DEFAULT_NVCC, ops: Sequence[str] | None = None, jobs: int | None = None,
@@ -228,6 +241,7 @@ def build(out_dir: Path | None = None, amd_targets: Sequence[str] | str | None =
     vendors = {"amd": (parse_targets(amd_targets, "amd"), amd_compiler),
                "nvidia": (parse_targets(nvidia_targets, "nvidia"), nvcc)}
 
+    _check_writable(out_dir)
     report = BuildReport(out_dir=out_dir)
     tasks: list[tuple[str, str, str, str, str]] = []
     for vendor, (targets, compiler) in vendors.items():

@@ -44,8 +44,8 @@ def build_command(
     nvcc: str = typer.Option("nvcc", "--nvcc", metavar="PATH", help="nvcc from the CUDA toolkit, for the NVIDIA ones."),
     ops: Optional[str] = typer.Option(None, "--ops", metavar="LIST", help="Only these ops, comma-separated (default: all)."),
     out: Optional[Path] = typer.Option(
-        None, "--out", metavar="DIR", help="Where to write them (default: the installed package's prebuilt/ folder, "
-                                          "where rocmforge looks).",
+        None, "--out", metavar="DIR", help="Where to write them (default: where rocmforge loads them from: "
+                                          "$ROCMFORGE_PREBUILT_DIR if set, else the installed package's prebuilt/).",
     ),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, metavar="N",
                                        help="Compiler processes to run at once (default: one per CPU)."),
@@ -76,7 +76,7 @@ def build_command(
 @handle_errors
 def list_command(
     directory: Optional[Path] = typer.Option(
-        None, "--dir", metavar="DIR", help="The prebuilt folder to show (default: the installed package's).",
+        None, "--dir", metavar="DIR", help="The prebuilt folder to show (default: the one rocmforge loads from).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table."),
 ) -> None:

@@ -205,6 +205,22 @@ def test_loader_compiles_at_run_time_into_the_cache_and_says_so_once(built, monk
     assert again.compiled == [] and again.loaded == [("add", b"compiled add.hip")]
 
 
+def test_prebuilt_dir_follows_the_environment(built, monkeypatch, tmp_path):
+    out, _, _ = built
+    monkeypatch.setenv("ROCMFORGE_PREBUILT_DIR", str(out))
+    assert loader.prebuilt_dir() == out
+    assert set(EXPECTED_KERNELS) <= set(loader.available_code_objects("gfx1201"))
+    monkeypatch.delenv("ROCMFORGE_PREBUILT_DIR")
+    assert loader.prebuilt_dir() == loader.kernels_dir() / "prebuilt"
+
+
+def test_an_unwritable_output_folder_is_a_usage_error(tmp_path):
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a folder")
+    with pytest.raises(kbuild.BuildUsageError, match="ROCMFORGE_PREBUILT_DIR"):
+        kbuild.build(out_dir=blocker / "prebuilt", ops=["add"], progress=lambda line: None)
+
+
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("ROCMFORGE_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -12,8 +12,9 @@
   `logging` logger "rocmforge" (printed on stderr even when logging is not configured).
 
 The sources and prebuilt objects live in the package `rocmforge_kernels` (the repository's kernels/
-folder), found through importlib.resources, so editable installs and wheels behave the same. The
-cache folder is $ROCMFORGE_CACHE_DIR/kernels when that is set, else $XDG_CACHE_HOME/rocmforge/kernels,
+folder), found through importlib.resources, so editable installs and wheels behave the same;
+$ROCMFORGE_PREBUILT_DIR, when set, replaces the package's prebuilt/ folder (both for `rocmforge
+kernels build` and for loading). The cache folder is $ROCMFORGE_CACHE_DIR/kernels when that is set, else $XDG_CACHE_HOME/rocmforge/kernels,
 else ~/.cache/rocmforge/kernels.
 
 This module also owns the manifest format, which kernels/build.py writes:
@@ -73,7 +74,10 @@ def kernels_dir() -> Path:
 
 
 def prebuilt_dir() -> Path:
-    return kernels_dir() / PREBUILT_DIR
+    """Where the precompiled code objects and their manifest are: $ROCMFORGE_PREBUILT_DIR when set (for
+    installs whose package folder is read-only), else the package's prebuilt/."""
+    own = os.environ.get("ROCMFORGE_PREBUILT_DIR")
+    return Path(own).expanduser() if own else kernels_dir() / PREBUILT_DIR
 
 
 def op_names(sources: Path | None = None) -> list[str]:
