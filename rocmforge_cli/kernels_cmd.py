@@ -52,8 +52,9 @@ def build_command(
 ) -> None:
     """Compile every kernel for the chosen GPUs; progress on stderr, failures listed at the end.
 
-    What compiled is kept even when something else fails. Exit status 1 when anything failed or a
-    compiler is missing (the message names the package to install).
+    What compiled is kept even when something else fails.
+
+    Exit status 1 when anything failed or a compiler is missing (the message names what to install).
     """
     from rocmforge_kernels import build as kbuild
 
@@ -82,8 +83,11 @@ def list_command(
 ) -> None:
     """Show the precompiled code objects and the registers their kernels use.
 
-    One row per op, one column per GPU target; each cell is the most registers per thread any of
-    the op's kernels uses there, or 'stale' when the sources changed since the build.
+    One row per op, one column per GPU target.
+
+    A cell is the most registers per thread any of the op's kernels uses there.
+
+    'stale' marks a code object built from older sources (rocmforge compiles those at run time).
     """
     folder = directory or prebuilt_dir()
     if directory is not None and not (directory / MANIFEST_NAME).is_file():
