@@ -85,6 +85,8 @@ def test_matvec_launcher_refuses_bad_arguments(cpu_device):
         matvec.launch(cpu_device, None, y, w, x.addr(4), 1, 32, weight_type="q4_1")
     with pytest.raises(ValueError, match="batch must be an int"):
         matvec.launch(cpu_device, None, y, w, x, 1, 32, 0, weight_type="q4_1")
+    with pytest.raises(ValueError, match="y and x overlap"):
+        matvec.launch(cpu_device, None, x, w, x, 1, 32, weight_type="q4_1")
 
 
 def test_matvec_geometry_covers_every_row():

@@ -50,3 +50,11 @@ def row_block(n: int, max_threads: int) -> int:
     """Threads for a one-block-per-row kernel: enough for n elements, a multiple of 64 (a whole number
     of warps on every vendor), at most max_threads."""
     return min(max_threads, max(64, -(-n // 64) * 64))
+
+
+def check_disjoint(op: str, first: tuple[str, Any, int], second: tuple[str, Any, int]) -> None:
+    """The byte ranges (name, arg, nbytes) do not overlap: for kernels whose pointers are __restrict__."""
+    (name_a, a, size_a), (name_b, b, size_b) = first, second
+    start_a, start_b = address(a), address(b)
+    if start_a < start_b + size_b and start_b < start_a + size_a:
+        raise ValueError(f"{op}: {name_a} and {name_b} overlap; the kernel needs them apart")

@@ -3,7 +3,7 @@
 Kernels `matvec_<type>(y p, W p, x p, rows i, cols i, batch i)` for type q4_1, q8_0, f16
 (kernels/matvec.hip): W is [rows, cols] row-major in GGUF blocks of 32 (Q4_1: {half d, half m,
 uint8 qs[16]}, 20 bytes; Q8_0: {half d, int8 qs[32]}, 34 bytes) or plain halves; x is float32
-[batch, cols], y float32 [batch, rows]. cols must be a multiple of 32.
+[batch, cols], y float32 [batch, rows]. cols must be a multiple of 32; y must not overlap x or W.
 
 Geometry: a warp takes two rows at a time when batch is 1 and one row otherwise (the kernel loops
 over row groups, so any grid is correct). Large matrices get 256-thread blocks; small ones 64-thread
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hipcore.ops.launch_checks import check_memory, check_sizes
+from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Dim3, Stream
 from hipcore.runtime.kernels import get_kernel, wavefront_size
@@ -114,6 +114,8 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     check_memory(op, "W", w, rows * row_bytes(weight_type, cols), WEIGHT_ALIGNMENT[weight_type])
     check_memory(op, "x", x, batch * cols * 4, X_ALIGNMENT)
     check_memory(op, "y", y, batch * rows * 4)
+    check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
+    check_disjoint(op, ("y", y, batch * rows * 4), ("W", w, rows * row_bytes(weight_type, cols)))
     grid, block = geometry(device.arch, rows, batch)
     kernel = get_kernel(device, OP, op, SIGNATURE)
     kernel.launch(grid, block, (y, w, x, rows, cols, batch), stream=stream)
