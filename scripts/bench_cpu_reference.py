@@ -4,7 +4,8 @@
 
 Two tests, as llama-bench names them: pp512 (one 512-token prompt evaluated in one batch) and
 tg128 (128 tokens evaluated one at a time from an empty context, the logits of each computed);
-tokens/s as mean ± sd over --repetitions runs after one warm-up. Token ids are fixed pseudo-random
+tokens/s as mean ± sd over --repetitions runs after one warm-up, and the best run (the least
+disturbed one, on a machine shared with other work). Token ids are fixed pseudo-random
 ids from the vocabulary (speed does not depend on them). llama.cpp runs through llama-cpp-python in
 a separate interpreter (it is a scratch tool, never a dependency of rocmforge), with --threads
 threads; numpy uses its BLAS's default thread count (printed).
@@ -49,7 +50,7 @@ def rates(n_tokens: int, seconds: list[float]) -> dict:
     per_second = [n_tokens / s for s in seconds]
     return {"tokens_per_s": statistics.mean(per_second),
             "sd": statistics.stdev(per_second) if len(per_second) > 1 else 0.0,
-            "runs": len(per_second)}
+            "best": max(per_second), "runs": len(per_second)}
 
 
 def bench_ours(model_path: str, repetitions: int) -> dict:
@@ -131,12 +132,13 @@ def _blas_threads() -> str:
 def print_table(results: list[dict], model_path: str) -> None:
     print(f"model: {Path(model_path).name}   cpu: {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores   date: {time.strftime('%Y-%m-%d')}")
-    print(f"| {'engine':<58} | {'test':<6} | {'t/s':>16} |")
-    print(f"|{'-' * 60}|{'-' * 8}|{'-' * 18}|")
+    print(f"| {'engine':<58} | {'test':<6} | {'t/s':>17} | {'best t/s':>8} |")
+    print(f"|{'-' * 60}|{'-' * 8}|{'-' * 19}|{'-' * 10}|")
     for result in results:
         for test in ("pp512", "tg128"):
             r = result[test]
-            print(f"| {result['engine']:<58} | {test:<6} | {r['tokens_per_s']:>8.2f} ± {r['sd']:<5.2f} |")
+            print(f"| {result['engine']:<58} | {test:<6} | {r['tokens_per_s']:>8.2f} ± {r['sd']:>6.2f} "
+                  f"| {r['best']:>8.2f} |")
 
 
 def main() -> int:
