@@ -1,7 +1,7 @@
 // Matrix-vector product on GGUF weights, the hot kernel of decoding:
 //   y[b, r] = sum_c W[r, c] * x[b, c]   for r < rows, b < batch
 // W stays in its GGUF block layout, row-major: row r is cols/32 blocks (Q4_1, Q8_0) or cols halves
-// (F16), rows back to back. x is [batch, cols] and y is [batch, rows], float32.
+// (F16, F32), rows back to back. x is [batch, cols] and y is [batch, rows], float32.
 //
 // Decoding reads every weight once per token, so the kernel is bound by memory bandwidth:
 // - A warp owns a group of rows at a time (a grid-stride loop over the groups covers any grid); the
@@ -95,6 +95,25 @@ struct F16Format {
     w[5] = rf_f16_to_float((unsigned short)(v.z >> 16));
     w[6] = rf_f16_to_float((unsigned short)(v.w & 0xffffu));
     w[7] = rf_f16_to_float((unsigned short)(v.w >> 16));
+    col_a = 8 * item;
+    col_b = col_a + 4;
+  }
+};
+
+// F32: plain floats (GGUF files may store small matrices so; the cpu backend stores every matrix so);
+// item i is columns 8i .. 8i+7, two 16-byte loads.
+struct F32Format {
+  struct Raw {
+    float4 a, b;
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 4; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
+    const float4* p = reinterpret_cast<const float4*>(row + 32 * item);
+    return {p[0], p[1]};
+  }
+  static __device__ __forceinline__ void decode(const Raw v, int item, float w[8], int& col_a, int& col_b) {
+    w[0] = v.a.x; w[1] = v.a.y; w[2] = v.a.z; w[3] = v.a.w;
+    w[4] = v.b.x; w[5] = v.b.y; w[6] = v.b.z; w[7] = v.b.w;
     col_a = 8 * item;
     col_b = col_a + 4;
   }
@@ -226,4 +245,9 @@ extern "C" __global__ __launch_bounds__(256) void matvec_q8_0(float* __restrict_
 extern "C" __global__ __launch_bounds__(256) void matvec_f16(float* __restrict__ y, const void* __restrict__ W,
                                                              const float* __restrict__ x, int rows, int cols, int batch) {
   matvec<F16Format>(y, W, x, rows, cols, batch);
+}
+
+extern "C" __global__ __launch_bounds__(256) void matvec_f32(float* __restrict__ y, const void* __restrict__ W,
+                                                             const float* __restrict__ x, int rows, int cols, int batch) {
+  matvec<F32Format>(y, W, x, rows, cols, batch);
 }

@@ -23,7 +23,7 @@ from rocmforge_kernels import build as kbuild
 EXPECTED_KERNELS = {
     "add": ["add_f32"],
     "argmax": ["argmax_f32"],
-    "matvec": ["matvec_f16", "matvec_q4_1", "matvec_q8_0"],
+    "matvec": ["matvec_f16", "matvec_f32", "matvec_q4_1", "matvec_q8_0"],
     "rmsnorm": ["rmsnorm_f32"],
     "rope": ["rope_f32"],
     "silu_mul": ["silu_mul_f32"],

@@ -22,6 +22,7 @@ import pytest
 from hipcore.ops import add, argmax, matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.launch_checks import elementwise_grid, row_block
 from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir
+from weight_samples import random_weights
 
 U32 = 2.0**-24
 EMULATION = Path(__file__).parent / "kernel_emulation"
@@ -63,17 +64,6 @@ def warp(request) -> int:
 def run(harnesses, warp: int, *args) -> None:
     proc = subprocess.run([str(harnesses[warp]), *map(str, args)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"harness {args[:3]} exited with {proc.returncode}: {proc.stderr[-2000:]}"
-
-
-def random_weights(rng: np.random.Generator, weight_type: str, rows: int, cols: int) -> np.ndarray:
-    if weight_type == "f16":
-        return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
-    blocks = rng.integers(0, 256, (rows, cols // 32, matvec.BLOCK_BYTES[weight_type]), dtype=np.uint8)
-    scales = (rng.standard_normal((rows, cols // 32, 2)) * 0.02).astype(np.float16)
-    blocks[..., 0:2] = scales[..., 0:1].view(np.uint8)
-    if weight_type == "q4_1":
-        blocks[..., 2:4] = scales[..., 1:2].view(np.uint8)
-    return blocks.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("weight_type", matvec.WEIGHT_TYPES)

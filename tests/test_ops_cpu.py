@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hipcore.ops import add, argmax, matvec, rmsnorm, rope, silu_mul
+from weight_samples import random_weights
 
 U32 = 2.0**-24  # float32 unit roundoff
 
@@ -24,19 +25,6 @@ def empty(dev, nbytes: int):
     return buf
 
 
-def random_quantized(rng: np.random.Generator, weight_type: str, rows: int, cols: int) -> np.ndarray:
-    """Raw GGUF bytes [rows, row_bytes] with random quants and finite, varied scales."""
-    if weight_type == "f16":
-        return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
-    per_block = matvec.BLOCK_BYTES[weight_type]
-    blocks = rng.integers(0, 256, (rows, cols // 32, per_block), dtype=np.uint8)
-    scales = (rng.standard_normal((rows, cols // 32, 2)) * 0.02).astype(np.float16)  # d, and m for Q4_1
-    blocks[..., 0:2] = scales[..., 0:1].view(np.uint8)
-    if weight_type == "q4_1":
-        blocks[..., 2:4] = scales[..., 1:2].view(np.uint8)
-    return blocks.reshape(rows, -1)
-
-
 # ---- matvec ------------------------------------------------------------------------------------
 
 
@@ -44,7 +32,7 @@ def random_quantized(rng: np.random.Generator, weight_type: str, rows: int, cols
 @pytest.mark.parametrize("rows,cols,batch", [(1, 32, 1), (7, 96, 1), (129, 576, 1), (64, 1536, 3), (33, 64, 9)])
 def test_matvec_matches_reference(cpu_device, weight_type, rows, cols, batch):
     rng = np.random.default_rng([rows, cols, batch, len(weight_type)])
-    raw = random_quantized(rng, weight_type, rows, cols)
+    raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((batch, cols)).astype(np.float32)
     w, xs, y = to_device(cpu_device, raw, "weights"), to_device(cpu_device, x), empty(cpu_device, batch * rows * 4)
     matvec.launch(cpu_device, None, y, w, xs, rows, cols, batch, weight_type=weight_type)
@@ -64,7 +52,7 @@ def test_matvec_dequantizer_agrees_with_gguf():
     rng = np.random.default_rng(7)
     qtypes = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0, "f16": GGMLQuantizationType.F16}
     for weight_type, qtype in qtypes.items():
-        raw = random_quantized(rng, weight_type, 5, 128)
+        raw = random_weights(rng, weight_type, 5, 128)
         theirs = dequantize(raw, qtype).reshape(5, 128).astype(np.float64)
         exact = matvec.dequantize_rows(raw, weight_type, 128, np.float64)
         np.testing.assert_allclose(exact, theirs, rtol=2 * U32, atol=0)  # gguf rounds d*q+m to float32

@@ -1,6 +1,6 @@
 """matvec: y[b, r] = sum_c W[r, c] * x[b, c] with W in its GGUF block layout (the decode hot path).
 
-Kernels `matvec_<type>(y p, W p, x p, rows i, cols i, batch i)` for type q4_1, q8_0, f16
+Kernels `matvec_<type>(y p, W p, x p, rows i, cols i, batch i)` for type q4_1, q8_0, f16, f32
 (kernels/matvec.hip): W is [rows, cols] row-major in GGUF blocks of 32 (Q4_1: {half d, half m,
 uint8 qs[16]}, 20 bytes; Q8_0: {half d, int8 qs[32]}, 34 bytes) or plain halves; x is float32
 [batch, cols], y float32 [batch, rows]. cols must be a multiple of 32; y must not overlap x or W.
@@ -23,17 +23,17 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "matvec"
 SIGNATURE = "pppiii"
-WEIGHT_TYPES = ("q4_1", "q8_0", "f16")
+WEIGHT_TYPES = ("q4_1", "q8_0", "f16", "f32")
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # per 32 weights
-WEIGHT_ALIGNMENT = {"q4_1": 4, "q8_0": 2, "f16": 16}  # the widest aligned load the kernel makes of W
+WEIGHT_ALIGNMENT = {"q4_1": 4, "q8_0": 2, "f16": 16, "f32": 16}  # the widest aligned load the kernel makes of W
 X_ALIGNMENT = 16  # x is read with 16-byte loads
 BIG_MATRIX_ROW_GROUPS = 4096  # from here on 256-thread blocks, below it 64-thread ones
 HOST_ROWS_PER_CHUNK = 4096  # the host kernel dequantizes this many rows at a time
 
 
 def row_bytes(weight_type: str, cols: int) -> int:
-    if weight_type == "f16":
-        return cols * 2
+    if weight_type in ("f16", "f32"):
+        return cols * (2 if weight_type == "f16" else 4)
     return cols // 32 * BLOCK_BYTES[weight_type]
 
 
@@ -59,8 +59,8 @@ def dequantize_rows(raw: np.ndarray, weight_type: str, cols: int, dtype: type = 
     times small integers); in float32 d*q+m is rounded twice (within 2 ulp). Written independently of
     the gguf package's dequantizer, which the tests check it against."""
     rows = raw.shape[0]
-    if weight_type == "f16":
-        return raw.view(np.float16).astype(dtype).reshape(rows, cols)
+    if weight_type in ("f16", "f32"):
+        return raw.view(np.float16 if weight_type == "f16" else np.float32).astype(dtype, copy=False).reshape(rows, cols)
     blocks = raw.reshape(rows, cols // 32, BLOCK_BYTES[weight_type])
     d = blocks[..., 0:2].copy().view(np.float16).astype(dtype)  # [rows, nb, 1]
     if weight_type == "q8_0":
@@ -78,6 +78,10 @@ def _host(weight_type: str):
         raw = device.view(w, np.uint8, (rows, stride))
         xs = device.view(x, np.float32, (batch, cols))
         result = np.empty((batch, rows), dtype=np.float32)
+        if weight_type == "f32":  # already decoded: one BLAS call, no temporary
+            np.matmul(xs, raw.view(np.float32).T, out=result)
+            device.view(y, np.float32, (batch, rows))[:] = result
+            return
         for start in range(0, rows, HOST_ROWS_PER_CHUNK):  # bounded temporary memory for big matrices
             chunk = dequantize_rows(raw[start:start + HOST_ROWS_PER_CHUNK], weight_type, cols)
             result[:, start:start + chunk.shape[0]] = xs @ chunk.T

@@ -19,6 +19,7 @@ import pytest
 from hipcore.ops import add, argmax, matvec, rmsnorm, rope, silu_mul
 from hipcore.runtime import kernels as loader
 from hipcore.runtime.device import pick_device
+from weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -85,18 +86,6 @@ def mem(gpu):
     scratch.free()
 
 
-def random_weights(rng: np.random.Generator, weight_type: str, rows: int, cols: int) -> np.ndarray:
-    """Raw GGUF bytes [rows, row_bytes]: random quants, finite scales (d, m) of varied sign and size."""
-    if weight_type == "f16":
-        return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
-    blocks = rng.integers(0, 256, (rows, cols // 32, matvec.BLOCK_BYTES[weight_type]), dtype=np.uint8)
-    scales = (rng.standard_normal((rows, cols // 32, 2)) * 0.02).astype(np.float16)
-    blocks[..., 0:2] = scales[..., 0:1].view(np.uint8)
-    if weight_type == "q4_1":
-        blocks[..., 2:4] = scales[..., 1:2].view(np.uint8)
-    return blocks.reshape(rows, -1)
-
-
 def run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch, kernel=None):
     raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((batch, cols)).astype(np.float32)
@@ -124,11 +113,12 @@ def run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch, kernel=None)
     # The demo model's matrices at decode (batch 1).
     ("q4_1", 1536, 576, 1), ("q4_1", 576, 1536, 1), ("q8_0", 49152, 576, 1),
     ("q4_1", 576, 576, 1), ("q4_1", 192, 576, 1), ("q8_0", 576, 576, 1), ("q8_0", 192, 576, 1),
-    ("f16", 576, 576, 1), ("f16", 192, 576, 1),
+    ("f16", 576, 576, 1), ("f16", 192, 576, 1), ("f32", 576, 576, 1), ("f32", 49152, 576, 1),
     # Odd row counts (the last row pair is half full), a row shorter than a warp's items, long rows.
     ("q4_1", 7, 32, 1), ("q8_0", 33, 64, 1), ("f16", 1001, 96, 1), ("q4_1", 3, 8192, 1), ("q8_0", 5, 4128, 1),
     # Batches: one pass of 2..8 rows of x, then several passes with a remainder.
     ("q4_1", 1536, 576, 2), ("q8_0", 577, 576, 8), ("f16", 192, 576, 5), ("q4_1", 576, 1536, 17), ("q8_0", 9, 64, 11),
+    ("f32", 1536, 576, 7), ("f32", 33, 96, 12),
 ])
 def test_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch)

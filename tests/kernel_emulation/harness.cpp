@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
     std::vector<char> w = read_file(a[3]), x = read_file(a[4]);
     std::vector<float> y = nan_filled((size_t)rows * batch);
-    auto kernel = entry == "matvec_q4_1" ? matvec_q4_1 : entry == "matvec_q8_0" ? matvec_q8_0 : matvec_f16;
+    auto kernel = entry == "matvec_q4_1" ? matvec_q4_1 : entry == "matvec_q8_0" ? matvec_q8_0 : entry == "matvec_f32" ? matvec_f32 : matvec_f16;
     emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
     write_file(a[5], y.data(), y.size() * 4);
   } else if (entry == "argmax_f32") {  // n x out
