@@ -15,7 +15,7 @@ argmax (ties go to the lowest token id, like numpy's argmax).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Iterable, Sequence
 
@@ -47,6 +47,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default_factory=tuple)
+    n: int = 1  # parallel samples of one prompt; they share the prompt's KV blocks
 
     def __post_init__(self) -> None:
         # Accept any sequence of stop strings but store a tuple, so the params stay hashable.
@@ -72,6 +73,7 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed, low=0, high=(1 << 64) - 1, hint="leave it out for a random seed")
         _check_int("max_tokens", self.max_tokens, low=1, high=1 << 31, hint="the number of tokens to generate")
+        _check_int("n", self.n, low=1, high=1024, hint="the number of parallel samples")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise UsageError(f"too many stop strings: {len(self.stop)} (at most {MAX_STOP_STRINGS})")
         for text in self.stop:
@@ -80,6 +82,12 @@ class SamplingParams:
             if len(text) > MAX_STOP_STRING_CHARS:
                 raise UsageError(
                     f"stop string too long: {len(text)} characters (at most {MAX_STOP_STRING_CHARS})")
+
+    def for_sample(self, index: int) -> "SamplingParams":
+        """The params of parallel sample `index`: a seeded request gives each sample its own seed."""
+        if index == 0 or self.seed is None:
+            return self
+        return replace(self, seed=(self.seed + index) % (1 << 64))
 
     @property
     def greedy(self) -> bool:

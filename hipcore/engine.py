@@ -1,0 +1,391 @@
+"""The Engine: submit, step, stream, cancel — and ONE release path for every way a request ends.
+
+An earlier implementation of this tool freed KV blocks on cancel but not on normal completion.
+Here every ending (EOS, stop string, max tokens, cancelled, failed, rejected, dropped) goes through
+`_end_request` -> `_release_sequence`, the only code that gives a sequence's blocks back; finished
+records are kept up to a bound; cancelling a finished or unknown request is a no-op.
+
+Threading: one thread owns the engine state and calls step(); submit() and cancel() may be called
+from any thread: they only touch an inbox under a lock, which step() drains while the device is
+idle. Each request has its own event queue, so consumers on other threads can stream it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence as Seq
+
+import numpy as np
+
+from hipcore.errors import RocmforgeError, UsageError
+from hipcore.model.batch import NULL_BLOCK, StepBatch
+from hipcore.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
+from hipcore.sampler import Sampler, StopChecker, StopReason
+from hipcore.scheduler import Scheduled, Scheduler, SchedulerOutput
+
+
+_ENDING_OF = {StopReason.EOS: Ending.EOS, StopReason.STOP_STRING: Ending.STOP, StopReason.MAX_TOKENS: Ending.LENGTH}
+
+
+class InjectedFault(RocmforgeError):
+    """Raised on purpose by fault-injection hooks (leak-check and tests), never by real work."""
+
+
+@dataclass
+class EngineHooks:
+    """Fault injection for tests and leak-check: make chosen requests fail on purpose."""
+
+    fail_sampling: Callable[[Request], bool] | None = None  # the sampler raises for these requests
+    fail_step: Callable[[list[Request]], bool] | None = None  # the forward pass raises for this batch
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens: int = 0  # tokens computed while in prompt evaluation (recomputation included)
+    generated_tokens: int = 0
+    preemptions: int = 0
+    step_seconds: float = 0.0
+    endings: collections.Counter = field(default_factory=collections.Counter)
+
+
+class Engine:
+    def __init__(self, runner, tokenizer, cache, *, max_seqs: int = 64, max_step_tokens: int = 512,
+                 max_context: int | None = None, finished_bound: int = 1000, hooks: EngineHooks | None = None):
+        """runner: executes a StepBatch and returns host logits [len(sample_rows), vocab] (float32)."""
+        if finished_bound < 0:
+            raise ValueError("finished_bound must be >= 0")
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.cache = cache
+        self.scheduler = Scheduler(cache, max_seqs=max_seqs, max_step_tokens=max_step_tokens)
+        self.max_context = min(max_context or runner.config.context_length, runner.config.context_length)
+        self.finished_bound = finished_bound
+        self.hooks = hooks or EngineHooks()
+        self.stats = EngineStats()
+        self._request_ids = itertools.count(1)
+        self._seq_ids = itertools.count(1)
+        self._active: dict[int, Request] = {}  # submitted and not ended (waiting, running, or in the inbox)
+        self._finished: collections.OrderedDict[int, FinishedRecord] = collections.OrderedDict()
+        self._inbox: list[tuple[str, object]] = []
+        self._lock = threading.Lock()  # guards _active, _finished, _inbox between threads
+        self._step_lock = threading.Lock()  # exactly one thread steps at a time
+        self._closed = False
+
+    # ---- any thread ---------------------------------------------------------------------------
+
+    def submit(self, prompt: str | Seq[int], params, *, tag: str = "") -> int:
+        """Queue a request; returns its id. Prompt text is tokenized with the model's tokenizer."""
+        if self._closed:
+            raise UsageError("the engine is shut down")
+        params.validate()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise UsageError("the prompt is empty: give at least one token")
+        vocab = self.runner.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise UsageError(f"prompt token id out of range (vocabulary size {vocab})")
+        if len(ids) >= self.max_context:
+            raise UsageError(
+                f"the prompt has {len(ids)} tokens but the context holds {self.max_context}: "
+                "shorten the prompt or raise --ctx-size"
+            )
+        with self._lock:
+            rid = next(self._request_ids)
+            request = Request(rid, list(ids), params, arrival=rid, tag=tag)
+            self._active[rid] = request
+            self._inbox.append(("submit", request))
+        return rid
+
+    def cancel(self, request_id: int) -> CancelResult:
+        """End a request at the start of the next step. A finished or unknown id is a clear no-op."""
+        with self._lock:
+            if request_id in self._active:
+                self._inbox.append(("cancel", request_id))
+                return CancelResult.CANCELLED
+            if request_id in self._finished:
+                return CancelResult.ALREADY_FINISHED
+            return CancelResult.UNKNOWN
+
+    def finished_record(self, request_id: int) -> FinishedRecord | None:
+        with self._lock:
+            return self._finished.get(request_id)
+
+    def finished_records(self) -> list[FinishedRecord]:
+        with self._lock:
+            return list(self._finished.values())
+
+    @property
+    def active_count(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def request(self, request_id: int) -> Request | None:
+        with self._lock:
+            return self._active.get(request_id)
+
+    # ---- the owner thread ---------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._inbox) or self.scheduler.has_work
+
+    def step(self) -> list[Event]:
+        """Run one iteration: drain the inbox, schedule, run the forward pass, sample, stream."""
+        if not self._step_lock.acquire(blocking=False):
+            raise RuntimeError("Engine.step() called from two threads at once; one thread owns the engine")
+        try:
+            t0 = time.perf_counter()
+            events = self._drain_inbox()
+            plan = self.scheduler.schedule()
+            self.stats.preemptions += len(plan.preempted)
+            for request, message in plan.rejected:
+                events += self._end_request(request, Ending.REJECTED, message)
+            if plan.scheduled:
+                events += self._run(plan)
+                self.stats.steps += 1
+            # The step's device work is finished (the logits came back): fenced blocks may be reused.
+            self.cache.release_fenced()
+            self.stats.step_seconds += time.perf_counter() - t0
+            return events
+        finally:
+            self._step_lock.release()
+
+    def run_until_idle(self, max_steps: int | None = None) -> list[Event]:
+        events: list[Event] = []
+        for _ in itertools.count() if max_steps is None else range(max_steps):
+            if not self.has_work():
+                break
+            events += self.step()
+        return events
+
+    def generate(self, prompt: str | Seq[int], params, *, tag: str = "") -> Iterator[Event]:
+        """Submit one request and step the engine until it ends, yielding its events as they come."""
+        rid = self.submit(prompt, params, tag=tag)
+        request = self.request(rid)
+        assert request is not None
+        while True:
+            while not request.events.empty():
+                event = request.events.get_nowait()
+                yield event
+                if event.finished and request.phase == Phase.FINISHED and request.events.empty():
+                    return
+            if not self.has_work():
+                return
+            self.step()
+
+    def shutdown(self, ending: Ending = Ending.DROPPED) -> list[Event]:
+        """End every request still queued or running (through the release path) and refuse new ones."""
+        with self._step_lock:
+            self._closed = True
+            events = self._drain_inbox()
+            for request in list(self.scheduler.running) + list(self.scheduler.waiting):
+                events += self._end_request(request, ending, "the engine shut down before it finished")
+            self.cache.release_fenced()
+            return events
+
+    # ---- internals (owner thread only) --------------------------------------------------------
+
+    def _drain_inbox(self) -> list[Event]:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+        events: list[Event] = []
+        for kind, item in inbox:
+            if kind == "submit":
+                request = item
+                assert isinstance(request, Request)
+                if request.phase == Phase.FINISHED:  # cancelled before it was ever queued
+                    continue
+                message = self._never_fits(request)
+                if message:
+                    events += self._end_request(request, Ending.REJECTED, message)
+                else:
+                    self.scheduler.add(request)
+            else:
+                request = self._active.get(item)  # type: ignore[arg-type]
+                if request is not None:
+                    events += self._end_request(request, Ending.CANCELLED)
+        # Cancels ran while the device was idle, so their blocks are safe to reuse in this step.
+        self.cache.release_fenced()
+        return events
+
+    def _max_new_tokens(self, request: Request) -> int:
+        return max(1, min(request.params.max_tokens, self.max_context - len(request.prompt_ids)))
+
+    def _never_fits(self, request: Request) -> str | None:
+        need = self.scheduler.blocks_needed_alone(request, self._max_new_tokens(request))
+        have = self.cache.config.num_blocks - 1
+        if need > have:
+            bs = self.cache.config.block_size
+            return (
+                f"request {request.request_id} needs {need} KV blocks ({len(request.prompt_ids)} prompt tokens + "
+                f"up to {self._max_new_tokens(request)} new, {bs} tokens per block) but the pool has only {have}; "
+                "give the KV cache more memory (--kv-blocks / --kv-memory) or lower --max-tokens"
+            )
+        if not request.seqs:
+            request.seqs.append(self._new_sequence(request, list(request.prompt_ids)))
+        return None
+
+    def _new_sequence(self, request: Request, tokens: list[int]) -> Sequence:
+        seq = Sequence(next(self._seq_ids), request, tokens, num_prompt=len(request.prompt_ids))
+        params = request.params
+        seq.decoder = self.tokenizer.stream_decoder()
+        seq.sampler = Sampler(params.for_sample(len(request.seqs)))
+        seq.stop_checker = StopChecker(eos_ids=self.tokenizer.eot_ids, stop_strings=params.stop, max_tokens=params.max_tokens)
+        return seq
+
+    def _build_batch(self, scheduled: list[Scheduled]) -> StepBatch:
+        tokens, positions, slots, starts, ctx, tables, sample_rows = [], [], [], [0], [], [], []
+        for item in scheduled:
+            seq, n = item.seq, item.num_tokens
+            first = seq.num_cached
+            tokens.extend(seq.tokens[first:first + n])
+            positions.extend(range(first, first + n))
+            slots.append(self.cache.slot_mapping(seq.seq_id, first, n))
+            starts.append(starts[-1] + n)
+            ctx.append(first + n)
+            tables.append(self.cache.block_table(seq.seq_id))
+            if item.samples:
+                sample_rows.append(starts[-1] - 1)
+        width = max(len(t) for t in tables)
+        table_arr = np.full((len(tables), width), NULL_BLOCK, dtype=np.int32)
+        for i, t in enumerate(tables):
+            table_arr[i, :len(t)] = t
+        return StepBatch(
+            token_ids=np.asarray(tokens, dtype=np.int32), positions=np.asarray(positions, dtype=np.int32),
+            slot_mapping=np.concatenate(slots).astype(np.int32), seq_starts=np.asarray(starts, dtype=np.int32),
+            context_lens=np.asarray(ctx, dtype=np.int32), block_tables=table_arr,
+            sample_rows=np.asarray(sample_rows, dtype=np.int32),
+        )
+
+    def _run(self, plan: SchedulerOutput) -> list[Event]:
+        scheduled = plan.scheduled
+        requests = list(dict.fromkeys(item.seq.request for item in scheduled))
+        batch = self._build_batch(scheduled)
+        try:
+            if self.hooks.fail_step is not None and self.hooks.fail_step(requests):
+                raise InjectedFault("injected forward-pass failure (fault-injection hook)")
+            logits = self.runner.execute(batch)
+        except Exception as exc:  # the step failed: fail its requests cleanly, keep serving the rest
+            events: list[Event] = []
+            message = f"the forward pass failed: {exc}"
+            for request in requests:
+                events += self._end_request(request, Ending.FAILED, message)
+            return events
+        events = []
+        row = 0
+        for item in scheduled:
+            seq = item.seq
+            samples = item.samples  # (reads num_cached: decide before advancing it)
+            seq.num_cached += item.num_tokens
+            if seq.request.phase == Phase.PROMPT:
+                self.stats.prompt_tokens += item.num_tokens
+            if samples:
+                events += self._sample(seq, logits[row])
+                row += 1
+        return events
+
+    def _sample(self, seq: Sequence, logits: np.ndarray) -> list[Event]:
+        request = seq.request
+        if request.phase == Phase.FINISHED or seq.finished:
+            return []
+        try:
+            if self.hooks.fail_sampling is not None and self.hooks.fail_sampling(request):
+                raise InjectedFault("injected sampler failure (fault-injection hook)")
+            targets = [seq]
+            if request.phase == Phase.PROMPT and len(request.seqs) == 1 and request.params.n > 1:
+                self._fork_samples(request)  # every sample draws its first token from these logits
+                targets = list(request.seqs)
+            request.phase = Phase.DECODE
+            if request.first_token_at is None:
+                request.first_token_at = time.perf_counter()
+            events: list[Event] = []
+            for target in targets:
+                events += self._accept_token(target, target.sampler.sample(logits, target.tokens))
+            return events
+        except Exception as exc:
+            return self._end_request(request, Ending.FAILED, f"sampling failed: {exc}")
+
+    def _fork_samples(self, request: Request) -> None:
+        """n parallel samples: children share every prompt block of the first sequence (no copy)."""
+        parent = request.seqs[0]
+        for _ in range(request.params.n - 1):
+            child = self._new_sequence(request, list(parent.tokens))
+            child.num_cached = parent.num_cached
+            self.cache.fork(parent.seq_id, child.seq_id)
+            request.seqs.append(child)
+
+    def _accept_token(self, seq: Sequence, token: int) -> list[Event]:
+        request = seq.request
+        index = request.seqs.index(seq)
+        checker = seq.stop_checker
+        self.stats.generated_tokens += 1
+        end_of_generation = token in checker.eos_ids
+        if not end_of_generation:  # an end-of-generation token is neither kept nor printed
+            seq.tokens.append(token)
+        delta = checker.push(token, "" if end_of_generation else seq.decoder.feed(token))
+        seq.text += delta
+        events: list[Event] = []
+        if delta or not end_of_generation:
+            events.append(Event(request.request_id, index, () if end_of_generation else (token,), delta))
+            request.events.put(events[-1])
+        if checker.finished:
+            return events + self._end_sequence(seq, _ENDING_OF[checker.reason])
+        if len(seq.tokens) >= self.max_context:
+            return events + self._end_sequence(seq, Ending.LENGTH)
+        return events
+
+    def _end_sequence(self, seq: Sequence, ending: Ending) -> list[Event]:
+        """One sample is done; the request ends when its last sample ends."""
+        request = seq.request
+        # Text the decoder still holds (an incomplete UTF-8 sequence) or the stop checker held back
+        # (a partial stop string) belongs to the output unless a stop string matched.
+        tail = "" if ending == Ending.STOP else seq.stop_checker.flush() + seq.decoder.flush()
+        events: list[Event] = []
+        if tail:
+            seq.text += tail
+            events.append(Event(request.request_id, request.seqs.index(seq), (), tail))
+            request.events.put(events[-1])
+        self._release_sequence(seq, ending)
+        if not request.live_seqs:
+            events += self._end_request(request, ending)
+        return events
+
+    def _release_sequence(self, seq: Sequence, ending: Ending) -> None:
+        """THE place a sequence's KV blocks are given back (fenced until the step's work is done)."""
+        if self.cache.has_sequence(seq.seq_id):
+            self.cache.free_sequence(seq.seq_id)
+        seq.finished = True
+        seq.ending = seq.ending or ending
+
+    def _end_request(self, request: Request, ending: Ending, error: str | None = None) -> list[Event]:
+        """Every ending of every request comes here exactly once; a second call is a no-op."""
+        if request.phase == Phase.FINISHED:
+            return []
+        phase_at_end = request.phase
+        for seq in request.seqs:
+            self._release_sequence(seq, ending)
+        self.scheduler.remove(request)
+        request.phase, request.ending, request.error = Phase.FINISHED, ending, error
+        request.finished_at = time.perf_counter()
+        record = FinishedRecord(
+            request_id=request.request_id, ending=ending, phase_at_end=phase_at_end,
+            seq_ids=tuple(s.seq_id for s in request.seqs), prompt_tokens=len(request.prompt_ids),
+            generated_tokens=tuple(tuple(s.generated) for s in request.seqs),
+            texts=tuple(s.text for s in request.seqs), error=error, preemptions=request.preemptions,
+            tag=request.tag, seconds=request.finished_at - request.submitted_at,
+            time_to_first_token=None if request.first_token_at is None else request.first_token_at - request.submitted_at,
+        )
+        with self._lock:
+            self._active.pop(request.request_id, None)
+            self._finished[request.request_id] = record
+            while len(self._finished) > self.finished_bound:
+                self._finished.popitem(last=False)
+        self.stats.endings[ending.value] += 1
+        event = Event(request.request_id, 0, (), "", finished=True, ending=ending, error=error)
+        request.events.put(event)
+        return [event]

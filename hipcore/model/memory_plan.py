@@ -1,0 +1,136 @@
+"""The memory plan: weights + KV pool + activations + scratch, checked before anything is allocated.
+
+If the plan does not fit the device's free memory (minus a margin), loading stops with exit code 5
+and a table of the components, the device's total and free memory, and the largest context /
+block count that would fit, with nothing allocated (RELIABILITY, out of memory rule 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hipcore.kvcache.config import KvCacheConfig
+from hipcore.model.llama import activation_sizes
+from hipcore.model.weights import planned_weight_bytes
+from hipcore.runtime.device import Device
+from hipcore.runtime.errors import DeviceOutOfMemory, UsageError
+from hipcore.runtime.ledger import format_bytes
+
+MARGIN_FRACTION = 0.03  # what we leave free for the driver, other processes and fragmentation
+MARGIN_CAP = 512 << 20
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    device: str
+    backend: str
+    weights: int
+    kv: int
+    activations: int
+    scratch: int
+    free: int
+    total: int
+    margin: int
+    kv_config: KvCacheConfig
+    ctx_size: int
+    max_seqs: int
+
+    @property
+    def needed(self) -> int:
+        return self.weights + self.kv + self.activations + self.scratch
+
+    @property
+    def fits(self) -> bool:
+        return self.needed <= self.free - self.margin
+
+    def rows(self) -> list[tuple[str, int]]:
+        kv = self.kv_config
+        return [
+            ("weights", self.weights),
+            (f"kv cache ({kv.num_blocks - 1} blocks x {kv.block_size} tokens, {kv.dtype})", self.kv),
+            ("activations", self.activations),
+            ("scratch (step inputs)", self.scratch),
+            ("total needed", self.needed),
+            (f"free on {self.device}", self.free),
+            ("margin kept free", self.margin),
+        ]
+
+    def table(self) -> str:
+        width = max(len(name) for name, _ in self.rows())
+        return "\n".join(f"  {name:<{width}}  {format_bytes(n):>10}" for name, n in self.rows())
+
+    def largest_kv_that_fits(self) -> tuple[int, int]:
+        """(usable blocks, tokens) the KV pool could have beside everything else."""
+        room = self.free - self.margin - self.weights - self.activations - self.scratch
+        blocks = max(0, room // self.kv_config.bytes_per_block - 1)
+        return blocks, blocks * self.kv_config.block_size
+
+    def check(self) -> None:
+        """Raise DeviceOutOfMemory (exit 5) with the plan and what to change when it does not fit."""
+        if self.fits:
+            return
+        blocks, tokens = self.largest_kv_that_fits()
+        if blocks > 0:
+            advice = (f"the KV cache could hold {tokens} tokens ({blocks} blocks): use --ctx-size {tokens} "
+                      f"or --kv-blocks {blocks}, or a smaller --kv-dtype (q8_0)")
+        else:
+            advice = "the weights alone do not fit: use a smaller or more quantized model, or another device"
+        raise DeviceOutOfMemory(
+            f"{'HIP' if self.backend == 'hip' else 'CUDA' if self.backend == 'cuda' else 'CPU backend'} out of memory "
+            f"on {self.device}: the model needs {format_bytes(self.needed)} but {format_bytes(self.free)} is free "
+            f"of {format_bytes(self.total)} (keeping {format_bytes(self.margin)} spare); {advice}.\n{self.table()}",
+            requested=self.needed, free=self.free, tag="plan",
+        )
+
+
+def parse_memory_size(text: str, free: int) -> int:
+    """'8GiB', '512MB', '1.5G', '70%' (of free memory), or plain bytes."""
+    s = text.strip().lower().replace(" ", "")
+    try:
+        if s.endswith("%"):
+            value = float(s[:-1])
+            if not 0 < value <= 100:
+                raise ValueError
+            return int(free * value / 100)
+        units = {"tib": 1 << 40, "gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "tb": 10**12, "gb": 10**9,
+                 "mb": 10**6, "kb": 10**3, "t": 1 << 40, "g": 1 << 30, "m": 1 << 20, "k": 1 << 10, "b": 1}
+        for suffix, mult in units.items():
+            if s.endswith(suffix):
+                number = float(s[: -len(suffix)])
+                break
+        else:
+            number, mult = float(s), 1
+        if not number > 0 or number * mult > 2**62:
+            raise ValueError
+        return int(number * mult)
+    except ValueError:
+        raise UsageError(f"cannot read memory size {text!r}: use e.g. 8GiB, 512MiB, 1.5G or 70% (of free memory)") from None
+
+
+def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_step_tokens: int,
+              kv_dtype: str = "f16", block_size: int = 16, kv_blocks: int | None = None,
+              kv_memory: str | None = None) -> MemoryPlan:
+    """Size every component for this model on this device; does not allocate anything."""
+    cfg = model_plan.config
+    if not 1 <= ctx_size <= cfg.context_length:
+        raise UsageError(f"--ctx-size must be between 1 and the model's context length {cfg.context_length}, got {ctx_size}")
+    info = device.memory_info()
+    margin = min(int(info.total * MARGIN_FRACTION), MARGIN_CAP)
+    shape = dict(n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, block_size=block_size, dtype=kv_dtype)
+    if kv_blocks is not None and kv_memory is not None:
+        raise UsageError("give either --kv-blocks or --kv-memory, not both")
+    if kv_blocks is not None:
+        kv_config = KvCacheConfig(num_blocks=kv_blocks + 1, **shape)
+    elif kv_memory is not None:
+        kv_config = KvCacheConfig.for_memory(parse_memory_size(kv_memory, info.free), **shape)
+    else:  # room for max_seqs full contexts, plus the null block
+        kv_config = KvCacheConfig(num_blocks=max_seqs * -(-ctx_size // block_size) + 1, **shape)
+    max_blocks = -(-cfg.context_length // block_size)
+    sizes = activation_sizes(cfg, max_step_tokens, max_seqs, max_blocks)
+    return MemoryPlan(
+        device=f"{device.name} ({device.arch})", backend=device.backend,
+        weights=planned_weight_bytes(device, model_plan), kv=kv_config.cache_bytes,
+        activations=sum(n for n, tag in sizes.values() if tag == "activations"),
+        scratch=sum(n for n, tag in sizes.values() if tag == "scratch"),
+        free=info.free, total=info.total, margin=margin, kv_config=kv_config, ctx_size=ctx_size, max_seqs=max_seqs,
+    )

@@ -1,0 +1,150 @@
+"""Model weights on the device: each tensor uploaded once, from the validated plan.
+
+On a GPU, quantized weights stay in their GGUF block format and the kernels dequantize them as
+they read. A matrix type with no kernel yet is converted once to F16 at load (said, not silent).
+The cpu backend dequantizes everything to float32 once (numpy matmuls are its fast path).
+
+A failure half-way (out of memory, a read error) frees every buffer uploaded so far before the
+error propagates: nothing is left half-uploaded (RELIABILITY, out of memory rule 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from hipcore.runtime.device import Buffer, Device
+
+# Matrix formats with GPU matvec/matmul kernels (lower-case = the kernels' variant suffix).
+GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k"})
+# Embedding-table formats with a GPU lookup kernel (hipcore/ops/embedding.py).
+GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0"})
+
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+
+ProgressFn = Callable[[int, int, str], None]  # (bytes done, bytes total, tensor name)
+
+
+@dataclass(frozen=True)
+class Weight:
+    buffer: Buffer
+    fmt: str  # "f32", "q4_1", ...: which kernel variant reads it
+    shape: tuple[int, ...]  # numpy order: (rows, cols) for matrices
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.shape[-1]
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: Weight
+    attn_q: Weight
+    attn_k: Weight
+    attn_v: Weight
+    attn_output: Weight
+    ffn_norm: Weight
+    ffn_gate: Weight
+    ffn_up: Weight
+    ffn_down: Weight
+
+
+@dataclass
+class ModelWeights:
+    token_embd: Weight
+    output_norm: Weight
+    output: Weight  # the same Weight as token_embd when the model ties them
+    layers: list[LayerWeights]
+    buffers: list[Buffer] = field(default_factory=list)
+    converted: list[str] = field(default_factory=list)  # tensors converted to F16 at load (no kernel for their type)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    def free(self) -> None:
+        """Give every weight buffer back; idempotent."""
+        for buf in self.buffers:
+            if not buf.freed:
+                buf.free()
+        self.buffers.clear()
+
+
+def storage_format(device: Device, type_name: str, *, is_table: bool, is_vector: bool) -> str:
+    """The format a tensor of GGUF type `type_name` is stored in on `device`."""
+    t = type_name.lower()
+    if device.backend == "cpu" or is_vector:
+        return "f32"
+    supported = GPU_TABLE_TYPES & GPU_MATRIX_TYPES if is_table else GPU_MATRIX_TYPES
+    return t if t in supported else "f16"
+
+
+def _stored_bytes(fmt: str, info) -> int:
+    if fmt == info.type_name.lower():
+        return info.nbytes
+    return info.n_elements * (4 if fmt == "f32" else 2)
+
+
+def _tensor_roles(config) -> list[tuple[str, bool, bool]]:
+    """(name, is_table, is_vector) of every tensor the forward pass reads."""
+    roles = [("token_embd.weight", True, False), ("output_norm.weight", False, True)]
+    if not config.tie_embeddings:
+        roles.append(("output.weight", False, False))
+    for i in range(config.n_layers):
+        for t in LAYER_TENSORS:
+            roles.append((f"blk.{i}.{t}.weight", False, t.endswith("norm")))
+    return roles
+
+
+def planned_weight_bytes(device: Device, plan) -> int:
+    """Exactly what upload_weights will allocate for this model on this device (for the memory plan)."""
+    return sum(
+        _stored_bytes(storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec), plan.tensor(name))
+        for name, table, vec in _tensor_roles(plan.config)
+    )
+
+
+def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> ModelWeights:
+    """Upload every tensor of `gguf` (an open hipcore.gguf_file.GGUFFile) the forward pass needs."""
+    plan, config = gguf.plan, gguf.config
+    roles = _tensor_roles(config)
+    total = planned_weight_bytes(device, plan)
+    done = 0
+    uploaded: dict[str, Weight] = {}
+    buffers: list[Buffer] = []
+    converted: list[str] = []
+    try:
+        for name, table, vec in roles:
+            info = plan.tensor(name)
+            fmt = storage_format(device, info.type_name, is_table=table, is_vector=vec)
+            if fmt == info.type_name.lower():
+                data = gguf.raw(name)
+            else:
+                values = gguf.dequantize(name)
+                data = values.astype(np.float32 if fmt == "f32" else np.float16)
+                if device.backend != "cpu" and not vec:
+                    converted.append(f"{name} ({info.type_name} -> F16)")
+            buf = device.allocate(int(data.nbytes), tag="weights", label=name)
+            buffers.append(buf)
+            buf.upload(data)
+            uploaded[name] = Weight(buf, fmt, tuple(info.shape))
+            done += buf.nbytes
+            if progress is not None:
+                progress(done, total, name)
+    except BaseException:
+        for buf in buffers:
+            if not buf.freed:
+                buf.free()
+        raise
+    layers = [
+        LayerWeights(*(uploaded[f"blk.{i}.{t}.weight"] for t in LAYER_TENSORS)) for i in range(config.n_layers)
+    ]
+    embd = uploaded["token_embd.weight"]
+    output = embd if config.tie_embeddings else uploaded["output.weight"]
+    return ModelWeights(embd, uploaded["output_norm.weight"], output, layers, buffers, converted)

@@ -1,0 +1,119 @@
+"""Requests and their sequences as the engine and the scheduler track them, and how they end."""
+
+from __future__ import annotations
+
+import enum
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Ending(str, enum.Enum):
+    """Every way a request can end. All of them go through the engine's one release path."""
+
+    EOS = "eos"  # an end-of-generation token
+    STOP = "stop"  # a stop string matched
+    LENGTH = "length"  # max tokens, or the context is full
+    CANCELLED = "cancelled"
+    FAILED = "failed"  # an error while it ran (a kernel or sampler error, an injected fault)
+    REJECTED = "rejected"  # can never fit the KV pool or the context
+    DROPPED = "dropped"  # preempted and then dropped (the engine shut down before it could resume)
+
+
+class Phase(str, enum.Enum):
+    """Where a request is; used to say where it was when it ended (leak reports, cancel tests)."""
+
+    WAITING = "waiting"
+    PROMPT = "prompt"  # its prompt is being evaluated (possibly in chunks)
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+class CancelResult(str, enum.Enum):
+    CANCELLED = "cancelled"  # it will end at the start of the next step
+    ALREADY_FINISHED = "already finished"
+    UNKNOWN = "unknown request"
+
+
+@dataclass(eq=False)  # identity semantics: sequences are tracked in sets and dicts
+class Sequence:
+    """One token stream with its own KV blocks. A request with n parallel samples has n of them."""
+
+    seq_id: int
+    request: "Request"
+    tokens: list[int]  # prompt + generated, in order
+    num_prompt: int
+    num_cached: int = 0  # tokens whose K/V are in the cache
+    finished: bool = False
+    ending: Ending | None = None
+    decoder: Any = None  # the tokenizer's stream decoder for this sequence
+    stop_checker: Any = None
+    sampler: Any = None
+    text: str = ""  # text emitted so far
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.num_prompt:]
+
+    @property
+    def pending(self) -> int:
+        """Tokens still to compute before the next sample."""
+        return len(self.tokens) - self.num_cached
+
+    @property
+    def in_prompt(self) -> bool:
+        return self.num_cached < self.num_prompt
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: Any  # hipcore.sampler.SamplingParams
+    arrival: int  # submission order, for FIFO admission and newest-first preemption
+    seqs: list[Sequence] = field(default_factory=list)
+    phase: Phase = Phase.WAITING
+    ending: Ending | None = None
+    error: str | None = None
+    events: "queue.Queue[Event]" = field(default_factory=queue.Queue)
+    preemptions: int = 0
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    tag: str = ""  # free-form label from the caller (leak-check records the planned ending)
+
+    @property
+    def live_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.finished]
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a request's stream yields: text and token ids as they come, then one final event."""
+
+    request_id: int
+    seq_index: int  # which parallel sample (0 unless n > 1)
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    finished: bool = False
+    ending: Ending | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class FinishedRecord:
+    """What the engine remembers of an ended request (kept up to a bound)."""
+
+    request_id: int
+    ending: Ending
+    phase_at_end: Phase
+    seq_ids: tuple[int, ...]
+    prompt_tokens: int
+    generated_tokens: tuple[tuple[int, ...], ...]  # per sequence
+    texts: tuple[str, ...]
+    error: str | None
+    preemptions: int
+    tag: str
+    seconds: float
+    time_to_first_token: float | None

@@ -1,0 +1,169 @@
+"""Iteration-level (continuous) batching: which sequences compute how many tokens in the next step.
+
+Policy, as in vLLM's default scheduler:
+- Running requests go first, oldest first; each sequence asks for its pending tokens (one while
+  decoding, a chunk of its prompt while prompt evaluation is under way), within a token budget
+  per step, so prompt evaluation and decoding mix across requests.
+- When the KV pool cannot give a running sequence its next block, the newest running request is
+  preempted: all its blocks are freed and it goes back to the front of the queue, to be recomputed
+  (its prompt plus what it generated) when there is room. Its output is unchanged by this.
+- Waiting requests are admitted first-come first-served while the budget, the sequence limit and a
+  small reserve of free blocks allow. No admission in a step that had to preempt.
+- A request that could never fit (its prompt plus max tokens need more blocks than the pool has)
+  is rejected with the numbers, never left waiting forever.
+
+schedule() must only run while no device work of an earlier step is in flight: blocks freed by a
+preemption are then safe to hand out again at once (the step fence of the KV cache).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from hipcore.request import Phase, Request, Sequence
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    seq: Sequence
+    num_tokens: int  # how many of its pending tokens this step computes
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of what the sequence has, so its next token is sampled."""
+        return self.seq.num_cached + self.num_tokens == len(self.seq.tokens)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[Scheduled] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    rejected: list[tuple[Request, str]] = field(default_factory=list)
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class Scheduler:
+    def __init__(self, cache, *, max_seqs: int = 64, max_step_tokens: int = 512, watermark_blocks: int | None = None):
+        if max_seqs < 1 or max_step_tokens < 1:
+            raise ValueError("max_seqs and max_step_tokens must be at least 1")
+        self.cache = cache
+        self.max_seqs = max_seqs
+        self.max_step_tokens = max_step_tokens
+        usable = cache.config.num_blocks - 1
+        self.watermark = watermark_blocks if watermark_blocks is not None else max(1, usable // 100)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []  # in admission order; the last one is preempted first
+
+    # ---- queue management ---------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def remove(self, request: Request) -> None:
+        """Forget a request wherever it is (its blocks are the engine's release path's business)."""
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def blocks_needed_alone(self, request: Request, max_new_tokens: int) -> int:
+        """Blocks the request needs with the pool to itself: shared prompt blocks + each sample's own."""
+        bs = self.cache.config.block_size
+        n = max(1, getattr(request.params, "n", 1))
+        total = len(request.prompt_ids) + max_new_tokens
+        shared_full = len(request.prompt_ids) // bs if n > 1 else 0
+        return shared_full + n * (blocks_for(total, bs) - shared_full)
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_step_tokens
+
+        # 1. running requests, oldest first
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            preempted_self = False
+            for seq in request.live_seqs:
+                n = min(seq.pending, budget)
+                if n <= 0:
+                    continue
+                while not self.cache.reserve(seq.seq_id, n):
+                    victim = self.running[-1]
+                    self._preempt(victim, out)
+                    if victim is request:
+                        preempted_self = True
+                        break
+                if preempted_self:
+                    break
+                out.scheduled.append(Scheduled(seq, n))
+                budget -= n
+            if preempted_self:
+                break  # it was the newest: nothing after it is running
+            i += 1
+
+        # 2. admit waiting requests, first come first served
+        if out.preempted:
+            return out
+        while self.waiting and budget > 0:
+            request = self.waiting[0]
+            seqs = request.live_seqs
+            if self._live_seq_count() + len(seqs) > self.max_seqs:
+                break
+            chunks = []
+            need_blocks = 0
+            room = budget
+            for seq in seqs:
+                n = min(seq.pending, room)
+                if n <= 0:
+                    break
+                chunks.append((seq, n))
+                need_blocks += blocks_for(n, self.cache.config.block_size)
+                room -= n
+            if not chunks or self.cache.num_free_blocks - need_blocks < self.watermark:
+                break
+            for seq, n in chunks:
+                self.cache.add_sequence(seq.seq_id)
+                if not self.cache.reserve(seq.seq_id, n):  # the reserve above makes this rare
+                    for s, _ in chunks:
+                        if self.cache.has_sequence(s.seq_id):
+                            self.cache.free_sequence(s.seq_id)
+                    self.cache.release_fenced()
+                    return out
+            self.waiting.popleft()
+            self.running.append(request)
+            request.phase = Phase.PROMPT
+            for seq, n in chunks:
+                out.scheduled.append(Scheduled(seq, n))
+                budget -= n
+        return out
+
+    def _live_seq_count(self) -> int:
+        return sum(len(r.live_seqs) for r in self.running)
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Free all of the request's blocks and queue it first, to be recomputed."""
+        for seq in request.live_seqs:
+            if self.cache.has_sequence(seq.seq_id):
+                self.cache.free_sequence(seq.seq_id)
+            seq.num_cached = 0
+        # Safe: no device work is in flight while the scheduler runs (see the module docstring).
+        self.cache.release_fenced()
+        self.running.remove(request)
+        out.scheduled[:] = [s for s in out.scheduled if s.seq.request is not request]
+        request.phase = Phase.WAITING
+        request.preemptions += 1
+        self.waiting.appendleft(request)
+        out.preempted.append(request)

