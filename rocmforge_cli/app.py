@@ -33,6 +33,8 @@ from rocmforge_cli import devices as _devices  # noqa: E402
 app.command("devices")(_devices.devices_command)
 from rocmforge_cli import kernels_cmd as _kernels  # noqa: E402
 app.add_typer(_kernels.app, name="kernels")
+from rocmforge_cli import profile_kv as _profile_kv  # noqa: E402
+app.command("profile-kv")(_profile_kv.profile_kv_command)
 from rocmforge_cli import inspect as _inspect  # noqa: E402
 app.command("inspect")(_inspect.inspect_command)
 

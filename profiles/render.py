@@ -1,0 +1,111 @@
+"""Rich tables for profile-kv: a model's shape, the capacity table, the plan, and MemoryProfiles.
+
+Exact byte counts are printed where a reader will check them by hand (bytes per token and per
+block); large sizes are printed in binary units. Cells fold instead of being cut short, so a narrow
+terminal never hides a digit. JSON output (`to_dict()` of each result) carries exact integers.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from hipcore.kvcache import MemoryProfile
+from hipcore.runtime.ledger import format_bytes
+from profiles.kv_capacity import CapacityTable, KvPlan, bytes_per_token
+from profiles.presets import ModelShape
+
+
+def _int(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _bytes(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _table(title: str, columns: list[str], *, header: bool = True, text_columns: tuple[str, ...] = ()) -> Table:
+    """Columns named in text_columns (and the first) are left-aligned; the rest are numbers."""
+    t = Table(title=title, title_justify="left", show_header=header)
+    for i, name in enumerate(columns):
+        left = i == 0 or name in text_columns
+        t.add_column(name, justify="left" if left else "right", overflow="fold", style="bold" if i == 0 and not header else None)
+    return t
+
+
+def model_table(shape: ModelShape) -> Table:
+    t = _table(f"Model: {shape.name}", ["field", "value"], header=False, text_columns=("value",))
+    t.add_row("source", shape.source)
+    t.add_row("layers", _int(shape.n_layers))
+    t.add_row("heads (query / KV)", f"{shape.n_heads} / {shape.n_kv_heads}")
+    t.add_row("head dim", _int(shape.head_dim))
+    t.add_row("hidden / ffn", f"{shape.hidden_size:,} / {shape.ffn_size:,}")
+    t.add_row("vocabulary", _int(shape.vocab_size))
+    t.add_row("context length", _int(shape.context_length))
+    t.add_row("parameters", _int(shape.n_params))
+    if shape.weight_bytes is not None:
+        t.add_row("weights in the file", f"{format_bytes(shape.weight_bytes)} ({shape.weight_bytes:,} B, {shape.weight_type})")
+    return t
+
+
+def presets_table(shapes: list[ModelShape]) -> Table:
+    t = _table("Model presets (--preset NAME)",
+               ["preset", "layers", "heads", "KV heads", "head dim", "context", "parameters", "f16 KV B/token"])
+    for s in shapes:
+        t.add_row(s.name, _int(s.n_layers), _int(s.n_heads), _int(s.n_kv_heads), _int(s.head_dim),
+                  _int(s.context_length), _int(s.n_params), _int(bytes_per_token(s, "f16")))
+    return t
+
+
+def capacity_table(table: CapacityTable) -> Table:
+    source = f", {table.memory_source}" if table.memory_source else ""
+    notes = any(r.note for r in table.rows)
+    t = _table(f"KV capacity of {format_bytes(table.memory)} ({table.memory:,} B{source}); block 0 is reserved",
+               ["dtype", "block", "B/token", "B/block", "blocks", "tokens", f"seqs of {table.context:,}",
+                "mean waste/seq"] + (["note"] if notes else []), text_columns=("note",))
+    for r in table.rows:
+        t.add_row(r.dtype, _int(r.block_size), _int(r.bytes_per_token), _int(r.bytes_per_block), _int(r.usable_blocks),
+                  _int(r.tokens), _int(r.context_sequences), _bytes(r.mean_last_block_waste), *([r.note] if notes else []))
+    t.caption = "mean waste/seq: unused bytes of a last block, on average (block - 1) / 2 slots"
+    t.caption_justify = "left"
+    return t
+
+
+def plan_tables(plan: KvPlan) -> list[Table]:
+    budget = _table(f"Plan for {format_bytes(plan.memory)} of device memory", ["part", "size", "bytes", "how"],
+                    header=False, text_columns=("how",))
+    budget.add_row("device memory", format_bytes(plan.memory), _int(plan.memory), "")
+    budget.add_row("- weights", format_bytes(plan.weights), _int(plan.weights), plan.weights_source)
+    budget.add_row("- activations", format_bytes(plan.activations), _int(plan.activations),
+                   f"estimate: runner buffers for {plan.max_step_tokens:,} tokens/step, {plan.max_seqs} sequences")
+    budget.add_row("- margin", format_bytes(plan.margin), _int(plan.margin), "kept free for the driver")
+    budget.add_row("= KV budget", format_bytes(plan.kv_budget), _int(plan.kv_budget),
+                   "" if plan.kv_budget > 0 else "nothing left for the KV cache")
+    notes = any(r.note for r in plan.rows)
+    rows = _table(f"What fits: sequences of {plan.seq_len:,} tokens (context {plan.context:,}), blocks of {plan.block_size}",
+                  ["dtype", "B/token", "KV pool", "blocks", "tokens", "blocks/seq", "sequences"] + (["note"] if notes else []),
+                  text_columns=("note",))
+    for r in plan.rows:
+        rows.add_row(r.dtype, _int(r.bytes_per_token), _bytes(r.kv_bytes), _int(r.usable_blocks), _int(r.tokens),
+                     _int(r.blocks_per_sequence), _int(r.sequences), *([r.note] if notes else []))
+    return [budget, rows]
+
+
+def memory_profile_table(profile: MemoryProfile, title: str = "KV cache memory profile") -> Table:
+    """One MemoryProfile as a table (what engine workloads print after each run)."""
+    p = profile
+    t = _table(title, ["figure", "value", "detail"], header=False, text_columns=("detail",))
+    t.add_row("KV dtype / block size", f"{p.dtype} / {p.block_size}", f"{p.n_layers} layers x {p.n_kv_heads} KV heads x {p.head_dim}")
+    t.add_row("bytes per token", _int(p.bytes_per_token), "K + V, all layers")
+    t.add_row("pool bytes", format_bytes(p.pool_bytes_total),
+              f"used {format_bytes(p.pool_bytes_used)}, free {format_bytes(p.pool_bytes_free)}, "
+              f"pending {format_bytes(p.pool_bytes_pending)}, null block {format_bytes(p.pool_bytes_reserved)}")
+    t.add_row("blocks", _int(p.total_blocks),
+              f"physical {p.physical_blocks:,}, logical {p.logical_blocks:,}, free {p.free_blocks:,}, pending {p.pending_blocks:,}")
+    t.add_row("sequences / tokens", f"{p.active_sequences:,} / {p.total_tokens:,}", "")
+    t.add_row("fragmentation", f"{p.fragmentation_ratio:.1%}",
+              f"{p.allocated_slots - p.used_slots:,} of {p.allocated_slots:,} slots unused ({format_bytes(p.wasted_bytes)})")
+    t.add_row("sharing", _int(p.shared_blocks), f"shared blocks; {format_bytes(p.sharing_saved_bytes)} saved")
+    t.add_row("capacity", _int(p.capacity_tokens), "tokens that still fit (free blocks x block size)")
+    t.add_row("page tables", format_bytes(p.page_table_bytes), "int32 per table entry")
+    t.add_row("allocator", format_bytes(p.allocator_bytes), "free list, pending list, reference counts, sequences")
+    return t

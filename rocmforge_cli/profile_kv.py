@@ -1,0 +1,99 @@
+"""`rocmforge profile-kv`: KV cache bytes per token, capacity per dtype and block size, and --plan."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from hipcore.errors import UsageError
+from hipcore.kvcache import KV_DTYPES
+from hipcore.model.memory_plan import parse_memory_size
+from hipcore.runtime.device import pick_device
+from hipcore.runtime.ledger import format_bytes
+from profiles import render
+from profiles.kv_capacity import (
+    DEFAULT_BLOCK_SIZES, DEFAULT_MAX_SEQS, DEFAULT_MAX_STEP_TOKENS, WEIGHT_TYPES, capacity_table, plan_kv,
+)
+from profiles.presets import PRESETS, preset_names, resolve_shape
+from rocmforge_cli.common import handle_errors, stderr, stdout
+
+PRESET_LIST = ", ".join(preset_names())
+
+
+def device_free_memory(device_spec: str) -> tuple[int, str]:
+    """Free bytes of the device --device names, and a description of where the figure came from."""
+    choice = pick_device(device_spec)
+    try:
+        info = choice.device.memory_info()
+        where = f"free on {choice.device.backend}:{choice.device.index} {choice.device.name}"
+    finally:
+        choice.device.close()
+    stderr.print(f"memory budget: {format_bytes(info.free)} {where} (pass --memory to choose another)", markup=False)
+    return info.free, where
+
+
+def resolve_memory(memory: Optional[str], device_spec: str) -> tuple[int, str]:
+    if memory is None:
+        return device_free_memory(device_spec)
+    if memory.strip().endswith("%"):
+        free, where = device_free_memory(device_spec)
+        return parse_memory_size(memory, free), f"{memory.strip()} of {format_bytes(free)} {where}"
+    return parse_memory_size(memory, 0), f"--memory {memory.strip()}"
+
+
+@handle_errors
+def profile_kv_command(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="A GGUF model file: its shape is read from the file's metadata (no weights are loaded).", show_default=False)] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help=f"A named model shape instead of a file, one of: {PRESET_LIST}.", show_default=False)] = None,
+    list_presets: Annotated[bool, typer.Option("--list-presets", help="List the model presets with their shapes and exit.")] = False,
+    memory: Annotated[Optional[str], typer.Option("--memory", help="Memory to plan for, e.g. 8GiB, 512MiB, 24G, or 70% (of the device's free memory). Default: the free memory of --device.", show_default=False)] = None,
+    device: Annotated[str, typer.Option("--device", "-d", help="Device whose free memory is the default --memory: auto, hip, cuda or cpu (add :N for the N-th GPU).")] = "auto",
+    dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help=f"KV dtype to show; repeat for several. Default: all ({', '.join(KV_DTYPES)}).", show_default=False)] = None,
+    block_sizes: Annotated[Optional[list[int]], typer.Option("--block-size", help=f"Tokens per KV block; repeat for several. Default: {', '.join(map(str, DEFAULT_BLOCK_SIZES))} for the table, 16 for --plan.", show_default=False)] = None,
+    context: Annotated[Optional[int], typer.Option("--context", help="Context length to plan for (tokens). Default: the model's.", show_default=False)] = None,
+    plan: Annotated[bool, typer.Option("--plan", help="Say how many tokens, and sequences of --seq-len tokens, fit in --memory beside the weights and the activations, for each KV dtype.")] = False,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="With --plan: the length of each sequence (prompt + output). Default: the context length.", show_default=False)] = None,
+    weights_type: Annotated[Optional[str], typer.Option("--weights-type", help=f"With --plan: count the weights as every parameter in this type ({', '.join(WEIGHT_TYPES)}). Default: a file's real tensor bytes; F16 for a preset.", show_default=False)] = None,
+    max_step_tokens: Annotated[int, typer.Option("--max-step-tokens", help="With --plan: prompt tokens evaluated per step (sizes the activation buffers).")] = DEFAULT_MAX_STEP_TOKENS,
+    max_seqs: Annotated[int, typer.Option("--max-seqs", help="With --plan: sequences stepped together (sizes the activation buffers).")] = DEFAULT_MAX_SEQS,
+    as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON (exact integers) instead of tables.")] = False,
+) -> None:
+    """Show how much KV cache memory a model needs per token and how many tokens fit: for each KV
+    dtype (f16, bf16, f32, q8_0) and block size, for a model file (--model) or a named preset
+    (--preset). With --plan, subtract the weights and activations from a device memory size and say
+    how many tokens and sequences fit. Example: rocmforge profile-kv --preset Llama-2-70B --plan --memory 80GiB"""
+    if list_presets:
+        shapes = list(PRESETS.values())
+        if as_json:
+            print(json.dumps({"presets": [s.to_dict() for s in shapes]}, indent=2))
+        else:
+            stdout.print(render.presets_table(shapes))
+        return
+    shape = resolve_shape(model, preset)
+    dtypes = dtypes or list(KV_DTYPES)
+    if not plan:
+        for name, value in (("--seq-len", seq_len), ("--weights-type", weights_type)):
+            if value is not None:
+                raise UsageError(f"{name} only applies to --plan")
+    budget, source = resolve_memory(memory, device)
+    if plan:
+        if block_sizes and len(block_sizes) > 1:
+            raise UsageError("--plan takes one --block-size")
+        result = plan_kv(shape, budget, context=context, seq_len=seq_len, block_size=(block_sizes or [16])[0],
+                         weights_type=weights_type, max_step_tokens=max_step_tokens, max_seqs=max_seqs, dtypes=dtypes)
+        if as_json:
+            print(json.dumps({"model": shape.to_dict(), "plan": result.to_dict()}, indent=2))
+            return
+        stdout.print(render.model_table(shape))
+        for table in render.plan_tables(result):
+            stdout.print(table)
+        return
+    table = capacity_table(shape, budget, memory_source=source, context=context, dtypes=dtypes,
+                           block_sizes=block_sizes or DEFAULT_BLOCK_SIZES)
+    if as_json:
+        print(json.dumps({"model": shape.to_dict(), "capacity": table.to_dict()}, indent=2))
+        return
+    stdout.print(render.model_table(shape))
+    stdout.print(render.capacity_table(table))
