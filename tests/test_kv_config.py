@@ -23,7 +23,7 @@ def test_sizes_follow_from_the_shape(dtype, row_bytes):
 
 def test_q8_0_is_34_bytes_per_32_elements():
     fmt = kv_dtype("Q8_0")
-    assert fmt.row_bytes(64) == 68 and fmt.bits_per_element() == 8.5
+    assert fmt.row_bytes(64) == 68 and (fmt.block_elems, fmt.block_bytes) == (32, 34)
 
 
 def test_for_memory_takes_the_largest_cache_that_fits():

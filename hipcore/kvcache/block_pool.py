@@ -46,10 +46,6 @@ class BlockPool:
     def num_usable(self) -> int:
         return self.num_blocks - RESERVED_BLOCKS
 
-    @property
-    def num_referenced(self) -> int:
-        return self.num_usable - self.num_free - self.num_pending
-
     def refcount(self, block: int) -> int:
         self._check_id(block, "refcount")
         return self._refcount[block]

@@ -41,9 +41,6 @@ class KvDtype:
             )
         return head_dim // self.block_elems * self.block_bytes
 
-    def bits_per_element(self) -> float:
-        return 8 * self.block_bytes / self.block_elems
-
     def encode(self, rows: np.ndarray) -> np.ndarray:
         """float32 [..., head_dim] -> uint8 [..., row_bytes]: the bytes this format stores."""
         rows = np.ascontiguousarray(rows, dtype=np.float32)
