@@ -29,6 +29,8 @@ def _global_options(
 
 
 # Commands register here, one line each.
+from rocmforge_cli import generate as _generate  # noqa: E402
+app.command("generate")(_generate.generate)
 from rocmforge_cli import devices as _devices  # noqa: E402
 app.command("devices")(_devices.devices_command)
 from rocmforge_cli import kernels_cmd as _kernels  # noqa: E402
