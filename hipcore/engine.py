@@ -204,6 +204,7 @@ class Engine:
                 if message:
                     events += self._end_request(request, Ending.REJECTED, message)
                 else:
+                    request.seqs.append(self._new_sequence(request, list(request.prompt_ids)))
                     self.scheduler.add(request)
             else:
                 request = self._active.get(item)  # type: ignore[arg-type]
@@ -217,17 +218,23 @@ class Engine:
         return max(1, min(request.params.max_tokens, self.max_context - len(request.prompt_ids)))
 
     def _never_fits(self, request: Request) -> str | None:
+        """Why the request could never run, even alone in the engine (None if it can)."""
+        n = request.params.n
+        if n > self.scheduler.max_seqs:
+            return (
+                f"request {request.request_id} asks for {n} parallel samples but a step holds at most "
+                f"{self.scheduler.max_seqs} sequences; lower n or raise max_seqs"
+            )
         need = self.scheduler.blocks_needed_alone(request, self._max_new_tokens(request))
-        have = self.cache.config.num_blocks - 1
+        have = self.cache.num_usable_blocks
         if need > have:
             bs = self.cache.config.block_size
+            samples = f"{n} samples x " if n > 1 else ""
             return (
-                f"request {request.request_id} needs {need} KV blocks ({len(request.prompt_ids)} prompt tokens + "
-                f"up to {self._max_new_tokens(request)} new, {bs} tokens per block) but the pool has only {have}; "
+                f"request {request.request_id} needs {need} KV blocks ({samples}{len(request.prompt_ids)} prompt tokens "
+                f"+ up to {self._max_new_tokens(request)} new, {bs} tokens per block) but the pool has only {have}; "
                 "give the KV cache more memory (--kv-blocks / --kv-memory) or lower --max-tokens"
             )
-        if not request.seqs:
-            request.seqs.append(self._new_sequence(request, list(request.prompt_ids)))
         return None
 
     def _new_sequence(self, request: Request, tokens: list[int]) -> Sequence:

@@ -9,8 +9,15 @@ Policy, as in vLLM's default scheduler:
   (its prompt plus what it generated) when there is room. Its output is unchanged by this.
 - Waiting requests are admitted first-come first-served while the budget, the sequence limit and a
   small reserve of free blocks allow. No admission in a step that had to preempt.
-- A request that could never fit (its prompt plus max tokens need more blocks than the pool has)
-  is rejected with the numbers, never left waiting forever.
+- A request that could never fit (its prompt plus max tokens need more blocks than the pool has,
+  or it has more parallel samples than a step may hold) is rejected with the numbers, never left
+  waiting forever. "Could fit" is judged as if each sample held its own blocks: a preempted request
+  recomputes each sample separately (their generated tokens differ), so the prompt blocks its
+  samples shared may not be shared again, and a request that fits only through sharing could
+  otherwise wait forever after a preemption.
+- An engine with nothing running admits the queue's head whenever its first chunk fits, without
+  the reserve: the reserve keeps running requests from being preempted at once, and an idle engine
+  has none (a request that needs the whole pool would otherwise never start).
 
 schedule() must only run while no device work of an earlier step is in flight: blocks freed by a
 preemption are then safe to hand out again at once (the step fence of the KV cache).
@@ -78,12 +85,19 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def blocks_needed_alone(self, request: Request, max_new_tokens: int) -> int:
-        """Blocks the request needs with the pool to itself: shared prompt blocks + each sample's own."""
-        bs = self.cache.config.block_size
+        """Blocks the request needs with the pool to itself, each sample holding its own (see the
+        module docstring). The K/V of prompt + max_new_tokens - 1 tokens is cached: the last
+        sampled token ends the sequence before it is ever computed."""
         n = max(1, getattr(request.params, "n", 1))
-        total = len(request.prompt_ids) + max_new_tokens
-        shared_full = len(request.prompt_ids) // bs if n > 1 else 0
-        return shared_full + n * (blocks_for(total, bs) - shared_full)
+        cached = len(request.prompt_ids) + max_new_tokens - 1
+        return n * blocks_for(cached, self.cache.config.block_size)
+
+    @staticmethod
+    def seq_demand(request: Request) -> int:
+        """Sequences the request will step at once: its live samples, or n before its prompt forks."""
+        if len(request.seqs) <= 1:
+            return max(1, getattr(request.params, "n", 1))
+        return len(request.live_seqs)
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -120,7 +134,7 @@ class Scheduler:
         while self.waiting and budget > 0:
             request = self.waiting[0]
             seqs = request.live_seqs
-            if self._live_seq_count() + len(seqs) > self.max_seqs:
+            if self._live_seq_count() + self.seq_demand(request) > self.max_seqs:
                 break
             chunks = []
             need_blocks = 0
@@ -132,7 +146,8 @@ class Scheduler:
                 chunks.append((seq, n))
                 need_blocks += blocks_for(n, self.cache.config.block_size)
                 room -= n
-            if not chunks or self.cache.num_free_blocks - need_blocks < self.watermark:
+            floor = self.watermark if self.running else 0
+            if not chunks or self.cache.num_free_blocks - need_blocks < floor:
                 break
             for seq, n in chunks:
                 self.cache.add_sequence(seq.seq_id)
@@ -142,6 +157,10 @@ class Scheduler:
                             self.cache.free_sequence(s.seq_id)
                     self.cache.release_fenced()
                     return out
+            # Samples of a preempted request that got no room in this step's budget join with an
+            # empty table; the running loop gives them tokens from the next step on.
+            for seq in seqs[len(chunks):]:
+                self.cache.add_sequence(seq.seq_id)
             self.waiting.popleft()
             self.running.append(request)
             request.phase = Phase.PROMPT
@@ -151,7 +170,7 @@ class Scheduler:
         return out
 
     def _live_seq_count(self) -> int:
-        return sum(len(r.live_seqs) for r in self.running)
+        return sum(self.seq_demand(r) for r in self.running)
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Free all of the request's blocks and queue it first, to be recomputed."""
