@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipcore.ops import add, argmax, matvec, rmsnorm, rope, silu_mul
+from hipcore.ops import add, argmax, fused_matvec, matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.launch_checks import elementwise_grid, row_block
 from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir
 from weight_samples import random_weights
@@ -27,7 +27,7 @@ from weight_samples import random_weights
 U32 = 2.0**-24
 EMULATION = Path(__file__).parent / "kernel_emulation"
 NEUTRAL_MARKER = "// Vendor-neutral from here on"
-OPS = ("add", "argmax", "matvec", "rmsnorm", "rope", "silu_mul")
+OPS = ("add", "argmax", "fused_matvec", "matvec", "rmsnorm", "rope", "silu_mul")
 ARCH_FOR_WARP = {32: "sm_90", 64: "gfx942"}  # what the launchers size grids for
 
 
@@ -154,3 +154,115 @@ def test_silu_mul_and_add(harnesses, warp, tmp_path):
             assert np.all(np.abs(np.fromfile(tmp_path / "o", np.float32) - want) <= 6 * U32 * np.abs(want) + 1e-30)
             run(harnesses, warp, "add_f32", g, block, n, tmp_path / "a", tmp_path / "b", tmp_path / "o")
             assert np.array_equal(np.fromfile(tmp_path / "o", np.float32), add.reference(gate, up))
+
+
+# ---- fused_matvec.hip: the single ops' chains folded into the products ---------------------------
+
+
+def matvec_bound(raw, weight_type, xs, rows, cols):
+    """The matvec rounding bound of the product xs @ W^T (float64 [batch, rows])."""
+    w_abs = np.abs(matvec.dequantize_rows(raw.reshape(rows, -1), weight_type, cols, np.float64))
+    return (cols + 8) * U32 * (np.abs(xs) @ w_abs.T) + 1e-30
+
+
+def normed(x, g, eps=1e-5):
+    return rmsnorm.reference(x, g, eps)
+
+
+def write(tmp_path, **arrays):
+    for name, array in arrays.items():
+        np.ascontiguousarray(array).tofile(tmp_path / name)
+    return [tmp_path / name for name in arrays]
+
+
+@pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
+def test_fused_norm_rope(harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), 1])
+    # (q heads, kv heads, head_dim, rope_dim, cols, batch): one and several passes over W, partial rope.
+    # The emulation costs a host thread per GPU thread: every format gets one case, the demo model's
+    # format (q4_1) the rest.
+    cases = [(1, 1, 16, 8, 64, 2), (2, 1, 32, 16, 96, 5), (3, 1, 64, 64, 64, 1), (1, 1, 16, 16, 576, 2)]
+    for q_heads, kv_heads, head_dim, rope_dim, cols, batch in cases if weight_type == "q4_1" else cases[:1]:
+        q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
+        rows = q_rows + 2 * kv_rows
+        raw = random_weights(rng, weight_type, rows, cols)
+        x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
+        g = rng.standard_normal(cols).astype(np.float32)
+        positions = rng.integers(0, 4096, batch).astype(np.int32)
+        files = write(tmp_path, w=raw, x=x, g=g, p=positions)
+        want = fused_matvec.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols,
+                                                head_dim, rope_dim, 10000.0, 0.5)
+        # Product bound on the unrotated values; a rotation mixes a pair and adds its own rounding.
+        bound = matvec_bound(raw, weight_type, normed(x, g) * 1.0, rows, cols) * 2
+        angle = rope.angles(positions, rope_dim, 10000.0, 0.5)  # [batch, rope_dim / 2]
+        unrotated = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
+        grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], rows // 2)
+        for gsize in sorted({min(grid, 4), 1}):
+            run(harnesses, warp, f"matvec_norm_rope_{weight_type}", gsize, block, q_rows, kv_rows, cols, batch,
+                head_dim, rope_dim, 1e-5, 10000.0, 0.5, *files, tmp_path / "o")
+            got = np.fromfile(tmp_path / "o", np.float32)
+            parts = np.split(got, [batch * q_rows, batch * (q_rows + kv_rows)])
+            for part, ref, lo, width in zip(parts, want, (0, q_rows, q_rows + kv_rows), (q_rows, kv_rows, kv_rows)):
+                part = part.reshape(batch, width)
+                pair_bound = bound[:, lo:lo + width].reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+                pair_size = np.abs(unrotated[:, lo:lo + width]).reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+                if lo < q_rows + kv_rows:  # rotated heads: add rope's own rounding
+                    per_head = np.zeros((batch, head_dim))
+                    per_head[:, :rope_dim] = (32 * U32 * angle + 8 * U32).repeat(2, -1)
+                    tol = pair_bound + pair_size * np.tile(per_head, width // head_dim)
+                else:
+                    tol = bound[:, lo:lo + width]
+                assert np.all(np.abs(part - ref) <= tol), f"{weight_type} rows {lo}.. batch {batch} grid {gsize}"
+
+
+@pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
+def test_fused_norm_and_norm_swiglu(harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), 2])
+    cases = [(7, 32, 5), (33, 96, 1), (20, 576, 2), (9, 64, 9)]
+    for rows, cols, batch in cases if weight_type == "q4_1" else cases[:1]:
+        x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
+        g = rng.standard_normal(cols).astype(np.float32)
+        n = normed(x, g)
+        # y = rmsnorm(x) g W^T over `rows` rows (odd counts: a half-full last pair)
+        raw = random_weights(rng, weight_type, rows, cols)
+        files = write(tmp_path, w=raw, x=x, g=g)
+        grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], -(-rows // 2))
+        want = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
+        tol = 2 * matvec_bound(raw, weight_type, n, rows, cols)
+        for gsize in sorted({min(grid, 4), 1}):
+            run(harnesses, warp, f"matvec_norm_{weight_type}", gsize, block, rows, cols, batch, 1e-5, *files, tmp_path / "o")
+            got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+            assert np.all(np.abs(got - want) <= tol), f"norm {rows}x{cols} batch {batch} grid {gsize}"
+        # silu(n W_gate^T) * (n W_up^T), W = [gate; up]
+        raw = random_weights(rng, weight_type, 2 * rows, cols)
+        files = write(tmp_path, w=raw, x=x, g=g)
+        both = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, 2 * rows, cols)
+        err = 2 * matvec_bound(raw, weight_type, n, 2 * rows, cols)
+        gate, up = both[:, :rows], both[:, rows:]
+        want = fused_matvec.reference_norm_swiglu(raw, weight_type, x, g, 1e-5, rows, cols)
+        tol = 1.1 * np.abs(up) * err[:, :rows] + np.abs(silu_mul.reference(gate, 1.0)) * err[:, rows:] \
+            + 6 * U32 * np.abs(want) + 1e-30
+        grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], rows)
+        for gsize in sorted({min(grid, 4), 1}):
+            run(harnesses, warp, f"matvec_norm_swiglu_{weight_type}", gsize, block, rows, cols, batch, 1e-5, *files,
+                tmp_path / "o")
+            got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+            assert np.all(np.abs(got - want) <= tol), f"swiglu {rows}x{cols} batch {batch} grid {gsize}"
+
+
+@pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
+def test_fused_add(harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), 3])
+    cases = [(7, 64, 6), (33, 32, 1), (6, 1536, 1)]
+    for rows, cols, batch in cases if weight_type == "q4_1" else cases[:1]:
+        raw = random_weights(rng, weight_type, rows, cols)
+        x = rng.standard_normal((batch, cols)).astype(np.float32)
+        y = rng.standard_normal((batch, rows)).astype(np.float32)
+        files = write(tmp_path, w=raw, x=x, y=y)
+        want = fused_matvec.reference_add(raw, weight_type, x, y, rows, cols)
+        tol = matvec_bound(raw, weight_type, x, rows, cols) + 2 * U32 * np.abs(want)
+        grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], -(-rows // 2))
+        for gsize in sorted({min(grid, 4), 1}):
+            run(harnesses, warp, f"matvec_add_{weight_type}", gsize, block, rows, cols, batch, *files, tmp_path / "o")
+            got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+            assert np.all(np.abs(got - want) <= tol), f"add {rows}x{cols} batch {batch} grid {gsize}"

@@ -8,6 +8,7 @@
 
 #include "add.hip"
 #include "argmax.hip"
+#include "fused_matvec.hip"
 #include "matvec.hip"
 #include "rmsnorm.hip"
 #include "rope.hip"
@@ -32,11 +33,69 @@ static void write_file(const char* path, const void* p, size_t n) {
 
 static std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, std::nanf("")); }
 
+// The fused_matvec.hip entry of a family for a weight-type suffix ("q4_1" ...).
+template <class Fn>
+static Fn by_type(const std::string& type, Fn q4_1, Fn q8_0, Fn f16, Fn f32) {
+  if (type == "q4_1") return q4_1;
+  if (type == "q8_0") return q8_0;
+  if (type == "f16") return f16;
+  if (type == "f32") return f32;
+  std::exit(2);
+}
+
+// fused_matvec.hip; true when `entry` was one of its kernels.
+static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned block, char** a) {
+  auto suffix = [&](const char* family) { return entry.substr(std::string(family).size()); };
+  if (entry.rfind("matvec_norm_rope_", 0) == 0) {
+    // q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale W x g positions out (q|k|v per batch row set)
+    const int q_rows = std::atoi(a[0]), kv_rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
+    const int head_dim = std::atoi(a[4]), rope_dim = std::atoi(a[5]);
+    const float eps = std::strtof(a[6], nullptr), theta = std::strtof(a[7], nullptr), scale = std::strtof(a[8], nullptr);
+    std::vector<char> w = read_file(a[9]), x = read_file(a[10]), g = read_file(a[11]), pos = read_file(a[12]);
+    std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
+                       v = nan_filled((size_t)batch * kv_rows);
+    auto kernel = by_type(suffix("matvec_norm_rope_"), matvec_norm_rope_q4_1, matvec_norm_rope_q8_0, matvec_norm_rope_f16,
+                          matvec_norm_rope_f32);
+    emu_launch(grid, block, [&] {
+      kernel(q.data(), k.data(), v.data(), w.data(), (const float*)x.data(), (const float*)g.data(),
+             (const int*)pos.data(), q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, scale);
+    });
+    q.insert(q.end(), k.begin(), k.end());
+    q.insert(q.end(), v.begin(), v.end());
+    write_file(a[13], q.data(), q.size() * 4);
+  } else if (entry.rfind("matvec_norm_swiglu_", 0) == 0 || entry.rfind("matvec_norm_", 0) == 0) {
+    // rows cols batch eps W x g out
+    const bool swiglu = entry.rfind("matvec_norm_swiglu_", 0) == 0;
+    const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
+    const float eps = std::strtof(a[3], nullptr);
+    std::vector<char> w = read_file(a[4]), x = read_file(a[5]), g = read_file(a[6]);
+    std::vector<float> y = nan_filled((size_t)rows * batch);
+    auto kernel = swiglu ? by_type(suffix("matvec_norm_swiglu_"), matvec_norm_swiglu_q4_1, matvec_norm_swiglu_q8_0,
+                                   matvec_norm_swiglu_f16, matvec_norm_swiglu_f32)
+                         : by_type(suffix("matvec_norm_"), matvec_norm_q4_1, matvec_norm_q8_0, matvec_norm_f16,
+                                   matvec_norm_f32);
+    emu_launch(grid, block, [&] {
+      kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), rows, cols, batch, eps);
+    });
+    write_file(a[7], y.data(), y.size() * 4);
+  } else if (entry.rfind("matvec_add_", 0) == 0) {  // rows cols batch W x y_in out
+    const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
+    std::vector<char> w = read_file(a[3]), x = read_file(a[4]), y = read_file(a[5]);
+    auto kernel = by_type(suffix("matvec_add_"), matvec_add_q4_1, matvec_add_q8_0, matvec_add_f16, matvec_add_f32);
+    emu_launch(grid, block, [&] { kernel((float*)y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
+    write_file(a[6], y.data(), y.size());
+  } else {
+    return false;
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) return 2;
   const std::string entry = argv[1];
   const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
   char** a = argv + 4;
+  if (run_fused_matvec(entry, grid, block, a)) return 0;
   if (entry.rfind("matvec_", 0) == 0) {  // rows cols batch W x y
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
     std::vector<char> w = read_file(a[3]), x = read_file(a[4]);

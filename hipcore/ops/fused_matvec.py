@@ -1,0 +1,211 @@
+"""fused_matvec: matrix-vector products with the layer's small ops folded in (the decode path).
+
+Kernels (kernels/fused_matvec.hip), for W of type q4_1, q8_0, f16 or f32 in its GGUF block layout:
+
+  matvec_norm_rope_<t>(q p, k p, v p, W p, x p, g p, positions p, q_rows i, kv_rows i, cols i, batch i,
+                       head_dim i, rope_dim i, eps f, theta f, freq_scale f)
+      [q | k | v] = rmsnorm(x) * g @ W^T, RoPE (NORM mode) on q and k at each batch row's position,
+      W = [W_q; W_k; W_v] ([q_rows + 2 kv_rows, cols]); q [batch, q_rows], k and v [batch, kv_rows]
+  matvec_norm_swiglu_<t>(y p, W p, x p, g p, rows i, cols i, batch i, eps f)
+      y = silu(n @ W_gate^T) * (n @ W_up^T), n = rmsnorm(x) * g, W = [W_gate; W_up] ([2 rows, cols])
+  matvec_add_<t>(y p, W p, x p, rows i, cols i, batch i)
+      y += x @ W^T (the residual connection)
+  matvec_norm_<t>(y p, W p, x p, g p, rows i, cols i, batch i, eps f)
+      y = rmsnorm(x) * g @ W^T (the output head)
+
+x is float32 [batch, cols], g float32 [cols]. Each replaces a chain of the single ops (rmsnorm,
+matvec, rope, silu_mul, add) and equals that chain up to float32 rounding: the references below are
+those chains, computed in float64. Geometry: a warp takes two rows of W at a time; 256-thread blocks
+for large matrices, 64-thread ones below BIG_MATRIX_ROW_GROUPS pairs (as matvec.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hipcore.ops import rmsnorm, rope, silu_mul
+from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
+from hipcore.ops.matvec import WEIGHT_ALIGNMENT, dequantize_rows, row_bytes
+from hipcore.runtime.cpu import CpuDevice, cpu_kernel
+from hipcore.runtime.device import Device, Dim3, Stream
+from hipcore.runtime.kernels import get_kernel, wavefront_size
+
+OP = "fused_matvec"
+WEIGHT_TYPES = ("q4_1", "q8_0", "f16", "f32")
+SIGNATURES = {
+    "matvec_norm_rope": "pppppppiiiiiifff",
+    "matvec_norm_swiglu": "ppppiiif",
+    "matvec_add": "pppiii",
+    "matvec_norm": "ppppiiif",
+}
+BIG_MATRIX_ROW_GROUPS = 4096
+VECTOR_ALIGNMENT = 16  # x and g are read with 16-byte loads
+HOST_ROWS_PER_CHUNK = 4096
+
+
+def supports(weight_type: str) -> bool:
+    """True when the fused kernels read matrices of this type (others take the single ops)."""
+    return weight_type in WEIGHT_TYPES
+
+
+# ---- references (float64 chains of the single ops) ----------------------------------------------
+
+
+def _weights(w_raw: np.ndarray, weight_type: str, rows: int, cols: int) -> np.ndarray:
+    raw = np.ascontiguousarray(w_raw, dtype=np.uint8).reshape(rows, row_bytes(weight_type, cols))
+    return dequantize_rows(raw, weight_type, cols, np.float64)
+
+
+def reference_norm(w_raw, weight_type, x, g, eps, rows, cols) -> np.ndarray:
+    """float64 [batch, rows] = rmsnorm(x) * g @ W^T."""
+    n = rmsnorm.reference(np.asarray(x, dtype=np.float32).reshape(-1, cols), g, eps)
+    return n @ _weights(w_raw, weight_type, rows, cols).T
+
+
+def reference_norm_rope(w_raw, weight_type, x, g, eps, positions, q_rows, kv_rows, cols, head_dim, rope_dim, theta,
+                        freq_scale) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 (q [batch, q_rows], k [batch, kv_rows], v [batch, kv_rows])."""
+    y = reference_norm(w_raw, weight_type, x, g, eps, q_rows + 2 * kv_rows, cols)
+    batch = y.shape[0]
+    q = rope.reference(y[:, :q_rows].reshape(batch, -1, head_dim), positions, rope_dim, theta, freq_scale)
+    k = rope.reference(y[:, q_rows:q_rows + kv_rows].reshape(batch, -1, head_dim), positions, rope_dim, theta, freq_scale)
+    return q.reshape(batch, q_rows), k.reshape(batch, kv_rows), y[:, q_rows + kv_rows:]
+
+
+def reference_norm_swiglu(w_raw, weight_type, x, g, eps, rows, cols) -> np.ndarray:
+    """float64 [batch, rows] = silu(n @ W_gate^T) * (n @ W_up^T)."""
+    y = reference_norm(w_raw, weight_type, x, g, eps, 2 * rows, cols)
+    return silu_mul.reference(y[:, :rows], y[:, rows:])
+
+
+def reference_add(w_raw, weight_type, x, y, rows, cols) -> np.ndarray:
+    """float64 [batch, rows] = y + x @ W^T."""
+    xs = np.asarray(x, dtype=np.float64).reshape(-1, cols)
+    return np.asarray(y, dtype=np.float64).reshape(-1, rows) + xs @ _weights(w_raw, weight_type, rows, cols).T
+
+
+# ---- host kernels (the cpu backend): float32 BLAS products, float64 where the references are ------
+
+
+def _product(dev: CpuDevice, w: int, weight_type: str, xs: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """float32 [batch, rows] = xs @ W^T, W decoded a chunk of rows at a time."""
+    raw = dev.view(w, np.uint8, (rows, row_bytes(weight_type, cols)))
+    if weight_type == "f32":
+        return xs @ raw.view(np.float32).T
+    out = np.empty((xs.shape[0], rows), dtype=np.float32)
+    for start in range(0, rows, HOST_ROWS_PER_CHUNK):
+        chunk = dequantize_rows(raw[start:start + HOST_ROWS_PER_CHUNK], weight_type, cols)
+        out[:, start:start + chunk.shape[0]] = xs @ chunk.T
+    return out
+
+
+def _normed(dev: CpuDevice, x: int, g: int, batch: int, cols: int, eps: float) -> np.ndarray:
+    return rmsnorm.reference(dev.view(x, np.float32, (batch, cols)), dev.view(g, np.float32, cols), eps).astype(np.float32)
+
+
+def _register(weight_type: str) -> None:
+    @cpu_kernel(f"matvec_norm_rope_{weight_type}", SIGNATURES["matvec_norm_rope"])
+    def norm_rope(dev, grid, block, q, k, v, w, x, g, positions, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps,
+                  theta, freq_scale):
+        y = _product(dev, w, weight_type, _normed(dev, x, g, batch, cols, eps), q_rows + 2 * kv_rows, cols)
+        pos = dev.view(positions, np.int32, batch)
+        for out, lo, hi, rotate in ((q, 0, q_rows, True), (k, q_rows, q_rows + kv_rows, True),
+                                    (v, q_rows + kv_rows, q_rows + 2 * kv_rows, False)):
+            part = y[:, lo:hi]
+            if rotate:
+                part = rope.reference(part.reshape(batch, -1, head_dim), pos, rope_dim, theta, freq_scale).reshape(batch, -1)
+            dev.view(out, np.float32, (batch, hi - lo))[:] = part
+
+    @cpu_kernel(f"matvec_norm_swiglu_{weight_type}", SIGNATURES["matvec_norm_swiglu"])
+    def norm_swiglu(dev, grid, block, y, w, x, g, rows, cols, batch, eps):
+        both = _product(dev, w, weight_type, _normed(dev, x, g, batch, cols, eps), 2 * rows, cols)
+        dev.view(y, np.float32, (batch, rows))[:] = silu_mul.reference(both[:, :rows], both[:, rows:])
+
+    @cpu_kernel(f"matvec_add_{weight_type}", SIGNATURES["matvec_add"])
+    def add(dev, grid, block, y, w, x, rows, cols, batch):
+        dev.view(y, np.float32, (batch, rows))[:] += _product(dev, w, weight_type, dev.view(x, np.float32, (batch, cols)),
+                                                              rows, cols)
+
+    @cpu_kernel(f"matvec_norm_{weight_type}", SIGNATURES["matvec_norm"])
+    def norm(dev, grid, block, y, w, x, g, rows, cols, batch, eps):
+        dev.view(y, np.float32, (batch, rows))[:] = _product(dev, w, weight_type, _normed(dev, x, g, batch, cols, eps),
+                                                             rows, cols)
+
+
+for _type in WEIGHT_TYPES:
+    _register(_type)
+
+
+# ---- launchers ---------------------------------------------------------------------------------
+
+
+def geometry(arch: str, groups: int) -> tuple[int, int]:
+    """(grid, block) for `groups` row pairs on a device of architecture `arch`."""
+    threads = 256 if groups >= BIG_MATRIX_ROW_GROUPS else 64
+    warps_per_block = max(1, threads // wavefront_size(arch))
+    return -(-groups // warps_per_block), threads
+
+
+def _check_matrix(op: str, w: Any, weight_type: str, rows: int, cols: int, batch: int, x: Any, g: Any | None) -> None:
+    if weight_type not in WEIGHT_TYPES:
+        raise ValueError(f"{op}: no fused kernel for weight type {weight_type!r}; have {', '.join(WEIGHT_TYPES)}")
+    check_sizes(op, rows=rows, cols=cols, batch=batch)
+    if cols % 32:
+        raise ValueError(f"{op}: cols must be a multiple of 32 (the GGUF block size), got {cols}")
+    check_memory(op, "W", w, rows * row_bytes(weight_type, cols), WEIGHT_ALIGNMENT[weight_type])
+    check_memory(op, "x", x, batch * cols * 4, VECTOR_ALIGNMENT)
+    if g is not None:
+        check_memory(op, "g", g, cols * 4, VECTOR_ALIGNMENT)
+
+
+def _launch(device: Device, stream: Stream | None, entry: str, weight_type: str, groups: int, args: tuple) -> None:
+    grid, block = geometry(device.arch, groups)
+    kernel = get_kernel(device, OP, f"{entry}_{weight_type}", SIGNATURES[entry])
+    kernel.launch(grid, block, args, stream=stream)
+
+
+def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, w: Any, x: Any, g: Any,
+                     positions: Any, *, q_rows: int, kv_rows: int, cols: int, batch: int, head_dim: int, rope_dim: int,
+                     eps: float, theta: float, freq_scale: float, weight_type: str) -> None:
+    op = f"matvec_norm_rope_{weight_type}"
+    rows = q_rows + 2 * kv_rows
+    _check_matrix(op, w, weight_type, rows, cols, batch, x, g)
+    check_sizes(op, head_dim=head_dim, rope_dim=rope_dim, kv_rows=kv_rows)
+    if head_dim % 2 or rope_dim % 2 or rope_dim > head_dim or q_rows % head_dim or kv_rows % head_dim:
+        raise ValueError(f"{op}: q_rows {q_rows} and kv_rows {kv_rows} must be whole heads of an even head_dim "
+                         f"{head_dim}, rope_dim {rope_dim} even and at most head_dim")
+    for name, out, width in (("q", q, q_rows), ("k", k, kv_rows), ("v", v, kv_rows)):
+        check_memory(op, name, out, batch * width * 4)
+        check_disjoint(op, (name, out, batch * width * 4), ("x", x, batch * cols * 4))
+    check_memory(op, "positions", positions, batch * 4)
+    _launch(device, stream, "matvec_norm_rope", weight_type, -(-rows // 2),
+            (q, k, v, w, x, g, positions, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
+
+
+def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,
+                       batch: int, eps: float, weight_type: str) -> None:
+    op = f"matvec_norm_swiglu_{weight_type}"
+    _check_matrix(op, w, weight_type, 2 * rows, cols, batch, x, g)
+    check_memory(op, "y", y, batch * rows * 4)
+    check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
+    _launch(device, stream, "matvec_norm_swiglu", weight_type, rows, (y, w, x, g, rows, cols, batch, eps))
+
+
+def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *, rows: int, cols: int, batch: int,
+               weight_type: str) -> None:
+    op = f"matvec_add_{weight_type}"
+    _check_matrix(op, w, weight_type, rows, cols, batch, x, None)
+    check_memory(op, "y", y, batch * rows * 4)
+    check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
+    _launch(device, stream, "matvec_add", weight_type, -(-rows // 2), (y, w, x, rows, cols, batch))
+
+
+def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,
+                batch: int, eps: float, weight_type: str) -> None:
+    op = f"matvec_norm_{weight_type}"
+    _check_matrix(op, w, weight_type, rows, cols, batch, x, g)
+    check_memory(op, "y", y, batch * rows * 4)
+    check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
+    _launch(device, stream, "matvec_norm", weight_type, -(-rows // 2), (y, w, x, g, rows, cols, batch, eps))
