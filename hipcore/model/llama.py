@@ -79,11 +79,13 @@ class LlamaRunner:
         for name, arr in (("token_ids", batch.token_ids), ("positions", batch.positions), ("slots", batch.slot_mapping),
                           ("token_seq", batch.token_seq_index()), ("sample_rows", batch.sample_rows),
                           ("block_tables", tables)):
-            b[name].upload(np.ascontiguousarray(arr, dtype=np.int32), stream=self.stream)
+            if arr.size:  # no sample rows when every sequence of the step is mid-prompt
+                b[name].upload(np.ascontiguousarray(arr, dtype=np.int32), stream=self.stream)
         self.forward(t, r)
         logits = np.empty((r, self.config.vocab_size), dtype=np.float32)
         self.stream.synchronize()
-        self.device.copy_device_to_host(logits, b["logits"])
+        if r:
+            self.device.copy_device_to_host(logits, b["logits"])
         return logits
 
     def forward(self, t: int, r: int) -> None:
@@ -114,6 +116,8 @@ class LlamaRunner:
             silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)
             matvec.launch(dev, st, b["proj"], lw.ffn_down.buffer, b["gate"], h, f, t, weight_type=lw.ffn_down.fmt)
             add.launch(dev, st, b["x"], b["x"], b["proj"], t * h)
+        if r == 0:  # a step of prompt chunks only: nothing samples, so no logits are computed
+            return
         select_rows.launch(dev, st, b["rows"], b["x"], b["sample_rows"], r, h, t)
         rmsnorm.launch(dev, st, b["rows"], b["rows"], w.output_norm.buffer, r, h, cfg.rms_norm_eps)
         matvec.launch(dev, st, b["logits"], w.output.buffer, b["rows"], cfg.vocab_size, h, r, weight_type=w.output.fmt)
