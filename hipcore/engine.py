@@ -95,6 +95,8 @@ class Engine:
                 "shorten the prompt or raise --ctx-size"
             )
         with self._lock:
+            if self._closed:  # checked again under the lock: shutdown() may have run meanwhile
+                raise UsageError("the engine is shut down")
             rid = next(self._request_ids)
             request = Request(rid, list(ids), params, arrival=rid, tag=tag)
             self._active[rid] = request
@@ -181,7 +183,8 @@ class Engine:
     def shutdown(self, ending: Ending = Ending.DROPPED) -> list[Event]:
         """End every request still queued or running (through the release path) and refuse new ones."""
         with self._step_lock:
-            self._closed = True
+            with self._lock:  # after this, no submit() can reach the inbox: the drain below sees every request
+                self._closed = True
             events = self._drain_inbox()
             for request in list(self.scheduler.running) + list(self.scheduler.waiting):
                 events += self._end_request(request, ending, "the engine shut down before it finished")

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 from gguf_factory import write_tiny_llama
@@ -77,3 +78,24 @@ def assert_quiescent(model: LoadedModel, kv_bytes_before: int) -> None:
     assert model.engine.active_count == 0
     assert not model.engine.scheduler.running and not model.engine.scheduler.waiting
     assert not model.engine.has_work()
+
+
+def count_releases(model: LoadedModel) -> collections.Counter:
+    """Count the KV cache's free_sequence calls per sequence id from now on (the release path's
+    only way to give blocks back), so a test can say "released exactly once"."""
+    releases: collections.Counter[int] = collections.Counter()
+    free_sequence = model.cache.free_sequence
+
+    def counting_free(seq_id: int) -> None:
+        releases[seq_id] += 1
+        free_sequence(seq_id)
+
+    model.cache.free_sequence = counting_free
+    return releases
+
+
+def drain_events(request) -> list:
+    events = []
+    while not request.events.empty():
+        events.append(request.events.get_nowait())
+    return events
