@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from engine_testing import (
-    assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, run_alone, solo_greedy, tiny_model,
+    assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, run_alone, tiny_model,
 )
 
 from hipcore.request import Ending
@@ -24,24 +24,35 @@ def path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def solo(path):
-    """Greedy tokens of a request alone in a roomy engine: {(prompt, max_tokens): tokens}."""
+    """Tokens of a request alone in a roomy engine: solo(prompt, params) -> tokens (cached)."""
     cache: dict[tuple, tuple[int, ...]] = {}
     with load_tiny(path, kv_blocks=64) as model:
-        def get(prompt: list[int], max_tokens: int) -> tuple[int, ...]:
-            key = (tuple(prompt), max_tokens)
+        def get(prompt: list[int], params: SamplingParams) -> tuple[int, ...]:
+            key = (tuple(prompt), params)
             if key not in cache:
-                cache[key] = solo_greedy(model, prompt, max_tokens)
+                record = run_alone(model, prompt, params)
+                assert record.ending in (Ending.LENGTH, Ending.EOS), record
+                cache[key] = record.generated_tokens[0]
             return cache[key]
         yield get
 
 
+def seeded(seed: int, max_tokens: int) -> SamplingParams:
+    """Sampling from the whole distribution: every token depends on how many draws came before, so a
+    token lost or computed twice changes everything after it (a sharper oracle than greedy on a
+    tiny random model, whose greedy output soon repeats one token)."""
+    return SamplingParams(seed=seed, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=max_tokens)
+
+
 # 24 requests: prompt lengths 1..50 (most longer than a step's 16 tokens, so chunked) and
-# max_tokens 8..24 (long enough for eight of them to be decoding together).
-WORKLOAD = [(prompt_of(1 + (i * 29) % 50, salt=i), 8 + (i * 5) % 17) for i in range(24)]
+# max_tokens 8..24 (long enough for eight of them to be decoding together); greedy, and every
+# third one seeded sampling.
+WORKLOAD = [(prompt_of(1 + (i * 29) % 50, salt=i), seeded(i, 8 + (i * 5) % 17) if i % 3 == 2 else greedy(8 + (i * 5) % 17))
+            for i in range(24)]
 
 
 def submit_all(engine, workload) -> list[int]:
-    return [engine.submit(prompt, greedy(max_tokens)) for prompt, max_tokens in workload]
+    return [engine.submit(prompt, params) for prompt, params in workload]
 
 
 def test_concurrent_requests_equal_solo_runs(path, solo):
@@ -55,17 +66,16 @@ def test_concurrent_requests_equal_solo_runs(path, solo):
             model.cache.check_invariants()
         assert max(batch_sizes) == 8  # max_seqs reached: the requests really ran together
         assert model.engine.stats.preemptions == 0
-        for rid, (prompt, max_tokens) in zip(ids, WORKLOAD):
+        for rid, (prompt, params) in zip(ids, WORKLOAD):
             record = model.engine.finished_record(rid)
-            assert record.ending == Ending.LENGTH
-            assert record.generated_tokens == (solo(prompt, max_tokens),), f"request {rid}"
+            assert record.generated_tokens == (solo(prompt, params),), f"request {rid}"
         assert_quiescent(model, baseline)
 
 
 def test_preemption_recomputes_and_changes_no_output(path, solo):
     """A pool far too small for everyone at once: the newest running request is preempted (its
     blocks freed, re-queued, recomputed) and every output still equals its solo run."""
-    workload = [(prompt_of(20 + 3 * i, salt=40 + i), 24) for i in range(6)]
+    workload = [(prompt_of(20 + 3 * i, salt=40 + i), greedy(24) if i % 2 else seeded(100 + i, 24)) for i in range(6)]
     with load_tiny(path, max_seqs=6, max_step_tokens=64, block_size=4, kv_blocks=24) as model:
         baseline = kv_bytes(model)
         ids = submit_all(model.engine, workload)
@@ -80,11 +90,11 @@ def test_preemption_recomputes_and_changes_no_output(path, solo):
                     assert all(not model.cache.has_sequence(s.seq_id) for s in request.seqs)
                     assert all(s.num_cached == 0 for s in request.seqs)
         assert model.engine.stats.preemptions >= 2 and preempted_seen
-        for rid, (prompt, max_tokens) in zip(ids, workload):
+        for rid, (prompt, params) in zip(ids, workload):
             record = model.engine.finished_record(rid)
-            assert record.ending == Ending.LENGTH
-            assert record.generated_tokens == (solo(prompt, max_tokens),), f"request {rid} ({record.preemptions} preemptions)"
-            assert len(record.generated_tokens[0]) == max_tokens  # nothing lost, nothing doubled
+            assert record.generated_tokens == (solo(prompt, params),), f"request {rid} ({record.preemptions} preemptions)"
+            if record.ending == Ending.LENGTH:
+                assert len(record.generated_tokens[0]) == params.max_tokens  # nothing lost, nothing doubled
         assert sum(model.engine.finished_record(r).preemptions for r in ids) == model.engine.stats.preemptions
         assert_quiescent(model, baseline)
 
@@ -109,7 +119,7 @@ def test_a_request_that_exactly_fits_the_pool_is_served(path, solo):
         baseline = kv_bytes(model)
         record = run_alone(model, prompt, greedy(2))  # 63 + 1 = 64 tokens = 4 blocks
         assert record.ending == Ending.LENGTH
-        assert record.generated_tokens == (solo(prompt, 2),)
+        assert record.generated_tokens == (solo(prompt, greedy(2)),)
         assert_quiescent(model, baseline)
 
 
