@@ -11,8 +11,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from hipcore.chat_template import chat_template_from_metadata, render_chat
 from hipcore.demo_model import INSTALL_HINT, find_demo_model
-from hipcore.errors import UsageError
+from hipcore.errors import RocmforgeError, UsageError
+from hipcore.kvcache import kv_dtype as check_kv_dtype
 from hipcore.loader import LoadedModel, LoadOptions, load_model
+from hipcore.request import Ending
 from hipcore.sampler import SamplingParams
 from rocmforge_cli.common import handle_errors, stderr
 
@@ -35,6 +37,17 @@ def read_prompt(prompt: Optional[str]) -> str:
     if sys.stdin.isatty() and prompt is None:
         raise UsageError('give a prompt: rocmforge generate "Once upon a time" (or pipe it on stdin)')
     return sys.stdin.read()
+
+
+def check_options(ctx_size: Optional[int], kv_dtype: str, kv_blocks: Optional[int], kv_memory: Optional[str]) -> None:
+    """Refuse bad sizes before the model is read (one line, exit 2), in the words of the options."""
+    if ctx_size is not None and ctx_size < 1:
+        raise UsageError(f"--ctx-size must be at least 1 token, got {ctx_size}")
+    if kv_blocks is not None and kv_blocks < 1:
+        raise UsageError(f"--kv-blocks must be at least 1 (block 0 is reserved and added on top), got {kv_blocks}")
+    if kv_blocks is not None and kv_memory is not None:
+        raise UsageError("give either --kv-blocks or --kv-memory, not both")
+    check_kv_dtype(kv_dtype)
 
 
 def load_with_progress(path: str, options: LoadOptions, quiet: bool) -> LoadedModel:
@@ -107,7 +120,10 @@ def generate(
         repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()),
     )
+    check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
     text_in = read_prompt(prompt)
+    if not text_in and not (chat or system is not None):
+        raise UsageError("the prompt is empty: give some text (or use --chat, whose template adds its own)")
     path = resolve_model(model)
     options = LoadOptions(device=device, ctx_size=ctx_size, kv_dtype=kv_dtype, kv_blocks=kv_blocks, kv_memory=kv_memory)
     with load_with_progress(path, options, quiet or as_json) as loaded:
@@ -135,7 +151,9 @@ def generate(
         record = loaded.engine.finished_record(ending.request_id) if ending else None
         timings = _timings(loaded, record, len(prompt_ids), len(tokens))
         if ending is not None and ending.error:
-            raise UsageError(ending.error) if ending.ending and ending.ending.value == "rejected" else RuntimeError(ending.error)
+            if ending.ending == Ending.REJECTED:
+                raise UsageError(ending.error)
+            raise RocmforgeError(f"generation {ending.ending.value if ending.ending else 'failed'}: {ending.error}")
         if as_json:
             print(json.dumps({
                 "model": path, "device": loaded.device.describe(), "prompt": text_in, "prompt_tokens": len(prompt_ids),
