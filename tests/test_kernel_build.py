@@ -23,7 +23,10 @@ from rocmforge_kernels import build as kbuild
 EXPECTED_KERNELS = {
     "add": ["add_f32"],
     "argmax": ["argmax_f32"],
-    "matvec": ["matvec_f16", "matvec_f32", "matvec_q4_1", "matvec_q8_0"],
+    "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q4_k", "matmul_q5_k",
+               "matmul_q6_k", "matmul_q8_0"],
+    "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q4_k", "matvec_q5_k",
+               "matvec_q6_k", "matvec_q8_0"],
     "rmsnorm": ["rmsnorm_f32"],
     "rope": ["rope_f32"],
     "silu_mul": ["silu_mul_f32"],

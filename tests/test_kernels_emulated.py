@@ -19,15 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipcore.ops import add, argmax, fused_matvec, matvec, rmsnorm, rope, silu_mul
+from hipcore.ops import add, argmax, fused_matvec, matmul, matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.launch_checks import elementwise_grid, row_block
+from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir
 from weight_samples import random_weights
 
 U32 = 2.0**-24
 EMULATION = Path(__file__).parent / "kernel_emulation"
 NEUTRAL_MARKER = "// Vendor-neutral from here on"
-OPS = ("add", "argmax", "fused_matvec", "matvec", "rmsnorm", "rope", "silu_mul")
+OPS = ("add", "argmax", "fused_matvec", "matmul", "matvec", "rmsnorm", "rope", "silu_mul")
 ARCH_FOR_WARP = {32: "sm_90", 64: "gfx942"}  # what the launchers size grids for
 
 
@@ -68,11 +69,14 @@ def run(harnesses, warp: int, *args) -> None:
 
 @pytest.mark.parametrize("weight_type", matvec.WEIGHT_TYPES)
 def test_matvec(harnesses, warp, weight_type, tmp_path):
-    rng = np.random.default_rng([warp, len(weight_type)])
+    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1])])
     # Rows shorter than a warp's items, odd row counts (a half-full last pair), 576 and 1536 columns,
-    # batches within one pass (2..8) and over several (9, 11) with remainders.
-    for rows, cols, batch in [(7, 32, 1), (33, 64, 1), (65, 576, 1), (20, 1536, 1), (5, 96, 2), (17, 576, 8),
-                              (9, 64, 11), (3, 32, 9)]:
+    # batches within one pass (2..8) and over several (9, 11) with remainders. The K-quants' rows are
+    # 1, 2 or 6 super-blocks of 256.
+    shapes = [(7, 32, 1), (33, 64, 1), (65, 576, 1), (20, 1536, 1), (5, 96, 2), (17, 576, 8), (9, 64, 11), (3, 32, 9)]
+    if column_multiple(weight_type) == 256:
+        shapes = [(7, 256, 1), (33, 512, 1), (20, 1536, 1), (5, 256, 2), (17, 512, 8), (3, 256, 9)]
+    for rows, cols, batch in shapes:
         raw = random_weights(rng, weight_type, rows, cols)
         x = rng.standard_normal((batch, cols)).astype(np.float32)
         raw.tofile(tmp_path / "w")
@@ -86,6 +90,29 @@ def test_matvec(harnesses, warp, weight_type, tmp_path):
                 tmp_path / "y")
             got = np.fromfile(tmp_path / "y", np.float32).reshape(batch, rows)
             assert np.all(np.abs(got - want) <= bound), f"{rows}x{cols} batch {batch} grid {g}"
+
+
+@pytest.mark.parametrize("weight_type", matmul.WEIGHT_TYPES)
+def test_matmul(harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 7])
+    block = column_multiple(weight_type)
+    # (rows, cols, n_tokens, tile_tokens or None for the launcher's): tiles cut in both directions, exact
+    # tiles, a single token, every tile shape, one and several column steps of 32 (and super-blocks).
+    cases = [(70, block, 5, None), (64, 2 * block, 64, 64), (130, block, 33, 32), (3, block, 1, 16),
+             (65, 3 * block if block == 32 else block, 17, None)]
+    for rows, cols, n_tokens, tile in cases:
+        raw = random_weights(rng, weight_type, rows, cols)
+        x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+        raw.tofile(tmp_path / "w")
+        x.tofile(tmp_path / "x")
+        want = matmul.reference(raw, weight_type, x, rows, cols)
+        bound = matmul.error_bound(raw, weight_type, x, rows, cols)
+        grid, threads, tile = matmul.geometry(rows, n_tokens, tile)
+        for g in sorted({grid, 1}):  # the launcher's grid, and one workgroup looping over every tile
+            run(harnesses, warp, f"matmul_{weight_type}", g, threads, rows, cols, n_tokens, tile, tmp_path / "w",
+                tmp_path / "x", tmp_path / "y")
+            got = np.fromfile(tmp_path / "y", np.float32).reshape(n_tokens, rows)
+            assert np.all(np.abs(got - want) <= bound), f"{rows}x{cols} tokens {n_tokens} tile {tile} grid {g}"
 
 
 def test_argmax(harnesses, warp, tmp_path):

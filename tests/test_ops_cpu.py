@@ -7,7 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import add, argmax, matvec, rmsnorm, rope, silu_mul
+from gguf_quantize import max_abs_error, quantize
+from hipcore.model.weights import GPU_MATRIX_TYPES
+from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, silu_mul, weight_formats
+from hipcore.ops.weight_formats import column_multiple
 from weight_samples import random_weights
 
 U32 = 2.0**-24  # float32 unit roundoff
@@ -25,56 +28,106 @@ def empty(dev, nbytes: int):
     return buf
 
 
-# ---- matvec ------------------------------------------------------------------------------------
+# ---- matvec, matmul -----------------------------------------------------------------------------
+
+
+def fit_cols(cols: int, weight_type: str) -> int:
+    """cols rounded up to what the format allows (the K-quants' rows are whole super-blocks of 256)."""
+    multiple = column_multiple(weight_type)
+    return -(-cols // multiple) * multiple
+
+
+def run_product(dev, launcher, weight_type, rows, cols, n, seed, **options):
+    rng = np.random.default_rng(seed)
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    w, xs, y = to_device(dev, raw, "weights"), to_device(dev, x), empty(dev, n * rows * 4)
+    launcher(dev, None, y, w, xs, rows, cols, n, weight_type=weight_type, **options)
+    got = y.download(np.float32).reshape(n, rows)
+    # Float32 sums of `cols` products: error below (cols + 2) u sum|w x| (the recursive-summation bound).
+    assert np.all(np.abs(got - matmul.reference(raw, weight_type, x, rows, cols))
+                  <= matmul.error_bound(raw, weight_type, x, rows, cols))
+    return raw, x, got
 
 
 @pytest.mark.parametrize("weight_type", matvec.WEIGHT_TYPES)
 @pytest.mark.parametrize("rows,cols,batch", [(1, 32, 1), (7, 96, 1), (129, 576, 1), (64, 1536, 3), (33, 64, 9)])
 def test_matvec_matches_reference(cpu_device, weight_type, rows, cols, batch):
-    rng = np.random.default_rng([rows, cols, batch, len(weight_type)])
-    raw = random_weights(rng, weight_type, rows, cols)
-    x = rng.standard_normal((batch, cols)).astype(np.float32)
-    w, xs, y = to_device(cpu_device, raw, "weights"), to_device(cpu_device, x), empty(cpu_device, batch * rows * 4)
-    matvec.launch(cpu_device, None, y, w, xs, rows, cols, batch, weight_type=weight_type)
-    got = y.download(np.float32).reshape(batch, rows)
-    want = matvec.reference(raw, weight_type, x, rows, cols)
-    # Float32 sums of `cols` products: error below cols * u * sum|w x| (the recursive-summation bound).
-    w64 = matvec.dequantize_rows(raw, weight_type, cols, np.float64)
-    bound = (cols + 2) * U32 * (np.abs(x.astype(np.float64)) @ np.abs(w64).T)
-    assert np.all(np.abs(got - want) <= bound + 1e-30)
+    cols = fit_cols(cols, weight_type)
+    run_product(cpu_device, matvec.launch, weight_type, rows, cols, batch, [rows, cols, batch, len(weight_type)])
 
 
-def test_matvec_dequantizer_agrees_with_gguf():
-    """Our decoder (used by the reference and the host kernel) against the gguf package's."""
+@pytest.mark.parametrize("weight_type", matmul.WEIGHT_TYPES)
+@pytest.mark.parametrize("rows,cols,n_tokens,tile", [(1, 32, 1, None), (70, 96, 5, 16), (129, 576, 64, None),
+                                                     (65, 512, 130, 32), (576, 1536, 9, 64)])
+def test_matmul_matches_reference(cpu_device, weight_type, rows, cols, n_tokens, tile):
+    cols = fit_cols(cols, weight_type)
+    seed = [rows, cols, n_tokens, len(weight_type), 3]
+    run_product(cpu_device, matmul.launch, weight_type, rows, cols, n_tokens, seed, tile_tokens=tile)
+
+
+def test_weight_decoder_agrees_with_gguf():
+    """Our decoder (used by the references and the host kernels) against the gguf package's, for every
+    format the kernels read."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     rng = np.random.default_rng(7)
-    qtypes = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0, "f16": GGMLQuantizationType.F16}
-    for weight_type, qtype in qtypes.items():
-        raw = random_weights(rng, weight_type, 5, 128)
-        theirs = dequantize(raw, qtype).reshape(5, 128).astype(np.float64)
-        exact = matvec.dequantize_rows(raw, weight_type, 128, np.float64)
-        np.testing.assert_allclose(exact, theirs, rtol=2 * U32, atol=0)  # gguf rounds d*q+m to float32
-        np.testing.assert_allclose(matvec.dequantize_rows(raw, weight_type, 128), exact, rtol=2 * U32, atol=0)
+    for weight_type in weight_formats.FORMATS:
+        cols = fit_cols(512, weight_type)
+        raw = random_weights(rng, weight_type, 5, cols)
+        theirs = dequantize(raw, GGMLQuantizationType[weight_type.upper()]).reshape(5, cols).astype(np.float64)
+        exact = weight_formats.dequantize_rows(raw, weight_type, cols, np.float64)
+        # gguf rounds d*q+m (and the K-quants' d*sc*q - dmin*m) to float32 once
+        np.testing.assert_allclose(exact, theirs, rtol=2 * U32, atol=0, err_msg=weight_type)
+        np.testing.assert_allclose(weight_formats.dequantize_rows(raw, weight_type, cols), exact, rtol=U32, atol=0)
 
 
-def test_matvec_launcher_refuses_bad_arguments(cpu_device):
+def test_weight_decoder_on_quantized_data():
+    """Real quantized blocks (tests/gguf_quantize.py's quantizers, the inverse of ggml's layouts) decode to
+    within a quantization step of the values they came from: the layouts are ggml's, not just the
+    gguf package's reading of random bytes."""
+    rng = np.random.default_rng(11)
+    values = rng.standard_normal((4, 512)).astype(np.float32)
+    for weight_type in weight_formats.FORMATS:
+        if weight_type == "f32":
+            continue
+        raw = quantize(values, weight_type.upper())
+        decoded = weight_formats.dequantize_rows(raw, weight_type, 512, np.float64)
+        assert np.abs(decoded - values).max() <= max_abs_error(values, weight_type.upper()), weight_type
+
+
+@pytest.mark.parametrize("launcher,count", [(matvec.launch, "batch"), (matmul.launch, "n_tokens")])
+def test_product_launchers_refuse_bad_arguments(cpu_device, launcher, count):
     w = cpu_device.allocate(20 * 4, "weights")
-    x = cpu_device.allocate(4 * 64, "activations")
+    x = cpu_device.allocate(4 * 256, "activations")
     y = cpu_device.allocate(4 * 4, "activations")
     with pytest.raises(ValueError, match="multiple of 32"):
-        matvec.launch(cpu_device, None, y, w, x, 4, 48, weight_type="q4_1")
+        launcher(cpu_device, None, y, w, x, 4, 48, 1, weight_type="q4_1")
+    with pytest.raises(ValueError, match="multiple of 256"):
+        launcher(cpu_device, None, y, w, x, 1, 128, 1, weight_type="q4_k")
     with pytest.raises(ValueError, match="W needs 160 bytes"):
-        matvec.launch(cpu_device, None, y, w, x, 4, 64, weight_type="q4_1")
+        launcher(cpu_device, None, y, w, x, 4, 64, 1, weight_type="q4_1")
     with pytest.raises(ValueError, match="no kernel for weight type"):
-        matvec.launch(cpu_device, None, y, w, x, 1, 32, weight_type="q4_k")
+        launcher(cpu_device, None, y, w, x, 1, 256, 1, weight_type="q2_k")
     with pytest.raises(ValueError, match="16-byte aligned"):
-        matvec.launch(cpu_device, None, y, w, x.addr(4), 1, 32, weight_type="q4_1")
-    with pytest.raises(ValueError, match="batch must be an int"):
-        matvec.launch(cpu_device, None, y, w, x, 1, 32, 0, weight_type="q4_1")
+        launcher(cpu_device, None, y, w, x.addr(4), 1, 32, 1, weight_type="q4_1")
+    with pytest.raises(ValueError, match="4-byte aligned"):
+        launcher(cpu_device, None, y, w.addr(2), x, 1, 32, 1, weight_type="q4_1")
+    with pytest.raises(ValueError, match=f"{count} must be an int"):
+        launcher(cpu_device, None, y, w, x, 1, 32, 0, weight_type="q4_1")
     with pytest.raises(ValueError, match="y and x overlap"):
-        matvec.launch(cpu_device, None, x, w, x, 1, 32, weight_type="q4_1")
+        launcher(cpu_device, None, x, w, x, 1, 32, 1, weight_type="q4_1")
+    with pytest.raises(ValueError, match="y and W overlap"):
+        launcher(cpu_device, None, w, w, x, 1, 32, 1, weight_type="q4_1")
+
+
+def test_matmul_refuses_unknown_tiles(cpu_device):
+    w = cpu_device.allocate(20, "weights")
+    x = cpu_device.allocate(128, "activations")
+    y = cpu_device.allocate(4, "activations")
+    with pytest.raises(ValueError, match="tile_tokens must be one of"):
+        matmul.launch(cpu_device, None, y, w, x, 1, 32, 1, weight_type="q4_1", tile_tokens=48)
 
 
 def test_matvec_geometry_covers_every_row():
@@ -83,6 +136,39 @@ def test_matvec_geometry_covers_every_row():
             grid, block = matvec.geometry(arch, rows, batch)
             warps = grid * block // (64 if arch == "gfx942" else 32)
             assert warps * (2 if batch == 1 else 1) >= rows and block % 64 == 0
+
+
+@pytest.mark.parametrize("rows,n_tokens", [(1, 1), (192, 512), (576, 512), (1536, 512), (576, 128), (576, 2048),
+                                           (4096, 512), (11008, 512), (49152, 4096), (49152, 9), (7, 33)])
+def test_matmul_tiles_cover_the_output_and_keep_the_gpu_busy(rows, n_tokens):
+    grid, block, tile = matmul.geometry(rows, n_tokens)
+    tiles = matmul.tile_count(rows, n_tokens, tile)
+    assert block == matmul.THREADS and tile in matmul.TILE_TOKENS and 1 <= grid <= min(tiles, matmul.MAX_GRID)
+    assert tiles * matmul.TILE_ROWS * tile >= rows * n_tokens  # the grid-stride loop reaches every output
+    smallest_holding = next((t for t in matmul.TILE_TOKENS if t >= n_tokens), matmul.TILE_TOKENS[-1])
+    assert tile <= smallest_holding  # never more padding than the batch needs
+    if tile < smallest_holding:  # made smaller only to give more workgroups
+        assert matmul.tile_count(rows, n_tokens, tile * 2) < matmul.BUSY_WORKGROUPS
+    # The demo model at pp512: every projection gets at least ~half the SMs of an H100 busy.
+    if n_tokens == 512:
+        assert tiles >= 96
+
+
+def test_project_takes_matvec_for_few_tokens_and_matmul_beyond(cpu_device, monkeypatch):
+    calls = []
+    monkeypatch.setattr(matvec, "launch", lambda *a, **k: calls.append(("matvec", a[7])))
+    monkeypatch.setattr(matmul, "launch", lambda *a, **k: calls.append(("matmul", a[7])))
+    for n in (1, matmul.MATVEC_MAX_TOKENS, matmul.MATVEC_MAX_TOKENS + 1, 512):
+        matmul.project(cpu_device, None, 0, 0, 0, 4, 32, n, weight_type="q4_1")
+    limit = matmul.MATVEC_MAX_TOKENS
+    assert calls == [("matvec", 1), ("matvec", limit), ("matmul", limit + 1), ("matmul", 512)]
+
+
+def test_gpu_matrix_types_are_the_kernels_formats():
+    """The weights loader keeps a matrix in its GGUF format on a GPU exactly when both product kernels
+    read it (else it converts it to F16 at load)."""
+    assert GPU_MATRIX_TYPES == frozenset(matvec.WEIGHT_TYPES) & frozenset(matmul.WEIGHT_TYPES)
+    assert {"f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k"} <= GPU_MATRIX_TYPES  # issue 6's minimum
 
 
 # ---- rmsnorm -----------------------------------------------------------------------------------

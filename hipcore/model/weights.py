@@ -18,7 +18,7 @@ import numpy as np
 from hipcore.runtime.device import Buffer, Device
 
 # Matrix formats with GPU matvec/matmul kernels (lower-case = the kernels' variant suffix).
-GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k"})
+GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 # Embedding-table formats with a GPU lookup kernel (hipcore/ops/embedding.py).
 GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0"})
 

@@ -4,11 +4,13 @@
 // The kernel sources are compiled as they are; only hip_compat.h's vendor sections are replaced.
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "add.hip"
 #include "argmax.hip"
 #include "fused_matvec.hip"
+#include "matmul.hip"
 #include "matvec.hip"
 #include "rmsnorm.hip"
 #include "rope.hip"
@@ -100,9 +102,28 @@ int main(int argc, char** argv) {
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
     std::vector<char> w = read_file(a[3]), x = read_file(a[4]);
     std::vector<float> y = nan_filled((size_t)rows * batch);
-    auto kernel = entry == "matvec_q4_1" ? matvec_q4_1 : entry == "matvec_q8_0" ? matvec_q8_0 : entry == "matvec_f32" ? matvec_f32 : matvec_f16;
+    using Matvec = void (*)(float*, const void*, const float*, int, int, int);
+    const std::map<std::string, Matvec> kernels = {
+        {"matvec_q4_0", matvec_q4_0}, {"matvec_q4_1", matvec_q4_1}, {"matvec_q8_0", matvec_q8_0},
+        {"matvec_q4_k", matvec_q4_k}, {"matvec_q5_k", matvec_q5_k}, {"matvec_q6_k", matvec_q6_k},
+        {"matvec_f16", matvec_f16},   {"matvec_bf16", matvec_bf16}, {"matvec_f32", matvec_f32}};
+    if (!kernels.count(entry)) return 2;
+    const Matvec kernel = kernels.at(entry);
     emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
     write_file(a[5], y.data(), y.size() * 4);
+  } else if (entry.rfind("matmul_", 0) == 0) {  // rows cols n_tokens tile_tokens W x y
+    const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), tokens = std::atoi(a[2]), tile = std::atoi(a[3]);
+    std::vector<char> w = read_file(a[4]), x = read_file(a[5]);
+    std::vector<float> y = nan_filled((size_t)rows * tokens);
+    using Matmul = void (*)(float*, const void*, const float*, int, int, int, int);
+    const std::map<std::string, Matmul> kernels = {
+        {"matmul_q4_0", matmul_q4_0}, {"matmul_q4_1", matmul_q4_1}, {"matmul_q8_0", matmul_q8_0},
+        {"matmul_q4_k", matmul_q4_k}, {"matmul_q5_k", matmul_q5_k}, {"matmul_q6_k", matmul_q6_k},
+        {"matmul_f16", matmul_f16},   {"matmul_bf16", matmul_bf16}, {"matmul_f32", matmul_f32}};
+    if (!kernels.count(entry)) return 2;
+    const Matmul kernel = kernels.at(entry);
+    emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), rows, cols, tokens, tile); });
+    write_file(a[6], y.data(), y.size() * 4);
   } else if (entry == "argmax_f32") {  // n x out
     const int n = std::atoi(a[0]);
     std::vector<char> x = read_file(a[1]);

@@ -1,0 +1,356 @@
+// Matrix-matrix product on GGUF weights, for prompt evaluation and large batches:
+//   y[t, r] = sum_c W[r, c] * x[t, c]   for r < rows, t < n_tokens
+// Same layouts as matvec.hip: W [rows, cols] row-major in its GGUF block format (hipcore/ops/
+// weight_formats.py), x float32 [n_tokens, cols], y float32 [n_tokens, rows].
+//
+// Where matvec decodes W once per 8 tokens, this kernel decodes it once per tile of tokens and turns
+// the product into arithmetic on shared memory:
+// - A workgroup of 256 threads computes a tile of TILE_TOKENS tokens (16, 32 or 64: the launcher's
+//   choice, the `tile_tokens` argument) x 64 rows of W, stepping through the columns 32 at a time. In
+//   each step the 64 x 32 weights are decoded once into shared memory as float32 (each thread decodes 8
+//   consecutive columns of one row) and the TILE_TOKENS x 32 slice of x is copied beside them; then each
+//   thread accumulates TILE_TOKENS/16 x 4 outputs in registers, reading both tiles with 16-byte loads
+//   (4 multiply-adds per operand per load, 16 outputs share every value loaded).
+// - Shared rows are 36 floats (32 + 4): 16-byte aligned, and the rows a quarter-warp reads together
+//   (a thread owns rows tm + 16i of x and tn + 16j of W, not 4 adjacent ones) start in different bank
+//   groups, so neither the reads nor the decoded stores conflict.
+// - The next step's weights and x are loaded into registers before the current step's arithmetic, so
+//   their latency hides behind it. The last step reloads itself (the loads stay unconditional and in
+//   bounds).
+// - Tiles past the last row or token read the last row / token again (in bounds) and write nothing;
+//   a grid-stride loop over tiles makes any grid correct.
+// - Every output is one float32 sum in column order, one fused multiply-add per column.
+// - No warp-level operations: the kernel is the same on wave32 and wave64.
+// Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matvec
+// (F32 16 bytes, F16/BF16 16, Q4_1/Q4_K/Q5_K 4, Q8_0/Q4_0/Q6_K 2); x 16-byte aligned; blockDim 256.
+#include "hip_compat.h"
+
+namespace {
+namespace mm {
+
+constexpr int kThreads = 256;
+constexpr int kTileRows = 64;                 // rows of W per tile
+constexpr int kStepCols = 32;                 // columns per step
+constexpr int kShared4 = (kStepCols + 4) / 4; // float4s per shared row (36 floats)
+constexpr int kMaxTileTokens = 64;
+
+// Each format: Raw load(row, col) reads what the 8 consecutive weights col .. col+7 (col % 8 == 0) of a
+// row need; decode(raw, col, w) turns it into floats. Loading apart from decoding lets the kernel issue
+// the next step's loads before the current step's arithmetic.
+
+struct F32 {
+  struct Raw {
+    float4 a, b;
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 4; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const float4* p = reinterpret_cast<const float4*>(row + 4 * col);
+    return {p[0], p[1]};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int, float w[8]) {
+    w[0] = r.a.x; w[1] = r.a.y; w[2] = r.a.z; w[3] = r.a.w;
+    w[4] = r.b.x; w[5] = r.b.y; w[6] = r.b.z; w[7] = r.b.w;
+  }
+};
+
+struct F16 {
+  typedef uint4 Raw;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 2; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    return *reinterpret_cast<const uint4*>(row + 2 * col);
+  }
+  static __device__ __forceinline__ void decode(const Raw v, int, float w[8]) {
+    const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = rf_f16_to_float((unsigned short)(words[k] & 0xffffu));
+      w[2 * k + 1] = rf_f16_to_float((unsigned short)(words[k] >> 16));
+    }
+  }
+};
+
+struct BF16 {
+  typedef uint4 Raw;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 2; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    return *reinterpret_cast<const uint4*>(row + 2 * col);
+  }
+  static __device__ __forceinline__ void decode(const Raw v, int, float w[8]) {
+    const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = rf_bf16_to_float((unsigned short)(words[k] & 0xffffu));
+      w[2 * k + 1] = rf_bf16_to_float((unsigned short)(words[k] >> 16));
+    }
+  }
+};
+
+// Q8_0 block {half d; int8 qs[32]} (34 bytes, 2-byte aligned): qs[k .. k+7], k = col % 32.
+struct Q8_0 {
+  struct Raw {
+    unsigned short d, q[4];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 34; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 34);
+    const unsigned short* q = b + 1 + ((col & 31) >> 1);
+    return {b[0], {q[0], q[1], q[2], q[3]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int, float w[8]) {
+    const float d = rf_f16_to_float(r.d);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = d * (float)(signed char)(r.q[k] & 0xffu);
+      w[2 * k + 1] = d * (float)(signed char)(r.q[k] >> 8);
+    }
+  }
+};
+
+// Q4_0 block {half d; uint8 qs[16]} (18 bytes, 2-byte aligned): columns k .. k+7 (k = col % 32) are the
+// low nibbles of qs[k .. k+7] when k < 16, else the high nibbles of qs[k-16 .. k-9].
+struct Q4_0 {
+  struct Raw {
+    unsigned short d, q[4];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 18; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 18);
+    const unsigned short* q = b + 1 + ((col & 15) >> 1);
+    return {b[0], {q[0], q[1], q[2], q[3]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const float d = rf_f16_to_float(r.d);
+    const int shift = (col & 16) >> 2;  // 0 or 4
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = d * (float)((int)((r.q[k] >> shift) & 15u) - 8);
+      w[2 * k + 1] = d * (float)((int)((r.q[k] >> (8 + shift)) & 15u) - 8);
+    }
+  }
+};
+
+// Q4_1 block {half d; half m; uint8 qs[16]} (20 bytes, 4-byte aligned): nibbles as in Q4_0.
+struct Q4_1 {
+  struct Raw {
+    unsigned int dm, q[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * 20);
+    const unsigned int* q = b + 1 + ((col & 15) >> 2);
+    return {b[0], {q[0], q[1]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
+    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
+    const int shift = (col & 16) >> 2;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmaf(d, (float)((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u), m);
+  }
+};
+
+static __device__ __forceinline__ int lesser(int a, int b) { return a < b ? a : b; }
+
+static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
+
+// The 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K / Q5_K super-block from its 12 scale bytes
+// as three words (as matvec.hip's k_scale_min; hipcore/ops/weight_formats.py k_scales documents it).
+static __device__ __forceinline__ void k_scale_min(unsigned int s0, unsigned int s1, unsigned int s2, int sub, float& sc,
+                                                   float& m) {
+  const int k = sub & 3;
+  const unsigned int a = byte_of(s0, k), b = byte_of(s1, k), c = byte_of(s2, k);
+  sc = (float)(sub < 4 ? (a & 63u) : ((c & 15u) | ((a >> 6) << 4)));
+  m = (float)(sub < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
+}
+
+// Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes). Column e = col % 256
+// lies in chunk j = e / 64 of qs[32j .. 32j+31]: the low nibbles of qs[32j + l] for e % 64 < 32 (sub-block
+// 2j), else the high nibbles (sub-block 2j+1), l = e % 32.
+// Q5_K {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes) adds bit `sub` of
+// qh[l] as the fifth bit.
+template <bool kFiveBit>
+struct QK_4or5 {
+  static constexpr int kBlockBytes = kFiveBit ? 176 : 144;
+  static constexpr int kQsWord = kFiveBit ? 12 : 4;  // where qs starts, in words
+  struct Raw {
+    unsigned int dm, s0, s1, s2, q[2], h[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) {
+    return (unsigned long long)(cols / 256) * kBlockBytes;
+  }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 8) * kBlockBytes);
+    const int e = col & 255, l4 = (e & 31) >> 2;
+    const unsigned int* q = b + kQsWord + 8 * (e >> 6) + l4;
+    const unsigned int* h = b + 4 + l4;  // qh[l .. l+7], Q5_K only
+    return {b[0], b[1], b[2], b[3], {q[0], q[1]}, {kFiveBit ? h[0] : 0u, kFiveBit ? h[1] : 0u}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const int e = col & 255, sub = e >> 5, shift = 4 * (sub & 1);
+    float sc, m;
+    k_scale_min(r.s0, r.s1, r.s2, sub, sc, m);
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu)) * sc;  // exact: 11 x 6 bits
+    const float neg_min = -(rf_f16_to_float((unsigned short)(r.dm >> 16)) * m);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      unsigned int q = (r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u;
+      if (kFiveBit) q |= ((r.h[k >> 2] >> (8 * (k & 3) + sub)) & 1u) << 4;
+      w[k] = fmaf(d, (float)q, neg_min);
+    }
+  }
+};
+typedef QK_4or5<false> Q4_K;
+typedef QK_4or5<true> Q5_K;
+
+// Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned).
+// Column e = col % 256: half h = e / 128, quarter s = (e % 128) / 32, l = e % 32; the code is nibble
+// s >> 1 of ql[64h + 32(s & 1) + l] with bits 2s, 2s+1 of qh[32h + l] on top, minus 32; the scale is
+// scales[e / 16].
+struct Q6_K {
+  struct Raw {
+    unsigned short ql[4], qh[4], sc, d;
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 8) * 210);
+    const int e = col & 255, h = e >> 7, s = (e >> 5) & 3, l2 = (e & 31) >> 1;
+    const unsigned short* ql = b + 32 * h + 16 * (s & 1) + l2;
+    const unsigned short* qh = b + 64 + 16 * h + l2;
+    return {{ql[0], ql[1], ql[2], ql[3]}, {qh[0], qh[1], qh[2], qh[3]}, b[96 + (e >> 5)], b[104]};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const int e = col & 255, s = (e >> 5) & 3;
+    const float scale = rf_f16_to_float(r.d) * (float)(signed char)(r.sc >> (8 * ((e >> 4) & 1)));  // exact
+    const int nibble_shift = 4 * (s >> 1), high_shift = 2 * s;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const unsigned int lo = (r.ql[k >> 1] >> (8 * (k & 1) + nibble_shift)) & 15u;
+      const unsigned int hi = (r.qh[k >> 1] >> (8 * (k & 1) + high_shift)) & 3u;
+      w[k] = scale * (float)((int)(lo | (hi << 4)) - 32);
+    }
+  }
+};
+
+// The tiles of y with TM * 16 tokens (TM = 1, 2, 4), computed by one workgroup in turn.
+// xs, ws: shared [kMaxTileTokens][kShared4] and [kTileRows][kShared4] float4s.
+template <class Format, int TM>
+__device__ __forceinline__ void matmul_tiles(float* __restrict__ y, const unsigned char* __restrict__ W,
+                                             const float* __restrict__ x, int rows, int cols, int n_tokens, float4* xs,
+                                             float4* ws) {
+  constexpr int kTileTokens = 16 * TM;
+  constexpr int kXLoads = (kTileTokens * (kStepCols / 4) + kThreads - 1) / kThreads;  // float4s of x per thread
+  const int tid = (int)threadIdx.x;
+  const int tn = tid & 15, tm = tid >> 4;           // outputs: rows tn + 16j, tokens tm + 16i of the tile
+  const int w_row = tid >> 2, w_col = 8 * (tid & 3);  // the 8 weights this thread decodes in each step
+  const unsigned long long row_bytes = Format::row_bytes(cols);
+  const int row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int tiles = row_tiles * ((n_tokens + kTileTokens - 1) / kTileTokens);  // the launcher keeps it < 2^31
+
+  for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {  // uniform across the workgroup
+    const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * kTileTokens;
+    const unsigned char* w_src = W + (unsigned long long)lesser(r0 + w_row, rows - 1) * row_bytes;
+    const float* x_src[kXLoads];
+    int x_dst[kXLoads];
+    bool x_live[kXLoads];
+#pragma unroll
+    for (int p = 0; p < kXLoads; ++p) {
+      const int v = tid + kThreads * p;  // float4 v of the tile's x slice: token v / 8, columns 4 (v % 8) ..
+      x_live[p] = v < kTileTokens * (kStepCols / 4);
+      const int token = x_live[p] ? v >> 3 : 0;
+      x_src[p] = x + (unsigned long long)lesser(t0 + token, n_tokens - 1) * cols + 4 * (v & 7);
+      x_dst[p] = token * kShared4 + (v & 7);
+    }
+
+    float acc[TM][4];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    typename Format::Raw raw = Format::load(w_src, w_col);
+    float4 xv[kXLoads];
+#pragma unroll
+    for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p]);
+
+    for (int c0 = 0; c0 < cols; c0 += kStepCols) {
+      __syncthreads();  // every thread is done reading the previous step's tiles
+      float w[8];
+      Format::decode(raw, c0 + w_col, w);
+      ws[w_row * kShared4 + (w_col >> 2)] = float4{w[0], w[1], w[2], w[3]};
+      ws[w_row * kShared4 + (w_col >> 2) + 1] = float4{w[4], w[5], w[6], w[7]};
+#pragma unroll
+      for (int p = 0; p < kXLoads; ++p)
+        if (x_live[p]) xs[x_dst[p]] = xv[p];
+      __syncthreads();
+
+      const int next = lesser(c0 + kStepCols, cols - kStepCols);
+      raw = Format::load(w_src, next + w_col);
+#pragma unroll
+      for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p] + next);
+
+#pragma unroll
+      for (int k4 = 0; k4 < kStepCols / 4; ++k4) {
+        float4 a[TM], b[4];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) a[i] = xs[(tm + 16 * i) * kShared4 + k4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = ws[(tn + 16 * j) * kShared4 + k4];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            float s = fmaf(a[i].x, b[j].x, acc[i][j]);
+            s = fmaf(a[i].y, b[j].y, s);
+            s = fmaf(a[i].z, b[j].z, s);
+            acc[i][j] = fmaf(a[i].w, b[j].w, s);
+          }
+      }
+    }
+
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const int t = t0 + tm + 16 * i;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = r0 + tn + 16 * j;
+        if (t < n_tokens && r < rows) y[(unsigned long long)t * rows + r] = acc[i][j];
+      }
+    }
+  }
+}
+
+template <class Format>
+__device__ __forceinline__ void matmul(float* __restrict__ y, const void* __restrict__ W, const float* __restrict__ x,
+                                       int rows, int cols, int n_tokens, int tile_tokens, float4* xs, float4* ws) {
+  rf_check_wave_size();
+  const unsigned char* w = static_cast<const unsigned char*>(W);
+  switch (tile_tokens) {  // uniform: a kernel argument
+    case 16: matmul_tiles<Format, 1>(y, w, x, rows, cols, n_tokens, xs, ws); break;
+    case 32: matmul_tiles<Format, 2>(y, w, x, rows, cols, n_tokens, xs, ws); break;
+    default: matmul_tiles<Format, 4>(y, w, x, rows, cols, n_tokens, xs, ws); break;
+  }
+}
+
+}  // namespace mm
+}  // namespace
+
+// One entry point per format: matmul_<format>(y, W, x, rows, cols, n_tokens, tile_tokens); blockDim 256.
+// The shared tiles are declared here, once, so that the three tile shapes share them.
+#define RF_MATMUL_ENTRY(name, Format)                                                                              \
+  extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,          \
+                                                         const float* __restrict__ x, int rows, int cols, int n_tokens, \
+                                                         int tile_tokens) {                                         \
+    __shared__ float4 xs[mm::kMaxTileTokens * mm::kShared4];                                                     \
+    __shared__ float4 ws[mm::kTileRows * mm::kShared4];                                                          \
+    mm::matmul<mm::Format>(y, W, x, rows, cols, n_tokens, tile_tokens, xs, ws);                                  \
+  }
+
+RF_MATMUL_ENTRY(matmul_q4_0, Q4_0)
+RF_MATMUL_ENTRY(matmul_q4_1, Q4_1)
+RF_MATMUL_ENTRY(matmul_q8_0, Q8_0)
+RF_MATMUL_ENTRY(matmul_q4_k, Q4_K)
+RF_MATMUL_ENTRY(matmul_q5_k, Q5_K)
+RF_MATMUL_ENTRY(matmul_q6_k, Q6_K)
+RF_MATMUL_ENTRY(matmul_f16, F16)
+RF_MATMUL_ENTRY(matmul_bf16, BF16)
+RF_MATMUL_ENTRY(matmul_f32, F32)
