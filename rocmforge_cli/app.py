@@ -39,6 +39,10 @@ from rocmforge_cli import profile_kv as _profile_kv  # noqa: E402
 app.command("profile-kv")(_profile_kv.profile_kv_command)
 from rocmforge_cli import inspect as _inspect  # noqa: E402
 app.command("inspect")(_inspect.inspect_command)
+from rocmforge_cli import bench as _bench  # noqa: E402
+app.command("bench")(_bench.bench_command)
+from rocmforge_cli import leak_check as _leak_check  # noqa: E402
+app.command("leak-check")(_leak_check.leak_check_command)
 
 
 def main() -> None:

@@ -1,0 +1,141 @@
+"""Bugs planted on purpose, to prove that the leak check can fail. For rocmforge's own tests only.
+
+Each bug is the kind that the tools this project replaces shipped (DESIGN "The path of the data"):
+KV blocks kept after a normal completion, released only on cancel, a "free" that keeps the device
+buffer alive, finished records never dropped, a reference count decremented twice, and a device
+buffer allocated per step and never freed (which compute-sanitizer must catch too, on NVIDIA).
+
+Why monkeypatching one loaded model instead of hook points in the engine, cache or loader: the
+production code keeps no test-only branches that a configuration could ever reach, and each bug
+is planted at the exact method where the real one lived. Every patch is applied to the instances
+of one LoadedModel (never to a class), and only when ROCMFORGE_TESTING=1 is set; the CLI option
+that asks for it (`--plant-bug`) is hidden from --help. A patch that no longer finds the method it
+replaces raises, so a refactor cannot silently turn a planted-bug test into a test of nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from hipcore.errors import UsageError
+from hipcore.request import Ending
+
+TESTING_ENV = "ROCMFORGE_TESTING"
+DEVICE_LEAK_BYTES = 256 << 10
+DEVICE_LEAK_EVERY = 4  # steps
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    name: str
+    description: str
+    plant: Callable[[object], None]  # takes a hipcore.loader.LoadedModel
+
+
+def check_allowed(name: str) -> None:
+    if os.environ.get(TESTING_ENV) != "1":
+        raise UsageError(f"--plant-bug is for rocmforge's own tests; it needs {TESTING_ENV}=1 in the environment")
+    if name not in BUGS:
+        raise UsageError(f"unknown planted bug {name!r}; known: {', '.join(BUGS)}")
+
+
+def plant(name: str, loaded) -> None:
+    check_allowed(name)
+    BUGS[name].plant(loaded)
+
+
+def _require(obj: object, attr: str) -> None:
+    if not hasattr(obj, attr):
+        raise RuntimeError(f"planted bug: {type(obj).__name__}.{attr} no longer exists; update profiles/leak_bugs.py")
+
+
+def _release_only_for(endings: frozenset[Ending]) -> Callable[[object], None]:
+    """Engine._release_sequence that forgets to give the blocks back unless the ending is one of these."""
+
+    def plant_it(loaded) -> None:
+        engine = loaded.engine
+        _require(engine, "_release_sequence")
+        original = engine._release_sequence
+
+        def release_sequence(seq, ending):
+            if ending in endings:
+                original(seq, ending)
+            else:  # the bug: the sequence is marked done, its blocks stay in the cache
+                seq.finished = True
+                seq.ending = seq.ending or ending
+
+        engine._release_sequence = release_sequence
+
+    return plant_it
+
+
+def _free_keeps_buffer(loaded) -> None:
+    """Buffer.free() of the KV pools marks them freed but never returns the memory (to the driver
+    or the ledger): what the earlier implementation's close did."""
+    device = loaded.device
+    _require(device, "_release")
+    original = device._release
+
+    def release(buf):
+        if buf.tag != "kv":
+            original(buf)
+
+    device._release = release
+
+
+def _finished_records_kept(loaded) -> None:
+    engine = loaded.engine
+    _require(engine, "finished_bound")
+    engine.finished_bound = sys.maxsize
+
+
+def _double_decrement(loaded) -> None:
+    """BlockPool.release drops a shared block's reference count by two instead of one."""
+    pool = getattr(loaded.cache, "_pool", None)
+    if pool is None:
+        raise RuntimeError("planted bug: KvCache._pool no longer exists; update profiles/leak_bugs.py")
+    _require(pool, "release")
+    original = pool.release
+
+    def release(block, seq_id, fence):
+        if pool.refcount(block) > 1:
+            original(block, seq_id, fence)
+        return original(block, seq_id, fence)
+
+    pool.release = release
+
+
+def _device_leak(loaded) -> None:
+    """Every few steps the runner allocates a scratch buffer and never frees it."""
+    runner, device = loaded.runner, loaded.device
+    _require(runner, "execute")
+    original = runner.execute
+    calls = [0]
+    kept: list = []  # holds the Buffer objects (not their memory's release): a real leak
+
+    def execute(batch):
+        calls[0] += 1
+        if calls[0] % DEVICE_LEAK_EVERY == 0:
+            kept.append(device.allocate(DEVICE_LEAK_BYTES, tag="scratch", label="planted.step_scratch"))
+        return original(batch)
+
+    runner.execute = execute
+
+
+_NATURAL = frozenset({Ending.EOS, Ending.STOP, Ending.LENGTH})
+_ALL = frozenset(Ending)
+
+BUGS: dict[str, PlantedBug] = {b.name: b for b in (
+    PlantedBug("no-release-on-completion", "KV blocks are not released when a request completes normally",
+               _release_only_for(_ALL - _NATURAL)),
+    PlantedBug("release-on-cancel-only", "KV blocks are released only when a request is cancelled",
+               _release_only_for(frozenset({Ending.CANCELLED}))),
+    PlantedBug("free-keeps-buffer", "freeing the KV pools keeps their device memory alive", _free_keeps_buffer),
+    PlantedBug("finished-records-kept", "finished-request records are never dropped", _finished_records_kept),
+    PlantedBug("double-decrement", "a shared KV block's reference count is decremented twice", _double_decrement),
+    PlantedBug("device-leak", f"a {DEVICE_LEAK_BYTES >> 10} KiB device buffer allocated every {DEVICE_LEAK_EVERY} "
+               "steps is never freed", _device_leak),
+)}

@@ -1,0 +1,383 @@
+"""`rocmforge leak-check`: prove that every KV block and every device byte comes back.
+
+The run: load the model through the normal loader, warm up (modules, kernels, one batch of the
+same mix), take the baseline, then run the seeded workload (leak_workload) in phases through the
+real engine (leak_driver). After every phase the engine is idle and each layer is read (leak_layers):
+engine state, the ledger against the baseline, the KV pool, the driver's free memory, host memory.
+At the end a few requests are left in flight and the engine is shut down (they are dropped), and
+the model is closed: the ledger must then be empty. leak_report judges the readings.
+"""
+
+from __future__ import annotations
+
+import gc
+import shlex
+import time
+import tracemalloc
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hipcore.chat_template import chat_template_from_metadata, render_chat
+from hipcore.engine import EngineHooks
+from hipcore.errors import RocmforgeError, UsageError
+from hipcore.loader import LoadOptions, load_model
+from hipcore.request import Ending, Phase
+from profiles import leak_bugs
+from profiles.leak_driver import ENDINGS, PHASES, Outcomes, WorkloadDriver
+from profiles.leak_layers import (
+    HostMonitor, read_blocks, read_driver, read_engine_state, read_ledger, read_rss, BlockReading,
+)
+from profiles.leak_report import HostResult, LeakReport, PhaseResult, judge
+from profiles.leak_thresholds import Thresholds
+from profiles.leak_workload import CHAT_QUESTIONS, TEXT_PROMPTS, Plan, Workload, WorkloadShape
+
+HOST_SAMPLES = 200  # host-memory samples over the run (plus one per phase end)
+SHUTDOWN_STEPS = 2  # steps the final requests run before the engine is shut down under them
+MAX_STALL_MESSAGES = 10
+
+
+@dataclass(frozen=True)
+class LeakCheckSettings:
+    model: str
+    device: str = "auto"
+    requests: int = 1000
+    parallel: int = 8
+    seed: int = 0
+    kv_blocks: int | None = None  # None: deliberately small (WorkloadShape.default_kv_blocks)
+    max_tokens: int = 12
+    prompt_tokens: tuple[int, int] = (4, 32)
+    step_tokens: int = 32
+    phases: int = 4
+    warmup: int | None = None  # None: `parallel` requests
+    finished_bound: int = 100
+    kv_dtype: str = "f16"
+    tracemalloc: bool = True
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    planted_bug: str | None = None
+
+    def shape(self, block_size: int = 16) -> WorkloadShape:
+        return WorkloadShape(seed=self.seed, max_tokens=self.max_tokens, prompt_min=self.prompt_tokens[0],
+                             prompt_max=self.prompt_tokens[1], step_tokens=self.step_tokens, block_size=block_size,
+                             parallel=self.parallel)
+
+    @property
+    def warmup_requests(self) -> int:
+        return self.parallel if self.warmup is None else self.warmup
+
+    def validate(self) -> None:
+        checks = [
+            (self.requests >= 1, f"--requests must be at least 1, got {self.requests}"),
+            (self.parallel >= 1, f"--parallel must be at least 1, got {self.parallel}"),
+            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
+            (self.kv_blocks is None or self.kv_blocks >= 1, f"--kv-blocks must be at least 1, got {self.kv_blocks}"),
+            (1 <= self.phases <= self.requests, f"--phases must be between 1 and --requests ({self.requests}), got {self.phases}"),
+            (self.warmup is None or self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}"),
+            (self.finished_bound >= 1, f"--finished-bound must be at least 1, got {self.finished_bound}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+        self.shape().validate()
+        if self.planted_bug is not None:
+            leak_bugs.check_allowed(self.planted_bug)
+
+    def command_line(self) -> str:
+        """The command that reproduces this run exactly (every setting spelled out)."""
+        t = self.thresholds.describe()
+        parts = ["rocmforge", "leak-check", "--model", self.model, "--device", self.device, "--requests", str(self.requests),
+                 "--parallel", str(self.parallel), "--seed", str(self.seed), "--max-tokens", str(self.max_tokens),
+                 "--prompt-tokens", f"{self.prompt_tokens[0]}-{self.prompt_tokens[1]}", "--step-tokens", str(self.step_tokens),
+                 "--phases", str(self.phases), "--warmup", str(self.warmup_requests), "--finished-bound", str(self.finished_bound),
+                 "--kv-dtype", self.kv_dtype]
+        if self.kv_blocks is not None:
+            parts += ["--kv-blocks", str(self.kv_blocks)]
+        if not self.tracemalloc:
+            parts.append("--no-tracemalloc")
+        for key, value in self.thresholds.to_dict().items():
+            if value != getattr(Thresholds(), key):
+                cli_key = {"host_growth_per_1000": "host-growth"}.get(key, key)
+                shown = t[cli_key].replace(" (warning only)", "").replace(" ", "")
+                parts += ["--fail-on", f"{cli_key}={shown}"]
+        if self.planted_bug:
+            parts = ["ROCMFORGE_TESTING=1"] + parts + ["--plant-bug", self.planted_bug]
+        return " ".join(shlex.quote(p) for p in parts)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "device": self.device, "requests": self.requests, "parallel": self.parallel,
+            "seed": self.seed, "kv_blocks": self.kv_blocks, "max_tokens": self.max_tokens,
+            "prompt_tokens": list(self.prompt_tokens), "step_tokens": self.step_tokens, "phases": self.phases,
+            "warmup": self.warmup_requests, "finished_bound": self.finished_bound, "kv_dtype": self.kv_dtype,
+            "tracemalloc": self.tracemalloc, "thresholds": self.thresholds.to_dict(),
+        }
+
+
+class ProgressSink(Protocol):
+    def status(self, text: str) -> None: ...
+    def start(self, total: int, description: str) -> None: ...
+    def advance(self, n: int) -> None: ...
+
+
+def run_leak_check(settings: LeakCheckSettings, progress: ProgressSink | None = None) -> LeakReport:
+    settings.validate()
+    started = time.perf_counter()
+    say = progress.status if progress is not None else (lambda _text: None)
+    shape = settings.shape()
+    kv_blocks = settings.kv_blocks if settings.kv_blocks is not None else shape.default_kv_blocks()
+    hooks = EngineHooks()  # filled in once the driver exists; the engine keeps this object
+    options = LoadOptions(device=settings.device, max_seqs=settings.parallel, max_step_tokens=settings.step_tokens,
+                          kv_dtype=settings.kv_dtype, block_size=shape.block_size, kv_blocks=kv_blocks,
+                          finished_bound=settings.finished_bound, hooks=hooks)
+    loaded = load_model(settings.model, options, status=say)
+    started_tracing = False
+    try:
+        run = _Run(settings, loaded, hooks, kv_blocks, progress)
+        if settings.planted_bug:
+            leak_bugs.plant(settings.planted_bug, loaded)
+            say(f"planted bug: {settings.planted_bug} ({leak_bugs.BUGS[settings.planted_bug].description})")
+        if settings.tracemalloc and not tracemalloc.is_tracing():
+            tracemalloc.start(1)
+            started_tracing = True
+        report = run.execute(started)
+    finally:
+        if not loaded.closed:  # an unexpected error: still give everything back
+            try:
+                loaded.close()
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
+        loaded.device.close()
+        if started_tracing:
+            tracemalloc.stop()
+    report.findings = judge(report)
+    return report
+
+
+class _Run:
+    """One leak-check run over a loaded model (split from run_leak_check to keep each step short)."""
+
+    def __init__(self, settings: LeakCheckSettings, loaded, hooks: EngineHooks, kv_blocks: int, progress):
+        self.s = settings
+        self.loaded = loaded
+        self.engine = loaded.engine
+        self.cache = loaded.cache
+        self.device = loaded.device
+        self.progress = progress
+        self.kv_blocks = kv_blocks
+        shape = settings.shape(loaded.cache.config.block_size)
+        text, chat = _text_prompts(loaded)
+        self.workload = Workload(shape, loaded.config.vocab_size, loaded.cache.num_usable_blocks,
+                                 self.engine.max_context, text, chat)
+        self.first = settings.warmup_requests  # index of the first measured request
+        self.tail = settings.parallel
+        self.outcomes = Outcomes(self.first + settings.requests + self.tail)
+        self.driver = WorkloadDriver(self.engine, self.workload, self.outcomes, parallel=settings.parallel,
+                                     ledger=self.device.ledger, on_step=self._on_step)
+        hooks.fail_sampling, hooks.fail_step = self.driver.hooks().fail_sampling, self.driver.hooks().fail_step
+        self.monitor = HostMonitor()
+        self.sample_every = max(1, settings.requests // HOST_SAMPLES)
+        self.next_sample = 0
+        self.measuring = False
+        self.peak_blocks = 0
+        self.peak_driver_used: int | None = None
+        self.total_memory = self.device.memory_info().total
+        self.device_description = self.device.describe()
+        self.phases: list[PhaseResult] = []
+        self.phase_names = ["warm-up"] + [f"phase {k}" for k in range(1, settings.phases + 1)] + ["shutdown"]
+
+    # ---- the run --------------------------------------------------------------------------------
+
+    def execute(self, started: float) -> LeakReport:
+        s, driver = self.s, self.driver
+        self._status(f"warm-up: {self.first} requests")
+        before_warmup = self.device.ledger.snapshot()
+        driver.run(range(self.first), run_phase=0)
+        warmup = self._check("warm-up", self.first, 0.0, before_warmup)
+        warmup.ledger_judged = False  # first-use allocations belong to the warm-up (RELIABILITY, leak checks 6)
+        self.phases.append(warmup)
+        gc.collect()
+        baseline = self.device.ledger.snapshot()
+        driver_base = read_driver(self.device)
+        self.device.ledger.reset_peaks()
+        self.monitor.take_baseline()
+        self.measuring = True
+        self.monitor.sample(0)
+        stats_base = (self.engine.stats.preemptions, self.engine.stats.prompt_tokens, self.engine.stats.generated_tokens)
+        base = {
+            "ledger_bytes": dict(baseline.bytes_by_tag), "ledger_count": dict(baseline.count_by_tag),
+            "blocks_used": self.cache.num_usable_blocks - self.cache.num_free_blocks,
+            "driver_free": None if driver_base is None else driver_base.free,
+            "driver_used": None if driver_base is None else self.total_memory - driver_base.free,
+            "rss": read_rss(),
+        }
+        if self.progress is not None:
+            self.progress.start(s.requests, "requests")
+        bounds = [self.first + s.requests * k // s.phases for k in range(s.phases + 1)]
+        for k in range(1, s.phases + 1):
+            if driver.failure is not None:
+                break
+            t0 = time.perf_counter()
+            self._status(f"phase {k} of {s.phases}")
+            driver.run(range(bounds[k - 1], bounds[k]), run_phase=k, progress=self._advance)
+            gc.collect()
+            self.phases.append(self._check(f"phase {k}", bounds[k] - bounds[k - 1], time.perf_counter() - t0, baseline, driver_base))
+            self.monitor.sample(self._done_measured())
+            driver.forget_freed_owners()
+        if driver.failure is None:
+            self.phases.append(self._shutdown_with_requests_in_flight(baseline, driver_base))
+        host = self._host_result()
+        stats_now = (self.engine.stats.preemptions, self.engine.stats.prompt_tokens, self.engine.stats.generated_tokens)
+        close_ledger, close_error = self._close()
+        peaks = {"blocks_used": self.peak_blocks, "ledger_bytes": self.device.ledger.peak_by_tag(),
+                 "driver_used": self.peak_driver_used, "rss": host.peak_rss}
+        requests = self._request_summary()
+        requests.update(preemptions=stats_now[0] - stats_base[0], prompt_tokens=stats_now[1] - stats_base[1],
+                        generated_tokens=stats_now[2] - stats_base[2], steps=driver.steps, injected=dict(driver.injected))
+        failure = driver.failure
+        stalls = driver.stalls[:MAX_STALL_MESSAGES] + (
+            [f"... and {len(driver.stalls) - MAX_STALL_MESSAGES} more stalls"] if len(driver.stalls) > MAX_STALL_MESSAGES else [])
+        return LeakReport(
+            command=s.command_line(), settings=s.to_dict() | {"kv_blocks_used": self.kv_blocks}, model=self.loaded.path,
+            device=self.device_description,
+            backend=self.device.backend, thresholds=s.thresholds, phases=self.phases, close_ledger=close_ledger,
+            close_error=close_error, host=host, requests=requests,
+            engine_failure=None if failure is None else {"where": failure.where, "message": failure.message,
+                                                         "traceback": failure.traceback_tail},
+            stalls=stalls, peaks=peaks, baseline=base, wall_seconds=time.perf_counter() - started,
+            load_seconds=self.loaded.load_seconds, planted_bug=s.planted_bug,
+        )
+
+    def _shutdown_with_requests_in_flight(self, baseline, driver_base) -> PhaseResult:
+        """Leave a few requests mid-prompt / mid-decode, then shut the engine down under them."""
+        t0 = time.perf_counter()
+        self._status("shutdown with requests in flight")
+        driver, start = self.driver, self.first + self.s.requests
+        driver.run_phase = len(self.phase_names) - 1
+        driver.dropping_expected = True
+        driver.submit_tail([self.workload.plan(i) for i in range(start, start + self.tail)])
+        driver.finish_in_flight(SHUTDOWN_STEPS)
+        try:
+            self.engine.shutdown()
+        except Exception as exc:  # noqa: BLE001 - reported as an engine failure
+            from profiles.leak_driver import EngineFailure
+
+            driver.failure = EngineFailure("engine.shutdown()", f"{type(exc).__name__}: {exc}", "")
+        driver.record_shutdown()
+        gc.collect()
+        return self._check("shutdown", self.tail, time.perf_counter() - t0, baseline, driver_base)
+
+    def _close(self):
+        self._status("closing the model")
+        error = None
+        try:
+            self.loaded.close()
+        except Exception as exc:  # noqa: BLE001 - a close that raises is itself a finding
+            error = f"{type(exc).__name__}: {exc}"
+            self.loaded.closed = True
+        return read_ledger(self.device.ledger, None, self.driver.step_owner), error
+
+    # ---- readings -------------------------------------------------------------------------------
+
+    def _check(self, name: str, requests: int, seconds: float, baseline, driver_base=None) -> PhaseResult:
+        engine_state = read_engine_state(self.engine, self.s.finished_bound)
+        try:
+            blocks = read_blocks(self.cache, self._owner_of_sequence)
+        except RocmforgeError as exc:
+            blocks = BlockReading(self.cache.num_usable_blocks, self.cache.num_free_blocks, self.cache.num_pending_blocks,
+                                  self.cache.config.bytes_per_block, f"the KV cache could not be read: {exc}")
+        ledger = read_ledger(self.device.ledger, baseline, self.driver.step_owner)
+        driver = read_driver(self.device) if driver_base is not None else None
+        return PhaseResult(name, requests, seconds, engine_state, blocks, ledger, driver,
+                           None if driver_base is None else driver_base.free)
+
+    def _owner_of_sequence(self, seq_id: int) -> dict | None:
+        index = self.outcomes.index_of_sequence(seq_id)
+        if index is None:
+            return None
+        return self.outcomes.describe(index, self.phase_names)
+
+    def _on_step(self) -> None:
+        used = self.cache.num_usable_blocks - self.cache.num_free_blocks
+        self.peak_blocks = max(self.peak_blocks, used)
+        if not self.measuring:
+            return
+        done = self._done_measured()
+        if done >= self.next_sample:
+            self.next_sample = done + self.sample_every
+            self.monitor.sample(done)
+            free = self.device.driver_free_bytes()
+            if free is not None:
+                used_driver = self.total_memory - int(free)
+                self.peak_driver_used = max(self.peak_driver_used or 0, used_driver)
+
+    def _done_measured(self) -> int:
+        return int(self.outcomes.done()[self.first:self.first + self.s.requests].sum())
+
+    def _advance(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress.advance(n)
+
+    def _status(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.status(text)
+
+    def _host_result(self) -> HostResult:
+        m = self.monitor
+        bound_reached = max(0, self.s.finished_bound - self.first)  # records fill up first: legitimate growth
+        fit_from = bound_reached if self.s.requests - bound_reached >= max(200, self.s.requests // 2) else 0
+        rss_slope, samples, span = m.slope("rss", fit_from)
+        traced_slope, _, _ = m.slope("traced", fit_from) if tracemalloc.is_tracing() else (None, 0, 0)
+        t_bytes, t_count, top = m.tracemalloc_growth()
+        rss = m.values("rss")
+        return HostResult(
+            available=m.rss_available, baseline_rss=rss[0] if rss else None, peak_rss=max(rss) if rss else None,
+            final_rss=rss[-1] if rss else None, rss_slope=rss_slope, traced_slope=traced_slope, fitted_from=fit_from,
+            fitted_span=span, samples=samples, tracemalloc_bytes=t_bytes, tracemalloc_count=t_count, tracemalloc_top=top,
+            series={"requests": m.values("requests"), "rss": rss, "traced": m.values("traced")},
+        )
+
+    def _request_summary(self) -> dict:
+        o, lo, hi = self.outcomes, self.first, self.first + self.s.requests
+        endings = Counter(ENDINGS[e].value for e in o.ending[lo:hi] if e >= 0)
+        by_plan: dict[str, dict] = {}
+        for kind, ending in zip(o.kind[lo:hi], o.ending[lo:hi]):
+            if kind < 0:
+                continue
+            entry = by_plan.setdefault(Plan(int(kind)).label, {"count": 0, "endings": Counter()})
+            entry["count"] += 1
+            entry["endings"][ENDINGS[ending].value if ending >= 0 else "not finished"] += 1
+        cancelled = Ending.CANCELLED
+        cancel_phases = Counter(PHASES[p].value for e, p in zip(o.ending[lo:hi], o.phase_at_end[lo:hi])
+                                if e >= 0 and ENDINGS[e] == cancelled)
+        tail = Counter(ENDINGS[e].value for e in o.ending[hi:] if e >= 0)
+        measured = o.ending[lo:hi] >= 0
+        return {
+            "total": self.s.requests, "finished": int(measured.sum()), "by_ending": dict(endings),
+            "by_plan": {k: {"count": v["count"], "endings": dict(v["endings"])} for k, v in sorted(by_plan.items())},
+            "cancelled_by_phase": dict(cancel_phases), "collateral_failures": int(o.collateral[lo:hi].sum()),
+            "preempted_requests": int((o.preemptions[lo:hi] > 0).sum()),
+            "parallel_sample_requests": int((o.samples[lo:hi] > 1).sum()),
+            "unexpected": int((measured & ~o.expected[lo:hi]).sum()) + int(((o.ending[hi:] >= 0) & ~o.expected[hi:]).sum()),
+            "unexpected_notes": list(self.driver.notes), "warmup": self.first, "shutdown_tail": dict(tail),
+            "cancelled_waiting": cancel_phases.get(Phase.WAITING.value, 0),
+        }
+
+
+def _text_prompts(loaded) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """Token ids of the plain-text prompts and of the chat questions rendered with the model's
+    template. A model whose tokenizer or template cannot do it simply gets random prompts."""
+    tok = loaded.tokenizer
+    try:
+        text = tuple(tuple(tok.encode(t)) for t in TEXT_PROMPTS)
+    except RocmforgeError:
+        return (), ()
+    try:
+        template = chat_template_from_metadata(loaded.gguf.metadata)
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        chat = tuple(tuple(tok.encode(render_chat(template, [{"role": "user", "content": q}], bos_token=bos, eos_token=eos)))
+                     for q in CHAT_QUESTIONS)
+    except RocmforgeError:
+        chat = ()
+    return text, chat
+

@@ -1,0 +1,132 @@
+"""Rich tables of a LeakReport: verdict, layers, phases, requests by ending, and what leaked."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from hipcore.runtime.ledger import format_bytes
+from profiles.leak_report import LeakReport
+
+ITEMS_SHOWN = 20
+
+
+def _table(title: str, columns: list[str], text_columns: tuple[str, ...] = ()) -> Table:
+    t = Table(title=title, title_justify="left")
+    for i, name in enumerate(columns):
+        t.add_column(name, justify="left" if i == 0 or name in text_columns else "right", overflow="fold")
+    return t
+
+
+def _b(n: int | None) -> str:
+    return "-" if n is None else f"{format_bytes(n)}" if abs(n) >= 1024 else f"{n} B"
+
+
+def _exact(n: int | None) -> str:
+    return "-" if n is None else f"{n:,} B"
+
+
+def verdict_text(report: LeakReport) -> Text:
+    if report.leaked:
+        return Text(f"LEAK: {sum(f.severity == 'leak' for f in report.findings)} findings (exit 1)", style="bold red")
+    warnings = sum(f.severity == "warning" for f in report.findings)
+    return Text("CLEAN: every block and every device byte came back" + (f" ({warnings} warnings)" if warnings else ""),
+                style="bold green")
+
+
+def layers_table(report: LeakReport) -> Table:
+    t = _table("Not returned, per layer (against the baseline taken after warm-up)",
+               ["layer", "not returned", "in", "baseline", "peak", "final"])
+    for row in report.layer_totals():
+        count = "-" if row["count"] is None else f"{row['count']:,} {row['unit']}"
+        t.add_row(row["layer"], _exact(row["bytes"]), count, _b(row["baseline"]), _b(row["peak"]), _b(row["final"]))
+    h = report.host
+    for label, slope in (("host growth (RSS)", h.rss_slope), ("host growth (tracemalloc)", h.traced_slope)):
+        per = h.per_1000(slope)
+        if per is not None:
+            t.add_row(f"{label} per 1000 requests", _b(per), f"fit over {h.fitted_span:,} req", "", "", "")
+    return t
+
+
+def phases_table(report: LeakReport) -> Table:
+    t = _table("After each phase", ["phase", "requests", "seconds", "engine state", "KV blocks not free",
+                                   "ledger growth", "driver loss", "records"], text_columns=("engine state",))
+    for p in report.phases:
+        e = p.engine
+        state = "empty" if e.empty else f"{e.active_requests} active, {e.cache_sequences} tables"
+        blocks = "-" if p.blocks is None else f"{p.blocks.not_free}" + (" (invariant broken)" if p.blocks.invariant_error else "")
+        growth = p.ledger.leaked_bytes
+        ledger = _exact(growth) + ("" if p.ledger_judged else " (not judged)")
+        t.add_row(p.name, f"{p.requests:,}", f"{p.seconds:.1f}", state, blocks, ledger, _b(p.driver_loss),
+                  f"{e.finished_records}/{e.finished_bound}")
+    return t
+
+
+def requests_table(report: LeakReport) -> Table:
+    r = report.requests
+    t = _table(f"Requests: {r.get('total', 0):,} measured (+{r.get('warmup', 0)} warm-up)", ["ending", "requests"])
+    for ending, n in sorted(r.get("by_ending", {}).items(), key=lambda kv: -kv[1]):
+        t.add_row(ending, f"{n:,}")
+    for phase, n in sorted(r.get("cancelled_by_phase", {}).items()):
+        t.add_row(f"  cancelled while {phase}", f"{n:,}")
+    inj = r.get("injected", {})
+    t.add_row("  failed by an injected sampler fault", f"{inj.get('fail_sampling', 0):,}")
+    t.add_row("  forward passes failed on purpose", f"{inj.get('fail_step', 0):,}")
+    t.add_row("  failed with such a batch (collateral)", f"{r.get('collateral_failures', 0):,}")
+    t.add_row("  cancels that raced the final step", f"{inj.get('final_step_cancels', 0):,}")
+    t.add_row("parallel-sample requests (n > 1)", f"{r.get('parallel_sample_requests', 0):,}")
+    t.add_row("requests preempted (preemptions)", f"{r.get('preempted_requests', 0):,} ({r.get('preemptions', 0):,})")
+    t.add_row("ended other than planned", f"{r.get('unexpected', 0):,}")
+    t.add_row("dropped by the final shutdown", f"{r.get('shutdown_tail', {}).get('dropped', 0):,}")
+    return t
+
+
+def leaks_table(report: LeakReport) -> Table | None:
+    """Each leaked block or allocation with its owner and where it was allocated (first ITEMS_SHOWN)."""
+    rows = []
+    for p in report.phases:
+        if p.blocks is not None:
+            for item in p.blocks.leaked:
+                owner = item["owners"][0] if item["owners"] else None
+                who = (f"request {owner['request_id']} ({owner['plan']}), ended {owner['ending']} in {owner['phase_at_end']}, "
+                       f"{owner['run_phase']}") if owner else "no block table holds it"
+                rows.append((p.name, f"KV block {item['block']} (refcount {item['refcount']})", who, "-"))
+        if p.ledger_judged:
+            for a in p.ledger.not_returned:
+                rows.append((p.name, f"{a['tag']} {a['bytes']:,} B {a['label']}", a["owner"], a["site"]))
+    if report.close_ledger is not None:
+        for a in report.close_ledger.not_returned:
+            rows.append(("after close", f"{a['tag']} {a['bytes']:,} B {a['label']}", a["owner"], a["site"]))
+    if not rows:
+        return None
+    t = _table(f"Not returned ({len(rows):,}; first {min(len(rows), ITEMS_SHOWN)})", ["seen", "what", "owner", "allocated at"],
+               text_columns=("what", "owner", "allocated at"))
+    for row in rows[:ITEMS_SHOWN]:
+        t.add_row(*row)
+    return t
+
+
+def findings_table(report: LeakReport) -> Table | None:
+    if not report.findings:
+        return None
+    t = _table("Findings", ["layer", "severity", "what"], text_columns=("severity", "what"))
+    for f in report.findings:
+        t.add_row(f.layer, Text(f.severity, style="red" if f.severity == "leak" else "yellow"), f.message)
+    return t
+
+
+def render(report: LeakReport) -> Group:
+    parts = [verdict_text(report), layers_table(report), phases_table(report), requests_table(report)]
+    for extra in (leaks_table(report), findings_table(report)):
+        if extra is not None:
+            parts.append(extra)
+    if report.host.tracemalloc_top and report.leaked:
+        t = _table("Host: tracemalloc's largest growth since the baseline", ["where", "bytes", "allocations"])
+        for line in report.host.tracemalloc_top:
+            t.add_row(line["where"], f"{line['bytes']:,}", f"{line['allocations']:,}")
+        parts.append(t)
+    parts.append(Text(f"{report.device}; {report.requests.get('total', 0):,} requests in {report.wall_seconds:.1f} s "
+                      f"(model load {report.load_seconds:.1f} s)"))
+    parts.append(Text(f"reproduce: {report.command}", style="dim"))
+    return Group(*parts)

@@ -1,0 +1,300 @@
+"""The leak check's result: what each layer read after each phase, judged against the thresholds.
+
+`LeakReport.to_dict()` is the `--json` output (exact integers, stable keys); leak_render prints the
+same content as rich tables. `judge()` turns the readings into findings: a finding of severity
+"leak" fails the run (exit 1), a "warning" is reported and does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hipcore.runtime.ledger import format_bytes
+from profiles.leak_layers import DRIVER_GRANULARITY, BlockReading, DriverReading, EngineState, LedgerReading
+from profiles.leak_thresholds import Thresholds
+
+EXIT_CLEAN, EXIT_LEAK = 0, 1
+MIN_HOST_SPAN = 200  # requests: a slope over fewer is noise, not evidence
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    requests: int
+    seconds: float
+    engine: EngineState
+    blocks: BlockReading | None
+    ledger: LedgerReading
+    driver: DriverReading | None
+    driver_baseline: int | None = None
+    ledger_judged: bool = True  # the warm-up's ledger growth is shown, not judged
+
+    @property
+    def driver_loss(self) -> int | None:
+        """Bytes the driver says are in use beyond the baseline (negative: more free than then)."""
+        if self.driver is None or self.driver_baseline is None:
+            return None
+        return self.driver_baseline - self.driver.free
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "requests": self.requests, "seconds": round(self.seconds, 3),
+            "engine": self.engine.to_dict(), "blocks": None if self.blocks is None else self.blocks.to_dict(),
+            "ledger": self.ledger.to_dict(), "ledger_judged": self.ledger_judged,
+            "driver": None if self.driver is None else {
+                "free": self.driver.free, "reads": self.driver.reads, "spread": self.driver.spread,
+                "baseline_free": self.driver_baseline, "loss": self.driver_loss,
+            },
+        }
+
+
+@dataclass
+class HostResult:
+    available: bool
+    baseline_rss: int | None
+    peak_rss: int | None
+    final_rss: int | None
+    rss_slope: float | None  # bytes per request
+    traced_slope: float | None
+    fitted_from: int  # requests completed (after warm-up) where the fit starts
+    fitted_span: int
+    samples: int
+    tracemalloc_bytes: int
+    tracemalloc_count: int
+    tracemalloc_top: list[dict]
+    series: dict[str, list[int]] = field(default_factory=dict)
+
+    def per_1000(self, slope: float | None) -> int | None:
+        return None if slope is None else int(round(slope * 1000))
+
+    def to_dict(self) -> dict:
+        return {
+            "available": self.available, "baseline_rss": self.baseline_rss, "peak_rss": self.peak_rss,
+            "final_rss": self.final_rss, "rss_growth_per_1000_requests": self.per_1000(self.rss_slope),
+            "tracemalloc_growth_per_1000_requests": self.per_1000(self.traced_slope),
+            "fitted_from_request": self.fitted_from, "fitted_span_requests": self.fitted_span, "samples": self.samples,
+            "tracemalloc_not_returned": {"bytes": self.tracemalloc_bytes, "allocations": self.tracemalloc_count,
+                                         "top_lines": self.tracemalloc_top},
+            "series": self.series,
+        }
+
+
+@dataclass
+class Finding:
+    layer: str
+    severity: str  # "leak" fails the run; "warning" does not
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "severity": self.severity, "message": self.message}
+
+
+@dataclass
+class LeakReport:
+    command: str
+    settings: dict
+    model: str
+    device: str
+    backend: str
+    thresholds: Thresholds
+    phases: list[PhaseResult]
+    close_ledger: LedgerReading | None
+    close_error: str | None
+    host: HostResult
+    requests: dict  # counts by ending, by plan, cancels by phase, unexpected notes ...
+    engine_failure: dict | None
+    stalls: list[str]
+    peaks: dict  # blocks used, ledger bytes by tag, driver used
+    baseline: dict
+    wall_seconds: float
+    load_seconds: float
+    planted_bug: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def leaked(self) -> bool:
+        return any(f.severity == "leak" for f in self.findings)
+
+    @property
+    def verdict(self) -> str:
+        return "leak" if self.leaked else "clean"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_LEAK if self.leaked else EXIT_CLEAN
+
+    @property
+    def final(self) -> PhaseResult | None:
+        return self.phases[-1] if self.phases else None
+
+    def layer_totals(self) -> list[dict]:
+        """Per layer: 'N bytes in M allocations not returned', baseline / peak / final."""
+        final = self._last_with_blocks()
+        rows = []
+        if final is not None and final.blocks is not None:
+            b = final.blocks
+            rows.append({"layer": "kv blocks", "bytes": b.leaked_bytes, "count": b.not_free, "unit": "blocks",
+                         "baseline": self.baseline.get("blocks_used", 0) * b.bytes_per_block,
+                         "peak": self.peaks.get("blocks_used", 0) * b.bytes_per_block, "final": b.not_free * b.bytes_per_block})
+        last = self.final
+        if last is not None:
+            for tag, grown in last.ledger.growth_bytes.items():
+                base = self.baseline.get("ledger_bytes", {}).get(tag, 0)
+                if grown or base or self.peaks.get("ledger_bytes", {}).get(tag, 0):
+                    count = sum(1 for a in last.ledger.not_returned if a["tag"] == tag)
+                    rows.append({"layer": f"ledger: {tag}", "bytes": max(0, grown), "count": count, "unit": "allocations",
+                                 "baseline": base, "peak": self.peaks.get("ledger_bytes", {}).get(tag, 0),
+                                 "final": last.ledger.bytes_by_tag.get(tag, 0)})
+        if self.close_ledger is not None:
+            c = self.close_ledger
+            rows.append({"layer": "ledger after close", "bytes": sum(c.bytes_by_tag.values()), "count": c.leaked_count,
+                         "unit": "allocations", "baseline": None, "peak": None, "final": sum(c.bytes_by_tag.values())})
+        if last is not None and last.driver is not None:
+            loss = last.driver_loss or 0
+            rows.append({"layer": "driver", "bytes": max(0, loss), "count": None, "unit": "",
+                         "baseline": self.baseline.get("driver_used"), "peak": self.peaks.get("driver_used"),
+                         "final": None if self.baseline.get("driver_used") is None else self.baseline["driver_used"] + loss})
+        h = self.host
+        if h.available:
+            rows.append({"layer": "host (RssAnon+VmSwap)", "bytes": max(0, (h.final_rss or 0) - (h.baseline_rss or 0)),
+                         "count": None, "unit": "", "baseline": h.baseline_rss, "peak": h.peak_rss, "final": h.final_rss})
+        if h.tracemalloc_count or h.tracemalloc_bytes:
+            rows.append({"layer": "host (tracemalloc)", "bytes": max(0, h.tracemalloc_bytes),
+                         "count": max(0, h.tracemalloc_count), "unit": "allocations", "baseline": None, "peak": None, "final": None})
+        return rows
+
+    def _last_with_blocks(self) -> PhaseResult | None:
+        return next((p for p in reversed(self.phases) if p.blocks is not None), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "verdict": self.verdict, "exit_code": self.exit_code, "command": self.command, "settings": self.settings,
+            "planted_bug": self.planted_bug, "model": self.model, "device": self.device, "backend": self.backend,
+            "wall_seconds": round(self.wall_seconds, 3), "load_seconds": round(self.load_seconds, 3),
+            "requests": self.requests, "findings": [f.to_dict() for f in self.findings],
+            "layers": self.layer_totals(), "thresholds": self.thresholds.to_dict(),
+            "baseline": self.baseline, "peaks": self.peaks, "phases": [p.to_dict() for p in self.phases],
+            "close": None if self.close_ledger is None else {"ledger": self.close_ledger.to_dict(), "error": self.close_error},
+            "host": self.host.to_dict(), "engine_failure": self.engine_failure, "stalls": self.stalls,
+        }
+
+
+def judge(report: LeakReport) -> list[Finding]:
+    """The findings, strictest layer first."""
+    t = report.thresholds
+    out: list[Finding] = []
+    if report.engine_failure:
+        out.append(Finding("engine", "leak", f"the engine raised in {report.engine_failure['where']}: "
+                                             f"{report.engine_failure['message']}"))
+    for stall in report.stalls:
+        out.append(Finding("engine", "leak", f"stalled: {stall}"))
+    for phase in report.phases:
+        e = phase.engine
+        if not e.empty:
+            out.append(Finding("engine", "leak", f"after {phase.name}: {e.active_requests} requests still active, "
+                                                 f"{e.waiting} waiting, {e.running} running, {e.inbox} inbox items, "
+                                                 f"{e.cache_sequences} KV cache tables left"))
+        if not e.records_within_bound:
+            out.append(Finding("engine", "leak", f"after {phase.name}: {e.finished_records} finished records kept, "
+                                                 f"past their bound of {e.finished_bound}"))
+        if phase.blocks is not None:
+            _judge_blocks(out, phase, t)
+        if phase.ledger_judged:
+            _judge_ledger(out, phase, t)
+        _judge_driver(out, phase, t)
+    if report.close_error:
+        out.append(Finding("ledger", "leak", f"closing the model raised: {report.close_error}"))
+    if report.close_ledger is not None and (report.close_ledger.leaked_count or sum(report.close_ledger.bytes_by_tag.values())):
+        c = report.close_ledger
+        total = sum(c.bytes_by_tag.values())
+        severity = "leak" if t.ledger is not None and total > t.ledger else "warning"
+        by_tag = ", ".join(f"{tag} {format_bytes(b)}" for tag, b in c.bytes_by_tag.items() if b)
+        out.append(Finding("ledger", severity, f"after closing the model: {total:,} bytes in {c.leaked_count} allocations "
+                                               f"not returned ({by_tag}); first: {_first_allocation(c)}"))
+    _judge_host(out, report, t)
+    unexpected = report.requests.get("unexpected", 0)
+    if unexpected:
+        severity = "leak" if t.unexpected is not None and unexpected > t.unexpected else "warning"
+        notes = report.requests.get("unexpected_notes", [])
+        out.append(Finding("requests", severity, f"{unexpected} requests ended other than planned"
+                                                 + (f"; first: {notes[0]}" if notes else "")))
+    if report.requests.get("preempted_requests", 0) == 0 and report.requests.get("total", 0) >= 50:
+        out.append(Finding("requests", "warning", "no request was preempted: lower --kv-blocks to exercise preemption"))
+    return out
+
+
+def _judge_blocks(out: list[Finding], phase: PhaseResult, t: Thresholds) -> None:
+    b = phase.blocks
+    assert b is not None
+    if b.invariant_error:
+        out.append(Finding("kv blocks", "leak", f"after {phase.name}: KV invariant broken: {b.invariant_error}"))
+    if b.not_free:
+        severity = "leak" if t.blocks is not None and b.not_free > t.blocks else "warning"
+        first = b.leaked[0] if b.leaked else None
+        owner = ""
+        if first is not None:
+            who = first["owners"][0] if first["owners"] else None
+            owner = (f"; first: block {first['block']} (refcount {first['refcount']}) held by "
+                     + (f"request {who['request_id']} ({who['plan']}, ended {who['ending']} in {who['phase_at_end']}, "
+                        f"{who['run_phase']})" if who else "no block table"))
+        out.append(Finding("kv blocks", severity, f"after {phase.name}: {b.leaked_bytes:,} bytes in {b.not_free} KV blocks "
+                                                  f"not returned ({b.pending} pending, {b.free} of {b.usable} free){owner}"))
+
+
+def _judge_ledger(out: list[Finding], phase: PhaseResult, t: Thresholds) -> None:
+    led = phase.ledger
+    if led.clean:
+        return
+    grown = {tag: b for tag, b in led.growth_bytes.items() if b or led.growth_count[tag]}
+    # Byte-exact by default: with a zero limit a changed count alone (same bytes) fails too.
+    severity = "leak" if t.ledger is not None and (led.leaked_bytes > t.ledger or t.ledger == 0) else "warning"
+    by_tag = ", ".join(f"{tag} {b:+,} B / {led.growth_count[tag]:+d}" for tag, b in grown.items())
+    out.append(Finding("ledger", severity, f"after {phase.name}: {led.leaked_bytes:,} bytes in {led.leaked_count} allocations "
+                                           f"not returned ({by_tag}); first: {_first_allocation(led)}"))
+
+
+def _first_allocation(led: LedgerReading) -> str:
+    if not led.not_returned:
+        return "-"
+    a = led.not_returned[0]
+    label = f' "{a["label"]}"' if a["label"] else ""
+    return f"{a['tag']} {a['bytes']:,} B{label} allocated at {a['site']} ({a['owner']})"
+
+
+def _judge_driver(out: list[Finding], phase: PhaseResult, t: Thresholds) -> None:
+    loss = phase.driver_loss
+    if loss is None or abs(loss) <= DRIVER_GRANULARITY:
+        return
+    explained = max(0, phase.ledger.leaked_bytes)
+    severity = "leak" if t.driver is not None and loss > t.driver else "warning"
+    note = ("the ledger explains " + format_bytes(explained)) if explained else "the ledger sees no growth: memory "\
+        "taken outside our allocations (driver, other processes, or an allocation that bypassed the ledger)"
+    spread = phase.driver.spread if phase.driver else 0
+    out.append(Finding("driver", severity, f"after {phase.name}: the driver reports {loss:+,} bytes in use against the "
+                                           f"baseline (granularity {format_bytes(DRIVER_GRANULARITY)}, reads spread "
+                                           f"{format_bytes(spread)}); {note}"))
+
+
+def _judge_host(out: list[Finding], report: LeakReport, t: Thresholds) -> None:
+    h = report.host
+    if not h.available:
+        out.append(Finding("host", "warning", "host memory not measured (no /proc/self/status on this system)"))
+        return
+    per_1000 = h.per_1000(h.rss_slope)
+    if per_1000 is None or h.fitted_span < MIN_HOST_SPAN:
+        return
+    traced = h.per_1000(h.traced_slope)
+    limit = t.host_growth_per_1000
+    worst = max(per_1000, traced or 0)
+    if limit is not None and worst > limit:
+        severity = "leak"
+    elif worst > (limit if limit is not None else 1 << 20):
+        severity = "warning"
+    else:
+        return
+    top = h.tracemalloc_top[0] if h.tracemalloc_top else None
+    where = f"; tracemalloc's largest growth: {format_bytes(top['bytes'])} at {top['where']}" if top else ""
+    out.append(Finding("host", severity, f"host memory grows {format_bytes(per_1000)} per 1000 requests by RSS"
+                                         + (f", {format_bytes(traced)} by tracemalloc" if traced is not None else "")
+                                         + f" (fitted over {h.fitted_span} requests, limit "
+                                         + (f"{format_bytes(limit)}/1000req" if limit is not None else "off") + f"){where}"))
