@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import add, argmax, matvec, rmsnorm, rope, silu_mul
+from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, silu_mul
+from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
 from hipcore.runtime.device import pick_device
 from weight_samples import random_weights
@@ -27,6 +28,7 @@ U32 = 2.0**-24  # float32 unit roundoff
 ENTRIES = {
     "add": [("add_f32", add.SIGNATURE)],
     "argmax": [("argmax_f32", argmax.SIGNATURE)],
+    "matmul": [(f"matmul_{t}", matmul.SIGNATURE) for t in matmul.WEIGHT_TYPES],
     "matvec": [(f"matvec_{t}", matvec.SIGNATURE) for t in matvec.WEIGHT_TYPES],
     "rmsnorm": [("rmsnorm_f32", rmsnorm.SIGNATURE)],
     "rope": [("rope_f32", rope.SIGNATURE)],
@@ -119,9 +121,74 @@ def run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch, kernel=None)
     # Batches: one pass of 2..8 rows of x, then several passes with a remainder.
     ("q4_1", 1536, 576, 2), ("q8_0", 577, 576, 8), ("f16", 192, 576, 5), ("q4_1", 576, 1536, 17), ("q8_0", 9, 64, 11),
     ("f32", 1536, 576, 7), ("f32", 33, 96, 12),
+    # The other formats: Q4_0 and BF16 at the demo model's shapes, the K-quants at 7B-class rows (their
+    # rows are whole super-blocks of 256), odd row counts, batches of one and several passes.
+    ("q4_0", 1536, 576, 1), ("q4_0", 577, 1536, 3), ("bf16", 576, 576, 1), ("bf16", 193, 576, 9),
+    ("q4_k", 4096, 4096, 1), ("q4_k", 11008, 4096, 1), ("q4_k", 33, 256, 5), ("q5_k", 4096, 4096, 1),
+    ("q5_k", 7, 512, 11), ("q6_k", 4096, 4096, 1), ("q6_k", 4096, 11008, 1), ("q6_k", 65, 768, 8),
 ])
 def test_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch)
+
+
+def run_matmul(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, tile=None, kernel=None, grid=None):
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    w, xs, y = mem.upload(raw, "weights"), mem.upload(x), mem.poisoned(n_tokens * rows * 4)
+    if kernel is None:
+        matmul.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, tile_tokens=tile)
+        tile = matmul.geometry(rows, n_tokens, tile)[2]
+    else:
+        launcher_grid, block, tile = matmul.geometry(rows, n_tokens, tile)
+        kernel.launch(grid or launcher_grid, block, (y, w, xs, rows, cols, n_tokens, tile))
+    got = y.download(np.float32).reshape(n_tokens, rows)
+    want = matmul.reference(raw, weight_type, x, rows, cols)
+    # Tolerance: the recursive-summation bound (cols + 2) u sum|w x|, as for matvec (matmul.error_bound
+    # says why): each output is one float32 sum, in column order, of one fused multiply-add per column.
+    bad = ~(np.abs(got - want) <= matmul.error_bound(raw, weight_type, x, rows, cols))
+    assert not bad.any(), (f"seed {seed}, tile {tile}: {int(bad.sum())} of {bad.size} outputs off; first at "
+                           f"{np.argwhere(bad)[0].tolist()}: got {got[bad][0]!r}, want {want[bad][0]!r}")
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    # SmolLM2-135M at pp512: q, k/v, gate/up, down (Q4_1), and the output head for 64 sampled rows (Q8_0).
+    ("q4_1", 576, 576, 512), ("q4_1", 192, 576, 512), ("q4_1", 1536, 576, 512), ("q4_1", 576, 1536, 512),
+    ("q8_0", 49152, 576, 64),
+    # The same at 128 and 2048 tokens, and 7B-class shapes.
+    ("q4_1", 576, 576, 128), ("q4_1", 1536, 576, 2048), ("q4_k", 4096, 4096, 512), ("q6_k", 11008, 4096, 64),
+    ("q4_0", 4096, 4096, 100),
+    # Every format; odd rows and token counts (partial tiles both ways), 1 and 4096 tokens.
+    ("q4_0", 577, 576, 33), ("q8_0", 1001, 96, 65), ("q4_k", 1536, 1024, 77), ("q5_k", 300, 512, 33),
+    ("q6_k", 576, 1536, 512), ("f16", 1001, 96, 65), ("bf16", 192, 576, 17), ("f32", 33, 96, 4096),
+    ("q4_1", 1, 32, 1), ("q4_1", 7, 32, 4095), ("q4_k", 64, 256, 4096), ("q6_k", 3, 256, 9),
+])
+def test_matmul(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
+    run_matmul(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
+
+
+@pytest.mark.parametrize("tile", matmul.TILE_TOKENS)
+@pytest.mark.parametrize("weight_type", ["q4_1", "q8_0", "q6_k", "f16"])
+def test_matmul_every_tile_shape(gpu, mem, rng, seed, weight_type, tile):
+    run_matmul(gpu, mem, rng, seed, weight_type, 130, column_multiple(weight_type) * 3, 100, tile=tile)
+
+
+def test_matmul_loops_over_tiles_a_small_grid_leaves(gpu, mem, rng, seed):
+    """The grid-stride loop: one to a few workgroups compute every tile."""
+    kernel = loader.get_kernel(gpu, matmul.OP, "matmul_q4_1", matmul.SIGNATURE)
+    for grid in (1, 3, 7):
+        run_matmul(gpu, mem, rng, seed, "q4_1", 200, 576, 150, kernel=kernel, grid=grid)
+
+
+@pytest.mark.parametrize("n_tokens", [1, matmul.MATVEC_MAX_TOKENS, matmul.MATVEC_MAX_TOKENS + 1, 512])
+def test_project_on_either_side_of_the_crossover(gpu, mem, rng, seed, n_tokens):
+    rows, cols = 576, 1536
+    raw = random_weights(rng, "q4_1", rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    w, xs, y = mem.upload(raw, "weights"), mem.upload(x), mem.poisoned(n_tokens * rows * 4)
+    matmul.project(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type="q4_1")
+    got = y.download(np.float32).reshape(n_tokens, rows)
+    bound = matmul.error_bound(raw, "q4_1", x, rows, cols)
+    assert np.all(np.abs(got - matmul.reference(raw, "q4_1", x, rows, cols)) <= bound), f"seed {seed}"
 
 
 @pytest.mark.parametrize("rows,n", [(1, 576), (4, 576), (3, 1), (2, 63), (5, 1000), (1, 4096)])
@@ -221,7 +288,7 @@ def test_argmax_nan_and_infinities(gpu, mem):
 
 def test_every_op_compiles_at_run_time(gpu, mem, rng, seed):
     """hiprtc / nvrtc take the same sources (hip_compat.h has no include for them to find), and the
-    run-time compiled matvec computes the same as the reference."""
+    run-time compiled matvec and matmul compute the same as the reference."""
     sources = loader.kernels_dir()
     modules = {}
     for op, entries in ENTRIES.items():
@@ -230,9 +297,12 @@ def test_every_op_compiles_at_run_time(gpu, mem, rng, seed):
         for entry, signature in entries:
             modules[op].kernel(entry, signature)
     for weight_type in matvec.WEIGHT_TYPES:
+        cols = 576 if column_multiple(weight_type) == 32 else 768
         kernel = modules["matvec"].kernel(f"matvec_{weight_type}", matvec.SIGNATURE)
-        run_matvec(gpu, mem, rng, seed, weight_type, 1536, 576, 1, kernel=kernel)
-        run_matvec(gpu, mem, rng, seed, weight_type, 65, 576, 3, kernel=kernel)
+        run_matvec(gpu, mem, rng, seed, weight_type, 1536, cols, 1, kernel=kernel)
+        run_matvec(gpu, mem, rng, seed, weight_type, 65, cols, 3, kernel=kernel)
+        kernel = modules["matmul"].kernel(f"matmul_{weight_type}", matmul.SIGNATURE)
+        run_matmul(gpu, mem, rng, seed, weight_type, 130, cols, 70, kernel=kernel)
 
 
 def test_prebuilt_code_objects_load(gpu):
