@@ -10,7 +10,10 @@
 //   each step the 64 x 32 weights are decoded once into shared memory as float32 (each thread decodes 8
 //   consecutive columns of one row) and the TILE_TOKENS x 32 slice of x is copied beside them; then each
 //   thread accumulates TILE_TOKENS/16 x 4 outputs in registers, reading both tiles with 16-byte loads
-//   (4 multiply-adds per operand per load, 16 outputs share every value loaded).
+//   of 4 consecutive columns: a load of x feeds 16 multiply-adds, a load of W 4 per token row (one
+//   16-byte shared load per 8 multiply-adds with 64-token tiles, per 3.2 with 16-token ones).
+// - Tiles of 64 tokens use shared memory best; smaller ones let small matrices (SmolLM2's 192-row k/v
+//   projections) spread over more compute units, and let short batches skip padding.
 // - Shared rows are 36 floats (32 + 4): 16-byte aligned, and the rows a quarter-warp reads together
 //   (a thread owns rows tm + 16i of x and tn + 16j of W, not 4 adjacent ones) start in different bank
 //   groups, so neither the reads nor the decoded stores conflict.
