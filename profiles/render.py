@@ -12,6 +12,7 @@ from rich.table import Table
 from hipcore.kvcache import MemoryProfile
 from hipcore.runtime.ledger import format_bytes
 from profiles.kv_capacity import CapacityTable, KvPlan, bytes_per_token
+from profiles.kv_workloads import WorkloadReport, WorkloadResult
 from profiles.presets import ModelShape
 
 
@@ -108,4 +109,41 @@ def memory_profile_table(profile: MemoryProfile, title: str = "KV cache memory p
     t.add_row("capacity", _int(p.capacity_tokens), "tokens that still fit (free blocks x block size)")
     t.add_row("page tables", format_bytes(p.page_table_bytes), "int32 per table entry")
     t.add_row("allocator", format_bytes(p.allocator_bytes), "free list, pending list, reference counts, sequences")
+    return t
+
+
+def workloads_header(report: WorkloadReport) -> Table:
+    t = _table(f"KV workloads on {report.model.name}", ["", "value"], header=False, text_columns=("value",))
+    t.add_row("mode", report.mode_note)
+    t.add_row("device", report.device)
+    t.add_row("KV cache", f"{report.kv_dtype}, blocks of {report.block_size} tokens, {report.usable_blocks:,} usable blocks "
+                          f"({format_bytes(report.pool_bytes)} with the null block)")
+    t.add_row("engine", f"{report.max_step_tokens:,} tokens per step, up to {report.max_seqs} sequences")
+    t.add_row("time", f"{report.seconds:.1f} s")
+    return t
+
+
+def workload_table(result: WorkloadResult) -> Table:
+    """One column per snapshot of the workload, one row per MemoryProfile figure."""
+    t = _table(f"{result.name}: {result.description}", ["figure"] + [s.label for s in result.snapshots])
+    profiles = [s.profile for s in result.snapshots]
+
+    def row(name: str, cell) -> None:
+        t.add_row(name, *(cell(p) for p in profiles))
+
+    row("sequences / tokens", lambda p: f"{p.active_sequences:,} / {p.total_tokens:,}")
+    row("blocks physical / logical", lambda p: f"{p.physical_blocks:,} / {p.logical_blocks:,}")
+    row("pool used", lambda p: format_bytes(p.pool_bytes_used))
+    row("used per token", lambda p: format_bytes(p.pool_bytes_used // p.total_tokens) if p.total_tokens else "-")
+    row("fragmentation", lambda p: f"{p.fragmentation_ratio:.1%} ({p.allocated_slots - p.used_slots:,} slots)")
+    row("wasted", lambda p: format_bytes(p.wasted_bytes))
+    row("shared blocks", lambda p: _int(p.shared_blocks))
+    row("saved by sharing", lambda p: format_bytes(p.sharing_saved_bytes))
+    row("page tables", lambda p: f"{p.page_table_bytes:,} B")
+    row("allocator", lambda p: f"{p.allocator_bytes:,} B")
+    row("free / capacity", lambda p: f"{format_bytes(p.pool_bytes_free)} / {p.capacity_tokens:,} tokens")
+    lines = ["cache quiescent after the workload: " + ("yes (every block back, every count 0)" if result.quiescent_after else "NO")]
+    lines += list(result.notes)
+    t.caption = "\n".join(lines)
+    t.caption_justify = "left"
     return t

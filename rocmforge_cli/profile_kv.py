@@ -1,4 +1,5 @@
-"""`rocmforge profile-kv`: KV cache bytes per token, capacity per dtype and block size, and --plan."""
+"""`rocmforge profile-kv`: KV cache bytes per token, capacity per dtype and block size, --plan, and
+--workloads (the MemoryProfile after real engine workloads)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from hipcore.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import UsageError
 from hipcore.kvcache import KV_DTYPES
 from hipcore.model.memory_plan import parse_memory_size
@@ -16,6 +18,7 @@ from profiles import render
 from profiles.kv_capacity import (
     DEFAULT_BLOCK_SIZES, DEFAULT_MAX_SEQS, DEFAULT_MAX_STEP_TOKENS, WEIGHT_TYPES, capacity_table, plan_kv,
 )
+from profiles.kv_workloads import WorkloadSpec, check_workloads, run_workloads
 from profiles.presets import PRESETS, preset_names, resolve_shape
 from rocmforge_cli.common import handle_errors, stderr, stdout
 
@@ -56,14 +59,22 @@ def profile_kv_command(
     plan: Annotated[bool, typer.Option("--plan", help="Say how many tokens, and sequences of --seq-len tokens, fit in --memory beside the weights and the activations, for each KV dtype.")] = False,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="With --plan: the length of each sequence (prompt + output). Default: the context length.", show_default=False)] = None,
     weights_type: Annotated[Optional[str], typer.Option("--weights-type", help=f"With --plan: count the weights as every parameter in this type ({', '.join(WEIGHT_TYPES)}). Default: a file's real tensor bytes; F16 for a preset.", show_default=False)] = None,
-    max_step_tokens: Annotated[int, typer.Option("--max-step-tokens", help="With --plan: prompt tokens evaluated per step (sizes the activation buffers).")] = DEFAULT_MAX_STEP_TOKENS,
+    max_step_tokens: Annotated[int, typer.Option("--max-step-tokens", help="With --plan or --workloads: prompt tokens evaluated per step (longer prompts are evaluated in chunks; sizes the activation buffers).")] = DEFAULT_MAX_STEP_TOKENS,
     max_seqs: Annotated[int, typer.Option("--max-seqs", help="With --plan: sequences stepped together (sizes the activation buffers).")] = DEFAULT_MAX_SEQS,
+    workloads: Annotated[bool, typer.Option("--workloads", help="Run engine workloads (single sequences of several lengths, many concurrent sequences, single-token appends vs one batched prompt, parallel samples sharing a prompt) and print the KV cache's memory profile after each. On a model file (default: the demo model) the real model runs; on a preset the engine runs on the KV cache alone (no weights).")] = False,
+    lengths: Annotated[Optional[list[int]], typer.Option("--length", help="With --workloads: a single-sequence length in tokens; repeat for several. Default: 1, 17, 100.", show_default=False)] = None,
+    concurrent: Annotated[Optional[int], typer.Option("--concurrent", help="With --workloads: how many sequences run together. Default: 8.", show_default=False)] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", help="With --workloads: parallel samples forked from one prompt. Default: 4.", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON (exact integers) instead of tables.")] = False,
 ) -> None:
     """Show how much KV cache memory a model needs per token and how many tokens fit: for each KV
     dtype (f16, bf16, f32, q8_0) and block size, for a model file (--model) or a named preset
     (--preset). With --plan, subtract the weights and activations from a device memory size and say
-    how many tokens and sequences fit. Example: rocmforge profile-kv --preset Llama-2-70B --plan --memory 80GiB"""
+    how many tokens and sequences fit. With --workloads, run request patterns through the engine and
+    show the memory profile after each. Examples:
+      rocmforge profile-kv --preset Llama-2-70B --plan --memory 80GiB
+      rocmforge profile-kv --workloads                      (the demo model, on --device)
+      rocmforge profile-kv --workloads --preset Llama-2-70B (the KV cache alone)"""
     if list_presets:
         shapes = list(PRESETS.values())
         if as_json:
@@ -71,6 +82,13 @@ def profile_kv_command(
         else:
             stdout.print(render.presets_table(shapes))
         return
+    if workloads:
+        run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_tokens, lengths, concurrent, samples,
+                              as_json, memory=memory, context=context, plan=plan, seq_len=seq_len, weights_type=weights_type)
+        return
+    for name, value in (("--length", lengths), ("--concurrent", concurrent), ("--samples", samples)):
+        if value is not None:
+            raise UsageError(f"{name} only applies to --workloads")
     shape = resolve_shape(model, preset)
     dtypes = dtypes or list(KV_DTYPES)
     if not plan:
@@ -97,3 +115,37 @@ def profile_kv_command(
         return
     stdout.print(render.model_table(shape))
     stdout.print(render.capacity_table(table))
+
+
+def run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_tokens, lengths, concurrent, samples,
+                          as_json, **not_for_workloads) -> None:
+    for name, value in not_for_workloads.items():
+        if value not in (None, False):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} does not apply to --workloads")
+    if model is None and preset is None:
+        demo = find_demo_model()
+        if demo is None:
+            raise UsageError(f"--workloads needs --model PATH or --preset NAME (the demo model is not installed: {INSTALL_HINT})")
+        model = str(demo)
+    shape = resolve_shape(model, preset)
+    if dtypes and len(dtypes) > 1 or block_sizes and len(block_sizes) > 1:
+        raise UsageError("--workloads takes one --dtype and one --block-size")
+    defaults = WorkloadSpec()
+    spec = WorkloadSpec(lengths=tuple(lengths) if lengths else defaults.lengths,
+                        concurrent=defaults.concurrent if concurrent is None else concurrent,
+                        samples=defaults.samples if samples is None else samples)
+    dtype, block_size = (dtypes or ["f16"])[0], (block_sizes or [16])[0]
+    check_workloads(shape, dtype, block_size, spec, max_step_tokens)
+    if not as_json:
+        where = "the KV cache alone (a preset has no weights)" if model is None else f"{shape.name} on --device {device}"
+        stderr.print(f"running KV workloads: {where} ...", markup=False)
+    report = run_workloads(shape, model_path=model, device=device, dtype=dtype, block_size=block_size, spec=spec,
+                           max_step_tokens=max_step_tokens)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return
+    stdout.print(render.model_table(shape))
+    stdout.print(render.workloads_header(report))
+    for result in report.results:
+        stdout.print(render.workload_table(result))
