@@ -109,20 +109,22 @@ def _double_decrement(loaded) -> None:
 
 
 def _device_leak(loaded) -> None:
-    """Every few steps the runner allocates a scratch buffer and never frees it."""
-    runner, device = loaded.runner, loaded.device
-    _require(runner, "execute")
-    original = runner.execute
+    """Every few engine steps a scratch buffer is allocated and never freed. Planted around
+    Engine.step (not a runner method) so that it survives changes to how the runner is called."""
+    engine, device = loaded.engine, loaded.device
+    _require(engine, "step")
+    original = engine.step
     calls = [0]
-    kept: list = []  # holds the Buffer objects (not their memory's release): a real leak
+    kept: list = []  # holds the Buffer objects, never their memory's release: a real leak
 
-    def execute(batch):
+    def step():
+        events = original()
         calls[0] += 1
         if calls[0] % DEVICE_LEAK_EVERY == 0:
             kept.append(device.allocate(DEVICE_LEAK_BYTES, tag="scratch", label="planted.step_scratch"))
-        return original(batch)
+        return events
 
-    runner.execute = execute
+    engine.step = step
 
 
 _NATURAL = frozenset({Ending.EOS, Ending.STOP, Ending.LENGTH})

@@ -28,7 +28,7 @@ from profiles.leak_driver import ENDINGS, PHASES, Outcomes, WorkloadDriver
 from profiles.leak_layers import (
     HostMonitor, read_blocks, read_driver, read_engine_state, read_ledger, read_rss, BlockReading,
 )
-from profiles.leak_report import HostResult, LeakReport, PhaseResult, judge
+from profiles.leak_report import HostFit, HostResult, LeakReport, PhaseResult, judge
 from profiles.leak_thresholds import Thresholds
 from profiles.leak_workload import CHAT_QUESTIONS, TEXT_PROMPTS, Plan, Workload, WorkloadShape
 
@@ -168,7 +168,9 @@ class _Run:
         text, chat = _text_prompts(loaded)
         self.workload = Workload(shape, loaded.config.vocab_size, loaded.cache.num_usable_blocks,
                                  self.engine.max_context, text, chat)
-        self.first = settings.warmup_requests  # index of the first measured request
+        # Request indices: warm-up mix, record fillers, the measured requests, the shutdown tail.
+        self.fillers = settings.finished_bound
+        self.first = settings.warmup_requests + self.fillers  # index of the first measured request
         self.tail = settings.parallel
         self.outcomes = Outcomes(self.first + settings.requests + self.tail)
         self.driver = WorkloadDriver(self.engine, self.workload, self.outcomes, parallel=settings.parallel,
@@ -189,9 +191,10 @@ class _Run:
 
     def execute(self, started: float) -> LeakReport:
         s, driver = self.s, self.driver
-        self._status(f"warm-up: {self.first} requests")
+        self._status(f"warm-up: {s.warmup_requests} requests, then {self.fillers} rejected ones to fill the finished records")
         before_warmup = self.device.ledger.snapshot()
-        driver.run(range(self.first), run_phase=0)
+        driver.run(range(s.warmup_requests), run_phase=0)
+        driver.run(range(s.warmup_requests, self.first), run_phase=0, plan_for=self.workload.filler_plan)
         warmup = self._check("warm-up", self.first, 0.0, before_warmup)
         warmup.ledger_judged = False  # first-use allocations belong to the warm-up (RELIABILITY, leak checks 6)
         self.phases.append(warmup)
@@ -323,16 +326,20 @@ class _Run:
 
     def _host_result(self) -> HostResult:
         m = self.monitor
-        bound_reached = max(0, self.s.finished_bound - self.first)  # records fill up first: legitimate growth
-        fit_from = bound_reached if self.s.requests - bound_reached >= max(200, self.s.requests // 2) else 0
-        rss_slope, samples, span = m.slope("rss", fit_from)
-        traced_slope, _, _ = m.slope("traced", fit_from) if tracemalloc.is_tracing() else (None, 0, 0)
+        tracing = tracemalloc.is_tracing()
+
+        def fit(start: int) -> HostFit:
+            rss_slope, samples, span = m.slope("rss", start)
+            traced_slope = m.slope("traced", start)[0] if tracing else None
+            return HostFit(rss_slope, traced_slope, start, span, samples)
+
+        # The warm-up filled the finished records to their bound: no legitimate growth is left.
         t_bytes, t_count, top = m.tracemalloc_growth()
         rss = m.values("rss")
         return HostResult(
             available=m.rss_available, baseline_rss=rss[0] if rss else None, peak_rss=max(rss) if rss else None,
-            final_rss=rss[-1] if rss else None, rss_slope=rss_slope, traced_slope=traced_slope, fitted_from=fit_from,
-            fitted_span=span, samples=samples, tracemalloc_bytes=t_bytes, tracemalloc_count=t_count, tracemalloc_top=top,
+            final_rss=rss[-1] if rss else None, whole=fit(0), judged=fit(self.s.requests // 2),
+            tracemalloc_bytes=t_bytes, tracemalloc_count=t_count, tracemalloc_top=top,
             series={"requests": m.values("requests"), "rss": rss, "traced": m.values("traced")},
         )
 
@@ -358,8 +365,8 @@ class _Run:
             "preempted_requests": int((o.preemptions[lo:hi] > 0).sum()),
             "parallel_sample_requests": int((o.samples[lo:hi] > 1).sum()),
             "unexpected": int((measured & ~o.expected[lo:hi]).sum()) + int(((o.ending[hi:] >= 0) & ~o.expected[hi:]).sum()),
-            "unexpected_notes": list(self.driver.notes), "warmup": self.first, "shutdown_tail": dict(tail),
-            "cancelled_waiting": cancel_phases.get(Phase.WAITING.value, 0),
+            "unexpected_notes": list(self.driver.notes), "warmup": self.s.warmup_requests, "shutdown_tail": dict(tail),
+            "cancelled_waiting": cancel_phases.get(Phase.WAITING.value, 0), "record_fillers": self.fillers,
         }
 
 

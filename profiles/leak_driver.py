@@ -151,20 +151,23 @@ class WorkloadDriver:
 
     # ---- running a phase ------------------------------------------------------------------------
 
-    def run(self, indices: Iterable[int], run_phase: int, progress: Callable[[int], None] | None = None) -> None:
-        """Run the requests `indices` to completion (or until the engine fails or stalls for good)."""
+    def run(self, indices: Iterable[int], run_phase: int, progress: Callable[[int], None] | None = None,
+            plan_for: Callable[[int], RequestPlan] | None = None) -> None:
+        """Run the requests `indices` (planned by `plan_for`, default the workload's mix) to completion,
+        or until the engine fails or stalls for good."""
         self.run_phase = run_phase
+        plan_for = plan_for or self.workload.plan
         queue = iter(indices)
         upcoming: RequestPlan | None = None
         idle_steps = 0
         while self.failure is None:
             if upcoming is None:
                 index = next(queue, None)
-                upcoming = None if index is None else self.workload.plan(index)
+                upcoming = None if index is None else plan_for(index)
             while upcoming is not None and self._slots_taken() + upcoming.slots <= self.parallel:
                 self._submit(upcoming)
                 index = next(queue, None)
-                upcoming = None if index is None else self.workload.plan(index)
+                upcoming = None if index is None else plan_for(index)
             if not self.inflight and upcoming is None:
                 self._drain_inbox()
                 return

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hipcore.runtime.ledger import format_bytes
-from profiles.leak_report import LeakReport
+from profiles.leak_report import MIN_HOST_SPAN, LeakReport
 
 ITEMS_SHOWN = 20
 
@@ -42,10 +42,13 @@ def layers_table(report: LeakReport) -> Table:
         count = "-" if row["count"] is None else f"{row['count']:,} {row['unit']}"
         t.add_row(row["layer"], _exact(row["bytes"]), count, _b(row["baseline"]), _b(row["peak"]), _b(row["final"]))
     h = report.host
-    for label, slope in (("host growth (RSS)", h.rss_slope), ("host growth (tracemalloc)", h.traced_slope)):
-        per = h.per_1000(slope)
-        if per is not None:
-            t.add_row(f"{label} per 1000 requests", _b(per), f"fit over {h.fitted_span:,} req", "", "", "")
+    for name, fit in (("whole run", h.whole), ("second half, judged", h.judged)):
+        for label, slope in (("RSS", fit.rss_slope), ("tracemalloc", fit.traced_slope)):
+            per = fit.per_1000(slope)
+            if per is not None:
+                judged = "" if fit is h.whole or fit.span >= MIN_HOST_SPAN else f" (< {MIN_HOST_SPAN}: not judged)"
+                t.add_row(f"host growth per 1000 requests ({label}, {name})", _b(per),
+                          f"fit over {fit.span:,} req{judged}", "", "", "")
     return t
 
 
@@ -83,21 +86,30 @@ def requests_table(report: LeakReport) -> Table:
 
 
 def leaks_table(report: LeakReport) -> Table | None:
-    """Each leaked block or allocation with its owner and where it was allocated (first ITEMS_SHOWN)."""
+    """Each leaked block or allocation with its owner and where it was allocated (first ITEMS_SHOWN),
+    listed once: under the first phase after which it was seen."""
     rows = []
+    seen: set[tuple] = set()
+
+    def add(key: tuple, row: tuple) -> None:
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
+
     for p in report.phases:
         if p.blocks is not None:
             for item in p.blocks.leaked:
                 owner = item["owners"][0] if item["owners"] else None
                 who = (f"request {owner['request_id']} ({owner['plan']}), ended {owner['ending']} in {owner['phase_at_end']}, "
                        f"{owner['run_phase']}") if owner else "no block table holds it"
-                rows.append((p.name, f"KV block {item['block']} (refcount {item['refcount']})", who, "-"))
+                add(("block", item["block"], item["refcount"], tuple(item["sequences"])),
+                    (p.name, f"KV block {item['block']} (refcount {item['refcount']})", who, "-"))
         if p.ledger_judged:
             for a in p.ledger.not_returned:
-                rows.append((p.name, f"{a['tag']} {a['bytes']:,} B {a['label']}", a["owner"], a["site"]))
+                add(("allocation", a["serial"]), (p.name, f"{a['tag']} {a['bytes']:,} B {a['label']}", a["owner"], a["site"]))
     if report.close_ledger is not None:
         for a in report.close_ledger.not_returned:
-            rows.append(("after close", f"{a['tag']} {a['bytes']:,} B {a['label']}", a["owner"], a["site"]))
+            add(("allocation", a["serial"]), ("after close", f"{a['tag']} {a['bytes']:,} B {a['label']}", a["owner"], a["site"]))
     if not rows:
         return None
     t = _table(f"Not returned ({len(rows):,}; first {min(len(rows), ITEMS_SHOWN)})", ["seen", "what", "owner", "allocated at"],

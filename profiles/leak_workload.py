@@ -12,7 +12,7 @@ Preemption is not planned per request: a deliberately small KV pool makes it hap
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -62,7 +62,8 @@ _NATURAL = frozenset({"length", "eos", "stop"})
 ACCEPTED_ENDINGS: dict[Plan, frozenset[str]] = {
     Plan.LENGTH: _NATURAL, Plan.STOP: _NATURAL, Plan.EOS: _NATURAL, Plan.CANCEL_FINAL: _NATURAL,
     Plan.PARALLEL: _NATURAL,
-    Plan.CANCEL_WAITING: frozenset({"cancelled"}),
+    # Cancelled at the first look after a step: a one-token request admitted at once may be done by then.
+    Plan.CANCEL_WAITING: frozenset({"cancelled"} | _NATURAL),
     Plan.CANCEL_PROMPT: frozenset({"cancelled"}),
     Plan.CANCEL_DECODE: frozenset({"cancelled"} | _NATURAL),  # a sampled end token may come first
     Plan.PARALLEL_CANCEL: frozenset({"cancelled"} | _NATURAL),
@@ -213,15 +214,26 @@ class Workload:
             trigger = int(rng.integers(0, max_tokens))
         elif kind == Plan.PARALLEL:
             params = SamplingParams(max_tokens=max_tokens, n=self._samples(rng), **sampled)
-        else:  # REJECT: more parallel samples than the pool has blocks (it never computes anything)
-            n = self.usable_blocks + 1
-            if n > MAX_N:  # SamplingParams' limit: a prompt longer than the pool instead, if the context allows
-                too_long = self.usable_blocks * s.block_size + 1
-                if too_long >= self.max_context:
-                    return RequestPlan(index, Plan.LENGTH, prompt, SamplingParams(max_tokens=max_tokens, **sampled), 0)
-                prompt, n = self._random_prompt(rng, too_long, too_long), 1
-            params = SamplingParams(max_tokens=max_tokens, n=n, **sampled)
+        else:
+            return self._rejected(index, rng, prompt, SamplingParams(max_tokens=max_tokens, **sampled))
         return RequestPlan(index, kind, prompt, params, trigger)
+
+    def filler_plan(self, index: int) -> RequestPlan:
+        """A request that costs (nearly) nothing: rejected at admission when the pool allows, else one
+        prompt token and one new token. The warm-up runs `finished_bound` of them so that the finished
+        records have grown to their bound before the baseline (their growth is legitimate)."""
+        rng = np.random.default_rng([self.shape.seed, index, 1])
+        return self._rejected(index, rng, self._random_prompt(rng, 1, 1), SamplingParams(temperature=0.0, max_tokens=1))
+
+    def _rejected(self, index: int, rng: np.random.Generator, prompt: list[int], params: SamplingParams) -> RequestPlan:
+        """REJECT: more parallel samples than the pool has blocks, so it never computes anything."""
+        n = self.usable_blocks + 1
+        if n > MAX_N:  # SamplingParams' limit: a prompt longer than the pool instead, if the context allows
+            too_long = self.usable_blocks * self.shape.block_size + 1
+            if too_long >= self.max_context:  # cannot be rejected: an ordinary (short) request instead
+                return RequestPlan(index, Plan.LENGTH, prompt, params, 0)
+            prompt, n = self._random_prompt(rng, too_long, too_long), 1
+        return RequestPlan(index, Plan.REJECT, prompt, replace(params, n=n), 0)
 
     def _samples(self, rng: np.random.Generator) -> int:
         """2 or 3, but never more than the engine's sequence slots (--parallel)."""
