@@ -289,7 +289,11 @@ __device__ __forceinline__ void matmul_tiles(float* __restrict__ y, const unsign
       const int next = lesser(c0 + kStepCols, cols - kStepCols);
       raw = Format::load(w_src, next + w_col);
 #pragma unroll
-      for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p] + next);
+      for (int p = 0; p < kXLoads; ++p) {
+        // Member by member: a whole-struct copy into the array kept it in scratch memory on AMD (clang-22).
+        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + next);
+        xv[p].x = v.x, xv[p].y = v.y, xv[p].z = v.z, xv[p].w = v.w;
+      }
 
 #pragma unroll
       for (int k4 = 0; k4 < kStepCols / 4; ++k4) {
