@@ -298,3 +298,18 @@ def test_cli_kernels_build_reports_a_missing_compiler(tmp_path):
     assert "no-such-clang not found" in result.output
     result = CliRunner().invoke(app, ["kernels", "build", "--amd-targets", "sm_80", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "not an AMD target" in result.output
+
+
+def test_matrix_product_kernels_keep_everything_in_registers(built):
+    """matvec and matmul hold their accumulators and prefetched weights / x in registers on every target:
+    no spills and no private (scratch) arrays, which would put memory traffic in their inner loops (a
+    whole-struct copy once left matmul's prefetched x in scratch on AMD). matmul's shared tiles: 18 KiB."""
+    out, _, _ = built
+    manifest = json.loads((out / "manifest.json").read_text())
+    for target in all_targets():
+        for op in ("matvec", "matmul"):
+            for name, usage in manifest["objects"][target][op]["kernels"].items():
+                off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
+                                                             "spill_store_bytes", "stack_bytes"))
+                assert off_chip == 0, f"{target} {name}: {usage}"
+                assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"
