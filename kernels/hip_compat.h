@@ -16,7 +16,7 @@
 //   on CDNA/GCN, 32 on RDNA and NVIDIA), __global__ __device__ __shared__ __launch_bounds__
 //   __forceinline__ __restrict__, float4 / uint4, expf __expf exp2f log2f sqrtf fabsf fmaxf fminf fmaf
 //   rintf, int min / max, atomicAdd (int, unsigned, float) atomicMax (int) atomicCAS (int) on global
-//   or shared memory, RF_INFINITY, and the rf_* helpers at the end of the file.
+//   or shared memory, __threadfence(), RF_INFINITY, and the rf_* helpers at the end of the file.
 //   16-bit floats are handled as raw bits (unsigned short) through rf_f16_to_float / rf_float_to_f16 /
 //   rf_bf16_to_float / rf_float_to_bf16, because the __half types of cuda_fp16.h and hip_fp16.h need
 //   headers that nvrtc cannot see. On bare clang `half` / `__half` (= _Float16) and __half2float /
@@ -193,6 +193,10 @@ static __device__ __forceinline__ int atomicCAS(int* p, int expected, int desire
                                        __HIP_MEMORY_SCOPE_AGENT);
   return expected;
 }
+// A device-wide fence, as HIP's __threadfence: this thread's writes before it are visible to the whole
+// device before its accesses after it, and reads after it see what other workgroups published before
+// their own fence (the "last workgroup finishes the job" pattern: fence, then an atomic counter).
+static __device__ __forceinline__ void __threadfence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
 
 // The vector types the kernels load with; 16-byte alignment makes a load of one a single instruction.
 struct __attribute__((aligned(16))) float4 {

@@ -23,12 +23,17 @@ from rocmforge_kernels import build as kbuild
 EXPECTED_KERNELS = {
     "add": ["add_f32"],
     "argmax": ["argmax_f32"],
+    "embedding": ["embedding_bf16", "embedding_f16", "embedding_f32", "embedding_q4_0", "embedding_q4_1",
+                  "embedding_q8_0"],
+    "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
     "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q4_k", "matmul_q5_k",
                "matmul_q6_k", "matmul_q8_0"],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q4_k", "matvec_q5_k",
                "matvec_q6_k", "matvec_q8_0"],
+    "paged_attention": ["paged_attention_bf16", "paged_attention_f16", "paged_attention_f32", "paged_attention_q8_0"],
     "rmsnorm": ["rmsnorm_f32"],
     "rope": ["rope_f32"],
+    "select_rows": ["select_rows_f32"],
     "silu_mul": ["silu_mul_f32"],
 }
 # EF_AMDGPU_MACH_* from LLVM's include/llvm/BinaryFormat/ELF.h (the low byte of e_flags).
@@ -276,7 +281,8 @@ def test_cli_kernels_list_shows_ops_targets_and_registers(built):
     from rocmforge_cli.app import app
 
     out, _, _ = built
-    result = CliRunner().invoke(app, ["kernels", "list", "--dir", str(out)])
+    # A column per target: with ops named like paged_attention the table needs about 100 characters.
+    result = CliRunner().invoke(app, ["kernels", "list", "--dir", str(out)], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     for target in all_targets():
         assert target in result.stdout
@@ -298,6 +304,19 @@ def test_cli_kernels_build_reports_a_missing_compiler(tmp_path):
     assert "no-such-clang not found" in result.output
     result = CliRunner().invoke(app, ["kernels", "build", "--amd-targets", "sm_80", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "not an AMD target" in result.output
+
+
+def test_attention_kernels_keep_their_registers(built):
+    """paged_attention holds four query heads' q and outputs in registers: no target may spill them to
+    memory (the kernel's launch bounds of 4 warps leave every compiler room for them), and each keeps
+    its shared-memory workspace for merging warps."""
+    out, _, _ = built
+    manifest = json.loads((out / "manifest.json").read_text())
+    for target in all_targets():
+        for name, usage in manifest["objects"][target]["paged_attention"]["kernels"].items():
+            spilled = usage.get("vgpr_spills", 0) + usage.get("scratch_bytes", 0) + usage.get("spill_store_bytes", 0)
+            assert spilled == 0, f"{target} {name} spills: {usage}"
+            assert usage["shared_bytes"] >= 4 * 4 * 256 * 4, f"{target} {name}: {usage}"
 
 
 def test_matrix_product_kernels_keep_everything_in_registers(built):

@@ -1,49 +1,103 @@
 """embedding: look up token rows of the embedding table, dequantizing them to float32.
 
-Kernels `embedding_<type>` (type: f32, f16, q8_0, q4_1, ...) with the signature
+Kernels `embedding_<type>` (type: f32, f16, bf16, q4_0, q4_1, q8_0; kernels/embedding.hip) with the
+signature
     (out p, table p, ids p, n_tokens i, hidden i, vocab i)
 out: float32 [n_tokens, hidden]; table: [vocab, hidden] in the GGUF block layout of <type>, row-major;
 ids: int32 [n_tokens]. An id outside [0, vocab) is an error on the host and yields a zero row on a GPU
-(kernels cannot raise; the engine checks prompt ids before they get here).
-Launch geometry: one workgroup per token, 256 threads.
+(kernels cannot raise; the engine checks prompt ids before they get here). Every format decodes
+exactly in float32, so GPU and host rows are equal bit for bit.
+Launch geometry: workgroup-stride over the tokens (at most 65,535 workgroups), one thread per element.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from hipcore.quants import dequantize, row_bytes
+from hipcore.ops.launch_checks import ELEMENTWISE_MAX_BLOCKS, check_memory, check_sizes, row_block
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Stream
 from hipcore.runtime.errors import DeviceError
 from hipcore.runtime.kernels import get_kernel
 
+OP = "embedding"
 SIGNATURE = "pppiii"
-THREADS = 256
+MAX_THREADS = 256  # the kernels' launch bounds
 # GGML type ids of the table formats with a kernel (the gguf package's GGMLQuantizationType values).
 TABLE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8, "bf16": 30}
+# (elements, bytes) per block of each format, and the alignment of the kernel's widest load from it.
+BLOCKS = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1": (32, 20), "q8_0": (32, 34)}
+TABLE_ALIGNMENT = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 2, "q4_1": 2, "q8_0": 2}
 
 
-def reference(table_raw: np.ndarray, ggml_type: int, ids: np.ndarray, vocab: int, hidden: int) -> np.ndarray:
+def row_bytes(table_type: str, hidden: int) -> int:
+    elems, nbytes = BLOCKS[table_type]
+    if hidden % elems:
+        raise ValueError(f"{OP}: {table_type} rows hold a multiple of {elems} elements, not {hidden}")
+    return hidden // elems * nbytes
+
+
+def decode_rows(raw: np.ndarray, table_type: str, hidden: int) -> np.ndarray:
+    """float32 [rows, hidden] from raw rows uint8 [rows, row_bytes]. Exact: a half times a small integer
+    (plus a half, Q4_1) needs at most one rounding. Written without the gguf package so that the GPU test
+    machines can run it; the tests check it against gguf's dequantizer."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    rows = raw.shape[0]
+    if table_type == "f32":
+        return raw.view(np.float32).reshape(rows, hidden).copy()
+    if table_type == "f16":
+        return raw.view(np.float16).astype(np.float32).reshape(rows, hidden)
+    if table_type == "bf16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(rows, hidden)
+    blocks = raw.reshape(rows, hidden // 32, BLOCKS[table_type][1])
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, nb, 1]
+    if table_type == "q8_0":
+        return (d * blocks[..., 2:34].view(np.int8).astype(np.float32)).reshape(rows, hidden)
+    qs = blocks[..., 4:20] if table_type == "q4_1" else blocks[..., 2:18]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32)  # elements 0..15, then 16..31
+    if table_type == "q4_0":
+        return ((q - 8) * d).reshape(rows, hidden)
+    m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    return (d * q + m).reshape(rows, hidden)
+
+
+def reference(table_raw: np.ndarray, table_type: str, ids: np.ndarray, vocab: int, hidden: int) -> np.ndarray:
     """float32 [len(ids), hidden]: the dequantized rows `ids` of a [vocab, hidden] table."""
     ids = np.asarray(ids, dtype=np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise DeviceError(f"embedding: token id {int(ids.max() if ids.max() >= vocab else ids.min())} outside [0, {vocab})")
-    rows = table_raw.reshape(vocab, row_bytes(ggml_type, hidden))[ids]
-    return dequantize(rows.reshape(-1), ggml_type, (len(ids), hidden))
+    rows = np.asarray(table_raw, dtype=np.uint8).reshape(vocab, row_bytes(table_type, hidden))[ids]
+    return decode_rows(rows, table_type, hidden)
 
 
-def _register(name: str, ggml_type: int) -> None:
+def _register(name: str) -> None:
     @cpu_kernel(f"embedding_{name}", SIGNATURE)
     def host(dev: CpuDevice, grid, block, out: int, table: int, ids: int, n_tokens: int, hidden: int, vocab: int) -> None:
-        raw = dev.view(table, np.uint8, vocab * row_bytes(ggml_type, hidden))
-        dev.view(out, np.float32, (n_tokens, hidden))[:] = reference(raw, ggml_type, dev.view(ids, np.int32, n_tokens), vocab, hidden)
+        raw = dev.view(table, np.uint8, vocab * row_bytes(name, hidden))
+        dev.view(out, np.float32, (n_tokens, hidden))[:] = reference(raw, name, dev.view(ids, np.int32, n_tokens), vocab, hidden)
 
 
-for _name, _type in TABLE_TYPES.items():
-    _register(_name, _type)
+for _name in TABLE_TYPES:
+    _register(_name)
 
 
-def launch(device: Device, stream: Stream | None, out, table, ids, n_tokens: int, hidden: int, vocab: int, table_type: str) -> None:
-    kernel = get_kernel(device, "embedding", f"embedding_{table_type}", SIGNATURE)
-    kernel.launch(n_tokens, THREADS, [out, table, ids, n_tokens, hidden, vocab], stream=stream)
+def geometry(n_tokens: int, hidden: int) -> tuple[int, int]:
+    """(grid, block): a workgroup per token up to the grid limit, threads enough for a row."""
+    return min(n_tokens, ELEMENTWISE_MAX_BLOCKS), row_block(hidden, MAX_THREADS)
+
+
+def launch(device: Device, stream: Stream | None, out: Any, table: Any, ids: Any, n_tokens: int, hidden: int, vocab: int,
+           table_type: str) -> None:
+    """out[n_tokens, hidden] = the rows `ids` of the [vocab, hidden] table of format `table_type`."""
+    if table_type not in TABLE_TYPES:
+        raise ValueError(f"{OP}: no kernel for table type {table_type!r}; have {', '.join(TABLE_TYPES)}")
+    op = f"embedding_{table_type}"
+    check_sizes(op, n_tokens=n_tokens, hidden=hidden, vocab=vocab)
+    check_memory(op, "table", table, vocab * row_bytes(table_type, hidden), TABLE_ALIGNMENT[table_type])
+    check_memory(op, "ids", ids, n_tokens * 4)
+    check_memory(op, "out", out, n_tokens * hidden * 4)
+    grid, block = geometry(n_tokens, hidden)
+    kernel = get_kernel(device, OP, op, SIGNATURE)
+    kernel.launch(grid, block, [out, table, ids, n_tokens, hidden, vocab], stream=stream)

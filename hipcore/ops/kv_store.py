@@ -4,10 +4,12 @@ Kernels `kv_store_<dtype>` for dtype in f16, bf16, f32, q8_0, all with the signa
     (k_pool p, v_pool p, k p, v p, slot_mapping p, n_tokens i, n_kv_heads i, head_dim i, block_size i, num_blocks i)
 k and v: float32 [n_tokens, n_kv_heads, head_dim]; slot_mapping: int32 [n_tokens], slot =
 block * block_size + offset, and a negative slot means "skip this token" (padding rows of a batch);
-pools: [num_blocks, n_kv_heads, block_size, row_bytes] as laid out by KvCacheConfig.
-Launch geometry: one workgroup per token, 128 threads.
+pools: [num_blocks, n_kv_heads, block_size, row_bytes] as laid out by KvCacheConfig. The GPU kernels
+(kernels/kv_store.hip) skip a slot past the pool, which the host reference refuses.
+Launch geometry: workgroup-stride over the tokens (at most 65,535 workgroups), 128 threads each.
 
-The numpy reference below is what the host kernels run and what GPU kernels are compared with.
+The numpy reference below is what the host kernels run and what GPU kernels are compared with: the
+kernels store the same bytes (for q8_0: given finite inputs).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import numpy as np
 
 from hipcore.kvcache.cache import KvCache
 from hipcore.kvcache.dtypes import KV_DTYPES, KvDtype, kv_dtype
+from hipcore.ops.launch_checks import ELEMENTWISE_MAX_BLOCKS
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
 from hipcore.runtime.errors import DeviceError
 from hipcore.runtime.kernels import get_kernel
 
 SIGNATURE = "pppppiiiii"
-THREADS = 128
+THREADS = 128  # a multiple of 32: q8_0 gives each 32-element block to 32 lanes
 
 
 def kernel_name(dtype: str) -> str:
@@ -72,6 +75,6 @@ def launch(device: Device, stream: Stream | None, cache: KvCache, layer: int, k:
     if n_tokens == 0:
         return
     kernel = get_kernel(device, "kv_store", kernel_name(cfg.dtype), SIGNATURE)
-    kernel.launch(n_tokens, THREADS,
+    kernel.launch(min(n_tokens, ELEMENTWISE_MAX_BLOCKS), THREADS,
                   [cache.k_pools[layer], cache.v_pools[layer], k, v, slot_mapping, n_tokens, cfg.n_kv_heads,
                    cfg.head_dim, cfg.block_size, cfg.num_blocks], stream=stream)

@@ -1,29 +1,51 @@
 """paged_attention: causal grouped-query attention that reads K and V through block tables.
 
 One op serves prompt evaluation and decode alike: every query token attends to the keys of its
-own sequence at positions 0..its own position (its own K/V is written by kv_store first).
+own sequence at positions 0..its own position (its own K/V is written by kv_store first). A token
+with a negative position is padding: its output rows are zero.
 
-Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0) with the signature
-    (out p, q p, k_pool p, v_pool p, block_tables p, token_seq p, positions p,
-     n_tokens i, n_heads i, n_kv_heads i, head_dim i, block_size i, max_blocks i, num_blocks i, scale f)
-q, out: float32 [n_tokens, n_heads, head_dim]; pools: [num_blocks, n_kv_heads, block_size, row_bytes]
-(the KvCache layout); block_tables: int32 [n_seqs, max_blocks]; token_seq, positions: int32 [n_tokens].
-Query head h reads KV head h // (n_heads / n_kv_heads), as llama.cpp does.
-Launch geometry: one workgroup per (token, query head).
+Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0; kernels/paged_attention.hip) with the signature
+    (out p, q p, k_pool p, v_pool p, block_tables p, token_seq p, positions p, workspace p,
+     n_tokens i, n_heads i, n_kv_heads i, head_dim i, block_size i, max_blocks i, num_blocks i, max_splits i,
+     scale f)
+q, out: float32 [n_tokens, n_heads, head_dim] (out may be q); pools: [num_blocks, n_kv_heads,
+block_size, row_bytes] (the KvCache layout); block_tables: int32 [n_seqs, max_blocks]; token_seq,
+positions: int32 [n_tokens]. Query head h reads KV head h // (n_heads / n_kv_heads), as llama.cpp does.
+
+Geometry (1-D grid): one workgroup of 4 warps per (token, KV head, chunk of at most 4 of its query
+heads, split of the token's keys). A decode step has few tokens, so each token's keys are split
+among up to `max_splits` workgroups (this launcher picks it: enough workgroups to fill a GPU, no more
+splits than the longest context has 64-key pieces); the kernel sizes each token's splits from its own
+context length, which is what lets a graph captured once serve every later step. Splitting needs a
+workspace for the partial results and a counter per (token, KV head, chunk): a Buffer of at least
+`workspace_size(...)` bytes, zeroed once when allocated (Buffer.fill(0)); the kernel leaves its
+counters at zero after every launch. Without a workspace every token is one workgroup's work.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hipcore.kvcache.dtypes import KV_DTYPES, KvDtype
+from hipcore.ops.launch_checks import INT32_MAX, check_memory, check_sizes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
-from hipcore.runtime.device import Device, Stream
+from hipcore.runtime.device import Buffer, Device, Stream
 from hipcore.runtime.errors import DeviceError
-from hipcore.runtime.kernels import get_kernel
+from hipcore.runtime.kernels import get_kernel, wavefront_size
 
-SIGNATURE = "ppppppp iiiiiii f"
-THREADS = 128
+OP = "paged_attention"
+SIGNATURE = "pppppppp iiiiiiii f"
+WARPS = 4  # per workgroup: the kernel's launch bounds
+MAX_GROUP_HEADS = 4  # query heads a workgroup serves
+MAX_HEAD_DIM = 256  # 8 elements per lane, 32 lanes per key at most
+MIN_KEYS_PER_SPLIT = 64  # the kernel's kMinKeysPerSplit
+MAX_SPLITS = 64  # the kernel's kMaxSplits
+TARGET_WORKGROUPS = 1024  # enough to fill an H100 (132 SMs) or an MI300X (304 CUs) several times
+COUNTER_BYTES_ALIGNMENT = 256
+POOL_ALIGNMENT = {"f16": 16, "bf16": 16, "f32": 16, "q8_0": 2}  # the widest aligned load of a row
+Q_ALIGNMENT = 16  # q is read with 16-byte loads
 
 
 def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtype, block_tables: np.ndarray,
@@ -35,11 +57,15 @@ def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtyp
         raise DeviceError(f"paged_attention: {n_heads} query heads do not group over {n_kv_heads} KV heads")
     group = n_heads // n_kv_heads
     out = np.zeros((n_tokens, n_heads, head_dim), dtype=np.float32)
-    for s in np.unique(token_seq):
-        idx = np.nonzero(token_seq == s)[0]
+    token_seq, positions = np.asarray(token_seq), np.asarray(positions)
+    real = positions >= 0  # padding tokens keep zero rows
+    for s in np.unique(token_seq[real]):
+        idx = np.nonzero((token_seq == s) & real)[0]
         pos = positions[idx].astype(np.int64)
         ctx = int(pos.max()) + 1
         n_blk = -(-ctx // block_size)
+        if n_blk > block_tables.shape[1]:
+            raise DeviceError(f"paged_attention: position {ctx - 1} is past the block table of {block_tables.shape[1]} blocks")
         blocks = block_tables[s, :n_blk].astype(np.int64)
         if blocks.min() < 1 or blocks.max() >= num_blocks:
             raise DeviceError(f"paged_attention: sequence {int(s)} reads block outside [1, {num_blocks})")
@@ -62,10 +88,10 @@ def kernel_name(kv_dtype: str) -> str:
 
 
 def _register(fmt: KvDtype) -> None:
-    @cpu_kernel(kernel_name(fmt.name), SIGNATURE)
+    @cpu_kernel(kernel_name(fmt.name), SIGNATURE.replace(" ", ""))
     def host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int,
-             token_seq: int, positions: int, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
-             block_size: int, max_blocks: int, num_blocks: int, scale: float) -> None:
+             token_seq: int, positions: int, workspace: int, n_tokens: int, n_heads: int, n_kv_heads: int,
+             head_dim: int, block_size: int, max_blocks: int, num_blocks: int, max_splits: int, scale: float) -> None:
         pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
         seqs = dev.view(token_seq, np.int32, n_tokens)
         n_seqs = int(seqs.max()) + 1 if n_tokens else 0
@@ -75,17 +101,90 @@ def _register(fmt: KvDtype) -> None:
             dev.view(block_tables, np.int32, (n_seqs, max_blocks)), seqs,
             dev.view(positions, np.int32, n_tokens), scale,
         )
-        dev.view(out, np.float32, (n_tokens, n_heads, head_dim))[:] = result
+        dev.view(out, np.float32, (n_tokens, n_heads, head_dim))[:] = result  # computed in full first: out may be q
 
 
 for _fmt in KV_DTYPES.values():
     _register(_fmt)
 
 
+# ---- geometry and workspace --------------------------------------------------------------------
+
+
+def head_chunks(n_heads: int, n_kv_heads: int) -> int:
+    """Workgroups per (token, KV head, split): the group's query heads in balanced chunks of <= 4."""
+    return -(-(n_heads // n_kv_heads) // MAX_GROUP_HEADS)
+
+
+def split_limit(n_tokens: int, n_heads: int, n_kv_heads: int, max_context: int) -> int:
+    """The most workgroups a token's keys are split among: enough for TARGET_WORKGROUPS in all, at most
+    MAX_SPLITS, and no more than the longest context (max_context keys) has pieces of 64 keys."""
+    groups = n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads)
+    return max(1, min(MAX_SPLITS, -(-TARGET_WORKGROUPS // groups), -(-max_context // MIN_KEYS_PER_SPLIT)))
+
+
+def workspace_bytes(n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, max_splits: int) -> int:
+    """Workspace one launch of n_tokens with `max_splits` uses (0 when it does not split)."""
+    if max_splits <= 1:
+        return 0
+    counters = n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads) * 4
+    counters = -(-counters // COUNTER_BYTES_ALIGNMENT) * COUNTER_BYTES_ALIGNMENT
+    return counters + n_tokens * n_heads * max_splits * (head_dim + 2) * 4
+
+
+def workspace_size(max_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, max_context: int) -> int:
+    """Bytes of a workspace with which every launch of up to max_tokens tokens, over contexts of up to
+    max_context keys, splits as much as this launcher wants (a few MiB at most: splitting stops once
+    the tokens alone fill the GPU)."""
+    return max((workspace_bytes(n, n_heads, n_kv_heads, head_dim, split_limit(n, n_heads, n_kv_heads, max_context))
+                for n in range(1, max_tokens + 1)), default=0)
+
+
+def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, max_splits: int) -> tuple[int, int]:
+    """(grid, block) of a launch: one workgroup of 4 warps per (token, KV head, head chunk, split)."""
+    return n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads) * max_splits, WARPS * wavefront_size(arch)
+
+
 def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
            n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
-           num_blocks: int, scale: float, kv_dtype: str) -> None:
-    kernel = get_kernel(device, "paged_attention", kernel_name(kv_dtype), SIGNATURE.replace(" ", ""))
-    kernel.launch((n_tokens, n_heads), THREADS,
-                  [out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads, n_kv_heads,
-                   head_dim, block_size, max_blocks, num_blocks, scale], stream=stream)
+           num_blocks: int, scale: float, kv_dtype: str, workspace: Buffer | None = None) -> None:
+    """Queue attention for n_tokens query tokens (see the module docstring); `workspace` (optional, zeroed
+    once after allocation, at least workspace_size(...) bytes for full speed) lets decode split keys."""
+    op = kernel_name(kv_dtype)
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"{OP}: no kernel for KV dtype {kv_dtype!r}; have {', '.join(KV_DTYPES)}")
+    check_sizes(op, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"{op}: {n_heads} query heads do not group over {n_kv_heads} KV heads")
+    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"{op}: head_dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim}")
+    if block_size & (block_size - 1):
+        raise ValueError(f"{op}: block_size must be a power of two, got {block_size}")
+    row_bytes = KV_DTYPES[kv_dtype].row_bytes(head_dim)
+    rows_bytes = n_tokens * n_heads * head_dim * 4
+    check_memory(op, "q", q, rows_bytes, Q_ALIGNMENT)
+    check_memory(op, "out", out, rows_bytes)
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        check_memory(op, name, pool, num_blocks * n_kv_heads * block_size * row_bytes, POOL_ALIGNMENT[kv_dtype])
+    check_memory(op, "block_tables", block_tables, max_blocks * 4)
+    check_memory(op, "token_seq", token_seq, n_tokens * 4)
+    check_memory(op, "positions", positions, n_tokens * 4)
+
+    max_splits = split_limit(n_tokens, n_heads, n_kv_heads, max_blocks * block_size)
+    workspace_address: Any = 0
+    if workspace is None:
+        max_splits = 1
+    elif max_splits > 1:
+        if not isinstance(workspace, Buffer):
+            raise ValueError(f"{op}: workspace must be a Buffer (its size decides how far keys are split)")
+        while max_splits > 1 and workspace_bytes(n_tokens, n_heads, n_kv_heads, head_dim, max_splits) > workspace.nbytes:
+            max_splits -= 1
+        workspace_address = workspace if max_splits > 1 else 0
+    grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads, max_splits)
+    if grid > INT32_MAX:
+        raise ValueError(f"{op}: {n_tokens} tokens need {grid} workgroups, more than a launch takes")
+    kernel = get_kernel(device, OP, op, SIGNATURE.replace(" ", ""))
+    kernel.launch(grid, block,
+                  [out, q, k_pool, v_pool, block_tables, token_seq, positions, workspace_address, n_tokens, n_heads,
+                   n_kv_heads, head_dim, block_size, max_blocks, num_blocks, max_splits, scale], stream=stream)

@@ -7,6 +7,7 @@
 // It checks the kernels' logic (indexing, block layouts, reductions, grid-stride loops, in-place
 // use), not the vendor sections of hip_compat.h, which the build tests and the GPU tier cover.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstring>
@@ -50,6 +51,12 @@ inline std::vector<EmuWarp>* emu_warps = nullptr;
 #define __launch_bounds__(...)
 
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+// A device-wide fence and an atomic counter (paged attention's "last workgroup combines" step). Blocks
+// run one after another here, so what one block wrote is visible to the next without more.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
 inline int rf_lane_id() { return (int)threadIdx.x % WARP_SIZE; }
 
 inline unsigned int emu_exchange(unsigned int v, int partner) {

@@ -9,11 +9,15 @@
 
 #include "add.hip"
 #include "argmax.hip"
+#include "embedding.hip"
+#include "kv_store.hip"
 #include "fused_matvec.hip"
 #include "matmul.hip"
 #include "matvec.hip"
+#include "paged_attention.hip"
 #include "rmsnorm.hip"
 #include "rope.hip"
+#include "select_rows.hip"
 #include "silu_mul.hip"
 
 static std::vector<char> read_file(const char* path) {
@@ -34,6 +38,78 @@ static void write_file(const char* path, const void* p, size_t n) {
 }
 
 static std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, std::nanf("")); }
+
+// embedding.hip, select_rows.hip, kv_store.hip and paged_attention.hip; true when `entry` was one of them.
+static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsigned block, char** a) {
+  if (entry == "select_rows_f32") {  // n_rows width n_src_rows x rows out
+    const int n_rows = std::atoi(a[0]), width = std::atoi(a[1]), n_src_rows = std::atoi(a[2]);
+    std::vector<char> x = read_file(a[3]), rows = read_file(a[4]);
+    std::vector<float> out = nan_filled((size_t)n_rows * width);
+    emu_launch(grid, block, [&] {
+      select_rows_f32(out.data(), (const float*)x.data(), (const int*)rows.data(), n_rows, width, n_src_rows);
+    });
+    write_file(a[5], out.data(), out.size() * 4);
+  } else if (entry.rfind("embedding_", 0) == 0) {  // n_tokens hidden vocab table ids out
+    const int n_tokens = std::atoi(a[0]), hidden = std::atoi(a[1]), vocab = std::atoi(a[2]);
+    std::vector<char> table = read_file(a[3]), ids = read_file(a[4]);
+    std::vector<float> out = nan_filled((size_t)n_tokens * hidden);
+    using Embedding = void (*)(float*, const void*, const int*, int, int, int);
+    const std::map<std::string, Embedding> kernels = {
+        {"embedding_f32", embedding_f32},   {"embedding_f16", embedding_f16},   {"embedding_bf16", embedding_bf16},
+        {"embedding_q4_0", embedding_q4_0}, {"embedding_q4_1", embedding_q4_1}, {"embedding_q8_0", embedding_q8_0}};
+    if (!kernels.count(entry)) std::exit(2);
+    const Embedding kernel = kernels.at(entry);
+    emu_launch(grid, block, [&] { kernel(out.data(), table.data(), (const int*)ids.data(), n_tokens, hidden, vocab); });
+    write_file(a[5], out.data(), out.size() * 4);
+  } else if (entry.rfind("kv_store_", 0) == 0) {
+    // n_tokens n_kv_heads head_dim block_size num_blocks k v slots k_pool v_pool k_pool_out v_pool_out:
+    // the pools are read, written into and written back whole, what was not to be touched included.
+    const int n_tokens = std::atoi(a[0]), heads = std::atoi(a[1]), head_dim = std::atoi(a[2]);
+    const int block_size = std::atoi(a[3]), num_blocks = std::atoi(a[4]);
+    std::vector<char> k = read_file(a[5]), v = read_file(a[6]), slots = read_file(a[7]);
+    std::vector<char> k_pool = read_file(a[8]), v_pool = read_file(a[9]);
+    using KvStore = void (*)(void*, void*, const float*, const float*, const int*, int, int, int, int, int);
+    const std::map<std::string, KvStore> kernels = {{"kv_store_f16", kv_store_f16}, {"kv_store_bf16", kv_store_bf16},
+                                                    {"kv_store_f32", kv_store_f32}, {"kv_store_q8_0", kv_store_q8_0}};
+    if (!kernels.count(entry)) std::exit(2);
+    const KvStore kernel = kernels.at(entry);
+    emu_launch(grid, block, [&] {
+      kernel(k_pool.data(), v_pool.data(), (const float*)k.data(), (const float*)v.data(), (const int*)slots.data(),
+             n_tokens, heads, head_dim, block_size, num_blocks);
+    });
+    write_file(a[10], k_pool.data(), k_pool.size());
+    write_file(a[11], v_pool.data(), v_pool.size());
+  } else if (entry.rfind("paged_attention_", 0) == 0) {
+    // n_tokens n_heads n_kv_heads head_dim block_size max_blocks num_blocks max_splits scale q k_pool v_pool
+    // block_tables token_seq positions workspace_bytes out workspace_out: the workspace starts zeroed
+    // (a null pointer when its size is 0) and is written back, so that its counters can be checked.
+    int n[8];
+    for (int i = 0; i < 8; ++i) n[i] = std::atoi(a[i]);
+    const float scale = std::strtof(a[8], nullptr);
+    std::vector<char> q = read_file(a[9]), k_pool = read_file(a[10]), v_pool = read_file(a[11]);
+    std::vector<char> tables = read_file(a[12]), token_seq = read_file(a[13]), positions = read_file(a[14]);
+    const size_t workspace_bytes = (size_t)std::atoll(a[15]);
+    std::vector<float> workspace((workspace_bytes + 3) / 4, 0.0f);
+    std::vector<float> out = nan_filled((size_t)n[0] * n[1] * n[3]);
+    using Attention = void (*)(float*, const float*, const void*, const void*, const int*, const int*, const int*, void*,
+                               int, int, int, int, int, int, int, int, float);
+    const std::map<std::string, Attention> kernels = {
+        {"paged_attention_f16", paged_attention_f16}, {"paged_attention_bf16", paged_attention_bf16},
+        {"paged_attention_f32", paged_attention_f32}, {"paged_attention_q8_0", paged_attention_q8_0}};
+    if (!kernels.count(entry)) std::exit(2);
+    const Attention kernel = kernels.at(entry);
+    emu_launch(grid, block, [&] {
+      kernel(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
+             (const int*)token_seq.data(), (const int*)positions.data(), workspace_bytes ? workspace.data() : nullptr,
+             n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], scale);
+    });
+    write_file(a[16], out.data(), out.size() * 4);
+    write_file(a[17], workspace.data(), workspace_bytes);
+  } else {
+    return false;
+  }
+  return true;
+}
 
 // The fused_matvec.hip entry of a family for a weight-type suffix ("q4_1" ...).
 template <class Fn>
@@ -97,6 +173,7 @@ int main(int argc, char** argv) {
   const std::string entry = argv[1];
   const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
   char** a = argv + 4;
+  if (run_forward_pass_ops(entry, grid, block, a)) return 0;
   if (run_fused_matvec(entry, grid, block, a)) return 0;
   if (entry.rfind("matvec_", 0) == 0) {  // rows cols batch W x y
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
