@@ -13,6 +13,7 @@ from engine_testing import (
     assert_quiescent, count_releases, drain_events, greedy, kv_bytes, load_tiny, prompt_of, run_alone, tiny_model,
 )
 
+from hipcore.engine import EngineHooks
 from hipcore.request import CancelResult, Ending, Phase
 
 BESIDE = (prompt_of(21, salt=70), 12)  # a request that runs next to the cancelled one
@@ -120,23 +121,23 @@ def test_cancel_just_before_the_step_that_would_finish_it(model, beside_alone):
 
 
 def test_cancel_during_the_step_in_which_it_finishes(model, beside_alone):
-    """Another thread cancels while the device computes the request's last token: the request ends
-    by max tokens in that step, and the queued cancel finds it gone (no second release)."""
+    """Another thread cancels while the step that computes the request's last token is under way
+    (here: from the engine's mid-step hook, after scheduling, before the forward pass): the request
+    ends by max tokens in that step, and the queued cancel finds it gone (no second release)."""
     rid = model.engine.submit(prompt_of(7), greedy(3))
     beside = model.engine.submit(BESIDE[0], greedy(BESIDE[1]))
     model.engine.step()
     model.engine.step()
     assert len(model.engine.request(rid).seqs[0].generated) == 2
-    execute = model.runner.execute
     answers = []
 
-    def execute_and_cancel(batch):
-        answers.append(model.engine.cancel(rid))  # as if from another thread, mid-step
-        return execute(batch)
+    def cancel_mid_step(requests) -> bool:
+        answers.append(model.engine.cancel(rid))
+        return False  # and let the forward pass run
 
-    model.runner.execute = execute_and_cancel
+    model.engine.hooks = EngineHooks(fail_step=cancel_mid_step)
     model.engine.step()
-    model.runner.execute = execute
+    model.engine.hooks = EngineHooks()
     assert answers == [CancelResult.CANCELLED]  # it was still running when asked
     record = model.engine.finished_record(rid)
     assert record.ending == Ending.LENGTH and len(record.generated_tokens[0]) == 3
