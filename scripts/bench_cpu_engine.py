@@ -1,0 +1,142 @@
+"""Engine throughput on the cpu backend at several numbers of concurrent requests.
+
+    python scripts/bench_cpu_engine.py                      # the demo model, 1, 4 and 16 requests
+    python scripts/bench_cpu_engine.py --concurrency 1 8 --prompt-tokens 128 --json
+
+Each request: --prompt-tokens fixed pseudo-random token ids (speed does not depend on them) and up
+to --gen-tokens greedy tokens (fewer only if it emits an end-of-text token; the counts are the real
+ones). All requests of a run are submitted at once and the engine steps until they have all ended:
+continuous batching evaluates the prompts (in chunks of --max-step-tokens) and then decodes every
+request's next token in one forward pass per step.
+
+Reported per concurrency, from one timed run after a warm-up request (this script is for a shared
+machine too: the load average is printed beside the figures):
+  total tok/s     (prompt + generated tokens) / wall time of the run
+  gen tok/s       generated tokens / wall time of the run
+  decode tok/s    tokens generated in decode-only steps / the time of those steps (the batched
+                  decode rate, without prompt evaluation)
+  step ms         mean time of a decode-only step (one token for every running request)
+  TTFT s          mean time from submission to a request's first token
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOKEN_SEED = 1234
+
+
+def bench_prompts(vocab_size: int, count: int, length: int) -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.default_rng(TOKEN_SEED)
+    # Skip the first ids: special tokens in most vocabularies.
+    return [[int(t) for t in rng.integers(100, vocab_size, size=length)] for _ in range(count)]
+
+
+def run_once(engine, prompts: list[list[int]], gen_tokens: int) -> dict:
+    from hipcore.sampler import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=gen_tokens)
+    ids = [engine.submit(p, params) for p in prompts]
+    decode_seconds, decode_tokens, decode_steps = 0.0, 0, 0
+    start = time.perf_counter()
+    while engine.has_work():
+        prompt_before, generated_before = engine.stats.prompt_tokens, engine.stats.generated_tokens
+        t0 = time.perf_counter()
+        engine.step()
+        seconds = time.perf_counter() - t0
+        if engine.stats.prompt_tokens == prompt_before:  # a decode-only step
+            decode_seconds += seconds
+            decode_tokens += engine.stats.generated_tokens - generated_before
+            decode_steps += 1
+    wall = time.perf_counter() - start
+    records = [engine.finished_record(i) for i in ids]
+    generated = sum(len(r.generated_tokens[0]) for r in records)
+    prompt = sum(len(p) for p in prompts)
+    return {
+        "requests": len(prompts), "prompt_tokens": prompt, "generated_tokens": generated, "wall_s": wall,
+        "total_tok_s": (prompt + generated) / wall, "gen_tok_s": generated / wall,
+        "decode_tok_s": decode_tokens / decode_seconds if decode_seconds else 0.0,
+        "decode_step_ms": 1e3 * decode_seconds / decode_steps if decode_steps else 0.0,
+        "ttft_s": statistics.mean(r.time_to_first_token or 0.0 for r in records),
+        "endings": sorted({r.ending.value for r in records}),
+    }
+
+
+def machine() -> dict:
+    import numpy as np
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "numpy": np.__version__,
+            "python": platform.python_version(), "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="GGUF model (default: the demo model)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16], help="requests submitted together")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--max-step-tokens", type=int, default=512, help="prompt tokens evaluated per step")
+    parser.add_argument("--kv-dtype", default="f16")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args()
+
+    from hipcore.demo_model import INSTALL_HINT, find_demo_model
+    from hipcore.loader import LoadOptions, load_model
+
+    path = args.model or find_demo_model()
+    if path is None:
+        print(f"no --model and the demo model is not installed: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    most = max(args.concurrency)
+    per_request = args.prompt_tokens + args.gen_tokens
+    options = LoadOptions(device="cpu", ctx_size=per_request + 16, max_seqs=most, max_step_tokens=args.max_step_tokens,
+                          kv_dtype=args.kv_dtype, kv_blocks=most * (-(-per_request // 16) + 1))
+    t0 = time.perf_counter()
+    with load_model(str(path), options) as model:
+        load_s = time.perf_counter() - t0
+        vocab = model.config.vocab_size
+        run_once(model.engine, bench_prompts(vocab, 1, 8), 4)  # warm-up: first-use costs out of the timings
+        results = []
+        for n in args.concurrency:
+            results.append(run_once(model.engine, bench_prompts(vocab, n, args.prompt_tokens), args.gen_tokens))
+            if not args.json:
+                print(f"  {n} concurrent: done in {results[-1]['wall_s']:.1f} s", file=sys.stderr)
+        model.cache.check_invariants(quiescent=True)
+    report = {"model": str(path), "load_s": load_s, "prompt_tokens_each": args.prompt_tokens,
+              "gen_tokens_each": args.gen_tokens, "max_step_tokens": args.max_step_tokens, "kv_dtype": args.kv_dtype,
+              "machine": machine(), "runs": results}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    m = report["machine"]
+    print(f"{Path(str(path)).name} on the cpu backend: {args.prompt_tokens} prompt + up to {args.gen_tokens} generated "
+          f"tokens per request, greedy, KV {args.kv_dtype}")
+    print(f"{m['cpu']}, {m['cpu_count']} CPUs, load average {m['load_average'][0]:.1f}, numpy {m['numpy']}, "
+          f"commit {m['commit']}, {m['date']}")
+    header = f"{'requests':>8} {'total tok/s':>12} {'gen tok/s':>10} {'decode tok/s':>13} {'step ms':>8} {'TTFT s':>7} {'wall s':>7}"
+    print(header)
+    for r in results:
+        print(f"{r['requests']:>8} {r['total_tok_s']:>12.1f} {r['gen_tok_s']:>10.1f} {r['decode_tok_s']:>13.1f} "
+              f"{r['decode_step_ms']:>8.0f} {r['ttft_s']:>7.2f} {r['wall_s']:>7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
