@@ -28,7 +28,7 @@
 // - Each lane loads kUnroll keys' K and V before it uses the first, to keep loads in flight: decoding
 //   at short contexts is bound by the latency of these loads, not by bandwidth.
 // Requirements the launcher checks: head_dim a multiple of 8 up to 256, block_size a power of two,
-// n_heads a multiple of n_kv_heads, q 16-byte aligned. Block size: 4 warps (launch bounds 256).
+// n_heads a multiple of n_kv_heads, q 16-byte aligned. Block size: 4 warps (the launch bounds).
 // `out` may be `q`: every read of q happens before the writes to out of the same rows.
 #include "hip_compat.h"
 
@@ -184,18 +184,25 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, i
       for (int i = tid; i < NG * hd; i += threads) out_rows[i] = 0.0f;
     return;
   }
-  int n_split = min(min(p.max_splits, kMaxSplits), (ctx + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
-  n_split = max(n_split, 1);
-  const int keys_per_split = (ctx + n_split - 1) / n_split;
-  n_split = (ctx + keys_per_split - 1) / keys_per_split;  // every split non-empty
-  if (split >= n_split) return;
-  const int k_begin = split * keys_per_split;
-  const int k_end = min(ctx, k_begin + keys_per_split);
-
   // Lane roles: lanes_per_key consecutive lanes hold one key's row, 8 elements each.
   int lanes_per_key = 1;
   while (lanes_per_key * kChunk < hd) lanes_per_key <<= 1;
   const int keys_per_warp = WARP_SIZE / lanes_per_key;
+  constexpr int U = KV::kUnroll;
+  const int tile = keys_per_warp * U;  // keys of one warp's step
+
+  // Splits: as many as allowed with at least kMinKeysPerSplit keys each, their length rounded up to
+  // whole steps of the workgroup (no step half empty), and every split non-empty.
+  const int step_keys = key_warps * tile;
+  int n_split = min(min(p.max_splits, kMaxSplits), (ctx + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+  n_split = max(n_split, 1);
+  int keys_per_split = (ctx + n_split - 1) / n_split;
+  keys_per_split = (keys_per_split + step_keys - 1) / step_keys * step_keys;
+  n_split = (ctx + keys_per_split - 1) / keys_per_split;
+  if (split >= n_split) return;
+  const int k_begin = split * keys_per_split;
+  const int k_end = min(ctx, k_begin + keys_per_split);
+
   const int key_slot = lane / lanes_per_key, chunk = lane % lanes_per_key;
   const bool chunk_live = chunk * kChunk < hd;  // head_dim 80 uses 10 of 16 lanes
   const int load_chunk = chunk_live ? chunk : 0;
@@ -230,8 +237,6 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, i
     for (int j = 0; j < kChunk; ++j) acc[g][j] = 0.0f;
   }
 
-  constexpr int U = KV::kUnroll;
-  const int tile = keys_per_warp * U;
   // Warps past kMaxWarps start past the end and take no keys. The trip count is uniform per warp.
   for (int base = warp < kMaxWarps ? k_begin + warp * tile : k_end; base < k_end; base += key_warps * tile) {
     typename KV::Raw k_raw[U], v_raw[U];
@@ -412,12 +417,14 @@ __device__ __forceinline__ void run(const Params& p) {
 
 }  // namespace rf_paged_attention
 
-// The launcher's block: 4 warps, 128 threads on NVIDIA and RDNA, 256 on CDNA. Bounding the kernel to it
-// lets the compilers give a thread all the registers it wants (the 4 query heads' q and outputs).
+// The launcher's block: 4 warps, 128 threads on NVIDIA and RDNA, 256 on CDNA. Bounding the kernel to it,
+// with one workgroup per multiprocessor as the least occupancy asked for (on AMD: one wave per SIMD),
+// lets the compilers give a thread all the registers it needs (4 query heads' q and outputs, and the
+// rows in flight) instead of spilling: ptxas otherwise stops at 168 and spills a few bytes for q8_0.
 #define RF_ATTENTION_THREADS (rf_paged_attention::kMaxWarps * WARP_SIZE)
 
 #define RF_PAGED_ATTENTION_KERNEL(name, KV)                                                                         \
-  extern "C" __global__ __launch_bounds__(RF_ATTENTION_THREADS) void name(                                       \
+  extern "C" __global__ __launch_bounds__(RF_ATTENTION_THREADS, 1) void name(                                       \
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,                   \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
       void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
