@@ -19,7 +19,8 @@ splits than the longest context has 64-key pieces); the kernel sizes each token'
 context length, which is what lets a graph captured once serve every later step. Splitting needs a
 workspace for the partial results and a counter per (token, KV head, chunk): a Buffer of at least
 `workspace_size(...)` bytes, zeroed once when allocated (Buffer.fill(0)); the kernel leaves its
-counters at zero after every launch. Without a workspace every token is one workgroup's work.
+counters at zero after every launch. Launches that share a workspace must run one after another (one
+stream). Without a workspace every token is one workgroup's work.
 """
 
 from __future__ import annotations
