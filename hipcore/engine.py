@@ -23,6 +23,8 @@ import numpy as np
 
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.model.batch import NULL_BLOCK, StepBatch
+from hipcore.model.decode_batch import decode_step_batch
+from hipcore.ops.sample import SamplingRows, device_samplable
 from hipcore.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
 from hipcore.sampler import Sampler, StopChecker, StopReason
 from hipcore.scheduler import Scheduled, Scheduler, SchedulerOutput
@@ -249,6 +251,10 @@ class Engine:
         return seq
 
     def _build_batch(self, scheduled: list[Scheduled]) -> StepBatch:
+        if all(item.num_tokens == 1 for item in scheduled):  # decode: vectorized (host time per step matters)
+            seqs = [item.seq for item in scheduled]
+            return decode_step_batch(self.cache, [s.seq_id for s in seqs], [s.tokens[s.num_cached] for s in seqs],
+                                     [s.num_cached for s in seqs], [item.samples for item in scheduled])
         tokens, positions, slots, starts, ctx, tables, sample_rows = [], [], [], [0], [], [], []
         for item in scheduled:
             seq, n = item.seq, item.num_tokens
@@ -279,7 +285,11 @@ class Engine:
         try:
             if self.hooks.fail_step is not None and self.hooks.fail_step(requests):
                 raise InjectedFault("injected forward-pass failure (fault-injection hook)")
-            logits = self.runner.execute(batch)
+            sampling = self._device_sampling(scheduled)
+            if sampling is None:
+                logits = self.runner.execute(batch)
+            else:  # only the picked token ids come back from the device
+                tokens = self.runner.execute_sampled(batch, sampling)
         except Exception as exc:  # the step failed: fail its requests cleanly, keep serving the rest
             events: list[Event] = []
             message = f"the forward pass failed: {exc}"
@@ -295,11 +305,32 @@ class Engine:
             if seq.request.phase == Phase.PROMPT:
                 self.stats.prompt_tokens += item.num_tokens
             if samples:
-                events += self._sample(seq, logits[row])
+                if sampling is None:
+                    events += self._sample(seq, logits[row])
+                else:
+                    events += self._sample(seq, None, picked=int(tokens[row]))
                 row += 1
         return events
 
-    def _sample(self, seq: Sequence, logits: np.ndarray) -> list[Event]:
+    def _device_sampling(self, scheduled: list[Scheduled]) -> SamplingRows | None:
+        """The sampling inputs with which the runner picks this step's tokens on the device, or None to
+        sample on the host: a runner without device sampling, penalties or a rule the device lacks
+        (device_samplable), or a prompt about to fork into parallel samples (they all draw from its
+        logits). Each non-greedy row's uniform comes from its sampler now, as Sampler.sample would draw it."""
+        if not hasattr(self.runner, "execute_sampled"):
+            return None
+        seqs = [item.seq for item in scheduled if item.samples]
+        for seq in seqs:
+            request = seq.request
+            if request.phase == Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
+                return None
+            if not device_samplable(seq.sampler.params):
+                return None
+        params = [seq.sampler.params for seq in seqs]
+        return SamplingRows.build(params, [0.0 if p.greedy else seq.sampler.next_uniform() for p, seq in zip(params, seqs)])
+
+    def _sample(self, seq: Sequence, logits: np.ndarray | None, picked: int | None = None) -> list[Event]:
+        """Accept the step's token for `seq`: `picked` on the device, or sampled here from `logits`."""
         request = seq.request
         if request.phase == Phase.FINISHED or seq.finished:
             return []
@@ -315,7 +346,8 @@ class Engine:
                 request.first_token_at = time.perf_counter()
             events: list[Event] = []
             for target in targets:
-                events += self._accept_token(target, target.sampler.sample(logits, target.tokens))
+                token = picked if picked is not None else target.sampler.sample(logits, target.tokens)
+                events += self._accept_token(target, token)
             return events
         except Exception as exc:
             return self._end_request(request, Ending.FAILED, f"sampling failed: {exc}")

@@ -104,11 +104,13 @@ def load_model(path: str, options: LoadOptions | None = None, *, status: StatusF
                          kv_dtype=opts.kv_dtype, block_size=opts.block_size, kv_blocks=opts.kv_blocks,
                          kv_memory=opts.kv_memory)
         plan.check()
+        say("memory plan (before anything is allocated):\n" + plan.table())
         weights = upload_weights(device, gguf, progress)
         undo.append(weights.free)
         cache = KvCache(device, plan.kv_config)
         undo.append(cache.close)
-        runner = LlamaRunner(device, cfg, weights, cache, max_step_tokens=opts.max_step_tokens, max_seqs=opts.max_seqs)
+        runner = LlamaRunner(device, cfg, weights, cache, max_step_tokens=opts.max_step_tokens, max_seqs=opts.max_seqs,
+                             max_context=ctx)
         undo.append(runner.close)
         engine = Engine(runner, tokenizer, cache, max_seqs=opts.max_seqs, max_step_tokens=opts.max_step_tokens,
                         max_context=ctx, finished_bound=opts.finished_bound, hooks=opts.hooks)

@@ -196,8 +196,13 @@ class Sampler:
         probs = softmax(kept / params.temperature)
         # One uniform draw against the cumulative distribution: reproducible for a given seed.
         cumulative = np.cumsum(probs)
-        pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
+        pick = int(np.searchsorted(cumulative, self.next_uniform() * cumulative[-1], side="right"))
         return int(ids[min(pick, ids.shape[0] - 1)])
+
+    def next_uniform(self) -> float:
+        """The one draw sample() makes for a non-greedy pick. A caller that picks elsewhere (the device
+        sampler, hipcore/ops/sample.py) takes it here, so the seeded sequence of draws stays the same."""
+        return float(self._rng.random())
 
 
 # --- stops ----------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ EXPECTED_KERNELS = {
     "argmax": ["argmax_f32"],
     "embedding": ["embedding_bf16", "embedding_f16", "embedding_f32", "embedding_q4_0", "embedding_q4_1",
                   "embedding_q8_0"],
+    "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
+                     for t in ("q4_1", "q8_0", "f16", "f32")],
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
     "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q4_k", "matmul_q5_k",
                "matmul_q6_k", "matmul_q8_0"],
@@ -33,6 +35,7 @@ EXPECTED_KERNELS = {
     "paged_attention": ["paged_attention_bf16", "paged_attention_f16", "paged_attention_f32", "paged_attention_q8_0"],
     "rmsnorm": ["rmsnorm_f32"],
     "rope": ["rope_f32"],
+    "sample": ["sample_f32"],
     "select_rows": ["select_rows_f32"],
     "silu_mul": ["silu_mul_f32"],
 }

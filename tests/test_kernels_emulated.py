@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipcore.ops import add, argmax, fused_matvec, matmul, matvec, rmsnorm, rope, silu_mul
+from hipcore.ops import add, argmax, fused_matvec, matmul, matvec, rmsnorm, rope, sample, silu_mul
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype
 from hipcore.ops import embedding, kv_store, paged_attention, select_rows
 from hipcore.ops.launch_checks import elementwise_grid, row_block
@@ -31,7 +31,7 @@ from weight_samples import random_weights
 U32 = 2.0**-24
 EMULATION = Path(__file__).parent / "kernel_emulation"
 NEUTRAL_MARKER = "// Vendor-neutral from here on"
-OPS = ("add", "argmax", "fused_matvec", "matmul", "matvec", "rmsnorm", "rope", "silu_mul")
+OPS = ("add", "argmax", "fused_matvec", "matmul", "matvec", "rmsnorm", "rope", "sample", "silu_mul")
 FORWARD_PASS_OPS = ("embedding", "kv_store", "paged_attention", "select_rows")
 ARCH_FOR_WARP = {32: "sm_90", 64: "gfx942"}  # what the launchers size grids for
 
@@ -439,3 +439,47 @@ def test_paged_attention_tolerance_catches_wrong_keys(harnesses, tmp_path):
     crossed = PagedSample(**{**sample.__dict__, "q": regrouped}).reference()  # head h reading KV head h % 2
     crossed = crossed.reshape(sample.n_tokens, 2, 4, 64).transpose(0, 2, 1, 3).reshape(sample.q.shape)
     assert (np.abs(crossed - want) > tol).any(), "a query head reading another group's KV head"
+
+
+# ---- sample.hip: the host sampler's rules on the device ----------------------------------------
+
+
+def acceptable_picks(row, params):
+    """Tokens the reference picks when the draw and the top-p / min-p thresholds move by float32 rounding:
+    the kernel sums in float32 where the host sums in float64, so at a boundary either side is right."""
+    t, k, p, m, u = (float(v) for v in params)
+    picks = set()
+    for du in (-2e-6, 0.0, 2e-6):
+        for dp in (-2e-6, 0.0, 2e-6):
+            for dm in (-2e-6, 0.0, 2e-6):
+                picks.add(sample.pick(row, t, int(k), min(p + dp, 1.0) if p < 1 else 1.0, max(m + dm, 0.0) if m > 0 else 0.0,
+                                      min(max(u + du, 0.0), 0.999999)))
+    return picks
+
+
+def test_sample(harnesses, warp, tmp_path):
+    rng = np.random.default_rng(warp)
+    vocab = 3000
+    logits = (rng.standard_normal((10, vocab)) * 3).astype(np.float32)
+    logits[3, rng.choice(vocab, 6, replace=False)] = logits[3].max() + 1  # six-way tie at the top: k = 4 cuts it
+    logits[4, :] = np.round(logits[4])  # many ties everywhere
+    logits[5, 100] = np.nan  # greedy row: the first NaN wins
+    params = np.array([
+        [0.8, 40, 0.95, 0.05, 0.0], [1.5, 1024, 1.0, 0.0, 0.0], [0.5, 5, 0.5, 0.0, 0.0], [1.0, 4, 1.0, 0.0, 0.0],
+        [1.0, 30, 0.9, 0.0, 0.0], [0.0, 40, 0.95, 0.05, 0.0], [0.7, 1, 1.0, 0.0, 0.0], [2.0, 200, 0.8, 0.2, 0.0],
+        [1.0, 64, 1.0, 0.5, 0.0], [1.2, 600, 0.99, 0.01, 0.0]], dtype=np.float32)
+    params[:, 4] = rng.random(len(params))
+    files = write(tmp_path, x=logits, p=params)
+    for block in (64, 256):
+        run(harnesses, warp, "sample_f32", len(params), block, vocab, *files, tmp_path / "o")
+        got = np.fromfile(tmp_path / "o", np.int32)
+        for i, (row, prm) in enumerate(zip(logits, params)):
+            assert int(got[i]) in acceptable_picks(row, prm), f"row {i} block {block}: {got[i]}, params {prm}"
+        assert got[5] == 100 and got[6] == int(np.argmax(logits[6]))
+    # A vocabulary smaller than top_k: every token is a candidate.
+    small = (rng.standard_normal((2, 50)) * 2).astype(np.float32)
+    prm = np.array([[1.0, 1024, 1.0, 0.0, 0.3], [0.9, 100, 0.7, 0.1, 0.9]], dtype=np.float32)
+    files = write(tmp_path, x=small, p=prm)
+    run(harnesses, warp, "sample_f32", 2, 64, 50, *files, tmp_path / "o")
+    got = np.fromfile(tmp_path / "o", np.int32)
+    assert all(int(got[i]) in acceptable_picks(small[i], prm[i]) for i in range(2))

@@ -2,65 +2,121 @@
 
 The same code runs on every backend: on the cpu backend each launch runs the op's numpy reference,
 on a GPU it launches the op's HIP kernel. Buffers are allocated once, sized for the largest step
-(max_step_tokens tokens, max_seqs sequences), so addresses stay fixed (what graph replay needs).
+(max_step_tokens tokens, max_seqs sequences, and the largest decode bucket), so addresses stay fixed:
+a decode-only step replays a graph captured for its batch-size bucket (decode_graphs.py); prompt and
+mixed steps launch eagerly. Everything that changes per step lives in one buffer, uploaded in one
+copy (step_inputs.py).
 
-Per layer: rmsnorm -> q/k/v projections -> rope(q, k) -> kv_store -> paged attention -> output
-projection + residual -> rmsnorm -> gate/up projections -> silu(gate)*up -> down projection +
-residual. Then only the rows that sample go through the final norm and the output projection.
+Per layer, with the fused kernels (hipcore/ops/fused_matvec.py) when the weights allow them:
+    q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv])      1 launch (else rmsnorm, 3 matvecs, 2 ropes)
+    kv_store(k, v); attn = paged_attention(q)       2 launches
+    x += attn @ Wo                                  1 launch (else matvec + add)
+    h = silu(rmsnorm(x) @ Wg) * (rmsnorm(x) @ Wu)   1 launch (else rmsnorm, 2 matvecs, silu_mul)
+    x += h @ Wd                                     1 launch (else matvec + add)
+Then the output head (the final norm folded into the vocabulary projection) on the rows that sample
+(decode: every row) and, when the caller wants tokens, sampling on the device (hipcore/ops/sample.py).
+Prompt and mixed steps of more than a few tokens take the unfused ops with the matmul kernel
+(hipcore/ops/matmul.py project): the fused kernels pass over W once per 4 tokens, matmul once per tile
+of up to 64 tokens. Decode steps always take the fused kernels: up to 128 sequences their passes over
+a layer's weights (a few MiB) are served from the GPU's cache.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
 from hipcore.errors import UnsupportedModelError
 from hipcore.model.batch import StepBatch
-from hipcore.model.weights import ModelWeights
-from hipcore.ops import add, embedding, kv_store, matvec, paged_attention, rmsnorm, rope, select_rows, silu_mul
+from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
+from hipcore.model.step_inputs import StepInputs, input_bytes
+from hipcore.model.weights import ModelWeights, Weight
+from hipcore.ops import (add, embedding, fused_matvec, kv_store, matmul, paged_attention, rmsnorm, rope, sample,
+                         select_rows, silu_mul)
+from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.device import Buffer, Device
 
+PLAN_CACHE_MAX_TOKENS = 128  # launch plans of steps up to this size are kept (decode buckets)
 
-def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int) -> dict[str, tuple[int, str]]:
+Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
+
+
+def step_capacity(max_tokens: int, max_seqs: int) -> tuple[int, int]:
+    """(token rows, logits rows) the buffers hold: a step's tokens, or a decode step padded to its bucket."""
+    pad = bucket_capacity(max_seqs)
+    return max(max_tokens, pad), max(max_seqs, pad)
+
+
+def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
+                     block_size: int = 16) -> dict[str, tuple[int, str]]:
     """name -> (bytes, ledger tag) of every buffer the runner allocates. The memory plan uses this."""
     h, f, v = config.hidden_size, config.ffn_size, config.vocab_size
     q_width, kv_width = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    t, s = max_tokens, max_seqs
-    return {
+    t, rows = step_capacity(max_tokens, max_seqs)
+    seqs = max(max_seqs, rows)
+    sizes = {
         "x": (t * h * 4, "activations"), "xn": (t * h * 4, "activations"), "proj": (t * h * 4, "activations"),
         "q": (t * q_width * 4, "activations"), "k": (t * kv_width * 4, "activations"),
         "v": (t * kv_width * 4, "activations"), "attn": (t * q_width * 4, "activations"),
         "gate": (t * f * 4, "activations"), "up": (t * f * 4, "activations"),
-        "rows": (s * h * 4, "activations"), "logits": (s * v * 4, "activations"),
-        "token_ids": (t * 4, "scratch"), "positions": (t * 4, "scratch"), "slots": (t * 4, "scratch"),
-        "token_seq": (t * 4, "scratch"), "sample_rows": (s * 4, "scratch"),
-        "block_tables": (s * max_blocks * 4, "scratch"),
+        "rows": (rows * h * 4, "activations"), "logits": (rows * v * 4, "activations"),
+        "tokens": (rows * 4, "scratch"),
+        "step_inputs": (input_bytes(t, rows, seqs, max_blocks), "scratch"),
     }
+    workspace = paged_attention.workspace_size(t, config.n_heads, config.n_kv_heads, config.head_dim,
+                                               max_blocks * block_size)
+    if workspace:
+        sizes["attention_workspace"] = (workspace, "scratch")
+    return sizes
+
+
+def _weight_arg(w: Weight):
+    """A launcher argument for a weight: its Buffer (size-checked) or, inside a shared buffer, its address."""
+    return w.buffer if w.offset == 0 else w.addr()
 
 
 class LlamaRunner:
-    """Executes StepBatches for one model on one device; returns host logits of the sampled rows."""
+    """Executes StepBatches for one model on one device: logits of the sampled rows, or their tokens."""
 
-    def __init__(self, device: Device, config, weights: ModelWeights, cache, *, max_step_tokens: int, max_seqs: int):
+    def __init__(self, device: Device, config, weights: ModelWeights, cache, *, max_step_tokens: int, max_seqs: int,
+                 max_context: int | None = None, use_graphs: bool = True):
         if config.rope_scaling not in ("none", "linear"):
             raise UnsupportedModelError(f"rope scaling {config.rope_scaling!r} is not supported yet (none, linear)")
         self.device, self.config, self.weights, self.cache = device, config, weights, cache
         self.max_step_tokens, self.max_seqs = max_step_tokens, max_seqs
-        self.max_blocks = -(-config.context_length // cache.config.block_size)
+        block_size = cache.config.block_size
+        self.max_blocks = -(-min(max_context or config.context_length, config.context_length) // block_size)
+        self.token_capacity, self.row_capacity = step_capacity(max_step_tokens, max_seqs)
         self.stream = device.default_stream
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.freq_scale = 1.0 / config.rope_scaling_factor if config.rope_scaling == "linear" else 1.0
         self.buffers: dict[str, Buffer] = {}
+        self.inputs: StepInputs | None = None
+        self.graphs = DecodeGraphs(device, self.stream, max_seqs, capture=use_graphs)
         try:
-            for name, (nbytes, tag) in activation_sizes(config, max_step_tokens, max_seqs, self.max_blocks).items():
+            sizes = activation_sizes(config, max_step_tokens, max_seqs, self.max_blocks, block_size)
+            for name, (nbytes, tag) in sizes.items():
+                if name == "step_inputs":
+                    continue
                 self.buffers[name] = device.allocate(nbytes, tag=tag, label=f"runner.{name}")
+            if "attention_workspace" in self.buffers:
+                self.buffers["attention_workspace"].fill(0)  # the kernel keeps its counters at zero from here on
+            self.inputs = StepInputs(device, tokens=self.token_capacity, rows=self.row_capacity,
+                                     seqs=max(max_seqs, self.row_capacity), max_blocks=self.max_blocks)
         except BaseException:
             self.close()
             raise
+        self._plans: dict[tuple[int, int, bool, bool], list[Launch]] = {}
 
     def close(self) -> None:
-        """Free the activation and step-input buffers; idempotent."""
+        """Destroy the decode graphs and free every buffer; idempotent."""
+        self.graphs.close()
+        self._plans.clear()
+        if self.inputs is not None:
+            self.inputs.close()
+            self.inputs = None
         for buf in self.buffers.values():
             if not buf.freed:
                 buf.free()
@@ -69,55 +125,153 @@ class LlamaRunner:
     # ---- one step -----------------------------------------------------------------------------
 
     def execute(self, batch: StepBatch) -> np.ndarray:
-        t, s, r = batch.num_tokens, batch.num_seqs, int(batch.sample_rows.shape[0])
-        if t > self.max_step_tokens or s > self.max_seqs:
-            raise ValueError(f"step of {t} tokens / {s} sequences exceeds the runner's {self.max_step_tokens} / {self.max_seqs}")
-        batch.validate(self.cache.config.block_size, self.cache.config.num_blocks)
-        b = self.buffers
-        tables = np.zeros((s, self.max_blocks), dtype=np.int32)
-        tables[:, :batch.block_tables.shape[1]] = batch.block_tables
-        for name, arr in (("token_ids", batch.token_ids), ("positions", batch.positions), ("slots", batch.slot_mapping),
-                          ("token_seq", batch.token_seq_index()), ("sample_rows", batch.sample_rows),
-                          ("block_tables", tables)):
-            if arr.size:  # no sample rows when every sequence of the step is mid-prompt
-                b[name].upload(np.ascontiguousarray(arr, dtype=np.int32), stream=self.stream)
-        self.forward(t, r)
-        logits = np.empty((r, self.config.vocab_size), dtype=np.float32)
-        self.stream.synchronize()
-        if r:
-            self.device.copy_device_to_host(logits, b["logits"])
-        return logits
+        """float32 logits [len(batch.sample_rows), vocab] of the rows that sample."""
+        rows, all_rows = self._run(batch, None, want_tokens=False)
+        return self._download_rows(self.buffers["logits"], batch, rows, all_rows, self.config.vocab_size, np.float32)
 
-    def forward(self, t: int, r: int) -> None:
-        """Queue the whole forward pass for t tokens whose logits are wanted at r rows."""
+    def execute_sampled(self, batch: StepBatch, sampling: SamplingRows) -> np.ndarray:
+        """int32 token ids [len(batch.sample_rows)], picked on the device by hipcore/ops/sample.py's rules
+        with `sampling` (one entry per sample row, in order)."""
+        if len(sampling) != batch.sample_rows.shape[0]:
+            raise ValueError(f"{len(sampling)} sampling rows for {batch.sample_rows.shape[0]} sample rows")
+        rows, all_rows = self._run(batch, sampling, want_tokens=True)
+        return self._download_rows(self.buffers["tokens"], batch, rows, all_rows, 1, np.int32).reshape(-1)
+
+    def _run(self, batch: StepBatch, sampling: SamplingRows | None, *, want_tokens: bool) -> tuple[int, bool]:
+        """Stage and launch one step; returns (logits rows computed, whether they are all token rows)."""
+        n, s, r = batch.num_tokens, batch.num_seqs, int(batch.sample_rows.shape[0])
+        if n > self.max_step_tokens or s > self.max_seqs:
+            raise ValueError(f"step of {n} tokens / {s} sequences exceeds the runner's {self.max_step_tokens} / {self.max_seqs}")
+        if batch.block_tables.shape[1] > self.max_blocks:
+            raise ValueError(f"block tables of {batch.block_tables.shape[1]} blocks exceed the runner's {self.max_blocks}")
+        batch.validate(self.cache.config.block_size, self.cache.config.num_blocks)
+        assert self.inputs is not None, "the runner is closed"
+        decode = batch.is_decode_only
+        bucket = self.graphs.bucket_for(n) if decode else None
+        if bucket is not None:
+            self.inputs.pack(batch, padded_tokens=bucket, all_rows=True, sampling=sampling, stream=self.stream)
+            plan = self.launch_plan(bucket, bucket, all_rows=True, with_sampling=True, decode=True)
+            self.graphs.run(bucket, lambda: _run_all(plan))
+            return bucket, True
+        self.inputs.pack(batch, padded_tokens=n, all_rows=decode, sampling=sampling, stream=self.stream)
+        rows = n if decode else r
+        _run_all(self.launch_plan(n, rows, all_rows=decode, with_sampling=want_tokens, decode=decode))
+        return rows, decode
+
+    def _download_rows(self, buf: Buffer, batch: StepBatch, rows: int, all_rows: bool, width: int, dtype) -> np.ndarray:
+        """The rows of `buf` belonging to batch.sample_rows, in order (waits for the step)."""
+        r = int(batch.sample_rows.shape[0])
+        if r == 0:
+            self.stream.synchronize()
+            return np.empty((0, width), dtype=dtype)
+        if not all_rows:  # the computed rows are the sample rows, in order
+            out = np.empty((r, width), dtype=dtype)
+            self.device.copy_device_to_host(out, buf)
+            return out
+        wanted = batch.sample_rows
+        first, last = int(wanted[0]), int(wanted[-1])
+        if last - first + 1 == r:  # consecutive rows (every decode step where each sequence samples)
+            out = np.empty((r, width), dtype=dtype)
+            self.device.copy_device_to_host(out, buf, offset=first * width * np.dtype(dtype).itemsize)
+            return out
+        block = np.empty((rows, width), dtype=dtype)
+        self.device.copy_device_to_host(block, buf)
+        return block[wanted]
+
+    # ---- the launch sequence ------------------------------------------------------------------
+
+    def launch_plan(self, t: int, r: int, *, all_rows: bool, with_sampling: bool, decode: bool) -> list[Launch]:
+        """The step's launches, in order, for t token rows whose logits are wanted at r rows (all_rows:
+        r == t and row i is token i; else rows listed in the step inputs' sample_rows); decode: every
+        token is its own sequence's next token (the fused kernels serve it at any size). Cached per
+        shape for small steps."""
+        fused = decode or t <= matmul.MATVEC_MAX_TOKENS
+        key = (t, r, all_rows, with_sampling, fused)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._build_plan(t, r, all_rows, with_sampling, fused)
+            if t <= PLAN_CACHE_MAX_TOKENS:
+                self._plans[key] = plan
+        return plan
+
+    def _build_plan(self, t: int, r: int, all_rows: bool, with_sampling: bool, fused: bool) -> list[Launch]:
         cfg, w, b, dev, st = self.config, self.weights, self.buffers, self.device, self.stream
-        h, f = cfg.hidden_size, cfg.ffn_size
+        inputs = self.inputs
+        assert inputs is not None
+        h, f, v = cfg.hidden_size, cfg.ffn_size, cfg.vocab_size
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         kv = self.cache.config
-        embedding.launch(dev, st, b["x"], w.token_embd.buffer, b["token_ids"], t, h, cfg.vocab_size, w.token_embd.fmt)
+        ids, pos, seq_of, tables = (inputs.addr(n) for n in ("token_ids", "positions", "token_seq", "block_tables"))
+        eps, theta = cfg.rms_norm_eps, cfg.rope_theta
+        workspace = b.get("attention_workspace")
+        plan: list[Launch] = [("embedding", lambda: embedding.launch(
+            dev, st, b["x"], w.token_embd.buffer, ids, t, h, v, w.token_embd.fmt))]
+
         for i, lw in enumerate(w.layers):
-            rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h, cfg.rms_norm_eps)
-            for out, wt in ((b["q"], lw.attn_q), (b["k"], lw.attn_k), (b["v"], lw.attn_v)):
-                matvec.launch(dev, st, out, wt.buffer, b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)
-            rope.launch(dev, st, b["q"], b["positions"], t, nh, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale)
-            rope.launch(dev, st, b["k"], b["positions"], t, nkv, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale)
-            kv_store.launch(dev, st, self.cache, i, b["k"], b["v"], b["slots"], t)
-            paged_attention.launch(
-                dev, st, b["attn"], b["q"], self.cache.k_pools[i], self.cache.v_pools[i], b["block_tables"],
-                b["token_seq"], b["positions"], n_tokens=t, n_heads=nh, n_kv_heads=nkv, head_dim=hd,
-                block_size=kv.block_size, max_blocks=self.max_blocks, num_blocks=kv.num_blocks,
-                scale=self.scale, kv_dtype=kv.dtype,
-            )
-            matvec.launch(dev, st, b["proj"], lw.attn_output.buffer, b["attn"], h, nh * hd, t, weight_type=lw.attn_output.fmt)
-            add.launch(dev, st, b["x"], b["x"], b["proj"], t * h)
-            rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps)
-            matvec.launch(dev, st, b["gate"], lw.ffn_gate.buffer, b["xn"], f, h, t, weight_type=lw.ffn_gate.fmt)
-            matvec.launch(dev, st, b["up"], lw.ffn_up.buffer, b["xn"], f, h, t, weight_type=lw.ffn_up.fmt)
-            silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)
-            matvec.launch(dev, st, b["proj"], lw.ffn_down.buffer, b["gate"], h, f, t, weight_type=lw.ffn_down.fmt)
-            add.launch(dev, st, b["x"], b["x"], b["proj"], t * h)
+            qkv = lw.attn_qkv
+            if fused and qkv is not None and fused_matvec.supports(qkv.fmt):
+                plan.append(("attn_norm+qkv+rope", lambda lw=lw, qkv=qkv: fused_matvec.launch_norm_rope(
+                    dev, st, b["q"], b["k"], b["v"], _weight_arg(qkv), b["x"], lw.attn_norm.buffer, pos,
+                    q_rows=nh * hd, kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=cfg.rope_dim, eps=eps,
+                    theta=theta, freq_scale=self.freq_scale, weight_type=qkv.fmt)))
+            else:
+                plan.append(("attn_norm", lambda lw=lw: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h, eps)))
+                for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
+                    plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul.project(
+                        dev, st, out, _weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
+                for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)):
+                    plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
+                        dev, st, out, pos, t, heads, hd, cfg.rope_dim, theta, self.freq_scale)))
+            plan.append(("kv_store", lambda i=i: kv_store.launch(dev, st, self.cache, i, b["k"], b["v"], inputs.buffer, t)))
+            plan.append(("attention", lambda i=i: paged_attention.launch(
+                dev, st, b["attn"], b["q"], self.cache.k_pools[i], self.cache.v_pools[i], tables, seq_of, pos,
+                n_tokens=t, n_heads=nh, n_kv_heads=nkv, head_dim=hd, block_size=kv.block_size,
+                max_blocks=self.max_blocks, num_blocks=kv.num_blocks, scale=self.scale, kv_dtype=kv.dtype,
+                workspace=workspace)))
+            plan += self._residual_product("attn_output", lw.attn_output, b["attn"], nh * hd, t, fused)
+            gate_up = lw.ffn_gate_up
+            if fused and gate_up is not None and fused_matvec.supports(gate_up.fmt):
+                plan.append(("ffn_norm+gate_up+silu", lambda lw=lw, gu=gate_up: fused_matvec.launch_norm_swiglu(
+                    dev, st, b["gate"], _weight_arg(gu), b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps,
+                    weight_type=gu.fmt)))
+            else:
+                plan.append(("ffn_norm", lambda lw=lw: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps)))
+                for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
+                    plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul.project(
+                        dev, st, out, _weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
+                plan.append(("silu_mul", lambda: silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
+            plan += self._residual_product("ffn_down", lw.ffn_down, b["gate"], f, t, fused)
+
         if r == 0:  # a step of prompt chunks only: nothing samples, so no logits are computed
-            return
-        select_rows.launch(dev, st, b["rows"], b["x"], b["sample_rows"], r, h, t)
-        rmsnorm.launch(dev, st, b["rows"], b["rows"], w.output_norm.buffer, r, h, cfg.rms_norm_eps)
-        matvec.launch(dev, st, b["logits"], w.output.buffer, b["rows"], cfg.vocab_size, h, r, weight_type=w.output.fmt)
+            return plan
+        rows = b["x"]
+        if not all_rows:
+            plan.append(("select_rows", lambda: select_rows.launch(
+                dev, st, b["rows"], b["x"], inputs.addr("sample_rows"), r, h, t)))
+            rows = b["rows"]
+        out_w = w.output
+        if fused_matvec.supports(out_w.fmt):
+            plan.append(("output_norm+head", lambda: fused_matvec.launch_norm(
+                dev, st, b["logits"], _weight_arg(out_w), rows, w.output_norm.buffer, rows=v, cols=h, batch=r, eps=eps,
+                weight_type=out_w.fmt)))
+        else:
+            plan.append(("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, w.output_norm.buffer, r, h, eps)))
+            plan.append(("head", lambda: matmul.project(dev, st, b["logits"], _weight_arg(out_w), b["rows"], v, h, r,
+                                                        weight_type=out_w.fmt)))
+        if with_sampling:
+            plan.append(("sample", lambda: sample.launch(dev, st, b["tokens"], b["logits"], inputs.addr("sampling"), r, v)))
+        return plan
+
+    def _residual_product(self, name: str, wt: Weight, x: Buffer, cols: int, t: int, fused: bool) -> list[Launch]:
+        """x_residual += x @ W^T: one fused launch, or a matvec and an add."""
+        b, dev, st, h = self.buffers, self.device, self.stream, self.config.hidden_size
+        if fused and fused_matvec.supports(wt.fmt):
+            return [(f"{name}+residual", lambda: fused_matvec.launch_add(
+                dev, st, b["x"], _weight_arg(wt), x, rows=h, cols=cols, batch=t, weight_type=wt.fmt))]
+        return [(name, lambda: matmul.project(dev, st, b["proj"], _weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
+                (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
+
+
+def _run_all(plan: list[Launch]) -> None:
+    for _, launch in plan:
+        launch()

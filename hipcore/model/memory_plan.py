@@ -49,7 +49,7 @@ class MemoryPlan:
             ("weights", self.weights),
             (f"kv cache ({kv.num_blocks - 1} blocks x {kv.block_size} tokens, {kv.dtype})", self.kv),
             ("activations", self.activations),
-            ("scratch (step inputs)", self.scratch),
+            ("scratch (step inputs, attention workspace)", self.scratch),
             ("total needed", self.needed),
             (f"free on {self.device}", self.free),
             ("margin kept free", self.margin),
@@ -125,8 +125,8 @@ def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_s
         kv_config = KvCacheConfig.for_memory(parse_memory_size(kv_memory, info.free), **shape)
     else:  # room for max_seqs full contexts, plus the null block
         kv_config = KvCacheConfig(num_blocks=max_seqs * -(-ctx_size // block_size) + 1, **shape)
-    max_blocks = -(-cfg.context_length // block_size)
-    sizes = activation_sizes(cfg, max_step_tokens, max_seqs, max_blocks)
+    max_blocks = -(-ctx_size // block_size)  # the runner's block tables are as wide as the context
+    sizes = activation_sizes(cfg, max_step_tokens, max_seqs, max_blocks, block_size)
     return MemoryPlan(
         device=f"{device.name} ({device.arch})", backend=device.backend,
         weights=planned_weight_bytes(device, model_plan), kv=kv_config.cache_bytes,

@@ -6,6 +6,11 @@ The cpu backend dequantizes everything to float32 once (numpy matmuls are its fa
 
 A failure half-way (out of memory, a read error) frees every buffer uploaded so far before the
 error propagates: nothing is left half-uploaded (RELIABILITY, out of memory rule 2).
+
+Matrices that read the same input are uploaded back to back into one buffer when they share a
+format: q, k and v of a layer, and gate and up. The decode path then runs each group as one fused
+matrix-vector product (one launch, one pass over the input); each matrix stays addressable on its
+own (Weight.offset) for the ops that read them one at a time. The bytes are the same either way.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_
 GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0"})
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+# Layer matrices uploaded into one buffer when their formats agree: (group name, members).
+FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("ffn_gate", "ffn_up")))
 
 ProgressFn = Callable[[int, int, str], None]  # (bytes done, bytes total, tensor name)
 
@@ -32,6 +39,7 @@ class Weight:
     buffer: Buffer
     fmt: str  # "f32", "q4_1", ...: which kernel variant reads it
     shape: tuple[int, ...]  # numpy order: (rows, cols) for matrices
+    offset: int = 0  # bytes into `buffer` (matrices sharing one buffer, see FUSED_GROUPS)
 
     @property
     def rows(self) -> int:
@@ -40,6 +48,10 @@ class Weight:
     @property
     def cols(self) -> int:
         return self.shape[-1]
+
+    def addr(self) -> int:
+        """Device address of the first byte of this tensor."""
+        return self.buffer.addr(self.offset)
 
 
 @dataclass
@@ -53,6 +65,8 @@ class LayerWeights:
     ffn_gate: Weight
     ffn_up: Weight
     ffn_down: Weight
+    attn_qkv: Weight | None = None  # q, k, v rows back to back in one buffer (same format), else None
+    ffn_gate_up: Weight | None = None  # gate rows then up rows in one buffer (same format), else None
 
 
 @dataclass
@@ -110,40 +124,75 @@ def planned_weight_bytes(device: Device, plan) -> int:
     )
 
 
+def _upload_groups(config) -> list[tuple[str | None, list[tuple[str, bool, bool]]]]:
+    """The roles of _tensor_roles in upload order, grouped: (group name or None, member roles)."""
+    grouped = {f"blk.{i}.{m}.weight": (f"blk.{i}.{g}", members)
+               for i in range(config.n_layers) for g, members in FUSED_GROUPS for m in members}
+    out: list[tuple[str | None, list[tuple[str, bool, bool]]]] = []
+    open_groups: dict[str, list[tuple[str, bool, bool]]] = {}
+    for role in _tensor_roles(config):
+        group = grouped.get(role[0])
+        if group is None:
+            out.append((None, [role]))
+        elif group[0] in open_groups:
+            open_groups[group[0]].append(role)
+        else:
+            open_groups[group[0]] = [role]
+            out.append((group[0], open_groups[group[0]]))
+    return out
+
+
 def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> ModelWeights:
     """Upload every tensor of `gguf` (an open hipcore.gguf_file.GGUFFile) the forward pass needs."""
     plan, config = gguf.plan, gguf.config
-    roles = _tensor_roles(config)
     total = planned_weight_bytes(device, plan)
     done = 0
     uploaded: dict[str, Weight] = {}
+    groups: dict[str, Weight] = {}
     buffers: list[Buffer] = []
     converted: list[str] = []
+
+    def host_data(name: str, fmt: str, vec: bool) -> np.ndarray:
+        info = plan.tensor(name)
+        if fmt == info.type_name.lower():
+            return gguf.raw(name)
+        values = gguf.dequantize(name)
+        if device.backend != "cpu" and not vec:
+            converted.append(f"{name} ({info.type_name} -> F16)")
+        return values.astype(np.float32 if fmt == "f32" else np.float16)
+
     try:
-        for name, table, vec in roles:
-            info = plan.tensor(name)
-            fmt = storage_format(device, info.type_name, is_table=table, is_vector=vec)
-            if fmt == info.type_name.lower():
-                data = gguf.raw(name)
-            else:
-                values = gguf.dequantize(name)
-                data = values.astype(np.float32 if fmt == "f32" else np.float16)
-                if device.backend != "cpu" and not vec:
-                    converted.append(f"{name} ({info.type_name} -> F16)")
-            buf = device.allocate(int(data.nbytes), tag="weights", label=name)
-            buffers.append(buf)
-            buf.upload(data)
-            uploaded[name] = Weight(buf, fmt, tuple(info.shape))
-            done += buf.nbytes
-            if progress is not None:
-                progress(done, total, name)
+        for group, roles in _upload_groups(config):
+            fmts = [storage_format(device, plan.tensor(n).type_name, is_table=t, is_vector=v) for n, t, v in roles]
+            # One buffer for the group when the formats agree; otherwise each tensor on its own.
+            units = [roles] if group is not None and len(set(fmts)) == 1 else [[r] for r in roles]
+            for unit in units:
+                fmt = storage_format(device, plan.tensor(unit[0][0]).type_name, is_table=unit[0][1], is_vector=unit[0][2])
+                sizes = [_stored_bytes(fmt, plan.tensor(n)) for n, _, _ in unit]
+                label = unit[0][0] if len(unit) == 1 else f"{group}.weight"
+                buf = device.allocate(sum(sizes), tag="weights", label=label)
+                buffers.append(buf)
+                offset = 0
+                for (name, _table, vec), size in zip(unit, sizes):
+                    data = host_data(name, fmt, vec)
+                    buf.upload(data, offset=offset)
+                    uploaded[name] = Weight(buf, fmt, tuple(plan.tensor(name).shape), offset)
+                    offset += size
+                    done += size
+                    if progress is not None:
+                        progress(done, total, name)
+                if len(unit) > 1:
+                    rows = sum(plan.tensor(n).shape[0] for n, _, _ in unit)
+                    groups[group] = Weight(buf, fmt, (rows, plan.tensor(unit[0][0]).shape[-1]))
     except BaseException:
         for buf in buffers:
             if not buf.freed:
                 buf.free()
         raise
     layers = [
-        LayerWeights(*(uploaded[f"blk.{i}.{t}.weight"] for t in LAYER_TENSORS)) for i in range(config.n_layers)
+        LayerWeights(*(uploaded[f"blk.{i}.{t}.weight"] for t in LAYER_TENSORS),
+                     **{g: groups.get(f"blk.{i}.{g}") for g, _ in FUSED_GROUPS})
+        for i in range(config.n_layers)
     ]
     embd = uploaded["token_embd.weight"]
     output = embd if config.tie_embeddings else uploaded["output.weight"]

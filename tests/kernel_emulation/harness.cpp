@@ -12,6 +12,7 @@
 #include "embedding.hip"
 #include "kv_store.hip"
 #include "fused_matvec.hip"
+#include "sample.hip"
 #include "matmul.hip"
 #include "matvec.hip"
 #include "paged_attention.hip"
@@ -175,6 +176,14 @@ int main(int argc, char** argv) {
   char** a = argv + 4;
   if (run_forward_pass_ops(entry, grid, block, a)) return 0;
   if (run_fused_matvec(entry, grid, block, a)) return 0;
+  if (entry == "sample_f32") {  // vocab logits params out
+    const int vocab = std::atoi(a[0]);
+    std::vector<char> logits = read_file(a[1]), params = read_file(a[2]);
+    std::vector<int> out(grid, -1);
+    emu_launch(grid, block, [&] { sample_f32(out.data(), (const float*)logits.data(), (const float*)params.data(), vocab); });
+    write_file(a[3], out.data(), out.size() * 4);
+    return 0;
+  }
   if (entry.rfind("matvec_", 0) == 0) {  // rows cols batch W x y
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
     std::vector<char> w = read_file(a[3]), x = read_file(a[4]);

@@ -1,0 +1,122 @@
+"""sample: pick each row's next token on the device, by the host sampler's rules (hipcore/sampler.py).
+
+Kernel `sample_f32(out p, logits p, params p, vocab i)` (kernels/sample.hip): logits float32 [rows,
+vocab], params float32 [rows, 5] = (temperature, top_k, top_p, min_p, uniform), out int32 [rows]; one
+block per row (grid = rows). temperature <= 0 is greedy (numpy's argmax); otherwise top-k, top-p,
+min-p and temperature in llama.cpp's order, then the uniform (drawn on the host from the request's
+seeded generator, exactly one per token as Sampler.sample draws it) picks against the cumulative
+distribution. The same seed therefore gives the same tokens as the host sampler, up to float32
+rounding where a cumulative sum meets its threshold (the host works in float64).
+
+What stays on the host (device_samplable says so): penalties (they need the token history), and
+top_k of 0 or above MAX_TOP_K (they need a sort of the whole vocabulary).
+
+Ties: among logits equal to the k-th largest the device keeps the lowest token ids and orders equal
+logits by id; the host's top_k_filter leaves that order to numpy's argpartition. Real logits rarely
+tie exactly; the reference below states the device's rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from hipcore.ops.launch_checks import check_memory, check_sizes, row_block
+from hipcore.runtime.cpu import CpuDevice, cpu_kernel
+from hipcore.runtime.device import Device, Dim3, Stream
+from hipcore.runtime.kernels import get_kernel
+from hipcore.sampler import SamplingParams, min_p_filter, softmax, top_p_filter
+
+OP = "sample"
+ENTRY = "sample_f32"
+SIGNATURE = "pppi"
+PARAMS_PER_ROW = 5  # temperature, top_k, top_p, min_p, uniform
+MAX_TOP_K = 1024  # the kernel's shared-memory candidate capacity (kMaxTopK)
+MAX_THREADS = 1024
+
+
+def device_samplable(params: SamplingParams) -> bool:
+    """True when the device picks exactly what Sampler(params) would (see the module docstring)."""
+    return not params.penalties_active and (params.greedy or 0 < params.top_k <= MAX_TOP_K)
+
+
+@dataclass
+class SamplingRows:
+    """The per-row sampling inputs of one step, in sample-row order."""
+
+    temperature: np.ndarray  # float32 [R]; <= 0 means greedy
+    top_k: np.ndarray  # int32 [R]
+    top_p: np.ndarray  # float32 [R]
+    min_p: np.ndarray  # float32 [R]
+    uniform: np.ndarray  # float64 [R]: the draw in [0, 1) of each non-greedy row
+
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], uniforms: Sequence[float]) -> "SamplingRows":
+        return cls(
+            np.array([0.0 if p.greedy else p.temperature for p in params], dtype=np.float32),
+            np.array([p.top_k for p in params], dtype=np.int32),
+            np.array([p.top_p for p in params], dtype=np.float32),
+            np.array([p.min_p for p in params], dtype=np.float32),
+            np.asarray(uniforms, dtype=np.float64),
+        )
+
+    @classmethod
+    def greedy(cls, rows: int) -> "SamplingRows":
+        zeros = np.zeros(rows, dtype=np.float32)
+        return cls(zeros, np.zeros(rows, dtype=np.int32), zeros + 1, zeros, np.zeros(rows))
+
+    def __len__(self) -> int:
+        return int(self.temperature.shape[0])
+
+    def pack_into(self, out: np.ndarray) -> None:
+        """Write the rows into float32 out [R, PARAMS_PER_ROW] (the kernel's params layout)."""
+        out[:, 0] = self.temperature
+        out[:, 1] = self.top_k
+        out[:, 2] = self.top_p
+        out[:, 3] = self.min_p
+        out[:, 4] = self.uniform
+
+
+# ---- reference -----------------------------------------------------------------------------------
+
+
+def pick(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float) -> int:
+    """The token of one row: Sampler.sample's chain (no penalties) with the draw given, and the device's
+    tie rule for the top-k candidates (by logit descending, then token id ascending)."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    k = max(1, min(int(top_k), logits.shape[0]))
+    ids = np.argsort(-logits, kind="stable")[:k]
+    kept = logits[ids]
+    ids, kept = top_p_filter(ids, kept, float(top_p))
+    ids, kept = min_p_filter(ids, kept, float(min_p))
+    cumulative = np.cumsum(softmax(kept / np.float32(temperature)))
+    at = int(np.searchsorted(cumulative, float(uniform) * cumulative[-1], side="right"))
+    return int(ids[min(at, ids.shape[0] - 1)])
+
+
+def reference(logits: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """int32 [rows] for logits [rows, vocab] and params [rows, PARAMS_PER_ROW]."""
+    params = np.asarray(params, dtype=np.float64).reshape(-1, PARAMS_PER_ROW)
+    return np.array([pick(row, t, int(k), p, m, u) for row, (t, k, p, m, u) in zip(np.asarray(logits), params)],
+                    dtype=np.int32)
+
+
+@cpu_kernel(ENTRY, SIGNATURE)
+def _host(device: CpuDevice, grid: Dim3, block: Dim3, out: int, logits: int, params: int, vocab: int) -> None:
+    rows = grid[0]
+    device.view(out, np.int32, rows)[:] = reference(device.view(logits, np.float32, (rows, vocab)),
+                                                    device.view(params, np.float32, (rows, PARAMS_PER_ROW)))
+
+
+def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params: Any, rows: int, vocab: int) -> None:
+    """out[rows] = the picked token of each row of logits [rows, vocab] under params [rows, 5]."""
+    check_sizes(OP, rows=rows, vocab=vocab)
+    check_memory(OP, "out", out, rows * 4)
+    check_memory(OP, "logits", logits, rows * vocab * 4)
+    check_memory(OP, "params", params, rows * PARAMS_PER_ROW * 4)
+    get_kernel(device, OP, ENTRY, SIGNATURE).launch(rows, row_block(vocab, MAX_THREADS), (out, logits, params, vocab),
+                                                    stream=stream)

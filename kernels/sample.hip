@@ -1,0 +1,270 @@
+// Token sampling on the device, one block per row of logits (grid = rows), so that only the chosen
+// token ids (4 bytes a row) go back to the host instead of the whole vocabulary's logits.
+//
+//   out[row] = the token hipcore/sampler.py's Sampler picks from logits[row] with the row's params:
+//   params[row] = {temperature, top_k, top_p, min_p, uniform}, float32 (top_k a whole number)
+//
+// temperature <= 0: greedy, numpy's argmax (lowest index among equal maxima, the first NaN wins).
+// Otherwise llama.cpp's chain as the host sampler runs it, on the top_k (1 <= top_k <= kMaxTopK)
+// largest logits:
+//   1. top-k: the k-th largest logit by a radix select over the float bits (4 passes of 8 bits with
+//      a 256-bin histogram), then the candidates: every logit above it, and as many equal to it as
+//      k needs, the lowest token ids first; sorted in shared memory by (logit descending, id
+//      ascending), a bitonic sort.
+//   2. top-p (top_p < 1): keep the shortest prefix whose softmax mass (at temperature 1, over the k
+//      candidates) reaches top_p.
+//   3. min-p (min_p > 0): keep the candidates with logit >= max + log(min_p).
+//   4. temperature: weights exp(l/T - max/T); the pick is the first candidate whose running sum
+//      exceeds uniform * total (uniform in [0, 1), drawn on the host from the request's seeded
+//      generator, so the same seed gives the same tokens as the host sampler).
+// The host does steps 2 to 4 in float64 and here they run in float32: a pick can differ only when a
+// running sum lies within rounding of its threshold. Penalties need the token history and stay on the
+// host, as does a top_k of 0 or above kMaxTopK (the launcher's caller checks; see device_samplable).
+// Block size: any multiple of 64 up to 1024.
+#include "hip_compat.h"
+
+namespace {
+namespace sampling {
+
+constexpr int kMaxTopK = 1024;
+constexpr int kParams = 5;
+
+// An unsigned key ordered like the floats: a larger float gives a larger key.
+static __device__ __forceinline__ unsigned int order_key(float f) {
+  const unsigned int u = rf_float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// argmax.hip's rule: true when (va, ia) wins over (vb, ib).
+static __device__ __forceinline__ bool argmax_wins(float va, int ia, float vb, int ib) {
+  const bool a_nan = va != va, b_nan = vb != vb;
+  if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
+  return va > vb || (va == vb && ia < ib);
+}
+
+// Descending by value, ascending by id among equal values.
+static __device__ __forceinline__ bool comes_first(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+struct Shared {
+  float value[kMaxTopK];
+  int id[kMaxTopK];
+  float prefix[kMaxTopK];  // running sums, then reused
+  int scan[1024];          // one slot per thread for block-wide scans
+  float scan_sums[1024];   // the same for float sums
+  unsigned int histogram[256];
+  float best_value[RF_MAX_WARPS_PER_BLOCK];
+  int best_id[RF_MAX_WARPS_PER_BLOCK];
+  int count_above;  // candidates gathered with a logit above the k-th
+  int digit_and_need[2];
+  float total;
+};
+
+// Inclusive sum over the block of one int per thread (a Hillis-Steele scan in shared memory).
+static __device__ __forceinline__ int block_inclusive_scan(int v, int* scan) {
+  const int t = (int)threadIdx.x, n = (int)blockDim.x;
+  scan[t] = v;
+  __syncthreads();
+  for (int offset = 1; offset < n; offset <<= 1) {
+    const int add = t >= offset ? scan[t - offset] : 0;
+    __syncthreads();
+    scan[t] += add;
+    __syncthreads();
+  }
+  const int result = scan[t];
+  __syncthreads();
+  return result;
+}
+
+static __device__ void greedy(int* out, const float* x, int vocab, Shared& sh) {
+  float best = -RF_INFINITY;
+  int best_index = 0x7fffffff;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = x[i];
+    if (argmax_wins(v, i, best, best_index)) best = v, best_index = i;
+  }
+  const int lane = (int)threadIdx.x % WARP_SIZE, warp = (int)threadIdx.x / WARP_SIZE;
+#pragma unroll
+  for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+    const float other = __shfl_xor(best, offset);
+    const int other_index = __shfl_xor(best_index, offset);
+    if (argmax_wins(other, other_index, best, best_index)) best = other, best_index = other_index;
+  }
+  if (lane == 0) sh.best_value[warp] = best, sh.best_id[warp] = best_index;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)blockDim.x / WARP_SIZE; ++w)
+      if (argmax_wins(sh.best_value[w], sh.best_id[w], best, best_index)) best = sh.best_value[w], best_index = sh.best_id[w];
+    *out = best_index;
+  }
+}
+
+// Running sums of `weight(i)` for i < n into sh.prefix (each thread sums a contiguous chunk, then the
+// chunk totals are scanned); returns the total.
+template <class Weight>
+static __device__ __forceinline__ float running_sums(int n, Weight weight, Shared& sh) {
+  const int t = (int)threadIdx.x, threads = (int)blockDim.x;
+  const int chunk = (n + threads - 1) / threads;
+  const int lo = min(t * chunk, n), hi = min(lo + chunk, n);
+  float sum = 0.0f;
+  for (int i = lo; i < hi; ++i) {
+    sum += weight(i);
+    sh.prefix[i] = sum;
+  }
+  // Scan the chunk totals in thread order.
+  float* totals = sh.scan_sums;
+  totals[t] = sum;
+  __syncthreads();
+  for (int offset = 1; offset < threads; offset <<= 1) {
+    const float add = t >= offset ? totals[t - offset] : 0.0f;
+    __syncthreads();
+    totals[t] += add;
+    __syncthreads();
+  }
+  const float before = t > 0 ? totals[t - 1] : 0.0f;
+  for (int i = lo; i < hi; ++i) sh.prefix[i] += before;
+  if (t == threads - 1) sh.total = totals[t];
+  __syncthreads();
+  const float total = sh.total;
+  __syncthreads();
+  return total;
+}
+
+static __device__ void sample_row(int* out, const float* x, const float* p, int vocab, Shared& sh) {
+  const float temperature = p[0], top_p = p[2], min_p = p[3], uniform = p[4];
+  if (!(temperature > 0.0f)) {
+    greedy(out, x, vocab, sh);
+    return;
+  }
+  int k = (int)p[1];
+  k = max(1, min(k, min(vocab, kMaxTopK)));
+  const int t = (int)threadIdx.x, threads = (int)blockDim.x;
+
+  // 1. Radix select of the k-th largest key: after the four passes `prefix` is that key exactly and
+  //    `need` says how many of the logits equal to it belong to the top k.
+  unsigned int prefix = 0, mask = 0;
+  int need = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = t; i < 256; i += threads) sh.histogram[i] = 0;
+    __syncthreads();
+    for (int i = t; i < vocab; i += threads) {
+      const unsigned int key = order_key(x[i]);
+      if ((key & mask) == prefix) atomicAdd(reinterpret_cast<int*>(&sh.histogram[(key >> shift) & 255u]), 1);
+    }
+    __syncthreads();
+    if (t == 0) {
+      int above = 0, digit = 255;
+      for (; digit > 0; --digit) {
+        const int here = (int)sh.histogram[digit];
+        if (above + here >= need) break;
+        above += here;
+      }
+      sh.digit_and_need[0] = digit;
+      sh.digit_and_need[1] = need - above;
+    }
+    __syncthreads();
+    prefix |= (unsigned int)sh.digit_and_need[0] << shift;
+    mask |= 255u << shift;
+    need = sh.digit_and_need[1];
+    __syncthreads();
+  }
+
+  // Gather: every logit above the k-th (k - need of them, in any order: the sort orders them) ...
+  if (t == 0) sh.count_above = 0;
+  __syncthreads();
+  for (int i = t; i < vocab; i += threads) {
+    const float v = x[i];
+    if (order_key(v) > prefix) {
+      const int slot = atomicAdd(&sh.count_above, 1);
+      sh.value[slot] = v;
+      sh.id[slot] = i;
+    }
+  }
+  __syncthreads();
+  // ... and the `need` lowest ids among those equal to it, found tile by tile in id order.
+  const int above = k - need;
+  int taken = 0;
+  for (int base = 0; base < vocab && taken < need; base += threads) {  // `taken` is uniform
+    const int i = base + t;
+    const bool equal = i < vocab && order_key(x[i]) == prefix;
+    const int rank = block_inclusive_scan(equal ? 1 : 0, sh.scan) - 1;
+    if (equal && taken + rank < need) {
+      sh.value[above + taken + rank] = x[i];
+      sh.id[above + taken + rank] = i;
+    }
+    if (t == threads - 1) sh.digit_and_need[0] = rank + 1;
+    __syncthreads();
+    taken += sh.digit_and_need[0];
+    __syncthreads();
+  }
+
+  // Sort the k candidates: a bitonic sort over the next power of two, padded with (-inf, max id).
+  int width = 1;
+  while (width < k) width <<= 1;
+  for (int i = k + t; i < width; i += threads) sh.value[i] = -RF_INFINITY, sh.id[i] = 0x7fffffff;
+  __syncthreads();
+  for (int size = 2; size <= width; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = t; i < width; i += threads) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool first_in_order = comes_first(sh.value[i], sh.id[i], sh.value[j], sh.id[j]);
+          const bool descending = (i & size) == 0;
+          if (descending != first_in_order) {
+            const float v = sh.value[i];
+            const int id = sh.id[i];
+            sh.value[i] = sh.value[j], sh.id[i] = sh.id[j];
+            sh.value[j] = v, sh.id[j] = id;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  const float best = sh.value[0];
+  int n = k;
+  // 2. top-p on the softmax of the k candidates at temperature 1.
+  if (top_p < 1.0f) {
+    const float total = running_sums(k, [&](int i) { return expf(sh.value[i] - best); }, sh);
+    const float threshold = top_p * total;
+    int below = 0;
+    for (int i = t; i < k; i += threads) below += sh.prefix[i] < threshold ? 1 : 0;
+    const int count = block_inclusive_scan(below, sh.scan);
+    if (t == threads - 1) sh.digit_and_need[0] = count;
+    __syncthreads();
+    n = min(k, sh.digit_and_need[0] + 1);
+    __syncthreads();
+  }
+  // 3. min-p: the candidates are sorted, so the kept ones are a prefix.
+  if (min_p > 0.0f) {
+    const float floor = best + log2f(min_p) * 0.693147182f;  // + ln(min_p)
+    int kept = 0;
+    for (int i = t; i < n; i += threads) kept += sh.value[i] >= floor ? 1 : 0;
+    const int count = block_inclusive_scan(kept, sh.scan);
+    if (t == threads - 1) sh.digit_and_need[0] = count;
+    __syncthreads();
+    n = min(n, sh.digit_and_need[0]);
+    __syncthreads();
+  }
+  // 4. Temperature and the draw.
+  const float scaled_best = best / temperature;
+  const float total = running_sums(n, [&](int i) { return expf(sh.value[i] / temperature - scaled_best); }, sh);
+  const float target = uniform * total;
+  int at_or_below = 0;
+  for (int i = t; i < n; i += threads) at_or_below += sh.prefix[i] <= target ? 1 : 0;
+  const int pick = block_inclusive_scan(at_or_below, sh.scan);
+  if (t == threads - 1) *out = sh.id[min(pick, n - 1)];
+}
+
+}  // namespace sampling
+}  // namespace
+
+extern "C" __global__ __launch_bounds__(1024) void sample_f32(int* out, const float* logits, const float* params,
+                                                              int vocab) {
+  __shared__ sampling::Shared sh;
+  rf_check_wave_size();
+  const unsigned long long row = blockIdx.x;
+  sampling::sample_row(out + row, logits + row * (unsigned long long)vocab, params + row * sampling::kParams, vocab, sh);
+}

@@ -1,0 +1,302 @@
+"""The `rocmforge bench` workloads, modelled on llama.cpp's llama-bench.
+
+    pp<P>      prompt processing: one request of P prompt tokens evaluated (tokens/s = P / time)
+    tg<N>      text generation: one sequence decoding N tokens, one per step (tokens/s = N / time)
+    b<B>x<N>   batched decode: B sequences decoding together, N tokens each (tokens/s summed over them)
+
+Everything runs through the Engine as a user's requests do: scheduling, the batch, the upload, the
+forward pass (graph replay for decode steps), sampling on the device (greedy) and detokenizing are
+all inside the time. End-of-generation tokens are ignored so every run decodes exactly N tokens.
+Only decode steps count for tg and b (a step in which no prompt token was evaluated); only the prompt
+step counts for pp. Each test runs once to warm up (kernels load, graphs are captured) and then
+`repetitions` times; results are mean and sample standard deviation of the runs' tokens/s.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from hipcore.engine import Engine
+from hipcore.errors import UsageError
+from hipcore.loader import LoadedModel, LoadOptions, load_model
+from hipcore.sampler import SamplingParams
+
+StatusFn = Callable[[str], None]
+
+GPU_DEFAULTS = dict(prompt_tokens=(512,), gen_tokens=(128,), batches=(8, 32, 64, 128), batch_gen_tokens=128, repetitions=5)
+CPU_DEFAULTS = dict(prompt_tokens=(32,), gen_tokens=(8,), batches=(4,), batch_gen_tokens=4, repetitions=2)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str
+    device: str = "auto"
+    kv_dtype: str = "f16"
+    prompt_tokens: tuple[int, ...] = (512,)
+    gen_tokens: tuple[int, ...] = (128,)
+    batches: tuple[int, ...] = (8, 32, 64, 128)
+    batch_gen_tokens: int = 128
+    repetitions: int = 5
+    use_graphs: bool = True
+    seed: int = 0
+    profile_batch: int = 0  # sequences of the profiled decode step (0: no profile)
+
+    def validate(self) -> None:
+        for name, values in (("-p", self.prompt_tokens), ("-n", self.gen_tokens), ("-b", self.batches)):
+            if any(v < 1 for v in values):
+                raise UsageError(f"{name} values must be at least 1, got {', '.join(map(str, values))}")
+        if not (self.prompt_tokens or self.gen_tokens or self.batches or self.profile_batch):
+            raise UsageError("nothing to run: give at least one of -p, -n, -b a value, or --profile")
+        if self.repetitions < 1:
+            raise UsageError(f"-r must be at least 1, got {self.repetitions}")
+        if self.batch_gen_tokens < 1:
+            raise UsageError(f"--batch-gen must be at least 1, got {self.batch_gen_tokens}")
+
+    @property
+    def max_seqs(self) -> int:
+        return max((1, self.profile_batch, *self.batches))
+
+    @property
+    def context(self) -> int:
+        """Tokens a sequence may hold: the longest prompt, or 1 + the longest generation (+1 spare)."""
+        need = max((*self.prompt_tokens, *(n + 2 for n in self.gen_tokens), self.batch_gen_tokens + 2, 16))
+        return -(-need // 64) * 64
+
+
+@dataclass
+class TestResult:
+    test: str  # "pp512", "tg128", "b64x128"
+    n_prompt: int
+    n_gen: int
+    batch: int
+    tokens_per_second: list[float]  # one per repetition
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.tokens_per_second)
+
+    @property
+    def sd(self) -> float:
+        return statistics.stdev(self.tokens_per_second) if len(self.tokens_per_second) > 1 else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mean": self.mean, "sd": self.sd}
+
+
+@dataclass
+class BenchReport:
+    model: str
+    model_path: str
+    quant: str
+    model_bytes: int
+    params: int
+    device: str
+    backend: str
+    kv_dtype: str
+    graphs: bool
+    commit: str
+    date: str
+    results: list[TestResult] = field(default_factory=list)
+    llama_bench: list[dict] = field(default_factory=list)  # llama-bench's records, when it was run
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k != "results"}
+        out["results"] = [r.to_dict() for r in self.results]
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+# ---- facts about the run --------------------------------------------------------------------------
+
+
+def source_commit() -> str:
+    """The git commit of this checkout (with '+dirty' for uncommitted changes), or 'unknown'."""
+    repo = Path(__file__).resolve().parents[1]
+    git = shutil.which("git")
+    if git is None or not (repo / ".git").exists():
+        return "unknown"
+    try:
+        rev = subprocess.run([git, "-C", str(repo), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run([git, "-C", str(repo), "diff", "--quiet", "HEAD", "--"], capture_output=True,
+                               timeout=10).returncode
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev or "unknown") + ("+dirty" if dirty == 1 else "")
+
+
+def dominant_type(plan) -> str:
+    """The tensor type holding most of the file's bytes ("Q4_1" for the demo model)."""
+    by_type = plan.bytes_by_type()
+    return max(by_type, key=lambda t: by_type[t][1]) if by_type else "?"
+
+
+class _NoEndTokenizer:
+    """The model's tokenizer with no end-of-generation ids: every run decodes exactly max_tokens."""
+
+    eot_ids: frozenset = frozenset()
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+# ---- the workloads --------------------------------------------------------------------------------
+
+
+@dataclass
+class StepLog:
+    """Wall time of each engine step, split by whether the step evaluated prompt tokens."""
+
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    decode_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+def _run_requests(engine: Engine, prompts: list[list[int]], max_tokens: int) -> StepLog:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    for prompt in prompts:
+        engine.submit(prompt, params)
+    log = StepLog()
+    stats = engine.stats
+    while engine.has_work():
+        prompt_before, generated_before = stats.prompt_tokens, stats.generated_tokens
+        t0 = time.perf_counter()
+        engine.step()
+        elapsed = time.perf_counter() - t0
+        if stats.prompt_tokens > prompt_before:
+            log.prompt_seconds += elapsed
+            log.prompt_tokens += stats.prompt_tokens - prompt_before
+        else:
+            log.decode_seconds += elapsed
+            log.decode_tokens += stats.generated_tokens - generated_before
+    return log
+
+
+class Workloads:
+    """The tests on one loaded model (its own Engine, sharing the model's runner and KV cache)."""
+
+    def __init__(self, loaded: LoadedModel, cfg: BenchConfig):
+        self.loaded = loaded
+        self.vocab = loaded.config.vocab_size
+        self.rng = np.random.default_rng(cfg.seed)
+        self.engine = Engine(loaded.runner, _NoEndTokenizer(loaded.tokenizer), loaded.cache,
+                             max_seqs=loaded.runner.max_seqs, max_step_tokens=loaded.runner.max_step_tokens,
+                             max_context=min(cfg.context, loaded.memory_plan.ctx_size))
+
+    def _prompt(self, n: int) -> list[int]:
+        low = min(100, self.vocab // 4)  # clear of the special tokens at the start of most vocabularies
+        return [int(t) for t in self.rng.integers(low, self.vocab, n)]
+
+    def prompt(self, p: int) -> float:
+        log = _run_requests(self.engine, [self._prompt(p)], max_tokens=1)
+        return log.prompt_tokens / log.prompt_seconds
+
+    def decode(self, batch: int, n: int) -> float:
+        log = _run_requests(self.engine, [self._prompt(1) for _ in range(batch)], max_tokens=n + 1)
+        return log.decode_tokens / log.decode_seconds
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.loaded.cache.release_fenced()
+
+
+def _repeat(name: str, fn: Callable[[], float], reps: int, say: StatusFn) -> list[float]:
+    fn()  # warm-up: kernels load, the bucket's graph is captured
+    samples = []
+    for i in range(reps):
+        samples.append(fn())
+        say(f"  {name}: run {i + 1}/{reps}: {samples[-1]:,.1f} tokens/s")
+    return samples
+
+
+def load_for_bench(cfg: BenchConfig, *, device=None, status: StatusFn | None = None, progress=None) -> LoadedModel:
+    """Load the model sized for the tests of cfg (context, sequences, prompt length); `device` reuses an
+    opened device (the caller closes it)."""
+    options = LoadOptions(device=cfg.device, ctx_size=cfg.context, max_seqs=cfg.max_seqs,
+                          max_step_tokens=max((512, *cfg.prompt_tokens)), kv_dtype=cfg.kv_dtype)
+    loaded = load_model(cfg.model, options, status=status, progress=progress, device=device)
+    if not cfg.use_graphs:
+        loaded.runner.graphs.capture = False
+    return loaded
+
+
+def run_bench(loaded: LoadedModel, cfg: BenchConfig, *, status: StatusFn | None = None) -> BenchReport:
+    """Run every test of `cfg` on the loaded model."""
+    say = status or (lambda _m: None)
+    gguf = loaded.gguf
+    report = BenchReport(
+        model=Path(cfg.model).name, model_path=str(cfg.model), quant=dominant_type(gguf.plan),
+        model_bytes=sum(t.nbytes for t in gguf.plan.tensors),
+        params=sum(math.prod(t.shape) for t in gguf.plan.tensors), device=loaded.device.describe(),
+        backend=loaded.device.backend, kv_dtype=loaded.cache.config.dtype, graphs=loaded.runner.graphs.capture,
+        commit=source_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    work = Workloads(loaded, cfg)
+    try:
+        for p in cfg.prompt_tokens:
+            say(f"pp{p}")
+            report.results.append(TestResult(f"pp{p}", p, 0, 1, _repeat(f"pp{p}", lambda: work.prompt(p), cfg.repetitions, say)))
+        for n in cfg.gen_tokens:
+            say(f"tg{n}")
+            report.results.append(TestResult(f"tg{n}", 0, n, 1, _repeat(f"tg{n}", lambda: work.decode(1, n), cfg.repetitions, say)))
+        for b in cfg.batches:
+            n = cfg.batch_gen_tokens
+            say(f"b{b}x{n}")
+            report.results.append(TestResult(f"b{b}x{n}", 0, n, b,
+                                             _repeat(f"b{b}x{n}", lambda: work.decode(b, n), cfg.repetitions, say)))
+    finally:
+        work.close()
+    return report
+
+
+# ---- llama.cpp's llama-bench on the same model ---------------------------------------------------
+
+
+def run_llama_bench(path: str, cfg: BenchConfig, *, gpu: bool, timeout: float = 1800) -> list[dict]:
+    """Run llama-bench for the pp and tg tests of `cfg`; its JSON records (avg_ts, stddev_ts, n_prompt,
+    n_gen ...). A missing or failing binary is a UsageError naming what went wrong."""
+    exe = shutil.which(path) or path
+    if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
+        raise UsageError(f"--llama-bench {path}: not an executable file")
+    cmd = [exe, "-m", cfg.model, "-r", str(cfg.repetitions), "-o", "json",
+           "-p", ",".join(map(str, cfg.prompt_tokens)) or "0", "-n", ",".join(map(str, cfg.gen_tokens)) or "0"]
+    if gpu:
+        cmd += ["-ngl", "99"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"--llama-bench: could not run {exe}: {exc}") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise UsageError(f"--llama-bench: {exe} exited with {proc.returncode}: {tail[0]}")
+    try:
+        records = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise UsageError(f"--llama-bench: {exe} did not print JSON (is it llama.cpp's llama-bench?)") from None
+    return [r for r in records if isinstance(r, dict)]
+
+
+def llama_bench_test_name(record: dict) -> str:
+    n_prompt, n_gen = int(record.get("n_prompt", 0)), int(record.get("n_gen", 0))
+    if n_prompt and n_gen:
+        return f"pp{n_prompt}+tg{n_gen}"
+    return f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"

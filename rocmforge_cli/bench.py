@@ -1,0 +1,166 @@
+"""`rocmforge bench`: prompt and decode throughput like llama.cpp's llama-bench, and a decode-step profile."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from hipcore.errors import UsageError
+from hipcore.runtime.device import pick_device
+from hipcore.runtime.ledger import format_bytes
+from profiles.bench import (
+    CPU_DEFAULTS, GPU_DEFAULTS, BenchConfig, BenchReport, llama_bench_test_name, load_for_bench, run_bench,
+    run_llama_bench,
+)
+from profiles.decode_profile import DecodeProfile, profile_decode
+from rocmforge_cli.common import handle_errors, stderr
+from rocmforge_cli.generate import DEVICE_HELP, resolve_model
+
+
+def parse_counts(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
+    """'512' or '128,256' -> (128, 256); '0' -> () (skip the test); None -> None (the default)."""
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UsageError(f"{name} takes whole numbers separated by commas, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise UsageError(f"{name} values must not be negative, got {text!r}")
+    return tuple(v for v in values if v > 0)
+
+
+def _number(n: float) -> str:
+    return f"{n:,.2f}".replace(",", "")
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def markdown(report: BenchReport) -> str:
+    """llama-bench's table, plus llama.cpp's figures and the ratio when llama-bench was run."""
+    theirs = {llama_bench_test_name(r): r for r in report.llama_bench}
+    head = ["model", "size", "params", "backend", "kv", "test", "t/s"]
+    if theirs:
+        head += ["llama.cpp t/s", "ratio"]
+    rows = []
+    for r in report.results:
+        row = [report.model, format_bytes(report.model_bytes), _params(report.params), report.backend, report.kv_dtype,
+               r.test, f"{_number(r.mean)} ± {_number(r.sd)}"]
+        if theirs:
+            other = theirs.get(r.test)
+            if other and other.get("avg_ts"):
+                row += [f"{_number(float(other['avg_ts']))} ± {_number(float(other.get('stddev_ts', 0.0)))}",
+                        f"{r.mean / float(other['avg_ts']):.2f}"]
+            else:
+                row += ["-", "-"]
+        rows.append(row)
+    align = ["---", "---:", "---:", "---", "---", "---:", "---:"] + (["---:", "---:"] if theirs else [])
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", f"device: {report.device}", f"quant: {report.quant}; graphs: {'on' if report.graphs else 'off'}; "
+              f"commit: {report.commit}; date: {report.date}"]
+    lines += [f"note: {n}" for n in report.notes]
+    return "\n".join(lines)
+
+
+def profile_markdown(p: DecodeProfile) -> str:
+    lines = [f"### One decode step: batch {p.batch}, context {p.context} ({p.launches} launches)", "",
+             "| where | us per step |", "| --- | ---: |",
+             f"| engine step (wall, real requests) | {p.engine_step_us:,.1f} |",
+             f"| runner execute_sampled (wall) | {p.runner_us:,.1f} |"]
+    lines += [f"| - runner {k} | {v:,.1f} |" for k, v in p.runner_split_us.items()]
+    lines += [f"| graph replay (device) | {p.graph_us:,.1f} |",
+              f"| eager launches (wall, no graph) | {p.eager_us:,.1f} |",
+              f"| kernels, kind by kind (device, in graphs) | {p.kernels_us:,.1f} |",
+              f"| floor: weights at copy bandwidth | {p.floor_us:,.1f} |", "",
+              "| kernel | launches | us per step | us per launch | share |", "| --- | ---: | ---: | ---: | ---: |"]
+    total = p.kernels_us or 1.0
+    for k in sorted(p.kernels, key=lambda k: -k.us_per_step):
+        lines.append(f"| {k.name} | {k.launches} | {k.us_per_step:,.1f} | {k.us_per_launch:,.2f} | "
+                     f"{100 * k.us_per_step / total:.0f}% |")
+    lines += ["", f"weights {format_bytes(p.weight_bytes)}; device-to-device copy {p.copy_bandwidth / 1e9:,.0f} GB/s "
+              "(read + write)"]
+    lines += [f"- {line}" for line in p.advice()]
+    return "\n".join(lines)
+
+
+@handle_errors
+def bench_command(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model (SmolLM2-135M-Instruct) if installed.", show_default=False)] = None,
+    prompt: Annotated[Optional[str], typer.Option("-p", "--n-prompt", help="Prompt lengths to test (pp), comma-separated; 0 skips. Default: 512 on a GPU, 32 on the CPU.", show_default=False)] = None,
+    gen: Annotated[Optional[str], typer.Option("-n", "--n-gen", help="Tokens to generate one by one (tg), comma-separated; 0 skips. Default: 128 on a GPU, 8 on the CPU.", show_default=False)] = None,
+    batch: Annotated[Optional[str], typer.Option("-b", "--batch", help="Parallel sequences for batched decode, comma-separated; 0 skips. Default: 8,32,64,128 on a GPU, 4 on the CPU.", show_default=False)] = None,
+    batch_gen: Annotated[Optional[int], typer.Option("--batch-gen", help="Tokens each sequence generates in the batched tests. Default: 128 on a GPU, 4 on the CPU.", show_default=False)] = None,
+    repetitions: Annotated[Optional[int], typer.Option("-r", "--repetitions", help="Measured runs of each test (after one warm-up run). Default: 5 on a GPU, 2 on the CPU.", show_default=False)] = None,
+    output: Annotated[str, typer.Option("-o", "--output", help="md (a table like llama-bench's) or json.")] = "md",
+    device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
+    llama_bench: Annotated[Optional[str], typer.Option("--llama-bench", help="Path of llama.cpp's llama-bench: run it on the same model and show its figures and the ratio beside ours.", show_default=False)] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="Also report where one decode step's time goes (kernels, launches, host work).")] = False,
+    profile_batch: Annotated[int, typer.Option("--profile-batch", help="Sequences in the profiled decode step.")] = 1,
+    no_graphs: Annotated[bool, typer.Option("--no-graphs", help="Launch decode steps one kernel at a time instead of replaying captured graphs (to measure what graphs save).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+) -> None:
+    """Measure prompt (pp) and decode (tg) speed, and decode with many sequences at once (b), like
+    llama.cpp's llama-bench; print a table (or JSON) with the device, model, quant, KV dtype and commit.
+
+    Examples:
+      rocmforge bench                       # the demo model, the defaults for the device found
+      rocmforge bench -p 512 -n 128 -b 64 -r 3 -o json
+      rocmforge bench --profile             # plus where one decode step's time goes
+    """
+    if output not in ("md", "json"):
+        raise UsageError(f"-o takes md or json, got {output!r}")
+    if profile and no_graphs:
+        raise UsageError("--profile measures graph replay; leave out --no-graphs")
+    if profile_batch < 1:
+        raise UsageError(f"--profile-batch must be at least 1, got {profile_batch}")
+    path = resolve_model(model)
+    choice = pick_device(device)
+    dev = choice.device
+    try:
+        defaults = CPU_DEFAULTS if dev.backend == "cpu" else GPU_DEFAULTS
+        pick = lambda given, key: defaults[key] if given is None else given  # noqa: E731
+        cfg = BenchConfig(
+            model=path, device=device, kv_dtype=kv_dtype,
+            prompt_tokens=pick(parse_counts(prompt, "-p"), "prompt_tokens"),
+            gen_tokens=pick(parse_counts(gen, "-n"), "gen_tokens"),
+            batches=pick(parse_counts(batch, "-b"), "batches"),
+            batch_gen_tokens=pick(batch_gen, "batch_gen_tokens"), repetitions=pick(repetitions, "repetitions"),
+            use_graphs=not no_graphs, profile_batch=profile_batch if profile else 0,
+        )
+        cfg.validate()
+        say = (lambda m: None) if quiet else (lambda m: stderr.print(m, highlight=False, markup=False))
+        loaded = load_for_bench(cfg, device=dev, status=say)
+        try:
+            report = run_bench(loaded, cfg, status=say)
+            prof = None
+            if profile:
+                say(f"profiling a decode step of batch {profile_batch}")
+                prof = profile_decode(loaded, batch=profile_batch, context=min(128, cfg.context - 1),
+                                      copy_bytes=(256 << 20) if dev.backend != "cpu" else (16 << 20),
+                                      reps=50 if dev.backend != "cpu" else 3, engine_steps=64 if dev.backend != "cpu" else 4)
+        finally:
+            loaded.close()
+        if llama_bench:
+            say(f"running {llama_bench}")
+            report.llama_bench = run_llama_bench(llama_bench, cfg, gpu=dev.backend != "cpu")
+    finally:
+        dev.close()
+    if output == "json":
+        out = report.to_dict()
+        if prof is not None:
+            out["profile"] = prof.to_dict()
+        print(json.dumps(out, indent=2))
+    else:
+        print(markdown(report))
+        if prof is not None:
+            print()
+            print(profile_markdown(prof))
+    sys.stdout.flush()
+
