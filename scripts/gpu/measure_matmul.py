@@ -129,6 +129,7 @@ class Bench:
             for label, launch in kernels.items():
                 y.fill(0xFF, stream=stream)
                 launch(dev, stream, y, weights.addr(stride * (copies - 1)), xs)  # also loads the module
+                stream.synchronize()  # a download orders only after the default stream's work
                 got = y.download(np.float32).reshape(n_tokens, rows)
                 if not np.all(np.abs(got - want) <= bound):
                     raise SystemExit(f"{label} {weight_type} {rows}x{cols} at {n_tokens} tokens gives wrong results")
