@@ -1,0 +1,177 @@
+"""The fused decode kernels (kernels/fused_matvec.hip) and device sampling (kernels/sample.hip) on a real
+GPU against their numpy references (run with `pytest -m gpu tests/gpu`).
+
+Fresh random inputs every run (the seed is in each failure message), outputs poisoned with 0xFF before
+every launch, the demo model's shapes (SmolLM2-135M: hidden 576, q 576 + k 192 + v 192 rows, ffn 1536,
+head 49152 rows of Q8_0) at decode batches 1, 4, 8 and 64 and odd sizes. Tolerances: the recursive-
+summation bound of a float32 dot product, doubled for the folded norm (its scale and the x*g products
+add a few roundings), plus RoPE's own bound (tests/test_kernels_emulated.py derives the same ones).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.ops import fused_matvec, matvec, rmsnorm, rope, sample, silu_mul
+from hipcore.runtime import kernels as loader
+from hipcore.runtime.device import pick_device
+from weight_samples import random_weights
+
+pytestmark = pytest.mark.gpu
+
+U32 = 2.0**-24
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    choice = pick_device("auto")
+    dev = choice.device
+    if dev.backend == "cpu":
+        dev.close()
+        pytest.fail("the GPU tier needs a GPU; pick_device said: " + "; ".join(choice.reasons), pytrace=False)
+    yield dev
+    loader.forget_device(dev)
+    dev.close()
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(np.random.SeedSequence().entropy % 2**32)
+
+
+@pytest.fixture
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+class Mem:
+    def __init__(self, dev):
+        self.dev, self.buffers = dev, []
+
+    def put(self, array: np.ndarray):
+        buf = self.dev.allocate(max(array.nbytes, 4), "activations")
+        buf.upload(np.ascontiguousarray(array))
+        self.buffers.append(buf)
+        return buf
+
+    def poisoned(self, nbytes: int):
+        buf = self.dev.allocate(nbytes, "activations")
+        buf.fill(0xFF)
+        self.buffers.append(buf)
+        return buf
+
+
+@pytest.fixture
+def mem(gpu):
+    m = Mem(gpu)
+    yield m
+    for buf in m.buffers:
+        buf.free()
+
+
+def product_bound(raw, weight_type, xs, rows, cols):
+    w_abs = np.abs(matvec.dequantize_rows(raw.reshape(rows, -1), weight_type, cols, np.float64))
+    return (cols + 8) * U32 * (np.abs(xs) @ w_abs.T) + 1e-30
+
+
+def check(got, want, tol, seed, what):
+    bad = ~(np.abs(got - want) <= tol)
+    assert not bad.any(), (f"seed {seed}, {what}: {int(bad.sum())} of {bad.size} off; first at {np.argwhere(bad)[0].tolist()}: "
+                           f"got {got[bad][0]!r}, want {want[bad][0]!r}")
+
+
+@pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
+@pytest.mark.parametrize("batch", [1, 4, 9, 64])
+def test_norm_rope_demo_shapes(gpu, mem, rng, seed, weight_type, batch):
+    head_dim, q_rows, kv_rows, cols = 64, 576, 192, 576
+    rows = q_rows + 2 * kv_rows
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    positions = rng.integers(0, 8192, batch).astype(np.int32)
+    q, k, v = mem.poisoned(batch * q_rows * 4), mem.poisoned(batch * kv_rows * 4), mem.poisoned(batch * kv_rows * 4)
+    fused_matvec.launch_norm_rope(gpu, None, q, k, v, mem.put(raw), mem.put(x), mem.put(g), mem.put(positions),
+                                  q_rows=q_rows, kv_rows=kv_rows, cols=cols, batch=batch, head_dim=head_dim, rope_dim=64,
+                                  eps=1e-5, theta=100000.0, freq_scale=1.0, weight_type=weight_type)
+    want = fused_matvec.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols, head_dim, 64,
+                                            100000.0, 1.0)
+    unrotated = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
+    bound = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), rows, cols)
+    angle = rope.angles(positions, 64, 100000.0, 1.0)
+    for buf, ref, lo, width in ((q, want[0], 0, q_rows), (k, want[1], q_rows, kv_rows), (v, want[2], q_rows + kv_rows, kv_rows)):
+        got = buf.download(np.float32).reshape(batch, width)
+        pair_bound = bound[:, lo:lo + width].reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+        if lo < q_rows + kv_rows:
+            size = np.abs(unrotated[:, lo:lo + width]).reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+            tol = pair_bound + size * np.tile((32 * U32 * angle + 8 * U32).repeat(2, -1), width // head_dim)
+        else:
+            tol = bound[:, lo:lo + width]
+        check(got, ref, tol, seed, f"{weight_type} rows {lo}+{width} batch {batch}")
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,batch", [
+    ("q4_1", 1536, 576, 1), ("q4_1", 1536, 576, 8), ("q4_1", 1536, 576, 64), ("q8_0", 1536, 576, 3),
+    ("f16", 1536, 576, 2), ("f32", 33, 96, 5), ("q4_1", 7, 32, 1),
+])
+def test_norm_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, batch):
+    raw = random_weights(rng, weight_type, 2 * rows, cols)
+    x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    y = mem.poisoned(batch * rows * 4)
+    fused_matvec.launch_norm_swiglu(gpu, None, y, mem.put(raw), mem.put(x), mem.put(g), rows=rows, cols=cols,
+                                    batch=batch, eps=1e-5, weight_type=weight_type)
+    both = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, 2 * rows, cols)
+    err = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), 2 * rows, cols)
+    want = fused_matvec.reference_norm_swiglu(raw, weight_type, x, g, 1e-5, rows, cols)
+    tol = 1.1 * np.abs(both[:, rows:]) * err[:, :rows] + np.abs(silu_mul.reference(both[:, :rows], 1.0)) * err[:, rows:] \
+        + 6 * U32 * np.abs(want) + 1e-30
+    check(y.download(np.float32).reshape(batch, rows), want, tol, seed, f"{weight_type} {rows}x{cols} batch {batch}")
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,batch", [
+    ("q4_1", 576, 576, 1), ("q4_1", 576, 1536, 1), ("q4_1", 576, 1536, 64), ("q8_0", 576, 576, 9), ("f16", 577, 96, 2),
+    ("f32", 33, 64, 7),
+])
+def test_add(gpu, mem, rng, seed, weight_type, rows, cols, batch):
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((batch, cols)).astype(np.float32)
+    y0 = rng.standard_normal((batch, rows)).astype(np.float32)
+    y = mem.put(y0)
+    fused_matvec.launch_add(gpu, None, y, mem.put(raw), mem.put(x), rows=rows, cols=cols, batch=batch, weight_type=weight_type)
+    want = fused_matvec.reference_add(raw, weight_type, x, y0, rows, cols)
+    tol = product_bound(raw, weight_type, x, rows, cols) + 2 * U32 * np.abs(want)
+    check(y.download(np.float32).reshape(batch, rows), want, tol, seed, f"{weight_type} {rows}x{cols} batch {batch}")
+
+
+@pytest.mark.parametrize("weight_type,batch", [("q8_0", 1), ("q8_0", 8), ("q8_0", 64), ("f16", 2), ("q4_1", 3)])
+def test_norm_output_head(gpu, mem, rng, seed, weight_type, batch):
+    rows, cols = 49152, 576
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    y = mem.poisoned(batch * rows * 4)
+    fused_matvec.launch_norm(gpu, None, y, mem.put(raw), mem.put(x), mem.put(g), rows=rows, cols=cols, batch=batch,
+                             eps=1e-5, weight_type=weight_type)
+    want = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
+    tol = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), rows, cols)
+    check(y.download(np.float32).reshape(batch, rows), want, tol, seed, f"head {weight_type} batch {batch}")
+
+
+def test_sample(gpu, mem, rng, seed):
+    vocab, rows = 49152, 12
+    logits = (rng.standard_normal((rows, vocab)) * rng.uniform(1, 5)).astype(np.float32)
+    logits[2, rng.choice(vocab, 5, replace=False)] = logits[2].max() + 1  # a tie at the top, cut by k = 3
+    params = np.array([[0.8, 40, 0.95, 0.05, 0], [1.3, 200, 0.9, 0, 0], [1.0, 3, 1, 0, 0], [0, 40, 0.95, 0.05, 0],
+                       [0.5, 1024, 0.99, 0.01, 0], [2.0, 1, 1, 0, 0], [1.0, 64, 0.5, 0.2, 0], [0.9, 512, 1, 0, 0],
+                       [0.7, 40, 0.95, 0.05, 0], [1.1, 100, 0.8, 0, 0], [0.0, 0, 1, 0, 0], [1.5, 1000, 1, 0.3, 0]],
+                      dtype=np.float32)
+    params[:, 4] = rng.random(rows)
+    out = mem.poisoned(rows * 4)
+    sample.launch(gpu, None, out, mem.put(logits), mem.put(params), rows, vocab)
+    got = out.download(np.int32)
+    for i in range(rows):
+        t, k, p, m, u = (float(v) for v in params[i])
+        picks = {sample.pick(logits[i], t, int(k), min(p + dp, 1.0) if p < 1 else 1.0, m, min(max(u + du, 0.0), 0.999999))
+                 for du in (-2e-6, 0, 2e-6) for dp in (-2e-6, 0, 2e-6)}
+        assert int(got[i]) in picks, f"seed {seed}, row {i}, params {params[i]}: got {got[i]}, want one of {picks}"
