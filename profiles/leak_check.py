@@ -11,16 +11,14 @@ the model is closed: the ledger must then be empty. leak_report judges the readi
 from __future__ import annotations
 
 import gc
-import shlex
 import time
 import tracemalloc
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from hipcore.chat_template import chat_template_from_metadata, render_chat
 from hipcore.engine import EngineHooks
-from hipcore.errors import RocmforgeError, UsageError
+from hipcore.errors import RocmforgeError
 from hipcore.loader import LoadOptions, load_model
 from hipcore.request import Ending, Phase
 from profiles import leak_bugs
@@ -29,88 +27,12 @@ from profiles.leak_layers import (
     HostMonitor, read_blocks, read_driver, read_engine_state, read_ledger, read_rss, BlockReading,
 )
 from profiles.leak_report import HostFit, HostResult, LeakReport, PhaseResult, judge
-from profiles.leak_thresholds import Thresholds
-from profiles.leak_workload import CHAT_QUESTIONS, TEXT_PROMPTS, Plan, Workload, WorkloadShape
+from profiles.leak_settings import LeakCheckSettings
+from profiles.leak_workload import CHAT_QUESTIONS, TEXT_PROMPTS, Plan, Workload
 
 HOST_SAMPLES = 200  # host-memory samples over the run (plus one per phase end)
 SHUTDOWN_STEPS = 2  # steps the final requests run before the engine is shut down under them
 MAX_STALL_MESSAGES = 10
-
-
-@dataclass(frozen=True)
-class LeakCheckSettings:
-    model: str
-    device: str = "auto"
-    requests: int = 1000
-    parallel: int = 8
-    seed: int = 0
-    kv_blocks: int | None = None  # None: deliberately small (WorkloadShape.default_kv_blocks)
-    max_tokens: int = 12
-    prompt_tokens: tuple[int, int] = (4, 32)
-    step_tokens: int = 32
-    phases: int = 4
-    warmup: int | None = None  # None: `parallel` requests
-    finished_bound: int = 100
-    kv_dtype: str = "f16"
-    tracemalloc: bool = True
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    planted_bug: str | None = None
-
-    def shape(self, block_size: int = 16) -> WorkloadShape:
-        return WorkloadShape(seed=self.seed, max_tokens=self.max_tokens, prompt_min=self.prompt_tokens[0],
-                             prompt_max=self.prompt_tokens[1], step_tokens=self.step_tokens, block_size=block_size,
-                             parallel=self.parallel)
-
-    @property
-    def warmup_requests(self) -> int:
-        return self.parallel if self.warmup is None else self.warmup
-
-    def validate(self) -> None:
-        checks = [
-            (self.requests >= 1, f"--requests must be at least 1, got {self.requests}"),
-            (self.parallel >= 1, f"--parallel must be at least 1, got {self.parallel}"),
-            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
-            (self.kv_blocks is None or self.kv_blocks >= 1, f"--kv-blocks must be at least 1, got {self.kv_blocks}"),
-            (1 <= self.phases <= self.requests, f"--phases must be between 1 and --requests ({self.requests}), got {self.phases}"),
-            (self.warmup is None or self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}"),
-            (self.finished_bound >= 1, f"--finished-bound must be at least 1, got {self.finished_bound}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UsageError(message)
-        self.shape().validate()
-        if self.planted_bug is not None:
-            leak_bugs.check_allowed(self.planted_bug)
-
-    def command_line(self) -> str:
-        """The command that reproduces this run exactly (every setting spelled out)."""
-        t = self.thresholds.describe()
-        parts = ["rocmforge", "leak-check", "--model", self.model, "--device", self.device, "--requests", str(self.requests),
-                 "--parallel", str(self.parallel), "--seed", str(self.seed), "--max-tokens", str(self.max_tokens),
-                 "--prompt-tokens", f"{self.prompt_tokens[0]}-{self.prompt_tokens[1]}", "--step-tokens", str(self.step_tokens),
-                 "--phases", str(self.phases), "--warmup", str(self.warmup_requests), "--finished-bound", str(self.finished_bound),
-                 "--kv-dtype", self.kv_dtype]
-        if self.kv_blocks is not None:
-            parts += ["--kv-blocks", str(self.kv_blocks)]
-        if not self.tracemalloc:
-            parts.append("--no-tracemalloc")
-        for key, value in self.thresholds.to_dict().items():
-            if value != getattr(Thresholds(), key):
-                cli_key = {"host_growth_per_1000": "host-growth"}.get(key, key)
-                shown = t[cli_key].replace(" (warning only)", "").replace(" ", "")
-                parts += ["--fail-on", f"{cli_key}={shown}"]
-        if self.planted_bug:
-            parts = ["ROCMFORGE_TESTING=1"] + parts + ["--plant-bug", self.planted_bug]
-        return " ".join(shlex.quote(p) for p in parts)
-
-    def to_dict(self) -> dict:
-        return {
-            "model": self.model, "device": self.device, "requests": self.requests, "parallel": self.parallel,
-            "seed": self.seed, "kv_blocks": self.kv_blocks, "max_tokens": self.max_tokens,
-            "prompt_tokens": list(self.prompt_tokens), "step_tokens": self.step_tokens, "phases": self.phases,
-            "warmup": self.warmup_requests, "finished_bound": self.finished_bound, "kv_dtype": self.kv_dtype,
-            "tracemalloc": self.tracemalloc, "thresholds": self.thresholds.to_dict(),
-        }
 
 
 class ProgressSink(Protocol):
@@ -164,7 +86,7 @@ class _Run:
         self.device = loaded.device
         self.progress = progress
         self.kv_blocks = kv_blocks
-        shape = settings.shape(loaded.cache.config.block_size)
+        shape = settings.shape()
         text, chat = _text_prompts(loaded)
         self.workload = Workload(shape, loaded.config.vocab_size, loaded.cache.num_usable_blocks,
                                  self.engine.max_context, text, chat)

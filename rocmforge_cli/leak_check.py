@@ -9,8 +9,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hipcore.errors import UsageError
-from profiles.leak_check import LeakCheckSettings, run_leak_check
+from profiles.leak_check import run_leak_check
 from profiles.leak_render import render
+from profiles.leak_settings import LeakCheckSettings
 from profiles.leak_thresholds import parse_fail_on
 from rocmforge_cli.common import handle_errors, stderr, stdout
 from rocmforge_cli.generate import DEVICE_HELP, resolve_model
@@ -72,6 +73,7 @@ def leak_check_command(
     warmup: Annotated[Optional[int], typer.Option("--warmup", help="Warm-up requests before the baseline (default: --parallel).", show_default=False)] = None,
     finished_bound: Annotated[int, typer.Option("--finished-bound", help="Finished-request records the engine may keep; the check fails if it keeps more.")] = 100,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
+    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block; small blocks make short requests cross blocks (and get preempted) more often.")] = 16,
     fail_on: Annotated[Optional[list[str]], typer.Option("--fail-on", help=FAIL_ON_HELP, show_default=False)] = None,
     no_tracemalloc: Annotated[bool, typer.Option("--no-tracemalloc", help="Measure host memory by RSS only (tracemalloc slows Python code by about a third).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object instead of tables.")] = False,
@@ -102,7 +104,7 @@ def leak_check_command(
     settings = LeakCheckSettings(
         model=resolve_model(model), device=device, requests=requests, parallel=parallel, seed=seed, kv_blocks=kv_blocks,
         max_tokens=max_tokens, prompt_tokens=parse_range(prompt_tokens), step_tokens=step_tokens, phases=phases,
-        warmup=warmup, finished_bound=finished_bound, kv_dtype=kv_dtype, tracemalloc=not no_tracemalloc,
+        warmup=warmup, finished_bound=finished_bound, kv_dtype=kv_dtype, block_size=block_size, tracemalloc=not no_tracemalloc,
         thresholds=parse_fail_on(fail_on), planted_bug=plant_bug,
     )
     settings.validate()

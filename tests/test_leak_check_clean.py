@@ -8,6 +8,10 @@ backend (the same command CI runs as its smoke test, at a smaller size).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -17,6 +21,7 @@ from rocmforge_cli.app import app
 
 runner = CliRunner()
 ENV = {"COLUMNS": "200"}
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +114,20 @@ def test_bad_options_are_usage_errors(tiny, args, message):
 
 
 def test_the_demo_model_ends_a_few_hundred_mixed_requests_with_zero_leaks(demo_model_path):
-    # Small token counts keep the real forward pass of 30 layers affordable on two cores.
-    code, out, err = leak_check("--model", str(demo_model_path), "--requests", "200", "--parallel", "8",
-                                "--prompt-tokens", "2-10", "--max-tokens", "4", "--step-tokens", "16", "--json", "-q")
-    assert code == 0, out[-3000:] + err
-    report = json.loads(out)
+    # The real forward pass of 30 layers costs ~0.6 s of CPU per step here, so: short requests, 16
+    # sequences per step, blocks of 4 tokens (so that short requests grow into new blocks and get
+    # preempted). A child process with single-threaded BLAS: on two busy cores OpenBLAS's spinning
+    # threads made each step ~6x slower (measured), and the host-memory readings stay the run's own.
+    command = [sys.executable, "-m", "rocmforge_cli.app", "leak-check", "--device", "cpu", "--model", str(demo_model_path),
+               "--requests", "200", "--parallel", "16", "--prompt-tokens", "2-8", "--max-tokens", "3",
+               "--step-tokens", "24", "--block-size", "4", "--json", "-q"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "COLUMNS": "200"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout)
     assert_clean(report)
     r = report["requests"]
-    assert r["finished"] == 200 and {"length", "cancelled", "failed", "rejected"} <= set(r["by_ending"])
-    assert r["preempted_requests"] > 0 and r["parallel_sample_requests"] > 0
+    assert r["finished"] == 200 and {"length", "stop", "cancelled", "failed", "rejected"} <= set(r["by_ending"])
+    assert {"waiting", "prompt", "decode"} <= set(r["cancelled_by_phase"])
+    assert r["preempted_requests"] > 0 and r["parallel_sample_requests"] > 0 and r["unexpected"] == 0
+    assert r["injected"]["fail_sampling"] > 0 and r["injected"]["fail_step"] > 0

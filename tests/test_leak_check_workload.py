@@ -119,3 +119,23 @@ def test_fail_on_defaults_and_overrides():
 def test_bad_fail_on_specs_are_usage_errors(spec):
     with pytest.raises(UsageError):
         parse_fail_on([spec])
+
+
+def test_the_printed_command_carries_every_setting_back():
+    import shlex
+
+    from profiles.leak_settings import LeakCheckSettings
+
+    thresholds = parse_fail_on(["host-growth=3MiB/1000req", "driver=4MiB", "blocks=off", "unexpected=2"])
+    settings = LeakCheckSettings(model="m y.gguf", device="cpu", requests=77, parallel=3, seed=5, kv_blocks=9,
+                                 max_tokens=6, prompt_tokens=(2, 9), step_tokens=12, phases=2, warmup=1,
+                                 finished_bound=30, kv_dtype="q8_0", block_size=8, tracemalloc=False, thresholds=thresholds)
+    words = shlex.split(settings.command_line())
+    assert words[:2] == ["rocmforge", "leak-check"] and words[words.index("--model") + 1] == "m y.gguf"
+    value = {words[i]: words[i + 1] for i in range(2, len(words) - 1) if words[i].startswith("--") and not words[i + 1].startswith("--")}
+    assert (value["--requests"], value["--parallel"], value["--seed"], value["--kv-blocks"], value["--max-tokens"]) == ("77", "3", "5", "9", "6")
+    assert (value["--prompt-tokens"], value["--step-tokens"], value["--phases"], value["--warmup"]) == ("2-9", "12", "2", "1")
+    assert (value["--finished-bound"], value["--kv-dtype"], value["--block-size"]) == ("30", "q8_0", "8")
+    assert "--no-tracemalloc" in words
+    fail_on = [words[i + 1] for i, w in enumerate(words) if w == "--fail-on"]
+    assert parse_fail_on(fail_on) == thresholds
