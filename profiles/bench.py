@@ -70,8 +70,9 @@ class BenchConfig:
 
     @property
     def context(self) -> int:
-        """Tokens a sequence may hold: the longest prompt, or 1 + the longest generation (+1 spare)."""
-        need = max((*self.prompt_tokens, *(n + 2 for n in self.gen_tokens), self.batch_gen_tokens + 2, 16))
+        """Tokens a sequence may hold: the longest prompt and its sampled token, or a one-token prompt and
+        the longest generation, with one spare (the engine refuses a prompt as long as the context)."""
+        need = max((*(p + 2 for p in self.prompt_tokens), *(n + 2 for n in self.gen_tokens), self.batch_gen_tokens + 2, 16))
         return -(-need // 64) * 64
 
 

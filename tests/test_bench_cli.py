@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_testing import tiny_model
+from profiles.bench import BenchConfig
 from rocmforge_cli.app import app
 
 runner = CliRunner()
@@ -65,3 +66,9 @@ def test_generate_prints_the_memory_plan_before_loading(tiny):
     assert "kv cache" in result.stderr and "scratch (step inputs, attention workspace)" in result.stderr
     quiet = runner.invoke(app, ["generate", "-m", tiny, "--device", "cpu", "--temp", "0", "-n", "2", "-q", "hello"])
     assert "memory plan" not in quiet.stderr
+
+
+def test_context_holds_the_longest_prompt_and_generation():
+    assert BenchConfig(model="m", prompt_tokens=(512,), gen_tokens=(128,), batches=()).context > 513
+    assert BenchConfig(model="m", prompt_tokens=(), gen_tokens=(1000,), batches=()).context >= 1002
+    assert BenchConfig(model="m", prompt_tokens=(), gen_tokens=(), batches=(8,), batch_gen_tokens=300).context >= 302
