@@ -90,9 +90,10 @@ class _Run:
         text, chat = _text_prompts(loaded)
         self.workload = Workload(shape, loaded.config.vocab_size, loaded.cache.num_usable_blocks,
                                  self.engine.max_context, text, chat)
-        # Request indices: warm-up mix, record fillers, the measured requests, the shutdown tail.
+        # Request indices: warm-up mix, batch-size ladder, record fillers, the measured requests, the tail.
+        self.ladder = batch_ladder(settings.parallel) if settings.warmup_requests else []
         self.fillers = settings.finished_bound
-        self.first = settings.warmup_requests + self.fillers  # index of the first measured request
+        self.first = settings.warmup_requests + sum(self.ladder) + self.fillers  # the first measured request
         self.tail = settings.parallel
         self.outcomes = Outcomes(self.first + settings.requests + self.tail)
         self.driver = WorkloadDriver(self.engine, self.workload, self.outcomes, parallel=settings.parallel,
@@ -113,11 +114,17 @@ class _Run:
 
     def execute(self, started: float) -> LeakReport:
         s, driver = self.s, self.driver
-        self._status(f"warm-up: {s.warmup_requests} requests, then {self.fillers} rejected ones to fill the finished records")
+        self._status(f"warm-up: {s.warmup_requests} requests, decode batches of {', '.join(map(str, self.ladder))}, then "
+                     f"{self.fillers} rejected ones to fill the finished records")
         before_warmup = self.device.ledger.snapshot()
+        t0 = time.perf_counter()
         driver.run(range(s.warmup_requests), run_phase=0)
-        driver.run(range(s.warmup_requests, self.first), run_phase=0, plan_for=self.workload.filler_plan)
-        warmup = self._check("warm-up", self.first, 0.0, before_warmup)
+        start = s.warmup_requests
+        for size in self.ladder:  # every decode batch-size class once: graphs or plans made per size exist now
+            driver.run(range(start, start + size), run_phase=0, plan_for=self.workload.ladder_plan)
+            start += size
+        driver.run(range(start, self.first), run_phase=0, plan_for=self.workload.filler_plan)
+        warmup = self._check("warm-up", self.first, time.perf_counter() - t0, before_warmup)
         warmup.ledger_judged = False  # first-use allocations belong to the warm-up (RELIABILITY, leak checks 6)
         self.phases.append(warmup)
         gc.collect()
@@ -290,6 +297,13 @@ class _Run:
             "unexpected_notes": list(self.driver.notes), "warmup": self.s.warmup_requests, "shutdown_tail": dict(tail),
             "cancelled_waiting": cancel_phases.get(Phase.WAITING.value, 0), "record_fillers": self.fillers,
         }
+
+
+def batch_ladder(parallel: int) -> list[int]:
+    """Batch sizes the warm-up decodes at: powers of two up to `parallel`, and `parallel` itself
+    (runners pad decode steps to such classes and may capture a graph for each on first use)."""
+    sizes = [1 << k for k in range(parallel.bit_length()) if 1 << k <= parallel]
+    return sizes + ([parallel] if sizes[-1] != parallel else [])
 
 
 def _text_prompts(loaded) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:

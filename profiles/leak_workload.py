@@ -218,6 +218,12 @@ class Workload:
             return self._rejected(index, rng, prompt, SamplingParams(max_tokens=max_tokens, **sampled))
         return RequestPlan(index, kind, prompt, params, trigger)
 
+    def ladder_plan(self, index: int) -> RequestPlan:
+        """A short greedy request (2 prompt tokens, 3 new): submitted n at a time by the warm-up, they
+        decode together in batches of exactly n sequences."""
+        rng = np.random.default_rng([self.shape.seed, index, 2])
+        return RequestPlan(index, Plan.LENGTH, self._random_prompt(rng, 2, 2), SamplingParams(temperature=0.0, max_tokens=3), 0)
+
     def filler_plan(self, index: int) -> RequestPlan:
         """A request that costs (nearly) nothing: rejected at admission when the pool allows, else one
         prompt token and one new token. The warm-up runs `finished_bound` of them so that the finished
