@@ -126,11 +126,12 @@ class BenchReport:
 
 
 def source_commit() -> str:
-    """The git commit of this checkout (with '+dirty' for uncommitted changes), or 'unknown'."""
+    """The git commit of this checkout (with '+dirty' for uncommitted changes), else $ROCMFORGE_COMMIT
+    (set it where the sources travel without their .git folder), else 'unknown'."""
     repo = Path(__file__).resolve().parents[1]
     git = shutil.which("git")
     if git is None or not (repo / ".git").exists():
-        return "unknown"
+        return os.environ.get("ROCMFORGE_COMMIT", "unknown")
     try:
         rev = subprocess.run([git, "-C", str(repo), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
