@@ -37,10 +37,11 @@ def verdict_text(report: LeakReport) -> Text:
 
 def layers_table(report: LeakReport) -> Table:
     t = _table("Not returned, per layer (against the baseline taken after warm-up)",
-               ["layer", "not returned", "in", "baseline", "peak", "final"])
+               ["layer", "not returned", "in", "per request", "baseline", "peak", "final"])
     for row in report.layer_totals():
         count = "-" if row["count"] is None else f"{row['count']:,} {row['unit']}"
-        t.add_row(row["layer"], _exact(row["bytes"]), count, _b(row["baseline"]), _b(row["peak"]), _b(row["final"]))
+        per = "-" if row["per_request"] is None else f"{row['per_request']:,.1f} B"
+        t.add_row(row["layer"], _exact(row["bytes"]), count, per, _b(row["baseline"]), _b(row["peak"]), _b(row["final"]))
     h = report.host
     for name, fit in (("whole run", h.whole), ("second half, judged", h.judged)):
         for label, slope in (("RSS", fit.rss_slope), ("tracemalloc", fit.traced_slope)):
@@ -48,7 +49,7 @@ def layers_table(report: LeakReport) -> Table:
             if per is not None:
                 judged = "" if fit is h.whole or fit.span >= MIN_HOST_SPAN else f" (< {MIN_HOST_SPAN}: not judged)"
                 t.add_row(f"host growth per 1000 requests ({label}, {name})", _b(per),
-                          f"fit over {fit.span:,} req{judged}", "", "", "")
+                          f"fit over {fit.span:,} req{judged}", "", "", "", "")
     return t
 
 

