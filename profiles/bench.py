@@ -126,12 +126,15 @@ class BenchReport:
 
 
 def source_commit() -> str:
-    """The git commit of this checkout (with '+dirty' for uncommitted changes), else $ROCMFORGE_COMMIT
-    (set it where the sources travel without their .git folder), else 'unknown'."""
+    """$ROCMFORGE_COMMIT when set (for sources copied without a usable .git), else the git commit of
+    this checkout (with '+dirty' for uncommitted changes), else 'unknown'."""
+    named = os.environ.get("ROCMFORGE_COMMIT")
+    if named:
+        return named
     repo = Path(__file__).resolve().parents[1]
     git = shutil.which("git")
     if git is None or not (repo / ".git").exists():
-        return os.environ.get("ROCMFORGE_COMMIT", "unknown")
+        return "unknown"
     try:
         rev = subprocess.run([git, "-C", str(repo), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
