@@ -22,7 +22,7 @@ from hipcore.errors import RocmforgeError
 from hipcore.loader import LoadOptions, load_model
 from hipcore.request import Ending, Phase
 from profiles import leak_bugs
-from profiles.leak_driver import ENDINGS, PHASES, Outcomes, WorkloadDriver
+from profiles.leak_driver import ENDINGS, PHASES, EngineFailure, Outcomes, WorkloadDriver
 from profiles.leak_layers import (
     HostMonitor, read_blocks, read_driver, read_engine_state, read_ledger, read_rss, BlockReading,
 )
@@ -98,7 +98,8 @@ class _Run:
         self.outcomes = Outcomes(self.first + settings.requests + self.tail)
         self.driver = WorkloadDriver(self.engine, self.workload, self.outcomes, parallel=settings.parallel,
                                      ledger=self.device.ledger, on_step=self._on_step)
-        hooks.fail_sampling, hooks.fail_step = self.driver.hooks().fail_sampling, self.driver.hooks().fail_step
+        driver_hooks = self.driver.hooks()
+        hooks.fail_sampling, hooks.fail_step = driver_hooks.fail_sampling, driver_hooks.fail_step
         self.monitor = HostMonitor()
         self.sample_every = max(1, settings.requests // HOST_SAMPLES)
         self.next_sample = 0
@@ -191,8 +192,6 @@ class _Run:
         try:
             self.engine.shutdown()
         except Exception as exc:  # noqa: BLE001 - reported as an engine failure
-            from profiles.leak_driver import EngineFailure
-
             driver.failure = EngineFailure("engine.shutdown()", f"{type(exc).__name__}: {exc}", "")
         driver.record_shutdown()
         gc.collect()
