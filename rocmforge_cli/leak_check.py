@@ -80,21 +80,11 @@ def leak_check_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
     plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
 ) -> None:
-    """Run a seeded mix of requests through the engine and check that every KV block and every
-    device byte comes back; exit 0 when clean, 1 on a leak, 2 on a usage error.
+    """Run a seeded mix of requests through the engine and check that every KV block and every device byte comes back; exit 0 when clean, 1 on a leak, 2 on a usage error.
 
-    The mix covers every way a request ends: max tokens, end token, stop string, cancelled while
-    waiting / during its prompt / mid-decode / in its final step, failed by an injected sampler or
-    forward-pass fault, parallel samples sharing their prompt's blocks, rejection, preemption under
-    a small KV pool, and a shutdown with requests in flight. After the warm-up a baseline is taken;
-    after each phase the engine must be empty, every KV block free, the device ledger equal to the
-    baseline byte for byte, the driver's free memory unchanged (GPU), and host memory flat per
-    request; after the model is closed the ledger must be empty.
+    The mix covers every way a request ends: max tokens, end token, stop string, cancelled while waiting / during its prompt / mid-decode / in its final step, failed by an injected sampler or forward-pass fault, parallel samples sharing their prompt's blocks, rejection, preemption under a small KV pool, and a shutdown with requests in flight. After the warm-up a baseline is taken; after each phase the engine must be empty, every KV block free, the device ledger equal to the baseline byte for byte, the driver's free memory unchanged (GPU), and host memory flat per request; after the model is closed the ledger must be empty.
 
-    Cost: on the cpu backend the demo model computes roughly 20-40 tokens per second on two cores,
-    so the defaults (1,000 requests, prompts of 4-32 tokens, up to 12 new tokens) take about 15-25
-    minutes there; on a GPU they take a minute or two. For a quick check use e.g. --requests 200
-    --prompt-tokens 2-10 --max-tokens 4.
+    Cost: on the cpu backend the demo model computes roughly 20-40 tokens per second on two cores, so the defaults (1,000 requests, prompts of 4-32 tokens, up to 12 new tokens) take about 15-25 minutes there; on a GPU they take a minute or two. For a quick check use e.g. --requests 200 --prompt-tokens 2-10 --max-tokens 4.
 
     Examples:
       rocmforge leak-check --device cpu --requests 200 --prompt-tokens 2-10 --max-tokens 4

@@ -67,14 +67,15 @@ def profile_kv_command(
     samples: Annotated[Optional[int], typer.Option("--samples", help="With --workloads: parallel samples forked from one prompt. Default: 4.", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON (exact integers) instead of tables.")] = False,
 ) -> None:
-    """Show how much KV cache memory a model needs per token and how many tokens fit: for each KV
-    dtype (f16, bf16, f32, q8_0) and block size, for a model file (--model) or a named preset
-    (--preset). With --plan, subtract the weights and activations from a device memory size and say
-    how many tokens and sequences fit. With --workloads, run request patterns through the engine and
-    show the memory profile after each. Examples:
+    """Show how much KV cache memory a model needs per token and how many tokens fit.
+
+    For each KV dtype (f16, bf16, f32, q8_0) and block size, for a model file (--model) or a named preset (--preset). With --plan, subtract the weights and activations from a device memory size and say how many tokens and sequences fit. With --workloads, run request patterns through the engine and show the memory profile after each.
+
+    Examples:
       rocmforge profile-kv --preset Llama-2-70B --plan --memory 80GiB
-      rocmforge profile-kv --workloads                      (the demo model, on --device)
-      rocmforge profile-kv --workloads --preset Llama-2-70B (the KV cache alone)"""
+      rocmforge profile-kv --workloads                       (the demo model, on --device)
+      rocmforge profile-kv --workloads --preset Llama-2-70B  (the KV cache alone)
+    """
     if list_presets:
         shapes = list(PRESETS.values())
         if as_json:
