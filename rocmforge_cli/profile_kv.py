@@ -83,6 +83,8 @@ def profile_kv_command(
         else:
             stdout.print(render.presets_table(shapes))
         return
+    if model is None and preset is None:
+        model = default_model()
     if workloads:
         run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_tokens, lengths, concurrent, samples,
                               as_json, memory=memory, context=context, plan=plan, seq_len=seq_len, weights_type=weights_type)
@@ -118,17 +120,21 @@ def profile_kv_command(
     stdout.print(render.capacity_table(table))
 
 
+def default_model() -> str:
+    """The demo model's path when neither --model nor --preset is given, as the other commands do."""
+    demo = find_demo_model()
+    if demo is None:
+        raise UsageError(f"give --model PATH or --preset NAME (presets: {', '.join(PRESETS)}); "
+                         f"the demo model is not installed: {INSTALL_HINT}")
+    return str(demo)
+
+
 def run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_tokens, lengths, concurrent, samples,
                           as_json, **not_for_workloads) -> None:
     for name, value in not_for_workloads.items():
         if value not in (None, False):
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag} does not apply to --workloads")
-    if model is None and preset is None:
-        demo = find_demo_model()
-        if demo is None:
-            raise UsageError(f"--workloads needs --model PATH or --preset NAME (the demo model is not installed: {INSTALL_HINT})")
-        model = str(demo)
     shape = resolve_shape(model, preset)
     if dtypes and len(dtypes) > 1 or block_sizes and len(block_sizes) > 1:
         raise UsageError("--workloads takes one --dtype and one --block-size")
