@@ -1,12 +1,13 @@
-"""The fused matvec ops on the cpu backend: each equals the chain of single ops it replaces, through
-the same launchers the model uses, and the launchers refuse what the kernels cannot do."""
+"""The fused matvec and matmul ops on the cpu backend: each equals the chain of single ops it replaces,
+through the same launchers the model uses, and the launchers refuse what the kernels cannot do."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hipcore.ops import add, fused_matvec, matvec, rmsnorm, rope, silu_mul
+from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, fused_family
+from hipcore.ops import add, fused_matmul, fused_matvec, matvec, rmsnorm, rope, silu_mul
 from weight_samples import random_weights
 
 TYPES = fused_matvec.WEIGHT_TYPES
@@ -128,3 +129,91 @@ def test_launchers_refuse_what_the_kernels_cannot_do(mem):
                                       batch=1, head_dim=8, rope_dim=8, eps=1e-5, theta=1e4, freq_scale=1.0,
                                       weight_type="q4_1")
     assert fused_matvec.supports("q8_0") and not fused_matvec.supports("q6_k")
+
+
+# ---- fused_matmul: the same operations for many tokens ----------------------------------------
+
+
+@pytest.mark.parametrize("weight_type", TYPES)
+def test_fused_matmul_host_kernels_give_fused_matvecs_floats(mem, weight_type):
+    """The model switches between the two families by step size; on the cpu backend that must not change
+    a single float (the decode-graph and golden tests rely on it)."""
+    rng = np.random.default_rng(20 + len(weight_type))
+    dev, n, cols, hd = mem.dev, 37, 64, 16
+    x = mem.put((rng.standard_normal((n, cols)) * 2).astype(np.float32))
+    g = mem.put(rng.standard_normal(cols).astype(np.float32))
+    positions = mem.put(rng.integers(0, 500, n).astype(np.int32))
+    workspace = mem.empty(fused_matmul.WORKSPACE_BYTES)
+    w_qkv = mem.put(random_weights(rng, weight_type, 5 * hd, cols))
+    outs = {}
+    for family, kw in ((fused_matvec, {"batch": n}), (fused_matmul, {"n_tokens": n, "workspace": workspace})):
+        widths = (3 * hd, hd, hd, 24, 32, 32)
+        q, k, v, h, y, head = (mem.empty(n * width * 4) for width in widths)
+        family.launch_norm_rope(dev, None, q, k, v, w_qkv, x, g, positions, q_rows=3 * hd, kv_rows=hd, cols=cols,
+                                head_dim=hd, rope_dim=hd, eps=1e-5, theta=1e4, freq_scale=1.0, weight_type=weight_type,
+                                **kw)
+        family.launch_norm_swiglu(dev, None, h, w_qkv, x, g, rows=24, cols=cols, eps=1e-5, weight_type=weight_type, **kw)
+        y.upload(np.ones((n, 32), np.float32))
+        family.launch_add(dev, None, y, w_qkv, x, rows=32, cols=cols, weight_type=weight_type, **kw)
+        family.launch_norm(dev, None, head, w_qkv, x, g, rows=32, cols=cols, eps=1e-5, weight_type=weight_type, **kw)
+        outs[family.OP] = [mem.get(buf, (n, w)) for buf, w in zip((q, k, v, h, y, head), widths)]
+    for got, want in zip(outs["fused_matmul"], outs["fused_matvec"]):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.isfinite(outs["fused_matmul"][0]).all()
+
+
+def test_fused_matmul_geometry_splits_few_tiles_only():
+    ws = fused_matmul.WORKSPACE_BYTES
+    # The demo model's decode batch of 64: 15 tiles of q|k|v over 18 steps split 6 ways (3 steps each).
+    assert fused_matmul.geometry(15, 576, 64, ws) == (90, 256, 64, 6)
+    # ffn_down (9 tiles, 48 steps): as many splits as keep MIN_SPLIT_STEPS steps each, short of BUSY_ITEMS.
+    grid, _, _, splits = fused_matmul.geometry(9, 1536, 64, ws)
+    assert splits == 48 // fused_matmul.MIN_SPLIT_STEPS < -(-fused_matmul.BUSY_ITEMS // 9) and grid == 9 * splits
+    # o (9 tiles of 18 steps) at a 128-token batch: 18 tiles, 6 splits.
+    assert fused_matmul.geometry(9, 576, 128, ws)[::3] == (108, 6)
+    # Enough tiles: no split, no workspace needed.
+    assert fused_matmul.geometry(768, 576, 64, 0) == (768, 256, 64, 1)
+    assert fused_matmul.geometry(15, 576, 16, ws)[2] == 32  # few tokens: 32-token tiles
+    # A small workspace lowers the splits until the partials fit; none at all: no split.
+    small = fused_matmul.partial_bytes(15, 2, 64)
+    assert fused_matmul.geometry(15, 576, 64, small)[3] == 2
+    assert fused_matmul.geometry(15, 576, 64, 0)[3] == 1
+    # Every launch the launcher picks fits WORKSPACE_BYTES.
+    for row_tiles in (1, 3, 9, 15, 48, 200, 255):
+        for cols in (32, 96, 576, 1536, 8192):
+            for n in (1, 9, 33, 64, 65, 128, 512):
+                grid, _, tile, splits = fused_matmul.geometry(row_tiles, cols, n, 1 << 40)
+                assert splits == 1 or fused_matmul.partial_bytes(grid // splits, splits, tile) <= ws
+                assert splits <= max(1, cols // 32 // fused_matmul.MIN_SPLIT_STEPS)
+
+
+def test_fused_matmul_launchers_refuse_what_the_kernels_cannot_do(mem):
+    dev = mem.dev
+    raw = mem.put(random_weights(np.random.default_rng(0), "q4_1", 64, 96))
+    x, g, out = mem.empty(2 * 96 * 4), mem.empty(96 * 4), mem.empty(2 * 64 * 4)
+    kw = {"n_tokens": 2, "weight_type": "q4_1"}
+    with pytest.raises(ValueError, match="no fused kernel for weight type 'q6_k'"):
+        fused_matmul.launch_add(dev, None, out, raw, x, rows=16, cols=96, n_tokens=2, weight_type="q6_k")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fused_matmul.launch_norm(dev, None, out, raw, x, g, rows=1, cols=48, eps=1e-5, **kw)
+    with pytest.raises(ValueError, match="overlap"):
+        fused_matmul.launch_add(dev, None, x, raw, x, rows=16, cols=96, **kw)
+    with pytest.raises(ValueError, match="tile_tokens"):
+        fused_matmul.launch_add(dev, None, out, raw, x, rows=64, cols=96, tile_tokens=16, **kw)
+    with pytest.raises(ValueError, match="splits must be"):
+        fused_matmul.launch_add(dev, None, out, raw, x, rows=64, cols=96, splits=4, **kw)
+    with pytest.raises(ValueError, match="need a workspace"):
+        fused_matmul.launch_add(dev, None, out, raw, x, rows=64, cols=96, splits=2, **kw)
+    with pytest.raises(ValueError, match="workspace must be a Buffer"):
+        fused_matmul.launch_add(dev, None, out, raw, x, rows=64, cols=96, workspace=12345, **kw)
+    with pytest.raises(ValueError, match="whole heads"):
+        fused_matmul.launch_norm_rope(dev, None, out, out, out, raw, x, g, mem.empty(8), q_rows=12, kv_rows=4, cols=96,
+                                      head_dim=8, rope_dim=8, eps=1e-5, theta=1e4, freq_scale=1.0, **kw)
+
+
+def test_projection_family_by_step_size():
+    assert fused_family("q4_1", 1) is fused_matvec
+    assert fused_family("q4_1", FUSED_MATVEC_MAX_TOKENS) is fused_matvec
+    assert fused_family("q4_1", FUSED_MATVEC_MAX_TOKENS + 1) is fused_matmul
+    assert fused_family("q8_0", 512) is fused_matmul
+    assert fused_family("q6_k", 1) is None and fused_family("q6_k", 512) is None

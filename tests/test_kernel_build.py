@@ -25,6 +25,8 @@ EXPECTED_KERNELS = {
     "argmax": ["argmax_f32"],
     "embedding": ["embedding_bf16", "embedding_f16", "embedding_f32", "embedding_q4_0", "embedding_q4_1",
                   "embedding_q8_0"],
+    "fused_matmul": [f"matmul_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
+                     for t in ("q4_1", "q8_0", "f16", "f32")],
     "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
                      for t in ("q4_1", "q8_0", "f16", "f32")],
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],

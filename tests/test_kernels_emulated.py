@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipcore.ops import add, argmax, fused_matvec, matmul, matvec, rmsnorm, rope, sample, silu_mul
+from hipcore.ops import add, argmax, fused_matmul, fused_matvec, matmul, matvec, rmsnorm, rope, sample, silu_mul
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype
 from hipcore.ops import embedding, kv_store, paged_attention, select_rows
 from hipcore.ops.launch_checks import elementwise_grid, row_block
@@ -31,7 +31,7 @@ from weight_samples import random_weights
 U32 = 2.0**-24
 EMULATION = Path(__file__).parent / "kernel_emulation"
 NEUTRAL_MARKER = "// Vendor-neutral from here on"
-OPS = ("add", "argmax", "fused_matvec", "matmul", "matvec", "rmsnorm", "rope", "sample", "silu_mul")
+OPS = ("add", "argmax", "fused_matmul", "fused_matvec", "matmul", "matvec", "rmsnorm", "rope", "sample", "silu_mul")
 FORWARD_PASS_OPS = ("embedding", "kv_store", "paged_attention", "select_rows")
 ARCH_FOR_WARP = {32: "sm_90", 64: "gfx942"}  # what the launchers size grids for
 
@@ -299,6 +299,125 @@ def test_fused_add(harnesses, warp, weight_type, tmp_path):
             assert np.all(np.abs(got - want) <= tol), f"add {rows}x{cols} batch {batch} grid {gsize}"
 
 
+# ---- fused_matmul.hip: the same chains with matmul tiles, split over columns for few tiles ------
+
+
+def matmul_launches(row_tiles, cols, n_tokens, tile, splits):
+    """(grid, tile, splits, workspace bytes) of the launcher's choice with a full workspace, or of the given
+    tile and splits with a workspace of exactly partial_bytes; then each with a grid of 2 workgroups that
+    must loop over the (tile, split) items (a split tile finished by a workgroup that also did others)."""
+    grid, _, tile, splits = fused_matmul.geometry(row_tiles, cols, n_tokens, fused_matmul.WORKSPACE_BYTES,
+                                                  tile_tokens=tile, splits=splits)
+    tiles = grid // splits
+    workspace = fused_matmul.partial_bytes(tiles, splits, tile) if splits > 1 else 0
+    return [(g, tile, splits, workspace) for g in sorted({grid, 2})]
+
+
+def assert_counters_zero(path, workspace_bytes, what):
+    counters = np.fromfile(path, np.int32)[:fused_matmul.COUNTER_BYTES // 4] if workspace_bytes else np.zeros(1)
+    assert not counters.any(), f"{what}: the split counters were not left at zero"
+
+
+# (q heads, kv heads, head_dim, rope_dim, cols, n_tokens, tile_tokens, splits); None: the launcher's.
+FUSED_ROPE_CASES = [(1, 1, 64, 64, 64, 5, None, None), (2, 1, 32, 16, 192, 33, 32, 3),
+                    (3, 1, 64, 64, 224, 40, 64, 3)]
+
+
+@pytest.mark.parametrize("weight_type", fused_matmul.WEIGHT_TYPES)
+def test_fused_matmul_norm_rope(harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), 11])
+    for q_heads, kv_heads, head_dim, rope_dim, cols, n_tokens, tile, splits in (
+            FUSED_ROPE_CASES if weight_type == "q4_1" else FUSED_ROPE_CASES[1:2]):
+        q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
+        rows = q_rows + 2 * kv_rows
+        raw = random_weights(rng, weight_type, rows, cols)
+        x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
+        g = rng.standard_normal(cols).astype(np.float32)
+        positions = rng.integers(0, 4096, n_tokens).astype(np.int32)
+        files = write(tmp_path, w=raw, x=x, g=g, p=positions)
+        want = fused_matmul.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols,
+                                                head_dim, rope_dim, 10000.0, 0.5)
+        bound = matvec_bound(raw, weight_type, normed(x, g), rows, cols) * 2
+        angle = rope.angles(positions, rope_dim, 10000.0, 0.5)
+        unrotated = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
+        for gsize, tile_used, split_used, ws in matmul_launches(-(-rows // 64), cols, n_tokens, tile, splits):
+            run(harnesses, warp, f"matmul_norm_rope_{weight_type}", gsize, fused_matmul.THREADS, q_rows, kv_rows, cols,
+                n_tokens, head_dim, rope_dim, tile_used, split_used, 1e-5, 10000.0, 0.5, ws, *files, tmp_path / "o",
+                tmp_path / "ws")
+            got = np.fromfile(tmp_path / "o", np.float32)
+            parts = np.split(got, [n_tokens * q_rows, n_tokens * (q_rows + kv_rows)])
+            what = f"{weight_type} {rows}x{cols} tokens {n_tokens} tile {tile_used} splits {split_used} grid {gsize}"
+            for part, ref, lo, width in zip(parts, want, (0, q_rows, q_rows + kv_rows), (q_rows, kv_rows, kv_rows)):
+                part = part.reshape(n_tokens, width)
+                tol = bound[:, lo:lo + width]
+                if lo < q_rows + kv_rows:  # a rotation mixes a pair and adds its own rounding
+                    pair_bound = tol.reshape(n_tokens, -1, 2).sum(-1).repeat(2, -1)
+                    pair_size = np.abs(unrotated[:, lo:lo + width]).reshape(n_tokens, -1, 2).sum(-1).repeat(2, -1)
+                    per_head = np.zeros((n_tokens, head_dim))
+                    per_head[:, :rope_dim] = (32 * U32 * angle + 8 * U32).repeat(2, -1)
+                    tol = pair_bound + pair_size * np.tile(per_head, width // head_dim)
+                assert np.all(np.abs(part - ref) <= tol), f"{what}: rows {lo}.."
+            assert_counters_zero(tmp_path / "ws", ws, what)
+
+
+@pytest.mark.parametrize("weight_type", fused_matmul.WEIGHT_TYPES)
+def test_fused_matmul_norm_and_norm_swiglu(harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), 12])
+    # (rows, cols, n_tokens, tile_tokens, splits): a partial row tile, 3 uneven splits of 7 steps.
+    cases = [(70, 224, 9, 32, 3), (40, 96, 20, None, None), (33, 576, 65, 64, 2)]
+    for rows, cols, n_tokens, tile, splits in cases if weight_type == "q4_1" else cases[:1]:
+        x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
+        g = rng.standard_normal(cols).astype(np.float32)
+        n = normed(x, g)
+        raw = random_weights(rng, weight_type, rows, cols)
+        files = write(tmp_path, w=raw, x=x, g=g)
+        want = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
+        tol = 2 * matvec_bound(raw, weight_type, n, rows, cols)
+        for gsize, tile_used, split_used, ws in matmul_launches(-(-rows // 64), cols, n_tokens, tile, splits):
+            what = f"norm {weight_type} {rows}x{cols} tokens {n_tokens} tile {tile_used} splits {split_used} grid {gsize}"
+            run(harnesses, warp, f"matmul_norm_{weight_type}", gsize, fused_matmul.THREADS, rows, cols, n_tokens,
+                tile_used, split_used, 1e-5, ws, *files, tmp_path / "o", tmp_path / "ws")
+            got = np.fromfile(tmp_path / "o", np.float32).reshape(n_tokens, rows)
+            assert np.all(np.abs(got - want) <= tol), what
+            assert_counters_zero(tmp_path / "ws", ws, what)
+        # silu(n W_gate^T) * (n W_up^T), W = [gate; up]: tiles of 32 gate rows and their 32 up rows
+        raw = random_weights(rng, weight_type, 2 * rows, cols)
+        files = write(tmp_path, w=raw, x=x, g=g)
+        both = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, 2 * rows, cols)
+        err = 2 * matvec_bound(raw, weight_type, n, 2 * rows, cols)
+        gate, up = both[:, :rows], both[:, rows:]
+        want = fused_matmul.reference_norm_swiglu(raw, weight_type, x, g, 1e-5, rows, cols)
+        tol = 1.1 * np.abs(up) * err[:, :rows] + np.abs(silu_mul.reference(gate, 1.0)) * err[:, rows:] \
+            + 6 * U32 * np.abs(want) + 1e-30
+        for gsize, tile_used, split_used, ws in matmul_launches(-(-rows // 32), cols, n_tokens, tile, splits):
+            what = f"swiglu {weight_type} {rows}x{cols} tokens {n_tokens} tile {tile_used} splits {split_used} grid {gsize}"
+            run(harnesses, warp, f"matmul_norm_swiglu_{weight_type}", gsize, fused_matmul.THREADS, rows, cols, n_tokens,
+                tile_used, split_used, 1e-5, ws, *files, tmp_path / "o", tmp_path / "ws")
+            got = np.fromfile(tmp_path / "o", np.float32).reshape(n_tokens, rows)
+            assert np.all(np.abs(got - want) <= tol), what
+            assert_counters_zero(tmp_path / "ws", ws, what)
+
+
+@pytest.mark.parametrize("weight_type", fused_matmul.WEIGHT_TYPES)
+def test_fused_matmul_add(harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), 13])
+    cases = [(70, 160, 65, 64, 2), (7, 64, 6, None, None), (64, 1536, 3, 32, 16)]
+    for rows, cols, n_tokens, tile, splits in cases if weight_type == "q4_1" else cases[:1]:
+        raw = random_weights(rng, weight_type, rows, cols)
+        x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+        y = rng.standard_normal((n_tokens, rows)).astype(np.float32)
+        files = write(tmp_path, w=raw, x=x, y=y)
+        want = fused_matmul.reference_add(raw, weight_type, x, y, rows, cols)
+        tol = matvec_bound(raw, weight_type, x, rows, cols) + 2 * U32 * np.abs(want)
+        for gsize, tile_used, split_used, ws in matmul_launches(-(-rows // 64), cols, n_tokens, tile, splits):
+            what = f"add {weight_type} {rows}x{cols} tokens {n_tokens} tile {tile_used} splits {split_used} grid {gsize}"
+            run(harnesses, warp, f"matmul_add_{weight_type}", gsize, fused_matmul.THREADS, rows, cols, n_tokens,
+                tile_used, split_used, ws, *files, tmp_path / "o", tmp_path / "ws")
+            got = np.fromfile(tmp_path / "o", np.float32).reshape(n_tokens, rows)
+            assert np.all(np.abs(got - want) <= tol), what
+            assert_counters_zero(tmp_path / "ws", ws, what)
+
+
 # ---- embedding, select_rows, kv_store, paged_attention: the lookups and attention of the forward pass
 
 
@@ -376,6 +495,9 @@ ATTENTION_CASES = [
     (4, 4, 32, 8, [(70, 1), (9, 9)], 0),  # no grouping; 4 lanes per key
     (8, 2, 128, 32, [(100, 1), (33, 3)], 0),  # 4 query heads per KV head; 16 lanes per key
     (7, 1, 96, 4, [(65, 2)], 0),  # 7 query heads: chunks of 4 and 3; 12 of 16 lanes per key
+    (9, 3, 64, 16, [(300, 1), (1, 1)], 1),  # a small decode launch: one workgroup per query head
+    (9, 3, 64, 16, [(700, 1)], 0),  # past the spread's contexts: keys split over workgroups, then combined
+    (8, 2, 64, 16, [(290, 1)] * 9, 0),  # too many tokens to spread: chunks of 4 heads, 3 splits each
 ]
 
 
@@ -383,17 +505,18 @@ def run_attention(harnesses, warp, tmp_path, sample, workspace: bool, positions=
     """The kernel's output for `sample` (optionally with other positions or tables) and the workspace
     after the launch, with the launcher's geometry."""
     s = sample
-    max_splits = paged_attention.split_limit(s.n_tokens, s.n_heads, s.n_kv_heads, s.max_blocks * s.block_size) \
+    splits = paged_attention.split_limit(s.n_tokens, s.n_heads, s.n_kv_heads, s.max_blocks * s.block_size) \
         if workspace else 1
-    ws_bytes = paged_attention.workspace_bytes(s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim, max_splits)
-    grid, block = paged_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads, max_splits)
+    slots = paged_attention.slot_count(s.n_tokens, s.n_heads, s.n_kv_heads, splits)
+    ws_bytes = paged_attention.workspace_bytes(s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim, slots) if workspace else 0
+    grid, block = paged_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads, slots)
     paths = write_inputs(tmp_path, q=s.q, k_pool=s.k_pool, v_pool=s.v_pool,
                   tables=s.block_tables if block_tables is None else block_tables, token_seq=s.token_seq,
                   positions=s.positions if positions is None else positions)
     run(harnesses, warp, f"paged_attention_{s.kv_dtype}", grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
-        s.block_size, s.max_blocks, s.num_blocks, max_splits, s.scale, *paths, ws_bytes, tmp_path / "o", tmp_path / "ws")
+        s.block_size, s.max_blocks, s.num_blocks, slots, s.scale, *paths, ws_bytes, tmp_path / "o", tmp_path / "ws")
     got = np.fromfile(tmp_path / "o", np.float32).reshape(s.q.shape)
-    return got, np.fromfile(tmp_path / "ws", np.uint8), max_splits
+    return got, np.fromfile(tmp_path / "ws", np.uint8), splits
 
 
 @pytest.mark.parametrize("kv", list(KV_DTYPES))
@@ -412,8 +535,7 @@ def test_paged_attention(harnesses, warp, kv, tmp_path):
             assert not bad.any(), (f"{kv} {n_heads}/{n_kv_heads}x{head_dim} splits {max_splits}: {int(bad.sum())} off, "
                                    f"worst {float((np.abs(got - want) / tol).max()):.1f} x tolerance")
             assert not got[sample.positions < 0].any(), "padding tokens give zero rows"
-            if workspace:
-                assert max_splits > 1, "the longer contexts are split"
+            if workspace and max_splits > 1:
                 n_counters = sample.n_tokens * n_kv_heads * paged_attention.head_chunks(n_heads, n_kv_heads)
                 assert not ws[:4 * n_counters].any(), "the counters are left at zero"
 

@@ -7,24 +7,20 @@ a decode-only step replays a graph captured for its batch-size bucket (decode_gr
 mixed steps launch eagerly. Everything that changes per step lives in one buffer, uploaded in one
 copy (step_inputs.py).
 
-Per layer, with the fused kernels (hipcore/ops/fused_matvec.py) when the weights allow them:
-    q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv])      1 launch (else rmsnorm, 3 matvecs, 2 ropes)
+Per layer, with the fused kernels when the weights allow them (projections.py picks fused_matvec for
+steps of a few tokens, fused_matmul beyond, the single ops otherwise):
+    q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv])      1 launch (else rmsnorm, 3 products, 2 ropes)
     kv_store(k, v); attn = paged_attention(q)       2 launches
-    x += attn @ Wo                                  1 launch (else matvec + add)
-    h = silu(rmsnorm(x) @ Wg) * (rmsnorm(x) @ Wu)   1 launch (else rmsnorm, 2 matvecs, silu_mul)
-    x += h @ Wd                                     1 launch (else matvec + add)
+    x += attn @ Wo                                  1 launch (else product + add)
+    h = silu(rmsnorm(x) @ Wg) * (rmsnorm(x) @ Wu)   1 launch (else rmsnorm, 2 products, silu_mul)
+    x += h @ Wd                                     1 launch (else product + add)
 Then the output head (the final norm folded into the vocabulary projection) on the rows that sample
 (decode: every row) and, when the caller wants tokens, sampling on the device (hipcore/ops/sample.py).
-Prompt and mixed steps of more than a few tokens take the unfused ops with the matmul kernel
-(hipcore/ops/matmul.py project): the fused kernels pass over W once per 4 tokens, matmul once per tile
-of up to 64 tokens. Decode steps always take the fused kernels: up to 128 sequences their passes over
-a layer's weights (a few MiB) are served from the GPU's cache.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import numpy as np
 
@@ -32,16 +28,13 @@ from hipcore.errors import UnsupportedModelError
 from hipcore.model.batch import StepBatch
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
 from hipcore.model.step_inputs import StepInputs, input_bytes
-from hipcore.model.weights import ModelWeights, Weight
-from hipcore.ops import (add, embedding, fused_matvec, kv_store, matmul, paged_attention, rmsnorm, rope, sample,
-                         select_rows, silu_mul)
+from hipcore.model.weights import ModelWeights
+from hipcore.model.projections import Launch, ProjectionPlanner
+from hipcore.ops import embedding, fused_matmul, kv_store, paged_attention, sample, select_rows
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.device import Buffer, Device
 
 PLAN_CACHE_MAX_TOKENS = 128  # launch plans of steps up to this size are kept (decode buckets)
-
-Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
-
 
 def step_capacity(max_tokens: int, max_seqs: int) -> tuple[int, int]:
     """(token rows, logits rows) the buffers hold: a step's tokens, or a decode step padded to its bucket."""
@@ -69,12 +62,8 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
                                                max_blocks * block_size)
     if workspace:
         sizes["attention_workspace"] = (workspace, "scratch")
+    sizes["matmul_workspace"] = (fused_matmul.WORKSPACE_BYTES, "scratch")  # split-column partials (projections.py)
     return sizes
-
-
-def _weight_arg(w: Weight):
-    """A launcher argument for a weight: its Buffer (size-checked) or, inside a shared buffer, its address."""
-    return w.buffer if w.offset == 0 else w.addr()
 
 
 class LlamaRunner:
@@ -101,14 +90,16 @@ class LlamaRunner:
                 if name == "step_inputs":
                     continue
                 self.buffers[name] = device.allocate(nbytes, tag=tag, label=f"runner.{name}")
-            if "attention_workspace" in self.buffers:
-                self.buffers["attention_workspace"].fill(0)  # the kernel keeps its counters at zero from here on
+            for name in ("attention_workspace", "matmul_workspace"):
+                if name in self.buffers:
+                    self.buffers[name].fill(0)  # the kernels keep their counters at zero from here on
             self.inputs = StepInputs(device, tokens=self.token_capacity, rows=self.row_capacity,
                                      seqs=max(max_seqs, self.row_capacity), max_blocks=self.max_blocks)
         except BaseException:
             self.close()
             raise
         self._plans: dict[tuple[int, int, bool, bool], list[Launch]] = {}
+        self.products = ProjectionPlanner(device, self.stream, config, self.buffers, self.freq_scale)
 
     def close(self) -> None:
         """Destroy the decode graphs and free every buffer; idempotent."""
@@ -183,13 +174,11 @@ class LlamaRunner:
     def launch_plan(self, t: int, r: int, *, all_rows: bool, with_sampling: bool, decode: bool) -> list[Launch]:
         """The step's launches, in order, for t token rows whose logits are wanted at r rows (all_rows:
         r == t and row i is token i; else rows listed in the step inputs' sample_rows); decode: every
-        token is its own sequence's next token (the fused kernels serve it at any size). Cached per
-        shape for small steps."""
-        fused = decode or t <= matmul.MATVEC_MAX_TOKENS
-        key = (t, r, all_rows, with_sampling, fused)
+        token is its own sequence's next token. Decode plans are cached per shape."""
+        key = (t, r, all_rows, with_sampling)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._build_plan(t, r, all_rows, with_sampling, fused)
+            plan = self._build_plan(t, r, all_rows, with_sampling)
             # Decode plans only: their shapes are few (one per batch size). Prompt steps come in every
             # (tokens, rows) shape and kept the cache growing for thousands of requests (leak-check:
             # ~20 MiB per 1,000 requests on the demo model); building a plan costs far less than the step.
@@ -197,53 +186,29 @@ class LlamaRunner:
                 self._plans[key] = plan
         return plan
 
-    def _build_plan(self, t: int, r: int, all_rows: bool, with_sampling: bool, fused: bool) -> list[Launch]:
+    def _build_plan(self, t: int, r: int, all_rows: bool, with_sampling: bool) -> list[Launch]:
         cfg, w, b, dev, st = self.config, self.weights, self.buffers, self.device, self.stream
-        inputs = self.inputs
+        inputs, products = self.inputs, self.products
         assert inputs is not None
-        h, f, v = cfg.hidden_size, cfg.ffn_size, cfg.vocab_size
+        h, v = cfg.hidden_size, cfg.vocab_size
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         kv = self.cache.config
         ids, pos, seq_of, tables = (inputs.addr(n) for n in ("token_ids", "positions", "token_seq", "block_tables"))
-        eps, theta = cfg.rms_norm_eps, cfg.rope_theta
         workspace = b.get("attention_workspace")
         plan: list[Launch] = [("embedding", lambda: embedding.launch(
             dev, st, b["x"], w.token_embd.buffer, ids, t, h, v, w.token_embd.fmt))]
 
         for i, lw in enumerate(w.layers):
-            qkv = lw.attn_qkv
-            if fused and qkv is not None and fused_matvec.supports(qkv.fmt):
-                plan.append(("attn_norm+qkv+rope", lambda lw=lw, qkv=qkv: fused_matvec.launch_norm_rope(
-                    dev, st, b["q"], b["k"], b["v"], _weight_arg(qkv), b["x"], lw.attn_norm.buffer, pos,
-                    q_rows=nh * hd, kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=cfg.rope_dim, eps=eps,
-                    theta=theta, freq_scale=self.freq_scale, weight_type=qkv.fmt)))
-            else:
-                plan.append(("attn_norm", lambda lw=lw: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h, eps)))
-                for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
-                    plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul.project(
-                        dev, st, out, _weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
-                for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)):
-                    plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
-                        dev, st, out, pos, t, heads, hd, cfg.rope_dim, theta, self.freq_scale)))
+            plan += products.attention_input(lw, t, pos)
             plan.append(("kv_store", lambda i=i: kv_store.launch(dev, st, self.cache, i, b["k"], b["v"], inputs.buffer, t)))
             plan.append(("attention", lambda i=i: paged_attention.launch(
                 dev, st, b["attn"], b["q"], self.cache.k_pools[i], self.cache.v_pools[i], tables, seq_of, pos,
                 n_tokens=t, n_heads=nh, n_kv_heads=nkv, head_dim=hd, block_size=kv.block_size,
                 max_blocks=self.max_blocks, num_blocks=kv.num_blocks, scale=self.scale, kv_dtype=kv.dtype,
                 workspace=workspace)))
-            plan += self._residual_product("attn_output", lw.attn_output, b["attn"], nh * hd, t, fused)
-            gate_up = lw.ffn_gate_up
-            if fused and gate_up is not None and fused_matvec.supports(gate_up.fmt):
-                plan.append(("ffn_norm+gate_up+silu", lambda lw=lw, gu=gate_up: fused_matvec.launch_norm_swiglu(
-                    dev, st, b["gate"], _weight_arg(gu), b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps,
-                    weight_type=gu.fmt)))
-            else:
-                plan.append(("ffn_norm", lambda lw=lw: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps)))
-                for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
-                    plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul.project(
-                        dev, st, out, _weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
-                plan.append(("silu_mul", lambda: silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
-            plan += self._residual_product("ffn_down", lw.ffn_down, b["gate"], f, t, fused)
+            plan += products.residual_product("attn_output", lw.attn_output, b["attn"], nh * hd, t)
+            plan += products.feed_forward_input(lw, t)
+            plan += products.residual_product("ffn_down", lw.ffn_down, b["gate"], cfg.ffn_size, t)
 
         if r == 0:  # a step of prompt chunks only: nothing samples, so no logits are computed
             return plan
@@ -252,27 +217,10 @@ class LlamaRunner:
             plan.append(("select_rows", lambda: select_rows.launch(
                 dev, st, b["rows"], b["x"], inputs.addr("sample_rows"), r, h, t)))
             rows = b["rows"]
-        out_w = w.output
-        if fused_matvec.supports(out_w.fmt):
-            plan.append(("output_norm+head", lambda: fused_matvec.launch_norm(
-                dev, st, b["logits"], _weight_arg(out_w), rows, w.output_norm.buffer, rows=v, cols=h, batch=r, eps=eps,
-                weight_type=out_w.fmt)))
-        else:
-            plan.append(("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, w.output_norm.buffer, r, h, eps)))
-            plan.append(("head", lambda: matmul.project(dev, st, b["logits"], _weight_arg(out_w), b["rows"], v, h, r,
-                                                        weight_type=out_w.fmt)))
+        plan += products.head(w.output, w.output_norm, rows, r)
         if with_sampling:
             plan.append(("sample", lambda: sample.launch(dev, st, b["tokens"], b["logits"], inputs.addr("sampling"), r, v)))
         return plan
-
-    def _residual_product(self, name: str, wt: Weight, x: Buffer, cols: int, t: int, fused: bool) -> list[Launch]:
-        """x_residual += x @ W^T: one fused launch, or a matvec and an add."""
-        b, dev, st, h = self.buffers, self.device, self.stream, self.config.hidden_size
-        if fused and fused_matvec.supports(wt.fmt):
-            return [(f"{name}+residual", lambda: fused_matvec.launch_add(
-                dev, st, b["x"], _weight_arg(wt), x, rows=h, cols=cols, batch=t, weight_type=wt.fmt))]
-        return [(name, lambda: matmul.project(dev, st, b["proj"], _weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
-                (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
 
 
 def _run_all(plan: list[Launch]) -> None:

@@ -1,5 +1,5 @@
-"""The fused decode kernels (kernels/fused_matvec.hip) and device sampling (kernels/sample.hip) on a real
-GPU against their numpy references (run with `pytest -m gpu tests/gpu`).
+"""The fused kernels (kernels/fused_matvec.hip, kernels/fused_matmul.hip) and device sampling
+(kernels/sample.hip) on a real GPU against their numpy references (run with `pytest -m gpu tests/gpu`).
 
 Fresh random inputs every run (the seed is in each failure message), outputs poisoned with 0xFF before
 every launch, the demo model's shapes (SmolLM2-135M: hidden 576, q 576 + k 192 + v 192 rows, ffn 1536,
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import fused_matvec, matvec, rmsnorm, rope, sample, silu_mul
+from hipcore.ops import fused_matmul, fused_matvec, matvec, rmsnorm, rope, sample, silu_mul
 from hipcore.runtime import kernels as loader
 from hipcore.runtime.device import pick_device
 from weight_samples import random_weights
@@ -175,3 +175,107 @@ def test_sample(gpu, mem, rng, seed):
         picks = {sample.pick(logits[i], t, int(k), min(p + dp, 1.0) if p < 1 else 1.0, m, min(max(u + du, 0.0), 0.999999))
                  for du in (-2e-6, 0, 2e-6) for dp in (-2e-6, 0, 2e-6)}
         assert int(got[i]) in picks, f"seed {seed}, row {i}, params {params[i]}: got {got[i]}, want one of {picks}"
+
+
+# ---- fused_matmul: the same references at prompt and large-batch sizes, split over columns -----
+
+
+@pytest.fixture
+def workspace(gpu):
+    buf = gpu.allocate(fused_matmul.WORKSPACE_BYTES, "scratch")
+    buf.fill(0)
+    yield buf
+    assert not buf.download(np.int32, fused_matmul.COUNTER_BYTES // 4).any(), "split counters left non-zero"
+    buf.free()
+
+
+def launch_twice_same_bits(launch, out, what):
+    """Run `launch` twice: the second result must equal the first bit for bit (the split combine is in a
+    fixed order, and the counters were reset by the first launch)."""
+    launch()
+    first = out.download(np.uint32)
+    launch()
+    assert np.array_equal(out.download(np.uint32), first), f"{what}: a second launch gave other bits"
+
+
+@pytest.mark.parametrize("weight_type,n_tokens", [("q4_1", 9), ("q4_1", 33), ("q4_1", 64), ("q4_1", 128),
+                                                  ("q4_1", 512), ("q8_0", 64), ("f16", 17), ("f32", 100)])
+def test_matmul_norm_rope_demo_shapes(gpu, mem, rng, seed, workspace, weight_type, n_tokens):
+    head_dim, q_rows, kv_rows, cols = 64, 576, 192, 576
+    rows = q_rows + 2 * kv_rows
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    positions = rng.integers(0, 8192, n_tokens).astype(np.int32)
+    q, k, v = (mem.poisoned(n_tokens * w * 4) for w in (q_rows, kv_rows, kv_rows))
+    w_buf, x_buf, g_buf, p_buf = mem.put(raw), mem.put(x), mem.put(g), mem.put(positions)
+    launch_twice_same_bits(lambda: fused_matmul.launch_norm_rope(
+        gpu, None, q, k, v, w_buf, x_buf, g_buf, p_buf, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=n_tokens,
+        head_dim=head_dim, rope_dim=64, eps=1e-5, theta=100000.0, freq_scale=1.0, weight_type=weight_type,
+        workspace=workspace), q, f"norm_rope {weight_type} tokens {n_tokens}")
+    want = fused_matmul.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols, head_dim,
+                                            64, 100000.0, 1.0)
+    unrotated = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
+    bound = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), rows, cols)
+    angle = rope.angles(positions, 64, 100000.0, 1.0)
+    for buf, ref, lo, width in ((q, want[0], 0, q_rows), (k, want[1], q_rows, kv_rows),
+                                (v, want[2], q_rows + kv_rows, kv_rows)):
+        got = buf.download(np.float32).reshape(n_tokens, width)
+        if lo < q_rows + kv_rows:
+            pair_bound = bound[:, lo:lo + width].reshape(n_tokens, -1, 2).sum(-1).repeat(2, -1)
+            size = np.abs(unrotated[:, lo:lo + width]).reshape(n_tokens, -1, 2).sum(-1).repeat(2, -1)
+            tol = pair_bound + size * np.tile((32 * U32 * angle + 8 * U32).repeat(2, -1), width // head_dim)
+        else:
+            tol = bound[:, lo:lo + width]
+        check(got, ref, tol, seed, f"{weight_type} rows {lo}+{width} tokens {n_tokens}")
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    ("q4_1", 1536, 576, 9), ("q4_1", 1536, 576, 64), ("q4_1", 1536, 576, 512), ("q8_0", 1536, 576, 40),
+    ("f16", 100, 96, 70), ("f32", 33, 96, 5),
+])
+def test_matmul_norm_swiglu(gpu, mem, rng, seed, workspace, weight_type, rows, cols, n_tokens):
+    raw = random_weights(rng, weight_type, 2 * rows, cols)
+    x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    y = mem.poisoned(n_tokens * rows * 4)
+    w_buf, x_buf, g_buf = mem.put(raw), mem.put(x), mem.put(g)
+    launch_twice_same_bits(lambda: fused_matmul.launch_norm_swiglu(
+        gpu, None, y, w_buf, x_buf, g_buf, rows=rows, cols=cols, n_tokens=n_tokens, eps=1e-5, weight_type=weight_type,
+        workspace=workspace), y, f"swiglu {weight_type} {rows}x{cols} tokens {n_tokens}")
+    both = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, 2 * rows, cols)
+    err = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), 2 * rows, cols)
+    want = fused_matmul.reference_norm_swiglu(raw, weight_type, x, g, 1e-5, rows, cols)
+    tol = 1.1 * np.abs(both[:, rows:]) * err[:, :rows] + np.abs(silu_mul.reference(both[:, :rows], 1.0)) * err[:, rows:] \
+        + 6 * U32 * np.abs(want) + 1e-30
+    check(y.download(np.float32).reshape(n_tokens, rows), want, tol, seed, f"{weight_type} {rows}x{cols} tokens {n_tokens}")
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    ("q4_1", 576, 576, 64), ("q4_1", 576, 1536, 9), ("q4_1", 576, 1536, 64), ("q4_1", 576, 1536, 512),
+    ("q8_0", 576, 576, 128), ("f16", 577, 96, 40), ("f32", 33, 64, 65),
+])
+def test_matmul_add(gpu, mem, rng, seed, workspace, weight_type, rows, cols, n_tokens):
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    y0 = rng.standard_normal((n_tokens, rows)).astype(np.float32)
+    y = mem.put(y0)
+    fused_matmul.launch_add(gpu, None, y, mem.put(raw), mem.put(x), rows=rows, cols=cols, n_tokens=n_tokens,
+                            weight_type=weight_type, workspace=workspace)
+    want = fused_matmul.reference_add(raw, weight_type, x, y0, rows, cols)
+    tol = product_bound(raw, weight_type, x, rows, cols) + 2 * U32 * np.abs(want)
+    check(y.download(np.float32).reshape(n_tokens, rows), want, tol, seed, f"{weight_type} {rows}x{cols} tokens {n_tokens}")
+
+
+@pytest.mark.parametrize("weight_type,n_tokens", [("q8_0", 9), ("q8_0", 64), ("q4_1", 128)])
+def test_matmul_norm_output_head(gpu, mem, rng, seed, workspace, weight_type, n_tokens):
+    rows, cols = 49152, 576
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    y = mem.poisoned(n_tokens * rows * 4)
+    fused_matmul.launch_norm(gpu, None, y, mem.put(raw), mem.put(x), mem.put(g), rows=rows, cols=cols,
+                             n_tokens=n_tokens, eps=1e-5, weight_type=weight_type, workspace=workspace)
+    want = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
+    tol = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), rows, cols)
+    check(y.download(np.float32).reshape(n_tokens, rows), want, tol, seed, f"head {weight_type} tokens {n_tokens}")

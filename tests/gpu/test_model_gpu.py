@@ -142,6 +142,37 @@ def test_graph_replay_equals_eager(on_gpu):
         eager.close()
 
 
+def test_large_batches_replay_equal_eager_and_agree_with_single_sequences(on_gpu):
+    """Decode buckets of 16..64 sequences take fused_matmul with split columns (hipcore/model/projections.py):
+    a replay equals its eager twin bit for bit, and each sequence's logits agree with the same sequence
+    decoded alone (bucket 1: fused_matvec) to float32 rounding through 30 layers."""
+    cfg, cache = on_gpu.config, on_gpu.cache
+    graphs = LlamaRunner(on_gpu.device, cfg, on_gpu.weights, cache, max_step_tokens=64, max_seqs=64, max_context=512)
+    eager = LlamaRunner(on_gpu.device, cfg, on_gpu.weights, cache, max_step_tokens=64, max_seqs=64, max_context=512,
+                        use_graphs=False)
+    seqs = list(range(300, 340))  # 40 sequences: bucket 64
+    try:
+        for s in seqs:
+            graphs.execute(step_batch(cache, [(s, [1 + s % 50, 200 + s, 9690], 0)]))
+        for step in range(3):
+            batch = step_batch(cache, [(s, [400 + s + step], 3 + step) for s in seqs])
+            want, got = eager.execute(batch), graphs.execute(batch)
+            assert np.array_equal(got, want), f"step {step}: replay differs from eager at 40 sequences"
+        alone = graphs.execute(step_batch(cache, [(seqs[7], [400 + seqs[7] + 2], 5)]))[0]
+        rel = float(np.max(np.abs(alone.astype(np.float64) - got[7])) / np.max(np.abs(alone)))
+        print(f"bucket 64 against bucket 1: max relative logit difference {rel:.2e}")
+        assert rel <= MAX_RELATIVE_LOGIT_DIFF
+        assert graphs.graphs.captures >= 1 and graphs.graphs.replays >= 2
+    finally:
+        for s in seqs:
+            if cache.has_sequence(s):
+                cache.free_sequence(s)
+        on_gpu.device.synchronize()
+        cache.release_fenced()
+        graphs.close()
+        eager.close()
+
+
 def acceptable(logits_row: np.ndarray, rows: SamplingRows, i: int) -> set[int]:
     """The reference's picks when the draw and the thresholds move by float32 rounding."""
     out = set()

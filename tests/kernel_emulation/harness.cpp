@@ -11,6 +11,7 @@
 #include "argmax.hip"
 #include "embedding.hip"
 #include "kv_store.hip"
+#include "fused_matmul.hip"
 #include "fused_matvec.hip"
 #include "sample.hip"
 #include "matmul.hip"
@@ -112,7 +113,7 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
   return true;
 }
 
-// The fused_matvec.hip entry of a family for a weight-type suffix ("q4_1" ...).
+// The fused_matvec.hip / fused_matmul.hip entry of a family for a weight-type suffix ("q4_1" ...).
 template <class Fn>
 static Fn by_type(const std::string& type, Fn q4_1, Fn q8_0, Fn f16, Fn f32) {
   if (type == "q4_1") return q4_1;
@@ -169,6 +170,71 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
   return true;
 }
 
+// fused_matmul.hip; true when `entry` was one of its kernels. Every family takes tile_tokens, splits and
+// workspace_bytes; the workspace starts zeroed (a null pointer when its size is 0) and is written back
+// after the output, so that the test can check that the counters are zero again.
+static bool run_fused_matmul(const std::string& entry, unsigned grid, unsigned block, char** a) {
+  auto suffix = [&](const char* family) { return entry.substr(std::string(family).size()); };
+  auto workspace_of = [](const char* bytes) { return std::vector<char>((size_t)std::atoll(bytes), 0); };
+  auto data = [](std::vector<char>& v) -> void* { return v.empty() ? nullptr : v.data(); };
+  if (entry.rfind("matmul_norm_rope_", 0) == 0) {
+    // q_rows kv_rows cols n_tokens head_dim rope_dim tile splits eps theta freq_scale workspace_bytes
+    // W x g positions out (q|k|v) workspace_out
+    int n[8];
+    for (int i = 0; i < 8; ++i) n[i] = std::atoi(a[i]);
+    const float eps = std::strtof(a[8], nullptr), theta = std::strtof(a[9], nullptr), scale = std::strtof(a[10], nullptr);
+    std::vector<char> ws = workspace_of(a[11]);
+    std::vector<char> w = read_file(a[12]), x = read_file(a[13]), g = read_file(a[14]), pos = read_file(a[15]);
+    std::vector<float> q = nan_filled((size_t)n[3] * n[0]), k = nan_filled((size_t)n[3] * n[1]),
+                       v = nan_filled((size_t)n[3] * n[1]);
+    auto kernel = by_type(suffix("matmul_norm_rope_"), matmul_norm_rope_q4_1, matmul_norm_rope_q8_0,
+                                 matmul_norm_rope_f16, matmul_norm_rope_f32);
+    emu_launch(grid, block, [&] {
+      kernel(q.data(), k.data(), v.data(), w.data(), (const float*)x.data(), (const float*)g.data(),
+             (const int*)pos.data(), data(ws), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], eps, theta, scale);
+    });
+    q.insert(q.end(), k.begin(), k.end());
+    q.insert(q.end(), v.begin(), v.end());
+    write_file(a[16], q.data(), q.size() * 4);
+    write_file(a[17], ws.data(), ws.size());
+  } else if (entry.rfind("matmul_norm_", 0) == 0) {
+    // rows cols n_tokens tile splits eps workspace_bytes W x g out workspace_out
+    const bool swiglu = entry.rfind("matmul_norm_swiglu_", 0) == 0;
+    const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), tokens = std::atoi(a[2]);
+    const int tile = std::atoi(a[3]), splits = std::atoi(a[4]);
+    const float eps = std::strtof(a[5], nullptr);
+    std::vector<char> ws = workspace_of(a[6]);
+    std::vector<char> w = read_file(a[7]), x = read_file(a[8]), g = read_file(a[9]);
+    std::vector<float> y = nan_filled((size_t)rows * tokens);
+    auto kernel = swiglu ? by_type(suffix("matmul_norm_swiglu_"), matmul_norm_swiglu_q4_1,
+                                          matmul_norm_swiglu_q8_0, matmul_norm_swiglu_f16, matmul_norm_swiglu_f32)
+                         : by_type(suffix("matmul_norm_"), matmul_norm_q4_1, matmul_norm_q8_0, matmul_norm_f16,
+                                          matmul_norm_f32);
+    emu_launch(grid, block, [&] {
+      kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), data(ws), rows, cols, tokens, tile,
+             splits, eps);
+    });
+    write_file(a[10], y.data(), y.size() * 4);
+    write_file(a[11], ws.data(), ws.size());
+  } else if (entry.rfind("matmul_add_", 0) == 0) {
+    // rows cols n_tokens tile splits workspace_bytes W x y_in out workspace_out
+    const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), tokens = std::atoi(a[2]);
+    const int tile = std::atoi(a[3]), splits = std::atoi(a[4]);
+    std::vector<char> ws = workspace_of(a[5]);
+    std::vector<char> w = read_file(a[6]), x = read_file(a[7]), y = read_file(a[8]);
+    auto kernel = by_type(suffix("matmul_add_"), matmul_add_q4_1, matmul_add_q8_0, matmul_add_f16,
+                                 matmul_add_f32);
+    emu_launch(grid, block, [&] {
+      kernel((float*)y.data(), w.data(), (const float*)x.data(), data(ws), rows, cols, tokens, tile, splits);
+    });
+    write_file(a[9], y.data(), y.size());
+    write_file(a[10], ws.data(), ws.size());
+  } else {
+    return false;
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) return 2;
   const std::string entry = argv[1];
@@ -176,6 +242,7 @@ int main(int argc, char** argv) {
   char** a = argv + 4;
   if (run_forward_pass_ops(entry, grid, block, a)) return 0;
   if (run_fused_matvec(entry, grid, block, a)) return 0;
+  if (run_fused_matmul(entry, grid, block, a)) return 0;
   if (entry == "sample_f32") {  // vocab logits params out
     const int vocab = std::atoi(a[0]);
     std::vector<char> logits = read_file(a[1]), params = read_file(a[2]);

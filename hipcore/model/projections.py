@@ -1,0 +1,120 @@
+"""Which kernels compute a layer's projections (and the output head) for a step of t tokens, as launches.
+
+Three ways, per product, decided by the step's size and the weight's format:
+  fused_matvec  (hipcore/ops/fused_matvec.py) up to FUSED_MATVEC_MAX_TOKENS tokens: it passes over W once
+                per 4 tokens, which at a few tokens is a single pass as fast as W can be read;
+  fused_matmul  (hipcore/ops/fused_matmul.py) beyond: W decoded once per tile of 32/64 tokens, the
+                columns split across workgroups while the tiles are few (decode batches);
+  single ops    (rmsnorm, matmul.project, rope, silu_mul, add) for formats the fused kernels do not read
+                or weights without the concatenated q|k|v and gate|up buffers.
+Both fused families fold the norm, RoPE, SwiGLU and the residual add into the products, so a layer is
+4 product launches either way. The head picks by its row count the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hipcore.ops import add, fused_matmul, fused_matvec, matmul, rmsnorm, rope, silu_mul
+from hipcore.runtime.device import Buffer, Device, Stream
+
+# Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
+# model's shapes: scripts/gpu/measure_matmul.py --fused prints both kernels per token count).
+FUSED_MATVEC_MAX_TOKENS = 8
+HEAD_MATVEC_MAX_ROWS = 8
+
+Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
+
+
+def weight_arg(w) -> Any:
+    """A launcher argument for a weight: its Buffer (size-checked) or, inside a shared buffer, its address."""
+    return w.buffer if w.offset == 0 else w.addr()
+
+
+def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED_MATVEC_MAX_TOKENS):
+    """The fused op module for a product of n_tokens tokens with W of weight_type, or None (single ops)."""
+    if not fused_matvec.supports(weight_type):
+        return None
+    if n_tokens <= max_matvec_tokens:
+        return fused_matvec
+    return fused_matmul if fused_matmul.supports(weight_type) else None
+
+
+class ProjectionPlanner:
+    """Builds the launches of the products of a llama layer for one step shape. `buffers` are the runner's
+    activation buffers (x, xn, proj, q, k, v, attn, gate, up, logits, matmul_workspace)."""
+
+    def __init__(self, device: Device, stream: Stream | None, config, buffers: dict[str, Buffer], freq_scale: float):
+        self.device, self.stream, self.config, self.b = device, stream, config, buffers
+        self.freq_scale = freq_scale
+        self.workspace = buffers.get("matmul_workspace")
+
+    def _fused_kwargs(self, family, n_tokens: int) -> dict:
+        if family is fused_matmul:
+            return {"n_tokens": n_tokens, "workspace": self.workspace}
+        return {"batch": n_tokens}
+
+    def attention_input(self, lw, t: int, positions: int) -> list[Launch]:
+        """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T) into b["q"], b["k"], b["v"]."""
+        cfg, b, dev, st = self.config, self.b, self.device, self.stream
+        nh, nkv, hd, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
+        qkv = lw.attn_qkv
+        family = fused_family(qkv.fmt, t) if qkv is not None else None
+        if family is not None:
+            kwargs = self._fused_kwargs(family, t)
+            return [("attn_norm+qkv+rope", lambda: family.launch_norm_rope(
+                dev, st, b["q"], b["k"], b["v"], weight_arg(qkv), b["x"], lw.attn_norm.buffer, positions,
+                q_rows=nh * hd, kv_rows=nkv * hd, cols=h, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
+                theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, **kwargs))]
+        plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
+                                                                   cfg.rms_norm_eps))]
+        for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
+            plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul.project(
+                dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
+        for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)):
+            plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
+                dev, st, out, positions, t, heads, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale)))
+        return plan
+
+    def feed_forward_input(self, lw, t: int) -> list[Launch]:
+        """b["gate"] = silu(rmsnorm(x) @ Wg^T) * (rmsnorm(x) @ Wu^T)."""
+        cfg, b, dev, st = self.config, self.b, self.device, self.stream
+        h, f, eps = cfg.hidden_size, cfg.ffn_size, cfg.rms_norm_eps
+        gate_up = lw.ffn_gate_up
+        family = fused_family(gate_up.fmt, t) if gate_up is not None else None
+        if family is not None:
+            kwargs = self._fused_kwargs(family, t)
+            return [("ffn_norm+gate_up+silu", lambda: family.launch_norm_swiglu(
+                dev, st, b["gate"], weight_arg(gate_up), b["x"], lw.ffn_norm.buffer, rows=f, cols=h, eps=eps,
+                weight_type=gate_up.fmt, **kwargs))]
+        plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
+        for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
+            plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul.project(
+                dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
+        plan.append(("silu_mul", lambda: silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
+        return plan
+
+    def residual_product(self, name: str, wt, x: Buffer, cols: int, t: int) -> list[Launch]:
+        """b["x"] += x @ W^T: one fused launch, or a product and an add."""
+        b, dev, st, h = self.b, self.device, self.stream, self.config.hidden_size
+        family = fused_family(wt.fmt, t)
+        if family is not None:
+            kwargs = self._fused_kwargs(family, t)
+            return [(f"{name}+residual", lambda: family.launch_add(
+                dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, weight_type=wt.fmt, **kwargs))]
+        return [(name, lambda: matmul.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
+                (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
+
+    def head(self, out_w, norm_w, rows: Buffer, r: int) -> list[Launch]:
+        """b["logits"][:r] = rmsnorm(rows) @ W_out^T."""
+        cfg, b, dev, st = self.config, self.b, self.device, self.stream
+        h, v, eps = cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps
+        family = fused_family(out_w.fmt, r, HEAD_MATVEC_MAX_ROWS)
+        if family is not None:
+            kwargs = self._fused_kwargs(family, r)
+            return [("output_norm+head", lambda: family.launch_norm(
+                dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, eps=eps,
+                weight_type=out_w.fmt, **kwargs))]
+        return [("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, norm_w.buffer, r, h, eps)),
+                ("head", lambda: matmul.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h, r,
+                                                weight_type=out_w.fmt))]
