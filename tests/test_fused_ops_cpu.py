@@ -164,27 +164,29 @@ def test_fused_matmul_host_kernels_give_fused_matvecs_floats(mem, weight_type):
 
 def test_fused_matmul_geometry_splits_few_tiles_only():
     ws = fused_matmul.WORKSPACE_BYTES
-    # The demo model's decode batch of 64: 15 tiles of q|k|v over 18 steps split 6 ways (3 steps each).
-    assert fused_matmul.geometry(15, 576, 64, ws) == (90, 256, 64, 6)
-    # ffn_down (9 tiles, 48 steps): as many splits as keep MIN_SPLIT_STEPS steps each, short of BUSY_ITEMS.
-    grid, _, _, splits = fused_matmul.geometry(9, 1536, 64, ws)
+    # The demo model's decode batch of 64: q|k|v's 15 row tiles in 32-token tiles (64-token ones would be
+    # only 15 tiles), 18 steps split 6 ways (3 steps each).
+    assert fused_matmul.geometry(15, 576, 64, ws) == (180, 256, 32, 6)
+    # ffn_down (9 row tiles, 48 steps): as many splits as keep MIN_SPLIT_STEPS steps each, short of BUSY_ITEMS.
+    grid, _, tile, splits = fused_matmul.geometry(9, 1536, 32, ws)
     assert splits == 48 // fused_matmul.MIN_SPLIT_STEPS < -(-fused_matmul.BUSY_ITEMS // 9) and grid == 9 * splits
-    # o (9 tiles of 18 steps) at a 128-token batch: 18 tiles, 6 splits.
-    assert fused_matmul.geometry(9, 576, 128, ws)[::3] == (108, 6)
-    # Enough tiles: no split, no workspace needed.
+    # Enough tiles: 64-token tiles, no split, no workspace needed.
     assert fused_matmul.geometry(768, 576, 64, 0) == (768, 256, 64, 1)
-    assert fused_matmul.geometry(15, 576, 16, ws)[2] == 32  # few tokens: 32-token tiles
+    assert fused_matmul.geometry(48, 576, 512, ws) == (384, 256, 64, 1)
+    assert fused_matmul.geometry(15, 576, 512, ws) == (360, 256, 64, 3)  # q|k|v of a 512-token prompt
+    assert fused_matmul.geometry(768, 576, 16, ws)[2] == 32  # few tokens: 32-token tiles
     # A small workspace lowers the splits until the partials fit; none at all: no split.
-    small = fused_matmul.partial_bytes(15, 2, 64)
+    small = fused_matmul.partial_bytes(30, 2, 32)
     assert fused_matmul.geometry(15, 576, 64, small)[3] == 2
     assert fused_matmul.geometry(15, 576, 64, 0)[3] == 1
-    # Every launch the launcher picks fits WORKSPACE_BYTES.
+    # Every launch the launcher picks fits WORKSPACE_BYTES and leaves each split MIN_SPLIT_STEPS steps.
     for row_tiles in (1, 3, 9, 15, 48, 200, 255):
         for cols in (32, 96, 576, 1536, 8192):
             for n in (1, 9, 33, 64, 65, 128, 512):
                 grid, _, tile, splits = fused_matmul.geometry(row_tiles, cols, n, 1 << 40)
                 assert splits == 1 or fused_matmul.partial_bytes(grid // splits, splits, tile) <= ws
                 assert splits <= max(1, cols // 32 // fused_matmul.MIN_SPLIT_STEPS)
+                assert tile == 64 or n <= 32 or fused_matmul.tile_count(row_tiles, n, 64) < fused_matmul.FEW_TILES
 
 
 def test_fused_matmul_launchers_refuse_what_the_kernels_cannot_do(mem):

@@ -17,7 +17,7 @@ The references are fused_matvec's (the chains of single ops in float64); the hos
 what fused_matvec's do, so the cpu backend gives the same floats whichever of the two a plan picks.
 
 Geometry (the launcher's): 256-thread workgroups over tiles of 64 rows (SwiGLU: 32 gate rows and the
-same 32 up rows) x tile_tokens tokens (32 up to 32 tokens, else 64). When the tiles are fewer than
+same 32 up rows) x tile_tokens tokens (32, or 64 where that still makes FEW_TILES tiles). When the tiles are fewer than
 BUSY_ITEMS, each tile's columns are split into `splits` ranges of at least MIN_SPLIT_STEPS steps of 32
 columns, one workgroup each, so a decode batch's few tiles still occupy the GPU; the last split of a
 tile to finish adds the partials in split order (deterministic: a graph replay equals the eager launch
@@ -54,6 +54,7 @@ TILE_ROWS = 64
 TILE_TOKENS = (32, 64)
 STEP_COLS = 32
 BUSY_ITEMS = 256  # two workgroups per compute unit of an H100/H200 (132 SMs) and about as many on MI300
+FEW_TILES = 64  # below this many 64-token tiles, 32-token ones (pick_tile_tokens)
 MIN_SPLIT_STEPS = 3  # a split shorter than this spends more on its partial tile than on products
 MAX_GRID = 1 << 20
 COUNTER_BYTES = 4096  # kCounterBytes: one int32 counter per tile, before the partials
@@ -120,9 +121,15 @@ for _type in WEIGHT_TYPES:
 # ---- geometry ----------------------------------------------------------------------------------
 
 
-def pick_tile_tokens(n_tokens: int) -> int:
-    """32-token tiles up to 32 tokens (less padding), 64 beyond (twice the products per shared load)."""
-    return TILE_TOKENS[0] if n_tokens <= TILE_TOKENS[0] else TILE_TOKENS[-1]
+def pick_tile_tokens(row_tiles: int, n_tokens: int) -> int:
+    """32-token tiles up to 32 tokens (less padding); beyond, 64 (twice the products per shared load)
+    unless that leaves fewer than FEW_TILES tiles: such launches are latency-bound, and twice the tiles
+    of half the size finish sooner than the same tiles split further (measured on an H100 with the demo
+    model's products, scripts/gpu/measure_fused_matmul.py --tiles: at 64 tokens every product, 22.6
+    against 24.1 us for gate|up's 48 tiles; at 128 and 512 tokens 64-token tiles from 30 tiles on)."""
+    if n_tokens <= TILE_TOKENS[0] or tile_count(row_tiles, n_tokens, TILE_TOKENS[-1]) < FEW_TILES:
+        return TILE_TOKENS[0]
+    return TILE_TOKENS[-1]
 
 
 def tile_count(tile_rows: int, n_tokens: int, tile_tokens: int) -> int:
@@ -146,7 +153,7 @@ def geometry(row_tiles: int, cols: int, n_tokens: int, workspace_bytes: int, *, 
              splits: int | None = None) -> tuple[int, int, int, int]:
     """(grid, block, tile_tokens, splits) for `row_tiles` tiles of rows; tile_tokens and splits as given
     (measurements) or the launcher's choice, splits fewer while the workspace is too small for them."""
-    tile = pick_tile_tokens(n_tokens) if tile_tokens is None else tile_tokens
+    tile = pick_tile_tokens(row_tiles, n_tokens) if tile_tokens is None else tile_tokens
     if tile not in TILE_TOKENS:
         raise ValueError(f"{OP}: tile_tokens must be one of {TILE_TOKENS}, got {tile!r}")
     tiles = tile_count(row_tiles, n_tokens, tile)

@@ -38,9 +38,10 @@ PRODUCTS = [("qkv", "q4_1", Q + 2 * KV, H, Q + 2 * KV), ("o", "q4_1", H, Q, H), 
             ("down", "q4_1", H, F, H), ("head", "q8_0", V, H, V)]
 
 
-def launcher(family, name: str, weight_type: str, n: int, out, x, g, pos, workspace):
-    """A callable (stream, W address) launching `name` of `family` for n tokens."""
-    kw = {"n_tokens": n, "workspace": workspace} if family is fused_matmul else {"batch": n}
+def launcher(family, name: str, weight_type: str, n: int, out, x, g, pos, workspace, tile=None):
+    """A callable (stream, W address) launching `name` of `family` for n tokens (fused_matmul: with the
+    launcher's tile, or `tile` forced)."""
+    kw = {"n_tokens": n, "workspace": workspace, "tile_tokens": tile} if family is fused_matmul else {"batch": n}
     common = {"weight_type": weight_type, **kw}
     if name == "qkv":
         q, k, v = out.addr(0), out.addr(n * Q * 4), out.addr(n * (Q + KV) * 4)
@@ -55,7 +56,8 @@ def launcher(family, name: str, weight_type: str, n: int, out, x, g, pos, worksp
     return lambda dev, s, w: family.launch_norm(dev, s, out, w, x, g, rows=V, cols=H, eps=1e-5, **common)
 
 
-def measure(device: str, tokens: list[int], rotate_bytes: int, replays: int, repeats: int, matvec_max: int) -> dict:
+def measure(device: str, tokens: list[int], rotate_bytes: int, replays: int, repeats: int, matvec_max: int,
+            tiles: bool = False) -> dict:
     choice = pick_device(device)
     dev = choice.device
     if dev.backend == "cpu" and device != "cpu":
@@ -80,14 +82,15 @@ def measure(device: str, tokens: list[int], rotate_bytes: int, replays: int, rep
             g.upload(rng.standard_normal(H).astype(np.float32))
             pos = dev.allocate(n_max * 4, "activations", label="positions")
             pos.upload(rng.integers(0, 4096, n_max).astype(np.int32))
-            outs = {fam: dev.allocate(n_max * width * 4, "activations", label=fam) for fam in ("mv", "mm")}
+            outs = {fam: dev.allocate(n_max * width * 4, "activations", label=fam) for fam in ("mv", "mm", "mm32", "mm64")}
             try:
                 for n in tokens:
                     times = {}
-                    for label, family in (("mv", fused_matvec), ("mm", fused_matmul)):
-                        if label == "mv" and n > 128:
+                    for label, family, tile in (("mv", fused_matvec, None), ("mm", fused_matmul, None),
+                                                ("mm32", fused_matmul, 32), ("mm64", fused_matmul, 64)):
+                        if (label == "mv" and n > 128) or (tile and not tiles):
                             continue
-                        fn = launcher(family, name, weight_type, n, outs[label], x, g, pos, workspace)
+                        fn = launcher(family, name, weight_type, n, outs[label], x, g, pos, workspace, tile)
                         outs[label].fill(0, stream=stream)
                         fn(dev, stream, weights.addr(0))
                         stream.synchronize()
@@ -124,7 +127,8 @@ def measure(device: str, tokens: list[int], rotate_bytes: int, replays: int, rep
                     row_tiles = -(-F // 32) if name == "gate_up" else -(-rows // 64)
                     geo = fused_matmul.geometry(row_tiles, cols, n, fused_matmul.WORKSPACE_BYTES)
                     rows_out.append({"product": name, "tokens": n, "matvec_us": times.get("mv"),
-                                     "matmul_us": times["mm"], "grid": geo[0], "tile": geo[2], "splits": geo[3]})
+                                     "matmul_us": times["mm"], "tile32_us": times.get("mm32"),
+                                     "tile64_us": times.get("mm64"), "grid": geo[0], "tile": geo[2], "splits": geo[3]})
                     print(f"{name} {n}: {times} grid/tile/splits {geo[0]}/{geo[2]}/{geo[3]}", file=sys.stderr)
             finally:
                 for buf in (weights, x, g, pos, *outs.values()):
@@ -138,7 +142,7 @@ def measure(device: str, tokens: list[int], rotate_bytes: int, replays: int, rep
 
 
 def render(result: dict, tokens: list[int]) -> str:
-    out = [f"Fused products on {result['device']}: µs per launch, fused_matvec / fused_matmul (grid, splits)\n"]
+    out = [f"Fused products on {result['device']}: µs per launch, fused_matvec / fused_matmul (grid, tile, splits) [forced tiles]\n"]
     out.append("| product | " + " | ".join(str(n) for n in tokens) + " |")
     out.append("| --- | " + " | ".join("---:" for _ in tokens) + " |")
     by = {(r["product"], r["tokens"]): r for r in result["products"]}
@@ -147,7 +151,8 @@ def render(result: dict, tokens: list[int]) -> str:
         for n in tokens:
             r = by[(name, n)]
             mv = f"{r['matvec_us']:.1f}" if r["matvec_us"] is not None else "-"
-            cells.append(f"{mv} / {r['matmul_us']:.1f} ({r['grid']}, {r['splits']})")
+            forced = (f" [32: {r['tile32_us']:.1f}, 64: {r['tile64_us']:.1f}]" if r.get("tile32_us") is not None else "")
+            cells.append(f"{mv} / {r['matmul_us']:.1f} ({r['grid']}, {r['tile']}, {r['splits']}){forced}")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out.append(f"\nA step's products ({LAYERS} layers + head), ms, with each family alone and with the best per product:\n")
     out.append("| tokens | fused_matvec | fused_matmul | best |")
@@ -172,11 +177,13 @@ def main() -> None:
     parser.add_argument("--rotate-mib", type=int, default=128, help="device memory the weight copies fill (default 128)")
     parser.add_argument("--replays", type=int, default=3, help="graph replays per timed run (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
+    parser.add_argument("--tiles", action="store_true", help="also time fused_matmul with 32- and 64-token tiles forced")
     parser.add_argument("--json-out", type=Path, help="also write the figures as JSON to this file")
     opts = parser.parse_args()
     tokens = [int(n) for n in opts.tokens.split(",")]
     from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS
-    result = measure(opts.device, tokens, opts.rotate_mib << 20, opts.replays, opts.repeats, FUSED_MATVEC_MAX_TOKENS)
+    result = measure(opts.device, tokens, opts.rotate_mib << 20, opts.replays, opts.repeats, FUSED_MATVEC_MAX_TOKENS,
+                     opts.tiles)
     if opts.json_out:
         opts.json_out.write_text(json.dumps(result, indent=2))
     print(render(result, tokens))
