@@ -163,29 +163,32 @@ def test_fused_matmul_host_kernels_give_fused_matvecs_floats(mem, weight_type):
 
 
 def test_fused_matmul_geometry_splits_few_tiles_only():
-    ws = fused_matmul.WORKSPACE_BYTES
+    ws, busy = fused_matmul.WORKSPACE_BYTES, fused_matmul.BUSY_ITEMS
     # The demo model's decode batch of 64: q|k|v's 15 row tiles in 32-token tiles (64-token ones would be
-    # only 15 tiles), 18 steps split 6 ways (3 steps each).
-    assert fused_matmul.geometry(15, 576, 64, ws) == (180, 256, 32, 6)
-    # ffn_down (9 row tiles, 48 steps): as many splits as keep MIN_SPLIT_STEPS steps each, short of BUSY_ITEMS.
+    # only 15 tiles), 30 tiles split to fit half of BUSY_ITEMS workgroups.
+    assert fused_matmul.geometry(15, 576, 64, ws) == (30 * (busy // 2 // 30), 256, 32, busy // 2 // 30)
+    # ffn_down (9 row tiles, 48 steps) at 32 tokens: as many splits as fit, MIN_SPLIT_STEPS steps each.
     grid, _, tile, splits = fused_matmul.geometry(9, 1536, 32, ws)
-    assert splits == 48 // fused_matmul.MIN_SPLIT_STEPS < -(-fused_matmul.BUSY_ITEMS // 9) and grid == 9 * splits
+    assert splits == min(busy // 2 // 9, 48 // fused_matmul.MIN_SPLIT_STEPS) and grid == 9 * splits
     # Enough tiles: 64-token tiles, no split, no workspace needed.
     assert fused_matmul.geometry(768, 576, 64, 0) == (768, 256, 64, 1)
     assert fused_matmul.geometry(48, 576, 512, ws) == (384, 256, 64, 1)
-    assert fused_matmul.geometry(15, 576, 512, ws) == (360, 256, 64, 3)  # q|k|v of a 512-token prompt
+    # A 512-token prompt: o's 72 tiles of 64 tokens split 3 ways; q|k|v's 120 whole, not in halves.
+    assert fused_matmul.geometry(9, 576, 512, ws) == (216, 256, 64, 3)
+    assert fused_matmul.geometry(15, 576, 512, ws) == (120, 256, 64, 1)
     assert fused_matmul.geometry(768, 576, 16, ws)[2] == 32  # few tokens: 32-token tiles
     # A small workspace lowers the splits until the partials fit; none at all: no split.
     small = fused_matmul.partial_bytes(30, 2, 32)
     assert fused_matmul.geometry(15, 576, 64, small)[3] == 2
     assert fused_matmul.geometry(15, 576, 64, 0)[3] == 1
-    # Every launch the launcher picks fits WORKSPACE_BYTES and leaves each split MIN_SPLIT_STEPS steps.
+    # Every launch the launcher picks fits WORKSPACE_BYTES and BUSY_ITEMS, each split MIN_SPLIT_STEPS steps.
     for row_tiles in (1, 3, 9, 15, 48, 200, 255):
         for cols in (32, 96, 576, 1536, 8192):
             for n in (1, 9, 33, 64, 65, 128, 512):
                 grid, _, tile, splits = fused_matmul.geometry(row_tiles, cols, n, 1 << 40)
-                assert splits == 1 or fused_matmul.partial_bytes(grid // splits, splits, tile) <= ws
+                assert splits == 1 or (fused_matmul.partial_bytes(grid // splits, splits, tile) <= ws and grid <= busy)
                 assert splits <= max(1, cols // 32 // fused_matmul.MIN_SPLIT_STEPS)
+                assert not (tile == 64 and splits == 2)
                 assert tile == 64 or n <= 32 or fused_matmul.tile_count(row_tiles, n, 64) < fused_matmul.FEW_TILES
 
 

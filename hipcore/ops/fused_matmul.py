@@ -17,12 +17,13 @@ The references are fused_matvec's (the chains of single ops in float64); the hos
 what fused_matvec's do, so the cpu backend gives the same floats whichever of the two a plan picks.
 
 Geometry (the launcher's): 256-thread workgroups over tiles of 64 rows (SwiGLU: 32 gate rows and the
-same 32 up rows) x tile_tokens tokens (32, or 64 where that still makes FEW_TILES tiles). When the tiles are fewer than
-BUSY_ITEMS, each tile's columns are split into `splits` ranges of at least MIN_SPLIT_STEPS steps of 32
-columns, one workgroup each, so a decode batch's few tiles still occupy the GPU; the last split of a
-tile to finish adds the partials in split order (deterministic: a graph replay equals the eager launch
-bit for bit). Splitting needs a workspace: a Buffer zeroed once after allocation (the kernels leave
-its counters at zero), of WORKSPACE_BYTES for any launch; launches sharing it run on one stream.
+same 32 up rows) x tile_tokens tokens (32, or 64 where that still makes FEW_TILES tiles). When the
+tiles are few, each tile's columns are split into `splits` ranges of at least MIN_SPLIT_STEPS steps
+of 32 columns, one workgroup each, up to BUSY_ITEMS workgroups in all (pick_splits), so that a decode
+batch's few tiles still occupy the GPU; the last split of a tile to finish adds the partials in split
+order (deterministic: a graph replay equals the eager launch bit for bit). Splitting needs a
+workspace: a Buffer zeroed once after allocation (the kernels leave its counters at zero), of
+WORKSPACE_BYTES for any launch; launches sharing it run on one stream.
 """
 
 from __future__ import annotations
@@ -53,15 +54,15 @@ THREADS = 256  # the kernel's thread layout is written for exactly this
 TILE_ROWS = 64
 TILE_TOKENS = (32, 64)
 STEP_COLS = 32
-BUSY_ITEMS = 256  # two workgroups per compute unit of an H100/H200 (132 SMs) and about as many on MI300
+BUSY_ITEMS = 264  # workgroups resident at once on an H100/H200: 132 SMs x 2 (256 threads, <= 128 registers)
 FEW_TILES = 64  # below this many 64-token tiles, 32-token ones (pick_tile_tokens)
 MIN_SPLIT_STEPS = 3  # a split shorter than this spends more on its partial tile than on products
 MAX_GRID = 1 << 20
 COUNTER_BYTES = 4096  # kCounterBytes: one int32 counter per tile, before the partials
 MAX_SPLIT_TILES = COUNTER_BYTES // 4
 VECTOR_ALIGNMENT = 16  # x and g are read with 16-byte loads
-# Splits are only used while tiles < BUSY_ITEMS, so tiles * splits < 2 * BUSY_ITEMS: partial tiles of
-# at most 64 tokens x (64 outputs + 1 sum of squares) floats each.
+# Splits keep tiles * splits <= BUSY_ITEMS: partial tiles of at most 64 tokens x (64 outputs + 1 sum of
+# squares) floats each. Twice that, for measurements that raise BUSY_ITEMS.
 WORKSPACE_BYTES = COUNTER_BYTES + 2 * BUSY_ITEMS * TILE_TOKENS[-1] * (TILE_ROWS + 1) * 4
 
 
@@ -137,11 +138,19 @@ def tile_count(tile_rows: int, n_tokens: int, tile_tokens: int) -> int:
     return tile_rows * -(-n_tokens // tile_tokens)
 
 
-def pick_splits(tiles: int, cols: int) -> int:
-    """Column ranges per tile: enough for about BUSY_ITEMS workgroups, each at least MIN_SPLIT_STEPS steps."""
-    if tiles >= BUSY_ITEMS or tiles > MAX_SPLIT_TILES:
+def pick_splits(tiles: int, cols: int, tile_tokens: int) -> int:
+    """Column ranges per tile, each at least MIN_SPLIT_STEPS steps: as many as keep the workgroups within
+    BUSY_ITEMS (one wave; a few more would run as a second, nearly empty one) for 64-token tiles, within
+    half of it for 32-token ones; and a 64-token tile whole rather than in two halves. Measured on an
+    H100 with the demo model's products (scripts/gpu/measure_fused_matmul.py --variants): 32-token tiles
+    are short work whose combine outweighs more parallelism beyond one workgroup per SM (q|k|v at 64
+    tokens 11.8 us in 4 splits, 13.1 in 6); 64-token tiles gain from a full wave (o at 512 tokens 23.6 us
+    in 3 splits, 29.7 whole) but not from halves (gate|up at 128 tokens 23.9 us whole, 27.4 in 2)."""
+    if tiles > MAX_SPLIT_TILES:
         return 1
-    return max(1, min(-(-BUSY_ITEMS // tiles), cols // STEP_COLS // MIN_SPLIT_STEPS))
+    budget = BUSY_ITEMS if tile_tokens == TILE_TOKENS[-1] else BUSY_ITEMS // 2
+    splits = max(1, min(budget // tiles, cols // STEP_COLS // MIN_SPLIT_STEPS))
+    return 1 if splits == 2 and tile_tokens == TILE_TOKENS[-1] else splits
 
 
 def partial_bytes(tiles: int, splits: int, tile_tokens: int) -> int:
@@ -157,7 +166,7 @@ def geometry(row_tiles: int, cols: int, n_tokens: int, workspace_bytes: int, *, 
     if tile not in TILE_TOKENS:
         raise ValueError(f"{OP}: tile_tokens must be one of {TILE_TOKENS}, got {tile!r}")
     tiles = tile_count(row_tiles, n_tokens, tile)
-    split = pick_splits(tiles, cols) if splits is None else splits
+    split = pick_splits(tiles, cols, tile) if splits is None else splits
     if isinstance(split, bool) or not isinstance(split, int) or not 1 <= split <= cols // STEP_COLS:
         raise ValueError(f"{OP}: splits must be an int in [1, {cols // STEP_COLS}] (steps of 32 columns), got {split!r}")
     if split > 1 and tiles > MAX_SPLIT_TILES:

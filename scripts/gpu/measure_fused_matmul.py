@@ -56,8 +56,34 @@ def launcher(family, name: str, weight_type: str, n: int, out, x, g, pos, worksp
     return lambda dev, s, w: family.launch_norm(dev, s, out, w, x, g, rows=V, cols=H, eps=1e-5, **common)
 
 
+def time_launches(dev, stream, fn, weights, stride: int, copies: int, outs, replays: int, repeats: int) -> float:
+    """Median µs per launch of fn over the weight copies, captured in a graph and replayed."""
+    fn(dev, stream, weights.addr(0))
+    stream.synchronize()
+    with dev.capture(stream) as cap:
+        for k in range(copies):
+            fn(dev, stream, weights.addr(k * stride))
+    graph = cap.graph
+    try:
+        graph.launch(stream)
+        stream.synchronize()
+        start, end = dev.create_event(), dev.create_event()
+        runs = []
+        for _ in range(repeats):
+            start.record(stream)
+            for _ in range(replays):
+                graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            runs.append(start.elapsed_ms(end) * 1e3 / (replays * copies))
+        return statistics.median(runs)
+    finally:
+        graph.destroy()
+
+
 def measure(device: str, tokens: list[int], rotate_bytes: int, replays: int, repeats: int, matvec_max: int,
-            tiles: bool = False) -> dict:
+            tiles: bool = False, variants: dict | None = None) -> dict:
+    variants = variants or {}
     choice = pick_device(device)
     dev = choice.device
     if dev.backend == "cpu" and device != "cpu":
@@ -86,33 +112,22 @@ def measure(device: str, tokens: list[int], rotate_bytes: int, replays: int, rep
             try:
                 for n in tokens:
                     times = {}
-                    for label, family, tile in (("mv", fused_matvec, None), ("mm", fused_matmul, None),
-                                                ("mm32", fused_matmul, 32), ("mm64", fused_matmul, 64)):
-                        if (label == "mv" and n > 128) or (tile and not tiles):
+                    runs_of = [("mv", fused_matvec, None, {}), ("mm", fused_matmul, None, {}),
+                               ("mm32", fused_matmul, 32, {}), ("mm64", fused_matmul, 64, {})]
+                    runs_of += [(f"v:{desc}", fused_matmul, None, settings) for desc, settings in variants.items()]
+                    for label, family, tile, settings in runs_of:
+                        if (label == "mv" and n > 128) or (label in ("mm32", "mm64") and not tiles):
                             continue
-                        fn = launcher(family, name, weight_type, n, outs[label], x, g, pos, workspace, tile)
-                        outs[label].fill(0, stream=stream)
-                        fn(dev, stream, weights.addr(0))
-                        stream.synchronize()
-                        with dev.capture(stream) as cap:
-                            for k in range(copies):
-                                fn(dev, stream, weights.addr(k * stride))
-                        graph = cap.graph
+                        saved = {k: getattr(fused_matmul, k) for k in settings}
+                        for k, v in settings.items():
+                            setattr(fused_matmul, k, v)
                         try:
-                            graph.launch(stream)
-                            stream.synchronize()
-                            start, end = dev.create_event(), dev.create_event()
-                            runs = []
-                            for _ in range(repeats):
-                                start.record(stream)
-                                for _ in range(replays):
-                                    graph.launch(stream)
-                                end.record(stream)
-                                end.synchronize()
-                                runs.append(start.elapsed_ms(end) * 1e3 / (replays * copies))
-                            times[label] = statistics.median(runs)
+                            times[label] = time_launches(dev, stream, launcher(
+                                family, name, weight_type, n, outs.get(label, outs["mm"]), x, g, pos,
+                                workspace, tile), weights, stride, copies, outs, replays, repeats)
                         finally:
-                            graph.destroy()
+                            for k, v in saved.items():
+                                setattr(fused_matmul, k, v)
                     if "mv" in times:  # same operation, same inputs: the results agree to rounding
                         outs["mv"].fill(0, stream=stream)
                         outs["mm"].fill(0, stream=stream)
@@ -128,7 +143,8 @@ def measure(device: str, tokens: list[int], rotate_bytes: int, replays: int, rep
                     geo = fused_matmul.geometry(row_tiles, cols, n, fused_matmul.WORKSPACE_BYTES)
                     rows_out.append({"product": name, "tokens": n, "matvec_us": times.get("mv"),
                                      "matmul_us": times["mm"], "tile32_us": times.get("mm32"),
-                                     "tile64_us": times.get("mm64"), "grid": geo[0], "tile": geo[2], "splits": geo[3]})
+                                     "tile64_us": times.get("mm64"),
+                                     "variants_us": {k[2:]: v for k, v in times.items() if k.startswith("v:")}, "grid": geo[0], "tile": geo[2], "splits": geo[3]})
                     print(f"{name} {n}: {times} grid/tile/splits {geo[0]}/{geo[2]}/{geo[3]}", file=sys.stderr)
             finally:
                 for buf in (weights, x, g, pos, *outs.values()):
@@ -167,7 +183,31 @@ def render(result: dict, tokens: list[int]) -> str:
             out.append(f"| {n} | {mv:.3f} | {mm:.3f} | {best:.3f} |")
         else:
             out.append(f"| {n} | - | {mm:.3f} | {mm:.3f} |")
+    variants = list(result["products"][0].get("variants_us", {}))
+    if variants:
+        out.append("\nfused_matmul with the launcher's constants changed, a step's products (30 layers + head), ms:\n")
+        out.append("| tokens | as committed | " + " | ".join(variants) + " |")
+        out.append("| ---: | ---: | " + " | ".join("---:" for _ in variants) + " |")
+        for n in tokens:
+            rows = [by[(name, n)] for name, *_ in PRODUCTS]
+            scale = [1 if r["product"] == "head" else LAYERS for r in rows]
+            base = sum(s * r["matmul_us"] for s, r in zip(scale, rows)) / 1e3
+            cells = [sum(s * r["variants_us"][v] for s, r in zip(scale, rows)) / 1e3 for v in variants]
+            out.append(f"| {n} | {base:.3f} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     return "\n".join(out)
+
+
+def parse_variants(text: str) -> dict:
+    variants = {}
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        settings = {}
+        for pair in item.split(","):
+            key, _, value = pair.partition("=")
+            if not hasattr(fused_matmul, key.strip()):
+                raise SystemExit(f"--variants: fused_matmul has no constant {key.strip()!r}")
+            settings[key.strip()] = int(value)
+        variants[item] = settings
+    return variants
 
 
 def main() -> None:
@@ -178,12 +218,14 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=3, help="graph replays per timed run (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
     parser.add_argument("--tiles", action="store_true", help="also time fused_matmul with 32- and 64-token tiles forced")
+    parser.add_argument("--variants", default="", help="';'-separated settings of fused_matmul's constants to time "
+                        "as well, e.g. 'BUSY_ITEMS=528,MIN_SPLIT_STEPS=2;FEW_TILES=32'")
     parser.add_argument("--json-out", type=Path, help="also write the figures as JSON to this file")
     opts = parser.parse_args()
     tokens = [int(n) for n in opts.tokens.split(",")]
     from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS
     result = measure(opts.device, tokens, opts.rotate_mib << 20, opts.replays, opts.repeats, FUSED_MATVEC_MAX_TOKENS,
-                     opts.tiles)
+                     opts.tiles, parse_variants(opts.variants))
     if opts.json_out:
         opts.json_out.write_text(json.dumps(result, indent=2))
     print(render(result, tokens))
