@@ -167,9 +167,12 @@ def test_fused_matmul_geometry_splits_few_tiles_only():
     # The demo model's decode batch of 64: q|k|v's 15 row tiles in 32-token tiles (64-token ones would be
     # only 15 tiles), 30 tiles split to fit half of BUSY_ITEMS workgroups.
     assert fused_matmul.geometry(15, 576, 64, ws) == (30 * (busy // 2 // 30), 256, 32, busy // 2 // 30)
-    # ffn_down (9 row tiles, 48 steps) at 32 tokens: as many splits as fit, MIN_SPLIT_STEPS steps each.
+    # ffn_down (9 row tiles, 48 steps) at 32 tokens: as many splits as fit, MIN_SPLIT_STEPS steps each;
+    # at 128 tokens its 36 tiles fill a whole BUSY_ITEMS wave.
     grid, _, tile, splits = fused_matmul.geometry(9, 1536, 32, ws)
     assert splits == min(busy // 2 // 9, 48 // fused_matmul.MIN_SPLIT_STEPS) and grid == 9 * splits
+    assert fused_matmul.geometry(9, 1536, 128, ws)[3] == busy // 36
+    assert fused_matmul.geometry(48, 576, 64, ws)[3] == 1  # 96 tiles: not in two halves
     # Enough tiles: 64-token tiles, no split, no workspace needed.
     assert fused_matmul.geometry(768, 576, 64, 0) == (768, 256, 64, 1)
     assert fused_matmul.geometry(48, 576, 512, ws) == (384, 256, 64, 1)
@@ -188,7 +191,7 @@ def test_fused_matmul_geometry_splits_few_tiles_only():
                 grid, _, tile, splits = fused_matmul.geometry(row_tiles, cols, n, 1 << 40)
                 assert splits == 1 or (fused_matmul.partial_bytes(grid // splits, splits, tile) <= ws and grid <= busy)
                 assert splits <= max(1, cols // 32 // fused_matmul.MIN_SPLIT_STEPS)
-                assert not (tile == 64 and splits == 2)
+                assert splits != 2
                 assert tile == 64 or n <= 32 or fused_matmul.tile_count(row_tiles, n, 64) < fused_matmul.FEW_TILES
 
 

@@ -56,6 +56,7 @@ TILE_TOKENS = (32, 64)
 STEP_COLS = 32
 BUSY_ITEMS = 264  # workgroups resident at once on an H100/H200: 132 SMs x 2 (256 threads, <= 128 registers)
 FEW_TILES = 64  # below this many 64-token tiles, 32-token ones (pick_tile_tokens)
+SMALL_SPLIT_TILES = 32  # below this many tiles, splits fill half of BUSY_ITEMS (pick_splits)
 MIN_SPLIT_STEPS = 3  # a split shorter than this spends more on its partial tile than on products
 MAX_GRID = 1 << 20
 COUNTER_BYTES = 4096  # kCounterBytes: one int32 counter per tile, before the partials
@@ -140,17 +141,20 @@ def tile_count(tile_rows: int, n_tokens: int, tile_tokens: int) -> int:
 
 def pick_splits(tiles: int, cols: int, tile_tokens: int) -> int:
     """Column ranges per tile, each at least MIN_SPLIT_STEPS steps: as many as keep the workgroups within
-    BUSY_ITEMS (one wave; a few more would run as a second, nearly empty one) for 64-token tiles, within
-    half of it for 32-token ones; and a 64-token tile whole rather than in two halves. Measured on an
-    H100 with the demo model's products (scripts/gpu/measure_fused_matmul.py --variants): 32-token tiles
-    are short work whose combine outweighs more parallelism beyond one workgroup per SM (q|k|v at 64
-    tokens 11.8 us in 4 splits, 13.1 in 6); 64-token tiles gain from a full wave (o at 512 tokens 23.6 us
-    in 3 splits, 29.7 whole) but not from halves (gate|up at 128 tokens 23.9 us whole, 27.4 in 2)."""
+    BUSY_ITEMS (one wave; a few more would run as a second, nearly empty one), within half of it for
+    fewer than SMALL_SPLIT_TILES tiles, and a tile whole rather than in two halves. From the H100 figures
+    of scripts/gpu/measure_fused_matmul.py --variants on the demo model's products (docs/gpu-runs/
+    2026-11-22-fused-matmul-h100-run3.md), where this picks the faster of the budgets measured in every
+    case: a few tiles' work is short and the combine of many partials outweighs more parallelism beyond
+    about one workgroup per SM (q|k|v at 64 tokens, 30 tiles: 11.8 us in 4 splits, 13.1 in 6), more
+    tiles gain from a full wave (o at 512 tokens, 72 tiles: 23.6 us in 3 splits, 29.7 whole; ffn_down at
+    128 tokens, 36 tiles: 19.4 in 7, 22.9 in 3), halves never paid (gate|up at 64 tokens: 18.6 us whole,
+    21.2 in 2)."""
     if tiles > MAX_SPLIT_TILES:
         return 1
-    budget = BUSY_ITEMS if tile_tokens == TILE_TOKENS[-1] else BUSY_ITEMS // 2
+    budget = BUSY_ITEMS // 2 if tiles < SMALL_SPLIT_TILES else BUSY_ITEMS
     splits = max(1, min(budget // tiles, cols // STEP_COLS // MIN_SPLIT_STEPS))
-    return 1 if splits == 2 and tile_tokens == TILE_TOKENS[-1] else splits
+    return 1 if splits == 2 else splits
 
 
 def partial_bytes(tiles: int, splits: int, tile_tokens: int) -> int:

@@ -14,7 +14,7 @@ status=0
 [ -f "$model" ] || python3 scripts/gpu/random_demo_model.py --tokenizer .carry/smollm2_tokenizer.json --out "$model" || exit 1
 export ROCMFORGE_DEMO_MODEL="$model"
 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/gpu/test_fused_ops_gpu.py tests/gpu/test_model_gpu.py \
-  -k "matmul or large_batches or graph_replay" 2>&1 | tail -25 | tee "$out/fused_tests.txt" || status=1
+  -k "matmul or large_batches or graph_replay or golden or device_sampling" 2>&1 | tail -25 | tee "$out/fused_tests.txt" || status=1
 python3 scripts/gpu/measure_fused_matmul.py --tiles --json-out "$out/fused_matmul.json" 2>/dev/null \
   | tee "$out/fused_matmul.md" || status=1
 python3 -c 'from rocmforge_cli.app import app; app()' bench -m "$model" "$@" 2>"$out/bench_progress.txt" \
