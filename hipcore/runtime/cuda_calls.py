@@ -1,34 +1,21 @@
 """How the NVIDIA backend talks to cuda-python: importing it on first use, check() for its
-(err, *values) tuples, error names, probing for devices, and the context current on each thread.
+(err, *values) tuples, error names, and probing for devices.
 
-Kept apart from cuda.py (the device protocol) so that both stay readable; nothing here needs a GPU
+Kept apart from cuda.py (opening a device) so that both stay readable; nothing here needs a GPU
 to import.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-from hipcore.runtime.errors import BackendUnavailable, DriverCallError
-from hipcore.runtime.gpu_support import library_failure_reason
+from hipcore.runtime.errors import BackendUnavailable
+from hipcore.runtime.gpu_support import BindingLoader, error_translation, library_failure_reason
 
 VENDOR = "CUDA"
 
-_driver: Any = None
-thread_state = threading.local()  # .context: key of the context made current on this thread
-
-
-def load_driver_bindings() -> Any:
-    """cuda.bindings.driver, imported on first use; BackendUnavailable when cuda-python is missing."""
-    global _driver
-    if _driver is None:
-        try:
-            from cuda.bindings import driver
-        except ImportError as exc:
-            raise BackendUnavailable(f"cuda-python is not installed ({exc}); pip install cuda-bindings") from None
-        _driver = driver
-    return _driver
+# cuda.bindings.driver, imported on first use; BackendUnavailable when cuda-python is missing.
+load_driver_bindings = BindingLoader("cuda.bindings", "driver", "cuda-python", "pip install cuda-bindings")
 
 
 def describe_error(err: Any) -> tuple[str, str]:
@@ -48,19 +35,8 @@ def describe_error(err: Any) -> tuple[str, str]:
     return name, text
 
 
-def call_error(err: Any, call: str) -> DriverCallError:
-    name, text = describe_error(err)
-    return DriverCallError(VENDOR, call, int(err), name, text)
+call_error, check = error_translation(VENDOR, describe_error)
 
-
-def check(result: tuple, call: str) -> Any:
-    """Unwrap a cuda-python (err, *values) tuple: the value(s), or DriverCallError naming `call`."""
-    err = result[0]
-    if err:  # CUresult is an int enum; CUDA_SUCCESS is 0
-        raise call_error(err, call)
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
 
 
 def probe() -> int:

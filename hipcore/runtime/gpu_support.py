@@ -1,5 +1,6 @@
 """What the two GPU backends (hip.py, cuda.py) share, as plain functions that run without a GPU.
 
+- importing a binding package on first use, and check() for its (err, *values) tuples,
 - reasons for a driver library that cannot be loaded ("libamdhip64.so not found"),
 - turning an allocation's out-of-memory error code into MemoryError (Device.allocate then reports
   DeviceOutOfMemory naming the backend, what was asked, what is free and the ledger by tag),
@@ -10,15 +11,56 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import re
 import weakref
 from typing import Any, Callable, Iterable
 
-from hipcore.runtime.errors import DriverCallError
+from hipcore.runtime.errors import BackendUnavailable, DriverCallError
 
 _LIBRARY = re.compile(r"(lib[\w+\-]+\.so[\w.]*(?:\s+or\s+lib[\w+\-]+\.so[\w.]*)*)")
 _NOT_FOUND_HINTS = ("no such file", "cannot open", "not found", "can only be found")
+
+
+class BindingLoader:
+    """`from <package> import <module>` on first call, kept; BackendUnavailable when the package is
+    missing (hip-python's `hip.hip` is an attribute of its package, cuda-python's `driver` a submodule)."""
+
+    def __init__(self, package: str, module: str, project: str, install: str):
+        self.package, self.module, self.project, self.install = package, module, project, install
+        self.loaded: Any = None
+
+    def __call__(self) -> Any:
+        if self.loaded is None:
+            try:
+                package = importlib.import_module(self.package)
+                found = getattr(package, self.module, None)
+                self.loaded = importlib.import_module(f"{self.package}.{self.module}") if found is None else found
+            except ImportError as exc:
+                raise BackendUnavailable(f"{self.project} is not installed ({exc}); {self.install}") from None
+        return self.loaded
+
+
+def error_translation(vendor: str, describe_error: Callable[[Any], tuple[str, str]]) -> tuple[
+        Callable[[Any, str], DriverCallError], Callable[[tuple, str], Any]]:
+    """call_error() and check() for a binding whose calls return (err, *values), err an int enum with
+    0 for success; describe_error(err) gives the error's (name, text)."""
+
+    def call_error(err: Any, call: str) -> DriverCallError:
+        name, text = describe_error(err)
+        return DriverCallError(vendor, call, int(err), name, text)
+
+    def check(result: tuple, call: str) -> Any:
+        """Unwrap an (err, *values) tuple: the value(s), or DriverCallError naming `call`."""
+        err = result[0]
+        if err:
+            raise call_error(err, call)
+        if len(result) == 1:
+            return None
+        return result[1] if len(result) == 2 else result[1:]
+
+    return call_error, check
 
 
 def library_failure_reason(exc: BaseException, library: str) -> str:

@@ -1,35 +1,23 @@
 """How the AMD backend talks to hip-python: importing it on first use, check() for its
-(err, *values) tuples, error names, probing for devices, and the device selected on each thread.
+(err, *values) tuples, error names, device properties and probing for devices.
 
-Kept apart from hip.py (the device protocol) so that both stay readable; nothing here needs ROCm
+Kept apart from hip.py (opening a device) so that both stay readable; nothing here needs ROCm
 to import.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-from hipcore.runtime.errors import BackendUnavailable, DriverCallError
-from hipcore.runtime.gpu_support import library_failure_reason
+from hipcore.runtime.errors import BackendUnavailable
+from hipcore.runtime.gpu_support import BindingLoader, error_translation, library_failure_reason
 
 VENDOR = "HIP"
 
-_hip: Any = None
 _runtime_loaded = False  # hipGetErrorName prints noise instead of raising when there is no runtime
-thread_state = threading.local()  # .device: key of the HIP device selected on this thread
 
-
-def load_hip_bindings() -> Any:
-    """hip.hip, imported on first use; BackendUnavailable when hip-python is missing."""
-    global _hip
-    if _hip is None:
-        try:
-            from hip import hip
-        except ImportError as exc:
-            raise BackendUnavailable(f"hip-python is not installed ({exc}); pip install hip-python") from None
-        _hip = hip
-    return _hip
+# hip.hip, imported on first use; BackendUnavailable when hip-python is missing.
+load_hip_bindings = BindingLoader("hip", "hip", "hip-python", "pip install hip-python")
 
 
 def as_text(value: Any) -> str:
@@ -71,19 +59,8 @@ def describe_error(err: Any) -> tuple[str, str]:
     return name, text
 
 
-def call_error(err: Any, call: str) -> DriverCallError:
-    name, text = describe_error(err)
-    return DriverCallError(VENDOR, call, int(err), name, text)
+call_error, check = error_translation(VENDOR, describe_error)
 
-
-def check(result: tuple, call: str) -> Any:
-    """Unwrap a hip-python (err, *values) tuple: the value(s), or DriverCallError naming `call`."""
-    err = result[0]
-    if err:  # hipError_t is an IntEnum; hipSuccess is 0
-        raise call_error(err, call)
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
 
 
 def probe() -> int:
