@@ -11,7 +11,7 @@ from cuda.bindings import driver
 from hip import hip
 from unopened_gpu import (  # noqa: F401 (collections_only_between_tests: a fixture, used by name)
     BACKENDS, CUDA_MISSING, HIP_MISSING, StandIn, answered, answering, collections_only_between_tests, driver_api,
-    entry_point, failing_binding_call, fake_buffer, null_handle, unopened,
+    entry_point, failing_binding_call, fake_buffer, null_handle, succeeding, unopened,
 )
 
 from hipcore.runtime import gpu_device
@@ -259,3 +259,18 @@ def test_jit_compile_without_nvrtc_says_what_is_missing():
 def test_jit_compile_without_hiprtc_says_what_is_missing():
     with pytest.raises(DeviceError, match=r"hiprtc is not available \(libhiprtc\.so[\w. ]* not found\)"):
         unopened("hip").jit_compile('extern "C" __global__ void k() {}', "k.hip", [], [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_graph_launch_names_the_call_and_a_destroyed_graph_is_refused(backend):
+    code = error_code(backend, "CUDA_ERROR_INVALID_VALUE", "hipErrorInvalidValue")
+    launch = entry_point(backend, "graph_launch")
+    replaced = {launch: lambda *args: (code,), entry_point(backend, "graph_exec_destroy"): succeeding(backend),
+                entry_point(backend, "graph_destroy"): succeeding(backend)}
+    dev = unopened(backend, StandIn(BACKENDS[backend][1], **replaced))
+    graph = GpuGraph(dev, null_handle(backend, "CUgraph"), null_handle(backend, "CUgraphExec"))
+    with pytest.raises(DriverCallError, match=rf"^{dev._api.vendor} call {launch} failed: {code.name}"):
+        graph.launch()
+    graph.destroy()
+    with pytest.raises(DeviceError, match="launch of a destroyed graph"):
+        graph.launch()

@@ -92,14 +92,17 @@ class GpuGraph(DriverResource, Graph):
 
     def __init__(self, device: "GpuDevice", graph: Any, graph_exec: Any):
         self.device, self._graph, self._exec = device, graph, graph_exec
-        self._own(device._resources, _destroy_graph, device._api, graph, graph_exec)
+        api = device._api
+        self._launch, self._launch_name, self._check = api.entry("graph_launch"), api.names["graph_launch"], api.check
+        self._own(device._resources, _destroy_graph, api, graph, graph_exec)
 
     def launch(self, stream: Stream | None = None) -> None:
+        # Bound at instantiation, as Kernel.launch is: a replayed graph is the decode step's hot path.
         if self.destroyed:
             raise DeviceError("launch of a destroyed graph")
         dev = self.device
         dev._enter()
-        dev._api.call("graph_launch", self._exec, dev._stream(stream).handle)
+        self._check(self._launch(self._exec, dev._stream(stream).handle), self._launch_name)
 
 
 class GpuKernel(Kernel):
