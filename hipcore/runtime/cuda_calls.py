@@ -38,7 +38,6 @@ def describe_error(err: Any) -> tuple[str, str]:
 call_error, check = error_translation(VENDOR, describe_error)
 
 
-
 def probe() -> int:
     """How many NVIDIA devices answer; BackendUnavailable saying why when none can be used."""
     drv = load_driver_bindings()

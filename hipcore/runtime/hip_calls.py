@@ -62,7 +62,6 @@ def describe_error(err: Any) -> tuple[str, str]:
 call_error, check = error_translation(VENDOR, describe_error)
 
 
-
 def probe() -> int:
     """How many AMD devices answer; BackendUnavailable saying why when none can be used."""
     global _runtime_loaded
