@@ -1,5 +1,7 @@
 """The device layer: one small protocol (device.py), three backends behind it (hip.py on hip-python,
-cuda.py on cuda-python, cpu.py on numpy), the allocation ledger, and device selection.
+cuda.py on cuda-python, cpu.py on numpy), the allocation ledger, and device selection. The two GPU
+backends are one device (gpu_device.py) over a table of each binding's entry points (gpu_driver.py);
+they keep only opening the device, making it current, the arch name and the run-time compiler.
 
 The GPU backends import their bindings on first use, so importing this package never needs ROCm,
 CUDA or a GPU. Start with `pick_device("auto")`.
