@@ -28,8 +28,9 @@
 //   gate rows and the same 32 rows of up.
 // Every output is a float32 sum of products in column order within a split, the splits added in order.
 // Requirements the launcher checks: cols % 32 == 0; W aligned (F32/F16 16 bytes, Q4_1 4, Q8_0 2);
-// x and g 16-byte aligned; splits <= cols / 32; with splits > 1, a workspace of kCounterBytes (zeroed
-// once, left zeroed by every launch) + tiles * splits * tile_tokens * 65 floats; blockDim 256.
+// x and g 16-byte aligned; splits <= cols / 32; tiles * splits < 2^31; with splits > 1, at most
+// kCounterBytes / 4 tiles and a workspace of kCounterBytes (zeroed once, left zeroed by every launch)
+// + tiles * splits * tile_tokens * 65 floats; blockDim 256.
 #include "hip_compat.h"
 
 namespace {

@@ -35,7 +35,7 @@ import numpy as np
 from hipcore.ops import fused_matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.fused_matvec import (reference_add, reference_norm, reference_norm_rope,  # noqa: F401 (re-exported)
                                       reference_norm_swiglu)
-from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
+from hipcore.ops.launch_checks import INT32_MAX, check_disjoint, check_memory, check_sizes
 from hipcore.ops.matvec import WEIGHT_ALIGNMENT
 from hipcore.ops.weight_formats import host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -177,6 +177,8 @@ def geometry(row_tiles: int, cols: int, n_tokens: int, workspace_bytes: int, *, 
         raise ValueError(f"{OP}: {tiles} tiles are more than the {MAX_SPLIT_TILES} counters a split launch has")
     while split > 1 and partial_bytes(tiles, split, tile) > workspace_bytes:
         split -= 1
+    if tiles * split > INT32_MAX:  # the kernel counts (tile, split) items in int32
+        raise ValueError(f"{OP}: {tiles} tiles x {split} splits is more work items than the kernel counts")
     return min(tiles * split, MAX_GRID), THREADS, tile, split
 
 

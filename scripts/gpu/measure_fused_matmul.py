@@ -2,6 +2,9 @@
 count, at the demo model's shapes, to set hipcore/model/projections.py's crossover.
 
     python3 scripts/gpu/measure_fused_matmul.py [--tokens 1,2,4,8,16,32,64,128,512] [--json-out FILE]
+    python3 scripts/gpu/measure_fused_matmul.py --tiles        # also each tile shape forced
+    python3 scripts/gpu/measure_fused_matmul.py --variants 'BUSY_ITEMS=132;MIN_SPLIT_STEPS=2'
+                                                             # also with the launcher's constants changed
 
 The shapes: SmolLM2-135M's q|k|v with norm and RoPE (960 x 576), o + residual (576 x 576), gate|up with
 norm and SwiGLU (2 x 1536 x 576), down + residual (576 x 1536), all Q4_1, and the Q8_0 output head with
