@@ -9,47 +9,62 @@
 // block_tables int32 [n_seqs, max_blocks]; token_seq and positions int32 [n_tokens]. A negative
 // position marks a padding token: its output rows are zero and nothing is read for it.
 //
-// Work split (1-D grid, see hipcore/ops/paged_attention.py for the sizes):
-// - A workgroup serves one token, one KV head and up to four of the query heads that read it (the
-//   group's heads come in balanced chunks of at most four), so each K/V row it loads serves them all.
-// - Decoding has few tokens and long contexts, so a token's keys are also split among up to
-//   `max_splits` workgroups. Each token's split count is chosen in the kernel from its own context
-//   length (splits of at least kMinKeysPerSplit keys), so a graph captured with fixed arguments
-//   adapts to the context at every replay; workgroups past a token's split count exit at once. With
-//   one split the workgroup writes `out` itself; with several, each writes its partial result (max,
-//   sum, unnormalized output) to the workspace, and the last to finish, found with a fence and a
-//   per-(token, KV head, chunk) counter, combines them and sets the counter back to zero. The
-//   workspace's counters must be zero before the first launch (see the launcher).
+// Work split (1-D grid of n_tokens x n_kv_heads x `slots` workgroups; hipcore/ops/paged_attention.py
+// picks `slots` and mirrors the plan below). Each token's plan is made in the kernel from its own
+// context length, so a graph captured with fixed arguments adapts to the context at every replay;
+// workgroups past the plan's count exit at once.
+// - Normally a workgroup serves one token, one KV head and up to four of the query heads that read it
+//   (the group's heads in balanced chunks of at most four), so each K/V row it loads serves them all.
+// - Decoding has few tokens: a token with a context of at most kSpreadMaxContext keys, in a launch of
+//   at most kSpreadMaxWorkgroups (token, query head) pairs, takes one workgroup per query head
+//   instead (the group's workgroups read the same rows, from the L2 cache after the first). A single
+//   workgroup's work is bound by its issue rate, so this divides the latency by the group size,
+//   without the cost of combining splits.
+// - A longer context's keys are split among up to `slots / chunks` (at most kMaxSplits) workgroups
+//   per chunk, each with at least kMinKeysPerSplit keys (a split costs a fence, an atomic and a
+//   combine: about as much as 128 keys). With one split the workgroup writes `out` itself; with
+//   several, each writes its partial result (max, sum, unnormalized output) to the workspace, and the
+//   last to finish, found with a fence and a per-(token, KV head, chunk) counter, combines them and
+//   sets the counter back to zero. The counters must be zero before the first launch (see the
+//   launcher). Without a workspace nothing is split.
 // - Inside a workgroup each of 4 warps takes tiles of keys in turn. A key's row is spread over
 //   lanes_per_key lanes, 8 elements each (16-byte loads for f16/bf16, 32 for f32, q8_0's 2-byte
-//   aligned blocks with 2-byte loads); the dot products finish with xor shuffles within those lanes.
-//   Every key slot of a warp keeps its own running max and sum (online softmax, float32, base 2 with
-//   log2(e) folded into q), then the slots merge with shuffles and the warps through shared memory.
-// - Each lane loads kUnroll keys' K and V before it uses the first, to keep loads in flight: decoding
-//   at short contexts is bound by the latency of these loads, not by bandwidth.
+//   aligned blocks with 2-byte loads); the dot products finish with xor shuffles within those lanes,
+//   all of a tile's at once. Every key slot of a warp keeps its own running max and sum (online
+//   softmax, float32, base 2 with log2(e) folded into q), then the slots merge with shuffles and the
+//   warps through shared memory.
+// - The loads are pipelined: while a warp computes one tile, the K and V rows of its next tile are in
+//   flight, and the block-table entries of the tile after that. Decoding at short contexts is bound
+//   by the latency of these loads, not by bandwidth.
 // Requirements the launcher checks: head_dim a multiple of 8 up to 256, block_size a power of two,
-// n_heads a multiple of n_kv_heads, q 16-byte aligned. Block size: 4 warps (the launch bounds).
+// n_heads a multiple of n_kv_heads, q 16-byte aligned, a pool block (n_kv_heads x block_size rows)
+// under 2 GiB. Block size: 4 warps (the launch bounds).
 // `out` may be `q`: every read of q happens before the writes to out of the same rows.
 #include "hip_compat.h"
 
 namespace rf_paged_attention {
 
-constexpr int kChunk = 8;              // row elements per lane
-constexpr int kMaxWarps = 4;           // warps per workgroup (the kernel's launch bounds)
-constexpr int kMaxGroupHeads = 4;      // query heads served by one workgroup
-constexpr int kMaxHeadDim = 256;       // kChunk * 32: a key per 32 lanes at most
-constexpr int kMaxSplits = 64;         // the launcher never asks for more
-constexpr int kMinKeysPerSplit = 64;   // the launcher sizes max_splits with the same figure
+constexpr int kChunk = 8;                   // row elements per lane
+constexpr int kMaxWarps = 4;                // warps per workgroup (the kernel's launch bounds)
+constexpr int kMaxGroupHeads = 4;           // query heads served by one workgroup
+constexpr int kMaxHeadDim = 256;            // kChunk * 32: a key per 32 lanes at most
+constexpr int kMaxSplits = 64;              // splits of one token's keys per head chunk
+constexpr int kMinKeysPerSplit = 128;       // the launcher sizes its slots with the same figures
+constexpr int kSpreadMaxContext = 512;      // one workgroup per query head up to this context ...
+constexpr int kSpreadMaxWorkgroups = 64;    // ... in launches of at most this many (token, query head) pairs
 constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- KV formats: the raw words of one lane's 8 elements, loaded apart from decoding them ---------
+// lane_offset: where a lane's words start in a row; lane_aux: a second per-lane constant for load.
 
 struct F16Kv {
   typedef uint4 Raw;
   static constexpr int kUnroll = 4;
-  static __device__ __forceinline__ unsigned long long row_bytes(int head_dim) { return (unsigned long long)head_dim * 2; }
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int chunk) {
-    return *reinterpret_cast<const uint4*>(row + 16 * chunk);
+  static __device__ __forceinline__ unsigned int row_bytes(int head_dim) { return (unsigned int)head_dim * 2; }
+  static __device__ __forceinline__ int lane_offset(int chunk) { return 16 * chunk; }
+  static __device__ __forceinline__ int lane_aux(int) { return 0; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ p, int) {
+    return *reinterpret_cast<const uint4*>(p);
   }
   static __device__ __forceinline__ void decode(const Raw r, float v[kChunk]) {
     const unsigned int w[4] = {r.x, r.y, r.z, r.w};
@@ -64,9 +79,11 @@ struct F16Kv {
 struct BF16Kv {
   typedef uint4 Raw;
   static constexpr int kUnroll = 4;
-  static __device__ __forceinline__ unsigned long long row_bytes(int head_dim) { return (unsigned long long)head_dim * 2; }
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int chunk) {
-    return *reinterpret_cast<const uint4*>(row + 16 * chunk);
+  static __device__ __forceinline__ unsigned int row_bytes(int head_dim) { return (unsigned int)head_dim * 2; }
+  static __device__ __forceinline__ int lane_offset(int chunk) { return 16 * chunk; }
+  static __device__ __forceinline__ int lane_aux(int) { return 0; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ p, int) {
+    return *reinterpret_cast<const uint4*>(p);
   }
   static __device__ __forceinline__ void decode(const Raw r, float v[kChunk]) {
     const unsigned int w[4] = {r.x, r.y, r.z, r.w};
@@ -83,10 +100,12 @@ struct F32Kv {
     float4 a, b;
   };
   static constexpr int kUnroll = 2;  // twice the bytes per key: half the keys in flight, same registers
-  static __device__ __forceinline__ unsigned long long row_bytes(int head_dim) { return (unsigned long long)head_dim * 4; }
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int chunk) {
-    const float4* p = reinterpret_cast<const float4*>(row + 32 * chunk);
-    return {p[0], p[1]};
+  static __device__ __forceinline__ unsigned int row_bytes(int head_dim) { return (unsigned int)head_dim * 4; }
+  static __device__ __forceinline__ int lane_offset(int chunk) { return 32 * chunk; }
+  static __device__ __forceinline__ int lane_aux(int) { return 0; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ p, int) {
+    const float4* f = reinterpret_cast<const float4*>(p);
+    return {f[0], f[1]};
   }
   static __device__ __forceinline__ void decode(const Raw r, float v[kChunk]) {
     v[0] = r.a.x; v[1] = r.a.y; v[2] = r.a.z; v[3] = r.a.w;
@@ -95,16 +114,19 @@ struct F32Kv {
 };
 
 // Q8_0 block: {half d; int8 q[32]}, 34 bytes, value d * q; chunk c is q[8(c%4) .. 8(c%4)+7] of block c/4.
+// A lane's words start at its block (the scale); lane_aux is where its 8 quants sit in the block.
 struct Q8_0Kv {
   struct Raw {
     unsigned short d, q[4];
   };
-  static constexpr int kUnroll = 4;
-  static __device__ __forceinline__ unsigned long long row_bytes(int head_dim) { return (unsigned long long)(head_dim / 32) * 34; }
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int chunk) {
-    const unsigned short* block = reinterpret_cast<const unsigned short*>(row + (chunk >> 2) * 34);
-    const unsigned short* q = block + 1 + 4 * (chunk & 3);
-    return {block[0], {q[0], q[1], q[2], q[3]}};
+  // 2: five 16-bit words per key, unpacked into registers each, spill on AMD at 4 with two tiles in flight.
+  static constexpr int kUnroll = 2;
+  static __device__ __forceinline__ unsigned int row_bytes(int head_dim) { return (unsigned int)(head_dim / 32) * 34; }
+  static __device__ __forceinline__ int lane_offset(int chunk) { return (chunk >> 2) * 34; }
+  static __device__ __forceinline__ int lane_aux(int chunk) { return 2 + 8 * (chunk & 3); }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ p, int aux) {
+    const unsigned short* q = reinterpret_cast<const unsigned short*>(p + aux);
+    return {*reinterpret_cast<const unsigned short*>(p), {q[0], q[1], q[2], q[3]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, float v[kChunk]) {
     const float d = rf_f16_to_float(r.d);
@@ -127,7 +149,7 @@ struct Params {
   const int* __restrict__ token_seq;
   const int* __restrict__ positions;
   void* workspace;
-  int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, max_splits;
+  int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots;
   float scale;
 };
 
@@ -139,6 +161,30 @@ struct Shared {
   int last;
 };
 
+// How the `slots` workgroups of one (token, KV head) share its work, from the token's context.
+struct Plan {
+  int n_chunks;        // workgroups over the group's query heads
+  int chunk_heads;     // query heads per chunk (the last chunk may have fewer)
+  int n_split;         // workgroups over the keys, per chunk
+  int keys_per_split;  // whole steps of the workgroup, so that no step is half empty but the last
+  int split_stride;    // splits per (token, query head) in the workspace
+};
+
+static __device__ __forceinline__ Plan make_plan(const Params& p, int ctx, int step_keys) {
+  const int group = p.n_heads / p.n_kv_heads;
+  const int chunks = (group + kMaxGroupHeads - 1) / kMaxGroupHeads;
+  const int split_stride = max(min(p.slots / chunks, kMaxSplits), 1);
+  if (group > 1 && p.slots >= group && ctx <= kSpreadMaxContext &&
+      (long long)p.n_tokens * p.n_heads <= kSpreadMaxWorkgroups)
+    return {group, 1, 1, ctx, split_stride};
+  const int max_split = p.workspace != nullptr ? split_stride : 1;
+  int n_split = max(min(max_split, (ctx + kMinKeysPerSplit - 1) / kMinKeysPerSplit), 1);
+  int keys_per_split = (ctx + n_split - 1) / n_split;
+  keys_per_split = (keys_per_split + step_keys - 1) / step_keys * step_keys;
+  n_split = (ctx + keys_per_split - 1) / keys_per_split;
+  return {chunks, (group + chunks - 1) / chunks, n_split, keys_per_split, split_stride};
+}
+
 // Workspace: [int counters per (token, KV head, head chunk)], padded to 256 bytes, then float
 // stats [token, head, split, {max, sum}], then float partial outputs [token, head, split, head_dim].
 struct Workspace {
@@ -147,11 +193,13 @@ struct Workspace {
   float* partial;
 };
 
-static __device__ __forceinline__ Workspace workspace_layout(const Params& p, int n_chunks) {
-  const unsigned long long counter_bytes = ((unsigned long long)p.n_tokens * p.n_kv_heads * n_chunks * 4 + 255) & ~255ull;
+static __device__ __forceinline__ Workspace workspace_layout(const Params& p, const Plan& plan) {
+  const unsigned long long counter_bytes =
+      ((unsigned long long)p.n_tokens * p.n_kv_heads * plan.n_chunks * 4 + 255) & ~255ull;
   unsigned char* base = static_cast<unsigned char*>(p.workspace);
   float* stats = reinterpret_cast<float*>(base + counter_bytes);
-  return {reinterpret_cast<int*>(base), stats, stats + (unsigned long long)p.n_tokens * p.n_heads * p.max_splits * 2};
+  return {reinterpret_cast<int*>(base), stats,
+          stats + (unsigned long long)p.n_tokens * p.n_heads * plan.split_stride * 2};
 }
 
 static __device__ __forceinline__ float warp_max(float v) {
@@ -166,9 +214,108 @@ static __device__ __forceinline__ float safe_reference(float max_value) {
   return max_value == -RF_INFINITY ? 0.0f : max_value;
 }
 
+// A lane's constants for walking a split's keys. Slot u of the warp's tile at `base` is key
+// base + u * keys_per_warp + key_slot; keys past the split's end read its last key (and are masked).
+struct Walk {
+  const int* __restrict__ table;          // the sequence's block table
+  const unsigned char* __restrict__ k_lane;  // the KV head's rows in block 0, at this lane's words
+  const unsigned char* __restrict__ v_lane;
+  int aux, keys_per_warp, key_slot, last_key, block_shift, in_block_mask;
+  unsigned int num_blocks, block_stride, row_bytes;
+};
+
+static __device__ __forceinline__ int slot_key(const Walk& w, int base, int u) {
+  return min(base + u * w.keys_per_warp + w.key_slot, w.last_key);
+}
+
+// The blocks of a tile's keys, kept inside the pool whatever the table holds.
+template <int U>
+static __device__ __forceinline__ void fetch_blocks(const Walk& w, int base, unsigned int (&blocks)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const unsigned int b = (unsigned int)w.table[slot_key(w, base, u) >> w.block_shift];
+    blocks[u] = b < w.num_blocks ? b : 0u;
+  }
+}
+
+// Issue the loads of a tile's K and V words (the block stride fits 32 bits: the launcher checks).
+template <class KV>
+static __device__ __forceinline__ void load_rows(const Walk& w, int base, const unsigned int (&blocks)[KV::kUnroll],
+                                                 typename KV::Raw (&k)[KV::kUnroll], typename KV::Raw (&v)[KV::kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < KV::kUnroll; ++u) {
+    const int key = slot_key(w, base, u);
+    const unsigned long long at = (unsigned long long)blocks[u] * w.block_stride +
+                                  (unsigned int)(key & w.in_block_mask) * w.row_bytes;
+    k[u] = KV::load(w.k_lane + at, w.aux);
+    v[u] = KV::load(w.v_lane + at, w.aux);
+  }
+}
+
+// Fold a loaded tile into the key slot's running max m, sum l and unnormalized output acc.
 template <class KV, int NG>
-__device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, int kv_head, int first_head, int split,
-                                       int counter_index, int n_chunks) {
+static __device__ __forceinline__ void consume(const Walk& w, int base, int k_end, int lanes_per_key,
+                                               const typename KV::Raw (&k)[KV::kUnroll],
+                                               const typename KV::Raw (&v)[KV::kUnroll], const float (&qv)[NG][kChunk],
+                                               float (&m)[NG], float (&l)[NG], float (&acc)[NG][kChunk]) {
+  constexpr int U = KV::kUnroll;
+  float s[U][NG];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    float kf[kChunk];
+    KV::decode(k[u], kf);
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      float d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) d = fmaf(qv[g][j], kf[j], d);
+      s[u][g] = d;
+    }
+  }
+  // The key's lanes sum their parts: every dot product of the tile in one pass over the offsets.
+  for (int o = 1; o < lanes_per_key; o <<= 1) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int g = 0; g < NG; ++g) s[u][g] += __shfl_xor(s[u][g], o);
+  }
+  if (base + U * w.keys_per_warp > k_end) {  // the split's last tile: keys past its end weigh nothing
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + u * w.keys_per_warp + w.key_slot >= k_end)
+#pragma unroll
+        for (int g = 0; g < NG; ++g) s[u][g] = -RF_INFINITY;
+  }
+  float ref[NG];
+#pragma unroll
+  for (int g = 0; g < NG; ++g) {
+    float mx = m[g];
+#pragma unroll
+    for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][g]);
+    ref[g] = safe_reference(mx);
+    const float correction = exp2f(m[g] - ref[g]);
+    l[g] *= correction;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) acc[g][j] *= correction;
+    m[g] = mx;
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    float vf[kChunk];
+    KV::decode(v[u], vf);
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      const float weight = exp2f(s[u][g] - ref[g]);
+      l[g] += weight;
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) acc[g][j] = fmaf(weight, vf[j], acc[g][j]);
+    }
+  }
+}
+
+template <class KV, int NG>
+__device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* __restrict__ table, int token, int kv_head,
+                                       int first_head, int ctx, const Plan& plan, int split, int counter_index) {
   const int hd = p.head_dim;
   const int tid = (int)threadIdx.x, threads = (int)blockDim.x;
   const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
@@ -176,32 +323,14 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, i
   const int key_warps = min(all_warps, kMaxWarps);
   float* out_rows = p.out + ((unsigned long long)token * p.n_heads + first_head) * hd;  // NG heads, contiguous
 
-  const long long capacity = (long long)p.max_blocks * p.block_size;
-  const long long wanted_ctx = (long long)p.positions[token] + 1;
-  const int ctx = (int)(wanted_ctx < capacity ? wanted_ctx : capacity);
-  if (ctx <= 0) {  // a padding token
-    if (split == 0)
-      for (int i = tid; i < NG * hd; i += threads) out_rows[i] = 0.0f;
-    return;
-  }
   // Lane roles: lanes_per_key consecutive lanes hold one key's row, 8 elements each.
   int lanes_per_key = 1;
   while (lanes_per_key * kChunk < hd) lanes_per_key <<= 1;
   const int keys_per_warp = WARP_SIZE / lanes_per_key;
   constexpr int U = KV::kUnroll;
   const int tile = keys_per_warp * U;  // keys of one warp's step
-
-  // Splits: as many as allowed with at least kMinKeysPerSplit keys each, their length rounded up to
-  // whole steps of the workgroup (no step half empty), and every split non-empty.
-  const int step_keys = key_warps * tile;
-  int n_split = min(min(p.max_splits, kMaxSplits), (ctx + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
-  n_split = max(n_split, 1);
-  int keys_per_split = (ctx + n_split - 1) / n_split;
-  keys_per_split = (keys_per_split + step_keys - 1) / step_keys * step_keys;
-  n_split = (ctx + keys_per_split - 1) / keys_per_split;
-  if (split >= n_split) return;
-  const int k_begin = split * keys_per_split;
-  const int k_end = min(ctx, k_begin + keys_per_split);
+  const int k_begin = split * plan.keys_per_split;
+  const int k_end = min(ctx, k_begin + plan.keys_per_split);
 
   const int key_slot = lane / lanes_per_key, chunk = lane % lanes_per_key;
   const bool chunk_live = chunk * kChunk < hd;  // head_dim 80 uses 10 of 16 lanes
@@ -219,14 +348,22 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, i
     qv[g][4] = b.x * s; qv[g][5] = b.y * s; qv[g][6] = b.z * s; qv[g][7] = b.w * s;
   }
 
-  const int* __restrict__ table = p.block_tables + (unsigned long long)p.token_seq[token] * p.max_blocks;
-  int block_shift = 0;
-  while ((1 << block_shift) < p.block_size) ++block_shift;
-  const unsigned long long row_bytes = KV::row_bytes(hd);
-  const unsigned long long head_stride = (unsigned long long)p.block_size * row_bytes;
-  const unsigned long long block_stride = head_stride * p.n_kv_heads;
-  const unsigned char* __restrict__ k_base = p.k_pool + kv_head * head_stride;
-  const unsigned char* __restrict__ v_base = p.v_pool + kv_head * head_stride;
+  Walk w;
+  w.table = table;
+  w.row_bytes = KV::row_bytes(hd);
+  const unsigned int head_stride = (unsigned int)p.block_size * w.row_bytes;
+  w.block_stride = head_stride * (unsigned int)p.n_kv_heads;
+  const int lane_at = KV::lane_offset(load_chunk);
+  w.k_lane = p.k_pool + (unsigned long long)kv_head * head_stride + lane_at;
+  w.v_lane = p.v_pool + (unsigned long long)kv_head * head_stride + lane_at;
+  w.aux = KV::lane_aux(load_chunk);
+  w.keys_per_warp = keys_per_warp;
+  w.key_slot = key_slot;
+  w.last_key = k_end - 1;
+  w.block_shift = 0;
+  while ((1 << w.block_shift) < p.block_size) ++w.block_shift;
+  w.in_block_mask = p.block_size - 1;
+  w.num_blocks = (unsigned int)p.num_blocks;
 
   float m[NG], l[NG], acc[NG][kChunk];
 #pragma unroll
@@ -237,60 +374,35 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, i
     for (int j = 0; j < kChunk; ++j) acc[g][j] = 0.0f;
   }
 
-  // Warps past kMaxWarps start past the end and take no keys. The trip count is uniform per warp.
-  for (int base = warp < kMaxWarps ? k_begin + warp * tile : k_end; base < k_end; base += key_warps * tile) {
-    typename KV::Raw k_raw[U], v_raw[U];
-    bool live[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int wanted = base + u * keys_per_warp + key_slot;
-      live[u] = wanted < k_end;
-      const int key = live[u] ? wanted : k_begin;  // a dead slot loads a real row and is masked below
-      int block = table[key >> block_shift];
-      block = (unsigned int)block < (unsigned int)p.num_blocks ? block : 0;  // never outside the pool
-      const unsigned long long at = (unsigned long long)block * block_stride + (unsigned long long)(key & (p.block_size - 1)) * row_bytes;
-      k_raw[u] = KV::load(k_base + at, load_chunk);
-      v_raw[u] = KV::load(v_base + at, load_chunk);
+  // The warp's tiles, two buffers in turn: the rows of the next tile load while this one is folded
+  // in, and the blocks of the one after. (A copy from one buffer to the other would wait for the
+  // loads, hence the two halves of the loop.) Warps past kMaxWarps start past the end. The trip count
+  // is uniform per warp, as the shuffles need.
+  const int warp_stride = key_warps * tile;
+  int base = warp < kMaxWarps ? k_begin + warp * tile : k_end;
+  typename KV::Raw k0[U], v0[U], k1[U], v1[U];
+  unsigned int blocks[U];
+  if (base < k_end) {
+    fetch_blocks<U>(w, base, blocks);
+    load_rows<KV>(w, base, blocks, k0, v0);
+    fetch_blocks<U>(w, base + warp_stride, blocks);
+  }
+  while (base < k_end) {
+    int next = base + warp_stride;
+    if (next < k_end) {
+      load_rows<KV>(w, next, blocks, k1, v1);
+      fetch_blocks<U>(w, next + warp_stride, blocks);
     }
-    float s[U][NG];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float kf[kChunk];
-      KV::decode(k_raw[u], kf);
-#pragma unroll
-      for (int g = 0; g < NG; ++g) {
-        float d = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kChunk; ++j) d = fmaf(qv[g][j], kf[j], d);
-        for (int o = 1; o < lanes_per_key; o <<= 1) d += __shfl_xor(d, o);
-        s[u][g] = live[u] ? d : -RF_INFINITY;
-      }
+    consume<KV, NG>(w, base, k_end, lanes_per_key, k0, v0, qv, m, l, acc);
+    base = next;
+    if (base >= k_end) break;
+    next = base + warp_stride;
+    if (next < k_end) {
+      load_rows<KV>(w, next, blocks, k0, v0);
+      fetch_blocks<U>(w, next + warp_stride, blocks);
     }
-    float ref[NG];
-#pragma unroll
-    for (int g = 0; g < NG; ++g) {
-      float mx = m[g];
-#pragma unroll
-      for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][g]);
-      ref[g] = safe_reference(mx);
-      const float correction = exp2f(m[g] - ref[g]);
-      l[g] *= correction;
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) acc[g][j] *= correction;
-      m[g] = mx;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float vf[kChunk];
-      KV::decode(v_raw[u], vf);
-#pragma unroll
-      for (int g = 0; g < NG; ++g) {
-        const float weight = exp2f(s[u][g] - ref[g]);
-        l[g] += weight;
-#pragma unroll
-        for (int j = 0; j < kChunk; ++j) acc[g][j] = fmaf(weight, vf[j], acc[g][j]);
-      }
-    }
+    consume<KV, NG>(w, base, k_end, lanes_per_key, k1, v1, qv, m, l, acc);
+    base = next;
   }
 
   // Merge the key slots of the warp (lanes lanes_per_key apart hold the same elements).
@@ -325,22 +437,23 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, i
   __syncthreads();
 
   // Merge the warps: warp 0 saw the split's first key, so the max is finite.
-  const Workspace ws = n_split > 1 ? workspace_layout(p, n_chunks) : Workspace{nullptr, nullptr, nullptr};
-  const unsigned long long first_partial = ((unsigned long long)token * p.n_heads + first_head) * p.max_splits;
+  const int n_split = plan.n_split;
+  const Workspace ws = n_split > 1 ? workspace_layout(p, plan) : Workspace{nullptr, nullptr, nullptr};
+  const unsigned long long first_partial = ((unsigned long long)token * p.n_heads + first_head) * plan.split_stride;
   for (int i = tid; i < NG * hd; i += threads) {
     const int g = i / hd, dim = i - g * hd;
     float mx = sh.m[0][g];
-    for (int w = 1; w < key_warps; ++w) mx = fmaxf(mx, sh.m[w][g]);
+    for (int w2 = 1; w2 < key_warps; ++w2) mx = fmaxf(mx, sh.m[w2][g]);
     float sum = 0.0f, o = 0.0f;
-    for (int w = 0; w < key_warps; ++w) {
-      const float f = exp2f(sh.m[w][g] - mx);
-      sum = fmaf(sh.l[w][g], f, sum);
-      o = fmaf(sh.o[w][g][dim], f, o);
+    for (int w2 = 0; w2 < key_warps; ++w2) {
+      const float f = exp2f(sh.m[w2][g] - mx);
+      sum = fmaf(sh.l[w2][g], f, sum);
+      o = fmaf(sh.o[w2][g][dim], f, o);
     }
     if (n_split == 1) {
       out_rows[i] = o / sum;
     } else {
-      const unsigned long long at = first_partial + (unsigned long long)g * p.max_splits + split;
+      const unsigned long long at = first_partial + (unsigned long long)g * plan.split_stride + split;
       ws.partial[at * hd + dim] = o;
       if (dim == 0) {
         ws.stats[2 * at] = mx;
@@ -366,7 +479,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, i
   // Each split's factor: exp2(max_s - max) / total sum, one warp per head. Volatile reads: other
   // workgroups wrote these during this kernel, so no cached copy may answer.
   for (int g = warp; g < NG; g += all_warps) {
-    const volatile float* stats = ws.stats + 2 * (first_partial + (unsigned long long)g * p.max_splits);
+    const volatile float* stats = ws.stats + 2 * (first_partial + (unsigned long long)g * plan.split_stride);
     float mx = -RF_INFINITY;
     for (int s0 = 0; s0 < n_split; s0 += WARP_SIZE)
       if (s0 + lane < n_split) mx = fmaxf(mx, stats[2 * (s0 + lane)]);
@@ -379,11 +492,20 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, int token, i
       if (s0 + lane < n_split) sh.split_weight[g][s0 + lane] = exp2f(stats[2 * (s0 + lane)] - mx) / sum;
   }
   __syncthreads();
+  // The partial rows, eight splits' loads in flight at a time.
+  constexpr int kBatch = 8;
   for (int i = tid; i < NG * hd; i += threads) {
     const int g = i / hd, dim = i - g * hd;
-    const volatile float* partial = ws.partial + (first_partial + (unsigned long long)g * p.max_splits) * hd + dim;
+    const volatile float* partial = ws.partial + (first_partial + (unsigned long long)g * plan.split_stride) * hd + dim;
     float o = 0.0f;
-    for (int s = 0; s < n_split; ++s) o = fmaf(sh.split_weight[g][s], partial[(unsigned long long)s * hd], o);
+    for (int s0 = 0; s0 < n_split; s0 += kBatch) {
+      float part[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) part[j] = s0 + j < n_split ? partial[(unsigned long long)(s0 + j) * hd] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (s0 + j < n_split) o = fmaf(sh.split_weight[g][s0 + j], part[j], o);
+    }
     out_rows[i] = o;
   }
   if (tid == 0) ws.counters[counter_index] = 0;  // ready for the next launch
@@ -393,46 +515,60 @@ template <class KV>
 __device__ __forceinline__ void run(const Params& p) {
   __shared__ Shared sh;  // one instance for every head count: the switch below picks one per workgroup
   rf_check_wave_size();
-  const int group = p.n_heads / p.n_kv_heads;
-  const int n_chunks = (group + kMaxGroupHeads - 1) / kMaxGroupHeads;
-  const int chunk_heads = (group + n_chunks - 1) / n_chunks;
   int rest = (int)blockIdx.x;
-  const int split = rest % p.max_splits;
-  rest /= p.max_splits;
-  const int head_chunk = rest % n_chunks;
-  rest /= n_chunks;
+  const int slot = rest % p.slots;
+  rest /= p.slots;
   const int kv_head = rest % p.n_kv_heads;
   const int token = rest / p.n_kv_heads;
   if (token >= p.n_tokens) return;
-  const int first_head = kv_head * group + head_chunk * chunk_heads;
-  const int counter_index = (token * p.n_kv_heads + kv_head) * n_chunks + head_chunk;
-  switch (min(chunk_heads, group - head_chunk * chunk_heads)) {
-    case 1: attend<KV, 1>(p, sh, token, kv_head, first_head, split, counter_index, n_chunks); break;
-    case 2: attend<KV, 2>(p, sh, token, kv_head, first_head, split, counter_index, n_chunks); break;
-    case 3: attend<KV, 3>(p, sh, token, kv_head, first_head, split, counter_index, n_chunks); break;
-    case 4: attend<KV, 4>(p, sh, token, kv_head, first_head, split, counter_index, n_chunks); break;
+  const int group = p.n_heads / p.n_kv_heads;
+  const long long capacity = (long long)p.max_blocks * p.block_size;
+  const long long wanted_ctx = (long long)p.positions[token] + 1;
+  const int seq = p.token_seq[token];  // loaded beside the position: the table's address waits on it
+  const int ctx = (int)(wanted_ctx < capacity ? wanted_ctx : capacity);
+  if (ctx <= 0) {  // a padding token: the KV head's first workgroup zeroes the group's rows
+    if (slot == 0) {
+      float* rows = p.out + ((unsigned long long)token * p.n_heads + kv_head * group) * p.head_dim;
+      for (int i = (int)threadIdx.x; i < group * p.head_dim; i += (int)blockDim.x) rows[i] = 0.0f;
+    }
+    return;
+  }
+  int lanes_per_key = 1;
+  while (lanes_per_key * kChunk < p.head_dim) lanes_per_key <<= 1;
+  const Plan plan = make_plan(p, ctx, kMaxWarps * (WARP_SIZE / lanes_per_key) * KV::kUnroll);
+  if (slot >= plan.n_chunks * plan.n_split) return;
+  const int chunk = slot / plan.n_split, split = slot - chunk * plan.n_split;
+  const int first_head = kv_head * group + chunk * plan.chunk_heads;
+  const int counter_index = (token * p.n_kv_heads + kv_head) * plan.n_chunks + chunk;  // used when splitting only
+  const int* __restrict__ table = p.block_tables + (unsigned long long)seq * p.max_blocks;
+  switch (min(plan.chunk_heads, group - chunk * plan.chunk_heads)) {
+    case 1: attend<KV, 1>(p, sh, table, token, kv_head, first_head, ctx, plan, split, counter_index); break;
+    case 2: attend<KV, 2>(p, sh, table, token, kv_head, first_head, ctx, plan, split, counter_index); break;
+    case 3: attend<KV, 3>(p, sh, table, token, kv_head, first_head, ctx, plan, split, counter_index); break;
+    case 4: attend<KV, 4>(p, sh, table, token, kv_head, first_head, ctx, plan, split, counter_index); break;
     default: break;
   }
 }
 
 }  // namespace rf_paged_attention
 
-// The launcher's block: 4 warps, 128 threads on NVIDIA and RDNA, 256 on CDNA. Bounding the kernel to it,
-// with one workgroup per multiprocessor as the least occupancy asked for (on AMD: one wave per SIMD),
-// lets the compilers give a thread all the registers it needs (4 query heads' q and outputs, and the
-// rows in flight) instead of spilling: ptxas otherwise stops at 168 and spills a few bytes for q8_0.
+// The launcher's block: 4 warps, 128 threads on NVIDIA and RDNA, 256 on CDNA. Bounding the kernel to
+// it with RF_ATTENTION_MIN_BLOCKS workgroups per multiprocessor (on AMD: waves per SIMD) caps the
+// registers so that several workgroups fit, for prompts and large batches, yet leaves a thread room for
+// four query heads' q and outputs and two tiles of rows in flight without spilling.
 #define RF_ATTENTION_THREADS (rf_paged_attention::kMaxWarps * WARP_SIZE)
+#define RF_ATTENTION_MIN_BLOCKS 2
 
 #define RF_PAGED_ATTENTION_KERNEL(name, KV)                                                                         \
-  extern "C" __global__ __launch_bounds__(RF_ATTENTION_THREADS, 1) void name(                                       \
+  extern "C" __global__ __launch_bounds__(RF_ATTENTION_THREADS, RF_ATTENTION_MIN_BLOCKS) void name(                 \
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,                   \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
       void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
-      int num_blocks, int max_splits, float scale) {                                                                  \
+      int num_blocks, int slots, float scale) {                                                                       \
     const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
                                           positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \
-                                          max_blocks, num_blocks, max_splits, scale};                                 \
+                                          max_blocks, num_blocks, slots, scale};                                      \
     rf_paged_attention::run<rf_paged_attention::KV>(p);                                                               \
   }
 

@@ -508,7 +508,7 @@ def run_attention(harnesses, warp, tmp_path, sample, workspace: bool, positions=
     splits = paged_attention.split_limit(s.n_tokens, s.n_heads, s.n_kv_heads, s.max_blocks * s.block_size) \
         if workspace else 1
     slots = paged_attention.slot_count(s.n_tokens, s.n_heads, s.n_kv_heads, splits)
-    ws_bytes = paged_attention.workspace_bytes(s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim, slots) if workspace else 0
+    ws_bytes = paged_attention.workspace_bytes(s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim, slots) if splits > 1 else 0
     grid, block = paged_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads, slots)
     paths = write_inputs(tmp_path, q=s.q, k_pool=s.k_pool, v_pool=s.v_pool,
                   tables=s.block_tables if block_tables is None else block_tables, token_seq=s.token_seq,

@@ -154,28 +154,36 @@ def test_paged_attention_launcher_fits_splits_to_the_workspace(cpu_device, monke
     sizes = dict(n_tokens=1, n_heads=9, n_kv_heads=3, head_dim=64, block_size=16, max_blocks=512, num_blocks=600,
                  scale=0.125, kv_dtype="f16")
     full = paged_attention.workspace_size(1, 9, 3, 64, 512 * 16)
-    for nbytes, splits in ((None, 1), (full, 64), (paged_attention.workspace_bytes(1, 9, 3, 64, 10), 10), (300, 1)):
+    # One token of 9 heads: 3 slots at least, room for one workgroup per query head at short contexts.
+    for nbytes, slots in ((None, 3), (full, 64), (paged_attention.workspace_bytes(1, 9, 3, 64, 10), 10), (300, 3)):
         workspace = None if nbytes is None else cpu_device.allocate(nbytes, "scratch")
         paged_attention.launch(cpu_device, None, q, q, pool, pool, tables, small, small, **sizes, workspace=workspace)
         grid, block, args = kernel.launches[-1]
-        assert args[15] == splits and grid == 3 * splits and block == 4 * 32
-        assert (args[7] == 0) == (splits == 1)  # no workspace pointer unless it splits
+        assert args[15] == slots and grid == 3 * slots and block == 4 * 32
+        assert (args[7] == 0) == (slots == 3)  # no workspace pointer unless it splits
 
 
 def test_paged_attention_geometry_and_workspace_sizes():
-    # Decode of one sequence at long context: all 64 splits; a 512-token prompt fills the GPU alone.
+    # Decode of one sequence at long context: all 64 splits; no splits once the tokens fill the GPU alone.
     assert paged_attention.split_limit(1, 9, 3, 8192) == 64
-    assert paged_attention.split_limit(1, 9, 3, 100) == 2  # no more than 64-key pieces of the context
-    assert paged_attention.split_limit(64, 9, 3, 8192) == 6
+    assert paged_attention.split_limit(1, 9, 3, 100) == 1  # no more than 128-key pieces of the context
+    assert paged_attention.split_limit(1, 9, 3, 300) == 3
+    assert paged_attention.split_limit(8, 9, 3, 8192) == 10
+    assert paged_attention.split_limit(64, 9, 3, 8192) == 1
     assert paged_attention.split_limit(512, 9, 3, 8192) == 1
     assert paged_attention.head_chunks(9, 3) == 1 and paged_attention.head_chunks(28, 4) == 2
+    # Small launches get a slot per query head (7 tokens x 9 heads <= 64 pairs), larger ones per chunk.
+    assert paged_attention.slot_count(7, 9, 3, 1) == 3 and paged_attention.slot_count(8, 9, 3, 1) == 1
+    assert paged_attention.slot_count(1, 28, 4, 2) == 7 and paged_attention.slot_count(1, 28, 4, 5) == 10
+    assert paged_attention.slot_count(1, 4, 4, 1) == 1  # no grouping: nothing to spread
+    assert paged_attention.split_stride(28, 4, 7) == 3
     assert paged_attention.geometry("gfx942", 2, 9, 3, 5) == (30, 256)
     assert paged_attention.geometry("sm_90", 2, 32, 8, 1) == (16, 128)
     size = paged_attention.workspace_size(512, 9, 3, 64, 8192)
     assert 0 < size < 4 << 20
     for n in (1, 7, 64, 300, 512):
-        assert paged_attention.workspace_bytes(n, 9, 3, 64, paged_attention.split_limit(n, 9, 3, 8192)) <= size
-    assert paged_attention.workspace_size(64, 9, 3, 64, 64) == 0  # contexts of one piece never split
+        assert paged_attention.workspace_bytes(n, 9, 3, 64, paged_attention.launch_slots(n, 9, 3, 8192)) <= size
+    assert paged_attention.workspace_size(64, 9, 3, 64, 128) == 0  # contexts of one piece never split
 
 
 def test_paged_attention_launcher_refuses_bad_arguments(cpu_device):

@@ -6,21 +6,23 @@ with a negative position is padding: its output rows are zero.
 
 Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0; kernels/paged_attention.hip) with the signature
     (out p, q p, k_pool p, v_pool p, block_tables p, token_seq p, positions p, workspace p,
-     n_tokens i, n_heads i, n_kv_heads i, head_dim i, block_size i, max_blocks i, num_blocks i, max_splits i,
+     n_tokens i, n_heads i, n_kv_heads i, head_dim i, block_size i, max_blocks i, num_blocks i, slots i,
      scale f)
 q, out: float32 [n_tokens, n_heads, head_dim] (out may be q); pools: [num_blocks, n_kv_heads,
 block_size, row_bytes] (the KvCache layout); block_tables: int32 [n_seqs, max_blocks]; token_seq,
 positions: int32 [n_tokens]. Query head h reads KV head h // (n_heads / n_kv_heads), as llama.cpp does.
 
-Geometry (1-D grid): one workgroup of 4 warps per (token, KV head, chunk of at most 4 of its query
-heads, split of the token's keys). A decode step has few tokens, so each token's keys are split
-among up to `max_splits` workgroups (this launcher picks it: enough workgroups to fill a GPU, no more
-splits than the longest context has 64-key pieces); the kernel sizes each token's splits from its own
-context length, which is what lets a graph captured once serve every later step. Splitting needs a
-workspace for the partial results and a counter per (token, KV head, chunk): a Buffer of at least
-`workspace_size(...)` bytes, zeroed once when allocated (Buffer.fill(0)); the kernel leaves its
-counters at zero after every launch. Launches that share a workspace must run one after another (one
-stream). Without a workspace every token is one workgroup's work.
+Geometry (1-D grid): `slots` workgroups of 4 warps per (token, KV head); the kernel makes each token's
+plan from its own context length, which is what lets a graph captured once serve every later step:
+- a launch of at most 64 (token, query head) pairs (a decode step of a few sequences) gives a token of
+  at most 512 keys one workgroup per query head (slots >= the group size);
+- otherwise a workgroup serves a chunk of at most 4 of the group's query heads, and a token's keys are
+  split among up to slots / chunks workgroups (this launcher picks how many: enough workgroups to
+  fill a GPU, none once the tokens alone fill it, no more splits than the longest context has
+  128-key pieces). Splitting needs a workspace for the partial results and a counter per (token, KV
+  head, chunk): a Buffer of at least `workspace_size(...)` bytes, zeroed once when allocated
+  (Buffer.fill(0)); the kernel leaves its counters at zero after every launch. Launches that share a
+  workspace must run one after another (one stream). Without a workspace no keys are split.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ SIGNATURE = "pppppppp iiiiiiii f"
 WARPS = 4  # per workgroup: the kernel's launch bounds
 MAX_GROUP_HEADS = 4  # query heads a workgroup serves
 MAX_HEAD_DIM = 256  # 8 elements per lane, 32 lanes per key at most
-MIN_KEYS_PER_SPLIT = 64  # the kernel's kMinKeysPerSplit
+MIN_KEYS_PER_SPLIT = 128  # the kernel's kMinKeysPerSplit
 MAX_SPLITS = 64  # the kernel's kMaxSplits
-TARGET_WORKGROUPS = 1024  # enough to fill an H100 (132 SMs) or an MI300X (304 CUs) several times
+SPREAD_MAX_CONTEXT = 512  # the kernel's kSpreadMaxContext
+SPREAD_MAX_WORKGROUPS = 64  # the kernel's kSpreadMaxWorkgroups
+# Splits stop once the (token, KV head, chunk) workgroups alone reach this: a split costs a fence, an
+# atomic and a combine, which measured slower than unsplit work at 64 sequences (H100, 132 SMs).
+TARGET_WORKGROUPS = 256
 COUNTER_BYTES_ALIGNMENT = 256
 POOL_ALIGNMENT = {"f16": 16, "bf16": 16, "f32": 16, "q8_0": 2}  # the widest aligned load of a row
 Q_ALIGNMENT = 16  # q is read with 16-byte loads
@@ -92,7 +98,7 @@ def _register(fmt: KvDtype) -> None:
     @cpu_kernel(kernel_name(fmt.name), SIGNATURE.replace(" ", ""))
     def host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int,
              token_seq: int, positions: int, workspace: int, n_tokens: int, n_heads: int, n_kv_heads: int,
-             head_dim: int, block_size: int, max_blocks: int, num_blocks: int, max_splits: int, scale: float) -> None:
+             head_dim: int, block_size: int, max_blocks: int, num_blocks: int, slots: int, scale: float) -> None:
         pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
         seqs = dev.view(token_seq, np.int32, n_tokens)
         n_seqs = int(seqs.max()) + 1 if n_tokens else 0
@@ -119,31 +125,55 @@ def head_chunks(n_heads: int, n_kv_heads: int) -> int:
 
 def split_limit(n_tokens: int, n_heads: int, n_kv_heads: int, max_context: int) -> int:
     """The most workgroups a token's keys are split among: enough for TARGET_WORKGROUPS in all, at most
-    MAX_SPLITS, and no more than the longest context (max_context keys) has pieces of 64 keys."""
+    MAX_SPLITS, and no more than the longest context (max_context keys) has pieces of 128 keys."""
     groups = n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads)
-    return max(1, min(MAX_SPLITS, -(-TARGET_WORKGROUPS // groups), -(-max_context // MIN_KEYS_PER_SPLIT)))
+    return max(1, min(MAX_SPLITS, TARGET_WORKGROUPS // groups, -(-max_context // MIN_KEYS_PER_SPLIT)))
 
 
-def workspace_bytes(n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, max_splits: int) -> int:
-    """Workspace one launch of n_tokens with `max_splits` uses (0 when it does not split)."""
-    if max_splits <= 1:
+def spreads(n_tokens: int, n_heads: int, n_kv_heads: int) -> bool:
+    """Whether a launch is small enough for the kernel to give short contexts one workgroup per query head."""
+    return n_heads > n_kv_heads and n_tokens * n_heads <= SPREAD_MAX_WORKGROUPS
+
+
+def slot_count(n_tokens: int, n_heads: int, n_kv_heads: int, splits: int) -> int:
+    """Workgroups per (token, KV head) for `splits` splits of each head chunk's keys: room for the
+    one-workgroup-per-query-head plan too where the launch is small enough for it."""
+    slots = head_chunks(n_heads, n_kv_heads) * splits
+    return max(slots, n_heads // n_kv_heads) if spreads(n_tokens, n_heads, n_kv_heads) else slots
+
+
+def split_stride(n_heads: int, n_kv_heads: int, slots: int) -> int:
+    """Splits per (token, query head) the kernel may make with `slots` (the workspace's stride)."""
+    return max(1, min(MAX_SPLITS, slots // head_chunks(n_heads, n_kv_heads)))
+
+
+def workspace_bytes(n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, slots: int) -> int:
+    """Workspace one launch of n_tokens with `slots` workgroups per (token, KV head) uses (0: it never splits)."""
+    stride = split_stride(n_heads, n_kv_heads, slots)
+    if stride <= 1:
         return 0
     counters = n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads) * 4
     counters = -(-counters // COUNTER_BYTES_ALIGNMENT) * COUNTER_BYTES_ALIGNMENT
-    return counters + n_tokens * n_heads * max_splits * (head_dim + 2) * 4
+    return counters + n_tokens * n_heads * stride * (head_dim + 2) * 4
+
+
+def launch_slots(n_tokens: int, n_heads: int, n_kv_heads: int, max_context: int) -> int:
+    """The slots this launcher uses for a launch of n_tokens over contexts up to max_context keys, given
+    a large enough workspace."""
+    return slot_count(n_tokens, n_heads, n_kv_heads, split_limit(n_tokens, n_heads, n_kv_heads, max_context))
 
 
 def workspace_size(max_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, max_context: int) -> int:
     """Bytes of a workspace with which every launch of up to max_tokens tokens, over contexts of up to
     max_context keys, splits as much as this launcher wants (a few MiB at most: splitting stops once
     the tokens alone fill the GPU)."""
-    return max((workspace_bytes(n, n_heads, n_kv_heads, head_dim, split_limit(n, n_heads, n_kv_heads, max_context))
-                for n in range(1, max_tokens + 1)), default=0)
+    return max((workspace_bytes(n, n_heads, n_kv_heads, head_dim, launch_slots(n, n_heads, n_kv_heads, max_context))
+                for n in range(1, max_tokens + 1) if split_limit(n, n_heads, n_kv_heads, max_context) > 1), default=0)
 
 
-def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, max_splits: int) -> tuple[int, int]:
-    """(grid, block) of a launch: one workgroup of 4 warps per (token, KV head, head chunk, split)."""
-    return n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads) * max_splits, WARPS * wavefront_size(arch)
+def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, slots: int) -> tuple[int, int]:
+    """(grid, block) of a launch: `slots` workgroups of 4 warps per (token, KV head)."""
+    return n_tokens * n_kv_heads * slots, WARPS * wavefront_size(arch)
 
 
 def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
@@ -163,6 +193,8 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     if block_size & (block_size - 1):
         raise ValueError(f"{op}: block_size must be a power of two, got {block_size}")
     row_bytes = KV_DTYPES[kv_dtype].row_bytes(head_dim)
+    if n_kv_heads * block_size * row_bytes >= 2**31:
+        raise ValueError(f"{op}: a pool block of {n_kv_heads} x {block_size} rows is 2 GiB or more")
     rows_bytes = n_tokens * n_heads * head_dim * 4
     check_memory(op, "q", q, rows_bytes, Q_ALIGNMENT)
     check_memory(op, "out", out, rows_bytes)
@@ -172,20 +204,19 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     check_memory(op, "token_seq", token_seq, n_tokens * 4)
     check_memory(op, "positions", positions, n_tokens * 4)
 
-    max_splits = split_limit(n_tokens, n_heads, n_kv_heads, max_blocks * block_size)
-    workspace_address: Any = 0
-    if workspace is None:
-        max_splits = 1
-    elif max_splits > 1:
-        if not isinstance(workspace, Buffer):
-            raise ValueError(f"{op}: workspace must be a Buffer (its size decides how far keys are split)")
-        while max_splits > 1 and workspace_bytes(n_tokens, n_heads, n_kv_heads, head_dim, max_splits) > workspace.nbytes:
-            max_splits -= 1
-        workspace_address = workspace if max_splits > 1 else 0
-    grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads, max_splits)
+    splits = split_limit(n_tokens, n_heads, n_kv_heads, max_blocks * block_size) if workspace is not None else 1
+    if workspace is not None and not isinstance(workspace, Buffer):
+        raise ValueError(f"{op}: workspace must be a Buffer (its size decides how far keys are split)")
+    while splits > 1 and workspace_bytes(n_tokens, n_heads, n_kv_heads, head_dim,
+                                         slot_count(n_tokens, n_heads, n_kv_heads, splits)) > workspace.nbytes:
+        splits -= 1
+    slots = slot_count(n_tokens, n_heads, n_kv_heads, splits)
+    # Without a workspace pointer the kernel splits nothing: none is passed where this launcher wants no split.
+    workspace_address: Any = workspace if splits > 1 else 0
+    grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads, slots)
     if grid > INT32_MAX:
         raise ValueError(f"{op}: {n_tokens} tokens need {grid} workgroups, more than a launch takes")
     kernel = get_kernel(device, OP, op, SIGNATURE.replace(" ", ""))
     kernel.launch(grid, block,
                   [out, q, k_pool, v_pool, block_tables, token_seq, positions, workspace_address, n_tokens, n_heads,
-                   n_kv_heads, head_dim, block_size, max_blocks, num_blocks, max_splits, scale], stream=stream)
+                   n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, scale], stream=stream)

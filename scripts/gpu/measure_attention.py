@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,9 @@ MAX_COPIES = 256  # graph nodes per replay at most
 
 
 def commit() -> str:
+    """ROCMFORGE_COMMIT where the sources travel without their .git (as for rocmforge bench), else git's."""
+    if os.environ.get("ROCMFORGE_COMMIT"):
+        return os.environ["ROCMFORGE_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()

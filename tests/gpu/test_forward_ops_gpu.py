@@ -290,11 +290,11 @@ def test_forward_ops_compile_at_run_time(gpu, mem, rng, seed):
     sample = make_sample(rng, "q8_0", 9, 3, 64, 16, [(900, 1), (20, 3)])
     run = AttentionRun(gpu, mem, sample)
     s = sample
-    max_splits = paged_attention.split_limit(s.n_tokens, 9, 3, s.max_blocks * 16)
-    grid, block = paged_attention.geometry(gpu.arch, s.n_tokens, 9, 3, max_splits)
+    slots = paged_attention.launch_slots(s.n_tokens, 9, 3, s.max_blocks * 16)
+    grid, block = paged_attention.geometry(gpu.arch, s.n_tokens, 9, 3, slots)
     kernel = modules["paged_attention"].kernel("paged_attention_q8_0", paged_attention.SIGNATURE.replace(" ", ""))
     kernel.launch(grid, block, [run.out, *run.inputs, run.workspace, s.n_tokens, 9, 3, 64, 16, s.max_blocks,
-                                s.num_blocks, max_splits, s.scale])
+                                s.num_blocks, slots, s.scale])
     run.check(seed, "run-time compiled")
 
 
