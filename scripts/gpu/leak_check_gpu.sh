@@ -12,7 +12,7 @@
 # Knobs: LEAK_REQUESTS (10000), SHORT_REQUESTS (16), SANITIZER_TIMEOUT (300 s), LEAK_TIMEOUT (540 s),
 # LEAK_ARGS (extra leak-check options for the long run, e.g. --no-tracemalloc), LEAK_SKIP_PYTEST=1.
 # Writes to $OUT (default /tmp/leak-check-gpu): leak_full.json/.log, sanitizer_clean.json/.log,
-# sanitizer_planted.json/.log, pytest_gpu.log, summary.md. Exit 0 only when the long run is clean and the sanitizer
+# sanitizer_planted.json/.log (the .log is compute-sanitizer's report, .stderr the progress), pytest_gpu.log, summary.md. Exit 0 only when the long run is clean and the sanitizer
 # agrees with leak-check on both short runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,7 +30,9 @@ status=0
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>/dev/null \
     || rocm-smi --showproductname 2>/dev/null || echo "no GPU tool found"; } > "$OUT/device.txt"
-git log -1 --format='%H %cd' > "$OUT/commit.txt" 2>/dev/null || true
+# ROCMFORGE_COMMIT names the commit where the sources travel without a current .git
+if [ -n "${ROCMFORGE_COMMIT:-}" ]; then echo "$ROCMFORGE_COMMIT" > "$OUT/commit.txt"
+else git log -1 --format='%H %cd' > "$OUT/commit.txt" 2>/dev/null || true; fi
 
 echo "== 1. leak-check, $REQUESTS requests"
 start=$(date +%s)
@@ -47,8 +49,10 @@ elif [ -x /usr/local/cuda/bin/compute-sanitizer ]; then sanitizer=/usr/local/cud
 fi
 run_sanitized() {  # $1: name; the rest: extra leak-check arguments
   local name=$1; shift
+  # --log-file: compute-sanitizer writes its report to stdout otherwise, into the JSON
   timeout "${SANITIZER_TIMEOUT:-300}" "$sanitizer" --tool memcheck --leak-check full --print-limit 50 \
-      python3 -m rocmforge_cli.app "${SHORT_ARGS[@]}" "$@" > "$OUT/sanitizer_$name.json" 2> "$OUT/sanitizer_$name.log"
+      --log-file "$OUT/sanitizer_$name.log" \
+      python3 -m rocmforge_cli.app "${SHORT_ARGS[@]}" "$@" > "$OUT/sanitizer_$name.json" 2> "$OUT/sanitizer_$name.stderr"
 }
 if [ -n "$sanitizer" ]; then
   echo "== 2. short run under compute-sanitizer (clean)"
