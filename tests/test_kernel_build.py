@@ -325,15 +325,18 @@ def test_attention_kernels_keep_their_registers(built):
 
 
 def test_matrix_product_kernels_keep_everything_in_registers(built):
-    """matvec and matmul hold their accumulators and prefetched weights / x in registers on every target:
+    """matvec, matmul and fused_matmul hold their accumulators and prefetched weights / x in registers on every target:
     no spills and no private (scratch) arrays, which would put memory traffic in their inner loops (a
     whole-struct copy once left matmul's prefetched x in scratch on AMD). matmul's shared tiles: 18 KiB."""
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
     for target in all_targets():
-        for op in ("matvec", "matmul"):
+        # fused_matvec is not held to it yet: matvec_norm_rope_q8_0 spills 16 bytes on sm_80 under its
+        # launch bounds' register cap (80)
+        for op in ("matvec", "matmul", "fused_matmul"):
             for name, usage in manifest["objects"][target][op]["kernels"].items():
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
                 assert off_chip == 0, f"{target} {name}: {usage}"
-                assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"
+                if op in ("matvec", "matmul"):
+                    assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"
