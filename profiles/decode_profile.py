@@ -113,7 +113,7 @@ def decode_batch(cache, batch: int, context: int, seq_base: int = 10_000_000) ->
     ), ids
 
 
-def _device_us(device, stream, fn, reps: int) -> float:
+def device_us(device, stream, fn, reps: int) -> float:
     """Mean device time of fn() (which queues work on `stream`) over reps runs, in microseconds."""
     start, end = device.create_event(), device.create_event()
     fn()
@@ -135,7 +135,7 @@ def _copy_bandwidth(device, nbytes: int, reps: int) -> float:
         dst = device.allocate(nbytes, "scratch", label="profile.copy_dst")
         try:
             stream = device.default_stream
-            us = _device_us(device, stream, lambda: device.copy_device_to_device(dst, src, nbytes, stream=stream), reps)
+            us = device_us(device, stream, lambda: device.copy_device_to_device(dst, src, nbytes, stream=stream), reps)
             return 2 * nbytes / (us * 1e-6)
         finally:
             dst.free()
@@ -156,7 +156,7 @@ def profile_decode(loaded: LoadedModel, *, batch: int = 1, context: int = 128, r
         runner.execute_sampled(step, sampling)  # loads every kernel; captures the bucket's graph
         runner.execute_sampled(step, sampling)
         plan = runner.launch_plan(bucket, bucket, all_rows=True, with_sampling=True, decode=True)
-        graph_us = _device_us(device, stream, lambda: runner.graphs.run(bucket, lambda: None), reps)
+        graph_us = device_us(device, stream, lambda: runner.graphs.run(bucket, lambda: None), reps)
 
         kinds: OrderedDict[str, list] = OrderedDict()
         for label, launch in plan:
@@ -167,7 +167,7 @@ def profile_decode(loaded: LoadedModel, *, batch: int = 1, context: int = 128, r
                 for launch in launches:
                     launch()
             try:
-                kernels.append(KernelKind(label, len(launches), _device_us(device, stream, lambda: cap.graph.launch(stream), reps)))
+                kernels.append(KernelKind(label, len(launches), device_us(device, stream, lambda: cap.graph.launch(stream), reps)))
             finally:
                 cap.graph.destroy()
 

@@ -35,7 +35,7 @@ import numpy as np
 from hipcore.ops import fused_matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.fused_matvec import (reference_add, reference_norm, reference_norm_rope,  # noqa: F401 (re-exported)
                                       reference_norm_swiglu)
-from hipcore.ops.launch_checks import INT32_MAX, check_disjoint, check_memory, check_sizes
+from hipcore.ops.launch_checks import INT32_MAX, check_disjoint, check_memory, check_qkv_rope, check_sizes
 from hipcore.ops.matvec import WEIGHT_ALIGNMENT
 from hipcore.ops.weight_formats import host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -221,14 +221,8 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
     op = f"matmul_norm_rope_{weight_type}"
     rows = q_rows + 2 * kv_rows
     _check_matrix(op, w, weight_type, rows, cols, n_tokens, x, g)
-    check_sizes(op, head_dim=head_dim, rope_dim=rope_dim, kv_rows=kv_rows)
-    if head_dim % 2 or rope_dim % 2 or rope_dim > head_dim or q_rows % head_dim or kv_rows % head_dim:
-        raise ValueError(f"{op}: q_rows {q_rows} and kv_rows {kv_rows} must be whole heads of an even head_dim "
-                         f"{head_dim}, rope_dim {rope_dim} even and at most head_dim")
-    for name, out, width in (("q", q, q_rows), ("k", k, kv_rows), ("v", v, kv_rows)):
-        check_memory(op, name, out, n_tokens * width * 4)
-        check_disjoint(op, (name, out, n_tokens * width * 4), ("x", x, n_tokens * cols * 4))
-    check_memory(op, "positions", positions, n_tokens * 4)
+    check_qkv_rope(op, q, k, v, x, positions, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=n_tokens,
+                   head_dim=head_dim, rope_dim=rope_dim)
     _launch(device, stream, "matmul_norm_rope", weight_type, -(-rows // TILE_ROWS), cols, n_tokens, workspace,
             tile_tokens, splits, (q, k, v, w, x, g, positions),
             (q_rows, kv_rows, cols, n_tokens, head_dim, rope_dim), (eps, theta, freq_scale))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hipcore.ops import rmsnorm, rope, silu_mul
-from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
+from hipcore.ops.launch_checks import check_disjoint, check_memory, check_qkv_rope, check_sizes
 from hipcore.ops.matvec import WEIGHT_ALIGNMENT, dequantize_rows, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Dim3, Stream
@@ -172,14 +172,8 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
     op = f"matvec_norm_rope_{weight_type}"
     rows = q_rows + 2 * kv_rows
     _check_matrix(op, w, weight_type, rows, cols, batch, x, g)
-    check_sizes(op, head_dim=head_dim, rope_dim=rope_dim, kv_rows=kv_rows)
-    if head_dim % 2 or rope_dim % 2 or rope_dim > head_dim or q_rows % head_dim or kv_rows % head_dim:
-        raise ValueError(f"{op}: q_rows {q_rows} and kv_rows {kv_rows} must be whole heads of an even head_dim "
-                         f"{head_dim}, rope_dim {rope_dim} even and at most head_dim")
-    for name, out, width in (("q", q, q_rows), ("k", k, kv_rows), ("v", v, kv_rows)):
-        check_memory(op, name, out, batch * width * 4)
-        check_disjoint(op, (name, out, batch * width * 4), ("x", x, batch * cols * 4))
-    check_memory(op, "positions", positions, batch * 4)
+    check_qkv_rope(op, q, k, v, x, positions, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=batch,
+                   head_dim=head_dim, rope_dim=rope_dim)
     _launch(device, stream, "matvec_norm_rope", weight_type, -(-rows // 2),
             (q, k, v, w, x, g, positions, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
 

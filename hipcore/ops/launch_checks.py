@@ -58,3 +58,16 @@ def check_disjoint(op: str, first: tuple[str, Any, int], second: tuple[str, Any,
     start_a, start_b = address(a), address(b)
     if start_a < start_b + size_b and start_b < start_a + size_a:
         raise ValueError(f"{op}: {name_a} and {name_b} overlap; the kernel needs them apart")
+
+
+def check_qkv_rope(op: str, q: Any, k: Any, v: Any, x: Any, positions: Any, *, q_rows: int, kv_rows: int,
+                   cols: int, n_tokens: int, head_dim: int, rope_dim: int) -> None:
+    """The outputs and head geometry of a fused q|k|v product with RoPE (fused_matvec, fused_matmul)."""
+    check_sizes(op, head_dim=head_dim, rope_dim=rope_dim, kv_rows=kv_rows)
+    if head_dim % 2 or rope_dim % 2 or rope_dim > head_dim or q_rows % head_dim or kv_rows % head_dim:
+        raise ValueError(f"{op}: q_rows {q_rows} and kv_rows {kv_rows} must be whole heads of an even head_dim "
+                         f"{head_dim}, rope_dim {rope_dim} even and at most head_dim")
+    for name, out, width in (("q", q, q_rows), ("k", k, kv_rows), ("v", v, kv_rows)):
+        check_memory(op, name, out, n_tokens * width * 4)
+        check_disjoint(op, (name, out, n_tokens * width * 4), ("x", x, n_tokens * cols * 4))
+    check_memory(op, "positions", positions, n_tokens * 4)

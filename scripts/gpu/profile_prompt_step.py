@@ -21,18 +21,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from hipcore.loader import LoadOptions, load_model  # noqa: E402
 from model_steps import step_batch  # noqa: E402
-
-
-def device_us(device, stream, fn, reps: int) -> float:
-    start, end = device.create_event(), device.create_event()
-    fn()
-    stream.synchronize()
-    start.record(stream)
-    for _ in range(reps):
-        fn()
-    end.record(stream)
-    end.synchronize()
-    return 1e3 * start.elapsed_ms(end) / reps
+from profiles.decode_profile import device_us  # noqa: E402
 
 
 def main() -> None:
