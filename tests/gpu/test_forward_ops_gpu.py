@@ -18,7 +18,6 @@ from hipcore.kvcache import KvCache, KvCacheConfig
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype
 from hipcore.ops import embedding, kv_store, paged_attention, select_rows
 from hipcore.runtime import kernels as loader
-from hipcore.runtime.device import pick_device
 
 pytestmark = pytest.mark.gpu
 
@@ -30,58 +29,6 @@ ENTRIES = {
 }
 THREADS = {"embedding": embedding.MAX_THREADS, "select_rows": select_rows.MAX_THREADS, "kv_store": kv_store.THREADS,
            "paged_attention": None}  # attention: 4 warps, the launcher's block on this device
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    choice = pick_device("auto")
-    dev = choice.device
-    if dev.backend == "cpu":
-        dev.close()
-        pytest.fail("the GPU tier needs a GPU; pick_device said: " + "; ".join(choice.reasons), pytrace=False)
-    yield dev
-    loader.forget_device(dev)
-    dev.close()
-
-
-@pytest.fixture
-def seed() -> int:
-    return int(np.random.SeedSequence().entropy % 2**32)
-
-
-@pytest.fixture
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-class Scratch:
-    """Device buffers of one test, freed at its end."""
-
-    def __init__(self, dev):
-        self.dev, self.buffers = dev, []
-
-    def upload(self, array: np.ndarray, tag: str = "activations"):
-        buf = self.dev.allocate(max(array.nbytes, 4), tag)
-        buf.upload(np.ascontiguousarray(array))
-        self.buffers.append(buf)
-        return buf
-
-    def poisoned(self, nbytes: int, tag: str = "activations"):
-        buf = self.dev.allocate(nbytes, tag)
-        buf.fill(0xFF)
-        self.buffers.append(buf)
-        return buf
-
-    def free(self):
-        for buf in self.buffers:
-            buf.free()
-
-
-@pytest.fixture
-def mem(gpu):
-    scratch = Scratch(gpu)
-    yield scratch
-    scratch.free()
 
 
 # ---- embedding and select_rows: exact ----------------------------------------------------------

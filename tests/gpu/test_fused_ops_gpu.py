@@ -14,60 +14,11 @@ import numpy as np
 import pytest
 
 from hipcore.ops import fused_matmul, fused_matvec, matvec, rmsnorm, rope, sample, silu_mul
-from hipcore.runtime import kernels as loader
-from hipcore.runtime.device import pick_device
 from weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
 
 U32 = 2.0**-24
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    choice = pick_device("auto")
-    dev = choice.device
-    if dev.backend == "cpu":
-        dev.close()
-        pytest.fail("the GPU tier needs a GPU; pick_device said: " + "; ".join(choice.reasons), pytrace=False)
-    yield dev
-    loader.forget_device(dev)
-    dev.close()
-
-
-@pytest.fixture
-def seed() -> int:
-    return int(np.random.SeedSequence().entropy % 2**32)
-
-
-@pytest.fixture
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-class Mem:
-    def __init__(self, dev):
-        self.dev, self.buffers = dev, []
-
-    def put(self, array: np.ndarray):
-        buf = self.dev.allocate(max(array.nbytes, 4), "activations")
-        buf.upload(np.ascontiguousarray(array))
-        self.buffers.append(buf)
-        return buf
-
-    def poisoned(self, nbytes: int):
-        buf = self.dev.allocate(nbytes, "activations")
-        buf.fill(0xFF)
-        self.buffers.append(buf)
-        return buf
-
-
-@pytest.fixture
-def mem(gpu):
-    m = Mem(gpu)
-    yield m
-    for buf in m.buffers:
-        buf.free()
 
 
 def product_bound(raw, weight_type, xs, rows, cols):
@@ -91,7 +42,7 @@ def test_norm_rope_demo_shapes(gpu, mem, rng, seed, weight_type, batch):
     g = rng.standard_normal(cols).astype(np.float32)
     positions = rng.integers(0, 8192, batch).astype(np.int32)
     q, k, v = mem.poisoned(batch * q_rows * 4), mem.poisoned(batch * kv_rows * 4), mem.poisoned(batch * kv_rows * 4)
-    fused_matvec.launch_norm_rope(gpu, None, q, k, v, mem.put(raw), mem.put(x), mem.put(g), mem.put(positions),
+    fused_matvec.launch_norm_rope(gpu, None, q, k, v, mem.upload(raw), mem.upload(x), mem.upload(g), mem.upload(positions),
                                   q_rows=q_rows, kv_rows=kv_rows, cols=cols, batch=batch, head_dim=head_dim, rope_dim=64,
                                   eps=1e-5, theta=100000.0, freq_scale=1.0, weight_type=weight_type)
     want = fused_matvec.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols, head_dim, 64,
@@ -119,7 +70,7 @@ def test_norm_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
     g = rng.standard_normal(cols).astype(np.float32)
     y = mem.poisoned(batch * rows * 4)
-    fused_matvec.launch_norm_swiglu(gpu, None, y, mem.put(raw), mem.put(x), mem.put(g), rows=rows, cols=cols,
+    fused_matvec.launch_norm_swiglu(gpu, None, y, mem.upload(raw), mem.upload(x), mem.upload(g), rows=rows, cols=cols,
                                     batch=batch, eps=1e-5, weight_type=weight_type)
     both = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, 2 * rows, cols)
     err = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), 2 * rows, cols)
@@ -137,8 +88,8 @@ def test_add(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((batch, cols)).astype(np.float32)
     y0 = rng.standard_normal((batch, rows)).astype(np.float32)
-    y = mem.put(y0)
-    fused_matvec.launch_add(gpu, None, y, mem.put(raw), mem.put(x), rows=rows, cols=cols, batch=batch, weight_type=weight_type)
+    y = mem.upload(y0)
+    fused_matvec.launch_add(gpu, None, y, mem.upload(raw), mem.upload(x), rows=rows, cols=cols, batch=batch, weight_type=weight_type)
     want = fused_matvec.reference_add(raw, weight_type, x, y0, rows, cols)
     tol = product_bound(raw, weight_type, x, rows, cols) + 2 * U32 * np.abs(want)
     check(y.download(np.float32).reshape(batch, rows), want, tol, seed, f"{weight_type} {rows}x{cols} batch {batch}")
@@ -151,7 +102,7 @@ def test_norm_output_head(gpu, mem, rng, seed, weight_type, batch):
     x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
     g = rng.standard_normal(cols).astype(np.float32)
     y = mem.poisoned(batch * rows * 4)
-    fused_matvec.launch_norm(gpu, None, y, mem.put(raw), mem.put(x), mem.put(g), rows=rows, cols=cols, batch=batch,
+    fused_matvec.launch_norm(gpu, None, y, mem.upload(raw), mem.upload(x), mem.upload(g), rows=rows, cols=cols, batch=batch,
                              eps=1e-5, weight_type=weight_type)
     want = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
     tol = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), rows, cols)
@@ -168,7 +119,7 @@ def test_sample(gpu, mem, rng, seed):
                       dtype=np.float32)
     params[:, 4] = rng.random(rows)
     out = mem.poisoned(rows * 4)
-    sample.launch(gpu, None, out, mem.put(logits), mem.put(params), rows, vocab)
+    sample.launch(gpu, None, out, mem.upload(logits), mem.upload(params), rows, vocab)
     got = out.download(np.int32)
     for i in range(rows):
         t, k, p, m, u = (float(v) for v in params[i])
@@ -208,7 +159,7 @@ def test_matmul_norm_rope_demo_shapes(gpu, mem, rng, seed, workspace, weight_typ
     g = rng.standard_normal(cols).astype(np.float32)
     positions = rng.integers(0, 8192, n_tokens).astype(np.int32)
     q, k, v = (mem.poisoned(n_tokens * w * 4) for w in (q_rows, kv_rows, kv_rows))
-    w_buf, x_buf, g_buf, p_buf = mem.put(raw), mem.put(x), mem.put(g), mem.put(positions)
+    w_buf, x_buf, g_buf, p_buf = mem.upload(raw), mem.upload(x), mem.upload(g), mem.upload(positions)
     launch_twice_same_bits(lambda: fused_matmul.launch_norm_rope(
         gpu, None, q, k, v, w_buf, x_buf, g_buf, p_buf, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=n_tokens,
         head_dim=head_dim, rope_dim=64, eps=1e-5, theta=100000.0, freq_scale=1.0, weight_type=weight_type,
@@ -239,7 +190,7 @@ def test_matmul_norm_swiglu(gpu, mem, rng, seed, workspace, weight_type, rows, c
     x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
     g = rng.standard_normal(cols).astype(np.float32)
     y = mem.poisoned(n_tokens * rows * 4)
-    w_buf, x_buf, g_buf = mem.put(raw), mem.put(x), mem.put(g)
+    w_buf, x_buf, g_buf = mem.upload(raw), mem.upload(x), mem.upload(g)
     launch_twice_same_bits(lambda: fused_matmul.launch_norm_swiglu(
         gpu, None, y, w_buf, x_buf, g_buf, rows=rows, cols=cols, n_tokens=n_tokens, eps=1e-5, weight_type=weight_type,
         workspace=workspace), y, f"swiglu {weight_type} {rows}x{cols} tokens {n_tokens}")
@@ -259,8 +210,8 @@ def test_matmul_add(gpu, mem, rng, seed, workspace, weight_type, rows, cols, n_t
     raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     y0 = rng.standard_normal((n_tokens, rows)).astype(np.float32)
-    y = mem.put(y0)
-    fused_matmul.launch_add(gpu, None, y, mem.put(raw), mem.put(x), rows=rows, cols=cols, n_tokens=n_tokens,
+    y = mem.upload(y0)
+    fused_matmul.launch_add(gpu, None, y, mem.upload(raw), mem.upload(x), rows=rows, cols=cols, n_tokens=n_tokens,
                             weight_type=weight_type, workspace=workspace)
     want = fused_matmul.reference_add(raw, weight_type, x, y0, rows, cols)
     tol = product_bound(raw, weight_type, x, rows, cols) + 2 * U32 * np.abs(want)
@@ -274,7 +225,7 @@ def test_matmul_norm_output_head(gpu, mem, rng, seed, workspace, weight_type, n_
     x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
     g = rng.standard_normal(cols).astype(np.float32)
     y = mem.poisoned(n_tokens * rows * 4)
-    fused_matmul.launch_norm(gpu, None, y, mem.put(raw), mem.put(x), mem.put(g), rows=rows, cols=cols,
+    fused_matmul.launch_norm(gpu, None, y, mem.upload(raw), mem.upload(x), mem.upload(g), rows=rows, cols=cols,
                              n_tokens=n_tokens, eps=1e-5, weight_type=weight_type, workspace=workspace)
     want = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
     tol = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), rows, cols)

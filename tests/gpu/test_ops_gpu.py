@@ -19,7 +19,6 @@ import pytest
 from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
-from hipcore.runtime.device import pick_device
 from weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
@@ -34,58 +33,6 @@ ENTRIES = {
     "rope": [("rope_f32", rope.SIGNATURE)],
     "silu_mul": [("silu_mul_f32", silu_mul.SIGNATURE)],
 }
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    choice = pick_device("auto")
-    dev = choice.device
-    if dev.backend == "cpu":
-        dev.close()
-        pytest.fail("the GPU tier needs a GPU; pick_device said: " + "; ".join(choice.reasons), pytrace=False)
-    yield dev
-    loader.forget_device(dev)
-    dev.close()
-
-
-@pytest.fixture
-def seed() -> int:
-    return int(np.random.SeedSequence().entropy % 2**32)
-
-
-@pytest.fixture
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-class Scratch:
-    """Device buffers of one test, freed at its end."""
-
-    def __init__(self, dev):
-        self.dev, self.buffers = dev, []
-
-    def upload(self, array: np.ndarray, tag: str = "activations"):
-        buf = self.dev.allocate(max(array.nbytes, 4), tag)
-        buf.upload(np.ascontiguousarray(array))
-        self.buffers.append(buf)
-        return buf
-
-    def poisoned(self, nbytes: int):
-        buf = self.dev.allocate(nbytes, "activations")
-        buf.fill(0xFF)
-        self.buffers.append(buf)
-        return buf
-
-    def free(self):
-        for buf in self.buffers:
-            buf.free()
-
-
-@pytest.fixture
-def mem(gpu):
-    scratch = Scratch(gpu)
-    yield scratch
-    scratch.free()
 
 
 def run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch, kernel=None):
