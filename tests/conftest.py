@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from emulated_kernels import WARPS, build_harnesses
 from hipcore.demo_model import INSTALL_HINT, find_demo_model
 
 
@@ -25,3 +26,14 @@ def cpu_device():
     dev = CpuDevice(capacity=4 << 30)
     yield dev
     dev.close()
+
+
+@pytest.fixture(scope="session")
+def harnesses(tmp_path_factory) -> dict[int, Path]:
+    """The kernel-emulation harness per warp width (tests/emulated_kernels.py), built once a session."""
+    return build_harnesses(tmp_path_factory.mktemp("kernel_emulation"))
+
+
+@pytest.fixture(params=WARPS, ids=[f"warp{w}" for w in WARPS])
+def warp(request) -> int:
+    return request.param

@@ -5,7 +5,7 @@ Fresh random inputs every run (the seed is in each failure message), outputs poi
 every launch, the demo model's shapes (SmolLM2-135M: hidden 576, q 576 + k 192 + v 192 rows, ffn 1536,
 head 49152 rows of Q8_0) at decode batches 1, 4, 8 and 64 and odd sizes. Tolerances: the recursive-
 summation bound of a float32 dot product, doubled for the folded norm (its scale and the x*g products
-add a few roundings), plus RoPE's own bound (tests/test_kernels_emulated.py derives the same ones).
+add a few roundings), plus RoPE's own bound (tests/test_kernels_emulated_fused.py derives the same ones).
 """
 
 from __future__ import annotations

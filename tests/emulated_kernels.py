@@ -1,0 +1,61 @@
+"""Running the HIP kernels on the CPU: tests/kernel_emulation/ holds a host emulation of the kernel
+language (each GPU thread a std::thread, warps exchanging in lockstep) and a harness that runs one kernel
+per process. It is compiled with g++ once per warp width, 32 (NVIDIA, RDNA) and 64 (CDNA), against the
+kernel sources as they are and the vendor-neutral part of hip_compat.h (tests/conftest.py's `harnesses`
+fixture). Used by tests/test_kernels_emulated*.py."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir
+
+U32 = 2.0**-24  # float32 unit roundoff
+EMULATION = Path(__file__).parent / "kernel_emulation"
+NEUTRAL_MARKER = "// Vendor-neutral from here on"
+OPS = ("add", "argmax", "fused_matmul", "fused_matvec", "matmul", "matvec", "rmsnorm", "rope", "sample", "silu_mul")
+FORWARD_PASS_OPS = ("embedding", "kv_store", "paged_attention", "select_rows")
+ARCH_FOR_WARP = {32: "sm_90", 64: "gfx942"}  # what the launchers size grids for
+WARPS = (32, 64)
+
+
+def build_harnesses(work: Path) -> dict[int, Path]:
+    """The harness compiled for each warp width in `work`, from the kernel sources of every op."""
+    compiler = shutil.which("g++")
+    assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
+    for op in OPS + FORWARD_PASS_OPS:
+        shutil.copy(kernels_dir() / f"{op}.hip", work)
+    for name in ("emulation.h", "harness.cpp"):
+        shutil.copy(EMULATION / name, work)
+    header = (kernels_dir() / COMPAT_HEADER).read_text()
+    assert header.count(NEUTRAL_MARKER) == 1, f"{COMPAT_HEADER} lost its '{NEUTRAL_MARKER}' line"
+    neutral = header[header.index(NEUTRAL_MARKER):]
+    (work / COMPAT_HEADER).write_text('#pragma once\n#include "emulation.h"\n' + neutral)
+
+    def build(warp: int) -> Path:
+        out = work / f"harness{warp}"
+        proc = subprocess.run([compiler, "-std=c++20", "-O1", "-pthread", f"-DWARP_SIZE={warp}", "-Wno-unknown-pragmas",
+                               "-o", str(out), str(work / "harness.cpp")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return out
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(WARPS, pool.map(build, WARPS)))
+
+
+def run(harnesses, warp: int, *args) -> None:
+    """One kernel launch through the harness built for `warp` (its arguments: see harness.cpp)."""
+    proc = subprocess.run([str(harnesses[warp]), *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"harness {args[:3]} exited with {proc.returncode}: {proc.stderr[-2000:]}"
+
+
+def write_inputs(tmp_path: Path, **arrays) -> list[Path]:
+    """Each array to a file named after its keyword (the harness reads raw bytes); the paths in order."""
+    for name, array in arrays.items():
+        np.ascontiguousarray(array).tofile(tmp_path / name)
+    return [tmp_path / name for name in arrays]
