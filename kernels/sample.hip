@@ -1,7 +1,7 @@
 // Token sampling on the device, one block per row of logits (grid = rows), so that only the chosen
 // token ids (4 bytes a row) go back to the host instead of the whole vocabulary's logits.
 //
-//   out[row] = the token hipcore/sampler.py's Sampler picks from logits[row] with the row's params:
+//   out[row] = the token hipcore/engine/sampler.py's Sampler picks from logits[row] with the row's params:
 //   params[row] = {temperature, top_k, top_p, min_p, uniform}, float32 (top_k a whole number)
 //
 // temperature <= 0: greedy, numpy's argmax (lowest index among equal maxima, the first NaN wins).

@@ -28,10 +28,10 @@ from typing import Callable
 
 import numpy as np
 
-from hipcore.engine import Engine
+from hipcore.engine.engine import Engine
 from hipcore.errors import UsageError
-from hipcore.loader import LoadedModel, LoadOptions, load_model
-from hipcore.sampler import SamplingParams
+from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
+from hipcore.engine.sampler import SamplingParams
 
 StatusFn = Callable[[str], None]
 

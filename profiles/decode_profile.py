@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from hipcore.loader import LoadedModel
+from hipcore.engine.loader import LoadedModel
 from hipcore.model.batch import StepBatch
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.ledger import format_bytes

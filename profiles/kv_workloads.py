@@ -12,7 +12,7 @@ quiescent (every block back, every count 0, no sequence left):
               partly filled last block copied by each sample that appends to it
 
 Two modes, the same workloads and the same Engine, Scheduler and KvCache code:
-  engine   a real model (hipcore.loader) runs every forward pass.
+  engine   a real model (hipcore.engine.loader) runs every forward pass.
   kv-only  a preset has no weights: the Engine and Scheduler run on a KV cache alone. Each step's
            StepBatch is checked against the cache (the slots and tables the kernels would read),
            no forward pass runs, and the placeholder logits let every request continue to its
@@ -28,12 +28,12 @@ from typing import Callable
 
 import numpy as np
 
-from hipcore.engine import Engine
+from hipcore.engine.engine import Engine
 from hipcore.errors import UsageError
 from hipcore.kvcache import KvCache, KvCacheConfig, KvInvariantError, MemoryProfile
-from hipcore.loader import LoadOptions, load_model
+from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.runtime.cpu import CpuDevice
-from hipcore.sampler import SamplingParams
+from hipcore.engine.sampler import SamplingParams
 from profiles.kv_capacity import check_kv_choices, row_format_problem
 from profiles.presets import ModelShape
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hipcore.errors import UsageError
-from hipcore.request import Ending
+from hipcore.engine.request import Ending
 
 TESTING_ENV = "ROCMFORGE_TESTING"
 DEVICE_LEAK_BYTES = 256 << 10
@@ -32,7 +32,7 @@ DEVICE_LEAK_EVERY = 4  # steps
 class PlantedBug:
     name: str
     description: str
-    plant: Callable[[object], None]  # takes a hipcore.loader.LoadedModel
+    plant: Callable[[object], None]  # takes a hipcore.engine.loader.LoadedModel
 
 
 def check_allowed(name: str) -> None:

@@ -16,11 +16,11 @@ import tracemalloc
 from collections import Counter
 from typing import Protocol
 
-from hipcore.chat_template import chat_template_from_metadata, render_chat
-from hipcore.engine import EngineHooks
+from hipcore.tokenizer.chat_template import chat_template_from_metadata, render_chat
+from hipcore.engine.engine import EngineHooks
 from hipcore.errors import RocmforgeError
-from hipcore.loader import LoadOptions, load_model
-from hipcore.request import Ending, Phase
+from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.engine.request import Ending, Phase
 from profiles import leak_bugs
 from profiles.leak_driver import ENDINGS, PHASES, EngineFailure, Outcomes, WorkloadDriver
 from profiles.leak_layers import (

@@ -21,8 +21,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from hipcore.engine import EngineHooks
-from hipcore.request import CancelResult, Ending, Phase, Request
+from hipcore.engine.engine import EngineHooks
+from hipcore.engine.request import CancelResult, Ending, Phase, Request
 from profiles.leak_workload import MAX_SAMPLES, Plan, RequestPlan, Workload, ACCEPTED_ENDINGS
 
 ENDINGS = tuple(Ending)

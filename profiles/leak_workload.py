@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hipcore.errors import UsageError
-from hipcore.sampler import SamplingParams
-from hipcore.scheduler import blocks_for
+from hipcore.engine.sampler import SamplingParams
+from hipcore.engine.scheduler import blocks_for
 
 MAX_SAMPLES = 3  # n of the parallel-sample requests is 2 or 3
 MAX_N = 1024  # SamplingParams' largest n
@@ -55,7 +55,7 @@ MIX = {
 _KINDS = np.array([int(k) for k in MIX], dtype=np.int64)
 _WEIGHTS = np.array(list(MIX.values()), dtype=np.float64) / sum(MIX.values())
 
-# Endings (hipcore.request.Ending values) each plan may legitimately end with. Sampling can end any
+# Endings (hipcore.engine.request.Ending values) each plan may legitimately end with. Sampling can end any
 # generating request early at an end token or a stop string, and a FAIL_STEP fault fails every
 # request of its batch (the driver records those as collateral, which is always accepted).
 _NATURAL = frozenset({"length", "eos", "stop"})

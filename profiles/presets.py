@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from hipcore.errors import UsageError
-from hipcore.gguf_file import read_plan
+from hipcore.gguf.file import read_plan
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def get_preset(name: str) -> ModelShape:
 
 
 def shape_from_gguf(path: str | os.PathLike) -> ModelShape:
-    """The shape of a GGUF model, read (and validated) by hipcore.gguf_file without loading weights."""
+    """The shape of a GGUF model, read (and validated) by hipcore.gguf.file without loading weights."""
     plan = read_plan(path)
     cfg = plan.config
     by_type = plan.bytes_by_type()

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from hipcore.errors import UsageError
-from hipcore.runtime.device import pick_device
+from hipcore.runtime.selection import pick_device
 from hipcore.runtime.ledger import format_bytes
 from profiles.bench import (
     CPU_DEFAULTS, GPU_DEFAULTS, BenchConfig, BenchReport, llama_bench_test_name, load_for_bench, run_bench,

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from hipcore.runtime.device import pick_device
+from hipcore.runtime.selection import pick_device
 from hipcore.runtime.ledger import format_bytes
 from hipcore.runtime.selection import DeviceInventory, DeviceSummary, discover_devices
 from rocmforge_cli.common import handle_errors, stderr, stdout

@@ -9,13 +9,13 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from hipcore.chat_template import chat_template_from_metadata, render_chat
-from hipcore.demo_model import INSTALL_HINT, find_demo_model
+from hipcore.tokenizer.chat_template import chat_template_from_metadata, render_chat
+from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.kvcache import kv_dtype as check_kv_dtype
-from hipcore.loader import LoadedModel, LoadOptions, load_model
-from hipcore.request import Ending
-from hipcore.sampler import SamplingParams
+from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
+from hipcore.engine.request import Ending
+from hipcore.engine.sampler import SamplingParams
 from rocmforge_cli.common import handle_errors, stderr
 
 DEVICE_HELP = "Where to run: auto (AMD GPU via HIP, else NVIDIA GPU via CUDA, else CPU), hip, cuda or cpu; add :N for the N-th GPU."

@@ -11,16 +11,16 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from hipcore.demo_model import INSTALL_HINT, find_demo_model
+from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import RocmforgeError, UsageError
-from hipcore.gguf_file import ModelPlan, read_plan
+from hipcore.gguf.file import ModelPlan, read_plan
 from hipcore.runtime.ledger import format_bytes
 from rocmforge_cli.common import handle_errors, stderr, stdout
 
 
 def tokenizer_summary(plan: ModelPlan) -> dict[str, Any]:
     """Kind, pre-tokenizer, sizes, special tokens, and whether rocmforge's tokenizer supports it."""
-    from hipcore.tokenizer import Tokenizer
+    from hipcore.tokenizer.tokenizer import Tokenizer
 
     m = plan.metadata
     summary: dict[str, Any] = {

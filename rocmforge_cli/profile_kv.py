@@ -8,11 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from hipcore.demo_model import INSTALL_HINT, find_demo_model
+from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import UsageError
 from hipcore.kvcache import KV_DTYPES
 from hipcore.model.memory_plan import parse_memory_size
-from hipcore.runtime.device import pick_device
+from hipcore.runtime.selection import pick_device
 from hipcore.runtime.ledger import format_bytes
 from profiles import render
 from profiles.kv_capacity import (

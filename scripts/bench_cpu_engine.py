@@ -43,7 +43,7 @@ def bench_prompts(vocab_size: int, count: int, length: int) -> list[list[int]]:
 
 
 def run_once(engine, prompts: list[list[int]], gen_tokens: int) -> dict:
-    from hipcore.sampler import SamplingParams
+    from hipcore.engine.sampler import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=gen_tokens)
     ids = [engine.submit(p, params) for p in prompts]
@@ -97,8 +97,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args()
 
-    from hipcore.demo_model import INSTALL_HINT, find_demo_model
-    from hipcore.loader import LoadOptions, load_model
+    from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
+    from hipcore.engine.loader import LoadOptions, load_model
 
     path = args.model or find_demo_model()
     if path is None:

@@ -56,7 +56,7 @@ def rates(n_tokens: int, seconds: list[float]) -> dict:
 def bench_ours(model_path: str, repetitions: int) -> dict:
     import numpy as np
 
-    from hipcore.gguf_file import GGUFFile
+    from hipcore.gguf.file import GGUFFile
     from hipcore.model.llama_reference import LlamaReference
 
     start = time.perf_counter()
@@ -159,7 +159,7 @@ def main() -> int:
 
     model_path = args.model
     if model_path is None:
-        from hipcore.demo_model import INSTALL_HINT, find_demo_model
+        from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
         found = find_demo_model()
         if found is None:
             parser.error(f"no --model given and the demo model is not installed ({INSTALL_HINT})")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from emulated_kernels import WARPS, build_harnesses
-from hipcore.demo_model import INSTALL_HINT, find_demo_model
+from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 
 
 @pytest.fixture(scope="session")

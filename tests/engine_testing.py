@@ -13,9 +13,9 @@ from pathlib import Path
 
 from gguf_factory import write_tiny_llama
 
-from hipcore.loader import LoadedModel, LoadOptions, load_model
-from hipcore.request import Ending
-from hipcore.sampler import SamplingParams
+from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
+from hipcore.engine.request import Ending
+from hipcore.engine.sampler import SamplingParams
 
 # hidden 128 over 4 query heads = head_dim 32, so every KV dtype (q8_0 stores 32-element blocks) can
 # hold it; 2 KV heads make attention grouped-query, as in the demo model.

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hipcore.chat_template import CHATML_TEMPLATE, chat_template_from_metadata, render_chat
+from hipcore.tokenizer.chat_template import CHATML_TEMPLATE, chat_template_from_metadata, render_chat
 from hipcore.errors import InvalidModelError, UsageError
-from hipcore.gguf_file import read_plan
+from hipcore.gguf.file import read_plan
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "tokenizer_chat_template_smollm2.json").read_text("utf-8"))
 USER = [{"role": "user", "content": "hi"}]

@@ -12,7 +12,7 @@ from engine_testing import load_tiny, prompt_of, tiny_model
 from hipcore.model.decode_graphs import BUCKETS, DecodeGraphs, bucket_capacity
 from hipcore.model.llama import LlamaRunner, activation_sizes
 from hipcore.ops.sample import SamplingRows
-from hipcore.sampler import SamplingParams
+from hipcore.engine.sampler import SamplingParams
 from model_steps import step_batch
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from engine_testing import load_tiny, prompt_of, tiny_model
 from hipcore.ops import sample
-from hipcore.ops.sample import SamplingRows, device_samplable
-from hipcore.sampler import Sampler, SamplingParams
+from hipcore.ops.sample import SamplingRows
+from hipcore.engine.sampler import Sampler, SamplingParams, device_samplable
 
 PARAMS = [
     SamplingParams(temperature=0.8, seed=1),  # llama.cpp's defaults: top_k 40, top_p 0.95, min_p 0.05

@@ -13,8 +13,8 @@ from engine_testing import (
     assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, run_alone, tiny_model,
 )
 
-from hipcore.request import Ending
-from hipcore.sampler import SamplingParams
+from hipcore.engine.request import Ending
+from hipcore.engine.sampler import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from engine_testing import (
     assert_quiescent, count_releases, drain_events, greedy, kv_bytes, load_tiny, prompt_of, run_alone, tiny_model,
 )
 
-from hipcore.engine import EngineHooks
-from hipcore.request import CancelResult, Ending, Phase
+from hipcore.engine.engine import EngineHooks
+from hipcore.engine.request import CancelResult, Ending, Phase
 
 BESIDE = (prompt_of(21, salt=70), 12)  # a request that runs next to the cancelled one
 

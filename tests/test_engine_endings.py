@@ -16,10 +16,10 @@ from engine_testing import (
     tiny_model,
 )
 
-from hipcore.engine import EngineHooks
+from hipcore.engine.engine import EngineHooks
 from hipcore.errors import UsageError
-from hipcore.request import Ending, Phase
-from hipcore.sampler import SamplingParams
+from hipcore.engine.request import Ending, Phase
+from hipcore.engine.sampler import SamplingParams
 
 
 @pytest.fixture(scope="module")

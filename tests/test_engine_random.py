@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from engine_testing import assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, run_alone, tiny_model
 
-from hipcore.request import Ending
-from hipcore.sampler import SamplingParams
+from hipcore.engine.request import Ending
+from hipcore.engine.sampler import SamplingParams
 
 BLOCK_SIZE = 4
 KV_BLOCKS = 12  # 48 token slots: a few requests at once, then preemption

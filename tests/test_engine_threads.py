@@ -11,8 +11,8 @@ import pytest
 
 from engine_testing import assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, tiny_model
 
-from hipcore.engine import EngineHooks
-from hipcore.request import CancelResult, Ending
+from hipcore.engine.engine import EngineHooks
+from hipcore.engine.request import CancelResult, Ending
 
 THREADS = 4
 OPERATIONS_PER_THREAD = 60  # 240 submit / cancel / stream operations in all

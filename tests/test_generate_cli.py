@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from engine_testing import greedy, tiny_model
 
-from hipcore.loader import LoadOptions, load_model
+from hipcore.engine.loader import LoadOptions, load_model
 from rocmforge_cli.app import app
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "smollm2_135m_q4_1_llamacpp.json").read_text(encoding="utf-8"))

@@ -9,7 +9,7 @@ import pytest
 from gguf_factory import Meta, raw_tiny_llama, tiny_llama_spec, write_tiny_llama
 from gguf_raw import INT32, UINT32
 from gguf_vocab import bytes_to_unicode, gpt2_vocab, llama_vocab
-from hipcore.gguf_file import read_plan
+from hipcore.gguf.file import read_plan
 
 
 @pytest.mark.parametrize("kwargs", [

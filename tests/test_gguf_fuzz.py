@@ -20,8 +20,8 @@ from collections import Counter
 import pytest
 
 from gguf_factory import raw_tiny_llama
-from hipcore import quants
-from hipcore.gguf_file import GGUFError, ModelPlan, read_plan, read_plan_from_bytes
+from hipcore.gguf import quants
+from hipcore.gguf.file import GGUFError, ModelPlan, read_plan, read_plan_from_bytes
 
 N_FILES = 30_000
 FUZZ_SEED = 20_261_122

@@ -13,7 +13,7 @@ import pytest
 
 from gguf_factory import raw_tiny_llama, tiny_llama_spec, write_gguf, write_tiny_llama
 from hipcore.errors import EXIT_USAGE, UsageError
-from hipcore.gguf_file import GGUFError, GGUFFile, Limits, read_plan, read_plan_from_bytes
+from hipcore.gguf.file import GGUFError, GGUFFile, Limits, read_plan, read_plan_from_bytes
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipcore.gguf_file import GGUFFile
+from hipcore.gguf.file import GGUFFile
 from hipcore.model.llama_reference import LlamaReference
 
 GOLDEN = Path(__file__).parent / "golden" / "smollm2_135m_q4_1_llamacpp.json"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from gguf_factory import write_tiny_llama
-from hipcore.loader import LoadOptions, load_model
-from hipcore.request import Ending
-from hipcore.sampler import SamplingParams
+from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.engine.request import Ending
+from hipcore.engine.sampler import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from hipcore.errors import UsageError
-from hipcore.scheduler import blocks_for
+from hipcore.engine.scheduler import blocks_for
 from profiles.leak_thresholds import Thresholds, parse_fail_on, parse_size
 from profiles.leak_workload import MIX, STOP_CANDIDATES, Plan, Workload, WorkloadShape
 

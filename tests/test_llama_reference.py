@@ -11,7 +11,7 @@ import pytest
 
 from gguf_factory import write_tiny_llama
 from hipcore.errors import UnsupportedModelError, UsageError
-from hipcore.gguf_file import GGUFFile
+from hipcore.gguf.file import GGUFFile
 from hipcore.model.contiguous_kv_cache import ContiguousKvCache
 from hipcore.model.llama_reference import LlamaReference, LlamaWeights
 from hipcore.model.rope import RotaryEmbedding, rope_freq_scale

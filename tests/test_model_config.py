@@ -9,8 +9,8 @@ import pytest
 
 from gguf_factory import Meta, tiny_llama_spec, write_tiny_llama
 from gguf_raw import ARRAY, FLOAT32, STRING, UINT32
-from hipcore.gguf_file import GGUFError, read_plan
-from hipcore.model.config import ModelConfig, check_tensor_shapes, config_from_metadata
+from hipcore.gguf.file import GGUFError, read_plan
+from hipcore.gguf.config import ModelConfig, check_tensor_shapes, config_from_metadata
 
 
 def fake_tensors(config: ModelConfig, **overrides):

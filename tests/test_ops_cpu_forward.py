@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from forward_pass_samples import make_sample, random_table
-from hipcore import quants
+from hipcore.gguf import quants
 from hipcore.kvcache.dtypes import KV_DTYPES
 from hipcore.ops import embedding, paged_attention, select_rows
 from hipcore.runtime import kernels as loader

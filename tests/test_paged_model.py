@@ -29,9 +29,9 @@ import pytest
 
 from engine_testing import load_tiny, prompt_of, tiny_model
 
-from hipcore.gguf_file import GGUFFile
+from hipcore.gguf.file import GGUFFile
 from hipcore.kvcache.dtypes import kv_dtype
-from hipcore.loader import LoadOptions, load_model
+from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.batch import NULL_BLOCK, StepBatch
 from hipcore.model.contiguous_kv_cache import ContiguousKvCache
 from hipcore.model.llama_reference import LlamaReference

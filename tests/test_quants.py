@@ -10,8 +10,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from gguf_factory import tiny_llama_spec, write_gguf
 from gguf_quantize import max_abs_error, quantize, random_blocks
-from hipcore import quants
-from hipcore.gguf_file import GGUFFile
+from hipcore.gguf import quants
+from hipcore.gguf.file import GGUFFile
 
 SUPPORTED = sorted(quants.SUPPORTED_TYPES)
 K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}

@@ -38,7 +38,7 @@ def test_cuda_python_imports_and_reports_no_driver_cleanly():
 
 def test_missing_binding_packages_are_reasons_too(monkeypatch):
     from hipcore.runtime import cuda_calls, hip_calls
-    from hipcore.runtime.device import pick_device
+    from hipcore.runtime.selection import pick_device
 
     monkeypatch.setattr(hip_calls.load_hip_bindings, "loaded", None)
     monkeypatch.setattr(cuda_calls.load_driver_bindings, "loaded", None)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from hipcore.runtime import selection
 from hipcore.runtime.cpu import CpuDevice
-from hipcore.runtime.device import pick_device
+from hipcore.runtime.selection import pick_device
 from hipcore.runtime.errors import EXIT_USAGE, BackendUnavailable, UsageError
 from rocmforge_cli.app import app
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hipcore.errors import EXIT_USAGE, UsageError
-from hipcore.sampler import (
+from hipcore.engine.sampler import (
     Sampler,
     SamplingParams,
     StopChecker,

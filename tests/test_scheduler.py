@@ -8,10 +8,10 @@ import itertools
 import pytest
 
 from hipcore.kvcache import KvCache, KvCacheConfig
-from hipcore.request import Phase, Request, Sequence
+from hipcore.engine.request import Phase, Request, Sequence
 from hipcore.runtime.cpu import CpuDevice
-from hipcore.sampler import SamplingParams
-from hipcore.scheduler import Scheduler
+from hipcore.engine.sampler import SamplingParams
+from hipcore.engine.scheduler import Scheduler
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hipcore.errors import InvalidModelError, UnsupportedModelError, UsageError
-from hipcore.gguf_file import read_plan
-from hipcore.tokenizer import Tokenizer
+from hipcore.gguf.file import read_plan
+from hipcore.tokenizer.tokenizer import Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hipcore.gguf_file import read_plan
-from hipcore.tokenizer import Tokenizer
+from hipcore.gguf.file import read_plan
+from hipcore.tokenizer.tokenizer import Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden"
 

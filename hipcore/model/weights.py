@@ -143,7 +143,7 @@ def _upload_groups(config) -> list[tuple[str | None, list[tuple[str, bool, bool]
 
 
 def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> ModelWeights:
-    """Upload every tensor of `gguf` (an open hipcore.gguf_file.GGUFFile) the forward pass needs."""
+    """Upload every tensor of `gguf` (an open hipcore.gguf.file.GGUFFile) the forward pass needs."""
     plan, config = gguf.plan, gguf.config
     total = planned_weight_bytes(device, plan)
     done = 0

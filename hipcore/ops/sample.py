@@ -1,4 +1,5 @@
-"""sample: pick each row's next token on the device, by the host sampler's rules (hipcore/sampler.py).
+"""sample: pick each row's next token on the device, by the host sampler's rules (hipcore/engine/sampler.py).
+The numpy filters below (top-k, top-p, min-p, softmax) are this op's reference and the host sampler's math.
 
 Kernel `sample_f32(out p, logits p, params p, vocab i)` (kernels/sample.hip): logits float32 [rows,
 vocab], params float32 [rows, 5] = (temperature, top_k, top_p, min_p, uniform), out int32 [rows]; one
@@ -8,7 +9,7 @@ seeded generator, exactly one per token as Sampler.sample draws it) picks agains
 distribution. The same seed therefore gives the same tokens as the host sampler, up to float32
 rounding where a cumulative sum meets its threshold (the host works in float64).
 
-What stays on the host (device_samplable says so): penalties (they need the token history), and
+What stays on the host (the engine's device_samplable says so): penalties (they need the token history), and
 top_k of 0 or above MAX_TOP_K (they need a sort of the whole vocabulary).
 
 Ties: among logits equal to the k-th largest the device keeps the lowest token ids and orders equal
@@ -19,7 +20,8 @@ tie exactly; the reference below states the device's rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+import math
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -27,7 +29,6 @@ from hipcore.ops.launch_checks import check_memory, check_sizes, row_block
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Dim3, Stream
 from hipcore.runtime.kernels import get_kernel
-from hipcore.sampler import SamplingParams, min_p_filter, softmax, top_p_filter
 
 OP = "sample"
 ENTRY = "sample_f32"
@@ -37,9 +38,14 @@ MAX_TOP_K = 1024  # the kernel's shared-memory candidate capacity (kMaxTopK)
 MAX_THREADS = 1024
 
 
-def device_samplable(params: SamplingParams) -> bool:
-    """True when the device picks exactly what Sampler(params) would (see the module docstring)."""
-    return not params.penalties_active and (params.greedy or 0 < params.top_k <= MAX_TOP_K)
+class RowParams(Protocol):
+    """What a row's sampling needs of a request's parameters (the engine's SamplingParams has it)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    greedy: bool
 
 
 @dataclass
@@ -53,7 +59,7 @@ class SamplingRows:
     uniform: np.ndarray  # float64 [R]: the draw in [0, 1) of each non-greedy row
 
     @classmethod
-    def build(cls, params: Sequence[SamplingParams], uniforms: Sequence[float]) -> "SamplingRows":
+    def build(cls, params: Sequence[RowParams], uniforms: Sequence[float]) -> "SamplingRows":
         return cls(
             np.array([0.0 if p.greedy else p.temperature for p in params], dtype=np.float32),
             np.array([p.top_k for p in params], dtype=np.int32),
@@ -80,6 +86,40 @@ class SamplingRows:
 
 
 # ---- reference -----------------------------------------------------------------------------------
+# The filters: each takes candidate (ids, logits) and returns the kept subset.
+
+def top_k_filter(ids: np.ndarray, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the k largest logits, sorted descending (k <= 0 keeps all, still sorted)."""
+    if 0 < k < logits.shape[0]:
+        part = np.argpartition(-logits, k - 1)[:k]
+        ids, logits = ids[part], logits[part]
+    order = np.argsort(-logits, kind="stable")
+    return ids[order], logits[order]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits.astype(np.float64) - np.max(logits))
+    return shifted / shifted.sum()
+
+
+def top_p_filter(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the shortest prefix (of candidates sorted descending) whose probability reaches p."""
+    if p >= 1.0:
+        return ids, logits
+    cumulative = np.cumsum(softmax(logits))
+    keep = int(np.searchsorted(cumulative, p, side="left")) + 1
+    keep = min(keep, logits.shape[0])
+    return ids[:keep], logits[:keep]
+
+
+def min_p_filter(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Keep tokens whose probability is at least p times the best one's (in logit space)."""
+    if p <= 0.0:
+        return ids, logits
+    keep = logits >= np.max(logits) + math.log(p)
+    return ids[keep], logits[keep]
+
+
 
 
 def pick(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float) -> int:

@@ -8,11 +8,12 @@ CUDA or a GPU. Start with `pick_device("auto")`.
 """
 
 from hipcore.runtime.device import (
-    ARG_TYPES, Buffer, Capture, Device, DeviceChoice, Event, Graph, Kernel, MemoryInfo, Module, Stream, pick_device,
+    ARG_TYPES, Buffer, Capture, Device, DeviceChoice, Event, Graph, Kernel, MemoryInfo, Module, Stream,
 )
 from hipcore.runtime.errors import (
     BackendUnavailable, DeviceError, DeviceOutOfMemory, DriverCallError, KernelCompileError, UsageError,
 )
+from hipcore.runtime.selection import pick_device
 from hipcore.runtime.ledger import TAGS, Allocation, Ledger, LedgerDelta, LedgerSnapshot, format_bytes
 
 __all__ = [

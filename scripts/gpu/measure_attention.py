@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype  # noqa: E402
 from hipcore.ops import paged_attention  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
-from hipcore.runtime.device import pick_device  # noqa: E402
+from hipcore.runtime.selection import pick_device  # noqa: E402
 
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 MAX_CONTEXT = 8192

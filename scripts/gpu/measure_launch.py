@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from hipcore.runtime.device import pick_device  # noqa: E402
+from hipcore.runtime.selection import pick_device  # noqa: E402
 from hipcore.runtime.launch_args import ArgPacker  # noqa: E402
 
 SOURCE = r"""

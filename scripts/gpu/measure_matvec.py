@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from hipcore.ops import add, matvec  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
-from hipcore.runtime.device import pick_device  # noqa: E402
+from hipcore.runtime.selection import pick_device  # noqa: E402
 
 # (weight type, rows, cols): SmolLM2-135M's ffn up/gate, ffn down, and output (tied embedding) matrices.
 CASES = [("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576)]

@@ -36,8 +36,8 @@ TOKENIZER_KEYS = {  # key -> (value type, element type)
 
 
 def dump_tokenizer(out: Path) -> None:
-    from hipcore.demo_model import find_demo_model
-    from hipcore.gguf_file import GGUFFile
+    from hipcore.gguf.demo_model import find_demo_model
+    from hipcore.gguf.file import GGUFFile
 
     path = find_demo_model()
     if not path:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hipcore.runtime import kernels as loader
-from hipcore.runtime.device import pick_device
+from hipcore.runtime.selection import pick_device
 
 
 @pytest.fixture(scope="module")

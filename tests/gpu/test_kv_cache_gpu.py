@@ -9,7 +9,7 @@ import pytest
 
 from hipcore.kvcache import KvCache, KvCacheConfig
 from hipcore.ops.kv_gather import gather_kv
-from hipcore.runtime.device import pick_device
+from hipcore.runtime.selection import pick_device
 
 pytestmark = pytest.mark.gpu
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipcore.demo_model import find_demo_model
-from hipcore.gguf_file import GGUFFile
-from hipcore.loader import LoadOptions, load_model
+from hipcore.gguf.demo_model import find_demo_model
+from hipcore.gguf.file import GGUFFile
+from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.llama import LlamaRunner
 from hipcore.ops import sample
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime import kernels as loader
-from hipcore.runtime.device import pick_device
-from hipcore.sampler import Sampler, SamplingParams
+from hipcore.runtime.selection import pick_device
+from hipcore.engine.sampler import Sampler, SamplingParams
 from model_steps import step_batch
 
 pytestmark = pytest.mark.gpu

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from hipcore.runtime.device import pick_device
+from hipcore.runtime.selection import pick_device
 from hipcore.runtime.errors import DeviceError, DeviceOutOfMemory, KernelCompileError
 from hipcore.runtime.ledger import format_bytes
 

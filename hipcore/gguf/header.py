@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from hipcore.gguf_error import GGUFError, show, truncated  # noqa: F401  (re-exported)
+from hipcore.gguf.errors import GGUFError, show, truncated  # noqa: F401  (re-exported)
 
 GGUF_MAGIC = b"GGUF"
 READABLE_VERSIONS = (2, 3)  # v2 and v3 share the little-endian layout; v1 used 32-bit counts

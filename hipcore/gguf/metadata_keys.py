@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from hipcore.gguf_header import GGUFError, show
+from hipcore.gguf.header import GGUFError, show
 
 _INT_TYPES = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"}
 

@@ -1,8 +1,8 @@
 """The tokenizer of a GGUF model: text to token ids and back, matching llama.cpp id for id.
 
-Built from the `tokenizer.ggml.*` metadata (see hipcore.tokenizer_vocab). Two families:
+Built from the `tokenizer.ggml.*` metadata (see hipcore.tokenizer.vocab). Two families:
 "gpt2" byte-level BPE with a named pre-tokenizer (SmolLM2, Llama 3, Qwen2 ...) in
-hipcore.tokenizer_bpe, and "llama" SentencePiece-style vocabularies in hipcore.tokenizer_spm.
+hipcore.tokenizer.bpe, and "llama" SentencePiece-style vocabularies in hipcore.tokenizer.spm.
 
 Special tokens (control, user-defined and unknown tokens such as "<|im_start|>") are found in the
 text first, longest first, and never split; with parse_special=False only user-defined tokens are,
@@ -21,9 +21,9 @@ import re
 from typing import Mapping, Sequence
 
 from hipcore.errors import UsageError
-from hipcore.tokenizer_bpe import BpeEncoder, decode_token_text
-from hipcore.tokenizer_spm import SPACE_MARK, SpmEncoder
-from hipcore.tokenizer_vocab import (
+from hipcore.tokenizer.bpe import BpeEncoder, decode_token_text
+from hipcore.tokenizer.spm import SPACE_MARK, SpmEncoder
+from hipcore.tokenizer.vocab import (
     ATTR_BYTE,
     ATTR_CONTROL,
     ATTR_NORMAL,

@@ -22,12 +22,12 @@ from typing import Mapping
 
 import numpy as np
 
-from hipcore import quants
+from hipcore.gguf import quants
 from hipcore.errors import UsageError
-from hipcore.gguf_header import (  # noqa: F401  (GGUFError and Limits are part of this module's API)
+from hipcore.gguf.header import (  # noqa: F401  (GGUFError and Limits are part of this module's API)
     SIZE_LIMIT, GGUFError, Limits, RawHeader, RawTensorInfo, parse_header, show,
 )
-from hipcore.model.config import ModelConfig, config_from_metadata
+from hipcore.gguf.config import ModelConfig, config_from_metadata
 
 
 @dataclass(frozen=True)

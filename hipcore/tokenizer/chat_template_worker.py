@@ -1,4 +1,4 @@
-"""The child process a chat template renders in (started by hipcore.chat_template).
+"""The child process a chat template renders in (started by hipcore.tokenizer.chat_template).
 
 Why a process: the in-process limits of chat_template_sandbox see every line the template runs
 and every operation known to allocate, but a single C-level operation on a crafted value (an
@@ -15,7 +15,7 @@ import json
 import math
 import sys
 
-from hipcore.chat_template_sandbox import describe_failure, render_sandboxed
+from hipcore.tokenizer.chat_template_sandbox import describe_failure, render_sandboxed
 
 ADDRESS_SPACE_LIMIT = 1 << 30  # bytes of virtual memory for the whole child
 

@@ -6,15 +6,15 @@ tokenizer.ggml.model present, a token list unless the model is "no_vocab", no du
 assertion in llama.cpp), per-token arrays as long as the token list, merges for a gpt2 vocabulary,
 byte tokens (type 6) spelled <0xXX>, special token ids inside the vocabulary, and no NUL
 inside token or merge strings (llama.cpp reads them as C strings and would silently cut them).
-Which tokenizer kinds and pre-tokenizers are *supported* is hipcore.tokenizer's question.
+Which tokenizer kinds and pre-tokenizers are *supported* is hipcore.tokenizer.tokenizer's question.
 """
 
 from __future__ import annotations
 
 import re
 
-from hipcore.gguf_header import show
-from hipcore.model.metadata_keys import MetadataKeys
+from hipcore.gguf.header import show
+from hipcore.gguf.metadata_keys import MetadataKeys
 
 NO_VOCAB_MODELS = ("no_vocab", "none")
 TOKEN_TYPE_BYTE = 6

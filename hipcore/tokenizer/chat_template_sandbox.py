@@ -1,5 +1,5 @@
 """The sandbox chat templates render in: Jinja's ImmutableSandboxedEnvironment plus the limits
-it does not give by itself (see hipcore.chat_template for the list). Used by chat_template, in
+it does not give by itself (see hipcore.tokenizer.chat_template for the list). Used by chat_template, in
 process or inside the child process of chat_template_worker; so it imports nothing of the
 project but the standard library and jinja2, and reports failures as (kind, message) pairs that
 the caller turns into rocmforge errors.

@@ -12,14 +12,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hipcore.engine import Engine, EngineHooks
-from hipcore.gguf_file import GGUFFile
+from hipcore.engine.engine import Engine, EngineHooks
+from hipcore.gguf.file import GGUFFile
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.llama import LlamaRunner
 from hipcore.model.memory_plan import MemoryPlan, make_plan
 from hipcore.model.weights import ModelWeights, upload_weights
-from hipcore.runtime.device import Device, pick_device
-from hipcore.tokenizer import Tokenizer
+from hipcore.runtime.device import Device
+from hipcore.runtime.selection import pick_device
+from hipcore.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_CTX_SIZE = 4096  # llama.cpp's default context; the model's own length caps it
 

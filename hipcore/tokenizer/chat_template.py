@@ -11,7 +11,7 @@ non-ASCII text), and inside limits the sandbox alone does not give:
     ljust/rjust/zfill/expandtabs/str.format/tojson are checked before they allocate;
   - gradual growth: the process's resident memory may not grow more than 256 MiB while the
     template runs (read from /proc on Linux; elsewhere from the peak that getrusage reports);
-  - everything else: by default the render runs in a child process (hipcore.chat_template_worker)
+  - everything else: by default the render runs in a child process (hipcore.tokenizer.chat_template_worker)
     with 1 GiB of address space and a CPU-time limit, killed at the deadline, so that even a single
     runaway C-level operation cannot hang or exhaust this process. It costs about 0.1-0.3 s per
     render; `isolated=False` renders in this process (for trusted templates).
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hipcore.chat_template_sandbox import (
+from hipcore.tokenizer.chat_template_sandbox import (
     BASE_OUTPUT_CAP,
     DEFAULT_TIMEOUT_S,
     USAGE,
@@ -52,7 +52,7 @@ FALLBACK_NOTE = "the model has no chat template; formatting the conversation as 
 # Time for the child interpreter to start and import jinja2, on top of the render's own deadline.
 CHILD_STARTUP_S = 10.0
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-_CHILD_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from hipcore.chat_template_worker import main; main()"
+_CHILD_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from hipcore.tokenizer.chat_template_worker import main; main()"
 
 
 def chat_template_from_metadata(metadata: Mapping[str, object]) -> str | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from hipcore.request import Phase, Request, Sequence
+from hipcore.engine.request import Phase, Request, Sequence
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Protocol
 
-from hipcore.gguf_header import GGUFError, Limits, show
-from hipcore.model.metadata_keys import MetadataKeys
-from hipcore.model.vocabulary_checks import check_tokenizer_metadata
+from hipcore.gguf.header import GGUFError, Limits, show
+from hipcore.gguf.metadata_keys import MetadataKeys
+from hipcore.gguf.vocabulary_checks import check_tokenizer_metadata
 
 ARCHITECTURES = ("llama",)
 SUPPORTED_ROPE_SCALING = ("none", "linear")

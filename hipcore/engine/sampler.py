@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from hipcore.errors import UsageError
+from hipcore.ops.sample import MAX_TOP_K, min_p_filter, softmax, top_k_filter, top_p_filter
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -138,38 +139,6 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], params: Sampling
     return out
 
 
-def top_k_filter(ids: np.ndarray, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the k largest logits, sorted descending (k <= 0 keeps all, still sorted)."""
-    if 0 < k < logits.shape[0]:
-        part = np.argpartition(-logits, k - 1)[:k]
-        ids, logits = ids[part], logits[part]
-    order = np.argsort(-logits, kind="stable")
-    return ids[order], logits[order]
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits.astype(np.float64) - np.max(logits))
-    return shifted / shifted.sum()
-
-
-def top_p_filter(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the shortest prefix (of candidates sorted descending) whose probability reaches p."""
-    if p >= 1.0:
-        return ids, logits
-    cumulative = np.cumsum(softmax(logits))
-    keep = int(np.searchsorted(cumulative, p, side="left")) + 1
-    keep = min(keep, logits.shape[0])
-    return ids[:keep], logits[:keep]
-
-
-def min_p_filter(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
-    """Keep tokens whose probability is at least p times the best one's (in logit space)."""
-    if p <= 0.0:
-        return ids, logits
-    keep = logits >= np.max(logits) + math.log(p)
-    return ids[keep], logits[keep]
-
-
 class Sampler:
     """Picks the next token from a logits vector; holds the seeded generator of one request."""
 
@@ -203,6 +172,13 @@ class Sampler:
         """The one draw sample() makes for a non-greedy pick. A caller that picks elsewhere (the device
         sampler, hipcore/ops/sample.py) takes it here, so the seeded sequence of draws stays the same."""
         return float(self._rng.random())
+
+
+def device_samplable(params: SamplingParams) -> bool:
+    """True when the device sampler (hipcore/ops/sample.py) picks exactly what Sampler(params) would: no
+    penalties (they need the token history) and a top_k the kernel can hold (a top_k of 0 needs a sort of
+    the whole vocabulary)."""
+    return not params.penalties_active and (params.greedy or 0 < params.top_k <= MAX_TOP_K)
 
 
 # --- stops ----------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ class Sequence:
 class Request:
     request_id: int
     prompt_ids: list[int]
-    params: Any  # hipcore.sampler.SamplingParams
+    params: Any  # hipcore.engine.sampler.SamplingParams
     arrival: int  # submission order, for FIFO admission and newest-first preemption
     seqs: list[Sequence] = field(default_factory=list)
     phase: Phase = Phase.WAITING

@@ -24,10 +24,10 @@ import numpy as np
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.model.batch import NULL_BLOCK, StepBatch
 from hipcore.model.decode_batch import decode_step_batch
-from hipcore.ops.sample import SamplingRows, device_samplable
-from hipcore.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
-from hipcore.sampler import Sampler, StopChecker, StopReason
-from hipcore.scheduler import Scheduled, Scheduler, SchedulerOutput
+from hipcore.ops.sample import SamplingRows
+from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
+from hipcore.engine.sampler import Sampler, StopChecker, StopReason, device_samplable
+from hipcore.engine.scheduler import Scheduled, Scheduler, SchedulerOutput
 
 
 _ENDING_OF = {StopReason.EOS: Ending.EOS, StopReason.STOP_STRING: Ending.STOP, StopReason.MAX_TOKENS: Ending.LENGTH}

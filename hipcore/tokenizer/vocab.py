@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from hipcore.errors import InvalidModelError, UnsupportedModelError
-from hipcore.tokenizer_bpe import PreTokenizer, resolve_pretokenizer
+from hipcore.tokenizer.bpe import PreTokenizer, resolve_pretokenizer
 
 # Token attributes (bit flags), one value per GGUF token type.
 ATTR_UNDEFINED = 0
