@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from emulated_kernels import WARPS, build_harnesses
+from support.emulated_kernels import WARPS, build_harnesses
 from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 
 
@@ -30,7 +30,7 @@ def cpu_device():
 
 @pytest.fixture(scope="session")
 def harnesses(tmp_path_factory) -> dict[int, Path]:
-    """The kernel-emulation harness per warp width (tests/emulated_kernels.py), built once a session."""
+    """The kernel-emulation harness per warp width (tests/support/emulated_kernels.py), built once a session."""
     return build_harnesses(tmp_path_factory.mktemp("kernel_emulation"))
 
 

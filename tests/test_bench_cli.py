@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from engine_testing import tiny_model
+from support.engine_testing import tiny_model
 from profiles.bench import BenchConfig
 from rocmforge_cli.app import app
 

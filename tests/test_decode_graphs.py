@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_testing import load_tiny, prompt_of, tiny_model
+from support.engine_testing import load_tiny, prompt_of, tiny_model
 from hipcore.model.decode_graphs import BUCKETS, DecodeGraphs, bucket_capacity
 from hipcore.model.llama import LlamaRunner, activation_sizes
 from hipcore.ops.sample import SamplingRows
 from hipcore.engine.sampler import SamplingParams
-from model_steps import step_batch
+from support.model_steps import step_batch
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_testing import load_tiny, prompt_of, tiny_model
+from support.engine_testing import load_tiny, prompt_of, tiny_model
 from hipcore.ops import sample
 from hipcore.ops.sample import SamplingRows
 from hipcore.engine.sampler import Sampler, SamplingParams, device_samplable

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_testing import (
+from support.engine_testing import (
     assert_quiescent, count_releases, drain_events, greedy, kv_bytes, load_tiny, prompt_of, run_alone, tiny_model,
 )
 

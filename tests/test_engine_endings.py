@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_testing import (
+from support.engine_testing import (
     TINY_EOS, assert_quiescent, count_releases, drain_events, greedy, kv_bytes, load_tiny, prompt_of, run_alone,
     tiny_model,
 )

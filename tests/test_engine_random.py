@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_testing import assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, run_alone, tiny_model
+from support.engine_testing import assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, run_alone, tiny_model
 
 from hipcore.engine.request import Ending
 from hipcore.engine.sampler import SamplingParams

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from engine_testing import assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, tiny_model
+from support.engine_testing import assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, tiny_model
 
 from hipcore.engine.engine import EngineHooks
 from hipcore.engine.request import CancelResult, Ending

@@ -8,7 +8,7 @@ import pytest
 
 from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, fused_family
 from hipcore.ops import add, fused_matmul, fused_matvec, matvec, rmsnorm, rope, silu_mul
-from weight_samples import random_weights
+from support.weight_samples import random_weights
 
 TYPES = fused_matvec.WEIGHT_TYPES
 

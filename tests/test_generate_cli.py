@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine_testing import greedy, tiny_model
+from support.engine_testing import greedy, tiny_model
 
 from hipcore.engine.loader import LoadOptions, load_model
 from rocmforge_cli.app import app

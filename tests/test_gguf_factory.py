@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gguf_factory import Meta, raw_tiny_llama, tiny_llama_spec, write_tiny_llama
-from gguf_raw import INT32, UINT32
-from gguf_vocab import bytes_to_unicode, gpt2_vocab, llama_vocab
+from support.gguf_factory import Meta, raw_tiny_llama, tiny_llama_spec, write_tiny_llama
+from support.gguf_raw import INT32, UINT32
+from support.gguf_vocab import bytes_to_unicode, gpt2_vocab, llama_vocab
 from hipcore.gguf.file import read_plan
 
 

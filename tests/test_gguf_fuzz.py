@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 
-from gguf_factory import raw_tiny_llama
+from support.gguf_factory import raw_tiny_llama
 from hipcore.gguf import quants
 from hipcore.gguf.file import GGUFError, ModelPlan, read_plan, read_plan_from_bytes
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from gguf_factory import raw_tiny_llama, write_tiny_llama
-from gguf_raw import STRING
+from support.gguf_factory import raw_tiny_llama, write_tiny_llama
+from support.gguf_raw import STRING
 from rocmforge_cli.app import app
 
 runner = CliRunner()

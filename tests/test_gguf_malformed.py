@@ -12,10 +12,10 @@ from typing import Callable
 
 import pytest
 
-from gguf_raw import (
+from support.gguf_raw import (
     ARRAY, BOOL, FLOAT32, FLOAT64, INT32, STRING, UINT32, UINT64, RawGGUF, RawKV, RawTensor, gguf_string, u32, u64,
 )
-from gguf_factory import raw_tiny_llama
+from support.gguf_factory import raw_tiny_llama
 from hipcore.gguf.file import GGUFError, read_plan, read_plan_from_bytes
 
 INVALID, UNSUPPORTED = 3, 4

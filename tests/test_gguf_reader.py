@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from gguf_factory import raw_tiny_llama, tiny_llama_spec, write_gguf, write_tiny_llama
+from support.gguf_factory import raw_tiny_llama, tiny_llama_spec, write_gguf, write_tiny_llama
 from hipcore.errors import EXIT_USAGE, UsageError
 from hipcore.gguf.file import GGUFError, GGUFFile, Limits, read_plan, read_plan_from_bytes
 

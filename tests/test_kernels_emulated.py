@@ -1,5 +1,5 @@
 """The HIP kernels themselves, run on the CPU under a host emulation of the kernel language
-(tests/emulated_kernels.py), against the numpy references: CI has no GPU, but it can still catch a
+(tests/support/emulated_kernels.py), against the numpy references: CI has no GPU, but it can still catch a
 wrong index, block layout, reduction or grid-stride loop in kernels/*.hip. This file: the single ops
 and sampling; test_kernels_emulated_fused.py the fused products; test_kernels_emulated_forward.py the
 lookups, KV store and attention. The geometry is what the launchers choose, plus deliberately small
@@ -14,8 +14,8 @@ import pytest
 from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, sample, silu_mul
 from hipcore.ops.launch_checks import elementwise_grid, row_block
 from hipcore.ops.weight_formats import column_multiple
-from weight_samples import random_weights
-from emulated_kernels import ARCH_FOR_WARP, U32, run, write_inputs
+from support.weight_samples import random_weights
+from support.emulated_kernels import ARCH_FOR_WARP, U32, run, write_inputs
 
 
 @pytest.mark.parametrize("weight_type", matvec.WEIGHT_TYPES)

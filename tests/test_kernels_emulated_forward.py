@@ -1,5 +1,5 @@
 """The forward pass's lookups and attention (embedding, select_rows, kv_store, paged_attention) run on
-the CPU under the kernel-language emulation (tests/emulated_kernels.py) against their numpy references,
+the CPU under the kernel-language emulation (tests/support/emulated_kernels.py) against their numpy references,
 at warp 32 and 64."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from hipcore.ops import embedding, kv_store, paged_attention, select_rows
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype
-from forward_pass_samples import PagedSample, make_sample, random_table
-from emulated_kernels import ARCH_FOR_WARP, run, write_inputs
+from support.forward_pass_samples import PagedSample, make_sample, random_table
+from support.emulated_kernels import ARCH_FOR_WARP, run, write_inputs
 
 
 # ---- embedding, select_rows, kv_store, paged_attention: the lookups and attention of the forward pass

@@ -1,5 +1,5 @@
 """The fused products (fused_matvec.hip, fused_matmul.hip) run on the CPU under the kernel-language
-emulation (tests/emulated_kernels.py) against their numpy references, at warp 32 and 64, with the
+emulation (tests/support/emulated_kernels.py) against their numpy references, at warp 32 and 64, with the
 launchers' geometry and with explicit splits and small grids."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from hipcore.ops import fused_matmul, fused_matvec, matvec, rmsnorm, rope, silu_mul
-from weight_samples import random_weights
-from emulated_kernels import ARCH_FOR_WARP, U32, run, write_inputs
+from support.weight_samples import random_weights
+from support.emulated_kernels import ARCH_FOR_WARP, U32, run, write_inputs
 
 
 # ---- fused_matvec.hip: the single ops' chains folded into the products ---------------------------

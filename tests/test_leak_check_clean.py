@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gguf_factory import write_tiny_llama
+from support.gguf_factory import write_tiny_llama
 from rocmforge_cli.app import app
 
 runner = CliRunner()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gguf_factory import write_tiny_llama
+from support.gguf_factory import write_tiny_llama
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.engine.request import Ending
 from hipcore.engine.sampler import SamplingParams

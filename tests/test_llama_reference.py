@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from gguf_factory import write_tiny_llama
+from support.gguf_factory import write_tiny_llama
 from hipcore.errors import UnsupportedModelError, UsageError
 from hipcore.gguf.file import GGUFFile
 from hipcore.model.contiguous_kv_cache import ContiguousKvCache

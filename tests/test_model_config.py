@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gguf_factory import Meta, tiny_llama_spec, write_tiny_llama
-from gguf_raw import ARRAY, FLOAT32, STRING, UINT32
+from support.gguf_factory import Meta, tiny_llama_spec, write_tiny_llama
+from support.gguf_raw import ARRAY, FLOAT32, STRING, UINT32
 from hipcore.gguf.file import GGUFError, read_plan
 from hipcore.gguf.config import ModelConfig, check_tensor_shapes, config_from_metadata
 

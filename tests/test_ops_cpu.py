@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gguf_quantize import max_abs_error, quantize
+from support.gguf_quantize import max_abs_error, quantize
 from hipcore.model.weights import GPU_MATRIX_TYPES
 from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, silu_mul, weight_formats
 from hipcore.ops.weight_formats import column_multiple
-from weight_samples import random_weights
+from support.weight_samples import random_weights
 
 U32 = 2.0**-24  # float32 unit roundoff
 
@@ -84,7 +84,7 @@ def test_weight_decoder_agrees_with_gguf():
 
 
 def test_weight_decoder_on_quantized_data():
-    """Real quantized blocks (tests/gguf_quantize.py's quantizers, the inverse of ggml's layouts) decode to
+    """Real quantized blocks (tests/support/gguf_quantize.py's quantizers, the inverse of ggml's layouts) decode to
     within a quantization step of the values they came from: the layouts are ggml's, not just the
     gguf package's reading of random bytes."""
     rng = np.random.default_rng(11)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from forward_pass_samples import make_sample, random_table
+from support.forward_pass_samples import make_sample, random_table
 from hipcore.gguf import quants
 from hipcore.kvcache.dtypes import KV_DTYPES
 from hipcore.ops import embedding, paged_attention, select_rows

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_testing import load_tiny, prompt_of, tiny_model
+from support.engine_testing import load_tiny, prompt_of, tiny_model
 
 from hipcore.gguf.file import GGUFFile
 from hipcore.kvcache.dtypes import kv_dtype

@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from engine_testing import tiny_model
+from support.engine_testing import tiny_model
 
 from profiles.kv_workloads import WorkloadSpec, run_workloads
 from profiles.presets import PRESETS, shape_from_gguf

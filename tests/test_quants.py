@@ -8,8 +8,8 @@ import pytest
 from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from gguf_factory import tiny_llama_spec, write_gguf
-from gguf_quantize import max_abs_error, quantize, random_blocks
+from support.gguf_factory import tiny_llama_spec, write_gguf
+from support.gguf_quantize import max_abs_error, quantize, random_blocks
 from hipcore.gguf import quants
 from hipcore.gguf.file import GGUFFile
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from cuda.bindings import driver  # importable without a driver, which is the point
 from hip import hip  # importable without ROCm, which is the point
-from unopened_gpu import HIP_MISSING, failing_binding_call
+from support.unopened_gpu import HIP_MISSING, failing_binding_call
 
 from hipcore.runtime import cuda as cuda_backend
 from hipcore.runtime import hip as hip_backend

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from cuda.bindings import driver
 from hip import hip
-from unopened_gpu import (  # noqa: F401 (collections_only_between_tests: a fixture, used by name)
+from support.unopened_gpu import (  # noqa: F401 (collections_only_between_tests: a fixture, used by name)
     BACKENDS, CUDA_MISSING, HIP_MISSING, StandIn, answered, answering, collections_only_between_tests, driver_api,
     entry_point, failing_binding_call, fake_buffer, null_handle, succeeding, unopened,
 )

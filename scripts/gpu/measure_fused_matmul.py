@@ -32,7 +32,7 @@ from hipcore.ops import fused_matmul, fused_matvec  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
 from hipcore.runtime.selection import pick_device  # noqa: E402
-from weight_samples import random_weights  # noqa: E402
+from support.weight_samples import random_weights  # noqa: E402
 
 LAYERS = 30
 H, F, Q, KV, V = 576, 1536, 576, 192, 49152

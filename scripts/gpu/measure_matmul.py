@@ -50,7 +50,7 @@ from hipcore.ops import matmul, matvec  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
 from hipcore.runtime.selection import pick_device  # noqa: E402
-from weight_samples import random_weights  # noqa: E402
+from support.weight_samples import random_weights  # noqa: E402
 
 LAYERS = 30  # SmolLM2-135M
 # (name, weight type, rows, cols) of one layer's projections.

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from hipcore.engine.loader import LoadOptions, load_model  # noqa: E402
-from model_steps import step_batch  # noqa: E402
+from support.model_steps import step_batch  # noqa: E402
 from profiles.decode_profile import device_us  # noqa: E402
 
 

@@ -7,7 +7,7 @@ Two steps, because the tokenizer comes from the real file:
     python3 scripts/gpu/random_demo_model.py --dump-tokenizer .carry/smollm2_tokenizer.json   # where it is installed
     python3 scripts/gpu/random_demo_model.py --tokenizer .carry/smollm2_tokenizer.json --out /tmp/random135m.gguf
 
-The weights are tests/gguf_factory.py's random ones: the speed of every kernel is the same as on the
+The weights are tests/support/gguf_factory.py's random ones: the speed of every kernel is the same as on the
 real model, the text it writes is not.
 """
 
@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from gguf_factory import Meta, tiny_llama_spec, write_gguf  # noqa: E402
-from gguf_raw import ARRAY, BOOL, INT32, STRING, UINT32  # noqa: E402
+from support.gguf_factory import Meta, tiny_llama_spec, write_gguf  # noqa: E402
+from support.gguf_raw import ARRAY, BOOL, INT32, STRING, UINT32  # noqa: E402
 
 TOKENIZER_KEYS = {  # key -> (value type, element type)
     "tokenizer.ggml.model": (STRING, None), "tokenizer.ggml.pre": (STRING, None),

@@ -5,7 +5,7 @@ As in test_ops_gpu.py: fresh random inputs every run (the seed is in each failur
 poisoned with 0xFF bytes before every launch, the demo model's shapes (SmolLM2-135M: hidden 576,
 vocabulary 49152 with a Q8_0 table, 9 query heads / 3 KV heads of 64, f16 KV blocks of 16) beside
 odd ones. Lookups and kv_store are exact, so they are compared bit for bit; attention within the
-float32 error bound derived in tests/forward_pass_samples.py.
+float32 error bound derived in tests/support/forward_pass_samples.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from forward_pass_samples import make_sample, random_table
+from support.forward_pass_samples import make_sample, random_table
 from hipcore.kvcache import KvCache, KvCacheConfig
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype
 from hipcore.ops import embedding, kv_store, paged_attention, select_rows

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hipcore.ops import fused_matmul, fused_matvec, matvec, rmsnorm, rope, sample, silu_mul
-from weight_samples import random_weights
+from support.weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
 

@@ -24,7 +24,7 @@ from hipcore.ops.sample import SamplingRows
 from hipcore.runtime import kernels as loader
 from hipcore.runtime.selection import pick_device
 from hipcore.engine.sampler import Sampler, SamplingParams
-from model_steps import step_batch
+from support.model_steps import step_batch
 
 pytestmark = pytest.mark.gpu
 

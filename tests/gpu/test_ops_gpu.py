@@ -19,7 +19,7 @@ import pytest
 from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
-from weight_samples import random_weights
+from support.weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
 

@@ -1,12 +1,12 @@
 """Tiny, valid llama GGUF files for tests, written with the gguf package's GGUFWriter.
 
-    from gguf_factory import write_tiny_llama
+    from support.gguf_factory import write_tiny_llama
     path = write_tiny_llama(tmp_path / "m.gguf", tensor_type="Q8_0", tokenizer="llama")
 
 Random weights, scaled so that activations stay near unit size through every layer; 2-D weights in
 `tensor_type` (norms stay F32, as llama.cpp's converters do); a small working tokenizer vocabulary
-(tests/gguf_vocab.py). `tiny_llama_spec` gives the same model as data (the float32 originals and
-the encoded bytes of every tensor) and `raw_tiny_llama` the same file as a RawGGUF (tests/gguf_raw.py)
+(tests/support/gguf_vocab.py). `tiny_llama_spec` gives the same model as data (the float32 originals and
+the encoded bytes of every tensor) and `raw_tiny_llama` the same file as a RawGGUF (tests/support/gguf_raw.py)
 ready to be corrupted field by field.
 """
 
@@ -22,9 +22,9 @@ import numpy as np
 from gguf import GGUFValueType, GGUFWriter
 from gguf.constants import GGMLQuantizationType
 
-from gguf_quantize import quantize
-from gguf_raw import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, RawGGUF, RawKV, RawTensor
-from gguf_vocab import gpt2_vocab, llama_vocab
+from support.gguf_quantize import quantize
+from support.gguf_raw import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, RawGGUF, RawKV, RawTensor
+from support.gguf_vocab import gpt2_vocab, llama_vocab
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")

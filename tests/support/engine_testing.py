@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 from pathlib import Path
 
-from gguf_factory import write_tiny_llama
+from support.gguf_factory import write_tiny_llama
 
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
