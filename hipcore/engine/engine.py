@@ -21,13 +21,15 @@ from typing import Callable, Iterator, Sequence as Seq
 
 import numpy as np
 
-from hipcore.errors import RocmforgeError, UsageError
-from hipcore.model.batch import NULL_BLOCK, StepBatch
-from hipcore.model.decode_batch import decode_step_batch
-from hipcore.ops.sample import SamplingRows
 from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
 from hipcore.engine.sampler import Sampler, StopChecker, StopReason, device_samplable
 from hipcore.engine.scheduler import Scheduled, Scheduler, SchedulerOutput
+from hipcore.errors import RocmforgeError, UsageError
+from hipcore.kvcache.cache import KvCache
+from hipcore.model.batch import SeqSlice, StepBatch, build_step_batch
+from hipcore.model.runner import Runner, SamplingRunner
+from hipcore.ops.sample import SamplingRows
+from hipcore.tokenizer.tokenizer import Tokenizer
 
 
 _ENDING_OF = {StopReason.EOS: Ending.EOS, StopReason.STOP_STRING: Ending.STOP, StopReason.MAX_TOKENS: Ending.LENGTH}
@@ -56,9 +58,9 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, runner, tokenizer, cache, *, max_seqs: int = 64, max_step_tokens: int = 512,
+    def __init__(self, runner: Runner, tokenizer: Tokenizer, cache: KvCache, *, max_seqs: int = 64, max_step_tokens: int = 512,
                  max_context: int | None = None, finished_bound: int = 1000, hooks: EngineHooks | None = None):
-        """runner: executes a StepBatch and returns host logits [len(sample_rows), vocab] (float32)."""
+        """runner executes each step's StepBatch (hipcore/model/runner.py); cache holds the sequences' KV blocks."""
         if finished_bound < 0:
             raise ValueError("finished_bound must be >= 0")
         self.runner = runner
@@ -251,32 +253,11 @@ class Engine:
         return seq
 
     def _build_batch(self, scheduled: list[Scheduled]) -> StepBatch:
-        if all(item.num_tokens == 1 for item in scheduled):  # decode: vectorized (host time per step matters)
-            seqs = [item.seq for item in scheduled]
-            return decode_step_batch(self.cache, [s.seq_id for s in seqs], [s.tokens[s.num_cached] for s in seqs],
-                                     [s.num_cached for s in seqs], [item.samples for item in scheduled])
-        tokens, positions, slots, starts, ctx, tables, sample_rows = [], [], [], [0], [], [], []
+        slices = []
         for item in scheduled:
-            seq, n = item.seq, item.num_tokens
-            first = seq.num_cached
-            tokens.extend(seq.tokens[first:first + n])
-            positions.extend(range(first, first + n))
-            slots.append(self.cache.slot_mapping(seq.seq_id, first, n))
-            starts.append(starts[-1] + n)
-            ctx.append(first + n)
-            tables.append(self.cache.block_table(seq.seq_id))
-            if item.samples:
-                sample_rows.append(starts[-1] - 1)
-        width = max(len(t) for t in tables)
-        table_arr = np.full((len(tables), width), NULL_BLOCK, dtype=np.int32)
-        for i, t in enumerate(tables):
-            table_arr[i, :len(t)] = t
-        return StepBatch(
-            token_ids=np.asarray(tokens, dtype=np.int32), positions=np.asarray(positions, dtype=np.int32),
-            slot_mapping=np.concatenate(slots).astype(np.int32), seq_starts=np.asarray(starts, dtype=np.int32),
-            context_lens=np.asarray(ctx, dtype=np.int32), block_tables=table_arr,
-            sample_rows=np.asarray(sample_rows, dtype=np.int32),
-        )
+            seq, first = item.seq, item.seq.num_cached
+            slices.append(SeqSlice(seq.seq_id, seq.tokens[first:first + item.num_tokens], first, item.samples))
+        return build_step_batch(self.cache, slices)
 
     def _run(self, plan: SchedulerOutput) -> list[Event]:
         scheduled = plan.scheduled
@@ -317,7 +298,7 @@ class Engine:
         sample on the host: a runner without device sampling, penalties or a rule the device lacks
         (device_samplable), or a prompt about to fork into parallel samples (they all draw from its
         logits). Each non-greedy row's uniform comes from its sampler now, as Sampler.sample would draw it."""
-        if not hasattr(self.runner, "execute_sampled"):
+        if not isinstance(self.runner, SamplingRunner):
             return None
         seqs = [item.seq for item in scheduled if item.samples]
         for seq in seqs:

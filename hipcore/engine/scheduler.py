@@ -29,6 +29,7 @@ import collections
 from dataclasses import dataclass, field
 
 from hipcore.engine.request import Phase, Request, Sequence
+from hipcore.kvcache.cache import KvCache
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cache, *, max_seqs: int = 64, max_step_tokens: int = 512, watermark_blocks: int | None = None):
+    def __init__(self, cache: KvCache, *, max_seqs: int = 64, max_step_tokens: int = 512, watermark_blocks: int | None = None):
         if max_seqs < 1 or max_step_tokens < 1:
             raise ValueError("max_seqs and max_step_tokens must be at least 1")
         self.cache = cache

@@ -1,4 +1,5 @@
-"""StepBatch: what one engine step hands the model, in the flattened ("varlen") form of vLLM.
+"""StepBatch: what one engine step hands the model, in the flattened ("varlen") form of vLLM, and
+build_step_batch, its one builder.
 
 The tokens of every scheduled sequence are concatenated; per-token arrays (positions, KV slots)
 and per-sequence arrays (where each sequence's tokens start, how long its context is, its block
@@ -8,10 +9,23 @@ table) describe them. The same batch drives prompt evaluation, decode, or a mix 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-NULL_BLOCK = 0  # padding of block tables; the KV cache never hands this block out
+from hipcore.kvcache.cache import KvCache
+from hipcore.kvcache.config import NULL_BLOCK  # padding of block tables (never handed out)
+
+
+@dataclass(frozen=True)
+class SeqSlice:
+    """The tokens one sequence computes in a step: `tokens` at positions first, first + 1, ... (their KV slots
+    reserved in the cache already); `samples` says whether the last one's logits are wanted."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    first: int
+    samples: bool
 
 
 @dataclass(frozen=True)
@@ -61,3 +75,53 @@ class StepBatch:
             raise ValueError("step batch: context longer than its block table")
         if self.sample_rows.size and (self.sample_rows.min() < 0 or self.sample_rows.max() >= t):
             raise ValueError("step batch: sample row out of range")
+
+
+def build_step_batch(cache: KvCache, items: Sequence[SeqSlice]) -> StepBatch:
+    """The StepBatch of one step: the sequences' slices concatenated in order."""
+    if all(len(item.tokens) == 1 for item in items):
+        return _decode_batch(cache, items)
+    tokens, positions, slots, starts, ctx, tables, sample_rows = [], [], [], [0], [], [], []
+    for item in items:
+        n, first = len(item.tokens), item.first
+        tokens.extend(item.tokens)
+        positions.extend(range(first, first + n))
+        slots.append(cache.slot_mapping(item.seq_id, first, n))
+        starts.append(starts[-1] + n)
+        ctx.append(first + n)
+        tables.append(cache.block_table(item.seq_id))
+        if item.samples:
+            sample_rows.append(starts[-1] - 1)
+    width = max(len(t) for t in tables)
+    table_arr = np.full((len(tables), width), NULL_BLOCK, dtype=np.int32)
+    for i, t in enumerate(tables):
+        table_arr[i, :len(t)] = t
+    return StepBatch(
+        token_ids=np.asarray(tokens, dtype=np.int32), positions=np.asarray(positions, dtype=np.int32),
+        slot_mapping=np.concatenate(slots).astype(np.int32), seq_starts=np.asarray(starts, dtype=np.int32),
+        context_lens=np.asarray(ctx, dtype=np.int32), block_tables=table_arr,
+        sample_rows=np.asarray(sample_rows, dtype=np.int32),
+    )
+
+
+def _decode_batch(cache: KvCache, items: Sequence[SeqSlice]) -> StepBatch:
+    """One token per sequence, with a few numpy operations instead of a loop per sequence.
+
+    Decode steps are where host time per step matters (a replayed graph takes a few hundred microseconds
+    on a GPU): building the batch one sequence at a time through KvCache.slot_mapping and block_table
+    cost ~20 us per sequence, 1.3 ms for 64 sequences. Here the block tables come from one
+    KvCache.block_tables call and every slot is read out of them at once: slot = table[pos // block_size]
+    * block_size + pos % block_size.
+    """
+    n = len(items)
+    tables = cache.block_tables([item.seq_id for item in items])
+    pos = np.fromiter((item.first for item in items), dtype=np.int32, count=n)
+    bs = cache.config.block_size
+    rows = np.arange(n, dtype=np.int32)
+    slots = tables[rows, pos // bs] * bs + pos % bs
+    samples = np.fromiter((item.samples for item in items), dtype=bool, count=n)
+    return StepBatch(
+        token_ids=np.fromiter((item.tokens[0] for item in items), dtype=np.int32, count=n), positions=pos,
+        slot_mapping=slots.astype(np.int32, copy=False), seq_starts=np.arange(n + 1, dtype=np.int32),
+        context_lens=pos + 1, block_tables=tables, sample_rows=rows if samples.all() else rows[samples],
+    )

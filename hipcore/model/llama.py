@@ -25,6 +25,8 @@ import math
 import numpy as np
 
 from hipcore.errors import UnsupportedModelError
+from hipcore.gguf.config import ModelConfig
+from hipcore.kvcache.cache import KvCache
 from hipcore.model.batch import StepBatch
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
 from hipcore.model.step_inputs import StepInputs, input_bytes
@@ -69,7 +71,7 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
 class LlamaRunner:
     """Executes StepBatches for one model on one device: logits of the sampled rows, or their tokens."""
 
-    def __init__(self, device: Device, config, weights: ModelWeights, cache, *, max_step_tokens: int, max_seqs: int,
+    def __init__(self, device: Device, config: ModelConfig, weights: ModelWeights, cache: KvCache, *, max_step_tokens: int, max_seqs: int,
                  max_context: int | None = None, use_graphs: bool = True):
         if config.rope_scaling not in ("none", "linear"):
             raise UnsupportedModelError(f"rope scaling {config.rope_scaling!r} is not supported yet (none, linear)")

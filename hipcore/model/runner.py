@@ -1,0 +1,33 @@
+"""The seam between the engine and a model: what the engine calls each step (docs/architecture.md,
+"The path of a request"). LlamaRunner (hipcore/model/llama.py) is the model's runner; tests and profiles
+plug in smaller ones (a runner that only touches the KV cache, one that counts calls)."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from hipcore.gguf.config import ModelConfig
+from hipcore.model.batch import StepBatch
+from hipcore.ops.sample import SamplingRows
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Executes one step's batch; the engine reads config.context_length and config.vocab_size."""
+
+    config: ModelConfig
+
+    def execute(self, batch: StepBatch) -> np.ndarray:
+        """float32 logits [len(batch.sample_rows), vocab] on the host."""
+        ...
+
+
+@runtime_checkable
+class SamplingRunner(Runner, Protocol):
+    """A runner that also picks the tokens on the device, so only the token ids come back."""
+
+    def execute_sampled(self, batch: StepBatch, sampling: SamplingRows) -> np.ndarray:
+        """int32 token ids [len(batch.sample_rows)]."""
+        ...
