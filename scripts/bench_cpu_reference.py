@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support.llama_reference lives there
+
 PROMPT_TOKENS = 512
 GENERATE_TOKENS = 128
 TOKEN_SEED = 1234
@@ -57,7 +59,7 @@ def bench_ours(model_path: str, repetitions: int) -> dict:
     import numpy as np
 
     from hipcore.gguf.file import GGUFFile
-    from hipcore.model.llama_reference import LlamaReference
+    from support.llama_reference import LlamaReference
 
     start = time.perf_counter()
     with GGUFFile.open(model_path) as f:

@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from hipcore.gguf.file import GGUFFile
-from hipcore.model.llama_reference import LlamaReference
+from support.llama_reference import LlamaReference
 
 GOLDEN = Path(__file__).parent / "golden" / "smollm2_135m_q4_1_llamacpp.json"
 LOGIT_TOLERANCE = 1.0

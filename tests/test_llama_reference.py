@@ -12,9 +12,9 @@ import pytest
 from support.gguf_factory import write_tiny_llama
 from hipcore.errors import UnsupportedModelError, UsageError
 from hipcore.gguf.file import GGUFFile
-from hipcore.model.contiguous_kv_cache import ContiguousKvCache
-from hipcore.model.llama_reference import LlamaReference, LlamaWeights
-from hipcore.model.rope import RotaryEmbedding, rope_freq_scale
+from support.contiguous_kv_cache import ContiguousKvCache
+from support.llama_reference import LlamaReference, LlamaWeights
+from support.reference_rope import RotaryEmbedding, rope_freq_scale
 
 
 def open_tiny(tmp_path, name="tiny.gguf", **kwargs):

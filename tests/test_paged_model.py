@@ -33,8 +33,8 @@ from hipcore.gguf.file import GGUFFile
 from hipcore.kvcache.dtypes import kv_dtype
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.batch import NULL_BLOCK, StepBatch
-from hipcore.model.contiguous_kv_cache import ContiguousKvCache
-from hipcore.model.llama_reference import LlamaReference
+from support.contiguous_kv_cache import ContiguousKvCache
+from support.llama_reference import LlamaReference
 
 EXACT_TOLERANCE = 1e-4
 UNIT_ROUNDOFF = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8, "q8_0": 1.0 / 127}

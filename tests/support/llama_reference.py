@@ -1,4 +1,5 @@
-"""The llama forward pass in numpy: the numerical reference for every backend and kernel.
+"""The llama forward pass in numpy, written from the definition and sharing no code with the library: a
+test-side second opinion on the model (the library's own cpu backend runs the ops' references instead).
 
 Float32 weights (dequantized once at load), float32 activations, float64 for the reductions that
 are cheap (RMSNorm mean of squares, softmax sums). A prompt is evaluated in ONE batched pass
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hipcore.errors import UnsupportedModelError, UsageError
-from hipcore.model.contiguous_kv_cache import ContiguousKvCache
-from hipcore.model.rope import RotaryEmbedding, rope_freq_scale
+from support.contiguous_kv_cache import ContiguousKvCache
+from support.reference_rope import RotaryEmbedding, rope_freq_scale
 
 LLAMA_FAMILY = ("llama", "mistral")
 
