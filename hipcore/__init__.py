@@ -1,7 +1,8 @@
 """hipcore: the rocmforge engine library (GGUF loading, device runtime, KV cache, engine).
 
-Importable and usable without the CLI. Imports flow one way: rocmforge_cli -> profiles -> hipcore,
-and hipcore.runtime imports nothing else of the project.
+Importable and usable without the CLI. The packages are layers (docs/architecture.md, "Layers"): engine ->
+model -> ops -> gguf / tokenizer / kvcache -> errors -> runtime, and hipcore.runtime imports nothing else
+of the project.
 """
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """The engine on a tiny model (cpu backend): concurrency, preemption, rejection, parallel samples,
 seeded sampling and the bound on finished records.
 
-The output oracle (RELIABILITY invariant 11) is a solo run: the same request alone in the engine.
+The output oracle (KV cache invariant 11, docs/architecture.md) is a solo run: the same request alone in the engine.
 Greedy tokens must be equal under concurrency, chunked prompts and preemption.
 """
 

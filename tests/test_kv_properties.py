@@ -1,5 +1,5 @@
 """Property tests: random add / reserve / fork / free / cancel-mid-step / fence sequences on a small
-cache, with every invariant of RELIABILITY.md checked after every operation, and the cached data
+cache, with every invariant of docs/architecture.md ("KV cache invariants") checked after every operation, and the cached data
 checked against a model (so a wrong copy-on-write, or a late write landing in a reused block, shows).
 """
 

@@ -8,7 +8,7 @@ Phase 2 (`GGUFFile`): the file memory-mapped; each tensor is a read-only view at
 size the plan recorded. Nothing here re-derives a size from the header.
 
 The gguf package's own reader is not used: on crafted files it hangs, over-allocates and lets
-offsets wrap (RELIABILITY.md). We use the package for type constants and reference dequantization.
+offsets wrap (docs/architecture.md, "Reading GGUF files safely"). We use the package for type constants and reference dequantization.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Model files are untrusted input. Every field becomes a Python int as it is read, and before any
 read or any allocation the parser checks the request against the bytes that remain and against
-the hard caps in `Limits` (RELIABILITY.md, "Reading GGUF files safely"). What a header *means*
+the hard caps in `Limits` (docs/architecture.md, "Reading GGUF files safely"). What a header *means*
 (tensor types, sizes, offsets, the model config) is checked by gguf_file.py and model/config.py;
 this module only guarantees that what it returns was really in the file and is well-formed.
 

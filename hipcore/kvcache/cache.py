@@ -242,7 +242,7 @@ class KvCache:
     # ---- invariants ----------------------------------------------------------------------------
 
     def check_invariants(self, quiescent: bool = False) -> None:
-        """Raise KvInvariantError naming what broke (RELIABILITY.md invariants 1, 2, 7; and 6 when
+        """Raise KvInvariantError naming what broke (docs/architecture.md, KV cache invariants 1, 2, 7; and 6 when
         `quiescent`: no sequence left, nothing pending, every usable block free)."""
         with self._lock:
             if self._closed:

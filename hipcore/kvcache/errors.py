@@ -21,5 +21,5 @@ class KvCacheError(RocmforgeError):
 
 
 class KvInvariantError(KvCacheError):
-    """A KV cache invariant does not hold (RELIABILITY.md "KV cache invariants"); the message names
+    """A KV cache invariant does not hold (docs/architecture.md, "KV cache invariants"); the message names
     the block and the sequence involved."""

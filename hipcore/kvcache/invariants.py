@@ -1,4 +1,4 @@
-"""The structural invariants of a KV cache's bookkeeping (RELIABILITY.md "KV cache invariants").
+"""The structural invariants of a KV cache's bookkeeping (docs/architecture.md, "KV cache invariants").
 
 Checked by `KvCache.check_invariants()` after every operation in the property tests and at the end
 of a leak check. O(blocks + table entries): cheap enough to run often, too slow for every step of

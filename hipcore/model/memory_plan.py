@@ -2,7 +2,7 @@
 
 If the plan does not fit the device's free memory (minus a margin), loading stops with exit code 5
 and a table of the components, the device's total and free memory, and the largest context /
-block count that would fit, with nothing allocated (RELIABILITY, out of memory rule 1).
+block count that would fit, with nothing allocated (docs/architecture.md, "Out of memory", rule 1).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ they read. A matrix type with no kernel yet is converted once to F16 at load (sa
 The cpu backend dequantizes everything to float32 once (numpy matmuls are its fast path).
 
 A failure half-way (out of memory, a read error) frees every buffer uploaded so far before the
-error propagates: nothing is left half-uploaded (RELIABILITY, out of memory rule 2).
+error propagates: nothing is left half-uploaded (docs/architecture.md, "Out of memory", rule 2).
 
 Matrices that read the same input are uploaded back to back into one buffer when they share a
 format: q, k and v of a layer, and gate and up. The decode path then runs each group as one fused

@@ -143,8 +143,8 @@ def pick_splits(tiles: int, cols: int, tile_tokens: int) -> int:
     """Column ranges per tile, each at least MIN_SPLIT_STEPS steps: as many as keep the workgroups within
     BUSY_ITEMS (one wave; a few more would run as a second, nearly empty one), within half of it for
     fewer than SMALL_SPLIT_TILES tiles, and a tile whole rather than in two halves. From the H100 figures
-    of scripts/gpu/measure_fused_matmul.py --variants on the demo model's products (docs/gpu-runs/
-    2026-11-22-fused-matmul-h100-run3.md), where this picks the faster of the budgets measured in every
+    of scripts/gpu/measure_fused_matmul.py --variants on the demo model's products (the raw report is in git
+    history: docs/gpu-runs/2026-11-22-fused-matmul-h100-run3.md at commit 855248c), where this picks the faster of the budgets measured in every
     case: a few tiles' work is short and the combine of many partials outweighs more parallelism beyond
     about one workgroup per SM (q|k|v at 64 tokens, 30 tiles: 11.8 us in 4 splits, 13.1 in 6), more
     tiles gain from a full wave (o at 512 tokens, 72 tiles: 23.6 us in 3 splits, 29.7 whole; ffn_down at

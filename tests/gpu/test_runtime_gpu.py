@@ -159,7 +159,7 @@ def test_ten_thousand_allocations_leave_driver_free_memory_where_it_started(gpu)
     rng = np.random.default_rng(3)
     sizes = np.exp(rng.uniform(np.log(1), np.log(8 << 20), size=10_000)).astype(np.int64) + 1
     # Warm up with one batch of the same sizes, so that the baseline already includes whatever the
-    # driver sets up once (RELIABILITY.md, leak checks, rule 6).
+    # driver sets up once (docs/architecture.md, "Leak checks": warm up before the baseline).
     for b in [gpu.allocate(int(s), "scratch") for s in sizes[:500]]:
         b.free()
     gpu.synchronize()

@@ -68,7 +68,7 @@ def kv_bytes(model: LoadedModel) -> int:
 
 
 def assert_quiescent(model: LoadedModel, kv_bytes_before: int) -> None:
-    """RELIABILITY invariant 6: no per-request state, every block back and every count 0, the
+    """KV cache invariant 6 (docs/architecture.md): no per-request state, every block back and every count 0, the
     ledger's kv bytes unchanged."""
     cache = model.cache
     cache.check_invariants(quiescent=True)
