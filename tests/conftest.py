@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,9 @@ from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 
 @pytest.fixture(scope="session")
 def demo_model_path() -> Path:
-    """The real demo model. CI installs it; a missing model is a setup error, not a skip."""
-    path = find_demo_model()
+    """The real demo model (or the file ROCMFORGE_DEMO_MODEL names, as on a GPU machine where the package is
+    not installed). CI installs it; a missing model is a setup error, not a skip."""
+    path = Path(os.environ["ROCMFORGE_DEMO_MODEL"]) if os.environ.get("ROCMFORGE_DEMO_MODEL") else find_demo_model()
     if path is None:
         pytest.fail(f"the demo model is not installed; run: {INSTALL_HINT}", pytrace=False)
     return path
