@@ -26,6 +26,7 @@ from hipcore.engine.request import Ending
 TESTING_ENV = "ROCMFORGE_TESTING"
 DEVICE_LEAK_BYTES = 256 << 10
 DEVICE_LEAK_EVERY = 4  # steps
+PINNING_LEAVES_FREE = 2  # blocks the refcount-taken-twice bug leaves free
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,27 @@ def _double_decrement(loaded) -> None:
     pool.release = release
 
 
+def _refcount_taken_twice(loaded) -> None:
+    """BlockPool.take takes a second reference on a block handed out alone while the pool still has
+    room (as a prefix cache that pins blocks when it can afford to would), and nothing ever drops
+    it: the block's one table releases it once, so it never comes back. The pool shrinks to
+    PINNING_LEAVES_FREE blocks, enough to admit a longer request's prompt but not to let it grow:
+    the request preempts itself and recomputes its prompt forever, a leak that hangs the run."""
+    pool = getattr(loaded.cache, "_pool", None)
+    if pool is None:
+        raise RuntimeError("planted bug: KvCache._pool no longer exists; update profiles/leak_bugs.py")
+    _require(pool, "take")
+    original = pool.take
+
+    def take(count, seq_id):
+        taken = original(count, seq_id)
+        if taken is not None and count == 1 and pool.num_free >= PINNING_LEAVES_FREE:
+            pool.share(taken[0], seq_id)  # the bug: a second reference nobody will release
+        return taken
+
+    pool.take = take
+
+
 def _device_leak(loaded) -> None:
     """Every few engine steps a scratch buffer is allocated and never freed. Planted around
     Engine.step (not a runner method) so that it survives changes to how the runner is called."""
@@ -138,6 +160,8 @@ BUGS: dict[str, PlantedBug] = {b.name: b for b in (
     PlantedBug("free-keeps-buffer", "freeing the KV pools keeps their device memory alive", _free_keeps_buffer),
     PlantedBug("finished-records-kept", "finished-request records are never dropped", _finished_records_kept),
     PlantedBug("double-decrement", "a shared KV block's reference count is decremented twice", _double_decrement),
+    PlantedBug("refcount-taken-twice", "a KV block handed out alone is counted as held twice and released once",
+               _refcount_taken_twice),
     PlantedBug("device-leak", f"a {DEVICE_LEAK_BYTES >> 10} KiB device buffer allocated every {DEVICE_LEAK_EVERY} "
                "steps is never freed", _device_leak),
 )}

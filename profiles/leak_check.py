@@ -118,6 +118,7 @@ class _Run:
         self._status(f"warm-up: {s.warmup_requests} requests, decode batches of {', '.join(map(str, self.ladder))}, then "
                      f"{self.fillers} rejected ones to fill the finished records")
         before_warmup = self.device.ledger.snapshot()
+        driver.deadline = time.monotonic() + s.deadline_seconds()
         t0 = time.perf_counter()
         driver.run(range(s.warmup_requests), run_phase=0)
         start = s.warmup_requests
@@ -175,7 +176,7 @@ class _Run:
             backend=self.device.backend, thresholds=s.thresholds, phases=self.phases, close_ledger=close_ledger,
             close_error=close_error, host=host, requests=requests,
             engine_failure=None if failure is None else {"where": failure.where, "message": failure.message,
-                                                         "traceback": failure.traceback_tail},
+                                                         "traceback": failure.traceback_tail, "raised": failure.raised},
             stalls=stalls, peaks=peaks, baseline=base, wall_seconds=time.perf_counter() - started,
             load_seconds=self.loaded.load_seconds, planted_bug=s.planted_bug,
         )

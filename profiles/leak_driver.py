@@ -15,6 +15,7 @@ its step was made, so a leaked allocation can be traced to its owners.
 from __future__ import annotations
 
 import itertools
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -28,6 +29,11 @@ from profiles.leak_workload import MAX_SAMPLES, Plan, RequestPlan, Workload, ACC
 ENDINGS = tuple(Ending)
 PHASES = tuple(Phase)
 STALL_STEPS = 3  # steps in a row with nothing computed and nothing ended while work is queued
+# Preemptions of one request in a row that kept no new generated token: a request recomputing its
+# prompt again and again because blocks never came back (clean runs under the small default pool
+# preempt a request at most a few times before it gains a token).
+MAX_FRUITLESS_PREEMPTIONS = 50
+BLOCKS_NAMED = 20
 MAX_NOTES = 20  # unexpected endings and cancel anomalies kept verbatim for the report
 OWNER_REQUESTS_SHOWN = 8
 
@@ -79,6 +85,9 @@ class _InFlight:
     plan: RequestPlan
     request: Request
     phase_before_step: Phase
+    preemptions_seen: int = 0
+    kept_at_last_preemption: int = 0  # generated tokens it still held when last preempted
+    fruitless_preemptions: int = 0  # preemptions in a row with no new generated token kept
 
 
 @dataclass
@@ -88,12 +97,14 @@ class EngineFailure:
     where: str
     message: str
     traceback_tail: str
+    raised: bool = True  # False: the driver ended the run (no progress, or past the deadline)
 
 
 class WorkloadDriver:
     def __init__(self, engine, workload: Workload, outcomes: Outcomes, *, parallel: int, ledger,
-                 on_step: Callable[[], None] | None = None):
+                 on_step: Callable[[], None] | None = None, deadline: float | None = None):
         self.engine = engine
+        self.deadline = deadline  # time.monotonic() after which the run ends as failed
         self.workload = workload
         self.outcomes = outcomes
         self.parallel = parallel
@@ -182,6 +193,8 @@ class WorkloadDriver:
             if idle_steps >= STALL_STEPS:
                 self._break_stall()
                 idle_steps = 0
+            if self._end_if_no_progress():
+                return
             self._fire_cancels()
 
     def finish_in_flight(self, max_steps: int) -> None:
@@ -320,6 +333,56 @@ class WorkloadDriver:
         if self.inflight and self.failure is None:
             self.failure = EngineFailure(f"run phase {self.run_phase}", "the engine stalled and did not end the "
                                          f"{len(self.inflight)} requests cancelled to break the stall", "")
+
+    # ---- progress: tokens that stay generated, not steps ------------------------------------------
+
+    def _end_if_no_progress(self) -> bool:
+        """End the run (as an engine failure) when a request keeps being preempted without keeping a
+        new token, or when the run is past its deadline: steps that compute and throw their work
+        away are not progress, and a leak that causes them must end the run, not hang it."""
+        reason = None
+        for rid, entry in self.inflight.items():
+            request = entry.request
+            if request.preemptions == entry.preemptions_seen:
+                continue
+            kept = sum(len(seq.tokens) - seq.num_prompt for seq in request.seqs)
+            fruitless = kept <= entry.kept_at_last_preemption
+            entry.fruitless_preemptions = entry.fruitless_preemptions + request.preemptions - entry.preemptions_seen if fruitless else 0
+            entry.preemptions_seen, entry.kept_at_last_preemption = request.preemptions, kept
+            if entry.fruitless_preemptions >= MAX_FRUITLESS_PREEMPTIONS:
+                reason = (f"request {rid} ({entry.plan.kind.label}) was preempted {entry.fruitless_preemptions} times in a "
+                          f"row without keeping a new generated token ({kept} kept; it recomputes its prompt and cannot "
+                          f"grow)")
+                break
+        if reason is None and self.deadline is not None and time.monotonic() > self.deadline:
+            reason = "the run is past its deadline (--deadline)"
+        if reason is None:
+            return False
+        engine = self.engine
+        self.stalls.append(f"run phase {self.run_phase}: no progress: {reason}; {engine.cache.num_free_blocks} of "
+                           f"{engine.cache.num_usable_blocks} KV blocks free; cancelled the {len(self.inflight)} "
+                           "requests in flight and ended the run")
+        for rid, entry in list(self.inflight.items()):
+            self.outcomes.cancel_sent[entry.plan.index] = True
+            engine.cancel(rid)
+        for _ in range(STALL_STEPS):
+            if not self.inflight or not self._step():
+                break
+            self._collect()
+        self.failure = EngineFailure(f"run phase {self.run_phase}", f"no progress: {reason}; {self._blocks_not_back()}", "",
+                                     raised=False)
+        return True
+
+    def _blocks_not_back(self) -> str:
+        """The blocks still held once every request in flight was cancelled: the ones that never came back."""
+        cache = self.engine.cache
+        held = {b for seq_id in cache.sequences() for b in cache.block_table(seq_id)}
+        lost = [b for b in range(1, cache.config.num_blocks) if cache.refcount(b) and b not in held]
+        if not lost:
+            return f"{cache.num_usable_blocks - cache.num_free_blocks} KV blocks not free, none without a table"
+        shown = ", ".join(f"{b} (refcount {cache.refcount(b)})" for b in lost[:BLOCKS_NAMED])
+        more = f" and {len(lost) - BLOCKS_NAMED} more" if len(lost) > BLOCKS_NAMED else ""
+        return f"KV blocks that never came back (held by no table): {shown}{more}"
 
     def _note_new_allocations(self) -> None:
         """Attribute device allocations that outlived this step to the requests in it."""

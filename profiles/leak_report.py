@@ -210,8 +210,9 @@ def judge(report: LeakReport) -> list[Finding]:
     t = report.thresholds
     out: list[Finding] = []
     if report.engine_failure:
-        out.append(Finding("engine", "leak", f"the engine raised in {report.engine_failure['where']}: "
-                                             f"{report.engine_failure['message']}"))
+        failure = report.engine_failure
+        what = "the engine raised in" if failure.get("raised", True) else "the run was ended in"
+        out.append(Finding("engine", "leak", f"{what} {failure['where']}: {failure['message']}"))
     for stall in report.stalls:
         out.append(Finding("engine", "leak", f"stalled: {stall}"))
     for phase in report.phases:

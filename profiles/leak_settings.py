@@ -11,6 +11,10 @@ from profiles.leak_thresholds import Thresholds
 from profiles.leak_workload import WorkloadShape
 
 
+DEADLINE_BASE_SECONDS = 300
+DEADLINE_SECONDS_PER_REQUEST = 5
+
+
 @dataclass(frozen=True)
 class LeakCheckSettings:
     model: str
@@ -30,6 +34,14 @@ class LeakCheckSettings:
     tracemalloc: bool = True
     thresholds: Thresholds = field(default_factory=Thresholds)
     planted_bug: str | None = None
+    deadline: float | None = None  # seconds from the warm-up on; None: deadline_seconds()'s default
+
+    def deadline_seconds(self) -> float:
+        """The run ends as failed past this (a leak that keeps steps busy without progress must end
+        it). The default is generous: about 5x what the cpu backend needs per request on two cores."""
+        if self.deadline is not None:
+            return self.deadline
+        return DEADLINE_BASE_SECONDS + DEADLINE_SECONDS_PER_REQUEST * (self.requests + self.warmup_requests)
 
     def shape(self) -> WorkloadShape:
         return WorkloadShape(seed=self.seed, max_tokens=self.max_tokens, prompt_min=self.prompt_tokens[0],
@@ -50,6 +62,7 @@ class LeakCheckSettings:
             (self.warmup is None or self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}"),
             (self.finished_bound >= 1, f"--finished-bound must be at least 1, got {self.finished_bound}"),
             (self.block_size >= 1, f"--block-size must be at least 1, got {self.block_size}"),
+            (self.deadline is None or self.deadline > 0, f"--deadline must be more than 0 seconds, got {self.deadline}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -68,6 +81,8 @@ class LeakCheckSettings:
                  "--kv-dtype", self.kv_dtype, "--block-size", str(self.block_size)]
         if self.kv_blocks is not None:
             parts += ["--kv-blocks", str(self.kv_blocks)]
+        if self.deadline is not None:
+            parts += ["--deadline", f"{self.deadline:g}"]
         if not self.tracemalloc:
             parts.append("--no-tracemalloc")
         for key, value in self.thresholds.to_dict().items():
@@ -85,6 +100,6 @@ class LeakCheckSettings:
             "seed": self.seed, "kv_blocks": self.kv_blocks, "max_tokens": self.max_tokens,
             "prompt_tokens": list(self.prompt_tokens), "step_tokens": self.step_tokens, "phases": self.phases,
             "warmup": self.warmup_requests, "finished_bound": self.finished_bound, "kv_dtype": self.kv_dtype,
-            "block_size": self.block_size,
+            "block_size": self.block_size, "deadline_seconds": self.deadline_seconds(),
             "tracemalloc": self.tracemalloc, "thresholds": self.thresholds.to_dict(),
         }

@@ -75,6 +75,7 @@ def leak_check_command(
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block; small blocks make short requests cross blocks (and get preempted) more often.")] = 16,
     fail_on: Annotated[Optional[list[str]], typer.Option("--fail-on", help=FAIL_ON_HELP, show_default=False)] = None,
+    deadline: Annotated[Optional[float], typer.Option("--deadline", help="End the run as failed (exit 1) after this many seconds from the warm-up on. Default: 300 s + 5 s per request.", show_default=False)] = None,
     no_tracemalloc: Annotated[bool, typer.Option("--no-tracemalloc", help="Measure host memory by RSS only (tracemalloc slows Python code by about a third).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object instead of tables.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
@@ -95,7 +96,7 @@ def leak_check_command(
         model=resolve_model(model), device=device, requests=requests, parallel=parallel, seed=seed, kv_blocks=kv_blocks,
         max_tokens=max_tokens, prompt_tokens=parse_range(prompt_tokens), step_tokens=step_tokens, phases=phases,
         warmup=warmup, finished_bound=finished_bound, kv_dtype=kv_dtype, block_size=block_size, tracemalloc=not no_tracemalloc,
-        thresholds=parse_fail_on(fail_on), planted_bug=plant_bug,
+        thresholds=parse_fail_on(fail_on), planted_bug=plant_bug, deadline=deadline,
     )
     settings.validate()
     if quiet:

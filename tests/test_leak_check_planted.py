@@ -121,3 +121,27 @@ def test_planting_needs_the_testing_environment_and_is_hidden(tiny):
     assert code == 2 and "unknown planted bug" in output
     help_text = runner.invoke(app, ["leak-check", "--help"], env={"COLUMNS": "200"}).stdout
     assert "--requests" in help_text and "--plant-bug" not in help_text
+
+
+def test_a_leak_that_makes_a_request_recompute_forever_ends_the_run_naming_the_lost_blocks(tiny):
+    # With the default (small) pool the pinned blocks leave just enough room to admit a longer
+    # request and never to let it grow: before the progress check this run never ended.
+    code, report, output = leak_check(tiny, "--plant-bug", "refcount-taken-twice")
+    assert code == 1, output[-3000:]
+    assert report["verdict"] == "leak" and report["wall_seconds"] < 60
+    failure = report["engine_failure"]
+    assert failure["raised"] is False and "without keeping a new generated token" in failure["message"]
+    assert "KV blocks that never came back (held by no table): " in failure["message"]
+    lost = [b for p in report["phases"] if p["blocks"] for b in p["blocks"]["leaked"]]
+    assert lost and all(b["refcount"] == 1 and not b["sequences"] for b in lost)
+    assert f"{lost[0]['block']} (refcount 1)" in failure["message"]
+    assert any(f["message"].startswith("the run was ended in") for f in report["findings"])
+
+
+def test_a_run_past_its_deadline_ends_as_failed(tiny):
+    code, report, output = leak_check(tiny, "--kv-blocks", "400", "--requests", "5000", "--deadline", "2")
+    assert code == 1, output[-3000:]
+    assert "past its deadline" in report["engine_failure"]["message"] and report["wall_seconds"] < 60
+    assert "--deadline 2" in report["command"]
+    code, _, output = leak_check(tiny, "--deadline", "0")
+    assert code == 2 and "--deadline must be more than 0 seconds" in output
