@@ -2,8 +2,10 @@
 
 Each bug is the kind that the tools this project replaces shipped (DESIGN "The path of the data"):
 KV blocks kept after a normal completion, released only on cancel, a "free" that keeps the device
-buffer alive, finished records never dropped, a reference count decremented twice, and a device
-buffer allocated per step and never freed (which compute-sanitizer must catch too, on NVIDIA).
+buffer alive, finished records never dropped, a reference count decremented twice, a device
+buffer allocated per step and never freed (which compute-sanitizer must catch too, on NVIDIA),
+host memory kept per request (10 KiB, and 300 bytes), and a block counted as held twice and
+released once, which hangs a run that does not judge progress by tokens kept.
 
 Why monkeypatching one loaded model instead of hook points in the engine, cache or loader: the
 production code keeps no test-only branches that a configuration could ever reach, and each bug
@@ -26,6 +28,8 @@ from hipcore.engine.request import Ending
 TESTING_ENV = "ROCMFORGE_TESTING"
 DEVICE_LEAK_BYTES = 256 << 10
 DEVICE_LEAK_EVERY = 4  # steps
+HOST_LEAK_BYTES = 10 << 10  # per request: the least the host check must catch over 200 requests
+HOST_LEAK_SLOW_BYTES = 300  # per request: the least it must catch over 3,000
 PINNING_LEAVES_FREE = 2  # blocks the refcount-taken-twice bug leaves free
 
 
@@ -130,6 +134,25 @@ def _refcount_taken_twice(loaded) -> None:
     pool.take = take
 
 
+def _host_leak(nbytes: int) -> Callable[[object], None]:
+    """Engine._end_request keeps `nbytes` of host memory per request ended (a per-request cache or
+    log that is never trimmed)."""
+
+    def plant_it(loaded) -> None:
+        engine = loaded.engine
+        _require(engine, "_end_request")
+        original = engine._end_request
+        kept: list[bytearray] = []
+
+        def end_request(request, ending, error=None):
+            kept.append(bytearray(nbytes))  # the bug: never dropped
+            return original(request, ending, error)
+
+        engine._end_request = end_request
+
+    return plant_it
+
+
 def _device_leak(loaded) -> None:
     """Every few engine steps a scratch buffer is allocated and never freed. Planted around
     Engine.step (not a runner method) so that it survives changes to how the runner is called."""
@@ -162,6 +185,9 @@ BUGS: dict[str, PlantedBug] = {b.name: b for b in (
     PlantedBug("double-decrement", "a shared KV block's reference count is decremented twice", _double_decrement),
     PlantedBug("refcount-taken-twice", "a KV block handed out alone is counted as held twice and released once",
                _refcount_taken_twice),
+    PlantedBug("host-leak", f"{HOST_LEAK_BYTES >> 10} KiB of host memory kept per request ended", _host_leak(HOST_LEAK_BYTES)),
+    PlantedBug("host-leak-slow", f"{HOST_LEAK_SLOW_BYTES} bytes of host memory kept per request ended",
+               _host_leak(HOST_LEAK_SLOW_BYTES)),
     PlantedBug("device-leak", f"a {DEVICE_LEAK_BYTES >> 10} KiB device buffer allocated every {DEVICE_LEAK_EVERY} "
                "steps is never freed", _device_leak),
 )}

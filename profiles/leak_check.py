@@ -264,13 +264,18 @@ class _Run:
 
         # The warm-up filled the finished records to their bound: no legitimate growth is left.
         t_bytes, t_count, top = m.tracemalloc_growth()
+        traced = tracing and m.baseline_snapshot is not None
         rss = m.values("rss")
         return HostResult(
             available=m.rss_available, baseline_rss=rss[0] if rss else None, peak_rss=max(rss) if rss else None,
             final_rss=rss[-1] if rss else None, whole=fit(0), judged=fit(self.s.requests // 2),
             tracemalloc_bytes=t_bytes, tracemalloc_count=t_count, tracemalloc_top=top,
             series={"requests": m.values("requests"), "rss": rss, "traced": m.values("traced")},
+            traced=traced, traced_requests=self._done_measured() + self._done_tail(),
         )
+
+    def _done_tail(self) -> int:
+        return int(self.outcomes.done()[self.first + self.s.requests:].sum())
 
     def _request_summary(self) -> dict:
         o, lo, hi = self.outcomes, self.first, self.first + self.s.requests

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hipcore.runtime.ledger import format_bytes
-from profiles.leak_report import MIN_HOST_SPAN, LeakReport
+from profiles.leak_report import LEAK, MIN_HOST_SPAN, NOT_JUDGED, LeakReport
 
 ITEMS_SHOWN = 20
 
@@ -29,7 +29,11 @@ def _exact(n: int | None) -> str:
 
 def verdict_text(report: LeakReport) -> Text:
     if report.leaked:
-        return Text(f"LEAK: {sum(f.severity == 'leak' for f in report.findings)} findings (exit 1)", style="bold red")
+        return Text(f"LEAK: {sum(f.severity == LEAK for f in report.findings)} findings (exit 1)", style="bold red")
+    if report.not_judged:
+        layers = ", ".join(sorted({f.layer for f in report.not_judged}))
+        return Text(f"NOT JUDGED: nothing leaked in what was checked, but {layers} could not be judged (exit 1)",
+                    style="bold yellow")
     warnings = sum(f.severity == "warning" for f in report.findings)
     return Text("CLEAN: every block and every device byte came back" + (f" ({warnings} warnings)" if warnings else ""),
                 style="bold green")
@@ -47,7 +51,7 @@ def layers_table(report: LeakReport) -> Table:
         for label, slope in (("RSS", fit.rss_slope), ("tracemalloc", fit.traced_slope)):
             per = fit.per_1000(slope)
             if per is not None:
-                judged = "" if fit is h.whole or fit.span >= MIN_HOST_SPAN else f" (< {MIN_HOST_SPAN}: not judged)"
+                judged = "" if fit is h.whole or fit.span >= MIN_HOST_SPAN else f" (< {MIN_HOST_SPAN}: slope not judged)"
                 t.add_row(f"host growth per 1000 requests ({label}, {name})", _b(per),
                           f"fit over {fit.span:,} req{judged}", "", "", "", "")
     return t
@@ -125,7 +129,8 @@ def findings_table(report: LeakReport) -> Table | None:
         return None
     t = _table("Findings", ["layer", "severity", "what"], text_columns=("severity", "what"))
     for f in report.findings:
-        t.add_row(f.layer, Text(f.severity, style="red" if f.severity == "leak" else "yellow"), f.message)
+        style = "red" if f.severity == LEAK else "bold yellow" if f.severity == NOT_JUDGED else "yellow"
+        t.add_row(f.layer, Text(f.severity, style=style), f.message)
     return t
 
 

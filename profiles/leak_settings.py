@@ -87,7 +87,7 @@ class LeakCheckSettings:
             parts.append("--no-tracemalloc")
         for key, value in self.thresholds.to_dict().items():
             if value != getattr(Thresholds(), key):
-                cli_key = {"host_growth_per_1000": "host-growth"}.get(key, key)
+                cli_key = {"host_growth_per_1000": "host-growth", "host_traced_per_1000": "host-traced"}.get(key, key)
                 shown = t[cli_key].replace(" (warning only)", "").replace(" ", "")
                 parts += ["--fail-on", f"{cli_key}={shown}"]
         if self.planted_bug:

@@ -4,7 +4,11 @@
     --fail-on ledger=0              device bytes not returned, all tags       default 0 (byte-exact)
     --fail-on driver=4MiB           driver free-memory loss beyond its 2 MiB  default off: a warning
                                     granularity (GPU backends)
-    --fail-on host-growth=2MiB/1000req   host memory growth slope             default 1MiB/1000req
+    --fail-on host-growth=2MiB/1000req   host memory (RSS) growth slope,      default 1MiB/1000req
+                                    judged on runs whose second half spans >= 250 requests
+    --fail-on host-traced=64KiB/1000req  host memory kept since the baseline   default 128KiB/1000req
+                                    by tracemalloc, judged on every run length (plus a fixed
+                                    allowance for bounded caches, leak_report.HOST_TRACED_SLACK)
     --fail-on unexpected=0          requests that ended other than planned    default off: a warning
 
 A limit is the most that is still accepted (a leak fails when it is larger); `off` turns the key into
@@ -24,7 +28,7 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _PER = re.compile(r"^(.*?)/\s*(\d+)?\s*(?:req|requests?)\s*$", re.IGNORECASE)
-KEYS = ("blocks", "ledger", "driver", "host-growth", "unexpected")
+KEYS = ("blocks", "ledger", "driver", "host-growth", "host-traced", "unexpected")
 
 
 def parse_size(text: str, what: str) -> int:
@@ -45,6 +49,7 @@ class Thresholds:
     driver: int | None = None
     host_growth_per_1000: int | None = 1 << 20
     unexpected: int | None = None
+    host_traced_per_1000: int | None = 128 << 10
 
     def describe(self) -> dict[str, str]:
         def show(v: int | None, size: bool) -> str:
@@ -54,6 +59,8 @@ class Thresholds:
             "blocks": show(self.blocks, False), "ledger": show(self.ledger, True), "driver": show(self.driver, True),
             "host-growth": "off (warning only)" if self.host_growth_per_1000 is None
             else f"{format_bytes(self.host_growth_per_1000)}/1000req",
+            "host-traced": "off (warning only)" if self.host_traced_per_1000 is None
+            else f"{format_bytes(self.host_traced_per_1000)}/1000req",
             "unexpected": show(self.unexpected, False),
         }
 
@@ -78,18 +85,20 @@ def parse_fail_on(specs: list[str] | None) -> Thresholds:
                 result = replace(result, **{key: None if off else int(value)})
             elif key in ("ledger", "driver"):
                 result = replace(result, **{key: None if off else parse_size(value, key)})
+            elif key == "host-traced":
+                result = replace(result, host_traced_per_1000=None if off else _per_thousand(value, key))
             else:
-                result = replace(result, host_growth_per_1000=None if off else _per_thousand(value))
+                result = replace(result, host_growth_per_1000=None if off else _per_thousand(value, key))
     return result
 
 
-def _per_thousand(value: str) -> int:
+def _per_thousand(value: str, key: str) -> int:
     """'2MiB/1000req' -> bytes per 1000 requests; a bare size means per 1000 requests."""
     m = _PER.match(value)
     if m is None:
-        return parse_size(value, "host-growth")
-    size = parse_size(m.group(1), "host-growth")
+        return parse_size(value, key)
+    size = parse_size(m.group(1), key)
     per = int(m.group(2) or 1)
     if per < 1:
-        raise UsageError(f"--fail-on host-growth={value}: the request count must be at least 1")
+        raise UsageError(f"--fail-on {key}={value}: the request count must be at least 1")
     return size * 1000 // per

@@ -19,8 +19,10 @@ from rocmforge_cli.generate import DEVICE_HELP, resolve_model
 FAIL_ON_HELP = (
     "Fail (exit 1) when a layer leaks more than LIMIT; repeatable. KEY=LIMIT with KEY one of: blocks (KV blocks, "
     "default 0), ledger (device bytes, default 0), driver (driver free-memory loss, default off = warning), "
-    "host-growth (e.g. 2MiB/1000req, default 1MiB/1000req), unexpected (requests that ended other than planned, "
-    "default off). LIMIT 'off' makes the key a warning only."
+    "host-growth (RSS slope on runs of 500+ requests, e.g. 2MiB/1000req, default 1MiB/1000req), host-traced (host "
+    "memory tracemalloc finds kept since the baseline, on every run length, default 128KiB/1000req plus 256 KiB for "
+    "bounded caches), unexpected (requests that ended other than planned, default off). LIMIT 'off' makes the key a "
+    "warning only."
 )
 
 
@@ -81,9 +83,9 @@ def leak_check_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
     plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
 ) -> None:
-    """Run a seeded mix of requests through the engine and check that every KV block and every device byte comes back; exit 0 when clean, 1 on a leak, 2 on a usage error.
+    """Run a seeded mix of requests through the engine and check that every KV block and every device byte comes back; exit 0 when clean, 1 on a leak or when a layer could not be judged (verdict "not judged"), 2 on a usage error.
 
-    The mix covers every way a request ends: max tokens, end token, stop string, cancelled while waiting / during its prompt / mid-decode / in its final step, failed by an injected sampler or forward-pass fault, parallel samples sharing their prompt's blocks, rejection, preemption under a small KV pool, and a shutdown with requests in flight. After the warm-up a baseline is taken; after each phase the engine must be empty, every KV block free, the device ledger equal to the baseline byte for byte, the driver's free memory unchanged (GPU), and host memory flat per request; after the model is closed the ledger must be empty.
+    The mix covers every way a request ends: max tokens, end token, stop string, cancelled while waiting / during its prompt / mid-decode / in its final step, failed by an injected sampler or forward-pass fault, parallel samples sharing their prompt's blocks, rejection, preemption under a small KV pool, and a shutdown with requests in flight. After the warm-up a baseline is taken; after each phase the engine must be empty, every KV block free, the device ledger equal to the baseline byte for byte, the driver's free memory unchanged (GPU), and host memory flat per request (tracemalloc on every run length; the RSS slope on runs of 500 requests or more); after the model is closed the ledger must be empty. A request preempted 50 times in a row without keeping a new token, or a run past --deadline, ends the run with exit 1 naming the KV blocks that never came back.
 
     Cost: on the cpu backend the demo model computes roughly 20-40 tokens per second on two cores, so the defaults (1,000 requests, prompts of 4-32 tokens, up to 12 new tokens) take about 15-25 minutes there; on a GPU they take a minute or two. For a quick check use e.g. --requests 200 --prompt-tokens 2-10 --max-tokens 4.
 

@@ -82,7 +82,7 @@ def test_a_clean_run_covers_every_ending_and_reads_zero_on_every_layer(tiny):
 
 def test_the_same_seed_reproduces_the_run_and_another_seed_changes_it(tiny):
     def summary(seed: str) -> dict:
-        code, out, _ = leak_check("--model", tiny, "--requests", "48", "--seed", seed, "--no-tracemalloc", "--json", "-q")
+        code, out, _ = leak_check("--model", tiny, "--requests", "48", "--seed", seed, "--json", "-q")
         assert code == 0
         r = json.loads(out)["requests"]
         return {k: r[k] for k in ("by_plan", "by_ending", "cancelled_by_phase", "preemptions", "generated_tokens")}
@@ -93,7 +93,7 @@ def test_the_same_seed_reproduces_the_run_and_another_seed_changes_it(tiny):
 
 
 def test_tables_on_stdout_name_the_verdict_and_the_command_to_reproduce(tiny):
-    code, out, _ = leak_check("--model", tiny, "--requests", "24", "--phases", "2", "--no-tracemalloc", "-q")
+    code, out, _ = leak_check("--model", tiny, "--requests", "24", "--phases", "2", "-q")
     assert code == 0
     for text in ("CLEAN", "Not returned, per layer", "After each phase", "kv blocks", "ledger: kv", "phase 2",
                  "shutdown", "reproduce: rocmforge leak-check", "--phases 2"):

@@ -26,9 +26,11 @@ def tiny(tmp_path_factory) -> str:
     return str(write_tiny_llama(tmp_path_factory.mktemp("leak") / "tiny.gguf", tokenizer="gpt2"))
 
 
-def leak_check(model: str, *args: str, env: dict | None = None) -> tuple[int, dict | None, str]:
+def leak_check(model: str, *args: str, env: dict | None = None, tracemalloc: bool = False) -> tuple[int, dict | None, str]:
+    # Most planted bugs are judged without tracemalloc (faster); their runs' host layer is then
+    # "not judged", which the leak they must find outranks.
     result = runner.invoke(app, ["leak-check", "--model", model, "--device", "cpu", "--requests", "40", "--seed", "3",
-                                 "--no-tracemalloc", "--json", "-q", *args], env=env or TESTING)
+                                 *([] if tracemalloc else ["--no-tracemalloc"]), "--json", "-q", *args], env=env or TESTING)
     try:
         report = json.loads(result.stdout)
     except json.JSONDecodeError:
@@ -109,9 +111,40 @@ def test_a_device_buffer_never_freed_is_traced_to_its_step_and_site(tiny):
 
 
 def test_the_clean_run_of_the_same_settings_passes(tiny):
-    code, report, output = leak_check(tiny, "--kv-blocks", "400")
+    code, report, output = leak_check(tiny, "--kv-blocks", "400", tracemalloc=True)
     assert code == 0, output[-3000:]
-    assert report["verdict"] == "clean" and not [f for f in report["findings"] if f["severity"] == "leak"]
+    assert report["verdict"] == "clean" and not [f for f in report["findings"] if f["severity"] != "warning"]
+    assert report["host"]["tracemalloc_not_returned"]["traced"]
+
+
+def test_host_memory_kept_per_request_is_caught_on_a_short_run(tiny):
+    # 10 KiB per request over 200 requests: before, host memory was judged only on runs whose second
+    # half spans 250 requests, and this run exited 0 "clean".
+    code, report, output = leak_check(tiny, "--kv-blocks", "400", "--requests", "200", "--plant-bug", "host-leak",
+                                      tracemalloc=True)
+    assert code == 1 and report["verdict"] == "leak", output[-3000:]
+    host = [f for f in report["findings"] if f["layer"] == "host" and f["severity"] == "leak"]
+    assert host and "host memory kept since the baseline" in host[0]["message"]
+    assert "profiles/leak_bugs.py" in host[0]["message"]  # the allocation site that grew
+    kept = report["host"]["tracemalloc_not_returned"]
+    assert kept["bytes"] >= 200 * 10 * 1024 and kept["top_lines"][0]["allocations"] >= 200
+    row = {r["layer"]: r for r in report["layers"]}["host (tracemalloc)"]
+    assert 10 * 1024 <= row["per_request"] < 12 * 1024
+
+
+def test_a_run_whose_host_memory_cannot_be_judged_is_not_called_clean(tiny):
+    # 40 requests without tracemalloc: too short for the RSS slope, nothing else judges the host.
+    code, report, output = leak_check(tiny, "--kv-blocks", "400")
+    assert code == 1 and report["verdict"] == "not judged" and report["exit_code"] == 1, output[-3000:]
+    assert not [f for f in report["findings"] if f["severity"] == "leak"]
+    [finding] = [f for f in report["findings"] if f["severity"] == "not judged"]
+    assert finding["layer"] == "host" and "tracemalloc was off" in finding["message"]
+    code, report, output = leak_check(tiny, "--kv-blocks", "400", "--fail-on", "host-growth=off,host-traced=off")
+    assert code == 0 and report["verdict"] == "clean", output[-3000:]
+    assert any(f["severity"] == "warning" and "host memory not judged" in f["message"] for f in report["findings"])
+    table = runner.invoke(app, ["leak-check", "--model", tiny, "--device", "cpu", "--requests", "12", "--phases", "2",
+                                "--no-tracemalloc", "--kv-blocks", "400", "-q"], env={"COLUMNS": "200"})
+    assert table.exit_code == 1 and "NOT JUDGED" in table.stdout and "CLEAN" not in table.stdout
 
 
 def test_planting_needs_the_testing_environment_and_is_hidden(tiny):

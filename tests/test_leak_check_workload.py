@@ -112,6 +112,9 @@ def test_fail_on_defaults_and_overrides():
     assert parse_fail_on(["host-growth=512KiB/100req"]).host_growth_per_1000 == 5 << 20
     assert parse_fail_on(["host-growth=3MiB"]).host_growth_per_1000 == 3 << 20
     assert parse_fail_on(["host-growth=off"]).host_growth_per_1000 is None
+    assert parse_fail_on(None).host_traced_per_1000 == 128 << 10
+    assert parse_fail_on(["host-traced=64KiB/1000req"]).host_traced_per_1000 == 64 << 10
+    assert parse_fail_on(["host-traced=off"]).host_traced_per_1000 is None
     assert (parse_size("0", "x"), parse_size("1.5MiB", "x"), parse_size("2MB", "x"), parse_size("7", "x")) == (0, 1572864, 2_000_000, 7)
 
 
