@@ -17,23 +17,19 @@ from __future__ import annotations
 import itertools
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
 
 from hipcore.engine.engine import EngineHooks
 from hipcore.engine.request import CancelResult, Ending, Phase, Request
+from profiles.leak_progress import PreemptionProgress, blocks_not_back, fruitless_preemption
 from profiles.leak_workload import MAX_SAMPLES, Plan, RequestPlan, Workload, ACCEPTED_ENDINGS
 
 ENDINGS = tuple(Ending)
 PHASES = tuple(Phase)
 STALL_STEPS = 3  # steps in a row with nothing computed and nothing ended while work is queued
-# Preemptions of one request in a row that kept no new generated token: a request recomputing its
-# prompt again and again because blocks never came back (clean runs under the small default pool
-# preempt a request at most a few times before it gains a token).
-MAX_FRUITLESS_PREEMPTIONS = 50
-BLOCKS_NAMED = 20
 MAX_NOTES = 20  # unexpected endings and cancel anomalies kept verbatim for the report
 OWNER_REQUESTS_SHOWN = 8
 
@@ -85,9 +81,7 @@ class _InFlight:
     plan: RequestPlan
     request: Request
     phase_before_step: Phase
-    preemptions_seen: int = 0
-    kept_at_last_preemption: int = 0  # generated tokens it still held when last preempted
-    fruitless_preemptions: int = 0  # preemptions in a row with no new generated token kept
+    progress: PreemptionProgress = field(default_factory=PreemptionProgress)
 
 
 @dataclass
@@ -337,23 +331,10 @@ class WorkloadDriver:
     # ---- progress: tokens that stay generated, not steps ------------------------------------------
 
     def _end_if_no_progress(self) -> bool:
-        """End the run (as an engine failure) when a request keeps being preempted without keeping a
-        new token, or when the run is past its deadline: steps that compute and throw their work
-        away are not progress, and a leak that causes them must end the run, not hang it."""
-        reason = None
-        for rid, entry in self.inflight.items():
-            request = entry.request
-            if request.preemptions == entry.preemptions_seen:
-                continue
-            kept = sum(len(seq.tokens) - seq.num_prompt for seq in request.seqs)
-            fruitless = kept <= entry.kept_at_last_preemption
-            entry.fruitless_preemptions = entry.fruitless_preemptions + request.preemptions - entry.preemptions_seen if fruitless else 0
-            entry.preemptions_seen, entry.kept_at_last_preemption = request.preemptions, kept
-            if entry.fruitless_preemptions >= MAX_FRUITLESS_PREEMPTIONS:
-                reason = (f"request {rid} ({entry.plan.kind.label}) was preempted {entry.fruitless_preemptions} times in a "
-                          f"row without keeping a new generated token ({kept} kept; it recomputes its prompt and cannot "
-                          f"grow)")
-                break
+        """End the run (as a failure) when a request keeps being preempted without keeping a new
+        token, or when the run is past its deadline: steps that compute and throw their work away
+        are not progress, and a leak that causes them must end the run, not hang it."""
+        reason = fruitless_preemption(self.inflight.items())
         if reason is None and self.deadline is not None and time.monotonic() > self.deadline:
             reason = "the run is past its deadline (--deadline)"
         if reason is None:
@@ -369,20 +350,9 @@ class WorkloadDriver:
             if not self.inflight or not self._step():
                 break
             self._collect()
-        self.failure = EngineFailure(f"run phase {self.run_phase}", f"no progress: {reason}; {self._blocks_not_back()}", "",
-                                     raised=False)
+        self.failure = EngineFailure(f"run phase {self.run_phase}", f"no progress: {reason}; {blocks_not_back(engine.cache)}",
+                                     "", raised=False)
         return True
-
-    def _blocks_not_back(self) -> str:
-        """The blocks still held once every request in flight was cancelled: the ones that never came back."""
-        cache = self.engine.cache
-        held = {b for seq_id in cache.sequences() for b in cache.block_table(seq_id)}
-        lost = [b for b in range(1, cache.config.num_blocks) if cache.refcount(b) and b not in held]
-        if not lost:
-            return f"{cache.num_usable_blocks - cache.num_free_blocks} KV blocks not free, none without a table"
-        shown = ", ".join(f"{b} (refcount {cache.refcount(b)})" for b in lost[:BLOCKS_NAMED])
-        more = f" and {len(lost) - BLOCKS_NAMED} more" if len(lost) > BLOCKS_NAMED else ""
-        return f"KV blocks that never came back (held by no table): {shown}{more}"
 
     def _note_new_allocations(self) -> None:
         """Attribute device allocations that outlived this step to the requests in it."""
