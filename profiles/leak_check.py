@@ -114,6 +114,22 @@ class _Run:
     # ---- the run --------------------------------------------------------------------------------
 
     def execute(self, started: float) -> LeakReport:
+        """Run every phase; Ctrl-C stops the run where it is and the report says "interrupted"."""
+        self.base: dict = {}
+        self.stats_base = (self.engine.stats.preemptions, self.engine.stats.prompt_tokens, self.engine.stats.generated_tokens)
+        self.interrupted = False
+        try:
+            self._run_phases()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self._status("interrupted: closing the model and reporting what was read so far")
+            try:
+                self.engine.shutdown()  # drops the requests in flight, so that closing the model can free everything
+            except Exception:  # noqa: BLE001 - an interrupted run concludes nothing; close() still runs
+                pass
+        return self._report(started)
+
+    def _run_phases(self) -> None:
         s, driver = self.s, self.driver
         self._status(f"warm-up: {s.warmup_requests} requests, decode batches of {', '.join(map(str, self.ladder))}, then "
                      f"{self.fillers} rejected ones to fill the finished records")
@@ -136,8 +152,8 @@ class _Run:
         self.monitor.take_baseline()
         self.measuring = True
         self.monitor.sample(0)
-        stats_base = (self.engine.stats.preemptions, self.engine.stats.prompt_tokens, self.engine.stats.generated_tokens)
-        base = {
+        self.stats_base = (self.engine.stats.preemptions, self.engine.stats.prompt_tokens, self.engine.stats.generated_tokens)
+        self.base = {
             "ledger_bytes": dict(baseline.bytes_by_tag), "ledger_count": dict(baseline.count_by_tag),
             "blocks_used": self.cache.num_usable_blocks - self.cache.num_free_blocks,
             "driver_free": None if driver_base is None else driver_base.free,
@@ -159,6 +175,10 @@ class _Run:
             driver.forget_freed_owners()
         if driver.failure is None:
             self.phases.append(self._shutdown_with_requests_in_flight(baseline, driver_base))
+
+    def _report(self, started: float) -> LeakReport:
+        s, driver = self.s, self.driver
+        stats_base, base = self.stats_base, self.base
         host = self._host_result()
         stats_now = (self.engine.stats.preemptions, self.engine.stats.prompt_tokens, self.engine.stats.generated_tokens)
         close_ledger, close_error = self._close()
@@ -178,7 +198,7 @@ class _Run:
             engine_failure=None if failure is None else {"where": failure.where, "message": failure.message,
                                                          "traceback": failure.traceback_tail, "raised": failure.raised},
             stalls=stalls, peaks=peaks, baseline=base, wall_seconds=time.perf_counter() - started,
-            load_seconds=self.loaded.load_seconds, planted_bug=s.planted_bug,
+            load_seconds=self.loaded.load_seconds, planted_bug=s.planted_bug, interrupted=self.interrupted,
         )
 
     def _shutdown_with_requests_in_flight(self, baseline, driver_base) -> PhaseResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -13,7 +14,9 @@ ITEMS_SHOWN = 20
 
 
 def _table(title: str, columns: list[str], text_columns: tuple[str, ...] = ()) -> Table:
-    t = Table(title=title, title_justify="left")
+    # Light rules and no outer padding: the room goes to the figures (80 columns hold every table).
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              collapse_padding=True)
     for i, name in enumerate(columns):
         t.add_column(name, justify="left" if i == 0 or name in text_columns else "right", overflow="fold")
     return t
@@ -28,6 +31,9 @@ def _exact(n: int | None) -> str:
 
 
 def verdict_text(report: LeakReport) -> Text:
+    if report.interrupted:
+        return Text(f"INTERRUPTED, NO VERDICT: a partial report of what was read before Ctrl-C (exit {report.exit_code}); "
+                    "the findings below are not a verdict", style="bold yellow")
     if report.leaked:
         return Text(f"LEAK: {sum(f.severity == LEAK for f in report.findings)} findings (exit 1)", style="bold red")
     if report.not_judged:
@@ -43,17 +49,25 @@ def layers_table(report: LeakReport) -> Table:
     t = _table("Not returned, per layer (against the baseline taken after warm-up)",
                ["layer", "not returned", "in", "per request", "baseline", "peak", "final"])
     for row in report.layer_totals():
-        count = "-" if row["count"] is None else f"{row['count']:,} {row['unit']}"
-        per = "-" if row["per_request"] is None else f"{row['per_request']:,.1f} B"
-        t.add_row(row["layer"], _exact(row["bytes"]), count, per, _b(row["baseline"]), _b(row["peak"]), _b(row["final"]))
+        unit = {"allocations": "allocs"}.get(row["unit"], row["unit"])
+        count = "-" if row["count"] is None else f"{row['count']:,} {unit}"
+        per = "-" if row["per_request"] is None else _b(round(row["per_request"]))
+        # Compact figures keep the table within 80 columns; --json and the findings give exact bytes.
+        t.add_row(row["layer"], _b(row["bytes"]), count, per, _b(row["baseline"]), _b(row["peak"]), _b(row["final"]))
+    return t
+
+
+def host_growth_table(report: LeakReport) -> Table:
+    t = _table("Host growth per 1000 requests (least-squares slope)", ["measure", "per 1000 req", "fit over", "judged"],
+               text_columns=("judged",))
     h = report.host
-    for name, fit in (("whole run", h.whole), ("second half, judged", h.judged)):
+    for name, fit in (("whole run", h.whole), ("second half", h.judged)):
         for label, slope in (("RSS", fit.rss_slope), ("tracemalloc", fit.traced_slope)):
             per = fit.per_1000(slope)
             if per is not None:
-                judged = "" if fit is h.whole or fit.span >= MIN_HOST_SPAN else f" (< {MIN_HOST_SPAN}: slope not judged)"
-                t.add_row(f"host growth per 1000 requests ({label}, {name})", _b(per),
-                          f"fit over {fit.span:,} req{judged}", "", "", "", "")
+                judged = ("shown" if fit is h.whole else "yes" if fit.span >= MIN_HOST_SPAN
+                          else f"no (< {MIN_HOST_SPAN} req)")
+                t.add_row(f"{label}, {name}", _b(per), f"{fit.span:,} req", judged)
     return t
 
 
@@ -63,10 +77,11 @@ def phases_table(report: LeakReport) -> Table:
     for p in report.phases:
         e = p.engine
         state = "empty" if e.empty else f"{e.active_requests} active, {e.cache_sequences} tables"
-        blocks = "-" if p.blocks is None else f"{p.blocks.not_free}" + (" (invariant broken)" if p.blocks.invariant_error else "")
+        blocks = "-" if p.blocks is None else f"{p.blocks.not_free:,}"
         growth = p.ledger.leaked_bytes
-        ledger = _exact(growth) + ("" if p.ledger_judged else " (not judged)")
-        t.add_row(p.name, f"{p.requests:,}", f"{p.seconds:.1f}", state, blocks, ledger, _b(p.driver_loss),
+        name = p.name + ("" if p.ledger_judged else " (ledger not judged)") + (
+            " (KV invariant broken)" if p.blocks is not None and p.blocks.invariant_error else "")
+        t.add_row(name, f"{p.requests:,}", f"{p.seconds:.1f}", state, blocks, _exact(growth), _b(p.driver_loss),
                   f"{e.finished_records}/{e.finished_bound}")
     return t
 
@@ -124,6 +139,17 @@ def leaks_table(report: LeakReport) -> Table | None:
     return t
 
 
+def keep_figures_whole(table: Table) -> Table:
+    """Give each figure column (right-aligned) the width of its widest cell, so that a narrow
+    terminal wraps the text columns and never breaks a number from its unit or itself."""
+    for column in table.columns:
+        if column.justify == "right":
+            cells = [Text.from_markup(c).cell_len if isinstance(c, str) else c.cell_len for c in column._cells]
+            words = [len(w) for w in str(column.header).split()]  # a header wraps between its words only
+            column.min_width = max(cells + words, default=0)
+    return table
+
+
 def findings_table(report: LeakReport) -> Table | None:
     if not report.findings:
         return None
@@ -135,10 +161,12 @@ def findings_table(report: LeakReport) -> Table | None:
 
 
 def render(report: LeakReport) -> Group:
-    parts = [verdict_text(report), layers_table(report), phases_table(report), requests_table(report)]
+    parts = [verdict_text(report), layers_table(report), host_growth_table(report), phases_table(report),
+             requests_table(report)]
     for extra in (leaks_table(report), findings_table(report)):
         if extra is not None:
             parts.append(extra)
+    parts = [keep_figures_whole(p) if isinstance(p, Table) else p for p in parts]
     if report.host.tracemalloc_top and report.leaked:
         t = _table("Host: tracemalloc's largest growth since the baseline", ["where", "bytes", "allocations"])
         for line in report.host.tracemalloc_top:

@@ -15,8 +15,9 @@ from hipcore.runtime.ledger import format_bytes
 from profiles.leak_layers import DRIVER_GRANULARITY, BlockReading, DriverReading, EngineState, LedgerReading
 from profiles.leak_thresholds import Thresholds
 
-EXIT_CLEAN, EXIT_LEAK = 0, 1
+EXIT_CLEAN, EXIT_LEAK, EXIT_INTERRUPTED = 0, 1, 130  # 130: 128 + SIGINT, as shells report Ctrl-C
 LEAK, WARNING, NOT_JUDGED = "leak", "warning", "not judged"
+INTERRUPTED = "interrupted, no verdict"
 # Requests the judged (second-half) RSS fit must span: over fewer, the slope's noise (malloc arenas,
 # page-granular RSS; measured 0 to 11 MiB/1000 req between seeds of 300-request runs) exceeds the
 # 1 MiB/1000 req threshold, so RSS is reported and not judged; tracemalloc judges such runs.
@@ -138,6 +139,7 @@ class LeakReport:
     wall_seconds: float
     load_seconds: float
     planted_bug: str | None = None
+    interrupted: bool = False  # Ctrl-C: what was read is reported, nothing is concluded
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -150,10 +152,14 @@ class LeakReport:
 
     @property
     def verdict(self) -> str:
+        if self.interrupted:
+            return INTERRUPTED
         return "leak" if self.leaked else NOT_JUDGED if self.not_judged else "clean"
 
     @property
     def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
         return EXIT_LEAK if self.leaked or self.not_judged else EXIT_CLEAN
 
     @property
@@ -209,7 +215,7 @@ class LeakReport:
 
     def to_dict(self) -> dict:
         return {
-            "verdict": self.verdict, "exit_code": self.exit_code, "command": self.command, "settings": self.settings,
+            "verdict": self.verdict, "exit_code": self.exit_code, "interrupted": self.interrupted, "command": self.command, "settings": self.settings,
             "planted_bug": self.planted_bug, "model": self.model, "device": self.device, "backend": self.backend,
             "wall_seconds": round(self.wall_seconds, 3), "load_seconds": round(self.load_seconds, 3),
             "requests": self.requests, "findings": [f.to_dict() for f in self.findings],
