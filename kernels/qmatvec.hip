@@ -318,7 +318,7 @@ __device__ __forceinline__ void qmatvec_pass(float* __restrict__ y, const unsign
     // past the end of the row the second repeats the first and is not added (its loads stay
     // unconditional). Batches already have NB tokens of work per slice, and the registers of a second
     // slice would lower the occupancy of every path (they share one kernel's register budget).
-    constexpr int kSlicesPerStep = NB == 1 ? 2 : 1;
+    constexpr int kSlicesPerStep = 1;
     for (int slice = lane; slice < slices; slice += kSlicesPerStep * WARP_SIZE) {
       const bool has_second = kSlicesPerStep == 2 && slice + WARP_SIZE < slices;
       const int slice2 = has_second ? slice + WARP_SIZE : slice;
@@ -353,7 +353,7 @@ __device__ __forceinline__ void qmatvec(float* __restrict__ y, const void* __res
     const float* xp = x + (unsigned long long)b0 * cols;
     const int left = batch - b0;
     switch (left < kMaxBatchPerPass ? left : kMaxBatchPerPass) {
-      case 1: qmatvec_pass<Format, 1, 2>(yp, W, xp, rows, cols); break;
+      case 1: qmatvec_pass<Format, 1, 4>(yp, W, xp, rows, cols); break;
       case 2: qmatvec_pass<Format, 2, 1>(yp, W, xp, rows, cols); break;
       case 3: qmatvec_pass<Format, 3, 1>(yp, W, xp, rows, cols); break;
       case 4: qmatvec_pass<Format, 4, 1>(yp, W, xp, rows, cols); break;

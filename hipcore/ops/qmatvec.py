@@ -136,7 +136,7 @@ for _type in WEIGHT_TYPES:
 
 def geometry(arch: str, rows: int, batch: int) -> tuple[int, int]:
     """(grid, block) for `rows` rows and `batch` vectors on a device of architecture `arch`."""
-    rows_per_warp = 2 if batch == 1 else 1
+    rows_per_warp = 4 if batch == 1 else 1
     groups = -(-rows // rows_per_warp)
     threads = 256 if groups >= BIG_MATRIX_ROW_GROUPS else 64
     warps_per_block = max(1, threads // wavefront_size(arch))
