@@ -9,8 +9,8 @@ import pytest
 
 from hipcore.ops import qmatvec
 from hipcore.ops.weight_formats import column_multiple
-from weight_samples import random_weights
-from emulated_kernels import ARCH_FOR_WARP, run
+from support.weight_samples import random_weights
+from support.emulated_kernels import ARCH_FOR_WARP, run
 
 
 @pytest.mark.parametrize("weight_type", qmatvec.WEIGHT_TYPES)

@@ -8,7 +8,7 @@ import pytest
 
 from hipcore.ops import qmatvec
 from hipcore.ops.weight_formats import column_multiple
-from weight_samples import random_weights
+from support.weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
 
