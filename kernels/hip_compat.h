@@ -15,7 +15,7 @@
 //   and __shfl(v, src_lane[, width]) for int / unsigned / float, WARP_SIZE (a compile-time constant: 64
 //   on CDNA/GCN, 32 on RDNA and NVIDIA), __global__ __device__ __shared__ __launch_bounds__
 //   __forceinline__ __restrict__, float4 / uint4, expf __expf exp2f log2f sqrtf fabsf fmaxf fminf fmaf
-//   rintf, int min / max, atomicAdd (int, unsigned, float) atomicMax (int) atomicCAS (int) on global
+//   rintf, rf_dp4a(a, b, c) (four signed-byte products summed into c), int min / max, atomicAdd (int, unsigned, float) atomicMax (int) atomicCAS (int) on global
 //   or shared memory, __threadfence(), RF_INFINITY, and the rf_* helpers at the end of the file.
 //   16-bit floats are handled as raw bits (unsigned short) through rf_f16_to_float / rf_float_to_f16 /
 //   rf_bf16_to_float / rf_float_to_bf16, because the __half types of cuda_fp16.h and hip_fp16.h need
@@ -71,6 +71,12 @@ static __device__ __forceinline__ unsigned short rf_float_to_f16(float f) {
   unsigned short bits;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(f));
   return bits;
+}
+// Four int8 products summed into c: a and b each hold four signed bytes (sm_61 and later).
+static __device__ __forceinline__ int rf_dp4a(int a, int b, int c) {
+  int d;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
 }
 static __device__ __forceinline__ unsigned int rf_float_as_uint(float f) { return __float_as_uint(f); }
 static __device__ __forceinline__ float rf_uint_as_float(unsigned int u) { return __uint_as_float(u); }
@@ -247,6 +253,15 @@ static __device__ __forceinline__ unsigned int max(unsigned int a, unsigned int 
 #define WARP_SIZE 64
 #endif
 
+// Four int8 products summed into c (signed bytes): v_dot4_i32_iu8 with both operands signed on RDNA3/4,
+// v_dot4(c)_i32_i8 on CDNA and RDNA2.
+static __device__ __forceinline__ int rf_dp4a(int a, int b, int c) {
+#if defined(__GFX11__) || defined(__GFX12__)
+  return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#else
+  return __builtin_amdgcn_sdot4(a, b, c, false);
+#endif
+}
 static __device__ __forceinline__ unsigned int rf_float_as_uint(float f) { return __builtin_bit_cast(unsigned int, f); }
 static __device__ __forceinline__ float rf_uint_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }
 static __device__ __forceinline__ float rf_f16_to_float(unsigned short bits) {

@@ -35,6 +35,7 @@ EXPECTED_KERNELS = {
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q4_k", "matvec_q5_k",
                "matvec_q6_k", "matvec_q8_0"],
     "paged_attention": ["paged_attention_bf16", "paged_attention_f16", "paged_attention_f32", "paged_attention_q8_0"],
+    "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
     "rmsnorm": ["rmsnorm_f32"],
     "rope": ["rope_f32"],
     "sample": ["sample_f32"],
@@ -325,7 +326,7 @@ def test_attention_kernels_keep_their_registers(built):
 
 
 def test_matrix_product_kernels_keep_everything_in_registers(built):
-    """matvec, matmul and fused_matmul hold their accumulators and prefetched weights / x in registers on every target:
+    """matvec, qmatvec, matmul and fused_matmul hold their accumulators and prefetched weights / x in registers on every target:
     no spills and no private (scratch) arrays, which would put memory traffic in their inner loops (a
     whole-struct copy once left matmul's prefetched x in scratch on AMD). matmul's shared tiles: 18 KiB."""
     out, _, _ = built
@@ -333,10 +334,10 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
     for target in all_targets():
         # fused_matvec is not held to it yet: matvec_norm_rope_q8_0 spills 16 bytes on sm_80 under its
         # launch bounds' register cap (80)
-        for op in ("matvec", "matmul", "fused_matmul"):
+        for op in ("matvec", "qmatvec", "matmul", "fused_matmul"):
             for name, usage in manifest["objects"][target][op]["kernels"].items():
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
                 assert off_chip == 0, f"{target} {name}: {usage}"
-                if op in ("matvec", "matmul"):
+                if op in ("matvec", "qmatvec", "matmul"):
                     assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"

@@ -85,6 +85,10 @@ inline float __shfl_xor(float v, int lane_mask, int width = WARP_SIZE) {
   return v;
 }
 
+inline int rf_dp4a(int a, int b, int c) {  // four signed-byte products summed into c
+  for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+  return c;
+}
 inline unsigned int rf_float_as_uint(float f) {
   unsigned int u;
   std::memcpy(&u, &f, 4);

@@ -17,6 +17,7 @@
 #include "matmul.hip"
 #include "matvec.hip"
 #include "paged_attention.hip"
+#include "qmatvec.hip"
 #include "rmsnorm.hip"
 #include "rope.hip"
 #include "select_rows.hip"
@@ -251,7 +252,7 @@ int main(int argc, char** argv) {
     write_file(a[3], out.data(), out.size() * 4);
     return 0;
   }
-  if (entry.rfind("matvec_", 0) == 0) {  // rows cols batch W x y
+  if (entry.rfind("matvec_", 0) == 0 || entry.rfind("qmatvec_", 0) == 0) {  // rows cols batch W x y
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
     std::vector<char> w = read_file(a[3]), x = read_file(a[4]);
     std::vector<float> y = nan_filled((size_t)rows * batch);
@@ -259,7 +260,9 @@ int main(int argc, char** argv) {
     const std::map<std::string, Matvec> kernels = {
         {"matvec_q4_0", matvec_q4_0}, {"matvec_q4_1", matvec_q4_1}, {"matvec_q8_0", matvec_q8_0},
         {"matvec_q4_k", matvec_q4_k}, {"matvec_q5_k", matvec_q5_k}, {"matvec_q6_k", matvec_q6_k},
-        {"matvec_f16", matvec_f16},   {"matvec_bf16", matvec_bf16}, {"matvec_f32", matvec_f32}};
+        {"matvec_f16", matvec_f16},   {"matvec_bf16", matvec_bf16}, {"matvec_f32", matvec_f32},
+        {"qmatvec_q4_k", qmatvec_q4_k}, {"qmatvec_q5_k", qmatvec_q5_k}, {"qmatvec_q6_k", qmatvec_q6_k},
+        {"qmatvec_q8_0", qmatvec_q8_0}, {"qmatvec_q4_0", qmatvec_q4_0}};
     if (!kernels.count(entry)) return 2;
     const Matvec kernel = kernels.at(entry);
     emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
