@@ -1,0 +1,39 @@
+"""Which type each tensor of a llama file gets, for a file type, as llama.cpp's quantize chooses it.
+
+The rule is llama.cpp's llama_tensor_get_type (src/llama-quant.cpp) for a dense llama model with row
+lengths that are multiples of 256:
+  - the output matrix (and the token embeddings when they are tied to it) becomes Q6_K unless the file
+    type is Q8_0 (then it stays Q8_0) or F16;
+  - Q4_K_M: attn_v and ffn_down become Q6_K in the layers where use_more_bits says so (the first and the
+    last eighth of the layers, and every third layer between), the other matrices Q4_K;
+  - Q8_0, Q4_0, F16: every other matrix is of the file type.
+Norms and rope_freqs stay F32 (the caller's business).
+"""
+
+from __future__ import annotations
+
+import re
+
+# general.file_type values (llama_ftype)
+FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}
+_BASE = {"F16": "F16", "Q4_0": "Q4_0", "Q8_0": "Q8_0", "Q4_K_M": "Q4_K"}
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of the layers that get more bits (integer division as in C++; i >= n/8 where
+    the modulo is reached, so Python's % agrees)."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def tensor_type(name: str, file_type: str, n_layers: int, tied_embeddings: bool) -> str:
+    if file_type not in FILE_TYPES:
+        raise ValueError(f"file type {file_type!r}: one of {', '.join(FILE_TYPES)}")
+    base = _BASE[file_type]
+    if name == "output.weight" or (tied_embeddings and name == "token_embd.weight"):
+        return base if base in ("F16", "Q8_0") else "Q6_K"
+    if file_type != "Q4_K_M":
+        return base
+    match = re.fullmatch(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight", name)
+    if match and use_more_bits(int(match.group(1)), n_layers):
+        return "Q6_K"
+    return base

@@ -1,0 +1,114 @@
+"""scripts/synthetic_models.py: random-weight GGUFs of real shapes, read back by our GGUF reader, run by the
+cpu backend (finite logits), with llama.cpp's Q4_K_M type mix and a tiktoken-derived BPE vocabulary."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import synthetic_models as sm  # noqa: E402
+from llama3_tokenizer import N_SPECIAL_TOKENS, gguf_vocab  # noqa: E402
+from tensor_types import FILE_TYPES, tensor_type, use_more_bits  # noqa: E402
+
+from hipcore.engine.loader import LoadOptions, load_model  # noqa: E402
+from hipcore.gguf.file import GGUFFile  # noqa: E402
+from hipcore.tokenizer.tokenizer import Tokenizer  # noqa: E402
+from support.model_steps import step_batch  # noqa: E402
+
+# A tiktoken file of the 256 bytes and four merged tokens; with the 256 special tokens: 516 entries.
+MERGED = [b"he", b"ll", b"llo", b"hello"]
+# 8 layers: use_more_bits picks 0 (first eighth), 7 (last eighth), 3 and 6 ((i - 1) % 3 == 2).
+SMALL = dict(hidden=256, layers=8, heads=4, kv_heads=2, ffn=512, vocab=256 + len(MERGED) + N_SPECIAL_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def tiktoken_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
+    tokens = [bytes([b]) for b in range(256)] + MERGED
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
+    return path
+
+
+def write_small(tmp_path: Path, tiktoken_file: Path, file_type: str, base: str) -> Path:
+    shape = sm.reduced(sm.SHAPES[base], **SMALL)
+    path = tmp_path / f"{base}-{file_type}.gguf"
+    sm.write_model(path, shape, file_type, gguf_vocab(tiktoken_file), name="test", seed=3, log=None)
+    return path
+
+
+def test_llama_cpp_q4_k_m_rule_on_the_real_8b_layer_count():
+    """llama.cpp's Q4_K_M gives Llama-3.1-8B (32 layers) Q6_K attn_v/ffn_down in these 16 layers."""
+    assert [i for i in range(32) if use_more_bits(i, 32)] == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+    assert tensor_type("blk.5.ffn_down.weight", "Q4_K_M", 32, False) == "Q4_K"
+    assert tensor_type("blk.6.attn_v.weight", "Q4_K_M", 32, False) == "Q6_K"
+    assert tensor_type("blk.6.attn_q.weight", "Q4_K_M", 32, False) == "Q4_K"
+    assert tensor_type("token_embd.weight", "Q4_K_M", 32, False) == "Q4_K"
+    assert tensor_type("token_embd.weight", "Q4_K_M", 16, True) == "Q6_K"  # tied: quantized as the output
+    assert tensor_type("output.weight", "Q4_0", 32, False) == "Q6_K"
+    assert tensor_type("output.weight", "Q8_0", 32, False) == "Q8_0"
+    assert tensor_type("token_embd.weight", "F16", 16, True) == "F16"
+
+
+def test_vocab_from_tiktoken_ranks(tiktoken_file):
+    vocab = gguf_vocab(tiktoken_file)
+    assert len(vocab.tokens) == SMALL["vocab"] and vocab.bos_id == 260 and vocab.tokens[vocab.bos_id] == "<|begin_of_text|>"
+    assert vocab.tokens[vocab.eos_id] == "<|eot_id|>" and vocab.token_types[vocab.eos_id] == 3
+    assert vocab.tokens[ord("h")] == "h" and vocab.tokens[ord(" ")] == "Ġ"  # GPT-2's byte map
+    # every way to split each merged token into two known tokens, ordered by the token's rank
+    assert vocab.merges == ["h e", "l l", "ll o", "he llo"]  # "lo" and "hell" are no tokens
+
+
+@pytest.mark.parametrize("file_type,base", [("Q4_K_M", "Llama-3.1-8B"), ("Q4_K_M", "Llama-3.2-1B"),
+                                            ("Q8_0", "Llama-3.2-1B"), ("Q4_0", "Llama-3.1-8B"), ("F16", "Llama-3.2-3B")])
+def test_small_model_reads_back_and_runs_finite(tmp_path, tiktoken_file, file_type, base):
+    path = write_small(tmp_path, tiktoken_file, file_type, base)
+    shape = sm.reduced(sm.SHAPES[base], **SMALL)
+    with GGUFFile.open(path) as gguf:
+        plan = gguf.plan
+        cfg = plan.config
+        assert (cfg.hidden_size, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_size, cfg.vocab_size) == \
+               (256, 8, 4, 2, 512, SMALL["vocab"])
+        assert cfg.rope_theta == 500000.0 and cfg.tie_embeddings == shape.tied and cfg.context_length == 131072
+        assert cfg.file_type == FILE_TYPES[file_type]
+        types = {t.name: t.type_name for t in plan.tensors}
+        for name, dims in sm.tensor_shapes(shape):
+            assert plan.tensor(name).shape == dims
+            expected = "F32" if len(dims) == 1 else tensor_type(name, file_type, 8, shape.tied)
+            assert types[name] == expected, name
+        if file_type == "Q4_K_M":
+            assert [i for i in range(8) if types[f"blk.{i}.ffn_down.weight"] == "Q6_K"] == [0, 3, 6, 7]
+            assert [i for i in range(8) if types[f"blk.{i}.attn_v.weight"] == "Q6_K"] == [0, 3, 6, 7]
+        # small finite weights: the scale fields keep every decoded weight near WEIGHT_STD
+        for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight"):
+            w = gguf.dequantize(name)
+            assert np.isfinite(w).all() and 0.3 * sm.WEIGHT_STD < w.std() < 3 * sm.WEIGHT_STD, (name, w.std())
+        tok = Tokenizer.from_metadata(gguf.metadata)
+        assert 259 in tok.encode("hello")  # the merged token "hello" (rank 259)
+    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=1, max_step_tokens=16, ctx_size=64,
+                                               kv_dtype="f32"))
+    try:
+        logits = loaded.runner.execute(step_batch(loaded.cache, [(1, [260, 259, 32, 104, 101, 108], 0)]))
+    finally:
+        loaded.close()
+    assert logits.shape == (1, SMALL["vocab"]) and np.isfinite(logits).all()
+    assert 0.01 < logits.std() < 100, logits.std()
+
+
+def test_same_seed_same_file(tmp_path, tiktoken_file):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = write_small(tmp_path / "a", tiktoken_file, "Q4_0", "Llama-3.2-1B")
+    b = write_small(tmp_path / "b", tiktoken_file, "Q4_0", "Llama-3.2-1B")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_random_blocks_refuse_rows_that_are_not_whole_blocks():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        sm.random_blocks(np.random.default_rng(0), "Q4_K", 2, 300)
