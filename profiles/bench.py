@@ -32,6 +32,7 @@ from hipcore.engine.engine import Engine
 from hipcore.errors import UsageError
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.sampler import SamplingParams
+from profiles.llama_cpp_runs import llama_bench_test_name
 
 StatusFn = Callable[[str], None]
 
@@ -63,6 +64,10 @@ class BenchConfig:
             raise UsageError(f"-r must be at least 1, got {self.repetitions}")
         if self.batch_gen_tokens < 1:
             raise UsageError(f"--batch-gen must be at least 1, got {self.batch_gen_tokens}")
+
+    @property
+    def test_count(self) -> int:
+        return len(self.prompt_tokens) + len(self.gen_tokens) + len(self.batches)
 
     @property
     def max_seqs(self) -> int:
@@ -111,7 +116,17 @@ class BenchReport:
     date: str
     results: list[TestResult] = field(default_factory=list)
     llama_bench: list[dict] = field(default_factory=list)  # llama-bench's records, when it was run
+    llama_batched_bench: list[dict] = field(default_factory=list)  # llama-batched-bench's, per batch size
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # stopped (Ctrl-C) before every test had run: results holds those that had
+
+    def llama_cpp_figures(self) -> dict[str, tuple[float, float]]:
+        """test name ("pp512", "tg128", "b8x128") -> llama.cpp's (mean, sd) tokens/s, where it was run."""
+        out = {llama_bench_test_name(r): (float(r["avg_ts"]), float(r.get("stddev_ts", 0.0)))
+               for r in self.llama_bench if r.get("avg_ts")}
+        out.update({r["test"]: (float(r["avg_ts"]), float(r.get("stddev_ts", 0.0)))
+                    for r in self.llama_batched_bench if r.get("avg_ts")})
+        return out
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "results"}
@@ -257,64 +272,36 @@ def load_for_bench(cfg: BenchConfig, *, device=None, status: StatusFn | None = N
     return loaded
 
 
-def run_bench(loaded: LoadedModel, cfg: BenchConfig, *, status: StatusFn | None = None) -> BenchReport:
-    """Run every test of `cfg` on the loaded model."""
-    say = status or (lambda _m: None)
+def start_report(loaded: LoadedModel, cfg: BenchConfig) -> BenchReport:
+    """The facts of the run, with no results yet."""
     gguf = loaded.gguf
-    report = BenchReport(
+    return BenchReport(
         model=Path(cfg.model).name, model_path=str(cfg.model), quant=dominant_type(gguf.plan),
         model_bytes=sum(t.nbytes for t in gguf.plan.tensors),
         params=sum(math.prod(t.shape) for t in gguf.plan.tensors), device=loaded.device.describe(),
         backend=loaded.device.backend, kv_dtype=loaded.cache.config.dtype, graphs=loaded.runner.graphs.capture,
         commit=source_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def run_bench(loaded: LoadedModel, cfg: BenchConfig, *, status: StatusFn | None = None,
+              report: BenchReport | None = None, on_result: Callable[[TestResult], None] | None = None) -> BenchReport:
+    """Run every test of `cfg` on the loaded model, appending each result to `report` (a new one if None)
+    as soon as it is measured and handing it to `on_result`: an interrupted run keeps what it measured."""
+    say = status or (lambda _m: None)
+    report = report if report is not None else start_report(loaded, cfg)
+    tests = [(f"pp{p}", p, 0, 1, lambda p=p: work.prompt(p)) for p in cfg.prompt_tokens]
+    tests += [(f"tg{n}", 0, n, 1, lambda n=n: work.decode(1, n)) for n in cfg.gen_tokens]
+    n = cfg.batch_gen_tokens
+    tests += [(f"b{b}x{n}", 0, n, b, lambda b=b: work.decode(b, n)) for b in cfg.batches]
     work = Workloads(loaded, cfg)
     try:
-        for p in cfg.prompt_tokens:
-            say(f"pp{p}")
-            report.results.append(TestResult(f"pp{p}", p, 0, 1, _repeat(f"pp{p}", lambda: work.prompt(p), cfg.repetitions, say)))
-        for n in cfg.gen_tokens:
-            say(f"tg{n}")
-            report.results.append(TestResult(f"tg{n}", 0, n, 1, _repeat(f"tg{n}", lambda: work.decode(1, n), cfg.repetitions, say)))
-        for b in cfg.batches:
-            n = cfg.batch_gen_tokens
-            say(f"b{b}x{n}")
-            report.results.append(TestResult(f"b{b}x{n}", 0, n, b,
-                                             _repeat(f"b{b}x{n}", lambda: work.decode(b, n), cfg.repetitions, say)))
+        for name, n_prompt, n_gen, batch, fn in tests:
+            say(name)
+            result = TestResult(name, n_prompt, n_gen, batch, _repeat(name, fn, cfg.repetitions, say))
+            report.results.append(result)
+            if on_result is not None:
+                on_result(result)
     finally:
         work.close()
     return report
-
-
-# ---- llama.cpp's llama-bench on the same model ---------------------------------------------------
-
-
-def run_llama_bench(path: str, cfg: BenchConfig, *, gpu: bool, timeout: float = 1800) -> list[dict]:
-    """Run llama-bench for the pp and tg tests of `cfg`; its JSON records (avg_ts, stddev_ts, n_prompt,
-    n_gen ...). A missing or failing binary is a UsageError naming what went wrong."""
-    exe = shutil.which(path) or path
-    if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
-        raise UsageError(f"--llama-bench {path}: not an executable file")
-    cmd = [exe, "-m", cfg.model, "-r", str(cfg.repetitions), "-o", "json",
-           "-p", ",".join(map(str, cfg.prompt_tokens)) or "0", "-n", ",".join(map(str, cfg.gen_tokens)) or "0"]
-    if gpu:
-        cmd += ["-ngl", "99"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise UsageError(f"--llama-bench: could not run {exe}: {exc}") from None
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UsageError(f"--llama-bench: {exe} exited with {proc.returncode}: {tail[0]}")
-    try:
-        records = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        raise UsageError(f"--llama-bench: {exe} did not print JSON (is it llama.cpp's llama-bench?)") from None
-    return [r for r in records if isinstance(r, dict)]
-
-
-def llama_bench_test_name(record: dict) -> str:
-    n_prompt, n_gen = int(record.get("n_prompt", 0)), int(record.get("n_gen", 0))
-    if n_prompt and n_gen:
-        return f"pp{n_prompt}+tg{n_gen}"
-    return f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"

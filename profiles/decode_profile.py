@@ -60,13 +60,20 @@ class DecodeProfile:
         return sum(k.us_per_step for k in self.kernels)
 
     @property
+    def host_us(self) -> float | None:
+        """Engine step minus graph replay: the host's share of a step; None where the step measured no
+        longer than the replay alone (the two were timed apart, so noise can make the difference negative)."""
+        host = self.engine_step_us - self.graph_us
+        return host if host >= 0 else None
+
+    @property
     def floor_us(self) -> float:
         """Reading every weight once at the measured read bandwidth (half the copy traffic)."""
         return 1e6 * self.weight_bytes / (self.copy_bandwidth / 2) if self.copy_bandwidth else 0.0
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(kernels_us=self.kernels_us, floor_us=self.floor_us)
+        out.update(kernels_us=self.kernels_us, floor_us=self.floor_us, host_us=self.host_us)
         for k, kind in zip(out["kernels"], self.kernels):
             k["us_per_launch"] = kind.us_per_launch
         return out
@@ -75,10 +82,17 @@ class DecodeProfile:
         """What the figures say it would take to get closer to the floor."""
         lines = []
         step = self.engine_step_us
-        host = step - self.graph_us
-        lines.append(f"host work is {host:,.0f} us of the {step:,.0f} us step ({100 * host / step:.0f}%): the device "
-                     "idles while Python schedules, packs and detokenizes; overlapping the next step's host work "
-                     "with this step's replay would hide it")
+        host = self.host_us
+        if host is None:
+            # The engine's steps run at contexts 1..N while the replay was timed at `context`, and on the cpu
+            # backend the "device" is the host itself: the difference can come out below zero, which says
+            # only that host work is lost in the noise here, not that it is negative.
+            lines.append(f"host work could not be told apart: the engine step ({step:,.0f} us) measured no longer "
+                         f"than the graph replay alone ({self.graph_us:,.0f} us at context {self.context})")
+        else:
+            lines.append(f"host work is {host:,.0f} us of the {step:,.0f} us step ({100 * host / step:.0f}%): the "
+                         "device idles while Python schedules, packs and detokenizes; overlapping the next step's "
+                         "host work with this step's replay would hide it")
         gap = self.graph_us - self.kernels_us
         lines.append(f"the replayed graph takes {self.graph_us:,.0f} us for {self.launches} launches; measured kind by "
                      f"kind the kernels add up to {self.kernels_us:,.0f} us, so each launch costs about "

@@ -12,9 +12,9 @@ from hipcore.errors import UsageError
 from hipcore.runtime.selection import pick_device
 from hipcore.runtime.ledger import format_bytes
 from profiles.bench import (
-    CPU_DEFAULTS, GPU_DEFAULTS, BenchConfig, BenchReport, llama_bench_test_name, load_for_bench, run_bench,
-    run_llama_bench,
+    CPU_DEFAULTS, GPU_DEFAULTS, BenchConfig, BenchReport, TestResult, load_for_bench, run_bench, start_report,
 )
+from profiles.llama_cpp_runs import batched_bench_beside, run_llama_bench, run_llama_batched_bench
 from profiles.decode_profile import DecodeProfile, profile_decode
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.generate import DEVICE_HELP, resolve_model
@@ -41,31 +41,35 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
-def markdown(report: BenchReport) -> str:
-    """llama-bench's table, plus llama.cpp's figures and the ratio when llama-bench was run."""
-    theirs = {llama_bench_test_name(r): r for r in report.llama_bench}
+def table_head(report: BenchReport) -> list[str]:
+    """The header of llama-bench's table, with llama.cpp's columns when it was run."""
     head = ["model", "size", "params", "backend", "kv", "test", "t/s"]
-    if theirs:
+    align = ["---", "---:", "---:", "---", "---", "---:", "---:"]
+    if report.llama_cpp_figures():
         head += ["llama.cpp t/s", "ratio"]
-    rows = []
-    for r in report.results:
-        row = [report.model, format_bytes(report.model_bytes), _params(report.params), report.backend, report.kv_dtype,
-               r.test, f"{_number(r.mean)} ± {_number(r.sd)}"]
-        if theirs:
-            other = theirs.get(r.test)
-            if other and other.get("avg_ts"):
-                row += [f"{_number(float(other['avg_ts']))} ± {_number(float(other.get('stddev_ts', 0.0)))}",
-                        f"{r.mean / float(other['avg_ts']):.2f}"]
-            else:
-                row += ["-", "-"]
-        rows.append(row)
-    align = ["---", "---:", "---:", "---", "---", "---:", "---:"] + (["---:", "---:"] if theirs else [])
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    lines += ["", f"device: {report.device}", f"quant: {report.quant}; graphs: {'on' if report.graphs else 'off'}; "
-              f"commit: {report.commit}; date: {report.date}"]
-    lines += [f"note: {n}" for n in report.notes]
-    return "\n".join(lines)
+        align += ["---:", "---:"]
+    return ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
+
+
+def table_row(report: BenchReport, r: TestResult, theirs: dict[str, tuple[float, float]]) -> str:
+    row = [report.model, format_bytes(report.model_bytes), _params(report.params), report.backend, report.kv_dtype,
+           r.test, f"{_number(r.mean)} ± {_number(r.sd)}"]
+    if theirs:
+        other = theirs.get(r.test)
+        row += [f"{_number(other[0])} ± {_number(other[1])}", f"{r.mean / other[0]:.2f}"] if other else ["-", "-"]
+    return "| " + " | ".join(row) + " |"
+
+
+def table_foot(report: BenchReport) -> list[str]:
+    lines = ["", f"device: {report.device}", f"quant: {report.quant}; graphs: {'on' if report.graphs else 'off'}; "
+             f"commit: {report.commit}; date: {report.date}"]
+    return lines + [f"note: {n}" for n in report.notes]
+
+
+def markdown(report: BenchReport) -> str:
+    """llama-bench's table, plus llama.cpp's figures and the ratio where llama.cpp was run."""
+    theirs = report.llama_cpp_figures()
+    return "\n".join(table_head(report) + [table_row(report, r, theirs) for r in report.results] + table_foot(report))
 
 
 def profile_markdown(p: DecodeProfile) -> str:
@@ -101,6 +105,7 @@ def bench_command(
     device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
     llama_bench: Annotated[Optional[str], typer.Option("--llama-bench", help="Path of llama.cpp's llama-bench: run it on the same model and show its figures and the ratio beside ours.", show_default=False)] = None,
+    llama_batched_bench: Annotated[Optional[str], typer.Option("--llama-batched-bench", help="Path of llama.cpp's llama-batched-bench for the b rows (-npp 1 -ntg N -npl B -fa on). Default: the one beside --llama-bench.", show_default=False)] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Also report where one decode step's time goes (kernels, launches, host work).")] = False,
     profile_batch: Annotated[int, typer.Option("--profile-batch", help="Sequences in the profiled decode step.")] = 1,
     no_graphs: Annotated[bool, typer.Option("--no-graphs", help="Launch decode steps one kernel at a time instead of replaying captured graphs (to measure what graphs save).")] = False,
@@ -136,20 +141,28 @@ def bench_command(
         )
         cfg.validate()
         say = (lambda m: None) if quiet else (lambda m: stderr.print(m, highlight=False, markup=False))
+        # llama.cpp first, while our model is not loaded: its figures are then known when each of our rows
+        # is printed, and the two never share the GPU's memory
+        theirs = _run_llama_cpp(cfg, llama_bench, llama_batched_bench, gpu=dev.backend != "cpu", say=say)
         loaded = load_for_bench(cfg, device=dev, status=say)
         try:
-            report = run_bench(loaded, cfg, status=say)
+            report = start_report(loaded, cfg)
+            report.llama_bench, report.llama_batched_bench, notes = theirs
+            report.notes += notes
             prof = None
-            if profile:
-                say(f"profiling a decode step of batch {profile_batch}")
-                prof = profile_decode(loaded, batch=profile_batch, context=min(128, cfg.context - 1),
-                                      copy_bytes=(256 << 20) if dev.backend != "cpu" else (16 << 20),
-                                      reps=50 if dev.backend != "cpu" else 3, engine_steps=64 if dev.backend != "cpu" else 4)
+            try:
+                _run_tests(report, loaded, cfg, output, say)
+                if profile:
+                    say(f"profiling a decode step of batch {profile_batch}")
+                    prof = profile_decode(loaded, batch=profile_batch, context=min(128, cfg.context - 1),
+                                          copy_bytes=(256 << 20) if dev.backend != "cpu" else (16 << 20),
+                                          reps=50 if dev.backend != "cpu" else 3, engine_steps=64 if dev.backend != "cpu" else 4)
+            except KeyboardInterrupt:
+                report.interrupted = True
+                report.notes.append(f"interrupted after {len(report.results)} of {cfg.test_count} tests: "
+                                    "the rows above are all that was measured")
         finally:
             loaded.close()
-        if llama_bench:
-            say(f"running {llama_bench}")
-            report.llama_bench = run_llama_bench(llama_bench, cfg, gpu=dev.backend != "cpu")
     finally:
         dev.close()
     if output == "json":
@@ -158,9 +171,43 @@ def bench_command(
             out["profile"] = prof.to_dict()
         print(json.dumps(out, indent=2))
     else:
-        print(markdown(report))
+        print("\n".join(table_foot(report)))
         if prof is not None:
             print()
             print(profile_markdown(prof))
     sys.stdout.flush()
+    if report.interrupted:
+        stderr.print("interrupted")
+        raise typer.Exit(130)
+
+
+def _run_llama_cpp(cfg: BenchConfig, llama_bench: Optional[str], batched: Optional[str], *, gpu: bool,
+                   say) -> tuple[list[dict], list[dict], list[str]]:
+    """llama-bench's records (pp, tg), llama-batched-bench's (b), and notes on what was not run."""
+    notes: list[str] = []
+    single: list[dict] = []
+    if llama_bench and (cfg.prompt_tokens or cfg.gen_tokens):
+        say(f"running {llama_bench}")
+        single = run_llama_bench(llama_bench, cfg, gpu=gpu)
+    if batched is None and llama_bench:
+        batched = batched_bench_beside(llama_bench)
+        if batched is None and cfg.batches:
+            notes.append("no llama-batched-bench beside llama-bench (give --llama-batched-bench): "
+                         "the b rows have no llama.cpp figures")
+    multi: list[dict] = []
+    if batched and cfg.batches:
+        say(f"running {batched}")
+        multi = run_llama_batched_bench(batched, cfg, gpu=gpu)
+    return single, multi, notes
+
+
+def _run_tests(report: BenchReport, loaded, cfg: BenchConfig, output: str, say) -> None:
+    """Run the tests; in md each row is printed as soon as its test is measured (header first)."""
+    if output != "md":
+        run_bench(loaded, cfg, status=say, report=report)
+        return
+    theirs = report.llama_cpp_figures()
+    print("\n".join(table_head(report)), flush=True)
+    run_bench(loaded, cfg, status=say, report=report,
+              on_result=lambda r: print(table_row(report, r, theirs), flush=True))
 

@@ -72,3 +72,128 @@ def test_context_holds_the_longest_prompt_and_generation():
     assert BenchConfig(model="m", prompt_tokens=(512,), gen_tokens=(128,), batches=()).context > 513
     assert BenchConfig(model="m", prompt_tokens=(), gen_tokens=(1000,), batches=()).context >= 1002
     assert BenchConfig(model="m", prompt_tokens=(), gen_tokens=(), batches=(8,), batch_gen_tokens=300).context >= 302
+
+
+# ---- rows as they finish, Ctrl-C, llama.cpp side by side, host time -------------------------------
+
+
+def _interrupt_batched(monkeypatch):
+    """The batched test (the last) is interrupted as by Ctrl-C; pp and tg run for real."""
+    from profiles import bench as bench_module
+
+    real = bench_module.Workloads.decode
+
+    def decode(self, batch, n):
+        if batch > 1:
+            raise KeyboardInterrupt
+        return real(self, batch, n)
+
+    monkeypatch.setattr(bench_module.Workloads, "decode", decode)
+
+
+def test_rows_print_as_they_finish_and_ctrl_c_keeps_them(tiny, monkeypatch):
+    _interrupt_batched(monkeypatch)
+    result = bench("-m", tiny, "-d", "cpu", "-p", "8", "-n", "2", "-b", "2", "--batch-gen", "2", "-r", "1", "-q")
+    assert result.exit_code == 130, result.output
+    out = result.stdout
+    assert "| model | size |" in out and "| pp8 |" in out and "| tg2 |" in out and "b2x2" not in out
+    assert "interrupted after 2 of 3 tests" in out and "device: " in out
+    assert "interrupted" in result.stderr
+
+
+def test_ctrl_c_in_json_gives_the_partial_report(tiny, monkeypatch):
+    _interrupt_batched(monkeypatch)
+    result = bench("-m", tiny, "-d", "cpu", "-p", "8", "-n", "2", "-b", "2", "--batch-gen", "2", "-r", "1", "-q", "-o", "json")
+    assert result.exit_code == 130, result.output
+    report = json.loads(result.stdout)
+    assert report["interrupted"] is True and [r["test"] for r in report["results"]] == ["pp8", "tg2"]
+
+
+def test_each_row_is_on_stdout_before_the_next_test_runs(tiny, monkeypatch):
+    """Rows stream: when the tg test starts, the pp row has already been written."""
+    from profiles import bench as bench_module
+
+    seen = []
+    real = bench_module.Workloads.decode
+    printed = []
+    monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+
+    def decode(self, batch, n):
+        seen.append(any("| pp8 |" in line for line in printed))
+        return real(self, batch, n)
+
+    monkeypatch.setattr(bench_module.Workloads, "decode", decode)
+    result = bench("-m", tiny, "-d", "cpu", "-p", "8", "-n", "2", "-b", "0", "-r", "1", "-q")
+    assert result.exit_code == 0, result.output
+    assert seen and all(seen)
+
+
+FAKE_LLAMA_BENCH = """#!/bin/sh
+echo "$@" > "$(dirname "$0")/llama-bench.args"
+echo '[{"n_prompt": 8, "n_gen": 0, "avg_ts": 400.0, "stddev_ts": 4.0}, {"n_prompt": 0, "n_gen": 2, "avg_ts": 50.0, "stddev_ts": 1.0}]'
+"""
+# llama-batched-bench writes its jsonl through its logger; runs in the order of -npl
+FAKE_BATCHED_BENCH = """#!/bin/sh
+echo "$@" > "$(dirname "$0")/llama-batched-bench.args"
+echo "main: loading" >&2
+speed=10
+for pl in $(echo "$@" | sed 's/.*-npl \\([0-9,]*\\).*/\\1/' | tr ',' ' '); do
+  echo "{\\"pp\\": 1, \\"tg\\": 2, \\"pl\\": $pl, \\"speed_tg\\": $speed.0}"
+  speed=$((speed + 10))
+done
+"""
+
+
+def _fake_llama_cpp(tmp_path, batched: bool = True):
+    for name, text in (("llama-bench", FAKE_LLAMA_BENCH), ("llama-batched-bench", FAKE_BATCHED_BENCH))[:2 if batched else 1]:
+        path = tmp_path / name
+        path.write_text(text)
+        path.chmod(0o755)
+    return tmp_path / "llama-bench"
+
+
+def test_every_row_has_llama_cpp_figures_and_a_ratio(tiny, tmp_path):
+    exe = _fake_llama_cpp(tmp_path)
+    result = bench("-m", tiny, "-d", "cpu", "-p", "8", "-n", "2", "-b", "2,3", "--batch-gen", "2", "-r", "2", "-q",
+                   "--llama-bench", str(exe))
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| tiny.gguf")]
+    assert len(rows) == 4
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[7] != "-" and float(cells[8]) > 0, row
+    # batched: warm-up b2, then each B twice; the warm-up (10) is left out: b2 = mean(20, 30), b3 = mean(40, 50)
+    assert "| b2x2 |" in result.stdout and "25.00 ± 7.07" in result.stdout and "45.00 ± 7.07" in result.stdout
+    args = (tmp_path / "llama-batched-bench.args").read_text().split()
+    assert args[args.index("-npp") + 1] == "1" and args[args.index("-ntg") + 1] == "2"
+    assert args[args.index("-npl") + 1] == "2,2,2,3,3" and int(args[args.index("-c") + 1]) >= 3 * 3
+    report = json.loads(bench("-m", tiny, "-d", "cpu", "-p", "0", "-n", "0", "-b", "2", "--batch-gen", "2", "-r", "2",
+                              "-q", "-o", "json", "--llama-bench", str(exe)).stdout)
+    assert [r["test"] for r in report["llama_batched_bench"]] == ["b2x2"] and report["llama_bench"] == []
+
+
+def test_missing_batched_bench_is_said_not_hidden(tiny, tmp_path):
+    exe = _fake_llama_cpp(tmp_path, batched=False)
+    result = bench("-m", tiny, "-d", "cpu", "-p", "8", "-n", "0", "-b", "2", "--batch-gen", "2", "-r", "1", "-q",
+                   "--llama-bench", str(exe))
+    assert result.exit_code == 0, result.output
+    assert "no llama-batched-bench beside llama-bench" in result.stdout
+    assert "| b2x2 | " in result.stdout and "| - | - |" in result.stdout
+    bad = bench("-m", tiny, "-d", "cpu", "-p", "0", "-n", "0", "-b", "2", "-q", "--llama-batched-bench", str(tmp_path / "nope"))
+    assert bad.exit_code == 2 and "not an executable file" in bad.output
+
+
+def test_profile_never_reports_negative_host_time():
+    from profiles.decode_profile import DecodeProfile, KernelKind
+    from rocmforge_cli.bench import profile_markdown
+
+    # the engine's steps (short contexts) measured faster than the replay timed at context 128
+    p = DecodeProfile(batch=1, context=128, device="cpu", launches=10, graph_us=900.0, eager_us=950.0,
+                      kernels=[KernelKind("attention", 10, 800.0)], runner_us=1000.0, runner_split_us={},
+                      engine_step_us=700.0, weight_bytes=1 << 20, copy_bandwidth=1e10)
+    text = profile_markdown(p)
+    assert p.host_us is None and "host work could not be told apart" in text
+    assert "host work is -" not in text and "(-" not in text
+    assert p.to_dict()["host_us"] is None
+    p.engine_step_us = 1200.0
+    assert p.host_us == 300.0 and "host work is 300 us of the 1,200 us step (25%)" in profile_markdown(p)

@@ -93,7 +93,7 @@ def main(out: Path) -> None:
 
             p = dict(data["profile"])
             kernels = [KernelKind(k["name"], k["launches"], k["us_per_step"]) for k in p.pop("kernels")]
-            for key in ("kernels_us", "floor_us"):
+            for key in ("kernels_us", "floor_us", "host_us"):
                 p.pop(key, None)
             lines += ["", profile_markdown(DecodeProfile(kernels=kernels, **p))]
     print("\n".join(lines))
