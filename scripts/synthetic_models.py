@@ -203,8 +203,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         shape = replace(shape, layers=args.layers)
     start = time.perf_counter()
-    vocab = gguf_vocab(Path(source))
+    try:
+        vocab = gguf_vocab(Path(source))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        print(f"error: {source}: not a tiktoken tokenizer file ({exc})", file=sys.stderr)
+        return 2
     print(f"tokenizer: {len(vocab.tokens)} tokens, {len(vocab.merges)} merges ({time.perf_counter() - start:.1f} s)")
+    if len(vocab.tokens) != shape.vocab:
+        print(f"error: {source} gives {len(vocab.tokens)} tokens with the special ones; {args.shape} has "
+              f"{shape.vocab} (is it Llama 3's tokenizer.model?)", file=sys.stderr)
+        return 2
     write_model(args.output, shape, args.file_type, vocab, name=f"{args.shape} {args.file_type} (random weights)",
                 seed=args.seed)
     size = args.output.stat().st_size

@@ -197,3 +197,12 @@ def test_profile_never_reports_negative_host_time():
     assert p.to_dict()["host_us"] is None
     p.engine_step_us = 1200.0
     assert p.host_us == 300.0 and "host work is 300 us of the 1,200 us step (25%)" in profile_markdown(p)
+
+
+def test_a_batched_bench_that_prints_no_results_is_refused(tiny, tmp_path):
+    exe = tmp_path / "llama-batched-bench"
+    exe.write_text("#!/bin/sh\necho 'main: unknown argument: -npl' >&2\necho 'no jsonl here'\n")
+    exe.chmod(0o755)
+    result = bench("-m", tiny, "-d", "cpu", "-p", "0", "-n", "0", "-b", "2", "--batch-gen", "2", "-r", "1", "-q",
+                   "--llama-batched-bench", str(exe))
+    assert result.exit_code == 2 and "printed 0 results for 2 runs" in result.output, result.output

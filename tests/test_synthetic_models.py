@@ -112,3 +112,13 @@ def test_same_seed_same_file(tmp_path, tiktoken_file):
 def test_random_blocks_refuse_rows_that_are_not_whole_blocks():
     with pytest.raises(ValueError, match="multiple of 256"):
         sm.random_blocks(np.random.default_rng(0), "Q4_K", 2, 300)
+
+
+def test_command_refuses_a_wrong_tokenizer_file_in_one_line(tmp_path, tiktoken_file, capsys):
+    out = tmp_path / "m.gguf"
+    assert sm.main(["--shape", "Llama-3.2-1B", "--type", "Q4_0", "-o", str(out), "--tokenizer-model", str(tiktoken_file)]) == 2
+    assert "gives 516 tokens with the special ones; Llama-3.2-1B has 128256" in capsys.readouterr().err
+    bad = tmp_path / "bad.model"
+    bad.write_text("not base64 at all\n")
+    assert sm.main(["--shape", "Llama-3.2-1B", "--type", "Q4_0", "-o", str(out), "--tokenizer-model", str(bad)]) == 2
+    assert "not a tiktoken tokenizer file" in capsys.readouterr().err and not out.exists()
