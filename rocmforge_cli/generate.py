@@ -13,7 +13,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from hipcore.tokenizer.chat_template import chat_template_from_metadata, render_chat
 from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import RocmforgeError, UsageError
-from hipcore.kvcache import kv_dtype as check_kv_dtype
+from hipcore.kvcache import DEFAULT_BLOCK_SIZE, kv_dtype as check_kv_dtype
+from hipcore.kvcache.config import MAX_SLOTS, RESERVED_BLOCKS
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
 from rocmforge_cli.common import handle_errors, stderr
@@ -39,6 +40,10 @@ def check_options(ctx_size: Optional[int], kv_dtype: str, kv_blocks: Optional[in
         raise UsageError(f"--ctx-size must be at least 1 token, got {ctx_size}")
     if kv_blocks is not None and kv_blocks < 1:
         raise UsageError(f"--kv-blocks must be at least 1 (block 0 is reserved and added on top), got {kv_blocks}")
+    most_blocks = MAX_SLOTS // DEFAULT_BLOCK_SIZE - RESERVED_BLOCKS  # the cache's own limit counts block 0
+    if kv_blocks is not None and kv_blocks > most_blocks:
+        raise UsageError(f"--kv-blocks must be at most {most_blocks:,} ({DEFAULT_BLOCK_SIZE}-token blocks; block 0 is "
+                         f"reserved and added on top), got {kv_blocks:,}")
     if kv_blocks is not None and kv_memory is not None:
         raise UsageError("give either --kv-blocks or --kv-memory, not both")
     check_kv_dtype(kv_dtype)

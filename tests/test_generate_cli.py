@@ -114,6 +114,7 @@ def test_tiny_model_json_run(tiny):
     (["--ctx-size", "0"], "--ctx-size"),
     (["--ctx-size", "100000"], "--ctx-size"),
     (["--kv-blocks", "0"], "--kv-blocks"),
+    (["--kv-blocks", "134217727"], "--kv-blocks must be at most 134,217,726"),  # block 0 comes on top
     (["--kv-blocks", "3", "--kv-memory", "1G"], "either --kv-blocks or --kv-memory"),
     (["--kv-memory", "lots"], "memory size"),
     (["--device", "tpu"], "unknown device"),

@@ -362,3 +362,16 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
                 assert off_chip == 0, f"{target} {name}: {usage}"
                 if op in ("matvec", "matmul"):
                     assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"
+
+
+def test_cli_kernels_build_of_nothing_says_so_and_points_at_no_manifest(tmp_path):
+    from rocmforge_cli.app import app
+
+    result = CliRunner().invoke(app, ["kernels", "build", "--amd-targets", "none", "--nvidia-targets", "none",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "nothing was built: no targets were chosen" in result.output and "manifest" not in result.output
+    result = CliRunner().invoke(app, ["kernels", "build", "--amd-compiler", "no-such-clang", "--nvidia-targets", "none",
+                                      "--ops", "add", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "nothing was built: no compiler" in result.output and "manifest.json" not in result.output
