@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler_gate import REQUIRE_ENV, require_compiler
+from support.compiler_gate import REQUIRE_ENV, require_compiler
 
 TESTS = Path(__file__).resolve().parent
 

@@ -62,24 +62,25 @@ def test_the_readmes_blank_line_stop_reaches_the_engine_as_two_newlines(tiny, mo
     assert seen[1][0] == ("\\n\\n",) and "a\\tb" in seen[1][1]
 
 
-def _spawn(tiny: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rocmforge_cli.app", "generate", "--model", tiny, "--device", "cpu",
-                             "--temp", "1", "-n", "250", *args, "hello"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+def _spawn(model: str, *args: str, stdout=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rocmforge_cli.app", "generate", "--model", model, "--device", "cpu",
+                             "--temp", "1", "-n", "250", *args],
+                            stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
 
 
 def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status(tiny):
-    proc = _spawn(tiny, "-q")
-    head = proc.stdout.read(20)  # what `| head -c 20` reads before it exits
-    proc.stdout.close()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first token (as `| head -c 0`; no race with the writer)
+    proc = _spawn(tiny, "-q", "hello", stdout=write_end)
+    os.close(write_end)
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) == 141, err
-    assert len(head) == 20
+    assert proc.wait(timeout=120) == 141, err
     assert err == "", err  # no "internal error: BrokenPipeError", no "Exception ignored"
 
 
-def test_ctrl_c_prints_the_timings_so_far_on_lines_of_their_own(tiny):
-    proc = _spawn(tiny)
+def test_ctrl_c_prints_the_timings_so_far_on_lines_of_their_own(demo_model_path):
+    # the demo model: slow enough on the CPU that the signal always lands mid-generation
+    proc = _spawn(str(demo_model_path), "--stop", "never-seen", "1, 2, 3, 4, 5,")
     assert proc.stdout.read(5)  # generation is under way
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

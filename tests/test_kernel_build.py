@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from compiler_gate import TARGETS, available_vendors, require_compiler
+from support.compiler_gate import TARGETS, available_vendors, require_compiler
 from hipcore.runtime import kernels as loader
 from rocmforge_kernels import build as kbuild
 
