@@ -315,6 +315,13 @@ def summarize(report: BuildReport, say: Callable[[str], None] | None = None) -> 
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     built = sum(r.ok for r in report.results)
     failed = report.failures
+    if not report.results:  # no manifest was written: do not point at one
+        if report.missing_compilers:
+            why = "; ".join(f"{vendor}: {problem}" for vendor, problem in report.missing_compilers.items())
+            say(f"nothing was built: no compiler for the chosen targets ({why})")
+            return 1
+        say("nothing was built: no targets were chosen (both --amd-targets and --nvidia-targets are 'none')")
+        return 2
     say(f"{built} code objects built, {len(failed)} failed"
         + (f", {len(report.missing_compilers)} vendor(s) skipped for a missing compiler" if report.missing_compilers else "")
         + f"; manifest: {report.out_dir / 'manifest.json'}")

@@ -10,18 +10,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from hipcore.errors import UsageError
 from hipcore.kvcache import KV_DTYPES, KvCacheConfig, KvConfigError, kv_dtype
 from hipcore.model.llama import activation_sizes
 from hipcore.model.memory_plan import MARGIN_CAP, MARGIN_FRACTION
 from profiles.presets import ModelShape
+from profiles.weight_types import WEIGHT_TYPES, weights_as  # noqa: F401 (WEIGHT_TYPES: the CLI's list)
 
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64)
 DEFAULT_MAX_STEP_TOKENS = 512  # the engine's default prompt tokens per step
 DEFAULT_MAX_SEQS = 64  # the engine's default number of sequences stepped together
-WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "Q3_K", "Q2_K")
 
 
 def kv_config(shape: ModelShape, dtype: str, block_size: int, budget: int) -> KvCacheConfig:
@@ -146,14 +145,10 @@ class KvPlan:
 
 def weight_bytes(shape: ModelShape, weights_type: str | None) -> tuple[int, str]:
     """(bytes, how they were found): the file's exact tensor bytes, or n_params in `weights_type`
-    (default F16 for a preset: the precision the checkpoints are published in)."""
+    (for a preset, Q4_K_M unless told: what most published GGUF files are; F16 left only zeros on 80 GiB)."""
     if weights_type is None and shape.weight_bytes is not None:
         return shape.weight_bytes, f"the file's tensors ({shape.weight_type or 'mixed'})"
-    name = (weights_type or "F16").upper()
-    if name not in WEIGHT_TYPES:
-        raise UsageError(f"unknown weight type {weights_type!r}; choose one of {', '.join(WEIGHT_TYPES)}")
-    block_elems, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
-    return -(-shape.n_params // block_elems) * block_bytes, f"{shape.n_params:,} parameters as {name}"
+    return weights_as(shape.n_params, weights_type)
 
 
 def runner_activation_bytes(shape: ModelShape, max_step_tokens: int, max_seqs: int, context: int, block_size: int) -> int:

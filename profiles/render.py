@@ -7,6 +7,7 @@ terminal never hides a digit. JSON output (`to_dict()` of each result) carries e
 
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 
 from hipcore.kvcache import MemoryProfile
@@ -24,12 +25,29 @@ def _bytes(n: int | None) -> str:
     return "-" if n is None else format_bytes(n)
 
 
-def _table(title: str, columns: list[str], *, header: bool = True, text_columns: tuple[str, ...] = ()) -> Table:
+class _WholeNumbersTable(Table):
+    """A table whose number cells are never broken across lines: each number column is at least as wide
+    as its widest cell (its header and the text columns wrap instead, at 80 columns)."""
+
+    def add_row(self, *cells, **kwargs) -> None:
+        super().add_row(*cells, **kwargs)
+        for column, cell in zip(self.columns, cells):
+            if isinstance(cell, str) and column.justify == "right":
+                column.min_width = max(column.min_width or 0, len(cell))
+
+
+def _table(title: str, columns: list[str], *, header: bool = True, text_columns: tuple[str, ...] = (),
+           word_a_line_headers: bool = True) -> Table:
     """Columns named in text_columns (and the first) are left-aligned; the rest are numbers."""
-    t = Table(title=title, title_justify="left", show_header=header)
+    # Lines under the header only, no column borders: the 9 characters they take let a table of 8 number
+    # columns keep every number whole at 80 columns.
+    t = _WholeNumbersTable(title=title, title_justify="left", show_header=header, box=box.SIMPLE_HEAD,
+                           show_edge=False, collapse_padding=True)
     for i, name in enumerate(columns):
         left = i == 0 or name in text_columns
-        t.add_column(name, justify="left" if left else "right", overflow="fold", style="bold" if i == 0 and not header else None)
+        # A number column's header takes one word a line, so the column is only as wide as its numbers.
+        t.add_column(name if left or not word_a_line_headers else name.replace(" ", "\n"), justify="left" if left else "right", overflow="fold",
+                     style="bold" if i == 0 and not header else None)
     return t
 
 
@@ -125,7 +143,8 @@ def workloads_header(report: WorkloadReport) -> Table:
 
 def workload_table(result: WorkloadResult) -> Table:
     """One column per snapshot of the workload, one row per MemoryProfile figure."""
-    t = _table(f"{result.name}: {result.description}", ["figure"] + [s.label for s in result.snapshots])
+    t = _table(f"{result.name}: {result.description}", ["figure"] + [s.label for s in result.snapshots],
+               word_a_line_headers=False)  # snapshot labels read as phrases
     profiles = [s.profile for s in result.snapshots]
 
     def row(name: str, cell) -> None:

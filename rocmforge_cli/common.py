@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import traceback
 from typing import Any, Callable, TypeVar
@@ -18,6 +19,10 @@ stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 _state = {"debug": False}
+
+# The reader of stdout went away (`rocmforge generate ... | head -c 20`): end quietly with the status a
+# shell reports for a Unix tool ended by SIGPIPE (128 + 13), so `set -o pipefail` scripts can still tell.
+EXIT_BROKEN_PIPE = 141
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,6 +53,9 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
+        except BrokenPipeError:
+            _silence_stdout()
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
         except RocmforgeError as exc:
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
@@ -65,6 +73,20 @@ def handle_errors(fn: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is still buffered for the gone
+    reader cannot print "Exception ignored ... BrokenPipeError" on the way out."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test runner's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _escape(text: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -12,11 +13,13 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from hipcore.tokenizer.chat_template import chat_template_from_metadata, render_chat
 from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import RocmforgeError, UsageError
-from hipcore.kvcache import kv_dtype as check_kv_dtype
+from hipcore.kvcache import DEFAULT_BLOCK_SIZE, kv_dtype as check_kv_dtype
+from hipcore.kvcache.config import MAX_SLOTS, RESERVED_BLOCKS
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
-from hipcore.engine.sampler import SamplingParams
 from rocmforge_cli.common import handle_errors, stderr
+from rocmforge_cli.escapes import process_escapes
+from rocmforge_cli.generate_input import choose_seed, read_prompt, sampling_params
 
 DEVICE_HELP = "Where to run: auto (AMD GPU via HIP, else NVIDIA GPU via CUDA, else CPU), hip, cuda or cpu; add :N for the N-th GPU."
 
@@ -31,20 +34,16 @@ def resolve_model(model: Optional[str]) -> str:
     return str(demo)
 
 
-def read_prompt(prompt: Optional[str]) -> str:
-    if prompt is not None and prompt != "-":
-        return prompt
-    if sys.stdin.isatty() and prompt is None:
-        raise UsageError('give a prompt: rocmforge generate "Once upon a time" (or pipe it on stdin)')
-    return sys.stdin.read()
-
-
 def check_options(ctx_size: Optional[int], kv_dtype: str, kv_blocks: Optional[int], kv_memory: Optional[str]) -> None:
     """Refuse bad sizes before the model is read (one line, exit 2), in the words of the options."""
     if ctx_size is not None and ctx_size < 1:
         raise UsageError(f"--ctx-size must be at least 1 token, got {ctx_size}")
     if kv_blocks is not None and kv_blocks < 1:
         raise UsageError(f"--kv-blocks must be at least 1 (block 0 is reserved and added on top), got {kv_blocks}")
+    most_blocks = MAX_SLOTS // DEFAULT_BLOCK_SIZE - RESERVED_BLOCKS  # the cache's own limit counts block 0
+    if kv_blocks is not None and kv_blocks > most_blocks:
+        raise UsageError(f"--kv-blocks must be at most {most_blocks:,} ({DEFAULT_BLOCK_SIZE}-token blocks; block 0 is "
+                         f"reserved and added on top), got {kv_blocks:,}")
     if kv_blocks is not None and kv_memory is not None:
         raise UsageError("give either --kv-blocks or --kv-memory, not both")
     check_kv_dtype(kv_dtype)
@@ -97,7 +96,8 @@ def generate(
     presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="Subtract this from tokens already present (0 = off).")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="Subtract this x count from repeated tokens (0 = off).")] = 0.0,
     seed: Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed, for reproducible sampling. Default: random.", show_default=False)] = None,
-    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed. Escapes such as \\n work as in the prompt.", show_default=False)] = None,
+    no_escape: Annotated[bool, typer.Option("--no-escape", help="Take the prompt, --system and --stop literally: no \\n \\t \\' \\\" \\\\ \\xHH escapes (processed by default, as llama.cpp does; stdin is always literal).")] = False,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template, as a user message.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message (implies --chat).", show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
@@ -115,13 +115,17 @@ def generate(
       rocmforge generate --chat --temp 0 "Write a haiku about GPUs."
       echo "Tell me a joke" | rocmforge generate --chat --json
     """
-    params = SamplingParams(
+    escape = not no_escape
+    seed, drawn_seed = choose_seed(seed)
+    params = sampling_params(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()),
+        seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()), escape=escape,
     )
     check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
-    text_in = read_prompt(prompt)
+    text_in = read_prompt(prompt, escape)
+    if system is not None and escape:
+        system = process_escapes(system, "--system")
     if not text_in and not (chat or system is not None):
         raise UsageError("the prompt is empty: give some text (or use --chat, whose template adds its own)")
     path = resolve_model(model)
@@ -134,18 +138,29 @@ def generate(
             text_in = render_chat(template, messages, bos_token=tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else "",
                                   eos_token=tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else "")
         prompt_ids = tokenizer.encode(text_in)
+        if drawn_seed and not (quiet or as_json):  # --json carries it in the object, stderr stays empty
+            stderr.print(f"seed: {seed} (none was given; pass --seed {seed} to repeat this run)", highlight=False)
         pieces: list[str] = []
         tokens: list[int] = []
         ending = None
-        for event in loaded.engine.generate(prompt_ids, params):
-            tokens.extend(event.token_ids)
-            if event.text:
-                pieces.append(event.text)
-                if not as_json:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-            if event.finished:
-                ending = event
+        started, first_at = time.perf_counter(), None
+        try:
+            for event in loaded.engine.generate(prompt_ids, params):
+                tokens.extend(event.token_ids)
+                if first_at is None and event.token_ids:
+                    first_at = time.perf_counter()
+                if event.text:
+                    pieces.append(event.text)
+                    if not as_json:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
+                if event.finished:
+                    ending = event
+        except KeyboardInterrupt:
+            # The stream was closed on the way out, so the request is already cancelled and its blocks freed.
+            report_interrupt(loaded, started, first_at, len(prompt_ids), len(tokens), streamed=bool(pieces) and not as_json,
+                             quiet=quiet)
+            raise typer.Exit(130) from None
         if not as_json:
             sys.stdout.write("\n")
         record = loaded.engine.finished_record(ending.request_id) if ending else None
@@ -158,10 +173,32 @@ def generate(
             print(json.dumps({
                 "model": path, "device": loaded.device.describe(), "prompt": text_in, "prompt_tokens": len(prompt_ids),
                 "text": "".join(pieces), "tokens": tokens, "ending": ending.ending.value if ending and ending.ending else None,
-                "seed": params.seed, "timings": timings,
+                "seed": params.seed, "seed_drawn": drawn_seed, "timings": timings,
             }, ensure_ascii=False))
         elif not quiet:
             stderr.print(format_timings(timings), highlight=False)
+
+
+def report_interrupt(loaded: LoadedModel, started: float, first_at: Optional[float], prompt_tokens: int, generated: int,
+                     *, streamed: bool, quiet: bool) -> None:
+    """Ctrl-C during generation: end the streamed text's line, then the timings so far on lines of their own."""
+    if streamed:
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+    stderr.print(f"interrupted after {generated} generated tokens", highlight=False)
+    if quiet:
+        return
+    now = time.perf_counter()
+    prompt_s = (first_at if first_at is not None else now) - started
+    timings = {
+        "load_ms": loaded.load_seconds * 1e3, "prompt_ms": prompt_s * 1e3, "prompt_tokens": prompt_tokens,
+        "eval_ms": (now - first_at) * 1e3 if first_at is not None else 0.0, "eval_runs": max(0, generated - 1),
+        "generated_tokens": generated, "total_ms": (now - started) * 1e3,
+    }
+    stderr.print(format_timings(timings), highlight=False)
 
 
 def _timings(loaded: LoadedModel, record, prompt_tokens: int, generated: int) -> dict:

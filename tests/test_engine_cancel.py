@@ -183,3 +183,61 @@ def test_cancelled_stream_ends_with_one_final_event(model, beside_alone):
     streamed = tuple(t for e in events for t in e.token_ids)
     assert streamed == model.engine.finished_record(rid).generated_tokens[0]
     finish(model, rid, beside, beside_alone)
+
+
+def _stream_one_token(model, max_tokens: int = 40):
+    stream = model.engine.generate(prompt_of(9, salt=3), greedy(max_tokens))
+    first = next(stream)
+    assert first.token_ids and not first.finished
+    return stream, first.request_id
+
+
+def _released_at_once(model, rid: int) -> None:
+    """Cancelled, every block back, nothing left running: before another step is taken."""
+    record = model.engine.finished_record(rid)
+    assert record is not None and record.ending == Ending.CANCELLED
+    assert len(record.generated_tokens[0]) < 40  # it did not run on to max_tokens
+    assert all(model.releases[s] == 1 for s in record.seq_ids)
+    assert not model.engine.has_work()
+    assert_quiescent(model, model.baseline)
+
+
+def test_a_stream_closed_by_its_consumer_cancels_and_frees_at_once(model):
+    stream, rid = _stream_one_token(model)
+    stream.close()
+    _released_at_once(model, rid)
+
+
+def test_breaking_out_of_a_stream_cancels_and_frees_at_once(model):
+    rid = None
+    for event in model.engine.generate(prompt_of(9, salt=3), greedy(40)):
+        rid = event.request_id
+        break  # the loop's generator is dropped here (CPython collects it at once)
+    _released_at_once(model, rid)
+
+
+def test_a_stream_garbage_collected_cancels_and_frees(model):
+    import gc
+
+    stream, rid = _stream_one_token(model)
+    del stream
+    gc.collect()
+    _released_at_once(model, rid)
+
+
+def test_an_exception_in_the_consumer_cancels_the_stream(model):
+    rid = None
+    with pytest.raises(KeyboardInterrupt):
+        for event in model.engine.generate(prompt_of(9, salt=3), greedy(40)):
+            rid = event.request_id
+            raise KeyboardInterrupt
+    _released_at_once(model, rid)
+
+
+def test_a_stream_read_to_its_end_is_unchanged_by_closing(model):
+    stream = model.engine.generate(prompt_of(9, salt=3), greedy(5))
+    events = list(stream)
+    stream.close()
+    assert events[-1].finished and events[-1].ending == Ending.LENGTH
+    assert model.engine.finished_record(events[-1].request_id).ending == Ending.LENGTH
+    assert_quiescent(model, model.baseline)

@@ -75,10 +75,11 @@ def test_chat_json_has_every_field_and_llamacpps_prompt():
     assert result.stderr == ""  # --json: the result alone, nothing on stderr
     (line,) = result.stdout.splitlines()
     out = json.loads(line)
-    assert set(out) == {"model", "device", "prompt", "prompt_tokens", "text", "tokens", "ending", "seed", "timings"}
+    assert set(out) == {"model", "device", "prompt", "prompt_tokens", "text", "tokens", "ending", "seed", "seed_drawn",
+                        "timings"}
     assert out["prompt"] == CHAT["text"] and out["prompt_tokens"] == len(CHAT["prompt_ids"])  # the default system prompt
     assert out["tokens"] == CHAT["greedy_ids"][:1] and out["text"] == "The"  # llama.cpp's first token, margin 0.6
-    assert out["ending"] == "length" and out["seed"] is None
+    assert out["ending"] == "length" and isinstance(out["seed"], int) and out["seed_drawn"] is True  # repeatable
     assert Path(out["model"]).name == "SmolLM2-135M-Instruct.Q4_1.gguf" and out["device"].startswith("cpu")
     timings = out["timings"]
     assert timings["prompt_tokens"] == 42 and timings["generated_tokens"] == 1
@@ -105,14 +106,15 @@ def test_tiny_model_json_run(tiny):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--temp", "-1"], "temperature"),
-    (["-n", "0"], "max_tokens"),
-    (["--top-p", "2"], "top_p"),
-    (["--repeat-last-n", "-2"], "repeat_last_n"),
+    (["--temp", "-1"], "--temp"),
+    (["-n", "0"], "--max-tokens/-n"),
+    (["--top-p", "2"], "--top-p"),
+    (["--repeat-last-n", "-2"], "--repeat-last-n"),
     (["--kv-dtype", "q9"], "KV dtype"),
     (["--ctx-size", "0"], "--ctx-size"),
     (["--ctx-size", "100000"], "--ctx-size"),
     (["--kv-blocks", "0"], "--kv-blocks"),
+    (["--kv-blocks", "134217727"], "--kv-blocks must be at most 134,217,726"),  # block 0 comes on top
     (["--kv-blocks", "3", "--kv-memory", "1G"], "either --kv-blocks or --kv-memory"),
     (["--kv-memory", "lots"], "memory size"),
     (["--device", "tpu"], "unknown device"),

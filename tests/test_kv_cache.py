@@ -290,3 +290,24 @@ def test_check_invariants_names_a_corrupted_reference_count(cpu_device):
     with pytest.raises(KvInvariantError, match="still live"):
         cache.check_invariants(quiescent=True)
     cache.close()
+
+
+def test_a_closed_cache_has_no_memory_profile(cpu_device):
+    cache = make_cache(cpu_device)
+    cache.add_sequence(1)
+    assert cache.reserve(1, 5)
+    assert cache.memory_profile().pool_bytes_used > 0
+    cache.close()
+    with pytest.raises(KvCacheError, match="closed"):
+        cache.memory_profile()  # it used to describe pools that were freed (bytes used and free, allocator bytes)
+
+
+@pytest.mark.parametrize("width", [10**12, 10, -1])
+def test_an_impossible_block_table_width_is_a_clear_error(cpu_device, width):
+    cache = make_cache(cpu_device)  # 9 blocks
+    cache.add_sequence(1)
+    assert cache.reserve(1, 5)
+    with pytest.raises(KvCacheError, match="width"):
+        cache.block_tables([1], width=width)  # 10**12 used to be a raw MemoryError
+    assert cache.block_tables([1], width=9).shape == (1, 9)
+    cache.close()

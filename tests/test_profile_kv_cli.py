@@ -70,7 +70,8 @@ def test_json_carries_exact_integers():
 
 
 def test_plan_subtracts_weights_activations_and_margin():
-    code, out, _ = run("--preset", "Llama-2-7B", "--plan", "--memory", "24GiB", "--seq-len", "1000", "--json")
+    code, out, _ = run("--preset", "Llama-2-7B", "--plan", "--memory", "24GiB", "--seq-len", "1000", "--weights-type", "f16",
+                       "--json")
     assert code == 0
     plan = json.loads(out)["plan"]
     weights = 6_738_415_616 * 2  # F16 by default for a preset

@@ -170,19 +170,33 @@ class Engine:
         return events
 
     def generate(self, prompt: str | Seq[int], params, *, tag: str = "") -> Iterator[Event]:
-        """Submit one request and step the engine until it ends, yielding its events as they come."""
+        """Submit one request and step the engine until it ends, yielding its events as they come.
+
+        A consumer that stops early (close(), break, the generator collected, an exception such as
+        Ctrl-C) cancels the request, and its blocks go back to the pool before close() returns."""
         rid = self.submit(prompt, params, tag=tag)
         request = self.request(rid)
         assert request is not None
-        while True:
-            while not request.events.empty():
-                event = request.events.get_nowait()
-                yield event
-                if event.finished and request.phase == Phase.FINISHED and request.events.empty():
+        try:
+            while True:
+                while not request.events.empty():
+                    event = request.events.get_nowait()
+                    yield event
+                    if event.finished and request.phase == Phase.FINISHED and request.events.empty():
+                        return
+                if not self.has_work():
                     return
-            if not self.has_work():
-                return
-            self.step()
+                self.step()
+        finally:
+            if request.phase != Phase.FINISHED:
+                self._cancel_now(rid)
+
+    def _cancel_now(self, request_id: int) -> None:
+        """Cancel and release at once (the caller owns the engine between steps, as generate() does)."""
+        if self.cancel(request_id) != CancelResult.CANCELLED:
+            return
+        with self._step_lock:
+            self._drain_inbox()
 
     def shutdown(self, ending: Ending = Ending.DROPPED) -> list[Event]:
         """End every request still queued or running (through the release path) and refuse new ones."""

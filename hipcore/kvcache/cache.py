@@ -181,6 +181,10 @@ class KvCache:
             tables = [self._table(s) for s in seq_ids]
             longest = max((len(t) for t in tables), default=0)
             width = longest if width is None else width
+            _check_count("width", width)
+            if width > self.config.num_blocks:  # no table can hold more blocks than the pool has
+                raise KvCacheError(f"block table width {width:,} is more than the pool's {self.config.num_blocks:,} "
+                                   "blocks; no sequence's table can be that long")
             if width < longest:
                 raise KvCacheError(f"block table width {width} is shorter than the longest table ({longest} blocks)")
             out = np.full((len(tables), width), NULL_BLOCK, dtype=np.int32)
@@ -235,7 +239,10 @@ class KvCache:
             return self._pool.refcount(block)
 
     def memory_profile(self) -> MemoryProfile:
+        """The profile of the open cache; a closed one has no pools to describe, so it refuses."""
         with self._lock:
+            if self._closed:
+                raise KvCacheError("the KV cache is closed: its pools were freed, so it has no memory profile")
             return build_profile(self.config, self._tables, self._lengths, self._pool.refcounts(),
                                  self._pool.num_free, self._pool.num_pending)
 

@@ -91,6 +91,8 @@ def parse_memory_size(text: str, free: int) -> int:
             value = float(s[:-1])
             if not 0 < value <= 100:
                 raise ValueError
+            if int(free * value / 100) < 1:
+                raise UsageError(f"memory size {text!r} of {free} free bytes is less than one byte")
             return int(free * value / 100)
         units = {"tib": 1 << 40, "gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "tb": 10**12, "gb": 10**9,
                  "mb": 10**6, "kb": 10**3, "t": 1 << 40, "g": 1 << 30, "m": 1 << 20, "k": 1 << 10, "b": 1}
@@ -102,9 +104,14 @@ def parse_memory_size(text: str, free: int) -> int:
             number, mult = float(s), 1
         if not number > 0 or number * mult > 2**62:
             raise ValueError
-        return int(number * mult)
     except ValueError:
         raise UsageError(f"cannot read memory size {text!r}: use e.g. 8GiB, 512MiB, 1.5G or 70% (of free memory)") from None
+    if mult == 1 and not number.is_integer():  # '0.4' is 0.4 bytes, almost surely a forgotten unit
+        raise UsageError(f"memory size {text!r} is a fraction of a byte: a size without a unit is in bytes; "
+                         f"add the unit, e.g. {s.rstrip('b')}GiB")
+    if number * mult < 1:
+        raise UsageError(f"memory size {text!r} is less than one byte")
+    return int(number * mult)
 
 
 def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_step_tokens: int,

@@ -1,0 +1,62 @@
+"""What `generate` takes from the user before a model is read: the prompt (argument or stdin, checked to
+be UTF-8), escapes, the sampling options checked in the words of the options, and the seed."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from typing import Optional
+
+from hipcore.errors import UsageError
+from hipcore.engine.sampler import SamplingParams
+from rocmforge_cli.escapes import process_escapes
+
+# SamplingParams' field names as the user typed them, for its error messages.
+OPTION_OF_FIELD = {
+    "temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+    "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
+    "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+    "seed": "--seed/-s", "max_tokens": "--max-tokens/-n",
+}
+# A seed the user can type back: llama.cpp's seeds are 32-bit too.
+SEED_RANGE = 1 << 32
+
+
+def read_prompt(prompt: Optional[str], escape: bool) -> str:
+    """The prompt argument (escapes processed unless --no-escape), or stdin taken as it is (real newlines
+    need no escapes there) and refused unless it is UTF-8."""
+    if prompt is not None and prompt != "-":
+        return process_escapes(prompt, "the prompt") if escape else prompt
+    if sys.stdin.isatty() and prompt is None:
+        raise UsageError('give a prompt: rocmforge generate "Once upon a time" (or pipe it on stdin)')
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the prompt on stdin is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}); "
+                         "convert it first, e.g. with iconv -f latin1 -t utf-8") from None
+
+
+def choose_seed(seed: Optional[int]) -> tuple[int, bool]:
+    """(the seed to use, whether it was drawn here): a drawn seed is reported so the run can be repeated."""
+    if seed is not None:
+        return seed, False
+    return secrets.randbelow(SEED_RANGE), True
+
+
+def sampling_params(*, stop: tuple[str, ...], escape: bool, **fields) -> SamplingParams:
+    """SamplingParams from the options, validated now (before the model loads), errors naming the options."""
+    stops = tuple(process_escapes(s, "--stop") if escape else s for s in stop)
+    try:
+        return SamplingParams(stop=stops, **fields)  # validates as it is made
+    except UsageError as exc:
+        raise UsageError(_in_option_words(str(exc))) from None
+
+
+def _in_option_words(message: str) -> str:
+    field, _, rest = message.partition(" ")
+    if field in OPTION_OF_FIELD:
+        return f"{OPTION_OF_FIELD[field]} {rest}"
+    if "stop string" in message:
+        return f"--stop: {message}"
+    return message
