@@ -33,6 +33,7 @@ EXPECTED_KERNELS = {
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
     "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q4_k", "matmul_q5_k",
                "matmul_q6_k", "matmul_q8_0"],
+    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "q8_0")],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q4_k", "matvec_q5_k",
                "matvec_q6_k", "matvec_q8_0"],
     "paged_attention": ["paged_attention_bf16", "paged_attention_f16", "paged_attention_f32", "paged_attention_q8_0"],
@@ -356,11 +357,13 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
     for target in all_targets():
         # fused_matvec is not held to it yet: matvec_norm_rope_q8_0 spills 16 bytes on sm_80 under its
         # launch bounds' register cap (80)
-        for op in ("matvec", "qmatvec", "matmul", "fused_matmul"):
+        for op in ("matvec", "qmatvec", "matmul", "fused_matmul", "matmul_mma"):
             for name, usage in manifest["objects"][target][op]["kernels"].items():
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
                 assert off_chip == 0, f"{target} {name}: {usage}"
+                if op == "matmul_mma":  # f16 tiles: 128 rows and 64 tokens of 40 halves
+                    assert usage["shared_bytes"] == (128 + 64) * 40 * 2, f"{target} {name}: {usage}"
                 if op in ("matvec", "qmatvec", "matmul"):
                     assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"
 
@@ -376,3 +379,25 @@ def test_cli_kernels_build_of_nothing_says_so_and_points_at_no_manifest(tmp_path
                                       "--ops", "add", "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "nothing was built: no compiler" in result.output and "manifest.json" not in result.output
+
+
+# The matrix instruction matmul_mma must use on each AMD target (hip_compat.h's RF_MMA_KIND), or none.
+AMD_MATRIX_INSTRUCTION = {"gfx90a": "v_mfma_f32_16x16x16", "gfx942": "v_mfma_f32_16x16x16", "gfx1100": "v_wmma_f32_16x16x16_f16",
+                          "gfx1201": "v_wmma_f32_16x16x16_f16", "gfx1030": None}
+
+
+def test_matmul_mma_runs_on_each_amd_targets_matrix_instructions(built):
+    """A wrong target test in hip_compat.h would silently fall back to the FMA path: the disassembly says
+    which instruction each code object uses (llvm-objdump-22, Debian's llvm-22, which .ci/run installs)."""
+    import subprocess
+    objdump = shutil.which("llvm-objdump-22") or shutil.which("llvm-objdump")
+    assert objdump, "llvm-objdump (apt-get install llvm-22) is needed to read the AMD code objects"
+    out, _, _ = built
+    for target, instruction in AMD_MATRIX_INSTRUCTION.items():
+        text = subprocess.run([objdump, "-d", str(out / target / f"matmul_mma.{kbuild.code_object_suffix(target)}")],
+                              capture_output=True, text=True, check=True).stdout
+        matrix = [line for line in text.splitlines() if "v_mfma" in line or "v_wmma" in line]
+        if instruction is None:
+            assert not matrix, f"{target}: {matrix[:2]}"
+        else:
+            assert matrix and all(instruction in line for line in matrix), f"{target}: {matrix[:2]}"

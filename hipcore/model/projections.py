@@ -5,8 +5,10 @@ Three ways, per product, decided by the step's size and the weight's format:
                 per 4 tokens, which at a few tokens is a single pass as fast as W can be read;
   fused_matmul  (hipcore/ops/fused_matmul.py) beyond: W decoded once per tile of 32/64 tokens, the
                 columns split across workgroups while the tiles are few (decode batches);
-  single ops    (rmsnorm, matmul.project, rope, silu_mul, add) for formats the fused kernels do not read
-                or weights without the concatenated q|k|v and gate|up buffers.
+  single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats the fused kernels do not read
+                (the K-quants) or weights without the concatenated q|k|v and gate|up buffers; their products
+                run on the matrix cores from matmul_mma.MMA_MIN_TOKENS tokens where the device has them,
+                else on matmul / matvec. (Their norm, SwiGLU and residual stay separate launches.)
 Both fused families fold the norm, RoPE, SwiGLU and the residual add into the products, so a layer is
 4 product launches either way. The head picks by its row count the same way.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from hipcore.ops import add, fused_matmul, fused_matvec, matmul, rmsnorm, rope, silu_mul
+from hipcore.ops import add, fused_matmul, fused_matvec, matmul_mma, rmsnorm, rope, silu_mul
 from hipcore.runtime.device import Buffer, Device, Stream
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
@@ -69,7 +71,7 @@ class ProjectionPlanner:
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
                                                                    cfg.rms_norm_eps))]
         for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
-            plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul.project(
+            plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
         for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)):
             plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
@@ -89,7 +91,7 @@ class ProjectionPlanner:
                 weight_type=gate_up.fmt, **kwargs))]
         plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
         for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
-            plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul.project(
+            plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
         plan.append(("silu_mul", lambda: silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
         return plan
@@ -102,7 +104,7 @@ class ProjectionPlanner:
             kwargs = self._fused_kwargs(family, t)
             return [(f"{name}+residual", lambda: family.launch_add(
                 dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, weight_type=wt.fmt, **kwargs))]
-        return [(name, lambda: matmul.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
+        return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
                 (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
 
     def head(self, out_w, norm_w, rows: Buffer, r: int) -> list[Launch]:
@@ -116,5 +118,5 @@ class ProjectionPlanner:
                 dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, eps=eps,
                 weight_type=out_w.fmt, **kwargs))]
         return [("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, norm_w.buffer, r, h, eps)),
-                ("head", lambda: matmul.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h, r,
+                ("head", lambda: matmul_mma.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h, r,
                                                 weight_type=out_w.fmt))]

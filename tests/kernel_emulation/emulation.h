@@ -10,6 +10,8 @@
 #include <atomic>
 #include <barrier>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -36,6 +38,7 @@ inline std::barrier<>* emu_block_barrier = nullptr;
 struct EmuWarp {
   std::unique_ptr<std::barrier<>> barrier;
   unsigned int slots[WARP_SIZE];
+  float mma_a[WARP_SIZE][16], mma_b[WARP_SIZE][16];  // each lane's matrix-instruction operands
 };
 inline std::vector<EmuWarp>* emu_warps = nullptr;
 
@@ -110,6 +113,119 @@ inline unsigned short rf_float_to_f16(float f) {
   std::memcpy(&bits, &h, 2);
   return bits;
 }
+
+// ---- Matrix instructions --------------------------------------------------------------------------
+// The warp-wide matrix instructions hip_compat.h's rf_mma uses, emulated from the operand and result
+// lane layouts their vendors document (not from hip_compat.h's loaders, which these check): every lane
+// publishes its operand registers, then computes its own accumulators from the whole warp's, in f32 over
+// exact f16 products (the hardware's own order of summation may differ by f32 roundings).
+// The AMD builtins' vector types are GCC vector types here.
+typedef _Float16 rf_half4 __attribute__((vector_size(8)));
+typedef _Float16 rf_half8 __attribute__((vector_size(16)));
+typedef _Float16 rf_half16 __attribute__((vector_size(32)));
+typedef float rf_floatx4 __attribute__((vector_size(16)));
+typedef float rf_floatx8 __attribute__((vector_size(32)));
+
+// Publish `na` and `nb` operand values of this lane; compute(A, B) reads every lane's (A[lane][item]).
+template <class Compute>
+inline void emu_mma_exchange(const float* a, int na, const float* b, int nb, Compute compute) {
+  EmuWarp& warp = (*emu_warps)[threadIdx.x / WARP_SIZE];
+  const int lane = rf_lane_id();
+  for (int i = 0; i < na; ++i) warp.mma_a[lane][i] = a[i];
+  for (int i = 0; i < nb; ++i) warp.mma_b[lane][i] = b[i];
+  warp.barrier->arrive_and_wait();
+  compute(warp.mma_a, warp.mma_b);
+  warp.barrier->arrive_and_wait();
+}
+inline void emu_require(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "emulated matrix instruction: %s\n", what);
+    std::abort();
+  }
+}
+
+// PTX mma.m16n8k16.row.col f32.f16.f16.f32, 32 lanes, lane = 4 g + t. A (16 x 16): register r holds the
+// pair k = 2t + 8 (r / 2) + {0, 1} of row g + 8 (r % 2). B (16 x 8): register r holds the pair
+// k = 2t + 8 r + {0, 1} of column g. C, D (16 x 8): c0, c1 = row g, columns 2t, 2t + 1; c2, c3 = row g + 8.
+inline void rf_mma_m16n8k16_f16(float c[4], const unsigned int a[4], const unsigned int b[2]) {
+  emu_require(WARP_SIZE == 32, "mma.sync needs 32-lane warps");
+  float av[8], bv[4];
+  for (int r = 0; r < 4; ++r) av[2 * r] = rf_f16_to_float(a[r] & 0xffff), av[2 * r + 1] = rf_f16_to_float(a[r] >> 16);
+  for (int r = 0; r < 2; ++r) bv[2 * r] = rf_f16_to_float(b[r] & 0xffff), bv[2 * r + 1] = rf_f16_to_float(b[r] >> 16);
+  emu_mma_exchange(av, 8, bv, 4, [&](float (*A)[16], float (*B)[16]) {
+    auto a_at = [&](int i, int k) { return A[4 * (i % 8) + (k % 8) / 2][2 * ((i / 8) + 2 * (k / 8)) + k % 2]; };
+    auto b_at = [&](int k, int n) { return B[4 * n + (k % 8) / 2][2 * (k / 8) + k % 2]; };
+    const int g = rf_lane_id() >> 2, t = rf_lane_id() & 3;
+    for (int e = 0; e < 4; ++e) {
+      const int i = g + 8 * (e >> 1), n = 2 * t + (e & 1);
+      float s = c[e];
+      for (int k = 0; k < 16; ++k) s += a_at(i, k) * b_at(k, n);
+      c[e] = s;
+    }
+  });
+}
+
+// v_mfma_f32_16x16x16_f16, 64 lanes (AMD CDNA3 ISA, "Dependent and Independent Matrix Arithmetic"; the
+// AMD matrix instruction calculator): A[i][k] is item k % 4 of lane i + 16 (k / 4); B[k][j] item k % 4 of
+// lane j + 16 (k / 4); D[i][j] item i % 4 of lane j + 16 (i / 4).
+inline rf_floatx4 emu_mfma_f32_16x16x16f16(rf_half4 a, rf_half4 b, rf_floatx4 c, int cbsz, int abid, int blgp) {
+  emu_require(WARP_SIZE == 64, "MFMA needs 64-lane waves");
+  emu_require(cbsz == 0 && abid == 0 && blgp == 0, "MFMA broadcast modifiers are not emulated");
+  float av[4], bv[4];
+  for (int i = 0; i < 4; ++i) av[i] = (float)a[i], bv[i] = (float)b[i];
+  emu_mma_exchange(av, 4, bv, 4, [&](float (*A)[16], float (*B)[16]) {
+    const int lane = rf_lane_id(), j = lane % 16;
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * (lane / 16) + e;
+      float s = c[e];
+      for (int k = 0; k < 16; ++k) s += A[i + 16 * (k / 4)][k % 4] * B[j + 16 * (k / 4)][k % 4];
+      c[e] = s;
+    }
+  });
+  return c;
+}
+#define __builtin_amdgcn_mfma_f32_16x16x16f16 emu_mfma_f32_16x16x16f16
+
+// v_wmma_f32_16x16x16_f16 on RDNA3 (gfx11), wave32 (RDNA3 ISA guide, "Wave Matrix Multiply
+// Accumulate"): lane l holds all 16 k of row l % 16 of A and of column l % 16 of B, lanes 16-31
+// repeating lanes 0-15 (checked: the hardware requires it); D[i][j] is item i / 2 of lane j + 16 (i % 2).
+inline rf_floatx8 emu_wmma_f32_16x16x16_f16_w32(rf_half16 a, rf_half16 b, rf_floatx8 c) {
+  emu_require(WARP_SIZE == 32, "WMMA _w32 needs 32-lane waves");
+  float av[16], bv[16];
+  for (int i = 0; i < 16; ++i) av[i] = (float)a[i], bv[i] = (float)b[i];
+  emu_mma_exchange(av, 16, bv, 16, [&](float (*A)[16], float (*B)[16]) {
+    const int lane = rf_lane_id(), j = lane % 16;
+    for (int k = 0; k < 16; ++k)
+      emu_require(A[lane][k] == A[lane ^ 16][k] && B[lane][k] == B[lane ^ 16][k], "RDNA3 WMMA halves differ");
+    for (int e = 0; e < 8; ++e) {
+      const int i = 2 * e + lane / 16;
+      float s = c[e];
+      for (int k = 0; k < 16; ++k) s += A[i][k] * B[j][k];
+      c[e] = s;
+    }
+  });
+  return c;
+}
+#define __builtin_amdgcn_wmma_f32_16x16x16_f16_w32 emu_wmma_f32_16x16x16_f16_w32
+
+// v_wmma_f32_16x16x16_f16 on RDNA4 (gfx12), wave32 (RDNA4 ISA guide): A[i][k] is item k % 8 of lane
+// i + 16 (k / 8), B[k][j] item k % 8 of lane j + 16 (k / 8); D[i][j] item i % 8 of lane j + 16 (i / 8).
+inline rf_floatx8 emu_wmma_f32_16x16x16_f16_w32_gfx12(rf_half8 a, rf_half8 b, rf_floatx8 c) {
+  emu_require(WARP_SIZE == 32, "WMMA _w32 needs 32-lane waves");
+  float av[8], bv[8];
+  for (int i = 0; i < 8; ++i) av[i] = (float)a[i], bv[i] = (float)b[i];
+  emu_mma_exchange(av, 8, bv, 8, [&](float (*A)[16], float (*B)[16]) {
+    const int lane = rf_lane_id(), j = lane % 16;
+    for (int e = 0; e < 8; ++e) {
+      const int i = 8 * (lane / 16) + e;
+      float s = c[e];
+      for (int k = 0; k < 16; ++k) s += A[i + 16 * (k / 8)][k % 8] * B[j + 16 * (k / 8)][k % 8];
+      c[e] = s;
+    }
+  });
+  return c;
+}
+#define __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12 emu_wmma_f32_16x16x16_f16_w32_gfx12
 
 // Run kernel() on a 1-D grid of 1-D blocks.
 template <class Kernel>

@@ -59,3 +59,45 @@ def write_inputs(tmp_path: Path, **arrays) -> list[Path]:
     for name, array in arrays.items():
         np.ascontiguousarray(array).tofile(tmp_path / name)
     return [tmp_path / name for name in arrays]
+
+
+# hip_compat.h's matrix-core paths (RF_MMA_KIND) and the warp width each runs at; kernels/matmul_mma.hip
+# is built once per path, against tests/kernel_emulation/emulation.h's emulated instructions.
+MMA_KINDS = {"fma32": (0, 32), "fma64": (0, 64), "nvidia_mma": (1, 32), "cdna_mfma": (2, 64), "rdna3_wmma": (3, 32),
+             "rdna4_wmma": (4, 32)}
+MMA_OP = "matmul_mma"
+
+
+def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None) -> dict[str, Path]:
+    """harness_mma.cpp built in `work` per matrix-core path of `kinds`. compat_edit(text) -> text, when
+    given, changes hip_compat.h's vendor-neutral part first (the tests' planted faults)."""
+    compiler = shutil.which("g++")
+    assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
+    shutil.copy(kernels_dir() / f"{MMA_OP}.hip", work)
+    for name in ("emulation.h", "harness_mma.cpp"):
+        shutil.copy(EMULATION / name, work)
+    header = (kernels_dir() / COMPAT_HEADER).read_text()
+    neutral = header[header.index(NEUTRAL_MARKER):]
+    if compat_edit is not None:
+        edited = compat_edit(neutral)
+        assert edited != neutral, "the planted edit matched nothing in hip_compat.h"
+        neutral = edited
+    (work / COMPAT_HEADER).write_text('#pragma once\n#include "emulation.h"\n' + neutral)
+
+    def build(kind: str) -> Path:
+        mma_kind, warp = MMA_KINDS[kind]
+        out = work / f"harness_mma_{kind}"
+        proc = subprocess.run([compiler, "-std=c++20", "-O1", "-pthread", f"-DWARP_SIZE={warp}", f"-DRF_MMA_KIND={mma_kind}",
+                               "-Wno-unknown-pragmas", "-o", str(out), str(work / "harness_mma.cpp")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return out
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(kinds, pool.map(build, kinds)))
+
+
+def run_mma(harness: Path, *args) -> None:
+    """One kernel launch through a harness of build_mma_harnesses (arguments: see harness_mma.cpp)."""
+    proc = subprocess.run([str(harness), *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"harness {args[:3]} exited with {proc.returncode}: {proc.stderr[-2000:]}"

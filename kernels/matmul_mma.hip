@@ -1,0 +1,327 @@
+// Matrix-matrix product on GGUF weights on the matrix cores, for prompt evaluation and large batches:
+//   y[t, r] = sum_c W[r, c] * x[t, c]   for r < rows, t < n_tokens
+// Same layouts and results as matmul.hip (W [rows, cols] in its GGUF block format, x float32
+// [n_tokens, cols], y float32 [n_tokens, rows]), but the products run as f16 x f16 -> f32 matrix
+// instructions (hip_compat.h's rf_mma: mma.sync on NVIDIA, MFMA on CDNA, WMMA on RDNA3/4, FMA elsewhere):
+// - A workgroup of 256 threads computes a tile of 128 rows x TILE_TOKENS tokens (32 or 64: the
+//   launcher's `tile_tokens`), stepping through the columns 32 at a time. In each step the 128 x 32
+//   weights are decoded once into shared memory as f16 (each thread decodes 2 x 8 consecutive columns of
+//   one row), and the TILE_TOKENS x 32 slice of x is rounded to f16 beside them.
+// - The warps tile the output in 16 x 16 matrix tiles: four warps down the rows (32 rows = 2 tiles each),
+//   the rest across the tokens (2 warps on wave32, 1 on wave64), so each A fragment feeds every token
+//   tile of its warp and each B fragment both row tiles.
+// - Shared rows are 40 halves (32 + 8): 16-byte aligned for the decoded stores, and the rows a warp's
+//   fragment loads touch together start in different banks.
+// - The next step's weights and x are loaded into registers before the current step's products, as in
+//   matmul.hip; tiles past the last row or token read the last row / token again and write nothing; a
+//   grid-stride loop over tiles makes any grid correct.
+// - Precision: W and x are rounded to f16 (|w| and |x| must stay below 65504; weights of LLMs and their
+//   normed activations do), the products are exact and summed in f32: ops/matmul_mma.py error_bound.
+// The format decoders are matmul.hip's: each op's source is built and hashed on its own.
+// Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matmul;
+// x 16-byte aligned; blockDim 256.
+#include "hip_compat.h"
+
+namespace {
+namespace mmq {
+
+constexpr int kThreads = 256;
+constexpr int kTileRows = 128;
+constexpr int kStepCols = 32;
+constexpr int kStride = kStepCols + 8;  // halves per shared row
+constexpr int kMaxTileTokens = 64;
+constexpr int kWarps = kThreads / WARP_SIZE;
+constexpr int kWarpsDown = 4;                    // warps along the rows, 32 rows each
+constexpr int kWarpsAcross = kWarps / kWarpsDown;  // warps along the tokens
+constexpr int kRowTilesPerWarp = kTileRows / kWarpsDown / 16;
+
+// Each format: Raw load(row, col) reads what the 8 consecutive weights col .. col+7 (col % 8 == 0) of a
+// row need; decode(raw, col, w) turns it into floats (as in matmul.hip).
+
+// Q8_0 block {half d; int8 qs[32]} (34 bytes, 2-byte aligned): qs[k .. k+7], k = col % 32.
+struct Q8_0 {
+  struct Raw {
+    unsigned short d, q[4];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 34; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 34);
+    const unsigned short* q = b + 1 + ((col & 31) >> 1);
+    return {b[0], {q[0], q[1], q[2], q[3]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int, float w[8]) {
+    const float d = rf_f16_to_float(r.d);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = d * (float)(signed char)(r.q[k] & 0xffu);
+      w[2 * k + 1] = d * (float)(signed char)(r.q[k] >> 8);
+    }
+  }
+};
+
+// Q4_0 block {half d; uint8 qs[16]} (18 bytes, 2-byte aligned): columns k .. k+7 (k = col % 32) are the
+// low nibbles of qs[k .. k+7] when k < 16, else the high nibbles of qs[k-16 .. k-9].
+struct Q4_0 {
+  struct Raw {
+    unsigned short d, q[4];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 18; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 18);
+    const unsigned short* q = b + 1 + ((col & 15) >> 1);
+    return {b[0], {q[0], q[1], q[2], q[3]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const float d = rf_f16_to_float(r.d);
+    const int shift = (col & 16) >> 2;  // 0 or 4
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = d * (float)((int)((r.q[k] >> shift) & 15u) - 8);
+      w[2 * k + 1] = d * (float)((int)((r.q[k] >> (8 + shift)) & 15u) - 8);
+    }
+  }
+};
+
+// Q4_1 block {half d; half m; uint8 qs[16]} (20 bytes, 4-byte aligned): nibbles as in Q4_0.
+struct Q4_1 {
+  struct Raw {
+    unsigned int dm, q[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * 20);
+    const unsigned int* q = b + 1 + ((col & 15) >> 2);
+    return {b[0], {q[0], q[1]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
+    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
+    const int shift = (col & 16) >> 2;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmaf(d, (float)((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u), m);
+  }
+};
+
+static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
+
+// The 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K / Q5_K super-block from its 12 scale bytes
+// as three words (as matvec.hip's k_scale_min; hipcore/ops/weight_formats.py k_scales documents it).
+static __device__ __forceinline__ void k_scale_min(unsigned int s0, unsigned int s1, unsigned int s2, int sub, float& sc,
+                                                   float& m) {
+  const int k = sub & 3;
+  const unsigned int a = byte_of(s0, k), b = byte_of(s1, k), c = byte_of(s2, k);
+  sc = (float)(sub < 4 ? (a & 63u) : ((c & 15u) | ((a >> 6) << 4)));
+  m = (float)(sub < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
+}
+
+// Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes). Column e = col % 256
+// lies in chunk j = e / 64 of qs[32j .. 32j+31]: the low nibbles of qs[32j + l] for e % 64 < 32 (sub-block
+// 2j), else the high nibbles (sub-block 2j+1), l = e % 32.
+// Q5_K {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes) adds bit `sub` of
+// qh[l] as the fifth bit.
+template <bool kFiveBit>
+struct QK_4or5 {
+  static constexpr int kBlockBytes = kFiveBit ? 176 : 144;
+  static constexpr int kQsWord = kFiveBit ? 12 : 4;  // where qs starts, in words
+  struct Raw {
+    unsigned int dm, s0, s1, s2, q[2], h[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) {
+    return (unsigned long long)(cols / 256) * kBlockBytes;
+  }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 8) * kBlockBytes);
+    const int e = col & 255, l4 = (e & 31) >> 2;
+    const unsigned int* q = b + kQsWord + 8 * (e >> 6) + l4;
+    const unsigned int* h = b + 4 + l4;  // qh[l .. l+7], Q5_K only
+    return {b[0], b[1], b[2], b[3], {q[0], q[1]}, {kFiveBit ? h[0] : 0u, kFiveBit ? h[1] : 0u}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const int e = col & 255, sub = e >> 5, shift = 4 * (sub & 1);
+    float sc, m;
+    k_scale_min(r.s0, r.s1, r.s2, sub, sc, m);
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu)) * sc;  // exact: 11 x 6 bits
+    const float neg_min = -(rf_f16_to_float((unsigned short)(r.dm >> 16)) * m);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      unsigned int q = (r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u;
+      if (kFiveBit) q |= ((r.h[k >> 2] >> (8 * (k & 3) + sub)) & 1u) << 4;
+      w[k] = fmaf(d, (float)q, neg_min);
+    }
+  }
+};
+typedef QK_4or5<false> Q4_K;
+typedef QK_4or5<true> Q5_K;
+
+// Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned).
+// Column e = col % 256: half h = e / 128, quarter s = (e % 128) / 32, l = e % 32; the code is nibble
+// s >> 1 of ql[64h + 32(s & 1) + l] with bits 2s, 2s+1 of qh[32h + l] on top, minus 32; the scale is
+// scales[e / 16].
+struct Q6_K {
+  struct Raw {
+    unsigned short ql[4], qh[4], sc, d;
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 8) * 210);
+    const int e = col & 255, h = e >> 7, s = (e >> 5) & 3, l2 = (e & 31) >> 1;
+    const unsigned short* ql = b + 32 * h + 16 * (s & 1) + l2;
+    const unsigned short* qh = b + 64 + 16 * h + l2;
+    return {{ql[0], ql[1], ql[2], ql[3]}, {qh[0], qh[1], qh[2], qh[3]}, b[96 + (e >> 5)], b[104]};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const int e = col & 255, s = (e >> 5) & 3;
+    const float scale = rf_f16_to_float(r.d) * (float)(signed char)(r.sc >> (8 * ((e >> 4) & 1)));  // exact
+    const int nibble_shift = 4 * (s >> 1), high_shift = 2 * s;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const unsigned int lo = (r.ql[k >> 1] >> (8 * (k & 1) + nibble_shift)) & 15u;
+      const unsigned int hi = (r.qh[k >> 1] >> (8 * (k & 1) + high_shift)) & 3u;
+      w[k] = scale * (float)((int)(lo | (hi << 4)) - 32);
+    }
+  }
+};
+
+static __device__ __forceinline__ int lesser_of(int a, int b) { return a < b ? a : b; }
+
+static __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
+  return (unsigned int)rf_float_to_f16(lo) | ((unsigned int)rf_float_to_f16(hi) << 16);
+}
+
+// The tiles of y with TN tokens (32 or 64), computed by one workgroup in turn.
+// ws, xs: shared [kTileRows][kStride] and [kMaxTileTokens][kStride] halves.
+template <class Format, int TN>
+__device__ __forceinline__ void mma_tiles(float* __restrict__ y, const unsigned char* __restrict__ W,
+                                          const float* __restrict__ x, int rows, int cols, int n_tokens,
+                                          unsigned short* ws, unsigned short* xs) {
+  constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
+  constexpr int kWLoads = kTileRows * kStepCols / 8 / kThreads;  // groups of 8 weights per thread
+  constexpr int kXLoads = TN * kStepCols / 4 / kThreads;         // float4s of x per thread
+  static_assert(kTokenTilesPerWarp >= 1 && kXLoads >= 1, "tile too small for the warps");
+  const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+  const int warp_row = 32 * (warp % kWarpsDown), warp_token = 16 * kTokenTilesPerWarp * (warp / kWarpsDown);
+  const unsigned long long row_bytes = Format::row_bytes(cols);
+  const int row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);  // the launcher keeps it < 2^31
+
+  for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {  // uniform across the workgroup
+    const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * TN;
+    const unsigned char* w_src[kWLoads];
+    int w_dst[kWLoads], w_col[kWLoads];
+#pragma unroll
+    for (int p = 0; p < kWLoads; ++p) {
+      const int v = tid + kThreads * p;  // group v: row v / 4, columns 8 (v % 4) ..
+      w_src[p] = W + (unsigned long long)lesser_of(r0 + (v >> 2), rows - 1) * row_bytes;
+      w_col[p] = 8 * (v & 3);
+      w_dst[p] = (v >> 2) * kStride + w_col[p];
+    }
+    const float* x_src[kXLoads];
+    int x_dst[kXLoads];
+#pragma unroll
+    for (int p = 0; p < kXLoads; ++p) {
+      const int v = tid + kThreads * p;  // float4 v: token v / 8, columns 4 (v % 8) ..
+      x_src[p] = x + (unsigned long long)lesser_of(t0 + (v >> 3), n_tokens - 1) * cols + 4 * (v & 7);
+      x_dst[p] = (v >> 3) * kStride + 4 * (v & 7);
+    }
+
+    float acc[kRowTilesPerWarp][kTokenTilesPerWarp][RF_MMA_ACC];
+#pragma unroll
+    for (int i = 0; i < kRowTilesPerWarp; ++i)
+#pragma unroll
+      for (int j = 0; j < kTokenTilesPerWarp; ++j)
+#pragma unroll
+        for (int e = 0; e < RF_MMA_ACC; ++e) acc[i][j][e] = 0.0f;
+
+    typename Format::Raw raw[kWLoads];
+#pragma unroll
+    for (int p = 0; p < kWLoads; ++p) raw[p] = Format::load(w_src[p], w_col[p]);
+    float4 xv[kXLoads];
+#pragma unroll
+    for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p]);
+
+    for (int c0 = 0; c0 < cols; c0 += kStepCols) {
+      __syncthreads();  // every warp is done reading the previous step's tiles
+#pragma unroll
+      for (int p = 0; p < kWLoads; ++p) {
+        float w[8];
+        Format::decode(raw[p], c0 + w_col[p], w);
+        *reinterpret_cast<uint4*>(ws + w_dst[p]) =
+            uint4{pack_f16(w[0], w[1]), pack_f16(w[2], w[3]), pack_f16(w[4], w[5]), pack_f16(w[6], w[7])};
+      }
+#pragma unroll
+      for (int p = 0; p < kXLoads; ++p) {
+        unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
+        dst[0] = pack_f16(xv[p].x, xv[p].y);
+        dst[1] = pack_f16(xv[p].z, xv[p].w);
+      }
+      __syncthreads();
+
+      const int next = lesser_of(c0 + kStepCols, cols - kStepCols);
+#pragma unroll
+      for (int p = 0; p < kWLoads; ++p) raw[p] = Format::load(w_src[p], next + w_col[p]);
+#pragma unroll
+      for (int p = 0; p < kXLoads; ++p) {
+        // Member by member, as in matmul.hip: a whole-struct copy into the array can land in scratch.
+        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + next);
+        xv[p].x = v.x, xv[p].y = v.y, xv[p].z = v.z, xv[p].w = v.w;
+      }
+
+#pragma unroll
+      for (int k0 = 0; k0 < kStepCols; k0 += 16) {
+        RfMmaA a[kRowTilesPerWarp];
+#pragma unroll
+        for (int i = 0; i < kRowTilesPerWarp; ++i) rf_mma_load_a(a[i], ws + (warp_row + 16 * i) * kStride + k0, kStride);
+#pragma unroll
+        for (int j = 0; j < kTokenTilesPerWarp; ++j) {
+          RfMmaB b;
+          rf_mma_load_b(b, xs + (warp_token + 16 * j) * kStride + k0, kStride);
+#pragma unroll
+          for (int i = 0; i < kRowTilesPerWarp; ++i) rf_mma(acc[i][j], a[i], b);
+        }
+      }
+    }
+
+#pragma unroll
+    for (int i = 0; i < kRowTilesPerWarp; ++i)
+#pragma unroll
+      for (int j = 0; j < kTokenTilesPerWarp; ++j)
+#pragma unroll
+        for (int e = 0; e < RF_MMA_ACC; ++e) {
+          const int r = r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e);
+          const int t = t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e);
+          if (t < n_tokens && r < rows) y[(unsigned long long)t * rows + r] = acc[i][j][e];
+        }
+  }
+}
+
+template <class Format>
+__device__ __forceinline__ void matmul_mma(float* __restrict__ y, const void* __restrict__ W, const float* __restrict__ x,
+                                           int rows, int cols, int n_tokens, int tile_tokens, unsigned short* ws,
+                                           unsigned short* xs) {
+  rf_check_wave_size();
+  const unsigned char* w = static_cast<const unsigned char*>(W);
+  if (tile_tokens == 32)  // uniform: a kernel argument
+    mma_tiles<Format, 32>(y, w, x, rows, cols, n_tokens, ws, xs);
+  else
+    mma_tiles<Format, 64>(y, w, x, rows, cols, n_tokens, ws, xs);
+}
+
+}  // namespace mmq
+}  // namespace
+
+// One entry point per format: matmul_mma_<format>(y, W, x, rows, cols, n_tokens, tile_tokens); blockDim 256.
+#define RF_MATMUL_MMA_ENTRY(name, Format)                                                                         \
+  extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
+                                                         const float* __restrict__ x, int rows, int cols, int n_tokens, \
+                                                         int tile_tokens) {                                        \
+    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kStride];                    \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kStride];               \
+    mmq::matmul_mma<mmq::Format>(y, W, x, rows, cols, n_tokens, tile_tokens, ws, xs);                            \
+  }
+
+RF_MATMUL_MMA_ENTRY(matmul_mma_q4_0, Q4_0)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q4_1, Q4_1)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, Q8_0)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, Q4_K)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, Q5_K)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, Q6_K)

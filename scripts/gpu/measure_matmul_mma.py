@@ -1,0 +1,102 @@
+"""Prompt and batched-decode products of K-quant models on a GPU: matmul_mma (matrix cores) against
+matmul (FP32 FMA), the kernel the K-quant layers took before, on the Llama-3.1-8B shapes (q/o 4096x4096
+and k 1024x4096 Q4_K, v 1024x4096 Q6_K, gate/up 14336x4096 Q4_K, down 4096x14336 Q6_K) at 32, 64, 128
+and 512 tokens, as a markdown table (µs and TFLOP/s = 2 tokens rows cols / time) for docs/benchmarks.md.
+
+    python3 scripts/gpu/measure_matmul_mma.py [--quick] [--json-out PATH]
+
+Timing as scripts/gpu/measure_matmul.py's Bench: weights rotated through 256 MiB of copies (from DRAM, as
+in a forward pass), launches captured in a graph and timed with events, median of the repeats. Every
+kernel's output is first checked against the numpy reference within that kernel's own error bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_matmul import REPO, Bench, commit, tflops  # noqa: E402
+
+from hipcore.ops import matmul, matmul_mma  # noqa: E402
+from hipcore.ops.weight_formats import row_bytes  # noqa: E402
+from hipcore.runtime.selection import pick_device  # noqa: E402
+from support.weight_samples import random_weights  # noqa: E402
+
+SHAPES = [("q/o", "q4_k", 4096, 4096), ("k", "q4_k", 1024, 4096), ("v", "q6_k", 1024, 4096),
+          ("gate/up", "q4_k", 14336, 4096), ("down", "q6_k", 4096, 14336)]
+TOKENS = [32, 64, 128, 512]
+BOUNDS = {"matmul": matmul.error_bound, "matmul_mma": matmul_mma.error_bound}
+
+
+class MmaBench(Bench):
+    def shape(self, weight_type, rows, cols, n_tokens, kernels):
+        dev, stream = self.dev, self.stream
+        stride = rows * row_bytes(weight_type, cols)
+        copies = max(2, min(64, self.rotate_bytes // stride))
+        raw = random_weights(self.rng, weight_type, rows, cols)
+        x = self.rng.standard_normal((n_tokens, cols)).astype(np.float32)
+        weights = dev.allocate(copies * stride, "weights", label="w")
+        xs, y = dev.allocate(x.nbytes, "activations", label="x"), dev.allocate(n_tokens * rows * 4, "activations", label="y")
+        try:
+            weights.upload(raw)
+            for k in range(1, copies):
+                dev.copy_device_to_device(weights, weights, stride, dst_offset=k * stride, stream=stream)
+            xs.upload(x)
+            stream.synchronize()
+            want = matmul.reference(raw, weight_type, x, rows, cols)
+            times = {}
+            for label, launch in kernels.items():
+                y.fill(0xFF, stream=stream)
+                launch(dev, stream, y, weights.addr(stride * (copies - 1)), xs)
+                stream.synchronize()
+                got = y.download(np.float32).reshape(n_tokens, rows)
+                if not np.all(np.abs(got - want) <= BOUNDS[label.split("/")[0]](raw, weight_type, x, rows, cols)):
+                    raise SystemExit(f"{label} {weight_type} {rows}x{cols} at {n_tokens} tokens gives wrong results")
+                times[label] = self.graph_us([(lambda s, k=k, launch=launch: launch(dev, s, y, weights.addr(k * stride), xs))
+                                              for k in range(copies)])
+            return times
+        finally:
+            for buf in (weights, xs, y):
+                buf.free()
+
+
+def kernels(weight_type, rows, cols, n):
+    def mma(tile):
+        return lambda d, s, y, w, x: matmul_mma.launch(d, s, y, w, x, rows, cols, n, weight_type=weight_type,
+                                                       tile_tokens=tile)
+    out = {"matmul": lambda d, s, y, w, x: matmul.launch(d, s, y, w, x, rows, cols, n, weight_type=weight_type),
+           "matmul_mma": mma(None)}
+    out.update({f"matmul_mma/{t}": mma(t) for t in matmul_mma.TILE_TOKENS})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    dev = pick_device("auto").device
+    bench = MmaBench(dev, 256 << 20, 3 if args.quick else 10, 3 if args.quick else 5)
+    rows_out = []
+    print(f"{dev.describe() if hasattr(dev, 'describe') else dev.arch}, commit {commit()}, {datetime.date.today()}\n")
+    print("| product | type | rows x cols | tokens | matmul µs | TFLOP/s | matmul_mma µs | TFLOP/s | speed-up | mma/32 µs | mma/64 µs |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, wt, rows, cols in SHAPES:
+        for n in TOKENS:
+            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n))
+            rows_out.append({"product": name, "type": wt, "rows": rows, "cols": cols, "tokens": n, "us": t})
+            print(f"| {name} | {wt} | {rows}x{cols} | {n} | {t['matmul']:.1f} | {tflops(n, rows, cols, t['matmul']):.1f} | "
+                  f"{t['matmul_mma']:.1f} | {tflops(n, rows, cols, t['matmul_mma']):.1f} | {t['matmul'] / t['matmul_mma']:.2f}x | "
+                  f"{t['matmul_mma/32']:.1f} | {t['matmul_mma/64']:.1f} |", flush=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"device": dev.arch, "commit": commit(), "rows": rows_out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

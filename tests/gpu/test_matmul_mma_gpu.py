@@ -1,0 +1,71 @@
+"""The GPU tier of matmul_mma (kernels/matmul_mma.hip on the device's matrix instructions) against its
+numpy reference on fresh random inputs, within matmul_mma.error_bound (the f16 roundings of W and x and
+the f32 sums; the module says why), and `project`'s choice between it and matmul."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.ops import matmul_mma
+from hipcore.ops.weight_formats import column_multiple
+from hipcore.runtime import kernels as loader
+from support.weight_samples import random_weights
+
+pytestmark = pytest.mark.gpu
+
+
+def check(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, tile=None, grid=None):
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    w, xs, y = mem.upload(raw, "weights"), mem.upload(x), mem.poisoned(n_tokens * rows * 4)
+    if grid is None:
+        matmul_mma.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, tile_tokens=tile)
+    else:
+        kernel = loader.get_kernel(gpu, matmul_mma.OP, f"{matmul_mma.OP}_{weight_type}", matmul_mma.SIGNATURE)
+        _, block, tile = matmul_mma.geometry(rows, n_tokens, tile)
+        kernel.launch(grid, block, (y, w, xs, rows, cols, n_tokens, tile))
+    got = y.download(np.float32).reshape(n_tokens, rows)
+    want = matmul_mma.reference(raw, weight_type, x, rows, cols)
+    bad = ~(np.abs(got - want) <= matmul_mma.error_bound(raw, weight_type, x, rows, cols))
+    assert not bad.any(), (f"seed {seed}, tile {tile}: {int(bad.sum())} of {bad.size} outputs off; first at "
+                           f"{np.argwhere(bad)[0].tolist()}: got {got[bad][0]!r}, want {want[bad][0]!r}")
+
+
+def test_the_device_has_matrix_cores(gpu):
+    assert matmul_mma.has_matrix_cores(gpu.arch), f"{gpu.arch}: this tier measures the matrix-core path"
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    # Llama-3.1-8B's products (Q4_K; Q6_K for attn_v and ffn_down) at a batch and a prompt.
+    ("q4_k", 4096, 4096, 512), ("q4_k", 1024, 4096, 32), ("q4_k", 14336, 4096, 64), ("q6_k", 4096, 14336, 128),
+    ("q6_k", 1024, 4096, 512),
+    # Every format; rows and tokens that cut tiles short, 9 tokens (the smallest the models send).
+    ("q4_0", 577, 576, 33), ("q4_1", 130, 1536, 100), ("q8_0", 1001, 96, 65), ("q5_k", 300, 512, 9),
+    ("q4_k", 129, 256, 4095), ("q6_k", 3, 256, 9),
+])
+def test_matmul_mma(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
+    check(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
+
+
+@pytest.mark.parametrize("tile", matmul_mma.TILE_TOKENS)
+@pytest.mark.parametrize("weight_type", ["q4_k", "q6_k", "q8_0"])
+def test_matmul_mma_every_tile_shape(gpu, mem, rng, seed, weight_type, tile):
+    check(gpu, mem, rng, seed, weight_type, 260, column_multiple(weight_type) * 3, 100, tile=tile)
+
+
+def test_matmul_mma_loops_over_tiles_a_small_grid_leaves(gpu, mem, rng, seed):
+    for grid in (1, 3):
+        check(gpu, mem, rng, seed, "q4_k", 300, 512, 150, grid=grid)
+
+
+@pytest.mark.parametrize("n_tokens", [matmul_mma.MMA_MIN_TOKENS - 1, matmul_mma.MMA_MIN_TOKENS, 512])
+def test_project_on_either_side_of_the_threshold(gpu, mem, rng, seed, n_tokens):
+    rows, cols = 512, 1024
+    raw = random_weights(rng, "q4_k", rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    w, xs, y = mem.upload(raw, "weights"), mem.upload(x), mem.poisoned(n_tokens * rows * 4)
+    matmul_mma.project(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type="q4_k")
+    got = y.download(np.float32).reshape(n_tokens, rows)
+    assert np.all(np.abs(got - matmul_mma.reference(raw, "q4_k", x, rows, cols))
+                  <= matmul_mma.error_bound(raw, "q4_k", x, rows, cols)), f"seed {seed}"

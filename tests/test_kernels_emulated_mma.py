@@ -1,0 +1,70 @@
+"""kernels/matmul_mma.hip on every matrix-core path of hip_compat.h, run on the CPU: the NVIDIA mma.sync
+fragments at 32 lanes, CDNA's MFMA at 64, RDNA3's and RDNA4's WMMA at 32 and the FMA fallback at both
+widths, each against tests/kernel_emulation/emulation.h's emulation of its instruction (the lane layouts
+the vendors document), against the numpy reference within matmul_mma.error_bound. Planted faults (a
+hip_compat.h with one layout detail of one path wrong) prove the comparison catches a wrong lane layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.ops import matmul_mma
+from hipcore.ops.weight_formats import column_multiple
+from support.emulated_kernels import MMA_KINDS, build_mma_harnesses, run_mma
+from support.weight_samples import random_weights
+
+
+@pytest.fixture(scope="module")
+def mma_harnesses(tmp_path_factory):
+    return build_mma_harnesses(tmp_path_factory.mktemp("kernel_emulation_mma"))
+
+
+def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, tile, grid_override, rng, tmp_path):
+    """max |got - want| / bound of one launch on fresh random inputs (<= 1 passes; an output left unwritten,
+    NaN as the harness fills y, counts as infinitely far)."""
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    raw.tofile(tmp_path / "w")
+    x.tofile(tmp_path / "x")
+    grid, threads, tile = matmul_mma.geometry(rows, n_tokens, tile)
+    run_mma(harness, f"matmul_mma_{weight_type}", grid_override or grid, threads, rows, cols, n_tokens, tile,
+            tmp_path / "w", tmp_path / "x", tmp_path / "y")
+    got = np.fromfile(tmp_path / "y", np.float32).reshape(n_tokens, rows)
+    want = matmul_mma.reference(raw, weight_type, x, rows, cols)
+    bound = matmul_mma.error_bound(raw, weight_type, x, rows, cols)
+    return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / bound, np.inf)))
+
+
+@pytest.mark.parametrize("kind", MMA_KINDS)
+@pytest.mark.parametrize("weight_type", matmul_mma.WEIGHT_TYPES)
+def test_matmul_mma_matches_the_reference(mma_harnesses, kind, weight_type, tmp_path):
+    rng = np.random.default_rng([len(kind), ord(kind[0]), ord(weight_type[-1]), len(weight_type)])
+    block = column_multiple(weight_type)
+    # (rows, cols, n_tokens, tile or None, grid or None): a row tile cut short and a token tile cut short,
+    # both tile shapes, several column steps; then one workgroup looping over every tile.
+    cases = [(130, 2 * block if block == 256 else 3 * block, 70, None, None), (64, block, 33, 32, None),
+             (20, block, 9, None, 1)]
+    for rows, cols, n_tokens, tile, grid in cases:
+        excess = worst_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, tile, grid, rng, tmp_path)
+        assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens}: {excess:.3g} x the bound"
+
+
+# One plausible mistake per path, each the layout of a neighbouring path or a transposed index.
+PLANTED = {
+    "nvidia_mma": ("return (lane >> 2) + 8 * ((i >> 1) & 1);", "return (lane >> 2) + 8 * (i & 1);"),
+    "cdna_mfma": ("rf_mma_k_first(int lane) { return 4 * (lane >> 4); }", "rf_mma_k_first(int lane) { return 4 * (lane & 3); }"),
+    "rdna3_wmma": ("return 2 * i + (lane >> 4); }", "return 8 * (lane >> 4) + i; }"),
+    "rdna4_wmma": ("rf_mma_acc_row(int lane, int i) { return 8 * (lane >> 4) + i; }",
+                   "rf_mma_acc_row(int lane, int i) { return 2 * i + (lane >> 4); }"),
+}
+
+
+@pytest.mark.parametrize("kind", PLANTED)
+def test_a_wrong_fragment_layout_is_caught(kind, tmp_path):
+    old, new = PLANTED[kind]
+    harness = build_mma_harnesses(tmp_path, (kind,), lambda text: text.replace(old, new))[kind]
+    rng = np.random.default_rng(5)
+    excess = worst_excess(harness, "q4_k", 64, 256, 32, 32, None, rng, tmp_path)
+    assert excess > 10.0, f"{kind}: the planted layout fault went unnoticed ({excess:.3g} x the bound)"

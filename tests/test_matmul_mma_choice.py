@@ -1,0 +1,64 @@
+"""matmul_mma's launcher decisions on the cpu backend: which archs have matrix cores, the tile choice, and
+`project` (the call a model's single-op products make) taking the matrix cores only where they exist,
+for its formats, from MMA_MIN_TOKENS tokens; the cpu backend's matmul_mma kernels computing the product."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.model import projections
+from hipcore.ops import matmul, matmul_mma
+from support.weight_samples import random_weights
+
+
+@pytest.mark.parametrize("arch,expected", [
+    ("sm_80", True), ("sm_90", True), ("sm_90a", True), ("sm_120", True), ("sm_75", False), ("sm_70", False),
+    ("gfx90a", True), ("gfx942", True), ("gfx950", True), ("gfx1100", True), ("gfx1151", True), ("gfx1201", True),
+    ("gfx1030", False), ("gfx906", False), ("cpu", False),
+])
+def test_matrix_cores_by_arch(arch, expected):
+    assert matmul_mma.has_matrix_cores(arch) is expected
+
+
+def test_tiles_fit_the_batch_and_fill_the_device():
+    assert matmul_mma.pick_tile_tokens(4096, 9) == 32
+    assert matmul_mma.pick_tile_tokens(4096, 512) == 64  # 32 x 8 = 256 workgroups
+    assert matmul_mma.pick_tile_tokens(1024, 512) == 32  # 8 x 8 = 64 would leave SMs idle
+    with pytest.raises(ValueError, match="tile_tokens"):
+        matmul_mma.geometry(4096, 512, 16)
+
+
+def test_project_takes_the_matrix_cores_where_they_exist(cpu_device, monkeypatch):
+    calls = []
+    monkeypatch.setattr(matmul_mma, "launch", lambda *a, **k: calls.append(("mma", a[7], k["weight_type"])))
+    monkeypatch.setattr(matmul, "project", lambda *a, **k: calls.append(("matmul", a[7], k["weight_type"])))
+    lo = matmul_mma.MMA_MIN_TOKENS
+    for arch in ("cpu", "gfx1030", "sm_90", "gfx942"):
+        monkeypatch.setattr(cpu_device, "arch", arch)
+        calls.clear()
+        for n, wt in ((lo - 1, "q4_k"), (lo, "q4_k"), (512, "q6_k"), (512, "f16")):
+            matmul_mma.project(cpu_device, None, 0, 0, 0, 4, 256, n, weight_type=wt)
+        mma = matmul_mma.has_matrix_cores(arch)
+        assert calls == [("matmul", lo - 1, "q4_k"), ("mma" if mma else "matmul", lo, "q4_k"),
+                         ("mma" if mma else "matmul", 512, "q6_k"), ("matmul", 512, "f16")], arch
+
+
+def test_the_single_op_path_of_a_layer_goes_through_matmul_mma():
+    assert projections.matmul_mma is matmul_mma
+    source = open(projections.__file__).read()
+    assert "matmul.project(" not in source and source.count("matmul_mma.project(") == 4
+
+
+def test_cpu_backend_kernel_computes_the_product(cpu_device):
+    rng = np.random.default_rng(3)
+    rows, cols, n = 40, 512, 12
+    raw = random_weights(rng, "q6_k", rows, cols)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    w, xs, y = (cpu_device.allocate(max(a, 4), "activations") for a in (raw.nbytes, x.nbytes, n * rows * 4))
+    w.upload(raw), xs.upload(x)
+    matmul_mma.launch(cpu_device, None, y, w, xs, rows, cols, n, weight_type="q6_k")
+    got = y.download(np.float32).reshape(n, rows)
+    assert np.all(np.abs(got - matmul.reference(raw, "q6_k", x, rows, cols)) <= matmul.error_bound(raw, "q6_k", x, rows, cols))
+    for buf in (w, xs, y):
+        buf.free()
