@@ -221,3 +221,20 @@ def test_nested_capture_is_refused_and_a_failed_capture_leaves_the_stream_usable
     with cpu_device.allocate(4, "scratch") as buf:
         buf.fill(3)  # runs now: the stream is no longer recording
         assert buf.download().tolist() == [3, 3, 3, 3]
+
+
+def test_handle_counts_follow_streams_events_graphs_and_modules_until_destroyed_or_collected(cpu_device):
+    base = cpu_device.handle_counts()
+    assert base == {"streams": 1, "events": 0, "graphs": 0, "modules": 0}  # the default stream
+    stream, event, module = cpu_device.create_stream(), cpu_device.create_event(), cpu_device.load_module()
+    with cpu_device.capture() as cap:
+        pass
+    assert cpu_device.handle_counts() == {"streams": 2, "events": 1, "graphs": 1, "modules": 1}
+    stream.destroy(), event.destroy(), module.unload(), cap.graph.destroy()
+    assert cpu_device.handle_counts() == base
+    kept = cpu_device.create_event()
+    dropped = cpu_device.create_event()
+    del dropped  # collected: no handle left behind on this backend
+    import gc
+    gc.collect()
+    assert cpu_device.handle_counts()["events"] == 1 and kept is not None

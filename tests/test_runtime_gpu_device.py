@@ -274,3 +274,17 @@ def test_a_failed_graph_launch_names_the_call_and_a_destroyed_graph_is_refused(b
     graph.destroy()
     with pytest.raises(DeviceError, match="launch of a destroyed graph"):
         graph.launch()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_handle_counts_follow_streams_events_graphs_and_modules_until_destroyed(backend):
+    dev = unopened(backend)
+    assert dev.handle_counts() == {"streams": 1, "events": 0, "graphs": 0, "modules": 0}  # the default stream
+    stream = answered(dev, "stream_create", null_handle(backend, "CUstream"), dev.create_stream)
+    event = answered(dev, "event_create", null_handle(backend, "CUevent"), dev.create_event)
+    module = answered(dev, "module_load_data", null_handle(backend, "CUmodule"), lambda: dev.load_module(b"\0", "m"))
+    graph = GpuGraph(dev, object(), object())
+    assert dev.handle_counts() == {"streams": 2, "events": 1, "graphs": 1, "modules": 1}
+    for handle in (stream, event, module, graph):
+        handle.destroy()  # the driver call fails here and is ignored; the handle no longer counts
+    assert dev.handle_counts() == {"streams": 1, "events": 0, "graphs": 0, "modules": 0}

@@ -26,6 +26,7 @@ from hipcore.runtime.device import (
     Buffer, Capture, Device, Event, Graph, Kernel, MemoryInfo, Module, Stream, as_dim3, host_bytes,
 )
 from hipcore.runtime.errors import DeviceError
+from hipcore.runtime.handles import LiveHandles
 
 ALIGNMENT = 256  # same base alignment the GPU allocators give
 
@@ -56,9 +57,14 @@ def _physical_memory() -> int:
 
 
 class CpuStream(Stream):
+    destroyed = False  # counted by handle_counts() until destroyed or collected
+
     def __init__(self, device: "CpuDevice"):
         self.device = device
         self._recording: list[Callable[[], None]] | None = None
+
+    def destroy(self) -> None:
+        self.destroyed = True
 
     def submit(self, fn: Callable[[], None]) -> None:
         if self._recording is not None:
@@ -71,8 +77,13 @@ class CpuStream(Stream):
 
 
 class CpuEvent(Event):
+    destroyed = False
+
     def __init__(self) -> None:
         self._t: float | None = None
+
+    def destroy(self) -> None:
+        self.destroyed = True
 
     def record(self, stream: Stream | None = None) -> None:
         self._t = time.perf_counter()
@@ -112,8 +123,13 @@ class CpuKernel(Kernel):
 class CpuModule(Module):
     """All registered host kernels; `image` is ignored on this backend."""
 
+    destroyed = False
+
     def __init__(self, device: "CpuDevice"):
         self.device = device
+
+    def unload(self) -> None:
+        self.destroyed = True
 
     def kernel(self, name: str, signature: str) -> Kernel:
         entry = _CPU_KERNELS.get(name)
@@ -138,6 +154,10 @@ class CpuGraph(Graph):
     def destroy(self) -> None:
         self._steps = None  # type: ignore[assignment]
 
+    @property
+    def destroyed(self) -> bool:
+        return self._steps is None
+
 
 class CpuDevice(Device):
     backend = "cpu"
@@ -152,7 +172,9 @@ class CpuDevice(Device):
         self._starts: list[int] = []  # sorted aligned addresses, for pointer resolution
         self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._handles = LiveHandles()  # no driver handles here, but the same objects a GPU would count
         self._default = CpuStream(self)
+        self._handles.add("streams", self._default)
 
     # ---- memory --------------------------------------------------------------------------------
 
@@ -239,13 +261,20 @@ class CpuDevice(Device):
         return s
 
     def create_stream(self) -> Stream:
-        return CpuStream(self)
+        return self._track("streams", CpuStream(self))
 
     def create_event(self) -> Event:
-        return CpuEvent()
+        return self._track("events", CpuEvent())
 
     def load_module(self, image: bytes = b"", name: str = "") -> Module:
-        return CpuModule(self)
+        return self._track("modules", CpuModule(self))
+
+    def _track(self, kind: str, obj: Any) -> Any:
+        self._handles.add(kind, obj)
+        return obj
+
+    def handle_counts(self) -> dict[str, int]:
+        return self._handles.counts()
 
     def synchronize(self) -> None:
         pass
@@ -261,4 +290,4 @@ class CpuDevice(Device):
             yield cap
         finally:
             steps, s._recording = s._recording, None
-        cap.graph = CpuGraph(self, steps)
+        cap.graph = self._track("graphs", CpuGraph(self, steps))

@@ -268,6 +268,11 @@ class Device(abc.ABC):
     def driver_free_bytes(self) -> int | None:
         return None
 
+    def handle_counts(self) -> dict[str, int]:
+        """Live streams, events, graphs and modules (handles.HANDLE_KINDS), which the ledger does not
+        hold; the default stream counts. Each backend keeps its own count."""
+        return {}
+
     # ---- copies -------------------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -36,6 +36,8 @@ _GPU_MAKERS = {"CUDA": "NVIDIA", "HIP": "AMD"}
 
 
 class GpuStream(DriverResource, Stream):
+    handle_kind = "streams"
+
     def __init__(self, device: "GpuDevice"):
         self.device = device
         device._enter()
@@ -49,6 +51,8 @@ class GpuStream(DriverResource, Stream):
 
 
 class GpuEvent(DriverResource, Event):
+    handle_kind = "events"
+
     def __init__(self, device: "GpuDevice"):
         self.device = device
         device._enter()
@@ -89,6 +93,8 @@ def _destroy_graph(api: DriverApi, graph: Any, graph_exec: Any) -> None:
 
 class GpuGraph(DriverResource, Graph):
     """An instantiated capture; destroy() frees both the graph and its executable."""
+
+    handle_kind = "graphs"
 
     def __init__(self, device: "GpuDevice", graph: Any, graph_exec: Any):
         self.device, self._graph, self._exec = device, graph, graph_exec
@@ -150,6 +156,8 @@ class GpuKernel(Kernel):
 
 
 class GpuModule(DriverResource, Module):
+    handle_kind = "modules"
+
     def __init__(self, device: "GpuDevice", image: bytes, name: str):
         self.device, self.name = device, name
         device._enter()
@@ -225,6 +233,9 @@ class GpuDevice(Device):
 
     def driver_free_bytes(self) -> int | None:
         return self.memory_info().free
+
+    def handle_counts(self) -> dict[str, int]:
+        return self._resources.counts()
 
     def _raw_alloc(self, nbytes: int) -> int:
         self._enter()

@@ -18,6 +18,7 @@ import weakref
 from typing import Any, Callable, Iterable
 
 from hipcore.runtime.errors import BackendUnavailable, DriverCallError
+from hipcore.runtime.handles import HANDLE_KINDS
 
 _LIBRARY = re.compile(r"(lib[\w+\-]+\.so[\w.]*(?:\s+or\s+lib[\w+\-]+\.so[\w.]*)*)")
 _NOT_FOUND_HINTS = ("no such file", "cannot open", "not found", "can only be found")
@@ -129,12 +130,21 @@ class ResourceRegistry:
     def __len__(self) -> int:
         return sum(1 for r in self._live.values() if not r.destroyed)
 
+    def counts(self) -> dict[str, int]:
+        """Live resources by kind (handles.HANDLE_KINDS), for Device.handle_counts()."""
+        counts = dict.fromkeys(HANDLE_KINDS, 0)
+        for resource in list(self._live.values()):
+            if not resource.destroyed:
+                counts[resource.handle_kind] += 1
+        return counts
+
 
 class DriverResource:
     """Base of objects that own a driver handle: `destroy()` releases it once; so do garbage
     collection and the owning device's close()."""
 
     destroyed = False  # a plain attribute: the launch path reads it
+    handle_kind: str  # one of handles.HANDLE_KINDS
     _finalizer: "weakref.finalize | None" = None
 
     def _own(self, registry: ResourceRegistry, destroy: Callable[..., Any], *handles: Any) -> None:
