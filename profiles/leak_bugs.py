@@ -4,8 +4,10 @@ Each bug is the kind that the tools this project replaces shipped (DESIGN "The p
 KV blocks kept after a normal completion, released only on cancel, a "free" that keeps the device
 buffer alive, finished records never dropped, a reference count decremented twice, a device
 buffer allocated per step and never freed (which compute-sanitizer must catch too, on NVIDIA),
-host memory kept per request (10 KiB, and 300 bytes), and a block counted as held twice and
-released once, which hangs a run that does not judge progress by tokens kept.
+host memory kept per request (10 KiB, and 300 bytes), a block counted as held twice and
+released once, which hangs a run that does not judge progress by tokens kept, device memory
+taken through the raw driver call (outside the ledger), and a stream or a file descriptor made
+per few steps and never released (handles the ledger does not hold).
 
 Why monkeypatching one loaded model instead of hook points in the engine, cache or loader: the
 production code keeps no test-only branches that a configuration could ever reach, and each bug
@@ -30,6 +32,9 @@ DEVICE_LEAK_BYTES = 256 << 10
 DEVICE_LEAK_EVERY = 4  # steps
 HOST_LEAK_BYTES = 10 << 10  # per request: the least the host check must catch over 200 requests
 HOST_LEAK_SLOW_BYTES = 300  # per request: the least it must catch over 3,000
+DRIVER_LEAK_BYTES = 4 << 20  # two granules of the driver's figure: seen after one allocation
+DRIVER_LEAK_EVERY = 8  # steps
+HANDLE_LEAK_EVERY = 8  # steps, for the stream and file-descriptor leaks
 PINNING_LEAVES_FREE = 2  # blocks the refcount-taken-twice bug leaves free
 
 
@@ -153,23 +158,46 @@ def _host_leak(nbytes: int) -> Callable[[object], None]:
     return plant_it
 
 
-def _device_leak(loaded) -> None:
-    """Every few engine steps a scratch buffer is allocated and never freed. Planted around
-    Engine.step (not a runner method) so that it survives changes to how the runner is called."""
-    engine, device = loaded.engine, loaded.device
-    _require(engine, "step")
-    original = engine.step
-    calls = [0]
-    kept: list = []  # holds the Buffer objects, never their memory's release: a real leak
+def _every_steps(every: int, make: Callable[[object], object]) -> Callable[[object], None]:
+    """Every `every` engine steps, make(loaded) makes something that is kept and never released.
+    Planted around Engine.step (not a runner method) so that it survives changes to how the runner
+    is called."""
 
-    def step():
-        events = original()
-        calls[0] += 1
-        if calls[0] % DEVICE_LEAK_EVERY == 0:
-            kept.append(device.allocate(DEVICE_LEAK_BYTES, tag="scratch", label="planted.step_scratch"))
-        return events
+    def plant_it(loaded) -> None:
+        engine = loaded.engine
+        _require(engine, "step")
+        original = engine.step
+        calls = [0]
+        kept: list = []  # holds the objects, never their release: a real leak
 
-    engine.step = step
+        def step():
+            events = original()
+            calls[0] += 1
+            if calls[0] % every == 0:
+                kept.append(make(loaded))
+            return events
+
+        engine.step = step
+
+    return plant_it
+
+
+def _scratch_buffer(loaded) -> object:
+    return loaded.device.allocate(DEVICE_LEAK_BYTES, tag="scratch", label="planted.step_scratch")
+
+
+def _raw_device_memory(loaded) -> int:
+    """Device memory straight from the driver call (Device._raw_alloc), which the ledger never sees."""
+    _require(loaded.device, "_raw_alloc")
+    return loaded.device._raw_alloc(DRIVER_LEAK_BYTES)
+
+
+def _stream(loaded) -> object:
+    return loaded.device.create_stream()
+
+
+def _open_file(loaded) -> object:
+    return open(os.devnull, "rb")
 
 
 _NATURAL = frozenset({Ending.EOS, Ending.STOP, Ending.LENGTH})
@@ -189,5 +217,12 @@ BUGS: dict[str, PlantedBug] = {b.name: b for b in (
     PlantedBug("host-leak-slow", f"{HOST_LEAK_SLOW_BYTES} bytes of host memory kept per request ended",
                _host_leak(HOST_LEAK_SLOW_BYTES)),
     PlantedBug("device-leak", f"a {DEVICE_LEAK_BYTES >> 10} KiB device buffer allocated every {DEVICE_LEAK_EVERY} "
-               "steps is never freed", _device_leak),
+               "steps is never freed", _every_steps(DEVICE_LEAK_EVERY, _scratch_buffer)),
+    PlantedBug("driver-leak", f"{DRIVER_LEAK_BYTES >> 20} MiB of device memory allocated through the raw driver call "
+               f"(outside the ledger) every {DRIVER_LEAK_EVERY} steps and never freed",
+               _every_steps(DRIVER_LEAK_EVERY, _raw_device_memory)),
+    PlantedBug("stream-leak", f"a stream created every {HANDLE_LEAK_EVERY} steps is never destroyed",
+               _every_steps(HANDLE_LEAK_EVERY, _stream)),
+    PlantedBug("fd-leak", f"a file opened every {HANDLE_LEAK_EVERY} steps is never closed",
+               _every_steps(HANDLE_LEAK_EVERY, _open_file)),
 )}

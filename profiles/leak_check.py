@@ -22,6 +22,7 @@ from hipcore.errors import RocmforgeError
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.engine.request import Ending, Phase
 from profiles import leak_bugs
+from profiles.leak_handles import read_handles
 from profiles.leak_driver import ENDINGS, PHASES, EngineFailure, Outcomes, WorkloadDriver
 from profiles.leak_layers import (
     HostMonitor, read_blocks, read_driver, read_engine_state, read_ledger, read_rss, BlockReading,
@@ -159,6 +160,7 @@ class _Run:
             "driver_free": None if driver_base is None else driver_base.free,
             "driver_used": None if driver_base is None else self.total_memory - driver_base.free,
             "rss": read_rss(),
+            "handles": read_handles(self.device),
         }
         if self.progress is not None:
             self.progress.start(s.requests, "requests")
@@ -240,7 +242,7 @@ class _Run:
         ledger = read_ledger(self.device.ledger, baseline, self.driver.step_owner)
         driver = read_driver(self.device) if driver_base is not None else None
         return PhaseResult(name, requests, seconds, engine_state, blocks, ledger, driver,
-                           None if driver_base is None else driver_base.free)
+                           None if driver_base is None else driver_base.free, handles=read_handles(self.device))
 
     def _owner_of_sequence(self, seq_id: int) -> dict | None:
         index = self.outcomes.index_of_sequence(seq_id)

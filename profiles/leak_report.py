@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hipcore.runtime.ledger import format_bytes
-from profiles.leak_layers import DRIVER_GRANULARITY, BlockReading, DriverReading, EngineState, LedgerReading
+from profiles.leak_driver_memory import NOT_APPLICABLE_CPU, judge_driver
+from profiles.leak_handles import handle_rows, judge_handles
+from profiles.leak_layers import BlockReading, DriverReading, EngineState, LedgerReading
 from profiles.leak_thresholds import Thresholds
 
 EXIT_CLEAN, EXIT_LEAK, EXIT_INTERRUPTED = 0, 1, 130  # 130: 128 + SIGINT, as shells report Ctrl-C
@@ -39,6 +41,7 @@ class PhaseResult:
     driver: DriverReading | None
     driver_baseline: int | None = None
     ledger_judged: bool = True  # the warm-up's ledger growth is shown, not judged
+    handles: dict | None = None  # live streams, events, graphs, modules and file descriptors (leak_handles)
 
     @property
     def driver_loss(self) -> int | None:
@@ -56,6 +59,7 @@ class PhaseResult:
                 "free": self.driver.free, "reads": self.driver.reads, "spread": self.driver.spread,
                 "baseline_free": self.driver_baseline, "loss": self.driver_loss,
             },
+            "handles": self.handles,
         }
 
 
@@ -197,6 +201,10 @@ class LeakReport:
         requests = max(1, self.requests.get("total", 0))
         for row in rows:  # growth per measured request, as the issue asks of every layer
             row["per_request"] = round(row["bytes"] / requests, 3)
+        if self.driver_layer == NOT_APPLICABLE_CPU:
+            rows.append({"layer": f"driver: {NOT_APPLICABLE_CPU}", "bytes": None, "count": None, "unit": "",
+                         "baseline": None, "peak": None, "final": None, "per_request": None})
+        rows.extend(handle_rows(self.baseline.get("handles"), self.final.handles if self.final is not None else None))
         if h.available:
             rows.append({"layer": "host (RssAnon+VmSwap)", "bytes": max(0, (h.final_rss or 0) - (h.baseline_rss or 0)),
                          "count": None, "unit": "", "baseline": h.baseline_rss, "peak": h.peak_rss, "final": h.final_rss})
@@ -210,12 +218,19 @@ class LeakReport:
                 row["per_request"] = None if slope is None else round(slope, 3)
         return rows
 
+    @property
+    def driver_layer(self) -> str:
+        """'judged', or why not: the cpu backend has no driver figure."""
+        if any(p.driver_loss is not None for p in self.phases):
+            return "judged"
+        return NOT_APPLICABLE_CPU if self.backend == "cpu" else "no reading"
+
     def _last_with_blocks(self) -> PhaseResult | None:
         return next((p for p in reversed(self.phases) if p.blocks is not None), None)
 
     def to_dict(self) -> dict:
         return {
-            "verdict": self.verdict, "exit_code": self.exit_code, "interrupted": self.interrupted, "command": self.command, "settings": self.settings,
+            "verdict": self.verdict, "exit_code": self.exit_code, "driver_layer": self.driver_layer, "interrupted": self.interrupted, "command": self.command, "settings": self.settings,
             "planted_bug": self.planted_bug, "model": self.model, "device": self.device, "backend": self.backend,
             "wall_seconds": round(self.wall_seconds, 3), "load_seconds": round(self.load_seconds, 3),
             "requests": self.requests, "findings": [f.to_dict() for f in self.findings],
@@ -249,7 +264,10 @@ def judge(report: LeakReport) -> list[Finding]:
             _judge_blocks(out, phase, t)
         if phase.ledger_judged:
             _judge_ledger(out, phase, t)
-        _judge_driver(out, phase, t)
+    out.extend(Finding("driver", severity, message) for severity, message in judge_driver(report.phases, report.backend, t.driver))
+    final = report.final
+    out.extend(Finding("handles", severity, message) for severity, message in judge_handles(
+        report.baseline.get("handles"), final.handles if final is not None else None, final.name if final else "-", t.handles))
     if report.close_error:
         out.append(Finding("ledger", "leak", f"closing the model raised: {report.close_error}"))
     if report.close_ledger is not None and (report.close_ledger.leaked_count or sum(report.close_ledger.bytes_by_tag.values())):
@@ -307,20 +325,6 @@ def _first_allocation(led: LedgerReading) -> str:
     a = led.not_returned[0]
     label = f' "{a["label"]}"' if a["label"] else ""
     return f"{a['tag']} {a['bytes']:,} B{label} allocated at {a['site']} ({a['owner']})"
-
-
-def _judge_driver(out: list[Finding], phase: PhaseResult, t: Thresholds) -> None:
-    loss = phase.driver_loss
-    if loss is None or abs(loss) <= DRIVER_GRANULARITY:
-        return
-    explained = max(0, phase.ledger.leaked_bytes)
-    severity = "leak" if t.driver is not None and loss > t.driver else "warning"
-    note = ("the ledger explains " + format_bytes(explained)) if explained else "the ledger sees no growth: memory "\
-        "taken outside our allocations (driver, other processes, or an allocation that bypassed the ledger)"
-    spread = phase.driver.spread if phase.driver else 0
-    out.append(Finding("driver", severity, f"after {phase.name}: the driver reports {loss:+,} bytes in use against the "
-                                           f"baseline (granularity {format_bytes(DRIVER_GRANULARITY)}, reads spread "
-                                           f"{format_bytes(spread)}); {note}"))
 
 
 def _judge_host(out: list[Finding], report: LeakReport, t: Thresholds) -> None:

@@ -2,8 +2,11 @@
 
     --fail-on blocks=0              KV blocks not returned (count)            default 0
     --fail-on ledger=0              device bytes not returned, all tags       default 0 (byte-exact)
-    --fail-on driver=4MiB           driver free-memory loss beyond its 2 MiB  default off: a warning
-                                    granularity (GPU backends)
+    --fail-on driver=4MiB           device memory outside the ledger (driver  default 0
+                                    loss minus ledger growth) beyond the driver's 2 MiB granularity,
+                                    after two consecutive phases (GPU backends; leak_driver_memory)
+    --fail-on handles=0             streams, events, graphs, modules or file  default 0
+                                    descriptors more than at the baseline, per kind (leak_handles)
     --fail-on host-growth=2MiB/1000req   host memory (RSS) growth slope,      default 1MiB/1000req
                                     judged on runs whose second half spans >= 250 requests
     --fail-on host-traced=64KiB/1000req  host memory kept since the baseline   default 128KiB/1000req
@@ -28,7 +31,7 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _PER = re.compile(r"^(.*?)/\s*(\d+)?\s*(?:req|requests?)\s*$", re.IGNORECASE)
-KEYS = ("blocks", "ledger", "driver", "host-growth", "host-traced", "unexpected")
+KEYS = ("blocks", "ledger", "driver", "handles", "host-growth", "host-traced", "unexpected")
 
 
 def parse_size(text: str, what: str) -> int:
@@ -46,10 +49,11 @@ class Thresholds:
 
     blocks: int | None = 0
     ledger: int | None = 0
-    driver: int | None = None
+    driver: int | None = 0
     host_growth_per_1000: int | None = 1 << 20
     unexpected: int | None = None
     host_traced_per_1000: int | None = 128 << 10
+    handles: int | None = 0
 
     def describe(self) -> dict[str, str]:
         def show(v: int | None, size: bool) -> str:
@@ -61,7 +65,7 @@ class Thresholds:
             else f"{format_bytes(self.host_growth_per_1000)}/1000req",
             "host-traced": "off (warning only)" if self.host_traced_per_1000 is None
             else f"{format_bytes(self.host_traced_per_1000)}/1000req",
-            "unexpected": show(self.unexpected, False),
+            "unexpected": show(self.unexpected, False), "handles": show(self.handles, False),
         }
 
     def to_dict(self) -> dict:
@@ -79,7 +83,7 @@ def parse_fail_on(specs: list[str] | None) -> Thresholds:
                 raise UsageError(f"--fail-on {part!r}: expected KEY=LIMIT with KEY one of {', '.join(KEYS)} "
                                  "(e.g. --fail-on ledger=0 --fail-on host-growth=2MiB/1000req)")
             off = value.lower() == "off"
-            if key in ("blocks", "unexpected"):
+            if key in ("blocks", "unexpected", "handles"):
                 if not off and not value.isdigit():
                     raise UsageError(f"--fail-on {key}={value}: give a whole number or 'off'")
                 result = replace(result, **{key: None if off else int(value)})

@@ -106,9 +106,11 @@ def test_bad_shapes_are_usage_errors():
 
 
 def test_fail_on_defaults_and_overrides():
-    assert parse_fail_on(None) == Thresholds(blocks=0, ledger=0, driver=None, host_growth_per_1000=1 << 20, unexpected=None)
-    t = parse_fail_on(["driver=0", "host-growth=2MiB/1000req", "ledger=4KiB,blocks=off", "unexpected=3"])
-    assert t == Thresholds(blocks=None, ledger=4096, driver=0, host_growth_per_1000=2 << 20, unexpected=3)
+    # The driver and the handles fail the run by default (issue 11): memory or handles outside the ledger.
+    assert parse_fail_on(None) == Thresholds(blocks=0, ledger=0, driver=0, host_growth_per_1000=1 << 20, unexpected=None,
+                                             handles=0)
+    t = parse_fail_on(["driver=off", "host-growth=2MiB/1000req", "ledger=4KiB,blocks=off", "unexpected=3", "handles=2"])
+    assert t == Thresholds(blocks=None, ledger=4096, driver=None, host_growth_per_1000=2 << 20, unexpected=3, handles=2)
     assert parse_fail_on(["host-growth=512KiB/100req"]).host_growth_per_1000 == 5 << 20
     assert parse_fail_on(["host-growth=3MiB"]).host_growth_per_1000 == 3 << 20
     assert parse_fail_on(["host-growth=off"]).host_growth_per_1000 is None
@@ -118,7 +120,8 @@ def test_fail_on_defaults_and_overrides():
     assert (parse_size("0", "x"), parse_size("1.5MiB", "x"), parse_size("2MB", "x"), parse_size("7", "x")) == (0, 1572864, 2_000_000, 7)
 
 
-@pytest.mark.parametrize("spec", ["ledger", "bogus=1", "ledger=12 parsecs", "blocks=1.5", "host-growth=1MiB/0req", "driver="])
+@pytest.mark.parametrize("spec", ["ledger", "bogus=1", "ledger=12 parsecs", "blocks=1.5", "host-growth=1MiB/0req", "driver=",
+                                  "handles=1.5"])
 def test_bad_fail_on_specs_are_usage_errors(spec):
     with pytest.raises(UsageError):
         parse_fail_on([spec])
@@ -129,7 +132,7 @@ def test_the_printed_command_carries_every_setting_back():
 
     from profiles.leak_settings import LeakCheckSettings
 
-    thresholds = parse_fail_on(["host-growth=3MiB/1000req", "driver=4MiB", "blocks=off", "unexpected=2"])
+    thresholds = parse_fail_on(["host-growth=3MiB/1000req", "driver=4MiB", "blocks=off", "unexpected=2", "handles=off"])
     settings = LeakCheckSettings(model="m y.gguf", device="cpu", requests=77, parallel=3, seed=5, kv_blocks=9,
                                  max_tokens=6, prompt_tokens=(2, 9), step_tokens=12, phases=2, warmup=1,
                                  finished_bound=30, kv_dtype="q8_0", block_size=8, tracemalloc=False, thresholds=thresholds)
