@@ -40,6 +40,7 @@ class ProgressSink(Protocol):
     def status(self, text: str) -> None: ...
     def start(self, total: int, description: str) -> None: ...
     def advance(self, n: int) -> None: ...
+    def blocks(self, used: int, usable: int) -> None: ...  # KV blocks in use, after every engine step
 
 
 def run_leak_check(settings: LeakCheckSettings, progress: ProgressSink | None = None) -> LeakReport:
@@ -253,6 +254,8 @@ class _Run:
     def _on_step(self) -> None:
         used = self.cache.num_usable_blocks - self.cache.num_free_blocks
         self.peak_blocks = max(self.peak_blocks, used)
+        if self.progress is not None:
+            self.progress.blocks(used, self.cache.num_usable_blocks)
         if not self.measuring:
             return
         done = self._done_measured()

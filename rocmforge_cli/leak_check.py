@@ -6,7 +6,6 @@ import json
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hipcore.errors import UsageError
 from profiles.leak_check import run_leak_check
@@ -15,10 +14,13 @@ from profiles.leak_settings import LeakCheckSettings
 from profiles.leak_thresholds import parse_fail_on
 from rocmforge_cli.common import handle_errors, stderr, stdout
 from rocmforge_cli.generate import DEVICE_HELP, resolve_model
+from rocmforge_cli.leak_progress_display import PlainProgress, RichProgress
 
 FAIL_ON_HELP = (
     "Fail (exit 1) when a layer leaks more than LIMIT; repeatable. KEY=LIMIT with KEY one of: blocks (KV blocks, "
-    "default 0), ledger (device bytes, default 0), driver (driver free-memory loss, default off = warning), "
+    "default 0), ledger (device bytes, default 0), driver (device memory outside the ledger: the driver's loss minus the ledger's growth, beyond one 2 MiB "
+    "granule after two consecutive phases; GPU only, default 0), handles (streams, events, graphs, modules, open file "
+    "descriptors more than at the baseline, default 0), "
     "host-growth (RSS slope on runs of 500+ requests, e.g. 2MiB/1000req, default 1MiB/1000req), host-traced (host "
     "memory tracemalloc finds kept since the baseline, on every run length, default 128KiB/1000req plus 256 KiB for "
     "bounded caches), unexpected (requests that ended other than planned, default off). LIMIT 'off' makes the key a "
@@ -34,30 +36,6 @@ def parse_range(text: str) -> tuple[int, int]:
     except ValueError:
         raise UsageError(f"--prompt-tokens {text!r}: use MIN-MAX, e.g. 4-32, or one number") from None
     return lo, hi
-
-
-class _Progress:
-    """The rich progress bar on stderr (requests done of the total, elapsed, remaining)."""
-
-    def __init__(self, bar: Progress | None):
-        self.bar = bar
-        self.task = None
-
-    def status(self, text: str) -> None:
-        if self.bar is None:
-            return
-        if self.task is None:
-            self.bar.console.print(text, highlight=False)
-        else:
-            self.bar.update(self.task, description=text)
-
-    def start(self, total: int, description: str) -> None:
-        if self.bar is not None:
-            self.task = self.bar.add_task(description, total=total)
-
-    def advance(self, n: int) -> None:
-        if self.bar is not None and self.task is not None:
-            self.bar.advance(self.task, n)
 
 
 @handle_errors
@@ -80,19 +58,19 @@ def leak_check_command(
     deadline: Annotated[Optional[float], typer.Option("--deadline", help="End the run as failed (exit 1) after this many seconds from the warm-up on. Default: 300 s + 5 s per request.", show_default=False)] = None,
     no_tracemalloc: Annotated[bool, typer.Option("--no-tracemalloc", help="Measure host memory by RSS only (tracemalloc slows Python code by about a third).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object instead of tables.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (by default: a progress line on a terminal, otherwise a plain line every 10 s with requests done, KV blocks in use and the phase).")] = False,
     plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
 ) -> None:
     """Run a seeded mix of requests through the engine and check that every KV block and every device byte comes back; exit 0 when clean, 1 on a leak or when a layer could not be judged (verdict "not judged"), 2 on a usage error.
 
-    The mix covers every way a request ends: max tokens, end token, stop string, cancelled while waiting / during its prompt / mid-decode / in its final step, failed by an injected sampler or forward-pass fault, parallel samples sharing their prompt's blocks, rejection, preemption under a small KV pool, and a shutdown with requests in flight. After the warm-up a baseline is taken; after each phase the engine must be empty, every KV block free, the device ledger equal to the baseline byte for byte, the driver's free memory unchanged (GPU), and host memory flat per request (tracemalloc on every run length; the RSS slope on runs of 500 requests or more); after the model is closed the ledger must be empty. A request preempted 50 times in a row without keeping a new token, or a run past --deadline, ends the run with exit 1 naming the KV blocks that never came back.
+    The mix covers every way a request ends: max tokens, end token, stop string, cancelled while waiting / during its prompt / mid-decode / in its final step, failed by an injected sampler or forward-pass fault, parallel samples sharing their prompt's blocks, rejection, preemption under a small KV pool, and a shutdown with requests in flight. After the warm-up a baseline is taken; after each phase the engine must be empty, every KV block free, the device ledger equal to the baseline byte for byte, the driver's free memory unchanged beyond the ledger's own growth (GPU; on the cpu backend this layer is reported as not applicable), the device's streams, events, graphs and modules and the process's open file descriptors as many as at the baseline, and host memory flat per request (tracemalloc on every run length; the RSS slope on runs of 500 requests or more); after the model is closed the ledger must be empty. A request preempted 50 times in a row without keeping a new token, or a run past --deadline, ends the run with exit 1 naming the KV blocks that never came back.
 
     Cost: on the cpu backend the demo model computes roughly 20-40 tokens per second on two cores, so the defaults (1,000 requests, prompts of 4-32 tokens, up to 12 new tokens) take about 15-25 minutes there; on a GPU they take a minute or two. For a quick check use e.g. --requests 200 --prompt-tokens 2-10 --max-tokens 4.
 
     Examples:
       rocmforge leak-check --device cpu --requests 200 --prompt-tokens 2-10 --max-tokens 4
       rocmforge leak-check --requests 10000 --json > leak.json
-      rocmforge leak-check --fail-on host-growth=2MiB/1000req --fail-on driver=0
+      rocmforge leak-check --fail-on host-growth=2MiB/1000req --fail-on driver=4MiB
     """
     settings = LeakCheckSettings(
         model=resolve_model(model), device=device, requests=requests, parallel=parallel, seed=seed, kv_blocks=kv_blocks,
@@ -103,10 +81,11 @@ def leak_check_command(
     settings.validate()
     if quiet:
         report = run_leak_check(settings)
-    else:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TimeRemainingColumn(), console=stderr, transient=True) as bar:
-            report = run_leak_check(settings, _Progress(bar))
+    elif stderr.is_terminal:
+        with RichProgress.bar_for(stderr) as bar:
+            report = run_leak_check(settings, RichProgress(bar))
+    else:  # a log: plain lines every few seconds instead of a bar that only a terminal can redraw
+        report = run_leak_check(settings, PlainProgress())
     if as_json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
