@@ -266,8 +266,9 @@ def judge(report: LeakReport) -> list[Finding]:
             _judge_ledger(out, phase, t)
     out.extend(Finding("driver", severity, message) for severity, message in judge_driver(report.phases, report.backend, t.driver))
     final = report.final
-    out.extend(Finding("handles", severity, message) for severity, message in judge_handles(
-        report.baseline.get("handles"), final.handles if final is not None else None, final.name if final else "-", t.handles))
+    if final is not None:  # with no phase read there is no layer reading at all (as for the ledger and blocks)
+        out.extend(Finding("handles", severity, message) for severity, message in judge_handles(
+            report.baseline.get("handles"), final.handles, final.name, t.handles))
     if report.close_error:
         out.append(Finding("ledger", "leak", f"closing the model raised: {report.close_error}"))
     if report.close_ledger is not None and (report.close_ledger.leaked_count or sum(report.close_ledger.bytes_by_tag.values())):
