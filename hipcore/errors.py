@@ -31,3 +31,16 @@ class UnsupportedModelError(RocmforgeError):
     """The model file is valid but uses something we do not support (exit 4): name it."""
 
     exit_code = EXIT_UNSUPPORTED
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """Text from a model file (or any untrusted source) as it may reach a terminal: every character
+    that is not printable - control characters such as ESC and newline, bidirectional overrides,
+    unassigned code points - is shown escaped as Python writes it (\\n, \\x1b, \\u202e), so no such
+    text can move the cursor, recolour the terminal or break a one-line message; text longer than
+    `limit` characters is cut, with "..." after it. Printable non-ASCII text is kept as it is.
+    Markup of the console that prints the result (rich's "[bold]") is the printer's to escape."""
+    cut = text if limit is None else text[:limit]
+    if not cut.isprintable():
+        cut = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return cut + ("..." if limit is not None and len(text) > limit else "")

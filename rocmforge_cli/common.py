@@ -11,7 +11,8 @@ from typing import Any, Callable, TypeVar
 import typer
 from rich.console import Console
 
-from hipcore.errors import EXIT_FAILURE, RocmforgeError
+from hipcore.errors import EXIT_FAILURE, RocmforgeError, printable
+from hipcore.runtime.errors import KernelCompileError
 
 # Results go to stdout; progress, stats and errors go to stderr (so `generate ... > out.txt` and
 # `--json | jq` stay clean).
@@ -59,7 +60,7 @@ def handle_errors(fn: F) -> F:
         except RocmforgeError as exc:
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
-            raise fail(_escape(str(exc)), exc.exit_code) from None
+            raise fail(_escape(_terminal_safe(exc)), exc.exit_code) from None
         except KeyboardInterrupt:
             stderr.print("interrupted")
             raise typer.Exit(130) from None
@@ -68,7 +69,7 @@ def handle_errors(fn: F) -> F:
                 traceback.print_exc(file=sys.stderr)
                 raise typer.Exit(EXIT_FAILURE) from None
             raise fail(
-                _escape(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)"),
+                _escape(printable(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)")),
                 EXIT_FAILURE,
             ) from None
 
@@ -87,6 +88,14 @@ def _silence_stdout() -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def _terminal_safe(exc: RocmforgeError) -> str:
+    """The message with every control character escaped: errors quote model files, whose text must
+    never move the cursor or add a line. A compiler log (our own kernels) keeps its line breaks."""
+    if isinstance(exc, KernelCompileError):
+        return "\n".join(printable(line) for line in str(exc).split("\n"))
+    return printable(str(exc))
 
 
 def _escape(text: str) -> str:

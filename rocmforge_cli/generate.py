@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from hipcore.tokenizer.chat_template import chat_template_from_metadata, render_chat
+from hipcore.tokenizer.chat_template import chat_prompt, chat_template_from_metadata
 from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.kvcache import DEFAULT_BLOCK_SIZE, kv_dtype as check_kv_dtype
@@ -135,9 +135,9 @@ def generate(
         if chat or system is not None:
             messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text_in}]
             template = chat_template_from_metadata(loaded.gguf.metadata)
-            text_in = render_chat(template, messages, bos_token=tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else "",
-                                  eos_token=tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else "")
-        prompt_ids = tokenizer.encode(text_in)
+            text_in, prompt_ids = chat_prompt(tokenizer, template, messages, context_tokens=loaded.engine.max_context)
+        else:
+            prompt_ids = tokenizer.encode(text_in)
         if drawn_seed and not (quiet or as_json):  # --json carries it in the object, stderr stays empty
             stderr.print(f"seed: {seed} (none was given; pass --seed {seed} to repeat this run)", highlight=False)
         pieces: list[str] = []

@@ -10,9 +10,10 @@ from typing import Any, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
-from hipcore.errors import RocmforgeError, UsageError
+from hipcore.errors import RocmforgeError, UsageError, printable
 from hipcore.gguf.file import ModelPlan, read_plan
 from hipcore.runtime.ledger import format_bytes
 from rocmforge_cli.common import handle_errors, stderr, stdout
@@ -62,7 +63,7 @@ def inspect_json(plan: ModelPlan, seconds: float, list_tensors: bool) -> dict[st
 
 def render(plan: ModelPlan, list_tensors: bool) -> None:
     c = plan.config
-    overview = Table(title=f"{os.path.basename(plan.path)}", title_justify="left", show_header=False)
+    overview = Table(title=_cell(os.path.basename(plan.path)), title_justify="left", show_header=False)
     overview.add_column("field")
     overview.add_column("value", overflow="fold")
     rows = [
@@ -84,7 +85,7 @@ def render(plan: ModelPlan, list_tensors: bool) -> None:
                  + ("" if tok["supported"] else f" - NOT SUPPORTED: {tok['problem']}")))
     rows.append(("chat template", f"{tok['chat_template_chars']} characters" if tok["chat_template_chars"] else "none"))
     for field, value in rows:
-        overview.add_row(field, value)
+        overview.add_row(field, _cell(value))
     stdout.print(overview)
 
     types = Table(title=f"{len(plan.tensors)} tensors, {format_bytes(plan.total_tensor_bytes)}", title_justify="left")
@@ -101,8 +102,14 @@ def render(plan: ModelPlan, list_tensors: bool) -> None:
                                 ("bytes", "right")):
             listing.add_column(column, justify=justify)  # type: ignore[arg-type]
         for t in plan.tensors:
-            listing.add_row(t.name, t.type_name, " x ".join(map(str, t.shape)), str(t.offset), str(t.nbytes))
+            listing.add_row(_cell(t.name), t.type_name, " x ".join(map(str, t.shape)), str(t.offset), str(t.nbytes))
         stdout.print(listing)
+
+
+def _cell(value: str) -> Text:
+    """A table cell holding text from the model file (its name, tokenizer, tensor names): control
+    characters escaped, and a Text, so that "[bold]" in a name is shown, not obeyed as markup."""
+    return Text(printable(value))
 
 
 @handle_errors

@@ -101,6 +101,15 @@ def _duplicate_tensor(g: RawGGUF) -> None:
     g.tensors[2].name = g.tensors[1].name
 
 
+def architecture(name: str) -> Callable[[RawGGUF], None]:
+    """The file as a converter for architecture `name` writes it: the name and every key's prefix."""
+    def change(g: RawGGUF) -> None:
+        g.kvs = [RawKV(name + k.key[len("llama"):], k.value_type, k.value, k.element_type)
+                 if k.key.startswith("llama.") else k for k in g.kvs]
+        g.set_kv("general.architecture", STRING, name)
+    return change
+
+
 # (case id, builder of the file bytes, exit code, a fragment the message must contain)
 CASES: list[tuple[str, Callable[[], bytes], int, str]] = [
     # header
@@ -133,6 +142,22 @@ CASES: list[tuple[str, Callable[[], bytes], int, str]] = [
     ("key with control characters", edit(lambda g: g.kvs.append(kv(b"general.\nname", STRING, "x"))), INVALID,
      "metadata key"),
     ("upper-case key", edit(lambda g: g.kvs.append(kv("General.Name", STRING, "x"))), INVALID, "lower_snake_case"),
+    # architecture names: llama.cpp's own names are unsupported, damaged ones invalid
+    ("architecture command-r", edit(architecture("command-r")), UNSUPPORTED, "'command-r' is not supported"),
+    ("architecture gpt-oss", edit(architecture("gpt-oss")), UNSUPPORTED, "'gpt-oss' is not supported"),
+    ("architecture with an escape sequence", edit(retype("general.architecture", STRING, "llama\x1b[2J")), INVALID,
+     "'llama\\x1b[2J' is not an architecture name"),
+    ("architecture with a newline", edit(retype("general.architecture", STRING, "lla\nma")), INVALID,
+     "'lla\\nma' is not an architecture name"),
+    ("non-ASCII architecture", edit(retype("general.architecture", STRING, "llamä")), INVALID, "architecture name"),
+    ("architecture of 65 characters", edit(retype("general.architecture", STRING, "l" * 65)), INVALID,
+     "architecture name"),
+    # sizes past what the KV cache holds are unsupported; past the reader's caps, invalid
+    ("1,100 layers", edit(retype("llama.block_count", UINT32, 1100)), UNSUPPORTED, "1100 layers is not supported"),
+    ("5,000 layers", edit(retype("llama.block_count", UINT32, 5000)), INVALID, "block_count"),
+    ("2,048 KV heads", edit(lambda g: (retype("llama.attention.head_count", UINT32, 2048)(g),
+                                       retype("llama.attention.head_count_kv", UINT32, 2048)(g))), UNSUPPORTED,
+     "2048 KV heads is not supported"),
     # values
     ("unknown value type", edit(lambda g: g.kvs.append(kv("general.x", 13, raw=u32(0)))), INVALID, "value type"),
     ("value type 2^32-1", edit(lambda g: g.kvs.append(kv("general.x", 2**32 - 1, raw=u32(0)))), INVALID,
@@ -259,6 +284,9 @@ CASES: list[tuple[str, Callable[[], bytes], int, str]] = [
                                                               [*g.kv("tokenizer.ggml.token_type").value[:-1], 6], INT32),
                                            tokenizer="llama", vocab=320), INVALID, "<0xXX>"),
     ("gpt2 vocabulary without merges", edit(drop_kv("tokenizer.ggml.merges")), INVALID, "merges"),
+    ("token text of 5,001 characters", edit(lambda g: g.set_kv("tokenizer.ggml.tokens", ARRAY,
+                                                             [*g.kv("tokenizer.ggml.tokens").value[:-1], "<s>" * 1667],
+                                                             STRING)), INVALID, "5,001 characters long"),
     ("token_type as uint32", edit(retype("tokenizer.ggml.token_type", ARRAY, [1] * 300, UINT32)), INVALID,
      "type array[uint32]"),
     ("add_space_prefix as int8", edit(retype("tokenizer.ggml.add_space_prefix", 1, 1)), INVALID, "type int8"),

@@ -155,3 +155,12 @@ def test_float_keys_stored_as_float32_round_trip(tmp_path):
                                             "general.name": Meta("general.name", STRING, "x")})
     config = read_plan(path).config
     assert config.rms_norm_eps == pytest.approx(1e-6, rel=1e-6) and config.rope_theta == 5e5
+
+
+def test_supported_sizes_are_what_the_kv_cache_holds():
+    # The config refuses (exit 4) what the KV cache would refuse later (exit 2): the same limits.
+    from hipcore.gguf import config
+    from hipcore.kvcache import config as kv
+
+    assert (config.SUPPORTED_MAX_LAYERS, config.SUPPORTED_MAX_KV_HEADS, config.SUPPORTED_MAX_HEAD_DIM) == \
+        (kv.MAX_LAYERS, kv.MAX_KV_HEADS, kv.MAX_HEAD_DIM)

@@ -27,6 +27,14 @@ LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.")
 _MAX_DIM = 1 << 24  # hidden, ffn, heads and head_dim above this describe no real model
+# What the paged KV cache can hold (hipcore.kvcache.config's MAX_LAYERS, MAX_KV_HEADS, MAX_HEAD_DIM;
+# a test keeps them equal). A file past these but within the caps above is valid, only unsupported.
+SUPPORTED_MAX_LAYERS = 1024
+SUPPORTED_MAX_KV_HEADS = 1024
+SUPPORTED_MAX_HEAD_DIM = 4096
+# An architecture name as llama.cpp spells them (llama, command-r, gpt-oss, qwen3moe ...): printable
+# ASCII without spaces, short. Anything else is a damaged file, not an unknown architecture.
+_ARCHITECTURE_NAME = re.compile(r"[\x21-\x7e]{1,64}\Z")
 
 
 class _Tensor(Protocol):
@@ -104,6 +112,9 @@ def config_from_metadata(
     tensors = list(tensors)
     keys = MetadataKeys(metadata, types, offsets)
     arch = keys.string("general.architecture")
+    if not _ARCHITECTURE_NAME.match(arch):
+        raise keys.error("general.architecture", arch, "1 to 64 printable ASCII characters without spaces",
+                         problem=f"{show(arch)} is not an architecture name")
     if arch not in ARCHITECTURES:
         raise keys.error("general.architecture", arch, " or ".join(map(repr, ARCHITECTURES)), unsupported=True,
                          problem=f"architecture {show(arch)} is not supported")
@@ -112,6 +123,7 @@ def config_from_metadata(
         raise keys.error(f"{arch}.expert_count", experts, "0 (dense models)", unsupported=True,
                          problem=f"a mixture-of-experts model ({experts} experts) is not supported")
     n_layers = keys.uint32(f"{arch}.block_count", lo=1, hi=limits.max_layers)
+    _check_supported(keys, f"{arch}.block_count", n_layers, SUPPORTED_MAX_LAYERS, "layers")
     context = keys.uint32(f"{arch}.context_length", lo=1, hi=limits.max_context)
     hidden = keys.uint32(f"{arch}.embedding_length", lo=1, hi=_MAX_DIM)
     ffn = keys.uint32_or_uniform_array(f"{arch}.feed_forward_length", n_layers, lo=1, hi=_MAX_DIM)
@@ -121,7 +133,9 @@ def config_from_metadata(
     if n_heads % n_kv:
         raise keys.error(f"{arch}.attention.head_count_kv", n_kv, f"a divisor of head_count ({n_heads})",
                          problem=f"head_count {n_heads} is not divisible by head_count_kv {n_kv}")
+    _check_supported(keys, f"{arch}.attention.head_count_kv", n_kv, SUPPORTED_MAX_KV_HEADS, "KV heads")
     head_dim = _head_dim(keys, arch, hidden, n_heads)
+    _check_supported(keys, f"{arch}.attention.key_length", head_dim, SUPPORTED_MAX_HEAD_DIM, "dimensions per head")
     # llama.cpp rotates whole heads for llama ("invalid n_rot" otherwise): partial RoPE is another architecture.
     rope_dim = keys.uint32(f"{arch}.rope.dimension_count", lo=head_dim, hi=head_dim, default=head_dim)
     if rope_dim % 2:
@@ -132,7 +146,7 @@ def config_from_metadata(
     config = ModelConfig(
         architecture=arch,
         name=keys.string("general.name", default=""),
-        vocab_size=_vocab_size(keys, arch, tensors),
+        vocab_size=_vocab_size(keys, arch, tensors, limits),
         context_length=context, hidden_size=hidden, n_layers=n_layers,
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, ffn_size=ffn,
         rms_norm_eps=keys.float32(f"{arch}.attention.layer_norm_rms_epsilon", lo=0.0, hi=1.0),
@@ -143,6 +157,12 @@ def config_from_metadata(
     )
     check_tensor_shapes(config, tensors, offsets=offsets)
     return config
+
+
+def _check_supported(keys: MetadataKeys, key: str, value: int, most: int, what: str) -> None:
+    if value > most:
+        raise keys.error(key, value, f"at most {most}", unsupported=True,
+                         problem=f"a model with {value} {what} is not supported: the KV cache holds at most {most}")
 
 
 def _head_dim(keys: MetadataKeys, arch: str, hidden: int, n_heads: int) -> int:
@@ -176,8 +196,8 @@ def _rope_scaling(keys: MetadataKeys, arch: str, context: int) -> tuple[str, flo
     return kind, factor, original
 
 
-def _vocab_size(keys: MetadataKeys, arch: str, tensors: list[_Tensor]) -> int:
-    n_tokens = check_tokenizer_metadata(keys)
+def _vocab_size(keys: MetadataKeys, arch: str, tensors: list[_Tensor], limits: Limits) -> int:
+    n_tokens = check_tokenizer_metadata(keys, max_token_chars=limits.max_token_chars)
     declared = keys.uint32(f"{arch}.vocab_size", lo=1, hi=_MAX_DIM, required=False)
     if n_tokens is not None and declared is not None and declared != n_tokens:
         raise keys.error(f"{arch}.vocab_size", declared, f"the number of tokenizer.ggml.tokens ({n_tokens})",

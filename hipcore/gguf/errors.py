@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-from hipcore.errors import EXIT_INVALID_MODEL, EXIT_UNSUPPORTED, RocmforgeError
+from hipcore.errors import EXIT_INVALID_MODEL, EXIT_UNSUPPORTED, RocmforgeError, printable
 
 
 def show(value: object, limit: int = 60) -> str:
-    """A value as it can appear inside a one-line message: escaped, quoted, shortened."""
+    """A value as it can appear inside a one-line message: quoted, shortened, and escaped by
+    hipcore.errors.printable (the one rule for model-file text on a terminal)."""
     if isinstance(value, (bytes, bytearray)):
         text = repr(bytes(value[:limit]))
         return text + ("..." if len(value) > limit else "")
     if isinstance(value, str):
-        text = ascii(value[:limit])
-        return text + ("..." if len(value) > limit else "")
+        return "'" + printable(value, limit) + "'"
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, int):
         return f"{value} (0x{value:x})" if value >= 1 << 32 else str(value)
     if isinstance(value, tuple):
         return f"array of {len(value)}"
-    return ascii(value)[:limit]
+    return printable(repr(value), limit)
 
 
 class GGUFError(RocmforgeError):
@@ -61,7 +61,7 @@ class GGUFError(RocmforgeError):
         at = f" at byte {self.offset}" if self.offset is not None else ""
         problem = self.problem or f"found {show(self.value)}"
         text = f"{kind}{where}: {self.field}{at}: {problem}; allowed: {self.allowed}"
-        return " ".join(text.split())  # one line, whatever a caller passed in
+        return printable(" ".join(text.split()))  # one line, no control character, whatever a caller passed in
 
 
 def _rebuild(field, offset, value, allowed, unsupported, problem, source) -> GGUFError:

@@ -36,7 +36,8 @@ TYPE_STRING = 8
 TYPE_ARRAY = 9
 TYPE_BOOL = 7
 
-_KEY_PATTERN = re.compile(rb"[a-z0-9_]+(?:\.[a-z0-9_]+)*\Z")
+# Hyphens appear in real architecture prefixes (command-r.block_count, gpt-oss.expert_count).
+_KEY_PATTERN = re.compile(rb"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
 _MIN_KV_BYTES = 8 + 1 + 4 + 1          # key length, a 1-byte key, value type, a 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, one dim, type, offset
 _STRING_MIN_BYTES = 8                   # an empty string is still its u64 length
@@ -59,6 +60,9 @@ class Limits:
     max_dims: int = 4
     max_layers: int = 4096           # block_count; the largest public models have ~130
     max_context: int = 1 << 24       # context_length; 16 Mi tokens is past every public model
+    # The text of one vocabulary token. Real vocabularies stay near 100 characters (the demo model's
+    # longest is 81: a newline and 80 spaces); a BOS of megabytes only inflates every prompt built with it.
+    max_token_chars: int = 4096
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,7 @@ def _read_kv(cur: _Cursor, limits: Limits, metadata: dict, types: dict, offsets:
     if not raw_key:
         raise GGUFError("metadata key", key_at, raw_key, "a non-empty lower_snake_case.dotted ASCII key")
     if not _KEY_PATTERN.match(raw_key):
-        raise GGUFError("metadata key", key_at, raw_key, "lower_snake_case.dotted ASCII ([a-z0-9_] and '.')")
+        raise GGUFError("metadata key", key_at, raw_key, "lower_snake_case.dotted ASCII ([a-z0-9_-] and '.')")
     key = raw_key.decode("ascii")
     if key in metadata:
         raise GGUFError(f"metadata key {key!r}", key_at, raw_key, "each key once",

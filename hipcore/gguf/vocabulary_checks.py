@@ -6,6 +6,8 @@ tokenizer.ggml.model present, a token list unless the model is "no_vocab", no du
 assertion in llama.cpp), per-token arrays as long as the token list, merges for a gpt2 vocabulary,
 byte tokens (type 6) spelled <0xXX>, special token ids inside the vocabulary, and no NUL
 inside token or merge strings (llama.cpp reads them as C strings and would silently cut them).
+Stricter than llama.cpp: a token's text has a length cap (Limits.max_token_chars), since a BOS or
+EOS text of megabytes would be pasted into every chat prompt.
 Which tokenizer kinds and pre-tokenizers are *supported* is hipcore.tokenizer.tokenizer's question.
 """
 
@@ -32,7 +34,7 @@ _KEY_TYPES = {
 }
 
 
-def check_tokenizer_metadata(keys: MetadataKeys) -> int | None:
+def check_tokenizer_metadata(keys: MetadataKeys, *, max_token_chars: int = 4096) -> int | None:
     """Validate the tokenizer keys; return the number of tokens, or None for a "no_vocab" model."""
     for key, wanted in _KEY_TYPES.items():
         if key in keys:
@@ -48,6 +50,7 @@ def check_tokenizer_metadata(keys: MetadataKeys) -> int | None:
     if not tokens:
         raise keys.error("tokenizer.ggml.tokens", 0, "at least one token", problem="the vocabulary is empty")
     _check_strings(keys, "tokenizer.ggml.tokens", tokens)
+    _check_token_lengths(keys, tokens, max_token_chars)
     _check_unique(keys, tokens)
     n = len(tokens)
     for key, element_types in (("tokenizer.ggml.scores", ("float32", "int32")),
@@ -74,6 +77,14 @@ def _check_strings(keys: MetadataKeys, key: str, values: tuple[str, ...]) -> Non
         index = next(i for i, v in enumerate(values) if "\x00" in v)
         raise keys.error(f"{key}[{index}]", values[index], "text without NUL characters",
                          problem=f"entry {index} {show(values[index])} contains a NUL character")
+
+
+def _check_token_lengths(keys: MetadataKeys, tokens: tuple[str, ...], most: int) -> None:
+    if max(map(len, tokens)) <= most:
+        return
+    index = next(i for i, t in enumerate(tokens) if len(t) > most)
+    raise keys.error(f"tokenizer.ggml.tokens[{index}]", len(tokens[index]), f"at most {most} characters a token",
+                     problem=f"token {index} {show(tokens[index], 20)} is {len(tokens[index]):,} characters long")
 
 
 def _check_unique(keys: MetadataKeys, tokens: tuple[str, ...]) -> None:

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import regex
 
-from hipcore.errors import UnsupportedModelError
+from hipcore.errors import UnsupportedModelError, printable
 
 # GPT-2's pattern. llama.cpp writes it without the final "|\s+" and handles that case in code.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -90,7 +90,7 @@ def resolve_pretokenizer(name: str | None) -> PreTokenizer:
     found = PRETOKENIZERS.get(name)
     if found is None:
         raise UnsupportedModelError(
-            f"pre-tokenizer '{name}' (tokenizer.ggml.pre) is not supported; guessing would give wrong token ids. "
+            f"pre-tokenizer '{printable(name, 60)}' (tokenizer.ggml.pre) is not supported; guessing would give wrong token ids. "
             f"Supported: {', '.join(sorted(PRETOKENIZERS))}"
         )
     return found

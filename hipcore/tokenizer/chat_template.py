@@ -16,7 +16,22 @@ non-ASCII text), and inside limits the sandbox alone does not give:
     runaway C-level operation cannot hang or exhaust this process. It costs about 0.1-0.3 s per
     render; `isolated=False` renders in this process (for trusted templates).
 Each limit ends the render with a one-line InvalidModelError (exit 3); a template that calls
-raise_exception (e.g. "roles must alternate") gives a UsageError with its message.
+raise_exception (e.g. "roles must alternate") gives a UsageError with its message, its control
+characters escaped (hipcore.errors.printable), as is all template text in a message.
+
+Two size bounds, so that neither the render nor the tokenizing after it costs more than the input
+justifies (a 20-byte template once rendered 4 MB of spaces, then spent a minute tokenizing them):
+  - the template's allowance, what a template may add to the conversation: 16 Ki characters, plus
+    per message and once more the template's own length and the BOS and EOS texts (each counted up
+    to 4,096 characters, the longest token text a file may hold), plus four times the conversation. Past it, the template is at fault (InvalidModelError, exit 3), whatever the
+    context. BOS and EOS texts are bounded when the file is read (Limits.max_token_chars).
+  - the context's bound, given the context size in tokens: at most MAX_CHARS_PER_TOKEN (16)
+    characters per token of context. Real text averages 3 to 4 characters a token (measured on the
+    demo model's vocabulary: prose 3.2, Python 3.6, C++ 2.9); only long runs of one character (64
+    spaces in one token) reach more. Past it, the prompt cannot fit: a UsageError (exit 2) that
+    says to shorten it or raise the context, before a single token is computed. Tokenizing what
+    passes costs at most ~17 us a character (the worst case measured, a run of spaces): about 1 s
+    for a 4,096-token context.
 
 A model without a template gets ChatML, the format of SmolLM2, Qwen and many others; callers
 should say so (FALLBACK_NOTE).
@@ -37,7 +52,8 @@ from hipcore.tokenizer.chat_template_sandbox import (
     describe_failure,
     render_sandboxed,
 )
-from hipcore.errors import InvalidModelError, RocmforgeError, UsageError
+from hipcore.errors import InvalidModelError, RocmforgeError, UsageError, printable
+from hipcore.tokenizer.tokenizer import Tokenizer
 
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 
@@ -52,6 +68,9 @@ FALLBACK_NOTE = "the model has no chat template; formatting the conversation as 
 # Time for the child interpreter to start and import jinja2, on top of the render's own deadline.
 CHILD_STARTUP_S = 10.0
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+MAX_CHARS_PER_TOKEN = 16
+TEMPLATE_SLACK_CHARS = 16 << 10
+TOKEN_TEXT_CHARS = 4096  # hipcore.gguf.header.Limits.max_token_chars (a test keeps them equal)
 _CHILD_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from hipcore.tokenizer.chat_template_worker import main; main()"
 
 
@@ -74,26 +93,67 @@ def render_chat(
     add_generation_prompt: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_output_chars: int | None = None,
+    context_tokens: int | None = None,
     isolated: bool = True,
 ) -> str:
-    """Render `messages` ([{"role": ..., "content": ...}]) with `template` (None: ChatML)."""
+    """Render `messages` ([{"role": ..., "content": ...}]) with `template` (None: ChatML).
+
+    max_output_chars replaces the template's allowance (see the module's notes); context_tokens,
+    when given, bounds the result by the context (MAX_CHARS_PER_TOKEN characters a token)."""
     conversation = _checked_messages(messages)
-    size = sum(len(m["role"]) + len(m["content"]) for m in conversation) + len(bos_token) + len(eos_token)
-    max_chars = max_output_chars if max_output_chars is not None else BASE_OUTPUT_CAP + 4 * size
+    conversation_chars = sum(len(m["role"]) + len(m["content"]) for m in conversation)
+    context_chars = None if context_tokens is None else context_tokens * MAX_CHARS_PER_TOKEN
+    if context_chars is not None and conversation_chars > context_chars:
+        raise UsageError(f"the conversation has {conversation_chars:,} characters, more than a context of "
+                         f"{context_tokens:,} tokens can hold ({context_chars:,} at most): "
+                         "shorten the prompt or raise --ctx-size")
+    source = template if template is not None else CHATML_TEMPLATE
+    max_chars = max_output_chars if max_output_chars is not None else template_allowance(
+        source, len(conversation), conversation_chars, bos_token, eos_token)
     context = {
         "messages": conversation,
         "bos_token": bos_token,
         "eos_token": eos_token,
         "add_generation_prompt": bool(add_generation_prompt),
     }
-    source = template if template is not None else CHATML_TEMPLATE
     if isolated:
-        return _render_in_child(source, context, timeout_s, max_chars)
-    try:
-        return render_sandboxed(source, context, timeout_s=timeout_s, max_chars=max_chars)
-    except Exception as exc:  # an untrusted template can raise anything: each becomes one line
-        kind, message = describe_failure(exc)
-        raise (UsageError if kind == USAGE else InvalidModelError)(message) from None
+        text = _render_in_child(source, context, timeout_s, max_chars)
+    else:
+        try:
+            text = render_sandboxed(source, context, timeout_s=timeout_s, max_chars=max_chars)
+        except Exception as exc:  # an untrusted template can raise anything: each becomes one line
+            kind, message = describe_failure(exc)
+            raise (UsageError if kind == USAGE else InvalidModelError)(printable(message)) from None
+    if context_chars is not None and len(text) > context_chars:
+        raise UsageError(f"the prompt as the model's chat template formats it has {len(text):,} characters, more "
+                         f"than a context of {context_tokens:,} tokens can hold ({context_chars:,} at most): "
+                         "shorten the prompt or raise --ctx-size")
+    return text
+
+
+def template_allowance(template: str, n_messages: int, conversation_chars: int, bos_token: str,
+                       eos_token: str) -> int:
+    """The most characters a template may render for a conversation (see the module's notes): what
+    it writes of its own comes from its source, once per message and once around them."""
+    # A BOS or EOS text counts up to the longest token text a valid file holds (GGUF
+    # Limits.max_token_chars), so that no BOS text can widen the allowance past that.
+    per_message = len(template) + min(len(bos_token), TOKEN_TEXT_CHARS) + min(len(eos_token), TOKEN_TEXT_CHARS)
+    return TEMPLATE_SLACK_CHARS + (n_messages + 1) * per_message + 4 * conversation_chars
+
+
+def chat_prompt(tokenizer: Tokenizer, template: str | None, messages: list[dict], *, context_tokens: int,
+                **render_options: Any) -> tuple[str, list[int]]:
+    """The text and token ids of a conversation rendered with the model's template, bounded by the context
+    on the way (render_chat), with the model's own BOS and EOS texts. A template that turns a
+    conversation with text into nothing (or only whitespace) is the model file's fault: InvalidModelError."""
+    bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
+    eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
+    text = render_chat(template, messages, bos_token=bos, eos_token=eos, context_tokens=context_tokens,
+                       **render_options)
+    if not text.strip() and any(m["content"].strip() for m in messages):
+        raise InvalidModelError("the model's chat template produced an empty prompt (nothing but whitespace) "
+                                "from a conversation with text")
+    return text, tokenizer.encode(text)
 
 
 def _render_in_child(template: str, context: dict, timeout_s: float, max_chars: int) -> str:
@@ -125,7 +185,7 @@ def _render_in_child(template: str, context: dict, timeout_s: float, max_chars: 
         )
     if "text" in reply:
         return str(reply["text"])
-    message = str(reply.get("message", "the model's chat template failed"))
+    message = printable(str(reply.get("message", "the model's chat template failed")))
     raise (UsageError if reply.get("kind") == USAGE else InvalidModelError)(message)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from hipcore.errors import InvalidModelError, UnsupportedModelError
+from hipcore.errors import InvalidModelError, UnsupportedModelError, printable
 from hipcore.tokenizer.bpe import PreTokenizer, resolve_pretokenizer
 
 # Token attributes (bit flags), one value per GGUF token type.
@@ -91,7 +91,7 @@ def read_vocabulary(metadata: Mapping[str, object]) -> Vocabulary:
         raise InvalidModelError(f"the model has no tokenizer: metadata key '{KEY}model' is missing")
     if model not in SUPPORTED_MODELS:
         raise UnsupportedModelError(
-            f"tokenizer type '{model}' ({KEY}model) is not supported; supported: {', '.join(SUPPORTED_MODELS)}"
+            f"tokenizer type '{printable(model, 60)}' ({KEY}model) is not supported; supported: {', '.join(SUPPORTED_MODELS)}"
         )
 
     tokens = _get_str_array(metadata, KEY + "tokens", required=True)
@@ -105,7 +105,7 @@ def read_vocabulary(metadata: Mapping[str, object]) -> Vocabulary:
         seen: set[str] = set()
         for i, text in enumerate(tokens):
             if text in seen:
-                raise InvalidModelError(f"'{KEY}tokens' holds the token {text!r} twice (again at id {i})")
+                raise InvalidModelError(f"'{KEY}tokens' holds the token '{printable(text, 60)}' twice (again at id {i})")
             seen.add(text)
 
     scores = _get_number_array(metadata, KEY + "scores", n_vocab)
