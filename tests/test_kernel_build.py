@@ -25,7 +25,7 @@ EXPECTED_KERNELS = {
     "add": ["add_f32"],
     "argmax": ["argmax_f32"],
     "embedding": ["embedding_bf16", "embedding_f16", "embedding_f32", "embedding_q4_0", "embedding_q4_1",
-                  "embedding_q8_0"],
+                  "embedding_q4_k", "embedding_q5_k", "embedding_q6_k", "embedding_q8_0"],
     "fused_matmul": [f"matmul_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
                      for t in ("q4_1", "q8_0", "f16", "f32")],
     "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hipcore.ops import embedding, kv_store, paged_attention, select_rows
+from hipcore.ops.weight_formats import dequantize_rows
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype
 from support.forward_pass_samples import PagedSample, make_sample, random_table
 from support.emulated_kernels import ARCH_FOR_WARP, run, write_inputs
@@ -21,7 +22,8 @@ def test_embedding(harnesses, warp, tmp_path):
     rng = np.random.default_rng([warp, 21])
     vocab, n_tokens = 37, 6
     for table_type in embedding.TABLE_TYPES:
-        hidden = 7 if embedding.BLOCKS[table_type][0] == 1 else 96  # an odd width where the format allows it
+        # an odd width where the format allows it; two super-blocks a row for the K-quants
+        hidden = {1: 7, 32: 96, 256: 512}[embedding.BLOCKS[table_type][0]]
         raw = random_table(rng, table_type, vocab, hidden)
         ids = rng.integers(0, vocab, n_tokens).astype(np.int32)
         ids[-1] = vocab
@@ -33,6 +35,35 @@ def test_embedding(harnesses, warp, tmp_path):
             got = np.fromfile(tmp_path / "o", np.float32).reshape(n_tokens, hidden)
             assert np.array_equal(got[:-1].view(np.uint32), want.view(np.uint32)), f"{table_type} grid {g}"
             assert np.array_equal(got[-1], np.zeros(hidden, np.float32)), table_type
+
+
+def test_k_quant_tables_round_where_the_host_rounds(harnesses, warp, tmp_path):
+    """Q4_K and Q5_K's d * sc * q - dmin * m is the one decode that rounds in float32: rows where it
+    does (checked against the exact float64 value) and rows of zeros of either sign (every term zero)
+    come out bit for bit as on the host."""
+    rng = np.random.default_rng([warp, 24])
+    vocab, hidden, n_tokens = 16, 256, 16
+    for table_type in ("q4_k", "q5_k"):
+        raw = random_table(rng, table_type, vocab, hidden)
+        blocks = raw.reshape(vocab, 1, 144 if table_type == "q4_k" else 176)
+        # rows 0-7: every scale and min 0, d and dmin in each of the four sign pairs: zeros of both signs
+        blocks[:8, 0, 4:16] = 0
+        signs = np.array([(1, 1), (1, -1), (-1, 1), (-1, -1)] * 2)
+        blocks[:8, 0, 0:4] = (signs * rng.uniform(1e-3, 1e-2, (8, 2))).astype(np.float16).view(np.uint8)
+        # d near 1 and dmin near 2^-12: the difference spans more than float32's 24 bits, so it rounds
+        d = rng.uniform(0.5, 2.0, (8, 1)) * rng.choice([-1, 1], (8, 1))
+        blocks[8:, 0, 0:2] = d.astype(np.float16).view(np.uint8)
+        blocks[8:, 0, 2:4] = (d * rng.uniform(1e-4, 4e-4, (8, 1))).astype(np.float16).view(np.uint8)
+        exact = dequantize_rows(raw, table_type, hidden, np.float64)
+        want = embedding.reference(raw, table_type, np.arange(vocab), vocab, hidden)
+        assert (want[8:] != exact[8:]).mean() > 0.3, "the sample must make the kernel round"
+        assert not want[:8].any() and 0 < np.signbit(want[:8]).sum() < want[:8].size
+        ids = np.arange(n_tokens, dtype=np.int32)
+        paths = write_inputs(tmp_path, table=raw, ids=ids)
+        run(harnesses, warp, f"embedding_{table_type}", *embedding.geometry(n_tokens, hidden), n_tokens, hidden, vocab,
+            *paths, tmp_path / "o")
+        got = np.fromfile(tmp_path / "o", np.float32).reshape(n_tokens, hidden)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), table_type
 
 
 def test_select_rows(harnesses, warp, tmp_path):

@@ -35,16 +35,17 @@ def poisoned(dev, nbytes: int):
 def test_embedding_decoder_equals_gguf(table_type):
     """Our exact decoder (the reference, usable without gguf) against the gguf package's, bit for bit."""
     rng = np.random.default_rng(len(table_type))
-    raw = random_table(rng, table_type, 9, 96)
-    theirs = quants.dequantize(raw, embedding.TABLE_TYPES[table_type], (9, 96))
-    ours = embedding.decode_rows(raw, table_type, 96)
+    hidden = 512 if embedding.BLOCKS[table_type][0] == 256 else 96  # K-quants: two super-blocks a row
+    raw = random_table(rng, table_type, 9, hidden)
+    theirs = quants.dequantize(raw, embedding.TABLE_TYPES[table_type], (9, hidden))
+    ours = embedding.decode_rows(raw, table_type, hidden)
     assert ours.dtype == np.float32 and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
 @pytest.mark.parametrize("table_type", list(embedding.TABLE_TYPES))
 def test_embedding_launch(cpu_device, table_type):
     rng = np.random.default_rng([3, len(table_type)])
-    vocab, hidden = 50, 64
+    vocab, hidden = 50, 256 if embedding.BLOCKS[table_type][0] == 256 else 64
     raw = random_table(rng, table_type, vocab, hidden)
     ids = rng.integers(0, vocab, 7).astype(np.int32)
     table, ids_buf, out = to_device(cpu_device, raw, "weights"), to_device(cpu_device, ids), poisoned(cpu_device, 7 * hidden * 4)
@@ -64,6 +65,8 @@ def test_embedding_refuses_bad_input(cpu_device):
         embedding.launch(cpu_device, None, out, table, ids, 2, 32, 10, "q5_0")
     with pytest.raises(ValueError, match="multiple of 32 elements, not 48"):
         embedding.launch(cpu_device, None, out, table, ids, 2, 48, 10, "q8_0")
+    with pytest.raises(ValueError, match="q6_k rows hold a multiple of 256 elements, not 32"):
+        embedding.launch(cpu_device, None, out, table, ids, 2, 32, 10, "q6_k")
     with pytest.raises(ValueError, match="table needs 680 bytes"):
         embedding.launch(cpu_device, None, out, table, ids, 2, 64, 10, "q8_0")
     with pytest.raises(ValueError, match="out needs 512 bytes"):

@@ -1,12 +1,13 @@
 """embedding: look up token rows of the embedding table, dequantizing them to float32.
 
-Kernels `embedding_<type>` (type: f32, f16, bf16, q4_0, q4_1, q8_0; kernels/embedding.hip) with the
-signature
+Kernels `embedding_<type>` (type: f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q5_k, q6_k;
+kernels/embedding.hip) with the signature
     (out p, table p, ids p, n_tokens i, hidden i, vocab i)
 out: float32 [n_tokens, hidden]; table: [vocab, hidden] in the GGUF block layout of <type>, row-major;
 ids: int32 [n_tokens]. An id outside [0, vocab) is an error on the host and yields a zero row on a GPU
-(kernels cannot raise; the engine checks prompt ids before they get here). Every format decodes
-exactly in float32, so GPU and host rows are equal bit for bit.
+(kernels cannot raise; the engine checks prompt ids before they get here). Every format decodes with
+at most one rounding to float32 (none but Q4_K/Q5_K's d * sc * q - dmin * m), in the kernels as in the
+host reference, so GPU and host rows are equal bit for bit.
 Launch geometry: workgroup-stride over the tokens (at most 65,535 workgroups), one thread per element.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hipcore.ops.launch_checks import ELEMENTWISE_MAX_BLOCKS, check_memory, check_sizes, row_block
+from hipcore.ops.weight_formats import BLOCK_BYTES, BLOCK_ELEMENTS, dequantize_rows
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Stream
 from hipcore.runtime.errors import DeviceError
@@ -26,10 +28,11 @@ OP = "embedding"
 SIGNATURE = "pppiii"
 MAX_THREADS = 256  # the kernels' launch bounds
 # GGML type ids of the table formats with a kernel (the gguf package's GGMLQuantizationType values).
-TABLE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8, "bf16": 30}
-# (elements, bytes) per block of each format, and the alignment of the kernel's widest load from it.
-BLOCKS = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1": (32, 20), "q8_0": (32, 34)}
-TABLE_ALIGNMENT = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 2, "q4_1": 2, "q8_0": 2}
+TABLE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14, "bf16": 30}
+# (elements, bytes) per block of each format (the matrix kernels' formats), and the alignment of the
+# kernel's widest load from it (2-byte halves in every block format: a Q6_K block is 210 bytes).
+BLOCKS = {t: (BLOCK_ELEMENTS[t], BLOCK_BYTES[t]) for t in TABLE_TYPES}
+TABLE_ALIGNMENT = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 2, "q4_1": 2, "q8_0": 2, "q4_k": 2, "q5_k": 2, "q6_k": 2}
 
 
 def row_bytes(table_type: str, hidden: int) -> int:
@@ -40,27 +43,13 @@ def row_bytes(table_type: str, hidden: int) -> int:
 
 
 def decode_rows(raw: np.ndarray, table_type: str, hidden: int) -> np.ndarray:
-    """float32 [rows, hidden] from raw rows uint8 [rows, row_bytes]. Exact: a half times a small integer
-    (plus a half, Q4_1) needs at most one rounding. Written without the gguf package so that the GPU test
-    machines can run it; the tests check it against gguf's dequantizer."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    rows = raw.shape[0]
-    if table_type == "f32":
-        return raw.view(np.float32).reshape(rows, hidden).copy()
-    if table_type == "f16":
-        return raw.view(np.float16).astype(np.float32).reshape(rows, hidden)
-    if table_type == "bf16":
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(rows, hidden)
-    blocks = raw.reshape(rows, hidden // 32, BLOCKS[table_type][1])
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, nb, 1]
-    if table_type == "q8_0":
-        return (d * blocks[..., 2:34].view(np.int8).astype(np.float32)).reshape(rows, hidden)
-    qs = blocks[..., 4:20] if table_type == "q4_1" else blocks[..., 2:18]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32)  # elements 0..15, then 16..31
-    if table_type == "q4_0":
-        return ((q - 8) * d).reshape(rows, hidden)
-    m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-    return (d * q + m).reshape(rows, hidden)
+    """float32 [rows, hidden] from raw rows uint8 [rows, row_bytes]: the matrix formats' exact decoder
+    (weight_formats.dequantize_rows: exact in float64, rounded once to float32), which the kernels match
+    bit for bit (kernels/embedding.hip says why). It needs no gguf package, so the GPU test machines can
+    run it; the tests check it against gguf's dequantizer."""
+    if table_type not in TABLE_TYPES:
+        raise ValueError(f"{OP}: no decoder for table type {table_type!r}; have {', '.join(TABLE_TYPES)}")
+    return dequantize_rows(raw, table_type, hidden, np.float32)
 
 
 def reference(table_raw: np.ndarray, table_type: str, ids: np.ndarray, vocab: int, hidden: int) -> np.ndarray:

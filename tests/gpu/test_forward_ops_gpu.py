@@ -37,6 +37,8 @@ THREADS = {"embedding": embedding.MAX_THREADS, "select_rows": select_rows.MAX_TH
 @pytest.mark.parametrize("table_type,vocab,hidden,n_tokens", [
     ("q8_0", 49152, 576, 1), ("q8_0", 49152, 576, 512),  # the demo model's table: decode and a prompt
     ("q4_0", 1000, 576, 7), ("q4_1", 1000, 64, 33), ("f16", 300, 576, 5), ("bf16", 300, 70, 5), ("f32", 300, 7, 70000),
+    # Llama-3.2-1B/3B's tied Q6_K table (128256 x 2048 / 3072), Llama-3.1-8B's untied Q4_K (x 4096)
+    ("q6_k", 128256, 2048, 1), ("q6_k", 128256, 3072, 512), ("q4_k", 128256, 4096, 3), ("q5_k", 1000, 256, 9),
 ])
 def test_embedding(gpu, mem, rng, seed, table_type, vocab, hidden, n_tokens):
     raw = random_table(rng, table_type, vocab, hidden)
@@ -45,8 +47,9 @@ def test_embedding(gpu, mem, rng, seed, table_type, vocab, hidden, n_tokens):
     out = mem.poisoned(n_tokens * hidden * 4)
     embedding.launch(gpu, None, out, mem.upload(raw, "weights"), mem.upload(ids), n_tokens, hidden, vocab, table_type)
     got = out.download(np.float32).reshape(n_tokens, hidden)
-    # Every format decodes exactly in float32 (a half times an integer of at most 8 bits, plus a half
-    # for Q4_1: one rounding either way), so the rows equal the reference bit for bit.
+    # Every format decodes with at most one rounding to float32, the host reference's (a half times an
+    # integer of at most 8 bits, plus a half for Q4_1; K-quants: see kernels/embedding.hip), so the rows
+    # equal the reference bit for bit.
     want = embedding.reference(raw, table_type, ids, vocab, hidden)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"seed {seed}"
 

@@ -59,7 +59,8 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
     using Embedding = void (*)(float*, const void*, const int*, int, int, int);
     const std::map<std::string, Embedding> kernels = {
         {"embedding_f32", embedding_f32},   {"embedding_f16", embedding_f16},   {"embedding_bf16", embedding_bf16},
-        {"embedding_q4_0", embedding_q4_0}, {"embedding_q4_1", embedding_q4_1}, {"embedding_q8_0", embedding_q8_0}};
+        {"embedding_q4_0", embedding_q4_0}, {"embedding_q4_1", embedding_q4_1}, {"embedding_q8_0", embedding_q8_0},
+        {"embedding_q4_k", embedding_q4_k}, {"embedding_q5_k", embedding_q5_k}, {"embedding_q6_k", embedding_q6_k}};
     if (!kernels.count(entry)) std::exit(2);
     const Embedding kernel = kernels.at(entry);
     emu_launch(grid, block, [&] { kernel(out.data(), table.data(), (const int*)ids.data(), n_tokens, hidden, vocab); });

@@ -16,13 +16,15 @@ import numpy as np
 
 from hipcore.kvcache.dtypes import kv_dtype
 from hipcore.ops import embedding, paged_attention
+from support.weight_samples import random_weights
 
 U32 = 2.0**-24  # float32 unit roundoff
 
 
 def random_table(rng: np.random.Generator, table_type: str, vocab: int, hidden: int) -> np.ndarray:
     """Raw [vocab, row_bytes] bytes of an embedding table: random quants with finite half scales (and
-    Q4_1 offsets) of varied sign and size, or random finite floats, some of them f16 subnormals."""
+    Q4_1 offsets, K-quant mins) of varied sign and size, or random finite floats, some of them f16
+    subnormals."""
     if table_type in ("f32", "f16", "bf16"):
         values = rng.standard_normal((vocab, hidden)).astype(np.float32)
         values[:, ::7] *= 1e-6  # subnormal halves, tiny floats
@@ -31,6 +33,8 @@ def random_table(rng: np.random.Generator, table_type: str, vocab: int, hidden: 
         if table_type == "f16":
             return values.astype(np.float16).view(np.uint8)
         return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    if embedding.BLOCKS[table_type][0] == 256:  # K-quants: the matrix kernels' samples (scales at their offsets)
+        return random_weights(rng, table_type, vocab, hidden)
     block_bytes = embedding.BLOCKS[table_type][1]
     blocks = rng.integers(0, 256, (vocab, hidden // 32, block_bytes), dtype=np.uint8)
     scales = (rng.standard_normal((vocab, hidden // 32, 2)) * 0.02).astype(np.float16)

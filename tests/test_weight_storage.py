@@ -1,0 +1,81 @@
+"""Which format each weight is stored in on a GPU, and what the memory plan reserves for it
+(hipcore/model/weights.py), driven by a cpu device wearing a GPU backend's name: storage decisions
+depend only on the backend, and the cpu device can hold the uploaded bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.gguf.file import GGUFFile
+from hipcore.gguf.quants import SUPPORTED_TYPES
+from hipcore.model import weights
+from hipcore.model.weights import planned_weight_bytes, storage_format, upload_weights
+from hipcore.ops import embedding
+from hipcore.runtime.cpu import CpuDevice
+from support.gguf_factory import write_tiny_llama
+
+
+class StandInGpu(CpuDevice):
+    """A cpu device that says it is a GPU of `backend`, so the weights take their GPU formats."""
+
+    def __init__(self, backend: str):
+        super().__init__(capacity=1 << 30)
+        self.backend, self.arch = backend, {"hip": "gfx942", "cuda": "sm_90"}[backend]
+
+
+def _file_bytes(plan, names) -> int:
+    return sum(plan.tensor(n).nbytes for n in names)
+
+
+@pytest.mark.parametrize("backend", ["hip", "cuda"])
+@pytest.mark.parametrize("table_type", ["Q4_K", "Q5_K", "Q6_K"])
+def test_a_tied_k_quant_table_stays_in_its_file_format(tmp_path, backend, table_type):
+    """A Q4_K_M file ties its embeddings in Q6_K (Llama-3.2-1B/3B): the table (and so the output head,
+    which reads the same Weight) is stored as the file holds it, not widened to f16, and the memory plan
+    reserves exactly the file's bytes for the whole model."""
+    path = write_tiny_llama(tmp_path / "m.gguf", hidden=256, ffn=256, n_heads=4, n_kv_heads=2, vocab=300,
+                            tensor_type="Q4_K", embedding_type=table_type, tied=True)
+    device = StandInGpu(backend)
+    with GGUFFile.open(path) as gguf:
+        plan = gguf.plan
+        table = plan.tensor("token_embd.weight")
+        assert table.type_name == table_type
+        assert storage_format(device, table_type, is_table=True, is_vector=False) == table_type.lower()
+        file_bytes = _file_bytes(plan, [t.name for t in plan.tensors])
+        assert planned_weight_bytes(device, plan) == file_bytes
+        weights = upload_weights(device, gguf)
+        try:
+            assert weights.token_embd.fmt == table_type.lower() and weights.output is weights.token_embd
+            assert weights.nbytes == file_bytes and not weights.converted
+            assert np.array_equal(weights.token_embd.buffer.download(np.uint8)[:table.nbytes], gguf.raw(table.name).reshape(-1))
+        finally:
+            weights.free()
+
+
+def test_an_untied_k_quant_table_stays_in_its_file_format(tmp_path):
+    """Llama-3.1-8B's untied token_embd is Q4_K: stored as Q4_K beside its own output matrix."""
+    path = write_tiny_llama(tmp_path / "m.gguf", hidden=256, ffn=256, n_heads=4, n_kv_heads=2, vocab=300,
+                            tensor_type="Q6_K", embedding_type="Q4_K", tied=False)
+    device = StandInGpu("cuda")
+    with GGUFFile.open(path) as gguf:
+        assert planned_weight_bytes(device, gguf.plan) == _file_bytes(gguf.plan, [t.name for t in gguf.plan.tensors])
+
+
+def test_the_plan_check_catches_a_table_widened_to_f16(tmp_path, monkeypatch):
+    """The planted fault: without Q6_K among the table types (as before the K-quant lookup kernels) the
+    table is planned as f16, 2 bytes an element, and the equality above fails."""
+    monkeypatch.setattr(weights, "GPU_TABLE_TYPES", weights.GPU_TABLE_TYPES - {"q6_k"})
+    path = write_tiny_llama(tmp_path / "m.gguf", hidden=256, ffn=256, n_heads=4, n_kv_heads=2, vocab=300,
+                            tensor_type="Q4_K", embedding_type="Q6_K", tied=True)
+    with GGUFFile.open(path) as gguf:
+        plan = gguf.plan
+        table = plan.tensor("token_embd.weight")
+        others = _file_bytes(plan, [t.name for t in plan.tensors if t.name != table.name])
+        planned = weights.planned_weight_bytes(StandInGpu("hip"), plan)
+        assert planned == others + table.n_elements * 2 != _file_bytes(plan, [t.name for t in plan.tensors])
+
+
+def test_every_gpu_table_type_has_a_lookup_kernel():
+    """Every type the reader accepts has a lookup kernel, so no table is widened at load."""
+    assert weights.GPU_TABLE_TYPES == set(embedding.TABLE_TYPES) == {t.lower() for t in SUPPORTED_TYPES}
