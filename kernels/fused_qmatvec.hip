@@ -246,32 +246,69 @@ __device__ __forceinline__ void single_pass(float* y, const unsigned char* W, in
   }
 }
 
-template <int N>
-struct Const {
-  static constexpr int value = N;
-};
-
-// pass(Const<NB>, Const<ROWS>, b0) for each pass of at most kMaxBatchPerPass tokens. Single-token steps
+// pass.template run<NB, ROWS>(b0) for each pass of at most kMaxBatchPerPass tokens. Single-token steps
 // have entries of their own (ONE_TOKEN): a kernel's registers are those of its widest path, and the
 // batched passes (four tokens' accumulators) would cost the single-token pass half its occupancy (188
 // registers against ~100 on sm_90, ptxas -v).
 template <bool ONE_TOKEN, class Pass>
-__device__ __forceinline__ void passes(int batch, Pass pass) {
+__device__ __forceinline__ void passes(int batch, const Pass& pass) {
   rf_check_wave_size();
   for (int b0 = 0; b0 < batch; b0 += kMaxBatchPerPass) {
     const int left = batch - b0;
     if (ONE_TOKEN) {
-      pass(Const<1>(), Const<4>(), b0);
+      pass.template run<1, 4>(b0);
       continue;
     }
     switch (left < kMaxBatchPerPass ? left : kMaxBatchPerPass) {
-      case 1: pass(Const<1>(), Const<2>(), b0); break;
-      case 2: pass(Const<2>(), Const<2>(), b0); break;
-      case 3: pass(Const<3>(), Const<2>(), b0); break;
-      default: pass(Const<4>(), Const<2>(), b0); break;
+      case 1: pass.template run<1, 2>(b0); break;
+      case 2: pass.template run<2, 2>(b0); break;
+      case 3: pass.template run<3, 2>(b0); break;
+      default: pass.template run<4, 2>(b0); break;
     }
   }
 }
+
+// The passes' functors (not lambdas: nvrtc compiles no lambda in device code without -default-device).
+struct RopePass {
+  float* const* y;
+  const unsigned char* const* W;
+  const int *type_of, *rows;
+  const float *x, *g;
+  const Rope* rope;
+  int cols;
+  float eps;
+  template <int NB, int ROWS>
+  __device__ __forceinline__ void run(int b0) const {
+    norm_rope_pass<NB, ROWS>(y, W, type_of, rows, x + (unsigned long long)b0 * cols, g, *rope, cols, eps, b0);
+  }
+};
+
+struct SwigluPass {
+  float* y;
+  const void *Wg, *Wu;
+  const float *x, *g;
+  int types, rows, cols;
+  float eps;
+  template <int NB, int ROWS>
+  __device__ __forceinline__ void run(int b0) const {
+    norm_swiglu_pass<NB, ROWS>(y, static_cast<const unsigned char*>(Wg), static_cast<const unsigned char*>(Wu), types,
+                               x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0);
+  }
+};
+
+template <bool NORM>
+struct SinglePass {
+  float* y;
+  const void* W;
+  const float *x, *g;
+  int type, rows, cols;
+  float eps;
+  template <int NB, int ROWS>
+  __device__ __forceinline__ void run(int b0) const {
+    single_pass<NB, ROWS, NORM>(y, static_cast<const unsigned char*>(W), type, x + (unsigned long long)b0 * cols, g,
+                                rows, cols, eps, b0);
+  }
+};
 
 template <bool ONE_TOKEN>
 __device__ __forceinline__ void norm_rope(float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv,
@@ -284,29 +321,19 @@ __device__ __forceinline__ void norm_rope(float* q, float* k, float* v, const vo
   const int type_of[3] = {types & 15, (types >> 4) & 15, (types >> 8) & 15};
   const int rows[3] = {q_rows, kv_rows, kv_rows};
   const Rope rope = {positions, head_dim, rope_dim, theta, freq_scale};
-  passes<ONE_TOKEN>(batch, [&](auto nb, auto r, int b0) {
-    norm_rope_pass<decltype(nb)::value, decltype(r)::value>(y, W, type_of, rows, x + (unsigned long long)b0 * cols, g,
-                                                            rope, cols, eps, b0);
-  });
+  passes<ONE_TOKEN>(batch, RopePass{y, W, type_of, rows, x, g, &rope, cols, eps});
 }
 
 template <bool ONE_TOKEN>
 __device__ __forceinline__ void norm_swiglu(float* y, const void* Wg, const void* Wu, const float* x, const float* g,
                                             int types, int rows, int cols, int batch, float eps) {
-  passes<ONE_TOKEN>(batch, [&](auto nb, auto r, int b0) {
-    norm_swiglu_pass<decltype(nb)::value, decltype(r)::value>(y, static_cast<const unsigned char*>(Wg),
-                                                              static_cast<const unsigned char*>(Wu), types,
-                                                              x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0);
-  });
+  passes<ONE_TOKEN>(batch, SwigluPass{y, Wg, Wu, x, g, types, rows, cols, eps});
 }
 
 template <bool ONE_TOKEN, bool NORM>
 __device__ __forceinline__ void single(float* y, const void* W, const float* x, const float* g, int type, int rows,
                                        int cols, int batch, float eps) {
-  passes<ONE_TOKEN>(batch, [&](auto nb, auto r, int b0) {
-    single_pass<decltype(nb)::value, decltype(r)::value, NORM>(y, static_cast<const unsigned char*>(W), type,
-                                                                x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0);
-  });
+  passes<ONE_TOKEN>(batch, SinglePass<NORM>{y, W, x, g, type, rows, cols, eps});
 }
 
 }  // namespace fq
