@@ -25,6 +25,8 @@
 // aligned 4-byte words and shifted into place (one word more than the run).
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; W 16-byte aligned
 // (Q4_K, Q5_K) or 2-byte (the others); x 16-byte aligned. Block size: a multiple of 64 up to 256.
+#ifndef RF_QMATVEC_HIP  // fused_qmatvec.hip includes this file for its formats
+#define RF_QMATVEC_HIP
 #include "hip_compat.h"
 
 namespace {
@@ -48,13 +50,8 @@ static __device__ __forceinline__ unsigned int low_byte_code(float v, float inv)
   return rf_float_as_uint(fmaf(v, inv, 12582912.0f)) & 0xffu;
 }
 
-static __device__ __forceinline__ XSlice quantize_x(const float* __restrict__ x, int col_a, int col_b) {
-  float4 v[8];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    v[k] = *reinterpret_cast<const float4*>(x + col_a + 4 * k);
-    v[4 + k] = *reinterpret_cast<const float4*>(x + col_b + 4 * k);
-  }
+// The slice's 32 values (run a in v[0..3], run b in v[4..7]) quantized.
+static __device__ __forceinline__ XSlice quantize_values(const float4 v[8]) {
   float amax = 0.0f;
 #pragma unroll
   for (int k = 0; k < 8; ++k)
@@ -73,6 +70,16 @@ static __device__ __forceinline__ XSlice quantize_x(const float* __restrict__ x,
     s.sum_b = rf_dp4a(s.xq[4 + k], (int)kOnes, s.sum_b);
   }
   return s;
+}
+
+static __device__ __forceinline__ XSlice quantize_x(const float* __restrict__ x, int col_a, int col_b) {
+  float4 v[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[k] = *reinterpret_cast<const float4*>(x + col_a + 4 * k);
+    v[4 + k] = *reinterpret_cast<const float4*>(x + col_b + 4 * k);
+  }
+  return quantize_values(v);
 }
 
 static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
@@ -364,6 +371,7 @@ __device__ __forceinline__ void qmatvec(float* __restrict__ y, const void* __res
 }  // namespace q8
 }  // namespace
 
+#ifndef RF_QMATVEC_NO_ENTRIES  // defined by fused_qmatvec.hip, which has entries of its own
 // One entry point per format: qmatvec_<format>(y, W, x, rows, cols, batch).
 #define RF_QMATVEC_ENTRY(name, Format)                                                                          \
   extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,       \
@@ -376,3 +384,5 @@ RF_QMATVEC_ENTRY(qmatvec_q5_k, q8::Q5_KFormat)
 RF_QMATVEC_ENTRY(qmatvec_q6_k, q8::Q6_KFormat)
 RF_QMATVEC_ENTRY(qmatvec_q8_0, q8::Q8_0Format)
 RF_QMATVEC_ENTRY(qmatvec_q4_0, q8::Q4_0Format)
+#endif  // RF_QMATVEC_NO_ENTRIES
+#endif  // RF_QMATVEC_HIP

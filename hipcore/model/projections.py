@@ -5,8 +5,11 @@ Three ways, per product, decided by the step's size and the weight's format:
                 per 4 tokens, which at a few tokens is a single pass as fast as W can be read;
   fused_matmul  (hipcore/ops/fused_matmul.py) beyond: W decoded once per tile of 32/64 tokens, the
                 columns split across workgroups while the tiles are few (decode batches);
-  single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats the fused kernels do not read
-                (the K-quants) or weights without the concatenated q|k|v and gate|up buffers; their products
+  fused_qmatvec (hipcore/ops/fused_qmatvec.py) up to FUSED_MATVEC_MAX_TOKENS tokens for the int8-activation
+                types (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) when q|k|v or gate|up are separate matrices, of
+                one type or several (a Q4_K_M layer: Q4_K q, k with Q6_K v): the same four launches;
+  single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats no fused kernel reads,
+                prompt steps of weights without the concatenated q|k|v and gate|up buffers; their products
                 run on the matrix cores from matmul_mma.MMA_MIN_TOKENS tokens where the device has them,
                 else on matmul / matvec. (Their norm, SwiGLU and residual stay separate launches.)
 Both fused families fold the norm, RoPE, SwiGLU and the residual add into the products, so a layer is
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from hipcore.ops import add, fused_matmul, fused_matvec, matmul_mma, rmsnorm, rope, silu_mul
+from hipcore.ops import add, fused_matmul, fused_matvec, fused_qmatvec, matmul_mma, rmsnorm, rope, silu_mul
 from hipcore.runtime.device import Buffer, Device, Stream
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
@@ -31,6 +34,12 @@ Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
 def weight_arg(w) -> Any:
     """A launcher argument for a weight: its Buffer (size-checked) or, inside a shared buffer, its address."""
     return w.buffer if w.offset == 0 else w.addr()
+
+
+def separate_fusable(n_tokens: int, *weights, max_tokens: int = FUSED_MATVEC_MAX_TOKENS) -> bool:
+    """True when fused_qmatvec takes these separate matrices for a step of n_tokens tokens."""
+    return n_tokens <= max_tokens and all(w is not None for w in weights) and fused_qmatvec.supports(
+        *(w.fmt for w in weights))
 
 
 def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED_MATVEC_MAX_TOKENS):
@@ -68,6 +77,12 @@ class ProjectionPlanner:
                 dev, st, b["q"], b["k"], b["v"], weight_arg(qkv), b["x"], lw.attn_norm.buffer, positions,
                 q_rows=nh * hd, kv_rows=nkv * hd, cols=h, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
                 theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, **kwargs))]
+        if separate_fusable(t, lw.attn_q, lw.attn_k, lw.attn_v) and hd % 4 == 0:
+            weights = [(weight_arg(w), w.fmt) for w in (lw.attn_q, lw.attn_k, lw.attn_v)]
+            return [("attn_norm+qkv+rope", lambda: fused_qmatvec.launch_norm_rope(
+                dev, st, b["q"], b["k"], b["v"], weights, b["x"], lw.attn_norm.buffer, positions, q_rows=nh * hd,
+                kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
+                theta=cfg.rope_theta, freq_scale=self.freq_scale))]
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
                                                                    cfg.rms_norm_eps))]
         for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
@@ -89,6 +104,10 @@ class ProjectionPlanner:
             return [("ffn_norm+gate_up+silu", lambda: family.launch_norm_swiglu(
                 dev, st, b["gate"], weight_arg(gate_up), b["x"], lw.ffn_norm.buffer, rows=f, cols=h, eps=eps,
                 weight_type=gate_up.fmt, **kwargs))]
+        if separate_fusable(t, lw.ffn_gate, lw.ffn_up):
+            weights = [(weight_arg(w), w.fmt) for w in (lw.ffn_gate, lw.ffn_up)]
+            return [("ffn_norm+gate_up+silu", lambda: fused_qmatvec.launch_norm_swiglu(
+                dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps))]
         plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
         for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
@@ -104,6 +123,9 @@ class ProjectionPlanner:
             kwargs = self._fused_kwargs(family, t)
             return [(f"{name}+residual", lambda: family.launch_add(
                 dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, weight_type=wt.fmt, **kwargs))]
+        if separate_fusable(t, wt):
+            return [(f"{name}+residual", lambda: fused_qmatvec.launch_add(
+                dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, batch=t, weight_type=wt.fmt))]
         return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
                 (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
 
@@ -117,6 +139,10 @@ class ProjectionPlanner:
             return [("output_norm+head", lambda: family.launch_norm(
                 dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, eps=eps,
                 weight_type=out_w.fmt, **kwargs))]
+        if separate_fusable(r, out_w, max_tokens=HEAD_MATVEC_MAX_ROWS):
+            return [("output_norm+head", lambda: fused_qmatvec.launch_norm(
+                dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, batch=r, eps=eps,
+                weight_type=out_w.fmt))]
         return [("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, norm_w.buffer, r, h, eps)),
                 ("head", lambda: matmul_mma.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h, r,
                                                 weight_type=out_w.fmt))]

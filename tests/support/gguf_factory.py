@@ -83,8 +83,10 @@ def tiny_llama_spec(
     rope_theta: float = 10000.0,
     rms_eps: float = 1e-5,
     alignment: int | None = None,
+    tensor_types: Mapping[str, str] | None = None,
 ) -> TinyLlama:
-    """The model of write_tiny_llama as data. extra_metadata: key -> value (type inferred: bool, int as
+    """The model of write_tiny_llama as data. tensor_types: a matrix's part name ("attn_v", "ffn_down",
+    "output" ...) -> its type where it differs from tensor_type (Q4_K_M: {"attn_v": "Q6_K", ...}). extra_metadata: key -> value (type inferred: bool, int as
     uint32, float as float32, str, lists of str/int/float) or key -> Meta; a value of None removes the key."""
     if hidden % n_heads or n_heads % n_kv_heads:
         raise ValueError("hidden must divide by n_heads and n_heads by n_kv_heads")
@@ -109,7 +111,7 @@ def tiny_llama_spec(
     meta += _tokenizer_metadata(tokenizer, vocab)
     meta = _apply_extra(meta, extra_metadata or {})
     tensors = _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type,
-                       embedding_type or tensor_type, tied, seed)
+                       embedding_type or tensor_type, tied, seed, dict(tensor_types or {}))
     return TinyLlama(tuple(meta), tuple(tensors), alignment)
 
 
@@ -222,7 +224,8 @@ def _infer(key: str, value: object) -> Meta:
     raise ValueError(f"cannot infer a GGUF type for {key}={value!r}; pass a Meta")
 
 
-def _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type, embedding_type, tied, seed):
+def _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type, embedding_type, tied, seed,
+             tensor_types):
     rng = np.random.default_rng(seed)
     head_dim = hidden // n_heads
     # Weights ~ N(0, 1/fan_in) keep each projection's output near unit size; the two projections
@@ -250,10 +253,11 @@ def _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type, emb
         }
         for part in LAYER_TENSORS:
             values = parts[part]
-            out.append(_encode(f"blk.{i}.{part}.weight", values, tensor_type if values.ndim == 2 else "F32"))
+            kind = tensor_types.get(part, tensor_type) if values.ndim == 2 else "F32"
+            out.append(_encode(f"blk.{i}.{part}.weight", values, kind))
     out.append(_encode("output_norm.weight", norm(hidden), "F32"))
     if not tied:
-        out.append(_encode("output.weight", linear(vocab, hidden), tensor_type))
+        out.append(_encode("output.weight", linear(vocab, hidden), tensor_types.get("output", tensor_type)))
     return out
 
 

@@ -1,0 +1,241 @@
+"""fused_qmatvec: the decode products of a layer on int8-quantized activations, small ops folded in, for
+weights that each come as their own matrix of their own type (kernels/fused_qmatvec.hip).
+
+A Q4_K_M file stores attn_q / attn_k in Q4_K and attn_v in Q6_K (ffn_down likewise in some layers), so q|k|v
+cannot be one concatenated matrix and fused_matvec does not apply. These kernels take each matrix apart
+(a pointer and a type code per matrix) and still do a layer's products in four launches:
+
+  qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, types, q_rows, kv_rows, cols, batch, head_dim,
+                        rope_dim, eps, theta, freq_scale)
+  qmatvec_norm_swiglu_<v>(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
+  qmatvec_add_<v>(y, W, x, type, rows, cols, batch)
+  qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
+
+<v> is "1" for one token (its own entries: fewer registers, see the kernel) and "n" for any number.
+The products are qmatvec's: x (times g when normalizing) quantized per slice of 32 to int8 and one float
+scale, integer dot products with the weight codes. rmsnorm(x) * g = s * (x * g) with s = 1 / sqrt(mean(x^2)
++ eps) per token, so the references below apply qmatvec.reference to x * g (float32, as the kernel forms
+it) and scale by s: that is exactly the function the kernels compute, up to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from hipcore.ops import qmatvec, rope, silu_mul
+from hipcore.ops.launch_checks import check_disjoint, check_memory, check_qkv_rope, check_sizes
+from hipcore.ops.weight_formats import column_multiple, host_product, row_bytes
+from hipcore.runtime.cpu import CpuDevice, cpu_kernel
+from hipcore.runtime.device import Device, Stream
+from hipcore.runtime.kernels import get_kernel, wavefront_size
+
+OP = "fused_qmatvec"
+WEIGHT_TYPES = qmatvec.WEIGHT_TYPES
+TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4}  # kernels/fused_qmatvec.hip's WeightType
+SIGNATURES = {
+    "qmatvec_norm_rope": "pppppppppiiiiiiifff",
+    "qmatvec_norm_swiglu": "pppppiiiif",
+    "qmatvec_add": "pppiiii",
+    "qmatvec_norm": "ppppiiiif",
+}
+BIG_MATRIX_ROW_GROUPS = 4096
+VECTOR_ALIGNMENT = 16
+
+
+def supports(*weight_types: str) -> bool:
+    """True when every matrix's type is one these kernels read."""
+    return all(t in WEIGHT_TYPES for t in weight_types)
+
+
+def pack_types(weight_types: Sequence[str]) -> int:
+    """The kernels' `types` argument: one 4-bit code per matrix, the first in the low bits."""
+    return sum(TYPE_CODES[t] << (4 * i) for i, t in enumerate(weight_types))
+
+
+# ---- references: float64, x quantized exactly as the kernels do -----------------------------------
+
+
+def norm_parts(x: np.ndarray, g: np.ndarray, eps: float, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x * g in float32 [batch, cols], s float64 [batch]): rmsnorm(x) * g = s * (x * g)."""
+    xs = np.asarray(x, dtype=np.float32).reshape(-1, cols)
+    xg = xs * np.asarray(g, dtype=np.float32).reshape(1, cols)
+    s = 1.0 / np.sqrt(np.mean(xs.astype(np.float64) ** 2, axis=1) + eps)
+    return xg, s
+
+
+def reference_norm(w_raw, weight_type, x, g, eps, rows, cols) -> np.ndarray:
+    """float64 [batch, rows] = s * quantize(x * g) @ W^T."""
+    xg, s = norm_parts(x, g, eps, cols)
+    return s[:, None] * qmatvec.reference(w_raw, weight_type, xg, rows, cols)
+
+
+def reference_norm_rope(weights, x, g, eps, positions, q_rows, kv_rows, cols, head_dim, rope_dim, theta, freq_scale):
+    """(q, k, v) float64; `weights` = ((raw, type) of Wq, of Wk, of Wv)."""
+    outs = []
+    for (raw, weight_type), rows, rotate in zip(weights, (q_rows, kv_rows, kv_rows), (True, True, False)):
+        y = reference_norm(raw, weight_type, x, g, eps, rows, cols)
+        if rotate:
+            y = rope.reference(y.reshape(y.shape[0], -1, head_dim), positions, rope_dim, theta, freq_scale)
+        outs.append(y.reshape(-1, rows))
+    return tuple(outs)
+
+
+def reference_norm_swiglu(weights, x, g, eps, rows, cols) -> np.ndarray:
+    """float64 [batch, rows] = silu(gate) * up; `weights` = ((raw, type) of W_gate, of W_up)."""
+    (wg, tg), (wu, tu) = weights
+    return silu_mul.reference(reference_norm(wg, tg, x, g, eps, rows, cols), reference_norm(wu, tu, x, g, eps, rows, cols))
+
+
+def reference_add(w_raw, weight_type, x, y, rows, cols) -> np.ndarray:
+    """float64 [batch, rows] = y + quantize(x) @ W^T."""
+    return np.asarray(y, dtype=np.float64).reshape(-1, rows) + qmatvec.reference(w_raw, weight_type, x, rows, cols)
+
+
+# ---- host kernels (the cpu backend): the same function in float32 ---------------------------------
+
+_TYPE_NAMES = {code: name for name, code in TYPE_CODES.items()}
+
+
+def _host_product(dev: CpuDevice, w: int, type_code: int, xs: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    weight_type = _TYPE_NAMES[type_code]
+    raw = dev.view(w, np.uint8, (rows, row_bytes(weight_type, cols)))
+    out = np.empty((xs.shape[0], rows), dtype=np.float32)
+    host_product(raw, weight_type, qmatvec.quantize_x(xs, weight_type).astype(np.float32), cols, out)
+    return out
+
+
+def _host_normed(dev: CpuDevice, w: int, type_code: int, x: int, g: int, rows: int, cols: int, batch: int, eps: float):
+    xg, s = norm_parts(dev.view(x, np.float32, (batch, cols)), dev.view(g, np.float32, cols), eps, cols)
+    return _host_product(dev, w, type_code, xg, rows, cols) * s.astype(np.float32)[:, None]
+
+
+def _register(variant: str) -> None:
+    @cpu_kernel(f"qmatvec_norm_rope_{variant}", SIGNATURES["qmatvec_norm_rope"])
+    def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, types, q_rows, kv_rows, cols, batch, head_dim,
+                  rope_dim, eps, theta, freq_scale):
+        pos = dev.view(positions, np.int32, batch)
+        for i, (out, w, rows, rotate) in enumerate(((q, wq, q_rows, True), (k, wk, kv_rows, True), (v, wv, kv_rows, False))):
+            y = _host_normed(dev, w, (types >> (4 * i)) & 15, x, g, rows, cols, batch, eps)
+            if rotate:
+                y = rope.reference(y.reshape(batch, -1, head_dim), pos, rope_dim, theta, freq_scale).reshape(batch, rows)
+            dev.view(out, np.float32, (batch, rows))[:] = y
+
+    @cpu_kernel(f"qmatvec_norm_swiglu_{variant}", SIGNATURES["qmatvec_norm_swiglu"])
+    def norm_swiglu(dev, grid, block, y, wg, wu, x, g, types, rows, cols, batch, eps):
+        gate = _host_normed(dev, wg, types & 15, x, g, rows, cols, batch, eps)
+        up = _host_normed(dev, wu, (types >> 4) & 15, x, g, rows, cols, batch, eps)
+        dev.view(y, np.float32, (batch, rows))[:] = silu_mul.reference(gate, up)
+
+    @cpu_kernel(f"qmatvec_add_{variant}", SIGNATURES["qmatvec_add"])
+    def add(dev, grid, block, y, w, x, type_code, rows, cols, batch):
+        dev.view(y, np.float32, (batch, rows))[:] += _host_product(dev, w, type_code, dev.view(x, np.float32, (batch, cols)),
+                                                                   rows, cols)
+
+    @cpu_kernel(f"qmatvec_norm_{variant}", SIGNATURES["qmatvec_norm"])
+    def norm(dev, grid, block, y, w, x, g, type_code, rows, cols, batch, eps):
+        dev.view(y, np.float32, (batch, rows))[:] = _host_normed(dev, w, type_code, x, g, rows, cols, batch, eps)
+
+
+for _variant in ("1", "n"):
+    _register(_variant)
+
+
+# ---- launchers ---------------------------------------------------------------------------------
+
+
+def variant(batch: int) -> str:
+    return "1" if batch == 1 else "n"
+
+
+def geometry(arch: str, groups: int) -> tuple[int, int]:
+    """(grid, block) for `groups` row groups (the kernel loops, so any grid is correct)."""
+    threads = 256 if groups >= BIG_MATRIX_ROW_GROUPS else 64
+    warps_per_block = max(1, threads // wavefront_size(arch))
+    return -(-groups // warps_per_block), threads
+
+
+def rows_per_warp(batch: int) -> int:
+    return 4 if batch == 1 else 2
+
+
+def _check_matrix(op: str, name: str, w: Any, weight_type: str, rows: int, cols: int) -> None:
+    if weight_type not in WEIGHT_TYPES:
+        raise ValueError(f"{op}: {name} has weight type {weight_type!r}; these kernels read {', '.join(WEIGHT_TYPES)}")
+    if cols % column_multiple(weight_type):
+        raise ValueError(f"{op}: cols must be a multiple of {column_multiple(weight_type)} for {name} "
+                         f"({weight_type}), got {cols}")
+    check_memory(op, name, w, rows * row_bytes(weight_type, cols), qmatvec.WEIGHT_ALIGNMENT[weight_type])
+
+
+def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> None:
+    check_memory(op, "x", x, batch * cols * 4, VECTOR_ALIGNMENT)
+    if g is not None:
+        check_memory(op, "g", g, cols * 4, VECTOR_ALIGNMENT)
+
+
+def _launch(device: Device, stream: Stream | None, entry: str, batch: int, groups: int, args: tuple) -> None:
+    grid, block = geometry(device.arch, groups)
+    kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry])
+    kernel.launch(grid, block, args, stream=stream)
+
+
+def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, weights: Sequence[tuple[Any, str]],
+                     x: Any, g: Any, positions: Any, *, q_rows: int, kv_rows: int, cols: int, batch: int,
+                     head_dim: int, rope_dim: int, eps: float, theta: float, freq_scale: float) -> None:
+    """q, k, v = rope(n @ Wq^T), rope(n @ Wk^T), n @ Wv^T; `weights` = ((Wq, type), (Wk, type), (Wv, type))."""
+    op = "qmatvec_norm_rope"
+    check_sizes(op, q_rows=q_rows, kv_rows=kv_rows, cols=cols, batch=batch)
+    if head_dim % 4:  # a warp's rows are whole RoPE pairs of one matrix: 4 rows at a time
+        raise ValueError(f"{op}: head_dim must be a multiple of 4, got {head_dim}")
+    for (w, weight_type), name, rows in zip(weights, ("Wq", "Wk", "Wv"), (q_rows, kv_rows, kv_rows)):
+        _check_matrix(op, name, w, weight_type, rows, cols)
+    _check_vectors(op, x, g, batch, cols)
+    check_qkv_rope(op, q, k, v, x, positions, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=batch,
+                   head_dim=head_dim, rope_dim=rope_dim)
+    groups = (q_rows + 2 * kv_rows) // rows_per_warp(batch)
+    (wq, tq), (wk, tk), (wv, tv) = weights
+    _launch(device, stream, op, batch, groups, (q, k, v, wq, wk, wv, x, g, positions, pack_types((tq, tk, tv)), q_rows,
+                                                kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
+
+
+def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: Sequence[tuple[Any, str]], x: Any, g: Any,
+                       *, rows: int, cols: int, batch: int, eps: float) -> None:
+    """y = silu(n @ Wg^T) * (n @ Wu^T); `weights` = ((Wg, type), (Wu, type))."""
+    op = "qmatvec_norm_swiglu"
+    check_sizes(op, rows=rows, cols=cols, batch=batch)
+    for (w, weight_type), name in zip(weights, ("W_gate", "W_up")):
+        _check_matrix(op, name, w, weight_type, rows, cols)
+    _check_vectors(op, x, g, batch, cols)
+    check_memory(op, "y", y, batch * rows * 4)
+    check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
+    (wg, tg), (wu, tu) = weights
+    _launch(device, stream, op, batch, -(-rows // rows_per_warp(batch)),
+            (y, wg, wu, x, g, pack_types((tg, tu)), rows, cols, batch, eps))
+
+
+def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *, rows: int, cols: int, batch: int,
+               weight_type: str) -> None:
+    """y += quantize(x) @ W^T."""
+    op = "qmatvec_add"
+    check_sizes(op, rows=rows, cols=cols, batch=batch)
+    _check_matrix(op, "W", w, weight_type, rows, cols)
+    _check_vectors(op, x, None, batch, cols)
+    check_memory(op, "y", y, batch * rows * 4)
+    check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
+    _launch(device, stream, op, batch, -(-rows // rows_per_warp(batch)),
+            (y, w, x, TYPE_CODES[weight_type], rows, cols, batch))
+
+
+def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,
+                batch: int, eps: float, weight_type: str) -> None:
+    """y = n @ W^T (the output head)."""
+    op = "qmatvec_norm"
+    check_sizes(op, rows=rows, cols=cols, batch=batch)
+    _check_matrix(op, "W", w, weight_type, rows, cols)
+    _check_vectors(op, x, g, batch, cols)
+    check_memory(op, "y", y, batch * rows * 4)
+    check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
+    _launch(device, stream, op, batch, -(-rows // rows_per_warp(batch)),
+            (y, w, x, g, TYPE_CODES[weight_type], rows, cols, batch, eps))

@@ -1,0 +1,187 @@
+"""kernels/fused_qmatvec.hip on a real GPU, and a Q4_K_M-typed model decoding through it.
+
+1. Each kernel against hipcore/ops/fused_qmatvec.py's float64 reference on fresh random inputs, poisoned
+   outputs, Llama-3.1-8B's shapes and small ones, Q4_K_M's type mix and others.
+2. A tiny model typed as Q4_K_M (Q4_K q, k, o, gate, up; Q6_K v, down, output) on the GPU against the cpu
+   backend, teacher-forced on the cpu's greedy tokens: the top-10 logits of every step within
+   MAX_RELATIVE_LOGIT_DIFF of the largest logit, and the same greedy pick wherever the cpu's top-2 margin
+   is wider than twice that. The cpu backend decodes every weight to float32 and multiplies in float32;
+   the GPU rounds x to int8 per 32 values before each product (as llama.cpp's decode path does): a rounding
+   error of at most half a step of amax / 127, ~0.5% of the product relative (rms), independent between
+   products. Nine products lie on the path of a logit in a two-layer model, ~1.5% relative rms: 4e-2 is
+   more than twice that, and a wrong kernel (a wrong type, scale or rotation) moves logits by their
+   own size. Measured figures go to $OUT/kquant_model_figures.json.
+3. Graph replay equals eager on that model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.model.llama import LlamaRunner
+from hipcore.ops import fused_qmatvec, qmatvec
+from hipcore.ops.weight_formats import dequantize_rows, row_bytes
+from support.gguf_factory import write_tiny_llama
+from support.model_steps import step_batch
+from support.weight_samples import random_weights
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-5
+MAX_RELATIVE_LOGIT_DIFF = 4e-2
+Q4_K_M = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K"}
+
+
+def bound_of(raw, weight_type, xs, s, rows, cols):
+    w = dequantize_rows(raw.reshape(rows, row_bytes(weight_type, cols)), weight_type, cols, np.float64)
+    magnitude = s[:, None] * (np.abs(qmatvec.quantize_x(xs, weight_type)) @ np.abs(w).T)
+    return 2 * s[:, None] * qmatvec.error_bound(raw, weight_type, xs, rows, cols) + 1e-5 * magnitude
+
+
+def check(got, want, bound, what):
+    bad = ~(np.abs(got - want) <= bound)
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} off; first at {np.argwhere(bad)[0].tolist()}: "
+                           f"got {got[bad][0]!r}, want {want[bad][0]!r}")
+
+
+@pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0")], ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("heads,kv_heads,head_dim,cols,batch", [(32, 8, 128, 4096, 1), (32, 8, 128, 4096, 3),
+                                                                (4, 2, 64, 512, 1), (4, 2, 64, 256, 7)])
+def test_norm_rope(gpu, mem, rng, seed, types, heads, kv_heads, head_dim, cols, batch):
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
+    x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
+    g = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
+    pos = rng.integers(0, 8192, batch).astype(np.int32)
+    outs = [mem.poisoned(batch * r * 4) for r in (q_rows, kv_rows, kv_rows)]
+    fused_qmatvec.launch_norm_rope(gpu, None, *outs, [(mem.upload(r, "weights"), t) for r, t in zip(raws, types)],
+                                   mem.upload(x), mem.upload(g), mem.upload(pos), q_rows=q_rows, kv_rows=kv_rows,
+                                   cols=cols, batch=batch, head_dim=head_dim, rope_dim=head_dim, eps=EPS,
+                                   theta=500000.0, freq_scale=1.0)
+    want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, pos, q_rows, kv_rows, cols, head_dim,
+                                             head_dim, 500000.0, 1.0)
+    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    for name, out, ref, raw, t, rows in zip("qkv", outs, want, raws, types, (q_rows, kv_rows, kv_rows)):
+        bound = bound_of(raw, t, xg, s, rows, cols)
+        if name != "v":
+            bound = bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+        check(out.download(np.float32).reshape(batch, rows), ref, bound, f"seed {seed} {name}")
+
+
+@pytest.mark.parametrize("types,rows,cols,batch", [(("q4_k", "q4_k"), 14336, 4096, 1), (("q4_k", "q6_k"), 14336, 4096, 2),
+                                                   (("q8_0", "q5_k"), 300, 512, 5)])
+def test_norm_swiglu(gpu, mem, rng, seed, types, rows, cols, batch):
+    wg, wu = (random_weights(rng, t, rows, cols) for t in types)
+    x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
+    g = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
+    y = mem.poisoned(batch * rows * 4)
+    fused_qmatvec.launch_norm_swiglu(gpu, None, y, [(mem.upload(wg, "weights"), types[0]), (mem.upload(wu, "weights"),
+                                     types[1])], mem.upload(x), mem.upload(g), rows=rows, cols=cols, batch=batch, eps=EPS)
+    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    gate = fused_qmatvec.reference_norm(wg, types[0], x, g, EPS, rows, cols)
+    up = fused_qmatvec.reference_norm(wu, types[1], x, g, EPS, rows, cols)
+    want = fused_qmatvec.reference_norm_swiglu([(wg, types[0]), (wu, types[1])], x, g, EPS, rows, cols)
+    tg, tu = bound_of(wg, types[0], xg, s, rows, cols), bound_of(wu, types[1], xg, s, rows, cols)
+    bound = 1.1 * np.abs(up) * tg + np.abs(gate) * tu + tg * tu + 1e-5 * np.abs(want)
+    check(y.download(np.float32).reshape(batch, rows), want, bound, f"seed {seed}")
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,batch", [("q6_k", 4096, 14336, 1), ("q4_k", 4096, 4096, 4),
+                                                         ("q6_k", 128256, 4096, 1), ("q4_0", 77, 96, 9)])
+def test_add_and_norm(gpu, mem, rng, seed, weight_type, rows, cols, batch):
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
+    g = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
+    y0 = rng.standard_normal((batch, rows)).astype(np.float32)
+    w, xs = mem.upload(raw, "weights"), mem.upload(x)
+    y = mem.upload(y0)
+    fused_qmatvec.launch_add(gpu, None, y, w, xs, rows=rows, cols=cols, batch=batch, weight_type=weight_type)
+    want = fused_qmatvec.reference_add(raw, weight_type, x, y0, rows, cols)
+    bound = bound_of(raw, weight_type, x, np.ones(batch), rows, cols) + 2**-24 * np.abs(want)
+    check(y.download(np.float32).reshape(batch, rows), want, bound, f"seed {seed} add")
+    out = mem.poisoned(batch * rows * 4)
+    fused_qmatvec.launch_norm(gpu, None, out, w, xs, mem.upload(g), rows=rows, cols=cols, batch=batch, eps=EPS,
+                              weight_type=weight_type)
+    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    check(out.download(np.float32).reshape(batch, rows), fused_qmatvec.reference_norm(raw, weight_type, x, g, EPS, rows,
+          cols), bound_of(raw, weight_type, xg, s, rows, cols), f"seed {seed} norm")
+
+
+# ---- the whole model ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kquant_model(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("q4km") / "q4_k_m.gguf", hidden=256, ffn=512, n_heads=4,
+                                n_kv_heads=2, vocab=384, n_layers=2, tensor_type="Q4_K", tensor_types=Q4_K_M,
+                                tied=False, context=256, seed=3))
+
+
+def test_q4_k_m_model_matches_the_cpu_backend(gpu, kquant_model):
+    options = dict(max_seqs=4, ctx_size=256, kv_dtype="f16")
+    with load_model(kquant_model, LoadOptions(**options), device=gpu) as on_gpu, \
+            load_model(kquant_model, LoadOptions(device="cpu", **options)) as on_cpu:
+        layer = on_gpu.weights.layers[0]
+        assert (layer.attn_q.fmt, layer.attn_v.fmt, layer.ffn_down.fmt) == ("q4_k", "q6_k", "q6_k")
+        prompt, steps, seq = [5, 77, 123, 9, 300, 41], 24, 7
+        worst, agree, decided = 0.0, 0, 0
+        tokens = list(prompt)
+        for step in range(steps):
+            new = tokens if step == 0 else tokens[-1:]
+            first = 0 if step == 0 else len(tokens) - 1
+            got = [loaded.runner.execute(step_batch(loaded.cache, [(seq, new, first)]))[0].astype(np.float64)
+                   for loaded in (on_gpu, on_cpu)]
+            gpu_logits, cpu_logits = got
+            scale = np.max(np.abs(cpu_logits))
+            top = np.argsort(cpu_logits)[-10:]
+            rel = float(np.max(np.abs(gpu_logits[top] - cpu_logits[top])) / scale)
+            worst = max(worst, rel)
+            assert rel <= MAX_RELATIVE_LOGIT_DIFF, f"step {step}: top-10 logits differ by {rel:.3e} of the largest"
+            top2 = np.sort(cpu_logits)[-2:]
+            if top2[1] - top2[0] > 2 * MAX_RELATIVE_LOGIT_DIFF * scale:
+                decided += 1
+                agree += int(np.argmax(gpu_logits) == np.argmax(cpu_logits))
+                assert np.argmax(gpu_logits) == np.argmax(cpu_logits), f"step {step}: greedy pick differs"
+            tokens.append(int(np.argmax(cpu_logits)))
+        for loaded in (on_gpu, on_cpu):
+            loaded.cache.free_sequence(seq)
+            loaded.device.synchronize()
+            loaded.cache.release_fenced()
+        figures = {"steps": steps, "max_rel_top10_logit_diff": worst, "greedy_decided_steps": decided,
+                   "greedy_agree": agree}
+        print(figures)
+        if os.environ.get("OUT"):
+            (Path(os.environ["OUT"]) / "kquant_model_figures.json").write_text(json.dumps(figures, indent=2))
+
+
+def test_q4_k_m_graph_replay_equals_eager(gpu, kquant_model):
+    with load_model(kquant_model, LoadOptions(max_seqs=4, ctx_size=256, kv_dtype="f16"), device=gpu) as loaded:
+        eager = LlamaRunner(loaded.device, loaded.config, loaded.weights, loaded.cache, max_step_tokens=64, max_seqs=4,
+                            max_context=256, use_graphs=False)
+        cache, graphs = loaded.cache, loaded.runner
+        lengths = {11: 5, 12: 9, 13: 1}
+        try:
+            last, pos = {}, dict(lengths)
+            for s, n in lengths.items():
+                last[s] = int(np.argmax(graphs.execute(step_batch(cache, [(s, list(range(20, 20 + n)), 0)]))[0]))
+            for step in range(8):
+                live = [s for s in lengths if step < 4 or s != 11]  # three sequences, then two
+                batch = step_batch(cache, [(s, [last[s]], pos[s]) for s in live])
+                want, got = eager.execute(batch), graphs.execute(batch)
+                assert np.array_equal(got, want), f"step {step}: replay differs from eager"
+                for i, s in enumerate(live):
+                    last[s], pos[s] = int(np.argmax(got[i])), pos[s] + 1
+            assert graphs.graphs.replays > 4
+        finally:
+            for s in lengths:
+                if cache.has_sequence(s):
+                    cache.free_sequence(s)
+            loaded.device.synchronize()
+            cache.release_fenced()
+            eager.close()

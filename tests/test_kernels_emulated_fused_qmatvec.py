@@ -1,0 +1,128 @@
+"""kernels/fused_qmatvec.hip (a layer's decode products on int8-quantized activations, norm, RoPE, SwiGLU and
+the residual add folded in, each matrix of its own type) run on the CPU under the host emulation at wave 32
+and wave 64, against hipcore/ops/fused_qmatvec.py's float64 references, which quantize x * g exactly as the
+kernels do.
+
+The bound: qmatvec.error_bound (the float32 roundings of the product, after exact integer dot products)
+scaled by the norm's s and doubled, plus 1e-5 of the row's magnitude s * |xq| @ |W|^T for the float32 norm
+scale, sin/cos and exp (each ~1e-7 relative). A wrong type, scale, slice order or rotation moves results by
+whole percents of that magnitude, far above it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.ops import fused_qmatvec, qmatvec
+from hipcore.ops.weight_formats import dequantize_rows, row_bytes
+from support.emulated_kernels import ARCH_FOR_WARP, run, write_inputs
+from support.weight_samples import random_weights
+
+EPS, THETA, FREQ_SCALE = 1e-5, 10000.0, 0.5
+SLACK = 1e-5
+
+
+def product_bound(raw, weight_type, xs, s, rows, cols) -> tuple[np.ndarray, np.ndarray]:
+    """(bound, magnitude) float64 [batch, rows] of s * quantize(xs) @ W^T."""
+    w = dequantize_rows(raw.reshape(rows, row_bytes(weight_type, cols)), weight_type, cols, np.float64)
+    magnitude = s[:, None] * (np.abs(qmatvec.quantize_x(xs, weight_type)) @ np.abs(w).T)
+    return 2 * s[:, None] * qmatvec.error_bound(raw, weight_type, xs, rows, cols) + SLACK * magnitude, magnitude
+
+
+def inputs(rng, batch, cols):
+    x = (rng.standard_normal((batch, cols)) * rng.choice([0.1, 1.0, 8.0], (batch, cols))).astype(np.float32)
+    g = (1.0 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
+    return x, g
+
+
+def grids(warp, groups):
+    grid, block = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], groups)
+    return [(g, block) for g in sorted({grid, 1})]
+
+
+# q, k, v types as Q4_K_M lays them out (Q6_K v), one layer of every other type, and three distinct types.
+QKV_TYPES = [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q6_k", "q4_k", "q5_k")]
+
+
+@pytest.mark.parametrize("types", QKV_TYPES, ids=["-".join(t) for t in QKV_TYPES])
+def test_norm_rope(harnesses, warp, types, tmp_path):
+    rng = np.random.default_rng([warp, *map(ord, "".join(types))])
+    # (q heads, kv heads, head_dim, rope_dim, cols, batch): a single token, 2..4, and more than one pass.
+    cases = [(2, 1, 16, 16, 256, 1), (4, 2, 8, 4, 512, 3), (2, 1, 16, 8, 256, 6)]
+    for q_heads, kv_heads, head_dim, rope_dim, cols, batch in cases:
+        q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
+        raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
+        x, g = inputs(rng, batch, cols)
+        positions = rng.integers(0, 4096, batch).astype(np.int32)
+        files = write_inputs(tmp_path, wq=raws[0], wk=raws[1], wv=raws[2], x=x, g=g, p=positions)
+        want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, positions, q_rows, kv_rows, cols,
+                                                 head_dim, rope_dim, THETA, FREQ_SCALE)
+        xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+        groups = (q_rows + 2 * kv_rows) // fused_qmatvec.rows_per_warp(batch)
+        for variant in sorted({fused_qmatvec.variant(batch), "n"}):
+            for grid, block in grids(warp, groups):
+                run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types),
+                    q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o")
+                got = np.split(np.fromfile(tmp_path / "o", np.float32),
+                               [batch * q_rows, batch * (q_rows + kv_rows)])
+                for name, part, ref, raw, t, rows in zip("qkv", got, want, raws, types, (q_rows, kv_rows, kv_rows)):
+                    bound, magnitude = product_bound(raw, t, xg, s, rows, cols)
+                    if name != "v":  # a rotation mixes a pair: each result carries both members' errors
+                        bound = bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+                    err = np.abs(part.reshape(batch, rows) - ref)
+                    assert np.all(err <= bound), (f"{name} {types} {q_rows}/{kv_rows}x{cols} batch {batch} "
+                                                  f"{variant} grid {grid}: {np.max(err / bound):.2f} of the bound")
+
+
+@pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q5_k")], ids=lambda t: "-".join(t))
+def test_norm_swiglu(harnesses, warp, types, tmp_path):
+    rng = np.random.default_rng([warp, 2, *map(ord, "".join(types))])
+    for rows, cols, batch in [(20, 256, 1), (9, 512, 2), (6, 256, 5)]:  # rows not a multiple of a warp's rows
+        wg, wu = (random_weights(rng, t, rows, cols) for t in types)
+        x, g = inputs(rng, batch, cols)
+        files = write_inputs(tmp_path, wg=wg, wu=wu, x=x, g=g)
+        want = fused_qmatvec.reference_norm_swiglu([(wg, types[0]), (wu, types[1])], x, g, EPS, rows, cols)
+        xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+        gate = fused_qmatvec.reference_norm(wg, types[0], x, g, EPS, rows, cols)
+        up = fused_qmatvec.reference_norm(wu, types[1], x, g, EPS, rows, cols)
+        tol_gate, _ = product_bound(wg, types[0], xg, s, rows, cols)
+        tol_up, _ = product_bound(wu, types[1], xg, s, rows, cols)
+        # silu(a) * u: |d/da| <= 1.1 |u|, |d/du| = |silu(a)| <= |a|; then the float32 rounding of the result.
+        bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
+        for variant in sorted({fused_qmatvec.variant(batch), "n"}):
+            for grid, block in grids(warp, -(-rows // fused_qmatvec.rows_per_warp(batch))):
+                run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, fused_qmatvec.pack_types(types),
+                    rows, cols, batch, EPS, *files, tmp_path / "o")
+                got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+                assert np.all(np.abs(got - want) <= bound), f"{types} {rows}x{cols} batch {batch} {variant} grid {grid}"
+
+
+@pytest.mark.parametrize("weight_type", fused_qmatvec.WEIGHT_TYPES)
+def test_norm_and_add(harnesses, warp, weight_type, tmp_path):
+    """The head (y = n @ W^T) and the residual product (y += x @ W^T), every type."""
+    rng = np.random.default_rng([warp, 3, *map(ord, weight_type)])
+    cols = 256 if weight_type.endswith("_k") else 96
+    for rows, batch in [(37, 1), (13, 3)]:
+        raw = random_weights(rng, weight_type, rows, cols)
+        x, g = inputs(rng, batch, cols)
+        y0 = rng.standard_normal((batch, rows)).astype(np.float32)
+        files = write_inputs(tmp_path, w=raw, x=x, g=g)
+        xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+        norm_want = fused_qmatvec.reference_norm(raw, weight_type, x, g, EPS, rows, cols)
+        norm_bound, _ = product_bound(raw, weight_type, xg, s, rows, cols)
+        add_want = fused_qmatvec.reference_add(raw, weight_type, x, y0, rows, cols)
+        add_bound, _ = product_bound(raw, weight_type, x, np.ones(batch), rows, cols)
+        add_bound += 2**-24 * np.abs(add_want)
+        code = fused_qmatvec.TYPE_CODES[weight_type]
+        for variant in sorted({fused_qmatvec.variant(batch), "n"}):
+            for grid, block in grids(warp, -(-rows // fused_qmatvec.rows_per_warp(batch))):
+                run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, code, rows, cols, batch, EPS, *files,
+                    tmp_path / "o")
+                got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+                assert np.all(np.abs(got - norm_want) <= norm_bound), f"norm {rows} batch {batch} {variant} grid {grid}"
+                y0.tofile(tmp_path / "y")
+                run(harnesses, warp, f"qmatvec_add_{variant}", grid, block, code, rows, cols, batch, files[0], files[1],
+                    tmp_path / "y", tmp_path / "o")
+                got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+                assert np.all(np.abs(got - add_want) <= add_bound), f"add {rows} batch {batch} {variant} grid {grid}"

@@ -1,0 +1,115 @@
+"""hipcore/model/projections.py on a Q4_K_M-shaped layer (Q4_K q, k, o, gate, up; Q6_K v, down and the head),
+run on the cpu backend with the weights kept in their GGUF blocks as a GPU holds them: decode steps of up to
+FUSED_MATVEC_MAX_TOKENS tokens take one fused_qmatvec launch per product group (four per layer, as a Q4_1
+layer), and each launch computes what fused_qmatvec's reference says; longer steps keep the single ops."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, ProjectionPlanner
+from hipcore.model.weights import Weight
+from hipcore.ops import fused_qmatvec
+from support.weight_samples import random_weights
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 256, 4, 2, 64, 512, 40
+TYPES = {"attn_q": "q4_k", "attn_k": "q4_k", "attn_v": "q6_k", "attn_output": "q4_k", "ffn_gate": "q4_k",
+         "ffn_up": "q4_k", "ffn_down": "q6_k", "output": "q6_k"}
+SHAPES = {"attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+          "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * HEAD_DIM), "ffn_gate": (FFN, HIDDEN),
+          "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN), "output": (VOCAB, HIDDEN)}
+MAX_T = 12
+
+
+@pytest.fixture
+def layer(cpu_device):
+    rng = np.random.default_rng(5)
+    allocated = []
+
+    def put(array):
+        buf = cpu_device.allocate(max(array.nbytes, 4), "activations")
+        buf.upload(np.ascontiguousarray(array))
+        allocated.append(buf)
+        return buf
+
+    raw = {name: random_weights(rng, TYPES[name], *SHAPES[name]) for name in TYPES}
+    weights = {name: Weight(put(raw[name]), TYPES[name], SHAPES[name]) for name in TYPES}
+    norms = {name: Weight(put((1 + 0.2 * rng.standard_normal(HIDDEN)).astype(np.float32)), "f32", (HIDDEN,))
+             for name in ("attn_norm", "ffn_norm", "output_norm")}
+    lw = SimpleNamespace(attn_qkv=None, ffn_gate_up=None, attn_norm=norms["attn_norm"], ffn_norm=norms["ffn_norm"],
+                         **{k: v for k, v in weights.items() if k != "output"})
+    sizes = {"x": MAX_T * HIDDEN, "xn": MAX_T * HIDDEN, "proj": MAX_T * HIDDEN, "q": MAX_T * HEADS * HEAD_DIM,
+             "k": MAX_T * KV_HEADS * HEAD_DIM, "v": MAX_T * KV_HEADS * HEAD_DIM, "attn": MAX_T * HEADS * HEAD_DIM,
+             "gate": MAX_T * FFN, "up": MAX_T * FFN, "logits": MAX_T * VOCAB, "rows": MAX_T * HIDDEN}
+    buffers = {name: put(np.zeros(n, np.float32)) for name, n in sizes.items()}
+    config = SimpleNamespace(n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, ffn_size=FFN,
+                             vocab_size=VOCAB, rms_norm_eps=1e-5, rope_dim=HEAD_DIM, rope_theta=10000.0)
+    planner = ProjectionPlanner(cpu_device, None, config, buffers, 1.0)
+    yield SimpleNamespace(planner=planner, lw=lw, raw=raw, weights=weights, norms=norms, b=buffers, put=put, rng=rng)
+    for buf in allocated:
+        buf.free()
+
+
+def run(plan):
+    for _, launch in plan:
+        launch()
+
+
+def read(buf, shape):
+    return buf.download(np.float32, int(np.prod(shape))).reshape(shape)
+
+
+@pytest.mark.parametrize("t", [1, 3, FUSED_MATVEC_MAX_TOKENS])
+def test_decode_steps_take_four_fused_launches_per_layer_and_one_for_the_head(layer, t):
+    p, lw, b, raw, rng = layer.planner, layer.lw, layer.b, layer.raw, layer.rng
+    x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+    g_attn, g_ffn, g_out = (read(layer.norms[n].buffer, (HIDDEN,)) for n in ("attn_norm", "ffn_norm", "output_norm"))
+    positions = layer.put(rng.integers(0, 500, t).astype(np.int32))
+    b["x"].upload(x)
+
+    attn = p.attention_input(lw, t, positions)
+    ffn = p.feed_forward_input(lw, t)
+    out = p.residual_product("attn_output", lw.attn_output, b["attn"], HEADS * HEAD_DIM, t)
+    down = p.residual_product("ffn_down", lw.ffn_down, b["gate"], FFN, t)
+    head = p.head(layer.weights["output"], layer.norms["output_norm"], b["x"], t)
+    assert [name for plan in (attn, ffn, out, down, head) for name, _ in plan] == [
+        "attn_norm+qkv+rope", "ffn_norm+gate_up+silu", "attn_output+residual", "ffn_down+residual", "output_norm+head"]
+
+    run(attn)
+    pos = read(positions, (t,)).view(np.int32)
+    want = fused_qmatvec.reference_norm_rope([(raw[n], TYPES[n]) for n in ("attn_q", "attn_k", "attn_v")], x, g_attn,
+                                             1e-5, pos, HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, HIDDEN, HEAD_DIM,
+                                             HEAD_DIM, 10000.0, 1.0)
+    for name, ref in zip("qkv", want):
+        np.testing.assert_allclose(read(b[name], ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=name)
+    run(ffn)
+    ref = fused_qmatvec.reference_norm_swiglu([(raw["ffn_gate"], "q4_k"), (raw["ffn_up"], "q4_k")], x, g_ffn, 1e-5,
+                                              FFN, HIDDEN)
+    np.testing.assert_allclose(read(b["gate"], ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    attn_out = rng.standard_normal((t, HEADS * HEAD_DIM)).astype(np.float32)
+    b["attn"].upload(attn_out)
+    run(out)
+    ref = fused_qmatvec.reference_add(raw["attn_output"], "q4_k", attn_out, x, HIDDEN, HEADS * HEAD_DIM)
+    np.testing.assert_allclose(read(b["x"], ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    x2 = read(b["x"], (t, HIDDEN)).copy()
+    run(head)
+    ref = fused_qmatvec.reference_norm(raw["output"], "q6_k", x2, g_out, 1e-5, VOCAB, HIDDEN)
+    np.testing.assert_allclose(read(b["logits"], ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_prompt_steps_keep_the_single_ops(layer):
+    t = FUSED_MATVEC_MAX_TOKENS + 1
+    names = [name for name, _ in layer.planner.attention_input(layer.lw, t, layer.b["q"])]
+    assert names == ["attn_norm", "q_proj", "k_proj", "v_proj", "rope_q", "rope_k"]
+    assert len(layer.planner.feed_forward_input(layer.lw, t)) == 4
+
+
+def test_an_unsupported_type_in_the_group_keeps_the_single_ops(layer, cpu_device):
+    """One f16 matrix among K-quants: no fused kernel reads that mix, so the layer takes the single ops."""
+    v = layer.lw.attn_v
+    layer.lw.attn_v = Weight(layer.put(np.zeros(v.rows * v.cols, np.float16)), "f16", v.shape)
+    names = [name for name, _ in layer.planner.attention_input(layer.lw, 1, layer.b["q"])]
+    assert names[0] == "attn_norm" and len(names) == 6
