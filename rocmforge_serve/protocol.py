@@ -92,7 +92,7 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
     }
     if sampling["top_k"] < 0:  # vLLM's -1 means off, as our 0 does
         sampling["top_k"] = 0
-    check_sampling(sampling, max_tokens or 1)
+    check_sampling(sampling, 1)  # max_tokens is judged against the context once the prompt is tokenized
     return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage)
 
 
@@ -102,7 +102,7 @@ def check_sampling(sampling: dict, max_tokens: int) -> SamplingParams:
     except UsageError as exc:
         message = str(exc)
         param = message.split(" ", 1)[0]
-        raise bad_request(message, param=param if param in sampling else None) from None
+        raise bad_request(message, param=param if param in sampling or param == "max_tokens" else None) from None
 
 
 def _json_type(value: Any) -> str:

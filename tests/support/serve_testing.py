@@ -19,10 +19,17 @@ from rocmforge_serve.server import Server, ServerThread
 
 MODEL_NAME = "tiny"
 FAULT_TOKEN = 383  # a prompt that starts with this token id fails in the sampler (an engine fault in one request)
+SLOW_TOKEN = 382  # each step that computes a prompt starting with this id takes 50 ms more (a slow prompt, on purpose)
+
+
+def _slow_steps(requests) -> bool:
+    if any(r.prompt_ids[:1] == [SLOW_TOKEN] for r in requests):
+        time.sleep(0.05)
+    return False  # never fails the step
 
 
 def fault_hooks() -> EngineHooks:
-    return EngineHooks(fail_sampling=lambda request: request.prompt_ids[:1] == [FAULT_TOKEN])
+    return EngineHooks(fail_sampling=lambda request: request.prompt_ids[:1] == [FAULT_TOKEN], fail_step=_slow_steps)
 
 
 @contextlib.contextmanager
