@@ -32,6 +32,7 @@ def serve_command(
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model's name in the API. Default: the file name without .gguf.", show_default=False)] = None,
     grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests may run on after SIGTERM / Ctrl-C before they are cancelled.")] = 10.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or memory plan on stderr.")] = False,
+    plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
 ) -> None:
     """Serve the model over HTTP with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions (streaming too), /health and /metrics.
 
@@ -56,6 +57,9 @@ def serve_command(
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with load_with_progress(path, options, quiet) as loaded:
+        if plant_bug:  # proves serve-leak-check catches a leak (profiles/leak_bugs.py)
+            from profiles import leak_bugs
+            leak_bugs.plant(plant_bug, loaded)
         name = model_name or Path(path).name.removesuffix(".gguf")
         server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
                         log_level="warning" if quiet else "info")
