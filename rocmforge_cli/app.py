@@ -43,6 +43,10 @@ from rocmforge_cli import bench as _bench  # noqa: E402
 app.command("bench")(_bench.bench_command)
 from rocmforge_cli import leak_check as _leak_check  # noqa: E402
 app.command("leak-check")(_leak_check.leak_check_command)
+from rocmforge_cli import serve as _serve  # noqa: E402
+app.command("serve")(_serve.serve_command)
+from rocmforge_cli import serve_leak_check as _serve_leak_check  # noqa: E402
+app.command("serve-leak-check")(_serve_leak_check.serve_leak_check_command)
 
 
 def main() -> None:

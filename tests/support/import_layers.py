@@ -21,10 +21,10 @@ LAYERS = {
     "hipcore.ops": 3,
     "hipcore.model": 4,
     "hipcore.engine": 5,
-    "profiles": 6,
+    "profiles": 6, "rocmforge_serve": 6,
     "rocmforge_cli": 7,
 }
-SOURCE_ROOTS = {"hipcore": "hipcore", "profiles": "profiles", "rocmforge_cli": "rocmforge_cli", "kernels": "rocmforge_kernels"}
+SOURCE_ROOTS = {"hipcore": "hipcore", "profiles": "profiles", "rocmforge_serve": "rocmforge_serve", "rocmforge_cli": "rocmforge_cli", "kernels": "rocmforge_kernels"}
 
 
 @dataclass(frozen=True)

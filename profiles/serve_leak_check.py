@@ -1,0 +1,257 @@
+"""`rocmforge serve-leak-check`: the leak check over HTTP, against a real `rocmforge serve` process.
+
+The server runs as its own process (the command a user runs), on a free port of 127.0.0.1. After a
+warm-up the baseline is read from its /metrics; then `clients` threads send a seeded mix of requests
+(completions and chat, streamed or whole) and some of them leave at random points: during the prompt
+(a read timeout), or after a random number of streamed chunks. When the server is idle again it must
+hold no KV block (physical, pending), its ledger must equal the baseline byte for byte per tag, and the
+driver's free memory (GPU) must not have dropped; then it gets SIGTERM and must exit 0, which it does
+only when its own shutdown check found the KV cache quiescent and the ledger empty after close.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import httpx
+
+from profiles.leak_bugs import TESTING_ENV
+
+HEALTH_TIMEOUT_S = 300.0  # loading the model
+IDLE_TIMEOUT_S = 60.0
+EXIT_TIMEOUT_S = 60.0
+PLANS = ("whole", "stream", "leave-in-prompt", "leave-mid-stream")
+PROMPT_WORDS = "the quick brown fox jumps over a lazy dog while seven small robots count blue stars".split()
+
+
+@dataclass
+class ServeLeakSettings:
+    model: str
+    device: str = "cpu"
+    requests: int = 60
+    clients: int = 8
+    max_tokens: int = 8
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()  # passed to `rocmforge serve` (e.g. --ctx-size 512)
+    planted_bug: str | None = None
+    driver_tolerance: int = 2 << 20  # the driver's free memory moves in 2 MiB steps on an H100
+    time_limit_s: float = 600.0  # the whole request phase, whatever happens
+
+
+@dataclass
+class ServeLeakReport:
+    requests: int = 0
+    plans: Counter = field(default_factory=Counter)
+    statuses: Counter = field(default_factory=Counter)
+    baseline: dict = field(default_factory=dict)
+    final: dict = field(default_factory=dict)
+    server_exit: int | None = None
+    server_tail: str = ""
+    findings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.findings else 0
+
+    def to_dict(self) -> dict:
+        return {"requests": self.requests, "plans": dict(self.plans), "statuses": dict(self.statuses),
+                "baseline": self.baseline, "final": self.final, "server_exit": self.server_exit,
+                "findings": self.findings, "seconds": round(self.seconds, 2), "clean": not self.findings}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metrics(client: httpx.Client) -> dict[str, float]:
+    out = {}
+    for line in client.get("/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _ledger(m: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in m.items() if k.startswith("rocmforge_ledger_bytes")}
+
+
+def _body(rng: random.Random, settings: ServeLeakSettings, chat: bool, stream: bool) -> dict:
+    words = " ".join(rng.choice(PROMPT_WORDS) for _ in range(rng.randint(2, 12)))
+    body = {"max_tokens": rng.randint(1, settings.max_tokens), "stream": stream, "temperature": rng.choice([0, 0.8]),
+            "seed": rng.randint(0, 1000)}
+    if rng.random() < 0.2:
+        body["stop"] = [rng.choice(PROMPT_WORDS)]
+    if chat:
+        body["messages"] = [{"role": "user", "content": words}]
+    else:
+        body["prompt"] = words
+    return body
+
+
+def _one_request(client: httpx.Client, rng: random.Random, settings: ServeLeakSettings) -> tuple[str, str]:
+    plan = rng.choice(PLANS)
+    chat = rng.random() < 0.5
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body = _body(rng, settings, chat, stream=plan in ("stream", "leave-mid-stream"))
+    try:
+        if plan == "whole":
+            return plan, str(client.post(path, json=body, timeout=120).status_code)
+        if plan == "leave-in-prompt":
+            body["max_tokens"] = settings.max_tokens
+            client.post(path, json=body, timeout=rng.uniform(0.001, 0.05))
+            return plan, "finished before leaving"
+        leave_after = rng.randint(1, 4) if plan == "leave-mid-stream" else None
+        with client.stream("POST", path, json=body, timeout=120) as response:
+            chunks = 0
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    chunks += 1
+                    if leave_after is not None and chunks >= leave_after:
+                        return plan, "left"  # closing the response closes the connection
+            return plan, str(response.status_code)
+    except httpx.TimeoutException:
+        return plan, "left"
+
+
+def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> ServeLeakReport:
+    report = ServeLeakReport()
+    started = time.monotonic()
+    port = _free_port()
+    command = [sys.executable, "-m", "rocmforge_cli.app", "serve", "--model", settings.model, "--device", settings.device,
+               "--host", "127.0.0.1", "--port", str(port), "--parallel", str(max(1, settings.clients // 2)),
+               "--queue", str(settings.clients), "--shutdown-grace", "5", "-q", *settings.extra_args]
+    env = dict(os.environ)
+    if settings.planted_bug:
+        command += ["--plant-bug", settings.planted_bug]
+        env[TESTING_ENV] = "1"
+    say(f"starting the server on 127.0.0.1:{port}")
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(server.stdout), daemon=True)
+    reader.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            _wait_healthy(client, server)
+            say("warm-up")
+            for warm_seed in range(4):  # modules, graphs and the template worker, before the baseline
+                _one_request(client, random.Random(-1 - warm_seed), settings)
+            _wait_idle(client)
+            baseline = _metrics(client)
+            report.baseline = _ledger(baseline) | _driver(baseline)
+            say(f"{settings.requests} requests from {settings.clients} clients")
+            _drive(settings, client, report, started)
+            final = _wait_idle(client)
+            report.final = _ledger(final) | _driver(final) | {
+                k: final[k] for k in ("rocmforge_kv_physical_blocks", "rocmforge_kv_pending_blocks",
+                                      "rocmforge_kv_free_blocks", "rocmforge_kv_total_blocks", "rocmforge_kv_reserved_blocks")}
+            report.findings += _judge(settings, baseline, final)
+    except _ServerGone as exc:
+        report.findings.append(str(exc))
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+                report.findings.append(f"the server did not exit within {EXIT_TIMEOUT_S:.0f} s of SIGTERM")
+        reader.join(timeout=5)
+    report.server_exit = server.returncode
+    report.server_tail = "".join(output[-20:])
+    if server.returncode != 0:
+        report.findings.append(f"the server exited {server.returncode} after SIGTERM (its shutdown check): "
+                               + " | ".join(line.strip() for line in output[-3:]))
+    report.seconds = time.monotonic() - started
+    return report
+
+
+class _ServerGone(Exception):
+    pass
+
+
+def _driver(m: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in m.items() if k == "rocmforge_driver_free_bytes"}
+
+
+def _wait_healthy(client: httpx.Client, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise _ServerGone(f"the server exited {server.returncode} before it was healthy")
+        try:
+            if client.get("/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise _ServerGone(f"the server was not healthy within {HEALTH_TIMEOUT_S:.0f} s")
+
+
+def _wait_idle(client: httpx.Client) -> dict[str, float]:
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    while True:
+        m = _metrics(client)
+        if not m["rocmforge_requests_in_flight"] and not m["rocmforge_requests_waiting"] \
+                and not m["rocmforge_requests_running"]:
+            return m
+        if time.monotonic() > deadline:
+            raise _ServerGone(f"requests still in flight {IDLE_TIMEOUT_S:.0f} s after the last client finished")
+        time.sleep(0.05)
+
+
+def _drive(settings: ServeLeakSettings, client: httpx.Client, report: ServeLeakReport, started: float) -> None:
+    lock = threading.Lock()
+    next_index = iter(range(settings.requests))
+    deadline = started + settings.time_limit_s
+
+    def worker() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                index = next(next_index, None)
+            if index is None:
+                return
+            plan, status = _one_request(client, random.Random(settings.seed * 1_000_003 + index), settings)
+            with lock:
+                report.requests += 1
+                report.plans[plan] += 1
+                report.statuses[status] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(settings.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _judge(settings: ServeLeakSettings, baseline: dict, final: dict) -> list[str]:
+    findings = []
+    held = final["rocmforge_kv_physical_blocks"] + final["rocmforge_kv_pending_blocks"]
+    if held:
+        findings.append(f"{held:.0f} KV blocks not returned with every request ended")
+    usable = final["rocmforge_kv_total_blocks"] - final["rocmforge_kv_reserved_blocks"]
+    if final["rocmforge_kv_free_blocks"] != usable:
+        findings.append(f"{final['rocmforge_kv_free_blocks']:.0f} free KV blocks, {usable:.0f} expected")
+    for key, before in _ledger(baseline).items():
+        after = final.get(key, 0.0)
+        if after != before:
+            tag = key.partition("=")[2].strip('"}')
+            findings.append(f"ledger {tag}: {after - before:+.0f} bytes against the baseline")
+    if "rocmforge_driver_free_bytes" in baseline:
+        lost = baseline["rocmforge_driver_free_bytes"] - final["rocmforge_driver_free_bytes"]
+        if lost > settings.driver_tolerance:
+            findings.append(f"the driver's free memory dropped by {lost:.0f} bytes")
+    return findings

@@ -1,0 +1,74 @@
+"""`rocmforge serve`: an OpenAI-compatible HTTP server on the engine (rocmforge_serve)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from hipcore.engine.loader import LoadOptions
+from hipcore.errors import EXIT_FAILURE, UsageError
+from rocmforge_cli.common import handle_errors, stderr
+from rocmforge_cli.generate import DEVICE_HELP, check_options, load_with_progress, resolve_model
+
+
+@handle_errors
+def serve_command(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model (SmolLM2-135M-Instruct) if installed.", show_default=False)] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on. The default takes no connections from other machines; 0.0.0.0 takes them from anywhere (use --api-key).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8080,
+    parallel: Annotated[int, typer.Option("--parallel", "-np", help="Requests decoded together (continuous batching); more wait in the queue.")] = 8,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait beyond --parallel; past that a request gets 429 with Retry-After.")] = 64,
+    ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context length in tokens (prompt + output). Default: the model's, at most 4096.", show_default=False)] = None,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
+    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", help="KV cache size in blocks (default: enough for the context).", show_default=False)] = None,
+    kv_memory: Annotated[Optional[str], typer.Option("--kv-memory", help="KV cache size as memory, e.g. 2GiB or 50% (of free memory).", show_default=False)] = None,
+    step_tokens: Annotated[int, typer.Option("--step-tokens", help="Prompt tokens evaluated per engine step (longer prompts go in chunks).")] = 512,
+    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 16,
+    device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ROCMFORGE_API_KEY", help="Require `Authorization: Bearer KEY` on every /v1 route.", show_default=False)] = None,
+    model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model's name in the API. Default: the file name without .gguf.", show_default=False)] = None,
+    grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests may run on after SIGTERM / Ctrl-C before they are cancelled.")] = 10.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or memory plan on stderr.")] = False,
+    plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
+) -> None:
+    """Serve the model over HTTP with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions (streaming too), /health and /metrics.
+
+    On SIGTERM or Ctrl-C it finishes in-flight requests (up to --shutdown-grace seconds), cancels the rest, checks that every KV block came back, and exits 0 (1 if one did not).
+
+    Examples:
+      rocmforge serve --port 8080
+      rocmforge serve -m model.gguf --parallel 32 --api-key secret
+      curl localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
+    """
+    check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {port}")
+    if parallel < 1 or queue < 0 or step_tokens < 1 or grace < 0:
+        raise UsageError("--parallel and --step-tokens must be at least 1; --queue and --shutdown-grace at least 0")
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key is empty")
+    path = resolve_model(model)
+    options = LoadOptions(device=device, ctx_size=ctx_size, max_seqs=parallel, max_step_tokens=step_tokens,
+                          kv_dtype=kv_dtype, block_size=block_size, kv_blocks=kv_blocks, kv_memory=kv_memory)
+    from rocmforge_serve.server import Server  # the ASGI stack loads only for this command
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with load_with_progress(path, options, quiet) as loaded:
+        if plant_bug:  # proves serve-leak-check catches a leak (profiles/leak_bugs.py)
+            from profiles import leak_bugs
+            leak_bugs.plant(plant_bug, loaded)
+        name = model_name or Path(path).name.removesuffix(".gguf")
+        server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
+                        log_level="warning" if quiet else "info")
+        stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.served.context} tokens, "
+                     f"{parallel} in parallel, queue {queue}); Ctrl-C stops", highlight=False, markup=False)
+        report = server.run()
+        stderr.print(report.line(), highlight=False, markup=False)
+    ledger_left = loaded.device.ledger.total_bytes
+    if ledger_left:
+        stderr.print(f"after close the ledger still holds {ledger_left} bytes", highlight=False)
+    if not report.clean or ledger_left:
+        raise typer.Exit(EXIT_FAILURE)

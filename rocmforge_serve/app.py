@@ -1,0 +1,159 @@
+"""The ASGI app: routes, the body size cap, the API key, and every error in OpenAI's shape.
+
+Handlers never block the event loop: prompts render and tokenize in worker threads, the engine steps in
+its own thread (engine_loop), and events come back through asyncio queues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from rocmforge_serve import metrics
+from rocmforge_serve.api_errors import ApiError, server_error
+from rocmforge_serve.generation import ClientGone, ServedModel, start_generation
+from rocmforge_serve.protocol import MAX_BODY_BYTES, parse_generation, parse_json_body
+from rocmforge_serve.responses import stream_response, whole_response
+
+log = logging.getLogger("rocmforge.serve")
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The body, refused with 413 as soon as it passes the cap (never buffered beyond it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise ApiError(413, f"the request body is {int(declared)} bytes; at most {cap}", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise ApiError(413, f"the request body is over {cap} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(served: ServedModel, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               on_shutdown=None) -> Starlette:
+    registry = metrics.make_registry(served)
+    key = api_key.encode("utf-8") if api_key else None
+
+    def authorize(request: Request) -> None:
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        # compare_digest on bytes: the time taken does not depend on where the first difference is
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8", "replace"), key):
+            raise ApiError(401, "invalid or missing API key: send Authorization: Bearer KEY", code="invalid_api_key")
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != served.name:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {served.name!r}",
+                           param="model", code="model_not_found")
+
+    async def generate(request: Request, chat: bool) -> Response:
+        authorize(request)
+        body = parse_json_body(await read_body(request, max_body_bytes))
+        call = parse_generation(body, chat=chat)
+        check_model(call.model)
+        try:
+            gen = await start_generation(served, call, request.receive)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the request was cancelled
+        if call.stream:
+            return StreamingResponse(stream_response(gen, chat, call.include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            return JSONResponse(await whole_response(gen, chat))
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            gen.close()
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": served.name, "object": "model", "created": served.created, "owned_by": "rocmforge",
+             "max_model_len": served.context}]})
+
+    async def health(request: Request) -> Response:
+        reason = unhealthy_reason(served)
+        if reason:
+            return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_route(request: Request) -> Response:
+        return Response(metrics.render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return exc.response()
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return ApiError(exc.status_code, message, type=kind, headers=dict(exc.headers or {})).response()
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return server_error(f"internal error: {type(exc).__name__}").response()
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_route, methods=["GET"]),
+    ]
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        # uvicorn gets here after its graceful shutdown: connections closed, handlers done or cancelled.
+        if on_shutdown is not None:
+            on_shutdown()
+
+    app = Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: unexpected},
+                    lifespan=lifespan)
+    app.state.served = served
+    return app
+
+
+def unhealthy_reason(served: ServedModel) -> str | None:
+    """Why the server cannot take a minimal request now (None: it can)."""
+    loop = served.loop
+    if loop.fault:
+        return loop.fault
+    if not loop.running:
+        return "the engine is not running"
+    if not loop.accepting:
+        return "the server is shutting down"
+    engine = served.engine
+    limit = engine.scheduler.max_seqs + served.max_queue
+    if loop.in_flight >= limit:
+        return f"the queue is full ({loop.in_flight} requests in flight, at most {limit})"
+    if engine.cache.num_usable_blocks < 1:
+        return "the KV cache has no usable block"
+    return None
+
+
+def served_model(loaded, *, name: str, max_queue: int, idle_wait_s: float = 0.5) -> ServedModel:
+    """Wrap a LoadedModel (hipcore.engine.loader) for serving; the caller starts served.loop."""
+    from hipcore.tokenizer.chat_template import chat_template_from_metadata
+    from rocmforge_serve.engine_loop import EngineLoop
+
+    return ServedModel(name=name, loop=EngineLoop(loaded.engine, idle_wait_s=idle_wait_s), tokenizer=loaded.tokenizer,
+                       chat_template=chat_template_from_metadata(loaded.gguf.metadata), context=loaded.engine.max_context,
+                       max_queue=max_queue, device=loaded.device, created=int(time.time()))

@@ -1,0 +1,153 @@
+"""The one thread that steps the Engine for the server, and the bridge from its events to asyncio.
+
+Continuous batching: every request the handlers submit joins the same engine, so concurrent requests
+share decode steps. The thread sleeps while the engine has no work and wakes on submit or cancel.
+Each request's events go to a sink (a callable) registered atomically with the submit, so no event can
+arrive before its sink exists; a handler whose client went away calls cancel(), and the engine ends the
+request (blocks back to the pool) at the start of the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from typing import Callable
+
+from hipcore.engine.engine import Engine
+from hipcore.engine.request import Ending, Event
+
+Sink = Callable[[Event], None]
+RATE_WINDOW_S = 10.0  # tokens/s is measured over this trailing window
+
+
+class EngineStopped(Exception):
+    """The engine is not taking requests (shutting down, or a fault stopped it)."""
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.5):
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._sinks: dict[int, Sink] = {}
+        self._accepting = True
+        self._stop = False
+        self.fault: str | None = None  # why the loop stopped on its own (an exception outside any request)
+        self._idle_wait_s = idle_wait_s
+        self._rate: collections.deque[tuple[float, int]] = collections.deque()
+        # Held while the engine steps: readers of its state from other threads (metrics, health) take it
+        # so that they never see a step half done (nor iterate a dict the step is changing).
+        self.state_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="rocmforge-engine", daemon=True)
+
+    # ---- any thread ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and self.fault is None and not self._stop
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting and self.running
+
+    def submit(self, prompt_ids: list[int], params, sink: Sink, *, tag: str = "") -> int:
+        with self._cond:
+            if not self.accepting:
+                raise EngineStopped(self.fault or "the server is shutting down")
+            rid = self.engine.submit(prompt_ids, params, tag=tag)
+            self._sinks[rid] = sink
+            self._cond.notify()
+        return rid
+
+    def cancel(self, request_id: int) -> None:
+        self.engine.cancel(request_id)
+        with self._cond:
+            self._cond.notify()
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return len(self._sinks)
+
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second over the trailing window (0 when idle)."""
+        with self._cond:
+            now = time.monotonic()
+            while self._rate and self._rate[0][0] < now - RATE_WINDOW_S:
+                self._rate.popleft()
+            return sum(n for _, n in self._rate) / RATE_WINDOW_S
+
+    def stop(self, grace_s: float = 0.0) -> list[Event]:
+        """Refuse new requests, let in-flight ones run up to grace_s, cancel the rest, stop the thread.
+        Returns the events of the requests shut down under it (through the engine's release path)."""
+        with self._cond:
+            self._accepting = False
+        deadline = time.monotonic() + grace_s
+        while self._thread.is_alive() and self.engine.active_count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for rid in list(self._sinks):
+            self.engine.cancel(rid)
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join()
+        events = self.engine.shutdown(Ending.CANCELLED)
+        self._dispatch(events)
+        return events
+
+    # ---- the engine thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self.engine.has_work():
+                    self._cond.wait(self._idle_wait_s)
+                if self._stop and not self.engine.has_work():
+                    return
+            before = self.engine.stats.generated_tokens
+            try:
+                with self.state_lock:
+                    events = self.engine.step()
+            except BaseException as exc:  # noqa: BLE001 - outside any one request: stop serving, say why
+                self.fault = f"the engine stopped: {type(exc).__name__}: {exc}"
+                self._fail_all(self.fault)
+                return
+            made = self.engine.stats.generated_tokens - before
+            with self._cond:
+                if made:
+                    self._rate.append((time.monotonic(), made))
+            self._dispatch(events)
+
+    def _dispatch(self, events: list[Event]) -> None:
+        with self._cond:
+            for event in events:
+                sink = self._sinks.get(event.request_id)
+                if sink is None:
+                    continue
+                if event.finished:
+                    del self._sinks[event.request_id]
+                sink(event)
+
+    def _fail_all(self, message: str) -> None:
+        with self._cond:
+            sinks, self._sinks = self._sinks, {}
+        for rid, sink in sinks.items():
+            sink(Event(rid, 0, (), "", finished=True, ending=Ending.FAILED, error=message))
+
+
+class AsyncSink:
+    """Events of one request, handed from the engine thread to the handler's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+
+    def __call__(self, event: Event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass

@@ -1,0 +1,176 @@
+"""One generation from a handler's point of view: prompt -> engine -> events, and cancel when the client goes.
+
+`start_generation` renders and tokenizes the prompt off the event loop, checks it against the context
+(400 naming the limit), submits it, and waits for the first event while watching the connection: a
+client that leaves during its prompt is cancelled at once. `Generation.events()` then yields the rest;
+whoever consumes it must call `close()` (a `finally`), which cancels the request if it has not ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from hipcore.engine.request import Ending, Event
+from hipcore.errors import InvalidModelError, UsageError
+from hipcore.tokenizer.chat_template import render_chat
+from rocmforge_serve.api_errors import ApiError, bad_request, server_error, unavailable
+from rocmforge_serve.engine_loop import AsyncSink, EngineLoop, EngineStopped
+from rocmforge_serve.protocol import GenerationRequest, check_sampling, context_error
+
+
+class ClientGone(Exception):
+    """The client closed the connection; its request has been cancelled."""
+
+
+@dataclass
+class ServedModel:
+    """What the handlers need of the loaded model."""
+
+    name: str
+    loop: EngineLoop
+    tokenizer: object
+    chat_template: str | None
+    context: int  # tokens of prompt + completion
+    max_queue: int  # requests waiting beyond the engine's running batch
+    device: object = None  # hipcore.runtime.device.Device, for the ledger and the driver's figures
+    created: int = 0
+
+    @property
+    def engine(self):
+        return self.loop.engine
+
+
+@dataclass
+class Generation:
+    served: ServedModel
+    request_id: int
+    sink: AsyncSink
+    disconnected: asyncio.Task
+    prompt_tokens: int
+    completion_tokens: int = 0
+    ending: Ending | None = None
+    first: Event | None = None
+    _done: bool = field(default=False)
+
+    async def next_event(self) -> Event:
+        if self.first is not None:
+            event, self.first = self.first, None
+            return event
+        return await _next_or_gone(self.sink.queue, self.disconnected, self)
+
+    async def events(self):
+        """The request's events up to and including the final one."""
+        while True:
+            event = await self.next_event()
+            self.completion_tokens += len(event.token_ids)
+            yield event
+            if event.finished:
+                self.ending = event.ending
+                self._done = True
+                return
+
+    def close(self) -> None:
+        """Cancel the request unless it ended (safe to call twice; the engine's cancel is a no-op then)."""
+        self.disconnected.cancel()
+        if not self._done:
+            self._done = True
+            self.served.loop.cancel(self.request_id)
+
+
+async def _next_or_gone(queue: asyncio.Queue, disconnected: asyncio.Task, generation: Generation) -> Event:
+    getter = asyncio.ensure_future(queue.get())
+    done, _ = await asyncio.wait({getter, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    generation.close()
+    raise ClientGone()
+
+
+async def watch_disconnect(receive) -> None:
+    """Returns when the ASGI server reports that the client went away."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def error_for_ending(event: Event) -> ApiError | None:
+    """The HTTP error for a request that ended without a normal finish (None: it finished normally)."""
+    if event.ending in (Ending.EOS, Ending.STOP, Ending.LENGTH):
+        return None
+    if event.ending == Ending.REJECTED:
+        return bad_request(event.error or "the request can never fit the KV cache", param="max_tokens",
+                           code="context_length_exceeded")
+    if event.ending == Ending.CANCELLED:
+        return unavailable(event.error or "the request was cancelled (the server is shutting down)")
+    return server_error(f"generation failed: {event.error or event.ending}")
+
+
+def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
+    """Render (chat) and tokenize; runs in a worker thread (the template renders in a sandboxed child)."""
+    tok = served.tokenizer
+    if request.messages is not None:
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        try:
+            text = render_chat(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
+        except UsageError as exc:
+            raise bad_request(str(exc), param="messages") from None
+        except InvalidModelError as exc:
+            raise server_error(f"the model's chat template failed: {exc}") from None
+        return tok.encode(text)
+    if isinstance(request.prompt, str):
+        return tok.encode(request.prompt)
+    vocab = served.engine.runner.config.vocab_size
+    if any(t < 0 or t >= vocab for t in request.prompt):
+        raise bad_request(f"prompt token ids must be in [0, {vocab})", param="prompt")
+    return list(request.prompt)
+
+
+def check_capacity(served: ServedModel) -> None:
+    """429 with Retry-After when the queue is full, 503 when the engine is not serving: never a hang."""
+    loop = served.loop
+    if not loop.accepting:
+        raise unavailable(loop.fault or "the server is shutting down")
+    limit = served.engine.scheduler.max_seqs + served.max_queue
+    if loop.in_flight >= limit:
+        raise ApiError(429, f"the server is full: {loop.in_flight} requests in flight (at most {limit}); retry shortly",
+                       type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
+
+
+async def start_generation(served: ServedModel, request: GenerationRequest, receive) -> Generation:
+    check_capacity(served)
+    ids = await asyncio.to_thread(prompt_ids, served, request)
+    if not ids:
+        raise bad_request("the prompt is empty after tokenization", param="prompt")
+    if len(ids) >= served.context or (request.max_tokens is not None and len(ids) + request.max_tokens > served.context):
+        raise context_error(len(ids), request.max_tokens, served.context)
+    max_tokens = request.max_tokens if request.max_tokens is not None else served.context - len(ids)
+    params = check_sampling(request.sampling, max_tokens)
+    sink = AsyncSink(asyncio.get_running_loop())
+    disconnected = asyncio.ensure_future(watch_disconnect(receive))
+    try:
+        check_capacity(served)  # again: the prompt took time and others may have come in meanwhile
+        rid = served.loop.submit(ids, params, sink)
+    except EngineStopped as exc:
+        disconnected.cancel()
+        raise unavailable(str(exc)) from None
+    except (UsageError, ApiError) as exc:
+        disconnected.cancel()
+        raise exc if isinstance(exc, ApiError) else bad_request(str(exc)) from None
+    generation = Generation(served, rid, sink, disconnected, prompt_tokens=len(ids))
+    try:
+        # Wait for the first event before answering, so a rejection or a fault gets its own status code.
+        first = await generation.next_event()
+    except BaseException:
+        generation.close()
+        raise
+    if first.finished:
+        error = error_for_ending(first)
+        if error is not None:
+            generation.close()
+            raise error
+    generation.first = first
+    return generation

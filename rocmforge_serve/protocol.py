@@ -1,0 +1,209 @@
+"""Reading OpenAI request bodies: the body itself (size cap, UTF-8, JSON) and each field's type.
+
+Everything a client sends is checked here before it reaches the engine, and each problem becomes a
+400 naming the field (`param`), as OpenAI's API does. Ranges of the sampling values are checked by
+SamplingParams itself (one rule set for the CLI and the server); its UsageError becomes a 400 as well.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hipcore.engine.sampler import MAX_STOP_STRINGS, SamplingParams
+from hipcore.errors import UsageError
+from rocmforge_serve.api_errors import ApiError, bad_request
+
+MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt the context can hold, far below a memory hazard
+MAX_MESSAGES = 1024
+MAX_PROMPT_IDS = 1 << 20
+
+
+@dataclass
+class GenerationRequest:
+    """One /v1/completions or /v1/chat/completions call, checked."""
+
+    model: str | None
+    prompt: str | list[int] | None  # completions: text or token ids
+    messages: list[dict] | None  # chat: [{"role", "content"}] with content as plain text
+    max_tokens: int | None  # None: up to the end of the context
+    sampling: dict  # SamplingParams fields other than max_tokens
+    stream: bool
+    include_usage: bool
+
+
+def parse_json_body(raw: bytes) -> dict:
+    if not raw:
+        raise bad_request("the request body is empty: send a JSON object", code="empty_body")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_utf8") from None
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_json_type(body)}", code="invalid_json")
+    return body
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
+    model = _optional(body, "model", str)
+    if chat:
+        prompt, messages = None, _messages(body)
+    else:
+        prompt, messages = _prompt(body), None
+    max_tokens = _optional(body, "max_completion_tokens", int) if chat else None
+    if max_tokens is None:
+        max_tokens = _optional(body, "max_tokens", int)
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    n = _optional(body, "n", int)
+    if n not in (None, 1):
+        raise bad_request(f"n must be 1 (one choice per request), got {n}", param="n")
+    for unsupported in ("logprobs", "echo", "tools", "functions", "logit_bias", "best_of", "suffix"):
+        value = body.get(unsupported)
+        if value not in (None, False, 0, [], {}) and not (unsupported == "best_of" and value == 1):
+            raise bad_request(f"{unsupported} is not supported by this server", param=unsupported, code="unsupported")
+    stream = _optional(body, "stream", bool) or False
+    options = _optional(body, "stream_options", dict) or {}
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad_request("stream_options.include_usage must be a boolean", param="stream_options")
+    sampling = {
+        # OpenAI's defaults: plain temperature sampling, no top-k / min-p unless asked for (extras).
+        "temperature": _number(body, "temperature", 1.0),
+        "top_p": _number(body, "top_p", 1.0),
+        "top_k": _optional(body, "top_k", int) or 0,
+        "min_p": _number(body, "min_p", 0.0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0),
+        "repeat_penalty": _number(body, "repetition_penalty", 1.0),
+        "repeat_last_n": -1,  # OpenAI's penalties count every generated token so far
+        "seed": _optional(body, "seed", int),
+        "stop": _stop(body),
+    }
+    if sampling["top_k"] < 0:  # vLLM's -1 means off, as our 0 does
+        sampling["top_k"] = 0
+    check_sampling(sampling, 1)  # max_tokens is judged against the context once the prompt is tokenized
+    return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage)
+
+
+def check_sampling(sampling: dict, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(max_tokens=max_tokens, **sampling)
+    except UsageError as exc:
+        message = str(exc)
+        param = message.split(" ", 1)[0]
+        raise bad_request(message, param=param if param in sampling or param == "max_tokens" else None) from None
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _optional(body: dict, name: str, kind: type) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if kind is int and isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        value = int(value)  # 16.0 is an integer in JSON's eyes
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        wanted = {int: "an integer", bool: "a boolean", str: "a string", dict: "an object", list: "an array"}[kind]
+        raise bad_request(f"{name} must be {wanted}, got {_json_type(value)}", param=name, code="invalid_type")
+    return value
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"{name} must be a finite number, got {_json_type(value)}", param=name, code="invalid_type")
+    return float(value)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad_request("stop must be a string or an array of strings", param="stop", code="invalid_type")
+    if len(items) > MAX_STOP_STRINGS:
+        raise bad_request(f"stop has {len(items)} strings; at most {MAX_STOP_STRINGS}", param="stop")
+    return tuple(items)
+
+
+def _prompt(body: dict) -> str | list[int]:
+    value = body.get("prompt")
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # the client's batch form with one prompt
+    if isinstance(value, str):
+        if not value:
+            raise bad_request("prompt is empty", param="prompt")
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if len(value) > MAX_PROMPT_IDS:
+            raise bad_request(f"prompt has {len(value)} token ids; at most {MAX_PROMPT_IDS}", param="prompt")
+        return list(value)
+    if value is None:
+        raise bad_request("prompt is required", param="prompt", code="missing_field")
+    raise bad_request("prompt must be a string, or an array of token ids (one prompt per request)", param="prompt",
+                      code="invalid_type")
+
+
+def _messages(body: dict) -> list[dict]:
+    value = body.get("messages")
+    if value is None:
+        raise bad_request("messages is required", param="messages", code="missing_field")
+    if not isinstance(value, list) or not value:
+        raise bad_request("messages must be a non-empty array", param="messages", code="invalid_type")
+    if len(value) > MAX_MESSAGES:
+        raise bad_request(f"messages has {len(value)} entries; at most {MAX_MESSAGES}", param="messages")
+    out = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"{where} must be an object", param=where, code="invalid_type")
+        role = message.get("role")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise bad_request(f"{where}.role must be system, developer, user or assistant", param=f"{where}.role")
+        out.append({"role": "system" if role == "developer" else role, "content": _content(message.get("content"), where)})
+    return out
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts: only text ones can go to a text model
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"{where}.content: only text parts are supported", param=f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"{where}.content must be a string or an array of text parts", param=f"{where}.content",
+                      code="invalid_type")
+
+
+def context_error(prompt_tokens: int, max_tokens: int | None, context: int) -> ApiError:
+    """vLLM's and OpenAI's wording, so clients that parse it keep working."""
+    if max_tokens is None:
+        detail = f"your prompt has {prompt_tokens} tokens, which leaves no room for a completion"
+    else:
+        detail = (f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+                  f"{max_tokens} for the completion)")
+    return ApiError(400, f"This model's maximum context length is {context} tokens. However, {detail}. "
+                         "Please reduce the length of the prompt or max_tokens.", param="max_tokens",
+                    code="context_length_exceeded")
