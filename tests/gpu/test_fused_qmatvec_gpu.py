@@ -25,7 +25,7 @@ import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.llama import LlamaRunner
-from hipcore.ops import fused_qmatvec, qmatvec
+from hipcore.ops import fused_qmatvec, qmatvec, rope
 from hipcore.ops.weight_formats import dequantize_rows, row_bytes
 from support.gguf_factory import write_tiny_llama
 from support.model_steps import step_batch
@@ -34,6 +34,7 @@ from support.weight_samples import random_weights
 pytestmark = pytest.mark.gpu
 
 EPS = 1e-5
+U32 = 2.0**-24  # float32's unit roundoff
 MAX_RELATIVE_LOGIT_DIFF = 4e-2
 Q4_K_M = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K"}
 
@@ -67,10 +68,16 @@ def test_norm_rope(gpu, mem, rng, seed, types, heads, kv_heads, head_dim, cols, 
     want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, pos, q_rows, kv_rows, cols, head_dim,
                                              head_dim, 500000.0, 1.0)
     xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    # The kernel's angle is position x frequency in float32 (up to 8191 x 1 rad here): its rounding moves a
+    # rotated pair by ~|pair| x angle x 2^-24 per operation, as tests/gpu/test_fused_ops_gpu.py bounds it.
+    angle = rope.angles(pos, head_dim, 500000.0, 1.0)
     for name, out, ref, raw, t, rows in zip("qkv", outs, want, raws, types, (q_rows, kv_rows, kv_rows)):
         bound = bound_of(raw, t, xg, s, rows, cols)
         if name != "v":
-            bound = bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+            unrotated = fused_qmatvec.reference_norm(raw, t, x, g, EPS, rows, cols)
+            size = np.abs(unrotated).reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+            bound = (bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+                     + size * np.tile((32 * U32 * angle + 8 * U32).repeat(2, -1), rows // head_dim))
         check(out.download(np.float32).reshape(batch, rows), ref, bound, f"seed {seed} {name}")
 
 
