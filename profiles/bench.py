@@ -49,6 +49,7 @@ class BenchConfig:
     gen_tokens: tuple[int, ...] = (128,)
     batches: tuple[int, ...] = (8, 32, 64, 128)
     batch_gen_tokens: int = 128
+    depths: tuple[int, ...] = (0,)  # tokens already in the context before each tg test (llama-bench's -d)
     repetitions: int = 5
     use_graphs: bool = True
     seed: int = 0
@@ -64,10 +65,12 @@ class BenchConfig:
             raise UsageError(f"-r must be at least 1, got {self.repetitions}")
         if self.batch_gen_tokens < 1:
             raise UsageError(f"--batch-gen must be at least 1, got {self.batch_gen_tokens}")
+        if not self.depths or any(d < 0 for d in self.depths):
+            raise UsageError(f"--n-depth values must be 0 or more, got {', '.join(map(str, self.depths)) or 'none'}")
 
     @property
     def test_count(self) -> int:
-        return len(self.prompt_tokens) + len(self.gen_tokens) + len(self.batches)
+        return len(self.prompt_tokens) + len(self.gen_tokens) * len(self.depths) + len(self.batches)
 
     @property
     def max_seqs(self) -> int:
@@ -77,7 +80,9 @@ class BenchConfig:
     def context(self) -> int:
         """Tokens a sequence may hold: the longest prompt and its sampled token, or a one-token prompt and
         the longest generation, with one spare (the engine refuses a prompt as long as the context)."""
-        need = max((*(p + 2 for p in self.prompt_tokens), *(n + 2 for n in self.gen_tokens), self.batch_gen_tokens + 2, 16))
+        depth = max(self.depths)
+        need = max((*(p + 2 for p in self.prompt_tokens), *(max(depth, 1) + n + 1 for n in self.gen_tokens),
+                    self.batch_gen_tokens + 2, 16))
         return -(-need // 64) * 64
 
 
@@ -230,8 +235,10 @@ class Workloads:
         log = _run_requests(self.engine, [self._prompt(p)], max_tokens=1)
         return log.prompt_tokens / log.prompt_seconds
 
-    def decode(self, batch: int, n: int) -> float:
-        log = _run_requests(self.engine, [self._prompt(1) for _ in range(batch)], max_tokens=n + 1)
+    def decode(self, batch: int, n: int, depth: int = 0) -> float:
+        """Decode tokens/s of `batch` sequences generating n tokens each after a prompt of `depth` tokens (one
+        when 0): the prompt's steps are not timed, so depth measures decode at that context length."""
+        log = _run_requests(self.engine, [self._prompt(max(depth, 1)) for _ in range(batch)], max_tokens=n + 1)
         return log.decode_tokens / log.decode_seconds
 
     def close(self) -> None:
@@ -284,6 +291,11 @@ def start_report(loaded: LoadedModel, cfg: BenchConfig) -> BenchReport:
     )
 
 
+def tg_name(n_gen: int, depth: int) -> str:
+    """llama-bench's name of a decode test: "tg128", or "tg128 @ d4096" after a 4096-token context."""
+    return f"tg{n_gen}" if depth == 0 else f"tg{n_gen} @ d{depth}"
+
+
 def run_bench(loaded: LoadedModel, cfg: BenchConfig, *, status: StatusFn | None = None,
               report: BenchReport | None = None, on_result: Callable[[TestResult], None] | None = None) -> BenchReport:
     """Run every test of `cfg` on the loaded model, appending each result to `report` (a new one if None)
@@ -291,7 +303,7 @@ def run_bench(loaded: LoadedModel, cfg: BenchConfig, *, status: StatusFn | None 
     say = status or (lambda _m: None)
     report = report if report is not None else start_report(loaded, cfg)
     tests = [(f"pp{p}", p, 0, 1, lambda p=p: work.prompt(p)) for p in cfg.prompt_tokens]
-    tests += [(f"tg{n}", 0, n, 1, lambda n=n: work.decode(1, n)) for n in cfg.gen_tokens]
+    tests += [(tg_name(n, d), 0, n, 1, lambda n=n, d=d: work.decode(1, n, d)) for d in cfg.depths for n in cfg.gen_tokens]
     n = cfg.batch_gen_tokens
     tests += [(f"b{b}x{n}", 0, n, b, lambda b=b: work.decode(b, n)) for b in cfg.batches]
     work = Workloads(loaded, cfg)

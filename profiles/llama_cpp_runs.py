@@ -46,6 +46,8 @@ def run_llama_bench(path: str, cfg, *, gpu: bool, timeout: float = 1800) -> list
     exe = _executable(path, "--llama-bench")
     cmd = [exe, "-m", cfg.model, "-r", str(cfg.repetitions), "-o", "json",
            "-p", ",".join(map(str, cfg.prompt_tokens)) or "0", "-n", ",".join(map(str, cfg.gen_tokens)) or "0"]
+    if tuple(cfg.depths) != (0,):
+        cmd += ["-d", ",".join(map(str, cfg.depths))]
     if gpu:
         cmd += ["-ngl", "99", "-fa", "on"]
     proc = _run(cmd, "--llama-bench", timeout)
@@ -58,9 +60,11 @@ def run_llama_bench(path: str, cfg, *, gpu: bool, timeout: float = 1800) -> list
 
 def llama_bench_test_name(record: dict) -> str:
     n_prompt, n_gen = int(record.get("n_prompt", 0)), int(record.get("n_gen", 0))
+    depth = int(record.get("n_depth", 0) or 0)
+    at = f" @ d{depth}" if depth else ""
     if n_prompt and n_gen:
-        return f"pp{n_prompt}+tg{n_gen}"
-    return f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
+        return f"pp{n_prompt}+tg{n_gen}{at}"
+    return f"pp{n_prompt}{at}" if n_prompt else f"tg{n_gen}{at}"
 
 
 def batched_bench_beside(llama_bench: str) -> str | None:

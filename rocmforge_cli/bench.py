@@ -33,6 +33,19 @@ def parse_counts(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
     return tuple(v for v in values if v > 0)
 
 
+def parse_depths(text: Optional[str]) -> tuple[int, ...]:
+    """'0,4096' -> (0, 4096); None -> (0,). Unlike the test lists, 0 is a depth (an empty context), not a skip."""
+    if text is None:
+        return (0,)
+    try:
+        values = tuple(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
+    except ValueError:
+        raise UsageError(f"--n-depth takes whole numbers separated by commas, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise UsageError(f"--n-depth values must be 0 or more, got {text!r}")
+    return values
+
+
 def _number(n: float) -> str:
     return f"{n:,.2f}".replace(",", "")
 
@@ -100,6 +113,7 @@ def bench_command(
     gen: Annotated[Optional[str], typer.Option("-n", "--n-gen", help="Tokens to generate one by one (tg), comma-separated; 0 skips. Default: 128 on a GPU, 8 on the CPU.", show_default=False)] = None,
     batch: Annotated[Optional[str], typer.Option("-b", "--batch", help="Parallel sequences for batched decode, comma-separated; 0 skips. Default: 8,32,64,128 on a GPU, 4 on the CPU.", show_default=False)] = None,
     batch_gen: Annotated[Optional[int], typer.Option("--batch-gen", help="Tokens each sequence generates in the batched tests. Default: 128 on a GPU, 4 on the CPU.", show_default=False)] = None,
+    depth: Annotated[Optional[str], typer.Option("--n-depth", help="Tokens already in the context before each tg test, comma-separated (llama-bench's -d): decode speed at long contexts, e.g. 0,4096. Default: 0.", show_default=False)] = None,
     repetitions: Annotated[Optional[int], typer.Option("-r", "--repetitions", help="Measured runs of each test (after one warm-up run). Default: 5 on a GPU, 2 on the CPU.", show_default=False)] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="md (a table like llama-bench's) or json.")] = "md",
     device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
@@ -115,9 +129,10 @@ def bench_command(
     llama.cpp's llama-bench; print a table (or JSON) with the device, model, quant, KV dtype and commit.
 
     Examples:
-      rocmforge bench                       # the demo model, the defaults for the device found
+      rocmforge bench                   # the demo model, this device's defaults
       rocmforge bench -p 512 -n 128 -b 64 -r 3 -o json
-      rocmforge bench --profile             # plus where one decode step's time goes
+      rocmforge bench -n 128 --n-depth 0,4096   # decode after a 4k context too
+      rocmforge bench --profile         # and where a decode step's time goes
     """
     if output not in ("md", "json"):
         raise UsageError(f"-o takes md or json, got {output!r}")
@@ -136,7 +151,7 @@ def bench_command(
             prompt_tokens=pick(parse_counts(prompt, "-p"), "prompt_tokens"),
             gen_tokens=pick(parse_counts(gen, "-n"), "gen_tokens"),
             batches=pick(parse_counts(batch, "-b"), "batches"),
-            batch_gen_tokens=pick(batch_gen, "batch_gen_tokens"), repetitions=pick(repetitions, "repetitions"),
+            batch_gen_tokens=pick(batch_gen, "batch_gen_tokens"), depths=parse_depths(depth), repetitions=pick(repetitions, "repetitions"),
             use_graphs=not no_graphs, profile_batch=profile_batch if profile else 0,
         )
         cfg.validate()

@@ -83,10 +83,10 @@ def _interrupt_batched(monkeypatch):
 
     real = bench_module.Workloads.decode
 
-    def decode(self, batch, n):
+    def decode(self, batch, n, depth=0):
         if batch > 1:
             raise KeyboardInterrupt
-        return real(self, batch, n)
+        return real(self, batch, n, depth)
 
     monkeypatch.setattr(bench_module.Workloads, "decode", decode)
 
@@ -118,9 +118,9 @@ def test_each_row_is_on_stdout_before_the_next_test_runs(tiny, monkeypatch):
     printed = []
     monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
 
-    def decode(self, batch, n):
+    def decode(self, batch, n, depth=0):
         seen.append(any("| pp8 |" in line for line in printed))
-        return real(self, batch, n)
+        return real(self, batch, n, depth)
 
     monkeypatch.setattr(bench_module.Workloads, "decode", decode)
     result = bench("-m", tiny, "-d", "cpu", "-p", "8", "-n", "2", "-b", "0", "-r", "1", "-q")
@@ -206,3 +206,38 @@ def test_a_batched_bench_that_prints_no_results_is_refused(tiny, tmp_path):
     result = bench("-m", tiny, "-d", "cpu", "-p", "0", "-n", "0", "-b", "2", "--batch-gen", "2", "-r", "1", "-q",
                    "--llama-batched-bench", str(exe))
     assert result.exit_code == 2 and "printed 0 results for 2 runs" in result.output, result.output
+
+
+FAKE_LLAMA_BENCH_DEPTH = """#!/bin/sh
+echo "$@" > "$(dirname "$0")/llama-bench.args"
+echo '[{"n_prompt": 0, "n_gen": 2, "n_depth": 0, "avg_ts": 50.0, "stddev_ts": 1.0}, {"n_prompt": 0, "n_gen": 2, "n_depth": 6, "avg_ts": 40.0, "stddev_ts": 1.0}]'
+"""
+
+
+def test_depth_decodes_after_a_context_of_that_many_tokens_beside_llama_bench_d(tiny, tmp_path, monkeypatch):
+    """--n-depth 0,6: tg2 after a one-token prompt and tg2 @ d6 after a six-token one (prompts not timed),
+    each beside llama-bench's record of the same depth (it gets -d 0,6)."""
+    from profiles import bench as bench_module
+
+    exe = tmp_path / "llama-bench"
+    exe.write_text(FAKE_LLAMA_BENCH_DEPTH)
+    exe.chmod(0o755)
+    prompts = []
+    real = bench_module.Workloads._prompt
+    monkeypatch.setattr(bench_module.Workloads, "_prompt", lambda self, n: prompts.append(n) or real(self, n))
+    result = bench("-m", tiny, "-d", "cpu", "-p", "0", "-n", "2", "-b", "0", "--n-depth", "0,6", "-r", "1", "-q",
+                   "--llama-bench", str(exe))
+    assert result.exit_code == 0, result.output
+    rows = {c[5]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in result.stdout.splitlines()
+                              if line.startswith("| tiny.gguf"))}
+    assert set(rows) == {"tg2", "tg2 @ d6"}
+    assert rows["tg2"][7].startswith("50.00") and rows["tg2 @ d6"][7].startswith("40.00")
+    assert set(prompts) == {1, 6}
+    args = (tmp_path / "llama-bench.args").read_text().split()
+    assert args[args.index("-d") + 1] == "0,6"
+
+
+def test_depth_values_are_checked():
+    for bad in ("-1", "x", ","):
+        result = bench("-d", "cpu", "-p", "0", "-n", "2", "-b", "0", "--n-depth", bad, "-q")
+        assert result.exit_code == 2 and "--n-depth" in result.output, (bad, result.output)
