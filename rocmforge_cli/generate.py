@@ -19,6 +19,7 @@ from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.escapes import process_escapes
+from rocmforge_cli.stream_text import stream_text
 from rocmforge_cli.generate_input import choose_seed, read_prompt, sampling_params
 
 DEVICE_HELP = "Where to run: auto (AMD GPU via HIP, else NVIDIA GPU via CUDA, else CPU), hip, cuda or cpu; add :N for the N-th GPU."
@@ -152,7 +153,7 @@ def generate(
                 if event.text:
                     pieces.append(event.text)
                     if not as_json:
-                        sys.stdout.write(event.text)
+                        sys.stdout.write(stream_text(event.text))
                         sys.stdout.flush()
                 if event.finished:
                     ending = event
