@@ -2,6 +2,7 @@
 // into the products around them, as fused_matvec.hip does for a few tokens, with matmul.hip's tiling.
 //
 //   matmul_norm_rope_<fmt>   q|k|v = rmsnorm(x) * g · W_qkv^T, RoPE on q and k, three separate outputs
+//                            (freq_factors: rope_dim / 2 per-pair frequency divisors as rope.hip, or null)
 //   matmul_norm_swiglu_<fmt> h = silu(n · W_gate^T) * (n · W_up^T), n = rmsnorm(x) * g, W = [gate; up]
 //   matmul_add_<fmt>         y += x · W^T (the residual connection in the epilogue)
 //   matmul_norm_<fmt>        y = rmsnorm(x) * g · W^T (the output head)
@@ -190,6 +191,7 @@ struct Args {
   int split1, split2;  // kRope: rows [0, split1) go to y0, [split1, split2) to y1, the rest to y2
   int head_dim, rope_dim;
   float eps, theta, freq_scale;
+  const float* freq_factors = nullptr;  // kRope: rope_dim / 2 per-pair divisors of the frequency, or null
 };
 
 // The step tiles while the products run; the finished tile (one row of kOutStride floats per token)
@@ -242,7 +244,9 @@ __device__ __forceinline__ void finish(const Args& a, Shared& sh, const float ac
       float p = out[tl * kOutStride + rl] * sh.norm[tl], q = out[tl * kOutStride + rl + 1] * sh.norm[tl];
       const int in_head = r % a.head_dim;
       if (r < a.split2 && in_head < a.rope_dim) {
-        const float angle = (float)a.positions[t] * (a.freq_scale * exp2f((float)(in_head / 2) * log2_step));
+        float freq = a.freq_scale * exp2f((float)(in_head / 2) * log2_step);
+        if (a.freq_factors) freq = freq / a.freq_factors[in_head / 2];
+        const float angle = (float)a.positions[t] * freq;
         float sn, cs;
         rope_sincos(angle, &sn, &cs);
         const float p0 = p;
@@ -479,12 +483,12 @@ __device__ __forceinline__ void fused_matmul(const Args& a, int tile_tokens, Sha
 #define RF_FUSED_MATMUL_ENTRIES(suffix, Format)                                                                       \
   extern "C" __global__ __launch_bounds__(256) void matmul_norm_rope_##suffix(                                        \
       float* q, float* k, float* v, const void* W, const float* x, const float* g, const int* positions,              \
-      void* workspace, int q_rows, int kv_rows, int cols, int n_tokens, int head_dim, int rope_dim, int tile_tokens,  \
-      int splits, float eps, float theta, float freq_scale) {                                                         \
+      const float* freq_factors, void* workspace, int q_rows, int kv_rows, int cols, int n_tokens, int head_dim,      \
+      int rope_dim, int tile_tokens, int splits, float eps, float theta, float freq_scale) {                          \
     __shared__ fmm::Shared sh;                                                                                         \
     const fmm::Args a = {q, k, v, static_cast<const unsigned char*>(W), x, g, positions,                               \
                          static_cast<unsigned char*>(workspace), q_rows + 2 * kv_rows, cols, n_tokens, splits, q_rows, \
-                         q_rows + kv_rows, head_dim, rope_dim, eps, theta, freq_scale};                                \
+                         q_rows + kv_rows, head_dim, rope_dim, eps, theta, freq_scale, freq_factors};                  \
     fmm::fused_matmul<fmm::Format, fmm::kRope>(a, tile_tokens, sh);                                                    \
   }                                                                                                                    \
   extern "C" __global__ __launch_bounds__(256) void matmul_norm_swiglu_##suffix(                                      \

@@ -4,6 +4,7 @@
 //
 //   matvec_norm_rope_<fmt>   q|k|v = W_qkv · rmsnorm(x) * g, RoPE applied to q and k, written to three
 //                            separate outputs (q [b, q_rows], k and v [b, kv_rows])
+//                            (freq_factors: rope_dim / 2 per-pair frequency divisors as rope.hip, or null)
 //   matvec_norm_swiglu_<fmt> h = silu(W_gate · n) * (W_up · n), n = rmsnorm(x) * g, W = [gate; up]
 //   matvec_add_<fmt>         y += W · x (the residual connection in the epilogue)
 //   matvec_norm_<fmt>        y = W · rmsnorm(x) * g (the output head)
@@ -172,6 +173,7 @@ struct Args {
   int split2;
   int head_dim, rope_dim;
   float eps, theta, freq_scale;
+  const float* freq_factors = nullptr;  // kRope: rope_dim / 2 per-pair divisors of the frequency, or null
 };
 
 // acc0/acc1[b] += the item's weights of the two rows times x[b] (times g when normalizing); ss[b] +=
@@ -223,7 +225,9 @@ __device__ __forceinline__ void finish(const Args& a, int b, int r0, int r1, boo
     const int in_head = r0 % a.head_dim;
     if (r0 < a.split2 && in_head < a.rope_dim) {
       const float log2_step = -2.0f * log2f(a.theta) / (float)a.rope_dim;
-      const float angle = (float)a.positions[b] * (a.freq_scale * exp2f((float)(in_head / 2) * log2_step));
+      float freq = a.freq_scale * exp2f((float)(in_head / 2) * log2_step);
+      if (a.freq_factors) freq = freq / a.freq_factors[in_head / 2];
+      const float angle = (float)a.positions[b] * freq;
       float sn, cs;
       fused_rope_sincos(angle, &sn, &cs);
       const float p = s0, q = s1;
@@ -312,10 +316,11 @@ __device__ __forceinline__ void fused_matvec(const Args& a, int batch) {
 
 template <class Format>
 __device__ __forceinline__ void norm_rope(float* q, float* k, float* v, const void* W, const float* x, const float* g,
-                                          const int* positions, int q_rows, int kv_rows, int cols, int batch,
-                                          int head_dim, int rope_dim, float eps, float theta, float freq_scale) {
+                                          const int* positions, const float* freq_factors, int q_rows, int kv_rows,
+                                          int cols, int batch, int head_dim, int rope_dim, float eps, float theta,
+                                          float freq_scale) {
   const Args a = {q, k, v, static_cast<const unsigned char*>(W), x, g, positions, q_rows + 2 * kv_rows, cols,
-                  q_rows, q_rows + kv_rows, head_dim, rope_dim, eps, theta, freq_scale};
+                  q_rows, q_rows + kv_rows, head_dim, rope_dim, eps, theta, freq_scale, freq_factors};
   fused_matvec<Format, true, kRope>(a, batch);
 }
 
@@ -344,10 +349,11 @@ __device__ __forceinline__ void norm_store(float* y, const void* W, const float*
 
 #define RF_FUSED_MATVEC_ENTRIES(suffix, Format)                                                                        \
   extern "C" __global__ __launch_bounds__(256) void matvec_norm_rope_##suffix(                                         \
-      float* q, float* k, float* v, const void* W, const float* x, const float* g, const int* positions, int q_rows,   \
-      int kv_rows, int cols, int batch, int head_dim, int rope_dim, float eps, float theta, float freq_scale) {        \
-    fused::norm_rope<Format>(q, k, v, W, x, g, positions, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta,       \
-                      freq_scale);                                                                                      \
+      float* q, float* k, float* v, const void* W, const float* x, const float* g, const int* positions,               \
+      const float* freq_factors, int q_rows, int kv_rows, int cols, int batch, int head_dim, int rope_dim, float eps,  \
+      float theta, float freq_scale) {                                                                                  \
+    fused::norm_rope<Format>(q, k, v, W, x, g, positions, freq_factors, q_rows, kv_rows, cols, batch, head_dim,         \
+                             rope_dim, eps, theta, freq_scale);                                                         \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_norm_swiglu_##suffix(                                       \
       float* y, const void* W, const float* x, const float* g, int rows, int cols, int batch, float eps) {             \

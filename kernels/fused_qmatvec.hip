@@ -3,9 +3,10 @@
 // (or gate and up) each come as their own matrix, each of its own type. A Q4_K_M file has attn_q and
 // attn_k in Q4_K but attn_v in Q6_K, so the concatenated W of fused_matvec.hip does not exist there.
 //
-//   qmatvec_norm_rope(q, k, v, Wq, Wk, Wv, x, g, positions, types, q_rows, kv_rows, cols, batch, head_dim,
-//                     rope_dim, eps, theta, freq_scale)
-//       q = rope(n @ Wq^T), k = rope(n @ Wk^T), v = n @ Wv^T,  n = rmsnorm(x) * g
+//   qmatvec_norm_rope(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
+//                     head_dim, rope_dim, eps, theta, freq_scale)
+//       q = rope(n @ Wq^T), k = rope(n @ Wk^T), v = n @ Wv^T,  n = rmsnorm(x) * g; freq_factors: rope_dim / 2
+//       per-pair divisors of the frequency (rope.hip), or null
 //   qmatvec_norm_swiglu(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
 //       y = silu(n @ Wg^T) * (n @ Wu^T)
 //   qmatvec_add(y, W, x, type, rows, cols, batch)        y += x @ W^T (the residual connection)
@@ -140,6 +141,7 @@ static __device__ __forceinline__ void rope_sincos(float angle, float* sin_out, 
 
 struct Rope {
   const int* positions;
+  const float* freq_factors;  // null: none
   int head_dim, rope_dim;
   float theta, freq_scale;
 };
@@ -149,7 +151,9 @@ static __device__ __forceinline__ void rotate(const Rope& p, int b, int r, float
   const int in_head = r % p.head_dim;
   if (in_head >= p.rope_dim) return;
   const float log2_step = -2.0f * log2f(p.theta) / (float)p.rope_dim;
-  const float angle = (float)p.positions[b] * (p.freq_scale * exp2f((float)(in_head / 2) * log2_step));
+  float freq = p.freq_scale * exp2f((float)(in_head / 2) * log2_step);
+  if (p.freq_factors) freq = freq / p.freq_factors[in_head / 2];
+  const float angle = (float)p.positions[b] * freq;
   float sn, cs;
   rope_sincos(angle, &sn, &cs);
   const float a = s0, c = s1;
@@ -312,15 +316,16 @@ struct SinglePass {
 
 template <bool ONE_TOKEN>
 __device__ __forceinline__ void norm_rope(float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv,
-                                          const float* x, const float* g, const int* positions, int types, int q_rows,
-                                          int kv_rows, int cols, int batch, int head_dim, int rope_dim, float eps,
-                                          float theta, float freq_scale) {
+                                          const float* x, const float* g, const int* positions,
+                                          const float* freq_factors, int types, int q_rows, int kv_rows, int cols,
+                                          int batch, int head_dim, int rope_dim, float eps, float theta,
+                                          float freq_scale) {
   float* const y[3] = {q, k, v};
   const unsigned char* const W[3] = {static_cast<const unsigned char*>(Wq), static_cast<const unsigned char*>(Wk),
                                      static_cast<const unsigned char*>(Wv)};
   const int type_of[3] = {types & 15, (types >> 4) & 15, (types >> 8) & 15};
   const int rows[3] = {q_rows, kv_rows, kv_rows};
-  const Rope rope = {positions, head_dim, rope_dim, theta, freq_scale};
+  const Rope rope = {positions, freq_factors, head_dim, rope_dim, theta, freq_scale};
   passes<ONE_TOKEN>(batch, RopePass{y, W, type_of, rows, x, g, &rope, cols, eps});
 }
 
@@ -343,10 +348,10 @@ __device__ __forceinline__ void single(float* y, const void* W, const float* x, 
 #define RF_FUSED_QMATVEC_ENTRIES(suffix, ONE_TOKEN)                                                                   \
   extern "C" __global__ __launch_bounds__(256) void qmatvec_norm_rope_##suffix(                                      \
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
-      const int* positions, int types, int q_rows, int kv_rows, int cols, int batch, int head_dim, int rope_dim,      \
-      float eps, float theta, float freq_scale) {                                                                     \
-    fq::norm_rope<ONE_TOKEN>(q, k, v, Wq, Wk, Wv, x, g, positions, types, q_rows, kv_rows, cols, batch, head_dim,    \
-                             rope_dim, eps, theta, freq_scale);                                                       \
+      const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
+      int head_dim, int rope_dim, float eps, float theta, float freq_scale) {                                         \
+    fq::norm_rope<ONE_TOKEN>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch, \
+                             head_dim, rope_dim, eps, theta, freq_scale);                                             \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(256) void qmatvec_norm_swiglu_##suffix(                                    \
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \

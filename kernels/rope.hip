@@ -1,7 +1,9 @@
 // Rotary position embedding, llama.cpp's NORM mode (the llama architecture), in place on
 // x[n_tokens, n_heads, head_dim]: for every pair (x[2i], x[2i+1]) with 2i < rope_dim,
-//   angle = positions[token] * freq_scale * theta_base^(-2i / rope_dim)
+//   angle = positions[token] * freq_scale * theta_base^(-2i / rope_dim) / freq_factors[i]
 //   (x[2i], x[2i+1]) <- (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)
+// freq_factors (rope_dim / 2 floats, or null for none) are the per-pair divisors of Llama 3's "llama3"
+// RoPE scaling, which llama.cpp's converter writes into the file as rope_freqs.weight.
 // Elements at and past rope_dim are left alone. One thread per pair, grid-stride: any grid covers all.
 #include "hip_compat.h"
 
@@ -27,8 +29,9 @@ static __device__ __forceinline__ void rope_sincos(float angle, float* sin_out, 
   *cos_out = ((quadrant + 1) & 2) ? -c_q : c_q;
 }
 
-extern "C" __global__ __launch_bounds__(256) void rope_f32(float* x, const int* positions, int n_tokens, int n_heads,
-                                                           int head_dim, int rope_dim, float theta_base, float freq_scale) {
+extern "C" __global__ __launch_bounds__(256) void rope_f32(float* x, const int* positions, const float* freq_factors,
+                                                           int n_tokens, int n_heads, int head_dim, int rope_dim,
+                                                           float theta_base, float freq_scale) {
   const int pairs_per_head = rope_dim / 2;
   const unsigned long long total = (unsigned long long)n_tokens * (unsigned long long)n_heads * pairs_per_head;
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
@@ -38,7 +41,9 @@ extern "C" __global__ __launch_bounds__(256) void rope_f32(float* x, const int* 
     const int i = (int)(k % pairs_per_head);
     const unsigned long long token_head = k / pairs_per_head;
     const int token = (int)(token_head / n_heads);
-    const float angle = (float)positions[token] * (freq_scale * exp2f((float)i * log2_step));
+    float freq = freq_scale * exp2f((float)i * log2_step);
+    if (freq_factors) freq = freq / freq_factors[i];
+    const float angle = (float)positions[token] * freq;
     float s, c;
     rope_sincos(angle, &s, &c);
     float* p = x + token_head * head_dim + 2 * i;

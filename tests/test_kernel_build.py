@@ -224,7 +224,7 @@ def test_loader_compiles_at_run_time_into_the_cache_and_says_so_once(built, monk
 
     gpu = RecordingGpu("sm_120")  # no sm_12x code object was built
     loader.get_kernel(gpu, "add", "add_f32", "pppi")
-    loader.get_kernel(gpu, "rope", "rope_f32", "ppiiiiff")
+    loader.get_kernel(gpu, "rope", "rope_f32", "pppiiiiff")
     assert [name for name, _, _ in gpu.compiled] == ["add.hip", "rope.hip"]
     name, source, include_dirs = gpu.compiled[0]
     assert source == (loader.kernels_dir() / "add.hip").read_text()

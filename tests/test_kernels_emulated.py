@@ -16,6 +16,7 @@ from hipcore.ops.launch_checks import elementwise_grid, row_block
 from hipcore.ops.weight_formats import column_multiple
 from support.weight_samples import random_weights
 from support.emulated_kernels import ARCH_FOR_WARP, U32, run, write_inputs
+from support.rope_factors import factors_arg, far_factors
 
 
 @pytest.mark.parametrize("weight_type", matvec.WEIGHT_TYPES)
@@ -96,21 +97,23 @@ def test_rmsnorm(harnesses, warp, tmp_path):
         assert np.all(np.abs(np.fromfile(tmp_path / "o", np.float32).reshape(rows, n) - want) <= tol), "in place"
 
 
-def test_rope(harnesses, warp, tmp_path):
-    rng = np.random.default_rng(warp)
+@pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
+def test_rope(harnesses, warp, with_factors, tmp_path):
+    rng = np.random.default_rng([warp, with_factors])
     for tokens, heads, head_dim, rope_dim, max_pos in [(3, 2, 64, 64, 4096), (2, 3, 6, 4, 100), (4, 1, 64, 32, 32768)]:
         x = rng.standard_normal((tokens, heads, head_dim)).astype(np.float32)
         positions = rng.integers(0, max_pos, tokens).astype(np.int32)
+        factors = far_factors(rng, rope_dim) if with_factors else None
         x.tofile(tmp_path / "x")
         positions.tofile(tmp_path / "p")
-        want = rope.reference(x, positions, rope_dim, 10000.0, 0.5)
-        angle = rope.angles(positions, rope_dim, 10000.0, 0.5)[:, None, :]
+        want = rope.reference(x, positions, rope_dim, 10000.0, 0.5, factors)
+        angle = rope.angles(positions, rope_dim, 10000.0, 0.5, factors)[:, None, :]
         pair = np.abs(x[..., 0:rope_dim:2]).astype(np.float64) + np.abs(x[..., 1:rope_dim:2])
         tol = pair * (32 * U32 * angle + 8 * U32) + 1e-30
         grid, block = elementwise_grid(tokens * heads * (rope_dim // 2))
         for g in sorted({grid, 1}):
             run(harnesses, warp, "rope_f32", g, block, tokens, heads, head_dim, rope_dim, 10000.0, 0.5,
-                tmp_path / "x", tmp_path / "p", tmp_path / "o")
+                tmp_path / "x", tmp_path / "p", factors_arg(tmp_path, factors), tmp_path / "o")
             got = np.fromfile(tmp_path / "o", np.float32).reshape(x.shape)
             for lane in (0, 1):
                 assert np.all(np.abs(got[..., lane:rope_dim:2] - want[..., lane:rope_dim:2]) <= tol)

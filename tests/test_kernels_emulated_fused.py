@@ -10,6 +10,7 @@ import pytest
 from hipcore.ops import fused_matmul, fused_matvec, matvec, rmsnorm, rope, silu_mul
 from support.weight_samples import random_weights
 from support.emulated_kernels import ARCH_FOR_WARP, U32, run, write_inputs
+from support.rope_factors import factors_arg, far_factors
 
 
 # ---- fused_matvec.hip: the single ops' chains folded into the products ---------------------------
@@ -30,21 +31,24 @@ def test_fused_norm_rope(harnesses, warp, weight_type, tmp_path):
     rng = np.random.default_rng([warp, len(weight_type), 1])
     # (q heads, kv heads, head_dim, rope_dim, cols, batch): one and several passes over W, partial rope.
     # The emulation costs a host thread per GPU thread: every format gets one case, the demo model's
-    # format (q4_1) the rest.
+    # format (q4_1) the rest. Every other case divides the frequencies by factors (rope_freqs.weight); the
+    # factors are read in the epilogue, which is the same code for every format.
     cases = [(1, 1, 16, 8, 64, 2), (2, 1, 32, 16, 96, 5), (3, 1, 64, 64, 64, 1), (1, 1, 16, 16, 576, 2)]
-    for q_heads, kv_heads, head_dim, rope_dim, cols, batch in cases if weight_type == "q4_1" else cases[:1]:
+    for case, (q_heads, kv_heads, head_dim, rope_dim, cols, batch) in enumerate(
+            cases if weight_type == "q4_1" else cases[:1]):
         q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
         rows = q_rows + 2 * kv_rows
         raw = random_weights(rng, weight_type, rows, cols)
         x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
         g = rng.standard_normal(cols).astype(np.float32)
         positions = rng.integers(0, 4096, batch).astype(np.int32)
-        files = write_inputs(tmp_path, w=raw, x=x, g=g, p=positions)
+        factors = far_factors(rng, rope_dim) if case % 2 else None
+        files = write_inputs(tmp_path, w=raw, x=x, g=g, p=positions) + [factors_arg(tmp_path, factors)]
         want = fused_matvec.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols,
-                                                head_dim, rope_dim, 10000.0, 0.5)
+                                                head_dim, rope_dim, 10000.0, 0.5, factors)
         # Product bound on the unrotated values; a rotation mixes a pair and adds its own rounding.
         bound = matvec_bound(raw, weight_type, normed(x, g) * 1.0, rows, cols) * 2
-        angle = rope.angles(positions, rope_dim, 10000.0, 0.5)  # [batch, rope_dim / 2]
+        angle = rope.angles(positions, rope_dim, 10000.0, 0.5, factors)  # [batch, rope_dim / 2]
         unrotated = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
         grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], rows // 2)
         for gsize in sorted({min(grid, 4), 1}):
@@ -62,7 +66,8 @@ def test_fused_norm_rope(harnesses, warp, weight_type, tmp_path):
                     tol = pair_bound + pair_size * np.tile(per_head, width // head_dim)
                 else:
                     tol = bound[:, lo:lo + width]
-                assert np.all(np.abs(part - ref) <= tol), f"{weight_type} rows {lo}.. batch {batch} grid {gsize}"
+                assert np.all(np.abs(part - ref) <= tol), \
+                    f"{weight_type} rows {lo}.. batch {batch} grid {gsize} factors {factors is not None}"
 
 
 @pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
@@ -140,24 +145,28 @@ def assert_counters_zero(path, workspace_bytes, what):
 # (q heads, kv heads, head_dim, rope_dim, cols, n_tokens, tile_tokens, splits); None: the launcher's.
 FUSED_ROPE_CASES = [(1, 1, 64, 64, 64, 5, None, None), (2, 1, 32, 16, 192, 33, 32, 3),
                     (3, 1, 64, 64, 224, 40, 64, 3)]
+# Cases whose frequencies are divided by factors (rope_freqs.weight): a split and an unsplit launch.
+FUSED_ROPE_FACTOR_CASES = (1, 2)
 
 
 @pytest.mark.parametrize("weight_type", fused_matmul.WEIGHT_TYPES)
 def test_fused_matmul_norm_rope(harnesses, warp, weight_type, tmp_path):
     rng = np.random.default_rng([warp, len(weight_type), 11])
-    for q_heads, kv_heads, head_dim, rope_dim, cols, n_tokens, tile, splits in (
-            FUSED_ROPE_CASES if weight_type == "q4_1" else FUSED_ROPE_CASES[1:2]):
+    for case, (q_heads, kv_heads, head_dim, rope_dim, cols, n_tokens, tile, splits) in enumerate(FUSED_ROPE_CASES):
+        if weight_type != "q4_1" and case != 1:
+            continue
         q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
         rows = q_rows + 2 * kv_rows
         raw = random_weights(rng, weight_type, rows, cols)
         x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
         g = rng.standard_normal(cols).astype(np.float32)
         positions = rng.integers(0, 4096, n_tokens).astype(np.int32)
-        files = write_inputs(tmp_path, w=raw, x=x, g=g, p=positions)
+        factors = far_factors(rng, rope_dim) if case in FUSED_ROPE_FACTOR_CASES else None
+        files = write_inputs(tmp_path, w=raw, x=x, g=g, p=positions) + [factors_arg(tmp_path, factors)]
         want = fused_matmul.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols,
-                                                head_dim, rope_dim, 10000.0, 0.5)
+                                                head_dim, rope_dim, 10000.0, 0.5, factors)
         bound = matvec_bound(raw, weight_type, normed(x, g), rows, cols) * 2
-        angle = rope.angles(positions, rope_dim, 10000.0, 0.5)
+        angle = rope.angles(positions, rope_dim, 10000.0, 0.5, factors)
         unrotated = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
         for gsize, tile_used, split_used, ws in matmul_launches(-(-rows // 64), cols, n_tokens, tile, splits):
             run(harnesses, warp, f"matmul_norm_rope_{weight_type}", gsize, fused_matmul.THREADS, q_rows, kv_rows, cols,
@@ -165,7 +174,8 @@ def test_fused_matmul_norm_rope(harnesses, warp, weight_type, tmp_path):
                 tmp_path / "ws")
             got = np.fromfile(tmp_path / "o", np.float32)
             parts = np.split(got, [n_tokens * q_rows, n_tokens * (q_rows + kv_rows)])
-            what = f"{weight_type} {rows}x{cols} tokens {n_tokens} tile {tile_used} splits {split_used} grid {gsize}"
+            what = (f"{weight_type} {rows}x{cols} tokens {n_tokens} tile {tile_used} splits {split_used} grid {gsize}"
+                    f" factors {factors is not None}")
             for part, ref, lo, width in zip(parts, want, (0, q_rows, q_rows + kv_rows), (q_rows, kv_rows, kv_rows)):
                 part = part.reshape(n_tokens, width)
                 tol = bound[:, lo:lo + width]

@@ -3,9 +3,11 @@
 Kernels (kernels/fused_matmul.hip), for W of type q4_1, q8_0, f16 or f32 in its GGUF block layout; the
 same operations as hipcore/ops/fused_matvec.py, with matmul.hip's tiling:
 
-  matmul_norm_rope_<t>(q p, k p, v p, W p, x p, g p, positions p, workspace p, q_rows i, kv_rows i, cols i,
-                       n_tokens i, head_dim i, rope_dim i, tile_tokens i, splits i, eps f, theta f, freq_scale f)
-      [q | k | v] = rmsnorm(x) * g @ [W_q; W_k; W_v]^T, RoPE (NORM mode) on q and k
+  matmul_norm_rope_<t>(q p, k p, v p, W p, x p, g p, positions p, freq_factors p, workspace p, q_rows i,
+                       kv_rows i, cols i, n_tokens i, head_dim i, rope_dim i, tile_tokens i, splits i, eps f, theta f,
+                       freq_scale f)
+      [q | k | v] = rmsnorm(x) * g @ [W_q; W_k; W_v]^T, RoPE (NORM mode) on q and k; freq_factors float32
+      [rope_dim / 2] divide the frequencies (rope.py), or a null pointer
   matmul_norm_swiglu_<t>(y p, W p, x p, g p, workspace p, rows i, cols i, n_tokens i, tile_tokens i, splits i, eps f)
       y = silu(n @ W_gate^T) * (n @ W_up^T), n = rmsnorm(x) * g, W = [W_gate; W_up]
   matmul_add_<t>(y p, W p, x p, workspace p, rows i, cols i, n_tokens i, tile_tokens i, splits i)
@@ -45,7 +47,7 @@ from hipcore.runtime.kernels import get_kernel
 OP = "fused_matmul"
 WEIGHT_TYPES = fused_matvec.WEIGHT_TYPES
 SIGNATURES = {
-    "matmul_norm_rope": "ppppppppiiiiiiiifff",
+    "matmul_norm_rope": "pppppppppiiiiiiiifff",
     "matmul_norm_swiglu": "pppppiiiiif",
     "matmul_add": "ppppiiiii",
     "matmul_norm": "pppppiiiiif",
@@ -88,16 +90,17 @@ def _normed(dev: CpuDevice, x: int, g: int, n_tokens: int, cols: int, eps: float
 
 def _register(weight_type: str) -> None:
     @cpu_kernel(f"matmul_norm_rope_{weight_type}", SIGNATURES["matmul_norm_rope"])
-    def norm_rope(dev, grid, block, q, k, v, w, x, g, positions, workspace, q_rows, kv_rows, cols, n_tokens, head_dim,
-                  rope_dim, tile_tokens, splits, eps, theta, freq_scale):
+    def norm_rope(dev, grid, block, q, k, v, w, x, g, positions, freq_factors, workspace, q_rows, kv_rows, cols,
+                  n_tokens, head_dim, rope_dim, tile_tokens, splits, eps, theta, freq_scale):
         y = _product(dev, w, weight_type, _normed(dev, x, g, n_tokens, cols, eps), q_rows + 2 * kv_rows, cols)
         pos = dev.view(positions, np.int32, n_tokens)
+        factors = rope.host_factors(dev, freq_factors, rope_dim)
         for out, lo, hi, rotate in ((q, 0, q_rows, True), (k, q_rows, q_rows + kv_rows, True),
                                     (v, q_rows + kv_rows, q_rows + 2 * kv_rows, False)):
             part = y[:, lo:hi]
             if rotate:
                 part = rope.reference(part.reshape(n_tokens, -1, head_dim), pos, rope_dim, theta,
-                                      freq_scale).reshape(n_tokens, -1)
+                                      freq_scale, factors).reshape(n_tokens, -1)
             dev.view(out, np.float32, (n_tokens, hi - lo))[:] = part
 
     @cpu_kernel(f"matmul_norm_swiglu_{weight_type}", SIGNATURES["matmul_norm_swiglu"])
@@ -216,7 +219,8 @@ def _launch(device: Device, stream: Stream | None, entry: str, weight_type: str,
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, w: Any, x: Any, g: Any,
                      positions: Any, *, q_rows: int, kv_rows: int, cols: int, n_tokens: int, head_dim: int,
                      rope_dim: int, eps: float, theta: float, freq_scale: float, weight_type: str,
-                     workspace: Buffer | None = None, tile_tokens: int | None = None, splits: int | None = None) -> None:
+                     workspace: Buffer | None = None, tile_tokens: int | None = None, splits: int | None = None,
+                     freq_factors: Any = None) -> None:
     """[q | k | v] = rope(rmsnorm(x) * g @ W^T) for W = [W_q; W_k; W_v] (see the module docstring)."""
     op = f"matmul_norm_rope_{weight_type}"
     rows = q_rows + 2 * kv_rows
@@ -224,7 +228,7 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
     check_qkv_rope(op, q, k, v, x, positions, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=n_tokens,
                    head_dim=head_dim, rope_dim=rope_dim)
     _launch(device, stream, "matmul_norm_rope", weight_type, -(-rows // TILE_ROWS), cols, n_tokens, workspace,
-            tile_tokens, splits, (q, k, v, w, x, g, positions),
+            tile_tokens, splits, (q, k, v, w, x, g, positions, rope.factors_arg(op, freq_factors, rope_dim)),
             (q_rows, kv_rows, cols, n_tokens, head_dim, rope_dim), (eps, theta, freq_scale))
 
 

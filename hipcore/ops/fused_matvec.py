@@ -2,10 +2,11 @@
 
 Kernels (kernels/fused_matvec.hip), for W of type q4_1, q8_0, f16 or f32 in its GGUF block layout:
 
-  matvec_norm_rope_<t>(q p, k p, v p, W p, x p, g p, positions p, q_rows i, kv_rows i, cols i, batch i,
-                       head_dim i, rope_dim i, eps f, theta f, freq_scale f)
+  matvec_norm_rope_<t>(q p, k p, v p, W p, x p, g p, positions p, freq_factors p, q_rows i, kv_rows i, cols i,
+                       batch i, head_dim i, rope_dim i, eps f, theta f, freq_scale f)
       [q | k | v] = rmsnorm(x) * g @ W^T, RoPE (NORM mode) on q and k at each batch row's position,
-      W = [W_q; W_k; W_v] ([q_rows + 2 kv_rows, cols]); q [batch, q_rows], k and v [batch, kv_rows]
+      W = [W_q; W_k; W_v] ([q_rows + 2 kv_rows, cols]); q [batch, q_rows], k and v [batch, kv_rows];
+      freq_factors float32 [rope_dim / 2] divide the frequencies (rope.py), or a null pointer
   matvec_norm_swiglu_<t>(y p, W p, x p, g p, rows i, cols i, batch i, eps f)
       y = silu(n @ W_gate^T) * (n @ W_up^T), n = rmsnorm(x) * g, W = [W_gate; W_up] ([2 rows, cols])
   matvec_add_<t>(y p, W p, x p, rows i, cols i, batch i)
@@ -35,7 +36,7 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 OP = "fused_matvec"
 WEIGHT_TYPES = ("q4_1", "q8_0", "f16", "f32")
 SIGNATURES = {
-    "matvec_norm_rope": "pppppppiiiiiifff",
+    "matvec_norm_rope": "ppppppppiiiiiifff",
     "matvec_norm_swiglu": "ppppiiif",
     "matvec_add": "pppiii",
     "matvec_norm": "ppppiiif",
@@ -65,12 +66,13 @@ def reference_norm(w_raw, weight_type, x, g, eps, rows, cols) -> np.ndarray:
 
 
 def reference_norm_rope(w_raw, weight_type, x, g, eps, positions, q_rows, kv_rows, cols, head_dim, rope_dim, theta,
-                        freq_scale) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        freq_scale, freq_factors=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64 (q [batch, q_rows], k [batch, kv_rows], v [batch, kv_rows])."""
     y = reference_norm(w_raw, weight_type, x, g, eps, q_rows + 2 * kv_rows, cols)
     batch = y.shape[0]
-    q = rope.reference(y[:, :q_rows].reshape(batch, -1, head_dim), positions, rope_dim, theta, freq_scale)
-    k = rope.reference(y[:, q_rows:q_rows + kv_rows].reshape(batch, -1, head_dim), positions, rope_dim, theta, freq_scale)
+    q = rope.reference(y[:, :q_rows].reshape(batch, -1, head_dim), positions, rope_dim, theta, freq_scale, freq_factors)
+    k = rope.reference(y[:, q_rows:q_rows + kv_rows].reshape(batch, -1, head_dim), positions, rope_dim, theta, freq_scale,
+                       freq_factors)
     return q.reshape(batch, q_rows), k.reshape(batch, kv_rows), y[:, q_rows + kv_rows:]
 
 
@@ -107,15 +109,17 @@ def _normed(dev: CpuDevice, x: int, g: int, batch: int, cols: int, eps: float) -
 
 def _register(weight_type: str) -> None:
     @cpu_kernel(f"matvec_norm_rope_{weight_type}", SIGNATURES["matvec_norm_rope"])
-    def norm_rope(dev, grid, block, q, k, v, w, x, g, positions, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps,
-                  theta, freq_scale):
+    def norm_rope(dev, grid, block, q, k, v, w, x, g, positions, freq_factors, q_rows, kv_rows, cols, batch, head_dim,
+                  rope_dim, eps, theta, freq_scale):
         y = _product(dev, w, weight_type, _normed(dev, x, g, batch, cols, eps), q_rows + 2 * kv_rows, cols)
         pos = dev.view(positions, np.int32, batch)
+        factors = rope.host_factors(dev, freq_factors, rope_dim)
         for out, lo, hi, rotate in ((q, 0, q_rows, True), (k, q_rows, q_rows + kv_rows, True),
                                     (v, q_rows + kv_rows, q_rows + 2 * kv_rows, False)):
             part = y[:, lo:hi]
             if rotate:
-                part = rope.reference(part.reshape(batch, -1, head_dim), pos, rope_dim, theta, freq_scale).reshape(batch, -1)
+                part = rope.reference(part.reshape(batch, -1, head_dim), pos, rope_dim, theta, freq_scale,
+                                      factors).reshape(batch, -1)
             dev.view(out, np.float32, (batch, hi - lo))[:] = part
 
     @cpu_kernel(f"matvec_norm_swiglu_{weight_type}", SIGNATURES["matvec_norm_swiglu"])
@@ -168,14 +172,15 @@ def _launch(device: Device, stream: Stream | None, entry: str, weight_type: str,
 
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, w: Any, x: Any, g: Any,
                      positions: Any, *, q_rows: int, kv_rows: int, cols: int, batch: int, head_dim: int, rope_dim: int,
-                     eps: float, theta: float, freq_scale: float, weight_type: str) -> None:
+                     eps: float, theta: float, freq_scale: float, weight_type: str, freq_factors: Any = None) -> None:
     op = f"matvec_norm_rope_{weight_type}"
     rows = q_rows + 2 * kv_rows
     _check_matrix(op, w, weight_type, rows, cols, batch, x, g)
     check_qkv_rope(op, q, k, v, x, positions, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=batch,
                    head_dim=head_dim, rope_dim=rope_dim)
+    factors = rope.factors_arg(op, freq_factors, rope_dim)
     _launch(device, stream, "matvec_norm_rope", weight_type, -(-rows // 2),
-            (q, k, v, w, x, g, positions, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
+            (q, k, v, w, x, g, positions, factors, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
 
 
 def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,

@@ -5,8 +5,8 @@ A Q4_K_M file stores attn_q / attn_k in Q4_K and attn_v in Q6_K (ffn_down likewi
 cannot be one concatenated matrix and fused_matvec does not apply. These kernels take each matrix apart
 (a pointer and a type code per matrix) and still do a layer's products in four launches:
 
-  qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, types, q_rows, kv_rows, cols, batch, head_dim,
-                        rope_dim, eps, theta, freq_scale)
+  qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
+                        head_dim, rope_dim, eps, theta, freq_scale)   (freq_factors: as rope.py's, or null)
   qmatvec_norm_swiglu_<v>(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
   qmatvec_add_<v>(y, W, x, type, rows, cols, batch)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
@@ -35,7 +35,7 @@ OP = "fused_qmatvec"
 WEIGHT_TYPES = qmatvec.WEIGHT_TYPES
 TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4}  # kernels/fused_qmatvec.hip's WeightType
 SIGNATURES = {
-    "qmatvec_norm_rope": "pppppppppiiiiiiifff",
+    "qmatvec_norm_rope": "ppppppppppiiiiiiifff",
     "qmatvec_norm_swiglu": "pppppiiiif",
     "qmatvec_add": "pppiiii",
     "qmatvec_norm": "ppppiiiif",
@@ -71,13 +71,14 @@ def reference_norm(w_raw, weight_type, x, g, eps, rows, cols) -> np.ndarray:
     return s[:, None] * qmatvec.reference(w_raw, weight_type, xg, rows, cols)
 
 
-def reference_norm_rope(weights, x, g, eps, positions, q_rows, kv_rows, cols, head_dim, rope_dim, theta, freq_scale):
+def reference_norm_rope(weights, x, g, eps, positions, q_rows, kv_rows, cols, head_dim, rope_dim, theta, freq_scale,
+                        freq_factors=None):
     """(q, k, v) float64; `weights` = ((raw, type) of Wq, of Wk, of Wv)."""
     outs = []
     for (raw, weight_type), rows, rotate in zip(weights, (q_rows, kv_rows, kv_rows), (True, True, False)):
         y = reference_norm(raw, weight_type, x, g, eps, rows, cols)
         if rotate:
-            y = rope.reference(y.reshape(y.shape[0], -1, head_dim), positions, rope_dim, theta, freq_scale)
+            y = rope.reference(y.reshape(y.shape[0], -1, head_dim), positions, rope_dim, theta, freq_scale, freq_factors)
         outs.append(y.reshape(-1, rows))
     return tuple(outs)
 
@@ -113,13 +114,15 @@ def _host_normed(dev: CpuDevice, w: int, type_code: int, x: int, g: int, rows: i
 
 def _register(variant: str) -> None:
     @cpu_kernel(f"qmatvec_norm_rope_{variant}", SIGNATURES["qmatvec_norm_rope"])
-    def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, types, q_rows, kv_rows, cols, batch, head_dim,
-                  rope_dim, eps, theta, freq_scale):
+    def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols,
+                  batch, head_dim, rope_dim, eps, theta, freq_scale):
         pos = dev.view(positions, np.int32, batch)
+        factors = rope.host_factors(dev, freq_factors, rope_dim)
         for i, (out, w, rows, rotate) in enumerate(((q, wq, q_rows, True), (k, wk, kv_rows, True), (v, wv, kv_rows, False))):
             y = _host_normed(dev, w, (types >> (4 * i)) & 15, x, g, rows, cols, batch, eps)
             if rotate:
-                y = rope.reference(y.reshape(batch, -1, head_dim), pos, rope_dim, theta, freq_scale).reshape(batch, rows)
+                y = rope.reference(y.reshape(batch, -1, head_dim), pos, rope_dim, theta, freq_scale,
+                                   factors).reshape(batch, rows)
             dev.view(out, np.float32, (batch, rows))[:] = y
 
     @cpu_kernel(f"qmatvec_norm_swiglu_{variant}", SIGNATURES["qmatvec_norm_swiglu"])
@@ -183,8 +186,10 @@ def _launch(device: Device, stream: Stream | None, entry: str, batch: int, group
 
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, weights: Sequence[tuple[Any, str]],
                      x: Any, g: Any, positions: Any, *, q_rows: int, kv_rows: int, cols: int, batch: int,
-                     head_dim: int, rope_dim: int, eps: float, theta: float, freq_scale: float) -> None:
-    """q, k, v = rope(n @ Wq^T), rope(n @ Wk^T), n @ Wv^T; `weights` = ((Wq, type), (Wk, type), (Wv, type))."""
+                     head_dim: int, rope_dim: int, eps: float, theta: float, freq_scale: float,
+                     freq_factors: Any = None) -> None:
+    """q, k, v = rope(n @ Wq^T), rope(n @ Wk^T), n @ Wv^T; `weights` = ((Wq, type), (Wk, type), (Wv, type));
+    freq_factors as rope.launch's."""
     op = "qmatvec_norm_rope"
     check_sizes(op, q_rows=q_rows, kv_rows=kv_rows, cols=cols, batch=batch)
     if head_dim % 4:  # a warp's rows are whole RoPE pairs of one matrix: 4 rows at a time
@@ -196,8 +201,9 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
                    head_dim=head_dim, rope_dim=rope_dim)
     groups = (q_rows + 2 * kv_rows) // rows_per_warp(batch)
     (wq, tq), (wk, tk), (wv, tv) = weights
-    _launch(device, stream, op, batch, groups, (q, k, v, wq, wk, wv, x, g, positions, pack_types((tq, tk, tv)), q_rows,
-                                                kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
+    factors = rope.factors_arg(op, freq_factors, rope_dim)
+    _launch(device, stream, op, batch, groups, (q, k, v, wq, wk, wv, x, g, positions, factors, pack_types((tq, tk, tv)),
+                                                q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
 
 
 def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: Sequence[tuple[Any, str]], x: Any, g: Any,

@@ -1,10 +1,12 @@
 """rope: rotary position embedding in llama.cpp's NORM mode (the llama architecture), in place.
 
-Kernel `rope_f32(x p, positions p, n_tokens i, n_heads i, head_dim i, rope_dim i, theta_base f,
-freq_scale f)` (kernels/rope.hip): x is float32 [n_tokens, n_heads, head_dim], positions int32
-[n_tokens]. Adjacent pairs (x[2i], x[2i+1]) with 2i < rope_dim turn by
-angle = position * freq_scale * theta_base^(-2i / rope_dim); the rest of each head is untouched.
-One thread per pair, grid-stride.
+Kernel `rope_f32(x p, positions p, freq_factors p, n_tokens i, n_heads i, head_dim i, rope_dim i,
+theta_base f, freq_scale f)` (kernels/rope.hip): x is float32 [n_tokens, n_heads, head_dim], positions
+int32 [n_tokens]. Adjacent pairs (x[2i], x[2i+1]) with 2i < rope_dim turn by
+angle = position * freq_scale * theta_base^(-2i / rope_dim) / freq_factors[i]; the rest of each head is
+untouched. freq_factors is float32 [rope_dim / 2] or a null pointer (every factor 1): Llama 3.1/3.2
+files carry them as rope_freqs.weight (the "llama3" RoPE scaling, which llama.cpp applies the same
+way). One thread per pair, grid-stride.
 """
 
 from __future__ import annotations
@@ -20,20 +22,24 @@ from hipcore.runtime.kernels import get_kernel
 
 OP = "rope"
 ENTRY = "rope_f32"
-SIGNATURE = "ppiiiiff"
+SIGNATURE = "pppiiiiff"
 
 
-def angles(positions: np.ndarray, rope_dim: int, theta_base: float, freq_scale: float) -> np.ndarray:
+def angles(positions: np.ndarray, rope_dim: int, theta_base: float, freq_scale: float,
+           freq_factors: np.ndarray | None = None) -> np.ndarray:
     """float64 [n_tokens, rope_dim // 2]: the angle of each pair at each position."""
     i = np.arange(rope_dim // 2, dtype=np.float64)
     freqs = float(np.float32(freq_scale)) * float(np.float32(theta_base)) ** (-2.0 * i / rope_dim)
+    if freq_factors is not None:
+        freqs = freqs / np.asarray(freq_factors, dtype=np.float32).astype(np.float64).reshape(rope_dim // 2)
     return np.asarray(positions, dtype=np.float64)[:, None] * freqs[None, :]
 
 
-def reference(x: np.ndarray, positions: np.ndarray, rope_dim: int, theta_base: float, freq_scale: float) -> np.ndarray:
+def reference(x: np.ndarray, positions: np.ndarray, rope_dim: int, theta_base: float, freq_scale: float,
+              freq_factors: np.ndarray | None = None) -> np.ndarray:
     """float64 copy of x [n_tokens, n_heads, head_dim] with the first rope_dim of each head rotated."""
     out = np.array(x, dtype=np.float64)
-    theta = angles(positions, rope_dim, theta_base, freq_scale)[:, None, :]  # broadcast over heads
+    theta = angles(positions, rope_dim, theta_base, freq_scale, freq_factors)[:, None, :]  # broadcast over heads
     cos, sin = np.cos(theta), np.sin(theta)
     even, odd = out[..., 0:rope_dim:2].copy(), out[..., 1:rope_dim:2].copy()
     out[..., 0:rope_dim:2] = even * cos - odd * sin
@@ -41,16 +47,31 @@ def reference(x: np.ndarray, positions: np.ndarray, rope_dim: int, theta_base: f
     return out
 
 
+def host_factors(device: CpuDevice, freq_factors: int, rope_dim: int) -> np.ndarray | None:
+    """The factors a host kernel was given: a view of rope_dim // 2 floats, or None for a null pointer."""
+    return device.view(freq_factors, np.float32, rope_dim // 2) if freq_factors else None
+
+
+def factors_arg(op: str, freq_factors: Any, rope_dim: int) -> Any:
+    """The kernel argument for optional frequency factors: the checked Buffer/address, or 0 (none)."""
+    if freq_factors is None:
+        return 0
+    check_memory(op, "freq_factors", freq_factors, (rope_dim // 2) * 4)
+    return freq_factors
+
+
 @cpu_kernel(ENTRY, SIGNATURE)
-def _host(device: CpuDevice, grid: Dim3, block: Dim3, x: int, positions: int, n_tokens: int, n_heads: int,
-          head_dim: int, rope_dim: int, theta_base: float, freq_scale: float) -> None:
+def _host(device: CpuDevice, grid: Dim3, block: Dim3, x: int, positions: int, freq_factors: int, n_tokens: int,
+          n_heads: int, head_dim: int, rope_dim: int, theta_base: float, freq_scale: float) -> None:
     view = device.view(x, np.float32, (n_tokens, n_heads, head_dim))
-    view[:] = reference(view, device.view(positions, np.int32, n_tokens), rope_dim, theta_base, freq_scale)
+    view[:] = reference(view, device.view(positions, np.int32, n_tokens), rope_dim, theta_base, freq_scale,
+                        host_factors(device, freq_factors, rope_dim))
 
 
 def launch(device: Device, stream: Stream | None, x: Any, positions: Any, n_tokens: int, n_heads: int, head_dim: int,
-           rope_dim: int, theta_base: float, freq_scale: float = 1.0) -> None:
-    """Rotate x [n_tokens, n_heads, head_dim] in place for the given int32 positions."""
+           rope_dim: int, theta_base: float, freq_scale: float = 1.0, freq_factors: Any = None) -> None:
+    """Rotate x [n_tokens, n_heads, head_dim] in place for the given int32 positions; freq_factors (float32
+    [rope_dim // 2], a Buffer or an address) divide each pair's frequency, None for none."""
     check_sizes(OP, n_tokens=n_tokens, n_heads=n_heads, head_dim=head_dim, rope_dim=rope_dim)
     if rope_dim % 2 or rope_dim > head_dim:
         raise ValueError(f"{OP}: rope_dim must be even and at most head_dim ({head_dim}), got {rope_dim}")
@@ -58,6 +79,8 @@ def launch(device: Device, stream: Stream | None, x: Any, positions: Any, n_toke
         raise ValueError(f"{OP}: theta_base and freq_scale must be positive, got {theta_base} and {freq_scale}")
     check_memory(OP, "x", x, n_tokens * n_heads * head_dim * 4)
     check_memory(OP, "positions", positions, n_tokens * 4)
+    factors = factors_arg(OP, freq_factors, rope_dim)
     grid, block = elementwise_grid(n_tokens * n_heads * (rope_dim // 2))
     kernel = get_kernel(device, OP, ENTRY, SIGNATURE)
-    kernel.launch(grid, block, (x, positions, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale), stream=stream)
+    kernel.launch(grid, block, (x, positions, factors, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale),
+                  stream=stream)

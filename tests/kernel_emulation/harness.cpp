@@ -43,6 +43,14 @@ static void write_file(const char* path, const void* p, size_t n) {
 
 static std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, std::nanf("")); }
 
+// RoPE frequency factors: a file of floats, or "-" for none (the kernels then get a null pointer).
+static std::vector<char> optional_file(const char* path) {
+  return std::string(path) == "-" ? std::vector<char>() : read_file(path);
+}
+static const float* factors_of(const std::vector<char>& v) {
+  return v.empty() ? nullptr : (const float*)v.data();
+}
+
 // embedding.hip, select_rows.hip, kv_store.hip and paged_attention.hip; true when `entry` was one of them.
 static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsigned block, char** a) {
   if (entry == "select_rows_f32") {  // n_rows width n_src_rows x rows out
@@ -130,22 +138,25 @@ static Fn by_type(const std::string& type, Fn q4_1, Fn q8_0, Fn f16, Fn f32) {
 static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned block, char** a) {
   auto suffix = [&](const char* family) { return entry.substr(std::string(family).size()); };
   if (entry.rfind("matvec_norm_rope_", 0) == 0) {
-    // q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale W x g positions out (q|k|v per batch row set)
+    // q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale W x g positions factors|- out (q|k|v per
+    // batch row set)
     const int q_rows = std::atoi(a[0]), kv_rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const int head_dim = std::atoi(a[4]), rope_dim = std::atoi(a[5]);
     const float eps = std::strtof(a[6], nullptr), theta = std::strtof(a[7], nullptr), scale = std::strtof(a[8], nullptr);
     std::vector<char> w = read_file(a[9]), x = read_file(a[10]), g = read_file(a[11]), pos = read_file(a[12]);
+    std::vector<char> factors = optional_file(a[13]);
     std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
     auto kernel = by_type(suffix("matvec_norm_rope_"), matvec_norm_rope_q4_1, matvec_norm_rope_q8_0, matvec_norm_rope_f16,
                           matvec_norm_rope_f32);
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), w.data(), (const float*)x.data(), (const float*)g.data(),
-             (const int*)pos.data(), q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, scale);
+             (const int*)pos.data(), factors_of(factors), q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta,
+             scale);
     });
     q.insert(q.end(), k.begin(), k.end());
     q.insert(q.end(), v.begin(), v.end());
-    write_file(a[13], q.data(), q.size() * 4);
+    write_file(a[14], q.data(), q.size() * 4);
   } else if (entry.rfind("matvec_norm_swiglu_", 0) == 0 || entry.rfind("matvec_norm_", 0) == 0) {
     // rows cols batch eps W x g out
     const bool swiglu = entry.rfind("matvec_norm_swiglu_", 0) == 0;
@@ -178,23 +189,23 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
 static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned block, char** a) {
   const bool one = entry.size() > 2 && entry.substr(entry.size() - 2) == "_1";
   if (entry == "qmatvec_norm_rope_1" || entry == "qmatvec_norm_rope_n") {
-    // types q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale Wq Wk Wv x g positions out (q|k|v)
+    // types q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale Wq Wk Wv x g positions factors|- out
     const int types = std::atoi(a[0]), q_rows = std::atoi(a[1]), kv_rows = std::atoi(a[2]), cols = std::atoi(a[3]);
     const int batch = std::atoi(a[4]), head_dim = std::atoi(a[5]), rope_dim = std::atoi(a[6]);
     const float eps = std::strtof(a[7], nullptr), theta = std::strtof(a[8], nullptr), scale = std::strtof(a[9], nullptr);
     std::vector<char> wq = read_file(a[10]), wk = read_file(a[11]), wv = read_file(a[12]), x = read_file(a[13]),
-                      g = read_file(a[14]), pos = read_file(a[15]);
+                      g = read_file(a[14]), pos = read_file(a[15]), factors = optional_file(a[16]);
     std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
     auto kernel = one ? qmatvec_norm_rope_1 : qmatvec_norm_rope_n;
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), wq.data(), wk.data(), wv.data(), (const float*)x.data(),
-             (const float*)g.data(), (const int*)pos.data(), types, q_rows, kv_rows, cols, batch, head_dim, rope_dim,
-             eps, theta, scale);
+             (const float*)g.data(), (const int*)pos.data(), factors_of(factors), types, q_rows, kv_rows, cols, batch,
+             head_dim, rope_dim, eps, theta, scale);
     });
     q.insert(q.end(), k.begin(), k.end());
     q.insert(q.end(), v.begin(), v.end());
-    write_file(a[16], q.data(), q.size() * 4);
+    write_file(a[17], q.data(), q.size() * 4);
   } else if (entry == "qmatvec_norm_swiglu_1" || entry == "qmatvec_norm_swiglu_n") {
     // types rows cols batch eps Wg Wu x g out
     const int types = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
@@ -237,24 +248,26 @@ static bool run_fused_matmul(const std::string& entry, unsigned grid, unsigned b
   auto data = [](std::vector<char>& v) -> void* { return v.empty() ? nullptr : v.data(); };
   if (entry.rfind("matmul_norm_rope_", 0) == 0) {
     // q_rows kv_rows cols n_tokens head_dim rope_dim tile splits eps theta freq_scale workspace_bytes
-    // W x g positions out (q|k|v) workspace_out
+    // W x g positions factors|- out (q|k|v) workspace_out
     int n[8];
     for (int i = 0; i < 8; ++i) n[i] = std::atoi(a[i]);
     const float eps = std::strtof(a[8], nullptr), theta = std::strtof(a[9], nullptr), scale = std::strtof(a[10], nullptr);
     std::vector<char> ws = workspace_of(a[11]);
     std::vector<char> w = read_file(a[12]), x = read_file(a[13]), g = read_file(a[14]), pos = read_file(a[15]);
+    std::vector<char> factors = optional_file(a[16]);
     std::vector<float> q = nan_filled((size_t)n[3] * n[0]), k = nan_filled((size_t)n[3] * n[1]),
                        v = nan_filled((size_t)n[3] * n[1]);
     auto kernel = by_type(suffix("matmul_norm_rope_"), matmul_norm_rope_q4_1, matmul_norm_rope_q8_0,
                                  matmul_norm_rope_f16, matmul_norm_rope_f32);
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), w.data(), (const float*)x.data(), (const float*)g.data(),
-             (const int*)pos.data(), data(ws), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], eps, theta, scale);
+             (const int*)pos.data(), factors_of(factors), data(ws), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], eps,
+             theta, scale);
     });
     q.insert(q.end(), k.begin(), k.end());
     q.insert(q.end(), v.begin(), v.end());
-    write_file(a[16], q.data(), q.size() * 4);
-    write_file(a[17], ws.data(), ws.size());
+    write_file(a[17], q.data(), q.size() * 4);
+    write_file(a[18], ws.data(), ws.size());
   } else if (entry.rfind("matmul_norm_", 0) == 0) {
     // rows cols n_tokens tile splits eps workspace_bytes W x g out workspace_out
     const bool swiglu = entry.rfind("matmul_norm_swiglu_", 0) == 0;
@@ -352,14 +365,15 @@ int main(int argc, char** argv) {
     float* dst = std::string(a[4]) == "-" ? (float*)x.data() : out.data();
     emu_launch(grid, block, [&] { rmsnorm_f32(dst, (const float*)x.data(), (const float*)weight.data(), n, eps); });
     write_file(a[std::string(a[4]) == "-" ? 5 : 4], dst, (size_t)grid * n * 4);
-  } else if (entry == "rope_f32") {  // n_tokens n_heads head_dim rope_dim theta_base freq_scale x positions out
+  } else if (entry == "rope_f32") {  // n_tokens n_heads head_dim rope_dim theta_base freq_scale x positions factors|- out
     const int tokens = std::atoi(a[0]), heads = std::atoi(a[1]), head_dim = std::atoi(a[2]), rope_dim = std::atoi(a[3]);
     const float theta = std::strtof(a[4], nullptr), scale = std::strtof(a[5], nullptr);
-    std::vector<char> x = read_file(a[6]), positions = read_file(a[7]);
+    std::vector<char> x = read_file(a[6]), positions = read_file(a[7]), factors = optional_file(a[8]);
     emu_launch(grid, block, [&] {
-      rope_f32((float*)x.data(), (const int*)positions.data(), tokens, heads, head_dim, rope_dim, theta, scale);
+      rope_f32((float*)x.data(), (const int*)positions.data(), factors_of(factors), tokens, heads, head_dim, rope_dim,
+               theta, scale);
     });
-    write_file(a[8], x.data(), x.size());
+    write_file(a[9], x.data(), x.size());
   } else if (entry == "silu_mul_f32" || entry == "add_f32") {  // n first second out
     const int n = std::atoi(a[0]);
     std::vector<char> first = read_file(a[1]), second = read_file(a[2]);
