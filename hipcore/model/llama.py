@@ -101,7 +101,8 @@ class LlamaRunner:
             self.close()
             raise
         self._plans: dict[tuple[int, int, bool, bool], list[Launch]] = {}
-        self.products = ProjectionPlanner(device, self.stream, config, self.buffers, self.freq_scale)
+        factors = weights.rope_freqs.buffer if weights.rope_freqs is not None else None
+        self.products = ProjectionPlanner(device, self.stream, config, self.buffers, self.freq_scale, factors)
 
     def close(self) -> None:
         """Destroy the decode graphs and free every buffer; idempotent."""

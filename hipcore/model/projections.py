@@ -53,11 +53,13 @@ def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED
 
 class ProjectionPlanner:
     """Builds the launches of the products of a llama layer for one step shape. `buffers` are the runner's
-    activation buffers (x, xn, proj, q, k, v, attn, gate, up, logits, matmul_workspace)."""
+    activation buffers (x, xn, proj, q, k, v, attn, gate, up, logits, matmul_workspace); freq_factors the
+    model's RoPE frequency divisors (rope_freqs.weight, float32 [rope_dim / 2]) or None."""
 
-    def __init__(self, device: Device, stream: Stream | None, config, buffers: dict[str, Buffer], freq_scale: float):
+    def __init__(self, device: Device, stream: Stream | None, config, buffers: dict[str, Buffer], freq_scale: float,
+                 freq_factors: Buffer | None = None):
         self.device, self.stream, self.config, self.b = device, stream, config, buffers
-        self.freq_scale = freq_scale
+        self.freq_scale, self.freq_factors = freq_scale, freq_factors
         self.workspace = buffers.get("matmul_workspace")
 
     def _fused_kwargs(self, family, n_tokens: int) -> dict:
@@ -76,13 +78,14 @@ class ProjectionPlanner:
             return [("attn_norm+qkv+rope", lambda: family.launch_norm_rope(
                 dev, st, b["q"], b["k"], b["v"], weight_arg(qkv), b["x"], lw.attn_norm.buffer, positions,
                 q_rows=nh * hd, kv_rows=nkv * hd, cols=h, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
-                theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, **kwargs))]
+                theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, freq_factors=self.freq_factors,
+                **kwargs))]
         if separate_fusable(t, lw.attn_q, lw.attn_k, lw.attn_v) and hd % 4 == 0:
             weights = [(weight_arg(w), w.fmt) for w in (lw.attn_q, lw.attn_k, lw.attn_v)]
             return [("attn_norm+qkv+rope", lambda: fused_qmatvec.launch_norm_rope(
                 dev, st, b["q"], b["k"], b["v"], weights, b["x"], lw.attn_norm.buffer, positions, q_rows=nh * hd,
                 kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
-                theta=cfg.rope_theta, freq_scale=self.freq_scale))]
+                theta=cfg.rope_theta, freq_scale=self.freq_scale, freq_factors=self.freq_factors))]
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
                                                                    cfg.rms_norm_eps))]
         for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
@@ -90,7 +93,7 @@ class ProjectionPlanner:
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
         for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)):
             plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
-                dev, st, out, positions, t, heads, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale)))
+                dev, st, out, positions, t, heads, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale, self.freq_factors)))
         return plan
 
     def feed_forward_input(self, lw, t: int) -> list[Launch]:

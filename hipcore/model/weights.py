@@ -11,6 +11,11 @@ Matrices that read the same input are uploaded back to back into one buffer when
 format: q, k and v of a layer, and gate and up. The decode path then runs each group as one fused
 matrix-vector product (one launch, one pass over the input); each matrix stays addressable on its
 own (Weight.offset) for the ops that read them one at a time. The bytes are the same either way.
+
+Llama 3.1/3.2 files carry rope_freqs.weight, the per-pair divisors of the "llama3" RoPE scaling: it
+is uploaded as float32 (rope_dim / 2 values) and every kernel that applies RoPE reads it. Its values
+are checked first (finite and positive: a zero or negative divisor would turn every angle into
+inf or nonsense), before anything is allocated.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from hipcore.gguf.errors import GGUFError
 from hipcore.runtime.device import Buffer, Device
 
 # Matrix formats with GPU matvec/matmul kernels (lower-case = the kernels' variant suffix).
@@ -30,6 +36,7 @@ GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 # Layer matrices uploaded into one buffer when their formats agree: (group name, members).
 FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("ffn_gate", "ffn_up")))
+ROPE_FREQS = "rope_freqs.weight"  # optional: RoPE frequency divisors (Llama 3.1/3.2 "llama3" scaling)
 
 ProgressFn = Callable[[int, int, str], None]  # (bytes done, bytes total, tensor name)
 
@@ -77,6 +84,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     buffers: list[Buffer] = field(default_factory=list)
     converted: list[str] = field(default_factory=list)  # tensors converted to F16 at load (no kernel for their type)
+    rope_freqs: Weight | None = None  # float32 [rope_dim / 2] RoPE frequency divisors, when the file has them
 
     @property
     def nbytes(self) -> int:
@@ -116,12 +124,32 @@ def _tensor_roles(config) -> list[tuple[str, bool, bool]]:
     return roles
 
 
+def _has_rope_freqs(plan) -> bool:
+    return any(info.name == ROPE_FREQS for info in plan.tensors)
+
+
 def planned_weight_bytes(device: Device, plan) -> int:
     """Exactly what upload_weights will allocate for this model on this device (for the memory plan)."""
-    return sum(
+    matrices = sum(
         _stored_bytes(storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec), plan.tensor(name))
         for name, table, vec in _tensor_roles(plan.config)
     )
+    return matrices + (plan.tensor(ROPE_FREQS).n_elements * 4 if _has_rope_freqs(plan) else 0)
+
+
+def rope_factors(gguf) -> np.ndarray | None:
+    """float32 [rope_dim / 2]: the file's RoPE frequency divisors, checked finite and positive; None without them."""
+    if not _has_rope_freqs(gguf.plan):
+        return None
+    info = gguf.plan.tensor(ROPE_FREQS)
+    factors = gguf.dequantize(ROPE_FREQS).astype(np.float32).reshape(-1)
+    bad = np.flatnonzero(~(np.isfinite(factors) & (factors > 0)))
+    if bad.size:
+        i = int(bad[0])
+        raise GGUFError(f"tensor {ROPE_FREQS!r}", info.offset + i * 4 if info.type_name == "F32" else info.offset,
+                        float(factors[i]), "finite positive factors",
+                        problem=f"RoPE frequency factor {i} is {float(factors[i])!r}; a divisor must be finite and positive")
+    return factors
 
 
 def _upload_groups(config) -> list[tuple[str | None, list[tuple[str, bool, bool]]]]:
@@ -145,12 +173,14 @@ def _upload_groups(config) -> list[tuple[str | None, list[tuple[str, bool, bool]
 def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> ModelWeights:
     """Upload every tensor of `gguf` (an open hipcore.gguf.file.GGUFFile) the forward pass needs."""
     plan, config = gguf.plan, gguf.config
+    factors = rope_factors(gguf)  # checked before anything is allocated
     total = planned_weight_bytes(device, plan)
     done = 0
     uploaded: dict[str, Weight] = {}
     groups: dict[str, Weight] = {}
     buffers: list[Buffer] = []
     converted: list[str] = []
+    rope_freqs: Weight | None = None
 
     def host_data(name: str, fmt: str, vec: bool) -> np.ndarray:
         info = plan.tensor(name)
@@ -162,6 +192,14 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
         return values.astype(np.float32 if fmt == "f32" else np.float16)
 
     try:
+        if factors is not None:
+            buf = device.allocate(factors.nbytes, tag="weights", label=ROPE_FREQS)
+            buffers.append(buf)
+            buf.upload(factors)
+            rope_freqs = Weight(buf, "f32", factors.shape)
+            done += factors.nbytes
+            if progress is not None:
+                progress(done, total, ROPE_FREQS)
         for group, roles in _upload_groups(config):
             fmts = [storage_format(device, plan.tensor(n).type_name, is_table=t, is_vector=v) for n, t, v in roles]
             # One buffer for the group when the formats agree; otherwise each tensor on its own.
@@ -196,4 +234,4 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
     ]
     embd = uploaded["token_embd.weight"]
     output = embd if config.tie_embeddings else uploaded["output.weight"]
-    return ModelWeights(embd, uploaded["output_norm.weight"], output, layers, buffers, converted)
+    return ModelWeights(embd, uploaded["output_norm.weight"], output, layers, buffers, converted, rope_freqs)

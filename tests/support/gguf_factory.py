@@ -84,10 +84,13 @@ def tiny_llama_spec(
     rms_eps: float = 1e-5,
     alignment: int | None = None,
     tensor_types: Mapping[str, str] | None = None,
+    rope_freqs: np.ndarray | None = None,
 ) -> TinyLlama:
     """The model of write_tiny_llama as data. tensor_types: a matrix's part name ("attn_v", "ffn_down",
     "output" ...) -> its type where it differs from tensor_type (Q4_K_M: {"attn_v": "Q6_K", ...}). extra_metadata: key -> value (type inferred: bool, int as
-    uint32, float as float32, str, lists of str/int/float) or key -> Meta; a value of None removes the key."""
+    uint32, float as float32, str, lists of str/int/float) or key -> Meta; a value of None removes the key.
+    rope_freqs: head_dim / 2 RoPE frequency divisors, written first as F32 rope_freqs.weight (where llama.cpp's
+    converter puts them in Llama 3.1/3.2 files); the other tensors are the same with or without them."""
     if hidden % n_heads or n_heads % n_kv_heads:
         raise ValueError("hidden must divide by n_heads and n_heads by n_kv_heads")
     head_dim = hidden // n_heads
@@ -112,6 +115,8 @@ def tiny_llama_spec(
     meta = _apply_extra(meta, extra_metadata or {})
     tensors = _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type,
                        embedding_type or tensor_type, tied, seed, dict(tensor_types or {}))
+    if rope_freqs is not None:
+        tensors = [_encode("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32), "F32"), *tensors]
     return TinyLlama(tuple(meta), tuple(tensors), alignment)
 
 
