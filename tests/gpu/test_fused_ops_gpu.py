@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hipcore.ops import fused_matmul, fused_matvec, matvec, rmsnorm, rope, sample, silu_mul
+from support.rope_factors import far_factors
 from support.weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
@@ -34,22 +35,25 @@ def check(got, want, tol, seed, what):
 
 @pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
 @pytest.mark.parametrize("batch", [1, 4, 9, 64])
-def test_norm_rope_demo_shapes(gpu, mem, rng, seed, weight_type, batch):
+@pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
+def test_norm_rope_demo_shapes(gpu, mem, rng, seed, weight_type, batch, with_factors):
     head_dim, q_rows, kv_rows, cols = 64, 576, 192, 576
     rows = q_rows + 2 * kv_rows
     raw = random_weights(rng, weight_type, rows, cols)
     x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
     g = rng.standard_normal(cols).astype(np.float32)
     positions = rng.integers(0, 8192, batch).astype(np.int32)
+    factors = far_factors(rng, 64) if with_factors else None  # rope_freqs.weight (Llama 3.1/3.2)
     q, k, v = mem.poisoned(batch * q_rows * 4), mem.poisoned(batch * kv_rows * 4), mem.poisoned(batch * kv_rows * 4)
     fused_matvec.launch_norm_rope(gpu, None, q, k, v, mem.upload(raw), mem.upload(x), mem.upload(g), mem.upload(positions),
                                   q_rows=q_rows, kv_rows=kv_rows, cols=cols, batch=batch, head_dim=head_dim, rope_dim=64,
-                                  eps=1e-5, theta=100000.0, freq_scale=1.0, weight_type=weight_type)
+                                  eps=1e-5, theta=100000.0, freq_scale=1.0, weight_type=weight_type,
+                                  freq_factors=mem.upload(factors) if with_factors else None)
     want = fused_matvec.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols, head_dim, 64,
-                                            100000.0, 1.0)
+                                            100000.0, 1.0, factors)
     unrotated = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
     bound = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), rows, cols)
-    angle = rope.angles(positions, 64, 100000.0, 1.0)
+    angle = rope.angles(positions, 64, 100000.0, 1.0, factors)
     for buf, ref, lo, width in ((q, want[0], 0, q_rows), (k, want[1], q_rows, kv_rows), (v, want[2], q_rows + kv_rows, kv_rows)):
         got = buf.download(np.float32).reshape(batch, width)
         pair_bound = bound[:, lo:lo + width].reshape(batch, -1, 2).sum(-1).repeat(2, -1)
@@ -58,7 +62,7 @@ def test_norm_rope_demo_shapes(gpu, mem, rng, seed, weight_type, batch):
             tol = pair_bound + size * np.tile((32 * U32 * angle + 8 * U32).repeat(2, -1), width // head_dim)
         else:
             tol = bound[:, lo:lo + width]
-        check(got, ref, tol, seed, f"{weight_type} rows {lo}+{width} batch {batch}")
+        check(got, ref, tol, seed, f"{weight_type} rows {lo}+{width} batch {batch} factors {with_factors}")
 
 
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [
@@ -151,24 +155,27 @@ def launch_twice_same_bits(launch, out, what):
 
 @pytest.mark.parametrize("weight_type,n_tokens", [("q4_1", 9), ("q4_1", 33), ("q4_1", 64), ("q4_1", 128),
                                                   ("q4_1", 512), ("q8_0", 64), ("f16", 17), ("f32", 100)])
-def test_matmul_norm_rope_demo_shapes(gpu, mem, rng, seed, workspace, weight_type, n_tokens):
+@pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
+def test_matmul_norm_rope_demo_shapes(gpu, mem, rng, seed, workspace, weight_type, n_tokens, with_factors):
     head_dim, q_rows, kv_rows, cols = 64, 576, 192, 576
     rows = q_rows + 2 * kv_rows
     raw = random_weights(rng, weight_type, rows, cols)
     x = (rng.standard_normal((n_tokens, cols)) * 3).astype(np.float32)
     g = rng.standard_normal(cols).astype(np.float32)
     positions = rng.integers(0, 8192, n_tokens).astype(np.int32)
+    factors = far_factors(rng, 64) if with_factors else None  # rope_freqs.weight (Llama 3.1/3.2)
     q, k, v = (mem.poisoned(n_tokens * w * 4) for w in (q_rows, kv_rows, kv_rows))
     w_buf, x_buf, g_buf, p_buf = mem.upload(raw), mem.upload(x), mem.upload(g), mem.upload(positions)
+    f_buf = mem.upload(factors) if with_factors else None
     launch_twice_same_bits(lambda: fused_matmul.launch_norm_rope(
         gpu, None, q, k, v, w_buf, x_buf, g_buf, p_buf, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=n_tokens,
         head_dim=head_dim, rope_dim=64, eps=1e-5, theta=100000.0, freq_scale=1.0, weight_type=weight_type,
-        workspace=workspace), q, f"norm_rope {weight_type} tokens {n_tokens}")
+        workspace=workspace, freq_factors=f_buf), q, f"norm_rope {weight_type} tokens {n_tokens}")
     want = fused_matmul.reference_norm_rope(raw, weight_type, x, g, 1e-5, positions, q_rows, kv_rows, cols, head_dim,
-                                            64, 100000.0, 1.0)
+                                            64, 100000.0, 1.0, factors)
     unrotated = fused_matmul.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
     bound = 2 * product_bound(raw, weight_type, rmsnorm.reference(x, g, 1e-5), rows, cols)
-    angle = rope.angles(positions, 64, 100000.0, 1.0)
+    angle = rope.angles(positions, 64, 100000.0, 1.0, factors)
     for buf, ref, lo, width in ((q, want[0], 0, q_rows), (k, want[1], q_rows, kv_rows),
                                 (v, want[2], q_rows + kv_rows, kv_rows)):
         got = buf.download(np.float32).reshape(n_tokens, width)
@@ -178,7 +185,7 @@ def test_matmul_norm_rope_demo_shapes(gpu, mem, rng, seed, workspace, weight_typ
             tol = pair_bound + size * np.tile((32 * U32 * angle + 8 * U32).repeat(2, -1), width // head_dim)
         else:
             tol = bound[:, lo:lo + width]
-        check(got, ref, tol, seed, f"{weight_type} rows {lo}+{width} tokens {n_tokens}")
+        check(got, ref, tol, seed, f"{weight_type} rows {lo}+{width} tokens {n_tokens} factors {with_factors}")
 
 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [

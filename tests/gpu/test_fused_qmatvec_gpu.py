@@ -29,6 +29,7 @@ from hipcore.ops import fused_qmatvec, qmatvec, rope
 from hipcore.ops.weight_formats import dequantize_rows, row_bytes
 from support.gguf_factory import write_tiny_llama
 from support.model_steps import step_batch
+from support.rope_factors import far_factors
 from support.weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
@@ -54,23 +55,26 @@ def check(got, want, bound, what):
 @pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0")], ids=lambda t: "-".join(t))
 @pytest.mark.parametrize("heads,kv_heads,head_dim,cols,batch", [(32, 8, 128, 4096, 1), (32, 8, 128, 4096, 3),
                                                                 (4, 2, 64, 512, 1), (4, 2, 64, 256, 7)])
-def test_norm_rope(gpu, mem, rng, seed, types, heads, kv_heads, head_dim, cols, batch):
+@pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
+def test_norm_rope(gpu, mem, rng, seed, types, heads, kv_heads, head_dim, cols, batch, with_factors):
     q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
     raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
     x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
     g = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
     pos = rng.integers(0, 8192, batch).astype(np.int32)
+    factors = far_factors(rng, head_dim) if with_factors else None  # rope_freqs.weight (Llama 3.1/3.2)
     outs = [mem.poisoned(batch * r * 4) for r in (q_rows, kv_rows, kv_rows)]
     fused_qmatvec.launch_norm_rope(gpu, None, *outs, [(mem.upload(r, "weights"), t) for r, t in zip(raws, types)],
                                    mem.upload(x), mem.upload(g), mem.upload(pos), q_rows=q_rows, kv_rows=kv_rows,
                                    cols=cols, batch=batch, head_dim=head_dim, rope_dim=head_dim, eps=EPS,
-                                   theta=500000.0, freq_scale=1.0)
+                                   theta=500000.0, freq_scale=1.0,
+                                   freq_factors=mem.upload(factors) if with_factors else None)
     want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, pos, q_rows, kv_rows, cols, head_dim,
-                                             head_dim, 500000.0, 1.0)
+                                             head_dim, 500000.0, 1.0, factors)
     xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
-    # The kernel's angle is position x frequency in float32 (up to 8191 x 1 rad here): its rounding moves a
+    # The kernel's angle is position x frequency in float32 (up to 8191 x 4 rad here): its rounding moves a
     # rotated pair by ~|pair| x angle x 2^-24 per operation, as tests/gpu/test_fused_ops_gpu.py bounds it.
-    angle = rope.angles(pos, head_dim, 500000.0, 1.0)
+    angle = rope.angles(pos, head_dim, 500000.0, 1.0, factors)  # divided by the factors, when given
     for name, out, ref, raw, t, rows in zip("qkv", outs, want, raws, types, (q_rows, kv_rows, kv_rows)):
         bound = bound_of(raw, t, xg, s, rows, cols)
         if name != "v":
@@ -78,7 +82,7 @@ def test_norm_rope(gpu, mem, rng, seed, types, heads, kv_heads, head_dim, cols, 
             size = np.abs(unrotated).reshape(batch, -1, 2).sum(-1).repeat(2, -1)
             bound = (bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
                      + size * np.tile((32 * U32 * angle + 8 * U32).repeat(2, -1), rows // head_dim))
-        check(out.download(np.float32).reshape(batch, rows), ref, bound, f"seed {seed} {name}")
+        check(out.download(np.float32).reshape(batch, rows), ref, bound, f"seed {seed} {name} factors {with_factors}")
 
 
 @pytest.mark.parametrize("types,rows,cols,batch", [(("q4_k", "q4_k"), 14336, 4096, 1), (("q4_k", "q6_k"), 14336, 4096, 2),

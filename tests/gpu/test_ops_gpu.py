@@ -19,6 +19,7 @@ import pytest
 from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
+from support.rope_factors import far_factors
 from support.weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
@@ -157,21 +158,25 @@ def test_rmsnorm(gpu, mem, rng, seed, rows, n):
 @pytest.mark.parametrize("n_tokens,n_heads,head_dim,rope_dim,max_pos", [
     (1, 9, 64, 64, 4096), (7, 3, 64, 64, 4096), (33, 9, 64, 64, 64), (5, 2, 64, 32, 32768), (3, 1, 6, 4, 100),
 ])
-def test_rope(gpu, mem, rng, seed, n_tokens, n_heads, head_dim, rope_dim, max_pos):
+@pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
+def test_rope(gpu, mem, rng, seed, n_tokens, n_heads, head_dim, rope_dim, max_pos, with_factors):
     x = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
     positions = rng.integers(0, max_pos, n_tokens).astype(np.int32)
     positions[0] = max_pos - 1
     xs, ps = mem.upload(x), mem.upload(positions)
     theta_base, freq_scale = 10000.0, float(rng.choice([1.0, 0.25]))
-    rope.launch(gpu, None, xs, ps, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale)
+    factors = far_factors(rng, rope_dim) if with_factors else None  # rope_freqs.weight of Llama 3.1/3.2 files
+    rope.launch(gpu, None, xs, ps, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale,
+                mem.upload(factors) if with_factors else None)
     got = xs.download(np.float32).reshape(x.shape)
-    want = rope.reference(x, positions, rope_dim, theta_base, freq_scale)
+    want = rope.reference(x, positions, rope_dim, theta_base, freq_scale, factors)
     # Tolerance: the kernel forms each angle in float32 as pos * freq_scale * exp2(i * log2_step). The
     # exponent's error is a few ulps of |i * log2_step| <= log2(theta_base) ~ 13.3, which exp2 turns into a
     # relative error of ln2 * 13.3 * 3u ~ 28u of the frequency; with the products' roundings the angle
     # is within 32u * |angle| (float32 cannot hold pos * freq better than u * |angle| anyway). Its own
-    # sin/cos add ~2u, the rotation 2u: each output is within (|a| + |b|) * (32u * |angle| + 8u).
-    angle = rope.angles(positions, rope_dim, theta_base, freq_scale)[:, None, :]
+    # sin/cos add ~2u, the rotation 2u: each output is within (|a| + |b|) * (32u * |angle| + 8u). A factor
+    # divides the frequency once more (one rounding, inside the 32u), the angle includes it.
+    angle = rope.angles(positions, rope_dim, theta_base, freq_scale, factors)[:, None, :]
     pair = np.abs(x[..., 0:rope_dim:2]).astype(np.float64) + np.abs(x[..., 1:rope_dim:2])
     tol = pair * (32 * U32 * angle + 8 * U32) + 1e-30
     for lane in (0, 1):
