@@ -3,7 +3,8 @@
 Accepted architectures: "llama" (mistral-style llama GGUFs use it too). Anything else is a valid but
 unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
 and "linear" (positions divided by the factor); "yarn", "longrope" and the rest are named and
-refused (exit 4) rather than silently computed wrong.
+refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
+file carries it as the optional rope_freqs.weight tensor, which every RoPE launch divides by.
 
 The checks here are what make a plan safe to allocate from: block_count, context and head counts
 are capped, every tensor the architecture needs must exist with exactly the shape the config
