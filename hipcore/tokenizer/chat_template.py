@@ -67,7 +67,7 @@ FALLBACK_NOTE = "the model has no chat template; formatting the conversation as 
 
 # Time for the child interpreter to start and import jinja2, on top of the render's own deadline.
 CHILD_STARTUP_S = 10.0
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds the hipcore package
 MAX_CHARS_PER_TOKEN = 16
 TEMPLATE_SLACK_CHARS = 16 << 10
 TOKEN_TEXT_CHARS = 4096  # hipcore.gguf.header.Limits.max_token_chars (a test keeps them equal)
