@@ -149,11 +149,11 @@ def unhealthy_reason(served: ServedModel) -> str | None:
     return None
 
 
-def served_model(loaded, *, name: str, max_queue: int, idle_wait_s: float = 0.5) -> ServedModel:
+def served_model(loaded, *, name: str, max_queue: int, idle_wait_s: float = 0.5, ignore_eos: bool = False) -> ServedModel:
     """Wrap a LoadedModel (hipcore.engine.loader) for serving; the caller starts served.loop."""
     from hipcore.tokenizer.chat_template import chat_template_from_metadata
     from rocmforge_serve.engine_loop import EngineLoop
 
     return ServedModel(name=name, loop=EngineLoop(loaded.engine, idle_wait_s=idle_wait_s), tokenizer=loaded.tokenizer,
                        chat_template=chat_template_from_metadata(loaded.gguf.metadata), context=loaded.engine.max_context,
-                       max_queue=max_queue, device=loaded.device, created=int(time.time()))
+                       max_queue=max_queue, device=loaded.device, created=int(time.time()), ignore_eos=ignore_eos)

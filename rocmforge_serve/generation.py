@@ -35,6 +35,7 @@ class ServedModel:
     max_queue: int  # requests waiting beyond the engine's running batch
     device: object = None  # hipcore.runtime.device.Device, for the ledger and the driver's figures
     created: int = 0
+    ignore_eos: bool = False  # the default of requests that do not say (serve --ignore-eos, for benchmarks)
 
     @property
     def engine(self):
@@ -148,7 +149,8 @@ async def start_generation(served: ServedModel, request: GenerationRequest, rece
     if len(ids) >= served.context or (request.max_tokens is not None and len(ids) + request.max_tokens > served.context):
         raise context_error(len(ids), request.max_tokens, served.context)
     max_tokens = request.max_tokens if request.max_tokens is not None else served.context - len(ids)
-    params = check_sampling(request.sampling, max_tokens)
+    ignore_eos = served.ignore_eos if request.ignore_eos is None else request.ignore_eos
+    params = check_sampling({**request.sampling, "ignore_eos": ignore_eos}, max_tokens)
     sink = AsyncSink(asyncio.get_running_loop())
     disconnected = asyncio.ensure_future(watch_disconnect(receive))
     try:

@@ -32,6 +32,7 @@ class GenerationRequest:
     sampling: dict  # SamplingParams fields other than max_tokens
     stream: bool
     include_usage: bool
+    ignore_eos: bool | None = None  # vLLM's extra; None: the server's default (serve --ignore-eos)
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -93,7 +94,8 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
     if sampling["top_k"] < 0:  # vLLM's -1 means off, as our 0 does
         sampling["top_k"] = 0
     check_sampling(sampling, 1)  # max_tokens is judged against the context once the prompt is tokenized
-    return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage)
+    ignore_eos = _optional(body, "ignore_eos", bool)
+    return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage, ignore_eos)
 
 
 def check_sampling(sampling: dict, max_tokens: int) -> SamplingParams:

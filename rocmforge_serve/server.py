@@ -46,9 +46,9 @@ class ShutdownReport:
 class Server:
     def __init__(self, loaded, *, name: str, host: str = "127.0.0.1", port: int = 8080, max_queue: int = 64,
                  api_key: str | None = None, grace_s: float = 10.0, max_body_bytes: int | None = None,
-                 log_level: str = "warning"):
+                 log_level: str = "warning", ignore_eos: bool = False):
         self.loaded = loaded
-        self.served = served_model(loaded, name=name, max_queue=max_queue)
+        self.served = served_model(loaded, name=name, max_queue=max_queue, ignore_eos=ignore_eos)
         self.report: ShutdownReport | None = None
         self._kv_at_start = loaded.device.ledger.bytes_by_tag().get("kv", 0)
         extra = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}

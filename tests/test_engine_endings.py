@@ -95,6 +95,26 @@ def test_eos(watched):
             assert len(record.generated_tokens[0]) < 40
 
 
+def test_ignore_eos_runs_every_request_to_max_tokens(watched):
+    """The seeds of test_eos, which reach EOS, with ignore_eos: every request generates exactly max_tokens
+    and ends by length (the fixed output length a load generator asks for)."""
+    w = watched(max_seqs=12, kv_blocks=64)
+    params = [SamplingParams(seed=s, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, max_tokens=40, ignore_eos=True)
+              for s in range(14, 26)]
+    ids = [w.submit(prompt_of(5), p) for p in params]
+    w.engine.run_until_idle()
+    for rid in ids:
+        record = w.check_ended(rid, Ending.LENGTH)
+        assert len(record.generated_tokens[0]) == 40
+    assert any(TINY_EOS in w.engine.finished_record(rid).generated_tokens[0] for rid in ids), \
+        "no seed sampled EOS: the test proves nothing; pick other seeds"
+
+
+def test_ignore_eos_must_be_a_boolean():
+    with pytest.raises(UsageError, match="ignore_eos"):
+        SamplingParams(ignore_eos="yes")
+
+
 def test_stop_string_spanning_two_tokens(watched):
     prompt = prompt_of(7, salt=1)
     w = watched()

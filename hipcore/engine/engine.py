@@ -263,7 +263,8 @@ class Engine:
         params = request.params
         seq.decoder = self.tokenizer.stream_decoder()
         seq.sampler = Sampler(params.for_sample(len(request.seqs)))
-        seq.stop_checker = StopChecker(eos_ids=self.tokenizer.eot_ids, stop_strings=params.stop, max_tokens=params.max_tokens)
+        eos_ids = () if params.ignore_eos else self.tokenizer.eot_ids
+        seq.stop_checker = StopChecker(eos_ids=eos_ids, stop_strings=params.stop, max_tokens=params.max_tokens)
         return seq
 
     def _build_batch(self, scheduled: list[Scheduled]) -> StepBatch:

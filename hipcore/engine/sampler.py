@@ -49,6 +49,9 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default_factory=tuple)
     n: int = 1  # parallel samples of one prompt; they share the prompt's KV blocks
+    # Generate through end-of-generation tokens up to max_tokens (llama.cpp's --ignore-eos, vLLM's ignore_eos):
+    # fixed output lengths for benchmarks. Stop strings still end the request.
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         # Accept any sequence of stop strings but store a tuple, so the params stay hashable.
@@ -75,6 +78,8 @@ class SamplingParams:
             _check_int("seed", self.seed, low=0, high=(1 << 64) - 1, hint="leave it out for a random seed")
         _check_int("max_tokens", self.max_tokens, low=1, high=1 << 31, hint="the number of tokens to generate")
         _check_int("n", self.n, low=1, high=1024, hint="the number of parallel samples")
+        if not isinstance(self.ignore_eos, bool):
+            raise UsageError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise UsageError(f"too many stop strings: {len(self.stop)} (at most {MAX_STOP_STRINGS})")
         for text in self.stop:

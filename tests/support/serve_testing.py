@@ -33,11 +33,12 @@ def fault_hooks() -> EngineHooks:
 
 
 @contextlib.contextmanager
-def live_server(model_path, *, api_key=None, max_queue=16, max_body_bytes=None, grace_s=2.0, **load_options):
+def live_server(model_path, *, api_key=None, max_queue=16, max_body_bytes=None, grace_s=2.0, ignore_eos=False,
+                **load_options):
     loaded = load_tiny(model_path, hooks=fault_hooks(), **load_options)
     try:
         server = Server(loaded, name=MODEL_NAME, max_queue=max_queue, api_key=api_key, grace_s=grace_s,
-                        max_body_bytes=max_body_bytes)
+                        max_body_bytes=max_body_bytes, ignore_eos=ignore_eos)
         with ServerThread(server) as live:
             yield live
     finally:
