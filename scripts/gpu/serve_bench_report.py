@@ -1,0 +1,143 @@
+"""Helpers of scripts/gpu/serve_bench.sh (standard library only, so it runs before any wheel is installed).
+
+  python3 serve_bench_report.py prompt URL MODEL_NAME TOKENS > prompt.txt
+      a user message whose chat prompt, as the server counts it (template included), has TOKENS tokens
+      (or the nearest count below that the words allow); the count goes to stderr.
+  python3 serve_bench_report.py summary OUTDIR > OUTDIR/summary.md
+      the markdown table from the load generator's level_<C>.json files, bench_b32.json and the rest.
+
+The load generator is llm-benchmark-runner (PyPI): per request it records the time of each streamed
+content chunk; TTFT = first chunk - request start, ITL = the gaps between chunks (all requests of a level
+pooled), and a level's tokens/s = chunks of all requests / (first request start -> last chunk).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven small robots count blue stars "
+         "in the quiet night and every one of them writes a number on the wall").split()
+MAX_PROBES = 12
+
+
+def prompt_tokens(url: str, model: str, text: str) -> int:
+    """usage.prompt_tokens of a one-token chat request with `text` as the user message."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1,
+                       "temperature": 0}).encode()
+    request = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return int(json.load(reply)["usage"]["prompt_tokens"])
+
+
+def words(n: int) -> str:
+    return " ".join(WORDS[i % len(WORDS)] for i in range(n))
+
+
+def fit_prompt(url: str, model: str, target: int) -> tuple[str, int]:
+    """Grow or shrink the word count until the server's count is `target`: most of these words are one
+    token each, so the step toward the target is the difference, and a few probes settle it."""
+    n = max(1, target - prompt_tokens(url, model, words(1)) + 1)
+    best: tuple[int, int] | None = None  # (tokens, words) of the longest prompt not over the target
+    for _ in range(MAX_PROBES):
+        got = prompt_tokens(url, model, words(n))
+        if got <= target and (best is None or got > best[0]):
+            best = (got, n)
+        if got == target:
+            break
+        n = max(1, n + (target - got) if abs(target - got) > 1 else n + (1 if got < target else -1))
+    if best is None:
+        raise SystemExit(f"no prompt of at most {target} tokens: the chat template alone is longer")
+    return words(best[1]), best[0]
+
+
+def _ms(stats: dict, key: str) -> str:
+    return f"{stats[key]:.1f}"
+
+
+def level_rows(outdir: Path) -> list[dict]:
+    rows = []
+    for path in sorted(outdir.glob("level_*.json"), key=lambda p: int(p.stem.split("_")[1])):
+        result = json.loads(path.read_text())["results"][0]
+        level = result["concurrencyResults"][0]
+        raw = result["rawResults"]
+        ok = [r for r in raw if r["status"] == "success"]
+        m = level["metrics"]
+        rows.append({"clients": level["concurrency"], "requests": len(raw), "ok": len(ok),
+                     "tokens_per_request": sum(r["outputTokenCount"] for r in ok) / max(1, len(ok)),
+                     "ttft": m["ttft"], "itl": m["itl"], "e2e": m["e2eLatency"], "tps_request": m["tps"],
+                     "tokens_per_s": level["tokenThroughput"],
+                     "errors": sorted({(r["error"] or "")[:160] for r in raw if r["status"] != "success"})})
+    return rows
+
+
+def bench_b(outdir: Path) -> tuple[str, float, float] | None:
+    path = outdir / "bench_b32.json"
+    if not path.exists() or not path.read_text().strip():
+        return None
+    try:
+        report = json.loads(path.read_text())
+    except ValueError:
+        return None
+    for r in report.get("results", []):
+        if r["test"].startswith("b"):
+            return r["test"], r["mean"], r["sd"]
+    return None
+
+
+def summary(outdir: Path) -> str:
+    meta = {}
+    if (outdir / "meta.json").exists():
+        meta = json.loads((outdir / "meta.json").read_text())
+    rows = level_rows(outdir)
+    lines = [f"# rocmforge serve under llm-benchmark-runner: {meta.get('model', '?')}", ""]
+    for key in ("device", "commit", "date", "serve_args", "prompt_tokens", "max_tokens", "tool"):
+        if key in meta:
+            lines.append(f"- {key.replace('_', ' ')}: {meta[key]}")
+    lines += ["", "| clients | requests ok | tokens/request | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
+              "| E2E p50 ms | t/s per request (p50) | aggregate t/s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['clients']} | {r['ok']}/{r['requests']} | {r['tokens_per_request']:.1f} "
+                     f"| {_ms(r['ttft'], 'median')} | {_ms(r['ttft'], 'p99')} | {_ms(r['itl'], 'median')} "
+                     f"| {_ms(r['itl'], 'p99')} | {_ms(r['e2e'], 'median')} | {r['tps_request']['median']:.1f} "
+                     f"| {r['tokens_per_s']:.1f} |")
+    bench = bench_b(outdir)
+    lines.append("")
+    if bench is None:
+        lines.append("- rocmforge bench: no result (see bench.log)")
+    else:
+        test, mean, sd = bench
+        lines.append(f"- rocmforge bench {test}: {mean:.1f} ± {sd:.1f} t/s (decode steps only, 1-token prompts)")
+        batch = int(test[1:].split("x")[0])
+        at = [r for r in rows if r["clients"] == batch]
+        if at and mean > 0:
+            ratio = at[0]["tokens_per_s"] / mean
+            verdict = "met" if ratio >= 0.8 else "NOT met"
+            lines.append(f"- HTTP aggregate at {batch} clients / bench {test}: {ratio:.2f} (target >= 0.80: {verdict}; "
+                         "the HTTP figure also pays for the prompts and the ramp)")
+    for name, label in (("server_exit.txt", "server exit code after SIGTERM"), ("shutdown_line.txt", "server's shutdown check")):
+        if (outdir / name).exists():
+            lines.append(f"- {label}: {(outdir / name).read_text().strip()}")
+    for r in rows:
+        for error in r["errors"]:
+            lines.append(f"- errors at {r['clients']} clients: {json.dumps(error)}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 4 and argv[0] == "prompt":
+        text, count = fit_prompt(argv[1].rstrip("/"), argv[2], int(argv[3]))
+        print(count, file=sys.stderr)
+        print(text)
+    elif len(argv) == 2 and argv[0] == "summary":
+        sys.stdout.write(summary(Path(argv[1])))
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
