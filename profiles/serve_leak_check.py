@@ -22,9 +22,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import itertools
+
 import httpx
 
 from profiles.leak_bugs import TESTING_ENV
+from profiles.serve_leak_host import DEFAULT_GROWTH_PER_1000, HostSeries, judge_host
 
 HEALTH_TIMEOUT_S = 300.0  # loading the model
 IDLE_TIMEOUT_S = 60.0
@@ -37,7 +40,7 @@ PROMPT_WORDS = "the quick brown fox jumps over a lazy dog while seven small robo
 class ServeLeakSettings:
     model: str
     device: str = "cpu"
-    requests: int = 60
+    requests: int | None = 60  # None: as many as fit in duration_s
     clients: int = 8
     max_tokens: int = 8
     seed: int = 0
@@ -45,6 +48,10 @@ class ServeLeakSettings:
     planted_bug: str | None = None
     driver_tolerance: int = 2 << 20  # the driver's free memory moves in 2 MiB steps on an H100
     time_limit_s: float = 600.0  # the whole request phase, whatever happens
+    duration_s: float | None = None  # a soak: clients start requests until this many seconds have passed
+    sample_interval_s: float = 1.0  # the server's host memory is read this often while the clients run
+    host_growth_per_1000: int = DEFAULT_GROWTH_PER_1000
+    require_host: bool = False  # a run whose host memory could not be judged fails (soaks)
 
 
 @dataclass
@@ -58,6 +65,8 @@ class ServeLeakReport:
     server_tail: str = ""
     findings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    host: dict = field(default_factory=dict)
+    host_line: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -66,7 +75,8 @@ class ServeLeakReport:
     def to_dict(self) -> dict:
         return {"requests": self.requests, "plans": dict(self.plans), "statuses": dict(self.statuses),
                 "baseline": self.baseline, "final": self.final, "server_exit": self.server_exit,
-                "findings": self.findings, "seconds": round(self.seconds, 2), "clean": not self.findings}
+                "findings": self.findings, "seconds": round(self.seconds, 2), "host": self.host,
+                "clean": not self.findings}
 
 
 def _free_port() -> int:
@@ -151,9 +161,19 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> Se
             _wait_idle(client)
             baseline = _metrics(client)
             report.baseline = _ledger(baseline) | _driver(baseline)
-            say(f"{settings.requests} requests from {settings.clients} clients")
-            _drive(settings, client, report, started)
+            host = HostSeries()
+            host.add(0, baseline)
+            amount = f"{settings.duration_s:.0f} s of requests" if settings.duration_s else f"{settings.requests} requests"
+            say(f"{amount} from {settings.clients} clients")
+            _drive(settings, client, report, time.monotonic(), host)
             final = _wait_idle(client)
+            host.add(report.requests, final)
+            verdict = judge_host(host, settings.host_growth_per_1000)
+            report.host, report.host_line = verdict.to_dict(), verdict.line()
+            if verdict.leaked:
+                report.findings.append(verdict.line())
+            elif settings.require_host and not verdict.judged:
+                report.findings.append(verdict.line() + ": a soak must judge it; run longer")
             report.final = _ledger(final) | _driver(final) | {
                 k: final[k] for k in ("rocmforge_kv_physical_blocks", "rocmforge_kv_pending_blocks",
                                       "rocmforge_kv_free_blocks", "rocmforge_kv_total_blocks", "rocmforge_kv_reserved_blocks")}
@@ -213,10 +233,21 @@ def _wait_idle(client: httpx.Client) -> dict[str, float]:
         time.sleep(0.05)
 
 
-def _drive(settings: ServeLeakSettings, client: httpx.Client, report: ServeLeakReport, started: float) -> None:
+def _drive(settings: ServeLeakSettings, client: httpx.Client, report: ServeLeakReport, started: float,
+           host: HostSeries) -> None:
     lock = threading.Lock()
-    next_index = iter(range(settings.requests))
+    next_index = iter(range(settings.requests)) if settings.requests is not None else itertools.count()
     deadline = started + settings.time_limit_s
+    if settings.duration_s is not None:
+        deadline = min(deadline, started + settings.duration_s)
+    done = threading.Event()
+
+    def sampler() -> None:  # the server's RSS against requests done, for the host-memory slope
+        while not done.wait(settings.sample_interval_s):
+            try:
+                host.add(report.requests, _metrics(client))
+            except httpx.HTTPError:
+                pass  # a missed sample; the slope needs the span, not every point
 
     def worker() -> None:
         while time.monotonic() < deadline:
@@ -231,10 +262,14 @@ def _drive(settings: ServeLeakSettings, client: httpx.Client, report: ServeLeakR
                 report.statuses[status] += 1
 
     threads = [threading.Thread(target=worker) for _ in range(settings.clients)]
+    watcher = threading.Thread(target=sampler, daemon=True)
+    watcher.start()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    done.set()
+    watcher.join()
 
 
 def _judge(settings: ServeLeakSettings, baseline: dict, final: dict) -> list[str]:

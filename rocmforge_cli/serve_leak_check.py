@@ -17,12 +17,13 @@ from rocmforge_cli.generate import DEVICE_HELP, resolve_model
 def serve_leak_check_command(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model if installed.", show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
-    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests to send after the warm-up.")] = 200,
+    requests: Annotated[Optional[int], typer.Option("--requests", "-n", help="Requests to send after the warm-up. Default: 200; with --duration, no limit but the time.", show_default=False)] = None,
+    duration: Annotated[Optional[str], typer.Option("--duration", help="A soak: send requests until this much time has passed (e.g. 90s, 10m, 1h); the server's host memory must then be judged flat (at most 1 MiB per 1,000 requests over the second half, which must span >= 250 requests).", show_default=False)] = None,
     clients: Annotated[int, typer.Option("--clients", help="Concurrent HTTP clients; the server decodes half as many at once, so the rest queue.")] = 8,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most new tokens per request (each draws its own).")] = 8,
     seed: Annotated[int, typer.Option("--seed", "-s", help="Seed of the request mix.")] = 0,
     serve_arg: Annotated[Optional[list[str]], typer.Option("--serve-arg", help="An extra argument for `rocmforge serve` (repeatable), e.g. --serve-arg=--kv-blocks=64.", show_default=False)] = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the clients may run at most.")] = 600.0,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the clients may run at most. Default: 600, or the duration plus 300.", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
     plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
@@ -32,12 +33,18 @@ def serve_leak_check_command(
     Examples:
       rocmforge serve-leak-check --device cpu --requests 60 --max-tokens 4
       rocmforge serve-leak-check --requests 5000 --clients 64 --json > serve-leak.json
+      rocmforge serve-leak-check --duration 30m --clients 64 --max-tokens 64 --json > soak.json
     """
-    if requests < 1 or clients < 1 or max_tokens < 1 or time_limit <= 0:
+    duration_s = parse_duration(duration) if duration is not None else None
+    if requests is None and duration_s is None:
+        requests = 200
+    if time_limit is None:
+        time_limit = 600.0 if duration_s is None else duration_s + 300.0
+    if (requests is not None and requests < 1) or clients < 1 or max_tokens < 1 or time_limit <= 0:
         raise UsageError("--requests, --clients and --max-tokens must be at least 1, --time-limit positive")
     settings = ServeLeakSettings(model=resolve_model(model), device=device, requests=requests, clients=clients,
                                  max_tokens=max_tokens, seed=seed, extra_args=tuple(serve_arg or ()), planted_bug=plant_bug,
-                                 time_limit_s=time_limit)
+                                 time_limit_s=time_limit, duration_s=duration_s, require_host=duration_s is not None)
     say = (lambda _m: None) if quiet else (lambda m: stderr.print(m, highlight=False, markup=False))
     report = run_serve_leak_check(settings, say)
     if as_json:
@@ -48,9 +55,29 @@ def serve_leak_check_command(
         stdout.print(f"baseline {report.baseline}", markup=False)
         stdout.print(f"final    {report.final}", markup=False)
         stdout.print(f"server exit code after SIGTERM: {report.server_exit}", markup=False)
-        for finding in report.findings:
-            stdout.print(f"LEAK: {finding}", markup=False)
+        if report.host_line:
+            stdout.print(report.host_line, markup=False)
+        for finding in report.findings:  # a layer that could not be judged is not a leak, but never clean either
+            label = "NOT JUDGED" if finding.startswith("host memory: not judged") else "LEAK"
+            stdout.print(f"{label}: {finding}", markup=False)
         if not report.findings:
-            stdout.print("clean: every KV block and every ledger byte came back", markup=False)
+            host = "; host memory flat" if report.host.get("judged") else ""
+            stdout.print(f"clean: every KV block and every ledger byte came back{host}", markup=False)
     if report.exit_code:
         raise typer.Exit(report.exit_code)
+
+
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '10m', '1.5h' -> seconds."""
+    value = text.strip().lower()
+    unit = value[-1:] if value[-1:] in ("s", "m", "h") else ""
+    try:
+        seconds = float(value[: len(value) - len(unit)]) * _DURATION_UNITS[unit]
+    except ValueError:
+        raise UsageError(f"--duration: cannot read {text!r}; use e.g. 90s, 10m or 1h") from None
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"--duration must be positive, got {text!r}")
+    return seconds

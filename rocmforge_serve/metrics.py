@@ -77,6 +77,21 @@ class EngineCollector:
         yield CounterMetricFamily(f"{PREFIX}_preemptions", "requests preempted for want of KV blocks", value=float(stats.preemptions))
         yield CounterMetricFamily(f"{PREFIX}_engine_steps", "engine steps run", value=float(stats.steps))
         yield GaugeMetricFamily(f"{PREFIX}_engine_running", "1 while the engine thread serves", value=float(served.loop.running))
+        rss = anon_rss_bytes()
+        if rss is not None:
+            yield GaugeMetricFamily(f"{PREFIX}_host_rss_anon_bytes",
+                                    "this process's anonymous resident + swapped memory (host-memory leak checks)", value=float(rss))
+
+
+def anon_rss_bytes() -> int | None:
+    """RssAnon + VmSwap of this process from /proc/self/status (Linux); None elsewhere. Anonymous memory only:
+    file-backed pages (the memory-mapped model) come and go with the page cache, not with leaks."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return sum(int(fields[key].split()[0]) * 1024 for key in (b"RssAnon", b"VmSwap") if key in fields)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def make_registry(served) -> CollectorRegistry:

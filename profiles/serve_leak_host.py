@@ -1,0 +1,95 @@
+"""Host memory of the server under `rocmforge serve-leak-check`: is it flat over a long run?
+
+The server publishes its anonymous resident memory (RssAnon + VmSwap, /proc/self/status) on /metrics as
+rocmforge_host_rss_anon_bytes. While the clients run, a sampler reads it against the requests done; the
+judgement is the engine-level check's (profiles.leak_thresholds): the least-squares slope over the second
+half of the run (the first half is warm-up for allocator arenas, connection pools and caches that grow to
+a bound), at most 1 MiB per 1,000 requests, judged only when that half spans at least 250 requests (a
+shorter span cannot tell a slope from noise). The judged part also starts no earlier than request 1,000:
+the engine keeps the records of its last 1,000 finished requests (Engine.finished_bound), so up to there
+memory grows by design (measured on the cpu backend over HTTP: about +2 MiB per 1,000 requests before it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from profiles.leak_report import MIN_HOST_SPAN
+
+RSS_METRIC = "rocmforge_host_rss_anon_bytes"
+DEFAULT_GROWTH_PER_1000 = 1 << 20
+WARM_REQUESTS = 1000  # hipcore.engine.engine.Engine's default finished_bound
+
+
+@dataclass
+class HostSeries:
+    """(requests done, server RSS bytes) samples in the order they were read."""
+
+    samples: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, requests_done: int, metrics: dict[str, float]) -> None:
+        if RSS_METRIC in metrics:
+            self.samples.append((int(requests_done), int(metrics[RSS_METRIC])))
+
+    def second_half_slope(self, warm_requests: int = WARM_REQUESTS) -> tuple[float | None, int]:
+        """(bytes per request by least squares over the samples of the second half of the requests, and past
+        `warm_requests`; the requests that part spans); None when fewer than 3 samples or no span."""
+        if not self.samples:
+            return None, 0
+        start = max(self.samples[-1][0] / 2, warm_requests)
+        points = [(x, y) for x, y in self.samples if x >= start]
+        xs = [x for x, _ in points]
+        span = (max(xs) - min(xs)) if xs else 0
+        if len(points) < 3 or span == 0:
+            return None, span
+        mean_x = sum(xs) / len(xs)
+        mean_y = sum(y for _, y in points) / len(points)
+        sxx = sum((x - mean_x) ** 2 for x in xs)
+        sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
+        return sxy / sxx, span
+
+
+@dataclass
+class HostVerdict:
+    judged: bool
+    growth_per_1000: int | None  # bytes per 1,000 requests over the second half
+    span: int  # requests the second half spans
+    first: int | None  # RSS at the first and last sample
+    last: int | None
+    samples: int
+    limit_per_1000: int
+
+    @property
+    def leaked(self) -> bool:
+        return self.judged and self.growth_per_1000 is not None and self.growth_per_1000 > self.limit_per_1000
+
+    def line(self) -> str:
+        if self.growth_per_1000 is None and not self.samples:
+            return "host memory: not measured (the server publishes no RSS on this platform)"
+        rss = f"RSS {_mib(self.first)} -> {_mib(self.last)} over {self.samples} samples"
+        if self.growth_per_1000 is None:
+            return (f"host memory: not judged ({rss}; too few samples past request {WARM_REQUESTS:,} and the "
+                    f"first half, where the engine's records of finished requests fill to their bound)")
+        slope = f"{self.growth_per_1000 / (1 << 10):+.0f} KiB per 1,000 requests over the second half ({self.span} requests)"
+        if not self.judged:
+            return f"host memory: not judged ({slope}, fewer than {MIN_HOST_SPAN}); {rss}"
+        verdict = "GROWING" if self.leaked else "flat"
+        return f"host memory: {verdict}: {slope}, limit {self.limit_per_1000 >> 10} KiB; {rss}"
+
+    def to_dict(self) -> dict:
+        return {"judged": self.judged, "growth_per_1000_requests": self.growth_per_1000, "span_requests": self.span,
+                "rss_first": self.first, "rss_last": self.last, "samples": self.samples,
+                "limit_per_1000_requests": self.limit_per_1000, "leaked": self.leaked}
+
+
+def judge_host(series: HostSeries, limit_per_1000: int = DEFAULT_GROWTH_PER_1000) -> HostVerdict:
+    slope, span = series.second_half_slope()
+    samples = series.samples
+    return HostVerdict(judged=slope is not None and span >= MIN_HOST_SPAN,
+                       growth_per_1000=None if slope is None else round(slope * 1000), span=span,
+                       first=samples[0][1] if samples else None, last=samples[-1][1] if samples else None,
+                       samples=len(samples), limit_per_1000=limit_per_1000)
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else f"{value / (1 << 20):.1f} MiB"

@@ -1,0 +1,93 @@
+"""The host-memory judgement of `rocmforge serve-leak-check` (profiles.serve_leak_host): a planted growth
+of the server's RSS is caught, a flat or merely warming-up series passes, a short run is not judged (and a
+soak that cannot judge it fails), and the live server publishes the figure it is judged on."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from support.engine_testing import tiny_model
+from support.serve_testing import live_server, metrics
+
+from profiles.serve_leak_check import ServeLeakSettings, run_serve_leak_check
+from profiles.serve_leak_host import RSS_METRIC, HostSeries, judge_host
+
+MIB = 1 << 20
+
+
+def series(requests: int, rss_of, every: int = 10) -> HostSeries:
+    s = HostSeries()
+    for done in range(0, requests + 1, every):
+        s.add(done, {RSS_METRIC: float(rss_of(done))})
+    return s
+
+
+def test_a_planted_slope_is_caught():
+    # 10 KiB kept per request (profiles.leak_bugs' host-leak) over 3,000 requests, on top of 200 MiB
+    verdict = judge_host(series(3000, lambda n: 200 * MIB + n * 10_240))
+    assert verdict.judged and verdict.leaked
+    assert verdict.growth_per_1000 == 10_240_000
+    assert "GROWING" in verdict.line()
+
+
+def test_flat_memory_after_a_warm_up_passes():
+    # grows 30 MiB over the first 1,000 requests (finished records to their bound, arenas, pools), then
+    # flat with +-256 KiB of noise: judged from request 1,500 (the second half) on
+    def rss(n):
+        return 200 * MIB + min(n, 1000) * 30 * 1024 + (256 << 10) * (1 if (n // 10) % 2 else -1)
+    verdict = judge_host(series(3000, rss))
+    assert verdict.judged and not verdict.leaked, verdict.line()
+    assert "flat" in verdict.line()
+
+
+def test_growth_just_over_the_limit_is_caught_and_just_under_passes():
+    over = judge_host(series(4000, lambda n: 100 * MIB + n * 1100))  # 1.1 MB per 1,000 > 1 MiB
+    under = judge_host(series(4000, lambda n: 100 * MIB + n * 1000))  # 1.0 MB per 1,000 < 1 MiB
+    assert over.leaked and not under.leaked
+
+
+def test_a_short_run_is_not_judged():
+    verdict = judge_host(series(400, lambda n: 100 * MIB + n * 50_000))  # all of it before request 1,000
+    assert not verdict.judged and not verdict.leaked
+    assert "not judged" in verdict.line()
+    past_the_records = judge_host(series(1200, lambda n: 100 * MIB + n * 50_000))  # spans 200 < 250 past 1,000
+    assert not past_the_records.judged and past_the_records.span == 200
+
+
+def test_growth_while_the_finished_records_fill_is_not_a_leak():
+    # +2 MiB per 1,000 requests up to request 1,000 (as measured on the cpu backend), flat after
+    verdict = judge_host(series(2400, lambda n: 64 * MIB + min(n, 1000) * 2 * 1024))
+    assert verdict.judged and verdict.growth_per_1000 == 0
+
+
+def test_the_server_publishes_its_anonymous_rss(tmp_path_factory):
+    with live_server(tiny_model(tmp_path_factory), max_seqs=2) as live:
+        before = metrics(live.url)[RSS_METRIC]
+        assert httpx.post(live.url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 2}, timeout=30).status_code == 200
+        after = metrics(live.url)[RSS_METRIC]
+    assert 1 * MIB < before and 1 * MIB < after  # a live Python process with numpy holds far more than 1 MiB
+
+
+def test_a_soak_too_short_to_judge_host_memory_is_never_called_clean(tmp_path_factory):
+    settings = ServeLeakSettings(model=str(tiny_model(tmp_path_factory)), device="cpu", requests=None, clients=4,
+                                 max_tokens=4, seed=5, duration_s=3.0, require_host=True, sample_interval_s=0.2,
+                                 extra_args=("--ctx-size", "256", "--step-tokens", "16", "--kv-blocks", "400"))
+    report = run_serve_leak_check(settings)
+    assert report.requests > 0 and report.server_exit == 0, report.server_tail
+    assert report.host["samples"] >= 3 and not report.host["judged"]
+    assert report.exit_code == 1 and any("a soak must judge it" in f for f in report.findings), report.findings
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90.0), ("90s", 90.0), ("10m", 600.0), ("1.5h", 5400.0)])
+def test_durations_read_as_seconds(text, seconds):
+    from rocmforge_cli.serve_leak_check import parse_duration
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["abc", "-5m", "0s", "5d", ""])
+def test_a_bad_duration_is_a_usage_error(text):
+    from hipcore.errors import UsageError
+    from rocmforge_cli.serve_leak_check import parse_duration
+    with pytest.raises(UsageError, match="--duration"):
+        parse_duration(text)
