@@ -87,8 +87,13 @@ for c in "${LEVELS[@]}"; do
   if [ "$SECONDS" -ge "$DEADLINE" ]; then note "skip $c clients: past ${DEADLINE}s"; continue; fi
   n=$(( ROUNDS * c )); [ "$n" -lt "$MIN_REQUESTS" ] && n=$MIN_REQUESTS
   note "$c clients, $n requests"
+  # The server's own count of generated tokens around the level: the tool counts streamed chunks, and a
+  # token whose text is empty (an end-of-generation token under --ignore-eos, half a UTF-8 character) sends none.
+  before=$(http_get "$URL/metrics" | grep '^rocmforge_generated_tokens_total ' | cut -d' ' -f2)
   "${LB[@]}" --max-tokens "$OUTPUT_TOKENS" --repeat "$n" --concurrency "$c" --output "$OUT/level_$c.json" \
     > "$OUT/level_$c.log" 2>&1 || { note "the load generator failed at $c clients"; status=1; }
+  after=$(http_get "$URL/metrics" | grep '^rocmforge_generated_tokens_total ' | cut -d' ' -f2)
+  echo "$before $after" > "$OUT/level_$c.server_tokens"
 done
 http_get "$URL/metrics" > "$OUT/metrics_after.txt"
 stop_server
