@@ -207,7 +207,7 @@ CASES: list[tuple[str, Callable[[], bytes], int, str]] = [
     ("unknown tensor type", edit(lambda g: setattr(g.tensors[1], "ggml_type", 200)), INVALID, "not a ggml"),
     ("removed type Q4_2", edit(lambda g: setattr(g.tensors[1], "ggml_type", 4)), UNSUPPORTED, "Q4_2"),
     ("removed type Q4_0_4_4", edit(lambda g: setattr(g.tensors[1], "ggml_type", 31)), UNSUPPORTED, "removed"),
-    ("unsupported type Q5_0", edit(set_dims("blk.0.attn_q.weight", (32, 32), ggml_type=6)), UNSUPPORTED, "Q5_0"),
+    ("unsupported type IQ4_NL", edit(set_dims("blk.0.attn_q.weight", (32, 32), ggml_type=20)), UNSUPPORTED, "IQ4_NL"),
     ("unsupported type IQ2_XXS", edit(set_dims("token_embd.weight", (256, 300), ggml_type=16), hidden=256,
                                       n_heads=4, n_kv_heads=2, vocab=300), UNSUPPORTED, "IQ2_XXS"),
     ("row not a multiple of the block", edit(set_dims("blk.0.attn_q.weight", (33, 32), ggml_type=8)), INVALID,
@@ -363,7 +363,7 @@ def test_error_carries_field_offset_value_and_allowed(tmp_path):
 def test_unsupported_type_is_reported_only_after_structure_checks(tmp_path):
     """A corrupt file with an unsupported tensor type is reported as corrupt (exit 3), not as unsupported."""
     g = small()
-    set_dims("blk.0.attn_q.weight", (32, 32), ggml_type=6)(g)  # Q5_0: unsupported
+    set_dims("blk.0.attn_q.weight", (32, 32), ggml_type=20)(g)  # IQ4_NL: unsupported
     g.truncate = 500
     path = tmp_path / "both.gguf"
     path.write_bytes(g.to_bytes())

@@ -18,7 +18,7 @@ K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
 
 
 def test_supported_set_is_the_issue_minimum():
-    assert {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"} <= quants.SUPPORTED_TYPES
+    assert {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"} <= quants.SUPPORTED_TYPES
 
 
 @pytest.mark.parametrize("qtype", list(GGMLQuantizationType), ids=lambda t: t.name)
@@ -99,8 +99,8 @@ def test_dequantize_checks_the_byte_count():
 
 
 def test_dequantize_refuses_unsupported_types():
-    with pytest.raises(ValueError, match="Q5_0"):
-        quants.dequantize(np.zeros(22, np.uint8), quants.type_id("Q5_0"), (32,))
+    with pytest.raises(ValueError, match="IQ4_NL"):
+        quants.dequantize(np.zeros(18, np.uint8), quants.type_id("IQ4_NL"), (32,))
 
 
 def test_bf16_is_the_high_half_of_f32():

@@ -4,7 +4,7 @@ The block geometry comes from the `gguf` package's table (the same numbers ggml 
 sorted into four kinds, because each deserves a different answer to the user:
 
 - supported: we read, upload and compute with them (SUPPORTED_TYPES);
-- unsupported: real, current ggml types we do not implement (Q5_0, IQ2_XXS, ...): exit 4, named;
+- unsupported: real, current ggml types we do not implement (Q2_K, IQ2_XXS, ...): exit 4, named;
 - removed: ids ggml once defined and has since dropped (Q4_2/Q4_3 in 2023, the Q4_0_4_4-style
   repacked types in 2024). Such a file was written by an older tool and is not corrupt, but no
   current reader accepts it: exit 4, with the advice to re-convert;
@@ -20,7 +20,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-SUPPORTED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+SUPPORTED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 
 REMOVED_TYPES: dict[int, str] = {
     4: "Q4_2", 5: "Q4_3",

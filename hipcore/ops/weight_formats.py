@@ -5,8 +5,11 @@ A matrix W [rows, cols] is stored row-major, each row cols / block_elements bloc
     f32, f16, bf16  plain values (block of 1)
     q4_0  32 per 18 bytes: {half d; uint8 qs[16]}               w = d * (q - 8)
     q4_1  32 per 20 bytes: {half d; half m; uint8 qs[16]}       w = d * q + m
+    q5_0  32 per 22 bytes: {half d; uint8 qh[4]; uint8 qs[16]}  w = d * (q - 16)
+    q5_1  32 per 24 bytes: {half d; half m; uint8 qh[4]; uint8 qs[16]}  w = d * q + m
     q8_0  32 per 34 bytes: {half d; int8 qs[32]}                w = d * q
-          (in q4_0/q4_1, element j < 16 is the low nibble of qs[j], element 16 + j its high nibble)
+          (in q4_0/q4_1/q5_0/q5_1, element j < 16 is the low nibble of qs[j], element 16 + j its high
+          nibble; q5_0/q5_1 take bit j of qh, read as one little-endian 32-bit word, as element j's fifth bit)
     q4_k  256 per 144 bytes: {half d; half dmin; uint8 scales[12]; uint8 qs[128]}
     q5_k  256 per 176 bytes: {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]}
           eight sub-blocks of 32 with 6-bit scale sc and min m packed in `scales`;
@@ -28,10 +31,10 @@ from __future__ import annotations
 import numpy as np
 
 # Elements and bytes per block of each format (lower-case names = the kernels' variant suffixes).
-BLOCK_ELEMENTS = {"f32": 1, "f16": 1, "bf16": 1, "q4_0": 32, "q4_1": 32, "q8_0": 32, "q4_k": 256, "q5_k": 256,
-                  "q6_k": 256}
-BLOCK_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 18, "q4_1": 20, "q8_0": 34, "q4_k": 144, "q5_k": 176,
-               "q6_k": 210}
+BLOCK_ELEMENTS = {"f32": 1, "f16": 1, "bf16": 1, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32,
+                  "q4_k": 256, "q5_k": 256, "q6_k": 256}
+BLOCK_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34,
+               "q4_k": 144, "q5_k": 176, "q6_k": 210}
 FORMATS = tuple(BLOCK_ELEMENTS)
 
 
@@ -62,6 +65,14 @@ def _nibbles(qs: np.ndarray, chunk: int) -> np.ndarray:
     return ((grouped >> np.array([0, 4], np.uint8).reshape(2, 1)) & 15).reshape(*shape, -1)
 
 
+def five_bit_codes(blocks: np.ndarray, qh_offset: int) -> np.ndarray:
+    """The 32 five-bit codes [..., 32] of q5_0 / q5_1 blocks [..., block_bytes]: the nibbles of the 16 bytes
+    after the 4 qh bytes at `qh_offset`, with bit j of qh (a little-endian word) on top of element j."""
+    low = _nibbles(blocks[..., qh_offset + 4:qh_offset + 20], 16).astype(np.int64)
+    qh = blocks[..., qh_offset:qh_offset + 4].copy().view("<u4").astype(np.int64)  # [..., 1]
+    return low | (((qh >> np.arange(32)) & 1) << 4)
+
+
 def k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 6-bit (sc, m) of the eight sub-blocks of q4_k / q5_k from their 12 packed bytes [..., 12]:
     sub-block i < 4 has sc = scales[i] & 63 and m = scales[i + 4] & 63; sub-block i >= 4 has the low four
@@ -90,6 +101,10 @@ def dequantize_rows(raw: np.ndarray, weight_type: str, cols: int, dtype: type = 
         w = _halves(blocks, 0, f64) * (_nibbles(blocks[..., 2:18], 16).astype(f64) - 8)
     elif weight_type == "q4_1":
         w = _halves(blocks, 0, f64) * _nibbles(blocks[..., 4:20], 16) + _halves(blocks, 2, f64)
+    elif weight_type == "q5_0":
+        w = _halves(blocks, 0, f64) * (five_bit_codes(blocks, 2).astype(f64) - 16)
+    elif weight_type == "q5_1":
+        w = _halves(blocks, 0, f64) * five_bit_codes(blocks, 4) + _halves(blocks, 2, f64)
     elif weight_type in ("q4_k", "q5_k"):
         sc, m = k_scales(blocks[..., 4:16])  # [rows, nb, 8]
         qs = blocks[..., 16:144] if weight_type == "q4_k" else blocks[..., 48:176]

@@ -1,6 +1,6 @@
 """Quantize float32 weights into any supported ggml type, for writing test GGUF files.
 
-The gguf package quantizes F32/F16/BF16/Q4_0/Q4_1/Q8_0 itself; it cannot quantize the K-quants, so
+The gguf package quantizes F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 itself; it cannot quantize the K-quants, so
 Q4_K, Q5_K and Q6_K get simple quantizers here (min/max per sub-block, not llama.cpp's search for
 the best scales: a coarser approximation, but bit-exact in layout, which is what tests need). Each
 one is the exact inverse of the gguf package's dequantize_blocks layout, and tests/test_quants.py
@@ -37,7 +37,7 @@ def max_abs_error(values: np.ndarray, type_name: str) -> float:
     amax = float(np.max(np.abs(values))) if values.size else 0.0
     span = 2 * amax
     step = {"F32": 0.0, "F16": amax * 2**-10, "BF16": amax * 2**-7,
-            "Q8_0": amax / 127, "Q4_0": amax / 8, "Q4_1": span / 15,
+            "Q8_0": amax / 127, "Q4_0": amax / 8, "Q4_1": span / 15, "Q5_0": amax / 16, "Q5_1": span / 31,
             "Q4_K": span / 15, "Q5_K": span / 31, "Q6_K": amax / 31}[type_name]
     # K-quant sub-block scales are themselves quantized (6 bits under an fp16 d for Q4_K/Q5_K,
     # int8 for Q6_K): a rounded-down scale can clip the extreme code by up to half a scale unit per level.
@@ -123,7 +123,7 @@ _K_QUANTIZERS = {"Q4_K": _quantize_q4_k, "Q5_K": _quantize_q5_k, "Q6_K": _quanti
 
 # Where the fp16 scales sit in each block format: (byte offset, count). Everything else is codes.
 _SCALE_FIELDS = {
-    "Q4_0": [(0, 1)], "Q4_1": [(0, 2)], "Q8_0": [(0, 1)],
+    "Q4_0": [(0, 1)], "Q4_1": [(0, 2)], "Q5_0": [(0, 1)], "Q5_1": [(0, 2)], "Q8_0": [(0, 1)],
     "Q4_K": [(0, 2)], "Q5_K": [(0, 2)], "Q6_K": [(208, 1)],
     "F16": [], "BF16": [], "F32": [],
 }

@@ -7,9 +7,9 @@ import numpy as np
 from hipcore.ops.weight_formats import BLOCK_BYTES, BLOCK_ELEMENTS
 
 # Byte offsets of the halves in each block format that must be finite (d, and m / dmin).
-SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q8_0": (0,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
 # Size of those halves: K-quant scales multiply 6- or 8-bit sub-block scales as well as the codes.
-SCALE_SIZE = {"q4_0": 0.02, "q4_1": 0.02, "q8_0": 0.02, "q4_k": 0.002, "q5_k": 0.002, "q6_k": 0.0005}
+SCALE_SIZE = {"q4_0": 0.02, "q4_1": 0.02, "q5_0": 0.01, "q5_1": 0.01, "q8_0": 0.02, "q4_k": 0.002, "q5_k": 0.002, "q6_k": 0.0005}
 
 
 def random_weights(rng: np.random.Generator, weight_type: str, rows: int, cols: int) -> np.ndarray:
