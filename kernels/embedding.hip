@@ -1,7 +1,7 @@
 // Embedding lookup: out[t, :] = the row ids[t] of a [vocab, hidden] table, dequantized to float32.
 // The table stays in its GGUF layout, row-major: F32, F16, BF16 elements, or blocks of 32 elements
-// (Q4_0 {half d; uint8 qs[16]}, 18 bytes; Q4_1 {half d; half m; uint8 qs[16]}, 20 bytes; Q8_0
-// {half d; int8 qs[32]}, 34 bytes). Quant j < 16 of a 4-bit block is the low nibble of qs[j], quant
+// (Q4_0 {half d; uint8 qs[16]}, 18 bytes; Q4_1 {half d; half m; uint8 qs[16]}, 20 bytes; Q5_0 and Q5_1,
+// 22 and 24 bytes, below; Q8_0 {half d; int8 qs[32]}, 34 bytes). Quant j < 16 of a 4-bit block is the low nibble of qs[j], quant
 // j >= 16 the high nibble of qs[j - 16]. K-quant super-blocks of 256 elements (Q4_K 144 bytes, Q5_K
 // 176, Q6_K 210) are laid out as in kernels/matvec.hip and hipcore/ops/weight_formats.py.
 //
@@ -16,8 +16,8 @@
 // format of at least 2 * 24 + 2 bits (float64's 53) gives the once-rounded result. Signed zeros agree
 // too: fmaf(a, b, -c) and a * b - c are both a * b + (-c).
 //
-// One thread per element, workgroup-stride over the tokens (any grid covers them). A block is 18, 34
-// or 210 bytes, so only 2-byte loads are aligned for every block; a row is read once per token, and the
+// One thread per element, workgroup-stride over the tokens (any grid covers them). A block is 18, 22,
+// 34 or 210 bytes, so only 2-byte loads are aligned for every block; a row is read once per token, and the
 // lookup moves a few KiB per token, so simple byte and 2-byte loads are enough. An id outside
 // [0, vocab) gives a zero row (a kernel cannot raise; the host reference refuses such an id and the
 // engine checks them).
@@ -68,6 +68,29 @@ struct Q4_1Row {
     return fmaf(d, (float)(k < 16 ? byte & 15 : byte >> 4), m);
   }
 };
+
+// Q5_0 {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes) and Q5_1 {half d; half m; uint8 qh[4]; uint8 qs[16]}
+// (24 bytes): Q4_0 / Q4_1's nibbles with bit k of qh (a little-endian word) as quant k's fifth bit;
+// w = d * (q - 16) (exact: a half times 5 bits) and d * q + m (one rounding, as Q4_1's).
+template <bool kHasMin>
+struct Q5Row {
+  static constexpr int kBlockBytes = kHasMin ? 24 : 22;
+  static constexpr int kQhAt = kHasMin ? 4 : 2;
+  static __device__ __forceinline__ unsigned long long row_bytes(int hidden) {
+    return (unsigned long long)(hidden / 32) * kBlockBytes;
+  }
+  static __device__ __forceinline__ float at(const unsigned char* row, int j) {
+    const unsigned char* block = row + (j >> 5) * kBlockBytes;
+    const unsigned short* halves = reinterpret_cast<const unsigned short*>(block);
+    const float d = rf_f16_to_float(halves[0]);
+    const int k = j & 31;
+    const int byte = block[kQhAt + 4 + (k & 15)];
+    const int q = (k < 16 ? byte & 15 : byte >> 4) | (((block[kQhAt + (k >> 3)] >> (k & 7)) & 1) << 4);
+    return kHasMin ? fmaf(d, (float)q, rf_f16_to_float(halves[1])) : (float)(q - 16) * d;
+  }
+};
+typedef Q5Row<false> Q5_0Row;
+typedef Q5Row<true> Q5_1Row;
 
 struct Q8_0Row {
   static __device__ __forceinline__ unsigned long long row_bytes(int hidden) { return (unsigned long long)(hidden / 32) * 34; }
@@ -160,6 +183,8 @@ RF_EMBEDDING_KERNEL(embedding_f16, F16Row)
 RF_EMBEDDING_KERNEL(embedding_bf16, BF16Row)
 RF_EMBEDDING_KERNEL(embedding_q4_0, Q4_0Row)
 RF_EMBEDDING_KERNEL(embedding_q4_1, Q4_1Row)
+RF_EMBEDDING_KERNEL(embedding_q5_0, Q5_0Row)
+RF_EMBEDDING_KERNEL(embedding_q5_1, Q5_1Row)
 RF_EMBEDDING_KERNEL(embedding_q8_0, Q8_0Row)
 RF_EMBEDDING_KERNEL(embedding_q4_k, Q4_KRow)
 RF_EMBEDDING_KERNEL(embedding_q5_k, Q5_KRow)

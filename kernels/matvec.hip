@@ -1,6 +1,6 @@
 // Matrix-vector product on GGUF weights, the hot kernel of decoding:
 //   y[b, r] = sum_c W[r, c] * x[b, c]   for r < rows, b < batch
-// W stays in its GGUF block layout, row-major: row r is cols/32 blocks (Q4_0, Q4_1, Q8_0), cols/256
+// W stays in its GGUF block layout, row-major: row r is cols/32 blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), cols/256
 // super-blocks (Q4_K, Q5_K, Q6_K) or cols plain values (F16, BF16, F32), rows back to back (the layouts:
 // hipcore/ops/weight_formats.py). x is [batch, cols] and y is [batch, rows], float32.
 //
@@ -10,10 +10,11 @@
 //   bytes. With batch 1 (decoding) a group is two rows, so every x value loaded serves two rows.
 // - A lane's unit of work ("item") is 8 weights of one row, as two runs of 4 consecutive columns; a row
 //   has cols/8 items in every format. Items are placed so that the bytes a lane loads are all used and
-//   each format reads naturally aligned words: F16/BF16 one 16-byte load, Q4_1 two 4-byte loads (the
-//   20-byte blocks keep 4-byte alignment), Q8_0 and Q4_0 2-byte loads (34- and 18-byte blocks are only
-//   2-byte aligned, and a misaligned wider load would fault on NVIDIA), the K-quants 4-byte loads
-//   (Q4_K, Q5_K) or 2-byte ones (Q6_K's 210-byte blocks).
+//   each format reads naturally aligned words: F16/BF16 one 16-byte load, Q4_1 two 4-byte loads and
+//   Q5_1 three (20- and 24-byte blocks keep 4-byte alignment), Q8_0, Q4_0 and Q5_0 2-byte loads (34-,
+//   18- and 22-byte blocks are only 2-byte aligned, and a misaligned wider load would fault on
+//   NVIDIA), the K-quants 4-byte loads (Q4_K, Q5_K) or 2-byte ones (Q6_K's 210-byte blocks). (The
+//   headers and Q5_0/Q5_1's high-bit word are shared by the lanes of a block: one cache line.)
 // - x is read with 16-byte loads straight into registers. It is small and shared by every warp, so it
 //   stays in L1/L2; staging it in shared memory would cost a block-wide barrier and the same on-chip
 //   bandwidth without saving any DRAM traffic.
@@ -25,7 +26,7 @@
 //   63-96 VGPRs on the AMD targets).
 // - In decoding each lane loads two items before using the first (see matvec_pass).
 // Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W 16-byte aligned (F16,
-// BF16, F32), 4-byte (Q4_1, Q4_K, Q5_K) or 2-byte (Q8_0, Q4_0, Q6_K); x 16-byte aligned. Block size: a
+// BF16, F32), 4-byte (Q4_1, Q5_1, Q4_K, Q5_K) or 2-byte (Q8_0, Q4_0, Q5_0, Q6_K); x 16-byte aligned. Block size: a
 // multiple of 64 up to 256.
 #include "hip_compat.h"
 
@@ -103,6 +104,58 @@ struct Q4_0Format {
     for (int j = 0; j < 4; ++j) {
       w[j] = d * (float)((int)((q >> (8 * j)) & 15u) - 8);
       w[4 + j] = d * (float)((int)((q >> (8 * j + 4)) & 15u) - 8);
+    }
+    col_a = (item >> 2) * 32 + 4 * (item & 3);
+    col_b = col_a + 16;
+  }
+};
+
+// Q5_1 block: {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes, 4-byte aligned): Q4_1's nibbles with
+// bit j of qh (a little-endian word) as element j's fifth bit. Items as in Q4_1: item s's fifth bits are
+// bits 4s..4s+3 and 16+4s..16+4s+3 of qh. Three 4-byte loads: d|m, qh, the item's qs word.
+struct Q5_1Format {
+  struct Raw {
+    unsigned int dm, h, q;
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 2) * 24);
+    return {b[0], b[1], b[2 + (item & 3)]};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
+    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
+    const unsigned int h = r.h >> (4 * (item & 3));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = fmaf(d, (float)(((r.q >> (8 * j)) & 15u) | (((h >> j) & 1u) << 4)), m);
+      w[4 + j] = fmaf(d, (float)(((r.q >> (8 * j + 4)) & 15u) | (((h >> (16 + j)) & 1u) << 4)), m);
+    }
+    col_a = (item >> 2) * 32 + 4 * (item & 3);
+    col_b = col_a + 16;
+  }
+};
+
+// Q5_0 block: {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, so only 2-byte aligned); element j is
+// d * (q - 16), q as in Q5_1. Items as in Q4_1; 2-byte loads.
+struct Q5_0Format {
+  struct Raw {
+    unsigned short d, h[2], q[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 22; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * 22);
+    const unsigned short* q = b + 3 + 2 * (item & 3);
+    return {b[0], {b[1], b[2]}, {q[0], q[1]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
+    const float d = rf_f16_to_float(r.d);
+    const unsigned int q = (unsigned int)r.q[0] | ((unsigned int)r.q[1] << 16);
+    const unsigned int h = ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (4 * (item & 3));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = d * (float)((int)(((q >> (8 * j)) & 15u) | (((h >> j) & 1u) << 4)) - 16);
+      w[4 + j] = d * (float)((int)(((q >> (8 * j + 4)) & 15u) | (((h >> (16 + j)) & 1u) << 4)) - 16);
     }
     col_a = (item >> 2) * 32 + 4 * (item & 3);
     col_b = col_a + 16;
@@ -410,6 +463,8 @@ __device__ __forceinline__ void matvec(float* __restrict__ y, const void* __rest
 
 RF_MATVEC_ENTRY(matvec_q4_0, Q4_0Format)
 RF_MATVEC_ENTRY(matvec_q4_1, Q4_1Format)
+RF_MATVEC_ENTRY(matvec_q5_0, Q5_0Format)
+RF_MATVEC_ENTRY(matvec_q5_1, Q5_1Format)
 RF_MATVEC_ENTRY(matvec_q8_0, Q8_0Format)
 RF_MATVEC_ENTRY(matvec_q4_k, Q4_KFormat)
 RF_MATVEC_ENTRY(matvec_q5_k, Q5_KFormat)

@@ -29,9 +29,9 @@ from hipcore.gguf.errors import GGUFError
 from hipcore.runtime.device import Buffer, Device
 
 # Matrix formats with GPU matvec/matmul kernels (lower-case = the kernels' variant suffix).
-GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"})
+GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 # Embedding-table formats with a GPU lookup kernel (hipcore/ops/embedding.py).
-GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"})
+GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 # Layer matrices uploaded into one buffer when their formats agree: (group name, members).

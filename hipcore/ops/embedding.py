@@ -1,6 +1,6 @@
 """embedding: look up token rows of the embedding table, dequantizing them to float32.
 
-Kernels `embedding_<type>` (type: f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q5_k, q6_k;
+Kernels `embedding_<type>` (type: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
 kernels/embedding.hip) with the signature
     (out p, table p, ids p, n_tokens i, hidden i, vocab i)
 out: float32 [n_tokens, hidden]; table: [vocab, hidden] in the GGUF block layout of <type>, row-major;
@@ -28,11 +28,13 @@ OP = "embedding"
 SIGNATURE = "pppiii"
 MAX_THREADS = 256  # the kernels' launch bounds
 # GGML type ids of the table formats with a kernel (the gguf package's GGMLQuantizationType values).
-TABLE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14, "bf16": 30}
+TABLE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
+               "q6_k": 14, "bf16": 30}
 # (elements, bytes) per block of each format (the matrix kernels' formats), and the alignment of the
 # kernel's widest load from it (2-byte halves in every block format: a Q6_K block is 210 bytes).
 BLOCKS = {t: (BLOCK_ELEMENTS[t], BLOCK_BYTES[t]) for t in TABLE_TYPES}
-TABLE_ALIGNMENT = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 2, "q4_1": 2, "q8_0": 2, "q4_k": 2, "q5_k": 2, "q6_k": 2}
+TABLE_ALIGNMENT = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 2, "q4_1": 2, "q5_0": 2, "q5_1": 2, "q8_0": 2, "q4_k": 2,
+                   "q5_k": 2, "q6_k": 2}
 
 
 def row_bytes(table_type: str, hidden: int) -> int:

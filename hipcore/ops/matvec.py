@@ -28,9 +28,10 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "matvec"
 SIGNATURE = "pppiii"
-WEIGHT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32")
+WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32")
 # The widest aligned load the kernel makes of W.
-WEIGHT_ALIGNMENT = {"q4_0": 2, "q4_1": 4, "q8_0": 2, "q4_k": 4, "q5_k": 4, "q6_k": 2, "f16": 16, "bf16": 16, "f32": 16}
+WEIGHT_ALIGNMENT = {"q4_0": 2, "q4_1": 4, "q5_0": 2, "q5_1": 4, "q8_0": 2, "q4_k": 4, "q5_k": 4, "q6_k": 2, "f16": 16,
+                    "bf16": 16, "f32": 16}
 X_ALIGNMENT = 16  # x is read with 16-byte loads
 BIG_MATRIX_ROW_GROUPS = 4096  # from here on 256-thread blocks, below it 64-thread ones
 

@@ -69,6 +69,7 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
     const std::map<std::string, Embedding> kernels = {
         {"embedding_f32", embedding_f32},   {"embedding_f16", embedding_f16},   {"embedding_bf16", embedding_bf16},
         {"embedding_q4_0", embedding_q4_0}, {"embedding_q4_1", embedding_q4_1}, {"embedding_q8_0", embedding_q8_0},
+        {"embedding_q5_0", embedding_q5_0}, {"embedding_q5_1", embedding_q5_1},
         {"embedding_q4_k", embedding_q4_k}, {"embedding_q5_k", embedding_q5_k}, {"embedding_q6_k", embedding_q6_k}};
     if (!kernels.count(entry)) std::exit(2);
     const Embedding kernel = kernels.at(entry);
@@ -330,6 +331,7 @@ int main(int argc, char** argv) {
     using Matvec = void (*)(float*, const void*, const float*, int, int, int);
     const std::map<std::string, Matvec> kernels = {
         {"matvec_q4_0", matvec_q4_0}, {"matvec_q4_1", matvec_q4_1}, {"matvec_q8_0", matvec_q8_0},
+        {"matvec_q5_0", matvec_q5_0}, {"matvec_q5_1", matvec_q5_1},
         {"matvec_q4_k", matvec_q4_k}, {"matvec_q5_k", matvec_q5_k}, {"matvec_q6_k", matvec_q6_k},
         {"matvec_f16", matvec_f16},   {"matvec_bf16", matvec_bf16}, {"matvec_f32", matvec_f32},
         {"qmatvec_q4_k", qmatvec_q4_k}, {"qmatvec_q5_k", qmatvec_q5_k}, {"qmatvec_q6_k", qmatvec_q6_k},
@@ -345,6 +347,7 @@ int main(int argc, char** argv) {
     using Matmul = void (*)(float*, const void*, const float*, int, int, int, int);
     const std::map<std::string, Matmul> kernels = {
         {"matmul_q4_0", matmul_q4_0}, {"matmul_q4_1", matmul_q4_1}, {"matmul_q8_0", matmul_q8_0},
+        {"matmul_q5_0", matmul_q5_0}, {"matmul_q5_1", matmul_q5_1},
         {"matmul_q4_k", matmul_q4_k}, {"matmul_q5_k", matmul_q5_k}, {"matmul_q6_k", matmul_q6_k},
         {"matmul_f16", matmul_f16},   {"matmul_bf16", matmul_bf16}, {"matmul_f32", matmul_f32}};
     if (!kernels.count(entry)) return 2;

@@ -23,7 +23,7 @@ U32 = 2.0**-24  # float32 unit roundoff
 
 def random_table(rng: np.random.Generator, table_type: str, vocab: int, hidden: int) -> np.ndarray:
     """Raw [vocab, row_bytes] bytes of an embedding table: random quants with finite half scales (and
-    Q4_1 offsets, K-quant mins) of varied sign and size, or random finite floats, some of them f16
+    Q4_1 / Q5_1 offsets, K-quant mins) of varied sign and size, or random finite floats, some of them f16
     subnormals."""
     if table_type in ("f32", "f16", "bf16"):
         values = rng.standard_normal((vocab, hidden)).astype(np.float32)
@@ -39,7 +39,7 @@ def random_table(rng: np.random.Generator, table_type: str, vocab: int, hidden: 
     blocks = rng.integers(0, 256, (vocab, hidden // 32, block_bytes), dtype=np.uint8)
     scales = (rng.standard_normal((vocab, hidden // 32, 2)) * 0.02).astype(np.float16)
     blocks[..., 0:2] = scales[..., 0:1].view(np.uint8)
-    if table_type == "q4_1":
+    if table_type in ("q4_1", "q5_1"):  # the offset m
         blocks[..., 2:4] = scales[..., 1:2].view(np.uint8)
     return blocks.reshape(vocab, -1)
 
