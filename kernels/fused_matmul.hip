@@ -7,7 +7,7 @@
 //   matmul_add_<fmt>         y += x · W^T (the residual connection in the epilogue)
 //   matmul_norm_<fmt>        y = rmsnorm(x) * g · W^T (the output head)
 //
-// <fmt>: q4_1, q8_0, f16, f32, W in its GGUF block layout, row-major (rows back to back); x float32
+// <fmt>: q4_1, q5_0, q5_1, q8_0, f16, f32, W in its GGUF block layout, row-major (rows back to back); x float32
 // [n_tokens, cols]; outputs float32 [n_tokens, their rows].
 //
 // The tile loop is matmul.hip's: a workgroup of 256 threads computes a tile of 64 rows of W x
@@ -28,7 +28,7 @@
 //   rotates rows 2i and 2i+1 of a head; SwiGLU pairs gate row r with up row r: a SwiGLU tile is 32
 //   gate rows and the same 32 rows of up.
 // Every output is a float32 sum of products in column order within a split, the splits added in order.
-// Requirements the launcher checks: cols % 32 == 0; W aligned (F32/F16 16 bytes, Q4_1 4, Q8_0 2);
+// Requirements the launcher checks: cols % 32 == 0; W aligned (F32/F16 16 bytes, Q4_1/Q5_1 4, Q8_0/Q5_0 2);
 // x and g 16-byte aligned; splits <= cols / 32; tiles * splits < 2^31; with splits > 1, at most
 // kCounterBytes / 4 tiles and a workspace of kCounterBytes (zeroed once, left zeroed by every launch)
 // + tiles * splits * tile_tokens * 65 floats; blockDim 256.
@@ -119,6 +119,53 @@ struct Q4_1 {
     const int shift = (col & 16) >> 2;
 #pragma unroll
     for (int k = 0; k < 8; ++k) w[k] = fmaf(d, (float)((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u), m);
+  }
+};
+
+// Q5_1 block {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes, 4-byte aligned): Q4_1's nibbles with
+// bit k of qh (a little-endian word) on top of column k's code (k = col % 32).
+struct Q5_1 {
+  struct Raw {
+    unsigned int dm, h, q[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * 24);
+    const unsigned int* q = b + 2 + ((col & 15) >> 2);
+    return {b[0], b[1], {q[0], q[1]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
+    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
+    const int shift = (col & 16) >> 2;
+    const unsigned int h = r.h >> (col & 31);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      w[k] = fmaf(d, (float)(((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u) | (((h >> k) & 1u) << 4)), m);
+    }
+  }
+};
+
+// Q5_0 block {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, 2-byte aligned): d * (q - 16), q as in Q5_1.
+struct Q5_0 {
+  struct Raw {
+    unsigned short d, h[2], q[4];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 22; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 22);
+    const unsigned short* q = b + 3 + ((col & 15) >> 1);
+    return {b[0], {b[1], b[2]}, {q[0], q[1], q[2], q[3]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const float d = rf_f16_to_float(r.d);
+    const int shift = (col & 16) >> 2;
+    const unsigned int h = ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (col & 31);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const unsigned int q = ((r.q[k >> 1] >> (8 * (k & 1) + shift)) & 15u) | (((h >> k) & 1u) << 4);
+      w[k] = d * (float)((int)q - 16);
+    }
   }
 };
 
@@ -520,6 +567,8 @@ __device__ __forceinline__ void fused_matmul(const Args& a, int tile_tokens, Sha
   }
 
 RF_FUSED_MATMUL_ENTRIES(q4_1, Q4_1)
+RF_FUSED_MATMUL_ENTRIES(q5_0, Q5_0)
+RF_FUSED_MATMUL_ENTRIES(q5_1, Q5_1)
 RF_FUSED_MATMUL_ENTRIES(q8_0, Q8_0)
 RF_FUSED_MATMUL_ENTRIES(f16, F16)
 RF_FUSED_MATMUL_ENTRIES(f32, F32)

@@ -9,7 +9,7 @@
 //   matvec_add_<fmt>         y += W · x (the residual connection in the epilogue)
 //   matvec_norm_<fmt>        y = W · rmsnorm(x) * g (the output head)
 //
-// <fmt>: q4_1, q8_0, f16, f32, W in its GGUF block layout, row-major (rows back to back).
+// <fmt>: q4_1, q5_0, q5_1, q8_0, f16, f32, W in its GGUF block layout, row-major (rows back to back).
 //
 // The loop is matvec.hip's: a warp owns a pair of rows at a time, lanes walk the row in items of 8
 // weights, x is read with 16-byte loads. What the fusions add:
@@ -50,6 +50,58 @@ struct Q4_1Format {
     for (int j = 0; j < 4; ++j) {
       w[j] = fmaf(d, (float)((r.q >> (8 * j)) & 15u), m);
       w[4 + j] = fmaf(d, (float)((r.q >> (8 * j + 4)) & 15u), m);
+    }
+    col_a = (item >> 2) * 32 + 4 * (item & 3);
+    col_b = col_a + 16;
+  }
+};
+
+// Q5_1 block: {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes, 4-byte aligned): Q4_1's nibbles with
+// bit j of qh (a little-endian word) as element j's fifth bit. Items as in Q4_1: item s's fifth bits are
+// bits 4s..4s+3 and 16+4s..16+4s+3 of qh. Three 4-byte loads: d|m, qh, the item's qs word.
+struct Q5_1Format {
+  struct Raw {
+    unsigned int dm, h, q;
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 2) * 24);
+    return {b[0], b[1], b[2 + (item & 3)]};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
+    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
+    const unsigned int h = r.h >> (4 * (item & 3));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = fmaf(d, (float)(((r.q >> (8 * j)) & 15u) | (((h >> j) & 1u) << 4)), m);
+      w[4 + j] = fmaf(d, (float)(((r.q >> (8 * j + 4)) & 15u) | (((h >> (16 + j)) & 1u) << 4)), m);
+    }
+    col_a = (item >> 2) * 32 + 4 * (item & 3);
+    col_b = col_a + 16;
+  }
+};
+
+// Q5_0 block: {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, so only 2-byte aligned); element j is
+// d * (q - 16), q as in Q5_1. Items as in Q4_1; 2-byte loads.
+struct Q5_0Format {
+  struct Raw {
+    unsigned short d, h[2], q[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 22; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * 22);
+    const unsigned short* q = b + 3 + 2 * (item & 3);
+    return {b[0], {b[1], b[2]}, {q[0], q[1]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
+    const float d = rf_f16_to_float(r.d);
+    const unsigned int q = (unsigned int)r.q[0] | ((unsigned int)r.q[1] << 16);
+    const unsigned int h = ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (4 * (item & 3));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = d * (float)((int)(((q >> (8 * j)) & 15u) | (((h >> j) & 1u) << 4)) - 16);
+      w[4 + j] = d * (float)((int)(((q >> (8 * j + 4)) & 15u) | (((h >> (16 + j)) & 1u) << 4)) - 16);
     }
     col_a = (item >> 2) * 32 + 4 * (item & 3);
     col_b = col_a + 16;
@@ -369,6 +421,8 @@ __device__ __forceinline__ void norm_store(float* y, const void* W, const float*
   }
 
 RF_FUSED_MATVEC_ENTRIES(q4_1, fused::Q4_1Format)
+RF_FUSED_MATVEC_ENTRIES(q5_0, fused::Q5_0Format)
+RF_FUSED_MATVEC_ENTRIES(q5_1, fused::Q5_1Format)
 RF_FUSED_MATVEC_ENTRIES(q8_0, fused::Q8_0Format)
 RF_FUSED_MATVEC_ENTRIES(f16, fused::F16Format)
 RF_FUSED_MATVEC_ENTRIES(f32, fused::F32Format)

@@ -127,13 +127,18 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
 
 // The fused_matvec.hip / fused_matmul.hip entry of a family for a weight-type suffix ("q4_1" ...).
 template <class Fn>
-static Fn by_type(const std::string& type, Fn q4_1, Fn q8_0, Fn f16, Fn f32) {
+static Fn by_type(const std::string& type, Fn q4_1, Fn q5_0, Fn q5_1, Fn q8_0, Fn f16, Fn f32) {
   if (type == "q4_1") return q4_1;
+  if (type == "q5_0") return q5_0;
+  if (type == "q5_1") return q5_1;
   if (type == "q8_0") return q8_0;
   if (type == "f16") return f16;
   if (type == "f32") return f32;
   std::exit(2);
 }
+// The entry of `family` (matvec_norm_rope, matmul_add ...) for the weight type that ends `entry`.
+#define BY_TYPE(family) \
+  by_type(suffix(#family "_"), family##_q4_1, family##_q5_0, family##_q5_1, family##_q8_0, family##_f16, family##_f32)
 
 // fused_matvec.hip; true when `entry` was one of its kernels.
 static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned block, char** a) {
@@ -148,8 +153,7 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
     std::vector<char> factors = optional_file(a[13]);
     std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
-    auto kernel = by_type(suffix("matvec_norm_rope_"), matvec_norm_rope_q4_1, matvec_norm_rope_q8_0, matvec_norm_rope_f16,
-                          matvec_norm_rope_f32);
+    auto kernel = BY_TYPE(matvec_norm_rope);
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), w.data(), (const float*)x.data(), (const float*)g.data(),
              (const int*)pos.data(), factors_of(factors), q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta,
@@ -165,10 +169,8 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
     const float eps = std::strtof(a[3], nullptr);
     std::vector<char> w = read_file(a[4]), x = read_file(a[5]), g = read_file(a[6]);
     std::vector<float> y = nan_filled((size_t)rows * batch);
-    auto kernel = swiglu ? by_type(suffix("matvec_norm_swiglu_"), matvec_norm_swiglu_q4_1, matvec_norm_swiglu_q8_0,
-                                   matvec_norm_swiglu_f16, matvec_norm_swiglu_f32)
-                         : by_type(suffix("matvec_norm_"), matvec_norm_q4_1, matvec_norm_q8_0, matvec_norm_f16,
-                                   matvec_norm_f32);
+    auto kernel = swiglu ? BY_TYPE(matvec_norm_swiglu)
+                         : BY_TYPE(matvec_norm);
     emu_launch(grid, block, [&] {
       kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), rows, cols, batch, eps);
     });
@@ -176,7 +178,7 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
   } else if (entry.rfind("matvec_add_", 0) == 0) {  // rows cols batch W x y_in out
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
     std::vector<char> w = read_file(a[3]), x = read_file(a[4]), y = read_file(a[5]);
-    auto kernel = by_type(suffix("matvec_add_"), matvec_add_q4_1, matvec_add_q8_0, matvec_add_f16, matvec_add_f32);
+    auto kernel = BY_TYPE(matvec_add);
     emu_launch(grid, block, [&] { kernel((float*)y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
     write_file(a[6], y.data(), y.size());
   } else {
@@ -258,8 +260,7 @@ static bool run_fused_matmul(const std::string& entry, unsigned grid, unsigned b
     std::vector<char> factors = optional_file(a[16]);
     std::vector<float> q = nan_filled((size_t)n[3] * n[0]), k = nan_filled((size_t)n[3] * n[1]),
                        v = nan_filled((size_t)n[3] * n[1]);
-    auto kernel = by_type(suffix("matmul_norm_rope_"), matmul_norm_rope_q4_1, matmul_norm_rope_q8_0,
-                                 matmul_norm_rope_f16, matmul_norm_rope_f32);
+    auto kernel = BY_TYPE(matmul_norm_rope);
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), w.data(), (const float*)x.data(), (const float*)g.data(),
              (const int*)pos.data(), factors_of(factors), data(ws), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], eps,
@@ -278,10 +279,8 @@ static bool run_fused_matmul(const std::string& entry, unsigned grid, unsigned b
     std::vector<char> ws = workspace_of(a[6]);
     std::vector<char> w = read_file(a[7]), x = read_file(a[8]), g = read_file(a[9]);
     std::vector<float> y = nan_filled((size_t)rows * tokens);
-    auto kernel = swiglu ? by_type(suffix("matmul_norm_swiglu_"), matmul_norm_swiglu_q4_1,
-                                          matmul_norm_swiglu_q8_0, matmul_norm_swiglu_f16, matmul_norm_swiglu_f32)
-                         : by_type(suffix("matmul_norm_"), matmul_norm_q4_1, matmul_norm_q8_0, matmul_norm_f16,
-                                          matmul_norm_f32);
+    auto kernel = swiglu ? BY_TYPE(matmul_norm_swiglu)
+                         : BY_TYPE(matmul_norm);
     emu_launch(grid, block, [&] {
       kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), data(ws), rows, cols, tokens, tile,
              splits, eps);
@@ -294,8 +293,7 @@ static bool run_fused_matmul(const std::string& entry, unsigned grid, unsigned b
     const int tile = std::atoi(a[3]), splits = std::atoi(a[4]);
     std::vector<char> ws = workspace_of(a[5]);
     std::vector<char> w = read_file(a[6]), x = read_file(a[7]), y = read_file(a[8]);
-    auto kernel = by_type(suffix("matmul_add_"), matmul_add_q4_1, matmul_add_q8_0, matmul_add_f16,
-                                 matmul_add_f32);
+    auto kernel = BY_TYPE(matmul_add);
     emu_launch(grid, block, [&] {
       kernel((float*)y.data(), w.data(), (const float*)x.data(), data(ws), rows, cols, tokens, tile, splits);
     });
