@@ -102,6 +102,53 @@ struct Q4_1 {
   }
 };
 
+// Q5_1 block {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes, 4-byte aligned): Q4_1's nibbles with
+// bit k of qh (a little-endian word) on top of column k's code (k = col % 32).
+struct Q5_1 {
+  struct Raw {
+    unsigned int dm, h, q[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * 24);
+    const unsigned int* q = b + 2 + ((col & 15) >> 2);
+    return {b[0], b[1], {q[0], q[1]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
+    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
+    const int shift = (col & 16) >> 2;
+    const unsigned int h = r.h >> (col & 31);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      w[k] = fmaf(d, (float)(((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u) | (((h >> k) & 1u) << 4)), m);
+    }
+  }
+};
+
+// Q5_0 block {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, 2-byte aligned): d * (q - 16), q as in Q5_1.
+struct Q5_0 {
+  struct Raw {
+    unsigned short d, h[2], q[4];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 22; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 22);
+    const unsigned short* q = b + 3 + ((col & 15) >> 1);
+    return {b[0], {b[1], b[2]}, {q[0], q[1], q[2], q[3]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    const float d = rf_f16_to_float(r.d);
+    const int shift = (col & 16) >> 2;
+    const unsigned int h = ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (col & 31);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const unsigned int q = ((r.q[k >> 1] >> (8 * (k & 1) + shift)) & 15u) | (((h >> k) & 1u) << 4);
+      w[k] = d * (float)((int)q - 16);
+    }
+  }
+};
+
 static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
 
 // The 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K / Q5_K super-block from its 12 scale bytes
@@ -321,6 +368,8 @@ __device__ __forceinline__ void matmul_mma(float* __restrict__ y, const void* __
 
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_0, Q4_0)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_1, Q4_1)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q5_0, Q5_0)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q5_1, Q5_1)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, Q8_0)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, Q4_K)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, Q5_K)

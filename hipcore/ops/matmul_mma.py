@@ -27,7 +27,7 @@ from hipcore.runtime.kernels import get_kernel
 
 OP = "matmul_mma"
 SIGNATURE = "pppiiii"
-WEIGHT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k")
+WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 THREADS = 256  # the kernel's warp tiling is written for exactly this
 TILE_ROWS = 128
 TILE_TOKENS = (32, 64)

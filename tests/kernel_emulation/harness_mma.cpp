@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   using Matmul = void (*)(float*, const void*, const float*, int, int, int, int);
   const std::map<std::string, Matmul> kernels = {
       {"matmul_mma_q4_0", matmul_mma_q4_0}, {"matmul_mma_q4_1", matmul_mma_q4_1}, {"matmul_mma_q8_0", matmul_mma_q8_0},
+      {"matmul_mma_q5_0", matmul_mma_q5_0}, {"matmul_mma_q5_1", matmul_mma_q5_1},
       {"matmul_mma_q4_k", matmul_mma_q4_k}, {"matmul_mma_q5_k", matmul_mma_q5_k}, {"matmul_mma_q6_k", matmul_mma_q6_k}};
   if (!kernels.count(entry)) return 2;
   const Matmul kernel = kernels.at(entry);
