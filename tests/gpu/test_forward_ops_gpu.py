@@ -39,6 +39,7 @@ THREADS = {"embedding": embedding.MAX_THREADS, "select_rows": select_rows.MAX_TH
     ("q4_0", 1000, 576, 7), ("q4_1", 1000, 64, 33), ("f16", 300, 576, 5), ("bf16", 300, 70, 5), ("f32", 300, 7, 70000),
     # Llama-3.2-1B/3B's tied Q6_K table (128256 x 2048 / 3072), Llama-3.1-8B's untied Q4_K (x 4096)
     ("q6_k", 128256, 2048, 1), ("q6_k", 128256, 3072, 512), ("q4_k", 128256, 4096, 3), ("q5_k", 1000, 256, 9),
+    ("q5_0", 262144, 640, 5), ("q5_1", 1000, 96, 33),  # Gemma 3 270M's table shape; an odd row count of blocks
 ])
 def test_embedding(gpu, mem, rng, seed, table_type, vocab, hidden, n_tokens):
     raw = random_table(rng, table_type, vocab, hidden)

@@ -67,7 +67,7 @@ def test_norm_rope_demo_shapes(gpu, mem, rng, seed, weight_type, batch, with_fac
 
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [
     ("q4_1", 1536, 576, 1), ("q4_1", 1536, 576, 8), ("q4_1", 1536, 576, 64), ("q8_0", 1536, 576, 3),
-    ("f16", 1536, 576, 2), ("f32", 33, 96, 5), ("q4_1", 7, 32, 1),
+    ("f16", 1536, 576, 2), ("f32", 33, 96, 5), ("q4_1", 7, 32, 1), ("q5_0", 2048, 640, 1), ("q5_1", 1536, 576, 8),
 ])
 def test_norm_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     raw = random_weights(rng, weight_type, 2 * rows, cols)
@@ -86,7 +86,7 @@ def test_norm_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, batch):
 
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [
     ("q4_1", 576, 576, 1), ("q4_1", 576, 1536, 1), ("q4_1", 576, 1536, 64), ("q8_0", 576, 576, 9), ("f16", 577, 96, 2),
-    ("f32", 33, 64, 7),
+    ("f32", 33, 64, 7), ("q5_0", 640, 2048, 1), ("q5_1", 576, 1536, 9),
 ])
 def test_add(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     raw = random_weights(rng, weight_type, rows, cols)
@@ -99,7 +99,8 @@ def test_add(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     check(y.download(np.float32).reshape(batch, rows), want, tol, seed, f"{weight_type} {rows}x{cols} batch {batch}")
 
 
-@pytest.mark.parametrize("weight_type,batch", [("q8_0", 1), ("q8_0", 8), ("q8_0", 64), ("f16", 2), ("q4_1", 3)])
+@pytest.mark.parametrize("weight_type,batch", [("q8_0", 1), ("q8_0", 8), ("q8_0", 64), ("f16", 2), ("q4_1", 3), ("q5_0", 1),
+                                               ("q5_1", 4)])
 def test_norm_output_head(gpu, mem, rng, seed, weight_type, batch):
     rows, cols = 49152, 576
     raw = random_weights(rng, weight_type, rows, cols)
@@ -154,7 +155,8 @@ def launch_twice_same_bits(launch, out, what):
 
 
 @pytest.mark.parametrize("weight_type,n_tokens", [("q4_1", 9), ("q4_1", 33), ("q4_1", 64), ("q4_1", 128),
-                                                  ("q4_1", 512), ("q8_0", 64), ("f16", 17), ("f32", 100)])
+                                                  ("q4_1", 512), ("q8_0", 64), ("f16", 17), ("f32", 100),
+                                                  ("q5_0", 64), ("q5_1", 128)])
 @pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
 def test_matmul_norm_rope_demo_shapes(gpu, mem, rng, seed, workspace, weight_type, n_tokens, with_factors):
     head_dim, q_rows, kv_rows, cols = 64, 576, 192, 576
@@ -190,7 +192,7 @@ def test_matmul_norm_rope_demo_shapes(gpu, mem, rng, seed, workspace, weight_typ
 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     ("q4_1", 1536, 576, 9), ("q4_1", 1536, 576, 64), ("q4_1", 1536, 576, 512), ("q8_0", 1536, 576, 40),
-    ("f16", 100, 96, 70), ("f32", 33, 96, 5),
+    ("f16", 100, 96, 70), ("f32", 33, 96, 5), ("q5_0", 2048, 640, 64), ("q5_1", 1536, 576, 33),
 ])
 def test_matmul_norm_swiglu(gpu, mem, rng, seed, workspace, weight_type, rows, cols, n_tokens):
     raw = random_weights(rng, weight_type, 2 * rows, cols)
@@ -211,7 +213,8 @@ def test_matmul_norm_swiglu(gpu, mem, rng, seed, workspace, weight_type, rows, c
 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     ("q4_1", 576, 576, 64), ("q4_1", 576, 1536, 9), ("q4_1", 576, 1536, 64), ("q4_1", 576, 1536, 512),
-    ("q8_0", 576, 576, 128), ("f16", 577, 96, 40), ("f32", 33, 64, 65),
+    ("q8_0", 576, 576, 128), ("f16", 577, 96, 40), ("f32", 33, 64, 65), ("q5_0", 640, 2048, 64),
+    ("q5_1", 576, 1536, 9),
 ])
 def test_matmul_add(gpu, mem, rng, seed, workspace, weight_type, rows, cols, n_tokens):
     raw = random_weights(rng, weight_type, rows, cols)
@@ -225,7 +228,7 @@ def test_matmul_add(gpu, mem, rng, seed, workspace, weight_type, rows, cols, n_t
     check(y.download(np.float32).reshape(n_tokens, rows), want, tol, seed, f"{weight_type} {rows}x{cols} tokens {n_tokens}")
 
 
-@pytest.mark.parametrize("weight_type,n_tokens", [("q8_0", 9), ("q8_0", 64), ("q4_1", 128)])
+@pytest.mark.parametrize("weight_type,n_tokens", [("q8_0", 9), ("q8_0", 64), ("q4_1", 128), ("q5_1", 9)])
 def test_matmul_norm_output_head(gpu, mem, rng, seed, workspace, weight_type, n_tokens):
     rows, cols = 49152, 576
     raw = random_weights(rng, weight_type, rows, cols)

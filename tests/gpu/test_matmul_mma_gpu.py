@@ -42,7 +42,8 @@ def test_the_device_has_matrix_cores(gpu):
     ("q6_k", 1024, 4096, 512),
     # Every format; rows and tokens that cut tiles short, 9 tokens (the smallest the models send).
     ("q4_0", 577, 576, 33), ("q4_1", 130, 1536, 100), ("q8_0", 1001, 96, 65), ("q5_k", 300, 512, 9),
-    ("q4_k", 129, 256, 4095), ("q6_k", 3, 256, 9),
+    ("q4_k", 129, 256, 4095), ("q6_k", 3, 256, 9), ("q5_0", 2048, 640, 512), ("q5_0", 577, 96, 33),
+    ("q5_1", 640, 2048, 100), ("q5_1", 130, 1536, 9),
 ])
 def test_matmul_mma(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     check(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)

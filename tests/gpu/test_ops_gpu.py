@@ -74,6 +74,9 @@ def run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch, kernel=None)
     ("q4_0", 1536, 576, 1), ("q4_0", 577, 1536, 3), ("bf16", 576, 576, 1), ("bf16", 193, 576, 9),
     ("q4_k", 4096, 4096, 1), ("q4_k", 11008, 4096, 1), ("q4_k", 33, 256, 5), ("q5_k", 4096, 4096, 1),
     ("q5_k", 7, 512, 11), ("q6_k", 4096, 4096, 1), ("q6_k", 4096, 11008, 1), ("q6_k", 65, 768, 8),
+    # Q5_0 / Q5_1 (Gemma 3 270M's 640-wide layers, an 8B-class row), odd rows, batches of one and several passes.
+    ("q5_0", 1024, 640, 1), ("q5_0", 4096, 4096, 1), ("q5_0", 33, 96, 9), ("q5_1", 2048, 640, 1),
+    ("q5_1", 640, 2048, 1), ("q5_1", 577, 576, 8), ("q5_1", 7, 32, 11),
 ])
 def test_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch)
@@ -109,6 +112,7 @@ def run_matmul(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, tile=None
     ("q4_0", 577, 576, 33), ("q8_0", 1001, 96, 65), ("q4_k", 1536, 1024, 77), ("q5_k", 300, 512, 33),
     ("q6_k", 576, 1536, 512), ("f16", 1001, 96, 65), ("bf16", 192, 576, 17), ("f32", 33, 96, 4096),
     ("q4_1", 1, 32, 1), ("q4_1", 7, 32, 4095), ("q4_k", 64, 256, 4096), ("q6_k", 3, 256, 9),
+    ("q5_0", 1024, 640, 512), ("q5_0", 7, 32, 4095), ("q5_1", 2048, 640, 77), ("q5_1", 1001, 96, 65),
 ])
 def test_matmul(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     run_matmul(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
