@@ -4,7 +4,7 @@
 
 Shapes are the published ones (hidden size, layers, heads, KV heads, FFN size, vocabulary 128,256, RoPE
 theta 500,000, the Llama 3.1-style RoPE factors as the real files carry them in rope_freqs.weight, tied
-embeddings for 1B and 3B). Types: F16, Q8_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
+embeddings for 1B and 3B). Types: F16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
 (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
 as it loads the real ones. Quantized blocks are random bytes with their scale fields overwritten by
 small finite values, so a forward pass stays finite and the file is written at disk speed. Needs numpy
@@ -52,7 +52,7 @@ SHAPES = {
 }
 
 # Bytes and elements of one block, and where its f16 scale(s) sit.
-BLOCKS = {"Q4_0": (18, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}
+BLOCKS = {"Q4_0": (18, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}
 WEIGHT_STD = 0.02  # the size of a trained model's weights; activations stay O(1) through the layers
 
 
@@ -81,6 +81,11 @@ def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) ->
     blocks = np.frombuffer(rng.bytes(n * size), np.uint8).reshape(n, size).copy()
     if qtype == "Q4_0":  # w = d * (q - 8), q in 0..15: sd(q) = 4.6
         blocks[:, 0:2] = _f16_bytes(WEIGHT_STD / 4.6)
+    elif qtype == "Q5_0":  # w = d * (q - 16), q in 0..31: sd(q) = 9.2
+        blocks[:, 0:2] = _f16_bytes(WEIGHT_STD / 9.2)
+    elif qtype == "Q5_1":  # w = d * q + m, q in 0..31 (mean 15.5, sd 9.2): m = -15.5 d centres the mean
+        blocks[:, 0:2] = _f16_bytes(WEIGHT_STD / 9.2)
+        blocks[:, 2:4] = _f16_bytes(-15.5 * WEIGHT_STD / 9.2)
     elif qtype == "Q8_0":  # w = d * q, q int8: sd = 74
         blocks[:, 0:2] = _f16_bytes(WEIGHT_STD / 74)
     elif qtype == "Q4_K":  # w = d * sc * q - dmin * m; sc, m 6-bit (mean 31.5), q 0..15 (mean 7.5)

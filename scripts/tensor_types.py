@@ -6,7 +6,7 @@ lengths that are multiples of 256:
     type is Q8_0 (then it stays Q8_0) or F16;
   - Q4_K_M: attn_v and ffn_down become Q6_K in the layers where use_more_bits says so (the first and the
     last eighth of the layers, and every third layer between), the other matrices Q4_K;
-  - Q8_0, Q4_0, F16: every other matrix is of the file type.
+  - Q8_0, Q4_0, Q5_0, Q5_1, F16: every other matrix is of the file type.
 Norms and rope_freqs stay F32 (the caller's business).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 
 # general.file_type values (llama_ftype)
-FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}
-_BASE = {"F16": "F16", "Q4_0": "Q4_0", "Q8_0": "Q8_0", "Q4_K_M": "Q4_K"}
+FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15}
+_BASE = {"F16": "F16", "Q4_0": "Q4_0", "Q8_0": "Q8_0", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q4_K_M": "Q4_K"}
 
 
 def use_more_bits(i_layer: int, n_layers: int) -> bool:

@@ -66,7 +66,8 @@ def test_vocab_from_tiktoken_ranks(tiktoken_file):
 
 
 @pytest.mark.parametrize("file_type,base", [("Q4_K_M", "Llama-3.1-8B"), ("Q4_K_M", "Llama-3.2-1B"),
-                                            ("Q8_0", "Llama-3.2-1B"), ("Q4_0", "Llama-3.1-8B"), ("F16", "Llama-3.2-3B")])
+                                            ("Q8_0", "Llama-3.2-1B"), ("Q4_0", "Llama-3.1-8B"), ("F16", "Llama-3.2-3B"),
+                                            ("Q5_0", "Llama-3.2-1B"), ("Q5_1", "Llama-3.1-8B")])
 def test_small_model_reads_back_and_runs_finite(tmp_path, tiktoken_file, file_type, base):
     path = write_small(tmp_path, tiktoken_file, file_type, base)
     shape = sm.reduced(sm.SHAPES[base], **SMALL)
