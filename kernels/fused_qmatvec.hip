@@ -37,7 +37,7 @@ using q8::XSlice;
 
 enum WeightType { kQ4_K = 0, kQ5_K = 1, kQ6_K = 2, kQ8_0 = 3, kQ4_0 = 4 };
 
-constexpr int kMaxBatchPerPass = 4;
+constexpr int kMaxBatchPerPass = 8;  // a decode step's tokens (FUSED_QMATVEC_MAX_TOKENS): one pass over W
 
 // The slice of x (times g when normalizing) quantized, and ss += x^2 over the slice's columns.
 template <bool NORM>
@@ -63,58 +63,156 @@ static __device__ __forceinline__ XSlice quantize_xg(const float* __restrict__ x
   return q8::quantize_values(v);
 }
 
-// out[r][b] = the sum over the row of W row r0 + r times quantized (x * g)[b], in every lane; ss[b] =
-// sum of x[b]^2 (when NORM). Rows past `rows` read row r0 again (their results are not to be written).
-template <class Format, int NB, int ROWS, bool NORM>
-__device__ __forceinline__ void rows_dot(const unsigned char* __restrict__ W, int rows, int r0,
-                                         const float* __restrict__ x, const float* __restrict__ g, int cols,
-                                         float out[ROWS][NB], float ss[NB]) {
+// x (times g when normalizing) quantized once per workgroup, for one chunk of slices and every token of a
+// pass, in shared memory: each warp then reads the codes of its slices (40 bytes a slice and token) instead
+// of re-reading and re-quantizing 32 floats of x (and of g) per slice and token, which cost more traffic
+// and instructions than the weights themselves. Run a's and run b's codes lie in separate arrays, so that
+// the lanes' 16-byte loads fall on consecutive 16-byte words (no bank conflicts).
+constexpr int kBlockThreads = 256;                   // the entries' launch bounds; the launcher's block
+constexpr int kMaxWarps = kBlockThreads / 32;
+constexpr int kStageSliceTokens = 512;               // 20 KiB: a chunk is 512 / NB slices of NB tokens
+struct Stage {
+  uint4 codes_a[kStageSliceTokens], codes_b[kStageSliceTokens];
+  float d[kStageSliceTokens];
+  int sums[kStageSliceTokens];                       // sum_a in the low 16 bits, sum_b in the high (|sum| <= 2032)
+  float ss[kMaxWarps][kMaxBatchPerPass];             // each warp's sums of x^2, per token
+};
+
+// Slices c0 .. c0 + n - 1 of the NB tokens quantized into st (slice i of token b at b * chunk + i) by the
+// threads of the block together; ss[b] += x[b]^2 over the columns this thread quantized. Tokens past
+// `tokens` repeat the last one (a pass of NB tokens carries fewer; their results are not written).
+template <class Format, int NB, bool NORM>
+__device__ __forceinline__ void stage_chunk(Stage& st, const float* __restrict__ x, const float* __restrict__ g, int cols,
+                                            int tokens, int c0, int n, float ss[NB]) {
+  constexpr int chunk = kStageSliceTokens / NB;
+  for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) {
+    int col_a, col_b;
+    Format::columns(c0 + i, col_a, col_b);
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const int t = b < tokens ? b : tokens - 1;
+      const XSlice s = quantize_xg<NORM>(x + (unsigned long long)t * cols, g, col_a, col_b, ss[b]);
+      const int j = b * chunk + i;
+      uint4 a, c;
+      a.x = (unsigned int)s.xq[0], a.y = (unsigned int)s.xq[1], a.z = (unsigned int)s.xq[2], a.w = (unsigned int)s.xq[3];
+      c.x = (unsigned int)s.xq[4], c.y = (unsigned int)s.xq[5], c.z = (unsigned int)s.xq[6], c.w = (unsigned int)s.xq[7];
+      st.codes_a[j] = a;
+      st.codes_b[j] = c;
+      st.d[j] = s.d;
+      st.sums[j] = (int)(((unsigned int)s.sum_a & 0xffffu) | ((unsigned int)s.sum_b << 16));
+    }
+  }
+}
+
+static __device__ __forceinline__ XSlice staged_slice(const Stage& st, int j) {
+  const uint4 a = st.codes_a[j], c = st.codes_b[j];
+  XSlice s;
+  s.xq[0] = (int)a.x, s.xq[1] = (int)a.y, s.xq[2] = (int)a.z, s.xq[3] = (int)a.w;
+  s.xq[4] = (int)c.x, s.xq[5] = (int)c.y, s.xq[6] = (int)c.z, s.xq[7] = (int)c.w;
+  s.d = st.d[j];
+  const int sums = st.sums[j];
+  s.sum_a = (int)(signed short)(unsigned short)(sums & 0xffff);
+  s.sum_b = sums >> 16;  // arithmetic: the high half's sign
+  return s;
+}
+
+// out[m][r][b] = row r0 + r of matrix W[m] times quantized (x * g)[b], in every lane of the warp; ss[b] =
+// sum of x[b]^2 over the row (when NORM), in every thread. Every thread of the block calls it (barriers):
+// the block stages x chunk by chunk, then each warp walks its ROWS rows of each of the M matrices (all of
+// one format) over the chunk's slices, their loads in flight together. A warp whose rows start past
+// `rows` stages with the others and reads no weights; rows past `rows` read the last row again (their
+// results are not to be written).
+template <class Format, int NB, int ROWS, int M, bool NORM>
+__device__ __forceinline__ void tile_dot(Stage& st, const unsigned char* const W[M], int rows, int r0,
+                                         const float* __restrict__ x, const float* __restrict__ g, int cols, int tokens,
+                                         float out[M][ROWS][NB], float ss[NB]) {
+  constexpr int chunk = kStageSliceTokens / NB;
   const int lane = (int)threadIdx.x % WARP_SIZE;
   const int slices = cols / 32;
   const unsigned long long row_bytes = Format::row_bytes(cols);
-  const unsigned char* w[ROWS];
+  const bool reads = r0 < rows;  // uniform across the warp
+  const unsigned char* w[M][ROWS];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) w[r] = W + (unsigned long long)(r0 + r < rows ? r0 + r : r0) * row_bytes;
-  float acc[ROWS][NB], sq[NB];
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) w[m][r] = W[m] + (unsigned long long)(r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+  float acc[M][ROWS][NB], sq[NB];
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
     sq[b] = 0.0f;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) acc[r][b] = 0.0f;
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) acc[m][r][b] = 0.0f;
   }
-  for (int slice = lane; slice < slices; slice += WARP_SIZE) {
-    typename Format::Raw raw[ROWS];
+  for (int c0 = 0; c0 < slices; c0 += chunk) {
+    const int n = slices - c0 < chunk ? slices - c0 : chunk;
+    __syncthreads();  // every warp is done with the previous chunk
+    stage_chunk<Format, NB, NORM>(st, x, g, cols, tokens, c0, n, sq);
+    __syncthreads();
+    if (!reads) continue;
+    for (int i = lane; i < n; i += WARP_SIZE) {
+      typename Format::Raw raw[M][ROWS];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) raw[r] = Format::load(w[r], slice);
-    int col_a, col_b;
-    Format::columns(slice, col_a, col_b);
+      for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      const XSlice xs = quantize_xg<NORM>(x + (unsigned long long)b * cols, g, col_a, col_b, sq[b]);
+        for (int r = 0; r < ROWS; ++r) raw[m][r] = Format::load(w[m][r], c0 + i);
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) acc[r][b] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r][b]);
+      for (int b = 0; b < NB; ++b) {
+        const XSlice xs = staged_slice(st, b * chunk + i);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) acc[m][r][b] = fmaf(xs.d, Format::dot(raw[m][r], c0 + i, xs), acc[m][r][b]);
+      }
     }
   }
 #pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    if (NORM) ss[b] = rf_warp_sum(sq[b]);
+  for (int b = 0; b < NB; ++b)
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) out[r][b] = rf_warp_sum(acc[r][b]);
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) out[m][r][b] = rf_warp_sum(acc[m][r][b]);
+  if (NORM) {  // the block's sums of squares: each thread's, over its warp, then over the warps
+    const int warp = (int)threadIdx.x / WARP_SIZE, warps = (int)blockDim.x / WARP_SIZE;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float s = rf_warp_sum(sq[b]);
+      if (lane == 0) st.ss[warp][b] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      float t = 0.0f;
+      for (int k = 0; k < warps; ++k) t += st.ss[k][b];
+      ss[b] = t;
+    }
   }
 }
 
-// rows_dot for a matrix whose type is known only at run time (uniform across the warp).
-template <int NB, int ROWS, bool NORM>
-__device__ __forceinline__ void typed_rows_dot(int type, const unsigned char* W, int rows, int r0, const float* x,
-                                               const float* g, int cols, float out[ROWS][NB], float ss[NB]) {
+// tile_dot for matrices whose format is known only at run time (uniform across the block).
+template <int NB, int ROWS, int M, bool NORM>
+__device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsigned char* const W[M], int rows, int r0,
+                                               const float* x, const float* g, int cols, int tokens,
+                                               float out[M][ROWS][NB], float ss[NB]) {
   switch (type) {
-    case kQ4_K: rows_dot<q8::Q4_KFormat, NB, ROWS, NORM>(W, rows, r0, x, g, cols, out, ss); break;
-    case kQ5_K: rows_dot<q8::Q5_KFormat, NB, ROWS, NORM>(W, rows, r0, x, g, cols, out, ss); break;
-    case kQ6_K: rows_dot<q8::Q6_KFormat, NB, ROWS, NORM>(W, rows, r0, x, g, cols, out, ss); break;
-    case kQ8_0: rows_dot<q8::Q8_0Format, NB, ROWS, NORM>(W, rows, r0, x, g, cols, out, ss); break;
-    default: rows_dot<q8::Q4_0Format, NB, ROWS, NORM>(W, rows, r0, x, g, cols, out, ss); break;
+    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
   }
 }
+
+// The block's tiles: a tile is ROWS rows per warp of one matrix, warps * ROWS rows in all.
+struct Tiles {
+  int warp, lane, tile_rows;
+  template <int ROWS>
+  static __device__ __forceinline__ Tiles of() {
+    return {(int)threadIdx.x / WARP_SIZE, (int)threadIdx.x % WARP_SIZE, (int)blockDim.x / WARP_SIZE * ROWS};
+  }
+  __device__ __forceinline__ int count(int rows) const { return (rows + tile_rows - 1) / tile_rows; }
+};
 
 static __device__ __forceinline__ float norm_scale(float ss, int cols, float eps) {
   return 1.0f / sqrtf(ss / (float)cols + eps);
@@ -161,33 +259,35 @@ static __device__ __forceinline__ void rotate(const Rope& p, int b, int r, float
   s1 = a * sn + c * cs;
 }
 
-template <int NB, int ROWS>
-__device__ __forceinline__ void norm_rope_pass(float* const y[3], const unsigned char* const W[3], const int types[3],
-                                               const int rows[3], const float* x, const float* g, const Rope& rope,
-                                               int cols, float eps, int b0) {
-  const int lane = (int)threadIdx.x % WARP_SIZE;
-  const int warps_per_block = (int)blockDim.x / WARP_SIZE;
-  const int first_group = (int)blockIdx.x * warps_per_block + (int)threadIdx.x / WARP_SIZE;
-  const int group_stride = (int)gridDim.x * warps_per_block;
-  const int groups0 = rows[0] / ROWS, groups1 = rows[1] / ROWS;
-  const int groups = groups0 + groups1 + rows[2] / ROWS;
-  for (int group = first_group; group < groups; group += group_stride) {  // uniform across the warp
+// Rows per warp and matrix: four rows' loads in flight cover the memory latency (measured on an H100,
+// see qmatvec.hip); gate and up go two rows of each. Even, so that a RoPE pair stays in one warp.
+constexpr int kRows = 4, kGateUpRows = 2;
+
+template <int NB>
+__device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
+                                               const int types[3], const int rows[3], const float* x, const float* g,
+                                               const Rope& rope, int cols, float eps, int b0, int tokens) {
+  const Tiles t = Tiles::of<kRows>();
+  const int tiles0 = t.count(rows[0]), tiles1 = t.count(rows[1]);
+  const int tiles = tiles0 + tiles1 + t.count(rows[2]);
+  for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {  // uniform across the block
     // The matrix as selects, not an index into the arrays, which would put them in local memory.
-    const int m = group < groups0 ? 0 : group < groups0 + groups1 ? 1 : 2;
-    const int r0 = ROWS * (group - (m == 0 ? 0 : m == 1 ? groups0 : groups0 + groups1));
-    const unsigned char* Wm = m == 0 ? W[0] : m == 1 ? W[1] : W[2];
+    const int m = tile < tiles0 ? 0 : tile < tiles0 + tiles1 ? 1 : 2;
+    const int r0 = (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * t.tile_rows + t.warp * kRows;
+    const unsigned char* const Wm[1] = {m == 0 ? W[0] : m == 1 ? W[1] : W[2]};
     const int type = m == 0 ? types[0] : m == 1 ? types[1] : types[2];
-    const int rows_m = m == 0 ? rows[0] : rows[1];
+    const int rows_m = m == 0 ? rows[0] : m == 1 ? rows[1] : rows[2];
     float* ym = m == 0 ? y[0] : m == 1 ? y[1] : y[2];
-    float out[ROWS][NB], ss[NB];
-    typed_rows_dot<NB, ROWS, true>(type, Wm, rows_m, r0, x, g, cols, out, ss);
-    if (lane != 0) continue;
+    float out[1][kRows][NB], ss[NB];
+    typed_tile_dot<NB, kRows, 1, true>(type, st, Wm, rows_m, r0, x, g, cols, tokens, out, ss);
+    if (t.lane != 0 || r0 >= rows_m) continue;  // rows come in whole groups of kRows (rows % 4 == 0)
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
+      if (b >= tokens) break;
       const float s = norm_scale(ss[b], cols, eps);
 #pragma unroll
-      for (int r = 0; r < ROWS; r += 2) {
-        float s0 = out[r][b] * s, s1 = out[r + 1][b] * s;
+      for (int r = 0; r < kRows; r += 2) {
+        float s0 = out[0][r][b] * s, s1 = out[0][r + 1][b] * s;
         if (m < 2) rotate(rope, b0 + b, r0 + r, s0, s1);
         float* yb = ym + (unsigned long long)(b0 + b) * rows_m + r0 + r;
         yb[0] = s0;
@@ -197,26 +297,31 @@ __device__ __forceinline__ void norm_rope_pass(float* const y[3], const unsigned
   }
 }
 
-template <int NB, int ROWS>
-__device__ __forceinline__ void norm_swiglu_pass(float* y, const unsigned char* Wg, const unsigned char* Wu, int types,
-                                                 const float* x, const float* g, int rows, int cols, float eps, int b0) {
-  const int lane = (int)threadIdx.x % WARP_SIZE;
-  const int warps_per_block = (int)blockDim.x / WARP_SIZE;
-  const int first_group = (int)blockIdx.x * warps_per_block + (int)threadIdx.x / WARP_SIZE;
-  const int group_stride = (int)gridDim.x * warps_per_block;
-  const int groups = (rows + ROWS - 1) / ROWS;
-  for (int group = first_group; group < groups; group += group_stride) {
-    const int r0 = ROWS * group;
-    float gate[ROWS][NB], up[ROWS][NB], ss[NB];
-    typed_rows_dot<NB, ROWS, true>(types & 15, Wg, rows, r0, x, g, cols, gate, ss);
-    typed_rows_dot<NB, ROWS, true>((types >> 4) & 15, Wu, rows, r0, x, g, cols, up, ss);
-    if (lane != 0) continue;
+template <int NB>
+__device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
+                                                 int types, const float* x, const float* g, int rows, int cols, float eps,
+                                                 int b0, int tokens) {
+  const Tiles t = Tiles::of<kGateUpRows>();
+  const int tiles = t.count(rows);
+  const int type_gate = types & 15, type_up = (types >> 4) & 15;
+  const unsigned char* const W[2] = {Wg, Wu};
+  for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
+    const int r0 = tile * t.tile_rows + t.warp * kGateUpRows;
+    float out[2][kGateUpRows][NB], ss[NB];  // out[0]: gate, out[1]: up
+    if (type_gate == type_up) {  // one staging of x for both matrices
+      typed_tile_dot<NB, kGateUpRows, 2, true>(type_gate, st, W, rows, r0, x, g, cols, tokens, out, ss);
+    } else {  // the formats group x's columns differently: one staging each
+      typed_tile_dot<NB, kGateUpRows, 1, true>(type_gate, st, &W[0], rows, r0, x, g, cols, tokens, &out[0], ss);
+      typed_tile_dot<NB, kGateUpRows, 1, true>(type_up, st, &W[1], rows, r0, x, g, cols, tokens, &out[1], ss);
+    }
+    if (t.lane != 0) continue;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
+      if (b >= tokens) break;
       const float s = norm_scale(ss[b], cols, eps);
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        const float a = gate[r][b] * s, u = up[r][b] * s;
+      for (int r = 0; r < kGateUpRows; ++r) {
+        const float a = out[0][r][b] * s, u = out[1][r][b] * s;
         if (r0 + r < rows) y[(unsigned long long)(b0 + b) * rows + r0 + r] = a / (1.0f + expf(-a)) * u;
       }
     }
@@ -224,56 +329,57 @@ __device__ __forceinline__ void norm_swiglu_pass(float* y, const unsigned char* 
 }
 
 // y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add).
-template <int NB, int ROWS, bool NORM>
-__device__ __forceinline__ void single_pass(float* y, const unsigned char* W, int type, const float* x, const float* g,
-                                            int rows, int cols, float eps, int b0) {
-  const int lane = (int)threadIdx.x % WARP_SIZE;
-  const int warps_per_block = (int)blockDim.x / WARP_SIZE;
-  const int first_group = (int)blockIdx.x * warps_per_block + (int)threadIdx.x / WARP_SIZE;
-  const int group_stride = (int)gridDim.x * warps_per_block;
-  const int groups = (rows + ROWS - 1) / ROWS;
-  for (int group = first_group; group < groups; group += group_stride) {
-    const int r0 = ROWS * group;
-    float out[ROWS][NB], ss[NB];
-    typed_rows_dot<NB, ROWS, NORM>(type, W, rows, r0, x, g, cols, out, ss);
-    if (lane != 0) continue;
+template <int NB, bool NORM>
+__device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned char* W, int type, const float* x,
+                                            const float* g, int rows, int cols, float eps, int b0, int tokens) {
+  const Tiles t = Tiles::of<kRows>();
+  const int tiles = t.count(rows);
+  const unsigned char* const Wl[1] = {W};
+  for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
+    const int r0 = tile * t.tile_rows + t.warp * kRows;
+    float out[1][kRows][NB], ss[NB];
+    typed_tile_dot<NB, kRows, 1, NORM>(type, st, Wl, rows, r0, x, g, cols, tokens, out, ss);
+    if (t.lane != 0) continue;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
+      if (b >= tokens) break;
       const float s = NORM ? norm_scale(ss[b], cols, eps) : 1.0f;
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         if (r0 + r >= rows) continue;
         float* yr = y + (unsigned long long)(b0 + b) * rows + r0 + r;
-        *yr = NORM ? out[r][b] * s : *yr + out[r][b];
+        *yr = NORM ? out[0][r][b] * s : *yr + out[0][r][b];
       }
     }
   }
 }
 
-// pass.template run<NB, ROWS>(b0) for each pass of at most kMaxBatchPerPass tokens. Single-token steps
-// have entries of their own (ONE_TOKEN): a kernel's registers are those of its widest path, and the
-// batched passes (four tokens' accumulators) would cost the single-token pass half its occupancy (188
-// registers against ~100 on sm_90, ptxas -v).
+// pass.template run<NB>(b0, tokens) for each pass of at most kMaxBatchPerPass tokens, NB = 2, 4 or 8 (a
+// pass of fewer tokens pads: W is still read once, and three instantiations, not eight, keep the build
+// time). Single-token steps have entries of their own (ONE_TOKEN): a kernel's registers are those of its
+// widest path, and the batched passes' accumulators would cost the single-token pass occupancy.
 template <bool ONE_TOKEN, class Pass>
 __device__ __forceinline__ void passes(int batch, const Pass& pass) {
   rf_check_wave_size();
+  if (ONE_TOKEN) {
+    for (int b0 = 0; b0 < batch; ++b0) pass.template run<1>(b0, 1);
+    return;
+  }
   for (int b0 = 0; b0 < batch; b0 += kMaxBatchPerPass) {
-    const int left = batch - b0;
-    if (ONE_TOKEN) {
-      pass.template run<1, 4>(b0);
-      continue;
-    }
-    switch (left < kMaxBatchPerPass ? left : kMaxBatchPerPass) {
-      case 1: pass.template run<1, 2>(b0); break;
-      case 2: pass.template run<2, 2>(b0); break;
-      case 3: pass.template run<3, 2>(b0); break;
-      default: pass.template run<4, 2>(b0); break;
+    const int left = batch - b0 < kMaxBatchPerPass ? batch - b0 : kMaxBatchPerPass;
+    if (left <= 2) {
+      pass.template run<2>(b0, left);
+    } else if (left <= 4) {
+      pass.template run<4>(b0, left);
+    } else {
+      pass.template run<8>(b0, left);
     }
   }
 }
 
 // The passes' functors (not lambdas: nvrtc compiles no lambda in device code without -default-device).
 struct RopePass {
+  Stage* st;
   float* const* y;
   const unsigned char* const* W;
   const int *type_of, *rows;
@@ -281,42 +387,44 @@ struct RopePass {
   const Rope* rope;
   int cols;
   float eps;
-  template <int NB, int ROWS>
-  __device__ __forceinline__ void run(int b0) const {
-    norm_rope_pass<NB, ROWS>(y, W, type_of, rows, x + (unsigned long long)b0 * cols, g, *rope, cols, eps, b0);
+  template <int NB>
+  __device__ __forceinline__ void run(int b0, int tokens) const {
+    norm_rope_pass<NB>(*st, y, W, type_of, rows, x + (unsigned long long)b0 * cols, g, *rope, cols, eps, b0, tokens);
   }
 };
 
 struct SwigluPass {
+  Stage* st;
   float* y;
   const void *Wg, *Wu;
   const float *x, *g;
   int types, rows, cols;
   float eps;
-  template <int NB, int ROWS>
-  __device__ __forceinline__ void run(int b0) const {
-    norm_swiglu_pass<NB, ROWS>(y, static_cast<const unsigned char*>(Wg), static_cast<const unsigned char*>(Wu), types,
-                               x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0);
+  template <int NB>
+  __device__ __forceinline__ void run(int b0, int tokens) const {
+    norm_swiglu_pass<NB>(*st, y, static_cast<const unsigned char*>(Wg), static_cast<const unsigned char*>(Wu), types,
+                         x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0, tokens);
   }
 };
 
 template <bool NORM>
 struct SinglePass {
+  Stage* st;
   float* y;
   const void* W;
   const float *x, *g;
   int type, rows, cols;
   float eps;
-  template <int NB, int ROWS>
-  __device__ __forceinline__ void run(int b0) const {
-    single_pass<NB, ROWS, NORM>(y, static_cast<const unsigned char*>(W), type, x + (unsigned long long)b0 * cols, g,
-                                rows, cols, eps, b0);
+  template <int NB>
+  __device__ __forceinline__ void run(int b0, int tokens) const {
+    single_pass<NB, NORM>(*st, y, static_cast<const unsigned char*>(W), type, x + (unsigned long long)b0 * cols, g, rows,
+                          cols, eps, b0, tokens);
   }
 };
 
 template <bool ONE_TOKEN>
-__device__ __forceinline__ void norm_rope(float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv,
-                                          const float* x, const float* g, const int* positions,
+__device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* v, const void* Wq, const void* Wk,
+                                          const void* Wv, const float* x, const float* g, const int* positions,
                                           const float* freq_factors, int types, int q_rows, int kv_rows, int cols,
                                           int batch, int head_dim, int rope_dim, float eps, float theta,
                                           float freq_scale) {
@@ -326,45 +434,49 @@ __device__ __forceinline__ void norm_rope(float* q, float* k, float* v, const vo
   const int type_of[3] = {types & 15, (types >> 4) & 15, (types >> 8) & 15};
   const int rows[3] = {q_rows, kv_rows, kv_rows};
   const Rope rope = {positions, freq_factors, head_dim, rope_dim, theta, freq_scale};
-  passes<ONE_TOKEN>(batch, RopePass{y, W, type_of, rows, x, g, &rope, cols, eps});
+  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, cols, eps});
 }
 
 template <bool ONE_TOKEN>
-__device__ __forceinline__ void norm_swiglu(float* y, const void* Wg, const void* Wu, const float* x, const float* g,
+__device__ __forceinline__ void norm_swiglu(Stage* st, float* y, const void* Wg, const void* Wu, const float* x, const float* g,
                                             int types, int rows, int cols, int batch, float eps) {
-  passes<ONE_TOKEN>(batch, SwigluPass{y, Wg, Wu, x, g, types, rows, cols, eps});
+  passes<ONE_TOKEN>(batch, SwigluPass{st, y, Wg, Wu, x, g, types, rows, cols, eps});
 }
 
 template <bool ONE_TOKEN, bool NORM>
-__device__ __forceinline__ void single(float* y, const void* W, const float* x, const float* g, int type, int rows,
+__device__ __forceinline__ void single(Stage* st, float* y, const void* W, const float* x, const float* g, int type, int rows,
                                        int cols, int batch, float eps) {
-  passes<ONE_TOKEN>(batch, SinglePass<NORM>{y, W, x, g, type, rows, cols, eps});
+  passes<ONE_TOKEN>(batch, SinglePass<NORM>{st, y, W, x, g, type, rows, cols, eps});
 }
 
 }  // namespace fq
 }  // namespace
 
-// Entries: <name>_1 for one token, <name>_n for any number (passes of up to four).
+// Entries: <name>_1 for one token, <name>_n for any number (passes of up to eight). Blocks of kBlockThreads.
 #define RF_FUSED_QMATVEC_ENTRIES(suffix, ONE_TOKEN)                                                                   \
-  extern "C" __global__ __launch_bounds__(256) void qmatvec_norm_rope_##suffix(                                      \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_rope_##suffix(                                      \
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
       int head_dim, int rope_dim, float eps, float theta, float freq_scale) {                                         \
-    fq::norm_rope<ONE_TOKEN>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch, \
-                             head_dim, rope_dim, eps, theta, freq_scale);                                             \
+    __shared__ fq::Stage stage;                                                                                       \
+    fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
+                             cols, batch, head_dim, rope_dim, eps, theta, freq_scale);                                \
   }                                                                                                                   \
-  extern "C" __global__ __launch_bounds__(256) void qmatvec_norm_swiglu_##suffix(                                    \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_##suffix(                                    \
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \
       int batch, float eps) {                                                                                         \
-    fq::norm_swiglu<ONE_TOKEN>(y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
+    __shared__ fq::Stage stage;                                                                                       \
+    fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
   }                                                                                                                   \
-  extern "C" __global__ __launch_bounds__(256) void qmatvec_add_##suffix(float* y, const void* W, const float* x,    \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(float* y, const void* W, const float* x,    \
                                                                          int type, int rows, int cols, int batch) {   \
-    fq::single<ONE_TOKEN, false>(y, W, x, nullptr, type, rows, cols, batch, 0.0f);                                    \
+    __shared__ fq::Stage stage;                                                                                       \
+    fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f);                                    \
   }                                                                                                                   \
-  extern "C" __global__ __launch_bounds__(256) void qmatvec_norm_##suffix(                                           \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_##suffix(                                           \
       float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps) {  \
-    fq::single<ONE_TOKEN, true>(y, W, x, g, type, rows, cols, batch, eps);                                            \
+    __shared__ fq::Stage stage;                                                                                       \
+    fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps);                                            \
   }
 
 RF_FUSED_QMATVEC_ENTRIES(1, true)

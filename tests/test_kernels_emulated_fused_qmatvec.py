@@ -37,8 +37,9 @@ def inputs(rng, batch, cols):
     return x, g
 
 
-def grids(warp, groups):
-    grid, block = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], groups)
+def grids(warp, entry, *matrix_rows):
+    """The launcher's grid, and one workgroup walking every tile."""
+    grid, block = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, *matrix_rows)
     return [(g, block) for g in sorted({grid, 1})]
 
 
@@ -66,9 +67,8 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
         angle_error = np.zeros((batch, head_dim))
         angle_error[:, :rope_dim] = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE, factors)).repeat(2, -1)
         xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
-        groups = (q_rows + 2 * kv_rows) // fused_qmatvec.rows_per_warp(batch)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block in grids(warp, groups):
+            for grid, block in grids(warp, "qmatvec_norm_rope", q_rows, kv_rows, kv_rows):
                 run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types),
                     q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o")
                 got = np.split(np.fromfile(tmp_path / "o", np.float32),
@@ -101,7 +101,7 @@ def test_norm_swiglu(harnesses, warp, types, tmp_path):
         # silu(a) * u: |d/da| <= 1.1 |u|, |d/du| = |silu(a)| <= |a|; then the float32 rounding of the result.
         bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block in grids(warp, -(-rows // fused_qmatvec.rows_per_warp(batch))):
+            for grid, block in grids(warp, "qmatvec_norm_swiglu", rows):
                 run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, fused_qmatvec.pack_types(types),
                     rows, cols, batch, EPS, *files, tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
@@ -126,7 +126,7 @@ def test_norm_and_add(harnesses, warp, weight_type, tmp_path):
         add_bound += 2**-24 * np.abs(add_want)
         code = fused_qmatvec.TYPE_CODES[weight_type]
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block in grids(warp, -(-rows // fused_qmatvec.rows_per_warp(batch))):
+            for grid, block in grids(warp, "qmatvec_norm", rows):
                 run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, code, rows, cols, batch, EPS, *files,
                     tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)

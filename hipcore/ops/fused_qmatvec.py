@@ -11,9 +11,10 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
   qmatvec_add_<v>(y, W, x, type, rows, cols, batch)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
 
-<v> is "1" for one token (its own entries: fewer registers, see the kernel) and "n" for any number.
-The products are qmatvec's: x (times g when normalizing) quantized per slice of 32 to int8 and one float
-scale, integer dot products with the weight codes. rmsnorm(x) * g = s * (x * g) with s = 1 / sqrt(mean(x^2)
+<v> is "1" for one token (its own entries: fewer registers, see the kernel) and "n" for any number (passes
+of up to MAX_TOKENS_PER_PASS tokens, each reading W once). The products are qmatvec's: x (times g when
+normalizing) quantized per slice of 32 to int8 and one float scale, integer dot products with the weight
+codes; each workgroup quantizes x once into shared memory for all its warps. rmsnorm(x) * g = s * (x * g) with s = 1 / sqrt(mean(x^2)
 + eps) per token, so the references below apply qmatvec.reference to x * g (float32, as the kernel forms
 it) and scale by s: that is exactly the function the kernels compute, up to float32 rounding.
 """
@@ -40,7 +41,11 @@ SIGNATURES = {
     "qmatvec_add": "pppiiii",
     "qmatvec_norm": "ppppiiiif",
 }
-BIG_MATRIX_ROW_GROUPS = 4096
+# The kernels' launch bounds and block (kBlockThreads): the workgroup quantizes x once into shared memory for
+# all its warps, so the more warps share it, the less x is read per weight byte.
+BLOCK_THREADS = 256
+ROWS_PER_WARP, GATE_UP_ROWS_PER_WARP = 4, 2
+MAX_TOKENS_PER_PASS = 8  # kMaxBatchPerPass: a step of up to 8 tokens reads W once
 VECTOR_ALIGNMENT = 16
 
 
@@ -152,15 +157,16 @@ def variant(batch: int) -> str:
     return "1" if batch == 1 else "n"
 
 
-def geometry(arch: str, groups: int) -> tuple[int, int]:
-    """(grid, block) for `groups` row groups (the kernel loops, so any grid is correct)."""
-    threads = 256 if groups >= BIG_MATRIX_ROW_GROUPS else 64
-    warps_per_block = max(1, threads // wavefront_size(arch))
-    return -(-groups // warps_per_block), threads
+def rows_per_warp(entry: str) -> int:
+    """Rows of each matrix a warp takes at a time (kernels/fused_qmatvec.hip: kRows, kGateUpRows)."""
+    return GATE_UP_ROWS_PER_WARP if entry == "qmatvec_norm_swiglu" else ROWS_PER_WARP
 
 
-def rows_per_warp(batch: int) -> int:
-    return 4 if batch == 1 else 2
+def geometry(arch: str, entry: str, *matrix_rows: int) -> tuple[int, int]:
+    """(grid, block): one workgroup per tile (BLOCK_THREADS / wavefront warps, rows_per_warp rows each) of
+    every matrix; the kernel loops over the tiles, so any grid is correct."""
+    tile_rows = (BLOCK_THREADS // wavefront_size(arch)) * rows_per_warp(entry)
+    return sum(-(-rows // tile_rows) for rows in matrix_rows), BLOCK_THREADS
 
 
 def _check_matrix(op: str, name: str, w: Any, weight_type: str, rows: int, cols: int) -> None:
@@ -178,8 +184,9 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
         check_memory(op, "g", g, cols * 4, VECTOR_ALIGNMENT)
 
 
-def _launch(device: Device, stream: Stream | None, entry: str, batch: int, groups: int, args: tuple) -> None:
-    grid, block = geometry(device.arch, groups)
+def _launch(device: Device, stream: Stream | None, entry: str, batch: int, matrix_rows: tuple[int, ...],
+            args: tuple) -> None:
+    grid, block = geometry(device.arch, entry, *matrix_rows)
     kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry])
     kernel.launch(grid, block, args, stream=stream)
 
@@ -199,11 +206,11 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
     _check_vectors(op, x, g, batch, cols)
     check_qkv_rope(op, q, k, v, x, positions, q_rows=q_rows, kv_rows=kv_rows, cols=cols, n_tokens=batch,
                    head_dim=head_dim, rope_dim=rope_dim)
-    groups = (q_rows + 2 * kv_rows) // rows_per_warp(batch)
     (wq, tq), (wk, tk), (wv, tv) = weights
     factors = rope.factors_arg(op, freq_factors, rope_dim)
-    _launch(device, stream, op, batch, groups, (q, k, v, wq, wk, wv, x, g, positions, factors, pack_types((tq, tk, tv)),
-                                                q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
+    _launch(device, stream, op, batch, (q_rows, kv_rows, kv_rows),
+            (q, k, v, wq, wk, wv, x, g, positions, factors, pack_types((tq, tk, tv)), q_rows, kv_rows, cols, batch,
+             head_dim, rope_dim, eps, theta, freq_scale))
 
 
 def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: Sequence[tuple[Any, str]], x: Any, g: Any,
@@ -217,8 +224,7 @@ def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: S
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
     (wg, tg), (wu, tu) = weights
-    _launch(device, stream, op, batch, -(-rows // rows_per_warp(batch)),
-            (y, wg, wu, x, g, pack_types((tg, tu)), rows, cols, batch, eps))
+    _launch(device, stream, op, batch, (rows,), (y, wg, wu, x, g, pack_types((tg, tu)), rows, cols, batch, eps))
 
 
 def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *, rows: int, cols: int, batch: int,
@@ -230,8 +236,7 @@ def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *,
     _check_vectors(op, x, None, batch, cols)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, op, batch, -(-rows // rows_per_warp(batch)),
-            (y, w, x, TYPE_CODES[weight_type], rows, cols, batch))
+    _launch(device, stream, op, batch, (rows,), (y, w, x, TYPE_CODES[weight_type], rows, cols, batch))
 
 
 def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,
@@ -243,5 +248,4 @@ def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g
     _check_vectors(op, x, g, batch, cols)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, op, batch, -(-rows // rows_per_warp(batch)),
-            (y, w, x, g, TYPE_CODES[weight_type], rows, cols, batch, eps))
+    _launch(device, stream, op, batch, (rows,), (y, w, x, g, TYPE_CODES[weight_type], rows, cols, batch, eps))
