@@ -113,3 +113,19 @@ def test_an_unsupported_type_in_the_group_keeps_the_single_ops(layer, cpu_device
     layer.lw.attn_v = Weight(layer.put(np.zeros(v.rows * v.cols, np.float16)), "f16", v.shape)
     names = [name for name, _ in layer.planner.attention_input(layer.lw, 1, layer.b["q"])]
     assert names[0] == "attn_norm" and len(names) == 6
+
+
+def test_the_qmatvec_limit_moves_the_k_quant_decode_steps_alone(layer, monkeypatch):
+    """FUSED_QMATVEC_MAX_TOKENS, not fused_matvec's limit, decides where the separate K-quant matrices leave
+    fused_qmatvec: lowered to 2, a 4-token step takes the single ops while fused_matvec's limit stays 8."""
+    from hipcore.model import projections
+
+    monkeypatch.setattr(projections, "FUSED_QMATVEC_MAX_TOKENS", 2)
+    assert projections.FUSED_MATVEC_MAX_TOKENS == 8
+    p, lw, b = layer.planner, layer.lw, layer.b
+    assert [n for n, _ in p.attention_input(lw, 2, b["q"])] == ["attn_norm+qkv+rope"]
+    assert [n for n, _ in p.attention_input(lw, 4, b["q"])] == ["attn_norm", "q_proj", "k_proj", "v_proj", "rope_q",
+                                                                 "rope_k"]
+    assert [n for n, _ in p.feed_forward_input(lw, 4)] == ["ffn_norm", "gate_proj", "up_proj", "silu_mul"]
+    assert [n for n, _ in p.residual_product("ffn_down", lw.ffn_down, b["gate"], FFN, 4)] == ["ffn_down",
+                                                                                              "ffn_down_residual"]

@@ -5,7 +5,7 @@ Three ways, per product, decided by the step's size and the weight's format:
                 per 4 tokens, which at a few tokens is a single pass as fast as W can be read;
   fused_matmul  (hipcore/ops/fused_matmul.py) beyond: W decoded once per tile of 32/64 tokens, the
                 columns split across workgroups while the tiles are few (decode batches);
-  fused_qmatvec (hipcore/ops/fused_qmatvec.py) up to FUSED_MATVEC_MAX_TOKENS tokens for the int8-activation
+  fused_qmatvec (hipcore/ops/fused_qmatvec.py) up to FUSED_QMATVEC_MAX_TOKENS tokens for the int8-activation
                 types (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) when q|k|v or gate|up are separate matrices, of
                 one type or several (a Q4_K_M layer: Q4_K q, k with Q6_K v): the same four launches;
   single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats no fused kernel reads,
@@ -26,6 +26,11 @@ from hipcore.runtime.device import Buffer, Device, Stream
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
 # model's shapes: scripts/gpu/measure_matmul.py --fused prints both kernels per token count).
 FUSED_MATVEC_MAX_TOKENS = 8
+# Up to this many tokens the separate K-quant matrices take fused_qmatvec (one pass over W for up to 8
+# tokens), beyond it the single ops on matmul_mma. Its own limit, so that it can follow a measurement of
+# the two paths (scripts/gpu/measure_qmatvec_decode.py beside measure_matmul_mma.py) without moving
+# fused_matvec's. It cannot exceed fused_qmatvec.MAX_TOKENS_PER_PASS without a second pass over W.
+FUSED_QMATVEC_MAX_TOKENS = 8
 HEAD_MATVEC_MAX_ROWS = 8
 
 Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
@@ -36,9 +41,11 @@ def weight_arg(w) -> Any:
     return w.buffer if w.offset == 0 else w.addr()
 
 
-def separate_fusable(n_tokens: int, *weights, max_tokens: int = FUSED_MATVEC_MAX_TOKENS) -> bool:
-    """True when fused_qmatvec takes these separate matrices for a step of n_tokens tokens."""
-    return n_tokens <= max_tokens and all(w is not None for w in weights) and fused_qmatvec.supports(
+def separate_fusable(n_tokens: int, *weights, max_tokens: int | None = None) -> bool:
+    """True when fused_qmatvec takes these separate matrices for a step of n_tokens tokens (at most
+    max_tokens, FUSED_QMATVEC_MAX_TOKENS unless given)."""
+    limit = FUSED_QMATVEC_MAX_TOKENS if max_tokens is None else max_tokens
+    return n_tokens <= limit and all(w is not None for w in weights) and fused_qmatvec.supports(
         *(w.fmt for w in weights))
 
 
