@@ -260,10 +260,15 @@ static __device__ __forceinline__ void rotate(const Rope& p, int b, int r, float
 }
 
 // Rows per warp and matrix: four rows' loads in flight cover the memory latency (measured on an H100,
-// see qmatvec.hip); gate and up go two rows of each. Even, so that a RoPE pair stays in one warp.
-constexpr int kRows = 4, kGateUpRows = 2;
+// see qmatvec.hip); gate and up go two rows of each. Batched passes take half as many (their tokens'
+// accumulators and dot products already fill the registers and the issue slots). Even for q|k|v, so that
+// a RoPE pair stays in one warp.
+template <bool ONE_TOKEN>
+struct WarpRows {
+  static constexpr int kRows = ONE_TOKEN ? 4 : 2, kGateUpRows = ONE_TOKEN ? 2 : 1;
+};
 
-template <int NB>
+template <int NB, int kRows>
 __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
                                                const int types[3], const int rows[3], const float* x, const float* g,
                                                const Rope& rope, int cols, float eps, int b0, int tokens) {
@@ -297,7 +302,7 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
   }
 }
 
-template <int NB>
+template <int NB, int kGateUpRows>
 __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
                                                  int types, const float* x, const float* g, int rows, int cols, float eps,
                                                  int b0, int tokens) {
@@ -305,14 +310,15 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
   const int tiles = t.count(rows);
   const int type_gate = types & 15, type_up = (types >> 4) & 15;
   const unsigned char* const W[2] = {Wg, Wu};
+  const unsigned char* const W_gate[1] = {Wg}, *const W_up[1] = {Wu};  // not &W[i]: that would put W in local memory
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
     const int r0 = tile * t.tile_rows + t.warp * kGateUpRows;
     float out[2][kGateUpRows][NB], ss[NB];  // out[0]: gate, out[1]: up
     if (type_gate == type_up) {  // one staging of x for both matrices
       typed_tile_dot<NB, kGateUpRows, 2, true>(type_gate, st, W, rows, r0, x, g, cols, tokens, out, ss);
     } else {  // the formats group x's columns differently: one staging each
-      typed_tile_dot<NB, kGateUpRows, 1, true>(type_gate, st, &W[0], rows, r0, x, g, cols, tokens, &out[0], ss);
-      typed_tile_dot<NB, kGateUpRows, 1, true>(type_up, st, &W[1], rows, r0, x, g, cols, tokens, &out[1], ss);
+      typed_tile_dot<NB, kGateUpRows, 1, true>(type_gate, st, W_gate, rows, r0, x, g, cols, tokens, &out[0], ss);
+      typed_tile_dot<NB, kGateUpRows, 1, true>(type_up, st, W_up, rows, r0, x, g, cols, tokens, &out[1], ss);
     }
     if (t.lane != 0) continue;
 #pragma unroll
@@ -329,7 +335,7 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
 }
 
 // y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add).
-template <int NB, bool NORM>
+template <int NB, int kRows, bool NORM>
 __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned char* W, int type, const float* x,
                                             const float* g, int rows, int cols, float eps, int b0, int tokens) {
   const Tiles t = Tiles::of<kRows>();
@@ -354,7 +360,7 @@ __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned 
   }
 }
 
-// pass.template run<NB>(b0, tokens) for each pass of at most kMaxBatchPerPass tokens, NB = 2, 4 or 8 (a
+// pass.template run<NB, ONE_TOKEN>(b0, tokens) for each pass of at most kMaxBatchPerPass tokens, NB = 2, 4 or 8 (a
 // pass of fewer tokens pads: W is still read once, and three instantiations, not eight, keep the build
 // time). Single-token steps have entries of their own (ONE_TOKEN): a kernel's registers are those of its
 // widest path, and the batched passes' accumulators would cost the single-token pass occupancy.
@@ -362,17 +368,17 @@ template <bool ONE_TOKEN, class Pass>
 __device__ __forceinline__ void passes(int batch, const Pass& pass) {
   rf_check_wave_size();
   if (ONE_TOKEN) {
-    for (int b0 = 0; b0 < batch; ++b0) pass.template run<1>(b0, 1);
+    for (int b0 = 0; b0 < batch; ++b0) pass.template run<1, true>(b0, 1);
     return;
   }
   for (int b0 = 0; b0 < batch; b0 += kMaxBatchPerPass) {
     const int left = batch - b0 < kMaxBatchPerPass ? batch - b0 : kMaxBatchPerPass;
     if (left <= 2) {
-      pass.template run<2>(b0, left);
+      pass.template run<2, false>(b0, left);
     } else if (left <= 4) {
-      pass.template run<4>(b0, left);
+      pass.template run<4, false>(b0, left);
     } else {
-      pass.template run<8>(b0, left);
+      pass.template run<8, false>(b0, left);
     }
   }
 }
@@ -387,9 +393,10 @@ struct RopePass {
   const Rope* rope;
   int cols;
   float eps;
-  template <int NB>
+  template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
-    norm_rope_pass<NB>(*st, y, W, type_of, rows, x + (unsigned long long)b0 * cols, g, *rope, cols, eps, b0, tokens);
+    norm_rope_pass<NB, WarpRows<ONE_TOKEN>::kRows>(*st, y, W, type_of, rows, x + (unsigned long long)b0 * cols, g, *rope,
+                                                   cols, eps, b0, tokens);
   }
 };
 
@@ -400,9 +407,10 @@ struct SwigluPass {
   const float *x, *g;
   int types, rows, cols;
   float eps;
-  template <int NB>
+  template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
-    norm_swiglu_pass<NB>(*st, y, static_cast<const unsigned char*>(Wg), static_cast<const unsigned char*>(Wu), types,
+    norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows>(*st, y, static_cast<const unsigned char*>(Wg),
+                                                           static_cast<const unsigned char*>(Wu), types,
                          x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0, tokens);
   }
 };
@@ -415,9 +423,10 @@ struct SinglePass {
   const float *x, *g;
   int type, rows, cols;
   float eps;
-  template <int NB>
+  template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
-    single_pass<NB, NORM>(*st, y, static_cast<const unsigned char*>(W), type, x + (unsigned long long)b0 * cols, g, rows,
+    single_pass<NB, WarpRows<ONE_TOKEN>::kRows, NORM>(*st, y, static_cast<const unsigned char*>(W), type,
+                                                      x + (unsigned long long)b0 * cols, g, rows,
                           cols, eps, b0, tokens);
   }
 };

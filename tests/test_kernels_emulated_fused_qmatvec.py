@@ -37,9 +37,9 @@ def inputs(rng, batch, cols):
     return x, g
 
 
-def grids(warp, entry, *matrix_rows):
+def grids(warp, entry, variant, *matrix_rows):
     """The launcher's grid, and one workgroup walking every tile."""
-    grid, block = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, *matrix_rows)
+    grid, block = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, variant, *matrix_rows)
     return [(g, block) for g in sorted({grid, 1})]
 
 
@@ -68,7 +68,7 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
         angle_error[:, :rope_dim] = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE, factors)).repeat(2, -1)
         xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block in grids(warp, "qmatvec_norm_rope", q_rows, kv_rows, kv_rows):
+            for grid, block in grids(warp, "qmatvec_norm_rope", variant, q_rows, kv_rows, kv_rows):
                 run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types),
                     q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o")
                 got = np.split(np.fromfile(tmp_path / "o", np.float32),
@@ -101,7 +101,7 @@ def test_norm_swiglu(harnesses, warp, types, tmp_path):
         # silu(a) * u: |d/da| <= 1.1 |u|, |d/du| = |silu(a)| <= |a|; then the float32 rounding of the result.
         bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block in grids(warp, "qmatvec_norm_swiglu", rows):
+            for grid, block in grids(warp, "qmatvec_norm_swiglu", variant, rows):
                 run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, fused_qmatvec.pack_types(types),
                     rows, cols, batch, EPS, *files, tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
@@ -126,7 +126,7 @@ def test_norm_and_add(harnesses, warp, weight_type, tmp_path):
         add_bound += 2**-24 * np.abs(add_want)
         code = fused_qmatvec.TYPE_CODES[weight_type]
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block in grids(warp, "qmatvec_norm", rows):
+            for grid, block in grids(warp, "qmatvec_norm", variant, rows):
                 run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, code, rows, cols, batch, EPS, *files,
                     tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
@@ -136,3 +136,24 @@ def test_norm_and_add(harnesses, warp, weight_type, tmp_path):
                     tmp_path / "y", tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
                 assert np.all(np.abs(got - add_want) <= add_bound), f"add {rows} batch {batch} {variant} grid {grid}"
+
+
+@pytest.mark.parametrize("weight_type", ["q4_k", "q6_k"])
+def test_columns_staged_in_several_chunks(harnesses, warp, weight_type, tmp_path):
+    """Rows longer than one chunk of staged x (512 slice-tokens of shared memory: 2048 columns for a pass of 8
+    tokens, 16384 for one token): each chunk is quantized and read in turn, and the sums of squares cover all."""
+    rng = np.random.default_rng([warp, 4, *map(ord, weight_type)])
+    for rows, cols, batch in [(6, 2304, 6), (4, 16640, 1)]:
+        raw = random_weights(rng, weight_type, rows, cols)
+        x, g = inputs(rng, batch, cols)
+        files = write_inputs(tmp_path, w=raw, x=x, g=g)
+        xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+        want = fused_qmatvec.reference_norm(raw, weight_type, x, g, EPS, rows, cols)
+        bound, _ = product_bound(raw, weight_type, xg, s, rows, cols)
+        variant = fused_qmatvec.variant(batch)
+        grid, block = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm", variant, rows)
+        run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, fused_qmatvec.TYPE_CODES[weight_type], rows, cols,
+            batch, EPS, *files, tmp_path / "o")
+        got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+        assert np.all(np.abs(got - want) <= bound), f"{weight_type} {rows}x{cols} batch {batch}: " \
+                                                    f"{np.max(np.abs(got - want) / bound):.2f} of the bound"

@@ -44,7 +44,9 @@ SIGNATURES = {
 # The kernels' launch bounds and block (kBlockThreads): the workgroup quantizes x once into shared memory for
 # all its warps, so the more warps share it, the less x is read per weight byte.
 BLOCK_THREADS = 256
-ROWS_PER_WARP, GATE_UP_ROWS_PER_WARP = 4, 2
+# Rows of each matrix a warp takes at a time (WarpRows): four (gate|up: two of each) for one token, half in passes.
+ROWS_PER_WARP = {"1": 4, "n": 2}
+GATE_UP_ROWS_PER_WARP = {"1": 2, "n": 1}
 MAX_TOKENS_PER_PASS = 8  # kMaxBatchPerPass: a step of up to 8 tokens reads W once
 VECTOR_ALIGNMENT = 16
 
@@ -157,15 +159,15 @@ def variant(batch: int) -> str:
     return "1" if batch == 1 else "n"
 
 
-def rows_per_warp(entry: str) -> int:
-    """Rows of each matrix a warp takes at a time (kernels/fused_qmatvec.hip: kRows, kGateUpRows)."""
-    return GATE_UP_ROWS_PER_WARP if entry == "qmatvec_norm_swiglu" else ROWS_PER_WARP
+def rows_per_warp(entry: str, entry_variant: str) -> int:
+    """Rows of each matrix a warp of entry_<entry_variant> takes at a time (kernels/fused_qmatvec.hip: WarpRows)."""
+    return (GATE_UP_ROWS_PER_WARP if entry == "qmatvec_norm_swiglu" else ROWS_PER_WARP)[entry_variant]
 
 
-def geometry(arch: str, entry: str, *matrix_rows: int) -> tuple[int, int]:
+def geometry(arch: str, entry: str, entry_variant: str, *matrix_rows: int) -> tuple[int, int]:
     """(grid, block): one workgroup per tile (BLOCK_THREADS / wavefront warps, rows_per_warp rows each) of
     every matrix; the kernel loops over the tiles, so any grid is correct."""
-    tile_rows = (BLOCK_THREADS // wavefront_size(arch)) * rows_per_warp(entry)
+    tile_rows = (BLOCK_THREADS // wavefront_size(arch)) * rows_per_warp(entry, entry_variant)
     return sum(-(-rows // tile_rows) for rows in matrix_rows), BLOCK_THREADS
 
 
@@ -186,7 +188,7 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
 
 def _launch(device: Device, stream: Stream | None, entry: str, batch: int, matrix_rows: tuple[int, ...],
             args: tuple) -> None:
-    grid, block = geometry(device.arch, entry, *matrix_rows)
+    grid, block = geometry(device.arch, entry, variant(batch), *matrix_rows)
     kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry])
     kernel.launch(grid, block, args, stream=stream)
 
