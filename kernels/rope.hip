@@ -1,7 +1,9 @@
-// Rotary position embedding, llama.cpp's NORM mode (the llama architecture), in place on
-// x[n_tokens, n_heads, head_dim]: for every pair (x[2i], x[2i+1]) with 2i < rope_dim,
+// Rotary position embedding, in place on x[n_tokens, n_heads, head_dim], in llama.cpp's two layouts:
+//   rope_f32       NORM mode (llama): pair i is (x[2i], x[2i+1])
+//   rope_neox_f32  NEOX mode (qwen2, qwen3, gemma ...): pair i is (x[i], x[i + rope_dim/2])
+// For every pair i < rope_dim/2,
 //   angle = positions[token] * freq_scale * theta_base^(-2i / rope_dim) / freq_factors[i]
-//   (x[2i], x[2i+1]) <- (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)
+//   (a, b) <- (a cos - b sin, a sin + b cos)
 // freq_factors (rope_dim / 2 floats, or null for none) are the per-pair divisors of Llama 3's "llama3"
 // RoPE scaling, which llama.cpp's converter writes into the file as rope_freqs.weight.
 // Elements at and past rope_dim are left alone. One thread per pair, grid-stride: any grid covers all.
@@ -29,9 +31,13 @@ static __device__ __forceinline__ void rope_sincos(float angle, float* sin_out, 
   *cos_out = ((quadrant + 1) & 2) ? -c_q : c_q;
 }
 
-extern "C" __global__ __launch_bounds__(256) void rope_f32(float* x, const int* positions, const float* freq_factors,
-                                                           int n_tokens, int n_heads, int head_dim, int rope_dim,
-                                                           float theta_base, float freq_scale) {
+// One pair of one head: `second` is the distance from its first element to its second (1 in NORM
+// mode, rope_dim/2 in NEOX mode); `pair_start(i)` the offset of pair i's first element in the head.
+template <typename PairStart>
+static __device__ __forceinline__ void rope_pairs(float* x, const int* positions, const float* freq_factors,
+                                                  int n_tokens, int n_heads, int head_dim, int rope_dim,
+                                                  float theta_base, float freq_scale, int second,
+                                                  PairStart pair_start) {
   const int pairs_per_head = rope_dim / 2;
   const unsigned long long total = (unsigned long long)n_tokens * (unsigned long long)n_heads * pairs_per_head;
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
@@ -46,9 +52,32 @@ extern "C" __global__ __launch_bounds__(256) void rope_f32(float* x, const int* 
     const float angle = (float)positions[token] * freq;
     float s, c;
     rope_sincos(angle, &s, &c);
-    float* p = x + token_head * head_dim + 2 * i;
-    const float a = p[0], b = p[1];
+    float* p = x + token_head * head_dim + pair_start(i);
+    const float a = p[0], b = p[second];
     p[0] = a * c - b * s;
-    p[1] = a * s + b * c;
+    p[second] = a * s + b * c;
   }
+}
+
+// Functors, not lambdas: nvrtc compiles no lambda in device code without -default-device.
+struct RopeAdjacentPairs {
+  __device__ int operator()(int i) const { return 2 * i; }
+};
+struct RopeHalvesPairs {
+  __device__ int operator()(int i) const { return i; }
+};
+
+extern "C" __global__ __launch_bounds__(256) void rope_f32(float* x, const int* positions, const float* freq_factors,
+                                                           int n_tokens, int n_heads, int head_dim, int rope_dim,
+                                                           float theta_base, float freq_scale) {
+  rope_pairs(x, positions, freq_factors, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale, 1,
+             RopeAdjacentPairs());
+}
+
+extern "C" __global__ __launch_bounds__(256) void rope_neox_f32(float* x, const int* positions,
+                                                                const float* freq_factors, int n_tokens, int n_heads,
+                                                                int head_dim, int rope_dim, float theta_base,
+                                                                float freq_scale) {
+  rope_pairs(x, positions, freq_factors, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale, rope_dim / 2,
+             RopeHalvesPairs());
 }

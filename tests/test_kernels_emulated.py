@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, sample, silu_mul
+from hipcore.ops import add, add_bias, argmax, matmul, matvec, rmsnorm, rope, sample, silu_mul
 from hipcore.ops.launch_checks import elementwise_grid, row_block
 from hipcore.ops.weight_formats import column_multiple
 from support.weight_samples import random_weights
@@ -97,27 +97,60 @@ def test_rmsnorm(harnesses, warp, tmp_path):
         assert np.all(np.abs(np.fromfile(tmp_path / "o", np.float32).reshape(rows, n) - want) <= tol), "in place"
 
 
+@pytest.mark.parametrize("rope_type", ["norm", "neox"])
 @pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
-def test_rope(harnesses, warp, with_factors, tmp_path):
+def test_rope(harnesses, warp, with_factors, rope_type, tmp_path):
     rng = np.random.default_rng([warp, with_factors])
     for tokens, heads, head_dim, rope_dim, max_pos in [(3, 2, 64, 64, 4096), (2, 3, 6, 4, 100), (4, 1, 64, 32, 32768)]:
+        first, second = rope.pair_slices(rope_dim, rope_type)
         x = rng.standard_normal((tokens, heads, head_dim)).astype(np.float32)
         positions = rng.integers(0, max_pos, tokens).astype(np.int32)
         factors = far_factors(rng, rope_dim) if with_factors else None
         x.tofile(tmp_path / "x")
         positions.tofile(tmp_path / "p")
-        want = rope.reference(x, positions, rope_dim, 10000.0, 0.5, factors)
+        want = rope.reference(x, positions, rope_dim, 10000.0, 0.5, factors, rope_type)
         angle = rope.angles(positions, rope_dim, 10000.0, 0.5, factors)[:, None, :]
-        pair = np.abs(x[..., 0:rope_dim:2]).astype(np.float64) + np.abs(x[..., 1:rope_dim:2])
+        pair = np.abs(x[..., first]).astype(np.float64) + np.abs(x[..., second])
         tol = pair * (32 * U32 * angle + 8 * U32) + 1e-30
         grid, block = elementwise_grid(tokens * heads * (rope_dim // 2))
         for g in sorted({grid, 1}):
-            run(harnesses, warp, "rope_f32", g, block, tokens, heads, head_dim, rope_dim, 10000.0, 0.5,
+            run(harnesses, warp, rope.ENTRIES[rope_type], g, block, tokens, heads, head_dim, rope_dim, 10000.0, 0.5,
                 tmp_path / "x", tmp_path / "p", factors_arg(tmp_path, factors), tmp_path / "o")
             got = np.fromfile(tmp_path / "o", np.float32).reshape(x.shape)
-            for lane in (0, 1):
-                assert np.all(np.abs(got[..., lane:rope_dim:2] - want[..., lane:rope_dim:2]) <= tol)
+            for part in (first, second):
+                assert np.all(np.abs(got[..., part] - want[..., part]) <= tol)
             assert np.array_equal(got[..., rope_dim:], x[..., rope_dim:])
+
+
+def test_rope_modes_differ_where_the_pairs_do(harnesses, warp, tmp_path):
+    """The NEOX kernel is not the NORM one: on the same input they agree only on what neither rotates."""
+    rng = np.random.default_rng(warp)
+    x = rng.standard_normal((2, 2, 8)).astype(np.float32)
+    positions = np.array([3, 17], dtype=np.int32)
+    out = {}
+    for rope_type, entry in rope.ENTRIES.items():
+        x.tofile(tmp_path / "x")
+        positions.tofile(tmp_path / "p")
+        run(harnesses, warp, entry, 1, 64, 2, 2, 8, 8, 10000.0, 1.0, tmp_path / "x", tmp_path / "p", "-",
+            tmp_path / "o")
+        out[rope_type] = np.fromfile(tmp_path / "o", np.float32).reshape(x.shape)
+        want = rope.reference(x, positions, 8, 10000.0, 1.0, None, rope_type)
+        assert np.abs(out[rope_type] - want).max() < 1e-5
+    assert np.abs(out["norm"] - out["neox"]).max() > 0.1
+
+
+def test_add_bias(harnesses, warp, tmp_path):
+    rng = np.random.default_rng(warp)
+    for rows, n in ((1, 1), (3, 40), (7, 300)):
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        bias = (rng.standard_normal(n) * 3).astype(np.float32)
+        grid, block = elementwise_grid(rows * n)
+        for g in sorted({grid, 1}):
+            x.tofile(tmp_path / "x")
+            bias.tofile(tmp_path / "b")
+            run(harnesses, warp, "add_bias_f32", g, block, rows, n, tmp_path / "x", tmp_path / "b", tmp_path / "o")
+            got = np.fromfile(tmp_path / "o", np.float32).reshape(rows, n)
+            assert np.array_equal(got, add_bias.reference(x, bias))
 
 
 def test_silu_mul_and_add(harnesses, warp, tmp_path):

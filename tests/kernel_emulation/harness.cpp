@@ -8,6 +8,7 @@
 #include <string>
 
 #include "add.hip"
+#include "add_bias.hip"
 #include "argmax.hip"
 #include "embedding.hip"
 #include "kv_store.hip"
@@ -366,15 +367,22 @@ int main(int argc, char** argv) {
     float* dst = std::string(a[4]) == "-" ? (float*)x.data() : out.data();
     emu_launch(grid, block, [&] { rmsnorm_f32(dst, (const float*)x.data(), (const float*)weight.data(), n, eps); });
     write_file(a[std::string(a[4]) == "-" ? 5 : 4], dst, (size_t)grid * n * 4);
-  } else if (entry == "rope_f32") {  // n_tokens n_heads head_dim rope_dim theta_base freq_scale x positions factors|- out
+  } else if (entry == "rope_f32" || entry == "rope_neox_f32") {
+    // n_tokens n_heads head_dim rope_dim theta_base freq_scale x positions factors|- out
     const int tokens = std::atoi(a[0]), heads = std::atoi(a[1]), head_dim = std::atoi(a[2]), rope_dim = std::atoi(a[3]);
     const float theta = std::strtof(a[4], nullptr), scale = std::strtof(a[5], nullptr);
     std::vector<char> x = read_file(a[6]), positions = read_file(a[7]), factors = optional_file(a[8]);
+    const auto kernel = entry == "rope_f32" ? rope_f32 : rope_neox_f32;
     emu_launch(grid, block, [&] {
-      rope_f32((float*)x.data(), (const int*)positions.data(), factors_of(factors), tokens, heads, head_dim, rope_dim,
+      kernel((float*)x.data(), (const int*)positions.data(), factors_of(factors), tokens, heads, head_dim, rope_dim,
                theta, scale);
     });
     write_file(a[9], x.data(), x.size());
+  } else if (entry == "add_bias_f32") {  // rows n x bias out
+    const int rows = std::atoi(a[0]), n = std::atoi(a[1]);
+    std::vector<char> x = read_file(a[2]), bias = read_file(a[3]);
+    emu_launch(grid, block, [&] { add_bias_f32((float*)x.data(), (const float*)bias.data(), rows, n); });
+    write_file(a[4], x.data(), x.size());
   } else if (entry == "silu_mul_f32" || entry == "add_f32") {  // n first second out
     const int n = std::atoi(a[0]);
     std::vector<char> first = read_file(a[1]), second = read_file(a[2]);
