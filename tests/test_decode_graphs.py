@@ -10,7 +10,7 @@ import pytest
 
 from support.engine_testing import load_tiny, prompt_of, tiny_model
 from hipcore.model.decode_graphs import BUCKETS, DecodeGraphs, bucket_capacity
-from hipcore.model.llama import LlamaRunner, activation_sizes
+from hipcore.model.forward import ModelRunner, activation_sizes
 from hipcore.ops.sample import SamplingRows
 from hipcore.engine.sampler import SamplingParams
 from support.model_steps import step_batch
@@ -25,7 +25,7 @@ def model(tmp_path_factory):
 @pytest.fixture
 def eager(model):
     """A second runner on the same weights and cache that never captures (the same launches, eagerly)."""
-    runner = LlamaRunner(model.device, model.config, model.weights, model.cache, max_step_tokens=64, max_seqs=8,
+    runner = ModelRunner(model.device, model.config, model.weights, model.cache, max_step_tokens=64, max_seqs=8,
                          use_graphs=False)
     yield runner
     runner.close()
@@ -100,7 +100,7 @@ def test_runner_memory_is_what_the_plan_counts_and_close_frees_graphs(model):
     cfg, cache = model.config, model.cache
     ledger = model.device.ledger
     before = ledger.total_bytes
-    runner = LlamaRunner(model.device, cfg, model.weights, cache, max_step_tokens=16, max_seqs=3)
+    runner = ModelRunner(model.device, cfg, model.weights, cache, max_step_tokens=16, max_seqs=3)
     sizes = activation_sizes(cfg, 16, 3, runner.max_blocks, cache.config.block_size)
     assert ledger.total_bytes - before == sum(n for n, _ in sizes.values())
     assert runner.token_capacity == 16 and runner.row_capacity == 4  # 3 sequences pad to bucket 4

@@ -31,7 +31,7 @@ def test_the_checker_sees_the_whole_library():
     ("hipcore.runtime.device", "from hipcore.errors import UsageError\n", "runtime imports nothing"),
     ("hipcore.runtime.device", "import hipcore.kvcache.cache\n", "runtime imports nothing"),
     ("hipcore.gguf.file", "from hipcore.kvcache import KvCache\n", "side by side"),
-    ("hipcore.model.llama", "from hipcore.engine.request import Request\n", "upward"),
+    ("hipcore.model.forward", "from hipcore.engine.request import Request\n", "upward"),
     ("profiles.leak_check", "from rocmforge_cli.common import fail\n", "upward"),
     ("hipcore.gguf.file", "from hipcore.tokenizer import tokenizer\n", "side by side"),
 ])
@@ -41,7 +41,7 @@ def test_a_planted_backward_import_is_caught(module, source, why):
 
 
 @pytest.mark.parametrize("module, source", [
-    ("hipcore.engine.engine", "from hipcore.model.llama import LlamaRunner\nfrom hipcore.kvcache import KvCache\n"),
+    ("hipcore.engine.engine", "from hipcore.model.forward import ModelRunner\nfrom hipcore.kvcache import KvCache\n"),
     ("hipcore.ops.kv_store", "from hipcore.kvcache.cache import KvCache\nfrom hipcore.runtime.device import Device\n"),
     ("hipcore.runtime.cuda", "from hipcore.runtime.gpu_device import GpuDevice\nimport numpy\n"),
     ("rocmforge_cli.generate", "from profiles.bench import run\nfrom hipcore.engine.loader import load_model\n"),

@@ -1,4 +1,4 @@
-"""The paged forward pass (LlamaRunner reading K/V through block tables) against the contiguous
+"""The paged forward pass (ModelRunner reading K/V through block tables) against the contiguous
 numpy reference (LlamaReference + a contiguous KV cache): the same logits for the same tokens.
 
 The runner is driven with hand-built StepBatches, so each test controls exactly how the tokens are

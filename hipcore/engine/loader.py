@@ -15,7 +15,7 @@ from typing import Callable
 from hipcore.engine.engine import Engine, EngineHooks
 from hipcore.gguf.file import GGUFFile
 from hipcore.kvcache.cache import KvCache
-from hipcore.model.llama import LlamaRunner
+from hipcore.model.forward import ModelRunner
 from hipcore.model.memory_plan import MemoryPlan, make_plan
 from hipcore.model.weights import ModelWeights, upload_weights
 from hipcore.runtime.device import Device
@@ -50,7 +50,7 @@ class LoadedModel:
     memory_plan: MemoryPlan
     weights: ModelWeights
     cache: KvCache
-    runner: LlamaRunner
+    runner: ModelRunner
     engine: Engine
     load_seconds: float
     closed: bool = field(default=False)
@@ -110,7 +110,7 @@ def load_model(path: str, options: LoadOptions | None = None, *, status: StatusF
         undo.append(weights.free)
         cache = KvCache(device, plan.kv_config)
         undo.append(cache.close)
-        runner = LlamaRunner(device, cfg, weights, cache, max_step_tokens=opts.max_step_tokens, max_seqs=opts.max_seqs,
+        runner = ModelRunner(device, cfg, weights, cache, max_step_tokens=opts.max_step_tokens, max_seqs=opts.max_seqs,
                              max_context=ctx)
         undo.append(runner.close)
         engine = Engine(runner, tokenizer, cache, max_seqs=opts.max_seqs, max_step_tokens=opts.max_step_tokens,

@@ -1,7 +1,7 @@
-"""ModelConfig: the llama family's hyperparameters, read from GGUF metadata and checked against the tensors.
+"""ModelConfig: a model's hyperparameters, read from GGUF metadata and checked against the tensors.
 
-Accepted architectures: "llama" (mistral-style llama GGUFs use it too). Anything else is a valid but
-unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
+Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3), whose keys are
+`<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
 and "linear" (positions divided by the factor); "yarn", "longrope" and the rest are named and
 refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
 file carries it as the optional rope_freqs.weight tensor, which every RoPE launch divides by.
@@ -17,11 +17,11 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Protocol
 
+from hipcore.gguf.architectures import ARCHITECTURES
 from hipcore.gguf.header import GGUFError, Limits, show
 from hipcore.gguf.metadata_keys import MetadataKeys
 from hipcore.gguf.vocabulary_checks import check_tokenizer_metadata
 
-ARCHITECTURES = ("llama",)
 SUPPORTED_ROPE_SCALING = ("none", "linear")
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -63,6 +63,10 @@ class ModelConfig:
     rope_original_context: int
     tie_embeddings: bool          # output.weight absent: the output projection is token_embd.weight
     file_type: int | None
+    # What the family adds to the llama layout (hipcore/gguf/architectures.py).
+    rope_type: str = "norm"       # "norm": RoPE pairs (2i, 2i+1); "neox": pairs (i, i + rope_dim/2)
+    qkv_bias: bool = False        # q, k and v products each add a bias
+    qk_norm: bool = False         # q and k are RMS-normalized per head (head_dim weights) before RoPE
 
     @property
     def q_size(self) -> int:
@@ -83,14 +87,18 @@ class ModelConfig:
             "attn_v": (self.kv_size, h), "attn_output": (h, self.q_size),
             "ffn_norm": (h,), "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f),
         }
+        layer = {f"{part}.weight": shape for part, shape in layer.items()}
+        layer.update(ARCHITECTURES[self.architecture].layer_vectors(self.q_size, self.kv_size, self.head_dim))
         for i in range(self.n_layers):
             for part, shape in layer.items():
-                shapes[f"blk.{i}.{part}.weight"] = shape
+                shapes[f"blk.{i}.{part}"] = shape
         return shapes
 
     def optional_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Tensors a llama file may carry: per-frequency RoPE factors (llama 3.1-style long context)."""
-        return {"rope_freqs.weight": (self.rope_dim // 2,)}
+        """Tensors a file may carry: per-frequency RoPE factors (llama 3.1-style long context), for llama."""
+        if ARCHITECTURES[self.architecture].rope_freq_factors:
+            return {"rope_freqs.weight": (self.rope_dim // 2,)}
+        return {}
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token occupies across all layers (K and V; GQA: KV heads, not query heads)."""
@@ -144,6 +152,7 @@ def config_from_metadata(
                          problem=f"RoPE needs an even head size, not {rope_dim}")
     scaling, factor, original = _rope_scaling(keys, arch, context)
     names = {t.name for t in tensors}
+    family = ARCHITECTURES[arch]
     config = ModelConfig(
         architecture=arch,
         name=keys.string("general.name", default=""),
@@ -155,6 +164,7 @@ def config_from_metadata(
         rope_dim=rope_dim, rope_scaling=scaling, rope_scaling_factor=factor, rope_original_context=original,
         tie_embeddings="output.weight" not in names,
         file_type=keys.uint32("general.file_type", required=False),
+        rope_type=family.rope_type, qkv_bias=family.qkv_bias, qk_norm=family.qk_norm,
     )
     check_tensor_shapes(config, tensors, offsets=offsets)
     return config

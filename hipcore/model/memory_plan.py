@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hipcore.kvcache.config import KvCacheConfig
-from hipcore.model.llama import activation_sizes
+from hipcore.model.forward import activation_sizes
 from hipcore.model.weights import planned_weight_bytes
 from hipcore.runtime.device import Device
 from hipcore.runtime.errors import DeviceOutOfMemory, UsageError

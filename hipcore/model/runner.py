@@ -1,5 +1,5 @@
 """The seam between the engine and a model: what the engine calls each step (docs/architecture.md,
-"The path of a request"). LlamaRunner (hipcore/model/llama.py) is the model's runner; tests and profiles
+"The path of a request"). ModelRunner (hipcore/model/forward.py) is the model's runner; tests and profiles
 plug in smaller ones (a runner that only touches the KV cache, one that counts calls)."""
 
 from __future__ import annotations

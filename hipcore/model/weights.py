@@ -34,6 +34,9 @@ GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_
 GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+# Per-layer vectors some families add (hipcore/gguf/architectures.py): LayerWeights field -> tensor name part.
+FAMILY_VECTORS = {"attn_q_bias": "attn_q.bias", "attn_k_bias": "attn_k.bias", "attn_v_bias": "attn_v.bias",
+                  "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight"}
 # Layer matrices uploaded into one buffer when their formats agree: (group name, members).
 FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("ffn_gate", "ffn_up")))
 ROPE_FREQS = "rope_freqs.weight"  # optional: RoPE frequency divisors (Llama 3.1/3.2 "llama3" scaling)
@@ -74,6 +77,11 @@ class LayerWeights:
     ffn_down: Weight
     attn_qkv: Weight | None = None  # q, k, v rows back to back in one buffer (same format), else None
     ffn_gate_up: Weight | None = None  # gate rows then up rows in one buffer (same format), else None
+    attn_q_bias: Weight | None = None  # qwen2: added to each product (FAMILY_VECTORS)
+    attn_k_bias: Weight | None = None
+    attn_v_bias: Weight | None = None
+    attn_q_norm: Weight | None = None  # qwen3: RMSNorm weight of every q head, [head_dim]
+    attn_k_norm: Weight | None = None
 
 
 @dataclass
@@ -121,11 +129,19 @@ def _tensor_roles(config) -> list[tuple[str, bool, bool]]:
     for i in range(config.n_layers):
         for t in LAYER_TENSORS:
             roles.append((f"blk.{i}.{t}.weight", False, t.endswith("norm")))
+        for part in _family_vectors(config).values():
+            roles.append((f"blk.{i}.{part}", False, True))
     return roles
 
 
 def _has_rope_freqs(plan) -> bool:
     return any(info.name == ROPE_FREQS for info in plan.tensors)
+
+
+def _family_vectors(config) -> dict[str, str]:
+    """The FAMILY_VECTORS this config's layers carry (its expected tensors say which)."""
+    expected = config.expected_tensor_shapes()
+    return {field: part for field, part in FAMILY_VECTORS.items() if f"blk.0.{part}" in expected}
 
 
 def planned_weight_bytes(device: Device, plan) -> int:
@@ -227,9 +243,11 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
             if not buf.freed:
                 buf.free()
         raise
+    vectors = _family_vectors(config)
     layers = [
         LayerWeights(*(uploaded[f"blk.{i}.{t}.weight"] for t in LAYER_TENSORS),
-                     **{g: groups.get(f"blk.{i}.{g}") for g, _ in FUSED_GROUPS})
+                     **{g: groups.get(f"blk.{i}.{g}") for g, _ in FUSED_GROUPS},
+                     **{field: uploaded[f"blk.{i}.{part}"] for field, part in vectors.items()})
         for i in range(config.n_layers)
     ]
     embd = uploaded["token_embd.weight"]

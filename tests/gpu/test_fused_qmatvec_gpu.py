@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model.llama import LlamaRunner
+from hipcore.model.forward import ModelRunner
 from hipcore.ops import fused_qmatvec, qmatvec, rope
 from hipcore.ops.weight_formats import dequantize_rows, row_bytes
 from support.gguf_factory import write_tiny_llama
@@ -173,7 +173,7 @@ def test_q4_k_m_model_matches_the_cpu_backend(gpu, kquant_model):
 
 def test_q4_k_m_graph_replay_equals_eager(gpu, kquant_model):
     with load_model(kquant_model, LoadOptions(max_seqs=4, ctx_size=256, kv_dtype="f16"), device=gpu) as loaded:
-        eager = LlamaRunner(loaded.device, loaded.config, loaded.weights, loaded.cache, max_step_tokens=64, max_seqs=4,
+        eager = ModelRunner(loaded.device, loaded.config, loaded.weights, loaded.cache, max_step_tokens=64, max_seqs=4,
                             max_context=256, use_graphs=False)
         cache, graphs = loaded.cache, loaded.runner
         lengths = {11: 5, 12: 9, 13: 1}

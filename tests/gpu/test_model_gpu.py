@@ -18,7 +18,7 @@ import pytest
 from hipcore.gguf.demo_model import find_demo_model
 from hipcore.gguf.file import GGUFFile
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model.llama import LlamaRunner
+from hipcore.model.forward import ModelRunner
 from hipcore.ops import sample
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime import kernels as loader
@@ -114,7 +114,7 @@ def test_golden_prompts_match_the_cpu_backend(on_gpu, on_cpu):
 
 
 def test_graph_replay_equals_eager(on_gpu):
-    eager = LlamaRunner(on_gpu.device, on_gpu.config, on_gpu.weights, on_gpu.cache, max_step_tokens=64, max_seqs=8,
+    eager = ModelRunner(on_gpu.device, on_gpu.config, on_gpu.weights, on_gpu.cache, max_step_tokens=64, max_seqs=8,
                         max_context=512, use_graphs=False)
     cache, graphs = on_gpu.cache, on_gpu.runner
     try:
@@ -147,8 +147,8 @@ def test_large_batches_replay_equal_eager_and_agree_with_single_sequences(on_gpu
     a replay equals its eager twin bit for bit, and each sequence's logits agree with the same sequence
     decoded alone (bucket 1: fused_matvec) to float32 rounding through 30 layers."""
     cfg, cache = on_gpu.config, on_gpu.cache
-    graphs = LlamaRunner(on_gpu.device, cfg, on_gpu.weights, cache, max_step_tokens=64, max_seqs=64, max_context=512)
-    eager = LlamaRunner(on_gpu.device, cfg, on_gpu.weights, cache, max_step_tokens=64, max_seqs=64, max_context=512,
+    graphs = ModelRunner(on_gpu.device, cfg, on_gpu.weights, cache, max_step_tokens=64, max_seqs=64, max_context=512)
+    eager = ModelRunner(on_gpu.device, cfg, on_gpu.weights, cache, max_step_tokens=64, max_seqs=64, max_context=512,
                         use_graphs=False)
     seqs = list(range(300, 340))  # 40 sequences: bucket 64
     try:

@@ -1,4 +1,4 @@
-"""The llama forward pass over the paged KV cache, as a fixed sequence of op launches.
+"""The forward pass over the paged KV cache, as a fixed sequence of op launches, for every model family.
 
 The same code runs on every backend: on the cpu backend each launch runs the op's numpy reference,
 on a GPU it launches the op's HIP kernel. Buffers are allocated once, sized for the largest step
@@ -7,7 +7,8 @@ a decode-only step replays a graph captured for its batch-size bucket (decode_gr
 mixed steps launch eagerly. Everything that changes per step lives in one buffer, uploaded in one
 copy (step_inputs.py).
 
-Per layer, with the fused kernels when the weights allow them (projections.py picks fused_matvec for
+Per layer, the blocks of the model's family (hipcore/model/families/, over hipcore/model/blocks.py); the
+llama layer, with the fused kernels when the weights allow them (projections.py picks fused_matvec for
 steps of a few tokens, fused_matmul beyond, the single ops otherwise):
     q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv])      1 launch (else rmsnorm, 3 products, 2 ropes)
     kv_store(k, v); attn = paged_attention(q)       2 launches
@@ -28,11 +29,13 @@ from hipcore.errors import UnsupportedModelError
 from hipcore.gguf.config import ModelConfig
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.batch import StepBatch
+from hipcore.model.blocks import StepContext
+from hipcore.model.families import family_for
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
 from hipcore.model.step_inputs import StepInputs, input_bytes
 from hipcore.model.weights import ModelWeights
 from hipcore.model.projections import Launch, ProjectionPlanner
-from hipcore.ops import embedding, fused_matmul, kv_store, paged_attention, sample, select_rows
+from hipcore.ops import embedding, fused_matmul, paged_attention, sample, select_rows
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.device import Buffer, Device
 
@@ -68,13 +71,14 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
     return sizes
 
 
-class LlamaRunner:
+class ModelRunner:
     """Executes StepBatches for one model on one device: logits of the sampled rows, or their tokens."""
 
     def __init__(self, device: Device, config: ModelConfig, weights: ModelWeights, cache: KvCache, *, max_step_tokens: int, max_seqs: int,
                  max_context: int | None = None, use_graphs: bool = True):
         if config.rope_scaling not in ("none", "linear"):
             raise UnsupportedModelError(f"rope scaling {config.rope_scaling!r} is not supported yet (none, linear)")
+        self.family = family_for(config.architecture)
         self.device, self.config, self.weights, self.cache = device, config, weights, cache
         self.max_step_tokens, self.max_seqs = max_step_tokens, max_seqs
         block_size = cache.config.block_size
@@ -194,24 +198,13 @@ class LlamaRunner:
         inputs, products = self.inputs, self.products
         assert inputs is not None
         h, v = cfg.hidden_size, cfg.vocab_size
-        nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        kv = self.cache.config
-        ids, pos, seq_of, tables = (inputs.addr(n) for n in ("token_ids", "positions", "token_seq", "block_tables"))
-        workspace = b.get("attention_workspace")
+        ids = inputs.addr("token_ids")
+        ctx = StepContext(dev, st, cfg, b, self.cache, inputs, products, self.max_blocks, self.scale)
         plan: list[Launch] = [("embedding", lambda: embedding.launch(
             dev, st, b["x"], w.token_embd.buffer, ids, t, h, v, w.token_embd.fmt))]
 
         for i, lw in enumerate(w.layers):
-            plan += products.attention_input(lw, t, pos)
-            plan.append(("kv_store", lambda i=i: kv_store.launch(dev, st, self.cache, i, b["k"], b["v"], inputs.buffer, t)))
-            plan.append(("attention", lambda i=i: paged_attention.launch(
-                dev, st, b["attn"], b["q"], self.cache.k_pools[i], self.cache.v_pools[i], tables, seq_of, pos,
-                n_tokens=t, n_heads=nh, n_kv_heads=nkv, head_dim=hd, block_size=kv.block_size,
-                max_blocks=self.max_blocks, num_blocks=kv.num_blocks, scale=self.scale, kv_dtype=kv.dtype,
-                workspace=workspace)))
-            plan += products.residual_product("attn_output", lw.attn_output, b["attn"], nh * hd, t)
-            plan += products.feed_forward_input(lw, t)
-            plan += products.residual_product("ffn_down", lw.ffn_down, b["gate"], cfg.ffn_size, t)
+            plan += self.family.layer_launches(ctx, i, lw, t)
 
         if r == 0:  # a step of prompt chunks only: nothing samples, so no logits are computed
             return plan
