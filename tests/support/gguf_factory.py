@@ -1,4 +1,4 @@
-"""Tiny, valid llama GGUF files for tests, written with the gguf package's GGUFWriter.
+"""Tiny, valid llama (and qwen2, qwen3) GGUF files for tests, written with the gguf package's GGUFWriter.
 
     from support.gguf_factory import write_tiny_llama
     path = write_tiny_llama(tmp_path / "m.gguf", tensor_type="Q8_0", tokenizer="llama")
@@ -7,7 +7,8 @@ Random weights, scaled so that activations stay near unit size through every lay
 `tensor_type` (norms stay F32, as llama.cpp's converters do); a small working tokenizer vocabulary
 (tests/support/gguf_vocab.py). `tiny_llama_spec` gives the same model as data (the float32 originals and
 the encoded bytes of every tensor) and `raw_tiny_llama` the same file as a RawGGUF (tests/support/gguf_raw.py)
-ready to be corrupted field by field.
+ready to be corrupted field by field. `architecture="qwen2"` adds q/k/v biases and the qwen2 pre-tokenizer,
+"qwen3" per-head q/k norm weights (and a head size of its own with head_dim=...).
 """
 
 from __future__ import annotations
@@ -84,37 +85,50 @@ def tiny_llama_spec(
     rms_eps: float = 1e-5,
     alignment: int | None = None,
     tensor_types: Mapping[str, str] | None = None,
+    architecture: str = "llama",
+    head_dim: int | None = None,
+    logit_scale: float = 1.0,
     rope_freqs: np.ndarray | None = None,
 ) -> TinyLlama:
     """The model of write_tiny_llama as data. tensor_types: a matrix's part name ("attn_v", "ffn_down",
     "output" ...) -> its type where it differs from tensor_type (Q4_K_M: {"attn_v": "Q6_K", ...}). extra_metadata: key -> value (type inferred: bool, int as
     uint32, float as float32, str, lists of str/int/float) or key -> Meta; a value of None removes the key.
+    head_dim: the size of a head where it is not hidden / n_heads (written as attention.key_length and
+    value_length). logit_scale: the output matrix is multiplied by it (untied models), so that the logits
+    spread wider and greedy choices have clear margins.
     rope_freqs: head_dim / 2 RoPE frequency divisors, written first as F32 rope_freqs.weight (where llama.cpp's
     converter puts them in Llama 3.1/3.2 files); the other tensors are the same with or without them."""
-    if hidden % n_heads or n_heads % n_kv_heads:
-        raise ValueError("hidden must divide by n_heads and n_heads by n_kv_heads")
-    head_dim = hidden // n_heads
+    if architecture not in FAMILY_EXTRAS:
+        raise ValueError(f"architecture must be one of {sorted(FAMILY_EXTRAS)}, not {architecture!r}")
+    if n_heads % n_kv_heads or (head_dim is None and hidden % n_heads):
+        raise ValueError("hidden must divide by n_heads (or head_dim be given) and n_heads by n_kv_heads")
+    own_head_dim = head_dim is not None
+    head_dim = head_dim or hidden // n_heads
+    a = architecture
     meta = [
-        Meta("general.architecture", STRING, "llama"),
-        Meta("general.name", STRING, "tiny-llama-test"),
+        Meta("general.architecture", STRING, a),
+        Meta("general.name", STRING, f"tiny-{a}-test"),
         Meta("general.file_type", UINT32, FILE_TYPES.get(tensor_type, 0)),
-        Meta("llama.vocab_size", UINT32, vocab),
-        Meta("llama.context_length", UINT32, context),
-        Meta("llama.embedding_length", UINT32, hidden),
-        Meta("llama.block_count", UINT32, n_layers),
-        Meta("llama.feed_forward_length", UINT32, ffn),
-        Meta("llama.attention.head_count", UINT32, n_heads),
-        Meta("llama.attention.head_count_kv", UINT32, n_kv_heads),
-        Meta("llama.rope.freq_base", FLOAT32, rope_theta),
-        Meta("llama.rope.dimension_count", UINT32, head_dim),
-        Meta("llama.attention.layer_norm_rms_epsilon", FLOAT32, rms_eps),
+        Meta(f"{a}.vocab_size", UINT32, vocab),
+        Meta(f"{a}.context_length", UINT32, context),
+        Meta(f"{a}.embedding_length", UINT32, hidden),
+        Meta(f"{a}.block_count", UINT32, n_layers),
+        Meta(f"{a}.feed_forward_length", UINT32, ffn),
+        Meta(f"{a}.attention.head_count", UINT32, n_heads),
+        Meta(f"{a}.attention.head_count_kv", UINT32, n_kv_heads),
+        Meta(f"{a}.rope.freq_base", FLOAT32, rope_theta),
+        Meta(f"{a}.rope.dimension_count", UINT32, head_dim),
+        Meta(f"{a}.attention.layer_norm_rms_epsilon", FLOAT32, rms_eps),
     ]
+    if own_head_dim:
+        meta += [Meta(f"{a}.attention.key_length", UINT32, head_dim), Meta(f"{a}.attention.value_length", UINT32, head_dim)]
     if alignment is not None:
         meta.append(Meta("general.alignment", UINT32, alignment))
-    meta += _tokenizer_metadata(tokenizer, vocab)
+    meta += _tokenizer_metadata(tokenizer, vocab, pre="qwen2" if a in ("qwen2", "qwen3") else "smollm")
     meta = _apply_extra(meta, extra_metadata or {})
-    tensors = _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type,
-                       embedding_type or tensor_type, tied, seed, dict(tensor_types or {}))
+    shape = _Shape(n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab)
+    tensors = _tensors(shape, tensor_type, embedding_type or tensor_type, tied, seed, dict(tensor_types or {}),
+                       FAMILY_EXTRAS[a], logit_scale)
     if rope_freqs is not None:
         tensors = [_encode("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32), "F32"), *tensors]
     return TinyLlama(tuple(meta), tuple(tensors), alignment)
@@ -156,14 +170,14 @@ def raw_tiny_llama(**kwargs) -> RawGGUF:
     return RawGGUF(kvs=kvs, tensors=tensors, alignment=model.alignment or 32)
 
 
-def _tokenizer_metadata(kind: str | None, vocab: int) -> list[Meta]:
+def _tokenizer_metadata(kind: str | None, vocab: int, pre: str = "smollm") -> list[Meta]:
     if kind is None:  # llama.cpp insists on a tokenizer.ggml.model; "no_vocab" is its "none"
         return [Meta("tokenizer.ggml.model", STRING, "no_vocab")]
     if kind == "gpt2":
         tokens, types, merges = _gpt2(vocab)
         return [
             Meta("tokenizer.ggml.model", STRING, "gpt2"),
-            Meta("tokenizer.ggml.pre", STRING, "smollm"),
+            Meta("tokenizer.ggml.pre", STRING, pre),
             Meta("tokenizer.ggml.tokens", ARRAY, tokens, STRING),
             Meta("tokenizer.ggml.token_type", ARRAY, types, INT32),
             Meta("tokenizer.ggml.merges", ARRAY, merges, STRING),
@@ -229,10 +243,25 @@ def _infer(key: str, value: object) -> Meta:
     raise ValueError(f"cannot infer a GGUF type for {key}={value!r}; pass a Meta")
 
 
-def _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type, embedding_type, tied, seed,
-             tensor_types):
+@dataclass(frozen=True)
+class _Shape:
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+
+
+# Per-layer vectors each family adds to the llama layout: "bias" (q, k, v biases) and/or "qk_norm".
+FAMILY_EXTRAS = {"llama": (), "qwen2": ("bias",), "qwen3": ("qk_norm",)}
+
+
+def _tensors(shape: _Shape, tensor_type, embedding_type, tied, seed, tensor_types, extras=(), logit_scale=1.0):
     rng = np.random.default_rng(seed)
-    head_dim = hidden // n_heads
+    n_layers, hidden, ffn, vocab = shape.n_layers, shape.hidden, shape.ffn, shape.vocab
+    q_size, kv_size = shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim
     # Weights ~ N(0, 1/fan_in) keep each projection's output near unit size; the two projections
     # that write into the residual stream are further shrunk so that it grows slowly with depth.
     residual = 1.0 / math.sqrt(2 * n_layers)
@@ -243,14 +272,17 @@ def _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type, emb
     def norm(n):
         return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
 
+    def bias(n):  # large enough that a dropped bias moves the logits far past any rounding
+        return (0.5 * rng.standard_normal(n)).astype(np.float32)
+
     out = [_encode("token_embd.weight", linear(vocab, hidden), embedding_type)]
     for i in range(n_layers):
         parts = {
             "attn_norm": norm(hidden),
-            "attn_q": linear(n_heads * head_dim, hidden),
-            "attn_k": linear(n_kv_heads * head_dim, hidden),
-            "attn_v": linear(n_kv_heads * head_dim, hidden),
-            "attn_output": linear(hidden, n_heads * head_dim, residual),
+            "attn_q": linear(q_size, hidden),
+            "attn_k": linear(kv_size, hidden),
+            "attn_v": linear(kv_size, hidden),
+            "attn_output": linear(hidden, q_size, residual),
             "ffn_norm": norm(hidden),
             "ffn_gate": linear(ffn, hidden),
             "ffn_up": linear(ffn, hidden),
@@ -260,9 +292,16 @@ def _tensors(n_layers, hidden, n_heads, n_kv_heads, ffn, vocab, tensor_type, emb
             values = parts[part]
             kind = tensor_types.get(part, tensor_type) if values.ndim == 2 else "F32"
             out.append(_encode(f"blk.{i}.{part}.weight", values, kind))
+        if "bias" in extras:
+            for part, n in (("attn_q", q_size), ("attn_k", kv_size), ("attn_v", kv_size)):
+                out.append(_encode(f"blk.{i}.{part}.bias", bias(n), "F32"))
+        if "qk_norm" in extras:  # wider than the layer norms: a skipped per-head norm must show
+            for part in ("attn_q_norm", "attn_k_norm"):
+                out.append(_encode(f"blk.{i}.{part}.weight", (1.0 + 0.5 * rng.standard_normal(shape.head_dim))
+                                   .astype(np.float32), "F32"))
     out.append(_encode("output_norm.weight", norm(hidden), "F32"))
     if not tied:
-        out.append(_encode("output.weight", linear(vocab, hidden), tensor_types.get("output", tensor_type)))
+        out.append(_encode("output.weight", linear(vocab, hidden, logit_scale), tensor_types.get("output", tensor_type)))
     return out
 
 

@@ -1,0 +1,122 @@
+"""qwen2 and qwen3 on the GPU (run with `pytest -m gpu tests/gpu/test_families_gpu.py`): each tiny family model of
+tests/support/family_models.py against the cpu backend (greedy tokens; logits within tolerance) and against
+llama.cpp's golden record (the same check as tests/test_golden_families.py), and graph replay equal to eager.
+
+These models take the unfused attention input (norm, three products, bias adds or per-head norms, NEOX RoPE:
+kernels add_bias.hip, rmsnorm.hip over heads, rope.hip's rope_neox_f32) and the fused kernels everywhere else.
+When $OUT is set, the figures are written to $OUT/families_gpu_figures.json as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.model.forward import ModelRunner
+from hipcore.runtime import kernels as loader
+from hipcore.runtime.selection import pick_device
+from support.family_models import FAMILY_MODELS, GREEDY_TOKENS, write_family_model
+from support.model_steps import step_batch
+from support.family_golden import GOLDEN, disagreements, evaluate
+
+pytestmark = pytest.mark.gpu
+
+# Both backends compute in float32 with f16 K/V; they differ in summation order and exp/sin/cos (~1e-7
+# relative each) through 2 layers. 1e-3 of the largest logit (~0.015 on logits of ~15) is far below the
+# golden test's tolerance and what a wrong kernel does (a dropped bias or NORM RoPE: whole units).
+MAX_RELATIVE_LOGIT_DIFF = 1e-3
+NEAR_TIE = 0.05
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    choice = pick_device("auto")
+    dev = choice.device
+    if dev.backend == "cpu":
+        dev.close()
+        pytest.fail("the GPU tier needs a GPU; pick_device said: " + "; ".join(choice.reasons), pytrace=False)
+    yield dev
+    loader.forget_device(dev)
+    dev.close()
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    return json.loads(GOLDEN.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("family-models-gpu")
+    return {name: write_family_model(name, folder) for name in FAMILY_MODELS}
+
+
+def options(**kw) -> LoadOptions:
+    return LoadOptions(**{"max_seqs": 8, "ctx_size": 256, "kv_dtype": "f16", "max_step_tokens": 64, **kw})
+
+
+def record_figures(name: str, figures: dict) -> None:
+    if os.environ.get("OUT"):
+        path = Path(os.environ["OUT"]) / "families_gpu_figures.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[name] = figures
+        path.write_text(json.dumps(data, indent=2))
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_gpu_equals_cpu_and_agrees_with_llamacpp(gpu, golden, files, name):
+    record = golden["models"][name]
+    runs = {}
+    for backend in ("gpu", "cpu"):
+        opts = options() if backend == "gpu" else options(device="cpu")
+        with load_model(str(files[name]), opts, device=gpu if backend == "gpu" else None) as model:
+            runs[backend] = {p: evaluate(model, rec["prompt_ids"], rec["greedy_ids"], GREEDY_TOKENS)
+                             for p, rec in record["prompts"].items()}
+    figures = {}
+    for prompt in record["prompts"]:
+        g, c = runs["gpu"][prompt], runs["cpu"][prompt]
+        rows_g, rows_c = np.vstack([g["last"], g["forced"]]), np.vstack([c["last"], c["forced"]])
+        rel = float(np.max(np.abs(rows_g.astype(np.float64) - rows_c)) / np.max(np.abs(rows_c)))
+        same = next((i for i, (a, b) in enumerate(zip(g["free"], c["free"])) if a != b), GREEDY_TOKENS)
+        figures[prompt] = {"max_rel_logit_diff": rel, "greedy_same_prefix": same}
+        assert rel <= MAX_RELATIVE_LOGIT_DIFF, f"{prompt}: logits differ by {rel:.2e} (relative)"
+        if same < GREEDY_TOKENS:
+            top2 = np.sort(c["forced"][same])[-2:] if same else np.sort(c["last"])[-2:]
+            assert top2[1] - top2[0] < NEAR_TIE, f"{prompt}: greedy step {same} differs at a margin of {top2[1] - top2[0]:.3f}"
+    figures["llamacpp_disagreements"] = disagreements(record, runs["gpu"])
+    print(f"{name}: {figures}")
+    record_figures(name, figures)
+    assert figures["llamacpp_disagreements"] == []
+
+
+@pytest.mark.parametrize("name", ["qwen2-f16", "qwen3-f16"])
+def test_graph_replay_equals_eager(gpu, files, name):
+    with load_model(str(files[name]), options(), device=gpu) as model:
+        cache, graphs = model.cache, model.runner
+        eager = ModelRunner(model.device, model.config, model.weights, cache, max_step_tokens=64, max_seqs=8,
+                            max_context=256, use_graphs=False)
+        lengths = {11: 7, 12: 30, 13: 1, 14: 17, 15: 3}
+        try:
+            last, pos = {}, dict(lengths)
+            for s, n in lengths.items():
+                last[s] = int(np.argmax(graphs.execute(step_batch(cache, [(s, list(range(10, 10 + n)), 0)]))[0]))
+            for step in range(10):
+                live = [s for s in lengths if step < (4 if s in (11, 12) else 10)]  # 5 sequences, then 3
+                batch = step_batch(cache, [(s, [last[s]], pos[s]) for s in live])
+                want, got = eager.execute(batch), graphs.execute(batch)
+                assert np.array_equal(got, want), f"step {step}: replay differs from eager"
+                for i, s in enumerate(live):
+                    last[s], pos[s] = int(np.argmax(got[i])), pos[s] + 1
+            assert graphs.graphs.captures >= 2 and graphs.graphs.replays >= 10
+        finally:
+            for s in lengths:
+                if cache.has_sequence(s):
+                    cache.free_sequence(s)
+            model.device.synchronize()
+            cache.release_fenced()
+            eager.close()

@@ -1,0 +1,140 @@
+"""The qwen2 and qwen3 forward passes on the cpu backend against llama.cpp, on tiny random-weight models.
+
+Golden data: tests/golden/families_llamacpp.json, written by scripts/golden/record_llamacpp_families.py
+(llama-cpp-python 0.3.36 built from its sdist, CPU). The models are rebuilt here by the same code from the
+same seeds (tests/support/family_models.py) and must hash to what was recorded. Inputs are llama.cpp's own
+token ids; a separate test checks that our tokenizer produces them.
+
+Tolerances: tests/support/family_golden.py says what they are and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.model.blocks import Family, compose, pre_norm_layer, qk_head_norm, qkv_bias, qkv_products, rope_qk
+from hipcore.tokenizer.chat_template import render_chat
+from support.family_models import FAMILY_MODELS, GREEDY_TOKENS, PROMPTS, write_family_model
+from support.family_golden import GOLDEN, TIE_MARGIN, disagreements, evaluate, margin
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    return json.loads(GOLDEN.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("family-models")
+    return {name: write_family_model(name, folder) for name in FAMILY_MODELS}
+
+
+def run_model(path: Path, golden_model: dict, adjust=None) -> dict:
+    with load_model(str(path), LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256)) as model:
+        if adjust is not None:
+            adjust(model.runner)
+        return {name: evaluate(model, rec["prompt_ids"], rec["greedy_ids"], GREEDY_TOKENS)
+                for name, rec in golden_model["prompts"].items()}
+
+
+@pytest.fixture(scope="module")
+def runs(golden, model_files) -> dict:
+    return {name: run_model(model_files[name], golden["models"][name]) for name in FAMILY_MODELS}
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_model_file_is_the_recorded_one(golden, model_files, name):
+    digest = hashlib.sha256(model_files[name].read_bytes()).hexdigest()
+    assert digest == golden["models"][name]["model_sha256"], (
+        f"{name} is not the file the golden data was recorded from: re-record with "
+        "scripts/golden/record_llamacpp_families.py")
+
+
+def test_golden_data_is_complete(golden):
+    assert set(golden["models"]) == set(FAMILY_MODELS)
+    for model in golden["models"].values():
+        assert set(model["prompts"]) == set(PROMPTS)
+        for rec in model["prompts"].values():
+            assert len(rec["greedy_ids"]) == len(rec["greedy_step_top"]) == len(rec["forced_step_top"]) == GREEDY_TOKENS
+            assert len(rec["last_top_ids"]) >= 20 and len(rec["prompt_ids"]) >= 10
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_our_tokenizer_and_chat_template_give_llamacpps_ids(golden, model_files, name):
+    with load_model(str(model_files[name]), LoadOptions(device="cpu", ctx_size=256)) as model:
+        tok = model.tokenizer
+        for prompt, rec in golden["models"][name]["prompts"].items():
+            assert tok.encode(PROMPTS[prompt]) == rec["prompt_ids"], prompt
+        chat = render_chat(model.gguf.metadata["tokenizer.chat_template"],
+                           [{"role": "user", "content": "Hello there, how are you today?"}],
+                           bos_token="", eos_token="<|endoftext|>", isolated=False)
+        assert chat == PROMPTS["chat"]
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_agrees_with_llamacpp(golden, runs, name):
+    assert disagreements(golden["models"][name], runs[name]) == []
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_greedy_margins_are_mostly_clear(golden, name):
+    """The models were made peaked: most greedy steps are decided by more than TIE_MARGIN."""
+    tops = [top for rec in golden["models"][name]["prompts"].values() for top in rec["greedy_step_top"]]
+    clear = sum(margin(top["logits"]) >= TIE_MARGIN for top in tops)
+    assert clear >= 0.75 * len(tops), f"{clear} of {len(tops)} steps clear of a near-tie"
+
+
+def _without(block):
+    def adjust(runner):
+        arch = runner.config.architecture
+        kept = [b for b in (qkv_products, qkv_bias if arch == "qwen2" else qk_head_norm, rope_qk) if b is not block]
+        runner.family = Family(f"{arch}-planted", pre_norm_layer(compose(*kept)))
+    return adjust
+
+
+def _norm_rope(runner):
+    runner.config = dataclasses.replace(runner.config, rope_type="norm")
+
+
+@pytest.mark.parametrize("name, fault", [
+    ("qwen2-f32", "no q/k/v bias"), ("qwen3-f32", "no per-head q/k norm"),
+    ("qwen2-f16", "NORM-mode RoPE"), ("qwen3-f16", "NORM-mode RoPE"),
+])
+def test_planted_faults_are_caught(golden, model_files, name, fault):
+    adjust = {"no q/k/v bias": _without(qkv_bias), "no per-head q/k norm": _without(qk_head_norm),
+              "NORM-mode RoPE": _norm_rope}[fault]
+    found = disagreements(golden["models"][name], run_model(model_files[name], golden["models"][name], adjust))
+    assert found, f"{fault} went unnoticed"
+
+
+def agreement_report(golden: dict, runs: dict) -> str:
+    lines = []
+    for name in FAMILY_MODELS:
+        for prompt, rec in golden["models"][name]["prompts"].items():
+            ours = runs[name][prompt]
+            ids, values = rec["last_top_ids"][:10], np.array(rec["last_top_logits"][:10])
+            last = np.abs(ours["last"][ids] - values).max()
+            forced = max(np.abs(ours["forced"][s][t["ids"]] - t["logits"]).max()
+                         for s, t in enumerate(rec["forced_step_top"]))
+            same = sum(int(np.argmax(r)) == t for r, t in zip(ours["forced"], rec["greedy_ids"]))
+            follow = next((i for i, (a, b) in enumerate(zip(ours["free"], rec["greedy_ids"])) if a != b),
+                          GREEDY_TOKENS)
+            tight = min(margin(t["logits"]) for t in rec["greedy_step_top"])
+            lines.append(f"{name} {prompt}: last top-10 max|diff| {last:.4f}, teacher-forced max|diff| {forced:.4f}, "
+                         f"argmax {same}/{GREEDY_TOKENS}, free greedy follows {follow}/{GREEDY_TOKENS}, "
+                         f"smallest llama.cpp margin {tight:.3f}")
+    return "\n".join(lines)
+
+
+def test_print_agreement_figures(golden, runs, capsys):
+    report = agreement_report(golden, runs)
+    with capsys.disabled():
+        print("\n" + report)
+    assert report.count("\n") == len(FAMILY_MODELS) * len(PROMPTS) - 1
