@@ -1,14 +1,19 @@
 """Comparing a runner with llama.cpp's record on the tiny family models (tests/golden/families_llamacpp.json):
 used by tests/test_golden_families.py on the cpu backend and tests/gpu/test_families_gpu.py on a GPU.
 
-Tolerances, from these data (the figures print with `pytest -s`):
-* LOGIT_TOLERANCE: llama.cpp keeps K and V in float16 and, for F16 weights, rounds the activations to
-  float16 before each product; we keep K and V in float16 too and compute in float32. SEE_MEASURED.
-* TIE_MARGIN: a greedy step whose top-2 margin in llama.cpp's logits is below it is a near-tie; there
-  we only require our pick to be among llama.cpp's candidates within the margin, and the free-running
-  comparison stops. It is several times the largest difference measured, so it is not where a real
-  error hides: a dropped bias, a skipped per-head norm or NORM-mode RoPE move the logits by whole units
-  (test_planted_faults_are_caught).
+Tolerances, from these data (the figures print with `pytest -s tests/test_golden_families.py`):
+* LOGIT_TOLERANCE = 0.05: llama.cpp keeps K and V in float16 and, for F16 weights, rounds the activations
+  to float16 before each product; we keep K and V in float16 too but compute in float32. Measured over
+  the last prompt position's top-10 and every teacher-forced step's top-10 (logits span about +-15): at
+  most 0.0026 with F32 weights, 0.028 with F16 (qwen3, whose per-head norm amplifies the rounding of q
+  and k). 0.05 is under twice that.
+* TIE_MARGIN = 0.1: a greedy step whose top-2 margin in llama.cpp's logits is below it is a near-tie;
+  there we only require our pick to be among llama.cpp's candidates within the margin, and the
+  free-running comparison stops. Two results that each differ from the truth by up to 0.028 can swap
+  two tokens closer than 0.056; 0.1 leaves margin over that and is still far below what a real error
+  does: a dropped bias, a skipped per-head norm or NORM-mode RoPE move the logits by whole units
+  (test_planted_faults_are_caught). One step of the 192 is such a near-tie and swaps (qwen3-f32 "text",
+  step 2, llama.cpp's margin 0.008); the others agree token for token.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from support.model_steps import step_batch
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "families_llamacpp.json"
 LOGIT_TOLERANCE = 0.05
-TIE_MARGIN = 0.25
+TIE_MARGIN = 0.1
 
 
 def evaluate(model, ids: list[int], forced: list[int], steps: int) -> dict:
