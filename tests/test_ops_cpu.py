@@ -9,7 +9,7 @@ import pytest
 
 from support.gguf_quantize import max_abs_error, quantize
 from hipcore.model.weights import GPU_MATRIX_TYPES
-from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, silu_mul, weight_formats
+from hipcore.ops import add, add_bias, argmax, matmul, matvec, rmsnorm, rope, silu_mul, weight_formats
 from hipcore.ops.weight_formats import column_multiple
 from support.weight_samples import random_weights
 
@@ -223,6 +223,38 @@ def test_rope_reference_is_llama_cpp_norm_mode():
     turned = rope.reference(x, np.array([1]), 8, 10000.0, 1.0)[0, 0]
     expected = [np.cos(1.0), np.sin(1.0), np.cos(0.1), np.sin(0.1), np.cos(0.01), np.sin(0.01), np.cos(1e-3), np.sin(1e-3)]
     np.testing.assert_allclose(turned, expected, rtol=1e-6)
+
+
+def test_rope_reference_neox_mode_rotates_the_halves_together():
+    # NEOX (qwen2, qwen3): pair i is (x[i], x[i + d/2]); at pos 1 pair 0 turns by 1 radian, pair 1 by 0.1 ...
+    x = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], np.float32)[None, None, :]
+    turned = rope.reference(x, np.array([1]), 8, 10000.0, 1.0, "neox")[0, 0]
+    angles = np.array([1.0, 0.1, 0.01, 1e-3])
+    np.testing.assert_allclose(turned, np.concatenate([np.cos(angles), np.sin(angles)]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_tokens,n_heads,head_dim,rope_dim", [(5, 3, 64, 64), (3, 2, 6, 4)])
+def test_rope_neox_launch_matches_reference(cpu_device, n_tokens, n_heads, head_dim, rope_dim):
+    rng = np.random.default_rng([n_tokens, head_dim])
+    x = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
+    positions = rng.integers(0, 4096, n_tokens).astype(np.int32)
+    xs, ps = to_device(cpu_device, x), to_device(cpu_device, positions)
+    rope.launch(cpu_device, None, xs, ps, n_tokens, n_heads, head_dim, rope_dim, 10000.0, 1.0, rope_type="neox")
+    got = xs.download(np.float32).reshape(x.shape)
+    np.testing.assert_allclose(got, rope.reference(x, positions, rope_dim, 10000.0, 1.0, "neox"), rtol=U32, atol=1e-30)
+    assert np.abs(got - rope.reference(x, positions, rope_dim, 10000.0, 1.0, "norm")).max() > 0.1
+    with pytest.raises(ValueError, match="rope_type"):
+        rope.launch(cpu_device, None, xs, ps, n_tokens, n_heads, head_dim, rope_dim, 10000.0, 1.0, rope_type="gptj")
+
+
+def test_add_bias_adds_to_every_row(cpu_device):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    bias = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
+    xs, bs = to_device(cpu_device, x), to_device(cpu_device, bias)
+    add_bias.launch(cpu_device, None, xs, bs, 3, 4)
+    assert np.array_equal(xs.download(np.float32).reshape(3, 4), x + bias)
+    with pytest.raises(ValueError):
+        add_bias.launch(cpu_device, None, xs, bs, 3, 5)  # the bias buffer holds 4 floats, not 5
 
 
 def test_rope_launcher_refuses_bad_dims(cpu_device):
