@@ -1,6 +1,8 @@
 """qwen2 and qwen3 on the GPU (run with `pytest -m gpu tests/gpu/test_families_gpu.py`): each tiny family model of
 tests/support/family_models.py against the cpu backend (greedy tokens; logits within tolerance) and against
-llama.cpp's golden record (the same check as tests/test_golden_families.py), and graph replay equal to eager.
+llama.cpp's golden record (the same check as tests/test_golden_families.py), graph replay equal to eager, and
+both families in every weight type with GPU kernels against the cpu backend (teacher-forced, the tolerance of
+tests/gpu/test_fused_qmatvec_gpu.py, whose reasoning holds here: the same nine products on a logit's path).
 
 These models take the unfused attention input (norm, three products, bias adds or per-head norms, NEOX RoPE:
 kernels add_bias.hip, rmsnorm.hip over heads, rope.hip's rope_neox_f32) and the fused kernels everywhere else.
@@ -21,6 +23,7 @@ from hipcore.model.forward import ModelRunner
 from hipcore.runtime import kernels as loader
 from hipcore.runtime.selection import pick_device
 from support.family_models import FAMILY_MODELS, GREEDY_TOKENS, write_family_model
+from support.gguf_factory import write_tiny_llama
 from support.model_steps import step_batch
 from support.family_golden import GOLDEN, disagreements, evaluate
 
@@ -31,6 +34,10 @@ pytestmark = pytest.mark.gpu
 # golden test's tolerance and what a wrong kernel does (a dropped bias or NORM RoPE: whole units).
 MAX_RELATIVE_LOGIT_DIFF = 1e-3
 NEAR_TIE = 0.05
+# Quantized weights: the GPU rounds activations to int8 per 32 values before the int8 products (see
+# tests/gpu/test_fused_qmatvec_gpu.py for the derivation of this bound); the cpu decodes to float32.
+MAX_RELATIVE_QUANT_LOGIT_DIFF = 4e-2
+WEIGHT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +127,30 @@ def test_graph_replay_equals_eager(gpu, files, name):
             model.device.synchronize()
             cache.release_fenced()
             eager.close()
+
+
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_every_weight_type_matches_the_cpu_backend(gpu, tmp_path, architecture, weight_type):
+    """Shapes multiples of 256 so that every block format fits; teacher-forced on the cpu's greedy tokens."""
+    path = write_tiny_llama(tmp_path / "m.gguf", architecture=architecture, tensor_type=weight_type, n_layers=2,
+                            hidden=256, n_heads=4, n_kv_heads=2, ffn=512, vocab=384, tied=False, logit_scale=6.0,
+                            seed=5)
+    prompt, steps = [5, 17, 99, 200, 3, 44, 61, 120, 7, 300, 12], 12
+    with load_model(str(path), options(device="cpu")) as on_cpu, load_model(str(path), options(), device=gpu) as on_gpu:
+        seq, tokens, worst = 77, list(prompt), 0.0
+        for step in range(steps):
+            batch_items = [(seq, tokens if step == 0 else tokens[-1:], 0 if step == 0 else len(tokens) - 1)]
+            got = [m.runner.execute(step_batch(m.cache, batch_items))[0].astype(np.float64) for m in (on_gpu, on_cpu)]
+            g, c = got
+            scale = np.max(np.abs(c))
+            top = np.argsort(c)[-10:]
+            rel = float(np.max(np.abs(g[top] - c[top])) / scale)
+            worst = max(worst, rel)
+            assert rel <= MAX_RELATIVE_QUANT_LOGIT_DIFF, f"step {step}: top-10 logits differ by {rel:.3e} of the largest"
+            top2 = np.sort(c)[-2:]
+            if top2[1] - top2[0] > 2 * MAX_RELATIVE_QUANT_LOGIT_DIFF * scale:
+                assert np.argmax(g) == np.argmax(c), f"step {step}: greedy pick differs"
+            tokens.append(int(np.argmax(c)))
+        print(f"{architecture} {weight_type}: max relative top-10 logit difference {worst:.2e}")
+        record_figures(f"{architecture}-{weight_type}", {"max_rel_top10_logit_diff": worst})
