@@ -23,6 +23,7 @@ from rocmforge_kernels import build as kbuild
 # The ops of this suite and the entry points each code object must hold.
 EXPECTED_KERNELS = {
     "add": ["add_f32"],
+    "add_bias": ["add_bias_f32"],
     "argmax": ["argmax_f32"],
     "embedding": ["embedding_bf16", "embedding_f16", "embedding_f32", "embedding_q4_0", "embedding_q4_1",
                   "embedding_q5_0", "embedding_q5_1", "embedding_q4_k", "embedding_q5_k", "embedding_q6_k",
@@ -40,7 +41,7 @@ EXPECTED_KERNELS = {
     "paged_attention": ["paged_attention_bf16", "paged_attention_f16", "paged_attention_f32", "paged_attention_q8_0"],
     "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
     "rmsnorm": ["rmsnorm_f32"],
-    "rope": ["rope_f32"],
+    "rope": ["rope_f32", "rope_neox_f32"],
     "sample": ["sample_f32"],
     "select_rows": ["select_rows_f32"],
     "silu_mul": ["silu_mul_f32"],
@@ -135,6 +136,11 @@ def test_nvidia_objects_are_cubins_for_their_sm(built, target):
         # CUDA 12.8+ (ELF ABI version 8) keeps the sm in bits 8..15, earlier toolkits in the low byte.
         assert ((flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF) == sm, f"{op}: e_flags {flags:#x}"
         assert set(entries) <= global_functions(data), f"{target}/{op} lacks a kernel"
+
+
+def test_every_kernel_source_is_built_here():
+    """A new kernels/<op>.hip missing from EXPECTED_KERNELS would go unbuilt and untested by this file."""
+    assert sorted(EXPECTED_KERNELS) == loader.op_names()
 
 
 def test_manifest_records_hashes_symbols_and_register_use(built):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import add, argmax, matmul, matvec, rmsnorm, rope, silu_mul
+from hipcore.ops import add, add_bias, argmax, matmul, matvec, rmsnorm, rope, silu_mul
 from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
 from support.rope_factors import far_factors
@@ -27,11 +27,12 @@ pytestmark = pytest.mark.gpu
 U32 = 2.0**-24  # float32 unit roundoff
 ENTRIES = {
     "add": [("add_f32", add.SIGNATURE)],
+    "add_bias": [("add_bias_f32", add_bias.SIGNATURE)],
     "argmax": [("argmax_f32", argmax.SIGNATURE)],
     "matmul": [(f"matmul_{t}", matmul.SIGNATURE) for t in matmul.WEIGHT_TYPES],
     "matvec": [(f"matvec_{t}", matvec.SIGNATURE) for t in matvec.WEIGHT_TYPES],
     "rmsnorm": [("rmsnorm_f32", rmsnorm.SIGNATURE)],
-    "rope": [("rope_f32", rope.SIGNATURE)],
+    "rope": [("rope_f32", rope.SIGNATURE), ("rope_neox_f32", rope.SIGNATURE)],
     "silu_mul": [("silu_mul_f32", silu_mul.SIGNATURE)],
 }
 
@@ -163,7 +164,8 @@ def test_rmsnorm(gpu, mem, rng, seed, rows, n):
     (1, 9, 64, 64, 4096), (7, 3, 64, 64, 4096), (33, 9, 64, 64, 64), (5, 2, 64, 32, 32768), (3, 1, 6, 4, 100),
 ])
 @pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
-def test_rope(gpu, mem, rng, seed, n_tokens, n_heads, head_dim, rope_dim, max_pos, with_factors):
+@pytest.mark.parametrize("rope_type", ["norm", "neox"])
+def test_rope(gpu, mem, rng, seed, n_tokens, n_heads, head_dim, rope_dim, max_pos, with_factors, rope_type):
     x = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
     positions = rng.integers(0, max_pos, n_tokens).astype(np.int32)
     positions[0] = max_pos - 1
@@ -171,9 +173,10 @@ def test_rope(gpu, mem, rng, seed, n_tokens, n_heads, head_dim, rope_dim, max_po
     theta_base, freq_scale = 10000.0, float(rng.choice([1.0, 0.25]))
     factors = far_factors(rng, rope_dim) if with_factors else None  # rope_freqs.weight of Llama 3.1/3.2 files
     rope.launch(gpu, None, xs, ps, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale,
-                mem.upload(factors) if with_factors else None)
+                mem.upload(factors) if with_factors else None, rope_type=rope_type)
     got = xs.download(np.float32).reshape(x.shape)
-    want = rope.reference(x, positions, rope_dim, theta_base, freq_scale, factors)
+    want = rope.reference(x, positions, rope_dim, theta_base, freq_scale, factors, rope_type)
+    first, second = rope.pair_slices(rope_dim, rope_type)
     # Tolerance: the kernel forms each angle in float32 as pos * freq_scale * exp2(i * log2_step). The
     # exponent's error is a few ulps of |i * log2_step| <= log2(theta_base) ~ 13.3, which exp2 turns into a
     # relative error of ln2 * 13.3 * 3u ~ 28u of the frequency; with the products' roundings the angle
@@ -181,10 +184,10 @@ def test_rope(gpu, mem, rng, seed, n_tokens, n_heads, head_dim, rope_dim, max_po
     # sin/cos add ~2u, the rotation 2u: each output is within (|a| + |b|) * (32u * |angle| + 8u). A factor
     # divides the frequency once more (one rounding, inside the 32u), the angle includes it.
     angle = rope.angles(positions, rope_dim, theta_base, freq_scale, factors)[:, None, :]
-    pair = np.abs(x[..., 0:rope_dim:2]).astype(np.float64) + np.abs(x[..., 1:rope_dim:2])
+    pair = np.abs(x[..., first]).astype(np.float64) + np.abs(x[..., second])
     tol = pair * (32 * U32 * angle + 8 * U32) + 1e-30
-    for lane in (0, 1):
-        err = np.abs(got[..., lane:rope_dim:2] - want[..., lane:rope_dim:2])
+    for part in (first, second):
+        err = np.abs(got[..., part] - want[..., part])
         assert np.all(err <= tol), f"seed {seed}: worst {float((err / tol).max()):.2f} x tolerance"
     assert np.array_equal(got[..., rope_dim:], x[..., rope_dim:])  # untouched past rope_dim, bit for bit
 
@@ -204,6 +207,15 @@ def test_silu_mul(gpu, mem, rng, seed, n):
     assert np.all(np.abs(out.download(np.float32) - want) <= tol), f"seed {seed}"
     silu_mul.launch(gpu, None, g, g, u, n)  # in place
     assert np.all(np.abs(g.download(np.float32) - want) <= tol), f"seed {seed}"
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (7, 128), (33, 896), (4096, 1024)])
+def test_add_bias_is_bit_exact(gpu, mem, rng, seed, rows, n):
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    bias = (rng.standard_normal(n) * 2).astype(np.float32)
+    xs, bs = mem.upload(x), mem.upload(bias)
+    add_bias.launch(gpu, None, xs, bs, rows, n)
+    assert np.array_equal(xs.download(np.float32).reshape(rows, n), add_bias.reference(x, bias)), f"seed {seed}"
 
 
 @pytest.mark.parametrize("n", [1, 576, 1000, (1 << 20) + 3])
