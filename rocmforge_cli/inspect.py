@@ -72,10 +72,12 @@ def render(plan: ModelPlan, list_tensors: bool) -> None:
         ("layers / hidden / ffn", f"{c.n_layers} / {c.hidden_size} / {c.ffn_size}"),
         ("attention heads", f"{c.n_heads} query, {c.n_kv_heads} KV (head size {c.head_dim})"),
         ("vocabulary / context", f"{c.vocab_size} tokens / {c.context_length} tokens"),
-        ("RoPE", f"base {c.rope_theta:g}, {c.rope_dim} dims, scaling {c.rope_scaling}"
+        ("RoPE", f"base {c.rope_theta:g}, {c.rope_dim} dims, {c.rope_type.upper()} pairs, scaling {c.rope_scaling}"
                  + (f" x{c.rope_scaling_factor:g} (trained at {c.rope_original_context})"
                     if c.rope_scaling != "none" else "")),
         ("RMSNorm epsilon", f"{c.rms_norm_eps:g}"),
+        ("q, k, v", ", ".join(extra for extra, present in (("biases", c.qkv_bias), ("q and k normalized per head", c.qk_norm))
+                              if present) or "plain products"),
         ("output projection", "tied to token_embd.weight" if c.tie_embeddings else "output.weight"),
         ("KV cache per token", f"{format_bytes(c.kv_bytes_per_token(2))} in f16"),
     ]

@@ -83,3 +83,17 @@ def test_unsupported_tokenizer_is_reported_not_fatal(tmp_path):
 def test_unopenable_path_is_exit_2(tmp_path, name):
     result = run(str(tmp_path / name))
     assert result.exit_code == 2 and "cannot open model file" in result.stderr
+
+
+@pytest.mark.parametrize("architecture, words", [
+    ("llama", ("NORM pairs", "plain products")),
+    ("qwen2", ("NEOX pairs", "biases")),
+    ("qwen3", ("NEOX pairs", "q and k normalized per head")),
+])
+def test_the_family_traits_are_shown(tmp_path, architecture, words):
+    path = write_tiny_llama(tmp_path / "m.gguf", architecture=architecture)
+    result = runner.invoke(app, ["inspect", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert architecture in result.stdout and all(w in result.stdout for w in words), result.stdout
+    data = json.loads(run(str(path), "--json").stdout)
+    assert data["config"]["rope_type"] == ("norm" if architecture == "llama" else "neox")
