@@ -228,7 +228,7 @@ def test_rope_reference_is_llama_cpp_norm_mode():
 def test_rope_reference_neox_mode_rotates_the_halves_together():
     # NEOX (qwen2, qwen3): pair i is (x[i], x[i + d/2]); at pos 1 pair 0 turns by 1 radian, pair 1 by 0.1 ...
     x = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], np.float32)[None, None, :]
-    turned = rope.reference(x, np.array([1]), 8, 10000.0, 1.0, "neox")[0, 0]
+    turned = rope.reference(x, np.array([1]), 8, 10000.0, 1.0, rope_type="neox")[0, 0]
     angles = np.array([1.0, 0.1, 0.01, 1e-3])
     np.testing.assert_allclose(turned, np.concatenate([np.cos(angles), np.sin(angles)]), rtol=1e-6)
 
@@ -241,8 +241,8 @@ def test_rope_neox_launch_matches_reference(cpu_device, n_tokens, n_heads, head_
     xs, ps = to_device(cpu_device, x), to_device(cpu_device, positions)
     rope.launch(cpu_device, None, xs, ps, n_tokens, n_heads, head_dim, rope_dim, 10000.0, 1.0, rope_type="neox")
     got = xs.download(np.float32).reshape(x.shape)
-    np.testing.assert_allclose(got, rope.reference(x, positions, rope_dim, 10000.0, 1.0, "neox"), rtol=U32, atol=1e-30)
-    assert np.abs(got - rope.reference(x, positions, rope_dim, 10000.0, 1.0, "norm")).max() > 0.1
+    np.testing.assert_allclose(got, rope.reference(x, positions, rope_dim, 10000.0, 1.0, rope_type="neox"), rtol=U32, atol=1e-30)
+    assert np.abs(got - rope.reference(x, positions, rope_dim, 10000.0, 1.0, rope_type="norm")).max() > 0.1
     with pytest.raises(ValueError, match="rope_type"):
         rope.launch(cpu_device, None, xs, ps, n_tokens, n_heads, head_dim, rope_dim, 10000.0, 1.0, rope_type="gptj")
 
