@@ -37,7 +37,7 @@ NEAR_TIE = 0.05
 # Quantized weights: the GPU rounds activations to int8 per 32 values before the int8 products (see
 # tests/gpu/test_fused_qmatvec_gpu.py for the derivation of this bound); the cpu decodes to float32.
 MAX_RELATIVE_QUANT_LOGIT_DIFF = 4e-2
-WEIGHT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+WEIGHT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
 
 @pytest.fixture(scope="module")
