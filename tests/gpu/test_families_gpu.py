@@ -119,7 +119,8 @@ def test_graph_replay_equals_eager(gpu, files, name):
                 assert np.array_equal(got, want), f"step {step}: replay differs from eager"
                 for i, s in enumerate(live):
                     last[s], pos[s] = int(np.argmax(got[i])), pos[s] + 1
-            assert graphs.graphs.captures >= 2 and graphs.graphs.replays >= 10
+            # ten decode steps in two buckets (5 sequences, then 3): the first of each captures, 8 replay
+            assert graphs.graphs.captures >= 2 and graphs.graphs.replays >= 8
         finally:
             for s in lengths:
                 if cache.has_sequence(s):
