@@ -15,7 +15,7 @@
 //   and __shfl(v, src_lane[, width]) for int / unsigned / float, WARP_SIZE (a compile-time constant: 64
 //   on CDNA/GCN, 32 on RDNA and NVIDIA), __global__ __device__ __shared__ __launch_bounds__
 //   __forceinline__ __restrict__, float4 / uint4, expf __expf exp2f log2f sqrtf fabsf fmaxf fminf fmaf
-//   rintf, rf_dp4a(a, b, c) (four signed-byte products summed into c), int min / max, atomicAdd (int, unsigned, float) atomicMax (int) atomicCAS (int) on global
+//   rintf, rf_dp4a(a, b, c) (four signed-byte products summed into c), int min / max, atomicAdd (int, unsigned, float) atomicMax atomicMin (int) atomicCAS (int) on global
 //   or shared memory, __threadfence(), RF_INFINITY, and the rf_* helpers at the end of the file.
 //   16-bit floats are handled as raw bits (unsigned short) through rf_f16_to_float / rf_float_to_f16 /
 //   rf_bf16_to_float / rf_float_to_bf16, because the __half types of cuda_fp16.h and hip_fp16.h need
@@ -207,6 +207,9 @@ static __device__ __forceinline__ float atomicAdd(float* p, float v) {
 }
 static __device__ __forceinline__ int atomicMax(int* p, int v) {
   return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+static __device__ __forceinline__ int atomicMin(int* p, int v) {
+  return __hip_atomic_fetch_min(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 static __device__ __forceinline__ int atomicCAS(int* p, int expected, int desired) {
   __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_RELAXED, __ATOMIC_RELAXED,

@@ -19,7 +19,11 @@
 //      generator, so the same seed gives the same tokens as the host sampler).
 // The host does steps 2 to 4 in float64 and here they run in float32: a pick can differ only when a
 // running sum lies within rounding of its threshold. Penalties need the token history and stay on the
-// host, as does a top_k of 0 or above kMaxTopK (the launcher's caller checks; see device_samplable).
+// host, as does a top_k above kMaxTopK, or of 0 with top_p < 1 (the launcher's caller checks; see
+// device_samplable).
+// top_k <= 0 with top_p >= 1 (no top-k, no top-p: OpenAI's defaults) is the whole vocabulary: min-p and
+// temperature need only the largest logit and sums, so the draw runs over every token in id order with
+// no sort and no candidate buffer (whole_vocabulary below; the host sampler uses the same order).
 // Block size: any multiple of 64 up to 1024.
 #include "hip_compat.h"
 
@@ -131,10 +135,85 @@ static __device__ __forceinline__ float running_sums(int n, Weight weight, Share
   return total;
 }
 
+// The largest logit of the row (NaNs ignored), the same value in every thread.
+static __device__ float row_max(const float* x, int vocab, Shared& sh) {
+  float best = -RF_INFINITY;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) best = fmaxf(best, x[i]);
+#pragma unroll
+  for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) best = fmaxf(best, __shfl_xor(best, offset));
+  const int lane = (int)threadIdx.x % WARP_SIZE, warp = (int)threadIdx.x / WARP_SIZE;
+  if (lane == 0) sh.best_value[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)blockDim.x / WARP_SIZE; ++w) best = fmaxf(best, sh.best_value[w]);
+    sh.total = best;
+  }
+  __syncthreads();
+  best = sh.total;
+  __syncthreads();
+  return best;
+}
+
+// No top-k, no top-p: min-p and temperature over every token, and the draw in token-id order. Each thread
+// sums the weights of a contiguous run of ids, the run totals are scanned, and the thread whose run holds
+// uniform * total walks it again to the first id whose running sum exceeds that.
+static __device__ void whole_vocabulary(int* out, const float* x, int vocab, float temperature, float min_p,
+                                        float uniform, Shared& sh) {
+  const int t = (int)threadIdx.x, threads = (int)blockDim.x;
+  const float best = row_max(x, vocab, sh);
+  const float floor = min_p > 0.0f ? best + log2f(min_p) * 0.693147182f : -RF_INFINITY;  // + ln(min_p)
+  const float scaled_best = best / temperature;
+  const int chunk = (vocab + threads - 1) / threads;
+  const int lo = min(t * chunk, vocab), hi = min(lo + chunk, vocab);
+  float sum = 0.0f;
+  int last_kept = -1;
+  for (int i = lo; i < hi; ++i) {
+    const float v = x[i];
+    if (v >= floor) sum += expf(v / temperature - scaled_best), last_kept = i;
+  }
+  if (t == 0) sh.digit_and_need[0] = 0x7fffffff, sh.digit_and_need[1] = -1;
+  float* totals = sh.scan_sums;
+  totals[t] = sum;
+  __syncthreads();
+  for (int offset = 1; offset < threads; offset <<= 1) {
+    const float add = t >= offset ? totals[t - offset] : 0.0f;
+    __syncthreads();
+    totals[t] += add;
+    __syncthreads();
+  }
+  const float before = t > 0 ? totals[t - 1] : 0.0f, total = totals[threads - 1];
+  const float target = uniform * total;
+  if (sum > 0.0f && before <= target && target < before + sum) {
+    float running = before;
+    int found = last_kept;  // rounding may leave the crossing past the run's end: its last kept token
+    for (int i = lo; i < hi; ++i) {
+      const float v = x[i];
+      if (!(v >= floor)) continue;
+      running += expf(v / temperature - scaled_best);
+      if (running > target) {
+        found = i;
+        break;
+      }
+    }
+    atomicMin(&sh.digit_and_need[0], found);  // two runs can both claim it at a rounding edge: lowest id
+  }
+  if (last_kept >= 0) atomicMax(&sh.digit_and_need[1], last_kept);
+  __syncthreads();
+  if (t == 0) {
+    const int found = sh.digit_and_need[0];
+    // None claimed: uniform * total rounded to (or past) the total; the host then takes the last candidate.
+    *out = found != 0x7fffffff ? found : max(sh.digit_and_need[1], 0);
+  }
+}
+
 static __device__ void sample_row(int* out, const float* x, const float* p, int vocab, Shared& sh) {
   const float temperature = p[0], top_p = p[2], min_p = p[3], uniform = p[4];
   if (!(temperature > 0.0f)) {
     greedy(out, x, vocab, sh);
+    return;
+  }
+  if ((int)p[1] <= 0 && !(top_p < 1.0f)) {
+    whole_vocabulary(out, x, vocab, temperature, min_p, uniform, sh);
     return;
   }
   int k = (int)p[1];

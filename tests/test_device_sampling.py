@@ -23,6 +23,8 @@ PARAMS = [
     SamplingParams(temperature=2.0, top_k=1024, top_p=1.0, min_p=0.2, seed=4),
     SamplingParams(temperature=1.0, top_k=64, top_p=0.5, min_p=0.1, seed=5),
     SamplingParams(temperature=0.0, seed=6),
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7),  # OpenAI's defaults: every token
+    SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.05, seed=8),
 ]
 
 
@@ -31,6 +33,8 @@ def test_device_samplable_says_what_stays_on_the_host():
     assert device_samplable(SamplingParams(temperature=0.7, top_k=40))
     assert device_samplable(SamplingParams(temperature=0.7, top_k=sample.MAX_TOP_K))
     assert not device_samplable(SamplingParams(temperature=0.7, top_k=0, top_p=0.9))  # needs a full sort
+    assert device_samplable(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))  # the whole vocabulary
+    assert device_samplable(SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.1))
     assert not device_samplable(SamplingParams(temperature=0.7, top_k=sample.MAX_TOP_K + 1))
     assert not device_samplable(SamplingParams(temperature=0.7, repeat_penalty=1.1))  # needs the history
     assert not device_samplable(SamplingParams(temperature=0.0, presence_penalty=0.5))

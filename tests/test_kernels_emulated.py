@@ -189,15 +189,18 @@ def acceptable_picks(row, params):
 def test_sample(harnesses, warp, tmp_path):
     rng = np.random.default_rng(warp)
     vocab = 3000
-    logits = (rng.standard_normal((10, vocab)) * 3).astype(np.float32)
+    logits = (rng.standard_normal((13, vocab)) * 3).astype(np.float32)
     logits[3, rng.choice(vocab, 6, replace=False)] = logits[3].max() + 1  # six-way tie at the top: k = 4 cuts it
     logits[4, :] = np.round(logits[4])  # many ties everywhere
     logits[5, 100] = np.nan  # greedy row: the first NaN wins
     params = np.array([
         [0.8, 40, 0.95, 0.05, 0.0], [1.5, 1024, 1.0, 0.0, 0.0], [0.5, 5, 0.5, 0.0, 0.0], [1.0, 4, 1.0, 0.0, 0.0],
         [1.0, 30, 0.9, 0.0, 0.0], [0.0, 40, 0.95, 0.05, 0.0], [0.7, 1, 1.0, 0.0, 0.0], [2.0, 200, 0.8, 0.2, 0.0],
-        [1.0, 64, 1.0, 0.5, 0.0], [1.2, 600, 0.99, 0.01, 0.0]], dtype=np.float32)
+        [1.0, 64, 1.0, 0.5, 0.0], [1.2, 600, 0.99, 0.01, 0.0],
+        # the whole vocabulary (no top-k, no top-p): drawn in id order, with min-p or without
+        [1.0, 0, 1.0, 0.0, 0.0], [0.8, 0, 1.0, 0.05, 0.0], [1.5, -1, 1.0, 0.0, 0.0]], dtype=np.float32)
     params[:, 4] = rng.random(len(params))
+    params[12, 4] = 0.999999  # the draw at the very end of the distribution: the last token with weight
     files = write_inputs(tmp_path, x=logits, p=params)
     for block in (64, 256):
         run(harnesses, warp, "sample_f32", len(params), block, vocab, *files, tmp_path / "o")
@@ -205,6 +208,8 @@ def test_sample(harnesses, warp, tmp_path):
         for i, (row, prm) in enumerate(zip(logits, params)):
             assert int(got[i]) in acceptable_picks(row, prm), f"row {i} block {block}: {got[i]}, params {prm}"
         assert got[5] == 100 and got[6] == int(np.argmax(logits[6]))
+        # id order, not sorted order: the whole-vocabulary picks are spread over the ids as the draws are
+        assert got[10] != int(np.argmax(logits[10])) and got[12] > vocab * 0.9, got[10:13]
     # A vocabulary smaller than top_k: every token is a candidate.
     small = (rng.standard_normal((2, 50)) * 2).astype(np.float32)
     prm = np.array([[1.0, 1024, 1.0, 0.0, 0.3], [0.9, 100, 0.7, 0.1, 0.9]], dtype=np.float32)

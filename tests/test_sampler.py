@@ -104,6 +104,21 @@ def test_unfiltered_draws_follow_the_distribution():
     assert np.all(np.abs(freq - probs) < 4 * np.sqrt(probs * (1 - probs) / draws.size))
 
 
+def test_the_whole_vocabulary_is_drawn_in_id_order_without_a_sort():
+    # No top-k, no top-p: the draw walks the tokens in id order (as the device kernel does, with no sort),
+    # so a uniform u picks the first id whose running probability exceeds u. Ascending logits make the
+    # sorted order the reverse of the id order: a sorted walk would pick other tokens for the same draws.
+    logits = np.log(np.arange(1, 9, dtype=np.float64)).astype(np.float32)
+    for min_p, kept in ((0.0, 8), (0.5, 5)):  # min-p 0.5 keeps ids 3..7 (logit >= log(8) + log(0.5))
+        params = only_filter(min_p=min_p, seed=99)
+        sampler, twin = Sampler(params), Sampler(params)
+        for _ in range(40):
+            u = twin.next_uniform()
+            weights = np.where(np.arange(8) >= 8 - kept, np.arange(1, 9), 0).astype(np.float64)
+            running = np.cumsum(weights) / weights.sum()
+            assert sampler.sample(logits) == int(np.searchsorted(running, u, side="right"))
+
+
 def test_temperature_sharpens_and_flattens():
     logits = logits_for([0.6, 0.3, 0.1])
     cold = draw_many(only_filter(temperature=0.25), logits, 3000)

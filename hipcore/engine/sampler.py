@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from hipcore.errors import UsageError
-from hipcore.ops.sample import MAX_TOP_K, min_p_filter, softmax, top_k_filter, top_p_filter
+from hipcore.ops.sample import MAX_TOP_K, min_p_filter, softmax, top_k_filter, top_p_filter, whole_vocabulary
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -164,8 +164,10 @@ class Sampler:
         if params.greedy:
             return int(np.argmax(logits))
         ids = np.arange(logits.shape[0], dtype=np.int64)
-        ids, kept = top_k_filter(ids, logits.astype(np.float32, copy=False), params.top_k)
-        ids, kept = top_p_filter(ids, kept, params.top_p)
+        kept = logits.astype(np.float32, copy=False)
+        if not whole_vocabulary(params.top_k, params.top_p):  # else: every token, in id order, no sort
+            ids, kept = top_k_filter(ids, kept, params.top_k)
+            ids, kept = top_p_filter(ids, kept, params.top_p)
         ids, kept = min_p_filter(ids, kept, params.min_p)
         probs = softmax(kept / params.temperature)
         # One uniform draw against the cumulative distribution: reproducible for a given seed.
@@ -181,9 +183,10 @@ class Sampler:
 
 def device_samplable(params: SamplingParams) -> bool:
     """True when the device sampler (hipcore/ops/sample.py) picks exactly what Sampler(params) would: no
-    penalties (they need the token history) and a top_k the kernel can hold (a top_k of 0 needs a sort of
-    the whole vocabulary)."""
-    return not params.penalties_active and (params.greedy or 0 < params.top_k <= MAX_TOP_K)
+    penalties (they need the token history) and either a top_k the kernel can hold or the whole vocabulary
+    (no top-k, no top-p: OpenAI's defaults; a top_k of 0 with top_p < 1 needs a sort of every logit)."""
+    return not params.penalties_active and (params.greedy or 0 < params.top_k <= MAX_TOP_K
+                                            or whole_vocabulary(params.top_k, params.top_p))
 
 
 # --- stops ----------------------------------------------------------------------------------------

@@ -9,8 +9,12 @@ seeded generator, exactly one per token as Sampler.sample draws it) picks agains
 distribution. The same seed therefore gives the same tokens as the host sampler, up to float32
 rounding where a cumulative sum meets its threshold (the host works in float64).
 
+No top-k and no top-p (top_k <= 0, top_p >= 1: OpenAI's and vLLM's defaults) is the whole vocabulary: nothing
+then needs the candidates in order, so the draw runs over every token (min-p applied) in token-id order, with
+no sort, on the host and on the device alike (whole_vocabulary).
+
 What stays on the host (the engine's device_samplable says so): penalties (they need the token history), and
-top_k of 0 or above MAX_TOP_K (they need a sort of the whole vocabulary).
+a top_k above MAX_TOP_K, or of 0 with top_p < 1 (they need a sort of the whole vocabulary).
 
 Ties: among logits equal to the k-th largest the device keeps the lowest token ids and orders equal
 logits by id; the host's top_k_filter leaves that order to numpy's argpartition. Real logits rarely
@@ -122,16 +126,26 @@ def min_p_filter(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndar
 
 
 
+def whole_vocabulary(top_k: int, top_p: float) -> bool:
+    """True when no filter needs the candidates sorted (no top-k, no top-p): the draw then runs over the
+    whole vocabulary in token-id order, which needs no sort (a sort of 50k-250k logits per token is what
+    made plain temperature sampling slow on the host, and what the device kernel has no room for)."""
+    return int(top_k) <= 0 and float(top_p) >= 1.0
+
+
 def pick(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float) -> int:
     """The token of one row: Sampler.sample's chain (no penalties) with the draw given, and the device's
     tie rule for the top-k candidates (by logit descending, then token id ascending)."""
     logits = np.asarray(logits, dtype=np.float32)
     if temperature <= 0:
         return int(np.argmax(logits))
-    k = max(1, min(int(top_k), logits.shape[0]))
-    ids = np.argsort(-logits, kind="stable")[:k]
-    kept = logits[ids]
-    ids, kept = top_p_filter(ids, kept, float(top_p))
+    if whole_vocabulary(top_k, top_p):
+        ids, kept = np.arange(logits.shape[0]), logits
+    else:
+        k = max(1, min(int(top_k), logits.shape[0]))
+        ids = np.argsort(-logits, kind="stable")[:k]
+        kept = logits[ids]
+        ids, kept = top_p_filter(ids, kept, float(top_p))
     ids, kept = min_p_filter(ids, kept, float(min_p))
     cumulative = np.cumsum(softmax(kept / np.float32(temperature)))
     at = int(np.searchsorted(cumulative, float(uniform) * cumulative[-1], side="right"))

@@ -58,6 +58,18 @@ inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 // run one after another here, so what one block wrote is visible to the next without more.
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline int atomicMax(int* p, int v) {
+  std::atomic_ref<int> a(*p);
+  int old = a.load();
+  while (old < v && !a.compare_exchange_weak(old, v)) {}
+  return old;
+}
+inline int atomicMin(int* p, int v) {
+  std::atomic_ref<int> a(*p);
+  int old = a.load();
+  while (old > v && !a.compare_exchange_weak(old, v)) {}
+  return old;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int rf_lane_id() { return (int)threadIdx.x % WARP_SIZE; }
