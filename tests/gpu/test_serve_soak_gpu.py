@@ -26,12 +26,13 @@ def soak(model, *args: str, env: dict | None = None) -> tuple[int, dict]:
 
 def test_a_clean_soak_is_judged_flat_with_everything_returned(demo_model_path):
     code, report = soak(demo_model_path)
-    assert report["host"]["judged"] and not report["host"]["leaked"], report["host"]
+    # no host verdict at all: the soak never got going (the findings say why, e.g. the server did not start)
+    assert report["host"].get("judged") and not report["host"]["leaked"], (report["host"], report["findings"])
     assert code == 0 and report["clean"] and report["server_exit"] == 0, report["findings"]
     assert report["final"]["rocmforge_kv_physical_blocks"] == 0
 
 
 def test_a_planted_host_leak_is_judged_growing(demo_model_path):
     code, report = soak(demo_model_path, "--plant-bug", "host-leak", env={"ROCMFORGE_TESTING": "1"})
-    assert code == 1 and report["host"]["judged"] and report["host"]["leaked"], report["host"]
+    assert code == 1 and report["host"].get("judged") and report["host"]["leaked"], (report["host"], report["findings"])
     assert any("GROWING" in f for f in report["findings"]), report["findings"]
