@@ -4,7 +4,9 @@
 
 Shapes are the published ones (hidden size, layers, heads, KV heads, FFN size, vocabulary 128,256, RoPE
 theta 500,000, the Llama 3.1-style RoPE factors as the real files carry them in rope_freqs.weight, tied
-embeddings for 1B and 3B). Types: F16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
+embeddings for 1B and 3B; Qwen2.5-7B: the qwen2 architecture with q/k/v biases, RoPE theta 1,000,000, no
+RoPE scaling, a vocabulary of 152,064 whose rows past Llama 3's tokenizer are unused tokens, as the real
+file pads its own). Types: F16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
 (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
 as it loads the real ones. Quantized blocks are random bytes with their scale fields overwritten by
 small finite values, so a forward pass stays finite and the file is written at disk speed. Needs numpy
@@ -39,6 +41,9 @@ class Shape:
     context: int = 131072
     vocab: int = 128256
     rope_theta: float = 500000.0
+    arch: str = "llama"
+    qkv_bias: bool = False  # qwen2: a bias on each of the q, k and v products
+    rms_eps: float = 1e-5
 
     @property
     def head_dim(self) -> int:
@@ -49,7 +54,10 @@ SHAPES = {
     "Llama-3.2-1B": Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, tied=True, rope_factor=32.0),
     "Llama-3.2-3B": Shape(hidden=3072, layers=28, heads=24, kv_heads=8, ffn=8192, tied=True, rope_factor=32.0),
     "Llama-3.1-8B": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0),
+    "Qwen2.5-7B": Shape(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, tied=False, rope_factor=0.0,
+                        context=32768, vocab=152064, rope_theta=1000000.0, arch="qwen2", qkv_bias=True, rms_eps=1e-6),
 }
+TOKEN_TYPE_UNUSED = 5  # llama.cpp's LLAMA_TOKEN_TYPE_UNUSED: the padding rows of a vocabulary
 
 # Bytes and elements of one block, and where its f16 scale(s) sit.
 BLOCKS = {"Q4_0": (18, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}
@@ -99,15 +107,19 @@ def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) ->
 
 
 def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, (rows, cols)) in the order llama.cpp's converter writes them; 1-D for norms and rope_freqs."""
+    """(name, (rows, cols)) in the order llama.cpp's converter writes them; 1-D for norms, biases and
+    rope_freqs."""
     h, kv = shape.hidden, shape.kv_heads * shape.head_dim
-    out = [("rope_freqs.weight", (shape.head_dim // 2,)), ("token_embd.weight", (shape.vocab, h))]
+    out = [("rope_freqs.weight", (shape.head_dim // 2,))] if shape.rope_factor else []
+    out.append(("token_embd.weight", (shape.vocab, h)))
     for i in range(shape.layers):
         out += [(f"blk.{i}.attn_norm.weight", (h,)), (f"blk.{i}.ffn_down.weight", (h, shape.ffn)),
                 (f"blk.{i}.ffn_gate.weight", (shape.ffn, h)), (f"blk.{i}.ffn_up.weight", (shape.ffn, h)),
                 (f"blk.{i}.ffn_norm.weight", (h,)), (f"blk.{i}.attn_k.weight", (kv, h)),
                 (f"blk.{i}.attn_output.weight", (h, h)), (f"blk.{i}.attn_q.weight", (h, h)),
                 (f"blk.{i}.attn_v.weight", (kv, h))]
+        if shape.qkv_bias:
+            out += [(f"blk.{i}.attn_q.bias", (h,)), (f"blk.{i}.attn_k.bias", (kv,)), (f"blk.{i}.attn_v.bias", (kv,))]
     out.append(("output_norm.weight", (h,)))
     if not shape.tied:
         out.append(("output.weight", (shape.vocab, h)))
@@ -117,6 +129,8 @@ def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
 def tensor_data(rng: np.random.Generator, name: str, dims: tuple[int, ...], qtype: str, shape: Shape) -> np.ndarray:
     if name == "rope_freqs.weight":
         return rope_factors(shape)
+    if name.endswith(".bias"):  # small, as trained biases are next to O(1) activations
+        return (0.1 * rng.standard_normal(dims[0], np.float32)).astype(np.float32)
     if len(dims) == 1:  # norms: ones with a little noise, as trained norms sit near 1
         return (1.0 + 0.05 * rng.standard_normal(dims[0], np.float32)).astype(np.float32)
     rows, cols = dims
@@ -129,10 +143,9 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
                 log=print) -> None:
     import gguf  # the writer only where a file is written (the tests import the rest without it)
 
-    if len(vocab.tokens) != shape.vocab:
-        raise ValueError(f"the tokenizer has {len(vocab.tokens)} tokens; the shape needs {shape.vocab}")
+    vocab = padded(vocab, shape.vocab)
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), shape.arch)
     w.add_name(name)
     w.add_file_type(FILE_TYPES[file_type])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -144,7 +157,7 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
     w.add_head_count_kv(shape.kv_heads)
     w.add_rope_dimension_count(shape.head_dim)
     w.add_rope_freq_base(shape.rope_theta)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(shape.rms_eps)
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_vocab_size(shape.vocab)
@@ -181,6 +194,18 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
     w.close()
 
 
+def padded(vocab: GgufVocab, size: int) -> GgufVocab:
+    """The vocabulary grown to `size` rows with unused tokens (a model's embedding rows past its tokenizer,
+    as Qwen2.5's files carry them); an error when the tokenizer has more tokens than the shape."""
+    if len(vocab.tokens) > size:
+        raise ValueError(f"the tokenizer has {len(vocab.tokens)} tokens; the shape has {size}")
+    extra = size - len(vocab.tokens)
+    if not extra:
+        return vocab
+    return replace(vocab, tokens=vocab.tokens + [f"<|unused_{i}|>" for i in range(extra)],
+                   token_types=vocab.token_types + [TOKEN_TYPE_UNUSED] * extra)
+
+
 def reduced(shape: Shape, *, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> Shape:
     """The same family at a small size (the tests' model)."""
     return replace(shape, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab)
@@ -214,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {source}: not a tiktoken tokenizer file ({exc})", file=sys.stderr)
         return 2
     print(f"tokenizer: {len(vocab.tokens)} tokens, {len(vocab.merges)} merges ({time.perf_counter() - start:.1f} s)")
-    if len(vocab.tokens) != shape.vocab:
+    if len(vocab.tokens) > shape.vocab or (shape.arch == "llama" and len(vocab.tokens) != shape.vocab):
         print(f"error: {source} gives {len(vocab.tokens)} tokens with the special ones; {args.shape} has "
               f"{shape.vocab} (is it Llama 3's tokenizer.model?)", file=sys.stderr)
         return 2

@@ -102,6 +102,41 @@ def test_small_model_reads_back_and_runs_finite(tmp_path, tiktoken_file, file_ty
     assert 0.01 < logits.std() < 100, logits.std()
 
 
+def test_small_qwen2_model_carries_biases_and_a_padded_vocabulary_and_runs_finite(tmp_path, tiktoken_file):
+    """The Qwen2.5-7B shape at a small size: the qwen2 architecture, q/k/v biases, no rope_freqs, RoPE theta
+    1e6, and embedding rows past the tokenizer written as unused tokens (as Qwen2.5's files pad theirs)."""
+    vocab_rows = SMALL["vocab"] + 28
+    shape = sm.reduced(sm.SHAPES["Qwen2.5-7B"], **{**SMALL, "vocab": vocab_rows})
+    path = tmp_path / "qwen.gguf"
+    sm.write_model(path, shape, "Q4_K_M", gguf_vocab(tiktoken_file), name="test", seed=3, log=None)
+    with GGUFFile.open(path) as gguf:
+        plan = gguf.plan
+        cfg = plan.config
+        assert (cfg.architecture, cfg.qkv_bias, cfg.rope_type, cfg.rope_theta) == ("qwen2", True, "neox", 1e6)
+        assert cfg.rms_norm_eps == pytest.approx(1e-6)  # a float32 in the file
+        assert (cfg.vocab_size, cfg.context_length, cfg.tie_embeddings) == (vocab_rows, 32768, False)
+        names = {t.name for t in plan.tensors}
+        assert "rope_freqs.weight" not in names and {"blk.7.attn_q.bias", "blk.7.attn_k.bias", "blk.7.attn_v.bias"} <= names
+        assert plan.tensor("blk.0.attn_k.bias").shape == (2 * 64,)
+        tokens, types = gguf.metadata["tokenizer.ggml.tokens"], gguf.metadata["tokenizer.ggml.token_type"]
+        assert len(tokens) == vocab_rows and list(types[-28:]) == [sm.TOKEN_TYPE_UNUSED] * 28
+        assert Tokenizer.from_metadata(gguf.metadata).encode("hello")[-1] == 259  # after the BOS
+    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=1, max_step_tokens=16, ctx_size=64,
+                                               kv_dtype="f32"))
+    try:
+        logits = loaded.runner.execute(step_batch(loaded.cache, [(1, [260, 259, 32, 104, 101, 108], 0)]))
+    finally:
+        loaded.close()
+    assert logits.shape == (1, vocab_rows) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
+
+
+def test_a_tokenizer_larger_than_the_shape_is_refused():
+    vocab = sm.GgufVocab(tokens=["a", "b", "c"], token_types=[1, 1, 1], merges=[], bos_id=0, eos_id=1, chat_template="")
+    assert sm.padded(vocab, 3) is vocab and len(sm.padded(vocab, 5).tokens) == 5
+    with pytest.raises(ValueError, match="has 3 tokens; the shape has 2"):
+        sm.padded(vocab, 2)
+
+
 def test_same_seed_same_file(tmp_path, tiktoken_file):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
