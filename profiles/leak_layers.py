@@ -18,6 +18,7 @@ import tracemalloc
 from dataclasses import asdict, dataclass, field
 
 from hipcore.kvcache import KvInvariantError
+from hipcore.runtime.host_memory import anon_rss_bytes
 from hipcore.runtime.ledger import TAGS, Allocation, LedgerSnapshot
 
 DRIVER_GRANULARITY = 2 << 20  # the driver's free-memory figure moves in 2 MiB steps (measured on an H100)
@@ -184,12 +185,7 @@ def read_driver(device) -> DriverReading | None:
 
 def read_rss() -> int | None:
     """Anonymous resident + swapped bytes of this process (Linux); None elsewhere."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
-        return sum(int(fields[key].split()[0]) * 1024 for key in (b"RssAnon", b"VmSwap") if key in fields)
-    except (OSError, ValueError, KeyError):
-        return None
+    return anon_rss_bytes()
 
 
 class HostMonitor:

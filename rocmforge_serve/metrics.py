@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hipcore.engine.request import Ending
+from hipcore.runtime.host_memory import anon_rss_bytes
 from hipcore.runtime.ledger import TAGS
 
 PREFIX = "rocmforge"
@@ -81,17 +82,6 @@ class EngineCollector:
         if rss is not None:
             yield GaugeMetricFamily(f"{PREFIX}_host_rss_anon_bytes",
                                     "this process's anonymous resident + swapped memory (host-memory leak checks)", value=float(rss))
-
-
-def anon_rss_bytes() -> int | None:
-    """RssAnon + VmSwap of this process from /proc/self/status (Linux); None elsewhere. Anonymous memory only:
-    file-backed pages (the memory-mapped model) come and go with the page cache, not with leaks."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
-        return sum(int(fields[key].split()[0]) * 1024 for key in (b"RssAnon", b"VmSwap") if key in fields)
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def make_registry(served) -> CollectorRegistry:

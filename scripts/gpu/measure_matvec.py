@@ -197,12 +197,18 @@ def cases(shapes: str, batches: list[int], types: tuple[str, ...]) -> list[tuple
     return [(op, t, r, c, b) for t in types for (r, c) in LLAMA8B_SHAPES for b in batches for op in (matvec, qmatvec)]
 
 
+def gpu_or_exit(device_spec: str):
+    """The device `device_spec` picks; exits saying why when that is no GPU (these scripts time kernels)."""
+    choice = pick_device(device_spec)
+    if choice.device.backend == "cpu":
+        choice.device.close()
+        raise SystemExit("no GPU: " + "; ".join(choice.reasons))
+    return choice.device
+
+
 def measure(device_spec: str, shapes: str, batches: list[int], rotate_bytes: int, replays: int, repeats: int,
             types: tuple[str, ...] = LLAMA8B_TYPES) -> dict:
-    choice = pick_device(device_spec)
-    dev = choice.device
-    if dev.backend == "cpu":
-        raise SystemExit("no GPU: " + "; ".join(choice.reasons))
+    dev = gpu_or_exit(device_spec)
     try:
         stream = dev.create_stream()
         precompiled = "matvec" in loader.available_code_objects(dev.arch)

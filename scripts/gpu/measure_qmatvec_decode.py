@@ -31,12 +31,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure_matvec import commit, copy_bandwidth, graph_time_per_launch, random_weights  # noqa: E402
+from measure_matvec import commit, copy_bandwidth, gpu_or_exit, graph_time_per_launch, random_weights  # noqa: E402
 
 from hipcore.ops import fused_qmatvec  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
-from hipcore.runtime.selection import pick_device  # noqa: E402
 
 HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 128256, 32, 8, 128
 EPS, THETA = 1e-5, 500000.0
@@ -138,10 +137,7 @@ class KindRun:
 
 def measure(device_spec: str, batches: list[int], kinds: list[str], rotate_bytes: int, replays: int,
             repeats: int) -> dict:
-    choice = pick_device(device_spec)
-    dev = choice.device
-    if dev.backend == "cpu":
-        raise SystemExit("no GPU: " + "; ".join(choice.reasons))
+    dev = gpu_or_exit(device_spec)
     try:
         stream = dev.create_stream()
         precompiled = "fused_qmatvec" in loader.available_code_objects(dev.arch)

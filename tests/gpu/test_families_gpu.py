@@ -21,7 +21,6 @@ import pytest
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.forward import ModelRunner
 from hipcore.runtime import kernels as loader
-from hipcore.runtime.selection import pick_device
 from support.family_models import FAMILY_MODELS, GREEDY_TOKENS, write_family_model
 from support.gguf_factory import write_tiny_llama
 from support.model_steps import step_batch
@@ -38,18 +37,6 @@ NEAR_TIE = 0.05
 # tests/gpu/test_fused_qmatvec_gpu.py for the derivation of this bound); the cpu decodes to float32.
 MAX_RELATIVE_QUANT_LOGIT_DIFF = 4e-2
 WEIGHT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    choice = pick_device("auto")
-    dev = choice.device
-    if dev.backend == "cpu":
-        dev.close()
-        pytest.fail("the GPU tier needs a GPU; pick_device said: " + "; ".join(choice.reasons), pytrace=False)
-    yield dev
-    loader.forget_device(dev)
-    dev.close()
 
 
 @pytest.fixture(scope="module")

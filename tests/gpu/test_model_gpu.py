@@ -22,7 +22,6 @@ from hipcore.model.forward import ModelRunner
 from hipcore.ops import sample
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime import kernels as loader
-from hipcore.runtime.selection import pick_device
 from hipcore.engine.sampler import Sampler, SamplingParams
 from support.model_steps import step_batch
 
@@ -43,18 +42,6 @@ def model_path() -> str:
     if not path or not Path(path).is_file():
         pytest.fail("set ROCMFORGE_DEMO_MODEL to the demo GGUF (SmolLM2-135M-Instruct.Q4_1.gguf)", pytrace=False)
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    choice = pick_device("auto")
-    dev = choice.device
-    if dev.backend == "cpu":
-        dev.close()
-        pytest.fail("the GPU tier needs a GPU; pick_device said: " + "; ".join(choice.reasons), pytrace=False)
-    yield dev
-    loader.forget_device(dev)
-    dev.close()
 
 
 @pytest.fixture(scope="module")
