@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,6 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from profiles.bench import source_commit as commit  # noqa: E402
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype  # noqa: E402
 from hipcore.ops import paged_attention  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
@@ -50,17 +49,6 @@ SCALE = float(np.float32(1 / np.sqrt(HEAD_DIM)))
 CASES = [(f"decode {b} x {c}", b, c, 1) for b in (1, 64) for c in (128, 512, 2048, 8192)] + [("prompt 512", 1, 512, 512)]
 PATTERN_BYTES = 1 << 22  # random K/V bytes tiled over the pools
 MAX_COPIES = 256  # graph nodes per replay at most
-
-
-def commit() -> str:
-    """ROCMFORGE_COMMIT where the sources travel without their .git (as for rocmforge bench), else git's."""
-    if os.environ.get("ROCMFORGE_COMMIT"):
-        return os.environ["ROCMFORGE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def timed(dev, stream, fn, repeats: int) -> float:

@@ -36,7 +36,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -46,6 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from profiles.bench import source_commit as commit  # noqa: E402
 from hipcore.ops import matmul, matvec  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
@@ -59,14 +59,6 @@ LAYER = [("q", "q4_1", 576, 576), ("k", "q4_1", 192, 576), ("v", "q4_1", 192, 57
 CROSSOVER_SHAPES = [("gate", "q4_1", 1536, 576), ("down", "q4_1", 576, 1536), ("head", "q8_0", 49152, 576)]
 CROSSOVER_TOKENS = [1, 2, 4, 8, 9, 12, 16, 24, 32, 48, 64]
 MAX_LAUNCHES = 64  # launches per captured graph (each on its own copy of the weights)
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 class Bench:

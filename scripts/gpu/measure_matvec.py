@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from profiles.bench import source_commit as commit  # noqa: E402
 from hipcore.ops import add, matvec, qmatvec  # noqa: E402
 from hipcore.ops.weight_formats import BLOCK_BYTES, BLOCK_ELEMENTS  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
@@ -52,14 +52,6 @@ SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q8_0": (0,), "q4_k": (0, 2), "q5
 SCALE_SIZE = {"q4_0": 0.02, "q4_1": 0.02, "q8_0": 0.02, "q4_k": 0.002, "q5_k": 0.002, "q6_k": 0.0005}
 CHECKED_ROWS = 512  # rows of each matrix checked against the numpy reference (all of a small one)
 COPY_BYTES = 1 << 30
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def timed(dev, stream, fn, repeats: int) -> float:
