@@ -15,11 +15,20 @@
 // - The next step's weights and x are loaded into registers before the current step's products, as in
 //   matmul.hip; tiles past the last row or token read the last row / token again and write nothing; a
 //   grid-stride loop over tiles makes any grid correct.
+// - Split-K. With few tiles (a decode batch of 9-64 tokens has one token tile: 32 tiles of 128 rows for a
+//   4096-row projection on a GPU of 132 compute units) the workgroups of a tile take `splits` disjoint
+//   ranges of whole steps, as fused_matmul.hip does: each writes its partial tile to the workspace and
+//   counts itself in the tile's counter; the last to arrive sums the partials in split order (the same
+//   order whoever arrives last: a replay equals its eager twin bit for bit), writes the tile and sets the
+//   counter back to zero for the next launch.
+// - `accumulate` adds the product to y instead of storing it (the residual connection: no add launch).
 // - Precision: W and x are rounded to f16 (|w| and |x| must stay below 65504; weights of LLMs and their
 //   normed activations do), the products are exact and summed in f32: ops/matmul_mma.py error_bound.
 // The format decoders are matmul.hip's: each op's source is built and hashed on its own.
 // Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matmul;
-// x 16-byte aligned; blockDim 256.
+// x 16-byte aligned; blockDim 256; splits <= cols / 32; tiles * splits < 2^31; with splits > 1, at most
+// kCounterBytes / 4 tiles and a workspace of kCounterBytes (zeroed once, left zeroed by every launch) +
+// tiles * splits * 128 * tile_tokens floats.
 #include "hip_compat.h"
 
 namespace {
@@ -34,6 +43,20 @@ constexpr int kWarps = kThreads / WARP_SIZE;
 constexpr int kWarpsDown = 4;                    // warps along the rows, 32 rows each
 constexpr int kWarpsAcross = kWarps / kWarpsDown;  // warps along the tokens
 constexpr int kRowTilesPerWarp = kTileRows / kWarpsDown / 16;
+constexpr int kCounterBytes = 4096;  // one int counter per tile, before the partials
+
+// Partials other workgroups of this launch wrote: read from L2, past the SM's L1, which NVIDIA does not
+// keep coherent (the fence orders the writes but invalidates nothing there). On AMD the acquire side of
+// __threadfence() invalidates the compute unit's cache, so plain loads see the writes.
+static __device__ __forceinline__ float load_partial(const float* p) {
+#if defined(RF_NVIDIA)
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
 
 // Each format: Raw load(row, col) reads what the 8 consecutive weights col .. col+7 (col % 8 == 0) of a
 // row need; decode(raw, col, w) turns it into floats (as in matmul.hip).
@@ -237,28 +260,46 @@ static __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
 
 // The tiles of y with TN tokens (32 or 64), computed by one workgroup in turn.
 // ws, xs: shared [kTileRows][kStride] and [kMaxTileTokens][kStride] halves.
+// The launch's shape and where its results go.
+struct Launch {
+  float* y;
+  const unsigned char* W;
+  const float* x;
+  unsigned char* workspace;  // counters, then the partial tiles (splits > 1 only)
+  int rows, cols, n_tokens, splits, accumulate;
+};
+
 template <class Format, int TN>
-__device__ __forceinline__ void mma_tiles(float* __restrict__ y, const unsigned char* __restrict__ W,
-                                          const float* __restrict__ x, int rows, int cols, int n_tokens,
-                                          unsigned short* ws, unsigned short* xs) {
+__device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
   constexpr int kWLoads = kTileRows * kStepCols / 8 / kThreads;  // groups of 8 weights per thread
   constexpr int kXLoads = TN * kStepCols / 4 / kThreads;         // float4s of x per thread
   static_assert(kTokenTilesPerWarp >= 1 && kXLoads >= 1, "tile too small for the warps");
+  constexpr int kAccPerThread = kRowTilesPerWarp * kTokenTilesPerWarp * RF_MMA_ACC;
+  constexpr unsigned long long kPartFloats = (unsigned long long)kAccPerThread * kThreads;  // kTileRows * TN
+  const float* __restrict__ x = a.x;
+  const int rows = a.rows, cols = a.cols, n_tokens = a.n_tokens, splits = a.splits;
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
   const int warp_row = 32 * (warp % kWarpsDown), warp_token = 16 * kTokenTilesPerWarp * (warp / kWarpsDown);
   const unsigned long long row_bytes = Format::row_bytes(cols);
   const int row_tiles = (rows + kTileRows - 1) / kTileRows;
-  const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);  // the launcher keeps it < 2^31
+  const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);
+  const int steps = cols / kStepCols;
+  const int items = tiles * splits;  // the launcher keeps it < 2^31
+  int* counters = reinterpret_cast<int*>(a.workspace);
+  float* partials = reinterpret_cast<float*>(a.workspace + kCounterBytes);
 
-  for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {  // uniform across the workgroup
+  for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
+    const int tile = item / splits, split = item - tile * splits;
+    const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
+    const int c_end = (int)((long long)(split + 1) * steps / splits) * kStepCols;
     const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * TN;
     const unsigned char* w_src[kWLoads];
     int w_dst[kWLoads], w_col[kWLoads];
 #pragma unroll
     for (int p = 0; p < kWLoads; ++p) {
       const int v = tid + kThreads * p;  // group v: row v / 4, columns 8 (v % 4) ..
-      w_src[p] = W + (unsigned long long)lesser_of(r0 + (v >> 2), rows - 1) * row_bytes;
+      w_src[p] = a.W + (unsigned long long)lesser_of(r0 + (v >> 2), rows - 1) * row_bytes;
       w_col[p] = 8 * (v & 3);
       w_dst[p] = (v >> 2) * kStride + w_col[p];
     }
@@ -281,12 +322,12 @@ __device__ __forceinline__ void mma_tiles(float* __restrict__ y, const unsigned 
 
     typename Format::Raw raw[kWLoads];
 #pragma unroll
-    for (int p = 0; p < kWLoads; ++p) raw[p] = Format::load(w_src[p], w_col[p]);
+    for (int p = 0; p < kWLoads; ++p) raw[p] = Format::load(w_src[p], c_begin + w_col[p]);
     float4 xv[kXLoads];
 #pragma unroll
-    for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p]);
+    for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p] + c_begin);
 
-    for (int c0 = 0; c0 < cols; c0 += kStepCols) {
+    for (int c0 = c_begin; c0 < c_end; c0 += kStepCols) {
       __syncthreads();  // every warp is done reading the previous step's tiles
 #pragma unroll
       for (int p = 0; p < kWLoads; ++p) {
@@ -303,7 +344,7 @@ __device__ __forceinline__ void mma_tiles(float* __restrict__ y, const unsigned 
       }
       __syncthreads();
 
-      const int next = lesser_of(c0 + kStepCols, cols - kStepCols);
+      const int next = lesser_of(c0 + kStepCols, c_end - kStepCols);
 #pragma unroll
       for (int p = 0; p < kWLoads; ++p) raw[p] = Format::load(w_src[p], next + w_col[p]);
 #pragma unroll
@@ -328,6 +369,48 @@ __device__ __forceinline__ void mma_tiles(float* __restrict__ y, const unsigned 
       }
     }
 
+    if (splits > 1) {
+      // Each thread's accumulators, slot k of every thread side by side (coalesced); the last split to
+      // arrive reads its own slots of every split back, so no fragment layout is involved.
+      float* part = partials + ((unsigned long long)tile * splits + split) * kPartFloats + tid;
+#pragma unroll
+      for (int i = 0; i < kRowTilesPerWarp; ++i)
+#pragma unroll
+        for (int j = 0; j < kTokenTilesPerWarp; ++j)
+#pragma unroll
+          for (int e = 0; e < RF_MMA_ACC; ++e) part[((i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e) * kThreads] = acc[i][j][e];
+      // Publish the partial; the last of the tile's splits to arrive finishes the tile. Every thread
+      // fences its own writes (AMD's fence waits for the wave's own stores only), and the counting
+      // thread fences again after the barrier, so the count is seen only after every write.
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence();
+        *last = atomicAdd(counters + tile, 1) == splits - 1;
+      }
+      __syncthreads();
+      if (!*last) continue;  // uniform: every thread read the same flag
+      __threadfence();
+      const float* mine = partials + (unsigned long long)tile * splits * kPartFloats + tid;
+#pragma unroll
+      for (int i = 0; i < kRowTilesPerWarp; ++i)
+#pragma unroll
+        for (int j = 0; j < kTokenTilesPerWarp; ++j)
+#pragma unroll
+          for (int e = 0; e < RF_MMA_ACC; ++e) acc[i][j][e] = 0.0f;
+      for (int s = 0; s < splits; ++s) {  // in split order
+        const float* src = mine + (unsigned long long)s * kPartFloats;
+#pragma unroll
+        for (int i = 0; i < kRowTilesPerWarp; ++i)
+#pragma unroll
+          for (int j = 0; j < kTokenTilesPerWarp; ++j)
+#pragma unroll
+            for (int e = 0; e < RF_MMA_ACC; ++e)
+              acc[i][j][e] += load_partial(src + ((i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e) * kThreads);
+      }
+      if (tid == 0) counters[tile] = 0;  // ready for the next launch
+    }
+
 #pragma unroll
     for (int i = 0; i < kRowTilesPerWarp; ++i)
 #pragma unroll
@@ -336,34 +419,40 @@ __device__ __forceinline__ void mma_tiles(float* __restrict__ y, const unsigned 
         for (int e = 0; e < RF_MMA_ACC; ++e) {
           const int r = r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e);
           const int t = t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e);
-          if (t < n_tokens && r < rows) y[(unsigned long long)t * rows + r] = acc[i][j][e];
+          if (t < n_tokens && r < rows) {
+            float* out = a.y + (unsigned long long)t * rows + r;
+            *out = a.accumulate ? *out + acc[i][j][e] : acc[i][j][e];
+          }
         }
   }
 }
 
 template <class Format>
-__device__ __forceinline__ void matmul_mma(float* __restrict__ y, const void* __restrict__ W, const float* __restrict__ x,
-                                           int rows, int cols, int n_tokens, int tile_tokens, unsigned short* ws,
-                                           unsigned short* xs) {
+__device__ __forceinline__ void matmul_mma(const Launch& a, int tile_tokens, unsigned short* ws, unsigned short* xs,
+                                           int* last) {
   rf_check_wave_size();
-  const unsigned char* w = static_cast<const unsigned char*>(W);
   if (tile_tokens == 32)  // uniform: a kernel argument
-    mma_tiles<Format, 32>(y, w, x, rows, cols, n_tokens, ws, xs);
+    mma_tiles<Format, 32>(a, ws, xs, last);
   else
-    mma_tiles<Format, 64>(y, w, x, rows, cols, n_tokens, ws, xs);
+    mma_tiles<Format, 64>(a, ws, xs, last);
 }
 
 }  // namespace mmq
 }  // namespace
 
-// One entry point per format: matmul_mma_<format>(y, W, x, rows, cols, n_tokens, tile_tokens); blockDim 256.
+// One entry point per format: matmul_mma_<format>(y, W, x, workspace, rows, cols, n_tokens, tile_tokens,
+// splits, accumulate); blockDim 256.
 #define RF_MATMUL_MMA_ENTRY(name, Format)                                                                         \
   extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
-                                                         const float* __restrict__ x, int rows, int cols, int n_tokens, \
-                                                         int tile_tokens) {                                        \
+                                                         const float* __restrict__ x, void* workspace, int rows,    \
+                                                         int cols, int n_tokens, int tile_tokens, int splits,       \
+                                                         int accumulate) {                                         \
     __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kStride];                    \
     __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kStride];               \
-    mmq::matmul_mma<mmq::Format>(y, W, x, rows, cols, n_tokens, tile_tokens, ws, xs);                            \
+    __shared__ int last;                                                                                          \
+    const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
+                           rows, cols, n_tokens, splits, accumulate};                                             \
+    mmq::matmul_mma<mmq::Format>(a, tile_tokens, ws, xs, &last);                                                  \
   }
 
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_0, Q4_0)

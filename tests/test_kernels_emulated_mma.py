@@ -21,19 +21,37 @@ def mma_harnesses(tmp_path_factory):
     return build_mma_harnesses(tmp_path_factory.mktemp("kernel_emulation_mma"))
 
 
-def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, tile, grid_override, rng, tmp_path):
+def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, tile, grid_override, rng, tmp_path,
+                 splits: int = 1, accumulate: bool = False):
     """max |got - want| / bound of one launch on fresh random inputs (<= 1 passes; an output left unwritten,
-    NaN as the harness fills y, counts as infinitely far)."""
+    NaN as the harness fills y, counts as infinitely far). With splits > 1 the workspace is exactly what they
+    need, and its counters must be left at zero; with accumulate, y starts as random values the product is
+    added to."""
     raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     raw.tofile(tmp_path / "w")
     x.tofile(tmp_path / "x")
-    grid, threads, tile = matmul_mma.geometry(rows, n_tokens, tile)
-    run_mma(harness, f"matmul_mma_{weight_type}", grid_override or grid, threads, rows, cols, n_tokens, tile,
-            tmp_path / "w", tmp_path / "x", tmp_path / "y")
+    y_in = rng.standard_normal((n_tokens, rows)).astype(np.float32) if accumulate else None
+    if accumulate:
+        y_in.tofile(tmp_path / "y_in")
+    tile = matmul_mma.pick_tile_tokens(rows, n_tokens) if tile is None else tile
+    tiles = matmul_mma.tile_count(rows, n_tokens, tile)
+    ws_bytes = matmul_mma.partial_bytes(tiles, splits, tile) if splits > 1 else 0
+    grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
+                                                    splits=splits)
+    assert used == splits
+    run_mma(harness, f"matmul_mma_{weight_type}", grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
+            int(accumulate), ws_bytes, tmp_path / "w", tmp_path / "x", tmp_path / "y_in" if accumulate else "-",
+            tmp_path / "y", tmp_path / "ws")
     got = np.fromfile(tmp_path / "y", np.float32).reshape(n_tokens, rows)
     want = matmul_mma.reference(raw, weight_type, x, rows, cols)
     bound = matmul_mma.error_bound(raw, weight_type, x, rows, cols)
+    if accumulate:  # one more rounding: the add to y
+        want = want + y_in
+        bound = bound + 2.0**-24 * np.abs(want)
+    if ws_bytes:
+        counters = np.fromfile(tmp_path / "ws", np.int32)[:matmul_mma.COUNTER_BYTES // 4]
+        assert not counters.any(), f"{weight_type} {splits} splits: the counters were not left at zero"
     return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / bound, np.inf)))
 
 
@@ -49,6 +67,44 @@ def test_matmul_mma_matches_the_reference(mma_harnesses, kind, weight_type, tmp_
     for rows, cols, n_tokens, tile, grid in cases:
         excess = worst_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, tile, grid, rng, tmp_path)
         assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens}: {excess:.3g} x the bound"
+
+
+# (rows, cols, n_tokens, tile, grid or None, splits, accumulate): a decode batch split over the columns
+# (3 uneven splits of 8 steps, one token tile cut short), a split launch whose 2 workgroups each loop over
+# several (tile, split) items, the residual add without and with splits.
+SPLIT_CASES = [(130, 256, 9, 32, None, 3, False), (64, 512, 20, 32, 2, 4, False), (72, 256, 12, 32, None, 1, True),
+               (130, 512, 40, 64, 3, 5, True)]
+
+
+@pytest.mark.parametrize("kind", ["nvidia_mma", "cdna_mfma", "rdna3_wmma", "fma32"])
+@pytest.mark.parametrize("weight_type", ["q4_k", "q6_k", "q8_0"])
+def test_split_columns_and_the_residual_add_match_the_reference(mma_harnesses, kind, weight_type, tmp_path):
+    rng = np.random.default_rng([7, len(kind), ord(weight_type[1])])
+    for rows, cols, n_tokens, tile, grid, splits, accumulate in SPLIT_CASES:
+        excess = worst_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, tile, grid, rng, tmp_path,
+                              splits=splits, accumulate=accumulate)
+        assert excess <= 1.0, (f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} splits {splits} "
+                               f"accumulate {accumulate}: {excess:.3g} x the bound")
+
+
+# Faults of the split combine each detector must catch: a split's partial left out of the sum, the
+# counter not reset for the next launch, the residual add dropped.
+SPLIT_FAULTS = {
+    "a split left out": ("for (int s = 0; s < splits; ++s) {  // in split order",
+                         "for (int s = 1; s < splits; ++s) {  // in split order"),
+    "counter not reset": ("if (tid == 0) counters[tile] = 0;  // ready for the next launch", ""),
+    "no residual add": ("*out = a.accumulate ? *out + acc[i][j][e] : acc[i][j][e];", "*out = acc[i][j][e];"),
+}
+
+
+@pytest.mark.parametrize("fault", SPLIT_FAULTS)
+def test_a_broken_split_combine_is_caught(fault, tmp_path):
+    old, new = SPLIT_FAULTS[fault]
+    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+    rng = np.random.default_rng(11)
+    with pytest.raises(AssertionError, match="x the bound|counters were not left at zero"):
+        excess = worst_excess(harness, "q4_k", 130, 512, 9, 32, None, rng, tmp_path, splits=4, accumulate=True)
+        assert excess <= 1.0, f"{fault}: {excess:.3g} x the bound"
 
 
 # One plausible mistake per path, each the layout of a neighbouring path or a transposed index.

@@ -62,3 +62,49 @@ def test_cpu_backend_kernel_computes_the_product(cpu_device):
     assert np.all(np.abs(got - matmul.reference(raw, "q6_k", x, rows, cols)) <= matmul.error_bound(raw, "q6_k", x, rows, cols))
     for buf in (w, xs, y):
         buf.free()
+
+
+def test_decode_batches_split_the_columns_to_fill_the_device():
+    big = 1 << 26
+    # Llama-3.1-8B at 32 tokens: q (32 tiles of 128 rows) in 8 splits, gate (112 tiles) in 2; a prompt of
+    # 512 tokens has tiles enough (256) and stays whole, as does a launch without a workspace.
+    assert matmul_mma.geometry(4096, 32, cols=4096, workspace_bytes=big)[2:] == (32, 8)
+    assert matmul_mma.geometry(4096, 32, cols=4096, workspace_bytes=big)[0] == 256
+    assert matmul_mma.geometry(14336, 32, cols=4096, workspace_bytes=big)[3] == 2
+    assert matmul_mma.geometry(4096, 512, cols=4096, workspace_bytes=big)[3] == 1
+    assert matmul_mma.geometry(4096, 32, cols=4096)[3] == 1
+    # splits of at least MIN_SPLIT_STEPS steps: 512 columns are 16 steps, 4 splits at most
+    assert matmul_mma.geometry(1024, 16, cols=512, workspace_bytes=big)[3] == 16 // matmul_mma.MIN_SPLIT_STEPS
+    # a workspace too small for the splits' partials takes fewer splits
+    need = matmul_mma.partial_bytes(32, 8, 32)
+    assert matmul_mma.geometry(4096, 32, cols=4096, workspace_bytes=need - 1)[3] == 7
+    with pytest.raises(ValueError, match="splits"):
+        matmul_mma.geometry(4096, 32, cols=4096, workspace_bytes=big, splits=129)
+
+
+def test_explicit_splits_without_the_workspace_they_need_are_refused(cpu_device):
+    rows, cols, n = 256, 512, 16
+    bufs = [cpu_device.allocate(size, "activations") for size in (rows * cols * 2, n * cols * 4, n * rows * 4, 4096)]
+    w, xs, y, small = bufs
+    with pytest.raises(ValueError, match="workspace"):
+        matmul_mma.launch(cpu_device, None, y, w, xs, rows, cols, n, weight_type="q8_0", workspace=small, splits=4)
+    with pytest.raises(ValueError, match="Buffer"):
+        matmul_mma.launch(cpu_device, None, y, w, xs, rows, cols, n, weight_type="q8_0", workspace=12345)
+    for buf in bufs:
+        buf.free()
+
+
+def test_cpu_backend_kernel_accumulates_into_y(cpu_device):
+    rng = np.random.default_rng(4)
+    rows, cols, n = 24, 256, 10
+    raw = random_weights(rng, "q4_k", rows, cols)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    y0 = rng.standard_normal((n, rows)).astype(np.float32)
+    w, xs, y = (cpu_device.allocate(a, "activations") for a in (raw.nbytes, x.nbytes, y0.nbytes))
+    w.upload(raw), xs.upload(x), y.upload(y0)
+    matmul_mma.launch(cpu_device, None, y, w, xs, rows, cols, n, weight_type="q4_k", accumulate=True)
+    got = y.download(np.float32).reshape(n, rows)
+    want = y0 + matmul.reference(raw, "q4_k", x, rows, cols)
+    assert np.all(np.abs(got - want) <= matmul.error_bound(raw, "q4_k", x, rows, cols) + 2.0**-23 * np.abs(want))
+    for buf in (w, xs, y):
+        buf.free()

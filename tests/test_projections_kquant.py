@@ -129,3 +129,26 @@ def test_the_qmatvec_limit_moves_the_k_quant_decode_steps_alone(layer, monkeypat
     assert [n for n, _ in p.feed_forward_input(lw, 4)] == ["ffn_norm", "gate_proj", "up_proj", "silu_mul"]
     assert [n for n, _ in p.residual_product("ffn_down", lw.ffn_down, b["gate"], FFN, 4)] == ["ffn_down",
                                                                                               "ffn_down_residual"]
+
+
+def test_on_matrix_cores_the_residual_add_rides_in_the_product(layer, cpu_device, monkeypatch):
+    """Past fused_qmatvec's limit, a device with matrix cores adds o and down to the residual stream in
+    matmul_mma's epilogue (one launch, accumulate); a device without keeps the product and the add."""
+    from hipcore.ops import matmul
+
+    t = MAX_T
+    p, lw, b, raw, rng = layer.planner, layer.lw, layer.b, layer.raw, layer.rng
+    monkeypatch.setattr(cpu_device, "arch", "gfx1030")
+    assert [n for n, _ in p.residual_product("ffn_down", lw.ffn_down, b["gate"], FFN, t)] == ["ffn_down",
+                                                                                              "ffn_down_residual"]
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    plan = p.residual_product("ffn_down", lw.ffn_down, b["gate"], FFN, t)
+    assert [n for n, _ in plan] == ["ffn_down+residual"]
+    x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+    gate = rng.standard_normal((t, FFN)).astype(np.float32)
+    b["x"].upload(x)
+    b["gate"].upload(gate)
+    run(plan)
+    want = x + matmul.reference(raw["ffn_down"], "q6_k", gate, HIDDEN, FFN)
+    bound = matmul.error_bound(raw["ffn_down"], "q6_k", gate, HIDDEN, FFN) + 2.0**-23 * np.abs(want)
+    assert np.all(np.abs(read(b["x"], (t, HIDDEN)) - want) <= bound)

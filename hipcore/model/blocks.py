@@ -94,7 +94,8 @@ def qkv_products(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
                                                                cfg.hidden_size, cfg.rms_norm_eps))]
     for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
         plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
-            dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
+            dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
+            workspace=ctx.products.workspace)))
     return plan
 
 

@@ -97,7 +97,8 @@ class ProjectionPlanner:
                                                                    cfg.rms_norm_eps))]
         for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
-                dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
+                dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
+                workspace=self.workspace)))
         for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)):
             plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
                 dev, st, out, positions, t, heads, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale, self.freq_factors)))
@@ -121,7 +122,8 @@ class ProjectionPlanner:
         plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
         for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
-                dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
+                dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
+                workspace=self.workspace)))
         plan.append(("silu_mul", lambda: silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
         return plan
 
@@ -136,6 +138,10 @@ class ProjectionPlanner:
         if separate_fusable(t, wt):
             return [(f"{name}+residual", lambda: fused_qmatvec.launch_add(
                 dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, batch=t, weight_type=wt.fmt))]
+        if matmul_mma.takes_matrix_cores(dev, t, wt.fmt):  # the residual add in the product's epilogue
+            return [(f"{name}+residual", lambda: matmul_mma.launch(
+                dev, st, b["x"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt, workspace=self.workspace,
+                accumulate=True))]
         return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
                 (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
 
@@ -155,4 +161,4 @@ class ProjectionPlanner:
                 weight_type=out_w.fmt))]
         return [("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, norm_w.buffer, r, h, eps)),
                 ("head", lambda: matmul_mma.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h, r,
-                                                weight_type=out_w.fmt))]
+                                                    weight_type=out_w.fmt, workspace=self.workspace))]

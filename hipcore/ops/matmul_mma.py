@@ -1,14 +1,18 @@
 """matmul_mma: y[t, r] = sum_c W[r, c] * x[t, c] on the matrix cores (prompt steps and large batches).
 
-Kernels `matmul_mma_<type>(y p, W p, x p, rows i, cols i, n_tokens i, tile_tokens i)` for the types of
-WEIGHT_TYPES (kernels/matmul_mma.hip); operands, layouts and requirements as matmul's. W is decoded to f16
+Kernels `matmul_mma_<type>(y p, W p, x p, workspace p, rows i, cols i, n_tokens i, tile_tokens i, splits i,
+accumulate i)` for the types of WEIGHT_TYPES (kernels/matmul_mma.hip); operands, layouts and requirements as
+matmul's; accumulate 1 adds the product to y (the residual connection) instead of storing it. W is decoded to f16
 in shared memory, x rounded to f16, and 16x16x16 f16 products accumulate in f32 on the matrix instruction
 hip_compat.h picks for the target (mma.sync on NVIDIA sm_80+, MFMA on CDNA, WMMA on RDNA3/RDNA4; plain
 FMA elsewhere, where `has_matrix_cores` is false and `project` keeps matmul's FP32 kernel instead).
 
 Geometry: 256-thread workgroups, each computing tiles of TILE_ROWS rows x tile_tokens tokens (a
 grid-stride loop over the tiles); tile_tokens is 64, or 32 when the batch fits in 32 or 64-token tiles
-would leave fewer than matmul.BUSY_WORKGROUPS workgroups.
+would leave fewer than matmul.BUSY_WORKGROUPS workgroups. When the tiles are fewer than the GPU holds at
+once (a decode batch: one token tile), each tile's columns are split into `splits` ranges, one
+workgroup each (pick_splits), and the last to finish sums the partials in a workspace in split order
+(deterministic); without a workspace large enough, fewer splits (down to 1, no workspace read).
 """
 
 from __future__ import annotations
@@ -22,16 +26,22 @@ from hipcore.ops import matmul, matvec
 from hipcore.ops.launch_checks import INT32_MAX
 from hipcore.ops.weight_formats import dequantize_rows, host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
-from hipcore.runtime.device import Device, Stream
+from hipcore.runtime.device import Buffer, Device, Stream
 from hipcore.runtime.kernels import get_kernel
 
 OP = "matmul_mma"
-SIGNATURE = "pppiiii"
+SIGNATURE = "ppppiiiiii"
 WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 THREADS = 256  # the kernel's warp tiling is written for exactly this
 TILE_ROWS = 128
 TILE_TOKENS = (32, 64)
 MAX_GRID = 1 << 20
+STEP_COLS = 32  # kStepCols: a split is a range of whole steps
+# Workgroups resident at once on an H100/H200: 132 SMs x 2 (256 threads of at most 128 registers).
+BUSY_ITEMS = 264
+MIN_SPLIT_STEPS = 4  # a shorter split spends more on its partial tile than on its products
+COUNTER_BYTES = 4096  # kCounterBytes: one int32 counter per tile, before the partials
+MAX_SPLIT_TILES = COUNTER_BYTES // 4
 # From this many tokens on `project` takes the matrix cores where the device has them (measured on an
 # NVIDIA H100 80GB HBM3 on the Llama-3.1-8B shapes against matmul's FP32 kernel: docs/benchmarks.md).
 MMA_MIN_TOKENS = matmul.MATVEC_MAX_TOKENS + 1
@@ -75,12 +85,16 @@ def error_bound(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, c
 
 
 def _host(weight_type: str):
-    def run(device: CpuDevice, grid, block, y: int, w: int, x: int, rows: int, cols: int, n_tokens: int,
-            tile_tokens: int) -> None:
+    def run(device: CpuDevice, grid, block, y: int, w: int, x: int, workspace: int, rows: int, cols: int,
+            n_tokens: int, tile_tokens: int, splits: int, accumulate: int) -> None:
         raw = device.view(w, np.uint8, (rows, row_bytes(weight_type, cols)))
         result = np.empty((n_tokens, rows), dtype=np.float32)
         host_product(raw, weight_type, device.view(x, np.float32, (n_tokens, cols)), cols, result)
-        device.view(y, np.float32, (n_tokens, rows))[:] = result
+        out = device.view(y, np.float32, (n_tokens, rows))
+        if accumulate:
+            out += result
+        else:
+            out[:] = result
 
     return run
 
@@ -103,12 +117,38 @@ def pick_tile_tokens(rows: int, n_tokens: int) -> int:
     return 64
 
 
-def geometry(rows: int, n_tokens: int, tile_tokens: int | None = None) -> tuple[int, int, int]:
-    """(grid, block, tile_tokens) for y[n_tokens, rows]; tile_tokens as given, or pick_tile_tokens'."""
+def pick_splits(tiles: int, cols: int) -> int:
+    """Column ranges per tile, each at least MIN_SPLIT_STEPS steps, as many as keep the workgroups within
+    BUSY_ITEMS (one wave); 1 when the tiles alone fill it."""
+    if tiles > MAX_SPLIT_TILES or tiles * 2 > BUSY_ITEMS:
+        return 1
+    return max(1, min(BUSY_ITEMS // tiles, cols // STEP_COLS // MIN_SPLIT_STEPS))
+
+
+def partial_bytes(tiles: int, splits: int, tile_tokens: int) -> int:
+    """Workspace bytes a launch of `splits` > 1 needs: the counters and every split's partial tile."""
+    return COUNTER_BYTES + tiles * splits * TILE_ROWS * tile_tokens * 4
+
+
+def geometry(rows: int, n_tokens: int, tile_tokens: int | None = None, *, cols: int | None = None,
+             workspace_bytes: int = 0, splits: int | None = None) -> tuple[int, int, int, int]:
+    """(grid, block, tile_tokens, splits) for y[n_tokens, rows]; tile_tokens as given or pick_tile_tokens';
+    splits as given or pick_splits' (for `cols` columns), fewer while the workspace is too small for them."""
     tile = pick_tile_tokens(rows, n_tokens) if tile_tokens is None else tile_tokens
     if tile not in TILE_TOKENS:
         raise ValueError(f"{OP}: tile_tokens must be one of {TILE_TOKENS}, got {tile!r}")
-    return min(tile_count(rows, n_tokens, tile), MAX_GRID), THREADS, tile
+    tiles = tile_count(rows, n_tokens, tile)
+    steps = (cols or STEP_COLS) // STEP_COLS
+    split = (pick_splits(tiles, cols) if cols else 1) if splits is None else splits
+    if isinstance(split, bool) or not isinstance(split, int) or not 1 <= split <= steps:
+        raise ValueError(f"{OP}: splits must be an int in [1, {steps}] (steps of {STEP_COLS} columns), got {split!r}")
+    if split > 1 and tiles > MAX_SPLIT_TILES:
+        raise ValueError(f"{OP}: {tiles} tiles are more than the {MAX_SPLIT_TILES} counters a split launch has")
+    while split > 1 and partial_bytes(tiles, split, tile) > workspace_bytes:
+        split -= 1
+    if tiles * split > INT32_MAX:  # the kernel counts (tile, split) items in int32
+        raise ValueError(f"{OP}: {rows} rows x {n_tokens} tokens in {split} splits is more work items than the kernel counts")
+    return min(tiles * split, MAX_GRID), THREADS, tile, split
 
 
 def supports(weight_type: str) -> bool:
@@ -116,21 +156,34 @@ def supports(weight_type: str) -> bool:
 
 
 def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
-           weight_type: str, tile_tokens: int | None = None) -> None:
-    """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T on the matrix cores, W of `weight_type`."""
+           weight_type: str, tile_tokens: int | None = None, workspace: Any = None, splits: int | None = None,
+           accumulate: bool = False) -> None:
+    """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T (y += when accumulate) on the matrix cores, W of
+    `weight_type`; `workspace` a Buffer zeroed once after allocation (the kernels leave its counters at zero),
+    or None for no splits."""
     matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens")
-    grid, block, tile = geometry(rows, n_tokens, tile_tokens)
-    if tile_count(rows, n_tokens, tile) > INT32_MAX:  # the kernel counts tiles in int32
-        raise ValueError(f"{OP}_{weight_type}: {rows} rows x {n_tokens} tokens is more tiles than the kernel counts")
+    if workspace is not None and not isinstance(workspace, Buffer):
+        raise ValueError(f"{OP}: workspace must be a Buffer (its size decides how far columns are split)")
+    grid, block, tile, split = geometry(rows, n_tokens, tile_tokens, cols=cols,
+                                        workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits)
+    if splits is not None and split != splits:
+        raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
+                         f"{partial_bytes(grid // split, splits, tile)} bytes")
     kernel = get_kernel(device, OP, f"{OP}_{weight_type}", SIGNATURE)
-    kernel.launch(grid, block, (y, w, x, rows, cols, n_tokens, tile), stream=stream)
+    kernel.launch(grid, block, (y, w, x, workspace if split > 1 else 0, rows, cols, n_tokens, tile, split,
+                                int(bool(accumulate))), stream=stream)
+
+
+def takes_matrix_cores(device: Device, n_tokens: int, weight_type: str) -> bool:
+    """Whether `project` runs this product on the matrix cores (else matmul's kernels)."""
+    return n_tokens >= MMA_MIN_TOKENS and supports(weight_type) and has_matrix_cores(device.arch)
 
 
 def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
-            weight_type: str) -> None:
+            weight_type: str, workspace: Any = None) -> None:
     """matmul.project, with the matrix cores for MMA_MIN_TOKENS tokens and more where the device has them
     and the format is one of WEIGHT_TYPES."""
-    if n_tokens >= MMA_MIN_TOKENS and supports(weight_type) and has_matrix_cores(device.arch):
-        launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type)
+    if takes_matrix_cores(device, n_tokens, weight_type):
+        launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type, workspace=workspace)
     else:
         matmul.project(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type)

@@ -1,13 +1,14 @@
-"""Prompt and batched-decode products of K-quant models on a GPU: matmul_mma (matrix cores) against
-matmul (FP32 FMA), the kernel the K-quant layers took before, on the Llama-3.1-8B shapes (q/o 4096x4096
-and k 1024x4096 Q4_K, v 1024x4096 Q6_K, gate/up 14336x4096 Q4_K, down 4096x14336 Q6_K) at 32, 64, 128
-and 512 tokens, as a markdown table (µs and TFLOP/s = 2 tokens rows cols / time) for docs/benchmarks.md.
+"""Prompt and batched-decode products of K-quant models on a GPU: matmul_mma (matrix cores) with its
+columns split over workgroups (the launcher's choice, a workspace as the runner has) against the same
+kernel whole, on the Llama-3.1-8B shapes (q/o 4096x4096 and k 1024x4096 Q4_K, v 1024x4096 Q6_K, gate/up
+14336x4096 Q4_K, down 4096x14336 Q6_K) at 8 to 512 tokens, as a markdown table (µs, GB/s of weights,
+TFLOP/s = 2 tokens rows cols / time) for docs/benchmarks.md.
 
     python3 scripts/gpu/measure_matmul_mma.py [--quick] [--json-out PATH]
 
 Timing as scripts/gpu/measure_matmul.py's Bench: weights rotated through 256 MiB of copies (from DRAM, as
 in a forward pass), launches captured in a graph and timed with events, median of the repeats. Every
-kernel's output is first checked against the numpy reference within that kernel's own error bound.
+kernel's output is first checked against the numpy reference within its error bound.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_matmul import REPO, Bench, commit, tflops  # noqa: E402
 
-from hipcore.ops import matmul, matmul_mma  # noqa: E402
+from hipcore.ops import fused_matmul, matmul, matmul_mma  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime.selection import pick_device  # noqa: E402
 from support.weight_samples import random_weights  # noqa: E402
 
 SHAPES = [("q/o", "q4_k", 4096, 4096), ("k", "q4_k", 1024, 4096), ("v", "q6_k", 1024, 4096),
           ("gate/up", "q4_k", 14336, 4096), ("down", "q6_k", 4096, 14336)]
-TOKENS = [32, 64, 128, 512]
-BOUNDS = {"matmul": matmul.error_bound, "matmul_mma": matmul_mma.error_bound}
+TOKENS = [8, 16, 32, 64, 512]
+BOUNDS = {"matmul_mma": matmul_mma.error_bound}
 
 
 class MmaBench(Bench):
@@ -66,14 +67,11 @@ class MmaBench(Bench):
                 buf.free()
 
 
-def kernels(weight_type, rows, cols, n):
-    def mma(tile):
+def kernels(weight_type, rows, cols, n, workspace):
+    def mma(ws):
         return lambda d, s, y, w, x: matmul_mma.launch(d, s, y, w, x, rows, cols, n, weight_type=weight_type,
-                                                       tile_tokens=tile)
-    out = {"matmul": lambda d, s, y, w, x: matmul.launch(d, s, y, w, x, rows, cols, n, weight_type=weight_type),
-           "matmul_mma": mma(None)}
-    out.update({f"matmul_mma/{t}": mma(t) for t in matmul_mma.TILE_TOKENS})
-    return out
+                                                       workspace=ws)
+    return {"matmul_mma/whole": mma(None), "matmul_mma/split": mma(workspace)}
 
 
 def main() -> None:
@@ -84,16 +82,22 @@ def main() -> None:
     dev = pick_device("auto").device
     bench = MmaBench(dev, 256 << 20, 3 if args.quick else 10, 3 if args.quick else 5)
     rows_out = []
+    workspace = dev.allocate(fused_matmul.WORKSPACE_BYTES, "scratch", label="matmul_workspace")  # the runner's
+    workspace.fill(0)
     print(f"{dev.describe() if hasattr(dev, 'describe') else dev.arch}, commit {commit()}, {datetime.date.today()}\n")
-    print("| product | type | rows x cols | tokens | matmul µs | TFLOP/s | matmul_mma µs | TFLOP/s | speed-up | mma/32 µs | mma/64 µs |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| product | type | rows x cols | tokens | splits | whole µs | split µs | GB/s of weights | TFLOP/s | speed-up |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, wt, rows, cols in SHAPES:
         for n in TOKENS:
-            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n))
-            rows_out.append({"product": name, "type": wt, "rows": rows, "cols": cols, "tokens": n, "us": t})
-            print(f"| {name} | {wt} | {rows}x{cols} | {n} | {t['matmul']:.1f} | {tflops(n, rows, cols, t['matmul']):.1f} | "
-                  f"{t['matmul_mma']:.1f} | {tflops(n, rows, cols, t['matmul_mma']):.1f} | {t['matmul'] / t['matmul_mma']:.2f}x | "
-                  f"{t['matmul_mma/32']:.1f} | {t['matmul_mma/64']:.1f} |", flush=True)
+            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n, workspace))
+            splits = matmul_mma.geometry(rows, n, cols=cols, workspace_bytes=workspace.nbytes)[3]
+            whole, split = t["matmul_mma/whole"], t["matmul_mma/split"]
+            gbs = rows * row_bytes(wt, cols) / split / 1e3
+            rows_out.append({"product": name, "type": wt, "rows": rows, "cols": cols, "tokens": n, "splits": splits,
+                             "us": t})
+            print(f"| {name} | {wt} | {rows}x{cols} | {n} | {splits} | {whole:.1f} | {split:.1f} | {gbs:.0f} | "
+                  f"{tflops(n, rows, cols, split):.1f} | {whole / split:.2f}x |", flush=True)
+    workspace.free()
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"device": dev.arch, "commit": commit(), "rows": rows_out}, indent=1))
 

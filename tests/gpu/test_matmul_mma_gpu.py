@@ -23,8 +23,8 @@ def check(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, tile=None, gri
         matmul_mma.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, tile_tokens=tile)
     else:
         kernel = loader.get_kernel(gpu, matmul_mma.OP, f"{matmul_mma.OP}_{weight_type}", matmul_mma.SIGNATURE)
-        _, block, tile = matmul_mma.geometry(rows, n_tokens, tile)
-        kernel.launch(grid, block, (y, w, xs, rows, cols, n_tokens, tile))
+        _, block, tile, _ = matmul_mma.geometry(rows, n_tokens, tile)
+        kernel.launch(grid, block, (y, w, xs, 0, rows, cols, n_tokens, tile, 1, 0))
     got = y.download(np.float32).reshape(n_tokens, rows)
     want = matmul_mma.reference(raw, weight_type, x, rows, cols)
     bad = ~(np.abs(got - want) <= matmul_mma.error_bound(raw, weight_type, x, rows, cols))
@@ -70,3 +70,38 @@ def test_project_on_either_side_of_the_threshold(gpu, mem, rng, seed, n_tokens):
     got = y.download(np.float32).reshape(n_tokens, rows)
     assert np.all(np.abs(got - matmul_mma.reference(raw, "q4_k", x, rows, cols))
                   <= matmul_mma.error_bound(raw, "q4_k", x, rows, cols)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    # Llama-3.1-8B's decode batches (one token tile: split over the columns) and a 1B-shaped k.
+    ("q4_k", 4096, 4096, 32), ("q4_k", 1024, 4096, 9), ("q6_k", 1024, 4096, 16), ("q4_k", 14336, 4096, 32),
+    ("q6_k", 4096, 14336, 24), ("q4_k", 512, 2048, 12), ("q8_0", 130, 512, 40),
+])
+def test_split_columns_and_the_residual_add(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
+    """A workspace as the runner has: the launcher splits the columns; the result matches the reference,
+    twice in a row (the counters were left at zero) and bit for bit the same (the partials are summed in
+    split order); with accumulate the product lands on top of y."""
+    from hipcore.ops import fused_matmul
+
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    y0 = rng.standard_normal((n_tokens, rows)).astype(np.float32)
+    w, xs, y = mem.upload(raw, "weights"), mem.upload(x), mem.poisoned(n_tokens * rows * 4)
+    workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8))
+    splits = matmul_mma.geometry(rows, n_tokens, cols=cols, workspace_bytes=workspace.nbytes)[3]
+    assert splits > 1, "these shapes are the decode batches the splits are for"
+    want = matmul_mma.reference(raw, weight_type, x, rows, cols)
+    bound = matmul_mma.error_bound(raw, weight_type, x, rows, cols)
+    runs = []
+    for _ in range(2):
+        matmul_mma.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, workspace=workspace)
+        runs.append(y.download(np.float32).reshape(n_tokens, rows))
+        bad = ~(np.abs(runs[-1] - want) <= bound)
+        assert not bad.any(), f"seed {seed}, {splits} splits: {int(bad.sum())} of {bad.size} outputs off"
+    assert np.array_equal(runs[0], runs[1]), "two launches of the same split product differ"
+    assert not workspace.download(np.int32, matmul_mma.COUNTER_BYTES // 4).any(), "counters left non-zero"
+    y.upload(y0)
+    matmul_mma.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, workspace=workspace,
+                      accumulate=True)
+    got = y.download(np.float32).reshape(n_tokens, rows)
+    assert np.all(np.abs(got - (y0 + want)) <= bound + 2.0**-23 * np.abs(y0 + want)), f"seed {seed}: accumulate"

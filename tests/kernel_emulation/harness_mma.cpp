@@ -1,9 +1,13 @@
 // Runs one kernel of kernels/matmul_mma.hip under the host emulation (emulation.h), with hip_compat.h's
 // matrix-core path chosen on the command line (-DRF_MMA_KIND=..., -DWARP_SIZE=...), so that the NVIDIA,
 // CDNA, RDNA3 and RDNA4 fragment layouts all run against the emulated instructions:
-//   harness_mma <entry> <grid> <block> <rows> <cols> <n_tokens> <tile_tokens> <W file> <x file> <y file>
+//   harness_mma <entry> <grid> <block> <rows> <cols> <n_tokens> <tile_tokens> <splits> <accumulate>
+//               <workspace_bytes> <W file> <x file> <y_in file|-> <y file> <workspace_out file>
+// y starts as y_in's floats (accumulate adds to them) or NaN when y_in is "-"; the workspace starts zeroed
+// (a null pointer when its size is 0) and is written back so that a test can see its counters.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,23 +25,37 @@ static std::vector<char> read_file(const char* path) {
   return data;
 }
 
+static void write_file(const char* path, const void* data, size_t bytes) {
+  FILE* f = std::fopen(path, "wb");
+  if (!f || (bytes && std::fwrite(data, 1, bytes, f) != bytes)) std::exit(4);
+  std::fclose(f);
+}
+
 int main(int argc, char** argv) {
-  if (argc != 11) return 2;
+  if (argc != 16) return 2;
   const std::string entry = argv[1];
   const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
   const int rows = std::atoi(argv[4]), cols = std::atoi(argv[5]), tokens = std::atoi(argv[6]), tile = std::atoi(argv[7]);
-  std::vector<char> w = read_file(argv[8]), x = read_file(argv[9]);
+  const int splits = std::atoi(argv[8]), accumulate = std::atoi(argv[9]);
+  const size_t workspace_bytes = (size_t)std::atoll(argv[10]);
+  std::vector<char> w = read_file(argv[11]), x = read_file(argv[12]);
   std::vector<float> y((size_t)rows * tokens, std::nanf(""));
-  using Matmul = void (*)(float*, const void*, const float*, int, int, int, int);
+  if (std::string(argv[13]) != "-") {
+    std::vector<char> y_in = read_file(argv[13]);
+    if (y_in.size() != y.size() * 4) return 5;
+    std::memcpy(y.data(), y_in.data(), y_in.size());
+  }
+  std::vector<char> workspace(workspace_bytes, 0);
+  using Matmul = void (*)(float*, const void*, const float*, void*, int, int, int, int, int, int);
   const std::map<std::string, Matmul> kernels = {
       {"matmul_mma_q4_0", matmul_mma_q4_0}, {"matmul_mma_q4_1", matmul_mma_q4_1}, {"matmul_mma_q8_0", matmul_mma_q8_0},
       {"matmul_mma_q5_0", matmul_mma_q5_0}, {"matmul_mma_q5_1", matmul_mma_q5_1},
       {"matmul_mma_q4_k", matmul_mma_q4_k}, {"matmul_mma_q5_k", matmul_mma_q5_k}, {"matmul_mma_q6_k", matmul_mma_q6_k}};
   if (!kernels.count(entry)) return 2;
   const Matmul kernel = kernels.at(entry);
-  emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), rows, cols, tokens, tile); });
-  FILE* f = std::fopen(argv[10], "wb");
-  if (!f || std::fwrite(y.data(), 4, y.size(), f) != y.size()) return 4;
-  std::fclose(f);
+  void* ws = workspace_bytes ? workspace.data() : nullptr;
+  emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), ws, rows, cols, tokens, tile, splits, accumulate); });
+  write_file(argv[14], y.data(), y.size() * 4);
+  write_file(argv[15], workspace.data(), workspace_bytes);
   return 0;
 }

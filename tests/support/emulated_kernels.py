@@ -68,12 +68,18 @@ MMA_KINDS = {"fma32": (0, 32), "fma64": (0, 64), "nvidia_mma": (1, 32), "cdna_mf
 MMA_OP = "matmul_mma"
 
 
-def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None) -> dict[str, Path]:
+def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, kernel_edit=None) -> dict[str, Path]:
     """harness_mma.cpp built in `work` per matrix-core path of `kinds`. compat_edit(text) -> text, when
-    given, changes hip_compat.h's vendor-neutral part first (the tests' planted faults)."""
+    given, changes hip_compat.h's vendor-neutral part first, kernel_edit(text) -> text matmul_mma.hip (the
+    tests' planted faults)."""
     compiler = shutil.which("g++")
     assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
-    shutil.copy(kernels_dir() / f"{MMA_OP}.hip", work)
+    source = (kernels_dir() / f"{MMA_OP}.hip").read_text()
+    if kernel_edit is not None:
+        edited = kernel_edit(source)
+        assert edited != source, f"the planted edit matched nothing in {MMA_OP}.hip"
+        source = edited
+    (work / f"{MMA_OP}.hip").write_text(source)
     for name in ("emulation.h", "harness_mma.cpp"):
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()
