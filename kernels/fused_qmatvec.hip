@@ -157,13 +157,19 @@ __device__ __forceinline__ void tile_dot(Stage& st, const unsigned char* const W
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) raw[m][r] = Format::load(w[m][r], c0 + i);
+      // Decoded once (the scale bits, the nibbles: most of a slice's work), applied to every token.
+      typename Format::Decoded dec[M][ROWS];
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) dec[m][r] = Format::decode(raw[m][r], c0 + i);
 #pragma unroll
       for (int b = 0; b < NB; ++b) {
         const XSlice xs = staged_slice(st, b * chunk + i);
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) acc[m][r][b] = fmaf(xs.d, Format::dot(raw[m][r], c0 + i, xs), acc[m][r][b]);
+          for (int r = 0; r < ROWS; ++r) acc[m][r][b] = fmaf(xs.d, Format::apply(dec[m][r], xs), acc[m][r][b]);
       }
     }
   }

@@ -112,6 +112,25 @@ static __device__ __forceinline__ unsigned int word_of(const uint4 v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
+// A Q4_K / Q5_K slice decoded: the codes of run a (lo) and run b (hi), four per word, the sub-blocks'
+// scales and mins, the super-block's d and dmin. Decoding (the scale bits, the nibbles) is most of a
+// slice's work; batched passes decode a slice once and apply it to every token.
+struct KDecoded {
+  unsigned int lo[4], hi[4];
+  int sc0, m0, sc1, m1;
+  float d, dmin;
+  __device__ __forceinline__ float apply(const XSlice& x) const {
+    int da = 0, db = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      da = rf_dp4a((int)lo[i], x.xq[i], da);
+      db = rf_dp4a((int)hi[i], x.xq[4 + i], db);
+    }
+    // Both integers stay under 2^24, so their conversions are exact.
+    return d * (float)(sc0 * da + sc1 * db) - dmin * (float)(m0 * x.sum_a + m1 * x.sum_b);
+  }
+};
+
 // Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]}: slice s (0..7) takes
 // qs[32j + 16u .. +15] (j = s / 2, u = s % 2): low nibbles are elements 64j + 16u .. +15 of sub-block 2j,
 // high nibbles 64j + 32 + 16u .. +15 of sub-block 2j + 1. w = d * sc * q - dmin * m.
@@ -128,23 +147,24 @@ struct Q4_KFormat {
     col_a = (slice >> 3) * 256 + 64 * ((slice & 7) >> 1) + 16 * (slice & 1);
     col_b = col_a + 32;
   }
-  static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) {
+  typedef KDecoded Decoded;
+  static __device__ __forceinline__ Decoded decode(const Raw r, int slice) {
     const int j = (slice & 7) >> 1;
-    int sc0, m0, sc1, m1;
-    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, sc0, m0);
-    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, sc1, m1);
-    int da = 0, db = 0;
+    KDecoded k;
+    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, k.sc0, k.m0);
+    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, k.sc1, k.m1);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const unsigned int q = word_of(r.q, k);
-      da = rf_dp4a((int)(q & kLowNibbles), x.xq[k], da);
-      db = rf_dp4a((int)((q >> 4) & kLowNibbles), x.xq[4 + k], db);
+    for (int i = 0; i < 4; ++i) {
+      const unsigned int q = word_of(r.q, i);
+      k.lo[i] = q & kLowNibbles;
+      k.hi[i] = (q >> 4) & kLowNibbles;
     }
-    const float d = rf_f16_to_float((unsigned short)(r.head.x & 0xffffu));
-    const float dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
-    // Both integers stay under 2^24, so their conversions are exact.
-    return d * (float)(sc0 * da + sc1 * db) - dmin * (float)(m0 * x.sum_a + m1 * x.sum_b);
+    k.d = rf_f16_to_float((unsigned short)(r.head.x & 0xffffu));
+    k.dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
+    return k;
   }
+  static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) { return k.apply(x); }
+  static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
 // Q5_K super-block {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]}: slices as Q4_K's;
@@ -161,24 +181,24 @@ struct Q5_KFormat {
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
     Q4_KFormat::columns(slice, col_a, col_b);
   }
-  static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) {
+  typedef KDecoded Decoded;
+  static __device__ __forceinline__ Decoded decode(const Raw r, int slice) {
     const int j = (slice & 7) >> 1;
-    int sc0, m0, sc1, m1;
-    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, sc0, m0);
-    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, sc1, m1);
-    int da = 0, db = 0;
+    KDecoded k;
+    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, k.sc0, k.m0);
+    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, k.sc1, k.m1);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const unsigned int q = word_of(r.q, k), h = word_of(r.h, k);
-      const unsigned int lo = (q & kLowNibbles) | (((h >> (2 * j)) & kOnes) << 4);
-      const unsigned int hi = ((q >> 4) & kLowNibbles) | (((h >> (2 * j + 1)) & kOnes) << 4);
-      da = rf_dp4a((int)lo, x.xq[k], da);
-      db = rf_dp4a((int)hi, x.xq[4 + k], db);
+    for (int i = 0; i < 4; ++i) {
+      const unsigned int q = word_of(r.q, i), h = word_of(r.h, i);
+      k.lo[i] = (q & kLowNibbles) | (((h >> (2 * j)) & kOnes) << 4);
+      k.hi[i] = ((q >> 4) & kLowNibbles) | (((h >> (2 * j + 1)) & kOnes) << 4);
     }
-    const float d = rf_f16_to_float((unsigned short)(r.head.x & 0xffffu));
-    const float dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
-    return d * (float)(sc0 * da + sc1 * db) - dmin * (float)(m0 * x.sum_a + m1 * x.sum_b);
+    k.d = rf_f16_to_float((unsigned short)(r.head.x & 0xffffu));
+    k.dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
+    return k;
   }
+  static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) { return k.apply(x); }
+  static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
 // Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned):
@@ -208,18 +228,34 @@ struct Q6_KFormat {
     col_a = (slice >> 3) * 256 + 128 * ((slice >> 2) & 1) + 16 * (slice & 3);
     col_b = col_a + 64;
   }
-  static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) {
+  // The 6-bit codes of both runs, their scales and d: what each token's product reads.
+  struct Decoded {
+    unsigned int lo[4], hi[4];
+    int scale_a, scale_b;
+    float d;
+  };
+  static __device__ __forceinline__ Decoded decode(const Raw r, int slice) {
     const int shift = 2 * ((slice & 3) >> 1);
+    Decoded k;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k.lo[i] = (r.ql[i] & kLowNibbles) | (((r.qh[i] >> shift) & 0x03030303u) << 4);
+      k.hi[i] = ((r.ql[i] >> 4) & kLowNibbles) | (((r.qh[i] >> (shift + 4)) & 0x03030303u) << 4);
+    }
+    k.scale_a = r.scale_a, k.scale_b = r.scale_b;
+    k.d = rf_f16_to_float(r.d);
+    return k;
+  }
+  static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) {
     int da = 0, db = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const unsigned int lo = (r.ql[k] & kLowNibbles) | (((r.qh[k] >> shift) & 0x03030303u) << 4);
-      const unsigned int hi = ((r.ql[k] >> 4) & kLowNibbles) | (((r.qh[k] >> (shift + 4)) & 0x03030303u) << 4);
-      da = rf_dp4a((int)lo, x.xq[k], da);
-      db = rf_dp4a((int)hi, x.xq[4 + k], db);
+    for (int i = 0; i < 4; ++i) {
+      da = rf_dp4a((int)k.lo[i], x.xq[i], da);
+      db = rf_dp4a((int)k.hi[i], x.xq[4 + i], db);
     }
-    return rf_f16_to_float(r.d) * (float)(r.scale_a * (da - 32 * x.sum_a) + r.scale_b * (db - 32 * x.sum_b));
+    return k.d * (float)(k.scale_a * (da - 32 * x.sum_a) + k.scale_b * (db - 32 * x.sum_b));
   }
+  static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
 // Q8_0 block {half d; int8 qs[32]}: a slice is a block, run a its elements 0..15, run b 16..31.
@@ -240,12 +276,24 @@ struct Q8_0Format {
     col_a = slice * 32;
     col_b = col_a + 16;
   }
-  static __device__ __forceinline__ float dot(const Raw r, int, const XSlice& x) {
+  struct Decoded {
+    unsigned int q[8];
+    float d;
+  };
+  static __device__ __forceinline__ Decoded decode(const Raw r, int) {
+    Decoded k;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) k.q[i] = r.q[i];
+    k.d = rf_f16_to_float(r.d);
+    return k;
+  }
+  static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) {
     int s = 0;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s = rf_dp4a((int)r.q[k], x.xq[k], s);
-    return rf_f16_to_float(r.d) * (float)s;
+    for (int i = 0; i < 8; ++i) s = rf_dp4a((int)k.q[i], x.xq[i], s);
+    return k.d * (float)s;
   }
+  static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
 // Q4_0 block {half d; uint8 qs[16]}: low nibbles are elements 0..15 (run a), high nibbles 16..31 (run b);
@@ -267,15 +315,30 @@ struct Q4_0Format {
     col_a = slice * 32;
     col_b = col_a + 16;
   }
-  static __device__ __forceinline__ float dot(const Raw r, int, const XSlice& x) {
+  struct Decoded {
+    unsigned int lo[4], hi[4];
+    float d;
+  };
+  static __device__ __forceinline__ Decoded decode(const Raw r, int) {
+    Decoded k;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k.lo[i] = r.q[i] & kLowNibbles;
+      k.hi[i] = (r.q[i] >> 4) & kLowNibbles;
+    }
+    k.d = rf_f16_to_float(r.d);
+    return k;
+  }
+  static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) {
     int s = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      s = rf_dp4a((int)(r.q[k] & kLowNibbles), x.xq[k], s);
-      s = rf_dp4a((int)((r.q[k] >> 4) & kLowNibbles), x.xq[4 + k], s);
+    for (int i = 0; i < 4; ++i) {
+      s = rf_dp4a((int)k.lo[i], x.xq[i], s);
+      s = rf_dp4a((int)k.hi[i], x.xq[4 + i], s);
     }
-    return rf_f16_to_float(r.d) * (float)(s - 8 * (x.sum_a + x.sum_b));
+    return k.d * (float)(s - 8 * (x.sum_a + x.sum_b));
   }
+  static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
 // acc[r][b] += the slice's products for every row r and token b, when `live` (a select, not a branch,
@@ -285,12 +348,15 @@ __device__ __forceinline__ void accumulate(const typename Format::Raw raw[ROWS],
                                            int cols, float acc[ROWS][NB], bool live) {
   int col_a, col_b;
   Format::columns(slice, col_a, col_b);
+  typename Format::Decoded dec[ROWS];  // decoded once, applied to every token
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) dec[r] = Format::decode(raw[r], slice);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
     const XSlice xs = quantize_x(x + (unsigned long long)b * cols, col_a, col_b);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const float sum = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r][b]);
+      const float sum = fmaf(xs.d, Format::apply(dec[r], xs), acc[r][b]);
       acc[r][b] = live ? sum : acc[r][b];
     }
   }
