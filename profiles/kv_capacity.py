@@ -3,6 +3,11 @@ KV dtype x block size, and the --plan answer (tokens and sequences that fit besi
 
 Every size comes from hipcore's own KvCacheConfig, so these are the numbers the cache would
 really allocate: a budget holds floor(budget / bytes_per_block) blocks, one of which is the null block.
+
+A model with sliding-window layers (ModelShape.layer_windows, e.g. Gemma 3) is planned window-true: a
+sequence keeps every block in its global layers but only about a window in its local layers
+(KvCacheConfig.sequence_bytes), and the budget is split between the two pools as the engine's memory
+plan splits it (the local pool sized by KvCacheConfig.window_pool_blocks for the sequences that fit).
 """
 
 from __future__ import annotations
@@ -24,13 +29,57 @@ DEFAULT_MAX_SEQS = 64  # the engine's default number of sequences stepped togeth
 
 
 def kv_config(shape: ModelShape, dtype: str, block_size: int, budget: int) -> KvCacheConfig:
-    """The largest cache of this model's KV shape that fits in `budget` bytes (KvConfigError if none)."""
-    return KvCacheConfig.for_memory(budget, shape.n_layers, shape.n_kv_heads, shape.head_dim, block_size, dtype)
+    """The largest cache of this model's KV shape that fits in `budget` bytes (KvConfigError if none).
+    With sliding windows every global block gets a local twin: see fit_sequences for the window-true split."""
+    return KvCacheConfig.for_memory(budget, shape.n_layers, shape.n_kv_heads, shape.head_dim, block_size, dtype,
+                                    shape.layer_windows)
+
+
+def shape_config(shape: ModelShape, dtype: str, block_size: int = 1, num_blocks: int = 2,
+                 window_blocks: int = 0) -> KvCacheConfig:
+    return KvCacheConfig(shape.n_layers, shape.n_kv_heads, shape.head_dim, num_blocks, block_size, dtype,
+                         shape.layer_windows, window_blocks)
 
 
 def bytes_per_token(shape: ModelShape, dtype: str) -> int:
-    """K + V of one token in every layer: 2 x layers x KV heads x row bytes of head_dim elements."""
-    return KvCacheConfig(shape.n_layers, shape.n_kv_heads, shape.head_dim, 2, 1, dtype).bytes_per_token
+    """K + V of one token in every layer: 2 x layers x KV heads x row bytes of head_dim elements (what a
+    token inside the window costs; GQA-true: KV heads, not query heads)."""
+    return shape_config(shape, dtype).bytes_per_token
+
+
+def window_true_bytes_per_token(shape: ModelShape, dtype: str, block_size: int, seq_len: int) -> int:
+    """Device bytes a decoding sequence of seq_len tokens holds, per token, rounded up: every global
+    layer keeps all its blocks, every sliding-window layer only its window's (equal to bytes_per_token x
+    the last block's padding for a model without windows)."""
+    return -(-shape_config(shape, dtype, block_size).sequence_bytes(seq_len) // seq_len)
+
+
+def fit_sequences(shape: ModelShape, dtype: str, block_size: int, budget: int, seq_len: int,
+                  max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS) -> tuple[int, KvCacheConfig | None]:
+    """(sequences of seq_len tokens, the cache holding them) for a model with sliding windows: the most
+    sequences S whose cache fits in `budget`, with S x ceil(seq_len / block) global blocks and the local
+    pool the engine would plan for S sequences (window_pool_blocks)."""
+    per_seq = -(-seq_len // block_size)
+
+    def config(seqs: int) -> KvCacheConfig | None:
+        try:
+            probe = shape_config(shape, dtype, block_size, seqs * per_seq + 1)
+            return shape_config(shape, dtype, block_size, seqs * per_seq + 1,
+                                probe.window_pool_blocks(seqs, max_step_tokens))
+        except KvConfigError:  # past the slot or byte limits
+            return None
+
+    low, high = 0, 1
+    while (cfg := config(high)) is not None and cfg.cache_bytes <= budget:
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        cfg = config(mid)
+        if cfg is not None and cfg.cache_bytes <= budget:
+            low = mid
+        else:
+            high = mid
+    return low, config(low) if low else None
 
 
 # ---- (a) capacity table ---------------------------------------------------------------------------
@@ -46,6 +95,11 @@ class CapacityRow:
     context_sequences: int  # sequences of `context` tokens that fit: usable_blocks // ceil(context / block_size)
     mean_last_block_waste: int | None  # bytes: a last block is on average (block_size - 1) / 2 slots short
     note: str = ""
+    # window-true figures (a model with sliding-window layers; else equal to the above)
+    window_true_bytes_per_token: int | None = None  # device bytes per token of a sequence of `context` tokens
+    global_bytes_per_token: int | None = None  # K + V of a token in the global layers only
+    local_bytes_per_token: int | None = None  # ... in the sliding-window layers (kept for a window only)
+    local_blocks: int = 0  # usable blocks of the sliding-window pool
 
 
 @dataclass(frozen=True)
@@ -74,12 +128,22 @@ def capacity_table(shape: ModelShape, memory: int, *, memory_source: str = "", c
                 rows.append(CapacityRow(dtype, bs, None, None, 0, 0, 0, None, note=unfit))
                 continue
             bpt = bytes_per_token(shape, dtype)
+            cfg = shape_config(shape, dtype, bs)
+            true_bpt = window_true_bytes_per_token(shape, dtype, bs, context)
+            if shape.layer_windows:
+                seqs, fitted = fit_sequences(shape, dtype, bs, memory, context)
+                blocks, local = (fitted.usable_blocks, fitted.window_blocks - 1) if fitted else (0, 0)
+                rows.append(CapacityRow(dtype, bs, bpt, cfg.bytes_per_block, blocks, blocks * bs, seqs,
+                                        (bs - 1) * cfg.global_bytes_per_token // 2,
+                                        "" if seqs else f"not one sequence of {context:,} tokens fits", true_bpt,
+                                        cfg.global_bytes_per_token, cfg.window_bytes_per_token, local))
+                continue
             try:
                 blocks, note = kv_config(shape, dtype, bs, memory).usable_blocks, ""
             except KvConfigError:
                 blocks, note = 0, "not even one block fits"
             rows.append(CapacityRow(dtype, bs, bpt, bpt * bs, blocks, blocks * bs, blocks // -(-context // bs),
-                                    (bs - 1) * bpt // 2, note))
+                                    (bs - 1) * bpt // 2, note, true_bpt, bpt, 0, 0))
     return CapacityTable(shape, memory, memory_source, context, tuple(rows))
 
 
@@ -120,6 +184,10 @@ class PlanRow:
     blocks_per_sequence: int  # ceil(seq_len / block_size)
     sequences: int  # sequences of seq_len tokens that fit at once: usable_blocks // blocks_per_sequence
     note: str = ""
+    window_true_bytes_per_token: int | None = None  # device bytes per token of a sequence of seq_len tokens
+    global_bytes_per_token: int | None = None
+    local_bytes_per_token: int | None = None  # sliding-window layers, kept for a window only
+    local_blocks: int = 0  # usable blocks of the sliding-window pool (0 without one)
 
 
 @dataclass(frozen=True)
@@ -154,7 +222,8 @@ def weight_bytes(shape: ModelShape, weights_type: str | None) -> tuple[int, str]
 def runner_activation_bytes(shape: ModelShape, max_step_tokens: int, max_seqs: int, context: int, block_size: int) -> int:
     """What the llama runner allocates beside weights and KV (activations + step scratch)."""
     max_blocks = -(-context // block_size)
-    return sum(n for n, _tag in activation_sizes(shape, max_step_tokens, max_seqs, max_blocks).values())
+    return sum(n for n, _tag in activation_sizes(shape, max_step_tokens, max_seqs, max_blocks, block_size,
+                                                 bool(shape.layer_windows)).values())
 
 
 def plan_kv(shape: ModelShape, memory: int, *, context: int | None = None, seq_len: int | None = None,
@@ -183,12 +252,24 @@ def plan_kv(shape: ModelShape, memory: int, *, context: int | None = None, seq_l
             rows.append(PlanRow(dtype, None, 0, 0, 0, per_seq, 0, note=unfit))
             continue
         bpt = bytes_per_token(shape, dtype)
+        one = shape_config(shape, dtype, block_size)
+        true_bpt = window_true_bytes_per_token(shape, dtype, block_size, seq_len)
+        groups = dict(window_true_bytes_per_token=true_bpt, global_bytes_per_token=one.global_bytes_per_token,
+                      local_bytes_per_token=one.window_bytes_per_token)
+        if shape.layer_windows:
+            seqs, cfg = fit_sequences(shape, dtype, block_size, max(budget, 0), seq_len, max_step_tokens)
+            if cfg is None:
+                rows.append(PlanRow(dtype, bpt, 0, 0, 0, per_seq, 0, note="not one sequence of this length fits", **groups))
+            else:
+                rows.append(PlanRow(dtype, bpt, cfg.cache_bytes, cfg.usable_blocks, cfg.usable_tokens, per_seq, seqs,
+                                    **groups, local_blocks=cfg.window_blocks - 1))
+            continue
         try:
             cfg = kv_config(shape, dtype, block_size, max(budget, 0))
             rows.append(PlanRow(dtype, bpt, cfg.cache_bytes, cfg.usable_blocks, cfg.usable_tokens, per_seq,
                                 cfg.usable_blocks // per_seq,
-                                "" if cfg.usable_blocks >= per_seq else "not one sequence of this length fits"))
+                                "" if cfg.usable_blocks >= per_seq else "not one sequence of this length fits", **groups))
         except KvConfigError:
-            rows.append(PlanRow(dtype, bpt, 0, 0, 0, per_seq, 0, note="no room for the KV cache"))
+            rows.append(PlanRow(dtype, bpt, 0, 0, 0, per_seq, 0, note="no room for the KV cache", **groups))
     return KvPlan(shape, memory, weights, weights_source, activations, margin, budget, context, seq_len, block_size,
                   max_step_tokens, max_seqs, tuple(rows))

@@ -135,7 +135,8 @@ class KvOnlyRunner:
         self.config, self.cache = config, cache
 
     def execute(self, batch) -> np.ndarray:
-        batch.validate(self.cache.config.block_size, self.cache.config.num_blocks)
+        kv = self.cache.config
+        batch.validate(kv.block_size, kv.num_blocks, kv.window_blocks if kv.layer_windows else None)
         return np.zeros((int(batch.sample_rows.shape[0]), self.config.vocab_size), dtype=np.float32)
 
 

@@ -65,7 +65,9 @@ class BlockReading:
     pending: int
     bytes_per_block: int
     invariant_error: str | None
-    leaked: list[dict] = field(default_factory=list)  # one entry per block that is not free
+    leaked: list[dict] = field(default_factory=list)  # one entry per block that is not free, with its group
+    # layer group -> (usable, free, bytes per block): a cache with sliding-window layers has two pools
+    groups: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def not_free(self) -> int:
@@ -73,6 +75,8 @@ class BlockReading:
 
     @property
     def leaked_bytes(self) -> int:
+        if self.groups:  # a local block holds fewer layers than a global one
+            return sum((usable - free) * bpb for usable, free, bpb in self.groups.values())
         return self.not_free * self.bytes_per_block
 
     def to_dict(self) -> dict:
@@ -81,31 +85,38 @@ class BlockReading:
             "leaked_bytes": self.leaked_bytes, "bytes_per_block": self.bytes_per_block,
             "invariant_error": self.invariant_error, "leaked": self.leaked[:ITEMS_KEPT],
             "leaked_not_listed": max(0, len(self.leaked) - ITEMS_KEPT),
+            "groups": {name: {"usable": u, "free": f, "not_free": u - f, "bytes_per_block": b}
+                       for name, (u, f, b) in self.groups.items()},
         }
 
 
 def read_blocks(cache, owner_of_sequence) -> BlockReading:
-    """Every block that is not on the free list, with the sequences whose tables hold it and their
-    requests (`owner_of_sequence(seq_id) -> dict | None`)."""
+    """Every block of every layer group that is not on the free list, with its group, the sequences whose
+    tables hold it and their requests (`owner_of_sequence(seq_id) -> dict | None`)."""
     cfg = cache.config
-    holders: dict[int, list[int]] = {}
-    for seq_id in cache.sequences():
-        for block in cache.block_table(seq_id):
-            holders.setdefault(block, []).append(seq_id)
-    leaked = []
-    for block in range(1, cfg.num_blocks):
-        count = cache.refcount(block)
-        seqs = holders.get(block, [])
-        if count or seqs:
-            owners = [o for o in (owner_of_sequence(s) for s in seqs) if o is not None]
-            leaked.append({"block": block, "refcount": count, "sequences": seqs, "owners": owners})
+    leaked, groups = [], {}
+    for group in cache.groups:
+        holders: dict[int, list[int]] = {}
+        for seq_id in cache.sequences():
+            for block in cache.block_table(seq_id, group):
+                if block:  # 0: the null block, a position released out of the window
+                    holders.setdefault(block, []).append(seq_id)
+        for block in range(1, cfg.group_blocks(group)):
+            count = cache.refcount(block, group)
+            seqs = holders.get(block, [])
+            if count or seqs:
+                owners = [o for o in (owner_of_sequence(s) for s in seqs) if o is not None]
+                leaked.append({"group": group, "block": block, "refcount": count, "sequences": seqs, "owners": owners})
+        groups[group] = (cache.num_usable_blocks_in(group), cache.num_free_blocks_in(group),
+                         cfg.group_bytes_per_block(group))
     try:
         cache.check_invariants(quiescent=True)
         error = None
     except KvInvariantError as exc:
         error = str(exc)
-    return BlockReading(usable=cache.num_usable_blocks, free=cache.num_free_blocks, pending=cache.num_pending_blocks,
-                        bytes_per_block=cfg.bytes_per_block, invariant_error=error, leaked=leaked)
+    return BlockReading(usable=sum(u for u, _, _ in groups.values()), free=sum(f for _, f, _ in groups.values()),
+                        pending=cache.num_pending_blocks, bytes_per_block=cfg.bytes_per_block, invariant_error=error,
+                        leaked=leaked, groups=groups)
 
 
 @dataclass

@@ -122,8 +122,9 @@ def leaks_table(report: LeakReport) -> Table | None:
                 owner = item["owners"][0] if item["owners"] else None
                 who = (f"request {owner['request_id']} ({owner['plan']}), ended {owner['ending']} in {owner['phase_at_end']}, "
                        f"{owner['run_phase']}") if owner else "no block table holds it"
-                add(("block", item["block"], item["refcount"], tuple(item["sequences"])),
-                    (p.name, f"KV block {item['block']} (refcount {item['refcount']})", who, "-"))
+                local = "" if item.get("group", "global") == "global" else f"{item['group']} "  # sliding-window pool
+                add(("block", item.get("group"), item["block"], item["refcount"], tuple(item["sequences"])),
+                    (p.name, f"KV {local}block {item['block']} (refcount {item['refcount']})", who, "-"))
         if p.ledger_judged:
             for a in p.ledger.not_returned:
                 add(("allocation", a["serial"]), (p.name, f"{a['tag']} {a['bytes']:,} B {a['label']}", a["owner"], a["site"]))

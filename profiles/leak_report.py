@@ -301,7 +301,8 @@ def _judge_blocks(out: list[Finding], phase: PhaseResult, t: Thresholds) -> None
         owner = ""
         if first is not None:
             who = first["owners"][0] if first["owners"] else None
-            owner = (f"; first: block {first['block']} (refcount {first['refcount']}) held by "
+            group = f"{first['group']} " if len(b.groups) > 1 else ""  # a model with sliding-window layers
+            owner = (f"; first: {group}block {first['block']} (refcount {first['refcount']}) held by "
                      + (f"request {who['request_id']} ({who['plan']}, ended {who['ending']} in {who['phase_at_end']}, "
                         f"{who['run_phase']})" if who else "no block table"))
         out.append(Finding("kv blocks", severity, f"after {phase.name}: {b.leaked_bytes:,} bytes in {b.not_free} KV blocks "

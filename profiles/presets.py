@@ -3,8 +3,14 @@
 Preset numbers are copied from each model's published Hugging Face config.json (cited per entry:
 num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size / heads = head_dim,
 intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings). The parameter count
-is computed from the shape (llama layout; Qwen2 adds q/k/v biases) and equals the count each model
-card publishes: tests/test_presets.py checks that, which checks the shapes too.
+is computed from the shape (llama layout; Qwen2 adds q/k/v biases, Qwen3 a per-head q/k norm) and
+equals the count each model card publishes: tests/test_presets.py checks that, which checks the shapes too.
+
+Gemma 3 (text decoder only; the published 4B/12B/27B counts include the SigLIP vision tower, so its
+parameter count is the text decoder's, computed in gemma3_parameter_count) sets head_dim itself
+(config.json's head_dim, not hidden / heads) and slides: `layer_windows` is llama.cpp's
+set_swa_pattern(6) for gemma3 (src/llama-hparams.cpp: layer il is a sliding-window layer when
+il % 6 < 5, i.e. 5 local layers then 1 global) with config.json's sliding_window of 1024 tokens.
 """
 
 from __future__ import annotations
@@ -33,27 +39,50 @@ class ModelShape:
     source: str  # a config.json address for a preset; the file path for a GGUF
     weight_bytes: int | None = None  # exact, for a real file; presets estimate it per weight type
     weight_type: str = ""  # a file's dominant tensor type, e.g. "Q4_1"
+    layer_windows: tuple[int, ...] = ()  # per layer: 0 global, W a sliding window (KvCacheConfig.layer_windows)
 
     def to_dict(self) -> dict[str, object]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["layer_windows"] = list(self.layer_windows)
+        return out
 
 
 def llama_parameter_count(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, hidden_size: int,
-                          ffn_size: int, vocab_size: int, tie_embeddings: bool, qkv_bias: bool = False) -> int:
-    """Weights of a llama-layout decoder: embeddings, per-layer attention + SwiGLU MLP + 2 RMSNorms,
-    final norm, and the output projection unless tied to the embeddings."""
+                          ffn_size: int, vocab_size: int, tie_embeddings: bool, qkv_bias: bool = False,
+                          qk_norm: bool = False, norms_per_layer: int = 2) -> int:
+    """Weights of a llama-layout decoder: embeddings, per-layer attention + gated MLP + RMSNorms (2, or 4
+    for Gemma 3's norms before and after attention and MLP), final norm, and the output projection
+    unless tied to the embeddings. qk_norm: a head_dim-wide RMSNorm weight on q and on k."""
     q, kv = n_heads * head_dim, n_kv_heads * head_dim
     attention = hidden_size * q + 2 * hidden_size * kv + q * hidden_size + ((q + 2 * kv) if qkv_bias else 0)
-    layer = attention + 3 * hidden_size * ffn_size + 2 * hidden_size
+    attention += 2 * head_dim if qk_norm else 0
+    layer = attention + 3 * hidden_size * ffn_size + norms_per_layer * hidden_size
     embeddings = vocab_size * hidden_size * (1 if tie_embeddings else 2)
     return embeddings + n_layers * layer + hidden_size
 
 
 def _preset(name: str, source: str, *, layers: int, heads: int, kv_heads: int, hidden: int, ffn: int, vocab: int,
-            context: int, tied: bool, qkv_bias: bool = False) -> ModelShape:
+            context: int, tied: bool, qkv_bias: bool = False, qk_norm: bool = False) -> ModelShape:
     head_dim = hidden // heads
-    params = llama_parameter_count(layers, heads, kv_heads, head_dim, hidden, ffn, vocab, tied, qkv_bias)
+    params = llama_parameter_count(layers, heads, kv_heads, head_dim, hidden, ffn, vocab, tied, qkv_bias, qk_norm)
     return ModelShape(name, layers, heads, kv_heads, head_dim, hidden, ffn, vocab, context, params, source)
+
+
+GEMMA3_SWA_PATTERN = 6  # llama.cpp: hparams.set_swa_pattern(6) for LLM_ARCH_GEMMA3
+
+
+def gemma3_layer_windows(n_layers: int, window: int) -> tuple[int, ...]:
+    """llama.cpp's set_swa_pattern(6): layer il slides when il % 6 < 5 (5 local, then 1 global)."""
+    return tuple(window if il % GEMMA3_SWA_PATTERN < GEMMA3_SWA_PATTERN - 1 else 0 for il in range(n_layers))
+
+
+def _gemma3(name: str, source: str, *, layers: int, heads: int, kv_heads: int, head_dim: int, hidden: int, ffn: int,
+            vocab: int, context: int, window: int) -> ModelShape:
+    # Gemma 3: tied embeddings, q/k norms, 4 norms a layer (before and after attention and MLP).
+    params = llama_parameter_count(layers, heads, kv_heads, head_dim, hidden, ffn, vocab, tie_embeddings=True,
+                                   qk_norm=True, norms_per_layer=4)
+    return ModelShape(name, layers, heads, kv_heads, head_dim, hidden, ffn, vocab, context, params, source,
+                      layer_windows=gemma3_layer_windows(layers, window))
 
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
@@ -74,6 +103,24 @@ PRESETS: dict[str, ModelShape] = {p.name: p for p in (
     _preset("Qwen2.5-7B", _HF.format("Qwen/Qwen2.5-7B"),
             layers=28, heads=28, kv_heads=4, hidden=3584, ffn=18944, vocab=152064, context=131072, tied=False,
             qkv_bias=True),
+    # Qwen3-8B config.json: 36 layers, 32 heads of head_dim 128 (= 4096 / 32), 8 KV heads, intermediate 12288,
+    # vocab 151936, max_position_embeddings 40960, untied; q_norm / k_norm per head. Model card: 8.2B
+    # parameters, 6.95B without embeddings.
+    _preset("Qwen3-8B", _HF.format("Qwen/Qwen3-8B"),
+            layers=36, heads=32, kv_heads=8, hidden=4096, ffn=12288, vocab=151936, context=40960, tied=False,
+            qk_norm=True),
+    # Gemma 3 text_config of each config.json: num_hidden_layers, num_attention_heads, num_key_value_heads,
+    # head_dim, hidden_size, intermediate_size, vocab_size 262208, max_position_embeddings 131072,
+    # sliding_window 1024, sliding_window_pattern 6 (llama.cpp: gemma3.attention.sliding_window, pattern 6).
+    _gemma3("Gemma-3-4B", _HF.format("google/gemma-3-4b-it"),
+            layers=34, heads=8, kv_heads=4, head_dim=256, hidden=2560, ffn=10240, vocab=262208, context=131072,
+            window=1024),
+    _gemma3("Gemma-3-12B", _HF.format("google/gemma-3-12b-it"),
+            layers=48, heads=16, kv_heads=8, head_dim=256, hidden=3840, ffn=15360, vocab=262208, context=131072,
+            window=1024),
+    _gemma3("Gemma-3-27B", _HF.format("google/gemma-3-27b-it"),
+            layers=62, heads=32, kv_heads=16, head_dim=128, hidden=5376, ffn=21504, vocab=262208, context=131072,
+            window=1024),
     _preset("Mistral-7B", _HF.format("mistralai/Mistral-7B-v0.1"),
             layers=32, heads=32, kv_heads=8, hidden=4096, ffn=14336, vocab=32000, context=32768, tied=False),
 )}

@@ -60,6 +60,10 @@ def model_table(shape: ModelShape) -> Table:
     t.add_row("hidden / ffn", f"{shape.hidden_size:,} / {shape.ffn_size:,}")
     t.add_row("vocabulary", _int(shape.vocab_size))
     t.add_row("context length", _int(shape.context_length))
+    if shape.layer_windows:
+        local = sum(1 for w in shape.layer_windows if w)
+        t.add_row("attention layers", f"{shape.n_layers - local} global, {local} sliding-window "
+                                      f"(window {max(shape.layer_windows):,} tokens)")
     t.add_row("parameters", _int(shape.n_params))
     if shape.weight_bytes is not None:
         t.add_row("weights in the file", f"{format_bytes(shape.weight_bytes)} ({shape.weight_bytes:,} B, {shape.weight_type})")
@@ -85,6 +89,25 @@ def capacity_table(table: CapacityTable) -> Table:
         t.add_row(r.dtype, _int(r.block_size), _int(r.bytes_per_token), _int(r.bytes_per_block), _int(r.usable_blocks),
                   _int(r.tokens), _int(r.context_sequences), _bytes(r.mean_last_block_waste), *([r.note] if notes else []))
     t.caption = "mean waste/seq: unused bytes of a last block, on average (block - 1) / 2 slots"
+    if table.model.layer_windows:
+        t.caption += ("\nsliding-window model: B/token is a token inside the window (every layer);\n"
+                      "B/block and blocks are the global pool's; seqs are window-true (see below)")
+    t.caption_justify = "left"
+    return t
+
+
+def window_groups_table(shape: ModelShape, rows, seq_len: int) -> Table:
+    """Per-group figures of a model with sliding-window layers, one row per capacity or plan row."""
+    local = sum(1 for w in shape.layer_windows if w)
+    t = _table(f"Window-true: {shape.n_layers - local} global layers, {local} sliding (window "
+               f"{max(shape.layer_windows):,})",
+               ["dtype", "block", "global B/token", "local B/token", f"B/token at {seq_len:,}", "local blocks"])
+    for r in rows:
+        t.add_row(r.dtype, _int(getattr(r, "block_size", None)), _int(r.global_bytes_per_token),
+                  _int(r.local_bytes_per_token), _int(r.window_true_bytes_per_token), _int(r.local_blocks))
+    t.caption = (f"B/token at {seq_len:,}: device bytes per token of a sequence that long\n"
+                 "(its global blocks + a window of local blocks); local blocks:\n"
+                 "the sliding-window pool, sized for the sequences that fit")
     t.caption_justify = "left"
     return t
 
@@ -101,12 +124,14 @@ def plan_tables(plan: KvPlan) -> list[Table]:
                    "" if plan.kv_budget > 0 else "nothing left for the KV cache")
     notes = any(r.note for r in plan.rows)
     rows = _table(f"What fits: sequences of {plan.seq_len:,} tokens (context {plan.context:,}), blocks of {plan.block_size}",
-                  ["dtype", "B/token", "KV pool", "blocks", "tokens", "blocks/seq", "sequences"] + (["note"] if notes else []),
-                  text_columns=("note",))
+                  ["dtype", "B/token", "KV pool", "blocks", "tokens", "blocks/seq", "sequences"]
+                  + (["note"] if notes else []), text_columns=("note",))
     for r in plan.rows:
         rows.add_row(r.dtype, _int(r.bytes_per_token), _bytes(r.kv_bytes), _int(r.usable_blocks), _int(r.tokens),
                      _int(r.blocks_per_sequence), _int(r.sequences), *([r.note] if notes else []))
-    return [budget, rows]
+    if not plan.model.layer_windows:
+        return [budget, rows]
+    return [budget, rows, window_groups_table(plan.model, plan.rows, plan.seq_len)]
 
 
 def memory_profile_table(profile: MemoryProfile, title: str = "KV cache memory profile") -> Table:
@@ -127,6 +152,13 @@ def memory_profile_table(profile: MemoryProfile, title: str = "KV cache memory p
     t.add_row("capacity", _int(p.capacity_tokens), "tokens that still fit (free blocks x block size)")
     t.add_row("page tables", format_bytes(p.page_table_bytes), "int32 per table entry")
     t.add_row("allocator", format_bytes(p.allocator_bytes), "free list, pending list, reference counts, sequences")
+    if len(p.groups) > 1:
+        for g in p.groups:
+            what = f"{g.layers} layers" + (f", window {g.window:,}" if g.window else ", every position")
+            t.add_row(f"{g.name} group", f"{g.bytes_per_token:,} B/token",
+                      f"{what}: {g.physical_blocks:,} of {g.total_blocks:,} blocks held, {g.free_blocks:,} free, "
+                      f"{g.pending_blocks:,} pending, {g.released_blocks:,} released out of the window; "
+                      f"{format_bytes(g.pool_bytes_used)} of {format_bytes(g.pool_bytes_total)}")
     return t
 
 

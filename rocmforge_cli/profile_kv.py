@@ -118,6 +118,8 @@ def profile_kv_command(
         return
     stdout.print(render.model_table(shape))
     stdout.print(render.capacity_table(table))
+    if shape.layer_windows:
+        stdout.print(render.window_groups_table(shape, table.rows, table.context))
 
 
 def default_model() -> str:

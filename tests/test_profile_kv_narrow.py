@@ -45,9 +45,12 @@ def tables_to_check():
     yield "presets", render.presets_table(shapes)
     for shape in shapes:
         for memory in (8 << 30, 80 << 30, 1 << 40):
-            yield f"capacity {shape.name} {memory}", render.capacity_table(
-                capacity_table(shape, memory, memory_source="--memory", dtypes=["f16", "bf16", "f32", "q8_0"],
-                               block_sizes=[8, 16, 32, 64]))
+            capacity = capacity_table(shape, memory, memory_source="--memory", dtypes=["f16", "bf16", "f32", "q8_0"],
+                                      block_sizes=[8, 16, 32, 64])
+            yield f"capacity {shape.name} {memory}", render.capacity_table(capacity)
+            if shape.layer_windows:
+                yield f"window groups {shape.name} {memory}", render.window_groups_table(shape, capacity.rows,
+                                                                                        capacity.context)
             for table in render.plan_tables(plan_kv(shape, memory)):
                 yield f"plan {shape.name} {memory}", table
 

@@ -15,6 +15,11 @@ Freed blocks are not reusable at once: they wait on a pending list until `releas
 the device work that might still touch them has finished (invariant 9). An engine that pipelines
 steps calls `begin_step()` before launching each step and `release_fenced(step)` once that step
 is known finished; blocks released while later steps were in flight wait for those.
+
+A model with sliding-window layers (KvCacheConfig.layer_windows) gets two layer groups, each with its
+own block pool and block tables (block_group.py): `reserve` grows both at once (all or nothing) and,
+in the local group, releases the blocks that every window layer has left behind. Queries that take a
+`group` argument default to the global group, which is the only one of a llama model.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from typing import Iterable
 
 import numpy as np
 
-from hipcore.kvcache.block_pool import BlockPool
-from hipcore.kvcache.config import NULL_BLOCK, KvCacheConfig
+from hipcore.kvcache.block_group import BlockGroup
+from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP, NULL_BLOCK, KvCacheConfig
 from hipcore.kvcache.errors import KvCacheError, KvInvariantError
-from hipcore.kvcache.invariants import check_cache_invariants
+from hipcore.kvcache.group_view import KvGroupView, group_view
+from hipcore.kvcache.invariants import check_group_invariants
 from hipcore.kvcache.profile import MemoryProfile, build_profile
 from hipcore.runtime.device import Buffer, Device, Stream
 from hipcore.runtime.errors import DeviceOutOfMemory
@@ -35,14 +41,19 @@ from hipcore.runtime.ledger import format_bytes
 
 
 class KvCache:
-    """Paged K/V pools (one K and one V allocation per layer, tag "kv") and per-sequence block tables."""
+    """Paged K/V pools (one K and one V allocation per layer, tag "kv", sized by the layer's group) and
+    per-sequence block tables in each layer group."""
 
     def __init__(self, device: Device, config: KvCacheConfig, label: str = "kv"):
         self.device = device
         self.config = config
         self._lock = threading.RLock()
-        self._pool = BlockPool(config.num_blocks)
-        self._tables: dict[int, list[int]] = {}
+        self._groups: dict[str, BlockGroup] = {
+            group: BlockGroup(group, config.group_blocks(group), config.block_size,
+                              config.window if group == LOCAL_GROUP else 0)
+            for group in config.groups}
+        self._pool = self._groups[GLOBAL_GROUP].pool  # the global group's (the only one of a llama model)
+        self._tables = self._groups[GLOBAL_GROUP].tables
         self._lengths: dict[int, int] = {}
         self._launched_step = 0
         self._closed = False
@@ -63,8 +74,10 @@ class KvCache:
         made: list[Buffer] = []
         try:
             for layer in range(cfg.n_layers):
+                local = cfg.layer_group(layer) == LOCAL_GROUP
+                nbytes, name = (cfg.window_pool_bytes, f"{label}.local.layer{layer}") if local else (cfg.pool_bytes, f"{label}.layer{layer}")
                 for kind in "kv":
-                    buf = self.device.allocate(cfg.pool_bytes, tag="kv", label=f"{label}.layer{layer}.{kind}")
+                    buf = self.device.allocate(nbytes, tag="kv", label=f"{name}.{kind}")
                     made.append(buf)
                     # Zeroed so that unwritten slots (the null block, padding) read as finite numbers.
                     buf.fill(0)
@@ -84,31 +97,35 @@ class KvCache:
             _check_seq_id(seq_id)
             if seq_id in self._tables:
                 raise KvCacheError(f"sequence {seq_id} already exists in the KV cache")
-            self._tables[seq_id] = []
+            for group in self._groups.values():
+                group.add(seq_id)
             self._lengths[seq_id] = 0
 
     def reserve(self, seq_id: int, n_tokens: int, stream: Stream | None = None) -> bool:
         """Extend sequence `seq_id` by n_tokens slots (taking blocks as needed, copying a shared
-        partly filled last block first). False when there are not enough free blocks: then nothing
-        changed. A copy-on-write copy is queued on `stream`, before the step's writes."""
+        partly filled last block first) in every layer group; in the local group, the blocks every
+        window layer has left behind go back to the pool (through the fence). False when a group has
+        not enough free blocks: then nothing changed in any group. A copy-on-write copy is queued on
+        `stream`, before the step's writes."""
         with self._lock:
-            table = self._table(seq_id)
+            self._table(seq_id)
             _check_count("n_tokens", n_tokens)
-            copy_on_write, new_blocks = self._append_plan(table, self._lengths[seq_id], n_tokens)
-            taken = self._pool.take(int(copy_on_write) + new_blocks, seq_id)
-            if taken is None:
+            length = self._lengths[seq_id]
+            plans = {name: group.plan(seq_id, length, n_tokens) for name, group in self._groups.items()}
+            if any(plans[name].blocks_taken > group.pool.num_free for name, group in self._groups.items()):
                 return False
-            if copy_on_write:
-                shared, private = table[-1], taken[0]
-                try:
-                    self._copy_block(shared, private, stream)
-                except BaseException:
-                    self._pool.discard_unused(taken, self._launched_step)
-                    raise
-                table[-1] = private
-                self._pool.release(shared, seq_id, self._launched_step)
-                taken = taken[1:]
-            table.extend(taken)
+            taken = {name: group.pool.take(plans[name].blocks_taken, seq_id) for name, group in self._groups.items()}
+            fence = self._launched_step
+            try:
+                for name, plan in plans.items():
+                    if plan.copy_on_write:
+                        self._copy_block(self._groups[name].tables[seq_id][-1], taken[name][0], stream, name)  # type: ignore[index]
+            except BaseException:
+                for name, blocks in taken.items():
+                    self._groups[name].pool.discard_unused(blocks or [], fence)
+                raise
+            for name, group in self._groups.items():
+                group.apply(seq_id, plans[name], taken[name] or [], fence)
             self._lengths[seq_id] += n_tokens
             return True
 
@@ -120,19 +137,19 @@ class KvCache:
             _check_seq_id(child_id)
             if child_id in self._tables:
                 raise KvCacheError(f"cannot fork {parent_id} into {child_id}: sequence {child_id} already exists")
-            for block in parent:
-                self._pool.share(block, child_id)
-            self._tables[child_id] = list(parent)
+            del parent
+            for group in self._groups.values():
+                group.fork(parent_id, child_id)
             self._lengths[child_id] = self._lengths[parent_id]
 
     def free_sequence(self, seq_id: int) -> None:
         """End a sequence: its blocks lose one reference each (last block first); blocks nobody holds
-        any more wait for the step fence. Freeing an unknown (or already freed) id is an error."""
+        any more wait for the step fence. Freeing an unknown (or already freed) id is an error. Every
+        layer group gives back what the sequence holds in it (global first, then local)."""
         with self._lock:
-            table = self._table(seq_id)
-            for block in reversed(table):
-                self._pool.release(block, seq_id, self._launched_step)
-            del self._tables[seq_id]
+            self._table(seq_id)
+            for group in self._groups.values():
+                group.free(seq_id, self._launched_step)
             del self._lengths[seq_id]
 
     # ---- the step fence ------------------------------------------------------------------------
@@ -153,7 +170,7 @@ class KvCache:
                 _check_count("completed_step", completed_step)
                 if completed_step > self._launched_step:
                     raise KvCacheError(f"step {completed_step} was never begun (the last begun is {self._launched_step})")
-            return self._pool.release_fenced(completed_step)
+            return sum(group.pool.release_fenced(completed_step) for group in self._groups.values())
 
     # ---- queries -------------------------------------------------------------------------------
 
@@ -170,15 +187,20 @@ class KvCache:
             self._table(seq_id)
             return self._lengths[seq_id]
 
-    def block_table(self, seq_id: int) -> tuple[int, ...]:
+    def block_table(self, seq_id: int, group: str = GLOBAL_GROUP) -> tuple[int, ...]:
+        """The sequence's table in `group`; in the local group, entries out of the window are the null block."""
         with self._lock:
-            return tuple(self._table(seq_id))
+            self._table(seq_id)
+            return tuple(self._group(group).tables[seq_id])
 
-    def block_tables(self, seq_ids: Iterable[int], width: int | None = None) -> np.ndarray:
-        """int32 [len(seq_ids), width] tables padded with the null block (what attention kernels read);
-        width defaults to the longest table."""
+    def block_tables(self, seq_ids: Iterable[int], width: int | None = None, group: str = GLOBAL_GROUP) -> np.ndarray:
+        """int32 [len(seq_ids), width] tables of `group` padded with the null block (what attention kernels
+        read); width defaults to the longest table."""
         with self._lock:
-            tables = [self._table(s) for s in seq_ids]
+            rows, ids = self._group(group).tables, list(seq_ids)
+            for seq_id in ids:
+                self._table(seq_id)  # refuses an unknown id
+            tables = [rows[seq_id] for seq_id in ids]
             longest = max((len(t) for t in tables), default=0)
             width = longest if width is None else width
             _check_count("width", width)
@@ -192,10 +214,13 @@ class KvCache:
                 row[:len(table)] = table
             return out
 
-    def slot_mapping(self, seq_id: int, start: int, count: int) -> np.ndarray:
-        """int32 slots (block * block_size + offset) of the sequence's tokens [start, start + count)."""
+    def slot_mapping(self, seq_id: int, start: int, count: int, group: str = GLOBAL_GROUP) -> np.ndarray:
+        """int32 slots (block * block_size + offset) of the sequence's tokens [start, start + count) in
+        `group`'s pools."""
         with self._lock:
-            table = self._table(seq_id)
+            self._table(seq_id)
+            owner = self._group(group)
+            table = owner.tables[seq_id]
             _check_count("start", start)
             _check_count("count", count)
             if start + count > self._lengths[seq_id]:
@@ -203,48 +228,77 @@ class KvCache:
                     f"slots [{start}, {start + count}) of sequence {seq_id} are past its {self._lengths[seq_id]} "
                     f"reserved tokens; reserve first"
                 )
+            if count and start < owner.kept_from[seq_id]:
+                raise KvCacheError(
+                    f"position {start} of sequence {seq_id} is out of the {group} group's window: its block went "
+                    f"back to the pool (the group keeps positions from {owner.kept_from[seq_id]} on)"
+                )
             bs = self.config.block_size
             positions = np.arange(start, start + count, dtype=np.int64)
             blocks = np.asarray(table, dtype=np.int64)[positions // bs] if count else positions
             return (blocks * bs + positions % bs).astype(np.int32)
 
-    def blocks_needed(self, seq_id: int | None, n_tokens: int) -> int:
-        """Free blocks that `reserve(seq_id, n_tokens)` would take (seq_id None: a new sequence)."""
+    def blocks_needed(self, seq_id: int | None, n_tokens: int, group: str = GLOBAL_GROUP) -> int:
+        """Free blocks of `group` that `reserve(seq_id, n_tokens)` would take (seq_id None: a new sequence)."""
         with self._lock:
             _check_count("n_tokens", n_tokens)
+            owner = self._group(group)
             if seq_id is None:
                 return self.config.blocks_for_tokens(n_tokens)
-            copy_on_write, new_blocks = self._append_plan(self._table(seq_id), self._lengths[seq_id], n_tokens)
-            return int(copy_on_write) + new_blocks
+            self._table(seq_id)
+            return owner.plan(seq_id, self._lengths[seq_id], n_tokens).blocks_taken
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The layer groups, global first (docs/architecture.md, "The release path of a KV block")."""
+        return tuple(self._groups)
 
     @property
     def num_free_blocks(self) -> int:
+        """Free blocks of the global group (the admission unit; see num_free_blocks_in)."""
         return self._pool.num_free
 
     @property
     def num_pending_blocks(self) -> int:
-        return self._pool.num_pending
+        """Blocks of every group waiting for the step fence."""
+        return sum(group.pool.num_pending for group in self._groups.values())
 
     @property
     def num_usable_blocks(self) -> int:
-        """Blocks a sequence could ever get (all but the null block): the admission limit."""
+        """Global blocks a sequence could ever get (all but the null block): the admission limit."""
         return self._pool.num_usable
+
+    def group_view(self, group: str) -> KvGroupView:
+        """`group`'s pools as its layers' kernels see them (group_view.py); the forward pass hands it to
+        the layers of a sliding-window group."""
+        with self._lock:
+            self._check_open()
+            self._group(group)
+            return group_view(self.config, self.k_pools, self.v_pools, group)
+
+    def num_free_blocks_in(self, group: str) -> int:
+        return self._group(group).pool.num_free
+
+    def num_pending_blocks_in(self, group: str) -> int:
+        return self._group(group).pool.num_pending
+
+    def num_usable_blocks_in(self, group: str) -> int:
+        return self._group(group).pool.num_usable
 
     @property
     def tokens_that_fit(self) -> int:
         return self._pool.num_free * self.config.block_size
 
-    def refcount(self, block: int) -> int:
+    def refcount(self, block: int, group: str = GLOBAL_GROUP) -> int:
         with self._lock:
-            return self._pool.refcount(block)
+            return self._group(group).pool.refcount(block)
 
     def memory_profile(self) -> MemoryProfile:
         """The profile of the open cache; a closed one has no pools to describe, so it refuses."""
         with self._lock:
             if self._closed:
                 raise KvCacheError("the KV cache is closed: its pools were freed, so it has no memory profile")
-            return build_profile(self.config, self._tables, self._lengths, self._pool.refcounts(),
-                                 self._pool.num_free, self._pool.num_pending)
+            return build_profile(self.config, self._groups, self._lengths)
 
     # ---- invariants ----------------------------------------------------------------------------
 
@@ -254,15 +308,18 @@ class KvCache:
         with self._lock:
             if self._closed:
                 raise KvInvariantError("the KV cache is closed; its invariants are not defined any more")
-            check_cache_invariants(self.config, self._pool, self._tables, self._lengths)
+            for group in self._groups.values():
+                check_group_invariants(self.config, group, self._lengths)
             for buf in self.k_pools + self.v_pools:
                 if buf.freed:
                     raise KvInvariantError(f"pool {buf.label} was freed while the cache is open")
             if quiescent:
                 if self._tables:
                     raise KvInvariantError(f"not quiescent: sequences {sorted(self._tables)[:10]} are still live")
-                if self._pool.num_pending:
-                    raise KvInvariantError(f"not quiescent: {self._pool.num_pending} blocks still wait for the step fence")
+                for group in self._groups.values():
+                    if group.pool.num_pending:
+                        raise KvInvariantError(f"not quiescent: {group.pool.num_pending} {group.name} blocks still wait "
+                                               "for the step fence")
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -277,7 +334,9 @@ class KvCache:
                 return
             self._closed = True
             pools, self.k_pools, self.v_pools = self.k_pools + self.v_pools, (), ()
-            self._tables.clear()
+            for group in self._groups.values():
+                group.tables.clear()
+                group.kept_from.clear()
             self._lengths.clear()
             for buf in pools:
                 if not buf.freed:
@@ -303,21 +362,20 @@ class KvCache:
             raise KvCacheError(f"unknown sequence {seq_id!r} in the KV cache")
         return table
 
-    def _append_plan(self, table: list[int], length: int, n_tokens: int) -> tuple[bool, int]:
-        """(copy-on-write needed, new blocks needed) to append n_tokens to a sequence."""
-        if n_tokens == 0:
-            return False, 0
-        bs = self.config.block_size
-        filled = length % bs
-        room = bs - filled if filled else 0  # free slots in a partly filled last block
-        copy_on_write = room > 0 and self._pool.refcount(table[-1]) > 1
-        return copy_on_write, -(-max(0, n_tokens - room) // bs)
+    def _group(self, group: str) -> BlockGroup:
+        owner = self._groups.get(group)
+        if owner is None:
+            raise KvCacheError(f"the KV cache has no layer group {group!r} (it has {', '.join(self._groups)})")
+        return owner
 
-    def _copy_block(self, src: int, dst: int, stream: Stream | None) -> None:
+    def _copy_block(self, src: int, dst: int, stream: Stream | None, group: str) -> None:
         nbytes = self.config.block_bytes_per_pool
-        for pool in self.k_pools + self.v_pools:
-            self.device.copy_device_to_device(pool, pool, nbytes, dst_offset=dst * nbytes,
-                                              src_offset=src * nbytes, stream=stream)
+        for layer in range(self.config.n_layers):
+            if self.config.layer_group(layer) != group:
+                continue
+            for pool in (self.k_pools[layer], self.v_pools[layer]):
+                self.device.copy_device_to_device(pool, pool, nbytes, dst_offset=dst * nbytes,
+                                                  src_offset=src * nbytes, stream=stream)
 
 
 def _check_seq_id(seq_id: object) -> None:

@@ -8,74 +8,106 @@ a production engine.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Mapping, Sequence
+from typing import Mapping
 
-from hipcore.kvcache.block_pool import BlockPool
+from hipcore.kvcache.block_group import BlockGroup
 from hipcore.kvcache.config import NULL_BLOCK, KvCacheConfig
 from hipcore.kvcache.errors import KvInvariantError
 
 
-def check_cache_invariants(config: KvCacheConfig, pool: BlockPool, tables: Mapping[int, Sequence[int]],
-                           lengths: Mapping[int, int]) -> None:
+def check_group_invariants(config: KvCacheConfig, group: BlockGroup, lengths: Mapping[int, int]) -> None:
+    """Invariants 1, 2 and 7 in one layer group; every message names the group. In a sliding-window
+    group also: a table entry is the null block exactly below the sequence's first kept position, and
+    every released position is out of the window of the sequence's newest token (and so of every later
+    one): position p was released only if p + window < length."""
+    pool, tables, name = group.pool, group.tables, group.name
     refcounts = pool.refcounts()
     free, pending = pool.free_blocks(), pool.pending_blocks()
-    if pool.num_blocks != config.num_blocks or len(refcounts) != config.num_blocks:
-        raise KvInvariantError(f"the block pool has {pool.num_blocks} blocks, the config {config.num_blocks}")
+    num_blocks = config.group_blocks(name)
+    if pool.num_blocks != num_blocks or len(refcounts) != num_blocks:
+        raise KvInvariantError(f"the {name} block pool has {pool.num_blocks} blocks, the config {num_blocks}")
 
-    # Table validity (7): ids in range, never the null block, length matches the token count.
+    # Table validity (7): ids in range, never the null block (but out of the window), length matches the tokens.
     holders: Counter[int] = Counter()
-    if set(tables) != set(lengths):
-        raise KvInvariantError(f"sequences with a table {sorted(tables)} differ from those with a length {sorted(lengths)}")
+    if set(tables) != set(lengths) or set(group.kept_from) != set(lengths):
+        raise KvInvariantError(f"sequences with a {name} table {sorted(tables)} differ from those with a length "
+                               f"{sorted(lengths)}")
     for seq_id, table in tables.items():
         length = lengths[seq_id]
         if length < 0:
             raise KvInvariantError(f"sequence {seq_id} has a negative length {length}")
         if len(table) != config.blocks_for_tokens(length):
             raise KvInvariantError(
-                f"sequence {seq_id} holds {len(table)} blocks for {length} tokens; "
+                f"sequence {seq_id} holds {len(table)} blocks for {length} tokens in the {name} group; "
                 f"ceil({length} / {config.block_size}) = {config.blocks_for_tokens(length)}"
             )
-        for block in table:
-            if not 0 < block < config.num_blocks:
+        released = _check_window(config, group, seq_id, table, length)
+        held = table[released:]
+        for block in held:
+            if not 0 < block < num_blocks:
                 what = "the null block" if block == NULL_BLOCK else "a block outside the pool"
-                raise KvInvariantError(f"sequence {seq_id}'s table holds {what} ({block})")
-        duplicated = [b for b, n in Counter(table).items() if n > 1]
+                raise KvInvariantError(f"sequence {seq_id}'s {name} table holds {what} ({block})")
+        duplicated = [b for b, n in Counter(held).items() if n > 1]
         if duplicated:
-            raise KvInvariantError(f"sequence {seq_id}'s table holds block {duplicated[0]} more than once")
-        holders.update(table)
+            raise KvInvariantError(f"sequence {seq_id}'s {name} table holds block {duplicated[0]} more than once")
+        holders.update(held)
 
     # Reference counts (2): equal to the number of tables holding the block, never negative.
     if refcounts[NULL_BLOCK] != 0:
-        raise KvInvariantError(f"the null block has reference count {refcounts[NULL_BLOCK]}")
-    for block in range(1, config.num_blocks):
+        raise KvInvariantError(f"the {name} null block has reference count {refcounts[NULL_BLOCK]}")
+    for block in range(1, num_blocks):
         if refcounts[block] < 0:
-            raise KvInvariantError(f"block {block} has a negative reference count {refcounts[block]}")
+            raise KvInvariantError(f"{name} block {block} has a negative reference count {refcounts[block]}")
         if refcounts[block] != holders.get(block, 0):
             seqs = sorted(s for s, t in tables.items() if block in t)[:10]
             raise KvInvariantError(
-                f"block {block} has reference count {refcounts[block]} but {holders.get(block, 0)} tables hold it "
-                f"(sequences {seqs})"
+                f"{name} block {block} has reference count {refcounts[block]} but {holders.get(block, 0)} tables "
+                f"hold it (sequences {seqs})"
             )
 
     # Free and pending lists: distinct, disjoint, never the null block, never referenced.
-    for name, blocks in (("free list", free), ("pending list", pending)):
+    for listing, blocks in (("free list", free), ("pending list", pending)):
         seen = Counter(blocks)
         for block, n in seen.items():
             if n > 1:
-                raise KvInvariantError(f"block {block} is on the {name} {n} times")
-            if not 0 < block < config.num_blocks:
-                raise KvInvariantError(f"the {name} holds block {block}, which is the null block or outside the pool")
+                raise KvInvariantError(f"{name} block {block} is on the {listing} {n} times")
+            if not 0 < block < num_blocks:
+                raise KvInvariantError(f"the {name} {listing} holds block {block}, which is the null block or outside "
+                                       "the pool")
             if refcounts[block]:
                 seqs = sorted(s for s, t in tables.items() if block in t)[:10]
-                raise KvInvariantError(f"block {block} is on the {name} but referenced {refcounts[block]} times (sequences {seqs})")
+                raise KvInvariantError(f"{name} block {block} is on the {listing} but referenced {refcounts[block]} "
+                                       f"times (sequences {seqs})")
     both = set(free) & set(pending)
     if both:
-        raise KvInvariantError(f"block {min(both)} is both free and pending")
+        raise KvInvariantError(f"{name} block {min(both)} is both free and pending")
 
     # Conservation (1): free + pending + referenced == total - reserved.
     referenced = sum(1 for c in refcounts if c > 0)
     if len(free) + len(pending) + referenced != pool.num_usable:
         raise KvInvariantError(
-            f"blocks do not add up: {len(free)} free + {len(pending)} pending + {referenced} referenced "
+            f"{name} blocks do not add up: {len(free)} free + {len(pending)} pending + {referenced} referenced "
             f"!= {pool.num_usable} usable"
         )
+
+
+def _check_window(config: KvCacheConfig, group: BlockGroup, seq_id: int, table: list[int], length: int) -> int:
+    """How many leading entries of the table were released out of the window (0 in a global group)."""
+    kept_from, bs, window = group.kept_from[seq_id], config.block_size, group.window
+    if not window:
+        if kept_from:
+            raise KvInvariantError(f"sequence {seq_id} keeps its {group.name} blocks from position {kept_from}, "
+                                   "but a global group keeps every position")
+        return 0
+    if not 0 <= kept_from <= max(0, length - window):
+        raise KvInvariantError(
+            f"sequence {seq_id} released its {group.name} blocks below position {kept_from}, inside the window of "
+            f"its newest token (positions {max(0, length - window)} to {length - 1}, window {window})")
+    released = kept_from // bs
+    stray = [i for i in range(released) if table[i] != NULL_BLOCK]
+    if stray:
+        raise KvInvariantError(
+            f"sequence {seq_id}'s {group.name} table still holds block {table[stray[0]]} for positions "
+            f"{stray[0] * bs} to {stray[0] * bs + bs - 1}, all out of the window (kept from {kept_from}): it "
+            "should have gone back to the pool")
+    return released

@@ -7,22 +7,54 @@ about the design:
   page-table bytes: 4 bytes (int32) per block-table entry, summed over live sequences, unpadded.
   allocator bytes:  4 bytes per free-list entry + 8 per pending entry (block, fence)
                     + 4 per block for the reference counts (null block included)
-                    + 16 per live sequence (id and token count, two int64).
+                    + 16 per live sequence (id and token count, two int64)
+                    + 8 per live sequence in a sliding-window group (its first kept position).
+
+With sliding-window layers the cache has two layer groups with pools of their own (config.py); the
+top-level figures add both groups up (bytes, blocks, slots) and `groups` holds each group's own.
+Block counts of the two groups add up only as counts: a local block holds fewer layers than a
+global one, so the bytes of each group are in its GroupProfile.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from hipcore.kvcache.config import RESERVED_BLOCKS, KvCacheConfig
+from hipcore.kvcache.block_group import BlockGroup
+from hipcore.kvcache.config import NULL_BLOCK, RESERVED_BLOCKS, KvCacheConfig
 
 TABLE_ENTRY_BYTES = 4
 FREE_ENTRY_BYTES = 4
 PENDING_ENTRY_BYTES = 8
 REFCOUNT_BYTES = 4
 SEQUENCE_RECORD_BYTES = 16
+KEPT_FROM_BYTES = 8
+
+
+@dataclass(frozen=True)
+class GroupProfile:
+    """One layer group's pool at one moment: total == reserved + free + pending + physical blocks."""
+
+    name: str  # "global" or "local"
+    layers: int
+    window: int  # 0 for the global group
+    bytes_per_token: int  # K + V of one token in this group's layers
+    bytes_per_block: int
+    total_blocks: int
+    free_blocks: int
+    pending_blocks: int
+    physical_blocks: int
+    logical_blocks: int  # table entries that hold a block (a shared block counts once per holder)
+    released_blocks: int  # table entries released out of the window in live sequences (local group only)
+    pool_bytes_total: int
+    pool_bytes_used: int
+    pool_bytes_free: int
+    pool_bytes_pending: int
+    allocated_slots: int
+    used_slots: int
+    capacity_tokens: int  # free blocks x block size
 
 
 @dataclass(frozen=True)
@@ -66,42 +98,75 @@ class MemoryProfile:
     # host bookkeeping (see the module docstring for what is counted)
     page_table_bytes: int
     allocator_bytes: int
+    # each layer group's own figures, global first (one entry for a model without sliding windows)
+    groups: tuple[GroupProfile, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def build_profile(config: KvCacheConfig, tables: Mapping[int, Sequence[int]], lengths: Mapping[int, int],
-                  refcounts: Sequence[int], free_blocks: int, pending_blocks: int) -> MemoryProfile:
-    """Compute the profile from the cache's state (tables and lengths keyed by sequence id)."""
+def build_profile(config: KvCacheConfig, groups: Mapping[str, BlockGroup], lengths: Mapping[int, int]) -> MemoryProfile:
+    """Compute the profile from the cache's state (each group's pool and tables, lengths by sequence id)."""
+    parts = [_group_profile(config, group, lengths) for group in groups.values()]
     bs = config.block_size
     bpb = config.bytes_per_block
-    physical = sum(1 for c in refcounts if c > 0)
-    logical = sum(len(t) for t in tables.values())
-    # A physical block's filled slots: the most any holder has written into it. (Holders agree, since
-    # appending into a shared partly filled block copies it first; max is right either way.)
-    filled: dict[int, int] = {}
-    for seq_id, table in tables.items():
-        length = lengths[seq_id]
-        for i, block in enumerate(table):
-            filled[block] = max(filled.get(block, 0), min(bs, length - i * bs))
-    used_slots = sum(filled.values())
-    allocated_slots = physical * bs
-    unused = allocated_slots - used_slots
+    physical = sum(p.physical_blocks for p in parts)
+    logical = sum(p.logical_blocks for p in parts)
+    allocated_slots = sum(p.allocated_slots for p in parts)
+    used_slots = sum(p.used_slots for p in parts)
+    # A slot of a local block holds fewer layers than one of a global block: weigh by bytes.
+    allocated_bytes = sum(p.allocated_slots * p.bytes_per_token for p in parts)
+    wasted = sum((p.allocated_slots - p.used_slots) * p.bytes_per_token for p in parts)
+    free = sum(p.free_blocks for p in parts)
+    pending = sum(p.pending_blocks for p in parts)
+    shared = sum(sum(1 for c in g.pool.refcounts() if c > 1) for g in groups.values())
+    entries = sum(len(t) for g in groups.values() for t in g.tables.values())
+    windowed = sum(len(g.tables) for g in groups.values() if g.window)
     return MemoryProfile(
         dtype=config.dtype, block_size=bs, n_layers=config.n_layers, n_kv_heads=config.n_kv_heads,
         head_dim=config.head_dim, bytes_per_token=config.bytes_per_token, bytes_per_block=bpb,
-        pool_bytes_total=config.cache_bytes, pool_bytes_used=physical * bpb, pool_bytes_free=free_blocks * bpb,
-        pool_bytes_pending=pending_blocks * bpb, pool_bytes_reserved=RESERVED_BLOCKS * bpb,
-        total_blocks=config.num_blocks, reserved_blocks=RESERVED_BLOCKS, free_blocks=free_blocks,
-        pending_blocks=pending_blocks, physical_blocks=physical, logical_blocks=logical,
-        active_sequences=len(tables), total_tokens=sum(lengths.values()),
+        pool_bytes_total=config.cache_bytes, pool_bytes_used=sum(p.pool_bytes_used for p in parts),
+        pool_bytes_free=sum(p.pool_bytes_free for p in parts), pool_bytes_pending=sum(p.pool_bytes_pending for p in parts),
+        pool_bytes_reserved=RESERVED_BLOCKS * sum(p.bytes_per_block for p in parts),
+        total_blocks=sum(p.total_blocks for p in parts), reserved_blocks=RESERVED_BLOCKS * len(parts), free_blocks=free,
+        pending_blocks=pending, physical_blocks=physical, logical_blocks=logical,
+        active_sequences=len(lengths), total_tokens=sum(lengths.values()),
         allocated_slots=allocated_slots, used_slots=used_slots,
-        fragmentation_ratio=unused / allocated_slots if allocated_slots else 0.0,
-        wasted_bytes=unused * config.bytes_per_token,
-        shared_blocks=sum(1 for c in refcounts if c > 1), sharing_saved_bytes=(logical - physical) * bpb,
-        capacity_tokens=free_blocks * bs,
-        page_table_bytes=logical * TABLE_ENTRY_BYTES,
-        allocator_bytes=(free_blocks * FREE_ENTRY_BYTES + pending_blocks * PENDING_ENTRY_BYTES
-                         + config.num_blocks * REFCOUNT_BYTES + len(tables) * SEQUENCE_RECORD_BYTES),
+        fragmentation_ratio=wasted / allocated_bytes if allocated_bytes else 0.0,
+        wasted_bytes=wasted,
+        shared_blocks=shared, sharing_saved_bytes=sum((p.logical_blocks - p.physical_blocks) * p.bytes_per_block for p in parts),
+        capacity_tokens=parts[0].capacity_tokens,  # tokens that still fit: the global group holds every token
+        page_table_bytes=entries * TABLE_ENTRY_BYTES,
+        allocator_bytes=(free * FREE_ENTRY_BYTES + pending * PENDING_ENTRY_BYTES
+                         + sum(p.total_blocks for p in parts) * REFCOUNT_BYTES + len(lengths) * SEQUENCE_RECORD_BYTES
+                         + windowed * KEPT_FROM_BYTES),
+        groups=tuple(parts),
+    )
+
+
+def _group_profile(config: KvCacheConfig, group: BlockGroup, lengths: Mapping[int, int]) -> GroupProfile:
+    bs = config.block_size
+    bpb = config.group_bytes_per_block(group.name)
+    refcounts = group.pool.refcounts()
+    free, pending = group.pool.num_free, group.pool.num_pending
+    physical = sum(1 for c in refcounts if c > 0)
+    # A physical block's filled slots: the most any holder has written into it. (Holders agree, since
+    # appending into a shared partly filled block copies it first; max is right either way.)
+    filled: dict[int, int] = {}
+    logical = released = 0
+    for seq_id, table in group.tables.items():
+        length = lengths[seq_id]
+        for i, block in enumerate(table):
+            if block == NULL_BLOCK:
+                released += 1
+                continue
+            logical += 1
+            filled[block] = max(filled.get(block, 0), min(bs, length - i * bs))
+    layers = len(config.window_layers) if group.window else len(config.global_layers)
+    return GroupProfile(
+        name=group.name, layers=layers, window=group.window, bytes_per_token=bpb // bs, bytes_per_block=bpb,
+        total_blocks=group.pool.num_blocks, free_blocks=free, pending_blocks=pending, physical_blocks=physical,
+        logical_blocks=logical, released_blocks=released, pool_bytes_total=group.pool.num_blocks * bpb,
+        pool_bytes_used=physical * bpb, pool_bytes_free=free * bpb, pool_bytes_pending=pending * bpb,
+        allocated_slots=physical * bs, used_slots=sum(filled.values()), capacity_tokens=free * bs,
     )

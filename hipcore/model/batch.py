@@ -4,17 +4,22 @@ build_step_batch, its one builder.
 The tokens of every scheduled sequence are concatenated; per-token arrays (positions, KV slots)
 and per-sequence arrays (where each sequence's tokens start, how long its context is, its block
 table) describe them. The same batch drives prompt evaluation, decode, or a mix of both.
+
+A cache with sliding-window layers (a local layer group, hipcore/kvcache/config.py) has its own pool
+and block tables for those layers: the batch then also carries their slots and tables
+(`window_slot_mapping`, `window_block_tables`); for a cache of one group they are None.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from hipcore.kvcache.cache import KvCache
-from hipcore.kvcache.config import NULL_BLOCK  # padding of block tables (never handed out)
+from hipcore.kvcache.config import LOCAL_GROUP, NULL_BLOCK  # NULL_BLOCK: padding of block tables (never handed out)
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,10 @@ class StepBatch:
     context_lens: np.ndarray  # int32 [S]: tokens in the cache for sequence s once this step is done
     block_tables: np.ndarray  # int32 [S, max_blocks]: padded with NULL_BLOCK
     sample_rows: np.ndarray  # int32 [R]: token indices whose logits are wanted (one per sampling sequence)
+    # the local (sliding-window) group's, when the cache has one: slots in its pool, its tables (released
+    # blocks read as the null block; the attention window never reads them)
+    window_slot_mapping: np.ndarray | None = None  # int32 [T]
+    window_block_tables: np.ndarray | None = None  # int32 [S, max_blocks], as wide as block_tables
 
     @property
     def num_tokens(self) -> int:
@@ -56,8 +65,21 @@ class StepBatch:
         counts = np.diff(self.seq_starts)
         return np.repeat(np.arange(self.num_seqs, dtype=np.int32), counts)
 
-    def validate(self, block_size: int, num_blocks: int) -> None:
-        """Cheap structural checks (invariant 10: check before touching the cache)."""
+    def validate(self, block_size: int, num_blocks: int, window_num_blocks: int | None = None) -> None:
+        """Cheap structural checks (invariant 10: check before touching the cache). window_num_blocks: the
+        local group's pool, when the cache has one (the batch must then carry its slots and tables)."""
+        if (window_num_blocks is None) != (self.window_block_tables is None) or \
+                (self.window_block_tables is None) != (self.window_slot_mapping is None):
+            raise ValueError("step batch: the sliding-window group's slots and tables must come with a cache that "
+                             "has one, and only then")
+        if window_num_blocks is not None:
+            assert self.window_slot_mapping is not None and self.window_block_tables is not None
+            local = dataclasses.replace(self, block_tables=self.window_block_tables,
+                                        slot_mapping=self.window_slot_mapping, window_slot_mapping=None,
+                                        window_block_tables=None)
+            if local.block_tables.shape != self.block_tables.shape:
+                raise ValueError("step batch: the sliding-window tables must be as wide as the global ones")
+            local.validate(block_size, window_num_blocks)
         t, s = self.num_tokens, self.num_seqs
         if self.positions.shape != (t,) or self.slot_mapping.shape != (t,):
             raise ValueError("step batch: per-token arrays disagree in length")
@@ -80,7 +102,22 @@ class StepBatch:
 def build_step_batch(cache: KvCache, items: Sequence[SeqSlice]) -> StepBatch:
     """The StepBatch of one step: the sequences' slices concatenated in order."""
     if all(len(item.tokens) == 1 for item in items):
-        return _decode_batch(cache, items)
+        batch = _decode_batch(cache, items)
+    else:
+        batch = _mixed_batch(cache, items)
+    if LOCAL_GROUP not in cache.groups:
+        return batch
+    tables = cache.block_tables([item.seq_id for item in items], width=batch.block_tables.shape[1], group=LOCAL_GROUP)
+    if batch.is_decode_only:  # as _decode_batch reads its slots: out of the tables, at once
+        bs, pos = cache.config.block_size, batch.positions
+        slots = tables[np.arange(len(items)), pos // bs] * bs + pos % bs
+    else:
+        slots = np.concatenate([cache.slot_mapping(item.seq_id, item.first, len(item.tokens), LOCAL_GROUP)
+                                for item in items])
+    return dataclasses.replace(batch, window_slot_mapping=slots.astype(np.int32, copy=False), window_block_tables=tables)
+
+
+def _mixed_batch(cache: KvCache, items: Sequence[SeqSlice]) -> StepBatch:
     tokens, positions, slots, starts, ctx, tables, sample_rows = [], [], [], [0], [], [], []
     for item in items:
         n, first = len(item.tokens), item.first

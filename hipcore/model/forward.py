@@ -17,10 +17,15 @@ steps of a few tokens, fused_matmul beyond, the single ops otherwise):
     x += h @ Wd                                     1 launch (else product + add)
 Then the output head (the final norm folded into the vocabulary projection) on the rows that sample
 (decode: every row) and, when the caller wants tokens, sampling on the device (hipcore/ops/sample.py).
+
+A layer of a sliding-window group (the cache's local group) gets that group's cache view and step inputs
+in its StepContext (its pool, slots and block tables); every other layer gets the cache and inputs
+themselves, so a model without sliding windows runs exactly as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -28,11 +33,12 @@ import numpy as np
 from hipcore.errors import UnsupportedModelError
 from hipcore.gguf.config import ModelConfig
 from hipcore.kvcache.cache import KvCache
+from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP
 from hipcore.model.batch import StepBatch
 from hipcore.model.blocks import StepContext
 from hipcore.model.families import family_for
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
-from hipcore.model.step_inputs import StepInputs, input_bytes
+from hipcore.model.step_inputs import StepInputs, input_bytes, window_input_bytes
 from hipcore.model.weights import ModelWeights
 from hipcore.model.projections import Launch, ProjectionPlanner
 from hipcore.ops import embedding, fused_matmul, paged_attention, sample, select_rows
@@ -48,8 +54,9 @@ def step_capacity(max_tokens: int, max_seqs: int) -> tuple[int, int]:
 
 
 def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
-                     block_size: int = 16) -> dict[str, tuple[int, str]]:
-    """name -> (bytes, ledger tag) of every buffer the runner allocates. The memory plan uses this."""
+                     block_size: int = 16, window_group: bool = False) -> dict[str, tuple[int, str]]:
+    """name -> (bytes, ledger tag) of every buffer the runner allocates. The memory plan uses this.
+    window_group: the KV cache has a sliding-window group (its step inputs have a buffer of their own)."""
     h, f, v = config.hidden_size, config.ffn_size, config.vocab_size
     q_width, kv_width = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
     t, rows = step_capacity(max_tokens, max_seqs)
@@ -63,6 +70,8 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
         "tokens": (rows * 4, "scratch"),
         "step_inputs": (input_bytes(t, rows, seqs, max_blocks), "scratch"),
     }
+    if window_group:
+        sizes["step_inputs_local"] = (window_input_bytes(t, seqs, max_blocks), "scratch")
     workspace = paged_attention.workspace_size(t, config.n_heads, config.n_kv_heads, config.head_dim,
                                                max_blocks * block_size)
     if workspace:
@@ -91,16 +100,18 @@ class ModelRunner:
         self.inputs: StepInputs | None = None
         self.graphs = DecodeGraphs(device, self.stream, max_seqs, capture=use_graphs)
         try:
-            sizes = activation_sizes(config, max_step_tokens, max_seqs, self.max_blocks, block_size)
+            window_group = LOCAL_GROUP in cache.groups
+            sizes = activation_sizes(config, max_step_tokens, max_seqs, self.max_blocks, block_size, window_group)
             for name, (nbytes, tag) in sizes.items():
-                if name == "step_inputs":
+                if name.startswith("step_inputs"):  # StepInputs allocates its own
                     continue
                 self.buffers[name] = device.allocate(nbytes, tag=tag, label=f"runner.{name}")
             for name in ("attention_workspace", "matmul_workspace"):
                 if name in self.buffers:
                     self.buffers[name].fill(0)  # the kernels keep their counters at zero from here on
             self.inputs = StepInputs(device, tokens=self.token_capacity, rows=self.row_capacity,
-                                     seqs=max(max_seqs, self.row_capacity), max_blocks=self.max_blocks)
+                                     seqs=max(max_seqs, self.row_capacity), max_blocks=self.max_blocks,
+                                     window_group=window_group)
         except BaseException:
             self.close()
             raise
@@ -142,7 +153,8 @@ class ModelRunner:
             raise ValueError(f"step of {n} tokens / {s} sequences exceeds the runner's {self.max_step_tokens} / {self.max_seqs}")
         if batch.block_tables.shape[1] > self.max_blocks:
             raise ValueError(f"block tables of {batch.block_tables.shape[1]} blocks exceed the runner's {self.max_blocks}")
-        batch.validate(self.cache.config.block_size, self.cache.config.num_blocks)
+        kv = self.cache.config
+        batch.validate(kv.block_size, kv.num_blocks, kv.window_blocks if LOCAL_GROUP in self.cache.groups else None)
         assert self.inputs is not None, "the runner is closed"
         decode = batch.is_decode_only
         bucket = self.graphs.bucket_for(n) if decode else None
@@ -200,11 +212,15 @@ class ModelRunner:
         h, v = cfg.hidden_size, cfg.vocab_size
         ids = inputs.addr("token_ids")
         ctx = StepContext(dev, st, cfg, b, self.cache, inputs, products, self.max_blocks, self.scale)
+        contexts = {GLOBAL_GROUP: ctx}
+        if LOCAL_GROUP in self.cache.groups:  # sliding-window layers: their group's pool, slots and tables
+            contexts[LOCAL_GROUP] = dataclasses.replace(ctx, cache=self.cache.group_view(LOCAL_GROUP),
+                                                        inputs=inputs.for_group(LOCAL_GROUP))
         plan: list[Launch] = [("embedding", lambda: embedding.launch(
             dev, st, b["x"], w.token_embd.buffer, ids, t, h, v, w.token_embd.fmt))]
 
         for i, lw in enumerate(w.layers):
-            plan += self.family.layer_launches(ctx, i, lw, t)
+            plan += self.family.layer_launches(contexts[self.cache.config.layer_group(i)], i, lw, t)
 
         if r == 0:  # a step of prompt chunks only: nothing samples, so no logits are computed
             return plan

@@ -18,6 +18,7 @@ from hipcore.runtime.ledger import format_bytes
 
 MARGIN_FRACTION = 0.03  # what we leave free for the driver, other processes and fragmentation
 MARGIN_CAP = 512 << 20
+MAX_PLANNED_BLOCKS = 2**24  # a probe's global pool, only so that window_pool_blocks is not capped by it
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,11 @@ class MemoryPlan:
 
     def rows(self) -> list[tuple[str, int]]:
         kv = self.kv_config
+        local = (f"; sliding-window layers: {kv.window_blocks - 1} blocks of {len(kv.window_layers)} layers"
+                 if kv.layer_windows else "")
         return [
             ("weights", self.weights),
-            (f"kv cache ({kv.num_blocks - 1} blocks x {kv.block_size} tokens, {kv.dtype})", self.kv),
+            (f"kv cache ({kv.num_blocks - 1} blocks x {kv.block_size} tokens, {kv.dtype}{local})", self.kv),
             ("activations", self.activations),
             ("scratch (step inputs, attention workspace)", self.scratch),
             ("total needed", self.needed),
@@ -61,8 +64,10 @@ class MemoryPlan:
 
     def largest_kv_that_fits(self) -> tuple[int, int]:
         """(usable blocks, tokens) the KV pool could have beside everything else."""
-        room = self.free - self.margin - self.weights - self.activations - self.scratch
-        blocks = max(0, room // self.kv_config.bytes_per_block - 1)
+        kv = self.kv_config
+        # A sliding-window group's pool is sized by sequences, not by context: it stays as planned.
+        room = self.free - self.margin - self.weights - self.activations - self.scratch - kv.window_blocks * kv.window_bytes_per_block
+        blocks = max(0, room // kv.bytes_per_block - 1)
         return blocks, blocks * self.kv_config.block_size
 
     def check(self) -> None:
@@ -116,24 +121,36 @@ def parse_memory_size(text: str, free: int) -> int:
 
 def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_step_tokens: int,
               kv_dtype: str = "f16", block_size: int = 16, kv_blocks: int | None = None,
-              kv_memory: str | None = None) -> MemoryPlan:
-    """Size every component for this model on this device; does not allocate anything."""
+              kv_memory: str | None = None, layer_windows: tuple[int, ...] = ()) -> MemoryPlan:
+    """Size every component for this model on this device; does not allocate anything.
+
+    layer_windows: the model's sliding window per layer (0 = global; KvCacheConfig.layer_windows), set by
+    the loader from the model's config. The local group's pool is then sized for max_seqs sequences
+    (KvCacheConfig.window_pool_blocks): a local layer holds about a window per sequence, not a context."""
     cfg = model_plan.config
     if not 1 <= ctx_size <= cfg.context_length:
         raise UsageError(f"--ctx-size must be between 1 and the model's context length {cfg.context_length}, got {ctx_size}")
     info = device.memory_info()
     margin = min(int(info.total * MARGIN_FRACTION), MARGIN_CAP)
-    shape = dict(n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, block_size=block_size, dtype=kv_dtype)
+    shape = dict(n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, block_size=block_size,
+                 dtype=kv_dtype, layer_windows=layer_windows)
     if kv_blocks is not None and kv_memory is not None:
         raise UsageError("give either --kv-blocks or --kv-memory, not both")
     if kv_blocks is not None:
         kv_config = KvCacheConfig(num_blocks=kv_blocks + 1, **shape)
     elif kv_memory is not None:
-        kv_config = KvCacheConfig.for_memory(parse_memory_size(kv_memory, info.free), **shape)
+        budget = parse_memory_size(kv_memory, info.free)
+        kv_config = KvCacheConfig.for_memory(budget, **shape)
+        if kv_config.layer_windows:  # the local pool first, as much as max_seqs sequences need; the rest global
+            wanted = KvCacheConfig(num_blocks=MAX_PLANNED_BLOCKS, **shape).window_pool_blocks(max_seqs, max_step_tokens)
+            kv_config = KvCacheConfig.for_memory(budget, **shape, window_blocks=min(wanted, kv_config.num_blocks))
     else:  # room for max_seqs full contexts, plus the null block
         kv_config = KvCacheConfig(num_blocks=max_seqs * -(-ctx_size // block_size) + 1, **shape)
+    if kv_config.layer_windows and kv_memory is None:
+        kv_config = KvCacheConfig(num_blocks=kv_config.num_blocks, **shape,
+                                  window_blocks=kv_config.window_pool_blocks(max_seqs, max_step_tokens))
     max_blocks = -(-ctx_size // block_size)  # the runner's block tables are as wide as the context
-    sizes = activation_sizes(cfg, max_step_tokens, max_seqs, max_blocks, block_size)
+    sizes = activation_sizes(cfg, max_step_tokens, max_seqs, max_blocks, block_size, bool(kv_config.layer_windows))
     return MemoryPlan(
         device=f"{device.name} ({device.arch})", backend=device.backend,
         weights=planned_weight_bytes(device, model_plan), kv=kv_config.cache_bytes,

@@ -14,12 +14,20 @@ Layout (int32 words; float32 where noted), each region at a 64-byte boundary:
     block_tables [seqs, max_blocks]
 The slots come first so that the buffer itself can be handed to launchers that take a Buffer whose
 start is the slot mapping (kv_store).
+
+A cache with sliding-window layers (a local layer group) adds a second, smaller buffer of the same
+kind for those layers, uploaded in a second copy of the step:
+    slots        [tokens]       KV slot of each token in the local group's pool; -1 = padding
+    block_tables [seqs, max_blocks]  the local group's tables
+`for_group(LOCAL_GROUP)` is what the forward pass hands those layers as their step inputs: the local
+buffer for the slots and tables, the main one for everything else.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP
 from hipcore.model.batch import StepBatch
 from hipcore.ops.sample import PARAMS_PER_ROW, SamplingRows
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -36,8 +44,29 @@ def input_bytes(tokens: int, rows: int, seqs: int, max_blocks: int) -> int:
     return 4 * (4 * _aligned(tokens) + _aligned(rows) + _aligned(rows * PARAMS_PER_ROW) + seqs * max_blocks)
 
 
+def window_input_bytes(tokens: int, seqs: int, max_blocks: int) -> int:
+    """Bytes of the sliding-window group's buffer (slots and tables)."""
+    return 4 * (_aligned(tokens) + seqs * max_blocks)
+
+
+class GroupInputs:
+    """The step inputs as the layers of the sliding-window group read them (same interface as StepInputs
+    where the blocks use it: `addr(name)` and `buffer`, whose start is the slot mapping)."""
+
+    def __init__(self, main: "StepInputs", buffer: Buffer, tables_offset: int):
+        self.main, self.buffer, self._tables_offset = main, buffer, tables_offset
+
+    def addr(self, name: str) -> int:
+        if name == "slots":
+            return self.buffer.addr(0)
+        if name == "block_tables":
+            return self.buffer.addr(4 * self._tables_offset)
+        return self.main.addr(name)
+
+
 class StepInputs:
-    def __init__(self, device: Device, *, tokens: int, rows: int, seqs: int, max_blocks: int):
+    def __init__(self, device: Device, *, tokens: int, rows: int, seqs: int, max_blocks: int,
+                 window_group: bool = False):
         self.tokens, self.rows, self.seqs, self.max_blocks = tokens, rows, seqs, max_blocks
         offsets, at = {}, 0
         for name, words in (("slots", tokens), ("token_ids", tokens), ("positions", tokens), ("token_seq", tokens),
@@ -63,6 +92,31 @@ class StepInputs:
         self.sampling = w[o["sampling"]:o["sampling"] + rows * PARAMS_PER_ROW].view(np.float32).reshape(rows, PARAMS_PER_ROW)
         self.block_tables = w[o["block_tables"]:o["block_tables"] + seqs * max_blocks].reshape(seqs, max_blocks)
         self._seq_index = np.arange(max(tokens, seqs), dtype=np.int32)
+        self.window: GroupInputs | None = None
+        if window_group:
+            try:
+                self._allocate_window_group(device, tokens, seqs, max_blocks)
+            except BaseException:
+                self.close()
+                raise
+
+    def _allocate_window_group(self, device: Device, tokens: int, seqs: int, max_blocks: int) -> None:
+        tables_at = _aligned(tokens)
+        self.window_words = np.zeros(tables_at + seqs * max_blocks, dtype=np.int32)
+        self.window_slots = self.window_words[:tokens]
+        self.window_block_tables = self.window_words[tables_at:].reshape(seqs, max_blocks)
+        buffer = device.allocate(window_input_bytes(tokens, seqs, max_blocks), tag="scratch",
+                                 label="runner.step_inputs.local")
+        self.window = GroupInputs(self, buffer, tables_at)
+        buffer.fill(0)
+
+    def for_group(self, group: str) -> "StepInputs | GroupInputs":
+        """The step inputs the layers of `group` read ("global": these; "local": the window group's)."""
+        if group == GLOBAL_GROUP:
+            return self
+        if group == LOCAL_GROUP and self.window is not None:
+            return self.window
+        raise ValueError(f"the step inputs hold no layer group {group!r}")
 
     def addr(self, name: str) -> int:
         """Device address of a region."""
@@ -105,6 +159,21 @@ class StepInputs:
                 params[:r, 0] = 0.0
         end = self.offsets["block_tables"] + s * self.max_blocks
         self.buffer.upload(self.words[:end], stream=stream)
+        if self.window is not None:
+            self._pack_window_group(batch, padded_tokens, stream)
+
+    def _pack_window_group(self, batch: StepBatch, padded_tokens: int, stream: Stream | None) -> None:
+        if batch.window_slot_mapping is None or batch.window_block_tables is None:
+            raise ValueError("the cache has a sliding-window group but the step batch carries no slots or tables for it")
+        n, s = batch.num_tokens, batch.num_seqs
+        self.window_slots[:n] = batch.window_slot_mapping
+        if padded_tokens > n:
+            self.window_slots[n:padded_tokens] = -1
+        width = batch.window_block_tables.shape[1]
+        self.window_block_tables[:s, :width] = batch.window_block_tables
+        assert self.window is not None
+        end = self.window._tables_offset + s * self.max_blocks
+        self.window.buffer.upload(self.window_words[:end], stream=stream)
 
     def _scatter(self, sampling: SamplingRows, rows: np.ndarray) -> None:
         params = self.sampling
@@ -115,5 +184,7 @@ class StepInputs:
         params[rows, 4] = sampling.uniform
 
     def close(self) -> None:
+        if self.window is not None and not self.window.buffer.freed:
+            self.window.buffer.free()
         if not self.buffer.freed:
             self.buffer.free()

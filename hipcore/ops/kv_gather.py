@@ -22,11 +22,13 @@ def gather_rows_reference(pool: np.ndarray, table: tuple[int, ...] | list[int], 
 
 
 def gather_kv(cache: KvCache, seq_id: int, layer: int) -> tuple[np.ndarray, np.ndarray]:
-    """(K, V) of `seq_id` in `layer`, float32 [seq_len, n_kv_heads, head_dim], downloaded block by block."""
+    """(K, V) of `seq_id` in `layer`, float32 [seq_len, n_kv_heads, head_dim], downloaded block by block
+    through the table of the layer's group. In a sliding-window layer the positions whose block went back
+    to the pool read the null block (whatever it holds); only the window's positions mean anything."""
     cfg = cache.config
     if not 0 <= layer < cfg.n_layers:
         raise ValueError(f"layer {layer} outside the cache's {cfg.n_layers} layers")
-    table, length = cache.block_table(seq_id), cache.seq_len(seq_id)
+    table, length = cache.block_table(seq_id, cfg.layer_group(layer)), cache.seq_len(seq_id)
     block_bytes = cfg.block_bytes_per_pool
     shape = (cfg.n_kv_heads, cfg.block_size, cfg.row_bytes)
     out = []

@@ -63,7 +63,8 @@ for _fmt in KV_DTYPES.values():
 def launch(device: Device, stream: Stream | None, cache: KvCache, layer: int, k: Buffer, v: Buffer,
            slot_mapping: Buffer, n_tokens: int) -> None:
     """Queue the write of n_tokens K/V rows into `layer` of `cache` at the slots in `slot_mapping`
-    (device buffers, laid out as the module docstring says)."""
+    (device buffers, laid out as the module docstring says). `cache` may be a KvCache or the KvGroupView
+    of the layer's group; either way the slots index the pool of the layer's group."""
     cfg = cache.config
     if not 0 <= layer < cfg.n_layers:
         raise ValueError(f"layer {layer} outside the cache's {cfg.n_layers} layers")
@@ -77,4 +78,4 @@ def launch(device: Device, stream: Stream | None, cache: KvCache, layer: int, k:
     kernel = get_kernel(device, "kv_store", kernel_name(cfg.dtype), SIGNATURE)
     kernel.launch(min(n_tokens, ELEMENTWISE_MAX_BLOCKS), THREADS,
                   [cache.k_pools[layer], cache.v_pools[layer], k, v, slot_mapping, n_tokens, cfg.n_kv_heads,
-                   cfg.head_dim, cfg.block_size, cfg.num_blocks], stream=stream)
+                   cfg.head_dim, cfg.block_size, cfg.layer_num_blocks(layer)], stream=stream)

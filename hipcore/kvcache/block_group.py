@@ -1,0 +1,107 @@
+"""BlockGroup: the block tables of one layer group over its own BlockPool (docs/architecture.md, "The
+release path of a KV block").
+
+A global group keeps every block of a sequence. A local (sliding-window) group keeps, in a table of the
+same length (ceil(tokens / block_size), indexed by position // block_size as every kernel indexes it),
+only the blocks that hold a position the sequence's next queries may read: when a sequence of L tokens
+reserves more, every block wholly below L - window + 1 (`kept_from`) is released and its table entry
+becomes the null block. The attention kernel's window guarantees no query reads below kept_from; the
+released block waits for the step fence like any other.
+
+Nothing here touches device memory and nothing here locks: the KvCache owns the pools and serialises
+access, and it asks every group for a plan before it changes any (all or nothing across groups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hipcore.kvcache.block_pool import BlockPool
+from hipcore.kvcache.config import NULL_BLOCK
+
+
+@dataclass(frozen=True)
+class AppendPlan:
+    """What appending n tokens to one sequence does in one group."""
+
+    copy_on_write: bool  # the partly filled last block is shared: copy it to a new block first
+    new_blocks: int  # blocks appended to the table
+    out_of_window: tuple[int, ...]  # table indices whose blocks every window layer has left behind
+    kept_from: int  # the group's new first kept position
+
+    @property
+    def blocks_taken(self) -> int:
+        return int(self.copy_on_write) + self.new_blocks
+
+
+@dataclass
+class BlockGroup:
+    name: str
+    num_blocks: int
+    block_size: int
+    window: int  # 0: global (keeps everything)
+    pool: BlockPool = field(init=False)
+    tables: dict[int, list[int]] = field(default_factory=dict, init=False)
+    kept_from: dict[int, int] = field(default_factory=dict, init=False)  # first position still held
+
+    def __post_init__(self) -> None:
+        self.pool = BlockPool(self.num_blocks)
+
+    def plan(self, seq_id: int, length: int, n_tokens: int) -> AppendPlan:
+        """The plan to grow sequence `seq_id` (now `length` tokens) by n_tokens; changes nothing."""
+        table, bs = self.tables[seq_id], self.block_size
+        kept_from = self.kept_from[seq_id]
+        if n_tokens == 0:
+            return AppendPlan(False, 0, (), kept_from)
+        filled = length % bs
+        room = bs - filled if filled else 0  # free slots in a partly filled last block
+        # The partly filled last block holds position length - 1, never below length - window + 1, so it is
+        # never out of the window (a window of 1 keeps it too: its next slot is about to be written).
+        copy_on_write = room > 0 and self.pool.refcount(table[-1]) > 1
+        new_blocks = -(-max(0, n_tokens - room) // bs)
+        dropped: tuple[int, ...] = ()
+        if self.window:
+            new_kept = max(kept_from, length - self.window + 1)
+            dropped = tuple(i for i in range(kept_from // bs, new_kept // bs) if table[i] != NULL_BLOCK)
+            kept_from = new_kept
+        return AppendPlan(copy_on_write, new_blocks, dropped, kept_from)
+
+    def apply(self, seq_id: int, plan: AppendPlan, taken: list[int], fence: int) -> int | None:
+        """Carry out `plan` with the blocks `taken` (plan.blocks_taken of them, reference count 1 each).
+        Returns the shared block to copy into taken[0] when the plan copies on write (the caller queues
+        the copy before calling), else None."""
+        table = self.tables[seq_id]
+        for index in plan.out_of_window:  # the oldest first, as a sequence's end releases its last first
+            block, table[index] = table[index], NULL_BLOCK
+            self.pool.release(block, seq_id, fence)
+        self.kept_from[seq_id] = plan.kept_from
+        shared = None
+        if plan.copy_on_write:
+            shared, table[-1] = table[-1], taken[0]
+            self.pool.release(shared, seq_id, fence)
+            taken = taken[1:]
+        table.extend(taken)
+        return shared
+
+    def add(self, seq_id: int) -> None:
+        self.tables[seq_id] = []
+        self.kept_from[seq_id] = 0
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        parent = self.tables[parent_id]
+        for block in parent:
+            if block != NULL_BLOCK:
+                self.pool.share(block, child_id)
+        self.tables[child_id] = list(parent)
+        self.kept_from[child_id] = self.kept_from[parent_id]
+
+    def free(self, seq_id: int, fence: int) -> None:
+        """Every block the sequence still holds loses one reference, last block first."""
+        for block in reversed(self.tables[seq_id]):
+            if block != NULL_BLOCK:
+                self.pool.release(block, seq_id, fence)
+        del self.tables[seq_id]
+        del self.kept_from[seq_id]
+
+    def held_blocks(self, seq_id: int) -> int:
+        return sum(1 for block in self.tables[seq_id] if block != NULL_BLOCK)
