@@ -21,7 +21,6 @@ Then the output head (the final norm folded into the vocabulary projection) on t
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -85,7 +84,7 @@ class ModelRunner:
         self.max_blocks = -(-min(max_context or config.context_length, config.context_length) // block_size)
         self.token_capacity, self.row_capacity = step_capacity(max_step_tokens, max_seqs)
         self.stream = device.default_stream
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.scale = config.attention_scale
         self.freq_scale = 1.0 / config.rope_scaling_factor if config.rope_scaling == "linear" else 1.0
         self.buffers: dict[str, Buffer] = {}
         self.inputs: StepInputs | None = None
@@ -202,6 +201,7 @@ class ModelRunner:
         ctx = StepContext(dev, st, cfg, b, self.cache, inputs, products, self.max_blocks, self.scale)
         plan: list[Launch] = [("embedding", lambda: embedding.launch(
             dev, st, b["x"], w.token_embd.buffer, ids, t, h, v, w.token_embd.fmt))]
+        plan += self.family.input_launches(ctx, t)
 
         for i, lw in enumerate(w.layers):
             plan += self.family.layer_launches(ctx, i, lw, t)
