@@ -3,7 +3,9 @@ references (gelu_mul, scale, paged_attention's sliding window), each tiny model 
 tests/support/gemma3_models.py against the cpu backend (greedy tokens; logits within tolerance) and
 against llama.cpp's golden record (tests/golden/gemma3_llamacpp.json, the check of
 tests/test_golden_gemma3.py), graph replay equal to eager at contexts past the window, and gemma3 in every
-weight type with GPU kernels against the cpu backend (teacher-forced).
+weight type with GPU kernels against the cpu backend (teacher-forced); Gemma 3 270M Q4_K_M (when installed, or
+named by $ROCMFORGE_GEMMA3_270M: tests/support/gemma3_270m.py) on the GPU against the cpu backend and
+llama.cpp's record, with the long prompt past its 512-key window.
 
 gemma3 runs every launch of its layers as a single op (rmsnorm, matmul_mma.project, per-head rmsnorm, rope,
 paged_attention with the layer's window, gelu_mul, add, scale); only the output head takes a fused kernel.
@@ -24,6 +26,7 @@ from hipcore.model.forward import ModelRunner
 from hipcore.ops import gelu_mul, scale
 from support.family_golden import disagreements, evaluate
 from support.forward_pass_samples import make_sample, windowed
+from support.gemma3_270m import PROMPTS as REAL_PROMPTS, find_gemma3_270m
 from support.gemma3_models import GEMMA3_MODELS, GREEDY_TOKENS, write_gemma3_model
 from support.gguf_factory import write_tiny_llama
 from support.model_steps import step_batch
@@ -199,3 +202,33 @@ def test_every_weight_type_matches_the_cpu_backend(gpu, tmp_path, weight_type):
             tokens.append(int(np.argmax(c)))
         print(f"gemma3 {weight_type}: max relative top-10 logit difference {worst:.2e}")
         record_figures(f"gemma3-{weight_type}", {"max_rel_top10_logit_diff": worst})
+
+
+def test_gemma3_270m_gpu_equals_cpu_and_agrees_with_llamacpp(gpu):
+    """Teacher-forced on llama.cpp's greedy tokens: the GPU's top-10 logits within the quantized bound of the
+    cpu backend's (the GPU rounds activations to int8 for the int8-activation types, Q4_K/Q5_0/Q8_0/Q6_K
+    here), and both within test_golden_gemma3_270m.py's tolerances of llama.cpp."""
+    from test_golden_gemma3_270m import GOLDEN as REAL_GOLDEN, disagreements as real_disagreements
+    path, why = find_gemma3_270m()
+    if path is None:
+        pytest.skip(why)
+    record = json.loads(REAL_GOLDEN.read_text(encoding="utf-8"))
+    opts = dict(max_seqs=2, ctx_size=1024, kv_dtype="f16", max_step_tokens=1024, kv_blocks=160)
+    runs = {}
+    for backend in ("gpu", "cpu"):
+        with load_model(str(path), LoadOptions(**opts, **({} if backend == "gpu" else {"device": "cpu"})),
+                        device=gpu if backend == "gpu" else None) as model:
+            runs[backend] = evaluate_all(model, record)
+    figures = {}
+    for prompt in REAL_PROMPTS:
+        g, c = runs["gpu"][prompt], runs["cpu"][prompt]
+        rows_g, rows_c = np.vstack([g["last"], g["forced"]]), np.vstack([c["last"], c["forced"]])
+        tops = [np.argsort(row)[-10:] for row in rows_c]
+        rel = max(float(np.max(np.abs(rg[t].astype(np.float64) - rc[t])) / np.max(np.abs(rc)))
+                  for rg, rc, t in zip(rows_g, rows_c, tops))
+        figures[prompt] = {"max_rel_top10_logit_diff_vs_cpu": rel,
+                           "llamacpp_disagreements": real_disagreements(record["prompts"][prompt], g)}
+        assert rel <= MAX_RELATIVE_QUANT_LOGIT_DIFF, f"{prompt}: top-10 logits differ by {rel:.2e} of the largest"
+    print(f"gemma3-270m: {figures}")
+    record_figures("gemma3-270m", figures)
+    assert all(not f["llamacpp_disagreements"] for f in figures.values()), figures
