@@ -1,9 +1,12 @@
 // Paged attention: causal grouped-query attention whose K and V are read through block tables, for
 // decode (one query token per sequence) and prompt evaluation (many) alike.
 //
-//   out[t, h, :] = sum_j softmax_j(scale * q[t, h, :] . K[j]) V[j]   over keys j = 0 .. positions[t]
+//   out[t, h, :] = sum_j softmax_j(scale * q[t, h, :] . K[j]) V[j]   over keys j = first .. positions[t]
 //
-// of the sequence token_seq[t], where key j lives in physical block block_tables[seq][j / block_size]
+// of the sequence token_seq[t] (first = 0, or with a sliding window of `window` > 0 keys, as Gemma's local
+// layers attend, first = max(0, positions[t] - window + 1): the window holds the token itself and the
+// window - 1 keys before it, llama.cpp's rule. Keys before the window are never read, nor their
+// block-table entries, which the KV cache may already have pointed at the null block), where key j lives in physical block block_tables[seq][j / block_size]
 // at offset j % block_size, for KV head h / (n_heads / n_kv_heads). Layouts: q and out float32
 // [n_tokens, n_heads, head_dim]; pools [num_blocks, n_kv_heads, block_size, row] in the KV format;
 // block_tables int32 [n_seqs, max_blocks]; token_seq and positions int32 [n_tokens]. A negative
@@ -149,7 +152,7 @@ struct Params {
   const int* __restrict__ token_seq;
   const int* __restrict__ positions;
   void* workspace;
-  int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots;
+  int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window;
   float scale;
 };
 
@@ -161,7 +164,8 @@ struct Shared {
   int last;
 };
 
-// How the `slots` workgroups of one (token, KV head) share its work, from the token's context.
+// How the `slots` workgroups of one (token, KV head) share its work, from the number of keys the token
+// attends to (its context, or its window).
 struct Plan {
   int n_chunks;        // workgroups over the group's query heads
   int chunk_heads;     // query heads per chunk (the last chunk may have fewer)
@@ -170,18 +174,18 @@ struct Plan {
   int split_stride;    // splits per (token, query head) in the workspace
 };
 
-static __device__ __forceinline__ Plan make_plan(const Params& p, int ctx, int step_keys) {
+static __device__ __forceinline__ Plan make_plan(const Params& p, int n_keys, int step_keys) {
   const int group = p.n_heads / p.n_kv_heads;
   const int chunks = (group + kMaxGroupHeads - 1) / kMaxGroupHeads;
   const int split_stride = max(min(p.slots / chunks, kMaxSplits), 1);
-  if (group > 1 && p.slots >= group && ctx <= kSpreadMaxContext &&
+  if (group > 1 && p.slots >= group && n_keys <= kSpreadMaxContext &&
       (long long)p.n_tokens * p.n_heads <= kSpreadMaxWorkgroups)
-    return {group, 1, 1, ctx, split_stride};
+    return {group, 1, 1, n_keys, split_stride};
   const int max_split = p.workspace != nullptr ? split_stride : 1;
-  int n_split = max(min(max_split, (ctx + kMinKeysPerSplit - 1) / kMinKeysPerSplit), 1);
-  int keys_per_split = (ctx + n_split - 1) / n_split;
+  int n_split = max(min(max_split, (n_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit), 1);
+  int keys_per_split = (n_keys + n_split - 1) / n_split;
   keys_per_split = (keys_per_split + step_keys - 1) / step_keys * step_keys;
-  n_split = (ctx + keys_per_split - 1) / keys_per_split;
+  n_split = (n_keys + keys_per_split - 1) / keys_per_split;
   return {chunks, (group + chunks - 1) / chunks, n_split, keys_per_split, split_stride};
 }
 
@@ -315,7 +319,8 @@ static __device__ __forceinline__ void consume(const Walk& w, int base, int k_en
 
 template <class KV, int NG>
 __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* __restrict__ table, int token, int kv_head,
-                                       int first_head, int ctx, const Plan& plan, int split, int counter_index) {
+                                       int first_head, int first_key, int ctx, const Plan& plan, int split,
+                                       int counter_index) {
   const int hd = p.head_dim;
   const int tid = (int)threadIdx.x, threads = (int)blockDim.x;
   const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
@@ -329,7 +334,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
   const int keys_per_warp = WARP_SIZE / lanes_per_key;
   constexpr int U = KV::kUnroll;
   const int tile = keys_per_warp * U;  // keys of one warp's step
-  const int k_begin = split * plan.keys_per_split;
+  const int k_begin = first_key + split * plan.keys_per_split;
   const int k_end = min(ctx, k_begin + plan.keys_per_split);
 
   const int key_slot = lane / lanes_per_key, chunk = lane % lanes_per_key;
@@ -533,19 +538,21 @@ __device__ __forceinline__ void run(const Params& p) {
     }
     return;
   }
+  // The first key the token sees: its window's, or the sequence's first. The plan divides only those.
+  const int first_key = p.window > 0 && ctx > p.window ? ctx - p.window : 0;
   int lanes_per_key = 1;
   while (lanes_per_key * kChunk < p.head_dim) lanes_per_key <<= 1;
-  const Plan plan = make_plan(p, ctx, kMaxWarps * (WARP_SIZE / lanes_per_key) * KV::kUnroll);
+  const Plan plan = make_plan(p, ctx - first_key, kMaxWarps * (WARP_SIZE / lanes_per_key) * KV::kUnroll);
   if (slot >= plan.n_chunks * plan.n_split) return;
   const int chunk = slot / plan.n_split, split = slot - chunk * plan.n_split;
   const int first_head = kv_head * group + chunk * plan.chunk_heads;
   const int counter_index = (token * p.n_kv_heads + kv_head) * plan.n_chunks + chunk;  // used when splitting only
   const int* __restrict__ table = p.block_tables + (unsigned long long)seq * p.max_blocks;
   switch (min(plan.chunk_heads, group - chunk * plan.chunk_heads)) {
-    case 1: attend<KV, 1>(p, sh, table, token, kv_head, first_head, ctx, plan, split, counter_index); break;
-    case 2: attend<KV, 2>(p, sh, table, token, kv_head, first_head, ctx, plan, split, counter_index); break;
-    case 3: attend<KV, 3>(p, sh, table, token, kv_head, first_head, ctx, plan, split, counter_index); break;
-    case 4: attend<KV, 4>(p, sh, table, token, kv_head, first_head, ctx, plan, split, counter_index); break;
+    case 1: attend<KV, 1>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 2: attend<KV, 2>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 3: attend<KV, 3>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 4: attend<KV, 4>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
     default: break;
   }
 }
@@ -564,11 +571,11 @@ __device__ __forceinline__ void run(const Params& p) {
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,                   \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
       void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
-      int num_blocks, int slots, float scale) {                                                                       \
+      int num_blocks, int slots, int window, float scale) {                                                           \
     const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
                                           positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \
-                                          max_blocks, num_blocks, slots, scale};                                      \
+                                          max_blocks, num_blocks, slots, window, scale};                              \
     rf_paged_attention::run<rf_paged_attention::KV>(p);                                                               \
   }
 

@@ -28,6 +28,7 @@ EXPECTED_KERNELS = {
     "embedding": ["embedding_bf16", "embedding_f16", "embedding_f32", "embedding_q4_0", "embedding_q4_1",
                   "embedding_q5_0", "embedding_q5_1", "embedding_q4_k", "embedding_q5_k", "embedding_q6_k",
                   "embedding_q8_0"],
+    "gelu_mul": ["gelu_mul_f32"],
     "fused_matmul": [f"matmul_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
                      for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "f32")],
     "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
@@ -45,6 +46,7 @@ EXPECTED_KERNELS = {
     "rmsnorm": ["rmsnorm_f32"],
     "rope": ["rope_f32", "rope_neox_f32"],
     "sample": ["sample_f32"],
+    "scale": ["scale_f32"],
     "select_rows": ["select_rows_f32"],
     "silu_mul": ["silu_mul_f32"],
 }

@@ -124,8 +124,8 @@ def run_attention(harnesses, warp, tmp_path, sample, workspace: bool, positions=
     """The kernel's output for `sample` (optionally with other positions or tables) and the workspace
     after the launch, with the launcher's geometry."""
     s = sample
-    splits = paged_attention.split_limit(s.n_tokens, s.n_heads, s.n_kv_heads, s.max_blocks * s.block_size) \
-        if workspace else 1
+    max_keys = min(s.window, s.max_blocks * s.block_size) if s.window else s.max_blocks * s.block_size
+    splits = paged_attention.split_limit(s.n_tokens, s.n_heads, s.n_kv_heads, max_keys) if workspace else 1
     slots = paged_attention.slot_count(s.n_tokens, s.n_heads, s.n_kv_heads, splits)
     ws_bytes = paged_attention.workspace_bytes(s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim, slots) if splits > 1 else 0
     grid, block = paged_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads, slots)
@@ -133,7 +133,7 @@ def run_attention(harnesses, warp, tmp_path, sample, workspace: bool, positions=
                   tables=s.block_tables if block_tables is None else block_tables, token_seq=s.token_seq,
                   positions=s.positions if positions is None else positions)
     run(harnesses, warp, f"paged_attention_{s.kv_dtype}", grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
-        s.block_size, s.max_blocks, s.num_blocks, slots, s.scale, *paths, ws_bytes, tmp_path / "o", tmp_path / "ws")
+        s.block_size, s.max_blocks, s.num_blocks, slots, s.window, s.scale, *paths, ws_bytes, tmp_path / "o", tmp_path / "ws")
     got = np.fromfile(tmp_path / "o", np.float32).reshape(s.q.shape)
     return got, np.fromfile(tmp_path / "ws", np.uint8), splits
 

@@ -103,7 +103,8 @@ def load_model(path: str, options: LoadOptions | None = None, *, status: StatusF
         ctx = opts.ctx_size or min(cfg.context_length, DEFAULT_CTX_SIZE)
         plan = make_plan(device, gguf.plan, ctx_size=ctx, max_seqs=opts.max_seqs, max_step_tokens=opts.max_step_tokens,
                          kv_dtype=opts.kv_dtype, block_size=opts.block_size, kv_blocks=opts.kv_blocks,
-                         kv_memory=opts.kv_memory)
+                         kv_memory=opts.kv_memory,
+                         layer_windows=tuple(cfg.layer_window(i) for i in range(cfg.n_layers)))
         plan.check()
         say("memory plan (before anything is allocated):\n" + plan.table())
         weights = upload_weights(device, gguf, progress)

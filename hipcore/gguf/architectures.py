@@ -12,6 +12,16 @@ llama.cpp's (src/models/<family>.cpp; the RoPE layout from llama_model_rope_type
   qwen3  llama plus an RMSNorm on every head of q and of k (attn_q_norm / attn_k_norm, head_dim
          weights, the model's rms epsilon) between the product and RoPE; no biases; NEOX RoPE; its head
          size (attention.key_length) need not be embedding_length / head_count.
+  gemma3 qwen3's per-head q/k norms and NEOX RoPE, plus (llama.cpp: src/models/gemma3.cpp and its
+         hparams loading in src/llama-model.cpp): token embeddings times sqrt(embedding_length); an RMSNorm
+         after attention and after the feed-forward, before each residual add (post_attention_norm,
+         post_ffw_norm); a GeGLU feed-forward (gelu(gate) * up, GELU's tanh form); interleaved local and
+         global layers: layer i is local unless i % 6 == 5 (llama.cpp's fixed pattern for gemma3, which
+         reads no pattern key), a local layer sees only the last attention.sliding_window positions
+         (required, as in llama.cpp) and rotates with RoPE base 10000 and no scaling; a global layer sees
+         everything and uses rope.freq_base with the file's RoPE scaling. Attention scale
+         1/sqrt(head_dim), except 1/sqrt(embedding_length / head_count) for the 62-layer 27B, as llama.cpp
+         decides it. The norm weights in the file already hold Gemma's "1 +" (the converter adds it).
 """
 
 from __future__ import annotations
@@ -28,10 +38,17 @@ class Architecture:
     qkv_bias: bool = False     # blk.N.attn_{q,k,v}.bias: added after each product
     qk_norm: bool = False      # blk.N.attn_{q,k}_norm.weight: RMSNorm per head before RoPE
     rope_freq_factors: bool = False  # rope_freqs.weight may be present (llama 3.1-style long context)
+    post_norms: bool = False   # blk.N.post_attention_norm / post_ffw_norm: RMSNorm before each residual add
+    activation: str = "silu"   # the feed-forward's gate: "silu" (SwiGLU) or "gelu" (GeGLU, tanh form)
+    scaled_embedding: bool = False  # token embeddings times sqrt(embedding_length)
+    swa_period: int = 0        # local (sliding-window) layers: i % period < period - 1; 0: none
+    swa_rope_theta: float = 0.0  # the local layers' RoPE base (no scaling)
 
-    def layer_vectors(self, q_size: int, kv_size: int, head_dim: int) -> dict[str, tuple[int]]:
+    def layer_vectors(self, q_size: int, kv_size: int, head_dim: int, hidden: int = 0) -> dict[str, tuple[int]]:
         """Per-layer 1-D tensors beyond the llama layout: name (without blk.N.) -> shape."""
         extra: dict[str, tuple[int]] = {}
+        if self.post_norms:
+            extra.update({"post_attention_norm.weight": (hidden,), "post_ffw_norm.weight": (hidden,)})
         if self.qkv_bias:
             extra.update({"attn_q.bias": (q_size,), "attn_k.bias": (kv_size,), "attn_v.bias": (kv_size,)})
         if self.qk_norm:
@@ -43,4 +60,6 @@ ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture("llama", rope_type="norm", rope_freq_factors=True),
     "qwen2": Architecture("qwen2", rope_type="neox", qkv_bias=True),
     "qwen3": Architecture("qwen3", rope_type="neox", qk_norm=True),
+    "gemma3": Architecture("gemma3", rope_type="neox", qk_norm=True, post_norms=True, activation="gelu",
+                           scaled_embedding=True, swa_period=6, swa_rope_theta=10000.0),
 }

@@ -1,6 +1,6 @@
 """ModelConfig: a model's hyperparameters, read from GGUF metadata and checked against the tensors.
 
-Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3), whose keys are
+Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma3), whose keys are
 `<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
 and "linear" (positions divided by the factor); "yarn", "longrope" and the rest are named and
 refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
@@ -13,7 +13,9 @@ implies, and nothing unexpected may be present (as llama.cpp, which refuses extr
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Protocol
 
@@ -67,6 +69,30 @@ class ModelConfig:
     rope_type: str = "norm"       # "norm": RoPE pairs (2i, 2i+1); "neox": pairs (i, i + rope_dim/2)
     qkv_bias: bool = False        # q, k and v products each add a bias
     qk_norm: bool = False         # q and k are RMS-normalized per head (head_dim weights) before RoPE
+    post_norms: bool = False      # attention and feed-forward outputs RMS-normalized before the residual add
+    activation: str = "silu"      # the feed-forward's gate: "silu" (SwiGLU) or "gelu" (GeGLU)
+    embedding_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(hidden_size))
+    query_scale: float = 0.0      # attention's score scale; 0: 1/sqrt(head_dim)
+    sliding_window: int = 0       # keys a local layer sees, the current one included; 0: no local layers
+    swa_period: int = 0           # layer i is local when i % swa_period < swa_period - 1 (and a window is set)
+    swa_rope_theta: float = 0.0   # the local layers' RoPE base (they use no RoPE scaling)
+
+    @property
+    def attention_scale(self) -> float:
+        return self.query_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def is_local_layer(self, i: int) -> bool:
+        """Whether layer i attends through the sliding window (llama.cpp's set_swa_pattern, dense last)."""
+        return self.sliding_window > 0 and self.swa_period > 0 and i % self.swa_period < self.swa_period - 1
+
+    def layer_window(self, i: int) -> int:
+        """The keys layer i attends to, the current one included (0: the whole context)."""
+        return self.sliding_window if self.is_local_layer(i) else 0
+
+    def layer_rope(self, i: int, freq_scale: float) -> tuple[float, float]:
+        """(RoPE base, frequency scale) of layer i: a local layer's own base without scaling, else the model's
+        base with `freq_scale` (the file's linear scaling)."""
+        return (self.swa_rope_theta, 1.0) if self.is_local_layer(i) else (self.rope_theta, freq_scale)
 
     @property
     def q_size(self) -> int:
@@ -88,7 +114,7 @@ class ModelConfig:
             "ffn_norm": (h,), "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f),
         }
         layer = {f"{part}.weight": shape for part, shape in layer.items()}
-        layer.update(ARCHITECTURES[self.architecture].layer_vectors(self.q_size, self.kv_size, self.head_dim))
+        layer.update(ARCHITECTURES[self.architecture].layer_vectors(self.q_size, self.kv_size, self.head_dim, h))
         for i in range(self.n_layers):
             for part, shape in layer.items():
                 shapes[f"blk.{i}.{part}"] = shape
@@ -153,6 +179,9 @@ def config_from_metadata(
     scaling, factor, original = _rope_scaling(keys, arch, context)
     names = {t.name for t in tensors}
     family = ARCHITECTURES[arch]
+    window = 0
+    if family.swa_period:  # required, as llama.cpp requires it of gemma3
+        window = keys.uint32(f"{arch}.attention.sliding_window", lo=1, hi=limits.max_context)
     config = ModelConfig(
         architecture=arch,
         name=keys.string("general.name", default=""),
@@ -165,9 +194,28 @@ def config_from_metadata(
         tie_embeddings="output.weight" not in names,
         file_type=keys.uint32("general.file_type", required=False),
         rope_type=family.rope_type, qkv_bias=family.qkv_bias, qk_norm=family.qk_norm,
+        post_norms=family.post_norms, activation=family.activation,
+        # float32, as llama.cpp computes sqrtf(n_embd)
+        embedding_scale=_float32(math.sqrt(hidden)) if family.scaled_embedding else 1.0,
+        query_scale=_query_scale(arch, n_layers, hidden, n_heads),
+        sliding_window=window, swa_period=family.swa_period if window else 0, swa_rope_theta=family.swa_rope_theta,
     )
     check_tensor_shapes(config, tensors, offsets=offsets)
     return config
+
+
+def _float32(x: float) -> float:
+    """x rounded to float32 (what llama.cpp computes these constants in)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _query_scale(arch: str, n_layers: int, hidden: int, n_heads: int) -> float:
+    """Attention's score scale where a family departs from 1/sqrt(head_dim), else 0. llama.cpp gives Gemma 3
+    27B (the only gemma3 of 62 layers) 1/sqrt(embedding_length / head_count), as Google's reference does
+    (query_pre_attn_scalar = hidden / heads there), and every other gemma3 1/sqrt(head_dim)."""
+    if arch == "gemma3" and n_layers == 62:
+        return _float32(1.0 / math.sqrt(hidden // n_heads))
+    return 0.0
 
 
 def _check_supported(keys: MetadataKeys, key: str, value: int, most: int, what: str) -> None:

@@ -4,6 +4,9 @@ A family (hipcore/model/families/) is a layer built from these: the llama layer 
     attention_input -> attention -> attention_output -> feed_forward -> feed_forward_output
 and a family that differs from it only in how q, k and v are made (qwen2's biases, qwen3's per-head
 norm, NEOX RoPE) composes its own attention_input from the smaller blocks below and keeps the rest.
+gemma3 composes its whole layer from single ops: qwen3's attention input, then the sandwich blocks at
+the end of this file (a norm after attention and after a GeGLU feed-forward, before each residual add).
+Per layer, RoPE's base and scaling and attention's window come from the config (local layers differ).
 The products themselves are planned by projections.py (fused kernels where the weights and the step
 allow them); the blocks here add what sits between them.
 """
@@ -16,7 +19,7 @@ from typing import Callable
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.projections import Launch, ProjectionPlanner, weight_arg
 from hipcore.model.step_inputs import StepInputs
-from hipcore.ops import add_bias, kv_store, matmul_mma, paged_attention, rmsnorm, rope
+from hipcore.ops import add, add_bias, gelu_mul, kv_store, matmul_mma, paged_attention, rmsnorm, rope, scale
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
@@ -33,7 +36,7 @@ class StepContext:
     inputs: StepInputs
     products: ProjectionPlanner
     max_blocks: int
-    scale: float  # attention's 1/sqrt(head_dim)
+    scale: float  # attention's score scale (1/sqrt(head_dim) unless the family says otherwise)
 
 
 # (context, layer index, layer weights, token rows) -> launches
@@ -66,7 +69,7 @@ def attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
             dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
             n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
             block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
-            kv_dtype=kv.dtype, workspace=workspace)),
+            kv_dtype=kv.dtype, workspace=workspace, window=cfg.layer_window(i))),
     ]
 
 
@@ -118,11 +121,12 @@ def qk_head_norm(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
 
 
 def rope_qk(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """RoPE on q and k in place, in the config's layout (NORM or NEOX)."""
+    """RoPE on q and k in place, in the config's layout (NORM or NEOX), with the layer's base and scaling."""
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
-    pos, scale, factors = positions(ctx), ctx.products.freq_scale, ctx.products.freq_factors
+    pos, factors = positions(ctx), ctx.products.freq_factors
+    theta, freq_scale = cfg.layer_rope(i, ctx.products.freq_scale)
     return [(f"rope_{name}", lambda out=out, heads=heads: rope.launch(
-                dev, st, out, pos, t, heads, cfg.head_dim, cfg.rope_dim, cfg.rope_theta, scale,
+                dev, st, out, pos, t, heads, cfg.head_dim, cfg.rope_dim, theta, freq_scale,
                 freq_factors=factors, rope_type=cfg.rope_type))
             for name, out, heads in (("q", b["q"], cfg.n_heads), ("k", b["k"], cfg.n_kv_heads))]
 
@@ -134,12 +138,21 @@ def compose(*blocks: Block) -> Block:
     return run
 
 
+# What runs on the embedded rows before the first layer: (context, token rows) -> launches.
+InputBlock = Callable[[StepContext, int], list[Launch]]
+
+
 @dataclass(frozen=True)
 class Family:
-    """A model family's forward pass: the blocks of one layer, in order (embedding and output head are shared)."""
+    """A model family's forward pass: the blocks of one layer, in order, and what follows the embedding
+    lookup (the lookup and the output head are shared)."""
 
     name: str
     layer: tuple[Block, ...]
+    embedding_input: InputBlock | None = None
+
+    def input_launches(self, ctx: StepContext, t: int) -> list[Launch]:
+        return self.embedding_input(ctx, t) if self.embedding_input is not None else []
 
     def layer_launches(self, ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
         return [launch for block in self.layer for launch in block(ctx, i, lw, t)]
@@ -149,3 +162,47 @@ def pre_norm_layer(attention_input: Block) -> tuple[Block, ...]:
     """The llama layer with the given attention input: pre-norm attention and a SwiGLU feed-forward,
     each added to the residual stream."""
     return (attention_input, attention, attention_output, feed_forward, feed_forward_output)
+
+
+# ---- Gemma's sandwich: norms before and after attention and the feed-forward -------------------------
+
+def scaled_embedding(ctx: StepContext, t: int) -> list[Launch]:
+    """x *= embedding_scale (Gemma: sqrt(hidden_size)), on the looked-up token rows."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    return [("embedding_scale", lambda: scale.launch(dev, st, b["x"], b["x"], t * cfg.hidden_size,
+                                                     cfg.embedding_scale))]
+
+
+def _post_normed_residual(ctx: StepContext, name: str, wt, norm, x: Buffer, cols: int, t: int) -> list[Launch]:
+    """x_residual += rmsnorm(x @ W^T) with `norm`'s weight: the product, its norm, then the add."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    h = cfg.hidden_size
+    return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
+            (f"{name}_post_norm", lambda: rmsnorm.launch(dev, st, b["proj"], b["proj"], norm.buffer, t, h,
+                                                         cfg.rms_norm_eps)),
+            (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
+
+
+def post_normed_attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """x += rmsnorm(attn @ Wo^T) (post_attention_norm)."""
+    return _post_normed_residual(ctx, "attn_output", lw.attn_output, lw.attn_post_norm, ctx.buffers["attn"],
+                                 ctx.config.q_size, t)
+
+
+def geglu_feed_forward(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """gate = gelu(rmsnorm(x) @ Wg^T) * (rmsnorm(x) @ Wu^T), GELU in its tanh form."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    h, f = cfg.hidden_size, cfg.ffn_size
+    plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h,
+                                                              cfg.rms_norm_eps))]
+    for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
+        plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
+            dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
+    plan.append(("gelu_mul", lambda: gelu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
+    return plan
+
+
+def post_normed_feed_forward_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """x += rmsnorm(gate @ Wd^T) (post_ffw_norm)."""
+    return _post_normed_residual(ctx, "ffn_down", lw.ffn_down, lw.ffn_post_norm, ctx.buffers["gate"],
+                                 ctx.config.ffn_size, t)

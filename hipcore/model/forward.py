@@ -26,7 +26,6 @@ themselves, so a model without sliding windows runs exactly as before.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -94,7 +93,7 @@ class ModelRunner:
         self.max_blocks = -(-min(max_context or config.context_length, config.context_length) // block_size)
         self.token_capacity, self.row_capacity = step_capacity(max_step_tokens, max_seqs)
         self.stream = device.default_stream
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.scale = config.attention_scale
         self.freq_scale = 1.0 / config.rope_scaling_factor if config.rope_scaling == "linear" else 1.0
         self.buffers: dict[str, Buffer] = {}
         self.inputs: StepInputs | None = None
@@ -218,6 +217,7 @@ class ModelRunner:
                                                         inputs=inputs.for_group(LOCAL_GROUP))
         plan: list[Launch] = [("embedding", lambda: embedding.launch(
             dev, st, b["x"], w.token_embd.buffer, ids, t, h, v, w.token_embd.fmt))]
+        plan += self.family.input_launches(ctx, t)
 
         for i, lw in enumerate(w.layers):
             plan += self.family.layer_launches(contexts[self.cache.config.layer_group(i)], i, lw, t)

@@ -36,7 +36,8 @@ GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 # Per-layer vectors some families add (hipcore/gguf/architectures.py): LayerWeights field -> tensor name part.
 FAMILY_VECTORS = {"attn_q_bias": "attn_q.bias", "attn_k_bias": "attn_k.bias", "attn_v_bias": "attn_v.bias",
-                  "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight"}
+                  "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight",
+                  "attn_post_norm": "post_attention_norm.weight", "ffn_post_norm": "post_ffw_norm.weight"}
 # Layer matrices uploaded into one buffer when their formats agree: (group name, members).
 FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("ffn_gate", "ffn_up")))
 ROPE_FREQS = "rope_freqs.weight"  # optional: RoPE frequency divisors (Llama 3.1/3.2 "llama3" scaling)
@@ -82,6 +83,8 @@ class LayerWeights:
     attn_v_bias: Weight | None = None
     attn_q_norm: Weight | None = None  # qwen3: RMSNorm weight of every q head, [head_dim]
     attn_k_norm: Weight | None = None
+    attn_post_norm: Weight | None = None  # gemma3: RMSNorm of the attention output before the residual add, [hidden]
+    ffn_post_norm: Weight | None = None  # gemma3: RMSNorm of the feed-forward output before the residual add
 
 
 @dataclass

@@ -143,7 +143,7 @@ class AttentionRun:
         paged_attention.launch(self.gpu, stream, self.out, *self.inputs, n_tokens=s.n_tokens, n_heads=s.n_heads,
                                n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, block_size=s.block_size,
                                max_blocks=s.max_blocks, num_blocks=s.num_blocks, scale=s.scale, kv_dtype=s.kv_dtype,
-                               workspace=self.workspace)
+                               workspace=self.workspace, window=s.window)
 
     def check(self, seed: int, what: str = "") -> None:
         s = self.sample
@@ -245,7 +245,7 @@ def test_forward_ops_compile_at_run_time(gpu, mem, rng, seed):
     grid, block = paged_attention.geometry(gpu.arch, s.n_tokens, 9, 3, slots)
     kernel = modules["paged_attention"].kernel("paged_attention_q8_0", paged_attention.SIGNATURE.replace(" ", ""))
     kernel.launch(grid, block, [run.out, *run.inputs, run.workspace, s.n_tokens, 9, 3, 64, 16, s.max_blocks,
-                                s.num_blocks, slots, s.scale])
+                                s.num_blocks, slots, 0, s.scale])  # window 0: the whole context
     run.check(seed, "run-time compiled")
 
 

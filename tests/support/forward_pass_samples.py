@@ -60,6 +60,7 @@ class PagedSample:
     block_tables: np.ndarray  # int32 [n_seqs, max_blocks]
     token_seq: np.ndarray  # int32 [T]
     positions: np.ndarray  # int32 [T]
+    window: int = 0  # sliding window in keys (0: none)
 
     @property
     def n_tokens(self) -> int:
@@ -67,7 +68,7 @@ class PagedSample:
 
     def reference(self) -> np.ndarray:
         return paged_attention.reference(self.q, self.k_pool, self.v_pool, kv_dtype(self.kv_dtype), self.block_tables,
-                                         self.token_seq, self.positions, self.scale)
+                                         self.token_seq, self.positions, self.scale, self.window)
 
     def keys_values(self, seq: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
         """float64 [n_kv_heads, ctx, head_dim] K and V of a sequence, decoded from the pools."""
@@ -104,6 +105,8 @@ class PagedSample:
                 continue  # padding: exactly zero
             ctx = pos + 1
             keys, values = self.keys_values(int(self.token_seq[t]), ctx)
+            first = int(paged_attention.first_visible(np.array([pos]), self.window)[0])
+            keys, values, ctx = keys[:, first:], values[:, first:], ctx - first  # the keys the token sees
             for h in range(self.n_heads):
                 k, v = keys[h // group], values[h // group]
                 qh = self.q[t, h].astype(np.float64)
@@ -139,3 +142,23 @@ def make_sample(rng: np.random.Generator, kv: str, n_heads: int, n_kv_heads: int
     scale = float(np.float32(1.0 / np.sqrt(head_dim)))  # what the kernel gets, so the reference uses it too
     return PagedSample(kv, n_heads, n_kv_heads, head_dim, block_size, num_blocks, max_blocks, scale,
                        q, pools[0], pools[1], tables, token_seq, positions)
+
+
+def windowed(sample: PagedSample, window: int) -> PagedSample:
+    """`sample` attended through a sliding window of `window` keys, as a sliding-window KV cache holds it:
+    every block-table entry wholly before all of a sequence's windows points at the null block 0, and
+    block 0 of both pools is all-ones bytes (NaN in every KV format: a float16/bfloat16/float32 NaN, or a
+    Q8_0 block whose scale is NaN), so an attention that read a key outside the window would give NaN."""
+    tables = sample.block_tables.copy()
+    for s in range(tables.shape[0]):
+        pos = sample.positions[(sample.token_seq == s) & (sample.positions >= 0)]
+        if pos.size:
+            first = int(paged_attention.first_visible(pos, window).min())
+            tables[s, :first // sample.block_size] = 0
+    pools = []
+    for pool in (sample.k_pool, sample.v_pool):
+        pool = pool.copy()
+        pool[0] = 0xFF
+        pools.append(pool)
+    return PagedSample(**{**sample.__dict__, "block_tables": tables, "k_pool": pools[0], "v_pool": pools[1],
+                          "window": window})

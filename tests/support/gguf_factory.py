@@ -8,7 +8,9 @@ Random weights, scaled so that activations stay near unit size through every lay
 (tests/support/gguf_vocab.py). `tiny_llama_spec` gives the same model as data (the float32 originals and
 the encoded bytes of every tensor) and `raw_tiny_llama` the same file as a RawGGUF (tests/support/gguf_raw.py)
 ready to be corrupted field by field. `architecture="qwen2"` adds q/k/v biases and the qwen2 pre-tokenizer,
-"qwen3" per-head q/k norm weights (and a head size of its own with head_dim=...).
+"qwen3" per-head q/k norm weights (and a head size of its own with head_dim=...), "gemma3" qwen3's norms
+plus post-attention and post-feed-forward norms, attention.sliding_window (16 unless extra_metadata says
+otherwise) and a Gemma-style chat template.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from support.gguf_vocab import gpt2_vocab, llama_vocab
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
+# Gemma's turn markup (its files' templates add system-prompt handling and BOS; this keeps the turns).
+GEMMA_TEMPLATE = (
+    "{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+GEMMA3_SLIDING_WINDOW = 16
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
     "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -89,13 +98,17 @@ def tiny_llama_spec(
     head_dim: int | None = None,
     logit_scale: float = 1.0,
     rope_freqs: np.ndarray | None = None,
+    embedding_gain: float = 1.0,
+    post_norm_gain: float = 1.0,
 ) -> TinyLlama:
     """The model of write_tiny_llama as data. tensor_types: a matrix's part name ("attn_v", "ffn_down",
     "output" ...) -> its type where it differs from tensor_type (Q4_K_M: {"attn_v": "Q6_K", ...}). extra_metadata: key -> value (type inferred: bool, int as
     uint32, float as float32, str, lists of str/int/float) or key -> Meta; a value of None removes the key.
     head_dim: the size of a head where it is not hidden / n_heads (written as attention.key_length and
     value_length). logit_scale: the output matrix is multiplied by it (untied models), so that the logits
-    spread wider and greedy choices have clear margins.
+    spread wider and greedy choices have clear margins. embedding_gain: the token embeddings are multiplied
+    by it (for tied models, the same end). post_norm_gain: gemma3's post-norm weights are multiplied by it (a
+    larger layer output against the scaled embedding in the residual stream).
     rope_freqs: head_dim / 2 RoPE frequency divisors, written first as F32 rope_freqs.weight (where llama.cpp's
     converter puts them in Llama 3.1/3.2 files); the other tensors are the same with or without them."""
     if architecture not in FAMILY_EXTRAS:
@@ -124,11 +137,15 @@ def tiny_llama_spec(
         meta += [Meta(f"{a}.attention.key_length", UINT32, head_dim), Meta(f"{a}.attention.value_length", UINT32, head_dim)]
     if alignment is not None:
         meta.append(Meta("general.alignment", UINT32, alignment))
+    if a == "gemma3":
+        meta.append(Meta(f"{a}.attention.sliding_window", UINT32, GEMMA3_SLIDING_WINDOW))
     meta += _tokenizer_metadata(tokenizer, vocab, pre="qwen2" if a in ("qwen2", "qwen3") else "smollm")
+    if a == "gemma3" and tokenizer == "gpt2":
+        meta = [Meta(m.key, STRING, GEMMA_TEMPLATE) if m.key == "tokenizer.chat_template" else m for m in meta]
     meta = _apply_extra(meta, extra_metadata or {})
     shape = _Shape(n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab)
     tensors = _tensors(shape, tensor_type, embedding_type or tensor_type, tied, seed, dict(tensor_types or {}),
-                       FAMILY_EXTRAS[a], logit_scale)
+                       FAMILY_EXTRAS[a], logit_scale, embedding_gain, post_norm_gain)
     if rope_freqs is not None:
         tensors = [_encode("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32), "F32"), *tensors]
     return TinyLlama(tuple(meta), tuple(tensors), alignment)
@@ -255,10 +272,11 @@ class _Shape:
 
 
 # Per-layer vectors each family adds to the llama layout: "bias" (q, k, v biases) and/or "qk_norm".
-FAMILY_EXTRAS = {"llama": (), "qwen2": ("bias",), "qwen3": ("qk_norm",)}
+FAMILY_EXTRAS = {"llama": (), "qwen2": ("bias",), "qwen3": ("qk_norm",), "gemma3": ("qk_norm", "post_norm")}
 
 
-def _tensors(shape: _Shape, tensor_type, embedding_type, tied, seed, tensor_types, extras=(), logit_scale=1.0):
+def _tensors(shape: _Shape, tensor_type, embedding_type, tied, seed, tensor_types, extras=(), logit_scale=1.0,
+             embedding_gain=1.0, post_norm_gain=1.0):
     rng = np.random.default_rng(seed)
     n_layers, hidden, ffn, vocab = shape.n_layers, shape.hidden, shape.ffn, shape.vocab
     q_size, kv_size = shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim
@@ -275,7 +293,7 @@ def _tensors(shape: _Shape, tensor_type, embedding_type, tied, seed, tensor_type
     def bias(n):  # large enough that a dropped bias moves the logits far past any rounding
         return (0.5 * rng.standard_normal(n)).astype(np.float32)
 
-    out = [_encode("token_embd.weight", linear(vocab, hidden), embedding_type)]
+    out = [_encode("token_embd.weight", linear(vocab, hidden, embedding_gain), embedding_type)]
     for i in range(n_layers):
         parts = {
             "attn_norm": norm(hidden),
@@ -298,6 +316,10 @@ def _tensors(shape: _Shape, tensor_type, embedding_type, tied, seed, tensor_type
         if "qk_norm" in extras:  # wider than the layer norms: a skipped per-head norm must show
             for part in ("attn_q_norm", "attn_k_norm"):
                 out.append(_encode(f"blk.{i}.{part}.weight", (1.0 + 0.5 * rng.standard_normal(shape.head_dim))
+                                   .astype(np.float32), "F32"))
+        if "post_norm" in extras:  # wide as well: a skipped post-norm must show
+            for part in ("post_attention_norm", "post_ffw_norm"):
+                out.append(_encode(f"blk.{i}.{part}.weight", (post_norm_gain * (1.0 + 0.5 * rng.standard_normal(hidden)))
                                    .astype(np.float32), "F32"))
     out.append(_encode("output_norm.weight", norm(hidden), "F32"))
     if not tied:
