@@ -39,20 +39,25 @@ enum WeightType { kQ4_K = 0, kQ5_K = 1, kQ6_K = 2, kQ8_0 = 3, kQ4_0 = 4 };
 
 constexpr int kMaxBatchPerPass = 8;  // a decode step's tokens (FUSED_QMATVEC_MAX_TOKENS): one pass over W
 
-// The slice of x (times g when normalizing) quantized, and ss += x^2 over the slice's columns.
-template <bool NORM>
-static __device__ __forceinline__ XSlice quantize_xg(const float* __restrict__ x, const float* __restrict__ g, int col_a,
-                                                     int col_b, float& ss) {
-  float4 v[8];
+// g over a slice's columns (run a in gv[0..3], run b in gv[4..7]): loaded once for every token of a pass.
+static __device__ __forceinline__ void load_slice(const float* __restrict__ p, int col_a, int col_b, float4 v[8]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    v[k] = *reinterpret_cast<const float4*>(x + col_a + 4 * k);
-    v[4 + k] = *reinterpret_cast<const float4*>(x + col_b + 4 * k);
+    v[k] = *reinterpret_cast<const float4*>(p + col_a + 4 * k);
+    v[4 + k] = *reinterpret_cast<const float4*>(p + col_b + 4 * k);
   }
+}
+
+// The slice of x (times g, given as gv, when normalizing) quantized, and ss += x^2 over the slice's columns.
+template <bool NORM>
+static __device__ __forceinline__ XSlice quantize_xg(const float* __restrict__ x, const float4 gv[8], int col_a,
+                                                     int col_b, float& ss) {
+  float4 v[8];
+  load_slice(x, col_a, col_b, v);
   if (NORM) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float4 gk = *reinterpret_cast<const float4*>(g + (k < 4 ? col_a + 4 * k : col_b + 4 * (k - 4)));
+      const float4 gk = gv[k];
       ss = fmaf(v[k].x, v[k].x, ss);
       ss = fmaf(v[k].y, v[k].y, ss);
       ss = fmaf(v[k].z, v[k].z, ss);
@@ -88,10 +93,14 @@ __device__ __forceinline__ void stage_chunk(Stage& st, const float* __restrict__
   for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) {
     int col_a, col_b;
     Format::columns(c0 + i, col_a, col_b);
+    // g once for the slice, not once per token: in a batched pass the staging's reads of x and g from L2
+    // rival the weights' own traffic (every workgroup stages the whole of x).
+    float4 gv[8];
+    if (NORM) load_slice(g, col_a, col_b, gv);
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       const int t = b < tokens ? b : tokens - 1;
-      const XSlice s = quantize_xg<NORM>(x + (unsigned long long)t * cols, g, col_a, col_b, ss[b]);
+      const XSlice s = quantize_xg<NORM>(x + (unsigned long long)t * cols, gv, col_a, col_b, ss[b]);
       const int j = b * chunk + i;
       uint4 a, c;
       a.x = (unsigned int)s.xq[0], a.y = (unsigned int)s.xq[1], a.z = (unsigned int)s.xq[2], a.w = (unsigned int)s.xq[3];

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from hipcore.engine.loader import LoadedModel
-from hipcore.model.batch import StepBatch
+from hipcore.model.batch import SeqSlice, StepBatch, build_step_batch
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.ledger import format_bytes
 from profiles.bench import BenchConfig, Workloads
@@ -116,19 +116,11 @@ def decode_batch(cache, batch: int, context: int, seq_base: int = 10_000_000) ->
     """A decode step of `batch` sequences each at position context - 1 (their KV reserved, contents as
     they are: the timing does not depend on them). Returns the batch and the sequence ids to free."""
     ids = list(range(seq_base, seq_base + batch))
-    slots = []
     for s in ids:
         cache.add_sequence(s)
         if not cache.reserve(s, context):
             raise RuntimeError(f"the KV cache has no room for {batch} sequences of {context} tokens")
-        slots.append(cache.slot_mapping(s, context - 1, 1))
-    tables = cache.block_tables(ids)
-    return StepBatch(
-        token_ids=np.full(batch, 100, np.int32), positions=np.full(batch, context - 1, np.int32),
-        slot_mapping=np.concatenate(slots).astype(np.int32), seq_starts=np.arange(batch + 1, dtype=np.int32),
-        context_lens=np.full(batch, context, np.int32), block_tables=tables,
-        sample_rows=np.arange(batch, dtype=np.int32),
-    ), ids
+    return build_step_batch(cache, [SeqSlice(s, [100], context - 1, True) for s in ids]), ids
 
 
 def device_us(device, stream, fn, reps: int) -> float:
