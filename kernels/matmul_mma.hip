@@ -4,14 +4,16 @@
 // [n_tokens, cols], y float32 [n_tokens, rows]), but the products run as f16 x f16 -> f32 matrix
 // instructions (hip_compat.h's rf_mma: mma.sync on NVIDIA, MFMA on CDNA, WMMA on RDNA3/4, FMA elsewhere):
 // - A workgroup of 256 threads computes a tile of 128 rows x TILE_TOKENS tokens (32 or 64: the
-//   launcher's `tile_tokens`), stepping through the columns 32 at a time. In each step the 128 x 32
-//   weights are decoded once into shared memory as f16 (each thread decodes 2 x 8 consecutive columns of
-//   one row), and the TILE_TOKENS x 32 slice of x is rounded to f16 beside them.
+//   launcher's `tile_tokens`), stepping through the columns a step at a time: 32 columns (Narrow: each
+//   thread decodes 2 groups of 8 consecutive weights of one row), or 64 for Q4_K and Q5_K (Wide: each
+//   thread decodes 32 weights of one row from one 16-byte word of codes). In each step the 128 x step
+//   weights are decoded once into shared memory as f16, and the TILE_TOKENS x step slice of x is rounded
+//   to f16 beside them.
 // - The warps tile the output in 16 x 16 matrix tiles: four warps down the rows (32 rows = 2 tiles each),
 //   the rest across the tokens (2 warps on wave32, 1 on wave64), so each A fragment feeds every token
 //   tile of its warp and each B fragment both row tiles.
-// - Shared rows are 40 halves (32 + 8): 16-byte aligned for the decoded stores, and the rows a warp's
-//   fragment loads touch together start in different banks.
+// - Shared rows are step + 8 halves (40 or 72): 16-byte aligned for the decoded stores, and the rows a
+//   warp's fragment loads touch together start in different banks.
 // - The next step's weights and x are loaded into registers before the current step's products, as in
 //   matmul.hip; tiles past the last row or token read the last row / token again and write nothing; a
 //   grid-stride loop over tiles makes any grid correct.
@@ -36,8 +38,8 @@ namespace mmq {
 
 constexpr int kThreads = 256;
 constexpr int kTileRows = 128;
-constexpr int kStepCols = 32;
-constexpr int kStride = kStepCols + 8;  // halves per shared row
+constexpr int kMaxStepCols = 64;                 // the widest step of a format (Wide K-quants)
+constexpr int kMaxStride = kMaxStepCols + 8;       // halves per shared row, at most
 constexpr int kMaxTileTokens = 64;
 constexpr int kWarps = kThreads / WARP_SIZE;
 constexpr int kWarpsDown = 4;                    // warps along the rows, 32 rows each
@@ -184,44 +186,9 @@ static __device__ __forceinline__ void k_scale_min(unsigned int s0, unsigned int
   m = (float)(sub < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
 }
 
-// Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes). Column e = col % 256
-// lies in chunk j = e / 64 of qs[32j .. 32j+31]: the low nibbles of qs[32j + l] for e % 64 < 32 (sub-block
-// 2j), else the high nibbles (sub-block 2j+1), l = e % 32.
-// Q5_K {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes) adds bit `sub` of
-// qh[l] as the fifth bit.
-template <bool kFiveBit>
-struct QK_4or5 {
-  static constexpr int kBlockBytes = kFiveBit ? 176 : 144;
-  static constexpr int kQsWord = kFiveBit ? 12 : 4;  // where qs starts, in words
-  struct Raw {
-    unsigned int dm, s0, s1, s2, q[2], h[2];
-  };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) {
-    return (unsigned long long)(cols / 256) * kBlockBytes;
-  }
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 8) * kBlockBytes);
-    const int e = col & 255, l4 = (e & 31) >> 2;
-    const unsigned int* q = b + kQsWord + 8 * (e >> 6) + l4;
-    const unsigned int* h = b + 4 + l4;  // qh[l .. l+7], Q5_K only
-    return {b[0], b[1], b[2], b[3], {q[0], q[1]}, {kFiveBit ? h[0] : 0u, kFiveBit ? h[1] : 0u}};
-  }
-  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const int e = col & 255, sub = e >> 5, shift = 4 * (sub & 1);
-    float sc, m;
-    k_scale_min(r.s0, r.s1, r.s2, sub, sc, m);
-    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu)) * sc;  // exact: 11 x 6 bits
-    const float neg_min = -(rf_f16_to_float((unsigned short)(r.dm >> 16)) * m);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      unsigned int q = (r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u;
-      if (kFiveBit) q |= ((r.h[k >> 2] >> (8 * (k & 3) + sub)) & 1u) << 4;
-      w[k] = fmaf(d, (float)q, neg_min);
-    }
-  }
-};
-typedef QK_4or5<false> Q4_K;
-typedef QK_4or5<true> Q5_K;
+// Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes) and Q5_K {half d;
+// half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes): read in 64-column steps (Wide,
+// below); w = d * sc * q - dmin * m, Q5_K's fifth bit of element l of sub-block i is bit i of qh[l].
 
 // Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned).
 // Column e = col % 256: half h = e / 128, quarter s = (e % 128) / 32, l = e % 32; the code is nibble
@@ -252,14 +219,94 @@ struct Q6_K {
   }
 };
 
-static __device__ __forceinline__ int lesser_of(int a, int b) { return a < b ? a : b; }
-
 static __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
   return (unsigned int)rf_float_to_f16(lo) | ((unsigned int)rf_float_to_f16(hi) << 16);
 }
 
+static __device__ __forceinline__ uint4 pack8(const float w[8]) {
+  return uint4{pack_f16(w[0], w[1]), pack_f16(w[2], w[3]), pack_f16(w[4], w[5]), pack_f16(w[6], w[7])};
+}
+
+// How a step of the tile loop reads W: kStepCols columns of each of the 128 rows, in kGroupsPerRow groups;
+// load(row, c0, g) issues group g's loads for the step at column c0, store(raw, c0, g, ws_row) decodes
+// them into the row's f16 tile (columns relative to c0).
+//
+// Narrow<F>: F's groups of 8 consecutive weights, 4 per 32-column step (every format).
+template <class F>
+struct Narrow {
+  typedef typename F::Raw Raw;
+  static constexpr int kStepCols = 32, kGroupsPerRow = 4;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return F::row_bytes(cols); }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int g) {
+    return F::load(row, c0 + 8 * g);
+  }
+  static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
+    float w[8];
+    F::decode(r, c0 + 8 * g, w);
+    *reinterpret_cast<uint4*>(ws_row + 8 * g) = pack8(w);
+  }
+};
+
+// Wide<kFiveBit>: Q4_K / Q5_K in 64-column steps, one chunk j of a super-block: qs[32j .. 32j+31] holds
+// columns 64j .. 64j+31 in its low nibbles (sub-block 2j) and 64j+32 .. 64j+63 in its high ones (2j+1).
+// Group g (0, 1) is 16 bytes of them, qs[32j + 16g ..]: 32 weights from one 16-byte load, where a Narrow
+// group reads 8 weights' half bytes with the header again. A thread's registers hold 16 bytes of codes
+// instead of 8, so twice the weight bytes are in flight for the same registers (the decode batches are
+// latency-bound: a workgroup waits for each step's loads).
+template <bool kFiveBit>
+struct Wide {
+  static constexpr int kStepCols = 64, kGroupsPerRow = 2;
+  static constexpr int kBlockBytes = kFiveBit ? 176 : 144, kQsOffset = kFiveBit ? 48 : 16;
+  struct Raw {
+    uint4 head, q, h;  // h: Q5_K's fifth bits qh[16g ..], zero for Q4_K
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) {
+    return (unsigned long long)(cols / 256) * kBlockBytes;
+  }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int g) {
+    const unsigned char* b = row + (c0 >> 8) * kBlockBytes;
+    const int j = (c0 & 255) >> 6;
+    Raw r;
+    r.head = *reinterpret_cast<const uint4*>(b);
+    r.q = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * j + 16 * g);
+    r.h = kFiveBit ? *reinterpret_cast<const uint4*>(b + 16 + 16 * g) : uint4{0u, 0u, 0u, 0u};
+    return r;
+  }
+  static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
+    const int j = (c0 & 255) >> 6;
+    float sc0, m0, sc1, m1;
+    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, sc0, m0);
+    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, sc1, m1);
+    const float d = rf_f16_to_float((unsigned short)(r.head.x & 0xffffu));
+    const float dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
+    const float d_lo = d * sc0, d_hi = d * sc1;  // exact: 11 x 6 bits
+    const float min_lo = -(dmin * m0), min_hi = -(dmin * m1);
+    const unsigned int q[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, h[4] = {r.h.x, r.h.y, r.h.z, r.h.w};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // bytes 8 * half .. of the group
+      float lo[8], hi[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const unsigned int byte = (q[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
+        unsigned int a = byte & 15u, b = byte >> 4;
+        if (kFiveBit) {
+          const unsigned int bits = (h[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
+          a |= ((bits >> (2 * j)) & 1u) << 4;
+          b |= ((bits >> (2 * j + 1)) & 1u) << 4;
+        }
+        lo[k] = fmaf(d_lo, (float)a, min_lo);
+        hi[k] = fmaf(d_hi, (float)b, min_hi);
+      }
+      *reinterpret_cast<uint4*>(ws_row + 16 * g + 8 * half) = pack8(lo);
+      *reinterpret_cast<uint4*>(ws_row + 32 + 16 * g + 8 * half) = pack8(hi);
+    }
+  }
+};
+
+static __device__ __forceinline__ int lesser_of(int a, int b) { return a < b ? a : b; }
+
 // The tiles of y with TN tokens (32 or 64), computed by one workgroup in turn.
-// ws, xs: shared [kTileRows][kStride] and [kMaxTileTokens][kStride] halves.
+// Step: a step shape (Narrow<F> or Wide<>); ws, xs: shared [kTileRows][kStride] and [TN][kStride] halves.
 // The launch's shape and where its results go.
 struct Launch {
   float* y;
@@ -269,11 +316,14 @@ struct Launch {
   int rows, cols, n_tokens, splits, accumulate;
 };
 
-template <class Format, int TN>
+template <class Step, int TN>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
+  constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
-  constexpr int kWLoads = kTileRows * kStepCols / 8 / kThreads;  // groups of 8 weights per thread
-  constexpr int kXLoads = TN * kStepCols / 4 / kThreads;         // float4s of x per thread
+  constexpr int kWLoads = kTileRows * Step::kGroupsPerRow / kThreads;  // groups of weights per thread
+  constexpr int kXLoads = TN * kStepCols / 4 / kThreads;                // float4s of x per thread
+  constexpr int kXPerToken = kStepCols / 4;                             // float4s of a token's step
+  static_assert(kWLoads * kThreads == kTileRows * Step::kGroupsPerRow, "every thread loads whole groups");
   static_assert(kTokenTilesPerWarp >= 1 && kXLoads >= 1, "tile too small for the warps");
   constexpr int kAccPerThread = kRowTilesPerWarp * kTokenTilesPerWarp * RF_MMA_ACC;
   constexpr unsigned long long kPartFloats = (unsigned long long)kAccPerThread * kThreads;  // kTileRows * TN
@@ -281,7 +331,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
   const int rows = a.rows, cols = a.cols, n_tokens = a.n_tokens, splits = a.splits;
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
   const int warp_row = 32 * (warp % kWarpsDown), warp_token = 16 * kTokenTilesPerWarp * (warp / kWarpsDown);
-  const unsigned long long row_bytes = Format::row_bytes(cols);
+  const unsigned long long row_bytes = Step::row_bytes(cols);
   const int row_tiles = (rows + kTileRows - 1) / kTileRows;
   const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);
   const int steps = cols / kStepCols;
@@ -295,21 +345,23 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
     const int c_end = (int)((long long)(split + 1) * steps / splits) * kStepCols;
     const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * TN;
     const unsigned char* w_src[kWLoads];
-    int w_dst[kWLoads], w_col[kWLoads];
+    int w_dst[kWLoads], w_group[kWLoads];
 #pragma unroll
     for (int p = 0; p < kWLoads; ++p) {
-      const int v = tid + kThreads * p;  // group v: row v / 4, columns 8 (v % 4) ..
-      w_src[p] = a.W + (unsigned long long)lesser_of(r0 + (v >> 2), rows - 1) * row_bytes;
-      w_col[p] = 8 * (v & 3);
-      w_dst[p] = (v >> 2) * kStride + w_col[p];
+      const int v = tid + kThreads * p;  // group v: row v / kGroupsPerRow, group v % kGroupsPerRow of it
+      const int row = v / Step::kGroupsPerRow;
+      w_src[p] = a.W + (unsigned long long)lesser_of(r0 + row, rows - 1) * row_bytes;
+      w_group[p] = v % Step::kGroupsPerRow;
+      w_dst[p] = row * kStride;
     }
     const float* x_src[kXLoads];
     int x_dst[kXLoads];
 #pragma unroll
     for (int p = 0; p < kXLoads; ++p) {
-      const int v = tid + kThreads * p;  // float4 v: token v / 8, columns 4 (v % 8) ..
-      x_src[p] = x + (unsigned long long)lesser_of(t0 + (v >> 3), n_tokens - 1) * cols + 4 * (v & 7);
-      x_dst[p] = (v >> 3) * kStride + 4 * (v & 7);
+      const int v = tid + kThreads * p;  // float4 v: token v / kXPerToken, columns 4 (v % kXPerToken) ..
+      const int token = v / kXPerToken, col = 4 * (v % kXPerToken);
+      x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols + col;
+      x_dst[p] = token * kStride + col;
     }
 
     float acc[kRowTilesPerWarp][kTokenTilesPerWarp][RF_MMA_ACC];
@@ -320,9 +372,9 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 #pragma unroll
         for (int e = 0; e < RF_MMA_ACC; ++e) acc[i][j][e] = 0.0f;
 
-    typename Format::Raw raw[kWLoads];
+    typename Step::Raw raw[kWLoads];
 #pragma unroll
-    for (int p = 0; p < kWLoads; ++p) raw[p] = Format::load(w_src[p], c_begin + w_col[p]);
+    for (int p = 0; p < kWLoads; ++p) raw[p] = Step::load(w_src[p], c_begin, w_group[p]);
     float4 xv[kXLoads];
 #pragma unroll
     for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p] + c_begin);
@@ -330,12 +382,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
     for (int c0 = c_begin; c0 < c_end; c0 += kStepCols) {
       __syncthreads();  // every warp is done reading the previous step's tiles
 #pragma unroll
-      for (int p = 0; p < kWLoads; ++p) {
-        float w[8];
-        Format::decode(raw[p], c0 + w_col[p], w);
-        *reinterpret_cast<uint4*>(ws + w_dst[p]) =
-            uint4{pack_f16(w[0], w[1]), pack_f16(w[2], w[3]), pack_f16(w[4], w[5]), pack_f16(w[6], w[7])};
-      }
+      for (int p = 0; p < kWLoads; ++p) Step::store(raw[p], c0, w_group[p], ws + w_dst[p]);
 #pragma unroll
       for (int p = 0; p < kXLoads; ++p) {
         unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
@@ -346,7 +393,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 
       const int next = lesser_of(c0 + kStepCols, c_end - kStepCols);
 #pragma unroll
-      for (int p = 0; p < kWLoads; ++p) raw[p] = Format::load(w_src[p], next + w_col[p]);
+      for (int p = 0; p < kWLoads; ++p) raw[p] = Step::load(w_src[p], next, w_group[p]);
 #pragma unroll
       for (int p = 0; p < kXLoads; ++p) {
         // Member by member, as in matmul.hip: a whole-struct copy into the array can land in scratch.
@@ -427,14 +474,14 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
   }
 }
 
-template <class Format>
+template <class Step>
 __device__ __forceinline__ void matmul_mma(const Launch& a, int tile_tokens, unsigned short* ws, unsigned short* xs,
                                            int* last) {
   rf_check_wave_size();
   if (tile_tokens == 32)  // uniform: a kernel argument
-    mma_tiles<Format, 32>(a, ws, xs, last);
+    mma_tiles<Step, 32>(a, ws, xs, last);
   else
-    mma_tiles<Format, 64>(a, ws, xs, last);
+    mma_tiles<Step, 64>(a, ws, xs, last);
 }
 
 }  // namespace mmq
@@ -442,24 +489,24 @@ __device__ __forceinline__ void matmul_mma(const Launch& a, int tile_tokens, uns
 
 // One entry point per format: matmul_mma_<format>(y, W, x, workspace, rows, cols, n_tokens, tile_tokens,
 // splits, accumulate); blockDim 256.
-#define RF_MATMUL_MMA_ENTRY(name, Format)                                                                         \
+#define RF_MATMUL_MMA_ENTRY(name, Step)                                                                           \
   extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
                                                          const float* __restrict__ x, void* workspace, int rows,    \
                                                          int cols, int n_tokens, int tile_tokens, int splits,       \
                                                          int accumulate) {                                         \
-    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kStride];                    \
-    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kStride];               \
+    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
     __shared__ int last;                                                                                          \
     const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
                            rows, cols, n_tokens, splits, accumulate};                                             \
-    mmq::matmul_mma<mmq::Format>(a, tile_tokens, ws, xs, &last);                                                  \
+    mmq::matmul_mma<Step>(a, tile_tokens, ws, xs, &last);                                                   \
   }
 
-RF_MATMUL_MMA_ENTRY(matmul_mma_q4_0, Q4_0)
-RF_MATMUL_MMA_ENTRY(matmul_mma_q4_1, Q4_1)
-RF_MATMUL_MMA_ENTRY(matmul_mma_q5_0, Q5_0)
-RF_MATMUL_MMA_ENTRY(matmul_mma_q5_1, Q5_1)
-RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, Q8_0)
-RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, Q4_K)
-RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, Q5_K)
-RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, Q6_K)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q4_0, mmq::Narrow<mmq::Q4_0>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q4_1, mmq::Narrow<mmq::Q4_1>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q5_0, mmq::Narrow<mmq::Q5_0>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q5_1, mmq::Narrow<mmq::Q5_1>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, mmq::Narrow<mmq::Q8_0>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, mmq::Wide<false>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Narrow<mmq::Q6_K>)

@@ -38,7 +38,7 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
     tiles = matmul_mma.tile_count(rows, n_tokens, tile)
     ws_bytes = matmul_mma.partial_bytes(tiles, splits, tile) if splits > 1 else 0
     grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
-                                                    splits=splits)
+                                                    splits=splits, step=matmul_mma.step_cols(weight_type))
     assert used == splits
     run_mma(harness, f"matmul_mma_{weight_type}", grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
             int(accumulate), ws_bytes, tmp_path / "w", tmp_path / "x", tmp_path / "y_in" if accumulate else "-",

@@ -36,7 +36,11 @@ THREADS = 256  # the kernel's warp tiling is written for exactly this
 TILE_ROWS = 128
 TILE_TOKENS = (32, 64)
 MAX_GRID = 1 << 20
-STEP_COLS = 32  # kStepCols: a split is a range of whole steps
+STEP_COLS = 32  # Narrow's kStepCols: a split is a range of whole steps
+WIDE_STEP_COLS = 64  # Wide's: Q4_K and Q5_K read a 64-column chunk of a super-block per step
+WIDE_TYPES = ("q4_k", "q5_k")
+# Wide reads 16-byte words of Q4_K / Q5_K super-blocks (144 and 176 bytes: multiples of 16).
+WEIGHT_ALIGNMENT = {**matvec.WEIGHT_ALIGNMENT, "q4_k": 16, "q5_k": 16}
 # Workgroups resident at once on an H100/H200: 132 SMs x 2 (256 threads of at most 128 registers).
 BUSY_ITEMS = 264
 MIN_SPLIT_STEPS = 4  # a shorter split spends more on its partial tile than on its products
@@ -117,12 +121,17 @@ def pick_tile_tokens(rows: int, n_tokens: int) -> int:
     return 64
 
 
-def pick_splits(tiles: int, cols: int) -> int:
-    """Column ranges per tile, each at least MIN_SPLIT_STEPS steps, as many as keep the workgroups within
-    BUSY_ITEMS (one wave); 1 when the tiles alone fill it."""
+def step_cols(weight_type: str) -> int:
+    """Columns the kernel reads per step for W of this type (a split is a range of whole steps)."""
+    return WIDE_STEP_COLS if weight_type in WIDE_TYPES else STEP_COLS
+
+
+def pick_splits(tiles: int, cols: int, step: int = STEP_COLS) -> int:
+    """Column ranges per tile, each at least MIN_SPLIT_STEPS steps of `step` columns, as many as keep the
+    workgroups within BUSY_ITEMS (one wave); 1 when the tiles alone fill it."""
     if tiles > MAX_SPLIT_TILES or tiles * 2 > BUSY_ITEMS:
         return 1
-    return max(1, min(BUSY_ITEMS // tiles, cols // STEP_COLS // MIN_SPLIT_STEPS))
+    return max(1, min(BUSY_ITEMS // tiles, cols // step // MIN_SPLIT_STEPS))
 
 
 def partial_bytes(tiles: int, splits: int, tile_tokens: int) -> int:
@@ -131,17 +140,18 @@ def partial_bytes(tiles: int, splits: int, tile_tokens: int) -> int:
 
 
 def geometry(rows: int, n_tokens: int, tile_tokens: int | None = None, *, cols: int | None = None,
-             workspace_bytes: int = 0, splits: int | None = None) -> tuple[int, int, int, int]:
+             workspace_bytes: int = 0, splits: int | None = None, step: int = STEP_COLS) -> tuple[int, int, int, int]:
     """(grid, block, tile_tokens, splits) for y[n_tokens, rows]; tile_tokens as given or pick_tile_tokens';
-    splits as given or pick_splits' (for `cols` columns), fewer while the workspace is too small for them."""
+    splits as given or pick_splits' (for `cols` columns in steps of `step`: step_cols of the weight type),
+    fewer while the workspace is too small for them."""
     tile = pick_tile_tokens(rows, n_tokens) if tile_tokens is None else tile_tokens
     if tile not in TILE_TOKENS:
         raise ValueError(f"{OP}: tile_tokens must be one of {TILE_TOKENS}, got {tile!r}")
     tiles = tile_count(rows, n_tokens, tile)
-    steps = (cols or STEP_COLS) // STEP_COLS
-    split = (pick_splits(tiles, cols) if cols else 1) if splits is None else splits
+    steps = max(1, (cols or step) // step)
+    split = (pick_splits(tiles, cols, step) if cols else 1) if splits is None else splits
     if isinstance(split, bool) or not isinstance(split, int) or not 1 <= split <= steps:
-        raise ValueError(f"{OP}: splits must be an int in [1, {steps}] (steps of {STEP_COLS} columns), got {split!r}")
+        raise ValueError(f"{OP}: splits must be an int in [1, {steps}] (steps of {step} columns), got {split!r}")
     if split > 1 and tiles > MAX_SPLIT_TILES:
         raise ValueError(f"{OP}: {tiles} tiles are more than the {MAX_SPLIT_TILES} counters a split launch has")
     while split > 1 and partial_bytes(tiles, split, tile) > workspace_bytes:
@@ -161,11 +171,13 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T (y += when accumulate) on the matrix cores, W of
     `weight_type`; `workspace` a Buffer zeroed once after allocation (the kernels leave its counters at zero),
     or None for no splits."""
-    matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens")
+    matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens",
+                          alignment=WEIGHT_ALIGNMENT)
     if workspace is not None and not isinstance(workspace, Buffer):
         raise ValueError(f"{OP}: workspace must be a Buffer (its size decides how far columns are split)")
     grid, block, tile, split = geometry(rows, n_tokens, tile_tokens, cols=cols,
-                                        workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits)
+                                        workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits,
+                                        step=step_cols(weight_type))
     if splits is not None and split != splits:
         raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
                          f"{partial_bytes(grid // split, splits, tile)} bytes")
