@@ -33,15 +33,16 @@ def test_project_takes_the_matrix_cores_where_they_exist(cpu_device, monkeypatch
     calls = []
     monkeypatch.setattr(matmul_mma, "launch", lambda *a, **k: calls.append(("mma", a[7], k["weight_type"])))
     monkeypatch.setattr(matmul, "project", lambda *a, **k: calls.append(("matmul", a[7], k["weight_type"])))
-    lo = matmul_mma.MMA_MIN_TOKENS
+    lo, klo = matmul_mma.MMA_MIN_TOKENS, matmul_mma.MMA_MIN_TOKENS_KQUANT
+    assert klo < lo and matmul_mma.min_tokens("q4_k") == klo and matmul_mma.min_tokens("q8_0") == lo
     for arch in ("cpu", "gfx1030", "sm_90", "gfx942"):
         monkeypatch.setattr(cpu_device, "arch", arch)
         calls.clear()
-        for n, wt in ((lo - 1, "q4_k"), (lo, "q4_k"), (512, "q6_k"), (512, "f16")):
+        for n, wt in ((klo - 1, "q4_k"), (klo, "q4_k"), (klo, "q8_0"), (lo, "q8_0"), (512, "q6_k"), (512, "f16")):
             matmul_mma.project(cpu_device, None, 0, 0, 0, 4, 256, n, weight_type=wt)
-        mma = matmul_mma.has_matrix_cores(arch)
-        assert calls == [("matmul", lo - 1, "q4_k"), ("mma" if mma else "matmul", lo, "q4_k"),
-                         ("mma" if mma else "matmul", 512, "q6_k"), ("matmul", 512, "f16")], arch
+        mma = "mma" if matmul_mma.has_matrix_cores(arch) else "matmul"
+        assert calls == [("matmul", klo - 1, "q4_k"), (mma, klo, "q4_k"), ("matmul", klo, "q8_0"), (mma, lo, "q8_0"),
+                         (mma, 512, "q6_k"), ("matmul", 512, "f16")], arch
 
 
 def test_the_single_op_path_of_a_layer_goes_through_matmul_mma():

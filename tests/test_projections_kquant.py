@@ -1,6 +1,6 @@
 """hipcore/model/projections.py on a Q4_K_M-shaped layer (Q4_K q, k, o, gate, up; Q6_K v, down and the head),
 run on the cpu backend with the weights kept in their GGUF blocks as a GPU holds them: decode steps of up to
-FUSED_MATVEC_MAX_TOKENS tokens take one fused_qmatvec launch per product group (four per layer, as a Q4_1
+FUSED_QMATVEC_MAX_TOKENS tokens take one fused_qmatvec launch per product group (four per layer, as a Q4_1
 layer), and each launch computes what fused_qmatvec's reference says; longer steps keep the single ops."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, ProjectionPlanner
+from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, FUSED_QMATVEC_MAX_TOKENS, ProjectionPlanner
 from hipcore.model.weights import Weight
 from hipcore.ops import fused_qmatvec
 from support.weight_samples import random_weights
@@ -62,7 +62,7 @@ def read(buf, shape):
     return buf.download(np.float32, int(np.prod(shape))).reshape(shape)
 
 
-@pytest.mark.parametrize("t", [1, 3, FUSED_MATVEC_MAX_TOKENS])
+@pytest.mark.parametrize("t", [1, 3, FUSED_QMATVEC_MAX_TOKENS])
 def test_decode_steps_take_four_fused_launches_per_layer_and_one_for_the_head(layer, t):
     p, lw, b, raw, rng = layer.planner, layer.lw, layer.b, layer.raw, layer.rng
     x = rng.standard_normal((t, HIDDEN)).astype(np.float32)

@@ -27,10 +27,11 @@ from hipcore.runtime.device import Buffer, Device, Stream
 # model's shapes: scripts/gpu/measure_matmul.py --fused prints both kernels per token count).
 FUSED_MATVEC_MAX_TOKENS = 8
 # Up to this many tokens the separate K-quant matrices take fused_qmatvec (one pass over W for up to 8
-# tokens), beyond it the single ops on matmul_mma. Its own limit, so that it can follow a measurement of
-# the two paths (scripts/gpu/measure_qmatvec_decode.py beside measure_matmul_mma.py) without moving
-# fused_matvec's. It cannot exceed fused_qmatvec.MAX_TOKENS_PER_PASS without a second pass over W.
-FUSED_QMATVEC_MAX_TOKENS = 8
+# tokens), beyond it the single ops on matmul_mma, which take the K-quants from
+# matmul_mma.MMA_MIN_TOKENS_KQUANT tokens: the two limits meet (see there for the measurement). Its own
+# limit, not fused_matvec's, so that it can follow such measurements. It cannot exceed
+# fused_qmatvec.MAX_TOKENS_PER_PASS without a second pass over W.
+FUSED_QMATVEC_MAX_TOKENS = matmul_mma.MMA_MIN_TOKENS_KQUANT - 1
 HEAD_MATVEC_MAX_ROWS = 8
 
 Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)

@@ -49,6 +49,13 @@ MAX_SPLIT_TILES = COUNTER_BYTES // 4
 # From this many tokens on `project` takes the matrix cores where the device has them (measured on an
 # NVIDIA H100 80GB HBM3 on the Llama-3.1-8B shapes against matmul's FP32 kernel: docs/benchmarks.md).
 MMA_MIN_TOKENS = matmul.MATVEC_MAX_TOKENS + 1
+# The K-quants from fewer: whole Llama-3.1-8B and Llama-3.2-1B Q4_K_M models on an H100 with their decode
+# batches on the matrix cores from 2 tokens, against fused_qmatvec in the same run (docs/benchmarks.md):
+# 8 tokens 723 against 653 t/s (8B) and 2,394 against 2,022 (1B); 4 tokens 383 against 536 and 1,247
+# against 1,492. The step time of fused_qmatvec grows with the tokens and the matrix cores' barely does;
+# between the two points measured, the lines cross near 7 (8B) and 6 (1B) tokens.
+MMA_MIN_TOKENS_KQUANT = 7
+KQUANT_TYPES = ("q4_k", "q5_k", "q6_k")
 F16_MAX = 65504.0
 U16 = 2.0**-11  # f16 unit roundoff
 F16_HALF_SPACING = 2.0**-25  # half the spacing of f16's subnormals: the absolute rounding error near 0
@@ -186,15 +193,20 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
                                 int(bool(accumulate))), stream=stream)
 
 
+def min_tokens(weight_type: str) -> int:
+    """The fewest tokens whose products `project` runs on the matrix cores, for W of this type."""
+    return MMA_MIN_TOKENS_KQUANT if weight_type in KQUANT_TYPES else MMA_MIN_TOKENS
+
+
 def takes_matrix_cores(device: Device, n_tokens: int, weight_type: str) -> bool:
     """Whether `project` runs this product on the matrix cores (else matmul's kernels)."""
-    return n_tokens >= MMA_MIN_TOKENS and supports(weight_type) and has_matrix_cores(device.arch)
+    return n_tokens >= min_tokens(weight_type) and supports(weight_type) and has_matrix_cores(device.arch)
 
 
 def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
             weight_type: str, workspace: Any = None) -> None:
-    """matmul.project, with the matrix cores for MMA_MIN_TOKENS tokens and more where the device has them
-    and the format is one of WEIGHT_TYPES."""
+    """matmul.project, with the matrix cores from min_tokens(weight_type) tokens on where the device has
+    them and the format is one of WEIGHT_TYPES."""
     if takes_matrix_cores(device, n_tokens, weight_type):
         launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type, workspace=workspace)
     else:

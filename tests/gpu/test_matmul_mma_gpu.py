@@ -60,7 +60,7 @@ def test_matmul_mma_loops_over_tiles_a_small_grid_leaves(gpu, mem, rng, seed):
         check(gpu, mem, rng, seed, "q4_k", 300, 512, 150, grid=grid)
 
 
-@pytest.mark.parametrize("n_tokens", [matmul_mma.MMA_MIN_TOKENS - 1, matmul_mma.MMA_MIN_TOKENS, 512])
+@pytest.mark.parametrize("n_tokens", [matmul_mma.MMA_MIN_TOKENS_KQUANT - 1, matmul_mma.MMA_MIN_TOKENS_KQUANT, 512])
 def test_project_on_either_side_of_the_threshold(gpu, mem, rng, seed, n_tokens):
     rows, cols = 512, 1024
     raw = random_weights(rng, "q4_k", rows, cols)
