@@ -6,7 +6,8 @@
 // - A workgroup of 256 threads computes a tile of 128 rows x TILE_TOKENS tokens (32 or 64: the
 //   launcher's `tile_tokens`), stepping through the columns a step at a time: 32 columns (Narrow: each
 //   thread decodes 2 groups of 8 consecutive weights of one row), or 64 for Q4_K and Q5_K (Wide: each
-//   thread decodes 32 weights of one row from one 16-byte word of codes). In each step the 128 x step
+//   thread decodes 32 weights of one row from one 16-byte word of codes) and Q6_K (Wide6: two runs of 32
+//   columns that share their code bytes). In each step the 128 x step
 //   weights are decoded once into shared memory as f16, and the TILE_TOKENS x step slice of x is rounded
 //   to f16 beside them.
 // - The warps tile the output in 16 x 16 matrix tiles: four warps down the rows (32 rows = 2 tiles each),
@@ -190,34 +191,8 @@ static __device__ __forceinline__ void k_scale_min(unsigned int s0, unsigned int
 // half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes): read in 64-column steps (Wide,
 // below); w = d * sc * q - dmin * m, Q5_K's fifth bit of element l of sub-block i is bit i of qh[l].
 
-// Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned).
-// Column e = col % 256: half h = e / 128, quarter s = (e % 128) / 32, l = e % 32; the code is nibble
-// s >> 1 of ql[64h + 32(s & 1) + l] with bits 2s, 2s+1 of qh[32h + l] on top, minus 32; the scale is
-// scales[e / 16].
-struct Q6_K {
-  struct Raw {
-    unsigned short ql[4], qh[4], sc, d;
-  };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 8) * 210);
-    const int e = col & 255, h = e >> 7, s = (e >> 5) & 3, l2 = (e & 31) >> 1;
-    const unsigned short* ql = b + 32 * h + 16 * (s & 1) + l2;
-    const unsigned short* qh = b + 64 + 16 * h + l2;
-    return {{ql[0], ql[1], ql[2], ql[3]}, {qh[0], qh[1], qh[2], qh[3]}, b[96 + (e >> 5)], b[104]};
-  }
-  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const int e = col & 255, s = (e >> 5) & 3;
-    const float scale = rf_f16_to_float(r.d) * (float)(signed char)(r.sc >> (8 * ((e >> 4) & 1)));  // exact
-    const int nibble_shift = 4 * (s >> 1), high_shift = 2 * s;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const unsigned int lo = (r.ql[k >> 1] >> (8 * (k & 1) + nibble_shift)) & 15u;
-      const unsigned int hi = (r.qh[k >> 1] >> (8 * (k & 1) + high_shift)) & 3u;
-      w[k] = scale * (float)((int)(lo | (hi << 4)) - 32);
-    }
-  }
-};
+// Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned):
+// w = d * scales[e / 16] * (q - 32), a 6-bit code q; read in steps of two runs (Wide6, below).
 
 static __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
   return (unsigned int)rf_float_to_f16(lo) | ((unsigned int)rf_float_to_f16(hi) << 16);
@@ -228,8 +203,9 @@ static __device__ __forceinline__ uint4 pack8(const float w[8]) {
 }
 
 // How a step of the tile loop reads W: kStepCols columns of each of the 128 rows, in kGroupsPerRow groups;
-// load(row, c0, g) issues group g's loads for the step at column c0, store(raw, c0, g, ws_row) decodes
-// them into the row's f16 tile (columns relative to c0).
+// load(row, c0, g) issues group g's loads for step c0 (c0 = the step's index times kStepCols),
+// store(raw, c0, g, ws_row) decodes them into the row's f16 tile, and column(c0, col) is the column of W
+// (and x) that column col of the tile holds: c0 + col, except where a step takes two runs (Wide6).
 //
 // Narrow<F>: F's groups of 8 consecutive weights, 4 per 32-column step (every format).
 template <class F>
@@ -237,6 +213,7 @@ struct Narrow {
   typedef typename F::Raw Raw;
   static constexpr int kStepCols = 32, kGroupsPerRow = 4;
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return F::row_bytes(cols); }
+  static __device__ __forceinline__ int column(int c0, int col) { return c0 + col; }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int g) {
     return F::load(row, c0 + 8 * g);
   }
@@ -263,6 +240,7 @@ struct Wide {
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) {
     return (unsigned long long)(cols / 256) * kBlockBytes;
   }
+  static __device__ __forceinline__ int column(int c0, int col) { return c0 + col; }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int g) {
     const unsigned char* b = row + (c0 >> 8) * kBlockBytes;
     const int j = (c0 & 255) >> 6;
@@ -296,6 +274,72 @@ struct Wide {
         }
         lo[k] = fmaf(d_lo, (float)a, min_lo);
         hi[k] = fmaf(d_hi, (float)b, min_hi);
+      }
+      *reinterpret_cast<uint4*>(ws_row + 16 * g + 8 * half) = pack8(lo);
+      *reinterpret_cast<uint4*>(ws_row + 32 + 16 * g + 8 * half) = pack8(hi);
+    }
+  }
+};
+
+// N little-endian words from a 2-byte aligned address: N + 1 aligned 4-byte loads, each pair shifted by 0
+// or 16 bits (a misaligned wide load would fault on NVIDIA).
+template <int N>
+static __device__ __forceinline__ void load_words(const unsigned char* __restrict__ p, unsigned int out[N]) {
+  const unsigned long long addr = (unsigned long long)p;
+  const unsigned int* base = reinterpret_cast<const unsigned int*>(addr & ~3ull);
+  const int shift = (int)(addr & 2u) * 8;
+  unsigned int w[N + 1];
+#pragma unroll
+  for (int k = 0; k <= N; ++k) w[k] = base[k];
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = (unsigned int)((((unsigned long long)w[k + 1] << 32) | w[k]) >> shift);
+}
+
+// Wide6: Q6_K in steps of two 32-column runs that share their code bytes. In half h of a super-block,
+// ql[64h + 32t + l] holds column 128h + 32t + l in its low nibble (quarter t) and 128h + 64 + 32t + l in
+// its high one (quarter t + 2), and qh[32h + l] the two high bits of both (bits 2t and 2t + 4). Step k of a
+// row (c0 = 64k) is super-block k / 4, half (k / 2) % 2, t = k % 2: run A = 128h + 32t .. +31 in tile
+// columns 0..31, run B = A + 64 .. in 32..63. Group g (0, 1) is l = 16g .. 16g + 15: 16 bytes of ql and 16
+// of qh for 32 weights (Narrow reads the same bytes for 8 weights twice over, in 2-byte pieces). The rows
+// are 210 bytes, 2-byte aligned: the bytes come in 4-byte words, shifted.
+struct Wide6 {
+  static constexpr int kStepCols = 64, kGroupsPerRow = 2;
+  struct Raw {
+    unsigned int ql[4], qh[4];
+    int scale_a, scale_b;
+    unsigned short d;
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
+  static __device__ __forceinline__ int column(int c0, int col) {
+    const int k = c0 >> 6;
+    return (k >> 2) * 256 + ((k >> 1) & 1) * 128 + (k & 1) * 32 + (col < 32 ? col : col + 32);
+  }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int g) {
+    const int k = c0 >> 6, h = (k >> 1) & 1, t = k & 1;
+    const unsigned char* b = row + (k >> 2) * 210;
+    Raw r;
+    load_words<4>(b + 64 * h + 32 * t + 16 * g, r.ql);
+    load_words<4>(b + 128 + 32 * h + 16 * g, r.qh);
+    r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * t + g];
+    r.scale_b = (int)(signed char)b[192 + 8 * h + 2 * t + 4 + g];
+    r.d = *reinterpret_cast<const unsigned short*>(b + 208);
+    return r;
+  }
+  static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
+    const int t = (c0 >> 6) & 1;
+    const float d = rf_f16_to_float(r.d);
+    const float scale_a = d * (float)r.scale_a, scale_b = d * (float)r.scale_b;  // exact: 11 x 8 bits
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // bytes 8 * half .. of the group
+      float lo[8], hi[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const unsigned int ql = (r.ql[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
+        const unsigned int qh = (r.qh[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
+        const int a = (int)((ql & 15u) | (((qh >> (2 * t)) & 3u) << 4)) - 32;
+        const int b = (int)((ql >> 4) | (((qh >> (2 * t + 4)) & 3u) << 4)) - 32;
+        lo[k] = scale_a * (float)a;
+        hi[k] = scale_b * (float)b;
       }
       *reinterpret_cast<uint4*>(ws_row + 16 * g + 8 * half) = pack8(lo);
       *reinterpret_cast<uint4*>(ws_row + 32 + 16 * g + 8 * half) = pack8(hi);
@@ -355,13 +399,14 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
       w_dst[p] = row * kStride;
     }
     const float* x_src[kXLoads];
-    int x_dst[kXLoads];
+    int x_dst[kXLoads], x_col[kXLoads];
 #pragma unroll
     for (int p = 0; p < kXLoads; ++p) {
-      const int v = tid + kThreads * p;  // float4 v: token v / kXPerToken, columns 4 (v % kXPerToken) ..
-      const int token = v / kXPerToken, col = 4 * (v % kXPerToken);
-      x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols + col;
-      x_dst[p] = token * kStride + col;
+      const int v = tid + kThreads * p;  // float4 v: token v / kXPerToken, step columns 4 (v % kXPerToken) ..
+      const int token = v / kXPerToken;
+      x_col[p] = 4 * (v % kXPerToken);
+      x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols;
+      x_dst[p] = token * kStride + x_col[p];
     }
 
     float acc[kRowTilesPerWarp][kTokenTilesPerWarp][RF_MMA_ACC];
@@ -377,7 +422,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
     for (int p = 0; p < kWLoads; ++p) raw[p] = Step::load(w_src[p], c_begin, w_group[p]);
     float4 xv[kXLoads];
 #pragma unroll
-    for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p] + c_begin);
+    for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c_begin, x_col[p]));
 
     for (int c0 = c_begin; c0 < c_end; c0 += kStepCols) {
       __syncthreads();  // every warp is done reading the previous step's tiles
@@ -397,7 +442,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 #pragma unroll
       for (int p = 0; p < kXLoads; ++p) {
         // Member by member, as in matmul.hip: a whole-struct copy into the array can land in scratch.
-        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + next);
+        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
         xv[p].x = v.x, xv[p].y = v.y, xv[p].z = v.z, xv[p].w = v.w;
       }
 
@@ -509,4 +554,4 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q5_1, mmq::Narrow<mmq::Q5_1>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, mmq::Narrow<mmq::Q8_0>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
-RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Narrow<mmq::Q6_K>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)

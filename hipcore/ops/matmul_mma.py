@@ -37,8 +37,8 @@ TILE_ROWS = 128
 TILE_TOKENS = (32, 64)
 MAX_GRID = 1 << 20
 STEP_COLS = 32  # Narrow's kStepCols: a split is a range of whole steps
-WIDE_STEP_COLS = 64  # Wide's: Q4_K and Q5_K read a 64-column chunk of a super-block per step
-WIDE_TYPES = ("q4_k", "q5_k")
+WIDE_STEP_COLS = 64  # Wide's and Wide6's: the K-quants read 64 columns of a super-block per step
+WIDE_TYPES = ("q4_k", "q5_k", "q6_k")
 # Wide reads 16-byte words of Q4_K / Q5_K super-blocks (144 and 176 bytes: multiples of 16).
 WEIGHT_ALIGNMENT = {**matvec.WEIGHT_ALIGNMENT, "q4_k": 16, "q5_k": 16}
 # Workgroups resident at once on an H100/H200: 132 SMs x 2 (256 threads of at most 128 registers).
