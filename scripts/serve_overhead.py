@@ -143,6 +143,8 @@ def child_main(args) -> None:
 
     from rocmforge_serve.server import Server, ServerThread
 
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     loaded = build_loaded(args.model, args.clients, args.ctx, args.step_ms / 1000)
     server = Server(loaded, name="bench", max_queue=args.clients, ignore_eos=True, grace_s=1.0)
     profiles: dict[str, cProfile.Profile] = {}
@@ -271,7 +273,8 @@ def fitted_prompt(model_path: str, tokens: int) -> str:
 
 def parent_main(args) -> dict:
     cmd = [sys.executable, __file__, "--child", "--model", args.model, "--clients", str(args.clients),
-           "--ctx", str(args.ctx), "--step-ms", str(args.step_ms)] + (["--profile", args.profile] if args.profile else [])
+           "--ctx", str(args.ctx), "--step-ms", str(args.step_ms)] + (
+               ["--switch-interval-ms", str(args.switch_interval_ms)] if args.switch_interval_ms is not None else []) + (["--profile", args.profile] if args.profile else [])
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
@@ -335,6 +338,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ctx", type=int, default=320)
     parser.add_argument("--step-ms", type=float, default=2.9, help="the stand-in device time of one step (sleep)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="sys.setswitchinterval in the server process (default: the server's own choice)")
     parser.add_argument("--profile", default=None, help="path prefix for cProfile output of the server's threads")
     parser.add_argument("--repeat", type=int, default=1, help="runs (a fresh server each); figures of each are printed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
