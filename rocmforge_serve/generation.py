@@ -36,6 +36,7 @@ class ServedModel:
     device: object = None  # hipcore.runtime.device.Device, for the ledger and the driver's figures
     created: int = 0
     ignore_eos: bool = False  # the default of requests that do not say (serve --ignore-eos, for benchmarks)
+    templates: object = None  # a TemplatePool (long-lived renderers); None: render_chat's process per render
 
     @property
     def engine(self):
@@ -135,7 +136,10 @@ def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
         try:
-            text = render_chat(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
+            if served.templates is not None:
+                text = served.templates.render(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
+            else:
+                text = render_chat(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
         except UsageError as exc:
             raise bad_request(str(exc), param="messages") from None
         except InvalidModelError as exc:

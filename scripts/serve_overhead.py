@@ -115,6 +115,14 @@ def thread_cpu_s(native_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def process_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def build_loaded(model_path: str, clients: int, ctx: int, step_s: float):
     from hipcore.engine.engine import Engine
     from hipcore.engine.loader import LoadedModel
@@ -188,7 +196,9 @@ def child_main(args) -> None:
             stats = loaded.engine.stats
             print(json.dumps({
                 "process_cpu_s": times.user + times.system, **per_thread,
-                "children_cpu_s": times.children_user + times.children_system,  # chat-template render processes
+                # chat-template renders: processes started per render (reaped), plus the live pool workers
+                "children_cpu_s": times.children_user + times.children_system + sum(
+                    process_cpu_s(w.process.pid) for w in list(getattr(server.served.templates, "_all", ()))),
                 "steps": stats.steps, "generated": stats.generated_tokens, "prompt_tokens": stats.prompt_tokens,
                 "step_cpu_s": step_cpu[0], "runner_slept_s": loaded.runner.slept_s,
                 "gaps": len(loaded.runner.gaps),
