@@ -198,7 +198,7 @@ def child_main(args) -> None:
                 "process_cpu_s": times.user + times.system, **per_thread,
                 # chat-template renders: processes started per render (reaped), plus the live pool workers
                 "children_cpu_s": times.children_user + times.children_system + sum(
-                    process_cpu_s(w.process.pid) for w in list(getattr(server.served.templates, "_all", ()))),
+                    process_cpu_s(w.process.pid) for w in list(getattr(getattr(server.served, "templates", None), "_all", ()))),
                 "steps": stats.steps, "generated": stats.generated_tokens, "prompt_tokens": stats.prompt_tokens,
                 "step_cpu_s": step_cpu[0], "runner_slept_s": loaded.runner.slept_s,
                 "gaps": len(loaded.runner.gaps),
