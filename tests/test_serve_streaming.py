@@ -166,8 +166,10 @@ def test_engine_loop_hands_over_a_step_in_one_call_and_keeps_each_request_in_ord
                 received[rid] += sink.take_all()
         return rids, received, calls
 
+    steps_before = loaded.engine.stats.steps
     try:
         rids, received, calls = asyncio.run(run())
+        steps = loaded.engine.stats.steps - steps_before
     finally:
         engine_loop.stop()
         loaded.close()
@@ -176,7 +178,8 @@ def test_engine_loop_hands_over_a_step_in_one_call_and_keeps_each_request_in_ord
         assert all(e.request_id == rid for e in events)
         assert [e.finished for e in events] == [False] * 12 + [True] and events[-1].ending == Ending.LENGTH
         assert len([t for e in events for t in e.token_ids]) == 12
-    assert len(calls) <= 12 + 2 < sum(len(v) for v in received.values())
+    # at most one wake-up per step (the requests may join a few steps apart), never one per event
+    assert len(calls) <= steps < sum(len(v) for v in received.values())
 
 
 # ---- end to end ----------------------------------------------------------------------------------------
