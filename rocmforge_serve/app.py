@@ -24,6 +24,7 @@ from rocmforge_serve.protocol import MAX_BODY_BYTES, parse_generation, parse_jso
 from rocmforge_serve.responses import stream_response, whole_response
 
 log = logging.getLogger("rocmforge.serve")
+TEMPLATE_WORKERS = 4  # chat renders at once; a warm worker renders in about a millisecond
 
 
 async def read_body(request: Request, cap: int) -> bytes:
@@ -153,7 +154,9 @@ def served_model(loaded, *, name: str, max_queue: int, idle_wait_s: float = 0.5,
     """Wrap a LoadedModel (hipcore.engine.loader) for serving; the caller starts served.loop."""
     from hipcore.tokenizer.chat_template import chat_template_from_metadata
     from rocmforge_serve.engine_loop import EngineLoop
+    from rocmforge_serve.template_pool import TemplatePool
 
     return ServedModel(name=name, loop=EngineLoop(loaded.engine, idle_wait_s=idle_wait_s), tokenizer=loaded.tokenizer,
                        chat_template=chat_template_from_metadata(loaded.gguf.metadata), context=loaded.engine.max_context,
-                       max_queue=max_queue, device=loaded.device, created=int(time.time()), ignore_eos=ignore_eos)
+                       max_queue=max_queue, device=loaded.device, created=int(time.time()), ignore_eos=ignore_eos,
+                       templates=TemplatePool(size=TEMPLATE_WORKERS))

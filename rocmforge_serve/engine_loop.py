@@ -5,6 +5,11 @@ share decode steps. The thread sleeps while the engine has no work and wakes on 
 Each request's events go to a sink (a callable) registered atomically with the submit, so no event can
 arrive before its sink exists; a handler whose client went away calls cancel(), and the engine ends the
 request (blocks back to the pool) at the start of the next step.
+
+Host cost per token is the server's throughput limit (a demo-model step on an H100 takes ~3 ms for 32
+tokens), so the hand-off is per step, not per token: the events of one step that go to AsyncSinks of one
+event loop travel in ONE call_soon_threadsafe (one wake-up of the loop, one write to its self-pipe), and
+each sink keeps them in a deque that its handler drains without a task or a queue per event.
 """
 
 from __future__ import annotations
@@ -123,6 +128,7 @@ class EngineLoop:
             self._dispatch(events)
 
     def _dispatch(self, events: list[Event]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[AsyncSink, Event]]] = {}
         with self._cond:
             for event in events:
                 sink = self._sinks.get(event.request_id)
@@ -130,7 +136,16 @@ class EngineLoop:
                     continue
                 if event.finished:
                     del self._sinks[event.request_id]
-                sink(event)
+                if isinstance(sink, AsyncSink):
+                    by_loop.setdefault(sink.loop, []).append((sink, event))
+                else:
+                    sink(event)
+        for loop, deliveries in by_loop.items():
+            # In step order: call_soon callbacks run first in first out, so no sink sees its events reordered.
+            try:
+                loop.call_soon_threadsafe(_deliver, deliveries)
+            except RuntimeError:  # the loop has closed: nobody is listening any more
+                pass
 
     def _fail_all(self, message: str) -> None:
         with self._cond:
@@ -139,15 +154,53 @@ class EngineLoop:
             sink(Event(rid, 0, (), "", finished=True, ending=Ending.FAILED, error=message))
 
 
+def _deliver(deliveries: list[tuple["AsyncSink", Event]]) -> None:
+    """On the event loop: one step's events into their sinks."""
+    for sink, event in deliveries:
+        sink.put(event)
+
+
 class AsyncSink:
-    """Events of one request, handed from the engine thread to the handler's event loop."""
+    """Events of one request, handed from the engine thread to the handler's event loop.
+
+    EngineLoop delivers them a step at a time (put() on the loop's thread); the handler takes them with
+    take_all() and sleeps in wait() when there are none. wake() ends a wait without an event (the client
+    went away), so waiting for "an event or a disconnect" needs no task per event."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.loop = loop
+        self.events: collections.deque[Event] = collections.deque()
+        self._waiter: asyncio.Future | None = None
 
     def __call__(self, event: Event) -> None:
+        """From any thread (EngineLoop batches AsyncSinks itself and does not come through here)."""
         try:
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.put, event)
         except RuntimeError:  # the loop has closed: nobody is listening any more
             pass
+
+    def put(self, event: Event) -> None:
+        """On the loop's thread."""
+        self.events.append(event)
+        self.wake()
+
+    def wake(self) -> None:
+        """On the loop's thread: end the current wait(), if any."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until put() or wake(); returns at once if events are already here."""
+        if self.events:
+            return
+        self._waiter = self.loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def take_all(self) -> list[Event]:
+        events = list(self.events)
+        self.events.clear()
+        return events

@@ -36,6 +36,7 @@ class ServedModel:
     device: object = None  # hipcore.runtime.device.Device, for the ledger and the driver's figures
     created: int = 0
     ignore_eos: bool = False  # the default of requests that do not say (serve --ignore-eos, for benchmarks)
+    templates: object = None  # a TemplatePool (long-lived renderers); None: render_chat's process per render
 
     @property
     def engine(self):
@@ -54,22 +55,51 @@ class Generation:
     first: Event | None = None
     _done: bool = field(default=False)
 
+    async def next_batch(self) -> list[Event]:
+        """Every event that has arrived (at least one), waiting for the next if none has; ClientGone (the
+        request cancelled) if the client leaves first. Events already here are returned even then."""
+        if self.first is not None:
+            first, self.first = self.first, None
+            return [first, *self.sink.take_all()]
+        sink = self.sink
+        while not sink.events:
+            if self.disconnected.done():
+                self.close()
+                raise ClientGone()
+            await sink.wait()  # put() or, on a disconnect, the watcher's done callback wakes it
+        return sink.take_all()
+
     async def next_event(self) -> Event:
         if self.first is not None:
             event, self.first = self.first, None
             return event
-        return await _next_or_gone(self.sink.queue, self.disconnected, self)
+        sink = self.sink
+        while not sink.events:
+            if self.disconnected.done():
+                self.close()
+                raise ClientGone()
+            await sink.wait()
+        return sink.events.popleft()
+
+    async def event_batches(self):
+        """The request's events up to and including the final one, in lists of those that arrived together
+        (a consumer that fell behind catches up in one go: one write for several tokens)."""
+        while not self._done:
+            batch = await self.next_batch()
+            for i, event in enumerate(batch):
+                self.completion_tokens += len(event.token_ids)
+                if event.finished:
+                    self.ending = event.ending
+                    self._done = True
+                    del batch[i + 1:]  # nothing follows a request's final event; never yield past it
+                    break
+            yield batch
 
     async def events(self):
         """The request's events up to and including the final one."""
-        while True:
-            event = await self.next_event()
-            self.completion_tokens += len(event.token_ids)
-            yield event
-            if event.finished:
-                self.ending = event.ending
-                self._done = True
-                return
+        async for batch in self.event_batches():
+            for event in batch:
+                yield event
 
     def close(self) -> None:
         """Cancel the request unless it ended (safe to call twice; the engine's cancel is a no-op then)."""
@@ -77,16 +107,6 @@ class Generation:
         if not self._done:
             self._done = True
             self.served.loop.cancel(self.request_id)
-
-
-async def _next_or_gone(queue: asyncio.Queue, disconnected: asyncio.Task, generation: Generation) -> Event:
-    getter = asyncio.ensure_future(queue.get())
-    done, _ = await asyncio.wait({getter, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-    if getter in done:
-        return getter.result()
-    getter.cancel()
-    generation.close()
-    raise ClientGone()
 
 
 async def watch_disconnect(receive) -> None:
@@ -116,7 +136,10 @@ def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
         try:
-            text = render_chat(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
+            if served.templates is not None:
+                text = served.templates.render(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
+            else:
+                text = render_chat(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
         except UsageError as exc:
             raise bad_request(str(exc), param="messages") from None
         except InvalidModelError as exc:
@@ -153,6 +176,7 @@ async def start_generation(served: ServedModel, request: GenerationRequest, rece
     params = check_sampling({**request.sampling, "ignore_eos": ignore_eos}, max_tokens)
     sink = AsyncSink(asyncio.get_running_loop())
     disconnected = asyncio.ensure_future(watch_disconnect(receive))
+    disconnected.add_done_callback(lambda _task: sink.wake())  # a handler waiting for events learns at once
     try:
         check_capacity(served)  # again: the prompt took time and others may have come in meanwhile
         rid = served.loop.submit(ids, params, sink)

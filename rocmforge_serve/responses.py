@@ -59,34 +59,82 @@ def _sse(payload: dict | str) -> bytes:
     return f"data: {data}\n\n".encode("utf-8")
 
 
+class ChunkEncoder:
+    """The SSE events of one stream, as json.dumps of the full chunk would write them, byte for byte, at the
+    cost of escaping the text alone: the envelope (id, object, created, model) is the same for every chunk
+    of a stream (OpenAI's streams share one `created` too), so it is formatted once, around a marker."""
+
+    _MARK = "\x00rocmforge-text\x00"  # cannot occur in the JSON of the envelope: json.dumps escapes \x00
+
+    def __init__(self, gen: Generation, chat: bool):
+        self.envelope = _envelope(gen, chat, [], stream=True)
+        self._by_reason: dict[str | None, tuple[bytes, bytes] | None] = {}
+        self.chat = chat
+
+    def _choice(self, text, reason: str | None) -> dict:
+        if self.chat:
+            delta = {"content": text} if text != "" else {}
+            return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+
+    def _frame(self, reason: str | None) -> tuple[bytes, bytes] | None:
+        if reason not in self._by_reason:
+            whole = _sse({**self.envelope, "choices": [self._choice(self._MARK, reason)]}).decode("utf-8")
+            marker = json.dumps(self._MARK, ensure_ascii=False)
+            if whole.count(marker) == 1:
+                before, _, after = whole.partition(marker)
+                self._by_reason[reason] = (before.encode("utf-8"), after.encode("utf-8"))
+            else:  # a model named like the marker: every chunk through json.dumps, never a wrong cut
+                self._by_reason[reason] = None
+        return self._by_reason[reason]
+
+    def text(self, text: str, reason: str | None = None) -> bytes:
+        """One chunk carrying `text` (and the finish reason on the last one)."""
+        frame = self._frame(reason) if text != "" or not self.chat else None
+        if frame is None:  # (an empty delta is {} in chat chunks, not {"content": ""})
+            return _sse({**self.envelope, "choices": [self._choice(text, reason)]})
+        before, after = frame
+        return before + _encode_string(text).encode("utf-8") + after
+
+    def usage(self, gen: Generation) -> bytes:
+        return _sse({**self.envelope, "choices": [], "usage": _usage(gen)})
+
+
+_encode_string = json.encoder.encode_basestring  # json.dumps(text, ensure_ascii=False) for one str, in C
+
+
 async def stream_response(gen: Generation, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
     """SSE chunks; an error after the stream began becomes an error event (the status line is already sent).
-    If the client leaves, the ASGI server cancels this generator and the `finally` cancels the request."""
+    If the client leaves, the ASGI server cancels this generator and the `finally` cancels the request.
+
+    Each yield is one write: every token event that arrived since the last one (one SSE event each, in order),
+    so a handler that fell behind the engine catches up with one write, not one per token."""
+    encoder = ChunkEncoder(gen, chat)
     try:
         if chat:
-            yield _sse(_envelope(gen, chat, [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                              "finish_reason": None, "logprobs": None}], stream=True))
-        async for event in gen.events():
-            reason = None
-            if event.finished:
-                error = error_for_ending(event)
-                if error is not None:
-                    yield _sse(error.body())
-                    break
-                reason = FINISH_REASON[event.ending]
-            if not event.text and reason is None:
-                continue
-            if chat:
-                delta = {"content": event.text} if event.text else {}
-                choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
-            else:
-                choice = {"index": 0, "text": event.text, "finish_reason": reason, "logprobs": None}
-            yield _sse(_envelope(gen, chat, [choice], stream=True))
-        if include_usage:
-            chunk = _envelope(gen, chat, [], stream=True)
-            chunk["usage"] = _usage(gen)
-            yield _sse(chunk)
-        yield _sse("[DONE]")
+            yield _sse({**encoder.envelope, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                         "finish_reason": None, "logprobs": None}]})
+        async for batch in gen.event_batches():
+            out = []
+            ended = False
+            for event in batch:
+                reason = None
+                if event.finished:
+                    ended = True
+                    error = error_for_ending(event)
+                    if error is not None:
+                        out.append(_sse(error.body()))
+                        break
+                    reason = FINISH_REASON[event.ending]
+                if not event.text and reason is None:
+                    continue
+                out.append(encoder.text(event.text, reason))
+            if ended:  # the final event is the last of its batch (Generation.event_batches)
+                if include_usage:
+                    out.append(encoder.usage(gen))
+                out.append(_sse("[DONE]"))
+            if out:
+                yield b"".join(out)
     except ClientGone:
         return
     finally:

@@ -61,6 +61,8 @@ class Server:
         if self.report is not None:
             return self.report
         ended = self.served.loop.stop(grace_s=0.0)
+        if self.served.templates is not None:
+            self.served.templates.close()
         error = None
         try:
             self.loaded.cache.check_invariants(quiescent=True)

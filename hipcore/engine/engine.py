@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence as Seq
 import numpy as np
 
 from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
-from hipcore.engine.sampler import Sampler, StopChecker, StopReason, device_samplable
+from hipcore.engine.sampler import Sampler, StopChecker, StopReason
 from hipcore.engine.scheduler import Scheduled, Scheduler, SchedulerOutput
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.kvcache.cache import KvCache
@@ -79,6 +79,10 @@ class Engine:
         self._lock = threading.Lock()  # guards _active, _finished, _inbox between threads
         self._step_lock = threading.Lock()  # exactly one thread steps at a time
         self._closed = False
+        # isinstance() against a runtime-checkable Protocol inspects the class's attributes on every call (tens
+        # of microseconds, each step); the answer is kept for the runner it was given for (tests swap runners).
+        self._checked_runner: object = None
+        self._runner_samples = False
 
     # ---- any thread ---------------------------------------------------------------------------
 
@@ -313,17 +317,23 @@ class Engine:
         sample on the host: a runner without device sampling, penalties or a rule the device lacks
         (device_samplable), or a prompt about to fork into parallel samples (they all draw from its
         logits). Each non-greedy row's uniform comes from its sampler now, as Sampler.sample would draw it."""
-        if not isinstance(self.runner, SamplingRunner):
+        if not self._samples_on_device():
             return None
         seqs = [item.seq for item in scheduled if item.samples]
         for seq in seqs:
             request = seq.request
             if request.phase == Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
                 return None
-            if not device_samplable(seq.sampler.params):
+            if not seq.sampler.device_samplable:
                 return None
         params = [seq.sampler.params for seq in seqs]
         return SamplingRows.build(params, [0.0 if p.greedy else seq.sampler.next_uniform() for p, seq in zip(params, seqs)])
+
+    def _samples_on_device(self) -> bool:
+        runner = self.runner
+        if runner is not self._checked_runner:
+            self._checked_runner, self._runner_samples = runner, isinstance(runner, SamplingRunner)
+        return self._runner_samples
 
     def _sample(self, seq: Sequence, logits: np.ndarray | None, picked: int | None = None) -> list[Event]:
         """Accept the step's token for `seq`: `picked` on the device, or sampled here from `logits`."""

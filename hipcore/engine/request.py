@@ -76,7 +76,8 @@ class Request:
     phase: Phase = Phase.WAITING
     ending: Ending | None = None
     error: str | None = None
-    events: "queue.Queue[Event]" = field(default_factory=queue.Queue)
+    # SimpleQueue: a put per token from the engine thread; queue.Queue's Condition costs several times more
+    events: "queue.SimpleQueue[Event]" = field(default_factory=queue.SimpleQueue)
     preemptions: int = 0
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None

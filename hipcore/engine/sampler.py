@@ -153,6 +153,7 @@ class Sampler:
         seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % (1 << 64))
         self.seed = seed
         self._rng = np.random.Generator(np.random.PCG64(seed))
+        self.device_samplable = device_samplable(params)  # asked every step; params are frozen
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """The next token id. `history` is every token so far (prompt and generated)."""

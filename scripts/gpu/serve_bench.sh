@@ -42,7 +42,13 @@ if ! "$PY" -c "import starlette, uvicorn, gguf, prometheus_client, typer, rich, 
   "$PY" -m pip install -q --no-index --find-links "$WHEELS" starlette uvicorn gguf prometheus-client typer rich \
     regex jinja2 httpx llm-benchmark-runner > "$OUT/pip.log" 2>&1 || { note "pip install failed"; tail -20 "$OUT/pip.log" >&2; exit 1; }
 fi
-"$PY" -m pip list 2>/dev/null | grep -iE "^(starlette|uvicorn|gguf|httpx|rich|llm-benchmark-runner) " > "$OUT/packages.txt"
+# Optional: uvicorn takes httptools (HTTP parsing and writes) and uvloop (the event loop) by itself when they are
+# installed; measured on the cpu, the event loop's cost per streamed token fell from 28 to 19 us with them.
+if ! "$PY" -c "import httptools, uvloop" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --find-links "$WHEELS" httptools uvloop >> "$OUT/pip.log" 2>&1 \
+    || note "httptools/uvloop not in $WHEELS: uvicorn runs on h11 and asyncio"
+fi
+"$PY" -m pip list 2>/dev/null | grep -iE "^(starlette|uvicorn|gguf|httpx|rich|llm-benchmark-runner|httptools|uvloop) " > "$OUT/packages.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "device $DEVICE"; } > "$OUT/device.txt"
 COMMIT="${ROCMFORGE_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo unknown)}"
 
