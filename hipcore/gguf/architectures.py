@@ -22,6 +22,12 @@ llama.cpp's (src/models/<family>.cpp; the RoPE layout from llama_model_rope_type
          everything and uses rope.freq_base with the file's RoPE scaling. Attention scale
          1/sqrt(head_dim), except 1/sqrt(embedding_length / head_count) for the 62-layer 27B, as llama.cpp
          decides it. The norm weights in the file already hold Gemma's "1 +" (the converter adds it).
+  phi3   the llama layer with NEOX RoPE whose files hold q, k and v as one matrix (blk.N.attn_qkv: q rows,
+         then k, then v) and the feed-forward's gate and up as one (blk.N.ffn_up of 2 * feed_forward_length
+         rows: gate first, as llama.cpp's swiglu takes the first half as the gate; llama.cpp:
+         src/models/phi3.cpp). An attention.sliding_window key is read by llama.cpp and then switched off
+         ("Phi SWA is currently disabled"): every layer attends to the whole context, as there. The 128k
+         variants' LongRoPE (rope_factors_long / rope_factors_short) is not implemented and refused (exit 4).
 """
 
 from __future__ import annotations
@@ -43,6 +49,15 @@ class Architecture:
     scaled_embedding: bool = False  # token embeddings times sqrt(embedding_length)
     swa_period: int = 0        # local (sliding-window) layers: i % period < period - 1; 0: none
     swa_rope_theta: float = 0.0  # the local layers' RoPE base (no scaling)
+    fused_qkv: bool = False    # blk.N.attn_qkv.weight holds q, k, v rows back to back (no attn_q/k/v)
+    fused_gate_up: bool = False  # blk.N.ffn_up.weight holds gate rows then up rows (no ffn_gate)
+
+    def layer_matrices(self, q_size: int, kv_size: int, hidden: int, ffn: int) -> dict[str, tuple[int, int]]:
+        """The per-layer matrices (name without blk.N. and .weight -> numpy-order shape) as the file holds them."""
+        qkv = ({"attn_qkv": (q_size + 2 * kv_size, hidden)} if self.fused_qkv else
+               {"attn_q": (q_size, hidden), "attn_k": (kv_size, hidden), "attn_v": (kv_size, hidden)})
+        ffn_in = {"ffn_up": (2 * ffn, hidden)} if self.fused_gate_up else {"ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden)}
+        return {**qkv, "attn_output": (hidden, q_size), **ffn_in, "ffn_down": (hidden, ffn)}
 
     def layer_vectors(self, q_size: int, kv_size: int, head_dim: int, hidden: int = 0) -> dict[str, tuple[int]]:
         """Per-layer 1-D tensors beyond the llama layout: name (without blk.N.) -> shape."""
@@ -62,4 +77,5 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3": Architecture("qwen3", rope_type="neox", qk_norm=True),
     "gemma3": Architecture("gemma3", rope_type="neox", qk_norm=True, post_norms=True, activation="gelu",
                            scaled_embedding=True, swa_period=6, swa_rope_theta=10000.0),
+    "phi3": Architecture("phi3", rope_type="neox", fused_qkv=True, fused_gate_up=True),
 }

@@ -1,6 +1,6 @@
 """ModelConfig: a model's hyperparameters, read from GGUF metadata and checked against the tensors.
 
-Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma3), whose keys are
+Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma3, phi3), whose keys are
 `<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
 and "linear" (positions divided by the factor); "yarn", "longrope" and the rest are named and
 refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
@@ -108,13 +108,10 @@ class ModelConfig:
         shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
         if not self.tie_embeddings:
             shapes["output.weight"] = (v, h)
-        layer = {
-            "attn_norm": (h,), "attn_q": (self.q_size, h), "attn_k": (self.kv_size, h),
-            "attn_v": (self.kv_size, h), "attn_output": (h, self.q_size),
-            "ffn_norm": (h,), "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f),
-        }
+        family = ARCHITECTURES[self.architecture]
+        layer = {"attn_norm": (h,), "ffn_norm": (h,), **family.layer_matrices(self.q_size, self.kv_size, h, f)}
         layer = {f"{part}.weight": shape for part, shape in layer.items()}
-        layer.update(ARCHITECTURES[self.architecture].layer_vectors(self.q_size, self.kv_size, self.head_dim, h))
+        layer.update(family.layer_vectors(self.q_size, self.kv_size, self.head_dim, h))
         for i in range(self.n_layers):
             for part, shape in layer.items():
                 shapes[f"blk.{i}.{part}"] = shape
@@ -200,8 +197,23 @@ def config_from_metadata(
         query_scale=_query_scale(arch, n_layers, hidden, n_heads),
         sliding_window=window, swa_period=family.swa_period if window else 0, swa_rope_theta=family.swa_rope_theta,
     )
+    _refuse_long_rope(arch, tensors)
     check_tensor_shapes(config, tensors, offsets=offsets)
     return config
+
+
+# Phi-3's 128k variants rescale RoPE's frequencies per pair (LongRoPE: one set of factors below the original
+# context, another beyond it, plus an attention factor); the 4k variants rotate plainly.
+_LONG_ROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def _refuse_long_rope(arch: str, tensors: list[_Tensor]) -> None:
+    for tensor in tensors:
+        if tensor.name in _LONG_ROPE_TENSORS:
+            raise GGUFError(f"tensor {show(tensor.name)}", getattr(tensor, "header_offset", None), tensor.name,
+                            "no LongRoPE factors", unsupported=True,
+                            problem=f"{arch}: LongRoPE scaling ({tensor.name}, the 128k-context variants) is not "
+                                    "supported; the 4k-context variants are")
 
 
 def _float32(x: float) -> float:
