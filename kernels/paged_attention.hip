@@ -12,6 +12,9 @@
 // block_tables int32 [n_seqs, max_blocks]; token_seq and positions int32 [n_tokens]. A negative
 // position marks a padding token: its output rows are zero and nothing is read for it.
 //
+// With `softcap` > 0 (Gemma 2's attention logit soft-capping) every score is capped before the softmax:
+// S = softcap * tanh(scale * q . K[j] / softcap), as llama.cpp does to the scaled scores; 0 leaves them.
+//
 // Work split (1-D grid of n_tokens x n_kv_heads x `slots` workgroups; hipcore/ops/paged_attention.py
 // picks `slots` and mirrors the plan below). Each token's plan is made in the kernel from its own
 // context length, so a graph captured with fixed arguments adapts to the context at every replay;
@@ -154,6 +157,7 @@ struct Params {
   void* workspace;
   int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window;
   float scale;
+  float softcap;  // 0: scores as they are
 };
 
 struct Shared {
@@ -226,7 +230,15 @@ struct Walk {
   const unsigned char* __restrict__ v_lane;
   int aux, keys_per_warp, key_slot, last_key, block_shift, in_block_mask;
   unsigned int num_blocks, block_stride, row_bytes;
+  float cap, two_over_cap;  // the soft cap in the scores' base-2 units (softcap * log2(e)) and 2 / softcap; 0: none
 };
+
+// softcap * tanh(S / softcap) for a score x = S log2(e) (the units the loop works in), in those units:
+// tanh(y) = 1 - 2 / (1 + exp(2y)), and exp(2 S / softcap) = exp2(x * 2 / softcap). Only expf-class
+// functions (every vendor has exp2f); at the far ends exp2f gives inf or 0 and the result +-cap exactly.
+static __device__ __forceinline__ float soft_cap(float x, float cap, float two_over_cap) {
+  return cap * (1.0f - 2.0f / (1.0f + exp2f(x * two_over_cap)));
+}
 
 static __device__ __forceinline__ int slot_key(const Walk& w, int base, int u) {
   return min(base + u * w.keys_per_warp + w.key_slot, w.last_key);
@@ -282,6 +294,12 @@ static __device__ __forceinline__ void consume(const Walk& w, int base, int k_en
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int g = 0; g < NG; ++g) s[u][g] += __shfl_xor(s[u][g], o);
+  }
+  if (w.cap > 0.0f) {  // uniform: the same for every lane of the launch
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int g = 0; g < NG; ++g) s[u][g] = soft_cap(s[u][g], w.cap, w.two_over_cap);
   }
   if (base + U * w.keys_per_warp > k_end) {  // the split's last tile: keys past its end weigh nothing
 #pragma unroll
@@ -369,6 +387,8 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
   while ((1 << w.block_shift) < p.block_size) ++w.block_shift;
   w.in_block_mask = p.block_size - 1;
   w.num_blocks = (unsigned int)p.num_blocks;
+  w.cap = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
+  w.two_over_cap = p.softcap > 0.0f ? 2.0f / p.softcap : 0.0f;
 
   float m[NG], l[NG], acc[NG][kChunk];
 #pragma unroll
@@ -571,11 +591,11 @@ __device__ __forceinline__ void run(const Params& p) {
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,                   \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
       void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
-      int num_blocks, int slots, int window, float scale) {                                                           \
+      int num_blocks, int slots, int window, float scale, float softcap) {                                            \
     const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
                                           positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \
-                                          max_blocks, num_blocks, slots, window, scale};                              \
+                                          max_blocks, num_blocks, slots, window, scale, softcap};                     \
     rf_paged_attention::run<rf_paged_attention::KV>(p);                                                               \
   }
 

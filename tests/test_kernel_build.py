@@ -49,6 +49,7 @@ EXPECTED_KERNELS = {
     "scale": ["scale_f32"],
     "select_rows": ["select_rows_f32"],
     "silu_mul": ["silu_mul_f32"],
+    "softcap": ["softcap_f32"],
 }
 # EF_AMDGPU_MACH_* from LLVM's include/llvm/BinaryFormat/ELF.h (the low byte of e_flags).
 AMDGPU_MACH = {"gfx90a": 0x3F, "gfx942": 0x4C, "gfx1030": 0x36, "gfx1100": 0x41, "gfx1201": 0x4E}

@@ -219,4 +219,4 @@ def test_every_entry_has_a_host_kernel(cpu_device):
     for table_type in embedding.TABLE_TYPES:
         assert module.kernel(f"embedding_{table_type}", embedding.SIGNATURE).name
     assert module.kernel("select_rows_f32", select_rows.SIGNATURE).name
-    assert loader.get_kernel(cpu_device, "paged_attention", "paged_attention_q8_0", "ppppppppiiiiiiiiif")
+    assert loader.get_kernel(cpu_device, "paged_attention", "paged_attention_q8_0", "ppppppppiiiiiiiiiff")
