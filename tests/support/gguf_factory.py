@@ -10,7 +10,7 @@ the encoded bytes of every tensor) and `raw_tiny_llama` the same file as a RawGG
 ready to be corrupted field by field. `architecture="qwen2"` adds q/k/v biases and the qwen2 pre-tokenizer,
 "qwen3" per-head q/k norm weights (and a head size of its own with head_dim=...), "gemma3" qwen3's norms
 plus post-attention and post-feed-forward norms, attention.sliding_window (16 unless extra_metadata says
-otherwise) and a Gemma-style chat template; "phi3" the llama tensors with q|k|v and gate|up concatenated as
+otherwise) and a Gemma-style chat template, "gemma2" the same without the q/k norms; "phi3" the llama tensors with q|k|v and gate|up concatenated as
 Phi-3's files hold them (attn_qkv, ffn_up of twice the rows).
 """
 
@@ -138,10 +138,10 @@ def tiny_llama_spec(
         meta += [Meta(f"{a}.attention.key_length", UINT32, head_dim), Meta(f"{a}.attention.value_length", UINT32, head_dim)]
     if alignment is not None:
         meta.append(Meta("general.alignment", UINT32, alignment))
-    if a == "gemma3":
+    if a in ("gemma2", "gemma3"):
         meta.append(Meta(f"{a}.attention.sliding_window", UINT32, GEMMA3_SLIDING_WINDOW))
     meta += _tokenizer_metadata(tokenizer, vocab, pre="qwen2" if a in ("qwen2", "qwen3") else "smollm")
-    if a == "gemma3" and tokenizer == "gpt2":
+    if a in ("gemma2", "gemma3") and tokenizer == "gpt2":
         meta = [Meta(m.key, STRING, GEMMA_TEMPLATE) if m.key == "tokenizer.chat_template" else m for m in meta]
     meta = _apply_extra(meta, extra_metadata or {})
     shape = _Shape(n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab)
@@ -274,8 +274,8 @@ class _Shape:
 
 # Per-layer vectors each family adds to the llama layout: "bias" (q, k, v biases) and/or "qk_norm".
 # "fused": q|k|v written as one attn_qkv matrix and gate|up as one ffn_up of twice the rows, gate first (phi3).
-FAMILY_EXTRAS = {"llama": (), "qwen2": ("bias",), "qwen3": ("qk_norm",), "gemma3": ("qk_norm", "post_norm"),
-                 "phi3": ("fused",)}
+FAMILY_EXTRAS = {"llama": (), "qwen2": ("bias",), "qwen3": ("qk_norm",), "gemma2": ("post_norm",),
+                 "gemma3": ("qk_norm", "post_norm"), "phi3": ("fused",)}
 
 
 def _tensors(shape: _Shape, tensor_type, embedding_type, tied, seed, tensor_types, extras=(), logit_scale=1.0,
