@@ -143,7 +143,7 @@ class AttentionRun:
         paged_attention.launch(self.gpu, stream, self.out, *self.inputs, n_tokens=s.n_tokens, n_heads=s.n_heads,
                                n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, block_size=s.block_size,
                                max_blocks=s.max_blocks, num_blocks=s.num_blocks, scale=s.scale, kv_dtype=s.kv_dtype,
-                               workspace=self.workspace, window=s.window)
+                               workspace=self.workspace, window=s.window, softcap=s.softcap)
 
     def check(self, seed: int, what: str = "") -> None:
         s = self.sample
