@@ -39,7 +39,7 @@ GEMMA_TEMPLATE = (
     "{{ '<start_of_turn>' + role + '\n' + message['content'] + '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
-GEMMA3_SLIDING_WINDOW = 16
+GEMMA_SLIDING_WINDOW = 16
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
     "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -139,7 +139,7 @@ def tiny_llama_spec(
     if alignment is not None:
         meta.append(Meta("general.alignment", UINT32, alignment))
     if a in ("gemma2", "gemma3"):
-        meta.append(Meta(f"{a}.attention.sliding_window", UINT32, GEMMA3_SLIDING_WINDOW))
+        meta.append(Meta(f"{a}.attention.sliding_window", UINT32, GEMMA_SLIDING_WINDOW))
     meta += _tokenizer_metadata(tokenizer, vocab, pre="qwen2" if a in ("qwen2", "qwen3") else "smollm")
     if a in ("gemma2", "gemma3") and tokenizer == "gpt2":
         meta = [Meta(m.key, STRING, GEMMA_TEMPLATE) if m.key == "tokenizer.chat_template" else m for m in meta]
