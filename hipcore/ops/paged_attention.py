@@ -8,7 +8,9 @@ LLAMA_SWA_TYPE_STANDARD: the window counts the token itself); keys before the wi
 the block-table entries wholly before it may hold anything (the KV cache frees those blocks). With a soft
 cap (`softcap` > 0, Gemma 2) every scaled score S becomes softcap * tanh(S / softcap) before the softmax.
 
-Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0; kernels/paged_attention.hip) with the signature
+Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0; kernels/paged_attention.hip), and
+`paged_attention_<kv dtype>_softcap` for a soft cap (its own entry points, so that the kernels without one
+compile as if it did not exist), with the signature
     (out p, q p, k_pool p, v_pool p, block_tables p, token_seq p, positions p, workspace p,
      n_tokens i, n_heads i, n_kv_heads i, head_dim i, block_size i, max_blocks i, num_blocks i, slots i,
      window i, scale f, softcap f)
@@ -109,12 +111,12 @@ def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtyp
     return out
 
 
-def kernel_name(kv_dtype: str) -> str:
-    return f"paged_attention_{kv_dtype}"
+def kernel_name(kv_dtype: str, softcap: bool = False) -> str:
+    return f"paged_attention_{kv_dtype}" + ("_softcap" if softcap else "")
 
 
-def _register(fmt: KvDtype) -> None:
-    @cpu_kernel(kernel_name(fmt.name), SIGNATURE.replace(" ", ""))
+def _register(fmt: KvDtype, softcap: bool) -> None:
+    @cpu_kernel(kernel_name(fmt.name, softcap), SIGNATURE.replace(" ", ""))
     def host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int,
              token_seq: int, positions: int, workspace: int, n_tokens: int, n_heads: int, n_kv_heads: int,
              head_dim: int, block_size: int, max_blocks: int, num_blocks: int, slots: int, window: int,
@@ -132,7 +134,8 @@ def _register(fmt: KvDtype) -> None:
 
 
 for _fmt in KV_DTYPES.values():
-    _register(_fmt)
+    for _softcap in (False, True):
+        _register(_fmt, _softcap)
 
 
 # ---- geometry and workspace --------------------------------------------------------------------
@@ -204,7 +207,7 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     once after allocation, at least workspace_size(...) bytes for full speed) lets decode split keys;
     window > 0 limits each token to its last `window` positions (0: the whole context); softcap > 0 caps
     the scaled scores (Gemma 2), 0 leaves them."""
-    op = kernel_name(kv_dtype)
+    op = kernel_name(kv_dtype, softcap > 0)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"{OP}: no kernel for KV dtype {kv_dtype!r}; have {', '.join(KV_DTYPES)}")
     check_sizes(op, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,

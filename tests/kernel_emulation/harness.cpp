@@ -116,7 +116,11 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
                                int, int, int, int, int, int, int, int, int, float, float);
     const std::map<std::string, Attention> kernels = {
         {"paged_attention_f16", paged_attention_f16}, {"paged_attention_bf16", paged_attention_bf16},
-        {"paged_attention_f32", paged_attention_f32}, {"paged_attention_q8_0", paged_attention_q8_0}};
+        {"paged_attention_f32", paged_attention_f32}, {"paged_attention_q8_0", paged_attention_q8_0},
+        {"paged_attention_f16_softcap", paged_attention_f16_softcap},
+        {"paged_attention_bf16_softcap", paged_attention_bf16_softcap},
+        {"paged_attention_f32_softcap", paged_attention_f32_softcap},
+        {"paged_attention_q8_0_softcap", paged_attention_q8_0_softcap}};
     if (!kernels.count(entry)) std::exit(2);
     const Attention kernel = kernels.at(entry);
     emu_launch(grid, block, [&] {
