@@ -12,6 +12,10 @@
 // block_tables int32 [n_seqs, max_blocks]; token_seq and positions int32 [n_tokens]. A negative
 // position marks a padding token: its output rows are zero and nothing is read for it.
 //
+// The `_softcap` entry points (Gemma 2's attention logit soft-capping) cap every score before the softmax:
+// S = softcap * tanh(scale * q . K[j] / softcap), as llama.cpp does to the scaled scores; the others ignore
+// `softcap` (the launcher passes 0 to them).
+//
 // Work split (1-D grid of n_tokens x n_kv_heads x `slots` workgroups; hipcore/ops/paged_attention.py
 // picks `slots` and mirrors the plan below). Each token's plan is made in the kernel from its own
 // context length, so a graph captured with fixed arguments adapts to the context at every replay;
@@ -154,6 +158,7 @@ struct Params {
   void* workspace;
   int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window;
   float scale;
+  float softcap;  // 0: scores as they are
 };
 
 struct Shared {
@@ -226,7 +231,15 @@ struct Walk {
   const unsigned char* __restrict__ v_lane;
   int aux, keys_per_warp, key_slot, last_key, block_shift, in_block_mask;
   unsigned int num_blocks, block_stride, row_bytes;
+  float cap, two_over_cap;  // the capped kernels: softcap in the scores' base-2 units (softcap * log2(e)), and 2 / softcap
 };
+
+// softcap * tanh(S / softcap) for a score x = S log2(e) (the units the loop works in), in those units:
+// tanh(y) = 1 - 2 / (1 + exp(2y)), and exp(2 S / softcap) = exp2(x * 2 / softcap). Only expf-class
+// functions (every vendor has exp2f); at the far ends exp2f gives inf or 0 and the result +-cap exactly.
+static __device__ __forceinline__ float soft_cap(float x, float cap, float two_over_cap) {
+  return cap * (1.0f - 2.0f / (1.0f + exp2f(x * two_over_cap)));
+}
 
 static __device__ __forceinline__ int slot_key(const Walk& w, int base, int u) {
   return min(base + u * w.keys_per_warp + w.key_slot, w.last_key);
@@ -257,7 +270,7 @@ static __device__ __forceinline__ void load_rows(const Walk& w, int base, const 
 }
 
 // Fold a loaded tile into the key slot's running max m, sum l and unnormalized output acc.
-template <class KV, int NG>
+template <class KV, int NG, bool kCap>
 static __device__ __forceinline__ void consume(const Walk& w, int base, int k_end, int lanes_per_key,
                                                const typename KV::Raw (&k)[KV::kUnroll],
                                                const typename KV::Raw (&v)[KV::kUnroll], const float (&qv)[NG][kChunk],
@@ -282,6 +295,12 @@ static __device__ __forceinline__ void consume(const Walk& w, int base, int k_en
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int g = 0; g < NG; ++g) s[u][g] += __shfl_xor(s[u][g], o);
+  }
+  if (kCap) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int g = 0; g < NG; ++g) s[u][g] = soft_cap(s[u][g], w.cap, w.two_over_cap);
   }
   if (base + U * w.keys_per_warp > k_end) {  // the split's last tile: keys past its end weigh nothing
 #pragma unroll
@@ -317,7 +336,7 @@ static __device__ __forceinline__ void consume(const Walk& w, int base, int k_en
   }
 }
 
-template <class KV, int NG>
+template <class KV, int NG, bool kCap>
 __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* __restrict__ table, int token, int kv_head,
                                        int first_head, int first_key, int ctx, const Plan& plan, int split,
                                        int counter_index) {
@@ -369,6 +388,8 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
   while ((1 << w.block_shift) < p.block_size) ++w.block_shift;
   w.in_block_mask = p.block_size - 1;
   w.num_blocks = (unsigned int)p.num_blocks;
+  w.cap = kCap ? p.softcap * kLog2e : 0.0f;
+  w.two_over_cap = kCap ? 2.0f / p.softcap : 0.0f;
 
   float m[NG], l[NG], acc[NG][kChunk];
 #pragma unroll
@@ -398,7 +419,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
       load_rows<KV>(w, next, blocks, k1, v1);
       fetch_blocks<U>(w, next + warp_stride, blocks);
     }
-    consume<KV, NG>(w, base, k_end, lanes_per_key, k0, v0, qv, m, l, acc);
+    consume<KV, NG, kCap>(w, base, k_end, lanes_per_key, k0, v0, qv, m, l, acc);
     base = next;
     if (base >= k_end) break;
     next = base + warp_stride;
@@ -406,7 +427,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
       load_rows<KV>(w, next, blocks, k0, v0);
       fetch_blocks<U>(w, next + warp_stride, blocks);
     }
-    consume<KV, NG>(w, base, k_end, lanes_per_key, k1, v1, qv, m, l, acc);
+    consume<KV, NG, kCap>(w, base, k_end, lanes_per_key, k1, v1, qv, m, l, acc);
     base = next;
   }
 
@@ -516,7 +537,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
   if (tid == 0) ws.counters[counter_index] = 0;  // ready for the next launch
 }
 
-template <class KV>
+template <class KV, bool kCap>
 __device__ __forceinline__ void run(const Params& p) {
   __shared__ Shared sh;  // one instance for every head count: the switch below picks one per workgroup
   rf_check_wave_size();
@@ -549,10 +570,10 @@ __device__ __forceinline__ void run(const Params& p) {
   const int counter_index = (token * p.n_kv_heads + kv_head) * plan.n_chunks + chunk;  // used when splitting only
   const int* __restrict__ table = p.block_tables + (unsigned long long)seq * p.max_blocks;
   switch (min(plan.chunk_heads, group - chunk * plan.chunk_heads)) {
-    case 1: attend<KV, 1>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
-    case 2: attend<KV, 2>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
-    case 3: attend<KV, 3>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
-    case 4: attend<KV, 4>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 1: attend<KV, 1, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 2: attend<KV, 2, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 3: attend<KV, 3, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 4: attend<KV, 4, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
     default: break;
   }
 }
@@ -566,20 +587,26 @@ __device__ __forceinline__ void run(const Params& p) {
 #define RF_ATTENTION_THREADS (rf_paged_attention::kMaxWarps * WARP_SIZE)
 #define RF_ATTENTION_MIN_BLOCKS 2
 
-#define RF_PAGED_ATTENTION_KERNEL(name, KV)                                                                         \
+#define RF_PAGED_ATTENTION_KERNEL(name, KV, CAP)                                                                      \
   extern "C" __global__ __launch_bounds__(RF_ATTENTION_THREADS, RF_ATTENTION_MIN_BLOCKS) void name(                 \
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,                   \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
       void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
-      int num_blocks, int slots, int window, float scale) {                                                           \
+      int num_blocks, int slots, int window, float scale, float softcap) {                                            \
     const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
                                           positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \
-                                          max_blocks, num_blocks, slots, window, scale};                              \
-    rf_paged_attention::run<rf_paged_attention::KV>(p);                                                               \
+                                          max_blocks, num_blocks, slots, window, scale, softcap};                     \
+    rf_paged_attention::run<rf_paged_attention::KV, CAP>(p);                                                          \
   }
 
-RF_PAGED_ATTENTION_KERNEL(paged_attention_f16, F16Kv)
-RF_PAGED_ATTENTION_KERNEL(paged_attention_bf16, BF16Kv)
-RF_PAGED_ATTENTION_KERNEL(paged_attention_f32, F32Kv)
-RF_PAGED_ATTENTION_KERNEL(paged_attention_q8_0, Q8_0Kv)
+// The soft-capped variants (Gemma 2) are their own entry points, so that the kernels every other model runs
+// compile exactly as without the cap: its arithmetic would otherwise take registers from them all.
+RF_PAGED_ATTENTION_KERNEL(paged_attention_f16, F16Kv, false)
+RF_PAGED_ATTENTION_KERNEL(paged_attention_bf16, BF16Kv, false)
+RF_PAGED_ATTENTION_KERNEL(paged_attention_f32, F32Kv, false)
+RF_PAGED_ATTENTION_KERNEL(paged_attention_q8_0, Q8_0Kv, false)
+RF_PAGED_ATTENTION_KERNEL(paged_attention_f16_softcap, F16Kv, true)
+RF_PAGED_ATTENTION_KERNEL(paged_attention_bf16_softcap, BF16Kv, true)
+RF_PAGED_ATTENTION_KERNEL(paged_attention_f32_softcap, F32Kv, true)
+RF_PAGED_ATTENTION_KERNEL(paged_attention_q8_0_softcap, Q8_0Kv, true)

@@ -61,6 +61,15 @@ def inspect_json(plan: ModelPlan, seconds: float, list_tensors: bool) -> dict[st
     return result
 
 
+def _fused_tensors(plan: ModelPlan) -> list[str]:
+    """The layer matrices the file holds concatenated (phi3: q|k|v as attn_qkv, gate|up as ffn_up)."""
+    shapes = plan.config.expected_tensor_shapes()
+    fused = ["attn_qkv (q|k|v)"] if "blk.0.attn_qkv.weight" in shapes else []
+    if "blk.0.ffn_up.weight" in shapes and "blk.0.ffn_gate.weight" not in shapes:
+        fused.append("ffn_up (gate|up)")
+    return fused
+
+
 def render(plan: ModelPlan, list_tensors: bool) -> None:
     c = plan.config
     overview = Table(title=_cell(os.path.basename(plan.path)), title_justify="left", show_header=False)
@@ -78,6 +87,12 @@ def render(plan: ModelPlan, list_tensors: bool) -> None:
         ("RMSNorm epsilon", f"{c.rms_norm_eps:g}"),
         ("q, k, v", ", ".join(extra for extra, present in (("biases", c.qkv_bias), ("q and k normalized per head", c.qk_norm))
                               if present) or "plain products"),
+        ("layer tensors", "fused as the file holds them: " + ", ".join(fused) if (fused := _fused_tensors(plan))
+         else "separate"),
+        ("attention window", f"{c.sliding_window} keys on {sum(map(c.is_local_layer, range(c.n_layers)))} of "
+                             f"{c.n_layers} layers" if c.sliding_window else "none (every layer global)"),
+        ("soft caps", f"attention {c.attn_softcap:g}, final logits {c.final_softcap:g}"
+         if c.attn_softcap or c.final_softcap else "none"),
         ("output projection", "tied to token_embd.weight" if c.tie_embeddings else "output.weight"),
         ("KV cache per token", f"{format_bytes(c.kv_bytes_per_token(2))} in f16"),
     ]

@@ -89,6 +89,8 @@ def test_unopenable_path_is_exit_2(tmp_path, name):
     ("llama", ("NORM pairs", "plain products")),
     ("qwen2", ("NEOX pairs", "biases")),
     ("qwen3", ("NEOX pairs", "q and k normalized per head")),
+    ("gemma2", ("16 keys on 1 of 2 layers", "attention 50, final logits 30")),
+    ("phi3", ("NEOX pairs", "attn_qkv (q|k|v)", "ffn_up (gate|up)", "none (every layer global)")),
 ])
 def test_the_family_traits_are_shown(tmp_path, architecture, words):
     path = write_tiny_llama(tmp_path / "m.gguf", architecture=architecture)

@@ -41,7 +41,7 @@ EXPECTED_KERNELS = {
     "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0")],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
-    "paged_attention": ["paged_attention_bf16", "paged_attention_f16", "paged_attention_f32", "paged_attention_q8_0"],
+    "paged_attention": [f"paged_attention_{kv}{cap}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")],
     "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
     "rmsnorm": ["rmsnorm_f32"],
     "rope": ["rope_f32", "rope_neox_f32"],
@@ -49,6 +49,7 @@ EXPECTED_KERNELS = {
     "scale": ["scale_f32"],
     "select_rows": ["select_rows_f32"],
     "silu_mul": ["silu_mul_f32"],
+    "softcap": ["softcap_f32"],
 }
 # EF_AMDGPU_MACH_* from LLVM's include/llvm/BinaryFormat/ELF.h (the low byte of e_flags).
 AMDGPU_MACH = {"gfx90a": 0x3F, "gfx942": 0x4C, "gfx1030": 0x36, "gfx1100": 0x41, "gfx1201": 0x4E}

@@ -132,8 +132,9 @@ def run_attention(harnesses, warp, tmp_path, sample, workspace: bool, positions=
     paths = write_inputs(tmp_path, q=s.q, k_pool=s.k_pool, v_pool=s.v_pool,
                   tables=s.block_tables if block_tables is None else block_tables, token_seq=s.token_seq,
                   positions=s.positions if positions is None else positions)
-    run(harnesses, warp, f"paged_attention_{s.kv_dtype}", grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
-        s.block_size, s.max_blocks, s.num_blocks, slots, s.window, s.scale, *paths, ws_bytes, tmp_path / "o", tmp_path / "ws")
+    run(harnesses, warp, paged_attention.kernel_name(s.kv_dtype, s.softcap > 0), grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
+        s.block_size, s.max_blocks, s.num_blocks, slots, s.window, s.scale, s.softcap, *paths, ws_bytes, tmp_path / "o",
+        tmp_path / "ws")
     got = np.fromfile(tmp_path / "o", np.float32).reshape(s.q.shape)
     return got, np.fromfile(tmp_path / "ws", np.uint8), splits
 

@@ -215,8 +215,9 @@ def test_paged_attention_launcher_refuses_bad_arguments(cpu_device):
 def test_every_entry_has_a_host_kernel(cpu_device):
     module = cpu_device.load_module()
     for kv in KV_DTYPES:
-        assert module.kernel(paged_attention.kernel_name(kv), paged_attention.SIGNATURE.replace(" ", "")).name
+        for softcap in (False, True):
+            assert module.kernel(paged_attention.kernel_name(kv, softcap), paged_attention.SIGNATURE.replace(" ", "")).name
     for table_type in embedding.TABLE_TYPES:
         assert module.kernel(f"embedding_{table_type}", embedding.SIGNATURE).name
     assert module.kernel("select_rows_f32", select_rows.SIGNATURE).name
-    assert loader.get_kernel(cpu_device, "paged_attention", "paged_attention_q8_0", "ppppppppiiiiiiiiif")
+    assert loader.get_kernel(cpu_device, "paged_attention", "paged_attention_q8_0", "ppppppppiiiiiiiiiff")

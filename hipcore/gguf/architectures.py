@@ -22,6 +22,22 @@ llama.cpp's (src/models/<family>.cpp; the RoPE layout from llama_model_rope_type
          everything and uses rope.freq_base with the file's RoPE scaling. Attention scale
          1/sqrt(head_dim), except 1/sqrt(embedding_length / head_count) for the 62-layer 27B, as llama.cpp
          decides it. The norm weights in the file already hold Gemma's "1 +" (the converter adds it).
+  gemma2 gemma3 without the per-head q/k norms (llama.cpp: src/models/gemma2.cpp and its hparams): the scaled
+         embedding, the post-attention and post-feed-forward norms, the GeGLU feed-forward; local and global
+         layers alternating, layer i local when i % 2 == 0 (set_swa_pattern(2), dense last; a uint
+         attention.sliding_window_pattern overrides the period), the window attention.sliding_window (4096
+         when absent); local layers rotate like the global ones (rope.freq_base unless rope.freq_base_swa,
+         the same scaling). Attention logit soft-capping: every scaled score S becomes c tanh(S / c) before
+         the softmax, c = attn_logit_softcapping (50 when absent); final logit soft-capping: the output
+         logits become f tanh(logits / f), f = final_logit_softcapping (30). Attention scale 1/sqrt(head_dim),
+         except 1/sqrt(embedding_length / head_count) for the 46-layer 27B. The output is always the token
+         embedding (llama.cpp reads no output.weight for gemma2: a file with one is refused).
+  phi3   the llama layer with NEOX RoPE whose files hold q, k and v as one matrix (blk.N.attn_qkv: q rows,
+         then k, then v) and the feed-forward's gate and up as one (blk.N.ffn_up of 2 * feed_forward_length
+         rows: gate first, as llama.cpp's swiglu takes the first half as the gate; llama.cpp:
+         src/models/phi3.cpp). An attention.sliding_window key is read by llama.cpp and then switched off
+         ("Phi SWA is currently disabled"): every layer attends to the whole context, as there. The 128k
+         variants' LongRoPE (rope_factors_long / rope_factors_short) is not implemented and refused (exit 4).
 """
 
 from __future__ import annotations
@@ -43,6 +59,21 @@ class Architecture:
     scaled_embedding: bool = False  # token embeddings times sqrt(embedding_length)
     swa_period: int = 0        # local (sliding-window) layers: i % period < period - 1; 0: none
     swa_rope_theta: float = 0.0  # the local layers' RoPE base (no scaling)
+    swa_rope_scaled: bool = False  # local layers keep the model's RoPE scaling (and swa_rope_theta 0: its base)
+    swa_pattern_key: bool = False  # attention.sliding_window_pattern (a period) may override swa_period
+    default_sliding_window: int = 0  # the window when the file has no attention.sliding_window; 0: required
+    attn_softcap: float = 0.0  # attn_logit_softcapping's default; 0: the family caps no attention scores
+    final_softcap: float = 0.0  # final_logit_softcapping's default; 0: the family caps no output logits
+    tied_output: bool = False  # the output projection is always token_embd (output.weight is refused)
+    fused_qkv: bool = False    # blk.N.attn_qkv.weight holds q, k, v rows back to back (no attn_q/k/v)
+    fused_gate_up: bool = False  # blk.N.ffn_up.weight holds gate rows then up rows (no ffn_gate)
+
+    def layer_matrices(self, q_size: int, kv_size: int, hidden: int, ffn: int) -> dict[str, tuple[int, int]]:
+        """The per-layer matrices (name without blk.N. and .weight -> numpy-order shape) as the file holds them."""
+        qkv = ({"attn_qkv": (q_size + 2 * kv_size, hidden)} if self.fused_qkv else
+               {"attn_q": (q_size, hidden), "attn_k": (kv_size, hidden), "attn_v": (kv_size, hidden)})
+        ffn_in = {"ffn_up": (2 * ffn, hidden)} if self.fused_gate_up else {"ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden)}
+        return {**qkv, "attn_output": (hidden, q_size), **ffn_in, "ffn_down": (hidden, ffn)}
 
     def layer_vectors(self, q_size: int, kv_size: int, head_dim: int, hidden: int = 0) -> dict[str, tuple[int]]:
         """Per-layer 1-D tensors beyond the llama layout: name (without blk.N.) -> shape."""
@@ -62,4 +93,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3": Architecture("qwen3", rope_type="neox", qk_norm=True),
     "gemma3": Architecture("gemma3", rope_type="neox", qk_norm=True, post_norms=True, activation="gelu",
                            scaled_embedding=True, swa_period=6, swa_rope_theta=10000.0),
+    "gemma2": Architecture("gemma2", rope_type="neox", post_norms=True, activation="gelu", scaled_embedding=True,
+                           swa_period=2, swa_rope_scaled=True, swa_pattern_key=True, default_sliding_window=4096,
+                           attn_softcap=50.0, final_softcap=30.0, tied_output=True),
+    "phi3": Architecture("phi3", rope_type="neox", fused_qkv=True, fused_gate_up=True),
 }

@@ -1,6 +1,6 @@
 """ModelConfig: a model's hyperparameters, read from GGUF metadata and checked against the tensors.
 
-Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma3), whose keys are
+Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma2, gemma3, phi3), whose keys are
 `<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
 and "linear" (positions divided by the factor); "yarn", "longrope" and the rest are named and
 refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
@@ -75,7 +75,10 @@ class ModelConfig:
     query_scale: float = 0.0      # attention's score scale; 0: 1/sqrt(head_dim)
     sliding_window: int = 0       # keys a local layer sees, the current one included; 0: no local layers
     swa_period: int = 0           # layer i is local when i % swa_period < swa_period - 1 (and a window is set)
-    swa_rope_theta: float = 0.0   # the local layers' RoPE base (they use no RoPE scaling)
+    swa_rope_theta: float = 0.0   # the local layers' RoPE base (they use no RoPE scaling unless swa_rope_scaled)
+    swa_rope_scaled: bool = False  # local layers keep the model's RoPE scaling (gemma2)
+    attn_softcap: float = 0.0     # attention scores capped at c tanh(S / c) before the softmax; 0: none
+    final_softcap: float = 0.0    # output logits capped at f tanh(logits / f); 0: none
 
     @property
     def attention_scale(self) -> float:
@@ -92,7 +95,9 @@ class ModelConfig:
     def layer_rope(self, i: int, freq_scale: float) -> tuple[float, float]:
         """(RoPE base, frequency scale) of layer i: a local layer's own base without scaling, else the model's
         base with `freq_scale` (the file's linear scaling)."""
-        return (self.swa_rope_theta, 1.0) if self.is_local_layer(i) else (self.rope_theta, freq_scale)
+        if not self.is_local_layer(i):
+            return self.rope_theta, freq_scale
+        return self.swa_rope_theta, freq_scale if self.swa_rope_scaled else 1.0
 
     @property
     def q_size(self) -> int:
@@ -108,13 +113,10 @@ class ModelConfig:
         shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
         if not self.tie_embeddings:
             shapes["output.weight"] = (v, h)
-        layer = {
-            "attn_norm": (h,), "attn_q": (self.q_size, h), "attn_k": (self.kv_size, h),
-            "attn_v": (self.kv_size, h), "attn_output": (h, self.q_size),
-            "ffn_norm": (h,), "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f),
-        }
+        family = ARCHITECTURES[self.architecture]
+        layer = {"attn_norm": (h,), "ffn_norm": (h,), **family.layer_matrices(self.q_size, self.kv_size, h, f)}
         layer = {f"{part}.weight": shape for part, shape in layer.items()}
-        layer.update(ARCHITECTURES[self.architecture].layer_vectors(self.q_size, self.kv_size, self.head_dim, h))
+        layer.update(family.layer_vectors(self.q_size, self.kv_size, self.head_dim, h))
         for i in range(self.n_layers):
             for part, shape in layer.items():
                 shapes[f"blk.{i}.{part}"] = shape
@@ -179,9 +181,17 @@ def config_from_metadata(
     scaling, factor, original = _rope_scaling(keys, arch, context)
     names = {t.name for t in tensors}
     family = ARCHITECTURES[arch]
-    window = 0
-    if family.swa_period:  # required, as llama.cpp requires it of gemma3
-        window = keys.uint32(f"{arch}.attention.sliding_window", lo=1, hi=limits.max_context)
+    window = period = 0
+    if family.swa_period:  # required where llama.cpp requires it (gemma3); else its default (gemma2: 4096)
+        window = keys.uint32(f"{arch}.attention.sliding_window", lo=1, hi=limits.max_context,
+                             default=family.default_sliding_window or None)
+        period = _swa_period(keys, arch, family) if window else 0
+    rope_theta = keys.float32(f"{arch}.rope.freq_base", lo=0.0, hi=1e12, default=10000.0)
+    swa_rope_theta = family.swa_rope_theta
+    if family.swa_period and not swa_rope_theta:  # local layers rotate with the model's base unless told
+        swa_rope_theta = keys.float32(f"{arch}.rope.freq_base_swa", lo=0.0, hi=1e12, default=rope_theta)
+    softcaps = {which: keys.float32(f"{arch}.{which}_logit_softcapping", lo=0.0, hi=1e6, default=default)
+                for which, default in (("attn", family.attn_softcap), ("final", family.final_softcap)) if default}
     config = ModelConfig(
         architecture=arch,
         name=keys.string("general.name", default=""),
@@ -189,19 +199,35 @@ def config_from_metadata(
         context_length=context, hidden_size=hidden, n_layers=n_layers,
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, ffn_size=ffn,
         rms_norm_eps=keys.float32(f"{arch}.attention.layer_norm_rms_epsilon", lo=0.0, hi=1.0),
-        rope_theta=keys.float32(f"{arch}.rope.freq_base", lo=0.0, hi=1e12, default=10000.0),
+        rope_theta=rope_theta,
         rope_dim=rope_dim, rope_scaling=scaling, rope_scaling_factor=factor, rope_original_context=original,
-        tie_embeddings="output.weight" not in names,
+        tie_embeddings=family.tied_output or "output.weight" not in names,
         file_type=keys.uint32("general.file_type", required=False),
         rope_type=family.rope_type, qkv_bias=family.qkv_bias, qk_norm=family.qk_norm,
         post_norms=family.post_norms, activation=family.activation,
         # float32, as llama.cpp computes sqrtf(n_embd)
         embedding_scale=_float32(math.sqrt(hidden)) if family.scaled_embedding else 1.0,
         query_scale=_query_scale(arch, n_layers, hidden, n_heads),
-        sliding_window=window, swa_period=family.swa_period if window else 0, swa_rope_theta=family.swa_rope_theta,
+        sliding_window=window, swa_period=period, swa_rope_theta=swa_rope_theta, swa_rope_scaled=family.swa_rope_scaled,
+        attn_softcap=softcaps.get("attn", 0.0), final_softcap=softcaps.get("final", 0.0),
     )
+    _refuse_long_rope(arch, tensors)
     check_tensor_shapes(config, tensors, offsets=offsets)
     return config
+
+
+# Phi-3's 128k variants rescale RoPE's frequencies per pair (LongRoPE: one set of factors below the original
+# context, another beyond it, plus an attention factor); the 4k variants rotate plainly.
+_LONG_ROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def _refuse_long_rope(arch: str, tensors: list[_Tensor]) -> None:
+    for tensor in tensors:
+        if tensor.name in _LONG_ROPE_TENSORS:
+            raise GGUFError(f"tensor {show(tensor.name)}", getattr(tensor, "header_offset", None), tensor.name,
+                            "no LongRoPE factors", unsupported=True,
+                            problem=f"{arch}: LongRoPE scaling ({tensor.name}, the 128k-context variants) is not "
+                                    "supported; the 4k-context variants are")
 
 
 def _float32(x: float) -> float:
@@ -211,11 +237,29 @@ def _float32(x: float) -> float:
 
 def _query_scale(arch: str, n_layers: int, hidden: int, n_heads: int) -> float:
     """Attention's score scale where a family departs from 1/sqrt(head_dim), else 0. llama.cpp gives Gemma 3
-    27B (the only gemma3 of 62 layers) 1/sqrt(embedding_length / head_count), as Google's reference does
-    (query_pre_attn_scalar = hidden / heads there), and every other gemma3 1/sqrt(head_dim)."""
-    if arch == "gemma3" and n_layers == 62:
+    27B (the only gemma3 of 62 layers) and Gemma 2 27B (the only gemma2 of 46) 1/sqrt(embedding_length /
+    head_count), as Google's reference does (query_pre_attn_scalar = hidden / heads there), and every other
+    gemma2 and gemma3 1/sqrt(head_dim)."""
+    if (arch, n_layers) in (("gemma3", 62), ("gemma2", 46)):
         return _float32(1.0 / math.sqrt(hidden // n_heads))
     return 0.0
+
+
+def _swa_period(keys: MetadataKeys, arch: str, family) -> int:
+    """Every how many layers the global one comes: the family's, or attention.sliding_window_pattern's where
+    the family reads that key (gemma2) and it is a period. llama.cpp also takes a per-layer array there,
+    and 0 for "every layer local"; neither is implemented here."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    if not family.swa_pattern_key or key not in keys:
+        return family.swa_period
+    if isinstance(keys.metadata[key], tuple):
+        raise keys.error(key, keys.metadata[key], "a uint32 period", unsupported=True,
+                         problem="a per-layer sliding-window pattern is not supported")
+    period = keys.uint32(key)
+    if period == 0:
+        raise keys.error(key, 0, "a period of at least 1", unsupported=True,
+                         problem="a sliding window on every layer (pattern 0) is not supported")
+    return period
 
 
 def _check_supported(keys: MetadataKeys, key: str, value: int, most: int, what: str) -> None:

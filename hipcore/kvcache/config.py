@@ -8,7 +8,7 @@ whether it attends globally or through a sliding window: `layer_windows[i]` is 0
 (full-attention) layer and W > 0 for a layer whose query at position p reads only the keys at
 positions p - W + 1 ... p (W positions, itself included: llama.cpp's standard SWA mask, which hides a
 key when p - key >= W, and Hugging Face's `sliding_window`). An empty tuple means every layer is
-global (llama, qwen2, qwen3): one group, exactly the cache of before. With at least one window the
+global (llama, qwen2, qwen3, phi3): one group, exactly the cache of before. With at least one window the
 cache keeps two groups, as vLLM's hybrid KV cache manager does:
   global  the layers with window 0: one pool of `num_blocks` blocks; a sequence keeps every block.
   local   the layers with a window: their own pool of `window_blocks` blocks and their own block

@@ -5,7 +5,8 @@ A family (hipcore/model/families/) is a layer built from these: the llama layer 
 and a family that differs from it only in how q, k and v are made (qwen2's biases, qwen3's per-head
 norm, NEOX RoPE) composes its own attention_input from the smaller blocks below and keeps the rest.
 gemma3 composes its whole layer from single ops: qwen3's attention input, then the sandwich blocks at
-the end of this file (a norm after attention and after a GeGLU feed-forward, before each residual add).
+the end of this file (a norm after attention and after a GeGLU feed-forward, before each residual add);
+gemma2 the same without the per-head norms, and its logits capped after the head (capped_logits).
 Per layer, RoPE's base and scaling and attention's window come from the config (local layers differ).
 The products themselves are planned by projections.py (fused kernels where the weights and the step
 allow them); the blocks here add what sits between them.
@@ -19,7 +20,7 @@ from typing import Callable
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.projections import Launch, ProjectionPlanner, weight_arg
 from hipcore.model.step_inputs import StepInputs
-from hipcore.ops import add, add_bias, gelu_mul, kv_store, matmul_mma, paged_attention, rmsnorm, rope, scale
+from hipcore.ops import add, add_bias, gelu_mul, kv_store, matmul_mma, paged_attention, rmsnorm, rope, scale, softcap
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
@@ -69,7 +70,7 @@ def attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
             dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
             n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
             block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
-            kv_dtype=kv.dtype, workspace=workspace, window=cfg.layer_window(i))),
+            kv_dtype=kv.dtype, workspace=workspace, window=cfg.layer_window(i), softcap=cfg.attn_softcap)),
     ]
 
 
@@ -140,6 +141,8 @@ def compose(*blocks: Block) -> Block:
 
 # What runs on the embedded rows before the first layer: (context, token rows) -> launches.
 InputBlock = Callable[[StepContext, int], list[Launch]]
+# What runs on the logits after the output head: (context, logits rows) -> launches.
+OutputBlock = Callable[[StepContext, int], list[Launch]]
 
 
 @dataclass(frozen=True)
@@ -150,9 +153,13 @@ class Family:
     name: str
     layer: tuple[Block, ...]
     embedding_input: InputBlock | None = None
+    logits_output: OutputBlock | None = None
 
     def input_launches(self, ctx: StepContext, t: int) -> list[Launch]:
         return self.embedding_input(ctx, t) if self.embedding_input is not None else []
+
+    def output_launches(self, ctx: StepContext, r: int) -> list[Launch]:
+        return self.logits_output(ctx, r) if self.logits_output is not None else []
 
     def layer_launches(self, ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
         return [launch for block in self.layer for launch in block(ctx, i, lw, t)]
@@ -206,3 +213,11 @@ def post_normed_feed_forward_output(ctx: StepContext, i: int, lw, t: int) -> lis
     """x += rmsnorm(gate @ Wd^T) (post_ffw_norm)."""
     return _post_normed_residual(ctx, "ffn_down", lw.ffn_down, lw.ffn_post_norm, ctx.buffers["gate"],
                                  ctx.config.ffn_size, t)
+
+
+def capped_logits(ctx: StepContext, r: int) -> list[Launch]:
+    """logits = f tanh(logits / f) with f = final_softcap (Gemma 2's final logit soft-capping, f = 30), in place
+    on the r rows the head wrote, before anything samples from them."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    return [("final_softcap", lambda: softcap.launch(dev, st, b["logits"], b["logits"], r * cfg.vocab_size,
+                                                     cfg.final_softcap))]

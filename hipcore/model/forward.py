@@ -230,6 +230,7 @@ class ModelRunner:
                 dev, st, b["rows"], b["x"], inputs.addr("sample_rows"), r, h, t)))
             rows = b["rows"]
         plan += products.head(w.output, w.output_norm, rows, r)
+        plan += self.family.output_launches(ctx, r)  # e.g. gemma2's final logit soft-capping
         if with_sampling:
             plan.append(("sample", lambda: sample.launch(dev, st, b["tokens"], b["logits"], inputs.addr("sampling"), r, v)))
         return plan

@@ -11,6 +11,8 @@ Matrices that read the same input are uploaded back to back into one buffer when
 format: q, k and v of a layer, and gate and up. The decode path then runs each group as one fused
 matrix-vector product (one launch, one pass over the input); each matrix stays addressable on its
 own (Weight.offset) for the ops that read them one at a time. The bytes are the same either way.
+Phi-3's files hold q|k|v and gate|up already concatenated in that layout (FILE_FUSED): each is uploaded
+as it is and its members become views of its rows.
 
 Llama 3.1/3.2 files carry rope_freqs.weight, the per-pair divisors of the "llama3" RoPE scaling: it
 is uploaded as float32 (rope_dim / 2 values) and every kernel that applies RoPE reads it. Its values
@@ -40,6 +42,10 @@ FAMILY_VECTORS = {"attn_q_bias": "attn_q.bias", "attn_k_bias": "attn_k.bias", "a
                   "attn_post_norm": "post_attention_norm.weight", "ffn_post_norm": "post_ffw_norm.weight"}
 # Layer matrices uploaded into one buffer when their formats agree: (group name, members).
 FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("ffn_gate", "ffn_up")))
+# Matrices a family's files hold already concatenated (phi3): file tensor -> (its members, in row order).
+# Each is uploaded as one buffer (it is the group above, as the fused kernels read it) and every member
+# becomes a view of its rows.
+FILE_FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")}
 ROPE_FREQS = "rope_freqs.weight"  # optional: RoPE frequency divisors (Llama 3.1/3.2 "llama3" scaling)
 
 ProgressFn = Callable[[int, int, str], None]  # (bytes done, bytes total, tensor name)
@@ -124,13 +130,27 @@ def _stored_bytes(fmt: str, info) -> int:
     return info.n_elements * (4 if fmt == "f32" else 2)
 
 
+def _layer_parts(config) -> list[str]:
+    """The per-layer matrices and norms as the file names them (LAYER_TENSORS, or a family's fused ones)."""
+    expected = config.expected_tensor_shapes()
+    return [t for t in ("attn_norm", "attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+                        "ffn_up", "ffn_down") if f"blk.0.{t}.weight" in expected]
+
+
+def _file_fused(config) -> dict[str, tuple[str, ...]]:
+    """FILE_FUSED's entries this config's files hold: the tensor is there and its other members are not
+    (ffn_up holds gate and up when there is no ffn_gate)."""
+    parts = set(_layer_parts(config))
+    return {t: members for t, members in FILE_FUSED.items() if t in parts and not (set(members) - {t}) & parts}
+
+
 def _tensor_roles(config) -> list[tuple[str, bool, bool]]:
     """(name, is_table, is_vector) of every tensor the forward pass reads."""
     roles = [("token_embd.weight", True, False), ("output_norm.weight", False, True)]
     if not config.tie_embeddings:
         roles.append(("output.weight", False, False))
     for i in range(config.n_layers):
-        for t in LAYER_TENSORS:
+        for t in _layer_parts(config):
             roles.append((f"blk.{i}.{t}.weight", False, t.endswith("norm")))
         for part in _family_vectors(config).values():
             roles.append((f"blk.{i}.{part}", False, True))
@@ -247,6 +267,14 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
                 buf.free()
         raise
     vectors = _family_vectors(config)
+    file_fused = _file_fused(config)
+    for i in range(config.n_layers):
+        for tensor, members in file_fused.items():
+            whole = uploaded[f"blk.{i}.{tensor}.weight"]
+            groups[f"blk.{i}.{_GROUP_OF[members[0]]}"] = whole
+            sizes = _member_rows(config, members)
+            uploaded.update({f"blk.{i}.{m}.weight": view for m, view in
+                             zip(members, _row_views(whole, sizes, plan.tensor(f"blk.{i}.{tensor}.weight")))})
     layers = [
         LayerWeights(*(uploaded[f"blk.{i}.{t}.weight"] for t in LAYER_TENSORS),
                      **{g: groups.get(f"blk.{i}.{g}") for g, _ in FUSED_GROUPS},
@@ -256,3 +284,24 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
     embd = uploaded["token_embd.weight"]
     output = embd if config.tie_embeddings else uploaded["output.weight"]
     return ModelWeights(embd, uploaded["output_norm.weight"], output, layers, buffers, converted, rope_freqs)
+
+
+_GROUP_OF = {m: g for g, members in FUSED_GROUPS for m in members}
+
+
+def _member_rows(config, members: tuple[str, ...]) -> list[int]:
+    rows = {"attn_q": config.q_size, "attn_k": config.kv_size, "attn_v": config.kv_size,
+            "ffn_gate": config.ffn_size, "ffn_up": config.ffn_size}
+    return [rows[m] for m in members]
+
+
+def _row_views(whole: Weight, rows: list[int], info) -> list[Weight]:
+    """Weights over consecutive row ranges of `whole` (a matrix of whole rows: a row is whole blocks in
+    every GGUF format, so a range starts at a byte offset)."""
+    row_bytes = _stored_bytes(whole.fmt, info) // whole.rows
+    views, start = [], 0
+    for n in rows:
+        views.append(Weight(whole.buffer, whole.fmt, (n, whole.cols), whole.offset + start * row_bytes))
+        start += n
+    assert start == whole.rows, (rows, whole.shape)
+    return views

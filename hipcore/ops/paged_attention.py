@@ -5,12 +5,15 @@ own sequence at positions 0..its own position (its own K/V is written by kv_stor
 with a negative position is padding: its output rows are zero. With a sliding window (`window` > 0,
 Gemma's local layers) a token at position p sees only positions p - window < j <= p (llama.cpp's
 LLAMA_SWA_TYPE_STANDARD: the window counts the token itself); keys before the window are never read, and
-the block-table entries wholly before it may hold anything (the KV cache frees those blocks).
+the block-table entries wholly before it may hold anything (the KV cache frees those blocks). With a soft
+cap (`softcap` > 0, Gemma 2) every scaled score S becomes softcap * tanh(S / softcap) before the softmax.
 
-Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0; kernels/paged_attention.hip) with the signature
+Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0; kernels/paged_attention.hip), and
+`paged_attention_<kv dtype>_softcap` for a soft cap (its own entry points, so that the kernels without one
+compile as if it did not exist), with the signature
     (out p, q p, k_pool p, v_pool p, block_tables p, token_seq p, positions p, workspace p,
      n_tokens i, n_heads i, n_kv_heads i, head_dim i, block_size i, max_blocks i, num_blocks i, slots i,
-     window i, scale f)
+     window i, scale f, softcap f)
 q, out: float32 [n_tokens, n_heads, head_dim] (out may be q); pools: [num_blocks, n_kv_heads,
 block_size, row_bytes] (the KvCache layout); block_tables: int32 [n_seqs, max_blocks]; token_seq,
 positions: int32 [n_tokens]. Query head h reads KV head h // (n_heads / n_kv_heads), as llama.cpp does.
@@ -42,7 +45,7 @@ from hipcore.runtime.errors import DeviceError
 from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "paged_attention"
-SIGNATURE = "pppppppp iiiiiiiii f"
+SIGNATURE = "pppppppp iiiiiiiii ff"
 WARPS = 4  # per workgroup: the kernel's launch bounds
 MAX_GROUP_HEADS = 4  # query heads a workgroup serves
 MAX_HEAD_DIM = 256  # 8 elements per lane, 32 lanes per key at most
@@ -65,9 +68,11 @@ def first_visible(positions: np.ndarray, window: int) -> np.ndarray:
 
 
 def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtype, block_tables: np.ndarray,
-              token_seq: np.ndarray, positions: np.ndarray, scale: float, window: int = 0) -> np.ndarray:
+              token_seq: np.ndarray, positions: np.ndarray, scale: float, window: int = 0,
+              softcap: float = 0.0) -> np.ndarray:
     """float32 [T, n_heads, head_dim]. Pools are uint8 [num_blocks, n_kv_heads, block_size, row_bytes].
-    window > 0: each token sees its last `window` positions (itself included); only their blocks are read."""
+    window > 0: each token sees its last `window` positions (itself included); only their blocks are read.
+    softcap > 0: the scaled scores are capped, softcap * tanh(S / softcap), before the softmax."""
     n_tokens, n_heads, head_dim = q.shape
     num_blocks, n_kv_heads, block_size, _ = k_pool.shape
     if n_heads % n_kv_heads:
@@ -94,6 +99,8 @@ def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtyp
         v = fmt.decode(v_pool[blocks], head_dim).transpose(1, 0, 2, 3).reshape(n_kv_heads, -1, head_dim)[:, :ctx - base]
         qs = q[idx].reshape(len(idx), n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)  # [kv, g, n, hd]
         scores = np.einsum("kgnd,kcd->kgnc", qs, k, dtype=np.float64) * scale
+        if softcap > 0:
+            scores = softcap * np.tanh(scores / softcap)
         key_pos = np.arange(base, ctx)[None, :]
         scores[..., (key_pos > pos[:, None]) | (key_pos < first[:, None])] = -np.inf
         scores -= scores.max(axis=-1, keepdims=True)
@@ -104,16 +111,16 @@ def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtyp
     return out
 
 
-def kernel_name(kv_dtype: str) -> str:
-    return f"paged_attention_{kv_dtype}"
+def kernel_name(kv_dtype: str, softcap: bool = False) -> str:
+    return f"paged_attention_{kv_dtype}" + ("_softcap" if softcap else "")
 
 
-def _register(fmt: KvDtype) -> None:
-    @cpu_kernel(kernel_name(fmt.name), SIGNATURE.replace(" ", ""))
+def _register(fmt: KvDtype, softcap: bool) -> None:
+    @cpu_kernel(kernel_name(fmt.name, softcap), SIGNATURE.replace(" ", ""))
     def host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int,
              token_seq: int, positions: int, workspace: int, n_tokens: int, n_heads: int, n_kv_heads: int,
              head_dim: int, block_size: int, max_blocks: int, num_blocks: int, slots: int, window: int,
-             scale: float) -> None:
+             scale: float, softcap: float) -> None:
         pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
         seqs = dev.view(token_seq, np.int32, n_tokens)
         n_seqs = int(seqs.max()) + 1 if n_tokens else 0
@@ -121,13 +128,14 @@ def _register(fmt: KvDtype) -> None:
             dev.view(q, np.float32, (n_tokens, n_heads, head_dim)),
             dev.view(k_pool, np.uint8, pool_shape), dev.view(v_pool, np.uint8, pool_shape), fmt,
             dev.view(block_tables, np.int32, (n_seqs, max_blocks)), seqs,
-            dev.view(positions, np.int32, n_tokens), scale, window,
+            dev.view(positions, np.int32, n_tokens), scale, window, softcap,
         )
         dev.view(out, np.float32, (n_tokens, n_heads, head_dim))[:] = result  # computed in full first: out may be q
 
 
 for _fmt in KV_DTYPES.values():
-    _register(_fmt)
+    for _softcap in (False, True):
+        _register(_fmt, _softcap)
 
 
 # ---- geometry and workspace --------------------------------------------------------------------
@@ -193,11 +201,13 @@ def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, slots: int
 
 def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
            n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
-           num_blocks: int, scale: float, kv_dtype: str, workspace: Buffer | None = None, window: int = 0) -> None:
+           num_blocks: int, scale: float, kv_dtype: str, workspace: Buffer | None = None, window: int = 0,
+           softcap: float = 0.0) -> None:
     """Queue attention for n_tokens query tokens (see the module docstring); `workspace` (optional, zeroed
     once after allocation, at least workspace_size(...) bytes for full speed) lets decode split keys;
-    window > 0 limits each token to its last `window` positions (0: the whole context)."""
-    op = kernel_name(kv_dtype)
+    window > 0 limits each token to its last `window` positions (0: the whole context); softcap > 0 caps
+    the scaled scores (Gemma 2), 0 leaves them."""
+    op = kernel_name(kv_dtype, softcap > 0)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"{OP}: no kernel for KV dtype {kv_dtype!r}; have {', '.join(KV_DTYPES)}")
     check_sizes(op, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
@@ -210,6 +220,8 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
         raise ValueError(f"{op}: block_size must be a power of two, got {block_size}")
     if not 0 <= window <= INT32_MAX:
         raise ValueError(f"{op}: window must be 0 (none) or a positive key count, got {window}")
+    if not (np.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"{op}: softcap must be 0 (none) or a positive finite cap, got {softcap}")
     row_bytes = KV_DTYPES[kv_dtype].row_bytes(head_dim)
     if n_kv_heads * block_size * row_bytes >= 2**31:
         raise ValueError(f"{op}: a pool block of {n_kv_heads} x {block_size} rows is 2 GiB or more")
@@ -238,4 +250,5 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     kernel = get_kernel(device, OP, op, SIGNATURE.replace(" ", ""))
     kernel.launch(grid, block,
                   [out, q, k_pool, v_pool, block_tables, token_seq, positions, workspace_address, n_tokens, n_heads,
-                   n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window, scale], stream=stream)
+                   n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window, scale, softcap],
+                  stream=stream)

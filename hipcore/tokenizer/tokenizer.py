@@ -26,7 +26,9 @@ from hipcore.tokenizer.spm import SPACE_MARK, SpmEncoder
 from hipcore.tokenizer.vocab import (
     ATTR_BYTE,
     ATTR_CONTROL,
+    ATTR_LSTRIP,
     ATTR_NORMAL,
+    ATTR_RSTRIP,
     ATTR_UNKNOWN,
     ATTR_USER_DEFINED,
     Vocabulary,
@@ -34,6 +36,7 @@ from hipcore.tokenizer.vocab import (
 )
 
 _SHOWN_ONLY_WHEN_SPECIAL = ATTR_CONTROL | ATTR_UNKNOWN
+_C_SPACE = " \t\n\v\f\r"  # what C's isspace() takes, which llama.cpp strips with
 
 
 class Tokenizer:
@@ -116,11 +119,13 @@ class Tokenizer:
         return out
 
     def _split_special(self, text: str, parse_special: bool) -> list[str | int]:
-        """Cut `text` at special-token occurrences, longest tokens first (as llama.cpp does)."""
+        """Cut `text` at special-token occurrences, longest tokens first (as llama.cpp does); a token with
+        the LSTRIP / RSTRIP attribute (vocab.py) takes the whitespace before / after it along."""
         fragments: list[str | int] = [text]
         for token_text, token_id in (self._special if parse_special else self._user_defined):
             if token_text not in text:
                 continue
+            attr = self._vocab.attrs[token_id]
             out: list[str | int] = []
             for fragment in fragments:
                 if isinstance(fragment, int) or token_text not in fragment:
@@ -130,6 +135,10 @@ class Tokenizer:
                 for k, part in enumerate(parts):
                     if k:
                         out.append(token_id)
+                        if attr & ATTR_RSTRIP:
+                            part = part.lstrip(_C_SPACE)
+                    if k < len(parts) - 1 and attr & ATTR_LSTRIP:
+                        part = part.rstrip(_C_SPACE)
                     if part:
                         out.append(part)
             fragments = out

@@ -22,6 +22,10 @@ ATTR_NORMAL = 1 << 2
 ATTR_CONTROL = 1 << 3
 ATTR_USER_DEFINED = 1 << 4
 ATTR_BYTE = 1 << 5
+# Not from the file: llama.cpp sets these per model (llama-vocab.cpp, "per token attributes"). A special
+# token with LSTRIP swallows the whitespace before it in the text, with RSTRIP the whitespace after it.
+ATTR_LSTRIP = 1 << 7
+ATTR_RSTRIP = 1 << 8
 
 # GGUF tokenizer.ggml.token_type values -> attributes; any other value is "undefined".
 _TYPE_TO_ATTR = {
@@ -197,6 +201,7 @@ def read_vocabulary(metadata: Mapping[str, object]) -> Vocabulary:
 
     matched = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
     special_ids = sorted((i for i in range(n_vocab) if attrs[i] & matched), key=lambda i: (-len(tokens[i]), i))
+    _set_model_attributes(metadata, attrs, token_to_id, special_ids)
 
     return Vocabulary(
         model=model,
@@ -218,6 +223,23 @@ def read_vocabulary(metadata: Mapping[str, object]) -> Vocabulary:
         special_ids=tuple(special_ids),
         notes=tuple(notes),
     )
+
+
+def _set_model_attributes(metadata: Mapping[str, object], attrs: list[int], token_to_id: Mapping[str, int],
+                          special_ids: list[int]) -> None:
+    """The strip attributes llama.cpp gives special tokens by the model's name. Phi-3 (a general.name containing
+    "phi-3" or "phi3", any case): every special token swallows the whitespace after it, as do "</s>", but not
+    "<unk>", "<s>" or "<|endoftext|>" (so "<|user|>\nHello" encodes as <|user|> "Hello"). llama.cpp fails to
+    load a file so named that lacks one of those four tokens; here a missing one is skipped."""
+    name = (_get_str(metadata, "general.name") or "").lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return
+    for i in special_ids:
+        attrs[i] |= ATTR_RSTRIP
+    for text, strip in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+        if text in token_to_id:
+            i = token_to_id[text]
+            attrs[i] = attrs[i] | ATTR_RSTRIP if strip else attrs[i] & ~ATTR_RSTRIP
 
 
 # --- typed metadata access: every wrong type is an InvalidModelError naming the key -------------

@@ -25,7 +25,8 @@ ENTRIES = {
     "embedding": [(f"embedding_{t}", embedding.SIGNATURE) for t in embedding.TABLE_TYPES],
     "select_rows": [("select_rows_f32", select_rows.SIGNATURE)],
     "kv_store": [(kv_store.kernel_name(kv), kv_store.SIGNATURE) for kv in KV_DTYPES],
-    "paged_attention": [(paged_attention.kernel_name(kv), paged_attention.SIGNATURE.replace(" ", "")) for kv in KV_DTYPES],
+    "paged_attention": [(paged_attention.kernel_name(kv, cap), paged_attention.SIGNATURE.replace(" ", ""))
+                        for kv in KV_DTYPES for cap in (False, True)],
 }
 THREADS = {"embedding": embedding.MAX_THREADS, "select_rows": select_rows.MAX_THREADS, "kv_store": kv_store.THREADS,
            "paged_attention": None}  # attention: 4 warps, the launcher's block on this device
@@ -143,7 +144,7 @@ class AttentionRun:
         paged_attention.launch(self.gpu, stream, self.out, *self.inputs, n_tokens=s.n_tokens, n_heads=s.n_heads,
                                n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, block_size=s.block_size,
                                max_blocks=s.max_blocks, num_blocks=s.num_blocks, scale=s.scale, kv_dtype=s.kv_dtype,
-                               workspace=self.workspace, window=s.window)
+                               workspace=self.workspace, window=s.window, softcap=s.softcap)
 
     def check(self, seed: int, what: str = "") -> None:
         s = self.sample

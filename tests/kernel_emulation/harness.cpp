@@ -24,6 +24,7 @@
 #include "rmsnorm.hip"
 #include "rope.hip"
 #include "scale.hip"
+#include "softcap.hip"
 #include "select_rows.hip"
 #include "silu_mul.hip"
 
@@ -97,29 +98,35 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
     write_file(a[10], k_pool.data(), k_pool.size());
     write_file(a[11], v_pool.data(), v_pool.size());
   } else if (entry.rfind("paged_attention_", 0) == 0) {
-    // n_tokens n_heads n_kv_heads head_dim block_size max_blocks num_blocks max_splits window scale q k_pool
+    // n_tokens n_heads n_kv_heads head_dim block_size max_blocks num_blocks max_splits window scale softcap q k_pool
     // v_pool block_tables token_seq positions workspace_bytes out workspace_out: the workspace starts zeroed
     // (a null pointer when its size is 0) and is written back, so that its counters can be checked.
     int n[9];
     for (int i = 0; i < 9; ++i) n[i] = std::atoi(a[i]);
     a += 1;  // past the window: the rest as before it
     const float scale = std::strtof(a[8], nullptr);
+    const float softcap = std::strtof(a[9], nullptr);
+    a += 1;  // past the soft cap: the rest as before it
     std::vector<char> q = read_file(a[9]), k_pool = read_file(a[10]), v_pool = read_file(a[11]);
     std::vector<char> tables = read_file(a[12]), token_seq = read_file(a[13]), positions = read_file(a[14]);
     const size_t workspace_bytes = (size_t)std::atoll(a[15]);
     std::vector<float> workspace((workspace_bytes + 3) / 4, 0.0f);
     std::vector<float> out = nan_filled((size_t)n[0] * n[1] * n[3]);
     using Attention = void (*)(float*, const float*, const void*, const void*, const int*, const int*, const int*, void*,
-                               int, int, int, int, int, int, int, int, int, float);
+                               int, int, int, int, int, int, int, int, int, float, float);
     const std::map<std::string, Attention> kernels = {
         {"paged_attention_f16", paged_attention_f16}, {"paged_attention_bf16", paged_attention_bf16},
-        {"paged_attention_f32", paged_attention_f32}, {"paged_attention_q8_0", paged_attention_q8_0}};
+        {"paged_attention_f32", paged_attention_f32}, {"paged_attention_q8_0", paged_attention_q8_0},
+        {"paged_attention_f16_softcap", paged_attention_f16_softcap},
+        {"paged_attention_bf16_softcap", paged_attention_bf16_softcap},
+        {"paged_attention_f32_softcap", paged_attention_f32_softcap},
+        {"paged_attention_q8_0_softcap", paged_attention_q8_0_softcap}};
     if (!kernels.count(entry)) std::exit(2);
     const Attention kernel = kernels.at(entry);
     emu_launch(grid, block, [&] {
       kernel(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
              (const int*)token_seq.data(), (const int*)positions.data(), workspace_bytes ? workspace.data() : nullptr,
-             n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], scale);
+             n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], scale, softcap);
     });
     write_file(a[16], out.data(), out.size() * 4);
     write_file(a[17], workspace.data(), workspace_bytes);
@@ -392,6 +399,13 @@ int main(int argc, char** argv) {
     std::vector<char> x = read_file(a[2]);
     std::vector<float> out = nan_filled((size_t)n);
     emu_launch(grid, block, [&] { scale_f32(out.data(), (const float*)x.data(), n, factor); });
+    write_file(a[3], out.data(), out.size() * 4);
+  } else if (entry == "softcap_f32") {  // n cap x out
+    const int n = std::atoi(a[0]);
+    const float cap = std::strtof(a[1], nullptr);
+    std::vector<char> x = read_file(a[2]);
+    std::vector<float> out = nan_filled((size_t)n);
+    emu_launch(grid, block, [&] { softcap_f32(out.data(), (const float*)x.data(), n, cap); });
     write_file(a[3], out.data(), out.size() * 4);
   } else if (entry == "silu_mul_f32" || entry == "gelu_mul_f32" || entry == "add_f32") {  // n first second out
     const int n = std::atoi(a[0]);

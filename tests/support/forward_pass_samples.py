@@ -61,6 +61,7 @@ class PagedSample:
     token_seq: np.ndarray  # int32 [T]
     positions: np.ndarray  # int32 [T]
     window: int = 0  # sliding window in keys (0: none)
+    softcap: float = 0.0  # attention logit soft cap (0: none)
 
     @property
     def n_tokens(self) -> int:
@@ -68,7 +69,7 @@ class PagedSample:
 
     def reference(self) -> np.ndarray:
         return paged_attention.reference(self.q, self.k_pool, self.v_pool, kv_dtype(self.kv_dtype), self.block_tables,
-                                         self.token_seq, self.positions, self.scale, self.window)
+                                         self.token_seq, self.positions, self.scale, self.window, self.softcap)
 
     def keys_values(self, seq: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
         """float64 [n_kv_heads, ctx, head_dim] K and V of a sequence, decoded from the pools."""
@@ -111,9 +112,14 @@ class PagedSample:
                 k, v = keys[h // group], values[h // group]
                 qh = self.q[t, h].astype(np.float64)
                 scores = (k @ qh) * self.scale
+                d_score = (self.head_dim + 3) * U32 * self.scale * np.abs(k * qh).sum(axis=1).max()
+                if self.softcap > 0:  # the cap's slope is at most 1; its own arithmetic (the product with
+                    # 2 / softcap, exp2f's 2 ulp relative to the argument, the sum, the quotient, the
+                    # difference and the product with the cap) adds at most 8u of |S| + softcap
+                    scores = self.softcap * np.tanh(scores / self.softcap)
+                    d_score += 8 * U32 * (np.abs(scores).max() + self.softcap)
                 p = np.exp(scores - scores.max())
                 p /= p.sum()
-                d_score = (self.head_dim + 3) * U32 * self.scale * np.abs(k * qh).sum(axis=1).max()
                 relative = (2 * d_score + (ctx / 8 + 16) * (2 * np.abs(scores).max() + 3) * U32 + (ctx / 4 + 32) * U32)
                 tol[t, h] = 1.1 * relative * (p @ np.abs(v))
         return tol + 1e-30

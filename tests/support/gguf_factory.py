@@ -10,7 +10,8 @@ the encoded bytes of every tensor) and `raw_tiny_llama` the same file as a RawGG
 ready to be corrupted field by field. `architecture="qwen2"` adds q/k/v biases and the qwen2 pre-tokenizer,
 "qwen3" per-head q/k norm weights (and a head size of its own with head_dim=...), "gemma3" qwen3's norms
 plus post-attention and post-feed-forward norms, attention.sliding_window (16 unless extra_metadata says
-otherwise) and a Gemma-style chat template.
+otherwise) and a Gemma-style chat template, "gemma2" the same without the q/k norms; "phi3" the llama tensors with q|k|v and gate|up concatenated as
+Phi-3's files hold them (attn_qkv, ffn_up of twice the rows).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ GEMMA_TEMPLATE = (
     "{{ '<start_of_turn>' + role + '\n' + message['content'] + '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
-GEMMA3_SLIDING_WINDOW = 16
+GEMMA_SLIDING_WINDOW = 16
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
     "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -137,10 +138,10 @@ def tiny_llama_spec(
         meta += [Meta(f"{a}.attention.key_length", UINT32, head_dim), Meta(f"{a}.attention.value_length", UINT32, head_dim)]
     if alignment is not None:
         meta.append(Meta("general.alignment", UINT32, alignment))
-    if a == "gemma3":
-        meta.append(Meta(f"{a}.attention.sliding_window", UINT32, GEMMA3_SLIDING_WINDOW))
+    if a in ("gemma2", "gemma3"):
+        meta.append(Meta(f"{a}.attention.sliding_window", UINT32, GEMMA_SLIDING_WINDOW))
     meta += _tokenizer_metadata(tokenizer, vocab, pre="qwen2" if a in ("qwen2", "qwen3") else "smollm")
-    if a == "gemma3" and tokenizer == "gpt2":
+    if a in ("gemma2", "gemma3") and tokenizer == "gpt2":
         meta = [Meta(m.key, STRING, GEMMA_TEMPLATE) if m.key == "tokenizer.chat_template" else m for m in meta]
     meta = _apply_extra(meta, extra_metadata or {})
     shape = _Shape(n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab)
@@ -272,7 +273,9 @@ class _Shape:
 
 
 # Per-layer vectors each family adds to the llama layout: "bias" (q, k, v biases) and/or "qk_norm".
-FAMILY_EXTRAS = {"llama": (), "qwen2": ("bias",), "qwen3": ("qk_norm",), "gemma3": ("qk_norm", "post_norm")}
+# "fused": q|k|v written as one attn_qkv matrix and gate|up as one ffn_up of twice the rows, gate first (phi3).
+FAMILY_EXTRAS = {"llama": (), "qwen2": ("bias",), "qwen3": ("qk_norm",), "gemma2": ("post_norm",),
+                 "gemma3": ("qk_norm", "post_norm"), "phi3": ("fused",)}
 
 
 def _tensors(shape: _Shape, tensor_type, embedding_type, tied, seed, tensor_types, extras=(), logit_scale=1.0,
@@ -306,7 +309,12 @@ def _tensors(shape: _Shape, tensor_type, embedding_type, tied, seed, tensor_type
             "ffn_up": linear(ffn, hidden),
             "ffn_down": linear(hidden, ffn, residual),
         }
-        for part in LAYER_TENSORS:
+        names = LAYER_TENSORS
+        if "fused" in extras:  # the same draws, concatenated as Phi-3's converter writes them
+            parts["attn_qkv"] = np.concatenate([parts.pop("attn_q"), parts.pop("attn_k"), parts.pop("attn_v")])
+            parts["ffn_up"] = np.concatenate([parts.pop("ffn_gate"), parts["ffn_up"]])
+            names = ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down")
+        for part in names:
             values = parts[part]
             kind = tensor_types.get(part, tensor_type) if values.ndim == 2 else "F32"
             out.append(_encode(f"blk.{i}.{part}.weight", values, kind))

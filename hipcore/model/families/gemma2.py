@@ -1,0 +1,13 @@
+"""gemma2 (Gemma 2): gemma3's layer without the per-head q/k norms (llama.cpp: src/models/gemma2.cpp): norm, q/k/v
+products and NEOX RoPE, attention whose scaled scores are soft-capped (ModelConfig.attn_softcap, passed by the
+shared attention block to the kernel) and which on every other layer (the even ones) looks through a
+sliding window, a norm on the attention output and on the GeGLU feed-forward's output before each residual
+add, token embeddings scaled by sqrt(hidden_size), and the output logits soft-capped after the head."""
+
+from hipcore.model.blocks import (Family, attention, capped_logits, compose, geglu_feed_forward,
+                                  post_normed_attention_output, post_normed_feed_forward_output, qkv_products,
+                                  rope_qk, scaled_embedding)
+
+FAMILY = Family("gemma2", (compose(qkv_products, rope_qk), attention, post_normed_attention_output,
+                           geglu_feed_forward, post_normed_feed_forward_output),
+                embedding_input=scaled_embedding, logits_output=capped_logits)
