@@ -246,7 +246,7 @@ def test_forward_ops_compile_at_run_time(gpu, mem, rng, seed):
     grid, block = paged_attention.geometry(gpu.arch, s.n_tokens, 9, 3, slots)
     kernel = modules["paged_attention"].kernel("paged_attention_q8_0", paged_attention.SIGNATURE.replace(" ", ""))
     kernel.launch(grid, block, [run.out, *run.inputs, run.workspace, s.n_tokens, 9, 3, 64, 16, s.max_blocks,
-                                s.num_blocks, slots, 0, s.scale])  # window 0: the whole context
+                                s.num_blocks, slots, 0, s.scale, 0.0])  # window 0: the whole context; no soft cap
     run.check(seed, "run-time compiled")
 
 
