@@ -7,9 +7,8 @@
 //   launcher's `tile_tokens`), stepping through the columns a step at a time: 32 columns (Narrow: each
 //   thread decodes 2 groups of 8 consecutive weights of one row), or 64 for Q4_K and Q5_K (Wide: each
 //   thread decodes 32 weights of one row from one 16-byte word of codes) and Q6_K (Wide6: two runs of 32
-//   columns that share their code bytes). In each step the 128 x step
-//   weights are decoded once into shared memory as f16, and the TILE_TOKENS x step slice of x is rounded
-//   to f16 beside them.
+//   columns that share their code bytes). In each step the 128 x step weights are decoded once into
+//   shared memory as f16, and the TILE_TOKENS x step slice of x is rounded to f16 beside them.
 // - The warps tile the output in 16 x 16 matrix tiles: four warps down the rows (32 rows = 2 tiles each),
 //   the rest across the tokens (2 warps on wave32, 1 on wave64), so each A fragment feeds every token
 //   tile of its warp and each B fragment both row tiles.
@@ -18,7 +17,7 @@
 // - The next step's weights and x are loaded into registers before the current step's products, as in
 //   matmul.hip; tiles past the last row or token read the last row / token again and write nothing; a
 //   grid-stride loop over tiles makes any grid correct.
-// - Split-K. With few tiles (a decode batch of 9-64 tokens has one token tile: 32 tiles of 128 rows for a
+// - Split-K. With few tiles (a decode batch of up to 64 tokens has one token tile: 32 tiles of 128 rows for a
 //   4096-row projection on a GPU of 132 compute units) the workgroups of a tile take `splits` disjoint
 //   ranges of whole steps, as fused_matmul.hip does: each writes its partial tile to the workspace and
 //   counts itself in the tile's counter; the last to arrive sums the partials in split order (the same
@@ -28,8 +27,8 @@
 // - Precision: W and x are rounded to f16 (|w| and |x| must stay below 65504; weights of LLMs and their
 //   normed activations do), the products are exact and summed in f32: ops/matmul_mma.py error_bound.
 // The format decoders are matmul.hip's: each op's source is built and hashed on its own.
-// Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matmul;
-// x 16-byte aligned; blockDim 256; splits <= cols / 32; tiles * splits < 2^31; with splits > 1, at most
+// Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matmul, Q4_K
+// and Q5_K to 16 bytes; x 16-byte aligned; blockDim 256; splits <= the steps (cols / step); tiles * splits < 2^31; with splits > 1, at most
 // kCounterBytes / 4 tiles and a workspace of kCounterBytes (zeroed once, left zeroed by every launch) +
 // tiles * splits * 128 * tile_tokens floats.
 #include "hip_compat.h"
