@@ -23,7 +23,7 @@ from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.gguf.config import ModelConfig
 from hipcore.runtime.errors import DeviceError
 from hipcore.tokenizer.chat_template import render_chat
-from support.family_golden import TIE_MARGIN, disagreements, evaluate, margin
+from support.family_golden import TIE_MARGIN, disagreements, margin, run_on_cpu
 from support.gemma2_models import ATTN_SOFTCAP, FINAL_SOFTCAP, GEMMA2_MODELS, GREEDY_TOKENS, PROMPTS, write_model
 
 GOLDEN = Path(__file__).parent / "golden" / "gemma2_llamacpp.json"
@@ -41,15 +41,7 @@ def model_files(tmp_path_factory) -> dict[str, Path]:
 
 
 def run_model(path: Path, golden_model: dict, adjust=None) -> dict:
-    options = LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=128, ctx_size=256, kv_blocks=64)
-    with load_model(str(path), options) as model:
-        if adjust is not None:
-            adjust(model.runner)
-        out = {}
-        for name, rec in golden_model["prompts"].items():
-            out[name] = evaluate(model, rec["prompt_ids"], rec["greedy_ids"], GREEDY_TOKENS)
-            model.cache.release_fenced()
-        return out
+    return run_on_cpu(path, golden_model, GREEDY_TOKENS, adjust)
 
 
 @pytest.fixture(scope="module")

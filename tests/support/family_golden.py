@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hipcore.engine.loader import LoadOptions, load_model
 from support.model_steps import step_batch
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "families_llamacpp.json"
@@ -85,3 +86,18 @@ def disagreements(golden_model: dict, run: dict) -> list[str]:
                     found.append(f"{name}: free greedy left llama.cpp's at step {step} ({a} vs {b})")
                 break
     return found
+
+
+def run_on_cpu(path: Path, golden_model: dict, greedy_tokens: int, adjust=None) -> dict:
+    """evaluate() for every recorded prompt of `golden_model`, on the cpu backend (f16 KV, a 256-token
+    context); adjust(runner), when given, plants a fault first."""
+    options = LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=128, ctx_size=256, kv_blocks=64)
+    with load_model(str(path), options) as model:
+        if adjust is not None:
+            adjust(model.runner)
+        out = {}
+        for name, rec in golden_model["prompts"].items():
+            out[name] = evaluate(model, rec["prompt_ids"], rec["greedy_ids"], greedy_tokens)
+            model.cache.release_fenced()
+        return out
+
