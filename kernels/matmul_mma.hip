@@ -46,6 +46,10 @@ constexpr int kWarpsDown = 4;                    // warps along the rows, 32 row
 constexpr int kWarpsAcross = kWarps / kWarpsDown;  // warps along the tokens
 constexpr int kRowTilesPerWarp = kTileRows / kWarpsDown / 16;
 constexpr int kCounterBytes = 4096;  // one int counter per tile, before the partials
+// Steps loaded ahead (the step pipeline in mma_tiles), by token tile: 32-token tiles are decode batches,
+// few workgroups waiting on loads; 64-token tiles are prompts, enough workgroups to hide them.
+constexpr int kDepthTile32 = 2;
+constexpr int kDepthTile64 = 1;
 
 // Partials other workgroups of this launch wrote: read from L2, past the SM's L1, which NVIDIA does not
 // keep coherent (the fence orders the writes but invalidates nothing there). On AMD the acquire side of
@@ -63,6 +67,13 @@ static __device__ __forceinline__ float load_partial(const float* p) {
 // Each format: Raw load(row, col) reads what the 8 consecutive weights col .. col+7 (col % 8 == 0) of a
 // row need; decode(raw, col, w) turns it into floats (as in matmul.hip).
 
+// float(v) - bias for a code 0 <= v < 2^22 and a small integer bias, without the int-to-float converter: v
+// goes into the mantissa of 2^23 and 2^23 + bias comes off, both exact. A step decodes one code per weight,
+// and NVIDIA's converter issues at a quarter of the FP32 rate: the decode batches were throttled on it.
+static __device__ __forceinline__ float code_to_float(unsigned int v, float bias = 0.0f) {
+  return rf_uint_as_float(0x4B000000u | v) - (8388608.0f + bias);
+}
+
 // Q8_0 block {half d; int8 qs[32]} (34 bytes, 2-byte aligned): qs[k .. k+7], k = col % 32.
 struct Q8_0 {
   struct Raw {
@@ -78,8 +89,9 @@ struct Q8_0 {
     const float d = rf_f16_to_float(r.d);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      w[2 * k] = d * (float)(signed char)(r.q[k] & 0xffu);
-      w[2 * k + 1] = d * (float)(signed char)(r.q[k] >> 8);
+      // (b ^ 0x80) - 128 is b as a signed byte
+      w[2 * k] = d * code_to_float((r.q[k] & 0xffu) ^ 0x80u, 128.0f);
+      w[2 * k + 1] = d * code_to_float((unsigned int)(r.q[k] >> 8) ^ 0x80u, 128.0f);
     }
   }
 };
@@ -101,8 +113,8 @@ struct Q4_0 {
     const int shift = (col & 16) >> 2;  // 0 or 4
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      w[2 * k] = d * (float)((int)((r.q[k] >> shift) & 15u) - 8);
-      w[2 * k + 1] = d * (float)((int)((r.q[k] >> (8 + shift)) & 15u) - 8);
+      w[2 * k] = d * code_to_float((r.q[k] >> shift) & 15u, 8.0f);
+      w[2 * k + 1] = d * code_to_float((r.q[k] >> (8 + shift)) & 15u, 8.0f);
     }
   }
 };
@@ -123,7 +135,7 @@ struct Q4_1 {
     const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
     const int shift = (col & 16) >> 2;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) w[k] = fmaf(d, (float)((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u), m);
+    for (int k = 0; k < 8; ++k) w[k] = fmaf(d, code_to_float((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u), m);
   }
 };
 
@@ -146,7 +158,7 @@ struct Q5_1 {
     const unsigned int h = r.h >> (col & 31);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      w[k] = fmaf(d, (float)(((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u) | (((h >> k) & 1u) << 4)), m);
+      w[k] = fmaf(d, code_to_float(((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u) | (((h >> k) & 1u) << 4)), m);
     }
   }
 };
@@ -169,7 +181,7 @@ struct Q5_0 {
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const unsigned int q = ((r.q[k >> 1] >> (8 * (k & 1) + shift)) & 15u) | (((h >> k) & 1u) << 4);
-      w[k] = d * (float)((int)q - 16);
+      w[k] = d * code_to_float(q, 16.0f);
     }
   }
 };
@@ -271,8 +283,8 @@ struct Wide {
           a |= ((bits >> (2 * j)) & 1u) << 4;
           b |= ((bits >> (2 * j + 1)) & 1u) << 4;
         }
-        lo[k] = fmaf(d_lo, (float)a, min_lo);
-        hi[k] = fmaf(d_hi, (float)b, min_hi);
+        lo[k] = fmaf(d_lo, code_to_float(a), min_lo);
+        hi[k] = fmaf(d_hi, code_to_float(b), min_hi);
       }
       *reinterpret_cast<uint4*>(ws_row + 16 * g + 8 * half) = pack8(lo);
       *reinterpret_cast<uint4*>(ws_row + 32 + 16 * g + 8 * half) = pack8(hi);
@@ -280,16 +292,21 @@ struct Wide {
   }
 };
 
-// N little-endian words from a 2-byte aligned address: N + 1 aligned 4-byte loads, each pair shifted by 0
-// or 16 bits (a misaligned wide load would fault on NVIDIA).
+// N little-endian words from a 2-byte aligned address p, in two parts (a misaligned wide load would fault
+// on NVIDIA): load_aligned_words reads the N + 1 aligned 4-byte words around them and returns the shift (0
+// or 16 bits); shift_words then joins each pair. The parts are apart so that the loads can stay in flight
+// until the words are used.
 template <int N>
-static __device__ __forceinline__ void load_words(const unsigned char* __restrict__ p, unsigned int out[N]) {
+static __device__ __forceinline__ int load_aligned_words(const unsigned char* __restrict__ p, unsigned int w[N + 1]) {
   const unsigned long long addr = (unsigned long long)p;
   const unsigned int* base = reinterpret_cast<const unsigned int*>(addr & ~3ull);
-  const int shift = (int)(addr & 2u) * 8;
-  unsigned int w[N + 1];
 #pragma unroll
   for (int k = 0; k <= N; ++k) w[k] = base[k];
+  return (int)(addr & 2u) * 8;
+}
+
+template <int N>
+static __device__ __forceinline__ void shift_words(const unsigned int w[N + 1], int shift, unsigned int out[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = (unsigned int)((((unsigned long long)w[k + 1] << 32) | w[k]) >> shift);
 }
@@ -303,9 +320,11 @@ static __device__ __forceinline__ void load_words(const unsigned char* __restric
 // are 210 bytes, 2-byte aligned: the bytes come in 4-byte words, shifted.
 struct Wide6 {
   static constexpr int kStepCols = 64, kGroupsPerRow = 2;
+  // The aligned words as loaded, shifted in store(): a shift at load time would wait for the loads there,
+  // and the step pipeline below needs them still in flight while the current step's products run.
   struct Raw {
-    unsigned int ql[4], qh[4];
-    int scale_a, scale_b;
+    unsigned int ql[5], qh[5];
+    int scale_a, scale_b, shift;
     unsigned short d;
   };
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
@@ -317,8 +336,9 @@ struct Wide6 {
     const int k = c0 >> 6, h = (k >> 1) & 1, t = k & 1;
     const unsigned char* b = row + (k >> 2) * 210;
     Raw r;
-    load_words<4>(b + 64 * h + 32 * t + 16 * g, r.ql);
-    load_words<4>(b + 128 + 32 * h + 16 * g, r.qh);
+    // Both runs start at an even offset from b, so one shift serves the two.
+    r.shift = load_aligned_words<4>(b + 64 * h + 32 * t + 16 * g, r.ql);
+    load_aligned_words<4>(b + 128 + 32 * h + 16 * g, r.qh);
     r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * t + g];
     r.scale_b = (int)(signed char)b[192 + 8 * h + 2 * t + 4 + g];
     r.d = *reinterpret_cast<const unsigned short*>(b + 208);
@@ -328,17 +348,20 @@ struct Wide6 {
     const int t = (c0 >> 6) & 1;
     const float d = rf_f16_to_float(r.d);
     const float scale_a = d * (float)r.scale_a, scale_b = d * (float)r.scale_b;  // exact: 11 x 8 bits
+    unsigned int ql_words[4], qh_words[4];
+    shift_words<4>(r.ql, r.shift, ql_words);
+    shift_words<4>(r.qh, r.shift, qh_words);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // bytes 8 * half .. of the group
       float lo[8], hi[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const unsigned int ql = (r.ql[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
-        const unsigned int qh = (r.qh[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
-        const int a = (int)((ql & 15u) | (((qh >> (2 * t)) & 3u) << 4)) - 32;
-        const int b = (int)((ql >> 4) | (((qh >> (2 * t + 4)) & 3u) << 4)) - 32;
-        lo[k] = scale_a * (float)a;
-        hi[k] = scale_b * (float)b;
+        const unsigned int ql = (ql_words[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
+        const unsigned int qh = (qh_words[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
+        const unsigned int a = (ql & 15u) | (((qh >> (2 * t)) & 3u) << 4);
+        const unsigned int b = (ql >> 4) | (((qh >> (2 * t + 4)) & 3u) << 4);
+        lo[k] = scale_a * code_to_float(a, 32.0f);
+        hi[k] = scale_b * code_to_float(b, 32.0f);
       }
       *reinterpret_cast<uint4*>(ws_row + 16 * g + 8 * half) = pack8(lo);
       *reinterpret_cast<uint4*>(ws_row + 32 + 16 * g + 8 * half) = pack8(hi);
@@ -359,7 +382,7 @@ struct Launch {
   int rows, cols, n_tokens, splits, accumulate;
 };
 
-template <class Step, int TN>
+template <class Step, int TN, int kDepth>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
@@ -416,46 +439,62 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 #pragma unroll
         for (int e = 0; e < RF_MMA_ACC; ++e) acc[i][j][e] = 0.0f;
 
-    typename Step::Raw raw[kWLoads];
+    // The step pipeline: kDepth steps' weights and x in registers, loaded kDepth steps ahead of their use,
+    // so that while one step's products run the loads of the next kDepth - 1 are in flight (a decode batch
+    // has one token tile and few workgroups per compute unit: the loads' latency, not the products, sets
+    // its pace). Steps past the split's end read its last step again and are not used.
+    typename Step::Raw raw[kDepth][kWLoads];
+    float4 xv[kDepth][kXLoads];
 #pragma unroll
-    for (int p = 0; p < kWLoads; ++p) raw[p] = Step::load(w_src[p], c_begin, w_group[p]);
-    float4 xv[kXLoads];
+    for (int d = 0; d < kDepth; ++d) {
+      const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
 #pragma unroll
-    for (int p = 0; p < kXLoads; ++p) xv[p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c_begin, x_col[p]));
-
-    for (int c0 = c_begin; c0 < c_end; c0 += kStepCols) {
-      __syncthreads();  // every warp is done reading the previous step's tiles
-#pragma unroll
-      for (int p = 0; p < kWLoads; ++p) Step::store(raw[p], c0, w_group[p], ws + w_dst[p]);
-#pragma unroll
-      for (int p = 0; p < kXLoads; ++p) {
-        unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
-        dst[0] = pack_f16(xv[p].x, xv[p].y);
-        dst[1] = pack_f16(xv[p].z, xv[p].w);
-      }
-      __syncthreads();
-
-      const int next = lesser_of(c0 + kStepCols, c_end - kStepCols);
-#pragma unroll
-      for (int p = 0; p < kWLoads; ++p) raw[p] = Step::load(w_src[p], next, w_group[p]);
+      for (int p = 0; p < kWLoads; ++p) raw[d][p] = Step::load(w_src[p], c, w_group[p]);
 #pragma unroll
       for (int p = 0; p < kXLoads; ++p) {
         // Member by member, as in matmul.hip: a whole-struct copy into the array can land in scratch.
-        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
-        xv[p].x = v.x, xv[p].y = v.y, xv[p].z = v.z, xv[p].w = v.w;
+        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c, x_col[p]));
+        xv[d][p].x = v.x, xv[d][p].y = v.y, xv[d][p].z = v.z, xv[d][p].w = v.w;
       }
+    }
+
+    for (int c_base = c_begin; c_base < c_end; c_base += kDepth * kStepCols) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {  // unrolled: raw[d] and xv[d] stay registers
+        const int c0 = c_base + d * kStepCols;
+        if (c0 >= c_end) break;  // uniform across the workgroup
+        __syncthreads();  // every warp is done reading the previous step's tiles
+#pragma unroll
+        for (int p = 0; p < kWLoads; ++p) Step::store(raw[d][p], c0, w_group[p], ws + w_dst[p]);
+#pragma unroll
+        for (int p = 0; p < kXLoads; ++p) {
+          unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
+          dst[0] = pack_f16(xv[d][p].x, xv[d][p].y);
+          dst[1] = pack_f16(xv[d][p].z, xv[d][p].w);
+        }
+        __syncthreads();
+
+        const int next = lesser_of(c0 + kDepth * kStepCols, c_end - kStepCols);
+#pragma unroll
+        for (int p = 0; p < kWLoads; ++p) raw[d][p] = Step::load(w_src[p], next, w_group[p]);
+#pragma unroll
+        for (int p = 0; p < kXLoads; ++p) {
+          const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
+          xv[d][p].x = v.x, xv[d][p].y = v.y, xv[d][p].z = v.z, xv[d][p].w = v.w;
+        }
 
 #pragma unroll
-      for (int k0 = 0; k0 < kStepCols; k0 += 16) {
-        RfMmaA a[kRowTilesPerWarp];
+        for (int k0 = 0; k0 < kStepCols; k0 += 16) {
+          RfMmaA a[kRowTilesPerWarp];
 #pragma unroll
-        for (int i = 0; i < kRowTilesPerWarp; ++i) rf_mma_load_a(a[i], ws + (warp_row + 16 * i) * kStride + k0, kStride);
+          for (int i = 0; i < kRowTilesPerWarp; ++i) rf_mma_load_a(a[i], ws + (warp_row + 16 * i) * kStride + k0, kStride);
 #pragma unroll
-        for (int j = 0; j < kTokenTilesPerWarp; ++j) {
-          RfMmaB b;
-          rf_mma_load_b(b, xs + (warp_token + 16 * j) * kStride + k0, kStride);
+          for (int j = 0; j < kTokenTilesPerWarp; ++j) {
+            RfMmaB b;
+            rf_mma_load_b(b, xs + (warp_token + 16 * j) * kStride + k0, kStride);
 #pragma unroll
-          for (int i = 0; i < kRowTilesPerWarp; ++i) rf_mma(acc[i][j], a[i], b);
+            for (int i = 0; i < kRowTilesPerWarp; ++i) rf_mma(acc[i][j], a[i], b);
+          }
         }
       }
     }
@@ -523,9 +562,9 @@ __device__ __forceinline__ void matmul_mma(const Launch& a, int tile_tokens, uns
                                            int* last) {
   rf_check_wave_size();
   if (tile_tokens == 32)  // uniform: a kernel argument
-    mma_tiles<Step, 32>(a, ws, xs, last);
+    mma_tiles<Step, 32, kDepthTile32>(a, ws, xs, last);
   else
-    mma_tiles<Step, 64>(a, ws, xs, last);
+    mma_tiles<Step, 64, kDepthTile64>(a, ws, xs, last);
 }
 
 }  // namespace mmq

@@ -4,7 +4,8 @@ kernel whole, on the Llama-3.1-8B shapes (q/o 4096x4096 and k 1024x4096 Q4_K, v 
 14336x4096 Q4_K, down 4096x14336 Q6_K) at 8 to 512 tokens, as a markdown table (µs, GB/s of weights,
 TFLOP/s = 2 tokens rows cols / time) for docs/benchmarks.md.
 
-    python3 scripts/gpu/measure_matmul_mma.py [--quick] [--json-out PATH]
+    python3 scripts/gpu/measure_matmul_mma.py [--quick] [--tokens 8,32] [--shapes q/o,head] [--split-only]
+                                              [--json-out PATH]
 
 Timing as scripts/gpu/measure_matmul.py's Bench: weights rotated through 256 MiB of copies (from DRAM, as
 in a forward pass), launches captured in a graph and timed with events, median of the repeats. Every
@@ -32,6 +33,7 @@ from support.weight_samples import random_weights  # noqa: E402
 SHAPES = [("q/o", "q4_k", 4096, 4096), ("k", "q4_k", 1024, 4096), ("v", "q6_k", 1024, 4096),
           ("gate/up", "q4_k", 14336, 4096), ("down", "q6_k", 4096, 14336)]
 TOKENS = [8, 16, 32, 64, 512]
+HEAD = ("head", "q6_k", 128256, 4096)  # Llama 3's output projection: only with --shapes (its reference is slow)
 BOUNDS = {"matmul_mma": matmul_mma.error_bound}
 
 
@@ -67,17 +69,22 @@ class MmaBench(Bench):
                 buf.free()
 
 
-def kernels(weight_type, rows, cols, n, workspace):
+def kernels(weight_type, rows, cols, n, workspace, split_only=False):
     def mma(ws):
         return lambda d, s, y, w, x: matmul_mma.launch(d, s, y, w, x, rows, cols, n, weight_type=weight_type,
                                                        workspace=ws)
-    return {"matmul_mma/whole": mma(None), "matmul_mma/split": mma(workspace)}
+    chosen = {"matmul_mma/split": mma(workspace)}
+    return chosen if split_only else {"matmul_mma/whole": mma(None), **chosen}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json-out")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts")
+    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES),
+                    help=f"comma-separated products of {', '.join(s[0] for s in SHAPES + [HEAD])}")
+    ap.add_argument("--split-only", action="store_true", help="time only the launcher's choice (no whole column range)")
     args = ap.parse_args()
     dev = pick_device("auto").device
     bench = MmaBench(dev, 256 << 20, 3 if args.quick else 10, 3 if args.quick else 5)
@@ -87,11 +94,14 @@ def main() -> None:
     print(f"{dev.describe() if hasattr(dev, 'describe') else dev.arch}, commit {commit()}, {datetime.date.today()}\n")
     print("| product | type | rows x cols | tokens | splits | whole µs | split µs | GB/s of weights | TFLOP/s | speed-up |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, wt, rows, cols in SHAPES:
-        for n in TOKENS:
-            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n, workspace))
-            splits = matmul_mma.geometry(rows, n, cols=cols, workspace_bytes=workspace.nbytes)[3]
-            whole, split = t["matmul_mma/whole"], t["matmul_mma/split"]
+    chosen = args.shapes.split(",")
+    for name, wt, rows, cols in [s for s in SHAPES + [HEAD] if s[0] in chosen]:
+        for n in [int(v) for v in args.tokens.split(",")]:
+            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n, workspace, args.split_only))
+            splits = matmul_mma.geometry(rows, n, cols=cols, workspace_bytes=workspace.nbytes,
+                                         step=matmul_mma.step_cols(wt))[3]
+            split = t["matmul_mma/split"]
+            whole = t.get("matmul_mma/whole", float("nan"))
             gbs = rows * row_bytes(wt, cols) / split / 1e3
             rows_out.append({"product": name, "type": wt, "rows": rows, "cols": cols, "tokens": n, "splits": splits,
                              "us": t})
