@@ -17,7 +17,8 @@ mkdir -p "$OUT" "$MODELS"
 note() { echo "$(date -u +%T) t=${SECONDS}s $*" | tee -a "$OUT/status.txt" >&2; }
 
 note "build llama.cpp (background)"
-(bash scripts/gpu/build_llama_cpp.sh "$TARBALL" /tmp/llama.cpp 90 > "$OUT/build.log" 2>&1; echo "rc=$?" >> "$OUT/build.log") &
+(TARGETS="llama-bench llama-batched-bench" bash scripts/gpu/build_llama_cpp.sh "$TARBALL" /tmp/llama.cpp 90 \
+  > "$OUT/build.log" 2>&1; echo "rc=$?" >> "$OUT/build.log") &
 BUILD=$!
 for shape in "${SHAPES[@]}"; do
   note "write $shape Q4_K_M"

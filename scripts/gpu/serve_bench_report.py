@@ -1,10 +1,15 @@
-"""Helpers of scripts/gpu/serve_bench.sh (standard library only, so it runs before any wheel is installed).
+"""Helpers of scripts/gpu/serve_bench.sh and scripts/gpu/llama_server_bench.sh (standard library only, so
+it runs before any wheel is installed).
 
   python3 serve_bench_report.py prompt URL MODEL_NAME TOKENS > prompt.txt
       a user message whose chat prompt, as the server counts it (template included), has TOKENS tokens
       (or the nearest count below that the words allow); the count goes to stderr.
   python3 serve_bench_report.py summary OUTDIR > OUTDIR/summary.md
-      the markdown table from the load generator's level_<C>.json files, bench_b32.json and the rest.
+      the markdown table from the load generator's level_<C>.json files, bench_b32.json (rocmforge serve
+      only) and the rest; meta.json's "server" names the server (rocmforge serve when absent).
+  python3 serve_bench_report.py compare OUTDIR_A OUTDIR_B > compare.md
+      two servers' runs side by side per level (A is usually rocmforge serve, B llama-server): requests
+      ok, TTFT p50, ITL p50 and aggregate t/s of each, and the ratio A / B of the aggregates.
 
 The load generator is llm-benchmark-runner (PyPI): per request it records the time of each streamed
 content chunk; TTFT = first chunk - request start, ITL = the gaps between chunks (all requests of a level
@@ -23,6 +28,7 @@ from pathlib import Path
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small robots count blue stars "
          "in the quiet night and every one of them writes a number on the wall").split()
 MAX_PROBES = 12
+ROCMFORGE = "rocmforge serve"
 
 
 def prompt_tokens(url: str, model: str, text: str) -> int:
@@ -99,13 +105,34 @@ def bench_b(outdir: Path) -> tuple[str, float, float] | None:
     return None
 
 
+def aggregate_tps(row: dict) -> float:
+    """A level's tokens/s: the server's own count where it was read, else the load generator's chunks."""
+    return row["server_tokens_per_s"] if row["server_tokens_per_s"] is not None else row["tokens_per_s"]
+
+
+def bench_lines(outdir: Path, rows: list[dict]) -> list[str]:
+    """`rocmforge bench -b 32` and the ratio of the 32-client HTTP aggregate to it."""
+    bench = bench_b(outdir)
+    if bench is None:
+        return ["- rocmforge bench: no result (see bench.log)"]
+    test, mean, sd = bench
+    lines = [f"- rocmforge bench {test}: {mean:.1f} ± {sd:.1f} t/s (decode steps only, 1-token prompts)"]
+    batch = int(test[1:].split("x")[0])
+    at = [r for r in rows if r["clients"] == batch]
+    if at and mean > 0:
+        ratio = aggregate_tps(at[0]) / mean
+        verdict = "met" if ratio >= 0.8 else "NOT met"
+        lines.append(f"- HTTP aggregate at {batch} clients / bench {test}: {ratio:.2f} (target >= 0.80: {verdict}; "
+                     "the HTTP figure also pays for the prompts and the ramp)")
+    return lines
+
+
 def summary(outdir: Path) -> str:
-    meta = {}
-    if (outdir / "meta.json").exists():
-        meta = json.loads((outdir / "meta.json").read_text())
+    meta = _meta(outdir)
     rows = level_rows(outdir)
-    lines = [f"# rocmforge serve under llm-benchmark-runner: {meta.get('model', '?')}", ""]
-    for key in ("device", "commit", "date", "serve_args", "prompt_tokens", "max_tokens", "tool"):
+    server = meta.get("server", ROCMFORGE)
+    lines = [f"# {server} under llm-benchmark-runner: {meta.get('model', '?')}", ""]
+    for key in ("device", "commit", "llama_server_version", "date", "serve_args", "prompt_tokens", "max_tokens", "tool"):
         if key in meta:
             lines.append(f"- {key.replace('_', ' ')}: {meta[key]}")
     lines += ["", "| clients | requests ok | chunks/request (server tokens) | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
@@ -118,26 +145,73 @@ def summary(outdir: Path) -> str:
                      f"| {_ms(r['ttft'], 'median')} | {_ms(r['ttft'], 'p99')} | {_ms(r['itl'], 'median')} "
                      f"| {_ms(r['itl'], 'p99')} | {_ms(r['e2e'], 'median')} | {r['tps_request']['median']:.1f} "
                      f"| {r['tokens_per_s']:.1f}{aggregate} |")
-    bench = bench_b(outdir)
     lines.append("")
-    if bench is None:
-        lines.append("- rocmforge bench: no result (see bench.log)")
-    else:
-        test, mean, sd = bench
-        lines.append(f"- rocmforge bench {test}: {mean:.1f} ± {sd:.1f} t/s (decode steps only, 1-token prompts)")
-        batch = int(test[1:].split("x")[0])
-        at = [r for r in rows if r["clients"] == batch]
-        if at and mean > 0:
-            ratio = (at[0]["server_tokens_per_s"] or at[0]["tokens_per_s"]) / mean
-            verdict = "met" if ratio >= 0.8 else "NOT met"
-            lines.append(f"- HTTP aggregate at {batch} clients / bench {test}: {ratio:.2f} (target >= 0.80: {verdict}; "
-                         "the HTTP figure also pays for the prompts and the ramp)")
+    if server == ROCMFORGE:
+        lines += bench_lines(outdir, rows)
     for name, label in (("server_exit.txt", "server exit code after SIGTERM"), ("shutdown_line.txt", "server's shutdown check")):
         if (outdir / name).exists():
             lines.append(f"- {label}: {(outdir / name).read_text().strip()}")
     for r in rows:
         for error in r["errors"]:
             lines.append(f"- errors at {r['clients']} clients: {json.dumps(error)}")
+    return "\n".join(lines) + "\n"
+
+
+def _meta(outdir: Path) -> dict:
+    path = outdir / "meta.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def compare(a: Path, b: Path) -> str:
+    """Two runs of the same load (serve_bench.sh and llama_server_bench.sh) side by side, per level."""
+    meta_a, meta_b = _meta(a), _meta(b)
+    name_a, name_b = meta_a.get("server", ROCMFORGE), meta_b.get("server", "llama-server")
+    rows_a = {r["clients"]: r for r in level_rows(a)}
+    rows_b = {r["clients"]: r for r in level_rows(b)}
+    lines = [f"# {name_a} vs {name_b} under llm-benchmark-runner: {meta_a.get('model', '?')}", ""]
+    for key in ("device", "date", "commit", "llama_server_version"):
+        values = [(meta[key], name) for meta, name in ((meta_a, name_a), (meta_b, name_b)) if key in meta]
+        if len(values) == 2 and values[0][0] == values[1][0]:
+            values = values[:1]
+        for value, name in values:
+            lines.append(f"- {key.replace('_', ' ')}{'' if len(values) == 1 and key != 'commit' else f' ({name})'}: "
+                         f"{value}")
+    for meta, name in ((meta_a, name_a), (meta_b, name_b)):
+        if "serve_args" in meta:
+            lines.append(f"- {name}: `{meta['serve_args']}`")
+    load = [(Path(meta.get("model", "?")).name, meta.get("prompt_tokens"), meta.get("max_tokens"))
+            for meta in (meta_a, meta_b)]
+    if load[0] != load[1]:
+        lines.append(f"- NOT the same load: model, prompt tokens, output tokens {load[0]} ({name_a}) "
+                     f"vs {load[1]} ({name_b})")
+    else:
+        lines.append(f"- same load: prompt {load[0][1]} tokens (as each server counts them, template included), "
+                     f"{load[0][2]} tokens out per request")
+    lines += ["", f"Each pair of figures: {name_a} / {name_b}. Aggregate t/s: the server's own count of generated "
+              "tokens over the level's wall time (the load generator's chunk count where the server's was not "
+              f"read); ratio = {name_a} / {name_b} of the aggregates.", "",
+              "| clients | requests ok | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | E2E p50 ms "
+              "| aggregate t/s | ratio |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for clients in sorted(set(rows_a) | set(rows_b)):
+        ra, rb = rows_a.get(clients), rows_b.get(clients)
+
+        def pair(cell) -> str:
+            return " / ".join("-" if r is None else cell(r) for r in (ra, rb))
+
+        agg_a = None if ra is None else aggregate_tps(ra)
+        agg_b = None if rb is None else aggregate_tps(rb)
+        ratio = f"{agg_a / agg_b:.2f}" if agg_a is not None and agg_b else "-"
+        cells = [pair(lambda r: f"{r['ok']}/{r['requests']}")]
+        cells += [pair(lambda r, key=key, stat=stat: _ms(r[key], stat))
+                  for key, stat in (("ttft", "median"), ("ttft", "p99"), ("itl", "median"), ("itl", "p99"),
+                                    ("e2e", "median"))]
+        cells.append(pair(lambda r: f"{aggregate_tps(r):.1f}"))
+        lines.append(f"| {clients} | {' | '.join(cells)} | {ratio} |")
+    for rows, name in ((rows_a, name_a), (rows_b, name_b)):
+        for r in rows.values():
+            for error in r["errors"]:
+                lines.append(f"- errors at {r['clients']} clients ({name}): {json.dumps(error)}")
     return "\n".join(lines) + "\n"
 
 
@@ -148,6 +222,8 @@ def main(argv: list[str]) -> None:
         print(text)
     elif len(argv) == 2 and argv[0] == "summary":
         sys.stdout.write(summary(Path(argv[1])))
+    elif len(argv) == 3 and argv[0] == "compare":
+        sys.stdout.write(compare(Path(argv[1]), Path(argv[2])))
     else:
         raise SystemExit(__doc__)
 

@@ -1,0 +1,129 @@
+# Shared by scripts/gpu/serve_bench.sh (rocmforge serve) and scripts/gpu/llama_server_bench.sh
+# (llama.cpp's llama-server): the same load generator, prompt, output length, levels and records for
+# any OpenAI-compatible server, so that serve_bench_report.py can put the two side by side.
+# Sourced, not run. The caller sets MODEL, OUT and LEVELS (an array), then:
+#   sb_init; sb_install PACKAGE...; sb_start_server LABEL CMD...; sb_fit_prompt;
+#   sb_run_levels TOKEN_COUNTER; sb_stop_server; sb_summary
+# Knobs (environment): PROMPT_TOKENS (128), OUTPUT_TOKENS (128), MIN_REQUESTS (16), ROUNDS (2),
+# PORT (8090), DEADLINE (seconds after which no new level starts; 150), WHEELS (.carry/servebench/whl),
+# PYTHON (python3).
+
+sb_init() {
+  [ -f "$MODEL" ] || { echo "no model file at $MODEL" >&2; exit 2; }
+  PROMPT_TOKENS="${PROMPT_TOKENS:-128}" OUTPUT_TOKENS="${OUTPUT_TOKENS:-128}"
+  MIN_REQUESTS="${MIN_REQUESTS:-16}" ROUNDS="${ROUNDS:-2}"
+  PORT="${PORT:-8090}" DEADLINE="${DEADLINE:-150}" WHEELS="${WHEELS:-.carry/servebench/whl}"
+  PY="${PYTHON:-python3}"
+  mkdir -p "$OUT"
+  URL="http://127.0.0.1:$PORT"
+  NAME=bench  # the model name both servers answer to
+  MAXC=1; for c in "${LEVELS[@]}"; do [ "$c" -gt "$MAXC" ] && MAXC=$c; done
+  # Prompt + output + the chat template's few tokens, in whole 16-token blocks: the context of one client.
+  CTX=$(( (PROMPT_TOKENS + OUTPUT_TOKENS + 32 + 15) / 16 * 16 ))
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
+      || echo "device ${DEVICE:-cpu}"; } > "$OUT/device.txt"
+  COMMIT="${ROCMFORGE_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo unknown)}"
+  SERVER=""
+  status=0
+}
+
+note() { echo "$(date -u +%T) t=${SECONDS}s $*" | tee -a "$OUT/status.txt" >&2; }
+# curl may be missing on the GPU machine: status codes and bodies through Python's urllib.
+http_ok() { "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" > /dev/null 2>&1; }
+http_get() { "$PY" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode())" "$1"; }
+# The value of one Prometheus counter on /metrics (empty when absent).
+metric() { http_get "$URL/metrics" 2>/dev/null | awk -v k="$1" '$1 == k { print $2; exit }'; }
+
+# sb_install IMPORT_CHECK PACKAGE...: install the packages from the carried wheels (no index) unless
+# the Python statement IMPORT_CHECK already succeeds.
+sb_install() {
+  local check="$1"; shift
+  "$PY" -c "$check" 2>/dev/null && return 0
+  note "installing from $WHEELS (no index)"
+  "$PY" -m pip install -q --no-index --find-links "$WHEELS" "$@" >> "$OUT/pip.log" 2>&1 \
+    || { note "pip install failed"; tail -20 "$OUT/pip.log" >&2; exit 1; }
+}
+
+# sb_start_server LABEL CMD...: start the server in the background (log: OUT/server.log), stop it on
+# exit, wait up to 5 minutes for /health.
+sb_start_server() {
+  SERVER_LABEL="$1"; shift
+  SERVER_CMD="$*"
+  note "start: $SERVER_CMD"
+  "$@" > "$OUT/server.log" 2>&1 &
+  SERVER=$!
+  trap sb_kill_server EXIT
+  for _ in $(seq 600); do
+    http_ok "$URL/health" && break
+    kill -0 "$SERVER" 2>/dev/null || break
+    sleep 0.5
+  done
+  if ! http_ok "$URL/health"; then note "the server did not become healthy"; tail -30 "$OUT/server.log" >&2; exit 1; fi
+  note "healthy"
+}
+
+sb_kill_server() {
+  [ -n "$SERVER" ] && kill -0 "$SERVER" 2>/dev/null || return 0
+  kill -TERM "$SERVER"
+  for _ in $(seq 600); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SERVER" 2>/dev/null && { note "server still up 60 s after SIGTERM: killed"; kill -KILL "$SERVER"; }
+}
+
+# SIGTERM, wait, keep the exit code in OUT/server_exit.txt and $SERVER_RC.
+sb_stop_server() {
+  http_get "$URL/metrics" > "$OUT/metrics_after.txt" 2>/dev/null
+  sb_kill_server
+  wait "$SERVER"; SERVER_RC=$?
+  echo "$SERVER_RC" > "$OUT/server_exit.txt"
+  trap - EXIT
+  note "server exit code $SERVER_RC after SIGTERM"
+}
+
+# A user message of PROMPT_TOKENS tokens as this server counts them (chat template included), and
+# OUT/meta.json. EXTRA_META: more "key=value" lines for meta.json.
+sb_fit_prompt() {
+  PROMPT=$("$PY" scripts/gpu/serve_bench_report.py prompt "$URL" "$NAME" "$PROMPT_TOKENS" 2> "$OUT/prompt_tokens.txt") \
+    || { note "fitting the prompt failed"; cat "$OUT/prompt_tokens.txt" >&2; exit 1; }
+  printf '%s\n' "$PROMPT" > "$OUT/prompt.txt"
+  note "prompt: $(cat "$OUT/prompt_tokens.txt") tokens"
+  "$PY" - "$OUT/meta.json" "$SERVER_LABEL" "$MODEL" "$(cat "$OUT/device.txt")" "$COMMIT" "$SERVER_CMD" \
+    "$(cat "$OUT/prompt_tokens.txt")" "$OUTPUT_TOKENS" "${EXTRA_META:-}" <<'EOF'
+import json, sys, datetime
+out, server, model, device, commit, serve, prompt, max_tokens, extra = sys.argv[1:]
+meta = {"server": server, "model": model, "device": device, "commit": commit,
+        "date": datetime.date.today().isoformat(), "serve_args": serve, "prompt_tokens": int(prompt),
+        "max_tokens": int(max_tokens), "tool": "llm-benchmark-runner 0.2.0 (streaming /v1/chat/completions)"}
+meta.update(line.split("=", 1) for line in extra.splitlines() if "=" in line)
+json.dump(meta, open(out, "w"), indent=1)
+EOF
+}
+
+# sb_run_levels TOKEN_COUNTER: warm up at every level, then each level with max(MIN_REQUESTS,
+# ROUNDS x clients) requests (OUT/level_<C>.json); TOKEN_COUNTER, the server's Prometheus counter of
+# generated tokens, is read around each level (OUT/level_<C>.server_tokens): the load generator counts
+# streamed chunks, and a token whose text is empty (an end-of-generation token under ignore-eos, half a
+# UTF-8 character) sends none.
+sb_run_levels() {
+  local counter="$1" c n before after
+  LB=("$PY" -m llm_benchmark_runner --url "$URL" --model "$NAME" --prompt "$PROMPT")
+  note "warm-up at ${LEVELS[*]} clients (4 tokens each; discarded)"
+  "${LB[@]}" --max-tokens 4 --repeat "$MAXC" --concurrency "$(IFS=,; echo "${LEVELS[*]}")" \
+    --output "$OUT/warmup.json" > "$OUT/warmup.log" 2>&1
+  for c in "${LEVELS[@]}"; do
+    if [ "$SECONDS" -ge "$DEADLINE" ]; then note "skip $c clients: past ${DEADLINE}s"; continue; fi
+    n=$(( ROUNDS * c )); [ "$n" -lt "$MIN_REQUESTS" ] && n=$MIN_REQUESTS
+    note "$c clients, $n requests"
+    before=$(metric "$counter")
+    "${LB[@]}" --max-tokens "$OUTPUT_TOKENS" --repeat "$n" --concurrency "$c" --output "$OUT/level_$c.json" \
+      > "$OUT/level_$c.log" 2>&1 || { note "the load generator failed at $c clients"; status=1; }
+    after=$(metric "$counter")
+    echo "$before $after" > "$OUT/level_$c.server_tokens"
+  done
+}
+
+# OUT/summary.md (status 1 when a level had errors).
+sb_summary() {
+  "$PY" scripts/gpu/serve_bench_report.py summary "$OUT" > "$OUT/summary.md" || status=1
+  grep -q "errors at" "$OUT/summary.md" && status=1
+  cat "$OUT/summary.md"
+}

@@ -1,0 +1,104 @@
+"""scripts/gpu/serve_bench_report.py: the summary of one server's run (rocmforge serve or llama-server) and
+the comparison of two, from files in llm-benchmark-runner's output format written here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "gpu"
+sys.path.insert(0, str(SCRIPTS))
+
+import serve_bench_report as report  # noqa: E402
+
+
+def _stats(median: float) -> dict:
+    return {"mean": median, "median": median, "p95": median, "p99": median * 2, "min": median, "max": median,
+            "stdDev": 0.0}
+
+
+def write_level(outdir: Path, clients: int, requests: int, chunks: int, seconds: float, ttft_ms: float,
+                server_tokens: tuple[int, int] | None, errors: int = 0) -> None:
+    """A level whose requests start at t=0 and whose last chunk comes at t=`seconds`."""
+    raw = []
+    for i in range(requests):
+        ok = i >= errors
+        raw.append({"endpointId": "e", "requestStart": 0.0, "requestEnd": seconds,
+                    "tokenTimestamps": [seconds * (k + 1) / chunks for k in range(chunks)] if ok else [],
+                    "outputTokenCount": chunks if ok else 0, "status": "success" if ok else "error",
+                    "error": None if ok else "HTTP 503: busy"})
+    level = {"concurrency": clients, "requestThroughput": requests / seconds,
+             "tokenThroughput": requests * chunks / seconds,
+             "metrics": {"ttft": _stats(ttft_ms), "itl": _stats(1.0), "e2eLatency": _stats(seconds * 1000),
+                         "tps": _stats(chunks / seconds)}}
+    (outdir / f"level_{clients}.json").write_text(json.dumps({"results": [{"concurrencyResults": [level],
+                                                                          "rawResults": raw}]}))
+    if server_tokens is not None:
+        (outdir / f"level_{clients}.server_tokens").write_text(f"{server_tokens[0]} {server_tokens[1]}\n")
+
+
+def write_meta(outdir: Path, server: str | None, prompt_tokens: int = 128, model: str = "/tmp/models/m.gguf") -> None:
+    meta = {"model": model, "prompt_tokens": prompt_tokens, "max_tokens": 16, "serve_args": f"{server} -m x"}
+    if server is not None:
+        meta["server"] = server
+    (outdir / "meta.json").write_text(json.dumps(meta))
+
+
+def test_compare_uses_each_servers_own_token_count_and_the_ratio_per_level(tmp_path):
+    ours, theirs = tmp_path / "rocmforge", tmp_path / "llama"
+    ours.mkdir(), theirs.mkdir()
+    write_meta(ours, None)  # serve_bench.sh runs from before meta.json named the server
+    write_meta(theirs, "llama-server", model="models/m.gguf")
+    # 1 client: 4 requests x 15 chunks in 2 s, the server counted 64 tokens (an empty-text token each).
+    write_level(ours, 1, 4, 15, 2.0, 10.0, (100, 164))
+    write_level(theirs, 1, 4, 16, 4.0, 30.0, (0, 64))
+    # 8 clients: only llama-server's count is missing; one of our requests failed.
+    write_level(ours, 8, 16, 16, 1.0, 20.0, (164, 404), errors=1)
+    write_level(theirs, 8, 16, 16, 2.0, 40.0, None)
+    write_level(theirs, 32, 32, 16, 2.0, 50.0, (64, 576))
+    text = report.compare(ours, theirs)
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
+    assert "# rocmforge serve vs llama-server" in text
+    assert "same load: prompt 128 tokens" in text  # the same model file by name, though the paths differ
+    # requests ok, TTFT p50, TTFT p99, ITL p50, ITL p99, E2E p50, aggregate t/s (ours / theirs), ratio
+    assert rows["1"] == ["4/4 / 4/4", "10.0 / 30.0", "20.0 / 60.0", "1.0 / 1.0", "2.0 / 2.0", "2000.0 / 4000.0",
+                         "32.0 / 16.0", "2.00"]
+    # llama-server's 8-client level falls back to the chunk count: 16 x 16 / 2 s = 128 t/s; ours 240 / 1 s.
+    assert rows["8"][0] == "15/16 / 16/16"
+    assert rows["8"][6:] == ["240.0 / 128.0", "1.88"]
+    assert rows["32"] == ["- / 32/32", "- / 50.0", "- / 100.0", "- / 1.0", "- / 2.0", "- / 2000.0", "- / 256.0", "-"]
+    assert 'errors at 8 clients (rocmforge serve): "HTTP 503: busy"' in text
+
+
+def test_compare_says_when_the_loads_differ(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    write_meta(a, "rocmforge serve", prompt_tokens=128)
+    write_meta(b, "llama-server", prompt_tokens=127)
+    write_level(a, 1, 2, 16, 1.0, 5.0, (0, 32))
+    write_level(b, 1, 2, 16, 1.0, 5.0, (0, 32))
+    text = report.compare(a, b)
+    assert "NOT the same load" in text and "same load: prompt" not in text
+
+
+def test_summary_of_llama_server_names_it_and_has_no_rocmforge_bench(tmp_path):
+    write_meta(tmp_path, "llama-server")
+    write_level(tmp_path, 2, 4, 16, 1.0, 5.0, (10, 74))
+    (tmp_path / "server_exit.txt").write_text("0\n")
+    text = report.summary(tmp_path)
+    assert text.startswith("# llama-server under llm-benchmark-runner")
+    assert "rocmforge bench" not in text
+    assert "| 2 | 4/4 | 16.0 (16.0) |" in text and "| 64.0 (64.0) |" in text
+    assert "server exit code after SIGTERM: 0" in text
+
+
+def test_summary_of_rocmforge_serve_still_reports_its_bench_and_ratio(tmp_path):
+    write_meta(tmp_path, None)
+    write_level(tmp_path, 32, 32, 16, 1.0, 5.0, (0, 512))
+    (tmp_path / "bench_b32.json").write_text(json.dumps({"results": [{"test": "b32x16", "mean": 1024.0, "sd": 3.0}]}))
+    text = report.summary(tmp_path)
+    assert text.startswith("# rocmforge serve under llm-benchmark-runner")
+    assert "rocmforge bench b32x16: 1024.0 ± 3.0 t/s" in text
+    assert "HTTP aggregate at 32 clients / bench b32x16: 0.50 (target >= 0.80: NOT met" in text
