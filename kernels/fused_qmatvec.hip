@@ -81,7 +81,18 @@ struct Stage {
   float d[kStageSliceTokens];
   int sums[kStageSliceTokens];                       // sum_a in the low 16 bits, sum_b in the high (|sum| <= 2032)
   float ss[kMaxWarps][kMaxBatchPerPass];             // each warp's sums of x^2, per token
+  // What the codes hold when x fits one chunk (a whole staging): the x, type code and tokens they were
+  // staged from, and the block's sums of x^2 per token. A workgroup that takes several tiles of one matrix
+  // (or of matrices of one type) stages x once: the staging is a barrier-bound phase with no weight
+  // loads in flight, and it re-read x and g from L2 for every tile. Reset by every entry (reset_key).
+  const float* key_x;
+  int key_type, key_tokens;
+  float ss_total[kMaxBatchPerPass];
 };
+
+static __device__ __forceinline__ void reset_key(Stage& st) {
+  if (threadIdx.x == 0) st.key_x = nullptr;  // read only after tile_dot's first barrier
+}
 
 // Slices c0 .. c0 + n - 1 of the NB tokens quantized into st (slice i of token b at b * chunk + i) by the
 // threads of the block together; ss[b] += x[b]^2 over the columns this thread quantized. Tokens past
@@ -132,7 +143,7 @@ static __device__ __forceinline__ XSlice staged_slice(const Stage& st, int j) {
 // `rows` stages with the others and reads no weights; rows past `rows` read the last row again (their
 // results are not to be written).
 template <class Format, int NB, int ROWS, int M, bool NORM>
-__device__ __forceinline__ void tile_dot(Stage& st, const unsigned char* const W[M], int rows, int r0,
+__device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned char* const W[M], int rows, int r0,
                                          const float* __restrict__ x, const float* __restrict__ g, int cols, int tokens,
                                          float out[M][ROWS][NB], float ss[NB]) {
   constexpr int chunk = kStageSliceTokens / NB;
@@ -154,10 +165,35 @@ __device__ __forceinline__ void tile_dot(Stage& st, const unsigned char* const W
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) acc[m][r][b] = 0.0f;
   }
+  const bool whole = slices <= chunk;  // uniform: x in one staging, kept while the key holds
   for (int c0 = 0; c0 < slices; c0 += chunk) {
     const int n = slices - c0 < chunk ? slices - c0 : chunk;
-    __syncthreads();  // every warp is done with the previous chunk
-    stage_chunk<Format, NB, NORM>(st, x, g, cols, tokens, c0, n, sq);
+    __syncthreads();  // every warp is done with the previous chunk; the key was written before a barrier
+    // Uniform: every thread reads the same key. One staging site, so that the kernel's code does not grow
+    // by a second inlined copy of it.
+    if (!(whole && st.key_x == x && st.key_type == type && st.key_tokens == tokens)) {
+      stage_chunk<Format, NB, NORM>(st, x, g, cols, tokens, c0, n, sq);
+      if (NORM && whole) {  // the block's sums of squares, kept with the codes
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          const float s = rf_warp_sum(sq[b]);
+          if (lane == 0) st.ss[(int)threadIdx.x / WARP_SIZE][b] = s;
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {  // every thread read the old key before the barrier above
+        if (NORM && whole) {
+          const int warps = (int)blockDim.x / WARP_SIZE;
+#pragma unroll
+          for (int b = 0; b < NB; ++b) {
+            float t = 0.0f;
+            for (int k = 0; k < warps; ++k) t += st.ss[k][b];
+            st.ss_total[b] = t;
+          }
+        }
+        st.key_x = whole ? x : nullptr, st.key_type = type, st.key_tokens = tokens;
+      }
+    }
     __syncthreads();
     if (!reads) continue;
     for (int i = lane; i < n; i += WARP_SIZE) {
@@ -188,7 +224,10 @@ __device__ __forceinline__ void tile_dot(Stage& st, const unsigned char* const W
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) out[m][r][b] = rf_warp_sum(acc[m][r][b]);
-  if (NORM) {  // the block's sums of squares: each thread's, over its warp, then over the warps
+  if (NORM && whole) {
+#pragma unroll
+    for (int b = 0; b < NB; ++b) ss[b] = st.ss_total[b];  // written before the staging's last barrier
+  } else if (NORM) {  // the block's sums of squares: each thread's, over its warp, then over the warps
     const int warp = (int)threadIdx.x / WARP_SIZE, warps = (int)blockDim.x / WARP_SIZE;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
@@ -211,11 +250,11 @@ __device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsign
                                                const float* x, const float* g, int cols, int tokens,
                                                float out[M][ROWS][NB], float ss[NB]) {
   switch (type) {
-    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
-    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
-    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
-    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
-    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM>(st, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
   }
 }
 
@@ -483,6 +522,7 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
       int head_dim, int rope_dim, float eps, float theta, float freq_scale) {                                         \
     __shared__ fq::Stage stage;                                                                                       \
+    fq::reset_key(stage);                                                                                             \
     fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
                              cols, batch, head_dim, rope_dim, eps, theta, freq_scale);                                \
   }                                                                                                                   \
@@ -490,16 +530,19 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \
       int batch, float eps) {                                                                                         \
     __shared__ fq::Stage stage;                                                                                       \
+    fq::reset_key(stage);                                                                                             \
     fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(float* y, const void* W, const float* x,    \
                                                                          int type, int rows, int cols, int batch) {   \
     __shared__ fq::Stage stage;                                                                                       \
+    fq::reset_key(stage);                                                                                             \
     fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f);                                    \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_##suffix(                                           \
       float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps) {  \
     __shared__ fq::Stage stage;                                                                                       \
+    fq::reset_key(stage);                                                                                             \
     fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps);                                            \
   }
 

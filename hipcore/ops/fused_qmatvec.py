@@ -48,6 +48,11 @@ BLOCK_THREADS = 256
 ROWS_PER_WARP = {"1": 4, "n": 2}
 GATE_UP_ROWS_PER_WARP = {"1": 2, "n": 1}
 MAX_TOKENS_PER_PASS = 8  # kMaxBatchPerPass: a step of up to 8 tokens reads W once
+# At most this many workgroups, each taking its share of the tiles in turn: a workgroup stages x once for
+# every tile of one type when x fits one staging (kStageSliceTokens / tokens slices), so more tiles per
+# workgroup means less staging. About what an H100/H200 holds at once (132 SMs x 3 workgroups of 256
+# threads at the entries' 80 registers); launches with fewer tiles keep one workgroup per tile.
+MAX_WORKGROUPS = 396
 VECTOR_ALIGNMENT = 16
 
 
@@ -166,9 +171,9 @@ def rows_per_warp(entry: str, entry_variant: str) -> int:
 
 def geometry(arch: str, entry: str, entry_variant: str, *matrix_rows: int) -> tuple[int, int]:
     """(grid, block): one workgroup per tile (BLOCK_THREADS / wavefront warps, rows_per_warp rows each) of
-    every matrix; the kernel loops over the tiles, so any grid is correct."""
+    every matrix, at most MAX_WORKGROUPS; the kernel loops over the tiles, so any grid is correct."""
     tile_rows = (BLOCK_THREADS // wavefront_size(arch)) * rows_per_warp(entry, entry_variant)
-    return sum(-(-rows // tile_rows) for rows in matrix_rows), BLOCK_THREADS
+    return min(sum(-(-rows // tile_rows) for rows in matrix_rows), MAX_WORKGROUPS), BLOCK_THREADS
 
 
 def _check_matrix(op: str, name: str, w: Any, weight_type: str, rows: int, cols: int) -> None:
