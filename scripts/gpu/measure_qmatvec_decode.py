@@ -176,7 +176,10 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=3, help="graph replays per timed run (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
     parser.add_argument("--json-out", type=Path, help="also write the JSON to this file")
+    parser.add_argument("--max-workgroups", type=int, default=fused_qmatvec.MAX_WORKGROUPS,
+                        help=f"the launcher's grid cap (default {fused_qmatvec.MAX_WORKGROUPS}; a large one: a workgroup per tile)")
     opts = parser.parse_args()
+    fused_qmatvec.MAX_WORKGROUPS = opts.max_workgroups
     kinds = opts.kinds.split(",")
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
@@ -186,7 +189,7 @@ def main() -> None:
     if opts.json_out:
         opts.json_out.write_text(json.dumps(result, indent=2))
     print(f"fused_qmatvec launches, Llama-3.1-8B Q4_K_M shapes, on {result['device']} ({result['code_objects']}); "
-          f"{result['date']}, commit {result['commit']}\n")
+          f"{result['date']}, commit {result['commit']}; at most {opts.max_workgroups} workgroups\n")
     print(f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s (read + write)\n")
     print("| launch | weights | batch | MB read | µs | GB/s of weights | % of copy |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
