@@ -1,4 +1,4 @@
-"""Engine throughput on the cpu backend at several numbers of concurrent requests.
+"""Engine throughput on the cpu backend (or --device) at several numbers of concurrent requests.
 
     python scripts/bench_cpu_engine.py                      # the demo model, 1, 4 and 16 requests
     python scripts/bench_cpu_engine.py --concurrency 1 8 --prompt-tokens 128 --json
@@ -95,6 +95,9 @@ def main() -> int:
     parser.add_argument("--max-step-tokens", type=int, default=512, help="prompt tokens evaluated per step")
     parser.add_argument("--kv-dtype", default="f16")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default), or a GPU (cuda, hip, auto): the engine alone under the load a server "
+                             "benchmark gives it (scripts/gpu/serve_bench.sh), to tell the HTTP layer's cost")
     args = parser.parse_args()
 
     from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
@@ -106,7 +109,7 @@ def main() -> int:
         return 2
     most = max(args.concurrency)
     per_request = args.prompt_tokens + args.gen_tokens
-    options = LoadOptions(device="cpu", ctx_size=per_request + 16, max_seqs=most, max_step_tokens=args.max_step_tokens,
+    options = LoadOptions(device=args.device, ctx_size=per_request + 16, max_seqs=most, max_step_tokens=args.max_step_tokens,
                           kv_dtype=args.kv_dtype, kv_blocks=most * (-(-per_request // 16) + 1))
     t0 = time.perf_counter()
     with load_model(str(path), options) as model:
@@ -126,7 +129,7 @@ def main() -> int:
         print(json.dumps(report, indent=2))
         return 0
     m = report["machine"]
-    print(f"{Path(str(path)).name} on the cpu backend: {args.prompt_tokens} prompt + up to {args.gen_tokens} generated "
+    print(f"{Path(str(path)).name} on the {args.device} backend: {args.prompt_tokens} prompt + up to {args.gen_tokens} generated "
           f"tokens per request, greedy, KV {args.kv_dtype}")
     print(f"{m['cpu']}, {m['cpu_count']} CPUs, load average {m['load_average'][0]:.1f}, numpy {m['numpy']}, "
           f"commit {m['commit']}, {m['date']}")
