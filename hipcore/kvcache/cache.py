@@ -54,6 +54,8 @@ class KvCache:
             for group in config.groups}
         self._pool = self._groups[GLOBAL_GROUP].pool  # the global group's (the only one of a llama model)
         self._tables = self._groups[GLOBAL_GROUP].tables
+        self._group_list = tuple(self._groups.values())
+        self._window_groups = tuple(group for group in self._group_list if group.window)
         self._lengths: dict[int, int] = {}
         self._launched_step = 0
         self._closed = False
@@ -108,6 +110,19 @@ class KvCache:
         not enough free blocks: then nothing changed in any group. A copy-on-write copy is queued on
         `stream`, before the step's writes."""
         with self._lock:
+            # The fast path of a decode step: the token fits in the sequence's own partly filled last block
+            # in every group, so nothing is taken, copied or released. (A live id is a non-negative int key
+            # of _lengths, and a closed cache has none; `type() is int` refuses a bool that hashes as 0 or 1.)
+            length = self._lengths.get(seq_id) if type(seq_id) is int else None
+            if length is not None and type(n_tokens) is int and n_tokens > 0:
+                for group in self._group_list:
+                    if not group.appends_in_place(seq_id, length, n_tokens):
+                        break
+                else:
+                    for group in self._window_groups:
+                        group.advance_window(seq_id, length)
+                    self._lengths[seq_id] = length + n_tokens
+                    return True
             self._table(seq_id)
             _check_count("n_tokens", n_tokens)
             length = self._lengths[seq_id]

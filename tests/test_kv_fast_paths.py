@@ -1,0 +1,144 @@
+"""The KV cache's fast paths change nothing but the time they take: the same random operations on a cache
+with them and on one that always takes the general path leave equal state (block tables, lengths, kept
+positions, reference counts, free and pending lists) and give equal answers, for a cache of one layer group
+and for one with a sliding-window group. Reserve's fast path: a token that fits in the sequence's own partly
+filled last block (KvCache.reserve, BlockGroup.appends_in_place)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hipcore.kvcache.cache import KvCache
+from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP, KvCacheConfig
+from hipcore.kvcache.errors import KvCacheError
+from hipcore.runtime.cpu import CpuDevice
+
+PLAIN = KvCacheConfig(n_layers=2, n_kv_heads=1, head_dim=32, num_blocks=24, block_size=4, dtype="f32")
+WINDOWED = KvCacheConfig(n_layers=3, n_kv_heads=1, head_dim=32, num_blocks=24, block_size=4, dtype="f32",
+                         layer_windows=(6, 0, 3), window_blocks=16)
+
+
+def general_path_only(cache: KvCache) -> KvCache:
+    """The cache with every fast path off (the reference)."""
+    for group in cache._groups.values():
+        group.appends_in_place = lambda *args: False
+    return cache
+
+
+def state(cache: KvCache) -> dict:
+    groups = {}
+    for name, group in cache._groups.items():
+        groups[name] = dict(tables={s: list(t) for s, t in group.tables.items()}, kept_from=dict(group.kept_from),
+                            refcounts=group.pool.refcounts(), free=group.pool.free_blocks(),
+                            pending=tuple(group.pool._pending))
+    return dict(lengths=dict(cache._lengths), groups=groups)
+
+
+def answers(cache: KvCache) -> dict:
+    """What the cache's queries say of every live sequence (tables as the kernels read them, and slots)."""
+    ids = sorted(cache.sequences())
+    out = {}
+    for group in cache.groups:
+        out[group] = cache.block_tables(ids, group=group).tolist() if ids else []
+        for seq in ids:
+            length = cache.seq_len(seq)
+            kept = cache._groups[group].kept_from[seq]
+            out[(group, seq)] = (cache.block_table(seq, group), cache.slot_mapping(seq, kept, length - kept, group).tolist())
+    return out
+
+
+reserve = st.tuples(st.just("reserve"), st.integers(0, 50), st.sampled_from([1, 1, 1, 1, 2, 3, 5, 9]))
+operation = st.one_of(  # mostly reserves, so that sequences grow past block and window boundaries
+    reserve, reserve, reserve, reserve, reserve, reserve,
+    st.tuples(st.just("add")),
+    st.tuples(st.just("fork"), st.integers(0, 50)),
+    st.tuples(st.just("free"), st.integers(0, 50)),
+    st.tuples(st.just("begin_step")),
+    st.tuples(st.just("release_fenced")),
+)
+
+
+@pytest.mark.parametrize("config", [PLAIN, WINDOWED], ids=["one group", "sliding window"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(operation, min_size=40, max_size=160))
+def test_reserve_fast_path_leaves_the_state_of_the_general_path(config, ops):
+    device = CpuDevice(capacity=64 << 20)
+    fast, slow = KvCache(device, config), general_path_only(KvCache(device, config))
+    next_seq = 0
+    for op in ops:
+        live = sorted(fast.sequences())
+        if op[0] == "add":
+            for cache in (fast, slow):
+                cache.add_sequence(next_seq)
+            next_seq += 1
+        elif op[0] == "reserve" and live:
+            seq = live[op[1] % len(live)]
+            assert fast.reserve(seq, op[2]) == slow.reserve(seq, op[2])
+        elif op[0] == "fork" and live:
+            for cache in (fast, slow):
+                cache.fork(live[op[1] % len(live)], next_seq)
+            next_seq += 1
+        elif op[0] == "free" and live:
+            for cache in (fast, slow):
+                cache.free_sequence(live[op[1] % len(live)])
+        elif op[0] == "begin_step":
+            assert fast.begin_step() == slow.begin_step()
+        elif op[0] == "release_fenced":
+            assert fast.release_fenced() == slow.release_fenced()
+        assert state(fast) == state(slow)
+        fast.check_invariants()
+    assert answers(fast) == answers(slow)
+    for cache in (fast, slow):
+        cache.close()
+
+
+def test_the_fast_path_is_taken_for_a_token_into_its_own_partly_filled_block(cpu_device):
+    cache = KvCache(cpu_device, WINDOWED)  # block size 4, the local group's window 6
+    cache.add_sequence(1)
+    assert cache.reserve(1, 5)  # two blocks in each group, the second holds one token
+    plans = []
+    for group in cache._groups.values():
+        group.plan = lambda *args, _plan=group.plan: plans.append(args) or _plan(*args)
+    local = cache._groups[LOCAL_GROUP]
+    for _ in range(3):  # positions 5, 6, 7: room in the last block of each group
+        assert cache.reserve(1, 1)
+    assert not plans and local.kept_from[1] == 2
+    assert cache.reserve(1, 1) and len(plans) == 2  # position 8: a new block in each group
+    assert cache.reserve(1, 1) and len(plans) == 4  # position 9: the window leaves block 0 behind
+    assert local.kept_from[1] == 4 and cache.block_table(1, LOCAL_GROUP)[0] == 0
+    assert cache.reserve(1, 1) and len(plans) == 4 and local.kept_from[1] == 5  # position 10: in place again
+    assert cache.seq_len(1) == 11
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("seq_id, n_tokens, message", [
+    (True, 1, "sequence ids are non-negative integers"),  # True == 1 as a dict key: still refused
+    (np.int64(1), 1, "sequence ids are non-negative integers"),
+    (1, -1, "n_tokens must be a non-negative integer"),
+    (1, 1.0, "n_tokens must be a non-negative integer"),
+    (2, 1, "unknown sequence 2"),
+])
+def test_the_fast_path_refuses_what_the_general_path_refuses(cpu_device, seq_id, n_tokens, message):
+    cache = KvCache(cpu_device, PLAIN)
+    cache.add_sequence(1)
+    cache.reserve(1, 1)
+    before = state(cache)
+    with pytest.raises(KvCacheError, match=message):
+        cache.reserve(seq_id, n_tokens)
+    assert state(cache) == before
+
+
+def test_a_closed_cache_refuses_the_fast_path_too(cpu_device):
+    cache = KvCache(cpu_device, PLAIN)
+    cache.add_sequence(1)
+    cache.reserve(1, 1)
+    cache.close()
+    with pytest.raises(KvCacheError, match="closed"):
+        cache.reserve(1, 1)
+
+
+def test_groups_are_named_as_the_cache_names_them():
+    assert PLAIN.groups == (GLOBAL_GROUP,) and WINDOWED.groups == (GLOBAL_GROUP, LOCAL_GROUP)
