@@ -2,7 +2,8 @@
 with them and on one that always takes the general path leave equal state (block tables, lengths, kept
 positions, reference counts, free and pending lists) and give equal answers, for a cache of one layer group
 and for one with a sliding-window group. Reserve's fast path: a token that fits in the sequence's own partly
-filled last block (KvCache.reserve, BlockGroup.appends_in_place)."""
+filled last block (KvCache.reserve, BlockGroup.appends_in_place). block_tables' fast path: the numpy rows the
+groups keep in step with their tables (table_rows.py) give the lists padded with the null block."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hipcore.kvcache.cache import KvCache
-from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP, KvCacheConfig
-from hipcore.kvcache.errors import KvCacheError
+from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP, NULL_BLOCK, KvCacheConfig
+from hipcore.kvcache.errors import KvCacheError, KvInvariantError
 from hipcore.runtime.cpu import CpuDevice
 
 PLAIN = KvCacheConfig(n_layers=2, n_kv_heads=1, head_dim=32, num_blocks=24, block_size=4, dtype="f32")
@@ -51,6 +52,21 @@ def answers(cache: KvCache) -> dict:
 
 
 reserve = st.tuples(st.just("reserve"), st.integers(0, 50), st.sampled_from([1, 1, 1, 1, 2, 3, 5, 9]))
+def padded(tables: list[list[int]], width: int) -> list[list[int]]:
+    return [list(t) + [NULL_BLOCK] * (width - len(t)) for t in tables]
+
+
+def assert_tables_are_the_lists(cache: KvCache) -> None:
+    ids = sorted(cache.sequences())
+    for group in cache.groups:
+        lists = [list(cache.block_table(s, group)) for s in ids]
+        longest = max(map(len, lists), default=0)
+        for width in {longest, min(longest + 13, cache.config.num_blocks)}:
+            got = cache.block_tables(ids[::-1], width=width, group=group)
+            assert got.dtype == np.int32 and got.tolist() == padded(lists[::-1], width)
+        assert cache.block_tables(ids, group=group).shape == (len(ids), longest)
+
+
 operation = st.one_of(  # mostly reserves, so that sequences grow past block and window boundaries
     reserve, reserve, reserve, reserve, reserve, reserve,
     st.tuples(st.just("add")),
@@ -89,7 +105,8 @@ def test_reserve_fast_path_leaves_the_state_of_the_general_path(config, ops):
         elif op[0] == "release_fenced":
             assert fast.release_fenced() == slow.release_fenced()
         assert state(fast) == state(slow)
-        fast.check_invariants()
+        fast.check_invariants()  # the table rows among them
+        assert_tables_are_the_lists(fast)
     assert answers(fast) == answers(slow)
     for cache in (fast, slow):
         cache.close()
@@ -142,3 +159,44 @@ def test_a_closed_cache_refuses_the_fast_path_too(cpu_device):
 
 def test_groups_are_named_as_the_cache_names_them():
     assert PLAIN.groups == (GLOBAL_GROUP,) and WINDOWED.groups == (GLOBAL_GROUP, LOCAL_GROUP)
+
+
+def test_table_rows_grow_with_sequences_and_tables(cpu_device):
+    config = KvCacheConfig(n_layers=2, n_kv_heads=1, head_dim=32, num_blocks=2000, block_size=4, dtype="f32",
+                           layer_windows=(9, 0), window_blocks=1500)
+    cache = KvCache(cpu_device, config)
+    for seq in range(40):  # past the rows' first capacity, and tables past its first width
+        cache.add_sequence(seq)
+        assert cache.reserve(seq, 1 + 3 * seq)
+    for seq in range(0, 40, 3):
+        cache.fork(seq, 100 + seq)
+        assert cache.reserve(100 + seq, 2)
+    for seq in range(0, 40, 2):
+        cache.free_sequence(seq)
+    cache.check_invariants()
+    assert_tables_are_the_lists(cache)
+    for seq in range(200, 230):  # freed rows are taken again, all null block
+        cache.add_sequence(seq)
+        assert cache.reserve(seq, 5)
+    cache.check_invariants()
+    assert_tables_are_the_lists(cache)
+    for seq in list(cache.sequences()):
+        cache.free_sequence(seq)
+    cache.release_fenced()
+    cache.check_invariants(quiescent=True)
+    assert cache.block_tables([]).shape == (0, 0)
+
+
+def test_a_table_row_out_of_step_with_its_table_is_caught(cpu_device):
+    cache = KvCache(cpu_device, PLAIN)
+    cache.add_sequence(3)
+    cache.reserve(3, 6)
+    rows = cache._groups[GLOBAL_GROUP].rows
+    rows.array[rows.row_of[3], 1] += 1  # a bug that changed a table without its row
+    with pytest.raises(KvInvariantError, match=r"global group's table rows disagree with its block tables: the row of "
+                                               r"sequence 3"):
+        cache.check_invariants()
+    rows.array[rows.row_of[3], 1] -= 1
+    rows.array[rows.row_of[3] + 1, 0] = 5  # a row no sequence holds
+    with pytest.raises(KvInvariantError, match="a row of no sequence holds blocks"):
+        cache.check_invariants()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from hipcore.kvcache.block_pool import BlockPool
 from hipcore.kvcache.config import NULL_BLOCK
+from hipcore.kvcache.table_rows import TableRows
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class BlockGroup:
     pool: BlockPool = field(init=False)
     tables: dict[int, list[int]] = field(default_factory=dict, init=False)
     kept_from: dict[int, int] = field(default_factory=dict, init=False)  # first position still held
+    rows: TableRows = field(default_factory=TableRows, init=False)  # the tables in numpy, kept in step below
 
     def __post_init__(self) -> None:
         self.pool = BlockPool(self.num_blocks)
@@ -92,19 +94,24 @@ class BlockGroup:
         table = self.tables[seq_id]
         for index in plan.out_of_window:  # the oldest first, as a sequence's end releases its last first
             block, table[index] = table[index], NULL_BLOCK
+            self.rows.write(seq_id, index, (NULL_BLOCK,))
             self.pool.release(block, seq_id, fence)
         self.kept_from[seq_id] = plan.kept_from
         shared = None
         if plan.copy_on_write:
             shared, table[-1] = table[-1], taken[0]
+            self.rows.write(seq_id, len(table) - 1, taken[:1])
             self.pool.release(shared, seq_id, fence)
             taken = taken[1:]
-        table.extend(taken)
+        if taken:
+            self.rows.write(seq_id, len(table), taken)
+            table.extend(taken)
         return shared
 
     def add(self, seq_id: int) -> None:
         self.tables[seq_id] = []
         self.kept_from[seq_id] = 0
+        self.rows.add(seq_id)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         parent = self.tables[parent_id]
@@ -113,14 +120,24 @@ class BlockGroup:
                 self.pool.share(block, child_id)
         self.tables[child_id] = list(parent)
         self.kept_from[child_id] = self.kept_from[parent_id]
+        self.rows.add(child_id)
+        self.rows.write(child_id, 0, parent)
 
     def free(self, seq_id: int, fence: int) -> None:
         """Every block the sequence still holds loses one reference, last block first."""
-        for block in reversed(self.tables[seq_id]):
+        table = self.tables[seq_id]
+        for block in reversed(table):
             if block != NULL_BLOCK:
                 self.pool.release(block, seq_id, fence)
+        self.rows.remove(seq_id, len(table))
         del self.tables[seq_id]
         del self.kept_from[seq_id]
+
+    def clear(self) -> None:
+        """Forget every sequence (the cache is closing; its pools go with it)."""
+        self.tables.clear()
+        self.kept_from.clear()
+        self.rows.clear()
 
     def held_blocks(self, seq_id: int) -> int:
         return sum(1 for block in self.tables[seq_id] if block != NULL_BLOCK)

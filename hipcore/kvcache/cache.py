@@ -212,11 +212,14 @@ class KvCache:
         """int32 [len(seq_ids), width] tables of `group` padded with the null block (what attention kernels
         read); width defaults to the longest table."""
         with self._lock:
-            rows, ids = self._group(group).tables, list(seq_ids)
-            for seq_id in ids:
-                self._table(seq_id)  # refuses an unknown id
-            tables = [rows[seq_id] for seq_id in ids]
-            longest = max((len(t) for t in tables), default=0)
+            owner, ids = self._group(group), list(seq_ids)
+            rows = owner.tables
+            # Every id a live sequence's: one set of types (a bool finds the table of 0 or 1 as a key) and one
+            # lookup each, with the per-id check only to name what is wrong.
+            if not set(map(type, ids)) <= {int} or not rows.keys() >= set(ids):
+                for seq_id in ids:
+                    self._table(seq_id)  # refuses an unknown id
+            longest = max(map(len, map(rows.__getitem__, ids)), default=0)
             width = longest if width is None else width
             _check_count("width", width)
             if width > self.config.num_blocks:  # no table can hold more blocks than the pool has
@@ -224,10 +227,7 @@ class KvCache:
                                    "blocks; no sequence's table can be that long")
             if width < longest:
                 raise KvCacheError(f"block table width {width} is shorter than the longest table ({longest} blocks)")
-            out = np.full((len(tables), width), NULL_BLOCK, dtype=np.int32)
-            for row, table in zip(out, tables):
-                row[:len(table)] = table
-            return out
+            return owner.rows.gather(ids, width)
 
     def slot_mapping(self, seq_id: int, start: int, count: int, group: str = GLOBAL_GROUP) -> np.ndarray:
         """int32 slots (block * block_size + offset) of the sequence's tokens [start, start + count) in
@@ -350,8 +350,7 @@ class KvCache:
             self._closed = True
             pools, self.k_pools, self.v_pools = self.k_pools + self.v_pools, (), ()
             for group in self._groups.values():
-                group.tables.clear()
-                group.kept_from.clear()
+                group.clear()
             self._lengths.clear()
             for buf in pools:
                 if not buf.freed:
