@@ -25,6 +25,7 @@ from hipcore.errors import UsageError
 from hipcore.ops.sample import MAX_TOP_K, min_p_filter, softmax, top_k_filter, top_p_filter, whole_vocabulary
 
 MAX_STOP_STRINGS = 16
+_INT32_MAX = 2**31 - 1
 MAX_STOP_STRING_CHARS = 256
 
 
@@ -153,7 +154,13 @@ class Sampler:
         seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % (1 << 64))
         self.seed = seed
         self._rng = np.random.Generator(np.random.PCG64(seed))
-        self.device_samplable = device_samplable(params)  # asked every step; params are frozen
+        # Asked every step; params are frozen. device_row: the row of SamplingRows.from_rows without the uniform;
+        # top_k capped at int32's largest (the device reads it as a float; only a greedy row, which ignores it,
+        # can hold more and still be samplable on the device).
+        self.device_samplable = device_samplable(params)
+        self.greedy = params.greedy
+        self.device_row = (0.0 if params.greedy else float(params.temperature), min(int(params.top_k), _INT32_MAX),
+                           float(params.top_p), float(params.min_p))
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """The next token id. `history` is every token so far (prompt and generated)."""
@@ -216,7 +223,7 @@ class StopChecker:
         self.max_tokens = int(max_tokens)
         self.tokens_seen = 0
         self.reason: StopReason | None = None
-        self.output = ""          # everything released so far
+        self._released: list[str] = []  # everything released so far, joined by `output` (no copy per token)
         self._held = ""
 
     @property
@@ -231,6 +238,10 @@ class StopChecker:
         if int(token_id) in self.eos_ids:
             self.reason = StopReason.EOS
             return self._release(self._take_held())
+        if not self.stop_strings:  # nothing is ever held back: the text goes out as it comes
+            if self.tokens_seen >= self.max_tokens:
+                self.reason = StopReason.MAX_TOKENS
+            return self._release(text)
         pending = self._held + text
         cut = self._first_stop(pending)
         if cut is not None:
@@ -253,8 +264,14 @@ class StopChecker:
         held, self._held = self._held, ""
         return held
 
+    @property
+    def output(self) -> str:
+        """Everything released so far."""
+        return "".join(self._released)
+
     def _release(self, text: str) -> str:
-        self.output += text
+        if text:
+            self._released.append(text)
         return text
 
     def _first_stop(self, text: str) -> int | None:

@@ -27,20 +27,20 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hipcore.engine.request import Phase, Request, Sequence
 from hipcore.kvcache.cache import KvCache
 
 
-@dataclass(frozen=True)
-class Scheduled:
+class Scheduled(NamedTuple):
+    """One sequence's share of a step. A tuple, not a dataclass: the scheduler makes one per sequence per step."""
+
     seq: Sequence
     num_tokens: int  # how many of its pending tokens this step computes
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of what the sequence has, so its next token is sampled."""
-        return self.seq.num_cached + self.num_tokens == len(self.seq.tokens)
+    # True when this step reaches the end of what the sequence has (num_cached + num_tokens == len(tokens) when
+    # it was scheduled), so its next token is sampled
+    samples: bool
 
 
 @dataclass
@@ -106,24 +106,28 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_step_tokens
 
-        # 1. running requests, oldest first
+        # 1. running requests, oldest first (a loop over every running sequence each step: kept lean)
+        running, reserve, scheduled = self.running, self.cache.reserve, out.scheduled
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+        while i < len(running) and budget > 0:
+            request = running[i]
             preempted_self = False
-            for seq in request.live_seqs:
-                n = min(seq.pending, budget)
+            for seq in request.seqs:
+                if seq.finished:
+                    continue
+                pending = len(seq.tokens) - seq.num_cached
+                n = pending if pending < budget else budget
                 if n <= 0:
                     continue
-                while not self.cache.reserve(seq.seq_id, n):
-                    victim = self.running[-1]
+                while not reserve(seq.seq_id, n):
+                    victim = running[-1]
                     self._preempt(victim, out)
                     if victim is request:
                         preempted_self = True
                         break
                 if preempted_self:
                     break
-                out.scheduled.append(Scheduled(seq, n))
+                scheduled.append(Scheduled(seq, n, n == pending))
                 budget -= n
             if preempted_self:
                 break  # it was the newest: nothing after it is running
@@ -166,7 +170,7 @@ class Scheduler:
             self.running.append(request)
             request.phase = Phase.PROMPT
             for seq, n in chunks:
-                out.scheduled.append(Scheduled(seq, n))
+                out.scheduled.append(Scheduled(seq, n, seq.num_cached + n == len(seq.tokens)))
                 budget -= n
         return out
 
