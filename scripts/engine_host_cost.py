@@ -15,6 +15,8 @@ one by one. Reported per step, in microseconds:
 
     engine us     Engine.step's wall time minus the time spent inside the runner's execute_sampled (which
                   is the device's, on a GPU; here it is almost nothing)
+    cpu us        the same in the thread's CPU time (steadier than wall time where other processes share
+                  the cores; a step that waited for a core shows in wall time only)
     pack us       the GPU runner's host packing of the same step, measured on the cpu device: the checks
                   of ModelRunner._run (StepBatch.validate) and StepInputs.pack for the decode bucket, its
                   upload a host memcpy here (0 with --no-pack)
@@ -76,10 +78,11 @@ class InstantRunner:
         self._cursor = 0
         self.inputs = inputs
         self.runner_s = 0.0  # wall time inside execute_sampled / execute (pack included)
+        self.runner_cpu_s = 0.0  # the same in this thread's CPU time
         self.pack_s: list[float] = []  # per step: validate + pack + upload
 
     def reset_timers(self) -> None:
-        self.runner_s = 0.0
+        self.runner_s = self.runner_cpu_s = 0.0
         self.pack_s = []
 
     def _pack(self, batch, sampling) -> None:
@@ -102,21 +105,23 @@ class InstantRunner:
         return out
 
     def execute_sampled(self, batch, sampling):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if self.inputs is not None:
             self._pack(batch, sampling)
         out = self._tokens(int(batch.sample_rows.shape[0]))
         self.runner_s += time.perf_counter() - t0
+        self.runner_cpu_s += time.thread_time() - c0
         return out
 
     def execute(self, batch):  # host sampling (not taken by the configs here): logits favouring the text
         import numpy as np
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         rows = int(batch.sample_rows.shape[0])
         logits = np.zeros((rows, self.config.vocab_size), dtype=np.float32)
         logits[np.arange(rows), self._tokens(rows)] = 30.0
         self.runner_s += time.perf_counter() - t0
+        self.runner_cpu_s += time.thread_time() - c0
         return logits
 
 
@@ -186,15 +191,17 @@ def one_run(engine, runner, seqs: int, make_params, steps: int, warmup: int, pro
         engine.step()
     runner.reset_timers()
     engine_us: list[float] = []
+    engine_cpu_us: list[float] = []
     generated_before = engine.stats.generated_tokens
     if profile is not None:
         profile.enable()
     for _ in range(steps):
-        runner_before = runner.runner_s
-        t0 = time.perf_counter()
+        runner_before, runner_cpu_before = runner.runner_s, runner.runner_cpu_s
+        t0, c0 = time.perf_counter(), time.thread_time()
         engine.step()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         engine_us.append(1e6 * (wall - (runner.runner_s - runner_before)))
+        engine_cpu_us.append(1e6 * (cpu - (runner.runner_cpu_s - runner_cpu_before)))
     if profile is not None:
         profile.disable()
     generated = engine.stats.generated_tokens - generated_before
@@ -204,6 +211,7 @@ def one_run(engine, runner, seqs: int, make_params, steps: int, warmup: int, pro
         engine.cancel(rid)
     engine.run_until_idle()
     return {"engine_us": statistics.median(engine_us), "engine_us_mean": statistics.fmean(engine_us),
+            "engine_cpu_us": statistics.median(engine_cpu_us),
             "pack_us": 1e6 * statistics.median(runner.pack_s) if runner.pack_s else 0.0}
 
 
@@ -267,9 +275,10 @@ def main() -> int:
                     with open(path + ".txt", "w") as out:
                         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(40)
                 meds = [run["engine_us"] for run in runs]
+                cpus = [run["engine_cpu_us"] for run in runs]
                 packs = [run["pack_us"] for run in runs]
                 results.append({"config": name, "seqs": seqs, "engine_us": statistics.median(meds),
-                                "engine_us_runs": meds, "pack_us": statistics.median(packs), "pack_us_runs": packs})
+                                "engine_us_runs": meds, "engine_cpu_us": statistics.median(cpus), "pack_us": statistics.median(packs), "pack_us_runs": packs})
                 if not args.json:
                     print(f"  {name} {seqs}: engine {statistics.median(meds):.0f} us "
                           f"(runs {', '.join(f'{m:.0f}' for m in meds)}), pack {statistics.median(packs):.0f} us",
@@ -288,10 +297,10 @@ def main() -> int:
           f"({args.steps} steps x {args.repeat} runs)")
     print(f"python {m['python']}, numpy {m['numpy']}, {m['cpu_count']} CPUs, load {m['load_average'][0]:.1f}, "
           f"commit {m['commit']}")
-    print(f"{'config':>8} {'seqs':>5} {'engine us':>10} {'per seq':>8} {'pack us':>8}")
+    print(f"{'config':>8} {'seqs':>5} {'engine us':>10} {'per seq':>8} {'cpu us':>7} {'pack us':>8}")
     for r in results:
         print(f"{r['config']:>8} {r['seqs']:>5} {r['engine_us']:>10.0f} {r['engine_us'] / r['seqs']:>8.1f} "
-              f"{r['pack_us']:>8.0f}")
+              f"{r['engine_cpu_us']:>7.0f} {r['pack_us']:>8.0f}")
     return 0
 
 
