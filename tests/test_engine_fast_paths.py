@@ -1,7 +1,8 @@
 """The engine's per-step fast paths give what the general paths give (scripts/engine_host_cost.py measures
 what they save): the decode batch built straight from the sequences (build_decode_batch) against the general
 batch of the same one-token slices; SamplingRows.from_rows against build(); StopChecker without stop strings
-against the general path; Event's own __init__ against the dataclass it still is."""
+against the general path; Event's own __init__ against the dataclass it still is; TextBuffer against plain
+concatenation."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hipcore.engine.request import Ending, Event
+from hipcore.engine.request import Ending, Event, Sequence
 from hipcore.engine.sampler import Sampler, SamplingParams, StopChecker, StopReason
+from hipcore.engine.text_buffer import COMPACT_AT, TextBuffer
 from hipcore.kvcache.cache import KvCache
 from hipcore.kvcache.config import KvCacheConfig
 from hipcore.model.batch import SeqSlice, _mixed_batch, build_decode_batch, build_step_batch
@@ -146,3 +148,25 @@ def test_event_is_still_a_frozen_dataclass():
         event.text = "changed"
     with pytest.raises(TypeError):
         Event(3)
+
+
+# ---- text buffers ----------------------------------------------------------------------------------
+
+@settings(max_examples=50, deadline=None)
+@given(pieces=st.lists(st.text(max_size=5), max_size=700), reads=st.sets(st.integers(0, 700), max_size=5))
+def test_text_buffer_is_the_concatenation_and_stays_compact(pieces, reads):
+    buffer = TextBuffer()
+    for i, piece in enumerate(pieces):
+        buffer.append(piece)
+        assert len(buffer._parts) < COMPACT_AT
+        if i in reads:
+            assert buffer.value() == "".join(pieces[:i + 1])
+    assert buffer.value() == "".join(pieces) and TextBuffer("ab").value() == "ab"
+
+
+def test_a_sequence_text_is_its_output_so_far():
+    seq = Sequence(1, None, [5], num_prompt=1)
+    assert seq.text == ""
+    for piece in ("a", "bc", "", "d"):
+        seq.output.append(piece)
+    assert seq.text == "abcd"

@@ -390,7 +390,7 @@ class Engine:
             seq.tokens.append(token)
             delta = checker.push(token, seq.decoder.feed(token))
         if delta:
-            seq.text += delta
+            seq.output.append(delta)
         if delta or not end_of_generation:
             event = Event(request.request_id, request.seqs.index(seq), () if end_of_generation else (token,), delta)
             events.append(event)
@@ -408,7 +408,7 @@ class Engine:
         tail = "" if ending == Ending.STOP else seq.stop_checker.flush() + seq.decoder.flush()
         events: list[Event] = []
         if tail:
-            seq.text += tail
+            seq.output.append(tail)
             events.append(Event(request.request_id, request.seqs.index(seq), (), tail))
             request.events.put(events[-1])
         self._release_sequence(seq, ending)

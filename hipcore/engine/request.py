@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hipcore.engine.text_buffer import TextBuffer
+
 
 class Ending(str, enum.Enum):
     """Every way a request can end. All of them go through the engine's one release path."""
@@ -50,7 +52,12 @@ class Sequence:
     decoder: Any = None  # the tokenizer's stream decoder for this sequence
     stop_checker: Any = None
     sampler: Any = None
-    text: str = ""  # text emitted so far
+    output: TextBuffer = field(default_factory=TextBuffer, repr=False)  # text emitted so far (see `text`)
+
+    @property
+    def text(self) -> str:
+        """The text emitted so far."""
+        return self.output.value()
 
     @property
     def generated(self) -> list[int]:

@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from hipcore.engine.text_buffer import TextBuffer
 from hipcore.errors import UsageError
 from hipcore.ops.sample import MAX_TOP_K, min_p_filter, softmax, top_k_filter, top_p_filter, whole_vocabulary
 
@@ -223,7 +224,7 @@ class StopChecker:
         self.max_tokens = int(max_tokens)
         self.tokens_seen = 0
         self.reason: StopReason | None = None
-        self._released: list[str] = []  # everything released so far, joined by `output` (no copy per token)
+        self._released = TextBuffer()  # everything released so far (`output`)
         self._held = ""
 
     @property
@@ -267,7 +268,7 @@ class StopChecker:
     @property
     def output(self) -> str:
         """Everything released so far."""
-        return "".join(self._released)
+        return self._released.value()
 
     def _release(self, text: str) -> str:
         if text:
