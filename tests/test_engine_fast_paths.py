@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hipcore.engine.request import Ending, Event, Sequence
-from hipcore.engine.sampler import Sampler, SamplingParams, StopChecker, StopReason
+from hipcore.engine.sampler import UNIFORM_BATCH, Sampler, SamplingParams, StopChecker, StopReason
 from hipcore.engine.text_buffer import COMPACT_AT, TextBuffer
 from hipcore.kvcache.cache import KvCache
 from hipcore.kvcache.config import KvCacheConfig
@@ -170,3 +170,13 @@ def test_a_sequence_text_is_its_output_so_far():
     for piece in ("a", "bc", "", "d"):
         seq.output.append(piece)
     assert seq.text == "abcd"
+
+
+# ---- draws -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**64 - 1])
+def test_uniforms_drawn_in_batches_are_the_single_draws_of_the_seed(seed):
+    sampler = Sampler(SamplingParams(temperature=0.8, seed=seed))
+    single = np.random.Generator(np.random.PCG64(seed))
+    for _ in range(3 * UNIFORM_BATCH + 5):
+        assert sampler.next_uniform() == float(single.random())
