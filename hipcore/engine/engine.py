@@ -348,20 +348,21 @@ class Engine:
         """Accept the step's token for `seq` (`picked` on the device, or sampled here from `logits`), adding its
         events to `events`."""
         request = seq.request
-        if request.phase is Phase.FINISHED or seq.finished:
+        phase = request.phase
+        if phase is Phase.FINISHED or seq.finished:
             return
         mark = len(events)
         try:
             if self.hooks.fail_sampling is not None and self.hooks.fail_sampling(request):
                 raise InjectedFault("injected sampler failure (fault-injection hook)")
-            if request.phase is Phase.PROMPT and len(request.seqs) == 1 and request.params.n > 1:
-                self._fork_samples(request)  # every sample draws its first token from these logits
-                targets = list(request.seqs)
-            else:
-                targets = (seq,)
-            request.phase = Phase.DECODE
-            if request.first_token_at is None:
-                request.first_token_at = time.perf_counter()
+            targets: Seq[Sequence] = (seq,)
+            if phase is not Phase.DECODE:  # its first token (a decoding request has one, and first_token_at)
+                if phase is Phase.PROMPT and len(request.seqs) == 1 and request.params.n > 1:
+                    self._fork_samples(request)  # every sample draws its first token from these logits
+                    targets = list(request.seqs)
+                request.phase = Phase.DECODE
+                if request.first_token_at is None:
+                    request.first_token_at = time.perf_counter()
             for target in targets:
                 token = picked if picked is not None else target.sampler.sample(logits, target.tokens)
                 self._accept_token(target, token, events)

@@ -241,7 +241,7 @@ class StopChecker:
 
     def push(self, token_id: int, text: str) -> str:
         """Record one generated token; return the text that can be shown now (maybe empty)."""
-        if self.finished:
+        if self.reason is not None:
             raise UsageError("push() after generation has already stopped")
         self.tokens_seen += 1
         if int(token_id) in self.eos_ids:
@@ -250,7 +250,9 @@ class StopChecker:
         if not self.stop_strings:  # nothing is ever held back: the text goes out as it comes
             if self.tokens_seen >= self.max_tokens:
                 self.reason = StopReason.MAX_TOKENS
-            return self._release(text)
+            if text:
+                self._released.append(text)
+            return text
         pending = self._held + text
         cut = self._first_stop(pending)
         if cut is not None:

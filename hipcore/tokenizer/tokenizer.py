@@ -170,7 +170,7 @@ class Tokenizer:
     def piece_text(self, id: int, *, skip_special: bool = False) -> str | None:
         """token_piece(id) as text when those bytes are whole UTF-8 by themselves, else None (part of a character,
         or not UTF-8). Cached per id: a stream decoder asks it once per generated token."""
-        texts = self._piece_texts[skip_special]
+        texts = self._piece_texts[bool(skip_special)]
         if type(id) is int:  # a bool would find the entry of 0 or 1; token_piece refuses it below
             text = texts.get(id, _UNSEEN)
             if text is not _UNSEEN:
@@ -242,10 +242,14 @@ class StreamDecoder:
         self._tokenizer = tokenizer
         self._skip_special = skip_special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._texts = tokenizer._piece_texts[bool(skip_special)]  # piece_text's cache, read here first
 
     def feed(self, id: int) -> str:
         if not self._utf8.buffer:  # no character open: a piece that is whole UTF-8 by itself is its own text
-            text = self._tokenizer.piece_text(id, skip_special=self._skip_special)
+            # (a bool would find the entry of 0 or 1: piece_text refuses it)
+            text = self._texts.get(id, _UNSEEN) if type(id) is int else _UNSEEN
+            if text is _UNSEEN:
+                text = self._tokenizer.piece_text(id, skip_special=self._skip_special)
             if text is not None:
                 return text
         return self._utf8.decode(self._tokenizer.token_piece(id, skip_special=self._skip_special))
