@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hipcore.engine.request import Ending, Event, Sequence
+from hipcore.engine.sampling_rows import StepSamplingRows
 from hipcore.engine.sampler import UNIFORM_BATCH, Sampler, SamplingParams, StopChecker, StopReason
 from hipcore.engine.text_buffer import COMPACT_AT, TextBuffer
 from hipcore.kvcache.cache import KvCache
@@ -180,3 +181,26 @@ def test_uniforms_drawn_in_batches_are_the_single_draws_of_the_seed(seed):
     single = np.random.Generator(np.random.PCG64(seed))
     for _ in range(3 * UNIFORM_BATCH + 5):
         assert sampler.next_uniform() == float(single.random())
+
+
+def test_step_sampling_rows_keep_the_columns_and_draw_the_uniforms():
+    """Consecutive steps of the same samplers share the parameter columns; the uniforms are each step's draws,
+    exactly what SamplingRows.build gives with the same draws; a change of samplers builds anew."""
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=5, seed=3),
+              SamplingParams(temperature=1.2, top_p=0.5, min_p=0.1, seed=4)]
+    samplers = [Sampler(p) for p in params]
+    twins = [Sampler(p) for p in params]
+    keep = StepSamplingRows()
+    first = keep.rows(list(samplers))
+    for step in range(5):
+        rows = keep.rows(list(samplers)) if step else first
+        want = SamplingRows.build(params, [0.0 if t.greedy else t.next_uniform() for t in twins])
+        for name in ("temperature", "top_k", "top_p", "min_p", "uniform"):
+            assert getattr(rows, name).dtype == getattr(want, name).dtype
+            assert np.array_equal(getattr(rows, name), getattr(want, name)), name
+        assert rows.temperature is first.temperature and not rows.temperature.flags.writeable
+    fewer = keep.rows(samplers[:1])  # a request left: built anew, and only greedy rows: no draws
+    assert fewer.temperature.tolist() == [0.0] and fewer.uniform.tolist() == [0.0]
+    assert keep.rows(samplers[:1]).uniform is fewer.uniform
+    keep.clear()
+    assert keep.rows([]).uniform.shape == (0,)

@@ -23,6 +23,7 @@ import numpy as np
 
 from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
 from hipcore.engine.sampler import Sampler, StopChecker, StopReason
+from hipcore.engine.sampling_rows import StepSamplingRows
 from hipcore.engine.scheduler import Scheduled, Scheduler, SchedulerOutput
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.kvcache.cache import KvCache
@@ -83,6 +84,7 @@ class Engine:
         # of microseconds, each step); the answer is kept for the runner it was given for (tests swap runners).
         self._checked_runner: object = None
         self._runner_samples = False
+        self._sampling_rows = StepSamplingRows()  # keeps the parameter columns while the samplers stay the same
 
     # ---- any thread ---------------------------------------------------------------------------
 
@@ -211,6 +213,7 @@ class Engine:
             for request in list(self.scheduler.running) + list(self.scheduler.waiting):
                 events += self._end_request(request, ending, "the engine shut down before it finished")
             self.cache.release_fenced()
+            self._sampling_rows.clear()
             return events
 
     # ---- internals (owner thread only) --------------------------------------------------------
@@ -335,8 +338,7 @@ class Engine:
             request = seq.request
             if request.phase is Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
                 return None
-        samplers = [seq.sampler for seq in seqs]
-        return SamplingRows.from_rows([s.device_row + (0.0 if s.greedy else s.next_uniform(),) for s in samplers])
+        return self._sampling_rows.rows([seq.sampler for seq in seqs])
 
     def _samples_on_device(self) -> bool:
         runner = self.runner
