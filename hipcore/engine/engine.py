@@ -271,7 +271,9 @@ class Engine:
         seq.decoder = self.tokenizer.stream_decoder()
         seq.sampler = Sampler(params.for_sample(len(request.seqs)))
         eos_ids = () if params.ignore_eos else self.tokenizer.eot_ids
-        seq.stop_checker = StopChecker(eos_ids=eos_ids, stop_strings=params.stop, max_tokens=params.max_tokens)
+        # The checker releases the text into the sequence's output itself.
+        seq.stop_checker = StopChecker(eos_ids=eos_ids, stop_strings=params.stop, max_tokens=params.max_tokens,
+                                       output=seq.output)
         return seq
 
     def _build_batch(self, scheduled: list[Scheduled]) -> StepBatch:
@@ -392,9 +394,7 @@ class Engine:
         else:
             seq.tokens.append(token)
             delta = checker.push(token, seq.decoder.feed(token))
-        if delta:
-            seq.output.append(delta)
-        if delta or not end_of_generation:
+        if delta or not end_of_generation:  # (the checker put delta in seq.output)
             event = Event(request.request_id, request.seqs.index(seq), () if end_of_generation else (token,), delta)
             events.append(event)
             request.events.put(event)
@@ -408,10 +408,15 @@ class Engine:
         request = seq.request
         # Text the decoder still holds (an incomplete UTF-8 sequence) or the stop checker held back
         # (a partial stop string) belongs to the output unless a stop string matched.
-        tail = "" if ending == Ending.STOP else seq.stop_checker.flush() + seq.decoder.flush()
+        tail = ""
+        if ending != Ending.STOP:
+            tail = seq.stop_checker.flush()  # (into seq.output, as everything the checker releases)
+            undecoded = seq.decoder.flush()
+            if undecoded:
+                seq.output.append(undecoded)
+                tail += undecoded
         events: list[Event] = []
         if tail:
-            seq.output.append(tail)
             events.append(Event(request.request_id, request.seqs.index(seq), (), tail))
             request.events.put(events[-1])
         self._release_sequence(seq, ending)

@@ -222,7 +222,10 @@ class StopChecker:
     stop string that spans several tokens is never printed, nor anything after it.
     """
 
-    def __init__(self, *, eos_ids: Iterable[int], stop_strings: Sequence[str] = (), max_tokens: int):
+    def __init__(self, *, eos_ids: Iterable[int], stop_strings: Sequence[str] = (), max_tokens: int,
+                 output: TextBuffer | None = None):
+        """output: where released text goes (`output` reads it); the engine gives the sequence's own, so the
+        text is kept once."""
         _check_int("max_tokens", max_tokens, low=1, high=1 << 31, hint="the number of tokens to generate")
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.stop_strings = tuple(stop_strings)
@@ -232,7 +235,7 @@ class StopChecker:
         self.max_tokens = int(max_tokens)
         self.tokens_seen = 0
         self.reason: StopReason | None = None
-        self._released = TextBuffer()  # everything released so far (`output`)
+        self._released = TextBuffer() if output is None else output  # everything released so far (`output`)
         self._held = ""
 
     @property
