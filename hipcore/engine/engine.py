@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from hipcore.tokenizer.tokenizer import Tokenizer
 
 
 _ENDING_OF = {StopReason.EOS: Ending.EOS, StopReason.STOP_STRING: Ending.STOP, StopReason.MAX_TOKENS: Ending.LENGTH}
+_SEQ, _NUM_TOKENS, _SAMPLES = (operator.itemgetter(i) for i in range(3))  # of a Scheduled
+_SEQ_ID, _NUM_CACHED, _TOKENS = (operator.attrgetter(name) for name in ("seq_id", "num_cached", "tokens"))  # of a Sequence
 
 
 class InjectedFault(RocmforgeError):
@@ -277,12 +280,14 @@ class Engine:
         return seq
 
     def _build_batch(self, scheduled: list[Scheduled]) -> StepBatch:
-        if all(item.num_tokens == 1 for item in scheduled):  # a decode step: the batch straight from the sequences
-            seqs = [item.seq for item in scheduled]
-            positions = [seq.num_cached for seq in seqs]
-            return build_decode_batch(self.cache, [seq.seq_id for seq in seqs],
-                                      [seq.tokens[first] for seq, first in zip(seqs, positions)], positions,
-                                      [item.samples for item in scheduled])
+        # A decode step (every sequence computes one token; none computes fewer): the batch straight from the
+        # sequences, each column read by one map of a C getter rather than a Python loop.
+        if sum(map(_NUM_TOKENS, scheduled)) == len(scheduled):
+            seqs = list(map(_SEQ, scheduled))
+            positions = list(map(_NUM_CACHED, seqs))
+            return build_decode_batch(self.cache, list(map(_SEQ_ID, seqs)),
+                                      list(map(operator.getitem, map(_TOKENS, seqs), positions)), positions,
+                                      list(map(_SAMPLES, scheduled)))
         slices = []
         for item in scheduled:
             seq, first = item.seq, item.seq.num_cached

@@ -15,15 +15,16 @@ access, and it asks every group for a plan before it changes any (all or nothing
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hipcore.kvcache.block_pool import BlockPool
 from hipcore.kvcache.config import NULL_BLOCK
 from hipcore.kvcache.table_rows import TableRows
 
 
-@dataclass(frozen=True)
-class AppendPlan:
-    """What appending n tokens to one sequence does in one group."""
+class AppendPlan(NamedTuple):
+    """What appending n tokens to one sequence does in one group. (A tuple: made per group on every reserve that
+    takes a block, ~4 times a step at 64 decoding sequences; a frozen dataclass costs several times more.)"""
 
     copy_on_write: bool  # the partly filled last block is shared: copy it to a new block first
     new_blocks: int  # blocks appended to the table

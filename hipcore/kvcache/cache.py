@@ -126,21 +126,23 @@ class KvCache:
             self._table(seq_id)
             _check_count("n_tokens", n_tokens)
             length = self._lengths[seq_id]
-            plans = {name: group.plan(seq_id, length, n_tokens) for name, group in self._groups.items()}
-            if any(plans[name].blocks_taken > group.pool.num_free for name, group in self._groups.items()):
-                return False
-            taken = {name: group.pool.take(plans[name].blocks_taken, seq_id) for name, group in self._groups.items()}
+            groups = self._group_list  # (global first: the order every group-wise step below keeps)
+            plans = [group.plan(seq_id, length, n_tokens) for group in groups]
+            for group, plan in zip(groups, plans):
+                if plan.blocks_taken > group.pool.num_free:
+                    return False
+            taken = [group.pool.take(plan.blocks_taken, seq_id) or [] for group, plan in zip(groups, plans)]
             fence = self._launched_step
             try:
-                for name, plan in plans.items():
+                for group, plan, blocks in zip(groups, plans, taken):
                     if plan.copy_on_write:
-                        self._copy_block(self._groups[name].tables[seq_id][-1], taken[name][0], stream, name)  # type: ignore[index]
+                        self._copy_block(group.tables[seq_id][-1], blocks[0], stream, group.name)
             except BaseException:
-                for name, blocks in taken.items():
-                    self._groups[name].pool.discard_unused(blocks or [], fence)
+                for group, blocks in zip(groups, taken):
+                    group.pool.discard_unused(blocks, fence)
                 raise
-            for name, group in self._groups.items():
-                group.apply(seq_id, plans[name], taken[name] or [], fence)
+            for group, plan, blocks in zip(groups, plans, taken):
+                group.apply(seq_id, plan, blocks, fence)
             self._lengths[seq_id] += n_tokens
             return True
 
@@ -213,13 +215,19 @@ class KvCache:
         read); width defaults to the longest table."""
         with self._lock:
             owner, ids = self._group(group), list(seq_ids)
-            rows = owner.tables
-            # Every id a live sequence's: one set of types (a bool finds the table of 0 or 1 as a key) and one
-            # lookup each, with the per-id check only to name what is wrong.
-            if not set(map(type, ids)) <= {int} or not rows.keys() >= set(ids):
+            tables = owner.tables
+            # Every id a live sequence's: one set of types (a bool would find the table of 0 or 1 as a key) and
+            # one lookup each; the per-id check only where that fails, to name what is wrong.
+            longest = None
+            if set(map(type, ids)) <= {int}:
+                try:
+                    longest = max(map(len, map(tables.__getitem__, ids)), default=0)
+                except KeyError:
+                    pass
+            if longest is None:
                 for seq_id in ids:
                     self._table(seq_id)  # refuses an unknown id
-            longest = max(map(len, map(rows.__getitem__, ids)), default=0)
+                longest = max((len(tables[seq_id]) for seq_id in ids), default=0)
             width = longest if width is None else width
             _check_count("width", width)
             if width > self.config.num_blocks:  # no table can hold more blocks than the pool has

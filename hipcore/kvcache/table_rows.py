@@ -51,7 +51,10 @@ class TableRows:
             grown = np.full((rows, max(end, 2 * width)), NULL_BLOCK, dtype=np.int32)
             grown[:, :width] = self.array
             self.array = grown
-        self.array[self.row_of[seq_id], start:end] = blocks
+        if end == start + 1:  # one block (a decode step's new block): a scalar store is the cheaper numpy call
+            self.array[self.row_of[seq_id], start] = blocks[0]
+        else:
+            self.array[self.row_of[seq_id], start:end] = blocks
 
     def gather(self, seq_ids: Sequence[int], width: int) -> np.ndarray:
         """int32 [len(seq_ids), width]: the sequences' tables padded with the null block (every id must be live
