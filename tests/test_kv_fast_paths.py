@@ -200,3 +200,32 @@ def test_a_table_row_out_of_step_with_its_table_is_caught(cpu_device):
     rows.array[rows.row_of[3] + 1, 0] = 5  # a row no sequence holds
     with pytest.raises(KvInvariantError, match="a row of no sequence holds blocks"):
         cache.check_invariants()
+
+
+@pytest.mark.parametrize("config", [PLAIN, WINDOWED], ids=["one group", "sliding window"])
+@pytest.mark.parametrize("seed", range(20))
+def test_reserve_each_is_reserve_in_order_up_to_the_first_that_does_not_fit(config, seed):
+    import random
+
+    rng = random.Random(seed)
+    device = CpuDevice(capacity=64 << 20)
+    each, one = KvCache(device, config), KvCache(device, config)
+    for cache in (each, one):
+        for seq in range(6):
+            cache.add_sequence(seq)
+    for _ in range(12):
+        items = [(rng.randrange(6), rng.choice([1, 1, 1, 2, 4, 7])) for _ in range(rng.randint(0, 8))]
+        done = each.reserve_each(items)
+        want = 0
+        for seq, n in items:
+            if not one.reserve(seq, n):
+                break
+            want += 1
+        assert done == want and state(each) == state(one)
+        if rng.random() < 0.3:  # make room again
+            seq = rng.randrange(6)
+            for cache in (each, one):
+                cache.free_sequence(seq)
+                cache.release_fenced()
+                cache.add_sequence(seq)
+    each.check_invariants()

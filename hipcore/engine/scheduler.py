@@ -106,32 +106,30 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_step_tokens
 
-        # 1. running requests, oldest first (a loop over every running sequence each step: kept lean)
-        running, reserve, scheduled = self.running, self.cache.reserve, out.scheduled
-        i = 0
-        while i < len(running) and budget > 0:
-            request = running[i]
-            preempted_self = False
+        # 1. running requests, oldest first: each live sequence's pending tokens within the budget, reserved in
+        # one call (a decode step reserves a token per sequence: a call each cost more than the work). Where
+        # the pool runs out, _schedule_running goes on from that sequence one reservation at a time, preempting.
+        wanted: list[Scheduled] = []
+        room = budget
+        for request in self.running:
+            if room <= 0:
+                break
             for seq in request.seqs:
                 if seq.finished:
                     continue
                 pending = len(seq.tokens) - seq.num_cached
-                n = pending if pending < budget else budget
-                if n <= 0:
-                    continue
-                while not reserve(seq.seq_id, n):
-                    victim = running[-1]
-                    self._preempt(victim, out)
-                    if victim is request:
-                        preempted_self = True
-                        break
-                if preempted_self:
-                    break
-                scheduled.append(Scheduled(seq, n, n == pending))
-                budget -= n
-            if preempted_self:
-                break  # it was the newest: nothing after it is running
-            i += 1
+                n = pending if pending < room else room
+                if n > 0:
+                    wanted.append(Scheduled(seq, n, n == pending))
+                    room -= n
+        done = self.cache.reserve_each([(item.seq.seq_id, item.num_tokens) for item in wanted])
+        if done == len(wanted):
+            out.scheduled += wanted
+            budget = room
+        else:
+            out.scheduled += wanted[:done]
+            budget -= sum(item.num_tokens for item in wanted[:done])
+            budget = self._schedule_running(out, wanted[done].seq, budget)
 
         # 2. admit waiting requests, first come first served
         if out.preempted:
@@ -173,6 +171,38 @@ class Scheduler:
                 out.scheduled.append(Scheduled(seq, n, seq.num_cached + n == len(seq.tokens)))
                 budget -= n
         return out
+
+    def _schedule_running(self, out: SchedulerOutput, first: Sequence, budget: int) -> int:
+        """Step 1 of schedule() one reservation at a time, from sequence `first` of the running requests on (those
+        before it are scheduled), preempting the newest running request while a reservation does not fit.
+        Returns the budget left."""
+        i = self.running.index(first.request)
+        seqs = first.request.seqs
+        seqs = seqs[seqs.index(first):]
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            preempted_self = False
+            for seq in seqs if request is first.request else request.seqs:
+                if seq.finished:
+                    continue
+                pending = len(seq.tokens) - seq.num_cached
+                n = min(pending, budget)
+                if n <= 0:
+                    continue
+                while not self.cache.reserve(seq.seq_id, n):
+                    victim = self.running[-1]
+                    self._preempt(victim, out)
+                    if victim is request:
+                        preempted_self = True
+                        break
+                if preempted_self:
+                    break
+                out.scheduled.append(Scheduled(seq, n, n == pending))
+                budget -= n
+            if preempted_self:
+                break  # it was the newest: nothing after it is running
+            i += 1
+        return budget
 
     def _live_seq_count(self) -> int:
         return sum(self.seq_demand(r) for r in self.running)

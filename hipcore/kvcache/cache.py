@@ -109,42 +109,59 @@ class KvCache:
         window layer has left behind go back to the pool (through the fence). False when a group has
         not enough free blocks: then nothing changed in any group. A copy-on-write copy is queued on
         `stream`, before the step's writes."""
+        return self.reserve_each(((seq_id, n_tokens),), stream) == 1
+
+    def reserve_each(self, items: Iterable[tuple[int, int]], stream: Stream | None = None) -> int:
+        """reserve(seq_id, n_tokens) for each (seq_id, n_tokens) in order, up to the first that does not fit;
+        returns how many were reserved (theirs stand; the one that did not fit changed nothing, and the rest
+        were not tried). One call for a whole decode step: a call per sequence cost more than the work."""
         with self._lock:
-            # The fast path of a decode step: the token fits in the sequence's own partly filled last block
-            # in every group, so nothing is taken, copied or released. (A live id is a non-negative int key
-            # of _lengths, and a closed cache has none; `type() is int` refuses a bool that hashes as 0 or 1.)
-            length = self._lengths.get(seq_id) if type(seq_id) is int else None
-            if length is not None and type(n_tokens) is int and n_tokens > 0:
-                for group in self._group_list:
-                    if not group.appends_in_place(seq_id, length, n_tokens):
-                        break
-                else:
-                    for group in self._window_groups:
-                        group.advance_window(seq_id, length)
-                    self._lengths[seq_id] = length + n_tokens
-                    return True
-            self._table(seq_id)
-            _check_count("n_tokens", n_tokens)
-            length = self._lengths[seq_id]
-            groups = self._group_list  # (global first: the order every group-wise step below keeps)
-            plans = [group.plan(seq_id, length, n_tokens) for group in groups]
-            for group, plan in zip(groups, plans):
-                if plan.blocks_taken > group.pool.num_free:
-                    return False
-            taken = [group.pool.take(plan.blocks_taken, seq_id) or [] for group, plan in zip(groups, plans)]
-            fence = self._launched_step
-            try:
-                for group, plan, blocks in zip(groups, plans, taken):
-                    if plan.copy_on_write:
-                        self._copy_block(group.tables[seq_id][-1], blocks[0], stream, group.name)
-            except BaseException:
-                for group, blocks in zip(groups, taken):
-                    group.pool.discard_unused(blocks, fence)
-                raise
+            lengths, groups, window_groups = self._lengths, self._group_list, self._window_groups
+            done = 0
+            for seq_id, n_tokens in items:
+                # The fast path of a decode step: the tokens fit in the sequence's own partly filled last block in
+                # every group, so nothing is taken, copied or released. (A live id is a non-negative int key of
+                # _lengths, and a closed cache has none; `type() is int` refuses a bool that hashes as 0 or 1.)
+                length = lengths.get(seq_id) if type(seq_id) is int else None
+                if length is not None and type(n_tokens) is int and n_tokens > 0:
+                    for group in groups:
+                        if not group.appends_in_place(seq_id, length, n_tokens):
+                            break
+                    else:
+                        for group in window_groups:
+                            group.advance_window(seq_id, length)
+                        lengths[seq_id] = length + n_tokens
+                        done += 1
+                        continue
+                if not self._reserve_general(seq_id, n_tokens, stream):
+                    break
+                done += 1
+            return done
+
+    def _reserve_general(self, seq_id: int, n_tokens: int, stream: Stream | None) -> bool:
+        """reserve() of one sequence, any case (the caller holds the lock)."""
+        self._table(seq_id)
+        _check_count("n_tokens", n_tokens)
+        length = self._lengths[seq_id]
+        groups = self._group_list  # (global first: the order every group-wise step below keeps)
+        plans = [group.plan(seq_id, length, n_tokens) for group in groups]
+        for group, plan in zip(groups, plans):
+            if plan.blocks_taken > group.pool.num_free:
+                return False
+        taken = [group.pool.take(plan.blocks_taken, seq_id) or [] for group, plan in zip(groups, plans)]
+        fence = self._launched_step
+        try:
             for group, plan, blocks in zip(groups, plans, taken):
-                group.apply(seq_id, plan, blocks, fence)
-            self._lengths[seq_id] += n_tokens
-            return True
+                if plan.copy_on_write:
+                    self._copy_block(group.tables[seq_id][-1], blocks[0], stream, group.name)
+        except BaseException:
+            for group, blocks in zip(groups, taken):
+                group.pool.discard_unused(blocks, fence)
+            raise
+        for group, plan, blocks in zip(groups, plans, taken):
+            group.apply(seq_id, plan, blocks, fence)
+        self._lengths[seq_id] += n_tokens
+        return True
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Make `child_id` a sequence sharing every block (and the length) of `parent_id`.
