@@ -262,7 +262,7 @@ def main() -> int:
     configs = sampling_configs()
     results = []
     try:
-        one_run(engine, runner, 2, configs["greedy"], 5, 2, args.prompt_tokens, None)  # first-use costs
+        one_run(engine, runner, min(2, most), configs["greedy"], 5, 2, args.prompt_tokens, None)  # first-use costs
         for name in args.configs:
             for seqs in args.seqs:
                 runs = [one_run(engine, runner, seqs, configs[name], args.steps, args.warmup, args.prompt_tokens, None)

@@ -59,12 +59,12 @@ class TableRows:
     def gather(self, seq_ids: Sequence[int], width: int) -> np.ndarray:
         """int32 [len(seq_ids), width]: the sequences' tables padded with the null block (every id must be live
         and width at least the longest of their tables: the caller checks)."""
-        rows = [self.row_of[seq_id] for seq_id in seq_ids]
+        rows = np.fromiter(map(self.row_of.__getitem__, seq_ids), dtype=np.intp, count=len(seq_ids))
         have = self.array.shape[1]
-        if width <= have:
-            return self.array[rows, :width]
+        if width <= have:  # take() of the first `width` columns: a new contiguous array, cheaper than [rows, :width]
+            return self.array[:, :width].take(rows, axis=0)
         out = np.full((len(rows), width), NULL_BLOCK, dtype=np.int32)
-        out[:, :have] = self.array[rows]
+        out[:, :have] = self.array.take(rows, axis=0)
         return out
 
     def clear(self) -> None:

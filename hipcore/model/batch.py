@@ -152,7 +152,8 @@ def build_decode_batch(cache: KvCache, seq_ids: list[int], token_ids: list[int],
     tables = cache.block_tables(seq_ids)
     pos = np.array(positions, dtype=np.int32)
     bs = cache.config.block_size
-    rows = np.arange(n, dtype=np.int32)
+    starts = np.arange(n + 1, dtype=np.int32)  # sequence i's token is token i
+    rows = starts[:n]
     column, offset = np.divmod(pos, bs)
     slots = tables[rows, column] * bs + offset
     window_slots = window_tables = None
@@ -161,7 +162,7 @@ def build_decode_batch(cache: KvCache, seq_ids: list[int], token_ids: list[int],
         window_slots = window_tables[rows, column] * bs + offset
     return StepBatch(
         token_ids=np.array(token_ids, dtype=np.int32), positions=pos,
-        slot_mapping=slots.astype(np.int32, copy=False), seq_starts=np.arange(n + 1, dtype=np.int32),
+        slot_mapping=slots.astype(np.int32, copy=False), seq_starts=starts,
         context_lens=pos + 1, block_tables=tables, sample_rows=rows if all(samples) else rows[np.array(samples, dtype=bool)],
         window_slot_mapping=None if window_slots is None else window_slots.astype(np.int32, copy=False),
         window_block_tables=window_tables,
