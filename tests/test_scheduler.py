@@ -149,3 +149,81 @@ def test_blocks_needed_alone_counts_each_sample_and_not_the_last_token(make):
     assert s.blocks_needed_alone(request(63), 2) == 4  # 63 + 2 - 1 = 64 tokens cached
     assert s.blocks_needed_alone(request(63), 3) == 5
     assert s.blocks_needed_alone(request(20, n=3), 5) == 3 * 2
+
+
+# ---- the running requests' reservations in one call (KvCache.reserve_each) ----------------------------------
+
+class World:
+    """A scheduler over its own small cache, driven as the engine drives it (prompt chunks, sampled tokens,
+    forks of parallel samples, endings through the release path), with every random choice given from outside
+    so that two worlds can be driven alike."""
+
+    def __init__(self, one_at_a_time: bool, max_step_tokens: int):
+        self.device = CpuDevice(capacity=64 << 20)
+        self.cache = KvCache(self.device, KvCacheConfig(1, 1, 32, 21, 4, "f32"))  # 20 usable blocks of 4 tokens
+        if one_at_a_time:  # the reference: every reservation through the per-sequence loop, as before the batch
+            each = self.cache.reserve_each
+            self.cache.reserve = lambda seq_id, n, stream=None: each(((seq_id, n),), stream) == 1
+            self.cache.reserve_each = lambda items, stream=None: 0  # "nothing fitted": the loop takes over at once
+        self.scheduler = Scheduler(self.cache, max_step_tokens=max_step_tokens, max_seqs=6, watermark_blocks=1)
+        self.requests: list[Request] = []
+        self.seq_ids = itertools.count(1)
+
+    def add(self, prompt_len: int, n: int) -> None:
+        rid = len(self.requests) + 1
+        req = Request(rid, list(range(prompt_len)), SamplingParams(n=n, max_tokens=30), arrival=rid)
+        req.seqs.append(Sequence(next(self.seq_ids), req, list(range(prompt_len)), num_prompt=prompt_len))
+        self.requests.append(req)
+        self.scheduler.add(req)
+
+    def step(self, ending: int | None) -> tuple:
+        out = self.scheduler.schedule()
+        for item in out.scheduled:
+            seq, request = item.seq, item.seq.request
+            seq.num_cached += item.num_tokens
+            if not item.samples:
+                continue
+            if request.params.n > 1 and len(request.seqs) == 1:  # the prompt forks into its samples
+                for _ in range(request.params.n - 1):
+                    child = Sequence(next(self.seq_ids), request, list(seq.tokens), num_prompt=seq.num_prompt,
+                                     num_cached=seq.num_cached)
+                    self.cache.fork(seq.seq_id, child.seq_id)
+                    request.seqs.append(child)
+            request.phase = Phase.DECODE
+            for target in list(request.seqs) if len(request.seqs) > 1 and seq is request.seqs[0] else [seq]:
+                target.tokens.append(7)
+        running = [s for r in self.scheduler.running for s in r.live_seqs]
+        if ending is not None and running:  # one sequence ends (any reason: the release path is the same)
+            seq = running[ending % len(running)]
+            seq.finished = True
+            self.cache.free_sequence(seq.seq_id)
+            if not seq.request.live_seqs:
+                self.scheduler.remove(seq.request)
+        self.cache.release_fenced()
+        self.cache.check_invariants()
+        return ([(i.seq.seq_id, i.num_tokens, i.samples) for i in out.scheduled],
+                [r.request_id for r in out.preempted], [r.request_id for r in self.scheduler.running],
+                [r.request_id for r in self.scheduler.waiting],
+                {s: self.cache.block_table(s) for s in self.cache.sequences()})
+
+
+@pytest.mark.parametrize("budget", [5, 12])
+@pytest.mark.parametrize("seed", range(30))
+def test_reserving_the_running_sequences_at_once_schedules_as_one_at_a_time(seed, budget):
+    """Under a pool small enough to preempt often: the same plans, preemptions, queues and block tables."""
+    import random
+
+    rng = random.Random(seed)
+    batched, reference = World(False, budget), World(True, budget)
+    preemptions = 0
+    for _ in range(60):
+        if rng.random() < 0.35:
+            prompt_len, n = rng.randint(1, 14), rng.choice([1, 1, 1, 2, 3])
+            batched.add(prompt_len, n)
+            reference.add(prompt_len, n)
+        ending = rng.randint(0, 99) if rng.random() < 0.15 else None
+        got, want = batched.step(ending), reference.step(ending)
+        assert got == want
+        preemptions += len(got[1])
+    if seed == 0:
+        assert preemptions, "the workload should preempt"

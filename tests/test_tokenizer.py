@@ -106,6 +106,33 @@ def test_stream_decoder_skips_special_tokens_unless_asked(smollm):
     assert "".join(loud.feed(i) for i in ids) == "<|im_start|>assistant\nHi<|im_end|>"
 
 
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.one_of(st.integers(0, 49151), st.integers(0, 300)), max_size=40), skip=st.booleans())
+def test_stream_decoder_fast_path_equals_the_incremental_decoder_of_the_pieces(smollm, ids, skip):
+    """feed() takes a whole-UTF-8 piece's cached text when no character is open (Tokenizer.piece_text): the
+    same text as decoding the pieces incrementally, for any ids (byte tokens 0..300 split characters)."""
+    import codecs
+
+    reference = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    stream = smollm.stream_decoder(skip_special=skip)
+    for i in ids:
+        assert stream.feed(i) == reference.decode(smollm.token_piece(i, skip_special=skip))
+    assert stream.flush() == reference.decode(b"", final=True)
+
+
+def test_piece_text_is_the_piece_when_whole_utf8_and_refuses_what_token_piece_refuses(smollm):
+    for i in (0, 1, 2, 200, 1000, 49151):
+        piece = smollm.token_piece(i)
+        assert smollm.piece_text(i) == (piece.decode("utf-8") if _is_whole_utf8(piece) else None)
+        assert smollm.piece_text(i) == smollm.piece_text(i)  # cached
+    assert smollm.piece_text(1, skip_special=True) == ""  # <|im_start|>: special, skipped
+    for bad in (True, -1, 49152, 1.0):
+        with pytest.raises(UsageError):
+            smollm.piece_text(bad)
+        with pytest.raises(UsageError):
+            smollm.stream_decoder().feed(bad)
+
+
 def _is_whole_utf8(data: bytes) -> bool:
     try:
         data.decode("utf-8")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,16 +24,19 @@ import numpy as np
 
 from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
 from hipcore.engine.sampler import Sampler, StopChecker, StopReason
+from hipcore.engine.sampling_rows import StepSamplingRows
 from hipcore.engine.scheduler import Scheduled, Scheduler, SchedulerOutput
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.kvcache.cache import KvCache
-from hipcore.model.batch import SeqSlice, StepBatch, build_step_batch
+from hipcore.model.batch import SeqSlice, StepBatch, build_decode_batch, build_step_batch
 from hipcore.model.runner import Runner, SamplingRunner
 from hipcore.ops.sample import SamplingRows
 from hipcore.tokenizer.tokenizer import Tokenizer
 
 
 _ENDING_OF = {StopReason.EOS: Ending.EOS, StopReason.STOP_STRING: Ending.STOP, StopReason.MAX_TOKENS: Ending.LENGTH}
+_SEQ, _NUM_TOKENS, _SAMPLES = (operator.itemgetter(i) for i in range(3))  # of a Scheduled
+_SEQ_ID, _NUM_CACHED, _TOKENS = (operator.attrgetter(name) for name in ("seq_id", "num_cached", "tokens"))  # of a Sequence
 
 
 class InjectedFault(RocmforgeError):
@@ -83,6 +87,7 @@ class Engine:
         # of microseconds, each step); the answer is kept for the runner it was given for (tests swap runners).
         self._checked_runner: object = None
         self._runner_samples = False
+        self._sampling_rows = StepSamplingRows()  # keeps the parameter columns while the samplers stay the same
 
     # ---- any thread ---------------------------------------------------------------------------
 
@@ -211,6 +216,7 @@ class Engine:
             for request in list(self.scheduler.running) + list(self.scheduler.waiting):
                 events += self._end_request(request, ending, "the engine shut down before it finished")
             self.cache.release_fenced()
+            self._sampling_rows.clear()
             return events
 
     # ---- internals (owner thread only) --------------------------------------------------------
@@ -268,47 +274,59 @@ class Engine:
         seq.decoder = self.tokenizer.stream_decoder()
         seq.sampler = Sampler(params.for_sample(len(request.seqs)))
         eos_ids = () if params.ignore_eos else self.tokenizer.eot_ids
-        seq.stop_checker = StopChecker(eos_ids=eos_ids, stop_strings=params.stop, max_tokens=params.max_tokens)
+        # The checker releases the text into the sequence's output itself.
+        seq.stop_checker = StopChecker(eos_ids=eos_ids, stop_strings=params.stop, max_tokens=params.max_tokens,
+                                       output=seq.output)
         return seq
 
     def _build_batch(self, scheduled: list[Scheduled]) -> StepBatch:
+        # A decode step (every sequence computes one token; none computes fewer): the batch straight from the
+        # sequences, each column read by one map of a C getter rather than a Python loop.
+        if sum(map(_NUM_TOKENS, scheduled)) == len(scheduled):
+            seqs = list(map(_SEQ, scheduled))
+            positions = list(map(_NUM_CACHED, seqs))
+            return build_decode_batch(self.cache, list(map(_SEQ_ID, seqs)),
+                                      list(map(operator.getitem, map(_TOKENS, seqs), positions)), positions,
+                                      list(map(_SAMPLES, scheduled)))
         slices = []
         for item in scheduled:
             seq, first = item.seq, item.seq.num_cached
             slices.append(SeqSlice(seq.seq_id, seq.tokens[first:first + item.num_tokens], first, item.samples))
         return build_step_batch(self.cache, slices)
 
+    @staticmethod
+    def _requests_of(scheduled: list[Scheduled]) -> list[Request]:
+        return list(dict.fromkeys(item.seq.request for item in scheduled))
+
     def _run(self, plan: SchedulerOutput) -> list[Event]:
         scheduled = plan.scheduled
-        requests = list(dict.fromkeys(item.seq.request for item in scheduled))
         batch = self._build_batch(scheduled)
         try:
-            if self.hooks.fail_step is not None and self.hooks.fail_step(requests):
+            if self.hooks.fail_step is not None and self.hooks.fail_step(self._requests_of(scheduled)):
                 raise InjectedFault("injected forward-pass failure (fault-injection hook)")
             sampling = self._device_sampling(scheduled)
             if sampling is None:
                 logits = self.runner.execute(batch)
             else:  # only the picked token ids come back from the device
-                tokens = self.runner.execute_sampled(batch, sampling)
+                picked = np.asarray(self.runner.execute_sampled(batch, sampling)).tolist()  # Python ints, one per row
         except Exception as exc:  # the step failed: fail its requests cleanly, keep serving the rest
             events: list[Event] = []
             message = f"the forward pass failed: {exc}"
-            for request in requests:
+            for request in self._requests_of(scheduled):
                 events += self._end_request(request, Ending.FAILED, message)
             return events
         events = []
         row = 0
-        for item in scheduled:
-            seq = item.seq
-            samples = item.samples  # (reads num_cached: decide before advancing it)
-            seq.num_cached += item.num_tokens
-            if seq.request.phase == Phase.PROMPT:
-                self.stats.prompt_tokens += item.num_tokens
+        stats = self.stats
+        for seq, num_tokens, samples in scheduled:  # `samples` was decided before num_cached advances
+            seq.num_cached += num_tokens
+            if seq.request.phase is Phase.PROMPT:
+                stats.prompt_tokens += num_tokens
             if samples:
                 if sampling is None:
-                    events += self._sample(seq, logits[row])
+                    self._sample(seq, events, logits[row])
                 else:
-                    events += self._sample(seq, None, picked=int(tokens[row]))
+                    self._sample(seq, events, None, picked=picked[row])
                 row += 1
         return events
 
@@ -316,18 +334,18 @@ class Engine:
         """The sampling inputs with which the runner picks this step's tokens on the device, or None to
         sample on the host: a runner without device sampling, penalties or a rule the device lacks
         (device_samplable), or a prompt about to fork into parallel samples (they all draw from its
-        logits). Each non-greedy row's uniform comes from its sampler now, as Sampler.sample would draw it."""
+        logits). Each non-greedy row's uniform comes from its sampler now, as Sampler.sample would draw it
+        (and only once the whole step is known to sample on the device)."""
         if not self._samples_on_device():
             return None
         seqs = [item.seq for item in scheduled if item.samples]
         for seq in seqs:
-            request = seq.request
-            if request.phase == Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
-                return None
             if not seq.sampler.device_samplable:
                 return None
-        params = [seq.sampler.params for seq in seqs]
-        return SamplingRows.build(params, [0.0 if p.greedy else seq.sampler.next_uniform() for p, seq in zip(params, seqs)])
+            request = seq.request
+            if request.phase is Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
+                return None
+        return self._sampling_rows.rows([seq.sampler for seq in seqs])
 
     def _samples_on_device(self) -> bool:
         runner = self.runner
@@ -335,28 +353,32 @@ class Engine:
             self._checked_runner, self._runner_samples = runner, isinstance(runner, SamplingRunner)
         return self._runner_samples
 
-    def _sample(self, seq: Sequence, logits: np.ndarray | None, picked: int | None = None) -> list[Event]:
-        """Accept the step's token for `seq`: `picked` on the device, or sampled here from `logits`."""
+    def _sample(self, seq: Sequence, events: list[Event], logits: np.ndarray | None, picked: int | None = None) -> None:
+        """Accept the step's token for `seq` (`picked` on the device, or sampled here from `logits`), adding its
+        events to `events`."""
         request = seq.request
-        if request.phase == Phase.FINISHED or seq.finished:
-            return []
+        phase = request.phase
+        if phase is Phase.FINISHED or seq.finished:
+            return
+        mark = len(events)
         try:
             if self.hooks.fail_sampling is not None and self.hooks.fail_sampling(request):
                 raise InjectedFault("injected sampler failure (fault-injection hook)")
-            targets = [seq]
-            if request.phase == Phase.PROMPT and len(request.seqs) == 1 and request.params.n > 1:
-                self._fork_samples(request)  # every sample draws its first token from these logits
-                targets = list(request.seqs)
-            request.phase = Phase.DECODE
-            if request.first_token_at is None:
-                request.first_token_at = time.perf_counter()
-            events: list[Event] = []
+            targets: Seq[Sequence] = (seq,)
+            if phase is not Phase.DECODE:  # its first token (a decoding request has one, and first_token_at)
+                if phase is Phase.PROMPT and len(request.seqs) == 1 and request.params.n > 1:
+                    self._fork_samples(request)  # every sample draws its first token from these logits
+                    targets = list(request.seqs)
+                request.phase = Phase.DECODE
+                if request.first_token_at is None:
+                    request.first_token_at = time.perf_counter()
             for target in targets:
                 token = picked if picked is not None else target.sampler.sample(logits, target.tokens)
-                events += self._accept_token(target, token)
-            return events
+                self._accept_token(target, token, events)
         except Exception as exc:
-            return self._end_request(request, Ending.FAILED, f"sampling failed: {exc}")
+            # The events of this request made before the failure stay in its queue but not in the step's list.
+            del events[mark:]
+            events += self._end_request(request, Ending.FAILED, f"sampling failed: {exc}")
 
     def _fork_samples(self, request: Request) -> None:
         """n parallel samples: children share every prompt block of the first sequence (no copy)."""
@@ -367,35 +389,39 @@ class Engine:
             self.cache.fork(parent.seq_id, child.seq_id)
             request.seqs.append(child)
 
-    def _accept_token(self, seq: Sequence, token: int) -> list[Event]:
+    def _accept_token(self, seq: Sequence, token: int, events: list[Event]) -> None:
         request = seq.request
-        index = request.seqs.index(seq)
         checker = seq.stop_checker
         self.stats.generated_tokens += 1
         end_of_generation = token in checker.eos_ids
-        if not end_of_generation:  # an end-of-generation token is neither kept nor printed
+        if end_of_generation:  # an end-of-generation token is neither kept nor printed
+            delta = checker.push(token, "")
+        else:
             seq.tokens.append(token)
-        delta = checker.push(token, "" if end_of_generation else seq.decoder.feed(token))
-        seq.text += delta
-        events: list[Event] = []
-        if delta or not end_of_generation:
-            events.append(Event(request.request_id, index, () if end_of_generation else (token,), delta))
-            request.events.put(events[-1])
-        if checker.finished:
-            return events + self._end_sequence(seq, _ENDING_OF[checker.reason])
-        if len(seq.tokens) >= self.max_context:
-            return events + self._end_sequence(seq, Ending.LENGTH)
-        return events
+            delta = checker.push(token, seq.decoder.feed(token))
+        if delta or not end_of_generation:  # (the checker put delta in seq.output)
+            event = Event(request.request_id, request.seqs.index(seq), () if end_of_generation else (token,), delta)
+            events.append(event)
+            request.events.put(event)
+        if checker.reason is not None:
+            events += self._end_sequence(seq, _ENDING_OF[checker.reason])
+        elif len(seq.tokens) >= self.max_context:
+            events += self._end_sequence(seq, Ending.LENGTH)
 
     def _end_sequence(self, seq: Sequence, ending: Ending) -> list[Event]:
         """One sample is done; the request ends when its last sample ends."""
         request = seq.request
         # Text the decoder still holds (an incomplete UTF-8 sequence) or the stop checker held back
         # (a partial stop string) belongs to the output unless a stop string matched.
-        tail = "" if ending == Ending.STOP else seq.stop_checker.flush() + seq.decoder.flush()
+        tail = ""
+        if ending != Ending.STOP:
+            tail = seq.stop_checker.flush()  # (into seq.output, as everything the checker releases)
+            undecoded = seq.decoder.flush()
+            if undecoded:
+                seq.output.append(undecoded)
+                tail += undecoded
         events: list[Event] = []
         if tail:
-            seq.text += tail
             events.append(Event(request.request_id, request.seqs.index(seq), (), tail))
             request.events.put(events[-1])
         self._release_sequence(seq, ending)

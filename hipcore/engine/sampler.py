@@ -21,10 +21,13 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from hipcore.engine.text_buffer import TextBuffer
 from hipcore.errors import UsageError
 from hipcore.ops.sample import MAX_TOP_K, min_p_filter, softmax, top_k_filter, top_p_filter, whole_vocabulary
 
 MAX_STOP_STRINGS = 16
+_INT32_MAX = 2**31 - 1
+UNIFORM_BATCH = 64  # Sampler.next_uniform's draws per generator call
 MAX_STOP_STRING_CHARS = 256
 
 
@@ -153,7 +156,14 @@ class Sampler:
         seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % (1 << 64))
         self.seed = seed
         self._rng = np.random.Generator(np.random.PCG64(seed))
-        self.device_samplable = device_samplable(params)  # asked every step; params are frozen
+        self._drawn: list[float] = []  # next_uniform's draws not taken yet, the next one last
+        # Asked every step; params are frozen. device_row: the row of SamplingRows.from_rows without the uniform;
+        # top_k capped at int32's largest (the device reads it as a float; only a greedy row, which ignores it,
+        # can hold more and still be samplable on the device).
+        self.device_samplable = device_samplable(params)
+        self.greedy = params.greedy
+        self.device_row = (0.0 if params.greedy else float(params.temperature), min(int(params.top_k), _INT32_MAX),
+                           float(params.top_p), float(params.min_p))
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """The next token id. `history` is every token so far (prompt and generated)."""
@@ -178,8 +188,14 @@ class Sampler:
 
     def next_uniform(self) -> float:
         """The one draw sample() makes for a non-greedy pick. A caller that picks elsewhere (the device
-        sampler, hipcore/ops/sample.py) takes it here, so the seeded sequence of draws stays the same."""
-        return float(self._rng.random())
+        sampler, hipcore/ops/sample.py) takes it here, so the seeded sequence of draws stays the same.
+
+        Drawn UNIFORM_BATCH at a time (one generator call costs ~0.4 us, about what a whole batch costs):
+        a batch of n draws is exactly the next n single draws, and nothing else draws from this generator."""
+        drawn = self._drawn
+        if not drawn:
+            drawn += reversed(self._rng.random(UNIFORM_BATCH).tolist())
+        return drawn.pop()
 
 
 def device_samplable(params: SamplingParams) -> bool:
@@ -206,7 +222,10 @@ class StopChecker:
     stop string that spans several tokens is never printed, nor anything after it.
     """
 
-    def __init__(self, *, eos_ids: Iterable[int], stop_strings: Sequence[str] = (), max_tokens: int):
+    def __init__(self, *, eos_ids: Iterable[int], stop_strings: Sequence[str] = (), max_tokens: int,
+                 output: TextBuffer | None = None):
+        """output: where released text goes (`output` reads it); the engine gives the sequence's own, so the
+        text is kept once."""
         _check_int("max_tokens", max_tokens, low=1, high=1 << 31, hint="the number of tokens to generate")
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.stop_strings = tuple(stop_strings)
@@ -216,7 +235,7 @@ class StopChecker:
         self.max_tokens = int(max_tokens)
         self.tokens_seen = 0
         self.reason: StopReason | None = None
-        self.output = ""          # everything released so far
+        self._released = TextBuffer() if output is None else output  # everything released so far (`output`)
         self._held = ""
 
     @property
@@ -225,12 +244,18 @@ class StopChecker:
 
     def push(self, token_id: int, text: str) -> str:
         """Record one generated token; return the text that can be shown now (maybe empty)."""
-        if self.finished:
+        if self.reason is not None:
             raise UsageError("push() after generation has already stopped")
         self.tokens_seen += 1
         if int(token_id) in self.eos_ids:
             self.reason = StopReason.EOS
             return self._release(self._take_held())
+        if not self.stop_strings:  # nothing is ever held back: the text goes out as it comes
+            if self.tokens_seen >= self.max_tokens:
+                self.reason = StopReason.MAX_TOKENS
+            if text:
+                self._released.append(text)
+            return text
         pending = self._held + text
         cut = self._first_stop(pending)
         if cut is not None:
@@ -253,8 +278,14 @@ class StopChecker:
         held, self._held = self._held, ""
         return held
 
+    @property
+    def output(self) -> str:
+        """Everything released so far."""
+        return self._released.value()
+
     def _release(self, text: str) -> str:
-        self.output += text
+        if text:
+            self._released.append(text)
         return text
 
     def _first_stop(self, text: str) -> int | None:

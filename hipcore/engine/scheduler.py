@@ -27,20 +27,20 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hipcore.engine.request import Phase, Request, Sequence
 from hipcore.kvcache.cache import KvCache
 
 
-@dataclass(frozen=True)
-class Scheduled:
+class Scheduled(NamedTuple):
+    """One sequence's share of a step. A tuple, not a dataclass: the scheduler makes one per sequence per step."""
+
     seq: Sequence
     num_tokens: int  # how many of its pending tokens this step computes
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of what the sequence has, so its next token is sampled."""
-        return self.seq.num_cached + self.num_tokens == len(self.seq.tokens)
+    # True when this step reaches the end of what the sequence has (num_cached + num_tokens == len(tokens) when
+    # it was scheduled), so its next token is sampled
+    samples: bool
 
 
 @dataclass
@@ -106,28 +106,30 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_step_tokens
 
-        # 1. running requests, oldest first
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            preempted_self = False
-            for seq in request.live_seqs:
-                n = min(seq.pending, budget)
-                if n <= 0:
+        # 1. running requests, oldest first: each live sequence's pending tokens within the budget, reserved in
+        # one call (a decode step reserves a token per sequence: a call each cost more than the work). Where
+        # the pool runs out, _schedule_running goes on from that sequence one reservation at a time, preempting.
+        wanted: list[Scheduled] = []
+        room = budget
+        for request in self.running:
+            if room <= 0:
+                break
+            for seq in request.seqs:
+                if seq.finished:
                     continue
-                while not self.cache.reserve(seq.seq_id, n):
-                    victim = self.running[-1]
-                    self._preempt(victim, out)
-                    if victim is request:
-                        preempted_self = True
-                        break
-                if preempted_self:
-                    break
-                out.scheduled.append(Scheduled(seq, n))
-                budget -= n
-            if preempted_self:
-                break  # it was the newest: nothing after it is running
-            i += 1
+                pending = len(seq.tokens) - seq.num_cached
+                n = pending if pending < room else room
+                if n > 0:
+                    wanted.append(Scheduled(seq, n, n == pending))
+                    room -= n
+        done = self.cache.reserve_each([(item.seq.seq_id, item.num_tokens) for item in wanted])
+        if done == len(wanted):
+            out.scheduled += wanted
+            budget = room
+        else:
+            out.scheduled += wanted[:done]
+            budget -= sum(item.num_tokens for item in wanted[:done])
+            budget = self._schedule_running(out, wanted[done].seq, budget)
 
         # 2. admit waiting requests, first come first served
         if out.preempted:
@@ -166,9 +168,41 @@ class Scheduler:
             self.running.append(request)
             request.phase = Phase.PROMPT
             for seq, n in chunks:
-                out.scheduled.append(Scheduled(seq, n))
+                out.scheduled.append(Scheduled(seq, n, seq.num_cached + n == len(seq.tokens)))
                 budget -= n
         return out
+
+    def _schedule_running(self, out: SchedulerOutput, first: Sequence, budget: int) -> int:
+        """Step 1 of schedule() one reservation at a time, from sequence `first` of the running requests on (those
+        before it are scheduled), preempting the newest running request while a reservation does not fit.
+        Returns the budget left."""
+        i = self.running.index(first.request)
+        seqs = first.request.seqs
+        seqs = seqs[seqs.index(first):]
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            preempted_self = False
+            for seq in seqs if request is first.request else request.seqs:
+                if seq.finished:
+                    continue
+                pending = len(seq.tokens) - seq.num_cached
+                n = min(pending, budget)
+                if n <= 0:
+                    continue
+                while not self.cache.reserve(seq.seq_id, n):
+                    victim = self.running[-1]
+                    self._preempt(victim, out)
+                    if victim is request:
+                        preempted_self = True
+                        break
+                if preempted_self:
+                    break
+                out.scheduled.append(Scheduled(seq, n, n == pending))
+                budget -= n
+            if preempted_self:
+                break  # it was the newest: nothing after it is running
+            i += 1
+        return budget
 
     def _live_seq_count(self) -> int:
         return sum(self.seq_demand(r) for r in self.running)

@@ -50,6 +50,10 @@ class BlockPool:
         self._check_id(block, "refcount")
         return self._refcount[block]
 
+    def refcount_of_held(self, block: int) -> int:
+        """refcount() without the id check, for a block read out of a live table (valid by invariant 7)."""
+        return self._refcount[block]
+
     def refcounts(self) -> tuple[int, ...]:
         return tuple(self._refcount)
 

@@ -54,6 +54,8 @@ class KvCache:
             for group in config.groups}
         self._pool = self._groups[GLOBAL_GROUP].pool  # the global group's (the only one of a llama model)
         self._tables = self._groups[GLOBAL_GROUP].tables
+        self._group_list = tuple(self._groups.values())
+        self._window_groups = tuple(group for group in self._group_list if group.window)
         self._lengths: dict[int, int] = {}
         self._launched_step = 0
         self._closed = False
@@ -107,27 +109,59 @@ class KvCache:
         window layer has left behind go back to the pool (through the fence). False when a group has
         not enough free blocks: then nothing changed in any group. A copy-on-write copy is queued on
         `stream`, before the step's writes."""
+        return self.reserve_each(((seq_id, n_tokens),), stream) == 1
+
+    def reserve_each(self, items: Iterable[tuple[int, int]], stream: Stream | None = None) -> int:
+        """reserve(seq_id, n_tokens) for each (seq_id, n_tokens) in order, up to the first that does not fit;
+        returns how many were reserved (theirs stand; the one that did not fit changed nothing, and the rest
+        were not tried). One call for a whole decode step: a call per sequence cost more than the work."""
         with self._lock:
-            self._table(seq_id)
-            _check_count("n_tokens", n_tokens)
-            length = self._lengths[seq_id]
-            plans = {name: group.plan(seq_id, length, n_tokens) for name, group in self._groups.items()}
-            if any(plans[name].blocks_taken > group.pool.num_free for name, group in self._groups.items()):
+            lengths, groups, window_groups = self._lengths, self._group_list, self._window_groups
+            done = 0
+            for seq_id, n_tokens in items:
+                # The fast path of a decode step: the tokens fit in the sequence's own partly filled last block in
+                # every group, so nothing is taken, copied or released. (A live id is a non-negative int key of
+                # _lengths, and a closed cache has none; `type() is int` refuses a bool that hashes as 0 or 1.)
+                length = lengths.get(seq_id) if type(seq_id) is int else None
+                if length is not None and type(n_tokens) is int and n_tokens > 0:
+                    for group in groups:
+                        if not group.appends_in_place(seq_id, length, n_tokens):
+                            break
+                    else:
+                        for group in window_groups:
+                            group.advance_window(seq_id, length)
+                        lengths[seq_id] = length + n_tokens
+                        done += 1
+                        continue
+                if not self._reserve_general(seq_id, n_tokens, stream):
+                    break
+                done += 1
+            return done
+
+    def _reserve_general(self, seq_id: int, n_tokens: int, stream: Stream | None) -> bool:
+        """reserve() of one sequence, any case (the caller holds the lock)."""
+        self._table(seq_id)
+        _check_count("n_tokens", n_tokens)
+        length = self._lengths[seq_id]
+        groups = self._group_list  # (global first: the order every group-wise step below keeps)
+        plans = [group.plan(seq_id, length, n_tokens) for group in groups]
+        for group, plan in zip(groups, plans):
+            if plan.blocks_taken > group.pool.num_free:
                 return False
-            taken = {name: group.pool.take(plans[name].blocks_taken, seq_id) for name, group in self._groups.items()}
-            fence = self._launched_step
-            try:
-                for name, plan in plans.items():
-                    if plan.copy_on_write:
-                        self._copy_block(self._groups[name].tables[seq_id][-1], taken[name][0], stream, name)  # type: ignore[index]
-            except BaseException:
-                for name, blocks in taken.items():
-                    self._groups[name].pool.discard_unused(blocks or [], fence)
-                raise
-            for name, group in self._groups.items():
-                group.apply(seq_id, plans[name], taken[name] or [], fence)
-            self._lengths[seq_id] += n_tokens
-            return True
+        taken = [group.pool.take(plan.blocks_taken, seq_id) or [] for group, plan in zip(groups, plans)]
+        fence = self._launched_step
+        try:
+            for group, plan, blocks in zip(groups, plans, taken):
+                if plan.copy_on_write:
+                    self._copy_block(group.tables[seq_id][-1], blocks[0], stream, group.name)
+        except BaseException:
+            for group, blocks in zip(groups, taken):
+                group.pool.discard_unused(blocks, fence)
+            raise
+        for group, plan, blocks in zip(groups, plans, taken):
+            group.apply(seq_id, plan, blocks, fence)
+        self._lengths[seq_id] += n_tokens
+        return True
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Make `child_id` a sequence sharing every block (and the length) of `parent_id`.
@@ -197,11 +231,20 @@ class KvCache:
         """int32 [len(seq_ids), width] tables of `group` padded with the null block (what attention kernels
         read); width defaults to the longest table."""
         with self._lock:
-            rows, ids = self._group(group).tables, list(seq_ids)
-            for seq_id in ids:
-                self._table(seq_id)  # refuses an unknown id
-            tables = [rows[seq_id] for seq_id in ids]
-            longest = max((len(t) for t in tables), default=0)
+            owner, ids = self._group(group), list(seq_ids)
+            tables = owner.tables
+            # Every id a live sequence's: one set of types (a bool would find the table of 0 or 1 as a key) and
+            # one lookup each; the per-id check only where that fails, to name what is wrong.
+            longest = None
+            if set(map(type, ids)) <= {int}:
+                try:
+                    longest = max(map(len, map(tables.__getitem__, ids)), default=0)
+                except KeyError:
+                    pass
+            if longest is None:
+                for seq_id in ids:
+                    self._table(seq_id)  # refuses an unknown id
+                longest = max((len(tables[seq_id]) for seq_id in ids), default=0)
             width = longest if width is None else width
             _check_count("width", width)
             if width > self.config.num_blocks:  # no table can hold more blocks than the pool has
@@ -209,10 +252,7 @@ class KvCache:
                                    "blocks; no sequence's table can be that long")
             if width < longest:
                 raise KvCacheError(f"block table width {width} is shorter than the longest table ({longest} blocks)")
-            out = np.full((len(tables), width), NULL_BLOCK, dtype=np.int32)
-            for row, table in zip(out, tables):
-                row[:len(table)] = table
-            return out
+            return owner.rows.gather(ids, width)
 
     def slot_mapping(self, seq_id: int, start: int, count: int, group: str = GLOBAL_GROUP) -> np.ndarray:
         """int32 slots (block * block_size + offset) of the sequence's tokens [start, start + count) in
@@ -335,8 +375,7 @@ class KvCache:
             self._closed = True
             pools, self.k_pools, self.v_pools = self.k_pools + self.v_pools, (), ()
             for group in self._groups.values():
-                group.tables.clear()
-                group.kept_from.clear()
+                group.clear()
             self._lengths.clear()
             for buf in pools:
                 if not buf.freed:

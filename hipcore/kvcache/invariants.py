@@ -90,6 +90,11 @@ def check_group_invariants(config: KvCacheConfig, group: BlockGroup, lengths: Ma
             f"!= {pool.num_usable} usable"
         )
 
+    # The numpy copy of the tables that steps read (table_rows.py) says what the lists say.
+    disagreement = group.rows.check(tables)
+    if disagreement:
+        raise KvInvariantError(f"the {name} group's table rows disagree with its block tables: {disagreement}")
+
 
 def _check_window(config: KvCacheConfig, group: BlockGroup, seq_id: int, table: list[int], length: int) -> int:
     """How many leading entries of the table were released out of the window (0 in a global group)."""

@@ -102,18 +102,13 @@ class StepBatch:
 def build_step_batch(cache: KvCache, items: Sequence[SeqSlice]) -> StepBatch:
     """The StepBatch of one step: the sequences' slices concatenated in order."""
     if all(len(item.tokens) == 1 for item in items):
-        batch = _decode_batch(cache, items)
-    else:
-        batch = _mixed_batch(cache, items)
+        return build_decode_batch(cache, [item.seq_id for item in items], [item.tokens[0] for item in items],
+                                  [item.first for item in items], [item.samples for item in items])
+    batch = _mixed_batch(cache, items)
     if LOCAL_GROUP not in cache.groups:
         return batch
     tables = cache.block_tables([item.seq_id for item in items], width=batch.block_tables.shape[1], group=LOCAL_GROUP)
-    if batch.is_decode_only:  # as _decode_batch reads its slots: out of the tables, at once
-        bs, pos = cache.config.block_size, batch.positions
-        slots = tables[np.arange(len(items)), pos // bs] * bs + pos % bs
-    else:
-        slots = np.concatenate([cache.slot_mapping(item.seq_id, item.first, len(item.tokens), LOCAL_GROUP)
-                                for item in items])
+    slots = np.concatenate([cache.slot_mapping(item.seq_id, item.first, len(item.tokens), LOCAL_GROUP) for item in items])
     return dataclasses.replace(batch, window_slot_mapping=slots.astype(np.int32, copy=False), window_block_tables=tables)
 
 
@@ -141,8 +136,11 @@ def _mixed_batch(cache: KvCache, items: Sequence[SeqSlice]) -> StepBatch:
     )
 
 
-def _decode_batch(cache: KvCache, items: Sequence[SeqSlice]) -> StepBatch:
-    """One token per sequence, with a few numpy operations instead of a loop per sequence.
+def build_decode_batch(cache: KvCache, seq_ids: list[int], token_ids: list[int], positions: list[int],
+                       samples: list[bool]) -> StepBatch:
+    """The StepBatch of a decode step: sequence i computes the one token token_ids[i] at positions[i] (its KV
+    slot reserved already), and samples its next token where samples[i]. What build_step_batch builds from
+    one-token slices, without the slices: the engine calls it straight from its sequences.
 
     Decode steps are where host time per step matters (a replayed graph takes a few hundred microseconds
     on a GPU): building the batch one sequence at a time through KvCache.slot_mapping and block_table
@@ -150,15 +148,22 @@ def _decode_batch(cache: KvCache, items: Sequence[SeqSlice]) -> StepBatch:
     KvCache.block_tables call and every slot is read out of them at once: slot = table[pos // block_size]
     * block_size + pos % block_size.
     """
-    n = len(items)
-    tables = cache.block_tables([item.seq_id for item in items])
-    pos = np.fromiter((item.first for item in items), dtype=np.int32, count=n)
+    n = len(seq_ids)
+    tables = cache.block_tables(seq_ids)
+    pos = np.array(positions, dtype=np.int32)
     bs = cache.config.block_size
-    rows = np.arange(n, dtype=np.int32)
-    slots = tables[rows, pos // bs] * bs + pos % bs
-    samples = np.fromiter((item.samples for item in items), dtype=bool, count=n)
+    starts = np.arange(n + 1, dtype=np.int32)  # sequence i's token is token i
+    rows = starts[:n]
+    column, offset = np.divmod(pos, bs)
+    slots = tables[rows, column] * bs + offset
+    window_slots = window_tables = None
+    if LOCAL_GROUP in cache.groups:  # the sliding-window group's tables, as wide, and its slots read the same way
+        window_tables = cache.block_tables(seq_ids, width=tables.shape[1], group=LOCAL_GROUP)
+        window_slots = window_tables[rows, column] * bs + offset
     return StepBatch(
-        token_ids=np.fromiter((item.tokens[0] for item in items), dtype=np.int32, count=n), positions=pos,
-        slot_mapping=slots.astype(np.int32, copy=False), seq_starts=np.arange(n + 1, dtype=np.int32),
-        context_lens=pos + 1, block_tables=tables, sample_rows=rows if samples.all() else rows[samples],
+        token_ids=np.array(token_ids, dtype=np.int32), positions=pos,
+        slot_mapping=slots.astype(np.int32, copy=False), seq_starts=starts,
+        context_lens=pos + 1, block_tables=tables, sample_rows=rows if all(samples) else rows[np.array(samples, dtype=bool)],
+        window_slot_mapping=None if window_slots is None else window_slots.astype(np.int32, copy=False),
+        window_block_tables=window_tables,
     )

@@ -24,6 +24,7 @@ tie exactly; the reference below states the device's rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import itertools
 import math
 from typing import Any, Protocol, Sequence
 
@@ -71,6 +72,17 @@ class SamplingRows:
             np.array([p.min_p for p in params], dtype=np.float32),
             np.asarray(uniforms, dtype=np.float64),
         )
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[float, int, float, float, float]]) -> "SamplingRows":
+        """From one (temperature, top_k, top_p, min_p, uniform) tuple per row (temperature 0 for a greedy row):
+        what build() makes, in one conversion of the whole table instead of one per column (the engine makes
+        these every decode step)."""
+        table = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=PARAMS_PER_ROW * len(rows))
+        table = table.reshape(len(rows), PARAMS_PER_ROW)
+        # float64 holds every int32 top_k exactly, and rounding a float64 to float32 is what build() does
+        return cls(table[:, 0].astype(np.float32), table[:, 1].astype(np.int32), table[:, 2].astype(np.float32),
+                   table[:, 3].astype(np.float32), table[:, 4].copy())
 
     @classmethod
     def greedy(cls, rows: int) -> "SamplingRows":

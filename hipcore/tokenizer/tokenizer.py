@@ -36,6 +36,7 @@ from hipcore.tokenizer.vocab import (
 )
 
 _SHOWN_ONLY_WHEN_SPECIAL = ATTR_CONTROL | ATTR_UNKNOWN
+_UNSEEN = object()  # piece_text: not asked yet (None is an answer)
 _C_SPACE = " \t\n\v\f\r"  # what C's isspace() takes, which llama.cpp strips with
 
 
@@ -66,6 +67,8 @@ class Tokenizer:
         self._special = [(vocab.tokens[i], i) for i in vocab.special_ids]
         self._user_defined = [(t, i) for t, i in self._special if vocab.attrs[i] & ATTR_USER_DEFINED]
         self._pieces: list[bytes | None] = [None] * self.vocab_size  # token_piece cache
+        # piece_text caches (skip_special False, True): token id -> its piece as text, None if not whole UTF-8
+        self._piece_texts: tuple[dict[int, str | None], dict[int, str | None]] = ({}, {})
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, object]) -> "Tokenizer":
@@ -164,6 +167,23 @@ class Tokenizer:
             piece = self._pieces[id] = self._piece(id)
         return piece
 
+    def piece_text(self, id: int, *, skip_special: bool = False) -> str | None:
+        """token_piece(id) as text when those bytes are whole UTF-8 by themselves, else None (part of a character,
+        or not UTF-8). Cached per id: a stream decoder asks it once per generated token."""
+        texts = self._piece_texts[bool(skip_special)]
+        if type(id) is int:  # a bool would find the entry of 0 or 1; token_piece refuses it below
+            text = texts.get(id, _UNSEEN)
+            if text is not _UNSEEN:
+                return text
+        piece = self.token_piece(id, skip_special=skip_special)  # refuses an id outside the vocabulary
+        try:
+            text = piece.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if type(id) is int:
+            texts[id] = text
+        return text
+
     def _piece(self, id: int) -> bytes:
         vocab = self._vocab
         attr = vocab.attrs[id]
@@ -222,8 +242,16 @@ class StreamDecoder:
         self._tokenizer = tokenizer
         self._skip_special = skip_special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._texts = tokenizer._piece_texts[bool(skip_special)]  # piece_text's cache, read here first
 
     def feed(self, id: int) -> str:
+        if not self._utf8.buffer:  # no character open: a piece that is whole UTF-8 by itself is its own text
+            # (a bool would find the entry of 0 or 1: piece_text refuses it)
+            text = self._texts.get(id, _UNSEEN) if type(id) is int else _UNSEEN
+            if text is _UNSEEN:
+                text = self._tokenizer.piece_text(id, skip_special=self._skip_special)
+            if text is not None:
+                return text
         return self._utf8.decode(self._tokenizer.token_piece(id, skip_special=self._skip_special))
 
     def flush(self) -> str:
