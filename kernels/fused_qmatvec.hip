@@ -516,8 +516,8 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
 }  // namespace
 
 // Entries: <name>_1 for one token, <name>_n for any number (passes of up to eight). Blocks of kBlockThreads.
-#define RF_FUSED_QMATVEC_ENTRIES(suffix, ONE_TOKEN, MIN_BLOCKS)                                                                   \
-  extern "C" __global__ __launch_bounds__(fq::kBlockThreads, MIN_BLOCKS) void qmatvec_norm_rope_##suffix(                                      \
+#define RF_FUSED_QMATVEC_ENTRIES(suffix, ONE_TOKEN)                                                                   \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_rope_##suffix(                                      \
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
       int head_dim, int rope_dim, float eps, float theta, float freq_scale) {                                         \
@@ -526,27 +526,25 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
     fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
                              cols, batch, head_dim, rope_dim, eps, theta, freq_scale);                                \
   }                                                                                                                   \
-  extern "C" __global__ __launch_bounds__(fq::kBlockThreads, MIN_BLOCKS) void qmatvec_norm_swiglu_##suffix(                                    \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_##suffix(                                    \
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \
       int batch, float eps) {                                                                                         \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
     fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
   }                                                                                                                   \
-  extern "C" __global__ __launch_bounds__(fq::kBlockThreads, MIN_BLOCKS) void qmatvec_add_##suffix(float* y, const void* W, const float* x,    \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(float* y, const void* W, const float* x,    \
                                                                          int type, int rows, int cols, int batch) {   \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
     fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f);                                    \
   }                                                                                                                   \
-  extern "C" __global__ __launch_bounds__(fq::kBlockThreads, MIN_BLOCKS) void qmatvec_norm_##suffix(                                           \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_##suffix(                                           \
       float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps) {  \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
     fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps);                                            \
   }
 
-// Three single-token workgroups per SM (NVIDIA; three waves per SIMD on AMD): the launcher's MAX_WORKGROUPS
-// counts on it, and without the bound the compiler takes ~104 registers for these entries (two per SM).
-RF_FUSED_QMATVEC_ENTRIES(1, true, 3)
-RF_FUSED_QMATVEC_ENTRIES(n, false, 1)
+RF_FUSED_QMATVEC_ENTRIES(1, true)
+RF_FUSED_QMATVEC_ENTRIES(n, false)
