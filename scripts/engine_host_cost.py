@@ -10,8 +10,8 @@ slower).
 
 For each batch size (default 1, 8, 32, 64 sequences) and each sampling config (greedy; sampled: temperature
 0.8, top-p 0.95, llama.cpp's other defaults, which the device sampler takes), the script submits that many
-requests (short distinct prompts), steps until every one is decoding, then times --steps decode-only steps
-one by one. Reported per step, in microseconds:
+requests (distinct prompts of 16 to 31 tokens, so that the sequences take their new KV blocks on different
+steps, as a server's do), steps until every one is decoding, then times --steps decode-only steps one by one. Reported per step, in microseconds:
 
     engine us     Engine.step's wall time minus the time spent inside the runner's execute_sampled (which
                   is the device's, on a GPU; here it is almost nothing)
@@ -171,7 +171,9 @@ def build(model_path: str, max_seqs: int, ctx: int, pack: bool):
 
 
 def prompts(tokenizer_vocab: int, count: int, length: int) -> list[list[int]]:
-    return [[100 + (i * 131 + j * 37) % (tokenizer_vocab - 200) for j in range(length)] for i in range(count)]
+    """`count` prompts of length to length + 15 tokens: the sequences fill their KV blocks on different steps, as
+    in a server (with equal lengths every sequence would take a new block on the same step, one in 16)."""
+    return [[100 + (i * 131 + j * 37) % (tokenizer_vocab - 200) for j in range(length + i % 16)] for i in range(count)]
 
 
 def one_run(engine, runner, seqs: int, make_params, steps: int, warmup: int, prompt_tokens: int,
@@ -179,7 +181,7 @@ def one_run(engine, runner, seqs: int, make_params, steps: int, warmup: int, pro
     from hipcore.engine.request import Phase
 
     # requests whose prompt finished early decode while the others' prompts are evaluated: room for that
-    max_tokens = warmup + steps + prompt_steps(seqs, prompt_tokens) + 8
+    max_tokens = warmup + steps + prompt_steps(seqs, prompt_tokens + 15) + 8
     ids = [engine.submit(p, make_params(max_tokens)) for p in prompts(engine.runner.config.vocab_size, seqs, prompt_tokens)]
     requests = [engine.request(i) for i in ids]
     # prompt evaluation, then a few decode steps out of the timings (first-use costs)
@@ -242,7 +244,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed decode steps per run")
     parser.add_argument("--warmup", type=int, default=20, help="decode steps before the timed ones")
     parser.add_argument("--repeat", type=int, default=3, help="runs per (seqs, config); the median of their medians")
-    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="the shortest prompt (they run to 15 more)")
     parser.add_argument("--no-pack", action="store_true", help="skip the GPU runner's packing (StepInputs.pack)")
     parser.add_argument("--profile", default=None, help="path prefix: cProfile of the timed steps per (seqs, config)")
     parser.add_argument("--json", action="store_true")
@@ -257,7 +259,7 @@ def main() -> int:
             return 2
         model = str(demo)
     most = max(args.seqs)
-    ctx = args.prompt_tokens + args.warmup + args.steps + prompt_steps(most, args.prompt_tokens) + 16
+    ctx = args.prompt_tokens + 15 + args.warmup + args.steps + prompt_steps(most, args.prompt_tokens + 15) + 16
     engine, runner, cache, inputs = build(model, most, ctx, pack=not args.no_pack)
     configs = sampling_configs()
     results = []

@@ -2,7 +2,8 @@
 with them and on one that always takes the general path leave equal state (block tables, lengths, kept
 positions, reference counts, free and pending lists) and give equal answers, for a cache of one layer group
 and for one with a sliding-window group. Reserve's fast path: a token that fits in the sequence's own partly
-filled last block (KvCache.reserve, BlockGroup.appends_in_place). block_tables' fast path: the numpy rows the
+filled last block, or into one fresh block after a full one (KvCache.reserve_each, BlockGroup.appends_in_place and
+appends_new_block). block_tables' fast path: the numpy rows the
 groups keep in step with their tables (table_rows.py) give the lists padded with the null block."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def general_path_only(cache: KvCache) -> KvCache:
     """The cache with every fast path off (the reference)."""
     for group in cache._groups.values():
         group.appends_in_place = lambda *args: False
+        group.appends_new_block = lambda *args: False
     return cache
 
 
@@ -112,7 +114,7 @@ def test_reserve_fast_path_leaves_the_state_of_the_general_path(config, ops):
         cache.close()
 
 
-def test_the_fast_path_is_taken_for_a_token_into_its_own_partly_filled_block(cpu_device):
+def test_the_fast_paths_are_taken_for_a_token_into_its_own_block_or_a_fresh_one(cpu_device):
     cache = KvCache(cpu_device, WINDOWED)  # block size 4, the local group's window 6
     cache.add_sequence(1)
     assert cache.reserve(1, 5)  # two blocks in each group, the second holds one token
@@ -123,10 +125,13 @@ def test_the_fast_path_is_taken_for_a_token_into_its_own_partly_filled_block(cpu
     for _ in range(3):  # positions 5, 6, 7: room in the last block of each group
         assert cache.reserve(1, 1)
     assert not plans and local.kept_from[1] == 2
-    assert cache.reserve(1, 1) and len(plans) == 2  # position 8: a new block in each group
-    assert cache.reserve(1, 1) and len(plans) == 4  # position 9: the window leaves block 0 behind
+    assert cache.reserve(1, 1) and not plans  # position 8: a new block in each group, the window still in block 0
+    assert len(cache.block_table(1)) == 3 and local.kept_from[1] == 3
+    assert cache.reserve(1, 1) and len(plans) == 2  # position 9: the window leaves block 0 behind (general path)
     assert local.kept_from[1] == 4 and cache.block_table(1, LOCAL_GROUP)[0] == 0
-    assert cache.reserve(1, 1) and len(plans) == 4 and local.kept_from[1] == 5  # position 10: in place again
+    assert cache.reserve(1, 1) and len(plans) == 2 and local.kept_from[1] == 5  # position 10: in place again
+    cache.fork(1, 2)
+    assert cache.reserve(2, 1) and len(plans) == 4  # a shared partly filled block: copy-on-write, general path
     assert cache.seq_len(1) == 11
     cache.check_invariants()
 

@@ -83,6 +83,25 @@ class BlockGroup:
             return max(kept_from, length - self.window + 1) // bs == kept_from // bs
         return True
 
+    def appends_new_block(self, seq_id: int, length: int, n_tokens: int) -> bool:
+        """True when plan(seq_id, length, n_tokens) would take exactly one new block and copy and release nothing:
+        the last block is full (or there is none), the n_tokens (> 0) fit in one block, and (in a window group)
+        the first kept position stays inside the same block. Then appending takes a block for the table's end
+        (append_block) and changes kept_from as advance_window does. A decode step takes this path 1 time in 16."""
+        bs = self.block_size
+        if length % bs or n_tokens > bs:
+            return False
+        if self.window:
+            kept_from = self.kept_from[seq_id]
+            return max(kept_from, length - self.window + 1) // bs == kept_from // bs
+        return True
+
+    def append_block(self, seq_id: int, block: int) -> None:
+        """`block` (just taken from this group's pool) becomes the last entry of the sequence's table."""
+        table = self.tables[seq_id]
+        self.rows.write(seq_id, len(table), (block,))
+        table.append(block)
+
     def advance_window(self, seq_id: int, length: int) -> None:
         """kept_from after an in-place append to a sequence of `length` tokens (as plan() computes it)."""
         if self.window:

@@ -133,6 +133,19 @@ class KvCache:
                         lengths[seq_id] = length + n_tokens
                         done += 1
                         continue
+                    # Next most common: the last block is full and one new block per group takes the tokens
+                    # (the general path's plan, take and apply for that case, without building them).
+                    for group in groups:
+                        if not group.appends_new_block(seq_id, length, n_tokens) or not group.pool.num_free:
+                            break
+                    else:
+                        for group in groups:
+                            group.append_block(seq_id, group.pool.take(1, seq_id)[0])  # type: ignore[index]
+                        for group in window_groups:
+                            group.advance_window(seq_id, length)
+                        lengths[seq_id] = length + n_tokens
+                        done += 1
+                        continue
                 if not self._reserve_general(seq_id, n_tokens, stream):
                     break
                 done += 1
