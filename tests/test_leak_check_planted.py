@@ -77,7 +77,7 @@ def test_a_free_that_keeps_the_device_buffer_alive(tiny):
     assert close["count_by_tag"]["kv"] == 2 * n_layers and close["leaked_count"] == 2 * n_layers
     assert close["bytes_by_tag"]["kv"] > 0 and sum(v for t, v in close["bytes_by_tag"].items() if t != "kv") == 0
     first = close["not_returned"][0]
-    assert first["label"].startswith("kv.layer") and "hipcore/kvcache/cache.py" in first["site"]
+    assert first["label"].startswith("kv.layer") and "hipcore/kvcache/pools.py" in first["site"]  # allocate_pools
     row = {r["layer"]: r for r in report["layers"]}["ledger after close"]
     assert row["bytes"] == close["bytes_by_tag"]["kv"] and row["count"] == 2 * n_layers
     assert any("after closing the model" in f["message"] and f["severity"] == "leak" for f in report["findings"])

@@ -34,10 +34,9 @@ from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP, NULL_BLOCK, KvCach
 from hipcore.kvcache.errors import KvCacheError, KvInvariantError
 from hipcore.kvcache.group_view import KvGroupView, group_view
 from hipcore.kvcache.invariants import check_group_invariants
+from hipcore.kvcache.pools import allocate_pools, copy_block
 from hipcore.kvcache.profile import MemoryProfile, build_profile
 from hipcore.runtime.device import Buffer, Device, Stream
-from hipcore.runtime.errors import DeviceOutOfMemory
-from hipcore.runtime.ledger import format_bytes
 
 
 class KvCache:
@@ -59,36 +58,8 @@ class KvCache:
         self._lengths: dict[int, int] = {}
         self._launched_step = 0
         self._closed = False
-        self.k_pools: tuple[Buffer, ...] = ()
-        self.v_pools: tuple[Buffer, ...] = ()
-        self._allocate_pools(label)
-
-    def _allocate_pools(self, label: str) -> None:
-        cfg = self.config
-        free = self.device.memory_info().free
-        if cfg.cache_bytes > free:  # plan before allocating: refuse without touching the device
-            raise DeviceOutOfMemory(
-                f"{self.device.vendor_name} out of memory on {self.device.arch}: the KV cache needs "
-                f"{format_bytes(cfg.cache_bytes)} ({cfg.num_blocks:,} blocks of {format_bytes(cfg.bytes_per_block)}), "
-                f"{format_bytes(free)} is free; use fewer blocks or a smaller KV dtype",
-                requested=cfg.cache_bytes, free=free, tag="kv", label=label,
-            )
-        made: list[Buffer] = []
-        try:
-            for layer in range(cfg.n_layers):
-                local = cfg.layer_group(layer) == LOCAL_GROUP
-                nbytes, name = (cfg.window_pool_bytes, f"{label}.local.layer{layer}") if local else (cfg.pool_bytes, f"{label}.layer{layer}")
-                for kind in "kv":
-                    buf = self.device.allocate(nbytes, tag="kv", label=f"{name}.{kind}")
-                    made.append(buf)
-                    # Zeroed so that unwritten slots (the null block, padding) read as finite numbers.
-                    buf.fill(0)
-        except BaseException:
-            for buf in reversed(made):
-                buf.free()
-            raise
-        self.k_pools = tuple(made[0::2])
-        self.v_pools = tuple(made[1::2])
+        pools: tuple[tuple[Buffer, ...], tuple[Buffer, ...]] = allocate_pools(device, config, label)  # (pools.py)
+        self.k_pools, self.v_pools = pools
 
     # ---- sequences -----------------------------------------------------------------------------
 
@@ -166,7 +137,8 @@ class KvCache:
         try:
             for group, plan, blocks in zip(groups, plans, taken):
                 if plan.copy_on_write:
-                    self._copy_block(group.tables[seq_id][-1], blocks[0], stream, group.name)
+                    copy_block(self.device, self.config, self.k_pools, self.v_pools, group.tables[seq_id][-1],
+                               blocks[0], stream, group.name)
         except BaseException:
             for group, blocks in zip(groups, taken):
                 group.pool.discard_unused(blocks, fence)
@@ -419,15 +391,6 @@ class KvCache:
         if owner is None:
             raise KvCacheError(f"the KV cache has no layer group {group!r} (it has {', '.join(self._groups)})")
         return owner
-
-    def _copy_block(self, src: int, dst: int, stream: Stream | None, group: str) -> None:
-        nbytes = self.config.block_bytes_per_pool
-        for layer in range(self.config.n_layers):
-            if self.config.layer_group(layer) != group:
-                continue
-            for pool in (self.k_pools[layer], self.v_pools[layer]):
-                self.device.copy_device_to_device(pool, pool, nbytes, dst_offset=dst * nbytes,
-                                                  src_offset=src * nbytes, stream=stream)
 
 
 def _check_seq_id(seq_id: object) -> None:

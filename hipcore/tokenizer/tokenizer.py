@@ -67,8 +67,9 @@ class Tokenizer:
         self._special = [(vocab.tokens[i], i) for i in vocab.special_ids]
         self._user_defined = [(t, i) for t, i in self._special if vocab.attrs[i] & ATTR_USER_DEFINED]
         self._pieces: list[bytes | None] = [None] * self.vocab_size  # token_piece cache
-        # piece_text caches (skip_special False, True): token id -> its piece as text, None if not whole UTF-8
-        self._piece_texts: tuple[dict[int, str | None], dict[int, str | None]] = ({}, {})
+        # piece_text caches (skip_special False, True): per id its piece as text, None if not whole UTF-8. Lists
+        # made whole here, like _pieces, so that a new token seen while serving costs its text and nothing more.
+        self._piece_texts: tuple[list, list] = ([_UNSEEN] * self.vocab_size, [_UNSEEN] * self.vocab_size)
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, object]) -> "Tokenizer":
@@ -171,8 +172,9 @@ class Tokenizer:
         """token_piece(id) as text when those bytes are whole UTF-8 by themselves, else None (part of a character,
         or not UTF-8). Cached per id: a stream decoder asks it once per generated token."""
         texts = self._piece_texts[bool(skip_special)]
-        if type(id) is int:  # a bool would find the entry of 0 or 1; token_piece refuses it below
-            text = texts.get(id, _UNSEEN)
+        # (a bool would read the entry of 0 or 1, a negative int one from the end: token_piece refuses both below)
+        if type(id) is int and 0 <= id < self.vocab_size:
+            text = texts[id]
             if text is not _UNSEEN:
                 return text
         piece = self.token_piece(id, skip_special=skip_special)  # refuses an id outside the vocabulary
@@ -180,8 +182,7 @@ class Tokenizer:
             text = piece.decode("utf-8")
         except UnicodeDecodeError:
             text = None
-        if type(id) is int:
-            texts[id] = text
+        texts[self._index(id)] = text
         return text
 
     def _piece(self, id: int) -> bytes:
@@ -243,11 +244,12 @@ class StreamDecoder:
         self._skip_special = skip_special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._texts = tokenizer._piece_texts[bool(skip_special)]  # piece_text's cache, read here first
+        self._vocab_size = tokenizer.vocab_size
 
     def feed(self, id: int) -> str:
         if not self._utf8.buffer:  # no character open: a piece that is whole UTF-8 by itself is its own text
-            # (a bool would find the entry of 0 or 1: piece_text refuses it)
-            text = self._texts.get(id, _UNSEEN) if type(id) is int else _UNSEEN
+            # (any other id, a bool or a numpy integer or one out of range, goes through piece_text's checks)
+            text = self._texts[id] if type(id) is int and 0 <= id < self._vocab_size else _UNSEEN
             if text is _UNSEEN:
                 text = self._tokenizer.piece_text(id, skip_special=self._skip_special)
             if text is not None:
