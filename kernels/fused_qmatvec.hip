@@ -4,16 +4,18 @@
 // attn_k in Q4_K but attn_v in Q6_K, so the concatenated W of fused_matvec.hip does not exist there.
 //
 //   qmatvec_norm_rope(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
-//                     head_dim, rope_dim, eps, theta, freq_scale)
+//                     head_dim, rope_dim, eps, theta, freq_scale, k_split)
 //       q = rope(n @ Wq^T), k = rope(n @ Wk^T), v = n @ Wv^T,  n = rmsnorm(x) * g; freq_factors: rope_dim / 2
 //       per-pair divisors of the frequency (rope.hip), or null
-//   qmatvec_norm_swiglu(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
+//   qmatvec_norm_swiglu(y, Wg, Wu, x, g, types, rows, cols, batch, eps, k_split)
 //       y = silu(n @ Wg^T) * (n @ Wu^T)
-//   qmatvec_add(y, W, x, type, rows, cols, batch)        y += x @ W^T (the residual connection)
-//   qmatvec_norm(y, W, x, g, type, rows, cols, batch, eps)   y = n @ W^T (the output head)
+//   qmatvec_add(y, W, x, type, rows, cols, batch, k_split)        y += x @ W^T (the residual connection)
+//   qmatvec_norm(y, W, x, g, type, rows, cols, batch, eps, k_split)   y = n @ W^T (the output head)
 //
 // `types` packs one type code per matrix, 4 bits each (q | k << 4 | v << 8; gate | up << 4); the codes
-// are WeightType's. The type is a branch per row group, uniform across the warp.
+// are WeightType's. The type is a branch per row group, uniform across the warp. k_split: the warps that
+// share a row group's columns (1, 2, 4 or 8 dividing the block's warps; anything else counts as 1), see
+// tile_dot.
 //
 // The norm: rmsnorm(x) * g = s * (x * g) with s = 1 / sqrt(mean(x^2) + eps) a scalar per token, so the
 // products run on x * g, quantized per slice as qmatvec quantizes x, and s scales the sums. A lane's
@@ -76,11 +78,13 @@ static __device__ __forceinline__ XSlice quantize_xg(const float* __restrict__ x
 constexpr int kBlockThreads = 256;                   // the entries' launch bounds; the launcher's block
 constexpr int kMaxWarps = kBlockThreads / 32;
 constexpr int kStageSliceTokens = 512;               // 20 KiB: a chunk is 512 / NB slices of NB tokens
+constexpr int kMaxPartials = 16;                     // M * ROWS * NB of the widest tile_dot (2 * 1 * 8, 1 * 2 * 8)
 struct Stage {
   uint4 codes_a[kStageSliceTokens], codes_b[kStageSliceTokens];
   float d[kStageSliceTokens];
   int sums[kStageSliceTokens];                       // sum_a in the low 16 bits, sum_b in the high (|sum| <= 2032)
   float ss[kMaxWarps][kMaxBatchPerPass];             // each warp's sums of x^2, per token
+  float partial[kMaxWarps][kMaxPartials];            // a split row group's sums, per warp (tile_dot)
   // What the codes hold when x fits one chunk (a whole staging): the x, type code and tokens they were
   // staged from, and the block's sums of x^2 per token. A workgroup that takes several tiles of one matrix
   // (or of matrices of one type) stages x once: the staging is a barrier-bound phase with no weight
@@ -142,10 +146,15 @@ static __device__ __forceinline__ XSlice staged_slice(const Stage& st, int j) {
 // one format) over the chunk's slices, their loads in flight together. A warp whose rows start past
 // `rows` stages with the others and reads no weights; rows past `rows` read the last row again (their
 // results are not to be written).
+// Split (k_split > 1): the k_split warps of a row group (adjacent warps, `part` 0 .. k_split - 1) share its
+// rows, each taking every k_split-th run of 32 slices, and their sums meet in shared memory, added in part
+// order (the same result every run). A product of few rows (q|k|v, o, down: 128-192 tiles of 32 rows on
+// an 8B) otherwise leaves too few loads in flight per SM to cover DRAM latency.
 template <class Format, int NB, int ROWS, int M, bool NORM>
 __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned char* const W[M], int rows, int r0,
-                                         const float* __restrict__ x, const float* __restrict__ g, int cols, int tokens,
-                                         float out[M][ROWS][NB], float ss[NB]) {
+                                         int part, int k_split, const float* __restrict__ x,
+                                         const float* __restrict__ g, int cols, int tokens, float out[M][ROWS][NB],
+                                         float ss[NB]) {
   constexpr int chunk = kStageSliceTokens / NB;
   const int lane = (int)threadIdx.x % WARP_SIZE;
   const int slices = cols / 32;
@@ -196,7 +205,7 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
     }
     __syncthreads();
     if (!reads) continue;
-    for (int i = lane; i < n; i += WARP_SIZE) {
+    for (int i = lane + part * WARP_SIZE; i < n; i += WARP_SIZE * k_split) {
       typename Format::Raw raw[M][ROWS];
 #pragma unroll
       for (int m = 0; m < M; ++m)
@@ -224,6 +233,31 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) out[m][r][b] = rf_warp_sum(acc[m][r][b]);
+  if (k_split > 1) {  // uniform; every thread passes the barrier, part 0's warp adds the group's sums
+    static_assert(M * ROWS * NB <= kMaxPartials, "Stage::partial holds a warp's sums");
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    if (lane == 0) {
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) st.partial[warp][(b * M + m) * ROWS + r] = out[m][r][b];
+    }
+    __syncthreads();  // the next writes to partial come after the next tile's first barrier
+    if (part == 0) {
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            float sum = out[m][r][b];
+            for (int p = 1; p < k_split; ++p) sum += st.partial[warp + p][(b * M + m) * ROWS + r];
+            out[m][r][b] = sum;
+          }
+    }
+  }
   if (NORM && whole) {
 #pragma unroll
     for (int b = 0; b < NB; ++b) ss[b] = st.ss_total[b];  // written before the staging's last barrier
@@ -247,25 +281,30 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
 // tile_dot for matrices whose format is known only at run time (uniform across the block).
 template <int NB, int ROWS, int M, bool NORM>
 __device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsigned char* const W[M], int rows, int r0,
-                                               const float* x, const float* g, int cols, int tokens,
-                                               float out[M][ROWS][NB], float ss[NB]) {
+                                               int part, int k_split, const float* x, const float* g, int cols,
+                                               int tokens, float out[M][ROWS][NB], float ss[NB]) {
   switch (type) {
-    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
-    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
-    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
-    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
-    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM>(st, type, W, rows, r0, x, g, cols, tokens, out, ss); break;
+    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
+    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
+    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
+    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
+    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
   }
 }
 
-// The block's tiles: a tile is ROWS rows per warp of one matrix, warps * ROWS rows in all.
+// The block's tiles: a tile is ROWS rows per row group of one matrix, (warps / k_split) * ROWS rows in all;
+// a row group is k_split adjacent warps (tile_dot). A k_split that does not divide the warps counts as 1.
 struct Tiles {
-  int warp, lane, tile_rows;
+  int group, part, k_split, lane, tile_rows;
   template <int ROWS>
-  static __device__ __forceinline__ Tiles of() {
-    return {(int)threadIdx.x / WARP_SIZE, (int)threadIdx.x % WARP_SIZE, (int)blockDim.x / WARP_SIZE * ROWS};
+  static __device__ __forceinline__ Tiles of(int k_split) {
+    const int warps = (int)blockDim.x / WARP_SIZE, warp = (int)threadIdx.x / WARP_SIZE;
+    const int ks = k_split >= 1 && k_split <= warps && warps % k_split == 0 ? k_split : 1;
+    return {warp / ks, warp % ks, ks, (int)threadIdx.x % WARP_SIZE, warps / ks * ROWS};
   }
   __device__ __forceinline__ int count(int rows) const { return (rows + tile_rows - 1) / tile_rows; }
+  // The thread that writes its row group's results: lane 0 of the group's first warp.
+  __device__ __forceinline__ bool writes() const { return lane == 0 && part == 0; }
 };
 
 static __device__ __forceinline__ float norm_scale(float ss, int cols, float eps) {
@@ -325,21 +364,22 @@ struct WarpRows {
 template <int NB, int kRows>
 __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
                                                const int types[3], const int rows[3], const float* x, const float* g,
-                                               const Rope& rope, int cols, float eps, int b0, int tokens) {
-  const Tiles t = Tiles::of<kRows>();
+                                               const Rope& rope, int cols, float eps, int k_split, int b0,
+                                               int tokens) {
+  const Tiles t = Tiles::of<kRows>(k_split);
   const int tiles0 = t.count(rows[0]), tiles1 = t.count(rows[1]);
   const int tiles = tiles0 + tiles1 + t.count(rows[2]);
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {  // uniform across the block
     // The matrix as selects, not an index into the arrays, which would put them in local memory.
     const int m = tile < tiles0 ? 0 : tile < tiles0 + tiles1 ? 1 : 2;
-    const int r0 = (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * t.tile_rows + t.warp * kRows;
+    const int r0 = (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * t.tile_rows + t.group * kRows;
     const unsigned char* const Wm[1] = {m == 0 ? W[0] : m == 1 ? W[1] : W[2]};
     const int type = m == 0 ? types[0] : m == 1 ? types[1] : types[2];
     const int rows_m = m == 0 ? rows[0] : m == 1 ? rows[1] : rows[2];
     float* ym = m == 0 ? y[0] : m == 1 ? y[1] : y[2];
     float out[1][kRows][NB], ss[NB];
-    typed_tile_dot<NB, kRows, 1, true>(type, st, Wm, rows_m, r0, x, g, cols, tokens, out, ss);
-    if (t.lane != 0 || r0 >= rows_m) continue;  // rows come in whole groups of kRows (rows % 4 == 0)
+    typed_tile_dot<NB, kRows, 1, true>(type, st, Wm, rows_m, r0, t.part, t.k_split, x, g, cols, tokens, out, ss);
+    if (!t.writes() || r0 >= rows_m) continue;  // rows come in whole groups of kRows (rows % 4 == 0)
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       if (b >= tokens) break;
@@ -359,22 +399,25 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
 template <int NB, int kGateUpRows>
 __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
                                                  int types, const float* x, const float* g, int rows, int cols, float eps,
-                                                 int b0, int tokens) {
-  const Tiles t = Tiles::of<kGateUpRows>();
+                                                 int k_split, int b0, int tokens) {
+  const Tiles t = Tiles::of<kGateUpRows>(k_split);
   const int tiles = t.count(rows);
   const int type_gate = types & 15, type_up = (types >> 4) & 15;
   const unsigned char* const W[2] = {Wg, Wu};
   const unsigned char* const W_gate[1] = {Wg}, *const W_up[1] = {Wu};  // not &W[i]: that would put W in local memory
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
-    const int r0 = tile * t.tile_rows + t.warp * kGateUpRows;
+    const int r0 = tile * t.tile_rows + t.group * kGateUpRows;
     float out[2][kGateUpRows][NB], ss[NB];  // out[0]: gate, out[1]: up
     if (type_gate == type_up) {  // one staging of x for both matrices
-      typed_tile_dot<NB, kGateUpRows, 2, true>(type_gate, st, W, rows, r0, x, g, cols, tokens, out, ss);
+      typed_tile_dot<NB, kGateUpRows, 2, true>(type_gate, st, W, rows, r0, t.part, t.k_split, x, g, cols, tokens, out,
+                                               ss);
     } else {  // the formats group x's columns differently: one staging each
-      typed_tile_dot<NB, kGateUpRows, 1, true>(type_gate, st, W_gate, rows, r0, x, g, cols, tokens, &out[0], ss);
-      typed_tile_dot<NB, kGateUpRows, 1, true>(type_up, st, W_up, rows, r0, x, g, cols, tokens, &out[1], ss);
+      typed_tile_dot<NB, kGateUpRows, 1, true>(type_gate, st, W_gate, rows, r0, t.part, t.k_split, x, g, cols, tokens,
+                                               &out[0], ss);
+      typed_tile_dot<NB, kGateUpRows, 1, true>(type_up, st, W_up, rows, r0, t.part, t.k_split, x, g, cols, tokens,
+                                               &out[1], ss);
     }
-    if (t.lane != 0) continue;
+    if (!t.writes()) continue;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       if (b >= tokens) break;
@@ -391,15 +434,16 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
 // y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add).
 template <int NB, int kRows, bool NORM>
 __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned char* W, int type, const float* x,
-                                            const float* g, int rows, int cols, float eps, int b0, int tokens) {
-  const Tiles t = Tiles::of<kRows>();
+                                            const float* g, int rows, int cols, float eps, int k_split, int b0,
+                                            int tokens) {
+  const Tiles t = Tiles::of<kRows>(k_split);
   const int tiles = t.count(rows);
   const unsigned char* const Wl[1] = {W};
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
-    const int r0 = tile * t.tile_rows + t.warp * kRows;
+    const int r0 = tile * t.tile_rows + t.group * kRows;
     float out[1][kRows][NB], ss[NB];
-    typed_tile_dot<NB, kRows, 1, NORM>(type, st, Wl, rows, r0, x, g, cols, tokens, out, ss);
-    if (t.lane != 0) continue;
+    typed_tile_dot<NB, kRows, 1, NORM>(type, st, Wl, rows, r0, t.part, t.k_split, x, g, cols, tokens, out, ss);
+    if (!t.writes()) continue;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       if (b >= tokens) break;
@@ -447,10 +491,11 @@ struct RopePass {
   const Rope* rope;
   int cols;
   float eps;
+  int k_split;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
     norm_rope_pass<NB, WarpRows<ONE_TOKEN>::kRows>(*st, y, W, type_of, rows, x + (unsigned long long)b0 * cols, g, *rope,
-                                                   cols, eps, b0, tokens);
+                                                   cols, eps, k_split, b0, tokens);
   }
 };
 
@@ -461,11 +506,13 @@ struct SwigluPass {
   const float *x, *g;
   int types, rows, cols;
   float eps;
+  int k_split;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
     norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows>(*st, y, static_cast<const unsigned char*>(Wg),
                                                            static_cast<const unsigned char*>(Wu), types,
-                         x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0, tokens);
+                                                           x + (unsigned long long)b0 * cols, g, rows, cols, eps,
+                                                           k_split, b0, tokens);
   }
 };
 
@@ -477,11 +524,12 @@ struct SinglePass {
   const float *x, *g;
   int type, rows, cols;
   float eps;
+  int k_split;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
     single_pass<NB, WarpRows<ONE_TOKEN>::kRows, NORM>(*st, y, static_cast<const unsigned char*>(W), type,
-                                                      x + (unsigned long long)b0 * cols, g, rows,
-                          cols, eps, b0, tokens);
+                                                      x + (unsigned long long)b0 * cols, g, rows, cols, eps,
+                                                      k_split, b0, tokens);
   }
 };
 
@@ -490,26 +538,26 @@ __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* 
                                           const void* Wv, const float* x, const float* g, const int* positions,
                                           const float* freq_factors, int types, int q_rows, int kv_rows, int cols,
                                           int batch, int head_dim, int rope_dim, float eps, float theta,
-                                          float freq_scale) {
+                                          float freq_scale, int k_split) {
   float* const y[3] = {q, k, v};
   const unsigned char* const W[3] = {static_cast<const unsigned char*>(Wq), static_cast<const unsigned char*>(Wk),
                                      static_cast<const unsigned char*>(Wv)};
   const int type_of[3] = {types & 15, (types >> 4) & 15, (types >> 8) & 15};
   const int rows[3] = {q_rows, kv_rows, kv_rows};
   const Rope rope = {positions, freq_factors, head_dim, rope_dim, theta, freq_scale};
-  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, cols, eps});
+  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, cols, eps, k_split});
 }
 
 template <bool ONE_TOKEN>
 __device__ __forceinline__ void norm_swiglu(Stage* st, float* y, const void* Wg, const void* Wu, const float* x, const float* g,
-                                            int types, int rows, int cols, int batch, float eps) {
-  passes<ONE_TOKEN>(batch, SwigluPass{st, y, Wg, Wu, x, g, types, rows, cols, eps});
+                                            int types, int rows, int cols, int batch, float eps, int k_split) {
+  passes<ONE_TOKEN>(batch, SwigluPass{st, y, Wg, Wu, x, g, types, rows, cols, eps, k_split});
 }
 
 template <bool ONE_TOKEN, bool NORM>
 __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const float* x, const float* g, int type, int rows,
-                                       int cols, int batch, float eps) {
-  passes<ONE_TOKEN>(batch, SinglePass<NORM>{st, y, W, x, g, type, rows, cols, eps});
+                                       int cols, int batch, float eps, int k_split) {
+  passes<ONE_TOKEN>(batch, SinglePass<NORM>{st, y, W, x, g, type, rows, cols, eps, k_split});
 }
 
 }  // namespace fq
@@ -520,30 +568,31 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_rope_##suffix(                                      \
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
-      int head_dim, int rope_dim, float eps, float theta, float freq_scale) {                                         \
+      int head_dim, int rope_dim, float eps, float theta, float freq_scale, int k_split) {                            \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
     fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
-                             cols, batch, head_dim, rope_dim, eps, theta, freq_scale);                                \
+                             cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_split);                       \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_##suffix(                                    \
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \
-      int batch, float eps) {                                                                                         \
+      int batch, float eps, int k_split) {                                                                            \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
-    fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
+    fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps, k_split);                      \
   }                                                                                                                   \
-  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(float* y, const void* W, const float* x,    \
-                                                                         int type, int rows, int cols, int batch) {   \
+  extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(                             \
+      float* y, const void* W, const float* x, int type, int rows, int cols, int batch, int k_split) {                \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
-    fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f);                                    \
+    fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f, k_split);                   \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_##suffix(                                           \
-      float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps) {  \
+      float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps,    \
+      int k_split) {                                                                                                  \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
-    fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps);                                            \
+    fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps, k_split);                           \
   }
 
 RF_FUSED_QMATVEC_ENTRIES(1, true)

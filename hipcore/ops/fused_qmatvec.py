@@ -35,11 +35,11 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 OP = "fused_qmatvec"
 WEIGHT_TYPES = qmatvec.WEIGHT_TYPES
 TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4}  # kernels/fused_qmatvec.hip's WeightType
-SIGNATURES = {
-    "qmatvec_norm_rope": "ppppppppppiiiiiiifff",
-    "qmatvec_norm_swiglu": "pppppiiiif",
-    "qmatvec_add": "pppiiii",
-    "qmatvec_norm": "ppppiiiif",
+SIGNATURES = {  # each ends in k_split
+    "qmatvec_norm_rope": "ppppppppppiiiiiiifffi",
+    "qmatvec_norm_swiglu": "pppppiiiifi",
+    "qmatvec_add": "pppiiiii",
+    "qmatvec_norm": "ppppiiiifi",
 }
 # The kernels' launch bounds and block (kBlockThreads): the workgroup quantizes x once into shared memory for
 # all its warps, so the more warps share it, the less x is read per weight byte.
@@ -54,6 +54,13 @@ MAX_TOKENS_PER_PASS = 8  # kMaxBatchPerPass: a step of up to 8 tokens reads W on
 # H100 80GB HBM3 (scripts/gpu/measure_qmatvec_decode.py --max-workgroups): Llama-3.1-8B's norm+gate|up+swiglu
 # (896 tiles) at one token 31.5 us with 396 against 35.6 with one workgroup per tile, the others unchanged.
 MAX_WORKGROUPS = 396
+# Split (k_split warps share a row group's columns, kernels/fused_qmatvec.hip: tile_dot): a product of few
+# tiles leaves too few weight loads in flight per SM (an 8B's o has 128 tiles of 32 rows for 132 SMs). The
+# launcher doubles k_split while the tiles it makes stay within MAX_WORKGROUPS and every warp of a group
+# keeps at least one run of 32 slices of the row (SPLIT_MIN_SLICES). FORCED_K_SPLIT: a fixed k_split for
+# measuring (scripts/gpu/measure_qmatvec_decode.py --k-split), None in use.
+SPLIT_MIN_SLICES = 32
+FORCED_K_SPLIT: int | None = None
 VECTOR_ALIGNMENT = 16
 
 
@@ -128,7 +135,7 @@ def _host_normed(dev: CpuDevice, w: int, type_code: int, x: int, g: int, rows: i
 def _register(variant: str) -> None:
     @cpu_kernel(f"qmatvec_norm_rope_{variant}", SIGNATURES["qmatvec_norm_rope"])
     def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols,
-                  batch, head_dim, rope_dim, eps, theta, freq_scale):
+                  batch, head_dim, rope_dim, eps, theta, freq_scale, k_split):
         pos = dev.view(positions, np.int32, batch)
         factors = rope.host_factors(dev, freq_factors, rope_dim)
         for i, (out, w, rows, rotate) in enumerate(((q, wq, q_rows, True), (k, wk, kv_rows, True), (v, wv, kv_rows, False))):
@@ -139,18 +146,18 @@ def _register(variant: str) -> None:
             dev.view(out, np.float32, (batch, rows))[:] = y
 
     @cpu_kernel(f"qmatvec_norm_swiglu_{variant}", SIGNATURES["qmatvec_norm_swiglu"])
-    def norm_swiglu(dev, grid, block, y, wg, wu, x, g, types, rows, cols, batch, eps):
+    def norm_swiglu(dev, grid, block, y, wg, wu, x, g, types, rows, cols, batch, eps, k_split):
         gate = _host_normed(dev, wg, types & 15, x, g, rows, cols, batch, eps)
         up = _host_normed(dev, wu, (types >> 4) & 15, x, g, rows, cols, batch, eps)
         dev.view(y, np.float32, (batch, rows))[:] = silu_mul.reference(gate, up)
 
     @cpu_kernel(f"qmatvec_add_{variant}", SIGNATURES["qmatvec_add"])
-    def add(dev, grid, block, y, w, x, type_code, rows, cols, batch):
+    def add(dev, grid, block, y, w, x, type_code, rows, cols, batch, k_split):
         dev.view(y, np.float32, (batch, rows))[:] += _host_product(dev, w, type_code, dev.view(x, np.float32, (batch, cols)),
                                                                    rows, cols)
 
     @cpu_kernel(f"qmatvec_norm_{variant}", SIGNATURES["qmatvec_norm"])
-    def norm(dev, grid, block, y, w, x, g, type_code, rows, cols, batch, eps):
+    def norm(dev, grid, block, y, w, x, g, type_code, rows, cols, batch, eps, k_split):
         dev.view(y, np.float32, (batch, rows))[:] = _host_normed(dev, w, type_code, x, g, rows, cols, batch, eps)
 
 
@@ -170,11 +177,26 @@ def rows_per_warp(entry: str, entry_variant: str) -> int:
     return (GATE_UP_ROWS_PER_WARP if entry == "qmatvec_norm_swiglu" else ROWS_PER_WARP)[entry_variant]
 
 
-def geometry(arch: str, entry: str, entry_variant: str, *matrix_rows: int) -> tuple[int, int]:
-    """(grid, block): one workgroup per tile (BLOCK_THREADS / wavefront warps, rows_per_warp rows each) of
-    every matrix, at most MAX_WORKGROUPS; the kernel loops over the tiles, so any grid is correct."""
-    tile_rows = (BLOCK_THREADS // wavefront_size(arch)) * rows_per_warp(entry, entry_variant)
-    return min(sum(-(-rows // tile_rows) for rows in matrix_rows), MAX_WORKGROUPS), BLOCK_THREADS
+def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows: int) -> tuple[int, int, int]:
+    """(grid, block, k_split): one workgroup per tile (BLOCK_THREADS / wavefront / k_split row groups of
+    rows_per_warp rows each) of every matrix, at most MAX_WORKGROUPS; the kernel loops over the tiles, so any
+    grid is correct. k_split as SPLIT_MIN_SLICES says (or FORCED_K_SPLIT)."""
+    warps = BLOCK_THREADS // wavefront_size(arch)
+    rows_per_group = rows_per_warp(entry, entry_variant)
+
+    def tiles(split: int) -> int:
+        return sum(-(-rows // (warps // split * rows_per_group)) for rows in matrix_rows)
+
+    if FORCED_K_SPLIT is not None:
+        split = FORCED_K_SPLIT
+    else:
+        split = 1
+        while (warps % (2 * split) == 0 and cols // 32 >= 2 * split * SPLIT_MIN_SLICES
+               and tiles(2 * split) <= MAX_WORKGROUPS):
+            split *= 2
+    if not (split >= 1 and warps % split == 0):
+        raise ValueError(f"fused_qmatvec: k_split must divide the block's {warps} warps, got {split}")
+    return min(tiles(split), MAX_WORKGROUPS), BLOCK_THREADS, split
 
 
 def _check_matrix(op: str, name: str, w: Any, weight_type: str, rows: int, cols: int) -> None:
@@ -192,11 +214,11 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
         check_memory(op, "g", g, cols * 4, VECTOR_ALIGNMENT)
 
 
-def _launch(device: Device, stream: Stream | None, entry: str, batch: int, matrix_rows: tuple[int, ...],
+def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols: int, matrix_rows: tuple[int, ...],
             args: tuple) -> None:
-    grid, block = geometry(device.arch, entry, variant(batch), *matrix_rows)
+    grid, block, k_split = geometry(device.arch, entry, variant(batch), cols, *matrix_rows)
     kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry])
-    kernel.launch(grid, block, args, stream=stream)
+    kernel.launch(grid, block, (*args, k_split), stream=stream)
 
 
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, weights: Sequence[tuple[Any, str]],
@@ -216,7 +238,7 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
                    head_dim=head_dim, rope_dim=rope_dim)
     (wq, tq), (wk, tk), (wv, tv) = weights
     factors = rope.factors_arg(op, freq_factors, rope_dim)
-    _launch(device, stream, op, batch, (q_rows, kv_rows, kv_rows),
+    _launch(device, stream, op, batch, cols, (q_rows, kv_rows, kv_rows),
             (q, k, v, wq, wk, wv, x, g, positions, factors, pack_types((tq, tk, tv)), q_rows, kv_rows, cols, batch,
              head_dim, rope_dim, eps, theta, freq_scale))
 
@@ -232,7 +254,7 @@ def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: S
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
     (wg, tg), (wu, tu) = weights
-    _launch(device, stream, op, batch, (rows,), (y, wg, wu, x, g, pack_types((tg, tu)), rows, cols, batch, eps))
+    _launch(device, stream, op, batch, cols, (rows,), (y, wg, wu, x, g, pack_types((tg, tu)), rows, cols, batch, eps))
 
 
 def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *, rows: int, cols: int, batch: int,
@@ -244,7 +266,7 @@ def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *,
     _check_vectors(op, x, None, batch, cols)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, op, batch, (rows,), (y, w, x, TYPE_CODES[weight_type], rows, cols, batch))
+    _launch(device, stream, op, batch, cols, (rows,), (y, w, x, TYPE_CODES[weight_type], rows, cols, batch))
 
 
 def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,
@@ -256,4 +278,4 @@ def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g
     _check_vectors(op, x, g, batch, cols)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, op, batch, (rows,), (y, w, x, g, TYPE_CODES[weight_type], rows, cols, batch, eps))
+    _launch(device, stream, op, batch, cols, (rows,), (y, w, x, g, TYPE_CODES[weight_type], rows, cols, batch, eps))

@@ -1,6 +1,7 @@
-"""Time each fused_qmatvec launch kind of a Llama-3.1-8B layer in Q4_K_M (llama.cpp's mix: Q4_K q, k, o,
-gate, up; Q6_K v, down and the output head) at 1, 2, 4 and 8 tokens, and print the GB/s of weights each
-launch reads against the device-to-device copy bandwidth measured in the same run.
+"""Time each fused_qmatvec launch kind of a Llama-3.1-8B (or --shape 1b: Llama-3.2-1B) layer in Q4_K_M
+(llama.cpp's mix: Q4_K q, k, o, gate, up; Q6_K v, down and the output head) at 1, 2, 4 and 8 tokens, and
+print the GB/s of weights each launch reads against the device-to-device copy bandwidth measured in the
+same run. --k-split 1,2,4 times each launch at each forced split (default: the launcher's own).
 
 Run from the repository root on a GPU machine, with code objects built for it first (otherwise every
 kernel is compiled at run time, which the output says):
@@ -37,18 +38,27 @@ from hipcore.ops import fused_qmatvec  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
 
-HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 128256, 32, 8, 128
+# (hidden, ffn, vocab, heads, kv heads, head_dim) per --shape
+SHAPES = {"8b": (4096, 14336, 128256, 32, 8, 128), "1b": (2048, 8192, 128256, 32, 8, 64)}
+HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = SHAPES["8b"]
 EPS, THETA = 1e-5, 500000.0
 CHECKED_ROWS = 512
-# kind -> (the matrices it reads as (type, rows, cols), in the launcher's order)
-KINDS = {
-    "norm+q|k|v+rope": [("q4_k", HEADS * HEAD_DIM, HIDDEN), ("q4_k", KV_HEADS * HEAD_DIM, HIDDEN),
-                        ("q6_k", KV_HEADS * HEAD_DIM, HIDDEN)],
-    "o+residual": [("q4_k", HIDDEN, HIDDEN)],
-    "norm+gate|up+swiglu": [("q4_k", FFN, HIDDEN), ("q4_k", FFN, HIDDEN)],
-    "down+residual": [("q6_k", HIDDEN, FFN)],
-    "norm+head": [("q6_k", VOCAB, HIDDEN)],
-}
+KIND_NAMES = ("norm+q|k|v+rope", "o+residual", "norm+gate|up+swiglu", "down+residual", "norm+head")
+
+
+def kinds_of_shape() -> dict:
+    """kind -> (the matrices it reads as (type, rows, cols), in the launcher's order), for the shape set."""
+    return {
+        "norm+q|k|v+rope": [("q4_k", HEADS * HEAD_DIM, HIDDEN), ("q4_k", KV_HEADS * HEAD_DIM, HIDDEN),
+                            ("q6_k", KV_HEADS * HEAD_DIM, HIDDEN)],
+        "o+residual": [("q4_k", HIDDEN, HEADS * HEAD_DIM)],
+        "norm+gate|up+swiglu": [("q4_k", FFN, HIDDEN), ("q4_k", FFN, HIDDEN)],
+        "down+residual": [("q6_k", HIDDEN, FFN)],
+        "norm+head": [("q6_k", VOCAB, HIDDEN)],
+    }
+
+
+KINDS = kinds_of_shape()
 
 
 class KindRun:
@@ -89,6 +99,13 @@ class KindRun:
 
     def _out_rows(self) -> int:
         return self.mats[0][1]
+
+    def entry(self) -> str:
+        return {"norm+q|k|v+rope": "qmatvec_norm_rope", "norm+gate|up+swiglu": "qmatvec_norm_swiglu",
+                "norm+head": "qmatvec_norm"}.get(self.kind, "qmatvec_add")
+
+    def matrix_rows(self) -> list[int]:
+        return [r for _, r, _ in self.mats] if self.kind.endswith("rope") else [self.mats[0][1]]
 
     def launch(self, stream, k: int) -> None:
         dev, b, cols = self.dev, self.batch, self.cols
@@ -136,7 +153,7 @@ class KindRun:
 
 
 def measure(device_spec: str, batches: list[int], kinds: list[str], rotate_bytes: int, replays: int,
-            repeats: int) -> dict:
+            repeats: int, splits: list[int | None]) -> dict:
     dev = gpu_or_exit(device_spec)
     try:
         stream = dev.create_stream()
@@ -146,18 +163,27 @@ def measure(device_spec: str, batches: list[int], kinds: list[str], rotate_bytes
         rows = []
         for kind in kinds:
             for batch in batches:
-                run = KindRun(dev, stream, rng, kind, batch, rotate_bytes)
-                try:
-                    run.check(stream)
-                    launches = [lambda s, k=k: run.launch(s, k) for k in range(run.copies)]
-                    ms = graph_time_per_launch(dev, stream, launches, replays, repeats)
-                finally:
-                    run.free()
-                gbs = run.weight_bytes / (ms / 1e3) / 1e9
-                rows.append({"kind": kind, "batch": batch, "weight_bytes": run.weight_bytes, "us": ms * 1e3,
-                             "weight_gbs": gbs, "fraction_of_copy": gbs * 1e9 / copy_bw,
-                             "types": [t for t, _, _ in KINDS[kind]]})
-                print(f"{kind} batch {batch}: {ms * 1e3:.2f} us, {gbs:.0f} GB/s", file=sys.stderr)
+                for split in splits:
+                    fused_qmatvec.FORCED_K_SPLIT = split
+                    run = KindRun(dev, stream, rng, kind, batch, rotate_bytes)
+                    try:
+                        run.check(stream)
+                        launches = [lambda s, k=k: run.launch(s, k) for k in range(run.copies)]
+                        ms = graph_time_per_launch(dev, stream, launches, replays, repeats)
+                    finally:
+                        run.free()
+                        fused_qmatvec.FORCED_K_SPLIT = None
+                    mats = KINDS[kind]
+                    _, _, used = fused_qmatvec.geometry(dev.arch, run.entry(), fused_qmatvec.variant(batch), mats[0][2],
+                                                        *run.matrix_rows())
+                    fused_qmatvec.FORCED_K_SPLIT = None
+                    gbs = run.weight_bytes / (ms / 1e3) / 1e9
+                    rows.append({"kind": kind, "batch": batch, "weight_bytes": run.weight_bytes, "us": ms * 1e3,
+                                 "weight_gbs": gbs, "fraction_of_copy": gbs * 1e9 / copy_bw,
+                                 "types": [t for t, _, _ in mats], "k_split": split if split is not None else used,
+                                 "forced": split is not None})
+                    print(f"{kind} batch {batch} k_split {rows[-1]['k_split']}: {ms * 1e3:.2f} us, {gbs:.0f} GB/s",
+                          file=sys.stderr)
         result = {"device": dev.describe(), "arch": dev.arch, "date": datetime.date.today().isoformat(),
                   "commit": commit(), "code_objects": "precompiled" if precompiled else "compiled at run time",
                   "copy_bandwidth_gbs": copy_bw / 1e9, "repeats": repeats, "replays": replays, "rows": rows}
@@ -171,7 +197,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="auto, hip, cuda (optionally :N); default auto")
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated token counts (default 1,2,4,8)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated launch kinds (default: all)")
+    parser.add_argument("--kinds", default=",".join(KIND_NAMES), help="comma-separated launch kinds (default: all)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="Llama-3.1-8B or Llama-3.2-1B (default 8b)")
+    parser.add_argument("--k-split", default="auto",
+                        help="comma-separated k_split values to force, 'auto' for the launcher's (default auto)")
     parser.add_argument("--rotate-mib", type=int, default=1024, help="device memory the weight copies fill")
     parser.add_argument("--replays", type=int, default=3, help="graph replays per timed run (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
@@ -180,22 +209,28 @@ def main() -> None:
                         help=f"the launcher's grid cap (default {fused_qmatvec.MAX_WORKGROUPS}; a large one: a workgroup per tile)")
     opts = parser.parse_args()
     fused_qmatvec.MAX_WORKGROUPS = opts.max_workgroups
+    global HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM, KINDS
+    HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = SHAPES[opts.shape]
+    KINDS = kinds_of_shape()
+    splits = [None if v == "auto" else int(v) for v in opts.k_split.split(",")]
     kinds = opts.kinds.split(",")
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
     result = measure(opts.device, [int(b) for b in opts.batch.split(",")], kinds, opts.rotate_mib << 20, opts.replays,
-                     opts.repeats)
+                     opts.repeats, splits)
     if opts.json_out:
         opts.json_out.write_text(json.dumps(result, indent=2))
-    print(f"fused_qmatvec launches, Llama-3.1-8B Q4_K_M shapes, on {result['device']} ({result['code_objects']}); "
+    shape = {"8b": "Llama-3.1-8B", "1b": "Llama-3.2-1B"}[opts.shape]
+    print(f"fused_qmatvec launches, {shape} Q4_K_M shapes, on {result['device']} ({result['code_objects']}); "
           f"{result['date']}, commit {result['commit']}; at most {opts.max_workgroups} workgroups\n")
     print(f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s (read + write)\n")
-    print("| launch | weights | batch | MB read | µs | GB/s of weights | % of copy |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| launch | weights | batch | k_split | MB read | µs | GB/s of weights | % of copy |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in result["rows"]:
-        print(f"| {r['kind']} | {'+'.join(r['types'])} | {r['batch']} | {r['weight_bytes'] / 1e6:.1f} | {r['us']:.2f} | "
-              f"{r['weight_gbs']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
+        split = f"{r['k_split']}" + ("" if r["forced"] else " (launcher)")
+        print(f"| {r['kind']} | {'+'.join(r['types'])} | {r['batch']} | {split} | {r['weight_bytes'] / 1e6:.1f} | "
+              f"{r['us']:.2f} | {r['weight_gbs']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
 
 
 if __name__ == "__main__":
