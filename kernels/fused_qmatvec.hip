@@ -4,18 +4,17 @@
 // attn_k in Q4_K but attn_v in Q6_K, so the concatenated W of fused_matvec.hip does not exist there.
 //
 //   qmatvec_norm_rope(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
-//                     head_dim, rope_dim, eps, theta, freq_scale, k_split)
+//                     head_dim, rope_dim, eps, theta, freq_scale)
 //       q = rope(n @ Wq^T), k = rope(n @ Wk^T), v = n @ Wv^T,  n = rmsnorm(x) * g; freq_factors: rope_dim / 2
 //       per-pair divisors of the frequency (rope.hip), or null
-//   qmatvec_norm_swiglu(y, Wg, Wu, x, g, types, rows, cols, batch, eps, k_split)
+//   qmatvec_norm_swiglu(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
 //       y = silu(n @ Wg^T) * (n @ Wu^T)
-//   qmatvec_add(y, W, x, type, rows, cols, batch, k_split)        y += x @ W^T (the residual connection)
-//   qmatvec_norm(y, W, x, g, type, rows, cols, batch, eps, k_split)   y = n @ W^T (the output head)
+//   qmatvec_add(y, W, x, type, rows, cols, batch, k_split)   y += x @ W^T (the residual connection)
+//   qmatvec_norm(y, W, x, g, type, rows, cols, batch, eps)   y = n @ W^T (the output head)
 //
 // `types` packs one type code per matrix, 4 bits each (q | k << 4 | v << 8; gate | up << 4); the codes
-// are WeightType's. The type is a branch per row group, uniform across the warp. k_split: the warps that
-// share a row group's columns (1, 2, 4 or 8 dividing the block's warps; anything else counts as 1), see
-// tile_dot.
+// are WeightType's. The type is a branch per row group, uniform across the warp. k_split (qmatvec_add at
+// one token): the warps that share a row group's columns, 1, 2 or 4 (anything else counts as 1; see tile_dot).
 //
 // The norm: rmsnorm(x) * g = s * (x * g) with s = 1 / sqrt(mean(x^2) + eps) a scalar per token, so the
 // products run on x * g, quantized per slice as qmatvec quantizes x, and s scales the sums. A lane's
@@ -78,13 +77,13 @@ static __device__ __forceinline__ XSlice quantize_xg(const float* __restrict__ x
 constexpr int kBlockThreads = 256;                   // the entries' launch bounds; the launcher's block
 constexpr int kMaxWarps = kBlockThreads / 32;
 constexpr int kStageSliceTokens = 512;               // 20 KiB: a chunk is 512 / NB slices of NB tokens
-constexpr int kMaxPartials = 16;                     // M * ROWS * NB of the widest tile_dot (2 * 1 * 8, 1 * 2 * 8)
+constexpr int kMaxPartials = 4;                      // M * ROWS * NB of a split tile_dot (the residual's, one token)
 struct Stage {
   uint4 codes_a[kStageSliceTokens], codes_b[kStageSliceTokens];
   float d[kStageSliceTokens];
   int sums[kStageSliceTokens];                       // sum_a in the low 16 bits, sum_b in the high (|sum| <= 2032)
   float ss[kMaxWarps][kMaxBatchPerPass];             // each warp's sums of x^2, per token
-  float partial[kMaxWarps][kMaxPartials];            // a split row group's sums, per warp (tile_dot)
+  float partial[kMaxWarps][kMaxPartials];            // a split row group's sums, per warp (tile_dot, KS > 1)
   // What the codes hold when x fits one chunk (a whole staging): the x, type code and tokens they were
   // staged from, and the block's sums of x^2 per token. A workgroup that takes several tiles of one matrix
   // (or of matrices of one type) stages x once: the staging is a barrier-bound phase with no weight
@@ -146,15 +145,15 @@ static __device__ __forceinline__ XSlice staged_slice(const Stage& st, int j) {
 // one format) over the chunk's slices, their loads in flight together. A warp whose rows start past
 // `rows` stages with the others and reads no weights; rows past `rows` read the last row again (their
 // results are not to be written).
-// Split (k_split > 1): the k_split warps of a row group (adjacent warps, `part` 0 .. k_split - 1) share its
-// rows, each taking every k_split-th run of 32 slices, and their sums meet in shared memory, added in part
-// order (the same result every run). A product of few rows (q|k|v, o, down: 128-192 tiles of 32 rows on
-// an 8B) otherwise leaves too few loads in flight per SM to cover DRAM latency.
-template <class Format, int NB, int ROWS, int M, bool NORM>
+// Split (KS > 1): the KS warps of a row group (adjacent warps, `part` 0 .. KS - 1) share its rows, each
+// taking every KS-th run of 32 slices, and their sums meet in shared memory, added in part order (the same
+// result every run); part 0's warp holds them. A product of few rows (an 8B's o and down: 128 tiles of 32
+// rows for 132 SMs) otherwise leaves too few loads in flight per SM to cover DRAM latency. KS is a template
+// argument: with a run-time stride the unsplit products lost ~15% (measured on an H100, gate|up).
+template <class Format, int NB, int ROWS, int M, bool NORM, int KS = 1>
 __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned char* const W[M], int rows, int r0,
-                                         int part, int k_split, const float* __restrict__ x,
-                                         const float* __restrict__ g, int cols, int tokens, float out[M][ROWS][NB],
-                                         float ss[NB]) {
+                                         const float* __restrict__ x, const float* __restrict__ g, int cols, int tokens,
+                                         float out[M][ROWS][NB], float ss[NB], int part = 0) {
   constexpr int chunk = kStageSliceTokens / NB;
   const int lane = (int)threadIdx.x % WARP_SIZE;
   const int slices = cols / 32;
@@ -205,7 +204,7 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
     }
     __syncthreads();
     if (!reads) continue;
-    for (int i = lane + part * WARP_SIZE; i < n; i += WARP_SIZE * k_split) {
+    for (int i = lane + part * WARP_SIZE; i < n; i += WARP_SIZE * KS) {
       typename Format::Raw raw[M][ROWS];
 #pragma unroll
       for (int m = 0; m < M; ++m)
@@ -233,7 +232,7 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) out[m][r][b] = rf_warp_sum(acc[m][r][b]);
-  if (k_split > 1) {  // uniform; every thread passes the barrier, part 0's warp adds the group's sums
+  if constexpr (KS > 1) {  // every thread passes the barrier; part 0's warp adds its group's sums
     static_assert(M * ROWS * NB <= kMaxPartials, "Stage::partial holds a warp's sums");
     const int warp = (int)threadIdx.x / WARP_SIZE;
     if (lane == 0) {
@@ -253,7 +252,8 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
             float sum = out[m][r][b];
-            for (int p = 1; p < k_split; ++p) sum += st.partial[warp + p][(b * M + m) * ROWS + r];
+#pragma unroll
+            for (int p = 1; p < KS; ++p) sum += st.partial[warp + p][(b * M + m) * ROWS + r];
             out[m][r][b] = sum;
           }
     }
@@ -279,32 +279,29 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
 }
 
 // tile_dot for matrices whose format is known only at run time (uniform across the block).
-template <int NB, int ROWS, int M, bool NORM>
+template <int NB, int ROWS, int M, bool NORM, int KS = 1>
 __device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsigned char* const W[M], int rows, int r0,
-                                               int part, int k_split, const float* x, const float* g, int cols,
-                                               int tokens, float out[M][ROWS][NB], float ss[NB]) {
+                                               const float* x, const float* g, int cols, int tokens,
+                                               float out[M][ROWS][NB], float ss[NB], int part = 0) {
   switch (type) {
-    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
-    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
-    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
-    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
-    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM>(st, type, W, rows, r0, part, k_split, x, g, cols, tokens, out, ss); break;
+    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
   }
 }
 
-// The block's tiles: a tile is ROWS rows per row group of one matrix, (warps / k_split) * ROWS rows in all;
-// a row group is k_split adjacent warps (tile_dot). A k_split that does not divide the warps counts as 1.
+// The block's tiles: a tile is ROWS rows per row group of one matrix, warps / KS * ROWS rows in all; a row
+// group is KS adjacent warps (tile_dot), `group` its index in the block and `part` the warp's in the group.
 struct Tiles {
-  int group, part, k_split, lane, tile_rows;
-  template <int ROWS>
-  static __device__ __forceinline__ Tiles of(int k_split) {
-    const int warps = (int)blockDim.x / WARP_SIZE, warp = (int)threadIdx.x / WARP_SIZE;
-    const int ks = k_split >= 1 && k_split <= warps && warps % k_split == 0 ? k_split : 1;
-    return {warp / ks, warp % ks, ks, (int)threadIdx.x % WARP_SIZE, warps / ks * ROWS};
+  int warp, lane, tile_rows, group, part;
+  template <int ROWS, int KS = 1>
+  static __device__ __forceinline__ Tiles of() {
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    return {warp, (int)threadIdx.x % WARP_SIZE, (int)blockDim.x / WARP_SIZE / KS * ROWS, warp / KS, warp % KS};
   }
   __device__ __forceinline__ int count(int rows) const { return (rows + tile_rows - 1) / tile_rows; }
-  // The thread that writes its row group's results: lane 0 of the group's first warp.
-  __device__ __forceinline__ bool writes() const { return lane == 0 && part == 0; }
 };
 
 static __device__ __forceinline__ float norm_scale(float ss, int cols, float eps) {
@@ -364,22 +361,21 @@ struct WarpRows {
 template <int NB, int kRows>
 __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
                                                const int types[3], const int rows[3], const float* x, const float* g,
-                                               const Rope& rope, int cols, float eps, int k_split, int b0,
-                                               int tokens) {
-  const Tiles t = Tiles::of<kRows>(k_split);
+                                               const Rope& rope, int cols, float eps, int b0, int tokens) {
+  const Tiles t = Tiles::of<kRows>();
   const int tiles0 = t.count(rows[0]), tiles1 = t.count(rows[1]);
   const int tiles = tiles0 + tiles1 + t.count(rows[2]);
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {  // uniform across the block
     // The matrix as selects, not an index into the arrays, which would put them in local memory.
     const int m = tile < tiles0 ? 0 : tile < tiles0 + tiles1 ? 1 : 2;
-    const int r0 = (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * t.tile_rows + t.group * kRows;
+    const int r0 = (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * t.tile_rows + t.warp * kRows;
     const unsigned char* const Wm[1] = {m == 0 ? W[0] : m == 1 ? W[1] : W[2]};
     const int type = m == 0 ? types[0] : m == 1 ? types[1] : types[2];
     const int rows_m = m == 0 ? rows[0] : m == 1 ? rows[1] : rows[2];
     float* ym = m == 0 ? y[0] : m == 1 ? y[1] : y[2];
     float out[1][kRows][NB], ss[NB];
-    typed_tile_dot<NB, kRows, 1, true>(type, st, Wm, rows_m, r0, t.part, t.k_split, x, g, cols, tokens, out, ss);
-    if (!t.writes() || r0 >= rows_m) continue;  // rows come in whole groups of kRows (rows % 4 == 0)
+    typed_tile_dot<NB, kRows, 1, true>(type, st, Wm, rows_m, r0, x, g, cols, tokens, out, ss);
+    if (t.lane != 0 || r0 >= rows_m) continue;  // rows come in whole groups of kRows (rows % 4 == 0)
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       if (b >= tokens) break;
@@ -399,25 +395,22 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
 template <int NB, int kGateUpRows>
 __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
                                                  int types, const float* x, const float* g, int rows, int cols, float eps,
-                                                 int k_split, int b0, int tokens) {
-  const Tiles t = Tiles::of<kGateUpRows>(k_split);
+                                                 int b0, int tokens) {
+  const Tiles t = Tiles::of<kGateUpRows>();
   const int tiles = t.count(rows);
   const int type_gate = types & 15, type_up = (types >> 4) & 15;
   const unsigned char* const W[2] = {Wg, Wu};
   const unsigned char* const W_gate[1] = {Wg}, *const W_up[1] = {Wu};  // not &W[i]: that would put W in local memory
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
-    const int r0 = tile * t.tile_rows + t.group * kGateUpRows;
+    const int r0 = tile * t.tile_rows + t.warp * kGateUpRows;
     float out[2][kGateUpRows][NB], ss[NB];  // out[0]: gate, out[1]: up
     if (type_gate == type_up) {  // one staging of x for both matrices
-      typed_tile_dot<NB, kGateUpRows, 2, true>(type_gate, st, W, rows, r0, t.part, t.k_split, x, g, cols, tokens, out,
-                                               ss);
+      typed_tile_dot<NB, kGateUpRows, 2, true>(type_gate, st, W, rows, r0, x, g, cols, tokens, out, ss);
     } else {  // the formats group x's columns differently: one staging each
-      typed_tile_dot<NB, kGateUpRows, 1, true>(type_gate, st, W_gate, rows, r0, t.part, t.k_split, x, g, cols, tokens,
-                                               &out[0], ss);
-      typed_tile_dot<NB, kGateUpRows, 1, true>(type_up, st, W_up, rows, r0, t.part, t.k_split, x, g, cols, tokens,
-                                               &out[1], ss);
+      typed_tile_dot<NB, kGateUpRows, 1, true>(type_gate, st, W_gate, rows, r0, x, g, cols, tokens, &out[0], ss);
+      typed_tile_dot<NB, kGateUpRows, 1, true>(type_up, st, W_up, rows, r0, x, g, cols, tokens, &out[1], ss);
     }
-    if (!t.writes()) continue;
+    if (t.lane != 0) continue;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       if (b >= tokens) break;
@@ -431,19 +424,18 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
   }
 }
 
-// y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add).
-template <int NB, int kRows, bool NORM>
+// y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add); KS warps per row group (tile_dot).
+template <int NB, int kRows, bool NORM, int KS = 1>
 __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned char* W, int type, const float* x,
-                                            const float* g, int rows, int cols, float eps, int k_split, int b0,
-                                            int tokens) {
-  const Tiles t = Tiles::of<kRows>(k_split);
+                                            const float* g, int rows, int cols, float eps, int b0, int tokens) {
+  const Tiles t = Tiles::of<kRows, KS>();
   const int tiles = t.count(rows);
   const unsigned char* const Wl[1] = {W};
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
     const int r0 = tile * t.tile_rows + t.group * kRows;
     float out[1][kRows][NB], ss[NB];
-    typed_tile_dot<NB, kRows, 1, NORM>(type, st, Wl, rows, r0, t.part, t.k_split, x, g, cols, tokens, out, ss);
-    if (!t.writes()) continue;
+    typed_tile_dot<NB, kRows, 1, NORM, KS>(type, st, Wl, rows, r0, x, g, cols, tokens, out, ss, t.part);
+    if (t.lane != 0 || t.part != 0) continue;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       if (b >= tokens) break;
@@ -491,11 +483,10 @@ struct RopePass {
   const Rope* rope;
   int cols;
   float eps;
-  int k_split;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
     norm_rope_pass<NB, WarpRows<ONE_TOKEN>::kRows>(*st, y, W, type_of, rows, x + (unsigned long long)b0 * cols, g, *rope,
-                                                   cols, eps, k_split, b0, tokens);
+                                                   cols, eps, b0, tokens);
   }
 };
 
@@ -506,13 +497,11 @@ struct SwigluPass {
   const float *x, *g;
   int types, rows, cols;
   float eps;
-  int k_split;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
     norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows>(*st, y, static_cast<const unsigned char*>(Wg),
                                                            static_cast<const unsigned char*>(Wu), types,
-                                                           x + (unsigned long long)b0 * cols, g, rows, cols, eps,
-                                                           k_split, b0, tokens);
+                         x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0, tokens);
   }
 };
 
@@ -524,12 +513,24 @@ struct SinglePass {
   const float *x, *g;
   int type, rows, cols;
   float eps;
-  int k_split;
+  int k_split;  // the residual at one token: 2 or 4 split its row groups (within the block's warps)
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
-    single_pass<NB, WarpRows<ONE_TOKEN>::kRows, NORM>(*st, y, static_cast<const unsigned char*>(W), type,
-                                                      x + (unsigned long long)b0 * cols, g, rows, cols, eps,
-                                                      k_split, b0, tokens);
+    constexpr int kRows = WarpRows<ONE_TOKEN>::kRows;
+    const unsigned char* w = static_cast<const unsigned char*>(W);
+    const float* xb = x + (unsigned long long)b0 * cols;
+    if constexpr (ONE_TOKEN && !NORM) {
+      const int warps = (int)blockDim.x / WARP_SIZE;
+      if (k_split == 2 && warps % 2 == 0) {
+        single_pass<NB, kRows, NORM, 2>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+        return;
+      }
+      if (k_split == 4 && warps % 4 == 0) {
+        single_pass<NB, kRows, NORM, 4>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+        return;
+      }
+    }
+    single_pass<NB, kRows, NORM>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
   }
 };
 
@@ -538,20 +539,20 @@ __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* 
                                           const void* Wv, const float* x, const float* g, const int* positions,
                                           const float* freq_factors, int types, int q_rows, int kv_rows, int cols,
                                           int batch, int head_dim, int rope_dim, float eps, float theta,
-                                          float freq_scale, int k_split) {
+                                          float freq_scale) {
   float* const y[3] = {q, k, v};
   const unsigned char* const W[3] = {static_cast<const unsigned char*>(Wq), static_cast<const unsigned char*>(Wk),
                                      static_cast<const unsigned char*>(Wv)};
   const int type_of[3] = {types & 15, (types >> 4) & 15, (types >> 8) & 15};
   const int rows[3] = {q_rows, kv_rows, kv_rows};
   const Rope rope = {positions, freq_factors, head_dim, rope_dim, theta, freq_scale};
-  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, cols, eps, k_split});
+  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, cols, eps});
 }
 
 template <bool ONE_TOKEN>
 __device__ __forceinline__ void norm_swiglu(Stage* st, float* y, const void* Wg, const void* Wu, const float* x, const float* g,
-                                            int types, int rows, int cols, int batch, float eps, int k_split) {
-  passes<ONE_TOKEN>(batch, SwigluPass{st, y, Wg, Wu, x, g, types, rows, cols, eps, k_split});
+                                            int types, int rows, int cols, int batch, float eps) {
+  passes<ONE_TOKEN>(batch, SwigluPass{st, y, Wg, Wu, x, g, types, rows, cols, eps});
 }
 
 template <bool ONE_TOKEN, bool NORM>
@@ -568,18 +569,18 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_rope_##suffix(                                      \
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
-      int head_dim, int rope_dim, float eps, float theta, float freq_scale, int k_split) {                            \
+      int head_dim, int rope_dim, float eps, float theta, float freq_scale) {                                         \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
     fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
-                             cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_split);                       \
+                             cols, batch, head_dim, rope_dim, eps, theta, freq_scale);                                \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_##suffix(                                    \
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \
-      int batch, float eps, int k_split) {                                                                            \
+      int batch, float eps) {                                                                                         \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
-    fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps, k_split);                      \
+    fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(                             \
       float* y, const void* W, const float* x, int type, int rows, int cols, int batch, int k_split) {                \
@@ -588,11 +589,10 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
     fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f, k_split);                   \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_##suffix(                                           \
-      float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps,    \
-      int k_split) {                                                                                                  \
+      float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps) {  \
     __shared__ fq::Stage stage;                                                                                       \
     fq::reset_key(stage);                                                                                             \
-    fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps, k_split);                           \
+    fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps, 1);                                            \
   }
 
 RF_FUSED_QMATVEC_ENTRIES(1, true)

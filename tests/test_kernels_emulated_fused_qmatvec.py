@@ -43,20 +43,6 @@ def grids(warp, entry, variant, cols, *matrix_rows):
     return [(g, block, k_split) for g in sorted({grid, 1})]
 
 
-def split_grids(warp, entry, variant, cols, *matrix_rows):
-    """(grid, block, k_split) for every k_split past 1 the block's warps allow, with its own tiles' grid and
-    with one workgroup walking them."""
-    out = []
-    for k_split in (2, 4, 8)[: {32: 3, 64: 2}[warp]]:
-        fused_qmatvec.FORCED_K_SPLIT = k_split
-        try:
-            grid, block, split = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, variant, cols, *matrix_rows)
-        finally:
-            fused_qmatvec.FORCED_K_SPLIT = None
-        out += [(g, block, split) for g in sorted({grid, 1})]
-    return out
-
-
 # q, k, v types as Q4_K_M lays them out (Q6_K v), one layer of every other type, and three distinct types.
 QKV_TYPES = [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q6_k", "q4_k", "q5_k")]
 
@@ -82,10 +68,9 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
         angle_error[:, :rope_dim] = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE, factors)).repeat(2, -1)
         xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block, k_split in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
+            for grid, block, _ in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
                 run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types),
-                    q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o",
-                    k_split)
+                    q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o")
                 got = np.split(np.fromfile(tmp_path / "o", np.float32),
                                [batch * q_rows, batch * (q_rows + kv_rows)])
                 for name, part, ref, raw, t, rows in zip("qkv", got, want, raws, types, (q_rows, kv_rows, kv_rows)):
@@ -116,9 +101,9 @@ def test_norm_swiglu(harnesses, warp, types, tmp_path):
         # silu(a) * u: |d/da| <= 1.1 |u|, |d/du| = |silu(a)| <= |a|; then the float32 rounding of the result.
         bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block, k_split in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows):
+            for grid, block, _ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows):
                 run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, fused_qmatvec.pack_types(types),
-                    rows, cols, batch, EPS, *files, tmp_path / "o", k_split)
+                    rows, cols, batch, EPS, *files, tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
                 assert np.all(np.abs(got - want) <= bound), f"{types} {rows}x{cols} batch {batch} {variant} grid {grid}"
 
@@ -141,9 +126,10 @@ def test_norm_and_add(harnesses, warp, weight_type, tmp_path):
         add_bound += 2**-24 * np.abs(add_want)
         code = fused_qmatvec.TYPE_CODES[weight_type]
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block, k_split in grids(warp, "qmatvec_norm", variant, cols, rows):
+            k_split = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", variant, cols, rows)[2]
+            for grid, block, _ in grids(warp, "qmatvec_norm", variant, cols, rows):
                 run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, code, rows, cols, batch, EPS, *files,
-                    tmp_path / "o", k_split)
+                    tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
                 assert np.all(np.abs(got - norm_want) <= norm_bound), f"norm {rows} batch {batch} {variant} grid {grid}"
                 y0.tofile(tmp_path / "y")
@@ -166,93 +152,60 @@ def test_columns_staged_in_several_chunks(harnesses, warp, weight_type, tmp_path
         want = fused_qmatvec.reference_norm(raw, weight_type, x, g, EPS, rows, cols)
         bound, _ = product_bound(raw, weight_type, xg, s, rows, cols)
         variant = fused_qmatvec.variant(batch)
-        grid, block, k_split = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm", variant, cols, rows)
+        grid, block, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm", variant, cols, rows)
         run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, fused_qmatvec.TYPE_CODES[weight_type], rows, cols,
-            batch, EPS, *files, tmp_path / "o", k_split)
+            batch, EPS, *files, tmp_path / "o")
         got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
         assert np.all(np.abs(got - want) <= bound), f"{weight_type} {rows}x{cols} batch {batch}: " \
                                                     f"{np.max(np.abs(got - want) / bound):.2f} of the bound"
 
 
-@pytest.mark.parametrize("batch", [1, 5])
-def test_split_row_groups(harnesses, warp, batch, tmp_path):
-    """k_split warps sharing each row group's columns (every split the block allows, with its own grid and
-    one workgroup walking every tile): 72 slices a row, so that the warps of a group take unequal shares
-    and at 4 or 8 some take none; q|k|v with RoPE, gate|up of one type and of two (two stagings and two
-    exchanges of the sums per tile), the head and the residual add."""
-    rng = np.random.default_rng([warp, 5, batch])
-    cols, head_dim = 2304, 8
-    variant = fused_qmatvec.variant(batch)
-    x, g = inputs(rng, batch, cols)
-    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
-    positions = rng.integers(0, 4096, batch).astype(np.int32)
-
-    types = ("q4_k", "q4_k", "q6_k")
-    q_rows, kv_rows = 24, 8
-    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
-    files = write_inputs(tmp_path, wq=raws[0], wk=raws[1], wv=raws[2], x=x, g=g, p=positions)
-    files.append(factors_arg(tmp_path, None))
-    want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, positions, q_rows, kv_rows, cols,
-                                             head_dim, head_dim, THETA, FREQ_SCALE)
-    for grid, block, k_split in split_grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
-        run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types), q_rows,
-            kv_rows, cols, batch, head_dim, head_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o", k_split)
-        got = np.split(np.fromfile(tmp_path / "o", np.float32), [batch * q_rows, batch * (q_rows + kv_rows)])
-        for name, part, ref, raw, t, rows in zip("qkv", got, want, raws, types, (q_rows, kv_rows, kv_rows)):
-            bound, magnitude = product_bound(raw, t, xg, s, rows, cols)
-            if name != "v":  # a rotation mixes a pair: both members' errors, and the angle's few ulps
-                bound = bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
-                bound = bound + 1e-4 * magnitude.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
-            err = np.abs(part.reshape(batch, rows) - ref)
-            assert np.all(err <= bound), f"{name} k_split {k_split} grid {grid}: {np.max(err / bound):.2f} of the bound"
-
-    for gate_up in [("q4_k", "q4_k"), ("q4_k", "q6_k")]:
-        rows = 12
-        wg, wu = (random_weights(rng, t, rows, cols) for t in gate_up)
-        files = write_inputs(tmp_path, wg=wg, wu=wu, x=x, g=g)
-        want = fused_qmatvec.reference_norm_swiglu([(wg, gate_up[0]), (wu, gate_up[1])], x, g, EPS, rows, cols)
-        gate = fused_qmatvec.reference_norm(wg, gate_up[0], x, g, EPS, rows, cols)
-        up = fused_qmatvec.reference_norm(wu, gate_up[1], x, g, EPS, rows, cols)
-        tol_gate, _ = product_bound(wg, gate_up[0], xg, s, rows, cols)
-        tol_up, _ = product_bound(wu, gate_up[1], xg, s, rows, cols)
-        bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
-        for grid, block, k_split in split_grids(warp, "qmatvec_norm_swiglu", variant, cols, rows):
-            run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, fused_qmatvec.pack_types(gate_up),
-                rows, cols, batch, EPS, *files, tmp_path / "o", k_split)
-            got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
-            assert np.all(np.abs(got - want) <= bound), f"{gate_up} k_split {k_split} grid {grid}"
-
-    for weight_type in ("q6_k", "q8_0"):
-        rows = 20
-        raw = random_weights(rng, weight_type, rows, cols)
-        y0 = rng.standard_normal((batch, rows)).astype(np.float32)
-        files = write_inputs(tmp_path, w=raw, x=x, g=g)
-        norm_want = fused_qmatvec.reference_norm(raw, weight_type, x, g, EPS, rows, cols)
-        norm_bound, _ = product_bound(raw, weight_type, xg, s, rows, cols)
-        add_want = fused_qmatvec.reference_add(raw, weight_type, x, y0, rows, cols)
-        add_bound, _ = product_bound(raw, weight_type, x, np.ones(batch), rows, cols)
-        add_bound += 2**-24 * np.abs(add_want)
-        code = fused_qmatvec.TYPE_CODES[weight_type]
-        for grid, block, k_split in split_grids(warp, "qmatvec_norm", variant, cols, rows):
-            run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, code, rows, cols, batch, EPS, *files,
-                tmp_path / "o", k_split)
-            got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
-            assert np.all(np.abs(got - norm_want) <= norm_bound), f"norm {weight_type} k_split {k_split} grid {grid}"
+@pytest.mark.parametrize("weight_type", ["q4_k", "q6_k", "q8_0"])
+def test_residual_split_row_groups(harnesses, warp, weight_type, tmp_path):
+    """The residual product at one token with k_split 2 and 4 (its row groups' warps share the columns, their
+    sums meet in shared memory), at its own tiles' grid and with one workgroup walking them: 72 slices a
+    row, so that the warps of a group take unequal shares (at 4 one takes none); rows not a multiple of a
+    tile's. k_split 3 (not a divisor of the warps at wave 64) counts as 1."""
+    rng = np.random.default_rng([warp, 5, *map(ord, weight_type)])
+    rows, cols, batch = 20, 2304, 1
+    raw = random_weights(rng, weight_type, rows, cols)
+    x, _ = inputs(rng, batch, cols)
+    y0 = rng.standard_normal((batch, rows)).astype(np.float32)
+    files = write_inputs(tmp_path, w=raw, x=x)
+    want = fused_qmatvec.reference_add(raw, weight_type, x, y0, rows, cols)
+    bound, _ = product_bound(raw, weight_type, x, np.ones(batch), rows, cols)
+    bound += 2**-24 * np.abs(want)
+    for k_split in (2, 4, 3):
+        fused_qmatvec.FORCED_K_SPLIT = k_split if k_split != 3 else 1
+        try:
+            grid, block, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", "1", cols, rows)
+        finally:
+            fused_qmatvec.FORCED_K_SPLIT = None
+        for g in sorted({grid, 1}):
             y0.tofile(tmp_path / "y")
-            run(harnesses, warp, f"qmatvec_add_{variant}", grid, block, code, rows, cols, batch, files[0], files[1],
-                tmp_path / "y", tmp_path / "o", k_split)
+            run(harnesses, warp, "qmatvec_add_1", g, block, fused_qmatvec.TYPE_CODES[weight_type], rows, cols, batch,
+                files[0], files[1], tmp_path / "y", tmp_path / "o", k_split)
             got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
-            assert np.all(np.abs(got - add_want) <= add_bound), f"add {weight_type} k_split {k_split} grid {grid}"
+            assert np.all(np.abs(got - want) <= bound), f"k_split {k_split} grid {g}: {np.max(np.abs(got - want) / bound):.2f}"
 
 
-def test_launcher_splits_products_of_few_tiles():
-    """The launcher's k_split on Llama-3 shapes at one token: doubled while the tiles stay within
-    MAX_WORKGROUPS and each warp keeps SPLIT_MIN_SLICES slices; the head (4,008 tiles) is not split."""
-    def split(entry, cols, *rows):
-        return fused_qmatvec.geometry("sm_90", entry, "1", cols, *rows)
+def test_launcher_splits_the_residual_of_few_tiles():
+    """The launcher's k_split on Llama-3 shapes: the residual product at one token doubles it while its tiles
+    stay within MAX_WORKGROUPS and each warp keeps SPLIT_MIN_SLICES slices of a row; nothing else splits."""
+    def geometry(entry, cols, *rows, entry_variant="1"):
+        return fused_qmatvec.geometry("sm_90", entry, entry_variant, cols, *rows)
 
-    assert split("qmatvec_add", 4096, 4096) == (256, 256, 2)               # an 8B's o: 128 tiles -> 256
-    assert split("qmatvec_norm_rope", 2048, 2048, 512, 512) == (192, 256, 2)  # a 1B's q|k|v: 96 -> 192
-    assert split("qmatvec_add", 14336, 4096) == (256, 256, 2)              # an 8B's down
-    assert split("qmatvec_norm", 4096, 128256)[2] == 1
-    assert split("qmatvec_add", 256, 64)[2] == 1                           # 8 slices a row: nothing to share
+    assert geometry("qmatvec_add", 4096, 4096) == (256, 256, 2)    # an 8B's o: 128 tiles -> 256 (512 at 4)
+    assert geometry("qmatvec_add", 14336, 4096) == (256, 256, 2)   # an 8B's down
+    assert geometry("qmatvec_add", 2048, 2048) == (128, 256, 2)    # a 1B's o: 64 slices a row, 32 a warp
+    assert geometry("qmatvec_add", 8192, 2048) == (256, 256, 4)    # a 1B's down
+    assert geometry("qmatvec_add", 4096, 4096, entry_variant="n")[2] == 1
+    assert geometry("qmatvec_add", 256, 64)[2] == 1                # 8 slices a row: nothing to share
+    assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512)[2] == 1
+    assert geometry("qmatvec_norm", 4096, 128256)[2] == 1
+    fused_qmatvec.FORCED_K_SPLIT = 8
+    try:
+        with pytest.raises(ValueError, match="k_split"):
+            geometry("qmatvec_add", 4096, 4096)
+    finally:
+        fused_qmatvec.FORCED_K_SPLIT = None

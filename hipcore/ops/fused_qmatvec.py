@@ -8,7 +8,7 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
   qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
                         head_dim, rope_dim, eps, theta, freq_scale)   (freq_factors: as rope.py's, or null)
   qmatvec_norm_swiglu_<v>(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
-  qmatvec_add_<v>(y, W, x, type, rows, cols, batch)
+  qmatvec_add_<v>(y, W, x, type, rows, cols, batch, k_split)   (k_split: see MAX_K_SPLIT)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
 
 <v> is "1" for one token (its own entries: fewer registers, see the kernel) and "n" for any number (passes
@@ -35,11 +35,11 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 OP = "fused_qmatvec"
 WEIGHT_TYPES = qmatvec.WEIGHT_TYPES
 TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4}  # kernels/fused_qmatvec.hip's WeightType
-SIGNATURES = {  # each ends in k_split
-    "qmatvec_norm_rope": "ppppppppppiiiiiiifffi",
-    "qmatvec_norm_swiglu": "pppppiiiifi",
-    "qmatvec_add": "pppiiiii",
-    "qmatvec_norm": "ppppiiiifi",
+SIGNATURES = {
+    "qmatvec_norm_rope": "ppppppppppiiiiiiifff",
+    "qmatvec_norm_swiglu": "pppppiiiif",
+    "qmatvec_add": "pppiiiii",  # ... batch, k_split
+    "qmatvec_norm": "ppppiiiif",
 }
 # The kernels' launch bounds and block (kBlockThreads): the workgroup quantizes x once into shared memory for
 # all its warps, so the more warps share it, the less x is read per weight byte.
@@ -54,11 +54,15 @@ MAX_TOKENS_PER_PASS = 8  # kMaxBatchPerPass: a step of up to 8 tokens reads W on
 # H100 80GB HBM3 (scripts/gpu/measure_qmatvec_decode.py --max-workgroups): Llama-3.1-8B's norm+gate|up+swiglu
 # (896 tiles) at one token 31.5 us with 396 against 35.6 with one workgroup per tile, the others unchanged.
 MAX_WORKGROUPS = 396
-# Split (k_split warps share a row group's columns, kernels/fused_qmatvec.hip: tile_dot): a product of few
-# tiles leaves too few weight loads in flight per SM (an 8B's o has 128 tiles of 32 rows for 132 SMs). The
-# launcher doubles k_split while the tiles it makes stay within MAX_WORKGROUPS and every warp of a group
-# keeps at least one run of 32 slices of the row (SPLIT_MIN_SLICES). FORCED_K_SPLIT: a fixed k_split for
-# measuring (scripts/gpu/measure_qmatvec_decode.py --k-split), None in use.
+# The residual product at one token splits its row groups (k_split warps share a row's columns,
+# kernels/fused_qmatvec.hip: tile_dot): few tiles leave too few weight loads in flight per SM (an 8B's o and
+# down have 128 tiles of 32 rows for 132 SMs). k_split doubles, up to MAX_K_SPLIT, while the tiles stay
+# within MAX_WORKGROUPS and each warp keeps SPLIT_MIN_SLICES of a row. Measured on an NVIDIA H100 80GB HBM3
+# (scripts/gpu/measure_qmatvec_decode.py --k-split): 8B o 8.30 -> 7.44 us at 2 (9.49 at 4), down 25.7 ->
+# 24.4 at 2 (26.3 at 4); 1B o 5.21 -> 4.74 at 2, down 14.4 -> 9.5 at 4. q|k|v and gate|up lost at 2 (8B
+# q|k|v 11.9 -> 15.3: 384 tiles are more than two workgroups per SM hold) and stay whole.
+# FORCED_K_SPLIT: a fixed k_split for measuring and tests, None in use.
+MAX_K_SPLIT = 4
 SPLIT_MIN_SLICES = 32
 FORCED_K_SPLIT: int | None = None
 VECTOR_ALIGNMENT = 16
@@ -135,7 +139,7 @@ def _host_normed(dev: CpuDevice, w: int, type_code: int, x: int, g: int, rows: i
 def _register(variant: str) -> None:
     @cpu_kernel(f"qmatvec_norm_rope_{variant}", SIGNATURES["qmatvec_norm_rope"])
     def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols,
-                  batch, head_dim, rope_dim, eps, theta, freq_scale, k_split):
+                  batch, head_dim, rope_dim, eps, theta, freq_scale):
         pos = dev.view(positions, np.int32, batch)
         factors = rope.host_factors(dev, freq_factors, rope_dim)
         for i, (out, w, rows, rotate) in enumerate(((q, wq, q_rows, True), (k, wk, kv_rows, True), (v, wv, kv_rows, False))):
@@ -146,7 +150,7 @@ def _register(variant: str) -> None:
             dev.view(out, np.float32, (batch, rows))[:] = y
 
     @cpu_kernel(f"qmatvec_norm_swiglu_{variant}", SIGNATURES["qmatvec_norm_swiglu"])
-    def norm_swiglu(dev, grid, block, y, wg, wu, x, g, types, rows, cols, batch, eps, k_split):
+    def norm_swiglu(dev, grid, block, y, wg, wu, x, g, types, rows, cols, batch, eps):
         gate = _host_normed(dev, wg, types & 15, x, g, rows, cols, batch, eps)
         up = _host_normed(dev, wu, (types >> 4) & 15, x, g, rows, cols, batch, eps)
         dev.view(y, np.float32, (batch, rows))[:] = silu_mul.reference(gate, up)
@@ -157,7 +161,7 @@ def _register(variant: str) -> None:
                                                                    rows, cols)
 
     @cpu_kernel(f"qmatvec_norm_{variant}", SIGNATURES["qmatvec_norm"])
-    def norm(dev, grid, block, y, w, x, g, type_code, rows, cols, batch, eps, k_split):
+    def norm(dev, grid, block, y, w, x, g, type_code, rows, cols, batch, eps):
         dev.view(y, np.float32, (batch, rows))[:] = _host_normed(dev, w, type_code, x, g, rows, cols, batch, eps)
 
 
@@ -179,23 +183,25 @@ def rows_per_warp(entry: str, entry_variant: str) -> int:
 
 def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows: int) -> tuple[int, int, int]:
     """(grid, block, k_split): one workgroup per tile (BLOCK_THREADS / wavefront / k_split row groups of
-    rows_per_warp rows each) of every matrix, at most MAX_WORKGROUPS; the kernel loops over the tiles, so any
-    grid is correct. k_split as SPLIT_MIN_SLICES says (or FORCED_K_SPLIT)."""
+    rows_per_warp rows each) of every matrix, at most MAX_WORKGROUPS; the kernel loops over the tiles, so
+    any grid is correct. k_split is 1 but for qmatvec_add at one token (see MAX_K_SPLIT)."""
     warps = BLOCK_THREADS // wavefront_size(arch)
     rows_per_group = rows_per_warp(entry, entry_variant)
 
     def tiles(split: int) -> int:
         return sum(-(-rows // (warps // split * rows_per_group)) for rows in matrix_rows)
 
-    if FORCED_K_SPLIT is not None:
-        split = FORCED_K_SPLIT
-    else:
-        split = 1
-        while (warps % (2 * split) == 0 and cols // 32 >= 2 * split * SPLIT_MIN_SLICES
-               and tiles(2 * split) <= MAX_WORKGROUPS):
-            split *= 2
-    if not (split >= 1 and warps % split == 0):
-        raise ValueError(f"fused_qmatvec: k_split must divide the block's {warps} warps, got {split}")
+    split = 1
+    if entry == "qmatvec_add" and entry_variant == "1":
+        if FORCED_K_SPLIT is not None:
+            split = FORCED_K_SPLIT
+        else:
+            while (2 * split <= min(MAX_K_SPLIT, warps) and cols // 32 >= 2 * split * SPLIT_MIN_SLICES
+                   and tiles(2 * split) <= MAX_WORKGROUPS):
+                split *= 2
+        if split not in (1, 2, 4) or warps % split:
+            raise ValueError(f"fused_qmatvec: k_split must be 1, 2 or 4 and divide the block's {warps} warps, "
+                             f"got {split}")
     return min(tiles(split), MAX_WORKGROUPS), BLOCK_THREADS, split
 
 
@@ -218,7 +224,7 @@ def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols:
             args: tuple) -> None:
     grid, block, k_split = geometry(device.arch, entry, variant(batch), cols, *matrix_rows)
     kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry])
-    kernel.launch(grid, block, (*args, k_split), stream=stream)
+    kernel.launch(grid, block, (*args, k_split) if entry == "qmatvec_add" else args, stream=stream)
 
 
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, weights: Sequence[tuple[Any, str]],

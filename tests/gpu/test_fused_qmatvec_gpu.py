@@ -124,13 +124,13 @@ def test_add_and_norm(gpu, mem, rng, seed, weight_type, rows, cols, batch):
           cols), bound_of(raw, weight_type, xg, s, rows, cols), f"seed {seed} norm")
 
 
-@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_every_split_of_the_columns(gpu, mem, rng, seed, monkeypatch, k_split, batch):
-    """Each k_split forced (the launcher picks 2 for an 8B's o and down, 1 for the head): the row groups'
-    warps share an 8B's o columns, their sums meet in shared memory."""
+@pytest.mark.parametrize("k_split", [1, 2, 4])
+@pytest.mark.parametrize("weight_type,cols", [("q4_k", 4096), ("q6_k", 14336)])
+def test_every_split_of_the_residual(gpu, mem, rng, seed, monkeypatch, k_split, weight_type, cols):
+    """The residual product at one token at each k_split (the launcher picks 2 for an 8B's o and down): its
+    row groups' warps share the columns, their sums meet in shared memory."""
     monkeypatch.setattr(fused_qmatvec, "FORCED_K_SPLIT", k_split)
-    test_add_and_norm(gpu, mem, rng, seed, "q4_k", 4096, 4096, batch)
+    test_add_and_norm(gpu, mem, rng, seed, weight_type, 4096, cols, 1)
 
 
 # ---- the whole model ------------------------------------------------------------------------------

@@ -199,14 +199,11 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
 }
 
 // fused_qmatvec.hip (entries qmatvec_<kind>_<1|n>); true when `entry` was one of its kernels. Weights
-// are separate files, each matrix with its type code in `types` (4 bits each); k_split comes after the
-// output's path.
+// are separate files, each matrix with its type code in `types` (4 bits each).
 static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned block, char** a) {
   const bool one = entry.size() > 2 && entry.substr(entry.size() - 2) == "_1";
   if (entry == "qmatvec_norm_rope_1" || entry == "qmatvec_norm_rope_n") {
     // types q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale Wq Wk Wv x g positions factors|- out
-    // k_split
-    const int k_split = std::atoi(a[18]);
     const int types = std::atoi(a[0]), q_rows = std::atoi(a[1]), kv_rows = std::atoi(a[2]), cols = std::atoi(a[3]);
     const int batch = std::atoi(a[4]), head_dim = std::atoi(a[5]), rope_dim = std::atoi(a[6]);
     const float eps = std::strtof(a[7], nullptr), theta = std::strtof(a[8], nullptr), scale = std::strtof(a[9], nullptr);
@@ -218,34 +215,30 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), wq.data(), wk.data(), wv.data(), (const float*)x.data(),
              (const float*)g.data(), (const int*)pos.data(), factors_of(factors), types, q_rows, kv_rows, cols, batch,
-             head_dim, rope_dim, eps, theta, scale, k_split);
+             head_dim, rope_dim, eps, theta, scale);
     });
     q.insert(q.end(), k.begin(), k.end());
     q.insert(q.end(), v.begin(), v.end());
     write_file(a[17], q.data(), q.size() * 4);
   } else if (entry == "qmatvec_norm_swiglu_1" || entry == "qmatvec_norm_swiglu_n") {
-    // types rows cols batch eps Wg Wu x g out k_split
+    // types rows cols batch eps Wg Wu x g out
     const int types = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
-    const int k_split = std::atoi(a[10]);
     const float eps = std::strtof(a[4], nullptr);
     std::vector<char> wg = read_file(a[5]), wu = read_file(a[6]), x = read_file(a[7]), g = read_file(a[8]);
     std::vector<float> y = nan_filled((size_t)rows * batch);
     auto kernel = one ? qmatvec_norm_swiglu_1 : qmatvec_norm_swiglu_n;
     emu_launch(grid, block, [&] {
-      kernel(y.data(), wg.data(), wu.data(), (const float*)x.data(), (const float*)g.data(), types, rows, cols, batch, eps,
-             k_split);
+      kernel(y.data(), wg.data(), wu.data(), (const float*)x.data(), (const float*)g.data(), types, rows, cols, batch, eps);
     });
     write_file(a[9], y.data(), y.size() * 4);
-  } else if (entry == "qmatvec_norm_1" || entry == "qmatvec_norm_n") {  // type rows cols batch eps W x g out k_split
+  } else if (entry == "qmatvec_norm_1" || entry == "qmatvec_norm_n") {  // type rows cols batch eps W x g out
     const int type = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
-    const int k_split = std::atoi(a[9]);
     const float eps = std::strtof(a[4], nullptr);
     std::vector<char> w = read_file(a[5]), x = read_file(a[6]), g = read_file(a[7]);
     std::vector<float> y = nan_filled((size_t)rows * batch);
     auto kernel = one ? qmatvec_norm_1 : qmatvec_norm_n;
     emu_launch(grid, block, [&] {
-      kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), type, rows, cols, batch, eps,
-             k_split);
+      kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), type, rows, cols, batch, eps);
     });
     write_file(a[8], y.data(), y.size() * 4);
   } else if (entry == "qmatvec_add_1" || entry == "qmatvec_add_n") {  // type rows cols batch W x y_in out k_split
