@@ -175,6 +175,7 @@ __device__ __forceinline__ void lookup(float* __restrict__ out, const void* __re
   extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ out, const void* __restrict__ table, \
                                                          const int* __restrict__ ids, int n_tokens, int hidden,  \
                                                          int vocab) {                                            \
+    rf_grid_dependency_sync();  /* a programmatic launch (hipcore/ops/embedding.py) */                           \
     rf_embedding::lookup<rf_embedding::Row>(out, table, ids, n_tokens, hidden, vocab);                           \
   }
 

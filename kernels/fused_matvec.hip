@@ -404,19 +404,23 @@ __device__ __forceinline__ void norm_store(float* y, const void* W, const float*
       float* q, float* k, float* v, const void* W, const float* x, const float* g, const int* positions,               \
       const float* freq_factors, int q_rows, int kv_rows, int cols, int batch, int head_dim, int rope_dim, float eps,  \
       float theta, float freq_scale) {                                                                                  \
+    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_matvec.py) */                         \
     fused::norm_rope<Format>(q, k, v, W, x, g, positions, freq_factors, q_rows, kv_rows, cols, batch, head_dim,         \
                              rope_dim, eps, theta, freq_scale);                                                         \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_norm_swiglu_##suffix(                                       \
       float* y, const void* W, const float* x, const float* g, int rows, int cols, int batch, float eps) {             \
+    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_matvec.py) */                         \
     fused::norm_swiglu<Format>(y, W, x, g, rows, cols, batch, eps);                                                            \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_add_##suffix(float* y, const void* W, const float* x,       \
                                                                         int rows, int cols, int batch) {                \
+    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_matvec.py) */                         \
     fused::add<Format>(y, W, x, rows, cols, batch);                                                                          \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_norm_##suffix(                                              \
       float* y, const void* W, const float* x, const float* g, int rows, int cols, int batch, float eps) {             \
+    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_matvec.py) */                         \
     fused::norm_store<Format>(y, W, x, g, rows, cols, batch, eps);                                                             \
   }
 

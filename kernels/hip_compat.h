@@ -320,6 +320,19 @@ static __device__ __forceinline__ void rf_check_wave_size() {
 #endif
 }
 
+// Programmatic dependent launch (NVIDIA sm_90 and later; nothing elsewhere): a kernel whose launcher asks
+// for it (get_kernel(..., programmatic=True)) may be started while the kernel ahead of it in the stream
+// still runs. This waits until that kernel has finished and its writes are visible, then lets the next
+// kernel's launch begin (it waits in turn, so at most one kernel runs ahead). Such a kernel calls it in
+// every thread before it reads or writes global memory that another kernel touches; what it does
+// before (index arithmetic, reads of the weights, which no kernel writes) overlaps the kernel before.
+static __device__ __forceinline__ void rf_grid_dependency_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // bfloat16 is the top half of a float32: widening is a shift; narrowing rounds to nearest even and
 // keeps NaNs quiet (a NaN whose payload sits in the low bits would otherwise round to infinity).
 static __device__ __forceinline__ float rf_bf16_to_float(unsigned short bits) {

@@ -120,15 +120,19 @@ __device__ __forceinline__ void store_q8_0(unsigned char* __restrict__ k_pool, u
       head_dim, block_size, num_blocks
 
 extern "C" __global__ __launch_bounds__(256) void kv_store_f16(RF_KV_STORE_ARGS) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/kv_store.py)
   rf_kv_store::store_elementwise<rf_kv_store::F16Row>(RF_KV_STORE_PASS);
 }
 extern "C" __global__ __launch_bounds__(256) void kv_store_bf16(RF_KV_STORE_ARGS) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/kv_store.py)
   rf_kv_store::store_elementwise<rf_kv_store::BF16Row>(RF_KV_STORE_PASS);
 }
 extern "C" __global__ __launch_bounds__(256) void kv_store_f32(RF_KV_STORE_ARGS) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/kv_store.py)
   rf_kv_store::store_elementwise<rf_kv_store::F32Row>(RF_KV_STORE_PASS);
 }
 extern "C" __global__ __launch_bounds__(256) void kv_store_q8_0(RF_KV_STORE_ARGS) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/kv_store.py)
   rf_check_wave_size();
   rf_kv_store::store_q8_0(RF_KV_STORE_PASS);
 }

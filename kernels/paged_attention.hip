@@ -593,6 +593,7 @@ __device__ __forceinline__ void run(const Params& p) {
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
       void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
       int num_blocks, int slots, int window, float scale, float softcap) {                                            \
+    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/paged_attention.py) */                          \
     const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
                                           positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \

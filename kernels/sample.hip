@@ -343,6 +343,7 @@ static __device__ void sample_row(int* out, const float* x, const float* p, int 
 extern "C" __global__ __launch_bounds__(1024) void sample_f32(int* out, const float* logits, const float* params,
                                                               int vocab) {
   __shared__ sampling::Shared sh;
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/sample.py)
   rf_check_wave_size();
   const unsigned long long row = blockIdx.x;
   sampling::sample_row(out + row, logits + row * (unsigned long long)vocab, params + row * sampling::kParams, vocab, sh);

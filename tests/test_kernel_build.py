@@ -203,7 +203,7 @@ class RecordingGpu:
         device = self
 
         class Module:
-            def kernel(self, entry: str, signature: str):
+            def kernel(self, entry: str, signature: str, programmatic: bool = False):
                 return (device, name, entry, signature)
 
         return Module()

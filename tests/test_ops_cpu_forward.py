@@ -149,7 +149,7 @@ class RecordingKernel:
 
 def test_paged_attention_launcher_fits_splits_to_the_workspace(cpu_device, monkeypatch):
     kernel = RecordingKernel()
-    monkeypatch.setattr(paged_attention, "get_kernel", lambda *a: kernel)
+    monkeypatch.setattr(paged_attention, "get_kernel", lambda *a, **kw: kernel)
     q = cpu_device.allocate(9 * 64 * 4, "activations")
     pool = cpu_device.allocate(600 * 3 * 16 * 128, "kv")
     small = cpu_device.allocate(4, "activations")

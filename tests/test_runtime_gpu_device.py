@@ -37,7 +37,7 @@ def test_the_driver_table_names_what_the_installed_binding_has(backend):
     api = unopened(backend)._api
     missing = [name for name in api.names.values() if not callable(getattr(api.binding, name, None))]
     assert not missing, f"{backend}: entry points the binding lacks: {missing}"
-    assert set(api.names) == set(ENTRY_POINTS) - ({"func_set_attribute"} if backend == "hip" else set())
+    assert set(api.names) == set(ENTRY_POINTS) - ({"func_set_attribute", "launch_kernel_ex"} if backend == "hip" else set())
     for key in CONSTANTS:
         api.constant(key)  # an AttributeError names the path that does not resolve
     assert (api.constant("event_create_flags") is None) == (backend == "hip")
@@ -88,6 +88,8 @@ def driver_calls(dev: GpuDevice) -> dict:
     graph = GpuGraph(dev, null_handle(backend, "CUgraph"), null_handle(backend, "CUgraphExec"))
     mod = answered(dev, "module_load_data", null_handle(backend, "CUmodule"), lambda: dev.load_module(b"\x7fELF", "m"))
     kernel = answered(dev, "module_get_function", null_handle(backend, "CUfunction"), lambda: mod.kernel("k", "ppfil"))
+    waiting = answered(dev, "module_get_function", null_handle(backend, "CUfunction"),
+                       lambda: mod.kernel("k", "ppfil", programmatic=True))
 
     def capture(**answers):
         """A capture on a device whose calls for the roles in `answers` succeed."""
@@ -125,6 +127,11 @@ def driver_calls(dev: GpuDevice) -> dict:
         "module_unload": lambda: api.call("module_unload", mod.handle),
         "launch_kernel": lambda: kernel.launch((4, 2), 256, (a, 0x20000, 0.5, 7, 1 << 40)),
         "launch_kernel (stream)": lambda: kernel.launch(3, (64, 2, 1), (a, b, -1.0, 0, -1), stream=stream),
+        # CUDA on sm_90: a programmatic launch; HIP has none, the kernel launches as any other
+        f"{'launch_kernel_ex' if backend == 'cuda' else 'launch_kernel'} (programmatic)":
+            lambda: waiting.launch(5, 128, (a, b, 2.0, 3, 4), stream=stream),
+        f"{'launch_kernel_ex' if backend == 'cuda' else 'launch_kernel'} (programmatic, default stream)":
+            lambda: waiting.launch((2, 3), 64, (a, b, 2.0, 3, 4), shared_mem=1024),
         f"{big_shared} (96 KiB of dynamic shared memory)": lambda: kernel.launch(1, 64, (a, b, 1.0, 1, 1), shared_mem=96 << 10),
         "func_get_attribute": kernel.attributes,
         "stream_begin_capture": capture(),
@@ -151,6 +158,41 @@ def test_every_driver_call_passes_arguments_the_bindings_accept(backend):
         with pytest.raises(RuntimeError, match=library_missing) as info:
             run()
         assert failing_binding_call(info.value) == expected, key
+
+
+def test_programmatic_launches_only_where_the_device_has_them(monkeypatch):
+    """CUDA sm_90 and later: a kernel asked for as programmatic launches through cuLaunchKernelEx with the
+    programmatic-serialization attribute, the grid, block, shared memory and stream filled in; a plain
+    kernel, an sm_80 device and ROCMFORGE_PDL=0 launch through cuLaunchKernel. HIP has no such launch."""
+    seen = []
+    binding = StandIn(driver, cuLaunchKernel=lambda *args: seen.append(("plain", args)) or (driver.CUresult.CUDA_SUCCESS,),
+                      cuLaunchKernelEx=lambda config, *args: seen.append(("ex", config, args)) or (driver.CUresult.CUDA_SUCCESS,))
+
+    def launch(arch, programmatic):
+        dev = unopened("cuda", binding)
+        dev.arch = arch
+        mod = answered(dev, "module_load_data", null_handle("cuda", "CUmodule"), lambda: dev.load_module(b"x", "m"))
+        kernel = answered(dev, "module_get_function", null_handle("cuda", "CUfunction"),
+                          lambda: mod.kernel("k", "pi", programmatic=programmatic))
+        stream = dev._default
+        seen.clear()
+        kernel.launch((3, 2), (64, 2), (0x1000, 7), shared_mem=512, stream=stream)
+        return kernel, stream, seen[0]
+
+    kernel, stream, (kind, config, args) = launch("sm_90", True)
+    assert kind == "ex" and kernel.programmatic
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ,
+            config.sharedMemBytes, config.numAttrs) == (3, 2, 1, 64, 2, 1, 512, 1)
+    assert int(config.hStream) == int(stream.handle)
+    attribute = config.attrs[0]
+    assert attribute.id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attribute.value.programmaticStreamSerializationAllowed == 1
+    for arch, programmatic in (("sm_90", False), ("sm_80", True), ("sm_100", False)):
+        kernel, _, (kind, *_) = launch(arch, programmatic)
+        assert kind == "plain" and not kernel.programmatic, (arch, programmatic)
+    assert launch("sm_100", True)[2][0] == "ex"
+    monkeypatch.setenv("ROCMFORGE_PDL", "0")
+    assert launch("sm_90", True)[2][0] == "plain"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -90,5 +90,6 @@ def launch(device: Device, stream: Stream | None, out: Any, table: Any, ids: Any
     check_memory(op, "ids", ids, n_tokens * 4)
     check_memory(op, "out", out, n_tokens * hidden * 4)
     grid, block = geometry(n_tokens, hidden)
-    kernel = get_kernel(device, OP, op, SIGNATURE)
+    # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
+    kernel = get_kernel(device, OP, op, SIGNATURE, programmatic=True)
     kernel.launch(grid, block, [out, table, ids, n_tokens, hidden, vocab], stream=stream)

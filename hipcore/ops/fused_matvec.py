@@ -166,7 +166,8 @@ def _check_matrix(op: str, w: Any, weight_type: str, rows: int, cols: int, batch
 
 def _launch(device: Device, stream: Stream | None, entry: str, weight_type: str, groups: int, args: tuple) -> None:
     grid, block = geometry(device.arch, groups)
-    kernel = get_kernel(device, OP, f"{entry}_{weight_type}", SIGNATURES[entry])
+    # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
+    kernel = get_kernel(device, OP, f"{entry}_{weight_type}", SIGNATURES[entry], programmatic=True)
     kernel.launch(grid, block, args, stream=stream)
 
 

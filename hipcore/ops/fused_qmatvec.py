@@ -223,7 +223,8 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
 def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols: int, matrix_rows: tuple[int, ...],
             args: tuple) -> None:
     grid, block, k_split = geometry(device.arch, entry, variant(batch), cols, *matrix_rows)
-    kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry])
+    # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
+    kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry], programmatic=True)
     kernel.launch(grid, block, (*args, k_split) if entry == "qmatvec_add" else args, stream=stream)
 
 

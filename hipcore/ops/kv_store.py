@@ -75,7 +75,8 @@ def launch(device: Device, stream: Stream | None, cache: KvCache, layer: int, k:
             raise ValueError(f"kv_store: {name} holds {buf.nbytes} bytes, {n_tokens} tokens need {need}")
     if n_tokens == 0:
         return
-    kernel = get_kernel(device, "kv_store", kernel_name(cfg.dtype), SIGNATURE)
+    # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
+    kernel = get_kernel(device, "kv_store", kernel_name(cfg.dtype), SIGNATURE, programmatic=True)
     kernel.launch(min(n_tokens, ELEMENTWISE_MAX_BLOCKS), THREADS,
                   [cache.k_pools[layer], cache.v_pools[layer], k, v, slot_mapping, n_tokens, cfg.n_kv_heads,
                    cfg.head_dim, cfg.block_size, cfg.layer_num_blocks(layer)], stream=stream)

@@ -184,5 +184,6 @@ def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params:
     check_memory(OP, "out", out, rows * 4)
     check_memory(OP, "logits", logits, rows * vocab * 4)
     check_memory(OP, "params", params, rows * PARAMS_PER_ROW * 4)
-    get_kernel(device, OP, ENTRY, SIGNATURE).launch(rows, row_block(vocab, MAX_THREADS), (out, logits, params, vocab),
-                                                    stream=stream)
+    # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
+    kernel = get_kernel(device, OP, ENTRY, SIGNATURE, programmatic=True)
+    kernel.launch(rows, row_block(vocab, MAX_THREADS), (out, logits, params, vocab), stream=stream)

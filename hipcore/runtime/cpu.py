@@ -131,8 +131,8 @@ class CpuModule(Module):
     def unload(self) -> None:
         self.destroyed = True
 
-    def kernel(self, name: str, signature: str) -> Kernel:
-        entry = _CPU_KERNELS.get(name)
+    def kernel(self, name: str, signature: str, programmatic: bool = False) -> Kernel:
+        entry = _CPU_KERNELS.get(name)  # host kernels run in order: `programmatic` changes nothing
         if entry is None:
             raise DeviceError(f"no host implementation registered for kernel {name!r}")
         sig, fn = entry

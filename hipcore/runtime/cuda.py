@@ -2,7 +2,10 @@
 (cuda.bindings.driver).
 
 The same HIP kernel sources as on AMD, compiled by nvcc (precompiled cubins) or nvrtc (jit_compile),
-are loaded with cuModuleLoadData and launched with cuLaunchKernel.
+are loaded with cuModuleLoadData and launched with cuLaunchKernel, or on sm_90 and later with
+cuLaunchKernelEx for kernels that wait for the kernel ahead of them (programmatic dependent launch:
+the launch and the kernel's start overlap the end of the one before, ~2 us a launch in a decode step's
+graph; ROCMFORGE_PDL=0 turns it off).
 
 What is CUDA's own, and so lives here: one primary context per device, retained at open and released
 at close(), made current with cuCtxSetCurrent on every thread that touches the device; the arch
@@ -15,7 +18,8 @@ driver; probe() says why the backend cannot be used there.
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from typing import Any, Sequence
 
 from hipcore.runtime.cuda_calls import VENDOR, call_error, check, load_driver_bindings, probe  # noqa: F401 (probe: selection)
 from hipcore.runtime.gpu_device import GpuDevice, GpuStream
@@ -47,6 +51,19 @@ class CudaDevice(GpuDevice):
             self._leave()
             self._release_context()
             raise
+
+    def _programmatic_launch_config(self) -> Any:
+        major = int(self.arch[3:-1]) if self.arch.startswith("sm_") and self.arch[3:].isdigit() else 0
+        if major < 9 or os.environ.get("ROCMFORGE_PDL", "1") == "0":
+            return None
+        drv = self._drv
+        attribute = drv.CUlaunchAttribute()
+        attribute.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        config = drv.CUlaunchConfig()
+        config.attrs = [attribute]
+        config.numAttrs = 1
+        return config
 
     def _activate(self) -> None:
         check(self._drv.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")

@@ -164,7 +164,10 @@ class Kernel(abc.ABC):
 
 class Module(abc.ABC):
     @abc.abstractmethod
-    def kernel(self, name: str, signature: str) -> Kernel: ...
+    def kernel(self, name: str, signature: str, programmatic: bool = False) -> Kernel:
+        """The entry point `name`. programmatic: the kernel calls rf_grid_dependency_sync() (hip_compat.h)
+        before it touches global memory, so it may be launched to start before the kernel ahead of it in
+        the stream has finished, where the device can (NVIDIA sm_90 and later; elsewhere a plain launch)."""
 
     def unload(self) -> None:  # pragma: no cover - backends override when there is something to release
         pass

@@ -112,7 +112,7 @@ class GpuGraph(DriverResource, Graph):
 
 
 class GpuKernel(Kernel):
-    def __init__(self, module: "GpuModule", name: str, signature: str):
+    def __init__(self, module: "GpuModule", name: str, signature: str, programmatic: bool = False):
         self.device, self.module, self.name = module.device, module, name
         self.signature = normalize_signature(signature)
         api = self.device._api
@@ -121,6 +121,12 @@ class GpuKernel(Kernel):
         self._launch = api.entry("launch_kernel")  # bound once: launch is the hot path
         self._launch_extra = api.launch_extra
         self._dynamic_shared_limit = api.dynamic_shared_opt_in_above
+        # A programmatic launch may start before the kernel ahead of it in the stream has finished: only
+        # for kernels that wait for it first (Module.kernel), on devices that have it (Device.programmatic_launch).
+        self._launch_config = self.device._programmatic_launch_config() if programmatic else None
+        self.programmatic = self._launch_config is not None
+        if self.programmatic:
+            self._launch_ex = api.entry("launch_kernel_ex")
 
     def launch(self, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[Any],
                shared_mem: int = 0, stream: Stream | None = None) -> None:
@@ -135,12 +141,21 @@ class GpuKernel(Kernel):
         if shared_mem > self._dynamic_shared_limit:
             self._allow_dynamic_shared(shared_mem)
         packer = self._packer
+        config = self._launch_config
         with packer.lock:
             params = packer.pack(args)
-            (err,) = self._launch(self._function, gx, gy, gz, bx, by, bz, shared_mem, handle, params, self._launch_extra)
+            if config is None:
+                (err,) = self._launch(self._function, gx, gy, gz, bx, by, bz, shared_mem, handle, params,
+                                      self._launch_extra)
+            else:  # one configuration per kernel, filled in under the packer's lock
+                config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+                config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+                config.sharedMemBytes, config.hStream = shared_mem, handle
+                (err,) = self._launch_ex(config, self._function, params, self._launch_extra)
         if err:
             api = dev._api
-            raise api.call_error(err, f"{api.names['launch_kernel']}({self.name}, grid {(gx, gy, gz)}, block {(bx, by, bz)})")
+            role = "launch_kernel" if config is None else "launch_kernel_ex"
+            raise api.call_error(err, f"{api.names[role]}({self.name}, grid {(gx, gy, gz)}, block {(bx, by, bz)})")
 
     def _allow_dynamic_shared(self, nbytes: int) -> None:
         api = self.device._api
@@ -165,11 +180,11 @@ class GpuModule(DriverResource, Module):
         self.handle = api.call("module_load_data", image, about=name or "code object")
         self._own(device._resources, api.entry("module_unload"), self.handle)
 
-    def kernel(self, name: str, signature: str) -> Kernel:
+    def kernel(self, name: str, signature: str, programmatic: bool = False) -> Kernel:
         if self.destroyed:
             raise DeviceError(f"module {self.name!r} was unloaded")
         self.device._enter()
-        return GpuKernel(self, name, signature)
+        return GpuKernel(self, name, signature, programmatic)
 
     def unload(self) -> None:
         self.destroy()
@@ -191,6 +206,11 @@ class GpuDevice(Device):
         self._resources = ResourceRegistry()
         self._closed = False
         self._current_key = object()  # identity compared on every call: cheaper than ==
+
+    def _programmatic_launch_config(self) -> Any:
+        """A launch configuration that lets a kernel start before the one ahead of it in the stream ends
+        (programmatic dependent launch), or None where the device has no such launch (see cuda.py)."""
+        return None
 
     # ---- the device current on this thread ---------------------------------------------------------
 

@@ -11,6 +11,9 @@ arguments than cuda-python's, the difference is a row of its own rather than cod
 - hipStreamBeginCapture accepts only a hipStreamCaptureMode member (it type-checks the mode);
 - AMD kernels need no opt-in to use more dynamic shared memory (CUDA's above 48 KiB do, through
   cuFuncSetAttribute; hipFuncSetAttribute takes a host function, not a module's function).
+- Programmatic dependent launch (cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+  SERIALIZATION, NVIDIA sm_90 and later) has no HIP counterpart: there every launch is cuLaunchKernel's
+  plain kind. cuda.py builds the launch configuration.
 What is not a table row stays in cuda.py / hip.py: opening the device (CUDA's primary context, HIP's
 device selection), hipGetDeviceProperties' two forms (hip_calls.device_properties), arch names and
 the run-time compilers.
@@ -48,6 +51,7 @@ ENTRY_POINTS: dict[str, tuple[str, str | None]] = {
     "module_get_function":    ("cuModuleGetFunction", "hipModuleGetFunction"),
     "module_unload":          ("cuModuleUnload",      "hipModuleUnload"),
     "launch_kernel":          ("cuLaunchKernel",      "hipModuleLaunchKernel"),
+    "launch_kernel_ex":       ("cuLaunchKernelEx",    None),  # programmatic dependent launch, see below
     "func_get_attribute":     ("cuFuncGetAttribute",  "hipFuncGetAttribute"),
     "func_set_attribute":     ("cuFuncSetAttribute",  None),  # see "no opt-in" above
     "stream_begin_capture":   ("cuStreamBeginCapture", "hipStreamBeginCapture"),

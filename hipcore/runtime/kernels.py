@@ -211,9 +211,10 @@ _kernels: "weakref.WeakKeyDictionary[Device, dict[tuple[str, str, str], Kernel]]
 _warned_runtime_compile = False
 
 
-def get_kernel(device: Device, op: str, entry: str, signature: str) -> Kernel:
-    """The kernel `entry` of `op` on `device` (see the module docstring for where it comes from)."""
-    key = (op, entry, signature)
+def get_kernel(device: Device, op: str, entry: str, signature: str, *, programmatic: bool = False) -> Kernel:
+    """The kernel `entry` of `op` on `device` (see the module docstring for where it comes from).
+    programmatic: the entry calls rf_grid_dependency_sync() first (Module.kernel)."""
+    key = (op, entry, signature, programmatic)
     with _lock:
         cached = _kernels.get(device, {}).get(key)
         if cached is not None:
@@ -222,7 +223,7 @@ def get_kernel(device: Device, op: str, entry: str, signature: str) -> Kernel:
         if module is None:
             module = _load_module(device, op)
             _modules.setdefault(device, {})[op] = module
-        kernel = module.kernel(entry, signature)
+        kernel = module.kernel(entry, signature, programmatic)
         _kernels.setdefault(device, {})[key] = kernel
         return kernel
 
