@@ -2,10 +2,11 @@
 (cuda.bindings.driver).
 
 The same HIP kernel sources as on AMD, compiled by nvcc (precompiled cubins) or nvrtc (jit_compile),
-are loaded with cuModuleLoadData and launched with cuLaunchKernel, or on sm_90 and later with
-cuLaunchKernelEx for kernels that wait for the kernel ahead of them (programmatic dependent launch:
-the launch and the kernel's start overlap the end of the one before, ~2 us a launch in a decode step's
-graph; ROCMFORGE_PDL=0 turns it off).
+are loaded with cuModuleLoadData and launched with cuLaunchKernel; with ROCMFORGE_PDL=1, on sm_90 and
+later, kernels that wait for the kernel ahead of them launch through cuLaunchKernelEx as programmatic
+dependent launches (the launch and the kernel's start overlap the end of the one before). Off by
+default: measured on an NVIDIA H100 it did not shorten a decode step's gaps between launches and cost
+the 8B's and the demo's single-sequence decode 2-5% (docs/benchmarks.md).
 
 What is CUDA's own, and so lives here: one primary context per device, retained at open and released
 at close(), made current with cuCtxSetCurrent on every thread that touches the device; the arch
@@ -54,7 +55,7 @@ class CudaDevice(GpuDevice):
 
     def _programmatic_launch_config(self) -> Any:
         major = int(self.arch[3:-1]) if self.arch.startswith("sm_") and self.arch[3:].isdigit() else 0
-        if major < 9 or os.environ.get("ROCMFORGE_PDL", "1") == "0":
+        if major < 9 or os.environ.get("ROCMFORGE_PDL", "0") != "1":
             return None
         drv = self._drv
         attribute = drv.CUlaunchAttribute()
