@@ -1,7 +1,8 @@
 """Time each fused_qmatvec launch kind of a Llama-3.1-8B (or --shape 1b: Llama-3.2-1B) layer in Q4_K_M
 (llama.cpp's mix: Q4_K q, k, o, gate, up; Q6_K v, down and the output head) at 1, 2, 4 and 8 tokens, and
 print the GB/s of weights each launch reads against the device-to-device copy bandwidth measured in the
-same run. --k-split 1,2,4 times each launch at each forced split (default: the launcher's own).
+same run. --k-split 1,2,4 times each launch at each forced split (default: the launcher's own; only the
+residual product at one token splits, the column shows the split each launch ran with).
 
 Run from the repository root on a GPU machine, with code objects built for it first (otherwise every
 kernel is compiled at run time, which the output says):
@@ -164,24 +165,22 @@ def measure(device_spec: str, batches: list[int], kinds: list[str], rotate_bytes
         for kind in kinds:
             for batch in batches:
                 for split in splits:
-                    fused_qmatvec.FORCED_K_SPLIT = split
+                    mats = KINDS[kind]
+                    fused_qmatvec.FORCED_K_SPLIT = split  # only the residual product at one token takes it
                     run = KindRun(dev, stream, rng, kind, batch, rotate_bytes)
                     try:
+                        _, _, used = fused_qmatvec.geometry(dev.arch, run.entry(), fused_qmatvec.variant(batch),
+                                                            mats[0][2], *run.matrix_rows())
                         run.check(stream)
                         launches = [lambda s, k=k: run.launch(s, k) for k in range(run.copies)]
                         ms = graph_time_per_launch(dev, stream, launches, replays, repeats)
                     finally:
                         run.free()
                         fused_qmatvec.FORCED_K_SPLIT = None
-                    mats = KINDS[kind]
-                    _, _, used = fused_qmatvec.geometry(dev.arch, run.entry(), fused_qmatvec.variant(batch), mats[0][2],
-                                                        *run.matrix_rows())
-                    fused_qmatvec.FORCED_K_SPLIT = None
                     gbs = run.weight_bytes / (ms / 1e3) / 1e9
                     rows.append({"kind": kind, "batch": batch, "weight_bytes": run.weight_bytes, "us": ms * 1e3,
                                  "weight_gbs": gbs, "fraction_of_copy": gbs * 1e9 / copy_bw,
-                                 "types": [t for t, _, _ in mats], "k_split": split if split is not None else used,
-                                 "forced": split is not None})
+                                 "types": [t for t, _, _ in mats], "k_split": used, "forced": split is not None})
                     print(f"{kind} batch {batch} k_split {rows[-1]['k_split']}: {ms * 1e3:.2f} us, {gbs:.0f} GB/s",
                           file=sys.stderr)
         result = {"device": dev.describe(), "arch": dev.arch, "date": datetime.date.today().isoformat(),
