@@ -304,32 +304,6 @@ struct Tiles {
   __device__ __forceinline__ int count(int rows) const { return (rows + tile_rows - 1) / tile_rows; }
 };
 
-// Bytes of a row of `cols` columns in the format of type code `type`.
-static __device__ __forceinline__ unsigned long long typed_row_bytes(int type, int cols) {
-  switch (type) {
-    case kQ4_K: return q8::Q4_KFormat::row_bytes(cols);
-    case kQ5_K: return q8::Q5_KFormat::row_bytes(cols);
-    case kQ6_K: return q8::Q6_KFormat::row_bytes(cols);
-    case kQ8_0: return q8::Q8_0Format::row_bytes(cols);
-    default: return q8::Q4_0Format::row_bytes(cols);
-  }
-}
-
-// Rows r0 .. r0 + n - 1 of W (those below `rows`) brought toward L2 by the block's threads, a 128-byte line
-// each: a tile's rows lie together, so the whole tile is asked for at once, where its warps' loads ask for
-// four rows' slices at a time (a product of few tiles otherwise has too few bytes in flight). Issued for
-// the block's next tile as it starts one, and for its first tile before the wait for the kernel ahead
-// (rf_grid_dependency_sync: no kernel writes weights, so this may overlap the end of the one before).
-static __device__ __forceinline__ void prefetch_rows(const unsigned char* W, int type, int r0, int n, int rows,
-                                                     int cols) {
-  if (r0 >= rows) return;
-  const unsigned long long row = typed_row_bytes(type, cols);
-  const unsigned long long stop = (unsigned long long)(r0 + n < rows ? r0 + n : rows) * row;
-  for (unsigned long long at = ((unsigned long long)r0 * row & ~127ull) + 128ull * threadIdx.x; at < stop;
-       at += 128ull * blockDim.x)
-    rf_prefetch_l2(W + at);
-}
-
 static __device__ __forceinline__ float norm_scale(float ss, int cols, float eps) {
   return 1.0f / sqrtf(ss / (float)cols + eps);
 }
@@ -384,16 +358,6 @@ struct WarpRows {
   static constexpr int kRows = ONE_TOKEN ? 4 : 2, kGateUpRows = ONE_TOKEN ? 2 : 1;
 };
 
-// Tile `tile` of q|k|v (tiles0 of q, tiles1 of k, then v's) prefetched (prefetch_rows); nothing past the last.
-static __device__ __forceinline__ void prefetch_qkv_tile(const unsigned char* const W[3], const int types[3],
-                                                         const int rows[3], int cols, int tile_rows, int tiles0,
-                                                         int tiles1, int tile) {
-  const int m = tile < tiles0 ? 0 : tile < tiles0 + tiles1 ? 1 : 2;
-  const int r0 = (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * tile_rows;
-  prefetch_rows(m == 0 ? W[0] : m == 1 ? W[1] : W[2], m == 0 ? types[0] : m == 1 ? types[1] : types[2], r0,
-                tile_rows, m == 0 ? rows[0] : m == 1 ? rows[1] : rows[2], cols);
-}
-
 template <int NB, int kRows>
 __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
                                                const int types[3], const int rows[3], const float* x, const float* g,
@@ -402,7 +366,6 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
   const int tiles0 = t.count(rows[0]), tiles1 = t.count(rows[1]);
   const int tiles = tiles0 + tiles1 + t.count(rows[2]);
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {  // uniform across the block
-    prefetch_qkv_tile(W, types, rows, cols, t.tile_rows, tiles0, tiles1, tile + (int)gridDim.x);
     // The matrix as selects, not an index into the arrays, which would put them in local memory.
     const int m = tile < tiles0 ? 0 : tile < tiles0 + tiles1 ? 1 : 2;
     const int r0 = (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * t.tile_rows + t.warp * kRows;
@@ -439,9 +402,6 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
   const unsigned char* const W[2] = {Wg, Wu};
   const unsigned char* const W_gate[1] = {Wg}, *const W_up[1] = {Wu};  // not &W[i]: that would put W in local memory
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
-    const int next = (tile + (int)gridDim.x) * t.tile_rows;
-    prefetch_rows(Wg, type_gate, next, t.tile_rows, rows, cols);
-    prefetch_rows(Wu, type_up, next, t.tile_rows, rows, cols);
     const int r0 = tile * t.tile_rows + t.warp * kGateUpRows;
     float out[2][kGateUpRows][NB], ss[NB];  // out[0]: gate, out[1]: up
     if (type_gate == type_up) {  // one staging of x for both matrices
@@ -472,7 +432,6 @@ __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned 
   const int tiles = t.count(rows);
   const unsigned char* const Wl[1] = {W};
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
-    prefetch_rows(W, type, (tile + (int)gridDim.x) * t.tile_rows, t.tile_rows, rows, cols);
     const int r0 = tile * t.tile_rows + t.group * kRows;
     float out[1][kRows][NB], ss[NB];
     typed_tile_dot<NB, kRows, 1, NORM, KS>(type, st, Wl, rows, r0, x, g, cols, tokens, out, ss, t.part);
@@ -602,35 +561,6 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
   passes<ONE_TOKEN>(batch, SinglePass<NORM>{st, y, W, x, g, type, rows, cols, eps, k_split});
 }
 
-// The block's first tile prefetched (prefetch_rows), before the entry waits for the kernel ahead: the tile
-// geometry of the passes (WarpRows, Tiles; the residual's k_split as SinglePass takes it).
-template <bool ONE_TOKEN>
-__device__ __forceinline__ void prefetch_first_qkv(const void* Wq, const void* Wk, const void* Wv, int types, int q_rows,
-                                                   int kv_rows, int cols) {
-  const unsigned char* const W[3] = {static_cast<const unsigned char*>(Wq), static_cast<const unsigned char*>(Wk),
-                                     static_cast<const unsigned char*>(Wv)};
-  const int type_of[3] = {types & 15, (types >> 4) & 15, (types >> 8) & 15};
-  const int rows[3] = {q_rows, kv_rows, kv_rows};
-  const Tiles t = Tiles::of<WarpRows<ONE_TOKEN>::kRows>();
-  prefetch_qkv_tile(W, type_of, rows, cols, t.tile_rows, t.count(q_rows), t.count(kv_rows), (int)blockIdx.x);
-}
-
-template <bool ONE_TOKEN>
-__device__ __forceinline__ void prefetch_first_gate_up(const void* Wg, const void* Wu, int types, int rows, int cols) {
-  const Tiles t = Tiles::of<WarpRows<ONE_TOKEN>::kGateUpRows>();
-  const int r0 = (int)blockIdx.x * t.tile_rows;
-  prefetch_rows(static_cast<const unsigned char*>(Wg), types & 15, r0, t.tile_rows, rows, cols);
-  prefetch_rows(static_cast<const unsigned char*>(Wu), (types >> 4) & 15, r0, t.tile_rows, rows, cols);
-}
-
-template <bool ONE_TOKEN, bool NORM>
-__device__ __forceinline__ void prefetch_first_single(const void* W, int type, int rows, int cols, int k_split) {
-  const int warps = (int)blockDim.x / WARP_SIZE;
-  const bool split = ONE_TOKEN && !NORM && (k_split == 2 || k_split == 4) && warps % k_split == 0;
-  const int tile_rows = warps / (split ? k_split : 1) * WarpRows<ONE_TOKEN>::kRows;
-  prefetch_rows(static_cast<const unsigned char*>(W), type, (int)blockIdx.x * tile_rows, tile_rows, rows, cols);
-}
-
 }  // namespace fq
 }  // namespace
 
@@ -641,7 +571,6 @@ __device__ __forceinline__ void prefetch_first_single(const void* W, int type, i
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
       int head_dim, int rope_dim, float eps, float theta, float freq_scale) {                                         \
     __shared__ fq::Stage stage;                                                                                       \
-    fq::prefetch_first_qkv<ONE_TOKEN>(Wq, Wk, Wv, types, q_rows, kv_rows, cols);                                      \
     rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
@@ -651,7 +580,6 @@ __device__ __forceinline__ void prefetch_first_single(const void* W, int type, i
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \
       int batch, float eps) {                                                                                         \
     __shared__ fq::Stage stage;                                                                                       \
-    fq::prefetch_first_gate_up<ONE_TOKEN>(Wg, Wu, types, rows, cols);                                                 \
     rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
@@ -659,7 +587,6 @@ __device__ __forceinline__ void prefetch_first_single(const void* W, int type, i
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(                             \
       float* y, const void* W, const float* x, int type, int rows, int cols, int batch, int k_split) {                \
     __shared__ fq::Stage stage;                                                                                       \
-    fq::prefetch_first_single<ONE_TOKEN, false>(W, type, rows, cols, k_split);                                        \
     rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f, k_split);                   \
@@ -667,7 +594,6 @@ __device__ __forceinline__ void prefetch_first_single(const void* W, int type, i
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_##suffix(                                           \
       float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps) {  \
     __shared__ fq::Stage stage;                                                                                       \
-    fq::prefetch_first_single<ONE_TOKEN, true>(W, type, rows, cols, 1);                                               \
     rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps, 1);                                            \

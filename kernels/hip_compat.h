@@ -333,15 +333,6 @@ static __device__ __forceinline__ void rf_grid_dependency_sync() {
 #endif
 }
 
-// A hint: the 128-byte line holding p brought into L2 (NVIDIA); nothing elsewhere. Never faults.
-static __device__ __forceinline__ void rf_prefetch_l2(const void* p) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-  (void)p;
-#endif
-}
-
 // bfloat16 is the top half of a float32: widening is a shift; narrowing rounds to nearest even and
 // keeps NaNs quiet (a NaN whose payload sits in the low bits would otherwise round to infinity).
 static __device__ __forceinline__ float rf_bf16_to_float(unsigned short bits) {

@@ -1,8 +1,7 @@
 """Programmatic dependent launch (hip_compat.h: rf_grid_dependency_sync; runtime: GpuKernel): a kernel
 launched as programmatic may start while the kernel ahead of it still runs, so each op that asks for it
 (get_kernel(..., programmatic=True)) must have every entry point of its source wait first, before any
-statement but its __shared__ declarations and prefetches of weights (hints that read what no kernel writes).
-Checked on the sources, and proven on planted faults."""
+statement but its __shared__ declarations. Checked on the sources, and proven on planted faults."""
 
 from __future__ import annotations
 
@@ -37,8 +36,8 @@ def programmatic_ops() -> dict[str, str]:
 
 
 def entries_not_waiting_first(source: str) -> list[str]:
-    """The __global__ entries of `source` whose first statement (past __shared__ declarations and calls of
-    prefetch_* helpers) is not rf_grid_dependency_sync()."""
+    """The __global__ entries of `source` whose first statement (past __shared__ declarations) is not
+    rf_grid_dependency_sync()."""
     text = re.sub(r"/\*.*?\*/", " ", source, flags=re.S)
     text = re.sub(r"//[^\n]*", " ", text).replace("\\\n", " ")
     bad = []
@@ -46,8 +45,7 @@ def entries_not_waiting_first(source: str) -> list[str]:
         name = re.search(r"void\s+([\w#]+)\s*\(", text[match.end():]).group(1)
         body = text[text.index("{", match.end()) + 1:]
         statements = (s.strip() for s in body.split(";"))
-        first = next(s for s in statements
-                     if not s.startswith("__shared__") and not re.match(r"(\w+::)?prefetch_\w*(<[^>]*>)?\(", s))
+        first = next(s for s in statements if not s.startswith("__shared__"))
         if first != SYNC.rstrip(";"):
             bad.append(name)
     return bad
@@ -78,8 +76,4 @@ def test_the_check_catches_an_entry_that_does_not_wait_first():
                           "  rf_check_wave_size();\n  rf_grid_dependency_sync();")
     assert late != source and entries_not_waiting_first(late) == ["kv_store_q8_0"]
     macro = (kernels_dir() / "fused_qmatvec.hip").read_text()
-    assert "fq::prefetch_first_qkv" in macro and entries_not_waiting_first(macro) == []
     assert entries_not_waiting_first(macro.replace("rf_grid_dependency_sync();", "(void)0;")) != []
-    # a store before the wait is not a prefetch
-    early = macro.replace("    fq::prefetch_first_qkv<ONE_TOKEN>(", "    q[0] = 0.0f; fq::prefetch_first_qkv<ONE_TOKEN>(")
-    assert early != macro and entries_not_waiting_first(early) == ["qmatvec_norm_rope_##suffix"]
