@@ -122,7 +122,7 @@ class GpuKernel(Kernel):
         self._launch_extra = api.launch_extra
         self._dynamic_shared_limit = api.dynamic_shared_opt_in_above
         # A programmatic launch may start before the kernel ahead of it in the stream has finished: only
-        # for kernels that wait for it first (Module.kernel), on devices that have it (Device.programmatic_launch).
+        # for kernels that wait for it first (Module.kernel), on devices that have it (_programmatic_launch_config).
         self._launch_config = self.device._programmatic_launch_config() if programmatic else None
         self.programmatic = self._launch_config is not None
         if self.programmatic:
