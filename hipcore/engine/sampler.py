@@ -26,9 +26,9 @@ from hipcore.errors import UsageError
 from hipcore.ops.sample import MAX_TOP_K, min_p_filter, softmax, top_k_filter, top_p_filter, whole_vocabulary
 
 MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_CHARS = 256
-UNIFORM_BATCH = 64  # Sampler.next_uniform's draws per generator call
 _INT32_MAX = 2**31 - 1
+UNIFORM_BATCH = 64  # Sampler.next_uniform's draws per generator call
+MAX_STOP_STRING_CHARS = 256
 
 
 @dataclass(frozen=True)

@@ -78,10 +78,7 @@ class BlockGroup:
         filled = length % bs
         if not filled or n_tokens > bs - filled or self.pool.refcount_of_held(self.tables[seq_id][-1]) != 1:
             return False
-        if self.window:
-            kept_from = self.kept_from[seq_id]
-            return max(kept_from, length - self.window + 1) // bs == kept_from // bs
-        return True
+        return self._window_stays_in_its_block(seq_id, length)
 
     def appends_new_block(self, seq_id: int, length: int, n_tokens: int) -> bool:
         """True when plan(seq_id, length, n_tokens) would take exactly one new block and copy and release nothing:
@@ -91,10 +88,16 @@ class BlockGroup:
         bs = self.block_size
         if length % bs or n_tokens > bs:
             return False
-        if self.window:
-            kept_from = self.kept_from[seq_id]
-            return max(kept_from, length - self.window + 1) // bs == kept_from // bs
-        return True
+        return self._window_stays_in_its_block(seq_id, length)
+
+    def _window_stays_in_its_block(self, seq_id: int, length: int) -> bool:
+        """True when appending to a sequence of `length` tokens moves its first kept position (kept_from, as
+        advance_window sets it) within the block it is in, so that no block leaves the window; always in a
+        group without a window."""
+        if not self.window:
+            return True
+        kept_from = self.kept_from[seq_id]
+        return max(kept_from, length - self.window + 1) // self.block_size == kept_from // self.block_size
 
     def append_block(self, seq_id: int, block: int) -> None:
         """`block` (just taken from this group's pool) becomes the last entry of the sequence's table."""
