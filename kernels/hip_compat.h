@@ -81,6 +81,29 @@ static __device__ __forceinline__ int rf_dp4a(int a, int b, int c) {
 }
 static __device__ __forceinline__ unsigned int rf_float_as_uint(float f) { return __float_as_uint(f); }
 static __device__ __forceinline__ float rf_uint_as_float(unsigned int u) { return __uint_as_float(u); }
+// Bytes of {hi, lo} (0-3 lo's, 4-7 hi's) picked into a word: result byte i is byte ((selector >> 4 i) & 7)
+// (PTX prmt's default mode; the selector's nibbles must stay below 8).
+static __device__ __forceinline__ unsigned int rf_byte_perm(unsigned int lo, unsigned int hi, unsigned int selector) {
+  unsigned int d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(selector));
+  return d;
+}
+// Two f16 lanes per 32-bit word (low half first), round to nearest even; a fused multiply-add rounds once.
+static __device__ __forceinline__ unsigned int rf_h2_fma(unsigned int a, unsigned int b, unsigned int c) {
+  unsigned int d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+static __device__ __forceinline__ unsigned int rf_h2_mul(unsigned int a, unsigned int b) {
+  unsigned int d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+static __device__ __forceinline__ unsigned int rf_h2_sub(unsigned int a, unsigned int b) {
+  unsigned int d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 
 // Tensor cores from sm_80 on. Only the device pass defines __CUDA_ARCH__; the host pass takes the FMA
 // path, which it never runs.
@@ -92,6 +115,16 @@ static __device__ __forceinline__ void rf_mma_m16n8k16_f16(float c[4], const uns
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// ldmatrix.sync.aligned.m8n8.x4: four 8x8 matrices of 16-bit values from shared memory; lane 8 i + r gives the
+// address of row r of matrix i (16 bytes, 16-byte aligned), register i of lane 4 g + t receives the pair
+// 2t, 2t + 1 of row g of matrix i (PTX ISA, "Warp-level matrix load instruction: ldmatrix").
+static __device__ __forceinline__ void rf_ldmatrix_x4(unsigned int r[4], const unsigned short* row) {
+  unsigned int address;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
 }
 #endif
 
@@ -287,6 +320,24 @@ static __device__ __forceinline__ float rf_f16_to_float(unsigned short bits) {
 static __device__ __forceinline__ unsigned short rf_float_to_f16(float f) {
   return __builtin_bit_cast(unsigned short, (_Float16)f);
 }
+// As the NVIDIA section's: v_perm_b32 takes one selector byte per result byte, prmt one nibble (the
+// conversion folds away for the constant selectors the kernels pass).
+static __device__ __forceinline__ unsigned int rf_byte_perm(unsigned int lo, unsigned int hi, unsigned int selector) {
+  const unsigned int bytes = (selector & 7u) | ((selector >> 4) & 7u) << 8 | ((selector >> 8) & 7u) << 16 |
+                             ((selector >> 12) & 7u) << 24;
+  return __builtin_amdgcn_perm(hi, lo, bytes);
+}
+typedef _Float16 rf_half2 __attribute__((ext_vector_type(2)));
+static __device__ __forceinline__ rf_half2 rf_as_h2(unsigned int w) { return __builtin_bit_cast(rf_half2, w); }
+static __device__ __forceinline__ unsigned int rf_h2_fma(unsigned int a, unsigned int b, unsigned int c) {
+  return __builtin_bit_cast(unsigned int, __builtin_elementwise_fma(rf_as_h2(a), rf_as_h2(b), rf_as_h2(c)));
+}
+static __device__ __forceinline__ unsigned int rf_h2_mul(unsigned int a, unsigned int b) {
+  return __builtin_bit_cast(unsigned int, rf_as_h2(a) * rf_as_h2(b));
+}
+static __device__ __forceinline__ unsigned int rf_h2_sub(unsigned int a, unsigned int b) {
+  return __builtin_bit_cast(unsigned int, rf_as_h2(a) - rf_as_h2(b));
+}
 
 // Matrix cores: MFMA on CDNA, WMMA on RDNA3 and RDNA4 (the builtins of LLVM's BuiltinsAMDGPU.def),
 // none on RDNA2 (gfx1030) and older GCN.
@@ -407,19 +458,19 @@ struct RfMmaA {
 struct RfMmaB {
   unsigned int r[4];  // columns 0-7, then 8-15
 };
+// Both fragments come from one ldmatrix.x4 each (four 8x8 matrices of halves, lane 8 i + r giving the
+// address of row r of matrix i; register i of lane 4 g + t is then the pair 2t, 2t + 1 of row g of matrix i),
+// a quarter of the shared-memory load instructions of reading the pairs one by one. Rows start 16-byte
+// aligned (matmul_mma's strides of 40 and 72 halves, k at multiples of 8).
+// A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
 static __device__ __forceinline__ void rf_mma_load_a(RfMmaA& a, const unsigned short* tile, int stride) {
-  const int lane = rf_lane_id(), g = lane >> 2, t = lane & 3;
-  a.r[0] = rf_mma_word(tile, stride, g, 2 * t);
-  a.r[1] = rf_mma_word(tile, stride, g + 8, 2 * t);
-  a.r[2] = rf_mma_word(tile, stride, g, 2 * t + 8);
-  a.r[3] = rf_mma_word(tile, stride, g + 8, 2 * t + 8);
+  const int lane = rf_lane_id();
+  rf_ldmatrix_x4(a.r, tile + ((lane & 7) + 8 * ((lane >> 3) & 1)) * stride + 8 * (lane >> 4));
 }
+// B (row n of the tile is column n): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
 static __device__ __forceinline__ void rf_mma_load_b(RfMmaB& b, const unsigned short* tile, int stride) {
-  const int lane = rf_lane_id(), g = lane >> 2, t = lane & 3;
-  b.r[0] = rf_mma_word(tile, stride, g, 2 * t);
-  b.r[1] = rf_mma_word(tile, stride, g, 2 * t + 8);
-  b.r[2] = rf_mma_word(tile, stride, g + 8, 2 * t);
-  b.r[3] = rf_mma_word(tile, stride, g + 8, 2 * t + 8);
+  const int lane = rf_lane_id();
+  rf_ldmatrix_x4(b.r, tile + ((lane & 7) + 8 * (lane >> 4)) * stride + 8 * ((lane >> 3) & 1));
 }
 static __device__ __forceinline__ void rf_mma(float acc[RF_MMA_ACC], const RfMmaA& a, const RfMmaB& b) {
   rf_mma_m16n8k16_f16(acc, a.r, b.r);

@@ -213,6 +213,16 @@ static __device__ __forceinline__ uint4 pack8(const float w[8]) {
   return uint4{pack_f16(w[0], w[1]), pack_f16(w[2], w[3]), pack_f16(w[4], w[5]), pack_f16(w[6], w[7])};
 }
 
+// v rounded to f16, in both lanes of a pair.
+static __device__ __forceinline__ unsigned int f16_pair(float v) { return (unsigned int)rf_float_to_f16(v) * 0x10001u; }
+
+// The four bytes of w (codes below 1024) as two f16 pairs of 1024 + code, bytes 0, 1 and 2, 3: each byte with
+// 0x64 above it (the f16 exponent of 1024, so the byte is the mantissa), one byte permute per pair.
+static __device__ __forceinline__ void biased_pairs(unsigned int w, unsigned int out[2]) {
+  out[0] = rf_byte_perm(w, 0x64646464u, 0x4140u);
+  out[1] = rf_byte_perm(w, 0x64646464u, 0x4342u);
+}
+
 // How a step of the tile loop reads W: kStepCols columns of each of the 128 rows, in kGroupsPerRow groups;
 // load(row, c0, g) issues group g's loads for step c0 (c0 = the step's index times kStepCols),
 // store(raw, c0, g, ws_row) decodes them into the row's f16 tile, and column(c0, col) is the column of W
@@ -261,34 +271,46 @@ struct Wide {
     r.h = kFiveBit ? *reinterpret_cast<const uint4*>(b + 16 + 16 * g) : uint4{0u, 0u, 0u, 0u};
     return r;
   }
+  // The codes become f16 four at a time, in packed f16 arithmetic (two weights per instruction, where the
+  // float path took five instructions per weight): biased_pairs puts 0x64 above each code byte, which as an
+  // f16 is 1024 + q; one fused multiply-add takes it to q * sc exactly ((1024 + q) sc - 1024 sc, q sc <=
+  // 31 * 63 < 2048 an f16 integer, 1024 sc <= 64512 exact), the second to d (q sc) - dmin m with one
+  // rounding (d is the file's f16; dmin m, rounded to f16 first, is the one rounding the float path did not
+  // have: error_bound counts it).
   static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
     const int j = (c0 & 255) >> 6;
     float sc0, m0, sc1, m1;
     k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, sc0, m0);
     k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, sc1, m1);
-    const float d = rf_f16_to_float((unsigned short)(r.head.x & 0xffffu));
     const float dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
-    const float d_lo = d * sc0, d_hi = d * sc1;  // exact: 11 x 6 bits
-    const float min_lo = -(dmin * m0), min_hi = -(dmin * m1);
+    const unsigned int d = (r.head.x & 0xffffu) * 0x10001u;  // the file's f16 d in both lanes
+    const unsigned int sc_lo = f16_pair(sc0), sc_hi = f16_pair(sc1);
+    const unsigned int off_lo = f16_pair(-1024.0f * sc0), off_hi = f16_pair(-1024.0f * sc1);
+    const unsigned int min_lo = f16_pair(-(dmin * m0)), min_hi = f16_pair(-(dmin * m1));
     const unsigned int q[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, h[4] = {r.h.x, r.h.y, r.h.z, r.h.w};
+    unsigned int lo[8], hi[8];  // f16 pairs: columns 16g + 2k, +1 of sub-block 2j (lo) and 2j + 1 (hi)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // bytes 8 * half .. of the group
-      float lo[8], hi[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const unsigned int byte = (q[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
-        unsigned int a = byte & 15u, b = byte >> 4;
-        if (kFiveBit) {
-          const unsigned int bits = (h[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
-          a |= ((bits >> (2 * j)) & 1u) << 4;
-          b |= ((bits >> (2 * j + 1)) & 1u) << 4;
-        }
-        lo[k] = fmaf(d_lo, code_to_float(a), min_lo);
-        hi[k] = fmaf(d_hi, code_to_float(b), min_hi);
+    for (int k = 0; k < 4; ++k) {  // word k: bytes 4k .. 4k + 3 of the group
+      unsigned int a = q[k] & 0x0f0f0f0fu, b = (q[k] >> 4) & 0x0f0f0f0fu;
+      if (kFiveBit) {
+        a |= ((h[k] >> (2 * j)) & 0x01010101u) << 4;
+        b |= ((h[k] >> (2 * j + 1)) & 0x01010101u) << 4;
       }
-      *reinterpret_cast<uint4*>(ws_row + 16 * g + 8 * half) = pack8(lo);
-      *reinterpret_cast<uint4*>(ws_row + 32 + 16 * g + 8 * half) = pack8(hi);
+      unsigned int pa[2], pb[2];
+      biased_pairs(a, pa);
+      biased_pairs(b, pb);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        lo[2 * k + e] = rf_h2_fma(rf_h2_fma(pa[e], sc_lo, off_lo), d, min_lo);
+        hi[2 * k + e] = rf_h2_fma(rf_h2_fma(pb[e], sc_hi, off_hi), d, min_hi);
+      }
     }
+    uint4* dst_lo = reinterpret_cast<uint4*>(ws_row + 16 * g);
+    uint4* dst_hi = reinterpret_cast<uint4*>(ws_row + 32 + 16 * g);
+    dst_lo[0] = uint4{lo[0], lo[1], lo[2], lo[3]};
+    dst_lo[1] = uint4{lo[4], lo[5], lo[6], lo[7]};
+    dst_hi[0] = uint4{hi[0], hi[1], hi[2], hi[3]};
+    dst_hi[1] = uint4{hi[4], hi[5], hi[6], hi[7]};
   }
 };
 
@@ -344,28 +366,37 @@ struct Wide6 {
     r.d = *reinterpret_cast<const unsigned short*>(b + 208);
     return r;
   }
+  // Packed f16 arithmetic as Wide's: 1024 + q from a byte permute, minus 1056 is q - 32 exactly, times the
+  // sub-block's scale d * scales[] rounded to f16 (a second rounding: error_bound counts it).
   static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
     const int t = (c0 >> 6) & 1;
     const float d = rf_f16_to_float(r.d);
-    const float scale_a = d * (float)r.scale_a, scale_b = d * (float)r.scale_b;  // exact: 11 x 8 bits
+    const unsigned int scale_a = f16_pair(d * (float)r.scale_a), scale_b = f16_pair(d * (float)r.scale_b);
+    constexpr unsigned int k1056 = 0x64206420u;  // 1056 = 1024 + 32 in both lanes
     unsigned int ql_words[4], qh_words[4];
     shift_words<4>(r.ql, r.shift, ql_words);
     shift_words<4>(r.qh, r.shift, qh_words);
+    unsigned int lo[8], hi[8];  // f16 pairs: run A's columns 16g + 2k, +1 (lo), run B's (hi)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // bytes 8 * half .. of the group
-      float lo[8], hi[8];
+    for (int k = 0; k < 4; ++k) {
+      const unsigned int ql = ql_words[k], qh = qh_words[k];
+      const unsigned int a = (ql & 0x0f0f0f0fu) | (((qh >> (2 * t)) & 0x03030303u) << 4);
+      const unsigned int b = ((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (2 * t + 4)) & 0x03030303u) << 4);
+      unsigned int pa[2], pb[2];
+      biased_pairs(a, pa);
+      biased_pairs(b, pb);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const unsigned int ql = (ql_words[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
-        const unsigned int qh = (qh_words[2 * half + (k >> 2)] >> (8 * (k & 3))) & 0xffu;
-        const unsigned int a = (ql & 15u) | (((qh >> (2 * t)) & 3u) << 4);
-        const unsigned int b = (ql >> 4) | (((qh >> (2 * t + 4)) & 3u) << 4);
-        lo[k] = scale_a * code_to_float(a, 32.0f);
-        hi[k] = scale_b * code_to_float(b, 32.0f);
+      for (int e = 0; e < 2; ++e) {
+        lo[2 * k + e] = rf_h2_mul(rf_h2_sub(pa[e], k1056), scale_a);
+        hi[2 * k + e] = rf_h2_mul(rf_h2_sub(pb[e], k1056), scale_b);
       }
-      *reinterpret_cast<uint4*>(ws_row + 16 * g + 8 * half) = pack8(lo);
-      *reinterpret_cast<uint4*>(ws_row + 32 + 16 * g + 8 * half) = pack8(hi);
     }
+    uint4* dst_lo = reinterpret_cast<uint4*>(ws_row + 16 * g);
+    uint4* dst_hi = reinterpret_cast<uint4*>(ws_row + 32 + 16 * g);
+    dst_lo[0] = uint4{lo[0], lo[1], lo[2], lo[3]};
+    dst_lo[1] = uint4{lo[4], lo[5], lo[6], lo[7]};
+    dst_hi[0] = uint4{hi[0], hi[1], hi[2], hi[3]};
+    dst_hi[1] = uint4{hi[4], hi[5], hi[6], hi[7]};
   }
 };
 

@@ -107,20 +107,48 @@ def test_a_broken_split_combine_is_caught(fault, tmp_path):
         assert excess <= 1.0, f"{fault}: {excess:.3g} x the bound"
 
 
-# One plausible mistake per path, each the layout of a neighbouring path or a transposed index.
+# One plausible mistake per path, each the layout of a neighbouring path or a transposed index; NVIDIA's
+# fragment loads twice more: ldmatrix's matrices 1 and 2 of B swapped (A's order), its k halves swapped.
 PLANTED = {
-    "nvidia_mma": ("return (lane >> 2) + 8 * ((i >> 1) & 1);", "return (lane >> 2) + 8 * (i & 1);"),
-    "cdna_mfma": ("rf_mma_k_first(int lane) { return 4 * (lane >> 4); }", "rf_mma_k_first(int lane) { return 4 * (lane & 3); }"),
-    "rdna3_wmma": ("return 2 * i + (lane >> 4); }", "return 8 * (lane >> 4) + i; }"),
-    "rdna4_wmma": ("rf_mma_acc_row(int lane, int i) { return 8 * (lane >> 4) + i; }",
+    "nvidia_mma": ("nvidia_mma", "return (lane >> 2) + 8 * ((i >> 1) & 1);", "return (lane >> 2) + 8 * (i & 1);"),
+    "nvidia_mma B in A's order": ("nvidia_mma", "tile + ((lane & 7) + 8 * (lane >> 4)) * stride + 8 * ((lane >> 3) & 1)",
+                                  "tile + ((lane & 7) + 8 * ((lane >> 3) & 1)) * stride + 8 * (lane >> 4)"),
+    "nvidia_mma A's k halves swapped": ("nvidia_mma", "* stride + 8 * (lane >> 4));", "* stride + 8 * (1 - (lane >> 4)));"),
+    "cdna_mfma": ("cdna_mfma", "rf_mma_k_first(int lane) { return 4 * (lane >> 4); }",
+                  "rf_mma_k_first(int lane) { return 4 * (lane & 3); }"),
+    "rdna3_wmma": ("rdna3_wmma", "return 2 * i + (lane >> 4); }", "return 8 * (lane >> 4) + i; }"),
+    "rdna4_wmma": ("rdna4_wmma", "rf_mma_acc_row(int lane, int i) { return 8 * (lane >> 4) + i; }",
                    "rf_mma_acc_row(int lane, int i) { return 2 * i + (lane >> 4); }"),
 }
 
 
-@pytest.mark.parametrize("kind", PLANTED)
-def test_a_wrong_fragment_layout_is_caught(kind, tmp_path):
-    old, new = PLANTED[kind]
+@pytest.mark.parametrize("fault", PLANTED)
+def test_a_wrong_fragment_layout_is_caught(fault, tmp_path):
+    kind, old, new = PLANTED[fault]
     harness = build_mma_harnesses(tmp_path, (kind,), lambda text: text.replace(old, new))[kind]
     rng = np.random.default_rng(5)
     excess = worst_excess(harness, "q4_k", 64, 256, 32, 32, None, rng, tmp_path)
-    assert excess > 10.0, f"{kind}: the planted layout fault went unnoticed ({excess:.3g} x the bound)"
+    assert excess > 10.0, f"{fault}: the planted layout fault went unnoticed ({excess:.3g} x the bound)"
+
+
+# Faults of the K-quants' packed-f16 decoders (kernels/matmul_mma.hip Wide, Wide6), each plausible and each
+# off by O(|w x|) somewhere: two columns of a pair swapped, the min added instead of subtracted, Q5_K's fifth
+# bit taken from the neighbouring sub-block, Q6_K's codes centred on 31 instead of 32 in one lane.
+DECODE_FAULTS = {
+    "columns of a pair swapped": ("q4_k", "out[1] = rf_byte_perm(w, 0x64646464u, 0x4342u);",
+                                  "out[1] = rf_byte_perm(w, 0x64646464u, 0x4243u);"),
+    "the min added": ("q4_k", "min_lo = f16_pair(-(dmin * m0))", "min_lo = f16_pair(dmin * m0)"),
+    "the fifth bit of the next sub-block": ("q5_k", "a |= ((h[k] >> (2 * j)) & 0x01010101u) << 4;",
+                                            "a |= ((h[k] >> (2 * j + 1)) & 0x01010101u) << 4;"),
+    "a Q6_K lane centred on 31": ("q6_k", "k1056 = 0x64206420u;", "k1056 = 0x641f6420u;"),
+}
+
+
+@pytest.mark.parametrize("fault", DECODE_FAULTS)
+def test_a_broken_packed_decode_is_caught(fault, tmp_path):
+    weight_type, old, new = DECODE_FAULTS[fault]
+    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+    rng = np.random.default_rng(23)
+    excess = worst_excess(harness, weight_type, 64, 512, 16, 32, None, rng, tmp_path)
+    # The ordinary check fails above 1; a one-code shift of half of Q6_K's columns lands near 8 here.
+    assert excess > 2.0, f"{fault}: the planted decode fault went unnoticed ({excess:.3g} x the bound)"

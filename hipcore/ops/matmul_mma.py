@@ -24,7 +24,7 @@ import numpy as np
 
 from hipcore.ops import matmul, matvec
 from hipcore.ops.launch_checks import INT32_MAX
-from hipcore.ops.weight_formats import dequantize_rows, host_product, row_bytes
+from hipcore.ops.weight_formats import dequantize_rows, host_product, k_min_magnitudes, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
 from hipcore.runtime.kernels import get_kernel
@@ -77,8 +77,12 @@ reference = matmul.reference
 def error_bound(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """float64 [n_tokens, rows]: how far the kernel's result may be from `reference`.
 
-    W (decoded in float32) and x are each rounded once to f16: |w' - w| <= u16 |w| + h (u16 = 2^-11, h =
-    2^-25 where f16 is subnormal), so |w'x' - wx| <= (2 u16 + u16^2) |w x| + h (|x| + |w|) (1 + u16) + h^2.
+    Each weight reaches f16 with at most two roundings: |w' - w| <= u16 |w| + e + h (u16 = 2^-11, h = 2^-25
+    where f16 is subnormal), e the second rounding the packed-f16 decoders of the K-quants do (Q4_K/Q5_K:
+    dmin m rounded to f16 before it is subtracted, e <= u16 (1 + u16) |dmin m|; Q6_K: the sub-block scale
+    d sc rounded to f16 before it multiplies, e <= u16 (1 + u16) |w|; the other formats: e = 0); x is
+    rounded once: |x' - x| <= u16 |x| + h. So |w'x' - wx| <= (2 u16 + u16^2) |w x| + (1 + u16)(e |x| + h
+    (|x| + |w|)) + 32 h |x| (a subnormal scale: 32 codes past it at most) + h^2.
     The products of f16 are exact in f32; their sum of `cols` terms passes each through at most cols
     roundings, and matrix units may truncate rather than round: (cols + 4) * 2^-23 relative to sum |w'x'|.
     A mis-decoded weight or a wrong fragment lane is off by O(|w x|), far above it.
@@ -87,8 +91,14 @@ def error_bound(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, c
     w_abs = np.abs(dequantize_rows(raw, weight_type, cols, np.float64))
     x_abs = np.abs(np.asarray(x, dtype=np.float64).reshape(-1, cols))
     wx = x_abs @ w_abs.T
-    rounding = (2 * U16 + U16 * U16) * wx + F16_HALF_SPACING * (1 + U16) * (x_abs.sum(1)[:, None] + w_abs.sum(1)[None, :])
-    summing = (cols + 4) * 2.0**-23 * (1 + 3 * U16) * wx
+    if weight_type == "q6_k":
+        second = U16 * (1 + U16) * wx
+    else:
+        second = U16 * (1 + U16) * (x_abs @ k_min_magnitudes(raw, weight_type, cols).T)
+    x_sum = x_abs.sum(1)[:, None]
+    rounding = ((2 * U16 + U16 * U16) * wx + (1 + U16) * (second + F16_HALF_SPACING * (x_sum + w_abs.sum(1)[None, :]))
+                + 32 * F16_HALF_SPACING * x_sum)
+    summing = (cols + 4) * 2.0**-23 * (1 + 3 * U16) * (wx + second)
     return 1.01 * (rounding + summing) + 1e-30
 
 

@@ -126,6 +126,19 @@ def dequantize_rows(raw: np.ndarray, weight_type: str, cols: int, dtype: type = 
     return w.reshape(rows, cols).astype(dtype)
 
 
+def k_min_magnitudes(raw: np.ndarray, weight_type: str, cols: int) -> np.ndarray:
+    """float64 [rows, cols]: |dmin * m| of each weight's sub-block, the subtracted term of q4_k / q5_k
+    (w = d sc q - dmin m); zero for the other formats, which subtract nothing rounded on its own."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    rows = raw.shape[0]
+    if weight_type not in ("q4_k", "q5_k"):
+        return np.zeros((rows, cols))
+    blocks = raw.reshape(rows, cols // BLOCK_ELEMENTS[weight_type], BLOCK_BYTES[weight_type])
+    _, m = k_scales(blocks[..., 4:16])  # [rows, nb, 8]
+    dmin = np.abs(_halves(blocks, 2, np.float64))  # [rows, nb, 1]
+    return np.repeat(dmin * m, 32, axis=-1).reshape(rows, cols)
+
+
 HOST_ROWS_PER_CHUNK = 4096  # the host product decodes this many rows of W at a time
 
 

@@ -39,6 +39,7 @@ struct EmuWarp {
   std::unique_ptr<std::barrier<>> barrier;
   unsigned int slots[WARP_SIZE];
   float mma_a[WARP_SIZE][16], mma_b[WARP_SIZE][16];  // each lane's matrix-instruction operands
+  const unsigned short* rows[WARP_SIZE];             // each lane's ldmatrix row address
 };
 inline std::vector<EmuWarp>* emu_warps = nullptr;
 
@@ -126,6 +127,39 @@ inline unsigned short rf_float_to_f16(float f) {
   return bits;
 }
 
+// prmt / v_perm_b32 (hip_compat.h's rf_byte_perm): result byte i is byte (selector >> 4 i) & 7 of {hi, lo}.
+inline unsigned int rf_byte_perm(unsigned int lo, unsigned int hi, unsigned int selector) {
+  const unsigned long long both = ((unsigned long long)hi << 32) | lo;
+  unsigned int d = 0;
+  for (int i = 0; i < 4; ++i) d |= (unsigned int)((both >> (8 * ((selector >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return d;
+}
+// Packed f16 arithmetic, each lane computed in double and rounded once to f16 (exact but for a sum whose
+// terms are more than 2^53 apart, where the hardware's single rounding may differ by one f16 ulp).
+template <class Op>
+inline unsigned int emu_h2(unsigned int a, unsigned int b, unsigned int c, Op op) {
+  unsigned int d = 0;
+  for (int i = 0; i < 2; ++i) {
+    const int s = 16 * i;
+    const double r = op((double)rf_f16_to_float((unsigned short)(a >> s)), (double)rf_f16_to_float((unsigned short)(b >> s)),
+                        (double)rf_f16_to_float((unsigned short)(c >> s)));
+    const _Float16 h = (_Float16)r;
+    unsigned short bits;
+    std::memcpy(&bits, &h, 2);
+    d |= (unsigned int)bits << s;
+  }
+  return d;
+}
+inline unsigned int rf_h2_fma(unsigned int a, unsigned int b, unsigned int c) {
+  return emu_h2(a, b, c, [](double x, double y, double z) { return x * y + z; });
+}
+inline unsigned int rf_h2_mul(unsigned int a, unsigned int b) {
+  return emu_h2(a, b, 0u, [](double x, double y, double) { return x * y; });
+}
+inline unsigned int rf_h2_sub(unsigned int a, unsigned int b) {
+  return emu_h2(a, b, 0u, [](double x, double y, double) { return x - y; });
+}
+
 // ---- Matrix instructions --------------------------------------------------------------------------
 // The warp-wide matrix instructions hip_compat.h's rf_mma uses, emulated from the operand and result
 // lane layouts their vendors document (not from hip_compat.h's loaders, which these check): every lane
@@ -175,6 +209,23 @@ inline void rf_mma_m16n8k16_f16(float c[4], const unsigned int a[4], const unsig
       c[e] = s;
     }
   });
+}
+
+// PTX ldmatrix.sync.aligned.m8n8.x4.b16 (PTX ISA, "Warp-level matrix load instruction: ldmatrix"): lane
+// 8 i + r gives the address of row r of matrix i (8 consecutive 16-bit values, 16-byte aligned); register i
+// of lane 4 g + t receives values 2t (low half) and 2t + 1 of row g of matrix i.
+inline void rf_ldmatrix_x4(unsigned int r[4], const unsigned short* row) {
+  emu_require(WARP_SIZE == 32, "ldmatrix needs 32-lane warps");
+  emu_require(((unsigned long long)row & 15u) == 0, "ldmatrix rows must be 16-byte aligned");
+  EmuWarp& warp = (*emu_warps)[threadIdx.x / WARP_SIZE];
+  const int lane = rf_lane_id(), g = lane >> 2, t = lane & 3;
+  warp.rows[lane] = row;
+  warp.barrier->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) {
+    const unsigned short* src = warp.rows[8 * i + g];
+    r[i] = (unsigned int)src[2 * t] | ((unsigned int)src[2 * t + 1] << 16);
+  }
+  warp.barrier->arrive_and_wait();
 }
 
 // v_mfma_f32_16x16x16_f16, 64 lanes (AMD CDNA3 ISA, "Dependent and Independent Matrix Arithmetic"; the
