@@ -245,6 +245,57 @@ struct Narrow {
   }
 };
 
+// The f16 constants of sub-blocks 2j (lo) and 2j + 1 (hi) of a Q4_K / Q5_K super-block, in both lanes of a
+// pair, from its first 16 bytes (d, dmin, the 12 scale bytes).
+struct KPairScales {
+  unsigned int d, sc_lo, sc_hi, off_lo, off_hi, min_lo, min_hi;
+};
+static __device__ __forceinline__ KPairScales k_pair_scales(const uint4& head, int j) {
+  float sc0, m0, sc1, m1;
+  k_scale_min(head.y, head.z, head.w, 2 * j, sc0, m0);
+  k_scale_min(head.y, head.z, head.w, 2 * j + 1, sc1, m1);
+  const float dmin = rf_f16_to_float((unsigned short)(head.x >> 16));
+  return {(head.x & 0xffffu) * 0x10001u,  // the file's f16 d in both lanes
+          f16_pair(sc0), f16_pair(sc1), f16_pair(-1024.0f * sc0), f16_pair(-1024.0f * sc1),
+          f16_pair(-(dmin * m0)), f16_pair(-(dmin * m1))};
+}
+
+// One word of a Q4_K / Q5_K chunk's codes (bytes 4i .. 4i + 3: four columns of sub-block 2j in the low
+// nibbles, the same four of 2j + 1 in the high ones; h the matching word of Q5_K's fifth bits) as two f16
+// pairs of each sub-block, in packed f16 arithmetic (two weights per instruction, where the float path took
+// five instructions per weight): biased_pairs puts 0x64 above each code byte, which as an f16 is 1024 + q;
+// one fused multiply-add takes it to q * sc exactly ((1024 + q) sc - 1024 sc, q sc <= 31 * 63 < 2048 an
+// f16 integer, 1024 sc <= 64512 exact), the second to d (q sc) - dmin m with one rounding (d is the file's
+// f16; dmin m, rounded to f16 first, is the one rounding the float path did not have: error_bound counts it).
+template <bool kFiveBit>
+static __device__ __forceinline__ void decode_k_word(unsigned int word, unsigned int h, int j, const KPairScales& k,
+                                                     unsigned int lo[2], unsigned int hi[2]) {
+  unsigned int a = word & 0x0f0f0f0fu, b = (word >> 4) & 0x0f0f0f0fu;
+  if (kFiveBit) {
+    a |= ((h >> (2 * j)) & 0x01010101u) << 4;
+    b |= ((h >> (2 * j + 1)) & 0x01010101u) << 4;
+  }
+  unsigned int pa[2], pb[2];
+  biased_pairs(a, pa);
+  biased_pairs(b, pb);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    lo[e] = rf_h2_fma(rf_h2_fma(pa[e], k.sc_lo, k.off_lo), k.d, k.min_lo);
+    hi[e] = rf_h2_fma(rf_h2_fma(pb[e], k.sc_hi, k.off_hi), k.d, k.min_hi);
+  }
+}
+
+// A group's 16 columns of each half of a step (lo: tile columns 0..31, hi: 32..63), eight f16 pairs each, into
+// its shared row at ws (the group's first column).
+static __device__ __forceinline__ void store_pairs(const unsigned int lo[8], const unsigned int hi[8], unsigned short* ws) {
+  uint4* dst_lo = reinterpret_cast<uint4*>(ws);
+  uint4* dst_hi = reinterpret_cast<uint4*>(ws + 32);
+  dst_lo[0] = uint4{lo[0], lo[1], lo[2], lo[3]};
+  dst_lo[1] = uint4{lo[4], lo[5], lo[6], lo[7]};
+  dst_hi[0] = uint4{hi[0], hi[1], hi[2], hi[3]};
+  dst_hi[1] = uint4{hi[4], hi[5], hi[6], hi[7]};
+}
+
 // Wide<kFiveBit>: Q4_K / Q5_K in 64-column steps, one chunk j of a super-block: qs[32j .. 32j+31] holds
 // columns 64j .. 64j+31 in its low nibbles (sub-block 2j) and 64j+32 .. 64j+63 in its high ones (2j+1).
 // Group g (0, 1) is 16 bytes of them, qs[32j + 16g ..]: 32 weights from one 16-byte load, where a Narrow
@@ -271,46 +322,14 @@ struct Wide {
     r.h = kFiveBit ? *reinterpret_cast<const uint4*>(b + 16 + 16 * g) : uint4{0u, 0u, 0u, 0u};
     return r;
   }
-  // The codes become f16 four at a time, in packed f16 arithmetic (two weights per instruction, where the
-  // float path took five instructions per weight): biased_pairs puts 0x64 above each code byte, which as an
-  // f16 is 1024 + q; one fused multiply-add takes it to q * sc exactly ((1024 + q) sc - 1024 sc, q sc <=
-  // 31 * 63 < 2048 an f16 integer, 1024 sc <= 64512 exact), the second to d (q sc) - dmin m with one
-  // rounding (d is the file's f16; dmin m, rounded to f16 first, is the one rounding the float path did not
-  // have: error_bound counts it).
   static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
     const int j = (c0 & 255) >> 6;
-    float sc0, m0, sc1, m1;
-    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, sc0, m0);
-    k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, sc1, m1);
-    const float dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
-    const unsigned int d = (r.head.x & 0xffffu) * 0x10001u;  // the file's f16 d in both lanes
-    const unsigned int sc_lo = f16_pair(sc0), sc_hi = f16_pair(sc1);
-    const unsigned int off_lo = f16_pair(-1024.0f * sc0), off_hi = f16_pair(-1024.0f * sc1);
-    const unsigned int min_lo = f16_pair(-(dmin * m0)), min_hi = f16_pair(-(dmin * m1));
+    const KPairScales k = k_pair_scales(r.head, j);
     const unsigned int q[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, h[4] = {r.h.x, r.h.y, r.h.z, r.h.w};
-    unsigned int lo[8], hi[8];  // f16 pairs: columns 16g + 2k, +1 of sub-block 2j (lo) and 2j + 1 (hi)
+    unsigned int lo[8], hi[8];  // f16 pairs: columns 16g + 2i, +1 of sub-block 2j (lo) and 2j + 1 (hi)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {  // word k: bytes 4k .. 4k + 3 of the group
-      unsigned int a = q[k] & 0x0f0f0f0fu, b = (q[k] >> 4) & 0x0f0f0f0fu;
-      if (kFiveBit) {
-        a |= ((h[k] >> (2 * j)) & 0x01010101u) << 4;
-        b |= ((h[k] >> (2 * j + 1)) & 0x01010101u) << 4;
-      }
-      unsigned int pa[2], pb[2];
-      biased_pairs(a, pa);
-      biased_pairs(b, pb);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        lo[2 * k + e] = rf_h2_fma(rf_h2_fma(pa[e], sc_lo, off_lo), d, min_lo);
-        hi[2 * k + e] = rf_h2_fma(rf_h2_fma(pb[e], sc_hi, off_hi), d, min_hi);
-      }
-    }
-    uint4* dst_lo = reinterpret_cast<uint4*>(ws_row + 16 * g);
-    uint4* dst_hi = reinterpret_cast<uint4*>(ws_row + 32 + 16 * g);
-    dst_lo[0] = uint4{lo[0], lo[1], lo[2], lo[3]};
-    dst_lo[1] = uint4{lo[4], lo[5], lo[6], lo[7]};
-    dst_hi[0] = uint4{hi[0], hi[1], hi[2], hi[3]};
-    dst_hi[1] = uint4{hi[4], hi[5], hi[6], hi[7]};
+    for (int w = 0; w < 4; ++w) decode_k_word<kFiveBit>(q[w], h[w], j, k, lo + 2 * w, hi + 2 * w);
+    store_pairs(lo, hi, ws_row + 16 * g);
   }
 };
 
@@ -331,6 +350,25 @@ template <int N>
 static __device__ __forceinline__ void shift_words(const unsigned int w[N + 1], int shift, unsigned int out[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = (unsigned int)((((unsigned long long)w[k + 1] << 32) | w[k]) >> shift);
+}
+
+// One word of a Q6_K step's codes (four columns of run A in ql's low nibbles, the same four of run B in its
+// high ones, their top bits in qh at bits 2t, 2t + 1 and 2t + 4, 2t + 5) as two f16 pairs of each run, in
+// packed f16 arithmetic as decode_k_word: 1024 + q from a byte permute, minus 1056 is q - 32 exactly, times
+// the sub-block's scale d * scales[] rounded to f16 (a second rounding: error_bound counts it).
+static __device__ __forceinline__ void decode_q6_word(unsigned int ql, unsigned int qh, int t, unsigned int scale_a,
+                                                      unsigned int scale_b, unsigned int lo[2], unsigned int hi[2]) {
+  constexpr unsigned int k1056 = 0x64206420u;  // 1056 = 1024 + 32 in both lanes
+  const unsigned int a = (ql & 0x0f0f0f0fu) | (((qh >> (2 * t)) & 0x03030303u) << 4);
+  const unsigned int b = ((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (2 * t + 4)) & 0x03030303u) << 4);
+  unsigned int pa[2], pb[2];
+  biased_pairs(a, pa);
+  biased_pairs(b, pb);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    lo[e] = rf_h2_mul(rf_h2_sub(pa[e], k1056), scale_a);
+    hi[e] = rf_h2_mul(rf_h2_sub(pb[e], k1056), scale_b);
+  }
 }
 
 // Wide6: Q6_K in steps of two 32-column runs that share their code bytes. In half h of a super-block,
@@ -366,37 +404,17 @@ struct Wide6 {
     r.d = *reinterpret_cast<const unsigned short*>(b + 208);
     return r;
   }
-  // Packed f16 arithmetic as Wide's: 1024 + q from a byte permute, minus 1056 is q - 32 exactly, times the
-  // sub-block's scale d * scales[] rounded to f16 (a second rounding: error_bound counts it).
   static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
     const int t = (c0 >> 6) & 1;
     const float d = rf_f16_to_float(r.d);
     const unsigned int scale_a = f16_pair(d * (float)r.scale_a), scale_b = f16_pair(d * (float)r.scale_b);
-    constexpr unsigned int k1056 = 0x64206420u;  // 1056 = 1024 + 32 in both lanes
     unsigned int ql_words[4], qh_words[4];
     shift_words<4>(r.ql, r.shift, ql_words);
     shift_words<4>(r.qh, r.shift, qh_words);
-    unsigned int lo[8], hi[8];  // f16 pairs: run A's columns 16g + 2k, +1 (lo), run B's (hi)
+    unsigned int lo[8], hi[8];  // f16 pairs: run A's columns 16g + 2i, +1 (lo), run B's (hi)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const unsigned int ql = ql_words[k], qh = qh_words[k];
-      const unsigned int a = (ql & 0x0f0f0f0fu) | (((qh >> (2 * t)) & 0x03030303u) << 4);
-      const unsigned int b = ((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (2 * t + 4)) & 0x03030303u) << 4);
-      unsigned int pa[2], pb[2];
-      biased_pairs(a, pa);
-      biased_pairs(b, pb);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        lo[2 * k + e] = rf_h2_mul(rf_h2_sub(pa[e], k1056), scale_a);
-        hi[2 * k + e] = rf_h2_mul(rf_h2_sub(pb[e], k1056), scale_b);
-      }
-    }
-    uint4* dst_lo = reinterpret_cast<uint4*>(ws_row + 16 * g);
-    uint4* dst_hi = reinterpret_cast<uint4*>(ws_row + 32 + 16 * g);
-    dst_lo[0] = uint4{lo[0], lo[1], lo[2], lo[3]};
-    dst_lo[1] = uint4{lo[4], lo[5], lo[6], lo[7]};
-    dst_hi[0] = uint4{hi[0], hi[1], hi[2], hi[3]};
-    dst_hi[1] = uint4{hi[4], hi[5], hi[6], hi[7]};
+    for (int w = 0; w < 4; ++w) decode_q6_word(ql_words[w], qh_words[w], t, scale_a, scale_b, lo + 2 * w, hi + 2 * w);
+    store_pairs(lo, hi, ws_row + 16 * g);
   }
 };
 
@@ -413,6 +431,52 @@ struct Launch {
   int rows, cols, n_tokens, splits, accumulate;
 };
 
+// y[t, r] = v, or y[t, r] += v (the residual connection), where the tile's element exists.
+static __device__ __forceinline__ void store_result(const Launch& a, int r, int t, float v) {
+  if (t < a.n_tokens && r < a.rows) {
+    float* out = a.y + (unsigned long long)t * a.rows + r;
+    *out = a.accumulate ? *out + v : v;
+  }
+}
+
+// Split-K: a workgroup's share of a tile (kAcc accumulators per thread, kTileRows x TN in all) is added to
+// the others' by the last of the tile's splits to arrive. Each writes its accumulators to the workspace,
+// slot k of every thread side by side (coalesced), and counts itself in the tile's counter; the last reads
+// its own slots of every split back in split order (the same order whoever arrives last: a replay equals its
+// eager twin bit for bit), so no fragment layout is involved, and sets the counter back to zero for the next
+// launch. Returns whether this workgroup holds the whole tile in acc (uniform across the workgroup).
+template <int kAcc>
+__device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch& a, int tile, int split, int tid, int* last) {
+  constexpr unsigned long long kPartFloats = (unsigned long long)kAcc * kThreads;
+  const int splits = a.splits;
+  int* counters = reinterpret_cast<int*>(a.workspace);
+  float* partials = reinterpret_cast<float*>(a.workspace + kCounterBytes);
+  float* part = partials + ((unsigned long long)tile * splits + split) * kPartFloats + tid;
+#pragma unroll
+  for (int e = 0; e < kAcc; ++e) part[e * kThreads] = acc[e];
+  // Publish the partial. Every thread fences its own writes (AMD's fence waits for the wave's own stores
+  // only), and the counting thread fences again after the barrier, so the count is seen only after every write.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    *last = atomicAdd(counters + tile, 1) == splits - 1;
+  }
+  __syncthreads();
+  if (!*last) return false;  // uniform: every thread read the same flag
+  __threadfence();
+  const float* mine = partials + (unsigned long long)tile * splits * kPartFloats + tid;
+#pragma unroll
+  for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
+  for (int s = 0; s < splits; ++s) {  // in split order
+    const float* src = mine + (unsigned long long)s * kPartFloats;
+#pragma unroll
+    for (int e = 0; e < kAcc; ++e) acc[e] += load_partial(src + e * kThreads);
+  }
+  if (tid == 0) counters[tile] = 0;  // ready for the next launch
+  return true;
+}
+
 template <class Step, int TN, int kDepth>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
@@ -423,7 +487,6 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
   static_assert(kWLoads * kThreads == kTileRows * Step::kGroupsPerRow, "every thread loads whole groups");
   static_assert(kTokenTilesPerWarp >= 1 && kXLoads >= 1, "tile too small for the warps");
   constexpr int kAccPerThread = kRowTilesPerWarp * kTokenTilesPerWarp * RF_MMA_ACC;
-  constexpr unsigned long long kPartFloats = (unsigned long long)kAccPerThread * kThreads;  // kTileRows * TN
   const float* __restrict__ x = a.x;
   const int rows = a.rows, cols = a.cols, n_tokens = a.n_tokens, splits = a.splits;
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
@@ -433,9 +496,6 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
   const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);
   const int steps = cols / kStepCols;
   const int items = tiles * splits;  // the launcher keeps it < 2^31
-  int* counters = reinterpret_cast<int*>(a.workspace);
-  float* partials = reinterpret_cast<float*>(a.workspace + kCounterBytes);
-
   for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
     const int tile = item / splits, split = item - tile * splits;
     const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
@@ -462,13 +522,9 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
       x_dst[p] = token * kStride + x_col[p];
     }
 
-    float acc[kRowTilesPerWarp][kTokenTilesPerWarp][RF_MMA_ACC];
+    float acc[kAccPerThread];  // row tile i, token tile j at (i * kTokenTilesPerWarp + j) * RF_MMA_ACC
 #pragma unroll
-    for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-      for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-        for (int e = 0; e < RF_MMA_ACC; ++e) acc[i][j][e] = 0.0f;
+    for (int e = 0; e < kAccPerThread; ++e) acc[e] = 0.0f;
 
     // The step pipeline: kDepth steps' weights and x in registers, loaded kDepth steps ahead of their use,
     // so that while one step's products run the loads of the next kDepth - 1 are in flight (a decode batch
@@ -524,69 +580,232 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
             RfMmaB b;
             rf_mma_load_b(b, xs + (warp_token + 16 * j) * kStride + k0, kStride);
 #pragma unroll
-            for (int i = 0; i < kRowTilesPerWarp; ++i) rf_mma(acc[i][j], a[i], b);
+            for (int i = 0; i < kRowTilesPerWarp; ++i) rf_mma(acc + (i * kTokenTilesPerWarp + j) * RF_MMA_ACC, a[i], b);
           }
         }
       }
     }
 
-    if (splits > 1) {
-      // Each thread's accumulators, slot k of every thread side by side (coalesced); the last split to
-      // arrive reads its own slots of every split back, so no fragment layout is involved.
-      float* part = partials + ((unsigned long long)tile * splits + split) * kPartFloats + tid;
-#pragma unroll
-      for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-        for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-          for (int e = 0; e < RF_MMA_ACC; ++e) part[((i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e) * kThreads] = acc[i][j][e];
-      // Publish the partial; the last of the tile's splits to arrive finishes the tile. Every thread
-      // fences its own writes (AMD's fence waits for the wave's own stores only), and the counting
-      // thread fences again after the barrier, so the count is seen only after every write.
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) {
-        __threadfence();
-        *last = atomicAdd(counters + tile, 1) == splits - 1;
-      }
-      __syncthreads();
-      if (!*last) continue;  // uniform: every thread read the same flag
-      __threadfence();
-      const float* mine = partials + (unsigned long long)tile * splits * kPartFloats + tid;
-#pragma unroll
-      for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-        for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-          for (int e = 0; e < RF_MMA_ACC; ++e) acc[i][j][e] = 0.0f;
-      for (int s = 0; s < splits; ++s) {  // in split order
-        const float* src = mine + (unsigned long long)s * kPartFloats;
-#pragma unroll
-        for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-          for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-            for (int e = 0; e < RF_MMA_ACC; ++e)
-              acc[i][j][e] += load_partial(src + ((i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e) * kThreads);
-      }
-      if (tid == 0) counters[tile] = 0;  // ready for the next launch
-    }
+    if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
 
 #pragma unroll
     for (int i = 0; i < kRowTilesPerWarp; ++i)
 #pragma unroll
       for (int j = 0; j < kTokenTilesPerWarp; ++j)
 #pragma unroll
-        for (int e = 0; e < RF_MMA_ACC; ++e) {
-          const int r = r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e);
-          const int t = t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e);
-          if (t < n_tokens && r < rows) {
-            float* out = a.y + (unsigned long long)t * rows + r;
-            *out = a.accumulate ? *out + acc[i][j][e] : acc[i][j][e];
-          }
-        }
+        for (int e = 0; e < RF_MMA_ACC; ++e)
+          store_result(a, r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e), t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e),
+                       acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]);
   }
 }
+
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+// ---- Decode batches on NVIDIA: the weights' fragments decoded in registers -----------------------------
+// mma_tiles stages each step's decoded weights in shared memory for the warps' fragment loads: per step of a
+// 32-token tile, 16 KB written and 32 KB read back for 4.6 KB of Q4_K weights, two barriers, and the loads
+// of the steps ahead in registers the staging holds back. Here each warp owns 16 rows of the tile and all
+// 32 tokens (four 16 x 8 products per k-substep), and each lane decodes the weights of its own A fragments
+// straight from its loads: no shared weight tile at all. The fragments' k order is ours to choose as long
+// as x follows it: lane 4 g + t takes bytes 8t .. 8t + 7 of a row's 32 code bytes of the step (rows g and
+// g + 8), whose low nibbles are columns 8t .. 8t + 7 of the step's first half and high nibbles the same of
+// its second; k-substep s (0 .. 3) gives the lane's k positions 2t, 2t + 1, 2t + 8, 2t + 9 to columns
+// 8t + 4 (s % 2) + 0 .. 3 of half s / 2. x is staged per step in that order (stream_x_position), so a
+// lane's B fragment of a token is one 8-byte load. Q4_K, Q5_K and Q6_K (Llama's K-quant layers); the
+// other formats and prompt tiles keep mma_tiles.
+constexpr int kStreamTokens = 32;
+constexpr int kStreamStride = 80;  // halves per token of the x tile: a half-warp's 8-byte loads hit 32 banks
+
+// Where tile column col (0 .. 63) of a step sits in a token's row of the x tile: k-substep s, lane t,
+// position i at 16 s + 4 t + i.
+static __device__ __forceinline__ int stream_x_position(int col) {
+  const int half = col >> 5, c = col & 31;
+  return 16 * (2 * half + ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);
+}
+
+// Q4_K / Q5_K: a lane's 8 code bytes of the step's chunk j (and Q5_K's 8 matching bytes of fifth bits),
+// with the super-block's 16 header bytes.
+template <bool kFiveBit>
+struct WideFragments {
+  typedef Wide<kFiveBit> Step;
+  static constexpr int kDepth = kFiveBit ? 2 : 3;  // steps of loads in flight per lane, within 128 registers
+  struct Raw {
+    uint4 head;
+    uint2 q, h;
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int t) {
+    const unsigned char* b = row + (c0 >> 8) * Step::kBlockBytes;
+    const int j = (c0 & 255) >> 6;
+    Raw r;
+    r.head = *reinterpret_cast<const uint4*>(b);
+    r.q = *reinterpret_cast<const uint2*>(b + Step::kQsOffset + 32 * j + 8 * t);
+    r.h = kFiveBit ? *reinterpret_cast<const uint2*>(b + 16 + 8 * t) : uint2{0u, 0u};
+    return r;
+  }
+  // pairs[2 s + e]: pair e of k-substep s (code bytes 0..3 feed substeps 0 and 2, bytes 4..7 1 and 3).
+  static __device__ __forceinline__ void decode(const Raw& r, int c0, unsigned int pairs[8]) {
+    const int j = (c0 & 255) >> 6;
+    const KPairScales k = k_pair_scales(r.head, j);
+    decode_k_word<kFiveBit>(r.q.x, r.h.x, j, k, pairs + 0, pairs + 4);
+    decode_k_word<kFiveBit>(r.q.y, r.h.y, j, k, pairs + 2, pairs + 6);
+  }
+};
+
+// Q6_K: a lane's 8 bytes of ql and of qh (l = 8t .. 8t + 7 of both runs), the two runs' scales, d.
+struct Wide6Fragments {
+  typedef Wide6 Step;
+  static constexpr int kDepth = 2;
+  struct Raw {
+    unsigned int ql[3], qh[3];
+    int scale_a, scale_b, shift;
+    unsigned short d;
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int t) {
+    const int k = c0 >> 6, h = (k >> 1) & 1, u = k & 1;
+    const unsigned char* b = row + (k >> 2) * 210;
+    Raw r;
+    r.shift = load_aligned_words<2>(b + 64 * h + 32 * u + 8 * t, r.ql);  // both at even offsets: one shift
+    load_aligned_words<2>(b + 128 + 32 * h + 8 * t, r.qh);
+    r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t >> 1)];  // scales of 16 elements: l / 16
+    r.scale_b = (int)(signed char)b[192 + 8 * h + 2 * u + 4 + (t >> 1)];
+    r.d = *reinterpret_cast<const unsigned short*>(b + 208);
+    return r;
+  }
+  static __device__ __forceinline__ void decode(const Raw& r, int c0, unsigned int pairs[8]) {
+    const int u = (c0 >> 6) & 1;
+    const float d = rf_f16_to_float(r.d);
+    const unsigned int scale_a = f16_pair(d * (float)r.scale_a), scale_b = f16_pair(d * (float)r.scale_b);
+    unsigned int ql[2], qh[2];
+    shift_words<2>(r.ql, r.shift, ql);
+    shift_words<2>(r.qh, r.shift, qh);
+    decode_q6_word(ql[0], qh[0], u, scale_a, scale_b, pairs + 0, pairs + 4);
+    decode_q6_word(ql[1], qh[1], u, scale_a, scale_b, pairs + 2, pairs + 6);
+  }
+};
+
+// The fragment format of a step shape (the K-quants only).
+template <class Step>
+struct Fragments;
+template <>
+struct Fragments<Wide<false>> {
+  typedef WideFragments<false> Format;
+};
+template <>
+struct Fragments<Wide<true>> {
+  typedef WideFragments<true> Format;
+};
+template <>
+struct Fragments<Wide6> {
+  typedef Wide6Fragments Format;
+};
+
+// The tiles of 128 rows x 32 tokens with the weights' fragments from registers (see above); the same items,
+// split ranges, workspace and results as mma_tiles<Step, 32, ...>.
+template <class F>
+__device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* xs, int* last) {
+  typedef typename F::Step Step;
+  constexpr int TN = kStreamTokens, kStepCols = Step::kStepCols, kDepth = F::kDepth;
+  constexpr int kXLoads = TN * kStepCols / 4 / kThreads;  // float4s of x per thread
+  constexpr int kXPerToken = kStepCols / 4;
+  constexpr int kTokenTiles = TN / 8;                    // 16 x 8 products per k-substep
+  constexpr int kAcc = kTokenTiles * 4;
+  static_assert(kWarps * 16 == kTileRows && kXLoads >= 1, "eight warps of 16 rows");
+  const float* __restrict__ x = a.x;
+  const int rows = a.rows, cols = a.cols, n_tokens = a.n_tokens, splits = a.splits;
+  const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane >> 2, t = lane & 3;
+  const unsigned long long row_bytes = Step::row_bytes(cols);
+  const int row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);
+  const int steps = cols / kStepCols;
+  const int items = tiles * splits;
+
+  for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
+    const int tile = item / splits, split = item - tile * splits;
+    const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
+    const int c_end = (int)((long long)(split + 1) * steps / splits) * kStepCols;
+    const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * TN;
+    const unsigned char* w_src[2];  // rows g and g + 8 of the warp's 16
+#pragma unroll
+    for (int e = 0; e < 2; ++e) w_src[e] = a.W + (unsigned long long)lesser_of(r0 + 16 * warp + g + 8 * e, rows - 1) * row_bytes;
+    const float* x_src[kXLoads];
+    int x_dst[kXLoads], x_col[kXLoads];
+#pragma unroll
+    for (int p = 0; p < kXLoads; ++p) {
+      const int v = tid + kThreads * p;  // float4 v: token v / kXPerToken, step columns 4 (v % kXPerToken) ..
+      const int token = v / kXPerToken;
+      x_col[p] = 4 * (v % kXPerToken);
+      x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols;
+      x_dst[p] = token * kStreamStride + stream_x_position(x_col[p]);
+    }
+
+    float acc[kAcc];  // token tile j's c0 .. c3 at 4 j
+#pragma unroll
+    for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
+
+    // kDepth steps of weights and x in registers, loaded kDepth steps ahead of their use (as mma_tiles).
+    typename F::Raw raw[kDepth][2];
+    float4 xv[kDepth][kXLoads];
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], c, t);
+#pragma unroll
+      for (int p = 0; p < kXLoads; ++p) {
+        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c, x_col[p]));
+        xv[d][p].x = v.x, xv[d][p].y = v.y, xv[d][p].z = v.z, xv[d][p].w = v.w;
+      }
+    }
+
+    for (int c_base = c_begin; c_base < c_end; c_base += kDepth * kStepCols) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {  // unrolled: raw[d] and xv[d] stay registers
+        const int c0 = c_base + d * kStepCols;
+        if (c0 >= c_end) break;  // uniform across the workgroup
+        __syncthreads();  // every warp is done reading the previous step's x
+#pragma unroll
+        for (int p = 0; p < kXLoads; ++p) {
+          unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
+          dst[0] = pack_f16(xv[d][p].x, xv[d][p].y);
+          dst[1] = pack_f16(xv[d][p].z, xv[d][p].w);
+        }
+        unsigned int pairs[2][8];  // rows g, g + 8
+#pragma unroll
+        for (int e = 0; e < 2; ++e) F::decode(raw[d][e], c0, pairs[e]);
+        __syncthreads();
+
+        const int next = lesser_of(c0 + kDepth * kStepCols, c_end - kStepCols);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], next, t);
+#pragma unroll
+        for (int p = 0; p < kXLoads; ++p) {
+          const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
+          xv[d][p].x = v.x, xv[d][p].y = v.y, xv[d][p].z = v.z, xv[d][p].w = v.w;
+        }
+
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const unsigned int fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
+#pragma unroll
+          for (int j = 0; j < kTokenTiles; ++j) {
+            const unsigned int* src = reinterpret_cast<const unsigned int*>(xs + (8 * j + g) * kStreamStride + 16 * s + 4 * t);
+            const unsigned int fb[2] = {src[0], src[1]};
+            rf_mma_m16n8k16_f16(acc + 4 * j, fa, fb);
+          }
+        }
+      }
+    }
+
+    if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
+
+    // c0, c1: row g, tokens 2t, 2t + 1 of token tile j; c2, c3: row g + 8.
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        store_result(a, r0 + 16 * warp + g + 8 * (e >> 1), t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);
+  }
+}
+#endif
 
 template <class Step>
 __device__ __forceinline__ void matmul_mma(const Launch& a, int tile_tokens, unsigned short* ws, unsigned short* xs,
@@ -624,3 +843,25 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, mmq::Narrow<mmq::Q8_0>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
+
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+// The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format>, the same arguments,
+// tile_tokens 32 only (the launcher's choice: hipcore/ops/matmul_mma.py entry_name). Entries of their own,
+// so that their registers are counted apart from the shared-tile path's.
+#define RF_MATMUL_MMA_FRAGMENT_ENTRY(name, Step)                                                                  \
+  extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
+                                                         const float* __restrict__ x, void* workspace, int rows,    \
+                                                         int cols, int n_tokens, int tile_tokens, int splits,       \
+                                                         int accumulate) {                                         \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kStreamTokens * mmq::kStreamStride];          \
+    __shared__ int last;                                                                                          \
+    const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
+                           rows, cols, n_tokens, splits, accumulate};                                             \
+    (void)tile_tokens;                                                                                            \
+    mmq::fragment_tiles<typename mmq::Fragments<Step>::Format>(a, xs, &last);                                    \
+  }
+
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q4_k, mmq::Wide<false>)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q5_k, mmq::Wide<true>)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6)
+#endif

@@ -40,7 +40,8 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
     grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
                                                     splits=splits, step=matmul_mma.step_cols(weight_type))
     assert used == splits
-    run_mma(harness, f"matmul_mma_{weight_type}", grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
+    arch = "sm_90" if harness.name.endswith("nvidia_mma") else "gfx942"  # NVIDIA's harness runs its fragment path
+    run_mma(harness, matmul_mma.entry_name(arch, weight_type, tile), grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
             int(accumulate), ws_bytes, tmp_path / "w", tmp_path / "x", tmp_path / "y_in" if accumulate else "-",
             tmp_path / "y", tmp_path / "ws")
     got = np.fromfile(tmp_path / "y", np.float32).reshape(n_tokens, rows)
@@ -93,7 +94,7 @@ SPLIT_FAULTS = {
     "a split left out": ("for (int s = 0; s < splits; ++s) {  // in split order",
                          "for (int s = 1; s < splits; ++s) {  // in split order"),
     "counter not reset": ("if (tid == 0) counters[tile] = 0;  // ready for the next launch", ""),
-    "no residual add": ("*out = a.accumulate ? *out + acc[i][j][e] : acc[i][j][e];", "*out = acc[i][j][e];"),
+    "no residual add": ("*out = a.accumulate ? *out + v : v;", "*out = v;"),
 }
 
 
@@ -127,8 +128,31 @@ def test_a_wrong_fragment_layout_is_caught(fault, tmp_path):
     kind, old, new = PLANTED[fault]
     harness = build_mma_harnesses(tmp_path, (kind,), lambda text: text.replace(old, new))[kind]
     rng = np.random.default_rng(5)
-    excess = worst_excess(harness, "q4_k", 64, 256, 32, 32, None, rng, tmp_path)
+    # Q4_0: the shared-tile path on every kind (NVIDIA's K-quant decode batches take the fragment path).
+    excess = worst_excess(harness, "q4_0", 64, 256, 32, 32, None, rng, tmp_path)
     assert excess > 10.0, f"{fault}: the planted layout fault went unnoticed ({excess:.3g} x the bound)"
+
+
+# Faults of NVIDIA's fragment path (K-quant decode batches): x staged in the wrong k order, the A fragment's
+# rows and k halves crossed, results written to the wrong token, Q6_K's scale of the wrong 16 elements.
+FRAGMENT_FAULTS = {
+    "x in the wrong k order": ("q4_k", "return 16 * (2 * half + ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);",
+                               "return 16 * (half + 2 * ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);"),
+    "A's rows and k halves crossed": ("q5_k", "fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};",
+                                      "fa[4] = {pairs[0][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s], pairs[1][2 * s + 1]};"),
+    "the wrong token": ("q4_k", "t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);", "t0 + 8 * j + 2 * t + (e >> 1), acc[4 * j + e]);"),
+    "Q6_K's scale of the wrong elements": ("q6_k", "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t >> 1)];",
+                                           "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t & 1)];"),
+}
+
+
+@pytest.mark.parametrize("fault", FRAGMENT_FAULTS)
+def test_a_broken_fragment_path_is_caught(fault, tmp_path):
+    weight_type, old, new = FRAGMENT_FAULTS[fault]
+    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+    rng = np.random.default_rng(29)
+    excess = worst_excess(harness, weight_type, 64, 512, 32, 32, None, rng, tmp_path)
+    assert excess > 10.0, f"{fault}: the planted fault went unnoticed ({excess:.3g} x the bound)"
 
 
 # Faults of the K-quants' packed-f16 decoders (kernels/matmul_mma.hip Wide, Wide6), each plausible and each
@@ -137,9 +161,9 @@ def test_a_wrong_fragment_layout_is_caught(fault, tmp_path):
 DECODE_FAULTS = {
     "columns of a pair swapped": ("q4_k", "out[1] = rf_byte_perm(w, 0x64646464u, 0x4342u);",
                                   "out[1] = rf_byte_perm(w, 0x64646464u, 0x4243u);"),
-    "the min added": ("q4_k", "min_lo = f16_pair(-(dmin * m0))", "min_lo = f16_pair(dmin * m0)"),
-    "the fifth bit of the next sub-block": ("q5_k", "a |= ((h[k] >> (2 * j)) & 0x01010101u) << 4;",
-                                            "a |= ((h[k] >> (2 * j + 1)) & 0x01010101u) << 4;"),
+    "the min added": ("q4_k", "f16_pair(-(dmin * m0))", "f16_pair(dmin * m0)"),
+    "the fifth bit of the next sub-block": ("q5_k", "a |= ((h >> (2 * j)) & 0x01010101u) << 4;",
+                                            "a |= ((h >> (2 * j + 1)) & 0x01010101u) << 4;"),
     "a Q6_K lane centred on 31": ("q6_k", "k1056 = 0x64206420u;", "k1056 = 0x641f6420u;"),
 }
 

@@ -21,6 +21,19 @@ def test_matrix_cores_by_arch(arch, expected):
     assert matmul_mma.has_matrix_cores(arch) is expected
 
 
+@pytest.mark.parametrize("arch,weight_type,tile,expected", [
+    ("sm_90", "q4_k", 32, "matmul_mma_fragments_q4_k"), ("sm_80", "q6_k", 32, "matmul_mma_fragments_q6_k"),
+    ("sm_90a", "q5_k", 32, "matmul_mma_fragments_q5_k"), ("sm_90", "q4_k", 64, "matmul_mma_q4_k"),
+    ("sm_90", "q8_0", 32, "matmul_mma_q8_0"), ("sm_75", "q4_k", 32, "matmul_mma_q4_k"),
+    ("gfx942", "q4_k", 32, "matmul_mma_q4_k"), ("gfx1100", "q6_k", 32, "matmul_mma_q6_k"),
+])
+def test_the_fragment_path_only_where_its_layout_exists(arch, weight_type, tile, expected):
+    """The fragment path is written in mma.sync's fragment layout, for the K-quants' 32-token tiles: the
+    AMD targets, other formats and 64-token tiles keep the shared-tile kernel; fragments=False always does."""
+    assert matmul_mma.entry_name(arch, weight_type, tile) == expected
+    assert matmul_mma.entry_name(arch, weight_type, tile, fragments=False) == f"matmul_mma_{weight_type}"
+
+
 def test_tiles_fit_the_batch_and_fill_the_device():
     assert matmul_mma.pick_tile_tokens(4096, 9) == 32
     assert matmul_mma.pick_tile_tokens(4096, 512) == 64  # 32 x 8 = 256 workgroups

@@ -63,6 +63,27 @@ F16_HALF_SPACING = 2.0**-25  # half the spacing of f16's subnormals: the absolut
 _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-f]{2}|12[0-9a-f]{2})$")
 
 
+# The K-quants' decode batches on NVIDIA's mma (32-token tiles): kernels/matmul_mma.hip's fragment path,
+# whose lanes decode their own A fragments in registers instead of staging the decoded tile in shared memory.
+FRAGMENT_TYPES = ("q4_k", "q5_k", "q6_k")
+
+
+def has_fragment_path(arch: str, weight_type: str, tile_tokens: int) -> bool:
+    """Whether kernels/matmul_mma.hip has the fragment path for this launch: FRAGMENT_TYPES in 32-token tiles
+    on NVIDIA sm_80 and later (the path exists only in mma.sync's fragment layout)."""
+    m = _MATRIX_CORE_ARCH.match(arch)
+    nvidia_mma = bool(m) and m.group(1) is not None and int(m.group(1)) >= 80
+    return nvidia_mma and tile_tokens == 32 and weight_type in FRAGMENT_TYPES
+
+
+def entry_name(arch: str, weight_type: str, tile_tokens: int, fragments: bool = True) -> str:
+    """The kernel of a launch: matmul_mma_fragments_<type> where has_fragment_path (unless `fragments` is
+    False: the shared-tile kernel, for side-by-side measurements and tests), else matmul_mma_<type>."""
+    if fragments and has_fragment_path(arch, weight_type, tile_tokens):
+        return f"{OP}_fragments_{weight_type}"
+    return f"{OP}_{weight_type}"
+
+
 def has_matrix_cores(arch: str) -> bool:
     """Whether kernels/matmul_mma.hip runs on matrix instructions on `arch` (hip_compat.h's RF_MMA_KIND)."""
     m = _MATRIX_CORE_ARCH.match(arch)
@@ -184,10 +205,10 @@ def supports(weight_type: str) -> bool:
 
 def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
            weight_type: str, tile_tokens: int | None = None, workspace: Any = None, splits: int | None = None,
-           accumulate: bool = False) -> None:
+           accumulate: bool = False, fragments: bool = True) -> None:
     """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T (y += when accumulate) on the matrix cores, W of
     `weight_type`; `workspace` a Buffer zeroed once after allocation (the kernels leave its counters at zero),
-    or None for no splits."""
+    or None for no splits; fragments=False keeps the shared-tile kernel where the fragment path would run."""
     matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens",
                           alignment=WEIGHT_ALIGNMENT)
     if workspace is not None and not isinstance(workspace, Buffer):
@@ -198,7 +219,7 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     if splits is not None and split != splits:
         raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
                          f"{partial_bytes(grid // split, splits, tile)} bytes")
-    kernel = get_kernel(device, OP, f"{OP}_{weight_type}", SIGNATURE)
+    kernel = get_kernel(device, OP, entry_name(device.arch, weight_type, tile, fragments), SIGNATURE)
     kernel.launch(grid, block, (y, w, x, workspace if split > 1 else 0, rows, cols, n_tokens, tile, split,
                                 int(bool(accumulate))), stream=stream)
 

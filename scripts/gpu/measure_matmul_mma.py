@@ -69,12 +69,16 @@ class MmaBench(Bench):
                 buf.free()
 
 
-def kernels(weight_type, rows, cols, n, workspace, split_only=False):
-    def mma(ws):
+def kernels(weight_type, rows, cols, n, workspace, split_only=False, shared_tile=False):
+    """The launcher's choice ("split"), and beside it the same kernel unsplit ("whole"), or with shared_tile
+    the shared-tile kernel where the launcher takes the fragment path ("whole" then holds that one, split)."""
+    def mma(ws, fragments=True):
         return lambda d, s, y, w, x: matmul_mma.launch(d, s, y, w, x, rows, cols, n, weight_type=weight_type,
-                                                       workspace=ws)
+                                                       workspace=ws, fragments=fragments)
     chosen = {"matmul_mma/split": mma(workspace)}
-    return chosen if split_only else {"matmul_mma/whole": mma(None), **chosen}
+    if split_only:
+        return chosen
+    return {"matmul_mma/whole": mma(workspace, fragments=False) if shared_tile else mma(None), **chosen}
 
 
 def main() -> None:
@@ -85,6 +89,9 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES),
                     help=f"comma-separated products of {', '.join(s[0] for s in SHAPES + [HEAD])}")
     ap.add_argument("--split-only", action="store_true", help="time only the launcher's choice (no whole column range)")
+    ap.add_argument("--shared-tile", action="store_true",
+                    help="beside the launcher's choice, the shared-tile kernel split the same way, in place of the "
+                         "whole column range (K-quant decode batches on NVIDIA: the fragment path against it)")
     args = ap.parse_args()
     dev = pick_device("auto").device
     bench = MmaBench(dev, 256 << 20, 3 if args.quick else 10, 3 if args.quick else 5)
@@ -92,12 +99,13 @@ def main() -> None:
     workspace = dev.allocate(fused_matmul.WORKSPACE_BYTES, "scratch", label="matmul_workspace")  # the runner's
     workspace.fill(0)
     print(f"{dev.describe() if hasattr(dev, 'describe') else dev.arch}, commit {commit()}, {datetime.date.today()}\n")
-    print("| product | type | rows x cols | tokens | splits | whole µs | split µs | GB/s of weights | TFLOP/s | speed-up |")
+    other, chosen_label = ("shared-tile µs", "launcher µs") if args.shared_tile else ("whole µs", "split µs")
+    print(f"| product | type | rows x cols | tokens | splits | {other} | {chosen_label} | GB/s of weights | TFLOP/s | speed-up |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     chosen = args.shapes.split(",")
     for name, wt, rows, cols in [s for s in SHAPES + [HEAD] if s[0] in chosen]:
         for n in [int(v) for v in args.tokens.split(",")]:
-            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n, workspace, args.split_only))
+            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n, workspace, args.split_only, args.shared_tile))
             splits = matmul_mma.geometry(rows, n, cols=cols, workspace_bytes=workspace.nbytes,
                                          step=matmul_mma.step_cols(wt))[3]
             split = t["matmul_mma/split"]

@@ -30,6 +30,9 @@ struct float4 {
 struct uint4 {
   unsigned int x, y, z, w;
 };
+struct alignas(8) uint2 {
+  unsigned int x, y;
+};
 
 inline thread_local rf_uint3 emu_thread_idx{0, 0, 0};
 inline rf_uint3 emu_block_idx{0, 0, 0}, emu_block_dim{1, 1, 1}, emu_grid_dim{1, 1, 1};
