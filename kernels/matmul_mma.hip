@@ -604,19 +604,30 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 // mma_tiles stages each step's decoded weights in shared memory for the warps' fragment loads: per step of a
 // 32-token tile, 16 KB written and 32 KB read back for 4.6 KB of Q4_K weights, two barriers, and the loads
 // of the steps ahead in registers the staging holds back. Here each warp owns 16 rows of the tile and all
-// 32 tokens (four 16 x 8 products per k-substep), and each lane decodes the weights of its own A fragments
-// straight from its loads: no shared weight tile at all. The fragments' k order is ours to choose as long
-// as x follows it: lane 4 g + t takes bytes 8t .. 8t + 7 of a row's 32 code bytes of the step (rows g and
-// g + 8), whose low nibbles are columns 8t .. 8t + 7 of the step's first half and high nibbles the same of
-// its second; k-substep s (0 .. 3) gives the lane's k positions 2t, 2t + 1, 2t + 8, 2t + 9 to columns
-// 8t + 4 (s % 2) + 0 .. 3 of half s / 2. x is staged per step in that order (stream_x_position), so a
-// lane's B fragment of a token is one 8-byte load. Q4_K, Q5_K and Q6_K (Llama's K-quant layers); the
-// other formats and prompt tiles keep mma_tiles.
+// its tokens (one 16 x 8 product per token tile and k-substep), and each lane decodes the weights of its
+// own A fragments straight from its loads: no shared weight tile at all. The fragments' k order is ours to
+// choose as long as x follows it: lane 4 g + t takes bytes 8t .. 8t + 7 of a row's 32 code bytes of the
+// step (rows g and g + 8), whose low nibbles are columns 8t .. 8t + 7 of the step's first half and high
+// nibbles the same of its second; k-substep s (0 .. 3) gives the lane's k positions 2t, 2t + 1, 2t + 8,
+// 2t + 9 to columns 8t + 4 (s % 2) + 0 .. 3 of half s / 2 (frag_column). x follows in one of two ways:
+// - 32-token tiles stage x per step in shared memory in that order (stream_x_position), rounded to f16
+//   once, so a lane's B fragment of a token is one 8-byte load; two barriers a step.
+// - 8-token tiles (a batch of at most 8) read x straight from memory: the lane's four columns are adjacent
+//   in x too, so its B fragment is one 16-byte load rounded to f16 in registers, and the eight warps of a
+//   workgroup share it through the cache. No shared memory and no barrier in the loop: each warp runs at
+//   its own pace. Measured on an H200 against the staged path (docs/benchmarks.md): 8 tokens gate/up 41.2
+//   -> 34.0 us, down 43.8 -> 40.1; at 16 and 32 tokens every warp rounding every x value cost more than
+//   the barriers (gate/up 85 us at 32).
+// Q4_K, Q5_K and Q6_K (Llama's K-quant layers); the other formats and prompt tiles keep mma_tiles.
 constexpr int kStreamTokens = 32;
 constexpr int kStreamStride = 80;  // halves per token of the x tile: a half-warp's 8-byte loads hit 32 banks
+constexpr int kDirectTokens = 8;
 
-// Where tile column col (0 .. 63) of a step sits in a token's row of the x tile: k-substep s, lane t,
-// position i at 16 s + 4 t + i.
+// The step column of lane t's four weights (and x values) in k-substep s: 32 (s / 2) + 8 t + 4 (s % 2).
+static __device__ __forceinline__ int frag_column(int s, int t) { return 32 * (s >> 1) + 8 * t + 4 * (s & 1); }
+
+// Where tile column col (0 .. 63) of a step sits in a token's row of the staged x tile: k-substep s, lane
+// t, position i at 16 s + 4 t + i (the inverse of frag_column).
 static __device__ __forceinline__ int stream_x_position(int col) {
   const int half = col >> 5, c = col & 31;
   return 16 * (2 * half + ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);
@@ -698,17 +709,20 @@ struct Fragments<Wide6> {
   typedef Wide6Fragments Format;
 };
 
-// The tiles of 128 rows x 32 tokens with the weights' fragments from registers (see above); the same items,
-// split ranges, workspace and results as mma_tiles<Step, 32, ...>.
-template <class F>
+// The tiles of 128 rows x TN tokens (kStreamTokens: x staged; kDirectTokens: x from memory) with the
+// weights' fragments from registers (see above); the same items, split ranges, workspace and results as
+// mma_tiles<Step, 32, ...> (a direct tile's partials are a quarter of the workspace slot's size).
+template <class F, int TN>
 __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* xs, int* last) {
   typedef typename F::Step Step;
-  constexpr int TN = kStreamTokens, kStepCols = Step::kStepCols, kDepth = F::kDepth;
-  constexpr int kXLoads = TN * kStepCols / 4 / kThreads;  // float4s of x per thread
+  constexpr bool kStaged = TN != kDirectTokens;
+  constexpr int kStepCols = Step::kStepCols, kDepth = F::kDepth;
+  constexpr int kXLoads = kStaged ? TN * kStepCols / 4 / kThreads : 1;  // float4s of staged x per thread
   constexpr int kXPerToken = kStepCols / 4;
-  constexpr int kTokenTiles = TN / 8;                    // 16 x 8 products per k-substep
+  constexpr int kTokenTiles = TN / 8;  // 16 x 8 products per k-substep
   constexpr int kAcc = kTokenTiles * 4;
   static_assert(kWarps * 16 == kTileRows && kXLoads >= 1, "eight warps of 16 rows");
+  static_assert(TN == kStreamTokens || TN == kDirectTokens, "the two tile shapes");
   const float* __restrict__ x = a.x;
   const int rows = a.rows, cols = a.cols, n_tokens = a.n_tokens, splits = a.splits;
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane >> 2, t = lane & 3;
@@ -726,12 +740,14 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
     const unsigned char* w_src[2];  // rows g and g + 8 of the warp's 16
 #pragma unroll
     for (int e = 0; e < 2; ++e) w_src[e] = a.W + (unsigned long long)lesser_of(r0 + 16 * warp + g + 8 * e, rows - 1) * row_bytes;
+    // Staged: float4 p of this thread is token v / kXPerToken, step columns 4 (v % kXPerToken) .. (v = tid +
+    // kThreads p). Direct: token g of the tile (the last token where past the batch).
     const float* x_src[kXLoads];
     int x_dst[kXLoads], x_col[kXLoads];
 #pragma unroll
     for (int p = 0; p < kXLoads; ++p) {
-      const int v = tid + kThreads * p;  // float4 v: token v / kXPerToken, step columns 4 (v % kXPerToken) ..
-      const int token = v / kXPerToken;
+      const int v = tid + kThreads * p;
+      const int token = kStaged ? v / kXPerToken : g;
       x_col[p] = 4 * (v % kXPerToken);
       x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols;
       x_dst[p] = token * kStreamStride + stream_x_position(x_col[p]);
@@ -741,18 +757,17 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
 #pragma unroll
     for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
 
-    // kDepth steps of weights and x in registers, loaded kDepth steps ahead of their use (as mma_tiles).
+    // kDepth steps of weights (and of staged x) in registers, loaded kDepth steps ahead of their use.
     typename F::Raw raw[kDepth][2];
-    float4 xv[kDepth][kXLoads];
+    float4 xv[kStaged ? kDepth : 1][kXLoads];
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
 #pragma unroll
       for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], c, t);
+      if constexpr (kStaged) {
 #pragma unroll
-      for (int p = 0; p < kXLoads; ++p) {
-        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c, x_col[p]));
-        xv[d][p].x = v.x, xv[d][p].y = v.y, xv[d][p].z = v.z, xv[d][p].w = v.w;
+        for (int p = 0; p < kXLoads; ++p) xv[d][p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c, x_col[p]));
       }
     }
 
@@ -761,35 +776,46 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
       for (int d = 0; d < kDepth; ++d) {  // unrolled: raw[d] and xv[d] stay registers
         const int c0 = c_base + d * kStepCols;
         if (c0 >= c_end) break;  // uniform across the workgroup
-        __syncthreads();  // every warp is done reading the previous step's x
+        if constexpr (kStaged) {
+          __syncthreads();  // every warp is done reading the previous step's x
 #pragma unroll
-        for (int p = 0; p < kXLoads; ++p) {
-          unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
-          dst[0] = pack_f16(xv[d][p].x, xv[d][p].y);
-          dst[1] = pack_f16(xv[d][p].z, xv[d][p].w);
+          for (int p = 0; p < kXLoads; ++p) {
+            unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
+            dst[0] = pack_f16(xv[d][p].x, xv[d][p].y);
+            dst[1] = pack_f16(xv[d][p].z, xv[d][p].w);
+          }
+        }
+        float4 xd[4];  // direct: the lane's x of each k-substep, loaded before the decode hides its latency
+        if constexpr (!kStaged) {
+#pragma unroll
+          for (int s = 0; s < 4; ++s) xd[s] = *reinterpret_cast<const float4*>(x_src[0] + Step::column(c0, frag_column(s, t)));
         }
         unsigned int pairs[2][8];  // rows g, g + 8
 #pragma unroll
         for (int e = 0; e < 2; ++e) F::decode(raw[d][e], c0, pairs[e]);
-        __syncthreads();
+        if constexpr (kStaged) __syncthreads();
 
         const int next = lesser_of(c0 + kDepth * kStepCols, c_end - kStepCols);
 #pragma unroll
         for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], next, t);
+        if constexpr (kStaged) {
 #pragma unroll
-        for (int p = 0; p < kXLoads; ++p) {
-          const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
-          xv[d][p].x = v.x, xv[d][p].y = v.y, xv[d][p].z = v.z, xv[d][p].w = v.w;
+          for (int p = 0; p < kXLoads; ++p) xv[d][p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
         }
 
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           const unsigned int fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
+          if constexpr (kStaged) {
 #pragma unroll
-          for (int j = 0; j < kTokenTiles; ++j) {
-            const unsigned int* src = reinterpret_cast<const unsigned int*>(xs + (8 * j + g) * kStreamStride + 16 * s + 4 * t);
-            const unsigned int fb[2] = {src[0], src[1]};
-            rf_mma_m16n8k16_f16(acc + 4 * j, fa, fb);
+            for (int j = 0; j < kTokenTiles; ++j) {
+              const unsigned int* src = reinterpret_cast<const unsigned int*>(xs + (8 * j + g) * kStreamStride + 16 * s + 4 * t);
+              const unsigned int fb[2] = {src[0], src[1]};
+              rf_mma_m16n8k16_f16(acc + 4 * j, fa, fb);
+            }
+          } else {
+            const unsigned int fb[2] = {pack_f16(xd[s].x, xd[s].y), pack_f16(xd[s].z, xd[s].w)};
+            rf_mma_m16n8k16_f16(acc, fa, fb);
           }
         }
       }
@@ -845,23 +871,28 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
-// The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format>, the same arguments,
-// tile_tokens 32 only (the launcher's choice: hipcore/ops/matmul_mma.py entry_name). Entries of their own,
-// so that their registers are counted apart from the shared-tile path's.
-#define RF_MATMUL_MMA_FRAGMENT_ENTRY(name, Step)                                                                  \
+// The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format> (32-token tiles, x
+// staged) and matmul_mma_direct_<format> (a batch of at most 8 tokens, x from memory), the same arguments;
+// tile_tokens is the launcher's 32 for both (hipcore/ops/matmul_mma.py entry_name picks). Entries of their
+// own, so that their registers are counted apart from the shared-tile path's.
+#define RF_MATMUL_MMA_FRAGMENT_ENTRY(name, Step, TN, kXsHalves)                                                  \
   extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
                                                          const float* __restrict__ x, void* workspace, int rows,    \
                                                          int cols, int n_tokens, int tile_tokens, int splits,       \
                                                          int accumulate) {                                         \
-    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kStreamTokens * mmq::kStreamStride];          \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[kXsHalves];                                         \
     __shared__ int last;                                                                                          \
     const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
                            rows, cols, n_tokens, splits, accumulate};                                             \
     (void)tile_tokens;                                                                                            \
-    mmq::fragment_tiles<typename mmq::Fragments<Step>::Format>(a, xs, &last);                                    \
+    mmq::fragment_tiles<typename mmq::Fragments<Step>::Format, TN>(a, xs, &last);                                \
   }
 
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q4_k, mmq::Wide<false>)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q5_k, mmq::Wide<true>)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6)
+#define RF_STAGED_X (mmq::kStreamTokens * mmq::kStreamStride)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q4_k, mmq::Wide<false>, mmq::kStreamTokens, RF_STAGED_X)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q5_k, mmq::Wide<true>, mmq::kStreamTokens, RF_STAGED_X)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6, mmq::kStreamTokens, RF_STAGED_X)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8)
 #endif

@@ -41,7 +41,7 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
                                                     splits=splits, step=matmul_mma.step_cols(weight_type))
     assert used == splits
     arch = "sm_90" if harness.name.endswith("nvidia_mma") else "gfx942"  # NVIDIA's harness runs its fragment path
-    run_mma(harness, matmul_mma.entry_name(arch, weight_type, tile), grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
+    run_mma(harness, matmul_mma.entry_name(arch, weight_type, tile, n_tokens), grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
             int(accumulate), ws_bytes, tmp_path / "w", tmp_path / "x", tmp_path / "y_in" if accumulate else "-",
             tmp_path / "y", tmp_path / "ws")
     got = np.fromfile(tmp_path / "y", np.float32).reshape(n_tokens, rows)
@@ -62,9 +62,10 @@ def test_matmul_mma_matches_the_reference(mma_harnesses, kind, weight_type, tmp_
     rng = np.random.default_rng([len(kind), ord(kind[0]), ord(weight_type[-1]), len(weight_type)])
     block = column_multiple(weight_type)
     # (rows, cols, n_tokens, tile or None, grid or None): a row tile cut short and a token tile cut short,
-    # both tile shapes, several column steps; then one workgroup looping over every tile.
+    # both tile shapes, several column steps; then one workgroup looping over every tile; a batch of 5
+    # (NVIDIA's direct entry for the K-quants).
     cases = [(130, 2 * block if block == 256 else 3 * block, 70, None, None), (64, block, 33, 32, None),
-             (20, block, 9, None, 1)]
+             (20, block, 9, None, 1), (36, 2 * block, 5, None, None)]
     for rows, cols, n_tokens, tile, grid in cases:
         excess = worst_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, tile, grid, rng, tmp_path)
         assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens}: {excess:.3g} x the bound"
@@ -72,9 +73,10 @@ def test_matmul_mma_matches_the_reference(mma_harnesses, kind, weight_type, tmp_
 
 # (rows, cols, n_tokens, tile, grid or None, splits, accumulate): a decode batch split over the columns
 # (3 uneven splits of 8 steps, one token tile cut short), a split launch whose 2 workgroups each loop over
-# several (tile, split) items, the residual add without and with splits.
+# several (tile, split) items, the residual add without and with splits; a batch of 8 split and added
+# (NVIDIA's direct entry for the K-quants, its partials a quarter of a slot).
 SPLIT_CASES = [(130, 256, 9, 32, None, 3, False), (64, 512, 20, 32, 2, 4, False), (72, 256, 12, 32, None, 1, True),
-               (130, 512, 40, 64, 3, 5, True)]
+               (130, 512, 40, 64, 3, 5, True), (130, 512, 8, 32, 3, 4, True)]
 
 
 @pytest.mark.parametrize("kind", ["nvidia_mma", "cdna_mfma", "rdna3_wmma", "fma32"])
@@ -133,25 +135,31 @@ def test_a_wrong_fragment_layout_is_caught(fault, tmp_path):
     assert excess > 10.0, f"{fault}: the planted layout fault went unnoticed ({excess:.3g} x the bound)"
 
 
-# Faults of NVIDIA's fragment path (K-quant decode batches): x staged in the wrong k order, the A fragment's
-# rows and k halves crossed, results written to the wrong token, Q6_K's scale of the wrong 16 elements.
+# Faults of NVIDIA's fragment path (K-quant decode batches; 32 tokens take its staged entry, 8 its direct
+# one): staged x in the wrong k order, direct x at the wrong k positions or of the wrong token, the A
+# fragment's rows and k halves crossed, results written to the wrong token, Q6_K's scale of the wrong 16
+# elements.
 FRAGMENT_FAULTS = {
-    "x in the wrong k order": ("q4_k", "return 16 * (2 * half + ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);",
-                               "return 16 * (half + 2 * ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);"),
-    "A's rows and k halves crossed": ("q5_k", "fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};",
+    "staged x in the wrong k order": ("q4_k", 32, "return 16 * (2 * half + ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);",
+                                      "return 16 * (half + 2 * ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);"),
+    "direct x at the wrong k positions": ("q4_k", 8, "return 32 * (s >> 1) + 8 * t + 4 * (s & 1);",
+                                          "return 32 * (s & 1) + 8 * t + 4 * (s >> 1);"),
+    "direct x of the wrong token": ("q6_k", 7, "const int token = kStaged ? v / kXPerToken : g;",
+                                    "const int token = kStaged ? v / kXPerToken : 0;"),
+    "A's rows and k halves crossed": ("q5_k", 32, "fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};",
                                       "fa[4] = {pairs[0][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s], pairs[1][2 * s + 1]};"),
-    "the wrong token": ("q4_k", "t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);", "t0 + 8 * j + 2 * t + (e >> 1), acc[4 * j + e]);"),
-    "Q6_K's scale of the wrong elements": ("q6_k", "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t >> 1)];",
+    "the wrong token": ("q4_k", 32, "t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);", "t0 + 8 * j + 2 * t + (e >> 1), acc[4 * j + e]);"),
+    "Q6_K's scale of the wrong elements": ("q6_k", 8, "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t >> 1)];",
                                            "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t & 1)];"),
 }
 
 
 @pytest.mark.parametrize("fault", FRAGMENT_FAULTS)
 def test_a_broken_fragment_path_is_caught(fault, tmp_path):
-    weight_type, old, new = FRAGMENT_FAULTS[fault]
+    weight_type, n_tokens, old, new = FRAGMENT_FAULTS[fault]
     harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
     rng = np.random.default_rng(29)
-    excess = worst_excess(harness, weight_type, 64, 512, 32, 32, None, rng, tmp_path)
+    excess = worst_excess(harness, weight_type, 64, 512, n_tokens, 32, None, rng, tmp_path)
     assert excess > 10.0, f"{fault}: the planted fault went unnoticed ({excess:.3g} x the bound)"
 
 

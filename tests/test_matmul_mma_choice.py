@@ -21,17 +21,19 @@ def test_matrix_cores_by_arch(arch, expected):
     assert matmul_mma.has_matrix_cores(arch) is expected
 
 
-@pytest.mark.parametrize("arch,weight_type,tile,expected", [
-    ("sm_90", "q4_k", 32, "matmul_mma_fragments_q4_k"), ("sm_80", "q6_k", 32, "matmul_mma_fragments_q6_k"),
-    ("sm_90a", "q5_k", 32, "matmul_mma_fragments_q5_k"), ("sm_90", "q4_k", 64, "matmul_mma_q4_k"),
-    ("sm_90", "q8_0", 32, "matmul_mma_q8_0"), ("sm_75", "q4_k", 32, "matmul_mma_q4_k"),
-    ("gfx942", "q4_k", 32, "matmul_mma_q4_k"), ("gfx1100", "q6_k", 32, "matmul_mma_q6_k"),
+@pytest.mark.parametrize("arch,weight_type,tile,n_tokens,expected", [
+    ("sm_90", "q4_k", 32, 32, "matmul_mma_fragments_q4_k"), ("sm_80", "q6_k", 32, 9, "matmul_mma_fragments_q6_k"),
+    ("sm_90a", "q5_k", 32, 8, "matmul_mma_direct_q5_k"), ("sm_90", "q4_k", 32, 1, "matmul_mma_direct_q4_k"),
+    ("sm_90", "q4_k", 64, 512, "matmul_mma_q4_k"), ("sm_90", "q8_0", 32, 8, "matmul_mma_q8_0"),
+    ("sm_75", "q4_k", 32, 8, "matmul_mma_q4_k"), ("gfx942", "q4_k", 32, 8, "matmul_mma_q4_k"),
+    ("gfx1100", "q6_k", 32, 32, "matmul_mma_q6_k"),
 ])
-def test_the_fragment_path_only_where_its_layout_exists(arch, weight_type, tile, expected):
-    """The fragment path is written in mma.sync's fragment layout, for the K-quants' 32-token tiles: the
-    AMD targets, other formats and 64-token tiles keep the shared-tile kernel; fragments=False always does."""
-    assert matmul_mma.entry_name(arch, weight_type, tile) == expected
-    assert matmul_mma.entry_name(arch, weight_type, tile, fragments=False) == f"matmul_mma_{weight_type}"
+def test_the_fragment_path_only_where_its_layout_exists(arch, weight_type, tile, n_tokens, expected):
+    """The fragment path is written in mma.sync's fragment layout, for the K-quants' 32-token tiles (its direct
+    entry up to DIRECT_MAX_TOKENS tokens): the AMD targets, other formats and 64-token tiles keep the
+    shared-tile kernel; fragments=False always does."""
+    assert matmul_mma.entry_name(arch, weight_type, tile, n_tokens) == expected
+    assert matmul_mma.entry_name(arch, weight_type, tile, n_tokens, fragments=False) == f"matmul_mma_{weight_type}"
 
 
 def test_tiles_fit_the_batch_and_fill_the_device():
@@ -46,10 +48,15 @@ def test_project_takes_the_matrix_cores_where_they_exist(cpu_device, monkeypatch
     calls = []
     monkeypatch.setattr(matmul_mma, "launch", lambda *a, **k: calls.append(("mma", a[7], k["weight_type"])))
     monkeypatch.setattr(matmul, "project", lambda *a, **k: calls.append(("matmul", a[7], k["weight_type"])))
-    lo, klo = matmul_mma.MMA_MIN_TOKENS, matmul_mma.MMA_MIN_TOKENS_KQUANT
-    assert klo < lo and matmul_mma.min_tokens("q4_k") == klo and matmul_mma.min_tokens("q8_0") == lo
+    lo = matmul_mma.MMA_MIN_TOKENS
+    assert matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS < matmul_mma.MMA_MIN_TOKENS_KQUANT < lo
+    assert matmul_mma.min_tokens("q8_0", "sm_90") == matmul_mma.min_tokens("q8_0") == lo
+    # The K-quants from fewer tokens where they take the fragment path (NVIDIA sm_80+), else from 7.
+    assert matmul_mma.min_tokens("q6_k", "sm_90") == matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS
+    assert matmul_mma.min_tokens("q4_k", "gfx942") == matmul_mma.min_tokens("q4_k") == matmul_mma.MMA_MIN_TOKENS_KQUANT
     for arch in ("cpu", "gfx1030", "sm_90", "gfx942"):
         monkeypatch.setattr(cpu_device, "arch", arch)
+        klo = matmul_mma.min_tokens("q4_k", arch)
         calls.clear()
         for n, wt in ((klo - 1, "q4_k"), (klo, "q4_k"), (klo, "q8_0"), (lo, "q8_0"), (512, "q6_k"), (512, "f16")):
             matmul_mma.project(cpu_device, None, 0, 0, 0, 4, 256, n, weight_type=wt)

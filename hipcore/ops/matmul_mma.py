@@ -55,6 +55,11 @@ MMA_MIN_TOKENS = matmul.MATVEC_MAX_TOKENS + 1
 # against 1,492. The step time of fused_qmatvec grows with the tokens and the matrix cores' barely does;
 # between the two points measured, the lines cross near 7 (8B) and 6 (1B) tokens.
 MMA_MIN_TOKENS_KQUANT = 7
+# Where the K-quants take the fragment path (NVIDIA sm_80+), from 5 tokens: on an NVIDIA H200, per
+# Llama-3.1-8B layer, fused_qmatvec's four launches take 146 us at 4 tokens and 333 at 6 (two passes over W),
+# the fragment path's seven products 144 and 146 us plus ~18 us of the single ops' norm, RoPE and SwiGLU
+# (scripts/gpu/measure_qmatvec_decode.py beside measure_matmul_mma.py; docs/benchmarks.md).
+MMA_MIN_TOKENS_KQUANT_FRAGMENTS = 5
 KQUANT_TYPES = ("q4_k", "q5_k", "q6_k")
 F16_MAX = 65504.0
 U16 = 2.0**-11  # f16 unit roundoff
@@ -64,8 +69,10 @@ _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-
 
 
 # The K-quants' decode batches on NVIDIA's mma (32-token tiles): kernels/matmul_mma.hip's fragment path,
-# whose lanes decode their own A fragments in registers instead of staging the decoded tile in shared memory.
+# whose lanes decode their own A fragments in registers instead of staging the decoded tile in shared memory;
+# a batch of at most DIRECT_MAX_TOKENS takes its direct entry (x read straight from memory, no barrier).
 FRAGMENT_TYPES = ("q4_k", "q5_k", "q6_k")
+DIRECT_MAX_TOKENS = 8
 
 
 def has_fragment_path(arch: str, weight_type: str, tile_tokens: int) -> bool:
@@ -76,11 +83,12 @@ def has_fragment_path(arch: str, weight_type: str, tile_tokens: int) -> bool:
     return nvidia_mma and tile_tokens == 32 and weight_type in FRAGMENT_TYPES
 
 
-def entry_name(arch: str, weight_type: str, tile_tokens: int, fragments: bool = True) -> str:
-    """The kernel of a launch: matmul_mma_fragments_<type> where has_fragment_path (unless `fragments` is
-    False: the shared-tile kernel, for side-by-side measurements and tests), else matmul_mma_<type>."""
+def entry_name(arch: str, weight_type: str, tile_tokens: int, n_tokens: int, fragments: bool = True) -> str:
+    """The kernel of a launch: where has_fragment_path, matmul_mma_direct_<type> for at most DIRECT_MAX_TOKENS
+    tokens and matmul_mma_fragments_<type> for more (unless `fragments` is False: the shared-tile kernel, for
+    side-by-side measurements and tests); else matmul_mma_<type>."""
     if fragments and has_fragment_path(arch, weight_type, tile_tokens):
-        return f"{OP}_fragments_{weight_type}"
+        return f"{OP}_{'direct' if n_tokens <= DIRECT_MAX_TOKENS else 'fragments'}_{weight_type}"
     return f"{OP}_{weight_type}"
 
 
@@ -143,6 +151,9 @@ def _host(weight_type: str):
 
 for _type in WEIGHT_TYPES:
     cpu_kernel(f"{OP}_{_type}", SIGNATURE)(_host(_type))
+for _type in FRAGMENT_TYPES:  # the fragment path's entries compute the same product
+    cpu_kernel(f"{OP}_fragments_{_type}", SIGNATURE)(_host(_type))
+    cpu_kernel(f"{OP}_direct_{_type}", SIGNATURE)(_host(_type))
 
 
 # ---- launcher ----------------------------------------------------------------------------------
@@ -219,19 +230,23 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     if splits is not None and split != splits:
         raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
                          f"{partial_bytes(grid // split, splits, tile)} bytes")
-    kernel = get_kernel(device, OP, entry_name(device.arch, weight_type, tile, fragments), SIGNATURE)
+    kernel = get_kernel(device, OP, entry_name(device.arch, weight_type, tile, n_tokens, fragments), SIGNATURE)
     kernel.launch(grid, block, (y, w, x, workspace if split > 1 else 0, rows, cols, n_tokens, tile, split,
                                 int(bool(accumulate))), stream=stream)
 
 
-def min_tokens(weight_type: str) -> int:
-    """The fewest tokens whose products `project` runs on the matrix cores, for W of this type."""
-    return MMA_MIN_TOKENS_KQUANT if weight_type in KQUANT_TYPES else MMA_MIN_TOKENS
+def min_tokens(weight_type: str, arch: str = "") -> int:
+    """The fewest tokens whose products `project` runs on the matrix cores, for W of this type on `arch`
+    (the K-quants from fewer where they take the fragment path)."""
+    if weight_type not in KQUANT_TYPES:
+        return MMA_MIN_TOKENS
+    return MMA_MIN_TOKENS_KQUANT_FRAGMENTS if has_fragment_path(arch, weight_type, 32) else MMA_MIN_TOKENS_KQUANT
 
 
 def takes_matrix_cores(device: Device, n_tokens: int, weight_type: str) -> bool:
     """Whether `project` runs this product on the matrix cores (else matmul's kernels)."""
-    return n_tokens >= min_tokens(weight_type) and supports(weight_type) and has_matrix_cores(device.arch)
+    return (n_tokens >= min_tokens(weight_type, device.arch) and supports(weight_type)
+            and has_matrix_cores(device.arch))
 
 
 def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,

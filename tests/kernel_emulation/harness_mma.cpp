@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
       {"matmul_mma_q4_k", matmul_mma_q4_k}, {"matmul_mma_q5_k", matmul_mma_q5_k}, {"matmul_mma_q6_k", matmul_mma_q6_k},
 #if RF_MMA_KIND == 1  // NVIDIA's fragment path of decode batches
       {"matmul_mma_fragments_q4_k", matmul_mma_fragments_q4_k}, {"matmul_mma_fragments_q5_k", matmul_mma_fragments_q5_k},
-      {"matmul_mma_fragments_q6_k", matmul_mma_fragments_q6_k},
+      {"matmul_mma_fragments_q6_k", matmul_mma_fragments_q6_k}, {"matmul_mma_direct_q4_k", matmul_mma_direct_q4_k},
+      {"matmul_mma_direct_q5_k", matmul_mma_direct_q5_k}, {"matmul_mma_direct_q6_k", matmul_mma_direct_q6_k},
 #endif
   };
   if (!kernels.count(entry)) return 2;
