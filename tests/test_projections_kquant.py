@@ -152,3 +152,33 @@ def test_on_matrix_cores_the_residual_add_rides_in_the_product(layer, cpu_device
     want = x + matmul.reference(raw["ffn_down"], "q6_k", gate, HIDDEN, FFN)
     bound = matmul.error_bound(raw["ffn_down"], "q6_k", gate, HIDDEN, FFN) + 2.0**-23 * np.abs(want)
     assert np.all(np.abs(read(b["x"], (t, HIDDEN)) - want) <= bound)
+
+
+def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner(layer, cpu_device, monkeypatch):
+    """On NVIDIA sm_80+ (matmul_mma's fragment path) a layer leaves fused_qmatvec after 4 tokens and the head
+    after 4 rows; elsewhere after FUSED_QMATVEC_MAX_TOKENS and HEAD_MATVEC_MAX_ROWS. The plans only: the
+    cpu backend runs every entry's product."""
+    from hipcore.model import projections
+
+    p, lw, b = layer.planner, layer.lw, layer.b
+    head = layer.weights["output"]
+    fused = ["attn_norm+qkv+rope", "ffn_norm+gate_up+silu", "attn_output+residual"]
+    single = ["attn_norm", "q_proj", "k_proj", "v_proj", "rope_q", "rope_k", "ffn_norm", "gate_proj", "up_proj",
+              "silu_mul", "attn_output+residual"]
+
+    def names(t):
+        return [n for plan in (p.attention_input(lw, t, b["q"]), p.feed_forward_input(lw, t),
+                               p.residual_product("attn_output", lw.attn_output, b["attn"], HEADS * HEAD_DIM, t))
+                for n, _ in plan]
+
+    def head_names(r):
+        return [n for n, _ in p.head(head, layer.norms["output_norm"], b["x"], r)]
+
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    assert projections.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == 4
+    assert names(4) == fused and names(5) == single
+    assert head_names(4) == ["output_norm+head"] and head_names(5) == ["output_norm", "head"]
+    monkeypatch.setattr(cpu_device, "arch", "gfx942")
+    assert projections.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == FUSED_QMATVEC_MAX_TOKENS
+    assert names(FUSED_QMATVEC_MAX_TOKENS) == fused and names(FUSED_QMATVEC_MAX_TOKENS + 1) == single
+    assert head_names(projections.HEAD_MATVEC_MAX_ROWS) == ["output_norm+head"]

@@ -30,9 +30,14 @@ FUSED_MATVEC_MAX_TOKENS = 8
 # tokens), beyond it the single ops on matmul_mma, which take the K-quants from
 # matmul_mma.MMA_MIN_TOKENS_KQUANT tokens: the two limits meet (see there for the measurement). Its own
 # limit, not fused_matvec's, so that it can follow such measurements. It cannot exceed
-# fused_qmatvec.MAX_TOKENS_PER_PASS without a second pass over W.
+# fused_qmatvec.MAX_TOKENS_PER_PASS without a second pass over W. Where matmul_mma takes the K-quants from
+# fewer tokens (its fragment path), qmatvec_limit follows it down.
 FUSED_QMATVEC_MAX_TOKENS = matmul_mma.MMA_MIN_TOKENS_KQUANT - 1
 HEAD_MATVEC_MAX_ROWS = 8
+# The K-quant head where matmul_mma has the fragment path leaves fused_qmatvec after 4 rows: on an NVIDIA
+# H200, Llama 3's Q6_K head (128256 x 4096) took fused_qmatvec 312 us at 4 rows and 895 at 6, the fragment
+# path 333 at 2 and 394 at 8 (docs/benchmarks.md).
+HEAD_QMATVEC_MAX_ROWS_FRAGMENTS = 4
 
 Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
 
@@ -48,6 +53,21 @@ def separate_fusable(n_tokens: int, *weights, max_tokens: int | None = None) -> 
     limit = FUSED_QMATVEC_MAX_TOKENS if max_tokens is None else max_tokens
     return n_tokens <= limit and all(w is not None for w in weights) and fused_qmatvec.supports(
         *(w.fmt for w in weights))
+
+
+def qmatvec_limit(device: Device, *weights) -> int:
+    """The most tokens fused_qmatvec takes these separate matrices for on `device`: FUSED_QMATVEC_MAX_TOKENS,
+    or fewer where matmul_mma takes one of them from fewer (its fragment path)."""
+    return min([FUSED_QMATVEC_MAX_TOKENS] + [matmul_mma.min_tokens(w.fmt, device.arch) - 1 for w in weights
+                                             if w is not None])
+
+
+def head_qmatvec_limit(device: Device, weight) -> int:
+    """The most rows fused_qmatvec takes the head for on `device` (HEAD_QMATVEC_MAX_ROWS_FRAGMENTS where
+    matmul_mma has the fragment path for its type, else HEAD_MATVEC_MAX_ROWS)."""
+    if matmul_mma.has_fragment_path(device.arch, weight.fmt, 32):
+        return HEAD_QMATVEC_MAX_ROWS_FRAGMENTS
+    return HEAD_MATVEC_MAX_ROWS
 
 
 def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED_MATVEC_MAX_TOKENS):
@@ -88,7 +108,8 @@ class ProjectionPlanner:
                 q_rows=nh * hd, kv_rows=nkv * hd, cols=h, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
                 theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, freq_factors=self.freq_factors,
                 **kwargs))]
-        if separate_fusable(t, lw.attn_q, lw.attn_k, lw.attn_v) and hd % 4 == 0:
+        if separate_fusable(t, lw.attn_q, lw.attn_k, lw.attn_v, max_tokens=qmatvec_limit(dev, lw.attn_q, lw.attn_k, lw.attn_v)) \
+                and hd % 4 == 0:
             weights = [(weight_arg(w), w.fmt) for w in (lw.attn_q, lw.attn_k, lw.attn_v)]
             return [("attn_norm+qkv+rope", lambda: fused_qmatvec.launch_norm_rope(
                 dev, st, b["q"], b["k"], b["v"], weights, b["x"], lw.attn_norm.buffer, positions, q_rows=nh * hd,
@@ -116,7 +137,7 @@ class ProjectionPlanner:
             return [("ffn_norm+gate_up+silu", lambda: family.launch_norm_swiglu(
                 dev, st, b["gate"], weight_arg(gate_up), b["x"], lw.ffn_norm.buffer, rows=f, cols=h, eps=eps,
                 weight_type=gate_up.fmt, **kwargs))]
-        if separate_fusable(t, lw.ffn_gate, lw.ffn_up):
+        if separate_fusable(t, lw.ffn_gate, lw.ffn_up, max_tokens=qmatvec_limit(dev, lw.ffn_gate, lw.ffn_up)):
             weights = [(weight_arg(w), w.fmt) for w in (lw.ffn_gate, lw.ffn_up)]
             return [("ffn_norm+gate_up+silu", lambda: fused_qmatvec.launch_norm_swiglu(
                 dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps))]
@@ -136,7 +157,7 @@ class ProjectionPlanner:
             kwargs = self._fused_kwargs(family, t)
             return [(f"{name}+residual", lambda: family.launch_add(
                 dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, weight_type=wt.fmt, **kwargs))]
-        if separate_fusable(t, wt):
+        if separate_fusable(t, wt, max_tokens=qmatvec_limit(dev, wt)):
             return [(f"{name}+residual", lambda: fused_qmatvec.launch_add(
                 dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, batch=t, weight_type=wt.fmt))]
         if matmul_mma.takes_matrix_cores(dev, t, wt.fmt):  # the residual add in the product's epilogue
@@ -156,7 +177,7 @@ class ProjectionPlanner:
             return [("output_norm+head", lambda: family.launch_norm(
                 dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, eps=eps,
                 weight_type=out_w.fmt, **kwargs))]
-        if separate_fusable(r, out_w, max_tokens=HEAD_MATVEC_MAX_ROWS):
+        if separate_fusable(r, out_w, max_tokens=head_qmatvec_limit(dev, out_w)):
             return [("output_norm+head", lambda: fused_qmatvec.launch_norm(
                 dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, batch=r, eps=eps,
                 weight_type=out_w.fmt))]
