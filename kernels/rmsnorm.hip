@@ -10,11 +10,40 @@ extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32(float* out, const 
   const unsigned long long row_start = (unsigned long long)blockIdx.x * (unsigned long long)n;
   x += row_start;
   out += row_start;
+  // Rows of whole float4s at 16-byte addresses (every model's hidden size) move 16 bytes a load: a quarter
+  // of the loads, which issue together (a 4096-wide row: four a thread), where a float at a time made each
+  // thread wait on sixteen. Uniform across the block.
+  const unsigned long long addresses = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(out) |
+                                       reinterpret_cast<unsigned long long>(weight);
+  const bool whole_float4s = (n & 3) == 0 && (addresses & 15) == 0;
 
   float sum_sq = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) sum_sq = fmaf(x[i], x[i], sum_sq);
+  if (whole_float4s) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      sum_sq = fmaf(v.x, v.x, sum_sq);
+      sum_sq = fmaf(v.y, v.y, sum_sq);
+      sum_sq = fmaf(v.z, v.z, sum_sq);
+      sum_sq = fmaf(v.w, v.w, sum_sq);
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum_sq = fmaf(x[i], x[i], sum_sq);
+  }
   sum_sq = rf_block_sum(sum_sq, scratch);
 
   const float scale = 1.0f / sqrtf(sum_sq / (float)n + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * scale) * weight[i];
+  if (whole_float4s) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* w4 = reinterpret_cast<const float4*>(weight);
+    float4* out4 = reinterpret_cast<float4*>(out);
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = x4[i], w = w4[i];
+      float4 r;
+      r.x = (v.x * scale) * w.x, r.y = (v.y * scale) * w.y, r.z = (v.z * scale) * w.z, r.w = (v.w * scale) * w.w;
+      out4[i] = r;
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * scale) * weight[i];
+  }
 }
