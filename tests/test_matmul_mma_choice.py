@@ -31,9 +31,47 @@ def test_matrix_cores_by_arch(arch, expected):
 def test_the_fragment_path_only_where_its_layout_exists(arch, weight_type, tile, n_tokens, expected):
     """The fragment path is written in mma.sync's fragment layout, for the K-quants' 32-token tiles (its direct
     entry up to DIRECT_MAX_TOKENS tokens): the AMD targets, other formats and 64-token tiles keep the
-    shared-tile kernel; fragments=False always does."""
+    shared-tile kernel; path "shared" always does, "staged" and "direct" name the fragment entries where they exist."""
     assert matmul_mma.entry_name(arch, weight_type, tile, n_tokens) == expected
-    assert matmul_mma.entry_name(arch, weight_type, tile, n_tokens, fragments=False) == f"matmul_mma_{weight_type}"
+    assert matmul_mma.entry_name(arch, weight_type, tile, n_tokens, path="shared") == f"matmul_mma_{weight_type}"
+    if matmul_mma.has_fragment_path(arch, weight_type, tile):
+        assert matmul_mma.entry_name(arch, weight_type, tile, 1, path="staged") == f"matmul_mma_fragments_{weight_type}"
+        assert matmul_mma.entry_name(arch, weight_type, tile, 32, path="direct") == f"matmul_mma_direct_{weight_type}"
+    else:
+        with pytest.raises(ValueError, match="no fragment path"):
+            matmul_mma.entry_name(arch, weight_type, tile, n_tokens, path="direct")
+    with pytest.raises(ValueError, match="path must be"):
+        matmul_mma.entry_name(arch, weight_type, tile, n_tokens, path="fragments")
+
+
+def test_q6_k_takes_the_direct_entry_only_over_short_splits():
+    """Measured per shape (hipcore/ops/matmul_mma.py DIRECT_Q6K_MAX_SPLIT_STEPS): Q6_K's direct entry over at
+    most 8 steps a split, the staged one over more; Q4_K's direct entry over any."""
+    limit = matmul_mma.DIRECT_Q6K_MAX_SPLIT_STEPS
+    assert matmul_mma.entry_name("sm_90", "q6_k", 32, 8, split_steps=limit) == "matmul_mma_direct_q6_k"
+    assert matmul_mma.entry_name("sm_90", "q6_k", 32, 8, split_steps=limit + 1) == "matmul_mma_fragments_q6_k"
+    assert matmul_mma.entry_name("sm_90", "q4_k", 32, 8, split_steps=64) == "matmul_mma_direct_q4_k"
+
+
+def test_the_launcher_counts_the_steps_of_a_split(cpu_device, monkeypatch):
+    """The 8B's down (14336 columns, 8 splits: 28 steps each) takes the staged entry, its v (4096, 16: 4) the
+    direct one; the head (one split of 64 steps) the staged one."""
+    from hipcore.ops import fused_matmul
+    from hipcore.runtime.device import Buffer
+
+    launched = []
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    monkeypatch.setattr(matmul_mma, "get_kernel", lambda dev, op, entry, sig: type(
+        "K", (), {"launch": lambda self, *a, **k: launched.append(entry)})())
+    monkeypatch.setattr(matmul_mma.matvec, "check_operands", lambda *a, **k: None)
+    workspace = cpu_device.allocate(fused_matmul.WORKSPACE_BYTES, "scratch")
+    assert isinstance(workspace, Buffer)
+    try:
+        for rows, cols in ((4096, 14336), (1024, 4096), (128256, 4096)):
+            matmul_mma.launch(cpu_device, None, 0, 0, 0, rows, cols, 8, weight_type="q6_k", workspace=workspace)
+    finally:
+        workspace.free()
+    assert launched == ["matmul_mma_fragments_q6_k", "matmul_mma_direct_q6_k", "matmul_mma_fragments_q6_k"]
 
 
 def test_tiles_fit_the_batch_and_fill_the_device():

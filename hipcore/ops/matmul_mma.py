@@ -73,6 +73,11 @@ _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-
 # a batch of at most DIRECT_MAX_TOKENS takes its direct entry (x read straight from memory, no barrier).
 FRAGMENT_TYPES = ("q4_k", "q5_k", "q6_k")
 DIRECT_MAX_TOKENS = 8
+# Q6_K takes the direct entry only where each split covers at most this many steps. On an NVIDIA H100 at 8
+# tokens, direct against staged: Llama-3.1-8B v (4 steps a split) 9.3 against 11.9 us, Llama-3.2-1B v (4)
+# 8.0 / 9.4 and down (8) 18.5 / 22.2; but the 8B's down (28 steps) 51.0 / 45.2 and the head (64) 420.9 /
+# 314.2. Q4_K's direct entry won over 32 steps (the 8B's gate/up: 31.0 / 41.8 us).
+DIRECT_Q6K_MAX_SPLIT_STEPS = 8
 
 
 def has_fragment_path(arch: str, weight_type: str, tile_tokens: int) -> bool:
@@ -83,13 +88,25 @@ def has_fragment_path(arch: str, weight_type: str, tile_tokens: int) -> bool:
     return nvidia_mma and tile_tokens == 32 and weight_type in FRAGMENT_TYPES
 
 
-def entry_name(arch: str, weight_type: str, tile_tokens: int, n_tokens: int, fragments: bool = True) -> str:
-    """The kernel of a launch: where has_fragment_path, matmul_mma_direct_<type> for at most DIRECT_MAX_TOKENS
-    tokens and matmul_mma_fragments_<type> for more (unless `fragments` is False: the shared-tile kernel, for
-    side-by-side measurements and tests); else matmul_mma_<type>."""
-    if fragments and has_fragment_path(arch, weight_type, tile_tokens):
-        return f"{OP}_{'direct' if n_tokens <= DIRECT_MAX_TOKENS else 'fragments'}_{weight_type}"
-    return f"{OP}_{weight_type}"
+PATHS = ("auto", "shared", "staged", "direct")
+
+
+def entry_name(arch: str, weight_type: str, tile_tokens: int, n_tokens: int, path: str = "auto",
+               split_steps: int = 1) -> str:
+    """The kernel of a launch whose splits each cover `split_steps` steps of step_cols(weight_type) columns.
+    path "auto" (the launcher's choice): where has_fragment_path, matmul_mma_direct_<type> for at most
+    DIRECT_MAX_TOKENS tokens (Q6_K: over at most DIRECT_Q6K_MAX_SPLIT_STEPS steps a split) and
+    matmul_mma_fragments_<type> (x staged) otherwise; else matmul_mma_<type>. "shared", "staged" and "direct"
+    name one kernel (side-by-side measurements and tests); the last two exist only where has_fragment_path."""
+    if path not in PATHS:
+        raise ValueError(f"{OP}: path must be one of {PATHS}, got {path!r}")
+    fragments = has_fragment_path(arch, weight_type, tile_tokens)
+    if path in ("staged", "direct") and not fragments:
+        raise ValueError(f"{OP}_{weight_type}: no fragment path on {arch} for {tile_tokens}-token tiles")
+    if path == "auto" and fragments:
+        direct = n_tokens <= DIRECT_MAX_TOKENS and (weight_type != "q6_k" or split_steps <= DIRECT_Q6K_MAX_SPLIT_STEPS)
+        path = "direct" if direct else "staged"
+    return {"staged": f"{OP}_fragments_{weight_type}", "direct": f"{OP}_direct_{weight_type}"}.get(path, f"{OP}_{weight_type}")
 
 
 def has_matrix_cores(arch: str) -> bool:
@@ -216,10 +233,10 @@ def supports(weight_type: str) -> bool:
 
 def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
            weight_type: str, tile_tokens: int | None = None, workspace: Any = None, splits: int | None = None,
-           accumulate: bool = False, fragments: bool = True) -> None:
+           accumulate: bool = False, path: str = "auto") -> None:
     """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T (y += when accumulate) on the matrix cores, W of
     `weight_type`; `workspace` a Buffer zeroed once after allocation (the kernels leave its counters at zero),
-    or None for no splits; fragments=False keeps the shared-tile kernel where the fragment path would run."""
+    or None for no splits; `path` as entry_name's ("auto": the launcher's choice of kernel)."""
     matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens",
                           alignment=WEIGHT_ALIGNMENT)
     if workspace is not None and not isinstance(workspace, Buffer):
@@ -230,7 +247,12 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     if splits is not None and split != splits:
         raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
                          f"{partial_bytes(grid // split, splits, tile)} bytes")
-    kernel = get_kernel(device, OP, entry_name(device.arch, weight_type, tile, n_tokens, fragments), SIGNATURE)
+    split_steps = -(-(cols // step_cols(weight_type)) // split)
+    entry = entry_name(device.arch, weight_type, tile, n_tokens, path, split_steps)
+    if entry.startswith(f"{OP}_direct_") and split > 1 and tile_count(rows, n_tokens, DIRECT_MAX_TOKENS) > MAX_SPLIT_TILES:
+        raise ValueError(f"{entry}: its {DIRECT_MAX_TOKENS}-token tiles are more than the {MAX_SPLIT_TILES} counters "
+                         "a split launch has")
+    kernel = get_kernel(device, OP, entry, SIGNATURE)
     kernel.launch(grid, block, (y, w, x, workspace if split > 1 else 0, rows, cols, n_tokens, tile, split,
                                 int(bool(accumulate))), stream=stream)
 

@@ -5,7 +5,7 @@ kernel whole, on the Llama-3.1-8B shapes (q/o 4096x4096 and k 1024x4096 Q4_K, v 
 TFLOP/s = 2 tokens rows cols / time) for docs/benchmarks.md.
 
     python3 scripts/gpu/measure_matmul_mma.py [--quick] [--tokens 8,32] [--shapes q/o,head] [--split-only]
-                                              [--json-out PATH]
+                                              [--paths shared,staged,direct] [--json-out PATH]
 
 Timing as scripts/gpu/measure_matmul.py's Bench: weights rotated through 256 MiB of copies (from DRAM, as
 in a forward pass), launches captured in a graph and timed with events, median of the repeats. Every
@@ -34,6 +34,8 @@ SHAPES = [("q/o", "q4_k", 4096, 4096), ("k", "q4_k", 1024, 4096), ("v", "q6_k", 
           ("gate/up", "q4_k", 14336, 4096), ("down", "q6_k", 4096, 14336)]
 TOKENS = [8, 16, 32, 64, 512]
 HEAD = ("head", "q6_k", 128256, 4096)  # Llama 3's output projection: only with --shapes (its reference is slow)
+# Llama-3.2-1B's Q6_K products, only with --shapes.
+EXTRA = [HEAD, ("v-1b", "q6_k", 512, 2048), ("down-1b", "q6_k", 2048, 8192)]
 BOUNDS = {"matmul_mma": matmul_mma.error_bound}
 
 
@@ -69,16 +71,19 @@ class MmaBench(Bench):
                 buf.free()
 
 
-def kernels(weight_type, rows, cols, n, workspace, split_only=False, shared_tile=False):
-    """The launcher's choice ("split"), and beside it the same kernel unsplit ("whole"), or with shared_tile
-    the shared-tile kernel where the launcher takes the fragment path ("whole" then holds that one, split)."""
-    def mma(ws, fragments=True):
+def kernels(weight_type, rows, cols, n, workspace, split_only=False, paths=None):
+    """The launcher's choice ("split"), and beside it the same kernel unsplit ("whole"); with `paths`, each of
+    matmul_mma.PATHS named there instead of "whole", split as the launcher splits (the fragment path's entries
+    where the device has them)."""
+    def mma(ws, path="auto"):
         return lambda d, s, y, w, x: matmul_mma.launch(d, s, y, w, x, rows, cols, n, weight_type=weight_type,
-                                                       workspace=ws, fragments=fragments)
+                                                       workspace=ws, path=path)
     chosen = {"matmul_mma/split": mma(workspace)}
     if split_only:
         return chosen
-    return {"matmul_mma/whole": mma(workspace, fragments=False) if shared_tile else mma(None), **chosen}
+    if paths:
+        return {**{f"matmul_mma/{p}": mma(workspace, p) for p in paths}, **chosen}
+    return {"matmul_mma/whole": mma(None), **chosen}
 
 
 def main() -> None:
@@ -87,11 +92,11 @@ def main() -> None:
     ap.add_argument("--json-out")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES),
-                    help=f"comma-separated products of {', '.join(s[0] for s in SHAPES + [HEAD])}")
+                    help=f"comma-separated products of {', '.join(s[0] for s in SHAPES + EXTRA)}")
     ap.add_argument("--split-only", action="store_true", help="time only the launcher's choice (no whole column range)")
-    ap.add_argument("--shared-tile", action="store_true",
-                    help="beside the launcher's choice, the shared-tile kernel split the same way, in place of the "
-                         "whole column range (K-quant decode batches on NVIDIA: the fragment path against it)")
+    ap.add_argument("--paths", default=None, metavar="LIST",
+                    help="beside the launcher's choice, these of shared, staged, direct (matmul_mma.PATHS), split "
+                         "the same way, in place of the whole column range (K-quant decode batches on NVIDIA)")
     args = ap.parse_args()
     dev = pick_device("auto").device
     bench = MmaBench(dev, 256 << 20, 3 if args.quick else 10, 3 if args.quick else 5)
@@ -99,22 +104,24 @@ def main() -> None:
     workspace = dev.allocate(fused_matmul.WORKSPACE_BYTES, "scratch", label="matmul_workspace")  # the runner's
     workspace.fill(0)
     print(f"{dev.describe() if hasattr(dev, 'describe') else dev.arch}, commit {commit()}, {datetime.date.today()}\n")
-    other, chosen_label = ("shared-tile µs", "launcher µs") if args.shared_tile else ("whole µs", "split µs")
-    print(f"| product | type | rows x cols | tokens | splits | {other} | {chosen_label} | GB/s of weights | TFLOP/s | speed-up |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    paths = [p for p in args.paths.split(",") if p] if args.paths else []
+    others = [f"{p} µs" for p in paths] or ["whole µs"]
+    print(f"| product | type | rows x cols | tokens | splits | {' | '.join(others)} | launcher µs | GB/s of weights | "
+          f"TFLOP/s | speed-up |")
+    print("|---|---|---|---:|---:|" + "---:|" * len(others) + "---:|---:|---:|---:|")
     chosen = args.shapes.split(",")
-    for name, wt, rows, cols in [s for s in SHAPES + [HEAD] if s[0] in chosen]:
+    for name, wt, rows, cols in [s for s in SHAPES + EXTRA if s[0] in chosen]:
         for n in [int(v) for v in args.tokens.split(",")]:
-            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n, workspace, args.split_only, args.shared_tile))
+            t = bench.shape(wt, rows, cols, n, kernels(wt, rows, cols, n, workspace, args.split_only, paths))
             splits = matmul_mma.geometry(rows, n, cols=cols, workspace_bytes=workspace.nbytes,
                                          step=matmul_mma.step_cols(wt))[3]
             split = t["matmul_mma/split"]
-            whole = t.get("matmul_mma/whole", float("nan"))
+            other = [t.get(f"matmul_mma/{p}", float("nan")) for p in paths] or [t.get("matmul_mma/whole", float("nan"))]
             gbs = rows * row_bytes(wt, cols) / split / 1e3
             rows_out.append({"product": name, "type": wt, "rows": rows, "cols": cols, "tokens": n, "splits": splits,
                              "us": t})
-            print(f"| {name} | {wt} | {rows}x{cols} | {n} | {splits} | {whole:.1f} | {split:.1f} | {gbs:.0f} | "
-                  f"{tflops(n, rows, cols, split):.1f} | {whole / split:.2f}x |", flush=True)
+            print(f"| {name} | {wt} | {rows}x{cols} | {n} | {splits} | {' | '.join(f'{v:.1f}' for v in other)} | "
+                  f"{split:.1f} | {gbs:.0f} | {tflops(n, rows, cols, split):.1f} | {max(other) / split:.2f}x |", flush=True)
     workspace.free()
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"device": dev.arch, "commit": commit(), "rows": rows_out}, indent=1))

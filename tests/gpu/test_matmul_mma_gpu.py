@@ -109,10 +109,12 @@ def test_split_columns_and_the_residual_add(gpu, mem, rng, seed, weight_type, ro
 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     ("q4_k", 4096, 4096, 8), ("q5_k", 300, 512, 9), ("q6_k", 4096, 14336, 32), ("q4_k", 129, 1024, 31),
+    ("q6_k", 1024, 4096, 3),
 ])
-def test_the_fragment_path_and_the_shared_tile_kernel_agree(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
-    """Where the launcher takes the fragment path (K-quant decode batches on NVIDIA), the shared-tile kernel it
-    replaced still runs there (fragments=False): each within the bound of the reference, split as the runner's."""
+def test_every_path_agrees_with_the_reference(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
+    """Where the launcher takes the fragment path (K-quant decode batches on NVIDIA), each of its entries at any
+    batch of one token tile (the direct one past 8 tokens, the staged one below 9) and the shared-tile kernel it
+    replaced: each within the bound of the reference, split as the runner's."""
     from hipcore.ops import fused_matmul
 
     if not matmul_mma.has_fragment_path(gpu.arch, weight_type, 32):
@@ -123,8 +125,8 @@ def test_the_fragment_path_and_the_shared_tile_kernel_agree(gpu, mem, rng, seed,
     workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8))
     want = matmul_mma.reference(raw, weight_type, x, rows, cols)
     bound = matmul_mma.error_bound(raw, weight_type, x, rows, cols)
-    for fragments in (True, False):
+    for path in matmul_mma.PATHS:
         matmul_mma.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, workspace=workspace,
-                          fragments=fragments)
+                          path=path)
         bad = ~(np.abs(y.download(np.float32).reshape(n_tokens, rows) - want) <= bound)
-        assert not bad.any(), f"seed {seed}, fragments={fragments}: {int(bad.sum())} of {bad.size} outputs off"
+        assert not bad.any(), f"seed {seed}, path {path}: {int(bad.sum())} of {bad.size} outputs off"
