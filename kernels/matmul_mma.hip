@@ -833,12 +833,27 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
 }
 #endif
 
+// The steps in flight of mma_tiles' 32-token tiles. On NVIDIA, Q6_K's decode batches take the fragment
+// path (hipcore/ops/matmul_mma.py entry_name): its shared-tile 32-token tiles run only when named (path
+// "shared", a measurement baseline), and with two steps in flight nvcc spilled 8 bytes of the whole kernel,
+// its prompt tiles too, on sm_90; one step keeps the kernel in registers.
+template <class Step>
+struct DepthTile32 {
+  static constexpr int value = kDepthTile32;
+};
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+template <>
+struct DepthTile32<Wide6> {
+  static constexpr int value = 1;
+};
+#endif
+
 template <class Step>
 __device__ __forceinline__ void matmul_mma(const Launch& a, int tile_tokens, unsigned short* ws, unsigned short* xs,
                                            int* last) {
   rf_check_wave_size();
   if (tile_tokens == 32)  // uniform: a kernel argument
-    mma_tiles<Step, 32, kDepthTile32>(a, ws, xs, last);
+    mma_tiles<Step, 32, DepthTile32<Step>::value>(a, ws, xs, last);
   else
     mma_tiles<Step, 64, kDepthTile64>(a, ws, xs, last);
 }
@@ -874,9 +889,11 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
 // The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format> (32-token tiles, x
 // staged) and matmul_mma_direct_<format> (a batch of at most 8 tokens, x from memory), the same arguments;
 // tile_tokens is the launcher's 32 for both (hipcore/ops/matmul_mma.py entry_name picks). Entries of their
-// own, so that their registers are counted apart from the shared-tile path's.
-#define RF_MATMUL_MMA_FRAGMENT_ENTRY(name, Step, TN, kXsHalves)                                                  \
-  extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
+// own, so that their registers are counted apart from the shared-tile path's. BOUNDS: their launch bounds;
+// Q5_K's direct entry says two workgroups per SM, without which nvcc held it to 80 registers and spilled 8-16
+// bytes (the others keep the bounds they were measured with).
+#define RF_MATMUL_MMA_FRAGMENT_ENTRY(name, Step, TN, kXsHalves, BOUNDS)                                          \
+  extern "C" __global__ BOUNDS void name(float* __restrict__ y, const void* __restrict__ W,                       \
                                                          const float* __restrict__ x, void* workspace, int rows,    \
                                                          int cols, int n_tokens, int tile_tokens, int splits,       \
                                                          int accumulate) {                                         \
@@ -889,10 +906,12 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
   }
 
 #define RF_STAGED_X (mmq::kStreamTokens * mmq::kStreamStride)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q4_k, mmq::Wide<false>, mmq::kStreamTokens, RF_STAGED_X)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q5_k, mmq::Wide<true>, mmq::kStreamTokens, RF_STAGED_X)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6, mmq::kStreamTokens, RF_STAGED_X)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8)
+#define RF_BOUNDS __launch_bounds__(256)
+#define RF_BOUNDS_TWO_PER_SM __launch_bounds__(256, 2)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q4_k, mmq::Wide<false>, mmq::kStreamTokens, RF_STAGED_X, RF_BOUNDS)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q5_k, mmq::Wide<true>, mmq::kStreamTokens, RF_STAGED_X, RF_BOUNDS)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6, mmq::kStreamTokens, RF_STAGED_X, RF_BOUNDS)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8, RF_BOUNDS)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8, RF_BOUNDS_TWO_PER_SM)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8, RF_BOUNDS)
 #endif

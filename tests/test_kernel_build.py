@@ -51,6 +51,17 @@ EXPECTED_KERNELS = {
     "silu_mul": ["silu_mul_f32"],
     "softcap": ["softcap_f32"],
 }
+# Entries only NVIDIA's objects have: matmul_mma's fragment path (written in mma.sync's fragment layout).
+NVIDIA_ONLY_KERNELS = {
+    "matmul_mma": [f"matmul_mma_{entry}_{t}" for entry in ("fragments", "direct") for t in ("q4_k", "q5_k", "q6_k")],
+}
+
+
+def expected_entries(target: str, op: str) -> list[str]:
+    """The entry points `op`'s code object for `target` holds."""
+    return EXPECTED_KERNELS[op] + (NVIDIA_ONLY_KERNELS.get(op, []) if target.startswith("sm_") else [])
+
+
 # EF_AMDGPU_MACH_* from LLVM's include/llvm/BinaryFormat/ELF.h (the low byte of e_flags).
 AMDGPU_MACH = {"gfx90a": 0x3F, "gfx942": 0x4C, "gfx1030": 0x36, "gfx1100": 0x41, "gfx1201": 0x4E}
 EM_AMDGPU, EM_CUDA = 224, 190
@@ -134,7 +145,8 @@ def test_nvidia_objects_are_cubins_for_their_sm(built, target):
     require_compiler("nvidia")
     out, _, _ = built
     sm = int(target[3:])
-    for op, entries in EXPECTED_KERNELS.items():
+    for op in EXPECTED_KERNELS:
+        entries = expected_entries(target, op)
         data = (out / target / f"{op}.cubin").read_bytes()
         machine, flags, abi = elf_header(data)
         assert machine == EM_CUDA
@@ -154,11 +166,11 @@ def test_manifest_records_hashes_symbols_and_register_use(built):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["sources"] == {op: loader.source_digest(op) for op in EXPECTED_KERNELS}
     for target in all_targets():
-        for op, entries in EXPECTED_KERNELS.items():
+        for op in EXPECTED_KERNELS:
             entry = manifest["objects"][target][op]
             assert entry["source_sha256"] == loader.source_digest(op)
             assert (out / entry["file"]).is_file()
-            assert sorted(entry["kernels"]) == sorted(entries)
+            assert sorted(entry["kernels"]) == sorted(expected_entries(target, op))
             for name, usage in entry["kernels"].items():
                 assert usage["registers"] > 0, f"{target} {name}: no register use recorded"
                 assert usage["shared_bytes"] >= 0
@@ -374,8 +386,11 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
                 assert off_chip == 0, f"{target} {name}: {usage}"
-                if op == "matmul_mma":  # f16 tiles: 128 rows and 64 tokens of 72 halves, the split flag
-                    assert usage["shared_bytes"] == (128 + 64) * 72 * 2 + 4, f"{target} {name}: {usage}"
+                if op == "matmul_mma":
+                    # shared-tile entries: f16 tiles of 128 rows and 64 tokens of 72 halves, the split flag; the
+                    # fragment path's staged entries: x of 32 tokens of 80 halves, the flag; its direct ones: the flag
+                    shared = {"fragments": 32 * 80 * 2 + 4, "direct": 4}.get(name.split("_")[2], (128 + 64) * 72 * 2 + 4)
+                    assert usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
                 if op in ("matvec", "qmatvec", "matmul"):
                     assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"
 

@@ -22,11 +22,11 @@ def mma_harnesses(tmp_path_factory):
 
 
 def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, tile, grid_override, rng, tmp_path,
-                 splits: int = 1, accumulate: bool = False):
+                 splits: int = 1, accumulate: bool = False, path: str = "auto"):
     """max |got - want| / bound of one launch on fresh random inputs (<= 1 passes; an output left unwritten,
     NaN as the harness fills y, counts as infinitely far). With splits > 1 the workspace is exactly what they
     need, and its counters must be left at zero; with accumulate, y starts as random values the product is
-    added to."""
+    added to; `path` as matmul_mma.entry_name's (NVIDIA's harness stands for sm_90, the others for gfx942)."""
     raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     raw.tofile(tmp_path / "w")
@@ -41,7 +41,8 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
                                                     splits=splits, step=matmul_mma.step_cols(weight_type))
     assert used == splits
     arch = "sm_90" if harness.name.endswith("nvidia_mma") else "gfx942"  # NVIDIA's harness runs its fragment path
-    run_mma(harness, matmul_mma.entry_name(arch, weight_type, tile, n_tokens), grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
+    split_steps = -(-(cols // matmul_mma.step_cols(weight_type)) // splits)
+    run_mma(harness, matmul_mma.entry_name(arch, weight_type, tile, n_tokens, path, split_steps), grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
             int(accumulate), ws_bytes, tmp_path / "w", tmp_path / "x", tmp_path / "y_in" if accumulate else "-",
             tmp_path / "y", tmp_path / "ws")
     got = np.fromfile(tmp_path / "y", np.float32).reshape(n_tokens, rows)
@@ -88,6 +89,17 @@ def test_split_columns_and_the_residual_add_match_the_reference(mma_harnesses, k
                               splits=splits, accumulate=accumulate)
         assert excess <= 1.0, (f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} splits {splits} "
                                f"accumulate {accumulate}: {excess:.3g} x the bound")
+
+
+@pytest.mark.parametrize("weight_type", ["q4_k", "q6_k"])
+def test_nvidias_shared_tile_kernel_at_32_token_tiles_still_matches(mma_harnesses, weight_type, tmp_path):
+    """On NVIDIA the K-quants' 32-token tiles take the fragment path; the shared-tile kernel's (path "shared",
+    the measurement baseline; Q6_K's with one step in flight there) still computes the product, split too."""
+    rng = np.random.default_rng([11, ord(weight_type[1])])
+    for rows, cols, n_tokens, splits in ((130, 512, 9, 1), (64, 512, 32, 3)):
+        excess = worst_excess(mma_harnesses["nvidia_mma"], weight_type, rows, cols, n_tokens, 32, None, rng, tmp_path,
+                              splits=splits, path="shared")
+        assert excess <= 1.0, f"{weight_type} {rows}x{cols} tokens {n_tokens} splits {splits}: {excess:.3g} x the bound"
 
 
 # Faults of the split combine each detector must catch: a split's partial left out of the sum, the
