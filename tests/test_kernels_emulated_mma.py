@@ -166,12 +166,17 @@ FRAGMENT_FAULTS = {
 }
 
 
+def nvidia_excess_with(old: str, new: str, weight_type: str, n_tokens: int, seed: int, tmp_path) -> float:
+    """worst_excess of a 64 x 512 product of n_tokens on NVIDIA's harness built with `old` replaced by `new`
+    in kernels/matmul_mma.hip."""
+    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+    return worst_excess(harness, weight_type, 64, 512, n_tokens, 32, None, np.random.default_rng(seed), tmp_path)
+
+
 @pytest.mark.parametrize("fault", FRAGMENT_FAULTS)
 def test_a_broken_fragment_path_is_caught(fault, tmp_path):
     weight_type, n_tokens, old, new = FRAGMENT_FAULTS[fault]
-    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
-    rng = np.random.default_rng(29)
-    excess = worst_excess(harness, weight_type, 64, 512, n_tokens, 32, None, rng, tmp_path)
+    excess = nvidia_excess_with(old, new, weight_type, n_tokens, 29, tmp_path)
     assert excess > 10.0, f"{fault}: the planted fault went unnoticed ({excess:.3g} x the bound)"
 
 
@@ -191,8 +196,6 @@ DECODE_FAULTS = {
 @pytest.mark.parametrize("fault", DECODE_FAULTS)
 def test_a_broken_packed_decode_is_caught(fault, tmp_path):
     weight_type, old, new = DECODE_FAULTS[fault]
-    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
-    rng = np.random.default_rng(23)
-    excess = worst_excess(harness, weight_type, 64, 512, 16, 32, None, rng, tmp_path)
+    excess = nvidia_excess_with(old, new, weight_type, 16, 23, tmp_path)  # 16 tokens: the staged entry
     # The ordinary check fails above 1; a one-code shift of half of Q6_K's columns lands near 8 here.
     assert excess > 2.0, f"{fault}: the planted decode fault went unnoticed ({excess:.3g} x the bound)"
