@@ -615,9 +615,10 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 // - 8-token tiles (a batch of at most 8) read x straight from memory: the lane's four columns are adjacent
 //   in x too, so its B fragment is one 16-byte load rounded to f16 in registers, and the eight warps of a
 //   workgroup share it through the cache. No shared memory and no barrier in the loop: each warp runs at
-//   its own pace. Measured on an H200 against the staged path (docs/benchmarks.md): 8 tokens gate/up 41.2
-//   -> 34.0 us, down 43.8 -> 40.1; at 16 and 32 tokens every warp rounding every x value cost more than
-//   the barriers (gate/up 85 us at 32).
+//   its own pace. Measured on an H100 against the staged entry (docs/benchmarks.md), 8 tokens: gate/up 41.1
+//   -> 31.0 us, q/o 16.5 -> 12.2; Q6_K gains only over short splits (v 11.4 -> 9.1, but the 8B's down 45.5
+//   -> 51.1: hipcore/ops/matmul_mma.py DIRECT_Q6K_MAX_SPLIT_STEPS); at 32 tokens every warp rounding every
+//   x value cost more than the barriers (gate/up 108 us against 42).
 // Q4_K, Q5_K and Q6_K (Llama's K-quant layers); the other formats and prompt tiles keep mma_tiles.
 constexpr int kStreamTokens = 32;
 constexpr int kStreamStride = 80;  // halves per token of the x tile: a half-warp's 8-byte loads hit 32 banks
