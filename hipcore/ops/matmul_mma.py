@@ -61,7 +61,7 @@ MMA_MIN_TOKENS_KQUANT = 7
 # (~11 since rmsnorm moves float4s; scripts/gpu/measure_qmatvec_decode.py beside measure_matmul_mma.py;
 # docs/benchmarks.md).
 MMA_MIN_TOKENS_KQUANT_FRAGMENTS = 5
-KQUANT_TYPES = ("q4_k", "q5_k", "q6_k")
+KQUANT_TYPES = WIDE_TYPES
 F16_MAX = 65504.0
 U16 = 2.0**-11  # f16 unit roundoff
 F16_HALF_SPACING = 2.0**-25  # half the spacing of f16's subnormals: the absolute rounding error near 0
@@ -72,7 +72,7 @@ _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-
 # The K-quants' decode batches on NVIDIA's mma (32-token tiles): kernels/matmul_mma.hip's fragment path,
 # whose lanes decode their own A fragments in registers instead of staging the decoded tile in shared memory;
 # a batch of at most DIRECT_MAX_TOKENS takes its direct entry (x read straight from memory, no barrier).
-FRAGMENT_TYPES = ("q4_k", "q5_k", "q6_k")
+FRAGMENT_TYPES = WIDE_TYPES  # the fragments decode Wide / Wide6 steps
 DIRECT_MAX_TOKENS = 8
 # Q6_K takes the direct entry only where each split covers at most this many steps. On an NVIDIA H100 at 8
 # tokens, direct against staged: Llama-3.1-8B v (4 steps a split) 9.3 against 11.9 us, Llama-3.2-1B v (4)
@@ -84,8 +84,7 @@ DIRECT_Q6K_MAX_SPLIT_STEPS = 8
 def has_fragment_path(arch: str, weight_type: str, tile_tokens: int) -> bool:
     """Whether kernels/matmul_mma.hip has the fragment path for this launch: FRAGMENT_TYPES in 32-token tiles
     on NVIDIA sm_80 and later (the path exists only in mma.sync's fragment layout)."""
-    m = _MATRIX_CORE_ARCH.match(arch)
-    nvidia_mma = bool(m) and m.group(1) is not None and int(m.group(1)) >= 80
+    nvidia_mma = arch.startswith("sm_") and has_matrix_cores(arch)
     return nvidia_mma and tile_tokens == 32 and weight_type in FRAGMENT_TYPES
 
 
