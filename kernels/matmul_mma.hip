@@ -188,16 +188,6 @@ struct Q5_0 {
 
 static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
 
-// The 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K / Q5_K super-block from its 12 scale bytes
-// as three words (as matvec.hip's k_scale_min; hipcore/ops/weight_formats.py k_scales documents it).
-static __device__ __forceinline__ void k_scale_min(unsigned int s0, unsigned int s1, unsigned int s2, int sub, float& sc,
-                                                   float& m) {
-  const int k = sub & 3;
-  const unsigned int a = byte_of(s0, k), b = byte_of(s1, k), c = byte_of(s2, k);
-  sc = (float)(sub < 4 ? (a & 63u) : ((c & 15u) | ((a >> 6) << 4)));
-  m = (float)(sub < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
-}
-
 // Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes) and Q5_K {half d;
 // half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes): read in 64-column steps (Wide,
 // below); w = d * sc * q - dmin * m, Q5_K's fifth bit of element l of sub-block i is bit i of qh[l].
@@ -212,9 +202,6 @@ static __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
 static __device__ __forceinline__ uint4 pack8(const float w[8]) {
   return uint4{pack_f16(w[0], w[1]), pack_f16(w[2], w[3]), pack_f16(w[4], w[5]), pack_f16(w[6], w[7])};
 }
-
-// v rounded to f16, in both lanes of a pair.
-static __device__ __forceinline__ unsigned int f16_pair(float v) { return (unsigned int)rf_float_to_f16(v) * 0x10001u; }
 
 // The four bytes of w (codes below 1024) as two f16 pairs of 1024 + code, bytes 0, 1 and 2, 3: each byte with
 // 0x64 above it (the f16 exponent of 1024, so the byte is the mantissa), one byte permute per pair.
@@ -246,18 +233,37 @@ struct Narrow {
 };
 
 // The f16 constants of sub-blocks 2j (lo) and 2j + 1 (hi) of a Q4_K / Q5_K super-block, in both lanes of a
-// pair, from its first 16 bytes (d, dmin, the 12 scale bytes).
+// pair, from its first 16 bytes (d, dmin, the 12 scale bytes: hipcore/ops/weight_formats.py k_scales
+// documents them). No conversion instruction: those run at a quarter of the f16 rate on NVIDIA, and the
+// float path's eleven per row and step (four int -> float, seven float -> f16) were a large part of a decode
+// batch's instructions, which an issue-bound warp pays for (measured on an H100: docs/benchmarks.md).
+// The two sub-blocks' 6-bit scales and mins come out as two bytes each (the low one 2j's), their f16 values
+// as 1024 + v from a byte permute minus 1024 (exact); -1024 sc exactly; -(dmin m) is one f16 product,
+// rounded once as the float path rounded dmin m (the product of an f16 and a 6-bit integer is exact in f32).
 struct KPairScales {
   unsigned int d, sc_lo, sc_hi, off_lo, off_hi, min_lo, min_hi;
 };
 static __device__ __forceinline__ KPairScales k_pair_scales(const uint4& head, int j) {
-  float sc0, m0, sc1, m1;
-  k_scale_min(head.y, head.z, head.w, 2 * j, sc0, m0);
-  k_scale_min(head.y, head.z, head.w, 2 * j + 1, sc1, m1);
-  const float dmin = rf_f16_to_float((unsigned short)(head.x >> 16));
-  return {(head.x & 0xffffu) * 0x10001u,  // the file's f16 d in both lanes
-          f16_pair(sc0), f16_pair(sc1), f16_pair(-1024.0f * sc0), f16_pair(-1024.0f * sc1),
-          f16_pair(-(dmin * m0)), f16_pair(-(dmin * m1))};
+  const unsigned int shift = 16u * (unsigned int)(j & 1);  // sub-blocks 2j, 2j + 1: bytes 2 (j % 2), + 1
+  const unsigned int a = head.y >> shift, b = head.z >> shift, c = head.w >> shift;
+  const unsigned int sc = j < 2 ? a & 0x3f3fu : (c & 0x0f0fu) | ((a & 0xc0c0u) >> 2);
+  const unsigned int m = j < 2 ? b & 0x3f3fu : ((c >> 4) & 0x0f0fu) | ((b & 0xc0c0u) >> 2);
+  constexpr unsigned int k64 = 0x64646464u, k1024 = 0x64006400u, kMinus1024 = 0xe400e400u;
+  const unsigned int sc_lo = rf_h2_sub(rf_byte_perm(sc, k64, 0x4040u), k1024);
+  const unsigned int sc_hi = rf_h2_sub(rf_byte_perm(sc, k64, 0x4141u), k1024);
+  const unsigned int neg_dmin = rf_byte_perm(head.x, 0u, 0x3232u) ^ 0x80008000u;  // -dmin in both lanes
+  return {rf_byte_perm(head.x, 0u, 0x1010u),  // the file's f16 d in both lanes
+          sc_lo, sc_hi, rf_h2_mul(sc_lo, kMinus1024), rf_h2_mul(sc_hi, kMinus1024),
+          rf_h2_mul(neg_dmin, rf_h2_sub(rf_byte_perm(m, k64, 0x4040u), k1024)),
+          rf_h2_mul(neg_dmin, rf_h2_sub(rf_byte_perm(m, k64, 0x4141u), k1024))};
+}
+
+// A Q6_K sub-block's scale d * v (v the signed scale byte, -128 .. 127; d the file's f16) in both lanes of a
+// pair, with no conversion instruction (k_pair_scales says why): the byte v + 128 under 0x64 is 1152 + v as
+// an f16, so v exactly; one f16 product rounds d v as the float path rounded it (exact in f32).
+static __device__ __forceinline__ unsigned int q6_scale_pair(unsigned short d, int v) {
+  const unsigned int v_pair = rf_h2_sub(rf_byte_perm((unsigned int)v ^ 0x80u, 0x64646464u, 0x4040u), 0x64806480u);
+  return rf_h2_mul((unsigned int)d * 0x10001u, v_pair);
 }
 
 // One word of a Q4_K / Q5_K chunk's codes (bytes 4i .. 4i + 3: four columns of sub-block 2j in the low
@@ -406,8 +412,7 @@ struct Wide6 {
   }
   static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
     const int t = (c0 >> 6) & 1;
-    const float d = rf_f16_to_float(r.d);
-    const unsigned int scale_a = f16_pair(d * (float)r.scale_a), scale_b = f16_pair(d * (float)r.scale_b);
+    const unsigned int scale_a = q6_scale_pair(r.d, r.scale_a), scale_b = q6_scale_pair(r.d, r.scale_b);
     unsigned int ql_words[4], qh_words[4];
     shift_words<4>(r.ql, r.shift, ql_words);
     shift_words<4>(r.qh, r.shift, qh_words);
@@ -684,8 +689,7 @@ struct Wide6Fragments {
   }
   static __device__ __forceinline__ void decode(const Raw& r, int c0, unsigned int pairs[8]) {
     const int u = (c0 >> 6) & 1;
-    const float d = rf_f16_to_float(r.d);
-    const unsigned int scale_a = f16_pair(d * (float)r.scale_a), scale_b = f16_pair(d * (float)r.scale_b);
+    const unsigned int scale_a = q6_scale_pair(r.d, r.scale_a), scale_b = q6_scale_pair(r.d, r.scale_b);
     unsigned int ql[2], qh[2];
     shift_words<2>(r.ql, r.shift, ql);
     shift_words<2>(r.qh, r.shift, qh);
