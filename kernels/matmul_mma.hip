@@ -258,13 +258,10 @@ static __device__ __forceinline__ KPairScales k_pair_scales(const uint4& head, i
           rf_h2_mul(neg_dmin, rf_h2_sub(rf_byte_perm(m, k64, 0x4141u), k1024))};
 }
 
-// A Q6_K sub-block's scale d * v (v the signed scale byte, -128 .. 127; d the file's f16) in both lanes of a
-// pair, with no conversion instruction (k_pair_scales says why): the byte v + 128 under 0x64 is 1152 + v as
-// an f16, so v exactly; one f16 product rounds d v as the float path rounded it (exact in f32).
-static __device__ __forceinline__ unsigned int q6_scale_pair(unsigned short d, int v) {
-  const unsigned int v_pair = rf_h2_sub(rf_byte_perm((unsigned int)v ^ 0x80u, 0x64646464u, 0x4040u), 0x64806480u);
-  return rf_h2_mul((unsigned int)d * 0x10001u, v_pair);
-}
+// v rounded to f16, in both lanes of a pair. Q6_K's scales d * scales[] keep it (three conversions per row
+// and step): the byte-permute form of k_pair_scales, the same values, made Q6_K's products 1-3% slower on an
+// H100 (the 8B's down 45.1 -> 46.4 us at 32 tokens; docs/benchmarks.md).
+static __device__ __forceinline__ unsigned int f16_pair(float v) { return (unsigned int)rf_float_to_f16(v) * 0x10001u; }
 
 // One word of a Q4_K / Q5_K chunk's codes (bytes 4i .. 4i + 3: four columns of sub-block 2j in the low
 // nibbles, the same four of 2j + 1 in the high ones; h the matching word of Q5_K's fifth bits) as two f16
@@ -412,7 +409,8 @@ struct Wide6 {
   }
   static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
     const int t = (c0 >> 6) & 1;
-    const unsigned int scale_a = q6_scale_pair(r.d, r.scale_a), scale_b = q6_scale_pair(r.d, r.scale_b);
+    const float d = rf_f16_to_float(r.d);
+    const unsigned int scale_a = f16_pair(d * (float)r.scale_a), scale_b = f16_pair(d * (float)r.scale_b);
     unsigned int ql_words[4], qh_words[4];
     shift_words<4>(r.ql, r.shift, ql_words);
     shift_words<4>(r.qh, r.shift, qh_words);
@@ -689,7 +687,8 @@ struct Wide6Fragments {
   }
   static __device__ __forceinline__ void decode(const Raw& r, int c0, unsigned int pairs[8]) {
     const int u = (c0 >> 6) & 1;
-    const unsigned int scale_a = q6_scale_pair(r.d, r.scale_a), scale_b = q6_scale_pair(r.d, r.scale_b);
+    const float d = rf_f16_to_float(r.d);
+    const unsigned int scale_a = f16_pair(d * (float)r.scale_a), scale_b = f16_pair(d * (float)r.scale_b);
     unsigned int ql[2], qh[2];
     shift_words<2>(r.ql, r.shift, ql);
     shift_words<2>(r.qh, r.shift, qh);

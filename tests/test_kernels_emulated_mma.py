@@ -183,13 +183,13 @@ def test_a_broken_fragment_path_is_caught(fault, tmp_path):
 # Faults of the K-quants' packed-f16 decoders (kernels/matmul_mma.hip Wide, Wide6), each plausible and each
 # off by O(|w x|) somewhere: two columns of a pair swapped, the min added instead of subtracted, the two top
 # bits of sub-blocks 4..7's scales shifted into the wrong place, Q5_K's fifth bit taken from the neighbouring
-# sub-block, Q6_K's codes centred on 31 instead of 32 in one lane, Q6_K's scale byte left biased by 128.
+# sub-block, Q6_K's codes centred on 31 instead of 32 in one lane, the sign of a Q6_K scale dropped.
 DECODE_FAULTS = {
     "columns of a pair swapped": ("q4_k", "out[1] = rf_byte_perm(w, 0x64646464u, 0x4342u);",
                                   "out[1] = rf_byte_perm(w, 0x64646464u, 0x4243u);"),
     "the min added": ("q4_k", "rf_byte_perm(head.x, 0u, 0x3232u) ^ 0x80008000u;", "rf_byte_perm(head.x, 0u, 0x3232u);"),
     "a scale's top bits of the wrong place": ("q4_k", "(c & 0x0f0fu) | ((a & 0xc0c0u) >> 2)", "(c & 0x0f0fu) | ((a & 0xc0c0u) >> 4)"),
-    "a Q6_K scale off by its byte's bias": ("q6_k", "0x64646464u, 0x4040u), 0x64806480u);", "0x64646464u, 0x4040u), 0x64006400u);"),
+    "a Q6_K scale's sign dropped": ("q6_k", "f16_pair(d * (float)r.scale_a)", "f16_pair(d * (float)(r.scale_a & 0x7f))"),
     "the fifth bit of the next sub-block": ("q5_k", "a |= ((h >> (2 * j)) & 0x01010101u) << 4;",
                                             "a |= ((h >> (2 * j + 1)) & 0x01010101u) << 4;"),
     "a Q6_K lane centred on 31": ("q6_k", "k1056 = 0x64206420u;", "k1056 = 0x641f6420u;"),
