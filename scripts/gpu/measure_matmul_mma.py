@@ -27,6 +27,7 @@ from measure_matmul import REPO, Bench, commit, tflops  # noqa: E402
 
 from hipcore.ops import fused_matmul, matmul, matmul_mma  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
+from hipcore.runtime.kernels import current_object  # noqa: E402
 from hipcore.runtime.selection import pick_device  # noqa: E402
 from support.weight_samples import random_weights  # noqa: E402
 
@@ -104,7 +105,13 @@ def main() -> None:
     rows_out = []
     workspace = dev.allocate(fused_matmul.WORKSPACE_BYTES, "scratch", label="matmul_workspace")  # the runner's
     workspace.fill(0)
-    print(f"{dev.describe() if hasattr(dev, 'describe') else dev.arch}, commit {commit()}, {datetime.date.today()}\n")
+    print(f"{dev.describe() if hasattr(dev, 'describe') else dev.arch}, commit {commit()}, {datetime.date.today()}")
+    # A variant measured from a copied tree whose prebuilt object was built from another source runs compiled
+    # at run time (nvrtc / hiprtc), which can be far slower than the prebuilt compiler's: say which it is.
+    if dev.arch != "cpu":
+        prebuilt = current_object(dev.arch, "matmul_mma")
+        print(f"matmul_mma object: {prebuilt or 'no prebuilt one from these sources: compiled at run time'}")
+    print()
     paths = [p for p in args.paths.split(",") if p] if args.paths else []
     others = [f"{p} µs" for p in paths] or ["whole µs"]
     print(f"| product | type | rows x cols | tokens | splits | {' | '.join(others)} | launcher µs | GB/s of weights | "
