@@ -32,6 +32,7 @@ from hipcore.engine.engine import Engine
 from hipcore.errors import UsageError
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.sampler import SamplingParams
+from hipcore.runtime.kernels import runtime_compiled_ops
 from profiles.llama_cpp_runs import llama_bench_test_name
 
 StatusFn = Callable[[str], None]
@@ -316,4 +317,15 @@ def run_bench(loaded: LoadedModel, cfg: BenchConfig, *, status: StatusFn | None 
                 on_result(result)
     finally:
         work.close()
+        note_runtime_compiled(report, loaded.device.arch)
     return report
+
+
+def note_runtime_compiled(report: BenchReport, arch: str) -> None:
+    """Add a note naming the ops whose kernels were compiled at run time for `arch` (none: no note)."""
+    compiled = runtime_compiled_ops(arch)
+    if compiled:
+        note = (f"kernels compiled at run time, with no prebuilt object of their sources for {arch} (they can run "
+                f"slower than prebuilt ones; `rocmforge kernels build` makes them): {', '.join(compiled)}")
+        if note not in report.notes:
+            report.notes.append(note)

@@ -209,6 +209,7 @@ _lock = threading.Lock()
 _modules: "weakref.WeakKeyDictionary[Device, dict[str, Module]]" = weakref.WeakKeyDictionary()
 _kernels: "weakref.WeakKeyDictionary[Device, dict[tuple[str, str, str], Kernel]]" = weakref.WeakKeyDictionary()
 _warned_runtime_compile = False
+_runtime_compiled_ops: set[tuple[str, str]] = set()  # (arch, op) loaded from a run-time compile
 
 
 def get_kernel(device: Device, op: str, entry: str, signature: str, *, programmatic: bool = False) -> Kernel:
@@ -244,7 +245,18 @@ def _load_module(device: Device, op: str) -> Module:
     prebuilt = current_object(device.arch, op)
     if prebuilt is not None:
         return device.load_module(prebuilt.read_bytes(), op)
-    return device.load_module(_runtime_compiled(device, op, sources), op)
+    module = device.load_module(_runtime_compiled(device, op, sources), op)
+    _runtime_compiled_ops.add((device.arch.split(":", 1)[0], op))
+    return module
+
+
+def runtime_compiled_ops(arch: str) -> list[str]:
+    """The ops this process loaded for `arch` from a run-time compile (no prebuilt object of their current
+    sources), sorted. Their code comes from hiprtc / nvrtc, whose objects can run slower than the build
+    script's (docs/benchmarks.md): a measurement should say when it ran any."""
+    arch = arch.split(":", 1)[0]
+    with _lock:
+        return sorted(op for a, op in _runtime_compiled_ops if a == arch)
 
 
 def _runtime_compiled(device: Device, op: str, sources: Path) -> bytes:
