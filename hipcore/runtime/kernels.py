@@ -86,11 +86,32 @@ def op_names(sources: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob(f"*{SOURCE_SUFFIX}"))
 
 
-def source_digest(op: str, sources: Path | None = None) -> str:
-    """sha256 of what a code object of `op` is built from: hip_compat.h, then <op>.hip."""
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.MULTILINE)
+
+
+def source_files(op: str, sources: Path | None = None) -> list[Path]:
+    """What a code object of `op` is built from: hip_compat.h, <op>.hip, then each file of the sources folder
+    that these include with quotes, directly or through another, once each in the order first met
+    (fused_qmatvec.hip includes qmatvec.hip: an edit there must make fused_qmatvec's objects stale too)."""
     folder = sources or kernels_dir()
+    files = [folder / COMPAT_HEADER, folder / f"{op}{SOURCE_SUFFIX}"]
+    seen = {f.name for f in files}
+    pending = [files[1], files[0]]
+    while pending:
+        for name in _QUOTED_INCLUDE.findall(pending.pop(0).read_text(errors="replace")):
+            path = folder / name  # a plain name: nothing outside the folder
+            if name not in seen and "/" not in name and "\\" not in name and path.is_file():
+                seen.add(name)
+                files.append(path)
+                pending.append(path)
+    return files
+
+
+def source_digest(op: str, sources: Path | None = None) -> str:
+    """sha256 of source_files(op): each file's name, length and bytes (an op that includes nothing of its
+    own keeps the digest of hip_compat.h and <op>.hip alone)."""
     digest = hashlib.sha256()
-    for part in (folder / COMPAT_HEADER, folder / f"{op}{SOURCE_SUFFIX}"):
+    for part in source_files(op, sources):
         data = part.read_bytes()
         digest.update(f"{part.name}\0{len(data)}\0".encode())
         digest.update(data)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir
+from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir, source_files
 
 U32 = 2.0**-24  # float32 unit roundoff
 EMULATION = Path(__file__).parents[1] / "kernel_emulation"
@@ -81,6 +81,8 @@ def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, ke
         assert edited != source, f"the planted edit matched nothing in {MMA_OP}.hip"
         source = edited
     (work / f"{MMA_OP}.hip").write_text(source)
+    for extra in source_files(MMA_OP)[2:]:  # the files it includes besides hip_compat.h
+        shutil.copy(extra, work)
     for name in ("emulation.h", "harness_mma.cpp"):
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()

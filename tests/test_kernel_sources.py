@@ -1,0 +1,67 @@
+"""What a kernel's code object is built from (hipcore/runtime/kernels.py source_files / source_digest): an
+edit to any file an op's source includes must make the op's prebuilt objects stale, or a measurement (or a
+user) runs an object built from other code. fused_qmatvec.hip includes qmatvec.hip."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir, op_names, source_digest, source_files
+
+
+@pytest.fixture
+def sources(tmp_path) -> Path:
+    """A copy of the kernel sources to edit."""
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    for path in kernels_dir().iterdir():
+        if path.suffix in (".hip", ".h"):
+            shutil.copy(path, folder)
+    return folder
+
+
+def header_and_source_digest(op: str, folder: Path) -> str:
+    """The digest of hip_compat.h and <op>.hip alone (the scheme before includes were followed)."""
+    digest = hashlib.sha256()
+    for part in (folder / COMPAT_HEADER, folder / f"{op}.hip"):
+        data = part.read_bytes()
+        digest.update(f"{part.name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def test_an_op_is_built_from_the_files_it_includes():
+    folder = kernels_dir()
+    assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec.hip"]
+    assert [f.name for f in source_files("add")] == [COMPAT_HEADER, "add.hip"]
+    # Every op that includes nothing of its own keeps the digest it had, so no prebuilt object goes stale
+    # for nothing.
+    alone = [op for op in op_names() if len(source_files(op)) == 2]
+    assert "matmul_mma" in alone and "fused_qmatvec" not in alone
+    assert all(source_digest(op) == header_and_source_digest(op, folder) for op in alone)
+
+
+def test_an_edit_to_an_included_file_changes_the_includers_digest(sources):
+    before = {op: source_digest(op, sources) for op in ("fused_qmatvec", "qmatvec", "matvec")}
+    qmatvec = sources / "qmatvec.hip"
+    qmatvec.write_text(qmatvec.read_text() + "\n// an edit\n")
+    after = {op: source_digest(op, sources) for op in before}
+    assert after["fused_qmatvec"] != before["fused_qmatvec"]  # the includer
+    assert after["qmatvec"] != before["qmatvec"]
+    assert after["matvec"] == before["matvec"]  # not an includer
+
+
+def test_includes_are_followed_through_files_and_cycles_end(sources):
+    (sources / "a_part.h").write_text('#include "b_part.h"\n')
+    (sources / "b_part.h").write_text('  #  include "a_part.h"\n#include "missing.h"\n#include <cstdint>\n'
+                                      '#include "../escape.h"\n')
+    (sources / "tmp_op.hip").write_text('#include "hip_compat.h"\n#include "a_part.h"\n')
+    (sources.parent / "escape.h").write_text("outside the folder")
+    assert [f.name for f in source_files("tmp_op", sources)] == [COMPAT_HEADER, "tmp_op.hip", "a_part.h", "b_part.h"]
+    before = source_digest("tmp_op", sources)
+    (sources / "b_part.h").write_text((sources / "b_part.h").read_text() + "// deeper edit\n")
+    assert source_digest("tmp_op", sources) != before
