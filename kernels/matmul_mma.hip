@@ -186,8 +186,6 @@ struct Q5_0 {
   }
 };
 
-static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
-
 // Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes) and Q5_K {half d;
 // half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes): read in 64-column steps (Wide,
 // below); w = d * sc * q - dmin * m, Q5_K's fifth bit of element l of sub-block i is bit i of qh[l].
