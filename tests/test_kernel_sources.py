@@ -37,11 +37,13 @@ def header_and_source_digest(op: str, folder: Path) -> str:
 def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
     assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec.hip"]
+    assert [f.name for f in source_files("matmul_mma")] == [COMPAT_HEADER, "matmul_mma.hip", "matmul_mma_formats.h",
+                                                             "matmul_mma_fragments.h"]
     assert [f.name for f in source_files("add")] == [COMPAT_HEADER, "add.hip"]
     # Every op that includes nothing of its own keeps the digest it had, so no prebuilt object goes stale
     # for nothing.
     alone = [op for op in op_names() if len(source_files(op)) == 2]
-    assert "matmul_mma" in alone and "fused_qmatvec" not in alone
+    assert "rope" in alone and "fused_qmatvec" not in alone and "matmul_mma" not in alone
     assert all(source_digest(op) == header_and_source_digest(op, folder) for op in alone)
 
 

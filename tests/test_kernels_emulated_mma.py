@@ -168,7 +168,7 @@ FRAGMENT_FAULTS = {
 
 def nvidia_excess_with(old: str, new: str, weight_type: str, n_tokens: int, seed: int, tmp_path) -> float:
     """worst_excess of a 64 x 512 product of n_tokens on NVIDIA's harness built with `old` replaced by `new`
-    in kernels/matmul_mma.hip."""
+    in matmul_mma's sources (kernels/matmul_mma.hip and the parts it includes)."""
     harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
     return worst_excess(harness, weight_type, 64, 512, n_tokens, 32, None, np.random.default_rng(seed), tmp_path)
 

@@ -69,8 +69,9 @@ F16_HALF_SPACING = 2.0**-25  # half the spacing of f16's subnormals: the absolut
 _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-f]{2}|12[0-9a-f]{2})$")
 
 
-# The K-quants' decode batches on NVIDIA's mma (32-token tiles): kernels/matmul_mma.hip's fragment path,
-# whose lanes decode their own A fragments in registers instead of staging the decoded tile in shared memory;
+# The K-quants' decode batches on NVIDIA's mma (32-token tiles): the fragment path of kernels/matmul_mma.hip
+# (its part matmul_mma_fragments.h), whose lanes decode their own A fragments in registers instead of staging
+# the decoded tile in shared memory;
 # a batch of at most DIRECT_MAX_TOKENS takes its direct entry (x read straight from memory, no barrier).
 FRAGMENT_TYPES = WIDE_TYPES  # the fragments decode Wide / Wide6 steps
 DIRECT_MAX_TOKENS = 8

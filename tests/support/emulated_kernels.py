@@ -71,18 +71,18 @@ MMA_OP = "matmul_mma"
 
 def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, kernel_edit=None) -> dict[str, Path]:
     """harness_mma.cpp built in `work` per matrix-core path of `kinds`. compat_edit(text) -> text, when
-    given, changes hip_compat.h's vendor-neutral part first, kernel_edit(text) -> text matmul_mma.hip (the
-    tests' planted faults)."""
+    given, changes hip_compat.h's vendor-neutral part first, kernel_edit(text) -> text matmul_mma.hip and the
+    parts it includes (the tests' planted faults)."""
     compiler = shutil.which("g++")
     assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
-    source = (kernels_dir() / f"{MMA_OP}.hip").read_text()
+    own = source_files(MMA_OP)[1:]  # matmul_mma.hip and the parts it includes (all but hip_compat.h)
+    texts = {path.name: path.read_text() for path in own}
     if kernel_edit is not None:
-        edited = kernel_edit(source)
-        assert edited != source, f"the planted edit matched nothing in {MMA_OP}.hip"
-        source = edited
-    (work / f"{MMA_OP}.hip").write_text(source)
-    for extra in source_files(MMA_OP)[2:]:  # the files it includes besides hip_compat.h
-        shutil.copy(extra, work)
+        edited = {name: kernel_edit(text) for name, text in texts.items()}
+        assert edited != texts, f"the planted edit matched nothing in {', '.join(texts)}"
+        texts = edited
+    for name, text in texts.items():
+        (work / name).write_text(text)
     for name in ("emulation.h", "harness_mma.cpp"):
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()
