@@ -36,7 +36,8 @@ def header_and_source_digest(op: str, folder: Path) -> str:
 
 def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
-    assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec.hip"]
+    assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec.hip",
+                                                                "fused_qmatvec_tiles.h"]
     assert [f.name for f in source_files("matmul_mma")] == [COMPAT_HEADER, "matmul_mma.hip", "matmul_mma_formats.h",
                                                              "matmul_mma_fragments.h"]
     assert [f.name for f in source_files("add")] == [COMPAT_HEADER, "add.hip"]

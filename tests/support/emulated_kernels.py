@@ -30,7 +30,8 @@ def build_harnesses(work: Path) -> dict[int, Path]:
     compiler = shutil.which("g++")
     assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
     for op in OPS + FORWARD_PASS_OPS:
-        shutil.copy(kernels_dir() / f"{op}.hip", work)
+        for path in source_files(op)[1:]:  # <op>.hip and the parts it includes (hip_compat.h is made below)
+            shutil.copy(path, work)
     for name in ("emulation.h", "harness.cpp"):
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()

@@ -1,0 +1,281 @@
+// Part of the fused_qmatvec op (kernels/fused_qmatvec.hip includes it after qmatvec.hip, whose formats and
+// int8 dot products it uses; built and hashed with it: hipcore/runtime/kernels.py source_files): x (times the
+// norm's g) quantized once per workgroup into shared memory, and tile_dot, a warp's rows of one or two
+// matrices against it, split over 2 or 4 warps where asked.
+#pragma once
+
+namespace {
+namespace fq {
+
+using q8::XSlice;
+
+enum WeightType { kQ4_K = 0, kQ5_K = 1, kQ6_K = 2, kQ8_0 = 3, kQ4_0 = 4 };
+
+constexpr int kMaxBatchPerPass = 8;  // a decode step's tokens (FUSED_QMATVEC_MAX_TOKENS): one pass over W
+
+// g over a slice's columns (run a in gv[0..3], run b in gv[4..7]): loaded once for every token of a pass.
+static __device__ __forceinline__ void load_slice(const float* __restrict__ p, int col_a, int col_b, float4 v[8]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[k] = *reinterpret_cast<const float4*>(p + col_a + 4 * k);
+    v[4 + k] = *reinterpret_cast<const float4*>(p + col_b + 4 * k);
+  }
+}
+
+// The slice of x (times g, given as gv, when normalizing) quantized, and ss += x^2 over the slice's columns.
+template <bool NORM>
+static __device__ __forceinline__ XSlice quantize_xg(const float* __restrict__ x, const float4 gv[8], int col_a,
+                                                     int col_b, float& ss) {
+  float4 v[8];
+  load_slice(x, col_a, col_b, v);
+  if (NORM) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float4 gk = gv[k];
+      ss = fmaf(v[k].x, v[k].x, ss);
+      ss = fmaf(v[k].y, v[k].y, ss);
+      ss = fmaf(v[k].z, v[k].z, ss);
+      ss = fmaf(v[k].w, v[k].w, ss);
+      v[k] = {v[k].x * gk.x, v[k].y * gk.y, v[k].z * gk.z, v[k].w * gk.w};
+    }
+  }
+  return q8::quantize_values(v);
+}
+
+// x (times g when normalizing) quantized once per workgroup, for one chunk of slices and every token of a
+// pass, in shared memory: each warp then reads the codes of its slices (40 bytes a slice and token) instead
+// of re-reading and re-quantizing 32 floats of x (and of g) per slice and token, which cost more traffic
+// and instructions than the weights themselves. Run a's and run b's codes lie in separate arrays, so that
+// the lanes' 16-byte loads fall on consecutive 16-byte words (no bank conflicts).
+constexpr int kBlockThreads = 256;                   // the entries' launch bounds; the launcher's block
+constexpr int kMaxWarps = kBlockThreads / 32;
+constexpr int kStageSliceTokens = 512;               // 20 KiB: a chunk is 512 / NB slices of NB tokens
+constexpr int kMaxPartials = 4;                      // M * ROWS * NB of a split tile_dot (the residual's, one token)
+struct Stage {
+  uint4 codes_a[kStageSliceTokens], codes_b[kStageSliceTokens];
+  float d[kStageSliceTokens];
+  int sums[kStageSliceTokens];                       // sum_a in the low 16 bits, sum_b in the high (|sum| <= 2032)
+  float ss[kMaxWarps][kMaxBatchPerPass];             // each warp's sums of x^2, per token
+  float partial[kMaxWarps][kMaxPartials];            // a split row group's sums, per warp (tile_dot, KS > 1)
+  // What the codes hold when x fits one chunk (a whole staging): the x, type code and tokens they were
+  // staged from, and the block's sums of x^2 per token. A workgroup that takes several tiles of one matrix
+  // (or of matrices of one type) stages x once: the staging is a barrier-bound phase with no weight
+  // loads in flight, and it re-read x and g from L2 for every tile. Reset by every entry (reset_key).
+  const float* key_x;
+  int key_type, key_tokens;
+  float ss_total[kMaxBatchPerPass];
+};
+
+static __device__ __forceinline__ void reset_key(Stage& st) {
+  if (threadIdx.x == 0) st.key_x = nullptr;  // read only after tile_dot's first barrier
+}
+
+// Slices c0 .. c0 + n - 1 of the NB tokens quantized into st (slice i of token b at b * chunk + i) by the
+// threads of the block together; ss[b] += x[b]^2 over the columns this thread quantized. Tokens past
+// `tokens` repeat the last one (a pass of NB tokens carries fewer; their results are not written).
+template <class Format, int NB, bool NORM>
+__device__ __forceinline__ void stage_chunk(Stage& st, const float* __restrict__ x, const float* __restrict__ g, int cols,
+                                            int tokens, int c0, int n, float ss[NB]) {
+  constexpr int chunk = kStageSliceTokens / NB;
+  for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) {
+    int col_a, col_b;
+    Format::columns(c0 + i, col_a, col_b);
+    // g once for the slice, not once per token: in a batched pass the staging's reads of x and g from L2
+    // rival the weights' own traffic (every workgroup stages the whole of x).
+    float4 gv[8];
+    if (NORM) load_slice(g, col_a, col_b, gv);
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const int t = b < tokens ? b : tokens - 1;
+      const XSlice s = quantize_xg<NORM>(x + (unsigned long long)t * cols, gv, col_a, col_b, ss[b]);
+      const int j = b * chunk + i;
+      uint4 a, c;
+      a.x = (unsigned int)s.xq[0], a.y = (unsigned int)s.xq[1], a.z = (unsigned int)s.xq[2], a.w = (unsigned int)s.xq[3];
+      c.x = (unsigned int)s.xq[4], c.y = (unsigned int)s.xq[5], c.z = (unsigned int)s.xq[6], c.w = (unsigned int)s.xq[7];
+      st.codes_a[j] = a;
+      st.codes_b[j] = c;
+      st.d[j] = s.d;
+      st.sums[j] = (int)(((unsigned int)s.sum_a & 0xffffu) | ((unsigned int)s.sum_b << 16));
+    }
+  }
+}
+
+static __device__ __forceinline__ XSlice staged_slice(const Stage& st, int j) {
+  const uint4 a = st.codes_a[j], c = st.codes_b[j];
+  XSlice s;
+  s.xq[0] = (int)a.x, s.xq[1] = (int)a.y, s.xq[2] = (int)a.z, s.xq[3] = (int)a.w;
+  s.xq[4] = (int)c.x, s.xq[5] = (int)c.y, s.xq[6] = (int)c.z, s.xq[7] = (int)c.w;
+  s.d = st.d[j];
+  const int sums = st.sums[j];
+  s.sum_a = (int)(signed short)(unsigned short)(sums & 0xffff);
+  s.sum_b = sums >> 16;  // arithmetic: the high half's sign
+  return s;
+}
+
+// out[m][r][b] = row r0 + r of matrix W[m] times quantized (x * g)[b], in every lane of the warp; ss[b] =
+// sum of x[b]^2 over the row (when NORM), in every thread. Every thread of the block calls it (barriers):
+// the block stages x chunk by chunk, then each warp walks its ROWS rows of each of the M matrices (all of
+// one format) over the chunk's slices, their loads in flight together. A warp whose rows start past
+// `rows` stages with the others and reads no weights; rows past `rows` read the last row again (their
+// results are not to be written).
+// Split (KS > 1): the KS warps of a row group (adjacent warps, `part` 0 .. KS - 1) share its rows, each
+// taking every KS-th run of 32 slices, and their sums meet in shared memory, added in part order (the same
+// result every run); part 0's warp holds them. A product of few rows (an 8B's o and down: 128 tiles of 32
+// rows for 132 SMs) otherwise leaves too few loads in flight per SM to cover DRAM latency. KS is a template
+// argument: with a run-time stride the unsplit products lost ~15% (measured on an H100, gate|up).
+template <class Format, int NB, int ROWS, int M, bool NORM, int KS = 1>
+__device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned char* const W[M], int rows, int r0,
+                                         const float* __restrict__ x, const float* __restrict__ g, int cols, int tokens,
+                                         float out[M][ROWS][NB], float ss[NB], int part = 0) {
+  constexpr int chunk = kStageSliceTokens / NB;
+  const int lane = (int)threadIdx.x % WARP_SIZE;
+  const int slices = cols / 32;
+  const unsigned long long row_bytes = Format::row_bytes(cols);
+  const bool reads = r0 < rows;  // uniform across the warp
+  const unsigned char* w[M][ROWS];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) w[m][r] = W[m] + (unsigned long long)(r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+  float acc[M][ROWS][NB], sq[NB];
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    sq[b] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) acc[m][r][b] = 0.0f;
+  }
+  const bool whole = slices <= chunk;  // uniform: x in one staging, kept while the key holds
+  for (int c0 = 0; c0 < slices; c0 += chunk) {
+    const int n = slices - c0 < chunk ? slices - c0 : chunk;
+    __syncthreads();  // every warp is done with the previous chunk; the key was written before a barrier
+    // Uniform: every thread reads the same key. One staging site, so that the kernel's code does not grow
+    // by a second inlined copy of it.
+    if (!(whole && st.key_x == x && st.key_type == type && st.key_tokens == tokens)) {
+      stage_chunk<Format, NB, NORM>(st, x, g, cols, tokens, c0, n, sq);
+      if (NORM && whole) {  // the block's sums of squares, kept with the codes
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          const float s = rf_warp_sum(sq[b]);
+          if (lane == 0) st.ss[(int)threadIdx.x / WARP_SIZE][b] = s;
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {  // every thread read the old key before the barrier above
+        if (NORM && whole) {
+          const int warps = (int)blockDim.x / WARP_SIZE;
+#pragma unroll
+          for (int b = 0; b < NB; ++b) {
+            float t = 0.0f;
+            for (int k = 0; k < warps; ++k) t += st.ss[k][b];
+            st.ss_total[b] = t;
+          }
+        }
+        st.key_x = whole ? x : nullptr, st.key_type = type, st.key_tokens = tokens;
+      }
+    }
+    __syncthreads();
+    if (!reads) continue;
+    for (int i = lane + part * WARP_SIZE; i < n; i += WARP_SIZE * KS) {
+      typename Format::Raw raw[M][ROWS];
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) raw[m][r] = Format::load(w[m][r], c0 + i);
+      // Decoded once (the scale bits, the nibbles: most of a slice's work), applied to every token.
+      typename Format::Decoded dec[M][ROWS];
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) dec[m][r] = Format::decode(raw[m][r], c0 + i);
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const XSlice xs = staged_slice(st, b * chunk + i);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) acc[m][r][b] = fmaf(xs.d, Format::apply(dec[m][r], xs), acc[m][r][b]);
+      }
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) out[m][r][b] = rf_warp_sum(acc[m][r][b]);
+  if constexpr (KS > 1) {  // every thread passes the barrier; part 0's warp adds its group's sums
+    static_assert(M * ROWS * NB <= kMaxPartials, "Stage::partial holds a warp's sums");
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    if (lane == 0) {
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) st.partial[warp][(b * M + m) * ROWS + r] = out[m][r][b];
+    }
+    __syncthreads();  // the next writes to partial come after the next tile's first barrier
+    if (part == 0) {
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            float sum = out[m][r][b];
+#pragma unroll
+            for (int p = 1; p < KS; ++p) sum += st.partial[warp + p][(b * M + m) * ROWS + r];
+            out[m][r][b] = sum;
+          }
+    }
+  }
+  if (NORM && whole) {
+#pragma unroll
+    for (int b = 0; b < NB; ++b) ss[b] = st.ss_total[b];  // written before the staging's last barrier
+  } else if (NORM) {  // the block's sums of squares: each thread's, over its warp, then over the warps
+    const int warp = (int)threadIdx.x / WARP_SIZE, warps = (int)blockDim.x / WARP_SIZE;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float s = rf_warp_sum(sq[b]);
+      if (lane == 0) st.ss[warp][b] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      float t = 0.0f;
+      for (int k = 0; k < warps; ++k) t += st.ss[k][b];
+      ss[b] = t;
+    }
+  }
+}
+
+// tile_dot for matrices whose format is known only at run time (uniform across the block).
+template <int NB, int ROWS, int M, bool NORM, int KS = 1>
+__device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsigned char* const W[M], int rows, int r0,
+                                               const float* x, const float* g, int cols, int tokens,
+                                               float out[M][ROWS][NB], float ss[NB], int part = 0) {
+  switch (type) {
+    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+  }
+}
+
+// The block's tiles: a tile is ROWS rows per row group of one matrix, warps / KS * ROWS rows in all; a row
+// group is KS adjacent warps (tile_dot), `group` its index in the block and `part` the warp's in the group.
+struct Tiles {
+  int warp, lane, tile_rows, group, part;
+  template <int ROWS, int KS = 1>
+  static __device__ __forceinline__ Tiles of() {
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    return {warp, (int)threadIdx.x % WARP_SIZE, (int)blockDim.x / WARP_SIZE / KS * ROWS, warp / KS, warp % KS};
+  }
+  __device__ __forceinline__ int count(int rows) const { return (rows + tile_rows - 1) / tile_rows; }
+};
+
+}  // namespace fq
+}  // namespace
