@@ -5,7 +5,8 @@
 - cpu backend: the host implementation registered with `@cpu_kernel` (hipcore/ops registers them
   when imported), through `device.load_module().kernel(...)`.
 - GPU: the precompiled code object of kernels/prebuilt/<arch>/<op>.<hsaco|cubin> when the manifest
-  says it was built from the current sources (the sha256 of hip_compat.h plus <op>.hip). Otherwise
+  says it was built from the current sources (the sha256 of hip_compat.h, <op>.hip and the files it includes:
+  source_files). Otherwise
   the source is compiled with the device's run-time compiler (`device.jit_compile`: hiprtc / nvrtc)
   into a disk cache, ~/.cache/rocmforge/kernels/<arch>/<op>-<digest>.bin, reused by later runs.
   The first time a process falls back to run-time compilation it says so once, as a warning of the
@@ -19,7 +20,7 @@ else ~/.cache/rocmforge/kernels.
 
 This module also owns the manifest format, which kernels/build.py writes:
     {"format": 1,
-     "sources": {"<op>": "<sha256 of hip_compat.h + <op>.hip at its latest build>"},
+     "sources": {"<op>": "<sha256 of source_files(op) at its latest build>"},
      "objects": {"<target>": {"<op>": {"file": "<target>/<op>.hsaco", "source_sha256": "...",
                                        "compiler": "...", "flags": [...], "elf_machine": 224, "elf_flags": "0x54c",
                                        "kernels": {"<entry>": {"registers": 12, "shared_bytes": 128, ...}}}}}}
