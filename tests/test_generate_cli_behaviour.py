@@ -63,10 +63,17 @@ def test_the_readmes_blank_line_stop_reaches_the_engine_as_two_newlines(tiny, mo
     assert seen[1][0] == ("\\n\\n",) and "a\\tb" in seen[1][1]
 
 
+def _sigint_as_in_a_terminal() -> None:
+    # A child of a background job (`pytest &` in a script) starts with SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: give it the disposition a terminal's foreground process has.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(model: str, *args: str, stdout=subprocess.PIPE) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rocmforge_cli.app", "generate", "--model", model, "--device", "cpu",
                              "--temp", "1", "-n", "250", *args],
-                            stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+                            stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"},
+                            preexec_fn=_sigint_as_in_a_terminal)
 
 
 def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status(tiny):
