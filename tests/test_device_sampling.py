@@ -106,6 +106,10 @@ class CountingRunner:
         self.sampled_steps += 1
         return self._runner.execute_sampled(batch, sampling)
 
+    def launch_sampled(self, batch, sampling, follows=None):  # the engine's overlapped steps sample here
+        self.sampled_steps += 1
+        return self._runner.launch_sampled(batch, sampling, follows)
+
 
 def generate_all(model, runner, requests) -> list[tuple[int, ...]]:
     engine = model.engine

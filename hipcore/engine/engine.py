@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-import operator
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,19 +24,20 @@ import numpy as np
 
 from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
 from hipcore.engine.sampler import Sampler, StopChecker, StopReason
-from hipcore.engine.sampling_rows import StepSamplingRows
-from hipcore.engine.scheduler import Scheduled, Scheduler, SchedulerOutput
+from hipcore.engine.scheduler import Scheduled, Scheduler
+from hipcore.engine.step_launch import LaunchedStep, StepLauncher, following_sequences, requests_of
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.kvcache.cache import KvCache
-from hipcore.model.batch import SeqSlice, StepBatch, build_decode_batch, build_step_batch
-from hipcore.model.runner import Runner, SamplingRunner
-from hipcore.ops.sample import SamplingRows
+from hipcore.model.runner import Runner
 from hipcore.tokenizer.tokenizer import Tokenizer
 
 
 _ENDING_OF = {StopReason.EOS: Ending.EOS, StopReason.STOP_STRING: Ending.STOP, StopReason.MAX_TOKENS: Ending.LENGTH}
-_SEQ, _NUM_TOKENS, _SAMPLES = (operator.itemgetter(i) for i in range(3))  # of a Scheduled
-_SEQ_ID, _NUM_CACHED, _TOKENS = (operator.attrgetter(name) for name in ("seq_id", "num_cached", "tokens"))  # of a Sequence
+OVERLAP_ENV = "ROCMFORGE_STEP_OVERLAP"  # "0": every step waits for its tokens before the next is prepared
+
+
+def overlap_default() -> bool:
+    return os.environ.get(OVERLAP_ENV, "1").strip() != "0"
 
 
 class InjectedFault(RocmforgeError):
@@ -48,7 +49,8 @@ class EngineHooks:
     """Fault injection for tests and leak-check: make chosen requests fail on purpose."""
 
     fail_sampling: Callable[[Request], bool] | None = None  # the sampler raises for these requests
-    fail_step: Callable[[list[Request]], bool] | None = None  # the forward pass raises for this batch
+    # the forward pass raises for this batch (asked when the step's tokens are read, for its live requests)
+    fail_step: Callable[[list[Request]], bool] | None = None
 
 
 @dataclass
@@ -63,8 +65,11 @@ class EngineStats:
 
 class Engine:
     def __init__(self, runner: Runner, tokenizer: Tokenizer, cache: KvCache, *, max_seqs: int = 64, max_step_tokens: int = 512,
-                 max_context: int | None = None, finished_bound: int = 1000, hooks: EngineHooks | None = None):
-        """runner executes each step's StepBatch (hipcore/model/runner.py); cache holds the sequences' KV blocks."""
+                 max_context: int | None = None, finished_bound: int = 1000, hooks: EngineHooks | None = None,
+                 overlap: bool | None = None):
+        """runner executes each step's StepBatch (hipcore/model/runner.py); cache holds the sequences' KV blocks.
+        overlap: launch the next decode step before handling this one's tokens where the runner can
+        (step_launch.py); default on unless ROCMFORGE_STEP_OVERLAP=0."""
         if finished_bound < 0:
             raise ValueError("finished_bound must be >= 0")
         self.runner = runner
@@ -83,11 +88,8 @@ class Engine:
         self._lock = threading.Lock()  # guards _active, _finished, _inbox between threads
         self._step_lock = threading.Lock()  # exactly one thread steps at a time
         self._closed = False
-        # isinstance() against a runtime-checkable Protocol inspects the class's attributes on every call (tens
-        # of microseconds, each step); the answer is kept for the runner it was given for (tests swap runners).
-        self._checked_runner: object = None
-        self._runner_samples = False
-        self._sampling_rows = StepSamplingRows()  # keeps the parameter columns while the samplers stay the same
+        self._launcher = StepLauncher(cache, overlap=overlap_default() if overlap is None else overlap)
+        self._running_step: LaunchedStep | None = None  # a decode step left running; step() reads its tokens
 
     # ---- any thread ---------------------------------------------------------------------------
 
@@ -147,7 +149,7 @@ class Engine:
 
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self._inbox) or self.scheduler.has_work
+            return bool(self._inbox) or self.scheduler.has_work or self._running_step is not None
 
     def step(self) -> list[Event]:
         """Run one iteration: drain the inbox, schedule, run the forward pass, sample, stream."""
@@ -155,16 +157,33 @@ class Engine:
             raise RuntimeError("Engine.step() called from two threads at once; one thread owns the engine")
         try:
             t0 = time.perf_counter()
-            events = self._drain_inbox()
+            events: list[Event] = []
+            running = self._running_step
+            if running is not None:
+                # The step after it goes ahead (launched before its tokens are read) unless requests came or
+                # went meanwhile; then its tokens, and only then the inbox: a cancel that came while it ran
+                # loses to it, as it would have with the step done before the cancel was read.
+                with self._lock:
+                    quiet = not self._inbox
+                self._running_step = ahead = self._chain_after(running, events) if quiet else None
+                events += self._complete(running)
+                if ahead is not None:
+                    self._release_settled()
+                    self.stats.step_seconds += time.perf_counter() - t0
+                    return events
+            events += self._drain_inbox()
             plan = self.scheduler.schedule()
             self.stats.preemptions += len(plan.preempted)
             for request, message in plan.rejected:
                 events += self._end_request(request, Ending.REJECTED, message)
             if plan.scheduled:
-                events += self._run(plan)
+                launched = self._launch(plan.scheduled, events)
                 self.stats.steps += 1
-            # The step's device work is finished (the logits came back): fenced blocks may be reused.
-            self.cache.release_fenced()
+                if launched is not None and launched.pending is not None and launched.followable:
+                    self._running_step = launched  # its tokens are read in the next call
+                elif launched is not None:
+                    events += self._complete(launched)
+            self._release_settled()
             self.stats.step_seconds += time.perf_counter() - t0
             return events
         finally:
@@ -206,6 +225,7 @@ class Engine:
             return
         with self._step_lock:
             self._drain_inbox()
+            self._settle()
 
     def shutdown(self, ending: Ending = Ending.DROPPED) -> list[Event]:
         """End every request still queued or running (through the release path) and refuse new ones."""
@@ -213,10 +233,11 @@ class Engine:
             with self._lock:  # after this, no submit() can reach the inbox: the drain below sees every request
                 self._closed = True
             events = self._drain_inbox()
+            events += self._settle()
             for request in list(self.scheduler.running) + list(self.scheduler.waiting):
                 events += self._end_request(request, ending, "the engine shut down before it finished")
             self.cache.release_fenced()
-            self._sampling_rows.clear()
+            self._launcher.clear()
             return events
 
     # ---- internals (owner thread only) --------------------------------------------------------
@@ -241,7 +262,23 @@ class Engine:
                 request = self._active.get(item)  # type: ignore[arg-type]
                 if request is not None:
                     events += self._end_request(request, Ending.CANCELLED)
-        # Cancels ran while the device was idle, so their blocks are safe to reuse in this step.
+        # Blocks of cancelled requests wait for the step running (if one is), then are safe to reuse.
+        self._release_settled()
+        return events
+
+    def _release_settled(self) -> None:
+        """Blocks freed since the device last finished its work become free again (the step fence): all of
+        them when no step is running, else those freed before the running step was launched."""
+        running = self._running_step
+        if running is None:
+            self.cache.release_fenced()
+        elif running.fence > 1:
+            self.cache.release_fenced(running.fence - 1)
+
+    def _settle(self) -> list[Event]:
+        """Wait for the step left running, if any, and take its tokens; then every freed block is free."""
+        running, self._running_step = self._running_step, None
+        events = self._complete(running) if running is not None else []
         self.cache.release_fenced()
         return events
 
@@ -279,79 +316,68 @@ class Engine:
                                        output=seq.output)
         return seq
 
-    def _build_batch(self, scheduled: list[Scheduled]) -> StepBatch:
-        # A decode step (every sequence computes one token; none computes fewer): the batch straight from the
-        # sequences, each column read by one map of a C getter rather than a Python loop.
-        if sum(map(_NUM_TOKENS, scheduled)) == len(scheduled):
-            seqs = list(map(_SEQ, scheduled))
-            positions = list(map(_NUM_CACHED, seqs))
-            return build_decode_batch(self.cache, list(map(_SEQ_ID, seqs)),
-                                      list(map(operator.getitem, map(_TOKENS, seqs), positions)), positions,
-                                      list(map(_SAMPLES, scheduled)))
-        slices = []
-        for item in scheduled:
-            seq, first = item.seq, item.seq.num_cached
-            slices.append(SeqSlice(seq.seq_id, seq.tokens[first:first + item.num_tokens], first, item.samples))
-        return build_step_batch(self.cache, slices)
-
-    @staticmethod
-    def _requests_of(scheduled: list[Scheduled]) -> list[Request]:
-        return list(dict.fromkeys(item.seq.request for item in scheduled))
-
-    def _run(self, plan: SchedulerOutput) -> list[Event]:
-        scheduled = plan.scheduled
-        batch = self._build_batch(scheduled)
+    def _launch(self, scheduled: list[Scheduled], events: list[Event]) -> LaunchedStep | None:
+        """Launch the scheduler's step; None (its requests failed, with events) if the launch failed."""
         try:
-            if self.hooks.fail_step is not None and self.hooks.fail_step(self._requests_of(scheduled)):
-                raise InjectedFault("injected forward-pass failure (fault-injection hook)")
-            sampling = self._device_sampling(scheduled)
-            if sampling is None:
-                logits = self.runner.execute(batch)
-            else:  # only the picked token ids come back from the device
-                picked = np.asarray(self.runner.execute_sampled(batch, sampling)).tolist()  # Python ints, one per row
+            launched = self._launcher.launch(self.runner, scheduled)
         except Exception as exc:  # the step failed: fail its requests cleanly, keep serving the rest
-            events: list[Event] = []
-            message = f"the forward pass failed: {exc}"
-            for request in self._requests_of(scheduled):
-                events += self._end_request(request, Ending.FAILED, message)
-            return events
-        events = []
-        row = 0
+            self._fail(requests_of(scheduled), f"the forward pass failed: {exc}", events)
+            return None
         stats = self.stats
-        for seq, num_tokens, samples in scheduled:  # `samples` was decided before num_cached advances
+        for seq, num_tokens, _ in scheduled:
             seq.num_cached += num_tokens
             if seq.request.phase is Phase.PROMPT:
                 stats.prompt_tokens += num_tokens
+        return launched
+
+    def _chain_after(self, running: LaunchedStep, events: list[Event]) -> LaunchedStep | None:
+        """Launch the decode step after `running` before its tokens are read, or None where that step might
+        not be the one the scheduler would pick (step_launch.following_sequences)."""
+        if not running.followable or not self._launcher.can_follow(self.runner):
+            return None
+        seqs = following_sequences(running, self.scheduler, self.cache, self.max_context)
+        if seqs is None:
+            return None
+        scheduled = running.scheduled
+        if self.cache.reserve_each([(seq.seq_id, 1) for seq in seqs]) != len(seqs):  # (cannot happen: see there)
+            self._fail(requests_of(scheduled), "the KV cache refused a reservation it had room for", events)
+            return None
+        try:
+            ahead = self._launcher.launch_following(self.runner, scheduled, running)
+        except Exception as exc:
+            self._fail(requests_of(scheduled), f"the forward pass failed: {exc}", events)
+            return None
+        for seq in seqs:
+            seq.num_cached += 1
+        self.stats.steps += 1
+        return ahead
+
+    def _complete(self, launched: LaunchedStep) -> list[Event]:
+        """Read the step's tokens (waiting for the device) and accept them, or fail its requests."""
+        scheduled = launched.scheduled
+        requests = [r for r in requests_of(scheduled) if r.phase is not Phase.FINISHED]
+        events: list[Event] = []
+        try:
+            self._launcher.read(self.runner, launched)
+            if self.hooks.fail_step is not None and requests and self.hooks.fail_step(requests):
+                raise InjectedFault("injected forward-pass failure (fault-injection hook)")
+        except Exception as exc:  # the step failed: fail its requests cleanly, keep serving the rest
+            self._fail(requests, f"the forward pass failed: {exc}", events)
+            return events
+        logits, picked = launched.logits, launched.picked
+        row = 0
+        for seq, _, samples in scheduled:  # `samples` was decided before num_cached advanced
             if samples:
-                if sampling is None:
+                if picked is None:
                     self._sample(seq, events, logits[row])
                 else:
                     self._sample(seq, events, None, picked=picked[row])
                 row += 1
         return events
 
-    def _device_sampling(self, scheduled: list[Scheduled]) -> SamplingRows | None:
-        """The sampling inputs with which the runner picks this step's tokens on the device, or None to
-        sample on the host: a runner without device sampling, penalties or a rule the device lacks
-        (device_samplable), or a prompt about to fork into parallel samples (they all draw from its
-        logits). Each non-greedy row's uniform comes from its sampler now, as Sampler.sample would draw it
-        (and only once the whole step is known to sample on the device)."""
-        if not self._samples_on_device():
-            return None
-        seqs = [item.seq for item in scheduled if item.samples]
-        for seq in seqs:
-            if not seq.sampler.device_samplable:
-                return None
-            request = seq.request
-            if request.phase is Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
-                return None
-        return self._sampling_rows.rows([seq.sampler for seq in seqs])
-
-    def _samples_on_device(self) -> bool:
-        runner = self.runner
-        if runner is not self._checked_runner:
-            self._checked_runner, self._runner_samples = runner, isinstance(runner, SamplingRunner)
-        return self._runner_samples
+    def _fail(self, requests: list[Request], message: str, events: list[Event]) -> None:
+        for request in requests:
+            events += self._end_request(request, Ending.FAILED, message)
 
     def _sample(self, seq: Sequence, events: list[Event], logits: np.ndarray | None, picked: int | None = None) -> None:
         """Accept the step's token for `seq` (`picked` on the device, or sampled here from `logits`), adding its

@@ -137,7 +137,7 @@ class Scheduler:
         while self.waiting and budget > 0:
             request = self.waiting[0]
             seqs = request.live_seqs
-            if self._live_seq_count() + self.seq_demand(request) > self.max_seqs:
+            if self.live_seq_count() + self.seq_demand(request) > self.max_seqs:
                 break
             chunks = []
             need_blocks = 0
@@ -204,7 +204,7 @@ class Scheduler:
             i += 1
         return budget
 
-    def _live_seq_count(self) -> int:
+    def live_seq_count(self) -> int:
         return sum(self.seq_demand(r) for r in self.running)
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:

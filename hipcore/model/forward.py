@@ -67,6 +67,7 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
         "gate": (t * f * 4, "activations"), "up": (t * f * 4, "activations"),
         "rows": (rows * h * 4, "activations"), "logits": (rows * v * 4, "activations"),
         "tokens": (rows * 4, "scratch"),
+        "kept_tokens": (rows * 4, "scratch"),  # a step's tokens, kept while the step after it runs (launch_sampled)
         "step_inputs": (input_bytes(t, rows, seqs, max_blocks), "scratch"),
     }
     if window_group:
@@ -79,8 +80,24 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
     return sizes
 
 
+@dataclasses.dataclass(eq=False)
+class PendingStep:
+    """A step launched by ModelRunner.launch_sampled whose tokens have not been read yet."""
+
+    batch: StepBatch
+    rows: int  # logits rows computed
+    all_rows: bool  # whether they are all the token rows
+    kept: bool = False  # a following step's launch copied the tokens to the kept buffer: collect reads them there
+    collected: bool = False
+
+
 class ModelRunner:
-    """Executes StepBatches for one model on one device: logits of the sampled rows, or their tokens."""
+    """Executes StepBatches for one model on one device: logits of the sampled rows, or their tokens.
+
+    Steps run in launch order on one stream. launch_sampled/collect split a step so that the host can
+    prepare the next one meanwhile; a decode step may follow the one before it on the device (its token ids
+    are that step's tokens, copied there on the stream), so it can be launched before those tokens are read.
+    """
 
     def __init__(self, device: Device, config: ModelConfig, weights: ModelWeights, cache: KvCache, *, max_step_tokens: int, max_seqs: int,
                  max_context: int | None = None, use_graphs: bool = True):
@@ -98,7 +115,13 @@ class ModelRunner:
         self.buffers: dict[str, Buffer] = {}
         self.inputs: StepInputs | None = None
         self.graphs = DecodeGraphs(device, self.stream, max_seqs, capture=use_graphs)
+        self._outstanding: list[PendingStep] = []  # launched, not collected, in launch order
+        self._read_stream = self._kept_event = None
         try:
+            # collect() of a step whose tokens were kept reads them on a stream of its own, after the event:
+            # on the runner's stream the read would wait for the step launched after it.
+            self._read_stream = device.create_stream()
+            self._kept_event = device.create_event()
             window_group = LOCAL_GROUP in cache.groups
             sizes = activation_sizes(config, max_step_tokens, max_seqs, self.max_blocks, block_size, window_group)
             for name, (nbytes, tag) in sizes.items():
@@ -122,6 +145,11 @@ class ModelRunner:
         """Destroy the decode graphs and free every buffer; idempotent."""
         self.graphs.close()
         self._plans.clear()
+        self._outstanding.clear()
+        for handle in (self._kept_event, self._read_stream):
+            if handle is not None:
+                handle.destroy()
+        self._kept_event = self._read_stream = None
         if self.inputs is not None:
             self.inputs.close()
             self.inputs = None
@@ -134,18 +162,74 @@ class ModelRunner:
 
     def execute(self, batch: StepBatch) -> np.ndarray:
         """float32 logits [len(batch.sample_rows), vocab] of the rows that sample."""
+        self._check_none_outstanding()
         rows, all_rows = self._run(batch, None, want_tokens=False)
         return self._download_rows(self.buffers["logits"], batch, rows, all_rows, self.config.vocab_size, np.float32)
 
     def execute_sampled(self, batch: StepBatch, sampling: SamplingRows) -> np.ndarray:
         """int32 token ids [len(batch.sample_rows)], picked on the device by hipcore/ops/sample.py's rules
         with `sampling` (one entry per sample row, in order)."""
+        return self.collect(self.launch_sampled(batch, sampling))
+
+    def launch_sampled(self, batch: StepBatch, sampling: SamplingRows, follows: object | None = None) -> PendingStep:
+        """execute_sampled without the wait: collect() reads the tokens. With `follows` (the decode step just
+        launched and not collected, whose every row sampled), this decode step of the same sequences in the
+        same order takes its token ids from that step's tokens on the device (see OverlappingRunner)."""
         if len(sampling) != batch.sample_rows.shape[0]:
             raise ValueError(f"{len(sampling)} sampling rows for {batch.sample_rows.shape[0]} sample rows")
-        rows, all_rows = self._run(batch, sampling, want_tokens=True)
-        return self._download_rows(self.buffers["tokens"], batch, rows, all_rows, 1, np.int32).reshape(-1)
+        if follows is None:
+            self._check_none_outstanding()
+            rows, all_rows = self._run(batch, sampling, want_tokens=True)
+        else:
+            before = self._check_follows(batch, follows)
+            b, n = self.buffers, batch.num_tokens
+            # That step's tokens leave the tokens buffer before this step's sampling overwrites it: collect()
+            # reads them from the kept buffer, and this step's embedding takes its ids from there.
+            self.device.copy_device_to_device(b["kept_tokens"], b["tokens"], 4 * n, stream=self.stream)
+            assert self._kept_event is not None
+            self._kept_event.record(self.stream)
+            before.kept = True
+            rows, all_rows = self._run(batch, sampling, want_tokens=True, token_ids_from=b["kept_tokens"])
+        pending = PendingStep(batch, rows, all_rows)
+        self._outstanding.append(pending)
+        return pending
 
-    def _run(self, batch: StepBatch, sampling: SamplingRows | None, *, want_tokens: bool) -> tuple[int, bool]:
+    def collect(self, pending: object) -> np.ndarray:
+        """Wait for a step of launch_sampled; int32 token ids [len(batch.sample_rows)]. In launch order."""
+        if not self._outstanding or pending is not self._outstanding[0]:
+            raise ValueError("collect: not the oldest step launched and not yet collected on this runner")
+        assert isinstance(pending, PendingStep)
+        self._outstanding.pop(0)
+        pending.collected = True
+        batch = pending.batch
+        if not pending.kept:
+            return self._download_rows(self.buffers["tokens"], batch, pending.rows, pending.all_rows, 1, np.int32).reshape(-1)
+        assert self._kept_event is not None
+        self._kept_event.synchronize()  # the step and the copy of its tokens are done (the next step may run on)
+        out = np.empty(batch.num_tokens, dtype=np.int32)
+        self.device.copy_device_to_host(out, self.buffers["kept_tokens"], stream=self._read_stream)
+        return out
+
+    def _check_none_outstanding(self) -> None:
+        if self._outstanding:
+            raise ValueError("a launched step's tokens have not been collected: collect() it first (a new step "
+                             "would overwrite them)")
+
+    def _check_follows(self, batch: StepBatch, follows: object) -> PendingStep:
+        """The step `batch` may follow on the device: the only one outstanding, a decode step whose every row
+        sampled, of as many sequences each one position on."""
+        if not isinstance(follows, PendingStep) or self._outstanding != [follows]:
+            raise ValueError("follows: the step launched last on this runner, the only one not yet collected")
+        before = follows.batch
+        n = batch.num_tokens
+        if not (batch.is_decode_only and before.is_decode_only and before.num_tokens == n and follows.all_rows
+                and before.sample_rows.shape[0] == n and np.array_equal(batch.positions, before.positions + 1)):
+            raise ValueError("follows: a step can follow only a decode step of the same sequences, each sampled, "
+                             "one position earlier")
+        return follows
+
+    def _run(self, batch: StepBatch, sampling: SamplingRows | None, *, want_tokens: bool,
+             token_ids_from: Buffer | None = None) -> tuple[int, bool]:
         """Stage and launch one step; returns (logits rows computed, whether they are all token rows)."""
         n, s, r = batch.num_tokens, batch.num_seqs, int(batch.sample_rows.shape[0])
         if n > self.max_step_tokens or s > self.max_seqs:
@@ -159,13 +243,22 @@ class ModelRunner:
         bucket = self.graphs.bucket_for(n) if decode else None
         if bucket is not None:
             self.inputs.pack(batch, padded_tokens=bucket, all_rows=True, sampling=sampling, stream=self.stream)
+            self._take_token_ids(token_ids_from, n)
             plan = self.launch_plan(bucket, bucket, all_rows=True, with_sampling=True, decode=True)
             self.graphs.run(bucket, lambda: _run_all(plan))
             return bucket, True
         self.inputs.pack(batch, padded_tokens=n, all_rows=decode, sampling=sampling, stream=self.stream)
+        self._take_token_ids(token_ids_from, n)
         rows = n if decode else r
         _run_all(self.launch_plan(n, rows, all_rows=decode, with_sampling=want_tokens, decode=decode))
         return rows, decode
+
+    def _take_token_ids(self, source: Buffer | None, n: int) -> None:
+        """The step's first n token ids from `source` on the device, over the uploaded ones (on the stream)."""
+        if source is not None:
+            assert self.inputs is not None
+            self.device.copy_device_to_device(self.inputs.buffer, source, 4 * n,
+                                              dst_offset=4 * self.inputs.offsets["token_ids"], stream=self.stream)
 
     def _download_rows(self, buf: Buffer, batch: StepBatch, rows: int, all_rows: bool, width: int, dtype) -> np.ndarray:
         """The rows of `buf` belonging to batch.sample_rows, in order (waits for the step)."""

@@ -31,3 +31,22 @@ class SamplingRunner(Runner, Protocol):
     def execute_sampled(self, batch: StepBatch, sampling: SamplingRows) -> np.ndarray:
         """int32 token ids [len(batch.sample_rows)]."""
         ...
+
+
+@runtime_checkable
+class OverlappingRunner(SamplingRunner, Protocol):
+    """A sampling runner whose steps can be launched without waiting for them, so that the host prepares the
+    next step while the device runs this one (hipcore/engine/step_launch.py). A decode step may take its
+    token ids on the device from the step before it (`follows`): then it can be launched before the host
+    has read that step's tokens."""
+
+    def launch_sampled(self, batch: StepBatch, sampling: SamplingRows, follows: object | None = None) -> object:
+        """Launch the step and return a handle for collect(). follows: the handle of the decode step just
+        launched, not yet collected, in which the same sequences in the same order sampled every row; row
+        i's token becomes token i of `batch` (whose token_ids are then ignored)."""
+        ...
+
+    def collect(self, pending: object) -> np.ndarray:
+        """Wait for a launched step; int32 token ids [len(batch.sample_rows)]. Each handle is collected once,
+        in launch order."""
+        ...

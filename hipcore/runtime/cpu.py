@@ -230,7 +230,8 @@ class CpuDevice(Device):
             ptr = dst.ptr + offset
             self._stream(stream).submit(lambda: self.bytes_at(ptr, data.nbytes).__setitem__(slice(None), data))
 
-    def copy_device_to_host(self, dst: np.ndarray, src: Buffer, offset: int = 0) -> None:
+    def copy_device_to_host(self, dst: np.ndarray, src: Buffer, offset: int = 0, stream: Stream | None = None) -> None:
+        self._stream(stream)  # (checked: every stream's work has run by now on this backend)
         if not dst.flags.c_contiguous or not dst.flags.writeable:  # reshape would copy and drop the data
             raise ValueError("download: the destination array must be C-contiguous and writeable")
         out = dst.reshape(-1).view(np.uint8)

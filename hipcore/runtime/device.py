@@ -283,7 +283,9 @@ class Device(abc.ABC):
                             stream: Stream | None = None) -> None: ...
 
     @abc.abstractmethod
-    def copy_device_to_host(self, dst: np.ndarray, src: Buffer, offset: int = 0) -> None: ...
+    def copy_device_to_host(self, dst: np.ndarray, src: Buffer, offset: int = 0, stream: Stream | None = None) -> None:
+        """Copy into `dst` and wait for it: for the work queued on `stream` (the default stream when None)
+        before the copy, and the copy itself."""
 
     @abc.abstractmethod
     def copy_device_to_device(self, dst: Buffer, src: Buffer, nbytes: int, dst_offset: int = 0,

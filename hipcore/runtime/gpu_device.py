@@ -284,14 +284,14 @@ class GpuDevice(Device):
         if stream is None:
             self._api.call("stream_synchronize", s.handle)
 
-    def copy_device_to_host(self, dst: np.ndarray, src: Buffer, offset: int = 0) -> None:
+    def copy_device_to_host(self, dst: np.ndarray, src: Buffer, offset: int = 0, stream: Stream | None = None) -> None:
         if not dst.flags.c_contiguous or not dst.flags.writeable:
             raise ValueError("download: the destination array must be C-contiguous and writeable")
         self._check_copy(src, offset, dst.nbytes, "download")
         if not dst.nbytes:
             return
         self._enter()
-        handle = self._default.handle
+        handle = self._stream(stream).handle
         self._api.call("memcpy_dtoh_async", dst.ctypes.data, src.ptr + offset, dst.nbytes, handle)
         self._api.call("stream_synchronize", handle)
 

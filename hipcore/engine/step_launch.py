@@ -1,0 +1,169 @@
+"""Running one engine step on the runner: its batch, where its tokens are sampled, and, for decode steps, the
+overlap of the host's work with the device's (docs/architecture.md, "Overlapped decode steps").
+
+A decode step of a runner that samples on the device (OverlappingRunner) is launched and left running: the
+engine takes its tokens in its next step() call. If the next step is the same sequences decoding one more
+token (the steady state of generation), the engine launches that step first, its token ids taken on the
+device from the running step's, and only then waits for the running step's tokens and handles them
+(detokenizing, stop checks, events) while the device computes the next one. The device then goes from step
+to step without waiting for the host, whose work per step (~0.1-0.5 ms) would otherwise sit between them.
+
+What the engine checks before it launches a step ahead (Engine._chain_after): nothing waits to be admitted,
+no sequence can end by length with the running step's token, and the pool has a block per sequence, so the
+step ahead holds exactly the sequences the scheduler would have picked. A sequence that ends with the
+running step's token (end of generation, a stop string) was computed once more for nothing; its row of the
+step ahead is dropped, and its blocks wait on the cache's step fence until that step is done.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hipcore.engine.request import Phase, Request, Sequence
+from hipcore.engine.sampling_rows import StepSamplingRows
+from hipcore.kvcache.cache import KvCache
+from hipcore.model.batch import SeqSlice, StepBatch, build_decode_batch, build_step_batch
+from hipcore.model.runner import OverlappingRunner, Runner, SamplingRunner
+from hipcore.ops.sample import SamplingRows
+
+if TYPE_CHECKING:
+    from hipcore.engine.scheduler import Scheduled, Scheduler
+
+_SEQ, _NUM_TOKENS, _SAMPLES = (operator.itemgetter(i) for i in range(3))  # of a Scheduled
+_SEQ_ID, _NUM_CACHED, _TOKENS = (operator.attrgetter(name) for name in ("seq_id", "num_cached", "tokens"))  # of a Sequence
+
+
+@dataclass(eq=False)
+class LaunchedStep:
+    """A step handed to the runner. Exactly one of logits / picked / pending is set until its tokens are read."""
+
+    scheduled: list["Scheduled"]
+    fence: int  # the KV cache's step id (KvCache.begin_step)
+    logits: np.ndarray | None = None  # sampled on the host: the logits, read at launch
+    picked: list[int] | None = None  # sampled on the device and read at launch
+    pending: object | None = None  # sampled on the device, still running (OverlappingRunner.launch_sampled)
+    # a decode step that the next step may follow on the device: every sequence decoding, each sampled there
+    followable: bool = False
+
+
+def requests_of(scheduled: list["Scheduled"]) -> list[Request]:
+    return list(dict.fromkeys(item.seq.request for item in scheduled))
+
+
+def following_sequences(running: LaunchedStep, scheduler: "Scheduler", cache: KvCache,
+                        max_context: int) -> list[Sequence] | None:
+    """The sequences of the decode step after `running` (a followable step whose tokens are not read yet),
+    or None where that step might not be the one the scheduler would pick once they are: a request waits
+    and might be admitted, a sequence ended already or may end by length with running's token, or the pool
+    might not give every sequence its next slot. (A sequence takes at most one block of a layer group for one
+    more token, so with that many free in every group each reservation succeeds.)"""
+    if scheduler.waiting and \
+            scheduler.live_seq_count() + scheduler.seq_demand(scheduler.waiting[0]) <= scheduler.max_seqs:
+        return None
+    seqs = [seq for request in scheduler.running for seq in request.seqs if not seq.finished]
+    if len(seqs) != len(running.scheduled) or any(a is not b for a, b in zip(seqs, map(_SEQ, running.scheduled))):
+        return None
+    for seq in seqs:
+        checker = seq.stop_checker
+        # With running's token the sequence holds len(tokens) + 1 tokens and has generated one more.
+        if checker.tokens_seen + 2 > checker.max_tokens or len(seq.tokens) + 2 > max_context:
+            return None
+    if any(cache.num_free_blocks_in(group) < len(seqs) for group in cache.groups):
+        return None
+    return seqs
+
+
+class StepLauncher:
+    """Builds each step's batch and runs it: logits back to the host, tokens picked on the device, or a decode
+    step left running (overlap). One per engine; the runner is passed in each call (tests swap runners)."""
+
+    def __init__(self, cache: KvCache, *, overlap: bool = True):
+        self.cache = cache
+        self.overlap = overlap
+        self._sampling_rows = StepSamplingRows()  # keeps the parameter columns while the samplers stay the same
+        # isinstance() against a runtime-checkable Protocol inspects the class's attributes on every call (tens
+        # of microseconds, each step); the answers are kept for the runner they were given for.
+        self._checked_runner: object = None
+        self._samples = self._overlaps = False
+
+    def clear(self) -> None:
+        self._sampling_rows.clear()
+
+    def _capabilities(self, runner: Runner) -> tuple[bool, bool]:
+        if runner is not self._checked_runner:
+            self._checked_runner = runner
+            self._samples = isinstance(runner, SamplingRunner)
+            self._overlaps = self._samples and isinstance(runner, OverlappingRunner)
+        return self._samples, self._overlaps and self.overlap
+
+    def can_follow(self, runner: Runner) -> bool:
+        return self._capabilities(runner)[1]
+
+    def launch(self, runner: Runner, scheduled: list["Scheduled"]) -> LaunchedStep:
+        """Run the step; a decode step on an overlapping runner is left running (its `pending`)."""
+        samples, overlaps = self._capabilities(runner)
+        batch = self._build_batch(scheduled)
+        sampling = self._device_sampling(scheduled) if samples else None
+        fence = self.cache.begin_step()
+        if sampling is None:
+            return LaunchedStep(scheduled, fence, logits=runner.execute(batch))
+        if not overlaps:
+            return LaunchedStep(scheduled, fence, picked=np.asarray(runner.execute_sampled(batch, sampling)).tolist())  # type: ignore[attr-defined]
+        pending = runner.launch_sampled(batch, sampling)  # type: ignore[attr-defined]
+        followable = batch.is_decode_only and len(sampling) == batch.num_tokens and all(
+            item.seq.request.phase is Phase.DECODE for item in scheduled)
+        return LaunchedStep(scheduled, fence, pending=pending, followable=followable)
+
+    def launch_following(self, runner: Runner, scheduled: list["Scheduled"], before: LaunchedStep) -> LaunchedStep:
+        """Launch the decode step after `before` (still running) for the same sequences in the same order, each
+        one position on (their slots reserved, num_cached advanced by `before`): token ids on the device."""
+        seqs = list(map(_SEQ, scheduled))
+        batch = build_decode_batch(self.cache, list(map(_SEQ_ID, seqs)), [0] * len(seqs), list(map(_NUM_CACHED, seqs)),
+                                   [True] * len(seqs))
+        sampling = self._sampling_rows.rows([seq.sampler for seq in seqs])
+        fence = self.cache.begin_step()
+        pending = runner.launch_sampled(batch, sampling, follows=before.pending)  # type: ignore[attr-defined]
+        return LaunchedStep(scheduled, fence, pending=pending, followable=True)
+
+    @staticmethod
+    def read(runner: Runner, step: LaunchedStep) -> None:
+        """Wait for a running step and take its tokens into `picked`."""
+        if step.pending is not None:
+            pending, step.pending = step.pending, None
+            step.picked = np.asarray(runner.collect(pending)).tolist()  # type: ignore[attr-defined]
+
+    # ---- the batch and where it samples ---------------------------------------------------------
+
+    def _build_batch(self, scheduled: list["Scheduled"]) -> StepBatch:
+        # A decode step (every sequence computes one token; none computes fewer): the batch straight from the
+        # sequences, each column read by one map of a C getter rather than a Python loop.
+        if sum(map(_NUM_TOKENS, scheduled)) == len(scheduled):
+            seqs = list(map(_SEQ, scheduled))
+            positions = list(map(_NUM_CACHED, seqs))
+            return build_decode_batch(self.cache, list(map(_SEQ_ID, seqs)),
+                                      list(map(operator.getitem, map(_TOKENS, seqs), positions)), positions,
+                                      list(map(_SAMPLES, scheduled)))
+        slices = []
+        for item in scheduled:
+            seq, first = item.seq, item.seq.num_cached
+            slices.append(SeqSlice(seq.seq_id, seq.tokens[first:first + item.num_tokens], first, item.samples))
+        return build_step_batch(self.cache, slices)
+
+    def _device_sampling(self, scheduled: list["Scheduled"]) -> SamplingRows | None:
+        """The sampling inputs with which the runner picks this step's tokens on the device, or None to
+        sample on the host: penalties or a rule the device lacks (device_samplable), or a prompt about to
+        fork into parallel samples (they all draw from its logits). Each non-greedy row's uniform comes from
+        its sampler now, as Sampler.sample would draw it (and only once the whole step is known to sample on
+        the device)."""
+        seqs = [item.seq for item in scheduled if item.samples]
+        for seq in seqs:
+            if not seq.sampler.device_samplable:
+                return None
+            request = seq.request
+            if request.phase is Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
+                return None
+        return self._sampling_rows.rows([seq.sampler for seq in seqs])

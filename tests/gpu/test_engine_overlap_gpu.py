@@ -1,0 +1,52 @@
+"""Overlapped decode steps on a real GPU (run with `pytest -m gpu tests/gpu`): the engine launches the next
+decode step before it reads this one's tokens, the token ids copied on the device and the tokens read on a
+stream of their own (hipcore/engine/step_launch.py). The cpu backend's tests run that path with the work done
+at once; here the device really runs ahead of the host, so a missing ordering between the copies and the
+steps would show as different tokens.
+
+The model: $ROCMFORGE_DEMO_MODEL, else the installed demo model (random weights of its shape serve too).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_model_gpu import model_path
+
+from hipcore.engine.engine import Engine
+from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.engine.request import Ending
+from hipcore.engine.sampler import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+class FollowCounter:
+    def __init__(self, runner):
+        self._runner, self.followed = runner, 0
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def launch_sampled(self, batch, sampling, follows=None):
+        self.followed += follows is not None
+        return self._runner.launch_sampled(batch, sampling, follows)
+
+
+def test_overlapped_steps_give_the_tokens_of_waiting_steps(gpu):
+    requests = [([1, 9690, 198, 200 + i], SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=24 + 5 * i,
+                                                         ignore_eos=True)) for i in range(12)]
+    with load_model(model_path(), LoadOptions(max_seqs=16, ctx_size=512), device=gpu) as loaded:
+        results = {}
+        for overlap in (False, True, False, True):
+            runner = FollowCounter(loaded.runner)
+            engine = Engine(runner, loaded.tokenizer, loaded.cache, max_seqs=16, max_step_tokens=256, overlap=overlap)
+            ids = [engine.submit(p, params) for p, params in requests]
+            engine.run_until_idle()
+            records = [engine.finished_record(i) for i in ids]
+            assert all(r.ending == Ending.LENGTH for r in records)
+            assert loaded.cache.num_free_blocks == loaded.cache.num_usable_blocks
+            results.setdefault(overlap, []).append([r.generated_tokens for r in records])
+            assert (runner.followed > 50) == overlap
+        assert results[True][0] == results[True][1] == results[False][0] == results[False][1]
+        assert len({t for r in results[True][0] for t in r[0]}) > 10  # varied output, not one repeated token
