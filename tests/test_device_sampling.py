@@ -92,8 +92,12 @@ class HostSamplingRunner:
 
 
 class CountingRunner:
+    """Counts the steps sampled on the host (logits) and on the device. Every runner method is defined here:
+    from Python 3.12 on, isinstance() against a Protocol does not look through __getattr__."""
+
     def __init__(self, runner):
         self._runner, self.sampled_steps, self.logit_steps = runner, 0, 0
+        self.config = runner.config
 
     def __getattr__(self, name):
         return getattr(self._runner, name)
@@ -109,6 +113,9 @@ class CountingRunner:
     def launch_sampled(self, batch, sampling, follows=None):  # the engine's overlapped steps sample here
         self.sampled_steps += 1
         return self._runner.launch_sampled(batch, sampling, follows)
+
+    def collect(self, pending):
+        return self._runner.collect(pending)
 
 
 def generate_all(model, runner, requests) -> list[tuple[int, ...]]:

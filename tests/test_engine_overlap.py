@@ -37,7 +37,7 @@ class WatchingRunner:
 
     def __init__(self, runner, ends: dict[tuple[int, int], int] | None = None):
         self._runner, self.ends = runner, ends or {}
-        self.cache = runner.cache
+        self.cache, self.config = runner.cache, runner.config  # (Python 3.12's isinstance() skips __getattr__)
         self.followed = self.launched = self.tokens_computed = self.collected = 0
 
     def __getattr__(self, name):

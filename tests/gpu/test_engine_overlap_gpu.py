@@ -22,15 +22,27 @@ pytestmark = pytest.mark.gpu
 
 
 class FollowCounter:
+    """The model's runner, counting the steps launched to follow another. Every method of the runner protocols
+    is defined here: from Python 3.12 on, isinstance() against a Protocol does not look through __getattr__."""
+
     def __init__(self, runner):
-        self._runner, self.followed = runner, 0
+        self._runner, self.followed, self.config = runner, 0, runner.config
 
     def __getattr__(self, name):
         return getattr(self._runner, name)
 
+    def execute(self, batch):
+        return self._runner.execute(batch)
+
+    def execute_sampled(self, batch, sampling):
+        return self._runner.execute_sampled(batch, sampling)
+
     def launch_sampled(self, batch, sampling, follows=None):
         self.followed += follows is not None
         return self._runner.launch_sampled(batch, sampling, follows)
+
+    def collect(self, pending):
+        return self._runner.collect(pending)
 
 
 def test_overlapped_steps_give_the_tokens_of_waiting_steps(gpu):
