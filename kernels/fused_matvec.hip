@@ -20,6 +20,10 @@
 //   (the NORM-mode rotation mixes exactly these two), for SwiGLU gate row r with up row r.
 // - Batches: at most 4 batch rows per pass over W (two rows of W times 4 batch rows of accumulators
 //   and sums of squares fit the register budget without spills; matvec.hip takes 8 with one row).
+// - The *_split_* entries: a block's kSplit warps share one row pair, each taking every kSplit-th step of
+//   its columns; their sums meet in shared memory and are added in a fixed order. For the small matrices
+//   of small models (the demo's 576 x 1536 down has 288 row pairs: two warps per SM of an H100), whose
+//   batched passes otherwise run too few warps to hide the memory latency.
 // The format decoders and the RoPE sin/cos are copies of matvec.hip's and rope.hip's: a kernel
 // source is one file (the build and the code-object cache key on it alone); the emulated tests hold
 // these kernels to the same numpy references as those.
@@ -33,6 +37,7 @@ namespace {
 namespace fused {
 
 constexpr int kMaxBatchPerPass = 4;
+constexpr int kSplit = 4;  // warps per row pair in the *_split_* entries
 
 struct Q4_1Format {
   struct Raw {
@@ -301,13 +306,17 @@ __device__ __forceinline__ void finish(const Args& a, int b, int r0, int r1, boo
   }
 }
 
-// One pass over W for NB batch rows starting at batch row b0.
-template <class Format, int NB, bool NORM, Epilogue E>
+// One pass over W for NB batch rows starting at batch row b0. KS == 1: each warp owns its row pairs; KS > 1: a
+// block of KS warps owns one row pair at a time (every warp of the block runs the same groups, so the barriers
+// below are reached by all), warp w taking steps w, w + KS, ... of its columns.
+template <class Format, int NB, bool NORM, Epilogue E, int KS>
 __device__ __forceinline__ void fused_pass(const Args& a, int b0) {
   const int lane = (int)threadIdx.x % WARP_SIZE;
+  const int warp = (int)threadIdx.x / WARP_SIZE;
   const int warps_per_block = (int)blockDim.x / WARP_SIZE;
-  const int first_group = (int)blockIdx.x * warps_per_block + (int)threadIdx.x / WARP_SIZE;
-  const int group_stride = (int)gridDim.x * warps_per_block;
+  const int first_group = KS == 1 ? (int)blockIdx.x * warps_per_block + warp : (int)blockIdx.x;
+  const int group_stride = KS == 1 ? (int)gridDim.x * warps_per_block : (int)gridDim.x;
+  const int part = KS == 1 ? 0 : warp;
   const int groups = E == kSwiglu ? a.rows : (a.rows + 1) / 2;
   const int items = a.cols / 8;
   const unsigned long long row_bytes = Format::row_bytes(a.cols);
@@ -326,7 +335,7 @@ __device__ __forceinline__ void fused_pass(const Args& a, int b0) {
 
     // One row of x: two items per lane and step, both items' loads in flight before the first is used.
     constexpr int kItemsPerStep = NB == 1 ? 2 : 1;
-    for (int item = lane; item < items; item += kItemsPerStep * WARP_SIZE) {
+    for (int item = lane + part * kItemsPerStep * WARP_SIZE; item < items; item += KS * kItemsPerStep * WARP_SIZE) {
       const bool has_item2 = kItemsPerStep == 2 && item + WARP_SIZE < items;
       const int item2 = has_item2 ? item + WARP_SIZE : item;
       const typename Format::Raw raw0 = Format::load(w0, item);
@@ -338,62 +347,94 @@ __device__ __forceinline__ void fused_pass(const Args& a, int b0) {
         accumulate<Format, NB, NORM>(next0, next1, item2, x, a.norm, a.cols, acc0, acc1, ss, has_item2);
     }
 
+    if constexpr (KS == 1) {
 #pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      float s0 = rf_warp_sum(acc0[b]);
-      float s1 = rf_warp_sum(acc1[b]);
-      if (NORM) {
-        const float scale = 1.0f / sqrtf(rf_warp_sum(ss[b]) / (float)a.cols + a.eps);
-        s0 *= scale;
-        s1 *= scale;
+      for (int b = 0; b < NB; ++b) {
+        float s0 = rf_warp_sum(acc0[b]);
+        float s1 = rf_warp_sum(acc1[b]);
+        if (NORM) {
+          const float scale = 1.0f / sqrtf(rf_warp_sum(ss[b]) / (float)a.cols + a.eps);
+          s0 *= scale;
+          s1 *= scale;
+        }
+        if (lane == 0) finish<E>(a, b0 + b, r0, r1, has_second, s0, s1);
       }
-      if (lane == 0) finish<E>(a, b0 + b, r0, r1, has_second, s0, s1);
+    } else {  // each warp's sums to shared memory; lane b of warp 0 adds batch row b's in warp order
+      __shared__ float partial[KS][NB][3];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const float s0 = rf_warp_sum(acc0[b]);
+        const float s1 = rf_warp_sum(acc1[b]);
+        const float sq = NORM ? rf_warp_sum(ss[b]) : 0.0f;
+        if (lane == 0) {
+          partial[part][b][0] = s0;
+          partial[part][b][1] = s1;
+          partial[part][b][2] = sq;
+        }
+      }
+      __syncthreads();
+      if (warp == 0 && lane < NB) {
+        float s0 = 0.0f, s1 = 0.0f, sq = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KS; ++w) {
+          s0 += partial[w][lane][0];
+          s1 += partial[w][lane][1];
+          sq += partial[w][lane][2];
+        }
+        if (NORM) {
+          const float scale = 1.0f / sqrtf(sq / (float)a.cols + a.eps);
+          s0 *= scale;
+          s1 *= scale;
+        }
+        finish<E>(a, b0 + lane, r0, r1, has_second, s0, s1);
+      }
+      __syncthreads();  // partial is written again for the next group
     }
   }
 }
 
-template <class Format, bool NORM, Epilogue E>
+template <class Format, bool NORM, Epilogue E, int KS>
 __device__ __forceinline__ void fused_matvec(const Args& a, int batch) {
   rf_check_wave_size();
   for (int b0 = 0; b0 < batch; b0 += kMaxBatchPerPass) {
     const int left = batch - b0;
     switch (left < kMaxBatchPerPass ? left : kMaxBatchPerPass) {
-      case 1: fused_pass<Format, 1, NORM, E>(a, b0); break;
-      case 2: fused_pass<Format, 2, NORM, E>(a, b0); break;
-      case 3: fused_pass<Format, 3, NORM, E>(a, b0); break;
-      default: fused_pass<Format, 4, NORM, E>(a, b0); break;
+      case 1: fused_pass<Format, 1, NORM, E, KS>(a, b0); break;
+      case 2: fused_pass<Format, 2, NORM, E, KS>(a, b0); break;
+      case 3: fused_pass<Format, 3, NORM, E, KS>(a, b0); break;
+      default: fused_pass<Format, 4, NORM, E, KS>(a, b0); break;
     }
   }
 }
 
-template <class Format>
+template <class Format, int KS = 1>
 __device__ __forceinline__ void norm_rope(float* q, float* k, float* v, const void* W, const float* x, const float* g,
                                           const int* positions, const float* freq_factors, int q_rows, int kv_rows,
                                           int cols, int batch, int head_dim, int rope_dim, float eps, float theta,
                                           float freq_scale) {
   const Args a = {q, k, v, static_cast<const unsigned char*>(W), x, g, positions, q_rows + 2 * kv_rows, cols,
                   q_rows, q_rows + kv_rows, head_dim, rope_dim, eps, theta, freq_scale, freq_factors};
-  fused_matvec<Format, true, kRope>(a, batch);
+  fused_matvec<Format, true, kRope, KS>(a, batch);
 }
 
-template <class Format>
+template <class Format, int KS = 1>
 __device__ __forceinline__ void norm_swiglu(float* y, const void* W, const float* x, const float* g, int rows, int cols,
                                             int batch, float eps) {
   const Args a = {y, y, y, static_cast<const unsigned char*>(W), x, g, nullptr, rows, cols, 0, 0, 2, 0, eps, 1.0f, 1.0f};
-  fused_matvec<Format, true, kSwiglu>(a, batch);
+  fused_matvec<Format, true, kSwiglu, KS>(a, batch);
 }
 
-template <class Format>
+template <class Format, int KS = 1>
 __device__ __forceinline__ void add(float* y, const void* W, const float* x, int rows, int cols, int batch) {
   const Args a = {y, y, y, static_cast<const unsigned char*>(W), x, nullptr, nullptr, rows, cols, 0, 0, 2, 0, 0.0f, 1.0f, 1.0f};
-  fused_matvec<Format, false, kAdd>(a, batch);
+  fused_matvec<Format, false, kAdd, KS>(a, batch);
 }
 
 template <class Format>
 __device__ __forceinline__ void norm_store(float* y, const void* W, const float* x, const float* g, int rows, int cols,
                                            int batch, float eps) {
   const Args a = {y, y, y, static_cast<const unsigned char*>(W), x, g, nullptr, rows, cols, 0, 0, 2, 0, eps, 1.0f, 1.0f};
-  fused_matvec<Format, true, kStore>(a, batch);
+  fused_matvec<Format, true, kStore, 1>(a, batch);
 }
 
 }  // namespace fused
@@ -424,9 +465,36 @@ __device__ __forceinline__ void norm_store(float* y, const void* W, const float*
     fused::norm_store<Format>(y, W, x, g, rows, cols, batch, eps);                                                             \
   }
 
+// The split entries (see the top): q|k|v, gate|up and the residual product; the head's matrix is never small.
+#define RF_FUSED_MATVEC_SPLIT_ENTRIES(suffix, Format)                                                                  \
+  extern "C" __global__ __launch_bounds__(256) void matvec_norm_rope_split_##suffix(                                   \
+      float* q, float* k, float* v, const void* W, const float* x, const float* g, const int* positions,               \
+      const float* freq_factors, int q_rows, int kv_rows, int cols, int batch, int head_dim, int rope_dim, float eps,  \
+      float theta, float freq_scale) {                                                                                  \
+    rf_grid_dependency_sync();                                                                                          \
+    fused::norm_rope<Format, fused::kSplit>(q, k, v, W, x, g, positions, freq_factors, q_rows, kv_rows, cols, batch,   \
+                                            head_dim, rope_dim, eps, theta, freq_scale);                                \
+  }                                                                                                                     \
+  extern "C" __global__ __launch_bounds__(256) void matvec_norm_swiglu_split_##suffix(                                 \
+      float* y, const void* W, const float* x, const float* g, int rows, int cols, int batch, float eps) {             \
+    rf_grid_dependency_sync();                                                                                          \
+    fused::norm_swiglu<Format, fused::kSplit>(y, W, x, g, rows, cols, batch, eps);                                      \
+  }                                                                                                                     \
+  extern "C" __global__ __launch_bounds__(256) void matvec_add_split_##suffix(float* y, const void* W, const float* x, \
+                                                                              int rows, int cols, int batch) {          \
+    rf_grid_dependency_sync();                                                                                          \
+    fused::add<Format, fused::kSplit>(y, W, x, rows, cols, batch);                                                      \
+  }
+
 RF_FUSED_MATVEC_ENTRIES(q4_1, fused::Q4_1Format)
 RF_FUSED_MATVEC_ENTRIES(q5_0, fused::Q5_0Format)
 RF_FUSED_MATVEC_ENTRIES(q5_1, fused::Q5_1Format)
 RF_FUSED_MATVEC_ENTRIES(q8_0, fused::Q8_0Format)
 RF_FUSED_MATVEC_ENTRIES(f16, fused::F16Format)
 RF_FUSED_MATVEC_ENTRIES(f32, fused::F32Format)
+RF_FUSED_MATVEC_SPLIT_ENTRIES(q4_1, fused::Q4_1Format)
+RF_FUSED_MATVEC_SPLIT_ENTRIES(q5_0, fused::Q5_0Format)
+RF_FUSED_MATVEC_SPLIT_ENTRIES(q5_1, fused::Q5_1Format)
+RF_FUSED_MATVEC_SPLIT_ENTRIES(q8_0, fused::Q8_0Format)
+RF_FUSED_MATVEC_SPLIT_ENTRIES(f16, fused::F16Format)
+RF_FUSED_MATVEC_SPLIT_ENTRIES(f32, fused::F32Format)

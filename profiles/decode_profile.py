@@ -87,15 +87,17 @@ class DecodeProfile:
         step = self.engine_step_us
         host = self.host_us
         if host is None:
-            # The engine's steps run at contexts 1..N while the replay was timed at `context`, and on the cpu
-            # backend the "device" is the host itself: the difference can come out below zero, which says
-            # only that host work is lost in the noise here, not that it is negative.
+            # The engine launches each decode step before it handles the one before (docs/architecture.md,
+            # "Overlapped decode steps"), so its step takes about the longer of the two; its steps also run at
+            # contexts 1..N while the replay was timed at `context`, and on the cpu backend the "device" is the
+            # host itself. A difference below zero says only that host work is hidden or lost in the noise.
             lines.append(f"host work could not be told apart: the engine step ({step:,.0f} us) measured no longer "
-                         f"than the graph replay alone ({self.graph_us:,.0f} us at context {self.context})")
+                         f"than the graph replay alone ({self.graph_us:,.0f} us at context {self.context}); the engine "
+                         "overlaps its host work with the device's")
         else:
             lines.append(f"host work is {host:,.0f} us of the {step:,.0f} us step ({100 * host / step:.0f}%): the "
-                         "device idles while Python schedules, packs and detokenizes; overlapping the next step's "
-                         "host work with this step's replay would hide it")
+                         "device idles while Python schedules, packs and detokenizes (steps that wait for their tokens: "
+                         "ROCMFORGE_STEP_OVERLAP=0, host sampling, or host work longer than the device's)")
         gap = self.graph_us - self.kernels_us
         if gap > 0:
             lines.append(f"the replayed graph takes {self.graph_us:,.0f} us for {self.launches} launches; measured kind "

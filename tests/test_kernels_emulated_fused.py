@@ -26,6 +26,20 @@ def normed(x, g, eps=1e-5):
     return rmsnorm.reference(x, g, eps)
 
 
+def launches(warp, groups):
+    """(split, grid, block) of the launcher's geometry with and without the split entries, each at its full
+    grid (up to 4 blocks) and at one block (every block then walks several row pairs)."""
+    out = []
+    for split in (False, True):
+        grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], groups, split)
+        out += [(split, gsize, block) for gsize in sorted({min(grid, 4), 1})]
+    return out
+
+
+def entry(family, split, weight_type):
+    return f"{family}_split_{weight_type}" if split else f"{family}_{weight_type}"
+
+
 @pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
 def test_fused_norm_rope(harnesses, warp, weight_type, tmp_path):
     rng = np.random.default_rng([warp, len(weight_type), 1])
@@ -33,7 +47,9 @@ def test_fused_norm_rope(harnesses, warp, weight_type, tmp_path):
     # The emulation costs a host thread per GPU thread: every format gets one case, the demo model's
     # format (q4_1) the rest. Every other case divides the frequencies by factors (rope_freqs.weight); the
     # factors are read in the epilogue, which is the same code for every format.
-    cases = [(1, 1, 16, 8, 64, 2), (2, 1, 32, 16, 96, 5), (3, 1, 64, 64, 64, 1), (1, 1, 16, 16, 576, 2)]
+    # The last case has enough columns that each of the split entries' four warps takes steps of them.
+    cases = [(1, 1, 16, 8, 64, 2), (2, 1, 32, 16, 96, 5), (3, 1, 64, 64, 64, 1), (1, 1, 16, 16, 576, 2),
+             (1, 1, 16, 16, 1280, 3)]
     for case, (q_heads, kv_heads, head_dim, rope_dim, cols, batch) in enumerate(
             cases if weight_type == "q4_1" else cases[:1]):
         q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
@@ -50,10 +66,9 @@ def test_fused_norm_rope(harnesses, warp, weight_type, tmp_path):
         bound = matvec_bound(raw, weight_type, normed(x, g) * 1.0, rows, cols) * 2
         angle = rope.angles(positions, rope_dim, 10000.0, 0.5, factors)  # [batch, rope_dim / 2]
         unrotated = fused_matvec.reference_norm(raw, weight_type, x, g, 1e-5, rows, cols)
-        grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], rows // 2)
-        for gsize in sorted({min(grid, 4), 1}):
-            run(harnesses, warp, f"matvec_norm_rope_{weight_type}", gsize, block, q_rows, kv_rows, cols, batch,
-                head_dim, rope_dim, 1e-5, 10000.0, 0.5, *files, tmp_path / "o")
+        for split, gsize, block in launches(warp, rows // 2):
+            run(harnesses, warp, entry("matvec_norm_rope", split, weight_type), gsize, block, q_rows, kv_rows, cols,
+                batch, head_dim, rope_dim, 1e-5, 10000.0, 0.5, *files, tmp_path / "o")
             got = np.fromfile(tmp_path / "o", np.float32)
             parts = np.split(got, [batch * q_rows, batch * (q_rows + kv_rows)])
             for part, ref, lo, width in zip(parts, want, (0, q_rows, q_rows + kv_rows), (q_rows, kv_rows, kv_rows)):
@@ -67,13 +82,13 @@ def test_fused_norm_rope(harnesses, warp, weight_type, tmp_path):
                 else:
                     tol = bound[:, lo:lo + width]
                 assert np.all(np.abs(part - ref) <= tol), \
-                    f"{weight_type} rows {lo}.. batch {batch} grid {gsize} factors {factors is not None}"
+                    f"{weight_type} rows {lo}.. batch {batch} grid {gsize} split {split} factors {factors is not None}"
 
 
 @pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
 def test_fused_norm_and_norm_swiglu(harnesses, warp, weight_type, tmp_path):
     rng = np.random.default_rng([warp, len(weight_type), 2])
-    cases = [(7, 32, 5), (33, 96, 1), (20, 576, 2), (9, 64, 9)]
+    cases = [(7, 32, 5), (33, 96, 1), (20, 576, 2), (9, 64, 9), (3, 1280, 3)]  # (the last: every split warp's steps)
     for rows, cols, batch in cases if weight_type == "q4_1" else cases[:1]:
         x = (rng.standard_normal((batch, cols)) * 3).astype(np.float32)
         g = rng.standard_normal(cols).astype(np.float32)
@@ -97,18 +112,17 @@ def test_fused_norm_and_norm_swiglu(harnesses, warp, weight_type, tmp_path):
         want = fused_matvec.reference_norm_swiglu(raw, weight_type, x, g, 1e-5, rows, cols)
         tol = 1.1 * np.abs(up) * err[:, :rows] + np.abs(silu_mul.reference(gate, 1.0)) * err[:, rows:] \
             + 6 * U32 * np.abs(want) + 1e-30
-        grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], rows)
-        for gsize in sorted({min(grid, 4), 1}):
-            run(harnesses, warp, f"matvec_norm_swiglu_{weight_type}", gsize, block, rows, cols, batch, 1e-5, *files,
-                tmp_path / "o")
+        for split, gsize, block in launches(warp, rows):
+            run(harnesses, warp, entry("matvec_norm_swiglu", split, weight_type), gsize, block, rows, cols, batch, 1e-5,
+                *files, tmp_path / "o")
             got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
-            assert np.all(np.abs(got - want) <= tol), f"swiglu {rows}x{cols} batch {batch} grid {gsize}"
+            assert np.all(np.abs(got - want) <= tol), f"swiglu {rows}x{cols} batch {batch} grid {gsize} split {split}"
 
 
 @pytest.mark.parametrize("weight_type", fused_matvec.WEIGHT_TYPES)
 def test_fused_add(harnesses, warp, weight_type, tmp_path):
     rng = np.random.default_rng([warp, len(weight_type), 3])
-    cases = [(7, 64, 6), (33, 32, 1), (6, 1536, 1)]
+    cases = [(7, 64, 6), (33, 32, 1), (6, 1536, 1), (5, 1536, 3)]  # (the last: every split warp takes steps)
     for rows, cols, batch in cases if weight_type == "q4_1" else cases[:1]:
         raw = random_weights(rng, weight_type, rows, cols)
         x = rng.standard_normal((batch, cols)).astype(np.float32)
@@ -116,11 +130,11 @@ def test_fused_add(harnesses, warp, weight_type, tmp_path):
         files = write_inputs(tmp_path, w=raw, x=x, y=y)
         want = fused_matvec.reference_add(raw, weight_type, x, y, rows, cols)
         tol = matvec_bound(raw, weight_type, x, rows, cols) + 2 * U32 * np.abs(want)
-        grid, block = fused_matvec.geometry(ARCH_FOR_WARP[warp], -(-rows // 2))
-        for gsize in sorted({min(grid, 4), 1}):
-            run(harnesses, warp, f"matvec_add_{weight_type}", gsize, block, rows, cols, batch, *files, tmp_path / "o")
+        for split, gsize, block in launches(warp, -(-rows // 2)):
+            run(harnesses, warp, entry("matvec_add", split, weight_type), gsize, block, rows, cols, batch, *files,
+                tmp_path / "o")
             got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
-            assert np.all(np.abs(got - want) <= tol), f"add {rows}x{cols} batch {batch} grid {gsize}"
+            assert np.all(np.abs(got - want) <= tol), f"add {rows}x{cols} batch {batch} grid {gsize} split {split}"
 
 
 # ---- fused_matmul.hip: the same chains with matmul tiles, split over columns for few tiles ------

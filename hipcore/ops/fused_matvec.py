@@ -18,6 +18,10 @@ x is float32 [batch, cols], g float32 [cols]. Each replaces a chain of the singl
 matvec, rope, silu_mul, add) and equals that chain up to float32 rounding: the references below are
 those chains, computed in float64. Geometry: a warp takes two rows of W at a time; 256-thread blocks
 for large matrices, 64-thread ones below BIG_MATRIX_ROW_GROUPS pairs (as matvec.py).
+
+The first three have *_split_<t> twins (same arguments) in which a block's SPLIT warps share each row pair's
+columns, their sums added in a fixed order: the launchers take them for batches of small matrices
+(split_columns), whose passes would otherwise run too few warps to hide the memory latency.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ SIGNATURES = {
     "matvec_norm": "ppppiiif",
 }
 BIG_MATRIX_ROW_GROUPS = 4096
+SPLIT = 4  # warps per row pair in the *_split_* entries (kernels/fused_matvec.hip: kSplit)
+# Batches from this size take the split entries on matrices of fewer than SPLIT_MAX_GROUPS row pairs (gate|up: rows).
+# Measured on an NVIDIA H100 80GB HBM3 with the demo model's shapes at 8 tokens (docs/benchmarks.md, "Overlapped
+# decode steps"): down (288 pairs) 11.4 -> 5.4 us, q|k|v (480) 10.2 -> 4.9, o (288) 7.4 -> 4.2, but gate|up (1,536)
+# 8.6 -> 9.4; at one token the split was slower (tg128 1,538 -> 1,496 t/s).
+SPLIT_MIN_BATCH = 2
+SPLIT_MAX_GROUPS = 1024
 VECTOR_ALIGNMENT = 16  # x and g are read with 16-byte loads
 HOST_ROWS_PER_CHUNK = 4096
 
@@ -108,6 +119,7 @@ def _normed(dev: CpuDevice, x: int, g: int, batch: int, cols: int, eps: float) -
 
 
 def _register(weight_type: str) -> None:
+    @cpu_kernel(f"matvec_norm_rope_split_{weight_type}", SIGNATURES["matvec_norm_rope"])
     @cpu_kernel(f"matvec_norm_rope_{weight_type}", SIGNATURES["matvec_norm_rope"])
     def norm_rope(dev, grid, block, q, k, v, w, x, g, positions, freq_factors, q_rows, kv_rows, cols, batch, head_dim,
                   rope_dim, eps, theta, freq_scale):
@@ -122,11 +134,13 @@ def _register(weight_type: str) -> None:
                                       factors).reshape(batch, -1)
             dev.view(out, np.float32, (batch, hi - lo))[:] = part
 
+    @cpu_kernel(f"matvec_norm_swiglu_split_{weight_type}", SIGNATURES["matvec_norm_swiglu"])
     @cpu_kernel(f"matvec_norm_swiglu_{weight_type}", SIGNATURES["matvec_norm_swiglu"])
     def norm_swiglu(dev, grid, block, y, w, x, g, rows, cols, batch, eps):
         both = _product(dev, w, weight_type, _normed(dev, x, g, batch, cols, eps), 2 * rows, cols)
         dev.view(y, np.float32, (batch, rows))[:] = silu_mul.reference(both[:, :rows], both[:, rows:])
 
+    @cpu_kernel(f"matvec_add_split_{weight_type}", SIGNATURES["matvec_add"])
     @cpu_kernel(f"matvec_add_{weight_type}", SIGNATURES["matvec_add"])
     def add(dev, grid, block, y, w, x, rows, cols, batch):
         dev.view(y, np.float32, (batch, rows))[:] += _product(dev, w, weight_type, dev.view(x, np.float32, (batch, cols)),
@@ -145,11 +159,18 @@ for _type in WEIGHT_TYPES:
 # ---- launchers ---------------------------------------------------------------------------------
 
 
-def geometry(arch: str, groups: int) -> tuple[int, int]:
-    """(grid, block) for `groups` row pairs on a device of architecture `arch`."""
+def geometry(arch: str, groups: int, split: bool = False) -> tuple[int, int]:
+    """(grid, block) for `groups` row pairs on a device of architecture `arch` (split: a block per row pair)."""
+    if split:
+        return groups, SPLIT * wavefront_size(arch)
     threads = 256 if groups >= BIG_MATRIX_ROW_GROUPS else 64
     warps_per_block = max(1, threads // wavefront_size(arch))
     return -(-groups // warps_per_block), threads
+
+
+def split_columns(groups: int, batch: int) -> bool:
+    """Whether a product of `groups` row pairs (gate|up: rows) over `batch` rows takes the split entries."""
+    return batch >= SPLIT_MIN_BATCH and groups < SPLIT_MAX_GROUPS
 
 
 def _check_matrix(op: str, w: Any, weight_type: str, rows: int, cols: int, batch: int, x: Any, g: Any | None) -> None:
@@ -164,10 +185,13 @@ def _check_matrix(op: str, w: Any, weight_type: str, rows: int, cols: int, batch
         check_memory(op, "g", g, cols * 4, VECTOR_ALIGNMENT)
 
 
-def _launch(device: Device, stream: Stream | None, entry: str, weight_type: str, groups: int, args: tuple) -> None:
-    grid, block = geometry(device.arch, groups)
+def _launch(device: Device, stream: Stream | None, entry: str, weight_type: str, groups: int, args: tuple,
+            batch: int = 1) -> None:
+    split = entry != "matvec_norm" and split_columns(groups, batch)
+    grid, block = geometry(device.arch, groups, split)
+    name = f"{entry}_split_{weight_type}" if split else f"{entry}_{weight_type}"
     # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
-    kernel = get_kernel(device, OP, f"{entry}_{weight_type}", SIGNATURES[entry], programmatic=True)
+    kernel = get_kernel(device, OP, name, SIGNATURES[entry], programmatic=True)
     kernel.launch(grid, block, args, stream=stream)
 
 
@@ -181,7 +205,8 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
                    head_dim=head_dim, rope_dim=rope_dim)
     factors = rope.factors_arg(op, freq_factors, rope_dim)
     _launch(device, stream, "matvec_norm_rope", weight_type, -(-rows // 2),
-            (q, k, v, w, x, g, positions, factors, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale))
+            (q, k, v, w, x, g, positions, factors, q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale),
+            batch)
 
 
 def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,
@@ -190,7 +215,7 @@ def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, w: Any, x:
     _check_matrix(op, w, weight_type, 2 * rows, cols, batch, x, g)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, "matvec_norm_swiglu", weight_type, rows, (y, w, x, g, rows, cols, batch, eps))
+    _launch(device, stream, "matvec_norm_swiglu", weight_type, rows, (y, w, x, g, rows, cols, batch, eps), batch)
 
 
 def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *, rows: int, cols: int, batch: int,
@@ -199,7 +224,7 @@ def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *,
     _check_matrix(op, w, weight_type, rows, cols, batch, x, None)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, "matvec_add", weight_type, -(-rows // 2), (y, w, x, rows, cols, batch))
+    _launch(device, stream, "matvec_add", weight_type, -(-rows // 2), (y, w, x, rows, cols, batch), batch)
 
 
 def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,

@@ -164,7 +164,7 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
     std::vector<char> factors = optional_file(a[13]);
     std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
-    auto kernel = BY_TYPE(matvec_norm_rope);
+    auto kernel = entry.find("_split_") != std::string::npos ? BY_TYPE(matvec_norm_rope_split) : BY_TYPE(matvec_norm_rope);
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), w.data(), (const float*)x.data(), (const float*)g.data(),
              (const int*)pos.data(), factors_of(factors), q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta,
@@ -180,7 +180,8 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
     const float eps = std::strtof(a[3], nullptr);
     std::vector<char> w = read_file(a[4]), x = read_file(a[5]), g = read_file(a[6]);
     std::vector<float> y = nan_filled((size_t)rows * batch);
-    auto kernel = swiglu ? BY_TYPE(matvec_norm_swiglu)
+    auto kernel = swiglu ? (entry.find("_split_") != std::string::npos ? BY_TYPE(matvec_norm_swiglu_split)
+                                                                       : BY_TYPE(matvec_norm_swiglu))
                          : BY_TYPE(matvec_norm);
     emu_launch(grid, block, [&] {
       kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), rows, cols, batch, eps);
@@ -189,7 +190,7 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
   } else if (entry.rfind("matvec_add_", 0) == 0) {  // rows cols batch W x y_in out
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
     std::vector<char> w = read_file(a[3]), x = read_file(a[4]), y = read_file(a[5]);
-    auto kernel = BY_TYPE(matvec_add);
+    auto kernel = entry.find("_split_") != std::string::npos ? BY_TYPE(matvec_add_split) : BY_TYPE(matvec_add);
     emu_launch(grid, block, [&] { kernel((float*)y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
     write_file(a[6], y.data(), y.size());
   } else {
