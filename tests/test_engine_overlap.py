@@ -11,7 +11,8 @@ import pytest
 
 from support.engine_testing import TINY_EOS, assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, tiny_model
 
-from hipcore.engine.engine import OVERLAP_ENV, Engine, overlap_default
+from hipcore.engine.engine import Engine
+from hipcore.engine.hooks import OVERLAP_ENV, overlap_default
 from hipcore.engine.request import CancelResult, Ending
 from hipcore.engine.sampler import SamplingParams
 from hipcore.model.batch import SeqSlice, build_decode_batch, build_step_batch

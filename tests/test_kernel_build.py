@@ -31,7 +31,8 @@ EXPECTED_KERNELS = {
     "gelu_mul": ["gelu_mul_f32"],
     "fused_matmul": [f"matmul_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
                      for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "f32")],
-    "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
+    "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm",
+                                                        "norm_rope_split", "norm_swiglu_split", "add_split")
                      for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "f32")],
     "fused_qmatvec": [f"qmatvec_{kind}_{tokens}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
                       for tokens in ("1", "n")],

@@ -14,53 +14,24 @@ from __future__ import annotations
 
 import collections
 import itertools
-import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence as Seq
+from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
+from hipcore.engine.hooks import EngineHooks, EngineStats, InjectedFault, overlap_default
 from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
 from hipcore.engine.sampler import Sampler, StopChecker, StopReason
 from hipcore.engine.scheduler import Scheduled, Scheduler
 from hipcore.engine.step_launch import LaunchedStep, StepLauncher, following_sequences, requests_of
-from hipcore.errors import RocmforgeError, UsageError
+from hipcore.errors import UsageError
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.runner import Runner
 from hipcore.tokenizer.tokenizer import Tokenizer
 
 
 _ENDING_OF = {StopReason.EOS: Ending.EOS, StopReason.STOP_STRING: Ending.STOP, StopReason.MAX_TOKENS: Ending.LENGTH}
-OVERLAP_ENV = "ROCMFORGE_STEP_OVERLAP"  # "0": every step waits for its tokens before the next is prepared
-
-
-def overlap_default() -> bool:
-    return os.environ.get(OVERLAP_ENV, "1").strip() != "0"
-
-
-class InjectedFault(RocmforgeError):
-    """Raised on purpose by fault-injection hooks (leak-check and tests), never by real work."""
-
-
-@dataclass
-class EngineHooks:
-    """Fault injection for tests and leak-check: make chosen requests fail on purpose."""
-
-    fail_sampling: Callable[[Request], bool] | None = None  # the sampler raises for these requests
-    # the forward pass raises for this batch (asked when the step's tokens are read, for its live requests)
-    fail_step: Callable[[list[Request]], bool] | None = None
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0
-    prompt_tokens: int = 0  # tokens computed while in prompt evaluation (recomputation included)
-    generated_tokens: int = 0
-    preemptions: int = 0
-    step_seconds: float = 0.0
-    endings: collections.Counter = field(default_factory=collections.Counter)
 
 
 class Engine:
@@ -252,7 +223,7 @@ class Engine:
                 assert isinstance(request, Request)
                 if request.phase == Phase.FINISHED:  # cancelled before it was ever queued
                     continue
-                message = self._never_fits(request)
+                message = self.scheduler.never_fits(request, self._max_new_tokens(request))
                 if message:
                     events += self._end_request(request, Ending.REJECTED, message)
                 else:
@@ -284,26 +255,6 @@ class Engine:
 
     def _max_new_tokens(self, request: Request) -> int:
         return max(1, min(request.params.max_tokens, self.max_context - len(request.prompt_ids)))
-
-    def _never_fits(self, request: Request) -> str | None:
-        """Why the request could never run, even alone in the engine (None if it can)."""
-        n = request.params.n
-        if n > self.scheduler.max_seqs:
-            return (
-                f"request {request.request_id} asks for {n} parallel samples but a step holds at most "
-                f"{self.scheduler.max_seqs} sequences; lower n or raise max_seqs"
-            )
-        need = self.scheduler.blocks_needed_alone(request, self._max_new_tokens(request))
-        have = self.cache.num_usable_blocks
-        if need > have:
-            bs = self.cache.config.block_size
-            samples = f"{n} samples x " if n > 1 else ""
-            return (
-                f"request {request.request_id} needs {need} KV blocks ({samples}{len(request.prompt_ids)} prompt tokens "
-                f"+ up to {self._max_new_tokens(request)} new, {bs} tokens per block) but the pool has only {have}; "
-                "give the KV cache more memory (--kv-blocks / --kv-memory) or lower --max-tokens"
-            )
-        return None
 
     def _new_sequence(self, request: Request, tokens: list[int]) -> Sequence:
         seq = Sequence(next(self._seq_ids), request, tokens, num_prompt=len(request.prompt_ids))

@@ -93,6 +93,26 @@ class Scheduler:
         cached = len(request.prompt_ids) + max_new_tokens - 1
         return n * blocks_for(cached, self.cache.config.block_size)
 
+    def never_fits(self, request: Request, max_new_tokens: int) -> str | None:
+        """Why the request could never run, even alone in the engine (None if it can)."""
+        n = request.params.n
+        if n > self.max_seqs:
+            return (
+                f"request {request.request_id} asks for {n} parallel samples but a step holds at most "
+                f"{self.max_seqs} sequences; lower n or raise max_seqs"
+            )
+        need = self.blocks_needed_alone(request, max_new_tokens)
+        have = self.cache.num_usable_blocks
+        if need > have:
+            bs = self.cache.config.block_size
+            samples = f"{n} samples x " if n > 1 else ""
+            return (
+                f"request {request.request_id} needs {need} KV blocks ({samples}{len(request.prompt_ids)} prompt tokens "
+                f"+ up to {max_new_tokens} new, {bs} tokens per block) but the pool has only {have}; "
+                "give the KV cache more memory (--kv-blocks / --kv-memory) or lower --max-tokens"
+            )
+        return None
+
     @staticmethod
     def seq_demand(request: Request) -> int:
         """Sequences the request will step at once: its live samples, or n before its prompt forks."""

@@ -1,0 +1,41 @@
+"""What the engine takes from outside and gives back besides events: fault-injection hooks (leak-check and tests),
+its counters, and whether decode steps overlap the host's work (hipcore/engine/step_launch.py)."""
+
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hipcore.engine.request import Request
+from hipcore.errors import RocmforgeError
+
+OVERLAP_ENV = "ROCMFORGE_STEP_OVERLAP"  # "0": every step waits for its tokens before the next is prepared
+
+
+def overlap_default() -> bool:
+    return os.environ.get(OVERLAP_ENV, "1").strip() != "0"
+
+
+class InjectedFault(RocmforgeError):
+    """Raised on purpose by fault-injection hooks (leak-check and tests), never by real work."""
+
+
+@dataclass
+class EngineHooks:
+    """Fault injection for tests and leak-check: make chosen requests fail on purpose."""
+
+    fail_sampling: Callable[[Request], bool] | None = None  # the sampler raises for these requests
+    # the forward pass raises for this batch (asked when the step's tokens are read, for its live requests)
+    fail_step: Callable[[list[Request]], bool] | None = None
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens: int = 0  # tokens computed while in prompt evaluation (recomputation included)
+    generated_tokens: int = 0
+    preemptions: int = 0
+    step_seconds: float = 0.0
+    endings: collections.Counter = field(default_factory=collections.Counter)
