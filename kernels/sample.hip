@@ -81,10 +81,34 @@ static __device__ __forceinline__ int block_inclusive_scan(int v, int* scan) {
   return result;
 }
 
+static __device__ __forceinline__ void consider4(const float4 v, int first, float& best, int& best_index) {
+  if (argmax_wins(v.x, first, best, best_index)) best = v.x, best_index = first;
+  if (argmax_wins(v.y, first + 1, best, best_index)) best = v.y, best_index = first + 1;
+  if (argmax_wins(v.z, first + 2, best, best_index)) best = v.z, best_index = first + 2;
+  if (argmax_wins(v.w, first + 3, best, best_index)) best = v.w, best_index = first + 3;
+}
+
+// One block reads the whole row. Scalar loads one at a time left it latency-bound (32 us for Llama 3's 128,256
+// logits on an NVIDIA H100, a step's 1% at 8B, 3% at 1B); where the row is 16-byte aligned (every row when vocab
+// is a multiple of 4) each thread reads four logits a load, two loads in flight. argmax_wins orders (value, id)
+// pairs totally, so the order in which a thread meets them does not change the pick.
 static __device__ void greedy(int* out, const float* x, int vocab, Shared& sh) {
   float best = -RF_INFINITY;
   int best_index = 0x7fffffff;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+  int scalar_from = 0;
+  if ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int n4 = vocab / 4, stride = (int)blockDim.x;
+    for (int i = threadIdx.x; i < n4; i += 2 * stride) {
+      const bool has_second = i + stride < n4;
+      const float4 a = x4[i];
+      const float4 b = x4[has_second ? i + stride : i];
+      consider4(a, 4 * i, best, best_index);
+      if (has_second) consider4(b, 4 * (i + stride), best, best_index);
+    }
+    scalar_from = 4 * n4;
+  }
+  for (int i = scalar_from + (int)threadIdx.x; i < vocab; i += blockDim.x) {
     const float v = x[i];
     if (argmax_wins(v, i, best, best_index)) best = v, best_index = i;
   }

@@ -187,6 +187,29 @@ def acceptable_picks(row, params):
     return picks
 
 
+@pytest.mark.parametrize("vocab", [4096, 1001])
+def test_sample_greedy_rows(harnesses, warp, vocab, tmp_path):
+    """Greedy rows are numpy's argmax (the lowest id among equal maxima, the first NaN), whether a row is read four
+    logits a load (16-byte aligned rows: every row of 4096; row 0 of 1001, with a one-logit tail) or one at a time
+    (the other rows of 1001)."""
+    rng = np.random.default_rng([warp, vocab])
+    logits = (rng.standard_normal((8, vocab)) * 3).astype(np.float32)
+    top = logits.max() + 1
+    logits[0, [vocab - 1]] = top  # the largest logit in the tail (1001) or the last lane of the last load
+    logits[1, [vocab - 2, 515, 6]] = top  # equal maxima in different threads and lanes: the lowest id
+    logits[2, [9, 10, 11]] = top  # equal maxima in one load's lanes
+    logits[3, [700, 40]] = np.nan  # the first NaN, before the largest value
+    logits[4, :] = -np.inf
+    logits[5, [vocab - 1, 3]] = np.nan
+    logits[6, 1:] = logits[6, 0]  # one value everywhere: id 0
+    params = np.zeros((8, 5), dtype=np.float32)  # temperature 0: greedy
+    files = write_inputs(tmp_path, x=logits, p=params)
+    for block in (64, 256):
+        run(harnesses, warp, "sample_f32", len(params), block, vocab, *files, tmp_path / "o")
+        got = np.fromfile(tmp_path / "o", np.int32)
+        assert got.tolist() == [int(np.argmax(row)) for row in logits], f"vocab {vocab} block {block}"
+
+
 def test_sample(harnesses, warp, tmp_path):
     rng = np.random.default_rng(warp)
     vocab = 3000

@@ -114,6 +114,22 @@ def test_norm_output_head(gpu, mem, rng, seed, weight_type, batch):
     check(y.download(np.float32).reshape(batch, rows), want, tol, seed, f"head {weight_type} batch {batch}")
 
 
+@pytest.mark.parametrize("vocab", [128256, 32001])
+def test_sample_greedy_rows(gpu, mem, rng, seed, vocab):
+    """numpy's argmax (lowest id among equal maxima, the first NaN) for Llama 3's vocabulary, read four logits a
+    load, and an odd one whose rows past the first are read one logit at a time."""
+    logits = (rng.standard_normal((6, vocab)) * 3).astype(np.float32)
+    top = logits.max() + 1
+    logits[0, vocab - 1] = top
+    logits[1, [vocab - 2, 70_001 % vocab, 6]] = top
+    logits[2, [9, 10, 11]] = top
+    logits[3, [vocab // 2, 40]] = np.nan
+    logits[4, :] = -np.inf
+    out = mem.poisoned(6 * 4)
+    sample.launch(gpu, None, out, mem.upload(logits), mem.upload(np.zeros((6, 5), np.float32)), 6, vocab)
+    assert out.download(np.int32).tolist() == [int(np.argmax(row)) for row in logits], f"seed {seed}"
+
+
 def test_sample(gpu, mem, rng, seed):
     vocab, rows = 49152, 15
     logits = (rng.standard_normal((rows, vocab)) * rng.uniform(1, 5)).astype(np.float32)
