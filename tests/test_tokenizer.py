@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hipcore.errors import InvalidModelError, UnsupportedModelError, UsageError
 from hipcore.gguf.file import read_plan
-from hipcore.tokenizer.tokenizer import Tokenizer
+from hipcore.tokenizer.tokenizer import _UNSEEN, Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -118,6 +118,18 @@ def test_stream_decoder_fast_path_equals_the_incremental_decoder_of_the_pieces(s
     for i in ids:
         assert stream.feed(i) == reference.decode(smollm.token_piece(i, skip_special=skip))
     assert stream.flush() == reference.decode(b"", final=True)
+
+
+def test_fill_piece_caches_holds_what_piece_text_would_give(demo_metadata):
+    """Every id's text, both ways, decoded once (leak-check's warm-up: the caches at the vocabulary's bound); the
+    same answers as a tokenizer that decodes them on demand."""
+    filled, lazy = Tokenizer.from_metadata(demo_metadata), Tokenizer.from_metadata(demo_metadata)
+    filled.fill_piece_caches()
+    for skip_special in (False, True):
+        cache = filled._piece_texts[skip_special]
+        assert len(cache) == filled.vocab_size and not any(text is _UNSEEN for text in cache)
+        assert all(cache[i] == lazy.piece_text(i, skip_special=skip_special) for i in range(0, filled.vocab_size, 97))
+    assert cache[1] == "" and filled._piece_texts[False][1] == "<|im_start|>"
 
 
 def test_piece_text_is_the_piece_when_whole_utf8_and_refuses_what_token_piece_refuses(smollm):

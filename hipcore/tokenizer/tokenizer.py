@@ -185,6 +185,14 @@ class Tokenizer:
         texts[self._index(id)] = text
         return text
 
+    def fill_piece_caches(self) -> None:
+        """Decode every token's piece and text once, as serving does over time: the caches at their full size,
+        which the vocabulary bounds. leak-check's warm-up calls it, so that a model whose tokens spread over the
+        whole vocabulary (random weights do) filling them is not counted as host memory growth."""
+        for skip_special in (False, True):
+            for id in range(self.vocab_size):
+                self.piece_text(id, skip_special=skip_special)
+
     def _piece(self, id: int) -> bytes:
         vocab = self._vocab
         attr = vocab.attrs[id]
