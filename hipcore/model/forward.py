@@ -88,7 +88,6 @@ class PendingStep:
     rows: int  # logits rows computed
     all_rows: bool  # whether they are all the token rows
     kept: bool = False  # a following step's launch copied the tokens to the kept buffer: collect reads them there
-    collected: bool = False
 
 
 class ModelRunner:
@@ -200,7 +199,6 @@ class ModelRunner:
             raise ValueError("collect: not the oldest step launched and not yet collected on this runner")
         assert isinstance(pending, PendingStep)
         self._outstanding.pop(0)
-        pending.collected = True
         batch = pending.batch
         if not pending.kept:
             return self._download_rows(self.buffers["tokens"], batch, pending.rows, pending.all_rows, 1, np.int32).reshape(-1)
