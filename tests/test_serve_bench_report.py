@@ -102,3 +102,49 @@ def test_summary_of_rocmforge_serve_still_reports_its_bench_and_ratio(tmp_path):
     assert text.startswith("# rocmforge serve under llm-benchmark-runner")
     assert "rocmforge bench b32x16: 1024.0 ± 3.0 t/s" in text
     assert "HTTP aggregate at 32 clients / bench b32x16: 0.50 (target >= 0.80: NOT met" in text
+
+
+def _part(path: Path, clients: int, requests: list[tuple[float, list[float]]]) -> Path:
+    """A load-generator output of one process: each request as (start, chunk times)."""
+    raw = [{"endpointId": "e", "requestStart": start, "requestEnd": stamps[-1] + 0.001 if stamps else start,
+            "tokenTimestamps": stamps, "outputTokenCount": len(stamps),
+            "status": "success" if stamps else "error", "error": None if stamps else "HTTP 503: busy"}
+           for start, stamps in requests]
+    level = {"concurrency": clients, "requestThroughput": 0.0, "tokenThroughput": 0.0, "metrics": {}}
+    path.write_text(json.dumps({"results": [{"concurrencyResults": [level], "rawResults": raw}]}))
+    return path
+
+
+def test_merge_pools_the_processes_requests_on_one_time_line(tmp_path):
+    a = _part(tmp_path / "a.json", 2, [(10.0, [10.1, 10.2, 10.3]), (10.0, [10.2, 10.4])])
+    b = _part(tmp_path / "b.json", 2, [(10.5, [10.9, 11.0, 11.5]), (10.5, [])])
+    merged = report.merge([a, b])
+    level = merged["results"][0]["concurrencyResults"][0]
+    raw = merged["results"][0]["rawResults"]
+    assert level["concurrency"] == 4 and level["processes"] == 2 and len(raw) == 4
+    m = level["metrics"]
+    # TTFTs 100, 200, 400 ms (the failed request has none): median 200, p99 interpolated toward 400
+    assert abs(m["ttft"]["median"] - 200.0) < 1e-6
+    assert abs(m["ttft"]["p99"] - (200.0 + 0.98 * 200.0)) < 1e-6
+    assert m["totalRequests"] == 4 and abs(m["successRate"] - 75.0) < 1e-9
+    # ITLs pooled over every request: 100, 100 | 200 | 100, 500 ms
+    assert abs(m["itl"]["max"] - 500.0) < 1e-6 and abs(m["itl"]["min"] - 100.0) < 1e-6
+    assert abs(m["itl"]["median"] - 100.0) < 1e-6
+    # wall: the first start (10.0) to the last chunk of any process (11.5); 8 chunks in all
+    assert abs(level["tokenThroughput"] - 8 / 1.5) < 1e-9
+    # and the summary reads the merged file like a single process's
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "level_4.json").write_text(json.dumps(merged))
+    rows = report.level_rows(tmp_path / "out")
+    assert rows[0]["clients"] == 4 and rows[0]["ok"] == 3 and rows[0]["requests"] == 4
+
+
+def test_merge_of_one_part_computes_what_the_load_generator_computes(tmp_path):
+    """The statistics of llm-benchmark-runner 0.2.0 (linear percentiles, population stdDev), by hand."""
+    part = _part(tmp_path / "a.json", 3, [(0.0, [0.05, 0.06]), (0.0, [0.15, 0.17]), (0.0, [0.30, 0.31])])
+    m = report.merge([part])["results"][0]["concurrencyResults"][0]["metrics"]
+    ttfts = [50.0, 150.0, 300.0]
+    mean = sum(ttfts) / 3
+    assert abs(m["ttft"]["mean"] - mean) < 1e-6 and abs(m["ttft"]["median"] - 150.0) < 1e-6
+    assert abs(m["ttft"]["p95"] - (150.0 + 0.9 * 150.0)) < 1e-6
+    assert abs(m["ttft"]["stdDev"] - (sum((t - mean) ** 2 for t in ttfts) / 3) ** 0.5) < 1e-6

@@ -4,22 +4,24 @@
 # Sourced, not run. The caller sets MODEL, OUT and LEVELS (an array), then:
 #   sb_init; sb_install PACKAGE...; sb_start_server LABEL CMD...; sb_fit_prompt;
 #   sb_run_levels TOKEN_COUNTER; sb_stop_server; sb_summary
-# Knobs (environment): PROMPT_TOKENS (128), OUTPUT_TOKENS (128), MIN_REQUESTS (16), ROUNDS (2),
+# Knobs (environment): PROMPT_TOKENS (128; 0: a one-word message, the shortest chat prompt), OUTPUT_TOKENS (128), MIN_REQUESTS (16), ROUNDS (2),
+# CLIENT_PROCS (4: processes of the load generator per level, each with its share of the clients),
 # PORT (8090), DEADLINE (seconds after which no new level starts; 150), WHEELS (.carry/servebench/whl),
 # PYTHON (python3).
 
 sb_init() {
   [ -f "$MODEL" ] || { echo "no model file at $MODEL" >&2; exit 2; }
   PROMPT_TOKENS="${PROMPT_TOKENS:-128}" OUTPUT_TOKENS="${OUTPUT_TOKENS:-128}"
-  MIN_REQUESTS="${MIN_REQUESTS:-16}" ROUNDS="${ROUNDS:-2}"
+  MIN_REQUESTS="${MIN_REQUESTS:-16}" ROUNDS="${ROUNDS:-2}" CLIENT_PROCS="${CLIENT_PROCS:-4}"
   PORT="${PORT:-8090}" DEADLINE="${DEADLINE:-150}" WHEELS="${WHEELS:-.carry/servebench/whl}"
   PY="${PYTHON:-python3}"
   mkdir -p "$OUT"
   URL="http://127.0.0.1:$PORT"
   NAME=bench  # the model name both servers answer to
   MAXC=1; for c in "${LEVELS[@]}"; do [ "$c" -gt "$MAXC" ] && MAXC=$c; done
-  # Prompt + output + the chat template's few tokens, in whole 16-token blocks: the context of one client.
-  CTX=$(( (PROMPT_TOKENS + OUTPUT_TOKENS + 32 + 15) / 16 * 16 ))
+  # Prompt + output + the chat template (up to 64 tokens: a default system prompt), in whole 16-token blocks:
+  # the context of one client.
+  CTX=$(( (PROMPT_TOKENS + OUTPUT_TOKENS + 64 + 15) / 16 * 16 ))
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
       || echo "device ${DEVICE:-cpu}"; } > "$OUT/device.txt"
   COMMIT="${ROCMFORGE_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo unknown)}"
@@ -87,24 +89,37 @@ sb_fit_prompt() {
   printf '%s\n' "$PROMPT" > "$OUT/prompt.txt"
   note "prompt: $(cat "$OUT/prompt_tokens.txt") tokens"
   "$PY" - "$OUT/meta.json" "$SERVER_LABEL" "$MODEL" "$(cat "$OUT/device.txt")" "$COMMIT" "$SERVER_CMD" \
-    "$(cat "$OUT/prompt_tokens.txt")" "$OUTPUT_TOKENS" "${EXTRA_META:-}" <<'EOF'
+    "$(cat "$OUT/prompt_tokens.txt")" "$OUTPUT_TOKENS" "$CLIENT_PROCS" "${EXTRA_META:-}" <<'EOF'
 import json, sys, datetime
-out, server, model, device, commit, serve, prompt, max_tokens, extra = sys.argv[1:]
+out, server, model, device, commit, serve, prompt, max_tokens, procs, extra = sys.argv[1:]
 meta = {"server": server, "model": model, "device": device, "commit": commit,
         "date": datetime.date.today().isoformat(), "serve_args": serve, "prompt_tokens": int(prompt),
-        "max_tokens": int(max_tokens), "tool": "llm-benchmark-runner 0.2.0 (streaming /v1/chat/completions)"}
+        "max_tokens": int(max_tokens), "tool": "llm-benchmark-runner 0.2.0 (streaming /v1/chat/completions), "
+        f"up to {procs} processes per level, each with its share of the clients"}
 meta.update(line.split("=", 1) for line in extra.splitlines() if "=" in line)
 json.dump(meta, open(out, "w"), indent=1)
 EOF
 }
 
+# sb_procs C: how many load-generator processes share C clients: the largest divisor of C not above
+# CLIENT_PROCS. One process parses every chunk's JSON on one core (~60 us a chunk measured without a GPU):
+# at tens of thousands of tokens a second it would measure itself, not the server.
+sb_procs() {
+  local c="$1" p="$CLIENT_PROCS"
+  [ "$p" -lt 1 ] && p=1
+  while [ $(( c % p )) -ne 0 ]; do p=$(( p - 1 )); done
+  echo "$p"
+}
+
 # sb_run_levels TOKEN_COUNTER: warm up at every level, then each level with max(MIN_REQUESTS,
-# ROUNDS x clients) requests (OUT/level_<C>.json); TOKEN_COUNTER, the server's Prometheus counter of
+# ROUNDS x clients) requests (OUT/level_<C>.json, merged from the processes' OUT/parts/level_<C>.<I>.json
+# when sb_procs gives more than one; each process runs its share in rounds of its clients, as one would);
+# TOKEN_COUNTER, the server's Prometheus counter of
 # generated tokens, is read around each level (OUT/level_<C>.server_tokens): the load generator counts
 # streamed chunks, and a token whose text is empty (an end-of-generation token under ignore-eos, half a
 # UTF-8 character) sends none.
 sb_run_levels() {
-  local counter="$1" c n before after
+  local counter="$1" c n p i before after pids parts
   LB=("$PY" -m llm_benchmark_runner --url "$URL" --model "$NAME" --prompt "$PROMPT")
   note "warm-up at ${LEVELS[*]} clients (4 tokens each; discarded)"
   "${LB[@]}" --max-tokens 4 --repeat "$MAXC" --concurrency "$(IFS=,; echo "${LEVELS[*]}")" \
@@ -112,11 +127,20 @@ sb_run_levels() {
   for c in "${LEVELS[@]}"; do
     if [ "$SECONDS" -ge "$DEADLINE" ]; then note "skip $c clients: past ${DEADLINE}s"; continue; fi
     n=$(( ROUNDS * c )); [ "$n" -lt "$MIN_REQUESTS" ] && n=$MIN_REQUESTS
-    note "$c clients, $n requests"
+    p=$(sb_procs "$c"); n=$(( (n + p - 1) / p * p ))
+    note "$c clients, $n requests, $p load-generator processes"
     before=$(metric "$counter")
-    "${LB[@]}" --max-tokens "$OUTPUT_TOKENS" --repeat "$n" --concurrency "$c" --output "$OUT/level_$c.json" \
-      > "$OUT/level_$c.log" 2>&1 || { note "the load generator failed at $c clients"; status=1; }
+    pids=(); parts=(); mkdir -p "$OUT/parts"
+    for i in $(seq "$p"); do
+      parts+=("$OUT/parts/level_$c.$i.json")
+      "${LB[@]}" --max-tokens "$OUTPUT_TOKENS" --repeat $(( n / p )) --concurrency $(( c / p )) \
+        --output "$OUT/parts/level_$c.$i.json" > "$OUT/parts/level_$c.$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for i in "${pids[@]}"; do wait "$i" || { note "the load generator failed at $c clients"; status=1; }; done
     after=$(metric "$counter")
+    "$PY" scripts/gpu/serve_bench_report.py merge "$OUT/level_$c.json" "${parts[@]}" \
+      || { note "merging the load generator's outputs failed at $c clients"; status=1; }
     echo "$before $after" > "$OUT/level_$c.server_tokens"
   done
 }

@@ -3,10 +3,16 @@ it runs before any wheel is installed).
 
   python3 serve_bench_report.py prompt URL MODEL_NAME TOKENS > prompt.txt
       a user message whose chat prompt, as the server counts it (template included), has TOKENS tokens
-      (or the nearest count below that the words allow); the count goes to stderr.
+      (or the nearest count below that the words allow); TOKENS 0: the shortest, a one-word message (the
+      workload nearest `rocmforge bench -b`'s 1-token prompts that a chat request can be); the count goes
+      to stderr.
   python3 serve_bench_report.py summary OUTDIR > OUTDIR/summary.md
       the markdown table from the load generator's level_<C>.json files, bench_b32.json (rocmforge serve
       only) and the rest; meta.json's "server" names the server (rocmforge serve when absent).
+  python3 serve_bench_report.py merge OUT.json PART.json...
+      one level run by several load-generator processes (each with its share of the clients) as one file
+      of the load generator's format: the requests pooled, their statistics computed again over the pool
+      the way the load generator computes them, the level's wall time from the first start to the last chunk
   python3 serve_bench_report.py compare OUTDIR_A OUTDIR_B > compare.md
       two servers' runs side by side per level (A is usually rocmforge serve, B llama-server): requests
       ok, TTFT p50, ITL p50 and aggregate t/s of each, and the ratio A / B of the aggregates.
@@ -48,7 +54,10 @@ def words(n: int) -> str:
 def fit_prompt(url: str, model: str, target: int) -> tuple[str, int]:
     """Grow or shrink the word count until the server's count is `target`: most of these words are one
     token each, so the step toward the target is the difference, and a few probes settle it."""
-    n = max(1, target - prompt_tokens(url, model, words(1)) + 1)
+    shortest = prompt_tokens(url, model, words(1))
+    if target <= 0:
+        return words(1), shortest
+    n = max(1, target - shortest + 1)
     best: tuple[int, int] | None = None  # (tokens, words) of the longest prompt not over the target
     for _ in range(MAX_PROBES):
         got = prompt_tokens(url, model, words(n))
@@ -215,6 +224,59 @@ def compare(a: Path, b: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _percentile(ordered: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks, as llm-benchmark-runner 0.2.0 computes its percentiles."""
+    if not ordered:
+        return 0.0
+    idx = p / 100 * (len(ordered) - 1)
+    lower = int(idx)
+    upper = min(lower + 1, len(ordered) - 1)
+    return ordered[lower] + (ordered[upper] - ordered[lower]) * (idx - lower)
+
+
+def _stats_of(values: list[float]) -> dict:
+    if not values:
+        return {"mean": 0.0, "median": 0.0, "p95": 0.0, "p99": 0.0, "min": 0.0, "max": 0.0, "stdDev": 0.0}
+    ordered = sorted(values)
+    mean = sum(ordered) / len(ordered)
+    return {"mean": mean, "median": _percentile(ordered, 50), "p95": _percentile(ordered, 95),
+            "p99": _percentile(ordered, 99), "min": ordered[0], "max": ordered[-1],
+            "stdDev": (sum((v - mean) ** 2 for v in ordered) / len(ordered)) ** 0.5}
+
+
+def merge(parts: list[Path]) -> dict:
+    """One level from the outputs of several processes of the load generator run at the same time.
+
+    Why several: the load generator parses every streamed chunk's JSON in one Python process, which on a
+    fast model is a core's worth of work before the server is (measured without a GPU: ~60 us a chunk), so
+    a single process would measure itself. Timestamps are time.perf_counter(), CLOCK_MONOTONIC on Linux:
+    one clock for every process of the machine, so the pooled requests share a time line."""
+    raw, clients = [], 0
+    for part in parts:
+        result = json.loads(part.read_text())["results"][0]
+        raw += result["rawResults"]
+        clients += result["concurrencyResults"][0]["concurrency"]
+    ok = [r for r in raw if r["status"] == "success" and r["tokenTimestamps"]]
+    per_request = []
+    for r in ok:
+        stamps = r["tokenTimestamps"]
+        duration = r["requestEnd"] - stamps[0]
+        per_request.append({"ttft": (stamps[0] - r["requestStart"]) * 1000,
+                            "tps": r["outputTokenCount"] / duration if duration > 0 else 0.0,
+                            "itl": [(b - a) * 1000 for a, b in zip(stamps, stamps[1:])],
+                            "e2e": (r["requestEnd"] - r["requestStart"]) * 1000})
+    wall = (max(r["tokenTimestamps"][-1] for r in ok) - min(r["requestStart"] for r in raw)) if ok else 0.0
+    metrics = {"ttft": _stats_of([m["ttft"] for m in per_request]), "tps": _stats_of([m["tps"] for m in per_request]),
+               "itl": _stats_of([v for m in per_request for v in m["itl"]]),
+               "e2eLatency": _stats_of([m["e2e"] for m in per_request]),
+               "successRate": 100.0 * len(ok) / len(raw) if raw else 0.0, "totalRequests": len(raw)}
+    level = {"concurrency": clients, "processes": len(parts),
+             "requestThroughput": len(ok) / wall if wall > 0 else 0.0,
+             "tokenThroughput": sum(r["outputTokenCount"] for r in raw) / wall if wall > 0 else 0.0,
+             "metrics": metrics}
+    return {"results": [{"concurrencyResults": [level], "rawResults": raw}]}
+
+
 def main(argv: list[str]) -> None:
     if len(argv) == 4 and argv[0] == "prompt":
         text, count = fit_prompt(argv[1].rstrip("/"), argv[2], int(argv[3]))
@@ -222,6 +284,8 @@ def main(argv: list[str]) -> None:
         print(text)
     elif len(argv) == 2 and argv[0] == "summary":
         sys.stdout.write(summary(Path(argv[1])))
+    elif len(argv) >= 3 and argv[0] == "merge":
+        Path(argv[1]).write_text(json.dumps(merge([Path(a) for a in argv[2:]])))
     elif len(argv) == 3 and argv[0] == "compare":
         sys.stdout.write(compare(Path(argv[1]), Path(argv[2])))
     else:
