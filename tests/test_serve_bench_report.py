@@ -148,3 +148,41 @@ def test_merge_of_one_part_computes_what_the_load_generator_computes(tmp_path):
     assert abs(m["ttft"]["mean"] - mean) < 1e-6 and abs(m["ttft"]["median"] - 150.0) < 1e-6
     assert abs(m["ttft"]["p95"] - (150.0 + 0.9 * 150.0)) < 1e-6
     assert abs(m["ttft"]["stdDev"] - (sum((t - mean) ** 2 for t in ttfts) / 3) ** 0.5) < 1e-6
+
+
+def test_thread_cpu_tells_a_named_thread_from_the_rest(tmp_path):
+    """The engine thread names itself for the OS (rocmforge_serve.engine_loop.name_os_thread); the report's
+    /proc reader must file its CPU under that name, not under the process's."""
+    import os
+    import threading
+    import time
+
+    from rocmforge_serve.engine_loop import ENGINE_THREAD_NAME, name_os_thread
+
+    done = threading.Event()
+
+    def burn():
+        name_os_thread(ENGINE_THREAD_NAME)
+        deadline = time.monotonic() + 20
+        while time.thread_time() < 0.25 and time.monotonic() < deadline:  # 0.25 s of this thread's own CPU
+            pass
+        done.set()
+        time.sleep(0.5)  # alive while the reader looks
+
+    worker = threading.Thread(target=burn)
+    worker.start()
+    done.wait(30)
+    cpu = report.thread_cpu(os.getpid())
+    worker.join()
+    assert cpu.get(ENGINE_THREAD_NAME, 0.0) >= 0.1, cpu
+    names = set(cpu) - {ENGINE_THREAD_NAME}
+    assert names, "the process's own threads are listed too"
+
+
+def test_cpu_lines_per_generated_token(tmp_path):
+    write_level(tmp_path, 4, 8, 10, 1.0, 50.0, (100, 180))  # 80 tokens by the server's count
+    (tmp_path / "level_4.cpu_before").write_text(json.dumps({"python3": 1.0, "rf-engine": 2.0}))
+    (tmp_path / "level_4.cpu_after").write_text(json.dumps({"python3": 1.008, "rf-engine": 2.004}))
+    lines = report.cpu_lines(tmp_path, report.level_rows(tmp_path))
+    assert lines == ["- server CPU at 4 clients, us per generated token by thread: 150.0 in all "
+                     "(python3 100.0, rf-engine 50.0)"]

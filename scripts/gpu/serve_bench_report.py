@@ -13,6 +13,10 @@ it runs before any wheel is installed).
       one level run by several load-generator processes (each with its share of the clients) as one file
       of the load generator's format: the requests pooled, their statistics computed again over the pool
       the way the load generator computes them, the level's wall time from the first start to the last chunk
+  python3 serve_bench_report.py threads PID > cpu.json
+      CPU seconds (user + system) of each thread of process PID, by thread name, from /proc (Linux); read
+      before and after a level, the difference per generated token says which of the server's threads
+      (the engine's, the event loop's, the template workers') pays for each token on this machine
   python3 serve_bench_report.py compare OUTDIR_A OUTDIR_B > compare.md
       two servers' runs side by side per level (A is usually rocmforge serve, B llama-server): requests
       ok, TTFT p50, ITL p50 and aggregate t/s of each, and the ratio A / B of the aggregates.
@@ -157,6 +161,7 @@ def summary(outdir: Path) -> str:
     lines.append("")
     if server == ROCMFORGE:
         lines += bench_lines(outdir, rows)
+    lines += cpu_lines(outdir, rows)
     for name, label in (("server_exit.txt", "server exit code after SIGTERM"), ("shutdown_line.txt", "server's shutdown check")):
         if (outdir / name).exists():
             lines.append(f"- {label}: {(outdir / name).read_text().strip()}")
@@ -277,6 +282,51 @@ def merge(parts: list[Path]) -> dict:
     return {"results": [{"concurrencyResults": [level], "rawResults": raw}]}
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """{thread name: CPU seconds} of one process; threads of the same name are summed, and child processes
+    (the chat-template workers) are read the same way and filed under "children"."""
+    clock = __import__("os").sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+
+    def cpu(stat: str) -> tuple[str, float]:
+        name, rest = stat.rsplit(")", 1)
+        fields = rest.split()
+        return name.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / clock
+
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        try:
+            name, seconds = cpu((task / "stat").read_text())
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended between the listing and the read
+        out[name] = out.get(name, 0.0) + seconds
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for child in (children.read_text().split() if children.exists() else []):
+        try:
+            out["children"] = out.get("children", 0.0) + cpu(Path(f"/proc/{child}/stat").read_text())[1]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+def cpu_lines(outdir: Path, rows: list[dict]) -> list[str]:
+    """Server CPU per generated token at each level, by thread (from OUT/level_<C>.cpu_before/.cpu_after)."""
+    lines = []
+    for r in rows:
+        before, after = (outdir / f"level_{r['clients']}.cpu_before"), (outdir / f"level_{r['clients']}.cpu_after")
+        if not (before.exists() and after.exists()):
+            continue
+        a, b = json.loads(before.read_text()), json.loads(after.read_text())
+        tokens = r["server_tokens_per_request"] * r["requests"] if r["server_tokens_per_request"] else 0
+        if not tokens:
+            continue
+        spent = {name: b[name] - a.get(name, 0.0) for name in b}
+        parts = ", ".join(f"{name} {1e6 * sec / tokens:.1f}" for name, sec in sorted(spent.items(), key=lambda kv: -kv[1])
+                          if sec > 0)
+        lines.append(f"- server CPU at {r['clients']} clients, us per generated token by thread: "
+                     f"{1e6 * sum(spent.values()) / tokens:.1f} in all ({parts})")
+    return lines
+
+
 def main(argv: list[str]) -> None:
     if len(argv) == 4 and argv[0] == "prompt":
         text, count = fit_prompt(argv[1].rstrip("/"), argv[2], int(argv[3]))
@@ -286,6 +336,8 @@ def main(argv: list[str]) -> None:
         sys.stdout.write(summary(Path(argv[1])))
     elif len(argv) >= 3 and argv[0] == "merge":
         Path(argv[1]).write_text(json.dumps(merge([Path(a) for a in argv[2:]])))
+    elif len(argv) == 2 and argv[0] == "threads":
+        print(json.dumps(thread_cpu(int(argv[1]))))
     elif len(argv) == 3 and argv[0] == "compare":
         sys.stdout.write(compare(Path(argv[1]), Path(argv[2])))
     else:
