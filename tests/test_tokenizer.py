@@ -288,3 +288,37 @@ def test_building_and_encoding_are_fast(demo_metadata):
     assert build_s < 1.0, f"building took {build_s:.2f} s"
     assert encode_2000_s < 1.0 + build_s, f"2,000 tokens took {encode_2000_s:.2f} s"
     assert encode_s < 5.0, f"{len(ids)} tokens took {encode_s:.2f} s"
+
+
+def test_encoding_keeps_its_speed_beside_a_busy_thread(smollm):
+    """The pre-tokenizer's regex matching must not give up the GIL at every match: in a server the event loop
+    and the engine thread keep it busy, and each match then waited up to the switch interval to win it back
+    (measured: a 40-token chat prompt took 30 us alone and 6-9 ms beside one busy thread). A fault planted by
+    letting finditer release the GIL again makes this fail by two orders of magnitude."""
+    import sys
+    import threading
+
+    text = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+            "<|im_start|>user\nthe quick brown fox<|im_end|>\n<|im_start|>assistant\n")
+    smollm.encode(text)
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            sum(range(100))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)  # CPython's default, stated: the wait each lost match would pay
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(20):
+            smollm.encode(text)
+        per_encode = (time.perf_counter() - t0) / 20
+    finally:
+        stop.set()
+        worker.join()
+        sys.setswitchinterval(old)
+    # alone it takes well under 1 ms; one lost GIL hand-off per match costs >= several ms per encode
+    assert per_encode < 0.0015, f"{per_encode * 1e3:.2f} ms per encode beside a busy thread"

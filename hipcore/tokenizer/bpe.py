@@ -108,13 +108,18 @@ def _compiled(patterns: tuple[str, ...]) -> tuple[regex.Pattern, ...]:
 
 
 def _split(text: str, patterns: Sequence[regex.Pattern]) -> list[str]:
-    """Apply each pattern to every piece so far; matches and the gaps between them become pieces."""
+    """Apply each pattern to every piece so far; matches and the gaps between them become pieces.
+
+    concurrent=False: the regex module otherwise lets go of the GIL around every match of a str, and each
+    match must then win it back. Where other threads are busy (a server's event loop and engine thread) a
+    word-sized match waited up to the interpreter's switch interval to get it back: tokenizing one short
+    prompt took tens of milliseconds under load, for microseconds of matching."""
     pieces = [text]
     for pattern in patterns:
         out: list[str] = []
         for piece in pieces:
             end = 0
-            for match in pattern.finditer(piece):
+            for match in pattern.finditer(piece, concurrent=False):
                 start, stop = match.span()
                 if start > end:
                     out.append(piece[end:start])
