@@ -4,7 +4,8 @@
 # Sourced, not run. The caller sets MODEL, OUT and LEVELS (an array), then:
 #   sb_init; sb_install PACKAGE...; sb_start_server LABEL CMD...; sb_fit_prompt;
 #   sb_run_levels TOKEN_COUNTER; sb_stop_server; sb_summary
-# Knobs (environment): PROMPT_TOKENS (128; 0: a one-word message, the shortest chat prompt), OUTPUT_TOKENS (128), MIN_REQUESTS (16), ROUNDS (2),
+# Knobs (environment): PROMPT_TOKENS (128; 0: a one-word message, the shortest chat prompt),
+# OUTPUT_TOKENS (128), MIN_REQUESTS (16), ROUNDS (2),
 # CLIENT_PROCS (4: processes of the load generator per level, each with its share of the clients),
 # PORT (8090), DEADLINE (seconds after which no new level starts; 150), WHEELS (.carry/servebench/whl),
 # PYTHON (python3).
@@ -114,8 +115,7 @@ sb_procs() {
 # sb_run_levels TOKEN_COUNTER: warm up at every level, then each level with max(MIN_REQUESTS,
 # ROUNDS x clients) requests (OUT/level_<C>.json, merged from the processes' OUT/parts/level_<C>.<I>.json
 # when sb_procs gives more than one; each process runs its share in rounds of its clients, as one would);
-# TOKEN_COUNTER, the server's Prometheus counter of
-# generated tokens, is read around each level (OUT/level_<C>.server_tokens): the load generator counts
+# TOKEN_COUNTER, the server's Prometheus counter of generated tokens, is read around each level (OUT/level_<C>.server_tokens): the load generator counts
 # streamed chunks, and a token whose text is empty (an end-of-generation token under ignore-eos, half a
 # UTF-8 character) sends none.
 sb_run_levels() {

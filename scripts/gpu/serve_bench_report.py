@@ -135,8 +135,10 @@ def bench_lines(outdir: Path, rows: list[dict]) -> list[str]:
     if at and mean > 0:
         ratio = aggregate_tps(at[0]) / mean
         verdict = "met" if ratio >= 0.8 else "NOT met"
+        prompt = _meta(outdir).get("prompt_tokens")
         lines.append(f"- HTTP aggregate at {batch} clients / bench {test}: {ratio:.2f} (target >= 0.80: {verdict}; "
-                     "the HTTP figure also pays for the prompts and the ramp)")
+                     f"the HTTP figure also pays for its {prompt if prompt else 'unknown'}-token prompts and the "
+                     "ramp of each round)")
     return lines
 
 
