@@ -23,7 +23,8 @@
 # The server's count of generated tokens per level is llamacpp:tokens_predicted_total on /metrics.
 # Knobs: LLAMA_SERVER_ARGS (more llama-server options, after ours: a later flag wins), NGL (99), and those
 # of serve_bench_lib.sh: PROMPT_TOKENS (128; 0: the shortest chat prompt), OUTPUT_TOKENS (128), MIN_REQUESTS
-# (16), ROUNDS (2), CLIENT_PROCS (4), PORT (8090), DEADLINE (150), WHEELS (.carry/servebench/whl), PYTHON (python3).
+# (16), ROUNDS (2), CLIENT_PROCS (4), PORT (8090), DEADLINE (150), WHEELS (.carry/servebench/whl),
+# PYTHON (python3).
 # Exit 0 when every request of every level succeeded (llama-server's exit code after SIGTERM is recorded,
 # not judged: it has no shutdown check of its own).
 set -uo pipefail

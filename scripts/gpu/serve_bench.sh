@@ -16,7 +16,8 @@
 # server and keep its exit code (0 only when its shutdown check found every KV block back); then bench;
 # then OUTDIR/summary.md.
 # Knobs: DEVICE (auto), PROMPT_TOKENS (128; 0: the shortest chat prompt), OUTPUT_TOKENS (128), MIN_REQUESTS
-# (16), ROUNDS (2), CLIENT_PROCS (4 load-generator processes at most per level), BENCH_BATCH (32), BENCH_REPS (3), PORT (8090), DEADLINE (seconds after which no new level starts; 150),
+# (16), ROUNDS (2), CLIENT_PROCS (4 load-generator processes at most per level), BENCH_BATCH (32), BENCH_REPS
+# (3), PORT (8090), DEADLINE (seconds after which no new level starts; 150),
 # WHEELS (.carry/servebench/whl), SERVE_ARGS (more `rocmforge serve` options).
 # Exit 0 when every request of every level succeeded and the server exited 0 after SIGTERM.
 set -uo pipefail
