@@ -8,14 +8,10 @@ dependent launches (the launch and the kernel's start overlap the end of the one
 default: measured on an NVIDIA H100 it did not shorten a decode step's gaps between launches and cost
 the 8B's and the demo's single-sequence decode 2-5% (docs/benchmarks.md).
 
-Launches, async copies, event records and graph launches go to the same libcuda with the GIL kept
-(cuda_held_calls.py): cuda-python lets it go around every call, and winning it back beside a busy thread
-cost a server's engine thread more than the calls themselves.
-
-What is CUDA's own, and so lives here: one primary context per device, retained at open and released at
-close(), made current with cuCtxSetCurrent on every thread that touches the device; the arch from the
-compute capability (sm_XY); nvrtc. Everything else is GpuDevice over the CUDA column of the driver table
-(gpu_driver.py).
+What is CUDA's own, and so lives here: one primary context per device, retained at open and released
+at close(), made current with cuCtxSetCurrent on every thread that touches the device; the arch
+from the compute capability (sm_XY); nvrtc. Everything else is GpuDevice over the CUDA column of the
+driver table (gpu_driver.py).
 
 cuda-python is imported on first use, so this module imports on machines without it or without a
 driver; probe() says why the backend cannot be used there.
@@ -27,7 +23,6 @@ import os
 from typing import Any, Sequence
 
 from hipcore.runtime.cuda_calls import VENDOR, call_error, check, load_driver_bindings, probe  # noqa: F401 (probe: selection)
-from hipcore.runtime.cuda_held_calls import driver_for_calls
 from hipcore.runtime.gpu_device import GpuDevice, GpuStream
 from hipcore.runtime.gpu_driver import DriverApi
 from hipcore.runtime.gpu_support import release_quietly
@@ -39,8 +34,7 @@ class CudaDevice(GpuDevice):
     def __init__(self, index: int = 0):
         count = probe()
         drv = self._drv = load_driver_bindings()
-        # The hot path's microsecond calls keep the GIL (cuda_held_calls.py); the rest are cuda-python's.
-        super().__init__(DriverApi(VENDOR, driver_for_calls(drv), check, call_error), index, count)
+        super().__init__(DriverApi(VENDOR, drv, check, call_error), index, count)
         self._cu_device = check(drv.cuDeviceGet(index), "cuDeviceGet")
         self._context = check(drv.cuDevicePrimaryCtxRetain(self._cu_device), "cuDevicePrimaryCtxRetain")
         try:
