@@ -77,6 +77,13 @@ class EngineCollector:
                                   value=float(stats.prompt_tokens))
         yield CounterMetricFamily(f"{PREFIX}_preemptions", "requests preempted for want of KV blocks", value=float(stats.preemptions))
         yield CounterMetricFamily(f"{PREFIX}_engine_steps", "engine steps run", value=float(stats.steps))
+        yield CounterMetricFamily(f"{PREFIX}_engine_prompt_steps", "engine steps that evaluated prompt tokens",
+                                  value=float(stats.prompt_steps))
+        yield CounterMetricFamily(f"{PREFIX}_engine_step_seconds", "seconds the engine thread spent in its steps",
+                                  value=stats.step_seconds)
+        yield CounterMetricFamily(f"{PREFIX}_engine_device_wait_seconds",
+                                  "of those, seconds spent waiting for the device to finish a launched step",
+                                  value=stats.device_wait_seconds)
         yield GaugeMetricFamily(f"{PREFIX}_engine_running", "1 while the engine thread serves", value=float(served.loop.running))
         rss = anon_rss_bytes()
         if rss is not None:

@@ -260,3 +260,38 @@ def test_the_runner_refuses_steps_out_of_order(model, two_sequences):
     runner.collect(two)
     with pytest.raises(ValueError, match="oldest"):
         runner.collect(two)  # each once
+
+
+class SlowRunner(WatchingRunner):
+    """Each step's tokens come `delay` seconds after they are asked for, as from a device still computing."""
+
+    def __init__(self, runner, delay: float):
+        super().__init__(runner)
+        self.delay = delay
+
+    def collect(self, pending):
+        import time
+
+        time.sleep(self.delay)
+        return super().collect(pending)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.004])
+def test_the_engine_counts_its_prompt_steps_and_its_waits_for_the_device(model, delay):
+    """EngineStats.device_wait_seconds is the time spent reading launched steps' tokens (what serve's /metrics
+    reports to tell a device-bound engine from a host-bound one), prompt_steps the steps with prompt tokens."""
+    runner = SlowRunner(model.runner, delay)
+    engine = Engine(runner, model.tokenizer, model.cache, max_seqs=8, max_step_tokens=8, overlap=True)
+    engine.submit(prompt_of(20), greedy(12, ignore_eos=True))  # its prompt in steps of 8, 8 and 4 tokens
+    engine.run_until_idle()
+    model.engine = engine
+    assert_quiescent(model, model.baseline)
+    stats = engine.stats
+    assert stats.prompt_steps == 3 and stats.prompt_tokens == 20
+    assert runner.collected == stats.steps
+    assert stats.device_wait_seconds <= stats.step_seconds
+    if delay:
+        assert stats.device_wait_seconds >= delay * runner.collected
+        assert stats.device_wait_seconds >= 0.5 * stats.step_seconds  # the engine waited on the "device"
+    else:
+        assert stats.device_wait_seconds < 0.004 * runner.collected

@@ -186,3 +186,21 @@ def test_cpu_lines_per_generated_token(tmp_path):
     lines = report.cpu_lines(tmp_path, report.level_rows(tmp_path))
     assert lines == ["- server CPU at 4 clients, us per generated token by thread: 150.0 in all "
                      "(python3 100.0, rf-engine 50.0)"]
+
+
+def _metrics(steps, prompt_steps, in_steps, waiting) -> str:
+    return (f"# HELP rocmforge_engine_steps_total engine steps run\nrocmforge_engine_steps_total {steps}\n"
+            f"rocmforge_engine_prompt_steps_total {prompt_steps}\nrocmforge_engine_step_seconds_total {in_steps}\n"
+            f"rocmforge_engine_device_wait_seconds_total {waiting}\nrocmforge_generated_tokens_total 5.0\n")
+
+
+def test_engine_lines_give_the_steps_and_the_shares_of_the_levels_wall_time(tmp_path):
+    write_level(tmp_path, 32, 64, 10, 2.0, 50.0, (0, 640))
+    (tmp_path / "level_32.metrics_before").write_text(_metrics(100, 10, 5.0, 1.0))
+    (tmp_path / "level_32.metrics_after").write_text(_metrics(1100, 14, 6.8, 1.5))
+    lines = report.engine_lines(tmp_path, report.level_rows(tmp_path))
+    assert lines == ["- engine at 32 clients: 1000 steps (4 evaluated prompts), in steps 90% of the level's wall "
+                     "time, waiting for the device 25%"]
+    # a server without the counters (llama-server's /metrics) gives no line, not a wrong one
+    (tmp_path / "level_32.metrics_after").write_text("llamacpp:tokens_predicted_total 640\n")
+    assert report.engine_lines(tmp_path, report.level_rows(tmp_path)) == []

@@ -275,10 +275,12 @@ class Engine:
             self._fail(requests_of(scheduled), f"the forward pass failed: {exc}", events)
             return None
         stats = self.stats
+        prompt_tokens = stats.prompt_tokens
         for seq, num_tokens, _ in scheduled:
             seq.num_cached += num_tokens
             if seq.request.phase is Phase.PROMPT:
                 stats.prompt_tokens += num_tokens
+        stats.prompt_steps += stats.prompt_tokens != prompt_tokens
         return launched
 
     def _chain_after(self, running: LaunchedStep, events: list[Event]) -> LaunchedStep | None:
@@ -309,7 +311,9 @@ class Engine:
         requests = [r for r in requests_of(scheduled) if r.phase is not Phase.FINISHED]
         events: list[Event] = []
         try:
+            t0 = time.perf_counter()
             self._launcher.read(self.runner, launched)
+            self.stats.device_wait_seconds += time.perf_counter() - t0
             if self.hooks.fail_step is not None and requests and self.hooks.fail_step(requests):
                 raise InjectedFault("injected forward-pass failure (fault-injection hook)")
         except Exception as exc:  # the step failed: fail its requests cleanly, keep serving the rest

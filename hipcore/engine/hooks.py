@@ -37,5 +37,9 @@ class EngineStats:
     prompt_tokens: int = 0  # tokens computed while in prompt evaluation (recomputation included)
     generated_tokens: int = 0
     preemptions: int = 0
-    step_seconds: float = 0.0
+    step_seconds: float = 0.0  # wall time inside Engine.step
+    # Of that, the time spent reading launched steps' tokens: the device finishing them. Near step_seconds: the
+    # device is the limit; near 0: the host is (the tokens were ready when asked for).
+    device_wait_seconds: float = 0.0
+    prompt_steps: int = 0  # steps that evaluated prompt tokens (never chained ahead, never a replayed graph)
     endings: collections.Counter = field(default_factory=collections.Counter)

@@ -131,6 +131,7 @@ sb_run_levels() {
     note "$c clients, $n requests, $p load-generator processes"
     before=$(metric "$counter")
     "$PY" scripts/gpu/serve_bench_report.py threads "$SERVER" > "$OUT/level_$c.cpu_before" 2>/dev/null
+    http_get "$URL/metrics" > "$OUT/level_$c.metrics_before" 2>/dev/null
     pids=(); parts=(); mkdir -p "$OUT/parts"
     for i in $(seq "$p"); do
       parts+=("$OUT/parts/level_$c.$i.json")
@@ -141,6 +142,7 @@ sb_run_levels() {
     for i in "${pids[@]}"; do wait "$i" || { note "the load generator failed at $c clients"; status=1; }; done
     after=$(metric "$counter")
     "$PY" scripts/gpu/serve_bench_report.py threads "$SERVER" > "$OUT/level_$c.cpu_after" 2>/dev/null
+    http_get "$URL/metrics" > "$OUT/level_$c.metrics_after" 2>/dev/null
     "$PY" scripts/gpu/serve_bench_report.py merge "$OUT/level_$c.json" "${parts[@]}" \
       || { note "merging the load generator's outputs failed at $c clients"; status=1; }
     echo "$before $after" > "$OUT/level_$c.server_tokens"

@@ -94,7 +94,7 @@ def level_rows(outdir: Path) -> list[dict]:
         if counts.exists() and len(counts.read_text().split()) == 2:
             before, after = (float(v) for v in counts.read_text().split())
             server_tokens = after - before
-        rows.append({"clients": level["concurrency"], "requests": len(raw), "ok": len(ok),
+        rows.append({"clients": level["concurrency"], "requests": len(raw), "ok": len(ok), "wall": wall,
                      "tokens_per_request": sum(r["outputTokenCount"] for r in ok) / max(1, len(ok)),
                      "server_tokens_per_request": None if server_tokens is None else server_tokens / max(1, len(raw)),
                      "server_tokens_per_s": None if not server_tokens or wall <= 0 else server_tokens / wall,
@@ -164,6 +164,7 @@ def summary(outdir: Path) -> str:
     if server == ROCMFORGE:
         lines += bench_lines(outdir, rows)
     lines += cpu_lines(outdir, rows)
+    lines += engine_lines(outdir, rows)
     for name, label in (("server_exit.txt", "server exit code after SIGTERM"), ("shutdown_line.txt", "server's shutdown check")):
         if (outdir / name).exists():
             lines.append(f"- {label}: {(outdir / name).read_text().strip()}")
@@ -326,6 +327,41 @@ def cpu_lines(outdir: Path, rows: list[dict]) -> list[str]:
                           if sec > 0)
         lines.append(f"- server CPU at {r['clients']} clients, us per generated token by thread: "
                      f"{1e6 * sum(spent.values()) / tokens:.1f} in all ({parts})")
+    return lines
+
+
+ENGINE_COUNTERS = ("rocmforge_engine_steps_total", "rocmforge_engine_prompt_steps_total",
+                   "rocmforge_engine_step_seconds_total", "rocmforge_engine_device_wait_seconds_total")
+
+
+def _counters(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name in ENGINE_COUNTERS:
+            out[name] = float(value)
+    return out
+
+
+def engine_lines(outdir: Path, rows: list[dict]) -> list[str]:
+    """rocmforge serve's engine during each level (its /metrics before and after): steps, those that evaluated
+    prompts, and the share of the level's wall time spent in steps and, of that, waiting for the device. Little
+    waiting means the host's work (the engine's and the event loop's) set the pace, not the device."""
+    lines = []
+    for r in rows:
+        paths = [outdir / f"level_{r['clients']}.metrics_{when}" for when in ("before", "after")]
+        if not all(p.exists() for p in paths) or r["wall"] <= 0:
+            continue
+        before, after = (_counters(p.read_text()) for p in paths)
+        if set(after) != set(ENGINE_COUNTERS) or set(before) != set(ENGINE_COUNTERS):
+            continue  # another server, or an older rocmforge without these counters
+        d = {name: after[name] - before[name] for name in ENGINE_COUNTERS}
+        steps, prompt_steps, in_steps, waiting = (d[name] for name in ENGINE_COUNTERS)
+        lines.append(f"- engine at {r['clients']} clients: {steps:.0f} steps ({prompt_steps:.0f} evaluated prompts), "
+                     f"in steps {100 * in_steps / r['wall']:.0f}% of the level's wall time, waiting for the device "
+                     f"{100 * waiting / r['wall']:.0f}%")
     return lines
 
 
