@@ -170,8 +170,8 @@ def _every_steps(every: int, make: Callable[[object], object]) -> Callable[[obje
         calls = [0]
         kept: list = []  # holds the objects, never their release: a real leak
 
-        def step():
-            events = original()
+        def step(*args, **kwargs):  # Engine.step's own arguments (a server passes before_wait) go through
+            events = original(*args, **kwargs)
             calls[0] += 1
             if calls[0] % every == 0:
                 kept.append(make(loaded))

@@ -123,25 +123,45 @@ class EngineLoop:
 
     def _run(self) -> None:
         name_os_thread(ENGINE_THREAD_NAME)
+        # A step's events go to the event loop from inside the next step, once that step has launched its work
+        # and before it waits for the device (Engine.step's before_wait): the loop's turn at the interpreter then
+        # falls while this thread waits, instead of delaying the launch. Measured on an H100 (docs/benchmarks.md,
+        # fourth session of 2026-11-27). With no next step, they go at once.
+        held: list[Event] = []
+
+        def hand_over() -> None:
+            nonlocal held
+            if held:
+                events, held = held, []
+                self._dispatch(events)
+
         while True:
+            if held and not self.engine.has_work():
+                hand_over()
             with self._cond:
                 while not self._stop and not self.engine.has_work():
                     self._cond.wait(self._idle_wait_s)
                 if self._stop and not self.engine.has_work():
-                    return
+                    break
             before = self.engine.stats.generated_tokens
             try:
                 with self.state_lock:
-                    events = self.engine.step()
+                    events = self.engine.step(before_wait=hand_over)
             except BaseException as exc:  # noqa: BLE001 - outside any one request: stop serving, say why
+                hand_over()
                 self.fault = f"the engine stopped: {type(exc).__name__}: {exc}"
                 self._fail_all(self.fault)
                 return
+            hand_over()  # (step calls it; this is for a step that raised inside it)
             made = self.engine.stats.generated_tokens - before
             with self._cond:
                 if made:
                     self._rate.append((time.monotonic(), made))
-            self._dispatch(events)
+            if self.engine.has_work():
+                held = events
+            else:
+                self._dispatch(events)
+        hand_over()
 
     def _dispatch(self, events: list[Event]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[AsyncSink, Event]]] = {}

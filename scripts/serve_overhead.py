@@ -172,10 +172,10 @@ def child_main(args) -> None:
     step_cpu = [0.0]  # CPU seconds of the engine thread inside Engine.step (the stand-in device sleep costs none)
     real_step = engine.step
 
-    def timed_step():
+    def timed_step(*args, **kwargs):
         t0 = time.thread_time()
         try:
-            return real_step()
+            return real_step(*args, **kwargs)
         finally:
             step_cpu[0] += time.thread_time() - t0
     engine.step = timed_step

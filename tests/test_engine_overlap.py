@@ -295,3 +295,49 @@ def test_the_engine_counts_its_prompt_steps_and_its_waits_for_the_device(model, 
         assert stats.device_wait_seconds >= 0.5 * stats.step_seconds  # the engine waited on the "device"
     else:
         assert stats.device_wait_seconds < 0.004 * runner.collected
+
+
+class OrderRunner(WatchingRunner):
+    """Records the order of launches and token reads, into a log shared with the test's before_wait."""
+
+    def __init__(self, runner, log: list[str]):
+        super().__init__(runner)
+        self.log = log
+
+    def launch_sampled(self, batch, sampling, follows=None):
+        self.log.append("launch")
+        return super().launch_sampled(batch, sampling, follows)
+
+    def collect(self, pending):
+        self.log.append("read")
+        return super().collect(pending)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_before_wait_runs_once_per_step_after_its_launch_and_before_any_read(model, overlap):
+    """A server hands the previous step's events to its event loop in before_wait: it must run in every call
+    (else events would wait for a step that never comes), once, and before the call waits for tokens."""
+    log: list[str] = []
+    runner = OrderRunner(model.runner, log)
+    engine = Engine(runner, model.tokenizer, model.cache, max_seqs=8, max_step_tokens=8, overlap=overlap)
+    engine.submit(prompt_of(12), greedy(6, ignore_eos=True))
+    engine.submit(prompt_of(5, salt=1), greedy(9, ignore_eos=True))
+    calls = queued_first = 0
+    while engine.has_work():
+        start = len(log)
+        engine.step(before_wait=lambda: log.append("hook"))
+        calls += 1
+        this_call = log[start:]
+        assert this_call.count("hook") == 1, this_call
+        assert "read" not in this_call[:this_call.index("hook")], this_call  # nothing waited for before it
+        queued_first += this_call[:2] == ["launch", "hook"]
+    model.engine = engine
+    assert_quiescent(model, model.baseline)
+    assert calls > 5 and log.count("hook") == calls
+    assert (runner.followed > 0) == overlap
+    # Overlapped, a call queues its step and only then hands over (a step ahead, or a step launched and then
+    # read); waiting steps run inside their launch, so the hook comes before it.
+    if overlap:
+        assert queued_first >= calls - 3, log
+    else:
+        assert queued_first == 0, log
