@@ -47,8 +47,13 @@ class EngineStopped(Exception):
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.5):
+    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.5, events_at_launch: bool = False):
+        """events_at_launch: hand a step's events to the event loop from inside the next step, once it has launched
+        its work and before it waits for the device (Engine.step's before_wait), so that the loop's turn at the
+        interpreter falls in that wait. For a GPU, whose launches return at once; on the cpu backend a launch is
+        the computation itself, and events go as soon as their step ends."""
         self.engine = engine
+        self._events_at_launch = events_at_launch
         self._cond = threading.Condition()
         self._sinks: dict[int, Sink] = {}
         self._accepting = True
@@ -123,10 +128,8 @@ class EngineLoop:
 
     def _run(self) -> None:
         name_os_thread(ENGINE_THREAD_NAME)
-        # A step's events go to the event loop from inside the next step, once that step has launched its work
-        # and before it waits for the device (Engine.step's before_wait): the loop's turn at the interpreter then
-        # falls while this thread waits, instead of delaying the launch. Measured on an H100 (docs/benchmarks.md,
-        # fourth session of 2026-11-27). With no next step, they go at once.
+        # With events_at_launch a step's events wait for the next step's launch (see __init__; docs/benchmarks.md,
+        # fourth session of 2026-11-27); with no next step, they go at once.
         held: list[Event] = []
 
         def hand_over() -> None:
@@ -146,7 +149,7 @@ class EngineLoop:
             before = self.engine.stats.generated_tokens
             try:
                 with self.state_lock:
-                    events = self.engine.step(before_wait=hand_over)
+                    events = self.engine.step(before_wait=hand_over if self._events_at_launch else None)
             except BaseException as exc:  # noqa: BLE001 - outside any one request: stop serving, say why
                 hand_over()
                 self.fault = f"the engine stopped: {type(exc).__name__}: {exc}"
@@ -157,7 +160,7 @@ class EngineLoop:
             with self._cond:
                 if made:
                     self._rate.append((time.monotonic(), made))
-            if self.engine.has_work():
+            if self._events_at_launch and self.engine.has_work():
                 held = events
             else:
                 self._dispatch(events)

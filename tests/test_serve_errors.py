@@ -99,8 +99,11 @@ def test_an_engine_fault_fails_that_request_only(live):
 
 def test_disconnect_mid_stream_cancels_and_returns_the_blocks(live):
     before = metrics(live.url)
+    # A slow request (50 ms a step): a fast one could finish its 200 tokens before this client, starved of the
+    # interpreter on a loaded machine, reads its first chunk (seen on a 2-core machine).
     with httpx.stream("POST", live.url + "/v1/completions", timeout=30,
-                      json={"prompt": "a b", "max_tokens": 200, "stream": True, "temperature": 0}) as response:
+                      json={"prompt": [SLOW_TOKEN, 5, 6], "max_tokens": 200, "stream": True,
+                            "temperature": 0}) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
         assert metrics(live.url)["rocmforge_kv_physical_blocks"] > 0
