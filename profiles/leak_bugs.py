@@ -170,7 +170,7 @@ def _every_steps(every: int, make: Callable[[object], object]) -> Callable[[obje
         calls = [0]
         kept: list = []  # holds the objects, never their release: a real leak
 
-        def step(*args, **kwargs):  # Engine.step's own arguments (a server passes before_wait) go through
+        def step(*args, **kwargs):  # whatever Engine.step takes goes through: the plant changes no call
             events = original(*args, **kwargs)
             calls[0] += 1
             if calls[0] % every == 0:

@@ -156,9 +156,7 @@ def served_model(loaded, *, name: str, max_queue: int, idle_wait_s: float = 0.5,
     from rocmforge_serve.engine_loop import EngineLoop
     from rocmforge_serve.template_pool import TemplatePool
 
-    # A GPU's launches return at once (the wait comes later): the event loop's turn goes in that wait.
-    loop = EngineLoop(loaded.engine, idle_wait_s=idle_wait_s, events_at_launch=loaded.device.backend != "cpu")
-    return ServedModel(name=name, loop=loop, tokenizer=loaded.tokenizer,
+    return ServedModel(name=name, loop=EngineLoop(loaded.engine, idle_wait_s=idle_wait_s), tokenizer=loaded.tokenizer,
                        chat_template=chat_template_from_metadata(loaded.gguf.metadata), context=loaded.engine.max_context,
                        max_queue=max_queue, device=loaded.device, created=int(time.time()), ignore_eos=ignore_eos,
                        templates=TemplatePool(size=TEMPLATE_WORKERS))

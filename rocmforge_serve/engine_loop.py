@@ -47,13 +47,8 @@ class EngineStopped(Exception):
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.5, events_at_launch: bool = False):
-        """events_at_launch: hand a step's events to the event loop from inside the next step, once it has launched
-        its work and before it waits for the device (Engine.step's before_wait), so that the loop's turn at the
-        interpreter falls in that wait. For a GPU, whose launches return at once; on the cpu backend a launch is
-        the computation itself, and events go as soon as their step ends."""
+    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.5):
         self.engine = engine
-        self._events_at_launch = events_at_launch
         self._cond = threading.Condition()
         self._sinks: dict[int, Sink] = {}
         self._accepting = True
@@ -128,43 +123,25 @@ class EngineLoop:
 
     def _run(self) -> None:
         name_os_thread(ENGINE_THREAD_NAME)
-        # With events_at_launch a step's events wait for the next step's launch (see __init__; docs/benchmarks.md,
-        # fourth session of 2026-11-27); with no next step, they go at once.
-        held: list[Event] = []
-
-        def hand_over() -> None:
-            nonlocal held
-            if held:
-                events, held = held, []
-                self._dispatch(events)
-
         while True:
-            if held and not self.engine.has_work():
-                hand_over()
             with self._cond:
                 while not self._stop and not self.engine.has_work():
                     self._cond.wait(self._idle_wait_s)
                 if self._stop and not self.engine.has_work():
-                    break
+                    return
             before = self.engine.stats.generated_tokens
             try:
                 with self.state_lock:
-                    events = self.engine.step(before_wait=hand_over if self._events_at_launch else None)
+                    events = self.engine.step()
             except BaseException as exc:  # noqa: BLE001 - outside any one request: stop serving, say why
-                hand_over()
                 self.fault = f"the engine stopped: {type(exc).__name__}: {exc}"
                 self._fail_all(self.fault)
                 return
-            hand_over()  # (step calls it; this is for a step that raised inside it)
             made = self.engine.stats.generated_tokens - before
             with self._cond:
                 if made:
                     self._rate.append((time.monotonic(), made))
-            if self._events_at_launch and self.engine.has_work():
-                held = events
-            else:
-                self._dispatch(events)
-        hand_over()
+            self._dispatch(events)
 
     def _dispatch(self, events: list[Event]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[AsyncSink, Event]]] = {}

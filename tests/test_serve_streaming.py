@@ -141,13 +141,11 @@ def test_events_already_here_are_returned_before_a_disconnect_is_noticed():
     assert [e.text for e in asyncio.run(run())] == ["kept"]
 
 
-@pytest.mark.parametrize("events_at_launch", [False, True])
-def test_engine_loop_hands_over_a_step_in_one_call_and_keeps_each_request_in_order(tmp_path_factory, events_at_launch):
+def test_engine_loop_hands_over_a_step_in_one_call_and_keeps_each_request_in_order(tmp_path_factory):
     """Four requests decode together: every request's events arrive complete and in order, in far fewer
-    loop wake-ups than events (one per step, not one per token); also when each step's events wait for the
-    next step's launch (a GPU's way), the last ones included (no step comes after them)."""
+    loop wake-ups than events (one per step, not one per token)."""
     loaded = load_tiny(tiny_model(tmp_path_factory))
-    engine_loop = EngineLoop(loaded.engine, events_at_launch=events_at_launch)
+    engine_loop = EngineLoop(loaded.engine)
     engine_loop.start()
 
     async def run():

@@ -16,7 +16,7 @@ import collections
 import itertools
 import threading
 import time
-from typing import Callable, Iterator, Sequence as Seq
+from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
@@ -122,19 +122,13 @@ class Engine:
         with self._lock:
             return bool(self._inbox) or self.scheduler.has_work or self._running_step is not None
 
-    def step(self, before_wait: Callable[[], None] | None = None) -> list[Event]:
-        """Run one iteration: drain the inbox, schedule, run the forward pass, sample, stream.
-
-        before_wait, if given, is called once per call, as soon as this call has launched what it launches and
-        before it waits for any step's tokens (or at the end, if it waits for none): a server hands the events
-        of the call before to its event loop there, so that the loop's turn at the interpreter falls while
-        this thread waits for the device, not while it launches."""
+    def step(self) -> list[Event]:
+        """Run one iteration: drain the inbox, schedule, run the forward pass, sample, stream."""
         if not self._step_lock.acquire(blocking=False):
             raise RuntimeError("Engine.step() called from two threads at once; one thread owns the engine")
         try:
             t0 = time.perf_counter()
             events: list[Event] = []
-            before_wait = _Once(before_wait)
             running = self._running_step
             if running is not None:
                 # The step after it goes ahead (launched before its tokens are read) unless requests came or
@@ -143,7 +137,6 @@ class Engine:
                 with self._lock:
                     quiet = not self._inbox
                 self._running_step = ahead = self._chain_after(running, events) if quiet else None
-                before_wait()
                 events += self._complete(running)
                 if ahead is not None:
                     self._release_settled()
@@ -155,15 +148,13 @@ class Engine:
             for request, message in plan.rejected:
                 events += self._end_request(request, Ending.REJECTED, message)
             if plan.scheduled:
-                launched = self._launch(plan.scheduled, events, before_wait)
+                launched = self._launch(plan.scheduled, events)
                 self.stats.steps += 1
-                before_wait()
                 if launched is not None and launched.pending is not None and launched.followable:
                     self._running_step = launched  # its tokens are read in the next call
                 elif launched is not None:
                     events += self._complete(launched)
             self._release_settled()
-            before_wait()
             self.stats.step_seconds += time.perf_counter() - t0
             return events
         finally:
@@ -276,11 +267,10 @@ class Engine:
                                        output=seq.output)
         return seq
 
-    def _launch(self, scheduled: list[Scheduled], events: list[Event],
-                before_wait: Callable[[], None] | None = None) -> LaunchedStep | None:
+    def _launch(self, scheduled: list[Scheduled], events: list[Event]) -> LaunchedStep | None:
         """Launch the scheduler's step; None (its requests failed, with events) if the launch failed."""
         try:
-            launched = self._launcher.launch(self.runner, scheduled, before_wait)
+            launched = self._launcher.launch(self.runner, scheduled)
         except Exception as exc:  # the step failed: fail its requests cleanly, keep serving the rest
             self._fail(requests_of(scheduled), f"the forward pass failed: {exc}", events)
             return None
@@ -454,17 +444,3 @@ class Engine:
         event = Event(request.request_id, 0, (), "", finished=True, ending=ending, error=error)
         request.events.put(event)
         return [event]
-
-
-class _Once:
-    """A step's before_wait: called at the first of the places that may be the last before a wait, no-op after."""
-
-    __slots__ = ("_callback",)
-
-    def __init__(self, callback: Callable[[], None] | None):
-        self._callback = callback
-
-    def __call__(self) -> None:
-        callback, self._callback = self._callback, None
-        if callback is not None:
-            callback()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -103,23 +103,17 @@ class StepLauncher:
     def can_follow(self, runner: Runner) -> bool:
         return self._capabilities(runner)[1]
 
-    def launch(self, runner: Runner, scheduled: list["Scheduled"],
-               before_wait: Callable[[], None] | None = None) -> LaunchedStep:
-        """Run the step; a decode step on an overlapping runner is left running (its `pending`). before_wait is
-        called once the step is queued, or before it runs where running it means waiting for it."""
+    def launch(self, runner: Runner, scheduled: list["Scheduled"]) -> LaunchedStep:
+        """Run the step; a decode step on an overlapping runner is left running (its `pending`)."""
         samples, overlaps = self._capabilities(runner)
         batch = self._build_batch(scheduled)
         sampling = self._device_sampling(scheduled) if samples else None
         fence = self.cache.begin_step()
-        if sampling is None or not overlaps:
-            if before_wait is not None:
-                before_wait()
-            if sampling is None:
-                return LaunchedStep(scheduled, fence, logits=runner.execute(batch))
+        if sampling is None:
+            return LaunchedStep(scheduled, fence, logits=runner.execute(batch))
+        if not overlaps:
             return LaunchedStep(scheduled, fence, picked=np.asarray(runner.execute_sampled(batch, sampling)).tolist())  # type: ignore[attr-defined]
         pending = runner.launch_sampled(batch, sampling)  # type: ignore[attr-defined]
-        if before_wait is not None:
-            before_wait()
         followable = batch.is_decode_only and len(sampling) == batch.num_tokens and all(
             item.seq.request.phase is Phase.DECODE for item in scheduled)
         return LaunchedStep(scheduled, fence, pending=pending, followable=followable)
