@@ -31,6 +31,7 @@ text sends no chunk); the 32-client ratio to bench uses the server's count.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.request
 from pathlib import Path
@@ -288,7 +289,7 @@ def merge(parts: list[Path]) -> dict:
 def thread_cpu(pid: int) -> dict[str, float]:
     """{thread name: CPU seconds} of one process; threads of the same name are summed, and child processes
     (the chat-template workers) are read the same way and filed under "children"."""
-    clock = __import__("os").sysconf("SC_CLK_TCK")
+    clock = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
 
     def cpu(stat: str) -> tuple[str, float]:
@@ -335,6 +336,8 @@ ENGINE_COUNTERS = ("rocmforge_engine_steps_total", "rocmforge_engine_prompt_step
 
 
 def _counters(text: str) -> dict[str, float]:
+    """ENGINE_COUNTERS from Prometheus text (rocmforge_serve.metrics.parse_metrics does this for every name, but
+    its module needs prometheus_client, and this script runs on the standard library alone)."""
     out = {}
     for line in text.splitlines():
         if line.startswith("#"):
