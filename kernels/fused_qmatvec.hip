@@ -4,9 +4,12 @@
 // attn_k in Q4_K but attn_v in Q6_K, so the concatenated W of fused_matvec.hip does not exist there.
 //
 //   qmatvec_norm_rope(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
-//                     head_dim, rope_dim, eps, theta, freq_scale)
+//                     head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size, num_blocks,
+//                     kv_format)
 //       q = rope(n @ Wq^T), k = rope(n @ Wk^T), v = n @ Wv^T,  n = rmsnorm(x) * g; freq_factors: rope_dim / 2
-//       per-pair divisors of the frequency (rope.hip), or null
+//       per-pair divisors of the frequency (rope.hip), or null. kv_format 0: k and v go to their float
+//       buffers; 1 (f16), 2 (bf16), 3 (f32): they go straight into the paged cache's pools at each token's
+//       slot instead, the bytes kv_store.hip would write (that launch and its gap leave the step).
 //   qmatvec_norm_swiglu(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
 //       y = silu(n @ Wg^T) * (n @ Wu^T)
 //   qmatvec_add(y, W, x, type, rows, cols, batch, k_split)   y += x @ W^T (the residual connection)
@@ -66,6 +69,35 @@ struct Rope {
   float theta, freq_scale;
 };
 
+// Where k and v rows go when the epilogue stores them into the paged cache (kv_store.hip's layout: pools
+// [num_blocks, n_kv_heads, block_size, head_dim], slot = block * block_size + offset; a negative slot or one
+// past the pool is skipped, as there). format: 0 = not at all (the float buffers), 1 f16, 2 bf16, 3 f32.
+struct KvTarget {
+  unsigned char *k_pool, *v_pool;
+  const int* slots;
+  int block_size, num_blocks, n_kv_heads, head_dim, format;
+};
+
+// Elements e, e + 1 of row r (e = r % head_dim, even) of token t's k (or v) into the cache, rounded as
+// kv_store.hip rounds them (rf_float_to_f16 / rf_float_to_bf16), so the bytes are the same.
+static __device__ __forceinline__ void store_pair(const KvTarget& kv, bool is_v, int t, int r, float a, float b) {
+  const int slot = kv.slots[t];
+  if (slot < 0 || (long long)slot >= (long long)kv.num_blocks * kv.block_size) return;
+  const int block = slot / kv.block_size, offset = slot - block * kv.block_size;
+  const int head = r / kv.head_dim, e = r - head * kv.head_dim;
+  const unsigned long long row = ((unsigned long long)block * kv.n_kv_heads + head) * kv.block_size + offset;
+  unsigned char* pool = is_v ? kv.v_pool : kv.k_pool;
+  if (kv.format == 3) {
+    float* dst = reinterpret_cast<float*>(pool) + row * kv.head_dim + e;
+    dst[0] = a;
+    dst[1] = b;
+    return;
+  }
+  unsigned short* dst = reinterpret_cast<unsigned short*>(pool) + row * kv.head_dim + e;
+  dst[0] = kv.format == 1 ? rf_float_to_f16(a) : rf_float_to_bf16(a);
+  dst[1] = kv.format == 1 ? rf_float_to_f16(b) : rf_float_to_bf16(b);
+}
+
 // Rows r, r + 1 (r even, one head) of token b rotated as rope_f32 rotates them (NORM mode).
 static __device__ __forceinline__ void rotate(const Rope& p, int b, int r, float& s0, float& s1) {
   const int in_head = r % p.head_dim;
@@ -93,7 +125,8 @@ struct WarpRows {
 template <int NB, int kRows>
 __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
                                                const int types[3], const int rows[3], const float* x, const float* g,
-                                               const Rope& rope, int cols, float eps, int b0, int tokens) {
+                                               const Rope& rope, const KvTarget& kv, int cols, float eps, int b0,
+                                               int tokens) {
   const Tiles t = Tiles::of<kRows>();
   const int tiles0 = t.count(rows[0]), tiles1 = t.count(rows[1]);
   const int tiles = tiles0 + tiles1 + t.count(rows[2]);
@@ -116,6 +149,10 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
       for (int r = 0; r < kRows; r += 2) {
         float s0 = out[0][r][b] * s, s1 = out[0][r + 1][b] * s;
         if (m < 2) rotate(rope, b0 + b, r0 + r, s0, s1);
+        if (m > 0 && kv.format != 0) {
+          store_pair(kv, m == 2, b0 + b, r0 + r, s0, s1);
+          continue;
+        }
         float* yb = ym + (unsigned long long)(b0 + b) * rows_m + r0 + r;
         yb[0] = s0;
         yb[1] = s1;
@@ -213,12 +250,13 @@ struct RopePass {
   const int *type_of, *rows;
   const float *x, *g;
   const Rope* rope;
+  const KvTarget* kv;
   int cols;
   float eps;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
     norm_rope_pass<NB, WarpRows<ONE_TOKEN>::kRows>(*st, y, W, type_of, rows, x + (unsigned long long)b0 * cols, g, *rope,
-                                                   cols, eps, b0, tokens);
+                                                   *kv, cols, eps, b0, tokens);
   }
 };
 
@@ -271,14 +309,17 @@ __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* 
                                           const void* Wv, const float* x, const float* g, const int* positions,
                                           const float* freq_factors, int types, int q_rows, int kv_rows, int cols,
                                           int batch, int head_dim, int rope_dim, float eps, float theta,
-                                          float freq_scale) {
+                                          float freq_scale, void* k_pool, void* v_pool, const int* slots,
+                                          int block_size, int num_blocks, int kv_format) {
   float* const y[3] = {q, k, v};
   const unsigned char* const W[3] = {static_cast<const unsigned char*>(Wq), static_cast<const unsigned char*>(Wk),
                                      static_cast<const unsigned char*>(Wv)};
   const int type_of[3] = {types & 15, (types >> 4) & 15, (types >> 8) & 15};
   const int rows[3] = {q_rows, kv_rows, kv_rows};
   const Rope rope = {positions, freq_factors, head_dim, rope_dim, theta, freq_scale};
-  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, cols, eps});
+  const KvTarget kv = {static_cast<unsigned char*>(k_pool), static_cast<unsigned char*>(v_pool), slots, block_size,
+                       num_blocks, kv_rows / head_dim, head_dim, kv_format};
+  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, &kv, cols, eps});
 }
 
 template <bool ONE_TOKEN>
@@ -301,12 +342,14 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_rope_##suffix(                                      \
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
-      int head_dim, int rope_dim, float eps, float theta, float freq_scale) {                                         \
+      int head_dim, int rope_dim, float eps, float theta, float freq_scale, void* k_pool, void* v_pool,               \
+      const int* slots, int block_size, int num_blocks, int kv_format) {                                              \
     __shared__ fq::Stage stage;                                                                                       \
     rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
-                             cols, batch, head_dim, rope_dim, eps, theta, freq_scale);                                \
+                             cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots,          \
+                             block_size, num_blocks, kv_format);                                                      \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_##suffix(                                    \
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import fused_qmatvec, qmatvec, rope
+from hipcore.kvcache.dtypes import kv_dtype as kv_dtype_named
+from hipcore.ops import fused_qmatvec, kv_store, qmatvec, rope
 from hipcore.ops.weight_formats import dequantize_rows, row_bytes
 from support.emulated_kernels import ARCH_FOR_WARP, U32, run, write_inputs
 from support.rope_factors import factors_arg, far_factors
@@ -83,6 +84,46 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
                     assert np.all(err <= bound), (f"{name} {types} {q_rows}/{kv_rows}x{cols} batch {batch} "
                                                   f"{variant} grid {grid} factors {factors is not None}: "
                                                   f"{np.max(err / bound):.2f} of the bound")
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(kv_store.EPILOGUE_FORMATS))
+def test_norm_rope_stores_kv_into_the_cache(harnesses, warp, kv_dtype, tmp_path):
+    """With a cache target the epilogue writes k and v into the pools at each token's slot, the bytes kv_store
+    writes for the k and v the same launch makes without one (kv_store.reference on them), leaves every other
+    slot (and a padding token's, slot -1) alone, and never writes the k and v buffers; q is unchanged."""
+    rng = np.random.default_rng([warp, 6, *map(ord, kv_dtype)])
+    types = ("q4_k", "q4_k", "q6_k")
+    fmt = kv_dtype_named(kv_dtype)
+    for q_heads, kv_heads, head_dim, rope_dim, cols, batch in [(4, 2, 16, 16, 256, 1), (2, 1, 8, 8, 256, 5)]:
+        q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
+        block_size, num_blocks = 4, 3
+        raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
+        x, g = inputs(rng, batch, cols)
+        positions = rng.integers(0, 4096, batch).astype(np.int32)
+        slots = rng.choice(num_blocks * block_size, batch, replace=False).astype(np.int32)
+        if batch > 1:
+            slots[1] = -1  # a padding row of a batch
+        files = write_inputs(tmp_path, wq=raws[0], wk=raws[1], wv=raws[2], x=x, g=g, p=positions, slots=slots)
+        slot_file, files = files[-1], files[:-1] + [factors_arg(tmp_path, None)]
+        pool_shape = (num_blocks, kv_heads, block_size, fmt.row_bytes(head_dim))
+        pool_bytes = int(np.prod(pool_shape))
+        variant = fused_qmatvec.variant(batch)
+        for grid, block, _ in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
+            common = (fused_qmatvec.pack_types(types), q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA,
+                      FREQ_SCALE, *files)
+            run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, *common, tmp_path / "plain")
+            plain = np.split(np.fromfile(tmp_path / "plain", np.float32), [batch * q_rows, batch * (q_rows + kv_rows)])
+            run(harnesses, warp, f"qmatvec_norm_rope_store_{variant}", grid, block, kv_store.EPILOGUE_FORMATS[kv_dtype],
+                block_size, num_blocks, pool_bytes, slot_file, *common, tmp_path / "stored")
+            raw = np.fromfile(tmp_path / "stored", np.uint8)
+            floats = raw[:4 * batch * (q_rows + 2 * kv_rows)].view(np.float32)
+            got_pools = raw[4 * batch * (q_rows + 2 * kv_rows):].reshape(2, *pool_shape)
+            assert np.array_equal(floats[:batch * q_rows], plain[0]), "q changed with a cache target"
+            assert np.all(np.isnan(floats[batch * q_rows:])), "the k and v buffers were written with a cache target"
+            for pool, rows, name in zip(got_pools, plain[1:], "kv"):
+                want = np.full(pool_shape, 0xA5, np.uint8)
+                kv_store.reference(want, rows.reshape(batch, kv_heads, head_dim), slots, fmt)
+                assert np.array_equal(pool, want), f"{name} pool {kv_dtype} batch {batch} grid {grid}"
 
 
 @pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q5_k")], ids=lambda t: "-".join(t))

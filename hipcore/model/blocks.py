@@ -2,6 +2,8 @@
 
 A family (hipcore/model/families/) is a layer built from these: the llama layer is
     attention_input -> attention -> attention_output -> feed_forward -> feed_forward_output
+(fused_attention_input stores k and v in the cache itself where its kernel can, and is followed by
+attention_after_fused_input, which then leaves out the kv_store launch)
 and a family that differs from it only in how q, k and v are made (qwen2's biases, qwen3's per-head
 norm, NEOX RoPE) composes its own attention_input from the smaller blocks below and keeps the rest.
 gemma3 composes its whole layer from single ops: qwen3's attention input, then the sandwich blocks at
@@ -50,28 +52,47 @@ def positions(ctx: StepContext) -> int:
 
 # ---- the llama layer's blocks ------------------------------------------------------------------------
 
+def _stores_kv(ctx: StepContext, lw, t: int) -> bool:
+    """True when fused_attention_input's products store this step's k and v into the cache themselves."""
+    return ctx.products.stores_kv(lw, t, ctx.cache.config.dtype)
+
+
 def fused_attention_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T) in NORM mode: one fused launch where the weights allow."""
+    """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T) in NORM mode: one fused launch where the weights allow,
+    which also stores k and v in the paged cache where it can (then pair it with attention_after_fused_input)."""
     cfg = ctx.config
     if cfg.rope_type != "norm" or cfg.qkv_bias or cfg.qk_norm:  # the fused kernels would silently skip these
         raise ValueError(f"{cfg.architecture}: the fused attention input computes NORM RoPE without biases or "
                          "per-head norms; compose the family's own")
-    return ctx.products.attention_input(lw, t, positions(ctx))
+    target = kv_store.epilogue_target(ctx.cache, i, ctx.inputs.buffer) if _stores_kv(ctx, lw, t) else None
+    return ctx.products.attention_input(lw, t, positions(ctx), kv_target=target)
+
+
+def _kv_store(ctx: StepContext, i: int, t: int) -> Launch:
+    b, dev, st = ctx.buffers, ctx.device, ctx.stream
+    return ("kv_store", lambda: kv_store.launch(dev, st, ctx.cache, i, b["k"], b["v"], ctx.inputs.buffer, t))
+
+
+def _paged_attention(ctx: StepContext, i: int, t: int) -> Launch:
+    cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
+    tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
+    workspace = b.get("attention_workspace")
+    return ("attention", lambda: paged_attention.launch(
+        dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
+        n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
+        kv_dtype=kv.dtype, workspace=workspace, window=cfg.layer_window(i), softcap=cfg.attn_softcap))
 
 
 def attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """Store this step's k and v in the paged cache, then attn = attention(q, cached K, cached V)."""
-    cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
-    tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
-    workspace = b.get("attention_workspace")
-    return [
-        ("kv_store", lambda: kv_store.launch(dev, st, ctx.cache, i, b["k"], b["v"], inputs.buffer, t)),
-        ("attention", lambda: paged_attention.launch(
-            dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
-            n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-            block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
-            kv_dtype=kv.dtype, workspace=workspace, window=cfg.layer_window(i), softcap=cfg.attn_softcap)),
-    ]
+    return [_kv_store(ctx, i, t), _paged_attention(ctx, i, t)]
+
+
+def attention_after_fused_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """attention after fused_attention_input: the kv_store launch only where its products did not store k and v."""
+    stored = _stores_kv(ctx, lw, t)
+    return ([] if stored else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t)]
 
 
 def attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
@@ -167,8 +188,10 @@ class Family:
 
 def pre_norm_layer(attention_input: Block) -> tuple[Block, ...]:
     """The llama layer with the given attention input: pre-norm attention and a SwiGLU feed-forward,
-    each added to the residual stream."""
-    return (attention_input, attention, attention_output, feed_forward, feed_forward_output)
+    each added to the residual stream. fused_attention_input brings its own attention block (it may have
+    stored k and v already)."""
+    attend = attention_after_fused_input if attention_input is fused_attention_input else attention
+    return (attention_input, attend, attention_output, feed_forward, feed_forward_output)
 
 
 # ---- Gemma's sandwich: norms before and after attention and the feed-forward -------------------------

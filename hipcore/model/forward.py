@@ -11,7 +11,8 @@ Per layer, the blocks of the model's family (hipcore/model/families/, over hipco
 llama layer, with the fused kernels when the weights allow them (projections.py picks fused_matvec for
 steps of a few tokens, fused_matmul beyond, the single ops otherwise):
     q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv])      1 launch (else rmsnorm, 3 products, 2 ropes)
-    kv_store(k, v); attn = paged_attention(q)       2 launches
+    kv_store(k, v); attn = paged_attention(q)       2 launches (1 where the q|k|v launch stored k and v:
+                                                    fused_qmatvec's decode steps into f16/bf16/f32 caches)
     x += attn @ Wo                                  1 launch (else product + add)
     h = silu(rmsnorm(x) @ Wg) * (rmsnorm(x) @ Wu)   1 launch (else rmsnorm, 2 products, silu_mul)
     x += h @ Wd                                     1 launch (else product + add)

@@ -13,14 +13,16 @@ Three ways, per product, decided by the step's size and the weight's format:
                 run on the matrix cores from matmul_mma.MMA_MIN_TOKENS tokens where the device has them,
                 else on matmul / matvec. (Their norm, SwiGLU and residual stay separate launches.)
 Both fused families fold the norm, RoPE, SwiGLU and the residual add into the products, so a layer is
-4 product launches either way. The head picks by its row count the same way.
+4 product launches either way; fused_qmatvec's q|k|v also stores k and v into the paged cache (f16, bf16
+and f32 caches), so the kv_store launch leaves its layers' decode steps (stores_kv). The head picks by its row count the same way.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
-from hipcore.ops import add, fused_matmul, fused_matvec, fused_qmatvec, matmul_mma, rmsnorm, rope, silu_mul
+from hipcore.ops import add, fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul_mma, rmsnorm, rope, silu_mul
 from hipcore.runtime.device import Buffer, Device, Stream
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
@@ -38,6 +40,8 @@ HEAD_MATVEC_MAX_ROWS = 8
 # H200, Llama 3's Q6_K head (128256 x 4096) took fused_qmatvec 312 us at 4 rows and 895 at 6, the fragment
 # path 333 at 2 and 394 at 8 (docs/benchmarks.md).
 HEAD_QMATVEC_MAX_ROWS_FRAGMENTS = 4
+# "0": k and v always leave the products for kv_store's launch (to measure what the epilogue store saves).
+KV_EPILOGUE_ENV = "ROCMFORGE_KV_EPILOGUE"
 
 Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
 
@@ -89,18 +93,37 @@ class ProjectionPlanner:
         self.device, self.stream, self.config, self.b = device, stream, config, buffers
         self.freq_scale, self.freq_factors = freq_scale, freq_factors
         self.workspace = buffers.get("matmul_workspace")
+        self.kv_in_epilogue = os.environ.get(KV_EPILOGUE_ENV, "1") != "0"
 
     def _fused_kwargs(self, family, n_tokens: int) -> dict:
         if family is fused_matmul:
             return {"n_tokens": n_tokens, "workspace": self.workspace}
         return {"batch": n_tokens}
 
-    def attention_input(self, lw, t: int, positions: int) -> list[Launch]:
-        """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T) into b["q"], b["k"], b["v"]."""
+    def _separate_qkv_fusable(self, lw, t: int) -> bool:
+        """True when fused_qmatvec makes q, k and v of this layer for a step of t tokens (and there is no
+        concatenated q|k|v for fused_matvec / fused_matmul to take first)."""
+        if lw.attn_qkv is not None and fused_family(lw.attn_qkv.fmt, t) is not None:
+            return False
+        weights = (lw.attn_q, lw.attn_k, lw.attn_v)
+        return separate_fusable(t, *weights, max_tokens=qmatvec_limit(self.device, *weights)) \
+            and self.config.head_dim % 4 == 0
+
+    def stores_kv(self, lw, t: int, kv_dtype: str) -> bool:
+        """True when attention_input stores k and v into the cache itself (given a kv_target): fused_qmatvec's
+        epilogue for the element-wise KV formats. Then the kv_store launch is left out of the step."""
+        return self.kv_in_epilogue and self._separate_qkv_fusable(lw, t) and kv_store.epilogue_fusable(kv_dtype)
+
+    def attention_input(self, lw, t: int, positions: int,
+                        kv_target: kv_store.EpilogueTarget | None = None) -> list[Launch]:
+        """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T) into b["q"], b["k"], b["v"]. With kv_target, where
+        stores_kv() is true, k and v go into the cache there instead of b["k"] and b["v"]."""
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         nh, nkv, hd, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
         qkv = lw.attn_qkv
         family = fused_family(qkv.fmt, t) if qkv is not None else None
+        if kv_target is not None and not self.stores_kv(lw, t, kv_target.dtype):
+            raise ValueError("attention_input: k and v cannot be stored by this step's products (see stores_kv)")
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
             return [("attn_norm+qkv+rope", lambda: family.launch_norm_rope(
@@ -108,13 +131,14 @@ class ProjectionPlanner:
                 q_rows=nh * hd, kv_rows=nkv * hd, cols=h, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
                 theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, freq_factors=self.freq_factors,
                 **kwargs))]
-        if separate_fusable(t, lw.attn_q, lw.attn_k, lw.attn_v, max_tokens=qmatvec_limit(dev, lw.attn_q, lw.attn_k, lw.attn_v)) \
-                and hd % 4 == 0:
+        if self._separate_qkv_fusable(lw, t):
             weights = [(weight_arg(w), w.fmt) for w in (lw.attn_q, lw.attn_k, lw.attn_v)]
-            return [("attn_norm+qkv+rope", lambda: fused_qmatvec.launch_norm_rope(
+            name = "attn_norm+qkv+rope" if kv_target is None else "attn_norm+qkv+rope+kv_store"
+            return [(name, lambda: fused_qmatvec.launch_norm_rope(
                 dev, st, b["q"], b["k"], b["v"], weights, b["x"], lw.attn_norm.buffer, positions, q_rows=nh * hd,
                 kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
-                theta=cfg.rope_theta, freq_scale=self.freq_scale, freq_factors=self.freq_factors))]
+                theta=cfg.rope_theta, freq_scale=self.freq_scale, freq_factors=self.freq_factors,
+                kv_target=kv_target))]
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
                                                                    cfg.rms_norm_eps))]
         for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):

@@ -6,7 +6,10 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
 (a pointer and a type code per matrix) and still do a layer's products in four launches:
 
   qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
-                        head_dim, rope_dim, eps, theta, freq_scale)   (freq_factors: as rope.py's, or null)
+                        head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size,
+                        num_blocks, kv_format)   (freq_factors: as rope.py's, or null; the last six: where
+                        k and v go when the epilogue stores them into the paged cache, kv_store.EpilogueTarget,
+                        instead of the k and v buffers; kv_format 0 = not)
   qmatvec_norm_swiglu_<v>(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
   qmatvec_add_<v>(y, W, x, type, rows, cols, batch, k_split)   (k_split: see MAX_K_SPLIT)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
@@ -25,7 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hipcore.ops import qmatvec, rope, silu_mul
+from hipcore.kvcache.dtypes import kv_dtype
+from hipcore.ops import kv_store, qmatvec, rope, silu_mul
 from hipcore.ops.launch_checks import check_disjoint, check_memory, check_qkv_rope, check_sizes
 from hipcore.ops.weight_formats import column_multiple, host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -36,7 +40,7 @@ OP = "fused_qmatvec"
 WEIGHT_TYPES = qmatvec.WEIGHT_TYPES
 TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4}  # kernels/fused_qmatvec.hip's WeightType
 SIGNATURES = {
-    "qmatvec_norm_rope": "ppppppppppiiiiiiifff",
+    "qmatvec_norm_rope": "ppppppppppiiiiiiifffpppiii",  # ..., k_pool, v_pool, slots, block_size, num_blocks, kv_format
     "qmatvec_norm_swiglu": "pppppiiiif",
     "qmatvec_add": "pppiiiii",  # ... batch, k_split
     "qmatvec_norm": "ppppiiiif",
@@ -139,15 +143,24 @@ def _host_normed(dev: CpuDevice, w: int, type_code: int, x: int, g: int, rows: i
 def _register(variant: str) -> None:
     @cpu_kernel(f"qmatvec_norm_rope_{variant}", SIGNATURES["qmatvec_norm_rope"])
     def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols,
-                  batch, head_dim, rope_dim, eps, theta, freq_scale):
+                  batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size, num_blocks,
+                  kv_format):
         pos = dev.view(positions, np.int32, batch)
         factors = rope.host_factors(dev, freq_factors, rope_dim)
-        for i, (out, w, rows, rotate) in enumerate(((q, wq, q_rows, True), (k, wk, kv_rows, True), (v, wv, kv_rows, False))):
+        made = []
+        for i, (w, rows, rotate) in enumerate(((wq, q_rows, True), (wk, kv_rows, True), (wv, kv_rows, False))):
             y = _host_normed(dev, w, (types >> (4 * i)) & 15, x, g, rows, cols, batch, eps)
             if rotate:
                 y = rope.reference(y.reshape(batch, -1, head_dim), pos, rope_dim, theta, freq_scale,
                                    factors).reshape(batch, rows)
-            dev.view(out, np.float32, (batch, rows))[:] = y
+            made.append(y)
+        dev.view(q, np.float32, (batch, q_rows))[:] = made[0]
+        if kv_format:  # k and v into the cache, as the kernels' epilogue stores them
+            kv_store.store_host_rows(dev, k_pool, v_pool, slots, block_size, num_blocks, kv_format, made[1], made[2],
+                                     head_dim)
+            return
+        for out, y in ((k, made[1]), (v, made[2])):
+            dev.view(out, np.float32, (batch, kv_rows))[:] = y
 
     @cpu_kernel(f"qmatvec_norm_swiglu_{variant}", SIGNATURES["qmatvec_norm_swiglu"])
     def norm_swiglu(dev, grid, block, y, wg, wu, x, g, types, rows, cols, batch, eps):
@@ -231,9 +244,10 @@ def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols:
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, weights: Sequence[tuple[Any, str]],
                      x: Any, g: Any, positions: Any, *, q_rows: int, kv_rows: int, cols: int, batch: int,
                      head_dim: int, rope_dim: int, eps: float, theta: float, freq_scale: float,
-                     freq_factors: Any = None) -> None:
+                     freq_factors: Any = None, kv_target: kv_store.EpilogueTarget | None = None) -> None:
     """q, k, v = rope(n @ Wq^T), rope(n @ Wk^T), n @ Wv^T; `weights` = ((Wq, type), (Wk, type), (Wv, type));
-    freq_factors as rope.launch's."""
+    freq_factors as rope.launch's. With kv_target, k and v are stored into its pools at its slots (the bytes
+    kv_store.launch would write) and the k and v buffers are left alone."""
     op = "qmatvec_norm_rope"
     check_sizes(op, q_rows=q_rows, kv_rows=kv_rows, cols=cols, batch=batch)
     if head_dim % 4:  # a warp's rows are whole RoPE pairs of one matrix: 4 rows at a time
@@ -245,9 +259,23 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
                    head_dim=head_dim, rope_dim=rope_dim)
     (wq, tq), (wk, tk), (wv, tv) = weights
     factors = rope.factors_arg(op, freq_factors, rope_dim)
+    target = kv_store.NO_EPILOGUE_TARGET_ARGS
+    if kv_target is not None:
+        _check_kv_target(op, kv_target, kv_rows, head_dim, batch)
+        target = kv_target.args()
     _launch(device, stream, op, batch, cols, (q_rows, kv_rows, kv_rows),
             (q, k, v, wq, wk, wv, x, g, positions, factors, pack_types((tq, tk, tv)), q_rows, kv_rows, cols, batch,
-             head_dim, rope_dim, eps, theta, freq_scale))
+             head_dim, rope_dim, eps, theta, freq_scale, *target))
+
+
+def _check_kv_target(op: str, kv: kv_store.EpilogueTarget, kv_rows: int, head_dim: int, batch: int) -> None:
+    if not kv_store.epilogue_fusable(kv.dtype):
+        raise ValueError(f"{op}: the epilogue cannot store KV dtype {kv.dtype}")
+    check_sizes(op, block_size=kv.block_size, num_blocks=kv.num_blocks)
+    pool_bytes = kv.num_blocks * kv.block_size * (kv_rows // head_dim) * kv_dtype(kv.dtype).row_bytes(head_dim)
+    for name, pool in (("k_pool", kv.k_pool), ("v_pool", kv.v_pool)):
+        check_memory(op, name, pool, pool_bytes, 4)
+    check_memory(op, "slots", kv.slots, batch * 4, 4)
 
 
 def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: Sequence[tuple[Any, str]], x: Any, g: Any,

@@ -10,9 +10,17 @@ Launch geometry: workgroup-stride over the tokens (at most 65,535 workgroups), 1
 
 The numpy reference below is what the host kernels run and what GPU kernels are compared with: the
 kernels store the same bytes (for q8_0: given finite inputs).
+
+A product whose epilogue makes k and v (fused_qmatvec's norm_rope at decode) can store them itself:
+epilogue_target() describes the layer's pools, slots and format for it, so a decode step saves this launch
+and the gap before the next. Only the element-wise formats (EPILOGUE_FORMATS): q8_0 takes a 32-element amax
+across rows that different warps compute, so its rows still come through here.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +34,64 @@ from hipcore.runtime.kernels import get_kernel
 
 SIGNATURE = "pppppiiiii"
 THREADS = 128  # a multiple of 32: q8_0 gives each 32-element block to 32 lanes
+
+
+# The kernels' kv_format codes (kernels/fused_qmatvec.hip: KvTarget); 0 means "no target".
+EPILOGUE_FORMATS = {"f16": 1, "bf16": 2, "f32": 3}
+
+
+@dataclass(frozen=True)
+class EpilogueTarget:
+    """Where a product's epilogue stores k and v rows: the layer's pools, the slot mapping (int32 [tokens],
+    as launch()'s), and the pools' geometry and format code."""
+
+    k_pool: Any
+    v_pool: Any
+    slots: Any
+    block_size: int
+    num_blocks: int
+    dtype: str
+
+    @property
+    def format_code(self) -> int:
+        return EPILOGUE_FORMATS[self.dtype]
+
+    def args(self) -> tuple:
+        """The kernels' (k_pool, v_pool, slots, block_size, num_blocks, kv_format)."""
+        return self.k_pool, self.v_pool, self.slots, self.block_size, self.num_blocks, self.format_code
+
+
+NO_EPILOGUE_TARGET_ARGS = (0, 0, 0, 0, 0, 0)
+
+
+def epilogue_fusable(dtype: str) -> bool:
+    """True when a product's epilogue can store rows of this KV dtype (element-wise formats)."""
+    return kv_dtype(dtype).name in EPILOGUE_FORMATS
+
+
+def epilogue_target(cache: KvCache, layer: int, slot_mapping: Any) -> EpilogueTarget:
+    """The target for `layer` of `cache` (a KvCache or a group's view, as launch() takes), slots at
+    `slot_mapping` (a Buffer whose start is the mapping, or an address)."""
+    cfg = cache.config
+    if not 0 <= layer < cfg.n_layers:
+        raise ValueError(f"layer {layer} outside the cache's {cfg.n_layers} layers")
+    if not epilogue_fusable(cfg.dtype):
+        raise ValueError(f"kv_store: a product's epilogue cannot store KV dtype {cfg.dtype} "
+                         f"({', '.join(EPILOGUE_FORMATS)} only)")
+    return EpilogueTarget(cache.k_pools[layer], cache.v_pools[layer], slot_mapping, cfg.block_size,
+                          cfg.layer_num_blocks(layer), kv_dtype(cfg.dtype).name)
+
+
+def store_host_rows(dev: CpuDevice, k_pool: int, v_pool: int, slots: int, block_size: int, num_blocks: int,
+                    kv_format: int, k_rows: np.ndarray, v_rows: np.ndarray, head_dim: int) -> None:
+    """What an epilogue target does on the cpu backend: reference() into both pools (k_rows and v_rows
+    float32 [n, n_kv_heads * head_dim])."""
+    fmt = kv_dtype({code: name for name, code in EPILOGUE_FORMATS.items()}[kv_format])
+    n, width = k_rows.shape
+    shape = (num_blocks, width // head_dim, block_size, fmt.row_bytes(head_dim))
+    slot_view = dev.view(slots, np.int32, n)
+    for pool_ptr, rows in ((k_pool, k_rows), (v_pool, v_rows)):
+        reference(dev.view(pool_ptr, np.uint8, shape), rows.reshape(n, -1, head_dim), slot_view, fmt)
 
 
 def kernel_name(dtype: str) -> str:

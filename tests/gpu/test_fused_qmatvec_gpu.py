@@ -12,6 +12,7 @@
    more than twice that, and a wrong kernel (a wrong type, scale or rotation) moves logits by their
    own size. Measured figures go to $OUT/kquant_model_figures.json.
 3. Graph replay equals eager on that model.
+4. The q|k|v launch storing k and v into the paged cache (kv_store.EpilogueTarget) writes kv_store's bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.forward import ModelRunner
-from hipcore.ops import fused_qmatvec, qmatvec, rope
+from hipcore.kvcache.dtypes import kv_dtype as kv_dtype_named
+from hipcore.ops import fused_qmatvec, kv_store, qmatvec, rope
 from hipcore.ops.weight_formats import dequantize_rows, row_bytes
 from support.gguf_factory import write_tiny_llama
 from support.model_steps import step_batch
@@ -83,6 +85,44 @@ def test_norm_rope(gpu, mem, rng, seed, types, heads, kv_heads, head_dim, cols, 
             bound = (bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
                      + size * np.tile((32 * U32 * angle + 8 * U32).repeat(2, -1), rows // head_dim))
         check(out.download(np.float32).reshape(batch, rows), ref, bound, f"seed {seed} {name} factors {with_factors}")
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(kv_store.EPILOGUE_FORMATS))
+@pytest.mark.parametrize("batch", [1, 5])
+def test_norm_rope_stores_kv_into_the_cache(gpu, mem, rng, seed, kv_dtype, batch):
+    """With a cache target (Llama-3.1-8B's q|k|v, blocks of 16) the launch writes k and v into the pools at the
+    tokens' slots: the bytes kv_store.reference makes of the k and v the same launch writes without one, every
+    other byte of the pools untouched, the k and v buffers untouched, q the same."""
+    types, heads, kv_heads, head_dim, cols = ("q4_k", "q4_k", "q6_k"), 32, 8, 128, 4096
+    q_rows, kv_rows, block_size, num_blocks = heads * head_dim, kv_heads * head_dim, 16, 5
+    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
+    weights = [(mem.upload(r, "weights"), t) for r, t in zip(raws, types)]
+    x, g = mem.upload((rng.standard_normal((batch, cols)) * 2).astype(np.float32)), \
+        mem.upload((1 + 0.3 * rng.standard_normal(cols)).astype(np.float32))
+    pos = mem.upload(rng.integers(0, 8192, batch).astype(np.int32))
+    slots = rng.choice(num_blocks * block_size, batch, replace=False).astype(np.int32)
+    if batch > 1:
+        slots[2] = -1  # a padding row
+    fmt = kv_dtype_named(kv_dtype)
+    pool_shape = (num_blocks, kv_heads, block_size, fmt.row_bytes(head_dim))
+    before = rng.integers(0, 256, (2, *pool_shape), dtype=np.uint8)
+    pools = [mem.upload(before[0]), mem.upload(before[1])]
+    kwargs = dict(q_rows=q_rows, kv_rows=kv_rows, cols=cols, batch=batch, head_dim=head_dim, rope_dim=head_dim,
+                  eps=EPS, theta=500000.0, freq_scale=1.0)
+    plain = [mem.poisoned(batch * r * 4) for r in (q_rows, kv_rows, kv_rows)]
+    fused_qmatvec.launch_norm_rope(gpu, None, *plain, weights, x, g, pos, **kwargs)
+    stored = [mem.poisoned(batch * r * 4) for r in (q_rows, kv_rows, kv_rows)]
+    poison = stored[1].download(np.uint8)
+    target = kv_store.EpilogueTarget(pools[0], pools[1], mem.upload(slots), block_size, num_blocks, kv_dtype)
+    fused_qmatvec.launch_norm_rope(gpu, None, *stored, weights, x, g, pos, kv_target=target, **kwargs)
+    assert np.array_equal(stored[0].download(np.uint8), plain[0].download(np.uint8)), "q changed"
+    for out in stored[1:]:
+        assert np.array_equal(out.download(np.uint8), poison), "a k or v buffer was written with a cache target"
+    for i, (pool, out, name) in enumerate(zip(pools, plain[1:], "kv")):
+        want = before[i].copy()
+        kv_store.reference(want, out.download(np.float32).reshape(batch, kv_heads, head_dim), slots, fmt)
+        got = pool.download(np.uint8).reshape(pool_shape)
+        assert np.array_equal(got, want), f"seed {seed} {name} pool {kv_dtype} batch {batch}"
 
 
 @pytest.mark.parametrize("types,rows,cols,batch", [(("q4_k", "q4_k"), 14336, 4096, 1), (("q4_k", "q6_k"), 14336, 4096, 2),

@@ -203,8 +203,20 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
 // are separate files, each matrix with its type code in `types` (4 bits each).
 static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned block, char** a) {
   const bool one = entry.size() > 2 && entry.substr(entry.size() - 2) == "_1";
-  if (entry == "qmatvec_norm_rope_1" || entry == "qmatvec_norm_rope_n") {
-    // types q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale Wq Wk Wv x g positions factors|- out
+  const bool store = entry.rfind("qmatvec_norm_rope_store_", 0) == 0;  // the harness's name for a cache target
+  if (entry == "qmatvec_norm_rope_1" || entry == "qmatvec_norm_rope_n" || store) {
+    // [store: kv_format block_size num_blocks pool_bytes slots] then
+    // types q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale Wq Wk Wv x g positions factors|- out;
+    // out: q, k, v (floats; with a cache target k and v must stay NaN) and, with one, the K then the V pool.
+    int kv_format = 0, block_size = 0, num_blocks = 0;
+    size_t pool_bytes = 0;
+    std::vector<char> slots;
+    if (store) {
+      kv_format = std::atoi(a[0]), block_size = std::atoi(a[1]), num_blocks = std::atoi(a[2]);
+      pool_bytes = (size_t)std::atoll(a[3]);
+      slots = read_file(a[4]);
+      a += 5;
+    }
     const int types = std::atoi(a[0]), q_rows = std::atoi(a[1]), kv_rows = std::atoi(a[2]), cols = std::atoi(a[3]);
     const int batch = std::atoi(a[4]), head_dim = std::atoi(a[5]), rope_dim = std::atoi(a[6]);
     const float eps = std::strtof(a[7], nullptr), theta = std::strtof(a[8], nullptr), scale = std::strtof(a[9], nullptr);
@@ -212,15 +224,20 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
                       g = read_file(a[14]), pos = read_file(a[15]), factors = optional_file(a[16]);
     std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
+    std::vector<unsigned char> pools(2 * pool_bytes, 0xA5);  // a byte no store writes by chance everywhere
     auto kernel = one ? qmatvec_norm_rope_1 : qmatvec_norm_rope_n;
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), wq.data(), wk.data(), wv.data(), (const float*)x.data(),
              (const float*)g.data(), (const int*)pos.data(), factors_of(factors), types, q_rows, kv_rows, cols, batch,
-             head_dim, rope_dim, eps, theta, scale);
+             head_dim, rope_dim, eps, theta, scale, store ? pools.data() : nullptr,
+             store ? pools.data() + pool_bytes : nullptr, store ? (const int*)slots.data() : nullptr, block_size,
+             num_blocks, kv_format);
     });
     q.insert(q.end(), k.begin(), k.end());
     q.insert(q.end(), v.begin(), v.end());
-    write_file(a[17], q.data(), q.size() * 4);
+    std::vector<char> out((const char*)q.data(), (const char*)(q.data() + q.size()));
+    out.insert(out.end(), pools.begin(), pools.end());
+    write_file(a[17], out.data(), out.size());
   } else if (entry == "qmatvec_norm_swiglu_1" || entry == "qmatvec_norm_swiglu_n") {
     // types rows cols batch eps Wg Wu x g out
     const int types = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);

@@ -1,0 +1,94 @@
+"""fused_qmatvec's q|k|v launch storing k and v into the paged cache itself (hipcore/model/projections.py:
+stores_kv; kv_store.EpilogueTarget): on the cpu backend, with the weights kept in their GGUF blocks as a GPU
+holds them, a Q4_K_M model of Llama-3.2-1B's layer mix (reduced sizes) gives the same logits and the same cache
+bytes with the epilogue store and with kv_store's own launch (ROCMFORGE_KV_EPILOGUE=0), its decode plans have
+no kv_store launch, and a q8_0 cache or a prompt step keeps it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import synthetic_models as sm  # noqa: E402
+from llama3_tokenizer import gguf_vocab  # noqa: E402
+
+from hipcore.engine.loader import LoadOptions, load_model  # noqa: E402
+from hipcore.model import weights  # noqa: E402
+from hipcore.model.projections import KV_EPILOGUE_ENV  # noqa: E402
+from support.model_steps import step_batch  # noqa: E402
+from test_synthetic_models import MERGED, SMALL  # noqa: E402
+
+PROMPT = [260, 259, 32, 104, 101, 108]
+
+
+@pytest.fixture(autouse=True)
+def weights_as_a_gpu_holds_them(monkeypatch):
+    """The cpu backend dequantizes weights to float32, where no fused_qmatvec runs; keep a GPU's formats."""
+    class AsGpu:
+        backend = "gpu"
+
+    keep = weights.storage_format
+    monkeypatch.setattr(weights, "storage_format", lambda device, type_name, **kw: keep(AsGpu(), type_name, **kw))
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    import base64
+
+    work = tmp_path_factory.mktemp("kv_epilogue")
+    tok = work / "tokenizer.model"
+    tokens = [bytes([b]) for b in range(256)] + MERGED
+    tok.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
+    path = work / "small-q4_k_m.gguf"
+    sm.write_model(path, sm.reduced(sm.SHAPES["Llama-3.2-1B"], **SMALL), "Q4_K_M", gguf_vocab(tok), name="test",
+                   seed=4, log=None)
+    return path
+
+
+def run_steps(path: Path, kv_dtype: str):
+    """Logits of a 6-token prompt of sequence 1, then three decode steps of sequences 1 and 2 (2 from its own
+    one-token prompt); the plans' launch names; both pools' bytes of every layer."""
+    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=2, max_step_tokens=16, ctx_size=64,
+                                               kv_dtype=kv_dtype))
+    try:
+        runner, cache = loaded.runner, loaded.cache
+        logits = [runner.execute(step_batch(cache, [(1, PROMPT, 0), (2, [101], 0)]))]
+        names = [name for name, _ in runner.launch_plan(len(PROMPT) + 1, 2, all_rows=False, with_sampling=False,
+                                                        decode=False)]
+        for step in range(3):
+            nxt = [int(np.argmax(row)) for row in logits[-1]]
+            logits.append(runner.execute(step_batch(cache, [(1, [nxt[0]], len(PROMPT) + step), (2, [nxt[1]], 1 + step)])))
+        decode_names = [name for name, _ in runner.launch_plan(2, 2, all_rows=True, with_sampling=False, decode=True)]
+        pools = [np.concatenate([pool.download(np.uint8) for pool in cache.k_pools + cache.v_pools])]
+        return logits, names, decode_names, pools
+    finally:
+        loaded.close()
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "bf16", "f32"])
+def test_epilogue_store_gives_the_same_logits_and_cache_without_the_launch(model_path, monkeypatch, kv_dtype):
+    monkeypatch.setenv(KV_EPILOGUE_ENV, "0")
+    logits_off, _, decode_off, pools_off = run_steps(model_path, kv_dtype)
+    monkeypatch.setenv(KV_EPILOGUE_ENV, "1")
+    logits_on, prompt_on, decode_on, pools_on = run_steps(model_path, kv_dtype)
+    layers = SMALL["layers"]
+    assert decode_off.count("kv_store") == layers and "kv_store" not in decode_on
+    assert decode_on.count("attn_norm+qkv+rope+kv_store") == layers
+    assert len(decode_on) == len(decode_off) - layers
+    assert prompt_on.count("kv_store") == layers  # 7 tokens: beyond fused_qmatvec, the single ops
+    for on, off in zip(logits_on, logits_off):
+        assert np.array_equal(on, off)
+    assert np.array_equal(pools_on[0], pools_off[0])
+    assert np.isfinite(logits_on[-1]).all()
+
+
+def test_a_q8_0_cache_keeps_the_kv_store_launch(model_path, monkeypatch):
+    monkeypatch.setenv(KV_EPILOGUE_ENV, "1")
+    _, _, decode, _ = run_steps(model_path, "q8_0")
+    assert decode.count("kv_store") == SMALL["layers"] and "attn_norm+qkv+rope+kv_store" not in decode
