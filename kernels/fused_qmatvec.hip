@@ -345,7 +345,7 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
       int head_dim, int rope_dim, float eps, float theta, float freq_scale, void* k_pool, void* v_pool,               \
       const int* slots, int block_size, int num_blocks, int kv_format) {                                              \
     __shared__ fq::Stage stage;                                                                                       \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
+    rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
                              cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots,          \
@@ -355,21 +355,21 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \
       int batch, float eps) {                                                                                         \
     __shared__ fq::Stage stage;                                                                                       \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
+    rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(                             \
       float* y, const void* W, const float* x, int type, int rows, int cols, int batch, int k_split) {                \
     __shared__ fq::Stage stage;                                                                                       \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
+    rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f, k_split);                   \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_##suffix(                                           \
       float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps) {  \
     __shared__ fq::Stage stage;                                                                                       \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_qmatvec.py) */                             \
+    rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps, 1);                                            \
   }

@@ -147,6 +147,32 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
       for (int r = 0; r < ROWS; ++r) acc[m][r][b] = 0.0f;
   }
   const bool whole = slices <= chunk;  // uniform: x in one staging, kept while the key holds
+  // The lines of the warp's first 32 slices of each of its rows are prefetched into L2 before it waits for
+  // the kernel ahead (the entries are programmatic launches that defer their wait to here: the weights are
+  // what no kernel writes) and before x is staged, so that the first DRAM round trip overlaps the kernel
+  // ahead's end and the staging instead of following them. Into L2, not registers: holding the loads across
+  // the staging took the one-token entries from ~106 to 255 registers (one workgroup per SM, not two).
+  {
+    const int s0 = part * WARP_SIZE;  // the first slice this warp loads (the lanes' i0), a multiple of 32
+    const int s1 = s0 + WARP_SIZE < slices ? s0 + WARP_SIZE : slices;
+    if (reads && s0 < slices) {
+      const unsigned long long begin = (unsigned long long)s0 * row_bytes / slices;  // exact: s0 % 8 == 0
+      const unsigned long long end = (unsigned long long)s1 * row_bytes / slices;
+      const int lines = (int)((end - begin + 127) / 128) + 1;  // +1: begin need not start a line
+      // One prefetch a lane: lane l takes line l % per_row of row group member l / per_row (a loop over
+      // every row and line cost the entries ~20 registers and spills).
+      constexpr int kMembers = M * ROWS, kPerRow = WARP_SIZE / kMembers;
+      const int member = lane / kPerRow, line = lane % kPerRow;
+      const unsigned char* p = nullptr;
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+          if (member == m * ROWS + r) p = w[m][r];
+      if (p != nullptr && line < lines) rf_prefetch_l2(p + begin + 128ull * line);
+    }
+  }
+  rf_grid_dependency_sync();  // x and everything but the weights: written by the kernel ahead
   for (int c0 = 0; c0 < slices; c0 += chunk) {
     const int n = slices - c0 < chunk ? slices - c0 : chunk;
     __syncthreads();  // every warp is done with the previous chunk; the key was written before a barrier

@@ -1,7 +1,9 @@
 """Programmatic dependent launch (hip_compat.h: rf_grid_dependency_sync; runtime: GpuKernel): a kernel
 launched as programmatic may start while the kernel ahead of it still runs, so each op that asks for it
 (get_kernel(..., programmatic=True)) must have every entry point of its source wait first, before any
-statement but its __shared__ declarations. Checked on the sources, and proven on planted faults."""
+statement but its __shared__ declarations, or defer the wait (rf_grid_dependency_deferred) to the one
+function DEFERRED names, which must wait before its first barrier, global store or read of anything but the
+weights it prefetches. Checked on the sources, and proven on planted faults."""
 
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ from hipcore.runtime.kernels import kernels_dir
 
 OPS_DIR = Path(__file__).parents[1] / "hipcore" / "ops"
 SYNC = "rf_grid_dependency_sync()"
+DEFER = "rf_grid_dependency_deferred()"
+# op -> (the file and the function whose code waits for an entry that defers its wait). What the function may
+# do before: index arithmetic, weight pointers and rf_prefetch_l2 of them (no kernel writes the weights).
+DEFERRED = {"fused_qmatvec": ("fused_qmatvec_tiles.h", "tile_dot")}
+# What may stand before the wait in a deferred function (statements, comments and blank lines removed first).
+BEFORE_WAIT_FORBIDDEN = ("__syncthreads", "stage_chunk", "st.", "x[", "*x", "out[", "atomic")
 
 
 def programmatic_ops() -> dict[str, str]:
@@ -35,20 +43,48 @@ def programmatic_ops() -> dict[str, str]:
     return found
 
 
-def entries_not_waiting_first(source: str) -> list[str]:
-    """The __global__ entries of `source` whose first statement (past __shared__ declarations) is not
-    rf_grid_dependency_sync()."""
+def _code(source: str) -> str:
     text = re.sub(r"/\*.*?\*/", " ", source, flags=re.S)
-    text = re.sub(r"//[^\n]*", " ", text).replace("\\\n", " ")
+    return re.sub(r"//[^\n]*", " ", text).replace("\\\n", " ")
+
+
+def entries_not_waiting_first(source: str, deferred: bool = False) -> list[str]:
+    """The __global__ entries of `source` whose first statement (past __shared__ declarations) is not
+    rf_grid_dependency_sync() (or, where `deferred`, rf_grid_dependency_deferred())."""
+    text = _code(source)
+    allowed = {SYNC, DEFER} if deferred else {SYNC}
     bad = []
     for match in re.finditer(r"__global__", text):
         name = re.search(r"void\s+([\w#]+)\s*\(", text[match.end():]).group(1)
         body = text[text.index("{", match.end()) + 1:]
         statements = (s.strip() for s in body.split(";"))
         first = next(s for s in statements if not s.startswith("__shared__"))
-        if first != SYNC.rstrip(";"):
+        if first not in allowed:
             bad.append(name)
     return bad
+
+
+def code_before_wait(source: str, function: str) -> str | None:
+    """The code of `function` in `source` from its opening brace to its first rf_grid_dependency_sync(), or
+    None when the function does not wait before it ends."""
+    text = _code(source)
+    match = re.search(r"\b" + function + r"\s*\([^;{]*\)\s*{", text)
+    assert match, f"{function} not found"
+    body, depth, i = text[match.end():], 1, 0
+    while depth and i < len(body):
+        depth += {"{": 1, "}": -1}.get(body[i], 0)
+        i += 1
+    body = body[:i]
+    at = body.find(SYNC)
+    return None if at < 0 else body[:at]
+
+
+def deferred_wait_problems(source: str, function: str) -> list[str]:
+    """Why `function` does not wait properly for its entries: no wait, or something read or written first."""
+    before = code_before_wait(source, function)
+    if before is None:
+        return [f"{function} never calls {SYNC}"]
+    return [f"{function} uses {word!r} before it waits" for word in BEFORE_WAIT_FORBIDDEN if word in before]
 
 
 def test_the_programmatic_ops_are_the_decode_steps():
@@ -62,7 +98,26 @@ def test_the_programmatic_ops_are_the_decode_steps():
 def test_every_entry_of_a_programmatic_op_waits_first(op):
     source = (kernels_dir() / f"{op}.hip").read_text()
     assert source.count("__global__") >= 1
-    assert entries_not_waiting_first(source) == []
+    assert entries_not_waiting_first(source, deferred=op in DEFERRED) == []
+    if DEFER in _code(source):
+        assert op in DEFERRED, f"{op} defers its wait but DEFERRED does not name where it waits"
+        header, function = DEFERRED[op]
+        assert deferred_wait_problems((kernels_dir() / header).read_text(), function) == []
+
+
+def test_the_check_catches_a_deferred_wait_that_is_missing_or_late():
+    header, function = DEFERRED["fused_qmatvec"]
+    source = (kernels_dir() / header).read_text()
+    assert deferred_wait_problems(source, function) == []
+    assert "rf_prefetch_l2" in code_before_wait(source, function)  # what the deferral is for
+    # planted: the wait removed; the wait moved after the first staging barrier
+    assert deferred_wait_problems(source.replace(SYNC + ";", "(void)0;"), function) == \
+        [f"{function} never calls {SYNC}"]
+    moved = source.replace("  " + SYNC + ";", "", 1).replace("__syncthreads();", "__syncthreads(); " + SYNC + ";", 1)
+    assert moved != source and "uses '__syncthreads'" in " ".join(deferred_wait_problems(moved, function))
+    # an entry of a plain (not deferred) op may not defer
+    entry = (kernels_dir() / "kv_store.hip").read_text().replace(SYNC, DEFER, 1)
+    assert len(entries_not_waiting_first(entry)) == 1 and entries_not_waiting_first(entry, deferred=True) == []
 
 
 def test_the_check_catches_an_entry_that_does_not_wait_first():
@@ -76,4 +131,5 @@ def test_the_check_catches_an_entry_that_does_not_wait_first():
                           "  rf_check_wave_size();\n  rf_grid_dependency_sync();")
     assert late != source and entries_not_waiting_first(late) == ["kv_store_q8_0"]
     macro = (kernels_dir() / "fused_qmatvec.hip").read_text()
-    assert entries_not_waiting_first(macro.replace("rf_grid_dependency_sync();", "(void)0;")) != []
+    assert entries_not_waiting_first(macro, deferred=True) == []
+    assert entries_not_waiting_first(macro.replace(DEFER + ";", "(void)0;"), deferred=True) != []

@@ -162,9 +162,9 @@ def test_every_driver_call_passes_arguments_the_bindings_accept(backend, monkeyp
 
 
 def test_programmatic_launches_only_where_the_device_has_them(monkeypatch):
-    """CUDA sm_90 and later with ROCMFORGE_PDL=1: a kernel asked for as programmatic launches through
-    cuLaunchKernelEx with the programmatic-serialization attribute, the grid, block, shared memory and
-    stream filled in; a plain kernel, an sm_80 device and PDL left off (the default) launch through
+    """CUDA sm_90 and later (ROCMFORGE_PDL unset, the default, or 1): a kernel asked for as programmatic
+    launches through cuLaunchKernelEx with the programmatic-serialization attribute, the grid, block, shared
+    memory and stream filled in; a plain kernel, an sm_80 device and ROCMFORGE_PDL=0 launch through
     cuLaunchKernel. HIP has no such launch."""
     monkeypatch.setenv("ROCMFORGE_PDL", "1")
     seen = []
@@ -197,7 +197,7 @@ def test_programmatic_launches_only_where_the_device_has_them(monkeypatch):
     monkeypatch.setenv("ROCMFORGE_PDL", "0")
     assert launch("sm_90", True)[2][0] == "plain"
     monkeypatch.delenv("ROCMFORGE_PDL")
-    assert launch("sm_90", True)[2][0] == "plain"
+    assert launch("sm_90", True)[2][0] == "ex"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

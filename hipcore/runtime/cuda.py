@@ -2,11 +2,12 @@
 (cuda.bindings.driver).
 
 The same HIP kernel sources as on AMD, compiled by nvcc (precompiled cubins) or nvrtc (jit_compile),
-are loaded with cuModuleLoadData and launched with cuLaunchKernel; with ROCMFORGE_PDL=1, on sm_90 and
-later, kernels that wait for the kernel ahead of them launch through cuLaunchKernelEx as programmatic
-dependent launches (the launch and the kernel's start overlap the end of the one before). Off by
-default: measured on an NVIDIA H100 it did not shorten a decode step's gaps between launches and cost
-the 8B's and the demo's single-sequence decode 2-5% (docs/benchmarks.md).
+are loaded with cuModuleLoadData and launched with cuLaunchKernelEx as programmatic dependent launches
+on sm_90 and later, for the kernels that wait for the kernel ahead of them (the launch and the kernel's
+start overlap the end of the one before; fused_qmatvec prefetches its first weights into L2 before it
+waits). ROCMFORGE_PDL=0 launches every kernel with cuLaunchKernel. On by default since the prefetch:
+measured on an NVIDIA H100, single-sequence decode of the 8B Q4_K_M 322 -> 340 t/s and of the 1B 1,090 ->
+1,200 (docs/benchmarks.md); before it, on alone gained 1.6-2.6% (and had cost 2-5% with older kernels).
 
 What is CUDA's own, and so lives here: one primary context per device, retained at open and released
 at close(), made current with cuCtxSetCurrent on every thread that touches the device; the arch
@@ -55,7 +56,7 @@ class CudaDevice(GpuDevice):
 
     def _programmatic_launch_config(self) -> Any:
         major = int(self.arch[3:-1]) if self.arch.startswith("sm_") and self.arch[3:].isdigit() else 0
-        if major < 9 or os.environ.get("ROCMFORGE_PDL", "0") != "1":
+        if major < 9 or os.environ.get("ROCMFORGE_PDL", "1") == "0":
             return None
         drv = self._drv
         attribute = drv.CUlaunchAttribute()
