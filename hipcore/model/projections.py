@@ -14,7 +14,8 @@ Three ways, per product, decided by the step's size and the weight's format:
                 else on matmul / matvec. (Their norm, SwiGLU and residual stay separate launches.)
 Both fused families fold the norm, RoPE, SwiGLU and the residual add into the products, so a layer is
 4 product launches either way; fused_qmatvec's q|k|v also stores k and v into the paged cache (f16, bf16
-and f32 caches), so the kv_store launch leaves its layers' decode steps (stores_kv). The head picks by its row count the same way.
+and f32 caches), so the kv_store launch leaves its layers' decode steps (stores_kv). The head picks by its
+row count the same way.
 """
 
 from __future__ import annotations
