@@ -6,23 +6,16 @@ no kv_store launch, and a q8_0 cache or a prompt step keeps it."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import synthetic_models as sm  # noqa: E402
-from llama3_tokenizer import gguf_vocab  # noqa: E402
-
-from hipcore.engine.loader import LoadOptions, load_model  # noqa: E402
-from hipcore.model import weights  # noqa: E402
-from hipcore.model.projections import KV_EPILOGUE_ENV  # noqa: E402
-from support.model_steps import step_batch  # noqa: E402
-from test_synthetic_models import MERGED, SMALL  # noqa: E402
+from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.model import weights
+from hipcore.model.projections import KV_EPILOGUE_ENV
+from support.model_steps import step_batch
+from test_synthetic_models import SMALL, write_small, write_tiktoken  # also puts scripts/ on sys.path
 
 PROMPT = [260, 259, 32, 104, 101, 108]
 
@@ -39,16 +32,8 @@ def weights_as_a_gpu_holds_them(monkeypatch):
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> Path:
-    import base64
-
     work = tmp_path_factory.mktemp("kv_epilogue")
-    tok = work / "tokenizer.model"
-    tokens = [bytes([b]) for b in range(256)] + MERGED
-    tok.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
-    path = work / "small-q4_k_m.gguf"
-    sm.write_model(path, sm.reduced(sm.SHAPES["Llama-3.2-1B"], **SMALL), "Q4_K_M", gguf_vocab(tok), name="test",
-                   seed=4, log=None)
-    return path
+    return write_small(work, write_tiktoken(work / "tokenizer.model"), "Q4_K_M", "Llama-3.2-1B")
 
 
 def run_steps(path: Path, kv_dtype: str):

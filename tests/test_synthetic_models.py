@@ -28,12 +28,16 @@ MERGED = [b"he", b"ll", b"llo", b"hello"]
 SMALL = dict(hidden=256, layers=8, heads=4, kv_heads=2, ffn=512, vocab=256 + len(MERGED) + N_SPECIAL_TOKENS)
 
 
-@pytest.fixture(scope="module")
-def tiktoken_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
+def write_tiktoken(path: Path) -> Path:
+    """The tiktoken file of the 256 bytes and MERGED at `path`."""
     tokens = [bytes([b]) for b in range(256)] + MERGED
     path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
     return path
+
+
+@pytest.fixture(scope="module")
+def tiktoken_file(tmp_path_factory) -> Path:
+    return write_tiktoken(tmp_path_factory.mktemp("tok") / "tokenizer.model")
 
 
 def write_small(tmp_path: Path, tiktoken_file: Path, file_type: str, base: str) -> Path:

@@ -38,6 +38,7 @@ THREADS = 128  # a multiple of 32: q8_0 gives each 32-element block to 32 lanes
 
 # The kernels' kv_format codes (kernels/fused_qmatvec.hip: KvTarget); 0 means "no target".
 EPILOGUE_FORMATS = {"f16": 1, "bf16": 2, "f32": 3}
+_EPILOGUE_DTYPES = {code: name for name, code in EPILOGUE_FORMATS.items()}
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def store_host_rows(dev: CpuDevice, k_pool: int, v_pool: int, slots: int, block_
                     kv_format: int, k_rows: np.ndarray, v_rows: np.ndarray, head_dim: int) -> None:
     """What an epilogue target does on the cpu backend: reference() into both pools (k_rows and v_rows
     float32 [n, n_kv_heads * head_dim])."""
-    fmt = kv_dtype({code: name for name, code in EPILOGUE_FORMATS.items()}[kv_format])
+    fmt = kv_dtype(_EPILOGUE_DTYPES[kv_format])
     n, width = k_rows.shape
     shape = (num_blocks, width // head_dim, block_size, fmt.row_bytes(head_dim))
     slot_view = dev.view(slots, np.int32, n)
