@@ -1,6 +1,7 @@
-// Token sampling on the device, one block per row of logits (grid = rows), so that only the chosen
-// token ids (4 bytes a row) go back to the host instead of the whole vocabulary's logits.
+// Token sampling on the device, one block per row of logits (a greedy row: `chunks` blocks, see split_greedy),
+// so that only the chosen token ids (4 bytes a row) go back to the host instead of the whole vocabulary's logits.
 //
+//   sample_f32(out, logits, params, vocab, workspace, chunks), grid = rows * chunks:
 //   out[row] = the token hipcore/engine/sampler.py's Sampler picks from logits[row] with the row's params:
 //   params[row] = {temperature, top_k, top_p, min_p, uniform}, float32 (top_k a whole number)
 //
@@ -81,37 +82,8 @@ static __device__ __forceinline__ int block_inclusive_scan(int v, int* scan) {
   return result;
 }
 
-static __device__ __forceinline__ void consider4(const float4 v, int first, float& best, int& best_index) {
-  if (argmax_wins(v.x, first, best, best_index)) best = v.x, best_index = first;
-  if (argmax_wins(v.y, first + 1, best, best_index)) best = v.y, best_index = first + 1;
-  if (argmax_wins(v.z, first + 2, best, best_index)) best = v.z, best_index = first + 2;
-  if (argmax_wins(v.w, first + 3, best, best_index)) best = v.w, best_index = first + 3;
-}
-
-// One block reads the whole row. Scalar loads one at a time left it latency-bound (32 us for Llama 3's 128,256
-// logits on an NVIDIA H100, a step's 1% at 8B, 3% at 1B); where the row is 16-byte aligned (every row when vocab
-// is a multiple of 4) each thread reads four logits a load, two loads in flight. argmax_wins orders (value, id)
-// pairs totally, so the order in which a thread meets them does not change the pick.
-static __device__ void greedy(int* out, const float* x, int vocab, Shared& sh) {
-  float best = -RF_INFINITY;
-  int best_index = 0x7fffffff;
-  int scalar_from = 0;
-  if ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0) {
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    const int n4 = vocab / 4, stride = (int)blockDim.x;
-    for (int i = threadIdx.x; i < n4; i += 2 * stride) {
-      const bool has_second = i + stride < n4;
-      const float4 a = x4[i];
-      const float4 b = x4[has_second ? i + stride : i];
-      consider4(a, 4 * i, best, best_index);
-      if (has_second) consider4(b, 4 * (i + stride), best, best_index);
-    }
-    scalar_from = 4 * n4;
-  }
-  for (int i = scalar_from + (int)threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = x[i];
-    if (argmax_wins(v, i, best, best_index)) best = v, best_index = i;
-  }
+// The block's best (value, id) of every thread's, in thread 0.
+static __device__ __forceinline__ void block_best(Shared& sh, float& best, int& best_index) {
   const int lane = (int)threadIdx.x % WARP_SIZE, warp = (int)threadIdx.x / WARP_SIZE;
 #pragma unroll
   for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
@@ -124,7 +96,93 @@ static __device__ void greedy(int* out, const float* x, int vocab, Shared& sh) {
   if (threadIdx.x == 0) {
     for (int w = 1; w < (int)blockDim.x / WARP_SIZE; ++w)
       if (argmax_wins(sh.best_value[w], sh.best_id[w], best, best_index)) best = sh.best_value[w], best_index = sh.best_id[w];
+  }
+}
+
+static __device__ __forceinline__ void consider4(const float4 v, int first, float& best, int& best_index) {
+  if (argmax_wins(v.x, first, best, best_index)) best = v.x, best_index = first;
+  if (argmax_wins(v.y, first + 1, best, best_index)) best = v.y, best_index = first + 1;
+  if (argmax_wins(v.z, first + 2, best, best_index)) best = v.z, best_index = first + 2;
+  if (argmax_wins(v.w, first + 3, best, best_index)) best = v.w, best_index = first + 3;
+}
+
+// The block's pick among x[0 .. n) (token ids first + i), in thread 0. Scalar loads one at a time left
+// one block latency-bound (32 us for Llama 3's 128,256 logits on an NVIDIA H100); where x is 16-byte aligned
+// each thread reads four logits a load, two loads in flight. argmax_wins orders (value, id) pairs totally, so
+// the order in which a thread meets them does not change the pick.
+static __device__ void block_argmax(const float* x, int first, int n, Shared& sh, float& best, int& best_index) {
+  best = -RF_INFINITY;
+  best_index = 0x7fffffff;
+  int scalar_from = 0;
+  if ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int n4 = n / 4, stride = (int)blockDim.x;
+    for (int i = threadIdx.x; i < n4; i += 2 * stride) {
+      const bool has_second = i + stride < n4;
+      const float4 a = x4[i];
+      const float4 b = x4[has_second ? i + stride : i];
+      consider4(a, first + 4 * i, best, best_index);
+      if (has_second) consider4(b, first + 4 * (i + stride), best, best_index);
+    }
+    scalar_from = 4 * n4;
+  }
+  for (int i = scalar_from + (int)threadIdx.x; i < n; i += blockDim.x) {
+    const float v = x[i];
+    if (argmax_wins(v, first + i, best, best_index)) best = v, best_index = first + i;
+  }
+  block_best(sh, best, best_index);
+}
+
+static __device__ void greedy(int* out, const float* x, int vocab, Shared& sh) {
+  float best;
+  int best_index;
+  block_argmax(x, 0, vocab, sh, best, best_index);
+  if (threadIdx.x == 0) *out = best_index;
+}
+
+// Greedy rows split over `chunks` workgroups (the row's chunk-th span of logits each): one workgroup alone
+// reads 128,256 logits at ~32 GB/s (16 us, a 1B's decode step's 2%), latency-bound on one SM. Each publishes
+// its pick in the workspace; the last of the row's to arrive (a fence and a per-row counter, as paged
+// attention's splits) picks among the chunks' picks and sets the counter back to zero. The pick is the
+// whole row's: argmax_wins is a total order, so picking among the chunks' picks gives the same token.
+// Workspace (hipcore/ops/sample.py: workspace_bytes): int counters[rows] padded to kCounterBytesAlignment,
+// then float value[rows * chunks], int id[rows * chunks].
+constexpr int kCounterBytesAlignment = 256;
+
+static __device__ void split_greedy(int* out, const float* x, int vocab, int row, int chunk, int chunks, int rows,
+                                    unsigned char* workspace, Shared& sh) {
+  const int span = ((vocab + chunks - 1) / chunks + 3) / 4 * 4;  // whole float4s: every chunk stays 16-byte aligned
+  const int first = chunk * span;
+  const int n = first < vocab ? min(span, vocab - first) : 0;
+  float best;
+  int best_index;
+  block_argmax(x + (first < vocab ? first : 0), first, n, sh, best, best_index);
+  int* counters = reinterpret_cast<int*>(workspace);
+  const int counter_bytes = (rows * 4 + kCounterBytesAlignment - 1) / kCounterBytesAlignment * kCounterBytesAlignment;
+  float* values = reinterpret_cast<float*>(workspace + counter_bytes);
+  int* ids = reinterpret_cast<int*>(values + (unsigned long long)rows * chunks);
+  const unsigned long long picks = (unsigned long long)row * chunks;
+  if (threadIdx.x == 0) {
+    values[picks + chunk] = best;
+    ids[picks + chunk] = best_index;
+    __threadfence();  // the pick is seen before the count
+    sh.count_above = atomicAdd(counters + row, 1) == chunks - 1;  // count_above: free in the greedy path
+  }
+  __syncthreads();
+  if (!sh.count_above) return;
+  __threadfence();
+  // The last: the chunks' picks, one a thread. Volatile: other workgroups wrote them during this kernel.
+  best = -RF_INFINITY;
+  best_index = 0x7fffffff;
+  for (int c = (int)threadIdx.x; c < chunks; c += (int)blockDim.x) {
+    const float v = reinterpret_cast<const volatile float*>(values)[picks + c];
+    const int id = reinterpret_cast<const volatile int*>(ids)[picks + c];
+    if (argmax_wins(v, id, best, best_index)) best = v, best_index = id;
+  }
+  block_best(sh, best, best_index);
+  if (threadIdx.x == 0) {
     *out = best_index;
+    counters[row] = 0;  // ready for the next launch
   }
 }
 
@@ -364,11 +422,21 @@ static __device__ void sample_row(int* out, const float* x, const float* p, int 
 }  // namespace sampling
 }  // namespace
 
+// grid = rows * chunks, workgroup row * chunks + chunk. A greedy row with a workspace and chunks > 1 is split
+// (split_greedy); any other row is chunk 0's alone, and its other chunks' workgroups return at once.
 extern "C" __global__ __launch_bounds__(1024) void sample_f32(int* out, const float* logits, const float* params,
-                                                              int vocab) {
+                                                              int vocab, void* workspace, int chunks) {
   __shared__ sampling::Shared sh;
   rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/sample.py)
   rf_check_wave_size();
-  const unsigned long long row = blockIdx.x;
-  sampling::sample_row(out + row, logits + row * (unsigned long long)vocab, params + row * sampling::kParams, vocab, sh);
+  const int row = (int)blockIdx.x / chunks, chunk = (int)blockIdx.x - row * chunks;
+  const float* x = logits + (unsigned long long)row * vocab;
+  const float* p = params + (unsigned long long)row * sampling::kParams;
+  if (chunks > 1 && workspace != nullptr && !(p[0] > 0.0f)) {
+    sampling::split_greedy(out + row, x, vocab, row, chunk, chunks, (int)gridDim.x / chunks,
+                           static_cast<unsigned char*>(workspace), sh);
+    return;
+  }
+  if (chunk != 0) return;
+  sampling::sample_row(out + row, x, p, vocab, sh);
 }

@@ -205,9 +205,17 @@ def test_sample_greedy_rows(harnesses, warp, vocab, tmp_path):
     params = np.zeros((8, 5), dtype=np.float32)  # temperature 0: greedy
     files = write_inputs(tmp_path, x=logits, p=params)
     for block in (64, 256):
-        run(harnesses, warp, "sample_f32", len(params), block, vocab, *files, tmp_path / "o")
+        run(harnesses, warp, "sample_f32", len(params), block, vocab, *files, tmp_path / "o", 1, 0)
         got = np.fromfile(tmp_path / "o", np.int32)
         assert got.tolist() == [int(np.argmax(row)) for row in logits], f"vocab {vocab} block {block}"
+    # Split over chunks (a workspace): every chunk count the launcher could pick for these rows, chunks past the
+    # last logit (7 of 4096 -> 588 a chunk), and uneven ones; the counters are back at zero after each launch.
+    for chunks in (2, 7, 64):
+        nbytes = sample.workspace_bytes(len(params), chunks)
+        run(harnesses, warp, "sample_f32", len(params) * chunks, 64, vocab, *files, tmp_path / "o", chunks, nbytes)
+        got = np.fromfile(tmp_path / "o", np.int32)
+        assert got[:len(params)].tolist() == [int(np.argmax(row)) for row in logits], f"vocab {vocab} chunks {chunks}"
+        assert not got[len(params):].any(), f"counters left {got[len(params):]}"
 
 
 def test_sample(harnesses, warp, tmp_path):
@@ -227,17 +235,23 @@ def test_sample(harnesses, warp, tmp_path):
     params[12, 4] = 0.999999  # the draw at the very end of the distribution: the last token with weight
     files = write_inputs(tmp_path, x=logits, p=params)
     for block in (64, 256):
-        run(harnesses, warp, "sample_f32", len(params), block, vocab, *files, tmp_path / "o")
+        run(harnesses, warp, "sample_f32", len(params), block, vocab, *files, tmp_path / "o", 1, 0)
         got = np.fromfile(tmp_path / "o", np.int32)
         for i, (row, prm) in enumerate(zip(logits, params)):
             assert int(got[i]) in acceptable_picks(row, prm), f"row {i} block {block}: {got[i]}, params {prm}"
         assert got[5] == 100 and got[6] == int(np.argmax(logits[6]))
         # id order, not sorted order: the whole-vocabulary picks are spread over the ids as the draws are
         assert got[10] != int(np.argmax(logits[10])) and got[12] > vocab * 0.9, got[10:13]
+    # With a workspace and 3 chunks a row: the greedy row is split, the others are their chunk 0's alone (the
+    # same draws), and the counters are back at zero.
+    run(harnesses, warp, "sample_f32", len(params) * 3, 256, vocab, *files, tmp_path / "o", 3,
+        sample.workspace_bytes(len(params), 3))
+    split = np.fromfile(tmp_path / "o", np.int32)
+    assert split[:len(params)].tolist() == got.tolist() and not split[len(params):].any(), split
     # A vocabulary smaller than top_k: every token is a candidate.
     small = (rng.standard_normal((2, 50)) * 2).astype(np.float32)
     prm = np.array([[1.0, 1024, 1.0, 0.0, 0.3], [0.9, 100, 0.7, 0.1, 0.9]], dtype=np.float32)
     files = write_inputs(tmp_path, x=small, p=prm)
-    run(harnesses, warp, "sample_f32", 2, 64, 50, *files, tmp_path / "o")
+    run(harnesses, warp, "sample_f32", 2, 64, 50, *files, tmp_path / "o", 1, 0)
     got = np.fromfile(tmp_path / "o", np.int32)
     assert all(int(got[i]) in acceptable_picks(small[i], prm[i]) for i in range(2))

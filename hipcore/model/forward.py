@@ -78,6 +78,9 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
     if workspace:
         sizes["attention_workspace"] = (workspace, "scratch")
     sizes["matmul_workspace"] = (fused_matmul.WORKSPACE_BYTES, "scratch")  # split-column partials (projections.py)
+    sample_workspace = sample.workspace_size(rows, v)  # greedy rows' picks per chunk of the vocabulary
+    if sample_workspace:
+        sizes["sample_workspace"] = (sample_workspace, "scratch")
     return sizes
 
 
@@ -128,7 +131,7 @@ class ModelRunner:
                 if name.startswith("step_inputs"):  # StepInputs allocates its own
                     continue
                 self.buffers[name] = device.allocate(nbytes, tag=tag, label=f"runner.{name}")
-            for name in ("attention_workspace", "matmul_workspace"):
+            for name in ("attention_workspace", "matmul_workspace", "sample_workspace"):
                 if name in self.buffers:
                     self.buffers[name].fill(0)  # the kernels keep their counters at zero from here on
             self.inputs = StepInputs(device, tokens=self.token_capacity, rows=self.row_capacity,
@@ -324,7 +327,8 @@ class ModelRunner:
         plan += products.head(w.output, w.output_norm, rows, r)
         plan += self.family.output_launches(ctx, r)  # e.g. gemma2's final logit soft-capping
         if with_sampling:
-            plan.append(("sample", lambda: sample.launch(dev, st, b["tokens"], b["logits"], inputs.addr("sampling"), r, v)))
+            plan.append(("sample", lambda: sample.launch(dev, st, b["tokens"], b["logits"], inputs.addr("sampling"), r, v,
+                                                         b.get("sample_workspace"))))
         return plan
 
 

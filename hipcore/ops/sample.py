@@ -1,9 +1,12 @@
 """sample: pick each row's next token on the device, by the host sampler's rules (hipcore/engine/sampler.py).
 The numpy filters below (top-k, top-p, min-p, softmax) are this op's reference and the host sampler's math.
 
-Kernel `sample_f32(out p, logits p, params p, vocab i)` (kernels/sample.hip): logits float32 [rows,
-vocab], params float32 [rows, 5] = (temperature, top_k, top_p, min_p, uniform), out int32 [rows]; one
-block per row (grid = rows). temperature <= 0 is greedy (numpy's argmax); otherwise top-k, top-p,
+Kernel `sample_f32(out p, logits p, params p, vocab i, workspace p, chunks i)` (kernels/sample.hip): logits
+float32 [rows, vocab], params float32 [rows, 5] = (temperature, top_k, top_p, min_p, uniform), out int32
+[rows]; grid = rows * chunks. A greedy row is split over its `chunks` workgroups when there is a workspace
+(zeroed once when allocated, at least workspace_bytes(rows, chunks); the kernel leaves its counters at zero
+after every launch; launches that share one run one after another), every other row is one workgroup's
+(the others of its chunks return at once). temperature <= 0 is greedy (numpy's argmax); otherwise top-k, top-p,
 min-p and temperature in llama.cpp's order, then the uniform (drawn on the host from the request's
 seeded generator, exactly one per token as Sampler.sample draws it) picks against the cumulative
 distribution. The same seed therefore gives the same tokens as the host sampler, up to float32
@@ -30,17 +33,41 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from hipcore.ops.launch_checks import check_memory, check_sizes, row_block
+from hipcore.ops.launch_checks import INT32_MAX, check_memory, check_sizes, row_block
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
-from hipcore.runtime.device import Device, Dim3, Stream
+from hipcore.runtime.device import Buffer, Device, Dim3, Stream
 from hipcore.runtime.kernels import get_kernel
 
 OP = "sample"
 ENTRY = "sample_f32"
-SIGNATURE = "pppi"
+SIGNATURE = "pppipi"
 PARAMS_PER_ROW = 5  # temperature, top_k, top_p, min_p, uniform
 MAX_TOP_K = 1024  # the kernel's shared-memory candidate capacity (kMaxTopK)
 MAX_THREADS = 1024
+# A greedy row's logits per workgroup: 4,096 (16 KiB, four a thread of a 1,024-thread workgroup); Llama 3's
+# 128,256 take 32 workgroups instead of one, which alone read them in 16 us on an NVIDIA H100 (latency-bound
+# on one SM). At most MAX_CHUNKS, so that the last workgroup's pick among the chunks' stays one load a thread.
+CHUNK_LOGITS = 4096
+MAX_CHUNKS = 64
+COUNTER_BYTES_ALIGNMENT = 256  # kernels/sample.hip: kCounterBytesAlignment
+
+
+def chunks_for(vocab: int) -> int:
+    """Workgroups a greedy row of `vocab` logits is split over."""
+    return max(1, min(MAX_CHUNKS, -(-vocab // CHUNK_LOGITS)))
+
+
+def workspace_bytes(rows: int, chunks: int) -> int:
+    """Bytes of the split greedy pick's workspace: a counter a row (padded), then a value and an id a chunk."""
+    if chunks <= 1:
+        return 0
+    counters = -(-rows * 4 // COUNTER_BYTES_ALIGNMENT) * COUNTER_BYTES_ALIGNMENT
+    return counters + rows * chunks * 8
+
+
+def workspace_size(max_rows: int, vocab: int) -> int:
+    """Bytes of a workspace with which every launch of up to max_rows rows splits its greedy rows."""
+    return workspace_bytes(max_rows, chunks_for(vocab))
 
 
 class RowParams(Protocol):
@@ -172,18 +199,30 @@ def reference(logits: np.ndarray, params: np.ndarray) -> np.ndarray:
 
 
 @cpu_kernel(ENTRY, SIGNATURE)
-def _host(device: CpuDevice, grid: Dim3, block: Dim3, out: int, logits: int, params: int, vocab: int) -> None:
-    rows = grid[0]
+def _host(device: CpuDevice, grid: Dim3, block: Dim3, out: int, logits: int, params: int, vocab: int, workspace: int,
+          chunks: int) -> None:
+    rows = grid[0] // chunks
     device.view(out, np.int32, rows)[:] = reference(device.view(logits, np.float32, (rows, vocab)),
                                                     device.view(params, np.float32, (rows, PARAMS_PER_ROW)))
 
 
-def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params: Any, rows: int, vocab: int) -> None:
-    """out[rows] = the picked token of each row of logits [rows, vocab] under params [rows, 5]."""
+def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params: Any, rows: int, vocab: int,
+           workspace: Buffer | None = None) -> None:
+    """out[rows] = the picked token of each row of logits [rows, vocab] under params [rows, 5]. With a
+    workspace (zeroed once after allocation, workspace_size(...) bytes or more) greedy rows are split over
+    chunks_for(vocab) workgroups; without one, or one too small for `rows`, every row is one workgroup's."""
     check_sizes(OP, rows=rows, vocab=vocab)
     check_memory(OP, "out", out, rows * 4)
     check_memory(OP, "logits", logits, rows * vocab * 4)
     check_memory(OP, "params", params, rows * PARAMS_PER_ROW * 4)
+    chunks = chunks_for(vocab)
+    if workspace is not None and not isinstance(workspace, Buffer):
+        raise ValueError(f"{OP}: workspace must be a Buffer (its size decides whether greedy rows are split)")
+    if workspace is None or workspace.nbytes < workspace_bytes(rows, chunks):
+        chunks = 1
+    if rows * chunks > INT32_MAX:
+        raise ValueError(f"{OP}: {rows} rows need {rows * chunks} workgroups, more than a launch takes")
     # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, ENTRY, SIGNATURE, programmatic=True)
-    kernel.launch(rows, row_block(vocab, MAX_THREADS), (out, logits, params, vocab), stream=stream)
+    kernel.launch(rows * chunks, row_block(vocab, MAX_THREADS),
+                  (out, logits, params, vocab, workspace if chunks > 1 else 0, chunks), stream=stream)

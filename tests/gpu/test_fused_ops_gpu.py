@@ -126,8 +126,18 @@ def test_sample_greedy_rows(gpu, mem, rng, seed, vocab):
     logits[3, [vocab // 2, 40]] = np.nan
     logits[4, :] = -np.inf
     out = mem.poisoned(6 * 4)
-    sample.launch(gpu, None, out, mem.upload(logits), mem.upload(np.zeros((6, 5), np.float32)), 6, vocab)
-    assert out.download(np.int32).tolist() == [int(np.argmax(row)) for row in logits], f"seed {seed}"
+    logits_buf, params_buf = mem.upload(logits), mem.upload(np.zeros((6, 5), np.float32))
+    sample.launch(gpu, None, out, logits_buf, params_buf, 6, vocab)
+    want = [int(np.argmax(row)) for row in logits]
+    assert out.download(np.int32).tolist() == want, f"seed {seed}"
+    # Split over chunks_for(vocab) workgroups a row (a workspace): the same picks, launch after launch (the
+    # counters back at zero each time).
+    workspace = mem.upload(np.zeros(sample.workspace_size(6, vocab) // 4, np.int32), "scratch")
+    for launch in range(3):
+        out.fill(0xFF)
+        sample.launch(gpu, None, out, logits_buf, params_buf, 6, vocab, workspace)
+        assert out.download(np.int32).tolist() == want, f"seed {seed}, launch {launch}"
+    assert not workspace.download(np.int32)[:6].any(), "counters left non-zero"
 
 
 def test_sample(gpu, mem, rng, seed):
@@ -141,9 +151,14 @@ def test_sample(gpu, mem, rng, seed):
                       dtype=np.float32)
     rows = len(params)
     params[:, 4] = rng.random(rows)
-    out = mem.poisoned(rows * 4)
-    sample.launch(gpu, None, out, mem.upload(logits), mem.upload(params), rows, vocab)
+    out, split_out = mem.poisoned(rows * 4), mem.poisoned(rows * 4)
+    logits_buf, params_buf = mem.upload(logits), mem.upload(params)
+    sample.launch(gpu, None, out, logits_buf, params_buf, rows, vocab)
     got = out.download(np.int32)
+    # With a workspace the greedy row is split and every other row is its chunk 0's alone: the same picks.
+    workspace = mem.upload(np.zeros(sample.workspace_size(rows, vocab) // 4, np.int32), "scratch")
+    sample.launch(gpu, None, split_out, logits_buf, params_buf, rows, vocab, workspace)
+    assert split_out.download(np.int32).tolist() == got.tolist(), f"seed {seed}"
     for i in range(rows):
         t, k, p, m, u = (float(v) for v in params[i])
         # float32 sums on the device against float64 on the host: over a whole 49k vocabulary the running
