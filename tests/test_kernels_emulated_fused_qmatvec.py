@@ -69,21 +69,59 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
         angle_error[:, :rope_dim] = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE, factors)).repeat(2, -1)
         xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block, _ in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
+            for grid, block, k_split in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
                 run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types),
-                    q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o")
-                got = np.split(np.fromfile(tmp_path / "o", np.float32),
-                               [batch * q_rows, batch * (q_rows + kv_rows)])
-                for name, part, ref, raw, t, rows in zip("qkv", got, want, raws, types, (q_rows, kv_rows, kv_rows)):
-                    bound, magnitude = product_bound(raw, t, xg, s, rows, cols)
-                    if name != "v":  # a rotation mixes a pair: each result carries both members' errors
-                        bound = bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
-                        pair = magnitude.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
-                        bound = bound + pair * np.tile(angle_error, rows // head_dim)
-                    err = np.abs(part.reshape(batch, rows) - ref)
-                    assert np.all(err <= bound), (f"{name} {types} {q_rows}/{kv_rows}x{cols} batch {batch} "
-                                                  f"{variant} grid {grid} factors {factors is not None}: "
-                                                  f"{np.max(err / bound):.2f} of the bound")
+                    q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o",
+                    k_split)
+                check_qkv(tmp_path / "o", want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim,
+                          f"{types} {q_rows}/{kv_rows}x{cols} batch {batch} {variant} grid {grid} "
+                          f"factors {factors is not None}")
+
+
+def check_qkv(out_file, want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim, what):
+    """q, k and v of a qmatvec_norm_rope launch (out_file) within product_bound of the reference `want`."""
+    batch = xg.shape[0]
+    got = np.split(np.fromfile(out_file, np.float32), [batch * q_rows, batch * (q_rows + kv_rows)])
+    for name, part, ref, raw, t, rows in zip("qkv", got, want, raws, types, (q_rows, kv_rows, kv_rows)):
+        bound, magnitude = product_bound(raw, t, xg, s, rows, cols)
+        if name != "v":  # a rotation mixes a pair: each result carries both members' errors
+            bound = bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+            pair = magnitude.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+            bound = bound + pair * np.tile(angle_error, rows // head_dim)
+        err = np.abs(part.reshape(batch, rows) - ref)
+        assert np.all(err <= bound), f"{name} {what}: {np.max(err / bound):.2f} of the bound"
+
+
+@pytest.mark.parametrize("types", QKV_TYPES[:2], ids=["-".join(t) for t in QKV_TYPES[:2]])
+def test_norm_rope_split_row_groups(harnesses, warp, types, tmp_path):
+    """norm+q|k|v+RoPE at one token with k_split 2 and 4 (a row group's warps share its columns; part 0's warp
+    rotates and writes the group's rows), at its own tiles' grid and with one workgroup walking them: 72 slices
+    a row, so that the warps of a group take unequal shares (at 4 one takes none); kv rows fewer than a tile's.
+    k_split 3 (not a divisor of the warps at wave 64) counts as 1."""
+    rng = np.random.default_rng([warp, 7, *map(ord, "".join(types))])
+    q_heads, kv_heads, head_dim, rope_dim, cols = 4, 1, 16, 16, 2304
+    q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
+    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
+    x, g = inputs(rng, 1, cols)
+    positions = rng.integers(0, 4096, 1).astype(np.int32)
+    files = write_inputs(tmp_path, wq=raws[0], wk=raws[1], wv=raws[2], x=x, g=g, p=positions)
+    files.append(factors_arg(tmp_path, None))
+    want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, positions, q_rows, kv_rows, cols,
+                                             head_dim, rope_dim, THETA, FREQ_SCALE)
+    angle_error = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE)).repeat(2, -1)
+    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    for k_split in (2, 4, 3):
+        fused_qmatvec.FORCED_K_SPLIT = k_split if k_split != 3 else 1
+        try:
+            grid, block, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols, q_rows,
+                                                    kv_rows, kv_rows)
+        finally:
+            fused_qmatvec.FORCED_K_SPLIT = None
+        for g_ in sorted({grid, 1}):
+            run(harnesses, warp, "qmatvec_norm_rope_1", g_, block, fused_qmatvec.pack_types(types), q_rows, kv_rows,
+                cols, 1, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o", k_split)
+            check_qkv(tmp_path / "o", want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim,
+                      f"k_split {k_split} grid {g_}")
 
 
 @pytest.mark.parametrize("kv_dtype", sorted(kv_store.EPILOGUE_FORMATS))
@@ -108,13 +146,13 @@ def test_norm_rope_stores_kv_into_the_cache(harnesses, warp, kv_dtype, tmp_path)
         pool_shape = (num_blocks, kv_heads, block_size, fmt.row_bytes(head_dim))
         pool_bytes = int(np.prod(pool_shape))
         variant = fused_qmatvec.variant(batch)
-        for grid, block, _ in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
+        for grid, block, k_split in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
             common = (fused_qmatvec.pack_types(types), q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA,
                       FREQ_SCALE, *files)
-            run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, *common, tmp_path / "plain")
+            run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, *common, tmp_path / "plain", k_split)
             plain = np.split(np.fromfile(tmp_path / "plain", np.float32), [batch * q_rows, batch * (q_rows + kv_rows)])
             run(harnesses, warp, f"qmatvec_norm_rope_store_{variant}", grid, block, kv_store.EPILOGUE_FORMATS[kv_dtype],
-                block_size, num_blocks, pool_bytes, slot_file, *common, tmp_path / "stored")
+                block_size, num_blocks, pool_bytes, slot_file, *common, tmp_path / "stored", k_split)
             raw = np.fromfile(tmp_path / "stored", np.uint8)
             floats = raw[:4 * batch * (q_rows + 2 * kv_rows)].view(np.float32)
             got_pools = raw[4 * batch * (q_rows + 2 * kv_rows):].reshape(2, *pool_shape)
@@ -231,8 +269,10 @@ def test_residual_split_row_groups(harnesses, warp, weight_type, tmp_path):
 
 
 def test_launcher_splits_the_residual_of_few_tiles():
-    """The launcher's k_split on Llama-3 shapes: the residual product at one token doubles it while its tiles
-    stay within MAX_WORKGROUPS and each warp keeps SPLIT_MIN_SLICES slices of a row; nothing else splits."""
+    """The launcher's k_split on Llama-3 shapes: the residual product and norm+q|k|v+RoPE at one token double it
+    while their tiles stay within the workgroup cap (two a multiprocessor, an H100's 132 where the device does
+    not say) and each warp keeps SPLIT_MIN_SLICES slices of a row; nothing else splits. The grid is the cap at
+    most, which follows the device's multiprocessors."""
     def geometry(entry, cols, *rows, entry_variant="1"):
         return fused_qmatvec.geometry("sm_90", entry, entry_variant, cols, *rows)
 
@@ -242,8 +282,13 @@ def test_launcher_splits_the_residual_of_few_tiles():
     assert geometry("qmatvec_add", 8192, 2048) == (256, 256, 4)    # a 1B's down
     assert geometry("qmatvec_add", 4096, 4096, entry_variant="n")[2] == 1
     assert geometry("qmatvec_add", 256, 64)[2] == 1                # 8 slices a row: nothing to share
-    assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512)[2] == 1
-    assert geometry("qmatvec_norm", 4096, 128256)[2] == 1
+    assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512) == (192, 256, 2)  # a 1B's q|k|v: 96 tiles -> 192
+    assert geometry("qmatvec_norm_rope", 4096, 4096, 1024, 1024)[2] == 1  # an 8B's: 384 tiles at 2, past 264
+    assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512, entry_variant="n")[2] == 1
+    assert geometry("qmatvec_norm", 4096, 128256) == (264, 256, 1)   # the head: 4008 tiles in 264 workgroups
+    assert fused_qmatvec.geometry("sm_90", "qmatvec_norm", "1", 4096, 128256, multiprocessors=304)[0] == 608
+    assert fused_qmatvec.geometry("sm_90", "qmatvec_norm_rope", "1", 2048, 2048, 512, 512,
+                                  multiprocessors=40) == (80, 256, 1)  # 192 tiles at 2: past a small GPU's 80
     fused_qmatvec.FORCED_K_SPLIT = 8
     try:
         with pytest.raises(ValueError, match="k_split"):

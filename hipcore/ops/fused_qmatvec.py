@@ -7,9 +7,9 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
 
   qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
                         head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size,
-                        num_blocks, kv_format)   (freq_factors: as rope.py's, or null; the last six: where
-                        k and v go when the epilogue stores them into the paged cache, kv_store.EpilogueTarget,
-                        instead of the k and v buffers; kv_format 0 = not)
+                        num_blocks, kv_format, k_split)   (freq_factors: as rope.py's, or null; k_pool ..
+                        kv_format: where k and v go when the epilogue stores them into the paged cache,
+                        kv_store.EpilogueTarget, instead of the k and v buffers; kv_format 0 = not)
   qmatvec_norm_swiglu_<v>(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
   qmatvec_add_<v>(y, W, x, type, rows, cols, batch, k_split)   (k_split: see MAX_K_SPLIT)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
@@ -40,7 +40,7 @@ OP = "fused_qmatvec"
 WEIGHT_TYPES = qmatvec.WEIGHT_TYPES
 TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4}  # kernels/fused_qmatvec.hip's WeightType
 SIGNATURES = {
-    "qmatvec_norm_rope": "ppppppppppiiiiiiifffpppiii",  # ..., k_pool, v_pool, slots, block_size, num_blocks, kv_format
+    "qmatvec_norm_rope": "ppppppppppiiiiiiifffpppiiii",  # ..., slots, block_size, num_blocks, kv_format, k_split
     "qmatvec_norm_swiglu": "pppppiiiif",
     "qmatvec_add": "pppiiiii",  # ... batch, k_split
     "qmatvec_norm": "ppppiiiif",
@@ -52,21 +52,31 @@ BLOCK_THREADS = 256
 ROWS_PER_WARP = {"1": 4, "n": 2}
 GATE_UP_ROWS_PER_WARP = {"1": 2, "n": 1}
 MAX_TOKENS_PER_PASS = 8  # kMaxBatchPerPass: a step of up to 8 tokens reads W once
-# At most this many workgroups, each taking its share of the tiles in turn: a workgroup stages x once for
-# every tile of one type when x fits one staging (kStageSliceTokens / tokens slices), so more tiles per
-# workgroup means less staging; launches with fewer tiles keep one workgroup per tile. Measured on an NVIDIA
-# H100 80GB HBM3 (scripts/gpu/measure_qmatvec_decode.py --max-workgroups): Llama-3.1-8B's norm+gate|up+swiglu
-# (896 tiles) at one token 31.5 us with 396 against 35.6 with one workgroup per tile, the others unchanged.
-MAX_WORKGROUPS = 396
+# At most WORKGROUPS_PER_MULTIPROCESSOR workgroups per SM (CU), each taking its share of the tiles in turn: a
+# workgroup stages x once for every tile of one type when x fits one staging (kStageSliceTokens / tokens slices),
+# so more tiles per workgroup means less staging; launches with fewer tiles keep one workgroup per tile. Two is
+# what an SM holds of the one-token entries (256 threads of 106-128 registers): more leave a second, partial
+# round of workgroups behind the first, fewer leave loads unissued. Measured on an NVIDIA H100 80GB HBM3 (132
+# SMs; scripts/gpu/measure_qmatvec_decode.py --max-workgroups 132,264,396, one token, µs): norm+head 1B
+# 126.6 / 88.1 / 107.8, 8B 238.4 / 171.4 / 204.1; norm+gate|up+swiglu 1B 12.5 / 9.4 / 10.3, 8B 35.2 / 29.2 /
+# 29.8; the rest equal within 1.5% at 264 and 396. (An earlier 396 had beaten one workgroup per tile.)
+# DEFAULT_MULTIPROCESSORS: where the device does not say (the cpu backend, the emulation), an H100's.
+# MAX_WORKGROUPS: a fixed cap for measuring, None in use.
+WORKGROUPS_PER_MULTIPROCESSOR = 2
+DEFAULT_MULTIPROCESSORS = 132
+MAX_WORKGROUPS: int | None = None
 # The residual product at one token splits its row groups (k_split warps share a row's columns,
 # kernels/fused_qmatvec.hip: tile_dot): few tiles leave too few weight loads in flight per SM (an 8B's o and
 # down have 128 tiles of 32 rows for 132 SMs). k_split doubles, up to MAX_K_SPLIT, while the tiles stay
-# within MAX_WORKGROUPS and each warp keeps SPLIT_MIN_SLICES of a row. Measured on an NVIDIA H100 80GB HBM3
+# within the workgroup cap and each warp keeps SPLIT_MIN_SLICES of a row. Measured on an NVIDIA H100 80GB HBM3
 # (scripts/gpu/measure_qmatvec_decode.py --k-split): 8B o 8.30 -> 7.44 us at 2 (9.49 at 4), down 25.7 ->
-# 24.4 at 2 (26.3 at 4); 1B o 5.21 -> 4.74 at 2, down 14.4 -> 9.5 at 4. q|k|v and gate|up lost at 2 (8B
-# q|k|v 11.9 -> 15.3: 384 tiles are more than two workgroups per SM hold) and stay whole.
+# 24.4 at 2 (26.3 at 4); 1B o 5.21 -> 4.74 at 2, down 14.4 -> 9.5 at 4. gate|up lost at 2 and stays whole.
+# norm+q|k|v+RoPE at one token splits the same way: a 1B's q|k|v has 96 tiles for 132 SMs, 5.50 -> 5.09 us
+# at 2 (8.65 at 4); an 8B's 192 tiles would become 384, more than the cap (11.9 -> 15.3 us when it ran so).
+# SPLIT_ENTRIES: the entries that take a k_split (the last argument).
 # FORCED_K_SPLIT: a fixed k_split for measuring and tests, None in use.
 MAX_K_SPLIT = 4
+SPLIT_ENTRIES = ("qmatvec_add", "qmatvec_norm_rope")
 SPLIT_MIN_SLICES = 32
 FORCED_K_SPLIT: int | None = None
 VECTOR_ALIGNMENT = 16
@@ -144,7 +154,7 @@ def _register(variant: str) -> None:
     @cpu_kernel(f"qmatvec_norm_rope_{variant}", SIGNATURES["qmatvec_norm_rope"])
     def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols,
                   batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size, num_blocks,
-                  kv_format):
+                  kv_format, k_split):
         pos = dev.view(positions, np.int32, batch)
         factors = rope.host_factors(dev, freq_factors, rope_dim)
         made = []
@@ -194,10 +204,19 @@ def rows_per_warp(entry: str, entry_variant: str) -> int:
     return (GATE_UP_ROWS_PER_WARP if entry == "qmatvec_norm_swiglu" else ROWS_PER_WARP)[entry_variant]
 
 
-def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows: int) -> tuple[int, int, int]:
+def max_workgroups(multiprocessors: int | None) -> int:
+    """The grid cap on a device of `multiprocessors` SMs (CUs; None: not known)."""
+    if MAX_WORKGROUPS is not None:
+        return MAX_WORKGROUPS
+    return WORKGROUPS_PER_MULTIPROCESSOR * (multiprocessors or DEFAULT_MULTIPROCESSORS)
+
+
+def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows: int,
+             multiprocessors: int | None = None) -> tuple[int, int, int]:
     """(grid, block, k_split): one workgroup per tile (BLOCK_THREADS / wavefront / k_split row groups of
-    rows_per_warp rows each) of every matrix, at most MAX_WORKGROUPS; the kernel loops over the tiles, so
-    any grid is correct. k_split is 1 but for qmatvec_add at one token (see MAX_K_SPLIT)."""
+    rows_per_warp rows each) of every matrix, at most max_workgroups(multiprocessors); the kernel loops over
+    the tiles, so any grid is correct. k_split is 1 but for SPLIT_ENTRIES at one token (see MAX_K_SPLIT)."""
+    cap = max_workgroups(multiprocessors)
     warps = BLOCK_THREADS // wavefront_size(arch)
     rows_per_group = rows_per_warp(entry, entry_variant)
 
@@ -205,17 +224,17 @@ def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows:
         return sum(-(-rows // (warps // split * rows_per_group)) for rows in matrix_rows)
 
     split = 1
-    if entry == "qmatvec_add" and entry_variant == "1":
+    if entry in SPLIT_ENTRIES and entry_variant == "1":
         if FORCED_K_SPLIT is not None:
             split = FORCED_K_SPLIT
         else:
             while (2 * split <= min(MAX_K_SPLIT, warps) and cols // 32 >= 2 * split * SPLIT_MIN_SLICES
-                   and tiles(2 * split) <= MAX_WORKGROUPS):
+                   and tiles(2 * split) <= cap):
                 split *= 2
         if split not in (1, 2, 4) or warps % split:
             raise ValueError(f"fused_qmatvec: k_split must be 1, 2 or 4 and divide the block's {warps} warps, "
                              f"got {split}")
-    return min(tiles(split), MAX_WORKGROUPS), BLOCK_THREADS, split
+    return min(tiles(split), cap), BLOCK_THREADS, split
 
 
 def _check_matrix(op: str, name: str, w: Any, weight_type: str, rows: int, cols: int) -> None:
@@ -235,10 +254,11 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
 
 def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols: int, matrix_rows: tuple[int, ...],
             args: tuple) -> None:
-    grid, block, k_split = geometry(device.arch, entry, variant(batch), cols, *matrix_rows)
+    grid, block, k_split = geometry(device.arch, entry, variant(batch), cols, *matrix_rows,
+                                    multiprocessors=device.multiprocessors)
     # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry], programmatic=True)
-    kernel.launch(grid, block, (*args, k_split) if entry == "qmatvec_add" else args, stream=stream)
+    kernel.launch(grid, block, (*args, k_split) if entry in SPLIT_ENTRIES else args, stream=stream)
 
 
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, weights: Sequence[tuple[Any, str]],

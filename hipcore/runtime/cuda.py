@@ -48,6 +48,8 @@ class CudaDevice(GpuDevice):
             minor = check(drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._cu_device),
                           "cuDeviceGetAttribute")
             self.arch = f"sm_{major}{minor}"
+            self.multiprocessors = int(check(drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                                                      self._cu_device), "cuDeviceGetAttribute"))
             self._default = GpuStream(self)
         except BaseException:  # a half-opened device must not keep the primary context retained
             self._leave()

@@ -196,6 +196,7 @@ class Device(abc.ABC):
     name: str
     arch: str  # "gfx942", "sm_90", "cpu" ...
     index: int = 0
+    multiprocessors: int | None = None  # SMs / CUs, where the driver says (launch geometries size grids by it)
 
     def __init__(self) -> None:
         self.ledger = Ledger()

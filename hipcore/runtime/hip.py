@@ -37,6 +37,7 @@ class HipDevice(GpuDevice):
         self.name = as_text(props.name).strip() or f"AMD GPU {index}"
         self.gcn_arch_name = as_text(props.gcnArchName)
         self.arch = arch_from_gcn_name(self.gcn_arch_name)
+        self.multiprocessors = int(getattr(props, "multiProcessorCount", 0) or 0) or None
         self._default = GpuStream(self)
 
     def _activate(self) -> None:

@@ -2,7 +2,7 @@
 (llama.cpp's mix: Q4_K q, k, o, gate, up; Q6_K v, down and the output head) at 1, 2, 4 and 8 tokens, and
 print the GB/s of weights each launch reads against the device-to-device copy bandwidth measured in the
 same run. --k-split 1,2,4 times each launch at each forced split (default: the launcher's own; only the
-residual product at one token splits, the column shows the split each launch ran with).
+residual product and norm+q|k|v+rope at one token split, the column shows the split each launch ran with).
 
 Run from the repository root on a GPU machine, with code objects built for it first (otherwise every
 kernel is compiled at run time, which the output says):
@@ -166,11 +166,12 @@ def measure(device_spec: str, batches: list[int], kinds: list[str], rotate_bytes
             for batch in batches:
                 for split in splits:
                     mats = KINDS[kind]
-                    fused_qmatvec.FORCED_K_SPLIT = split  # only the residual product at one token takes it
+                    fused_qmatvec.FORCED_K_SPLIT = split  # only SPLIT_ENTRIES at one token take it
                     run = KindRun(dev, stream, rng, kind, batch, rotate_bytes)
                     try:
                         _, _, used = fused_qmatvec.geometry(dev.arch, run.entry(), fused_qmatvec.variant(batch),
-                                                            mats[0][2], *run.matrix_rows())
+                                                            mats[0][2], *run.matrix_rows(),
+                                                            multiprocessors=dev.multiprocessors)
                         run.check(stream)
                         launches = [lambda s, k=k: run.launch(s, k) for k in range(run.copies)]
                         ms = graph_time_per_launch(dev, stream, launches, replays, repeats)
@@ -204,8 +205,9 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=3, help="graph replays per timed run (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
     parser.add_argument("--json-out", type=Path, help="also write the JSON to this file")
-    parser.add_argument("--max-workgroups", type=int, default=fused_qmatvec.MAX_WORKGROUPS,
-                        help=f"the launcher's grid cap (default {fused_qmatvec.MAX_WORKGROUPS}; a large one: a workgroup per tile)")
+    parser.add_argument("--max-workgroups", type=int, default=None,
+                        help="a fixed grid cap (default: the launcher's, "
+                             f"{fused_qmatvec.WORKGROUPS_PER_MULTIPROCESSOR} per SM; a large one: a workgroup per tile)")
     opts = parser.parse_args()
     fused_qmatvec.MAX_WORKGROUPS = opts.max_workgroups
     global HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM, KINDS
