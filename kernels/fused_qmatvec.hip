@@ -1,4 +1,4 @@
-// The decode products of a llama layer on int8-quantized activations (qmatvec.hip's formats and dot
+// The decode products of a llama layer on int8-quantized activations (qmatvec_formats.h's formats and dot
 // products) with the layer's small ops folded in, for weights that cannot share one buffer: q, k and v
 // (or gate and up) each come as their own matrix, each of its own type. A Q4_K_M file has attn_q and
 // attn_k in Q4_K but attn_v in Q6_K, so the concatenated W of fused_matvec.hip does not exist there.
@@ -32,9 +32,8 @@
 // than 4 tokens take further passes over W.
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; q_rows and kv_rows
 // multiples of 4 (head_dim % 4 == 0); W of each type aligned as qmatvec.hip needs; x and g 16-byte aligned.
-#define RF_QMATVEC_NO_ENTRIES
-#include "qmatvec.hip"
-
+#include "hip_compat.h"
+#include "qmatvec_formats.h"      // x quantized per slice, the formats and their int8 dot products
 #include "fused_qmatvec_tiles.h"  // x staged in shared memory and the row groups' dot products (tile_dot)
 
 namespace {

@@ -1,4 +1,4 @@
-// Part of the fused_qmatvec op (kernels/fused_qmatvec.hip includes it after qmatvec.hip, whose formats and
+// Part of the fused_qmatvec op (kernels/fused_qmatvec.hip includes it after qmatvec_formats.h, whose formats and
 // int8 dot products it uses; built and hashed with it: hipcore/runtime/kernels.py source_files): x (times the
 // norm's g) quantized once per workgroup into shared memory, and tile_dot, a warp's rows of one or two
 // matrices against it, split over 2 or 4 warps where asked.

@@ -1,6 +1,6 @@
 """What a kernel's code object is built from (hipcore/runtime/kernels.py source_files / source_digest): an
 edit to any file an op's source includes must make the op's prebuilt objects stale, or a measurement (or a
-user) runs an object built from other code. fused_qmatvec.hip includes qmatvec.hip."""
+user) runs an object built from other code. fused_qmatvec.hip and qmatvec.hip include qmatvec_formats.h."""
 
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ def header_and_source_digest(op: str, folder: Path) -> str:
 
 def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
-    assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec.hip",
+    assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec_formats.h",
                                                                 "fused_qmatvec_tiles.h"]
+    assert [f.name for f in source_files("qmatvec")] == [COMPAT_HEADER, "qmatvec.hip", "qmatvec_formats.h"]
     assert [f.name for f in source_files("matmul_mma")] == [COMPAT_HEADER, "matmul_mma.hip", "matmul_mma_formats.h",
                                                              "matmul_mma_fragments.h"]
     assert [f.name for f in source_files("add")] == [COMPAT_HEADER, "add.hip"]
@@ -50,10 +51,10 @@ def test_an_op_is_built_from_the_files_it_includes():
 
 def test_an_edit_to_an_included_file_changes_the_includers_digest(sources):
     before = {op: source_digest(op, sources) for op in ("fused_qmatvec", "qmatvec", "matvec")}
-    qmatvec = sources / "qmatvec.hip"
-    qmatvec.write_text(qmatvec.read_text() + "\n// an edit\n")
+    formats = sources / "qmatvec_formats.h"
+    formats.write_text(formats.read_text() + "\n// an edit\n")
     after = {op: source_digest(op, sources) for op in before}
-    assert after["fused_qmatvec"] != before["fused_qmatvec"]  # the includer
+    assert after["fused_qmatvec"] != before["fused_qmatvec"]  # the includers
     assert after["qmatvec"] != before["qmatvec"]
     assert after["matvec"] == before["matvec"]  # not an includer
 

@@ -93,7 +93,7 @@ _QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.MULTILI
 def source_files(op: str, sources: Path | None = None) -> list[Path]:
     """What a code object of `op` is built from: hip_compat.h, <op>.hip, then each file of the sources folder
     that these include with quotes, directly or through another, once each in the order first met
-    (fused_qmatvec.hip includes qmatvec.hip: an edit there must make fused_qmatvec's objects stale too)."""
+    (fused_qmatvec.hip includes qmatvec_formats.h: an edit there must make fused_qmatvec's objects stale too)."""
     folder = sources or kernels_dir()
     files = [folder / COMPAT_HEADER, folder / f"{op}{SOURCE_SUFFIX}"]
     seen = {f.name for f in files}

@@ -20,7 +20,7 @@
 #include "matvec.hip"
 #include "paged_attention.hip"
 #include "qmatvec.hip"
-#include "fused_qmatvec.hip"  // after qmatvec.hip, whose entries it leaves out
+#include "fused_qmatvec.hip"  // shares qmatvec_formats.h with qmatvec.hip
 #include "rmsnorm.hip"
 #include "rope.hip"
 #include "scale.hip"
