@@ -15,8 +15,8 @@ constexpr int kOutStride = kTileRows + 1;     // floats per token row of the fin
 constexpr int kCounterBytes = 4096;            // one int per tile, before the partials
 
 // Each format: Raw load(row, col) reads what the 8 consecutive weights col .. col+7 (col % 8 == 0) of a
-// row need; decode(raw, col, w) turns them into floats (matmul.hip's decoders, copied: a kernel source
-// is one file, and the code-object cache keys on it alone).
+// row need; decode(raw, col, w) turns them into floats (matmul.hip's decoders, copied from the time a kernel's
+// object was keyed on its one source file; the two ops could now share them through a header).
 struct F32 {
   struct Raw {
     float4 a, b;
