@@ -88,10 +88,11 @@ def deferred_wait_problems(source: str, function: str) -> list[str]:
 
 
 def test_the_programmatic_ops_are_the_decode_steps():
-    """What a single-token decode step launches (the K-quant and the demo model's paths), so that a change
-    that drops one shows here."""
+    """What a single-token decode step launches (the K-quant and the demo model's paths), and prompt steps'
+    attention (prompt_attention, which waits first as paged_attention does), so that a change that drops one
+    shows here."""
     assert set(programmatic_ops()) == {"embedding", "fused_matvec", "fused_qmatvec", "kv_store", "paged_attention",
-                                       "sample"}
+                                       "prompt_attention", "sample"}
 
 
 @pytest.mark.parametrize("op", sorted(programmatic_ops()))

@@ -22,7 +22,8 @@ from typing import Callable
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.projections import Launch, ProjectionPlanner, weight_arg
 from hipcore.model.step_inputs import StepInputs
-from hipcore.ops import add, add_bias, gelu_mul, kv_store, matmul_mma, paged_attention, rmsnorm, rope, scale, softcap
+from hipcore.ops import (add, add_bias, gelu_mul, kv_store, matmul_mma, paged_attention, prompt_attention, rmsnorm,
+                         rope, scale, softcap)
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
@@ -40,6 +41,7 @@ class StepContext:
     products: ProjectionPlanner
     max_blocks: int
     scale: float  # attention's score scale (1/sqrt(head_dim) unless the family says otherwise)
+    decode: bool = False  # every token is its own sequence's next one (attention stays on paged_attention)
 
 
 # (context, layer index, layer weights, token rows) -> launches
@@ -74,8 +76,15 @@ def _kv_store(ctx: StepContext, i: int, t: int) -> Launch:
 
 
 def _paged_attention(ctx: StepContext, i: int, t: int) -> Launch:
+    """Attention over the paged cache: prompt steps on the matrix cores where prompt_attention takes them."""
     cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
     tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
+    if not ctx.decode and prompt_attention.takes(dev.arch, t, kv.dtype, cfg.head_dim, cfg.attn_softcap):
+        return ("attention", lambda: prompt_attention.launch(
+            dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
+            n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+            block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
+            window=cfg.layer_window(i)))
     workspace = b.get("attention_workspace")
     return ("attention", lambda: paged_attention.launch(
         dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,

@@ -12,7 +12,8 @@ llama layer, with the fused kernels when the weights allow them (projections.py 
 steps of a few tokens, fused_matmul beyond, the single ops otherwise):
     q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv])      1 launch (else rmsnorm, 3 products, 2 ropes)
     kv_store(k, v); attn = paged_attention(q)       2 launches (1 where the q|k|v launch stored k and v:
-                                                    fused_qmatvec's decode steps into f16/bf16/f32 caches)
+                                                    fused_qmatvec's decode steps into f16/bf16/f32 caches;
+                                                    prompt steps' attention: prompt_attention where it takes them)
     x += attn @ Wo                                  1 launch (else product + add)
     h = silu(rmsnorm(x) @ Wg) * (rmsnorm(x) @ Wu)   1 launch (else rmsnorm, 2 products, silu_mul)
     x += h @ Wd                                     1 launch (else product + add)
@@ -291,7 +292,7 @@ class ModelRunner:
         key = (t, r, all_rows, with_sampling)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._build_plan(t, r, all_rows, with_sampling)
+            plan = self._build_plan(t, r, all_rows, with_sampling, decode)
             # Decode plans only: their shapes are few (one per batch size). Prompt steps come in every
             # (tokens, rows) shape and kept the cache growing for thousands of requests (leak-check:
             # ~20 MiB per 1,000 requests on the demo model); building a plan costs far less than the step.
@@ -299,13 +300,13 @@ class ModelRunner:
                 self._plans[key] = plan
         return plan
 
-    def _build_plan(self, t: int, r: int, all_rows: bool, with_sampling: bool) -> list[Launch]:
+    def _build_plan(self, t: int, r: int, all_rows: bool, with_sampling: bool, decode: bool) -> list[Launch]:
         cfg, w, b, dev, st = self.config, self.weights, self.buffers, self.device, self.stream
         inputs, products = self.inputs, self.products
         assert inputs is not None
         h, v = cfg.hidden_size, cfg.vocab_size
         ids = inputs.addr("token_ids")
-        ctx = StepContext(dev, st, cfg, b, self.cache, inputs, products, self.max_blocks, self.scale)
+        ctx = StepContext(dev, st, cfg, b, self.cache, inputs, products, self.max_blocks, self.scale, decode)
         contexts = {GLOBAL_GROUP: ctx}
         if LOCAL_GROUP in self.cache.groups:  # sliding-window layers: their group's pool, slots and tables
             contexts[LOCAL_GROUP] = dataclasses.replace(ctx, cache=self.cache.group_view(LOCAL_GROUP),

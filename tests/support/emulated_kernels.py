@@ -68,15 +68,19 @@ def write_inputs(tmp_path: Path, **arrays) -> list[Path]:
 MMA_KINDS = {"fma32": (0, 32), "fma64": (0, 64), "nvidia_mma": (1, 32), "cdna_mfma": (2, 64), "rdna3_wmma": (3, 32),
              "rdna4_wmma": (4, 32)}
 MMA_OP = "matmul_mma"
+# The ops on the matrix cores and the harness that runs each (tests/kernel_emulation/).
+MMA_HARNESSES = {"matmul_mma": "harness_mma.cpp", "prompt_attention": "harness_prompt_attention.cpp"}
 
 
-def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, kernel_edit=None) -> dict[str, Path]:
-    """harness_mma.cpp built in `work` per matrix-core path of `kinds`. compat_edit(text) -> text, when
-    given, changes hip_compat.h's vendor-neutral part first, kernel_edit(text) -> text matmul_mma.hip and the
+def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, kernel_edit=None,
+                        op: str = MMA_OP) -> dict[str, Path]:
+    """`op`'s harness (MMA_HARNESSES) built in `work` per matrix-core path of `kinds`. compat_edit(text) -> text,
+    when given, changes hip_compat.h's vendor-neutral part first, kernel_edit(text) -> text <op>.hip and the
     parts it includes (the tests' planted faults)."""
     compiler = shutil.which("g++")
     assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
-    own = source_files(MMA_OP)[1:]  # matmul_mma.hip and the parts it includes (all but hip_compat.h)
+    harness = MMA_HARNESSES[op]
+    own = source_files(op)[1:]  # <op>.hip and the parts it includes (all but hip_compat.h)
     texts = {path.name: path.read_text() for path in own}
     if kernel_edit is not None:
         edited = {name: kernel_edit(text) for name, text in texts.items()}
@@ -84,7 +88,7 @@ def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, ke
         texts = edited
     for name, text in texts.items():
         (work / name).write_text(text)
-    for name in ("emulation.h", "harness_mma.cpp"):
+    for name in ("emulation.h", harness):
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()
     neutral = header[header.index(NEUTRAL_MARKER):]
@@ -96,9 +100,9 @@ def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, ke
 
     def build(kind: str) -> Path:
         mma_kind, warp = MMA_KINDS[kind]
-        out = work / f"harness_mma_{kind}"
+        out = work / f"{Path(harness).stem}_{kind}"
         proc = subprocess.run([compiler, "-std=c++20", "-O1", "-pthread", f"-DWARP_SIZE={warp}", f"-DRF_MMA_KIND={mma_kind}",
-                               "-Wno-unknown-pragmas", "-o", str(out), str(work / "harness_mma.cpp")],
+                               "-Wno-unknown-pragmas", "-o", str(out), str(work / harness)],
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return out

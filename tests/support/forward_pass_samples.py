@@ -19,6 +19,7 @@ from hipcore.ops import embedding, paged_attention
 from support.weight_samples import random_weights
 
 U32 = 2.0**-24  # float32 unit roundoff
+U16 = 2.0**-11  # float16 unit roundoff
 
 
 def random_table(rng: np.random.Generator, table_type: str, vocab: int, hidden: int) -> np.ndarray:
@@ -123,6 +124,35 @@ class PagedSample:
                 relative = (2 * d_score + (ctx / 8 + 16) * (2 * np.abs(scores).max() + 3) * U32 + (ctx / 4 + 32) * U32)
                 tol[t, h] = 1.1 * relative * (p @ np.abs(v))
         return tol + 1e-30
+
+    def matrix_core_tolerance(self) -> np.ndarray:
+        """float64 [T, n_heads, head_dim]: how far prompt_attention (f16 cache, matrix cores) may be from the
+        reference, beyond `tolerance`'s float32 bound.
+
+        Over the float32 arithmetic `tolerance` covers (summed in another order, no more roundings; a matrix
+        instruction's sums counted twice for their order and rounding): q * scale * log2(e) rounded to f16 moves
+        each score by at most u16 * scale * sum|q k|, and a weight (its score and the max) by twice that,
+        relatively; each weight rounded to f16 adds u16 relatively, or 2^-25 absolutely where it is an f16
+        subnormal (below 2^-14), against a sum of weights of at least 1. So
+        |out - ref| <= 2 tolerance + 1.1 ((2 u16 scale max sum|q k| + u16) sum p|v| + c 2^-25 max|v|)."""
+        extra = np.zeros(self.q.shape, dtype=np.float64)
+        group = self.n_heads // self.n_kv_heads
+        for t in range(self.n_tokens):
+            pos = int(self.positions[t])
+            if pos < 0:
+                continue
+            keys, values = self.keys_values(int(self.token_seq[t]), pos + 1)
+            first = int(paged_attention.first_visible(np.array([pos]), self.window)[0])
+            keys, values = keys[:, first:], values[:, first:]
+            for h in range(self.n_heads):
+                k, v = keys[h // group], values[h // group]
+                qh = self.q[t, h].astype(np.float64)
+                scores = (k @ qh) * self.scale
+                p = np.exp(scores - scores.max())
+                p /= p.sum()
+                d_score = U16 * self.scale * np.abs(k * qh).sum(axis=1).max()
+                extra[t, h] = (2 * d_score + U16) * (p @ np.abs(v)) + len(p) * 2.0**-25 * np.abs(v).max()
+        return 2 * self.tolerance() + 1.1 * extra
 
 
 def make_sample(rng: np.random.Generator, kv: str, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int,

@@ -1,0 +1,350 @@
+// Prompt attention on the matrix cores: paged_attention's causal grouped-query attention for steps of many
+// query tokens (prompts and prompt chunks), with both products (q . K and the weights . V) as f16 x f16 -> f32
+// matrix instructions (hip_compat.h's rf_mma: mma.sync on NVIDIA, MFMA on CDNA, WMMA on RDNA3/4, FMA elsewhere).
+//
+//   out[t, h, :] = sum_j softmax_j(scale * q[t, h, :] . K[j]) V[j]   over keys j = first(t) .. positions[t]
+//
+// of the sequence token_seq[t], first(t) = 0, or max(0, positions[t] - window + 1) with a sliding window,
+// key j in physical block block_tables[seq][j / block_size] at offset j % block_size, for KV head
+// h / (n_heads / n_kv_heads) (paged_attention.hip's rule and layouts: q and out float32 [n_tokens, n_heads,
+// head_dim], f16 pools [num_blocks, n_kv_heads, block_size, head_dim], block_tables int32 [n_seqs, max_blocks],
+// token_seq and positions int32 [n_tokens]; a negative position is padding, whose rows are zero).
+//
+// Work split (1-D grid; hipcore/ops/prompt_attention.py mirrors it): a workgroup of 4 warps serves one KV head,
+// `hpw` of the query heads that read it (4, 2 or 1: the most that divides the group) and 16 * 4 / hpw
+// consecutive tokens; each warp holds 16 tokens of one head, one matrix tile of rows, so every K and V row the
+// workgroup loads serves all its heads and tokens. The query tiles run from the last to the first (the last
+// tokens of a prompt see the most keys: the longest workgroups start first).
+// - A workgroup's tokens are taken in runs of one sequence (a prompt's tokens are one run; a step that mixes
+//   sequences has several), and each run walks the keys its tokens see (from the lowest first(t) to the
+//   highest position), kKeys at a time: K and V rows go to shared memory as f16 (V transposed, as the second
+//   product's operand wants it), every warp whose rows see some of those keys computes its 16 x kKeys scores
+//   (q staged once as f16 with scale * log2(e) folded in), masks the keys each row does not see, folds them
+//   into its rows' running max and sum (online softmax, base 2) and rescales its output accumulators, then
+//   writes the weights as f16 to shared memory and adds weights . V to its accumulators.
+// - Rows outside the run keep everything they hold: their scores are all masked, so their factor is 1 and
+//   their weights 0.
+// - A row's accumulators are spread over lanes as the matrix instruction leaves them (rf_mma_acc_row/col): its
+//   max and sum are reduced over the accumulators of the same row in a lane, then over the lanes holding that
+//   row (kRowLanes).
+// Precision: q and the weights are rounded to f16 (|scale * q| must stay below 65504; the weights are in [0, 1]);
+// K and V are the f16 pool's own values; products exact, sums in f32 (hipcore/ops/prompt_attention.py bounds it).
+// Requirements the launcher checks: head_dim a multiple of 16 up to 128; block_size a power of two; n_heads a
+// multiple of n_kv_heads; q 16-byte aligned; pools 16-byte aligned, a pool block under 2 GiB; blockDim 4 warps.
+// `out` may be `q`: a workgroup reads all its q rows before it writes any of its out rows, and no other
+// workgroup touches them.
+#include "hip_compat.h"
+
+namespace {
+namespace rf_prompt_attention {
+
+constexpr int kWarps = 4;                        // the launch bounds' warps
+constexpr int kRows = 16;                        // a warp's query tokens: one matrix tile of rows
+constexpr int kKeys = 32;                        // keys per step
+constexpr int kMaxHeadDim = 128;
+constexpr int kQStride = kMaxHeadDim + 8;        // halves per staged q row and per K row (16-byte aligned rows
+constexpr int kKStride = kMaxHeadDim + 8;        // whose fragment loads start in different banks)
+constexpr int kVStride = kKeys + 8;              // halves per row of V^T (one head_dim element's keys)
+constexpr int kPStride = kKeys + 8;              // halves per row of a warp's weights
+constexpr int kMaxTokens = kWarps * kRows;       // a workgroup's tokens (one head per warp)
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The lanes that hold one row of an accumulator tile: lanes 4g .. 4g + 3 on NVIDIA (row g and g + 8); on the
+// AMD kinds and the FMA path the 16 lanes of one l / 16.
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+constexpr int kRowLanes = 4;
+#else
+constexpr int kRowLanes = 16;
+#endif
+// Whether a warp keeps its q fragments in registers for the whole walk (NVIDIA: 4 registers a fragment; CDNA:
+// 2) or loads them from shared memory at every step: RDNA's WMMA fragments hold 8 or 4 registers each, and
+// with the output accumulators they spilled; the FMA path's fragments are pointers into shared memory anyway.
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16 || RF_MMA_KIND == RF_MMA_CDNA_MFMA
+constexpr bool kQInRegisters = true;
+#else
+constexpr bool kQInRegisters = false;
+#endif
+
+struct Params {
+  float* out;
+  const float* q;
+  const unsigned char* __restrict__ k_pool;
+  const unsigned char* __restrict__ v_pool;
+  const int* __restrict__ block_tables;
+  const int* __restrict__ token_seq;
+  const int* __restrict__ positions;
+  int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window;
+  float scale;
+};
+
+struct Shared {
+  unsigned short q[kMaxTokens * kQStride];     // each warp's 16 query rows, f16, scaled
+  unsigned short k[kKeys * kKStride];          // the step's keys, one row each
+  unsigned short vt[kMaxHeadDim * kVStride];   // the step's values, transposed: row d holds element d of each key
+  unsigned short p[kWarps][kRows * kPStride];  // each warp's weights of the step
+  int seq[kMaxTokens];
+  int pos[kMaxTokens];
+};
+
+static __device__ __forceinline__ unsigned int pack_halves(float lo, float hi) {
+  return (unsigned int)rf_float_to_f16(lo) | (unsigned int)rf_float_to_f16(hi) << 16;
+}
+
+static __device__ __forceinline__ int lesser(int a, int b) { return a < b ? a : b; }
+static __device__ __forceinline__ int greater(int a, int b) { return a > b ? a : b; }
+
+// exp2 of (x - reference) where an all -inf reference counts as 0, so that -inf - -inf never occurs.
+static __device__ __forceinline__ float safe_reference(float max_value) {
+  return max_value == -RF_INFINITY ? 0.0f : max_value;
+}
+
+// Where one key's row of a KV head starts in a pool (blocks outside the pool read block 0, as paged_attention does).
+struct Rows {
+  const int* __restrict__ table;
+  unsigned int num_blocks, block_stride, row_bytes;
+  int block_shift, in_block_mask;
+  unsigned long long head_offset;
+  static __device__ __forceinline__ unsigned long long at(const Rows& r, int key) {
+    const unsigned int b = (unsigned int)r.table[key >> r.block_shift];
+    return (unsigned long long)(b < r.num_blocks ? b : 0u) * r.block_stride + r.head_offset +
+           (unsigned int)(key & r.in_block_mask) * r.row_bytes;
+  }
+};
+
+// Combine the accumulators of one row held by this lane (the same rf_mma_acc_row), then the lanes holding it.
+template <bool kMax>
+static __device__ __forceinline__ void reduce_rows(float (&v)[RF_MMA_ACC], int lane) {
+  float r[RF_MMA_ACC];
+#pragma unroll
+  for (int e = 0; e < RF_MMA_ACC; ++e) {
+    r[e] = v[e];
+#pragma unroll
+    for (int f = 0; f < RF_MMA_ACC; ++f)  // the comparison folds to a constant for every kind's layout
+      if (f != e && rf_mma_acc_row(lane, f) == rf_mma_acc_row(lane, e)) r[e] = kMax ? fmaxf(r[e], v[f]) : r[e] + v[f];
+  }
+#pragma unroll
+  for (int o = 1; o < kRowLanes; o <<= 1)
+#pragma unroll
+    for (int e = 0; e < RF_MMA_ACC; ++e) {
+      const float other = __shfl_xor(r[e], o);
+      r[e] = kMax ? fmaxf(r[e], other) : r[e] + other;
+    }
+#pragma unroll
+  for (int e = 0; e < RF_MMA_ACC; ++e) v[e] = r[e];
+}
+
+template <int NT>  // head_dim / 16 matrix tiles of columns
+__device__ __forceinline__ void attend(const Params& p, Shared& sh) {
+  constexpr int HD = NT * 16;
+  constexpr int kKeyTiles = kKeys / 16;
+  const int tid = (int)threadIdx.x, threads = (int)blockDim.x;
+  const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+  const int group = p.n_heads / p.n_kv_heads;
+  const int hpw = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;  // query heads per workgroup
+  const int chunks = group / hpw, tokens = kRows * (kWarps / hpw);
+  const int units = p.n_kv_heads * chunks;
+  const int n_tiles = (p.n_tokens + tokens - 1) / tokens;
+  const int tile = n_tiles - 1 - (int)blockIdx.x / units;  // the last query tiles first
+  if (tile < 0) return;  // uniform: workgroups past the launch's tiles
+  const int unit = (int)blockIdx.x % units, kv_head = unit / chunks;
+  const int first_head = kv_head * group + (unit % chunks) * hpw;
+  const int head = first_head + warp % hpw;  // this warp's head and first token of the workgroup's
+  const int row0 = kRows * (warp / hpw);
+  const int t0 = tile * tokens;
+
+  for (int i = tid; i < tokens; i += threads) {
+    const int t = t0 + i;
+    sh.seq[i] = t < p.n_tokens ? p.token_seq[t] : 0;
+    sh.pos[i] = t < p.n_tokens ? p.positions[t] : -1;
+  }
+  // q staged as f16, scale * log2(e) folded in; row w * 16 + r is warp w's row r.
+  const float q_scale = p.scale * kLog2e;
+  for (int e = tid; e < kMaxTokens * (HD / 4); e += threads) {
+    const int R = e / (HD / 4), c = 4 * (e % (HD / 4));
+    const int w = R / kRows, t = t0 + kRows * (w / hpw) + R % kRows;
+    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (t < p.n_tokens)
+      v = *reinterpret_cast<const float4*>(p.q + ((unsigned long long)t * p.n_heads + first_head + w % hpw) * HD + c);
+    unsigned int* dst = reinterpret_cast<unsigned int*>(sh.q + R * kQStride + c);
+    dst[0] = pack_halves(v.x * q_scale, v.y * q_scale);
+    dst[1] = pack_halves(v.z * q_scale, v.w * q_scale);
+  }
+  __syncthreads();
+  const unsigned short* my_q = sh.q + warp * kRows * kQStride;
+  RfMmaA qa[kQInRegisters ? NT : 1];
+  if (kQInRegisters)
+#pragma unroll
+    for (int c = 0; c < NT; ++c) rf_mma_load_a(qa[c], my_q + 16 * c, kQStride);
+
+  int block_shift = 0;
+  while ((1 << block_shift) < p.block_size) ++block_shift;
+  const unsigned int row_bytes = (unsigned int)HD * 2;
+  Rows rows = {nullptr, (unsigned int)p.num_blocks, (unsigned int)(p.n_kv_heads * p.block_size) * row_bytes, row_bytes,
+               block_shift, p.block_size - 1, (unsigned long long)kv_head * p.block_size * row_bytes};
+
+  float o[NT][RF_MMA_ACC], m[RF_MMA_ACC], l[RF_MMA_ACC];
+#pragma unroll
+  for (int e = 0; e < RF_MMA_ACC; ++e) {
+    m[e] = -RF_INFINITY, l[e] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NT; ++c) o[c][e] = 0.0f;
+  }
+  unsigned short* my_p = sh.p[warp];
+
+  for (int rb = 0; rb < tokens;) {  // runs of one sequence (uniform: every thread reads the same shared values)
+    if (sh.pos[rb] < 0) {
+      ++rb;
+      continue;
+    }
+    const int seq = sh.seq[rb];
+    int re = rb, lo = 0x7fffffff, hi = -1;
+    for (; re < tokens && sh.pos[re] >= 0 && sh.seq[re] == seq; ++re) {
+      lo = lesser(lo, p.window > 0 ? greater(sh.pos[re] - p.window + 1, 0) : 0);
+      hi = greater(hi, sh.pos[re]);
+    }
+    // This warp's keys in the run, and each accumulator row's: [first, last], empty outside the run.
+    int warp_lo = 0x7fffffff, warp_hi = -1;
+    for (int r = row0; r < row0 + kRows; ++r)
+      if (r >= rb && r < re) {
+        warp_lo = lesser(warp_lo, p.window > 0 ? greater(sh.pos[r] - p.window + 1, 0) : 0);
+        warp_hi = greater(warp_hi, sh.pos[r]);
+      }
+    int row_first[RF_MMA_ACC], row_last[RF_MMA_ACC];
+#pragma unroll
+    for (int e = 0; e < RF_MMA_ACC; ++e) {
+      const int r = row0 + rf_mma_acc_row(lane, e);
+      const bool in_run = r >= rb && r < re;
+      row_last[e] = in_run ? sh.pos[r] : -1;
+      row_first[e] = in_run && p.window > 0 ? greater(sh.pos[r] - p.window + 1, 0) : 0;
+    }
+    rows.table = p.block_tables + (unsigned long long)seq * p.max_blocks;
+
+    for (int k0 = lo; k0 <= hi; k0 += kKeys) {
+      __syncthreads();  // every warp is done with the previous step's K, V and weights
+      for (int e = tid; e < kKeys * (HD / 8); e += threads) {  // K rows, 16 bytes at a time
+        const int key = e / (HD / 8), c = e % (HD / 8);
+        const uint4 v = *reinterpret_cast<const uint4*>(p.k_pool + Rows::at(rows, lesser(k0 + key, hi)) + 16 * c);
+        *reinterpret_cast<uint4*>(sh.k + key * kKStride + 8 * c) = v;
+      }
+      for (int e = tid; e < kKeys / 2 * (HD / 8); e += threads) {  // V rows in pairs of keys, transposed
+        const int pair = e / (HD / 8), c = e % (HD / 8);
+        const uint4 a = *reinterpret_cast<const uint4*>(p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair, hi)) + 16 * c);
+        const uint4 b = *reinterpret_cast<const uint4*>(p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair + 1, hi)) + 16 * c);
+        const unsigned int wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int d = 0; d < 8; ++d) {
+          const unsigned int ha = (wa[d / 2] >> (16 * (d % 2))) & 0xffffu, hb = (wb[d / 2] >> (16 * (d % 2))) & 0xffffu;
+          *reinterpret_cast<unsigned int*>(sh.vt + (8 * c + d) * kVStride + 2 * pair) = ha | hb << 16;
+        }
+      }
+      __syncthreads();
+      const bool active = k0 <= warp_hi && k0 + kKeys - 1 >= warp_lo;  // uniform across the warp
+      if (active) {
+        float s[kKeyTiles][RF_MMA_ACC];
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < RF_MMA_ACC; ++e) s[n][e] = 0.0f;
+#pragma unroll
+          for (int c = 0; c < NT; ++c) {
+            RfMmaA a;
+            if (kQInRegisters)
+              a = qa[kQInRegisters ? c : 0];
+            else
+              rf_mma_load_a(a, my_q + 16 * c, kQStride);
+            RfMmaB b;
+            rf_mma_load_b(b, sh.k + 16 * n * kKStride + 16 * c, kKStride);
+            rf_mma(s[n], a, b);
+          }
+        }
+        float mx[RF_MMA_ACC];
+#pragma unroll
+        for (int e = 0; e < RF_MMA_ACC; ++e) {
+          mx[e] = -RF_INFINITY;
+#pragma unroll
+          for (int n = 0; n < kKeyTiles; ++n) {
+            const int key = k0 + 16 * n + rf_mma_acc_col(lane, e);
+            if (key < row_first[e] || key > row_last[e]) s[n][e] = -RF_INFINITY;
+            mx[e] = fmaxf(mx[e], s[n][e]);
+          }
+        }
+        reduce_rows<true>(mx, lane);
+#pragma unroll
+        for (int e = 0; e < RF_MMA_ACC; ++e) {
+          const float m_new = fmaxf(m[e], mx[e]), ref = safe_reference(m_new);
+          const float correction = exp2f(m[e] - ref);
+          m[e] = m_new;
+          l[e] *= correction;
+#pragma unroll
+          for (int c = 0; c < NT; ++c) o[c][e] *= correction;
+#pragma unroll
+          for (int n = 0; n < kKeyTiles; ++n) {
+            const float w = exp2f(s[n][e] - ref);
+            l[e] += w;
+            my_p[rf_mma_acc_row(lane, e) * kPStride + 16 * n + rf_mma_acc_col(lane, e)] = rf_float_to_f16(w);
+          }
+        }
+      }
+      __syncthreads();  // the weights are in shared memory
+      if (active) {
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+          RfMmaA a;
+          rf_mma_load_a(a, my_p + 16 * n, kPStride);
+#pragma unroll
+          for (int c = 0; c < NT; ++c) {
+            RfMmaB b;
+            rf_mma_load_b(b, sh.vt + 16 * c * kVStride + 16 * n, kVStride);
+            rf_mma(o[c], a, b);
+          }
+        }
+      }
+    }
+    rb = re;
+  }
+
+  reduce_rows<false>(l, lane);
+#pragma unroll
+  for (int e = 0; e < RF_MMA_ACC; ++e) {
+    const int t = t0 + row0 + rf_mma_acc_row(lane, e);
+    if (t >= p.n_tokens) continue;
+    const float inv = l[e] > 0.0f ? 1.0f / l[e] : 0.0f;  // padding rows saw no key: zero
+    float* out_row = p.out + ((unsigned long long)t * p.n_heads + head) * HD;
+#pragma unroll
+    for (int c = 0; c < NT; ++c) out_row[16 * c + rf_mma_acc_col(lane, e)] = o[c][e] * inv;
+  }
+}
+
+__device__ __forceinline__ void prompt_attention(const Params& p, Shared& sh) {
+  rf_check_wave_size();
+  switch (p.head_dim / 16) {  // uniform: a kernel argument; the launcher allows multiples of 16 up to 128
+    case 1: attend<1>(p, sh); break;
+    case 2: attend<2>(p, sh); break;
+    case 3: attend<3>(p, sh); break;
+    case 4: attend<4>(p, sh); break;
+    case 5: attend<5>(p, sh); break;
+    case 6: attend<6>(p, sh); break;
+    case 7: attend<7>(p, sh); break;
+    case 8: attend<8>(p, sh); break;
+    default: break;
+  }
+}
+
+}  // namespace rf_prompt_attention
+}  // namespace
+
+// prompt_attention_f16(out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads, n_kv_heads,
+// head_dim, block_size, max_blocks, num_blocks, window, scale); blockDim 4 warps.
+extern "C" __global__ __launch_bounds__(4 * WARP_SIZE) void prompt_attention_f16(
+    float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,
+    const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,
+    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, int window,
+    float scale) {
+  rf_grid_dependency_sync();
+  __shared__ __attribute__((aligned(16))) rf_prompt_attention::Shared sh;
+  const rf_prompt_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),
+                                         static_cast<const unsigned char*>(v_pool), block_tables, token_seq, positions,
+                                         n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks,
+                                         window, scale};
+  rf_prompt_attention::prompt_attention(p, sh);
+}

@@ -1,0 +1,50 @@
+// Runs kernels/prompt_attention.hip under the host emulation (emulation.h), with hip_compat.h's matrix-core path
+// chosen on the command line (-DRF_MMA_KIND=..., -DWARP_SIZE=...), so that the NVIDIA, CDNA, RDNA3 and RDNA4
+// fragment layouts and the FMA path all run against the emulated instructions:
+//   harness_prompt_attention <entry> <grid> <block> <n_tokens> <n_heads> <n_kv_heads> <head_dim> <block_size>
+//                            <max_blocks> <num_blocks> <window> <scale> <q> <k_pool> <v_pool> <block_tables>
+//                            <token_seq> <positions> <out>
+// out starts as NaN, so a row the kernel leaves unwritten shows.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "prompt_attention.hip"
+
+static std::vector<char> read_file(const char* path) {
+  std::vector<char> data;
+  FILE* f = std::fopen(path, "rb");
+  if (!f) std::exit(3);
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
+  std::fclose(f);
+  return data;
+}
+
+static void write_file(const char* path, const void* data, size_t bytes) {
+  FILE* f = std::fopen(path, "wb");
+  if (!f || (bytes && std::fwrite(data, 1, bytes, f) != bytes)) std::exit(4);
+  std::fclose(f);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 20) return 2;
+  if (std::string(argv[1]) != "prompt_attention_f16") return 2;
+  const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
+  int n[8];
+  for (int i = 0; i < 8; ++i) n[i] = std::atoi(argv[4 + i]);
+  const float scale = std::strtof(argv[12], nullptr);
+  std::vector<char> q = read_file(argv[13]), k_pool = read_file(argv[14]), v_pool = read_file(argv[15]);
+  std::vector<char> tables = read_file(argv[16]), token_seq = read_file(argv[17]), positions = read_file(argv[18]);
+  std::vector<float> out((size_t)n[0] * n[1] * n[3], std::nanf(""));
+  emu_launch(grid, block, [&] {
+    prompt_attention_f16(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
+                         (const int*)token_seq.data(), (const int*)positions.data(), n[0], n[1], n[2], n[3], n[4], n[5],
+                         n[6], n[7], scale);
+  });
+  write_file(argv[19], out.data(), out.size() * 4);
+  return 0;
+}

@@ -1,0 +1,86 @@
+"""kernels/prompt_attention.hip on every matrix-core path of hip_compat.h, run on the CPU: the NVIDIA mma.sync
+fragments at 32 lanes, CDNA's MFMA at 64, RDNA3's and RDNA4's WMMA at 32 and the FMA path at both widths, each
+against tests/kernel_emulation/emulation.h's emulation of its instruction, against paged_attention's numpy
+reference within PagedSample.matrix_core_tolerance. The steps mix what the forward pass gives the kernel: a
+prompt chunk after cached tokens, a prompt from the start, decode tokens and padding in one launch (so that
+a workgroup's tokens span sequences), groups of 1 to 8 query heads, head sizes of 1 to 8 matrix tiles,
+sliding windows. Planted faults (a row reduced over too few lanes, a token that does not see itself, runs
+that ignore the sequence) prove the comparison catches what such a kernel gets wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.ops import prompt_attention
+from support.emulated_kernels import ARCH_FOR_WARP, MMA_KINDS, build_mma_harnesses, run_mma, write_inputs
+from support.forward_pass_samples import make_sample, windowed
+
+OP = "prompt_attention"
+
+# (n_heads, n_kv_heads, head_dim, block_size, sequences as (context, query tokens), padding tokens, window)
+CASES = [
+    (8, 2, 128, 16, [(45, 40), (20, 20), (70, 1)], 3, 0),  # Llama 3's group of 4 and head of 128; mixed runs
+    (2, 2, 32, 8, [(90, 70)], 0, 0),  # no grouping: one head per workgroup, 64 tokens
+    (6, 3, 64, 16, [(50, 33), (9, 9)], 2, 20),  # groups of 2; a sliding window shorter than the prompt
+    (8, 1, 48, 4, [(37, 37)], 0, 0),  # a group of 8: two chunks of 4 heads; 3 matrix tiles of head_dim
+    (3, 1, 16, 16, [(18, 18)], 0, 0),  # a group of 3: one head per warp and workgroup; one tile of head_dim
+]
+
+
+@pytest.fixture(scope="module")
+def harnesses(tmp_path_factory):
+    return build_mma_harnesses(tmp_path_factory.mktemp("kernel_emulation_prompt_attention"), op=OP)
+
+
+def run_kernel(harness, warp: int, sample, tmp_path) -> np.ndarray:
+    """The kernel's output for `sample` with the launcher's geometry (NaN where it wrote nothing)."""
+    s = sample
+    grid, block = prompt_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads)
+    paths = write_inputs(tmp_path, q=s.q, k_pool=s.k_pool, v_pool=s.v_pool, tables=s.block_tables,
+                         token_seq=s.token_seq, positions=s.positions)
+    run_mma(harness, prompt_attention.KERNEL, grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
+            s.block_size, s.max_blocks, s.num_blocks, s.window, s.scale, *paths, tmp_path / "out")
+    return np.fromfile(tmp_path / "out", np.float32).reshape(s.q.shape)
+
+
+def worst_excess(harness, warp, sample, tmp_path) -> float:
+    """max |got - want| / tolerance (<= 1 passes; an unwritten or NaN output counts as infinitely far)."""
+    got = run_kernel(harness, warp, sample, tmp_path)
+    want, tol = sample.reference(), sample.matrix_core_tolerance()
+    return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / tol, np.inf)))
+
+
+def case_sample(rng, case):
+    n_heads, n_kv_heads, head_dim, block_size, seqs, padding, window = case
+    sample = make_sample(rng, "f16", n_heads, n_kv_heads, head_dim, block_size, seqs, padding=padding, q_scale=2.0)
+    return windowed(sample, window) if window else sample
+
+
+@pytest.mark.parametrize("kind", list(MMA_KINDS))
+def test_prompt_attention_matches_the_reference(harnesses, kind, tmp_path):
+    warp = MMA_KINDS[kind][1]
+    rng = np.random.default_rng([31, MMA_KINDS[kind][0], warp])
+    for case in CASES:
+        sample = case_sample(rng, case)
+        got = run_kernel(harnesses[kind], warp, sample, tmp_path)
+        want, tol = sample.reference(), sample.matrix_core_tolerance()
+        excess = np.where(np.isfinite(got), np.abs(got - want) / tol, np.inf)
+        assert excess.max() <= 1, f"{kind} {case[:3]}: worst {excess.max():.2f} x tolerance, {int((excess > 1).sum())} off"
+        assert not got[sample.positions < 0].any(), f"{kind}: padding tokens give zero rows"
+
+
+@pytest.mark.parametrize("fault,old,new,kinds", [
+    ("a row reduced over half its lanes", "constexpr int kRowLanes = 4;", "constexpr int kRowLanes = 2;", ("nvidia_mma",)),
+    ("a row reduced over half its lanes", "constexpr int kRowLanes = 16;", "constexpr int kRowLanes = 8;",
+     ("cdna_mfma", "rdna3_wmma", "rdna4_wmma")),
+    ("a token that does not see itself", "key > row_last[e]", "key >= row_last[e]", ("nvidia_mma", "cdna_mfma")),
+    ("runs that ignore the sequence", "sh.pos[re] >= 0 && sh.seq[re] == seq", "sh.pos[re] >= 0", ("rdna4_wmma",)),
+])
+def test_planted_faults_are_caught(fault, old, new, kinds, tmp_path):
+    built = build_mma_harnesses(tmp_path, kinds, kernel_edit=lambda text: text.replace(old, new), op=OP)
+    rng = np.random.default_rng(32)
+    sample = case_sample(rng, CASES[0])
+    for kind in kinds:
+        assert worst_excess(built[kind], MMA_KINDS[kind][1], sample, tmp_path) > 1, f"{fault} not caught on {kind}"
