@@ -24,9 +24,10 @@
 //   writes the weights as f16 to shared memory and adds weights . V to its accumulators.
 // - Rows outside the run keep everything they hold: their scores are all masked, so their factor is 1 and
 //   their weights 0.
-// - A row's accumulators are spread over lanes as the matrix instruction leaves them (rf_mma_acc_row/col): its
-//   max and sum are reduced over the accumulators of the same row in a lane, then over the lanes holding that
-//   row (kRowLanes).
+// - A row's accumulators are spread over lanes as the matrix instruction leaves them (rf_mma_acc_row/col): a lane
+//   keeps its rows' max and sum once each (kLaneRows), reduced over the lanes holding the row (kRowLanes).
+// - On NVIDIA and CDNA the next step's K and V rows are loaded into registers while the current step's products
+//   run (q's fragments are read from shared memory at each step instead of held, to leave the registers for them).
 // Precision: q and the weights are rounded to f16 (|scale * q| must stay below 65504; the weights are in [0, 1]);
 // K and V are the f16 pool's own values; products exact, sums in f32 (hipcore/ops/prompt_attention.py bounds it).
 // Requirements the launcher checks: head_dim a multiple of 16 up to 128; block_size a power of two; n_heads a
@@ -49,20 +50,20 @@ constexpr int kPStride = kKeys + 8;              // halves per row of a warp's w
 constexpr int kMaxTokens = kWarps * kRows;       // a workgroup's tokens (one head per warp)
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The lanes that hold one row of an accumulator tile: lanes 4g .. 4g + 3 on NVIDIA (row g and g + 8); on the
-// AMD kinds and the FMA path the 16 lanes of one l / 16.
+// The rows of an accumulator tile a lane holds, and the lanes that hold one row. NVIDIA: lane 4g + t holds rows
+// g (accumulators 0, 1, 4, 5) and g + 8 (2, 3, 6, 7), with lanes 4g .. 4g + 3. The AMD kinds and the FMA path:
+// accumulator i is a row of its own, held by the 16 lanes of one l / 16. A row's max, sum and visible keys are
+// kept once per lane (kLaneRows), not once per accumulator.
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
 constexpr int kRowLanes = 4;
+constexpr int kLaneRows = 2;
+static __device__ __forceinline__ int lane_row_of(int acc) { return (acc >> 1) & 1; }
+static __device__ __forceinline__ int acc_of_lane_row(int r) { return 2 * r; }
 #else
 constexpr int kRowLanes = 16;
-#endif
-// Whether a warp keeps its q fragments in registers for the whole walk (NVIDIA: 4 registers a fragment; CDNA:
-// 2) or loads them from shared memory at every step: RDNA's WMMA fragments hold 8 or 4 registers each, and
-// with the output accumulators they spilled; the FMA path's fragments are pointers into shared memory anyway.
-#if RF_MMA_KIND == RF_MMA_NV_M16N8K16 || RF_MMA_KIND == RF_MMA_CDNA_MFMA
-constexpr bool kQInRegisters = true;
-#else
-constexpr bool kQInRegisters = false;
+constexpr int kLaneRows = RF_MMA_ACC;
+static __device__ __forceinline__ int lane_row_of(int acc) { return acc; }
+static __device__ __forceinline__ int acc_of_lane_row(int r) { return r; }
 #endif
 
 struct Params {
@@ -111,27 +112,109 @@ struct Rows {
   }
 };
 
-// Combine the accumulators of one row held by this lane (the same rf_mma_acc_row), then the lanes holding it.
+// A lane's values of its rows combined over the lanes that hold each row (max or sum).
 template <bool kMax>
-static __device__ __forceinline__ void reduce_rows(float (&v)[RF_MMA_ACC], int lane) {
-  float r[RF_MMA_ACC];
-#pragma unroll
-  for (int e = 0; e < RF_MMA_ACC; ++e) {
-    r[e] = v[e];
-#pragma unroll
-    for (int f = 0; f < RF_MMA_ACC; ++f)  // the comparison folds to a constant for every kind's layout
-      if (f != e && rf_mma_acc_row(lane, f) == rf_mma_acc_row(lane, e)) r[e] = kMax ? fmaxf(r[e], v[f]) : r[e] + v[f];
-  }
+static __device__ __forceinline__ void reduce_rows(float (&v)[kLaneRows]) {
 #pragma unroll
   for (int o = 1; o < kRowLanes; o <<= 1)
 #pragma unroll
-    for (int e = 0; e < RF_MMA_ACC; ++e) {
-      const float other = __shfl_xor(r[e], o);
-      r[e] = kMax ? fmaxf(r[e], other) : r[e] + other;
+    for (int r = 0; r < kLaneRows; ++r) {
+      const float other = __shfl_xor(v[r], o);
+      v[r] = kMax ? fmaxf(v[r], other) : v[r] + other;
+    }
+}
+
+constexpr int kThreads = kWarps * WARP_SIZE;
+// Whether the next step's K and V rows are loaded while this step's products run (NVIDIA, CDNA), or in their own
+// step, each piece stored as it arrives (RDNA, whose larger WMMA fragments leave no registers for them: they
+// spilled; the FMA path).
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16 || RF_MMA_KIND == RF_MMA_CDNA_MFMA
+constexpr bool kPrefetch = true;
+#else
+constexpr bool kPrefetch = false;
+#endif
+
+// One step's K and V rows (keys k0 .. k0 + kKeys - 1, those past `hi` reading key hi), loaded into registers by
+// `issue` and written to shared memory by `store`: K row by row, 16 bytes a load; V in pairs of keys, transposed
+// (element d of keys 2i and 2i + 1 as one word of row d).
+template <int HD>
+struct Fetch {
+  static constexpr int kChunks = HD / 8;                                     // 16-byte pieces of a row
+  static constexpr int kKLoads = (kKeys * kChunks + kThreads - 1) / kThreads;  // per thread
+  static constexpr int kVLoads = (kKeys / 2 * kChunks + kThreads - 1) / kThreads;
+  uint4 k[kKLoads], va[kVLoads], vb[kVLoads];
+
+  // Member by member, as matmul.hip loads its prefetched x: a whole-struct copy into an array element put the
+  // arrays in private memory on AMD (scratch on RDNA, LDS on CDNA).
+  static __device__ __forceinline__ void copy(uint4& to, const unsigned char* from) {
+    const uint4 v = *reinterpret_cast<const uint4*>(from);
+    to.x = v.x, to.y = v.y, to.z = v.z, to.w = v.w;
+  }
+
+  __device__ __forceinline__ void issue(const Params& p, const Rows& rows, int k0, int hi, int tid) {
+#pragma unroll
+    for (int i = 0; i < kKLoads; ++i) {
+      const int e = tid + kThreads * i;
+      if (e < kKeys * kChunks) {
+        const int key = e / kChunks, c = e % kChunks;
+        copy(k[i], p.k_pool + Rows::at(rows, lesser(k0 + key, hi)) + 16 * c);
+      }
     }
 #pragma unroll
-  for (int e = 0; e < RF_MMA_ACC; ++e) v[e] = r[e];
-}
+    for (int i = 0; i < kVLoads; ++i) {
+      const int e = tid + kThreads * i;
+      if (e < kKeys / 2 * kChunks) {
+        const int pair = e / kChunks, c = e % kChunks;
+        copy(va[i], p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair, hi)) + 16 * c);
+        copy(vb[i], p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair + 1, hi)) + 16 * c);
+      }
+    }
+  }
+
+  // Both at once, a row piece at a time, with nothing held between (the kinds without prefetch).
+  static __device__ __forceinline__ void load_and_store(const Params& p, const Rows& rows, int k0, int hi, int tid,
+                                                        Shared& sh) {
+    for (int e = tid; e < kKeys * kChunks; e += kThreads) {
+      const int key = e / kChunks, c = e % kChunks;
+      const uint4 v = *reinterpret_cast<const uint4*>(p.k_pool + Rows::at(rows, lesser(k0 + key, hi)) + 16 * c);
+      *reinterpret_cast<uint4*>(sh.k + key * kKStride + 8 * c) = v;
+    }
+    for (int e = tid; e < kKeys / 2 * kChunks; e += kThreads) {
+      const int pair = e / kChunks, c = e % kChunks;
+      const uint4 a = *reinterpret_cast<const uint4*>(p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair, hi)) + 16 * c);
+      const uint4 b = *reinterpret_cast<const uint4*>(p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair + 1, hi)) + 16 * c);
+      transpose_pair(sh, pair, c, a, b);
+    }
+  }
+
+  // Element d of the 8 of piece c of keys 2 pair and 2 pair + 1 (a and b) as one word of V^T's row 8 c + d.
+  static __device__ __forceinline__ void transpose_pair(Shared& sh, int pair, int c, const uint4& a, const uint4& b) {
+    const unsigned int wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int d = 0; d < 8; ++d) {
+      const unsigned int ha = (wa[d / 2] >> (16 * (d % 2))) & 0xffffu, hb = (wb[d / 2] >> (16 * (d % 2))) & 0xffffu;
+      *reinterpret_cast<unsigned int*>(sh.vt + (8 * c + d) * kVStride + 2 * pair) = ha | hb << 16;
+    }
+  }
+
+  __device__ __forceinline__ void store(Shared& sh, int tid) const {
+#pragma unroll
+    for (int i = 0; i < kKLoads; ++i) {
+      const int e = tid + kThreads * i;
+      if (e < kKeys * kChunks) {
+        const int key = e / kChunks, c = e % kChunks;
+        *reinterpret_cast<uint4*>(sh.k + key * kKStride + 8 * c) = k[i];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kVLoads; ++i) {
+      const int e = tid + kThreads * i;
+      if (e < kKeys / 2 * kChunks) {
+        transpose_pair(sh, e / kChunks, e % kChunks, va[i], vb[i]);
+      }
+    }
+  }
+};
 
 template <int NT>  // head_dim / 16 matrix tiles of columns
 __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
@@ -170,11 +253,9 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
     dst[1] = pack_halves(v.z * q_scale, v.w * q_scale);
   }
   __syncthreads();
+  // q's fragments are loaded from shared memory at every step rather than kept: the registers go to the next
+  // step's K and V rows in flight, which hide the loads' latency (block table, then rows) behind the products.
   const unsigned short* my_q = sh.q + warp * kRows * kQStride;
-  RfMmaA qa[kQInRegisters ? NT : 1];
-  if (kQInRegisters)
-#pragma unroll
-    for (int c = 0; c < NT; ++c) rf_mma_load_a(qa[c], my_q + 16 * c, kQStride);
 
   int block_shift = 0;
   while ((1 << block_shift) < p.block_size) ++block_shift;
@@ -182,13 +263,13 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
   Rows rows = {nullptr, (unsigned int)p.num_blocks, (unsigned int)(p.n_kv_heads * p.block_size) * row_bytes, row_bytes,
                block_shift, p.block_size - 1, (unsigned long long)kv_head * p.block_size * row_bytes};
 
-  float o[NT][RF_MMA_ACC], m[RF_MMA_ACC], l[RF_MMA_ACC];
+  float o[NT][RF_MMA_ACC], m[kLaneRows], l[kLaneRows];  // l: this lane's part of its rows' sums until the end
 #pragma unroll
-  for (int e = 0; e < RF_MMA_ACC; ++e) {
-    m[e] = -RF_INFINITY, l[e] = 0.0f;
+  for (int r = 0; r < kLaneRows; ++r) m[r] = -RF_INFINITY, l[r] = 0.0f;
 #pragma unroll
-    for (int c = 0; c < NT; ++c) o[c][e] = 0.0f;
-  }
+  for (int c = 0; c < NT; ++c)
+#pragma unroll
+    for (int e = 0; e < RF_MMA_ACC; ++e) o[c][e] = 0.0f;
   unsigned short* my_p = sh.p[warp];
 
   for (int rb = 0; rb < tokens;) {  // runs of one sequence (uniform: every thread reads the same shared values)
@@ -202,85 +283,84 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
       lo = lesser(lo, p.window > 0 ? greater(sh.pos[re] - p.window + 1, 0) : 0);
       hi = greater(hi, sh.pos[re]);
     }
-    // This warp's keys in the run, and each accumulator row's: [first, last], empty outside the run.
+    // This warp's keys in the run, and the last key of each of its lane's rows (-1: outside the run).
     int warp_lo = 0x7fffffff, warp_hi = -1;
     for (int r = row0; r < row0 + kRows; ++r)
       if (r >= rb && r < re) {
         warp_lo = lesser(warp_lo, p.window > 0 ? greater(sh.pos[r] - p.window + 1, 0) : 0);
         warp_hi = greater(warp_hi, sh.pos[r]);
       }
-    int row_first[RF_MMA_ACC], row_last[RF_MMA_ACC];
+    // A row sees keys row_last - window_keys .. row_last (window_keys: window - 1, or all before it).
+    const int window_keys = p.window > 0 ? p.window - 1 : 0x7fffffff;
+    int row_last[kLaneRows];
 #pragma unroll
-    for (int e = 0; e < RF_MMA_ACC; ++e) {
-      const int r = row0 + rf_mma_acc_row(lane, e);
-      const bool in_run = r >= rb && r < re;
-      row_last[e] = in_run ? sh.pos[r] : -1;
-      row_first[e] = in_run && p.window > 0 ? greater(sh.pos[r] - p.window + 1, 0) : 0;
+    for (int lr = 0; lr < kLaneRows; ++lr) {
+      const int r = row0 + rf_mma_acc_row(lane, acc_of_lane_row(lr));
+      row_last[lr] = r >= rb && r < re ? sh.pos[r] : -1;
     }
     rows.table = p.block_tables + (unsigned long long)seq * p.max_blocks;
 
+    Fetch<HD> next;
+    if (kPrefetch) next.issue(p, rows, lo, hi, tid);
     for (int k0 = lo; k0 <= hi; k0 += kKeys) {
       __syncthreads();  // every warp is done with the previous step's K, V and weights
-      for (int e = tid; e < kKeys * (HD / 8); e += threads) {  // K rows, 16 bytes at a time
-        const int key = e / (HD / 8), c = e % (HD / 8);
-        const uint4 v = *reinterpret_cast<const uint4*>(p.k_pool + Rows::at(rows, lesser(k0 + key, hi)) + 16 * c);
-        *reinterpret_cast<uint4*>(sh.k + key * kKStride + 8 * c) = v;
-      }
-      for (int e = tid; e < kKeys / 2 * (HD / 8); e += threads) {  // V rows in pairs of keys, transposed
-        const int pair = e / (HD / 8), c = e % (HD / 8);
-        const uint4 a = *reinterpret_cast<const uint4*>(p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair, hi)) + 16 * c);
-        const uint4 b = *reinterpret_cast<const uint4*>(p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair + 1, hi)) + 16 * c);
-        const unsigned int wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int d = 0; d < 8; ++d) {
-          const unsigned int ha = (wa[d / 2] >> (16 * (d % 2))) & 0xffffu, hb = (wb[d / 2] >> (16 * (d % 2))) & 0xffffu;
-          *reinterpret_cast<unsigned int*>(sh.vt + (8 * c + d) * kVStride + 2 * pair) = ha | hb << 16;
-        }
-      }
+      if (kPrefetch)
+        next.store(sh, tid);
+      else
+        Fetch<HD>::load_and_store(p, rows, k0, hi, tid, sh);
       __syncthreads();
+      if (kPrefetch && k0 + kKeys <= hi) next.issue(p, rows, k0 + kKeys, hi, tid);  // in flight during the products
       const bool active = k0 <= warp_hi && k0 + kKeys - 1 >= warp_lo;  // uniform across the warp
       if (active) {
         float s[kKeyTiles][RF_MMA_ACC];
 #pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) {
+        for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
           for (int e = 0; e < RF_MMA_ACC; ++e) s[n][e] = 0.0f;
 #pragma unroll
-          for (int c = 0; c < NT; ++c) {
-            RfMmaA a;
-            if (kQInRegisters)
-              a = qa[kQInRegisters ? c : 0];
-            else
-              rf_mma_load_a(a, my_q + 16 * c, kQStride);
+        for (int c = 0; c < NT; ++c) {  // each q fragment loaded once, for every key tile
+          RfMmaA a;
+          rf_mma_load_a(a, my_q + 16 * c, kQStride);
+#pragma unroll
+          for (int n = 0; n < kKeyTiles; ++n) {
             RfMmaB b;
             rf_mma_load_b(b, sh.k + 16 * n * kKStride + 16 * c, kKStride);
             rf_mma(s[n], a, b);
           }
         }
-        float mx[RF_MMA_ACC];
+        float mx[kLaneRows];
+#pragma unroll
+        for (int r = 0; r < kLaneRows; ++r) mx[r] = -RF_INFINITY;
 #pragma unroll
         for (int e = 0; e < RF_MMA_ACC; ++e) {
-          mx[e] = -RF_INFINITY;
+          const int r = lane_row_of(e);
 #pragma unroll
           for (int n = 0; n < kKeyTiles; ++n) {
             const int key = k0 + 16 * n + rf_mma_acc_col(lane, e);
-            if (key < row_first[e] || key > row_last[e]) s[n][e] = -RF_INFINITY;
-            mx[e] = fmaxf(mx[e], s[n][e]);
+            if (key > row_last[r] || row_last[r] - key > window_keys) s[n][e] = -RF_INFINITY;
+            mx[r] = fmaxf(mx[r], s[n][e]);
           }
         }
-        reduce_rows<true>(mx, lane);
+        reduce_rows<true>(mx);
+        float ref[kLaneRows];
+#pragma unroll
+        for (int r = 0; r < kLaneRows; ++r) {
+          const float m_new = fmaxf(m[r], mx[r]);
+          ref[r] = safe_reference(m_new);
+          const float correction = exp2f(m[r] - ref[r]);
+          m[r] = m_new;
+          l[r] *= correction;
+          mx[r] = correction;
+        }
 #pragma unroll
         for (int e = 0; e < RF_MMA_ACC; ++e) {
-          const float m_new = fmaxf(m[e], mx[e]), ref = safe_reference(m_new);
-          const float correction = exp2f(m[e] - ref);
-          m[e] = m_new;
-          l[e] *= correction;
+          const int r = lane_row_of(e);
 #pragma unroll
-          for (int c = 0; c < NT; ++c) o[c][e] *= correction;
+          for (int c = 0; c < NT; ++c) o[c][e] *= mx[r];
 #pragma unroll
           for (int n = 0; n < kKeyTiles; ++n) {
-            const float w = exp2f(s[n][e] - ref);
-            l[e] += w;
+            const float w = exp2f(s[n][e] - ref[r]);
+            l[r] += w;
             my_p[rf_mma_acc_row(lane, e) * kPStride + 16 * n + rf_mma_acc_col(lane, e)] = rf_float_to_f16(w);
           }
         }
@@ -303,48 +383,47 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
     rb = re;
   }
 
-  reduce_rows<false>(l, lane);
+  reduce_rows<false>(l);
 #pragma unroll
   for (int e = 0; e < RF_MMA_ACC; ++e) {
     const int t = t0 + row0 + rf_mma_acc_row(lane, e);
     if (t >= p.n_tokens) continue;
-    const float inv = l[e] > 0.0f ? 1.0f / l[e] : 0.0f;  // padding rows saw no key: zero
+    const float sum = l[lane_row_of(e)];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // padding rows saw no key: zero
     float* out_row = p.out + ((unsigned long long)t * p.n_heads + head) * HD;
 #pragma unroll
     for (int c = 0; c < NT; ++c) out_row[16 * c + rf_mma_acc_col(lane, e)] = o[c][e] * inv;
   }
 }
 
-__device__ __forceinline__ void prompt_attention(const Params& p, Shared& sh) {
-  rf_check_wave_size();
-  switch (p.head_dim / 16) {  // uniform: a kernel argument; the launcher allows multiples of 16 up to 128
-    case 1: attend<1>(p, sh); break;
-    case 2: attend<2>(p, sh); break;
-    case 3: attend<3>(p, sh); break;
-    case 4: attend<4>(p, sh); break;
-    case 5: attend<5>(p, sh); break;
-    case 6: attend<6>(p, sh); break;
-    case 7: attend<7>(p, sh); break;
-    case 8: attend<8>(p, sh); break;
-    default: break;
-  }
-}
-
 }  // namespace rf_prompt_attention
 }  // namespace
 
-// prompt_attention_f16(out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads, n_kv_heads,
-// head_dim, block_size, max_blocks, num_blocks, window, scale); blockDim 4 warps.
-extern "C" __global__ __launch_bounds__(4 * WARP_SIZE) void prompt_attention_f16(
-    float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,
-    const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,
-    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, int window,
-    float scale) {
-  rf_grid_dependency_sync();
-  __shared__ __attribute__((aligned(16))) rf_prompt_attention::Shared sh;
-  const rf_prompt_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),
-                                         static_cast<const unsigned char*>(v_pool), block_tables, token_seq, positions,
-                                         n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks,
-                                         window, scale};
-  rf_prompt_attention::prompt_attention(p, sh);
-}
+// prompt_attention_f16_d<head_dim>(out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads,
+// n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window, scale); blockDim 4 warps. One entry per head
+// size (multiples of 16 up to 128): each gets the registers of its own accumulators (one kernel that switched
+// over them all took the largest's and spilled on sm_90).
+#define RF_PROMPT_ATTENTION_ENTRY(HD)                                                                             \
+  extern "C" __global__ __launch_bounds__(4 * WARP_SIZE) void prompt_attention_f16_d##HD(                         \
+      float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,               \
+      const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions, \
+      int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks,     \
+      int window, float scale) {                                                                                   \
+    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/prompt_attention.py) */                      \
+    __shared__ __attribute__((aligned(16))) rf_prompt_attention::Shared sh;                                       \
+    const rf_prompt_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                     \
+                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,     \
+                                           positions, n_tokens, n_heads, n_kv_heads, head_dim, block_size,         \
+                                           max_blocks, num_blocks, window, scale};                                 \
+    rf_check_wave_size();                                                                                          \
+    if (head_dim == HD) rf_prompt_attention::attend<HD / 16>(p, sh); /* the launcher picks the entry by it */     \
+  }
+
+RF_PROMPT_ATTENTION_ENTRY(16)
+RF_PROMPT_ATTENTION_ENTRY(32)
+RF_PROMPT_ATTENTION_ENTRY(48)
+RF_PROMPT_ATTENTION_ENTRY(64)
+RF_PROMPT_ATTENTION_ENTRY(80)
+RF_PROMPT_ATTENTION_ENTRY(96)
+RF_PROMPT_ATTENTION_ENTRY(112)
+RF_PROMPT_ATTENTION_ENTRY(128)

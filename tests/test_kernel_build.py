@@ -44,7 +44,7 @@ EXPECTED_KERNELS = {
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
     "paged_attention": [f"paged_attention_{kv}{cap}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")],
-    "prompt_attention": ["prompt_attention_f16"],
+    "prompt_attention": [prompt_attention.kernel_name(d) for d in prompt_attention.HEAD_DIMS],
     "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
     "rmsnorm": ["rmsnorm_f32"],
     "rope": ["rope_f32", "rope_neox_f32"],
@@ -382,15 +382,15 @@ def test_prompt_attention_keeps_its_fragments_and_outputs_in_registers(built):
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
     for target in all_targets():
-        usage = manifest["objects"][target]["prompt_attention"]["kernels"]["prompt_attention_f16"]
-        off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
-                                                     "spill_store_bytes", "stack_bytes"))
         if target == "gfx1030":
             assert not prompt_attention.takes(target, 512, "f16", 128)
             continue
-        assert off_chip == 0, f"{target} prompt_attention_f16: {usage}"
-        # q of 64 rows and K of 32 keys (136 halves a row), V^T (128 x 40), 4 warps' weights (16 x 40), tokens
-        assert usage["shared_bytes"] == (64 * 136 + 32 * 136 + 128 * 40 + 4 * 16 * 40) * 2 + 2 * 64 * 4, usage
+        for name, usage in manifest["objects"][target]["prompt_attention"]["kernels"].items():
+            off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
+                                                         "spill_store_bytes", "stack_bytes"))
+            assert off_chip == 0, f"{target} {name}: {usage}"
+            # q of 64 rows and K of 32 keys (136 halves a row), V^T (128 x 40), 4 warps' weights (16 x 40), tokens
+            assert usage["shared_bytes"] == (64 * 136 + 32 * 136 + 128 * 40 + 4 * 16 * 40) * 2 + 2 * 64 * 4, usage
 
 
 def test_matrix_product_kernels_keep_everything_in_registers(built):

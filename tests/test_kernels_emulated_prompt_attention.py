@@ -5,7 +5,7 @@ reference within PagedSample.matrix_core_tolerance. The steps mix what the forwa
 prompt chunk after cached tokens, a prompt from the start, decode tokens and padding in one launch (so that
 a workgroup's tokens span sequences), groups of 1 to 8 query heads, head sizes of 1 to 8 matrix tiles,
 sliding windows. Planted faults (a row reduced over too few lanes, a token that does not see itself, runs
-that ignore the sequence) prove the comparison catches what such a kernel gets wrong.
+that ignore the sequence, a window one key short) prove the comparison catches what such a kernel gets wrong.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def run_kernel(harness, warp: int, sample, tmp_path) -> np.ndarray:
     grid, block = prompt_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads)
     paths = write_inputs(tmp_path, q=s.q, k_pool=s.k_pool, v_pool=s.v_pool, tables=s.block_tables,
                          token_seq=s.token_seq, positions=s.positions)
-    run_mma(harness, prompt_attention.KERNEL, grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
+    run_mma(harness, prompt_attention.kernel_name(s.head_dim), grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
             s.block_size, s.max_blocks, s.num_blocks, s.window, s.scale, *paths, tmp_path / "out")
     return np.fromfile(tmp_path / "out", np.float32).reshape(s.q.shape)
 
@@ -71,16 +71,17 @@ def test_prompt_attention_matches_the_reference(harnesses, kind, tmp_path):
         assert not got[sample.positions < 0].any(), f"{kind}: padding tokens give zero rows"
 
 
-@pytest.mark.parametrize("fault,old,new,kinds", [
-    ("a row reduced over half its lanes", "constexpr int kRowLanes = 4;", "constexpr int kRowLanes = 2;", ("nvidia_mma",)),
+@pytest.mark.parametrize("fault,old,new,kinds,case", [
+    ("a row reduced over half its lanes", "constexpr int kRowLanes = 4;", "constexpr int kRowLanes = 2;", ("nvidia_mma",), 0),
     ("a row reduced over half its lanes", "constexpr int kRowLanes = 16;", "constexpr int kRowLanes = 8;",
-     ("cdna_mfma", "rdna3_wmma", "rdna4_wmma")),
-    ("a token that does not see itself", "key > row_last[e]", "key >= row_last[e]", ("nvidia_mma", "cdna_mfma")),
-    ("runs that ignore the sequence", "sh.pos[re] >= 0 && sh.seq[re] == seq", "sh.pos[re] >= 0", ("rdna4_wmma",)),
+     ("cdna_mfma", "rdna3_wmma", "rdna4_wmma"), 0),
+    ("a token that does not see itself", "key > row_last[r]", "key >= row_last[r]", ("nvidia_mma", "cdna_mfma"), 0),
+    ("runs that ignore the sequence", "sh.pos[re] >= 0 && sh.seq[re] == seq", "sh.pos[re] >= 0", ("rdna4_wmma",), 0),
+    ("a window one key short", "row_last[r] - key > window_keys", "row_last[r] - key >= window_keys", ("nvidia_mma",), 2),
 ])
-def test_planted_faults_are_caught(fault, old, new, kinds, tmp_path):
+def test_planted_faults_are_caught(fault, old, new, kinds, case, tmp_path):
     built = build_mma_harnesses(tmp_path, kinds, kernel_edit=lambda text: text.replace(old, new), op=OP)
     rng = np.random.default_rng(32)
-    sample = case_sample(rng, CASES[0])
+    sample = case_sample(rng, CASES[case])
     for kind in kinds:
         assert worst_excess(built[kind], MMA_KINDS[kind][1], sample, tmp_path) > 1, f"{fault} not caught on {kind}"

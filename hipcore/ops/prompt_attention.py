@@ -6,7 +6,8 @@ of one KV head, loads each K and V row once for all of them, and runs both produ
 weights . V) as f16 matrix instructions (kernels/prompt_attention.hip). paged_attention serves one token per
 workgroup on the FMA units: at a 512-token prompt of an 8B model it took 229 us a layer on an NVIDIA H100.
 
-Kernel `prompt_attention_f16` (kernels/prompt_attention.hip), signature
+Kernels `prompt_attention_f16_d<head_dim>` (kernels/prompt_attention.hip; one per head size, each with the
+registers of its own accumulators), signature
     (out p, q p, k_pool p, v_pool p, block_tables p, token_seq p, positions p,
      n_tokens i, n_heads i, n_kv_heads i, head_dim i, block_size i, max_blocks i, num_blocks i, window i, scale f)
 with paged_attention's layouts. The forward pass takes it (`takes`) for steps that are not decode steps, of at
@@ -31,7 +32,6 @@ from hipcore.runtime.device import Device, Stream
 from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "prompt_attention"
-KERNEL = "prompt_attention_f16"
 SIGNATURE = "ppppppp iiiiiiii f"
 WARPS = 4  # per workgroup: the kernel's launch bounds
 ROWS = 16  # query tokens per warp: one matrix tile
@@ -41,6 +41,13 @@ MIN_TOKENS = 32  # fewer query tokens: paged_attention (a workgroup's 16-64 toke
 KV_DTYPE = "f16"
 POOL_ALIGNMENT = 16  # 16-byte loads of K and V rows
 Q_ALIGNMENT = 16
+
+
+def kernel_name(head_dim: int) -> str:
+    return f"prompt_attention_{KV_DTYPE}_d{head_dim}"
+
+
+HEAD_DIMS = tuple(range(HEAD_DIM_MULTIPLE, MAX_HEAD_DIM + 1, HEAD_DIM_MULTIPLE))  # one entry each
 
 
 def heads_per_workgroup(n_heads: int, n_kv_heads: int) -> int:
@@ -74,20 +81,25 @@ def takes(arch: str, n_tokens: int, kv_dtype: str, head_dim: int, softcap: float
     return n_tokens >= MIN_TOKENS and has_matrix_cores(arch) and supports(kv_dtype, head_dim, softcap)
 
 
-@cpu_kernel(KERNEL, SIGNATURE.replace(" ", ""))
-def _host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int, token_seq: int,
-          positions: int, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
-          num_blocks: int, window: int, scale: float) -> None:
-    fmt = KV_DTYPES[KV_DTYPE]
-    pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
-    seqs = dev.view(token_seq, np.int32, n_tokens)
-    n_seqs = int(seqs.max()) + 1 if n_tokens else 0
-    result = paged_attention.reference(
-        dev.view(q, np.float32, (n_tokens, n_heads, head_dim)),
-        dev.view(k_pool, np.uint8, pool_shape), dev.view(v_pool, np.uint8, pool_shape), fmt,
-        dev.view(block_tables, np.int32, (n_seqs, max_blocks)), seqs,
-        dev.view(positions, np.int32, n_tokens), scale, window)
-    dev.view(out, np.float32, (n_tokens, n_heads, head_dim))[:] = result  # computed in full first: out may be q
+def _register(head_dim: int) -> None:
+    @cpu_kernel(kernel_name(head_dim), SIGNATURE.replace(" ", ""))
+    def host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int,
+             token_seq: int, positions: int, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
+             block_size: int, max_blocks: int, num_blocks: int, window: int, scale: float) -> None:
+        fmt = KV_DTYPES[KV_DTYPE]
+        pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
+        seqs = dev.view(token_seq, np.int32, n_tokens)
+        n_seqs = int(seqs.max()) + 1 if n_tokens else 0
+        result = paged_attention.reference(
+            dev.view(q, np.float32, (n_tokens, n_heads, head_dim)),
+            dev.view(k_pool, np.uint8, pool_shape), dev.view(v_pool, np.uint8, pool_shape), fmt,
+            dev.view(block_tables, np.int32, (n_seqs, max_blocks)), seqs,
+            dev.view(positions, np.int32, n_tokens), scale, window)
+        dev.view(out, np.float32, (n_tokens, n_heads, head_dim))[:] = result  # computed in full first: out may be q
+
+
+for _head_dim in HEAD_DIMS:
+    _register(_head_dim)
 
 
 def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
@@ -95,31 +107,32 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
            num_blocks: int, scale: float, window: int = 0) -> None:
     """Queue attention for n_tokens query tokens of an f16 cache (paged_attention's arguments and result; no
     workspace, no soft cap). The caller checks `supports` first; this raises ValueError otherwise."""
-    check_sizes(KERNEL, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+    name = kernel_name(head_dim)
+    check_sizes(name, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                 block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks)
     if n_heads % n_kv_heads:
-        raise ValueError(f"{KERNEL}: {n_heads} query heads do not group over {n_kv_heads} KV heads")
+        raise ValueError(f"{name}: {n_heads} query heads do not group over {n_kv_heads} KV heads")
     if not supports(KV_DTYPE, head_dim):
-        raise ValueError(f"{KERNEL}: head_dim must be a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}, "
+        raise ValueError(f"{name}: head_dim must be a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}, "
                          f"got {head_dim}")
     if block_size & (block_size - 1):
-        raise ValueError(f"{KERNEL}: block_size must be a power of two, got {block_size}")
+        raise ValueError(f"{name}: block_size must be a power of two, got {block_size}")
     if not 0 <= window <= INT32_MAX:
-        raise ValueError(f"{KERNEL}: window must be 0 (none) or a positive key count, got {window}")
+        raise ValueError(f"{name}: window must be 0 (none) or a positive key count, got {window}")
     row_bytes = KV_DTYPES[KV_DTYPE].row_bytes(head_dim)
     if n_kv_heads * block_size * row_bytes >= 2**31:
-        raise ValueError(f"{KERNEL}: a pool block of {n_kv_heads} x {block_size} rows is 2 GiB or more")
+        raise ValueError(f"{name}: a pool block of {n_kv_heads} x {block_size} rows is 2 GiB or more")
     rows_bytes = n_tokens * n_heads * head_dim * 4
-    check_memory(KERNEL, "q", q, rows_bytes, Q_ALIGNMENT)
-    check_memory(KERNEL, "out", out, rows_bytes)
+    check_memory(name, "q", q, rows_bytes, Q_ALIGNMENT)
+    check_memory(name, "out", out, rows_bytes)
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
-        check_memory(KERNEL, name, pool, num_blocks * n_kv_heads * block_size * row_bytes, POOL_ALIGNMENT)
-    check_memory(KERNEL, "block_tables", block_tables, max_blocks * 4)
-    check_memory(KERNEL, "token_seq", token_seq, n_tokens * 4)
-    check_memory(KERNEL, "positions", positions, n_tokens * 4)
+        check_memory(name, name, pool, num_blocks * n_kv_heads * block_size * row_bytes, POOL_ALIGNMENT)
+    check_memory(name, "block_tables", block_tables, max_blocks * 4)
+    check_memory(name, "token_seq", token_seq, n_tokens * 4)
+    check_memory(name, "positions", positions, n_tokens * 4)
     grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads)
     # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
-    kernel = get_kernel(device, OP, KERNEL, SIGNATURE.replace(" ", ""), programmatic=True)
+    kernel = get_kernel(device, OP, name, SIGNATURE.replace(" ", ""), programmatic=True)
     kernel.launch(grid, block,
                   [out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads, n_kv_heads, head_dim,
                    block_size, max_blocks, num_blocks, window, scale], stream=stream)

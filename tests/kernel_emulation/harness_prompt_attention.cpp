@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,15 @@ static void write_file(const char* path, const void* data, size_t bytes) {
 
 int main(int argc, char** argv) {
   if (argc != 20) return 2;
-  if (std::string(argv[1]) != "prompt_attention_f16") return 2;
+  using Attention = void (*)(float*, const float*, const void*, const void*, const int*, const int*, const int*, int,
+                             int, int, int, int, int, int, int, float);
+  const std::map<std::string, Attention> kernels = {
+      {"prompt_attention_f16_d16", prompt_attention_f16_d16},   {"prompt_attention_f16_d32", prompt_attention_f16_d32},
+      {"prompt_attention_f16_d48", prompt_attention_f16_d48},   {"prompt_attention_f16_d64", prompt_attention_f16_d64},
+      {"prompt_attention_f16_d80", prompt_attention_f16_d80},   {"prompt_attention_f16_d96", prompt_attention_f16_d96},
+      {"prompt_attention_f16_d112", prompt_attention_f16_d112}, {"prompt_attention_f16_d128", prompt_attention_f16_d128}};
+  if (!kernels.count(argv[1])) return 2;
+  const Attention kernel = kernels.at(argv[1]);
   const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
   int n[8];
   for (int i = 0; i < 8; ++i) n[i] = std::atoi(argv[4 + i]);
@@ -41,9 +50,9 @@ int main(int argc, char** argv) {
   std::vector<char> tables = read_file(argv[16]), token_seq = read_file(argv[17]), positions = read_file(argv[18]);
   std::vector<float> out((size_t)n[0] * n[1] * n[3], std::nanf(""));
   emu_launch(grid, block, [&] {
-    prompt_attention_f16(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
-                         (const int*)token_seq.data(), (const int*)positions.data(), n[0], n[1], n[2], n[3], n[4], n[5],
-                         n[6], n[7], scale);
+    kernel(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
+           (const int*)token_seq.data(), (const int*)positions.data(), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7],
+           scale);
   });
   write_file(argv[19], out.data(), out.size() * 4);
   return 0;
