@@ -11,7 +11,7 @@ import pytest
 from support.forward_pass_samples import make_sample, random_table
 from hipcore.gguf import quants
 from hipcore.kvcache.dtypes import KV_DTYPES
-from hipcore.ops import embedding, paged_attention, select_rows
+from hipcore.ops import embedding, paged_attention, prompt_attention, select_rows
 from hipcore.runtime import kernels as loader
 from hipcore.runtime.errors import DeviceError
 
@@ -137,6 +137,40 @@ def test_paged_attention_launch_with_and_without_workspace(cpu_device):
     in_place = args[0]  # out may be q
     paged_attention.launch(cpu_device, None, in_place, *args, **sizes)
     np.testing.assert_array_equal(in_place.download(np.float32).reshape(s.q.shape), s.reference())
+
+
+def test_prompt_attention_launch_computes_attention_and_checks_its_arguments(cpu_device):
+    """The launcher end to end on the cpu backend (its host kernel is the reference), out in place of q too;
+    what the kernel cannot take (a head size that is no multiple of 16, past 128, a pool too small) is refused."""
+    rng = np.random.default_rng(6)
+    s = make_sample(rng, "f16", 8, 2, 128, 16, [(300, 40), (20, 4)], padding=1)
+    args = [to_device(cpu_device, a) for a in (s.q, s.k_pool, s.v_pool, s.block_tables, s.token_seq, s.positions)]
+    sizes = dict(n_tokens=s.n_tokens, n_heads=8, n_kv_heads=2, head_dim=128, block_size=16, max_blocks=s.max_blocks,
+                 num_blocks=s.num_blocks, scale=s.scale)
+    out = poisoned(cpu_device, s.q.nbytes)
+    prompt_attention.launch(cpu_device, None, out, *args, **sizes)
+    np.testing.assert_array_equal(out.download(np.float32).reshape(s.q.shape), s.reference())
+    prompt_attention.launch(cpu_device, None, args[0], *args, **sizes)  # out may be q
+    np.testing.assert_array_equal(args[0].download(np.float32).reshape(s.q.shape), s.reference())
+    for bad, message in ((dict(head_dim=100), "multiple of 16"), (dict(head_dim=256), "up to 128"),
+                         (dict(num_blocks=s.num_blocks + 1), "v_pool needs|k_pool needs"),
+                         (dict(block_size=12), "power of two")):
+        with pytest.raises(ValueError, match=message):
+            prompt_attention.launch(cpu_device, None, out, *args, **{**sizes, **bad})
+
+
+def test_prompt_attention_takes_prompt_steps_with_matrix_cores_only():
+    assert prompt_attention.takes("sm_90", 512, "f16", 128)
+    assert prompt_attention.takes("gfx942", 32, "f16", 64) and prompt_attention.takes("gfx1100", 32, "f16", 96)
+    assert not prompt_attention.takes("gfx1030", 512, "f16", 128)  # no matrix cores: paged_attention
+    assert not prompt_attention.takes("cpu", 512, "f16", 128)
+    assert not prompt_attention.takes("sm_90", 31, "f16", 128)  # too few tokens for a tile
+    assert not prompt_attention.takes("sm_90", 512, "q8_0", 128) and not prompt_attention.takes("sm_90", 512, "bf16", 128)
+    assert not prompt_attention.takes("sm_90", 512, "f16", 256)  # Gemma's heads
+    assert not prompt_attention.takes("sm_90", 512, "f16", 128, softcap=50.0)
+    # the geometry: 16 tokens x 4 heads a workgroup for Llama 3's groups of 4; 64 x 1 for the demo's 3
+    assert prompt_attention.geometry("sm_90", 512, 32, 8) == (32 * 8, 128)
+    assert prompt_attention.geometry("gfx942", 512, 9, 3) == (8 * 3 * 3, 256)
 
 
 class RecordingKernel:

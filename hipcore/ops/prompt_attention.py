@@ -125,8 +125,8 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     rows_bytes = n_tokens * n_heads * head_dim * 4
     check_memory(name, "q", q, rows_bytes, Q_ALIGNMENT)
     check_memory(name, "out", out, rows_bytes)
-    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
-        check_memory(name, name, pool, num_blocks * n_kv_heads * block_size * row_bytes, POOL_ALIGNMENT)
+    for pool_name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        check_memory(name, pool_name, pool, num_blocks * n_kv_heads * block_size * row_bytes, POOL_ALIGNMENT)
     check_memory(name, "block_tables", block_tables, max_blocks * 4)
     check_memory(name, "token_seq", token_seq, n_tokens * 4)
     check_memory(name, "positions", positions, n_tokens * 4)
