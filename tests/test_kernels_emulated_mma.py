@@ -202,3 +202,56 @@ def test_a_broken_packed_decode_is_caught(fault, tmp_path):
     excess = nvidia_excess_with(old, new, weight_type, 16, 23, tmp_path)  # 16 tokens: the staged entry
     # The ordinary check fails above 1; a one-code shift of half of Q6_K's columns lands near 8 here.
     assert excess > 2.0, f"{fault}: the planted decode fault went unnoticed ({excess:.3g} x the bound)"
+
+
+# ---- SwiGLU in the epilogue: matmul_mma_swiglu_<type> ------------------------------------------
+
+
+def swiglu_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, rng, tmp_path, tile=None,
+                  splits: int = 1, grid=None) -> float:
+    """max |got - want| / bound of one launch_swiglu-shaped launch: y = silu(x Wg^T) * (x Wu^T) on fresh random
+    inputs, against the float64 products within swiglu_error_bound (NaN, an unwritten output, is infinitely far)."""
+    gate, up = random_weights(rng, weight_type, rows, cols), random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    for name, array in (("wg", gate), ("wu", up), ("x", x)):
+        array.tofile(tmp_path / name)
+    grid_, threads, tile, used = matmul_mma.geometry(2 * rows, n_tokens, tile, cols=cols, splits=splits,
+                                                     workspace_bytes=1 << 30, step=matmul_mma.step_cols(weight_type))
+    ws_bytes = matmul_mma.partial_bytes(grid_ // used if grid is None else matmul_mma.tile_count(2 * rows, n_tokens, tile),
+                                        used, tile) if used > 1 else 0
+    run_mma(harness, f"matmul_mma_swiglu_{weight_type}", grid or grid_, threads, rows, cols, n_tokens, tile, used, 0,
+            ws_bytes, tmp_path / "wg", tmp_path / "wu", tmp_path / "x", "-", tmp_path / "y", tmp_path / "ws")
+    got = np.fromfile(tmp_path / "y", np.float32).reshape(n_tokens, rows)
+    g, u = (matmul_mma.reference(w, weight_type, x, rows, cols) for w in (gate, up))
+    bound = matmul_mma.swiglu_error_bound(g, u, *(matmul_mma.error_bound(w, weight_type, x, rows, cols) for w in (gate, up)))
+    want = g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64))) * u
+    if ws_bytes:
+        counters = np.fromfile(tmp_path / "ws", np.int32)[:matmul_mma.COUNTER_BYTES // 4]
+        assert not counters.any(), f"{weight_type} swiglu {splits} splits: the counters were not left at zero"
+    return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / bound, np.inf)))
+
+
+# (rows, cols, n_tokens, tile or None, splits, grid or None): a prompt's 64-token tiles with a row tile cut short
+# (rows not a multiple of 64) and a token tile cut short; a 32-token tile split over the columns; one workgroup
+# looping over every tile.
+SWIGLU_CASES = [(70, 512, 80, 64, 1, None), (64, 512, 20, 32, 3, None), (40, 256, 33, None, 1, 1)]
+
+
+@pytest.mark.parametrize("kind", list(MMA_KINDS))
+@pytest.mark.parametrize("weight_type", ["q4_k", "q6_k", "q8_0"])
+def test_swiglu_epilogue_matches_the_reference(mma_harnesses, kind, weight_type, tmp_path):
+    rng = np.random.default_rng([13, len(kind), ord(kind[0]), ord(weight_type[1])])
+    for rows, cols, n_tokens, tile, splits, grid in SWIGLU_CASES:
+        excess = swiglu_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, rng, tmp_path, tile, splits, grid)
+        assert excess <= 1.0, f"{kind} {weight_type} swiglu {rows}x{cols} tokens {n_tokens}: {excess:.3g} x the bound"
+
+
+@pytest.mark.parametrize("fault,old,new", [
+    ("up's rows one further than gate's", "lesser_of(r0 + row % kOutRows, rows - 1)",
+     "lesser_of(r0 + row % kOutRows + (row >= kOutRows), rows - 1)"),
+    ("gate and up swapped", "(row < kOutRows ? a.W : a.W_up)", "(row < kOutRows ? a.W_up : a.W)"),
+])
+def test_a_wrong_swiglu_pairing_is_caught(fault, old, new, tmp_path):
+    harness = build_mma_harnesses(tmp_path, ("cdna_mfma",), kernel_edit=lambda text: text.replace(old, new))["cdna_mfma"]
+    rng = np.random.default_rng(14)
+    assert swiglu_excess(harness, "q4_k", 70, 512, 80, rng, tmp_path, 64) > 1, f"{fault} not caught"
