@@ -349,16 +349,8 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
 // The feed-forward's gate and up products with SwiGLU in the epilogue: matmul_mma_swiglu_<format>(y, W_gate, W_up,
 // x, workspace, rows, cols, n_tokens, tile_tokens, splits, accumulate), y[t, r] = silu(x[t] . W_gate[r]) *
 // (x[t] . W_up[r]) for the `rows` rows of each; tiles of 64 outputs (128 rows of weights); accumulate must be 0.
-// BOUNDS: on NVIDIA two workgroups per SM, the plain entries' occupancy (126 registers for Q4_K), which the
-// epilogue's extra registers would otherwise halve (165 for Q4_K on sm_90: one workgroup, 30% slower); Q6_K's
-// entry fits 128 registers unbounded and spilled with the bound. AMD keeps the plain bounds.
-#if defined(RF_NVIDIA)
-#define RF_SWIGLU_BOUNDS __launch_bounds__(256, 2)
-#else
-#define RF_SWIGLU_BOUNDS __launch_bounds__(256)
-#endif
-#define RF_MATMUL_MMA_SWIGLU_ENTRY(name, Step, BOUNDS)                                                            \
-  extern "C" __global__ BOUNDS void name(float* __restrict__ y, const void* __restrict__ W,                        \
+#define RF_MATMUL_MMA_SWIGLU_ENTRY(name, Step)                                                                    \
+  extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
                                                          const void* __restrict__ W_up, const float* __restrict__ x, \
                                                          void* workspace, int rows, int cols, int n_tokens,         \
                                                          int tile_tokens, int splits, int accumulate) {             \
@@ -370,14 +362,14 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
     mmq::matmul_mma<Step, true>(a, tile_tokens, ws, xs, &last);                                             \
   }
 
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_0, mmq::Narrow<mmq::Q4_0>, RF_SWIGLU_BOUNDS)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_1, mmq::Narrow<mmq::Q4_1>, RF_SWIGLU_BOUNDS)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_0, mmq::Narrow<mmq::Q5_0>, RF_SWIGLU_BOUNDS)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_1, mmq::Narrow<mmq::Q5_1>, RF_SWIGLU_BOUNDS)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q8_0, mmq::Narrow<mmq::Q8_0>, RF_SWIGLU_BOUNDS)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_k, mmq::Wide<false>, RF_SWIGLU_BOUNDS)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>, RF_SWIGLU_BOUNDS)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q6_k, mmq::Wide6, __launch_bounds__(256))
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_0, mmq::Narrow<mmq::Q4_0>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_1, mmq::Narrow<mmq::Q4_1>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_0, mmq::Narrow<mmq::Q5_0>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_1, mmq::Narrow<mmq::Q5_1>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q8_0, mmq::Narrow<mmq::Q8_0>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_k, mmq::Wide<false>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q6_k, mmq::Wide6)
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
 // The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format> (32-token tiles, x
