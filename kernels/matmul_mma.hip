@@ -78,7 +78,6 @@ struct Launch {
   const float* x;
   unsigned char* workspace;  // counters, then the partial tiles (splits > 1 only)
   int rows, cols, n_tokens, splits, accumulate;
-  const unsigned char* W_up = nullptr;  // the SwiGLU entries: up's weights (W is gate's), rows each
 };
 
 // y[t, r] = v, or y[t, r] += v (the residual connection), where the tile's element exists.
@@ -127,11 +126,7 @@ __device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch&
   return true;
 }
 
-// kSwiglu: y = silu(x . Wg^T) * (x . Wu^T), Wg = a.W and Wu = a.W_up of `rows` rows each: a tile's first 64
-// rows are gate's rows r0 .. r0 + 63, its last 64 up's same rows, so the warps of the first half hold the gates
-// and those of the second the ups of the same outputs; the second half passes its tile through shared memory
-// (the step tiles' space, free after the last step) to the first, which writes the outputs.
-template <class Step, int TN, int kDepth, bool kSwiglu = false>
+template <class Step, int TN, int kDepth>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
@@ -146,8 +141,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
   const int warp_row = 32 * (warp % kWarpsDown), warp_token = 16 * kTokenTilesPerWarp * (warp / kWarpsDown);
   const unsigned long long row_bytes = Step::row_bytes(cols);
-  constexpr int kOutRows = kSwiglu ? kTileRows / 2 : kTileRows;  // outputs a tile covers
-  const int row_tiles = (rows + kOutRows - 1) / kOutRows;
+  const int row_tiles = (rows + kTileRows - 1) / kTileRows;
   const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);
   const int steps = cols / kStepCols;
   const int items = tiles * splits;  // the launcher keeps it < 2^31
@@ -155,17 +149,14 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
     const int tile = item / splits, split = item - tile * splits;
     const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
     const int c_end = (int)((long long)(split + 1) * steps / splits) * kStepCols;
-    const int r0 = (tile % row_tiles) * kOutRows, t0 = (tile / row_tiles) * TN;
+    const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * TN;
     const unsigned char* w_src[kWLoads];
     int w_dst[kWLoads], w_group[kWLoads];
 #pragma unroll
     for (int p = 0; p < kWLoads; ++p) {
       const int v = tid + kThreads * p;  // group v: row v / kGroupsPerRow, group v % kGroupsPerRow of it
       const int row = v / Step::kGroupsPerRow;
-      if (kSwiglu)  // rows 0-63 of the tile: gate's; 64-127: up's, the same output rows
-        w_src[p] = (row < kOutRows ? a.W : a.W_up) + (unsigned long long)lesser_of(r0 + row % kOutRows, rows - 1) * row_bytes;
-      else
-        w_src[p] = a.W + (unsigned long long)lesser_of(r0 + row, rows - 1) * row_bytes;
+      w_src[p] = a.W + (unsigned long long)lesser_of(r0 + row, rows - 1) * row_bytes;
       w_group[p] = v % Step::kGroupsPerRow;
       w_dst[p] = row * kStride;
     }
@@ -246,34 +237,6 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 
     if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
 
-    if (kSwiglu) {
-      static_assert(!kSwiglu || kOutRows * TN * 4 <= kTileRows * kMaxStride * 2, "up's half tile fits in the weights' tiles");
-      float* up = reinterpret_cast<float*>(ws);  // [kOutRows][TN]
-      __syncthreads();  // every warp is done with the last step's tiles
-      if (warp_row >= kOutRows)
-#pragma unroll
-        for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-          for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-            for (int e = 0; e < RF_MMA_ACC; ++e)
-              up[(warp_row - kOutRows + 16 * i + rf_mma_acc_row(lane, e)) * TN + warp_token + 16 * j + rf_mma_acc_col(lane, e)] =
-                  acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e];
-      __syncthreads();
-      if (warp_row < kOutRows)
-#pragma unroll
-        for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-          for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-            for (int e = 0; e < RF_MMA_ACC; ++e) {
-              const int r = warp_row + 16 * i + rf_mma_acc_row(lane, e), t = warp_token + 16 * j + rf_mma_acc_col(lane, e);
-              const float g = acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e];
-              store_result(a, r0 + r, t0 + t, g / (1.0f + expf(-g)) * up[r * TN + t]);  // silu_mul.hip's arithmetic
-            }
-      continue;  // the next tile's first step waits for every warp before it writes the tiles again
-    }
-
 #pragma unroll
     for (int i = 0; i < kRowTilesPerWarp; ++i)
 #pragma unroll
@@ -309,14 +272,14 @@ struct DepthTile32<Wide6> {
 };
 #endif
 
-template <class Step, bool kSwiglu = false>
+template <class Step>
 __device__ __forceinline__ void matmul_mma(const Launch& a, int tile_tokens, unsigned short* ws, unsigned short* xs,
                                            int* last) {
   rf_check_wave_size();
   if (tile_tokens == 32)  // uniform: a kernel argument
-    mma_tiles<Step, 32, DepthTile32<Step>::value, kSwiglu>(a, ws, xs, last);
+    mma_tiles<Step, 32, DepthTile32<Step>::value>(a, ws, xs, last);
   else
-    mma_tiles<Step, 64, kDepthTile64, kSwiglu>(a, ws, xs, last);
+    mma_tiles<Step, 64, kDepthTile64>(a, ws, xs, last);
 }
 
 }  // namespace mmq
@@ -345,31 +308,6 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, mmq::Narrow<mmq::Q8_0>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
-
-// The feed-forward's gate and up products with SwiGLU in the epilogue: matmul_mma_swiglu_<format>(y, W_gate, W_up,
-// x, workspace, rows, cols, n_tokens, tile_tokens, splits, accumulate), y[t, r] = silu(x[t] . W_gate[r]) *
-// (x[t] . W_up[r]) for the `rows` rows of each; tiles of 64 outputs (128 rows of weights); accumulate must be 0.
-#define RF_MATMUL_MMA_SWIGLU_ENTRY(name, Step)                                                                    \
-  extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
-                                                         const void* __restrict__ W_up, const float* __restrict__ x, \
-                                                         void* workspace, int rows, int cols, int n_tokens,         \
-                                                         int tile_tokens, int splits, int accumulate) {             \
-    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
-    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
-    __shared__ int last;                                                                                          \
-    const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
-                           rows, cols, n_tokens, splits, accumulate, static_cast<const unsigned char*>(W_up)};    \
-    mmq::matmul_mma<Step, true>(a, tile_tokens, ws, xs, &last);                                             \
-  }
-
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_0, mmq::Narrow<mmq::Q4_0>)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_1, mmq::Narrow<mmq::Q4_1>)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_0, mmq::Narrow<mmq::Q5_0>)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_1, mmq::Narrow<mmq::Q5_1>)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q8_0, mmq::Narrow<mmq::Q8_0>)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_k, mmq::Wide<false>)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
-RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q6_k, mmq::Wide6)
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
 // The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format> (32-token tiles, x

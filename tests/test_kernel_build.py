@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from support.compiler_gate import TARGETS, available_vendors, require_compiler
-from hipcore.ops import matmul_mma, prompt_attention
+from hipcore.ops import prompt_attention
 from hipcore.runtime import kernels as loader
 from rocmforge_kernels import build as kbuild
 
@@ -40,8 +40,7 @@ EXPECTED_KERNELS = {
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
     "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q5_0", "matmul_q5_1",
                "matmul_q4_k", "matmul_q5_k", "matmul_q6_k", "matmul_q8_0"],
-    "matmul_mma": [f"matmul_mma_{kind}{t}" for kind in ("", "swiglu_")
-                   for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0")],
+    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0")],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
     "paged_attention": [f"paged_attention_{kv}{cap}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")],
@@ -407,10 +406,6 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
             for name, usage in manifest["objects"][target][op]["kernels"].items():
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
-                if name.startswith("matmul_mma_swiglu_") and not matmul_mma.has_matrix_cores(target):
-                    # the SwiGLU entries run only on matrix cores (takes_swiglu): on gfx1030 the FMA path's
-                    # Q6_K entry spills 8 bytes, and the forward pass keeps gate, up and silu_mul apart there
-                    continue
                 assert off_chip == 0, f"{target} {name}: {usage}"
                 if op == "matmul_mma":
                     # shared-tile entries: f16 tiles of 128 rows and 64 tokens of 72 halves, the split flag; the

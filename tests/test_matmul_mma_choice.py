@@ -167,34 +167,3 @@ def test_cpu_backend_kernel_accumulates_into_y(cpu_device):
     assert np.all(np.abs(got - want) <= matmul.error_bound(raw, "q4_k", x, rows, cols) + 2.0**-23 * np.abs(want))
     for buf in (w, xs, y):
         buf.free()
-
-
-def test_swiglu_takes_the_shared_tile_path_only(cpu_device, monkeypatch):
-    """One gate|up launch where the plain products would run matmul_mma's shared tiles: NVIDIA's prompts (64-token
-    tiles), every matrix-core AMD batch; not NVIDIA's K-quant decode batches (the fragment path), nor without
-    matrix cores."""
-    for arch, rows, n, wt, expected in (("sm_90", 14336, 512, "q4_k", True), ("sm_90", 14336, 16, "q4_k", False),
-                                        ("sm_90", 14336, 16, "q8_0", True), ("gfx942", 8192, 16, "q4_k", True),
-                                        ("gfx1100", 8192, 512, "q6_k", True), ("gfx1030", 8192, 512, "q4_k", False),
-                                        ("sm_90", 14336, 4, "q4_k", False)):
-        monkeypatch.setattr(cpu_device, "arch", arch)
-        assert matmul_mma.takes_swiglu(cpu_device, rows, n, wt) is expected, (arch, rows, n, wt)
-
-
-def test_cpu_backend_swiglu_is_silu_of_gate_times_up(cpu_device):
-    from hipcore.ops import silu_mul
-
-    rng = np.random.default_rng(8)
-    rows, cols, n = 40, 256, 5
-    gate, up = random_weights(rng, "q4_k", rows, cols), random_weights(rng, "q4_k", rows, cols)
-    x = rng.standard_normal((n, cols)).astype(np.float32)
-    bufs = [cpu_device.allocate(a.nbytes, "activations") for a in (gate, up, x)]
-    for buf, a in zip(bufs, (gate, up, x)):
-        buf.upload(a)
-    y = cpu_device.allocate(n * rows * 4, "activations")
-    matmul_mma.launch_swiglu(cpu_device, None, y, *bufs, rows, cols, n, weight_type="q4_k")
-    g, u = (matmul.reference(w, "q4_k", x, rows, cols) for w in (gate, up))
-    bound = matmul_mma.swiglu_error_bound(g, u, *(matmul.error_bound(w, "q4_k", x, rows, cols) for w in (gate, up)))
-    assert np.all(np.abs(y.download(np.float32).reshape(n, rows) - silu_mul.reference(g, u)) <= bound)
-    with pytest.raises(ValueError, match="W needs"):  # up's weights checked as gate's are
-        matmul_mma.launch_swiglu(cpu_device, None, y, bufs[0], bufs[2], bufs[2], rows, cols, n, weight_type="q4_k")

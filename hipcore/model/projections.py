@@ -11,9 +11,7 @@ Three ways, per product, decided by the step's size and the weight's format:
   single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats no fused kernel reads,
                 prompt steps of weights without the concatenated q|k|v and gate|up buffers; their products
                 run on the matrix cores from matmul_mma.MMA_MIN_TOKENS tokens where the device has them,
-                else on matmul / matvec. (Their norm stays a launch of its own; the residual add goes into
-                the product's epilogue on the matrix cores, and so does SwiGLU where gate and up share a
-                type and take matmul_mma's shared-tile path: matmul_mma.launch_swiglu.)
+                else on matmul / matvec. (Their norm, SwiGLU and residual stay separate launches.)
 Both fused families fold the norm, RoPE, SwiGLU and the residual add into the products, so a layer is
 4 product launches either way; fused_qmatvec's q|k|v also stores k and v into the paged cache (f16, bf16
 and f32 caches), so the kv_store launch leaves its layers' decode steps (stores_kv). The head picks by its
@@ -169,13 +167,6 @@ class ProjectionPlanner:
             return [("ffn_norm+gate_up+silu", lambda: fused_qmatvec.launch_norm_swiglu(
                 dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps))]
         plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
-        gate, up = lw.ffn_gate, lw.ffn_up
-        if gate.fmt == up.fmt and gate.cols == up.cols and matmul_mma.takes_swiglu(dev, f, t, gate.fmt):
-            # one launch for both products, SwiGLU in its epilogue: no gate and up outputs written and read back
-            plan.append(("gate_up+silu", lambda: matmul_mma.launch_swiglu(
-                dev, st, b["gate"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t, weight_type=gate.fmt,
-                workspace=self.workspace)))
-            return plan
         for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from hipcore.ops import matmul, matvec, silu_mul
+from hipcore.ops import matmul, matvec
 from hipcore.ops.launch_checks import INT32_MAX
 from hipcore.ops.weight_formats import dequantize_rows, host_product, k_min_magnitudes, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -31,7 +31,6 @@ from hipcore.runtime.kernels import get_kernel
 
 OP = "matmul_mma"
 SIGNATURE = "ppppiiiiii"
-SWIGLU_SIGNATURE = "pppppiiiiii"  # matmul_mma_swiglu_<type>: up's weights after gate's
 WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 THREADS = 256  # the kernel's warp tiling is written for exactly this
 TILE_ROWS = 128
@@ -168,23 +167,8 @@ def _host(weight_type: str):
     return run
 
 
-def _host_swiglu(weight_type: str):
-    def run(device: CpuDevice, grid, block, y: int, w_gate: int, w_up: int, x: int, workspace: int, rows: int,
-            cols: int, n_tokens: int, tile_tokens: int, splits: int, accumulate: int) -> None:
-        xs = device.view(x, np.float32, (n_tokens, cols))
-        products = []
-        for w in (w_gate, w_up):
-            result = np.empty((n_tokens, rows), dtype=np.float32)
-            host_product(device.view(w, np.uint8, (rows, row_bytes(weight_type, cols))), weight_type, xs, cols, result)
-            products.append(result)
-        device.view(y, np.float32, (n_tokens, rows))[:] = silu_mul.reference(*products)
-
-    return run
-
-
 for _type in WEIGHT_TYPES:
     cpu_kernel(f"{OP}_{_type}", SIGNATURE)(_host(_type))
-    cpu_kernel(f"{OP}_swiglu_{_type}", SWIGLU_SIGNATURE)(_host_swiglu(_type))
 for _type in FRAGMENT_TYPES:  # the fragment path's entries compute the same product
     cpu_kernel(f"{OP}_fragments_{_type}", SIGNATURE)(_host(_type))
     cpu_kernel(f"{OP}_direct_{_type}", SIGNATURE)(_host(_type))
@@ -272,47 +256,6 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     kernel = get_kernel(device, OP, entry, SIGNATURE)
     kernel.launch(grid, block, (y, w, x, workspace if split > 1 else 0, rows, cols, n_tokens, tile, split,
                                 int(bool(accumulate))), stream=stream)
-
-
-def takes_swiglu(device: Device, rows: int, n_tokens: int, weight_type: str) -> bool:
-    """Whether the feed-forward's gate and up products (`rows` each, of this type) run as one launch with SwiGLU
-    in its epilogue (launch_swiglu): where `project` takes them to the matrix cores on the shared-tile path
-    (NVIDIA's decode batches of K-quants take the fragment path, which has no such epilogue)."""
-    return (takes_matrix_cores(device, n_tokens, weight_type)
-            and not has_fragment_path(device.arch, weight_type, pick_tile_tokens(2 * rows, n_tokens)))
-
-
-def launch_swiglu(device: Device, stream: Stream | None, y: Any, w_gate: Any, w_up: Any, x: Any, rows: int, cols: int,
-                  n_tokens: int, *, weight_type: str, tile_tokens: int | None = None, workspace: Any = None,
-                  splits: int | None = None) -> None:
-    """y[n_tokens, rows] = silu(x @ W_gate^T) * (x @ W_up^T) on the matrix cores, both weights [rows, cols] of
-    `weight_type`: one launch of 2 * rows rows of weights in tiles of 64 outputs (matmul_mma_swiglu_<type>);
-    `workspace` and `splits` as launch's."""
-    for w in (w_gate, w_up):
-        matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens",
-                              alignment=WEIGHT_ALIGNMENT)
-    if workspace is not None and not isinstance(workspace, Buffer):
-        raise ValueError(f"{OP}: workspace must be a Buffer (its size decides how far columns are split)")
-    grid, block, tile, split = geometry(2 * rows, n_tokens, tile_tokens, cols=cols,
-                                        workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits,
-                                        step=step_cols(weight_type))
-    if splits is not None and split != splits:
-        raise ValueError(f"{OP}_swiglu_{weight_type}: {splits} splits need a workspace of "
-                         f"{partial_bytes(grid // split, splits, tile)} bytes")
-    kernel = get_kernel(device, OP, f"{OP}_swiglu_{weight_type}", SWIGLU_SIGNATURE)
-    kernel.launch(grid, block, (y, w_gate, w_up, x, workspace if split > 1 else 0, rows, cols, n_tokens, tile, split, 0),
-                  stream=stream)
-
-
-def swiglu_error_bound(gate: np.ndarray, up: np.ndarray, gate_bound: np.ndarray, up_bound: np.ndarray) -> np.ndarray:
-    """How far launch_swiglu's y may be from silu(gate) * up (the float64 products, each within its error_bound):
-    silu's slope is at most 1.1 in magnitude, so |dy| <= 1.1 (|up| + du) dg + |silu(gate)| du, plus the float32
-    arithmetic of silu and the product (expf, the sum, the quotient, the product: 8 u32 of |y| and of
-    |gate * up|, generous for expf's few ulps)."""
-    g, u = np.asarray(gate, np.float64), np.asarray(up, np.float64)
-    silu = silu_mul.reference(g, np.ones_like(g))
-    return (1.1 * (np.abs(u) + up_bound) * gate_bound + np.abs(silu) * up_bound
-            + 8 * 2.0**-24 * (np.abs(silu * u) + np.abs(g * u)) + 1e-30)
 
 
 def min_tokens(weight_type: str, arch: str = "") -> int:

@@ -130,32 +130,3 @@ def test_every_path_agrees_with_the_reference(gpu, mem, rng, seed, weight_type, 
                           path=path)
         bad = ~(np.abs(y.download(np.float32).reshape(n_tokens, rows) - want) <= bound)
         assert not bad.any(), f"seed {seed}, path {path}: {int(bad.sum())} of {bad.size} outputs off"
-
-
-@pytest.mark.parametrize("weight_type,rows,cols,n_tokens,split", [
-    ("q4_k", 14336, 4096, 128, False),  # Llama-3.1-8B's gate and up, two 64-token tiles of a prompt
-    ("q4_k", 8192, 2048, 100, False),  # Llama-3.2-1B's, a token tile cut short
-    ("q6_k", 1000, 512, 64, True),  # a row tile cut short (1000 = 15 x 64 + 40), the columns split
-    ("q8_0", 1536, 576, 77, False),  # the demo model's shape in Q8_0
-])
-def test_swiglu_epilogue(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, split):
-    """launch_swiglu: y = silu(x Wg^T) * (x Wu^T) in one launch, within swiglu_error_bound of the float64 products;
-    with a workspace and splits the counters are left at zero."""
-    from hipcore.ops import fused_matmul
-
-    gate, up = random_weights(rng, weight_type, rows, cols), random_weights(rng, weight_type, rows, cols)
-    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
-    wg, wu, xs, y = mem.upload(gate, "weights"), mem.upload(up, "weights"), mem.upload(x), mem.poisoned(n_tokens * rows * 4)
-    workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8)) if split else None
-    splits = 3 if split else None
-    matmul_mma.launch_swiglu(gpu, None, y, wg, wu, xs, rows, cols, n_tokens, weight_type=weight_type,
-                             workspace=workspace, splits=splits, tile_tokens=32 if split else None)
-    got = y.download(np.float32).reshape(n_tokens, rows).astype(np.float64)
-    g, u = (matmul_mma.reference(w, weight_type, x, rows, cols).astype(np.float64) for w in (gate, up))
-    bound = matmul_mma.swiglu_error_bound(g, u, *(matmul_mma.error_bound(w, weight_type, x, rows, cols) for w in (gate, up)))
-    want = g / (1 + np.exp(-g)) * u
-    bad = ~(np.abs(got - want) <= bound)
-    assert not bad.any(), (f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at "
-                           f"{np.argwhere(bad)[0].tolist()}: got {got[bad][0]!r}, want {want[bad][0]!r}")
-    if workspace is not None:
-        assert not workspace.download(np.int32, matmul_mma.COUNTER_BYTES // 4).any(), "counters left non-zero"

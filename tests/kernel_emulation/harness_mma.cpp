@@ -4,8 +4,7 @@
 //   harness_mma <entry> <grid> <block> <rows> <cols> <n_tokens> <tile_tokens> <splits> <accumulate>
 //               <workspace_bytes> <W file> <x file> <y_in file|-> <y file> <workspace_out file>
 // y starts as y_in's floats (accumulate adds to them) or NaN when y_in is "-"; the workspace starts zeroed
-// (a null pointer when its size is 0) and is written back so that a test can see its counters. The SwiGLU
-// entries take one more file, up's weights, right after W's (y_in is then "-": they only store).
+// (a null pointer when its size is 0) and is written back so that a test can see its counters.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,36 +31,7 @@ static void write_file(const char* path, const void* data, size_t bytes) {
   std::fclose(f);
 }
 
-// The SwiGLU entries (matmul_mma_swiglu_<format>) take up's weights too: their file follows W's.
-static int run_swiglu(int argc, char** argv) {
-  if (argc != 17) return 2;
-  const std::string entry = argv[1];
-  const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
-  const int rows = std::atoi(argv[4]), cols = std::atoi(argv[5]), tokens = std::atoi(argv[6]), tile = std::atoi(argv[7]);
-  const int splits = std::atoi(argv[8]), accumulate = std::atoi(argv[9]);
-  const size_t workspace_bytes = (size_t)std::atoll(argv[10]);
-  std::vector<char> w = read_file(argv[11]), w_up = read_file(argv[12]), x = read_file(argv[13]);
-  std::vector<float> y((size_t)rows * tokens, std::nanf(""));
-  std::vector<char> workspace(workspace_bytes, 0);
-  using Swiglu = void (*)(float*, const void*, const void*, const float*, void*, int, int, int, int, int, int);
-  const std::map<std::string, Swiglu> kernels = {
-      {"matmul_mma_swiglu_q4_0", matmul_mma_swiglu_q4_0}, {"matmul_mma_swiglu_q4_1", matmul_mma_swiglu_q4_1},
-      {"matmul_mma_swiglu_q8_0", matmul_mma_swiglu_q8_0}, {"matmul_mma_swiglu_q5_0", matmul_mma_swiglu_q5_0},
-      {"matmul_mma_swiglu_q5_1", matmul_mma_swiglu_q5_1}, {"matmul_mma_swiglu_q4_k", matmul_mma_swiglu_q4_k},
-      {"matmul_mma_swiglu_q5_k", matmul_mma_swiglu_q5_k}, {"matmul_mma_swiglu_q6_k", matmul_mma_swiglu_q6_k}};
-  if (!kernels.count(entry)) return 2;
-  const Swiglu kernel = kernels.at(entry);
-  void* ws = workspace_bytes ? workspace.data() : nullptr;
-  emu_launch(grid, block, [&] {
-    kernel(y.data(), w.data(), w_up.data(), (const float*)x.data(), ws, rows, cols, tokens, tile, splits, accumulate);
-  });
-  write_file(argv[15], y.data(), y.size() * 4);
-  write_file(argv[16], workspace.data(), workspace_bytes);
-  return 0;
-}
-
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]).rfind("matmul_mma_swiglu_", 0) == 0) return run_swiglu(argc, argv);
   if (argc != 16) return 2;
   const std::string entry = argv[1];
   const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
