@@ -28,6 +28,7 @@ themselves, so a model without sliding windows runs exactly as before.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import numpy as np
 
@@ -46,7 +47,12 @@ from hipcore.ops import embedding, fused_matmul, paged_attention, sample, select
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.device import Buffer, Device
 
-PLAN_CACHE_MAX_TOKENS = 128  # launch plans of steps up to this size are kept (decode buckets)
+PLAN_CACHE_MAX_TOKENS = 128  # launch plans of decode steps up to this size are kept (decode buckets)
+# Plans of other steps (prompts, prompt chunks, mixed steps) kept, the least recently used dropped first: a
+# long prompt comes in chunks of max_step_tokens, all of one shape, and building a plan costs ~7 us a launch
+# in Python (1.3 ms for the demo model's 183 launches of a 512-token step, on the cpu backend's host), time
+# in which the device has nothing to run yet.
+PROMPT_PLAN_CACHE_SIZE = 8
 
 def step_capacity(max_tokens: int, max_seqs: int) -> tuple[int, int]:
     """(token rows, logits rows) the buffers hold: a step's tokens, or a decode step padded to its bucket."""
@@ -141,7 +147,8 @@ class ModelRunner:
         except BaseException:
             self.close()
             raise
-        self._plans: dict[tuple[int, int, bool, bool], list[Launch]] = {}
+        self._plans: dict[tuple[int, int, bool, bool, bool], list[Launch]] = {}
+        self._prompt_plans: OrderedDict[tuple[int, int, bool, bool, bool], list[Launch]] = OrderedDict()
         factors = weights.rope_freqs.buffer if weights.rope_freqs is not None else None
         self.products = ProjectionPlanner(device, self.stream, config, self.buffers, self.freq_scale, factors)
 
@@ -149,6 +156,7 @@ class ModelRunner:
         """Destroy the decode graphs and free every buffer; idempotent."""
         self.graphs.close()
         self._plans.clear()
+        self._prompt_plans.clear()
         self._outstanding.clear()
         for handle in (self._kept_event, self._read_stream):
             if handle is not None:
@@ -288,16 +296,20 @@ class ModelRunner:
     def launch_plan(self, t: int, r: int, *, all_rows: bool, with_sampling: bool, decode: bool) -> list[Launch]:
         """The step's launches, in order, for t token rows whose logits are wanted at r rows (all_rows:
         r == t and row i is token i; else rows listed in the step inputs' sample_rows); decode: every
-        token is its own sequence's next token. Decode plans are cached per shape."""
-        key = (t, r, all_rows, with_sampling)
-        plan = self._plans.get(key)
+        token is its own sequence's next token. Plans are kept per shape: every decode plan (their shapes are
+        few, one per batch size), and the PROMPT_PLAN_CACHE_SIZE most recently used of the others, which come in
+        every (tokens, rows) shape (kept without a bound, they grew for thousands of requests: leak-check saw
+        ~20 MiB per 1,000 requests on the demo model)."""
+        key = (t, r, all_rows, with_sampling, decode)  # decode changes the plan (the attention op)
+        kept = self._plans if decode and t <= PLAN_CACHE_MAX_TOKENS else self._prompt_plans
+        plan = kept.get(key)
         if plan is None:
             plan = self._build_plan(t, r, all_rows, with_sampling, decode)
-            # Decode plans only: their shapes are few (one per batch size). Prompt steps come in every
-            # (tokens, rows) shape and kept the cache growing for thousands of requests (leak-check:
-            # ~20 MiB per 1,000 requests on the demo model); building a plan costs far less than the step.
-            if decode and t <= PLAN_CACHE_MAX_TOKENS:
-                self._plans[key] = plan
+            kept[key] = plan
+            if len(self._prompt_plans) > PROMPT_PLAN_CACHE_SIZE:
+                self._prompt_plans.popitem(last=False)
+        elif kept is self._prompt_plans:
+            self._prompt_plans.move_to_end(key)
         return plan
 
     def _build_plan(self, t: int, r: int, all_rows: bool, with_sampling: bool, decode: bool) -> list[Launch]:
