@@ -199,29 +199,20 @@ def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, slots: int
     return n_tokens * n_kv_heads * slots, WARPS * wavefront_size(arch)
 
 
-def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
-           n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
-           num_blocks: int, scale: float, kv_dtype: str, workspace: Buffer | None = None, window: int = 0,
-           softcap: float = 0.0) -> None:
-    """Queue attention for n_tokens query tokens (see the module docstring); `workspace` (optional, zeroed
-    once after allocation, at least workspace_size(...) bytes for full speed) lets decode split keys;
-    window > 0 limits each token to its last `window` positions (0: the whole context); softcap > 0 caps
-    the scaled scores (Gemma 2), 0 leaves them."""
-    op = kernel_name(kv_dtype, softcap > 0)
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"{OP}: no kernel for KV dtype {kv_dtype!r}; have {', '.join(KV_DTYPES)}")
+def check_operands(op: str, kv_dtype: str, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
+                   n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
+                   num_blocks: int, window: int) -> None:
+    """The checks an attention launch over the paged cache needs whatever its kernel (this op's and
+    prompt_attention's; each checks its own head sizes first): sizes, grouping, block size, window, a pool
+    block under 2 GiB, and every buffer large and aligned enough."""
     check_sizes(op, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                 block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks)
     if n_heads % n_kv_heads:
         raise ValueError(f"{op}: {n_heads} query heads do not group over {n_kv_heads} KV heads")
-    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"{op}: head_dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim}")
     if block_size & (block_size - 1):
         raise ValueError(f"{op}: block_size must be a power of two, got {block_size}")
     if not 0 <= window <= INT32_MAX:
         raise ValueError(f"{op}: window must be 0 (none) or a positive key count, got {window}")
-    if not (np.isfinite(softcap) and softcap >= 0):
-        raise ValueError(f"{op}: softcap must be 0 (none) or a positive finite cap, got {softcap}")
     row_bytes = KV_DTYPES[kv_dtype].row_bytes(head_dim)
     if n_kv_heads * block_size * row_bytes >= 2**31:
         raise ValueError(f"{op}: a pool block of {n_kv_heads} x {block_size} rows is 2 GiB or more")
@@ -233,6 +224,26 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     check_memory(op, "block_tables", block_tables, max_blocks * 4)
     check_memory(op, "token_seq", token_seq, n_tokens * 4)
     check_memory(op, "positions", positions, n_tokens * 4)
+
+
+def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
+           n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
+           num_blocks: int, scale: float, kv_dtype: str, workspace: Buffer | None = None, window: int = 0,
+           softcap: float = 0.0) -> None:
+    """Queue attention for n_tokens query tokens (see the module docstring); `workspace` (optional, zeroed
+    once after allocation, at least workspace_size(...) bytes for full speed) lets decode split keys;
+    window > 0 limits each token to its last `window` positions (0: the whole context); softcap > 0 caps
+    the scaled scores (Gemma 2), 0 leaves them."""
+    op = kernel_name(kv_dtype, softcap > 0)
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"{OP}: no kernel for KV dtype {kv_dtype!r}; have {', '.join(KV_DTYPES)}")
+    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"{op}: head_dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim}")
+    if not (np.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"{op}: softcap must be 0 (none) or a positive finite cap, got {softcap}")
+    check_operands(op, kv_dtype, out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens=n_tokens,
+                   n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, block_size=block_size,
+                   max_blocks=max_blocks, num_blocks=num_blocks, window=window)
 
     max_keys = min(window, max_blocks * block_size) if window else max_blocks * block_size  # a token's most keys
     splits = split_limit(n_tokens, n_heads, n_kv_heads, max_keys) if workspace is not None else 1

@@ -24,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 
 from hipcore.ops import paged_attention
-from hipcore.ops.launch_checks import INT32_MAX, check_memory, check_sizes
 from hipcore.ops.matmul_mma import has_matrix_cores
 from hipcore.kvcache.dtypes import KV_DTYPES
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -39,8 +38,6 @@ MAX_HEAD_DIM = 128
 HEAD_DIM_MULTIPLE = 16
 MIN_TOKENS = 32  # fewer query tokens: paged_attention (a workgroup's 16-64 token tile would be mostly empty)
 KV_DTYPE = "f16"
-POOL_ALIGNMENT = 16  # 16-byte loads of K and V rows
-Q_ALIGNMENT = 16
 
 
 def kernel_name(head_dim: int) -> str:
@@ -108,28 +105,12 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     """Queue attention for n_tokens query tokens of an f16 cache (paged_attention's arguments and result; no
     workspace, no soft cap). The caller checks `supports` first; this raises ValueError otherwise."""
     name = kernel_name(head_dim)
-    check_sizes(name, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"{name}: {n_heads} query heads do not group over {n_kv_heads} KV heads")
     if not supports(KV_DTYPE, head_dim):
         raise ValueError(f"{name}: head_dim must be a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}, "
                          f"got {head_dim}")
-    if block_size & (block_size - 1):
-        raise ValueError(f"{name}: block_size must be a power of two, got {block_size}")
-    if not 0 <= window <= INT32_MAX:
-        raise ValueError(f"{name}: window must be 0 (none) or a positive key count, got {window}")
-    row_bytes = KV_DTYPES[KV_DTYPE].row_bytes(head_dim)
-    if n_kv_heads * block_size * row_bytes >= 2**31:
-        raise ValueError(f"{name}: a pool block of {n_kv_heads} x {block_size} rows is 2 GiB or more")
-    rows_bytes = n_tokens * n_heads * head_dim * 4
-    check_memory(name, "q", q, rows_bytes, Q_ALIGNMENT)
-    check_memory(name, "out", out, rows_bytes)
-    for pool_name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
-        check_memory(name, pool_name, pool, num_blocks * n_kv_heads * block_size * row_bytes, POOL_ALIGNMENT)
-    check_memory(name, "block_tables", block_tables, max_blocks * 4)
-    check_memory(name, "token_seq", token_seq, n_tokens * 4)
-    check_memory(name, "positions", positions, n_tokens * 4)
+    paged_attention.check_operands(name, KV_DTYPE, out, q, k_pool, v_pool, block_tables, token_seq, positions,
+                                   n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                                   block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks, window=window)
     grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads)
     # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, name, SIGNATURE.replace(" ", ""), programmatic=True)

@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include "harness_io.h"
+
 #include "add.hip"
 #include "add_bias.hip"
 #include "argmax.hip"
@@ -27,23 +29,6 @@
 #include "softcap.hip"
 #include "select_rows.hip"
 #include "silu_mul.hip"
-
-static std::vector<char> read_file(const char* path) {
-  std::vector<char> data;
-  FILE* f = std::fopen(path, "rb");
-  if (!f) std::exit(3);
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
-  std::fclose(f);
-  return data;
-}
-
-static void write_file(const char* path, const void* p, size_t n) {
-  FILE* f = std::fopen(path, "wb");
-  if (!f || std::fwrite(p, 1, n, f) != n) std::exit(4);
-  std::fclose(f);
-}
 
 static std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, std::nanf("")); }
 

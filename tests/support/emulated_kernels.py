@@ -32,7 +32,7 @@ def build_harnesses(work: Path) -> dict[int, Path]:
     for op in OPS + FORWARD_PASS_OPS:
         for path in source_files(op)[1:]:  # <op>.hip and the parts it includes (hip_compat.h is made below)
             shutil.copy(path, work)
-    for name in ("emulation.h", "harness.cpp"):
+    for name in ("emulation.h", "harness_io.h", "harness.cpp"):
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()
     assert header.count(NEUTRAL_MARKER) == 1, f"{COMPAT_HEADER} lost its '{NEUTRAL_MARKER}' line"
@@ -88,7 +88,7 @@ def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, ke
         texts = edited
     for name, text in texts.items():
         (work / name).write_text(text)
-    for name in ("emulation.h", harness):
+    for name in ("emulation.h", "harness_io.h", harness):
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()
     neutral = header[header.index(NEUTRAL_MARKER):]

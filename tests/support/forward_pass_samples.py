@@ -100,30 +100,33 @@ class PagedSample:
         p_i |v_i|, far more at the contexts tested.
         """
         tol = np.zeros(self.q.shape, dtype=np.float64)
+        for t, h, k, v, qh in self.visible_rows():
+            ctx = len(k)
+            scores = (k @ qh) * self.scale
+            d_score = (self.head_dim + 3) * U32 * self.scale * np.abs(k * qh).sum(axis=1).max()
+            if self.softcap > 0:  # the cap's slope is at most 1; its own arithmetic (the product with
+                # 2 / softcap, exp2f's 2 ulp relative to the argument, the sum, the quotient, the
+                # difference and the product with the cap) adds at most 8u of |S| + softcap
+                scores = self.softcap * np.tanh(scores / self.softcap)
+                d_score += 8 * U32 * (np.abs(scores).max() + self.softcap)
+            p = np.exp(scores - scores.max())
+            p /= p.sum()
+            relative = (2 * d_score + (ctx / 8 + 16) * (2 * np.abs(scores).max() + 3) * U32 + (ctx / 4 + 32) * U32)
+            tol[t, h] = 1.1 * relative * (p @ np.abs(v))
+        return tol + 1e-30  # padding rows: exactly zero
+
+    def visible_rows(self):
+        """(token, head, K, V, q) of every real token's head: float64 K and V [keys, head_dim] of the keys the
+        token sees (its window's, or all before it and itself), q [head_dim]."""
         group = self.n_heads // self.n_kv_heads
         for t in range(self.n_tokens):
             pos = int(self.positions[t])
             if pos < 0:
-                continue  # padding: exactly zero
-            ctx = pos + 1
-            keys, values = self.keys_values(int(self.token_seq[t]), ctx)
+                continue
+            keys, values = self.keys_values(int(self.token_seq[t]), pos + 1)
             first = int(paged_attention.first_visible(np.array([pos]), self.window)[0])
-            keys, values, ctx = keys[:, first:], values[:, first:], ctx - first  # the keys the token sees
             for h in range(self.n_heads):
-                k, v = keys[h // group], values[h // group]
-                qh = self.q[t, h].astype(np.float64)
-                scores = (k @ qh) * self.scale
-                d_score = (self.head_dim + 3) * U32 * self.scale * np.abs(k * qh).sum(axis=1).max()
-                if self.softcap > 0:  # the cap's slope is at most 1; its own arithmetic (the product with
-                    # 2 / softcap, exp2f's 2 ulp relative to the argument, the sum, the quotient, the
-                    # difference and the product with the cap) adds at most 8u of |S| + softcap
-                    scores = self.softcap * np.tanh(scores / self.softcap)
-                    d_score += 8 * U32 * (np.abs(scores).max() + self.softcap)
-                p = np.exp(scores - scores.max())
-                p /= p.sum()
-                relative = (2 * d_score + (ctx / 8 + 16) * (2 * np.abs(scores).max() + 3) * U32 + (ctx / 4 + 32) * U32)
-                tol[t, h] = 1.1 * relative * (p @ np.abs(v))
-        return tol + 1e-30
+                yield t, h, keys[h // group, first:], values[h // group, first:], self.q[t, h].astype(np.float64)
 
     def matrix_core_tolerance(self) -> np.ndarray:
         """float64 [T, n_heads, head_dim]: how far prompt_attention (f16 cache, matrix cores) may be from the
@@ -136,22 +139,12 @@ class PagedSample:
         subnormal (below 2^-14), against a sum of weights of at least 1. So
         |out - ref| <= 2 tolerance + 1.1 ((2 u16 scale max sum|q k| + u16) sum p|v| + c 2^-25 max|v|)."""
         extra = np.zeros(self.q.shape, dtype=np.float64)
-        group = self.n_heads // self.n_kv_heads
-        for t in range(self.n_tokens):
-            pos = int(self.positions[t])
-            if pos < 0:
-                continue
-            keys, values = self.keys_values(int(self.token_seq[t]), pos + 1)
-            first = int(paged_attention.first_visible(np.array([pos]), self.window)[0])
-            keys, values = keys[:, first:], values[:, first:]
-            for h in range(self.n_heads):
-                k, v = keys[h // group], values[h // group]
-                qh = self.q[t, h].astype(np.float64)
-                scores = (k @ qh) * self.scale
-                p = np.exp(scores - scores.max())
-                p /= p.sum()
-                d_score = U16 * self.scale * np.abs(k * qh).sum(axis=1).max()
-                extra[t, h] = (2 * d_score + U16) * (p @ np.abs(v)) + len(p) * 2.0**-25 * np.abs(v).max()
+        for t, h, k, v, qh in self.visible_rows():
+            scores = (k @ qh) * self.scale
+            p = np.exp(scores - scores.max())
+            p /= p.sum()
+            d_score = U16 * self.scale * np.abs(k * qh).sum(axis=1).max()
+            extra[t, h] = (2 * d_score + U16) * (p @ np.abs(v)) + len(p) * 2.0**-25 * np.abs(v).max()
         return 2 * self.tolerance() + 1.1 * extra
 
 
