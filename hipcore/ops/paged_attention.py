@@ -201,14 +201,16 @@ def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, slots: int
 
 def check_operands(op: str, kv_dtype: str, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
                    n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
-                   num_blocks: int, window: int) -> None:
+                   num_blocks: int, window: int, head_dim_multiple: int, max_head_dim: int) -> None:
     """The checks an attention launch over the paged cache needs whatever its kernel (this op's and
-    prompt_attention's; each checks its own head sizes first): sizes, grouping, block size, window, a pool
+    prompt_attention's, with their own head sizes): sizes, grouping, head size, block size, window, a pool
     block under 2 GiB, and every buffer large and aligned enough."""
     check_sizes(op, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                 block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks)
     if n_heads % n_kv_heads:
         raise ValueError(f"{op}: {n_heads} query heads do not group over {n_kv_heads} KV heads")
+    if head_dim % head_dim_multiple or head_dim > max_head_dim:
+        raise ValueError(f"{op}: head_dim must be a multiple of {head_dim_multiple} up to {max_head_dim}, got {head_dim}")
     if block_size & (block_size - 1):
         raise ValueError(f"{op}: block_size must be a power of two, got {block_size}")
     if not 0 <= window <= INT32_MAX:
@@ -237,13 +239,12 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     op = kernel_name(kv_dtype, softcap > 0)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"{OP}: no kernel for KV dtype {kv_dtype!r}; have {', '.join(KV_DTYPES)}")
-    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"{op}: head_dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim}")
-    if not (np.isfinite(softcap) and softcap >= 0):
-        raise ValueError(f"{op}: softcap must be 0 (none) or a positive finite cap, got {softcap}")
     check_operands(op, kv_dtype, out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens=n_tokens,
                    n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, block_size=block_size,
-                   max_blocks=max_blocks, num_blocks=num_blocks, window=window)
+                   max_blocks=max_blocks, num_blocks=num_blocks, window=window, head_dim_multiple=8,
+                   max_head_dim=MAX_HEAD_DIM)
+    if not (np.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"{op}: softcap must be 0 (none) or a positive finite cap, got {softcap}")
 
     max_keys = min(window, max_blocks * block_size) if window else max_blocks * block_size  # a token's most keys
     splits = split_limit(n_tokens, n_heads, n_kv_heads, max_keys) if workspace is not None else 1

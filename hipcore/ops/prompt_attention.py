@@ -105,12 +105,10 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     """Queue attention for n_tokens query tokens of an f16 cache (paged_attention's arguments and result; no
     workspace, no soft cap). The caller checks `supports` first; this raises ValueError otherwise."""
     name = kernel_name(head_dim)
-    if not supports(KV_DTYPE, head_dim):
-        raise ValueError(f"{name}: head_dim must be a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}, "
-                         f"got {head_dim}")
     paged_attention.check_operands(name, KV_DTYPE, out, q, k_pool, v_pool, block_tables, token_seq, positions,
                                    n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                                   block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks, window=window)
+                                   block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks, window=window,
+                                   head_dim_multiple=HEAD_DIM_MULTIPLE, max_head_dim=MAX_HEAD_DIM)
     grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads)
     # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, name, SIGNATURE.replace(" ", ""), programmatic=True)
