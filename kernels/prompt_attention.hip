@@ -402,9 +402,10 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
 // prompt_attention_f16_d<head_dim>(out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads,
 // n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window, scale); blockDim 4 warps. One entry per head
 // size (multiples of 16 up to 128): each gets the registers of its own accumulators (one kernel that switched
-// over them all took the largest's and spilled on sm_90).
-#define RF_PROMPT_ATTENTION_ENTRY(HD)                                                                             \
-  extern "C" __global__ __launch_bounds__(4 * WARP_SIZE) void prompt_attention_f16_d##HD(                         \
+// over them all took the largest's and spilled on sm_90). BOUNDS: the launch bounds; head size 112 says one
+// workgroup per SM at least, without which ptxas held it to 168 registers on sm_80 and spilled 12 bytes.
+#define RF_PROMPT_ATTENTION_ENTRY(HD, BOUNDS)                                                                     \
+  extern "C" __global__ BOUNDS void prompt_attention_f16_d##HD(                                                    \
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,               \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions, \
       int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks,     \
@@ -419,11 +420,12 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
     if (head_dim == HD) rf_prompt_attention::attend<HD / 16>(p, sh); /* the launcher picks the entry by it */     \
   }
 
-RF_PROMPT_ATTENTION_ENTRY(16)
-RF_PROMPT_ATTENTION_ENTRY(32)
-RF_PROMPT_ATTENTION_ENTRY(48)
-RF_PROMPT_ATTENTION_ENTRY(64)
-RF_PROMPT_ATTENTION_ENTRY(80)
-RF_PROMPT_ATTENTION_ENTRY(96)
-RF_PROMPT_ATTENTION_ENTRY(112)
-RF_PROMPT_ATTENTION_ENTRY(128)
+#define RF_PROMPT_ATTENTION_BOUNDS __launch_bounds__(4 * WARP_SIZE)
+RF_PROMPT_ATTENTION_ENTRY(16, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_ENTRY(32, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_ENTRY(48, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_ENTRY(64, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_ENTRY(80, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_ENTRY(96, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_ENTRY(112, __launch_bounds__(4 * WARP_SIZE, 1))
+RF_PROMPT_ATTENTION_ENTRY(128, RF_PROMPT_ATTENTION_BOUNDS)

@@ -26,6 +26,8 @@ CASES = [
     (6, 3, 64, 16, [(50, 33), (9, 9)], 2, 20),  # groups of 2; a sliding window shorter than the prompt
     (8, 1, 48, 4, [(37, 37)], 0, 0),  # a group of 8: two chunks of 4 heads; 3 matrix tiles of head_dim
     (3, 1, 16, 16, [(18, 18)], 0, 0),  # a group of 3: one head per warp and workgroup; one tile of head_dim
+    (4, 2, 112, 16, [(24, 20)], 1, 0),  # head sizes 112 and 80 (the entries with 7 and 5 tiles)
+    (4, 1, 80, 8, [(30, 17)], 0, 12),
 ]
 
 
