@@ -375,10 +375,9 @@ def test_attention_kernels_keep_their_registers(built):
             assert usage["shared_bytes"] >= 4 * 4 * 256 * 4, f"{target} {name}: {usage}"
 
 
-def test_prompt_attention_keeps_its_fragments_and_outputs_in_registers(built):
-    """prompt_attention holds a warp's 16 x head_dim outputs (and on NVIDIA and CDNA its q fragments) in
-    registers: no target with matrix cores may spill them. gfx1030 has none: the forward pass keeps
-    paged_attention there (prompt_attention.takes), so its FMA build, which spills, never runs."""
+def test_prompt_attention_keeps_its_outputs_and_next_rows_in_registers(built):
+    """No spill on any matrix-core target (gfx1030 has none: prompt_attention.takes keeps paged_attention there,
+    so its FMA build, which spills, never runs); each entry's shared memory is the tiles' (below)."""
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
     for target in all_targets():
