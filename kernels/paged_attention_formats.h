@@ -18,7 +18,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // ---- KV formats: the raw words of one lane's 8 elements, loaded apart from decoding them ---------
 // lane_offset: where a lane's words start in a row; lane_aux: a second per-lane constant for load.
 
-struct F16Kv {
+// The 16-bit formats' rows: a lane's 8 elements are one 16-byte word; F16Kv and BF16Kv differ only in decode.
+struct Halves16Kv {
   typedef uint4 Raw;
   static constexpr int kUnroll = 4;
   static __device__ __forceinline__ unsigned int row_bytes(int head_dim) { return (unsigned int)head_dim * 2; }
@@ -27,6 +28,9 @@ struct F16Kv {
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ p, int) {
     return *reinterpret_cast<const uint4*>(p);
   }
+};
+
+struct F16Kv : Halves16Kv {
   static __device__ __forceinline__ void decode(const Raw r, float v[kChunk]) {
     const unsigned int w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
@@ -37,15 +41,7 @@ struct F16Kv {
   }
 };
 
-struct BF16Kv {
-  typedef uint4 Raw;
-  static constexpr int kUnroll = 4;
-  static __device__ __forceinline__ unsigned int row_bytes(int head_dim) { return (unsigned int)head_dim * 2; }
-  static __device__ __forceinline__ int lane_offset(int chunk) { return 16 * chunk; }
-  static __device__ __forceinline__ int lane_aux(int) { return 0; }
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ p, int) {
-    return *reinterpret_cast<const uint4*>(p);
-  }
+struct BF16Kv : Halves16Kv {
   static __device__ __forceinline__ void decode(const Raw r, float v[kChunk]) {
     const unsigned int w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
