@@ -72,12 +72,17 @@ static __device__ __forceinline__ int lesser_of(int a, int b) { return a < b ? a
 // The tiles of y with TN tokens (32 or 64), computed by one workgroup in turn.
 // Step: a step shape (Narrow<F> or Wide<>); ws, xs: shared [kTileRows][kStride] and [TN][kStride] halves.
 // The launch's shape and where its results go.
+// x is float32, or f16 for the x16 and swiglu entries. With a SwiGLU pair (the swiglu entries) W and y are the
+// gate's, W_up and y_up the up projection's (y and y_up: float32 scratch), h16 the f16 result.
 struct Launch {
   float* y;
   const unsigned char* W;
-  const float* x;
+  const void* x;
   unsigned char* workspace;  // counters, then the partial tiles (splits > 1 only)
   int rows, cols, n_tokens, splits, accumulate;
+  float* y_up;
+  const unsigned char* W_up;
+  unsigned short* h16;
 };
 
 // y[t, r] = v, or y[t, r] += v (the residual connection), where the tile's element exists.
@@ -126,17 +131,77 @@ __device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch&
   return true;
 }
 
-template <class Step, int TN, int kDepth>
+// SwiGLU pairs: the gate's and the up projection's tiles of one place are two items of one launch (so
+// that the two products share its waves: a prompt step's 896 gate tiles alone leave the last of four waves
+// 40% full on an H100), each stored to its own float32 scratch. The second of the pair to finish reads both
+// tiles back from L2 (load_partial; its own too, row by row, coalesced, with no accumulator held), writes
+// silu(gate) * up as f16 into h16 (the down product's x, which it would round to f16 anyway) and sets the
+// tile's counter back to zero. Needs splits == 1 and at most kCounterBytes / 4 tiles (the launcher's
+// checks); silu as silu_mul.hip computes it.
+template <int TN>
+__device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, int t0, int tid, int* last) {
+  int* counters = reinterpret_cast<int*>(a.workspace);
+  __threadfence();  // as combine_splits: every thread's writes, then the count
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    *last = atomicAdd(counters + tile, 1) == 1;
+  }
+  __syncthreads();
+  if (!*last) return;  // uniform
+  __threadfence();
+  const int rows = lesser_of(kTileRows, a.rows - r0), tokens = lesser_of(TN, a.n_tokens - t0);
+#pragma unroll 8  // 16 loads in flight; a whole unroll held all 64 and cost the kernel 65 registers
+  for (int k = tid; k < kTileRows * TN; k += kThreads) {
+    const int r = k % kTileRows, t = k / kTileRows;
+    if (r < rows && t < tokens) {
+      const unsigned long long i = (unsigned long long)(t0 + t) * a.rows + r0 + r;
+      const float g = load_partial(a.y + i);
+      const float u = load_partial(a.y_up + i);
+      a.h16[i] = rf_float_to_f16(g / (1.0f + expf(-g)) * u);
+    }
+  }
+  if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch
+}
+
+// x as a launch holds it: float32, rounded to f16 as it is staged (XF32), or f16 already (XF16: half the
+// bytes each tile reads). A load is kValues consecutive values of one token; load_into assigns member by
+// member, as in matmul.hip: a whole-struct copy into the array can land in scratch.
+struct XF32 {
+  static constexpr int kValues = 4, kBytes = 4;
+  typedef float4 Raw;
+  static __device__ __forceinline__ void load_into(Raw& r, const unsigned char* row, int col) {
+    const float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + col);
+    r.x = v.x, r.y = v.y, r.z = v.z, r.w = v.w;
+  }
+  static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) {
+    unsigned int* d = reinterpret_cast<unsigned int*>(dst);
+    d[0] = pack_f16(r.x, r.y);
+    d[1] = pack_f16(r.z, r.w);
+  }
+};
+struct XF16 {
+  static constexpr int kValues = 8, kBytes = 2;
+  typedef uint4 Raw;
+  static __device__ __forceinline__ void load_into(Raw& r, const unsigned char* row, int col) {
+    const uint4 v = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(row) + col);
+    r.x = v.x, r.y = v.y, r.z = v.z, r.w = v.w;
+  }
+  static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) { *reinterpret_cast<uint4*>(dst) = r; }
+};
+
+template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
   constexpr int kWLoads = kTileRows * Step::kGroupsPerRow / kThreads;  // groups of weights per thread
-  constexpr int kXLoads = TN * kStepCols / 4 / kThreads;                // float4s of x per thread
-  constexpr int kXPerToken = kStepCols / 4;                             // float4s of a token's step
+  constexpr int kXLoads = TN * kStepCols / XIn::kValues / kThreads;     // loads of x per thread
+  constexpr int kXPerToken = kStepCols / XIn::kValues;                  // loads of a token's step
   static_assert(kWLoads * kThreads == kTileRows * Step::kGroupsPerRow, "every thread loads whole groups");
+  static_assert(kXLoads * kThreads * XIn::kValues == TN * kStepCols, "every thread loads whole runs of x");
   static_assert(kTokenTilesPerWarp >= 1 && kXLoads >= 1, "tile too small for the warps");
   constexpr int kAccPerThread = kRowTilesPerWarp * kTokenTilesPerWarp * RF_MMA_ACC;
-  const float* __restrict__ x = a.x;
+  const unsigned char* __restrict__ x = static_cast<const unsigned char*>(a.x);
   const int rows = a.rows, cols = a.cols, n_tokens = a.n_tokens, splits = a.splits;
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
   const int warp_row = 32 * (warp % kWarpsDown), warp_token = 16 * kTokenTilesPerWarp * (warp / kWarpsDown);
@@ -144,9 +209,12 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
   const int row_tiles = (rows + kTileRows - 1) / kTileRows;
   const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);
   const int steps = cols / kStepCols;
-  const int items = tiles * splits;  // the launcher keeps it < 2^31
+  const int items = tiles * splits * (kSwiglu ? 2 : 1);  // the launcher keeps it < 2^31
   for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
-    const int tile = item / splits, split = item - tile * splits;
+    const int product = kSwiglu ? item & 1 : 0;  // a pair's two items run side by side
+    const int work = kSwiglu ? item >> 1 : item;
+    const unsigned char* W = product ? a.W_up : a.W;
+    const int tile = work / splits, split = work - tile * splits;
     const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
     const int c_end = (int)((long long)(split + 1) * steps / splits) * kStepCols;
     const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * TN;
@@ -156,18 +224,18 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
     for (int p = 0; p < kWLoads; ++p) {
       const int v = tid + kThreads * p;  // group v: row v / kGroupsPerRow, group v % kGroupsPerRow of it
       const int row = v / Step::kGroupsPerRow;
-      w_src[p] = a.W + (unsigned long long)lesser_of(r0 + row, rows - 1) * row_bytes;
+      w_src[p] = W + (unsigned long long)lesser_of(r0 + row, rows - 1) * row_bytes;
       w_group[p] = v % Step::kGroupsPerRow;
       w_dst[p] = row * kStride;
     }
-    const float* x_src[kXLoads];
+    const unsigned char* x_src[kXLoads];
     int x_dst[kXLoads], x_col[kXLoads];
 #pragma unroll
     for (int p = 0; p < kXLoads; ++p) {
-      const int v = tid + kThreads * p;  // float4 v: token v / kXPerToken, step columns 4 (v % kXPerToken) ..
+      const int v = tid + kThreads * p;  // load v: token v / kXPerToken, step columns kValues (v % kXPerToken) ..
       const int token = v / kXPerToken;
-      x_col[p] = 4 * (v % kXPerToken);
-      x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols;
+      x_col[p] = XIn::kValues * (v % kXPerToken);
+      x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols * XIn::kBytes;
       x_dst[p] = token * kStride + x_col[p];
     }
 
@@ -180,18 +248,14 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
     // has one token tile and few workgroups per compute unit: the loads' latency, not the products, sets
     // its pace). Steps past the split's end read its last step again and are not used.
     typename Step::Raw raw[kDepth][kWLoads];
-    float4 xv[kDepth][kXLoads];
+    typename XIn::Raw xv[kDepth][kXLoads];
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
 #pragma unroll
       for (int p = 0; p < kWLoads; ++p) raw[d][p] = Step::load(w_src[p], c, w_group[p]);
 #pragma unroll
-      for (int p = 0; p < kXLoads; ++p) {
-        // Member by member, as in matmul.hip: a whole-struct copy into the array can land in scratch.
-        const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c, x_col[p]));
-        xv[d][p].x = v.x, xv[d][p].y = v.y, xv[d][p].z = v.z, xv[d][p].w = v.w;
-      }
+      for (int p = 0; p < kXLoads; ++p) XIn::load_into(xv[d][p], x_src[p], Step::column(c, x_col[p]));
     }
 
     for (int c_base = c_begin; c_base < c_end; c_base += kDepth * kStepCols) {
@@ -203,21 +267,14 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 #pragma unroll
         for (int p = 0; p < kWLoads; ++p) Step::store(raw[d][p], c0, w_group[p], ws + w_dst[p]);
 #pragma unroll
-        for (int p = 0; p < kXLoads; ++p) {
-          unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
-          dst[0] = pack_f16(xv[d][p].x, xv[d][p].y);
-          dst[1] = pack_f16(xv[d][p].z, xv[d][p].w);
-        }
+        for (int p = 0; p < kXLoads; ++p) XIn::store(xv[d][p], xs + x_dst[p]);
         __syncthreads();
 
         const int next = lesser_of(c0 + kDepth * kStepCols, c_end - kStepCols);
 #pragma unroll
         for (int p = 0; p < kWLoads; ++p) raw[d][p] = Step::load(w_src[p], next, w_group[p]);
 #pragma unroll
-        for (int p = 0; p < kXLoads; ++p) {
-          const float4 v = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
-          xv[d][p].x = v.x, xv[d][p].y = v.y, xv[d][p].z = v.z, xv[d][p].w = v.w;
-        }
+        for (int p = 0; p < kXLoads; ++p) XIn::load_into(xv[d][p], x_src[p], Step::column(next, x_col[p]));
 
 #pragma unroll
         for (int k0 = 0; k0 < kStepCols; k0 += 16) {
@@ -235,6 +292,19 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
       }
     }
 
+    if (kSwiglu) {  // each product's tile to its own output, then the pair's second makes silu(g) * u
+      const Launch own = {product ? a.y_up : a.y, nullptr, nullptr, nullptr, rows, cols, n_tokens, 1, 0};
+#pragma unroll
+      for (int i = 0; i < kRowTilesPerWarp; ++i)
+#pragma unroll
+        for (int j = 0; j < kTokenTilesPerWarp; ++j)
+#pragma unroll
+          for (int e = 0; e < RF_MMA_ACC; ++e)
+            store_result(own, r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e), t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e),
+                         acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]);
+      swiglu_pair<TN>(a, tile, r0, t0, tid, last);
+      continue;
+    }
     if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
 
 #pragma unroll
@@ -308,6 +378,64 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, mmq::Narrow<mmq::Q8_0>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
+
+// Prompt steps' products of f16 x (the K-quants): matmul_mma_x16_<format>, matmul_mma's arguments with x f16
+// [n_tokens, cols]: half the bytes each tile reads (on an NVIDIA H100 the 8B's gate product at 512 tokens
+// took 341.5 against 375.2 us). Both tile sizes on the shared tiles (NVIDIA's fragment path reads float32 x);
+// the 32-token path also keeps nvcc's sm_90 registers of the 64-token one within 128 without spills (alone,
+// Q6_K's spilled 12 bytes).
+#define RF_MATMUL_MMA_X16_ENTRY(name, Step)                                                                       \
+  extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
+                                                         const void* __restrict__ x, void* workspace, int rows,     \
+                                                         int cols, int n_tokens, int tile_tokens, int splits,       \
+                                                         int accumulate) {                                         \
+    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
+    __shared__ int last;                                                                                          \
+    const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
+                           rows, cols, n_tokens, splits, accumulate};                                             \
+    rf_check_wave_size();                                                                                         \
+    if (tile_tokens == 32)                                                                                        \
+      mmq::mma_tiles<Step, 32, mmq::DepthTile32<Step>::value, false, mmq::XF16>(a, ws, xs, &last);                \
+    else                                                                                                          \
+      mmq::mma_tiles<Step, 64, mmq::kDepthTile64, false, mmq::XF16>(a, ws, xs, &last);                            \
+  }
+
+RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q4_k, mmq::Wide<false>)
+RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q5_k, mmq::Wide<true>)
+RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q6_k, mmq::Wide6)
+
+// SwiGLU pairs of prompt steps (Q4_K and Q5_K: the gate and up matrices of Q4_K_M and Q5_K_M files; a Q6_K
+// pair spilled on sm_90 at two workgroups per SM): matmul_mma_swiglu_<format>(h16, gate, up, W_gate, W_up, x16,
+// workspace, rows, cols, n_tokens, tile_tokens): h16 = silu(x W_gate^T) * (x W_up^T) as f16, x16 f16
+// [n_tokens, cols], gate and up float32 scratch [n_tokens, rows] (the products); tiles of 32 or 64 tokens, no
+// splits, the workspace's counters as the split launches use them (hipcore/ops/matmul_mma.py launch_swiglu).
+// Two workgroups per SM on sm_90 (at most 128 registers, as the single products); sm_80's nvcc spilled there
+// and keeps its own choice (one workgroup per SM, as its single products).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define RF_SWIGLU_BOUNDS __launch_bounds__(256)
+#else
+#define RF_SWIGLU_BOUNDS __launch_bounds__(256, 2)
+#endif
+#define RF_MATMUL_MMA_SWIGLU_ENTRY(name, Step)                                                                    \
+  extern "C" __global__ RF_SWIGLU_BOUNDS void name(                                                               \
+      unsigned short* __restrict__ h16, float* __restrict__ gate, float* __restrict__ up,                          \
+      const void* __restrict__ W_gate, const void* __restrict__ W_up, const void* __restrict__ x, void* workspace,  \
+      int rows, int cols, int n_tokens, int tile_tokens) {                                                         \
+    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
+    __shared__ int last;                                                                                          \
+    const mmq::Launch a = {gate, static_cast<const unsigned char*>(W_gate), x, static_cast<unsigned char*>(workspace), \
+                           rows, cols, n_tokens, 1, 0, up, static_cast<const unsigned char*>(W_up), h16};         \
+    rf_check_wave_size();                                                                                         \
+    if (tile_tokens == 32)                                                                                        \
+      mmq::mma_tiles<Step, 32, mmq::DepthTile32<Step>::value, true, mmq::XF16>(a, ws, xs, &last);                 \
+    else                                                                                                          \
+      mmq::mma_tiles<Step, 64, mmq::kDepthTile64, true, mmq::XF16>(a, ws, xs, &last);                             \
+  }
+
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_k, mmq::Wide<false>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
 // The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format> (32-token tiles, x

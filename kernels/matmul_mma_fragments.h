@@ -132,7 +132,7 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
   constexpr int kAcc = kTokenTiles * 4;
   static_assert(kWarps * 16 == kTileRows && kXLoads >= 1, "eight warps of 16 rows");
   static_assert(TN == kStreamTokens || TN == kDirectTokens, "the two tile shapes");
-  const float* __restrict__ x = a.x;
+  const float* __restrict__ x = static_cast<const float*>(a.x);
   const int rows = a.rows, cols = a.cols, n_tokens = a.n_tokens, splits = a.splits;
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane >> 2, t = lane & 3;
   const unsigned long long row_bytes = Step::row_bytes(cols);

@@ -2,10 +2,22 @@
 // order llama.cpp computes it (scale first, then the weight). The block's size is any multiple of 64
 // up to 256. `out` may be `x`: every read of x in the first pass happens before the block-wide sum,
 // and the second pass reads and writes the same element in the same thread.
+// rmsnorm_f32 writes float32; rmsnorm_f32_f16 writes f16 (raw bits), the x of matmul_mma's x16 entries, which
+// would round it to f16 anyway (out must not be x there).
 #include "hip_compat.h"
 
-extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32(float* out, const float* x, const float* weight, int n,
-                                                              float eps) {
+// A value of the output: float32, or f16 bits.
+static __device__ __forceinline__ void put(float* out, int i, float v) { out[i] = v; }
+static __device__ __forceinline__ void put(unsigned short* out, int i, float v) { out[i] = rf_float_to_f16(v); }
+static __device__ __forceinline__ void put4(float* out, int i, float4 r) { reinterpret_cast<float4*>(out)[i] = r; }
+static __device__ __forceinline__ void put4(unsigned short* out, int i, float4 r) {
+  const unsigned int lo = (unsigned int)rf_float_to_f16(r.x) | ((unsigned int)rf_float_to_f16(r.y) << 16);
+  const unsigned int hi = (unsigned int)rf_float_to_f16(r.z) | ((unsigned int)rf_float_to_f16(r.w) << 16);
+  reinterpret_cast<unsigned long long*>(out)[i] = (unsigned long long)lo | ((unsigned long long)hi << 32);
+}
+
+template <class Out>
+static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x, const float* weight, int n, float eps) {
   __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
   const unsigned long long row_start = (unsigned long long)blockIdx.x * (unsigned long long)n;
   x += row_start;
@@ -15,7 +27,8 @@ extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32(float* out, const 
   // thread wait on sixteen. Uniform across the block.
   const unsigned long long addresses = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(out) |
                                        reinterpret_cast<unsigned long long>(weight);
-  const bool whole_float4s = (n & 3) == 0 && (addresses & 15) == 0;
+  const bool whole_float4s = (n & 3) == 0 && (addresses & (sizeof(Out) == 4 ? 15 : 7)) == 0 &&
+                             ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(weight)) & 15) == 0;
 
   float sum_sq = 0.0f;
   if (whole_float4s) {
@@ -36,14 +49,23 @@ extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32(float* out, const 
   if (whole_float4s) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const float4* w4 = reinterpret_cast<const float4*>(weight);
-    float4* out4 = reinterpret_cast<float4*>(out);
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
       const float4 v = x4[i], w = w4[i];
       float4 r;
       r.x = (v.x * scale) * w.x, r.y = (v.y * scale) * w.y, r.z = (v.z * scale) * w.z, r.w = (v.w * scale) * w.w;
-      out4[i] = r;
+      put4(out, i, r);
     }
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * scale) * weight[i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) put(out, i, (x[i] * scale) * weight[i]);
   }
+}
+
+extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32(float* out, const float* x, const float* weight, int n,
+                                                              float eps) {
+  rmsnorm_row(out, x, weight, n, eps);
+}
+
+extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32_f16(unsigned short* out, const float* x,
+                                                                  const float* weight, int n, float eps) {
+  rmsnorm_row(out, x, weight, n, eps);
 }

@@ -96,6 +96,10 @@ def test_rmsnorm(harnesses, warp, tmp_path):
         assert np.all(np.abs(np.fromfile(tmp_path / "o", np.float32).reshape(rows, n) - want) <= tol)
         run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-5, tmp_path / "x", tmp_path / "w", "-", tmp_path / "o")
         assert np.all(np.abs(np.fromfile(tmp_path / "o", np.float32).reshape(rows, n) - want) <= tol), "in place"
+        # f16 out: the float32 result rounded once more (u16 of it, or half f16's subnormal spacing).
+        run(harnesses, warp, "rmsnorm_f32_f16", rows, block, n, 1e-5, tmp_path / "x", tmp_path / "w", tmp_path / "o")
+        got = np.fromfile(tmp_path / "o", np.float16).reshape(rows, n).astype(np.float64)
+        assert np.all(np.abs(got - want) <= tol + 2.0**-11 * (np.abs(want) + tol) + 2.0**-25), f"f16 out {rows}x{n}"
 
 
 @pytest.mark.parametrize("rope_type", ["norm", "neox"])

@@ -22,15 +22,21 @@ def mma_harnesses(tmp_path_factory):
 
 
 def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, tile, grid_override, rng, tmp_path,
-                 splits: int = 1, accumulate: bool = False, path: str = "auto"):
+                 splits: int = 1, accumulate: bool = False, path: str = "auto", x_f16: bool = False):
     """max |got - want| / bound of one launch on fresh random inputs (<= 1 passes; an output left unwritten,
     NaN as the harness fills y, counts as infinitely far). With splits > 1 the workspace is exactly what they
     need, and its counters must be left at zero; with accumulate, y starts as random values the product is
-    added to; `path` as matmul_mma.entry_name's (NVIDIA's harness stands for sm_90, the others for gfx942)."""
+    added to; `path` as matmul_mma.entry_name's (NVIDIA's harness stands for sm_90, the others for gfx942);
+    x_f16: the x16 entry, x written as f16 (the reference takes those values)."""
     raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     raw.tofile(tmp_path / "w")
-    x.tofile(tmp_path / "x")
+    if x_f16:
+        x = x.astype(np.float16)
+        x.tofile(tmp_path / "x")
+        x = x.astype(np.float32)
+    else:
+        x.tofile(tmp_path / "x")
     y_in = rng.standard_normal((n_tokens, rows)).astype(np.float32) if accumulate else None
     if accumulate:
         y_in.tofile(tmp_path / "y_in")
@@ -42,7 +48,9 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
     assert used == splits
     arch = "sm_90" if harness.name.endswith("nvidia_mma") else "gfx942"  # NVIDIA's harness runs its fragment path
     split_steps = -(-(cols // matmul_mma.step_cols(weight_type)) // splits)
-    run_mma(harness, matmul_mma.entry_name(arch, weight_type, tile, n_tokens, path, split_steps), grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
+    entry = matmul_mma.x16_entry(weight_type) if x_f16 else matmul_mma.entry_name(arch, weight_type, tile, n_tokens,
+                                                                                    path, split_steps)
+    run_mma(harness, entry, grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
             int(accumulate), ws_bytes, tmp_path / "w", tmp_path / "x", tmp_path / "y_in" if accumulate else "-",
             tmp_path / "y", tmp_path / "ws")
     got = np.fromfile(tmp_path / "y", np.float32).reshape(n_tokens, rows)
@@ -202,3 +210,82 @@ def test_a_broken_packed_decode_is_caught(fault, tmp_path):
     excess = nvidia_excess_with(old, new, weight_type, 16, 23, tmp_path)  # 16 tokens: the staged entry
     # The ordinary check fails above 1; a one-code shift of half of Q6_K's columns lands near 8 here.
     assert excess > 2.0, f"{fault}: the planted decode fault went unnoticed ({excess:.3g} x the bound)"
+
+
+# ---- SwiGLU pairs (matmul_mma_swiglu_<type>: a prompt step's gate and up in one launch) -----------------
+
+def swiglu_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, grid, rng, tmp_path,
+                  tile: int = 64) -> float:
+    """max |got - want| / bound over h16 = silu(gate) * up and the gate and up products of one pair launch on
+    f16 x (<= 1 passes; an output left unwritten, NaN as the harness fills it, counts as infinitely far), the
+    bounds matmul_mma.swiglu_error_bound's. The pair's counters must be left at zero."""
+    gate_raw, up_raw = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
+    np.concatenate([gate_raw.reshape(-1), up_raw.reshape(-1)]).tofile(tmp_path / "w")
+    x.tofile(tmp_path / "x")
+    tiles = matmul_mma.tile_count(rows, n_tokens, tile)
+    run_mma(harness, matmul_mma.swiglu_entry(weight_type), grid or 2 * tiles, matmul_mma.THREADS, rows, cols, n_tokens,
+            tile, 1, 0, matmul_mma.COUNTER_BYTES, tmp_path / "w", tmp_path / "x", "-", tmp_path / "y", tmp_path / "ws")
+    raw_out = np.fromfile(tmp_path / "y", np.uint8)
+    n = n_tokens * rows
+    got = [raw_out[:2 * n].view(np.float16).astype(np.float64).reshape(n_tokens, rows)]
+    got += list(raw_out[2 * n:].view(np.float32).astype(np.float64).reshape(2, n_tokens, rows))
+    x32 = x.astype(np.float32)
+    want = matmul_mma.swiglu_reference(gate_raw, up_raw, weight_type, x32, rows, cols)
+    bounds = matmul_mma.swiglu_error_bound(gate_raw, up_raw, weight_type, x32, rows, cols)
+    counters = np.fromfile(tmp_path / "ws", np.int32)
+    assert not counters.any(), f"{weight_type} pair: the counters were not left at zero"
+    excess = [np.where(np.isfinite(g), np.abs(g - w) / b, np.inf) for g, w, b in zip(got, want, bounds)]
+    return float(max(np.max(e) for e in excess))
+
+
+# (rows, cols, n_tokens, grid or None, tile): a row tile and a token tile cut short, one workgroup per item
+# (the up tile of each pair ends it); three workgroups looping over the items (either of a pair ends it); one
+# workgroup for all; 32-token tiles.
+SWIGLU_CASES = [(130, 512, 70, None, 64), (130, 512, 70, 3, 64), (64, 256, 64, 1, 64), (72, 256, 40, None, 32)]
+
+
+@pytest.mark.parametrize("kind", MMA_KINDS)
+@pytest.mark.parametrize("weight_type", matmul_mma.SWIGLU_TYPES)
+def test_swiglu_pairs_match_the_reference(mma_harnesses, kind, weight_type, tmp_path):
+    rng = np.random.default_rng([13, len(kind), ord(kind[0]), ord(weight_type[1])])
+    for rows, cols, n_tokens, grid, tile in SWIGLU_CASES:
+        excess = swiglu_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, grid, rng, tmp_path, tile)
+        assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} grid {grid}: {excess:.3g} x the bound"
+
+
+@pytest.mark.parametrize("kind", MMA_KINDS)
+@pytest.mark.parametrize("weight_type", matmul_mma.X16_TYPES)
+def test_f16_x_products_match_the_reference(mma_harnesses, kind, weight_type, tmp_path):
+    """matmul_mma_x16: both tile sizes, tiles cut short, a small grid looping, splits with the residual add."""
+    rng = np.random.default_rng([19, len(kind), ord(kind[0]), ord(weight_type[1])])
+    for rows, cols, n_tokens, tile, grid, splits, accumulate in ((130, 512, 70, 64, None, 1, False),
+                                                                  (64, 256, 33, 32, None, 1, False),
+                                                                  (130, 512, 100, 64, 3, 1, True),
+                                                                  (130, 512, 20, 32, None, 3, True)):
+        excess = worst_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, tile, grid, rng, tmp_path,
+                              splits=splits, accumulate=accumulate, x_f16=True)
+        assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} tile {tile}: {excess:.3g} x the bound"
+
+
+# Faults of the pairs and of f16 x: the gate's tile taken for up's, no item of a pair ending it, silu of the up
+# product instead of the gate's, the pair's counter not reset, both items reading the gate's weights, f16
+# x read a token's row too far on (float32's row stride).
+SWIGLU_FAULTS = {
+    "the gate's tile read as up's": ("u = load_partial(a.y_up + i);", "u = load_partial(a.y + i);"),
+    "nobody ends a pair": ("*last = atomicAdd(counters + tile, 1) == 1;", "*last = atomicAdd(counters + tile, 1) == 2;"),
+    "silu of up": ("a.h16[i] = rf_float_to_f16(g / (1.0f + expf(-g)) * u);", "a.h16[i] = rf_float_to_f16(u / (1.0f + expf(-u)) * g);"),
+    "f16 x at float32's row stride": ("* cols * XIn::kBytes;", "* cols * 4;"),
+    "counter not reset": ("if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch", ""),
+    "gate's weights twice": ("const unsigned char* W = product ? a.W_up : a.W;", "const unsigned char* W = a.W;"),
+}
+
+
+@pytest.mark.parametrize("fault", SWIGLU_FAULTS)
+def test_a_broken_swiglu_pair_is_caught(fault, tmp_path):
+    old, new = SWIGLU_FAULTS[fault]
+    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+    rng = np.random.default_rng(17)
+    with pytest.raises(AssertionError, match="x the bound|counters were not left at zero"):
+        excess = swiglu_excess(harness, "q4_k", 130, 512, 70, 3, rng, tmp_path)
+        assert excess <= 1.0, f"{fault}: {excess:.3g} x the bound"

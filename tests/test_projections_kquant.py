@@ -182,3 +182,111 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
     assert projections.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == FUSED_QMATVEC_MAX_TOKENS
     assert names(FUSED_QMATVEC_MAX_TOKENS) == fused and names(FUSED_QMATVEC_MAX_TOKENS + 1) == single
     assert head_names(projections.HEAD_MATVEC_MAX_ROWS) == ["output_norm+head"]
+
+
+def test_prompt_steps_on_matrix_cores_run_the_feed_forward_in_f16_with_swiglu_pairs(layer, cpu_device, monkeypatch):
+    """A prompt step (64-token tiles) on a device with matrix cores norms x to f16, computes a Q4_K gate and up
+    in one matmul_mma_swiglu launch that leaves silu(gate) * up as f16 in b["ffn_h16"] (no silu_mul launch),
+    and the Q6_K down product reads it (x16 entry, the residual added); without the workspace its counters
+    live in, with ROCMFORGE_SWIGLU_PAIRS=0, without the ffn_h16 buffer, with Q6_K gate and up, or on a device
+    without matrix cores the step keeps float32, two products and silu_mul."""
+    from hipcore.model import projections
+    from hipcore.ops import matmul, matmul_mma, silu_mul
+
+    t = 70
+    lw, rng = layer.lw, layer.rng
+    monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)  # 64-token tiles for this small layer, as for a model's
+    assert matmul_mma.pick_tile_tokens(FFN, t) == 64
+    buffers = {name: layer.put(np.zeros(t * n, np.float32)) for name, n in (("x", HIDDEN), ("xn", HIDDEN),
+                                                                            ("gate", FFN), ("up", FFN))}
+    buffers["ffn_h16"] = layer.put(np.zeros(t * FFN, np.float16))
+    workspace = cpu_device.allocate(matmul_mma.COUNTER_BYTES, "scratch")
+    workspace.fill(0)
+    config = SimpleNamespace(hidden_size=HIDDEN, ffn_size=FFN, rms_norm_eps=1e-5)
+
+    def planner(without=()):
+        b = {k: v for k, v in {**buffers, "matmul_workspace": workspace}.items() if k not in without}
+        return ProjectionPlanner(cpu_device, None, config, b, 1.0)
+
+    def names(without=()):
+        p = planner(without)
+        return [n for plan in (p.feed_forward_input(lw, t), p.feed_forward_output(lw, t)) for n, _ in plan]
+
+    try:
+        single = ["ffn_norm", "gate_proj", "up_proj", "silu_mul", "ffn_down+residual"]
+        monkeypatch.setattr(cpu_device, "arch", "gfx1030")
+        assert names()[:4] == single[:4]
+        monkeypatch.setattr(cpu_device, "arch", "sm_90")
+        assert names(without=("matmul_workspace",)) == single
+        assert names(without=("ffn_h16",)) == single
+        monkeypatch.setenv(projections.SWIGLU_PAIRS_ENV, "0")
+        assert names() == single
+        monkeypatch.delenv(projections.SWIGLU_PAIRS_ENV)
+        p = planner()
+        plan = p.feed_forward_input(lw, t) + p.feed_forward_output(lw, t)
+        assert [n for n, _ in plan] == ["ffn_norm", "gate_up+silu", "ffn_down+residual"]
+
+        x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+        buffers["x"].upload(x)
+        run(plan)
+        g_ffn = read(layer.norms["ffn_norm"].buffer, (HIDDEN,))
+        xn = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-5) * g_ffn
+        x16 = buffers["xn"].download(np.float16, t * HIDDEN).reshape(t, HIDDEN).astype(np.float32)
+        np.testing.assert_allclose(x16, xn, rtol=2.0**-10, atol=1e-6)  # rmsnorm's f16 output
+        g = matmul.reference(layer.raw["ffn_gate"], "q4_k", x16, FFN, HIDDEN)
+        u = matmul.reference(layer.raw["ffn_up"], "q4_k", x16, FFN, HIDDEN)
+        h = silu_mul.reference(g, u)
+        h16 = buffers["ffn_h16"].download(np.float16, t * FFN).reshape(t, FFN).astype(np.float32)
+        np.testing.assert_allclose(h16, h, rtol=2.0**-10, atol=1e-4 * np.abs(h).max())
+        want = x + matmul.reference(layer.raw["ffn_down"], "q6_k", h16, HIDDEN, FFN)
+        np.testing.assert_allclose(read(buffers["x"], (t, HIDDEN)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+        # A Q6_K pair (not one of SWIGLU_TYPES) keeps the two products.
+        q6 = {name: Weight(layer.put(random_weights(rng, "q6_k", FFN, HIDDEN)), "q6_k", (FFN, HIDDEN))
+              for name in ("ffn_gate", "ffn_up")}
+        monkeypatch.setattr(lw, "ffn_gate", q6["ffn_gate"])
+        monkeypatch.setattr(lw, "ffn_up", q6["ffn_up"])
+        assert names() == single
+    finally:
+        workspace.free()
+
+
+def test_a_swiglu_pair_refuses_what_its_kernel_cannot_take(cpu_device):
+    """launch_swiglu's checks: a type without a pair entry, no workspace for the counters, more tiles than
+    counters, outputs overlapping; and launch's f16 x only for the K-quants."""
+    from hipcore.ops import matmul_mma
+
+    rng = np.random.default_rng(3)
+    rows, cols, t = 128, 256, 64
+    bufs = []
+
+    def put(array):
+        buf = cpu_device.allocate(array.nbytes, "activations")
+        buf.upload(np.ascontiguousarray(array))
+        bufs.append(buf)
+        return buf
+
+    try:
+        wg, wu = (put(random_weights(rng, "q4_k", rows, cols)) for _ in range(2))
+        x16, h16 = put(np.zeros(t * cols, np.float16)), put(np.zeros(t * rows, np.float16))
+        gate, up = put(np.zeros(t * rows, np.float32)), put(np.zeros(t * rows, np.float32))
+        ws = put(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
+        args = (cpu_device, None, h16, gate, up, wg, wu, x16, rows, cols, t)
+        with pytest.raises(ValueError, match="SwiGLU pairs take"):
+            matmul_mma.launch_swiglu(*args, weight_type="q6_k", workspace=ws)
+        with pytest.raises(ValueError, match="workspace"):
+            matmul_mma.launch_swiglu(*args, weight_type="q4_k", workspace=None)
+        with pytest.raises(ValueError, match="counters"):
+            matmul_mma.launch_swiglu(cpu_device, None, h16, gate, up, wg, wu, x16, rows * 1025, cols, t,
+                                     weight_type="q4_k", workspace=ws)
+        with pytest.raises(ValueError, match="overlap"):
+            matmul_mma.launch_swiglu(cpu_device, None, h16, gate, gate, wg, wu, x16, rows, cols, t, weight_type="q4_k",
+                                     workspace=ws)
+        with pytest.raises(ValueError, match="f16 x is read for"):
+            matmul_mma.launch(cpu_device, None, gate, put(random_weights(rng, "q8_0", rows, cols)), x16, rows, cols, t,
+                              weight_type="q8_0", x_f16=True)
+        matmul_mma.launch_swiglu(*args, weight_type="q4_k", workspace=ws)  # and the good launches run
+        matmul_mma.launch(cpu_device, None, gate, wg, x16, rows, cols, t, weight_type="q4_k", x_f16=True)
+    finally:
+        for buf in bufs:
+            buf.free()

@@ -115,8 +115,8 @@ def feed_forward(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
 
 
 def feed_forward_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """x += gate @ Wd^T."""
-    return ctx.products.residual_product("ffn_down", lw.ffn_down, ctx.buffers["gate"], ctx.config.ffn_size, t)
+    """x += h @ Wd^T, h the feed-forward's SwiGLU (where feed_forward left it)."""
+    return ctx.products.feed_forward_output(lw, t)
 
 
 # ---- the pieces of an unfused attention input ----------------------------------------------------------

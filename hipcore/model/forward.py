@@ -73,6 +73,7 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
         "q": (t * q_width * 4, "activations"), "k": (t * kv_width * 4, "activations"),
         "v": (t * kv_width * 4, "activations"), "attn": (t * q_width * 4, "activations"),
         "gate": (t * f * 4, "activations"), "up": (t * f * 4, "activations"),
+        "ffn_h16": (t * f * 2, "activations"),  # the SwiGLU as f16 where ProjectionPlanner.ffn_pairs (its x16 is in xn)
         "rows": (rows * h * 4, "activations"), "logits": (rows * v * 4, "activations"),
         "tokens": (rows * 4, "scratch"),
         "kept_tokens": (rows * 4, "scratch"),  # a step's tokens, kept while the step after it runs (launch_sampled)

@@ -11,7 +11,9 @@ Three ways, per product, decided by the step's size and the weight's format:
   single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats no fused kernel reads,
                 prompt steps of weights without the concatenated q|k|v and gate|up buffers; their products
                 run on the matrix cores from matmul_mma.MMA_MIN_TOKENS tokens where the device has them,
-                else on matmul / matvec. (Their norm, SwiGLU and residual stay separate launches.)
+                else on matmul / matvec. (Their norm and RoPE stay separate launches; the residual add
+                joins the product on the matrix cores, and a prompt step's K-quant feed-forward runs on
+                f16 activations with gate, up and SwiGLU in one launch: ProjectionPlanner.ffn_pairs.)
 Both fused families fold the norm, RoPE, SwiGLU and the residual add into the products, so a layer is
 4 product launches either way; fused_qmatvec's q|k|v also stores k and v into the paged cache (f16, bf16
 and f32 caches), so the kv_store launch leaves its layers' decode steps (stores_kv). The head picks by its
@@ -43,6 +45,9 @@ HEAD_MATVEC_MAX_ROWS = 8
 HEAD_QMATVEC_MAX_ROWS_FRAGMENTS = 4
 # "0": k and v always leave the products for kv_store's launch (to measure what the epilogue store saves).
 KV_EPILOGUE_ENV = "ROCMFORGE_KV_EPILOGUE"
+# "0": a prompt step's feed-forward keeps float32 activations, two products and silu_mul (to measure what
+# ffn_pairs saves).
+SWIGLU_PAIRS_ENV = "ROCMFORGE_SWIGLU_PAIRS"
 
 Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
 
@@ -166,6 +171,13 @@ class ProjectionPlanner:
             weights = [(weight_arg(w), w.fmt) for w in (lw.ffn_gate, lw.ffn_up)]
             return [("ffn_norm+gate_up+silu", lambda: fused_qmatvec.launch_norm_swiglu(
                 dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps))]
+        if self.ffn_pairs(lw, t):  # x16 = rmsnorm(x) as f16, then both products and SwiGLU in one launch
+            gate, up = lw.ffn_gate, lw.ffn_up
+            return [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
+                                                        out_f16=True)),
+                    ("gate_up+silu", lambda: matmul_mma.launch_swiglu(
+                        dev, st, b["ffn_h16"], b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t,
+                        weight_type=gate.fmt, workspace=self.workspace))]
         plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
         for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
@@ -173,6 +185,36 @@ class ProjectionPlanner:
                 workspace=self.workspace)))
         plan.append(("silu_mul", lambda: silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
         return plan
+
+    def ffn_pairs(self, lw, t: int) -> bool:
+        """True when a step of t tokens runs this layer's feed-forward as rmsnorm to f16, one SwiGLU-pair launch
+        for gate and up (matmul_mma.launch_swiglu, h as f16 in b["ffn_h16"]) and the down product reading f16
+        (feed_forward_output): gate and up of one type of matmul_mma.SWIGLU_TYPES and shape, down of
+        matmul_mma.X16_TYPES, all on the matrix cores' single-op path (no fused kernel takes them at t tokens),
+        prompt-sized steps (swiglu_fits). ROCMFORGE_SWIGLU_PAIRS=0 turns it off."""
+        gate, up, down = lw.ffn_gate, lw.ffn_up, lw.ffn_down
+        if os.environ.get(SWIGLU_PAIRS_ENV, "1") == "0" or "ffn_h16" not in self.b or None in (gate, up, down):
+            return False
+        if lw.ffn_gate_up is not None and fused_family(lw.ffn_gate_up.fmt, t) is not None:
+            return False
+        dev, f = self.device, self.config.ffn_size
+        if separate_fusable(t, gate, up, max_tokens=qmatvec_limit(dev, gate, up)) or \
+                separate_fusable(t, down, max_tokens=qmatvec_limit(dev, down)) or fused_family(down.fmt, t) is not None:
+            return False
+        return (gate.fmt == up.fmt and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, self.config.hidden_size)
+                and down.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, down.fmt)
+                and matmul_mma.swiglu_fits(dev, t, f, gate.fmt, self.workspace))
+
+    def feed_forward_output(self, lw, t: int) -> list[Launch]:
+        """b["x"] += h @ Wd^T, h the feed-forward's SwiGLU: b["ffn_h16"] (f16) after a SwiGLU pair (ffn_pairs),
+        else b["gate"]."""
+        f = self.config.ffn_size
+        if not self.ffn_pairs(lw, t):
+            return self.residual_product("ffn_down", lw.ffn_down, self.b["gate"], f, t)
+        b, dev, st, wt = self.b, self.device, self.stream, lw.ffn_down
+        return [("ffn_down+residual", lambda: matmul_mma.launch(
+            dev, st, b["x"], weight_arg(wt), b["ffn_h16"], self.config.hidden_size, f, t, weight_type=wt.fmt,
+            workspace=self.workspace, accumulate=True, x_f16=True))]
 
     def residual_product(self, name: str, wt, x: Buffer, cols: int, t: int) -> list[Launch]:
         """b["x"] += x @ W^T: one fused launch, or a product and an add."""

@@ -7,6 +7,16 @@ in shared memory, x rounded to f16, and 16x16x16 f16 products accumulate in f32 
 hip_compat.h picks for the target (mma.sync on NVIDIA sm_80+, MFMA on CDNA, WMMA on RDNA3/RDNA4; plain
 FMA elsewhere, where `has_matrix_cores` is false and `project` keeps matmul's FP32 kernel instead).
 
+x in f16 (`launch(..., x_f16=True)`): `matmul_mma_x16_<type>` for X16_TYPES, the same arguments with x f16
+[n_tokens, cols] (rmsnorm's out_f16, or a SwiGLU pair's h16): half the bytes each tile reads, the same results
+(the float32 kernels round x to f16 as they stage it). Shared tiles of 32 or 64 tokens (no fragment path).
+
+SwiGLU pairs (`launch_swiglu`): `matmul_mma_swiglu_<type>(h16 p, gate p, up p, W_gate p, W_up p, x16 p,
+workspace p, rows i, cols i, n_tokens i, tile_tokens i)` for SWIGLU_TYPES computes a prompt step's gate and up
+products from f16 x in one launch, their tiles side by side, and h16 = silu(gate) * up as f16 where the second of
+each pair ends (no silu_mul launch; the down product reads h16 with x_f16); gate and up receive the products
+(float32 scratch). Where `swiglu_fits` is false the caller keeps two products and silu_mul.
+
 Geometry: 256-thread workgroups, each computing tiles of TILE_ROWS rows x tile_tokens tokens (a
 grid-stride loop over the tiles); tile_tokens is 64, or 32 when the batch fits in 32 or 64-token tiles
 would leave fewer than matmul.BUSY_WORKGROUPS workgroups. When the tiles are fewer than the GPU holds at
@@ -17,13 +27,14 @@ workgroup each (pick_splits), and the last to finish sums the partials in a work
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
 import numpy as np
 
-from hipcore.ops import matmul, matvec
-from hipcore.ops.launch_checks import INT32_MAX
+from hipcore.ops import matmul, matvec, silu_mul
+from hipcore.ops.launch_checks import INT32_MAX, check_disjoint, check_memory
 from hipcore.ops.weight_formats import dequantize_rows, host_product, k_min_magnitudes, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -234,12 +245,17 @@ def supports(weight_type: str) -> bool:
 
 def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
            weight_type: str, tile_tokens: int | None = None, workspace: Any = None, splits: int | None = None,
-           accumulate: bool = False, path: str = "auto") -> None:
+           accumulate: bool = False, path: str = "auto", x_f16: bool = False) -> None:
     """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T (y += when accumulate) on the matrix cores, W of
     `weight_type`; `workspace` a Buffer zeroed once after allocation (the kernels leave its counters at zero),
-    or None for no splits; `path` as entry_name's ("auto": the launcher's choice of kernel)."""
+    or None for no splits; `path` as entry_name's ("auto": the launcher's choice of kernel); x_f16: x is f16
+    (matmul_mma_x16_<type>, X16_TYPES only, the shared tiles)."""
+    if x_f16 and weight_type not in X16_TYPES:
+        raise ValueError(f"{OP}: f16 x is read for {', '.join(X16_TYPES)} weights only, got {weight_type!r}")
+    if x_f16 and path not in ("auto", "shared"):
+        raise ValueError(f"{OP}: f16 x takes the shared tiles, not path {path!r}")
     matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens",
-                          alignment=WEIGHT_ALIGNMENT)
+                          alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES if x_f16 else 4)
     if workspace is not None and not isinstance(workspace, Buffer):
         raise ValueError(f"{OP}: workspace must be a Buffer (its size decides how far columns are split)")
     grid, block, tile, split = geometry(rows, n_tokens, tile_tokens, cols=cols,
@@ -249,13 +265,131 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
         raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
                          f"{partial_bytes(grid // split, splits, tile)} bytes")
     split_steps = -(-(cols // step_cols(weight_type)) // split)
-    entry = entry_name(device.arch, weight_type, tile, n_tokens, path, split_steps)
+    entry = x16_entry(weight_type) if x_f16 else entry_name(device.arch, weight_type, tile, n_tokens, path, split_steps)
     if entry.startswith(f"{OP}_direct_") and split > 1 and tile_count(rows, n_tokens, DIRECT_MAX_TOKENS) > MAX_SPLIT_TILES:
         raise ValueError(f"{entry}: its {DIRECT_MAX_TOKENS}-token tiles are more than the {MAX_SPLIT_TILES} counters "
                          "a split launch has")
     kernel = get_kernel(device, OP, entry, SIGNATURE)
     kernel.launch(grid, block, (y, w, x, workspace if split > 1 else 0, rows, cols, n_tokens, tile, split,
                                 int(bool(accumulate))), stream=stream)
+
+
+# ---- f16 x and SwiGLU pairs ----------------------------------------------------------------------
+
+X16_TYPES = WIDE_TYPES
+F16_BYTES = 2
+
+
+def x16_entry(weight_type: str) -> str:
+    return f"{OP}_x16_{weight_type}"
+
+
+def _host_x16(weight_type: str):
+    def run(device: CpuDevice, grid, block, y: int, w: int, x: int, workspace: int, rows: int, cols: int,
+            n_tokens: int, tile_tokens: int, splits: int, accumulate: int) -> None:
+        raw = device.view(w, np.uint8, (rows, row_bytes(weight_type, cols)))
+        result = np.empty((n_tokens, rows), dtype=np.float32)
+        host_product(raw, weight_type, device.view(x, np.float16, (n_tokens, cols)).astype(np.float32), cols, result)
+        out = device.view(y, np.float32, (n_tokens, rows))
+        if accumulate:
+            out += result
+        else:
+            out[:] = result
+
+    return run
+
+
+for _type in X16_TYPES:
+    cpu_kernel(x16_entry(_type), SIGNATURE)(_host_x16(_type))
+
+SWIGLU_SIGNATURE = "pppppppiiii"
+# The gate and up types of Q4_K_M and Q5_K_M files.
+SWIGLU_TYPES = ("q4_k", "q5_k")
+SILU_LIPSCHITZ = 1.0999  # max |silu'(g)|, reached near g = 2.4
+
+
+def swiglu_reference(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
+                     cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(h, gate, up) of a SwiGLU pair in float64: silu(x W_gate^T) * (x W_up^T) and the two products, for x as
+    the kernel reads it (f16 values)."""
+    g = reference(w_gate, weight_type, x, rows, cols).astype(np.float64)
+    u = reference(w_up, weight_type, x, rows, cols).astype(np.float64)
+    return silu_mul.reference(g, u), g, u
+
+
+def swiglu_error_bound(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
+                       cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How far a pair's (h16, gate, up) may be from swiglu_reference's. The products are error_bound's (eg, eu);
+    then |silu(g') u' - silu(g) u| <= L eg (|u| + eu) + |silu(g)| eu with L = max |silu'|, float32's rounding of
+    silu and the product (4 units of 2^-24 of the result's size), and h16's rounding to f16 (u16 of its size,
+    or half the spacing of f16's subnormals)."""
+    g = reference(w_gate, weight_type, x, rows, cols).astype(np.float64)
+    u = np.abs(reference(w_up, weight_type, x, rows, cols).astype(np.float64))
+    eg, eu = (error_bound(w, weight_type, x, rows, cols) for w in (w_gate, w_up))
+    silu_g = np.abs(silu_mul.reference(g, np.ones_like(g)))
+    h = (SILU_LIPSCHITZ * eg * (u + eu) + silu_g * eu
+         + 4 * 2.0**-24 * (silu_g + SILU_LIPSCHITZ * eg) * (u + eu))
+    h = 1.01 * (h + U16 * (silu_g * u + h)) + F16_HALF_SPACING
+    return h, eg, eu
+
+
+def swiglu_entry(weight_type: str) -> str:
+    return f"{OP}_swiglu_{weight_type}"
+
+
+def _host_swiglu(weight_type: str):
+    def run(device: CpuDevice, grid, block, h16: int, gate: int, up: int, w_gate: int, w_up: int, x: int,
+            workspace: int, rows: int, cols: int, n_tokens: int, tile_tokens: int) -> None:
+        xs = device.view(x, np.float16, (n_tokens, cols)).astype(np.float32)
+        outs = [device.view(p, np.float32, (n_tokens, rows)) for p in (gate, up)]
+        for w, out in zip((w_gate, w_up), outs):
+            host_product(device.view(w, np.uint8, (rows, row_bytes(weight_type, cols))), weight_type, xs, cols, out)
+        h = silu_mul.reference(*outs).astype(np.float32)  # float32 first, as the kernel
+        device.view(h16, np.float16, (n_tokens, rows))[:] = h
+
+    return run
+
+
+for _type in SWIGLU_TYPES:
+    cpu_kernel(swiglu_entry(_type), SWIGLU_SIGNATURE)(_host_swiglu(_type))
+
+
+def swiglu_fits(device: Device, n_tokens: int, rows: int, weight_type: str, workspace: Any) -> bool:
+    """Whether launch_swiglu takes this pair: matrix cores, a type of SWIGLU_TYPES, a step the launcher tiles
+    in 64 tokens (a prompt step; decode batches keep their split and fragment paths), at most MAX_SPLIT_TILES
+    tiles (one counter each) and a workspace for the counters."""
+    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SWIGLU_TYPES
+            and isinstance(workspace, Buffer) and workspace.nbytes >= COUNTER_BYTES
+            and pick_tile_tokens(rows, n_tokens) == 64
+            and tile_count(rows, n_tokens, 64) <= MAX_SPLIT_TILES)
+
+
+def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up: Any, w_gate: Any, w_up: Any,
+                  x16: Any, rows: int, cols: int, n_tokens: int, *, weight_type: str, workspace: Any) -> None:
+    """h16[n_tokens, rows] = silu(x16 @ W_gate^T) * (x16 @ W_up^T) as f16 in one launch, x16 f16 [n_tokens,
+    cols]; gate and up receive the two products (float32 scratch); both W [rows, cols] of `weight_type`;
+    `workspace` as launch's (its counters). Only where swiglu_fits."""
+    if weight_type not in SWIGLU_TYPES:
+        raise ValueError(f"{OP}: SwiGLU pairs take {', '.join(SWIGLU_TYPES)} weights, got {weight_type!r}")
+    if not isinstance(workspace, Buffer) or workspace.nbytes < COUNTER_BYTES:
+        raise ValueError(f"{OP}: a SwiGLU pair needs a workspace Buffer of at least {COUNTER_BYTES} bytes (its counters)")
+    tile = pick_tile_tokens(rows, n_tokens)
+    tiles = tile_count(rows, n_tokens, tile)
+    if tiles > MAX_SPLIT_TILES:
+        raise ValueError(f"{OP}: {tiles} tiles of a SwiGLU pair are more than its {MAX_SPLIT_TILES} counters")
+    entry = swiglu_entry(weight_type)
+    for y, w in ((gate, w_gate), (up, w_up), (gate, w_up), (up, w_gate)):  # each output apart from x and both W
+        matvec.check_operands(f"{OP}_swiglu", weight_type, SWIGLU_TYPES, y, w, x16, rows, cols, n_tokens, "n_tokens",
+                              alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES)
+    out_bytes = n_tokens * rows * 4
+    check_memory(entry, "h16", h16, n_tokens * rows * F16_BYTES)
+    for (name_a, a, size_a), (name_b, b, size_b) in itertools.combinations(
+            (("h16", h16, n_tokens * rows * F16_BYTES), ("gate", gate, out_bytes), ("up", up, out_bytes),
+             ("x16", x16, n_tokens * cols * F16_BYTES)), 2):
+        check_disjoint(entry, (name_a, a, size_a), (name_b, b, size_b))
+    kernel = get_kernel(device, OP, entry, SWIGLU_SIGNATURE)
+    kernel.launch(min(2 * tiles, MAX_GRID), THREADS, (h16, gate, up, w_gate, w_up, x16, workspace, rows, cols,
+                                                       n_tokens, tile), stream=stream)
 
 
 def min_tokens(weight_type: str, arch: str = "") -> int:

@@ -80,16 +80,16 @@ def geometry(arch: str, rows: int, batch: int) -> tuple[int, int]:
 
 
 def check_operands(op: str, weight_type: str, have: tuple[str, ...], y: Any, w: Any, x: Any, rows: int, cols: int,
-                   n: int, count_name: str, alignment: dict[str, int] | None = None) -> None:
+                   n: int, count_name: str, alignment: dict[str, int] | None = None, x_itemsize: int = 4) -> None:
     """The checks of a y[n, rows] = x[n, cols] @ W^T launch (matvec's, qmatvec's and matmul's): a known format,
     sizes, cols a multiple of the format's block, buffers large and aligned enough (W as `alignment`, by
-    default matvec's WEIGHT_ALIGNMENT, says), y apart from x and W."""
+    default matvec's WEIGHT_ALIGNMENT, says; x of `x_itemsize` bytes a value: 2 for f16), y apart from x and W."""
     check_format(op, weight_type, have)
     entry = f"{op}_{weight_type}"
     check_sizes(entry, rows=rows, cols=cols, **{count_name: n})
     if cols % column_multiple(weight_type):
         raise ValueError(f"{entry}: cols must be a multiple of {column_multiple(weight_type)} (the format's block), got {cols}")
-    w_bytes, x_bytes, y_bytes = rows * row_bytes(weight_type, cols), n * cols * 4, n * rows * 4
+    w_bytes, x_bytes, y_bytes = rows * row_bytes(weight_type, cols), n * cols * x_itemsize, n * rows * 4
     check_memory(entry, "W", w, w_bytes, (alignment or WEIGHT_ALIGNMENT)[weight_type])
     check_memory(entry, "x", x, x_bytes, X_ALIGNMENT)
     check_memory(entry, "y", y, y_bytes)

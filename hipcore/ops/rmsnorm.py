@@ -2,7 +2,8 @@
 
 Kernel `rmsnorm_f32(out p, x p, weight p, n i, eps f)` (kernels/rmsnorm.hip): x and out are float32
 [rows, n], weight float32 [n]; one block per row (grid = rows), so the row count is the grid's.
-`out` may be `x`.
+`out` may be `x`. `rmsnorm_f32_f16` (the same arguments) writes out as f16, rounded to nearest: the x of
+matmul_mma's x16 products (launch's out_f16); out must not overlap x there.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from hipcore.ops.launch_checks import check_memory, check_sizes, row_block
+from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes, row_block
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Dim3, Stream
 from hipcore.runtime.kernels import get_kernel
 
 OP = "rmsnorm"
 ENTRY = "rmsnorm_f32"
+ENTRY_F16 = "rmsnorm_f32_f16"
 SIGNATURE = "pppif"
 MAX_THREADS = 256  # the kernel's __launch_bounds__
 
@@ -36,11 +38,21 @@ def _host(device: CpuDevice, grid: Dim3, block: Dim3, out: int, x: int, weight: 
     device.view(out, np.float32, (rows, n))[:] = result  # computed in full first: out may be x
 
 
-def launch(device: Device, stream: Stream | None, out: Any, x: Any, weight: Any, rows: int, n: int, eps: float) -> None:
-    """Normalize `rows` rows of `n` floats of x into out."""
+@cpu_kernel(ENTRY_F16, SIGNATURE)
+def _host_f16(device: CpuDevice, grid: Dim3, block: Dim3, out: int, x: int, weight: int, n: int, eps: float) -> None:
+    rows = grid[0]
+    result = reference(device.view(x, np.float32, (rows, n)), device.view(weight, np.float32, n), eps)
+    device.view(out, np.float16, (rows, n))[:] = result.astype(np.float32)  # float32 first, as the kernel
+
+
+def launch(device: Device, stream: Stream | None, out: Any, x: Any, weight: Any, rows: int, n: int, eps: float, *,
+           out_f16: bool = False) -> None:
+    """Normalize `rows` rows of `n` floats of x into out (float32, or f16 with out_f16)."""
     check_sizes(OP, rows=rows, n=n)
-    check_memory(OP, "out", out, rows * n * 4)
+    check_memory(OP, "out", out, rows * n * (2 if out_f16 else 4))
     check_memory(OP, "x", x, rows * n * 4)
     check_memory(OP, "weight", weight, n * 4)
-    kernel = get_kernel(device, OP, ENTRY, SIGNATURE)
+    if out_f16:
+        check_disjoint(ENTRY_F16, ("out", out, rows * n * 2), ("x", x, rows * n * 4))
+    kernel = get_kernel(device, OP, ENTRY_F16 if out_f16 else ENTRY, SIGNATURE)
     kernel.launch(rows, row_block(n, MAX_THREADS), (out, x, weight, n, eps), stream=stream)

@@ -130,3 +130,61 @@ def test_every_path_agrees_with_the_reference(gpu, mem, rng, seed, weight_type, 
                           path=path)
         bad = ~(np.abs(y.download(np.float32).reshape(n_tokens, rows) - want) <= bound)
         assert not bad.any(), f"seed {seed}, path {path}: {int(bad.sum())} of {bad.size} outputs off"
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    # Llama-3.1-8B's gate and up at a prompt step of 512 tokens (896 tiles: four waves of single products);
+    # Llama-3.2-1B's; rows and tokens that cut tiles short; Q5_K.
+    ("q4_k", 14336, 4096, 512), ("q4_k", 8192, 2048, 512), ("q4_k", 1000, 512, 200), ("q5_k", 300, 768, 130),
+])
+def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
+    """matmul_mma_swiglu on f16 x: h16 = silu(gate) * up and the gate and up products within
+    swiglu_error_bound, launched twice (the pairs' counters are left at zero for the next launch: the second
+    gives the same bytes)."""
+    w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
+    wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
+    h16 = mem.poisoned(n_tokens * rows * 2)
+    gate, up = mem.poisoned(n_tokens * rows * 4), mem.poisoned(n_tokens * rows * 4)
+    workspace = mem.upload(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
+    results = []
+    for _ in range(2):
+        matmul_mma.launch_swiglu(gpu, None, h16, gate, up, wg, wu, xs, rows, cols, n_tokens, weight_type=weight_type,
+                                 workspace=workspace)
+        results.append([h16.download(np.float16).astype(np.float64).reshape(n_tokens, rows)]
+                       + [b.download(np.float32).astype(np.float64).reshape(n_tokens, rows) for b in (gate, up)])
+    assert not workspace.download(np.int32).any(), "the pairs' counters were not left at zero"
+    assert all(np.array_equal(a, b) for a, b in zip(*results)), "the second launch gave other bytes"
+    x32 = x.astype(np.float32)
+    want = matmul_mma.swiglu_reference(w_gate, w_up, weight_type, x32, rows, cols)
+    bounds = matmul_mma.swiglu_error_bound(w_gate, w_up, weight_type, x32, rows, cols)
+    for name, got, w, bound in zip(("h16", "gate", "up"), results[0], want, bounds):
+        bad = ~(np.abs(got - w) <= bound)
+        assert not bad.any(), (f"seed {seed} {name}: {int(bad.sum())} of {bad.size} outputs off; first at "
+                               f"{np.argwhere(bad)[0].tolist()}: got {got[bad][0]!r}, want {w[bad][0]!r}")
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens,accumulate", [
+    # Llama-3.1-8B's down (Q6_K and Q4_K layers) and q at 512 tokens, the residual added; short tiles; 32-token tiles.
+    ("q6_k", 4096, 14336, 512, True), ("q4_k", 4096, 14336, 512, True), ("q4_k", 4096, 4096, 512, False),
+    ("q5_k", 300, 768, 130, False), ("q6_k", 1024, 4096, 40, True),
+])
+def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, accumulate):
+    """matmul_mma_x16 (x f16) against the reference on the same f16 values, within error_bound; and the
+    same bytes as the float32 entry given those values as float32 (it rounds x to f16 as it stages it)."""
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
+    y0 = rng.standard_normal((n_tokens, rows)).astype(np.float32) if accumulate else np.zeros((n_tokens, rows), np.float32)
+    w, x16, x32 = mem.upload(raw, "weights"), mem.upload(x), mem.upload(x.astype(np.float32))
+    workspace = mem.upload(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
+    outs = []
+    for xs, f16 in ((x16, True), (x32, False)):
+        y = mem.upload(y0)
+        matmul_mma.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, accumulate=accumulate,
+                          x_f16=f16, path="auto" if f16 else "shared", workspace=workspace)
+        outs.append(y.download(np.float32).reshape(n_tokens, rows))
+    assert np.array_equal(outs[0], outs[1]), "f16 x and the same values as float32 gave other results"
+    want = y0 + matmul_mma.reference(raw, weight_type, x.astype(np.float32), rows, cols)
+    bound = matmul_mma.error_bound(raw, weight_type, x.astype(np.float32), rows, cols) + 2.0**-23 * np.abs(want)
+    bad = ~(np.abs(outs[0] - want) <= bound)
+    assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0].tolist()}"

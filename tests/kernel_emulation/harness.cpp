@@ -392,6 +392,13 @@ int main(int argc, char** argv) {
     float* dst = std::string(a[4]) == "-" ? (float*)x.data() : out.data();
     emu_launch(grid, block, [&] { rmsnorm_f32(dst, (const float*)x.data(), (const float*)weight.data(), n, eps); });
     write_file(a[std::string(a[4]) == "-" ? 5 : 4], dst, (size_t)grid * n * 4);
+  } else if (entry == "rmsnorm_f32_f16") {  // n eps x weight out (f16)
+    const int n = std::atoi(a[0]);
+    const float eps = std::strtof(a[1], nullptr);
+    std::vector<char> x = read_file(a[2]), weight = read_file(a[3]);
+    std::vector<unsigned short> out((size_t)grid * n, 0xFFFFu);  // NaN
+    emu_launch(grid, block, [&] { rmsnorm_f32_f16(out.data(), (const float*)x.data(), (const float*)weight.data(), n, eps); });
+    write_file(a[4], out.data(), out.size() * 2);
   } else if (entry == "rope_f32" || entry == "rope_neox_f32") {
     // n_tokens n_heads head_dim rope_dim theta_base freq_scale x positions factors|- out
     const int tokens = std::atoi(a[0]), heads = std::atoi(a[1]), head_dim = std::atoi(a[2]), rope_dim = std::atoi(a[3]);

@@ -5,6 +5,10 @@
 //               <workspace_bytes> <W file> <x file> <y_in file|-> <y file> <workspace_out file>
 // y starts as y_in's floats (accumulate adds to them) or NaN when y_in is "-"; the workspace starts zeroed
 // (a null pointer when its size is 0) and is written back so that a test can see its counters.
+// An x16 entry (matmul_mma_x16_<type>) reads x as f16 from the x file. A SwiGLU pair's entry
+// (matmul_mma_swiglu_<type>) reads the gate's then the up projection's weights from the W file and f16 x,
+// and writes h16 (f16) then gate and up (float32), all [n_tokens, rows] and starting as 0xFF bytes (NaN), to
+// the y file; splits, accumulate and y_in are not its arguments (pass 1 0 -).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,9 +46,36 @@ int main(int argc, char** argv) {
       {"matmul_mma_direct_q5_k", matmul_mma_direct_q5_k}, {"matmul_mma_direct_q6_k", matmul_mma_direct_q6_k},
 #endif
   };
+  using Swiglu = void (*)(unsigned short*, float*, float*, const void*, const void*, const void*, void*, int, int, int, int);
+  const std::map<std::string, Swiglu> pairs = {
+      {"matmul_mma_swiglu_q4_k", matmul_mma_swiglu_q4_k}, {"matmul_mma_swiglu_q5_k", matmul_mma_swiglu_q5_k}};
+  void* ws = workspace_bytes ? workspace.data() : nullptr;
+  if (pairs.count(entry)) {
+    const Swiglu kernel = pairs.at(entry);
+    if (w.size() % 2) return 5;
+    const char* w_up = w.data() + w.size() / 2;
+    const size_t n = y.size();  // rows * tokens
+    std::vector<unsigned char> out(n * 2 + 2 * n * 4, 0xFF);
+    unsigned short* h16 = reinterpret_cast<unsigned short*>(out.data());
+    float* gate = reinterpret_cast<float*>(out.data() + n * 2);
+    emu_launch(grid, block, [&] { kernel(h16, gate, gate + n, w.data(), w_up, x.data(), ws, rows, cols, tokens, tile); });
+    write_file(argv[14], out.data(), out.size());
+    write_file(argv[15], workspace.data(), workspace_bytes);
+    return 0;
+  }
+  using MatmulX16 = void (*)(float*, const void*, const void*, void*, int, int, int, int, int, int);
+  const std::map<std::string, MatmulX16> x16 = {
+      {"matmul_mma_x16_q4_k", matmul_mma_x16_q4_k}, {"matmul_mma_x16_q5_k", matmul_mma_x16_q5_k},
+      {"matmul_mma_x16_q6_k", matmul_mma_x16_q6_k}};
+  if (x16.count(entry)) {
+    const MatmulX16 kernel = x16.at(entry);
+    emu_launch(grid, block, [&] { kernel(y.data(), w.data(), x.data(), ws, rows, cols, tokens, tile, splits, accumulate); });
+    write_file(argv[14], y.data(), y.size() * 4);
+    write_file(argv[15], workspace.data(), workspace_bytes);
+    return 0;
+  }
   if (!kernels.count(entry)) return 2;
   const Matmul kernel = kernels.at(entry);
-  void* ws = workspace_bytes ? workspace.data() : nullptr;
   emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), ws, rows, cols, tokens, tile, splits, accumulate); });
   write_file(argv[14], y.data(), y.size() * 4);
   write_file(argv[15], workspace.data(), workspace_bytes);
