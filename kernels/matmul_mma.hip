@@ -49,19 +49,6 @@ constexpr int kWarpsDown = 4;                    // warps along the rows, 32 row
 constexpr int kWarpsAcross = kWarps / kWarpsDown;  // warps along the tokens
 constexpr int kRowTilesPerWarp = kTileRows / kWarpsDown / 16;
 constexpr int kCounterBytes = 4096;  // one int counter per tile, before the partials
-// A workgroup's shape in mma_tiles: its threads and the rows of its tiles, 32 rows a warp down them, the rest of
-// its warps across the tokens. Base: the products of float32 x (and the fragment path, matmul_mma_fragments.h,
-// which keeps the constants above). Tall: the f16-x products of prompt steps, 256 rows in 512 threads: each
-// step's x tile serves twice the rows (the same f16 shared-memory and fragment traffic per product, half the
-// x loads and tile stores per row).
-template <int kThreadsT, int kTileRowsT>
-struct Shape {
-  static constexpr int kThreads = kThreadsT, kTileRows = kTileRowsT;
-  static constexpr int kWarps = kThreads / WARP_SIZE, kWarpsDown = kTileRows / 32, kWarpsAcross = kWarps / kWarpsDown;
-  static constexpr int kRowTilesPerWarp = 2;
-};
-using Base = Shape<kThreads, kTileRows>;
-using Tall = Shape<512, 256>;
 // Steps loaded ahead (the step pipeline in mma_tiles), by token tile: 32-token tiles are decode batches,
 // few workgroups waiting on loads; 64-token tiles are prompts, enough workgroups to hide them.
 constexpr int kDepthTile32 = 2;
@@ -112,9 +99,8 @@ static __device__ __forceinline__ void store_result(const Launch& a, int r, int 
 // its own slots of every split back in split order (the same order whoever arrives last: a replay equals its
 // eager twin bit for bit), so no fragment layout is involved, and sets the counter back to zero for the next
 // launch. Returns whether this workgroup holds the whole tile in acc (uniform across the workgroup).
-template <int kAcc, int kThreadsT>
+template <int kAcc>
 __device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch& a, int tile, int split, int tid, int* last) {
-  constexpr int kThreads = kThreadsT;
   constexpr unsigned long long kPartFloats = (unsigned long long)kAcc * kThreads;
   const int splits = a.splits;
   int* counters = reinterpret_cast<int*>(a.workspace);
@@ -152,9 +138,8 @@ __device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch&
 // silu(gate) * up as f16 into h16 (the down product's x, which it would round to f16 anyway) and sets the
 // tile's counter back to zero. Needs splits == 1 and at most kCounterBytes / 4 tiles (the launcher's
 // checks); silu as silu_mul.hip computes it.
-template <int TN, class G>
+template <int TN>
 __device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, int t0, int tid, int* last) {
-  constexpr int kTileRows = G::kTileRows, kThreads = G::kThreads;
   int* counters = reinterpret_cast<int*>(a.workspace);
   __threadfence();  // as combine_splits: every thread's writes, then the count
   __syncthreads();
@@ -205,11 +190,8 @@ struct XF16 {
   static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) { *reinterpret_cast<uint4*>(dst) = r; }
 };
 
-template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32, class G = Base>
+template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
-  constexpr int kThreads = G::kThreads, kTileRows = G::kTileRows, kWarpsDown = G::kWarpsDown;
-  constexpr int kWarpsAcross = G::kWarpsAcross, kRowTilesPerWarp = G::kRowTilesPerWarp;
-  static_assert(kRowTilesPerWarp * 16 * kWarpsDown == kTileRows && kWarpsDown * kWarpsAcross == G::kWarps, "shape");
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
   constexpr int kWLoads = kTileRows * Step::kGroupsPerRow / kThreads;  // groups of weights per thread
@@ -320,10 +302,10 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
           for (int e = 0; e < RF_MMA_ACC; ++e)
             store_result(own, r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e), t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e),
                          acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]);
-      swiglu_pair<TN, G>(a, tile, r0, t0, tid, last);
+      swiglu_pair<TN>(a, tile, r0, t0, tid, last);
       continue;
     }
-    if (splits > 1 && !combine_splits<kAccPerThread, kThreads>(acc, a, tile, split, tid, last)) continue;  // uniform
+    if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
 
 #pragma unroll
     for (int i = 0; i < kRowTilesPerWarp; ++i)
@@ -398,48 +380,62 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
 
 // Prompt steps' products of f16 x (the K-quants): matmul_mma_x16_<format>, matmul_mma's arguments with x f16
-// [n_tokens, cols], in Tall tiles (256 rows x 64 tokens, 512 threads; tile_tokens must be 64): half the bytes
-// each tile reads of x, and twice the rows served by each.
+// [n_tokens, cols]: half the bytes each tile reads (on an NVIDIA H100 the 8B's gate product at 512 tokens
+// took 341.5 against 375.2 us). Both tile sizes on the shared tiles (NVIDIA's fragment path reads float32 x);
+// the 32-token path also keeps nvcc's sm_90 registers of the 64-token one within 128 without spills (alone,
+// Q6_K's spilled 12 bytes).
 #define RF_MATMUL_MMA_X16_ENTRY(name, Step)                                                                       \
-  extern "C" __global__ __launch_bounds__(512) void name(float* __restrict__ y, const void* __restrict__ W,         \
+  extern "C" __global__ __launch_bounds__(256) void name(float* __restrict__ y, const void* __restrict__ W,         \
                                                          const void* __restrict__ x, void* workspace, int rows,     \
                                                          int cols, int n_tokens, int tile_tokens, int splits,       \
                                                          int accumulate) {                                         \
-    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::Tall::kTileRows * mmq::kMaxStride];           \
+    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
     __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
     __shared__ int last;                                                                                          \
     const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
                            rows, cols, n_tokens, splits, accumulate};                                             \
-    (void)tile_tokens;                                                                                            \
     rf_check_wave_size();                                                                                         \
-    mmq::mma_tiles<Step, 64, mmq::kDepthTile64, false, mmq::XF16, mmq::Tall>(a, ws, xs, &last);                   \
+    if (tile_tokens == 32)                                                                                        \
+      mmq::mma_tiles<Step, 32, mmq::DepthTile32<Step>::value, false, mmq::XF16>(a, ws, xs, &last);                \
+    else                                                                                                          \
+      mmq::mma_tiles<Step, 64, mmq::kDepthTile64, false, mmq::XF16>(a, ws, xs, &last);                            \
   }
 
 RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q6_k, mmq::Wide6)
 
-// SwiGLU pairs of prompt steps (Q4_K: the gate and up matrices of Q4_K_M files; Q5_K's pair spilled 4 bytes on
-// sm_90 in 512 threads): matmul_mma_swiglu_<format>(h16, gate, up, W_gate, W_up, x16, workspace, rows, cols,
-// n_tokens, tile_tokens): h16 = silu(x W_gate^T) * (x W_up^T) as f16, x16 f16 [n_tokens, cols], gate and up
-// float32 scratch [n_tokens, rows] (the products); Tall tiles (tile_tokens must be 64), no splits, the
-// workspace's counters as the split launches use them (hipcore/ops/matmul_mma.py launch_swiglu).
+// SwiGLU pairs of prompt steps (Q4_K and Q5_K: the gate and up matrices of Q4_K_M and Q5_K_M files; a Q6_K
+// pair spilled on sm_90 at two workgroups per SM): matmul_mma_swiglu_<format>(h16, gate, up, W_gate, W_up, x16,
+// workspace, rows, cols, n_tokens, tile_tokens): h16 = silu(x W_gate^T) * (x W_up^T) as f16, x16 f16
+// [n_tokens, cols], gate and up float32 scratch [n_tokens, rows] (the products); tiles of 32 or 64 tokens, no
+// splits, the workspace's counters as the split launches use them (hipcore/ops/matmul_mma.py launch_swiglu).
+// Two workgroups per SM on sm_90 (at most 128 registers, as the single products); sm_80's nvcc spilled there
+// and keeps its own choice (one workgroup per SM, as its single products).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define RF_SWIGLU_BOUNDS __launch_bounds__(256)
+#else
+#define RF_SWIGLU_BOUNDS __launch_bounds__(256, 2)
+#endif
 #define RF_MATMUL_MMA_SWIGLU_ENTRY(name, Step)                                                                    \
-  extern "C" __global__ __launch_bounds__(512) void name(                                                         \
+  extern "C" __global__ RF_SWIGLU_BOUNDS void name(                                                               \
       unsigned short* __restrict__ h16, float* __restrict__ gate, float* __restrict__ up,                          \
       const void* __restrict__ W_gate, const void* __restrict__ W_up, const void* __restrict__ x, void* workspace,  \
       int rows, int cols, int n_tokens, int tile_tokens) {                                                         \
-    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::Tall::kTileRows * mmq::kMaxStride];           \
+    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
     __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
     __shared__ int last;                                                                                          \
     const mmq::Launch a = {gate, static_cast<const unsigned char*>(W_gate), x, static_cast<unsigned char*>(workspace), \
                            rows, cols, n_tokens, 1, 0, up, static_cast<const unsigned char*>(W_up), h16};         \
-    (void)tile_tokens;                                                                                            \
     rf_check_wave_size();                                                                                         \
-    mmq::mma_tiles<Step, 64, mmq::kDepthTile64, true, mmq::XF16, mmq::Tall>(a, ws, xs, &last);                    \
+    if (tile_tokens == 32)                                                                                        \
+      mmq::mma_tiles<Step, 32, mmq::DepthTile32<Step>::value, true, mmq::XF16>(a, ws, xs, &last);                 \
+    else                                                                                                          \
+      mmq::mma_tiles<Step, 64, mmq::kDepthTile64, true, mmq::XF16>(a, ws, xs, &last);                             \
   }
 
 RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_k, mmq::Wide<false>)
+RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
 // The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format> (32-token tiles, x

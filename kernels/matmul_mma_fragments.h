@@ -230,7 +230,7 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
       }
     }
 
-    if (splits > 1 && !combine_splits<kAcc, kThreads>(acc, a, tile, split, tid, last)) continue;  // uniform
+    if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
 
     // c0, c1: row g, tokens 2t, 2t + 1 of token tile j; c2, c3: row g + 8.
 #pragma unroll

@@ -43,11 +43,8 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
     tile = matmul_mma.pick_tile_tokens(rows, n_tokens) if tile is None else tile
     tiles = matmul_mma.tile_count(rows, n_tokens, tile)
     ws_bytes = matmul_mma.partial_bytes(tiles, splits, tile) if splits > 1 else 0
-    if x_f16:  # Tall tiles, whole columns
-        grid, threads, tile, used = matmul_mma.x16_tiles(rows, n_tokens), matmul_mma.X16_THREADS, 64, 1
-    else:
-        grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
-                                                        splits=splits, step=matmul_mma.step_cols(weight_type))
+    grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
+                                                    splits=splits, step=matmul_mma.step_cols(weight_type))
     assert used == splits
     arch = "sm_90" if harness.name.endswith("nvidia_mma") else "gfx942"  # NVIDIA's harness runs its fragment path
     split_steps = -(-(cols // matmul_mma.step_cols(weight_type)) // splits)
@@ -226,9 +223,9 @@ def swiglu_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int
     x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
     np.concatenate([gate_raw.reshape(-1), up_raw.reshape(-1)]).tofile(tmp_path / "w")
     x.tofile(tmp_path / "x")
-    tiles = matmul_mma.x16_tiles(rows, n_tokens)
-    run_mma(harness, matmul_mma.swiglu_entry(weight_type), grid or 2 * tiles, matmul_mma.X16_THREADS, rows, cols,
-            n_tokens, tile, 1, 0, matmul_mma.COUNTER_BYTES, tmp_path / "w", tmp_path / "x", "-", tmp_path / "y", tmp_path / "ws")
+    tiles = matmul_mma.tile_count(rows, n_tokens, tile)
+    run_mma(harness, matmul_mma.swiglu_entry(weight_type), grid or 2 * tiles, matmul_mma.THREADS, rows, cols, n_tokens,
+            tile, 1, 0, matmul_mma.COUNTER_BYTES, tmp_path / "w", tmp_path / "x", "-", tmp_path / "y", tmp_path / "ws")
     raw_out = np.fromfile(tmp_path / "y", np.uint8)
     n = n_tokens * rows
     got = [raw_out[:2 * n].view(np.float16).astype(np.float64).reshape(n_tokens, rows)]
@@ -244,8 +241,8 @@ def swiglu_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int
 
 # (rows, cols, n_tokens, grid or None, tile): a row tile and a token tile cut short, one workgroup per item
 # (the up tile of each pair ends it); three workgroups looping over the items (either of a pair ends it); one
-# workgroup for all.
-SWIGLU_CASES = [(300, 512, 70, None, 64), (300, 512, 70, 3, 64), (64, 256, 64, 1, 64)]
+# workgroup for all; 32-token tiles.
+SWIGLU_CASES = [(130, 512, 70, None, 64), (130, 512, 70, 3, 64), (64, 256, 64, 1, 64), (72, 256, 40, None, 32)]
 
 
 @pytest.mark.parametrize("kind", MMA_KINDS)
@@ -260,24 +257,24 @@ def test_swiglu_pairs_match_the_reference(mma_harnesses, kind, weight_type, tmp_
 @pytest.mark.parametrize("kind", MMA_KINDS)
 @pytest.mark.parametrize("weight_type", matmul_mma.X16_TYPES)
 def test_f16_x_products_match_the_reference(mma_harnesses, kind, weight_type, tmp_path):
-    """matmul_mma_x16: Tall tiles cut short in rows and tokens, a small grid looping, the residual add."""
+    """matmul_mma_x16: both tile sizes, tiles cut short, a small grid looping, splits with the residual add."""
     rng = np.random.default_rng([19, len(kind), ord(kind[0]), ord(weight_type[1])])
-    for rows, cols, n_tokens, tile, grid, splits, accumulate in ((300, 512, 70, 64, None, 1, False),
-                                                                  (64, 256, 33, 64, None, 1, False),
-                                                                  (300, 512, 100, 64, 2, 1, True)):
+    for rows, cols, n_tokens, tile, grid, splits, accumulate in ((130, 512, 70, 64, None, 1, False),
+                                                                  (64, 256, 33, 32, None, 1, False),
+                                                                  (130, 512, 100, 64, 3, 1, True),
+                                                                  (130, 512, 20, 32, None, 3, True)):
         excess = worst_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, tile, grid, rng, tmp_path,
                               splits=splits, accumulate=accumulate, x_f16=True)
         assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} tile {tile}: {excess:.3g} x the bound"
 
 
 # Faults of the pairs and of f16 x: the gate's tile taken for up's, no item of a pair ending it, silu of the up
-# product instead of the gate's, a Tall tile's rows placed as a Base tile's, the pair's counter not reset, both items reading the gate's weights, f16
+# product instead of the gate's, the pair's counter not reset, both items reading the gate's weights, f16
 # x read a token's row too far on (float32's row stride).
 SWIGLU_FAULTS = {
     "the gate's tile read as up's": ("u = load_partial(a.y_up + i);", "u = load_partial(a.y + i);"),
     "nobody ends a pair": ("*last = atomicAdd(counters + tile, 1) == 1;", "*last = atomicAdd(counters + tile, 1) == 2;"),
     "silu of up": ("a.h16[i] = rf_float_to_f16(g / (1.0f + expf(-g)) * u);", "a.h16[i] = rf_float_to_f16(u / (1.0f + expf(-u)) * g);"),
-    "a Tall tile placed as a Base one": ("const int r0 = (tile % row_tiles) * kTileRows, t0", "const int r0 = (tile % row_tiles) * 128, t0"),
     "f16 x at float32's row stride": ("* cols * XIn::kBytes;", "* cols * 4;"),
     "counter not reset": ("if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch", ""),
     "gate's weights twice": ("const unsigned char* W = product ? a.W_up : a.W;", "const unsigned char* W = a.W;"),
@@ -290,5 +287,5 @@ def test_a_broken_swiglu_pair_is_caught(fault, tmp_path):
     harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
     rng = np.random.default_rng(17)
     with pytest.raises(AssertionError, match="x the bound|counters were not left at zero"):
-        excess = swiglu_excess(harness, "q4_k", 600, 256, 70, 3, rng, tmp_path)
+        excess = swiglu_excess(harness, "q4_k", 130, 512, 70, 3, rng, tmp_path)
         assert excess <= 1.0, f"{fault}: {excess:.3g} x the bound"

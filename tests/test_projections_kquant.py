@@ -277,7 +277,7 @@ def test_a_swiglu_pair_refuses_what_its_kernel_cannot_take(cpu_device):
         with pytest.raises(ValueError, match="workspace"):
             matmul_mma.launch_swiglu(*args, weight_type="q4_k", workspace=None)
         with pytest.raises(ValueError, match="counters"):
-            matmul_mma.launch_swiglu(cpu_device, None, h16, gate, up, wg, wu, x16, rows * 2100, cols, t,
+            matmul_mma.launch_swiglu(cpu_device, None, h16, gate, up, wg, wu, x16, rows * 1025, cols, t,
                                      weight_type="q4_k", workspace=ws)
         with pytest.raises(ValueError, match="overlap"):
             matmul_mma.launch_swiglu(cpu_device, None, h16, gate, gate, wg, wu, x16, rows, cols, t, weight_type="q4_k",

@@ -9,8 +9,7 @@ FMA elsewhere, where `has_matrix_cores` is false and `project` keeps matmul's FP
 
 x in f16 (`launch(..., x_f16=True)`): `matmul_mma_x16_<type>` for X16_TYPES, the same arguments with x f16
 [n_tokens, cols] (rmsnorm's out_f16, or a SwiGLU pair's h16): half the bytes each tile reads, the same results
-(the float32 kernels round x to f16 as they stage it). Tall tiles: 256 rows x 64 tokens in 512 threads, whole
-columns (no splits): each x tile staged serves twice the rows.
+(the float32 kernels round x to f16 as they stage it). Shared tiles of 32 or 64 tokens (no fragment path).
 
 SwiGLU pairs (`launch_swiglu`): `matmul_mma_swiglu_<type>(h16 p, gate p, up p, W_gate p, W_up p, x16 p,
 workspace p, rows i, cols i, n_tokens i, tile_tokens i)` for SWIGLU_TYPES computes a prompt step's gate and up
@@ -250,22 +249,15 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T (y += when accumulate) on the matrix cores, W of
     `weight_type`; `workspace` a Buffer zeroed once after allocation (the kernels leave its counters at zero),
     or None for no splits; `path` as entry_name's ("auto": the launcher's choice of kernel); x_f16: x is f16
-    (matmul_mma_x16_<type>, X16_TYPES only, in Tall tiles of 64 tokens without splits)."""
+    (matmul_mma_x16_<type>, X16_TYPES only, the shared tiles)."""
     if x_f16 and weight_type not in X16_TYPES:
         raise ValueError(f"{OP}: f16 x is read for {', '.join(X16_TYPES)} weights only, got {weight_type!r}")
-    if x_f16 and path != "auto":
-        raise ValueError(f"{OP}: f16 x has one kernel, not path {path!r}")
+    if x_f16 and path not in ("auto", "shared"):
+        raise ValueError(f"{OP}: f16 x takes the shared tiles, not path {path!r}")
     matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens",
                           alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES if x_f16 else 4)
     if workspace is not None and not isinstance(workspace, Buffer):
         raise ValueError(f"{OP}: workspace must be a Buffer (its size decides how far columns are split)")
-    if x_f16:  # Tall tiles, whole columns: a prompt step's tiles fill the device (ProjectionPlanner.ffn_pairs)
-        if tile_tokens not in (None, X16_TILE_TOKENS) or splits not in (None, 1):
-            raise ValueError(f"{OP}: f16 x takes {X16_TILE_TOKENS}-token tiles and no splits")
-        kernel = get_kernel(device, OP, x16_entry(weight_type), SIGNATURE)
-        kernel.launch(min(x16_tiles(rows, n_tokens), MAX_GRID), X16_THREADS,
-                      (y, w, x, 0, rows, cols, n_tokens, X16_TILE_TOKENS, 1, int(bool(accumulate))), stream=stream)
-        return
     grid, block, tile, split = geometry(rows, n_tokens, tile_tokens, cols=cols,
                                         workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits,
                                         step=step_cols(weight_type))
@@ -273,7 +265,7 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
         raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
                          f"{partial_bytes(grid // split, splits, tile)} bytes")
     split_steps = -(-(cols // step_cols(weight_type)) // split)
-    entry = entry_name(device.arch, weight_type, tile, n_tokens, path, split_steps)
+    entry = x16_entry(weight_type) if x_f16 else entry_name(device.arch, weight_type, tile, n_tokens, path, split_steps)
     if entry.startswith(f"{OP}_direct_") and split > 1 and tile_count(rows, n_tokens, DIRECT_MAX_TOKENS) > MAX_SPLIT_TILES:
         raise ValueError(f"{entry}: its {DIRECT_MAX_TOKENS}-token tiles are more than the {MAX_SPLIT_TILES} counters "
                          "a split launch has")
@@ -286,14 +278,6 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
 
 X16_TYPES = WIDE_TYPES
 F16_BYTES = 2
-# The f16-x entries' (x16 and swiglu) Tall tiles: 256 rows x 64 tokens in 512 threads, no column splits.
-X16_TILE_ROWS = 256
-X16_TILE_TOKENS = 64
-X16_THREADS = 512
-
-
-def x16_tiles(rows: int, n_tokens: int) -> int:
-    return -(-rows // X16_TILE_ROWS) * -(-n_tokens // X16_TILE_TOKENS)
 
 
 def x16_entry(weight_type: str) -> str:
@@ -319,8 +303,8 @@ for _type in X16_TYPES:
     cpu_kernel(x16_entry(_type), SIGNATURE)(_host_x16(_type))
 
 SWIGLU_SIGNATURE = "pppppppiiii"
-# The gate and up type of Q4_K_M files (Q5_K's pair spilled on sm_90: kernels/matmul_mma.hip).
-SWIGLU_TYPES = ("q4_k",)
+# The gate and up types of Q4_K_M and Q5_K_M files.
+SWIGLU_TYPES = ("q4_k", "q5_k")
 SILU_LIPSCHITZ = 1.0999  # max |silu'(g)|, reached near g = 2.4
 
 
@@ -377,7 +361,7 @@ def swiglu_fits(device: Device, n_tokens: int, rows: int, weight_type: str, work
     return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SWIGLU_TYPES
             and isinstance(workspace, Buffer) and workspace.nbytes >= COUNTER_BYTES
             and pick_tile_tokens(rows, n_tokens) == 64
-            and x16_tiles(rows, n_tokens) <= MAX_SPLIT_TILES)
+            and tile_count(rows, n_tokens, 64) <= MAX_SPLIT_TILES)
 
 
 def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up: Any, w_gate: Any, w_up: Any,
@@ -389,7 +373,8 @@ def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up
         raise ValueError(f"{OP}: SwiGLU pairs take {', '.join(SWIGLU_TYPES)} weights, got {weight_type!r}")
     if not isinstance(workspace, Buffer) or workspace.nbytes < COUNTER_BYTES:
         raise ValueError(f"{OP}: a SwiGLU pair needs a workspace Buffer of at least {COUNTER_BYTES} bytes (its counters)")
-    tiles = x16_tiles(rows, n_tokens)
+    tile = pick_tile_tokens(rows, n_tokens)
+    tiles = tile_count(rows, n_tokens, tile)
     if tiles > MAX_SPLIT_TILES:
         raise ValueError(f"{OP}: {tiles} tiles of a SwiGLU pair are more than its {MAX_SPLIT_TILES} counters")
     entry = swiglu_entry(weight_type)
@@ -403,8 +388,8 @@ def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up
              ("x16", x16, n_tokens * cols * F16_BYTES)), 2):
         check_disjoint(entry, (name_a, a, size_a), (name_b, b, size_b))
     kernel = get_kernel(device, OP, entry, SWIGLU_SIGNATURE)
-    kernel.launch(min(2 * tiles, MAX_GRID), X16_THREADS, (h16, gate, up, w_gate, w_up, x16, workspace, rows, cols,
-                                                           n_tokens, X16_TILE_TOKENS), stream=stream)
+    kernel.launch(min(2 * tiles, MAX_GRID), THREADS, (h16, gate, up, w_gate, w_up, x16, workspace, rows, cols,
+                                                       n_tokens, tile), stream=stream)
 
 
 def min_tokens(weight_type: str, arch: str = "") -> int:

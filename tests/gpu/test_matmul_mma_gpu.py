@@ -134,8 +134,8 @@ def test_every_path_agrees_with_the_reference(gpu, mem, rng, seed, weight_type, 
 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     # Llama-3.1-8B's gate and up at a prompt step of 512 tokens (896 tiles: four waves of single products);
-    # Llama-3.2-1B's; rows and tokens that cut tiles short.
-    ("q4_k", 14336, 4096, 512), ("q4_k", 8192, 2048, 512), ("q4_k", 1000, 512, 200), ("q4_k", 300, 768, 130),
+    # Llama-3.2-1B's; rows and tokens that cut tiles short; Q5_K.
+    ("q4_k", 14336, 4096, 512), ("q4_k", 8192, 2048, 512), ("q4_k", 1000, 512, 200), ("q5_k", 300, 768, 130),
 ])
 def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     """matmul_mma_swiglu on f16 x: h16 = silu(gate) * up and the gate and up products within
@@ -170,20 +170,18 @@ def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     ("q5_k", 300, 768, 130, False), ("q6_k", 1024, 4096, 40, True),
 ])
 def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, accumulate):
-    """matmul_mma_x16 (x f16, Tall tiles) against the reference on the same f16 values, within error_bound;
-    and the same bytes as the float32 entry's shared tiles given those values as float32 (it rounds x to f16
-    as it stages it; each output sums the same products in the same order)."""
+    """matmul_mma_x16 (x f16) against the reference on the same f16 values, within error_bound; and the
+    same bytes as the float32 entry given those values as float32 (it rounds x to f16 as it stages it)."""
     raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
     y0 = rng.standard_normal((n_tokens, rows)).astype(np.float32) if accumulate else np.zeros((n_tokens, rows), np.float32)
     w, x16, x32 = mem.upload(raw, "weights"), mem.upload(x), mem.upload(x.astype(np.float32))
     workspace = mem.upload(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
     outs = []
-    for xs, f16 in ((x16, True), (x32, False)):  # the float32 kernel on its shared tiles, whole columns
+    for xs, f16 in ((x16, True), (x32, False)):
         y = mem.upload(y0)
-        extra = {"x_f16": True} if f16 else {"path": "shared", "splits": 1}
         matmul_mma.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, accumulate=accumulate,
-                          workspace=workspace, **extra)
+                          x_f16=f16, path="auto" if f16 else "shared", workspace=workspace)
         outs.append(y.download(np.float32).reshape(n_tokens, rows))
     assert np.array_equal(outs[0], outs[1]), "f16 x and the same values as float32 gave other results"
     want = y0 + matmul_mma.reference(raw, weight_type, x.astype(np.float32), rows, cols)

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   };
   using Swiglu = void (*)(unsigned short*, float*, float*, const void*, const void*, const void*, void*, int, int, int, int);
   const std::map<std::string, Swiglu> pairs = {
-      {"matmul_mma_swiglu_q4_k", matmul_mma_swiglu_q4_k}};
+      {"matmul_mma_swiglu_q4_k", matmul_mma_swiglu_q4_k}, {"matmul_mma_swiglu_q5_k", matmul_mma_swiglu_q5_k}};
   void* ws = workspace_bytes ? workspace.data() : nullptr;
   if (pairs.count(entry)) {
     const Swiglu kernel = pairs.at(entry);
