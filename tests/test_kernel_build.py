@@ -40,13 +40,15 @@ EXPECTED_KERNELS = {
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
     "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q5_0", "matmul_q5_1",
                "matmul_q4_k", "matmul_q5_k", "matmul_q6_k", "matmul_q8_0"],
-    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0")],
+    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0")]
+                  + [f"matmul_mma_x16_{t}" for t in ("q4_k", "q5_k", "q6_k")]
+                  + [f"matmul_mma_swiglu_{t}" for t in ("q4_k", "q5_k")],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
     "paged_attention": [f"paged_attention_{kv}{cap}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")],
     "prompt_attention": [prompt_attention.kernel_name(d) for d in prompt_attention.HEAD_DIMS],
     "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
-    "rmsnorm": ["rmsnorm_f32"],
+    "rmsnorm": ["rmsnorm_f32", "rmsnorm_f32_f16"],
     "rope": ["rope_f32", "rope_neox_f32"],
     "sample": ["sample_f32"],
     "scale": ["scale_f32"],

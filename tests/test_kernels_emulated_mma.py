@@ -120,14 +120,25 @@ SPLIT_FAULTS = {
 }
 
 
+def nvidia_harness_with(old: str, new: str, tmp_path):
+    """NVIDIA's harness built with `old` replaced by `new` in matmul_mma's sources (a planted fault)."""
+    return build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+
+
+def assert_caught(fault: str, measure) -> None:
+    """measure() -> worst excess; the planted fault must fail the ordinary check (beyond the bound, or a
+    counter left set)."""
+    with pytest.raises(AssertionError, match="x the bound|counters were not left at zero"):
+        excess = measure()
+        assert excess <= 1.0, f"{fault}: {excess:.3g} x the bound"
+
+
 @pytest.mark.parametrize("fault", SPLIT_FAULTS)
 def test_a_broken_split_combine_is_caught(fault, tmp_path):
-    old, new = SPLIT_FAULTS[fault]
-    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+    harness = nvidia_harness_with(*SPLIT_FAULTS[fault], tmp_path)
     rng = np.random.default_rng(11)
-    with pytest.raises(AssertionError, match="x the bound|counters were not left at zero"):
-        excess = worst_excess(harness, "q4_k", 130, 512, 9, 32, None, rng, tmp_path, splits=4, accumulate=True)
-        assert excess <= 1.0, f"{fault}: {excess:.3g} x the bound"
+    assert_caught(fault, lambda: worst_excess(harness, "q4_k", 130, 512, 9, 32, None, rng, tmp_path, splits=4,
+                                              accumulate=True))
 
 
 # One plausible mistake per path, each the layout of a neighbouring path or a transposed index; NVIDIA's
@@ -177,8 +188,8 @@ FRAGMENT_FAULTS = {
 def nvidia_excess_with(old: str, new: str, weight_type: str, n_tokens: int, seed: int, tmp_path) -> float:
     """worst_excess of a 64 x 512 product of n_tokens on NVIDIA's harness built with `old` replaced by `new`
     in matmul_mma's sources (kernels/matmul_mma.hip and the parts it includes)."""
-    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
-    return worst_excess(harness, weight_type, 64, 512, n_tokens, 32, None, np.random.default_rng(seed), tmp_path)
+    return worst_excess(nvidia_harness_with(old, new, tmp_path), weight_type, 64, 512, n_tokens, 32, None,
+                        np.random.default_rng(seed), tmp_path)
 
 
 @pytest.mark.parametrize("fault", FRAGMENT_FAULTS)
@@ -283,9 +294,6 @@ SWIGLU_FAULTS = {
 
 @pytest.mark.parametrize("fault", SWIGLU_FAULTS)
 def test_a_broken_swiglu_pair_is_caught(fault, tmp_path):
-    old, new = SWIGLU_FAULTS[fault]
-    harness = build_mma_harnesses(tmp_path, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+    harness = nvidia_harness_with(*SWIGLU_FAULTS[fault], tmp_path)
     rng = np.random.default_rng(17)
-    with pytest.raises(AssertionError, match="x the bound|counters were not left at zero"):
-        excess = swiglu_excess(harness, "q4_k", 130, 512, 70, 3, rng, tmp_path)
-        assert excess <= 1.0, f"{fault}: {excess:.3g} x the bound"
+    assert_caught(fault, lambda: swiglu_excess(harness, "q4_k", 130, 512, 70, 3, rng, tmp_path))

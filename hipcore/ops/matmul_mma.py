@@ -163,12 +163,13 @@ def error_bound(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, c
 # ---- host implementation (the cpu backend: matmul's float32 product) ---------------------------
 
 
-def _host(weight_type: str):
+def _host(weight_type: str, x_dtype=np.float32):
+    """The cpu backend's kernel of an entry: x of x_dtype (float16 for the x16 entries) as float32."""
     def run(device: CpuDevice, grid, block, y: int, w: int, x: int, workspace: int, rows: int, cols: int,
             n_tokens: int, tile_tokens: int, splits: int, accumulate: int) -> None:
         raw = device.view(w, np.uint8, (rows, row_bytes(weight_type, cols)))
         result = np.empty((n_tokens, rows), dtype=np.float32)
-        host_product(raw, weight_type, device.view(x, np.float32, (n_tokens, cols)), cols, result)
+        host_product(raw, weight_type, device.view(x, x_dtype, (n_tokens, cols)).astype(np.float32), cols, result)
         out = device.view(y, np.float32, (n_tokens, rows))
         if accumulate:
             out += result
@@ -284,23 +285,8 @@ def x16_entry(weight_type: str) -> str:
     return f"{OP}_x16_{weight_type}"
 
 
-def _host_x16(weight_type: str):
-    def run(device: CpuDevice, grid, block, y: int, w: int, x: int, workspace: int, rows: int, cols: int,
-            n_tokens: int, tile_tokens: int, splits: int, accumulate: int) -> None:
-        raw = device.view(w, np.uint8, (rows, row_bytes(weight_type, cols)))
-        result = np.empty((n_tokens, rows), dtype=np.float32)
-        host_product(raw, weight_type, device.view(x, np.float16, (n_tokens, cols)).astype(np.float32), cols, result)
-        out = device.view(y, np.float32, (n_tokens, rows))
-        if accumulate:
-            out += result
-        else:
-            out[:] = result
-
-    return run
-
-
 for _type in X16_TYPES:
-    cpu_kernel(x16_entry(_type), SIGNATURE)(_host_x16(_type))
+    cpu_kernel(x16_entry(_type), SIGNATURE)(_host(_type, np.float16))
 
 SWIGLU_SIGNATURE = "pppppppiiii"
 # The gate and up types of Q4_K_M and Q5_K_M files.
