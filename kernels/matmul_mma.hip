@@ -34,7 +34,7 @@
 // kCounterBytes / 4 tiles and a workspace of kCounterBytes (zeroed once, left zeroed by every launch) +
 // tiles * splits * 128 * tile_tokens floats.
 #include "hip_compat.h"
-#include "matmul_mma_formats.h"  // the block formats and the step shapes that read them
+#include "matmul_mma_formats.h"  // the block formats, the step shapes that read them, x's forms
 
 namespace {
 namespace mmq {
@@ -163,32 +163,6 @@ __device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, i
   }
   if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch
 }
-
-// x as a launch holds it: float32, rounded to f16 as it is staged (XF32), or f16 already (XF16: half the
-// bytes each tile reads). A load is kValues consecutive values of one token; load_into assigns member by
-// member, as in matmul.hip: a whole-struct copy into the array can land in scratch.
-struct XF32 {
-  static constexpr int kValues = 4, kBytes = 4;
-  typedef float4 Raw;
-  static __device__ __forceinline__ void load_into(Raw& r, const unsigned char* row, int col) {
-    const float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + col);
-    r.x = v.x, r.y = v.y, r.z = v.z, r.w = v.w;
-  }
-  static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) {
-    unsigned int* d = reinterpret_cast<unsigned int*>(dst);
-    d[0] = pack_f16(r.x, r.y);
-    d[1] = pack_f16(r.z, r.w);
-  }
-};
-struct XF16 {
-  static constexpr int kValues = 8, kBytes = 2;
-  typedef uint4 Raw;
-  static __device__ __forceinline__ void load_into(Raw& r, const unsigned char* row, int col) {
-    const uint4 v = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(row) + col);
-    r.x = v.x, r.y = v.y, r.z = v.z, r.w = v.w;
-  }
-  static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) { *reinterpret_cast<uint4*>(dst) = r; }
-};
 
 template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {

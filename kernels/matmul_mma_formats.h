@@ -1,7 +1,7 @@
 // Part of the matmul_mma op (kernels/matmul_mma.hip includes it; its code objects are built and hashed with
 // it: hipcore/runtime/kernels.py source_files): the GGUF block formats the product reads and the step shapes
 // that read them into the matrix cores' f16 operands (Narrow for every format, Wide for Q4_K / Q5_K, Wide6
-// for Q6_K), with the K-quants' packed-f16 decoders.
+// for Q6_K), with the K-quants' packed-f16 decoders; and x's two forms (XF32, XF16).
 #pragma once
 #include "hip_compat.h"
 
@@ -361,6 +361,32 @@ struct Wide6 {
     for (int w = 0; w < 4; ++w) decode_q6_word(ql_words[w], qh_words[w], t, scale_a, scale_b, lo + 2 * w, hi + 2 * w);
     store_pairs(lo, hi, ws_row + 16 * g);
   }
+};
+
+// x as a launch holds it: float32, rounded to f16 as it is staged (XF32), or f16 already (XF16: half the
+// bytes each tile reads). A load is kValues consecutive values of one token; load_into assigns member by
+// member, as in matmul.hip: a whole-struct copy into the array can land in scratch.
+struct XF32 {
+  static constexpr int kValues = 4, kBytes = 4;
+  typedef float4 Raw;
+  static __device__ __forceinline__ void load_into(Raw& r, const unsigned char* row, int col) {
+    const float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + col);
+    r.x = v.x, r.y = v.y, r.z = v.z, r.w = v.w;
+  }
+  static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) {
+    unsigned int* d = reinterpret_cast<unsigned int*>(dst);
+    d[0] = pack_f16(r.x, r.y);
+    d[1] = pack_f16(r.z, r.w);
+  }
+};
+struct XF16 {
+  static constexpr int kValues = 8, kBytes = 2;
+  typedef uint4 Raw;
+  static __device__ __forceinline__ void load_into(Raw& r, const unsigned char* row, int col) {
+    const uint4 v = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(row) + col);
+    r.x = v.x, r.y = v.y, r.z = v.z, r.w = v.w;
+  }
+  static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) { *reinterpret_cast<uint4*>(dst) = r; }
 };
 
 }  // namespace mmq
