@@ -44,6 +44,7 @@ constexpr int kTileRows = 128;
 constexpr int kMaxStepCols = 64;                 // the widest step of a format (Wide K-quants)
 constexpr int kMaxStride = kMaxStepCols + 8;       // halves per shared row, at most
 constexpr int kMaxTileTokens = 64;
+constexpr int kWideTileTokens = 128;               // the x16_128 and silu_up entries' tiles
 constexpr int kWarps = kThreads / WARP_SIZE;
 constexpr int kWarpsDown = 4;                    // warps along the rows, 32 rows each
 constexpr int kWarpsAcross = kWarps / kWarpsDown;  // warps along the tokens
@@ -164,7 +165,9 @@ __device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, i
   if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch
 }
 
-template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32>
+// kSiluUp: the product is the up projection of a feed-forward whose gate product a launch before wrote to a.y
+// (float32 [n_tokens, rows]); each element leaves as a.h16 = silu(gate) * up in f16, no float32 store (no splits).
+template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32, bool kSiluUp = false>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
@@ -279,6 +282,23 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
       swiglu_pair<TN>(a, tile, r0, t0, tid, last);
       continue;
     }
+    if (kSiluUp) {
+#pragma unroll
+      for (int i = 0; i < kRowTilesPerWarp; ++i)
+#pragma unroll
+        for (int j = 0; j < kTokenTilesPerWarp; ++j)
+#pragma unroll
+          for (int e = 0; e < RF_MMA_ACC; ++e) {
+            const int r = r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e);
+            const int t = t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e);
+            if (t < n_tokens && r < rows) {
+              const unsigned long long at = (unsigned long long)t * rows + r;
+              const float g = a.y[at];
+              a.h16[at] = rf_float_to_f16(g / (1.0f + expf(-g)) * acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]);
+            }
+          }
+      continue;
+    }
     if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
 
 #pragma unroll
@@ -379,20 +399,74 @@ RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q6_k, mmq::Wide6)
 
+// Two workgroups per SM on sm_90 (at most 128 registers): the SwiGLU pairs and the 128-token tiles. sm_80's nvcc
+// spilled the pairs there and keeps its own choice (one workgroup per SM, as its single products).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define RF_TWO_PER_SM_BOUNDS __launch_bounds__(256)
+#else
+#define RF_TWO_PER_SM_BOUNDS __launch_bounds__(256, 2)
+#endif
+
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+// Prompt steps' f16-x products in tiles of 128 rows x 128 tokens: matmul_mma_x16_128_<format>, the x16 entries'
+// arguments with tile_tokens 128. Each decoded step of weights feeds twice the tokens, and each warp's 32 x 64
+// outputs read a fragment of shared memory per 2,048 multiply-adds instead of 1,024, where the 64-token tiles are
+// bound by the SM's shared-memory pipe: on an NVIDIA H100 at 512 tokens, the 8B's gate product took 264 against
+// 351 us, down (Q6_K) 445 against 482, q 86 against 102. Entries of their own, so that their registers (64
+// accumulators a thread; 128 at two workgroups per SM, no spills on sm_90) are counted apart. NVIDIA's mma only:
+// on gfx1030 (FMA at wave 32) and gfx1100 (WMMA) the 128-token tiles spilled, and no AMD GPU measured them.
+#define RF_MATMUL_MMA_X16_128_ENTRY(name, Step)                                                                   \
+  extern "C" __global__ RF_TWO_PER_SM_BOUNDS void name(float* __restrict__ y, const void* __restrict__ W,         \
+                                                       const void* __restrict__ x, void* workspace, int rows,      \
+                                                       int cols, int n_tokens, int tile_tokens, int splits,        \
+                                                       int accumulate) {                                          \
+    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kWideTileTokens * mmq::kMaxStride];           \
+    __shared__ int last;                                                                                          \
+    const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
+                           rows, cols, n_tokens, splits, accumulate};                                             \
+    rf_check_wave_size();                                                                                         \
+    (void)tile_tokens; /* 128: the launcher's */                                                                  \
+    mmq::mma_tiles<Step, mmq::kWideTileTokens, 1, false, mmq::XF16>(a, ws, xs, &last);                           \
+  }
+
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q4_k, mmq::Wide<false>)
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q5_k, mmq::Wide<true>)
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
+
+// A prompt step's up projection with the SwiGLU in its epilogue, in 128-token tiles:
+// matmul_mma_silu_up_<format>(h16, gate, W_up, x16, rows, cols, n_tokens, splits): h16 = silu(gate) * (x16 W_up^T)
+// as f16, gate float32 [n_tokens, rows] (the gate product, matmul_mma_x16_128 a launch before), x16 f16 [n_tokens,
+// cols]; splits must be 1 (an argument, not a constant, because nvcc's sm_90 code spilled more with the constant).
+// Where the 128-token tiles are many the feed-forward takes it instead of a SwiGLU pair: the two products
+// share no launch, so each keeps two workgroups per SM (the pair's 128-token kernel spilled ~100 bytes on sm_90),
+// and gate's tile is read back once, from the epilogue, with no float32 up to write and read.
+#define RF_MATMUL_MMA_SILU_UP_ENTRY(name, Step)                                                                   \
+  extern "C" __global__ RF_TWO_PER_SM_BOUNDS void name(unsigned short* __restrict__ h16,                          \
+                                                       const float* __restrict__ gate, const void* __restrict__ W, \
+                                                       const void* __restrict__ x, int rows, int cols,            \
+                                                       int n_tokens, int splits) {                                            \
+    __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kWideTileTokens * mmq::kMaxStride];           \
+    __shared__ int last;                                                                                          \
+    const mmq::Launch a = {const_cast<float*>(gate), static_cast<const unsigned char*>(W), x, nullptr, rows, cols, \
+                           n_tokens, splits, 0, nullptr, nullptr, h16};                                                \
+    rf_check_wave_size();                                                                                         \
+    mmq::mma_tiles<Step, mmq::kWideTileTokens, 1, false, mmq::XF16, true>(a, ws, xs, &last);                     \
+  }
+
+RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_k, mmq::Wide<false>)
+RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_k, mmq::Wide<true>)
+#endif  // RF_MMA_KIND == RF_MMA_NV_M16N8K16
+
 // SwiGLU pairs of prompt steps (Q4_K and Q5_K: the gate and up matrices of Q4_K_M and Q5_K_M files; a Q6_K
 // pair spilled on sm_90 at two workgroups per SM): matmul_mma_swiglu_<format>(h16, gate, up, W_gate, W_up, x16,
 // workspace, rows, cols, n_tokens, tile_tokens): h16 = silu(x W_gate^T) * (x W_up^T) as f16, x16 f16
 // [n_tokens, cols], gate and up float32 scratch [n_tokens, rows] (the products); tiles of 32 or 64 tokens, no
 // splits, the workspace's counters as the split launches use them (hipcore/ops/matmul_mma.py launch_swiglu).
-// Two workgroups per SM on sm_90 (at most 128 registers, as the single products); sm_80's nvcc spilled there
-// and keeps its own choice (one workgroup per SM, as its single products).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define RF_SWIGLU_BOUNDS __launch_bounds__(256)
-#else
-#define RF_SWIGLU_BOUNDS __launch_bounds__(256, 2)
-#endif
+// Two workgroups per SM on sm_90 (RF_TWO_PER_SM_BOUNDS).
 #define RF_MATMUL_MMA_SWIGLU_ENTRY(name, Step)                                                                    \
-  extern "C" __global__ RF_SWIGLU_BOUNDS void name(                                                               \
+  extern "C" __global__ RF_TWO_PER_SM_BOUNDS void name(                                                               \
       unsigned short* __restrict__ h16, float* __restrict__ gate, float* __restrict__ up,                          \
       const void* __restrict__ W_gate, const void* __restrict__ W_up, const void* __restrict__ x, void* workspace,  \
       int rows, int cols, int n_tokens, int tile_tokens) {                                                         \

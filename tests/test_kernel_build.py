@@ -56,9 +56,11 @@ EXPECTED_KERNELS = {
     "silu_mul": ["silu_mul_f32"],
     "softcap": ["softcap_f32"],
 }
-# Entries only NVIDIA's objects have: matmul_mma's fragment path (written in mma.sync's fragment layout).
+# Entries only NVIDIA's objects have: matmul_mma's fragment path (written in mma.sync's fragment layout) and its
+# 128-token tiles (they spilled on gfx1030 and gfx1100).
 NVIDIA_ONLY_KERNELS = {
-    "matmul_mma": [f"matmul_mma_{entry}_{t}" for entry in ("fragments", "direct") for t in ("q4_k", "q5_k", "q6_k")],
+    "matmul_mma": [f"matmul_mma_{entry}_{t}" for entry in ("fragments", "direct", "x16_128") for t in ("q4_k", "q5_k", "q6_k")]
+                  + [f"matmul_mma_silu_up_{t}" for t in ("q4_k", "q5_k")],
 }
 
 
@@ -407,11 +409,20 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
             for name, usage in manifest["objects"][target][op]["kernels"].items():
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
-                assert off_chip == 0, f"{target} {name}: {usage}"
+                if target == "sm_90" and name.startswith("matmul_mma_silu_up_"):
+                    # The one exception, measured: at two workgroups per SM (128 registers) nvcc spills 40-56
+                    # bytes; at one (173 registers, none spilled) the 8B's gate + up+SwiGLU took 779.9 against
+                    # 618.8 us on an NVIDIA H100 (docs/benchmarks.md). Held to that size.
+                    assert usage.get("spill_store_bytes", 0) <= 64 and usage.get("stack_bytes", 0) <= 64, f"{target} {name}: {usage}"
+                else:
+                    assert off_chip == 0, f"{target} {name}: {usage}"
                 if op == "matmul_mma":
-                    # shared-tile entries: f16 tiles of 128 rows and 64 tokens of 72 halves, the split flag; the
-                    # fragment path's staged entries: x of 32 tokens of 80 halves, the flag; its direct ones: the flag
-                    shared = {"fragments": 32 * 80 * 2 + 4, "direct": 4}.get(name.split("_")[2], (128 + 64) * 72 * 2 + 4)
+                    # shared-tile entries: f16 tiles of 128 rows and 64 tokens (128 for the x16_128 and silu_up
+                    # entries) of 72 halves, the split flag (silu_up has none); the fragment path's staged entries:
+                    # x of 32 tokens of 80 halves, the flag; its direct ones: the flag
+                    wide = name.startswith(("matmul_mma_x16_128_", "matmul_mma_silu_up_"))
+                    shared = {"fragments": 32 * 80 * 2 + 4, "direct": 4, "silu": (128 + 128) * 72 * 2}.get(
+                        name.split("_")[2], (128 + (128 if wide else 64)) * 72 * 2 + 4)
                     assert usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
                 if op in ("matvec", "qmatvec", "matmul"):
                     assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"

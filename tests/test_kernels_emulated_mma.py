@@ -43,13 +43,17 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
     tile = matmul_mma.pick_tile_tokens(rows, n_tokens) if tile is None else tile
     tiles = matmul_mma.tile_count(rows, n_tokens, tile)
     ws_bytes = matmul_mma.partial_bytes(tiles, splits, tile) if splits > 1 else 0
-    grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
-                                                    splits=splits, step=matmul_mma.step_cols(weight_type))
-    assert used == splits
+    if tile == matmul_mma.WIDE_TILE_TOKENS:  # the x16_128 entries: never split
+        assert x_f16 and splits == 1
+        grid, threads = tiles, matmul_mma.THREADS
+    else:
+        grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
+                                                        splits=splits, step=matmul_mma.step_cols(weight_type))
+        assert used == splits
     arch = "sm_90" if harness.name.endswith("nvidia_mma") else "gfx942"  # NVIDIA's harness runs its fragment path
     split_steps = -(-(cols // matmul_mma.step_cols(weight_type)) // splits)
-    entry = matmul_mma.x16_entry(weight_type) if x_f16 else matmul_mma.entry_name(arch, weight_type, tile, n_tokens,
-                                                                                    path, split_steps)
+    entry = matmul_mma.x16_entry(weight_type, tile) if x_f16 else matmul_mma.entry_name(arch, weight_type, tile,
+                                                                                          n_tokens, path, split_steps)
     run_mma(harness, entry, grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
             int(accumulate), ws_bytes, tmp_path / "w", tmp_path / "x", tmp_path / "y_in" if accumulate else "-",
             tmp_path / "y", tmp_path / "ws")
@@ -265,18 +269,73 @@ def test_swiglu_pairs_match_the_reference(mma_harnesses, kind, weight_type, tmp_
         assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} grid {grid}: {excess:.3g} x the bound"
 
 
+# NVIDIA's 128-token tiles (x16_128: the only kind with them): tiles cut short; one workgroup looping, the residual added.
+WIDE_X16_CASES = {"nvidia_mma": ((130, 512, 150, 128, None, 1, False), (72, 256, 140, 128, 1, 1, True))}
+
+
 @pytest.mark.parametrize("kind", MMA_KINDS)
 @pytest.mark.parametrize("weight_type", matmul_mma.X16_TYPES)
 def test_f16_x_products_match_the_reference(mma_harnesses, kind, weight_type, tmp_path):
-    """matmul_mma_x16: both tile sizes, tiles cut short, a small grid looping, splits with the residual add."""
+    """matmul_mma_x16: both tile sizes, tiles cut short, a small grid looping, splits with the residual add; the
+    x16_128 entries' 128-token tiles (NVIDIA's) cut short and looped over by one workgroup with the residual add."""
     rng = np.random.default_rng([19, len(kind), ord(kind[0]), ord(weight_type[1])])
     for rows, cols, n_tokens, tile, grid, splits, accumulate in ((130, 512, 70, 64, None, 1, False),
                                                                   (64, 256, 33, 32, None, 1, False),
                                                                   (130, 512, 100, 64, 3, 1, True),
-                                                                  (130, 512, 20, 32, None, 3, True)):
+                                                                  (130, 512, 20, 32, None, 3, True),
+                                                                  *WIDE_X16_CASES.get(kind, ())):
         excess = worst_excess(mma_harnesses[kind], weight_type, rows, cols, n_tokens, tile, grid, rng, tmp_path,
                               splits=splits, accumulate=accumulate, x_f16=True)
         assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} tile {tile}: {excess:.3g} x the bound"
+
+
+# ---- the up product with the SwiGLU in its epilogue (matmul_mma_silu_up_<type>, 128-token tiles) ----------
+
+def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, grid, rng, tmp_path) -> float:
+    """max |got - want| / bound of h16 = silu(gate) * up from one matmul_mma_silu_up launch on f16 x, the gate
+    given as the reference's float32 gate product (<= 1 passes; an h16 left unwritten, NaN, is infinitely far);
+    the bound matmul_mma.silu_up_error_bound's."""
+    gate_raw, up_raw = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
+    x32 = x.astype(np.float32)
+    up_raw.tofile(tmp_path / "w")
+    x.tofile(tmp_path / "x")
+    gate = matmul_mma.reference(gate_raw, weight_type, x32, rows, cols).astype(np.float32)
+    gate.tofile(tmp_path / "gate")
+    tiles = matmul_mma.tile_count(rows, n_tokens, matmul_mma.WIDE_TILE_TOKENS)
+    run_mma(harness, matmul_mma.silu_up_entry(weight_type), grid or tiles, matmul_mma.THREADS, rows, cols, n_tokens,
+            matmul_mma.WIDE_TILE_TOKENS, 1, 0, 0, tmp_path / "w", tmp_path / "x", tmp_path / "gate", tmp_path / "y",
+            tmp_path / "ws")
+    got = np.fromfile(tmp_path / "y", np.float16).astype(np.float64).reshape(n_tokens, rows)
+    want = matmul_mma.swiglu_reference(gate_raw, up_raw, weight_type, x32, rows, cols)[0]
+    bound = matmul_mma.silu_up_error_bound(gate_raw, up_raw, weight_type, x32, rows, cols)
+    return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / bound, np.inf)))
+
+
+@pytest.mark.parametrize("weight_type", matmul_mma.SWIGLU_TYPES)
+def test_the_up_product_with_the_swiglu_matches_the_reference(mma_harnesses, weight_type, tmp_path):
+    """NVIDIA's mma (the entry's only kind): a row tile and a token tile cut short, one workgroup per tile; then
+    one workgroup looping over four."""
+    rng = np.random.default_rng([23, ord(weight_type[1])])
+    for rows, cols, n_tokens, grid in ((130, 512, 150, None), (72, 256, 140, 1)):
+        excess = silu_up_excess(mma_harnesses["nvidia_mma"], weight_type, rows, cols, n_tokens, grid, rng, tmp_path)
+        assert excess <= 1.0, f"{weight_type} {rows}x{cols} tokens {n_tokens} grid {grid}: {excess:.3g} x the bound"
+
+
+# Faults of the wide SwiGLU: silu of the up product instead of the gate's, the gate read at the token's first row.
+# (A 128-token entry built with other tiles is no fault: the grid-stride loop covers every tile of any size.)
+SILU_UP_FAULTS = {
+    "silu of up": ("g / (1.0f + expf(-g)) * acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]",
+                   "acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e] / (1.0f + expf(-acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e])) * g"),
+    "the gate of the first token": ("const float g = a.y[at];", "const float g = a.y[r];"),
+}
+
+
+@pytest.mark.parametrize("fault", SILU_UP_FAULTS)
+def test_a_broken_wide_swiglu_is_caught(fault, tmp_path):
+    harness = nvidia_harness_with(*SILU_UP_FAULTS[fault], tmp_path)
+    rng = np.random.default_rng(31)
+    assert_caught(fault, lambda: silu_up_excess(harness, "q4_k", 130, 512, 150, None, rng, tmp_path))
 
 
 # Faults of the pairs and of f16 x: the gate's tile taken for up's, no item of a pair ending it, silu of the up

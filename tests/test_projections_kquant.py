@@ -290,3 +290,93 @@ def test_a_swiglu_pair_refuses_what_its_kernel_cannot_take(cpu_device):
     finally:
         for buf in bufs:
             buf.free()
+
+
+def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(layer, cpu_device, monkeypatch):
+    """Where 128-token tiles are many (matmul_mma.silu_up_fits), a prompt step's feed-forward norms x to f16,
+    writes the Q4_K gate product (float32, matmul_mma_x16_128), then the up product whose epilogue leaves
+    silu(gate) * up as f16 in b["ffn_h16"] (matmul_mma_silu_up), and the Q6_K down reads it; it needs no
+    workspace. With fewer tiles the step keeps the SwiGLU pair."""
+    from hipcore.ops import matmul, matmul_mma, silu_mul
+
+    t = 130
+    lw, rng = layer.lw, layer.rng
+    buffers = {name: layer.put(np.zeros(t * n, np.float32)) for name, n in (("x", HIDDEN), ("xn", HIDDEN),
+                                                                            ("gate", FFN), ("up", FFN))}
+    buffers["ffn_h16"] = layer.put(np.zeros(t * FFN, np.float16))
+    workspace = cpu_device.allocate(matmul_mma.COUNTER_BYTES, "scratch")
+    workspace.fill(0)
+    config = SimpleNamespace(hidden_size=HIDDEN, ffn_size=FFN, rms_norm_eps=1e-5)
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)  # 64-token tiles for this small layer, as for a model's
+
+    def plan_of(b):
+        p = ProjectionPlanner(cpu_device, None, config, b, 1.0)
+        return p.feed_forward_input(lw, t) + p.feed_forward_output(lw, t)
+
+    try:
+        # This layer's 512 rows make 8 tiles of 128 tokens: too few, unless the threshold says otherwise.
+        assert matmul_mma.pick_x16_tile_tokens(FFN, t, cpu_device.arch) != matmul_mma.WIDE_TILE_TOKENS
+        assert [n for n, _ in plan_of({**buffers, "matmul_workspace": workspace})][1] == "gate_up+silu"
+        monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 8)
+        assert matmul_mma.pick_x16_tile_tokens(FFN, t, cpu_device.arch) == matmul_mma.WIDE_TILE_TOKENS
+        plan = plan_of(buffers)  # no workspace: the wide path has no counters
+        assert [n for n, _ in plan] == ["ffn_norm", "gate_proj", "up_proj+silu", "ffn_down+residual"]
+
+        x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+        buffers["x"].upload(x)
+        run(plan)
+        x16 = buffers["xn"].download(np.float16, t * HIDDEN).reshape(t, HIDDEN).astype(np.float32)
+        g = matmul.reference(layer.raw["ffn_gate"], "q4_k", x16, FFN, HIDDEN)
+        u = matmul.reference(layer.raw["ffn_up"], "q4_k", x16, FFN, HIDDEN)
+        np.testing.assert_allclose(read(buffers["gate"], (t, FFN)), g, rtol=1e-5, atol=1e-5 * np.abs(g).max())
+        h = silu_mul.reference(g, u)
+        h16 = buffers["ffn_h16"].download(np.float16, t * FFN).reshape(t, FFN).astype(np.float32)
+        np.testing.assert_allclose(h16, h, rtol=2.0**-10, atol=1e-4 * np.abs(h).max())
+        want = x + matmul.reference(layer.raw["ffn_down"], "q6_k", h16, HIDDEN, FFN)
+        np.testing.assert_allclose(read(buffers["x"], (t, HIDDEN)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    finally:
+        workspace.free()
+
+
+def test_the_wide_swiglu_refuses_what_its_kernel_cannot_take(cpu_device, monkeypatch):
+    """launch_silu_up's checks (a GPU without the entry, a type without it, h16 over gate, too small a gate) and
+    launch's refusal of 128-token tiles where they do not exist, and to split them."""
+    from hipcore.ops import matmul_mma
+
+    rng = np.random.default_rng(4)
+    rows, cols, t = 128, 256, 64
+    bufs = []
+
+    def put(array):
+        buf = cpu_device.allocate(array.nbytes, "activations")
+        buf.upload(np.ascontiguousarray(array))
+        bufs.append(buf)
+        return buf
+
+    monkeypatch.setattr(cpu_device, "arch", "gfx942")
+    try:
+        wu = put(random_weights(rng, "q4_k", rows, cols))
+        x16, h16 = put(np.zeros(t * cols, np.float16)), put(np.zeros(t * rows, np.float16))
+        gate = put(np.zeros(t * rows, np.float32))
+        with pytest.raises(ValueError, match="NVIDIA sm_80 and later, not gfx942"):
+            matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q4_k")
+        with pytest.raises(ValueError, match="NVIDIA sm_80 and later, not gfx942"):
+            matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
+                              tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
+        monkeypatch.setattr(cpu_device, "arch", "sm_90")
+        with pytest.raises(ValueError, match="up product takes"):
+            matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q6_k")
+        with pytest.raises(ValueError, match="overlap"):
+            matmul_mma.launch_silu_up(cpu_device, None, gate, gate, wu, x16, rows, cols, t, weight_type="q4_k")
+        with pytest.raises(ValueError, match="gate"):
+            matmul_mma.launch_silu_up(cpu_device, None, h16, h16, wu, x16, rows, cols, t, weight_type="q4_k")
+        with pytest.raises(ValueError, match="not split"):
+            matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
+                              tile_tokens=matmul_mma.WIDE_TILE_TOKENS, splits=2)
+        matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q4_k")
+        matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
+                          tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
+    finally:
+        for buf in bufs:
+            buf.free()

@@ -171,10 +171,17 @@ class ProjectionPlanner:
             weights = [(weight_arg(w), w.fmt) for w in (lw.ffn_gate, lw.ffn_up)]
             return [("ffn_norm+gate_up+silu", lambda: fused_qmatvec.launch_norm_swiglu(
                 dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps))]
-        if self.ffn_pairs(lw, t):  # x16 = rmsnorm(x) as f16, then both products and SwiGLU in one launch
+        if self.ffn_pairs(lw, t):  # x16 = rmsnorm(x) as f16, then the products with the SwiGLU in an epilogue
             gate, up = lw.ffn_gate, lw.ffn_up
-            return [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
-                                                        out_f16=True)),
+            norm = ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
+                                                       out_f16=True))
+            if matmul_mma.silu_up_fits(dev, t, f, gate.fmt):  # 128-token tiles: gate, then up with the SwiGLU
+                return [norm,
+                        ("gate_proj", lambda: matmul_mma.launch(
+                            dev, st, b["gate"], weight_arg(gate), b["xn"], f, h, t, weight_type=gate.fmt, x_f16=True)),
+                        ("up_proj+silu", lambda: matmul_mma.launch_silu_up(
+                            dev, st, b["ffn_h16"], b["gate"], weight_arg(up), b["xn"], f, h, t, weight_type=up.fmt))]
+            return [norm,
                     ("gate_up+silu", lambda: matmul_mma.launch_swiglu(
                         dev, st, b["ffn_h16"], b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t,
                         weight_type=gate.fmt, workspace=self.workspace))]
@@ -187,11 +194,12 @@ class ProjectionPlanner:
         return plan
 
     def ffn_pairs(self, lw, t: int) -> bool:
-        """True when a step of t tokens runs this layer's feed-forward as rmsnorm to f16, one SwiGLU-pair launch
-        for gate and up (matmul_mma.launch_swiglu, h as f16 in b["ffn_h16"]) and the down product reading f16
-        (feed_forward_output): gate and up of one type of matmul_mma.SWIGLU_TYPES and shape, down of
-        matmul_mma.X16_TYPES, all on the matrix cores' single-op path (no fused kernel takes them at t tokens),
-        prompt-sized steps (swiglu_fits). ROCMFORGE_SWIGLU_PAIRS=0 turns it off."""
+        """True when a step of t tokens runs this layer's feed-forward as rmsnorm to f16, gate and up with the
+        SwiGLU in an epilogue (h as f16 in b["ffn_h16"]) and the down product reading f16 (feed_forward_output):
+        the gate product then the up product with the SwiGLU (matmul_mma.launch_silu_up) where 128-token tiles
+        are many (silu_up_fits), else one SwiGLU-pair launch (matmul_mma.launch_swiglu, swiglu_fits); gate and
+        up of one type of matmul_mma.SWIGLU_TYPES and shape, down of matmul_mma.X16_TYPES, all on the matrix
+        cores' single-op path (no fused kernel takes them at t tokens). ROCMFORGE_SWIGLU_PAIRS=0 turns it off."""
         gate, up, down = lw.ffn_gate, lw.ffn_up, lw.ffn_down
         if os.environ.get(SWIGLU_PAIRS_ENV, "1") == "0" or "ffn_h16" not in self.b or None in (gate, up, down):
             return False
@@ -203,7 +211,8 @@ class ProjectionPlanner:
             return False
         return (gate.fmt == up.fmt and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, self.config.hidden_size)
                 and down.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, down.fmt)
-                and matmul_mma.swiglu_fits(dev, t, f, gate.fmt, self.workspace))
+                and (matmul_mma.silu_up_fits(dev, t, f, gate.fmt)
+                     or matmul_mma.swiglu_fits(dev, t, f, gate.fmt, self.workspace)))
 
     def feed_forward_output(self, lw, t: int) -> list[Launch]:
         """b["x"] += h @ Wd^T, h the feed-forward's SwiGLU: b["ffn_h16"] (f16) after a SwiGLU pair (ffn_pairs),

@@ -9,13 +9,19 @@ FMA elsewhere, where `has_matrix_cores` is false and `project` keeps matmul's FP
 
 x in f16 (`launch(..., x_f16=True)`): `matmul_mma_x16_<type>` for X16_TYPES, the same arguments with x f16
 [n_tokens, cols] (rmsnorm's out_f16, or a SwiGLU pair's h16): half the bytes each tile reads, the same results
-(the float32 kernels round x to f16 as they stage it). Shared tiles of 32 or 64 tokens (no fragment path).
+(the float32 kernels round x to f16 as they stage it). Shared tiles of 32 or 64 tokens (no fragment path), or
+WIDE_TILE_TOKENS (128) where those tiles are many (`matmul_mma_x16_128_<type>`, pick_x16_tile_tokens).
 
 SwiGLU pairs (`launch_swiglu`): `matmul_mma_swiglu_<type>(h16 p, gate p, up p, W_gate p, W_up p, x16 p,
 workspace p, rows i, cols i, n_tokens i, tile_tokens i)` for SWIGLU_TYPES computes a prompt step's gate and up
 products from f16 x in one launch, their tiles side by side, and h16 = silu(gate) * up as f16 where the second of
 each pair ends (no silu_mul launch; the down product reads h16 with x_f16); gate and up receive the products
 (float32 scratch). Where `swiglu_fits` is false the caller keeps two products and silu_mul.
+
+The SwiGLU in 128-token tiles (`launch_silu_up`, where `silu_up_fits`): `matmul_mma_silu_up_<type>(h16 p, gate p,
+W_up p, x16 p, rows i, cols i, n_tokens i, splits i)` computes the up product from f16 x and writes h16 =
+silu(gate) * up as f16 from its epilogue, gate being the float32 gate product a launch before (launch with x_f16);
+splits is 1 (an argument only because nvcc spilled more without it).
 
 Geometry: 256-thread workgroups, each computing tiles of TILE_ROWS rows x tile_tokens tokens (a
 grid-stride loop over the tiles); tile_tokens is 64, or 32 when the batch fits in 32 or 64-token tiles
@@ -28,6 +34,7 @@ workgroup each (pick_splits), and the last to finish sums the partials in a work
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from typing import Any
 
@@ -259,6 +266,15 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
                           alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES if x_f16 else 4)
     if workspace is not None and not isinstance(workspace, Buffer):
         raise ValueError(f"{OP}: workspace must be a Buffer (its size decides how far columns are split)")
+    if x_f16 and (tile_tokens or pick_x16_tile_tokens(rows, n_tokens, device.arch)) == WIDE_TILE_TOKENS:
+        if not has_wide_tiles(device.arch):
+            raise ValueError(f"{OP}: {WIDE_TILE_TOKENS}-token tiles exist on NVIDIA sm_80 and later, not {device.arch}")
+        if splits not in (None, 1):
+            raise ValueError(f"{OP}: {WIDE_TILE_TOKENS}-token tiles are not split, got splits={splits!r}")
+        grid = min(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), MAX_GRID)
+        get_kernel(device, OP, x16_entry(weight_type, WIDE_TILE_TOKENS), SIGNATURE).launch(
+            grid, THREADS, (y, w, x, 0, rows, cols, n_tokens, WIDE_TILE_TOKENS, 1, int(bool(accumulate))), stream=stream)
+        return
     grid, block, tile, split = geometry(rows, n_tokens, tile_tokens, cols=cols,
                                         workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits,
                                         step=step_cols(weight_type))
@@ -281,12 +297,40 @@ X16_TYPES = WIDE_TYPES
 F16_BYTES = 2
 
 
-def x16_entry(weight_type: str) -> str:
-    return f"{OP}_x16_{weight_type}"
+# f16-x products in tiles of 128 tokens (their own entries): each decoded step feeds twice the tokens and each
+# warp's fragment reads twice the multiply-adds, where the 64-token tiles are bound by the SM's shared-memory
+# pipe. On an NVIDIA H100 at 512 tokens (the 8B: 64 -> 128-token tiles): gate 351 -> 264 us (448 tiles), down
+# (Q6_K) 482 -> 445 and q 102 -> 86 (128 tiles); but the 1B's down (64 tiles) 198 -> 257: fewer tiles than the
+# GPU's compute units leave most of them idle. So from WIDE_MIN_TILES tiles of 128 tokens on, never split. NVIDIA's
+# mma only (has_wide_tiles): on gfx1030 (FMA at wave 32) and gfx1100 (WMMA) the 128-token tiles spilled, and no AMD
+# GPU has measured them.
+WIDE_TILE_TOKENS = 128
+WIDE_MIN_TILES = 128
+# "0": f16-x products keep 64-token tiles and the feed-forward its SwiGLU pairs (to measure what the wide tiles save).
+WIDE_TILES_ENV = "ROCMFORGE_WIDE_TILES"
+
+
+def x16_entry(weight_type: str, tile_tokens: int = 64) -> str:
+    return f"{OP}_x16_128_{weight_type}" if tile_tokens == WIDE_TILE_TOKENS else f"{OP}_x16_{weight_type}"
+
+
+def has_wide_tiles(arch: str) -> bool:
+    """Whether kernels/matmul_mma.hip has the 128-token entries (x16_128, silu_up) on `arch`: NVIDIA sm_80+."""
+    return arch.startswith("sm_") and has_matrix_cores(arch)
+
+
+def pick_x16_tile_tokens(rows: int, n_tokens: int, arch: str) -> int:
+    """An f16-x product's tile: WIDE_TILE_TOKENS where `arch` has them and they make at least WIDE_MIN_TILES
+    tiles, else pick_tile_tokens' (always where ROCMFORGE_WIDE_TILES=0)."""
+    if (has_wide_tiles(arch) and tile_count(rows, n_tokens, WIDE_TILE_TOKENS) >= WIDE_MIN_TILES
+            and os.environ.get(WIDE_TILES_ENV, "1") != "0"):
+        return WIDE_TILE_TOKENS
+    return pick_tile_tokens(rows, n_tokens)
 
 
 for _type in X16_TYPES:
     cpu_kernel(x16_entry(_type), SIGNATURE)(_host(_type, np.float16))
+    cpu_kernel(x16_entry(_type, WIDE_TILE_TOKENS), SIGNATURE)(_host(_type, np.float16))
 
 SWIGLU_SIGNATURE = "pppppppiiii"
 # The gate and up types of Q4_K_M and Q5_K_M files.
@@ -400,3 +444,65 @@ def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows:
         launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type, workspace=workspace)
     else:
         matmul.project(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type)
+
+
+# ---- the up product with the SwiGLU in its epilogue (128-token tiles) ------------------------------
+
+SILU_UP_SIGNATURE = "ppppiiii"
+
+
+def silu_up_entry(weight_type: str) -> str:
+    return f"{OP}_silu_up_{weight_type}"
+
+
+def silu_up_error_bound(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
+                        cols: int) -> np.ndarray:
+    """How far launch_silu_up's h16 may be from swiglu_reference's h, the gate read from a float32 product made by
+    the x16 kernel (within error_bound of the reference, as the pair's): the pair's bound for h."""
+    return swiglu_error_bound(w_gate, w_up, weight_type, x, rows, cols)[0]
+
+
+def _host_silu_up(weight_type: str):
+    def run(device: CpuDevice, grid, block, h16: int, gate: int, w_up: int, x: int, rows: int, cols: int,
+            n_tokens: int, splits: int) -> None:
+        xs = device.view(x, np.float16, (n_tokens, cols)).astype(np.float32)
+        up = np.empty((n_tokens, rows), dtype=np.float32)
+        host_product(device.view(w_up, np.uint8, (rows, row_bytes(weight_type, cols))), weight_type, xs, cols, up)
+        h = silu_mul.reference(device.view(gate, np.float32, (n_tokens, rows)), up).astype(np.float32)
+        device.view(h16, np.float16, (n_tokens, rows))[:] = h
+
+    return run
+
+
+for _type in SWIGLU_TYPES:
+    cpu_kernel(silu_up_entry(_type), SILU_UP_SIGNATURE)(_host_silu_up(_type))
+
+
+def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str) -> bool:
+    """Whether a feed-forward of `rows` gate/up rows takes the 128-token SwiGLU (launch with x_f16 for the gate,
+    then launch_silu_up): matrix cores, a type of SWIGLU_TYPES, and enough 128-token tiles
+    (pick_x16_tile_tokens)."""
+    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SWIGLU_TYPES
+            and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS)
+
+
+def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w_up: Any, x16: Any, rows: int,
+                   cols: int, n_tokens: int, *, weight_type: str) -> None:
+    """h16[n_tokens, rows] = silu(gate) * (x16 @ W_up^T) as f16, in 128-token tiles; gate float32 [n_tokens, rows]
+    (the gate product), x16 f16 [n_tokens, cols], W_up [rows, cols] of `weight_type` (SWIGLU_TYPES)."""
+    if weight_type not in SWIGLU_TYPES:
+        raise ValueError(f"{OP}: the SwiGLU's up product takes {', '.join(SWIGLU_TYPES)} weights, got {weight_type!r}")
+    entry = silu_up_entry(weight_type)
+    if not has_wide_tiles(device.arch):
+        raise ValueError(f"{entry}: exists on NVIDIA sm_80 and later, not {device.arch}")
+    check_memory(entry, "gate", gate, n_tokens * rows * 4)
+    matvec.check_operands(f"{OP}_silu_up", weight_type, SWIGLU_TYPES, gate, w_up, x16, rows, cols, n_tokens,
+                          "n_tokens", alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES)
+    check_memory(entry, "h16", h16, n_tokens * rows * F16_BYTES)
+    for (name_a, a, size_a), (name_b, b, size_b) in itertools.combinations(
+            (("h16", h16, n_tokens * rows * F16_BYTES), ("gate", gate, n_tokens * rows * 4),
+             ("x16", x16, n_tokens * cols * F16_BYTES), ("W_up", w_up, rows * row_bytes(weight_type, cols))), 2):
+        check_disjoint(entry, (name_a, a, size_a), (name_b, b, size_b))
+    grid = min(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), MAX_GRID)
+    get_kernel(device, OP, entry, SILU_UP_SIGNATURE).launch(
+        grid, THREADS, (h16, gate, w_up, x16, rows, cols, n_tokens, 1), stream=stream)

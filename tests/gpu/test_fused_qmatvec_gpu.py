@@ -249,21 +249,23 @@ def test_q4_k_m_graph_replay_equals_eager(gpu, kquant_model):
 
 def test_q4_k_m_prompt_step_with_swiglu_pairs_matches_the_cpu_backend(gpu, kquant_model, monkeypatch):
     """A prompt step in 64-token tiles (matmul.BUSY_WORKGROUPS lowered so that this small model's step tiles
-    as a real model's 512-token step does) takes matmul_mma's SwiGLU pairs for gate and up; its last logits
-    match the cpu backend's within the model test's tolerance, and the step without pairs."""
+    as a real model's 512-token step does) takes matmul_mma's SwiGLU pairs for gate and up; with
+    matmul_mma.WIDE_MIN_TILES lowered, the 128-token tiles (the gate, then the up product with the SwiGLU); the
+    last logits of both match the cpu backend's within the model test's tolerance, and the step without pairs."""
     from hipcore.model import projections
-    from hipcore.ops import matmul
+    from hipcore.ops import matmul, matmul_mma
 
     monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)
-    prompt = [(7 * i + 3) % 380 for i in range(70)]
+    prompt = [(7 * i + 3) % 380 for i in range(140)]
     options = dict(max_seqs=4, ctx_size=256, kv_dtype="f16")
     logits = {}
-    for label, pairs in (("pairs", "1"), ("no pairs", "0")):
+    for label, pairs, kind in (("pairs", "1", "gate_up+silu"), ("wide", "1", "up_proj+silu"), ("no pairs", "0", None)):
         monkeypatch.setenv(projections.SWIGLU_PAIRS_ENV, pairs)
+        monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 1 if label == "wide" else 1 << 30)
         with load_model(kquant_model, LoadOptions(**options), device=gpu) as loaded:
             names = [name for name, _ in loaded.runner.launch_plan(len(prompt), 1, all_rows=False, with_sampling=False,
                                                                     decode=False)]
-            assert ("gate_up+silu" in names) == (pairs == "1"), names
+            assert all((k in names) == (k == kind) for k in ("gate_up+silu", "up_proj+silu")), names
             logits[label] = loaded.runner.execute(step_batch(loaded.cache, [(1, prompt, 0)]))[0].astype(np.float64)
             loaded.cache.free_sequence(1)
             loaded.device.synchronize()
@@ -276,5 +278,6 @@ def test_q4_k_m_prompt_step_with_swiglu_pairs_matches_the_cpu_backend(gpu, kquan
     for label, got in logits.items():
         rel = float(np.max(np.abs(got[top] - cpu_logits[top])) / scale)
         assert rel <= MAX_RELATIVE_LOGIT_DIFF, f"{label}: top-10 logits differ by {rel:.3e} of the largest"
-    rel = float(np.max(np.abs(logits["pairs"] - logits["no pairs"])) / scale)
-    assert rel <= MAX_RELATIVE_LOGIT_DIFF, f"pairs against no pairs: {rel:.3e} of the largest logit"
+    for label in ("pairs", "wide"):
+        rel = float(np.max(np.abs(logits[label] - logits["no pairs"])) / scale)
+        assert rel <= MAX_RELATIVE_LOGIT_DIFF, f"{label} against no pairs: {rel:.3e} of the largest logit"

@@ -168,6 +168,8 @@ def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     # Llama-3.1-8B's down (Q6_K and Q4_K layers) and q at 512 tokens, the residual added; short tiles; 32-token tiles.
     ("q6_k", 4096, 14336, 512, True), ("q4_k", 4096, 14336, 512, True), ("q4_k", 4096, 4096, 512, False),
     ("q5_k", 300, 768, 130, False), ("q6_k", 1024, 4096, 40, True),
+    # 128-token tiles (pick_x16_tile_tokens) with the token tile cut short: 256 tiles.
+    ("q5_k", 16384, 256, 150, False), ("q6_k", 16384, 256, 150, True),
 ])
 def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, accumulate):
     """matmul_mma_x16 (x f16) against the reference on the same f16 values, within error_bound; and the
@@ -187,4 +189,34 @@ def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, 
     want = y0 + matmul_mma.reference(raw, weight_type, x.astype(np.float32), rows, cols)
     bound = matmul_mma.error_bound(raw, weight_type, x.astype(np.float32), rows, cols) + 2.0**-23 * np.abs(want)
     bad = ~(np.abs(outs[0] - want) <= bound)
+    assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0].tolist()}"
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    # Llama-3.1-8B's gate and up at 512 tokens (448 tiles of 128 tokens); Q5_K with tiles cut short.
+    ("q4_k", 14336, 4096, 512), ("q5_k", 16384, 256, 150),
+])
+def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
+    """The gate product in 128-token tiles (launch with x_f16), then matmul_mma_silu_up: h16 within
+    silu_up_error_bound of the reference, and the same bytes as a SwiGLU pair's h16 (the same products and the
+    same silu)."""
+    assert matmul_mma.silu_up_fits(gpu, n_tokens, rows, weight_type)
+    w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
+    wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
+    h16, pair_h16 = mem.poisoned(n_tokens * rows * 2), mem.poisoned(n_tokens * rows * 2)
+    gate, up = mem.poisoned(n_tokens * rows * 4), mem.poisoned(n_tokens * rows * 4)
+    matmul_mma.launch(gpu, None, gate, wg, xs, rows, cols, n_tokens, weight_type=weight_type, x_f16=True)
+    matmul_mma.launch_silu_up(gpu, None, h16, gate, wu, xs, rows, cols, n_tokens, weight_type=weight_type)
+    got = h16.download(np.float16).reshape(n_tokens, rows)
+    workspace = mem.upload(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
+    if matmul_mma.tile_count(rows, n_tokens, 64) <= matmul_mma.MAX_SPLIT_TILES:
+        matmul_mma.launch_swiglu(gpu, None, pair_h16, gate, up, wg, wu, xs, rows, cols, n_tokens,
+                                 weight_type=weight_type, workspace=workspace)
+        assert np.array_equal(got.view(np.uint16), pair_h16.download(np.uint16).reshape(n_tokens, rows)), \
+            "the wide SwiGLU and the pair gave other bytes"
+    x32 = x.astype(np.float32)
+    want = matmul_mma.swiglu_reference(w_gate, w_up, weight_type, x32, rows, cols)[0]
+    bound = matmul_mma.silu_up_error_bound(w_gate, w_up, weight_type, x32, rows, cols)
+    bad = ~(np.abs(got.astype(np.float64) - want) <= bound)
     assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0].tolist()}"

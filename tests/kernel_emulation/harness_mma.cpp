@@ -8,7 +8,10 @@
 // An x16 entry (matmul_mma_x16_<type>) reads x as f16 from the x file. A SwiGLU pair's entry
 // (matmul_mma_swiglu_<type>) reads the gate's then the up projection's weights from the W file and f16 x,
 // and writes h16 (f16) then gate and up (float32), all [n_tokens, rows] and starting as 0xFF bytes (NaN), to
-// the y file; splits, accumulate and y_in are not its arguments (pass 1 0 -).
+// the y file; splits, accumulate and y_in are not its arguments (pass 1 0 -). The x16_128 entries are x16 entries
+// (tile 128). The SwiGLU's up product (matmul_mma_silu_up_<type>) reads W_up from the W file, f16 x, the gate's
+// float32 product from the y_in file, and writes h16 (f16, starting as 0xFF bytes) to the y file; tile and
+// accumulate are not its arguments (pass 128 0), splits is (1). Both exist on NVIDIA's mma only.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,11 +69,32 @@ int main(int argc, char** argv) {
   using MatmulX16 = void (*)(float*, const void*, const void*, void*, int, int, int, int, int, int);
   const std::map<std::string, MatmulX16> x16 = {
       {"matmul_mma_x16_q4_k", matmul_mma_x16_q4_k}, {"matmul_mma_x16_q5_k", matmul_mma_x16_q5_k},
-      {"matmul_mma_x16_q6_k", matmul_mma_x16_q6_k}};
+      {"matmul_mma_x16_q6_k", matmul_mma_x16_q6_k},
+#if RF_MMA_KIND == 1  // NVIDIA's 128-token tiles
+      {"matmul_mma_x16_128_q4_k", matmul_mma_x16_128_q4_k}, {"matmul_mma_x16_128_q5_k", matmul_mma_x16_128_q5_k},
+      {"matmul_mma_x16_128_q6_k", matmul_mma_x16_128_q6_k},
+#endif
+  };
   if (x16.count(entry)) {
     const MatmulX16 kernel = x16.at(entry);
     emu_launch(grid, block, [&] { kernel(y.data(), w.data(), x.data(), ws, rows, cols, tokens, tile, splits, accumulate); });
     write_file(argv[14], y.data(), y.size() * 4);
+    write_file(argv[15], workspace.data(), workspace_bytes);
+    return 0;
+  }
+  using SiluUp = void (*)(unsigned short*, const float*, const void*, const void*, int, int, int, int);
+  const std::map<std::string, SiluUp> silu_up = {
+#if RF_MMA_KIND == 1
+      {"matmul_mma_silu_up_q4_k", matmul_mma_silu_up_q4_k}, {"matmul_mma_silu_up_q5_k", matmul_mma_silu_up_q5_k},
+#endif
+  };
+  if (silu_up.count(entry)) {
+    if (std::string(argv[13]) == "-") return 5;  // the gate's product is its input
+    std::vector<unsigned char> h16(y.size() * 2, 0xFF);
+    emu_launch(grid, block, [&] {
+      silu_up.at(entry)(reinterpret_cast<unsigned short*>(h16.data()), y.data(), w.data(), x.data(), rows, cols, tokens, splits);
+    });
+    write_file(argv[14], h16.data(), h16.size());
     write_file(argv[15], workspace.data(), workspace_bytes);
     return 0;
   }
