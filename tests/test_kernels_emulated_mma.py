@@ -43,13 +43,9 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
     tile = matmul_mma.pick_tile_tokens(rows, n_tokens) if tile is None else tile
     tiles = matmul_mma.tile_count(rows, n_tokens, tile)
     ws_bytes = matmul_mma.partial_bytes(tiles, splits, tile) if splits > 1 else 0
-    if tile == matmul_mma.WIDE_TILE_TOKENS:  # the x16_128 entries: never split
-        assert x_f16 and splits == 1
-        grid, threads = tiles, matmul_mma.THREADS
-    else:
-        grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
-                                                        splits=splits, step=matmul_mma.step_cols(weight_type))
-        assert used == splits
+    grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
+                                                    splits=splits, step=matmul_mma.step_cols(weight_type))
+    assert used == splits
     arch = "sm_90" if harness.name.endswith("nvidia_mma") else "gfx942"  # NVIDIA's harness runs its fragment path
     split_steps = -(-(cols // matmul_mma.step_cols(weight_type)) // splits)
     entry = matmul_mma.x16_entry(weight_type, tile) if x_f16 else matmul_mma.entry_name(arch, weight_type, tile,
@@ -269,8 +265,10 @@ def test_swiglu_pairs_match_the_reference(mma_harnesses, kind, weight_type, tmp_
         assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} grid {grid}: {excess:.3g} x the bound"
 
 
-# NVIDIA's 128-token tiles (x16_128: the only kind with them): tiles cut short; one workgroup looping, the residual added.
-WIDE_X16_CASES = {"nvidia_mma": ((130, 512, 150, 128, None, 1, False), (72, 256, 140, 128, 1, 1, True))}
+# NVIDIA's 128-token tiles (x16_128: the only kind with them): tiles cut short; one workgroup looping, the residual
+# added; three uneven splits of a tile's columns, the residual added.
+WIDE_X16_CASES = {"nvidia_mma": ((130, 512, 150, 128, None, 1, False), (72, 256, 140, 128, 1, 1, True),
+                                 (130, 512, 150, 128, None, 3, True))}
 
 
 @pytest.mark.parametrize("kind", MMA_KINDS)

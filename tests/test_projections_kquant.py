@@ -320,6 +320,9 @@ def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(lay
         assert [n for n, _ in plan_of({**buffers, "matmul_workspace": workspace})][1] == "gate_up+silu"
         monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 8)
         assert matmul_mma.pick_x16_tile_tokens(FFN, t, cpu_device.arch) == matmul_mma.WIDE_TILE_TOKENS
+        # 8 tiles would be split: silu_up takes no splits, so the pair stays, unless the GPU holds fewer items.
+        assert [n for n, _ in plan_of({**buffers, "matmul_workspace": workspace})][1] == "gate_up+silu"
+        monkeypatch.setattr(matmul_mma, "BUSY_ITEMS", 8)
         plan = plan_of(buffers)  # no workspace: the wide path has no counters
         assert [n for n, _ in plan] == ["ffn_norm", "gate_proj", "up_proj+silu", "ffn_down+residual"]
 
@@ -341,7 +344,7 @@ def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(lay
 
 def test_the_wide_swiglu_refuses_what_its_kernel_cannot_take(cpu_device, monkeypatch):
     """launch_silu_up's checks (a GPU without the entry, a type without it, h16 over gate, too small a gate) and
-    launch's refusal of 128-token tiles where they do not exist, and to split them."""
+    launch's refusal of 128-token tiles where they do not exist or for float32 x."""
     from hipcore.ops import matmul_mma
 
     rng = np.random.default_rng(4)
@@ -371,12 +374,54 @@ def test_the_wide_swiglu_refuses_what_its_kernel_cannot_take(cpu_device, monkeyp
             matmul_mma.launch_silu_up(cpu_device, None, gate, gate, wu, x16, rows, cols, t, weight_type="q4_k")
         with pytest.raises(ValueError, match="gate"):
             matmul_mma.launch_silu_up(cpu_device, None, h16, h16, wu, x16, rows, cols, t, weight_type="q4_k")
-        with pytest.raises(ValueError, match="not split"):
-            matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
-                              tile_tokens=matmul_mma.WIDE_TILE_TOKENS, splits=2)
+        with pytest.raises(ValueError, match="read f16 x"):
+            matmul_mma.launch(cpu_device, None, gate, wu, put(np.zeros(t * cols, np.float32)), rows, cols, t,
+                              weight_type="q4_k", tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
         matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q4_k")
         matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
                           tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
     finally:
         for buf in bufs:
             buf.free()
+
+
+def test_prompt_steps_with_wide_q_tiles_norm_x_to_f16_for_q_k_and_v(layer, cpu_device, monkeypatch):
+    """Where q's product takes the 128-token tiles (pick_x16_tile_tokens), the attention's norm writes f16 and q, k
+    and v read it (matmul_mma.launch with x_f16); their products are those of the f16 values. Without the wide
+    tiles (ROCMFORGE_WIDE_TILES=0) or on a GPU without them, x stays float32."""
+    from hipcore.ops import matmul, matmul_mma
+
+    t = 130
+    lw, rng, b = layer.lw, layer.rng, layer.b
+    bufs = {name: layer.put(np.zeros(t * n, np.float32)) for name, n in (("x", HIDDEN), ("xn", HIDDEN),
+                                                                         ("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM),
+                                                                         ("v", KV_HEADS * HEAD_DIM))}
+    config = SimpleNamespace(n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, ffn_size=FFN,
+                             rms_norm_eps=1e-5, rope_dim=HEAD_DIM, rope_theta=10000.0)
+    planner = ProjectionPlanner(cpu_device, None, config, {**bufs, "matmul_workspace": layer.put(
+        np.zeros(matmul_mma.WIDE_WORKSPACE_BYTES // 4, np.int32))}, 1.0)
+    positions = layer.put(np.arange(t, dtype=np.int32))
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    assert not planner.qkv_f16(lw, t)  # q's 256 rows at 130 tokens: 4 tiles of 128 tokens, fewer than WIDE_MIN_TILES
+    monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 3)
+    assert not planner.qkv_f16(lw, t)  # k's and v's 128 rows: 2 tiles each
+    monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 2)
+    assert planner.qkv_f16(lw, t)
+    monkeypatch.setenv(matmul_mma.WIDE_TILES_ENV, "0")
+    assert not planner.qkv_f16(lw, t)
+    monkeypatch.delenv(matmul_mma.WIDE_TILES_ENV)
+    monkeypatch.setattr(cpu_device, "arch", "gfx942")
+    assert not planner.qkv_f16(lw, t)
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+
+    x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+    bufs["x"].upload(x)
+    plan = planner.attention_input(lw, t, positions)
+    run([(n, launch) for n, launch in plan if n in ("attn_norm", "q_proj", "k_proj", "v_proj")])
+    g = read(layer.norms["attn_norm"].buffer, (HIDDEN,))
+    xn = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-5) * g
+    x16 = bufs["xn"].download(np.float16, t * HIDDEN).reshape(t, HIDDEN).astype(np.float32)
+    np.testing.assert_allclose(x16, xn, rtol=2.0**-10, atol=1e-6)
+    for name, rows in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM)):
+        want = matmul.reference(layer.raw[f"attn_{name}"], TYPES[f"attn_{name}"], x16, rows, HIDDEN)
+        np.testing.assert_allclose(read(bufs[name], (t, rows)), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -43,7 +43,7 @@ from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
 from hipcore.model.step_inputs import StepInputs, input_bytes, window_input_bytes
 from hipcore.model.weights import ModelWeights
 from hipcore.model.projections import Launch, ProjectionPlanner
-from hipcore.ops import embedding, fused_matmul, paged_attention, sample, select_rows
+from hipcore.ops import embedding, fused_matmul, matmul_mma, paged_attention, sample, select_rows
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.device import Buffer, Device
 
@@ -85,7 +85,11 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
                                                max_blocks * block_size)
     if workspace:
         sizes["attention_workspace"] = (workspace, "scratch")
-    sizes["matmul_workspace"] = (fused_matmul.WORKSPACE_BYTES, "scratch")  # split-column partials (projections.py)
+    # split-column partials (projections.py); steps long enough for matmul_mma's 128-token tiles split those too
+    matmul_workspace = fused_matmul.WORKSPACE_BYTES
+    if t >= matmul_mma.WIDE_MIN_TOKENS:
+        matmul_workspace = max(matmul_workspace, matmul_mma.WIDE_WORKSPACE_BYTES)
+    sizes["matmul_workspace"] = (matmul_workspace, "scratch")
     sample_workspace = sample.workspace_size(rows, v)  # greedy rows' picks per chunk of the vocabulary
     if sample_workspace:
         sizes["sample_workspace"] = (sample_workspace, "scratch")

@@ -145,9 +145,15 @@ class ProjectionPlanner:
                 kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
                 theta=cfg.rope_theta, freq_scale=self.freq_scale, freq_factors=self.freq_factors,
                 kv_target=kv_target))]
+        f16 = self.qkv_f16(lw, t)
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
-                                                                   cfg.rms_norm_eps))]
+                                                                   cfg.rms_norm_eps, out_f16=f16))]
         for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
+            if f16:
+                plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.launch(
+                    dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
+                    workspace=self.workspace, x_f16=True)))
+                continue
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
                 workspace=self.workspace)))
@@ -192,6 +198,19 @@ class ProjectionPlanner:
                 workspace=self.workspace)))
         plan.append(("silu_mul", lambda: silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
         return plan
+
+    def qkv_f16(self, lw, t: int) -> bool:
+        """True when a step of t tokens on the single ops norms x to f16 for q, k and v (matmul_mma.launch with
+        x_f16): all three of matmul_mma.X16_TYPES on the matrix cores, each taking the 128-token tiles
+        (pick_x16_tile_tokens: the 8B's, not the 1B's k and v, whose float32 path at 32-token tiles was faster
+        than f16 in 64-token tiles: 14.4 against 16.1 us). ROCMFORGE_WIDE_TILES=0 keeps float32."""
+        weights = (lw.attn_q, lw.attn_k, lw.attn_v)
+        if None in weights or any(w.fmt not in matmul_mma.X16_TYPES for w in weights):
+            return False
+        dev = self.device
+        return all(matmul_mma.takes_matrix_cores(dev, t, w.fmt)
+                   and matmul_mma.pick_x16_tile_tokens(w.rows, t, dev.arch) == matmul_mma.WIDE_TILE_TOKENS
+                   for w in weights)
 
     def ffn_pairs(self, lw, t: int) -> bool:
         """True when a step of t tokens runs this layer's feed-forward as rmsnorm to f16, gate and up with the

@@ -231,8 +231,8 @@ def geometry(rows: int, n_tokens: int, tile_tokens: int | None = None, *, cols: 
     splits as given or pick_splits' (for `cols` columns in steps of `step`: step_cols of the weight type),
     fewer while the workspace is too small for them."""
     tile = pick_tile_tokens(rows, n_tokens) if tile_tokens is None else tile_tokens
-    if tile not in TILE_TOKENS:
-        raise ValueError(f"{OP}: tile_tokens must be one of {TILE_TOKENS}, got {tile!r}")
+    if tile not in TILE_TOKENS + (WIDE_TILE_TOKENS,):
+        raise ValueError(f"{OP}: tile_tokens must be one of {TILE_TOKENS + (WIDE_TILE_TOKENS,)}, got {tile!r}")
     tiles = tile_count(rows, n_tokens, tile)
     steps = max(1, (cols or step) // step)
     split = (pick_splits(tiles, cols, step) if cols else 1) if splits is None else splits
@@ -257,7 +257,8 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T (y += when accumulate) on the matrix cores, W of
     `weight_type`; `workspace` a Buffer zeroed once after allocation (the kernels leave its counters at zero),
     or None for no splits; `path` as entry_name's ("auto": the launcher's choice of kernel); x_f16: x is f16
-    (matmul_mma_x16_<type>, X16_TYPES only, the shared tiles)."""
+    (matmul_mma_x16_<type>, X16_TYPES only, the shared tiles; matmul_mma_x16_128_<type> where
+    pick_x16_tile_tokens picks 128-token tiles, split as the others)."""
     if x_f16 and weight_type not in X16_TYPES:
         raise ValueError(f"{OP}: f16 x is read for {', '.join(X16_TYPES)} weights only, got {weight_type!r}")
     if x_f16 and path not in ("auto", "shared"):
@@ -266,15 +267,11 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
                           alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES if x_f16 else 4)
     if workspace is not None and not isinstance(workspace, Buffer):
         raise ValueError(f"{OP}: workspace must be a Buffer (its size decides how far columns are split)")
-    if x_f16 and (tile_tokens or pick_x16_tile_tokens(rows, n_tokens, device.arch)) == WIDE_TILE_TOKENS:
-        if not has_wide_tiles(device.arch):
-            raise ValueError(f"{OP}: {WIDE_TILE_TOKENS}-token tiles exist on NVIDIA sm_80 and later, not {device.arch}")
-        if splits not in (None, 1):
-            raise ValueError(f"{OP}: {WIDE_TILE_TOKENS}-token tiles are not split, got splits={splits!r}")
-        grid = min(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), MAX_GRID)
-        get_kernel(device, OP, x16_entry(weight_type, WIDE_TILE_TOKENS), SIGNATURE).launch(
-            grid, THREADS, (y, w, x, 0, rows, cols, n_tokens, WIDE_TILE_TOKENS, 1, int(bool(accumulate))), stream=stream)
-        return
+    if x_f16 and tile_tokens is None:
+        tile_tokens = pick_x16_tile_tokens(rows, n_tokens, device.arch)
+    if tile_tokens == WIDE_TILE_TOKENS and not (x_f16 and has_wide_tiles(device.arch)):
+        raise ValueError(f"{OP}: {WIDE_TILE_TOKENS}-token tiles read f16 x on NVIDIA sm_80 and later, not "
+                         f"{'float32 x' if not x_f16 else device.arch}")
     grid, block, tile, split = geometry(rows, n_tokens, tile_tokens, cols=cols,
                                         workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits,
                                         step=step_cols(weight_type))
@@ -282,7 +279,7 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
         raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
                          f"{partial_bytes(grid // split, splits, tile)} bytes")
     split_steps = -(-(cols // step_cols(weight_type)) // split)
-    entry = x16_entry(weight_type) if x_f16 else entry_name(device.arch, weight_type, tile, n_tokens, path, split_steps)
+    entry = x16_entry(weight_type, tile) if x_f16 else entry_name(device.arch, weight_type, tile, n_tokens, path, split_steps)
     if entry.startswith(f"{OP}_direct_") and split > 1 and tile_count(rows, n_tokens, DIRECT_MAX_TOKENS) > MAX_SPLIT_TILES:
         raise ValueError(f"{entry}: its {DIRECT_MAX_TOKENS}-token tiles are more than the {MAX_SPLIT_TILES} counters "
                          "a split launch has")
@@ -299,13 +296,18 @@ F16_BYTES = 2
 
 # f16-x products in tiles of 128 tokens (their own entries): each decoded step feeds twice the tokens and each
 # warp's fragment reads twice the multiply-adds, where the 64-token tiles are bound by the SM's shared-memory
-# pipe. On an NVIDIA H100 at 512 tokens (the 8B: 64 -> 128-token tiles): gate 351 -> 264 us (448 tiles), down
-# (Q6_K) 482 -> 445 and q 102 -> 86 (128 tiles); but the 1B's down (64 tiles) 198 -> 257: fewer tiles than the
-# GPU's compute units leave most of them idle. So from WIDE_MIN_TILES tiles of 128 tokens on, never split. NVIDIA's
-# mma only (has_wide_tiles): on gfx1030 (FMA at wave 32) and gfx1100 (WMMA) the 128-token tiles spilled, and no AMD
-# GPU has measured them.
+# pipe. On an NVIDIA H100 at 512 tokens, against the 64-token tiles (µs): the 8B's gate 351 -> 264 (448 tiles);
+# with the columns split as pick_splits splits them (the tiles times splits near BUSY_ITEMS), down (Q6_K, 128
+# tiles) 471 -> 317 (2 splits; 446 unsplit), q 100 -> 75 (2), k 32.2 -> 32.7 (32 tiles, 8 splits), v 43.2 -> 38.9;
+# the 1B's down 164 -> 112 (64 tiles, 4 splits), q 31.6 -> 29.4 (4); but its k and v (16 tiles) 16.1 -> 17.0 and
+# 19.4 -> 19.6 (docs/benchmarks.md). So from WIDE_MIN_TILES tiles of 128 tokens on, for steps of at least
+# WIDE_MIN_TOKENS (prompts: nothing smaller was measured). NVIDIA's mma only (has_wide_tiles): on gfx1030 (FMA at
+# wave 32) and gfx1100 (WMMA) the 128-token tiles spilled, and no AMD GPU has measured them.
 WIDE_TILE_TOKENS = 128
-WIDE_MIN_TILES = 128
+WIDE_MIN_TILES = 32
+WIDE_MIN_TOKENS = 128
+# The workspace the 128-token tiles' splits need at most: BUSY_ITEMS partial tiles of 128 x 128 floats.
+WIDE_WORKSPACE_BYTES = COUNTER_BYTES + BUSY_ITEMS * TILE_ROWS * WIDE_TILE_TOKENS * 4
 # "0": f16-x products keep 64-token tiles and the feed-forward its SwiGLU pairs (to measure what the wide tiles save).
 WIDE_TILES_ENV = "ROCMFORGE_WIDE_TILES"
 
@@ -320,9 +322,9 @@ def has_wide_tiles(arch: str) -> bool:
 
 
 def pick_x16_tile_tokens(rows: int, n_tokens: int, arch: str) -> int:
-    """An f16-x product's tile: WIDE_TILE_TOKENS where `arch` has them and they make at least WIDE_MIN_TILES
-    tiles, else pick_tile_tokens' (always where ROCMFORGE_WIDE_TILES=0)."""
-    if (has_wide_tiles(arch) and tile_count(rows, n_tokens, WIDE_TILE_TOKENS) >= WIDE_MIN_TILES
+    """An f16-x product's tile: WIDE_TILE_TOKENS where `arch` has them, the step has at least WIDE_MIN_TOKENS and
+    they make at least WIDE_MIN_TILES tiles, else pick_tile_tokens' (always where ROCMFORGE_WIDE_TILES=0)."""
+    if (has_wide_tiles(arch) and n_tokens >= WIDE_MIN_TOKENS and tile_count(rows, n_tokens, WIDE_TILE_TOKENS) >= WIDE_MIN_TILES
             and os.environ.get(WIDE_TILES_ENV, "1") != "0"):
         return WIDE_TILE_TOKENS
     return pick_tile_tokens(rows, n_tokens)
@@ -480,10 +482,11 @@ for _type in SWIGLU_TYPES:
 
 def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str) -> bool:
     """Whether a feed-forward of `rows` gate/up rows takes the 128-token SwiGLU (launch with x_f16 for the gate,
-    then launch_silu_up): matrix cores, a type of SWIGLU_TYPES, and enough 128-token tiles
-    (pick_x16_tile_tokens)."""
+    then launch_silu_up): matrix cores, a type of SWIGLU_TYPES, 128-token tiles (pick_x16_tile_tokens) so many that
+    no product of them is split (silu_up's epilogue needs the whole sum)."""
     return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SWIGLU_TYPES
-            and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS)
+            and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS
+            and pick_splits(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), 1 << 30) == 1)
 
 
 def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w_up: Any, x16: Any, rows: int,

@@ -168,28 +168,35 @@ def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     # Llama-3.1-8B's down (Q6_K and Q4_K layers) and q at 512 tokens, the residual added; short tiles; 32-token tiles.
     ("q6_k", 4096, 14336, 512, True), ("q4_k", 4096, 14336, 512, True), ("q4_k", 4096, 4096, 512, False),
     ("q5_k", 300, 768, 130, False), ("q6_k", 1024, 4096, 40, True),
-    # 128-token tiles (pick_x16_tile_tokens) with the token tile cut short: 256 tiles.
-    ("q5_k", 16384, 256, 150, False), ("q6_k", 16384, 256, 150, True),
+    # 128-token tiles (pick_x16_tile_tokens) with the token tile cut short: 256 tiles; 32 and 64 tiles, split 8
+    # and 4 ways (the 8B's k, the 1B's down).
+    ("q5_k", 16384, 256, 150, False), ("q6_k", 16384, 256, 150, True), ("q4_k", 1024, 4096, 512, False),
+    ("q6_k", 2048, 8192, 512, True),
 ])
 def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, accumulate):
-    """matmul_mma_x16 (x f16) against the reference on the same f16 values, within error_bound; and the
-    same bytes as the float32 entry given those values as float32 (it rounds x to f16 as it stages it)."""
+    """matmul_mma_x16 (x f16; x16_128 where pick_x16_tile_tokens says) against the reference on the same f16
+    values, within error_bound, its columns split as the launcher splits them with the runner's workspace (its
+    counters left at zero); and, unsplit, the same bytes as the float32 entry given those values as float32 (it
+    rounds x to f16 as it stages it)."""
     raw = random_weights(rng, weight_type, rows, cols)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
     y0 = rng.standard_normal((n_tokens, rows)).astype(np.float32) if accumulate else np.zeros((n_tokens, rows), np.float32)
     w, x16, x32 = mem.upload(raw, "weights"), mem.upload(x), mem.upload(x.astype(np.float32))
-    workspace = mem.upload(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
+    workspace = mem.upload(np.zeros(matmul_mma.WIDE_WORKSPACE_BYTES // 4, np.int32))
     outs = []
-    for xs, f16 in ((x16, True), (x32, False)):
+    for xs, f16, ws in ((x16, True, None), (x32, False, None), (x16, True, workspace)):
         y = mem.upload(y0)
         matmul_mma.launch(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type=weight_type, accumulate=accumulate,
-                          x_f16=f16, path="auto" if f16 else "shared", workspace=workspace)
+                          x_f16=f16, path="auto" if f16 else "shared", workspace=ws)
         outs.append(y.download(np.float32).reshape(n_tokens, rows))
     assert np.array_equal(outs[0], outs[1]), "f16 x and the same values as float32 gave other results"
+    assert not workspace.download(np.int32)[:matmul_mma.COUNTER_BYTES // 4].any(), "the counters were not left at zero"
     want = y0 + matmul_mma.reference(raw, weight_type, x.astype(np.float32), rows, cols)
     bound = matmul_mma.error_bound(raw, weight_type, x.astype(np.float32), rows, cols) + 2.0**-23 * np.abs(want)
-    bad = ~(np.abs(outs[0] - want) <= bound)
-    assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0].tolist()}"
+    for label, got in (("unsplit", outs[0]), ("split", outs[2])):
+        bad = ~(np.abs(got - want) <= bound)
+        assert not bad.any(), (f"seed {seed} {label}: {int(bad.sum())} of {bad.size} outputs off; first at "
+                               f"{np.argwhere(bad)[0].tolist()}")
 
 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
