@@ -76,6 +76,7 @@ struct Params {
   const int* __restrict__ positions;
   int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window;
   float scale;
+  int out_f16;  // out holds f16 values (the o product's f16 x) instead of float32
 };
 
 struct Shared {
@@ -390,9 +391,16 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
     if (t >= p.n_tokens) continue;
     const float sum = l[lane_row_of(e)];
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // padding rows saw no key: zero
-    float* out_row = p.out + ((unsigned long long)t * p.n_heads + head) * HD;
+    const unsigned long long row = ((unsigned long long)t * p.n_heads + head) * HD;
+    if (p.out_f16) {  // uniform: a kernel argument
+      unsigned short* out_row = reinterpret_cast<unsigned short*>(p.out) + row;
 #pragma unroll
-    for (int c = 0; c < NT; ++c) out_row[16 * c + rf_mma_acc_col(lane, e)] = o[c][e] * inv;
+      for (int c = 0; c < NT; ++c) out_row[16 * c + rf_mma_acc_col(lane, e)] = rf_float_to_f16(o[c][e] * inv);
+    } else {
+      float* out_row = p.out + row;
+#pragma unroll
+      for (int c = 0; c < NT; ++c) out_row[16 * c + rf_mma_acc_col(lane, e)] = o[c][e] * inv;
+    }
   }
 }
 
@@ -400,7 +408,8 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
 }  // namespace
 
 // prompt_attention_f16_d<head_dim>(out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads,
-// n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window, scale); blockDim 4 warps. One entry per head
+// n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window, scale, out_f16); blockDim 4 warps; out_f16 1:
+// out is written as f16 (the o product reads it so, hipcore/model/blocks.py), 0: float32. One entry per head
 // size (multiples of 16 up to 128): each gets the registers of its own accumulators (one kernel that switched
 // over them all took the largest's and spilled on sm_90). BOUNDS: the launch bounds; head size 112 says one
 // workgroup per SM at least, without which ptxas held it to 168 registers on sm_80 and spilled 12 bytes.
@@ -409,13 +418,13 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,               \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions, \
       int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks,     \
-      int window, float scale) {                                                                                   \
+      int window, float scale, int out_f16) {                                                                      \
     rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/prompt_attention.py) */                      \
     __shared__ __attribute__((aligned(16))) rf_prompt_attention::Shared sh;                                       \
     const rf_prompt_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                     \
                                            static_cast<const unsigned char*>(v_pool), block_tables, token_seq,     \
                                            positions, n_tokens, n_heads, n_kv_heads, head_dim, block_size,         \
-                                           max_blocks, num_blocks, window, scale};                                 \
+                                           max_blocks, num_blocks, window, scale, out_f16};                        \
     rf_check_wave_size();                                                                                          \
     if (head_dim == HD) rf_prompt_attention::attend<HD / 16>(p, sh); /* the launcher picks the entry by it */     \
   }

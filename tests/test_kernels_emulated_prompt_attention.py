@@ -36,15 +36,16 @@ def harnesses(tmp_path_factory):
     return build_mma_harnesses(tmp_path_factory.mktemp("kernel_emulation_prompt_attention"), op=OP)
 
 
-def run_kernel(harness, warp: int, sample, tmp_path) -> np.ndarray:
-    """The kernel's output for `sample` with the launcher's geometry (NaN where it wrote nothing)."""
+def run_kernel(harness, warp: int, sample, tmp_path, out_f16: bool = False) -> np.ndarray:
+    """The kernel's output for `sample` with the launcher's geometry (NaN where it wrote nothing); out_f16: written
+    as f16 (returned as float32 values)."""
     s = sample
     grid, block = prompt_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads)
     paths = write_inputs(tmp_path, q=s.q, k_pool=s.k_pool, v_pool=s.v_pool, tables=s.block_tables,
                          token_seq=s.token_seq, positions=s.positions)
     run_mma(harness, prompt_attention.kernel_name(s.head_dim), grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
-            s.block_size, s.max_blocks, s.num_blocks, s.window, s.scale, *paths, tmp_path / "out")
-    return np.fromfile(tmp_path / "out", np.float32).reshape(s.q.shape)
+            s.block_size, s.max_blocks, s.num_blocks, s.window, s.scale, *paths, tmp_path / "out", int(out_f16))
+    return np.fromfile(tmp_path / "out", np.float16 if out_f16 else np.float32).astype(np.float32).reshape(s.q.shape)
 
 
 def worst_excess(harness, warp, sample, tmp_path) -> float:
@@ -87,3 +88,25 @@ def test_planted_faults_are_caught(fault, old, new, kinds, case, tmp_path):
     sample = case_sample(rng, CASES[case])
     for kind in kinds:
         assert worst_excess(built[kind], MMA_KINDS[kind][1], sample, tmp_path) > 1, f"{fault} not caught on {kind}"
+
+
+@pytest.mark.parametrize("kind", ["nvidia_mma", "cdna_mfma", "rdna3_wmma", "fma32"])
+def test_the_f16_output_is_the_float32_output_rounded(harnesses, kind, tmp_path):
+    """out_f16 (the o product's f16 x): every value is the float32 output rounded to f16, nothing else moves."""
+    warp = MMA_KINDS[kind][1]
+    rng = np.random.default_rng([33, warp, len(kind)])
+    for case in (CASES[1], CASES[3]):
+        sample = case_sample(rng, case)
+        f32 = run_kernel(harnesses[kind], warp, sample, tmp_path)
+        f16 = run_kernel(harnesses[kind], warp, sample, tmp_path, out_f16=True)
+        assert np.array_equal(f16, f32.astype(np.float16).astype(np.float32)), f"{kind} {case[:3]}"
+
+
+def test_f16_output_at_float32_offsets_is_caught(tmp_path):
+    built = build_mma_harnesses(tmp_path, ("nvidia_mma",), op=OP, kernel_edit=lambda text: text.replace(
+        "reinterpret_cast<unsigned short*>(p.out) + row", "reinterpret_cast<unsigned short*>(p.out + row)"))
+    sample = case_sample(np.random.default_rng(34), CASES[1])
+    f16 = run_kernel(built["nvidia_mma"], 32, sample, tmp_path, out_f16=True)
+    assert not np.array_equal(f16, sample.reference().astype(np.float16).astype(np.float32))
+    want, tol = sample.reference(), sample.matrix_core_tolerance()
+    assert np.max(np.where(np.isfinite(f16), np.abs(f16 - want) / (tol + 2.0**-11 * np.abs(want)), np.inf)) > 1

@@ -425,3 +425,36 @@ def test_prompt_steps_with_wide_q_tiles_norm_x_to_f16_for_q_k_and_v(layer, cpu_d
     for name, rows in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM)):
         want = matmul.reference(layer.raw[f"attn_{name}"], TYPES[f"attn_{name}"], x16, rows, HIDDEN)
         np.testing.assert_allclose(read(bufs[name], (t, rows)), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_the_o_product_reads_f16_attention_where_its_tiles_are_wide(layer, cpu_device, monkeypatch):
+    """reads_f16: the o product (Q4_K here) in 128-token tiles on a GPU that has them; residual_product with x_f16
+    adds attn16 @ Wo^T to x (matmul_mma_x16_128 with the residual add), and refuses where reads_f16 is false."""
+    from hipcore.ops import matmul, matmul_mma
+
+    t = 130
+    lw, rng = layer.lw, layer.rng
+    x_buf = layer.put(np.zeros(t * HIDDEN, np.float32))
+    attn16 = rng.standard_normal((t, HEADS * HEAD_DIM)).astype(np.float16)
+    attn_buf = layer.put(attn16)
+    config = SimpleNamespace(hidden_size=HIDDEN)
+    planner = ProjectionPlanner(cpu_device, None, config, {"x": x_buf, "matmul_workspace": layer.put(
+        np.zeros(matmul_mma.WIDE_WORKSPACE_BYTES // 4, np.int32))}, 1.0)
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    assert not planner.reads_f16(lw.attn_output, t)  # 256 rows: 4 tiles of 128 tokens
+    with pytest.raises(ValueError, match="cannot read f16"):
+        planner.residual_product("attn_output", lw.attn_output, attn_buf, HEADS * HEAD_DIM, t, x_f16=True)
+    monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 4)
+    assert planner.reads_f16(lw.attn_output, t)
+    assert not planner.reads_f16(lw.ffn_down, 64)  # fewer tokens than WIDE_MIN_TOKENS
+    monkeypatch.setattr(cpu_device, "arch", "gfx942")
+    assert not planner.reads_f16(lw.attn_output, t)
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+
+    x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+    x_buf.upload(x)
+    plan = planner.residual_product("attn_output", lw.attn_output, attn_buf, HEADS * HEAD_DIM, t, x_f16=True)
+    assert [n for n, _ in plan] == ["attn_output+residual"]
+    run(plan)
+    want = x + matmul.reference(layer.raw["attn_output"], "q4_k", attn16.astype(np.float32), HIDDEN, HEADS * HEAD_DIM)
+    np.testing.assert_allclose(read(x_buf, (t, HIDDEN)), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

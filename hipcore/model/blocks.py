@@ -75,16 +75,31 @@ def _kv_store(ctx: StepContext, i: int, t: int) -> Launch:
     return ("kv_store", lambda: kv_store.launch(dev, st, ctx.cache, i, b["k"], b["v"], ctx.inputs.buffer, t))
 
 
-def _paged_attention(ctx: StepContext, i: int, t: int) -> Launch:
-    """Attention over the paged cache: prompt steps on the matrix cores where prompt_attention takes them."""
+def _takes_prompt_attention(ctx: StepContext, t: int) -> bool:
+    cfg = ctx.config
+    return not ctx.decode and prompt_attention.takes(ctx.device.arch, t, ctx.cache.config.dtype, cfg.head_dim,
+                                                     cfg.attn_softcap)
+
+
+def _attention_out_f16(ctx: StepContext, lw, t: int) -> bool:
+    """The llama layer's attention writes f16 for its o product (pre_norm_layer): where prompt_attention computes
+    it and the o product reads f16 (ProjectionPlanner.reads_f16). ROCMFORGE_WIDE_TILES=0 keeps float32."""
+    return _takes_prompt_attention(ctx, t) and ctx.products.reads_f16(lw.attn_output, t)
+
+
+def _paged_attention(ctx: StepContext, i: int, t: int, out_f16: bool = False) -> Launch:
+    """Attention over the paged cache: prompt steps on the matrix cores where prompt_attention takes them (out_f16:
+    written as f16, there only)."""
     cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
     tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
-    if not ctx.decode and prompt_attention.takes(dev.arch, t, kv.dtype, cfg.head_dim, cfg.attn_softcap):
+    if _takes_prompt_attention(ctx, t):
         return ("attention", lambda: prompt_attention.launch(
             dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
             n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
             block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
-            window=cfg.layer_window(i)))
+            window=cfg.layer_window(i), out_f16=out_f16))
+    if out_f16:
+        raise ValueError("attention: only prompt_attention writes f16")
     workspace = b.get("attention_workspace")
     return ("attention", lambda: paged_attention.launch(
         dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
@@ -99,14 +114,23 @@ def attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
 
 
 def attention_after_fused_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """attention after fused_attention_input: the kv_store launch only where its products did not store k and v."""
+    """attention after fused_attention_input (the llama layer's, paired with attention_output): the kv_store launch
+    only where its products did not store k and v; attn written as f16 where the o product reads it so."""
     stored = _stores_kv(ctx, lw, t)
-    return ([] if stored else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t)]
+    return ([] if stored else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t, out_f16=_attention_out_f16(ctx, lw, t))]
+
+
+def attention_for_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """The llama layer's attention (paired with attention_output): attention's launches, attn written as f16 where
+    the o product reads it so (_attention_out_f16)."""
+    return [_kv_store(ctx, i, t), _paged_attention(ctx, i, t, out_f16=_attention_out_f16(ctx, lw, t))]
 
 
 def attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """x += attn @ Wo^T."""
-    return ctx.products.residual_product("attn_output", lw.attn_output, ctx.buffers["attn"], ctx.config.q_size, t)
+    """x += attn @ Wo^T (attn f16 where attention_for_output or attention_after_fused_input wrote it so: the llama
+    layer's attention blocks, pre_norm_layer, which this block must follow)."""
+    return ctx.products.residual_product("attn_output", lw.attn_output, ctx.buffers["attn"], ctx.config.q_size, t,
+                                         x_f16=_attention_out_f16(ctx, lw, t))
 
 
 def feed_forward(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
@@ -199,7 +223,7 @@ def pre_norm_layer(attention_input: Block) -> tuple[Block, ...]:
     """The llama layer with the given attention input: pre-norm attention and a SwiGLU feed-forward,
     each added to the residual stream. fused_attention_input brings its own attention block (it may have
     stored k and v already)."""
-    attend = attention_after_fused_input if attention_input is fused_attention_input else attention
+    attend = attention_after_fused_input if attention_input is fused_attention_input else attention_for_output
     return (attention_input, attend, attention_output, feed_forward, feed_forward_output)
 
 

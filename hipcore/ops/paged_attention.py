@@ -201,10 +201,12 @@ def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, slots: int
 
 def check_operands(op: str, kv_dtype: str, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
                    n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
-                   num_blocks: int, window: int, head_dim_multiple: int, max_head_dim: int) -> None:
+                   num_blocks: int, window: int, head_dim_multiple: int, max_head_dim: int,
+                   out_itemsize: int = 4) -> None:
     """The checks an attention launch over the paged cache needs whatever its kernel (this op's and
     prompt_attention's, with their own head sizes): sizes, grouping, head size, block size, window, a pool
-    block under 2 GiB, and every buffer large and aligned enough."""
+    block under 2 GiB, and every buffer large and aligned enough (out of `out_itemsize` bytes a value: 2 for
+    prompt_attention's f16 output)."""
     check_sizes(op, n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                 block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks)
     if n_heads % n_kv_heads:
@@ -220,7 +222,7 @@ def check_operands(op: str, kv_dtype: str, out, q, k_pool, v_pool, block_tables,
         raise ValueError(f"{op}: a pool block of {n_kv_heads} x {block_size} rows is 2 GiB or more")
     rows_bytes = n_tokens * n_heads * head_dim * 4
     check_memory(op, "q", q, rows_bytes, Q_ALIGNMENT)
-    check_memory(op, "out", out, rows_bytes)
+    check_memory(op, "out", out, rows_bytes // 4 * out_itemsize)
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
         check_memory(op, name, pool, num_blocks * n_kv_heads * block_size * row_bytes, POOL_ALIGNMENT[kv_dtype])
     check_memory(op, "block_tables", block_tables, max_blocks * 4)

@@ -31,7 +31,7 @@ from hipcore.runtime.device import Device, Stream
 from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "prompt_attention"
-SIGNATURE = "ppppppp iiiiiiii f"
+SIGNATURE = "ppppppp iiiiiiii f i"
 WARPS = 4  # per workgroup: the kernel's launch bounds
 ROWS = 16  # query tokens per warp: one matrix tile
 MAX_HEAD_DIM = 128
@@ -82,7 +82,7 @@ def _register(head_dim: int) -> None:
     @cpu_kernel(kernel_name(head_dim), SIGNATURE.replace(" ", ""))
     def host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int,
              token_seq: int, positions: int, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
-             block_size: int, max_blocks: int, num_blocks: int, window: int, scale: float) -> None:
+             block_size: int, max_blocks: int, num_blocks: int, window: int, scale: float, out_f16: int) -> None:
         fmt = KV_DTYPES[KV_DTYPE]
         pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
         seqs = dev.view(token_seq, np.int32, n_tokens)
@@ -92,7 +92,8 @@ def _register(head_dim: int) -> None:
             dev.view(k_pool, np.uint8, pool_shape), dev.view(v_pool, np.uint8, pool_shape), fmt,
             dev.view(block_tables, np.int32, (n_seqs, max_blocks)), seqs,
             dev.view(positions, np.int32, n_tokens), scale, window)
-        dev.view(out, np.float32, (n_tokens, n_heads, head_dim))[:] = result  # computed in full first: out may be q
+        # computed in full first: out may be q
+        dev.view(out, np.float16 if out_f16 else np.float32, (n_tokens, n_heads, head_dim))[:] = result
 
 
 for _head_dim in HEAD_DIMS:
@@ -101,17 +102,19 @@ for _head_dim in HEAD_DIMS:
 
 def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
            n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
-           num_blocks: int, scale: float, window: int = 0) -> None:
+           num_blocks: int, scale: float, window: int = 0, out_f16: bool = False) -> None:
     """Queue attention for n_tokens query tokens of an f16 cache (paged_attention's arguments and result; no
-    workspace, no soft cap). The caller checks `supports` first; this raises ValueError otherwise."""
+    workspace, no soft cap); out_f16: out receives f16 values (for an o product reading f16 x) instead of float32.
+    The caller checks `supports` first; this raises ValueError otherwise."""
     name = kernel_name(head_dim)
     paged_attention.check_operands(name, KV_DTYPE, out, q, k_pool, v_pool, block_tables, token_seq, positions,
                                    n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                                    block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks, window=window,
-                                   head_dim_multiple=HEAD_DIM_MULTIPLE, max_head_dim=MAX_HEAD_DIM)
+                                   head_dim_multiple=HEAD_DIM_MULTIPLE, max_head_dim=MAX_HEAD_DIM,
+                                   out_itemsize=2 if out_f16 else 4)
     grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads)
     # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, name, SIGNATURE.replace(" ", ""), programmatic=True)
     kernel.launch(grid, block,
                   [out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads, n_kv_heads, head_dim,
-                   block_size, max_blocks, num_blocks, window, scale], stream=stream)
+                   block_size, max_blocks, num_blocks, window, scale, int(bool(out_f16))], stream=stream)

@@ -44,3 +44,10 @@ def test_prompt_attention_matches_the_reference(gpu, mem, rng, seed, case):
     assert not bad.any(), (f"seed {seed} {case}: {int(bad.sum())} of {bad.size} outputs off; worst "
                            f"{float(np.nanmax(err / tol)):.2f} x tolerance at {np.argwhere(bad)[0].tolist()}")
     assert not got[s.positions < 0].any(), "padding rows are zero"
+    # out_f16 (the o product's f16 x): the same values rounded to f16
+    out16 = mem.poisoned(s.q.nbytes // 2)
+    prompt_attention.launch(gpu, None, out16, *inputs, n_tokens=s.n_tokens, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
+                            head_dim=s.head_dim, block_size=s.block_size, max_blocks=s.max_blocks,
+                            num_blocks=s.num_blocks, scale=s.scale, window=s.window, out_f16=True)
+    assert np.array_equal(out16.download(np.float16).reshape(s.q.shape), got.astype(np.float16)), \
+        f"seed {seed} {case}: the f16 output is not the float32 output rounded"

@@ -3,8 +3,8 @@
 // fragment layouts and the FMA path all run against the emulated instructions:
 //   harness_prompt_attention <entry> <grid> <block> <n_tokens> <n_heads> <n_kv_heads> <head_dim> <block_size>
 //                            <max_blocks> <num_blocks> <window> <scale> <q> <k_pool> <v_pool> <block_tables>
-//                            <token_seq> <positions> <out>
-// out starts as NaN, so a row the kernel leaves unwritten shows.
+//                            <token_seq> <positions> <out> [out_f16]
+// out starts as NaN, so a row the kernel leaves unwritten shows; with out_f16 1 it is written as f16.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,9 +17,10 @@
 #include "prompt_attention.hip"
 
 int main(int argc, char** argv) {
-  if (argc != 20) return 2;
+  if (argc != 20 && argc != 21) return 2;
+  const int out_f16 = argc == 21 ? std::atoi(argv[20]) : 0;
   using Attention = void (*)(float*, const float*, const void*, const void*, const int*, const int*, const int*, int,
-                             int, int, int, int, int, int, int, float);
+                             int, int, int, int, int, int, int, float, int);
   const std::map<std::string, Attention> kernels = {
       {"prompt_attention_f16_d16", prompt_attention_f16_d16},   {"prompt_attention_f16_d32", prompt_attention_f16_d32},
       {"prompt_attention_f16_d48", prompt_attention_f16_d48},   {"prompt_attention_f16_d64", prompt_attention_f16_d64},
@@ -37,8 +38,8 @@ int main(int argc, char** argv) {
   emu_launch(grid, block, [&] {
     kernel(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
            (const int*)token_seq.data(), (const int*)positions.data(), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7],
-           scale);
+           scale, out_f16);
   });
-  write_file(argv[19], out.data(), out.size() * 4);
+  write_file(argv[19], out.data(), out.size() * (out_f16 ? 2 : 4));  // f16: the first half of the NaN-filled floats
   return 0;
 }
