@@ -342,53 +342,41 @@ def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(lay
         workspace.free()
 
 
-def test_the_wide_swiglu_refuses_what_its_kernel_cannot_take(cpu_device, monkeypatch):
+def test_the_wide_swiglu_refuses_what_its_kernel_cannot_take(layer, cpu_device, monkeypatch):
     """launch_silu_up's checks (a GPU without the entry, a type without it, h16 over gate, too small a gate) and
     launch's refusal of 128-token tiles where they do not exist or for float32 x."""
     from hipcore.ops import matmul_mma
 
-    rng = np.random.default_rng(4)
+    rng, put = np.random.default_rng(4), layer.put  # the fixture frees what it allocates
     rows, cols, t = 128, 256, 64
-    bufs = []
-
-    def put(array):
-        buf = cpu_device.allocate(array.nbytes, "activations")
-        buf.upload(np.ascontiguousarray(array))
-        bufs.append(buf)
-        return buf
-
     monkeypatch.setattr(cpu_device, "arch", "gfx942")
-    try:
-        wu = put(random_weights(rng, "q4_k", rows, cols))
-        x16, h16 = put(np.zeros(t * cols, np.float16)), put(np.zeros(t * rows, np.float16))
-        gate = put(np.zeros(t * rows, np.float32))
-        with pytest.raises(ValueError, match="NVIDIA sm_80 and later, not gfx942"):
-            matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q4_k")
-        with pytest.raises(ValueError, match="NVIDIA sm_80 and later, not gfx942"):
-            matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
-                              tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
-        monkeypatch.setattr(cpu_device, "arch", "sm_90")
-        with pytest.raises(ValueError, match="up product takes"):
-            matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q6_k")
-        with pytest.raises(ValueError, match="overlap"):
-            matmul_mma.launch_silu_up(cpu_device, None, gate, gate, wu, x16, rows, cols, t, weight_type="q4_k")
-        with pytest.raises(ValueError, match="gate"):
-            matmul_mma.launch_silu_up(cpu_device, None, h16, h16, wu, x16, rows, cols, t, weight_type="q4_k")
-        with pytest.raises(ValueError, match="read f16 x"):
-            matmul_mma.launch(cpu_device, None, gate, wu, put(np.zeros(t * cols, np.float32)), rows, cols, t,
-                              weight_type="q4_k", tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
+    wu = put(random_weights(rng, "q4_k", rows, cols))
+    x16, h16 = put(np.zeros(t * cols, np.float16)), put(np.zeros(t * rows, np.float16))
+    gate = put(np.zeros(t * rows, np.float32))
+    with pytest.raises(ValueError, match="NVIDIA sm_80 and later, not gfx942"):
         matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q4_k")
+    with pytest.raises(ValueError, match="NVIDIA sm_80 and later, not gfx942"):
         matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
                           tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
-    finally:
-        for buf in bufs:
-            buf.free()
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    with pytest.raises(ValueError, match="up product takes"):
+        matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q6_k")
+    with pytest.raises(ValueError, match="overlap"):
+        matmul_mma.launch_silu_up(cpu_device, None, gate, gate, wu, x16, rows, cols, t, weight_type="q4_k")
+    with pytest.raises(ValueError, match="gate"):
+        matmul_mma.launch_silu_up(cpu_device, None, h16, h16, wu, x16, rows, cols, t, weight_type="q4_k")
+    with pytest.raises(ValueError, match="read f16 x"):
+        matmul_mma.launch(cpu_device, None, gate, wu, put(np.zeros(t * cols, np.float32)), rows, cols, t,
+                          weight_type="q4_k", tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
+    matmul_mma.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q4_k")
+    matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
+                      tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
 
 
-def test_prompt_steps_with_wide_q_tiles_norm_x_to_f16_for_q_k_and_v(layer, cpu_device, monkeypatch):
-    """Where q's product takes the 128-token tiles (pick_x16_tile_tokens), the attention's norm writes f16 and q, k
-    and v read it (matmul_mma.launch with x_f16); their products are those of the f16 values. Without the wide
-    tiles (ROCMFORGE_WIDE_TILES=0) or on a GPU without them, x stays float32."""
+def test_prompt_steps_with_wide_qkv_tiles_norm_x_to_f16_for_q_k_and_v(layer, cpu_device, monkeypatch):
+    """Where q, k and v all take the 128-token tiles (pick_x16_tile_tokens), the attention's norm writes f16 and
+    they read it (matmul_mma.launch with x_f16); their products are those of the f16 values. Where k and v do not,
+    without the wide tiles (ROCMFORGE_WIDE_TILES=0) or on a GPU without them, x stays float32."""
     from hipcore.ops import matmul, matmul_mma
 
     t = 130
