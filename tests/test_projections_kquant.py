@@ -184,6 +184,19 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
     assert head_names(projections.HEAD_MATVEC_MAX_ROWS) == ["output_norm+head"]
 
 
+def feed_forward_buffers(layer, cpu_device, t: int):
+    """(buffers, workspace, config) of a feed-forward step of t tokens on the f16 paths: x, xn, gate, up, ffn_h16,
+    and a workspace of the pairs' counters (zeroed; the caller frees it)."""
+    from hipcore.ops import matmul_mma
+
+    buffers = {name: layer.put(np.zeros(t * n, np.float32)) for name, n in (("x", HIDDEN), ("xn", HIDDEN),
+                                                                            ("gate", FFN), ("up", FFN))}
+    buffers["ffn_h16"] = layer.put(np.zeros(t * FFN, np.float16))
+    workspace = cpu_device.allocate(matmul_mma.COUNTER_BYTES, "scratch")
+    workspace.fill(0)
+    return buffers, workspace, SimpleNamespace(hidden_size=HIDDEN, ffn_size=FFN, rms_norm_eps=1e-5)
+
+
 def test_prompt_steps_on_matrix_cores_run_the_feed_forward_in_f16_with_swiglu_pairs(layer, cpu_device, monkeypatch):
     """A prompt step (64-token tiles) on a device with matrix cores norms x to f16, computes a Q4_K gate and up
     in one matmul_mma_swiglu launch that leaves silu(gate) * up as f16 in b["ffn_h16"] (no silu_mul launch),
@@ -197,12 +210,7 @@ def test_prompt_steps_on_matrix_cores_run_the_feed_forward_in_f16_with_swiglu_pa
     lw, rng = layer.lw, layer.rng
     monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)  # 64-token tiles for this small layer, as for a model's
     assert matmul_mma.pick_tile_tokens(FFN, t) == 64
-    buffers = {name: layer.put(np.zeros(t * n, np.float32)) for name, n in (("x", HIDDEN), ("xn", HIDDEN),
-                                                                            ("gate", FFN), ("up", FFN))}
-    buffers["ffn_h16"] = layer.put(np.zeros(t * FFN, np.float16))
-    workspace = cpu_device.allocate(matmul_mma.COUNTER_BYTES, "scratch")
-    workspace.fill(0)
-    config = SimpleNamespace(hidden_size=HIDDEN, ffn_size=FFN, rms_norm_eps=1e-5)
+    buffers, workspace, config = feed_forward_buffers(layer, cpu_device, t)
 
     def planner(without=()):
         b = {k: v for k, v in {**buffers, "matmul_workspace": workspace}.items() if k not in without}
@@ -301,12 +309,7 @@ def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(lay
 
     t = 130
     lw, rng = layer.lw, layer.rng
-    buffers = {name: layer.put(np.zeros(t * n, np.float32)) for name, n in (("x", HIDDEN), ("xn", HIDDEN),
-                                                                            ("gate", FFN), ("up", FFN))}
-    buffers["ffn_h16"] = layer.put(np.zeros(t * FFN, np.float16))
-    workspace = cpu_device.allocate(matmul_mma.COUNTER_BYTES, "scratch")
-    workspace.fill(0)
-    config = SimpleNamespace(hidden_size=HIDDEN, ffn_size=FFN, rms_norm_eps=1e-5)
+    buffers, workspace, config = feed_forward_buffers(layer, cpu_device, t)
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
     monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)  # 64-token tiles for this small layer, as for a model's
 
