@@ -27,8 +27,9 @@
 // - Precision: W and x are rounded to f16 (|w| and |x| must stay below 65504; weights of LLMs and their
 //   normed activations do), the products are exact and summed in f32: ops/matmul_mma.py error_bound.
 // The format decoders are matmul.hip's (copied: each op's sources are built and hashed on their own); they
-// and the step shapes live in matmul_mma_formats.h, NVIDIA's fragment path of decode batches in
-// matmul_mma_fragments.h (hipcore/runtime/kernels.py source_files hashes both with this file).
+// and the step shapes live in matmul_mma_formats.h, the tiles' epilogues (the residual add, split-K, SwiGLU
+// pairs) in matmul_mma_epilogues.h, NVIDIA's fragment path of decode batches in matmul_mma_fragments.h
+// (hipcore/runtime/kernels.py source_files hashes them all with this file).
 // Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matmul, Q4_K
 // and Q5_K to 16 bytes; x 16-byte aligned; blockDim 256; splits <= the steps (cols / step); tiles * splits < 2^31; with splits > 1, at most
 // kCounterBytes / 4 tiles and a workspace of kCounterBytes (zeroed once, left zeroed by every launch) +
@@ -70,101 +71,16 @@ static __device__ __forceinline__ float load_partial(const float* p) {
 
 static __device__ __forceinline__ int lesser_of(int a, int b) { return a < b ? a : b; }
 
-// The tiles of y with TN tokens (32 or 64), computed by one workgroup in turn.
+}  // namespace mmq
+}  // namespace
+
+#include "matmul_mma_epilogues.h"  // Launch, store_result, combine_splits (split-K), swiglu_pair (uses the above)
+
+namespace {
+namespace mmq {
+
+// The tiles of y with TN tokens (32, 64 or 128), computed by one workgroup in turn.
 // Step: a step shape (Narrow<F> or Wide<>); ws, xs: shared [kTileRows][kStride] and [TN][kStride] halves.
-// The launch's shape and where its results go.
-// x is float32, or f16 for the x16 and swiglu entries. With a SwiGLU pair (the swiglu entries) W and y are the
-// gate's, W_up and y_up the up projection's (y and y_up: float32 scratch), h16 the f16 result.
-struct Launch {
-  float* y;
-  const unsigned char* W;
-  const void* x;
-  unsigned char* workspace;  // counters, then the partial tiles (splits > 1 only)
-  int rows, cols, n_tokens, splits, accumulate;
-  float* y_up;
-  const unsigned char* W_up;
-  unsigned short* h16;
-};
-
-// y[t, r] = v, or y[t, r] += v (the residual connection), where the tile's element exists.
-static __device__ __forceinline__ void store_result(const Launch& a, int r, int t, float v) {
-  if (t < a.n_tokens && r < a.rows) {
-    float* out = a.y + (unsigned long long)t * a.rows + r;
-    *out = a.accumulate ? *out + v : v;
-  }
-}
-
-// Split-K: a workgroup's share of a tile (kAcc accumulators per thread, kTileRows x TN in all) is added to
-// the others' by the last of the tile's splits to arrive. Each writes its accumulators to the workspace,
-// slot k of every thread side by side (coalesced), and counts itself in the tile's counter; the last reads
-// its own slots of every split back in split order (the same order whoever arrives last: a replay equals its
-// eager twin bit for bit), so no fragment layout is involved, and sets the counter back to zero for the next
-// launch. Returns whether this workgroup holds the whole tile in acc (uniform across the workgroup).
-template <int kAcc>
-__device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch& a, int tile, int split, int tid, int* last) {
-  constexpr unsigned long long kPartFloats = (unsigned long long)kAcc * kThreads;
-  const int splits = a.splits;
-  int* counters = reinterpret_cast<int*>(a.workspace);
-  float* partials = reinterpret_cast<float*>(a.workspace + kCounterBytes);
-  float* part = partials + ((unsigned long long)tile * splits + split) * kPartFloats + tid;
-#pragma unroll
-  for (int e = 0; e < kAcc; ++e) part[e * kThreads] = acc[e];
-  // Publish the partial. Every thread fences its own writes (AMD's fence waits for the wave's own stores
-  // only), and the counting thread fences again after the barrier, so the count is seen only after every write.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    *last = atomicAdd(counters + tile, 1) == splits - 1;
-  }
-  __syncthreads();
-  if (!*last) return false;  // uniform: every thread read the same flag
-  __threadfence();
-  const float* mine = partials + (unsigned long long)tile * splits * kPartFloats + tid;
-#pragma unroll
-  for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
-  for (int s = 0; s < splits; ++s) {  // in split order
-    const float* src = mine + (unsigned long long)s * kPartFloats;
-#pragma unroll
-    for (int e = 0; e < kAcc; ++e) acc[e] += load_partial(src + e * kThreads);
-  }
-  if (tid == 0) counters[tile] = 0;  // ready for the next launch
-  return true;
-}
-
-// SwiGLU pairs: the gate's and the up projection's tiles of one place are two items of one launch (so
-// that the two products share its waves: a prompt step's 896 gate tiles alone leave the last of four waves
-// 40% full on an H100), each stored to its own float32 scratch. The second of the pair to finish reads both
-// tiles back from L2 (load_partial; its own too, row by row, coalesced, with no accumulator held), writes
-// silu(gate) * up as f16 into h16 (the down product's x, which it would round to f16 anyway) and sets the
-// tile's counter back to zero. Needs splits == 1 and at most kCounterBytes / 4 tiles (the launcher's
-// checks); silu as silu_mul.hip computes it.
-template <int TN>
-__device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, int t0, int tid, int* last) {
-  int* counters = reinterpret_cast<int*>(a.workspace);
-  __threadfence();  // as combine_splits: every thread's writes, then the count
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    *last = atomicAdd(counters + tile, 1) == 1;
-  }
-  __syncthreads();
-  if (!*last) return;  // uniform
-  __threadfence();
-  const int rows = lesser_of(kTileRows, a.rows - r0), tokens = lesser_of(TN, a.n_tokens - t0);
-#pragma unroll 8  // 16 loads in flight; a whole unroll held all 64 and cost the kernel 65 registers
-  for (int k = tid; k < kTileRows * TN; k += kThreads) {
-    const int r = k % kTileRows, t = k / kTileRows;
-    if (r < rows && t < tokens) {
-      const unsigned long long i = (unsigned long long)(t0 + t) * a.rows + r0 + r;
-      const float g = load_partial(a.y + i);
-      const float u = load_partial(a.y_up + i);
-      a.h16[i] = rf_float_to_f16(g / (1.0f + expf(-g)) * u);
-    }
-  }
-  if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch
-}
-
 // kSiluUp: the product is the up projection of a feed-forward whose gate product a launch before wrote to a.y
 // (float32 [n_tokens, rows]); each element leaves as a.h16 = silu(gate) * up in f16, no float32 store (no splits).
 template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32, bool kSiluUp = false>

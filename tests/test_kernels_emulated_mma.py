@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import matmul_mma
+from hipcore.ops import matmul_mma, matmul_mma_swiglu
 from hipcore.ops.weight_formats import column_multiple
 from support.emulated_kernels import MMA_KINDS, build_mma_harnesses, run_mma
 from support.weight_samples import random_weights
@@ -229,21 +229,21 @@ def swiglu_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int
                   tile: int = 64) -> float:
     """max |got - want| / bound over h16 = silu(gate) * up and the gate and up products of one pair launch on
     f16 x (<= 1 passes; an output left unwritten, NaN as the harness fills it, counts as infinitely far), the
-    bounds matmul_mma.swiglu_error_bound's. The pair's counters must be left at zero."""
+    bounds matmul_mma_swiglu.swiglu_error_bound's. The pair's counters must be left at zero."""
     gate_raw, up_raw = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
     x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
     np.concatenate([gate_raw.reshape(-1), up_raw.reshape(-1)]).tofile(tmp_path / "w")
     x.tofile(tmp_path / "x")
     tiles = matmul_mma.tile_count(rows, n_tokens, tile)
-    run_mma(harness, matmul_mma.swiglu_entry(weight_type), grid or 2 * tiles, matmul_mma.THREADS, rows, cols, n_tokens,
+    run_mma(harness, matmul_mma_swiglu.swiglu_entry(weight_type), grid or 2 * tiles, matmul_mma.THREADS, rows, cols, n_tokens,
             tile, 1, 0, matmul_mma.COUNTER_BYTES, tmp_path / "w", tmp_path / "x", "-", tmp_path / "y", tmp_path / "ws")
     raw_out = np.fromfile(tmp_path / "y", np.uint8)
     n = n_tokens * rows
     got = [raw_out[:2 * n].view(np.float16).astype(np.float64).reshape(n_tokens, rows)]
     got += list(raw_out[2 * n:].view(np.float32).astype(np.float64).reshape(2, n_tokens, rows))
     x32 = x.astype(np.float32)
-    want = matmul_mma.swiglu_reference(gate_raw, up_raw, weight_type, x32, rows, cols)
-    bounds = matmul_mma.swiglu_error_bound(gate_raw, up_raw, weight_type, x32, rows, cols)
+    want = matmul_mma_swiglu.swiglu_reference(gate_raw, up_raw, weight_type, x32, rows, cols)
+    bounds = matmul_mma_swiglu.swiglu_error_bound(gate_raw, up_raw, weight_type, x32, rows, cols)
     counters = np.fromfile(tmp_path / "ws", np.int32)
     assert not counters.any(), f"{weight_type} pair: the counters were not left at zero"
     excess = [np.where(np.isfinite(g), np.abs(g - w) / b, np.inf) for g, w, b in zip(got, want, bounds)]
@@ -257,7 +257,7 @@ SWIGLU_CASES = [(130, 512, 70, None, 64), (130, 512, 70, 3, 64), (64, 256, 64, 1
 
 
 @pytest.mark.parametrize("kind", MMA_KINDS)
-@pytest.mark.parametrize("weight_type", matmul_mma.SWIGLU_TYPES)
+@pytest.mark.parametrize("weight_type", matmul_mma_swiglu.SWIGLU_TYPES)
 def test_swiglu_pairs_match_the_reference(mma_harnesses, kind, weight_type, tmp_path):
     rng = np.random.default_rng([13, len(kind), ord(kind[0]), ord(weight_type[1])])
     for rows, cols, n_tokens, grid, tile in SWIGLU_CASES:
@@ -292,7 +292,7 @@ def test_f16_x_products_match_the_reference(mma_harnesses, kind, weight_type, tm
 def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, grid, rng, tmp_path) -> float:
     """max |got - want| / bound of h16 = silu(gate) * up from one matmul_mma_silu_up launch on f16 x, the gate
     given as the reference's float32 gate product (<= 1 passes; an h16 left unwritten, NaN, is infinitely far);
-    the bound matmul_mma.silu_up_error_bound's."""
+    the bound matmul_mma_swiglu.silu_up_error_bound's."""
     gate_raw, up_raw = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
     x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
     x32 = x.astype(np.float32)
@@ -301,16 +301,16 @@ def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: in
     gate = matmul_mma.reference(gate_raw, weight_type, x32, rows, cols).astype(np.float32)
     gate.tofile(tmp_path / "gate")
     tiles = matmul_mma.tile_count(rows, n_tokens, matmul_mma.WIDE_TILE_TOKENS)
-    run_mma(harness, matmul_mma.silu_up_entry(weight_type), grid or tiles, matmul_mma.THREADS, rows, cols, n_tokens,
+    run_mma(harness, matmul_mma_swiglu.silu_up_entry(weight_type), grid or tiles, matmul_mma.THREADS, rows, cols, n_tokens,
             matmul_mma.WIDE_TILE_TOKENS, 1, 0, 0, tmp_path / "w", tmp_path / "x", tmp_path / "gate", tmp_path / "y",
             tmp_path / "ws")
     got = np.fromfile(tmp_path / "y", np.float16).astype(np.float64).reshape(n_tokens, rows)
-    want = matmul_mma.swiglu_reference(gate_raw, up_raw, weight_type, x32, rows, cols)[0]
-    bound = matmul_mma.silu_up_error_bound(gate_raw, up_raw, weight_type, x32, rows, cols)
+    want = matmul_mma_swiglu.swiglu_reference(gate_raw, up_raw, weight_type, x32, rows, cols)[0]
+    bound = matmul_mma_swiglu.silu_up_error_bound(gate_raw, up_raw, weight_type, x32, rows, cols)
     return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / bound, np.inf)))
 
 
-@pytest.mark.parametrize("weight_type", matmul_mma.SWIGLU_TYPES)
+@pytest.mark.parametrize("weight_type", matmul_mma_swiglu.SWIGLU_TYPES)
 def test_the_up_product_with_the_swiglu_matches_the_reference(mma_harnesses, weight_type, tmp_path):
     """NVIDIA's mma (the entry's only kind): a row tile and a token tile cut short, one workgroup per tile; then
     one workgroup looping over four."""

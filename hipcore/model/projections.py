@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from hipcore.ops import add, fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul_mma, rmsnorm, rope, silu_mul
+from hipcore.ops import (add, fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul_mma, matmul_mma_swiglu, rmsnorm,
+                         rope, silu_mul)
 from hipcore.runtime.device import Buffer, Device, Stream
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
@@ -181,14 +182,14 @@ class ProjectionPlanner:
             gate, up = lw.ffn_gate, lw.ffn_up
             norm = ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
                                                        out_f16=True))
-            if matmul_mma.silu_up_fits(dev, t, f, gate.fmt):  # 128-token tiles: gate, then up with the SwiGLU
+            if matmul_mma_swiglu.silu_up_fits(dev, t, f, gate.fmt):  # 128-token tiles: gate, then up with the SwiGLU
                 return [norm,
                         ("gate_proj", lambda: matmul_mma.launch(
                             dev, st, b["gate"], weight_arg(gate), b["xn"], f, h, t, weight_type=gate.fmt, x_f16=True)),
-                        ("up_proj+silu", lambda: matmul_mma.launch_silu_up(
+                        ("up_proj+silu", lambda: matmul_mma_swiglu.launch_silu_up(
                             dev, st, b["ffn_h16"], b["gate"], weight_arg(up), b["xn"], f, h, t, weight_type=up.fmt))]
             return [norm,
-                    ("gate_up+silu", lambda: matmul_mma.launch_swiglu(
+                    ("gate_up+silu", lambda: matmul_mma_swiglu.launch_swiglu(
                         dev, st, b["ffn_h16"], b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t,
                         weight_type=gate.fmt, workspace=self.workspace))]
         plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
@@ -215,9 +216,9 @@ class ProjectionPlanner:
     def ffn_pairs(self, lw, t: int) -> bool:
         """True when a step of t tokens runs this layer's feed-forward as rmsnorm to f16, gate and up with the
         SwiGLU in an epilogue (h as f16 in b["ffn_h16"]) and the down product reading f16 (feed_forward_output):
-        the gate product then the up product with the SwiGLU (matmul_mma.launch_silu_up) where 128-token tiles
-        are many (silu_up_fits), else one SwiGLU-pair launch (matmul_mma.launch_swiglu, swiglu_fits); gate and
-        up of one type of matmul_mma.SWIGLU_TYPES and shape, down of matmul_mma.X16_TYPES, all on the matrix
+        the gate product then the up product with the SwiGLU (matmul_mma_swiglu.launch_silu_up) where 128-token tiles
+        are many (silu_up_fits), else one SwiGLU-pair launch (matmul_mma_swiglu.launch_swiglu, swiglu_fits); gate and
+        up of one type of matmul_mma_swiglu.SWIGLU_TYPES and shape, down of matmul_mma.X16_TYPES, all on the matrix
         cores' single-op path (no fused kernel takes them at t tokens). ROCMFORGE_SWIGLU_PAIRS=0 turns it off."""
         gate, up, down = lw.ffn_gate, lw.ffn_up, lw.ffn_down
         if os.environ.get(SWIGLU_PAIRS_ENV, "1") == "0" or "ffn_h16" not in self.b or None in (gate, up, down):
@@ -230,8 +231,8 @@ class ProjectionPlanner:
             return False
         return (gate.fmt == up.fmt and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, self.config.hidden_size)
                 and down.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, down.fmt)
-                and (matmul_mma.silu_up_fits(dev, t, f, gate.fmt)
-                     or matmul_mma.swiglu_fits(dev, t, f, gate.fmt, self.workspace)))
+                and (matmul_mma_swiglu.silu_up_fits(dev, t, f, gate.fmt)
+                     or matmul_mma_swiglu.swiglu_fits(dev, t, f, gate.fmt, self.workspace)))
 
     def feed_forward_output(self, lw, t: int) -> list[Launch]:
         """b["x"] += h @ Wd^T, h the feed-forward's SwiGLU: b["ffn_h16"] (f16) after a SwiGLU pair (ffn_pairs),

@@ -12,16 +12,7 @@ x in f16 (`launch(..., x_f16=True)`): `matmul_mma_x16_<type>` for X16_TYPES, the
 (the float32 kernels round x to f16 as they stage it). Shared tiles of 32 or 64 tokens (no fragment path), or
 WIDE_TILE_TOKENS (128) where those tiles are many (`matmul_mma_x16_128_<type>`, pick_x16_tile_tokens).
 
-SwiGLU pairs (`launch_swiglu`): `matmul_mma_swiglu_<type>(h16 p, gate p, up p, W_gate p, W_up p, x16 p,
-workspace p, rows i, cols i, n_tokens i, tile_tokens i)` for SWIGLU_TYPES computes a prompt step's gate and up
-products from f16 x in one launch, their tiles side by side, and h16 = silu(gate) * up as f16 where the second of
-each pair ends (no silu_mul launch; the down product reads h16 with x_f16); gate and up receive the products
-(float32 scratch). Where `swiglu_fits` is false the caller keeps two products and silu_mul.
-
-The SwiGLU in 128-token tiles (`launch_silu_up`, where `silu_up_fits`): `matmul_mma_silu_up_<type>(h16 p, gate p,
-W_up p, x16 p, rows i, cols i, n_tokens i, splits i)` computes the up product from f16 x and writes h16 =
-silu(gate) * up as f16 from its epilogue, gate being the float32 gate product a launch before (launch with x_f16);
-splits is 1 (an argument only because nvcc spilled more without it).
+The entries that end in a SwiGLU (a prompt step's feed-forward) have their launchers in matmul_mma_swiglu.py.
 
 Geometry: 256-thread workgroups, each computing tiles of TILE_ROWS rows x tile_tokens tokens (a
 grid-stride loop over the tiles); tile_tokens is 64, or 32 when the batch fits in 32 or 64-token tiles
@@ -33,15 +24,14 @@ workgroup each (pick_splits), and the last to finish sums the partials in a work
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 from typing import Any
 
 import numpy as np
 
-from hipcore.ops import matmul, matvec, silu_mul
-from hipcore.ops.launch_checks import INT32_MAX, check_disjoint, check_memory
+from hipcore.ops import matmul, matvec
+from hipcore.ops.launch_checks import INT32_MAX
 from hipcore.ops.weight_formats import dequantize_rows, host_product, k_min_magnitudes, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -288,7 +278,7 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
                                 int(bool(accumulate))), stream=stream)
 
 
-# ---- f16 x and SwiGLU pairs ----------------------------------------------------------------------
+# ---- f16 x ----------------------------------------------------------------------------------------
 
 X16_TYPES = WIDE_TYPES
 F16_BYTES = 2
@@ -334,96 +324,6 @@ for _type in X16_TYPES:
     cpu_kernel(x16_entry(_type), SIGNATURE)(_host(_type, np.float16))
     cpu_kernel(x16_entry(_type, WIDE_TILE_TOKENS), SIGNATURE)(_host(_type, np.float16))
 
-SWIGLU_SIGNATURE = "pppppppiiii"
-# The gate and up types of Q4_K_M and Q5_K_M files.
-SWIGLU_TYPES = ("q4_k", "q5_k")
-SILU_LIPSCHITZ = 1.0999  # max |silu'(g)|, reached near g = 2.4
-
-
-def swiglu_reference(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
-                     cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(h, gate, up) of a SwiGLU pair in float64: silu(x W_gate^T) * (x W_up^T) and the two products, for x as
-    the kernel reads it (f16 values)."""
-    g = reference(w_gate, weight_type, x, rows, cols).astype(np.float64)
-    u = reference(w_up, weight_type, x, rows, cols).astype(np.float64)
-    return silu_mul.reference(g, u), g, u
-
-
-def swiglu_error_bound(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
-                       cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """How far a pair's (h16, gate, up) may be from swiglu_reference's. The products are error_bound's (eg, eu);
-    then |silu(g') u' - silu(g) u| <= L eg (|u| + eu) + |silu(g)| eu with L = max |silu'|, float32's rounding of
-    silu and the product (4 units of 2^-24 of the result's size), and h16's rounding to f16 (u16 of its size,
-    or half the spacing of f16's subnormals)."""
-    g = reference(w_gate, weight_type, x, rows, cols).astype(np.float64)
-    u = np.abs(reference(w_up, weight_type, x, rows, cols).astype(np.float64))
-    eg, eu = (error_bound(w, weight_type, x, rows, cols) for w in (w_gate, w_up))
-    silu_g = np.abs(silu_mul.reference(g, np.ones_like(g)))
-    h = (SILU_LIPSCHITZ * eg * (u + eu) + silu_g * eu
-         + 4 * 2.0**-24 * (silu_g + SILU_LIPSCHITZ * eg) * (u + eu))
-    h = 1.01 * (h + U16 * (silu_g * u + h)) + F16_HALF_SPACING
-    return h, eg, eu
-
-
-def swiglu_entry(weight_type: str) -> str:
-    return f"{OP}_swiglu_{weight_type}"
-
-
-def _host_swiglu(weight_type: str):
-    def run(device: CpuDevice, grid, block, h16: int, gate: int, up: int, w_gate: int, w_up: int, x: int,
-            workspace: int, rows: int, cols: int, n_tokens: int, tile_tokens: int) -> None:
-        xs = device.view(x, np.float16, (n_tokens, cols)).astype(np.float32)
-        outs = [device.view(p, np.float32, (n_tokens, rows)) for p in (gate, up)]
-        for w, out in zip((w_gate, w_up), outs):
-            host_product(device.view(w, np.uint8, (rows, row_bytes(weight_type, cols))), weight_type, xs, cols, out)
-        h = silu_mul.reference(*outs).astype(np.float32)  # float32 first, as the kernel
-        device.view(h16, np.float16, (n_tokens, rows))[:] = h
-
-    return run
-
-
-for _type in SWIGLU_TYPES:
-    cpu_kernel(swiglu_entry(_type), SWIGLU_SIGNATURE)(_host_swiglu(_type))
-
-
-def swiglu_fits(device: Device, n_tokens: int, rows: int, weight_type: str, workspace: Any) -> bool:
-    """Whether launch_swiglu takes this pair: matrix cores, a type of SWIGLU_TYPES, a step the launcher tiles
-    in 64 tokens (a prompt step; decode batches keep their split and fragment paths), at most MAX_SPLIT_TILES
-    tiles (one counter each) and a workspace for the counters."""
-    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SWIGLU_TYPES
-            and isinstance(workspace, Buffer) and workspace.nbytes >= COUNTER_BYTES
-            and pick_tile_tokens(rows, n_tokens) == 64
-            and tile_count(rows, n_tokens, 64) <= MAX_SPLIT_TILES)
-
-
-def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up: Any, w_gate: Any, w_up: Any,
-                  x16: Any, rows: int, cols: int, n_tokens: int, *, weight_type: str, workspace: Any) -> None:
-    """h16[n_tokens, rows] = silu(x16 @ W_gate^T) * (x16 @ W_up^T) as f16 in one launch, x16 f16 [n_tokens,
-    cols]; gate and up receive the two products (float32 scratch); both W [rows, cols] of `weight_type`;
-    `workspace` as launch's (its counters). Only where swiglu_fits."""
-    if weight_type not in SWIGLU_TYPES:
-        raise ValueError(f"{OP}: SwiGLU pairs take {', '.join(SWIGLU_TYPES)} weights, got {weight_type!r}")
-    if not isinstance(workspace, Buffer) or workspace.nbytes < COUNTER_BYTES:
-        raise ValueError(f"{OP}: a SwiGLU pair needs a workspace Buffer of at least {COUNTER_BYTES} bytes (its counters)")
-    tile = pick_tile_tokens(rows, n_tokens)
-    tiles = tile_count(rows, n_tokens, tile)
-    if tiles > MAX_SPLIT_TILES:
-        raise ValueError(f"{OP}: {tiles} tiles of a SwiGLU pair are more than its {MAX_SPLIT_TILES} counters")
-    entry = swiglu_entry(weight_type)
-    for y, w in ((gate, w_gate), (up, w_up), (gate, w_up), (up, w_gate)):  # each output apart from x and both W
-        matvec.check_operands(f"{OP}_swiglu", weight_type, SWIGLU_TYPES, y, w, x16, rows, cols, n_tokens, "n_tokens",
-                              alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES)
-    out_bytes = n_tokens * rows * 4
-    check_memory(entry, "h16", h16, n_tokens * rows * F16_BYTES)
-    for (name_a, a, size_a), (name_b, b, size_b) in itertools.combinations(
-            (("h16", h16, n_tokens * rows * F16_BYTES), ("gate", gate, out_bytes), ("up", up, out_bytes),
-             ("x16", x16, n_tokens * cols * F16_BYTES)), 2):
-        check_disjoint(entry, (name_a, a, size_a), (name_b, b, size_b))
-    kernel = get_kernel(device, OP, entry, SWIGLU_SIGNATURE)
-    kernel.launch(min(2 * tiles, MAX_GRID), THREADS, (h16, gate, up, w_gate, w_up, x16, workspace, rows, cols,
-                                                       n_tokens, tile), stream=stream)
-
-
 def min_tokens(weight_type: str, arch: str = "") -> int:
     """The fewest tokens whose products `project` runs on the matrix cores, for W of this type on `arch`
     (the K-quants from fewer where they take the fragment path)."""
@@ -446,66 +346,3 @@ def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows:
         launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type, workspace=workspace)
     else:
         matmul.project(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type)
-
-
-# ---- the up product with the SwiGLU in its epilogue (128-token tiles) ------------------------------
-
-SILU_UP_SIGNATURE = "ppppiiii"
-
-
-def silu_up_entry(weight_type: str) -> str:
-    return f"{OP}_silu_up_{weight_type}"
-
-
-def silu_up_error_bound(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
-                        cols: int) -> np.ndarray:
-    """How far launch_silu_up's h16 may be from swiglu_reference's h, the gate read from a float32 product made by
-    the x16 kernel (within error_bound of the reference, as the pair's): the pair's bound for h."""
-    return swiglu_error_bound(w_gate, w_up, weight_type, x, rows, cols)[0]
-
-
-def _host_silu_up(weight_type: str):
-    def run(device: CpuDevice, grid, block, h16: int, gate: int, w_up: int, x: int, rows: int, cols: int,
-            n_tokens: int, splits: int) -> None:
-        xs = device.view(x, np.float16, (n_tokens, cols)).astype(np.float32)
-        up = np.empty((n_tokens, rows), dtype=np.float32)
-        host_product(device.view(w_up, np.uint8, (rows, row_bytes(weight_type, cols))), weight_type, xs, cols, up)
-        h = silu_mul.reference(device.view(gate, np.float32, (n_tokens, rows)), up).astype(np.float32)
-        device.view(h16, np.float16, (n_tokens, rows))[:] = h
-
-    return run
-
-
-for _type in SWIGLU_TYPES:
-    cpu_kernel(silu_up_entry(_type), SILU_UP_SIGNATURE)(_host_silu_up(_type))
-
-
-def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str) -> bool:
-    """Whether a feed-forward of `rows` gate/up rows takes the 128-token SwiGLU (launch with x_f16 for the gate,
-    then launch_silu_up): matrix cores, a type of SWIGLU_TYPES, 128-token tiles (pick_x16_tile_tokens) so many that
-    no product of them is split (silu_up's epilogue needs the whole sum)."""
-    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SWIGLU_TYPES
-            and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS
-            and pick_splits(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), 1 << 30) == 1)
-
-
-def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w_up: Any, x16: Any, rows: int,
-                   cols: int, n_tokens: int, *, weight_type: str) -> None:
-    """h16[n_tokens, rows] = silu(gate) * (x16 @ W_up^T) as f16, in 128-token tiles; gate float32 [n_tokens, rows]
-    (the gate product), x16 f16 [n_tokens, cols], W_up [rows, cols] of `weight_type` (SWIGLU_TYPES)."""
-    if weight_type not in SWIGLU_TYPES:
-        raise ValueError(f"{OP}: the SwiGLU's up product takes {', '.join(SWIGLU_TYPES)} weights, got {weight_type!r}")
-    entry = silu_up_entry(weight_type)
-    if not has_wide_tiles(device.arch):
-        raise ValueError(f"{entry}: exists on NVIDIA sm_80 and later, not {device.arch}")
-    check_memory(entry, "gate", gate, n_tokens * rows * 4)
-    matvec.check_operands(f"{OP}_silu_up", weight_type, SWIGLU_TYPES, gate, w_up, x16, rows, cols, n_tokens,
-                          "n_tokens", alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES)
-    check_memory(entry, "h16", h16, n_tokens * rows * F16_BYTES)
-    for (name_a, a, size_a), (name_b, b, size_b) in itertools.combinations(
-            (("h16", h16, n_tokens * rows * F16_BYTES), ("gate", gate, n_tokens * rows * 4),
-             ("x16", x16, n_tokens * cols * F16_BYTES), ("W_up", w_up, rows * row_bytes(weight_type, cols))), 2):
-        check_disjoint(entry, (name_a, a, size_a), (name_b, b, size_b))
-    grid = min(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), MAX_GRID)
-    get_kernel(device, OP, entry, SILU_UP_SIGNATURE).launch(
-        grid, THREADS, (h16, gate, w_up, x16, rows, cols, n_tokens, 1), stream=stream)

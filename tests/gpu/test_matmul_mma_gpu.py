@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import matmul_mma
+from hipcore.ops import matmul_mma, matmul_mma_swiglu
 from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
 from support.weight_samples import random_weights
@@ -149,15 +149,15 @@ def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     workspace = mem.upload(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
     results = []
     for _ in range(2):
-        matmul_mma.launch_swiglu(gpu, None, h16, gate, up, wg, wu, xs, rows, cols, n_tokens, weight_type=weight_type,
+        matmul_mma_swiglu.launch_swiglu(gpu, None, h16, gate, up, wg, wu, xs, rows, cols, n_tokens, weight_type=weight_type,
                                  workspace=workspace)
         results.append([h16.download(np.float16).astype(np.float64).reshape(n_tokens, rows)]
                        + [b.download(np.float32).astype(np.float64).reshape(n_tokens, rows) for b in (gate, up)])
     assert not workspace.download(np.int32).any(), "the pairs' counters were not left at zero"
     assert all(np.array_equal(a, b) for a, b in zip(*results)), "the second launch gave other bytes"
     x32 = x.astype(np.float32)
-    want = matmul_mma.swiglu_reference(w_gate, w_up, weight_type, x32, rows, cols)
-    bounds = matmul_mma.swiglu_error_bound(w_gate, w_up, weight_type, x32, rows, cols)
+    want = matmul_mma_swiglu.swiglu_reference(w_gate, w_up, weight_type, x32, rows, cols)
+    bounds = matmul_mma_swiglu.swiglu_error_bound(w_gate, w_up, weight_type, x32, rows, cols)
     for name, got, w, bound in zip(("h16", "gate", "up"), results[0], want, bounds):
         bad = ~(np.abs(got - w) <= bound)
         assert not bad.any(), (f"seed {seed} {name}: {int(bad.sum())} of {bad.size} outputs off; first at "
@@ -207,23 +207,23 @@ def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
     """The gate product in 128-token tiles (launch with x_f16), then matmul_mma_silu_up: h16 within
     silu_up_error_bound of the reference, and the same bytes as a SwiGLU pair's h16 (the same products and the
     same silu)."""
-    assert matmul_mma.silu_up_fits(gpu, n_tokens, rows, weight_type)
+    assert matmul_mma_swiglu.silu_up_fits(gpu, n_tokens, rows, weight_type)
     w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
     x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
     wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
     h16, pair_h16 = mem.poisoned(n_tokens * rows * 2), mem.poisoned(n_tokens * rows * 2)
     gate, up = mem.poisoned(n_tokens * rows * 4), mem.poisoned(n_tokens * rows * 4)
     matmul_mma.launch(gpu, None, gate, wg, xs, rows, cols, n_tokens, weight_type=weight_type, x_f16=True)
-    matmul_mma.launch_silu_up(gpu, None, h16, gate, wu, xs, rows, cols, n_tokens, weight_type=weight_type)
+    matmul_mma_swiglu.launch_silu_up(gpu, None, h16, gate, wu, xs, rows, cols, n_tokens, weight_type=weight_type)
     got = h16.download(np.float16).reshape(n_tokens, rows)
     workspace = mem.upload(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
     if matmul_mma.tile_count(rows, n_tokens, 64) <= matmul_mma.MAX_SPLIT_TILES:
-        matmul_mma.launch_swiglu(gpu, None, pair_h16, gate, up, wg, wu, xs, rows, cols, n_tokens,
+        matmul_mma_swiglu.launch_swiglu(gpu, None, pair_h16, gate, up, wg, wu, xs, rows, cols, n_tokens,
                                  weight_type=weight_type, workspace=workspace)
         assert np.array_equal(got.view(np.uint16), pair_h16.download(np.uint16).reshape(n_tokens, rows)), \
             "the wide SwiGLU and the pair gave other bytes"
     x32 = x.astype(np.float32)
-    want = matmul_mma.swiglu_reference(w_gate, w_up, weight_type, x32, rows, cols)[0]
-    bound = matmul_mma.silu_up_error_bound(w_gate, w_up, weight_type, x32, rows, cols)
+    want = matmul_mma_swiglu.swiglu_reference(w_gate, w_up, weight_type, x32, rows, cols)[0]
+    bound = matmul_mma_swiglu.silu_up_error_bound(w_gate, w_up, weight_type, x32, rows, cols)
     bad = ~(np.abs(got.astype(np.float64) - want) <= bound)
     assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0].tolist()}"
