@@ -79,6 +79,19 @@ static __device__ __forceinline__ int lesser_of(int a, int b) { return a < b ? a
 namespace {
 namespace mmq {
 
+// f(r, t, v) for each of a thread's accumulators v of a warp's tiles (kRowTilesPerWarp x kTokenTiles 16 x 16 tiles
+// from row r0 and token t0; acc as mma_tiles holds them): its row and token of y by the matrix instruction's layout.
+template <int kTokenTiles, class F>
+__device__ __forceinline__ void each_result(const float* acc, int r0, int t0, int lane, F f) {
+#pragma unroll
+  for (int i = 0; i < kRowTilesPerWarp; ++i)
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < RF_MMA_ACC; ++e)
+        f(r0 + 16 * i + rf_mma_acc_row(lane, e), t0 + 16 * j + rf_mma_acc_col(lane, e), acc[(i * kTokenTiles + j) * RF_MMA_ACC + e]);
+}
+
 // The tiles of y with TN tokens (32, 64 or 128), computed by one workgroup in turn.
 // Step: a step shape (Narrow<F> or Wide<>); ws, xs: shared [kTileRows][kStride] and [TN][kStride] halves.
 // kSiluUp: the product is the up projection of a feed-forward whose gate product a launch before wrote to a.y
@@ -185,46 +198,25 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
       }
     }
 
+    const int warp_r0 = r0 + warp_row, warp_t0 = t0 + warp_token;
     if (kSwiglu) {  // each product's tile to its own output, then the pair's second makes silu(g) * u
       const Launch own = {product ? a.y_up : a.y, nullptr, nullptr, nullptr, rows, cols, n_tokens, 1, 0};
-#pragma unroll
-      for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-        for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-          for (int e = 0; e < RF_MMA_ACC; ++e)
-            store_result(own, r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e), t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e),
-                         acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]);
+      each_result<kTokenTilesPerWarp>(acc, warp_r0, warp_t0, lane, [&](int r, int t, float v) { store_result(own, r, t, v); });
       swiglu_pair<TN>(a, tile, r0, t0, tid, last);
       continue;
     }
     if (kSiluUp) {
-#pragma unroll
-      for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-        for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-          for (int e = 0; e < RF_MMA_ACC; ++e) {
-            const int r = r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e);
-            const int t = t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e);
-            if (t < n_tokens && r < rows) {
-              const unsigned long long at = (unsigned long long)t * rows + r;
-              const float g = a.y[at];
-              a.h16[at] = rf_float_to_f16(g / (1.0f + expf(-g)) * acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]);
-            }
-          }
+      each_result<kTokenTilesPerWarp>(acc, warp_r0, warp_t0, lane, [&](int r, int t, float up) {
+        if (t < n_tokens && r < rows) {
+          const unsigned long long at = (unsigned long long)t * rows + r;
+          const float g = a.y[at];
+          a.h16[at] = rf_float_to_f16(g / (1.0f + expf(-g)) * up);
+        }
+      });
       continue;
     }
     if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
-
-#pragma unroll
-    for (int i = 0; i < kRowTilesPerWarp; ++i)
-#pragma unroll
-      for (int j = 0; j < kTokenTilesPerWarp; ++j)
-#pragma unroll
-        for (int e = 0; e < RF_MMA_ACC; ++e)
-          store_result(a, r0 + warp_row + 16 * i + rf_mma_acc_row(lane, e), t0 + warp_token + 16 * j + rf_mma_acc_col(lane, e),
-                       acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]);
+    each_result<kTokenTilesPerWarp>(acc, warp_r0, warp_t0, lane, [&](int r, int t, float v) { store_result(a, r, t, v); });
   }
 }
 
@@ -325,7 +317,7 @@ RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q6_k, mmq::Wide6)
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
 // Prompt steps' f16-x products in tiles of 128 rows x 128 tokens: matmul_mma_x16_128_<format>, the x16 entries'
-// arguments with tile_tokens 128. Each decoded step of weights feeds twice the tokens, and each warp's 32 x 64
+// arguments with tile_tokens 128 (split over the columns as the launcher splits the other tiles). Each decoded step of weights feeds twice the tokens, and each warp's 32 x 64
 // outputs read a fragment of shared memory per 2,048 multiply-adds instead of 1,024, where the 64-token tiles are
 // bound by the SM's shared-memory pipe: on an NVIDIA H100 at 512 tokens, the 8B's gate product took 264 against
 // 351 us, down (Q6_K) 445 against 482, q 86 against 102. Entries of their own, so that their registers (64

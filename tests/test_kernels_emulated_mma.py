@@ -323,8 +323,7 @@ def test_the_up_product_with_the_swiglu_matches_the_reference(mma_harnesses, wei
 # Faults of the wide SwiGLU: silu of the up product instead of the gate's, the gate read at the token's first row.
 # (A 128-token entry built with other tiles is no fault: the grid-stride loop covers every tile of any size.)
 SILU_UP_FAULTS = {
-    "silu of up": ("g / (1.0f + expf(-g)) * acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e]",
-                   "acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e] / (1.0f + expf(-acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + e])) * g"),
+    "silu of up": ("rf_float_to_f16(g / (1.0f + expf(-g)) * up)", "rf_float_to_f16(up / (1.0f + expf(-up)) * g)"),
     "the gate of the first token": ("const float g = a.y[at];", "const float g = a.y[r];"),
 }
 

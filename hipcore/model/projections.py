@@ -206,12 +206,14 @@ class ProjectionPlanner:
         (pick_x16_tile_tokens: the 8B's, not the 1B's k and v, whose float32 path at 32-token tiles was faster
         than f16 in 64-token tiles: 14.4 against 16.1 us). ROCMFORGE_WIDE_TILES=0 keeps float32."""
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
-        if None in weights or any(w.fmt not in matmul_mma.X16_TYPES for w in weights):
-            return False
+        return None not in weights and all(self._wide_f16(w, t) for w in weights)
+
+    def _wide_f16(self, wt, t: int) -> bool:
+        """A product of `wt` in a step of t tokens on matmul_mma's 128-token tiles of f16 x: a type of
+        matmul_mma.X16_TYPES, on the matrix cores, where pick_x16_tile_tokens picks them."""
         dev = self.device
-        return all(matmul_mma.takes_matrix_cores(dev, t, w.fmt)
-                   and matmul_mma.pick_x16_tile_tokens(w.rows, t, dev.arch) == matmul_mma.WIDE_TILE_TOKENS
-                   for w in weights)
+        return (wt.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, wt.fmt)
+                and matmul_mma.pick_x16_tile_tokens(wt.rows, t, dev.arch) == matmul_mma.WIDE_TILE_TOKENS)
 
     def ffn_pairs(self, lw, t: int) -> bool:
         """True when a step of t tokens runs this layer's feed-forward as rmsnorm to f16, gate and up with the
@@ -250,12 +252,9 @@ class ProjectionPlanner:
         no fused kernel takes it, a type of matmul_mma.X16_TYPES on the matrix cores, in 128-token tiles
         (pick_x16_tile_tokens: on an NVIDIA H100 the 8B's o product took 75 us from f16 against 108 from
         float32). The caller decides whether its x comes as f16 (blocks.py: the llama layer's attention)."""
-        dev = self.device
-        if wt is None or wt.fmt not in matmul_mma.X16_TYPES or fused_family(wt.fmt, t) is not None:
+        if wt is None or fused_family(wt.fmt, t) is not None:
             return False
-        return (not separate_fusable(t, wt, max_tokens=qmatvec_limit(dev, wt))
-                and matmul_mma.takes_matrix_cores(dev, t, wt.fmt)
-                and matmul_mma.pick_x16_tile_tokens(wt.rows, t, dev.arch) == matmul_mma.WIDE_TILE_TOKENS)
+        return not separate_fusable(t, wt, max_tokens=qmatvec_limit(self.device, wt)) and self._wide_f16(wt, t)
 
     def residual_product(self, name: str, wt, x: Buffer, cols: int, t: int, x_f16: bool = False) -> list[Launch]:
         """b["x"] += x @ W^T: one fused launch, or a product and an add. x_f16: x holds f16 (only where
