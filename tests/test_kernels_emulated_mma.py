@@ -328,13 +328,6 @@ SILU_UP_FAULTS = {
 }
 
 
-@pytest.mark.parametrize("fault", SILU_UP_FAULTS)
-def test_a_broken_wide_swiglu_is_caught(fault, tmp_path):
-    harness = nvidia_harness_with(*SILU_UP_FAULTS[fault], tmp_path)
-    rng = np.random.default_rng(31)
-    assert_caught(fault, lambda: silu_up_excess(harness, "q4_k", 130, 512, 150, None, rng, tmp_path))
-
-
 # Faults of the pairs and of f16 x: the gate's tile taken for up's, no item of a pair ending it, silu of the up
 # product instead of the gate's, the pair's counter not reset, both items reading the gate's weights, f16
 # x read a token's row too far on (float32's row stride).
@@ -348,8 +341,17 @@ SWIGLU_FAULTS = {
 }
 
 
-@pytest.mark.parametrize("fault", SWIGLU_FAULTS)
-def test_a_broken_swiglu_pair_is_caught(fault, tmp_path):
-    harness = nvidia_harness_with(*SWIGLU_FAULTS[fault], tmp_path)
-    rng = np.random.default_rng(17)
-    assert_caught(fault, lambda: swiglu_excess(harness, "q4_k", 130, 512, 70, 3, rng, tmp_path))
+# Each kind of SwiGLU's faults, its seed and its measure: the pair's (a small grid looping over its items), the
+# wide SwiGLU's (128-token tiles cut short).
+SWIGLU_KINDS = {
+    "pair": (SWIGLU_FAULTS, 17, lambda harness, rng, path: swiglu_excess(harness, "q4_k", 130, 512, 70, 3, rng, path)),
+    "wide": (SILU_UP_FAULTS, 31, lambda harness, rng, path: silu_up_excess(harness, "q4_k", 130, 512, 150, None, rng, path)),
+}
+
+
+@pytest.mark.parametrize("kind,fault", [(kind, fault) for kind, (faults, _, _) in SWIGLU_KINDS.items() for fault in faults])
+def test_a_broken_swiglu_is_caught(kind, fault, tmp_path):
+    faults, seed, measure = SWIGLU_KINDS[kind]
+    harness = nvidia_harness_with(*faults[fault], tmp_path)
+    rng = np.random.default_rng(seed)
+    assert_caught(fault, lambda: measure(harness, rng, tmp_path))
