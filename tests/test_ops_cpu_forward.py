@@ -155,6 +155,8 @@ def test_prompt_attention_launch_computes_attention_and_checks_its_arguments(cpu
     np.testing.assert_array_equal(out16.download(np.float16).reshape(s.q.shape), s.reference().astype(np.float16))
     with pytest.raises(ValueError, match="out needs"):
         prompt_attention.launch(cpu_device, None, out16, *args, **sizes)
+    with pytest.raises(ValueError, match="overlap"):  # f16 rows would land on q rows other workgroups still read
+        prompt_attention.launch(cpu_device, None, args[0], *args, **sizes, out_f16=True)
     prompt_attention.launch(cpu_device, None, args[0], *args, **sizes)  # out may be q
     np.testing.assert_array_equal(args[0].download(np.float32).reshape(s.q.shape), s.reference())
     for bad, message in ((dict(head_dim=100), "multiple of 16"), (dict(head_dim=256), "up to 128"),

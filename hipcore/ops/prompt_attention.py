@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from hipcore.ops import paged_attention
+from hipcore.ops.launch_checks import check_disjoint
 from hipcore.ops.matmul_mma import has_matrix_cores
 from hipcore.kvcache.dtypes import KV_DTYPES
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -104,7 +105,8 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
            n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
            num_blocks: int, scale: float, window: int = 0, out_f16: bool = False) -> None:
     """Queue attention for n_tokens query tokens of an f16 cache (paged_attention's arguments and result; no
-    workspace, no soft cap); out_f16: out receives f16 values (for an o product reading f16 x) instead of float32.
+    workspace, no soft cap); out_f16: out receives f16 values (for an o product reading f16 x) instead of float32,
+    and may not overlap q.
     The caller checks `supports` first; this raises ValueError otherwise."""
     name = kernel_name(head_dim)
     paged_attention.check_operands(name, KV_DTYPE, out, q, k_pool, v_pool, block_tables, token_seq, positions,
@@ -112,6 +114,9 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
                                    block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks, window=window,
                                    head_dim_multiple=HEAD_DIM_MULTIPLE, max_head_dim=MAX_HEAD_DIM,
                                    out_itemsize=2 if out_f16 else 4)
+    if out_f16:  # out may be q only at q's layout: f16 rows land where other workgroups' q rows are still read
+        rows = n_tokens * n_heads * head_dim
+        check_disjoint(name, ("out", out, rows * 2), ("q", q, rows * 4))
     grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads)
     # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, name, SIGNATURE.replace(" ", ""), programmatic=True)
