@@ -2,7 +2,7 @@
 //   y[t, r] = sum_c W[r, c] * x[t, c]   for r < rows, t < n_tokens
 // Same layouts and results as matmul.hip (W [rows, cols] in its GGUF block format, x float32
 // [n_tokens, cols], y float32 [n_tokens, rows]), but the products run as f16 x f16 -> f32 matrix
-// instructions (hip_compat.h's rf_mma: mma.sync on NVIDIA, MFMA on CDNA, WMMA on RDNA3/4, FMA elsewhere):
+// instructions (matrix_cores.h's rf_mma: mma.sync on NVIDIA, MFMA on CDNA, WMMA on RDNA3/4, FMA elsewhere):
 // - A workgroup of 256 threads computes a tile of 128 rows x TILE_TOKENS tokens (32 or 64: the
 //   launcher's `tile_tokens`), stepping through the columns a step at a time: 32 columns (Narrow: each
 //   thread decodes 2 groups of 8 consecutive weights of one row), or 64 for Q4_K and Q5_K (Wide: each
@@ -35,6 +35,7 @@
 // kCounterBytes / 4 tiles and a workspace of kCounterBytes (zeroed once, left zeroed by every launch) +
 // tiles * splits * 128 * tile_tokens floats.
 #include "hip_compat.h"
+#include "matrix_cores.h"  // rf_mma: one warp's 16x16x16 f16 tile on the matrix cores
 #include "matmul_mma_formats.h"  // the block formats, the step shapes that read them, x's forms
 
 namespace {

@@ -3,6 +3,7 @@
 // NVIDIA's fragment path for the K-quants' decode batches.
 #pragma once
 #include "hip_compat.h"
+#include "matrix_cores.h"  // rf_mma: one warp's 16x16x16 f16 tile on the matrix cores
 
 namespace {
 namespace mmq {

@@ -1,6 +1,6 @@
 // Prompt attention on the matrix cores: paged_attention's causal grouped-query attention for steps of many
 // query tokens (prompts and prompt chunks), with both products (q . K and the weights . V) as f16 x f16 -> f32
-// matrix instructions (hip_compat.h's rf_mma: mma.sync on NVIDIA, MFMA on CDNA, WMMA on RDNA3/4, FMA elsewhere).
+// matrix instructions (matrix_cores.h's rf_mma: mma.sync on NVIDIA, MFMA on CDNA, WMMA on RDNA3/4, FMA elsewhere).
 //
 //   out[t, h, :] = sum_j softmax_j(scale * q[t, h, :] . K[j]) V[j]   over keys j = first(t) .. positions[t]
 //
@@ -35,6 +35,7 @@
 // `out` may be `q`: a workgroup reads all its q rows before it writes any of its out rows, and no other
 // workgroup touches them.
 #include "hip_compat.h"
+#include "matrix_cores.h"  // rf_mma: one warp's 16x16x16 f16 tile on the matrix cores
 
 namespace {
 namespace rf_prompt_attention {

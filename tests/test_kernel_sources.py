@@ -39,8 +39,10 @@ def test_an_op_is_built_from_the_files_it_includes():
     assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec_formats.h",
                                                                 "fused_qmatvec_tiles.h"]
     assert [f.name for f in source_files("qmatvec")] == [COMPAT_HEADER, "qmatvec.hip", "qmatvec_formats.h"]
-    assert [f.name for f in source_files("matmul_mma")] == [COMPAT_HEADER, "matmul_mma.hip", "matmul_mma_formats.h",
-                                                             "matmul_mma_epilogues.h", "matmul_mma_fragments.h"]
+    assert [f.name for f in source_files("matmul_mma")] == [COMPAT_HEADER, "matmul_mma.hip", "matrix_cores.h",
+                                                             "matmul_mma_formats.h", "matmul_mma_epilogues.h",
+                                                             "matmul_mma_fragments.h"]
+    assert [f.name for f in source_files("prompt_attention")] == [COMPAT_HEADER, "prompt_attention.hip", "matrix_cores.h"]
     assert [f.name for f in source_files("add")] == [COMPAT_HEADER, "add.hip"]
     # Every op that includes nothing of its own keeps the digest it had, so no prebuilt object goes stale
     # for nothing.

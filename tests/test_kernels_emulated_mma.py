@@ -1,8 +1,8 @@
-"""kernels/matmul_mma.hip on every matrix-core path of hip_compat.h, run on the CPU: the NVIDIA mma.sync
+"""kernels/matmul_mma.hip on every matrix-core path of matrix_cores.h, run on the CPU: the NVIDIA mma.sync
 fragments at 32 lanes, CDNA's MFMA at 64, RDNA3's and RDNA4's WMMA at 32 and the FMA fallback at both
 widths, each against tests/kernel_emulation/emulation.h's emulation of its instruction (the lane layouts
 the vendors document), against the numpy reference within matmul_mma.error_bound. Planted faults (a
-hip_compat.h with one layout detail of one path wrong) prove the comparison catches a wrong lane layout.
+matrix_cores.h with one layout detail of one path wrong) prove the comparison catches a wrong lane layout.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ PLANTED = {
 @pytest.mark.parametrize("fault", PLANTED)
 def test_a_wrong_fragment_layout_is_caught(fault, tmp_path):
     kind, old, new = PLANTED[fault]
-    harness = build_mma_harnesses(tmp_path, (kind,), lambda text: text.replace(old, new))[kind]
+    harness = build_mma_harnesses(tmp_path, (kind,), kernel_edit=lambda text: text.replace(old, new))[kind]
     rng = np.random.default_rng(5)
     # Q4_0: the shared-tile path on every kind (NVIDIA's K-quant decode batches take the fragment path).
     excess = worst_excess(harness, "q4_0", 64, 256, 32, 32, None, rng, tmp_path)

@@ -1,4 +1,4 @@
-"""kernels/prompt_attention.hip on every matrix-core path of hip_compat.h, run on the CPU: the NVIDIA mma.sync
+"""kernels/prompt_attention.hip on every matrix-core path of matrix_cores.h, run on the CPU: the NVIDIA mma.sync
 fragments at 32 lanes, CDNA's MFMA at 64, RDNA3's and RDNA4's WMMA at 32 and the FMA path at both widths, each
 against tests/kernel_emulation/emulation.h's emulation of its instruction, against paged_attention's numpy
 reference within PagedSample.matrix_core_tolerance. The steps mix what the forward pass gives the kernel: a

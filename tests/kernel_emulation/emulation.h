@@ -164,7 +164,7 @@ inline unsigned int rf_h2_sub(unsigned int a, unsigned int b) {
 }
 
 // ---- Matrix instructions --------------------------------------------------------------------------
-// The warp-wide matrix instructions hip_compat.h's rf_mma uses, emulated from the operand and result
+// The warp-wide matrix instructions matrix_cores.h's rf_mma uses, emulated from the operand and result
 // lane layouts their vendors document (not from hip_compat.h's loaders, which these check): every lane
 // publishes its operand registers, then computes its own accumulators from the whole warp's, in f32 over
 // exact f16 products (the hardware's own order of summation may differ by f32 roundings).

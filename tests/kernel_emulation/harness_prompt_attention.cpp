@@ -1,4 +1,4 @@
-// Runs kernels/prompt_attention.hip under the host emulation (emulation.h), with hip_compat.h's matrix-core path
+// Runs kernels/prompt_attention.hip under the host emulation (emulation.h), with the matrix-core path (matrix_cores.h)
 // chosen on the command line (-DRF_MMA_KIND=..., -DWARP_SIZE=...), so that the NVIDIA, CDNA, RDNA3 and RDNA4
 // fragment layouts and the FMA path all run against the emulated instructions:
 //   harness_prompt_attention <entry> <grid> <block> <n_tokens> <n_heads> <n_kv_heads> <head_dim> <block_size>

@@ -63,8 +63,9 @@ def write_inputs(tmp_path: Path, **arrays) -> list[Path]:
     return [tmp_path / name for name in arrays]
 
 
-# hip_compat.h's matrix-core paths (RF_MMA_KIND) and the warp width each runs at; kernels/matmul_mma.hip
-# is built once per path, against tests/kernel_emulation/emulation.h's emulated instructions.
+# The matrix-core paths (hip_compat.h's RF_MMA_KIND, matrix_cores.h's rf_mma) and the warp width each runs
+# at; kernels/matmul_mma.hip is built once per path, against tests/kernel_emulation/emulation.h's emulated
+# instructions.
 MMA_KINDS = {"fma32": (0, 32), "fma64": (0, 64), "nvidia_mma": (1, 32), "cdna_mfma": (2, 64), "rdna3_wmma": (3, 32),
              "rdna4_wmma": (4, 32)}
 MMA_OP = "matmul_mma"
@@ -72,11 +73,10 @@ MMA_OP = "matmul_mma"
 MMA_HARNESSES = {"matmul_mma": "harness_mma.cpp", "prompt_attention": "harness_prompt_attention.cpp"}
 
 
-def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, kernel_edit=None,
-                        op: str = MMA_OP) -> dict[str, Path]:
-    """`op`'s harness (MMA_HARNESSES) built in `work` per matrix-core path of `kinds`. compat_edit(text) -> text,
-    when given, changes hip_compat.h's vendor-neutral part first, kernel_edit(text) -> text <op>.hip and the
-    parts it includes (the tests' planted faults)."""
+def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), kernel_edit=None, op: str = MMA_OP) -> dict[str, Path]:
+    """`op`'s harness (MMA_HARNESSES) built in `work` per matrix-core path of `kinds`. kernel_edit(text) -> text,
+    when given, changes <op>.hip and the parts it includes, matrix_cores.h among them (the tests' planted
+    faults)."""
     compiler = shutil.which("g++")
     assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
     harness = MMA_HARNESSES[op]
@@ -92,10 +92,6 @@ def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), compat_edit=None, ke
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()
     neutral = header[header.index(NEUTRAL_MARKER):]
-    if compat_edit is not None:
-        edited = compat_edit(neutral)
-        assert edited != neutral, "the planted edit matched nothing in hip_compat.h"
-        neutral = edited
     (work / COMPAT_HEADER).write_text('#pragma once\n#include "emulation.h"\n' + neutral)
 
     def build(kind: str) -> Path:
