@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from support.emulated_kernels import WARPS, build_harnesses
+from support.kernel_builds import build_every_op
 from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 
 
@@ -39,3 +40,10 @@ def harnesses(tmp_path_factory) -> dict[int, Path]:
 @pytest.fixture(params=WARPS, ids=[f"warp{w}" for w in WARPS])
 def warp(request) -> int:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """Every op of the suite built for the default targets of each vendor whose compiler is here, once a session
+    (tests/support/kernel_builds.py): (the output folder, the build's report, its progress lines)."""
+    return build_every_op(tmp_path_factory.mktemp("prebuilt"))

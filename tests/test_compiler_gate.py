@@ -48,12 +48,12 @@ def _run_build_tests(path_dir: Path, **env: str) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k not in REQUIRE_ENV.values()}
     environment.update(PATH=str(path_dir), **env)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                           str(TESTS / "test_kernel_build.py")],
+                           str(TESTS / "test_kernel_build.py"), str(TESTS / "test_kernel_resources.py")],
                           capture_output=True, text=True, env=environment, cwd=TESTS.parent, timeout=300)
 
 
 @pytest.mark.slow
-def test_the_build_test_file_passes_without_compilers_and_fails_when_clang_is_required(no_compilers_on_path):
+def test_the_build_test_files_pass_without_compilers_and_fail_when_clang_is_required(no_compilers_on_path):
     quiet = _run_build_tests(no_compilers_on_path)
     assert quiet.returncode == 0, quiet.stdout[-3000:] + quiet.stderr[-2000:]
     assert "skipped" in quiet.stdout and "apt-get install clang-22 lld-22" in quiet.stdout

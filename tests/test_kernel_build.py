@@ -1,8 +1,9 @@
 """The kernel build (kernels/build.py) and the loader's use of its manifest (hipcore/runtime/kernels.py).
 
 One build of every op of this suite for every default AMD target (clang-22, no ROCm) and NVIDIA target
-(nvcc) per session, into a temporary folder. The checks read the code objects with their own ELF
-parsing, independent of the build script's.
+(nvcc) per session, into a temporary folder (tests/conftest.py's `built`, tests/support/kernel_builds.py).
+The checks read the code objects with their own ELF parsing, independent of the build script's; what the
+objects use (registers, spills, shared memory, matrix instructions): tests/test_kernel_resources.py.
 """
 
 from __future__ import annotations
@@ -16,76 +17,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from support.compiler_gate import TARGETS, available_vendors, require_compiler
-from hipcore.ops import prompt_attention
+from support.compiler_gate import require_compiler
+from support.kernel_builds import EXPECTED_KERNELS, all_targets, expected_entries
 from hipcore.runtime import kernels as loader
 from rocmforge_kernels import build as kbuild
-
-# The ops of this suite and the entry points each code object must hold.
-EXPECTED_KERNELS = {
-    "add": ["add_f32"],
-    "add_bias": ["add_bias_f32"],
-    "argmax": ["argmax_f32"],
-    "embedding": ["embedding_bf16", "embedding_f16", "embedding_f32", "embedding_q4_0", "embedding_q4_1",
-                  "embedding_q5_0", "embedding_q5_1", "embedding_q4_k", "embedding_q5_k", "embedding_q6_k",
-                  "embedding_q8_0"],
-    "gelu_mul": ["gelu_mul_f32"],
-    "fused_matmul": [f"matmul_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
-                     for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "f32")],
-    "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm",
-                                                        "norm_rope_split", "norm_swiglu_split", "add_split")
-                     for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "f32")],
-    "fused_qmatvec": [f"qmatvec_{kind}_{tokens}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
-                      for tokens in ("1", "n")],
-    "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
-    "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q5_0", "matmul_q5_1",
-               "matmul_q4_k", "matmul_q5_k", "matmul_q6_k", "matmul_q8_0"],
-    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0")]
-                  + [f"matmul_mma_x16_{t}" for t in ("q4_k", "q5_k", "q6_k")]
-                  + [f"matmul_mma_swiglu_{t}" for t in ("q4_k", "q5_k")],
-    "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
-               "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
-    "paged_attention": [f"paged_attention_{kv}{cap}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")],
-    "prompt_attention": [prompt_attention.kernel_name(d) for d in prompt_attention.HEAD_DIMS],
-    "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
-    "rmsnorm": ["rmsnorm_f32", "rmsnorm_f32_f16"],
-    "rope": ["rope_f32", "rope_neox_f32"],
-    "sample": ["sample_f32"],
-    "scale": ["scale_f32"],
-    "select_rows": ["select_rows_f32"],
-    "silu_mul": ["silu_mul_f32"],
-    "softcap": ["softcap_f32"],
-}
-# Entries only NVIDIA's objects have: matmul_mma's fragment path (written in mma.sync's fragment layout) and its
-# 128-token tiles (they spilled on gfx1030 and gfx1100).
-NVIDIA_ONLY_KERNELS = {
-    "matmul_mma": [f"matmul_mma_{entry}_{t}" for entry in ("fragments", "direct", "x16_128") for t in ("q4_k", "q5_k", "q6_k")]
-                  + [f"matmul_mma_silu_up_{t}" for t in ("q4_k", "q5_k")],
-}
-
-
-def expected_entries(target: str, op: str) -> list[str]:
-    """The entry points `op`'s code object for `target` holds."""
-    return EXPECTED_KERNELS[op] + (NVIDIA_ONLY_KERNELS.get(op, []) if target.startswith("sm_") else [])
-
 
 # EF_AMDGPU_MACH_* from LLVM's include/llvm/BinaryFormat/ELF.h (the low byte of e_flags).
 AMDGPU_MACH = {"gfx90a": 0x3F, "gfx942": 0x4C, "gfx1030": 0x36, "gfx1100": 0x41, "gfx1201": 0x4E}
 EM_AMDGPU, EM_CUDA = 224, 190
-
-
-@pytest.fixture(scope="session")
-def built(tmp_path_factory):
-    """The code objects of every vendor whose compiler is here (the tests that need one vendor ask for it)."""
-    vendors = available_vendors()
-    if not vendors:
-        require_compiler("amd")
-    out = tmp_path_factory.mktemp("prebuilt")
-    lines: list[str] = []
-    report = kbuild.build(out_dir=out, ops=sorted(EXPECTED_KERNELS), progress=lines.append,
-                          amd_targets=None if "amd" in vendors else "none",
-                          nvidia_targets=None if "nvidia" in vendors else "none")
-    return out, report, lines
 
 
 def elf_header(data: bytes) -> tuple[int, int, int]:
@@ -109,11 +48,6 @@ def global_functions(data: bytes) -> set[str]:
             if info == (1 << 4) | 2:
                 names.add(strtab[name:strtab.index(b"\0", name)].decode())
     return names
-
-
-def all_targets() -> list[str]:
-    """The default targets of the vendors whose compilers are here."""
-    return [target for vendor in available_vendors() for target in TARGETS[vendor]]
 
 
 def require_both_vendors() -> None:
@@ -366,68 +300,6 @@ def test_cli_kernels_build_reports_a_missing_compiler(tmp_path):
     assert result.exit_code == 2 and "not an AMD target" in result.output
 
 
-def test_attention_kernels_keep_their_registers(built):
-    """paged_attention holds four query heads' q and outputs in registers: no target may spill them to
-    memory (the kernel's launch bounds of 4 warps leave every compiler room for them), and each keeps
-    its shared-memory workspace for merging warps."""
-    out, _, _ = built
-    manifest = json.loads((out / "manifest.json").read_text())
-    for target in all_targets():
-        for name, usage in manifest["objects"][target]["paged_attention"]["kernels"].items():
-            spilled = usage.get("vgpr_spills", 0) + usage.get("scratch_bytes", 0) + usage.get("spill_store_bytes", 0)
-            assert spilled == 0, f"{target} {name} spills: {usage}"
-            assert usage["shared_bytes"] >= 4 * 4 * 256 * 4, f"{target} {name}: {usage}"
-
-
-def test_prompt_attention_keeps_its_outputs_and_next_rows_in_registers(built):
-    """No spill on any matrix-core target (gfx1030 has none: prompt_attention.takes keeps paged_attention there,
-    so its FMA build, which spills, never runs); each entry's shared memory is the tiles' (below)."""
-    out, _, _ = built
-    manifest = json.loads((out / "manifest.json").read_text())
-    for target in all_targets():
-        if target == "gfx1030":
-            assert not prompt_attention.takes(target, 512, "f16", 128)
-            continue
-        for name, usage in manifest["objects"][target]["prompt_attention"]["kernels"].items():
-            off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
-                                                         "spill_store_bytes", "stack_bytes"))
-            assert off_chip == 0, f"{target} {name}: {usage}"
-            # q of 64 rows and K of 32 keys (136 halves a row), V^T (128 x 40), 4 warps' weights (16 x 40), tokens
-            assert usage["shared_bytes"] == (64 * 136 + 32 * 136 + 128 * 40 + 4 * 16 * 40) * 2 + 2 * 64 * 4, usage
-
-
-def test_matrix_product_kernels_keep_everything_in_registers(built):
-    """matvec, qmatvec, matmul and fused_matmul hold their accumulators and prefetched weights / x in registers on every target:
-    no spills and no private (scratch) arrays, which would put memory traffic in their inner loops (a
-    whole-struct copy once left matmul's prefetched x in scratch on AMD). matmul's shared tiles: 18 KiB; matmul_mma's 27 KiB (the widest step's)."""
-    out, _, _ = built
-    manifest = json.loads((out / "manifest.json").read_text())
-    for target in all_targets():
-        # fused_matvec is not held to it yet: matvec_norm_rope_q8_0 spills 16 bytes on sm_80 under its
-        # launch bounds' register cap (80)
-        for op in ("matvec", "qmatvec", "matmul", "fused_matmul", "matmul_mma"):
-            for name, usage in manifest["objects"][target][op]["kernels"].items():
-                off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
-                                                             "spill_store_bytes", "stack_bytes"))
-                if target == "sm_90" and name.startswith("matmul_mma_silu_up_"):
-                    # The one exception, measured: at two workgroups per SM (128 registers) nvcc spills 40-56
-                    # bytes; at one (173 registers, none spilled) the 8B's gate + up+SwiGLU took 779.9 against
-                    # 618.8 us on an NVIDIA H100 (docs/benchmarks.md). Held to that size.
-                    assert usage.get("spill_store_bytes", 0) <= 64 and usage.get("stack_bytes", 0) <= 64, f"{target} {name}: {usage}"
-                else:
-                    assert off_chip == 0, f"{target} {name}: {usage}"
-                if op == "matmul_mma":
-                    # shared-tile entries: f16 tiles of 128 rows and 64 tokens (128 for the x16_128 and silu_up
-                    # entries) of 72 halves, the split flag (silu_up has none); the fragment path's staged entries:
-                    # x of 32 tokens of 80 halves, the flag; its direct ones: the flag
-                    wide = name.startswith(("matmul_mma_x16_128_", "matmul_mma_silu_up_"))
-                    shared = {"fragments": 32 * 80 * 2 + 4, "direct": 4, "silu": (128 + 128) * 72 * 2}.get(
-                        name.split("_")[2], (128 + (128 if wide else 64)) * 72 * 2 + 4)
-                    assert usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
-                if op in ("matvec", "qmatvec", "matmul"):
-                    assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"
-
-
 def test_cli_kernels_build_of_nothing_says_so_and_points_at_no_manifest(tmp_path):
     from rocmforge_cli.app import app
 
@@ -439,25 +311,3 @@ def test_cli_kernels_build_of_nothing_says_so_and_points_at_no_manifest(tmp_path
                                       "--ops", "add", "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "nothing was built: no compiler" in result.output and "manifest.json" not in result.output
-
-
-# The matrix instruction matmul_mma must use on each AMD target (hip_compat.h's RF_MMA_KIND), or none.
-AMD_MATRIX_INSTRUCTION = {"gfx90a": "v_mfma_f32_16x16x16", "gfx942": "v_mfma_f32_16x16x16", "gfx1100": "v_wmma_f32_16x16x16_f16",
-                          "gfx1201": "v_wmma_f32_16x16x16_f16", "gfx1030": None}
-
-
-def test_matmul_mma_runs_on_each_amd_targets_matrix_instructions(built):
-    """A wrong target test in hip_compat.h would silently fall back to the FMA path: the disassembly says
-    which instruction each code object uses (llvm-objdump-22, Debian's llvm-22, which .ci/run installs)."""
-    import subprocess
-    objdump = shutil.which("llvm-objdump-22") or shutil.which("llvm-objdump")
-    assert objdump, "llvm-objdump (apt-get install llvm-22) is needed to read the AMD code objects"
-    out, _, _ = built
-    for target, instruction in AMD_MATRIX_INSTRUCTION.items():
-        text = subprocess.run([objdump, "-d", str(out / target / f"matmul_mma.{kbuild.code_object_suffix(target)}")],
-                              capture_output=True, text=True, check=True).stdout
-        matrix = [line for line in text.splitlines() if "v_mfma" in line or "v_wmma" in line]
-        if instruction is None:
-            assert not matrix, f"{target}: {matrix[:2]}"
-        else:
-            assert matrix and all(instruction in line for line in matrix), f"{target}: {matrix[:2]}"
