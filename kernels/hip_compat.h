@@ -110,8 +110,8 @@ static __device__ __forceinline__ unsigned int rf_h2_sub(unsigned int a, unsigne
 // path, which it never runs.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define RF_MMA_KIND RF_MMA_NV_M16N8K16
-// d[16x8] += a[16x16] * b[16x8], f16 operands in pairs per 32-bit register, f32 accumulators; the
-// fragment layouts are PTX ISA's "Matrix Fragments for mma.m16n8k16" (rf_mma_load_* below follow them).
+// d[16x8] += a[16x16] * b[16x8], f16 operands in pairs per 32-bit register, f32 accumulators; the fragment
+// layouts are PTX ISA's "Matrix Fragments for mma.m16n8k16" (matrix_cores.h's rf_mma_load_* follow them).
 static __device__ __forceinline__ void rf_mma_m16n8k16_f16(float c[4], const unsigned int a[4], const unsigned int b[2]) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
