@@ -16,8 +16,7 @@
 //   on CDNA/GCN, 32 on RDNA and NVIDIA), __global__ __device__ __shared__ __launch_bounds__
 //   __forceinline__ __restrict__, float4 / uint4, expf __expf exp2f log2f sqrtf fabsf fmaxf fminf fmaf
 //   rintf, rf_dp4a(a, b, c) (four signed-byte products summed into c), int min / max, atomicAdd (int, unsigned, float) atomicMax atomicMin (int) atomicCAS (int) on global
-//   or shared memory, __threadfence(), RF_INFINITY, and the rf_* helpers at the end of the file; one warp's
-//   16x16x16 f16 tile on the matrix cores (rf_mma) comes from matrix_cores.h, which the ops that use it include.
+//   or shared memory, __threadfence(), RF_INFINITY, the rf_* helpers at the end (matrix cores: matrix_cores.h).
 //   16-bit floats are handled as raw bits (unsigned short) through rf_f16_to_float / rf_float_to_f16 /
 //   rf_bf16_to_float / rf_float_to_bf16, because the __half types of cuda_fp16.h and hip_fp16.h need
 //   headers that nvrtc cannot see. On bare clang `half` / `__half` (= _Float16) and __half2float /
@@ -111,7 +110,7 @@ static __device__ __forceinline__ unsigned int rf_h2_sub(unsigned int a, unsigne
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define RF_MMA_KIND RF_MMA_NV_M16N8K16
 // d[16x8] += a[16x16] * b[16x8], f16 operands in pairs per 32-bit register, f32 accumulators; the fragment
-// layouts are PTX ISA's "Matrix Fragments for mma.m16n8k16" (matrix_cores.h's rf_mma_load_* follow them).
+// layouts are PTX ISA's "Matrix Fragments for mma.m16n8k16" (matrix_cores.h's loads follow them).
 static __device__ __forceinline__ void rf_mma_m16n8k16_f16(float c[4], const unsigned int a[4], const unsigned int b[2]) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -439,9 +438,8 @@ static __device__ __forceinline__ float rf_block_sum(float v, float* scratch) {
   return v;
 }
 
-// The matrix-core path of this compiler and target: each vendor section above picks one, the emulation sets
-// it (-DRF_MMA_KIND); matrix_cores.h runs it. Here, not there, so that RF_MMA_KIND compares against defined
-// names wherever it is tested (an undefined name in #if counts as 0, the FMA path's value).
+// The matrix-core path (matrix_cores.h), picked by a vendor section above or -DRF_MMA_KIND (the emulation); here
+// so that every #if on RF_MMA_KIND compares defined names (an undefined one counts as 0, the FMA path's value).
 #define RF_MMA_FMA 0          // no matrix cores (gfx1030, NVIDIA before sm_80, host passes)
 #define RF_MMA_NV_M16N8K16 1  // NVIDIA sm_80+: mma.sync.m16n8k16 f32 += f16 x f16, twice per 16x16 tile
 #define RF_MMA_CDNA_MFMA 2    // AMD CDNA (gfx908/90a/94x, wave64): v_mfma_f32_16x16x16_f16
