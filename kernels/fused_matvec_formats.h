@@ -5,6 +5,7 @@
 // 32-weight blocks, as matvec.hip's items).
 #pragma once
 #include "hip_compat.h"
+#include "weight_loads.h"  // the weights read with an L2 evict-first policy on NVIDIA (F32's: plain)
 
 namespace {
 namespace fused {
@@ -16,7 +17,7 @@ struct Q4_1Format {
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
     const unsigned char* b = row + (item >> 2) * 20;
-    return {*reinterpret_cast<const unsigned int*>(b), *reinterpret_cast<const unsigned int*>(b + 4 + 4 * (item & 3))};
+    return {load_weights4(b), load_weights4(b + 4 + 4 * (item & 3))};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
     const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
@@ -41,7 +42,7 @@ struct Q5_1Format {
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
     const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 2) * 24);
-    return {b[0], b[1], b[2 + (item & 3)]};
+    return {load_weights4(b), load_weights4(b + 1), load_weights4(b + 2 + (item & 3))};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
     const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
@@ -67,7 +68,7 @@ struct Q5_0Format {
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
     const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * 22);
     const unsigned short* q = b + 3 + 2 * (item & 3);
-    return {b[0], {b[1], b[2]}, {q[0], q[1]}};
+    return {load_weights2(b), {load_weights2(b + 1), load_weights2(b + 2)}, {load_weights2(q), load_weights2(q + 1)}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
     const float d = rf_f16_to_float(r.d);
@@ -91,7 +92,7 @@ struct Q8_0Format {
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
     const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * 34);
     const unsigned short* q = b + 1 + 4 * (item & 3);
-    return {b[0], {q[0], q[1], q[2], q[3]}};
+    return {load_weights2(b), {load_weights2(q), load_weights2(q + 1), load_weights2(q + 2), load_weights2(q + 3)}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
     const float d = rf_f16_to_float(r.d);
@@ -109,7 +110,7 @@ struct F16Format {
   typedef uint4 Raw;
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 2; }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    return *reinterpret_cast<const uint4*>(row + 16 * item);
+    return load_weights16(row + 16 * item);
   }
   static __device__ __forceinline__ void decode(const Raw v, int item, float w[8], int& col_a, int& col_b) {
     w[0] = rf_f16_to_float((unsigned short)(v.x & 0xffffu));

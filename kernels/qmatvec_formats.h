@@ -3,6 +3,8 @@
 // (XSlice) and the weight formats' loads, decodes and integer dot products.
 #pragma once
 
+#include "weight_loads.h"  // the weights read with an L2 evict-first policy on NVIDIA
+
 namespace {
 namespace q8 {
 
@@ -67,7 +69,7 @@ static __device__ __forceinline__ void load_words(const unsigned char* __restric
   const int shift = (int)(addr & 2u) * 8;
   unsigned int w[N + 1];
 #pragma unroll
-  for (int k = 0; k <= N; ++k) w[k] = base[k];
+  for (int k = 0; k <= N; ++k) w[k] = load_weights4(base + k);
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = (unsigned int)((((unsigned long long)w[k + 1] << 32) | w[k]) >> shift);
 }
@@ -115,7 +117,7 @@ struct Q4_KFormat {
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 144; }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
     const uint4* b = reinterpret_cast<const uint4*>(row + (slice >> 3) * 144);
-    return {b[0], b[1 + (slice & 7)]};
+    return {load_weights16(b), load_weights16(b + 1 + (slice & 7))};
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
     col_a = (slice >> 3) * 256 + 64 * ((slice & 7) >> 1) + 16 * (slice & 1);
@@ -150,7 +152,7 @@ struct Q5_KFormat {
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 176; }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
     const uint4* b = reinterpret_cast<const uint4*>(row + (slice >> 3) * 176);
-    return {b[0], b[3 + (slice & 7)], b[1 + (slice & 1)]};
+    return {load_weights16(b), load_weights16(b + 3 + (slice & 7)), load_weights16(b + 1 + (slice & 1))};
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
     Q4_KFormat::columns(slice, col_a, col_b);

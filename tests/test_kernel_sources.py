@@ -1,6 +1,7 @@
 """What a kernel's code object is built from (hipcore/runtime/kernels.py source_files / source_digest): an
 edit to any file an op's source includes must make the op's prebuilt objects stale, or a measurement (or a
-user) runs an object built from other code. fused_qmatvec.hip and qmatvec.hip include qmatvec_formats.h."""
+user) runs an object built from other code. fused_qmatvec.hip and qmatvec.hip include qmatvec_formats.h, which
+includes weight_loads.h (as fused_matvec_formats.h does)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ def header_and_source_digest(op: str, folder: Path) -> str:
 def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
     assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec_formats.h",
-                                                                "fused_qmatvec_tiles.h"]
-    assert [f.name for f in source_files("qmatvec")] == [COMPAT_HEADER, "qmatvec.hip", "qmatvec_formats.h"]
+                                                                "fused_qmatvec_tiles.h", "weight_loads.h"]
+    assert [f.name for f in source_files("qmatvec")] == [COMPAT_HEADER, "qmatvec.hip", "qmatvec_formats.h",
+                                                          "weight_loads.h"]
+    assert [f.name for f in source_files("fused_matvec")] == [COMPAT_HEADER, "fused_matvec.hip",
+                                                               "fused_matvec_formats.h", "weight_loads.h"]
     assert [f.name for f in source_files("matmul_mma")] == [COMPAT_HEADER, "matmul_mma.hip", "matrix_cores.h",
                                                              "matmul_mma_formats.h", "matmul_mma_epilogues.h",
                                                              "matmul_mma_fragments.h"]
@@ -59,6 +63,16 @@ def test_an_edit_to_an_included_file_changes_the_includers_digest(sources):
     assert after["fused_qmatvec"] != before["fused_qmatvec"]  # the includers
     assert after["qmatvec"] != before["qmatvec"]
     assert after["matvec"] == before["matvec"]  # not an includer
+
+
+def test_an_edit_two_includes_deep_changes_the_digest(sources):
+    # weight_loads.h comes in through qmatvec_formats.h and fused_matvec_formats.h, not from the ops' sources
+    ops = ("fused_qmatvec", "qmatvec", "fused_matvec", "matvec", "matmul_mma")
+    before = {op: source_digest(op, sources) for op in ops}
+    loads = sources / "weight_loads.h"
+    loads.write_text(loads.read_text() + "\n// an edit\n")
+    after = {op: source_digest(op, sources) for op in ops}
+    assert [op for op in ops if after[op] != before[op]] == ["fused_qmatvec", "qmatvec", "fused_matvec"]
 
 
 def test_includes_are_followed_through_files_and_cycles_end(sources):
