@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hipcore.runtime.kernels import kernels_dir
+from support.kernel_source_text import braced_block
 
 OPS_DIR = Path(__file__).parents[1] / "hipcore" / "ops"
 SYNC = "rf_grid_dependency_sync()"
@@ -70,11 +71,7 @@ def code_before_wait(source: str, function: str) -> str | None:
     text = _code(source)
     match = re.search(r"\b" + function + r"\s*\([^;{]*\)\s*{", text)
     assert match, f"{function} not found"
-    body, depth, i = text[match.end():], 1, 0
-    while depth and i < len(body):
-        depth += {"{": 1, "}": -1}.get(body[i], 0)
-        i += 1
-    body = body[:i]
+    body = braced_block(text, match.end() - 1)[1:]
     at = body.find(SYNC)
     return None if at < 0 else body[:at]
 

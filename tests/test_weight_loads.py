@@ -11,6 +11,7 @@ import re
 import pytest
 
 from hipcore.runtime.kernels import kernels_dir
+from support.kernel_source_text import braced_block
 
 FORMAT_FILES = ("qmatvec_formats.h", "fused_matvec_formats.h")
 THROUGH = re.compile(r"\bload_weights(16|4|2)\(|\bload_words<")
@@ -25,13 +26,7 @@ def load_bodies(text: str) -> dict[str, str]:
         next_struct = text.find("\nstruct ", struct.end())
         if start < 0 or (0 <= next_struct < start):
             continue
-        i = text.index("{", start)
-        depth = 0
-        for j in range(i, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                bodies[struct.group(1)] = text[i:j + 1]
-                break
+        bodies[struct.group(1)] = braced_block(text, text.index("{", start))
     return bodies
 
 
