@@ -5,7 +5,7 @@
 //
 //   qmatvec_norm_rope(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
 //                     head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size, num_blocks,
-//                     kv_format, k_split)
+//                     kv_format, k_split, tile_groups)
 //       q = rope(n @ Wq^T), k = rope(n @ Wk^T), v = n @ Wv^T,  n = rmsnorm(x) * g; freq_factors: rope_dim / 2
 //       per-pair divisors of the frequency (rope.hip), or null. kv_format 0: k and v go to their float
 //       buffers; 1 (f16), 2 (bf16), 3 (f32): they go straight into the paged cache's pools at each token's
@@ -18,7 +18,8 @@
 // `types` packs one type code per matrix, 4 bits each (q | k << 4 | v << 8; gate | up << 4); the codes
 // are WeightType's. The type is a branch per row group, uniform across the warp. k_split (qmatvec_add and
 // qmatvec_norm_rope at one token): the warps that share a row group's columns, 1, 2 or 4 (anything else
-// counts as 1; see tile_dot).
+// counts as 1; see tile_dot). tile_groups (qmatvec_norm_rope at one token): the row groups of a tile, fewer
+// than the block's to spread q|k|v's few hundred tiles evenly over the SMs (Tiles; 0: all of them).
 //
 // The norm: rmsnorm(x) * g = s * (x * g) with s = 1 / sqrt(mean(x^2) + eps) a scalar per token, so the
 // products run on x * g, quantized per slice as qmatvec quantizes x, and s scales the sums. A lane's
@@ -126,14 +127,16 @@ template <int NB, int kRows, int KS = 1>
 __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
                                                const int types[3], const int rows[3], const float* x, const float* g,
                                                const Rope& rope, const KvTarget& kv, int cols, float eps, int b0,
-                                               int tokens) {
-  const Tiles t = Tiles::of<kRows, KS>();
+                                               int tokens, int tile_groups) {
+  const Tiles t = Tiles::of<kRows, KS>(tile_groups);
   const int tiles0 = t.count(rows[0]), tiles1 = t.count(rows[1]);
   const int tiles = tiles0 + tiles1 + t.count(rows[2]);
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {  // uniform across the block
     // The matrix as selects, not an index into the arrays, which would put them in local memory.
     const int m = tile < tiles0 ? 0 : tile < tiles0 + tiles1 ? 1 : 2;
-    const int r0 = (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * t.tile_rows + t.group * kRows;
+    // An inactive warp's rows start past the matrix: it reads nothing and writes nothing.
+    const int r0 = t.active() ? (tile - (m == 0 ? 0 : m == 1 ? tiles0 : tiles0 + tiles1)) * t.tile_rows + t.group * kRows
+                              : (m == 0 ? rows[0] : m == 1 ? rows[1] : rows[2]);
     const unsigned char* const Wm[1] = {m == 0 ? W[0] : m == 1 ? W[1] : W[2]};
     const int type = m == 0 ? types[0] : m == 1 ? types[1] : types[2];
     const int rows_m = m == 0 ? rows[0] : m == 1 ? rows[1] : rows[2];
@@ -254,7 +257,8 @@ struct RopePass {
   const KvTarget* kv;
   int cols;
   float eps;
-  int k_split;  // one token: 2 or 4 split its row groups (within the block's warps), as SinglePass's
+  int k_split;      // one token: 2 or 4 split its row groups (within the block's warps), as SinglePass's
+  int tile_groups;  // one token: row groups a tile (Tiles::of; 0 or past the block's: all of them)
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
     constexpr int kRows = WarpRows<ONE_TOKEN>::kRows;
@@ -262,15 +266,16 @@ struct RopePass {
     if constexpr (ONE_TOKEN) {
       const int warps = (int)blockDim.x / WARP_SIZE;
       if (k_split == 2 && warps % 2 == 0) {
-        norm_rope_pass<NB, kRows, 2>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens);
+        norm_rope_pass<NB, kRows, 2>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens, tile_groups);
         return;
       }
       if (k_split == 4 && warps % 4 == 0) {
-        norm_rope_pass<NB, kRows, 4>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens);
+        norm_rope_pass<NB, kRows, 4>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens, tile_groups);
         return;
       }
     }
-    norm_rope_pass<NB, kRows>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens);
+    norm_rope_pass<NB, kRows>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens,
+                              ONE_TOKEN ? tile_groups : 0);
   }
 };
 
@@ -324,7 +329,8 @@ __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* 
                                           const float* freq_factors, int types, int q_rows, int kv_rows, int cols,
                                           int batch, int head_dim, int rope_dim, float eps, float theta,
                                           float freq_scale, void* k_pool, void* v_pool, const int* slots,
-                                          int block_size, int num_blocks, int kv_format, int k_split) {
+                                          int block_size, int num_blocks, int kv_format, int k_split,
+                                          int tile_groups) {
   float* const y[3] = {q, k, v};
   const unsigned char* const W[3] = {static_cast<const unsigned char*>(Wq), static_cast<const unsigned char*>(Wk),
                                      static_cast<const unsigned char*>(Wv)};
@@ -333,7 +339,7 @@ __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* 
   const Rope rope = {positions, freq_factors, head_dim, rope_dim, theta, freq_scale};
   const KvTarget kv = {static_cast<unsigned char*>(k_pool), static_cast<unsigned char*>(v_pool), slots, block_size,
                        num_blocks, kv_rows / head_dim, head_dim, kv_format};
-  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, &kv, cols, eps, k_split});
+  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, &kv, cols, eps, k_split, tile_groups});
 }
 
 template <bool ONE_TOKEN>
@@ -357,13 +363,13 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
       int head_dim, int rope_dim, float eps, float theta, float freq_scale, void* k_pool, void* v_pool,               \
-      const int* slots, int block_size, int num_blocks, int kv_format, int k_split) {                                 \
+      const int* slots, int block_size, int num_blocks, int kv_format, int k_split, int tile_groups) {                \
     __shared__ fq::Stage stage;                                                                                       \
     rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
     fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
                              cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots,          \
-                             block_size, num_blocks, kv_format, k_split);                                             \
+                             block_size, num_blocks, kv_format, k_split, tile_groups);                                \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_##suffix(                                    \
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \

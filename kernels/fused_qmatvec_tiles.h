@@ -291,16 +291,22 @@ __device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsign
   }
 }
 
-// The block's tiles: a tile is ROWS rows per row group of one matrix, warps / KS * ROWS rows in all; a row
-// group is KS adjacent warps (tile_dot), `group` its index in the block and `part` the warp's in the group.
+// The block's tiles: a tile is ROWS rows per row group of one matrix, `groups` row groups (at most, and by
+// default, warps / KS) and groups * ROWS rows in all; a row group is KS adjacent warps (tile_dot), `group` its
+// index in the block and `part` the warp's in the group. A warp whose group is `groups` or past it reads no
+// weights (active() is false) but stages x and meets every barrier with the others: fewer groups a tile
+// make more, smaller tiles, so that a launch of a few hundred tiles spreads its bytes evenly over the SMs
+// (hipcore/ops/fused_qmatvec.py: tile_groups).
 struct Tiles {
-  int warp, lane, tile_rows, group, part;
+  int warp, lane, tile_rows, group, part, groups;
   template <int ROWS, int KS = 1>
-  static __device__ __forceinline__ Tiles of() {
-    const int warp = (int)threadIdx.x / WARP_SIZE;
-    return {warp, (int)threadIdx.x % WARP_SIZE, (int)blockDim.x / WARP_SIZE / KS * ROWS, warp / KS, warp % KS};
+  static __device__ __forceinline__ Tiles of(int groups = 0) {
+    const int warp = (int)threadIdx.x / WARP_SIZE, all = (int)blockDim.x / WARP_SIZE / KS;
+    const int g = groups > 0 && groups < all ? groups : all;
+    return {warp, (int)threadIdx.x % WARP_SIZE, g * ROWS, warp / KS, warp % KS, g};
   }
   __device__ __forceinline__ int count(int rows) const { return (rows + tile_rows - 1) / tile_rows; }
+  __device__ __forceinline__ bool active() const { return group < groups; }
 };
 
 }  // namespace fq

@@ -39,9 +39,9 @@ def inputs(rng, batch, cols):
 
 
 def grids(warp, entry, variant, cols, *matrix_rows):
-    """(grid, block, k_split): the launcher's, and one workgroup walking every tile."""
-    grid, block, k_split = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, variant, cols, *matrix_rows)
-    return [(g, block, k_split) for g in sorted({grid, 1})]
+    """(grid, block, k_split, tile_groups): the launcher's, and one workgroup walking every tile."""
+    geo = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, variant, cols, *matrix_rows)
+    return [geo._replace(grid=g) for g in sorted({geo.grid, 1})]
 
 
 # q, k, v types as Q4_K_M lays them out (Q6_K v), one layer of every other type, and three distinct types.
@@ -69,10 +69,11 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
         angle_error[:, :rope_dim] = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE, factors)).repeat(2, -1)
         xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block, k_split in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
+            for grid, block, k_split, tile_groups in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows,
+                                                           kv_rows):
                 run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types),
                     q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o",
-                    k_split)
+                    k_split, tile_groups)
                 check_qkv(tmp_path / "o", want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim,
                           f"{types} {q_rows}/{kv_rows}x{cols} batch {batch} {variant} grid {grid} "
                           f"factors {factors is not None}")
@@ -113,15 +114,52 @@ def test_norm_rope_split_row_groups(harnesses, warp, types, tmp_path):
     for k_split in (2, 4, 3):
         fused_qmatvec.FORCED_K_SPLIT = k_split if k_split != 3 else 1
         try:
-            grid, block, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols, q_rows,
-                                                    kv_rows, kv_rows)
+            grid, block, _, tile_groups = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols,
+                                                                 q_rows, kv_rows, kv_rows)
         finally:
             fused_qmatvec.FORCED_K_SPLIT = None
         for g_ in sorted({grid, 1}):
             run(harnesses, warp, "qmatvec_norm_rope_1", g_, block, fused_qmatvec.pack_types(types), q_rows, kv_rows,
-                cols, 1, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o", k_split)
+                cols, 1, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o", k_split, tile_groups)
             check_qkv(tmp_path / "o", want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim,
                       f"k_split {k_split} grid {g_}")
+
+
+@pytest.mark.parametrize("types", QKV_TYPES[:2], ids=["-".join(t) for t in QKV_TYPES[:2]])
+def test_norm_rope_tiles_of_fewer_row_groups(harnesses, warp, types, tmp_path):
+    """norm+q|k|v+RoPE at one token with tiles of fewer row groups than the block has (tile_groups: the other
+    warps stage x and read nothing), unsplit and at k_split 2, at the tiles' own grid and with one workgroup
+    walking them; a tile's rows not a divisor of the matrices' (kv rows end mid-tile). tile_groups 0 and past
+    the block's groups mean all of them."""
+    rng = np.random.default_rng([warp, 8, *map(ord, "".join(types))])
+    q_heads, kv_heads, head_dim, rope_dim, cols = 6, 1, 12, 12, 2304
+    q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
+    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
+    x, g = inputs(rng, 1, cols)
+    positions = rng.integers(0, 4096, 1).astype(np.int32)
+    files = write_inputs(tmp_path, wq=raws[0], wk=raws[1], wv=raws[2], x=x, g=g, p=positions)
+    files.append(factors_arg(tmp_path, None))
+    want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, positions, q_rows, kv_rows, cols,
+                                             head_dim, rope_dim, THETA, FREQ_SCALE)
+    angle_error = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE)).repeat(2, -1)
+    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    groups = 256 // warp  # the block's row groups unsplit
+    for k_split in (1, 2):
+        for tile_groups in sorted({1, 3, groups // k_split - 1, 0, groups + 1}):
+            fused_qmatvec.FORCED_K_SPLIT = k_split
+            fused_qmatvec.FORCED_TILE_GROUPS = min(tile_groups, groups // k_split)
+            try:
+                grid, block, _, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols, q_rows,
+                                                           kv_rows, kv_rows)
+            finally:
+                fused_qmatvec.FORCED_K_SPLIT = fused_qmatvec.FORCED_TILE_GROUPS = None
+            for g_ in sorted({grid, 1}):
+                (tmp_path / "o").unlink(missing_ok=True)
+                run(harnesses, warp, "qmatvec_norm_rope_1", g_, block, fused_qmatvec.pack_types(types), q_rows,
+                    kv_rows, cols, 1, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o", k_split,
+                    tile_groups)
+                check_qkv(tmp_path / "o", want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim,
+                          f"k_split {k_split} tile_groups {tile_groups} grid {g_}")
 
 
 @pytest.mark.parametrize("kv_dtype", sorted(kv_store.EPILOGUE_FORMATS))
@@ -146,13 +184,15 @@ def test_norm_rope_stores_kv_into_the_cache(harnesses, warp, kv_dtype, tmp_path)
         pool_shape = (num_blocks, kv_heads, block_size, fmt.row_bytes(head_dim))
         pool_bytes = int(np.prod(pool_shape))
         variant = fused_qmatvec.variant(batch)
-        for grid, block, k_split in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows, kv_rows):
+        for grid, block, k_split, tile_groups in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows,
+                                                       kv_rows):
             common = (fused_qmatvec.pack_types(types), q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA,
                       FREQ_SCALE, *files)
-            run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, *common, tmp_path / "plain", k_split)
+            run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, *common, tmp_path / "plain", k_split,
+                tile_groups)
             plain = np.split(np.fromfile(tmp_path / "plain", np.float32), [batch * q_rows, batch * (q_rows + kv_rows)])
             run(harnesses, warp, f"qmatvec_norm_rope_store_{variant}", grid, block, kv_store.EPILOGUE_FORMATS[kv_dtype],
-                block_size, num_blocks, pool_bytes, slot_file, *common, tmp_path / "stored", k_split)
+                block_size, num_blocks, pool_bytes, slot_file, *common, tmp_path / "stored", k_split, tile_groups)
             raw = np.fromfile(tmp_path / "stored", np.uint8)
             floats = raw[:4 * batch * (q_rows + 2 * kv_rows)].view(np.float32)
             got_pools = raw[4 * batch * (q_rows + 2 * kv_rows):].reshape(2, *pool_shape)
@@ -180,7 +220,7 @@ def test_norm_swiglu(harnesses, warp, types, tmp_path):
         # silu(a) * u: |d/da| <= 1.1 |u|, |d/du| = |silu(a)| <= |a|; then the float32 rounding of the result.
         bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block, _ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows):
+            for grid, block, *_ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows):
                 run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, fused_qmatvec.pack_types(types),
                     rows, cols, batch, EPS, *files, tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
@@ -205,8 +245,8 @@ def test_norm_and_add(harnesses, warp, weight_type, tmp_path):
         add_bound += 2**-24 * np.abs(add_want)
         code = fused_qmatvec.TYPE_CODES[weight_type]
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            k_split = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", variant, cols, rows)[2]
-            for grid, block, _ in grids(warp, "qmatvec_norm", variant, cols, rows):
+            k_split = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", variant, cols, rows).k_split
+            for grid, block, *_ in grids(warp, "qmatvec_norm", variant, cols, rows):
                 run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, code, rows, cols, batch, EPS, *files,
                     tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
@@ -231,7 +271,7 @@ def test_columns_staged_in_several_chunks(harnesses, warp, weight_type, tmp_path
         want = fused_qmatvec.reference_norm(raw, weight_type, x, g, EPS, rows, cols)
         bound, _ = product_bound(raw, weight_type, xg, s, rows, cols)
         variant = fused_qmatvec.variant(batch)
-        grid, block, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm", variant, cols, rows)
+        grid, block, *_ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm", variant, cols, rows)
         run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, fused_qmatvec.TYPE_CODES[weight_type], rows, cols,
             batch, EPS, *files, tmp_path / "o")
         got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
@@ -257,7 +297,7 @@ def test_residual_split_row_groups(harnesses, warp, weight_type, tmp_path):
     for k_split in (2, 4, 3):
         fused_qmatvec.FORCED_K_SPLIT = k_split if k_split != 3 else 1
         try:
-            grid, block, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", "1", cols, rows)
+            grid, block, *_ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", "1", cols, rows)
         finally:
             fused_qmatvec.FORCED_K_SPLIT = None
         for g in sorted({grid, 1}):
@@ -276,22 +316,55 @@ def test_launcher_splits_the_residual_of_few_tiles():
     def geometry(entry, cols, *rows, entry_variant="1"):
         return fused_qmatvec.geometry("sm_90", entry, entry_variant, cols, *rows)
 
-    assert geometry("qmatvec_add", 4096, 4096) == (256, 256, 2)    # an 8B's o: 128 tiles -> 256 (512 at 4)
-    assert geometry("qmatvec_add", 14336, 4096) == (256, 256, 2)   # an 8B's down
-    assert geometry("qmatvec_add", 2048, 2048) == (128, 256, 2)    # a 1B's o: 64 slices a row, 32 a warp
-    assert geometry("qmatvec_add", 8192, 2048) == (256, 256, 4)    # a 1B's down
-    assert geometry("qmatvec_add", 4096, 4096, entry_variant="n")[2] == 1
-    assert geometry("qmatvec_add", 256, 64)[2] == 1                # 8 slices a row: nothing to share
-    assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512) == (192, 256, 2)  # a 1B's q|k|v: 96 tiles -> 192
-    assert geometry("qmatvec_norm_rope", 4096, 4096, 1024, 1024)[2] == 1  # an 8B's: 384 tiles at 2, past 264
-    assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512, entry_variant="n")[2] == 1
-    assert geometry("qmatvec_norm", 4096, 128256) == (264, 256, 1)   # the head: 4008 tiles in 264 workgroups
-    assert fused_qmatvec.geometry("sm_90", "qmatvec_norm", "1", 4096, 128256, multiprocessors=304)[0] == 608
+    assert geometry("qmatvec_add", 4096, 4096) == (256, 256, 2, 0)    # an 8B's o: 128 tiles -> 256 (512 at 4)
+    assert geometry("qmatvec_add", 14336, 4096) == (256, 256, 2, 0)   # an 8B's down
+    assert geometry("qmatvec_add", 2048, 2048) == (128, 256, 2, 0)    # a 1B's o: 64 slices a row, 32 a warp
+    assert geometry("qmatvec_add", 8192, 2048) == (256, 256, 4, 0)    # a 1B's down
+    assert geometry("qmatvec_add", 4096, 4096, entry_variant="n").k_split == 1
+    assert geometry("qmatvec_add", 256, 64).k_split == 1              # 8 slices a row: nothing to share
+    assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512).k_split == 2  # a 1B's q|k|v: 96 tiles -> 192
+    assert geometry("qmatvec_norm_rope", 4096, 4096, 1024, 1024).k_split == 1  # an 8B's: 384 tiles at 2, past 264
+    assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512, entry_variant="n").k_split == 1
+    assert geometry("qmatvec_norm", 4096, 128256) == (264, 256, 1, 0)   # the head: 4008 tiles in 264 workgroups
+    assert fused_qmatvec.geometry("sm_90", "qmatvec_norm", "1", 4096, 128256, multiprocessors=304).grid == 608
     assert fused_qmatvec.geometry("sm_90", "qmatvec_norm_rope", "1", 2048, 2048, 512, 512,
-                                  multiprocessors=40) == (80, 256, 1)  # 192 tiles at 2: past a small GPU's 80
+                                  multiprocessors=40)[:3] == (80, 256, 1)  # 192 tiles at 2: past a small GPU's 80
     fused_qmatvec.FORCED_K_SPLIT = 8
     try:
         with pytest.raises(ValueError, match="k_split"):
             geometry("qmatvec_add", 4096, 4096)
     finally:
         fused_qmatvec.FORCED_K_SPLIT = None
+
+
+def test_launcher_spreads_qkv_tiles_over_the_multiprocessors():
+    """norm+q|k|v+RoPE at one token: where its whole tiles outnumber the SMs (some would take two, others one),
+    tiles of the fewest row groups (at least half the block's) whose count fits the workgroup cap; elsewhere,
+    and for every other entry and for batches, all the groups (0)."""
+    def geometry(cols, *rows, entry="qmatvec_norm_rope", entry_variant="1", arch="sm_90", **kw):
+        return fused_qmatvec.geometry(arch, entry, entry_variant, cols, *rows, **kw)
+
+    assert geometry(4096, 4096, 1024, 1024) == (257, 256, 1, 6)  # an 8B: 192 tiles of 8 groups -> 257 of 6
+    assert geometry(2048, 2048, 512, 512) == (257, 256, 2, 3)    # a 1B at k_split 2: 192 of 4 groups -> 257 of 3
+    assert geometry(3072, 3072, 1024, 1024) == (258, 256, 1, 5)  # a 3B: 160 of 8 -> 258 of 5
+    assert geometry(2048, 2048, 512, 512, multiprocessors=304) == (192, 256, 2, 0)  # 192 tiles, 304 SMs
+    assert geometry(576, 576, 192, 192).tile_groups == 0                          # 30 tiles: an SM each
+    assert geometry(4096, 4096, 1024, 1024, arch="gfx942") == (264, 256, 1, 0)   # 4 groups: 384 tiles, past the cap
+    assert geometry(4096, 4096, 1024, 1024, entry_variant="n").tile_groups == 0
+    assert geometry(4096, 4096, entry="qmatvec_add").tile_groups == 0
+    for cols, *rows in [(4096, 4096, 1024, 1024), (2048, 2048, 512, 512), (3072, 3072, 1024, 1024)]:
+        geo = geometry(cols, *rows)
+        every = 8 // geo.k_split
+        assert every / 2 <= geo.tile_groups < every and geo.grid <= 264
+        fused_qmatvec.FORCED_TILE_GROUPS = geo.tile_groups - 1  # one fewer: past the cap, or under half
+        try:
+            fewer = geometry(cols, *rows)
+        finally:
+            fused_qmatvec.FORCED_TILE_GROUPS = None
+        assert fewer.tile_groups < every / 2 or sum(-(-r // (fewer.tile_groups * 4)) for r in rows) > 264
+    fused_qmatvec.FORCED_TILE_GROUPS = 9
+    try:
+        with pytest.raises(ValueError, match="tile_groups"):
+            geometry(4096, 4096, 1024, 1024)
+    finally:
+        fused_qmatvec.FORCED_TILE_GROUPS = None

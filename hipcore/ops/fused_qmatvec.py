@@ -7,9 +7,10 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
 
   qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
                         head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size,
-                        num_blocks, kv_format, k_split)   (freq_factors: as rope.py's, or null; k_pool ..
-                        kv_format: where k and v go when the epilogue stores them into the paged cache,
-                        kv_store.EpilogueTarget, instead of the k and v buffers; kv_format 0 = not)
+                        num_blocks, kv_format, k_split, tile_groups)   (freq_factors: as rope.py's, or null;
+                        k_pool .. kv_format: where k and v go when the epilogue stores them into the paged
+                        cache, kv_store.EpilogueTarget, instead of the k and v buffers; kv_format 0 = not;
+                        tile_groups: see MIN_TILE_GROUPS_SHARE)
   qmatvec_norm_swiglu_<v>(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
   qmatvec_add_<v>(y, W, x, type, rows, cols, batch, k_split)   (k_split: see MAX_K_SPLIT)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
@@ -24,7 +25,7 @@ it) and scale by s: that is exactly the function the kernels compute, up to floa
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -40,7 +41,7 @@ OP = "fused_qmatvec"
 WEIGHT_TYPES = qmatvec.WEIGHT_TYPES
 TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4}  # kernels/fused_qmatvec.hip's WeightType
 SIGNATURES = {
-    "qmatvec_norm_rope": "ppppppppppiiiiiiifffpppiiii",  # ..., slots, block_size, num_blocks, kv_format, k_split
+    "qmatvec_norm_rope": "ppppppppppiiiiiiifffpppiiiii",  # ..., block_size, num_blocks, kv_format, k_split, tile_groups
     "qmatvec_norm_swiglu": "pppppiiiif",
     "qmatvec_add": "pppiiiii",  # ... batch, k_split
     "qmatvec_norm": "ppppiiiif",
@@ -73,12 +74,24 @@ MAX_WORKGROUPS: int | None = None
 # 24.4 at 2 (26.3 at 4); 1B o 5.21 -> 4.74 at 2, down 14.4 -> 9.5 at 4. gate|up lost at 2 and stays whole.
 # norm+q|k|v+RoPE at one token splits the same way: a 1B's q|k|v has 96 tiles for 132 SMs, 5.50 -> 5.09 us
 # at 2 (8.65 at 4); an 8B's 192 tiles would become 384, more than the cap (11.9 -> 15.3 us when it ran so).
-# SPLIT_ENTRIES: the entries that take a k_split (the last argument).
+# SPLIT_ENTRIES: the entries that take a k_split (after their other arguments).
 # FORCED_K_SPLIT: a fixed k_split for measuring and tests, None in use.
 MAX_K_SPLIT = 4
 SPLIT_ENTRIES = ("qmatvec_add", "qmatvec_norm_rope")
 SPLIT_MIN_SLICES = 32
 FORCED_K_SPLIT: int | None = None
+# norm+q|k|v+RoPE at one token also sets the row groups of a tile (tile_groups, its last argument; the other
+# warps of the block stage x and read nothing): where its whole tiles outnumber the SMs (an 8B's 192 tiles of
+# 32 rows on 132 SMs put two on 60 SMs and one on 72), tiles of the fewest groups, at least
+# MIN_TILE_GROUPS_SHARE of the block's, whose count fits the workgroup cap (8B: 6 of 8 groups, 257 tiles; 3B:
+# 5 of 8, 258; 1B at k_split 2: 3 of 4, 257), so that nearly every SM holds two. Measured on an NVIDIA H200
+# (docs/benchmarks.md, 2026-11-28, sixth session): alone the 8B's launch is no faster (9.90 us at 8 groups,
+# 10.21 at 6, 10.27 at 7; 5 groups, 308 tiles past the cap, 15.44), but in the decode step it is: tg128 8B
+# 434.5 -> 438.0, 3B 749.3 -> 758.7, 1B 1,529 -> 1,535 t/s, the same in a second round.
+# FORCED_TILE_GROUPS: a fixed tile_groups for measuring and tests (0: all the groups), None in use.
+TILE_GROUP_ENTRIES = ("qmatvec_norm_rope",)
+MIN_TILE_GROUPS_SHARE = 0.5
+FORCED_TILE_GROUPS: int | None = None
 VECTOR_ALIGNMENT = 16
 
 
@@ -154,7 +167,7 @@ def _register(variant: str) -> None:
     @cpu_kernel(f"qmatvec_norm_rope_{variant}", SIGNATURES["qmatvec_norm_rope"])
     def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols,
                   batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size, num_blocks,
-                  kv_format, k_split):
+                  kv_format, k_split, tile_groups):
         pos = dev.view(positions, np.int32, batch)
         factors = rope.host_factors(dev, freq_factors, rope_dim)
         made = []
@@ -211,17 +224,27 @@ def max_workgroups(multiprocessors: int | None) -> int:
     return WORKGROUPS_PER_MULTIPROCESSOR * (multiprocessors or DEFAULT_MULTIPROCESSORS)
 
 
+class Geometry(NamedTuple):
+    grid: int
+    block: int
+    k_split: int
+    tile_groups: int  # row groups a tile (0: all of the block's; see MIN_TILE_GROUPS_SHARE)
+
+
 def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows: int,
-             multiprocessors: int | None = None) -> tuple[int, int, int]:
-    """(grid, block, k_split): one workgroup per tile (BLOCK_THREADS / wavefront / k_split row groups of
-    rows_per_warp rows each) of every matrix, at most max_workgroups(multiprocessors); the kernel loops over
-    the tiles, so any grid is correct. k_split is 1 but for SPLIT_ENTRIES at one token (see MAX_K_SPLIT)."""
+             multiprocessors: int | None = None) -> Geometry:
+    """(grid, block, k_split, tile_groups): one workgroup per tile (BLOCK_THREADS / wavefront / k_split row
+    groups of rows_per_warp rows each, or tile_groups of them) of every matrix, at most
+    max_workgroups(multiprocessors); the kernel loops over the tiles, so any grid is correct. k_split is 1
+    but for SPLIT_ENTRIES at one token (see MAX_K_SPLIT); tile_groups 0 (all) but for TILE_GROUP_ENTRIES at
+    one token (see MIN_TILE_GROUPS_SHARE)."""
     cap = max_workgroups(multiprocessors)
     warps = BLOCK_THREADS // wavefront_size(arch)
     rows_per_group = rows_per_warp(entry, entry_variant)
 
-    def tiles(split: int) -> int:
-        return sum(-(-rows // (warps // split * rows_per_group)) for rows in matrix_rows)
+    def tiles(split: int, groups: int = 0) -> int:
+        tile_rows = (groups or warps // split) * rows_per_group
+        return sum(-(-rows // tile_rows) for rows in matrix_rows)
 
     split = 1
     if entry in SPLIT_ENTRIES and entry_variant == "1":
@@ -234,7 +257,23 @@ def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows:
         if split not in (1, 2, 4) or warps % split:
             raise ValueError(f"fused_qmatvec: k_split must be 1, 2 or 4 and divide the block's {warps} warps, "
                              f"got {split}")
-    return min(tiles(split), cap), BLOCK_THREADS, split
+    groups = 0
+    if entry in TILE_GROUP_ENTRIES and entry_variant == "1":
+        every = warps // split
+        if FORCED_TILE_GROUPS is not None:
+            groups = FORCED_TILE_GROUPS
+            if not 0 <= groups <= every:
+                raise ValueError(f"fused_qmatvec: tile_groups must be 0 .. {every} (the block's row groups), "
+                                 f"got {groups}")
+        elif tiles(split) > cap // WORKGROUPS_PER_MULTIPROCESSOR:  # some SMs would take two tiles, others one
+            fewest = max(1, -(-int(every * MIN_TILE_GROUPS_SHARE * 1000) // 1000))
+            for g in range(fewest, every):
+                if tiles(split, g) <= cap:
+                    groups = g
+                    break
+        if groups == every:
+            groups = 0
+    return Geometry(min(tiles(split, groups), cap), BLOCK_THREADS, split, groups)
 
 
 def _check_matrix(op: str, name: str, w: Any, weight_type: str, rows: int, cols: int) -> None:
@@ -254,11 +293,14 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
 
 def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols: int, matrix_rows: tuple[int, ...],
             args: tuple) -> None:
-    grid, block, k_split = geometry(device.arch, entry, variant(batch), cols, *matrix_rows,
-                                    multiprocessors=device.multiprocessors)
+    geo = geometry(device.arch, entry, variant(batch), cols, *matrix_rows, multiprocessors=device.multiprocessors)
     # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry], programmatic=True)
-    kernel.launch(grid, block, (*args, k_split) if entry in SPLIT_ENTRIES else args, stream=stream)
+    if entry in SPLIT_ENTRIES:
+        args = (*args, geo.k_split)
+    if entry in TILE_GROUP_ENTRIES:
+        args = (*args, geo.tile_groups)
+    kernel.launch(geo.grid, geo.block, args, stream=stream)
 
 
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, weights: Sequence[tuple[Any, str]],

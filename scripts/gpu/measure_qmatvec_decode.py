@@ -2,7 +2,8 @@
 (llama.cpp's mix: Q4_K q, k, o, gate, up; Q6_K v, down and the output head) at 1, 2, 4 and 8 tokens, and
 print the GB/s of weights each launch reads against the device-to-device copy bandwidth measured in the
 same run. --k-split 1,2,4 times each launch at each forced split (default: the launcher's own; only the
-residual product and norm+q|k|v+rope at one token split, the column shows the split each launch ran with).
+residual product and norm+q|k|v+rope at one token split, the column shows the split each launch ran with);
+--tile-groups 0,6 likewise forces norm+q|k|v+rope's row groups a tile at one token (0: all of them).
 
 Run from the repository root on a GPU machine, with code objects built for it first (otherwise every
 kernel is compiled at run time, which the output says):
@@ -154,7 +155,7 @@ class KindRun:
 
 
 def measure(device_spec: str, batches: list[int], kinds: list[str], rotate_bytes: int, replays: int,
-            repeats: int, splits: list[int | None]) -> dict:
+            repeats: int, splits: list[int | None], tile_groups: list[int | None]) -> dict:
     dev = gpu_or_exit(device_spec)
     try:
         stream = dev.create_stream()
@@ -164,26 +165,28 @@ def measure(device_spec: str, batches: list[int], kinds: list[str], rotate_bytes
         rows = []
         for kind in kinds:
             for batch in batches:
-                for split in splits:
+                for split, groups in [(s, t) for s in splits for t in tile_groups]:
                     mats = KINDS[kind]
                     fused_qmatvec.FORCED_K_SPLIT = split  # only SPLIT_ENTRIES at one token take it
+                    fused_qmatvec.FORCED_TILE_GROUPS = groups  # only TILE_GROUP_ENTRIES at one token take it
                     run = KindRun(dev, stream, rng, kind, batch, rotate_bytes)
                     try:
-                        _, _, used = fused_qmatvec.geometry(dev.arch, run.entry(), fused_qmatvec.variant(batch),
-                                                            mats[0][2], *run.matrix_rows(),
-                                                            multiprocessors=dev.multiprocessors)
+                        geo = fused_qmatvec.geometry(dev.arch, run.entry(), fused_qmatvec.variant(batch), mats[0][2],
+                                                     *run.matrix_rows(), multiprocessors=dev.multiprocessors)
                         run.check(stream)
                         launches = [lambda s, k=k: run.launch(s, k) for k in range(run.copies)]
                         ms = graph_time_per_launch(dev, stream, launches, replays, repeats)
                     finally:
                         run.free()
-                        fused_qmatvec.FORCED_K_SPLIT = None
+                        fused_qmatvec.FORCED_K_SPLIT = fused_qmatvec.FORCED_TILE_GROUPS = None
                     gbs = run.weight_bytes / (ms / 1e3) / 1e9
                     rows.append({"kind": kind, "batch": batch, "weight_bytes": run.weight_bytes, "us": ms * 1e3,
                                  "weight_gbs": gbs, "fraction_of_copy": gbs * 1e9 / copy_bw,
-                                 "types": [t for t, _, _ in mats], "k_split": used, "forced": split is not None})
-                    print(f"{kind} batch {batch} k_split {rows[-1]['k_split']}: {ms * 1e3:.2f} us, {gbs:.0f} GB/s",
-                          file=sys.stderr)
+                                 "types": [t for t, _, _ in mats], "k_split": geo.k_split,
+                                 "tile_groups": geo.tile_groups, "grid": geo.grid,
+                                 "forced": split is not None or groups is not None})
+                    print(f"{kind} batch {batch} k_split {geo.k_split} tile_groups {geo.tile_groups} grid {geo.grid}: "
+                          f"{ms * 1e3:.2f} us, {gbs:.0f} GB/s", file=sys.stderr)
         result = {"device": dev.describe(), "arch": dev.arch, "date": datetime.date.today().isoformat(),
                   "commit": commit(), "code_objects": "precompiled" if precompiled else "compiled at run time",
                   "copy_bandwidth_gbs": copy_bw / 1e9, "repeats": repeats, "replays": replays, "rows": rows}
@@ -201,6 +204,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="Llama-3.1-8B or Llama-3.2-1B (default 8b)")
     parser.add_argument("--k-split", default="auto",
                         help="comma-separated k_split values to force, 'auto' for the launcher's (default auto)")
+    parser.add_argument("--tile-groups", default="auto",
+                        help="comma-separated tile_groups values to force (0: all), 'auto' for the launcher's")
     parser.add_argument("--rotate-mib", type=int, default=1024, help="device memory the weight copies fill")
     parser.add_argument("--replays", type=int, default=3, help="graph replays per timed run (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
@@ -214,24 +219,26 @@ def main() -> None:
     HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = SHAPES[opts.shape]
     KINDS = kinds_of_shape()
     splits = [None if v == "auto" else int(v) for v in opts.k_split.split(",")]
+    tile_groups = [None if v == "auto" else int(v) for v in opts.tile_groups.split(",")]
     kinds = opts.kinds.split(",")
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
     result = measure(opts.device, [int(b) for b in opts.batch.split(",")], kinds, opts.rotate_mib << 20, opts.replays,
-                     opts.repeats, splits)
+                     opts.repeats, splits, tile_groups)
     if opts.json_out:
         opts.json_out.write_text(json.dumps(result, indent=2))
     shape = {"8b": "Llama-3.1-8B", "1b": "Llama-3.2-1B"}[opts.shape]
     print(f"fused_qmatvec launches, {shape} Q4_K_M shapes, on {result['device']} ({result['code_objects']}); "
           f"{result['date']}, commit {result['commit']}; at most {opts.max_workgroups} workgroups\n")
     print(f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s (read + write)\n")
-    print("| launch | weights | batch | k_split | MB read | µs | GB/s of weights | % of copy |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| launch | weights | batch | k_split | tile groups | grid | MB read | µs | GB/s of weights | % of copy |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in result["rows"]:
         split = f"{r['k_split']}" + ("" if r["forced"] else " (launcher)")
-        print(f"| {r['kind']} | {'+'.join(r['types'])} | {r['batch']} | {split} | {r['weight_bytes'] / 1e6:.1f} | "
-              f"{r['us']:.2f} | {r['weight_gbs']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
+        print(f"| {r['kind']} | {'+'.join(r['types'])} | {r['batch']} | {split} | {r['tile_groups'] or 'all'} | "
+              f"{r['grid']} | {r['weight_bytes'] / 1e6:.1f} | {r['us']:.2f} | {r['weight_gbs']:.0f} | "
+              f"{100 * r['fraction_of_copy']:.0f}% |")
 
 
 if __name__ == "__main__":

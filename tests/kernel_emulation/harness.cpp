@@ -192,7 +192,8 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
   if (entry == "qmatvec_norm_rope_1" || entry == "qmatvec_norm_rope_n" || store) {
     // [store: kv_format block_size num_blocks pool_bytes slots] then
     // types q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale Wq Wk Wv x g positions factors|- out
-    // k_split; out: q, k, v (floats; with a cache target k and v must stay NaN) and, with one, the K then the V pool.
+    // k_split tile_groups; out: q, k, v (floats; with a cache target k and v must stay NaN) and, with one, the K then
+    // the V pool.
     int kv_format = 0, block_size = 0, num_blocks = 0;
     size_t pool_bytes = 0;
     std::vector<char> slots;
@@ -207,7 +208,7 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     const float eps = std::strtof(a[7], nullptr), theta = std::strtof(a[8], nullptr), scale = std::strtof(a[9], nullptr);
     std::vector<char> wq = read_file(a[10]), wk = read_file(a[11]), wv = read_file(a[12]), x = read_file(a[13]),
                       g = read_file(a[14]), pos = read_file(a[15]), factors = optional_file(a[16]);
-    const int k_split = std::atoi(a[18]);
+    const int k_split = std::atoi(a[18]), tile_groups = std::atoi(a[19]);
     std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
     std::vector<unsigned char> pools(2 * pool_bytes, 0xA5);  // a byte no store writes by chance everywhere
@@ -217,7 +218,7 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
              (const float*)g.data(), (const int*)pos.data(), factors_of(factors), types, q_rows, kv_rows, cols, batch,
              head_dim, rope_dim, eps, theta, scale, store ? pools.data() : nullptr,
              store ? pools.data() + pool_bytes : nullptr, store ? (const int*)slots.data() : nullptr, block_size,
-             num_blocks, kv_format, k_split);
+             num_blocks, kv_format, k_split, tile_groups);
     });
     q.insert(q.end(), k.begin(), k.end());
     q.insert(q.end(), v.begin(), v.end());
