@@ -320,6 +320,44 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
   if (tid == 0) ws.counters[counter_index] = 0;  // ready for the next launch
 }
 
+// The K and V rows of keys first .. last - 1 (at most `budget` of them) of one KV head fetched into L2, a
+// 128-byte line a thread at a time. Issued before the workgroup waits for the kernel ahead (the q|k|v
+// product, whose epilogue stores this step's own K and V row): a decode step's layers stream their weights
+// through L2 between two reads of a layer's cache, so otherwise every key's first load waits on DRAM after
+// that wait. A prefetch reads no data and a line the kernel ahead then writes is updated in L2 (the point
+// of coherence), so it may come before the wait; block numbers outside the pool are skipped. A token's
+// workgroups prefetch kPrefetchKeys keys in all, shared among its splits: at short contexts that is every
+// key, and the wait for the first rows is what it saves; a long context's keys stream at full bandwidth
+// anyway, and prefetching all of them (an 8B's 16 MB a layer at 4,096 keys) while the kernel ahead streams
+// its weights cost more than it saved (measured on an H200: tg128 after 4,096 tokens 329 -> 322 t/s).
+constexpr int kPrefetchKeys = 512;
+
+template <class KV>
+__device__ __forceinline__ void prefetch_rows(const Params& p, const int* __restrict__ table, int kv_head, int first,
+                                              int last, int budget) {
+  const unsigned int row_bytes = KV::row_bytes(p.head_dim);
+  const unsigned int lines = (row_bytes + 127u) / 128u;
+  const unsigned long long head_stride = (unsigned long long)p.block_size * row_bytes;
+  const unsigned long long block_stride = head_stride * (unsigned int)p.n_kv_heads;
+  const int keys = min(last - first, budget);
+  int block_shift = 0;
+  while ((1 << block_shift) < p.block_size) ++block_shift;
+  for (int i = (int)threadIdx.x; i < keys * (int)lines; i += (int)blockDim.x) {
+    const int key = first + i / (int)lines;
+    const unsigned int line = (unsigned int)(i % (int)lines);
+    const unsigned int block = (unsigned int)table[key >> block_shift];
+    if (block >= (unsigned int)p.num_blocks) continue;
+    const unsigned long long at = block * block_stride + kv_head * head_stride +
+                                  (unsigned long long)(key & (p.block_size - 1)) * row_bytes + 128u * line;
+    rf_prefetch_l2(p.k_pool + at);
+    rf_prefetch_l2(p.v_pool + at);
+  }
+}
+
+// The entries defer their wait to here (rf_grid_dependency_deferred): what comes before it reads only the
+// step's positions, sequences and block tables, which the host uploads before the step's first kernel and no
+// kernel writes, and prefetches the rows they name (prefetch_rows); q, the pools' data, `out` and the
+// workspace come after it (tests/test_programmatic_launch.py checks the order on this source).
 template <class KV, bool kCap>
 __device__ __forceinline__ void run(const Params& p) {
   __shared__ Shared sh;  // one instance for every head count: the switch below picks one per workgroup
@@ -335,6 +373,20 @@ __device__ __forceinline__ void run(const Params& p) {
   const long long wanted_ctx = (long long)p.positions[token] + 1;
   const int seq = p.token_seq[token];  // loaded beside the position: the table's address waits on it
   const int ctx = (int)(wanted_ctx < capacity ? wanted_ctx : capacity);
+  // The first key the token sees: its window's, or the sequence's first. The plan divides only those.
+  const int first_key = p.window > 0 && ctx > p.window ? ctx - p.window : 0;
+  int lanes_per_key = 1;
+  while (lanes_per_key * kChunk < p.head_dim) lanes_per_key <<= 1;
+  // (a padding token's plan, of one key, is never used: no division by an empty split)
+  const Plan plan = make_plan(p, max(ctx - first_key, 1), kMaxWarps * (WARP_SIZE / lanes_per_key) * KV::kUnroll);
+  const bool attends = ctx > 0 && slot < plan.n_chunks * plan.n_split;
+  const int chunk = slot / plan.n_split, split = slot - chunk * plan.n_split;
+  const int* __restrict__ table = p.block_tables + (unsigned long long)seq * p.max_blocks;
+  const int split_begin = first_key + split * plan.keys_per_split;
+  if (attends)
+    prefetch_rows<KV>(p, table, kv_head, split_begin, min(ctx, split_begin + plan.keys_per_split),
+                      kPrefetchKeys / plan.n_split);
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/paged_attention.py)
   if (ctx <= 0) {  // a padding token: the KV head's first workgroup zeroes the group's rows
     if (slot == 0) {
       float* rows = p.out + ((unsigned long long)token * p.n_heads + kv_head * group) * p.head_dim;
@@ -342,16 +394,9 @@ __device__ __forceinline__ void run(const Params& p) {
     }
     return;
   }
-  // The first key the token sees: its window's, or the sequence's first. The plan divides only those.
-  const int first_key = p.window > 0 && ctx > p.window ? ctx - p.window : 0;
-  int lanes_per_key = 1;
-  while (lanes_per_key * kChunk < p.head_dim) lanes_per_key <<= 1;
-  const Plan plan = make_plan(p, ctx - first_key, kMaxWarps * (WARP_SIZE / lanes_per_key) * KV::kUnroll);
-  if (slot >= plan.n_chunks * plan.n_split) return;
-  const int chunk = slot / plan.n_split, split = slot - chunk * plan.n_split;
+  if (!attends) return;
   const int first_head = kv_head * group + chunk * plan.chunk_heads;
   const int counter_index = (token * p.n_kv_heads + kv_head) * plan.n_chunks + chunk;  // used when splitting only
-  const int* __restrict__ table = p.block_tables + (unsigned long long)seq * p.max_blocks;
   switch (min(plan.chunk_heads, group - chunk * plan.chunk_heads)) {
     case 1: attend<KV, 1, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
     case 2: attend<KV, 2, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
@@ -376,7 +421,7 @@ __device__ __forceinline__ void run(const Params& p) {
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
       void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
       int num_blocks, int slots, int window, float scale, float softcap) {                                            \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/paged_attention.py) */                          \
+    rf_grid_dependency_deferred(); /* waits in run(), after prefetching its rows */                                  \
     const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
                                           positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \

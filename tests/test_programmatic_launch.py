@@ -19,11 +19,18 @@ from support.kernel_source_text import braced_block
 OPS_DIR = Path(__file__).parents[1] / "hipcore" / "ops"
 SYNC = "rf_grid_dependency_sync()"
 DEFER = "rf_grid_dependency_deferred()"
-# op -> (the file and the function whose code waits for an entry that defers its wait). What the function may
-# do before: index arithmetic, weight pointers and rf_prefetch_l2 of them (no kernel writes the weights).
-DEFERRED = {"fused_qmatvec": ("fused_qmatvec_tiles.h", "tile_dot")}
-# What may stand before the wait in a deferred function (statements, comments and blank lines removed first).
-BEFORE_WAIT_FORBIDDEN = ("__syncthreads", "stage_chunk", "st.", "x[", "*x", "out[", "atomic")
+# op -> (the file and the function whose code waits for an entry that defers its wait, and what may not stand
+# before the wait there: comments removed first). What the function may do before: index arithmetic and
+# rf_prefetch_l2 of what it will read, from values no kernel writes: fused_qmatvec's weight pointers;
+# paged_attention's positions, sequences and block tables (the host's step inputs), never q, the pools' data,
+# out or the workspace.
+DEFERRED = {
+    "fused_qmatvec": ("fused_qmatvec_tiles.h", "tile_dot",
+                      ("__syncthreads", "stage_chunk", "st.", "x[", "*x", "out[", "atomic")),
+    "paged_attention": ("paged_attention.hip", "run",
+                        ("__syncthreads", "attend<", "p.q", "p.out", "rows[", "workspace", "atomic", "load_rows",
+                         "sh.")),
+}
 
 
 def programmatic_ops() -> dict[str, str]:
@@ -76,18 +83,18 @@ def code_before_wait(source: str, function: str) -> str | None:
     return None if at < 0 else body[:at]
 
 
-def deferred_wait_problems(source: str, function: str) -> list[str]:
+def deferred_wait_problems(source: str, function: str, forbidden: tuple[str, ...]) -> list[str]:
     """Why `function` does not wait properly for its entries: no wait, or something read or written first."""
     before = code_before_wait(source, function)
     if before is None:
         return [f"{function} never calls {SYNC}"]
-    return [f"{function} uses {word!r} before it waits" for word in BEFORE_WAIT_FORBIDDEN if word in before]
+    return [f"{function} uses {word!r} before it waits" for word in forbidden if word in before]
 
 
 def test_the_programmatic_ops_are_the_decode_steps():
     """What a single-token decode step launches (the K-quant and the demo model's paths), and prompt steps'
-    attention (prompt_attention, which waits first as paged_attention does), so that a change that drops one
-    shows here."""
+    attention (prompt_attention, which waits first; paged_attention waits once it has prefetched its rows), so
+    that a change that drops one shows here."""
     assert set(programmatic_ops()) == {"embedding", "fused_matvec", "fused_qmatvec", "kv_store", "paged_attention",
                                        "prompt_attention", "sample"}
 
@@ -99,20 +106,36 @@ def test_every_entry_of_a_programmatic_op_waits_first(op):
     assert entries_not_waiting_first(source, deferred=op in DEFERRED) == []
     if DEFER in _code(source):
         assert op in DEFERRED, f"{op} defers its wait but DEFERRED does not name where it waits"
-        header, function = DEFERRED[op]
-        assert deferred_wait_problems((kernels_dir() / header).read_text(), function) == []
+        header, function, forbidden = DEFERRED[op]
+        assert deferred_wait_problems((kernels_dir() / header).read_text(), function, forbidden) == []
 
 
 def test_the_check_catches_a_deferred_wait_that_is_missing_or_late():
-    header, function = DEFERRED["fused_qmatvec"]
+    header, function, forbidden = DEFERRED["fused_qmatvec"]
     source = (kernels_dir() / header).read_text()
-    assert deferred_wait_problems(source, function) == []
+    assert deferred_wait_problems(source, function, forbidden) == []
     assert "rf_prefetch_l2" in code_before_wait(source, function)  # what the deferral is for
     # planted: the wait removed; the wait moved after the first staging barrier
-    assert deferred_wait_problems(source.replace(SYNC + ";", "(void)0;"), function) == \
+    assert deferred_wait_problems(source.replace(SYNC + ";", "(void)0;"), function, forbidden) == \
         [f"{function} never calls {SYNC}"]
     moved = source.replace("  " + SYNC + ";", "", 1).replace("__syncthreads();", "__syncthreads(); " + SYNC + ";", 1)
-    assert moved != source and "uses '__syncthreads'" in " ".join(deferred_wait_problems(moved, function))
+    assert moved != source and "uses '__syncthreads'" in " ".join(deferred_wait_problems(moved, function, forbidden))
+
+
+def test_the_check_catches_attention_reading_q_or_writing_before_its_wait():
+    header, function, forbidden = DEFERRED["paged_attention"]
+    source = (kernels_dir() / header).read_text()
+    assert deferred_wait_problems(source, function, forbidden) == []
+    assert "prefetch_rows" in code_before_wait(source, function)  # what the deferral is for
+    # planted: the wait after the padding rows' zeroing; the wait after the attention itself
+    sync_line = "  " + SYNC + ";  // a programmatic launch (hipcore/ops/paged_attention.py)\n"
+    assert sync_line in source
+    without = source.replace(sync_line, "", 1)
+    late = without.replace("    return;\n  }\n  if (!attends) return;", "    return;\n  }\n" + sync_line +
+                           "  if (!attends) return;", 1)
+    assert late != without and "uses 'rows['" in " ".join(deferred_wait_problems(late, function, forbidden))
+    after = without.replace("    default: break;\n  }\n", "    default: break;\n  }\n" + sync_line, 1)
+    assert after != without and "uses 'attend<'" in " ".join(deferred_wait_problems(after, function, forbidden))
     # an entry of a plain (not deferred) op may not defer
     entry = (kernels_dir() / "kv_store.hip").read_text().replace(SYNC, DEFER, 1)
     assert len(entries_not_waiting_first(entry)) == 1 and entries_not_waiting_first(entry, deferred=True) == []

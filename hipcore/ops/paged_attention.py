@@ -261,7 +261,8 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
     grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads, slots)
     if grid > INT32_MAX:
         raise ValueError(f"{op}: {n_tokens} tokens need {grid} workgroups, more than a launch takes")
-    # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
+    # programmatic: the entries wait for the kernel ahead (hip_compat.h: rf_grid_dependency_sync) once they have
+    # prefetched the K and V rows they will read (kernels/paged_attention.hip: run)
     kernel = get_kernel(device, OP, op, SIGNATURE.replace(" ", ""), programmatic=True)
     kernel.launch(grid, block,
                   [out, q, k_pool, v_pool, block_tables, token_seq, positions, workspace_address, n_tokens, n_heads,
