@@ -267,9 +267,41 @@ __device__ __forceinline__ void fused_pass(const Args& a, int b0) {
   }
 }
 
+// The lines of the warp's first step (its first row pair's first items: the weights' bytes of its first
+// 64 items) fetched into L2 before a one-token launch waits for the kernel ahead, one prefetch a lane (half
+// the lanes a row), so that the first DRAM round trip overlaps that kernel's end instead of following it,
+// as fused_qmatvec's tile_dot does. Reads only the weights, which no kernel writes. Measured on an NVIDIA
+// H200 (docs/benchmarks.md, 2026-11-28, sixth session), the demo model's shapes (Q4_1): tg128 1,844 ->
+// 1,906 t/s. Not for batches (8 sequences of the demo lost 3% with it) nor for the formats whose kPrefetch
+// is false (fused_matvec_formats.h).
+template <class Format, Epilogue E, int KS>
+__device__ __forceinline__ void prefetch_first_step(const Args& a) {
+  const int lane = (int)threadIdx.x % WARP_SIZE;
+  const int warp = (int)threadIdx.x / WARP_SIZE;
+  const int group = KS == 1 ? (int)blockIdx.x * ((int)blockDim.x / WARP_SIZE) + warp : (int)blockIdx.x;
+  const int groups = E == kSwiglu ? a.rows : (a.rows + 1) / 2;
+  if (group >= groups) return;
+  const int r0 = E == kSwiglu ? group : 2 * group;
+  const int r1 = E == kSwiglu ? group + a.rows : (r0 + 1 < a.rows ? r0 + 1 : r0);
+  constexpr int step_items = 2 * WARP_SIZE;  // a one-token pass's step: kItemsPerStep items a lane
+  const int part = KS == 1 ? 0 : warp;
+  const int first_col = part * step_items * 8, end_col = min(a.cols, first_col + step_items * 8);
+  if (first_col >= end_col) return;
+  const unsigned long long row_bytes = Format::row_bytes(a.cols);
+  const unsigned long long begin = Format::row_bytes(first_col);  // whole blocks: a step is 512 columns
+  const unsigned long long end = Format::row_bytes(end_col);
+  const int lines = (int)((end - begin + 127) / 128) + 1;  // +1: begin need not start a line
+  const int half = WARP_SIZE / 2, line = lane % half;
+  const int row = lane < half ? r0 : r1;
+  if (line < lines) rf_prefetch_l2(a.W + (unsigned long long)row * row_bytes + begin + 128ull * line);
+}
+
+// The entries defer their wait to here (rf_grid_dependency_deferred): the prefetch reads no data.
 template <class Format, bool NORM, Epilogue E, int KS>
 __device__ __forceinline__ void fused_matvec(const Args& a, int batch) {
   rf_check_wave_size();
+  if (Format::kPrefetch && batch == 1) prefetch_first_step<Format, E, KS>(a);
+  rf_grid_dependency_sync();  // x, y and everything but the weights: written by the kernel ahead
   for (int b0 = 0; b0 < batch; b0 += kMaxBatchPerPass) {
     const int left = batch - b0;
     switch (left < kMaxBatchPerPass ? left : kMaxBatchPerPass) {
@@ -319,23 +351,23 @@ __device__ __forceinline__ void norm_store(float* y, const void* W, const float*
       float* q, float* k, float* v, const void* W, const float* x, const float* g, const int* positions,               \
       const float* freq_factors, int q_rows, int kv_rows, int cols, int batch, int head_dim, int rope_dim, float eps,  \
       float theta, float freq_scale) {                                                                                  \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_matvec.py) */                         \
+    rf_grid_dependency_deferred(); /* waits in fused_matvec() (hipcore/ops/fused_matvec.py) */                         \
     fused::norm_rope<Format>(q, k, v, W, x, g, positions, freq_factors, q_rows, kv_rows, cols, batch, head_dim,         \
                              rope_dim, eps, theta, freq_scale);                                                         \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_norm_swiglu_##suffix(                                       \
       float* y, const void* W, const float* x, const float* g, int rows, int cols, int batch, float eps) {             \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_matvec.py) */                         \
+    rf_grid_dependency_deferred(); /* waits in fused_matvec() (hipcore/ops/fused_matvec.py) */                         \
     fused::norm_swiglu<Format>(y, W, x, g, rows, cols, batch, eps);                                                            \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_add_##suffix(float* y, const void* W, const float* x,       \
                                                                         int rows, int cols, int batch) {                \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_matvec.py) */                         \
+    rf_grid_dependency_deferred(); /* waits in fused_matvec() (hipcore/ops/fused_matvec.py) */                         \
     fused::add<Format>(y, W, x, rows, cols, batch);                                                                          \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_norm_##suffix(                                              \
       float* y, const void* W, const float* x, const float* g, int rows, int cols, int batch, float eps) {             \
-    rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/fused_matvec.py) */                         \
+    rf_grid_dependency_deferred(); /* waits in fused_matvec() (hipcore/ops/fused_matvec.py) */                         \
     fused::norm_store<Format>(y, W, x, g, rows, cols, batch, eps);                                                             \
   }
 
@@ -345,18 +377,18 @@ __device__ __forceinline__ void norm_store(float* y, const void* W, const float*
       float* q, float* k, float* v, const void* W, const float* x, const float* g, const int* positions,               \
       const float* freq_factors, int q_rows, int kv_rows, int cols, int batch, int head_dim, int rope_dim, float eps,  \
       float theta, float freq_scale) {                                                                                  \
-    rf_grid_dependency_sync();                                                                                          \
+    rf_grid_dependency_deferred();                                                                                      \
     fused::norm_rope<Format, fused::kSplit>(q, k, v, W, x, g, positions, freq_factors, q_rows, kv_rows, cols, batch,   \
                                             head_dim, rope_dim, eps, theta, freq_scale);                                \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_norm_swiglu_split_##suffix(                                 \
       float* y, const void* W, const float* x, const float* g, int rows, int cols, int batch, float eps) {             \
-    rf_grid_dependency_sync();                                                                                          \
+    rf_grid_dependency_deferred();                                                                                      \
     fused::norm_swiglu<Format, fused::kSplit>(y, W, x, g, rows, cols, batch, eps);                                      \
   }                                                                                                                     \
   extern "C" __global__ __launch_bounds__(256) void matvec_add_split_##suffix(float* y, const void* W, const float* x, \
                                                                               int rows, int cols, int batch) {          \
-    rf_grid_dependency_sync();                                                                                          \
+    rf_grid_dependency_deferred();                                                                                      \
     fused::add<Format, fused::kSplit>(y, W, x, rows, cols, batch);                                                      \
   }
 

@@ -21,12 +21,14 @@ SYNC = "rf_grid_dependency_sync()"
 DEFER = "rf_grid_dependency_deferred()"
 # op -> (the file and the function whose code waits for an entry that defers its wait, and what may not stand
 # before the wait there: comments removed first). What the function may do before: index arithmetic and
-# rf_prefetch_l2 of what it will read, from values no kernel writes: fused_qmatvec's weight pointers;
-# paged_attention's positions, sequences and block tables (the host's step inputs), never q, the pools' data,
-# out or the workspace.
+# rf_prefetch_l2 of what it will read, from values no kernel writes: fused_qmatvec's and fused_matvec's weight
+# pointers; paged_attention's positions, sequences and block tables (the host's step inputs), never q, the
+# pools' data, out or the workspace.
 DEFERRED = {
     "fused_qmatvec": ("fused_qmatvec_tiles.h", "tile_dot",
                       ("__syncthreads", "stage_chunk", "st.", "x[", "*x", "out[", "atomic")),
+    "fused_matvec": ("fused_matvec.hip", "fused_matvec",
+                     ("__syncthreads", "accumulate", "fused_pass", "a.x", "x[", "finish", "atomic")),
     "paged_attention": ("paged_attention.hip", "run",
                         ("__syncthreads", "attend<", "p.q", "p.out", "rows[", "workspace", "atomic", "load_rows",
                          "sh.")),
@@ -154,3 +156,17 @@ def test_the_check_catches_an_entry_that_does_not_wait_first():
     macro = (kernels_dir() / "fused_qmatvec.hip").read_text()
     assert entries_not_waiting_first(macro, deferred=True) == []
     assert entries_not_waiting_first(macro.replace(DEFER + ";", "(void)0;"), deferred=True) != []
+
+
+def test_the_check_catches_fused_matvec_reading_x_before_its_wait():
+    header, function, forbidden = DEFERRED["fused_matvec"]
+    source = (kernels_dir() / header).read_text()
+    assert deferred_wait_problems(source, function, forbidden) == []
+    assert "prefetch_first_step" in code_before_wait(source, function)  # what the deferral is for
+    # planted: the wait after the passes, which read x and write y
+    sync_line = "  " + SYNC + ";  // x, y and everything but the weights: written by the kernel ahead\n"
+    assert sync_line in source
+    late = source.replace(sync_line, "", 1).replace("    }\n  }\n}\n\ntemplate <class Format, int KS = 1>",
+                                                     "    }\n  }\n" + sync_line + "}\n\ntemplate <class Format, int KS = 1>", 1)
+    assert late.count(SYNC) == source.count(SYNC) and late != source
+    assert "uses 'fused_pass'" in " ".join(deferred_wait_problems(late, function, forbidden))
