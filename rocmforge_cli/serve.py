@@ -65,7 +65,8 @@ def serve_command(
         server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
                         log_level="warning" if quiet else "info", ignore_eos=ignore_eos)
         stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.served.context} tokens, "
-                     f"{parallel} in parallel, queue {queue}); Ctrl-C stops", highlight=False, markup=False)
+                     f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}); "
+                     f"Ctrl-C stops", highlight=False, markup=False)
         report = server.run()
         stderr.print(report.line(), highlight=False, markup=False)
     ledger_left = loaded.device.ledger.total_bytes
