@@ -93,6 +93,34 @@ def check_qkv(out_file, want, raws, types, xg, s, angle_error, q_rows, kv_rows, 
         assert np.all(err <= bound), f"{name} {what}: {np.max(err / bound):.2f} of the bound"
 
 
+class OneTokenQkv:
+    """One token's norm+q|k|v+RoPE case (random weights of `types`, no frequency factors) written for the
+    harness, with its reference and error bounds; run_and_check launches qmatvec_norm_rope_1 on it."""
+
+    def __init__(self, rng, types, *, q_heads, kv_heads, head_dim, rope_dim, cols, tmp_path):
+        self.types, self.head_dim, self.rope_dim, self.cols, self.tmp_path = types, head_dim, rope_dim, cols, tmp_path
+        self.q_rows, self.kv_rows = q_heads * head_dim, kv_heads * head_dim
+        self.matrix_rows = (self.q_rows, self.kv_rows, self.kv_rows)
+        self.raws = [random_weights(rng, t, r, cols) for t, r in zip(types, self.matrix_rows)]
+        x, g = inputs(rng, 1, cols)
+        positions = rng.integers(0, 4096, 1).astype(np.int32)
+        self.files = write_inputs(tmp_path, wq=self.raws[0], wk=self.raws[1], wv=self.raws[2], x=x, g=g, p=positions)
+        self.files.append(factors_arg(tmp_path, None))
+        self.want = fused_qmatvec.reference_norm_rope(list(zip(self.raws, types)), x, g, EPS, positions, self.q_rows,
+                                                      self.kv_rows, cols, head_dim, rope_dim, THETA, FREQ_SCALE)
+        self.angle_error = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE)).repeat(2, -1)
+        self.xg, self.s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+
+    def run_and_check(self, harnesses, warp, grid, block, k_split, tile_groups, what):
+        out = self.tmp_path / "o"
+        out.unlink(missing_ok=True)
+        run(harnesses, warp, "qmatvec_norm_rope_1", grid, block, fused_qmatvec.pack_types(self.types), self.q_rows,
+            self.kv_rows, self.cols, 1, self.head_dim, self.rope_dim, EPS, THETA, FREQ_SCALE, *self.files, out,
+            k_split, tile_groups)
+        check_qkv(out, self.want, self.raws, self.types, self.xg, self.s, self.angle_error, self.q_rows, self.kv_rows,
+                  self.cols, self.head_dim, what)
+
+
 @pytest.mark.parametrize("types", QKV_TYPES[:2], ids=["-".join(t) for t in QKV_TYPES[:2]])
 def test_norm_rope_split_row_groups(harnesses, warp, types, tmp_path):
     """norm+q|k|v+RoPE at one token with k_split 2 and 4 (a row group's warps share its columns; part 0's warp
@@ -100,29 +128,17 @@ def test_norm_rope_split_row_groups(harnesses, warp, types, tmp_path):
     a row, so that the warps of a group take unequal shares (at 4 one takes none); kv rows fewer than a tile's.
     k_split 3 (not a divisor of the warps at wave 64) counts as 1."""
     rng = np.random.default_rng([warp, 7, *map(ord, "".join(types))])
-    q_heads, kv_heads, head_dim, rope_dim, cols = 4, 1, 16, 16, 2304
-    q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
-    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
-    x, g = inputs(rng, 1, cols)
-    positions = rng.integers(0, 4096, 1).astype(np.int32)
-    files = write_inputs(tmp_path, wq=raws[0], wk=raws[1], wv=raws[2], x=x, g=g, p=positions)
-    files.append(factors_arg(tmp_path, None))
-    want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, positions, q_rows, kv_rows, cols,
-                                             head_dim, rope_dim, THETA, FREQ_SCALE)
-    angle_error = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE)).repeat(2, -1)
-    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    cols = 2304
+    case = OneTokenQkv(rng, types, q_heads=4, kv_heads=1, head_dim=16, rope_dim=16, cols=cols, tmp_path=tmp_path)
     for k_split in (2, 4, 3):
         fused_qmatvec.FORCED_K_SPLIT = k_split if k_split != 3 else 1
         try:
             grid, block, _, tile_groups = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols,
-                                                                 q_rows, kv_rows, kv_rows)
+                                                                 *case.matrix_rows)
         finally:
             fused_qmatvec.FORCED_K_SPLIT = None
         for g_ in sorted({grid, 1}):
-            run(harnesses, warp, "qmatvec_norm_rope_1", g_, block, fused_qmatvec.pack_types(types), q_rows, kv_rows,
-                cols, 1, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o", k_split, tile_groups)
-            check_qkv(tmp_path / "o", want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim,
-                      f"k_split {k_split} grid {g_}")
+            case.run_and_check(harnesses, warp, g_, block, k_split, tile_groups, f"k_split {k_split} grid {g_}")
 
 
 @pytest.mark.parametrize("types", QKV_TYPES[:2], ids=["-".join(t) for t in QKV_TYPES[:2]])
@@ -132,34 +148,21 @@ def test_norm_rope_tiles_of_fewer_row_groups(harnesses, warp, types, tmp_path):
     walking them; a tile's rows not a divisor of the matrices' (kv rows end mid-tile). tile_groups 0 and past
     the block's groups mean all of them."""
     rng = np.random.default_rng([warp, 8, *map(ord, "".join(types))])
-    q_heads, kv_heads, head_dim, rope_dim, cols = 6, 1, 12, 12, 2304
-    q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
-    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
-    x, g = inputs(rng, 1, cols)
-    positions = rng.integers(0, 4096, 1).astype(np.int32)
-    files = write_inputs(tmp_path, wq=raws[0], wk=raws[1], wv=raws[2], x=x, g=g, p=positions)
-    files.append(factors_arg(tmp_path, None))
-    want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, positions, q_rows, kv_rows, cols,
-                                             head_dim, rope_dim, THETA, FREQ_SCALE)
-    angle_error = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE)).repeat(2, -1)
-    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    cols = 2304
+    case = OneTokenQkv(rng, types, q_heads=6, kv_heads=1, head_dim=12, rope_dim=12, cols=cols, tmp_path=tmp_path)
     groups = 256 // warp  # the block's row groups unsplit
     for k_split in (1, 2):
         for tile_groups in sorted({1, 3, groups // k_split - 1, 0, groups + 1}):
             fused_qmatvec.FORCED_K_SPLIT = k_split
             fused_qmatvec.FORCED_TILE_GROUPS = min(tile_groups, groups // k_split)
             try:
-                grid, block, _, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols, q_rows,
-                                                           kv_rows, kv_rows)
+                grid, block, _, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols,
+                                                           *case.matrix_rows)
             finally:
                 fused_qmatvec.FORCED_K_SPLIT = fused_qmatvec.FORCED_TILE_GROUPS = None
             for g_ in sorted({grid, 1}):
-                (tmp_path / "o").unlink(missing_ok=True)
-                run(harnesses, warp, "qmatvec_norm_rope_1", g_, block, fused_qmatvec.pack_types(types), q_rows,
-                    kv_rows, cols, 1, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o", k_split,
-                    tile_groups)
-                check_qkv(tmp_path / "o", want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim,
-                          f"k_split {k_split} tile_groups {tile_groups} grid {g_}")
+                case.run_and_check(harnesses, warp, g_, block, k_split, tile_groups,
+                                   f"k_split {k_split} tile_groups {tile_groups} grid {g_}")
 
 
 @pytest.mark.parametrize("kv_dtype", sorted(kv_store.EPILOGUE_FORMATS))
