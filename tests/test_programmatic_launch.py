@@ -122,25 +122,32 @@ def test_the_check_catches_a_deferred_wait_that_is_missing_or_late():
         [f"{function} never calls {SYNC}"]
     moved = source.replace("  " + SYNC + ";", "", 1).replace("__syncthreads();", "__syncthreads(); " + SYNC + ";", 1)
     assert moved != source and "uses '__syncthreads'" in " ".join(deferred_wait_problems(moved, function, forbidden))
+    # an entry of a plain (not deferred) op may not defer
+    entry = (kernels_dir() / "kv_store.hip").read_text().replace(SYNC, DEFER, 1)
+    assert len(entries_not_waiting_first(entry)) == 1 and entries_not_waiting_first(entry, deferred=True) == []
+
+
+def deferred_source_without_wait(op: str, prefetch: str, sync_comment: str) -> tuple[str, str, str, tuple[str, ...]]:
+    """(op's deferring source with its wait line taken out, that line, the function, its forbidden words), after
+    checking the source as it is: clean, and `prefetch` (what the deferral is for) before its wait."""
+    header, function, forbidden = DEFERRED[op]
+    source = (kernels_dir() / header).read_text()
+    assert deferred_wait_problems(source, function, forbidden) == []
+    assert prefetch in code_before_wait(source, function)
+    sync_line = "  " + SYNC + ";  // " + sync_comment + "\n"
+    assert source.count(sync_line) == 1
+    return source.replace(sync_line, ""), sync_line, function, forbidden
 
 
 def test_the_check_catches_attention_reading_q_or_writing_before_its_wait():
-    header, function, forbidden = DEFERRED["paged_attention"]
-    source = (kernels_dir() / header).read_text()
-    assert deferred_wait_problems(source, function, forbidden) == []
-    assert "prefetch_rows" in code_before_wait(source, function)  # what the deferral is for
+    without, sync_line, function, forbidden = deferred_source_without_wait(
+        "paged_attention", "prefetch_rows", "a programmatic launch (hipcore/ops/paged_attention.py)")
     # planted: the wait after the padding rows' zeroing; the wait after the attention itself
-    sync_line = "  " + SYNC + ";  // a programmatic launch (hipcore/ops/paged_attention.py)\n"
-    assert sync_line in source
-    without = source.replace(sync_line, "", 1)
     late = without.replace("    return;\n  }\n  if (!attends) return;", "    return;\n  }\n" + sync_line +
                            "  if (!attends) return;", 1)
     assert late != without and "uses 'rows['" in " ".join(deferred_wait_problems(late, function, forbidden))
     after = without.replace("    default: break;\n  }\n", "    default: break;\n  }\n" + sync_line, 1)
     assert after != without and "uses 'attend<'" in " ".join(deferred_wait_problems(after, function, forbidden))
-    # an entry of a plain (not deferred) op may not defer
-    entry = (kernels_dir() / "kv_store.hip").read_text().replace(SYNC, DEFER, 1)
-    assert len(entries_not_waiting_first(entry)) == 1 and entries_not_waiting_first(entry, deferred=True) == []
 
 
 def test_the_check_catches_an_entry_that_does_not_wait_first():
@@ -159,14 +166,10 @@ def test_the_check_catches_an_entry_that_does_not_wait_first():
 
 
 def test_the_check_catches_fused_matvec_reading_x_before_its_wait():
-    header, function, forbidden = DEFERRED["fused_matvec"]
-    source = (kernels_dir() / header).read_text()
-    assert deferred_wait_problems(source, function, forbidden) == []
-    assert "prefetch_first_step" in code_before_wait(source, function)  # what the deferral is for
+    without, sync_line, function, forbidden = deferred_source_without_wait(
+        "fused_matvec", "prefetch_first_step", "x, y and everything but the weights: written by the kernel ahead")
     # planted: the wait after the passes, which read x and write y
-    sync_line = "  " + SYNC + ";  // x, y and everything but the weights: written by the kernel ahead\n"
-    assert sync_line in source
-    late = source.replace(sync_line, "", 1).replace("    }\n  }\n}\n\ntemplate <class Format, int KS = 1>",
-                                                     "    }\n  }\n" + sync_line + "}\n\ntemplate <class Format, int KS = 1>", 1)
-    assert late.count(SYNC) == source.count(SYNC) and late != source
+    anchor = "    }\n  }\n}\n\ntemplate <class Format, int KS = 1>"
+    late = without.replace(anchor, "    }\n  }\n" + sync_line + "}\n\ntemplate <class Format, int KS = 1>", 1)
+    assert late != without and SYNC in late
     assert "uses 'fused_pass'" in " ".join(deferred_wait_problems(late, function, forbidden))

@@ -25,6 +25,7 @@ it) and scale by s: that is exactly the function the kernels compute, up to floa
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -266,7 +267,7 @@ def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows:
                 raise ValueError(f"fused_qmatvec: tile_groups must be 0 .. {every} (the block's row groups), "
                                  f"got {groups}")
         elif tiles(split) > cap // WORKGROUPS_PER_MULTIPROCESSOR:  # some SMs would take two tiles, others one
-            fewest = max(1, -(-int(every * MIN_TILE_GROUPS_SHARE * 1000) // 1000))
+            fewest = max(1, math.ceil(every * MIN_TILE_GROUPS_SHARE))
             for g in range(fewest, every):
                 if tiles(split, g) <= cap:
                     groups = g
