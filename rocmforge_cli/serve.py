@@ -32,6 +32,7 @@ def serve_command(
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model's name in the API. Default: the file name without .gguf.", show_default=False)] = None,
     grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests may run on after SIGTERM / Ctrl-C before they are cancelled.")] = 10.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate through end-of-generation tokens up to max_tokens unless a request sends ignore_eos false (fixed output lengths for load generators, as llama-server's --ignore-eos).")] = False,
+    one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or memory plan on stderr.")] = False,
     plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
 ) -> None:
@@ -63,9 +64,10 @@ def serve_command(
             leak_bugs.plant(plant_bug, loaded)
         name = model_name or Path(path).name.removesuffix(".gguf")
         server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
-                        log_level="warning" if quiet else "info", ignore_eos=ignore_eos)
-        stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.served.context} tokens, "
-                     f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}); "
+                        log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=not one_process)
+        where = "in the engine's process" if one_process else "in a process of its own"
+        stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.context} tokens, "
+                     f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}, {where}); "
                      f"Ctrl-C stops", highlight=False, markup=False)
         report = server.run()
         stderr.print(report.line(), highlight=False, markup=False)

@@ -1,12 +1,14 @@
 """The ASGI app: routes, the body size cap, the API key, and every error in OpenAI's shape.
 
 Handlers never block the event loop: prompts render and tokenize in worker threads, the engine steps in
-its own thread (engine_loop), and events come back through asyncio queues.
+its own thread (engine_loop) or its own process (http_process: the app then runs in a process of its own
+and talks to the engine over a pipe), and events come back a step at a time into each request's sink.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import logging
 import time
@@ -18,7 +20,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rocmforge_serve import metrics
-from rocmforge_serve.api_errors import ApiError, server_error
+from rocmforge_serve.api_errors import ApiError, server_error, unavailable
+from rocmforge_serve.engine_loop import EngineStopped
 from rocmforge_serve.generation import ClientGone, ServedModel, start_generation
 from rocmforge_serve.protocol import MAX_BODY_BYTES, parse_generation, parse_json_body
 from rocmforge_serve.responses import stream_response, whole_response
@@ -42,8 +45,7 @@ async def read_body(request: Request, cap: int) -> bytes:
 
 
 def create_app(served: ServedModel, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               on_shutdown=None) -> Starlette:
-    registry = metrics.make_registry(served)
+               on_startup=None, on_shutdown=None) -> Starlette:
     key = api_key.encode("utf-8") if api_key else None
 
     def authorize(request: Request) -> None:
@@ -92,13 +94,17 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
              "max_model_len": served.context}]})
 
     async def health(request: Request) -> Response:
-        reason = unhealthy_reason(served)
+        reason = await unhealthy_reason(served)
         if reason:
             return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def metrics_route(request: Request) -> Response:
-        return Response(metrics.render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+        try:
+            state = await served.loop.state()
+        except EngineStopped as exc:
+            raise unavailable(str(exc)) from None
+        return Response(metrics.render(state, served.loop.in_flight), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def api_error(request: Request, exc: ApiError) -> Response:
         return exc.response()
@@ -121,6 +127,8 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
     ]
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if on_startup is not None:
+            on_startup()  # on the event loop, before the first request
         yield
         # uvicorn gets here after its graceful shutdown: connections closed, handlers done or cancelled.
         if on_shutdown is not None:
@@ -132,7 +140,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
     return app
 
 
-def unhealthy_reason(served: ServedModel) -> str | None:
+async def unhealthy_reason(served: ServedModel) -> str | None:
     """Why the server cannot take a minimal request now (None: it can)."""
     loop = served.loop
     if loop.fault:
@@ -141,22 +149,33 @@ def unhealthy_reason(served: ServedModel) -> str | None:
         return "the engine is not running"
     if not loop.accepting:
         return "the server is shutting down"
-    engine = served.engine
-    limit = engine.scheduler.max_seqs + served.max_queue
+    limit = served.max_seqs + served.max_queue
     if loop.in_flight >= limit:
         return f"the queue is full ({loop.in_flight} requests in flight, at most {limit})"
-    if engine.cache.num_usable_blocks < 1:
+    try:
+        state = await loop.state()
+    except EngineStopped as exc:
+        return str(exc)
+    if state["usable_blocks"] < 1:
         return "the KV cache has no usable block"
     return None
 
 
-def served_model(loaded, *, name: str, max_queue: int, idle_wait_s: float = 0.5, ignore_eos: bool = False) -> ServedModel:
-    """Wrap a LoadedModel (hipcore.engine.loader) for serving; the caller starts served.loop."""
+def served_model(loaded, *, name: str, max_queue: int, ignore_eos: bool = False) -> ServedModel:
+    """What the HTTP layer needs of a LoadedModel (hipcore.engine.loader), with no engine attached yet: it
+    pickles, so an HTTP process of its own can take it. `attach` gives it the engine where it will serve."""
     from hipcore.tokenizer.chat_template import chat_template_from_metadata
-    from rocmforge_serve.engine_loop import EngineLoop
+
+    engine = loaded.engine
+    return ServedModel(name=name, loop=None, tokenizer=loaded.tokenizer,
+                       chat_template=chat_template_from_metadata(loaded.gguf.metadata), context=engine.max_context,
+                       max_queue=max_queue, max_seqs=engine.scheduler.max_seqs,
+                       vocab_size=engine.runner.config.vocab_size, created=int(time.time()), ignore_eos=ignore_eos)
+
+
+def attach(served: ServedModel, loop) -> ServedModel:
+    """The served model on `loop` (an EngineLoop, or an EngineClient in the HTTP process), with its own
+    long-lived chat-template renderers."""
     from rocmforge_serve.template_pool import TemplatePool
 
-    return ServedModel(name=name, loop=EngineLoop(loaded.engine, idle_wait_s=idle_wait_s), tokenizer=loaded.tokenizer,
-                       chat_template=chat_template_from_metadata(loaded.gguf.metadata), context=loaded.engine.max_context,
-                       max_queue=max_queue, device=loaded.device, created=int(time.time()), ignore_eos=ignore_eos,
-                       templates=TemplatePool(size=TEMPLATE_WORKERS))
+    return dataclasses.replace(served, loop=loop, templates=TemplatePool(size=TEMPLATE_WORKERS))

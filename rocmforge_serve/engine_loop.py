@@ -7,9 +7,10 @@ arrive before its sink exists; a handler whose client went away calls cancel(), 
 request (blocks back to the pool) at the start of the next step.
 
 Host cost per token is the server's throughput limit (a demo-model step on an H100 takes ~3 ms for 32
-tokens), so the hand-off is per step, not per token: the events of one step that go to AsyncSinks of one
-event loop travel in ONE call_soon_threadsafe (one wake-up of the loop, one write to its self-pipe), and
-each sink keeps them in a deque that its handler drains without a task or a queue per event.
+tokens), so the hand-off is per step, not per token: a sink with a `channel` (an AsyncSink: its event
+loop; a BridgeSink: the pipe to the HTTP process) gets the step's events through ONE `channel.deliver`
+for all the channel's sinks (one wake-up of the loop, one write to its self-pipe; one message on the pipe),
+and each AsyncSink keeps them in a deque that its handler drains without a task or a queue per event.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Callable
 
 from hipcore.engine.engine import Engine
 from hipcore.engine.request import Ending, Event
+from rocmforge_serve.engine_state import read_engine_state
 
 Sink = Callable[[Event], None]
 RATE_WINDOW_S = 10.0  # tokens/s is measured over this trailing window
@@ -47,8 +49,9 @@ class EngineStopped(Exception):
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.5):
+    def __init__(self, engine: Engine, *, device=None, idle_wait_s: float = 0.5):
         self.engine = engine
+        self.device = device  # hipcore.runtime.device.Device, for the ledger and the driver's figures
         self._cond = threading.Condition()
         self._sinks: dict[int, Sink] = {}
         self._accepting = True
@@ -92,6 +95,14 @@ class EngineLoop:
     def in_flight(self) -> int:
         with self._cond:
             return len(self._sinks)
+
+    def state_now(self) -> dict:
+        """A reading of the engine between two steps (engine_state.py)."""
+        return read_engine_state(self)
+
+    async def state(self) -> dict:
+        """state_now() for the handlers, async as EngineClient's (a round trip to the engine's process) is."""
+        return read_engine_state(self)
 
     def tokens_per_second(self) -> float:
         """Generated tokens per second over the trailing window (0 when idle)."""
@@ -144,7 +155,7 @@ class EngineLoop:
             self._dispatch(events)
 
     def _dispatch(self, events: list[Event]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[AsyncSink, Event]]] = {}
+        by_channel: dict[object, list[tuple[Sink, Event]]] = {}
         with self._cond:
             for event in events:
                 sink = self._sinks.get(event.request_id)
@@ -152,22 +163,38 @@ class EngineLoop:
                     continue
                 if event.finished:
                     del self._sinks[event.request_id]
-                if isinstance(sink, AsyncSink):
-                    by_loop.setdefault(sink.loop, []).append((sink, event))
+                channel = getattr(sink, "channel", None)
+                if channel is not None:
+                    by_channel.setdefault(channel, []).append((sink, event))
                 else:
                     sink(event)
-        for loop, deliveries in by_loop.items():
-            # In step order: call_soon callbacks run first in first out, so no sink sees its events reordered.
-            try:
-                loop.call_soon_threadsafe(_deliver, deliveries)
-            except RuntimeError:  # the loop has closed: nobody is listening any more
-                pass
+        for channel, deliveries in by_channel.items():
+            channel.deliver(deliveries)  # in step order: no sink sees its events reordered
 
     def _fail_all(self, message: str) -> None:
         with self._cond:
             sinks, self._sinks = self._sinks, {}
         for rid, sink in sinks.items():
             sink(Event(rid, 0, (), "", finished=True, ending=Ending.FAILED, error=message))
+
+
+class LoopChannel:
+    """The AsyncSinks of one event loop: a step's events for all of them in one call_soon_threadsafe."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+
+    def deliver(self, deliveries: list[tuple["AsyncSink", Event]]) -> None:
+        try:  # call_soon callbacks run first in first out, so the steps stay in order
+            self.loop.call_soon_threadsafe(_deliver, deliveries)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, LoopChannel) and other.loop is self.loop
+
+    def __hash__(self) -> int:
+        return id(self.loop)
 
 
 def _deliver(deliveries: list[tuple["AsyncSink", Event]]) -> None:
@@ -185,11 +212,12 @@ class AsyncSink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
+        self.channel = LoopChannel(loop)
         self.events: collections.deque[Event] = collections.deque()
         self._waiter: asyncio.Future | None = None
 
     def __call__(self, event: Event) -> None:
-        """From any thread (EngineLoop batches AsyncSinks itself and does not come through here)."""
+        """From any thread (EngineLoop hands AsyncSinks their events through their channel, not here)."""
         try:
             self.loop.call_soon_threadsafe(self.put, event)
         except RuntimeError:  # the loop has closed: nobody is listening any more

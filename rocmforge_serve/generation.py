@@ -15,7 +15,7 @@ from hipcore.engine.request import Ending, Event
 from hipcore.errors import InvalidModelError, UsageError
 from hipcore.tokenizer.chat_template import render_chat
 from rocmforge_serve.api_errors import ApiError, bad_request, server_error, unavailable
-from rocmforge_serve.engine_loop import AsyncSink, EngineLoop, EngineStopped
+from rocmforge_serve.engine_loop import AsyncSink, EngineStopped
 from rocmforge_serve.protocol import GenerationRequest, check_sampling, context_error
 
 
@@ -25,22 +25,21 @@ class ClientGone(Exception):
 
 @dataclass
 class ServedModel:
-    """What the handlers need of the loaded model."""
+    """What the handlers need of the loaded model. `loop` is the engine's EngineLoop when the HTTP layer
+    shares its process, or an EngineClient (http_process.py) on the pipe to it; both take submit, cancel
+    and state() alike."""
 
     name: str
-    loop: EngineLoop
+    loop: object
     tokenizer: object
     chat_template: str | None
     context: int  # tokens of prompt + completion
     max_queue: int  # requests waiting beyond the engine's running batch
-    device: object = None  # hipcore.runtime.device.Device, for the ledger and the driver's figures
+    max_seqs: int  # the engine's running batch
+    vocab_size: int
     created: int = 0
     ignore_eos: bool = False  # the default of requests that do not say (serve --ignore-eos, for benchmarks)
     templates: object = None  # a TemplatePool (long-lived renderers); None: render_chat's process per render
-
-    @property
-    def engine(self):
-        return self.loop.engine
 
 
 @dataclass
@@ -147,7 +146,7 @@ def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
         return tok.encode(text)
     if isinstance(request.prompt, str):
         return tok.encode(request.prompt)
-    vocab = served.engine.runner.config.vocab_size
+    vocab = served.vocab_size
     if any(t < 0 or t >= vocab for t in request.prompt):
         raise bad_request(f"prompt token ids must be in [0, {vocab})", param="prompt")
     return list(request.prompt)
@@ -158,7 +157,7 @@ def check_capacity(served: ServedModel) -> None:
     loop = served.loop
     if not loop.accepting:
         raise unavailable(loop.fault or "the server is shutting down")
-    limit = served.engine.scheduler.max_seqs + served.max_queue
+    limit = served.max_seqs + served.max_queue
     if loop.in_flight >= limit:
         raise ApiError(429, f"the server is full: {loop.in_flight} requests in flight (at most {limit}); retry shortly",
                        type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})

@@ -1,7 +1,8 @@
 """GET /metrics: the KV cache's MemoryProfile, the device ledger, requests and throughput, read live.
 
-A custom prometheus_client collector reads the engine at scrape time (no counters to keep in step with
-the engine by hand); each app has its own registry, so two servers in one process never collide.
+Each scrape renders one reading of the engine taken between two steps (engine_state.py), so there are no
+counters to keep in step with the engine by hand, and the reading is the same whether the engine shares the
+HTTP layer's process or not.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hipcore.engine.request import Ending
-from hipcore.runtime.host_memory import anon_rss_bytes
 from hipcore.runtime.ledger import TAGS
 
 PREFIX = "rocmforge"
@@ -35,69 +35,61 @@ PROFILE_GAUGES = {  # MemoryProfile field -> help
 }
 
 
-class EngineCollector:
-    def __init__(self, served):
-        self.served = served
+class StateCollector:
+    """The families of one engine reading (engine_state.read_engine_state) plus what the HTTP side counts."""
+
+    def __init__(self, state: dict, in_flight: int):
+        self.state, self.in_flight = state, in_flight
 
     def collect(self):
-        with self.served.loop.state_lock:  # a consistent reading, between two steps
-            return list(self._collect())
-
-    def _collect(self):
-        served = self.served
-        engine, cache = served.engine, served.engine.cache
-        if not cache.closed:
-            profile = cache.memory_profile()
+        state = self.state
+        profile = state["kv_profile"]
+        if profile is not None:  # None once the KV cache is closed
             for name, help_text in PROFILE_GAUGES.items():
-                yield GaugeMetricFamily(f"{PREFIX}_kv_{name}", help_text, value=float(getattr(profile, name)))
-        device = served.device
-        if device is not None:
-            ledger = device.ledger
-            by_tag = ledger.bytes_by_tag()
+                yield GaugeMetricFamily(f"{PREFIX}_kv_{name}", help_text, value=float(profile[name]))
+        by_tag = state["ledger_bytes"]
+        if by_tag is not None:
             family = GaugeMetricFamily(f"{PREFIX}_ledger_bytes", "device bytes live in the ledger, by tag", labels=["tag"])
             for tag in sorted(set(TAGS) | set(by_tag)):
                 family.add_metric([tag], float(by_tag.get(tag, 0)))
             yield family
-            free = device.driver_free_bytes()
-            if free is not None:
-                yield GaugeMetricFamily(f"{PREFIX}_driver_free_bytes", "the driver's free device memory", value=float(free))
+        if state["driver_free_bytes"] is not None:
+            yield GaugeMetricFamily(f"{PREFIX}_driver_free_bytes", "the driver's free device memory",
+                                    value=float(state["driver_free_bytes"]))
         endings = CounterMetricFamily(f"{PREFIX}_requests", "requests ended, by ending", labels=["ending"])
         for ending in Ending:
-            endings.add_metric([ending.value], float(engine.stats.endings.get(ending.value, 0)))
+            endings.add_metric([ending.value], float(state["endings"].get(ending.value, 0)))
         yield endings
-        scheduler = engine.scheduler
-        yield GaugeMetricFamily(f"{PREFIX}_requests_waiting", "requests queued, not yet running", value=float(len(scheduler.waiting)))
-        yield GaugeMetricFamily(f"{PREFIX}_requests_running", "requests in the running batch", value=float(len(scheduler.running)))
-        yield GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "requests submitted over HTTP and not ended", value=float(served.loop.in_flight))
+        yield GaugeMetricFamily(f"{PREFIX}_requests_waiting", "requests queued, not yet running", value=float(state["waiting"]))
+        yield GaugeMetricFamily(f"{PREFIX}_requests_running", "requests in the running batch",
+                                value=float(state["running_requests"]))
+        yield GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "requests submitted over HTTP and not ended", value=float(self.in_flight))
         yield GaugeMetricFamily(f"{PREFIX}_tokens_per_second", "generated tokens per second over the last 10 s",
-                                value=served.loop.tokens_per_second())
-        stats = engine.stats
-        yield CounterMetricFamily(f"{PREFIX}_generated_tokens", "tokens generated", value=float(stats.generated_tokens))
+                                value=state["tokens_per_second"])
+        yield CounterMetricFamily(f"{PREFIX}_generated_tokens", "tokens generated", value=float(state["generated_tokens"]))
         yield CounterMetricFamily(f"{PREFIX}_prompt_tokens", "prompt tokens computed (recomputation included)",
-                                  value=float(stats.prompt_tokens))
-        yield CounterMetricFamily(f"{PREFIX}_preemptions", "requests preempted for want of KV blocks", value=float(stats.preemptions))
-        yield CounterMetricFamily(f"{PREFIX}_engine_steps", "engine steps run", value=float(stats.steps))
+                                  value=float(state["prompt_tokens"]))
+        yield CounterMetricFamily(f"{PREFIX}_preemptions", "requests preempted for want of KV blocks", value=float(state["preemptions"]))
+        yield CounterMetricFamily(f"{PREFIX}_engine_steps", "engine steps run", value=float(state["steps"]))
         yield CounterMetricFamily(f"{PREFIX}_engine_prompt_steps", "engine steps that evaluated prompt tokens",
-                                  value=float(stats.prompt_steps))
+                                  value=float(state["prompt_steps"]))
         yield CounterMetricFamily(f"{PREFIX}_engine_step_seconds", "seconds the engine thread spent in its steps",
-                                  value=stats.step_seconds)
+                                  value=state["step_seconds"])
         yield CounterMetricFamily(f"{PREFIX}_engine_device_wait_seconds",
                                   "of those, seconds spent waiting for the device to finish a launched step",
-                                  value=stats.device_wait_seconds)
-        yield GaugeMetricFamily(f"{PREFIX}_engine_running", "1 while the engine thread serves", value=float(served.loop.running))
-        rss = anon_rss_bytes()
-        if rss is not None:
+                                  value=state["device_wait_seconds"])
+        yield GaugeMetricFamily(f"{PREFIX}_engine_running", "1 while the engine thread serves", value=float(state["engine_running"]))
+        if state["host_rss_anon_bytes"] is not None:
             yield GaugeMetricFamily(f"{PREFIX}_host_rss_anon_bytes",
-                                    "this process's anonymous resident + swapped memory (host-memory leak checks)", value=float(rss))
+                                    "the server's anonymous resident + swapped memory, the engine's process and the "
+                                    "HTTP process together when they are two (host-memory leak checks)",
+                                    value=float(state["host_rss_anon_bytes"]))
 
 
-def make_registry(served) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(served))
-    return registry
-
-
-def render(registry: CollectorRegistry) -> bytes:
+def render(state: dict, in_flight: int) -> bytes:
+    """Prometheus text of one engine reading."""
+    registry = CollectorRegistry(auto_describe=False)  # one per reading: nothing carries over between scrapes
+    registry.register(StateCollector(state, in_flight))
     return generate_latest(registry)
 
 

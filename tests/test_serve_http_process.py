@@ -1,0 +1,89 @@
+"""The server in two processes (rocmforge_serve.http_process and engine_bridge): the engine's side gets back
+the blocks of an HTTP process that dies, the shutdown check says so, and Ctrl-C to the process group of
+`rocmforge serve` shuts both processes down with every block returned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from support.engine_testing import tiny_model
+from support.serve_testing import SLOW_TOKEN, live_server, metrics
+
+
+def stream_until_gone(url: str, prompt=(SLOW_TOKEN, 5, 6)) -> None:
+    """A streamed request that lasts (with the test hooks, each step with SLOW_TOKEN's prompt takes 50 ms)."""
+    try:
+        with httpx.stream("POST", url + "/v1/completions", timeout=30,
+                          json={"prompt": list(prompt), "max_tokens": 200, "stream": True, "ignore_eos": True}) as response:
+            for _ in response.iter_lines():
+                pass
+    except httpx.HTTPError:
+        pass
+
+
+def test_a_dead_http_process_leaves_no_block_behind_and_fails_the_check(tmp_path_factory):
+    with live_server(tiny_model(tmp_path_factory), max_seqs=4, http_process=True) as live:
+        clients = [threading.Thread(target=stream_until_gone, args=(live.url,)) for _ in range(3)]
+        for client in clients:
+            client.start()
+        deadline = time.monotonic() + 10
+        while metrics(live.url)["rocmforge_requests_running"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert metrics(live.url)["rocmforge_kv_physical_blocks"] > 0  # the requests hold blocks now
+        os.kill(live.server.http_pid, signal.SIGKILL)  # no handler runs: only the pipe's close tells the engine
+        deadline = time.monotonic() + 3  # the requests would run ~10 s more if nothing cancelled them
+        while live.server.engine_loop.engine.active_count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert live.server.engine_loop.engine.active_count == 0  # ended by the engine's side: no handler ran
+        report = live.stop()
+        for client in clients:
+            client.join(timeout=10)
+    assert report.invariant_error is None and report.kv_bytes_at_end == report.kv_bytes_at_start
+    assert not report.clean and "exit code -9" in report.line()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ctrl_c_to_the_process_group_stops_both_processes_cleanly(tmp_path_factory):
+    port = free_port()
+    command = [sys.executable, "-m", "rocmforge_cli.app", "serve", "--model", str(tiny_model(tmp_path_factory)),
+               "--device", "cpu", "--port", str(port), "--parallel", "2", "--shutdown-grace", "0.2"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)  # its own process group: Ctrl-C reaches both processes
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.1)
+        client = threading.Thread(target=stream_until_gone, args=(url, (5, 6, 7)))
+        client.start()
+        while httpx.get(url + "/metrics", timeout=5).text.count("rocmforge_requests_running 1.0") == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.killpg(server.pid, signal.SIGINT)
+        output, _ = server.communicate(timeout=60)
+        client.join(timeout=10)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+    assert server.returncode == 0, output
+    assert "in a process of its own" in output
+    assert "every KV block returned" in output and "LEAK" not in output
