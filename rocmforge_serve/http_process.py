@@ -23,6 +23,7 @@ from hipcore.runtime.host_memory import anon_rss_bytes
 from rocmforge_serve.app import attach, create_app
 from rocmforge_serve.engine_loop import AsyncSink, EngineStopped
 from rocmforge_serve.generation import ServedModel
+from rocmforge_serve.uvicorn_stack import SignalledUvicorn, uvicorn_config
 
 log = logging.getLogger("rocmforge.serve")
 
@@ -156,8 +157,6 @@ class EngineClient:
 
 def serve_http(served: ServedModel, conn, sock, settings: dict) -> None:
     """The HTTP process's main: the app on `sock` (or settings' host and port), until SIGTERM."""
-    from rocmforge_serve.server import SignalledUvicorn, uvicorn_config
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine's process turns Ctrl-C into our SIGTERM
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     client = EngineClient(conn)

@@ -18,22 +18,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import importlib.util
 import logging
 import multiprocessing
 import signal
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
-
-import uvicorn
 
 from rocmforge_serve.app import attach, create_app, served_model
 from rocmforge_serve.engine_bridge import EngineBridge
 from rocmforge_serve.engine_loop import EngineLoop
 from rocmforge_serve.protocol import MAX_BODY_BYTES
+from rocmforge_serve.uvicorn_stack import SignalledUvicorn, http_stack, uvicorn_config
 
 log = logging.getLogger("rocmforge.serve")
 
@@ -59,23 +56,6 @@ class ShutdownReport:
         if self.kv_bytes_at_end != self.kv_bytes_at_start:
             problems.append(f"ledger kv bytes {self.kv_bytes_at_start} at start, {self.kv_bytes_at_end} at shutdown")
         return "shutdown: LEAK: " + "; ".join(problems)
-
-
-def http_stack() -> tuple[str, str]:
-    """(uvicorn's `http`, its `loop`): httptools' C parser and uvloop where they are installed (they are the
-    project's dependencies; uvloop not on Windows), else h11 and asyncio's own loop, which work the same but
-    cost more host time per token. Measured with scripts/serve_overhead.py (32 streaming clients, the demo
-    model's tokenizer, on a 2-core CPU machine): the event loop's CPU per generated token 15.9-17.1 -> 11.6-12.2
-    us, the server's 26.2 -> 20.8-22.0 us, median time to first token 50-52 -> 14-17 ms."""
-    http = "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
-    loop = "uvloop" if sys.platform != "win32" and importlib.util.find_spec("uvloop") is not None else "asyncio"
-    return http, loop
-
-
-def uvicorn_config(app, *, host: str, port: int, grace_s: float, log_level: str) -> uvicorn.Config:
-    http, loop = http_stack()
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                          timeout_graceful_shutdown=grace_s, access_log=False, http=http, loop=loop)
 
 
 class Server:
@@ -211,29 +191,6 @@ def _end_process(process, wait_s: float, force: threading.Event | None = None) -
     if process.is_alive():
         process.kill()
     process.join()
-
-
-class SignalledUvicorn(uvicorn.Server):
-    """uvicorn re-raises the caught SIGTERM / SIGINT after its shutdown, which would end the process by the
-    signal (exit 143 / 130) and skip our check's verdict; here the signal only starts the shutdown, and the
-    exit code says whether every block came back. A second signal still forces the exit (uvicorn's rule).
-    `signals`: the ones it handles (the HTTP process takes only SIGTERM, from the engine's process)."""
-
-    def __init__(self, config: uvicorn.Config, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
-        super().__init__(config)
-        self.signals = signals
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield  # signals are the main thread's; a server in a thread is stopped through should_exit
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in self.signals}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def bound_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

@@ -9,20 +9,20 @@ import sys
 import httpx
 import pytest
 
-from rocmforge_serve import server as server_module
+from rocmforge_serve import uvicorn_stack
 from support.engine_testing import tiny_model
 from support.serve_testing import live_server
 
 
 def test_the_fast_stack_where_installed_and_the_plain_one_where_not(monkeypatch):
     expected_loop = "asyncio" if sys.platform == "win32" else "uvloop"
-    assert server_module.http_stack() == ("httptools", expected_loop)  # both are dependencies (pyproject.toml)
+    assert uvicorn_stack.http_stack() == ("httptools", expected_loop)  # both are dependencies (pyproject.toml)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("httptools", "uvloop") else real(name, *a))
-    assert server_module.http_stack() == ("h11", "asyncio")
+    assert uvicorn_stack.http_stack() == ("h11", "asyncio")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a))
-    assert server_module.http_stack() == ("httptools", "asyncio")
+    assert uvicorn_stack.http_stack() == ("httptools", "asyncio")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="uvloop does not exist on Windows")

@@ -32,7 +32,7 @@ sb_init
 sb_install "import starlette, uvicorn, gguf, prometheus_client, typer, rich, regex, jinja2, httpx, llm_benchmark_runner" \
   starlette uvicorn gguf prometheus-client typer rich regex jinja2 httpx llm-benchmark-runner
 # httptools (HTTP parsing and writes) and uvloop (the event loop): the project's dependencies, which
-# rocmforge_serve/server.py asks uvicorn for (h11 and asyncio where they are missing); the GPU machine reaches no
+# rocmforge_serve/uvicorn_stack.py asks uvicorn for (h11 and asyncio where they are missing); the GPU machine reaches no
 # registry, so they come from the carried wheels. Measured on the cpu, the event loop's cost per streamed token
 # fell from 28 to 19 us with them.
 if ! "$PY" -c "import httptools, uvloop" 2>/dev/null; then
