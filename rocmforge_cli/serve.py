@@ -53,24 +53,31 @@ def serve_command(
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty")
     path = resolve_model(model)
+    from rocmforge_serve.server import Server, bound_socket  # the ASGI stack loads only for this command
+
+    try:  # before the model loads: a port in use is said at once, not after a minute of loading
+        listening = bound_socket(host, port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    port = listening.getsockname()[1]  # --port 0: the free port it got
     options = LoadOptions(device=device, ctx_size=ctx_size, max_seqs=parallel, max_step_tokens=step_tokens,
                           kv_dtype=kv_dtype, block_size=block_size, kv_blocks=kv_blocks, kv_memory=kv_memory)
-    from rocmforge_serve.server import Server  # the ASGI stack loads only for this command
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with load_with_progress(path, options, quiet) as loaded:
-        if plant_bug:  # proves serve-leak-check catches a leak (profiles/leak_bugs.py)
-            from profiles import leak_bugs
-            leak_bugs.plant(plant_bug, loaded)
-        name = model_name or Path(path).name.removesuffix(".gguf")
-        server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
-                        log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=not one_process)
-        where = "in the engine's process" if one_process else "in a process of its own"
-        stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.context} tokens, "
-                     f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}, {where}); "
-                     f"Ctrl-C stops", highlight=False, markup=False)
-        report = server.run()
-        stderr.print(report.line(), highlight=False, markup=False)
+    try:
+        with load_with_progress(path, options, quiet) as loaded:
+            if plant_bug:  # proves serve-leak-check catches a leak (profiles/leak_bugs.py)
+                from profiles import leak_bugs
+                leak_bugs.plant(plant_bug, loaded)
+            name = model_name or Path(path).name.removesuffix(".gguf")
+            server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
+                            log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=not one_process)
+            where = "in the engine's process" if one_process else "in a process of its own"
+            stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.context} tokens, "
+                         f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}, {where}); "
+                         f"Ctrl-C stops", highlight=False, markup=False)
+            report = server.run(sockets=[listening])  # its line is logged (stderr) by the shutdown check
+    finally:
+        listening.close()
     ledger_left = loaded.device.ledger.total_bytes
     if ledger_left:
         stderr.print(f"after close the ledger still holds {ledger_left} bytes", highlight=False)

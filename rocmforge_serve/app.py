@@ -156,6 +156,8 @@ async def unhealthy_reason(served: ServedModel) -> str | None:
         state = await loop.state()
     except EngineStopped as exc:
         return str(exc)
+    if state["fault"] or not state["engine_running"]:  # with two processes, only the engine's side knows
+        return state["fault"] or "the engine is not running"
     if state["usable_blocks"] < 1:
         return "the KV cache has no usable block"
     return None

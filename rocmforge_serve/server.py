@@ -52,10 +52,13 @@ class ShutdownReport:
         if self.clean:
             return (f"shutdown: every KV block returned (KV cache quiescent), ledger kv bytes unchanged "
                     f"({self.kv_bytes_at_end}); {self.ended_at_shutdown} requests ended at shutdown")
-        problems = [p for p in (self.invariant_error, self.http_process_error) if p]
+        leaks = [p for p in (self.invariant_error,) if p]
         if self.kv_bytes_at_end != self.kv_bytes_at_start:
-            problems.append(f"ledger kv bytes {self.kv_bytes_at_start} at start, {self.kv_bytes_at_end} at shutdown")
-        return "shutdown: LEAK: " + "; ".join(problems)
+            leaks.append(f"ledger kv bytes {self.kv_bytes_at_start} at start, {self.kv_bytes_at_end} at shutdown")
+        if leaks:
+            return "shutdown: LEAK: " + "; ".join(leaks + [p for p in (self.http_process_error,) if p])
+        return (f"shutdown: FAILED: {self.http_process_error} (every KV block returned, ledger kv bytes unchanged; "
+                f"{self.ended_at_shutdown} requests ended at shutdown)")
 
 
 class Server:
@@ -153,7 +156,10 @@ class Server:
                 self.bridge.start()
                 while not self._exit.wait(0.05):
                     if self.bridge.closed.is_set() or not process.is_alive():
-                        break  # the HTTP process ended by itself (a port in use, a crash): shut down too
+                        # the HTTP process is ending by itself (a failed start, a crash): let it finish, so
+                        # that its own exit code is the one reported, then shut down too
+                        process.join(10.0)
+                        break
             finally:
                 # SIGTERM: uvicorn's graceful shutdown there, in-flight requests get grace_s; a second signal
                 # here (self._force) or a stuck process: SIGKILL
@@ -194,11 +200,19 @@ def _end_process(process, wait_s: float, force: threading.Event | None = None) -
 
 
 def bound_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening socket (port 0: a free port, no race between finding it and binding it)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
+    """A listening socket (port 0: a free port, no race between finding it and binding it). IPv4 or IPv6 as
+    the host resolves; bound before anything is served, so a port in use is an error at once, and both of the
+    server's shapes serve the same socket. OSError when the address cannot be had."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's own backlog
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 

@@ -149,6 +149,21 @@ def test_a_full_queue_gets_429_with_retry_after_not_a_hang(model_path, http_proc
         assert httpx.get(live.url + "/health").status_code == 200
 
 
+def test_an_engine_that_stopped_is_unhealthy_and_refuses_requests(model_path, http_process):
+    """A fault outside any request stops the engine loop: /health says why with 503 and new requests get 503,
+    in both shapes (with two processes only the engine's side knows it stopped)."""
+    with live_server(model_path, http_process=http_process) as live:
+        def broken_step():
+            raise RuntimeError("planted: the engine's step broke")
+        live.server.engine_loop.engine.step = broken_step
+        failed = post(live, "/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert failed.status_code >= 500
+        health = httpx.get(live.url + "/health", timeout=10)
+        assert health.status_code == 503 and "planted: the engine's step broke" in health.json()["reason"]
+        refused = post(live, "/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert_openai_error(refused, 503)
+
+
 def test_api_key_guards_every_v1_route(model_path, http_process):
     with live_server(model_path, api_key="s3cret", http_process=http_process) as live:
         for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")):

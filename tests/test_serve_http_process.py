@@ -48,6 +48,7 @@ def test_a_dead_http_process_leaves_no_block_behind_and_fails_the_check(tmp_path
             client.join(timeout=10)
     assert report.invariant_error is None and report.kv_bytes_at_end == report.kv_bytes_at_start
     assert not report.clean and "exit code -9" in report.line()
+    assert report.line().startswith("shutdown: FAILED:")  # not called a leak: every block and byte came back
 
 
 def free_port() -> int:
@@ -87,3 +88,16 @@ def test_ctrl_c_to_the_process_group_stops_both_processes_cleanly(tmp_path_facto
     assert server.returncode == 0, output
     assert "in a process of its own" in output
     assert "every KV block returned" in output and "LEAK" not in output
+
+
+def test_a_port_in_use_is_said_before_the_model_loads(tmp_path_factory):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "rocmforge_cli.app", "serve", "--model",
+                                 str(tiny_model(tmp_path_factory)), "--device", "cpu", "--port", str(port)],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "memory plan" not in result.stderr + result.stdout  # nothing was loaded
