@@ -13,11 +13,17 @@ Messages, each a tuple whose first item names it (pickled by multiprocessing's C
 Ids are the HTTP process's own; the bridge keeps each one's BridgeSink, which holds the engine's id. When
 the pipe closes (the HTTP process ended, or died) every request it left is cancelled, so its blocks come
 back at the next step like any disconnected client's.
+
+Neither the engine's thread nor the reader writes to the pipe: they queue, and a sender thread writes. A
+write blocks while the other side is not reading, and the HTTP process's event loop, which reads, also
+writes (submits carry whole prompts); if this side's reader could block in a write, a full pipe each way
+would stop both processes for good. So this side always reads, and the engine never waits for the pipe.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 
 from hipcore.engine.request import Event
@@ -53,16 +59,21 @@ class EngineBridge:
         self.conn = conn
         self.started = threading.Event()  # the HTTP process's server is up
         self.closed = threading.Event()  # the pipe closed: the HTTP process is gone
-        self._send_lock = threading.Lock()  # the engine thread and the reader both send
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # messages for the sender; None ends it
         self._sinks_lock = threading.Lock()
         self._sinks: dict[int, BridgeSink] = {}
-        self._thread = threading.Thread(target=self._read, name="rocmforge-bridge", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="rocmforge-bridge-in", daemon=True)
+        self._sender = threading.Thread(target=self._write, name="rocmforge-bridge-out", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self._reader.start()
+        self._sender.start()
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        """Until the pipe closed (the reader's end) and the sender stopped."""
+        self._reader.join(timeout)
+        self._outbox.put(None)
+        self._sender.join(timeout)
 
     @property
     def in_flight(self) -> int:
@@ -79,14 +90,17 @@ class EngineBridge:
                     self._sinks.pop(sink.client_id, None)
         self._send(("events", batch))
 
-    # ---- the reader thread ----------------------------------------------------------------------
+    # ---- the sender thread, and the reader thread ------------------------------------------------
 
     def _send(self, message: tuple) -> None:
-        try:
-            with self._send_lock:
+        self._outbox.put(message)
+
+    def _write(self) -> None:
+        while (message := self._outbox.get()) is not None:
+            try:
                 self.conn.send(message)
-        except (OSError, ValueError):  # the HTTP process is gone; the reader cancels what it left
-            pass
+            except (OSError, ValueError):  # the HTTP process is gone; the reader cancels what it left
+                return
 
     def _read(self) -> None:
         try:

@@ -14,17 +14,22 @@ import time
 
 import httpx
 
-from support.engine_testing import tiny_model
+from support.engine_testing import load_tiny, tiny_model
 from support.serve_testing import SLOW_TOKEN, live_server, metrics
 
+from rocmforge_serve.engine_bridge import EngineBridge
+from rocmforge_serve.engine_loop import EngineLoop
 
-def stream_until_gone(url: str, prompt=(SLOW_TOKEN, 5, 6)) -> None:
-    """A streamed request that lasts (with the test hooks, each step with SLOW_TOKEN's prompt takes 50 ms)."""
+
+def stream_until_gone(url: str, prompt=(SLOW_TOKEN, 5, 6), streaming: threading.Event | None = None) -> None:
+    """A streamed request that lasts (with the test hooks, each step with SLOW_TOKEN's prompt takes 50 ms);
+    `streaming` is set at its first chunk."""
     try:
         with httpx.stream("POST", url + "/v1/completions", timeout=30,
                           json={"prompt": list(prompt), "max_tokens": 200, "stream": True, "ignore_eos": True}) as response:
             for _ in response.iter_lines():
-                pass
+                if streaming is not None:
+                    streaming.set()
     except httpx.HTTPError:
         pass
 
@@ -51,6 +56,40 @@ def test_a_dead_http_process_leaves_no_block_behind_and_fails_the_check(tmp_path
     assert report.line().startswith("shutdown: FAILED:")  # not called a leak: every block and byte came back
 
 
+def test_the_engine_side_keeps_reading_while_its_replies_wait(tmp_path_factory):
+    """The HTTP process writes (submits) on the loop that also reads; if the engine's side could block in a
+    write while the HTTP side is not reading, a full pipe each way would stop both for good. Here the HTTP
+    side asks for 2,000 readings (megabytes of replies, more than the pipe holds) and reads none, then writes
+    a megabyte of cancels: every write must go through, and every reply come after, in order."""
+    import multiprocessing
+
+    loaded = load_tiny(tiny_model(tmp_path_factory))
+    loop = EngineLoop(loaded.engine, device=loaded.device)
+    loop.start()
+    ours, theirs = multiprocessing.Pipe()
+    bridge = EngineBridge(loop, ours)
+    bridge.start()
+    written = threading.Event()
+
+    def flood():
+        for token in range(2000):
+            theirs.send(("state", token))
+        for client_id in range(50_000):
+            theirs.send(("cancel", client_id))  # ids never submitted: no-ops, but bytes the pipe must take
+        written.set()
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        assert written.wait(60), "the HTTP side's writes stopped: the engine's side no longer reads"
+        replies = [theirs.recv() for _ in range(2000)]
+        assert [(kind, token) for kind, token, _ in replies] == [("state", t) for t in range(2000)]
+        assert all("usable_blocks" in state for _, _, state in replies)
+    finally:
+        theirs.close()
+        bridge.join(timeout=10)
+        loop.stop()
+        loaded.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,11 +113,10 @@ def test_ctrl_c_to_the_process_group_stops_both_processes_cleanly(tmp_path_facto
                 pass
             assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
             time.sleep(0.1)
-        client = threading.Thread(target=stream_until_gone, args=(url, (5, 6, 7)))
+        streaming = threading.Event()
+        client = threading.Thread(target=stream_until_gone, args=(url, (5, 6, 7), streaming))
         client.start()
-        while httpx.get(url + "/metrics", timeout=5).text.count("rocmforge_requests_running 1.0") == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        assert streaming.wait(30), "the request did not start streaming"
         os.killpg(server.pid, signal.SIGINT)
         output, _ = server.communicate(timeout=60)
         client.join(timeout=10)
