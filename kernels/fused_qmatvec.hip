@@ -198,7 +198,7 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
 }
 
 // y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add); KS warps per row group (tile_dot).
-template <int NB, int kRows, bool NORM, int KS = 1>
+template <int NB, int kRows, bool NORM, int KS = 1, int UNROLL = 1>
 __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned char* W, int type, const float* x,
                                             const float* g, int rows, int cols, float eps, int b0, int tokens) {
   const Tiles t = Tiles::of<kRows, KS>();
@@ -207,7 +207,7 @@ __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned 
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
     const int r0 = tile * t.tile_rows + t.group * kRows;
     float out[1][kRows][NB], ss[NB];
-    typed_tile_dot<NB, kRows, 1, NORM, KS>(type, st, Wl, rows, r0, x, g, cols, tokens, out, ss, t.part);
+    typed_tile_dot<NB, kRows, 1, NORM, KS, UNROLL>(type, st, Wl, rows, r0, x, g, cols, tokens, out, ss, t.part);
     if (t.lane != 0 || t.part != 0) continue;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
@@ -294,6 +294,16 @@ struct SwigluPass {
   }
 };
 
+// The one-token head's slice loop unrolled by two (tile_dot's UNROLL) where it was measured and fits the
+// registers: NVIDIA (an H200: the 8B's head 151.1 -> 136.2 us, 71% -> 75% of copy; tg128 +0.5%). The same
+// unroll in gate|up and q|k|v lost in the step (docs/benchmarks.md, 2026-11-28, fourth session). AMD keeps
+// one: RDNA's wave32 builds spill 80-108 bytes with it, and no AMD device was at hand to measure either family.
+#if defined(RF_NVIDIA)
+constexpr int kHeadUnroll = 2;
+#else
+constexpr int kHeadUnroll = 1;
+#endif
+
 template <bool NORM>
 struct SinglePass {
   Stage* st;
@@ -318,6 +328,10 @@ struct SinglePass {
         single_pass<NB, kRows, NORM, 4>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
         return;
       }
+    }
+    if constexpr (ONE_TOKEN && NORM && kHeadUnroll > 1) {
+      single_pass<NB, kRows, NORM, 1, kHeadUnroll>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+      return;
     }
     single_pass<NB, kRows, NORM>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
   }

@@ -123,7 +123,9 @@ static __device__ __forceinline__ XSlice staged_slice(const Stage& st, int j) {
 // result every run); part 0's warp holds them. A product of few rows (an 8B's o and down: 128 tiles of 32
 // rows for 132 SMs) otherwise leaves too few loads in flight per SM to cover DRAM latency. KS is a template
 // argument: with a run-time stride the unsplit products lost ~15% (measured on an H100, gate|up).
-template <class Format, int NB, int ROWS, int M, bool NORM, int KS = 1>
+// UNROLL: the slice loop unrolled (2: the next slice's loads may issue before this slice's products); the
+// one-token head's on NVIDIA only (fused_qmatvec.hip: kHeadUnroll).
+template <class Format, int NB, int ROWS, int M, bool NORM, int KS = 1, int UNROLL = 1>
 __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned char* const W[M], int rows, int r0,
                                          const float* __restrict__ x, const float* __restrict__ g, int cols, int tokens,
                                          float out[M][ROWS][NB], float ss[NB], int part = 0) {
@@ -203,6 +205,7 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
     }
     __syncthreads();
     if (!reads) continue;
+#pragma unroll UNROLL
     for (int i = lane + part * WARP_SIZE; i < n; i += WARP_SIZE * KS) {
       typename Format::Raw raw[M][ROWS];
 #pragma unroll
@@ -278,16 +281,16 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
 }
 
 // tile_dot for matrices whose format is known only at run time (uniform across the block).
-template <int NB, int ROWS, int M, bool NORM, int KS = 1>
+template <int NB, int ROWS, int M, bool NORM, int KS = 1, int UNROLL = 1>
 __device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsigned char* const W[M], int rows, int r0,
                                                const float* x, const float* g, int cols, int tokens,
                                                float out[M][ROWS][NB], float ss[NB], int part = 0) {
   switch (type) {
-    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
-    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
-    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
-    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
-    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM, KS>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ6_K: tile_dot<q8::Q6_KFormat, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
   }
 }
 
