@@ -102,7 +102,7 @@ class EngineLoop:
 
     async def state(self) -> dict:
         """state_now() for the handlers, async as EngineClient's (a round trip to the engine's process) is."""
-        return read_engine_state(self)
+        return self.state_now()
 
     def tokens_per_second(self) -> float:
         """Generated tokens per second over the trailing window (0 when idle)."""
