@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -32,7 +33,7 @@ def serve_command(
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model's name in the API. Default: the file name without .gguf.", show_default=False)] = None,
     grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests may run on after SIGTERM / Ctrl-C before they are cancelled.")] = 10.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate through end-of-generation tokens up to max_tokens unless a request sends ignore_eos false (fixed output lengths for load generators, as llama-server's --ignore-eos).")] = False,
-    one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients).")] = False,
+    one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients). Always so on Windows.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or memory plan on stderr.")] = False,
     plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
 ) -> None:
@@ -60,6 +61,8 @@ def serve_command(
     except OSError as exc:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     port = listening.getsockname()[1]  # --port 0: the free port it got
+    # The HTTP process reads its pipe from the event loop (add_reader), which Windows' default loop lacks.
+    two_processes = not one_process and sys.platform != "win32"
     options = LoadOptions(device=device, ctx_size=ctx_size, max_seqs=parallel, max_step_tokens=step_tokens,
                           kv_dtype=kv_dtype, block_size=block_size, kv_blocks=kv_blocks, kv_memory=kv_memory)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -70,8 +73,8 @@ def serve_command(
                 leak_bugs.plant(plant_bug, loaded)
             name = model_name or Path(path).name.removesuffix(".gguf")
             server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
-                            log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=not one_process)
-            where = "in the engine's process" if one_process else "in a process of its own"
+                            log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=two_processes)
+            where = "in a process of its own" if two_processes else "in the engine's process"
             stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.context} tokens, "
                          f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}, {where}); "
                          f"Ctrl-C stops", highlight=False, markup=False)
