@@ -66,8 +66,11 @@ struct Stage {
   float ss_total[kMaxBatchPerPass];
 };
 
+// Every thread of the block calls it before the first tile_dot: the barrier makes the reset seen by all, so
+// that a workgroup never reads a key a workgroup before it on this SM left in the shared memory.
 static __device__ __forceinline__ void reset_key(Stage& st) {
-  if (threadIdx.x == 0) st.key_x = nullptr;  // read only after tile_dot's first barrier
+  if (threadIdx.x == 0) st.key_x = nullptr;
+  __syncthreads();
 }
 
 // Slices c0 .. c0 + n - 1 of the NB tokens quantized into st (slice i of token b at b * chunk + i) by the
@@ -177,10 +180,15 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
   rf_grid_dependency_sync();  // x and everything but the weights: written by the kernel ahead
   for (int c0 = 0; c0 < slices; c0 += chunk) {
     const int n = slices - c0 < chunk ? slices - c0 : chunk;
-    __syncthreads();  // every warp is done with the previous chunk; the key was written before a barrier
-    // Uniform: every thread reads the same key. One staging site, so that the kernel's code does not grow
-    // by a second inlined copy of it.
-    if (!(whole && st.key_x == x && st.key_type == type && st.key_tokens == tokens)) {
+    // Uniform: every thread reads the same key, which only a staging writes, between two of its barriers that
+    // every thread meets. When the codes are kept, the warps go on to their next rows without a barrier: the
+    // block's warps need not wait for its slowest at every tile, and no warp's loads drain there (a one-token
+    // gate|up takes 3-4 tiles a workgroup, the head ~15). A split row group (KS > 1) still meets its warps
+    // here: their partial sums of the tile before must be read before they are overwritten.
+    const bool kept = whole && st.key_x == x && st.key_type == type && st.key_tokens == tokens;
+    if (KS > 1 || !kept) __syncthreads();  // every warp is done with the previous chunk's codes (and partials)
+    // One staging site, so that the kernel's code does not grow by a second inlined copy of it.
+    if (!kept) {
       stage_chunk<Format, NB, NORM>(st, x, g, cols, tokens, c0, n, sq);
       if (NORM && whole) {  // the block's sums of squares, kept with the codes
 #pragma unroll
@@ -202,8 +210,8 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
         }
         st.key_x = whole ? x : nullptr, st.key_type = type, st.key_tokens = tokens;
       }
+      __syncthreads();  // the codes, the key and the sums of squares, seen by every thread
     }
-    __syncthreads();
     if (!reads) continue;
 #pragma unroll UNROLL
     for (int i = lane + part * WARP_SIZE; i < n; i += WARP_SIZE * KS) {
