@@ -30,7 +30,8 @@
 // RoPE pair in one warp), loads of all of them in flight before the first is used, as qmatvec does.
 // q, k and v rows form one sequence of row groups over the three matrices; gate and up rows go in pairs
 // (the warp walks four gate rows, then the same four up rows, and multiplies them). Batches of more
-// than 4 tokens take further passes over W.
+// than 4 tokens take further passes over W. At one token, gate|up's last round of tiles, when it would leave
+// half the workgroups idle or more, goes as tiles of split row groups (norm_swiglu_pass).
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; q_rows and kv_rows
 // multiples of 4 (head_dim % 4 == 0); W of each type aligned as qmatvec.hip needs; x and g 16-byte aligned.
 #include "hip_compat.h"
@@ -165,25 +166,27 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
   }
 }
 
-template <int NB, int kGateUpRows>
-__device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
-                                                 int types, const float* x, const float* g, int rows, int cols, float eps,
-                                                 int b0, int tokens) {
-  const Tiles t = Tiles::of<kGateUpRows>();
-  const int tiles = t.count(rows);
+// Gate|up tiles of KS-split row groups (tile_dot) covering rows begin .. end - 1 of `rows`, the block's in turn.
+template <int NB, int kGateUpRows, int KS>
+__device__ __forceinline__ void swiglu_tiles(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
+                                             int types, const float* x, const float* g, int rows, int cols, float eps,
+                                             int b0, int tokens, int begin, int end) {
+  const Tiles t = Tiles::of<kGateUpRows, KS>();
+  const int tiles = (end - begin + t.tile_rows - 1) / t.tile_rows;
   const int type_gate = types & 15, type_up = (types >> 4) & 15;
   const unsigned char* const W[2] = {Wg, Wu};
   const unsigned char* const W_gate[1] = {Wg}, *const W_up[1] = {Wu};  // not &W[i]: that would put W in local memory
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
-    const int r0 = tile * t.tile_rows + t.warp * kGateUpRows;
+    const int r0 = begin + tile * t.tile_rows + t.group * kGateUpRows;
     float out[2][kGateUpRows][NB], ss[NB];  // out[0]: gate, out[1]: up
     if (type_gate == type_up) {  // one staging of x for both matrices
-      typed_tile_dot<NB, kGateUpRows, 2, true>(type_gate, st, W, rows, r0, x, g, cols, tokens, out, ss);
+      typed_tile_dot<NB, kGateUpRows, 2, true, KS>(type_gate, st, W, end, r0, x, g, cols, tokens, out, ss, t.part);
     } else {  // the formats group x's columns differently: one staging each
-      typed_tile_dot<NB, kGateUpRows, 1, true>(type_gate, st, W_gate, rows, r0, x, g, cols, tokens, &out[0], ss);
-      typed_tile_dot<NB, kGateUpRows, 1, true>(type_up, st, W_up, rows, r0, x, g, cols, tokens, &out[1], ss);
+      typed_tile_dot<NB, kGateUpRows, 1, true, KS>(type_gate, st, W_gate, end, r0, x, g, cols, tokens, &out[0], ss,
+                                                   t.part);
+      typed_tile_dot<NB, kGateUpRows, 1, true, KS>(type_up, st, W_up, end, r0, x, g, cols, tokens, &out[1], ss, t.part);
     }
-    if (t.lane != 0) continue;
+    if (t.lane != 0 || t.part != 0) continue;  // part 0's warp holds a split group's sums
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       if (b >= tokens) break;
@@ -191,10 +194,34 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
 #pragma unroll
       for (int r = 0; r < kGateUpRows; ++r) {
         const float a = out[0][r][b] * s, u = out[1][r][b] * s;
-        if (r0 + r < rows) y[(unsigned long long)(b0 + b) * rows + r0 + r] = a / (1.0f + expf(-a)) * u;
+        if (r0 + r < end) y[(unsigned long long)(b0 + b) * rows + r0 + r] = a / (1.0f + expf(-a)) * u;
       }
     }
   }
+}
+
+// At one token the workgroups take the tiles round by round, and a round takes about as long whether every
+// workgroup has a tile or a few have: the warps wait on DRAM with few loads in flight. An 8B's 896 tiles on
+// 264 workgroups make 3.39 rounds, and its gate|up took as long as 4 whole rounds' (measured on an H200:
+// 14,336 rows 24.9 us, 16,896 rows 25.5, 12,672 rows 19.9). So where the last round would leave at least half
+// the workgroups without a tile, its rows go as tiles of split row groups (two warps a group, each half the
+// columns; one tile a workgroup at most): every workgroup takes part and each warp's walk is half as long.
+// Split throughout, gate|up lost (24.9 -> 26.8 us; a split tile pays two barriers and a second reduction).
+template <int NB, int kGateUpRows, bool ONE_TOKEN>
+__device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
+                                                 int types, const float* x, const float* g, int rows, int cols, float eps,
+                                                 int b0, int tokens) {
+  if constexpr (ONE_TOKEN) {
+    const int tile_rows = Tiles::of<kGateUpRows>().tile_rows, tiles = (rows + tile_rows - 1) / tile_rows;
+    const int rounds = tiles / (int)gridDim.x, last = tiles - rounds * (int)gridDim.x;  // uniform
+    if (rounds > 0 && last > 0 && 2 * last <= (int)gridDim.x) {
+      const int body = rounds * (int)gridDim.x * tile_rows;  // the whole rounds' rows
+      swiglu_tiles<NB, kGateUpRows, 1>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, body);
+      swiglu_tiles<NB, kGateUpRows, 2>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, body, rows);
+      return;
+    }
+  }
+  swiglu_tiles<NB, kGateUpRows, 1>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, rows);
 }
 
 // y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add); KS warps per row group (tile_dot).
@@ -288,7 +315,7 @@ struct SwigluPass {
   float eps;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
-    norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows>(*st, y, static_cast<const unsigned char*>(Wg),
+    norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows, ONE_TOKEN>(*st, y, static_cast<const unsigned char*>(Wg),
                                                            static_cast<const unsigned char*>(Wu), types,
                          x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0, tokens);
   }

@@ -38,10 +38,10 @@ def inputs(rng, batch, cols):
     return x, g
 
 
-def grids(warp, entry, variant, cols, *matrix_rows):
-    """(grid, block, k_split, tile_groups): the launcher's, and one workgroup walking every tile."""
+def grids(warp, entry, variant, cols, *matrix_rows, more=()):
+    """(grid, block, k_split, tile_groups): the launcher's, one workgroup walking every tile, and `more`."""
     geo = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, variant, cols, *matrix_rows)
-    return [geo._replace(grid=g) for g in sorted({geo.grid, 1})]
+    return [geo._replace(grid=g) for g in sorted({geo.grid, 1, *more})]
 
 
 # q, k, v types as Q4_K_M lays them out (Q6_K v), one layer of every other type, and three distinct types.
@@ -210,7 +210,9 @@ def test_norm_rope_stores_kv_into_the_cache(harnesses, warp, kv_dtype, tmp_path)
 @pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q5_k")], ids=lambda t: "-".join(t))
 def test_norm_swiglu(harnesses, warp, types, tmp_path):
     rng = np.random.default_rng([warp, 2, *map(ord, "".join(types))])
-    for rows, cols, batch in [(20, 256, 1), (9, 512, 2), (6, 256, 5)]:  # rows not a multiple of a warp's rows
+    # rows not a multiple of a warp's rows; 40 rows on 2 workgroups: at one token the last round's rows go as
+    # tiles of split row groups (kernels/fused_qmatvec.hip: norm_swiglu_pass), at wave 32 and wave 64
+    for rows, cols, batch in [(20, 256, 1), (9, 512, 2), (6, 256, 5), (40, 256, 1)]:
         wg, wu = (random_weights(rng, t, rows, cols) for t in types)
         x, g = inputs(rng, batch, cols)
         files = write_inputs(tmp_path, wg=wg, wu=wu, x=x, g=g)
@@ -223,7 +225,7 @@ def test_norm_swiglu(harnesses, warp, types, tmp_path):
         # silu(a) * u: |d/da| <= 1.1 |u|, |d/du| = |silu(a)| <= |a|; then the float32 rounding of the result.
         bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block, *_ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows):
+            for grid, block, *_ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows, more=(2,)):
                 run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, fused_qmatvec.pack_types(types),
                     rows, cols, batch, EPS, *files, tmp_path / "o")
                 got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)

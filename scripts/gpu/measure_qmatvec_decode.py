@@ -202,6 +202,9 @@ def main() -> None:
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated token counts (default 1,2,4,8)")
     parser.add_argument("--kinds", default=",".join(KIND_NAMES), help="comma-separated launch kinds (default: all)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="Llama-3.1-8B or Llama-3.2-1B (default 8b)")
+    parser.add_argument("--ffn", type=int, default=None, metavar="ROWS",
+                        help="gate|up rows (down's columns) instead of the shape's: how a launch's last, partial round "
+                             "of tiles costs (14336 rows are 3.39 rounds of 264 workgroups, 12672 three, 16896 four)")
     parser.add_argument("--k-split", default="auto",
                         help="comma-separated k_split values to force, 'auto' for the launcher's (default auto)")
     parser.add_argument("--tile-groups", default="auto",
@@ -217,6 +220,10 @@ def main() -> None:
     fused_qmatvec.MAX_WORKGROUPS = opts.max_workgroups
     global HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM, KINDS
     HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = SHAPES[opts.shape]
+    if opts.ffn is not None:
+        if opts.ffn <= 0 or opts.ffn % 256:
+            parser.error(f"--ffn must be a positive multiple of 256 (down's K-quant columns), got {opts.ffn}")
+        FFN = opts.ffn
     KINDS = kinds_of_shape()
     splits = [None if v == "auto" else int(v) for v in opts.k_split.split(",")]
     tile_groups = [None if v == "auto" else int(v) for v in opts.tile_groups.split(",")]
@@ -228,7 +235,7 @@ def main() -> None:
                      opts.repeats, splits, tile_groups)
     if opts.json_out:
         opts.json_out.write_text(json.dumps(result, indent=2))
-    shape = {"8b": "Llama-3.1-8B", "1b": "Llama-3.2-1B"}[opts.shape]
+    shape = {"8b": "Llama-3.1-8B", "1b": "Llama-3.2-1B"}[opts.shape] + (f" (ffn {FFN})" if opts.ffn else "")
     print(f"fused_qmatvec launches, {shape} Q4_K_M shapes, on {result['device']} ({result['code_objects']}); "
           f"{result['date']}, commit {result['commit']}; at most {opts.max_workgroups} workgroups\n")
     print(f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s (read + write)\n")
