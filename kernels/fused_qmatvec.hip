@@ -31,7 +31,8 @@
 // q, k and v rows form one sequence of row groups over the three matrices; gate and up rows go in pairs
 // (the warp walks four gate rows, then the same four up rows, and multiplies them). Batches of more
 // than 4 tokens take further passes over W. At one token, gate|up's last round of tiles, when it would leave
-// half the workgroups idle or more, goes as tiles of split row groups (norm_swiglu_pass).
+// half the workgroups idle or more, goes as tiles of split row groups (norm_swiglu_pass) in an entry of its
+// own, qmatvec_norm_swiglu_split_1, which the launcher picks where that round exists.
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; q_rows and kv_rows
 // multiples of 4 (head_dim % 4 == 0); W of each type aligned as qmatvec.hip needs; x and g 16-byte aligned.
 #include "hip_compat.h"
@@ -207,11 +208,14 @@ __device__ __forceinline__ void swiglu_tiles(Stage& st, float* y, const unsigned
 // the workgroups without a tile, its rows go as tiles of split row groups (two warps a group, each half the
 // columns; one tile a workgroup at most): every workgroup takes part and each warp's walk is half as long.
 // Split throughout, gate|up lost (24.9 -> 26.8 us; a split tile pays two barriers and a second reduction).
-template <int NB, int kGateUpRows, bool ONE_TOKEN>
+// SPLIT_LAST (the _split_1 entry only): the split tiles' code raised the one-token entry from 108 to 128
+// registers on sm_90 with 20 bytes of spill, which cost a 3B, whose 512 tiles on 264 workgroups never split,
+// 0.3% of tg128; so the entry without them stays as it was and the launcher picks (splits_last_round).
+template <int NB, int kGateUpRows, bool SPLIT_LAST>
 __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
                                                  int types, const float* x, const float* g, int rows, int cols, float eps,
                                                  int b0, int tokens) {
-  if constexpr (ONE_TOKEN) {
+  if constexpr (SPLIT_LAST) {
     const int tile_rows = Tiles::of<kGateUpRows>().tile_rows, tiles = (rows + tile_rows - 1) / tile_rows;
     const int rounds = tiles / (int)gridDim.x, last = tiles - rounds * (int)gridDim.x;  // uniform
     if (rounds > 0 && last > 0 && 2 * last <= (int)gridDim.x) {
@@ -306,6 +310,7 @@ struct RopePass {
   }
 };
 
+template <bool SPLIT_LAST>
 struct SwigluPass {
   Stage* st;
   float* y;
@@ -315,7 +320,7 @@ struct SwigluPass {
   float eps;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
-    norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows, ONE_TOKEN>(*st, y, static_cast<const unsigned char*>(Wg),
+    norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows, ONE_TOKEN && SPLIT_LAST>(*st, y, static_cast<const unsigned char*>(Wg),
                                                            static_cast<const unsigned char*>(Wu), types,
                          x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0, tokens);
   }
@@ -383,10 +388,10 @@ __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* 
   passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, &kv, cols, eps, k_split, tile_groups});
 }
 
-template <bool ONE_TOKEN>
+template <bool ONE_TOKEN, bool SPLIT_LAST = false>
 __device__ __forceinline__ void norm_swiglu(Stage* st, float* y, const void* Wg, const void* Wu, const float* x, const float* g,
                                             int types, int rows, int cols, int batch, float eps) {
-  passes<ONE_TOKEN>(batch, SwigluPass{st, y, Wg, Wu, x, g, types, rows, cols, eps});
+  passes<ONE_TOKEN>(batch, SwigluPass<SPLIT_LAST>{st, y, Wg, Wu, x, g, types, rows, cols, eps});
 }
 
 template <bool ONE_TOKEN, bool NORM>
@@ -437,3 +442,13 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
 
 RF_FUSED_QMATVEC_ENTRIES(1, true)
 RF_FUSED_QMATVEC_ENTRIES(n, false)
+
+// One token's gate|up whose last round of tiles goes split (norm_swiglu_pass: SPLIT_LAST).
+extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_split_1(
+    float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols, int batch,
+    float eps) {
+  __shared__ fq::Stage stage;
+  rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */
+  fq::reset_key(stage);
+  fq::norm_swiglu<true, true>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);
+}

@@ -11,6 +11,8 @@ whole percents of that magnitude, far above it.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -210,8 +212,10 @@ def test_norm_rope_stores_kv_into_the_cache(harnesses, warp, kv_dtype, tmp_path)
 @pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q5_k")], ids=lambda t: "-".join(t))
 def test_norm_swiglu(harnesses, warp, types, tmp_path):
     rng = np.random.default_rng([warp, 2, *map(ord, "".join(types))])
-    # rows not a multiple of a warp's rows; 40 rows on 2 workgroups: at one token the last round's rows go as
-    # tiles of split row groups (kernels/fused_qmatvec.hip: norm_swiglu_pass), at wave 32 and wave 64
+    # rows not a multiple of a warp's rows; 40 rows on 2 workgroups: at one token the split entry's last round
+    # goes as tiles of split row groups (kernels/fused_qmatvec.hip: norm_swiglu_pass), at wave 32 and wave 64;
+    # the split entry runs at every one-token grid (it is correct at any, the launcher picks it by speed)
+    assert fused_qmatvec.splits_last_round(ARCH_FOR_WARP[warp], 40, 2)
     for rows, cols, batch in [(20, 256, 1), (9, 512, 2), (6, 256, 5), (40, 256, 1)]:
         wg, wu = (random_weights(rng, t, rows, cols) for t in types)
         x, g = inputs(rng, batch, cols)
@@ -225,11 +229,13 @@ def test_norm_swiglu(harnesses, warp, types, tmp_path):
         # silu(a) * u: |d/da| <= 1.1 |u|, |d/du| = |silu(a)| <= |a|; then the float32 rounding of the result.
         bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
         for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            for grid, block, *_ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows, more=(2,)):
-                run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, fused_qmatvec.pack_types(types),
-                    rows, cols, batch, EPS, *files, tmp_path / "o")
-                got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
-                assert np.all(np.abs(got - want) <= bound), f"{types} {rows}x{cols} batch {batch} {variant} grid {grid}"
+            names = [f"qmatvec_norm_swiglu_{variant}"] + (["qmatvec_norm_swiglu_split_1"] if variant == "1" else [])
+            for name in names:
+                for grid, block, *_ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows, more=(2,)):
+                    run(harnesses, warp, name, grid, block, fused_qmatvec.pack_types(types), rows, cols, batch, EPS,
+                        *files, tmp_path / "o")
+                    got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+                    assert np.all(np.abs(got - want) <= bound), f"{types} {rows}x{cols} batch {batch} {name} grid {grid}"
 
 
 @pytest.mark.parametrize("weight_type", fused_qmatvec.WEIGHT_TYPES)
@@ -340,6 +346,32 @@ def test_launcher_splits_the_residual_of_few_tiles():
             geometry("qmatvec_add", 4096, 4096)
     finally:
         fused_qmatvec.FORCED_K_SPLIT = None
+
+
+def test_launcher_takes_the_split_gate_up_entry_only_where_a_last_round_would_idle_half_the_workgroups(monkeypatch):
+    """One-token gate|up takes qmatvec_norm_swiglu_split_1 where its last round of tiles would leave at least half
+    the workgroups idle (an 8B's 14,336 rows: 896 tiles, 3 rounds of 264 and 104 left), the entry without the
+    split tiles elsewhere (a 3B's 8,192: 512 tiles, 1 round and 248 left; a small model's one round) and for
+    batches."""
+    launched = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def launch(self, grid, block, args, stream=None):
+            launched.append((self.name, grid))
+
+    monkeypatch.setattr(fused_qmatvec, "get_kernel", lambda device, op, name, signature, programmatic: Kernel(name))
+    device = SimpleNamespace(arch="sm_90", multiprocessors=132)
+    cases = [(14336, 1, "qmatvec_norm_swiglu_split_1", 264), (8192, 1, "qmatvec_norm_swiglu_1", 264),
+             (1536, 1, "qmatvec_norm_swiglu_1", 96), (14336, 2, "qmatvec_norm_swiglu_n", 264)]
+    for rows, batch, _, _ in cases:
+        fused_qmatvec._launch(device, None, "qmatvec_norm_swiglu", batch, 4096, (rows,), ())
+    assert launched == [(name, grid) for _, _, name, grid in cases]
+    assert fused_qmatvec.splits_last_round("gfx942", 11008, 264)      # wave 64: 1,376 tiles, 5 rounds and 56 left
+    assert not fused_qmatvec.splits_last_round("sm_90", 11008, 264)   # wave 32: 688 tiles, 2 rounds and 160 left
+    assert not fused_qmatvec.splits_last_round("sm_90", 4224, 264)    # 264 tiles: one whole round
 
 
 def test_launcher_spreads_qkv_tiles_over_the_multiprocessors():

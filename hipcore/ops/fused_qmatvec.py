@@ -12,6 +12,8 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
                         cache, kv_store.EpilogueTarget, instead of the k and v buffers; kv_format 0 = not;
                         tile_groups: see MIN_TILE_GROUPS_SHARE)
   qmatvec_norm_swiglu_<v>(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
+                        (and qmatvec_norm_swiglu_split_1, the same at one token with its last round of tiles
+                        split: see splits_last_round)
   qmatvec_add_<v>(y, W, x, type, rows, cols, batch, k_split)   (k_split: see MAX_K_SPLIT)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
 
@@ -186,11 +188,13 @@ def _register(variant: str) -> None:
         for out, y in ((k, made[1]), (v, made[2])):
             dev.view(out, np.float32, (batch, kv_rows))[:] = y
 
-    @cpu_kernel(f"qmatvec_norm_swiglu_{variant}", SIGNATURES["qmatvec_norm_swiglu"])
     def norm_swiglu(dev, grid, block, y, wg, wu, x, g, types, rows, cols, batch, eps):
         gate = _host_normed(dev, wg, types & 15, x, g, rows, cols, batch, eps)
         up = _host_normed(dev, wu, (types >> 4) & 15, x, g, rows, cols, batch, eps)
         dev.view(y, np.float32, (batch, rows))[:] = silu_mul.reference(gate, up)
+
+    for name in [f"qmatvec_norm_swiglu_{variant}"] + (["qmatvec_norm_swiglu_split_1"] if variant == "1" else []):
+        cpu_kernel(name, SIGNATURES["qmatvec_norm_swiglu"])(norm_swiglu)
 
     @cpu_kernel(f"qmatvec_add_{variant}", SIGNATURES["qmatvec_add"])
     def add(dev, grid, block, y, w, x, type_code, rows, cols, batch, k_split):
@@ -277,6 +281,16 @@ def geometry(arch: str, entry: str, entry_variant: str, cols: int, *matrix_rows:
     return Geometry(min(tiles(split, groups), cap), BLOCK_THREADS, split, groups)
 
 
+def splits_last_round(arch: str, rows: int, grid: int) -> bool:
+    """True when one-token gate|up of `rows` rows on `grid` workgroups has a last round of tiles that would leave
+    at least half the workgroups idle: the launch then takes qmatvec_norm_swiglu_split_1, whose last round goes as
+    tiles of split row groups (kernels/fused_qmatvec.hip: norm_swiglu_pass, the same test). An 8B's 14,336 rows
+    make 896 tiles, 3 rounds of 264 and 104 left: split; a 3B's or a 1B's 8,192 make 512, 1 round and 248 left."""
+    tile_rows = BLOCK_THREADS // wavefront_size(arch) * GATE_UP_ROWS_PER_WARP["1"]
+    rounds, last = divmod(-(-rows // tile_rows), grid)
+    return rounds > 0 and last > 0 and 2 * last <= grid
+
+
 def _check_matrix(op: str, name: str, w: Any, weight_type: str, rows: int, cols: int) -> None:
     if weight_type not in WEIGHT_TYPES:
         raise ValueError(f"{op}: {name} has weight type {weight_type!r}; these kernels read {', '.join(WEIGHT_TYPES)}")
@@ -295,8 +309,11 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
 def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols: int, matrix_rows: tuple[int, ...],
             args: tuple) -> None:
     geo = geometry(device.arch, entry, variant(batch), cols, *matrix_rows, multiprocessors=device.multiprocessors)
+    name = f"{entry}_{variant(batch)}"
+    if entry == "qmatvec_norm_swiglu" and batch == 1 and splits_last_round(device.arch, matrix_rows[0], geo.grid):
+        name = "qmatvec_norm_swiglu_split_1"
     # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
-    kernel = get_kernel(device, OP, f"{entry}_{variant(batch)}", SIGNATURES[entry], programmatic=True)
+    kernel = get_kernel(device, OP, name, SIGNATURES[entry], programmatic=True)
     if entry in SPLIT_ENTRIES:
         args = (*args, geo.k_split)
     if entry in TILE_GROUP_ENTRIES:

@@ -225,13 +225,16 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     std::vector<char> out((const char*)q.data(), (const char*)(q.data() + q.size()));
     out.insert(out.end(), pools.begin(), pools.end());
     write_file(a[17], out.data(), out.size());
-  } else if (entry == "qmatvec_norm_swiglu_1" || entry == "qmatvec_norm_swiglu_n") {
+  } else if (entry == "qmatvec_norm_swiglu_1" || entry == "qmatvec_norm_swiglu_n" ||
+             entry == "qmatvec_norm_swiglu_split_1") {
     // types rows cols batch eps Wg Wu x g out
     const int types = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const float eps = std::strtof(a[4], nullptr);
     std::vector<char> wg = read_file(a[5]), wu = read_file(a[6]), x = read_file(a[7]), g = read_file(a[8]);
     std::vector<float> y = nan_filled((size_t)rows * batch);
-    auto kernel = one ? qmatvec_norm_swiglu_1 : qmatvec_norm_swiglu_n;
+    auto kernel = entry == "qmatvec_norm_swiglu_split_1" ? qmatvec_norm_swiglu_split_1
+                  : one                                   ? qmatvec_norm_swiglu_1
+                                                          : qmatvec_norm_swiglu_n;
     emu_launch(grid, block, [&] {
       kernel(y.data(), wg.data(), wu.data(), (const float*)x.data(), (const float*)g.data(), types, rows, cols, batch, eps);
     });
