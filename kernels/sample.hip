@@ -24,7 +24,9 @@
 // device_samplable).
 // top_k <= 0 with top_p >= 1 (no top-k, no top-p: OpenAI's defaults) is the whole vocabulary: min-p and
 // temperature need only the largest logit and sums, so the draw runs over every token in id order with
-// no sort and no candidate buffer (whole_vocabulary below; the host sampler uses the same order).
+// no sort and no candidate buffer (whole_vocabulary below; the host sampler uses the same order). Without
+// min-p too (what a request with no sampling options gets from rocmforge serve) such a row is split over the
+// chunks as a greedy row is (split_whole_vocabulary).
 // Block size: any multiple of 64 up to 1024.
 #include "hip_compat.h"
 
@@ -146,7 +148,7 @@ static __device__ void greedy(int* out, const float* x, int vocab, Shared& sh) {
 // attention's splits) picks among the chunks' picks and sets the counter back to zero. The pick is the
 // whole row's: argmax_wins is a total order, so picking among the chunks' picks gives the same token.
 // Workspace (hipcore/ops/sample.py: workspace_bytes): int counters[rows] padded to kCounterBytesAlignment,
-// then float value[rows * chunks], int id[rows * chunks].
+// then float value[rows * chunks], int id[rows * chunks] (and float sum[rows * chunks]: split_whole_vocabulary).
 constexpr int kCounterBytesAlignment = 256;
 
 static __device__ void split_greedy(int* out, const float* x, int vocab, int row, int chunk, int chunks, int rows,
@@ -183,6 +185,152 @@ static __device__ void split_greedy(int* out, const float* x, int vocab, int row
   if (threadIdx.x == 0) {
     *out = best_index;
     counters[row] = 0;  // ready for the next launch
+  }
+}
+
+// Whole-vocabulary rows without min-p split over `chunks` workgroups, as greedy rows are: one workgroup walking
+// a row's 49,152 logits (the demo model's) several times took ~0.24 ms a decode step at 32 rows on an NVIDIA
+// H200, 11% of the engine's decode rate against greedy rows. Each chunk publishes its largest logit m, its
+// weights' sum relative to m, s = sum exp(v/T - m/T), and its last id with a weight (NaNs have none, as in
+// whole_vocabulary); the row's last workgroup to arrive puts the chunks on the row's scale (the largest m, M:
+// s * exp(m/T - M/T)), finds the chunk whose running sum crosses uniform * total, and walks that chunk's logits
+// again, in id order, with the weights the host sampler uses (exp(v/T - M/T)). The sums group differently
+// from the host's and from whole_vocabulary's, so a pick can differ only where a running sum lies within
+// rounding of the draw. Min-p needs the row's largest logit before any weight: such rows stay one workgroup's.
+static __device__ void split_whole_vocabulary(int* out, const float* x, int vocab, float temperature, float uniform,
+                                              int row, int chunk, int chunks, int rows, unsigned char* workspace,
+                                              Shared& sh) {
+  const int t = (int)threadIdx.x, threads = (int)blockDim.x;
+  const int span = ((vocab + chunks - 1) / chunks + 3) / 4 * 4;
+  const int first = chunk * span;
+  const int n = first < vocab ? min(span, vocab - first) : 0;
+  const float* xc = x + (first < vocab ? first : 0);
+  // The chunk's largest logit (NaNs ignored, as row_max ignores them), its weights' sum and last kept id.
+  float m = -RF_INFINITY;
+  for (int i = t; i < n; i += threads) m = fmaxf(m, xc[i]);
+#pragma unroll
+  for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor(m, offset));
+  const int lane = t % WARP_SIZE, warp = t / WARP_SIZE, warps = threads / WARP_SIZE;
+  if (lane == 0) sh.best_value[warp] = m;
+  __syncthreads();
+  m = sh.best_value[0];
+  for (int w = 1; w < warps; ++w) m = fmaxf(m, sh.best_value[w]);
+  const float scaled_m = m / temperature;
+  float sum = 0.0f;
+  int last_kept = -1;
+  for (int i = t; i < n; i += threads) {
+    const float v = xc[i];
+    if (!(v >= -RF_INFINITY)) continue;  // NaN
+    last_kept = first + i;
+    if (m > -RF_INFINITY) sum += expf(v / temperature - scaled_m);
+  }
+#pragma unroll
+  for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+    sum += __shfl_xor(sum, offset);
+    last_kept = max(last_kept, __shfl_xor(last_kept, offset));
+  }
+  __syncthreads();  // every thread has read best_value
+  if (lane == 0) sh.best_value[warp] = sum, sh.best_id[warp] = last_kept;
+  __syncthreads();
+  int* counters = reinterpret_cast<int*>(workspace);
+  const int counter_bytes = (rows * 4 + kCounterBytesAlignment - 1) / kCounterBytesAlignment * kCounterBytesAlignment;
+  float* maxima = reinterpret_cast<float*>(workspace + counter_bytes);
+  int* last_ids = reinterpret_cast<int*>(maxima + (unsigned long long)rows * chunks);
+  float* sums = reinterpret_cast<float*>(last_ids + (unsigned long long)rows * chunks);
+  const unsigned long long at = (unsigned long long)row * chunks;
+  if (t == 0) {
+    for (int w = 1; w < warps; ++w) sum += sh.best_value[w], last_kept = max(last_kept, sh.best_id[w]);
+    maxima[at + chunk] = m;
+    sums[at + chunk] = sum;
+    last_ids[at + chunk] = last_kept;
+    __threadfence();  // the chunk's figures are seen before the count
+    sh.count_above = atomicAdd(counters + row, 1) == chunks - 1;
+  }
+  __syncthreads();
+  if (!sh.count_above) return;
+  __threadfence();
+  // The last: the chunks in id order on the row's scale (thread 0; 64 chunks at most). Volatile: other
+  // workgroups wrote them during this kernel.
+  if (t == 0) {
+    const volatile float* vm = maxima + at;
+    const volatile float* vs = sums + at;
+    const volatile int* vl = last_ids + at;
+    float row_m = -RF_INFINITY;
+    int row_last = -1;
+    for (int c = 0; c < chunks; ++c) row_m = fmaxf(row_m, vm[c]), row_last = max(row_last, vl[c]);
+    const float scaled_row_m = row_m / temperature;
+    float total = 0.0f;
+    for (int c = 0; c < chunks; ++c)
+      if (vm[c] > -RF_INFINITY) total += vs[c] * expf(vm[c] / temperature - scaled_row_m);
+    const float target = uniform * total;
+    float before = 0.0f;
+    int crossing = -1;
+    for (int c = 0; c < chunks; ++c) {
+      if (!(vm[c] > -RF_INFINITY)) continue;
+      const float weight = vs[c] * expf(vm[c] / temperature - scaled_row_m);
+      if (weight > 0.0f && before <= target && target < before + weight) {
+        crossing = c;
+        break;
+      }
+      before += weight;
+    }
+    sh.digit_and_need[0] = crossing;
+    sh.digit_and_need[1] = crossing >= 0 ? vl[crossing] : row_last;  // where no run claims the draw
+    sh.total = target - before;  // the draw within the crossing chunk
+    sh.scan[0] = 0x7fffffff;     // the pick (atomicMin below)
+    sh.best_value[0] = scaled_row_m;
+    counters[row] = 0;  // ready for the next launch
+  }
+  __syncthreads();
+  const int crossing = sh.digit_and_need[0];
+  if (crossing < 0) {  // uniform * total rounded to (or past) the total: the last token with a weight
+    if (t == 0) *out = max(sh.digit_and_need[1], 0);
+    return;
+  }
+  // The crossing chunk again, a contiguous run of ids a thread, the runs' sums scanned in thread order, and the
+  // thread whose run holds the draw walks it to the first id whose running sum exceeds it.
+  const float scaled_row_m = sh.best_value[0], target = sh.total;
+  const int c_first = crossing * span, c_n = min(span, vocab - c_first);
+  const float* xs = x + c_first;
+  const int run = (c_n + threads - 1) / threads;
+  const int lo = min(t * run, c_n), hi = min(lo + run, c_n);
+  float run_sum = 0.0f;
+  int run_last = -1;
+  for (int i = lo; i < hi; ++i) {
+    const float v = xs[i];
+    if (!(v >= -RF_INFINITY)) continue;
+    run_sum += expf(v / temperature - scaled_row_m);
+    run_last = i;
+  }
+  float* totals = sh.scan_sums;
+  totals[t] = run_sum;
+  __syncthreads();
+  for (int offset = 1; offset < threads; offset <<= 1) {
+    const float add = t >= offset ? totals[t - offset] : 0.0f;
+    __syncthreads();
+    totals[t] += add;
+    __syncthreads();
+  }
+  const float run_before = t > 0 ? totals[t - 1] : 0.0f;
+  if (run_sum > 0.0f && run_before <= target && target < run_before + run_sum) {
+    float running = run_before;
+    int found = run_last;  // rounding may leave the crossing past the run's end: its last kept token
+    for (int i = lo; i < hi; ++i) {
+      const float v = xs[i];
+      if (!(v >= -RF_INFINITY)) continue;
+      running += expf(v / temperature - scaled_row_m);
+      if (running > target) {
+        found = i;
+        break;
+      }
+    }
+    atomicMin(&sh.scan[0], c_first + found);  // two runs can both claim it at a rounding edge: lowest id
+  }
+  __syncthreads();
+  if (t == 0) {
+    const int found = sh.scan[0];
+    // None claimed: the chunk's sum came out below the draw in this grouping; the crossing is at its end.
+    *out = found != 0x7fffffff ? found : max(sh.digit_and_need[1], 0);
   }
 }
 
@@ -422,8 +570,9 @@ static __device__ void sample_row(int* out, const float* x, const float* p, int 
 }  // namespace sampling
 }  // namespace
 
-// grid = rows * chunks, workgroup row * chunks + chunk. A greedy row with a workspace and chunks > 1 is split
-// (split_greedy); any other row is chunk 0's alone, and its other chunks' workgroups return at once.
+// grid = rows * chunks, workgroup row * chunks + chunk. With a workspace and chunks > 1 a greedy row is split
+// (split_greedy), and so is a whole-vocabulary row without min-p (split_whole_vocabulary); any other row is
+// chunk 0's alone, and its other chunks' workgroups return at once.
 extern "C" __global__ __launch_bounds__(1024) void sample_f32(int* out, const float* logits, const float* params,
                                                               int vocab, void* workspace, int chunks) {
   __shared__ sampling::Shared sh;
@@ -435,6 +584,11 @@ extern "C" __global__ __launch_bounds__(1024) void sample_f32(int* out, const fl
   if (chunks > 1 && workspace != nullptr && !(p[0] > 0.0f)) {
     sampling::split_greedy(out + row, x, vocab, row, chunk, chunks, (int)gridDim.x / chunks,
                            static_cast<unsigned char*>(workspace), sh);
+    return;
+  }
+  if (chunks > 1 && workspace != nullptr && (int)p[1] <= 0 && !(p[2] < 1.0f) && !(p[3] > 0.0f)) {
+    sampling::split_whole_vocabulary(out + row, x, vocab, p[0], p[4], row, chunk, chunks, (int)gridDim.x / chunks,
+                                     static_cast<unsigned char*>(workspace), sh);
     return;
   }
   if (chunk != 0) return;

@@ -4,8 +4,8 @@
     python scripts/bench_cpu_engine.py --concurrency 1 8 --prompt-tokens 128 --json
 
 Each request: --prompt-tokens fixed pseudo-random token ids (speed does not depend on them) and up
-to --gen-tokens greedy tokens (fewer only if it emits an end-of-text token; the counts are the real
-ones). All requests of a run are submitted at once and the engine steps until they have all ended:
+to --gen-tokens tokens, greedy unless --sampling says otherwise (fewer only if it emits an end-of-text token;
+the counts are the real ones). All requests of a run are submitted at once and the engine steps until they have all ended:
 continuous batching evaluates the prompts (in chunks of --max-step-tokens) and then decodes every
 request's next token in one forward pass per step.
 
@@ -42,10 +42,17 @@ def bench_prompts(vocab_size: int, count: int, length: int) -> list[list[int]]:
     return [[int(t) for t in rng.integers(100, vocab_size, size=length)] for _ in range(count)]
 
 
-def run_once(engine, prompts: list[list[int]], gen_tokens: int) -> dict:
+# --sampling: what each request samples with. greedy: as `rocmforge bench` decodes; openai: the whole vocabulary at
+# temperature 1, what `rocmforge serve` gives a request without sampling options (OpenAI's defaults); llama:
+# llama.cpp's defaults, what `rocmforge generate` samples with unless told otherwise.
+SAMPLING = {"greedy": dict(temperature=0.0), "openai": dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+            "llama": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)}
+
+
+def run_once(engine, prompts: list[list[int]], gen_tokens: int, sampling: str = "greedy") -> dict:
     from hipcore.engine.sampler import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=gen_tokens)
+    params = SamplingParams(**SAMPLING[sampling], max_tokens=gen_tokens, seed=TOKEN_SEED)
     ids = [engine.submit(p, params) for p in prompts]
     decode_seconds, decode_tokens, decode_steps = 0.0, 0, 0
     start = time.perf_counter()
@@ -94,6 +101,11 @@ def main() -> int:
     parser.add_argument("--gen-tokens", type=int, default=64)
     parser.add_argument("--max-step-tokens", type=int, default=512, help="prompt tokens evaluated per step")
     parser.add_argument("--kv-dtype", default="f16")
+    parser.add_argument("--sampling", choices=sorted(SAMPLING), default="greedy",
+                        help="greedy (default, as `rocmforge bench` decodes); openai: temperature 1 over the whole "
+                             "vocabulary, what `rocmforge serve` gives a request without sampling options; llama: "
+                             "llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), what "
+                             "`rocmforge generate` uses")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--device", default="cpu",
                         help="cpu (default), or a GPU (cuda, hip, auto): the engine alone under the load a server "
@@ -118,11 +130,13 @@ def main() -> int:
         run_once(model.engine, bench_prompts(vocab, 1, 8), 4)  # warm-up: first-use costs out of the timings
         results = []
         for n in args.concurrency:
-            results.append(run_once(model.engine, bench_prompts(vocab, n, args.prompt_tokens), args.gen_tokens))
+            results.append(run_once(model.engine, bench_prompts(vocab, n, args.prompt_tokens), args.gen_tokens,
+                                    args.sampling))
             if not args.json:
                 print(f"  {n} concurrent: done in {results[-1]['wall_s']:.1f} s", file=sys.stderr)
         model.cache.check_invariants(quiescent=True)
     report = {"model": str(path), "load_s": load_s, "prompt_tokens_each": args.prompt_tokens,
+              "sampling": args.sampling,
               "gen_tokens_each": args.gen_tokens, "max_step_tokens": args.max_step_tokens, "kv_dtype": args.kv_dtype,
               "machine": machine(), "runs": results}
     if args.json:
@@ -130,7 +144,8 @@ def main() -> int:
         return 0
     m = report["machine"]
     print(f"{Path(str(path)).name} on the {args.device} backend: {args.prompt_tokens} prompt + up to {args.gen_tokens} generated "
-          f"tokens per request, greedy, KV {args.kv_dtype}")
+          f"tokens per request, {args.sampling} sampling, "
+          f"KV {args.kv_dtype}")
     print(f"{m['cpu']}, {m['cpu_count']} CPUs, load average {m['load_average'][0]:.1f}, numpy {m['numpy']}, "
           f"commit {m['commit']}, {m['date']}")
     header = f"{'requests':>8} {'total tok/s':>12} {'gen tok/s':>10} {'decode tok/s':>13} {'step ms':>8} {'TTFT s':>7} {'wall s':>7}"

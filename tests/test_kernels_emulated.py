@@ -178,12 +178,12 @@ def test_silu_mul_and_add(harnesses, warp, tmp_path):
 # ---- sample.hip: the host sampler's rules on the device ----------------------------------------
 
 
-def acceptable_picks(row, params):
+def acceptable_picks(row, params, du_max=2e-6):
     """Tokens the reference picks when the draw and the top-p / min-p thresholds move by float32 rounding:
     the kernel sums in float32 where the host sums in float64, so at a boundary either side is right."""
     t, k, p, m, u = (float(v) for v in params)
     picks = set()
-    for du in (-2e-6, 0.0, 2e-6):
+    for du in (-du_max, 0.0, du_max):
         for dp in (-2e-6, 0.0, 2e-6):
             for dm in (-2e-6, 0.0, 2e-6):
                 picks.add(sample.pick(row, t, int(k), min(p + dp, 1.0) if p < 1 else 1.0, max(m + dm, 0.0) if m > 0 else 0.0,
@@ -222,6 +222,46 @@ def test_sample_greedy_rows(harnesses, warp, vocab, tmp_path):
         assert not got[len(params):].any(), f"counters left {got[len(params):]}"
 
 
+@pytest.mark.parametrize("vocab", [4096, 1001])
+def test_sample_whole_vocabulary_rows_split(harnesses, warp, vocab, tmp_path):
+    """Whole-vocabulary rows without min-p (no top-k, no top-p: a server request with no sampling options) split
+    over chunks as greedy rows are: the draw in token-id order across the chunks, the host's pick up to float32
+    rounding at the draw, for draws spread over the distribution and at its ends, chunks past the last logit,
+    rows with NaNs, a chunk or the whole row at -inf; rows with min-p or top-k stay one workgroup's and pick as
+    without a workspace; the counters are back at zero."""
+    rng = np.random.default_rng([warp, vocab, 7])
+    base = (rng.standard_normal(vocab) * 2).astype(np.float32)
+    draws = (np.arange(12) + 0.5) / 12
+    logits = np.tile(base, (len(draws) + 7, 1))
+    params = np.zeros((len(logits), 5), dtype=np.float32)
+    params[:, 0], params[:, 2], params[:, 4] = 1.0, 1.0, rng.random(len(logits))
+    params[:len(draws), 4] = draws  # 0-11: one row, draws across its distribution
+    params[12, [0, 4]] = 0.7, 0.0  # the first token with a weight
+    params[13, [0, 4]] = 1.5, 0.999999  # the end of the distribution
+    logits[14, : vocab // 2] = -np.inf  # the first chunks carry no weight
+    logits[15, rng.choice(vocab, 20, replace=False)] = np.nan  # NaNs have no weight
+    logits[16, :] = -np.inf  # nothing has a weight: the last token, as the one-workgroup path picks
+    params[17, 3] = 0.05  # min-p: one workgroup's
+    params[18, 1] = 40  # top-k: one workgroup's
+    files = write_inputs(tmp_path, x=logits, p=params)
+    run(harnesses, warp, "sample_f32", len(params), 64, vocab, *files, tmp_path / "o", 1, 0)
+    alone = np.fromfile(tmp_path / "o", np.int32)
+    assert alone[16] == vocab - 1
+    for chunks in (2, 7, 64):
+        run(harnesses, warp, "sample_f32", len(params) * chunks, 64, vocab, *files, tmp_path / "o", chunks,
+            sample.workspace_bytes(len(params), chunks))
+        got = np.fromfile(tmp_path / "o", np.int32)
+        assert not got[len(params):].any(), f"chunks {chunks}: counters left {got[len(params):]}"
+        for i in (*range(16), 17, 18):
+            row = np.where(np.isnan(logits[i]), -np.inf, logits[i])  # the device gives a NaN no weight
+            assert int(got[i]) in acceptable_picks(row, params[i], du_max=1e-5), \
+                f"vocab {vocab} chunks {chunks} row {i}: {got[i]}, draw {params[i, 4]}"
+        assert got[16] == vocab - 1 and got[17] == alone[17] and got[18] == alone[18], got[16:]
+        # in id order: the draws across the distribution pick ids that rise with the draw, over the whole range
+        assert np.all(np.diff(got[:len(draws)]) >= 0) and got[0] < vocab // 4 and got[len(draws) - 1] > 3 * vocab // 4
+        assert got[14] >= vocab // 2 and np.isfinite(logits[15, got[15]])
+
+
 def test_sample(harnesses, warp, tmp_path):
     rng = np.random.default_rng(warp)
     vocab = 3000
@@ -246,12 +286,16 @@ def test_sample(harnesses, warp, tmp_path):
         assert got[5] == 100 and got[6] == int(np.argmax(logits[6]))
         # id order, not sorted order: the whole-vocabulary picks are spread over the ids as the draws are
         assert got[10] != int(np.argmax(logits[10])) and got[12] > vocab * 0.9, got[10:13]
-    # With a workspace and 3 chunks a row: the greedy row is split, the others are their chunk 0's alone (the
-    # same draws), and the counters are back at zero.
+    # With a workspace and 3 chunks a row: the greedy row and the whole-vocabulary rows without min-p (10, 12)
+    # are split (those within rounding of the draw, as above), the others are their chunk 0's alone (the same
+    # draws), and the counters are back at zero.
     run(harnesses, warp, "sample_f32", len(params) * 3, 256, vocab, *files, tmp_path / "o", 3,
         sample.workspace_bytes(len(params), 3))
     split = np.fromfile(tmp_path / "o", np.int32)
-    assert split[:len(params)].tolist() == got.tolist() and not split[len(params):].any(), split
+    one_workgroup = [i for i in range(len(params)) if i not in (10, 12)]
+    assert split[one_workgroup].tolist() == got[one_workgroup].tolist() and not split[len(params):].any(), split
+    for i in (10, 12):
+        assert int(split[i]) in acceptable_picks(logits[i], params[i], du_max=1e-5), f"split row {i}: {split[i]}"
     # A vocabulary smaller than top_k: every token is a candidate.
     small = (rng.standard_normal((2, 50)) * 2).astype(np.float32)
     prm = np.array([[1.0, 1024, 1.0, 0.0, 0.3], [0.9, 100, 0.7, 0.1, 0.9]], dtype=np.float32)

@@ -90,7 +90,7 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
     if t >= matmul_mma.WIDE_MIN_TOKENS:
         matmul_workspace = max(matmul_workspace, matmul_mma.WIDE_WORKSPACE_BYTES)
     sizes["matmul_workspace"] = (matmul_workspace, "scratch")
-    sample_workspace = sample.workspace_size(rows, v)  # greedy rows' picks per chunk of the vocabulary
+    sample_workspace = sample.workspace_size(rows, v)  # split rows' figures per chunk of the vocabulary
     if sample_workspace:
         sizes["sample_workspace"] = (sample_workspace, "scratch")
     return sizes

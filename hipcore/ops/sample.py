@@ -3,10 +3,11 @@ The numpy filters below (top-k, top-p, min-p, softmax) are this op's reference a
 
 Kernel `sample_f32(out p, logits p, params p, vocab i, workspace p, chunks i)` (kernels/sample.hip): logits
 float32 [rows, vocab], params float32 [rows, 5] = (temperature, top_k, top_p, min_p, uniform), out int32
-[rows]; grid = rows * chunks. A greedy row is split over its `chunks` workgroups when there is a workspace
-(zeroed once when allocated, at least workspace_bytes(rows, chunks); the kernel leaves its counters at zero
-after every launch; launches that share one run one after another), every other row is one workgroup's
-(the others of its chunks return at once). temperature <= 0 is greedy (numpy's argmax); otherwise top-k, top-p,
+[rows]; grid = rows * chunks. A greedy row, and a whole-vocabulary row without min-p (see below), is split
+over its `chunks` workgroups when there is a workspace (zeroed once when allocated, at least
+workspace_bytes(rows, chunks); the kernel leaves its counters at zero after every launch; launches that
+share one run one after another), every other row is one workgroup's (the others of its chunks return at
+once). temperature <= 0 is greedy (numpy's argmax); otherwise top-k, top-p,
 min-p and temperature in llama.cpp's order, then the uniform (drawn on the host from the request's
 seeded generator, exactly one per token as Sampler.sample draws it) picks against the cumulative
 distribution. The same seed therefore gives the same tokens as the host sampler, up to float32
@@ -58,15 +59,15 @@ def chunks_for(vocab: int) -> int:
 
 
 def workspace_bytes(rows: int, chunks: int) -> int:
-    """Bytes of the split greedy pick's workspace: a counter a row (padded), then a value and an id a chunk."""
+    """Bytes of the split rows' workspace: a counter a row (padded), then a value, an id and a sum a chunk."""
     if chunks <= 1:
         return 0
     counters = -(-rows * 4 // COUNTER_BYTES_ALIGNMENT) * COUNTER_BYTES_ALIGNMENT
-    return counters + rows * chunks * 8
+    return counters + rows * chunks * 12
 
 
 def workspace_size(max_rows: int, vocab: int) -> int:
-    """Bytes of a workspace with which every launch of up to max_rows rows splits its greedy rows."""
+    """Bytes of a workspace with which every launch of up to max_rows rows splits its rows (those it splits)."""
     return workspace_bytes(max_rows, chunks_for(vocab))
 
 
@@ -209,8 +210,9 @@ def _host(device: CpuDevice, grid: Dim3, block: Dim3, out: int, logits: int, par
 def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params: Any, rows: int, vocab: int,
            workspace: Buffer | None = None) -> None:
     """out[rows] = the picked token of each row of logits [rows, vocab] under params [rows, 5]. With a
-    workspace (zeroed once after allocation, workspace_size(...) bytes or more) greedy rows are split over
-    chunks_for(vocab) workgroups; without one, or one too small for `rows`, every row is one workgroup's."""
+    workspace (zeroed once after allocation, workspace_size(...) bytes or more) greedy rows and
+    whole-vocabulary rows without min-p are split over chunks_for(vocab) workgroups; without one, or one too
+    small for `rows`, every row is one workgroup's."""
     check_sizes(OP, rows=rows, vocab=vocab)
     check_memory(OP, "out", out, rows * 4)
     check_memory(OP, "logits", logits, rows * vocab * 4)

@@ -175,7 +175,8 @@ def test_device_sampling_equals_host_sampling(on_gpu):
     cache, runner = on_gpu.cache, on_gpu.runner
     kinds = [SamplingParams(temperature=0.8), SamplingParams(temperature=1.2, top_k=200, top_p=0.9, min_p=0.0),
              SamplingParams(temperature=0.6, top_k=5, top_p=1.0, min_p=0.0), SamplingParams(temperature=0.0),
-             SamplingParams(temperature=1.0, top_k=1024, top_p=0.95, min_p=0.02)]
+             SamplingParams(temperature=1.0, top_k=1024, top_p=0.95, min_p=0.02),
+             SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)]  # the whole vocabulary, split
     seqs = list(range(301, 309))
     agree = boundary = 0
     try:
