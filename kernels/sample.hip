@@ -1,4 +1,4 @@
-// Token sampling on the device, one block per row of logits (a greedy row: `chunks` blocks, see split_greedy),
+// Token sampling on the device, one block per row of logits (a split row: `chunks` blocks, see sample_f32),
 // so that only the chosen token ids (4 bytes a row) go back to the host instead of the whole vocabulary's logits.
 //
 //   sample_f32(out, logits, params, vocab, workspace, chunks), grid = rows * chunks:
@@ -64,6 +64,7 @@ struct Shared {
   float best_value[RF_MAX_WARPS_PER_BLOCK];
   int best_id[RF_MAX_WARPS_PER_BLOCK];
   int count_above;  // candidates gathered with a logit above the k-th
+  int last_arrival;  // split_top_k: this workgroup is its row's last
   int digit_and_need[2];
   float total;
 };
@@ -148,7 +149,8 @@ static __device__ void greedy(int* out, const float* x, int vocab, Shared& sh) {
 // attention's splits) picks among the chunks' picks and sets the counter back to zero. The pick is the
 // whole row's: argmax_wins is a total order, so picking among the chunks' picks gives the same token.
 // Workspace (hipcore/ops/sample.py: workspace_bytes): int counters[rows] padded to kCounterBytesAlignment,
-// then float value[rows * chunks], int id[rows * chunks] (and float sum[rows * chunks]: split_whole_vocabulary).
+// then float value[rows * chunks], int id[rows * chunks] (and float sum[rows * chunks]: split_whole_vocabulary;
+// then float value[rows * chunks * kSplitTopK], int id[rows * chunks * kSplitTopK]: split_top_k).
 constexpr int kCounterBytesAlignment = 256;
 
 static __device__ void split_greedy(int* out, const float* x, int vocab, int row, int chunk, int chunks, int rows,
@@ -436,18 +438,27 @@ static __device__ void whole_vocabulary(int* out, const float* x, int vocab, flo
   }
 }
 
-static __device__ void sample_row(int* out, const float* x, const float* p, int vocab, Shared& sh) {
-  const float temperature = p[0], top_p = p[2], min_p = p[3], uniform = p[4];
-  if (!(temperature > 0.0f)) {
-    greedy(out, x, vocab, sh);
-    return;
-  }
-  if ((int)p[1] <= 0 && !(top_p < 1.0f)) {
-    whole_vocabulary(out, x, vocab, temperature, min_p, uniform, sh);
-    return;
-  }
-  int k = (int)p[1];
-  k = max(1, min(k, min(vocab, kMaxTopK)));
+// Where a top-k selection reads: a span of a row's logits (ids first + i), or the candidates a split row's chunks
+// left in the workspace (each chunk's sorted, the chunks in id order). Among equal values the ids rise with the
+// index in both, which the gather of those equal to the k-th relies on.
+struct RowSpan {
+  const float* x;
+  int first;
+  __device__ __forceinline__ float value(int i) const { return x[i]; }
+  __device__ __forceinline__ int id(int i) const { return first + i; }
+};
+
+struct ChunkCandidates {
+  const volatile float* values;
+  const volatile int* ids;
+  __device__ __forceinline__ float value(int i) const { return values[i]; }
+  __device__ __forceinline__ int id(int i) const { return ids[i]; }
+};
+
+// Step 1: the k (1 <= k <= min(n, kMaxTopK)) largest of src[0 .. n) into sh.value / sh.id[0 .. k), sorted by
+// (logit descending, id ascending).
+template <class Source>
+static __device__ __forceinline__ void top_k_sorted(const Source& src, int n, int k, Shared& sh) {
   const int t = (int)threadIdx.x, threads = (int)blockDim.x;
 
   // 1. Radix select of the k-th largest key: after the four passes `prefix` is that key exactly and
@@ -457,8 +468,8 @@ static __device__ void sample_row(int* out, const float* x, const float* p, int 
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = t; i < 256; i += threads) sh.histogram[i] = 0;
     __syncthreads();
-    for (int i = t; i < vocab; i += threads) {
-      const unsigned int key = order_key(x[i]);
+    for (int i = t; i < n; i += threads) {
+      const unsigned int key = order_key(src.value(i));
       if ((key & mask) == prefix) atomicAdd(reinterpret_cast<int*>(&sh.histogram[(key >> shift) & 255u]), 1);
     }
     __syncthreads();
@@ -482,25 +493,27 @@ static __device__ void sample_row(int* out, const float* x, const float* p, int 
   // Gather: every logit above the k-th (k - need of them, in any order: the sort orders them) ...
   if (t == 0) sh.count_above = 0;
   __syncthreads();
-  for (int i = t; i < vocab; i += threads) {
-    const float v = x[i];
+  for (int i = t; i < n; i += threads) {
+    const float v = src.value(i);
     if (order_key(v) > prefix) {
       const int slot = atomicAdd(&sh.count_above, 1);
       sh.value[slot] = v;
-      sh.id[slot] = i;
+      sh.id[slot] = src.id(i);
     }
   }
   __syncthreads();
-  // ... and the `need` lowest ids among those equal to it, found tile by tile in id order.
+  // ... and the `need` lowest ids among those equal to it, found tile by tile in index order (the source's
+  // ids rise with its index among equal values).
   const int above = k - need;
   int taken = 0;
-  for (int base = 0; base < vocab && taken < need; base += threads) {  // `taken` is uniform
+  for (int base = 0; base < n && taken < need; base += threads) {  // `taken` is uniform
     const int i = base + t;
-    const bool equal = i < vocab && order_key(x[i]) == prefix;
+    const float v = i < n ? src.value(i) : 0.0f;
+    const bool equal = i < n && order_key(v) == prefix;
     const int rank = block_inclusive_scan(equal ? 1 : 0, sh.scan) - 1;
     if (equal && taken + rank < need) {
-      sh.value[above + taken + rank] = x[i];
-      sh.id[above + taken + rank] = i;
+      sh.value[above + taken + rank] = v;
+      sh.id[above + taken + rank] = src.id(i);
     }
     if (t == threads - 1) sh.digit_and_need[0] = rank + 1;
     __syncthreads();
@@ -531,7 +544,12 @@ static __device__ void sample_row(int* out, const float* x, const float* p, int 
       __syncthreads();
     }
   }
+}
 
+// Steps 2 to 4 on the k sorted candidates in sh.value / sh.id: top-p, min-p, temperature and the draw.
+static __device__ __forceinline__ void draw_from_sorted(int* out, int k, float temperature, float top_p, float min_p, float uniform,
+                                       Shared& sh) {
+  const int t = (int)threadIdx.x, threads = (int)blockDim.x;
   const float best = sh.value[0];
   int n = k;
   // 2. top-p on the softmax of the k candidates at temperature 1.
@@ -567,13 +585,73 @@ static __device__ void sample_row(int* out, const float* x, const float* p, int 
   if (t == threads - 1) *out = sh.id[min(pick, n - 1)];
 }
 
+static __device__ void sample_row(int* out, const float* x, const float* p, int vocab, Shared& sh) {
+  const float temperature = p[0], top_p = p[2], min_p = p[3], uniform = p[4];
+  if (!(temperature > 0.0f)) {
+    greedy(out, x, vocab, sh);
+    return;
+  }
+  if ((int)p[1] <= 0 && !(top_p < 1.0f)) {
+    whole_vocabulary(out, x, vocab, temperature, min_p, uniform, sh);
+    return;
+  }
+  const int k = max(1, min((int)p[1], min(vocab, kMaxTopK)));
+  top_k_sorted(RowSpan{x, 0}, vocab, k, sh);
+  draw_from_sorted(out, k, temperature, top_p, min_p, uniform, sh);
+}
+
+// Rows with 1 <= top_k <= kSplitTopK (llama.cpp's default 40, Hugging Face's 50) split over `chunks` workgroups,
+// as greedy rows are: one workgroup's four radix passes over a whole row took ~0.24 ms a decode step at 32 rows
+// of the demo model's 49,152 logits on an NVIDIA H200 (the engine's decode rate 11% below greedy rows'). Each
+// chunk selects its own top k, sorted, into the workspace (padded to kSplitTopK, see below); the
+// row's top k is among them (an id in the row's top k has fewer than k ids before it in the order, so fewer in
+// its chunk too), and the row's last workgroup selects it from the chunks' candidates as the whole row would
+// (the same order and tie rule), then draws. Larger top_k stay one workgroup's.
+constexpr int kSplitTopK = 64;
+
+static __device__ void split_top_k(int* out, const float* x, const float* p, int vocab, int row, int chunk, int chunks,
+                                   int rows, unsigned char* workspace, Shared& sh) {
+  const int t = (int)threadIdx.x, threads = (int)blockDim.x;
+  const int span = ((vocab + chunks - 1) / chunks + 3) / 4 * 4;
+  const int first = chunk * span;
+  const int n = first < vocab ? min(span, vocab - first) : 0;
+  const int k = max(1, min((int)p[1], vocab));  // <= kSplitTopK: the caller checks
+  const int kept = min(k, n);
+  if (kept > 0) top_k_sorted(RowSpan{x + first, first}, n, kept, sh);
+  int* counters = reinterpret_cast<int*>(workspace);
+  const int counter_bytes = (rows * 4 + kCounterBytesAlignment - 1) / kCounterBytesAlignment * kCounterBytesAlignment;
+  const unsigned long long per_chunk = (unsigned long long)rows * chunks;
+  // after split_whole_vocabulary's three arrays of a float or an int a chunk
+  float* values = reinterpret_cast<float*>(workspace + counter_bytes + per_chunk * 12);
+  int* ids = reinterpret_cast<int*>(values + per_chunk * kSplitTopK);
+  const unsigned long long row_at = (unsigned long long)row * chunks * kSplitTopK, at = row_at + (unsigned long long)chunk * kSplitTopK;
+  // Padding: the NaN with every bit set, whose order_key (0) is below every logit's but its own, so a pad is
+  // never among the top k (the chunks hold at least min(k, vocab) real candidates).
+  for (int i = t; i < kSplitTopK; i += threads) {
+    values[at + i] = i < kept ? sh.value[i] : rf_uint_as_float(0xffffffffu);
+    ids[at + i] = i < kept ? sh.id[i] : 0x7fffffff;
+  }
+  __threadfence();  // the candidates are seen before the count
+  __syncthreads();
+  if (t == 0) sh.last_arrival = atomicAdd(counters + row, 1) == chunks - 1;
+  __syncthreads();
+  if (!sh.last_arrival) return;
+  __threadfence();
+  if (t == 0) counters[row] = 0;  // ready for the next launch
+  top_k_sorted(ChunkCandidates{values + row_at, ids + row_at}, chunks * kSplitTopK, k, sh);
+  draw_from_sorted(out, k, p[0], p[2], p[3], p[4], sh);
+}
+
 }  // namespace sampling
 }  // namespace
 
 // grid = rows * chunks, workgroup row * chunks + chunk. With a workspace and chunks > 1 a greedy row is split
-// (split_greedy), and so is a whole-vocabulary row without min-p (split_whole_vocabulary); any other row is
-// chunk 0's alone, and its other chunks' workgroups return at once.
-extern "C" __global__ __launch_bounds__(1024) void sample_f32(int* out, const float* logits, const float* params,
+// (split_greedy), and so are a row with 1 <= top_k <= kSplitTopK (split_top_k) and a whole-vocabulary row
+// without min-p (split_whole_vocabulary); any other row is chunk 0's alone, and its other chunks' workgroups
+// return at once.
+// (1024, 1): one workgroup a multiprocessor at least, so the compiler may take the 64 registers a thread of 1,024
+// can have (without it nvcc held sample_f32 to 32, spilling 48 bytes, once the split top-k path was in).
+extern "C" __global__ __launch_bounds__(1024, 1) void sample_f32(int* out, const float* logits, const float* params,
                                                               int vocab, void* workspace, int chunks) {
   __shared__ sampling::Shared sh;
   rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/sample.py)
@@ -584,6 +662,11 @@ extern "C" __global__ __launch_bounds__(1024) void sample_f32(int* out, const fl
   if (chunks > 1 && workspace != nullptr && !(p[0] > 0.0f)) {
     sampling::split_greedy(out + row, x, vocab, row, chunk, chunks, (int)gridDim.x / chunks,
                            static_cast<unsigned char*>(workspace), sh);
+    return;
+  }
+  if (chunks > 1 && workspace != nullptr && p[0] > 0.0f && (int)p[1] >= 1 && (int)p[1] <= sampling::kSplitTopK) {
+    sampling::split_top_k(out + row, x, p, vocab, row, chunk, chunks, (int)gridDim.x / chunks,
+                          static_cast<unsigned char*>(workspace), sh);
     return;
   }
   if (chunks > 1 && workspace != nullptr && (int)p[1] <= 0 && !(p[2] < 1.0f) && !(p[3] > 0.0f)) {

@@ -262,6 +262,53 @@ def test_sample_whole_vocabulary_rows_split(harnesses, warp, vocab, tmp_path):
         assert got[14] >= vocab // 2 and np.isfinite(logits[15, got[15]])
 
 
+@pytest.mark.parametrize("vocab", [4096, 1001])
+def test_sample_top_k_rows_split(harnesses, warp, vocab, tmp_path):
+    """Rows with 1 <= top_k <= SPLIT_TOP_K (llama.cpp's sampling defaults among them) split over chunks: each
+    chunk's own top k, then the row's among the chunks' candidates, in the same order and tie rule as one
+    workgroup's selection, so the pick is one workgroup's exactly (and the host's, up to float32 rounding at the
+    draw); ties at the k-th value across chunks keep the lowest ids; a top_k past SPLIT_TOP_K stays one
+    workgroup's; rows with fewer finite logits than top_k; the counters are back at zero."""
+    rng = np.random.default_rng([warp, vocab, 11])
+    base = (rng.standard_normal(vocab) * 2).astype(np.float32)
+    base[200:264] += 6.0  # the row's top 64 in few chunks: each must give all of its share, not a fair part
+    draws = (np.arange(12) + 0.5) / 12
+    logits = np.tile(base, (len(draws) + 8, 1))
+    params = np.tile(np.array([0.8, 40, 0.95, 0.05, 0.0], dtype=np.float32), (len(logits), 1))  # llama.cpp's
+    params[:, 4] = rng.random(len(logits))
+    params[:len(draws), 4] = draws  # 0-11: one row, draws across its distribution
+    params[12, :4] = 1.0, 1, 1.0, 0.0  # top-k 1
+    params[13, :4] = 1.5, sample.SPLIT_TOP_K, 1.0, 0.0  # the largest split top-k, no other filter
+    params[14, :4] = 1.5, sample.SPLIT_TOP_K + 1, 1.0, 0.0  # one workgroup's
+    logits[15] = np.round(logits[15])  # ties everywhere: the k-th value cut through ties in every chunk
+    params[15, :4] = 3.0, 40, 1.0, 0.0
+    top = logits[16].max() + 1
+    logits[16, rng.choice(vocab, 6, replace=False)] = top  # a six-way tie at the top, cut by k = 4
+    params[16, :4] = 1.0, 4, 1.0, 0.0
+    logits[17, :] = -np.inf
+    logits[17, rng.choice(vocab, 10, replace=False)] = rng.standard_normal(10)  # 10 finite logits for k = 40
+    params[17, 3] = 0.0
+    params[18, 0] = 0.0  # greedy
+    params[19, :4] = 1.0, 0, 1.0, 0.0  # the whole vocabulary
+    files = write_inputs(tmp_path, x=logits, p=params)
+    run(harnesses, warp, "sample_f32", len(params), 64, vocab, *files, tmp_path / "o", 1, 0)
+    alone = np.fromfile(tmp_path / "o", np.int32)
+    for i in range(19):
+        assert int(alone[i]) in acceptable_picks(logits[i], params[i]), f"row {i}: {alone[i]}"
+    picked_top = sorted(np.flatnonzero(logits[16] == top))[:4]  # the four lowest ids of the tie
+    assert int(alone[16]) in picked_top and np.isfinite(logits[17, alone[17]])
+    for chunks in (2, 7, 64):
+        run(harnesses, warp, "sample_f32", len(params) * chunks, 64, vocab, *files, tmp_path / "o", chunks,
+            sample.workspace_bytes(len(params), chunks))
+        got = np.fromfile(tmp_path / "o", np.int32)
+        assert not got[len(params):].any(), f"chunks {chunks}: counters left {got[len(params):]}"
+        assert got[:19].tolist() == alone[:19].tolist(), f"vocab {vocab} chunks {chunks}: {got[:19]} != {alone[:19]}"
+        assert int(got[19]) in acceptable_picks(logits[19], params[19], du_max=1e-5)
+    # the draws across the distribution pick different candidates of the top 40, larger logits for smaller draws
+    picked = logits[0, alone[:len(draws)]]
+    assert len(set(alone[:len(draws)].tolist())) >= 3 and np.all(np.diff(picked) <= 0), picked
+
+
 def test_sample(harnesses, warp, tmp_path):
     rng = np.random.default_rng(warp)
     vocab = 3000
@@ -292,7 +339,7 @@ def test_sample(harnesses, warp, tmp_path):
     run(harnesses, warp, "sample_f32", len(params) * 3, 256, vocab, *files, tmp_path / "o", 3,
         sample.workspace_bytes(len(params), 3))
     split = np.fromfile(tmp_path / "o", np.int32)
-    one_workgroup = [i for i in range(len(params)) if i not in (10, 12)]
+    one_workgroup = [i for i in range(len(params)) if i not in (10, 12)]  # top-k rows split too: the same picks
     assert split[one_workgroup].tolist() == got[one_workgroup].tolist() and not split[len(params):].any(), split
     for i in (10, 12):
         assert int(split[i]) in acceptable_picks(logits[i], params[i], du_max=1e-5), f"split row {i}: {split[i]}"

@@ -3,8 +3,8 @@ The numpy filters below (top-k, top-p, min-p, softmax) are this op's reference a
 
 Kernel `sample_f32(out p, logits p, params p, vocab i, workspace p, chunks i)` (kernels/sample.hip): logits
 float32 [rows, vocab], params float32 [rows, 5] = (temperature, top_k, top_p, min_p, uniform), out int32
-[rows]; grid = rows * chunks. A greedy row, and a whole-vocabulary row without min-p (see below), is split
-over its `chunks` workgroups when there is a workspace (zeroed once when allocated, at least
+[rows]; grid = rows * chunks. A greedy row, a row with a top_k of at most SPLIT_TOP_K, and a whole-vocabulary
+row without min-p (see below), is split over its `chunks` workgroups when there is a workspace (zeroed once when allocated, at least
 workspace_bytes(rows, chunks); the kernel leaves its counters at zero after every launch; launches that
 share one run one after another), every other row is one workgroup's (the others of its chunks return at
 once). temperature <= 0 is greedy (numpy's argmax); otherwise top-k, top-p,
@@ -44,6 +44,7 @@ ENTRY = "sample_f32"
 SIGNATURE = "pppipi"
 PARAMS_PER_ROW = 5  # temperature, top_k, top_p, min_p, uniform
 MAX_TOP_K = 1024  # the kernel's shared-memory candidate capacity (kMaxTopK)
+SPLIT_TOP_K = 64  # rows with top_k up to this are split over the chunks with a workspace (kSplitTopK)
 MAX_THREADS = 1024
 # A greedy row's logits per workgroup: 4,096 (16 KiB, four a thread of a 1,024-thread workgroup); Llama 3's
 # 128,256 take 32 workgroups instead of one, which alone read them in 16 us on an NVIDIA H100 (latency-bound
@@ -59,11 +60,12 @@ def chunks_for(vocab: int) -> int:
 
 
 def workspace_bytes(rows: int, chunks: int) -> int:
-    """Bytes of the split rows' workspace: a counter a row (padded), then a value, an id and a sum a chunk."""
+    """Bytes of the split rows' workspace: a counter a row (padded), then a value, an id and a sum a chunk, then
+    SPLIT_TOP_K candidates (a value and an id) a chunk."""
     if chunks <= 1:
         return 0
     counters = -(-rows * 4 // COUNTER_BYTES_ALIGNMENT) * COUNTER_BYTES_ALIGNMENT
-    return counters + rows * chunks * 12
+    return counters + rows * chunks * (12 + SPLIT_TOP_K * 8)
 
 
 def workspace_size(max_rows: int, vocab: int) -> int:
@@ -210,9 +212,9 @@ def _host(device: CpuDevice, grid: Dim3, block: Dim3, out: int, logits: int, par
 def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params: Any, rows: int, vocab: int,
            workspace: Buffer | None = None) -> None:
     """out[rows] = the picked token of each row of logits [rows, vocab] under params [rows, 5]. With a
-    workspace (zeroed once after allocation, workspace_size(...) bytes or more) greedy rows and
-    whole-vocabulary rows without min-p are split over chunks_for(vocab) workgroups; without one, or one too
-    small for `rows`, every row is one workgroup's."""
+    workspace (zeroed once after allocation, workspace_size(...) bytes or more) greedy rows, rows with a top_k
+    of at most SPLIT_TOP_K and whole-vocabulary rows without min-p are split over chunks_for(vocab)
+    workgroups; without one, or one too small for `rows`, every row is one workgroup's."""
     check_sizes(OP, rows=rows, vocab=vocab)
     check_memory(OP, "out", out, rows * 4)
     check_memory(OP, "logits", logits, rows * vocab * 4)
