@@ -6,8 +6,9 @@ buffer alive, finished records never dropped, a reference count decremented twic
 buffer allocated per step and never freed (which compute-sanitizer must catch too, on NVIDIA),
 host memory kept per request (10 KiB, and 300 bytes), a block counted as held twice and
 released once, which hangs a run that does not judge progress by tokens kept, device memory
-taken through the raw driver call (outside the ledger), and a stream or a file descriptor made
-per few steps and never released (handles the ledger does not hold).
+taken through the raw driver call (outside the ledger), and a stream, a kernel module (loaded
+outside the kernel cache) or a file descriptor made per few steps and never released (handles the
+ledger does not hold).
 
 Why monkeypatching one loaded model instead of hook points in the engine, cache or loader: the
 production code keeps no test-only branches that a configuration could ever reach, and each bug
@@ -196,6 +197,14 @@ def _stream(loaded) -> object:
     return loaded.device.create_stream()
 
 
+def _uncached_module(loaded) -> object:
+    """add's code loaded again, past the kernel cache: a launcher that loads its module itself."""
+    from hipcore.runtime import kernels
+
+    _require(kernels, "_load_module")
+    return kernels._load_module(loaded.device, "add")
+
+
 def _open_file(loaded) -> object:
     return open(os.devnull, "rb")
 
@@ -223,6 +232,8 @@ BUGS: dict[str, PlantedBug] = {b.name: b for b in (
                _every_steps(DRIVER_LEAK_EVERY, _raw_device_memory)),
     PlantedBug("stream-leak", f"a stream created every {HANDLE_LEAK_EVERY} steps is never destroyed",
                _every_steps(HANDLE_LEAK_EVERY, _stream)),
+    PlantedBug("module-leak", f"a kernel module loaded every {HANDLE_LEAK_EVERY} steps outside the kernel cache "
+               "is never unloaded", _every_steps(HANDLE_LEAK_EVERY, _uncached_module)),
     PlantedBug("fd-leak", f"a file opened every {HANDLE_LEAK_EVERY} steps is never closed",
                _every_steps(HANDLE_LEAK_EVERY, _open_file)),
 )}

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from support.gguf_factory import write_tiny_llama
 from hipcore.runtime.cpu import CpuDevice
 from profiles.leak_driver_memory import NOT_APPLICABLE_CPU, judge_driver
-from profiles.leak_handles import judge_handles
+from profiles.leak_handles import judge_handles, read_handles
 from profiles.leak_layers import DRIVER_GRANULARITY
 from rocmforge_cli.app import app
 
@@ -71,7 +71,8 @@ def test_a_clean_run_keeps_every_handle_count_and_says_the_driver_layer_does_not
     assert NOT_APPLICABLE_CPU in tables.stdout  # never silently clean: the tables say it too
 
 
-@pytest.mark.parametrize("bug, kind", [("stream-leak", "streams"), ("fd-leak", "file descriptors")])
+@pytest.mark.parametrize("bug, kind", [("stream-leak", "streams"), ("module-leak", "modules"),
+                                       ("fd-leak", "file descriptors")])
 def test_a_handle_made_per_few_steps_and_kept_fails_the_run_naming_its_kind(tiny, bug, kind):
     code, report, output = leak_check(tiny, "--plant-bug", bug)
     assert code == 1 and report["verdict"] == "leak", output[-3000:]
@@ -82,6 +83,20 @@ def test_a_handle_made_per_few_steps_and_kept_fails_the_run_naming_its_kind(tiny
     assert not [f for f in report["findings"] if f["severity"] == "leak" and f["layer"] != "handles"]
     code, report, _ = leak_check(tiny, "--plant-bug", bug, "--fail-on", "handles=off")
     assert code == 0 and any(f["severity"] == "warning" for f in findings(report, "handles"))
+
+
+def test_modules_the_kernel_cache_loads_after_the_baseline_are_no_growth_and_others_are(cpu_device):
+    """An op first launched after the baseline (on a GPU: a prompt longer than the warm-up's took prompt_attention)
+    adds a module the kernel cache keeps while the device is open: not counted. A module loaded outside the cache
+    is."""
+    from hipcore.runtime import kernels
+
+    base = read_handles(cpu_device)
+    kernels.get_kernel(cpu_device, "add", "add_f32", "pppi")
+    assert cpu_device.handle_counts()["modules"] == base["modules"] + kernels.cached_module_count(cpu_device) >= 1
+    assert read_handles(cpu_device) == base
+    uncached = kernels._load_module(cpu_device, "silu_mul")
+    assert read_handles(cpu_device)["modules"] == base["modules"] + 1 and uncached is not None
 
 
 # ---- the driver: memory outside the ledger ---------------------------------------------------------

@@ -251,6 +251,13 @@ def get_kernel(device: Device, op: str, entry: str, signature: str, *, programma
         return kernel
 
 
+def cached_module_count(device: Device) -> int:
+    """Modules the cache holds for `device`: one an op, loaded at the op's first launch and kept until
+    forget_device (leak-check counts the device's modules beyond these: profiles/leak_handles.py)."""
+    with _lock:
+        return len(_modules.get(device, {}))
+
+
 def forget_device(device: Device) -> None:
     """Drop the cached modules and kernels of a device (call before closing it)."""
     with _lock:
