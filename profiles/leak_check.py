@@ -21,6 +21,7 @@ from hipcore.engine.engine import EngineHooks
 from hipcore.errors import RocmforgeError
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.engine.request import Ending, Phase
+from hipcore.model.forward import PROMPT_PLAN_CACHE_SIZE
 from profiles import leak_bugs
 from profiles.leak_handles import read_handles
 from profiles.leak_driver import ENDINGS, PHASES, EngineFailure, Outcomes, WorkloadDriver
@@ -94,8 +95,12 @@ class _Run:
                                  self.engine.max_context, text, chat)
         # Request indices: warm-up mix, batch-size ladder, record fillers, the measured requests, the tail.
         self.ladder = batch_ladder(settings.parallel) if settings.warmup_requests else []
+        self.prompt_lengths = (prompt_shape_lengths(settings.step_tokens, self.engine.max_context,
+                                                    loaded.cache.num_usable_blocks * shape.block_size)
+                               if settings.warmup_requests else [])
         self.fillers = settings.finished_bound
-        self.first = settings.warmup_requests + sum(self.ladder) + self.fillers  # the first measured request
+        self.first = (settings.warmup_requests + sum(self.ladder) + len(self.prompt_lengths)
+                      + self.fillers)  # the first measured request
         self.tail = settings.parallel
         self.outcomes = Outcomes(self.first + settings.requests + self.tail)
         self.driver = WorkloadDriver(self.engine, self.workload, self.outcomes, parallel=settings.parallel,
@@ -133,8 +138,9 @@ class _Run:
 
     def _run_phases(self) -> None:
         s, driver = self.s, self.driver
-        self._status(f"warm-up: {s.warmup_requests} requests, decode batches of {', '.join(map(str, self.ladder))}, then "
-                     f"{self.fillers} rejected ones to fill the finished records; every token's text decoded once")
+        self._status(f"warm-up: {s.warmup_requests} requests, decode batches of {', '.join(map(str, self.ladder))}, "
+                     f"{len(self.prompt_lengths)} prompts of distinct lengths, then {self.fillers} rejected ones to "
+                     "fill the finished records; every token's text decoded once")
         before_warmup = self.device.ledger.snapshot()
         driver.deadline = time.monotonic() + s.deadline_seconds()
         t0 = time.perf_counter()
@@ -143,6 +149,13 @@ class _Run:
         for size in self.ladder:  # every decode batch-size class once: graphs or plans made per size exist now
             driver.run(range(start, start + size), run_phase=0, plan_for=self.workload.ladder_plan)
             start += size
+        # Prompts one at a time, each of its own length: the runner keeps the launch plans of a bounded number of
+        # prompt-step shapes, now at that bound (on an NVIDIA H200 the GPU tier's run, with 2-10 token prompts,
+        # filled it during phase 1 instead: +289 KB of plans, judged a host leak).
+        for length in self.prompt_lengths:
+            driver.run(range(start, start + 1), run_phase=0,
+                       plan_for=lambda index, n=length: self.workload.prompt_shape_plan(index, n))
+            start += 1
         driver.run(range(start, self.first), run_phase=0, plan_for=self.workload.filler_plan)
         # The tokenizer's per-token caches, bounded by the vocabulary, at their bound: a random-weights model's
         # tokens spread over the whole vocabulary and filled them during the measured phases (H100, the demo's
@@ -331,6 +344,14 @@ class _Run:
             "unexpected_notes": list(self.driver.notes), "warmup": self.s.warmup_requests, "shutdown_tail": dict(tail),
             "cancelled_waiting": cancel_phases.get(Phase.WAITING.value, 0), "record_fillers": self.fillers,
         }
+
+
+def prompt_shape_lengths(step_tokens: int, max_context: int, pool_tokens: int) -> list[int]:
+    """Prompt lengths for the warm-up's prompt shapes: PROMPT_PLAN_CACHE_SIZE + 1 distinct ones (the most the
+    runner keeps plans for, and one more) up to a step's tokens, each leaving room for one new token in the
+    context and in the KV pool."""
+    top = max(1, min(step_tokens, max_context - 2, pool_tokens - 2))
+    return list(range(max(1, top - PROMPT_PLAN_CACHE_SIZE), top + 1))
 
 
 def batch_ladder(parallel: int) -> list[int]:

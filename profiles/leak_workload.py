@@ -224,6 +224,14 @@ class Workload:
         rng = np.random.default_rng([self.shape.seed, index, 2])
         return RequestPlan(index, Plan.LENGTH, self._random_prompt(rng, 2, 2), SamplingParams(temperature=0.0, max_tokens=3), 0)
 
+    def prompt_shape_plan(self, index: int, length: int) -> RequestPlan:
+        """A greedy request of `length` random prompt tokens and one new token. The warm-up runs them one at a
+        time at distinct lengths, so that the runner's launch plans of prompt steps, kept for a bounded number
+        of shapes (hipcore/model/forward.py: PROMPT_PLAN_CACHE_SIZE), are at that bound before the baseline."""
+        rng = np.random.default_rng([self.shape.seed, index, 3])
+        return RequestPlan(index, Plan.LENGTH, self._random_prompt(rng, length, length),
+                           SamplingParams(temperature=0.0, max_tokens=1), 0)
+
     def filler_plan(self, index: int) -> RequestPlan:
         """A request that costs (nearly) nothing: rejected at admission when the pool allows, else one
         prompt token and one new token. The warm-up runs `finished_bound` of them so that the finished

@@ -164,3 +164,28 @@ def test_handles_that_cannot_be_counted_are_not_judged_never_clean():
     assert [s for s, _ in judge_handles({"file descriptors": 5}, {"file descriptors": 5}, "shutdown", 0)] == ["not judged"]
     assert [s for s, _ in judge_handles({}, None, "-", 0)] == ["not judged"]
     assert judge_handles({"streams": 1, "file descriptors": 5}, {"streams": 1, "file descriptors": 4}, "shutdown", 0) == []
+
+
+# ---- the warm-up: bounded caches at their bound before the baseline --------------------------------
+
+
+def test_the_warm_up_fills_the_runners_prompt_plan_cache_before_the_baseline(tiny, monkeypatch):
+    """The runner keeps the launch plans of PROMPT_PLAN_CACHE_SIZE prompt-step shapes (least recently used
+    dropped): the warm-up runs prompts of that many lengths and one more, so the cache is at its bound when the
+    baseline is taken (on an H200 it filled during phase 1 instead: +289 KB, judged a host leak)."""
+    from hipcore.model.forward import PROMPT_PLAN_CACHE_SIZE
+    from profiles import leak_check as run_module
+
+    at_baseline = []
+    original = run_module._Run._check
+
+    def check(self, name, *args, **kwargs):
+        if name == "warm-up":
+            at_baseline.append(len(self.engine.runner._prompt_plans))
+        return original(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(run_module._Run, "_check", check)
+    # short prompts (the GPU tier's settings): the warm-up's mix alone leaves fewer shapes than the bound
+    code, report, output = leak_check(tiny, "--prompt-tokens", "2-10", "--max-tokens", "4")
+    assert code == 0 and report["verdict"] == "clean", output[-3000:]
+    assert at_baseline == [PROMPT_PLAN_CACHE_SIZE]
