@@ -195,16 +195,8 @@ static __device__ void split_whole_vocabulary(int* out, const float* x, int voca
     run_sum += expf(v / temperature - scaled_row_m);
     run_last = i;
   }
-  float* totals = sh.scan_sums;
-  totals[t] = run_sum;
-  __syncthreads();
-  for (int offset = 1; offset < threads; offset <<= 1) {
-    const float add = t >= offset ? totals[t - offset] : 0.0f;
-    __syncthreads();
-    totals[t] += add;
-    __syncthreads();
-  }
-  const float run_before = t > 0 ? totals[t - 1] : 0.0f;
+  float run_before, run_total;
+  scan_sums(run_sum, sh, run_before, run_total);
   if (run_sum > 0.0f && run_before <= target && target < run_before + run_sum) {
     float running = run_before;
     int found = run_last;  // rounding may leave the crossing past the run's end: its last kept token

@@ -117,6 +117,25 @@ static __device__ void greedy(int* out, const float* x, int vocab, Shared& sh) {
   if (threadIdx.x == 0) *out = best_index;
 }
 
+// Sums in thread order of one float per thread (a Hillis-Steele scan in sh.scan_sums): `before`, the sum of
+// the threads before this one, and `total`, every thread's. The same additions in the same order for every
+// caller, so the split rows' walks meet the one-workgroup rows' rounding exactly.
+static __device__ __forceinline__ void scan_sums(float v, Shared& sh, float& before, float& total) {
+  const int t = (int)threadIdx.x, threads = (int)blockDim.x;
+  float* totals = sh.scan_sums;
+  totals[t] = v;
+  __syncthreads();
+  for (int offset = 1; offset < threads; offset <<= 1) {
+    const float add = t >= offset ? totals[t - offset] : 0.0f;
+    __syncthreads();
+    totals[t] += add;
+    __syncthreads();
+  }
+  before = t > 0 ? totals[t - 1] : 0.0f;
+  total = totals[threads - 1];
+  __syncthreads();  // sh.scan_sums may be written again at once
+}
+
 // Running sums of `weight(i)` for i < n into sh.prefix (each thread sums a contiguous chunk, then the
 // chunk totals are scanned); returns the total.
 template <class Weight>
@@ -130,20 +149,9 @@ static __device__ __forceinline__ float running_sums(int n, Weight weight, Share
     sh.prefix[i] = sum;
   }
   // Scan the chunk totals in thread order.
-  float* totals = sh.scan_sums;
-  totals[t] = sum;
-  __syncthreads();
-  for (int offset = 1; offset < threads; offset <<= 1) {
-    const float add = t >= offset ? totals[t - offset] : 0.0f;
-    __syncthreads();
-    totals[t] += add;
-    __syncthreads();
-  }
-  const float before = t > 0 ? totals[t - 1] : 0.0f;
+  float before, total;
+  scan_sums(sum, sh, before, total);
   for (int i = lo; i < hi; ++i) sh.prefix[i] += before;
-  if (t == threads - 1) sh.total = totals[t];
-  __syncthreads();
-  const float total = sh.total;
   __syncthreads();
   return total;
 }
@@ -185,16 +193,8 @@ static __device__ void whole_vocabulary(int* out, const float* x, int vocab, flo
     if (v >= floor) sum += expf(v / temperature - scaled_best), last_kept = i;
   }
   if (t == 0) sh.digit_and_need[0] = 0x7fffffff, sh.digit_and_need[1] = -1;
-  float* totals = sh.scan_sums;
-  totals[t] = sum;
-  __syncthreads();
-  for (int offset = 1; offset < threads; offset <<= 1) {
-    const float add = t >= offset ? totals[t - offset] : 0.0f;
-    __syncthreads();
-    totals[t] += add;
-    __syncthreads();
-  }
-  const float before = t > 0 ? totals[t - 1] : 0.0f, total = totals[threads - 1];
+  float before, total;
+  scan_sums(sum, sh, before, total);
   const float target = uniform * total;
   if (sum > 0.0f && before <= target && target < before + sum) {
     float running = before;
