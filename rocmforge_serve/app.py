@@ -104,7 +104,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
             state = await served.loop.state()
         except EngineStopped as exc:
             raise unavailable(str(exc)) from None
-        return Response(metrics.render(state, served.loop.in_flight), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(metrics.render(state, served.loop.in_flight, served.latency), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def api_error(request: Request, exc: ApiError) -> Response:
         return exc.response()

@@ -31,7 +31,8 @@ def read_engine_state(loop) -> dict:
         stats = engine.stats
         state.update(generated_tokens=stats.generated_tokens, prompt_tokens=stats.prompt_tokens,
                      preemptions=stats.preemptions, steps=stats.steps, prompt_steps=stats.prompt_steps,
-                     step_seconds=stats.step_seconds, device_wait_seconds=stats.device_wait_seconds)
+                     step_seconds=stats.step_seconds, device_wait_seconds=stats.device_wait_seconds,
+                     queue_time=stats.queue_time.reading(), first_token_time=stats.first_token_time.reading())
     state.update(tokens_per_second=loop.tokens_per_second(), engine_running=loop.running, fault=loop.fault,
                  accepting=loop.accepting, host_rss_anon_bytes=anon_rss_bytes())
     return state

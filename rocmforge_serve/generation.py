@@ -9,8 +9,10 @@ whoever consumes it must call `close()` (a `finally`), which cancels the request
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
+from hipcore.engine.latency import LatencyHistogram
 from hipcore.engine.request import Ending, Event
 from hipcore.errors import InvalidModelError, UsageError
 from hipcore.tokenizer.chat_template import render_chat
@@ -21,6 +23,16 @@ from rocmforge_serve.protocol import GenerationRequest, check_sampling, context_
 
 class ClientGone(Exception):
     """The client closed the connection; its request has been cancelled."""
+
+
+@dataclass
+class ServeLatency:
+    """The HTTP layer's share of a first token, per generation request whose body parsed (/metrics): preparing
+    the prompt (chat template and tokenizer) and the wait from the body to the first event in the handler's
+    hands (the engine's queue and prompt step, and with two processes the pipe both ways, inside it)."""
+
+    prepare_time: LatencyHistogram = field(default_factory=LatencyHistogram)
+    first_token_time: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
 @dataclass
@@ -40,6 +52,7 @@ class ServedModel:
     created: int = 0
     ignore_eos: bool = False  # the default of requests that do not say (serve --ignore-eos, for benchmarks)
     templates: object = None  # a TemplatePool (long-lived renderers); None: render_chat's process per render
+    latency: ServeLatency = field(default_factory=ServeLatency)
 
 
 @dataclass
@@ -165,7 +178,9 @@ def check_capacity(served: ServedModel) -> None:
 
 async def start_generation(served: ServedModel, request: GenerationRequest, receive) -> Generation:
     check_capacity(served)
+    started = time.perf_counter()
     ids = await asyncio.to_thread(prompt_ids, served, request)
+    served.latency.prepare_time.observe(time.perf_counter() - started)
     if not ids:
         raise bad_request("the prompt is empty after tokenization", param="prompt")
     if len(ids) >= served.context or (request.max_tokens is not None and len(ids) + request.max_tokens > served.context):
@@ -197,5 +212,7 @@ async def start_generation(served: ServedModel, request: GenerationRequest, rece
         if error is not None:
             generation.close()
             raise error
+    if first.token_ids:
+        served.latency.first_token_time.observe(time.perf_counter() - started)
     generation.first = first
     return generation

@@ -8,7 +8,7 @@ HTTP layer's process or not.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from hipcore.engine.request import Ending
 from hipcore.runtime.ledger import TAGS
@@ -35,11 +35,31 @@ PROFILE_GAUGES = {  # MemoryProfile field -> help
 }
 
 
+# Where a first token's wait goes (hipcore/engine/latency.py): (name, help, whose reading: the engine's
+# state or the HTTP layer's ServeLatency, its key there)
+LATENCY_HISTOGRAMS = (
+    ("request_prepare_seconds", "from a generation request's parsed body to its prompt token ids (chat template "
+     "and tokenizer)", "http", "prepare_time"),
+    ("request_queue_seconds", "from a request's submission to the engine to the scheduler's first admission of it",
+     "engine", "queue_time"),
+    ("engine_time_to_first_token_seconds", "from a request's submission to the engine to its first token read from "
+     "the device (its queue and its prompt's step)", "engine", "first_token_time"),
+    ("time_to_first_token_seconds", "from a generation request's parsed body to its first token in the handler's "
+     "hands (preparation, the engine's share, and the pipe between the processes)", "http", "first_token_time"),
+)
+
+
+def histogram_family(name: str, help_text: str, reading: dict) -> HistogramMetricFamily:
+    buckets = [(repr(float(bound)), float(n)) for bound, n in zip(reading["bounds"], reading["cumulative"])]
+    buckets.append(("+Inf", float(reading["cumulative"][-1])))
+    return HistogramMetricFamily(f"{PREFIX}_{name}", help_text, buckets=buckets, sum_value=float(reading["sum"]))
+
+
 class StateCollector:
     """The families of one engine reading (engine_state.read_engine_state) plus what the HTTP side counts."""
 
-    def __init__(self, state: dict, in_flight: int):
-        self.state, self.in_flight = state, in_flight
+    def __init__(self, state: dict, in_flight: int, http_latency=None):
+        self.state, self.in_flight, self.http_latency = state, in_flight, http_latency
 
     def collect(self):
         state = self.state
@@ -79,6 +99,14 @@ class StateCollector:
                                   "of those, seconds spent waiting for the device to finish a launched step",
                                   value=state["device_wait_seconds"])
         yield GaugeMetricFamily(f"{PREFIX}_engine_running", "1 while the engine thread serves", value=float(state["engine_running"]))
+        for name, help_text, side, key in LATENCY_HISTOGRAMS:
+            if side == "engine":
+                reading = state[key]
+            elif self.http_latency is not None:
+                reading = getattr(self.http_latency, key).reading()
+            else:
+                continue
+            yield histogram_family(name, help_text, reading)
         if state["host_rss_anon_bytes"] is not None:
             yield GaugeMetricFamily(f"{PREFIX}_host_rss_anon_bytes",
                                     "the server's anonymous resident + swapped memory, the engine's process and the "
@@ -86,10 +114,10 @@ class StateCollector:
                                     value=float(state["host_rss_anon_bytes"]))
 
 
-def render(state: dict, in_flight: int) -> bytes:
-    """Prometheus text of one engine reading."""
+def render(state: dict, in_flight: int, http_latency=None) -> bytes:
+    """Prometheus text of one engine reading, with the HTTP layer's latency histograms (a ServeLatency) if given."""
     registry = CollectorRegistry(auto_describe=False)  # one per reading: nothing carries over between scrapes
-    registry.register(StateCollector(state, in_flight))
+    registry.register(StateCollector(state, in_flight, http_latency))
     return generate_latest(registry)
 
 

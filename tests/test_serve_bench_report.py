@@ -204,3 +204,40 @@ def test_engine_lines_give_the_steps_and_the_shares_of_the_levels_wall_time(tmp_
     # a server without the counters (llama-server's /metrics) gives no line, not a wrong one
     (tmp_path / "level_32.metrics_after").write_text("llamacpp:tokens_predicted_total 640\n")
     assert report.engine_lines(tmp_path, report.level_rows(tmp_path)) == []
+
+
+def _latency_metrics(waits: dict[str, list[float]]) -> str:
+    """/metrics text with report.LATENCY_STAGES' histograms as the server writes them, holding `waits`."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hipcore.engine.latency import LatencyHistogram
+    from rocmforge_serve.metrics import histogram_family
+
+    class Families:
+        def collect(self):
+            for _, name in report.LATENCY_STAGES:
+                h = LatencyHistogram()
+                for seconds in waits.get(name, []):
+                    h.observe(seconds)
+                yield histogram_family(name.removeprefix("rocmforge_"), "a stage", h.reading())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families())
+    return generate_latest(registry).decode()
+
+
+def test_latency_lines_give_each_first_token_stage_of_the_level(tmp_path):
+    write_level(tmp_path, 8, 16, 10, 1.0, 50.0, (0, 160))
+    names = [name for _, name in report.LATENCY_STAGES]
+    earlier = {name: [5.0] for name in names}  # before the level: must not count
+    (tmp_path / "level_8.metrics_before").write_text(_latency_metrics(earlier))
+    level = {names[0]: [0.002] * 4, names[1]: [0.012] * 4, names[2]: [0.012, 0.012, 0.012, 0.052],
+             names[3]: [0.02, 0.02, 0.02, 0.06]}
+    (tmp_path / "level_8.metrics_after").write_text(_latency_metrics({n: earlier[n] + level[n] for n in names}))
+    lines = report.latency_lines(tmp_path, report.level_rows(tmp_path))
+    assert lines == ["- first token at 8 clients, server side (mean / p50 / p99 ms): prepare 2.0 / 1.8 / 2.5; "
+                     "queue 12.0 / 12.5 / 14.9; engine first token 22.0 / 13.3 / 59.2; handler first token "
+                     "30.0 / 18.3 / 59.2"]
+    # without the histograms (an older rocmforge, or llama-server), no line
+    (tmp_path / "level_8.metrics_after").write_text(_metrics(1100, 14, 6.8, 1.5))
+    assert report.latency_lines(tmp_path, report.level_rows(tmp_path)) == []

@@ -147,6 +147,10 @@ class Engine:
             self.stats.preemptions += len(plan.preempted)
             for request, message in plan.rejected:
                 events += self._end_request(request, Ending.REJECTED, message)
+            for request in plan.admitted:
+                if request.admitted_at is None:
+                    request.admitted_at = time.perf_counter()
+                    self.stats.queue_time.observe(request.admitted_at - request.submitted_at)
             if plan.scheduled:
                 launched = self._launch(plan.scheduled, events)
                 self.stats.steps += 1
@@ -353,6 +357,7 @@ class Engine:
                 request.phase = Phase.DECODE
                 if request.first_token_at is None:
                     request.first_token_at = time.perf_counter()
+                    self.stats.first_token_time.observe(request.first_token_at - request.submitted_at)
             for target in targets:
                 token = picked if picked is not None else target.sampler.sample(logits, target.tokens)
                 self._accept_token(target, token, events)

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from hipcore.engine.latency import LatencyHistogram
 from hipcore.engine.request import Request
 from hipcore.errors import RocmforgeError
 
@@ -43,3 +44,7 @@ class EngineStats:
     device_wait_seconds: float = 0.0
     prompt_steps: int = 0  # steps that evaluated prompt tokens (never chained ahead, never a replayed graph)
     endings: collections.Counter = field(default_factory=collections.Counter)
+    # Each request's submission to the scheduler's first admission of it, and to its first token read from the
+    # device (hipcore/engine/latency.py; a preempted request's readmission is not timed again).
+    queue_time: LatencyHistogram = field(default_factory=LatencyHistogram)
+    first_token_time: LatencyHistogram = field(default_factory=LatencyHistogram)

@@ -87,6 +87,7 @@ class Request:
     events: "queue.SimpleQueue[Event]" = field(default_factory=queue.SimpleQueue)
     preemptions: int = 0
     submitted_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None  # the scheduler's first admission (a preempted request keeps it)
     first_token_at: float | None = None
     finished_at: float | None = None
     tag: str = ""  # free-form label from the caller (leak-check records the planned ending)

@@ -48,6 +48,7 @@ class SchedulerOutput:
     scheduled: list[Scheduled] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     rejected: list[tuple[Request, str]] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)  # taken from the queue in this step
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -186,6 +187,7 @@ class Scheduler:
                 self.cache.add_sequence(seq.seq_id)
             self.waiting.popleft()
             self.running.append(request)
+            out.admitted.append(request)
             request.phase = Phase.PROMPT
             for seq, n in chunks:
                 out.scheduled.append(Scheduled(seq, n, seq.num_cached + n == len(seq.tokens)))

@@ -36,6 +36,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for hipcore.engine.latency (stdlib)
+from hipcore.engine.latency import quantile  # noqa: E402
+
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small robots count blue stars "
          "in the quiet night and every one of them writes a number on the wall").split()
 MAX_PROBES = 12
@@ -166,6 +169,7 @@ def summary(outdir: Path) -> str:
         lines += bench_lines(outdir, rows)
     lines += cpu_lines(outdir, rows)
     lines += engine_lines(outdir, rows)
+    lines += latency_lines(outdir, rows)
     for name, label in (("server_exit.txt", "server exit code after SIGTERM"), ("shutdown_line.txt", "server's shutdown check")):
         if (outdir / name).exists():
             lines.append(f"- {label}: {(outdir / name).read_text().strip()}")
@@ -365,6 +369,62 @@ def engine_lines(outdir: Path, rows: list[dict]) -> list[str]:
         lines.append(f"- engine at {r['clients']} clients: {steps:.0f} steps ({prompt_steps:.0f} evaluated prompts), "
                      f"in steps {100 * in_steps / r['wall']:.0f}% of the level's wall time, waiting for the device "
                      f"{100 * waiting / r['wall']:.0f}%")
+    return lines
+
+
+# rocmforge serve's first-token stages (rocmforge_serve/metrics.py's LATENCY_HISTOGRAMS), in the order a request
+# meets them: label, histogram name
+LATENCY_STAGES = (("prepare", "rocmforge_request_prepare_seconds"), ("queue", "rocmforge_request_queue_seconds"),
+                  ("engine first token", "rocmforge_engine_time_to_first_token_seconds"),
+                  ("handler first token", "rocmforge_time_to_first_token_seconds"))
+
+
+def _histograms(text: str) -> dict[str, dict]:
+    """LATENCY_STAGES' histograms from Prometheus text: name -> {bounds, cumulative (+Inf last), sum, count}."""
+    wanted = {name for _, name in LATENCY_STAGES}
+    out: dict[str, dict] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, value = line.rpartition(" ")
+        base, _, label = key.partition("{")
+        for suffix in ("_bucket", "_sum", "_count"):
+            name = base[:-len(suffix)]
+            if base.endswith(suffix) and name in wanted:
+                h = out.setdefault(name, {"bounds": [], "cumulative": [], "sum": 0.0, "count": 0.0})
+                if suffix == "_bucket":
+                    bound = label.split('"')[1]
+                    if bound != "+Inf":
+                        h["bounds"].append(float(bound))
+                    h["cumulative"].append(float(value))
+                else:
+                    h[suffix[1:]] = float(value)
+    return out
+
+
+def latency_lines(outdir: Path, rows: list[dict]) -> list[str]:
+    """Where each level's first tokens waited, as the server timed them (its /metrics before and after the
+    level): mean / p50 / p99 ms of each stage. The load generator's TTFT minus the handler's is the client's
+    side and the network."""
+    lines = []
+    for r in rows:
+        paths = [outdir / f"level_{r['clients']}.metrics_{when}" for when in ("before", "after")]
+        if not all(p.exists() for p in paths):
+            continue
+        before, after = (_histograms(p.read_text()) for p in paths)
+        parts = []
+        for label, name in LATENCY_STAGES:
+            if name not in before or name not in after:
+                break
+            a, b = after[name], before[name]
+            d = {"bounds": a["bounds"], "cumulative": [x - y for x, y in zip(a["cumulative"], b["cumulative"])],
+                 "sum": a["sum"] - b["sum"], "count": a["count"] - b["count"]}
+            if d["count"] <= 0:
+                break
+            p50, p99 = quantile(d, 0.5), quantile(d, 0.99)
+            parts.append(f"{label} {1e3 * d['sum'] / d['count']:.1f} / {1e3 * p50:.1f} / {1e3 * p99:.1f}")
+        if len(parts) == len(LATENCY_STAGES):
+            lines.append(f"- first token at {r['clients']} clients, server side (mean / p50 / p99 ms): " + "; ".join(parts))
     return lines
 
 
