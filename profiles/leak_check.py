@@ -156,6 +156,11 @@ class _Run:
             driver.run(range(start, start + 1), run_phase=0,
                        plan_for=lambda index, n=length: self.workload.prompt_shape_plan(index, n))
             start += 1
+        # The runner's prompt-step plans and graphs (padded shapes, captured at a shape's second step) at their
+        # bound too: which padded shapes phase 1's mixed steps take depends on how the requests meet.
+        fill_prompt_caches = getattr(self.engine.runner, "fill_prompt_caches", None)
+        if fill_prompt_caches is not None:
+            fill_prompt_caches()
         driver.run(range(start, self.first), run_phase=0, plan_for=self.workload.filler_plan)
         # The tokenizer's per-token caches, bounded by the vocabulary, at their bound: a random-weights model's
         # tokens spread over the whole vocabulary and filled them during the measured phases (H100, the demo's

@@ -63,7 +63,11 @@ def test_a_clean_run_keeps_every_handle_count_and_says_the_driver_layer_does_not
     assert report["driver_layer"] == NOT_APPLICABLE_CPU and not findings(report, "driver")
     base, final = report["baseline"]["handles"], report["phases"][-1]["handles"]
     assert set(base) == {"streams", "events", "graphs", "modules", "file descriptors"}
-    assert base["streams"] >= 1 and base["file descriptors"] > 0 and final == base
+    assert base["streams"] >= 1 and base["file descriptors"] > 0 and base["graphs"] > 0
+    # every count as at the baseline; graphs at most (a prompt-step shape's graph goes when a step of another
+    # shape takes its plan's place in the runner's bounded cache, and may not come back)
+    assert {k: v for k, v in final.items() if k != "graphs"} == {k: v for k, v in base.items() if k != "graphs"}
+    assert final["graphs"] <= base["graphs"]
     rows = {row["layer"]: row for row in report["layers"]}
     assert rows["file descriptors"]["count"] == 0 and rows[f"driver: {NOT_APPLICABLE_CPU}"]["bytes"] is None
     tables = runner.invoke(app, ["leak-check", "--model", tiny, "--device", "cpu", "--requests", "8", "-q",
@@ -79,7 +83,8 @@ def test_a_handle_made_per_few_steps_and_kept_fails_the_run_naming_its_kind(tiny
     leaks = [f for f in findings(report, "handles") if f["severity"] == "leak"]
     assert len(leaks) == 1 and f" {kind} (" in leaks[0]["message"], report["findings"]
     base, final = report["baseline"]["handles"], report["phases"][-1]["handles"]
-    assert final[kind] - base[kind] >= 2 and all(final[k] == base[k] for k in base if k != kind)
+    assert final[kind] - base[kind] >= 2 and all(final[k] == base[k] for k in base if k not in (kind, "graphs"))
+    assert final["graphs"] <= base["graphs"]  # (the runner's prompt-step graphs turn over; see the clean run)
     assert not [f for f in report["findings"] if f["severity"] == "leak" and f["layer"] != "handles"]
     code, report, _ = leak_check(tiny, "--plant-bug", bug, "--fail-on", "handles=off")
     assert code == 0 and any(f["severity"] == "warning" for f in findings(report, "handles"))
@@ -171,8 +176,9 @@ def test_handles_that_cannot_be_counted_are_not_judged_never_clean():
 
 def test_the_warm_up_fills_the_runners_prompt_plan_cache_before_the_baseline(tiny, monkeypatch):
     """The runner keeps the launch plans of PROMPT_PLAN_CACHE_SIZE prompt-step shapes (least recently used
-    dropped): the warm-up runs prompts of that many lengths and one more, so the cache is at its bound when the
-    baseline is taken (on an H200 it filled during phase 1 instead: +289 KB, judged a host leak)."""
+    dropped), and the graphs of those that are padded shapes (hipcore/model/prompt_graphs.py): the warm-up fills
+    both to their bound before the baseline (on an H200 the plans filled during phase 1 instead: +289 KB, judged a
+    host leak; graphs made in phase 1 would count as handles not returned)."""
     from hipcore.model.forward import PROMPT_PLAN_CACHE_SIZE
     from profiles import leak_check as run_module
 
@@ -181,11 +187,12 @@ def test_the_warm_up_fills_the_runners_prompt_plan_cache_before_the_baseline(tin
 
     def check(self, name, *args, **kwargs):
         if name == "warm-up":
-            at_baseline.append(len(self.engine.runner._prompt_plans))
+            runner = self.engine.runner
+            at_baseline.append((len(runner._prompt_plans), len(runner.prompt_graphs)))
         return original(self, name, *args, **kwargs)
 
     monkeypatch.setattr(run_module._Run, "_check", check)
     # short prompts (the GPU tier's settings): the warm-up's mix alone leaves fewer shapes than the bound
     code, report, output = leak_check(tiny, "--prompt-tokens", "2-10", "--max-tokens", "4")
     assert code == 0 and report["verdict"] == "clean", output[-3000:]
-    assert at_baseline == [PROMPT_PLAN_CACHE_SIZE]
+    assert at_baseline == [(PROMPT_PLAN_CACHE_SIZE, PROMPT_PLAN_CACHE_SIZE)]

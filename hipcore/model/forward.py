@@ -4,8 +4,9 @@ The same code runs on every backend: on the cpu backend each launch runs the op'
 on a GPU it launches the op's HIP kernel. Buffers are allocated once, sized for the largest step
 (max_step_tokens tokens, max_seqs sequences, and the largest decode bucket), so addresses stay fixed:
 a decode-only step replays a graph captured for its batch-size bucket (decode_graphs.py); prompt and
-mixed steps launch eagerly. Everything that changes per step lives in one buffer, uploaded in one
-copy (step_inputs.py).
+mixed steps of up to 128 tokens are padded to a few shapes and replay a graph from a shape's third step
+(prompt_graphs.py); larger ones launch eagerly. Everything that changes per step lives in one buffer,
+uploaded in one copy (step_inputs.py).
 
 Per layer, the blocks of the model's family (hipcore/model/families/, over hipcore/model/blocks.py); the
 llama layer, with the fused kernels when the weights allow them (projections.py picks fused_matvec for
@@ -40,6 +41,7 @@ from hipcore.model.batch import StepBatch
 from hipcore.model.blocks import StepContext
 from hipcore.model.families import family_for
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
+from hipcore.model.prompt_graphs import PromptGraphs, padded_shape, padded_shapes, prompt_graphs_default
 from hipcore.model.step_inputs import StepInputs, input_bytes, window_input_bytes
 from hipcore.model.weights import ModelWeights
 from hipcore.model.projections import Launch, ProjectionPlanner
@@ -130,6 +132,9 @@ class ModelRunner:
         self.buffers: dict[str, Buffer] = {}
         self.inputs: StepInputs | None = None
         self.graphs = DecodeGraphs(device, self.stream, max_seqs, capture=use_graphs)
+        # Prompt and mixed steps padded to recurring shapes, replayed from graphs (off: ROCMFORGE_PROMPT_GRAPHS=0)
+        self.pad_prompt_steps = prompt_graphs_default()
+        self.prompt_graphs = PromptGraphs(device, self.stream, capture=use_graphs)
         self._outstanding: list[PendingStep] = []  # launched, not collected, in launch order
         self._read_stream = self._kept_event = None
         try:
@@ -160,6 +165,7 @@ class ModelRunner:
     def close(self) -> None:
         """Destroy the decode graphs and free every buffer; idempotent."""
         self.graphs.close()
+        self.prompt_graphs.close()
         self._plans.clear()
         self._prompt_plans.clear()
         self._outstanding.clear()
@@ -263,11 +269,48 @@ class ModelRunner:
             plan = self.launch_plan(bucket, bucket, all_rows=True, with_sampling=True, decode=True)
             self.graphs.run(bucket, lambda: _run_all(plan))
             return bucket, True
+        padded = None if decode or not self.pad_prompt_steps else self.padded_prompt_shape(n, r)
+        if padded is not None:
+            t, rows = padded
+            self.inputs.pack(batch, padded_tokens=t, all_rows=False, sampling=sampling, stream=self.stream,
+                             padded_rows=rows)
+            self._take_token_ids(token_ids_from, n)
+            key = (t, rows, False, want_tokens, False)
+            seen_before = key in self._prompt_plans
+            plan = self.launch_plan(t, rows, all_rows=False, with_sampling=want_tokens, decode=False)
+            self.prompt_graphs.run(key, lambda: _run_all(plan), seen_before=seen_before)
+            return rows, False
         self.inputs.pack(batch, padded_tokens=n, all_rows=decode, sampling=sampling, stream=self.stream)
         self._take_token_ids(token_ids_from, n)
         rows = n if decode else r
         _run_all(self.launch_plan(n, rows, all_rows=decode, with_sampling=want_tokens, decode=decode))
         return rows, decode
+
+    def padded_prompt_shape(self, tokens: int, rows: int) -> tuple[int, int] | None:
+        """(token rows, logits rows) of a prompt or mixed step as this runner runs it (None: unpadded)."""
+        return padded_shape(tokens, rows, self.token_capacity, self.row_capacity)
+
+    def fill_prompt_caches(self) -> int:
+        """Bring the kept prompt-step plans and their graphs to their bound (leak-check's warm-up, as the
+        tokenizer's fill_piece_caches: what a long run fills later is no leak). Runs steps of padding alone
+        (nothing stored, nothing read back) at up to PROMPT_PLAN_CACHE_SIZE + 1 padded shapes, sampling on the
+        device and not (the engine takes either per step), each twice so that its graph is captured. Returns
+        the shapes run. Only between steps: nothing may be outstanding."""
+        self._check_none_outstanding()
+        assert self.inputs is not None, "the runner is closed"
+        if not self.pad_prompt_steps:
+            return 0
+        shapes = [(t, rows, want_tokens) for t, rows in padded_shapes(self.token_capacity, self.row_capacity)
+                  for want_tokens in (True, False)][:PROMPT_PLAN_CACHE_SIZE + 1]
+        for t, rows, want_tokens in shapes:
+            self.inputs.pack_padding(t, rows, stream=self.stream)
+            key = (t, rows, False, want_tokens, False)
+            for _ in range(2):
+                seen_before = key in self._prompt_plans
+                plan = self.launch_plan(t, rows, all_rows=False, with_sampling=want_tokens, decode=False)
+                self.prompt_graphs.run(key, lambda: _run_all(plan), seen_before=seen_before)
+        self.stream.synchronize()
+        return len(shapes)
 
     def _take_token_ids(self, source: Buffer | None, n: int) -> None:
         """The step's first n token ids from `source` on the device, over the uploaded ones (on the stream)."""
@@ -312,7 +355,8 @@ class ModelRunner:
             plan = self._build_plan(t, r, all_rows, with_sampling, decode)
             kept[key] = plan
             if len(self._prompt_plans) > PROMPT_PLAN_CACHE_SIZE:
-                self._prompt_plans.popitem(last=False)
+                dropped, _ = self._prompt_plans.popitem(last=False)
+                self.prompt_graphs.drop(dropped)  # a shape's graph goes with its plan
         elif kept is self._prompt_plans:
             self._prompt_plans.move_to_end(key)
         return plan

@@ -123,13 +123,15 @@ class StepInputs:
         return self.buffer.addr(4 * self.offsets[name])
 
     def pack(self, batch: StepBatch, *, padded_tokens: int, all_rows: bool, sampling: SamplingRows | None,
-             stream: Stream | None) -> None:
+             stream: Stream | None, padded_rows: int | None = None) -> None:
         """Fill the staging array from `batch` and upload it.
 
         padded_tokens >= batch.num_tokens: the rows past the batch are padding (token 0, position -1,
         slot -1, sequence 0), so a kernel launched for padded_tokens computes harmless, ignored rows.
         all_rows: logits are computed for every token row (decode: the sampling inputs go to row
-        sample_rows[i]); otherwise for the rows listed in sample_rows (sampling input i at row i).
+        sample_rows[i]); otherwise for the rows listed in sample_rows (sampling input i at row i), and
+        padded_rows >= len(sample_rows) of them where given: the rows past the batch's read token 0's
+        row, greedily (their logits and tokens are never read).
         """
         n, s, r = batch.num_tokens, batch.num_seqs, int(batch.sample_rows.shape[0])
         self.slots[:n] = batch.slot_mapping
@@ -157,10 +159,27 @@ class StepInputs:
                 sampling.pack_into(params[:r])
             else:
                 params[:r, 0] = 0.0
+            if padded_rows is not None and padded_rows > r:
+                self.sample_rows[r:padded_rows] = 0
+                params[r:padded_rows] = 0.0
         end = self.offsets["block_tables"] + s * self.max_blocks
         self.buffer.upload(self.words[:end], stream=stream)
         if self.window is not None:
             self._pack_window_group(batch, padded_tokens, stream)
+
+    def pack_padding(self, tokens: int, rows: int, *, stream: Stream | None) -> None:
+        """Inputs of a step of padding alone (tokens rows, rows logits rows): nothing is stored in the cache and
+        attention gives zero rows (the runner's fill_prompt_caches runs such steps)."""
+        self.slots[:tokens] = -1
+        self.token_ids[:tokens] = 0
+        self.positions[:tokens] = -1
+        self.token_seq[:tokens] = 0
+        self.sample_rows[:rows] = 0
+        self.sampling[:rows] = 0.0
+        self.buffer.upload(self.words[:self.offsets["block_tables"]], stream=stream)
+        if self.window is not None:
+            self.window_slots[:tokens] = -1
+            self.window.buffer.upload(self.window_words[:self.window._tables_offset], stream=stream)
 
     def _pack_window_group(self, batch: StepBatch, padded_tokens: int, stream: Stream | None) -> None:
         if batch.window_slot_mapping is None or batch.window_block_tables is None:

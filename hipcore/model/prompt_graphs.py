@@ -1,0 +1,87 @@
+"""PromptGraphs: captured graphs of small prompt and mixed steps, one per padded shape, kept with their launch plans.
+
+A step that evaluates prompt tokens (a prompt, or prompt tokens joining decoding sequences) ran its ~180-240
+launches eagerly: on the demo model a 31-token prompt step took ~5 ms of host time for well under a millisecond
+of device work, and in a server every decoding sequence waits through it (measured on an NVIDIA H200: the
+engine's time to first token 5.7 ms at one client, 14 ms at 32). Steps of up to PROMPT_GRAPH_MAX_TOKENS tokens
+are therefore padded to a few shapes (padded_shape: tokens to a multiple of TOKEN_QUANTUM, logits rows to a
+decode bucket), so that shapes recur, and a shape's graph is captured the second time it runs (a shape seen
+once may never come again; capturing costs a second pass over the launches and an instantiation) and replayed
+from the third. Padding rows compute nothing that is kept (hipcore/model/step_inputs.py: slot -1, position -1).
+
+Graphs live exactly as long as their shape's launch plan in the runner's bounded cache of prompt-step plans
+(forward.PROMPT_PLAN_CACHE_SIZE): a plan dropped from it drops its graph, so the graphs are bounded too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Hashable
+
+from hipcore.model.decode_graphs import BUCKETS
+from hipcore.runtime.device import Device, Graph, Stream
+
+PROMPT_GRAPH_MAX_TOKENS = 128  # larger steps run eagerly at their own shape: their launches are a small share
+TOKEN_QUANTUM = 16  # padded token rows: at most 15 more, a shape per 16 tokens
+PROMPT_GRAPHS_ENV = "ROCMFORGE_PROMPT_GRAPHS"  # "0": prompt and mixed steps unpadded and eager, as before
+
+
+def prompt_graphs_default() -> bool:
+    return os.environ.get(PROMPT_GRAPHS_ENV, "1").strip() != "0"
+
+
+def padded_shape(tokens: int, rows: int, token_capacity: int, row_capacity: int) -> tuple[int, int] | None:
+    """(token rows, logits rows) a prompt or mixed step of `tokens` tokens sampling `rows` rows is padded to, or
+    None where it runs at its own shape (past PROMPT_GRAPH_MAX_TOKENS, or no padded shape fits the buffers)."""
+    if tokens > PROMPT_GRAPH_MAX_TOKENS:
+        return None
+    padded_tokens = -(-tokens // TOKEN_QUANTUM) * TOKEN_QUANTUM
+    padded_rows = 0 if rows == 0 else next((b for b in BUCKETS if b >= rows), None)
+    if padded_tokens > token_capacity or padded_rows is None or padded_rows > row_capacity:
+        return None
+    return padded_tokens, padded_rows
+
+
+def padded_shapes(token_capacity: int, row_capacity: int) -> list[tuple[int, int]]:
+    """Every (token rows, logits rows) padded_shape can give for these buffers, largest steps first."""
+    tokens = range(TOKEN_QUANTUM, min(PROMPT_GRAPH_MAX_TOKENS, token_capacity) + 1, TOKEN_QUANTUM)
+    rows = [0] + [b for b in BUCKETS if b <= row_capacity]
+    return [(t, r) for t in reversed(tokens) for r in reversed(rows) if r // 2 < t]  # a bucket some r <= t pads to
+
+
+class PromptGraphs:
+    def __init__(self, device: Device, stream: Stream, *, capture: bool = True):
+        self.device, self.stream, self.capture = device, stream, capture
+        self._graphs: dict[Hashable, Graph] = {}
+        self.captures = 0
+        self.replays = 0
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def run(self, key: Hashable, launches: Callable[[], None], *, seen_before: bool) -> None:
+        """Replay the shape's graph; else run `launches` eagerly and, if the shape ran before, capture them."""
+        graph = self._graphs.get(key)
+        if graph is not None:
+            graph.launch(self.stream)
+            self.replays += 1
+            return
+        launches()
+        if self.capture and seen_before:
+            with self.device.capture(self.stream) as cap:
+                launches()
+            assert cap.graph is not None
+            self._graphs[key] = cap.graph
+            self.captures += 1
+
+    def drop(self, key: Hashable) -> None:
+        """Destroy the shape's graph, if it has one (its plan left the runner's cache)."""
+        graph = self._graphs.pop(key, None)
+        if graph is not None:
+            graph.destroy()
+
+    def close(self) -> None:
+        """Destroy every graph; idempotent."""
+        graphs, self._graphs = self._graphs, {}
+        for graph in graphs.values():
+            graph.destroy()
