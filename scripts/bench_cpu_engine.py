@@ -17,6 +17,12 @@ machine too: the load average is printed beside the figures):
                   decode rate, without prompt evaluation)
   step ms         mean time of a decode-only step (one token for every running request)
   TTFT s          mean time from submission to a request's first token
+
+--rounds-of K --rounds R: the load of scripts/gpu/serve_bench.sh's load generator instead, without HTTP: the
+concurrency's requests in groups of K (as its processes hold their clients), each group submitting its K
+requests together and the next K only once all K have ended, R times. Beside the server's figure under that
+load, the difference is what the HTTP layer costs; beside `rocmforge bench -b`, what the load's rounds and
+prompts cost the engine itself.
 """
 
 from __future__ import annotations
@@ -79,6 +85,42 @@ def run_once(engine, prompts: list[list[int]], gen_tokens: int, sampling: str = 
     }
 
 
+def run_rounds(engine, vocab: int, concurrency: int, group: int, rounds: int, prompt_tokens: int, gen_tokens: int,
+               sampling: str = "greedy") -> dict:
+    """run_once's figures for the load of --rounds-of: concurrency // group groups, each `rounds` rounds of
+    `group` requests submitted together, a group's next round as soon as its last request of the round ends."""
+    from hipcore.engine.sampler import SamplingParams
+
+    if group < 1 or concurrency % group:
+        raise SystemExit(f"--rounds-of {group} must divide the concurrency {concurrency}")
+    params = SamplingParams(**SAMPLING[sampling], max_tokens=gen_tokens, seed=TOKEN_SEED)
+    prompts = bench_prompts(vocab, concurrency, prompt_tokens)
+    groups = [prompts[g:g + group] for g in range(0, concurrency, group)]
+    left = [rounds] * len(groups)
+    live: list[list[int]] = [[] for _ in groups]
+    ids: list[int] = []
+    start = time.perf_counter()
+    while True:
+        for g, requests in enumerate(live):
+            if left[g] and all(engine.finished_record(i) is not None for i in requests):
+                live[g] = [engine.submit(p, params) for p in groups[g]]
+                ids += live[g]
+                left[g] -= 1
+        if not engine.has_work():
+            break
+        engine.step()
+    wall = time.perf_counter() - start
+    records = [engine.finished_record(i) for i in ids]
+    generated = sum(len(r.generated_tokens[0]) for r in records)
+    prompt = prompt_tokens * len(ids)
+    return {
+        "requests": len(ids), "prompt_tokens": prompt, "generated_tokens": generated, "wall_s": wall,
+        "total_tok_s": (prompt + generated) / wall, "gen_tok_s": generated / wall, "decode_tok_s": 0.0,
+        "decode_step_ms": 0.0, "ttft_s": statistics.mean(r.time_to_first_token or 0.0 for r in records),
+        "endings": sorted({r.ending.value for r in records}), "rounds_of": group, "rounds": rounds,
+    }
+
+
 def machine() -> dict:
     import numpy as np
 
@@ -106,6 +148,9 @@ def main() -> int:
                              "vocabulary, what `rocmforge serve` gives a request without sampling options; llama: "
                              "llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), what "
                              "`rocmforge generate` uses")
+    parser.add_argument("--rounds-of", type=int, default=0,
+                        help="requests in groups of this many, each group in rounds (serve_bench.sh's load without HTTP)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of each group (with --rounds-of)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--device", default="cpu",
                         help="cpu (default), or a GPU (cuda, hip, auto): the engine alone under the load a server "
@@ -130,8 +175,12 @@ def main() -> int:
         run_once(model.engine, bench_prompts(vocab, 1, 8), 4)  # warm-up: first-use costs out of the timings
         results = []
         for n in args.concurrency:
-            results.append(run_once(model.engine, bench_prompts(vocab, n, args.prompt_tokens), args.gen_tokens,
-                                    args.sampling))
+            if args.rounds_of:
+                results.append(run_rounds(model.engine, vocab, n, args.rounds_of, args.rounds, args.prompt_tokens,
+                                          args.gen_tokens, args.sampling))
+            else:
+                results.append(run_once(model.engine, bench_prompts(vocab, n, args.prompt_tokens), args.gen_tokens,
+                                        args.sampling))
             if not args.json:
                 print(f"  {n} concurrent: done in {results[-1]['wall_s']:.1f} s", file=sys.stderr)
         model.cache.check_invariants(quiescent=True)

@@ -1,0 +1,41 @@
+"""scripts/bench_cpu_engine.py's --rounds-of load (serve_bench.sh's load generator without HTTP), on the cpu backend:
+every group runs its rounds, a group's next round starts only once its last one has ended, and the groups overlap."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from support.engine_testing import load_tiny, tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import bench_cpu_engine  # noqa: E402
+
+
+def test_rounds_of_a_group_follow_each_other_and_groups_overlap(tmp_path_factory):
+    # max_seqs 3: one request of the four waits, so a group's two end at different steps
+    with load_tiny(tiny_model(tmp_path_factory), max_seqs=3, kv_blocks=80) as model:
+        engine = model.engine
+        prompts = bench_cpu_engine.bench_prompts(model.config.vocab_size, 4, 5)
+        group_of = {tuple(p): i // 2 for i, p in enumerate(prompts)}  # the same prompts each round, 2 a group
+        submitted: list[tuple[int, int]] = []  # (group, request id) in submission order
+        most_active = 0
+        original = engine.submit
+
+        def submit(prompt, params, **kwargs):
+            nonlocal most_active
+            group = group_of[tuple(prompt)]
+            earlier = [rid for g, rid in submitted if g == group]
+            ended = [rid for rid in earlier if engine.finished_record(rid) is not None]
+            # a group's round goes in whole, after every request of its rounds before has ended
+            assert len(earlier) % 2 == 0 and ended == earlier or len(earlier) % 2 == 1 and len(ended) == len(earlier) - 1
+            rid = original(prompt, params, **kwargs)
+            submitted.append((group, rid))
+            most_active = max(most_active, engine.active_count)
+            return rid
+
+        engine.submit = submit
+        result = bench_cpu_engine.run_rounds(engine, model.config.vocab_size, 4, 2, 3, prompt_tokens=5, gen_tokens=6)
+        assert result["requests"] == 12 and result["generated_tokens"] == 12 * 6 and result["endings"] == ["length"]
+        assert [g for g, _ in submitted].count(0) == [g for g, _ in submitted].count(1) == 6
+        assert most_active == 4  # both groups submitted at once, never more than the concurrency
