@@ -26,6 +26,14 @@ def bucket_capacity(max_seqs: int) -> int:
     return next((b for b in BUCKETS if b >= max_seqs), BUCKETS[-1])
 
 
+def capture_launches(device: Device, stream: Stream, launches: Callable[[], None]) -> Graph:
+    """The launches captured on `stream` (not run) into an instantiated graph."""
+    with device.capture(stream) as cap:
+        launches()
+    assert cap.graph is not None
+    return cap.graph
+
+
 class DecodeGraphs:
     def __init__(self, device: Device, stream: Stream, max_seqs: int, *, capture: bool = True):
         self.device, self.stream, self.capture = device, stream, capture
@@ -53,10 +61,7 @@ class DecodeGraphs:
             self.replays += 1
             return
         launches()
-        with self.device.capture(self.stream) as cap:
-            launches()
-        assert cap.graph is not None
-        self._graphs[bucket] = cap.graph
+        self._graphs[bucket] = capture_launches(self.device, self.stream, launches)
         self.captures += 1
 
     def close(self) -> None:

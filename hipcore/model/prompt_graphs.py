@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Hashable
 
-from hipcore.model.decode_graphs import BUCKETS
+from hipcore.model.decode_graphs import BUCKETS, capture_launches
 from hipcore.runtime.device import Device, Graph, Stream
 
 PROMPT_GRAPH_MAX_TOKENS = 128  # larger steps run eagerly at their own shape: their launches are a small share
@@ -68,10 +68,7 @@ class PromptGraphs:
             return
         launches()
         if self.capture and seen_before:
-            with self.device.capture(self.stream) as cap:
-                launches()
-            assert cap.graph is not None
-            self._graphs[key] = cap.graph
+            self._graphs[key] = capture_launches(self.device, self.stream, launches)
             self.captures += 1
 
     def drop(self, key: Hashable) -> None:
