@@ -42,7 +42,7 @@ class EngineStats:
     # Of that, the time spent reading launched steps' tokens: the device finishing them. Near step_seconds: the
     # device is the limit; near 0: the host is (the tokens were ready when asked for).
     device_wait_seconds: float = 0.0
-    prompt_steps: int = 0  # steps that evaluated prompt tokens (never chained ahead, never a replayed graph)
+    prompt_steps: int = 0  # steps that evaluated prompt tokens (never chained ahead; graphs up to 128 tokens)
     endings: collections.Counter = field(default_factory=collections.Counter)
     # Each request's submission to the scheduler's first admission of it, and to its first token read from the
     # device (hipcore/engine/latency.py; a preempted request's readmission is not timed again).

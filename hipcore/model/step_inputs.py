@@ -130,7 +130,7 @@ class StepInputs:
         slot -1, sequence 0), so a kernel launched for padded_tokens computes harmless, ignored rows.
         all_rows: logits are computed for every token row (decode: the sampling inputs go to row
         sample_rows[i]); otherwise for the rows listed in sample_rows (sampling input i at row i), and
-        padded_rows >= len(sample_rows) of them where given: the rows past the batch's read token 0's
+        padded_rows >= len(sample_rows) of them where given: the rows past the batch's read token row 0
         row, greedily (their logits and tokens are never read).
         """
         n, s, r = batch.num_tokens, batch.num_seqs, int(batch.sample_rows.shape[0])
