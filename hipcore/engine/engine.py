@@ -147,10 +147,7 @@ class Engine:
             self.stats.preemptions += len(plan.preempted)
             for request, message in plan.rejected:
                 events += self._end_request(request, Ending.REJECTED, message)
-            for request in plan.admitted:
-                if request.admitted_at is None:
-                    request.admitted_at = time.perf_counter()
-                    self.stats.queue_time.observe(request.admitted_at - request.submitted_at)
+            self.stats.note_admitted(plan.admitted)
             if plan.scheduled:
                 launched = self._launch(plan.scheduled, events)
                 self.stats.steps += 1

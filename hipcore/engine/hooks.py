@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,3 +49,10 @@ class EngineStats:
     # device (hipcore/engine/latency.py; a preempted request's readmission is not timed again).
     queue_time: LatencyHistogram = field(default_factory=LatencyHistogram)
     first_token_time: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def note_admitted(self, requests: list[Request]) -> None:
+        """The scheduler took these from its queue: time the first admission of each (queue_time)."""
+        for request in requests:
+            if request.admitted_at is None:
+                request.admitted_at = time.perf_counter()
+                self.queue_time.observe(request.admitted_at - request.submitted_at)
