@@ -4,7 +4,7 @@ The same code runs on every backend: on the cpu backend each launch runs the op'
 on a GPU it launches the op's HIP kernel. Buffers are allocated once, sized for the largest step
 (max_step_tokens tokens, max_seqs sequences, and the largest decode bucket), so addresses stay fixed:
 a decode-only step replays a graph captured for its batch-size bucket (decode_graphs.py); prompt and
-mixed steps of up to 128 tokens are padded to a few shapes and replay a graph from a shape's third step
+mixed steps of up to 128 tokens are padded to a few shapes and replay a graph from a shape's fourth step
 (prompt_graphs.py); larger ones launch eagerly. Everything that changes per step lives in one buffer,
 uploaded in one copy (step_inputs.py).
 
@@ -41,7 +41,7 @@ from hipcore.model.batch import StepBatch
 from hipcore.model.blocks import StepContext
 from hipcore.model.families import family_for
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
-from hipcore.model.prompt_graphs import PromptGraphs, padded_shape, padded_shapes, prompt_graphs_default
+from hipcore.model.prompt_graphs import CAPTURE_AT_RUN, PromptGraphs, padded_shape, padded_shapes, prompt_graphs_default
 from hipcore.model.step_inputs import StepInputs, input_bytes, window_input_bytes
 from hipcore.model.weights import ModelWeights
 from hipcore.model.projections import Launch, ProjectionPlanner
@@ -54,7 +54,7 @@ PLAN_CACHE_MAX_TOKENS = 128  # launch plans of decode steps up to this size are 
 # long prompt comes in chunks of max_step_tokens, all of one shape, and building a plan costs ~7 us a launch
 # in Python (1.3 ms for the demo model's 183 launches of a 512-token step, on the cpu backend's host), time
 # in which the device has nothing to run yet.
-PROMPT_PLAN_CACHE_SIZE = 8
+PROMPT_PLAN_CACHE_SIZE = 16  # (and the graphs of padded shapes, prompt_graphs.py: a server's mixed steps can take more than 8)
 
 def step_capacity(max_tokens: int, max_seqs: int) -> tuple[int, int]:
     """(token rows, logits rows) the buffers hold: a step's tokens, or a decode step padded to its bucket."""
@@ -275,10 +275,8 @@ class ModelRunner:
             self.inputs.pack(batch, padded_tokens=t, all_rows=False, sampling=sampling, stream=self.stream,
                              padded_rows=rows)
             self._take_token_ids(token_ids_from, n)
-            key = (t, rows, False, want_tokens, False)
-            seen_before = key in self._prompt_plans
             plan = self.launch_plan(t, rows, all_rows=False, with_sampling=want_tokens, decode=False)
-            self.prompt_graphs.run(key, lambda: _run_all(plan), seen_before=seen_before)
+            self.prompt_graphs.run((t, rows, False, want_tokens, False), lambda: _run_all(plan))
             return rows, False
         self.inputs.pack(batch, padded_tokens=n, all_rows=decode, sampling=sampling, stream=self.stream)
         self._take_token_ids(token_ids_from, n)
@@ -294,7 +292,7 @@ class ModelRunner:
         """Bring the kept prompt-step plans and their graphs to their bound (leak-check's warm-up, as the
         tokenizer's fill_piece_caches: what a long run fills later is no leak). Runs steps of padding alone
         (nothing stored, nothing read back) at up to PROMPT_PLAN_CACHE_SIZE + 1 padded shapes, sampling on the
-        device and not (the engine takes either per step), each twice so that its graph is captured. Returns
+        device and not (the engine takes either per step), each until its graph is captured. Returns
         the shapes run. Only between steps: nothing may be outstanding."""
         self._check_none_outstanding()
         assert self.inputs is not None, "the runner is closed"
@@ -304,11 +302,9 @@ class ModelRunner:
                   for want_tokens in (True, False)][:PROMPT_PLAN_CACHE_SIZE + 1]
         for t, rows, want_tokens in shapes:
             self.inputs.pack_padding(t, rows, stream=self.stream)
-            key = (t, rows, False, want_tokens, False)
-            for _ in range(2):
-                seen_before = key in self._prompt_plans
+            for _ in range(CAPTURE_AT_RUN):
                 plan = self.launch_plan(t, rows, all_rows=False, with_sampling=want_tokens, decode=False)
-                self.prompt_graphs.run(key, lambda: _run_all(plan), seen_before=seen_before)
+                self.prompt_graphs.run((t, rows, False, want_tokens, False), lambda: _run_all(plan))
         self.stream.synchronize()
         return len(shapes)
 

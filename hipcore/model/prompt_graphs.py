@@ -5,9 +5,9 @@ launches eagerly: on the demo model a 31-token prompt step took ~5 ms of host ti
 of device work, and in a server every decoding sequence waits through it (measured on an NVIDIA H200: the
 engine's time to first token 5.7 ms at one client, 14 ms at 32). Steps of up to PROMPT_GRAPH_MAX_TOKENS tokens
 are therefore padded to a few shapes (padded_shape: tokens to a multiple of TOKEN_QUANTUM, logits rows to a
-decode bucket), so that shapes recur, and a shape's graph is captured the second time it runs (a shape seen
-once may never come again; capturing costs a second pass over the launches and an instantiation) and replayed
-from the third. Padding rows compute nothing that is kept (hipcore/model/step_inputs.py: slot -1, position -1).
+decode bucket), so that shapes recur, and a shape's graph is captured the third time it runs and replayed from
+the fourth: capturing costs a second pass over the launches and an instantiation, paid back only by a shape that
+keeps coming (one seen once or twice while the cache turns over may never come again). Padding rows compute nothing that is kept (hipcore/model/step_inputs.py: slot -1, position -1).
 
 Graphs live exactly as long as their shape's launch plan in the runner's bounded cache of prompt-step plans
 (forward.PROMPT_PLAN_CACHE_SIZE): a plan dropped from it drops its graph, so the graphs are bounded too.
@@ -23,6 +23,7 @@ from hipcore.runtime.device import Device, Graph, Stream
 
 PROMPT_GRAPH_MAX_TOKENS = 128  # larger steps run eagerly at their own shape: their launches are a small share
 TOKEN_QUANTUM = 16  # padded token rows: at most 15 more, a shape per 16 tokens
+CAPTURE_AT_RUN = 3  # a shape's graph is captured at its third run (its plan kept all along)
 PROMPT_GRAPHS_ENV = "ROCMFORGE_PROMPT_GRAPHS"  # "0": prompt and mixed steps unpadded and eager, as before
 
 
@@ -53,26 +54,31 @@ class PromptGraphs:
     def __init__(self, device: Device, stream: Stream, *, capture: bool = True):
         self.device, self.stream, self.capture = device, stream, capture
         self._graphs: dict[Hashable, Graph] = {}
+        self._runs: dict[Hashable, int] = {}  # eager runs of shapes without a graph (those whose plan is kept)
         self.captures = 0
         self.replays = 0
 
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def run(self, key: Hashable, launches: Callable[[], None], *, seen_before: bool) -> None:
-        """Replay the shape's graph; else run `launches` eagerly and, if the shape ran before, capture them."""
+    def run(self, key: Hashable, launches: Callable[[], None]) -> None:
+        """Replay the shape's graph; else run `launches` eagerly and, at the shape's CAPTURE_AT_RUN-th run, capture
+        them."""
         graph = self._graphs.get(key)
         if graph is not None:
             graph.launch(self.stream)
             self.replays += 1
             return
         launches()
-        if self.capture and seen_before:
+        runs = self._runs[key] = self._runs.get(key, 0) + 1
+        if self.capture and runs >= CAPTURE_AT_RUN:
             self._graphs[key] = capture_launches(self.device, self.stream, launches)
+            del self._runs[key]
             self.captures += 1
 
     def drop(self, key: Hashable) -> None:
-        """Destroy the shape's graph, if it has one (its plan left the runner's cache)."""
+        """Forget the shape: destroy its graph, if it has one (its plan left the runner's cache)."""
+        self._runs.pop(key, None)
         graph = self._graphs.pop(key, None)
         if graph is not None:
             graph.destroy()
@@ -80,5 +86,6 @@ class PromptGraphs:
     def close(self) -> None:
         """Destroy every graph; idempotent."""
         graphs, self._graphs = self._graphs, {}
+        self._runs.clear()
         for graph in graphs.values():
             graph.destroy()
