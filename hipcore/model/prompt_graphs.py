@@ -1,13 +1,13 @@
 """PromptGraphs: captured graphs of small prompt and mixed steps, one per padded shape, kept with their launch plans.
 
 A step that evaluates prompt tokens (a prompt, or prompt tokens joining decoding sequences) ran its ~180-240
-launches eagerly: on the demo model a 31-token prompt step took ~5 ms of host time for well under a millisecond
-of device work, and in a server every decoding sequence waits through it (measured on an NVIDIA H200: the
-engine's time to first token 5.7 ms at one client, 14 ms at 32). Steps of up to PROMPT_GRAPH_MAX_TOKENS tokens
-are therefore padded to a few shapes (padded_shape: tokens to a multiple of TOKEN_QUANTUM, logits rows to a
-decode bucket), so that shapes recur, and a shape's graph is captured the third time it runs and replayed from
-the fourth: capturing costs a second pass over the launches and an instantiation, paid back only by a shape that
-keeps coming (one seen once or twice while the cache turns over may never come again). Padding rows compute nothing that is kept (hipcore/model/step_inputs.py: slot -1, position -1).
+launches eagerly, and in a server every decoding sequence waits through it: on an NVIDIA H200 the demo model's
+31-token prompt step took 3.4-4.9 ms eagerly and 2.0-2.1 ms replayed from a graph (docs/benchmarks.md). Steps of up
+to PROMPT_GRAPH_MAX_TOKENS tokens are therefore padded to a few shapes (padded_shape: tokens to a multiple of
+TOKEN_QUANTUM, logits rows to a decode bucket), so that shapes recur, and a shape's graph is captured the third
+time it runs and replayed from the fourth: capturing costs a second pass over the launches and an instantiation,
+paid back only by a shape that keeps coming (one seen once or twice while the cache turns over may never come
+again). Padding rows compute nothing that is kept (hipcore/model/step_inputs.py: slot -1, position -1).
 
 Graphs live exactly as long as their shape's launch plan in the runner's bounded cache of prompt-step plans
 (forward.PROMPT_PLAN_CACHE_SIZE): a plan dropped from it drops its graph, so the graphs are bounded too.
