@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, fused_family
+from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, QMATVEC_FIRST_ENV, QMATVEC_FIRST_MIN_COLS, fused_family
 from hipcore.ops import add, fused_matmul, fused_matvec, matvec, rmsnorm, rope, silu_mul
 from support.weight_samples import random_weights
 
@@ -219,9 +219,17 @@ def test_fused_matmul_launchers_refuse_what_the_kernels_cannot_do(mem):
                                       head_dim=8, rope_dim=8, eps=1e-5, theta=1e4, freq_scale=1.0, **kw)
 
 
-def test_projection_family_by_step_size():
+def test_projection_family_by_step_size(monkeypatch):
     assert fused_family("q4_1", 1) is fused_matvec
     assert fused_family("q4_1", FUSED_MATVEC_MAX_TOKENS) is fused_matvec
     assert fused_family("q4_1", FUSED_MATVEC_MAX_TOKENS + 1) is fused_matmul
     assert fused_family("q8_0", 512) is fused_matmul
     assert fused_family("q6_k", 1) is None and fused_family("q6_k", 512) is None
+    # One token of a Q8_0 matrix of at least QMATVEC_FIRST_MIN_COLS columns goes to fused_qmatvec (no fused_matvec
+    # family); narrower ones, more tokens, other types keep fused_matvec, and QMATVEC_FIRST_ENV=0 gives it back.
+    wide = QMATVEC_FIRST_MIN_COLS
+    assert fused_family("q8_0", 1, cols=wide) is None and fused_family("q8_0", 1, cols=14336) is None
+    assert fused_family("q8_0", 1, cols=wide // 2) is fused_matvec and fused_family("q8_0", 1) is fused_matvec
+    assert fused_family("q8_0", 2, cols=wide) is fused_matvec and fused_family("q5_0", 1, cols=wide) is fused_matvec
+    monkeypatch.setenv(QMATVEC_FIRST_ENV, "0")
+    assert fused_family("q8_0", 1, cols=wide) is fused_matvec

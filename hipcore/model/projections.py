@@ -50,6 +50,17 @@ KV_EPILOGUE_ENV = "ROCMFORGE_KV_EPILOGUE"
 # ffn_pairs saves).
 SWIGLU_PAIRS_ENV = "ROCMFORGE_SWIGLU_PAIRS"
 
+# One-token products of these types take fused_qmatvec (each matrix apart, x quantized to int8 per 32 columns,
+# integer dot products) rather than fused_matvec (weights decoded to floats, FMA), which both read them.
+# Measured on an NVIDIA H200, Llama-3.1-8B shapes in Q8_0 (4 layers), tg128: 1,225-1,233 -> 1,899-1,922 t/s;
+# gate|up 57.1 -> 37.1 us, the head 236.9 -> 142.3 (docs/benchmarks.md, 2026-11-29, third session).
+# Only as wide as measured (QMATVEC_FIRST_MIN_COLS): the demo model's tied Q8_0 head has 576 columns, and with
+# its Q4_1 layers on fused_qmatvec too (kernels for Q4_1 built for the measurement) it lost 1,903 -> 1,757 t/s.
+# "0" in QMATVEC_FIRST_ENV: fused_matvec (to measure the difference).
+QMATVEC_FIRST_TYPES = ("q8_0",)
+QMATVEC_FIRST_MIN_COLS = 4096
+QMATVEC_FIRST_ENV = "ROCMFORGE_QMATVEC_FIRST"
+
 Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
 
 
@@ -81,9 +92,17 @@ def head_qmatvec_limit(device: Device, weight) -> int:
     return HEAD_MATVEC_MAX_ROWS
 
 
-def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED_MATVEC_MAX_TOKENS):
-    """The fused op module for a product of n_tokens tokens with W of weight_type, or None (single ops)."""
-    if not fused_matvec.supports(weight_type):
+def qmatvec_first(weight_type: str, n_tokens: int, cols: int) -> bool:
+    """True when a one-token product of a type both fused families read, over `cols` columns, goes to fused_qmatvec
+    (int8 activations, dp4a) rather than fused_matvec (float weights, FMA): see QMATVEC_FIRST_TYPES."""
+    return (n_tokens == 1 and weight_type in QMATVEC_FIRST_TYPES and cols >= QMATVEC_FIRST_MIN_COLS
+            and os.environ.get(QMATVEC_FIRST_ENV, "1") != "0")
+
+
+def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED_MATVEC_MAX_TOKENS, *, cols: int = 0):
+    """The fused op module for a product of n_tokens tokens with W of weight_type and `cols` columns, or None
+    (single ops, or fused_qmatvec on the matrices apart: qmatvec_first)."""
+    if not fused_matvec.supports(weight_type) or qmatvec_first(weight_type, n_tokens, cols):
         return None
     if n_tokens <= max_matvec_tokens:
         return fused_matvec
@@ -110,7 +129,7 @@ class ProjectionPlanner:
     def _separate_qkv_fusable(self, lw, t: int) -> bool:
         """True when fused_qmatvec makes q, k and v of this layer for a step of t tokens (and there is no
         concatenated q|k|v for fused_matvec / fused_matmul to take first)."""
-        if lw.attn_qkv is not None and fused_family(lw.attn_qkv.fmt, t) is not None:
+        if lw.attn_qkv is not None and fused_family(lw.attn_qkv.fmt, t, cols=lw.attn_qkv.cols) is not None:
             return False
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
         return separate_fusable(t, *weights, max_tokens=qmatvec_limit(self.device, *weights)) \
@@ -128,7 +147,7 @@ class ProjectionPlanner:
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         nh, nkv, hd, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
         qkv = lw.attn_qkv
-        family = fused_family(qkv.fmt, t) if qkv is not None else None
+        family = fused_family(qkv.fmt, t, cols=qkv.cols) if qkv is not None else None
         if kv_target is not None and not self.stores_kv(lw, t, kv_target.dtype):
             raise ValueError("attention_input: k and v cannot be stored by this step's products (see stores_kv)")
         if family is not None:
@@ -168,7 +187,7 @@ class ProjectionPlanner:
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         h, f, eps = cfg.hidden_size, cfg.ffn_size, cfg.rms_norm_eps
         gate_up = lw.ffn_gate_up
-        family = fused_family(gate_up.fmt, t) if gate_up is not None else None
+        family = fused_family(gate_up.fmt, t, cols=gate_up.cols) if gate_up is not None else None
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
             return [("ffn_norm+gate_up+silu", lambda: family.launch_norm_swiglu(
@@ -225,11 +244,11 @@ class ProjectionPlanner:
         gate, up, down = lw.ffn_gate, lw.ffn_up, lw.ffn_down
         if os.environ.get(SWIGLU_PAIRS_ENV, "1") == "0" or "ffn_h16" not in self.b or None in (gate, up, down):
             return False
-        if lw.ffn_gate_up is not None and fused_family(lw.ffn_gate_up.fmt, t) is not None:
+        if lw.ffn_gate_up is not None and fused_family(lw.ffn_gate_up.fmt, t, cols=lw.ffn_gate_up.cols) is not None:
             return False
         dev, f = self.device, self.config.ffn_size
         if separate_fusable(t, gate, up, max_tokens=qmatvec_limit(dev, gate, up)) or \
-                separate_fusable(t, down, max_tokens=qmatvec_limit(dev, down)) or fused_family(down.fmt, t) is not None:
+                separate_fusable(t, down, max_tokens=qmatvec_limit(dev, down)) or fused_family(down.fmt, t, cols=down.cols) is not None:
             return False
         return (gate.fmt == up.fmt and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, self.config.hidden_size)
                 and down.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, down.fmt)
@@ -252,7 +271,7 @@ class ProjectionPlanner:
         no fused kernel takes it, a type of matmul_mma.X16_TYPES on the matrix cores, in 128-token tiles
         (pick_x16_tile_tokens: on an NVIDIA H100 the 8B's o product took 75 us from f16 against 108 from
         float32). The caller decides whether its x comes as f16 (blocks.py: the llama layer's attention)."""
-        if wt is None or fused_family(wt.fmt, t) is not None:
+        if wt is None or fused_family(wt.fmt, t, cols=wt.cols) is not None:
             return False
         return not separate_fusable(t, wt, max_tokens=qmatvec_limit(self.device, wt)) and self._wide_f16(wt, t)
 
@@ -266,7 +285,7 @@ class ProjectionPlanner:
             return [(f"{name}+residual", lambda: matmul_mma.launch(
                 dev, st, b["x"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt, workspace=self.workspace,
                 accumulate=True, x_f16=True))]
-        family = fused_family(wt.fmt, t)
+        family = fused_family(wt.fmt, t, cols=wt.cols)
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
             return [(f"{name}+residual", lambda: family.launch_add(
@@ -285,7 +304,7 @@ class ProjectionPlanner:
         """b["logits"][:r] = rmsnorm(rows) @ W_out^T."""
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         h, v, eps = cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps
-        family = fused_family(out_w.fmt, r, HEAD_MATVEC_MAX_ROWS)
+        family = fused_family(out_w.fmt, r, HEAD_MATVEC_MAX_ROWS, cols=out_w.cols)
         if family is not None:
             kwargs = self._fused_kwargs(family, r)
             return [("output_norm+head", lambda: family.launch_norm(
