@@ -16,7 +16,8 @@
 //   qmatvec_norm(y, W, x, g, type, rows, cols, batch, eps)   y = n @ W^T (the output head)
 //
 // `types` packs one type code per matrix, 4 bits each (q | k << 4 | v << 8; gate | up << 4); the codes
-// are WeightType's. The type is a branch per row group, uniform across the warp. k_split (qmatvec_add and
+// are WeightType's: the `_1` and `_n` entries read the K-quants, Q8_0 and Q4_0, the one-token `_1b` entries Q4_1,
+// Q5_0, Q5_1, Q8_0 and Q4_0 (fused_qmatvec_tiles.h: TypeSet). The type is a branch per row group, uniform across the warp. k_split (qmatvec_add and
 // qmatvec_norm_rope at one token): the warps that share a row group's columns, 1, 2 or 4 (anything else
 // counts as 1; see tile_dot). tile_groups (qmatvec_norm_rope at one token): the row groups of a tile, fewer
 // than the block's to spread q|k|v's few hundred tiles evenly over the SMs (Tiles; 0: all of them).
@@ -52,7 +53,7 @@ struct WarpRows {
   static constexpr int kRows = ONE_TOKEN ? 4 : 2, kGateUpRows = ONE_TOKEN ? 2 : 1;
 };
 
-template <int NB, int kRows, int KS = 1>
+template <int NB, int kRows, int KS = 1, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
                                                const int types[3], const int rows[3], const float* x, const float* g,
                                                const Rope& rope, const KvTarget& kv, int cols, float eps, int b0,
@@ -71,7 +72,7 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
     const int rows_m = m == 0 ? rows[0] : m == 1 ? rows[1] : rows[2];
     float* ym = m == 0 ? y[0] : m == 1 ? y[1] : y[2];
     float out[1][kRows][NB], ss[NB];
-    typed_tile_dot<NB, kRows, 1, true, KS>(type, st, Wm, rows_m, r0, x, g, cols, tokens, out, ss, t.part);
+    typed_tile_dot<NB, kRows, 1, true, KS, 1, TYPES>(type, st, Wm, rows_m, r0, x, g, cols, tokens, out, ss, t.part);
     // rows come in whole groups of kRows (rows % 4 == 0); part 0's warp holds a split group's sums
     if (t.lane != 0 || t.part != 0 || r0 >= rows_m) continue;
 #pragma unroll
@@ -95,7 +96,7 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
 }
 
 // Gate|up tiles of KS-split row groups (tile_dot) covering rows begin .. end - 1 of `rows`, the block's in turn.
-template <int NB, int kGateUpRows, int KS>
+template <int NB, int kGateUpRows, int KS, int TYPES>
 __device__ __forceinline__ void swiglu_tiles(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
                                              int types, const float* x, const float* g, int rows, int cols, float eps,
                                              int b0, int tokens, int begin, int end) {
@@ -108,11 +109,11 @@ __device__ __forceinline__ void swiglu_tiles(Stage& st, float* y, const unsigned
     const int r0 = begin + tile * t.tile_rows + t.group * kGateUpRows;
     float out[2][kGateUpRows][NB], ss[NB];  // out[0]: gate, out[1]: up
     if (type_gate == type_up) {  // one staging of x for both matrices
-      typed_tile_dot<NB, kGateUpRows, 2, true, KS>(type_gate, st, W, end, r0, x, g, cols, tokens, out, ss, t.part);
+      typed_tile_dot<NB, kGateUpRows, 2, true, KS, 1, TYPES>(type_gate, st, W, end, r0, x, g, cols, tokens, out, ss, t.part);
     } else {  // the formats group x's columns differently: one staging each
-      typed_tile_dot<NB, kGateUpRows, 1, true, KS>(type_gate, st, W_gate, end, r0, x, g, cols, tokens, &out[0], ss,
+      typed_tile_dot<NB, kGateUpRows, 1, true, KS, 1, TYPES>(type_gate, st, W_gate, end, r0, x, g, cols, tokens, &out[0], ss,
                                                    t.part);
-      typed_tile_dot<NB, kGateUpRows, 1, true, KS>(type_up, st, W_up, end, r0, x, g, cols, tokens, &out[1], ss, t.part);
+      typed_tile_dot<NB, kGateUpRows, 1, true, KS, 1, TYPES>(type_up, st, W_up, end, r0, x, g, cols, tokens, &out[1], ss, t.part);
     }
     if (t.lane != 0 || t.part != 0) continue;  // part 0's warp holds a split group's sums
 #pragma unroll
@@ -138,7 +139,7 @@ __device__ __forceinline__ void swiglu_tiles(Stage& st, float* y, const unsigned
 // SPLIT_LAST (the _split_1 entry only): the split tiles' code raised the one-token entry from 108 to 128
 // registers on sm_90 with 20 bytes of spill, which cost a 3B, whose 512 tiles on 264 workgroups never split,
 // 0.3% of tg128; so the entry without them stays as it was and the launcher picks (splits_last_round).
-template <int NB, int kGateUpRows, bool SPLIT_LAST>
+template <int NB, int kGateUpRows, bool SPLIT_LAST, int TYPES>
 __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
                                                  int types, const float* x, const float* g, int rows, int cols, float eps,
                                                  int b0, int tokens) {
@@ -147,16 +148,16 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
     const int rounds = tiles / (int)gridDim.x, last = tiles - rounds * (int)gridDim.x;  // uniform
     if (rounds > 0 && last > 0 && 2 * last <= (int)gridDim.x) {
       const int body = rounds * (int)gridDim.x * tile_rows;  // the whole rounds' rows
-      swiglu_tiles<NB, kGateUpRows, 1>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, body);
-      swiglu_tiles<NB, kGateUpRows, 2>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, body, rows);
+      swiglu_tiles<NB, kGateUpRows, 1, TYPES>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, body);
+      swiglu_tiles<NB, kGateUpRows, 2, TYPES>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, body, rows);
       return;
     }
   }
-  swiglu_tiles<NB, kGateUpRows, 1>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, rows);
+  swiglu_tiles<NB, kGateUpRows, 1, TYPES>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, rows);
 }
 
 // y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add); KS warps per row group (tile_dot).
-template <int NB, int kRows, bool NORM, int KS = 1, int UNROLL = 1>
+template <int NB, int kRows, bool NORM, int KS = 1, int UNROLL = 1, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned char* W, int type, const float* x,
                                             const float* g, int rows, int cols, float eps, int b0, int tokens) {
   const Tiles t = Tiles::of<kRows, KS>();
@@ -165,7 +166,7 @@ __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned 
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
     const int r0 = tile * t.tile_rows + t.group * kRows;
     float out[1][kRows][NB], ss[NB];
-    typed_tile_dot<NB, kRows, 1, NORM, KS, UNROLL>(type, st, Wl, rows, r0, x, g, cols, tokens, out, ss, t.part);
+    typed_tile_dot<NB, kRows, 1, NORM, KS, UNROLL, TYPES>(type, st, Wl, rows, r0, x, g, cols, tokens, out, ss, t.part);
     if (t.lane != 0 || t.part != 0) continue;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
@@ -204,7 +205,9 @@ __device__ __forceinline__ void passes(int batch, const Pass& pass) {
   }
 }
 
-// The passes' functors (not lambdas: nvrtc compiles no lambda in device code without -default-device).
+// The passes' functors (not lambdas: nvrtc compiles no lambda in device code without -default-device); TYPES:
+// the formats their type switch reads (TypeSet).
+template <int TYPES>
 struct RopePass {
   Stage* st;
   float* const* y;
@@ -224,20 +227,20 @@ struct RopePass {
     if constexpr (ONE_TOKEN) {
       const int warps = (int)blockDim.x / WARP_SIZE;
       if (k_split == 2 && warps % 2 == 0) {
-        norm_rope_pass<NB, kRows, 2>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens, tile_groups);
+        norm_rope_pass<NB, kRows, 2, TYPES>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens, tile_groups);
         return;
       }
       if (k_split == 4 && warps % 4 == 0) {
-        norm_rope_pass<NB, kRows, 4>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens, tile_groups);
+        norm_rope_pass<NB, kRows, 4, TYPES>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens, tile_groups);
         return;
       }
     }
-    norm_rope_pass<NB, kRows>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens,
+    norm_rope_pass<NB, kRows, 1, TYPES>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens,
                               ONE_TOKEN ? tile_groups : 0);
   }
 };
 
-template <bool SPLIT_LAST>
+template <bool SPLIT_LAST, int TYPES>
 struct SwigluPass {
   Stage* st;
   float* y;
@@ -247,7 +250,7 @@ struct SwigluPass {
   float eps;
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
-    norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows, ONE_TOKEN && SPLIT_LAST>(*st, y, static_cast<const unsigned char*>(Wg),
+    norm_swiglu_pass<NB, WarpRows<ONE_TOKEN>::kGateUpRows, ONE_TOKEN && SPLIT_LAST, TYPES>(*st, y, static_cast<const unsigned char*>(Wg),
                                                            static_cast<const unsigned char*>(Wu), types,
                          x + (unsigned long long)b0 * cols, g, rows, cols, eps, b0, tokens);
   }
@@ -263,7 +266,7 @@ constexpr int kHeadUnroll = 2;
 constexpr int kHeadUnroll = 1;
 #endif
 
-template <bool NORM>
+template <bool NORM, int TYPES>
 struct SinglePass {
   Stage* st;
   float* y;
@@ -280,23 +283,23 @@ struct SinglePass {
     if constexpr (ONE_TOKEN && !NORM) {
       const int warps = (int)blockDim.x / WARP_SIZE;
       if (k_split == 2 && warps % 2 == 0) {
-        single_pass<NB, kRows, NORM, 2>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+        single_pass<NB, kRows, NORM, 2, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
         return;
       }
       if (k_split == 4 && warps % 4 == 0) {
-        single_pass<NB, kRows, NORM, 4>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+        single_pass<NB, kRows, NORM, 4, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
         return;
       }
     }
     if constexpr (ONE_TOKEN && NORM && kHeadUnroll > 1) {
-      single_pass<NB, kRows, NORM, 1, kHeadUnroll>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+      single_pass<NB, kRows, NORM, 1, kHeadUnroll, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
       return;
     }
-    single_pass<NB, kRows, NORM>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+    single_pass<NB, kRows, NORM, 1, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
   }
 };
 
-template <bool ONE_TOKEN>
+template <bool ONE_TOKEN, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* v, const void* Wq, const void* Wk,
                                           const void* Wv, const float* x, const float* g, const int* positions,
                                           const float* freq_factors, int types, int q_rows, int kv_rows, int cols,
@@ -312,26 +315,27 @@ __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* 
   const Rope rope = {positions, freq_factors, head_dim, rope_dim, theta, freq_scale};
   const KvTarget kv = {static_cast<unsigned char*>(k_pool), static_cast<unsigned char*>(v_pool), slots, block_size,
                        num_blocks, kv_rows / head_dim, head_dim, kv_format};
-  passes<ONE_TOKEN>(batch, RopePass{st, y, W, type_of, rows, x, g, &rope, &kv, cols, eps, k_split, tile_groups});
+  passes<ONE_TOKEN>(batch, RopePass<TYPES>{st, y, W, type_of, rows, x, g, &rope, &kv, cols, eps, k_split, tile_groups});
 }
 
-template <bool ONE_TOKEN, bool SPLIT_LAST = false>
+template <bool ONE_TOKEN, bool SPLIT_LAST = false, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void norm_swiglu(Stage* st, float* y, const void* Wg, const void* Wu, const float* x, const float* g,
                                             int types, int rows, int cols, int batch, float eps) {
-  passes<ONE_TOKEN>(batch, SwigluPass<SPLIT_LAST>{st, y, Wg, Wu, x, g, types, rows, cols, eps});
+  passes<ONE_TOKEN>(batch, SwigluPass<SPLIT_LAST, TYPES>{st, y, Wg, Wu, x, g, types, rows, cols, eps});
 }
 
-template <bool ONE_TOKEN, bool NORM>
+template <bool ONE_TOKEN, bool NORM, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const float* x, const float* g, int type, int rows,
                                        int cols, int batch, float eps, int k_split) {
-  passes<ONE_TOKEN>(batch, SinglePass<NORM>{st, y, W, x, g, type, rows, cols, eps, k_split});
+  passes<ONE_TOKEN>(batch, SinglePass<NORM, TYPES>{st, y, W, x, g, type, rows, cols, eps, k_split});
 }
 
 }  // namespace fq
 }  // namespace
 
-// Entries: <name>_1 for one token, <name>_n for any number (passes of up to eight). Blocks of kBlockThreads.
-#define RF_FUSED_QMATVEC_ENTRIES(suffix, ONE_TOKEN)                                                                   \
+// Entries: <name>_1 for one token, <name>_n for any number (passes of up to eight), <name>_1b for one token of the
+// 32-element block types. Blocks of kBlockThreads.
+#define RF_FUSED_QMATVEC_ENTRIES(suffix, ONE_TOKEN, TYPES)                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_rope_##suffix(                                      \
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
       const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
@@ -340,7 +344,7 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
     __shared__ fq::Stage stage;                                                                                       \
     rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
-    fq::norm_rope<ONE_TOKEN>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
+    fq::norm_rope<ONE_TOKEN, TYPES>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
                              cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots,          \
                              block_size, num_blocks, kv_format, k_split, tile_groups);                                \
   }                                                                                                                   \
@@ -350,25 +354,27 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
     __shared__ fq::Stage stage;                                                                                       \
     rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
-    fq::norm_swiglu<ONE_TOKEN>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
+    fq::norm_swiglu<ONE_TOKEN, false, TYPES>(&stage, y, Wg, Wu, x, g, types, rows, cols, batch, eps);                                       \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_add_##suffix(                             \
       float* y, const void* W, const float* x, int type, int rows, int cols, int batch, int k_split) {                \
     __shared__ fq::Stage stage;                                                                                       \
     rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
-    fq::single<ONE_TOKEN, false>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f, k_split);                   \
+    fq::single<ONE_TOKEN, false, TYPES>(&stage, y, W, x, nullptr, type, rows, cols, batch, 0.0f, k_split);                   \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_##suffix(                                           \
       float* y, const void* W, const float* x, const float* g, int type, int rows, int cols, int batch, float eps) {  \
     __shared__ fq::Stage stage;                                                                                       \
     rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
-    fq::single<ONE_TOKEN, true>(&stage, y, W, x, g, type, rows, cols, batch, eps, 1);                                            \
+    fq::single<ONE_TOKEN, true, TYPES>(&stage, y, W, x, g, type, rows, cols, batch, eps, 1);                                            \
   }
 
-RF_FUSED_QMATVEC_ENTRIES(1, true)
-RF_FUSED_QMATVEC_ENTRIES(n, false)
+RF_FUSED_QMATVEC_ENTRIES(1, true, fq::kKQuantTypes)
+RF_FUSED_QMATVEC_ENTRIES(n, false, fq::kKQuantTypes)
+// One token of the 32-element blocks with a min or a fifth bit (and Q8_0, Q4_0): fused_qmatvec_tiles.h, TypeSet.
+RF_FUSED_QMATVEC_ENTRIES(1b, true, fq::kBlock32Types)
 
 // One token's gate|up whose last round of tiles goes split (norm_swiglu_pass: SPLIT_LAST).
 extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_split_1(

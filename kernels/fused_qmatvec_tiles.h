@@ -9,7 +9,7 @@ namespace fq {
 
 using q8::XSlice;
 
-enum WeightType { kQ4_K = 0, kQ5_K = 1, kQ6_K = 2, kQ8_0 = 3, kQ4_0 = 4 };
+enum WeightType { kQ4_K = 0, kQ5_K = 1, kQ6_K = 2, kQ8_0 = 3, kQ4_0 = 4, kQ4_1 = 5, kQ5_0 = 6, kQ5_1 = 7 };
 
 constexpr int kMaxBatchPerPass = 8;  // a decode step's tokens (FUSED_QMATVEC_MAX_TOKENS): one pass over W
 
@@ -288,11 +288,29 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
   }
 }
 
-// tile_dot for matrices whose format is known only at run time (uniform across the block).
-template <int NB, int ROWS, int M, bool NORM, int KS = 1, int UNROLL = 1>
+// The formats an entry reads (its type switch): the K-quants with Q8_0 and Q4_0 (the `_1` and `_n` entries), or the
+// 32-element blocks with a min or a fifth bit with Q8_0 and Q4_0 (the one-token `_1b` entries). One switch of all
+// eight raised the spills of the one-token entries at 128 registers (qmatvec_norm_swiglu_split_1: 36 -> 504
+// bytes of spill loads) and slowed the K-quant products on an NVIDIA H200 (Llama-3.1-8B shapes, Q4_K_M: gate|up
+// 23.96 -> 24.60 us, q|k|v 10.24 -> 10.93); a call out of line instead raised the entries' registers (q|k|v to
+// 170: one workgroup an SM).
+enum TypeSet { kKQuantTypes = 0, kBlock32Types = 1 };
+
+// tile_dot for matrices whose format is known only at run time (uniform across the block), one of TYPES's.
+template <int NB, int ROWS, int M, bool NORM, int KS = 1, int UNROLL = 1, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsigned char* const W[M], int rows, int r0,
                                                const float* x, const float* g, int cols, int tokens,
                                                float out[M][ROWS][NB], float ss[NB], int part = 0) {
+  if constexpr (TYPES == kBlock32Types) {
+    switch (type) {
+      case kQ4_1: tile_dot<q8::Q4_1Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+      case kQ5_0: tile_dot<q8::Q5_0Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+      case kQ5_1: tile_dot<q8::Q5_1Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+      case kQ8_0: tile_dot<q8::Q8_0Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+      default: tile_dot<q8::Q4_0Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
+    }
+    return;
+  }
   switch (type) {
     case kQ4_K: tile_dot<q8::Q4_KFormat, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;
     case kQ5_K: tile_dot<q8::Q5_KFormat, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;

@@ -3,10 +3,13 @@ through the same launchers the model uses, and the launchers refuse what the ker
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, QMATVEC_FIRST_ENV, QMATVEC_FIRST_MIN_COLS, fused_family
+from hipcore.model.projections import (FUSED_MATVEC_MAX_TOKENS, QMATVEC_FIRST_ENV, QMATVEC_FIRST_MIN_COLS, fused_family,
+                                      separate_fusable)
 from hipcore.ops import add, fused_matmul, fused_matvec, matvec, rmsnorm, rope, silu_mul
 from support.weight_samples import random_weights
 
@@ -225,11 +228,32 @@ def test_projection_family_by_step_size(monkeypatch):
     assert fused_family("q4_1", FUSED_MATVEC_MAX_TOKENS + 1) is fused_matmul
     assert fused_family("q8_0", 512) is fused_matmul
     assert fused_family("q6_k", 1) is None and fused_family("q6_k", 512) is None
-    # One token of a Q8_0 matrix of at least QMATVEC_FIRST_MIN_COLS columns goes to fused_qmatvec (no fused_matvec
-    # family); narrower ones, more tokens, other types keep fused_matvec, and QMATVEC_FIRST_ENV=0 gives it back.
+    # One token of a Q8_0, Q5_0 or Q5_1 matrix of at least QMATVEC_FIRST_MIN_COLS columns goes to fused_qmatvec (no
+    # fused_matvec family); narrower ones, more tokens, Q4_1 keep fused_matvec, and QMATVEC_FIRST_ENV=0 gives it back.
     wide = QMATVEC_FIRST_MIN_COLS
-    assert fused_family("q8_0", 1, cols=wide) is None and fused_family("q8_0", 1, cols=14336) is None
-    assert fused_family("q8_0", 1, cols=wide // 2) is fused_matvec and fused_family("q8_0", 1) is fused_matvec
-    assert fused_family("q8_0", 2, cols=wide) is fused_matvec and fused_family("q5_0", 1, cols=wide) is fused_matvec
+    for t in ("q8_0", "q5_0", "q5_1"):
+        assert fused_family(t, 1, cols=wide) is None and fused_family(t, 1, cols=14336) is None, t
+        assert fused_family(t, 1, cols=wide // 2) is fused_matvec and fused_family(t, 1) is fused_matvec, t
+        assert fused_family(t, 2, cols=wide) is fused_matvec, t
+    assert fused_family("q4_1", 1, cols=wide) is fused_matvec
     monkeypatch.setenv(QMATVEC_FIRST_ENV, "0")
-    assert fused_family("q8_0", 1, cols=wide) is fused_matvec
+    assert fused_family("q8_0", 1, cols=wide) is fused_matvec and fused_family("q5_0", 1, cols=wide) is fused_matvec
+
+
+def test_separate_matrices_take_the_32_element_block_entries_only_where_measured():
+    """separate_fusable: the K-quant set (with Q8_0 and Q4_0) at up to FUSED_QMATVEC_MAX_TOKENS tokens, whatever the
+    width; Q5_0 / Q5_1 (and mixes of them with Q8_0, Q4_0) at one token where every such matrix is wide enough
+    (qmatvec_first): a narrow model's layers keep the single-op path they ran on; Q4_1 never (not measured); no
+    launch mixes a K-quant with a 32-element block type."""
+    wide = QMATVEC_FIRST_MIN_COLS
+
+    def w(fmt, cols=wide):
+        return SimpleNamespace(fmt=fmt, cols=cols)
+
+    assert separate_fusable(1, w("q4_k"), w("q4_k"), w("q6_k")) and separate_fusable(2, w("q8_0", 256))
+    assert separate_fusable(1, w("q5_0"), w("q5_0"), w("q5_1")) and separate_fusable(1, w("q5_1"), w("q8_0"))
+    assert not separate_fusable(1, w("q5_0", 256), w("q5_0", 256), w("q5_1", 256))
+    assert not separate_fusable(2, w("q5_0"), w("q5_0"), w("q5_1"))
+    assert not separate_fusable(1, w("q4_1"), w("q4_1"))
+    assert not separate_fusable(1, w("q5_0"), w("q6_k"))
+    assert not separate_fusable(1, w("q5_0"), None)

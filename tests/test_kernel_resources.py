@@ -76,8 +76,8 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
 
 
 def test_one_token_k_quant_products_keep_everything_in_registers_on_amd(built):
-    """The decode step's one-token fused_qmatvec entries run every layer of every token: no AMD target may
-    spill them. (The head's slice loop is unrolled by two on NVIDIA only, fused_qmatvec.hip kHeadUnroll: the
+    """The decode step's one-token fused_qmatvec entries (the K-quants' `_1`, the 32-element blocks' `_1b`) run every
+    layer of every token: no AMD target may spill them. (The head's slice loop is unrolled by two on NVIDIA only, fused_qmatvec.hip kHeadUnroll: the
     unrolled head spilled 80-108 bytes of scratch on the wave32 targets.)"""
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
@@ -85,7 +85,7 @@ def test_one_token_k_quant_products_keep_everything_in_registers_on_amd(built):
         if not target.startswith("gfx"):
             continue
         for name, usage in manifest["objects"][target]["fused_qmatvec"]["kernels"].items():
-            if not name.endswith("_1"):
+            if not name.endswith(("_1", "_1b")):
                 continue  # the batched entries spill on RDNA3/4 under their register cap (not yet held to it)
             off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "scratch_bytes", "spill_store_bytes", "stack_bytes"))
             assert off_chip == 0, f"{target} {name}: {usage}"

@@ -40,14 +40,24 @@ def inputs(rng, batch, cols):
     return x, g
 
 
+def suffixes(batch, types):
+    """The entries (their suffixes) that read `types` for `batch` tokens: the launcher's (entry_suffix), and "n"
+    wherever "n" reads them; none where no entry does (the 32-element block types past one token)."""
+    got = {fused_qmatvec.entry_suffix(batch, types)} if fused_qmatvec.supports(*types, tokens=batch) else set()
+    return sorted(got | ({"n"} if fused_qmatvec.supports(*types, tokens=2) else set()))
+
+
 def grids(warp, entry, variant, cols, *matrix_rows, more=()):
-    """(grid, block, k_split, tile_groups): the launcher's, one workgroup walking every tile, and `more`."""
+    """(grid, block, k_split, tile_groups): the launcher's, one workgroup walking every tile, and `more`. variant:
+    an entry suffix ("1b" sizes its grid as "1": one token)."""
+    variant = "1" if variant == "1b" else variant
     geo = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, variant, cols, *matrix_rows)
     return [geo._replace(grid=g) for g in sorted({geo.grid, 1, *more})]
 
 
-# q, k, v types as Q4_K_M lays them out (Q6_K v), one layer of every other type, and three distinct types.
-QKV_TYPES = [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q6_k", "q4_k", "q5_k")]
+# q, k, v types as Q4_K_M lays them out (Q6_K v), one layer of every other type, three distinct types, and the
+# 32-element blocks with a min or a fifth bit.
+QKV_TYPES = [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q6_k", "q4_k", "q5_k"), ("q4_1", "q5_0", "q5_1")]
 
 
 @pytest.mark.parametrize("types", QKV_TYPES, ids=["-".join(t) for t in QKV_TYPES])
@@ -70,7 +80,7 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
         angle_error = np.zeros((batch, head_dim))
         angle_error[:, :rope_dim] = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE, factors)).repeat(2, -1)
         xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
-        for variant in sorted({fused_qmatvec.variant(batch), "n"}):
+        for variant in suffixes(batch, types):
             for grid, block, k_split, tile_groups in grids(warp, "qmatvec_norm_rope", variant, cols, q_rows, kv_rows,
                                                            kv_rows):
                 run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types),
@@ -209,7 +219,8 @@ def test_norm_rope_stores_kv_into_the_cache(harnesses, warp, kv_dtype, tmp_path)
                 assert np.array_equal(pool, want), f"{name} pool {kv_dtype} batch {batch} grid {grid}"
 
 
-@pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q5_k")], ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q5_k"), ("q5_0", "q5_0"), ("q4_1", "q5_1")],
+                         ids=lambda t: "-".join(t))
 def test_norm_swiglu(harnesses, warp, types, tmp_path):
     rng = np.random.default_rng([warp, 2, *map(ord, "".join(types))])
     # rows not a multiple of a warp's rows; 40 rows on 2 workgroups: at one token the split entry's last round
@@ -228,7 +239,7 @@ def test_norm_swiglu(harnesses, warp, types, tmp_path):
         tol_up, _ = product_bound(wu, types[1], xg, s, rows, cols)
         # silu(a) * u: |d/da| <= 1.1 |u|, |d/du| = |silu(a)| <= |a|; then the float32 rounding of the result.
         bound = 1.1 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + SLACK * np.abs(want)
-        for variant in sorted({fused_qmatvec.variant(batch), "n"}):
+        for variant in suffixes(batch, types):
             names = [f"qmatvec_norm_swiglu_{variant}"] + (["qmatvec_norm_swiglu_split_1"] if variant == "1" else [])
             for name in names:
                 for grid, block, *_ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows, more=(2,)):
@@ -255,8 +266,8 @@ def test_norm_and_add(harnesses, warp, weight_type, tmp_path):
         add_bound, _ = product_bound(raw, weight_type, x, np.ones(batch), rows, cols)
         add_bound += 2**-24 * np.abs(add_want)
         code = fused_qmatvec.TYPE_CODES[weight_type]
-        for variant in sorted({fused_qmatvec.variant(batch), "n"}):
-            k_split = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", variant, cols, rows).k_split
+        for variant in suffixes(batch, (weight_type,)):
+            k_split = grids(warp, "qmatvec_add", variant, cols, rows)[0].k_split
             for grid, block, *_ in grids(warp, "qmatvec_norm", variant, cols, rows):
                 run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, code, rows, cols, batch, EPS, *files,
                     tmp_path / "o")
@@ -319,6 +330,19 @@ def test_residual_split_row_groups(harnesses, warp, weight_type, tmp_path):
             assert np.all(np.abs(got - want) <= bound), f"k_split {k_split} grid {g}: {np.max(np.abs(got - want) / bound):.2f}"
 
 
+def test_entry_suffix_picks_the_entries_that_read_the_types():
+    """The K-quant set (with Q8_0, Q4_0) takes the "1" and "n" entries; one token with a 32-element block type
+    (Q4_1, Q5_0, Q5_1, alone or with Q8_0, Q4_0) the "1b" entries; what no entry reads together is refused by name."""
+    assert fused_qmatvec.entry_suffix(1, ("q4_k", "q4_k", "q6_k")) == "1"
+    assert fused_qmatvec.entry_suffix(3, ("q4_k", "q4_k", "q6_k")) == "n"
+    assert fused_qmatvec.entry_suffix(1, ("q8_0", "q4_0")) == "1" and fused_qmatvec.entry_suffix(5, ("q8_0",)) == "n"
+    assert fused_qmatvec.entry_suffix(1, ("q5_0", "q5_0", "q5_1")) == "1b"
+    assert fused_qmatvec.entry_suffix(1, ("q4_1", "q8_0")) == "1b"
+    for batch, types in [(2, ("q5_0",)), (1, ("q5_0", "q6_k")), (1, ("q4_1", "q4_k"))]:
+        with pytest.raises(ValueError, match="no entry reads"):
+            fused_qmatvec.entry_suffix(batch, types)
+
+
 def test_launcher_splits_the_residual_of_few_tiles():
     """The launcher's k_split on Llama-3 shapes: the residual product and norm+q|k|v+RoPE at one token double it
     while their tiles stay within the workgroup cap (two a multiprocessor, an H100's 132 where the device does
@@ -367,7 +391,7 @@ def test_launcher_takes_the_split_gate_up_entry_only_where_a_last_round_would_id
     cases = [(14336, 1, "qmatvec_norm_swiglu_split_1", 264), (8192, 1, "qmatvec_norm_swiglu_1", 264),
              (1536, 1, "qmatvec_norm_swiglu_1", 96), (14336, 2, "qmatvec_norm_swiglu_n", 264)]
     for rows, batch, _, _ in cases:
-        fused_qmatvec._launch(device, None, "qmatvec_norm_swiglu", batch, 4096, (rows,), ())
+        fused_qmatvec._launch(device, None, "qmatvec_norm_swiglu", batch, 4096, (rows,), ("q4_k", "q4_k"), ())
     assert launched == [(name, grid) for _, _, name, grid in cases]
     assert fused_qmatvec.splits_last_round("gfx942", 11008, 264)      # wave 64: 1,376 tiles, 5 rounds and 56 left
     assert not fused_qmatvec.splits_last_round("sm_90", 11008, 264)   # wave 32: 688 tiles, 2 rounds and 160 left

@@ -7,7 +7,8 @@ Three ways, per product, decided by the step's size and the weight's format:
                 columns split across workgroups while the tiles are few (decode batches);
   fused_qmatvec (hipcore/ops/fused_qmatvec.py) up to FUSED_QMATVEC_MAX_TOKENS tokens for the int8-activation
                 types (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) when q|k|v or gate|up are separate matrices, of
-                one type or several (a Q4_K_M layer: Q4_K q, k with Q6_K v): the same four launches;
+                one type or several (a Q4_K_M layer: Q4_K q, k with Q6_K v): the same four launches; and
+                one token of wide Q8_0, Q5_0 and Q5_1 products (qmatvec_first), concatenated or not;
   single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats no fused kernel reads,
                 prompt steps of weights without the concatenated q|k|v and gate|up buffers; their products
                 run on the matrix cores from matmul_mma.MMA_MIN_TOKENS tokens where the device has them,
@@ -52,12 +53,13 @@ SWIGLU_PAIRS_ENV = "ROCMFORGE_SWIGLU_PAIRS"
 
 # One-token products of these types take fused_qmatvec (each matrix apart, x quantized to int8 per 32 columns,
 # integer dot products) rather than fused_matvec (weights decoded to floats, FMA), which both read them.
-# Measured on an NVIDIA H200, Llama-3.1-8B shapes in Q8_0 (4 layers), tg128: 1,225-1,233 -> 1,899-1,922 t/s;
-# gate|up 57.1 -> 37.1 us, the head 236.9 -> 142.3 (docs/benchmarks.md, 2026-11-29, third session).
-# Only as wide as measured (QMATVEC_FIRST_MIN_COLS): the demo model's tied Q8_0 head has 576 columns, and with
-# its Q4_1 layers on fused_qmatvec too (kernels for Q4_1 built for the measurement) it lost 1,903 -> 1,757 t/s.
+# Measured on an NVIDIA H200, Llama-3.1-8B shapes (4 layers), tg128: Q8_0 1,225-1,233 -> 1,899-1,922 t/s (gate|up
+# 57.1 -> 37.1 us, the head 236.9 -> 142.3), Q5_0 1,148-1,151 -> 1,934-1,950, Q5_1 1,198 -> 2,023-2,035 (gate|up
+# 72.3 -> 36.0 us) (docs/benchmarks.md, 2026-11-29, third session). Only as wide as measured
+# (QMATVEC_FIRST_MIN_COLS): the demo model's tied Q8_0 head has 576 columns, and with its Q4_1 layers on
+# fused_qmatvec too it lost 1,903 -> 1,757 t/s; Q4_1 stays on fused_matvec (no wide Q4_1 model was measured).
 # "0" in QMATVEC_FIRST_ENV: fused_matvec (to measure the difference).
-QMATVEC_FIRST_TYPES = ("q8_0",)
+QMATVEC_FIRST_TYPES = ("q8_0", "q5_0", "q5_1")
 QMATVEC_FIRST_MIN_COLS = 4096
 QMATVEC_FIRST_ENV = "ROCMFORGE_QMATVEC_FIRST"
 
@@ -73,8 +75,14 @@ def separate_fusable(n_tokens: int, *weights, max_tokens: int | None = None) -> 
     """True when fused_qmatvec takes these separate matrices for a step of n_tokens tokens (at most
     max_tokens, FUSED_QMATVEC_MAX_TOKENS unless given)."""
     limit = FUSED_QMATVEC_MAX_TOKENS if max_tokens is None else max_tokens
-    return n_tokens <= limit and all(w is not None for w in weights) and fused_qmatvec.supports(
-        *(w.fmt for w in weights))
+    if n_tokens > limit or any(w is None for w in weights):
+        return False
+    if all(w.fmt in fused_qmatvec.KQUANT_TYPES for w in weights):
+        return True
+    # The one-token entries of the 32-element blocks (Q5_0, Q5_1, ...: fused_qmatvec.BLOCK32_TYPES) only where they
+    # were measured faster than the other paths (qmatvec_first), so that a narrow model keeps what it ran on.
+    return fused_qmatvec.supports(*(w.fmt for w in weights), tokens=n_tokens) and all(
+        w.fmt in fused_qmatvec.KQUANT_TYPES or qmatvec_first(w.fmt, n_tokens, w.cols) for w in weights)
 
 
 def qmatvec_limit(device: Device, *weights) -> int:

@@ -17,7 +17,8 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
   qmatvec_add_<v>(y, W, x, type, rows, cols, batch, k_split)   (k_split: see MAX_K_SPLIT)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
 
-<v> is "1" for one token (its own entries: fewer registers, see the kernel) and "n" for any number (passes
+<v> is "1" for one token (its own entries: fewer registers, see the kernel), "1b" for one token of Q4_1, Q5_0 or
+Q5_1 (entries of their own: see BLOCK32_TYPES) and "n" for any number (passes
 of up to MAX_TOKENS_PER_PASS tokens, each reading W once). The products are qmatvec's: x (times g when
 normalizing) quantized per slice of 32 to int8 and one float scale, integer dot products with the weight
 codes; each workgroup quantizes x once into shared memory for all its warps. rmsnorm(x) * g = s * (x * g) with s = 1 / sqrt(mean(x^2)
@@ -41,8 +42,15 @@ from hipcore.runtime.device import Device, Stream
 from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "fused_qmatvec"
-WEIGHT_TYPES = qmatvec.WEIGHT_TYPES
-TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4}  # kernels/fused_qmatvec.hip's WeightType
+# qmatvec's types (the `_1` and `_n` entries), and, at one token only, the 32-element blocks with a min or a fifth
+# bit (kernels/qmatvec_formats.h: Q4_1Format, Q5_0Format, Q5_1Format), which only these fused products read on int8
+# activations: the `_1b` entries, whose type switch holds those with Q8_0 and Q4_0 (BLOCK32_TYPES; one switch of
+# all eight types slowed the K-quant entries: kernels/fused_qmatvec_tiles.h, TypeSet).
+KQUANT_TYPES = qmatvec.WEIGHT_TYPES
+BLOCK32_TYPES = ("q4_1", "q5_0", "q5_1", "q8_0", "q4_0")
+WEIGHT_TYPES = KQUANT_TYPES + ("q4_1", "q5_0", "q5_1")
+WEIGHT_ALIGNMENT = {**qmatvec.WEIGHT_ALIGNMENT, "q4_1": 4, "q5_0": 2, "q5_1": 4}
+TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7}  # WeightType
 SIGNATURES = {
     "qmatvec_norm_rope": "ppppppppppiiiiiiifffpppiiiii",  # ..., block_size, num_blocks, kv_format, k_split, tile_groups
     "qmatvec_norm_swiglu": "pppppiiiif",
@@ -98,9 +106,11 @@ FORCED_TILE_GROUPS: int | None = None
 VECTOR_ALIGNMENT = 16
 
 
-def supports(*weight_types: str) -> bool:
-    """True when every matrix's type is one these kernels read."""
-    return all(t in WEIGHT_TYPES for t in weight_types)
+def supports(*weight_types: str, tokens: int = 1) -> bool:
+    """True when one launch of these kernels reads matrices of all these types for a step of `tokens` tokens:
+    all of KQUANT_TYPES, or at one token all of BLOCK32_TYPES."""
+    return all(t in KQUANT_TYPES for t in weight_types) or (
+        tokens == 1 and all(t in BLOCK32_TYPES for t in weight_types))
 
 
 def pack_types(weight_types: Sequence[str]) -> int:
@@ -206,7 +216,7 @@ def _register(variant: str) -> None:
         dev.view(y, np.float32, (batch, rows))[:] = _host_normed(dev, w, type_code, x, g, rows, cols, batch, eps)
 
 
-for _variant in ("1", "n"):
+for _variant in ("1", "n", "1b"):
     _register(_variant)
 
 
@@ -214,7 +224,17 @@ for _variant in ("1", "n"):
 
 
 def variant(batch: int) -> str:
+    """The entries' shape for a step of `batch` tokens: "1" (one token) or "n" (passes of up to eight)."""
     return "1" if batch == 1 else "n"
+
+
+def entry_suffix(batch: int, weight_types: Sequence[str]) -> str:
+    """The suffix of the entry that reads these types for `batch` tokens: variant(batch), or "1b" for one token of
+    a type outside KQUANT_TYPES (BLOCK32_TYPES); ValueError where no entry reads them together."""
+    if not supports(*weight_types, tokens=batch):
+        raise ValueError(f"fused_qmatvec: no entry reads {', '.join(weight_types)} together at {batch} tokens "
+                         f"({', '.join(KQUANT_TYPES)} at any count; {', '.join(BLOCK32_TYPES)} at one token)")
+    return "1b" if not all(t in KQUANT_TYPES for t in weight_types) else variant(batch)
 
 
 def rows_per_warp(entry: str, entry_variant: str) -> int:
@@ -297,7 +317,7 @@ def _check_matrix(op: str, name: str, w: Any, weight_type: str, rows: int, cols:
     if cols % column_multiple(weight_type):
         raise ValueError(f"{op}: cols must be a multiple of {column_multiple(weight_type)} for {name} "
                          f"({weight_type}), got {cols}")
-    check_memory(op, name, w, rows * row_bytes(weight_type, cols), qmatvec.WEIGHT_ALIGNMENT[weight_type])
+    check_memory(op, name, w, rows * row_bytes(weight_type, cols), WEIGHT_ALIGNMENT[weight_type])
 
 
 def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> None:
@@ -307,10 +327,11 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
 
 
 def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols: int, matrix_rows: tuple[int, ...],
-            args: tuple) -> None:
+            weight_types: Sequence[str], args: tuple) -> None:
     geo = geometry(device.arch, entry, variant(batch), cols, *matrix_rows, multiprocessors=device.multiprocessors)
-    name = f"{entry}_{variant(batch)}"
-    if entry == "qmatvec_norm_swiglu" and batch == 1 and splits_last_round(device.arch, matrix_rows[0], geo.grid):
+    suffix = entry_suffix(batch, weight_types)  # "1b": the same geometry as "1" (one token)
+    name = f"{entry}_{suffix}"
+    if entry == "qmatvec_norm_swiglu" and suffix == "1" and splits_last_round(device.arch, matrix_rows[0], geo.grid):
         name = "qmatvec_norm_swiglu_split_1"
     # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, name, SIGNATURES[entry], programmatic=True)
@@ -343,7 +364,7 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
     if kv_target is not None:
         _check_kv_target(op, kv_target, kv_rows, head_dim, batch)
         target = kv_target.args()
-    _launch(device, stream, op, batch, cols, (q_rows, kv_rows, kv_rows),
+    _launch(device, stream, op, batch, cols, (q_rows, kv_rows, kv_rows), (tq, tk, tv),
             (q, k, v, wq, wk, wv, x, g, positions, factors, pack_types((tq, tk, tv)), q_rows, kv_rows, cols, batch,
              head_dim, rope_dim, eps, theta, freq_scale, *target))
 
@@ -369,7 +390,8 @@ def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: S
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
     (wg, tg), (wu, tu) = weights
-    _launch(device, stream, op, batch, cols, (rows,), (y, wg, wu, x, g, pack_types((tg, tu)), rows, cols, batch, eps))
+    _launch(device, stream, op, batch, cols, (rows,), (tg, tu), (y, wg, wu, x, g, pack_types((tg, tu)), rows, cols, batch,
+                                                              eps))
 
 
 def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *, rows: int, cols: int, batch: int,
@@ -381,7 +403,7 @@ def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *,
     _check_vectors(op, x, None, batch, cols)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, op, batch, cols, (rows,), (y, w, x, TYPE_CODES[weight_type], rows, cols, batch))
+    _launch(device, stream, op, batch, cols, (rows,), (weight_type,), (y, w, x, TYPE_CODES[weight_type], rows, cols, batch))
 
 
 def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,
@@ -393,4 +415,5 @@ def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g
     _check_vectors(op, x, g, batch, cols)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, op, batch, cols, (rows,), (y, w, x, g, TYPE_CODES[weight_type], rows, cols, batch, eps))
+    _launch(device, stream, op, batch, cols, (rows,), (weight_type,),
+            (y, w, x, g, TYPE_CODES[weight_type], rows, cols, batch, eps))

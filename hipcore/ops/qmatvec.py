@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hipcore.ops.matvec import check_operands
-from hipcore.ops.weight_formats import BLOCK_ELEMENTS, dequantize_rows, host_product, row_bytes
+from hipcore.ops.weight_formats import BLOCK_BYTES, BLOCK_ELEMENTS, dequantize_rows, host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Dim3, Stream
 from hipcore.runtime.kernels import get_kernel, wavefront_size
@@ -100,13 +100,14 @@ def error_bound(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, c
     integer sums (three roundings), then the sum over a lane's slices and the warp's shuffle reduction:
     fewer than cols / 32 + 10 roundings on the path of any term. Each is bounded by u = 2^-24 times the
     magnitudes summed: |x| times |w|, where for Q4_K / Q5_K the scaled codes d*sc*q and the mins
-    dmin*m count separately (the kernel forms both sums before subtracting them).
+    dmin*m count separately (the kernel forms both sums before subtracting them), and so do Q4_1's and
+    Q5_1's d*q and m (fused_qmatvec's formats).
     """
     raw = np.ascontiguousarray(w_raw, dtype=np.uint8).reshape(rows, row_bytes(weight_type, cols))
     w = dequantize_rows(raw, weight_type, cols, np.float64)
     magnitude = np.abs(w)
-    if weight_type in ("q4_k", "q5_k"):  # the mins alone: the same blocks with d set to 0
-        blocks = raw.reshape(rows, -1, 144 if weight_type == "q4_k" else 176).copy()
+    if weight_type in ("q4_k", "q5_k", "q4_1", "q5_1"):  # the mins alone: the same blocks with d set to 0
+        blocks = raw.reshape(rows, -1, BLOCK_BYTES[weight_type]).copy()
         blocks[..., 0:2] = 0
         mins = dequantize_rows(blocks.reshape(rows, -1), weight_type, cols, np.float64)
         magnitude = np.abs(w - mins) + np.abs(mins)

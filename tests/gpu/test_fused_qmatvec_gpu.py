@@ -54,7 +54,8 @@ def check(got, want, bound, what):
                            f"got {got[bad][0]!r}, want {want[bad][0]!r}")
 
 
-@pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0")], ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q4_1", "q5_0", "q5_1")],
+                         ids=lambda t: "-".join(t))
 @pytest.mark.parametrize("heads,kv_heads,head_dim,cols,batch", [(32, 8, 128, 4096, 1), (32, 8, 128, 4096, 3),
                                                                 (4, 2, 64, 512, 1), (4, 2, 64, 256, 7)])
 @pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
@@ -66,11 +67,15 @@ def test_norm_rope(gpu, mem, rng, seed, types, heads, kv_heads, head_dim, cols, 
     pos = rng.integers(0, 8192, batch).astype(np.int32)
     factors = far_factors(rng, head_dim) if with_factors else None  # rope_freqs.weight (Llama 3.1/3.2)
     outs = [mem.poisoned(batch * r * 4) for r in (q_rows, kv_rows, kv_rows)]
-    fused_qmatvec.launch_norm_rope(gpu, None, *outs, [(mem.upload(r, "weights"), t) for r, t in zip(raws, types)],
-                                   mem.upload(x), mem.upload(g), mem.upload(pos), q_rows=q_rows, kv_rows=kv_rows,
-                                   cols=cols, batch=batch, head_dim=head_dim, rope_dim=head_dim, eps=EPS,
-                                   theta=500000.0, freq_scale=1.0,
-                                   freq_factors=mem.upload(factors) if with_factors else None)
+    args = (gpu, None, *outs, [(mem.upload(r, "weights"), t) for r, t in zip(raws, types)], mem.upload(x),
+            mem.upload(g), mem.upload(pos))
+    kwargs = dict(q_rows=q_rows, kv_rows=kv_rows, cols=cols, batch=batch, head_dim=head_dim, rope_dim=head_dim, eps=EPS,
+                  theta=500000.0, freq_scale=1.0, freq_factors=mem.upload(factors) if with_factors else None)
+    if not fused_qmatvec.supports(*types, tokens=batch):  # the 32-element block types: one token only ("1b" entries)
+        with pytest.raises(ValueError, match="no entry reads"):
+            fused_qmatvec.launch_norm_rope(*args, **kwargs)
+        return
+    fused_qmatvec.launch_norm_rope(*args, **kwargs)
     want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, pos, q_rows, kv_rows, cols, head_dim,
                                              head_dim, 500000.0, 1.0, factors)
     xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
@@ -126,7 +131,8 @@ def test_norm_rope_stores_kv_into_the_cache(gpu, mem, rng, seed, kv_dtype, batch
 
 
 @pytest.mark.parametrize("types,rows,cols,batch", [(("q4_k", "q4_k"), 14336, 4096, 1), (("q4_k", "q6_k"), 14336, 4096, 2),
-                                                   (("q8_0", "q5_k"), 300, 512, 5)])
+                                                   (("q8_0", "q5_k"), 300, 512, 5), (("q5_0", "q5_1"), 14336, 4096, 1),
+                                                   (("q4_1", "q4_1"), 300, 512, 1)])
 def test_norm_swiglu(gpu, mem, rng, seed, types, rows, cols, batch):
     wg, wu = (random_weights(rng, t, rows, cols) for t in types)
     x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
@@ -144,7 +150,9 @@ def test_norm_swiglu(gpu, mem, rng, seed, types, rows, cols, batch):
 
 
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [("q6_k", 4096, 14336, 1), ("q4_k", 4096, 4096, 4),
-                                                         ("q6_k", 128256, 4096, 1), ("q4_0", 77, 96, 9)])
+                                                         ("q6_k", 128256, 4096, 1), ("q4_0", 77, 96, 9),
+                                                         ("q5_0", 4096, 14336, 1), ("q5_1", 4096, 4096, 1),
+                                                         ("q4_1", 77, 96, 1)])
 def test_add_and_norm(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     raw = random_weights(rng, weight_type, rows, cols)
     x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
