@@ -317,6 +317,17 @@ struct Q4_0Format {
   static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
+// codes . x over a slice: the low (run a) and high (run b) codes against x's, in int32 (exact).
+static __device__ __forceinline__ int slice_codes_dot(const unsigned int lo[4], const unsigned int hi[4], const XSlice& x) {
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s = rf_dp4a((int)lo[i], x.xq[i], s);
+    s = rf_dp4a((int)hi[i], x.xq[4 + i], s);
+  }
+  return s;
+}
+
 // Q4_1 block {half d; half m; uint8 qs[16]} (20 bytes, 4-byte aligned): Q4_0's nibbles, w = d * q + m, so a
 // slice's sum is d * (codes . x) + m * sum(x). Five aligned 4-byte loads: d|m and the 16 code bytes.
 struct Q4_1Format {
@@ -333,8 +344,7 @@ struct Q4_1Format {
     return r;
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
-    col_a = slice * 32;
-    col_b = col_a + 16;
+    Q4_0Format::columns(slice, col_a, col_b);
   }
   struct Decoded {
     unsigned int lo[4], hi[4];
@@ -352,13 +362,7 @@ struct Q4_1Format {
     return k;
   }
   static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) {
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s = rf_dp4a((int)k.lo[i], x.xq[i], s);
-      s = rf_dp4a((int)k.hi[i], x.xq[4 + i], s);
-    }
-    return k.d * (float)s + k.m * (float)(x.sum_a + x.sum_b);
+    return k.d * (float)slice_codes_dot(k.lo, k.hi, x) + k.m * (float)(x.sum_a + x.sum_b);
   }
   static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
@@ -368,6 +372,16 @@ struct Q4_1Format {
 static __device__ __forceinline__ unsigned int fifth_bits(unsigned int h, int i) {
   const unsigned int b = (h >> (4 * i)) & 15u;
   return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4;
+}
+
+// A Q5_0 / Q5_1 slice's codes: the nibbles of q with the fifth bits of h (bits 0..15 run a's, 16..31 run b's).
+static __device__ __forceinline__ void five_bit_codes(const unsigned int q[4], unsigned int h, unsigned int lo[4],
+                                                      unsigned int hi[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo[i] = (q[i] & kLowNibbles) | fifth_bits(h, i);
+    hi[i] = ((q[i] >> 4) & kLowNibbles) | fifth_bits(h >> 16, i);
+  }
 }
 
 // Q5_0 block {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, 2-byte aligned): element j < 16 is the low
@@ -391,31 +405,17 @@ struct Q5_0Format {
     return r;
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
-    col_a = slice * 32;
-    col_b = col_a + 16;
+    Q4_0Format::columns(slice, col_a, col_b);
   }
-  struct Decoded {
-    unsigned int lo[4], hi[4];
-    float d;
-  };
+  typedef Q4_0Format::Decoded Decoded;
   static __device__ __forceinline__ Decoded decode(const Raw r, int) {
     Decoded k;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      k.lo[i] = (r.q[i] & kLowNibbles) | fifth_bits(r.h, i);
-      k.hi[i] = ((r.q[i] >> 4) & kLowNibbles) | fifth_bits(r.h >> 16, i);
-    }
+    five_bit_codes(r.q, r.h, k.lo, k.hi);
     k.d = rf_f16_to_float(r.d);
     return k;
   }
   static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) {
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s = rf_dp4a((int)k.lo[i], x.xq[i], s);
-      s = rf_dp4a((int)k.hi[i], x.xq[4 + i], s);
-    }
-    return k.d * (float)(s - 16 * (x.sum_a + x.sum_b));
+    return k.d * (float)(slice_codes_dot(k.lo, k.hi, x) - 16 * (x.sum_a + x.sum_b));
   }
   static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
@@ -436,17 +436,12 @@ struct Q5_1Format {
     return r;
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
-    col_a = slice * 32;
-    col_b = col_a + 16;
+    Q4_0Format::columns(slice, col_a, col_b);
   }
   typedef Q4_1Format::Decoded Decoded;
   static __device__ __forceinline__ Decoded decode(const Raw r, int) {
     Decoded k;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      k.lo[i] = (r.q[i] & kLowNibbles) | fifth_bits(r.h, i);
-      k.hi[i] = ((r.q[i] >> 4) & kLowNibbles) | fifth_bits(r.h >> 16, i);
-    }
+    five_bit_codes(r.q, r.h, k.lo, k.hi);
     k.d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
     k.m = rf_f16_to_float((unsigned short)(r.dm >> 16));
     return k;
