@@ -256,7 +256,8 @@ class ProjectionPlanner:
             return False
         dev, f = self.device, self.config.ffn_size
         if separate_fusable(t, gate, up, max_tokens=qmatvec_limit(dev, gate, up)) or \
-                separate_fusable(t, down, max_tokens=qmatvec_limit(dev, down)) or fused_family(down.fmt, t, cols=down.cols) is not None:
+                separate_fusable(t, down, max_tokens=qmatvec_limit(dev, down)) or \
+                fused_family(down.fmt, t, cols=down.cols) is not None:
             return False
         return (gate.fmt == up.fmt and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, self.config.hidden_size)
                 and down.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, down.fmt)
