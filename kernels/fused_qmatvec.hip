@@ -38,6 +38,7 @@
 // multiples of 4 (head_dim % 4 == 0); W of each type aligned as qmatvec.hip needs; x and g 16-byte aligned.
 #include "hip_compat.h"
 #include "qmatvec_formats.h"      // x quantized per slice, the formats and their int8 dot products
+#include "qmatvec_block32_formats.h"  // Q4_1, Q5_0, Q5_1 (the one-token _1b entries)
 #include "fused_qmatvec_tiles.h"  // x staged in shared memory and the row groups' dot products (tile_dot)
 #include "fused_qmatvec_epilogue.h"  // the norm's scale, RoPE and the store of k and v into the paged cache
 

@@ -38,7 +38,8 @@ def header_and_source_digest(op: str, folder: Path) -> str:
 def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
     assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec_formats.h",
-                                                                "fused_qmatvec_tiles.h", "fused_qmatvec_epilogue.h", "weight_loads.h"]
+                                                                "qmatvec_block32_formats.h", "fused_qmatvec_tiles.h",
+                                                                "fused_qmatvec_epilogue.h", "weight_loads.h"]
     assert [f.name for f in source_files("qmatvec")] == [COMPAT_HEADER, "qmatvec.hip", "qmatvec_formats.h",
                                                           "weight_loads.h"]
     assert [f.name for f in source_files("fused_matvec")] == [COMPAT_HEADER, "fused_matvec.hip",
