@@ -226,6 +226,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 }  // namespace
 
 #include "matmul_mma_fragments.h"  // NVIDIA's decode batches: fragments decoded in registers (uses the above)
+#include "matmul_mma_block32_fragments.h"  // the same for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 
 namespace {
 namespace mmq {
@@ -397,7 +398,7 @@ RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
-// The decode batches' fragment path (NVIDIA, K-quants): matmul_mma_fragments_<format> (32-token tiles, x
+// The decode batches' fragment path (NVIDIA): matmul_mma_fragments_<format> (32-token tiles, x
 // staged) and matmul_mma_direct_<format> (a batch of at most 8 tokens, x from memory), the same arguments;
 // tile_tokens is the launcher's 32 for both (hipcore/ops/matmul_mma.py entry_name picks). Entries of their
 // own, so that their registers are counted apart from the shared-tile path's. BOUNDS: their launch bounds;
@@ -425,4 +426,14 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6, mmq::kStream
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8, RF_BOUNDS)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8, RF_BOUNDS_TWO_PER_SM)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8, RF_BOUNDS)
+// The 32-element block formats (matmul_mma_block32_fragments.h): two blocks a step, 64 columns.
+#define RF_BLOCK32_FRAGMENT_ENTRIES(kind, Lane)                                                                 \
+  RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_##kind, mmq::Pair32<Lane>, mmq::kStreamTokens, RF_STAGED_X,    \
+                               RF_BOUNDS)                                                                          \
+  RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_##kind, mmq::Pair32<Lane>, mmq::kDirectTokens, 8, RF_BOUNDS)
+RF_BLOCK32_FRAGMENT_ENTRIES(q4_0, mmq::Q4_0Lane)
+RF_BLOCK32_FRAGMENT_ENTRIES(q4_1, mmq::Q41Lane<false>)
+RF_BLOCK32_FRAGMENT_ENTRIES(q5_0, mmq::Q5_0Lane)
+RF_BLOCK32_FRAGMENT_ENTRIES(q5_1, mmq::Q41Lane<true>)
+RF_BLOCK32_FRAGMENT_ENTRIES(q8_0, mmq::Q8_0Lane)
 #endif

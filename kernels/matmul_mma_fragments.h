@@ -28,7 +28,8 @@ namespace mmq {
 //   -> 31.0 us, q/o 16.5 -> 12.2; Q6_K gains only over short splits (v 11.4 -> 9.1, but the 8B's down 45.5
 //   -> 51.1: hipcore/ops/matmul_mma.py DIRECT_Q6K_MAX_SPLIT_STEPS); at 32 tokens every warp rounding every
 //   x value cost more than the barriers (gate/up 108 us against 42).
-// Q4_K, Q5_K and Q6_K (Llama's K-quant layers); the other formats and prompt tiles keep mma_tiles.
+// Q4_K, Q5_K and Q6_K here; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 in matmul_mma_block32_fragments.h. Prompt tiles
+// keep mma_tiles.
 constexpr int kStreamTokens = 32;
 constexpr int kStreamStride = 80;  // halves per token of the x tile: a half-warp's 8-byte loads hit 32 banks
 constexpr int kDirectTokens = 8;

@@ -46,7 +46,7 @@ def test_an_op_is_built_from_the_files_it_includes():
                                                                "fused_matvec_formats.h", "weight_loads.h"]
     assert [f.name for f in source_files("matmul_mma")] == [COMPAT_HEADER, "matmul_mma.hip", "matrix_cores.h",
                                                              "matmul_mma_formats.h", "matmul_mma_epilogues.h",
-                                                             "matmul_mma_fragments.h"]
+                                                             "matmul_mma_fragments.h", "matmul_mma_block32_fragments.h"]
     assert [f.name for f in source_files("prompt_attention")] == [COMPAT_HEADER, "prompt_attention.hip", "matrix_cores.h"]
     assert [f.name for f in source_files("add")] == [COMPAT_HEADER, "add.hip"]
     # Every op that includes nothing of its own keeps the digest it had, so no prebuilt object goes stale

@@ -43,13 +43,15 @@ def worst_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int,
     tile = matmul_mma.pick_tile_tokens(rows, n_tokens) if tile is None else tile
     tiles = matmul_mma.tile_count(rows, n_tokens, tile)
     ws_bytes = matmul_mma.partial_bytes(tiles, splits, tile) if splits > 1 else 0
-    grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
-                                                    splits=splits, step=matmul_mma.step_cols(weight_type))
-    assert used == splits
     arch = "sm_90" if harness.name.endswith("nvidia_mma") else "gfx942"  # NVIDIA's harness runs its fragment path
-    split_steps = -(-(cols // matmul_mma.step_cols(weight_type)) // splits)
+    fragments = not x_f16 and path != "shared" and matmul_mma.has_fragment_path(arch, weight_type, tile, cols)
+    step = matmul_mma.step_cols(weight_type, fragments)
+    grid, threads, tile, used = matmul_mma.geometry(rows, n_tokens, tile, cols=cols, workspace_bytes=ws_bytes,
+                                                    splits=splits, step=step)
+    assert used == splits
+    split_steps = -(-(cols // step) // splits)
     entry = matmul_mma.x16_entry(weight_type, tile) if x_f16 else matmul_mma.entry_name(arch, weight_type, tile,
-                                                                                          n_tokens, path, split_steps)
+                                                                                          n_tokens, path, split_steps, cols)
     run_mma(harness, entry, grid_override or grid, threads, rows, cols, n_tokens, tile, splits,
             int(accumulate), ws_bytes, tmp_path / "w", tmp_path / "x", tmp_path / "y_in" if accumulate else "-",
             tmp_path / "y", tmp_path / "ws")
@@ -161,8 +163,9 @@ def test_a_wrong_fragment_layout_is_caught(fault, tmp_path):
     kind, old, new = PLANTED[fault]
     harness = build_mma_harnesses(tmp_path, (kind,), kernel_edit=lambda text: text.replace(old, new))[kind]
     rng = np.random.default_rng(5)
-    # Q4_0: the shared-tile path on every kind (NVIDIA's K-quant decode batches take the fragment path).
-    excess = worst_excess(harness, "q4_0", 64, 256, 32, 32, None, rng, tmp_path)
+    # Q4_0 in 64-token tiles: the shared-tile path on every kind (NVIDIA's decode batches, 32-token tiles, take the
+    # fragment path).
+    excess = worst_excess(harness, "q4_0", 64, 256, 64, 64, None, rng, tmp_path)
     assert excess > 10.0, f"{fault}: the planted layout fault went unnoticed ({excess:.3g} x the bound)"
 
 
@@ -221,6 +224,50 @@ def test_a_broken_packed_decode_is_caught(fault, tmp_path):
     excess = nvidia_excess_with(old, new, weight_type, 16, 23, tmp_path)  # 16 tokens: the staged entry
     # The ordinary check fails above 1; a one-code shift of half of Q6_K's columns lands near 8 here.
     assert excess > 2.0, f"{fault}: the planted decode fault went unnoticed ({excess:.3g} x the bound)"
+
+
+# ---- The 32-element block formats on NVIDIA's fragment path (kernels/matmul_mma_block32_fragments.h) ---------
+
+# (rows, cols, n_tokens, grid or None, splits, accumulate): 32 tokens staged over three steps of two blocks, a batch
+# of 8 split and added (the direct entry), one token, a row tile cut short in one workgroup looping over the tiles,
+# 20 tokens split four ways by two workgroups.
+BLOCK32_FRAGMENT_CASES = [(64, 192, 32, None, 1, False), (130, 256, 8, None, 3, True), (40, 128, 1, None, 1, False),
+                          (130, 128, 13, 1, 1, False), (72, 512, 20, 2, 4, False)]
+
+
+@pytest.mark.parametrize("weight_type", matmul_mma.BLOCK32_FRAGMENT_TYPES)
+def test_the_block_formats_fragment_path_matches_the_reference(mma_harnesses, weight_type, tmp_path):
+    assert matmul_mma.entry_name("sm_90", weight_type, 32, 8, cols=128) == f"matmul_mma_direct_{weight_type}"
+    assert matmul_mma.entry_name("sm_90", weight_type, 32, 9, cols=128) == f"matmul_mma_fragments_{weight_type}"
+    # Columns that are not whole steps of two blocks keep the shared tiles.
+    assert matmul_mma.entry_name("sm_90", weight_type, 32, 8, cols=96) == f"matmul_mma_{weight_type}"
+    rng = np.random.default_rng([13, ord(weight_type[1]), ord(weight_type[-1])])
+    for rows, cols, n_tokens, grid, splits, accumulate in BLOCK32_FRAGMENT_CASES + [(64, 96, 8, None, 1, False)]:
+        excess = worst_excess(mma_harnesses["nvidia_mma"], weight_type, rows, cols, n_tokens, 32, grid, rng, tmp_path,
+                              splits=splits, accumulate=accumulate)
+        assert excess <= 1.0, (f"{weight_type} {rows}x{cols} tokens {n_tokens} splits {splits} accumulate {accumulate}: "
+                               f"{excess:.3g} x the bound")
+
+
+# Faults of the block formats' lane decoders, each off by O(|w x|) somewhere: Q4_0's nibbles of the other lanes,
+# Q8_0's codes read unsigned, Q5_0's and Q5_1's fifth bits of the neighbouring pair, or of lane 0's columns in
+# every lane, Q4_1's min left out, a step's second block read as its first.
+BLOCK32_FAULTS = {
+    "Q4_0's nibbles of the other lanes": ("q4_0", 8, "shift = 4u * (unsigned int)(t >> 1);",
+                                          "shift = 4u * (unsigned int)(t & 1);"),
+    "Q8_0's codes read unsigned": ("q8_0", 16, "(unsigned int)r.q[p] ^ 0x8080u", "(unsigned int)r.q[p]"),
+    "a fifth bit of the neighbouring pair": ("q5_1", 8, "fifth_bit_pair(h >> (2 * p))", "fifth_bit_pair(h >> (2 * p + 1))"),
+    "lane 0's fifth bits in every lane": ("q5_0", 16, "q[3]}, b[2 + t]};", "q[3]}, b[2]};"),
+    "Q4_1's min left out": ("q4_1", 8, "rf_h2_fma(code_pair(codes, k1024), d, m)", "rf_h2_mul(code_pair(codes, k1024), d)"),
+    "the second block read as the first": ("q8_0", 8, "L::load(b + L::kBlockBytes, t)", "L::load(b, t)"),
+}
+
+
+@pytest.mark.parametrize("fault", BLOCK32_FAULTS)
+def test_a_broken_block_format_fragment_is_caught(fault, tmp_path):
+    weight_type, n_tokens, old, new = BLOCK32_FAULTS[fault]
+    excess = nvidia_excess_with(old, new, weight_type, n_tokens, 31, tmp_path)
+    assert excess > 10.0, f"{fault}: the planted fault went unnoticed ({excess:.3g} x the bound)"
 
 
 # ---- SwiGLU pairs (matmul_mma_swiglu_<type>: a prompt step's gate and up in one launch) -----------------

@@ -24,14 +24,17 @@ def test_matrix_cores_by_arch(arch, expected):
 @pytest.mark.parametrize("arch,weight_type,tile,n_tokens,expected", [
     ("sm_90", "q4_k", 32, 32, "matmul_mma_fragments_q4_k"), ("sm_80", "q6_k", 32, 9, "matmul_mma_fragments_q6_k"),
     ("sm_90a", "q5_k", 32, 8, "matmul_mma_direct_q5_k"), ("sm_90", "q4_k", 32, 1, "matmul_mma_direct_q4_k"),
-    ("sm_90", "q4_k", 64, 512, "matmul_mma_q4_k"), ("sm_90", "q8_0", 32, 8, "matmul_mma_q8_0"),
+    ("sm_90", "q4_k", 64, 512, "matmul_mma_q4_k"), ("sm_90", "q8_0", 32, 8, "matmul_mma_direct_q8_0"),
+    ("sm_90", "q4_0", 32, 32, "matmul_mma_fragments_q4_0"), ("sm_80", "q5_1", 32, 1, "matmul_mma_direct_q5_1"),
+    ("sm_90", "q8_0", 64, 512, "matmul_mma_q8_0"), ("gfx942", "q8_0", 32, 8, "matmul_mma_q8_0"),
     ("sm_75", "q4_k", 32, 8, "matmul_mma_q4_k"), ("gfx942", "q4_k", 32, 8, "matmul_mma_q4_k"),
     ("gfx1100", "q6_k", 32, 32, "matmul_mma_q6_k"),
 ])
 def test_the_fragment_path_only_where_its_layout_exists(arch, weight_type, tile, n_tokens, expected):
-    """The fragment path is written in mma.sync's fragment layout, for the K-quants' 32-token tiles (its direct
-    entry up to DIRECT_MAX_TOKENS tokens): the AMD targets, other formats and 64-token tiles keep the
-    shared-tile kernel; path "shared" always does, "staged" and "direct" name the fragment entries where they exist."""
+    """The fragment path is written in mma.sync's fragment layout, for 32-token tiles of the K-quants and the
+    32-element block formats (its direct entry up to DIRECT_MAX_TOKENS tokens): the AMD targets and 64-token tiles
+    keep the shared-tile kernel; path "shared" always does, "staged" and "direct" name the fragment entries where
+    they exist."""
     assert matmul_mma.entry_name(arch, weight_type, tile, n_tokens) == expected
     assert matmul_mma.entry_name(arch, weight_type, tile, n_tokens, path="shared") == f"matmul_mma_{weight_type}"
     if matmul_mma.has_fragment_path(arch, weight_type, tile):
@@ -74,6 +77,29 @@ def test_the_launcher_counts_the_steps_of_a_split(cpu_device, monkeypatch):
     assert launched == ["matmul_mma_fragments_q6_k", "matmul_mma_direct_q6_k", "matmul_mma_fragments_q6_k"]
 
 
+def test_the_block_formats_split_in_steps_of_two_blocks(cpu_device, monkeypatch):
+    """On the fragment path a Q8_0 step is two blocks (64 columns): the launcher splits the columns in those steps
+    (the kernel would read past a split's end in steps of one), and columns that are not whole steps of two take the
+    shared tiles, split in steps of one block."""
+    from hipcore.ops import fused_matmul
+
+    launched = []
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    monkeypatch.setattr(matmul_mma, "get_kernel", lambda dev, op, entry, sig: type(
+        "K", (), {"launch": lambda self, grid, block, args, stream=None: launched.append((entry, args[8]))})())
+    monkeypatch.setattr(matmul_mma.matvec, "check_operands", lambda *a, **k: None)
+    workspace = cpu_device.allocate(fused_matmul.WORKSPACE_BYTES, "scratch")
+    try:
+        for cols in (192, 4096, 160):
+            matmul_mma.launch(cpu_device, None, 0, 0, 0, 128, cols, 8, weight_type="q8_0", workspace=workspace)
+    finally:
+        workspace.free()
+    steps = matmul_mma.MIN_SPLIT_STEPS
+    assert launched == [("matmul_mma_direct_q8_0", 1), ("matmul_mma_direct_q8_0", 4096 // 64 // steps),
+                        ("matmul_mma_q8_0", 160 // 32 // steps)]
+    assert matmul_mma.step_cols("q8_0", fragments=True) == 64 and matmul_mma.step_cols("q8_0") == 32
+
+
 def test_tiles_fit_the_batch_and_fill_the_device():
     assert matmul_mma.pick_tile_tokens(4096, 9) == 32
     assert matmul_mma.pick_tile_tokens(4096, 512) == 64  # 32 x 8 = 256 workgroups
@@ -88,18 +114,20 @@ def test_project_takes_the_matrix_cores_where_they_exist(cpu_device, monkeypatch
     monkeypatch.setattr(matmul, "project", lambda *a, **k: calls.append(("matmul", a[7], k["weight_type"])))
     lo = matmul_mma.MMA_MIN_TOKENS
     assert matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS < matmul_mma.MMA_MIN_TOKENS_KQUANT < lo
-    assert matmul_mma.min_tokens("q8_0", "sm_90") == matmul_mma.min_tokens("q8_0") == lo
-    # The K-quants from fewer tokens where they take the fragment path (NVIDIA sm_80+), else from 7.
+    assert matmul_mma.min_tokens("q8_0", "gfx942") == matmul_mma.min_tokens("q8_0") == lo
+    # Every type of the fragment path from fewer tokens where it exists (NVIDIA sm_80+); the K-quants elsewhere
+    # from 7.
     assert matmul_mma.min_tokens("q6_k", "sm_90") == matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS
+    assert matmul_mma.min_tokens("q8_0", "sm_90") == matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS
     assert matmul_mma.min_tokens("q4_k", "gfx942") == matmul_mma.min_tokens("q4_k") == matmul_mma.MMA_MIN_TOKENS_KQUANT
     for arch in ("cpu", "gfx1030", "sm_90", "gfx942"):
         monkeypatch.setattr(cpu_device, "arch", arch)
-        klo = matmul_mma.min_tokens("q4_k", arch)
+        klo, qlo = matmul_mma.min_tokens("q4_k", arch), matmul_mma.min_tokens("q8_0", arch)
         calls.clear()
-        for n, wt in ((klo - 1, "q4_k"), (klo, "q4_k"), (klo, "q8_0"), (lo, "q8_0"), (512, "q6_k"), (512, "f16")):
+        for n, wt in ((klo - 1, "q4_k"), (klo, "q4_k"), (qlo - 1, "q8_0"), (qlo, "q8_0"), (512, "q6_k"), (512, "f16")):
             matmul_mma.project(cpu_device, None, 0, 0, 0, 4, 256, n, weight_type=wt)
         mma = "mma" if matmul_mma.has_matrix_cores(arch) else "matmul"
-        assert calls == [("matmul", klo - 1, "q4_k"), (mma, klo, "q4_k"), ("matmul", klo, "q8_0"), (mma, lo, "q8_0"),
+        assert calls == [("matmul", klo - 1, "q4_k"), (mma, klo, "q4_k"), ("matmul", qlo - 1, "q8_0"), (mma, qlo, "q8_0"),
                          (mma, 512, "q6_k"), ("matmul", 512, "f16")], arch
 
 

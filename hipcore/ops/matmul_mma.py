@@ -77,11 +77,15 @@ F16_HALF_SPACING = 2.0**-25  # half the spacing of f16's subnormals: the absolut
 _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-f]{2}|12[0-9a-f]{2})$")
 
 
-# The K-quants' decode batches on NVIDIA's mma (32-token tiles): the fragment path of kernels/matmul_mma.hip
-# (its part matmul_mma_fragments.h), whose lanes decode their own A fragments in registers instead of staging
-# the decoded tile in shared memory;
+# Decode batches on NVIDIA's mma (32-token tiles): the fragment path of kernels/matmul_mma.hip (its parts
+# matmul_mma_fragments.h and matmul_mma_block32_fragments.h), whose lanes decode their own A fragments in registers
+# instead of staging the decoded tile in shared memory;
 # a batch of at most DIRECT_MAX_TOKENS takes its direct entry (x read straight from memory, no barrier).
-FRAGMENT_TYPES = WIDE_TYPES  # the fragments decode Wide / Wide6 steps
+# The 32-element block formats read two blocks a step (BLOCK32_FRAGMENT_STEP_COLS), so they take the path only
+# where the columns are a multiple of it.
+BLOCK32_FRAGMENT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+BLOCK32_FRAGMENT_STEP_COLS = 64
+FRAGMENT_TYPES = WIDE_TYPES + BLOCK32_FRAGMENT_TYPES
 DIRECT_MAX_TOKENS = 8
 # Q6_K takes the direct entry only where each split covers at most this many steps. On an NVIDIA H100 at 8
 # tokens, direct against staged: Llama-3.1-8B v (4 steps a split) 9.3 against 11.9 us, Llama-3.2-1B v (4)
@@ -90,10 +94,14 @@ DIRECT_MAX_TOKENS = 8
 DIRECT_Q6K_MAX_SPLIT_STEPS = 8
 
 
-def has_fragment_path(arch: str, weight_type: str, tile_tokens: int) -> bool:
+def has_fragment_path(arch: str, weight_type: str, tile_tokens: int, cols: int | None = None) -> bool:
     """Whether kernels/matmul_mma.hip has the fragment path for this launch: FRAGMENT_TYPES in 32-token tiles
-    on NVIDIA sm_80 and later (the path exists only in mma.sync's fragment layout)."""
+    on NVIDIA sm_80 and later (the path exists only in mma.sync's fragment layout); for the 32-element block
+    formats, a product of `cols` columns only where they are whole steps of BLOCK32_FRAGMENT_STEP_COLS (cols None:
+    any product of the type that has them)."""
     nvidia_mma = arch.startswith("sm_") and has_matrix_cores(arch)
+    if weight_type in BLOCK32_FRAGMENT_TYPES and cols is not None and cols % BLOCK32_FRAGMENT_STEP_COLS:
+        return False
     return nvidia_mma and tile_tokens == 32 and weight_type in FRAGMENT_TYPES
 
 
@@ -101,15 +109,16 @@ PATHS = ("auto", "shared", "staged", "direct")
 
 
 def entry_name(arch: str, weight_type: str, tile_tokens: int, n_tokens: int, path: str = "auto",
-               split_steps: int = 1) -> str:
-    """The kernel of a launch whose splits each cover `split_steps` steps of step_cols(weight_type) columns.
+               split_steps: int = 1, cols: int | None = None) -> str:
+    """The kernel of a launch of `cols` columns (None: any the fragment path takes) whose splits each cover
+    `split_steps` steps of step_cols(weight_type, fragments) columns.
     path "auto" (the launcher's choice): where has_fragment_path, matmul_mma_direct_<type> for at most
     DIRECT_MAX_TOKENS tokens (Q6_K: over at most DIRECT_Q6K_MAX_SPLIT_STEPS steps a split) and
     matmul_mma_fragments_<type> (x staged) otherwise; else matmul_mma_<type>. "shared", "staged" and "direct"
     name one kernel (side-by-side measurements and tests); the last two exist only where has_fragment_path."""
     if path not in PATHS:
         raise ValueError(f"{OP}: path must be one of {PATHS}, got {path!r}")
-    fragments = has_fragment_path(arch, weight_type, tile_tokens)
+    fragments = has_fragment_path(arch, weight_type, tile_tokens, cols)
     if path in ("staged", "direct") and not fragments:
         raise ValueError(f"{OP}_{weight_type}: no fragment path on {arch} for {tile_tokens}-token tiles")
     if path == "auto" and fragments:
@@ -197,9 +206,12 @@ def pick_tile_tokens(rows: int, n_tokens: int) -> int:
     return 64
 
 
-def step_cols(weight_type: str) -> int:
-    """Columns the kernel reads per step for W of this type (a split is a range of whole steps)."""
-    return WIDE_STEP_COLS if weight_type in WIDE_TYPES else STEP_COLS
+def step_cols(weight_type: str, fragments: bool = False) -> int:
+    """Columns the kernel reads per step for W of this type (a split is a range of whole steps); fragments: on the
+    fragment path (entry_name's fragments_ and direct_ entries)."""
+    if weight_type in WIDE_TYPES:
+        return WIDE_STEP_COLS
+    return BLOCK32_FRAGMENT_STEP_COLS if fragments else STEP_COLS
 
 
 def pick_splits(tiles: int, cols: int, step: int = STEP_COLS) -> int:
@@ -262,14 +274,18 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     if tile_tokens == WIDE_TILE_TOKENS and not (x_f16 and has_wide_tiles(device.arch)):
         raise ValueError(f"{OP}: {WIDE_TILE_TOKENS}-token tiles read f16 x on NVIDIA sm_80 and later, not "
                          f"{'float32 x' if not x_f16 else device.arch}")
-    grid, block, tile, split = geometry(rows, n_tokens, tile_tokens, cols=cols,
+    tile = pick_tile_tokens(rows, n_tokens) if tile_tokens is None else tile_tokens
+    fragments = not x_f16 and path != "shared" and has_fragment_path(device.arch, weight_type, tile, cols)
+    step = step_cols(weight_type, fragments)
+    grid, block, tile, split = geometry(rows, n_tokens, tile, cols=cols,
                                         workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits,
-                                        step=step_cols(weight_type))
+                                        step=step)
     if splits is not None and split != splits:
         raise ValueError(f"{OP}_{weight_type}: {splits} splits need a workspace of "
                          f"{partial_bytes(grid // split, splits, tile)} bytes")
-    split_steps = -(-(cols // step_cols(weight_type)) // split)
-    entry = x16_entry(weight_type, tile) if x_f16 else entry_name(device.arch, weight_type, tile, n_tokens, path, split_steps)
+    split_steps = -(-(cols // step) // split)
+    entry = x16_entry(weight_type, tile) if x_f16 else entry_name(device.arch, weight_type, tile, n_tokens, path,
+                                                                   split_steps, cols)
     if entry.startswith(f"{OP}_direct_") and split > 1 and tile_count(rows, n_tokens, DIRECT_MAX_TOKENS) > MAX_SPLIT_TILES:
         raise ValueError(f"{entry}: its {DIRECT_MAX_TOKENS}-token tiles are more than the {MAX_SPLIT_TILES} counters "
                          "a split launch has")
@@ -326,10 +342,10 @@ for _type in X16_TYPES:
 
 def min_tokens(weight_type: str, arch: str = "") -> int:
     """The fewest tokens whose products `project` runs on the matrix cores, for W of this type on `arch`
-    (the K-quants from fewer where they take the fragment path)."""
-    if weight_type not in KQUANT_TYPES:
-        return MMA_MIN_TOKENS
-    return MMA_MIN_TOKENS_KQUANT_FRAGMENTS if has_fragment_path(arch, weight_type, 32) else MMA_MIN_TOKENS_KQUANT
+    (from fewer where the type takes the fragment path)."""
+    if has_fragment_path(arch, weight_type, 32):
+        return MMA_MIN_TOKENS_KQUANT_FRAGMENTS
+    return MMA_MIN_TOKENS_KQUANT if weight_type in KQUANT_TYPES else MMA_MIN_TOKENS
 
 
 def takes_matrix_cores(device: Device, n_tokens: int, weight_type: str) -> bool:

@@ -110,9 +110,13 @@ def test_split_columns_and_the_residual_add(gpu, mem, rng, seed, weight_type, ro
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     ("q4_k", 4096, 4096, 8), ("q5_k", 300, 512, 9), ("q6_k", 4096, 14336, 32), ("q4_k", 129, 1024, 31),
     ("q6_k", 1024, 4096, 3),
+    # The 32-element block formats (two blocks a step): Llama-3.1-8B's down and gate shapes, a 1B-shaped k, rows that
+    # cut a tile short, one token.
+    ("q8_0", 4096, 14336, 8), ("q4_0", 14336, 4096, 32), ("q5_0", 512, 2048, 5), ("q5_1", 4096, 4096, 16),
+    ("q4_1", 130, 576, 12), ("q8_0", 1024, 4096, 1),
 ])
 def test_every_path_agrees_with_the_reference(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
-    """Where the launcher takes the fragment path (K-quant decode batches on NVIDIA), each of its entries at any
+    """Where the launcher takes the fragment path (decode batches on NVIDIA), each of its entries at any
     batch of one token tile (the direct one past 8 tokens, the staged one below 9) and the shared-tile kernel it
     replaced: each within the bound of the reference, split as the runner's."""
     from hipcore.ops import fused_matmul

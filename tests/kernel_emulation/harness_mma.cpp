@@ -47,6 +47,11 @@ int main(int argc, char** argv) {
       {"matmul_mma_fragments_q4_k", matmul_mma_fragments_q4_k}, {"matmul_mma_fragments_q5_k", matmul_mma_fragments_q5_k},
       {"matmul_mma_fragments_q6_k", matmul_mma_fragments_q6_k}, {"matmul_mma_direct_q4_k", matmul_mma_direct_q4_k},
       {"matmul_mma_direct_q5_k", matmul_mma_direct_q5_k}, {"matmul_mma_direct_q6_k", matmul_mma_direct_q6_k},
+      {"matmul_mma_fragments_q4_0", matmul_mma_fragments_q4_0}, {"matmul_mma_direct_q4_0", matmul_mma_direct_q4_0},
+      {"matmul_mma_fragments_q4_1", matmul_mma_fragments_q4_1}, {"matmul_mma_direct_q4_1", matmul_mma_direct_q4_1},
+      {"matmul_mma_fragments_q5_0", matmul_mma_fragments_q5_0}, {"matmul_mma_direct_q5_0", matmul_mma_direct_q5_0},
+      {"matmul_mma_fragments_q5_1", matmul_mma_fragments_q5_1}, {"matmul_mma_direct_q5_1", matmul_mma_direct_q5_1},
+      {"matmul_mma_fragments_q8_0", matmul_mma_fragments_q8_0}, {"matmul_mma_direct_q8_0", matmul_mma_direct_q8_0},
 #endif
   };
   using Swiglu = void (*)(unsigned short*, float*, float*, const void*, const void*, const void*, void*, int, int, int, int);

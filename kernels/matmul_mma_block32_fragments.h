@@ -1,0 +1,153 @@
+// Part of the matmul_mma op (matmul_mma_fragments.h includes it; built and hashed with it: hipcore/runtime/kernels.py
+// source_files): the fragment path's reading of the 32-element block formats, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, for
+// NVIDIA's decode batches (the K-quants' are in matmul_mma_fragments.h, which explains the lanes' k order).
+#pragma once
+#include "hip_compat.h"
+
+namespace {
+namespace mmq {
+
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+// A step is two blocks, 64 columns: k-substeps 0 and 1 read the first block, 2 and 3 the second (frag_column's
+// half s / 2), so lane t decodes columns 8t .. 8t + 7 of each block, in two words of four (word i: columns 8t +
+// 4i .. 8t + 4i + 3, k-substep 2 half + i) of two f16 pairs each. Two blocks a step, not the shared tiles' one
+// (Narrow), so that a lane has as many weight bytes in flight a step as a K-quant step gives it.
+template <class L>
+struct Pair32 {
+  static constexpr int kStepCols = 64;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * L::kBlockBytes; }
+  static __device__ __forceinline__ int column(int c0, int col) { return c0 + col; }
+};
+
+constexpr unsigned int kF16Byte = 0x64646464u;  // byte permutes put 0x64 above a code byte: the f16 1024 + code
+
+// The f16 pair of two code bytes (bytes 0 and 1 of v, below 256 each) minus `bias` in both lanes (an f16 pair of
+// 1024 + the codes' offset): exact, the codes and the results are f16 integers.
+static __device__ __forceinline__ unsigned int code_pair(unsigned int v, unsigned int bias) {
+  return rf_h2_sub(rf_byte_perm(v, kF16Byte, 0x4140u), bias);
+}
+
+// Bits 0 and 1 of b moved to bit 4 of bytes 0 and 1: a pair's fifth bits (Q5_0, Q5_1), or-ed onto its nibbles.
+static __device__ __forceinline__ unsigned int fifth_bit_pair(unsigned int b) { return ((b & 1u) | ((b & 2u) << 7)) << 4; }
+
+// A block's f16 scale in both lanes of a pair.
+static __device__ __forceinline__ unsigned int scale_pair(unsigned short d) { return (unsigned int)d * 0x10001u; }
+
+// Q8_0 {half d; int8 qs[32]} (34 bytes, 2-byte aligned): lane t reads qs[8t .. 8t + 7] as four 2-byte halves (a
+// wider load would fault on the blocks at 2 mod 4, or read past the last one). w = d * q: q + 128 from flipping the
+// sign bit, 1152 + q as an f16, minus 1152 exactly, times d: one rounding, as the shared tiles' float decode.
+struct Q8_0Lane {
+  static constexpr int kBlockBytes = 34, kDepth = 2;
+  struct Raw {
+    unsigned short d, q[4];
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(b);
+    return {h[0], {h[1 + 4 * t], h[2 + 4 * t], h[3 + 4 * t], h[4 + 4 * t]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw& r, int, unsigned int out[4]) {
+    constexpr unsigned int k1152 = 0x64806480u;
+    const unsigned int d = scale_pair(r.d);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) out[p] = rf_h2_mul(code_pair((unsigned int)r.q[p] ^ 0x8080u, k1152), d);
+  }
+};
+
+// Q4_0 {half d; uint8 qs[16]} (18 bytes, 2-byte aligned): column k < 16 is the low nibble of qs[k], k >= 16 the high
+// nibble of qs[k - 16], so lanes t and t + 2 read the same bytes qs[8 (t % 2) ..], nibbles apart. w = d * (q - 8).
+struct Q4_0Lane {
+  static constexpr int kBlockBytes = 18, kDepth = 2;
+  struct Raw {
+    unsigned short d, q[4];
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(b) + 1 + 4 * (t & 1);
+    return {*reinterpret_cast<const unsigned short*>(b), {h[0], h[1], h[2], h[3]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw& r, int t, unsigned int out[4]) {
+    constexpr unsigned int k1032 = 0x64086408u;
+    const unsigned int d = scale_pair(r.d), shift = 4u * (unsigned int)(t >> 1);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) out[p] = rf_h2_mul(code_pair(((unsigned int)r.q[p] >> shift) & 0x0f0fu, k1032), d);
+  }
+};
+
+// Q5_0 {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, 2-byte aligned): Q4_0's nibbles with bit k of qh (a
+// little-endian word) as column k's fifth bit, so lane t's fifth bits are byte t of qh; w = d * (q - 16).
+struct Q5_0Lane {
+  static constexpr int kBlockBytes = 22, kDepth = 2;
+  struct Raw {
+    unsigned short d, q[4];
+    unsigned char h;
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
+    const unsigned short* s = reinterpret_cast<const unsigned short*>(b);
+    const unsigned short* q = s + 3 + 4 * (t & 1);
+    return {s[0], {q[0], q[1], q[2], q[3]}, b[2 + t]};
+  }
+  static __device__ __forceinline__ void decode(const Raw& r, int t, unsigned int out[4]) {
+    constexpr unsigned int k1040 = 0x64106410u;
+    const unsigned int d = scale_pair(r.d), shift = 4u * (unsigned int)(t >> 1), h = r.h;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const unsigned int codes = (((unsigned int)r.q[p] >> shift) & 0x0f0fu) | fifth_bit_pair(h >> (2 * p));
+      out[p] = rf_h2_mul(code_pair(codes, k1040), d);
+    }
+  }
+};
+
+// Q4_1 {half d; half m; uint8 qs[16]} (20 bytes, 4-byte aligned) and Q5_1 {half d; half m; uint8 qh[4]; uint8
+// qs[16]} (24 bytes): Q4_0's and Q5_0's codes, w = d * q + m, one f16 fused multiply-add (one rounding).
+template <bool kFiveBit>
+struct Q41Lane {
+  static constexpr int kBlockBytes = kFiveBit ? 24 : 20, kQsOffset = kFiveBit ? 8 : 4, kDepth = kFiveBit ? 2 : 3;
+  struct Raw {
+    unsigned int dm, h, q[2];
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
+    const unsigned int* w = reinterpret_cast<const unsigned int*>(b);
+    const unsigned int* q = reinterpret_cast<const unsigned int*>(b + kQsOffset) + 2 * (t & 1);
+    return {w[0], kFiveBit ? w[1] : 0u, {q[0], q[1]}};
+  }
+  static __device__ __forceinline__ void decode(const Raw& r, int t, unsigned int out[4]) {
+    constexpr unsigned int k1024 = 0x64006400u;
+    const unsigned int d = rf_byte_perm(r.dm, 0u, 0x1010u), m = rf_byte_perm(r.dm, 0u, 0x3232u);
+    const unsigned int shift = 4u * (unsigned int)(t >> 1), h = r.h >> (8 * t);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      unsigned int codes = (r.q[p >> 1] >> (16 * (p & 1) + shift)) & 0x0f0fu;
+      if (kFiveBit) codes |= fifth_bit_pair(h >> (2 * p));
+      out[p] = rf_h2_fma(code_pair(codes, k1024), d, m);
+    }
+  }
+};
+
+// The fragment format of Pair32<L>: each of a row's two blocks a step read by L, whose decode gives a lane's four
+// pairs of a block (pairs 2i + e: word i, pair e) in the order fragment_tiles takes them (pairs[2s + e], s = 2 half +
+// i).
+template <class L>
+struct Block32Fragments {
+  typedef Pair32<L> Step;
+  static constexpr int kDepth = L::kDepth;
+  struct Raw {
+    typename L::Raw half[2];
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int t) {
+    const unsigned char* b = row + (unsigned long long)(c0 >> 5) * L::kBlockBytes;
+    return {{L::load(b, t), L::load(b + L::kBlockBytes, t)}};
+  }
+  static __device__ __forceinline__ void decode(const Raw& r, int, unsigned int pairs[8]) {
+    const int t = (int)threadIdx.x & 3;
+    L::decode(r.half[0], t, pairs);
+    L::decode(r.half[1], t, pairs + 4);
+  }
+};
+
+template <class L>
+struct Fragments<Pair32<L>> {
+  typedef Block32Fragments<L> Format;
+};
+#endif
+
+}  // namespace mmq
+}  // namespace
