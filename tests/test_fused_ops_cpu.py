@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hipcore.model.projections import (FUSED_MATVEC_MAX_TOKENS, QMATVEC_FIRST_ENV, QMATVEC_FIRST_MIN_COLS, fused_family,
+from hipcore.model.projections import (FUSED_MATVEC_MAX_TOKENS, FUSED_QMATVEC_MAX_TOKENS, MMA_FIRST_ENV, MMA_FIRST_MIN_COLS,
+                                      QMATVEC_FIRST_ENV, QMATVEC_FIRST_MIN_COLS, fused_family, mma_first, qmatvec_limit,
                                       separate_fusable)
-from hipcore.ops import add, fused_matmul, fused_matvec, matvec, rmsnorm, rope, silu_mul
+from hipcore.ops import add, fused_matmul, fused_matvec, matmul_mma, matvec, rmsnorm, rope, silu_mul
 from support.weight_samples import random_weights
 
 TYPES = fused_matvec.WEIGHT_TYPES
@@ -238,6 +239,34 @@ def test_projection_family_by_step_size(monkeypatch):
     assert fused_family("q4_1", 1, cols=wide) is fused_matvec
     monkeypatch.setenv(QMATVEC_FIRST_ENV, "0")
     assert fused_family("q8_0", 1, cols=wide) is fused_matvec and fused_family("q5_0", 1, cols=wide) is fused_matvec
+
+
+def test_wide_block_format_products_take_the_matrix_cores_on_nvidia(monkeypatch):
+    """mma_first: from matmul_mma.min_tokens tokens on, a Q8_0, Q5_0, Q5_1 or Q4_1 product of at least
+    MMA_FIRST_MIN_COLS columns leaves the fused families for the single ops (matmul_mma's fragment path, its shared
+    tiles for prompts) where that path exists (NVIDIA sm_80+); fewer tokens, narrow matrices, columns that are not
+    whole steps of two blocks, AMD targets and MMA_FIRST_ENV=0 keep them."""
+    wide, lo = MMA_FIRST_MIN_COLS, matmul_mma.min_tokens("q8_0", "sm_90")
+    assert lo == matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS < FUSED_MATVEC_MAX_TOKENS
+    for t in ("q8_0", "q5_0", "q5_1", "q4_1"):
+        for n in (lo, FUSED_MATVEC_MAX_TOKENS, 32, 512):
+            assert fused_family(t, n, cols=wide, arch="sm_90") is None and mma_first(t, n, 14336, "sm_90"), (t, n)
+        assert fused_family(t, lo - 1, cols=wide, arch="sm_90") is fused_matvec, t
+        assert fused_family(t, lo, cols=wide // 2, arch="sm_90") is fused_matvec, t
+        assert fused_family(t, 512, cols=wide + 32, arch="sm_90") is fused_matmul, t  # 129 blocks: not whole steps
+        assert fused_family(t, lo, cols=wide, arch="gfx942") is fused_matvec, t
+        assert fused_family(t, 512, cols=wide, arch="gfx1100") is fused_matmul, t
+    assert not mma_first("f16", 32, wide, "sm_90") and fused_family("f16", 32, cols=wide, arch="sm_90") is fused_matmul
+    monkeypatch.setenv(MMA_FIRST_ENV, "0")
+    assert fused_family("q8_0", 32, cols=wide, arch="sm_90") is fused_matmul
+
+
+def test_q4_0_takes_the_fragment_path_from_where_the_k_quants_do():
+    """qmatvec_limit: separate Q4_0 matrices leave fused_qmatvec (two passes over W past 4 tokens) for matmul_mma's
+    fragment path where it exists, from the same token count as the K-quants."""
+    w = SimpleNamespace(fmt="q4_0", cols=4096)
+    assert qmatvec_limit(SimpleNamespace(arch="sm_90"), w) == matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS - 1
+    assert qmatvec_limit(SimpleNamespace(arch="gfx942"), w) == FUSED_QMATVEC_MAX_TOKENS
 
 
 def test_separate_matrices_take_the_32_element_block_entries_only_where_measured():

@@ -10,8 +10,9 @@ Three ways, per product, decided by the step's size and the weight's format:
                 one type or several (a Q4_K_M layer: Q4_K q, k with Q6_K v): the same four launches; and
                 one token of wide Q8_0, Q5_0 and Q5_1 products (qmatvec_first), concatenated or not;
   single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats no fused kernel reads,
-                prompt steps of weights without the concatenated q|k|v and gate|up buffers; their products
-                run on the matrix cores from matmul_mma.MMA_MIN_TOKENS tokens where the device has them,
+                prompt steps of weights without the concatenated q|k|v and gate|up buffers, and on NVIDIA
+                the wide Q8_0, Q5_0, Q5_1 and Q4_1 products of decode batches and prompts (mma_first); their
+                products run on the matrix cores from matmul_mma.min_tokens tokens where the device has them,
                 else on matmul / matvec. (Their norm and RoPE stay separate launches; the residual add
                 joins the product on the matrix cores, and a prompt step's K-quant feed-forward runs on
                 f16 activations with gate, up and SwiGLU in one launch: ProjectionPlanner.ffn_pairs.)
@@ -63,6 +64,17 @@ QMATVEC_FIRST_TYPES = ("q8_0", "q5_0", "q5_1")
 QMATVEC_FIRST_MIN_COLS = 4096
 QMATVEC_FIRST_ENV = "ROCMFORGE_QMATVEC_FIRST"
 
+# Products of the 32-element block formats that the fused families read (Q8_0, Q5_0, Q5_1, Q4_1) take the single ops
+# instead, from matmul_mma.min_tokens tokens on, where matmul_mma has its fragment path for them (NVIDIA sm_80+):
+# decode batches on that path, prompts on its shared tiles, both on the matrix cores where fused_matmul decodes to
+# floats and multiplies on FMA. Measured on an NVIDIA H200, Llama-3.1-8B shapes (4 layers), against fused_matmul: Q8_0
+# pp512 15,291 -> 41,942 t/s and 32 sequences 5,134 -> 13,760 on the shared tiles alone, Q5_0 15,216 -> 36,213 and
+# 7,131 -> 14,263 (docs/benchmarks.md, 2026-11-29, fourth session). In matrices of MMA_FIRST_MIN_COLS columns or more:
+# the demo model's narrow ones keep the fused families, measured ahead of llama.cpp there. Not on AMD: no AMD GPU has
+# measured the two side by side. "0" in MMA_FIRST_ENV: the fused families (to measure the difference).
+MMA_FIRST_MIN_COLS = QMATVEC_FIRST_MIN_COLS
+MMA_FIRST_ENV = "ROCMFORGE_MMA_FIRST"
+
 Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
 
 
@@ -107,10 +119,21 @@ def qmatvec_first(weight_type: str, n_tokens: int, cols: int) -> bool:
             and os.environ.get(QMATVEC_FIRST_ENV, "1") != "0")
 
 
-def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED_MATVEC_MAX_TOKENS, *, cols: int = 0):
-    """The fused op module for a product of n_tokens tokens with W of weight_type and `cols` columns, or None
-    (single ops, or fused_qmatvec on the matrices apart: qmatvec_first)."""
-    if not fused_matvec.supports(weight_type) or qmatvec_first(weight_type, n_tokens, cols):
+def mma_first(weight_type: str, n_tokens: int, cols: int, arch: str) -> bool:
+    """True when a product of a type the fused families read, n_tokens tokens over `cols` columns, takes the single
+    ops on the matrix cores on `arch` instead (see MMA_FIRST_MIN_COLS)."""
+    return (weight_type in matmul_mma.BLOCK32_FRAGMENT_TYPES and matmul_mma.has_fragment_path(arch, weight_type, 32, cols)
+            and n_tokens >= matmul_mma.min_tokens(weight_type, arch) and cols >= MMA_FIRST_MIN_COLS
+            and os.environ.get(MMA_FIRST_ENV, "1") != "0")
+
+
+def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED_MATVEC_MAX_TOKENS, *, cols: int = 0,
+                 arch: str = ""):
+    """The fused op module for a product of n_tokens tokens with W of weight_type and `cols` columns on `arch`, or
+    None (single ops: mma_first, or formats neither family reads; or fused_qmatvec on the matrices apart:
+    qmatvec_first)."""
+    if not fused_matvec.supports(weight_type) or qmatvec_first(weight_type, n_tokens, cols) \
+            or mma_first(weight_type, n_tokens, cols, arch):
         return None
     if n_tokens <= max_matvec_tokens:
         return fused_matvec
@@ -137,7 +160,7 @@ class ProjectionPlanner:
     def _separate_qkv_fusable(self, lw, t: int) -> bool:
         """True when fused_qmatvec makes q, k and v of this layer for a step of t tokens (and there is no
         concatenated q|k|v for fused_matvec / fused_matmul to take first)."""
-        if lw.attn_qkv is not None and fused_family(lw.attn_qkv.fmt, t, cols=lw.attn_qkv.cols) is not None:
+        if lw.attn_qkv is not None and fused_family(lw.attn_qkv.fmt, t, cols=lw.attn_qkv.cols, arch=self.device.arch) is not None:
             return False
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
         return separate_fusable(t, *weights, max_tokens=qmatvec_limit(self.device, *weights)) \
@@ -155,7 +178,7 @@ class ProjectionPlanner:
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         nh, nkv, hd, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
         qkv = lw.attn_qkv
-        family = fused_family(qkv.fmt, t, cols=qkv.cols) if qkv is not None else None
+        family = fused_family(qkv.fmt, t, cols=qkv.cols, arch=dev.arch) if qkv is not None else None
         if kv_target is not None and not self.stores_kv(lw, t, kv_target.dtype):
             raise ValueError("attention_input: k and v cannot be stored by this step's products (see stores_kv)")
         if family is not None:
@@ -195,7 +218,7 @@ class ProjectionPlanner:
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         h, f, eps = cfg.hidden_size, cfg.ffn_size, cfg.rms_norm_eps
         gate_up = lw.ffn_gate_up
-        family = fused_family(gate_up.fmt, t, cols=gate_up.cols) if gate_up is not None else None
+        family = fused_family(gate_up.fmt, t, cols=gate_up.cols, arch=dev.arch) if gate_up is not None else None
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
             return [("ffn_norm+gate_up+silu", lambda: family.launch_norm_swiglu(
@@ -252,12 +275,12 @@ class ProjectionPlanner:
         gate, up, down = lw.ffn_gate, lw.ffn_up, lw.ffn_down
         if os.environ.get(SWIGLU_PAIRS_ENV, "1") == "0" or "ffn_h16" not in self.b or None in (gate, up, down):
             return False
-        if lw.ffn_gate_up is not None and fused_family(lw.ffn_gate_up.fmt, t, cols=lw.ffn_gate_up.cols) is not None:
+        if lw.ffn_gate_up is not None and fused_family(lw.ffn_gate_up.fmt, t, cols=lw.ffn_gate_up.cols, arch=self.device.arch) is not None:
             return False
         dev, f = self.device, self.config.ffn_size
         if separate_fusable(t, gate, up, max_tokens=qmatvec_limit(dev, gate, up)) or \
                 separate_fusable(t, down, max_tokens=qmatvec_limit(dev, down)) or \
-                fused_family(down.fmt, t, cols=down.cols) is not None:
+                fused_family(down.fmt, t, cols=down.cols, arch=dev.arch) is not None:
             return False
         return (gate.fmt == up.fmt and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, self.config.hidden_size)
                 and down.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, down.fmt)
@@ -280,7 +303,7 @@ class ProjectionPlanner:
         no fused kernel takes it, a type of matmul_mma.X16_TYPES on the matrix cores, in 128-token tiles
         (pick_x16_tile_tokens: on an NVIDIA H100 the 8B's o product took 75 us from f16 against 108 from
         float32). The caller decides whether its x comes as f16 (blocks.py: the llama layer's attention)."""
-        if wt is None or fused_family(wt.fmt, t, cols=wt.cols) is not None:
+        if wt is None or fused_family(wt.fmt, t, cols=wt.cols, arch=self.device.arch) is not None:
             return False
         return not separate_fusable(t, wt, max_tokens=qmatvec_limit(self.device, wt)) and self._wide_f16(wt, t)
 
@@ -294,7 +317,7 @@ class ProjectionPlanner:
             return [(f"{name}+residual", lambda: matmul_mma.launch(
                 dev, st, b["x"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt, workspace=self.workspace,
                 accumulate=True, x_f16=True))]
-        family = fused_family(wt.fmt, t, cols=wt.cols)
+        family = fused_family(wt.fmt, t, cols=wt.cols, arch=self.device.arch)
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
             return [(f"{name}+residual", lambda: family.launch_add(
@@ -313,7 +336,7 @@ class ProjectionPlanner:
         """b["logits"][:r] = rmsnorm(rows) @ W_out^T."""
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         h, v, eps = cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps
-        family = fused_family(out_w.fmt, r, HEAD_MATVEC_MAX_ROWS, cols=out_w.cols)
+        family = fused_family(out_w.fmt, r, HEAD_MATVEC_MAX_ROWS, cols=out_w.cols, arch=dev.arch)
         if family is not None:
             kwargs = self._fused_kwargs(family, r)
             return [("output_norm+head", lambda: family.launch_norm(
