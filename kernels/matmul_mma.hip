@@ -279,6 +279,7 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q4_1, mmq::Narrow<mmq::Q4_1>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_0, mmq::Narrow<mmq::Q5_0>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_1, mmq::Narrow<mmq::Q5_1>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, mmq::Narrow<mmq::Q8_0>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_f16, mmq::Narrow<mmq::F16>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
@@ -426,7 +427,7 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6, mmq::kStream
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8, RF_BOUNDS)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8, RF_BOUNDS_TWO_PER_SM)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8, RF_BOUNDS)
-// The 32-element block formats (matmul_mma_block32_fragments.h): two blocks a step, 64 columns.
+// The 32-element block formats and F16 (matmul_mma_block32_fragments.h): two runs of 32 a step, 64 columns.
 #define RF_BLOCK32_FRAGMENT_ENTRIES(kind, Lane)                                                                 \
   RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_##kind, mmq::Pair32<Lane>, mmq::kStreamTokens, RF_STAGED_X,    \
                                RF_BOUNDS)                                                                          \
@@ -436,4 +437,7 @@ RF_BLOCK32_FRAGMENT_ENTRIES(q4_1, mmq::Q41Lane<false>)
 RF_BLOCK32_FRAGMENT_ENTRIES(q5_0, mmq::Q5_0Lane)
 RF_BLOCK32_FRAGMENT_ENTRIES(q5_1, mmq::Q41Lane<true>)
 RF_BLOCK32_FRAGMENT_ENTRIES(q8_0, mmq::Q8_0Lane)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_f16, mmq::Pair32<mmq::F16Lane<1>>, mmq::kStreamTokens, RF_STAGED_X,
+                             RF_BOUNDS)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_f16, mmq::Pair32<mmq::F16Lane<2>>, mmq::kDirectTokens, 8, RF_BOUNDS)
 #endif

@@ -1,6 +1,6 @@
 // Part of the matmul_mma op (matmul_mma_fragments.h includes it; built and hashed with it: hipcore/runtime/kernels.py
-// source_files): the fragment path's reading of the 32-element block formats, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, for
-// NVIDIA's decode batches (the K-quants' are in matmul_mma_fragments.h, which explains the lanes' k order).
+// source_files): the fragment path's reading of the 32-element block formats, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and of
+// F16 in runs of 32, for NVIDIA's decode batches (the K-quants' are in matmul_mma_fragments.h, which explains the lanes' k order).
 #pragma once
 #include "hip_compat.h"
 
@@ -119,6 +119,24 @@ struct Q41Lane {
       if (kFiveBit) codes |= fifth_bit_pair(h >> (2 * p));
       out[p] = rf_h2_fma(code_pair(codes, k1024), d, m);
     }
+  }
+};
+
+// F16 as runs of 32 halves (64 bytes): lane t's columns 8t .. 8t + 7 are one 16-byte load, its four pairs as loaded.
+// kDepth steps in flight: the staged entry takes one (with two, nvcc spilled 12 bytes at 128 registers on sm_90).
+template <int kStepsInFlight>
+struct F16Lane {
+  static constexpr int kBlockBytes = 64, kDepth = kStepsInFlight;
+  struct Raw {
+    unsigned int w[4];
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
+    const uint4 v = *reinterpret_cast<const uint4*>(b + 16 * t);
+    return {{v.x, v.y, v.z, v.w}};
+  }
+  static __device__ __forceinline__ void decode(const Raw& r, int, unsigned int out[4]) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) out[p] = r.w[p];
   }
 };
 

@@ -1,6 +1,6 @@
 // Part of the matmul_mma op (kernels/matmul_mma.hip includes it; its code objects are built and hashed with
 // it: hipcore/runtime/kernels.py source_files): the GGUF block formats the product reads and the step shapes
-// that read them into the matrix cores' f16 operands (Narrow for every format, Wide for Q4_K / Q5_K, Wide6
+// that read them into the matrix cores' f16 operands (Narrow for every format, F16 too, Wide for Q4_K / Q5_K, Wide6
 // for Q6_K), with the K-quants' packed-f16 decoders; and x's two forms (XF32, XF16).
 #pragma once
 #include "hip_compat.h"
@@ -171,6 +171,29 @@ struct Narrow {
     float w[8];
     F::decode(r, c0 + 8 * g, w);
     *reinterpret_cast<uint4*>(ws_row + 8 * g) = pack8(w);
+  }
+};
+
+// F16, GGUF's plain half weights: a group is 8 halves (16 bytes, 16-byte aligned: cols is a multiple of 32 and the
+// tensors 16-byte aligned), stored into the tile as loaded, no decode.
+struct F16 {
+  typedef uint4 Raw;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 2; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    return *reinterpret_cast<const uint4*>(row + 2 * (unsigned long long)col);
+  }
+};
+template <>
+struct Narrow<F16> {
+  typedef uint4 Raw;
+  static constexpr int kStepCols = 32, kGroupsPerRow = 4;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return F16::row_bytes(cols); }
+  static __device__ __forceinline__ int column(int c0, int col) { return c0 + col; }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int g) {
+    return F16::load(row, c0 + 8 * g);
+  }
+  static __device__ __forceinline__ void store(const Raw& r, int, int g, unsigned short* ws_row) {
+    *reinterpret_cast<uint4*>(ws_row + 8 * g) = r;
   }
 };
 

@@ -226,7 +226,7 @@ def test_a_broken_packed_decode_is_caught(fault, tmp_path):
     assert excess > 2.0, f"{fault}: the planted decode fault went unnoticed ({excess:.3g} x the bound)"
 
 
-# ---- The 32-element block formats on NVIDIA's fragment path (kernels/matmul_mma_block32_fragments.h) ---------
+# ---- The 32-element block formats and F16 on NVIDIA's fragment path (kernels/matmul_mma_block32_fragments.h) ----
 
 # (rows, cols, n_tokens, grid or None, splits, accumulate): 32 tokens staged over three steps of two blocks, a batch
 # of 8 split and added (the direct entry), one token, a row tile cut short in one workgroup looping over the tiles,
@@ -235,7 +235,7 @@ BLOCK32_FRAGMENT_CASES = [(64, 192, 32, None, 1, False), (130, 256, 8, None, 3, 
                           (130, 128, 13, 1, 1, False), (72, 512, 20, 2, 4, False)]
 
 
-@pytest.mark.parametrize("weight_type", matmul_mma.BLOCK32_FRAGMENT_TYPES)
+@pytest.mark.parametrize("weight_type", matmul_mma.PAIR32_FRAGMENT_TYPES)
 def test_the_block_formats_fragment_path_matches_the_reference(mma_harnesses, weight_type, tmp_path):
     assert matmul_mma.entry_name("sm_90", weight_type, 32, 8, cols=128) == f"matmul_mma_direct_{weight_type}"
     assert matmul_mma.entry_name("sm_90", weight_type, 32, 9, cols=128) == f"matmul_mma_fragments_{weight_type}"
@@ -251,7 +251,7 @@ def test_the_block_formats_fragment_path_matches_the_reference(mma_harnesses, we
 
 # Faults of the block formats' lane decoders, each off by O(|w x|) somewhere: Q4_0's nibbles of the other lanes,
 # Q8_0's codes read unsigned, Q5_0's and Q5_1's fifth bits of the neighbouring pair, or of lane 0's columns in
-# every lane, Q4_1's min left out, a step's second block read as its first.
+# every lane, Q4_1's min left out, a step's second block read as its first, F16's halves of the neighbouring lane.
 BLOCK32_FAULTS = {
     "Q4_0's nibbles of the other lanes": ("q4_0", 8, "shift = 4u * (unsigned int)(t >> 1);",
                                           "shift = 4u * (unsigned int)(t & 1);"),
@@ -260,6 +260,8 @@ BLOCK32_FAULTS = {
     "lane 0's fifth bits in every lane": ("q5_0", 16, "q[3]}, b[2 + t]};", "q[3]}, b[2]};"),
     "Q4_1's min left out": ("q4_1", 8, "rf_h2_fma(code_pair(codes, k1024), d, m)", "rf_h2_mul(code_pair(codes, k1024), d)"),
     "the second block read as the first": ("q8_0", 8, "L::load(b + L::kBlockBytes, t)", "L::load(b, t)"),
+    "F16's halves of the neighbouring lane": ("f16", 16, "reinterpret_cast<const uint4*>(b + 16 * t)",
+                                              "reinterpret_cast<const uint4*>(b + 16 * (t ^ 1))"),
 }
 
 

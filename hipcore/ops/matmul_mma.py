@@ -39,7 +39,7 @@ from hipcore.runtime.kernels import get_kernel
 
 OP = "matmul_mma"
 SIGNATURE = "ppppiiiiii"
-WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16")
 THREADS = 256  # the kernel's warp tiling is written for exactly this
 TILE_ROWS = 128
 TILE_TOKENS = (32, 64)
@@ -81,11 +81,11 @@ _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-
 # matmul_mma_fragments.h and matmul_mma_block32_fragments.h), whose lanes decode their own A fragments in registers
 # instead of staging the decoded tile in shared memory;
 # a batch of at most DIRECT_MAX_TOKENS takes its direct entry (x read straight from memory, no barrier).
-# The 32-element block formats read two blocks a step (BLOCK32_FRAGMENT_STEP_COLS), so they take the path only
-# where the columns are a multiple of it.
-BLOCK32_FRAGMENT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
-BLOCK32_FRAGMENT_STEP_COLS = 64
-FRAGMENT_TYPES = WIDE_TYPES + BLOCK32_FRAGMENT_TYPES
+# The 32-element block formats and F16 read two runs of 32 columns a step (PAIR32_STEP_COLS: the kernel's Pair32),
+# so they take the path only where the columns are a multiple of it.
+PAIR32_FRAGMENT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16")
+PAIR32_STEP_COLS = 64
+FRAGMENT_TYPES = WIDE_TYPES + PAIR32_FRAGMENT_TYPES
 DIRECT_MAX_TOKENS = 8
 # Q6_K takes the direct entry only where each split covers at most this many steps. On an NVIDIA H100 at 8
 # tokens, direct against staged: Llama-3.1-8B v (4 steps a split) 9.3 against 11.9 us, Llama-3.2-1B v (4)
@@ -96,11 +96,11 @@ DIRECT_Q6K_MAX_SPLIT_STEPS = 8
 
 def has_fragment_path(arch: str, weight_type: str, tile_tokens: int, cols: int | None = None) -> bool:
     """Whether kernels/matmul_mma.hip has the fragment path for this launch: FRAGMENT_TYPES in 32-token tiles
-    on NVIDIA sm_80 and later (the path exists only in mma.sync's fragment layout); for the 32-element block
-    formats, a product of `cols` columns only where they are whole steps of BLOCK32_FRAGMENT_STEP_COLS (cols None:
-    any product of the type that has them)."""
+    on NVIDIA sm_80 and later (the path exists only in mma.sync's fragment layout); for PAIR32_FRAGMENT_TYPES, a
+    product of `cols` columns only where they are whole steps of PAIR32_STEP_COLS (cols None: any product of the
+    type that has them)."""
     nvidia_mma = arch.startswith("sm_") and has_matrix_cores(arch)
-    if weight_type in BLOCK32_FRAGMENT_TYPES and cols is not None and cols % BLOCK32_FRAGMENT_STEP_COLS:
+    if weight_type in PAIR32_FRAGMENT_TYPES and cols is not None and cols % PAIR32_STEP_COLS:
         return False
     return nvidia_mma and tile_tokens == 32 and weight_type in FRAGMENT_TYPES
 
@@ -211,7 +211,7 @@ def step_cols(weight_type: str, fragments: bool = False) -> int:
     fragment path (entry_name's fragments_ and direct_ entries)."""
     if weight_type in WIDE_TYPES:
         return WIDE_STEP_COLS
-    return BLOCK32_FRAGMENT_STEP_COLS if fragments else STEP_COLS
+    return PAIR32_STEP_COLS if fragments else STEP_COLS
 
 
 def pick_splits(tiles: int, cols: int, step: int = STEP_COLS) -> int:

@@ -1,8 +1,8 @@
-"""Tiny llama models of the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) on a real GPU, their prompt and
+"""Tiny llama models of the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and F16 on a real GPU, their prompt and
 decode-batch products on matmul_mma's fragment path as wide models take them, against the cpu backend (run with
 `pytest -m gpu tests/gpu/test_block_formats_mma_gpu.py`).
 
-Wide Q8_0, Q5_0, Q5_1 and Q4_1 matrices leave the fused families for the single ops on NVIDIA from
+Wide Q8_0, Q5_0, Q5_1, Q4_1 and F16 matrices leave the fused families for the single ops on NVIDIA from
 matmul_mma.min_tokens tokens (projections.mma_first), and separate Q4_0 matrices leave fused_qmatvec there
 (qmatvec_limit); these files are narrower than MMA_FIRST_MIN_COLS, which is set to 0 here. Six sequences start
 together (one step of 15 prompt tokens: the staged entries), then decode together (steps of 6 tokens: the direct
@@ -31,7 +31,7 @@ from support.model_steps import step_batch
 pytestmark = pytest.mark.gpu
 
 MAX_RELATIVE_LOGIT_DIFF = 1e-2
-TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16")
 PROMPTS = [[5, 77, 123], [9, 300], [41, 17, 250, 3], [99], [64, 200, 12], [7, 8]]  # 15 tokens, 6 sequences
 DECODE_STEPS = 10
 

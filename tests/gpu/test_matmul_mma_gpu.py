@@ -43,7 +43,7 @@ def test_the_device_has_matrix_cores(gpu):
     # Every format; rows and tokens that cut tiles short, 9 tokens (the smallest the models send).
     ("q4_0", 577, 576, 33), ("q4_1", 130, 1536, 100), ("q8_0", 1001, 96, 65), ("q5_k", 300, 512, 9),
     ("q4_k", 129, 256, 4095), ("q6_k", 3, 256, 9), ("q5_0", 2048, 640, 512), ("q5_0", 577, 96, 33),
-    ("q5_1", 640, 2048, 100), ("q5_1", 130, 1536, 9),
+    ("q5_1", 640, 2048, 100), ("q5_1", 130, 1536, 9), ("f16", 4096, 4096, 512), ("f16", 577, 96, 33),
 ])
 def test_matmul_mma(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     check(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
@@ -113,7 +113,7 @@ def test_split_columns_and_the_residual_add(gpu, mem, rng, seed, weight_type, ro
     # The 32-element block formats (two blocks a step): Llama-3.1-8B's down and gate shapes, a 1B-shaped k, rows that
     # cut a tile short, one token.
     ("q8_0", 4096, 14336, 8), ("q4_0", 14336, 4096, 32), ("q5_0", 512, 2048, 5), ("q5_1", 4096, 4096, 16),
-    ("q4_1", 130, 576, 12), ("q8_0", 1024, 4096, 1),
+    ("q4_1", 130, 576, 12), ("q8_0", 1024, 4096, 1), ("f16", 14336, 4096, 8), ("f16", 1024, 4096, 32),
 ])
 def test_every_path_agrees_with_the_reference(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     """Where the launcher takes the fragment path (decode batches on NVIDIA), each of its entries at any

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   using Matmul = void (*)(float*, const void*, const float*, void*, int, int, int, int, int, int);
   const std::map<std::string, Matmul> kernels = {
       {"matmul_mma_q4_0", matmul_mma_q4_0}, {"matmul_mma_q4_1", matmul_mma_q4_1}, {"matmul_mma_q8_0", matmul_mma_q8_0},
-      {"matmul_mma_q5_0", matmul_mma_q5_0}, {"matmul_mma_q5_1", matmul_mma_q5_1},
+      {"matmul_mma_q5_0", matmul_mma_q5_0}, {"matmul_mma_q5_1", matmul_mma_q5_1}, {"matmul_mma_f16", matmul_mma_f16},
       {"matmul_mma_q4_k", matmul_mma_q4_k}, {"matmul_mma_q5_k", matmul_mma_q5_k}, {"matmul_mma_q6_k", matmul_mma_q6_k},
 #if RF_MMA_KIND == 1  // NVIDIA's fragment path of decode batches
       {"matmul_mma_fragments_q4_k", matmul_mma_fragments_q4_k}, {"matmul_mma_fragments_q5_k", matmul_mma_fragments_q5_k},
@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
       {"matmul_mma_fragments_q5_0", matmul_mma_fragments_q5_0}, {"matmul_mma_direct_q5_0", matmul_mma_direct_q5_0},
       {"matmul_mma_fragments_q5_1", matmul_mma_fragments_q5_1}, {"matmul_mma_direct_q5_1", matmul_mma_direct_q5_1},
       {"matmul_mma_fragments_q8_0", matmul_mma_fragments_q8_0}, {"matmul_mma_direct_q8_0", matmul_mma_direct_q8_0},
+      {"matmul_mma_fragments_f16", matmul_mma_fragments_f16}, {"matmul_mma_direct_f16", matmul_mma_direct_f16},
 #endif
   };
   using Swiglu = void (*)(unsigned short*, float*, float*, const void*, const void*, const void*, void*, int, int, int, int);
