@@ -436,7 +436,9 @@ RF_BLOCK32_FRAGMENT_ENTRIES(q4_0, mmq::Q4_0Lane)
 RF_BLOCK32_FRAGMENT_ENTRIES(q4_1, mmq::Q41Lane<false>)
 RF_BLOCK32_FRAGMENT_ENTRIES(q5_0, mmq::Q5_0Lane)
 RF_BLOCK32_FRAGMENT_ENTRIES(q5_1, mmq::Q41Lane<true>)
-RF_BLOCK32_FRAGMENT_ENTRIES(q8_0, mmq::Q8_0Lane)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q8_0, mmq::Pair32<mmq::Q8_0Lane<1>>, mmq::kStreamTokens, RF_STAGED_X,
+                             RF_BOUNDS)
+RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q8_0, mmq::Pair32<mmq::Q8_0Lane<2>>, mmq::kDirectTokens, 8, RF_BOUNDS)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_f16, mmq::Pair32<mmq::F16Lane<1>>, mmq::kStreamTokens, RF_STAGED_X,
                              RF_BOUNDS)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_f16, mmq::Pair32<mmq::F16Lane<2>>, mmq::kDirectTokens, 8, RF_BOUNDS)

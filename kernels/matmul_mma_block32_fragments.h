@@ -21,35 +21,64 @@ struct Pair32 {
 
 constexpr unsigned int kF16Byte = 0x64646464u;  // byte permutes put 0x64 above a code byte: the f16 1024 + code
 
-// The f16 pair of two code bytes (bytes 0 and 1 of v, below 256 each) minus `bias` in both lanes (an f16 pair of
-// 1024 + the codes' offset): exact, the codes and the results are f16 integers.
-static __device__ __forceinline__ unsigned int code_pair(unsigned int v, unsigned int bias) {
-  return rf_h2_sub(rf_byte_perm(v, kF16Byte, 0x4140u), bias);
+// The f16 pair of two code bytes of v (bytes 0 and 1 for e = 0, 2 and 3 for e = 1; below 256 each) minus `bias` in
+// both lanes (an f16 pair of 1024 + the codes' offset): exact, the codes and the results are f16 integers.
+static __device__ __forceinline__ unsigned int code_pair(unsigned int v, unsigned int bias, int e) {
+  return rf_h2_sub(rf_byte_perm(v, kF16Byte, e ? 0x4342u : 0x4140u), bias);
 }
 
-// Bits 0 and 1 of b moved to bit 4 of bytes 0 and 1: a pair's fifth bits (Q5_0, Q5_1), or-ed onto its nibbles.
+// Bits 0 and 1 of b moved to bit 4 of bytes 0 and 1: a pair's fifth bits (Q5_1), or-ed onto its nibbles.
 static __device__ __forceinline__ unsigned int fifth_bit_pair(unsigned int b) { return ((b & 1u) | ((b & 2u) << 7)) << 4; }
+
+// Bits 0 .. 3 of b moved to bit 4 of bytes 0 .. 3: a word's fifth bits (Q5_0).
+static __device__ __forceinline__ unsigned int fifth_bit_word(unsigned int b) {
+  return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4;
+}
 
 // A block's f16 scale in both lanes of a pair.
 static __device__ __forceinline__ unsigned int scale_pair(unsigned short d) { return (unsigned int)d * 0x10001u; }
 
-// Q8_0 {half d; int8 qs[32]} (34 bytes, 2-byte aligned): lane t reads qs[8t .. 8t + 7] as four 2-byte halves (a
-// wider load would fault on the blocks at 2 mod 4, or read past the last one). w = d * q: q + 128 from flipping the
-// sign bit, 1152 + q as an f16, minus 1152 exactly, times d: one rounding, as the shared tiles' float decode.
-struct Q8_0Lane {
-  static constexpr int kBlockBytes = 34, kDepth = 2;
-  struct Raw {
-    unsigned short d, q[4];
-  };
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(b);
-    return {h[0], {h[1 + 4 * t], h[2 + 4 * t], h[3 + 4 * t], h[4 + 4 * t]}};
+// A lane's eight code bytes of a 2-byte aligned block (Q8_0 34 bytes, Q4_0 18, Q5_0 22) in aligned 4-byte words. A
+// step starts 4-byte aligned (the launcher takes the fragment path for these formats only there: matmul_mma.py
+// pair32_aligned), so the codes of its first block (kFirst) sit at 2 mod 4, read as the three words around them (the
+// third reaching two bytes into the second block), and those of its second block at 0 mod 4, two words: 3 and 2 loads
+// where 2-byte loads took 8.
+template <bool kFirst>
+struct CodeWords {
+  unsigned int w[kFirst ? 3 : 2];
+  static __device__ __forceinline__ CodeWords load(const unsigned char* __restrict__ p) {
+    const unsigned int* a = reinterpret_cast<const unsigned int*>(p - (kFirst ? 2 : 0));
+    CodeWords c;
+#pragma unroll
+    for (int k = 0; k < (kFirst ? 3 : 2); ++k) c.w[k] = a[k];
+    return c;
   }
-  static __device__ __forceinline__ void decode(const Raw& r, int, unsigned int out[4]) {
+  // Bytes 4i .. 4i + 3 of the eight.
+  __device__ __forceinline__ unsigned int word(int i) const { return kFirst ? (w[i] >> 16) | (w[i + 1] << 16) : w[i]; }
+};
+
+// Q8_0 {half d; int8 qs[32]} (34 bytes, 2-byte aligned): lane t reads qs[8t .. 8t + 7]. w = d * q: q + 128 from
+// flipping the sign bits, 1152 + q as an f16, minus 1152 exactly, times d: one rounding, as the shared tiles' float
+// decode. kDepth steps in flight: the staged entry takes one (with two, nvcc spilled 4 bytes at 128 registers on
+// sm_90).
+template <int kStepsInFlight>
+struct Q8_0Lane {
+  static constexpr int kBlockBytes = 34, kDepth = kStepsInFlight;
+  template <bool kFirst>
+  struct Raw {
+    unsigned short d;
+    CodeWords<kFirst> q;
+  };
+  template <bool kFirst>
+  static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
+    return {*reinterpret_cast<const unsigned short*>(b), CodeWords<kFirst>::load(b + 2 + 8 * t)};
+  }
+  template <bool kFirst>
+  static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int, unsigned int out[4]) {
     constexpr unsigned int k1152 = 0x64806480u;
     const unsigned int d = scale_pair(r.d);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) out[p] = rf_h2_mul(code_pair((unsigned int)r.q[p] ^ 0x8080u, k1152), d);
+    for (int p = 0; p < 4; ++p) out[p] = rf_h2_mul(code_pair(r.q.word(p >> 1) ^ 0x80808080u, k1152, p & 1), d);
   }
 };
 
@@ -57,18 +86,21 @@ struct Q8_0Lane {
 // nibble of qs[k - 16], so lanes t and t + 2 read the same bytes qs[8 (t % 2) ..], nibbles apart. w = d * (q - 8).
 struct Q4_0Lane {
   static constexpr int kBlockBytes = 18, kDepth = 2;
+  template <bool kFirst>
   struct Raw {
-    unsigned short d, q[4];
+    unsigned short d;
+    CodeWords<kFirst> q;
   };
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(b) + 1 + 4 * (t & 1);
-    return {*reinterpret_cast<const unsigned short*>(b), {h[0], h[1], h[2], h[3]}};
+  template <bool kFirst>
+  static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
+    return {*reinterpret_cast<const unsigned short*>(b), CodeWords<kFirst>::load(b + 2 + 8 * (t & 1))};
   }
-  static __device__ __forceinline__ void decode(const Raw& r, int t, unsigned int out[4]) {
+  template <bool kFirst>
+  static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int t, unsigned int out[4]) {
     constexpr unsigned int k1032 = 0x64086408u;
     const unsigned int d = scale_pair(r.d), shift = 4u * (unsigned int)(t >> 1);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) out[p] = rf_h2_mul(code_pair(((unsigned int)r.q[p] >> shift) & 0x0f0fu, k1032), d);
+    for (int p = 0; p < 4; ++p) out[p] = rf_h2_mul(code_pair((r.q.word(p >> 1) >> shift) & 0x0f0f0f0fu, k1032, p & 1), d);
   }
 };
 
@@ -76,22 +108,24 @@ struct Q4_0Lane {
 // little-endian word) as column k's fifth bit, so lane t's fifth bits are byte t of qh; w = d * (q - 16).
 struct Q5_0Lane {
   static constexpr int kBlockBytes = 22, kDepth = 2;
+  template <bool kFirst>
   struct Raw {
-    unsigned short d, q[4];
+    unsigned short d;
     unsigned char h;
+    CodeWords<kFirst> q;
   };
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
-    const unsigned short* s = reinterpret_cast<const unsigned short*>(b);
-    const unsigned short* q = s + 3 + 4 * (t & 1);
-    return {s[0], {q[0], q[1], q[2], q[3]}, b[2 + t]};
+  template <bool kFirst>
+  static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
+    return {*reinterpret_cast<const unsigned short*>(b), b[2 + t], CodeWords<kFirst>::load(b + 6 + 8 * (t & 1))};
   }
-  static __device__ __forceinline__ void decode(const Raw& r, int t, unsigned int out[4]) {
+  template <bool kFirst>
+  static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int t, unsigned int out[4]) {
     constexpr unsigned int k1040 = 0x64106410u;
     const unsigned int d = scale_pair(r.d), shift = 4u * (unsigned int)(t >> 1), h = r.h;
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-      const unsigned int codes = (((unsigned int)r.q[p] >> shift) & 0x0f0fu) | fifth_bit_pair(h >> (2 * p));
-      out[p] = rf_h2_mul(code_pair(codes, k1040), d);
+      const unsigned int codes = ((r.q.word(p >> 1) >> shift) & 0x0f0f0f0fu) | fifth_bit_word(h >> (4 * (p >> 1)));
+      out[p] = rf_h2_mul(code_pair(codes, k1040, p & 1), d);
     }
   }
 };
@@ -101,15 +135,18 @@ struct Q5_0Lane {
 template <bool kFiveBit>
 struct Q41Lane {
   static constexpr int kBlockBytes = kFiveBit ? 24 : 20, kQsOffset = kFiveBit ? 8 : 4, kDepth = kFiveBit ? 2 : 3;
+  template <bool>  // the same in either block of a step: 4-byte aligned
   struct Raw {
     unsigned int dm, h, q[2];
   };
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
+  template <bool kFirst>
+  static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
     const unsigned int* w = reinterpret_cast<const unsigned int*>(b);
     const unsigned int* q = reinterpret_cast<const unsigned int*>(b + kQsOffset) + 2 * (t & 1);
     return {w[0], kFiveBit ? w[1] : 0u, {q[0], q[1]}};
   }
-  static __device__ __forceinline__ void decode(const Raw& r, int t, unsigned int out[4]) {
+  template <bool kFirst>
+  static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int t, unsigned int out[4]) {
     constexpr unsigned int k1024 = 0x64006400u;
     const unsigned int d = rf_byte_perm(r.dm, 0u, 0x1010u), m = rf_byte_perm(r.dm, 0u, 0x3232u);
     const unsigned int shift = 4u * (unsigned int)(t >> 1), h = r.h >> (8 * t);
@@ -117,7 +154,7 @@ struct Q41Lane {
     for (int p = 0; p < 4; ++p) {
       unsigned int codes = (r.q[p >> 1] >> (16 * (p & 1) + shift)) & 0x0f0fu;
       if (kFiveBit) codes |= fifth_bit_pair(h >> (2 * p));
-      out[p] = rf_h2_fma(code_pair(codes, k1024), d, m);
+      out[p] = rf_h2_fma(code_pair(codes, k1024, 0), d, m);
     }
   }
 };
@@ -127,14 +164,17 @@ struct Q41Lane {
 template <int kStepsInFlight>
 struct F16Lane {
   static constexpr int kBlockBytes = 64, kDepth = kStepsInFlight;
+  template <bool>  // the same in either run of a step
   struct Raw {
     unsigned int w[4];
   };
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ b, int t) {
+  template <bool kFirst>
+  static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
     const uint4 v = *reinterpret_cast<const uint4*>(b + 16 * t);
     return {{v.x, v.y, v.z, v.w}};
   }
-  static __device__ __forceinline__ void decode(const Raw& r, int, unsigned int out[4]) {
+  template <bool kFirst>
+  static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int, unsigned int out[4]) {
 #pragma unroll
     for (int p = 0; p < 4; ++p) out[p] = r.w[p];
   }
@@ -148,16 +188,17 @@ struct Block32Fragments {
   typedef Pair32<L> Step;
   static constexpr int kDepth = L::kDepth;
   struct Raw {
-    typename L::Raw half[2];
+    typename L::template Raw<true> first;
+    typename L::template Raw<false> second;
   };
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int t) {
     const unsigned char* b = row + (unsigned long long)(c0 >> 5) * L::kBlockBytes;
-    return {{L::load(b, t), L::load(b + L::kBlockBytes, t)}};
+    return {L::template load<true>(b, t), L::template load<false>(b + L::kBlockBytes, t)};
   }
   static __device__ __forceinline__ void decode(const Raw& r, int, unsigned int pairs[8]) {
     const int t = (int)threadIdx.x & 3;
-    L::decode(r.half[0], t, pairs);
-    L::decode(r.half[1], t, pairs + 4);
+    L::decode(r.first, t, pairs);
+    L::decode(r.second, t, pairs + 4);
   }
 };
 

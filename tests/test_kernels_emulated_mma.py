@@ -251,15 +251,20 @@ def test_the_block_formats_fragment_path_matches_the_reference(mma_harnesses, we
 
 # Faults of the block formats' lane decoders, each off by O(|w x|) somewhere: Q4_0's nibbles of the other lanes,
 # Q8_0's codes read unsigned, Q5_0's and Q5_1's fifth bits of the neighbouring pair, or of lane 0's columns in
-# every lane, Q4_1's min left out, a step's second block read as its first, F16's halves of the neighbouring lane.
+# every lane, Q4_1's min left out, a step's second block decoded as its first, the words of a step's first block (at 2
+# mod 4) joined the wrong way, F16's halves of the neighbouring lane.
 BLOCK32_FAULTS = {
     "Q4_0's nibbles of the other lanes": ("q4_0", 8, "shift = 4u * (unsigned int)(t >> 1);",
                                           "shift = 4u * (unsigned int)(t & 1);"),
-    "Q8_0's codes read unsigned": ("q8_0", 16, "(unsigned int)r.q[p] ^ 0x8080u", "(unsigned int)r.q[p]"),
+    "Q8_0's codes read unsigned": ("q8_0", 16, "r.q.word(p >> 1) ^ 0x80808080u", "r.q.word(p >> 1)"),
     "a fifth bit of the neighbouring pair": ("q5_1", 8, "fifth_bit_pair(h >> (2 * p))", "fifth_bit_pair(h >> (2 * p + 1))"),
-    "lane 0's fifth bits in every lane": ("q5_0", 16, "q[3]}, b[2 + t]};", "q[3]}, b[2]};"),
-    "Q4_1's min left out": ("q4_1", 8, "rf_h2_fma(code_pair(codes, k1024), d, m)", "rf_h2_mul(code_pair(codes, k1024), d)"),
-    "the second block read as the first": ("q8_0", 8, "L::load(b + L::kBlockBytes, t)", "L::load(b, t)"),
+    "lane 0's fifth bits in every lane": ("q5_0", 16, "b[2 + t], CodeWords", "b[2], CodeWords"),
+    "Q4_1's min left out": ("q4_1", 8, "rf_h2_fma(code_pair(codes, k1024, 0), d, m)",
+                            "rf_h2_mul(code_pair(codes, k1024, 0), d)"),
+    "the second block decoded as the first": ("q8_0", 8, "L::decode(r.second, t, pairs + 4);",
+                                              "L::decode(r.first, t, pairs + 4);"),
+    "a first block's words joined the wrong way": ("q4_0", 16, "(w[i] >> 16) | (w[i + 1] << 16)",
+                                                   "(w[i] << 16) | (w[i + 1] >> 16)"),
     "F16's halves of the neighbouring lane": ("f16", 16, "reinterpret_cast<const uint4*>(b + 16 * t)",
                                               "reinterpret_cast<const uint4*>(b + 16 * (t ^ 1))"),
 }

@@ -80,7 +80,7 @@ def test_the_launcher_counts_the_steps_of_a_split(cpu_device, monkeypatch):
 def test_the_block_formats_split_in_steps_of_two_blocks(cpu_device, monkeypatch):
     """On the fragment path a Q8_0 step is two blocks (64 columns): the launcher splits the columns in those steps
     (the kernel would read past a split's end in steps of one), and columns that are not whole steps of two take the
-    shared tiles, split in steps of one block."""
+    shared tiles, split in steps of one block, as does a Q8_0 W that does not start 4-byte aligned."""
     from hipcore.ops import fused_matmul
 
     launched = []
@@ -91,12 +91,19 @@ def test_the_block_formats_split_in_steps_of_two_blocks(cpu_device, monkeypatch)
     workspace = cpu_device.allocate(fused_matmul.WORKSPACE_BYTES, "scratch")
     try:
         for cols in (192, 4096, 160):
-            matmul_mma.launch(cpu_device, None, 0, 0, 0, 128, cols, 8, weight_type="q8_0", workspace=workspace)
+            matmul_mma.launch(cpu_device, None, 0, 0x1000, 0, 128, cols, 8, weight_type="q8_0", workspace=workspace)
+        # W at 2 mod 4: the fragment path reads Q8_0 in 4-byte words, so the shared tiles take it (Q4_1 has no such need)
+        matmul_mma.launch(cpu_device, None, 0, 0x1002, 0, 128, 4096, 8, weight_type="q8_0", workspace=workspace)
+        matmul_mma.launch(cpu_device, None, 0, 0x1002, 0, 128, 4096, 8, weight_type="q4_1", workspace=workspace)
+        with pytest.raises(ValueError, match="4-byte aligned"):
+            matmul_mma.launch(cpu_device, None, 0, 0x1002, 0, 128, 4096, 8, weight_type="q8_0", workspace=workspace,
+                              path="direct")
     finally:
         workspace.free()
     steps = matmul_mma.MIN_SPLIT_STEPS
     assert launched == [("matmul_mma_direct_q8_0", 1), ("matmul_mma_direct_q8_0", 4096 // 64 // steps),
-                        ("matmul_mma_q8_0", 160 // 32 // steps)]
+                        ("matmul_mma_q8_0", 160 // 32 // steps), ("matmul_mma_q8_0", 4096 // 32 // steps),
+                        ("matmul_mma_direct_q4_1", 4096 // 64 // steps)]
     assert matmul_mma.step_cols("q8_0", fragments=True) == 64 and matmul_mma.step_cols("q8_0") == 32
 
 

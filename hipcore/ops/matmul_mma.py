@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from hipcore.ops import matmul, matvec
-from hipcore.ops.launch_checks import INT32_MAX
+from hipcore.ops.launch_checks import INT32_MAX, address
 from hipcore.ops.weight_formats import dequantize_rows, host_product, k_min_magnitudes, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -86,6 +86,10 @@ _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-
 PAIR32_FRAGMENT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16")
 PAIR32_STEP_COLS = 64
 FRAGMENT_TYPES = WIDE_TYPES + PAIR32_FRAGMENT_TYPES
+# The 2-byte aligned blocks (34, 18 and 22 bytes) are read there in 4-byte words, which needs each step to start
+# 4-byte aligned (kernels/matmul_mma_block32_fragments.h CodeWords): whole steps make the rows so, and W's start must
+# be (GGUF tensors and the row views of them are; a launch whose W is not takes the shared tiles).
+WORD_ALIGNED_FRAGMENT_TYPES = ("q4_0", "q5_0", "q8_0")
 DIRECT_MAX_TOKENS = 8
 # Q6_K takes the direct entry only where each split covers at most this many steps. On an NVIDIA H100 at 8
 # tokens, direct against staged: Llama-3.1-8B v (4 steps a split) 9.3 against 11.9 us, Llama-3.2-1B v (4)
@@ -276,6 +280,11 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
                          f"{'float32 x' if not x_f16 else device.arch}")
     tile = pick_tile_tokens(rows, n_tokens) if tile_tokens is None else tile_tokens
     fragments = not x_f16 and path != "shared" and has_fragment_path(device.arch, weight_type, tile, cols)
+    if fragments and weight_type in WORD_ALIGNED_FRAGMENT_TYPES and address(w) % 4:
+        if path != "auto":
+            raise ValueError(f"{OP}_{weight_type}: the {path} entry reads W in 4-byte words; W at {address(w):#x} is not "
+                             "4-byte aligned")
+        fragments, path = False, "shared"
     step = step_cols(weight_type, fragments)
     grid, block, tile, split = geometry(rows, n_tokens, tile, cols=cols,
                                         workspace_bytes=workspace.nbytes if workspace is not None else 0, splits=splits,
