@@ -344,6 +344,14 @@ RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q6_k, mmq::Wide6)
 RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
+// The 32-element block formats and F16 (the wide Q8_0, Q5_0, Q5_1, Q4_1, F16 layers' prompts on NVIDIA:
+// hipcore/model/projections.py mma_first), in 128-token tiles only.
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q4_0, mmq::Narrow<mmq::Q4_0>)
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q4_1, mmq::Narrow<mmq::Q4_1>)
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q5_0, mmq::Narrow<mmq::Q5_0>)
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q5_1, mmq::Narrow<mmq::Q5_1>)
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q8_0, mmq::Narrow<mmq::Q8_0>)
+RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_f16, mmq::Narrow<mmq::F16>)
 
 // A prompt step's up projection with the SwiGLU in its epilogue, in 128-token tiles:
 // matmul_mma_silu_up_<format>(h16, gate, W_up, x16, rows, cols, n_tokens, splits): h16 = silu(gate) * (x16 W_up^T)
@@ -370,6 +378,12 @@ RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
 
 RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_k, mmq::Wide<true>)
+RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_0, mmq::Narrow<mmq::Q4_0>)
+RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_1, mmq::Narrow<mmq::Q4_1>)
+RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_0, mmq::Narrow<mmq::Q5_0>)
+RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_1, mmq::Narrow<mmq::Q5_1>)
+RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q8_0, mmq::Narrow<mmq::Q8_0>)
+RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_f16, mmq::Narrow<mmq::F16>)
 #endif  // RF_MMA_KIND == RF_MMA_NV_M16N8K16
 
 // SwiGLU pairs of prompt steps (Q4_K and Q5_K: the gate and up matrices of Q4_K_M and Q5_K_M files; a Q6_K

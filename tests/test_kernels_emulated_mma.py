@@ -341,6 +341,16 @@ def test_f16_x_products_match_the_reference(mma_harnesses, kind, weight_type, tm
         assert excess <= 1.0, f"{kind} {weight_type} {rows}x{cols} tokens {n_tokens} tile {tile}: {excess:.3g} x the bound"
 
 
+@pytest.mark.parametrize("weight_type", matmul_mma.X16_WIDE_ONLY_TYPES)
+def test_the_block_formats_f16_x_128_token_tiles_match_the_reference(mma_harnesses, weight_type, tmp_path):
+    """The block formats' and F16's only f16-x entries (matmul_mma_x16_128_<type>, NVIDIA): the wide cases above."""
+    rng = np.random.default_rng([37, ord(weight_type[1]), ord(weight_type[-1])])
+    for rows, cols, n_tokens, tile, grid, splits, accumulate in WIDE_X16_CASES["nvidia_mma"]:
+        excess = worst_excess(mma_harnesses["nvidia_mma"], weight_type, rows, cols, n_tokens, tile, grid, rng, tmp_path,
+                              splits=splits, accumulate=accumulate, x_f16=True)
+        assert excess <= 1.0, f"{weight_type} {rows}x{cols} tokens {n_tokens} splits {splits}: {excess:.3g} x the bound"
+
+
 # ---- the up product with the SwiGLU in its epilogue (matmul_mma_silu_up_<type>, 128-token tiles) ----------
 
 def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, grid, rng, tmp_path) -> float:
@@ -364,7 +374,7 @@ def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: in
     return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / bound, np.inf)))
 
 
-@pytest.mark.parametrize("weight_type", matmul_mma_swiglu.SWIGLU_TYPES)
+@pytest.mark.parametrize("weight_type", matmul_mma_swiglu.SILU_UP_TYPES)
 def test_the_up_product_with_the_swiglu_matches_the_reference(mma_harnesses, weight_type, tmp_path):
     """NVIDIA's mma (the entry's only kind): a row tile and a token tile cut short, one workgroup per tile; then
     one workgroup looping over four."""

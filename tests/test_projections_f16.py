@@ -95,7 +95,8 @@ def test_prompt_steps_on_matrix_cores_run_the_feed_forward_in_f16_with_swiglu_pa
 
 def test_a_swiglu_pair_refuses_what_its_kernel_cannot_take(cpu_device):
     """launch_swiglu's checks: a type without a pair entry, no workspace for the counters, more tiles than
-    counters, outputs overlapping; and launch's f16 x only for the K-quants."""
+    counters, outputs overlapping; and launch's f16 x only for the K-quants, and for the block formats and F16 only
+    in 128-token tiles."""
     from hipcore.ops import matmul_mma
 
     rng = np.random.default_rng(3)
@@ -125,6 +126,9 @@ def test_a_swiglu_pair_refuses_what_its_kernel_cannot_take(cpu_device):
             matmul_mma_swiglu.launch_swiglu(cpu_device, None, h16, gate, gate, wg, wu, x16, rows, cols, t, weight_type="q4_k",
                                      workspace=ws)
         with pytest.raises(ValueError, match="f16 x is read for"):
+            matmul_mma.launch(cpu_device, None, gate, put(random_weights(rng, "bf16", rows, cols)), x16, rows, cols, t,
+                              weight_type="bf16", x_f16=True)
+        with pytest.raises(ValueError, match="128-token tiles only"):  # the block formats have no 64-token x16 entries
             matmul_mma.launch(cpu_device, None, gate, put(random_weights(rng, "q8_0", rows, cols)), x16, rows, cols, t,
                               weight_type="q8_0", x_f16=True)
         matmul_mma_swiglu.launch_swiglu(*args, weight_type="q4_k", workspace=ws)  # and the good launches run
@@ -174,6 +178,54 @@ def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(lay
         h16 = buffers["ffn_h16"].download(np.float16, t * FFN).reshape(t, FFN).astype(np.float32)
         np.testing.assert_allclose(h16, h, rtol=2.0**-10, atol=1e-4 * np.abs(h).max())
         want = x + matmul.reference(layer.raw["ffn_down"], "q6_k", h16, HIDDEN, FFN)
+        np.testing.assert_allclose(read(buffers["x"], (t, HIDDEN)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    finally:
+        workspace.free()
+
+
+@pytest.mark.parametrize("weight_type", ["q8_0", "f16"])
+def test_wide_block_format_prompt_steps_take_the_128_token_f16_path(layer, cpu_device, monkeypatch, weight_type):
+    """A feed-forward of a block format or F16 (projections.mma_first's wide layers; MMA_FIRST_MIN_COLS set to 0 for
+    this small layer) takes the same f16 path as the K-quants where 128-token tiles are many: the gate product, the
+    up product with the SwiGLU (matmul_mma_silu_up_<type>), down reading f16; where they are not it keeps float32,
+    two products and silu_mul (these types have no 64-token f16 entries and no SwiGLU pairs)."""
+    from hipcore.model import projections
+    from hipcore.ops import matmul, matmul_mma, silu_mul
+
+    t = 130
+    lw, rng = layer.lw, layer.rng
+    buffers, workspace, config = feed_forward_buffers(layer, cpu_device, t)
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    monkeypatch.setattr(projections, "MMA_FIRST_MIN_COLS", 0)
+    monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)
+    raw = {name: random_weights(rng, weight_type, rows, cols)
+           for name, rows, cols in (("ffn_gate", FFN, HIDDEN), ("ffn_up", FFN, HIDDEN), ("ffn_down", HIDDEN, FFN))}
+    for name, r in raw.items():
+        monkeypatch.setattr(lw, name, Weight(layer.put(r), weight_type, (r.shape[0], HIDDEN if name != "ffn_down" else FFN)))
+
+    def names():
+        p = ProjectionPlanner(cpu_device, None, config, {**buffers, "matmul_workspace": workspace}, 1.0)
+        return p, [n for n, _ in p.feed_forward_input(lw, t) + p.feed_forward_output(lw, t)]
+
+    try:
+        assert names()[1] == ["ffn_norm", "gate_proj", "up_proj", "silu_mul", "ffn_down+residual"]
+        # 130 tokens: two token tiles; FFN's 512 rows make 8 tiles of 128, HIDDEN's 256 (down) 4.
+        monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 8)
+        monkeypatch.setattr(matmul_mma, "BUSY_ITEMS", 2)  # unsplit, as silu_up needs
+        assert matmul_mma.pick_x16_tile_tokens(FFN, t, "sm_90") == matmul_mma.WIDE_TILE_TOKENS
+        assert names()[1] == ["ffn_norm", "gate_proj", "up_proj", "silu_mul", "ffn_down+residual"]  # down: 64-token
+        monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 4)
+        p, got = names()
+        assert got == ["ffn_norm", "gate_proj", "up_proj+silu", "ffn_down+residual"]
+        x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+        buffers["x"].upload(x)
+        run(p.feed_forward_input(lw, t) + p.feed_forward_output(lw, t))
+        x16 = buffers["xn"].download(np.float16, t * HIDDEN).reshape(t, HIDDEN).astype(np.float32)
+        h = silu_mul.reference(matmul.reference(raw["ffn_gate"], weight_type, x16, FFN, HIDDEN),
+                               matmul.reference(raw["ffn_up"], weight_type, x16, FFN, HIDDEN))
+        h16 = buffers["ffn_h16"].download(np.float16, t * FFN).reshape(t, FFN).astype(np.float32)
+        np.testing.assert_allclose(h16, h, rtol=2.0**-10, atol=1e-4 * np.abs(h).max())
+        want = x + matmul.reference(raw["ffn_down"], weight_type, h16, HIDDEN, FFN)
         np.testing.assert_allclose(read(buffers["x"], (t, HIDDEN)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     finally:
         workspace.free()

@@ -123,7 +123,8 @@ def qmatvec_first(weight_type: str, n_tokens: int, cols: int) -> bool:
 def mma_first(weight_type: str, n_tokens: int, cols: int, arch: str) -> bool:
     """True when a product of a type the fused families read, n_tokens tokens over `cols` columns, takes the single
     ops on the matrix cores on `arch` instead (see MMA_FIRST_MIN_COLS)."""
-    return (weight_type in matmul_mma.PAIR32_FRAGMENT_TYPES and matmul_mma.has_fragment_path(arch, weight_type, 32, cols)
+    return (weight_type in matmul_mma.PAIR32_FRAGMENT_TYPES
+            and matmul_mma.has_fragment_path(arch, weight_type, 32, cols)
             and n_tokens >= matmul_mma.min_tokens(weight_type, arch) and cols >= MMA_FIRST_MIN_COLS
             and os.environ.get(MMA_FIRST_ENV, "1") != "0")
 
@@ -161,7 +162,8 @@ class ProjectionPlanner:
     def _separate_qkv_fusable(self, lw, t: int) -> bool:
         """True when fused_qmatvec makes q, k and v of this layer for a step of t tokens (and there is no
         concatenated q|k|v for fused_matvec / fused_matmul to take first)."""
-        if lw.attn_qkv is not None and fused_family(lw.attn_qkv.fmt, t, cols=lw.attn_qkv.cols, arch=self.device.arch) is not None:
+        qkv = lw.attn_qkv
+        if qkv is not None and fused_family(qkv.fmt, t, cols=qkv.cols, arch=self.device.arch) is not None:
             return False
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
         return separate_fusable(t, *weights, max_tokens=qmatvec_limit(self.device, *weights)) \
@@ -253,7 +255,8 @@ class ProjectionPlanner:
 
     def qkv_f16(self, lw, t: int) -> bool:
         """True when a step of t tokens on the single ops norms x to f16 for q, k and v (matmul_mma.launch with
-        x_f16): all three of matmul_mma.X16_TYPES on the matrix cores, each taking the 128-token tiles
+        x_f16): all three of matmul_mma.X16_TYPES or X16_WIDE_ONLY_TYPES on the matrix cores, each taking the
+        128-token tiles
         (pick_x16_tile_tokens: the 8B's, not the 1B's k and v, whose float32 path at 32-token tiles was faster
         than f16 in 64-token tiles: 14.4 against 16.1 us). ROCMFORGE_WIDE_TILES=0 keeps float32."""
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
@@ -261,9 +264,10 @@ class ProjectionPlanner:
 
     def _wide_f16(self, wt, t: int) -> bool:
         """A product of `wt` in a step of t tokens on matmul_mma's 128-token tiles of f16 x: a type of
-        matmul_mma.X16_TYPES, on the matrix cores, where pick_x16_tile_tokens picks them."""
+        matmul_mma.X16_TYPES or X16_WIDE_ONLY_TYPES, on the matrix cores, where pick_x16_tile_tokens picks them."""
         dev = self.device
-        return (wt.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, wt.fmt)
+        return (wt.fmt in matmul_mma.X16_TYPES + matmul_mma.X16_WIDE_ONLY_TYPES
+                and matmul_mma.takes_matrix_cores(dev, t, wt.fmt)
                 and matmul_mma.pick_x16_tile_tokens(wt.rows, t, dev.arch) == matmul_mma.WIDE_TILE_TOKENS)
 
     def ffn_pairs(self, lw, t: int) -> bool:
@@ -271,12 +275,14 @@ class ProjectionPlanner:
         SwiGLU in an epilogue (h as f16 in b["ffn_h16"]) and the down product reading f16 (feed_forward_output):
         the gate product then the up product with the SwiGLU (matmul_mma_swiglu.launch_silu_up) where 128-token tiles
         are many (silu_up_fits), else one SwiGLU-pair launch (matmul_mma_swiglu.launch_swiglu, swiglu_fits); gate and
-        up of one type of matmul_mma_swiglu.SWIGLU_TYPES and shape, down of matmul_mma.X16_TYPES, all on the matrix
-        cores' single-op path (no fused kernel takes them at t tokens). ROCMFORGE_SWIGLU_PAIRS=0 turns it off."""
+        up of one type and shape (silu_up_fits' SILU_UP_TYPES, swiglu_fits' SWIGLU_TYPES), down reading f16 x
+        (matmul_mma.takes_f16_x), all on the matrix cores' single-op path (no fused kernel takes them at t tokens).
+        ROCMFORGE_SWIGLU_PAIRS=0 turns it off."""
         gate, up, down = lw.ffn_gate, lw.ffn_up, lw.ffn_down
         if os.environ.get(SWIGLU_PAIRS_ENV, "1") == "0" or "ffn_h16" not in self.b or None in (gate, up, down):
             return False
-        if lw.ffn_gate_up is not None and fused_family(lw.ffn_gate_up.fmt, t, cols=lw.ffn_gate_up.cols, arch=self.device.arch) is not None:
+        gate_up = lw.ffn_gate_up
+        if gate_up is not None and fused_family(gate_up.fmt, t, cols=gate_up.cols, arch=self.device.arch) is not None:
             return False
         dev, f = self.device, self.config.ffn_size
         if separate_fusable(t, gate, up, max_tokens=qmatvec_limit(dev, gate, up)) or \
@@ -284,7 +290,7 @@ class ProjectionPlanner:
                 fused_family(down.fmt, t, cols=down.cols, arch=dev.arch) is not None:
             return False
         return (gate.fmt == up.fmt and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, self.config.hidden_size)
-                and down.fmt in matmul_mma.X16_TYPES and matmul_mma.takes_matrix_cores(dev, t, down.fmt)
+                and matmul_mma.takes_f16_x(dev, down.fmt, down.rows, t)
                 and (matmul_mma_swiglu.silu_up_fits(dev, t, f, gate.fmt)
                      or matmul_mma_swiglu.swiglu_fits(dev, t, f, gate.fmt, self.workspace)))
 
@@ -301,7 +307,8 @@ class ProjectionPlanner:
 
     def reads_f16(self, wt, t: int) -> bool:
         """True when the residual product of `wt` (the o projection) can read its x as f16 in a step of t tokens:
-        no fused kernel takes it, a type of matmul_mma.X16_TYPES on the matrix cores, in 128-token tiles
+        no fused kernel takes it, a type of matmul_mma.X16_TYPES or X16_WIDE_ONLY_TYPES on the matrix cores, in
+        128-token tiles
         (pick_x16_tile_tokens: on an NVIDIA H100 the 8B's o product took 75 us from f16 against 108 from
         float32). The caller decides whether its x comes as f16 (blocks.py: the llama layer's attention)."""
         if wt is None or fused_family(wt.fmt, t, cols=wt.cols, arch=self.device.arch) is not None:

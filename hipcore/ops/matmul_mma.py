@@ -10,7 +10,8 @@ FMA elsewhere, where `has_matrix_cores` is false and `project` keeps matmul's FP
 x in f16 (`launch(..., x_f16=True)`): `matmul_mma_x16_<type>` for X16_TYPES, the same arguments with x f16
 [n_tokens, cols] (rmsnorm's out_f16, or a SwiGLU pair's h16): half the bytes each tile reads, the same results
 (the float32 kernels round x to f16 as they stage it). Shared tiles of 32 or 64 tokens (no fragment path), or
-WIDE_TILE_TOKENS (128) where those tiles are many (`matmul_mma_x16_128_<type>`, pick_x16_tile_tokens).
+WIDE_TILE_TOKENS (128) where those tiles are many (`matmul_mma_x16_128_<type>`, pick_x16_tile_tokens); the block
+formats and F16 (X16_WIDE_ONLY_TYPES) have the 128-token entries only (takes_f16_x).
 
 The entries that end in a SwiGLU (a prompt step's feed-forward) have their launchers in matmul_mma_swiglu.py.
 
@@ -265,8 +266,9 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     or None for no splits; `path` as entry_name's ("auto": the launcher's choice of kernel); x_f16: x is f16
     (matmul_mma_x16_<type>, X16_TYPES only, the shared tiles; matmul_mma_x16_128_<type> where
     pick_x16_tile_tokens picks 128-token tiles, split as the others)."""
-    if x_f16 and weight_type not in X16_TYPES:
-        raise ValueError(f"{OP}: f16 x is read for {', '.join(X16_TYPES)} weights only, got {weight_type!r}")
+    if x_f16 and weight_type not in X16_TYPES + X16_WIDE_ONLY_TYPES:
+        raise ValueError(f"{OP}: f16 x is read for {', '.join(X16_TYPES + X16_WIDE_ONLY_TYPES)} weights only, got "
+                         f"{weight_type!r}")
     if x_f16 and path not in ("auto", "shared"):
         raise ValueError(f"{OP}: f16 x takes the shared tiles, not path {path!r}")
     matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens",
@@ -278,6 +280,9 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     if tile_tokens == WIDE_TILE_TOKENS and not (x_f16 and has_wide_tiles(device.arch)):
         raise ValueError(f"{OP}: {WIDE_TILE_TOKENS}-token tiles read f16 x on NVIDIA sm_80 and later, not "
                          f"{'float32 x' if not x_f16 else device.arch}")
+    if x_f16 and weight_type in X16_WIDE_ONLY_TYPES and tile_tokens != WIDE_TILE_TOKENS:
+        raise ValueError(f"{OP}: f16 x of {weight_type} is read in {WIDE_TILE_TOKENS}-token tiles only, not "
+                         f"{tile_tokens} (takes_f16_x)")
     tile = pick_tile_tokens(rows, n_tokens) if tile_tokens is None else tile_tokens
     fragments = not x_f16 and path != "shared" and has_fragment_path(device.arch, weight_type, tile, cols)
     if fragments and weight_type in WORD_ALIGNED_FRAGMENT_TYPES and address(w) % 4:
@@ -306,6 +311,9 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
 # ---- f16 x ----------------------------------------------------------------------------------------
 
 X16_TYPES = WIDE_TYPES
+# The wide Q8_0, Q5_0, Q5_1, Q4_1, F16 (and Q4_0) layers' prompts (projections.mma_first) read f16 x in 128-token tiles
+# only (their x16_128 and silu_up entries; no 64-token x16 entries): takes_f16_x.
+X16_WIDE_ONLY_TYPES = PAIR32_FRAGMENT_TYPES
 F16_BYTES = 2
 
 
@@ -345,8 +353,19 @@ def pick_x16_tile_tokens(rows: int, n_tokens: int, arch: str) -> int:
     return pick_tile_tokens(rows, n_tokens)
 
 
+def takes_f16_x(device: Device, weight_type: str, rows: int, n_tokens: int) -> bool:
+    """Whether `launch(x_f16=True)` takes this product on `device`: on the matrix cores, a type of X16_TYPES, or of
+    X16_WIDE_ONLY_TYPES where pick_x16_tile_tokens picks the 128-token tiles."""
+    if not takes_matrix_cores(device, n_tokens, weight_type):
+        return False
+    if weight_type in X16_TYPES:
+        return True
+    return weight_type in X16_WIDE_ONLY_TYPES and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS
+
+
 for _type in X16_TYPES:
     cpu_kernel(x16_entry(_type), SIGNATURE)(_host(_type, np.float16))
+for _type in X16_TYPES + X16_WIDE_ONLY_TYPES:
     cpu_kernel(x16_entry(_type, WIDE_TILE_TOKENS), SIGNATURE)(_host(_type, np.float16))
 
 def min_tokens(weight_type: str, arch: str = "") -> int:

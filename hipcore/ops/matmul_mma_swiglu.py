@@ -23,7 +23,7 @@ import numpy as np
 from hipcore.ops import matvec, silu_mul
 from hipcore.ops.launch_checks import check_disjoint, check_memory
 from hipcore.ops.matmul_mma import (COUNTER_BYTES, F16_BYTES, F16_HALF_SPACING, MAX_GRID, MAX_SPLIT_TILES, OP, THREADS,
-                                    U16, WEIGHT_ALIGNMENT, WIDE_TILE_TOKENS, error_bound, has_wide_tiles,
+                                    U16, WEIGHT_ALIGNMENT, WIDE_TILE_TOKENS, X16_WIDE_ONLY_TYPES, error_bound, has_wide_tiles,
                                     pick_splits, pick_tile_tokens, pick_x16_tile_tokens, reference, takes_matrix_cores,
                                     tile_count)
 from hipcore.ops.weight_formats import host_product, row_bytes
@@ -34,6 +34,9 @@ from hipcore.runtime.kernels import get_kernel
 SWIGLU_SIGNATURE = "pppppppiiii"
 # The gate and up types of Q4_K_M and Q5_K_M files.
 SWIGLU_TYPES = ("q4_k", "q5_k")
+# The up product with the SwiGLU in its epilogue (128-token tiles, NVIDIA) also reads the formats whose prompts take
+# f16 x in those tiles only (matmul_mma.X16_WIDE_ONLY_TYPES: the wide Q8_0, Q5_0, Q5_1, Q4_1, F16 layers).
+SILU_UP_TYPES = SWIGLU_TYPES + X16_WIDE_ONLY_TYPES
 SILU_LIPSCHITZ = 1.0999  # max |silu'(g)|, reached near g = 2.4
 
 
@@ -149,15 +152,15 @@ def _host_silu_up(weight_type: str):
     return run
 
 
-for _type in SWIGLU_TYPES:
+for _type in SILU_UP_TYPES:
     cpu_kernel(silu_up_entry(_type), SILU_UP_SIGNATURE)(_host_silu_up(_type))
 
 
 def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str) -> bool:
     """Whether a feed-forward of `rows` gate/up rows takes the 128-token SwiGLU (launch with x_f16 for the gate,
-    then launch_silu_up): matrix cores, a type of SWIGLU_TYPES, 128-token tiles (pick_x16_tile_tokens) so many that
+    then launch_silu_up): matrix cores, a type of SILU_UP_TYPES, 128-token tiles (pick_x16_tile_tokens) so many that
     no product of them is split (silu_up's epilogue needs the whole sum)."""
-    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SWIGLU_TYPES
+    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SILU_UP_TYPES
             and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS
             and pick_splits(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), 1 << 30) == 1)
 
@@ -165,14 +168,14 @@ def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str) -> 
 def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w_up: Any, x16: Any, rows: int,
                    cols: int, n_tokens: int, *, weight_type: str) -> None:
     """h16[n_tokens, rows] = silu(gate) * (x16 @ W_up^T) as f16, in 128-token tiles; gate float32 [n_tokens, rows]
-    (the gate product), x16 f16 [n_tokens, cols], W_up [rows, cols] of `weight_type` (SWIGLU_TYPES)."""
-    if weight_type not in SWIGLU_TYPES:
-        raise ValueError(f"{OP}: the SwiGLU's up product takes {', '.join(SWIGLU_TYPES)} weights, got {weight_type!r}")
+    (the gate product), x16 f16 [n_tokens, cols], W_up [rows, cols] of `weight_type` (SILU_UP_TYPES)."""
+    if weight_type not in SILU_UP_TYPES:
+        raise ValueError(f"{OP}: the SwiGLU's up product takes {', '.join(SILU_UP_TYPES)} weights, got {weight_type!r}")
     entry = silu_up_entry(weight_type)
     if not has_wide_tiles(device.arch):
         raise ValueError(f"{entry}: exists on NVIDIA sm_80 and later, not {device.arch}")
     check_memory(entry, "gate", gate, n_tokens * rows * 4)
-    matvec.check_operands(f"{OP}_silu_up", weight_type, SWIGLU_TYPES, gate, w_up, x16, rows, cols, n_tokens,
+    matvec.check_operands(f"{OP}_silu_up", weight_type, SILU_UP_TYPES, gate, w_up, x16, rows, cols, n_tokens,
                           "n_tokens", alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES)
     check_memory(entry, "h16", h16, n_tokens * rows * F16_BYTES)
     for (name_a, a, size_a), (name_b, b, size_b) in itertools.combinations(

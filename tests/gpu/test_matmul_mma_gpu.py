@@ -176,6 +176,9 @@ def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     # and 4 ways (the 8B's k, the 1B's down).
     ("q5_k", 16384, 256, 150, False), ("q6_k", 16384, 256, 150, True), ("q4_k", 1024, 4096, 512, False),
     ("q6_k", 2048, 8192, 512, True),
+    # The block formats and F16 (128-token tiles only): the 8B's gate and down, a 1B-shaped k split 4 ways.
+    ("q8_0", 14336, 4096, 512, False), ("q4_0", 4096, 14336, 512, True), ("f16", 4096, 4096, 512, False),
+    ("q5_1", 1024, 4096, 512, True), ("q5_0", 4096, 4096, 300, False), ("q4_1", 2048, 2048, 512, True),
 ])
 def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, accumulate):
     """matmul_mma_x16 (x f16; x16_128 where pick_x16_tile_tokens says) against the reference on the same f16
@@ -206,6 +209,8 @@ def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     # Llama-3.1-8B's gate and up at 512 tokens (448 tiles of 128 tokens); Q5_K with tiles cut short.
     ("q4_k", 14336, 4096, 512), ("q5_k", 16384, 256, 150),
+    # The block formats and F16 (no SwiGLU pair to compare with).
+    ("q8_0", 14336, 4096, 512), ("q4_0", 8192, 2048, 512), ("q5_0", 14336, 4096, 300), ("f16", 8192, 2048, 512),
 ])
 def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     """The gate product in 128-token tiles (launch with x_f16), then matmul_mma_silu_up: h16 within
@@ -213,7 +218,9 @@ def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
     same silu)."""
     assert matmul_mma_swiglu.silu_up_fits(gpu, n_tokens, rows, weight_type)
     w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
-    x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
+    # Random Q8_0 codes reach 127 d: with unit x over 4,096 columns silu(gate) * up passed f16's 65,504 (h16 is f16,
+    # as for the K-quants), which a model's activations do not; x at a quarter keeps h within range for every type.
+    x = (0.25 * rng.standard_normal((n_tokens, cols))).astype(np.float16)
     wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
     h16, pair_h16 = mem.poisoned(n_tokens * rows * 2), mem.poisoned(n_tokens * rows * 2)
     gate, up = mem.poisoned(n_tokens * rows * 4), mem.poisoned(n_tokens * rows * 4)
@@ -221,7 +228,7 @@ def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
     matmul_mma_swiglu.launch_silu_up(gpu, None, h16, gate, wu, xs, rows, cols, n_tokens, weight_type=weight_type)
     got = h16.download(np.float16).reshape(n_tokens, rows)
     workspace = mem.upload(np.zeros(matmul_mma.COUNTER_BYTES // 4, np.int32))
-    if matmul_mma.tile_count(rows, n_tokens, 64) <= matmul_mma.MAX_SPLIT_TILES:
+    if weight_type in matmul_mma_swiglu.SWIGLU_TYPES and matmul_mma.tile_count(rows, n_tokens, 64) <= matmul_mma.MAX_SPLIT_TILES:
         matmul_mma_swiglu.launch_swiglu(gpu, None, pair_h16, gate, up, wg, wu, xs, rows, cols, n_tokens,
                                  weight_type=weight_type, workspace=workspace)
         assert np.array_equal(got.view(np.uint16), pair_h16.download(np.uint16).reshape(n_tokens, rows)), \

@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
 #if RF_MMA_KIND == 1  // NVIDIA's 128-token tiles
       {"matmul_mma_x16_128_q4_k", matmul_mma_x16_128_q4_k}, {"matmul_mma_x16_128_q5_k", matmul_mma_x16_128_q5_k},
       {"matmul_mma_x16_128_q6_k", matmul_mma_x16_128_q6_k},
+      {"matmul_mma_x16_128_q4_0", matmul_mma_x16_128_q4_0}, {"matmul_mma_x16_128_q4_1", matmul_mma_x16_128_q4_1},
+      {"matmul_mma_x16_128_q5_0", matmul_mma_x16_128_q5_0}, {"matmul_mma_x16_128_q5_1", matmul_mma_x16_128_q5_1},
+      {"matmul_mma_x16_128_q8_0", matmul_mma_x16_128_q8_0}, {"matmul_mma_x16_128_f16", matmul_mma_x16_128_f16},
 #endif
   };
   if (x16.count(entry)) {
@@ -92,6 +95,9 @@ int main(int argc, char** argv) {
   const std::map<std::string, SiluUp> silu_up = {
 #if RF_MMA_KIND == 1
       {"matmul_mma_silu_up_q4_k", matmul_mma_silu_up_q4_k}, {"matmul_mma_silu_up_q5_k", matmul_mma_silu_up_q5_k},
+      {"matmul_mma_silu_up_q4_0", matmul_mma_silu_up_q4_0}, {"matmul_mma_silu_up_q4_1", matmul_mma_silu_up_q4_1},
+      {"matmul_mma_silu_up_q5_0", matmul_mma_silu_up_q5_0}, {"matmul_mma_silu_up_q5_1", matmul_mma_silu_up_q5_1},
+      {"matmul_mma_silu_up_q8_0", matmul_mma_silu_up_q8_0}, {"matmul_mma_silu_up_f16", matmul_mma_silu_up_f16},
 #endif
   };
   if (silu_up.count(entry)) {
