@@ -57,6 +57,16 @@ struct CodeWords {
   __device__ __forceinline__ unsigned int word(int i) const { return kFirst ? (w[i] >> 16) | (w[i + 1] << 16) : w[i]; }
 };
 
+// A 2-byte aligned block's f16 scale d (its first two bytes) and a lane's eight code bytes `offset` bytes into it.
+template <bool kFirst>
+struct ScaledCodes {
+  unsigned short d;
+  CodeWords<kFirst> q;
+  static __device__ __forceinline__ ScaledCodes load(const unsigned char* __restrict__ b, int offset) {
+    return {*reinterpret_cast<const unsigned short*>(b), CodeWords<kFirst>::load(b + offset)};
+  }
+};
+
 // Q8_0 {half d; int8 qs[32]} (34 bytes, 2-byte aligned): lane t reads qs[8t .. 8t + 7]. w = d * q: q + 128 from
 // flipping the sign bits, 1152 + q as an f16, minus 1152 exactly, times d: one rounding, as the shared tiles' float
 // decode. kDepth steps in flight: the staged entry takes one (with two, nvcc spilled 4 bytes at 128 registers on
@@ -65,13 +75,10 @@ template <int kStepsInFlight>
 struct Q8_0Lane {
   static constexpr int kBlockBytes = 34, kDepth = kStepsInFlight;
   template <bool kFirst>
-  struct Raw {
-    unsigned short d;
-    CodeWords<kFirst> q;
-  };
+  using Raw = ScaledCodes<kFirst>;
   template <bool kFirst>
   static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
-    return {*reinterpret_cast<const unsigned short*>(b), CodeWords<kFirst>::load(b + 2 + 8 * t)};
+    return Raw<kFirst>::load(b, 2 + 8 * t);
   }
   template <bool kFirst>
   static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int, unsigned int out[4]) {
@@ -87,13 +94,10 @@ struct Q8_0Lane {
 struct Q4_0Lane {
   static constexpr int kBlockBytes = 18, kDepth = 2;
   template <bool kFirst>
-  struct Raw {
-    unsigned short d;
-    CodeWords<kFirst> q;
-  };
+  using Raw = ScaledCodes<kFirst>;
   template <bool kFirst>
   static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
-    return {*reinterpret_cast<const unsigned short*>(b), CodeWords<kFirst>::load(b + 2 + 8 * (t & 1))};
+    return Raw<kFirst>::load(b, 2 + 8 * (t & 1));
   }
   template <bool kFirst>
   static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int t, unsigned int out[4]) {

@@ -30,6 +30,7 @@ from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model import projections
 from hipcore.ops import matmul_mma, matmul_mma_swiglu
 from support.gguf_factory import write_tiny_llama
+from support.launch_recording import record_entries
 from support.model_steps import step_batch
 
 pytestmark = pytest.mark.gpu
@@ -48,14 +49,7 @@ def test_block_format_model_on_the_fragment_path_matches_the_cpu_backend(gpu, tm
     path = write_tiny_llama(tmp_path / f"{tensor_type}.gguf", hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=384,
                             n_layers=2, tensor_type=tensor_type, embedding_type="Q8_0", tied=False, context=256, seed=13)
     monkeypatch.setattr(projections, "MMA_FIRST_MIN_COLS", 0)
-    entries = []
-    real = matmul_mma.get_kernel
-
-    def recording(device, op, name, *args, **kwargs):
-        entries.append(name)
-        return real(device, op, name, *args, **kwargs)
-
-    monkeypatch.setattr(matmul_mma, "get_kernel", recording)
+    entries = record_entries(monkeypatch, matmul_mma)
     options = dict(max_seqs=8, ctx_size=256, kv_dtype="f32")
     worst = 0.0
     with load_model(str(path), LoadOptions(**options), device=gpu) as on_gpu, \
@@ -101,11 +95,7 @@ def test_block_format_prompt_on_the_128_token_f16_tiles_matches_the_cpu_backend(
     monkeypatch.setattr(projections, "MMA_FIRST_MIN_COLS", 0)
     monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 1)
     monkeypatch.setattr(matmul_mma, "BUSY_ITEMS", 8)
-    entries = []
-    for module in (matmul_mma, matmul_mma_swiglu):
-        real = module.get_kernel
-        monkeypatch.setattr(module, "get_kernel", lambda device, op, name, *a, real=real, **k: (
-            entries.append(name), real(device, op, name, *a, **k))[1])
+    entries = record_entries(monkeypatch, matmul_mma, matmul_mma_swiglu)
     options = dict(max_seqs=2, ctx_size=256, kv_dtype="f32")
     tokens = [int(v) for v in np.random.default_rng(5).integers(1, 384, 200)]
     worst = 0.0

@@ -31,6 +31,7 @@ from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model import projections
 from hipcore.ops import fused_qmatvec
 from support.gguf_factory import write_tiny_llama
+from support.launch_recording import record_entries
 from support.model_steps import step_batch
 
 pytestmark = pytest.mark.gpu
@@ -66,14 +67,7 @@ def test_q5_model_on_the_int8_entries_matches_the_cpu_backend(gpu, models, name,
     the decode steps round x to int8 per 32 values, so the tolerance is the int8 paths' (MAX_RELATIVE_QUANT_LOGIT_DIFF),
     and the launches must have gone to the "1b" entries."""
     monkeypatch.setattr(projections, "QMATVEC_FIRST_MIN_COLS", 0)
-    names = []
-    real = fused_qmatvec.get_kernel
-
-    def recording(device, op, name, *args, **kwargs):
-        names.append(name)
-        return real(device, op, name, *args, **kwargs)
-
-    monkeypatch.setattr(fused_qmatvec, "get_kernel", recording)
+    names = record_entries(monkeypatch, fused_qmatvec)
     compare_with_the_cpu(gpu, models, name, MAX_RELATIVE_QUANT_LOGIT_DIFF, f"{name}-int8")
     assert any(n.endswith("_1b") for n in names), f"no one-token launch took the 1b entries: {sorted(set(names))}"
 
