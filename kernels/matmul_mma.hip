@@ -344,14 +344,6 @@ RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q6_k, mmq::Wide6)
 RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
-// The 32-element block formats and F16 (the wide Q8_0, Q5_0, Q5_1, Q4_1, F16 layers' prompts on NVIDIA:
-// hipcore/model/projections.py mma_first), in 128-token tiles only.
-RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q4_0, mmq::Narrow<mmq::Q4_0>)
-RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q4_1, mmq::Narrow<mmq::Q4_1>)
-RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q5_0, mmq::Narrow<mmq::Q5_0>)
-RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q5_1, mmq::Narrow<mmq::Q5_1>)
-RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q8_0, mmq::Narrow<mmq::Q8_0>)
-RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_f16, mmq::Narrow<mmq::F16>)
 
 // A prompt step's up projection with the SwiGLU in its epilogue, in 128-token tiles:
 // matmul_mma_silu_up_<format>(h16, gate, W_up, x16, rows, cols, n_tokens, splits): h16 = silu(gate) * (x16 W_up^T)
@@ -378,12 +370,6 @@ RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_f16, mmq::Narrow<mmq::F16>)
 
 RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_k, mmq::Wide<true>)
-RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_0, mmq::Narrow<mmq::Q4_0>)
-RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_1, mmq::Narrow<mmq::Q4_1>)
-RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_0, mmq::Narrow<mmq::Q5_0>)
-RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_1, mmq::Narrow<mmq::Q5_1>)
-RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q8_0, mmq::Narrow<mmq::Q8_0>)
-RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_f16, mmq::Narrow<mmq::F16>)
 #endif  // RF_MMA_KIND == RF_MMA_NV_M16N8K16
 
 // SwiGLU pairs of prompt steps (Q4_K and Q5_K: the gate and up matrices of Q4_K_M and Q5_K_M files; a Q6_K
@@ -441,19 +427,19 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6, mmq::kStream
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8, RF_BOUNDS)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8, RF_BOUNDS_TWO_PER_SM)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8, RF_BOUNDS)
-// The 32-element block formats and F16 (matmul_mma_block32_fragments.h): two runs of 32 a step, 64 columns.
-#define RF_BLOCK32_FRAGMENT_ENTRIES(kind, Lane)                                                                 \
-  RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_##kind, mmq::Pair32<Lane>, mmq::kStreamTokens, RF_STAGED_X,    \
-                               RF_BOUNDS)                                                                          \
-  RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_##kind, mmq::Pair32<Lane>, mmq::kDirectTokens, 8, RF_BOUNDS)
-RF_BLOCK32_FRAGMENT_ENTRIES(q4_0, mmq::Q4_0Lane)
-RF_BLOCK32_FRAGMENT_ENTRIES(q4_1, mmq::Q41Lane<false>)
-RF_BLOCK32_FRAGMENT_ENTRIES(q5_0, mmq::Q5_0Lane)
-RF_BLOCK32_FRAGMENT_ENTRIES(q5_1, mmq::Q41Lane<true>)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q8_0, mmq::Pair32<mmq::Q8_0Lane<1>>, mmq::kStreamTokens, RF_STAGED_X,
-                             RF_BOUNDS)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q8_0, mmq::Pair32<mmq::Q8_0Lane<2>>, mmq::kDirectTokens, 8, RF_BOUNDS)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_f16, mmq::Pair32<mmq::F16Lane<1>>, mmq::kStreamTokens, RF_STAGED_X,
-                             RF_BOUNDS)
-RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_f16, mmq::Pair32<mmq::F16Lane<2>>, mmq::kDirectTokens, 8, RF_BOUNDS)
+// The 32-element block formats and F16 (matmul_mma_block32_fragments.h): the fragment path, two runs of 32 a step
+// (a lane format for the staged entry, one for the direct), and the wide layers' prompts (projections.mma_first) in
+// 128-token tiles of f16 x only.
+#define RF_BLOCK32_ENTRIES(kind, Format, StagedLane, DirectLane)                                                  \
+  RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_##kind, mmq::Pair32<StagedLane>, mmq::kStreamTokens,          \
+                               RF_STAGED_X, RF_BOUNDS)                                                            \
+  RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_##kind, mmq::Pair32<DirectLane>, mmq::kDirectTokens, 8, RF_BOUNDS) \
+  RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_##kind, mmq::Narrow<Format>)                                     \
+  RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_##kind, mmq::Narrow<Format>)
+RF_BLOCK32_ENTRIES(q4_0, mmq::Q4_0, mmq::Q4_0Lane, mmq::Q4_0Lane)
+RF_BLOCK32_ENTRIES(q4_1, mmq::Q4_1, mmq::Q41Lane<false>, mmq::Q41Lane<false>)
+RF_BLOCK32_ENTRIES(q5_0, mmq::Q5_0, mmq::Q5_0Lane, mmq::Q5_0Lane)
+RF_BLOCK32_ENTRIES(q5_1, mmq::Q5_1, mmq::Q41Lane<true>, mmq::Q41Lane<true>)
+RF_BLOCK32_ENTRIES(q8_0, mmq::Q8_0, mmq::Q8_0Lane<1>, mmq::Q8_0Lane<2>)  // staged: one step in flight (no spill)
+RF_BLOCK32_ENTRIES(f16, mmq::F16, mmq::F16Lane<1>, mmq::F16Lane<2>)
 #endif
