@@ -42,11 +42,7 @@ struct Q4_1Format {
   };
   static __device__ __forceinline__ Decoded decode(const Raw r, int) {
     Decoded k;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      k.lo[i] = r.q[i] & kLowNibbles;
-      k.hi[i] = (r.q[i] >> 4) & kLowNibbles;
-    }
+    Q4_0Format::nibble_codes(r.q, k.lo, k.hi);
     k.d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
     k.m = rf_f16_to_float((unsigned short)(r.dm >> 16));
     return k;

@@ -295,13 +295,17 @@ struct Q4_0Format {
     unsigned int lo[4], hi[4];
     float d;
   };
-  static __device__ __forceinline__ Decoded decode(const Raw r, int) {
-    Decoded k;
+  // A slice's 16 code bytes as the nibbles of columns 0..15 (lo) and 16..31 (hi), four to a word (Q4_1's too).
+  static __device__ __forceinline__ void nibble_codes(const unsigned int q[4], unsigned int lo[4], unsigned int hi[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      k.lo[i] = r.q[i] & kLowNibbles;
-      k.hi[i] = (r.q[i] >> 4) & kLowNibbles;
+      lo[i] = q[i] & kLowNibbles;
+      hi[i] = (q[i] >> 4) & kLowNibbles;
     }
+  }
+  static __device__ __forceinline__ Decoded decode(const Raw r, int) {
+    Decoded k;
+    nibble_codes(r.q, k.lo, k.hi);
     k.d = rf_f16_to_float(r.d);
     return k;
   }
