@@ -226,7 +226,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 }  // namespace
 
 #include "matmul_mma_fragments.h"  // NVIDIA's decode batches: fragments decoded in registers (uses the above)
-#include "matmul_mma_block32_fragments.h"  // the same for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+#include "matmul_mma_block32_fragments.h"  // the same for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16, BF16
 
 namespace {
 namespace mmq {
@@ -280,6 +280,7 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q5_0, mmq::Narrow<mmq::Q5_0>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_1, mmq::Narrow<mmq::Q5_1>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q8_0, mmq::Narrow<mmq::Q8_0>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_f16, mmq::Narrow<mmq::F16>)
+RF_MATMUL_MMA_ENTRY(matmul_mma_bf16, mmq::Narrow<mmq::BF16>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
@@ -427,7 +428,7 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6, mmq::kStream
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8, RF_BOUNDS)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8, RF_BOUNDS_TWO_PER_SM)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8, RF_BOUNDS)
-// The 32-element block formats and F16 (matmul_mma_block32_fragments.h): the fragment path, two runs of 32 a step
+// The 32-element block formats, F16 and BF16 (matmul_mma_block32_fragments.h): the fragment path, two runs of 32 a step
 // (a lane format for the staged entry, one for the direct), and the wide layers' prompts (projections.mma_first) in
 // 128-token tiles of f16 x only.
 #define RF_BLOCK32_ENTRIES(kind, Format, StagedLane, DirectLane)                                                  \
@@ -442,4 +443,5 @@ RF_BLOCK32_ENTRIES(q5_0, mmq::Q5_0, mmq::Q5_0Lane, mmq::Q5_0Lane)
 RF_BLOCK32_ENTRIES(q5_1, mmq::Q5_1, mmq::Q41Lane<true>, mmq::Q41Lane<true>)
 RF_BLOCK32_ENTRIES(q8_0, mmq::Q8_0, mmq::Q8_0Lane<1>, mmq::Q8_0Lane<2>)  // staged: one step in flight (no spill)
 RF_BLOCK32_ENTRIES(f16, mmq::F16, mmq::F16Lane<1>, mmq::F16Lane<2>)
+RF_BLOCK32_ENTRIES(bf16, mmq::BF16, mmq::BF16Lane<1>, mmq::BF16Lane<2>)
 #endif

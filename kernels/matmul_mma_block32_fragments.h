@@ -1,6 +1,6 @@
 // Part of the matmul_mma op (matmul_mma_fragments.h includes it; built and hashed with it: hipcore/runtime/kernels.py
 // source_files): the fragment path's reading of the 32-element block formats, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and of
-// F16 in runs of 32, for NVIDIA's decode batches (the K-quants' are in matmul_mma_fragments.h, which explains the lanes' k order).
+// F16 and BF16 in runs of 32, for NVIDIA's decode batches (the K-quants' are in matmul_mma_fragments.h, which explains the lanes' k order).
 #pragma once
 #include "hip_compat.h"
 
@@ -181,6 +181,18 @@ struct F16Lane {
   static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int, unsigned int out[4]) {
 #pragma unroll
     for (int p = 0; p < 4; ++p) out[p] = r.w[p];
+  }
+};
+
+// BF16 as runs of 32 (64 bytes), loaded as F16Lane's: each word's two bfloat16 widened to floats (a shift, a mask)
+// and narrowed to one f16 pair (matmul_mma_formats.h's BF16 says where that is exact).
+template <int kStepsInFlight>
+struct BF16Lane : F16Lane<kStepsInFlight> {
+  template <bool kFirst>
+  static __device__ __forceinline__ void decode(const typename F16Lane<kStepsInFlight>::template Raw<kFirst>& r, int,
+                                                unsigned int out[4]) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) out[p] = pack_f16(rf_uint_as_float(r.w[p] << 16), rf_uint_as_float(r.w[p] & 0xffff0000u));
   }
 };
 

@@ -63,8 +63,8 @@ def load_with_progress(path: str, options: LoadOptions, quiet: bool) -> LoadedMo
         loaded = load_model(path, options, status=lambda m: stderr.print(m, highlight=False), progress=progress)
     for reason in loaded.device_reasons:
         stderr.print(f"  {reason}", highlight=False)
-    for name in loaded.weights.converted:
-        stderr.print(f"  note: {name}: no kernel reads this type yet, converted at load", highlight=False)
+    for name in loaded.weights.converted:  # (the tensors' names as the plan spells them; markup off all the same)
+        stderr.print(f"  note: {name}, converted at load", highlight=False, markup=False)
     return loaded
 
 

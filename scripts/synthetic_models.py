@@ -6,7 +6,7 @@ Shapes are the published ones (hidden size, layers, heads, KV heads, FFN size, v
 theta 500,000, the Llama 3.1-style RoPE factors as the real files carry them in rope_freqs.weight, tied
 embeddings for 1B and 3B; Qwen2.5-7B: the qwen2 architecture with q/k/v biases, RoPE theta 1,000,000, no
 RoPE scaling, a vocabulary of 152,064 whose rows past Llama 3's tokenizer are unused tokens, as the real
-file pads its own). Types: F16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
+file pads its own). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
 (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
 as it loads the real ones. Quantized blocks are random bytes with their scale fields overwritten by
 small finite values, so a forward pass stays finite and the file is written at disk speed. Needs numpy
@@ -60,7 +60,7 @@ SHAPES = {
 TOKEN_TYPE_UNUSED = 5  # llama.cpp's LLAMA_TOKEN_TYPE_UNUSED: the padding rows of a vocabulary
 
 # Bytes and elements of one block, and where its f16 scale(s) sit.
-BLOCKS = {"Q4_0": (18, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}
+BLOCKS = {"BF16": (2, 1), "Q4_0": (18, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}
 WEIGHT_STD = 0.02  # the size of a trained model's weights; activations stay O(1) through the layers
 
 
@@ -136,6 +136,9 @@ def tensor_data(rng: np.random.Generator, name: str, dims: tuple[int, ...], qtyp
     rows, cols = dims
     if qtype == "F16":
         return (WEIGHT_STD * rng.standard_normal((rows, cols), np.float32)).astype(np.float16)
+    if qtype == "BF16":  # the top halves of float32 values, rounded to nearest even
+        bits = (WEIGHT_STD * rng.standard_normal((rows, cols), np.float32)).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).view(np.uint8)
     return random_blocks(rng, qtype, rows, cols)
 
 

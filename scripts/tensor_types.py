@@ -3,10 +3,10 @@
 The rule is llama.cpp's llama_tensor_get_type (src/llama-quant.cpp) for a dense llama model with row
 lengths that are multiples of 256:
   - the output matrix (and the token embeddings when they are tied to it) becomes Q6_K unless the file
-    type is Q8_0 (then it stays Q8_0) or F16;
+    type is Q8_0 (then it stays Q8_0), F16 or BF16;
   - Q4_K_M: attn_v and ffn_down become Q6_K in the layers where use_more_bits says so (the first and the
     last eighth of the layers, and every third layer between), the other matrices Q4_K;
-  - Q8_0, Q4_0, Q5_0, Q5_1, F16: every other matrix is of the file type.
+  - Q8_0, Q4_0, Q5_0, Q5_1, F16, BF16: every other matrix is of the file type.
 Norms and rope_freqs stay F32 (the caller's business).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 
 # general.file_type values (llama_ftype)
-FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15}
-_BASE = {"F16": "F16", "Q4_0": "Q4_0", "Q8_0": "Q8_0", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q4_K_M": "Q4_K"}
+FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "BF16": 32}
+_BASE = {"F16": "F16", "Q4_0": "Q4_0", "Q8_0": "Q8_0", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q4_K_M": "Q4_K", "BF16": "BF16"}
 
 
 def use_more_bits(i_layer: int, n_layers: int) -> bool:
@@ -30,7 +30,7 @@ def tensor_type(name: str, file_type: str, n_layers: int, tied_embeddings: bool)
         raise ValueError(f"file type {file_type!r}: one of {', '.join(FILE_TYPES)}")
     base = _BASE[file_type]
     if name == "output.weight" or (tied_embeddings and name == "token_embd.weight"):
-        return base if base in ("F16", "Q8_0") else "Q6_K"
+        return base if base in ("F16", "BF16", "Q8_0") else "Q6_K"
     if file_type != "Q4_K_M":
         return base
     match = re.fullmatch(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight", name)

@@ -252,7 +252,7 @@ def test_the_block_formats_fragment_path_matches_the_reference(mma_harnesses, we
 # Faults of the block formats' lane decoders, each off by O(|w x|) somewhere: Q4_0's nibbles of the other lanes,
 # Q8_0's codes read unsigned, Q5_0's and Q5_1's fifth bits of the neighbouring pair, or of lane 0's columns in
 # every lane, Q4_1's min left out, a step's second block decoded as its first, the words of a step's first block (at 2
-# mod 4) joined the wrong way, F16's halves of the neighbouring lane.
+# mod 4) joined the wrong way, F16's halves of the neighbouring lane, BF16's two values of a word swapped.
 BLOCK32_FAULTS = {
     "Q4_0's nibbles of the other lanes": ("q4_0", 8, "shift = 4u * (unsigned int)(t >> 1);",
                                           "shift = 4u * (unsigned int)(t & 1);"),
@@ -267,6 +267,8 @@ BLOCK32_FAULTS = {
                                                    "(w[i] << 16) | (w[i + 1] >> 16)"),
     "F16's halves of the neighbouring lane": ("f16", 16, "reinterpret_cast<const uint4*>(b + 16 * t)",
                                               "reinterpret_cast<const uint4*>(b + 16 * (t ^ 1))"),
+    "BF16's two values of a word swapped": ("bf16", 8, "pack_f16(rf_uint_as_float(r.w[p] << 16), rf_uint_as_float(r.w[p] & 0xffff0000u))",
+                                            "pack_f16(rf_uint_as_float(r.w[p] & 0xffff0000u), rf_uint_as_float(r.w[p] << 16))"),
 }
 
 
@@ -275,6 +277,16 @@ def test_a_broken_block_format_fragment_is_caught(fault, tmp_path):
     weight_type, n_tokens, old, new = BLOCK32_FAULTS[fault]
     excess = nvidia_excess_with(old, new, weight_type, n_tokens, 31, tmp_path)
     assert excess > 10.0, f"{fault}: the planted fault went unnoticed ({excess:.3g} x the bound)"
+
+
+def test_a_broken_bf16_tile_decode_is_caught(tmp_path):
+    """The shared tiles' BF16 (matmul_mma_formats.h, 96 columns: not whole fragment steps) with a word's two values
+    swapped as it widens them."""
+    assert matmul_mma.entry_name("sm_90", "bf16", 32, 16, cols=96) == "matmul_mma_bf16"
+    harness = nvidia_harness_with("w[2 * k] = rf_uint_as_float(words[k] << 16);",
+                                  "w[2 * k] = rf_uint_as_float(words[k] & 0xffff0000u);", tmp_path)
+    excess = worst_excess(harness, "bf16", 64, 96, 16, 32, None, np.random.default_rng(37), tmp_path)
+    assert excess > 10.0, f"the planted BF16 decode fault went unnoticed ({excess:.3g} x the bound)"
 
 
 # ---- SwiGLU pairs (matmul_mma_swiglu_<type>: a prompt step's gate and up in one launch) -----------------

@@ -131,11 +131,11 @@ def test_project_takes_the_matrix_cores_where_they_exist(cpu_device, monkeypatch
         monkeypatch.setattr(cpu_device, "arch", arch)
         klo, qlo = matmul_mma.min_tokens("q4_k", arch), matmul_mma.min_tokens("q8_0", arch)
         calls.clear()
-        for n, wt in ((klo - 1, "q4_k"), (klo, "q4_k"), (qlo - 1, "q8_0"), (qlo, "q8_0"), (512, "q6_k"), (512, "bf16")):
+        for n, wt in ((klo - 1, "q4_k"), (klo, "q4_k"), (qlo - 1, "q8_0"), (qlo, "q8_0"), (512, "q6_k"), (512, "f32")):
             matmul_mma.project(cpu_device, None, 0, 0, 0, 4, 256, n, weight_type=wt)
         mma = "mma" if matmul_mma.has_matrix_cores(arch) else "matmul"
         assert calls == [("matmul", klo - 1, "q4_k"), (mma, klo, "q4_k"), ("matmul", qlo - 1, "q8_0"), (mma, qlo, "q8_0"),
-                         (mma, 512, "q6_k"), ("matmul", 512, "bf16")], arch
+                         (mma, 512, "q6_k"), ("matmul", 512, "f32")], arch
 
 
 def test_the_single_op_path_of_a_layer_goes_through_matmul_mma():

@@ -58,6 +58,7 @@ def test_llama_cpp_q4_k_m_rule_on_the_real_8b_layer_count():
     assert tensor_type("output.weight", "Q4_0", 32, False) == "Q6_K"
     assert tensor_type("output.weight", "Q8_0", 32, False) == "Q8_0"
     assert tensor_type("token_embd.weight", "F16", 16, True) == "F16"
+    assert tensor_type("output.weight", "BF16", 32, False) == "BF16"
 
 
 def test_vocab_from_tiktoken_ranks(tiktoken_file):
@@ -71,7 +72,8 @@ def test_vocab_from_tiktoken_ranks(tiktoken_file):
 
 @pytest.mark.parametrize("file_type,base", [("Q4_K_M", "Llama-3.1-8B"), ("Q4_K_M", "Llama-3.2-1B"),
                                             ("Q8_0", "Llama-3.2-1B"), ("Q4_0", "Llama-3.1-8B"), ("F16", "Llama-3.2-3B"),
-                                            ("Q5_0", "Llama-3.2-1B"), ("Q5_1", "Llama-3.1-8B")])
+                                            ("Q5_0", "Llama-3.2-1B"), ("Q5_1", "Llama-3.1-8B"),
+                                            ("BF16", "Llama-3.1-8B")])
 def test_small_model_reads_back_and_runs_finite(tmp_path, tiktoken_file, file_type, base):
     path = write_small(tmp_path, tiktoken_file, file_type, base)
     shape = sm.reduced(sm.SHAPES[base], **SMALL)

@@ -79,3 +79,56 @@ def test_the_plan_check_catches_a_table_widened_to_f16(tmp_path, monkeypatch):
 def test_every_gpu_table_type_has_a_lookup_kernel():
     """Every type the reader accepts has a lookup kernel, so no table is widened at load."""
     assert weights.GPU_TABLE_TYPES == set(embedding.TABLE_TYPES) == {t.lower() for t in SUPPORTED_TYPES}
+
+
+def _bf16_model(tmp_path):
+    return write_tiny_llama(tmp_path / "bf16.gguf", hidden=256, ffn=256, n_heads=4, n_kv_heads=2, vocab=300,
+                            tensor_type="BF16", tied=False)
+
+
+def test_bf16_matrices_stay_bf16_where_f16_holds_their_values(tmp_path):
+    """The matrix cores narrow BF16 weights to f16 (kernels/matmul_mma_formats.h BF16): a file whose values f16
+    holds is stored as it is, byte for byte, nothing converted."""
+    device = StandInGpu("cuda")
+    with GGUFFile.open(_bf16_model(tmp_path)) as gguf:
+        loaded = upload_weights(device, gguf)
+        try:
+            assert not loaded.converted
+            assert {w.fmt for lw in loaded.layers for w in (lw.attn_q, lw.ffn_gate, lw.ffn_down)} == {"bf16"}
+            assert loaded.output.fmt == "bf16"
+            assert loaded.nbytes == planned_weight_bytes(device, gguf.plan)
+        finally:
+            loaded.free()
+
+
+@pytest.mark.parametrize("bits, fits", [(0x477F, True), (0xC77F, True), (0x4780, False), (0xC780, False),
+                                        (0x7F80, False), (0x7FC0, False), (0x0001, True)])
+def test_the_bf16_range_check_draws_the_line_at_f16s_largest_value(bits, fits):
+    """65,280 (0x477F) is the largest bfloat16 f16 holds; 65,536, infinities and NaNs are not; a tiny value is."""
+    values = np.zeros(100, dtype=np.uint16)
+    values[57] = bits
+    assert weights.bf16_fits_f16(values.view(np.uint8)) is fits
+
+
+def test_a_bf16_matrix_beyond_f16s_range_is_stored_as_f32(tmp_path):
+    """The planted value: one weight of layer 0's gate at 65,536 (bfloat16 0x4780), which f16 cannot hold. That
+    matrix alone is stored as F32 (its values exact; the paths that read F32 never narrow) and the load says so;
+    up, uploaded beside gate when both are BF16, now takes a buffer of its own."""
+    path = _bf16_model(tmp_path)
+    with GGUFFile.open(path) as gguf:
+        info = gguf.plan.tensor("blk.0.ffn_gate.weight")
+        offset = info.offset + 2 * 1000
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(np.array([0x4780], dtype=np.uint16).tobytes())
+    with GGUFFile.open(path) as gguf:
+        loaded = upload_weights(StandInGpu("cuda"), gguf)
+        try:
+            gate = loaded.layers[0].ffn_gate
+            assert gate.fmt == "f32" and loaded.layers[0].ffn_up.fmt == "bf16" and loaded.layers[1].ffn_gate.fmt == "bf16"
+            assert loaded.layers[0].ffn_gate_up is None
+            assert loaded.converted == ["blk.0.ffn_gate.weight (BF16 -> F32: values beyond f16's range)"]
+            stored = gate.buffer.download(np.float32)[:info.n_elements]
+            assert stored[1000] == 65536.0 and np.array_equal(stored, gguf.dequantize(info.name).reshape(-1))
+        finally:
+            loaded.free()

@@ -14,6 +14,11 @@ own (Weight.offset) for the ops that read them one at a time. The bytes are the 
 Phi-3's files hold q|k|v and gate|up already concatenated in that layout (FILE_FUSED): each is uploaded
 as it is and its members become views of its rows.
 
+BF16 matrices are narrowed to f16 on the matrix cores (kernels/matmul_mma_formats.h BF16): exact where |w| <=
+65,504, an overflow beyond it. A BF16 matrix holding any larger value (or an inf or NaN) is stored as F32 instead,
+which no path narrows (said in ModelWeights.converted; the memory plan counted it at its file size, so the load
+takes twice that for it). LLM weights are far inside f16's range: in practice every BF16 matrix stays BF16.
+
 Llama 3.1/3.2 files carry rope_freqs.weight, the per-pair divisors of the "llama3" RoPE scaling: it
 is uploaded as float32 (rope_dim / 2 values) and every kernel that applies RoPE reads it. Its values
 are checked first (finite and positive: a zero or negative divisor would turn every angle into
@@ -100,7 +105,7 @@ class ModelWeights:
     output: Weight  # the same Weight as token_embd when the model ties them
     layers: list[LayerWeights]
     buffers: list[Buffer] = field(default_factory=list)
-    converted: list[str] = field(default_factory=list)  # tensors converted to F16 at load (no kernel for their type)
+    converted: list[str] = field(default_factory=list)  # tensors converted at load: "name (TYPE -> TYPE: why)"
     rope_freqs: Weight | None = None  # float32 [rope_dim / 2] RoPE frequency divisors, when the file has them
 
     @property
@@ -122,6 +127,18 @@ def storage_format(device: Device, type_name: str, *, is_table: bool, is_vector:
         return "f32"
     supported = GPU_TABLE_TYPES & GPU_MATRIX_TYPES if is_table else GPU_MATRIX_TYPES
     return t if t in supported else "f16"
+
+
+# The largest bfloat16 magnitude f16 holds (0x477F: 65,280; the next, 65,536, is past f16's 65,504), as its low 15 bits.
+BF16_F16_MAX_BITS = 0x477F
+_RANGE_CHUNK = 1 << 24  # elements a pass of bf16_fits_f16 takes (32 MiB of uint16 temporaries)
+
+
+def bf16_fits_f16(raw: np.ndarray) -> bool:
+    """Whether every value of a BF16 tensor's bytes has a magnitude f16 holds (no inf or NaN either)."""
+    bits = np.asarray(raw).view(np.uint16).reshape(-1)
+    return all(int((bits[i:i + _RANGE_CHUNK] & 0x7FFF).max(initial=0)) <= BF16_F16_MAX_BITS
+               for i in range(0, bits.size, _RANGE_CHUNK))
 
 
 def _stored_bytes(fmt: str, info) -> int:
@@ -221,13 +238,23 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
     converted: list[str] = []
     rope_freqs: Weight | None = None
 
+    formats: dict[str, str] = {}
+
+    def stored_format(name: str, table: bool, vec: bool) -> str:
+        """storage_format's, except a BF16 matrix beyond f16's range: F32 (see the module's docstring)."""
+        if name not in formats:
+            fmt = storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec)
+            formats[name] = "f32" if fmt == "bf16" and not bf16_fits_f16(gguf.raw(name)) else fmt
+        return formats[name]
+
     def host_data(name: str, fmt: str, vec: bool) -> np.ndarray:
         info = plan.tensor(name)
         if fmt == info.type_name.lower():
             return gguf.raw(name)
         values = gguf.dequantize(name)
         if device.backend != "cpu" and not vec:
-            converted.append(f"{name} ({info.type_name} -> F16)")
+            why = "values beyond f16's range" if info.type_name == "BF16" else "no kernel reads this type yet"
+            converted.append(f"{name} ({info.type_name} -> {fmt.upper()}: {why})")
         return values.astype(np.float32 if fmt == "f32" else np.float16)
 
     try:
@@ -240,11 +267,11 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
             if progress is not None:
                 progress(done, total, ROPE_FREQS)
         for group, roles in _upload_groups(config):
-            fmts = [storage_format(device, plan.tensor(n).type_name, is_table=t, is_vector=v) for n, t, v in roles]
+            fmts = [stored_format(n, t, v) for n, t, v in roles]
             # One buffer for the group when the formats agree; otherwise each tensor on its own.
             units = [roles] if group is not None and len(set(fmts)) == 1 else [[r] for r in roles]
             for unit in units:
-                fmt = storage_format(device, plan.tensor(unit[0][0]).type_name, is_table=unit[0][1], is_vector=unit[0][2])
+                fmt = stored_format(*unit[0])
                 sizes = [_stored_bytes(fmt, plan.tensor(n)) for n, _, _ in unit]
                 label = unit[0][0] if len(unit) == 1 else f"{group}.weight"
                 buf = device.allocate(sum(sizes), tag="weights", label=label)

@@ -11,7 +11,7 @@ x in f16 (`launch(..., x_f16=True)`): `matmul_mma_x16_<type>` for X16_TYPES, the
 [n_tokens, cols] (rmsnorm's out_f16, or a SwiGLU pair's h16): half the bytes each tile reads, the same results
 (the float32 kernels round x to f16 as they stage it). Shared tiles of 32 or 64 tokens (no fragment path), or
 WIDE_TILE_TOKENS (128) where those tiles are many (`matmul_mma_x16_128_<type>`, pick_x16_tile_tokens); the block
-formats and F16 (X16_WIDE_ONLY_TYPES) have the 128-token entries only (takes_f16_x).
+formats, F16 and BF16 (X16_WIDE_ONLY_TYPES) have the 128-token entries only (takes_f16_x).
 
 The entries that end in a SwiGLU (a prompt step's feed-forward) have their launchers in matmul_mma_swiglu.py.
 
@@ -40,7 +40,7 @@ from hipcore.runtime.kernels import get_kernel
 
 OP = "matmul_mma"
 SIGNATURE = "ppppiiiiii"
-WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16")
+WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "bf16")
 THREADS = 256  # the kernel's warp tiling is written for exactly this
 TILE_ROWS = 128
 TILE_TOKENS = (32, 64)
@@ -82,9 +82,9 @@ _MATRIX_CORE_ARCH = re.compile(r"sm_(\d+)[af]?$|gfx(908|90a|94[012]|950|11[0-9a-
 # matmul_mma_fragments.h and matmul_mma_block32_fragments.h), whose lanes decode their own A fragments in registers
 # instead of staging the decoded tile in shared memory;
 # a batch of at most DIRECT_MAX_TOKENS takes its direct entry (x read straight from memory, no barrier).
-# The 32-element block formats and F16 read two runs of 32 columns a step (PAIR32_STEP_COLS: the kernel's Pair32),
+# The 32-element block formats, F16 and BF16 read two runs of 32 columns a step (PAIR32_STEP_COLS: the kernel's Pair32),
 # so they take the path only where the columns are a multiple of it.
-PAIR32_FRAGMENT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16")
+PAIR32_FRAGMENT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16")
 PAIR32_STEP_COLS = 64
 FRAGMENT_TYPES = WIDE_TYPES + PAIR32_FRAGMENT_TYPES
 # The 2-byte aligned blocks (34, 18 and 22 bytes) are read there in 4-byte words, which needs each step to start
@@ -311,8 +311,8 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
 # ---- f16 x ----------------------------------------------------------------------------------------
 
 X16_TYPES = WIDE_TYPES
-# The wide Q8_0, Q5_0, Q5_1, Q4_1, F16 (and Q4_0) layers' prompts (projections.mma_first) read f16 x in 128-token tiles
-# only (their x16_128 and silu_up entries; no 64-token x16 entries): takes_f16_x.
+# The wide Q8_0, Q5_0, Q5_1, Q4_1, F16 (and Q4_0) layers' prompts (projections.mma_first), and BF16's (no fused family
+# reads it), read f16 x in 128-token tiles only (their x16_128 and silu_up entries; no 64-token x16 entries): takes_f16_x.
 X16_WIDE_ONLY_TYPES = PAIR32_FRAGMENT_TYPES
 F16_BYTES = 2
 

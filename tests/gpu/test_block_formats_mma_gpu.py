@@ -1,16 +1,16 @@
-"""Tiny llama models of the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and F16 on a real GPU, their prompt and
-decode-batch products on matmul_mma's fragment path as wide models take them, against the cpu backend (run with
-`pytest -m gpu tests/gpu/test_block_formats_mma_gpu.py`).
+"""Tiny llama models of the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), F16 and BF16 on a real GPU,
+their prompt and decode-batch products on matmul_mma's fragment path as wide models take them, against the cpu
+backend (run with `pytest -m gpu tests/gpu/test_block_formats_mma_gpu.py`).
 
 Wide Q8_0, Q5_0, Q5_1, Q4_1 and F16 matrices leave the fused families for the single ops on NVIDIA from
-matmul_mma.min_tokens tokens (projections.mma_first), and separate Q4_0 matrices leave fused_qmatvec there
-(qmatvec_limit); these files are narrower than MMA_FIRST_MIN_COLS, which is set to 0 here. Six sequences start
-together (one step of 15 prompt tokens: the staged entries), then decode together (steps of 6 tokens: the direct
-entries), teacher-forced on the cpu's greedy tokens; every row's top-10 logits within MAX_RELATIVE_LOGIT_DIFF of its
-largest. Tolerance: matmul_mma rounds W and x to f16 (u = 2^-11) in each of the ~9 products on a logit's path, ~2e-3
-relative, against the cpu's float32 decode; 1e-2 covers that 5x over, and a mis-decoded weight (a nibble of the wrong
-lane, a fifth bit of the next pair) moves logits by their own size (tests/test_kernels_emulated_mma.py plants such
-faults). The KV cache is f32. Figures go to $OUT/block_formats_mma_figures.json when $OUT is set.
+matmul_mma.min_tokens tokens (projections.mma_first), separate Q4_0 matrices leave fused_qmatvec there
+(qmatvec_limit), and BF16 matrices (no fused family reads them) take the single ops at any width; these files are
+narrower than MMA_FIRST_MIN_COLS, which is set to 0 here. Six sequences start together (one step of 15 prompt tokens:
+the staged entries), then decode together (steps of 6 tokens: the direct entries), teacher-forced on the cpu's greedy
+tokens; every row's top-10 logits within MAX_RELATIVE_LOGIT_DIFF of its largest. Tolerance: matmul_mma rounds W and x
+to f16 (u = 2^-11) in each of the ~9 products on a logit's path, ~2e-3 relative, against the cpu's float32 decode; 1e-2
+covers that 5x over, and a mis-decoded weight (a nibble of the wrong lane, a fifth bit of the next pair) moves logits
+by their own size (tests/test_kernels_emulated_mma.py plants such faults). The KV cache is f32. Figures go to $OUT/block_formats_mma_figures.json when $OUT is set.
 
 And a 200-token prompt on the 128-token tiles of f16 x (q, k, v, o, gate, down: matmul_mma_x16_128_<type>; up with the
 SwiGLU: matmul_mma_silu_up_<type>), as a wide model's prompts take them (WIDE_MIN_TILES and BUSY_ITEMS lowered so that
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.gpu
 
 MAX_RELATIVE_LOGIT_DIFF = 1e-2
 MAX_RELATIVE_QUANT_LOGIT_DIFF = 4e-2  # int8 x (fused_qmatvec): tests/gpu/test_model_q5_gpu.py's
-TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16")
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16")
 PROMPTS = [[5, 77, 123], [9, 300], [41, 17, 250, 3], [99], [64, 200, 12], [7, 8]]  # 15 tokens, 6 sequences
 DECODE_STEPS = 10
 

@@ -44,6 +44,7 @@ def test_the_device_has_matrix_cores(gpu):
     ("q4_0", 577, 576, 33), ("q4_1", 130, 1536, 100), ("q8_0", 1001, 96, 65), ("q5_k", 300, 512, 9),
     ("q4_k", 129, 256, 4095), ("q6_k", 3, 256, 9), ("q5_0", 2048, 640, 512), ("q5_0", 577, 96, 33),
     ("q5_1", 640, 2048, 100), ("q5_1", 130, 1536, 9), ("f16", 4096, 4096, 512), ("f16", 577, 96, 33),
+    ("bf16", 4096, 4096, 512), ("bf16", 577, 96, 33),
 ])
 def test_matmul_mma(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     check(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
@@ -114,6 +115,7 @@ def test_split_columns_and_the_residual_add(gpu, mem, rng, seed, weight_type, ro
     # cut a tile short, one token.
     ("q8_0", 4096, 14336, 8), ("q4_0", 14336, 4096, 32), ("q5_0", 512, 2048, 5), ("q5_1", 4096, 4096, 16),
     ("q4_1", 130, 576, 12), ("q8_0", 1024, 4096, 1), ("f16", 14336, 4096, 8), ("f16", 1024, 4096, 32),
+    ("bf16", 14336, 4096, 8), ("bf16", 1024, 4096, 32),
 ])
 def test_every_path_agrees_with_the_reference(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     """Where the launcher takes the fragment path (decode batches on NVIDIA), each of its entries at any
@@ -176,9 +178,10 @@ def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     # and 4 ways (the 8B's k, the 1B's down).
     ("q5_k", 16384, 256, 150, False), ("q6_k", 16384, 256, 150, True), ("q4_k", 1024, 4096, 512, False),
     ("q6_k", 2048, 8192, 512, True),
-    # The block formats and F16 (128-token tiles only): the 8B's gate and down, a 1B-shaped k split 4 ways.
+    # The block formats, F16 and BF16 (128-token tiles only): the 8B's gate and down, a 1B-shaped k split 4 ways.
     ("q8_0", 14336, 4096, 512, False), ("q4_0", 4096, 14336, 512, True), ("f16", 4096, 4096, 512, False),
     ("q5_1", 1024, 4096, 512, True), ("q5_0", 4096, 4096, 300, False), ("q4_1", 2048, 2048, 512, True),
+    ("bf16", 14336, 4096, 512, False), ("bf16", 4096, 14336, 300, True),
 ])
 def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, accumulate):
     """matmul_mma_x16 (x f16; x16_128 where pick_x16_tile_tokens says) against the reference on the same f16
@@ -209,8 +212,9 @@ def test_f16_x_products(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     # Llama-3.1-8B's gate and up at 512 tokens (448 tiles of 128 tokens); Q5_K with tiles cut short.
     ("q4_k", 14336, 4096, 512), ("q5_k", 16384, 256, 150),
-    # The block formats and F16 (no SwiGLU pair to compare with).
+    # The block formats, F16 and BF16 (no SwiGLU pair to compare with).
     ("q8_0", 14336, 4096, 512), ("q4_0", 8192, 2048, 512), ("q5_0", 14336, 4096, 300), ("f16", 8192, 2048, 512),
+    ("bf16", 14336, 4096, 512),
 ])
 def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     """The gate product in 128-token tiles (launch with x_f16), then matmul_mma_silu_up: h16 within

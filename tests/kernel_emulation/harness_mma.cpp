@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, Matmul> kernels = {
       {"matmul_mma_q4_0", matmul_mma_q4_0}, {"matmul_mma_q4_1", matmul_mma_q4_1}, {"matmul_mma_q8_0", matmul_mma_q8_0},
       {"matmul_mma_q5_0", matmul_mma_q5_0}, {"matmul_mma_q5_1", matmul_mma_q5_1}, {"matmul_mma_f16", matmul_mma_f16},
+      {"matmul_mma_bf16", matmul_mma_bf16},
       {"matmul_mma_q4_k", matmul_mma_q4_k}, {"matmul_mma_q5_k", matmul_mma_q5_k}, {"matmul_mma_q6_k", matmul_mma_q6_k},
 #if RF_MMA_KIND == 1  // NVIDIA's fragment path of decode batches
       {"matmul_mma_fragments_q4_k", matmul_mma_fragments_q4_k}, {"matmul_mma_fragments_q5_k", matmul_mma_fragments_q5_k},
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
       {"matmul_mma_fragments_q5_1", matmul_mma_fragments_q5_1}, {"matmul_mma_direct_q5_1", matmul_mma_direct_q5_1},
       {"matmul_mma_fragments_q8_0", matmul_mma_fragments_q8_0}, {"matmul_mma_direct_q8_0", matmul_mma_direct_q8_0},
       {"matmul_mma_fragments_f16", matmul_mma_fragments_f16}, {"matmul_mma_direct_f16", matmul_mma_direct_f16},
+      {"matmul_mma_fragments_bf16", matmul_mma_fragments_bf16}, {"matmul_mma_direct_bf16", matmul_mma_direct_bf16},
 #endif
   };
   using Swiglu = void (*)(unsigned short*, float*, float*, const void*, const void*, const void*, void*, int, int, int, int);
@@ -82,6 +84,7 @@ int main(int argc, char** argv) {
       {"matmul_mma_x16_128_q4_0", matmul_mma_x16_128_q4_0}, {"matmul_mma_x16_128_q4_1", matmul_mma_x16_128_q4_1},
       {"matmul_mma_x16_128_q5_0", matmul_mma_x16_128_q5_0}, {"matmul_mma_x16_128_q5_1", matmul_mma_x16_128_q5_1},
       {"matmul_mma_x16_128_q8_0", matmul_mma_x16_128_q8_0}, {"matmul_mma_x16_128_f16", matmul_mma_x16_128_f16},
+      {"matmul_mma_x16_128_bf16", matmul_mma_x16_128_bf16},
 #endif
   };
   if (x16.count(entry)) {
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
       {"matmul_mma_silu_up_q4_0", matmul_mma_silu_up_q4_0}, {"matmul_mma_silu_up_q4_1", matmul_mma_silu_up_q4_1},
       {"matmul_mma_silu_up_q5_0", matmul_mma_silu_up_q5_0}, {"matmul_mma_silu_up_q5_1", matmul_mma_silu_up_q5_1},
       {"matmul_mma_silu_up_q8_0", matmul_mma_silu_up_q8_0}, {"matmul_mma_silu_up_f16", matmul_mma_silu_up_f16},
+      {"matmul_mma_silu_up_bf16", matmul_mma_silu_up_bf16},
 #endif
   };
   if (silu_up.count(entry)) {

@@ -30,7 +30,7 @@ EXPECTED_KERNELS = {
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
     "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q5_0", "matmul_q5_1",
                "matmul_q4_k", "matmul_q5_k", "matmul_q6_k", "matmul_q8_0"],
-    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0", "f16")]
+    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0", "f16", "bf16")]
                   + [f"matmul_mma_x16_{t}" for t in ("q4_k", "q5_k", "q6_k")]
                   + [f"matmul_mma_swiglu_{t}" for t in ("q4_k", "q5_k")],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
@@ -47,8 +47,8 @@ EXPECTED_KERNELS = {
     "softcap": ["softcap_f32"],
 }
 # Entries only NVIDIA's objects have: matmul_mma's fragment path (written in mma.sync's fragment layout) and its
-# 128-token tiles (they spilled on gfx1030 and gfx1100), for the K-quants and for the 32-element block formats and F16.
-PAIR32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16")
+# 128-token tiles (they spilled on gfx1030 and gfx1100), for the K-quants and for the 32-element block formats, F16 and BF16.
+PAIR32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16")
 NVIDIA_ONLY_KERNELS = {
     "matmul_mma": [f"matmul_mma_{entry}_{t}" for entry in ("fragments", "direct", "x16_128")
                    for t in ("q4_k", "q5_k", "q6_k") + PAIR32_TYPES]
