@@ -7,7 +7,7 @@
 //   matmul_add_<fmt>         y += x · W^T (the residual connection in the epilogue)
 //   matmul_norm_<fmt>        y = rmsnorm(x) * g · W^T (the output head)
 //
-// <fmt>: q4_1, q5_0, q5_1, q8_0, f16, f32, W in its GGUF block layout, row-major (rows back to back); x float32
+// <fmt>: q4_1, q5_0, q5_1, q8_0, f16, bf16, f32, W in its GGUF block layout, row-major (rows back to back); x float32
 // [n_tokens, cols]; outputs float32 [n_tokens, their rows].
 //
 // The tile loop is matmul.hip's: a workgroup of 256 threads computes a tile of 64 rows of W x
@@ -440,4 +440,5 @@ RF_FUSED_MATMUL_ENTRIES(q5_0, Q5_0)
 RF_FUSED_MATMUL_ENTRIES(q5_1, Q5_1)
 RF_FUSED_MATMUL_ENTRIES(q8_0, Q8_0)
 RF_FUSED_MATMUL_ENTRIES(f16, F16)
+RF_FUSED_MATMUL_ENTRIES(bf16, BF16)
 RF_FUSED_MATMUL_ENTRIES(f32, F32)

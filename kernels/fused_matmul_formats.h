@@ -48,6 +48,18 @@ struct F16 {
   }
 };
 
+// BF16: as F16's, each bfloat16 widened by a shift (the top half of a float32).
+struct BF16 : F16 {
+  static __device__ __forceinline__ void decode(const Raw v, int, float w[8]) {
+    const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = rf_uint_as_float(words[k] << 16);
+      w[2 * k + 1] = rf_uint_as_float(words[k] & 0xffff0000u);
+    }
+  }
+};
+
 // Q8_0 block {half d; int8 qs[32]} (34 bytes, 2-byte aligned): qs[k .. k+7], k = col % 32.
 struct Q8_0 {
   struct Raw {

@@ -9,7 +9,7 @@
 //   matvec_add_<fmt>         y += W · x (the residual connection in the epilogue)
 //   matvec_norm_<fmt>        y = W · rmsnorm(x) * g (the output head)
 //
-// <fmt>: q4_1, q5_0, q5_1, q8_0, f16, f32, W in its GGUF block layout, row-major (rows back to back).
+// <fmt>: q4_1, q5_0, q5_1, q8_0, f16, bf16, f32, W in its GGUF block layout, row-major (rows back to back).
 //
 // The loop is matvec.hip's: a warp owns a pair of rows at a time, lanes walk the row in items of 8
 // weights, x is read with 16-byte loads. What the fusions add:
@@ -397,10 +397,12 @@ RF_FUSED_MATVEC_ENTRIES(q5_0, fused::Q5_0Format)
 RF_FUSED_MATVEC_ENTRIES(q5_1, fused::Q5_1Format)
 RF_FUSED_MATVEC_ENTRIES(q8_0, fused::Q8_0Format)
 RF_FUSED_MATVEC_ENTRIES(f16, fused::F16Format)
+RF_FUSED_MATVEC_ENTRIES(bf16, fused::BF16Format)
 RF_FUSED_MATVEC_ENTRIES(f32, fused::F32Format)
 RF_FUSED_MATVEC_SPLIT_ENTRIES(q4_1, fused::Q4_1Format)
 RF_FUSED_MATVEC_SPLIT_ENTRIES(q5_0, fused::Q5_0Format)
 RF_FUSED_MATVEC_SPLIT_ENTRIES(q5_1, fused::Q5_1Format)
 RF_FUSED_MATVEC_SPLIT_ENTRIES(q8_0, fused::Q8_0Format)
 RF_FUSED_MATVEC_SPLIT_ENTRIES(f16, fused::F16Format)
+RF_FUSED_MATVEC_SPLIT_ENTRIES(bf16, fused::BF16Format)
 RF_FUSED_MATVEC_SPLIT_ENTRIES(f32, fused::F32Format)

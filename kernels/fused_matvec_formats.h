@@ -134,6 +134,22 @@ struct F16Format {
   }
 };
 
+// BF16: as F16's, each bfloat16 widened by a shift (the top half of a float32).
+struct BF16Format : F16Format {
+  static __device__ __forceinline__ void decode(const Raw v, int item, float w[8], int& col_a, int& col_b) {
+    w[0] = rf_bf16_to_float((unsigned short)(v.x & 0xffffu));
+    w[1] = rf_bf16_to_float((unsigned short)(v.x >> 16));
+    w[2] = rf_bf16_to_float((unsigned short)(v.y & 0xffffu));
+    w[3] = rf_bf16_to_float((unsigned short)(v.y >> 16));
+    w[4] = rf_bf16_to_float((unsigned short)(v.z & 0xffffu));
+    w[5] = rf_bf16_to_float((unsigned short)(v.z >> 16));
+    w[6] = rf_bf16_to_float((unsigned short)(v.w & 0xffffu));
+    w[7] = rf_bf16_to_float((unsigned short)(v.w >> 16));
+    col_a = 8 * item;
+    col_b = col_a + 4;
+  }
+};
+
 struct F32Format {
   static constexpr bool kPrefetch = false;  // as F16's (F32 weights are the small tensors)
   struct Raw {

@@ -104,6 +104,12 @@ static __device__ __forceinline__ unsigned int rf_h2_sub(unsigned int a, unsigne
   asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
+// Two floats rounded to an f16 pair (lo in the low half), one instruction (sm_80+: its first operand is the high half).
+static __device__ __forceinline__ unsigned int rf_floats_to_h2(float lo, float hi) {
+  unsigned int d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
 
 // Tensor cores from sm_80 on. Only the device pass defines __CUDA_ARCH__; the host pass takes the FMA
 // path, which it never runs.
@@ -337,6 +343,9 @@ static __device__ __forceinline__ unsigned int rf_h2_mul(unsigned int a, unsigne
 }
 static __device__ __forceinline__ unsigned int rf_h2_sub(unsigned int a, unsigned int b) {
   return __builtin_bit_cast(unsigned int, rf_as_h2(a) - rf_as_h2(b));
+}
+static __device__ __forceinline__ unsigned int rf_floats_to_h2(float lo, float hi) {
+  return __builtin_bit_cast(unsigned int, rf_half2{(_Float16)lo, (_Float16)hi});
 }
 
 // Matrix cores: MFMA on CDNA, WMMA on RDNA3 and RDNA4 (the builtins of LLVM's BuiltinsAMDGPU.def),

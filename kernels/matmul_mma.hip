@@ -443,5 +443,5 @@ RF_BLOCK32_ENTRIES(q5_0, mmq::Q5_0, mmq::Q5_0Lane, mmq::Q5_0Lane)
 RF_BLOCK32_ENTRIES(q5_1, mmq::Q5_1, mmq::Q41Lane<true>, mmq::Q41Lane<true>)
 RF_BLOCK32_ENTRIES(q8_0, mmq::Q8_0, mmq::Q8_0Lane<1>, mmq::Q8_0Lane<2>)  // staged: one step in flight (no spill)
 RF_BLOCK32_ENTRIES(f16, mmq::F16, mmq::F16Lane<1>, mmq::F16Lane<2>)
-RF_BLOCK32_ENTRIES(bf16, mmq::BF16, mmq::BF16Lane<1>, mmq::BF16Lane<2>)
+RF_BLOCK32_ENTRIES(bf16, mmq::BF16, mmq::BF16Lane<2>, mmq::BF16Lane<1>)
 #endif

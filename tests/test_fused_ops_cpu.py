@@ -242,13 +242,13 @@ def test_projection_family_by_step_size(monkeypatch):
 
 
 def test_wide_block_format_products_take_the_matrix_cores_on_nvidia(monkeypatch):
-    """mma_first: from matmul_mma.min_tokens tokens on, a Q8_0, Q5_0, Q5_1, Q4_1 or F16 product of at least
+    """mma_first: from matmul_mma.min_tokens tokens on, a Q8_0, Q5_0, Q5_1, Q4_1, F16 or BF16 product of at least
     MMA_FIRST_MIN_COLS columns leaves the fused families for the single ops (matmul_mma's fragment path, its shared
     tiles for prompts) where that path exists (NVIDIA sm_80+); fewer tokens, narrow matrices, columns that are not
     whole steps of two blocks, AMD targets and MMA_FIRST_ENV=0 keep them."""
     wide, lo = MMA_FIRST_MIN_COLS, matmul_mma.min_tokens("q8_0", "sm_90")
     assert lo == matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS < FUSED_MATVEC_MAX_TOKENS
-    for t in ("q8_0", "q5_0", "q5_1", "q4_1", "f16"):
+    for t in ("q8_0", "q5_0", "q5_1", "q4_1", "f16", "bf16"):
         for n in (lo, FUSED_MATVEC_MAX_TOKENS, 32, 512):
             assert fused_family(t, n, cols=wide, arch="sm_90") is None and mma_first(t, n, 14336, "sm_90"), (t, n)
         assert fused_family(t, lo - 1, cols=wide, arch="sm_90") is fused_matvec, t

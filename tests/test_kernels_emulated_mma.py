@@ -267,8 +267,8 @@ BLOCK32_FAULTS = {
                                                    "(w[i] << 16) | (w[i + 1] >> 16)"),
     "F16's halves of the neighbouring lane": ("f16", 16, "reinterpret_cast<const uint4*>(b + 16 * t)",
                                               "reinterpret_cast<const uint4*>(b + 16 * (t ^ 1))"),
-    "BF16's two values of a word swapped": ("bf16", 8, "pack_f16(rf_uint_as_float(r.w[p] << 16), rf_uint_as_float(r.w[p] & 0xffff0000u))",
-                                            "pack_f16(rf_uint_as_float(r.w[p] & 0xffff0000u), rf_uint_as_float(r.w[p] << 16))"),
+    "BF16's two values of a word swapped": ("bf16", 8, "out[p] = BF16::narrow(r.w[p]);",
+                                            "out[p] = BF16::narrow((r.w[p] << 16) | (r.w[p] >> 16));"),
 }
 
 
@@ -280,11 +280,11 @@ def test_a_broken_block_format_fragment_is_caught(fault, tmp_path):
 
 
 def test_a_broken_bf16_tile_decode_is_caught(tmp_path):
-    """The shared tiles' BF16 (matmul_mma_formats.h, 96 columns: not whole fragment steps) with a word's two values
-    swapped as it widens them."""
+    """The shared tiles' BF16 (matmul_mma_formats.h, 96 columns: not whole fragment steps) with two words of a group
+    stored in each other's place."""
     assert matmul_mma.entry_name("sm_90", "bf16", 32, 16, cols=96) == "matmul_mma_bf16"
-    harness = nvidia_harness_with("w[2 * k] = rf_uint_as_float(words[k] << 16);",
-                                  "w[2 * k] = rf_uint_as_float(words[k] & 0xffff0000u);", tmp_path)
+    harness = nvidia_harness_with("uint4{BF16::narrow(r.x), BF16::narrow(r.y),",
+                                  "uint4{BF16::narrow(r.y), BF16::narrow(r.x),", tmp_path)
     excess = worst_excess(harness, "bf16", 64, 96, 16, 32, None, np.random.default_rng(37), tmp_path)
     assert excess > 10.0, f"the planted BF16 decode fault went unnoticed ({excess:.3g} x the bound)"
 

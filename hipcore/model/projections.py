@@ -11,7 +11,7 @@ Three ways, per product, decided by the step's size and the weight's format:
                 one token of wide Q8_0, Q5_0 and Q5_1 products (qmatvec_first), concatenated or not;
   single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats no fused kernel reads,
                 prompt steps of weights without the concatenated q|k|v and gate|up buffers, and on NVIDIA
-                the wide Q8_0, Q5_0, Q5_1, Q4_1 and F16 products of decode batches and prompts (mma_first); their
+                the wide Q8_0, Q5_0, Q5_1, Q4_1, F16 and BF16 products of decode batches and prompts (mma_first); their
                 products run on the matrix cores from matmul_mma.min_tokens tokens where the device has them,
                 else on matmul / matvec. (Their norm and RoPE stay separate launches; the residual add
                 joins the product on the matrix cores, and a prompt step's K-quant feed-forward runs on
@@ -64,15 +64,15 @@ QMATVEC_FIRST_TYPES = ("q8_0", "q5_0", "q5_1")
 QMATVEC_FIRST_MIN_COLS = 4096
 QMATVEC_FIRST_ENV = "ROCMFORGE_QMATVEC_FIRST"
 
-# Products of the 32-element block formats that the fused families read (Q8_0, Q5_0, Q5_1, Q4_1) and of F16 take the
-# single ops instead, from matmul_mma.min_tokens tokens on, where matmul_mma has its fragment path for them (NVIDIA
-# sm_80+): decode batches on that path, prompts on its shared tiles, both on the matrix cores where fused_matmul decodes
-# to floats and multiplies on FMA. Measured on an NVIDIA H200, Llama-3.1-8B shapes (4 layers), against the fused
-# families: Q8_0 pp512 15,423 -> 45,774 t/s, 8 sequences 2,818 -> 4,641, 32 sequences 5,139 -> 16,460; Q5_0, Q5_1
-# likewise; F16 14,845 -> 64,286, 2,930 -> 6,608 and 4,767 -> 21,529 (docs/benchmarks.md, 2026-11-29, fourth session).
-# In matrices of MMA_FIRST_MIN_COLS columns or more: the demo model's narrow ones keep the fused families, measured
-# ahead of llama.cpp there. Not on AMD: no AMD GPU has measured the two side by side. "0" in MMA_FIRST_ENV: the fused
-# families (to measure the difference).
+# Products of the 32-element block formats that the fused families read (Q8_0, Q5_0, Q5_1, Q4_1), of F16 and of BF16
+# take the single ops instead, from matmul_mma.min_tokens tokens on, where matmul_mma has its fragment path for them
+# (NVIDIA sm_80+): decode batches on that path, prompts on its shared tiles, both on the matrix cores where
+# fused_matmul decodes to floats and multiplies on FMA. Measured on an NVIDIA H200, Llama-3.1-8B shapes (4 layers),
+# against the fused families: Q8_0 pp512 15,423 -> 45,774 t/s, 8 sequences 2,818 -> 4,641, 32 sequences 5,139 ->
+# 16,460; Q5_0, Q5_1 likewise; F16 14,845 -> 64,286, 2,930 -> 6,608 and 4,767 -> 21,529 (docs/benchmarks.md,
+# 2026-11-29, fourth session). In matrices of MMA_FIRST_MIN_COLS columns or more: the demo model's narrow ones keep
+# the fused families, measured ahead of llama.cpp there. Not on AMD: no AMD GPU has measured the two side by side.
+# "0" in MMA_FIRST_ENV: the fused families (to measure the difference).
 MMA_FIRST_MIN_COLS = QMATVEC_FIRST_MIN_COLS
 MMA_FIRST_ENV = "ROCMFORGE_MMA_FIRST"
 

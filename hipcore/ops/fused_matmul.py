@@ -1,6 +1,6 @@
 """fused_matmul: matrix-matrix products with the layer's small ops folded in (prompts, large decode batches).
 
-Kernels (kernels/fused_matmul.hip), for W of type q4_1, q5_0, q5_1, q8_0, f16 or f32 in its GGUF block layout; the
+Kernels (kernels/fused_matmul.hip), for W of type q4_1, q5_0, q5_1, q8_0, f16, bf16 or f32 in its GGUF block layout; the
 same operations as hipcore/ops/fused_matvec.py, with matmul.hip's tiling:
 
   matmul_norm_rope_<t>(q p, k p, v p, W p, x p, g p, positions p, freq_factors p, workspace p, q_rows i,

@@ -1,6 +1,6 @@
 """fused_matvec: matrix-vector products with the layer's small ops folded in (the decode path).
 
-Kernels (kernels/fused_matvec.hip), for W of type q4_1, q5_0, q5_1, q8_0, f16 or f32 in its GGUF block layout:
+Kernels (kernels/fused_matvec.hip), for W of type q4_1, q5_0, q5_1, q8_0, f16, bf16 or f32 in its GGUF block layout:
 
   matvec_norm_rope_<t>(q p, k p, v p, W p, x p, g p, positions p, freq_factors p, q_rows i, kv_rows i, cols i,
                        batch i, head_dim i, rope_dim i, eps f, theta f, freq_scale f)
@@ -38,7 +38,7 @@ from hipcore.runtime.device import Device, Dim3, Stream
 from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "fused_matvec"
-WEIGHT_TYPES = ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "f32")
+WEIGHT_TYPES = ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32")
 SIGNATURES = {
     "matvec_norm_rope": "ppppppppiiiiiifff",
     "matvec_norm_swiglu": "ppppiiif",

@@ -311,8 +311,8 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
 # ---- f16 x ----------------------------------------------------------------------------------------
 
 X16_TYPES = WIDE_TYPES
-# The wide Q8_0, Q5_0, Q5_1, Q4_1, F16 (and Q4_0) layers' prompts (projections.mma_first), and BF16's (no fused family
-# reads it), read f16 x in 128-token tiles only (their x16_128 and silu_up entries; no 64-token x16 entries): takes_f16_x.
+# The wide Q8_0, Q5_0, Q5_1, Q4_1, F16, BF16 (and Q4_0) layers' prompts (projections.mma_first) read f16 x in 128-token
+# tiles only (their x16_128 and silu_up entries; no 64-token x16 entries): takes_f16_x.
 X16_WIDE_ONLY_TYPES = PAIR32_FRAGMENT_TYPES
 F16_BYTES = 2
 

@@ -35,7 +35,7 @@ SWIGLU_SIGNATURE = "pppppppiiii"
 # The gate and up types of Q4_K_M and Q5_K_M files.
 SWIGLU_TYPES = ("q4_k", "q5_k")
 # The up product with the SwiGLU in its epilogue (128-token tiles, NVIDIA) also reads the formats whose prompts take
-# f16 x in those tiles only (matmul_mma.X16_WIDE_ONLY_TYPES: the wide Q8_0, Q5_0, Q5_1, Q4_1, F16 layers, BF16).
+# f16 x in those tiles only (matmul_mma.X16_WIDE_ONLY_TYPES: the wide Q8_0, Q5_0, Q5_1, Q4_1, F16, BF16 layers).
 SILU_UP_TYPES = SWIGLU_TYPES + X16_WIDE_ONLY_TYPES
 SILU_LIPSCHITZ = 1.0999  # max |silu'(g)|, reached near g = 2.4
 

@@ -2,10 +2,9 @@
 their prompt and decode-batch products on matmul_mma's fragment path as wide models take them, against the cpu
 backend (run with `pytest -m gpu tests/gpu/test_block_formats_mma_gpu.py`).
 
-Wide Q8_0, Q5_0, Q5_1, Q4_1 and F16 matrices leave the fused families for the single ops on NVIDIA from
-matmul_mma.min_tokens tokens (projections.mma_first), separate Q4_0 matrices leave fused_qmatvec there
-(qmatvec_limit), and BF16 matrices (no fused family reads them) take the single ops at any width; these files are
-narrower than MMA_FIRST_MIN_COLS, which is set to 0 here. Six sequences start together (one step of 15 prompt tokens:
+Wide Q8_0, Q5_0, Q5_1, Q4_1, F16 and BF16 matrices leave the fused families for the single ops on NVIDIA from
+matmul_mma.min_tokens tokens (projections.mma_first), and separate Q4_0 matrices leave fused_qmatvec there
+(qmatvec_limit); these files are narrower than MMA_FIRST_MIN_COLS, which is set to 0 here. Six sequences start together (one step of 15 prompt tokens:
 the staged entries), then decode together (steps of 6 tokens: the direct entries), teacher-forced on the cpu's greedy
 tokens; every row's top-10 logits within MAX_RELATIVE_LOGIT_DIFF of its largest. Tolerance: matmul_mma rounds W and x
 to f16 (u = 2^-11) in each of the ~9 products on a logit's path, ~2e-3 relative, against the cpu's float32 decode; 1e-2

@@ -68,6 +68,7 @@ def test_norm_rope_demo_shapes(gpu, mem, rng, seed, weight_type, batch, with_fac
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [
     ("q4_1", 1536, 576, 1), ("q4_1", 1536, 576, 8), ("q4_1", 1536, 576, 64), ("q8_0", 1536, 576, 3),
     ("f16", 1536, 576, 2), ("f32", 33, 96, 5), ("q4_1", 7, 32, 1), ("q5_0", 2048, 640, 1), ("q5_1", 1536, 576, 8),
+    ("bf16", 1536, 576, 3),
 ])
 def test_norm_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     raw = random_weights(rng, weight_type, 2 * rows, cols)
@@ -86,7 +87,7 @@ def test_norm_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, batch):
 
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [
     ("q4_1", 576, 576, 1), ("q4_1", 576, 1536, 1), ("q4_1", 576, 1536, 64), ("q8_0", 576, 576, 9), ("f16", 577, 96, 2),
-    ("f32", 33, 64, 7), ("q5_0", 640, 2048, 1), ("q5_1", 576, 1536, 9),
+    ("f32", 33, 64, 7), ("q5_0", 640, 2048, 1), ("q5_1", 576, 1536, 9), ("bf16", 577, 96, 1),
 ])
 def test_add(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     raw = random_weights(rng, weight_type, rows, cols)
@@ -234,6 +235,7 @@ def test_matmul_norm_rope_demo_shapes(gpu, mem, rng, seed, workspace, weight_typ
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     ("q4_1", 1536, 576, 9), ("q4_1", 1536, 576, 64), ("q4_1", 1536, 576, 512), ("q8_0", 1536, 576, 40),
     ("f16", 100, 96, 70), ("f32", 33, 96, 5), ("q5_0", 2048, 640, 64), ("q5_1", 1536, 576, 33),
+    ("bf16", 1536, 576, 40),
 ])
 def test_matmul_norm_swiglu(gpu, mem, rng, seed, workspace, weight_type, rows, cols, n_tokens):
     raw = random_weights(rng, weight_type, 2 * rows, cols)
@@ -255,7 +257,7 @@ def test_matmul_norm_swiglu(gpu, mem, rng, seed, workspace, weight_type, rows, c
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
     ("q4_1", 576, 576, 64), ("q4_1", 576, 1536, 9), ("q4_1", 576, 1536, 64), ("q4_1", 576, 1536, 512),
     ("q8_0", 576, 576, 128), ("f16", 577, 96, 40), ("f32", 33, 64, 65), ("q5_0", 640, 2048, 64),
-    ("q5_1", 576, 1536, 9),
+    ("q5_1", 576, 1536, 9), ("bf16", 577, 96, 40),
 ])
 def test_matmul_add(gpu, mem, rng, seed, workspace, weight_type, rows, cols, n_tokens):
     raw = random_weights(rng, weight_type, rows, cols)

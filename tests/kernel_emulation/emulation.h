@@ -162,6 +162,9 @@ inline unsigned int rf_h2_mul(unsigned int a, unsigned int b) {
 inline unsigned int rf_h2_sub(unsigned int a, unsigned int b) {
   return emu_h2(a, b, 0u, [](double x, double y, double) { return x - y; });
 }
+inline unsigned int rf_floats_to_h2(float lo, float hi) {
+  return (unsigned int)rf_float_to_f16(lo) | ((unsigned int)rf_float_to_f16(hi) << 16);
+}
 
 // ---- Matrix instructions --------------------------------------------------------------------------
 // The warp-wide matrix instructions matrix_cores.h's rf_mma uses, emulated from the operand and result

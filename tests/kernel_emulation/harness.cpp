@@ -123,18 +123,20 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
 
 // The fused_matvec.hip / fused_matmul.hip entry of a family for a weight-type suffix ("q4_1" ...).
 template <class Fn>
-static Fn by_type(const std::string& type, Fn q4_1, Fn q5_0, Fn q5_1, Fn q8_0, Fn f16, Fn f32) {
+static Fn by_type(const std::string& type, Fn q4_1, Fn q5_0, Fn q5_1, Fn q8_0, Fn f16, Fn bf16, Fn f32) {
   if (type == "q4_1") return q4_1;
   if (type == "q5_0") return q5_0;
   if (type == "q5_1") return q5_1;
   if (type == "q8_0") return q8_0;
   if (type == "f16") return f16;
+  if (type == "bf16") return bf16;
   if (type == "f32") return f32;
   std::exit(2);
 }
 // The entry of `family` (matvec_norm_rope, matmul_add ...) for the weight type that ends `entry`.
 #define BY_TYPE(family) \
-  by_type(suffix(#family "_"), family##_q4_1, family##_q5_0, family##_q5_1, family##_q8_0, family##_f16, family##_f32)
+  by_type(suffix(#family "_"), family##_q4_1, family##_q5_0, family##_q5_1, family##_q8_0, family##_f16, family##_bf16, \
+          family##_f32)
 
 // fused_matvec.hip; true when `entry` was one of its kernels.
 static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned block, char** a) {

@@ -21,10 +21,10 @@ EXPECTED_KERNELS = {
                   "embedding_q8_0"],
     "gelu_mul": ["gelu_mul_f32"],
     "fused_matmul": [f"matmul_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
-                     for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "f32")],
+                     for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32")],
     "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm",
                                                         "norm_rope_split", "norm_swiglu_split", "add_split")
-                     for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "f32")],
+                     for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32")],
     "fused_qmatvec": [f"qmatvec_{kind}_{tokens}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
                       for tokens in ("1", "n", "1b")] + ["qmatvec_norm_swiglu_split_1"],
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
