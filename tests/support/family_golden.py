@@ -23,11 +23,27 @@ from pathlib import Path
 import numpy as np
 
 from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.ops import matmul_mma
 from support.model_steps import step_batch
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "families_llamacpp.json"
 LOGIT_TOLERANCE = 0.05
 TIE_MARGIN = 0.1
+# The GPU tier's comparison with the cpu backend (tests/gpu/test_families_gpu.py, test_gemma3_gpu.py) holds the
+# float32 paths to 1e-3 of the largest logit. An F16 or BF16 file's single-op products of 5 tokens and more run on
+# the matrix cores where the GPU has them (hipcore/ops/matmul_mma.py: x rounded to f16, u = 2^-11), as llama.cpp's
+# do. Rounding x so in those products on the cpu backend reproduces their effect (docs/benchmarks.md, 2026-11-29,
+# fifth session): qwen2-f16 3.8e-4 / 3.2e-4 (an H200 measured 3.80e-4 / 3.25e-4), qwen3-f16 1.05e-3 / 1.14e-3 and
+# gemma3-f16 0.90e-3 / 1.03e-3 (their per-head norms amplify it). 3e-3 is that thrice over; a wrong kernel moves
+# logits by whole units.
+MAX_RELATIVE_MMA_LOGIT_DIFF = 3e-3
+
+
+def gpu_logit_tolerance(name: str, arch: str, float_tolerance: float) -> float:
+    """The GPU-against-cpu tolerance of the tiny model `name` ("qwen3-f16" ...) on `arch`."""
+    if name.endswith(("-f16", "-bf16")) and matmul_mma.has_matrix_cores(arch):
+        return MAX_RELATIVE_MMA_LOGIT_DIFF
+    return float_tolerance
 
 
 def evaluate(model, ids: list[int], forced: list[int], steps: int) -> dict:
