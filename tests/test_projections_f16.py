@@ -95,8 +95,8 @@ def test_prompt_steps_on_matrix_cores_run_the_feed_forward_in_f16_with_swiglu_pa
 
 def test_a_swiglu_pair_refuses_what_its_kernel_cannot_take(cpu_device):
     """launch_swiglu's checks: a type without a pair entry, no workspace for the counters, more tiles than
-    counters, outputs overlapping; and launch's f16 x only for the K-quants, and for the block formats and F16 only
-    in 128-token tiles."""
+    counters, outputs overlapping; and launch's f16 x only for its types, the block formats, F16 and BF16 only in
+    128-token tiles."""
     from hipcore.ops import matmul_mma
 
     rng = np.random.default_rng(3)
@@ -125,9 +125,9 @@ def test_a_swiglu_pair_refuses_what_its_kernel_cannot_take(cpu_device):
         with pytest.raises(ValueError, match="overlap"):
             matmul_mma_swiglu.launch_swiglu(cpu_device, None, h16, gate, gate, wg, wu, x16, rows, cols, t, weight_type="q4_k",
                                      workspace=ws)
-        with pytest.raises(ValueError, match="f16 x is read for"):
-            matmul_mma.launch(cpu_device, None, gate, put(random_weights(rng, "bf16", rows, cols)), x16, rows, cols, t,
-                              weight_type="bf16", x_f16=True)
+        with pytest.raises(ValueError, match="f16 x is read for"):  # (every matmul_mma type reads f16 x: not F32)
+            matmul_mma.launch(cpu_device, None, gate, put(random_weights(rng, "f32", rows, cols)), x16, rows, cols, t,
+                              weight_type="f32", x_f16=True)
         with pytest.raises(ValueError, match="128-token tiles only"):  # the block formats have no 64-token x16 entries
             matmul_mma.launch(cpu_device, None, gate, put(random_weights(rng, "q8_0", rows, cols)), x16, rows, cols, t,
                               weight_type="q8_0", x_f16=True)
