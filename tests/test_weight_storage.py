@@ -110,18 +110,37 @@ def test_the_bf16_range_check_draws_the_line_at_f16s_largest_value(bits, fits):
     assert weights.bf16_fits_f16(values.view(np.uint8)) is fits
 
 
+def _plant_65536(path):
+    """One weight of layer 0's gate at 65,536 (bfloat16 0x4780), which f16 cannot hold; its byte offset."""
+    with GGUFFile.open(path) as gguf:
+        offset = gguf.plan.tensor("blk.0.ffn_gate.weight").offset + 2 * 1000
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(np.array([0x4780], dtype=np.uint16).tobytes())
+
+
+def test_without_matrix_cores_nothing_narrows_bf16_so_nothing_is_widened(tmp_path):
+    """gfx1030 has no matrix cores: its BF16 products never narrow to f16, so the planted value stays BF16."""
+    path = _bf16_model(tmp_path)
+    _plant_65536(path)
+    device = StandInGpu("hip")
+    device.arch = "gfx1030"
+    with GGUFFile.open(path) as gguf:
+        loaded = upload_weights(device, gguf)
+        try:
+            assert loaded.layers[0].ffn_gate.fmt == "bf16" and not loaded.converted
+        finally:
+            loaded.free()
+
+
 def test_a_bf16_matrix_beyond_f16s_range_is_stored_as_f32(tmp_path):
     """The planted value: one weight of layer 0's gate at 65,536 (bfloat16 0x4780), which f16 cannot hold. That
     matrix alone is stored as F32 (its values exact; the paths that read F32 never narrow) and the load says so;
     up, uploaded beside gate when both are BF16, now takes a buffer of its own."""
     path = _bf16_model(tmp_path)
+    _plant_65536(path)
     with GGUFFile.open(path) as gguf:
         info = gguf.plan.tensor("blk.0.ffn_gate.weight")
-        offset = info.offset + 2 * 1000
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(np.array([0x4780], dtype=np.uint16).tobytes())
-    with GGUFFile.open(path) as gguf:
         loaded = upload_weights(StandInGpu("cuda"), gguf)
         try:
             gate = loaded.layers[0].ffn_gate

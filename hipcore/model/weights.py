@@ -15,9 +15,10 @@ Phi-3's files hold q|k|v and gate|up already concatenated in that layout (FILE_F
 as it is and its members become views of its rows.
 
 BF16 matrices are narrowed to f16 on the matrix cores (kernels/matmul_mma_formats.h BF16): exact where |w| <=
-65,504, an overflow beyond it. A BF16 matrix holding any larger value (or an inf or NaN) is stored as F32 instead,
-which no path narrows (said in ModelWeights.converted; the memory plan counted it at its file size, so the load
-takes twice that for it). LLM weights are far inside f16's range: in practice every BF16 matrix stays BF16.
+65,504, an overflow beyond it. On a device with matrix cores, a BF16 matrix holding any larger value (or an inf or
+NaN) is stored as F32 instead, which no path narrows (said in ModelWeights.converted; the memory plan counted it at
+its file size, so the load takes twice that for it). LLM weights are far inside f16's range: in practice every BF16
+matrix stays BF16.
 
 Llama 3.1/3.2 files carry rope_freqs.weight, the per-pair divisors of the "llama3" RoPE scaling: it
 is uploaded as float32 (rope_dim / 2 values) and every kernel that applies RoPE reads it. Its values
@@ -33,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from hipcore.gguf.errors import GGUFError
+from hipcore.ops import matmul_mma
 from hipcore.runtime.device import Buffer, Device
 
 # Matrix formats with GPU matvec/matmul kernels (lower-case = the kernels' variant suffix).
@@ -244,7 +246,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
         """storage_format's, except a BF16 matrix beyond f16's range: F32 (see the module's docstring)."""
         if name not in formats:
             fmt = storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec)
-            formats[name] = "f32" if fmt == "bf16" and not bf16_fits_f16(gguf.raw(name)) else fmt
+            narrowed = fmt == "bf16" and matmul_mma.has_matrix_cores(device.arch)  # (no pass over it elsewhere)
+            formats[name] = "f32" if narrowed and not bf16_fits_f16(gguf.raw(name)) else fmt
         return formats[name]
 
     def host_data(name: str, fmt: str, vec: bool) -> np.ndarray:
