@@ -202,19 +202,13 @@ struct Narrow<F16> {
 // (6.1e-5 .. 65,504: bfloat16's 8 bits of mantissa fit f16's 11); smaller values round once as f16 subnormals
 // (matmul_mma.error_bound's h). Larger ones would overflow: hipcore/model/weights.py stores a matrix holding any as
 // F32 instead, which this path never reads.
-struct BF16 {
-  typedef uint4 Raw;
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * 2; }
-  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    return *reinterpret_cast<const uint4*>(row + 2 * (unsigned long long)col);
-  }
+struct BF16 : F16 {  // F16's layout and loads
   static __device__ __forceinline__ unsigned int narrow(unsigned int word) {
     return rf_floats_to_h2(rf_uint_as_float(word << 16), rf_uint_as_float(word & 0xffff0000u));
   }
 };
 template <>
-struct Narrow<BF16> : Narrow<F16> {
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return BF16::row_bytes(cols); }
+struct Narrow<BF16> : Narrow<F16> {  // F16's loads, narrowed as stored
   static __device__ __forceinline__ void store(const Raw& r, int, int g, unsigned short* ws_row) {
     *reinterpret_cast<uint4*>(ws_row + 8 * g) = uint4{BF16::narrow(r.x), BF16::narrow(r.y), BF16::narrow(r.z), BF16::narrow(r.w)};
   }
