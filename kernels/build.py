@@ -5,7 +5,7 @@
     rocmforge kernels build ...                           # the same, from the CLI
 
 Output: <out>/<target>/<op>.hsaco (AMD) or .cubin (NVIDIA), and <out>/manifest.json recording for each
-code object the sha256 of the sources it was built from (hip_compat.h, <op>.hip and what it includes), the compiler, the
+code object the sha256 of the sources it was built from (hip_compat.h with its vendor parts, <op>.hip and what it includes), the compiler, the
 kernel symbols and each kernel's registers and shared memory. <out> defaults to the package's
 prebuilt/ folder, where the loader (hipcore/runtime/kernels.py) looks and which a wheel carries, or to
 $ROCMFORGE_PREBUILT_DIR when that is set (the loader then looks there instead).

@@ -233,8 +233,8 @@ def test_a_failed_op_does_not_undo_the_others(tmp_path):
     require_compiler("amd")
     sources = tmp_path / "src"
     sources.mkdir()
-    for name in ("hip_compat.h", "add.hip"):
-        shutil.copy(loader.kernels_dir() / name, sources / name)
+    for path in loader.source_files("add"):  # hip_compat.h with its vendor parts, add.hip
+        shutil.copy(path, sources / path.name)
     (sources / "broken.hip").write_text('#include "hip_compat.h"\nextern "C" __global__ void broken_f32(float* p) { p[0] = undefined_name; }\n')
     out = tmp_path / "out"
     lines: list[str] = []

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir, op_names, source_digest, source_files
+from hipcore.runtime.kernels import COMPAT_HEADER, compat_files, kernels_dir, op_names, source_digest, source_files
+
+# hip_compat.h and the vendor parts it includes, first in every op's files
+COMPAT = [COMPAT_HEADER, "hip_compat_nvidia.h", "hip_compat_amd_clang.h", "hip_compat_amd.h"]
 
 
 @pytest.fixture
@@ -26,9 +29,9 @@ def sources(tmp_path) -> Path:
 
 
 def header_and_source_digest(op: str, folder: Path) -> str:
-    """The digest of hip_compat.h and <op>.hip alone (the scheme before includes were followed)."""
+    """The digest of hip_compat.h's files and <op>.hip alone, written out here."""
     digest = hashlib.sha256()
-    for part in (folder / COMPAT_HEADER, folder / f"{op}.hip"):
+    for part in (*(folder / name for name in COMPAT), folder / f"{op}.hip"):
         data = part.read_bytes()
         digest.update(f"{part.name}\0{len(data)}\0".encode())
         digest.update(data)
@@ -37,23 +40,32 @@ def header_and_source_digest(op: str, folder: Path) -> str:
 
 def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
-    assert [f.name for f in source_files("fused_qmatvec")] == [COMPAT_HEADER, "fused_qmatvec.hip", "qmatvec_formats.h",
+    assert [f.name for f in source_files("fused_qmatvec")] == [*COMPAT, "fused_qmatvec.hip", "qmatvec_formats.h",
                                                                 "qmatvec_block32_formats.h", "fused_qmatvec_tiles.h",
                                                                 "fused_qmatvec_epilogue.h", "weight_loads.h"]
-    assert [f.name for f in source_files("qmatvec")] == [COMPAT_HEADER, "qmatvec.hip", "qmatvec_formats.h",
+    assert [f.name for f in source_files("qmatvec")] == [*COMPAT, "qmatvec.hip", "qmatvec_formats.h",
                                                           "weight_loads.h"]
-    assert [f.name for f in source_files("fused_matvec")] == [COMPAT_HEADER, "fused_matvec.hip",
+    assert [f.name for f in source_files("fused_matvec")] == [*COMPAT, "fused_matvec.hip",
                                                                "fused_matvec_formats.h", "weight_loads.h"]
-    assert [f.name for f in source_files("matmul_mma")] == [COMPAT_HEADER, "matmul_mma.hip", "matrix_cores.h",
+    assert [f.name for f in source_files("matmul_mma")] == [*COMPAT, "matmul_mma.hip", "matrix_cores.h",
                                                              "matmul_mma_formats.h", "matmul_mma_epilogues.h",
                                                              "matmul_mma_fragments.h", "matmul_mma_block32_fragments.h"]
-    assert [f.name for f in source_files("prompt_attention")] == [COMPAT_HEADER, "prompt_attention.hip", "matrix_cores.h"]
-    assert [f.name for f in source_files("add")] == [COMPAT_HEADER, "add.hip"]
-    # Every op that includes nothing of its own keeps the digest it had, so no prebuilt object goes stale
-    # for nothing.
-    alone = [op for op in op_names() if len(source_files(op)) == 2]
+    assert [f.name for f in source_files("prompt_attention")] == [*COMPAT, "prompt_attention.hip", "matrix_cores.h"]
+    assert [f.name for f in source_files("add")] == [*COMPAT, "add.hip"]
+    # An op that includes nothing of its own is built from hip_compat.h's files and its source alone.
+    alone = [op for op in op_names() if len(source_files(op)) == len(COMPAT) + 1]
     assert "rope" in alone and "fused_qmatvec" not in alone and "matmul_mma" not in alone
     assert all(source_digest(op) == header_and_source_digest(op, folder) for op in alone)
+
+
+def test_an_edit_to_a_vendor_part_of_hip_compat_changes_every_ops_digest(sources):
+    assert [f.name for f in compat_files(sources)] == COMPAT
+    ops = ("add", "fused_qmatvec", "matmul_mma")
+    for part in COMPAT[1:]:
+        before = {op: source_digest(op, sources) for op in ops}
+        path = sources / part
+        path.write_text(path.read_text() + "\n// an edit\n")
+        assert all(source_digest(op, sources) != before[op] for op in ops), part
 
 
 def test_an_edit_to_an_included_file_changes_the_includers_digest(sources):
@@ -82,7 +94,7 @@ def test_includes_are_followed_through_files_and_cycles_end(sources):
                                       '#include "../escape.h"\n')
     (sources / "tmp_op.hip").write_text('#include "hip_compat.h"\n#include "a_part.h"\n')
     (sources.parent / "escape.h").write_text("outside the folder")
-    assert [f.name for f in source_files("tmp_op", sources)] == [COMPAT_HEADER, "tmp_op.hip", "a_part.h", "b_part.h"]
+    assert [f.name for f in source_files("tmp_op", sources)] == [*COMPAT, "tmp_op.hip", "a_part.h", "b_part.h"]
     before = source_digest("tmp_op", sources)
     (sources / "b_part.h").write_text((sources / "b_part.h").read_text() + "// deeper edit\n")
     assert source_digest("tmp_op", sources) != before

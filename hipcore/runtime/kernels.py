@@ -90,14 +90,11 @@ def op_names(sources: Path | None = None) -> list[str]:
 _QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.MULTILINE)
 
 
-def source_files(op: str, sources: Path | None = None) -> list[Path]:
-    """What a code object of `op` is built from: hip_compat.h, <op>.hip, then each file of the sources folder
-    that these include with quotes, directly or through another, once each in the order first met
-    (fused_qmatvec.hip includes qmatvec_formats.h: an edit there must make fused_qmatvec's objects stale too)."""
-    folder = sources or kernels_dir()
-    files = [folder / COMPAT_HEADER, folder / f"{op}{SOURCE_SUFFIX}"]
-    seen = {f.name for f in files}
-    pending = [files[1], files[0]]
+def _followed(first: Path, folder: Path, seen: set[str]) -> list[Path]:
+    """`first` and each file of `folder` it includes with quotes, directly or through another, that `seen`
+    does not name yet (added to it), in the order first met."""
+    files, pending = [first], [first]
+    seen.add(first.name)
     while pending:
         for name in _QUOTED_INCLUDE.findall(pending.pop(0).read_text(errors="replace")):
             path = folder / name  # a plain name: nothing outside the folder
@@ -108,9 +105,25 @@ def source_files(op: str, sources: Path | None = None) -> list[Path]:
     return files
 
 
+def compat_files(sources: Path | None = None) -> list[Path]:
+    """hip_compat.h and its vendor parts (hip_compat_nvidia.h, ...): what every op is built from."""
+    folder = sources or kernels_dir()
+    return _followed(folder / COMPAT_HEADER, folder, set())
+
+
+def source_files(op: str, sources: Path | None = None) -> list[Path]:
+    """What a code object of `op` is built from: compat_files(), then <op>.hip and each file of the sources
+    folder that it includes with quotes, directly or through another, once each in the order first met
+    (fused_qmatvec.hip includes qmatvec_formats.h: an edit there must make fused_qmatvec's objects stale too)."""
+    folder = sources or kernels_dir()
+    compat = compat_files(folder)
+    seen = {f.name for f in compat}
+    return compat + _followed(folder / f"{op}{SOURCE_SUFFIX}", folder, seen)
+
+
 def source_digest(op: str, sources: Path | None = None) -> str:
     """sha256 of source_files(op): each file's name, length and bytes (an op that includes nothing of its
-    own keeps the digest of hip_compat.h and <op>.hip alone)."""
+    own has the digest of compat_files() and <op>.hip alone)."""
     digest = hashlib.sha256()
     for part in source_files(op, sources):
         data = part.read_bytes()

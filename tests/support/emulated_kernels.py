@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hipcore.runtime.kernels import COMPAT_HEADER, kernels_dir, source_files
+from hipcore.runtime.kernels import COMPAT_HEADER, compat_files, kernels_dir, source_files
 
 U32 = 2.0**-24  # float32 unit roundoff
 EMULATION = Path(__file__).parents[1] / "kernel_emulation"
@@ -25,12 +25,17 @@ ARCH_FOR_WARP = {32: "sm_90", 64: "gfx942"}  # what the launchers size grids for
 WARPS = (32, 64)
 
 
+def own_files(op: str) -> list[Path]:
+    """<op>.hip and the parts it includes: its sources but for hip_compat.h and its vendor parts."""
+    return source_files(op)[len(compat_files()):]
+
+
 def build_harnesses(work: Path) -> dict[int, Path]:
     """The harness compiled for each warp width in `work`, from the kernel sources of every op."""
     compiler = shutil.which("g++")
     assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
     for op in OPS + FORWARD_PASS_OPS:
-        for path in source_files(op)[1:]:  # <op>.hip and the parts it includes (hip_compat.h is made below)
+        for path in own_files(op):  # hip_compat.h is made below, without its vendor parts
             shutil.copy(path, work)
     for name in ("emulation.h", "harness_io.h", "harness.cpp"):
         shutil.copy(EMULATION / name, work)
@@ -80,7 +85,7 @@ def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), kernel_edit=None, op
     compiler = shutil.which("g++")
     assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
     harness = MMA_HARNESSES[op]
-    own = source_files(op)[1:]  # <op>.hip and the parts it includes (all but hip_compat.h)
+    own = own_files(op)
     texts = {path.name: path.read_text() for path in own}
     if kernel_edit is not None:
         edited = {name: kernel_edit(text) for name, text in texts.items()}
