@@ -4,11 +4,12 @@
 //   1. bare clang (Debian's clang-22, no ROCm installed), AMD:
 //        clang-22 -x hip --offload-arch=gfx942 --cuda-device-only --no-gpu-bundle-output
 //                 -nogpulib -nogpuinc -nohipwrapperinc -O3
-//      No HIP header exists here, so this file defines the language on clang builtins.
+//      No HIP header exists here, so this file defines the language on clang builtins (hip_compat_amd_clang.h).
 //   2. HIP with ROCm headers (hipcc, hiprtc): the language is already there; only the extras below
 //      (WARP_SIZE, 16-bit float conversions, reductions) are added.
-//   3. NVIDIA (nvcc, nvrtc): CUDA's built-ins, plus __shfl_xor mapped onto __shfl_xor_sync. No header
-//      is included, because nvrtc has no include path to the CUDA toolkit on a user's machine.
+//   3. NVIDIA (nvcc, nvrtc): CUDA's built-ins, plus __shfl_xor mapped onto __shfl_xor_sync (hip_compat_nvidia.h).
+//      No CUDA header is included, because nvrtc has no include path to the CUDA toolkit on a user's machine.
+// What every AMD path shares (wave size, conversions, the matrix-core kind of each target): hip_compat_amd.h.
 //
 // What a kernel may use, everywhere:
 //   threadIdx / blockIdx / blockDim / gridDim (.x .y .z), __syncthreads(), __shfl_xor(v, mask[, width])
