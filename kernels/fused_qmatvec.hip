@@ -3,11 +3,12 @@
 // (or gate and up) each come as their own matrix, each of its own type. A Q4_K_M file has attn_q and
 // attn_k in Q4_K but attn_v in Q6_K, so the concatenated W of fused_matvec.hip does not exist there.
 //
-//   qmatvec_norm_rope(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
-//                     head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size, num_blocks,
-//                     kv_format, k_split, tile_groups)
-//       q = rope(n @ Wq^T), k = rope(n @ Wk^T), v = n @ Wv^T,  n = rmsnorm(x) * g; freq_factors: rope_dim / 2
-//       per-pair divisors of the frequency (rope.hip), or null. kv_format 0: k and v go to their float
+//   qmatvec_norm_rope(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, bq, bk, bv, types, q_rows, kv_rows, cols,
+//                     batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size,
+//                     num_blocks, kv_format, k_split, tile_groups)
+//       q = rope(n @ Wq^T + bq), k = rope(n @ Wk^T + bk), v = n @ Wv^T + bv,  n = rmsnorm(x) * g; freq_factors:
+//       rope_dim / 2 per-pair divisors of the frequency (rope.hip), or null; bq, bk, bv: the biases (qwen2), all
+//       three or none (null), added before RoPE. kv_format 0: k and v go to their float
 //       buffers; 1 (f16), 2 (bf16), 3 (f32): they go straight into the paged cache's pools at each token's
 //       slot instead, the bytes kv_store.hip would write (that launch and its gap leave the step).
 //   qmatvec_norm_swiglu(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
@@ -57,8 +58,8 @@ struct WarpRows {
 template <int NB, int kRows, int KS = 1, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], const unsigned char* const W[3],
                                                const int types[3], const int rows[3], const float* x, const float* g,
-                                               const Rope& rope, const KvTarget& kv, int cols, float eps, int b0,
-                                               int tokens, int tile_groups) {
+                                               const float* const bias[3], const Rope& rope, const KvTarget& kv,
+                                               int cols, float eps, int b0, int tokens, int tile_groups) {
   const Tiles t = Tiles::of<kRows, KS>(tile_groups);
   const int tiles0 = t.count(rows[0]), tiles1 = t.count(rows[1]);
   const int tiles = tiles0 + tiles1 + t.count(rows[2]);
@@ -72,6 +73,7 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
     const int type = m == 0 ? types[0] : m == 1 ? types[1] : types[2];
     const int rows_m = m == 0 ? rows[0] : m == 1 ? rows[1] : rows[2];
     float* ym = m == 0 ? y[0] : m == 1 ? y[1] : y[2];
+    const float* bm = m == 0 ? bias[0] : m == 1 ? bias[1] : bias[2];  // null: no biases
     float out[1][kRows][NB], ss[NB];
     typed_tile_dot<NB, kRows, 1, true, KS, 1, TYPES>(type, st, Wm, rows_m, r0, x, g, cols, tokens, out, ss, t.part);
     // rows come in whole groups of kRows (rows % 4 == 0); part 0's warp holds a split group's sums
@@ -83,6 +85,7 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
 #pragma unroll
       for (int r = 0; r < kRows; r += 2) {
         float s0 = out[0][r][b] * s, s1 = out[0][r + 1][b] * s;
+        if (bm != nullptr) s0 += bm[r0 + r], s1 += bm[r0 + r + 1];
         if (m < 2) rotate(rope, b0 + b, r0 + r, s0, s1);
         if (m > 0 && kv.format != 0) {
           store_pair(kv, m == 2, b0 + b, r0 + r, s0, s1);
@@ -215,6 +218,7 @@ struct RopePass {
   const unsigned char* const* W;
   const int *type_of, *rows;
   const float *x, *g;
+  const float* const* bias;
   const Rope* rope;
   const KvTarget* kv;
   int cols;
@@ -228,15 +232,15 @@ struct RopePass {
     if constexpr (ONE_TOKEN) {
       const int warps = (int)blockDim.x / WARP_SIZE;
       if (k_split == 2 && warps % 2 == 0) {
-        norm_rope_pass<NB, kRows, 2, TYPES>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens, tile_groups);
+        norm_rope_pass<NB, kRows, 2, TYPES>(*st, y, W, type_of, rows, xb, g, bias, *rope, *kv, cols, eps, b0, tokens, tile_groups);
         return;
       }
       if (k_split == 4 && warps % 4 == 0) {
-        norm_rope_pass<NB, kRows, 4, TYPES>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens, tile_groups);
+        norm_rope_pass<NB, kRows, 4, TYPES>(*st, y, W, type_of, rows, xb, g, bias, *rope, *kv, cols, eps, b0, tokens, tile_groups);
         return;
       }
     }
-    norm_rope_pass<NB, kRows, 1, TYPES>(*st, y, W, type_of, rows, xb, g, *rope, *kv, cols, eps, b0, tokens,
+    norm_rope_pass<NB, kRows, 1, TYPES>(*st, y, W, type_of, rows, xb, g, bias, *rope, *kv, cols, eps, b0, tokens,
                               ONE_TOKEN ? tile_groups : 0);
   }
 };
@@ -303,7 +307,8 @@ struct SinglePass {
 template <bool ONE_TOKEN, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* v, const void* Wq, const void* Wk,
                                           const void* Wv, const float* x, const float* g, const int* positions,
-                                          const float* freq_factors, int types, int q_rows, int kv_rows, int cols,
+                                          const float* freq_factors, const float* bq, const float* bk,
+                                          const float* bv, int types, int q_rows, int kv_rows, int cols,
                                           int batch, int head_dim, int rope_dim, float eps, float theta,
                                           float freq_scale, void* k_pool, void* v_pool, const int* slots,
                                           int block_size, int num_blocks, int kv_format, int k_split,
@@ -313,10 +318,11 @@ __device__ __forceinline__ void norm_rope(Stage* st, float* q, float* k, float* 
                                      static_cast<const unsigned char*>(Wv)};
   const int type_of[3] = {types & 15, (types >> 4) & 15, (types >> 8) & 15};
   const int rows[3] = {q_rows, kv_rows, kv_rows};
+  const float* const bias[3] = {bq, bk, bv};
   const Rope rope = {positions, freq_factors, head_dim, rope_dim, theta, freq_scale};
   const KvTarget kv = {static_cast<unsigned char*>(k_pool), static_cast<unsigned char*>(v_pool), slots, block_size,
                        num_blocks, kv_rows / head_dim, head_dim, kv_format};
-  passes<ONE_TOKEN>(batch, RopePass<TYPES>{st, y, W, type_of, rows, x, g, &rope, &kv, cols, eps, k_split, tile_groups});
+  passes<ONE_TOKEN>(batch, RopePass<TYPES>{st, y, W, type_of, rows, x, g, bias, &rope, &kv, cols, eps, k_split, tile_groups});
 }
 
 template <bool ONE_TOKEN, bool SPLIT_LAST = false, int TYPES = kKQuantTypes>
@@ -339,15 +345,16 @@ __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const
 #define RF_FUSED_QMATVEC_ENTRIES(suffix, ONE_TOKEN, TYPES)                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_rope_##suffix(                                      \
       float* q, float* k, float* v, const void* Wq, const void* Wk, const void* Wv, const float* x, const float* g,   \
-      const int* positions, const float* freq_factors, int types, int q_rows, int kv_rows, int cols, int batch,       \
+      const int* positions, const float* freq_factors, const float* bq, const float* bk, const float* bv, int types, \
+      int q_rows, int kv_rows, int cols, int batch,                                                                   \
       int head_dim, int rope_dim, float eps, float theta, float freq_scale, void* k_pool, void* v_pool,               \
       const int* slots, int block_size, int num_blocks, int kv_format, int k_split, int tile_groups) {                \
     __shared__ fq::Stage stage;                                                                                       \
     rf_grid_dependency_deferred(); /* waits in tile_dot (hipcore/ops/fused_qmatvec.py) */                             \
     fq::reset_key(stage);                                                                                             \
-    fq::norm_rope<ONE_TOKEN, TYPES>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows,      \
-                             cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots,          \
-                             block_size, num_blocks, kv_format, k_split, tile_groups);                                \
+    fq::norm_rope<ONE_TOKEN, TYPES>(&stage, q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, bq, bk, bv, types,      \
+                                    q_rows, kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, \
+                                    v_pool, slots, block_size, num_blocks, kv_format, k_split, tile_groups);          \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_##suffix(                                    \
       float* y, const void* Wg, const void* Wu, const float* x, const float* g, int types, int rows, int cols,        \

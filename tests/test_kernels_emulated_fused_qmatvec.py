@@ -64,7 +64,8 @@ QKV_TYPES = [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q6_k", "q4_k"
 def test_norm_rope(harnesses, warp, types, tmp_path):
     rng = np.random.default_rng([warp, *map(ord, "".join(types))])
     # (q heads, kv heads, head_dim, rope_dim, cols, batch): a single token, 2..4, and more than one pass.
-    # The first and last divide the frequencies by factors (rope_freqs.weight), the middle one not.
+    # The first and last divide the frequencies by factors (rope_freqs.weight), the middle one not; the first two add
+    # biases (qwen2's) before RoPE, the last none (null pointers).
     cases = [(2, 1, 16, 16, 256, 1), (4, 2, 8, 4, 512, 3), (2, 1, 16, 8, 256, 6)]
     for case, (q_heads, kv_heads, head_dim, rope_dim, cols, batch) in enumerate(cases):
         q_rows, kv_rows = q_heads * head_dim, kv_heads * head_dim
@@ -72,10 +73,12 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
         x, g = inputs(rng, batch, cols)
         positions = rng.integers(0, 4096, batch).astype(np.int32)
         factors = far_factors(rng, rope_dim) if case != 1 else None
+        biases = [rng.normal(0, 2, r).astype(np.float32) for r in (q_rows, kv_rows, kv_rows)] if case < 2 else None
         files = write_inputs(tmp_path, wq=raws[0], wk=raws[1], wv=raws[2], x=x, g=g, p=positions)
         files.append(factors_arg(tmp_path, factors))
+        bias_files = write_inputs(tmp_path, bq=biases[0], bk=biases[1], bv=biases[2]) if biases is not None else []
         want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, positions, q_rows, kv_rows, cols,
-                                                 head_dim, rope_dim, THETA, FREQ_SCALE, factors)
+                                                 head_dim, rope_dim, THETA, FREQ_SCALE, factors, biases)
         # The float32 angle (position times a rounded frequency) errs by a few ulps of itself: rope.hip's bound.
         angle_error = np.zeros((batch, head_dim))
         angle_error[:, :rope_dim] = (32 * U32 * rope.angles(positions, rope_dim, THETA, FREQ_SCALE, factors)).repeat(2, -1)
@@ -85,18 +88,23 @@ def test_norm_rope(harnesses, warp, types, tmp_path):
                                                            kv_rows):
                 run(harnesses, warp, f"qmatvec_norm_rope_{variant}", grid, block, fused_qmatvec.pack_types(types),
                     q_rows, kv_rows, cols, batch, head_dim, rope_dim, EPS, THETA, FREQ_SCALE, *files, tmp_path / "o",
-                    k_split, tile_groups)
+                    k_split, tile_groups, *bias_files)
                 check_qkv(tmp_path / "o", want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim,
                           f"{types} {q_rows}/{kv_rows}x{cols} batch {batch} {variant} grid {grid} "
-                          f"factors {factors is not None}")
+                          f"factors {factors is not None} biases {biases is not None}", biases)
 
 
-def check_qkv(out_file, want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim, what):
-    """q, k and v of a qmatvec_norm_rope launch (out_file) within product_bound of the reference `want`."""
+def check_qkv(out_file, want, raws, types, xg, s, angle_error, q_rows, kv_rows, cols, head_dim, what, biases=None):
+    """q, k and v of a qmatvec_norm_rope launch (out_file) within product_bound of the reference `want` (biases: the
+    bq, bk, bv it added, whose float32 add rounds once more, or None)."""
     batch = xg.shape[0]
     got = np.split(np.fromfile(out_file, np.float32), [batch * q_rows, batch * (q_rows + kv_rows)])
-    for name, part, ref, raw, t, rows in zip("qkv", got, want, raws, types, (q_rows, kv_rows, kv_rows)):
+    for i, (name, part, ref, raw, t, rows) in enumerate(zip("qkv", got, want, raws, types, (q_rows, kv_rows, kv_rows))):
         bound, magnitude = product_bound(raw, t, xg, s, rows, cols)
+        if biases is not None:  # the add's rounding: half an ulp of the biased sum, at most |product| + |bias| in size
+            bias = np.abs(biases[i].astype(np.float64))[None, :]
+            bound = bound + U32 * (magnitude + bias)
+            magnitude = magnitude + bias
         if name != "v":  # a rotation mixes a pair: each result carries both members' errors
             bound = bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
             pair = magnitude.reshape(batch, -1, 2).sum(-1).repeat(2, -1)

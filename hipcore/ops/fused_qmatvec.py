@@ -5,9 +5,10 @@ A Q4_K_M file stores attn_q / attn_k in Q4_K and attn_v in Q6_K (ffn_down likewi
 cannot be one concatenated matrix and fused_matvec does not apply. These kernels take each matrix apart
 (a pointer and a type code per matrix) and still do a layer's products in four launches:
 
-  qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols, batch,
-                        head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size,
+  qmatvec_norm_rope_<v>(q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, bq, bk, bv, types, q_rows, kv_rows,
+                        cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size,
                         num_blocks, kv_format, k_split, tile_groups)   (freq_factors: as rope.py's, or null;
+                        bq, bk, bv: qwen2's biases, added before RoPE, or all three null;
                         k_pool .. kv_format: where k and v go when the epilogue stores them into the paged
                         cache, kv_store.EpilogueTarget, instead of the k and v buffers; kv_format 0 = not;
                         tile_groups: see MIN_TILE_GROUPS_SHARE)
@@ -52,7 +53,8 @@ WEIGHT_TYPES = KQUANT_TYPES + ("q4_1", "q5_0", "q5_1")
 WEIGHT_ALIGNMENT = {**qmatvec.WEIGHT_ALIGNMENT, "q4_1": 4, "q5_0": 2, "q5_1": 4}
 TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7}  # WeightType
 SIGNATURES = {
-    "qmatvec_norm_rope": "ppppppppppiiiiiiifffpppiiiii",  # ..., block_size, num_blocks, kv_format, k_split, tile_groups
+    # q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, bq, bk, bv, ..., kv_format, k_split, tile_groups
+    "qmatvec_norm_rope": "pppppppppppppiiiiiiifffpppiiiii",
     "qmatvec_norm_swiglu": "pppppiiiif",
     "qmatvec_add": "pppiiiii",  # ... batch, k_split
     "qmatvec_norm": "ppppiiiif",
@@ -136,11 +138,13 @@ def reference_norm(w_raw, weight_type, x, g, eps, rows, cols) -> np.ndarray:
 
 
 def reference_norm_rope(weights, x, g, eps, positions, q_rows, kv_rows, cols, head_dim, rope_dim, theta, freq_scale,
-                        freq_factors=None):
-    """(q, k, v) float64; `weights` = ((raw, type) of Wq, of Wk, of Wv)."""
+                        freq_factors=None, biases=None):
+    """(q, k, v) float64; `weights` = ((raw, type) of Wq, of Wk, of Wv); biases: (bq, bk, bv) added before RoPE, or None."""
     outs = []
-    for (raw, weight_type), rows, rotate in zip(weights, (q_rows, kv_rows, kv_rows), (True, True, False)):
+    for i, ((raw, weight_type), rows, rotate) in enumerate(zip(weights, (q_rows, kv_rows, kv_rows), (True, True, False))):
         y = reference_norm(raw, weight_type, x, g, eps, rows, cols)
+        if biases is not None:
+            y = y + np.asarray(biases[i], dtype=np.float64).reshape(1, rows)
         if rotate:
             y = rope.reference(y.reshape(y.shape[0], -1, head_dim), positions, rope_dim, theta, freq_scale, freq_factors)
         outs.append(y.reshape(-1, rows))
@@ -178,14 +182,17 @@ def _host_normed(dev: CpuDevice, w: int, type_code: int, x: int, g: int, rows: i
 
 def _register(variant: str) -> None:
     @cpu_kernel(f"qmatvec_norm_rope_{variant}", SIGNATURES["qmatvec_norm_rope"])
-    def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, freq_factors, types, q_rows, kv_rows, cols,
-                  batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size, num_blocks,
-                  kv_format, k_split, tile_groups):
+    def norm_rope(dev, grid, block, q, k, v, wq, wk, wv, x, g, positions, freq_factors, bq, bk, bv, types, q_rows,
+                  kv_rows, cols, batch, head_dim, rope_dim, eps, theta, freq_scale, k_pool, v_pool, slots, block_size,
+                  num_blocks, kv_format, k_split, tile_groups):
         pos = dev.view(positions, np.int32, batch)
         factors = rope.host_factors(dev, freq_factors, rope_dim)
         made = []
-        for i, (w, rows, rotate) in enumerate(((wq, q_rows, True), (wk, kv_rows, True), (wv, kv_rows, False))):
+        for i, (w, rows, rotate, bias) in enumerate(((wq, q_rows, True, bq), (wk, kv_rows, True, bk),
+                                                     (wv, kv_rows, False, bv))):
             y = _host_normed(dev, w, (types >> (4 * i)) & 15, x, g, rows, cols, batch, eps)
+            if bias:
+                y = y + dev.view(bias, np.float32, rows)[None, :]
             if rotate:
                 y = rope.reference(y.reshape(batch, -1, head_dim), pos, rope_dim, theta, freq_scale,
                                    factors).reshape(batch, rows)
@@ -345,8 +352,10 @@ def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols:
 def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: Any, weights: Sequence[tuple[Any, str]],
                      x: Any, g: Any, positions: Any, *, q_rows: int, kv_rows: int, cols: int, batch: int,
                      head_dim: int, rope_dim: int, eps: float, theta: float, freq_scale: float,
-                     freq_factors: Any = None, kv_target: kv_store.EpilogueTarget | None = None) -> None:
-    """q, k, v = rope(n @ Wq^T), rope(n @ Wk^T), n @ Wv^T; `weights` = ((Wq, type), (Wk, type), (Wv, type));
+                     freq_factors: Any = None, kv_target: kv_store.EpilogueTarget | None = None,
+                     biases: Sequence[Any] | None = None) -> None:
+    """q, k, v = rope(n @ Wq^T + bq), rope(n @ Wk^T + bk), n @ Wv^T + bv; `weights` = ((Wq, type), (Wk, type),
+    (Wv, type)); biases = (bq, bk, bv) float32 vectors of q_rows, kv_rows, kv_rows (qwen2's), or None for none;
     freq_factors as rope.launch's. With kv_target, k and v are stored into its pools at its slots (the bytes
     kv_store.launch would write) and the k and v buffers are left alone."""
     op = "qmatvec_norm_rope"
@@ -360,13 +369,20 @@ def launch_norm_rope(device: Device, stream: Stream | None, q: Any, k: Any, v: A
                    head_dim=head_dim, rope_dim=rope_dim)
     (wq, tq), (wk, tk), (wv, tv) = weights
     factors = rope.factors_arg(op, freq_factors, rope_dim)
+    bias_args = (0, 0, 0)
+    if biases is not None:
+        if len(biases) != 3:
+            raise ValueError(f"{op}: biases must be (bq, bk, bv), got {len(biases)}")
+        for b, name, rows in zip(biases, ("bq", "bk", "bv"), (q_rows, kv_rows, kv_rows)):
+            check_memory(op, name, b, rows * 4, 4)
+        bias_args = tuple(biases)
     target = kv_store.NO_EPILOGUE_TARGET_ARGS
     if kv_target is not None:
         _check_kv_target(op, kv_target, kv_rows, head_dim, batch)
         target = kv_target.args()
     _launch(device, stream, op, batch, cols, (q_rows, kv_rows, kv_rows), (tq, tk, tv),
-            (q, k, v, wq, wk, wv, x, g, positions, factors, pack_types((tq, tk, tv)), q_rows, kv_rows, cols, batch,
-             head_dim, rope_dim, eps, theta, freq_scale, *target))
+            (q, k, v, wq, wk, wv, x, g, positions, factors, *bias_args, pack_types((tq, tk, tv)), q_rows, kv_rows, cols,
+             batch, head_dim, rope_dim, eps, theta, freq_scale, *target))
 
 
 def _check_kv_target(op: str, kv: kv_store.EpilogueTarget, kv_rows: int, head_dim: int, batch: int) -> None:

@@ -92,6 +92,37 @@ def test_norm_rope(gpu, mem, rng, seed, types, heads, kv_heads, head_dim, cols, 
         check(out.download(np.float32).reshape(batch, rows), ref, bound, f"seed {seed} {name} factors {with_factors}")
 
 
+@pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q8_0", "q8_0", "q8_0")], ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_norm_rope_adds_qwen2s_biases_before_rope(gpu, mem, rng, seed, types, batch):
+    """Qwen2.5-7B's attention shapes (28 q heads, 4 kv heads of 128, 3,584 columns) with q, k and v biases: each
+    added to its product before the rotation, as the reference does it."""
+    heads, kv_heads, head_dim, cols = 28, 4, 128, 3584
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, (q_rows, kv_rows, kv_rows))]
+    biases = [(rng.standard_normal(r) * 4).astype(np.float32) for r in (q_rows, kv_rows, kv_rows)]
+    x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
+    g = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
+    pos = rng.integers(0, 8192, batch).astype(np.int32)
+    outs = [mem.poisoned(batch * r * 4) for r in (q_rows, kv_rows, kv_rows)]
+    fused_qmatvec.launch_norm_rope(gpu, None, *outs, [(mem.upload(r, "weights"), t) for r, t in zip(raws, types)],
+                                   mem.upload(x), mem.upload(g), mem.upload(pos), q_rows=q_rows, kv_rows=kv_rows,
+                                   cols=cols, batch=batch, head_dim=head_dim, rope_dim=head_dim, eps=EPS,
+                                   theta=1000000.0, freq_scale=1.0, biases=[mem.upload(b) for b in biases])
+    want = fused_qmatvec.reference_norm_rope(list(zip(raws, types)), x, g, EPS, pos, q_rows, kv_rows, cols, head_dim,
+                                             head_dim, 1000000.0, 1.0, biases=biases)
+    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    angle = rope.angles(pos, head_dim, 1000000.0, 1.0)
+    for name, out, ref, raw, t, rows, bias in zip("qkv", outs, want, raws, types, (q_rows, kv_rows, kv_rows), biases):
+        bound = bound_of(raw, t, xg, s, rows, cols) + U32 * np.abs(ref)
+        if name != "v":
+            unrotated = fused_qmatvec.reference_norm(raw, t, x, g, EPS, rows, cols) + bias[None, :]
+            size = np.abs(unrotated).reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+            bound = (bound.reshape(batch, -1, 2).sum(-1).repeat(2, -1)
+                     + size * np.tile((32 * U32 * angle + 8 * U32).repeat(2, -1), rows // head_dim))
+        check(out.download(np.float32).reshape(batch, rows), ref, bound, f"seed {seed} {name} biases, batch {batch}")
+
+
 @pytest.mark.parametrize("kv_dtype", sorted(kv_store.EPILOGUE_FORMATS))
 @pytest.mark.parametrize("batch", [1, 5])
 def test_norm_rope_stores_kv_into_the_cache(gpu, mem, rng, seed, kv_dtype, batch):

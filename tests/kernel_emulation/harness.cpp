@@ -32,7 +32,7 @@
 
 static std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, std::nanf("")); }
 
-// RoPE frequency factors: a file of floats, or "-" for none (the kernels then get a null pointer).
+// RoPE frequency factors (or biases): a file of floats, or "-" for none (the kernels then get a null pointer).
 static std::vector<char> optional_file(const char* path) {
   return std::string(path) == "-" ? std::vector<char>() : read_file(path);
 }
@@ -198,8 +198,8 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
   if (entry == "qmatvec_norm_rope_1" || entry == "qmatvec_norm_rope_n" || entry == "qmatvec_norm_rope_1b" || store) {
     // [store: kv_format block_size num_blocks pool_bytes slots] then
     // types q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale Wq Wk Wv x g positions factors|- out
-    // k_split tile_groups; out: q, k, v (floats; with a cache target k and v must stay NaN) and, with one, the K then
-    // the V pool.
+    // k_split tile_groups [bq bk bv]; out: q, k, v (floats; with a cache target k and v must stay NaN) and, with one,
+    // the K then the V pool. Without the three bias files the kernel gets null biases.
     int kv_format = 0, block_size = 0, num_blocks = 0;
     size_t pool_bytes = 0;
     std::vector<char> slots;
@@ -215,13 +215,17 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     std::vector<char> wq = read_file(a[10]), wk = read_file(a[11]), wv = read_file(a[12]), x = read_file(a[13]),
                       g = read_file(a[14]), pos = read_file(a[15]), factors = optional_file(a[16]);
     const int k_split = std::atoi(a[18]), tile_groups = std::atoi(a[19]);
+    const bool biased = a[20] != nullptr;  // argv ends in a null pointer
+    std::vector<char> bq = biased ? read_file(a[20]) : std::vector<char>(), bk = biased ? read_file(a[21]) : bq,
+                      bv = biased ? read_file(a[22]) : bq;
     std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
     std::vector<unsigned char> pools(2 * pool_bytes, 0xA5);  // a byte no store writes by chance everywhere
     auto kernel = blocks ? qmatvec_norm_rope_1b : one ? qmatvec_norm_rope_1 : qmatvec_norm_rope_n;
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), wq.data(), wk.data(), wv.data(), (const float*)x.data(),
-             (const float*)g.data(), (const int*)pos.data(), factors_of(factors), types, q_rows, kv_rows, cols, batch,
+             (const float*)g.data(), (const int*)pos.data(), factors_of(factors), factors_of(bq), factors_of(bk),
+             factors_of(bv), types, q_rows, kv_rows, cols, batch,
              head_dim, rope_dim, eps, theta, scale, store ? pools.data() : nullptr,
              store ? pools.data() + pool_bytes : nullptr, store ? (const int*)slots.data() : nullptr, block_size,
              num_blocks, kv_format, k_split, tile_groups);
