@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model.blocks import Family, compose, pre_norm_layer, qk_head_norm, qkv_bias, qkv_products, rope_qk
+from hipcore.model import weights
+from hipcore.model.blocks import Family, compose, pre_norm_layer, qk_head_norm, qkv_products, rope_qk
 from hipcore.tokenizer.chat_template import render_chat
 from support.family_models import FAMILY_MODELS, GREEDY_TOKENS, PROMPTS, write_family_model
 from support.family_golden import GOLDEN, TIE_MARGIN, disagreements, evaluate, margin
@@ -36,8 +37,17 @@ def model_files(tmp_path_factory) -> dict[str, Path]:
     return {name: write_family_model(name, folder) for name in FAMILY_MODELS}
 
 
-def run_model(path: Path, golden_model: dict, adjust=None) -> dict:
-    with load_model(str(path), LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256)) as model:
+def run_model(path: Path, golden_model: dict, adjust=None, neox_as_norm=None) -> dict:
+    """Our logits for every recorded prompt; adjust(runner) before the first step; neox_as_norm: the architectures
+    whose q and k rows the load reorders (weights.NEOX_AS_NORM) when not the module's."""
+    kept = weights.NEOX_AS_NORM
+    if neox_as_norm is not None:
+        weights.NEOX_AS_NORM = neox_as_norm
+    try:
+        model = load_model(str(path), LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256))
+    finally:
+        weights.NEOX_AS_NORM = kept
+    with model:
         if adjust is not None:
             adjust(model.runner)
         return {name: evaluate(model, rec["prompt_ids"], rec["greedy_ids"], GREEDY_TOKENS)
@@ -91,26 +101,32 @@ def test_greedy_margins_are_mostly_clear(golden, name):
     assert clear >= 0.75 * len(tops), f"{clear} of {len(tops)} steps clear of a near-tie"
 
 
-def _without(block):
+def _without_head_norm(runner):
+    runner.family = Family("qwen3-planted", pre_norm_layer(compose(qkv_products, rope_qk)))
+
+
+def _with_config(**changes):
+    """The runner's config changed, as its blocks and its planner of the products read it."""
     def adjust(runner):
-        arch = runner.config.architecture
-        kept = [b for b in (qkv_products, qkv_bias if arch == "qwen2" else qk_head_norm, rope_qk) if b is not block]
-        runner.family = Family(f"{arch}-planted", pre_norm_layer(compose(*kept)))
+        runner.config = runner.products.config = dataclasses.replace(runner.config, **changes)
     return adjust
 
 
-def _norm_rope(runner):
-    runner.config = dataclasses.replace(runner.config, rope_type="norm")
+# NORM-mode RoPE on rows in the file's order: qwen3 computes NEOX RoPE on them; qwen2 loads them reordered (each NEOX
+# pair side by side, weights.NEOX_AS_NORM) for NORM mode, and is planted with that reordering left out.
+PLANTED = {"no q/k/v bias": (_with_config(qkv_bias=False), None),
+           "no per-head q/k norm": (_without_head_norm, None),
+           "NORM-mode RoPE on the file's rows": (_with_config(rope_type="norm"), frozenset())}
 
 
 @pytest.mark.parametrize("name, fault", [
     ("qwen2-f32", "no q/k/v bias"), ("qwen3-f32", "no per-head q/k norm"),
-    ("qwen2-f16", "NORM-mode RoPE"), ("qwen3-f16", "NORM-mode RoPE"),
+    ("qwen2-f16", "NORM-mode RoPE on the file's rows"), ("qwen3-f16", "NORM-mode RoPE on the file's rows"),
 ])
 def test_planted_faults_are_caught(golden, model_files, name, fault):
-    adjust = {"no q/k/v bias": _without(qkv_bias), "no per-head q/k norm": _without(qk_head_norm),
-              "NORM-mode RoPE": _norm_rope}[fault]
-    found = disagreements(golden["models"][name], run_model(model_files[name], golden["models"][name], adjust))
+    adjust, neox_as_norm = PLANTED[fault]
+    found = disagreements(golden["models"][name],
+                          run_model(model_files[name], golden["models"][name], adjust, neox_as_norm))
     assert found, f"{fault} went unnoticed"
 
 

@@ -274,7 +274,7 @@ def test_prompt_steps_with_wide_qkv_tiles_norm_x_to_f16_for_q_k_and_v(layer, cpu
                                                                          ("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM),
                                                                          ("v", KV_HEADS * HEAD_DIM))}
     config = SimpleNamespace(n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, ffn_size=FFN,
-                             rms_norm_eps=1e-5, rope_dim=HEAD_DIM, rope_theta=10000.0)
+                             rms_norm_eps=1e-5, rope_dim=HEAD_DIM, rope_theta=10000.0, qkv_bias=False)
     planner = ProjectionPlanner(cpu_device, None, config, {**bufs, "matmul_workspace": layer.put(
         np.zeros(matmul_mma.WIDE_WORKSPACE_BYTES // 4, np.int32))}, 1.0)
     positions = layer.put(np.arange(t, dtype=np.int32))

@@ -6,12 +6,14 @@ steps on f16 activations: tests/test_projections_f16.py.)"""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, FUSED_QMATVEC_MAX_TOKENS
 from hipcore.model.weights import Weight
-from hipcore.ops import fused_qmatvec
+from hipcore.ops import fused_qmatvec, rope
 from support.kquant_layer import (FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, MAX_T, TYPES, VOCAB,  # noqa: F401 (layer: a fixture)
                                   layer, read, run)
 
@@ -136,3 +138,38 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
     assert projections.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == FUSED_QMATVEC_MAX_TOKENS
     assert names(FUSED_QMATVEC_MAX_TOKENS) == fused and names(FUSED_QMATVEC_MAX_TOKENS + 1) == single
     assert head_names(projections.HEAD_MATVEC_MAX_ROWS) == ["output_norm+head"]
+
+
+@pytest.mark.parametrize("t", [1, 3, MAX_T])
+def test_biases_ride_in_the_fused_launch_and_follow_the_single_ops(layer, t):
+    """qwen2's q, k and v biases: decode steps add them in fused_qmatvec's epilogue (one launch, as llama's), longer
+    steps in a launch each after the single ops' products; either way before RoPE: with biases, q and k gain the
+    biases rotated (RoPE is linear at a position) and v gains its bias, against the same step without them."""
+    p, lw, b, rng = layer.planner, layer.lw, layer.b, layer.rng
+    rows = {"q": HEADS * HEAD_DIM, "k": KV_HEADS * HEAD_DIM, "v": KV_HEADS * HEAD_DIM}
+    biases = {n: rng.normal(0, 3, r).astype(np.float32) for n, r in rows.items()}
+    biased = SimpleNamespace(**vars(lw), **{f"attn_{n}_bias": Weight(layer.put(v), "f32", v.shape)
+                                             for n, v in biases.items()})
+    x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+    positions = layer.put(rng.integers(0, 500, t).astype(np.int32))
+    results = {}
+    for with_bias in (False, True):
+        p.config = SimpleNamespace(**{**vars(p.config), "qkv_bias": with_bias})
+        b["x"].upload(x)
+        plan = p.attention_input(biased, t, positions)
+        names = [name for name, _ in plan]
+        if t <= FUSED_QMATVEC_MAX_TOKENS:
+            assert names == ["attn_norm+qkv+rope"]
+        else:
+            assert names == ["attn_norm", "q_proj", "k_proj", "v_proj"] + [f"{n}_bias" for n in "qkv" if with_bias] \
+                + ["rope_q", "rope_k"]
+        run(plan)
+        results[with_bias] = {n: read(b[n], (t, r)).astype(np.float64) for n, r in rows.items()}
+    pos = read(positions, (t,)).view(np.int32)
+    for n, r in rows.items():
+        gained = np.broadcast_to(biases[n].astype(np.float64), (t, r))
+        if n != "v":
+            gained = rope.reference(gained.reshape(t, -1, HEAD_DIM), pos, HEAD_DIM, 10000.0, 1.0).reshape(t, r)
+        got = results[True][n] - results[False][n]
+        scale = np.abs(results[True][n]).max() + np.abs(gained).max()
+        np.testing.assert_allclose(got, gained, rtol=0, atol=1e-5 * scale, err_msg=f"{n}, {t} tokens")

@@ -189,7 +189,7 @@ def planner_layer(put, cpu_device, rng, weight_type: str, concatenated: bool, fa
     buffers = {n: put(np.zeros(t_max * width, np.float32)) for n, width in sizes.items()}
     buffers["matmul_workspace"] = put(np.zeros(fused_matmul.WORKSPACE_BYTES // 4, np.float32))
     config = SimpleNamespace(n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN,
-                             rms_norm_eps=EPS, rope_dim=HEAD_DIM, rope_theta=THETA)
+                             rms_norm_eps=EPS, rope_dim=HEAD_DIM, rope_theta=THETA, qkv_bias=False)
     planner = ProjectionPlanner(cpu_device, None, config, buffers, FREQ_SCALE, put(factors))
     return planner, lw, raws, buffers
 

@@ -10,8 +10,8 @@ import pytest
 from hipcore.gguf.file import GGUFFile
 from hipcore.gguf.quants import SUPPORTED_TYPES
 from hipcore.model import weights
-from hipcore.model.weights import planned_weight_bytes, storage_format, upload_weights
-from hipcore.ops import embedding
+from hipcore.model.weights import neox_pair_order, planned_weight_bytes, storage_format, upload_weights
+from hipcore.ops import embedding, rope
 from hipcore.runtime.cpu import CpuDevice
 from support.gguf_factory import write_tiny_llama
 
@@ -151,3 +151,51 @@ def test_a_bf16_matrix_beyond_f16s_range_is_stored_as_f32(tmp_path):
             assert stored[1000] == 65536.0 and np.array_equal(stored, gguf.dequantize(info.name).reshape(-1))
         finally:
             loaded.free()
+
+
+@pytest.mark.parametrize("tensor_type", ["Q4_K", "F32"])
+def test_qwen2s_q_and_k_rows_are_uploaded_with_each_neox_pair_side_by_side(tmp_path, tensor_type):
+    """qwen2 (NEOX RoPE, NEOX_AS_NORM): attn_q, attn_k and their biases go up with the rows of each head in
+    neox_pair_order (pair i's rows i and i + head_dim / 2 at 2i and 2i + 1), so that NORM-mode RoPE on them is the
+    file's NEOX RoPE, reordered; v, o and the rest keep the file's bytes. llama (NORM already) is stored as it is."""
+    heads, kv_heads, head_dim = 4, 2, 64
+    for architecture in ("qwen2", "llama"):
+        path = write_tiny_llama(tmp_path / f"{architecture}.gguf", architecture=architecture, hidden=256, ffn=256,
+                                n_heads=heads, n_kv_heads=kv_heads, vocab=300, tensor_type=tensor_type)
+        with GGUFFile.open(path) as gguf:
+            loaded = upload_weights(StandInGpu("cuda"), gguf)
+            try:
+                assert loaded.rope_pairs_adjacent == (architecture == "qwen2")
+                lw = loaded.layers[1]
+                checked = [("attn_q.weight", lw.attn_q, heads), ("attn_k.weight", lw.attn_k, kv_heads),
+                           ("attn_v.weight", lw.attn_v, None), ("attn_output.weight", lw.attn_output, None)]
+                if architecture == "qwen2":
+                    checked += [("attn_q.bias", lw.attn_q_bias, heads), ("attn_k.bias", lw.attn_k_bias, kv_heads),
+                                ("attn_v.bias", lw.attn_v_bias, None)]
+                for part, weight, reordered_heads in checked:
+                    info = gguf.plan.tensor(f"blk.1.{part}")
+                    rows = info.shape[0]
+                    stored = weight.buffer.download(np.uint8)[weight.offset:weight.offset + info.nbytes]
+                    file_rows = np.asarray(gguf.raw(info.name)).reshape(rows, -1)
+                    if reordered_heads is None or architecture != "qwen2":
+                        want = file_rows
+                    else:
+                        order = neox_pair_order(head_dim, head_dim)
+                        want = file_rows.reshape(reordered_heads, head_dim, -1)[:, order].reshape(rows, -1)
+                        assert not np.array_equal(want, file_rows)
+                    assert np.array_equal(stored.reshape(rows, -1), want), (architecture, part)
+            finally:
+                loaded.free()
+
+
+def test_norm_rope_on_rows_in_neox_pair_order_is_neox_rope_reordered():
+    """The identity the reordering rests on, at a partial rotation too (rope_dim < head_dim: the rest stays)."""
+    rng = np.random.default_rng(3)
+    for head_dim, rope_dim in ((64, 64), (16, 8)):
+        y = rng.standard_normal((3, 2, head_dim))
+        positions = np.array([0, 7, 1234], dtype=np.int32)
+        order = neox_pair_order(head_dim, rope_dim)
+        neox = rope.reference(y, positions, rope_dim, 10000.0, 1.0, rope_type="neox")
+        norm = rope.reference(y[..., order], positions, rope_dim, 10000.0, 1.0, rope_type="norm")
+        np.testing.assert_allclose(norm, neox[..., order], rtol=0, atol=1e-12)
+        assert sorted(order) == list(range(head_dim)) and list(order[rope_dim:]) == list(range(rope_dim, head_dim))

@@ -4,8 +4,9 @@ A family (hipcore/model/families/) is a layer built from these: the llama layer 
     attention_input -> attention -> attention_output -> feed_forward -> feed_forward_output
 (fused_attention_input stores k and v in the cache itself where its kernel can, and is followed by
 attention_after_fused_input, which then leaves out the kv_store launch)
-and a family that differs from it only in how q, k and v are made (qwen2's biases, qwen3's per-head
-norm, NEOX RoPE) composes its own attention_input from the smaller blocks below and keeps the rest.
+and a family that differs from it only in how q, k and v are made (qwen3's per-head norm, NEOX RoPE)
+composes its own attention_input from the smaller blocks below and keeps the rest (qwen2's biases and NEOX RoPE
+take the fused input: its q and k rows are uploaded with each NEOX pair side by side, weights.py NEOX_AS_NORM).
 gemma3 composes its whole layer from single ops: qwen3's attention input, then the sandwich blocks at
 the end of this file (a norm after attention and after a GeGLU feed-forward, before each residual add);
 gemma2 the same without the per-head norms, and its logits capped after the head (capped_logits).
@@ -22,7 +23,7 @@ from typing import Callable
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.projections import Launch, ProjectionPlanner, weight_arg
 from hipcore.model.step_inputs import StepInputs
-from hipcore.ops import (add, add_bias, gelu_mul, kv_store, matmul_mma, paged_attention, prompt_attention, rmsnorm,
+from hipcore.ops import (add, gelu_mul, kv_store, matmul_mma, paged_attention, prompt_attention, rmsnorm,
                          rope, scale, softcap)
 from hipcore.runtime.device import Buffer, Device, Stream
 
@@ -60,12 +61,13 @@ def _stores_kv(ctx: StepContext, lw, t: int) -> bool:
 
 
 def fused_attention_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T) in NORM mode: one fused launch where the weights allow,
-    which also stores k and v in the paged cache where it can (then pair it with attention_after_fused_input)."""
+    """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T (+ the biases, qwen2's)) in NORM mode: one fused launch where the
+    weights allow, which also stores k and v in the paged cache where it can (then pair it with
+    attention_after_fused_input). NEOX RoPE runs here only as NORM on reordered rows (weights.py: NEOX_AS_NORM)."""
     cfg = ctx.config
-    if cfg.rope_type != "norm" or cfg.qkv_bias or cfg.qk_norm:  # the fused kernels would silently skip these
-        raise ValueError(f"{cfg.architecture}: the fused attention input computes NORM RoPE without biases or "
-                         "per-head norms; compose the family's own")
+    if cfg.rope_type != "norm" or cfg.qk_norm:  # the fused kernels would silently skip these
+        raise ValueError(f"{cfg.architecture}: the fused attention input computes NORM RoPE without per-head norms; "
+                         "compose the family's own")
     target = kv_store.epilogue_target(ctx.cache, i, ctx.inputs.buffer) if _stores_kv(ctx, lw, t) else None
     return ctx.products.attention_input(lw, t, positions(ctx), kv_target=target)
 
@@ -155,14 +157,6 @@ def qkv_products(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
             dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
             workspace=ctx.products.workspace)))
     return plan
-
-
-def qkv_bias(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """q += bq, k += bk, v += bv (each row)."""
-    b, dev, st = ctx.buffers, ctx.device, ctx.stream
-    return [(f"{name}_bias", lambda out=out, bias=bias: add_bias.launch(dev, st, out, bias.buffer, t, bias.rows))
-            for name, out, bias in (("q", b["q"], lw.attn_q_bias), ("k", b["k"], lw.attn_k_bias),
-                                    ("v", b["v"], lw.attn_v_bias))]
 
 
 def qk_head_norm(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:

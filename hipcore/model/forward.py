@@ -121,6 +121,8 @@ class ModelRunner:
         if config.rope_scaling not in ("none", "linear"):
             raise UnsupportedModelError(f"rope scaling {config.rope_scaling!r} is not supported yet (none, linear)")
         self.family = family_for(config.architecture)
+        if weights.rope_pairs_adjacent:  # NEOX pairs uploaded side by side (weights.py, NEOX_AS_NORM): NORM mode
+            config = dataclasses.replace(config, rope_type="norm")
         self.device, self.config, self.weights, self.cache = device, config, weights, cache
         self.max_step_tokens, self.max_seqs = max_step_tokens, max_seqs
         block_size = cache.config.block_size

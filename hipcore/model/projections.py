@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from hipcore.ops import (add, fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul_mma, matmul_mma_swiglu, rmsnorm,
-                         rope, silu_mul)
+from hipcore.ops import (add, add_bias, fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul_mma, matmul_mma_swiglu,
+                         rmsnorm, rope, silu_mul)
 from hipcore.runtime.device import Buffer, Device, Stream
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
@@ -163,7 +163,8 @@ class ProjectionPlanner:
         """True when fused_qmatvec makes q, k and v of this layer for a step of t tokens (and there is no
         concatenated q|k|v for fused_matvec / fused_matmul to take first)."""
         qkv = lw.attn_qkv
-        if qkv is not None and fused_family(qkv.fmt, t, cols=qkv.cols, arch=self.device.arch) is not None:
+        if qkv is not None and not self.config.qkv_bias and \
+                fused_family(qkv.fmt, t, cols=qkv.cols, arch=self.device.arch) is not None:
             return False
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
         return separate_fusable(t, *weights, max_tokens=qmatvec_limit(self.device, *weights)) \
@@ -176,12 +177,15 @@ class ProjectionPlanner:
 
     def attention_input(self, lw, t: int, positions: int,
                         kv_target: kv_store.EpilogueTarget | None = None) -> list[Launch]:
-        """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T) into b["q"], b["k"], b["v"]. With kv_target, where
-        stores_kv() is true, k and v go into the cache there instead of b["k"] and b["v"]."""
+        """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T (+ [bq; bk; bv] where the model has biases)) in NORM mode into
+        b["q"], b["k"], b["v"]. With kv_target, where stores_kv() is true, k and v go into the cache there instead of
+        b["k"] and b["v"]. Biases: fused_qmatvec adds them in its epilogue; the concatenated q|k|v's kernels
+        (fused_matvec, fused_matmul) add none, so a biased layer takes fused_qmatvec or the single ops."""
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         nh, nkv, hd, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
         qkv = lw.attn_qkv
-        family = fused_family(qkv.fmt, t, cols=qkv.cols, arch=dev.arch) if qkv is not None else None
+        biases = (lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias) if cfg.qkv_bias else None
+        family = fused_family(qkv.fmt, t, cols=qkv.cols, arch=dev.arch) if qkv is not None and biases is None else None
         if kv_target is not None and not self.stores_kv(lw, t, kv_target.dtype):
             raise ValueError("attention_input: k and v cannot be stored by this step's products (see stores_kv)")
         if family is not None:
@@ -198,7 +202,7 @@ class ProjectionPlanner:
                 dev, st, b["q"], b["k"], b["v"], weights, b["x"], lw.attn_norm.buffer, positions, q_rows=nh * hd,
                 kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
                 theta=cfg.rope_theta, freq_scale=self.freq_scale, freq_factors=self.freq_factors,
-                kv_target=kv_target))]
+                kv_target=kv_target, biases=None if biases is None else [weight_arg(v) for v in biases]))]
         f16 = self.qkv_f16(lw, t)
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
                                                                    cfg.rms_norm_eps, out_f16=f16))]
@@ -211,6 +215,9 @@ class ProjectionPlanner:
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
                 workspace=self.workspace)))
+        for name, out, bias in zip("qkv", (b["q"], b["k"], b["v"]), biases or ()):
+            plan.append((f"{name}_bias", lambda out=out, bias=bias: add_bias.launch(dev, st, out, bias.buffer, t,
+                                                                                    bias.rows)))
         for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)):
             plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
                 dev, st, out, positions, t, heads, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale, self.freq_factors)))

@@ -20,6 +20,14 @@ NaN) is stored as F32 instead, which no path narrows (said in ModelWeights.conve
 its file size, so the load takes twice that for it). LLM weights are far inside f16's range: in practice every BF16
 matrix stays BF16.
 
+qwen2's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input kernels rotate
+adjacent pairs (2i, 2i + 1) (NORM). For the architectures in NEOX_AS_NORM, the rows of attn_q and attn_k (and of
+their biases) are uploaded in neox_pair_order within each head, so that NEOX pair i lies at rows 2i, 2i + 1 and
+rotates with the same frequency in NORM mode: q and k come out in that order, consistently, and attention's q . k
+sums the same products in another order (v and the attention output are untouched). ModelWeights.rope_pairs_adjacent
+says so, and the runner then computes RoPE in NORM mode (hipcore/model/forward.py). It is the reordering llama.cpp's
+converter applies to Llama's q and k (the other way round), done at load.
+
 Llama 3.1/3.2 files carry rope_freqs.weight, the per-pair divisors of the "llama3" RoPE scaling: it
 is uploaded as float32 (rope_dim / 2 values) and every kernel that applies RoPE reads it. Its values
 are checked first (finite and positive: a zero or negative divisor would turn every angle into
@@ -54,6 +62,11 @@ FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("
 # becomes a view of its rows.
 FILE_FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")}
 ROPE_FREQS = "rope_freqs.weight"  # optional: RoPE frequency divisors (Llama 3.1/3.2 "llama3" scaling)
+# Architectures whose NEOX RoPE runs in NORM mode on reordered q and k rows (see the module's docstring): qwen2, whose
+# q, k and v then take the fused attention-input kernel (biases and all). qwen3 and gemma normalize each head of q
+# and k first, which no fused kernel does; phi3's q|k|v comes as one file tensor.
+NEOX_AS_NORM = frozenset({"qwen2"})
+_PAIRED_ROWS = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
 
 ProgressFn = Callable[[int, int, str], None]  # (bytes done, bytes total, tensor name)
 
@@ -109,6 +122,7 @@ class ModelWeights:
     buffers: list[Buffer] = field(default_factory=list)
     converted: list[str] = field(default_factory=list)  # tensors converted at load: "name (TYPE -> TYPE: why)"
     rope_freqs: Weight | None = None  # float32 [rope_dim / 2] RoPE frequency divisors, when the file has them
+    rope_pairs_adjacent: bool = False  # q and k rows in neox_pair_order: RoPE runs in NORM mode (NEOX_AS_NORM)
 
     @property
     def nbytes(self) -> int:
@@ -210,6 +224,31 @@ def rope_factors(gguf) -> np.ndarray | None:
     return factors
 
 
+def neox_pair_order(head_dim: int, rope_dim: int) -> np.ndarray:
+    """The rows of one head in their upload order: NEOX pair i (rows i and i + rope_dim / 2) at 2i and 2i + 1,
+    the rows past rope_dim (not rotated) where they were."""
+    half = rope_dim // 2
+    order = np.arange(head_dim)
+    order[0:rope_dim:2] = np.arange(half)
+    order[1:rope_dim:2] = np.arange(half) + half
+    return order
+
+
+def pairs_neox_rows(config) -> bool:
+    """True when upload_weights reorders this model's q and k rows (NEOX_AS_NORM)."""
+    return config.rope_type == "neox" and config.architecture in NEOX_AS_NORM
+
+
+def _paired_rows(data: np.ndarray, heads: int, head_dim: int, rope_dim: int) -> np.ndarray:
+    """data (a matrix of heads * head_dim rows, or a vector of as many values; its bytes, as the file holds them, or
+    its values) with its rows in neox_pair_order per head, in data's shape."""
+    order = (np.arange(heads)[:, None] * head_dim + neox_pair_order(head_dim, rope_dim)[None, :]).reshape(-1)
+    if data.size % order.size:
+        raise GGUFError(f"expected whole rows of {heads} heads of {head_dim} to reorder, the tensor has {data.size} "
+                        "elements")
+    return np.ascontiguousarray(data.reshape(order.size, -1)[order]).reshape(data.shape)
+
+
 def _upload_groups(config) -> list[tuple[str | None, list[tuple[str, bool, bool]]]]:
     """The roles of _tensor_roles in upload order, grouped: (group name or None, member roles)."""
     grouped = {f"blk.{i}.{m}.weight": (f"blk.{i}.{g}", members)
@@ -250,7 +289,16 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
             formats[name] = "f32" if narrowed and not bf16_fits_f16(gguf.raw(name)) else fmt
         return formats[name]
 
+    paired = pairs_neox_rows(config)
+
     def host_data(name: str, fmt: str, vec: bool) -> np.ndarray:
+        data = file_data(name, fmt, vec)
+        if paired and name.endswith(_PAIRED_ROWS):  # blk.N.attn_q.weight ...: rows first, as the file has them
+            heads = config.n_heads if ".attn_q." in name else config.n_kv_heads
+            data = _paired_rows(data, heads, config.head_dim, config.rope_dim)
+        return data
+
+    def file_data(name: str, fmt: str, vec: bool) -> np.ndarray:
         info = plan.tensor(name)
         if fmt == info.type_name.lower():
             return gguf.raw(name)
@@ -313,7 +361,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
     ]
     embd = uploaded["token_embd.weight"]
     output = embd if config.tie_embeddings else uploaded["output.weight"]
-    return ModelWeights(embd, uploaded["output_norm.weight"], output, layers, buffers, converted, rope_freqs)
+    return ModelWeights(embd, uploaded["output_norm.weight"], output, layers, buffers, converted, rope_freqs,
+                        rope_pairs_adjacent=paired)
 
 
 _GROUP_OF = {m: g for g, members in FUSED_GROUPS for m in members}

@@ -44,7 +44,8 @@ def layer(cpu_device):
              "gate": MAX_T * FFN, "up": MAX_T * FFN, "logits": MAX_T * VOCAB, "rows": MAX_T * HIDDEN}
     buffers = {name: put(np.zeros(n, np.float32)) for name, n in sizes.items()}
     config = SimpleNamespace(n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, ffn_size=FFN,
-                             vocab_size=VOCAB, rms_norm_eps=1e-5, rope_dim=HEAD_DIM, rope_theta=10000.0)
+                             vocab_size=VOCAB, rms_norm_eps=1e-5, rope_dim=HEAD_DIM, rope_theta=10000.0,
+                             qkv_bias=False)
     planner = ProjectionPlanner(cpu_device, None, config, buffers, 1.0)
     yield SimpleNamespace(planner=planner, lw=lw, raw=raw, weights=weights, norms=norms, b=buffers, put=put, rng=rng)
     for buf in allocated:
