@@ -11,6 +11,7 @@ weights and 0.028 with F16; the figures this family reaches print with `pytest -
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.model import weights
 from support.family_golden import TIE_MARGIN, disagreements, evaluate, margin
 from support.phi3_models import GREEDY_TOKENS, PHI3_MODELS, PROMPTS, write_model
 
@@ -40,12 +42,24 @@ def model_files(tmp_path_factory) -> dict[str, Path]:
 KV_BLOCKS = 40
 
 
-def run_model(path: Path, golden_model: dict, adjust=None) -> dict:
-    with load_model(str(path), LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256,
-                                           kv_blocks=KV_BLOCKS)) as model:
+def run_model(path: Path, golden_model: dict, adjust=None, adjust_runner=None, neox_as_norm=None) -> dict:
+    """Our logits for every recorded prompt; adjust(layer weights) of every layer and adjust_runner(runner) before the
+    first step; neox_as_norm: the architectures whose q and k rows the load reorders (weights.NEOX_AS_NORM), when not
+    the module's."""
+    kept = weights.NEOX_AS_NORM
+    if neox_as_norm is not None:
+        weights.NEOX_AS_NORM = neox_as_norm
+    try:
+        model = load_model(str(path), LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256,
+                                                  kv_blocks=KV_BLOCKS))
+    finally:
+        weights.NEOX_AS_NORM = kept
+    with model:
         if adjust is not None:
             for lw in model.runner.weights.layers:
                 adjust(lw)
+        if adjust_runner is not None:
+            adjust_runner(model.runner)
         return {name: evaluate(model, rec["prompt_ids"], rec["greedy_ids"], GREEDY_TOKENS)
                 for name, rec in golden_model["prompts"].items()}
 
@@ -126,8 +140,9 @@ def _gate_up_swapped(lw):
 
 
 def _k_v_swapped(lw):
-    """A q|k|v split that took k's rows for v and v's for k (they have the same shape)."""
-    lw.attn_k, lw.attn_v = lw.attn_v, lw.attn_k
+    """A q|k|v split that took k's rows for v and v's for k (they have the same shape); the products read the views
+    (the whole q|k|v buffer left out, as the fused kernels of a concatenated q|k|v would read it)."""
+    lw.attn_k, lw.attn_v, lw.attn_qkv = lw.attn_v, lw.attn_k, None
 
 
 def _q_split_short(lw):
@@ -135,6 +150,7 @@ def _q_split_short(lw):
     from hipcore.model.weights import Weight
     head_bytes = (lw.attn_k.offset - lw.attn_q.offset) // lw.attn_q.rows * (lw.attn_q.rows // 4)
     lw.attn_q = Weight(lw.attn_q.buffer, lw.attn_q.fmt, lw.attn_q.shape, lw.attn_q.offset + head_bytes)
+    lw.attn_qkv = None
 
 
 @pytest.mark.parametrize("fault, adjust", [("gate and up halves swapped", _gate_up_swapped),
@@ -144,6 +160,17 @@ def test_planted_faults_are_caught(golden, model_files, fault, adjust):
     name = "phi3-f32"
     found = disagreements(golden["models"][name], run_model(model_files[name], golden["models"][name], adjust))
     assert found, f"{fault} went unnoticed"
+
+
+@pytest.mark.parametrize("name", PHI3_MODELS)
+def test_norm_rope_on_the_files_row_order_is_caught(golden, model_files, name):
+    """The q|k|v loaded without its q and k rows reordered (weights.NEOX_AS_NORM left out) and RoPE in NORM mode:
+    what the fused attention input would compute on phi3's NEOX pairs without the reordering."""
+    def norm_mode(runner):
+        runner.config = runner.products.config = dataclasses.replace(runner.config, rope_type="norm")
+    found = disagreements(golden["models"][name], run_model(model_files[name], golden["models"][name],
+                                                            adjust_runner=norm_mode, neox_as_norm=frozenset()))
+    assert found, "NORM RoPE on the file's rows went unnoticed"
 
 
 def test_print_agreement_figures(golden, runs, capsys):

@@ -14,6 +14,7 @@ from hipcore.model.weights import neox_pair_order, planned_weight_bytes, storage
 from hipcore.ops import embedding, rope
 from hipcore.runtime.cpu import CpuDevice
 from support.gguf_factory import write_tiny_llama
+from support.phi3_models import write_model
 
 
 class StandInGpu(CpuDevice):
@@ -199,3 +200,27 @@ def test_norm_rope_on_rows_in_neox_pair_order_is_neox_rope_reordered():
         norm = rope.reference(y[..., order], positions, rope_dim, 10000.0, 1.0, rope_type="norm")
         np.testing.assert_allclose(norm, neox[..., order], rtol=0, atol=1e-12)
         assert sorted(order) == list(range(head_dim)) and list(order[rope_dim:]) == list(range(rope_dim, head_dim))
+
+
+def test_phi3s_q_and_k_rows_of_its_qkv_are_reordered_and_v_is_not(tmp_path):
+    """phi3 (NEOX, NEOX_AS_NORM) holds q|k|v as one file tensor: its q rows (per q head) and k rows (per kv head) go
+    up in neox_pair_order, its v rows as the file has them; the row views still cover q, k and v."""
+    path = write_model("phi3-f32", tmp_path)
+    with GGUFFile.open(path) as gguf:
+        config = gguf.config
+        loaded = upload_weights(StandInGpu("cuda"), gguf)
+        try:
+            assert loaded.rope_pairs_adjacent
+            qkv = loaded.layers[0].attn_qkv
+            info = gguf.plan.tensor("blk.0.attn_qkv.weight")
+            file_rows = np.asarray(gguf.dequantize(info.name)).reshape(info.shape[0], -1)
+            stored = qkv.buffer.download(np.float32)[:info.n_elements].reshape(info.shape[0], -1)
+            q, k, hd = config.q_size, config.q_size + config.kv_size, config.head_dim
+            order = neox_pair_order(hd, config.rope_dim)
+            want_q = file_rows[:q].reshape(config.n_heads, hd, -1)[:, order].reshape(q, -1)
+            want_k = file_rows[q:k].reshape(config.n_kv_heads, hd, -1)[:, order].reshape(k - q, -1)
+            assert not np.array_equal(want_q, file_rows[:q])
+            assert np.array_equal(stored[:q], want_q) and np.array_equal(stored[q:k], want_k)
+            assert np.array_equal(stored[k:], file_rows[k:])
+        finally:
+            loaded.free()

@@ -20,9 +20,9 @@ NaN) is stored as F32 instead, which no path narrows (said in ModelWeights.conve
 its file size, so the load takes twice that for it). LLM weights are far inside f16's range: in practice every BF16
 matrix stays BF16.
 
-qwen2's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input kernels rotate
-adjacent pairs (2i, 2i + 1) (NORM). For the architectures in NEOX_AS_NORM, the rows of attn_q and attn_k (and of
-their biases) are uploaded in neox_pair_order within each head, so that NEOX pair i lies at rows 2i, 2i + 1 and
+qwen2's and phi3's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input kernels
+rotate adjacent pairs (2i, 2i + 1) (NORM). For the architectures in NEOX_AS_NORM, the rows of attn_q and attn_k (and
+of qwen2's biases; phi3's q and k parts of its attn_qkv) are uploaded in neox_pair_order within each head, so that NEOX pair i lies at rows 2i, 2i + 1 and
 rotates with the same frequency in NORM mode: q and k come out in that order, consistently, and attention's q . k
 sums the same products in another order (v and the attention output are untouched). ModelWeights.rope_pairs_adjacent
 says so, and the runner then computes RoPE in NORM mode (hipcore/model/forward.py). It is the reordering llama.cpp's
@@ -62,11 +62,12 @@ FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("
 # becomes a view of its rows.
 FILE_FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")}
 ROPE_FREQS = "rope_freqs.weight"  # optional: RoPE frequency divisors (Llama 3.1/3.2 "llama3" scaling)
-# Architectures whose NEOX RoPE runs in NORM mode on reordered q and k rows (see the module's docstring): qwen2, whose
-# q, k and v then take the fused attention-input kernel (biases and all). qwen3 and gemma normalize each head of q
-# and k first, which no fused kernel does; phi3's q|k|v comes as one file tensor.
-NEOX_AS_NORM = frozenset({"qwen2"})
+# Architectures whose NEOX RoPE runs in NORM mode on reordered q and k rows (see the module's docstring): qwen2 and
+# phi3, whose q, k and v then take the fused attention-input kernels (qwen2's biases and all). qwen3 and gemma
+# normalize each head of q and k first, which no fused kernel does.
+NEOX_AS_NORM = frozenset({"qwen2", "phi3"})
 _PAIRED_ROWS = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
+_PAIRED_FUSED = "attn_qkv.weight"  # phi3's q|k|v: its q and k row ranges reordered, v's left
 
 ProgressFn = Callable[[int, int, str], None]  # (bytes done, bytes total, tensor name)
 
@@ -249,6 +250,18 @@ def _paired_rows(data: np.ndarray, heads: int, head_dim: int, rope_dim: int) -> 
     return np.ascontiguousarray(data.reshape(order.size, -1)[order]).reshape(data.shape)
 
 
+def _paired_fused_qkv(data: np.ndarray, config) -> np.ndarray:
+    """A q|k|v tensor (q_size + 2 kv_size rows) with its q rows and its k rows each in neox_pair_order per head."""
+    rows = config.q_size + 2 * config.kv_size
+    if data.size % rows:
+        raise GGUFError(f"expected whole rows of a q|k|v of {rows} rows to reorder, the tensor has {data.size} elements")
+    by_row = data.reshape(rows, -1)
+    q, k = config.q_size, config.q_size + config.kv_size
+    parts = [_paired_rows(by_row[:q], config.n_heads, config.head_dim, config.rope_dim),
+             _paired_rows(by_row[q:k], config.n_kv_heads, config.head_dim, config.rope_dim), by_row[k:]]
+    return np.concatenate(parts).reshape(data.shape)
+
+
 def _upload_groups(config) -> list[tuple[str | None, list[tuple[str, bool, bool]]]]:
     """The roles of _tensor_roles in upload order, grouped: (group name or None, member roles)."""
     grouped = {f"blk.{i}.{m}.weight": (f"blk.{i}.{g}", members)
@@ -296,6 +309,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
         if paired and name.endswith(_PAIRED_ROWS):  # blk.N.attn_q.weight ...: rows first, as the file has them
             heads = config.n_heads if ".attn_q." in name else config.n_kv_heads
             data = _paired_rows(data, heads, config.head_dim, config.rope_dim)
+        elif paired and name.endswith(_PAIRED_FUSED):
+            data = _paired_fused_qkv(data, config)
         return data
 
     def file_data(name: str, fmt: str, vec: bool) -> np.ndarray:

@@ -6,8 +6,9 @@ tests/test_golden_phi3.py), graph replay equal to eager (gemma2 past its window,
 captured graph), and both families in every weight type with GPU kernels against the cpu backend
 (teacher-forced).
 
-gemma2 runs its layers as single ops like gemma3 (plus softcap after the head); phi3 takes the unfused q/k/v
-path over row views of its attn_qkv buffer and the fused gate|up kernels over its ffn_up buffer as it is.
+gemma2 runs its layers as single ops like gemma3 (plus softcap after the head); phi3 takes llama's fused attention
+input over its attn_qkv buffer (q and k rows reordered at load for NORM RoPE: hipcore/model/weights.py NEOX_AS_NORM)
+and the fused gate|up kernels over its ffn_up buffer as it is.
 When $OUT is set, the figures are written to $OUT/gemma2_phi3_gpu_figures.json as well.
 """
 
