@@ -6,7 +6,9 @@ Shapes are the published ones (hidden size, layers, heads, KV heads, FFN size, v
 theta 500,000, the Llama 3.1-style RoPE factors as the real files carry them in rope_freqs.weight, tied
 embeddings for 1B and 3B; Qwen2.5-7B: the qwen2 architecture with q/k/v biases, RoPE theta 1,000,000, no
 RoPE scaling, a vocabulary of 152,064 whose rows past Llama 3's tokenizer are unused tokens, as the real
-file pads its own). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
+file pads its own; Phi-3-mini: the phi3 architecture, q|k|v and gate|up each one tensor as Phi-3's files hold
+them, 32 KV heads of 96, RoPE theta 10,000, a 4,096 context, and Llama 3's vocabulary, not Phi-3's 32,064, since
+the tokenizer is Llama 3's: its head is four times Phi-3's). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
 (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
 as it loads the real ones. Quantized blocks are random bytes with their scale fields overwritten by
 small finite values, so a forward pass stays finite and the file is written at disk speed. Needs numpy
@@ -44,6 +46,7 @@ class Shape:
     arch: str = "llama"
     qkv_bias: bool = False  # qwen2: a bias on each of the q, k and v products
     rms_eps: float = 1e-5
+    fused: bool = False  # phi3: attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows), no attn_q/k/v, ffn_gate
 
     @property
     def head_dim(self) -> int:
@@ -56,11 +59,14 @@ SHAPES = {
     "Llama-3.1-8B": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0),
     "Qwen2.5-7B": Shape(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, tied=False, rope_factor=0.0,
                         context=32768, vocab=152064, rope_theta=1000000.0, arch="qwen2", qkv_bias=True, rms_eps=1e-6),
+    "Phi-3-mini": Shape(hidden=3072, layers=32, heads=32, kv_heads=32, ffn=8192, tied=False, rope_factor=0.0,
+                        context=4096, rope_theta=10000.0, arch="phi3", fused=True),
 }
 TOKEN_TYPE_UNUSED = 5  # llama.cpp's LLAMA_TOKEN_TYPE_UNUSED: the padding rows of a vocabulary
 
 # Bytes and elements of one block, and where its f16 scale(s) sit.
-BLOCKS = {"BF16": (2, 1), "Q4_0": (18, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}
+BLOCKS = {"BF16": (2, 1), "Q4_0": (18, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32), "Q4_K": (144, 256),
+          "Q5_K": (176, 256), "Q6_K": (210, 256)}
 WEIGHT_STD = 0.02  # the size of a trained model's weights; activations stay O(1) through the layers
 
 
@@ -100,6 +106,10 @@ def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) ->
         d = WEIGHT_STD / 200  # sd over blocks ~ 7.5 * d * sd(sc - m) ~ 193 d; dmin = 7.5 d centres the mean
         blocks[:, 0:2] = _f16_bytes(d)
         blocks[:, 2:4] = _f16_bytes(7.5 * d)
+    elif qtype == "Q5_K":  # Q4_K's form with q 0..31 (mean 15.5, sd 9.2): ~500 d over blocks; dmin = 15.5 d
+        d = WEIGHT_STD / 500
+        blocks[:, 0:2] = _f16_bytes(d)
+        blocks[:, 2:4] = _f16_bytes(15.5 * d)
     elif qtype == "Q6_K":  # w = d * sc * (q - 32), q 0..63 (sd 18.5); scales int8, kept in -16..15 (sd 9.2)
         blocks[:, 192:208] = ((blocks[:, 192:208] & 0x1F).astype(np.int16) - 16).astype(np.int8).view(np.uint8)
         blocks[:, 208:210] = _f16_bytes(WEIGHT_STD / (9.2 * 18.5))
@@ -113,6 +123,11 @@ def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
     out = [("rope_freqs.weight", (shape.head_dim // 2,))] if shape.rope_factor else []
     out.append(("token_embd.weight", (shape.vocab, h)))
     for i in range(shape.layers):
+        if shape.fused:  # as llama.cpp's converter writes Phi-3's layers
+            out += [(f"blk.{i}.attn_norm.weight", (h,)), (f"blk.{i}.attn_qkv.weight", (h + 2 * kv, h)),
+                    (f"blk.{i}.attn_output.weight", (h, h)), (f"blk.{i}.ffn_norm.weight", (h,)),
+                    (f"blk.{i}.ffn_up.weight", (2 * shape.ffn, h)), (f"blk.{i}.ffn_down.weight", (h, shape.ffn))]
+            continue
         out += [(f"blk.{i}.attn_norm.weight", (h,)), (f"blk.{i}.ffn_down.weight", (h, shape.ffn)),
                 (f"blk.{i}.ffn_gate.weight", (shape.ffn, h)), (f"blk.{i}.ffn_up.weight", (shape.ffn, h)),
                 (f"blk.{i}.ffn_norm.weight", (h,)), (f"blk.{i}.attn_k.weight", (kv, h)),

@@ -5,7 +5,8 @@ lengths that are multiples of 256:
   - the output matrix (and the token embeddings when they are tied to it) becomes Q6_K unless the file
     type is Q8_0 (then it stays Q8_0), F16 or BF16;
   - Q4_K_M: attn_v and ffn_down become Q6_K in the layers where use_more_bits says so (the first and the
-    last eighth of the layers, and every third layer between), the other matrices Q4_K;
+    last eighth of the layers, and every third layer between), a concatenated attn_qkv (Phi-3's) Q5_K, the
+    other matrices Q4_K;
   - Q8_0, Q4_0, Q5_0, Q5_1, F16, BF16: every other matrix is of the file type.
 Norms and rope_freqs stay F32 (the caller's business).
 """
@@ -33,6 +34,8 @@ def tensor_type(name: str, file_type: str, n_layers: int, tied_embeddings: bool)
         return base if base in ("F16", "BF16", "Q8_0") else "Q6_K"
     if file_type != "Q4_K_M":
         return base
+    if re.fullmatch(r"blk\.\d+\.attn_qkv\.weight", name):
+        return "Q5_K"
     match = re.fullmatch(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight", name)
     if match and use_more_bits(int(match.group(1)), n_layers):
         return "Q6_K"

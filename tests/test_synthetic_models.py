@@ -136,6 +136,34 @@ def test_small_qwen2_model_carries_biases_and_a_padded_vocabulary_and_runs_finit
     assert logits.shape == (1, vocab_rows) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
 
 
+def test_small_phi3_model_holds_the_fused_tensors_with_llama_cpps_types_and_runs_finite(tmp_path, tiktoken_file):
+    """The Phi-3-mini shape at a small size: the phi3 architecture, q|k|v and gate|up each one tensor (attn_qkv of
+    q + 2 kv rows, ffn_up of 2 ffn rows; no attn_q/k/v or ffn_gate), attn_qkv in Q5_K as llama.cpp's Q4_K_M mix puts
+    it, and a forward pass on the cpu backend with finite logits."""
+    shape = sm.reduced(sm.SHAPES["Phi-3-mini"], **{**SMALL, "kv_heads": 4})
+    path = tmp_path / "phi3.gguf"
+    sm.write_model(path, shape, "Q4_K_M", gguf_vocab(tiktoken_file), name="test", seed=4, log=None)
+    with GGUFFile.open(path) as gguf:
+        plan = gguf.plan
+        cfg = plan.config
+        assert (cfg.architecture, cfg.rope_type, cfg.rope_theta, cfg.context_length) == ("phi3", "neox", 1e4, 4096)
+        names = {t.name for t in plan.tensors}
+        assert {"blk.0.attn_qkv.weight", "blk.0.ffn_up.weight"} <= names
+        assert not {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "rope_freqs.weight"} & names
+        assert plan.tensor("blk.3.attn_qkv.weight").shape == (256 + 2 * 4 * 64, 256)
+        assert plan.tensor("blk.3.ffn_up.weight").shape == (2 * 512, 256)
+        assert plan.tensor("blk.3.attn_qkv.weight").type_name == "Q5_K"
+        assert plan.tensor("blk.3.ffn_down.weight").type_name == "Q6_K"  # use_more_bits(3, 8)
+        assert plan.tensor("blk.4.ffn_down.weight").type_name == "Q4_K"
+    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=1, max_step_tokens=16, ctx_size=64,
+                                               kv_dtype="f32"))
+    try:
+        logits = loaded.runner.execute(step_batch(loaded.cache, [(1, [260, 259, 32, 104, 101, 108], 0)]))
+    finally:
+        loaded.close()
+    assert logits.shape == (1, SMALL["vocab"]) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
+
+
 def test_a_tokenizer_larger_than_the_shape_is_refused():
     vocab = sm.GgufVocab(tokens=["a", "b", "c"], token_types=[1, 1, 1], merges=[], bos_id=0, eos_id=1, chat_template="")
     assert sm.padded(vocab, 3) is vocab and len(sm.padded(vocab, 5).tokens) == 5
