@@ -229,6 +229,13 @@ def reduced(shape: Shape, *, hidden: int, layers: int, heads: int, kv_heads: int
     return replace(shape, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab)
 
 
+def model_name(shape_name: str, file_type: str) -> str:
+    """general.name of a synthetic file. llama.cpp sets token attributes by the model's name: one holding "phi-3" or
+    "phi3" must have Phi-3's </s>, <unk>, <s> and <|endoftext|> tokens, which Llama 3's tokenizer has not (it then
+    fails to load the file: "error loading model vocabulary: unordered_map::at"), so the name says "Phi 3"."""
+    return f"{shape_name.replace('Phi-3', 'Phi 3')} {file_type} (random weights)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
@@ -261,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {source} gives {len(vocab.tokens)} tokens with the special ones; {args.shape} has "
               f"{shape.vocab} (is it Llama 3's tokenizer.model?)", file=sys.stderr)
         return 2
-    write_model(args.output, shape, args.file_type, vocab, name=f"{args.shape} {args.file_type} (random weights)",
-                seed=args.seed)
+    write_model(args.output, shape, args.file_type, vocab, name=model_name(args.shape, args.file_type), seed=args.seed)
     size = args.output.stat().st_size
     print(f"wrote {args.output}: {size / 2**30:.2f} GiB in {time.perf_counter() - start:.1f} s")
     return 0

@@ -164,6 +164,16 @@ def test_small_phi3_model_holds_the_fused_tensors_with_llama_cpps_types_and_runs
     assert logits.shape == (1, SMALL["vocab"]) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
 
 
+def test_no_synthetic_name_asks_llama_cpp_for_phi3s_tokens():
+    """llama.cpp's vocabulary loader looks up Phi-3's own special tokens when general.name holds "phi-3" or "phi3"
+    (lower-cased), which Llama 3's tokenizer lacks: no shape's file may be named so."""
+    for shape in sm.SHAPES:
+        for file_type in FILE_TYPES:
+            name = sm.model_name(shape, file_type).lower()
+            assert "phi-3" not in name and "phi3" not in name, name
+            assert shape.replace("-", " ").lower().split()[0] in name
+
+
 def test_a_tokenizer_larger_than_the_shape_is_refused():
     vocab = sm.GgufVocab(tokens=["a", "b", "c"], token_types=[1, 1, 1], merges=[], bos_id=0, eos_id=1, chat_template="")
     assert sm.padded(vocab, 3) is vocab and len(sm.padded(vocab, 5).tokens) == 5
