@@ -47,6 +47,16 @@ def write_small(tmp_path: Path, tiktoken_file: Path, file_type: str, base: str) 
     return path
 
 
+def first_step_logits(path: Path) -> np.ndarray:
+    """The logits of one six-token prompt step of the model at `path` on the cpu backend."""
+    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=1, max_step_tokens=16, ctx_size=64,
+                                               kv_dtype="f32"))
+    try:
+        return loaded.runner.execute(step_batch(loaded.cache, [(1, [260, 259, 32, 104, 101, 108], 0)]))
+    finally:
+        loaded.close()
+
+
 def test_llama_cpp_q4_k_m_rule_on_the_real_8b_layer_count():
     """llama.cpp's Q4_K_M gives Llama-3.1-8B (32 layers) Q6_K attn_v/ffn_down in these 16 layers."""
     assert [i for i in range(32) if use_more_bits(i, 32)] == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
@@ -98,12 +108,7 @@ def test_small_model_reads_back_and_runs_finite(tmp_path, tiktoken_file, file_ty
             assert np.isfinite(w).all() and 0.3 * sm.WEIGHT_STD < w.std() < 3 * sm.WEIGHT_STD, (name, w.std())
         tok = Tokenizer.from_metadata(gguf.metadata)
         assert 259 in tok.encode("hello")  # the merged token "hello" (rank 259)
-    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=1, max_step_tokens=16, ctx_size=64,
-                                               kv_dtype="f32"))
-    try:
-        logits = loaded.runner.execute(step_batch(loaded.cache, [(1, [260, 259, 32, 104, 101, 108], 0)]))
-    finally:
-        loaded.close()
+    logits = first_step_logits(path)
     assert logits.shape == (1, SMALL["vocab"]) and np.isfinite(logits).all()
     assert 0.01 < logits.std() < 100, logits.std()
 
@@ -127,12 +132,7 @@ def test_small_qwen2_model_carries_biases_and_a_padded_vocabulary_and_runs_finit
         tokens, types = gguf.metadata["tokenizer.ggml.tokens"], gguf.metadata["tokenizer.ggml.token_type"]
         assert len(tokens) == vocab_rows and list(types[-28:]) == [sm.TOKEN_TYPE_UNUSED] * 28
         assert Tokenizer.from_metadata(gguf.metadata).encode("hello")[-1] == 259  # after the BOS
-    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=1, max_step_tokens=16, ctx_size=64,
-                                               kv_dtype="f32"))
-    try:
-        logits = loaded.runner.execute(step_batch(loaded.cache, [(1, [260, 259, 32, 104, 101, 108], 0)]))
-    finally:
-        loaded.close()
+    logits = first_step_logits(path)
     assert logits.shape == (1, vocab_rows) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
 
 
@@ -155,12 +155,7 @@ def test_small_phi3_model_holds_the_fused_tensors_with_llama_cpps_types_and_runs
         assert plan.tensor("blk.3.attn_qkv.weight").type_name == "Q5_K"
         assert plan.tensor("blk.3.ffn_down.weight").type_name == "Q6_K"  # use_more_bits(3, 8)
         assert plan.tensor("blk.4.ffn_down.weight").type_name == "Q4_K"
-    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=1, max_step_tokens=16, ctx_size=64,
-                                               kv_dtype="f32"))
-    try:
-        logits = loaded.runner.execute(step_batch(loaded.cache, [(1, [260, 259, 32, 104, 101, 108], 0)]))
-    finally:
-        loaded.close()
+    logits = first_step_logits(path)
     assert logits.shape == (1, SMALL["vocab"]) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
 
 
