@@ -22,8 +22,8 @@ matrix stays BF16.
 
 qwen2's and phi3's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input kernels
 rotate adjacent pairs (2i, 2i + 1) (NORM). For the architectures in NEOX_AS_NORM, the rows of attn_q and attn_k (and
-of qwen2's biases; phi3's q and k parts of its attn_qkv) are uploaded in neox_pair_order within each head, so that NEOX pair i lies at rows 2i, 2i + 1 and
-rotates with the same frequency in NORM mode: q and k come out in that order, consistently, and attention's q . k
+of qwen2's biases; phi3's q and k parts of its attn_qkv) are uploaded in neox_pair_order within each head, so that
+NEOX pair i lies at rows 2i, 2i + 1 and rotates with the same frequency in NORM mode: q and k come out in that order, consistently, and attention's q . k
 sums the same products in another order (v and the attention output are untouched). ModelWeights.rope_pairs_adjacent
 says so, and the runner then computes RoPE in NORM mode (hipcore/model/forward.py). It is the reordering llama.cpp's
 converter applies to Llama's q and k (the other way round), done at load.
@@ -254,7 +254,8 @@ def _paired_fused_qkv(data: np.ndarray, config) -> np.ndarray:
     """A q|k|v tensor (q_size + 2 kv_size rows) with its q rows and its k rows each in neox_pair_order per head."""
     rows = config.q_size + 2 * config.kv_size
     if data.size % rows:
-        raise GGUFError(f"expected whole rows of a q|k|v of {rows} rows to reorder, the tensor has {data.size} elements")
+        raise GGUFError(f"expected whole rows of a q|k|v of {rows} rows to reorder, the tensor has {data.size} "
+                        "elements")
     by_row = data.reshape(rows, -1)
     q, k = config.q_size, config.q_size + config.kv_size
     parts = [_paired_rows(by_row[:q], config.n_heads, config.head_dim, config.rope_dim),

@@ -139,9 +139,11 @@ def reference_norm(w_raw, weight_type, x, g, eps, rows, cols) -> np.ndarray:
 
 def reference_norm_rope(weights, x, g, eps, positions, q_rows, kv_rows, cols, head_dim, rope_dim, theta, freq_scale,
                         freq_factors=None, biases=None):
-    """(q, k, v) float64; `weights` = ((raw, type) of Wq, of Wk, of Wv); biases: (bq, bk, bv) added before RoPE, or None."""
+    """(q, k, v) float64; `weights` = ((raw, type) of Wq, of Wk, of Wv); biases: (bq, bk, bv) added before RoPE, or
+    None."""
     outs = []
-    for i, ((raw, weight_type), rows, rotate) in enumerate(zip(weights, (q_rows, kv_rows, kv_rows), (True, True, False))):
+    matrices = zip(weights, (q_rows, kv_rows, kv_rows), (True, True, False))
+    for i, ((raw, weight_type), rows, rotate) in enumerate(matrices):
         y = reference_norm(raw, weight_type, x, g, eps, rows, cols)
         if biases is not None:
             y = y + np.asarray(biases[i], dtype=np.float64).reshape(1, rows)
