@@ -10,7 +10,6 @@ Tolerances: tests/support/family_golden.py says what they are and why.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -19,11 +18,10 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model import weights
 from hipcore.model.blocks import Family, compose, pre_norm_layer, qk_head_norm, qkv_products, rope_qk
 from hipcore.tokenizer.chat_template import render_chat
 from support.family_models import FAMILY_MODELS, GREEDY_TOKENS, PROMPTS, write_family_model
-from support.family_golden import GOLDEN, TIE_MARGIN, disagreements, evaluate, margin
+from support.family_golden import GOLDEN, TIE_MARGIN, disagreements, evaluate, load_reordering, margin, with_config
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +38,8 @@ def model_files(tmp_path_factory) -> dict[str, Path]:
 def run_model(path: Path, golden_model: dict, adjust=None, neox_as_norm=None) -> dict:
     """Our logits for every recorded prompt; adjust(runner) before the first step; neox_as_norm: the architectures
     whose q and k rows the load reorders (weights.NEOX_AS_NORM) when not the module's."""
-    kept = weights.NEOX_AS_NORM
-    if neox_as_norm is not None:
-        weights.NEOX_AS_NORM = neox_as_norm
-    try:
-        model = load_model(str(path), LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256))
-    finally:
-        weights.NEOX_AS_NORM = kept
-    with model:
+    options = LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256)
+    with load_reordering(path, options, neox_as_norm) as model:
         if adjust is not None:
             adjust(model.runner)
         return {name: evaluate(model, rec["prompt_ids"], rec["greedy_ids"], GREEDY_TOKENS)
@@ -105,18 +97,11 @@ def _without_head_norm(runner):
     runner.family = Family("qwen3-planted", pre_norm_layer(compose(qkv_products, rope_qk)))
 
 
-def _with_config(**changes):
-    """The runner's config changed, as its blocks and its planner of the products read it."""
-    def adjust(runner):
-        runner.config = runner.products.config = dataclasses.replace(runner.config, **changes)
-    return adjust
-
-
 # NORM-mode RoPE on rows in the file's order: qwen3 computes NEOX RoPE on them; qwen2 loads them reordered (each NEOX
 # pair side by side, weights.NEOX_AS_NORM) for NORM mode, and is planted with that reordering left out.
-PLANTED = {"no q/k/v bias": (_with_config(qkv_bias=False), None),
+PLANTED = {"no q/k/v bias": (with_config(qkv_bias=False), None),
            "no per-head q/k norm": (_without_head_norm, None),
-           "NORM-mode RoPE on the file's rows": (_with_config(rope_type="norm"), frozenset())}
+           "NORM-mode RoPE on the file's rows": (with_config(rope_type="norm"), frozenset())}
 
 
 @pytest.mark.parametrize("name, fault", [

@@ -11,7 +11,6 @@ weights and 0.028 with F16; the figures this family reaches print with `pytest -
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -20,8 +19,7 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model import weights
-from support.family_golden import TIE_MARGIN, disagreements, evaluate, margin
+from support.family_golden import TIE_MARGIN, disagreements, evaluate, load_reordering, margin, with_config
 from support.phi3_models import GREEDY_TOKENS, PHI3_MODELS, PROMPTS, write_model
 
 GOLDEN = Path(__file__).parent / "golden" / "phi3_llamacpp.json"
@@ -46,15 +44,8 @@ def run_model(path: Path, golden_model: dict, adjust=None, adjust_runner=None, n
     """Our logits for every recorded prompt; adjust(layer weights) of every layer and adjust_runner(runner) before the
     first step; neox_as_norm: the architectures whose q and k rows the load reorders (weights.NEOX_AS_NORM), when not
     the module's."""
-    kept = weights.NEOX_AS_NORM
-    if neox_as_norm is not None:
-        weights.NEOX_AS_NORM = neox_as_norm
-    try:
-        model = load_model(str(path), LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256,
-                                                  kv_blocks=KV_BLOCKS))
-    finally:
-        weights.NEOX_AS_NORM = kept
-    with model:
+    options = LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=64, ctx_size=256, kv_blocks=KV_BLOCKS)
+    with load_reordering(path, options, neox_as_norm) as model:
         if adjust is not None:
             for lw in model.runner.weights.layers:
                 adjust(lw)
@@ -166,10 +157,9 @@ def test_planted_faults_are_caught(golden, model_files, fault, adjust):
 def test_norm_rope_on_the_files_row_order_is_caught(golden, model_files, name):
     """The q|k|v loaded without its q and k rows reordered (weights.NEOX_AS_NORM left out) and RoPE in NORM mode:
     what the fused attention input would compute on phi3's NEOX pairs without the reordering."""
-    def norm_mode(runner):
-        runner.config = runner.products.config = dataclasses.replace(runner.config, rope_type="norm")
     found = disagreements(golden["models"][name], run_model(model_files[name], golden["models"][name],
-                                                            adjust_runner=norm_mode, neox_as_norm=frozenset()))
+                                                            adjust_runner=with_config(rope_type="norm"),
+                                                            neox_as_norm=frozenset()))
     assert found, "NORM RoPE on the file's rows went unnoticed"
 
 

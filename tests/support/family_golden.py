@@ -18,11 +18,13 @@ Tolerances, from these data (the figures print with `pytest -s tests/test_golden
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
-from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
+from hipcore.model import weights
 from hipcore.ops import matmul_mma
 from support.model_steps import step_batch
 
@@ -102,6 +104,25 @@ def disagreements(golden_model: dict, run: dict) -> list[str]:
                     found.append(f"{name}: free greedy left llama.cpp's at step {step} ({a} vs {b})")
                 break
     return found
+
+
+def load_reordering(path: Path, options: LoadOptions, neox_as_norm: frozenset[str] | None = None) -> LoadedModel:
+    """load_model(path, options); neox_as_norm: the architectures whose q and k rows this load reorders
+    (hipcore.model.weights.NEOX_AS_NORM) when not the module's, as a planted fault that leaves one out does."""
+    kept = weights.NEOX_AS_NORM
+    if neox_as_norm is not None:
+        weights.NEOX_AS_NORM = neox_as_norm
+    try:
+        return load_model(str(path), options)
+    finally:
+        weights.NEOX_AS_NORM = kept
+
+
+def with_config(**changes):
+    """A planted fault: the runner's config changed, as its blocks and its planner of the products read it."""
+    def adjust(runner):
+        runner.config = runner.products.config = dataclasses.replace(runner.config, **changes)
+    return adjust
 
 
 def run_on_cpu(path: Path, golden_model: dict, greedy_tokens: int, adjust=None) -> dict:
