@@ -2,6 +2,7 @@
 // hashed with it: hipcore/runtime/kernels.py source_files): what the products do with their sums before they are
 // written. The norm's scale per token; RoPE, rotating as rope.hip's rope_f32 does (its sin/cos, its frequencies);
 // and the store of k and v straight into the paged cache's pools, the bytes kv_store.hip would write.
+// head_norm_rope.hip includes it too, for the same sin/cos and the cache's layout (KvTarget).
 #pragma once
 
 namespace {

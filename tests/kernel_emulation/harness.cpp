@@ -17,6 +17,7 @@
 #include "fused_matmul.hip"
 #include "fused_matvec.hip"
 #include "gelu_mul.hip"
+#include "head_norm_rope.hip"
 #include "sample.hip"
 #include "matmul.hip"
 #include "matvec.hip"
@@ -425,6 +426,29 @@ int main(int argc, char** argv) {
                theta, scale);
     });
     write_file(a[9], x.data(), x.size());
+  } else if (entry == "head_norm_rope_f32") {
+    // n_tokens n_heads n_kv_heads head_dim rope_dim neox eps theta freq_scale kv_format block_size num_blocks
+    // pool_bytes q k v q_weight k_weight positions factors|- slots|- out; out: q, k (floats, in place: with a cache
+    // target k keeps what came in) then the K and the V pool (pool_bytes each, 0xA5 where nothing was stored).
+    const int tokens = std::atoi(a[0]), heads = std::atoi(a[1]), kv_heads = std::atoi(a[2]), head_dim = std::atoi(a[3]);
+    const int rope_dim = std::atoi(a[4]), neox = std::atoi(a[5]);
+    const float eps = std::strtof(a[6], nullptr), theta = std::strtof(a[7], nullptr), scale = std::strtof(a[8], nullptr);
+    const int kv_format = std::atoi(a[9]), block_size = std::atoi(a[10]), num_blocks = std::atoi(a[11]);
+    const size_t pool_bytes = (size_t)std::atoll(a[12]);
+    std::vector<char> q = read_file(a[13]), k = read_file(a[14]), v = read_file(a[15]), qw = read_file(a[16]),
+                      kw = read_file(a[17]), positions = read_file(a[18]), factors = optional_file(a[19]),
+                      slots = optional_file(a[20]);
+    std::vector<unsigned char> pools(2 * pool_bytes, 0xA5);
+    emu_launch(grid, block, [&] {
+      head_norm_rope_f32((float*)q.data(), (float*)k.data(), (const float*)v.data(), (const float*)qw.data(),
+                         (const float*)kw.data(), (const int*)positions.data(), factors_of(factors), tokens, heads,
+                         kv_heads, head_dim, rope_dim, neox, eps, theta, scale, kv_format ? pools.data() : nullptr,
+                         kv_format ? pools.data() + pool_bytes : nullptr,
+                         slots.empty() ? nullptr : (const int*)slots.data(), block_size, num_blocks, kv_format);
+    });
+    q.insert(q.end(), k.begin(), k.end());
+    q.insert(q.end(), pools.begin(), pools.end());
+    write_file(a[21], q.data(), q.size());
   } else if (entry == "add_bias_f32") {  // rows n x bias out
     const int rows = std::atoi(a[0]), n = std::atoi(a[1]);
     std::vector<char> x = read_file(a[2]), bias = read_file(a[3]);

@@ -18,8 +18,8 @@ from hipcore.runtime.kernels import COMPAT_HEADER, compat_files, kernels_dir, so
 U32 = 2.0**-24  # float32 unit roundoff
 EMULATION = Path(__file__).parents[1] / "kernel_emulation"
 NEUTRAL_MARKER = "// Vendor-neutral from here on"
-OPS = ("add", "add_bias", "argmax", "fused_matmul", "fused_matvec", "fused_qmatvec", "gelu_mul", "matmul", "matvec", "qmatvec", "rmsnorm", "rope", "sample", "scale", "silu_mul",
-       "softcap")
+OPS = ("add", "add_bias", "argmax", "fused_matmul", "fused_matvec", "fused_qmatvec", "gelu_mul", "head_norm_rope", "matmul",
+       "matvec", "qmatvec", "rmsnorm", "rope", "sample", "scale", "silu_mul", "softcap")
 FORWARD_PASS_OPS = ("embedding", "kv_store", "paged_attention", "select_rows")
 ARCH_FOR_WARP = {32: "sm_90", 64: "gfx942"}  # what the launchers size grids for
 WARPS = (32, 64)

@@ -20,6 +20,7 @@ EXPECTED_KERNELS = {
                   "embedding_q5_0", "embedding_q5_1", "embedding_q4_k", "embedding_q5_k", "embedding_q6_k",
                   "embedding_q8_0"],
     "gelu_mul": ["gelu_mul_f32"],
+    "head_norm_rope": ["head_norm_rope_f32"],
     "fused_matmul": [f"matmul_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
                      for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32")],
     "fused_matvec": [f"matvec_{kind}_{t}" for kind in ("norm_rope", "norm_swiglu", "add", "norm",
