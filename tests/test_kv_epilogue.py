@@ -11,10 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model import weights
 from hipcore.model.projections import KV_EPILOGUE_ENV
-from support.model_steps import step_batch
+from support.model_steps import keep_gpu_formats, prompt_then_decode
 from test_synthetic_models import SMALL, write_small, write_tiktoken  # also puts scripts/ on sys.path
 
 PROMPT = [260, 259, 32, 104, 101, 108]
@@ -22,12 +20,8 @@ PROMPT = [260, 259, 32, 104, 101, 108]
 
 @pytest.fixture(autouse=True)
 def weights_as_a_gpu_holds_them(monkeypatch):
-    """The cpu backend dequantizes weights to float32, where no fused_qmatvec runs; keep a GPU's formats."""
-    class AsGpu:
-        backend = "gpu"
-
-    keep = weights.storage_format
-    monkeypatch.setattr(weights, "storage_format", lambda device, type_name, **kw: keep(AsGpu(), type_name, **kw))
+    """support.model_steps.keep_gpu_formats: fused_qmatvec makes q, k and v on the cpu backend too."""
+    keep_gpu_formats(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +31,8 @@ def model_path(tmp_path_factory) -> Path:
 
 
 def run_steps(path: Path, kv_dtype: str):
-    """Logits of a 6-token prompt of sequence 1, then three decode steps of sequences 1 and 2 (2 from its own
-    one-token prompt); the plans' launch names; both pools' bytes of every layer."""
-    loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=2, max_step_tokens=16, ctx_size=64,
-                                               kv_dtype=kv_dtype))
-    try:
-        runner, cache = loaded.runner, loaded.cache
-        logits = [runner.execute(step_batch(cache, [(1, PROMPT, 0), (2, [101], 0)]))]
-        names = [name for name, _ in runner.launch_plan(len(PROMPT) + 1, 2, all_rows=False, with_sampling=False,
-                                                        decode=False)]
-        for step in range(3):
-            nxt = [int(np.argmax(row)) for row in logits[-1]]
-            logits.append(runner.execute(step_batch(cache, [(1, [nxt[0]], len(PROMPT) + step), (2, [nxt[1]], 1 + step)])))
-        decode_names = [name for name, _ in runner.launch_plan(2, 2, all_rows=True, with_sampling=False, decode=True)]
-        pools = [np.concatenate([pool.download(np.uint8) for pool in cache.k_pools + cache.v_pools])]
-        return logits, names, decode_names, pools
-    finally:
-        loaded.close()
+    """support.model_steps.prompt_then_decode of PROMPT."""
+    return prompt_then_decode(path, kv_dtype, PROMPT)
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "bf16", "f32"])
@@ -69,7 +48,7 @@ def test_epilogue_store_gives_the_same_logits_and_cache_without_the_launch(model
     assert prompt_on.count("kv_store") == layers  # 7 tokens: beyond fused_qmatvec, the single ops
     for on, off in zip(logits_on, logits_off):
         assert np.array_equal(on, off)
-    assert np.array_equal(pools_on[0], pools_off[0])
+    assert np.array_equal(pools_on, pools_off)
     assert np.isfinite(logits_on[-1]).all()
 
 

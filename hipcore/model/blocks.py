@@ -4,12 +4,13 @@ A family (hipcore/model/families/) is a layer built from these: the llama layer 
     attention_input -> attention -> attention_output -> feed_forward -> feed_forward_output
 (fused_attention_input stores k and v in the cache itself where its kernel can, and is followed by
 attention_after_fused_input, which then leaves out the kv_store launch)
-and a family that differs from it only in how q, k and v are made (qwen3's per-head norm, NEOX RoPE)
-composes its own attention_input from the smaller blocks below and keeps the rest (qwen2's biases and NEOX RoPE
-take the fused input: its q and k rows are uploaded with each NEOX pair side by side, weights.py NEOX_AS_NORM).
-gemma3 composes its whole layer from single ops: qwen3's attention input, then the sandwich blocks at
-the end of this file (a norm after attention and after a GeGLU feed-forward, before each residual add);
-gemma2 the same without the per-head norms, and its logits capped after the head (capped_logits).
+and a family that differs from it only in how q, k and v are made composes its own attention input and keeps the
+rest: qwen3's per-head norms and NEOX RoPE take head_normed_attention_input (the products without RoPE, then one
+head_norm_rope launch that also stores k and v), and qwen2's biases and NEOX RoPE take the fused input (its q and
+k rows are uploaded with each NEOX pair side by side, weights.py NEOX_AS_NORM).
+gemma3 takes qwen3's attention input, then the sandwich blocks at the end of this file (a norm after attention
+and after a GeGLU feed-forward, before each residual add) as single ops; gemma2 composes its attention input
+from the single ops below (no per-head norms), and its logits are capped after the head (capped_logits).
 Per layer, RoPE's base and scaling and attention's window come from the config (local layers differ).
 The products themselves are planned by projections.py (fused kernels where the weights and the step
 allow them); the blocks here add what sits between them.
@@ -23,8 +24,8 @@ from typing import Callable
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.projections import Launch, ProjectionPlanner, weight_arg
 from hipcore.model.step_inputs import StepInputs
-from hipcore.ops import (add, gelu_mul, kv_store, matmul_mma, paged_attention, prompt_attention, rmsnorm,
-                         rope, scale, softcap)
+from hipcore.ops import (add, gelu_mul, head_norm_rope, kv_store, matmul_mma, paged_attention, prompt_attention,
+                         rmsnorm, rope, scale, softcap)
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
@@ -145,6 +146,52 @@ def feed_forward_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     return ctx.products.feed_forward_output(lw, t)
 
 
+# ---- the attention input of a layer with per-head norms (qwen3, gemma3) ----------------------------------
+
+def _head_norm_fused(ctx: StepContext) -> bool:
+    """True when head_norm_rope takes the per-head norms and RoPE of this model (its head_dim)."""
+    return head_norm_rope.supports(ctx.config.head_dim)
+
+
+def _head_norm_stores_kv(ctx: StepContext) -> bool:
+    """True when head_normed_attention_input's head_norm_rope launch stores k and v into the cache itself (the
+    element-wise KV formats; ROCMFORGE_KV_EPILOGUE=0 keeps the kv_store launch, as for the products' epilogue)."""
+    return _head_norm_fused(ctx) and ctx.products.kv_in_epilogue and kv_store.epilogue_fusable(ctx.cache.config.dtype)
+
+
+def head_normed_attention_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """q, k, v = rmsnorm(x) @ [Wq; Wk; Wv]^T, fused where the weights allow (ProjectionPlanner.attention_input without
+    RoPE), then one head_norm_rope launch: every head of q and k RMS-normalized with its weight and rotated in the
+    config's layout with the layer's base, k and v stored in the cache where its format allows (_head_norm_stores_kv;
+    pair it with attention_after_head_norm or attention_after_head_norm_for_output). Where head_norm_rope does not
+    take the heads, the norms and RoPE as single ops."""
+    products = ctx.products.attention_input(lw, t, positions(ctx), rotate=False)
+    if not _head_norm_fused(ctx):
+        return products + qk_head_norm(ctx, i, lw, t) + rope_qk(ctx, i, lw, t)
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    theta, freq_scale = cfg.layer_rope(i, ctx.products.freq_scale)
+    target = kv_store.epilogue_target(ctx.cache, i, ctx.inputs.buffer) if _head_norm_stores_kv(ctx) else None
+    name = "qk_norm+rope" if target is None else "qk_norm+rope+kv_store"
+    return products + [(name, lambda: head_norm_rope.launch(
+        dev, st, b["q"], b["k"], b["v"], lw.attn_q_norm.buffer, lw.attn_k_norm.buffer, positions(ctx), n_tokens=t,
+        n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim,
+        eps=cfg.rms_norm_eps, theta=theta, freq_scale=freq_scale, freq_factors=ctx.products.freq_factors,
+        rope_type=cfg.rope_type, kv_target=target))]
+
+
+def attention_after_head_norm(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """attention after head_normed_attention_input: the kv_store launch only where head_norm_rope did not store k
+    and v; attn in float32."""
+    return ([] if _head_norm_stores_kv(ctx) else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t)]
+
+
+def attention_after_head_norm_for_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """attention_after_head_norm with attn written as f16 where the o product reads it so (pre_norm_layer's
+    attention_output must follow)."""
+    stored = _head_norm_stores_kv(ctx)
+    return ([] if stored else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t, out_f16=_attention_out_f16(ctx, lw, t))]
+
+
 # ---- the pieces of an unfused attention input ----------------------------------------------------------
 
 def qkv_products(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
@@ -215,9 +262,11 @@ class Family:
 
 def pre_norm_layer(attention_input: Block) -> tuple[Block, ...]:
     """The llama layer with the given attention input: pre-norm attention and a SwiGLU feed-forward,
-    each added to the residual stream. fused_attention_input brings its own attention block (it may have
-    stored k and v already)."""
-    attend = attention_after_fused_input if attention_input is fused_attention_input else attention_for_output
+    each added to the residual stream. fused_attention_input and head_normed_attention_input bring their own
+    attention blocks (they may have stored k and v already)."""
+    attend = {fused_attention_input: attention_after_fused_input,
+              head_normed_attention_input: attention_after_head_norm_for_output}.get(attention_input,
+                                                                                     attention_for_output)
     return (attention_input, attend, attention_output, feed_forward, feed_forward_output)
 
 

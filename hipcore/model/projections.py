@@ -175,14 +175,21 @@ class ProjectionPlanner:
         epilogue for the element-wise KV formats. Then the kv_store launch is left out of the step."""
         return self.kv_in_epilogue and self._separate_qkv_fusable(lw, t) and kv_store.epilogue_fusable(kv_dtype)
 
-    def attention_input(self, lw, t: int, positions: int,
-                        kv_target: kv_store.EpilogueTarget | None = None) -> list[Launch]:
+    def attention_input(self, lw, t: int, positions: int, kv_target: kv_store.EpilogueTarget | None = None,
+                        rotate: bool = True) -> list[Launch]:
         """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T (+ [bq; bk; bv] where the model has biases)) in NORM mode into
         b["q"], b["k"], b["v"]. With kv_target, where stores_kv() is true, k and v go into the cache there instead of
         b["k"] and b["v"]. Biases: fused_qmatvec adds them in its epilogue; the concatenated q|k|v's kernels
-        (fused_matvec, fused_matmul) add none, so a biased layer takes fused_qmatvec or the single ops."""
+        (fused_matvec, fused_matmul) add none, so a biased layer takes fused_qmatvec or the single ops.
+        rotate=False: the products without RoPE (rope_dim 0 in the fused kernels), for a layer whose per-head norms
+        come between them and RoPE (blocks.py: head_normed_attention_input); no kv_target then."""
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         nh, nkv, hd, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
+        if not rotate and kv_target is not None:
+            raise ValueError("attention_input: k and v are stored after RoPE; without it there is no kv_target")
+        rope_dim = cfg.rope_dim if rotate else 0
+        factors = self.freq_factors if rotate else None
+        label = "attn_norm+qkv+rope" if rotate else "attn_norm+qkv"
         qkv = lw.attn_qkv
         biases = (lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias) if cfg.qkv_bias else None
         family = fused_family(qkv.fmt, t, cols=qkv.cols, arch=dev.arch) if qkv is not None and biases is None else None
@@ -190,18 +197,18 @@ class ProjectionPlanner:
             raise ValueError("attention_input: k and v cannot be stored by this step's products (see stores_kv)")
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
-            return [("attn_norm+qkv+rope", lambda: family.launch_norm_rope(
+            return [(label, lambda: family.launch_norm_rope(
                 dev, st, b["q"], b["k"], b["v"], weight_arg(qkv), b["x"], lw.attn_norm.buffer, positions,
-                q_rows=nh * hd, kv_rows=nkv * hd, cols=h, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
-                theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, freq_factors=self.freq_factors,
+                q_rows=nh * hd, kv_rows=nkv * hd, cols=h, head_dim=hd, rope_dim=rope_dim, eps=cfg.rms_norm_eps,
+                theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, freq_factors=factors,
                 **kwargs))]
         if self._separate_qkv_fusable(lw, t):
             weights = [(weight_arg(w), w.fmt) for w in (lw.attn_q, lw.attn_k, lw.attn_v)]
-            name = "attn_norm+qkv+rope" if kv_target is None else "attn_norm+qkv+rope+kv_store"
+            name = label if kv_target is None else "attn_norm+qkv+rope+kv_store"
             return [(name, lambda: fused_qmatvec.launch_norm_rope(
                 dev, st, b["q"], b["k"], b["v"], weights, b["x"], lw.attn_norm.buffer, positions, q_rows=nh * hd,
-                kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps,
-                theta=cfg.rope_theta, freq_scale=self.freq_scale, freq_factors=self.freq_factors,
+                kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=rope_dim, eps=cfg.rms_norm_eps,
+                theta=cfg.rope_theta, freq_scale=self.freq_scale, freq_factors=factors,
                 kv_target=kv_target, biases=None if biases is None else [weight_arg(v) for v in biases]))]
         f16 = self.qkv_f16(lw, t)
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
@@ -218,7 +225,7 @@ class ProjectionPlanner:
         for name, out, bias in zip("qkv", (b["q"], b["k"], b["v"]), biases or ()):
             plan.append((f"{name}_bias", lambda out=out, bias=bias: add_bias.launch(dev, st, out, bias.buffer, t,
                                                                                     bias.rows)))
-        for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)):
+        for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)) if rotate else ():
             plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
                 dev, st, out, positions, t, heads, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale, self.freq_factors)))
         return plan

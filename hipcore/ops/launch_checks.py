@@ -62,11 +62,13 @@ def check_disjoint(op: str, first: tuple[str, Any, int], second: tuple[str, Any,
 
 def check_qkv_rope(op: str, q: Any, k: Any, v: Any, x: Any, positions: Any, *, q_rows: int, kv_rows: int,
                    cols: int, n_tokens: int, head_dim: int, rope_dim: int) -> None:
-    """The outputs and head geometry of a fused q|k|v product with RoPE (fused_matvec, fused_matmul)."""
-    check_sizes(op, head_dim=head_dim, rope_dim=rope_dim, kv_rows=kv_rows)
-    if head_dim % 2 or rope_dim % 2 or rope_dim > head_dim or q_rows % head_dim or kv_rows % head_dim:
+    """The outputs and head geometry of a fused q|k|v product with RoPE (fused_matvec, fused_matmul, fused_qmatvec).
+    rope_dim 0 rotates nothing: a later launch does (head_norm_rope, after the per-head norms)."""
+    check_sizes(op, head_dim=head_dim, kv_rows=kv_rows)
+    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or rope_dim < 0 or head_dim % 2 or rope_dim % 2 \
+            or rope_dim > head_dim or q_rows % head_dim or kv_rows % head_dim:
         raise ValueError(f"{op}: q_rows {q_rows} and kv_rows {kv_rows} must be whole heads of an even head_dim "
-                         f"{head_dim}, rope_dim {rope_dim} even and at most head_dim")
+                         f"{head_dim}, rope_dim {rope_dim} even, at most head_dim and not negative")
     for name, out, width in (("q", q, q_rows), ("k", k, kv_rows), ("v", v, kv_rows)):
         check_memory(op, name, out, n_tokens * width * 4)
         check_disjoint(op, (name, out, n_tokens * width * 4), ("x", x, n_tokens * cols * 4))
