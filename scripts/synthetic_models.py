@@ -6,7 +6,9 @@ Shapes are the published ones (hidden size, layers, heads, KV heads, FFN size, v
 theta 500,000, the Llama 3.1-style RoPE factors as the real files carry them in rope_freqs.weight, tied
 embeddings for 1B and 3B; Qwen2.5-7B: the qwen2 architecture with q/k/v biases, RoPE theta 1,000,000, no
 RoPE scaling, a vocabulary of 152,064 whose rows past Llama 3's tokenizer are unused tokens, as the real
-file pads its own; Phi-3-mini: the phi3 architecture, q|k|v and gate|up each one tensor as Phi-3's files hold
+file pads its own; Qwen3-8B and Qwen3-4B: the qwen3 architecture, an RMSNorm weight per head for q and for k, heads
+of 128 (Qwen3-4B's q is 4,096 wide on a 2,560-wide model), RoPE theta 1,000,000, a vocabulary of 151,936 padded the
+same way, Qwen3-4B's embeddings tied; Phi-3-mini: the phi3 architecture, q|k|v and gate|up each one tensor as Phi-3's files hold
 them, 32 KV heads of 96, RoPE theta 10,000, a 4,096 context, and Llama 3's vocabulary, not Phi-3's 32,064, since
 the tokenizer is Llama 3's: its head is four times Phi-3's). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
 (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
@@ -47,10 +49,16 @@ class Shape:
     qkv_bias: bool = False  # qwen2: a bias on each of the q, k and v products
     rms_eps: float = 1e-5
     fused: bool = False  # phi3: attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows), no attn_q/k/v, ffn_gate
+    qk_norm: bool = False  # qwen3: attn_q_norm and attn_k_norm, an RMSNorm weight of head_dim for every head
+    head_size: int = 0  # 0: hidden // heads (Qwen3-4B's heads are wider: 32 x 128 on 2,560)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_size(self) -> int:
+        return self.heads * self.head_dim
 
 
 SHAPES = {
@@ -59,6 +67,11 @@ SHAPES = {
     "Llama-3.1-8B": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0),
     "Qwen2.5-7B": Shape(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, tied=False, rope_factor=0.0,
                         context=32768, vocab=152064, rope_theta=1000000.0, arch="qwen2", qkv_bias=True, rms_eps=1e-6),
+    "Qwen3-8B": Shape(hidden=4096, layers=36, heads=32, kv_heads=8, ffn=12288, tied=False, rope_factor=0.0,
+                      context=40960, vocab=151936, rope_theta=1000000.0, arch="qwen3", rms_eps=1e-6, qk_norm=True),
+    "Qwen3-4B": Shape(hidden=2560, layers=36, heads=32, kv_heads=8, ffn=9728, tied=True, rope_factor=0.0,
+                      context=40960, vocab=151936, rope_theta=1000000.0, arch="qwen3", rms_eps=1e-6, qk_norm=True,
+                      head_size=128),
     "Phi-3-mini": Shape(hidden=3072, layers=32, heads=32, kv_heads=32, ffn=8192, tied=False, rope_factor=0.0,
                         context=4096, rope_theta=10000.0, arch="phi3", fused=True),
 }
@@ -119,22 +132,24 @@ def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) ->
 def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
     """(name, (rows, cols)) in the order llama.cpp's converter writes them; 1-D for norms, biases and
     rope_freqs."""
-    h, kv = shape.hidden, shape.kv_heads * shape.head_dim
+    h, kv, q = shape.hidden, shape.kv_heads * shape.head_dim, shape.q_size
     out = [("rope_freqs.weight", (shape.head_dim // 2,))] if shape.rope_factor else []
     out.append(("token_embd.weight", (shape.vocab, h)))
     for i in range(shape.layers):
         if shape.fused:  # as llama.cpp's converter writes Phi-3's layers
-            out += [(f"blk.{i}.attn_norm.weight", (h,)), (f"blk.{i}.attn_qkv.weight", (h + 2 * kv, h)),
-                    (f"blk.{i}.attn_output.weight", (h, h)), (f"blk.{i}.ffn_norm.weight", (h,)),
+            out += [(f"blk.{i}.attn_norm.weight", (h,)), (f"blk.{i}.attn_qkv.weight", (q + 2 * kv, h)),
+                    (f"blk.{i}.attn_output.weight", (h, q)), (f"blk.{i}.ffn_norm.weight", (h,)),
                     (f"blk.{i}.ffn_up.weight", (2 * shape.ffn, h)), (f"blk.{i}.ffn_down.weight", (h, shape.ffn))]
             continue
         out += [(f"blk.{i}.attn_norm.weight", (h,)), (f"blk.{i}.ffn_down.weight", (h, shape.ffn)),
                 (f"blk.{i}.ffn_gate.weight", (shape.ffn, h)), (f"blk.{i}.ffn_up.weight", (shape.ffn, h)),
                 (f"blk.{i}.ffn_norm.weight", (h,)), (f"blk.{i}.attn_k.weight", (kv, h)),
-                (f"blk.{i}.attn_output.weight", (h, h)), (f"blk.{i}.attn_q.weight", (h, h)),
+                (f"blk.{i}.attn_output.weight", (h, q)), (f"blk.{i}.attn_q.weight", (q, h)),
                 (f"blk.{i}.attn_v.weight", (kv, h))]
         if shape.qkv_bias:
-            out += [(f"blk.{i}.attn_q.bias", (h,)), (f"blk.{i}.attn_k.bias", (kv,)), (f"blk.{i}.attn_v.bias", (kv,))]
+            out += [(f"blk.{i}.attn_q.bias", (q,)), (f"blk.{i}.attn_k.bias", (kv,)), (f"blk.{i}.attn_v.bias", (kv,))]
+        if shape.qk_norm:
+            out += [(f"blk.{i}.attn_k_norm.weight", (shape.head_dim,)), (f"blk.{i}.attn_q_norm.weight", (shape.head_dim,))]
     out.append(("output_norm.weight", (h,)))
     if not shape.tied:
         out.append(("output.weight", (shape.vocab, h)))

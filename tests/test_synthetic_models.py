@@ -47,6 +47,14 @@ def write_small(tmp_path: Path, tiktoken_file: Path, file_type: str, base: str) 
     return path
 
 
+def write_reduced(tmp_path: Path, tiktoken_file: Path, base: str, seed: int, **sizes) -> Path:
+    """A Q4_K_M file of `base` at SMALL's sizes (changed by `sizes`), named after the shape."""
+    path = tmp_path / f"{base}.gguf"
+    sm.write_model(path, sm.reduced(sm.SHAPES[base], **{**SMALL, **sizes}), "Q4_K_M", gguf_vocab(tiktoken_file),
+                   name="test", seed=seed, log=None)
+    return path
+
+
 def first_step_logits(path: Path) -> np.ndarray:
     """The logits of one six-token prompt step of the model at `path` on the cpu backend."""
     loaded = load_model(str(path), LoadOptions(device="cpu", max_seqs=1, max_step_tokens=16, ctx_size=64,
@@ -117,9 +125,7 @@ def test_small_qwen2_model_carries_biases_and_a_padded_vocabulary_and_runs_finit
     """The Qwen2.5-7B shape at a small size: the qwen2 architecture, q/k/v biases, no rope_freqs, RoPE theta
     1e6, and embedding rows past the tokenizer written as unused tokens (as Qwen2.5's files pad theirs)."""
     vocab_rows = SMALL["vocab"] + 28
-    shape = sm.reduced(sm.SHAPES["Qwen2.5-7B"], **{**SMALL, "vocab": vocab_rows})
-    path = tmp_path / "qwen.gguf"
-    sm.write_model(path, shape, "Q4_K_M", gguf_vocab(tiktoken_file), name="test", seed=3, log=None)
+    path = write_reduced(tmp_path, tiktoken_file, "Qwen2.5-7B", 3, vocab=vocab_rows)
     with GGUFFile.open(path) as gguf:
         plan = gguf.plan
         cfg = plan.config
@@ -140,9 +146,7 @@ def test_small_phi3_model_holds_the_fused_tensors_with_llama_cpps_types_and_runs
     """The Phi-3-mini shape at a small size: the phi3 architecture, q|k|v and gate|up each one tensor (attn_qkv of
     q + 2 kv rows, ffn_up of 2 ffn rows; no attn_q/k/v or ffn_gate), attn_qkv in Q5_K as llama.cpp's Q4_K_M mix puts
     it, and a forward pass on the cpu backend with finite logits."""
-    shape = sm.reduced(sm.SHAPES["Phi-3-mini"], **{**SMALL, "kv_heads": 4})
-    path = tmp_path / "phi3.gguf"
-    sm.write_model(path, shape, "Q4_K_M", gguf_vocab(tiktoken_file), name="test", seed=4, log=None)
+    path = write_reduced(tmp_path, tiktoken_file, "Phi-3-mini", 4, kv_heads=4)
     with GGUFFile.open(path) as gguf:
         plan = gguf.plan
         cfg = plan.config
@@ -197,3 +201,22 @@ def test_command_refuses_a_wrong_tokenizer_file_in_one_line(tmp_path, tiktoken_f
     bad.write_text("not base64 at all\n")
     assert sm.main(["--shape", "Llama-3.2-1B", "--type", "Q4_0", "-o", str(out), "--tokenizer-model", str(bad)]) == 2
     assert "not a tiktoken tokenizer file" in capsys.readouterr().err and not out.exists()
+
+
+def test_small_qwen3_model_carries_head_norms_and_wide_heads_and_runs_finite(tmp_path, tiktoken_file):
+    """The Qwen3-4B shape at a small size: the qwen3 architecture, an RMSNorm weight of head_dim for q's and for k's
+    heads, heads wider than hidden / heads (4 x 128 on 256: q is 512 wide, o reads 512), tied embeddings, RoPE
+    theta 1e6, NEOX RoPE, and a forward pass on the cpu backend with finite logits."""
+    vocab_rows = SMALL["vocab"] + 12
+    path = write_reduced(tmp_path, tiktoken_file, "Qwen3-4B", 5, vocab=vocab_rows)
+    with GGUFFile.open(path) as gguf:
+        plan = gguf.plan
+        cfg = plan.config
+        assert (cfg.architecture, cfg.qk_norm, cfg.rope_type, cfg.rope_theta) == ("qwen3", True, "neox", 1e6)
+        assert (cfg.head_dim, cfg.q_size, cfg.tie_embeddings, cfg.vocab_size) == (128, 512, True, vocab_rows)
+        assert plan.tensor("blk.0.attn_q.weight").shape == (512, 256)
+        assert plan.tensor("blk.0.attn_output.weight").shape == (256, 512)
+        assert plan.tensor("blk.0.attn_q_norm.weight").shape == (128,) == plan.tensor("blk.7.attn_k_norm.weight").shape
+        assert "output.weight" not in {t.name for t in plan.tensors}
+    logits = first_step_logits(path)
+    assert logits.shape == (1, vocab_rows) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
