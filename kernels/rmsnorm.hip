@@ -3,20 +3,37 @@
 // up to 256. `out` may be `x`: every read of x in the first pass happens before the block-wide sum,
 // and the second pass reads and writes the same element in the same thread.
 // rmsnorm_f32 writes float32; rmsnorm_f32_f16 writes f16 (raw bits), the x of matmul_mma's x16 entries, which
-// would round it to f16 anyway (out must not be x there).
+// would round it to f16 anyway (out must not be x there); rmsnorm_add_f32 adds the normalized row to out (Gemma's
+// norm after attention and after the feed-forward, before the residual add: out is the residual stream, x the
+// product; out must not be x). The compilers may fuse the weight's product and the add into one FMA: within an
+// ulp of a norm launch then an add launch, one rounding fewer.
 #include "hip_compat.h"
 
 // A value of the output: float32, or f16 bits.
-static __device__ __forceinline__ void put(float* out, int i, float v) { out[i] = v; }
+template <bool ADD>
 static __device__ __forceinline__ void put(unsigned short* out, int i, float v) { out[i] = rf_float_to_f16(v); }
-static __device__ __forceinline__ void put4(float* out, int i, float4 r) { reinterpret_cast<float4*>(out)[i] = r; }
+// ADD (rmsnorm_add_f32): the normalized value added to what out holds, the residual stream.
+template <bool ADD>
+static __device__ __forceinline__ void put(float* out, int i, float v) {
+  if (ADD) v += out[i];
+  out[i] = v;
+}
+template <bool ADD>
+static __device__ __forceinline__ void put4(float* out, int i, float4 r) {
+  if (ADD) {
+    const float4 y = reinterpret_cast<const float4*>(out)[i];
+    r.x += y.x, r.y += y.y, r.z += y.z, r.w += y.w;
+  }
+  reinterpret_cast<float4*>(out)[i] = r;
+}
+template <bool ADD>
 static __device__ __forceinline__ void put4(unsigned short* out, int i, float4 r) {
   const unsigned int lo = (unsigned int)rf_float_to_f16(r.x) | ((unsigned int)rf_float_to_f16(r.y) << 16);
   const unsigned int hi = (unsigned int)rf_float_to_f16(r.z) | ((unsigned int)rf_float_to_f16(r.w) << 16);
   reinterpret_cast<unsigned long long*>(out)[i] = (unsigned long long)lo | ((unsigned long long)hi << 32);
 }
 
-template <class Out>
+template <class Out, bool ADD = false>
 static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x, const float* weight, int n, float eps) {
   __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
   const unsigned long long row_start = (unsigned long long)blockIdx.x * (unsigned long long)n;
@@ -53,10 +70,10 @@ static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x, con
       const float4 v = x4[i], w = w4[i];
       float4 r;
       r.x = (v.x * scale) * w.x, r.y = (v.y * scale) * w.y, r.z = (v.z * scale) * w.z, r.w = (v.w * scale) * w.w;
-      put4(out, i, r);
+      put4<ADD>(out, i, r);
     }
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) put(out, i, (x[i] * scale) * weight[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) put<ADD>(out, i, (x[i] * scale) * weight[i]);
   }
 }
 
@@ -68,4 +85,9 @@ extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32(float* out, const 
 extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32_f16(unsigned short* out, const float* x,
                                                                   const float* weight, int n, float eps) {
   rmsnorm_row(out, x, weight, n, eps);
+}
+
+extern "C" __global__ __launch_bounds__(256) void rmsnorm_add_f32(float* out, const float* x, const float* weight, int n,
+                                                                  float eps) {
+  rmsnorm_row<float, true>(out, x, weight, n, eps);
 }

@@ -102,6 +102,27 @@ def test_rmsnorm(harnesses, warp, tmp_path):
         assert np.all(np.abs(got - want) <= tol + 2.0**-11 * (np.abs(want) + tol) + 2.0**-25), f"f16 out {rows}x{n}"
 
 
+def test_rmsnorm_add_is_the_norm_then_the_add(harnesses, warp, tmp_path):
+    """rmsnorm_add_f32 (Gemma's norm of a product added to the residual stream) gives rmsnorm_f32's output added to
+    the residual, on the float4 path and the scalar one: here (no FMA contraction) the bytes of the two launches it
+    replaces; a GPU compiler may fuse the weight's product with the add (tests/gpu/test_ops_gpu.py's bound)."""
+    rng = np.random.default_rng([warp, 5])
+    for rows, n in [(3, 7), (2, 576), (4, 2560)]:
+        x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        residual = rng.standard_normal((rows, n)).astype(np.float32)
+        weight = (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+        for name, a in (("x", x), ("r", residual), ("w", weight)):
+            a.tofile(tmp_path / name)
+        block = row_block(n, rmsnorm.MAX_THREADS)
+        run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-6, tmp_path / "x", tmp_path / "w", tmp_path / "normed")
+        normed = np.fromfile(tmp_path / "normed", np.float32).reshape(rows, n)
+        run(harnesses, warp, "rmsnorm_add_f32", rows, block, n, 1e-6, tmp_path / "r", tmp_path / "x", tmp_path / "w",
+            tmp_path / "o")
+        got = np.fromfile(tmp_path / "o", np.float32).reshape(rows, n)
+        assert np.array_equal(got, residual + normed), f"{rows}x{n}"
+        assert not np.array_equal(got, normed)
+
+
 @pytest.mark.parametrize("rope_type", ["norm", "neox"])
 @pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
 def test_rope(harnesses, warp, with_factors, rope_type, tmp_path):

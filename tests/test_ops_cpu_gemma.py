@@ -101,3 +101,21 @@ def test_paged_attention_window_through_the_launcher(cpu_device):
     np.testing.assert_array_equal(out.download(np.float32).reshape(sample.q.shape), sample.reference())
     with pytest.raises(ValueError, match="window"):
         paged_attention.launch(cpu_device, None, out, *args, **sizes, window=-1)
+
+
+def test_rmsnorm_add_is_the_norm_then_the_add_and_refuses_aliasing(cpu_device):
+    """Gemma's post-norm added to the residual stream in one launch: the bytes of rmsnorm then add; out must not
+    overlap x (the norm reads all of a row before any of it is written only when out is a separate row)."""
+    from hipcore.ops import add, rmsnorm
+    rng = np.random.default_rng(4)
+    rows, n = 3, 640
+    x, residual = (rng.standard_normal((2, rows, n)) * 2).astype(np.float32)
+    weight = (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+    xs, ws, fused, normed = (to_device(cpu_device, a) for a in (x, weight, residual, x))
+    rmsnorm.launch(cpu_device, None, normed, xs, ws, rows, n, 1e-6)
+    two = to_device(cpu_device, residual)
+    add.launch(cpu_device, None, two, two, normed, rows * n)
+    rmsnorm.launch_add(cpu_device, None, fused, xs, ws, rows, n, 1e-6)
+    assert np.array_equal(fused.download(np.float32), two.download(np.float32))
+    with pytest.raises(ValueError, match="overlap"):
+        rmsnorm.launch_add(cpu_device, None, xs, xs, ws, rows, n, 1e-6)

@@ -3,7 +3,10 @@
 Kernel `rmsnorm_f32(out p, x p, weight p, n i, eps f)` (kernels/rmsnorm.hip): x and out are float32
 [rows, n], weight float32 [n]; one block per row (grid = rows), so the row count is the grid's.
 `out` may be `x`. `rmsnorm_f32_f16` (the same arguments) writes out as f16, rounded to nearest: the x of
-matmul_mma's x16 products (launch's out_f16); out must not overlap x there.
+matmul_mma's x16 products (launch's out_f16); out must not overlap x there. `rmsnorm_add_f32` (the same arguments)
+adds the normalized rows to out, float32 (launch_add: Gemma's norm of a product before the residual add; the kernel
+may fuse the weight's product with the add, one rounding fewer than a norm launch then an add launch, which the
+host reference does); out must not overlap x.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from hipcore.runtime.kernels import get_kernel
 OP = "rmsnorm"
 ENTRY = "rmsnorm_f32"
 ENTRY_F16 = "rmsnorm_f32_f16"
+ENTRY_ADD = "rmsnorm_add_f32"
 SIGNATURE = "pppif"
 MAX_THREADS = 256  # the kernel's __launch_bounds__
 
@@ -43,6 +47,26 @@ def _host_f16(device: CpuDevice, grid: Dim3, block: Dim3, out: int, x: int, weig
     rows = grid[0]
     result = reference(device.view(x, np.float32, (rows, n)), device.view(weight, np.float32, n), eps)
     device.view(out, np.float16, (rows, n))[:] = result.astype(np.float32)  # float32 first, as the kernel
+
+
+@cpu_kernel(ENTRY_ADD, SIGNATURE)
+def _host_add(device: CpuDevice, grid: Dim3, block: Dim3, out: int, x: int, weight: int, n: int, eps: float) -> None:
+    rows = grid[0]
+    normed = reference(device.view(x, np.float32, (rows, n)), device.view(weight, np.float32, n), eps)
+    view = device.view(out, np.float32, (rows, n))
+    view[:] = view + normed.astype(np.float32)  # rounded as the norm's float32 output, then the float32 sum
+
+
+def launch_add(device: Device, stream: Stream | None, out: Any, x: Any, weight: Any, rows: int, n: int,
+               eps: float) -> None:
+    """out += rmsnorm(x) * weight, `rows` rows of `n` floats (out and x apart)."""
+    check_sizes(OP, rows=rows, n=n)
+    for name, buf in (("out", out), ("x", x)):
+        check_memory(OP, name, buf, rows * n * 4)
+    check_memory(OP, "weight", weight, n * 4)
+    check_disjoint(ENTRY_ADD, ("out", out, rows * n * 4), ("x", x, rows * n * 4))
+    kernel = get_kernel(device, OP, ENTRY_ADD, SIGNATURE)
+    kernel.launch(rows, row_block(n, MAX_THREADS), (out, x, weight, n, eps), stream=stream)
 
 
 def launch(device: Device, stream: Stream | None, out: Any, x: Any, weight: Any, rows: int, n: int, eps: float, *,

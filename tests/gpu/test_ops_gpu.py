@@ -31,7 +31,8 @@ ENTRIES = {
     "argmax": [("argmax_f32", argmax.SIGNATURE)],
     "matmul": [(f"matmul_{t}", matmul.SIGNATURE) for t in matmul.WEIGHT_TYPES],
     "matvec": [(f"matvec_{t}", matvec.SIGNATURE) for t in matvec.WEIGHT_TYPES],
-    "rmsnorm": [("rmsnorm_f32", rmsnorm.SIGNATURE), ("rmsnorm_f32_f16", rmsnorm.SIGNATURE)],
+    "rmsnorm": [("rmsnorm_f32", rmsnorm.SIGNATURE), ("rmsnorm_f32_f16", rmsnorm.SIGNATURE),
+                ("rmsnorm_add_f32", rmsnorm.SIGNATURE)],
     "rope": [("rope_f32", rope.SIGNATURE), ("rope_neox_f32", rope.SIGNATURE)],
     "silu_mul": [("silu_mul_f32", silu_mul.SIGNATURE)],
 }
@@ -160,6 +161,14 @@ def test_rmsnorm(gpu, mem, rng, seed, rows, n):
     rmsnorm.launch(gpu, None, out16, xs, ws, rows, n, 1e-5, out_f16=True)  # f16: one rounding more
     got16 = out16.download(np.float16).astype(np.float64).reshape(rows, n)
     assert np.all(np.abs(got16 - want) <= tol + 2.0**-11 * (np.abs(want) + tol) + 2.0**-25), f"seed {seed}, f16 out"
+    normed = out.download(np.float32).reshape(rows, n)
+    residual = rng.standard_normal((rows, n)).astype(np.float32)
+    rs = mem.upload(residual)
+    rmsnorm.launch_add(gpu, None, rs, xs, ws, rows, n, 1e-5)  # Gemma's post-norm added to the residual stream
+    # the norm's float32 output plus the residual, within the roundings of one FMA or of a product and an add
+    added = residual.astype(np.float64) + normed
+    got = rs.download(np.float32).reshape(rows, n)
+    assert np.all(np.abs(got - added) <= U32 * (np.abs(normed) + 2 * np.abs(added)) + 1e-37), f"seed {seed}, add"
     rmsnorm.launch(gpu, None, xs, xs, ws, rows, n, 1e-5)  # in place, as the model does it
     assert np.all(np.abs(xs.download(np.float32).reshape(rows, n) - want) <= tol), f"seed {seed}"
 

@@ -408,6 +408,14 @@ int main(int argc, char** argv) {
     float* dst = std::string(a[4]) == "-" ? (float*)x.data() : out.data();
     emu_launch(grid, block, [&] { rmsnorm_f32(dst, (const float*)x.data(), (const float*)weight.data(), n, eps); });
     write_file(a[std::string(a[4]) == "-" ? 5 : 4], dst, (size_t)grid * n * 4);
+  } else if (entry == "rmsnorm_add_f32") {  // n eps residual x weight out; out: the residual after the add
+    const int n = std::atoi(a[0]);
+    const float eps = std::strtof(a[1], nullptr);
+    std::vector<char> residual = read_file(a[2]), x = read_file(a[3]), weight = read_file(a[4]);
+    emu_launch(grid, block, [&] {
+      rmsnorm_add_f32((float*)residual.data(), (const float*)x.data(), (const float*)weight.data(), n, eps);
+    });
+    write_file(a[5], residual.data(), residual.size());
   } else if (entry == "rmsnorm_f32_f16") {  // n eps x weight out (f16)
     const int n = std::atoi(a[0]);
     const float eps = std::strtof(a[1], nullptr);
