@@ -12,11 +12,14 @@
 //       buffers; 1 (f16), 2 (bf16), 3 (f32): they go straight into the paged cache's pools at each token's
 //       slot instead, the bytes kv_store.hip would write (that launch and its gap leave the step).
 //   qmatvec_norm_swiglu(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
-//       y = silu(n @ Wg^T) * (n @ Wu^T)
-//   qmatvec_add(y, W, x, type, rows, cols, batch, k_split)   y += x @ W^T (the residual connection)
+//       y = silu(n @ Wg^T) * (n @ Wu^T), or with GeGLU in `types` (Gemma) y = gelu(n @ Wg^T) * (n @ Wu^T), GELU's
+//       tanh form as gelu_mul.hip computes it
+//   qmatvec_add(y, W, x, type, rows, cols, batch, k_split)   y += x @ W^T (the residual connection), or y = x @ W^T
+//       with kStoreFlag in `type` (a product whose output is normalized before its residual add: Gemma's)
 //   qmatvec_norm(y, W, x, g, type, rows, cols, batch, eps)   y = n @ W^T (the output head)
 //
-// `types` packs one type code per matrix, 4 bits each (q | k << 4 | v << 8; gate | up << 4); the codes
+// `types` packs one type code per matrix, 4 bits each (q | k << 4 | v << 8; gate | up << 4, and for gate|up the
+// activation at kActivationShift: 0 SiLU, 1 GELU); the codes
 // are WeightType's: the `_1` and `_n` entries read the K-quants, Q8_0 and Q4_0, the one-token `_1b` entries Q4_1,
 // Q5_0, Q5_1, Q8_0 and Q4_0 (fused_qmatvec_tiles.h: TypeSet). The type is a branch per row group, uniform across the warp. k_split (qmatvec_add and
 // qmatvec_norm_rope at one token): the warps that share a row group's columns, 1, 2 or 4 (anything else
@@ -99,14 +102,26 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
   }
 }
 
+constexpr int kActivationShift = 8;  // gate|up's `types`: the activation's code above the two type codes
+
+// The gate's activation times up: SwiGLU's silu, or GeGLU's GELU in gelu_mul.hip's form (g / (1 + exp(-2u)),
+// u = sqrt(2/pi) (g + 0.044715 g^3)), so the fused product rounds as the single ops do.
+static __device__ __forceinline__ float gated(float a, float u, bool gelu) {
+  if (gelu) return a / (1.0f + expf(-2.0f * (0.7978845608028654f * fmaf(0.044715f * a, a * a, a)))) * u;
+  return a / (1.0f + expf(-a)) * u;
+}
+
 // Gate|up tiles of KS-split row groups (tile_dot) covering rows begin .. end - 1 of `rows`, the block's in turn.
-template <int NB, int kGateUpRows, int KS, int TYPES>
+// GELU_OK: the activation code is read (GeGLU); the split entry leaves it out, SiLU only, since it raised that
+// entry's spill on sm_90 (20 -> 28 bytes), and the launcher takes it for SwiGLU alone.
+template <int NB, int kGateUpRows, int KS, int TYPES, bool GELU_OK = true>
 __device__ __forceinline__ void swiglu_tiles(Stage& st, float* y, const unsigned char* Wg, const unsigned char* Wu,
                                              int types, const float* x, const float* g, int rows, int cols, float eps,
                                              int b0, int tokens, int begin, int end) {
   const Tiles t = Tiles::of<kGateUpRows, KS>();
   const int tiles = (end - begin + t.tile_rows - 1) / t.tile_rows;
   const int type_gate = types & 15, type_up = (types >> 4) & 15;
+  const bool gelu = GELU_OK && ((types >> kActivationShift) & 15) == 1;
   const unsigned char* const W[2] = {Wg, Wu};
   const unsigned char* const W_gate[1] = {Wg}, *const W_up[1] = {Wu};  // not &W[i]: that would put W in local memory
   for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
@@ -127,7 +142,7 @@ __device__ __forceinline__ void swiglu_tiles(Stage& st, float* y, const unsigned
 #pragma unroll
       for (int r = 0; r < kGateUpRows; ++r) {
         const float a = out[0][r][b] * s, u = out[1][r][b] * s;
-        if (r0 + r < end) y[(unsigned long long)(b0 + b) * rows + r0 + r] = a / (1.0f + expf(-a)) * u;
+        if (r0 + r < end) y[(unsigned long long)(b0 + b) * rows + r0 + r] = gated(a, u, gelu);
       }
     }
   }
@@ -152,18 +167,20 @@ __device__ __forceinline__ void norm_swiglu_pass(Stage& st, float* y, const unsi
     const int rounds = tiles / (int)gridDim.x, last = tiles - rounds * (int)gridDim.x;  // uniform
     if (rounds > 0 && last > 0 && 2 * last <= (int)gridDim.x) {
       const int body = rounds * (int)gridDim.x * tile_rows;  // the whole rounds' rows
-      swiglu_tiles<NB, kGateUpRows, 1, TYPES>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, body);
-      swiglu_tiles<NB, kGateUpRows, 2, TYPES>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, body, rows);
+      swiglu_tiles<NB, kGateUpRows, 1, TYPES, false>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, body);
+      swiglu_tiles<NB, kGateUpRows, 2, TYPES, false>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, body, rows);
       return;
     }
   }
-  swiglu_tiles<NB, kGateUpRows, 1, TYPES>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, rows);
+  swiglu_tiles<NB, kGateUpRows, 1, TYPES, !SPLIT_LAST>(st, y, Wg, Wu, types, x, g, rows, cols, eps, b0, tokens, 0, rows);
 }
 
-// y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add); KS warps per row group (tile_dot).
+// y = n @ W^T (NORM: the head) or y += x @ W^T (the residual add; y = x @ W^T where `store`); KS warps per row
+// group (tile_dot).
 template <int NB, int kRows, bool NORM, int KS = 1, int UNROLL = 1, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned char* W, int type, const float* x,
-                                            const float* g, int rows, int cols, float eps, int b0, int tokens) {
+                                            const float* g, int rows, int cols, float eps, int b0, int tokens,
+                                            bool store = false) {
   const Tiles t = Tiles::of<kRows, KS>();
   const int tiles = t.count(rows);
   const unsigned char* const Wl[1] = {W};
@@ -180,7 +197,7 @@ __device__ __forceinline__ void single_pass(Stage& st, float* y, const unsigned 
       for (int r = 0; r < kRows; ++r) {
         if (r0 + r >= rows) continue;
         float* yr = y + (unsigned long long)(b0 + b) * rows + r0 + r;
-        *yr = NORM ? out[0][r][b] * s : *yr + out[0][r][b];
+        *yr = NORM ? out[0][r][b] * s : store ? out[0][r][b] : *yr + out[0][r][b];
       }
     }
   }
@@ -280,6 +297,7 @@ struct SinglePass {
   int type, rows, cols;
   float eps;
   int k_split;  // the residual at one token: 2 or 4 split its row groups (within the block's warps)
+  bool store;   // !NORM: y = x @ W^T instead of y += x @ W^T
   template <int NB, bool ONE_TOKEN>
   __device__ __forceinline__ void run(int b0, int tokens) const {
     constexpr int kRows = WarpRows<ONE_TOKEN>::kRows;
@@ -288,11 +306,11 @@ struct SinglePass {
     if constexpr (ONE_TOKEN && !NORM) {
       const int warps = (int)blockDim.x / WARP_SIZE;
       if (k_split == 2 && warps % 2 == 0) {
-        single_pass<NB, kRows, NORM, 2, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+        single_pass<NB, kRows, NORM, 2, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens, store);
         return;
       }
       if (k_split == 4 && warps % 4 == 0) {
-        single_pass<NB, kRows, NORM, 4, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+        single_pass<NB, kRows, NORM, 4, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens, store);
         return;
       }
     }
@@ -300,7 +318,7 @@ struct SinglePass {
       single_pass<NB, kRows, NORM, 1, kHeadUnroll, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
       return;
     }
-    single_pass<NB, kRows, NORM, 1, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens);
+    single_pass<NB, kRows, NORM, 1, 1, TYPES>(*st, y, w, type, xb, g, rows, cols, eps, b0, tokens, store);
   }
 };
 
@@ -331,10 +349,14 @@ __device__ __forceinline__ void norm_swiglu(Stage* st, float* y, const void* Wg,
   passes<ONE_TOKEN>(batch, SwigluPass<SPLIT_LAST, TYPES>{st, y, Wg, Wu, x, g, types, rows, cols, eps});
 }
 
+// qmatvec_add's `type`: the weight's type code, and kStoreFlag for y = x @ W^T.
+constexpr int kStoreFlag = 1 << 8;
+
 template <bool ONE_TOKEN, bool NORM, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void single(Stage* st, float* y, const void* W, const float* x, const float* g, int type, int rows,
                                        int cols, int batch, float eps, int k_split) {
-  passes<ONE_TOKEN>(batch, SinglePass<NORM, TYPES>{st, y, W, x, g, type, rows, cols, eps, k_split});
+  const bool store = !NORM && (type & kStoreFlag) != 0;
+  passes<ONE_TOKEN>(batch, SinglePass<NORM, TYPES>{st, y, W, x, g, type & 15, rows, cols, eps, k_split, store});
 }
 
 }  // namespace fq

@@ -13,9 +13,11 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
                         cache, kv_store.EpilogueTarget, instead of the k and v buffers; kv_format 0 = not;
                         tile_groups: see MIN_TILE_GROUPS_SHARE)
   qmatvec_norm_swiglu_<v>(y, Wg, Wu, x, g, types, rows, cols, batch, eps)
-                        (and qmatvec_norm_swiglu_split_1, the same at one token with its last round of tiles
-                        split: see splits_last_round)
-  qmatvec_add_<v>(y, W, x, type, rows, cols, batch, k_split)   (k_split: see MAX_K_SPLIT)
+                        (types: the gate's and up's type codes and the activation above them, ACTIVATION_SHIFT:
+                        SwiGLU or Gemma's GeGLU; and qmatvec_norm_swiglu_split_1, SwiGLU at one token with its
+                        last round of tiles split: see splits_last_round)
+  qmatvec_add_<v>(y, W, x, type, rows, cols, batch, k_split)   (k_split: see MAX_K_SPLIT; STORE_FLAG in type:
+                        y = x @ W^T instead of y += x @ W^T)
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
 
 <v> is "1" for one token (its own entries: fewer registers, see the kernel), "1b" for one token of Q4_1, Q5_0 or
@@ -35,7 +37,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from hipcore.kvcache.dtypes import kv_dtype
-from hipcore.ops import kv_store, qmatvec, rope, silu_mul
+from hipcore.ops import gelu_mul, kv_store, qmatvec, rope, silu_mul
 from hipcore.ops.launch_checks import check_disjoint, check_memory, check_qkv_rope, check_sizes
 from hipcore.ops.weight_formats import column_multiple, host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -153,10 +155,19 @@ def reference_norm_rope(weights, x, g, eps, positions, q_rows, kv_rows, cols, he
     return tuple(outs)
 
 
-def reference_norm_swiglu(weights, x, g, eps, rows, cols) -> np.ndarray:
-    """float64 [batch, rows] = silu(gate) * up; `weights` = ((raw, type) of W_gate, of W_up)."""
+# The gate's activation (kernels/fused_qmatvec.hip: kActivationShift, gated): its code in `types` above the two
+# type codes, and the reference of activation(gate) * up.
+ACTIVATION_SHIFT = 8
+ACTIVATIONS = {"silu": (0, silu_mul.reference), "gelu": (1, gelu_mul.reference)}
+_ACTIVATION_OF_CODE = {code: ref for code, ref in ACTIVATIONS.values()}
+
+
+def reference_norm_swiglu(weights, x, g, eps, rows, cols, activation: str = "silu") -> np.ndarray:
+    """float64 [batch, rows] = silu(gate) * up (SwiGLU), or gelu(gate) * up (GeGLU, activation "gelu"); `weights` =
+    ((raw, type) of W_gate, of W_up)."""
     (wg, tg), (wu, tu) = weights
-    return silu_mul.reference(reference_norm(wg, tg, x, g, eps, rows, cols), reference_norm(wu, tu, x, g, eps, rows, cols))
+    gated = ACTIVATIONS[activation][1]
+    return gated(reference_norm(wg, tg, x, g, eps, rows, cols), reference_norm(wu, tu, x, g, eps, rows, cols))
 
 
 def reference_add(w_raw, weight_type, x, y, rows, cols) -> np.ndarray:
@@ -210,15 +221,17 @@ def _register(variant: str) -> None:
     def norm_swiglu(dev, grid, block, y, wg, wu, x, g, types, rows, cols, batch, eps):
         gate = _host_normed(dev, wg, types & 15, x, g, rows, cols, batch, eps)
         up = _host_normed(dev, wu, (types >> 4) & 15, x, g, rows, cols, batch, eps)
-        dev.view(y, np.float32, (batch, rows))[:] = silu_mul.reference(gate, up)
+        gated = _ACTIVATION_OF_CODE[(types >> ACTIVATION_SHIFT) & 15]
+        dev.view(y, np.float32, (batch, rows))[:] = gated(gate, up)
 
     for name in [f"qmatvec_norm_swiglu_{variant}"] + (["qmatvec_norm_swiglu_split_1"] if variant == "1" else []):
         cpu_kernel(name, SIGNATURES["qmatvec_norm_swiglu"])(norm_swiglu)
 
     @cpu_kernel(f"qmatvec_add_{variant}", SIGNATURES["qmatvec_add"])
     def add(dev, grid, block, y, w, x, type_code, rows, cols, batch, k_split):
-        dev.view(y, np.float32, (batch, rows))[:] += _host_product(dev, w, type_code, dev.view(x, np.float32, (batch, cols)),
-                                                                   rows, cols)
+        made = _host_product(dev, w, type_code & 15, dev.view(x, np.float32, (batch, cols)), rows, cols)
+        out = dev.view(y, np.float32, (batch, rows))
+        out[:] = made if type_code & STORE_FLAG else out + made
 
     @cpu_kernel(f"qmatvec_norm_{variant}", SIGNATURES["qmatvec_norm"])
     def norm(dev, grid, block, y, w, x, g, type_code, rows, cols, batch, eps):
@@ -340,7 +353,8 @@ def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols:
     geo = geometry(device.arch, entry, variant(batch), cols, *matrix_rows, multiprocessors=device.multiprocessors)
     suffix = entry_suffix(batch, weight_types)  # "1b": the same geometry as "1" (one token)
     name = f"{entry}_{suffix}"
-    if entry == "qmatvec_norm_swiglu" and suffix == "1" and splits_last_round(device.arch, matrix_rows[0], geo.grid):
+    if entry == "qmatvec_norm_swiglu" and suffix == "1" and splits_last_round(device.arch, matrix_rows[0], geo.grid) \
+            and args[5] >> ACTIVATION_SHIFT == 0:  # the split entry computes SwiGLU only (fused_qmatvec.hip: GELU_OK)
         name = "qmatvec_norm_swiglu_split_1"
     # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, name, SIGNATURES[entry], programmatic=True)
@@ -398,9 +412,12 @@ def _check_kv_target(op: str, kv: kv_store.EpilogueTarget, kv_rows: int, head_di
 
 
 def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: Sequence[tuple[Any, str]], x: Any, g: Any,
-                       *, rows: int, cols: int, batch: int, eps: float) -> None:
-    """y = silu(n @ Wg^T) * (n @ Wu^T); `weights` = ((Wg, type), (Wu, type))."""
+                       *, rows: int, cols: int, batch: int, eps: float, activation: str = "silu") -> None:
+    """y = silu(n @ Wg^T) * (n @ Wu^T), or gelu(...) * (...) with activation "gelu" (Gemma's GeGLU); `weights` =
+    ((Wg, type), (Wu, type))."""
     op = "qmatvec_norm_swiglu"
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
     check_sizes(op, rows=rows, cols=cols, batch=batch)
     for (w, weight_type), name in zip(weights, ("W_gate", "W_up")):
         _check_matrix(op, name, w, weight_type, rows, cols)
@@ -408,20 +425,26 @@ def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: S
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
     (wg, tg), (wu, tu) = weights
-    _launch(device, stream, op, batch, cols, (rows,), (tg, tu), (y, wg, wu, x, g, pack_types((tg, tu)), rows, cols, batch,
-                                                              eps))
+    types = pack_types((tg, tu)) | ACTIVATIONS[activation][0] << ACTIVATION_SHIFT
+    _launch(device, stream, op, batch, cols, (rows,), (tg, tu), (y, wg, wu, x, g, types, rows, cols, batch, eps))
+
+
+# qmatvec_add's `type` with this bit: y = x @ W^T instead of y += x @ W^T (kernels/fused_qmatvec.hip: kStoreFlag).
+STORE_FLAG = 1 << 8
 
 
 def launch_add(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, *, rows: int, cols: int, batch: int,
-               weight_type: str) -> None:
-    """y += quantize(x) @ W^T."""
+               weight_type: str, store: bool = False) -> None:
+    """y += quantize(x) @ W^T; store: y = quantize(x) @ W^T (a product normalized before its residual add, Gemma's o
+    and down)."""
     op = "qmatvec_add"
     check_sizes(op, rows=rows, cols=cols, batch=batch)
     _check_matrix(op, "W", w, weight_type, rows, cols)
     _check_vectors(op, x, None, batch, cols)
     check_memory(op, "y", y, batch * rows * 4)
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
-    _launch(device, stream, op, batch, cols, (rows,), (weight_type,), (y, w, x, TYPE_CODES[weight_type], rows, cols, batch))
+    code = TYPE_CODES[weight_type] | (STORE_FLAG if store else 0)
+    _launch(device, stream, op, batch, cols, (rows,), (weight_type,), (y, w, x, code, rows, cols, batch))
 
 
 def launch_norm(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, g: Any, *, rows: int, cols: int,

@@ -180,6 +180,27 @@ def test_norm_swiglu(gpu, mem, rng, seed, types, rows, cols, batch):
     check(y.download(np.float32).reshape(batch, rows), want, bound, f"seed {seed}")
 
 
+# Gemma-3-4B's gate|up (10,240 x 2,560) at one token and in a decode batch, and a 32-element block type
+@pytest.mark.parametrize("types,rows,cols,batch", [(("q4_k", "q4_k"), 10240, 2560, 1), (("q4_k", "q6_k"), 10240, 2560, 5),
+                                                   (("q5_0", "q5_0"), 10240, 2560, 1)])
+def test_norm_geglu(gpu, mem, rng, seed, types, rows, cols, batch):
+    """Gemma's GeGLU (activation "gelu"): gelu(gate) * up within test_norm_swiglu's bound with GELU's slope (1.13)."""
+    wg, wu = (random_weights(rng, t, rows, cols) for t in types)
+    x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
+    g = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
+    y = mem.poisoned(batch * rows * 4)
+    fused_qmatvec.launch_norm_swiglu(gpu, None, y, [(mem.upload(wg, "weights"), types[0]), (mem.upload(wu, "weights"),
+                                     types[1])], mem.upload(x), mem.upload(g), rows=rows, cols=cols, batch=batch, eps=EPS,
+                                     activation="gelu")
+    xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+    gate = fused_qmatvec.reference_norm(wg, types[0], x, g, EPS, rows, cols)
+    up = fused_qmatvec.reference_norm(wu, types[1], x, g, EPS, rows, cols)
+    want = fused_qmatvec.reference_norm_swiglu([(wg, types[0]), (wu, types[1])], x, g, EPS, rows, cols, activation="gelu")
+    tg, tu = bound_of(wg, types[0], xg, s, rows, cols), bound_of(wu, types[1], xg, s, rows, cols)
+    bound = 1.13 * np.abs(up) * tg + np.abs(gate) * tu + tg * tu + 4e-5 * np.abs(want)
+    check(y.download(np.float32).reshape(batch, rows), want, bound, f"seed {seed}")
+
+
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [("q6_k", 4096, 14336, 1), ("q4_k", 4096, 4096, 4),
                                                          ("q6_k", 128256, 4096, 1), ("q4_0", 77, 96, 9),
                                                          ("q5_0", 4096, 14336, 1), ("q5_1", 4096, 4096, 1),
@@ -195,6 +216,10 @@ def test_add_and_norm(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     want = fused_qmatvec.reference_add(raw, weight_type, x, y0, rows, cols)
     bound = bound_of(raw, weight_type, x, np.ones(batch), rows, cols) + 2**-24 * np.abs(want)
     check(y.download(np.float32).reshape(batch, rows), want, bound, f"seed {seed} add")
+    stored = mem.poisoned(batch * rows * 4)  # store=True (Gemma's o and down): every row written, nothing added
+    fused_qmatvec.launch_add(gpu, None, stored, w, xs, rows=rows, cols=cols, batch=batch, weight_type=weight_type,
+                             store=True)
+    check(stored.download(np.float32).reshape(batch, rows), want - y0, bound, f"seed {seed} store")
     out = mem.poisoned(batch * rows * 4)
     fused_qmatvec.launch_norm(gpu, None, out, w, xs, mem.upload(g), rows=rows, cols=cols, batch=batch, eps=EPS,
                               weight_type=weight_type)
