@@ -8,7 +8,10 @@ embeddings for 1B and 3B; Qwen2.5-7B: the qwen2 architecture with q/k/v biases, 
 RoPE scaling, a vocabulary of 152,064 whose rows past Llama 3's tokenizer are unused tokens, as the real
 file pads its own; Qwen3-8B and Qwen3-4B: the qwen3 architecture, an RMSNorm weight per head for q and for k, heads
 of 128 (Qwen3-4B's q is 4,096 wide on a 2,560-wide model), RoPE theta 1,000,000, a vocabulary of 151,936 padded the
-same way, Qwen3-4B's embeddings tied; Phi-3-mini: the phi3 architecture, q|k|v and gate|up each one tensor as Phi-3's files hold
+same way, Qwen3-4B's embeddings tied; Gemma-3-4B: the gemma3 architecture (Qwen3's per-head norms, a norm after
+attention and after the feed-forward, GeGLU, a window of 1,024 on five layers of six), heads of 256, a vocabulary
+of 262,144 padded the same way, tied embeddings, no RoPE scaling (the real file's linear factor 8 on its global
+layers is left out); Phi-3-mini: the phi3 architecture, q|k|v and gate|up each one tensor as Phi-3's files hold
 them, 32 KV heads of 96, RoPE theta 10,000, a 4,096 context, and Llama 3's vocabulary, not Phi-3's 32,064, since
 the tokenizer is Llama 3's: its head is four times Phi-3's). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
 (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
@@ -51,6 +54,8 @@ class Shape:
     fused: bool = False  # phi3: attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows), no attn_q/k/v, ffn_gate
     qk_norm: bool = False  # qwen3: attn_q_norm and attn_k_norm, an RMSNorm weight of head_dim for every head
     head_size: int = 0  # 0: hidden // heads (Qwen3-4B's heads are wider: 32 x 128 on 2,560)
+    post_norms: bool = False  # gemma3: post_attention_norm and post_ffw_norm
+    sliding_window: int = 0  # gemma3: attention.sliding_window (its local layers' window)
 
     @property
     def head_dim(self) -> int:
@@ -72,6 +77,9 @@ SHAPES = {
     "Qwen3-4B": Shape(hidden=2560, layers=36, heads=32, kv_heads=8, ffn=9728, tied=True, rope_factor=0.0,
                       context=40960, vocab=151936, rope_theta=1000000.0, arch="qwen3", rms_eps=1e-6, qk_norm=True,
                       head_size=128),
+    "Gemma-3-4B": Shape(hidden=2560, layers=34, heads=8, kv_heads=4, ffn=10240, tied=True, rope_factor=0.0,
+                        vocab=262144, rope_theta=1000000.0, arch="gemma3", rms_eps=1e-6, qk_norm=True, head_size=256,
+                        post_norms=True, sliding_window=1024),
     "Phi-3-mini": Shape(hidden=3072, layers=32, heads=32, kv_heads=32, ffn=8192, tied=False, rope_factor=0.0,
                         context=4096, rope_theta=10000.0, arch="phi3", fused=True),
 }
@@ -150,6 +158,8 @@ def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
             out += [(f"blk.{i}.attn_q.bias", (q,)), (f"blk.{i}.attn_k.bias", (kv,)), (f"blk.{i}.attn_v.bias", (kv,))]
         if shape.qk_norm:
             out += [(f"blk.{i}.attn_k_norm.weight", (shape.head_dim,)), (f"blk.{i}.attn_q_norm.weight", (shape.head_dim,))]
+        if shape.post_norms:
+            out += [(f"blk.{i}.post_attention_norm.weight", (h,)), (f"blk.{i}.post_ffw_norm.weight", (h,))]
     out.append(("output_norm.weight", (h,)))
     if not shape.tied:
         out.append(("output.weight", (shape.vocab, h)))
@@ -194,6 +204,8 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_vocab_size(shape.vocab)
+    if shape.sliding_window:
+        w.add_sliding_window(shape.sliding_window)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(vocab.tokens)

@@ -220,3 +220,19 @@ def test_small_qwen3_model_carries_head_norms_and_wide_heads_and_runs_finite(tmp
         assert "output.weight" not in {t.name for t in plan.tensors}
     logits = first_step_logits(path)
     assert logits.shape == (1, vocab_rows) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
+
+
+def test_small_gemma3_model_carries_post_norms_and_a_window_and_runs_finite(tmp_path, tiktoken_file):
+    """The Gemma-3-4B shape at a small size: the gemma3 architecture, per-head norms on heads of 256, the norms after
+    attention and after the feed-forward, a sliding window, tied embeddings, and finite logits on the cpu backend."""
+    vocab_rows = SMALL["vocab"] + 20
+    path = write_reduced(tmp_path, tiktoken_file, "Gemma-3-4B", 7, vocab=vocab_rows)
+    with GGUFFile.open(path) as gguf:
+        plan = gguf.plan
+        cfg = plan.config
+        assert (cfg.architecture, cfg.qk_norm, cfg.post_norms, cfg.activation) == ("gemma3", True, True, "gelu")
+        assert (cfg.head_dim, cfg.q_size, cfg.sliding_window, cfg.tie_embeddings) == (256, 1024, 1024, True)
+        names = {t.name for t in plan.tensors}
+        assert {"blk.7.post_attention_norm.weight", "blk.7.post_ffw_norm.weight", "blk.0.attn_q_norm.weight"} <= names
+    logits = first_step_logits(path)
+    assert logits.shape == (1, vocab_rows) and np.isfinite(logits).all() and 0.01 < logits.std() < 100

@@ -8,9 +8,10 @@ and a family that differs from it only in how q, k and v are made composes its o
 rest: qwen3's per-head norms and NEOX RoPE take head_normed_attention_input (the products without RoPE, then one
 head_norm_rope launch that also stores k and v), and qwen2's biases and NEOX RoPE take the fused input (its q and
 k rows are uploaded with each NEOX pair side by side, weights.py NEOX_AS_NORM).
-gemma3 takes qwen3's attention input, then the sandwich blocks at the end of this file (a norm after attention
-and after a GeGLU feed-forward, before each residual add) as single ops; gemma2 composes its attention input
-from the single ops below (no per-head norms), and its logits are capped after the head (capped_logits).
+gemma3 takes qwen3's attention input, then the sandwich blocks at the end of this file: the o and down products,
+each followed by one launch that normalizes it and adds it to the residual stream, and a GeGLU feed-forward that
+the planner fuses as it fuses llama's SwiGLU where the weights allow (fused_qmatvec); gemma2 composes its attention
+input from the single ops below (no per-head norms), and its logits are capped after the head (capped_logits).
 Per layer, RoPE's base and scaling and attention's window come from the config (local layers differ).
 The products themselves are planned by projections.py (fused kernels where the weights and the step
 allow them); the blocks here add what sits between them.
@@ -24,7 +25,7 @@ from typing import Callable
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.projections import Launch, ProjectionPlanner, weight_arg
 from hipcore.model.step_inputs import StepInputs
-from hipcore.ops import (add, gelu_mul, head_norm_rope, kv_store, matmul_mma, paged_attention, prompt_attention,
+from hipcore.ops import (head_norm_rope, kv_store, matmul_mma, paged_attention, prompt_attention,
                          rmsnorm, rope, scale, softcap)
 from hipcore.runtime.device import Buffer, Device, Stream
 
@@ -280,13 +281,13 @@ def scaled_embedding(ctx: StepContext, t: int) -> list[Launch]:
 
 
 def _post_normed_residual(ctx: StepContext, name: str, wt, norm, x: Buffer, cols: int, t: int) -> list[Launch]:
-    """x_residual += rmsnorm(x @ W^T) with `norm`'s weight: the product, its norm, then the add."""
+    """x_residual += rmsnorm(x @ W^T) with `norm`'s weight: the product (ProjectionPlanner.product: fused_qmatvec where
+    it takes the weight), then its norm added to the residual stream in one launch (rmsnorm.launch_add)."""
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     h = cfg.hidden_size
-    return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
-            (f"{name}_post_norm", lambda: rmsnorm.launch(dev, st, b["proj"], b["proj"], norm.buffer, t, h,
-                                                         cfg.rms_norm_eps)),
-            (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
+    return ctx.products.product(name, wt, x, cols, t) + [
+        (f"{name}_post_norm+residual", lambda: rmsnorm.launch_add(dev, st, b["x"], b["proj"], norm.buffer, t, h,
+                                                                  cfg.rms_norm_eps))]
 
 
 def post_normed_attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
@@ -296,16 +297,9 @@ def post_normed_attention_output(ctx: StepContext, i: int, lw, t: int) -> list[L
 
 
 def geglu_feed_forward(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """gate = gelu(rmsnorm(x) @ Wg^T) * (rmsnorm(x) @ Wu^T), GELU in its tanh form."""
-    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
-    h, f = cfg.hidden_size, cfg.ffn_size
-    plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h,
-                                                              cfg.rms_norm_eps))]
-    for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
-        plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
-            dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt)))
-    plan.append(("gelu_mul", lambda: gelu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
-    return plan
+    """gate = gelu(rmsnorm(x) @ Wg^T) * (rmsnorm(x) @ Wu^T), GELU in its tanh form: one fused_qmatvec launch where the
+    weights and the step allow, else the norm, two products and gelu_mul (ProjectionPlanner.feed_forward_input)."""
+    return ctx.products.feed_forward_input(lw, t, activation="gelu")
 
 
 def post_normed_feed_forward_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:

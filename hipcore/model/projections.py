@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from hipcore.ops import (add, add_bias, fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul_mma, matmul_mma_swiglu,
-                         rmsnorm, rope, silu_mul)
+from hipcore.ops import (add, add_bias, fused_matmul, fused_matvec, fused_qmatvec, gelu_mul, kv_store, matmul_mma,
+                         matmul_mma_swiglu, rmsnorm, rope, silu_mul)
 from hipcore.runtime.device import Buffer, Device, Stream
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
@@ -230,12 +230,16 @@ class ProjectionPlanner:
                 dev, st, out, positions, t, heads, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale, self.freq_factors)))
         return plan
 
-    def feed_forward_input(self, lw, t: int) -> list[Launch]:
-        """b["gate"] = silu(rmsnorm(x) @ Wg^T) * (rmsnorm(x) @ Wu^T)."""
+    def feed_forward_input(self, lw, t: int, activation: str = "silu") -> list[Launch]:
+        """b["gate"] = silu(rmsnorm(x) @ Wg^T) * (rmsnorm(x) @ Wu^T), or with activation "gelu" GeGLU's
+        gelu(...) * (...) (Gemma), which fused_qmatvec and the single ops compute (fused_matvec, fused_matmul and
+        the f16 SwiGLU pairs have SwiGLU alone)."""
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         h, f, eps = cfg.hidden_size, cfg.ffn_size, cfg.rms_norm_eps
+        swiglu = activation == "silu"
         gate_up = lw.ffn_gate_up
-        family = fused_family(gate_up.fmt, t, cols=gate_up.cols, arch=dev.arch) if gate_up is not None else None
+        family = fused_family(gate_up.fmt, t, cols=gate_up.cols, arch=dev.arch) \
+            if gate_up is not None and swiglu else None
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
             return [("ffn_norm+gate_up+silu", lambda: family.launch_norm_swiglu(
@@ -243,9 +247,10 @@ class ProjectionPlanner:
                 weight_type=gate_up.fmt, **kwargs))]
         if separate_fusable(t, lw.ffn_gate, lw.ffn_up, max_tokens=qmatvec_limit(dev, lw.ffn_gate, lw.ffn_up)):
             weights = [(weight_arg(w), w.fmt) for w in (lw.ffn_gate, lw.ffn_up)]
-            return [("ffn_norm+gate_up+silu", lambda: fused_qmatvec.launch_norm_swiglu(
-                dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps))]
-        if self.ffn_pairs(lw, t):  # x16 = rmsnorm(x) as f16, then the products with the SwiGLU in an epilogue
+            return [(f"ffn_norm+gate_up+{activation}", lambda: fused_qmatvec.launch_norm_swiglu(
+                dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps,
+                activation=activation))]
+        if swiglu and self.ffn_pairs(lw, t):  # x16 = rmsnorm(x) as f16, then the products with the SwiGLU in an epilogue
             gate, up = lw.ffn_gate, lw.ffn_up
             norm = ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
                                                        out_f16=True))
@@ -264,7 +269,8 @@ class ProjectionPlanner:
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
                 workspace=self.workspace)))
-        plan.append(("silu_mul", lambda: silu_mul.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
+        gated = silu_mul if swiglu else gelu_mul
+        plan.append((f"{activation}_mul", lambda: gated.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
         return plan
 
     def qkv_f16(self, lw, t: int) -> bool:
@@ -353,6 +359,17 @@ class ProjectionPlanner:
                 accumulate=True))]
         return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
                 (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
+
+    def product(self, name: str, wt, x: Buffer, cols: int, t: int) -> list[Launch]:
+        """b["proj"] = x @ W^T, hidden_size rows (a product normalized before its residual add: Gemma's o and down):
+        fused_qmatvec's residual entry storing instead of adding where it takes the weight and the step, else
+        matmul_mma.project."""
+        b, dev, st, h = self.b, self.device, self.stream, self.config.hidden_size
+        if separate_fusable(t, wt, max_tokens=qmatvec_limit(dev, wt)):
+            return [(name, lambda: fused_qmatvec.launch_add(dev, st, b["proj"], weight_arg(wt), x, rows=h, cols=cols,
+                                                            batch=t, weight_type=wt.fmt, store=True))]
+        return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt,
+                                                  workspace=self.workspace))]
 
     def head(self, out_w, norm_w, rows: Buffer, r: int) -> list[Launch]:
         """b["logits"][:r] = rmsnorm(rows) @ W_out^T."""

@@ -2,7 +2,9 @@
 products and NEOX RoPE, attention whose scaled scores are soft-capped (ModelConfig.attn_softcap, passed by the
 shared attention block to the kernel) and which on every other layer (the even ones) looks through a
 sliding window, a norm on the attention output and on the GeGLU feed-forward's output before each residual
-add, token embeddings scaled by sqrt(hidden_size), and the output logits soft-capped after the head."""
+add, token embeddings scaled by sqrt(hidden_size), and the output logits soft-capped after the head. Its
+feed-forward and post-norms are gemma3's blocks (GeGLU fused where the weights allow, each post-norm added to the
+residual stream in one launch)."""
 
 from hipcore.model.blocks import (Family, attention, capped_logits, compose, geglu_feed_forward,
                                   post_normed_attention_output, post_normed_feed_forward_output, qkv_products,
