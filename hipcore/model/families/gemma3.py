@@ -5,9 +5,10 @@ with their own RoPE base (llama.cpp: src/models/gemma3.cpp). The window and the 
 the config (ModelConfig.layer_window / layer_rope), read by the shared attention and head_norm_rope blocks.
 
 The attention input is qwen3's (the q|k|v products fused where the weights allow, then head_norm_rope); the GeGLU
-feed-forward takes fused_qmatvec's gate|up with GELU where the weights allow; the o and down products are single
-ops, each followed by one launch of its norm added to the residual stream (rmsnorm.launch_add), since a norm of a
-product's whole row cannot sit in the product's epilogue.
+feed-forward takes fused_qmatvec's gate|up with GELU where the weights allow; the o and down products
+(ProjectionPlanner.product: fused_qmatvec storing its product where it takes the weight) are each followed by one
+launch of their norm added to the residual stream (rmsnorm.launch_add), since a norm of a product's whole row
+cannot sit in the product's epilogue.
 """
 
 from hipcore.model.blocks import (Family, attention_after_head_norm, geglu_feed_forward, head_normed_attention_input,
