@@ -1,15 +1,18 @@
 """Gemma 3's kernels under the kernel-language emulation (tests/support/emulated_kernels.py), at warp 32
-and 64, against their numpy references: gelu_mul (GeGLU's gate), scale (the embedding scale), and the
-sliding window of paged_attention (Gemma's local layers), which must never read a key outside it."""
+and 64, against their numpy references: gelu_mul (GeGLU's gate), fused_qmatvec's gate|up with GeGLU, scale (the
+embedding scale), and the sliding window of paged_attention (Gemma's local layers), which must never read a key
+outside it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hipcore.ops import gelu_mul, paged_attention, scale
+from hipcore.ops import fused_qmatvec, gelu_mul, paged_attention, scale
 from hipcore.ops.launch_checks import elementwise_grid
-from support.emulated_kernels import U32, run
+from support.emulated_kernels import U32, run, write_inputs
+from support.weight_samples import random_weights
+from test_kernels_emulated_fused_qmatvec import EPS, SLACK, grids, inputs, product_bound, suffixes
 from support.forward_pass_samples import make_sample, windowed
 from test_kernels_emulated_forward import run_attention
 
@@ -103,3 +106,34 @@ def test_paged_attention_window_faults_are_caught(harnesses, tmp_path):
         faulty = type(sample)(**{**sample.__dict__, "window": window})
         got, _, _ = run_attention(harnesses, 32, tmp_path, faulty, workspace=True)
         assert not np.all(np.abs(got - want) <= tol), name
+
+
+@pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q5_0", "q5_0")], ids=lambda t: "-".join(t))
+def test_norm_geglu(harnesses, warp, types, tmp_path):
+    """Gemma's GeGLU through the activation code in `types`: gelu(gate) * up, GELU's tanh form, on every entry that
+    reads it (the split entry, SwiGLU only, is never launched with it); the bound is far tighter than SwiGLU's
+    result on the same products."""
+    rng = np.random.default_rng([warp, 8, *map(ord, "".join(types))])
+    packed = fused_qmatvec.pack_types(types) | fused_qmatvec.ACTIVATIONS["gelu"][0] << fused_qmatvec.ACTIVATION_SHIFT
+    for rows, cols, batch in [(20, 256, 1), (9, 512, 2), (6, 256, 5)]:
+        wg, wu = (random_weights(rng, t, rows, cols) for t in types)
+        x, g = inputs(rng, batch, cols)
+        files = write_inputs(tmp_path, wg=wg, wu=wu, x=x, g=g)
+        pair = [(wg, types[0]), (wu, types[1])]
+        want = fused_qmatvec.reference_norm_swiglu(pair, x, g, EPS, rows, cols, activation="gelu")
+        xg, s = fused_qmatvec.norm_parts(x, g, EPS, cols)
+        gate = fused_qmatvec.reference_norm(wg, types[0], x, g, EPS, rows, cols)
+        up = fused_qmatvec.reference_norm(wu, types[1], x, g, EPS, rows, cols)
+        tol_gate, _ = product_bound(wg, types[0], xg, s, rows, cols)
+        tol_up, _ = product_bound(wu, types[1], xg, s, rows, cols)
+        # gelu(a) * u: |d/da| <= 1.13 |u| (GELU's slope peaks at 1.129), |d/du| = |gelu(a)| <= |a|; then the
+        # float32 roundings of the result (gelu_mul's: test_kernels_emulated_gemma.py).
+        bound = 1.13 * np.abs(up) * tol_gate + np.abs(gate) * tol_up + tol_gate * tol_up + 4 * SLACK * np.abs(want)
+        silu = fused_qmatvec.reference_norm_swiglu(pair, x, g, EPS, rows, cols)
+        assert np.any(np.abs(silu - want) > bound), "the bound cannot tell GeGLU from SwiGLU"
+        for variant in suffixes(batch, types):
+            for grid, block, *_ in grids(warp, "qmatvec_norm_swiglu", variant, cols, rows, more=(2,)):
+                run(harnesses, warp, f"qmatvec_norm_swiglu_{variant}", grid, block, packed, rows, cols, batch, EPS,
+                    *files, tmp_path / "o")
+                got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
+                assert np.all(np.abs(got - want) <= bound), f"{types} {rows}x{cols} batch {batch} {variant} grid {grid}"
