@@ -406,6 +406,9 @@ def test_launcher_takes_the_split_gate_up_entry_only_where_a_last_round_would_id
     for rows, batch, _, _ in cases:
         fused_qmatvec._launch(device, None, "qmatvec_norm_swiglu", batch, 4096, (rows,), ("q4_k", "q4_k"), ())
     assert launched == [(name, grid) for _, _, name, grid in cases]
+    launched.clear()  # GeGLU never takes the split entry, which computes SwiGLU only
+    fused_qmatvec._launch(device, None, "qmatvec_norm_swiglu", 1, 4096, (14336,), ("q4_k", "q4_k"), (), gelu=True)
+    assert launched == [("qmatvec_norm_swiglu_1", 264)]
     assert fused_qmatvec.splits_last_round("gfx942", 11008, 264)      # wave 64: 1,376 tiles, 5 rounds and 56 left
     assert not fused_qmatvec.splits_last_round("sm_90", 11008, 264)   # wave 32: 688 tiles, 2 rounds and 160 left
     assert not fused_qmatvec.splits_last_round("sm_90", 4224, 264)    # 264 tiles: one whole round

@@ -97,8 +97,8 @@ def test_the_programmatic_ops_are_the_decode_steps():
     """What a single-token decode step launches (the K-quant and the demo model's paths), and prompt steps'
     attention (prompt_attention, which waits first; paged_attention waits once it has prefetched its rows), so
     that a change that drops one shows here."""
-    assert set(programmatic_ops()) == {"embedding", "fused_matvec", "fused_qmatvec", "kv_store", "paged_attention",
-                                       "prompt_attention", "sample"}
+    assert set(programmatic_ops()) == {"embedding", "fused_matvec", "fused_qmatvec", "head_norm_rope", "kv_store",
+                                       "paged_attention", "prompt_attention", "sample"}
 
 
 @pytest.mark.parametrize("op", sorted(programmatic_ops()))

@@ -349,12 +349,12 @@ def _check_vectors(op: str, x: Any, g: Any | None, batch: int, cols: int) -> Non
 
 
 def _launch(device: Device, stream: Stream | None, entry: str, batch: int, cols: int, matrix_rows: tuple[int, ...],
-            weight_types: Sequence[str], args: tuple) -> None:
+            weight_types: Sequence[str], args: tuple, gelu: bool = False) -> None:
     geo = geometry(device.arch, entry, variant(batch), cols, *matrix_rows, multiprocessors=device.multiprocessors)
     suffix = entry_suffix(batch, weight_types)  # "1b": the same geometry as "1" (one token)
     name = f"{entry}_{suffix}"
     if entry == "qmatvec_norm_swiglu" and suffix == "1" and splits_last_round(device.arch, matrix_rows[0], geo.grid) \
-            and args[5] >> ACTIVATION_SHIFT == 0:  # the split entry computes SwiGLU only (fused_qmatvec.hip: GELU_OK)
+            and not gelu:  # the split entry computes SwiGLU only (fused_qmatvec.hip: GELU_OK)
         name = "qmatvec_norm_swiglu_split_1"
     # programmatic: the entries wait for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, name, SIGNATURES[entry], programmatic=True)
@@ -426,7 +426,8 @@ def launch_norm_swiglu(device: Device, stream: Stream | None, y: Any, weights: S
     check_disjoint(op, ("y", y, batch * rows * 4), ("x", x, batch * cols * 4))
     (wg, tg), (wu, tu) = weights
     types = pack_types((tg, tu)) | ACTIVATIONS[activation][0] << ACTIVATION_SHIFT
-    _launch(device, stream, op, batch, cols, (rows,), (tg, tu), (y, wg, wu, x, g, types, rows, cols, batch, eps))
+    _launch(device, stream, op, batch, cols, (rows,), (tg, tu), (y, wg, wu, x, g, types, rows, cols, batch, eps),
+            gelu=activation == "gelu")
 
 
 # qmatvec_add's `type` with this bit: y = x @ W^T instead of y += x @ W^T (kernels/fused_qmatvec.hip: kStoreFlag).
