@@ -38,16 +38,11 @@ def unfused(runner) -> None:
     runner.family = Family("qwen3-unfused", pre_norm_layer(compose(qkv_products, qk_head_norm, rope_qk)))
 
 
-def run_steps(path: Path, kv_dtype: str, change=None):
-    """support.model_steps.prompt_then_decode of PROMPT."""
-    return prompt_then_decode(path, kv_dtype, PROMPT, change)
-
-
 def test_the_same_logits_as_the_single_ops_it_replaces(model_path):
     """Weights as float32 (the cpu backend's own storage): the concatenated q|k|v product without RoPE and
     head_norm_rope against the single ops, within float32 rounding of sums taken in another order."""
-    fused, prompt, decode, _ = run_steps(model_path, "f32")
-    single, prompt_single, _, _ = run_steps(model_path, "f32", unfused)
+    fused, prompt, decode, _ = prompt_then_decode(model_path, "f32", PROMPT)
+    single, prompt_single, _, _ = prompt_then_decode(model_path, "f32", PROMPT, unfused)
     assert "q_norm" in prompt_single and "q_norm" not in prompt
     for a, b in zip(fused, single):
         scale = float(np.abs(b).max())
@@ -59,9 +54,9 @@ def test_the_same_logits_as_the_single_ops_it_replaces(model_path):
 @pytest.mark.parametrize("kv_dtype", ["f16", "bf16", "f32"])
 def test_k_and_v_stored_by_head_norm_rope_as_kv_store_stores_them(model_path, monkeypatch, kv_dtype):
     monkeypatch.setenv(KV_EPILOGUE_ENV, "0")
-    logits_off, _, decode_off, pools_off = run_steps(model_path, kv_dtype)
+    logits_off, _, decode_off, pools_off = prompt_then_decode(model_path, kv_dtype, PROMPT)
     monkeypatch.setenv(KV_EPILOGUE_ENV, "1")
-    logits_on, prompt_on, decode_on, pools_on = run_steps(model_path, kv_dtype)
+    logits_on, prompt_on, decode_on, pools_on = prompt_then_decode(model_path, kv_dtype, PROMPT)
     # a decode step's layer: the fused products (fused_qmatvec, no RoPE), one head_norm_rope launch, attention
     assert decode_on.count("attn_norm+qkv") == LAYERS and decode_on.count("qk_norm+rope+kv_store") == LAYERS
     assert "kv_store" not in decode_on and decode_off.count("kv_store") == LAYERS
@@ -77,6 +72,6 @@ def test_k_and_v_stored_by_head_norm_rope_as_kv_store_stores_them(model_path, mo
 @pytest.mark.usefixtures("weights_as_a_gpu_holds_them")
 def test_a_q8_0_cache_keeps_the_kv_store_launch(model_path, monkeypatch):
     monkeypatch.setenv(KV_EPILOGUE_ENV, "1")
-    _, _, decode, _ = run_steps(model_path, "q8_0")
+    _, _, decode, _ = prompt_then_decode(model_path, "q8_0", PROMPT)
     assert decode.count("kv_store") == LAYERS and decode.count("qk_norm+rope") == LAYERS
     assert "qk_norm+rope+kv_store" not in decode
