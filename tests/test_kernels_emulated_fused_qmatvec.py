@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hipcore.kvcache.dtypes import kv_dtype as kv_dtype_named
-from hipcore.ops import fused_qmatvec, kv_store, qmatvec, rope
+from hipcore.ops import fused_qmatvec, fused_qmatvec_geometry, kv_store, qmatvec, rope
 from hipcore.ops.weight_formats import dequantize_rows, row_bytes
 from support.emulated_kernels import ARCH_FOR_WARP, U32, run, write_inputs
 from support.rope_factors import factors_arg, far_factors
@@ -51,7 +51,7 @@ def grids(warp, entry, variant, cols, *matrix_rows, more=()):
     """(grid, block, k_split, tile_groups): the launcher's, one workgroup walking every tile, and `more`. variant:
     an entry suffix ("1b" sizes its grid as "1": one token)."""
     variant = "1" if variant == "1b" else variant
-    geo = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], entry, variant, cols, *matrix_rows)
+    geo = fused_qmatvec_geometry.geometry(ARCH_FOR_WARP[warp], entry, variant, cols, *matrix_rows)
     return [geo._replace(grid=g) for g in sorted({geo.grid, 1, *more})]
 
 
@@ -151,12 +151,12 @@ def test_norm_rope_split_row_groups(harnesses, warp, types, tmp_path):
     cols = 2304
     case = OneTokenQkv(rng, types, q_heads=4, kv_heads=1, head_dim=16, rope_dim=16, cols=cols, tmp_path=tmp_path)
     for k_split in (2, 4, 3):
-        fused_qmatvec.FORCED_K_SPLIT = k_split if k_split != 3 else 1
+        fused_qmatvec_geometry.FORCED_K_SPLIT = k_split if k_split != 3 else 1
         try:
-            grid, block, _, tile_groups = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols,
+            grid, block, _, tile_groups = fused_qmatvec_geometry.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols,
                                                                  *case.matrix_rows)
         finally:
-            fused_qmatvec.FORCED_K_SPLIT = None
+            fused_qmatvec_geometry.FORCED_K_SPLIT = None
         for g_ in sorted({grid, 1}):
             case.run_and_check(harnesses, warp, g_, block, k_split, tile_groups, f"k_split {k_split} grid {g_}")
 
@@ -173,13 +173,13 @@ def test_norm_rope_tiles_of_fewer_row_groups(harnesses, warp, types, tmp_path):
     groups = 256 // warp  # the block's row groups unsplit
     for k_split in (1, 2):
         for tile_groups in sorted({1, 3, groups // k_split - 1, 0, groups + 1}):
-            fused_qmatvec.FORCED_K_SPLIT = k_split
-            fused_qmatvec.FORCED_TILE_GROUPS = min(tile_groups, groups // k_split)
+            fused_qmatvec_geometry.FORCED_K_SPLIT = k_split
+            fused_qmatvec_geometry.FORCED_TILE_GROUPS = min(tile_groups, groups // k_split)
             try:
-                grid, block, _, _ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols,
+                grid, block, _, _ = fused_qmatvec_geometry.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm_rope", "1", cols,
                                                            *case.matrix_rows)
             finally:
-                fused_qmatvec.FORCED_K_SPLIT = fused_qmatvec.FORCED_TILE_GROUPS = None
+                fused_qmatvec_geometry.FORCED_K_SPLIT = fused_qmatvec_geometry.FORCED_TILE_GROUPS = None
             for g_ in sorted({grid, 1}):
                 case.run_and_check(harnesses, warp, g_, block, k_split, tile_groups,
                                    f"k_split {k_split} tile_groups {tile_groups} grid {g_}")
@@ -234,7 +234,7 @@ def test_norm_swiglu(harnesses, warp, types, tmp_path):
     # rows not a multiple of a warp's rows; 40 rows on 2 workgroups: at one token the split entry's last round
     # goes as tiles of split row groups (kernels/fused_qmatvec.hip: norm_swiglu_pass), at wave 32 and wave 64;
     # the split entry runs at every one-token grid (it is correct at any, the launcher picks it by speed)
-    assert fused_qmatvec.splits_last_round(ARCH_FOR_WARP[warp], 40, 2)
+    assert fused_qmatvec_geometry.splits_last_round(ARCH_FOR_WARP[warp], 40, 2)
     for rows, cols, batch in [(20, 256, 1), (9, 512, 2), (6, 256, 5), (40, 256, 1)]:
         wg, wu = (random_weights(rng, t, rows, cols) for t in types)
         x, g = inputs(rng, batch, cols)
@@ -306,7 +306,7 @@ def test_columns_staged_in_several_chunks(harnesses, warp, weight_type, tmp_path
         want = fused_qmatvec.reference_norm(raw, weight_type, x, g, EPS, rows, cols)
         bound, _ = product_bound(raw, weight_type, xg, s, rows, cols)
         variant = fused_qmatvec.variant(batch)
-        grid, block, *_ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm", variant, cols, rows)
+        grid, block, *_ = fused_qmatvec_geometry.geometry(ARCH_FOR_WARP[warp], "qmatvec_norm", variant, cols, rows)
         run(harnesses, warp, f"qmatvec_norm_{variant}", grid, block, fused_qmatvec.TYPE_CODES[weight_type], rows, cols,
             batch, EPS, *files, tmp_path / "o")
         got = np.fromfile(tmp_path / "o", np.float32).reshape(batch, rows)
@@ -330,11 +330,11 @@ def test_residual_split_row_groups(harnesses, warp, weight_type, tmp_path):
     bound, _ = product_bound(raw, weight_type, x, np.ones(batch), rows, cols)
     bound += 2**-24 * np.abs(want)
     for k_split in (2, 4, 3):
-        fused_qmatvec.FORCED_K_SPLIT = k_split if k_split != 3 else 1
+        fused_qmatvec_geometry.FORCED_K_SPLIT = k_split if k_split != 3 else 1
         try:
-            grid, block, *_ = fused_qmatvec.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", "1", cols, rows)
+            grid, block, *_ = fused_qmatvec_geometry.geometry(ARCH_FOR_WARP[warp], "qmatvec_add", "1", cols, rows)
         finally:
-            fused_qmatvec.FORCED_K_SPLIT = None
+            fused_qmatvec_geometry.FORCED_K_SPLIT = None
         for g in sorted({grid, 1}):
             y0.tofile(tmp_path / "y")
             run(harnesses, warp, "qmatvec_add_1", g, block, fused_qmatvec.TYPE_CODES[weight_type], rows, cols, batch,
@@ -362,7 +362,7 @@ def test_launcher_splits_the_residual_of_few_tiles():
     not say) and each warp keeps SPLIT_MIN_SLICES slices of a row; nothing else splits. The grid is the cap at
     most, which follows the device's multiprocessors."""
     def geometry(entry, cols, *rows, entry_variant="1"):
-        return fused_qmatvec.geometry("sm_90", entry, entry_variant, cols, *rows)
+        return fused_qmatvec_geometry.geometry("sm_90", entry, entry_variant, cols, *rows)
 
     assert geometry("qmatvec_add", 4096, 4096) == (256, 256, 2, 0)    # an 8B's o: 128 tiles -> 256 (512 at 4)
     assert geometry("qmatvec_add", 14336, 4096) == (256, 256, 2, 0)   # an 8B's down
@@ -374,15 +374,15 @@ def test_launcher_splits_the_residual_of_few_tiles():
     assert geometry("qmatvec_norm_rope", 4096, 4096, 1024, 1024).k_split == 1  # an 8B's: 384 tiles at 2, past 264
     assert geometry("qmatvec_norm_rope", 2048, 2048, 512, 512, entry_variant="n").k_split == 1
     assert geometry("qmatvec_norm", 4096, 128256) == (264, 256, 1, 0)   # the head: 4008 tiles in 264 workgroups
-    assert fused_qmatvec.geometry("sm_90", "qmatvec_norm", "1", 4096, 128256, multiprocessors=304).grid == 608
-    assert fused_qmatvec.geometry("sm_90", "qmatvec_norm_rope", "1", 2048, 2048, 512, 512,
+    assert fused_qmatvec_geometry.geometry("sm_90", "qmatvec_norm", "1", 4096, 128256, multiprocessors=304).grid == 608
+    assert fused_qmatvec_geometry.geometry("sm_90", "qmatvec_norm_rope", "1", 2048, 2048, 512, 512,
                                   multiprocessors=40)[:3] == (80, 256, 1)  # 192 tiles at 2: past a small GPU's 80
-    fused_qmatvec.FORCED_K_SPLIT = 8
+    fused_qmatvec_geometry.FORCED_K_SPLIT = 8
     try:
         with pytest.raises(ValueError, match="k_split"):
             geometry("qmatvec_add", 4096, 4096)
     finally:
-        fused_qmatvec.FORCED_K_SPLIT = None
+        fused_qmatvec_geometry.FORCED_K_SPLIT = None
 
 
 def test_launcher_takes_the_split_gate_up_entry_only_where_a_last_round_would_idle_half_the_workgroups(monkeypatch):
@@ -409,9 +409,9 @@ def test_launcher_takes_the_split_gate_up_entry_only_where_a_last_round_would_id
     launched.clear()  # GeGLU never takes the split entry, which computes SwiGLU only
     fused_qmatvec._launch(device, None, "qmatvec_norm_swiglu", 1, 4096, (14336,), ("q4_k", "q4_k"), (), gelu=True)
     assert launched == [("qmatvec_norm_swiglu_1", 264)]
-    assert fused_qmatvec.splits_last_round("gfx942", 11008, 264)      # wave 64: 1,376 tiles, 5 rounds and 56 left
-    assert not fused_qmatvec.splits_last_round("sm_90", 11008, 264)   # wave 32: 688 tiles, 2 rounds and 160 left
-    assert not fused_qmatvec.splits_last_round("sm_90", 4224, 264)    # 264 tiles: one whole round
+    assert fused_qmatvec_geometry.splits_last_round("gfx942", 11008, 264)      # wave 64: 1,376 tiles, 5 rounds and 56 left
+    assert not fused_qmatvec_geometry.splits_last_round("sm_90", 11008, 264)   # wave 32: 688 tiles, 2 rounds and 160 left
+    assert not fused_qmatvec_geometry.splits_last_round("sm_90", 4224, 264)    # 264 tiles: one whole round
 
 
 def test_launcher_spreads_qkv_tiles_over_the_multiprocessors():
@@ -419,7 +419,7 @@ def test_launcher_spreads_qkv_tiles_over_the_multiprocessors():
     tiles of the fewest row groups (at least half the block's) whose count fits the workgroup cap; elsewhere,
     and for every other entry and for batches, all the groups (0)."""
     def geometry(cols, *rows, entry="qmatvec_norm_rope", entry_variant="1", arch="sm_90", **kw):
-        return fused_qmatvec.geometry(arch, entry, entry_variant, cols, *rows, **kw)
+        return fused_qmatvec_geometry.geometry(arch, entry, entry_variant, cols, *rows, **kw)
 
     assert geometry(4096, 4096, 1024, 1024) == (257, 256, 1, 6)  # an 8B: 192 tiles of 8 groups -> 257 of 6
     assert geometry(2048, 2048, 512, 512) == (257, 256, 2, 3)    # a 1B at k_split 2: 192 of 4 groups -> 257 of 3
@@ -433,15 +433,15 @@ def test_launcher_spreads_qkv_tiles_over_the_multiprocessors():
         geo = geometry(cols, *rows)
         every = 8 // geo.k_split
         assert every / 2 <= geo.tile_groups < every and geo.grid <= 264
-        fused_qmatvec.FORCED_TILE_GROUPS = geo.tile_groups - 1  # one fewer: past the cap, or under half
+        fused_qmatvec_geometry.FORCED_TILE_GROUPS = geo.tile_groups - 1  # one fewer: past the cap, or under half
         try:
             fewer = geometry(cols, *rows)
         finally:
-            fused_qmatvec.FORCED_TILE_GROUPS = None
+            fused_qmatvec_geometry.FORCED_TILE_GROUPS = None
         assert fewer.tile_groups < every / 2 or sum(-(-r // (fewer.tile_groups * 4)) for r in rows) > 264
-    fused_qmatvec.FORCED_TILE_GROUPS = 9
+    fused_qmatvec_geometry.FORCED_TILE_GROUPS = 9
     try:
         with pytest.raises(ValueError, match="tile_groups"):
             geometry(4096, 4096, 1024, 1024)
     finally:
-        fused_qmatvec.FORCED_TILE_GROUPS = None
+        fused_qmatvec_geometry.FORCED_TILE_GROUPS = None

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure_matvec import commit, copy_bandwidth, gpu_or_exit, graph_time_per_launch, random_weights  # noqa: E402
 
-from hipcore.ops import fused_qmatvec  # noqa: E402
+from hipcore.ops import fused_qmatvec, fused_qmatvec_geometry  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
 
@@ -167,18 +167,18 @@ def measure(device_spec: str, batches: list[int], kinds: list[str], rotate_bytes
             for batch in batches:
                 for split, groups in [(s, t) for s in splits for t in tile_groups]:
                     mats = KINDS[kind]
-                    fused_qmatvec.FORCED_K_SPLIT = split  # only SPLIT_ENTRIES at one token take it
-                    fused_qmatvec.FORCED_TILE_GROUPS = groups  # only TILE_GROUP_ENTRIES at one token take it
+                    fused_qmatvec_geometry.FORCED_K_SPLIT = split  # only SPLIT_ENTRIES at one token take it
+                    fused_qmatvec_geometry.FORCED_TILE_GROUPS = groups  # only TILE_GROUP_ENTRIES at one token take it
                     run = KindRun(dev, stream, rng, kind, batch, rotate_bytes)
                     try:
-                        geo = fused_qmatvec.geometry(dev.arch, run.entry(), fused_qmatvec.variant(batch), mats[0][2],
+                        geo = fused_qmatvec_geometry.geometry(dev.arch, run.entry(), fused_qmatvec.variant(batch), mats[0][2],
                                                      *run.matrix_rows(), multiprocessors=dev.multiprocessors)
                         run.check(stream)
                         launches = [lambda s, k=k: run.launch(s, k) for k in range(run.copies)]
                         ms = graph_time_per_launch(dev, stream, launches, replays, repeats)
                     finally:
                         run.free()
-                        fused_qmatvec.FORCED_K_SPLIT = fused_qmatvec.FORCED_TILE_GROUPS = None
+                        fused_qmatvec_geometry.FORCED_K_SPLIT = fused_qmatvec_geometry.FORCED_TILE_GROUPS = None
                     gbs = run.weight_bytes / (ms / 1e3) / 1e9
                     rows.append({"kind": kind, "batch": batch, "weight_bytes": run.weight_bytes, "us": ms * 1e3,
                                  "weight_gbs": gbs, "fraction_of_copy": gbs * 1e9 / copy_bw,
@@ -215,9 +215,9 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path, help="also write the JSON to this file")
     parser.add_argument("--max-workgroups", type=int, default=None,
                         help="a fixed grid cap (default: the launcher's, "
-                             f"{fused_qmatvec.WORKGROUPS_PER_MULTIPROCESSOR} per SM; a large one: a workgroup per tile)")
+                             f"{fused_qmatvec_geometry.WORKGROUPS_PER_MULTIPROCESSOR} per SM; a large one: a workgroup per tile)")
     opts = parser.parse_args()
-    fused_qmatvec.MAX_WORKGROUPS = opts.max_workgroups
+    fused_qmatvec_geometry.MAX_WORKGROUPS = opts.max_workgroups
     global HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM, KINDS
     HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = SHAPES[opts.shape]
     if opts.ffn is not None:

@@ -27,7 +27,7 @@ import pytest
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.forward import ModelRunner
 from hipcore.kvcache.dtypes import kv_dtype as kv_dtype_named
-from hipcore.ops import fused_qmatvec, kv_store, qmatvec, rope
+from hipcore.ops import fused_qmatvec, fused_qmatvec_geometry, kv_store, qmatvec, rope
 from hipcore.ops.weight_formats import dequantize_rows, row_bytes
 from support.gguf_factory import write_tiny_llama
 from support.model_steps import step_batch
@@ -223,7 +223,7 @@ def test_add_and_norm(gpu, mem, rng, seed, weight_type, rows, cols, batch):
 def test_every_split_of_the_residual(gpu, mem, rng, seed, monkeypatch, k_split, weight_type, cols):
     """The residual product at one token at each k_split (the launcher picks 2 for an 8B's o and down): its
     row groups' warps share the columns, their sums meet in shared memory."""
-    monkeypatch.setattr(fused_qmatvec, "FORCED_K_SPLIT", k_split)
+    monkeypatch.setattr(fused_qmatvec_geometry, "FORCED_K_SPLIT", k_split)
     test_add_and_norm(gpu, mem, rng, seed, weight_type, 4096, cols, 1)
 
 
