@@ -11,7 +11,9 @@ of 128 (Qwen3-4B's q is 4,096 wide on a 2,560-wide model), RoPE theta 1,000,000,
 same way, Qwen3-4B's embeddings tied; Gemma-3-4B: the gemma3 architecture (Qwen3's per-head norms, a norm after
 attention and after the feed-forward, GeGLU, a window of 1,024 on five layers of six), heads of 256, a vocabulary
 of 262,144 padded the same way, tied embeddings, no RoPE scaling (the real file's linear factor 8 on its global
-layers is left out); Phi-3-mini: the phi3 architecture, q|k|v and gate|up each one tensor as Phi-3's files hold
+layers is left out); Gemma-2-9B and Gemma-2-2B: the gemma2 architecture (Gemma 3's layer without the per-head
+norms, RoPE theta 10,000, a window of 4,096 on every other layer, attention scores capped at 50 and the logits at
+30), heads of 256, a vocabulary of 256,000 padded the same way, tied embeddings; Phi-3-mini: the phi3 architecture, q|k|v and gate|up each one tensor as Phi-3's files hold
 them, 32 KV heads of 96, RoPE theta 10,000, a 4,096 context, and Llama 3's vocabulary, not Phi-3's 32,064, since
 the tokenizer is Llama 3's: its head is four times Phi-3's). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
 (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
@@ -55,7 +57,9 @@ class Shape:
     qk_norm: bool = False  # qwen3: attn_q_norm and attn_k_norm, an RMSNorm weight of head_dim for every head
     head_size: int = 0  # 0: hidden // heads (Qwen3-4B's heads are wider: 32 x 128 on 2,560)
     post_norms: bool = False  # gemma3: post_attention_norm and post_ffw_norm
-    sliding_window: int = 0  # gemma3: attention.sliding_window (its local layers' window)
+    sliding_window: int = 0  # gemma3, gemma2: attention.sliding_window (its local layers' window)
+    attn_softcap: float = 0.0  # gemma2: attn_logit_softcapping (attention scores capped at c tanh(s / c))
+    final_softcap: float = 0.0  # gemma2: final_logit_softcapping (the logits capped the same way)
 
     @property
     def head_dim(self) -> int:
@@ -80,6 +84,12 @@ SHAPES = {
     "Gemma-3-4B": Shape(hidden=2560, layers=34, heads=8, kv_heads=4, ffn=10240, tied=True, rope_factor=0.0,
                         vocab=262144, rope_theta=1000000.0, arch="gemma3", rms_eps=1e-6, qk_norm=True, head_size=256,
                         post_norms=True, sliding_window=1024),
+    "Gemma-2-9B": Shape(hidden=3584, layers=42, heads=16, kv_heads=8, ffn=14336, tied=True, rope_factor=0.0,
+                        context=8192, vocab=256000, rope_theta=10000.0, arch="gemma2", rms_eps=1e-6, head_size=256,
+                        post_norms=True, sliding_window=4096, attn_softcap=50.0, final_softcap=30.0),
+    "Gemma-2-2B": Shape(hidden=2304, layers=26, heads=8, kv_heads=4, ffn=9216, tied=True, rope_factor=0.0,
+                        context=8192, vocab=256000, rope_theta=10000.0, arch="gemma2", rms_eps=1e-6, head_size=256,
+                        post_norms=True, sliding_window=4096, attn_softcap=50.0, final_softcap=30.0),
     "Phi-3-mini": Shape(hidden=3072, layers=32, heads=32, kv_heads=32, ffn=8192, tied=False, rope_factor=0.0,
                         context=4096, rope_theta=10000.0, arch="phi3", fused=True),
 }
@@ -206,6 +216,9 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
     w.add_vocab_size(shape.vocab)
     if shape.sliding_window:
         w.add_sliding_window(shape.sliding_window)
+    for which, cap in (("attn", shape.attn_softcap), ("final", shape.final_softcap)):
+        if cap:
+            w.add_float32(f"{shape.arch}.{which}_logit_softcapping", cap)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(vocab.tokens)

@@ -21,9 +21,10 @@ import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.gguf.config import ModelConfig
+from hipcore.model import weights
 from hipcore.runtime.errors import DeviceError
 from hipcore.tokenizer.chat_template import render_chat
-from support.family_golden import TIE_MARGIN, disagreements, margin, run_on_cpu
+from support.family_golden import TIE_MARGIN, disagreements, margin, run_on_cpu, with_config
 from support.gemma2_models import ATTN_SOFTCAP, FINAL_SOFTCAP, GEMMA2_MODELS, GREEDY_TOKENS, PROMPTS, write_model
 
 GOLDEN = Path(__file__).parent / "golden" / "gemma2_llamacpp.json"
@@ -143,6 +144,16 @@ def test_the_odd_layers_local_is_caught(golden, model_files, monkeypatch):
     name = "gemma2-f32"
     found = disagreements(golden["models"][name], run_model(model_files[name], golden["models"][name]))
     assert found, "the odd layers attending through the window went unnoticed"
+
+
+@pytest.mark.parametrize("name", GEMMA2_MODELS)
+def test_norm_rope_on_the_files_row_order_is_caught(golden, model_files, name, monkeypatch):
+    """Planted fault: q and k loaded in the file's row order (weights.NEOX_AS_NORM without gemma2) and RoPE in NORM
+    mode: what the fused attention input would compute on gemma2's NEOX pairs without the reordering."""
+    monkeypatch.setattr(weights, "NEOX_AS_NORM", weights.NEOX_AS_NORM - {"gemma2"})
+    found = disagreements(golden["models"][name], run_model(model_files[name], golden["models"][name],
+                                                            with_config(rope_type="norm")))
+    assert found, "NORM RoPE on the file's rows went unnoticed"
 
 
 def test_print_agreement_figures(golden, runs, capsys):

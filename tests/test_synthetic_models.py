@@ -236,3 +236,20 @@ def test_small_gemma3_model_carries_post_norms_and_a_window_and_runs_finite(tmp_
         assert {"blk.7.post_attention_norm.weight", "blk.7.post_ffw_norm.weight", "blk.0.attn_q_norm.weight"} <= names
     logits = first_step_logits(path)
     assert logits.shape == (1, vocab_rows) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
+
+
+def test_small_gemma2_model_carries_its_soft_caps_and_a_window_and_runs_finite(tmp_path, tiktoken_file):
+    """The Gemma-2-9B shape at a small size: the gemma2 architecture, heads of 256 without per-head norms, the norms
+    after attention and after the feed-forward, both soft caps, a sliding window, tied embeddings, and finite logits
+    (each at most the final cap) on the cpu backend."""
+    vocab_rows = SMALL["vocab"] + 20
+    path = write_reduced(tmp_path, tiktoken_file, "Gemma-2-9B", 9, vocab=vocab_rows)
+    with GGUFFile.open(path) as gguf:
+        cfg = gguf.plan.config
+        assert (cfg.architecture, cfg.qk_norm, cfg.post_norms, cfg.activation) == ("gemma2", False, True, "gelu")
+        assert (cfg.head_dim, cfg.sliding_window, cfg.tie_embeddings) == (256, 4096, True)
+        assert (cfg.attn_softcap, cfg.final_softcap) == (50.0, 30.0)
+    logits = first_step_logits(path)
+    assert logits.shape == (1, vocab_rows) and np.isfinite(logits).all() and 0.01 < logits.std() < 100
+    assert np.abs(logits).max() <= 30.0
+

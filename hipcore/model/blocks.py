@@ -3,15 +3,16 @@
 A family (hipcore/model/families/) is a layer built from these: the llama layer is
     attention_input -> attention -> attention_output -> feed_forward -> feed_forward_output
 (fused_attention_input stores k and v in the cache itself where its kernel can, and is followed by
-attention_after_fused_input, which then leaves out the kv_store launch)
+attention_after_fused_input_for_output, which then leaves out the kv_store launch)
 and a family that differs from it only in how q, k and v are made composes its own attention input and keeps the
 rest: qwen3's per-head norms and NEOX RoPE take head_normed_attention_input (the products without RoPE, then one
 head_norm_rope launch that also stores k and v), and qwen2's biases and NEOX RoPE take the fused input (its q and
 k rows are uploaded with each NEOX pair side by side, weights.py NEOX_AS_NORM).
 gemma3 takes qwen3's attention input, then the sandwich blocks at the end of this file: the o and down products,
 each followed by one launch that normalizes it and adds it to the residual stream, and a GeGLU feed-forward that
-the planner fuses as it fuses llama's SwiGLU where the weights allow (fused_qmatvec); gemma2 composes its attention
-input from the single ops below (no per-head norms), and its logits are capped after the head (capped_logits).
+the planner fuses as it fuses llama's SwiGLU where the weights allow (fused_qmatvec); gemma2 (no per-head norms)
+takes the fused input as qwen2 does (its NEOX pairs side by side) with the sandwich blocks, and its logits are
+capped after the head (capped_logits).
 Per layer, RoPE's base and scaling and attention's window come from the config (local layers differ).
 The products themselves are planned by projections.py (fused kernels where the weights and the step
 allow them); the blocks here add what sits between them.
@@ -118,8 +119,14 @@ def attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
 
 
 def attention_after_fused_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """attention after fused_attention_input (the llama layer's, paired with attention_output): the kv_store launch
-    only where its products did not store k and v; attn written as f16 where the o product reads it so."""
+    """attention after fused_attention_input: the kv_store launch only where its products did not store k and v;
+    attn in float32 (gemma2's, whose o product is a post-normed one)."""
+    return ([] if _stores_kv(ctx, lw, t) else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t)]
+
+
+def attention_after_fused_input_for_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """attention_after_fused_input with attn written as f16 where the o product reads it so (the llama layer's:
+    pre_norm_layer's attention_output must follow)."""
     stored = _stores_kv(ctx, lw, t)
     return ([] if stored else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t, out_f16=_attention_out_f16(ctx, lw, t))]
 
@@ -131,7 +138,7 @@ def attention_for_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
 
 
 def attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """x += attn @ Wo^T (attn f16 where attention_for_output or attention_after_fused_input wrote it so: the llama
+    """x += attn @ Wo^T (attn f16 where attention_for_output or attention_after_fused_input_for_output wrote it so: the llama
     layer's attention blocks, pre_norm_layer, which this block must follow)."""
     return ctx.products.residual_product("attn_output", lw.attn_output, ctx.buffers["attn"], ctx.config.q_size, t,
                                          x_f16=_attention_out_f16(ctx, lw, t))
@@ -265,7 +272,7 @@ def pre_norm_layer(attention_input: Block) -> tuple[Block, ...]:
     """The llama layer with the given attention input: pre-norm attention and a SwiGLU feed-forward,
     each added to the residual stream. fused_attention_input and head_normed_attention_input bring their own
     attention blocks (they may have stored k and v already)."""
-    attend = {fused_attention_input: attention_after_fused_input,
+    attend = {fused_attention_input: attention_after_fused_input_for_output,
               head_normed_attention_input: attention_after_head_norm_for_output}.get(attention_input,
                                                                                      attention_for_output)
     return (attention_input, attend, attention_output, feed_forward, feed_forward_output)

@@ -20,7 +20,7 @@ NaN) is stored as F32 instead, which no path narrows (said in ModelWeights.conve
 its file size, so the load takes twice that for it). LLM weights are far inside f16's range: in practice every BF16
 matrix stays BF16.
 
-qwen2's and phi3's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input kernels
+qwen2's, phi3's and gemma2's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input kernels
 rotate adjacent pairs (2i, 2i + 1) (NORM). For the architectures in NEOX_AS_NORM, the rows of attn_q and attn_k (and
 of qwen2's biases; phi3's q and k parts of its attn_qkv) are uploaded in neox_pair_order within each head, so that
 NEOX pair i lies at rows 2i, 2i + 1 and rotates with the same frequency in NORM mode: q and k come out in that order, consistently, and attention's q . k
@@ -65,7 +65,7 @@ ROPE_FREQS = "rope_freqs.weight"  # optional: RoPE frequency divisors (Llama 3.1
 # Architectures whose NEOX RoPE runs in NORM mode on reordered q and k rows (see the module's docstring): qwen2 and
 # phi3, whose q, k and v then take the fused attention-input kernels (qwen2's biases and all). qwen3 and gemma
 # normalize each head of q and k first, which no fused kernel does.
-NEOX_AS_NORM = frozenset({"qwen2", "phi3"})
+NEOX_AS_NORM = frozenset({"qwen2", "phi3", "gemma2"})
 _PAIRED_ROWS = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
 _PAIRED_FUSED = "attn_qkv.weight"  # phi3's q|k|v: its q and k row ranges reordered, v's left
 
