@@ -45,6 +45,7 @@
 #include "qmatvec_block32_formats.h"  // Q4_1, Q5_0, Q5_1 (the one-token _1b entries)
 #include "fused_qmatvec_tiles.h"  // x staged in shared memory and the row groups' dot products (tile_dot)
 #include "fused_qmatvec_epilogue.h"  // the norm's scale, RoPE and the store of k and v into the paged cache
+#include "gated_activation.h"        // gate|up's SwiGLU or GeGLU
 
 namespace {
 namespace fq {
@@ -104,13 +105,6 @@ __device__ __forceinline__ void norm_rope_pass(Stage& st, float* const y[3], con
 
 constexpr int kActivationShift = 8;  // gate|up's `types`: the activation's code above the two type codes
 
-// The gate's activation times up: SwiGLU's silu, or GeGLU's GELU in gelu_mul.hip's form (g / (1 + exp(-2u)),
-// u = sqrt(2/pi) (g + 0.044715 g^3)), so the fused product rounds as the single ops do.
-static __device__ __forceinline__ float gated(float a, float u, bool gelu) {
-  if (gelu) return a / (1.0f + expf(-2.0f * (0.7978845608028654f * fmaf(0.044715f * a, a * a, a)))) * u;
-  return a / (1.0f + expf(-a)) * u;
-}
-
 // Gate|up tiles of KS-split row groups (tile_dot) covering rows begin .. end - 1 of `rows`, the block's in turn.
 // GELU_OK: the activation code is read (GeGLU); the split entry leaves it out, SiLU only, since it raised that
 // entry's spill on sm_90 (20 -> 28 bytes), and the launcher takes it for SwiGLU alone.
@@ -142,7 +136,7 @@ __device__ __forceinline__ void swiglu_tiles(Stage& st, float* y, const unsigned
 #pragma unroll
       for (int r = 0; r < kGateUpRows; ++r) {
         const float a = out[0][r][b] * s, u = out[1][r][b] * s;
-        if (r0 + r < end) y[(unsigned long long)(b0 + b) * rows + r0 + r] = gated(a, u, gelu);
+        if (r0 + r < end) y[(unsigned long long)(b0 + b) * rows + r0 + r] = rf_gated(a, u, gelu);
       }
     }
   }

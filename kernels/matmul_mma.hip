@@ -96,8 +96,10 @@ __device__ __forceinline__ void each_result(const float* acc, int r0, int t0, in
 // The tiles of y with TN tokens (32, 64 or 128), computed by one workgroup in turn.
 // Step: a step shape (Narrow<F> or Wide<>); ws, xs: shared [kTileRows][kStride] and [TN][kStride] halves.
 // kSiluUp: the product is the up projection of a feed-forward whose gate product a launch before wrote to a.y
-// (float32 [n_tokens, rows]); each element leaves as a.h16 = silu(gate) * up in f16, no float32 store (no splits).
-template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32, bool kSiluUp = false>
+// (float32 [n_tokens, rows]); each element leaves as a.h16 = silu(gate) * up in f16 (kGelu: gelu(gate) * up, Gemma's
+// GeGLU), no float32 store (no splits).
+template <class Step, int TN, int kDepth, bool kSwiglu = false, class XIn = XF32, bool kSiluUp = false,
+          bool kGelu = false>
 __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, unsigned short* xs, int* last) {
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
@@ -211,7 +213,7 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
         if (t < n_tokens && r < rows) {
           const unsigned long long at = (unsigned long long)t * rows + r;
           const float g = a.y[at];
-          a.h16[at] = rf_float_to_f16(g / (1.0f + expf(-g)) * up);
+          a.h16[at] = rf_float_to_f16(rf_gated(g, up, kGelu));
         }
       });
       continue;
@@ -350,12 +352,15 @@ RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
 // matmul_mma_silu_up_<format>(h16, gate, W_up, x16, rows, cols, n_tokens, splits): h16 = silu(gate) * (x16 W_up^T)
 // as f16, gate float32 [n_tokens, rows] (the gate product, matmul_mma_x16_128 a launch before), x16 f16 [n_tokens,
 // cols]; splits must be 1 (an argument, not a constant, because nvcc's sm_90 code spilled more with the constant).
+// matmul_mma_gelu_up_<format>, the same with GeGLU's gelu(gate) (Gemma), for the K-quants of Gemma's Q4_K_M and
+// Q5_K_M files: entries of their own, since the activation as an argument raised the SwiGLU entries' spills on sm_90
+// (Q4_K 40 -> 64 bytes stored).
 // Where the 128-token tiles are many the feed-forward takes it instead of a SwiGLU pair: the two products
 // share no launch, so each keeps two workgroups per SM (the pair's 128-token kernel spilled ~100 bytes on sm_90),
 // and gate's tile is read back once, from the epilogue, with no float32 up to write and read. nvcc spills 40-56
 // bytes of it on sm_90 at two workgroups per SM, kept: at one (173 registers, none spilled) the 8B's gate and up
 // took 779.9 against 618.8 us on an NVIDIA H100.
-#define RF_MATMUL_MMA_SILU_UP_ENTRY(name, Step)                                                                   \
+#define RF_MATMUL_MMA_GATED_UP_ENTRY(name, Step, GELU)                                                            \
   extern "C" __global__ RF_TWO_PER_SM_BOUNDS void name(unsigned short* __restrict__ h16,                          \
                                                        const float* __restrict__ gate, const void* __restrict__ W, \
                                                        const void* __restrict__ x, int rows, int cols,            \
@@ -366,11 +371,14 @@ RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
     const mmq::Launch a = {const_cast<float*>(gate), static_cast<const unsigned char*>(W), x, nullptr, rows, cols, \
                            n_tokens, splits, 0, nullptr, nullptr, h16};                                                \
     rf_check_wave_size();                                                                                         \
-    mmq::mma_tiles<Step, mmq::kWideTileTokens, 1, false, mmq::XF16, true>(a, ws, xs, &last);                     \
+    mmq::mma_tiles<Step, mmq::kWideTileTokens, 1, false, mmq::XF16, true, GELU>(a, ws, xs, &last);               \
   }
+#define RF_MATMUL_MMA_SILU_UP_ENTRY(name, Step) RF_MATMUL_MMA_GATED_UP_ENTRY(name, Step, false)
 
 RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_k, mmq::Wide<true>)
+RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_gelu_up_q4_k, mmq::Wide<false>, true)
+RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_gelu_up_q5_k, mmq::Wide<true>, true)
 #endif  // RF_MMA_KIND == RF_MMA_NV_M16N8K16
 
 // SwiGLU pairs of prompt steps (Q4_K and Q5_K: the gate and up matrices of Q4_K_M and Q5_K_M files; a Q6_K

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "hip_compat.h"
+#include "gated_activation.h"  // the pairs' SwiGLU, the up product's SwiGLU or GeGLU
 
 namespace {
 namespace mmq {
@@ -75,7 +76,7 @@ __device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch&
 // tiles back from L2 (load_partial; its own too, row by row, coalesced, with no accumulator held), writes
 // silu(gate) * up as f16 into h16 (the down product's x, which it would round to f16 anyway) and sets the
 // tile's counter back to zero. Needs splits == 1 and at most kCounterBytes / 4 tiles (the launcher's
-// checks); silu as silu_mul.hip computes it.
+// checks); silu as silu_mul.hip computes it (gated_activation.h).
 template <int TN>
 __device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, int t0, int tid, int* last) {
   int* counters = reinterpret_cast<int*>(a.workspace);
@@ -96,7 +97,7 @@ __device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, i
       const unsigned long long i = (unsigned long long)(t0 + t) * a.rows + r0 + r;
       const float g = load_partial(a.y + i);
       const float u = load_partial(a.y_up + i);
-      a.h16[i] = rf_float_to_f16(g / (1.0f + expf(-g)) * u);
+      a.h16[i] = rf_float_to_f16(rf_silu_gated(g, u));
     }
   }
   if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch

@@ -365,10 +365,12 @@ def test_the_block_formats_f16_x_128_token_tiles_match_the_reference(mma_harness
 
 # ---- the up product with the SwiGLU in its epilogue (matmul_mma_silu_up_<type>, 128-token tiles) ----------
 
-def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, grid, rng, tmp_path) -> float:
-    """max |got - want| / bound of h16 = silu(gate) * up from one matmul_mma_silu_up launch on f16 x, the gate
-    given as the reference's float32 gate product (<= 1 passes; an h16 left unwritten, NaN, is infinitely far);
-    the bound matmul_mma_swiglu.silu_up_error_bound's."""
+def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: int, grid, rng, tmp_path,
+                   activation: str = "silu") -> float:
+    """max |got - want| / bound of h16 = silu(gate) * up (activation "gelu": gelu(gate) * up) from one
+    matmul_mma_silu_up launch on f16 x, the gate given as the reference's float32 gate product (<= 1 passes; an h16
+    left unwritten, NaN, is infinitely far); the bound matmul_mma_swiglu.silu_up_error_bound's."""
+    gated = matmul_mma_swiglu.ACTIVATIONS[activation][1]
     gate_raw, up_raw = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
     x = rng.standard_normal((n_tokens, cols)).astype(np.float16)
     x32 = x.astype(np.float32)
@@ -377,12 +379,13 @@ def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: in
     gate = matmul_mma.reference(gate_raw, weight_type, x32, rows, cols).astype(np.float32)
     gate.tofile(tmp_path / "gate")
     tiles = matmul_mma.tile_count(rows, n_tokens, matmul_mma.WIDE_TILE_TOKENS)
-    run_mma(harness, matmul_mma_swiglu.silu_up_entry(weight_type), grid or tiles, matmul_mma.THREADS, rows, cols, n_tokens,
+    run_mma(harness, matmul_mma_swiglu.silu_up_entry(weight_type, activation), grid or tiles, matmul_mma.THREADS, rows, cols, n_tokens,
             matmul_mma.WIDE_TILE_TOKENS, 1, 0, 0, tmp_path / "w", tmp_path / "x", tmp_path / "gate", tmp_path / "y",
             tmp_path / "ws")
     got = np.fromfile(tmp_path / "y", np.float16).astype(np.float64).reshape(n_tokens, rows)
-    want = matmul_mma_swiglu.swiglu_reference(gate_raw, up_raw, weight_type, x32, rows, cols)[0]
-    bound = matmul_mma_swiglu.silu_up_error_bound(gate_raw, up_raw, weight_type, x32, rows, cols)
+    _, g, u = matmul_mma_swiglu.swiglu_reference(gate_raw, up_raw, weight_type, x32, rows, cols)
+    want = gated(g, u)
+    bound = matmul_mma_swiglu.silu_up_error_bound(gate_raw, up_raw, weight_type, x32, rows, cols, activation)
     return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / bound, np.inf)))
 
 
@@ -396,12 +399,23 @@ def test_the_up_product_with_the_swiglu_matches_the_reference(mma_harnesses, wei
         assert excess <= 1.0, f"{weight_type} {rows}x{cols} tokens {n_tokens} grid {grid}: {excess:.3g} x the bound"
 
 
+@pytest.mark.parametrize("weight_type", matmul_mma_swiglu.GELU_UP_TYPES)
+def test_the_up_product_with_the_geglu_matches_the_reference(mma_harnesses, weight_type, tmp_path):
+    """matmul_mma_gelu_up_<type> (Gemma's GeGLU): gelu(gate) * up within the GeGLU bound."""
+    rng = np.random.default_rng([29, ord(weight_type[1])])
+    excess = silu_up_excess(mma_harnesses["nvidia_mma"], weight_type, 130, 512, 150, None, rng, tmp_path, "gelu")
+    assert excess <= 1.0, f"{weight_type}: {excess:.3g} x the bound"
+
+
 # Faults of the wide SwiGLU: silu of the up product instead of the gate's, the gate read at the token's first row.
 # (A 128-token entry built with other tiles is no fault: the grid-stride loop covers every tile of any size.)
 SILU_UP_FAULTS = {
-    "silu of up": ("rf_float_to_f16(g / (1.0f + expf(-g)) * up)", "rf_float_to_f16(up / (1.0f + expf(-up)) * g)"),
+    "silu of up": ("rf_float_to_f16(rf_gated(g, up, kGelu))", "rf_float_to_f16(rf_gated(up, g, kGelu))"),
     "the gate of the first token": ("const float g = a.y[at];", "const float g = a.y[r];"),
 }
+# A fault of the GeGLU measure: the activation left out (silu where the GeGLU entry asks gelu).
+GELU_UP_FAULTS = {"the activation ignored": ("rf_float_to_f16(rf_gated(g, up, kGelu))",
+                                             "rf_float_to_f16(rf_gated(g, up, false))")}
 
 
 # Faults of the pairs and of f16 x: the gate's tile taken for up's, no item of a pair ending it, silu of the up
@@ -410,7 +424,7 @@ SILU_UP_FAULTS = {
 SWIGLU_FAULTS = {
     "the gate's tile read as up's": ("u = load_partial(a.y_up + i);", "u = load_partial(a.y + i);"),
     "nobody ends a pair": ("*last = atomicAdd(counters + tile, 1) == 1;", "*last = atomicAdd(counters + tile, 1) == 2;"),
-    "silu of up": ("a.h16[i] = rf_float_to_f16(g / (1.0f + expf(-g)) * u);", "a.h16[i] = rf_float_to_f16(u / (1.0f + expf(-u)) * g);"),
+    "silu of up": ("a.h16[i] = rf_float_to_f16(rf_silu_gated(g, u));", "a.h16[i] = rf_float_to_f16(rf_silu_gated(u, g));"),
     "f16 x at float32's row stride": ("* cols * XIn::kBytes;", "* cols * 4;"),
     "counter not reset": ("if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch", ""),
     "gate's weights twice": ("const unsigned char* W = product ? a.W_up : a.W;", "const unsigned char* W = a.W;"),
@@ -422,6 +436,8 @@ SWIGLU_FAULTS = {
 SWIGLU_KINDS = {
     "pair": (SWIGLU_FAULTS, 17, lambda harness, rng, path: swiglu_excess(harness, "q4_k", 130, 512, 70, 3, rng, path)),
     "wide": (SILU_UP_FAULTS, 31, lambda harness, rng, path: silu_up_excess(harness, "q4_k", 130, 512, 150, None, rng, path)),
+    "wide GeGLU": (GELU_UP_FAULTS, 37,
+                   lambda harness, rng, path: silu_up_excess(harness, "q4_k", 130, 512, 150, None, rng, path, "gelu")),
 }
 
 

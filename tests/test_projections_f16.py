@@ -183,6 +183,47 @@ def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(lay
         workspace.free()
 
 
+def test_wide_prompt_steps_of_a_geglu_take_the_up_product_with_the_gelu_and_a_down_product_from_f16(
+        layer, cpu_device, monkeypatch):
+    """Gemma's GeGLU feed-forward on the same 128-token tiles: the gate product, then the up product whose epilogue
+    leaves gelu(gate) * up as f16 in b["ffn_h16"] (matmul_mma_silu_up with its gelu argument), and Gemma's down
+    product (ProjectionPlanner.product, before the post-norm) reading it as f16 into b["proj"]. Where only a SwiGLU
+    pair would fit (it has no GeGLU), the step keeps float32, two products and gelu_mul."""
+    from hipcore.ops import gelu_mul, matmul, matmul_mma, silu_mul
+
+    t = 130
+    lw, rng = layer.lw, layer.rng
+    buffers, workspace, config = feed_forward_buffers(layer, cpu_device, t)
+    buffers["proj"] = layer.put(np.zeros(t * HIDDEN, np.float32))
+    monkeypatch.setattr(cpu_device, "arch", "sm_90")
+    monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)
+    p = ProjectionPlanner(cpu_device, None, config, {**buffers, "matmul_workspace": workspace}, 1.0)
+    try:
+        assert not p.ffn_pairs(lw, t, "gelu") and p.ffn_pairs(lw, t)  # the pair's tiles: SwiGLU only
+        assert [n for n, _ in p.feed_forward_input(lw, t, "gelu")] == ["ffn_norm", "gate_proj", "up_proj", "gelu_mul"]
+        monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 8)
+        monkeypatch.setattr(matmul_mma, "BUSY_ITEMS", 8)
+        assert p.ffn_pairs(lw, t, "gelu")
+        plan = p.feed_forward_input(lw, t, "gelu") + p.product("ffn_down", lw.ffn_down, buffers["ffn_h16"], FFN, t,
+                                                               x_f16=True)
+        assert [n for n, _ in plan] == ["ffn_norm", "gate_proj", "up_proj+gelu", "ffn_down"]
+
+        x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
+        buffers["x"].upload(x)
+        run(plan)
+        x16 = buffers["xn"].download(np.float16, t * HIDDEN).reshape(t, HIDDEN).astype(np.float32)
+        g = matmul.reference(layer.raw["ffn_gate"], "q4_k", x16, FFN, HIDDEN)
+        u = matmul.reference(layer.raw["ffn_up"], "q4_k", x16, FFN, HIDDEN)
+        h = gelu_mul.reference(g, u)
+        h16 = buffers["ffn_h16"].download(np.float16, t * FFN).reshape(t, FFN).astype(np.float32)
+        np.testing.assert_allclose(h16, h, rtol=2.0**-10, atol=1e-4 * np.abs(h).max())
+        assert np.abs(h16 - h).max() < 0.5 * np.abs(h16 - silu_mul.reference(g, u)).max()  # GELU, not SiLU
+        want = matmul.reference(layer.raw["ffn_down"], "q6_k", h16, HIDDEN, FFN)
+        np.testing.assert_allclose(read(buffers["proj"], (t, HIDDEN)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    finally:
+        workspace.free()
+
+
 @pytest.mark.parametrize("weight_type", ["q8_0", "f16"])
 def test_wide_block_format_prompt_steps_take_the_128_token_f16_path(layer, cpu_device, monkeypatch, weight_type):
     """A feed-forward of a block format or F16 (projections.mma_first's wide layers; MMA_FIRST_MIN_COLS set to 0 for
@@ -248,8 +289,14 @@ def test_the_wide_swiglu_refuses_what_its_kernel_cannot_take(layer, cpu_device, 
         matmul_mma.launch(cpu_device, None, gate, wu, x16, rows, cols, t, weight_type="q4_k", x_f16=True,
                           tile_tokens=matmul_mma.WIDE_TILE_TOKENS)
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
-    with pytest.raises(ValueError, match="up product takes"):
+    with pytest.raises(ValueError, match="up product with silu takes"):
         matmul_mma_swiglu.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q6_k")
+    with pytest.raises(ValueError, match="up product with gelu takes"):  # GELU_UP_TYPES: the K-quants alone
+        matmul_mma_swiglu.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q8_0",
+                                         activation="gelu")
+    with pytest.raises(ValueError, match="activation is one of"):
+        matmul_mma_swiglu.launch_silu_up(cpu_device, None, h16, gate, wu, x16, rows, cols, t, weight_type="q4_k",
+                                         activation="relu")
     with pytest.raises(ValueError, match="overlap"):
         matmul_mma_swiglu.launch_silu_up(cpu_device, None, gate, gate, wu, x16, rows, cols, t, weight_type="q4_k")
     with pytest.raises(ValueError, match="gate"):

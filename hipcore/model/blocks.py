@@ -287,12 +287,14 @@ def scaled_embedding(ctx: StepContext, t: int) -> list[Launch]:
                                                      cfg.embedding_scale))]
 
 
-def _post_normed_residual(ctx: StepContext, name: str, wt, norm, x: Buffer, cols: int, t: int) -> list[Launch]:
+def _post_normed_residual(ctx: StepContext, name: str, wt, norm, x: Buffer, cols: int, t: int,
+                          x_f16: bool = False) -> list[Launch]:
     """x_residual += rmsnorm(x @ W^T) with `norm`'s weight: the product (ProjectionPlanner.product: fused_qmatvec where
-    it takes the weight), then its norm added to the residual stream in one launch (rmsnorm.launch_add)."""
+    it takes the weight; x_f16: x holds f16), then its norm added to the residual stream in one launch
+    (rmsnorm.launch_add)."""
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     h = cfg.hidden_size
-    return ctx.products.product(name, wt, x, cols, t) + [
+    return ctx.products.product(name, wt, x, cols, t, x_f16=x_f16) + [
         (f"{name}_post_norm+residual", lambda: rmsnorm.launch_add(dev, st, b["x"], b["proj"], norm.buffer, t, h,
                                                                   cfg.rms_norm_eps))]
 
@@ -310,9 +312,11 @@ def geglu_feed_forward(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
 
 
 def post_normed_feed_forward_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """x += rmsnorm(gate @ Wd^T) (post_ffw_norm)."""
-    return _post_normed_residual(ctx, "ffn_down", lw.ffn_down, lw.ffn_post_norm, ctx.buffers["gate"],
-                                 ctx.config.ffn_size, t)
+    """x += rmsnorm(h @ Wd^T) (post_ffw_norm), h geglu_feed_forward's: f16 in ffn_h16 where the planner ran it on f16
+    activations (ProjectionPlanner.ffn_pairs), else float32 in gate."""
+    f16 = ctx.products.ffn_pairs(lw, t, activation="gelu")
+    h = ctx.buffers["ffn_h16" if f16 else "gate"]
+    return _post_normed_residual(ctx, "ffn_down", lw.ffn_down, lw.ffn_post_norm, h, ctx.config.ffn_size, t, x_f16=f16)
 
 
 def capped_logits(ctx: StepContext, r: int) -> list[Launch]:

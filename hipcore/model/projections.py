@@ -232,8 +232,9 @@ class ProjectionPlanner:
 
     def feed_forward_input(self, lw, t: int, activation: str = "silu") -> list[Launch]:
         """b["gate"] = silu(rmsnorm(x) @ Wg^T) * (rmsnorm(x) @ Wu^T), or with activation "gelu" GeGLU's
-        gelu(...) * (...) (Gemma), which fused_qmatvec and the single ops compute (fused_matvec, fused_matmul and
-        the f16 SwiGLU pairs have SwiGLU alone)."""
+        gelu(...) * (...) (Gemma), which fused_qmatvec, the up product with the activation in its epilogue and the
+        single ops compute (fused_matvec, fused_matmul and the f16 SwiGLU pairs have SwiGLU alone). Where
+        ffn_pairs, the result is f16 in b["ffn_h16"] instead."""
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         h, f, eps = cfg.hidden_size, cfg.ffn_size, cfg.rms_norm_eps
         swiglu = activation == "silu"
@@ -250,16 +251,17 @@ class ProjectionPlanner:
             return [(f"ffn_norm+gate_up+{activation}", lambda: fused_qmatvec.launch_norm_swiglu(
                 dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps,
                 activation=activation))]
-        if swiglu and self.ffn_pairs(lw, t):  # x16 = rmsnorm(x) as f16, then the products with the SwiGLU in an epilogue
+        if self.ffn_pairs(lw, t, activation):  # x16 = rmsnorm(x) as f16, then the products with the activation in an epilogue
             gate, up = lw.ffn_gate, lw.ffn_up
             norm = ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
                                                        out_f16=True))
-            if matmul_mma_swiglu.silu_up_fits(dev, t, f, gate.fmt):  # 128-token tiles: gate, then up with the SwiGLU
+            if matmul_mma_swiglu.silu_up_fits(dev, t, f, gate.fmt, activation):  # 128-token tiles: gate, then up+act
                 return [norm,
                         ("gate_proj", lambda: matmul_mma.launch(
                             dev, st, b["gate"], weight_arg(gate), b["xn"], f, h, t, weight_type=gate.fmt, x_f16=True)),
-                        ("up_proj+silu", lambda: matmul_mma_swiglu.launch_silu_up(
-                            dev, st, b["ffn_h16"], b["gate"], weight_arg(up), b["xn"], f, h, t, weight_type=up.fmt))]
+                        (f"up_proj+{activation}", lambda: matmul_mma_swiglu.launch_silu_up(
+                            dev, st, b["ffn_h16"], b["gate"], weight_arg(up), b["xn"], f, h, t, weight_type=up.fmt,
+                            activation=activation))]
             return [norm,
                     ("gate_up+silu", lambda: matmul_mma_swiglu.launch_swiglu(
                         dev, st, b["ffn_h16"], b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t,
@@ -290,14 +292,15 @@ class ProjectionPlanner:
                 and matmul_mma.takes_matrix_cores(dev, t, wt.fmt)
                 and matmul_mma.pick_x16_tile_tokens(wt.rows, t, dev.arch) == matmul_mma.WIDE_TILE_TOKENS)
 
-    def ffn_pairs(self, lw, t: int) -> bool:
+    def ffn_pairs(self, lw, t: int, activation: str = "silu") -> bool:
         """True when a step of t tokens runs this layer's feed-forward as rmsnorm to f16, gate and up with the
-        SwiGLU in an epilogue (h as f16 in b["ffn_h16"]) and the down product reading f16 (feed_forward_output):
-        the gate product then the up product with the SwiGLU (matmul_mma_swiglu.launch_silu_up) where 128-token tiles
-        are many (silu_up_fits), else one SwiGLU-pair launch (matmul_mma_swiglu.launch_swiglu, swiglu_fits); gate and
-        up of one type and shape (silu_up_fits' SILU_UP_TYPES, swiglu_fits' SWIGLU_TYPES), down reading f16 x
-        (matmul_mma.takes_f16_x), all on the matrix cores' single-op path (no fused kernel takes them at t tokens).
-        ROCMFORGE_SWIGLU_PAIRS=0 turns it off."""
+        activation in an epilogue (h as f16 in b["ffn_h16"]) and the down product reading f16 (feed_forward_output,
+        or Gemma's product before its post-norm): the gate product then the up product with the activation
+        (matmul_mma_swiglu.launch_silu_up) where 128-token tiles are many (silu_up_fits), else, for SwiGLU only, one
+        SwiGLU-pair launch (matmul_mma_swiglu.launch_swiglu, swiglu_fits); gate and up of one type and shape
+        (silu_up_fits' SILU_UP_TYPES or, for GeGLU, GELU_UP_TYPES; swiglu_fits' SWIGLU_TYPES), down reading f16 x (matmul_mma.takes_f16_x), all
+        on the matrix cores' single-op path (no fused kernel takes them at t tokens). ROCMFORGE_SWIGLU_PAIRS=0 turns
+        it off."""
         gate, up, down = lw.ffn_gate, lw.ffn_up, lw.ffn_down
         if os.environ.get(SWIGLU_PAIRS_ENV, "1") == "0" or "ffn_h16" not in self.b or None in (gate, up, down):
             return False
@@ -311,8 +314,8 @@ class ProjectionPlanner:
             return False
         return (gate.fmt == up.fmt and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, self.config.hidden_size)
                 and matmul_mma.takes_f16_x(dev, down.fmt, down.rows, t)
-                and (matmul_mma_swiglu.silu_up_fits(dev, t, f, gate.fmt)
-                     or matmul_mma_swiglu.swiglu_fits(dev, t, f, gate.fmt, self.workspace)))
+                and (matmul_mma_swiglu.silu_up_fits(dev, t, f, gate.fmt, activation)
+                     or (activation == "silu" and matmul_mma_swiglu.swiglu_fits(dev, t, f, gate.fmt, self.workspace))))
 
     def feed_forward_output(self, lw, t: int) -> list[Launch]:
         """b["x"] += h @ Wd^T, h the feed-forward's SwiGLU: b["ffn_h16"] (f16) after a SwiGLU pair (ffn_pairs),
@@ -360,11 +363,15 @@ class ProjectionPlanner:
         return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
                 (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
 
-    def product(self, name: str, wt, x: Buffer, cols: int, t: int) -> list[Launch]:
+    def product(self, name: str, wt, x: Buffer, cols: int, t: int, x_f16: bool = False) -> list[Launch]:
         """b["proj"] = x @ W^T, hidden_size rows (a product normalized before its residual add: Gemma's o and down):
         fused_qmatvec's residual entry storing instead of adding where it takes the weight and the step, else
-        matmul_mma.project."""
+        matmul_mma.project. x_f16: x holds f16 (Gemma's down after the f16 feed-forward, only where ffn_pairs with
+        GeGLU): matmul_mma's f16 entry."""
         b, dev, st, h = self.b, self.device, self.stream, self.config.hidden_size
+        if x_f16:
+            return [(name, lambda: matmul_mma.launch(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
+                                                     weight_type=wt.fmt, workspace=self.workspace, x_f16=True))]
         if separate_fusable(t, wt, max_tokens=qmatvec_limit(dev, wt)):
             return [(name, lambda: fused_qmatvec.launch_add(dev, st, b["proj"], weight_arg(wt), x, rows=h, cols=cols,
                                                             batch=t, weight_type=wt.fmt, store=True))]

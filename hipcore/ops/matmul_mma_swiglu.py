@@ -10,7 +10,8 @@ each pair ends (no silu_mul launch; the down product reads h16 with x_f16); gate
 The SwiGLU in 128-token tiles (`launch_silu_up`, where `silu_up_fits`): `matmul_mma_silu_up_<type>(h16 p, gate p,
 W_up p, x16 p, rows i, cols i, n_tokens i, splits i)` computes the up product from f16 x and writes h16 =
 silu(gate) * up as f16 from its epilogue, gate being the float32 gate product a launch before (matmul_mma.launch
-with x_f16); splits is 1 (an argument only because nvcc spilled more without it).
+with x_f16); splits is 1 (an argument only because nvcc spilled more without it). With activation "gelu" (Gemma's
+GeGLU) `matmul_mma_gelu_up_<type>` (GELU_UP_TYPES), the same with gelu(gate) * up.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hipcore.ops import matvec, silu_mul
+from hipcore.ops import gelu_mul, matvec, silu_mul
 from hipcore.ops.launch_checks import check_disjoint, check_memory
 from hipcore.ops.matmul_mma import (COUNTER_BYTES, F16_BYTES, F16_HALF_SPACING, MAX_GRID, MAX_SPLIT_TILES, OP, THREADS,
                                     U16, WEIGHT_ALIGNMENT, WIDE_TILE_TOKENS, X16_WIDE_ONLY_TYPES, error_bound, has_wide_tiles,
@@ -37,7 +38,15 @@ SWIGLU_TYPES = ("q4_k", "q5_k")
 # The up product with the SwiGLU in its epilogue (128-token tiles, NVIDIA) also reads the formats whose prompts take
 # f16 x in those tiles only (matmul_mma.X16_WIDE_ONLY_TYPES: the wide Q8_0, Q5_0, Q5_1, Q4_1, F16, BF16 layers).
 SILU_UP_TYPES = SWIGLU_TYPES + X16_WIDE_ONLY_TYPES
+# The up product with GeGLU's GELU in its epilogue: the gate and up types of Gemma's Q4_K_M and Q5_K_M files (their
+# Q8_0, F16 and BF16 files keep float32, two products and gelu_mul).
+GELU_UP_TYPES = SWIGLU_TYPES
 SILU_LIPSCHITZ = 1.0999  # max |silu'(g)|, reached near g = 2.4
+GELU_LIPSCHITZ = 1.1290  # max |gelu'(g)| of the tanh form, reached near g = 1.42
+# The up product's epilogue activations: name -> (the types its entries read, the float64 reference of act(g) * u,
+# max |act'|).
+ACTIVATIONS = {"silu": (SILU_UP_TYPES, silu_mul.reference, SILU_LIPSCHITZ),
+               "gelu": (GELU_UP_TYPES, gelu_mul.reference, GELU_LIPSCHITZ)}
 
 
 def swiglu_reference(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
@@ -50,18 +59,19 @@ def swiglu_reference(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: 
 
 
 def swiglu_error_bound(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
-                       cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """How far a pair's (h16, gate, up) may be from swiglu_reference's. The products are error_bound's (eg, eu);
-    then |silu(g') u' - silu(g) u| <= L eg (|u| + eu) + |silu(g)| eu with L = max |silu'|, float32's rounding of
-    silu and the product (4 units of 2^-24 of the result's size), and h16's rounding to f16 (u16 of its size,
-    or half the spacing of f16's subnormals)."""
+                       cols: int, activation: str = "silu") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How far a pair's (h16, gate, up) may be from swiglu_reference's (with activation "gelu": from GeGLU's). The
+    products are error_bound's (eg, eu); then |act(g') u' - act(g) u| <= L eg (|u| + eu) + |act(g)| eu with L =
+    max |act'|, float32's rounding of act and the product (4 units of 2^-24 of the result's size), and h16's
+    rounding to f16 (u16 of its size, or half the spacing of f16's subnormals)."""
+    _, gated, lipschitz = ACTIVATIONS[activation]
     g = reference(w_gate, weight_type, x, rows, cols).astype(np.float64)
     u = np.abs(reference(w_up, weight_type, x, rows, cols).astype(np.float64))
     eg, eu = (error_bound(w, weight_type, x, rows, cols) for w in (w_gate, w_up))
-    silu_g = np.abs(silu_mul.reference(g, np.ones_like(g)))
-    h = (SILU_LIPSCHITZ * eg * (u + eu) + silu_g * eu
-         + 4 * 2.0**-24 * (silu_g + SILU_LIPSCHITZ * eg) * (u + eu))
-    h = 1.01 * (h + U16 * (silu_g * u + h)) + F16_HALF_SPACING
+    act_g = np.abs(gated(g, np.ones_like(g)))
+    h = (lipschitz * eg * (u + eu) + act_g * eu
+         + 4 * 2.0**-24 * (act_g + lipschitz * eg) * (u + eu))
+    h = 1.01 * (h + U16 * (act_g * u + h)) + F16_HALF_SPACING
     return h, eg, eu
 
 
@@ -129,53 +139,62 @@ def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up
 SILU_UP_SIGNATURE = "ppppiiii"
 
 
-def silu_up_entry(weight_type: str) -> str:
-    return f"{OP}_silu_up_{weight_type}"
+def silu_up_entry(weight_type: str, activation: str = "silu") -> str:
+    return f"{OP}_{activation}_up_{weight_type}"
 
 
 def silu_up_error_bound(w_gate: np.ndarray, w_up: np.ndarray, weight_type: str, x: np.ndarray, rows: int,
-                        cols: int) -> np.ndarray:
-    """How far launch_silu_up's h16 may be from swiglu_reference's h, the gate read from a float32 product made by
-    the x16 kernel (within error_bound of the reference, as the pair's): the pair's bound for h."""
-    return swiglu_error_bound(w_gate, w_up, weight_type, x, rows, cols)[0]
+                        cols: int, activation: str = "silu") -> np.ndarray:
+    """How far launch_silu_up's h16 may be from swiglu_reference's h (GeGLU's with activation "gelu"), the gate read
+    from a float32 product made by the x16 kernel (within error_bound of the reference, as the pair's): the pair's
+    bound for h."""
+    return swiglu_error_bound(w_gate, w_up, weight_type, x, rows, cols, activation)[0]
 
 
-def _host_silu_up(weight_type: str):
+def _host_silu_up(weight_type: str, activation: str):
+    gated = ACTIVATIONS[activation][1]
+
     def run(device: CpuDevice, grid, block, h16: int, gate: int, w_up: int, x: int, rows: int, cols: int,
             n_tokens: int, splits: int) -> None:
         xs = device.view(x, np.float16, (n_tokens, cols)).astype(np.float32)
         up = np.empty((n_tokens, rows), dtype=np.float32)
         host_product(device.view(w_up, np.uint8, (rows, row_bytes(weight_type, cols))), weight_type, xs, cols, up)
-        h = silu_mul.reference(device.view(gate, np.float32, (n_tokens, rows)), up).astype(np.float32)
+        h = gated(device.view(gate, np.float32, (n_tokens, rows)), up).astype(np.float32)
         device.view(h16, np.float16, (n_tokens, rows))[:] = h
 
     return run
 
 
-for _type in SILU_UP_TYPES:
-    cpu_kernel(silu_up_entry(_type), SILU_UP_SIGNATURE)(_host_silu_up(_type))
+for _activation, (_types, _, _) in ACTIVATIONS.items():
+    for _type in _types:
+        cpu_kernel(silu_up_entry(_type, _activation), SILU_UP_SIGNATURE)(_host_silu_up(_type, _activation))
 
 
-def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str) -> bool:
+def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str, activation: str = "silu") -> bool:
     """Whether a feed-forward of `rows` gate/up rows takes the 128-token SwiGLU (launch with x_f16 for the gate,
-    then launch_silu_up): matrix cores, a type of SILU_UP_TYPES, 128-token tiles (pick_x16_tile_tokens) so many that
-    no product of them is split (silu_up's epilogue needs the whole sum)."""
-    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SILU_UP_TYPES
+    then launch_silu_up; activation "gelu": the GeGLU): matrix cores, a type of the activation's entries
+    (SILU_UP_TYPES, GELU_UP_TYPES), 128-token tiles (pick_x16_tile_tokens) so many that no product of them is
+    split (the epilogue needs the whole sum)."""
+    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in ACTIVATIONS[activation][0]
             and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS
             and pick_splits(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), 1 << 30) == 1)
 
 
 def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w_up: Any, x16: Any, rows: int,
-                   cols: int, n_tokens: int, *, weight_type: str) -> None:
-    """h16[n_tokens, rows] = silu(gate) * (x16 @ W_up^T) as f16, in 128-token tiles; gate float32 [n_tokens, rows]
-    (the gate product), x16 f16 [n_tokens, cols], W_up [rows, cols] of `weight_type` (SILU_UP_TYPES)."""
-    if weight_type not in SILU_UP_TYPES:
-        raise ValueError(f"{OP}: the SwiGLU's up product takes {', '.join(SILU_UP_TYPES)} weights, got {weight_type!r}")
-    entry = silu_up_entry(weight_type)
+                   cols: int, n_tokens: int, *, weight_type: str, activation: str = "silu") -> None:
+    """h16[n_tokens, rows] = silu(gate) * (x16 @ W_up^T) as f16, in 128-token tiles (activation "gelu": GeGLU's
+    gelu(gate) * (x16 @ W_up^T)); gate float32 [n_tokens, rows] (the gate product), x16 f16 [n_tokens, cols], W_up
+    [rows, cols] of `weight_type` (SILU_UP_TYPES)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{OP}: the up product's activation is one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    types = ACTIVATIONS[activation][0]
+    if weight_type not in types:
+        raise ValueError(f"{OP}: the up product with {activation} takes {', '.join(types)} weights, got {weight_type!r}")
+    entry = silu_up_entry(weight_type, activation)
     if not has_wide_tiles(device.arch):
         raise ValueError(f"{entry}: exists on NVIDIA sm_80 and later, not {device.arch}")
     check_memory(entry, "gate", gate, n_tokens * rows * 4)
-    matvec.check_operands(f"{OP}_silu_up", weight_type, SILU_UP_TYPES, gate, w_up, x16, rows, cols, n_tokens,
+    matvec.check_operands(f"{OP}_{activation}_up", weight_type, types, gate, w_up, x16, rows, cols, n_tokens,
                           "n_tokens", alignment=WEIGHT_ALIGNMENT, x_itemsize=F16_BYTES)
     check_memory(entry, "h16", h16, n_tokens * rows * F16_BYTES)
     for (name_a, a, size_a), (name_b, b, size_b) in itertools.combinations(

@@ -7,8 +7,8 @@ weight type with GPU kernels against the cpu backend (teacher-forced); Gemma 3 2
 named by $ROCMFORGE_GEMMA3_270M: tests/support/gemma3_270m.py) on the GPU against the cpu backend and
 llama.cpp's record, with the long prompt past its 512-key window.
 
-gemma3 runs every launch of its layers as a single op (rmsnorm, matmul_mma.project, per-head rmsnorm, rope,
-paged_attention with the layer's window, gelu_mul, add, scale); only the output head takes a fused kernel.
+gemma3's layers take the planner's products (fused_qmatvec at decode steps, matmul_mma in prompts), head_norm_rope,
+paged_attention with the layer's window and rmsnorm_add for its post-norms (tests/test_gemma_fused_launches.py).
 When $OUT is set, the figures are written to $OUT/gemma3_gpu_figures.json as well.
 """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import matmul_mma, matmul_mma_swiglu
+from hipcore.ops import gelu_mul, matmul_mma, matmul_mma_swiglu
 from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
 from support.weight_samples import random_weights
@@ -241,4 +241,27 @@ def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
     want = matmul_mma_swiglu.swiglu_reference(w_gate, w_up, weight_type, x32, rows, cols)[0]
     bound = matmul_mma_swiglu.silu_up_error_bound(w_gate, w_up, weight_type, x32, rows, cols)
     bad = ~(np.abs(got.astype(np.float64) - want) <= bound)
+    assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0].tolist()}"
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    # Gemma-2-9B's gate and up at 512 tokens; Q5_K with tiles cut short.
+    ("q4_k", 14336, 3584, 512), ("q5_k", 16384, 256, 150),
+])
+def test_the_wide_geglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
+    """matmul_mma_gelu_up (Gemma's GeGLU): h16 within the GeGLU bound of gelu(gate) * up."""
+    assert matmul_mma_swiglu.silu_up_fits(gpu, n_tokens, rows, weight_type, "gelu")
+    w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
+    x = (0.25 * rng.standard_normal((n_tokens, cols))).astype(np.float16)  # as test_the_wide_swiglu's
+    wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
+    h16, gate = mem.poisoned(n_tokens * rows * 2), mem.poisoned(n_tokens * rows * 4)
+    matmul_mma.launch(gpu, None, gate, wg, xs, rows, cols, n_tokens, weight_type=weight_type, x_f16=True)
+    matmul_mma_swiglu.launch_silu_up(gpu, None, h16, gate, wu, xs, rows, cols, n_tokens, weight_type=weight_type,
+                                     activation="gelu")
+    got = h16.download(np.float16).reshape(n_tokens, rows).astype(np.float64)
+    x32 = x.astype(np.float32)
+    _, g, u = matmul_mma_swiglu.swiglu_reference(w_gate, w_up, weight_type, x32, rows, cols)
+    want = gelu_mul.reference(g, u)
+    bound = matmul_mma_swiglu.silu_up_error_bound(w_gate, w_up, weight_type, x32, rows, cols, "gelu")
+    bad = ~(np.abs(got - want) <= bound)
     assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0].tolist()}"

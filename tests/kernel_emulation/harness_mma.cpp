@@ -11,7 +11,8 @@
 // the y file; splits, accumulate and y_in are not its arguments (pass 1 0 -). The x16_128 entries are x16 entries
 // (tile 128). The SwiGLU's up product (matmul_mma_silu_up_<type>) reads W_up from the W file, f16 x, the gate's
 // float32 product from the y_in file, and writes h16 (f16, starting as 0xFF bytes) to the y file; tile and
-// accumulate are not its arguments (pass 128 0), splits is (1). Both exist on NVIDIA's mma only.
+// accumulate are not its arguments (pass 128 0), splits is (1); the GeGLU's (matmul_mma_gelu_up_<type>) likewise.
+// Both exist on NVIDIA's mma only.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
       {"matmul_mma_silu_up_q5_0", matmul_mma_silu_up_q5_0}, {"matmul_mma_silu_up_q5_1", matmul_mma_silu_up_q5_1},
       {"matmul_mma_silu_up_q8_0", matmul_mma_silu_up_q8_0}, {"matmul_mma_silu_up_f16", matmul_mma_silu_up_f16},
       {"matmul_mma_silu_up_bf16", matmul_mma_silu_up_bf16},
+      {"matmul_mma_gelu_up_q4_k", matmul_mma_gelu_up_q4_k}, {"matmul_mma_gelu_up_q5_k", matmul_mma_gelu_up_q5_k},
 #endif
   };
   if (silu_up.count(entry)) {

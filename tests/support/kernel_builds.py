@@ -53,7 +53,8 @@ PAIR32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16")
 NVIDIA_ONLY_KERNELS = {
     "matmul_mma": [f"matmul_mma_{entry}_{t}" for entry in ("fragments", "direct", "x16_128")
                    for t in ("q4_k", "q5_k", "q6_k") + PAIR32_TYPES]
-                  + [f"matmul_mma_silu_up_{t}" for t in ("q4_k", "q5_k") + PAIR32_TYPES],
+                  + [f"matmul_mma_silu_up_{t}" for t in ("q4_k", "q5_k") + PAIR32_TYPES]
+                  + [f"matmul_mma_gelu_up_{t}" for t in ("q4_k", "q5_k")],
 }
 
 
