@@ -138,6 +138,21 @@ def test_a_swiglu_pair_refuses_what_its_kernel_cannot_take(cpu_device):
             buf.free()
 
 
+def run_wide_feed_forward(layer, buffers, plan, t: int):
+    """Runs `plan` (a feed-forward on the 128-token tiles of the Q4_K gate and up) on a random x: (x, the gate and up
+    products of its f16 norm as the reference computes them, and the f16 result the plan left in ffn_h16)."""
+    from hipcore.ops import matmul
+
+    x = layer.rng.standard_normal((t, HIDDEN)).astype(np.float32)
+    buffers["x"].upload(x)
+    run(plan)
+    x16 = buffers["xn"].download(np.float16, t * HIDDEN).reshape(t, HIDDEN).astype(np.float32)
+    g = matmul.reference(layer.raw["ffn_gate"], "q4_k", x16, FFN, HIDDEN)
+    u = matmul.reference(layer.raw["ffn_up"], "q4_k", x16, FFN, HIDDEN)
+    h16 = buffers["ffn_h16"].download(np.float16, t * FFN).reshape(t, FFN).astype(np.float32)
+    return x, g, u, h16
+
+
 def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(layer, cpu_device, monkeypatch):
     """Where 128-token tiles are many (matmul_mma_swiglu.silu_up_fits), a prompt step's feed-forward norms x to f16,
     writes the Q4_K gate product (float32, matmul_mma_x16_128), then the up product whose epilogue leaves
@@ -146,7 +161,7 @@ def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(lay
     from hipcore.ops import matmul, matmul_mma, silu_mul
 
     t = 130
-    lw, rng = layer.lw, layer.rng
+    lw = layer.lw
     buffers, workspace, config = feed_forward_buffers(layer, cpu_device, t)
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
     monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)  # 64-token tiles for this small layer, as for a model's
@@ -167,15 +182,9 @@ def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(lay
         plan = plan_of(buffers)  # no workspace: the wide path has no counters
         assert [n for n, _ in plan] == ["ffn_norm", "gate_proj", "up_proj+silu", "ffn_down+residual"]
 
-        x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
-        buffers["x"].upload(x)
-        run(plan)
-        x16 = buffers["xn"].download(np.float16, t * HIDDEN).reshape(t, HIDDEN).astype(np.float32)
-        g = matmul.reference(layer.raw["ffn_gate"], "q4_k", x16, FFN, HIDDEN)
-        u = matmul.reference(layer.raw["ffn_up"], "q4_k", x16, FFN, HIDDEN)
+        x, g, u, h16 = run_wide_feed_forward(layer, buffers, plan, t)
         np.testing.assert_allclose(read(buffers["gate"], (t, FFN)), g, rtol=1e-5, atol=1e-5 * np.abs(g).max())
         h = silu_mul.reference(g, u)
-        h16 = buffers["ffn_h16"].download(np.float16, t * FFN).reshape(t, FFN).astype(np.float32)
         np.testing.assert_allclose(h16, h, rtol=2.0**-10, atol=1e-4 * np.abs(h).max())
         want = x + matmul.reference(layer.raw["ffn_down"], "q6_k", h16, HIDDEN, FFN)
         np.testing.assert_allclose(read(buffers["x"], (t, HIDDEN)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -192,7 +201,7 @@ def test_wide_prompt_steps_of_a_geglu_take_the_up_product_with_the_gelu_and_a_do
     from hipcore.ops import gelu_mul, matmul, matmul_mma, silu_mul
 
     t = 130
-    lw, rng = layer.lw, layer.rng
+    lw = layer.lw
     buffers, workspace, config = feed_forward_buffers(layer, cpu_device, t)
     buffers["proj"] = layer.put(np.zeros(t * HIDDEN, np.float32))
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
@@ -208,14 +217,8 @@ def test_wide_prompt_steps_of_a_geglu_take_the_up_product_with_the_gelu_and_a_do
                                                                x_f16=True)
         assert [n for n, _ in plan] == ["ffn_norm", "gate_proj", "up_proj+gelu", "ffn_down"]
 
-        x = rng.standard_normal((t, HIDDEN)).astype(np.float32)
-        buffers["x"].upload(x)
-        run(plan)
-        x16 = buffers["xn"].download(np.float16, t * HIDDEN).reshape(t, HIDDEN).astype(np.float32)
-        g = matmul.reference(layer.raw["ffn_gate"], "q4_k", x16, FFN, HIDDEN)
-        u = matmul.reference(layer.raw["ffn_up"], "q4_k", x16, FFN, HIDDEN)
+        _, g, u, h16 = run_wide_feed_forward(layer, buffers, plan, t)
         h = gelu_mul.reference(g, u)
-        h16 = buffers["ffn_h16"].download(np.float16, t * FFN).reshape(t, FFN).astype(np.float32)
         np.testing.assert_allclose(h16, h, rtol=2.0**-10, atol=1e-4 * np.abs(h).max())
         assert np.abs(h16 - h).max() < 0.5 * np.abs(h16 - silu_mul.reference(g, u)).max()  # GELU, not SiLU
         want = matmul.reference(layer.raw["ffn_down"], "q6_k", h16, HIDDEN, FFN)
