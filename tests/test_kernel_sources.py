@@ -1,7 +1,8 @@
 """What a kernel's code object is built from (hipcore/runtime/kernels.py source_files / source_digest): an
 edit to any file an op's source includes must make the op's prebuilt objects stale, or a measurement (or a
 user) runs an object built from other code. fused_qmatvec.hip and qmatvec.hip include qmatvec_formats.h, which
-includes weight_loads.h (as fused_matvec_formats.h does)."""
+includes weight_loads.h (as fused_matvec_formats.h does); fused_qmatvec, matmul_mma, silu_mul and gelu_mul include
+gated_activation.h."""
 
 from __future__ import annotations
 
@@ -42,14 +43,18 @@ def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
     assert [f.name for f in source_files("fused_qmatvec")] == [*COMPAT, "fused_qmatvec.hip", "qmatvec_formats.h",
                                                                 "qmatvec_block32_formats.h", "fused_qmatvec_tiles.h",
-                                                                "fused_qmatvec_epilogue.h", "weight_loads.h"]
+                                                                "fused_qmatvec_epilogue.h", "gated_activation.h",
+                                                                "weight_loads.h"]
     assert [f.name for f in source_files("qmatvec")] == [*COMPAT, "qmatvec.hip", "qmatvec_formats.h",
                                                           "weight_loads.h"]
     assert [f.name for f in source_files("fused_matvec")] == [*COMPAT, "fused_matvec.hip",
                                                                "fused_matvec_formats.h", "weight_loads.h"]
     assert [f.name for f in source_files("matmul_mma")] == [*COMPAT, "matmul_mma.hip", "matrix_cores.h",
                                                              "matmul_mma_formats.h", "matmul_mma_epilogues.h",
-                                                             "matmul_mma_fragments.h", "matmul_mma_block32_fragments.h"]
+                                                             "matmul_mma_fragments.h", "matmul_mma_block32_fragments.h",
+                                                             "gated_activation.h"]
+    for op in ("silu_mul", "gelu_mul"):  # the gated activations' one definition
+        assert [f.name for f in source_files(op)] == [*COMPAT, f"{op}.hip", "gated_activation.h"]
     assert [f.name for f in source_files("prompt_attention")] == [*COMPAT, "prompt_attention.hip", "matrix_cores.h"]
     assert [f.name for f in source_files("add")] == [*COMPAT, "add.hip"]
     # An op that includes nothing of its own is built from hip_compat.h's files and its source alone.
