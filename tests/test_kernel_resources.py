@@ -69,11 +69,12 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
                 else:
                     assert off_chip == 0, f"{target} {name}: {usage}"
                 if op == "matmul_mma":
-                    # shared-tile entries: f16 tiles of 128 rows and 64 tokens (128 for the x16_128 and silu_up
-                    # entries) of 72 halves, the split flag (silu_up has none); the fragment path's staged entries:
-                    # x of 32 tokens of 80 halves, the flag; its direct ones: the flag
-                    wide = name.startswith(("matmul_mma_x16_128_", "matmul_mma_silu_up_"))
-                    shared = {"fragments": 32 * 80 * 2 + 4, "direct": 4, "silu": (128 + 128) * 72 * 2}.get(
+                    # shared-tile entries: f16 tiles of 128 rows and 64 tokens (128 for the x16_128, silu_up and
+                    # gelu_up entries) of 72 halves, the split flag (silu_up and gelu_up have none); the fragment
+                    # path's staged entries: x of 32 tokens of 80 halves, the flag; its direct ones: the flag
+                    wide = name.startswith(("matmul_mma_x16_128_", "matmul_mma_silu_up_", "matmul_mma_gelu_up_"))
+                    gated_up = (128 + 128) * 72 * 2
+                    shared = {"fragments": 32 * 80 * 2 + 4, "direct": 4, "silu": gated_up, "gelu": gated_up}.get(
                         name.split("_")[2], (128 + (128 if wide else 64)) * 72 * 2 + 4)
                     assert usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
                 if op in ("matvec", "qmatvec", "matmul"):
