@@ -138,8 +138,8 @@ def attention_for_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
 
 
 def attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """x += attn @ Wo^T (attn f16 where attention_for_output or attention_after_fused_input_for_output wrote it so: the llama
-    layer's attention blocks, pre_norm_layer, which this block must follow)."""
+    """x += attn @ Wo^T (attn f16 where attention_for_output or attention_after_fused_input_for_output wrote it so:
+    the llama layer's attention blocks, pre_norm_layer, which this block must follow)."""
     return ctx.products.residual_product("attn_output", lw.attn_output, ctx.buffers["attn"], ctx.config.q_size, t,
                                          x_f16=_attention_out_f16(ctx, lw, t))
 

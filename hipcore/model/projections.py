@@ -251,7 +251,7 @@ class ProjectionPlanner:
             return [(f"ffn_norm+gate_up+{activation}", lambda: fused_qmatvec.launch_norm_swiglu(
                 dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps,
                 activation=activation))]
-        if self.ffn_pairs(lw, t, activation):  # x16 = rmsnorm(x) as f16, then the products with the activation in an epilogue
+        if self.ffn_pairs(lw, t, activation):  # x16 = rmsnorm(x) as f16, then the products, the activation in an epilogue
             gate, up = lw.ffn_gate, lw.ffn_up
             norm = ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
                                                        out_f16=True))
@@ -298,9 +298,9 @@ class ProjectionPlanner:
         or Gemma's product before its post-norm): the gate product then the up product with the activation
         (matmul_mma_swiglu.launch_silu_up) where 128-token tiles are many (silu_up_fits), else, for SwiGLU only, one
         SwiGLU-pair launch (matmul_mma_swiglu.launch_swiglu, swiglu_fits); gate and up of one type and shape
-        (silu_up_fits' SILU_UP_TYPES or, for GeGLU, GELU_UP_TYPES; swiglu_fits' SWIGLU_TYPES), down reading f16 x (matmul_mma.takes_f16_x), all
-        on the matrix cores' single-op path (no fused kernel takes them at t tokens). ROCMFORGE_SWIGLU_PAIRS=0 turns
-        it off."""
+        (silu_up_fits' SILU_UP_TYPES or, for GeGLU, GELU_UP_TYPES; swiglu_fits' SWIGLU_TYPES), down reading f16 x
+        (matmul_mma.takes_f16_x), all on the matrix cores' single-op path (no fused kernel takes them at t tokens).
+        ROCMFORGE_SWIGLU_PAIRS=0 turns it off."""
         gate, up, down = lw.ffn_gate, lw.ffn_up, lw.ffn_down
         if os.environ.get(SWIGLU_PAIRS_ENV, "1") == "0" or "ffn_h16" not in self.b or None in (gate, up, down):
             return False

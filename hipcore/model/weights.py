@@ -20,8 +20,8 @@ NaN) is stored as F32 instead, which no path narrows (said in ModelWeights.conve
 its file size, so the load takes twice that for it). LLM weights are far inside f16's range: in practice every BF16
 matrix stays BF16.
 
-qwen2's, phi3's and gemma2's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input kernels
-rotate adjacent pairs (2i, 2i + 1) (NORM). For the architectures in NEOX_AS_NORM, the rows of attn_q and attn_k (and
+qwen2's, phi3's and gemma2's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input
+kernels rotate adjacent pairs (2i, 2i + 1) (NORM). For the architectures in NEOX_AS_NORM, the rows of attn_q and attn_k (and
 of qwen2's biases; phi3's q and k parts of its attn_qkv) are uploaded in neox_pair_order within each head, so that
 NEOX pair i lies at rows 2i, 2i + 1 and rotates with the same frequency in NORM mode: q and k come out in that order, consistently, and attention's q . k
 sums the same products in another order (v and the attention output are untouched). ModelWeights.rope_pairs_adjacent

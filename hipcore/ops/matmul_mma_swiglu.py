@@ -189,7 +189,8 @@ def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w
         raise ValueError(f"{OP}: the up product's activation is one of {', '.join(ACTIVATIONS)}, got {activation!r}")
     types = ACTIVATIONS[activation][0]
     if weight_type not in types:
-        raise ValueError(f"{OP}: the up product with {activation} takes {', '.join(types)} weights, got {weight_type!r}")
+        raise ValueError(f"{OP}: the up product with {activation} takes {', '.join(types)} weights, "
+                         f"got {weight_type!r}")
     entry = silu_up_entry(weight_type, activation)
     if not has_wide_tiles(device.arch):
         raise ValueError(f"{entry}: exists on NVIDIA sm_80 and later, not {device.arch}")
