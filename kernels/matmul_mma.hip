@@ -28,8 +28,8 @@
 //   normed activations do), the products are exact and summed in f32: ops/matmul_mma.py error_bound.
 // The format decoders are matmul.hip's (copied: each op's sources are built and hashed on their own); they
 // and the step shapes live in matmul_mma_formats.h, the tiles' epilogues (the residual add, split-K, SwiGLU
-// pairs) in matmul_mma_epilogues.h, NVIDIA's fragment path of decode batches in matmul_mma_fragments.h
-// (hipcore/runtime/kernels.py source_files hashes them all with this file).
+// pairs) in matmul_mma_epilogues.h, NVIDIA's fragment path of decode batches in matmul_mma_fragments.h (all hashed
+// with this file: hipcore/runtime/kernels.py source_files).
 // Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matmul, Q4_K
 // and Q5_K to 16 bytes; x 16-byte aligned; blockDim 256; splits <= the steps (cols / step); tiles * splits < 2^31; with splits > 1, at most
 // kCounterBytes / 4 tiles and a workspace of kCounterBytes (zeroed once, left zeroed by every launch) +
@@ -348,18 +348,15 @@ RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q4_k, mmq::Wide<false>)
 RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q5_k, mmq::Wide<true>)
 RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
 
-// A prompt step's up projection with the SwiGLU in its epilogue, in 128-token tiles:
-// matmul_mma_silu_up_<format>(h16, gate, W_up, x16, rows, cols, n_tokens, splits): h16 = silu(gate) * (x16 W_up^T)
-// as f16, gate float32 [n_tokens, rows] (the gate product, matmul_mma_x16_128 a launch before), x16 f16 [n_tokens,
-// cols]; splits must be 1 (an argument, not a constant, because nvcc's sm_90 code spilled more with the constant).
-// matmul_mma_gelu_up_<format>, the same with GeGLU's gelu(gate) (Gemma), for the K-quants of Gemma's Q4_K_M and
-// Q5_K_M files: entries of their own, since the activation as an argument raised the SwiGLU entries' spills on sm_90
-// (Q4_K 40 -> 64 bytes stored).
-// Where the 128-token tiles are many the feed-forward takes it instead of a SwiGLU pair: the two products
-// share no launch, so each keeps two workgroups per SM (the pair's 128-token kernel spilled ~100 bytes on sm_90),
-// and gate's tile is read back once, from the epilogue, with no float32 up to write and read. nvcc spills 40-56
-// bytes of it on sm_90 at two workgroups per SM, kept: at one (173 registers, none spilled) the 8B's gate and up
-// took 779.9 against 618.8 us on an NVIDIA H100.
+// A prompt step's up projection with the activation in its epilogue, in 128-token tiles: matmul_mma_silu_up_<format>
+// (h16, gate, W_up, x16, rows, cols, n_tokens, splits): h16 = silu(gate) * (x16 W_up^T) as f16, gate float32
+// [n_tokens, rows] (the gate product, matmul_mma_x16_128 a launch before), x16 f16 [n_tokens, cols]; splits must be 1
+// (an argument: nvcc's sm_90 code spilled more with a constant). matmul_mma_gelu_up_<format>: GeGLU's gelu(gate)
+// (Gemma; Q4_K, Q5_K), entries of their own (the activation as an argument raised the SwiGLU's spills: 40 -> 64 B).
+// Where the 128-token tiles are many the feed-forward takes it instead of a SwiGLU pair: the two products share no
+// launch, so each keeps two workgroups per SM (the pair's 128-token kernel spilled ~100 bytes on sm_90), and gate's
+// tile is read back once, from the epilogue, with no float32 up to write and read. nvcc spills 40-56 bytes of it on
+// sm_90 at two workgroups per SM, kept: at one (173 registers) the 8B's gate and up took 779.9 against 618.8 us (H100).
 #define RF_MATMUL_MMA_GATED_UP_ENTRY(name, Step, GELU)                                                            \
   extern "C" __global__ RF_TWO_PER_SM_BOUNDS void name(unsigned short* __restrict__ h16,                          \
                                                        const float* __restrict__ gate, const void* __restrict__ W, \
@@ -373,10 +370,8 @@ RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
     rf_check_wave_size();                                                                                         \
     mmq::mma_tiles<Step, mmq::kWideTileTokens, 1, false, mmq::XF16, true, GELU>(a, ws, xs, &last);               \
   }
-#define RF_MATMUL_MMA_SILU_UP_ENTRY(name, Step) RF_MATMUL_MMA_GATED_UP_ENTRY(name, Step, false)
-
-RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q4_k, mmq::Wide<false>)
-RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_q5_k, mmq::Wide<true>)
+RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_silu_up_q4_k, mmq::Wide<false>, false)
+RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_silu_up_q5_k, mmq::Wide<true>, false)
 RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_gelu_up_q4_k, mmq::Wide<false>, true)
 RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_gelu_up_q5_k, mmq::Wide<true>, true)
 #endif  // RF_MMA_KIND == RF_MMA_NV_M16N8K16
@@ -444,7 +439,7 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTok
                                RF_STAGED_X, RF_BOUNDS)                                                            \
   RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_##kind, mmq::Pair32<DirectLane>, mmq::kDirectTokens, 8, RF_BOUNDS) \
   RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_##kind, mmq::Narrow<Format>)                                     \
-  RF_MATMUL_MMA_SILU_UP_ENTRY(matmul_mma_silu_up_##kind, mmq::Narrow<Format>)
+  RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_silu_up_##kind, mmq::Narrow<Format>, false)
 RF_BLOCK32_ENTRIES(q4_0, mmq::Q4_0, mmq::Q4_0Lane, mmq::Q4_0Lane)
 RF_BLOCK32_ENTRIES(q4_1, mmq::Q4_1, mmq::Q41Lane<false>, mmq::Q41Lane<false>)
 RF_BLOCK32_ENTRIES(q5_0, mmq::Q5_0, mmq::Q5_0Lane, mmq::Q5_0Lane)
