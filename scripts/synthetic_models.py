@@ -70,6 +70,9 @@ class Shape:
         return self.heads * self.head_dim
 
 
+GEMMA2_9B = Shape(hidden=3584, layers=42, heads=16, kv_heads=8, ffn=14336, tied=True, rope_factor=0.0, context=8192,
+                  vocab=256000, rope_theta=10000.0, arch="gemma2", rms_eps=1e-6, head_size=256, post_norms=True,
+                  sliding_window=4096, attn_softcap=50.0, final_softcap=30.0)
 SHAPES = {
     "Llama-3.2-1B": Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, tied=True, rope_factor=32.0),
     "Llama-3.2-3B": Shape(hidden=3072, layers=28, heads=24, kv_heads=8, ffn=8192, tied=True, rope_factor=32.0),
@@ -84,12 +87,8 @@ SHAPES = {
     "Gemma-3-4B": Shape(hidden=2560, layers=34, heads=8, kv_heads=4, ffn=10240, tied=True, rope_factor=0.0,
                         vocab=262144, rope_theta=1000000.0, arch="gemma3", rms_eps=1e-6, qk_norm=True, head_size=256,
                         post_norms=True, sliding_window=1024),
-    "Gemma-2-9B": Shape(hidden=3584, layers=42, heads=16, kv_heads=8, ffn=14336, tied=True, rope_factor=0.0,
-                        context=8192, vocab=256000, rope_theta=10000.0, arch="gemma2", rms_eps=1e-6, head_size=256,
-                        post_norms=True, sliding_window=4096, attn_softcap=50.0, final_softcap=30.0),
-    "Gemma-2-2B": Shape(hidden=2304, layers=26, heads=8, kv_heads=4, ffn=9216, tied=True, rope_factor=0.0,
-                        context=8192, vocab=256000, rope_theta=10000.0, arch="gemma2", rms_eps=1e-6, head_size=256,
-                        post_norms=True, sliding_window=4096, attn_softcap=50.0, final_softcap=30.0),
+    "Gemma-2-9B": GEMMA2_9B,
+    "Gemma-2-2B": replace(GEMMA2_9B, hidden=2304, layers=26, heads=8, kv_heads=4, ffn=9216),
     "Phi-3-mini": Shape(hidden=3072, layers=32, heads=32, kv_heads=32, ffn=8192, tied=False, rope_factor=0.0,
                         context=4096, rope_theta=10000.0, arch="phi3", fused=True),
 }

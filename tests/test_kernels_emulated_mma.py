@@ -379,7 +379,7 @@ def silu_up_excess(harness, weight_type: str, rows: int, cols: int, n_tokens: in
     gate = matmul_mma.reference(gate_raw, weight_type, x32, rows, cols).astype(np.float32)
     gate.tofile(tmp_path / "gate")
     tiles = matmul_mma.tile_count(rows, n_tokens, matmul_mma.WIDE_TILE_TOKENS)
-    run_mma(harness, matmul_mma_swiglu.silu_up_entry(weight_type, activation), grid or tiles, matmul_mma.THREADS, rows, cols, n_tokens,
+    run_mma(harness, matmul_mma_swiglu.gated_up_entry(weight_type, activation), grid or tiles, matmul_mma.THREADS, rows, cols, n_tokens,
             matmul_mma.WIDE_TILE_TOKENS, 1, 0, 0, tmp_path / "w", tmp_path / "x", tmp_path / "gate", tmp_path / "y",
             tmp_path / "ws")
     got = np.fromfile(tmp_path / "y", np.float16).astype(np.float64).reshape(n_tokens, rows)

@@ -139,7 +139,9 @@ def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up
 SILU_UP_SIGNATURE = "ppppiiii"
 
 
-def silu_up_entry(weight_type: str, activation: str = "silu") -> str:
+def gated_up_entry(weight_type: str, activation: str = "silu") -> str:
+    """The up product's entry with `activation` in its epilogue: matmul_mma_silu_up_<type> or
+    matmul_mma_gelu_up_<type>."""
     return f"{OP}_{activation}_up_{weight_type}"
 
 
@@ -167,7 +169,7 @@ def _host_silu_up(weight_type: str, activation: str):
 
 for _activation, (_types, _, _) in ACTIVATIONS.items():
     for _type in _types:
-        cpu_kernel(silu_up_entry(_type, _activation), SILU_UP_SIGNATURE)(_host_silu_up(_type, _activation))
+        cpu_kernel(gated_up_entry(_type, _activation), SILU_UP_SIGNATURE)(_host_silu_up(_type, _activation))
 
 
 def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str, activation: str = "silu") -> bool:
@@ -184,14 +186,14 @@ def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w
                    cols: int, n_tokens: int, *, weight_type: str, activation: str = "silu") -> None:
     """h16[n_tokens, rows] = silu(gate) * (x16 @ W_up^T) as f16, in 128-token tiles (activation "gelu": GeGLU's
     gelu(gate) * (x16 @ W_up^T)); gate float32 [n_tokens, rows] (the gate product), x16 f16 [n_tokens, cols], W_up
-    [rows, cols] of `weight_type` (SILU_UP_TYPES)."""
+    [rows, cols] of `weight_type` (SILU_UP_TYPES; GELU_UP_TYPES for "gelu")."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"{OP}: the up product's activation is one of {', '.join(ACTIVATIONS)}, got {activation!r}")
     types = ACTIVATIONS[activation][0]
     if weight_type not in types:
         raise ValueError(f"{OP}: the up product with {activation} takes {', '.join(types)} weights, "
                          f"got {weight_type!r}")
-    entry = silu_up_entry(weight_type, activation)
+    entry = gated_up_entry(weight_type, activation)
     if not has_wide_tiles(device.arch):
         raise ValueError(f"{entry}: exists on NVIDIA sm_80 and later, not {device.arch}")
     check_memory(entry, "gate", gate, n_tokens * rows * 4)
