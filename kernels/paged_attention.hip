@@ -49,6 +49,7 @@
 // `out` may be `q`: every read of q happens before the writes to out of the same rows.
 #include "hip_compat.h"
 #include "paged_attention_formats.h"  // the constants and the KV formats
+#include "attention_soft_cap.h"        // the capped entries' rf_attention_soft_cap
 #include "paged_attention_tiles.h"    // a warp's walk over its keys (Walk, fetch_blocks, load_rows, consume)
 
 namespace rf_paged_attention {

@@ -28,13 +28,6 @@ struct Walk {
   float cap, two_over_cap;  // the capped kernels: softcap in the scores' base-2 units (softcap * log2(e)), and 2 / softcap
 };
 
-// softcap * tanh(S / softcap) for a score x = S log2(e) (the units the loop works in), in those units:
-// tanh(y) = 1 - 2 / (1 + exp(2y)), and exp(2 S / softcap) = exp2(x * 2 / softcap). Only expf-class
-// functions (every vendor has exp2f); at the far ends exp2f gives inf or 0 and the result +-cap exactly.
-static __device__ __forceinline__ float soft_cap(float x, float cap, float two_over_cap) {
-  return cap * (1.0f - 2.0f / (1.0f + exp2f(x * two_over_cap)));
-}
-
 static __device__ __forceinline__ int slot_key(const Walk& w, int base, int u) {
   return min(base + u * w.keys_per_warp + w.key_slot, w.last_key);
 }
@@ -94,7 +87,7 @@ static __device__ __forceinline__ void consume(const Walk& w, int base, int k_en
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int g = 0; g < NG; ++g) s[u][g] = soft_cap(s[u][g], w.cap, w.two_over_cap);
+      for (int g = 0; g < NG; ++g) s[u][g] = rf_attention_soft_cap(s[u][g], w.cap, w.two_over_cap);
   }
   if (base + U * w.keys_per_warp > k_end) {  // the split's last tile: keys past its end weigh nothing
 #pragma unroll
