@@ -10,11 +10,11 @@
 // head_dim], f16 pools [num_blocks, n_kv_heads, block_size, head_dim], block_tables int32 [n_seqs, max_blocks],
 // token_seq and positions int32 [n_tokens]; a negative position is padding, whose rows are zero).
 //
-// Work split (1-D grid; hipcore/ops/prompt_attention.py mirrors it): a workgroup of 4 warps serves one KV head,
-// `hpw` of the query heads that read it (4, 2 or 1: the most that divides the group) and 16 * 4 / hpw
-// consecutive tokens; each warp holds 16 tokens of one head, one matrix tile of rows, so every K and V row the
-// workgroup loads serves all its heads and tokens. The query tiles run from the last to the first (the last
-// tokens of a prompt see the most keys: the longest workgroups start first).
+// Work split (1-D grid; hipcore/ops/prompt_attention.py mirrors it): a workgroup of 4 warps (2 for a head of 256:
+// Tile) serves one KV head, `hpw` of the query heads that read it (4, 2 or 1: the most that divides the group and
+// the warps) and 16 * warps / hpw consecutive tokens; each warp holds 16 tokens of one head, one matrix tile of
+// rows, so every K and V row the workgroup loads serves all its heads and tokens. The query tiles run from the
+// last to the first (the last tokens of a prompt see the most keys: the longest workgroups start first).
 // - A workgroup's tokens are taken in runs of one sequence (a prompt's tokens are one run; a step that mixes
 //   sequences has several), and each run walks the keys its tokens see (from the lowest first(t) to the
 //   highest position), kKeys at a time: K and V rows go to shared memory as f16 (V transposed, as the second
@@ -30,26 +30,40 @@
 //   run (q's fragments are read from shared memory at each step instead of held, to leave the registers for them).
 // Precision: q and the weights are rounded to f16 (|scale * q| must stay below 65504; the weights are in [0, 1]);
 // K and V are the f16 pool's own values; products exact, sums in f32 (hipcore/ops/prompt_attention.py bounds it).
-// Requirements the launcher checks: head_dim a multiple of 16 up to 128; block_size a power of two; n_heads a
-// multiple of n_kv_heads; q 16-byte aligned; pools 16-byte aligned, a pool block under 2 GiB; blockDim 4 warps.
+// A soft cap (softcap > 0, Gemma 2) caps each scaled score S at softcap * tanh(S / softcap) before the softmax.
+// Requirements the launcher checks: head_dim a multiple of 16 up to 128, or 256; block_size a power of two;
+// n_heads a multiple of n_kv_heads; q 16-byte aligned; pools 16-byte aligned, a pool block under 2 GiB; blockDim
+// the tile's warps (Tile below: 4, or 2 for a head of 256).
 // `out` may be `q`: a workgroup reads all its q rows before it writes any of its out rows, and no other
 // workgroup touches them.
 #include "hip_compat.h"
 #include "matrix_cores.h"  // rf_mma: one warp's 16x16x16 f16 tile on the matrix cores
+#include "attention_soft_cap.h"  // the capped entries' rf_attention_soft_cap
 
 namespace {
 namespace rf_prompt_attention {
 
-constexpr int kWarps = 4;                        // the launch bounds' warps
-constexpr int kRows = 16;                        // a warp's query tokens: one matrix tile of rows
-constexpr int kKeys = 32;                        // keys per step
-constexpr int kMaxHeadDim = 128;
-constexpr int kQStride = kMaxHeadDim + 8;        // halves per staged q row and per K row (16-byte aligned rows
-constexpr int kKStride = kMaxHeadDim + 8;        // whose fragment loads start in different banks)
-constexpr int kVStride = kKeys + 8;              // halves per row of V^T (one head_dim element's keys)
-constexpr int kPStride = kKeys + 8;              // halves per row of a warp's weights
-constexpr int kMaxTokens = kWarps * kRows;       // a workgroup's tokens (one head per warp)
+constexpr int kRows = 16;  // a warp's query tokens: one matrix tile of rows
 constexpr float kLog2e = 1.4426950408889634f;
+
+// A head size's tile. Heads up to 128 share one layout: 4 warps (64 query tokens), 32 keys a step. A head of
+// 256 (Gemma's) takes 2 warps and 16 keys a step: its staged q, K, V^T and weights then take 39 KB of shared
+// memory (at 4 warps and 32 keys they would take 76 KB, past the 48 KB a static allocation may have on NVIDIA
+// and the 64 KB of AMD's LDS), and each warp's 16 rows of 256 accumulators leave no registers for the next
+// step's rows in flight.
+template <int HD>
+struct Tile {
+  static constexpr bool kWide = HD > 128;
+  static constexpr int kWarps = kWide ? 2 : 4;              // the launch bounds' warps
+  static constexpr int kKeys = kWide ? 16 : 32;             // keys per step
+  static constexpr int kMaxHeadDim = kWide ? HD : 128;
+  static constexpr int kQStride = kMaxHeadDim + 8;          // halves per staged q row and per K row (16-byte aligned
+  static constexpr int kKStride = kMaxHeadDim + 8;          // rows whose fragment loads start in different banks)
+  static constexpr int kVStride = kKeys + 8;                // halves per row of V^T (one head_dim element's keys)
+  static constexpr int kPStride = kKeys + 8;                // halves per row of a warp's weights
+  static constexpr int kMaxTokens = kWarps * kRows;         // a workgroup's tokens (one head per warp)
+  static constexpr int kThreads = kWarps * WARP_SIZE;
+};
 
 // The rows of an accumulator tile a lane holds, and the lanes that hold one row. NVIDIA: lane 4g + t holds rows
 // g (accumulators 0, 1, 4, 5) and g + 8 (2, 3, 6, 7), with lanes 4g .. 4g + 3. The AMD kinds and the FMA path:
@@ -77,16 +91,20 @@ struct Params {
   const int* __restrict__ positions;
   int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window;
   float scale;
-  int out_f16;  // out holds f16 values (the o product's f16 x) instead of float32
+  int out_f16;    // out holds f16 values (the o product's f16 x) instead of float32
+  float softcap;  // the capped entries: S becomes softcap * tanh(S / softcap) (the others ignore it)
 };
 
+template <int HD>
 struct Shared {
-  unsigned short q[kMaxTokens * kQStride];     // each warp's 16 query rows, f16, scaled
-  unsigned short k[kKeys * kKStride];          // the step's keys, one row each
-  unsigned short vt[kMaxHeadDim * kVStride];   // the step's values, transposed: row d holds element d of each key
-  unsigned short p[kWarps][kRows * kPStride];  // each warp's weights of the step
-  int seq[kMaxTokens];
-  int pos[kMaxTokens];
+  using T = Tile<HD>;
+  unsigned short q[T::kMaxTokens * T::kQStride];        // each warp's 16 query rows, f16, scaled
+  unsigned short k[T::kKeys * T::kKStride];             // the step's keys, one row each
+  unsigned short vt[T::kMaxHeadDim * T::kVStride];      // the step's values, transposed: row d holds element d of
+                                                        // each key
+  unsigned short p[T::kWarps][kRows * T::kPStride];     // each warp's weights of the step
+  int seq[T::kMaxTokens];
+  int pos[T::kMaxTokens];
 };
 
 static __device__ __forceinline__ unsigned int pack_halves(float lo, float hi) {
@@ -126,14 +144,13 @@ static __device__ __forceinline__ void reduce_rows(float (&v)[kLaneRows]) {
     }
 }
 
-constexpr int kThreads = kWarps * WARP_SIZE;
 // Whether the next step's K and V rows are loaded while this step's products run (NVIDIA, CDNA), or in their own
 // step, each piece stored as it arrives (RDNA, whose larger WMMA fragments leave no registers for them: they
-// spilled; the FMA path).
+// spilled; the FMA path; and the wide tile everywhere).
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16 || RF_MMA_KIND == RF_MMA_CDNA_MFMA
-constexpr bool kPrefetch = true;
+constexpr bool kPrefetchKind = true;
 #else
-constexpr bool kPrefetch = false;
+constexpr bool kPrefetchKind = false;
 #endif
 
 // One step's K and V rows (keys k0 .. k0 + kKeys - 1, those past `hi` reading key hi), loaded into registers by
@@ -141,6 +158,8 @@ constexpr bool kPrefetch = false;
 // (element d of keys 2i and 2i + 1 as one word of row d).
 template <int HD>
 struct Fetch {
+  static constexpr int kKeys = Tile<HD>::kKeys, kThreads = Tile<HD>::kThreads;
+  static constexpr int kKStride = Tile<HD>::kKStride, kVStride = Tile<HD>::kVStride;
   static constexpr int kChunks = HD / 8;                                     // 16-byte pieces of a row
   static constexpr int kKLoads = (kKeys * kChunks + kThreads - 1) / kThreads;  // per thread
   static constexpr int kVLoads = (kKeys / 2 * kChunks + kThreads - 1) / kThreads;
@@ -175,7 +194,7 @@ struct Fetch {
 
   // Both at once, a row piece at a time, with nothing held between (the kinds without prefetch).
   static __device__ __forceinline__ void load_and_store(const Params& p, const Rows& rows, int k0, int hi, int tid,
-                                                        Shared& sh) {
+                                                        Shared<HD>& sh) {
     for (int e = tid; e < kKeys * kChunks; e += kThreads) {
       const int key = e / kChunks, c = e % kChunks;
       const uint4 v = *reinterpret_cast<const uint4*>(p.k_pool + Rows::at(rows, lesser(k0 + key, hi)) + 16 * c);
@@ -190,7 +209,8 @@ struct Fetch {
   }
 
   // Element d of the 8 of piece c of keys 2 pair and 2 pair + 1 (a and b) as one word of V^T's row 8 c + d.
-  static __device__ __forceinline__ void transpose_pair(Shared& sh, int pair, int c, const uint4& a, const uint4& b) {
+  static __device__ __forceinline__ void transpose_pair(Shared<HD>& sh, int pair, int c, const uint4& a,
+                                                        const uint4& b) {
     const unsigned int wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int d = 0; d < 8; ++d) {
@@ -199,7 +219,7 @@ struct Fetch {
     }
   }
 
-  __device__ __forceinline__ void store(Shared& sh, int tid) const {
+  __device__ __forceinline__ void store(Shared<HD>& sh, int tid) const {
 #pragma unroll
     for (int i = 0; i < kKLoads; ++i) {
       const int e = tid + kThreads * i;
@@ -218,14 +238,18 @@ struct Fetch {
   }
 };
 
-template <int NT>  // head_dim / 16 matrix tiles of columns
-__device__ __forceinline__ void attend(const Params& p, Shared& sh) {
-  constexpr int HD = NT * 16;
+template <int HD, bool kCap>  // kCap: the soft-capped entries (the scores in base 2, softcap * log2(e) their cap)
+__device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
+  using T = Tile<HD>;
+  constexpr int NT = HD / 16;  // matrix tiles of columns
+  constexpr int kWarps = T::kWarps, kKeys = T::kKeys, kMaxTokens = T::kMaxTokens;
+  constexpr int kQStride = T::kQStride, kKStride = T::kKStride, kVStride = T::kVStride, kPStride = T::kPStride;
+  constexpr bool kPrefetch = kPrefetchKind && !T::kWide;
   constexpr int kKeyTiles = kKeys / 16;
   const int tid = (int)threadIdx.x, threads = (int)blockDim.x;
   const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
   const int group = p.n_heads / p.n_kv_heads;
-  const int hpw = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;  // query heads per workgroup
+  const int hpw = kWarps % 4 == 0 && group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;  // query heads per workgroup
   const int chunks = group / hpw, tokens = kRows * (kWarps / hpw);
   const int units = p.n_kv_heads * chunks;
   const int n_tiles = (p.n_tokens + tokens - 1) / tokens;
@@ -244,6 +268,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
   }
   // q staged as f16, scale * log2(e) folded in; row w * 16 + r is warp w's row r.
   const float q_scale = p.scale * kLog2e;
+  const float cap = kCap ? p.softcap * kLog2e : 0.0f, two_over_cap = kCap ? 2.0f / p.softcap : 0.0f;
   for (int e = tid; e < kMaxTokens * (HD / 4); e += threads) {
     const int R = e / (HD / 4), c = 4 * (e % (HD / 4));
     const int w = R / kRows, t = t0 + kRows * (w / hpw) + R % kRows;
@@ -330,6 +355,12 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
             rf_mma(s[n], a, b);
           }
         }
+        if (kCap) {  // before the mask: a capped -inf would mask nothing
+#pragma unroll
+          for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+            for (int e = 0; e < RF_MMA_ACC; ++e) s[n][e] = rf_attention_soft_cap(s[n][e], cap, two_over_cap);
+        }
         float mx[kLaneRows];
 #pragma unroll
         for (int r = 0; r < kLaneRows; ++r) mx[r] = -RF_INFINITY;
@@ -408,27 +439,33 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh) {
 }  // namespace rf_prompt_attention
 }  // namespace
 
-// prompt_attention_f16_d<head_dim>(out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads,
-// n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window, scale, out_f16); blockDim 4 warps; out_f16 1:
-// out is written as f16 (the o product reads it so, hipcore/model/blocks.py), 0: float32. One entry per head
-// size (multiples of 16 up to 128): each gets the registers of its own accumulators (one kernel that switched
-// over them all took the largest's and spilled on sm_90). BOUNDS: the launch bounds; head size 112 says one
-// workgroup per SM at least, without which ptxas held it to 168 registers on sm_80 and spilled 12 bytes.
-#define RF_PROMPT_ATTENTION_ENTRY(HD, BOUNDS)                                                                     \
-  extern "C" __global__ BOUNDS void prompt_attention_f16_d##HD(                                                    \
+// prompt_attention_f16_d<head_dim>[_softcap](out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens,
+// n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window, scale, out_f16, softcap); blockDim the
+// tile's warps (4; 2 for a head of 256); out_f16 1: out is written as f16 (the o product reads it so,
+// hipcore/model/blocks.py), 0: float32. One entry per head size (multiples of 16 up to 128, and 256): each gets the
+// registers of its own accumulators (one kernel that switched over them all took the largest's and spilled on
+// sm_90). The `_softcap` entries (below) cap the scores at `softcap` (Gemma 2); the others ignore it (the launcher
+// passes 0), and compile as without the cap: its arithmetic would take registers from them all.
+// BOUNDS: the launch bounds; head size 112 says one workgroup per SM at least, without which ptxas held it to 168
+// registers on sm_80 and spilled 12 bytes.
+#define RF_PROMPT_ATTENTION_KERNEL(NAME, HD, CAP, BOUNDS)                                                          \
+  extern "C" __global__ BOUNDS void NAME(                                                                          \
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,               \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions, \
       int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks,     \
-      int window, float scale, int out_f16) {                                                                      \
+      int window, float scale, int out_f16, float softcap) {                                                       \
     rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/prompt_attention.py) */                      \
-    __shared__ __attribute__((aligned(16))) rf_prompt_attention::Shared sh;                                       \
+    __shared__ __attribute__((aligned(16))) rf_prompt_attention::Shared<HD> sh;                                   \
     const rf_prompt_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                     \
                                            static_cast<const unsigned char*>(v_pool), block_tables, token_seq,     \
                                            positions, n_tokens, n_heads, n_kv_heads, head_dim, block_size,         \
-                                           max_blocks, num_blocks, window, scale, out_f16};                        \
+                                           max_blocks, num_blocks, window, scale, out_f16, softcap};               \
     rf_check_wave_size();                                                                                          \
-    if (head_dim == HD) rf_prompt_attention::attend<HD / 16>(p, sh); /* the launcher picks the entry by it */     \
+    if (head_dim == HD) rf_prompt_attention::attend<HD, CAP>(p, sh); /* the launcher picks the entry by it */     \
   }
+#define RF_PROMPT_ATTENTION_ENTRY(HD, BOUNDS) RF_PROMPT_ATTENTION_KERNEL(prompt_attention_f16_d##HD, HD, false, BOUNDS)
+#define RF_PROMPT_ATTENTION_CAPPED_ENTRY(HD, BOUNDS) \
+  RF_PROMPT_ATTENTION_KERNEL(prompt_attention_f16_d##HD##_softcap, HD, true, BOUNDS)
 
 #define RF_PROMPT_ATTENTION_BOUNDS __launch_bounds__(4 * WARP_SIZE)
 RF_PROMPT_ATTENTION_ENTRY(16, RF_PROMPT_ATTENTION_BOUNDS)
@@ -439,3 +476,8 @@ RF_PROMPT_ATTENTION_ENTRY(80, RF_PROMPT_ATTENTION_BOUNDS)
 RF_PROMPT_ATTENTION_ENTRY(96, RF_PROMPT_ATTENTION_BOUNDS)
 RF_PROMPT_ATTENTION_ENTRY(112, __launch_bounds__(4 * WARP_SIZE, 1))
 RF_PROMPT_ATTENTION_ENTRY(128, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_ENTRY(256, __launch_bounds__(2 * WARP_SIZE))
+// Capped entries for the head sizes of the models that cap their scores (Gemma 2: 128 at 27B, 256 at 2B and 9B;
+// hipcore/ops/prompt_attention.py's SOFTCAP_HEAD_DIMS): with the cap, sm_90's d32 and d64 spilled 8-12 bytes.
+RF_PROMPT_ATTENTION_CAPPED_ENTRY(128, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_CAPPED_ENTRY(256, __launch_bounds__(2 * WARP_SIZE))

@@ -55,7 +55,11 @@ def test_an_op_is_built_from_the_files_it_includes():
                                                              "gated_activation.h"]
     for op in ("silu_mul", "gelu_mul"):  # the gated activations' one definition
         assert [f.name for f in source_files(op)] == [*COMPAT, f"{op}.hip", "gated_activation.h"]
-    assert [f.name for f in source_files("prompt_attention")] == [*COMPAT, "prompt_attention.hip", "matrix_cores.h"]
+    assert [f.name for f in source_files("prompt_attention")] == [*COMPAT, "prompt_attention.hip", "matrix_cores.h",
+                                                                   "attention_soft_cap.h"]
+    assert [f.name for f in source_files("paged_attention")] == [*COMPAT, "paged_attention.hip",  # the cap's one
+                                                                  "paged_attention_formats.h",    # definition
+                                                                  "attention_soft_cap.h", "paged_attention_tiles.h"]
     assert [f.name for f in source_files("add")] == [*COMPAT, "add.hip"]
     # An op that includes nothing of its own is built from hip_compat.h's files and its source alone.
     alone = [op for op in op_names() if len(source_files(op)) == len(COMPAT) + 1]

@@ -3,12 +3,16 @@ fragments at 32 lanes, CDNA's MFMA at 64, RDNA3's and RDNA4's WMMA at 32 and the
 against tests/kernel_emulation/emulation.h's emulation of its instruction, against paged_attention's numpy
 reference within PagedSample.matrix_core_tolerance. The steps mix what the forward pass gives the kernel: a
 prompt chunk after cached tokens, a prompt from the start, decode tokens and padding in one launch (so that
-a workgroup's tokens span sequences), groups of 1 to 8 query heads, head sizes of 1 to 8 matrix tiles,
-sliding windows. Planted faults (a row reduced over too few lanes, a token that does not see itself, runs
-that ignore the sequence, a window one key short) prove the comparison catches what such a kernel gets wrong.
+a workgroup's tokens span sequences), groups of 1 to 8 query heads, head sizes of 1 to 8 matrix tiles and
+Gemma's 16 (the wide tile of 2 warps and 16 keys a step), sliding windows, Gemma 2's soft cap. Planted faults
+(a row reduced over too few lanes, a token that does not see itself, runs that ignore the sequence, a window
+one key short, the wide tile stepping over keys or splitting its heads unlike the launcher, a cap left out,
+taken in natural units or applied after the mask) prove the comparison catches what such a kernel gets wrong.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -28,7 +32,11 @@ CASES = [
     (3, 1, 16, 16, [(18, 18)], 0, 0),  # a group of 3: one head per warp and workgroup; one tile of head_dim
     (4, 2, 112, 16, [(24, 20)], 1, 0),  # head sizes 112 and 80 (the entries with 7 and 5 tiles)
     (4, 1, 80, 8, [(30, 17)], 0, 12),
+    (4, 2, 256, 16, [(40, 33), (5, 1)], 2, 0),  # Gemma's heads of 256 (Gemma-2-9B's group of 2): the wide tile
+    (4, 1, 256, 8, [(50, 35)], 0, 18),  # the wide tile's group of 4 (Gemma 3 1B's): two chunks of 2; a window
 ]
+# (case, soft cap): Gemma 2's capped entries at its head sizes, with caps small enough to change the weights
+SOFTCAP_CASES = [((4, 2, 256, 16, [(40, 33)], 1, 0), 2.0), ((8, 2, 128, 16, [(45, 40), (20, 20)], 0, 0), 3.0)]
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +45,15 @@ def harnesses(tmp_path_factory):
 
 
 def run_kernel(harness, warp: int, sample, tmp_path, out_f16: bool = False) -> np.ndarray:
-    """The kernel's output for `sample` with the launcher's geometry (NaN where it wrote nothing); out_f16: written
-    as f16 (returned as float32 values)."""
+    """The kernel's output for `sample` (its soft cap's entry) with the launcher's geometry (NaN where it wrote
+    nothing); out_f16: written as f16 (returned as float32 values)."""
     s = sample
-    grid, block = prompt_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads)
+    grid, block = prompt_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim)
     paths = write_inputs(tmp_path, q=s.q, k_pool=s.k_pool, v_pool=s.v_pool, tables=s.block_tables,
                          token_seq=s.token_seq, positions=s.positions)
-    run_mma(harness, prompt_attention.kernel_name(s.head_dim), grid, block, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim,
-            s.block_size, s.max_blocks, s.num_blocks, s.window, s.scale, *paths, tmp_path / "out", int(out_f16))
+    run_mma(harness, prompt_attention.kernel_name(s.head_dim, s.softcap > 0), grid, block, s.n_tokens, s.n_heads,
+            s.n_kv_heads, s.head_dim, s.block_size, s.max_blocks, s.num_blocks, s.window, s.scale, *paths,
+            tmp_path / "out", int(out_f16), repr(float(s.softcap)))
     return np.fromfile(tmp_path / "out", np.float16 if out_f16 else np.float32).astype(np.float32).reshape(s.q.shape)
 
 
@@ -55,10 +64,11 @@ def worst_excess(harness, warp, sample, tmp_path) -> float:
     return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / tol, np.inf)))
 
 
-def case_sample(rng, case):
+def case_sample(rng, case, softcap: float = 0.0):
     n_heads, n_kv_heads, head_dim, block_size, seqs, padding, window = case
     sample = make_sample(rng, "f16", n_heads, n_kv_heads, head_dim, block_size, seqs, padding=padding, q_scale=2.0)
-    return windowed(sample, window) if window else sample
+    sample = windowed(sample, window) if window else sample
+    return dataclasses.replace(sample, softcap=softcap) if softcap else sample
 
 
 @pytest.mark.parametrize("kind", list(MMA_KINDS))
@@ -74,6 +84,22 @@ def test_prompt_attention_matches_the_reference(harnesses, kind, tmp_path):
         assert not got[sample.positions < 0].any(), f"{kind}: padding tokens give zero rows"
 
 
+@pytest.mark.parametrize("kind", list(MMA_KINDS))
+def test_the_capped_entries_match_the_capped_reference(harnesses, kind, tmp_path):
+    """Gemma 2's soft cap: within the tolerance of the capped reference, and far from the uncapped one (the caps
+    are small enough that leaving them out would show)."""
+    warp = MMA_KINDS[kind][1]
+    rng = np.random.default_rng([35, MMA_KINDS[kind][0], warp])
+    for case, cap in SOFTCAP_CASES:
+        sample = case_sample(rng, case, cap)
+        got = run_kernel(harnesses[kind], warp, sample, tmp_path)
+        want, tol = sample.reference(), sample.matrix_core_tolerance()
+        excess = np.where(np.isfinite(got), np.abs(got - want) / tol, np.inf)
+        assert excess.max() <= 1, f"{kind} {case[:3]} cap {cap}: worst {excess.max():.2f} x tolerance"
+        uncapped = dataclasses.replace(sample, softcap=0.0).reference()
+        assert (np.abs(uncapped - want) / tol).max() > 10, "the cap must matter at this case"
+
+
 @pytest.mark.parametrize("fault,old,new,kinds,case", [
     ("a row reduced over half its lanes", "constexpr int kRowLanes = 4;", "constexpr int kRowLanes = 2;", ("nvidia_mma",), 0),
     ("a row reduced over half its lanes", "constexpr int kRowLanes = 16;", "constexpr int kRowLanes = 8;",
@@ -81,11 +107,29 @@ def test_prompt_attention_matches_the_reference(harnesses, kind, tmp_path):
     ("a token that does not see itself", "key > row_last[r]", "key >= row_last[r]", ("nvidia_mma", "cdna_mfma"), 0),
     ("runs that ignore the sequence", "sh.pos[re] >= 0 && sh.seq[re] == seq", "sh.pos[re] >= 0", ("rdna4_wmma",), 0),
     ("a window one key short", "row_last[r] - key > window_keys", "row_last[r] - key >= window_keys", ("nvidia_mma",), 2),
+    ("the wide tile stepping over the narrow one's 32 keys", "k0 <= hi; k0 += kKeys)", "k0 <= hi; k0 += 32)",
+     ("nvidia_mma", "cdna_mfma"), 7),
+    ("the wide tile's heads a workgroup not the launcher's", "group % 2 == 0 ? 2 : 1", "group % 2 == 0 && HD < 256 ? 2 : 1",
+     ("nvidia_mma",), 7),
 ])
 def test_planted_faults_are_caught(fault, old, new, kinds, case, tmp_path):
     built = build_mma_harnesses(tmp_path, kinds, kernel_edit=lambda text: text.replace(old, new), op=OP)
     rng = np.random.default_rng(32)
     sample = case_sample(rng, CASES[case])
+    for kind in kinds:
+        assert worst_excess(built[kind], MMA_KINDS[kind][1], sample, tmp_path) > 1, f"{fault} not caught on {kind}"
+
+
+@pytest.mark.parametrize("fault,old,new", [
+    ("the cap left out", "if (kCap) {", "if (false) {"),
+    ("the cap taken in natural units", "p.softcap * kLog2e : 0.0f", "p.softcap : 0.0f"),
+    ("the cap after the mask (masked keys at -cap)", "s[n][e] = -RF_INFINITY;", "s[n][e] = kCap ? -cap : -RF_INFINITY;"),
+])
+def test_planted_cap_faults_are_caught(fault, old, new, tmp_path):
+    kinds = ("nvidia_mma", "rdna3_wmma")
+    built = build_mma_harnesses(tmp_path, kinds, kernel_edit=lambda text: text.replace(old, new), op=OP)
+    case, cap = SOFTCAP_CASES[0]
+    sample = case_sample(np.random.default_rng(36), case, cap)
     for kind in kinds:
         assert worst_excess(built[kind], MMA_KINDS[kind][1], sample, tmp_path) > 1, f"{fault} not caught on {kind}"
 

@@ -159,7 +159,9 @@ def test_prompt_attention_launch_computes_attention_and_checks_its_arguments(cpu
         prompt_attention.launch(cpu_device, None, args[0], *args, **sizes, out_f16=True)
     prompt_attention.launch(cpu_device, None, args[0], *args, **sizes)  # out may be q
     np.testing.assert_array_equal(args[0].download(np.float32).reshape(s.q.shape), s.reference())
-    for bad, message in ((dict(head_dim=100), "multiple of 16"), (dict(head_dim=256), "up to 128"),
+    for bad, message in ((dict(head_dim=100), "no entry for head_dim 100"), (dict(head_dim=192), "no entry"),
+                         (dict(head_dim=64, softcap=30.0), "no entry for head_dim 64 with a soft cap"),
+                         (dict(softcap=-1.0), "softcap must be"),
                          (dict(num_blocks=s.num_blocks + 1), "v_pool needs|k_pool needs"),
                          (dict(block_size=12), "power of two")):
         with pytest.raises(ValueError, match=message):
@@ -167,17 +169,32 @@ def test_prompt_attention_launch_computes_attention_and_checks_its_arguments(cpu
 
 
 def test_prompt_attention_takes_prompt_steps_with_matrix_cores_only():
-    assert prompt_attention.takes("sm_90", 512, "f16", 128)
-    assert prompt_attention.takes("gfx942", 32, "f16", 64) and prompt_attention.takes("gfx1100", 32, "f16", 96)
-    assert not prompt_attention.takes("gfx1030", 512, "f16", 128)  # no matrix cores: paged_attention
-    assert not prompt_attention.takes("cpu", 512, "f16", 128)
-    assert not prompt_attention.takes("sm_90", 31, "f16", 128)  # too few tokens for a tile
-    assert not prompt_attention.takes("sm_90", 512, "q8_0", 128) and not prompt_attention.takes("sm_90", 512, "bf16", 128)
-    assert not prompt_attention.takes("sm_90", 512, "f16", 256)  # Gemma's heads
-    assert not prompt_attention.takes("sm_90", 512, "f16", 128, softcap=50.0)
-    # the geometry: 16 tokens x 4 heads a workgroup for Llama 3's groups of 4; 64 x 1 for the demo's 3
-    assert prompt_attention.geometry("sm_90", 512, 32, 8) == (32 * 8, 128)
-    assert prompt_attention.geometry("gfx942", 512, 9, 3) == (8 * 3 * 3, 256)
+    assert prompt_attention.takes("sm_90", 512, "f16", 128, n_heads=32)
+    assert prompt_attention.takes("gfx942", 32, "f16", 64, n_heads=9) and prompt_attention.takes("gfx1100", 32, "f16", 96, n_heads=8)
+    assert not prompt_attention.takes("gfx1030", 512, "f16", 128, n_heads=32)  # no matrix cores: paged_attention
+    assert not prompt_attention.takes("cpu", 512, "f16", 128, n_heads=32)
+    assert not prompt_attention.takes("sm_90", 31, "f16", 128, n_heads=32)  # too few tokens for a tile
+    assert not prompt_attention.takes("sm_90", 512, "q8_0", 128, n_heads=32)
+    assert not prompt_attention.takes("sm_90", 512, "bf16", 128, n_heads=32)
+    # Gemma's heads of 256 from 8,192 query rows (Gemma-2-9B's 16 heads at 512 tokens, the 8 of Gemma-3-4B at
+    # 1,024), not on RDNA (where that entry spills); Gemma 2's soft caps at its head sizes only
+    assert prompt_attention.takes("sm_90", 512, "f16", 256, n_heads=16) and prompt_attention.takes("gfx942", 1024, "f16", 256, n_heads=8)
+    assert not prompt_attention.takes("sm_90", 512, "f16", 256, n_heads=8)
+    assert not prompt_attention.takes("sm_90", 1023, "f16", 256, n_heads=8)
+    assert prompt_attention.takes("sm_90", 512, "f16", 128, n_heads=8)  # the narrow tile: no such bound
+    assert not prompt_attention.takes("gfx1100", 4096, "f16", 256, n_heads=16)
+    assert not prompt_attention.takes("gfx1201", 4096, "f16", 256, n_heads=16)
+    assert not prompt_attention.takes("sm_90", 4096, "f16", 192, n_heads=16)
+    assert not prompt_attention.takes("sm_90", 4096, "f16", 512, n_heads=16)
+    assert prompt_attention.takes("sm_90", 512, "f16", 256, softcap=50.0, n_heads=16)
+    assert prompt_attention.takes("sm_90", 512, "f16", 128, softcap=50.0, n_heads=32)
+    assert not prompt_attention.takes("sm_90", 512, "f16", 64, softcap=50.0, n_heads=32)
+    # the geometry: 16 tokens x 4 heads a workgroup for Llama 3's groups of 4; 64 x 1 for the demo's 3; heads of
+    # 256 (Gemma-2-9B's 16 over 8): 2 warps, 16 tokens x 2 heads
+    assert prompt_attention.geometry("sm_90", 512, 32, 8, 128) == (32 * 8, 128)
+    assert prompt_attention.geometry("gfx942", 512, 9, 3, 64) == (8 * 3 * 3, 256)
+    assert prompt_attention.geometry("sm_90", 512, 16, 8, 256) == (32 * 8, 64)
+    assert prompt_attention.geometry("gfx942", 100, 4, 1, 256) == (7 * 1 * 2, 128)  # Gemma 3 1B's group of 4: 2 x 16
 
 
 class RecordingKernel:

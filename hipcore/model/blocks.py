@@ -83,7 +83,7 @@ def _kv_store(ctx: StepContext, i: int, t: int) -> Launch:
 def _takes_prompt_attention(ctx: StepContext, t: int) -> bool:
     cfg = ctx.config
     return not ctx.decode and prompt_attention.takes(ctx.device.arch, t, ctx.cache.config.dtype, cfg.head_dim,
-                                                     cfg.attn_softcap)
+                                                     cfg.attn_softcap, n_heads=cfg.n_heads)
 
 
 def _attention_out_f16(ctx: StepContext, lw, t: int) -> bool:
@@ -102,7 +102,7 @@ def _paged_attention(ctx: StepContext, i: int, t: int, out_f16: bool = False) ->
             dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
             n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
             block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
-            window=cfg.layer_window(i), out_f16=out_f16))
+            window=cfg.layer_window(i), softcap=cfg.attn_softcap, out_f16=out_f16))
     if out_f16:
         raise ValueError("attention: only prompt_attention writes f16")
     workspace = b.get("attention_workspace")

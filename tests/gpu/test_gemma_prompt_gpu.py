@@ -9,6 +9,8 @@ ops, and against the same GPU with the path turned off (ROCMFORGE_SWIGLU_PAIRS=0
 Tolerance: 4e-2 of the largest logit over the top 10, the quantized families' GPU bound (tests/gpu/test_families_gpu.py:
 activations rounded to f16 or int8 against the cpu backend's float32); what a wrong activation does (SiLU for GELU, the
 gate read at another token) moves the logits by whole units.
+And the attention of heads of 256 on prompt_attention's wide tile (WIDE): the whole reduced model against the cpu
+backend, with as many heads and tokens as that tile needs.
 When $OUT is set, the figures are written to $OUT/gemma_prompt_gpu_figures.json as well.
 """
 
@@ -23,6 +25,7 @@ import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.projections import SWIGLU_PAIRS_ENV
+from hipcore.ops import prompt_attention
 from support.model_steps import step_batch
 from test_synthetic_models import write_reduced, write_tiktoken
 
@@ -32,12 +35,16 @@ MAX_RELATIVE_QUANT_LOGIT_DIFF = 4e-2
 PROMPT_TOKENS = 512
 SIZES = dict(hidden=256, heads=4, kv_heads=2, ffn=5120)
 LAYERS = {"Gemma-2-9B": 2, "Gemma-3-4B": 6}  # gemma3's sixth layer is its first global one
+# Heads of 256 on prompt_attention's wide tile (Gemma 2's with its soft cap of 50): the query rows it takes from
+# (WIDE_MIN_QUERY_ROWS), with Gemma-2-9B's 16 heads over 8 at 512 tokens and Gemma-3-4B's 8 over 4 at 1,024
+WIDE = {"Gemma-2-9B": (dict(hidden=256, heads=16, kv_heads=8, ffn=1024), 512, 50.0),
+        "Gemma-3-4B": (dict(hidden=256, heads=8, kv_heads=4, ffn=1024), 1024, 0.0)}
 
 
 def prompt_logits(path: Path, device, tokens: list[int]) -> tuple[np.ndarray, list[str]]:
     """The last token's logits of one prompt step of `tokens`, and the step's launch names."""
-    opts = LoadOptions(device="cpu" if device is None else "auto", max_seqs=1, max_step_tokens=PROMPT_TOKENS,
-                       ctx_size=PROMPT_TOKENS + 64, kv_dtype="f16")
+    opts = LoadOptions(device="cpu" if device is None else "auto", max_seqs=1, max_step_tokens=len(tokens),
+                       ctx_size=len(tokens) + 64, kv_dtype="f16")
     with load_model(str(path), opts, **({} if device is None else {"device": device})) as model:
         logits = model.runner.execute(step_batch(model.cache, [(1, tokens, 0)]))[0].astype(np.float64)
         names = [n for n, _ in model.runner.launch_plan(len(tokens), 1, all_rows=False, with_sampling=False,
@@ -72,3 +79,23 @@ def test_the_f16_geglu_prompt_matches_the_cpu_backend(gpu, tmp_path, monkeypatch
     assert np.isfinite(fused).all()
     assert figures["f16_vs_cpu"] <= MAX_RELATIVE_QUANT_LOGIT_DIFF, figures
     assert figures["f16_vs_f32"] <= MAX_RELATIVE_QUANT_LOGIT_DIFF, figures
+
+
+@pytest.mark.parametrize("shape", WIDE)
+def test_heads_of_256_on_the_matrix_cores_match_the_cpu_backend(gpu, tmp_path, shape):
+    sizes, n_tokens, softcap = WIDE[shape]
+    assert prompt_attention.takes(gpu.arch, n_tokens, "f16", 256, softcap, n_heads=sizes["heads"])
+    vocab = 256 + 4 + 256
+    path = write_reduced(tmp_path, write_tiktoken(tmp_path / "tokenizer.model"), shape, 12, layers=LAYERS[shape],
+                         **sizes)
+    tokens = [int(t) for t in np.random.default_rng(4).integers(0, vocab, n_tokens)]
+    on_cpu, _ = prompt_logits(path, None, tokens)
+    on_gpu, _ = prompt_logits(path, gpu, tokens)
+    figure = relative_top10(on_gpu, on_cpu)
+    print(f"{shape}, heads of 256 at {n_tokens} tokens: {figure:.2e}")
+    if os.environ.get("OUT"):
+        out = Path(os.environ["OUT"]) / "gemma_prompt_gpu_figures.json"
+        data = json.loads(out.read_text()) if out.exists() else {}
+        out.write_text(json.dumps({**data, f"{shape} wide attention": figure}, indent=2))
+    assert np.isfinite(on_gpu).all()
+    assert figure <= MAX_RELATIVE_QUANT_LOGIT_DIFF, figure

@@ -6,6 +6,8 @@ pass keeps paged_attention there, but the entry is built for every target and mu
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from hipcore.ops import prompt_attention
 
 pytestmark = pytest.mark.gpu
 
-# (n_heads, n_kv_heads, head_dim, block_size, sequences as (context, query tokens), padding, window)
+# (n_heads, n_kv_heads, head_dim, block_size, sequences as (context, query tokens), padding, window[, soft cap])
 CASES = {
     "llama-3 8B prompt 512": (32, 8, 128, 16, [(512, 512)], 0, 0),
     "llama-3 8B chunk after 1500 + decodes": (32, 8, 128, 16, [(1800, 300), (40, 1), (900, 1)], 3, 0),
@@ -22,21 +24,26 @@ CASES = {
     "window 100, two prompts": (8, 4, 128, 16, [(400, 333), (70, 70)], 1, 100),
     "no grouping, blocks of 256": (16, 16, 64, 256, [(700, 200)], 0, 0),
     "group of 8, blocks of 8, head 96": (8, 1, 96, 8, [(260, 129)], 2, 0),
+    "gemma-2 9B prompt 512, soft cap 50": (16, 8, 256, 16, [(512, 512)], 0, 0, 50.0),
+    "gemma-3 4B chunk after 700, window 512": (8, 4, 256, 16, [(1200, 500), (33, 1)], 2, 512),
+    "heads of 256, group of 4, soft cap 3": (4, 1, 256, 16, [(300, 300)], 0, 0, 3.0),
+    "gemma-2 27B heads of 128, soft cap 2": (32, 16, 128, 16, [(400, 200)], 1, 100, 2.0),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_prompt_attention_matches_the_reference(gpu, mem, rng, seed, case):
-    n_heads, n_kv_heads, head_dim, block_size, seqs, padding, window = CASES[case]
+    n_heads, n_kv_heads, head_dim, block_size, seqs, padding, window, *cap = CASES[case]
     s = make_sample(rng, "f16", n_heads, n_kv_heads, head_dim, block_size, seqs, padding=padding,
                     q_scale=float(rng.uniform(0.5, 3)))
     s = windowed(s, window) if window else s
+    s = dataclasses.replace(s, softcap=cap[0]) if cap else s
     inputs = [mem.upload(s.q), mem.upload(s.k_pool, "kv"), mem.upload(s.v_pool, "kv"),
               mem.upload(s.block_tables, "scratch"), mem.upload(s.token_seq, "scratch"), mem.upload(s.positions, "scratch")]
     out = mem.poisoned(s.q.nbytes)
     prompt_attention.launch(gpu, None, out, *inputs, n_tokens=s.n_tokens, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                             head_dim=s.head_dim, block_size=s.block_size, max_blocks=s.max_blocks,
-                            num_blocks=s.num_blocks, scale=s.scale, window=s.window)
+                            num_blocks=s.num_blocks, scale=s.scale, window=s.window, softcap=s.softcap)
     got = out.download(np.float32).reshape(s.q.shape)
     want, tol = s.reference(), s.matrix_core_tolerance()
     err = np.abs(got - want)
@@ -48,6 +55,6 @@ def test_prompt_attention_matches_the_reference(gpu, mem, rng, seed, case):
     out16 = mem.poisoned(s.q.nbytes // 2)
     prompt_attention.launch(gpu, None, out16, *inputs, n_tokens=s.n_tokens, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                             head_dim=s.head_dim, block_size=s.block_size, max_blocks=s.max_blocks,
-                            num_blocks=s.num_blocks, scale=s.scale, window=s.window, out_f16=True)
+                            num_blocks=s.num_blocks, scale=s.scale, window=s.window, softcap=s.softcap, out_f16=True)
     assert np.array_equal(out16.download(np.float16).reshape(s.q.shape), got.astype(np.float16)), \
         f"seed {seed} {case}: the f16 output is not the float32 output rounded"

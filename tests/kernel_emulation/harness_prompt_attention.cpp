@@ -3,8 +3,9 @@
 // fragment layouts and the FMA path all run against the emulated instructions:
 //   harness_prompt_attention <entry> <grid> <block> <n_tokens> <n_heads> <n_kv_heads> <head_dim> <block_size>
 //                            <max_blocks> <num_blocks> <window> <scale> <q> <k_pool> <v_pool> <block_tables>
-//                            <token_seq> <positions> <out> [out_f16]
-// out starts as NaN, so a row the kernel leaves unwritten shows; with out_f16 1 it is written as f16.
+//                            <token_seq> <positions> <out> [out_f16 [softcap]]
+// out starts as NaN, so a row the kernel leaves unwritten shows; with out_f16 1 it is written as f16; softcap goes
+// to the entry as given (0 unless told: the capped entries need a cap).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,15 +18,20 @@
 #include "prompt_attention.hip"
 
 int main(int argc, char** argv) {
-  if (argc != 20 && argc != 21) return 2;
-  const int out_f16 = argc == 21 ? std::atoi(argv[20]) : 0;
+  if (argc < 20 || argc > 22) return 2;
+  const int out_f16 = argc >= 21 ? std::atoi(argv[20]) : 0;
+  const float softcap = argc == 22 ? std::strtof(argv[21], nullptr) : 0.0f;
   using Attention = void (*)(float*, const float*, const void*, const void*, const int*, const int*, const int*, int,
-                             int, int, int, int, int, int, int, float, int);
+                             int, int, int, int, int, int, int, float, int, float);
+#define RF_ENTRY(name) {#name, name}
   const std::map<std::string, Attention> kernels = {
-      {"prompt_attention_f16_d16", prompt_attention_f16_d16},   {"prompt_attention_f16_d32", prompt_attention_f16_d32},
-      {"prompt_attention_f16_d48", prompt_attention_f16_d48},   {"prompt_attention_f16_d64", prompt_attention_f16_d64},
-      {"prompt_attention_f16_d80", prompt_attention_f16_d80},   {"prompt_attention_f16_d96", prompt_attention_f16_d96},
-      {"prompt_attention_f16_d112", prompt_attention_f16_d112}, {"prompt_attention_f16_d128", prompt_attention_f16_d128}};
+      RF_ENTRY(prompt_attention_f16_d16),         RF_ENTRY(prompt_attention_f16_d32),
+      RF_ENTRY(prompt_attention_f16_d48),         RF_ENTRY(prompt_attention_f16_d64),
+      RF_ENTRY(prompt_attention_f16_d80),         RF_ENTRY(prompt_attention_f16_d96),
+      RF_ENTRY(prompt_attention_f16_d112),        RF_ENTRY(prompt_attention_f16_d128),
+      RF_ENTRY(prompt_attention_f16_d256),        RF_ENTRY(prompt_attention_f16_d128_softcap),
+      RF_ENTRY(prompt_attention_f16_d256_softcap)};
+#undef RF_ENTRY
   if (!kernels.count(argv[1])) return 2;
   const Attention kernel = kernels.at(argv[1]);
   const unsigned grid = (unsigned)std::atoi(argv[2]), block = (unsigned)std::atoi(argv[3]);
@@ -38,7 +44,7 @@ int main(int argc, char** argv) {
   emu_launch(grid, block, [&] {
     kernel(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
            (const int*)token_seq.data(), (const int*)positions.data(), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7],
-           scale, out_f16);
+           scale, out_f16, softcap);
   });
   write_file(argv[19], out.data(), out.size() * (out_f16 ? 2 : 4));  // f16: the first half of the NaN-filled floats
   return 0;

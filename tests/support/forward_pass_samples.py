@@ -136,11 +136,14 @@ class PagedSample:
         instruction's sums counted twice for their order and rounding): q * scale * log2(e) rounded to f16 moves
         each score by at most u16 * scale * sum|q k|, and a weight (its score and the max) by twice that,
         relatively; each weight rounded to f16 adds u16 relatively, or 2^-25 absolutely where it is an f16
-        subnormal (below 2^-14), against a sum of weights of at least 1. So
+        subnormal (below 2^-14), against a sum of weights of at least 1 (a soft cap, whose slope is at most 1,
+        moves no score further). So
         |out - ref| <= 2 tolerance + 1.1 ((2 u16 scale max sum|q k| + u16) sum p|v| + c 2^-25 max|v|)."""
         extra = np.zeros(self.q.shape, dtype=np.float64)
         for t, h, k, v, qh in self.visible_rows():
             scores = (k @ qh) * self.scale
+            if self.softcap > 0:  # the weights are the capped scores'; the cap's slope (at most 1) passes dS on
+                scores = self.softcap * np.tanh(scores / self.softcap)
             p = np.exp(scores - scores.max())
             p /= p.sum()
             d_score = U16 * self.scale * np.abs(k * qh).sum(axis=1).max()

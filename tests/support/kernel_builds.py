@@ -37,7 +37,7 @@ EXPECTED_KERNELS = {
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
     "paged_attention": [f"paged_attention_{kv}{cap}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")],
-    "prompt_attention": [prompt_attention.kernel_name(d) for d in prompt_attention.HEAD_DIMS],
+    "prompt_attention": list(prompt_attention.KERNEL_NAMES),
     "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
     "rmsnorm": ["rmsnorm_add_f32", "rmsnorm_f32", "rmsnorm_f32_f16"],
     "rope": ["rope_f32", "rope_neox_f32"],
