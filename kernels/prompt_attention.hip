@@ -10,11 +10,12 @@
 // head_dim], f16 pools [num_blocks, n_kv_heads, block_size, head_dim], block_tables int32 [n_seqs, max_blocks],
 // token_seq and positions int32 [n_tokens]; a negative position is padding, whose rows are zero).
 //
-// Work split (1-D grid; hipcore/ops/prompt_attention.py mirrors it): a workgroup of 4 warps (2 for a head of 256:
-// Tile) serves one KV head, `hpw` of the query heads that read it (4, 2 or 1: the most that divides the group and
-// the warps) and 16 * warps / hpw consecutive tokens; each warp holds 16 tokens of one head, one matrix tile of
-// rows, so every K and V row the workgroup loads serves all its heads and tokens. The query tiles run from the
-// last to the first (the last tokens of a prompt see the most keys: the longest workgroups start first).
+// Work split (1-D grid; hipcore/ops/prompt_attention.py mirrors it): a workgroup of 4 warps serves one KV head,
+// `hpw` of the query heads that read it (4, 2 or 1: the most that divides the group and the row tiles) and 16 *
+// row tiles / hpw consecutive tokens; each row tile holds 16 tokens of one head, one matrix tile of rows, in one
+// warp (two for a head of 256, each with half the output's columns: Tile), so every K and V row the workgroup
+// loads serves all its heads and tokens. The query tiles run from the last to the first (the last tokens of a
+// prompt see the most keys: the longest workgroups start first).
 // - A workgroup's tokens are taken in runs of one sequence (a prompt's tokens are one run; a step that mixes
 //   sequences has several), and each run walks the keys its tokens see (from the lowest first(t) to the
 //   highest position), kKeys at a time: K and V rows go to shared memory as f16 (V transposed, as the second
@@ -33,7 +34,7 @@
 // A soft cap (softcap > 0, Gemma 2) caps each scaled score S at softcap * tanh(S / softcap) before the softmax.
 // Requirements the launcher checks: head_dim a multiple of 16 up to 128, or 256; block_size a power of two;
 // n_heads a multiple of n_kv_heads; q 16-byte aligned; pools 16-byte aligned, a pool block under 2 GiB; blockDim
-// the tile's warps (Tile below: 4, or 2 for a head of 256).
+// 4 warps.
 // `out` may be `q`: a workgroup reads all its q rows before it writes any of its out rows, and no other
 // workgroup touches them.
 #include "hip_compat.h"
@@ -47,21 +48,25 @@ constexpr int kRows = 16;  // a warp's query tokens: one matrix tile of rows
 constexpr float kLog2e = 1.4426950408889634f;
 
 // A head size's tile. Heads up to 128 share one layout: 4 warps (64 query tokens), 32 keys a step. A head of
-// 256 (Gemma's) takes 2 warps and 16 keys a step: its staged q, K, V^T and weights then take 39 KB of shared
-// memory (at 4 warps and 32 keys they would take 76 KB, past the 48 KB a static allocation may have on NVIDIA
-// and the 64 KB of AMD's LDS), and each warp's 16 rows of 256 accumulators leave no registers for the next
-// step's rows in flight.
+// 256 (Gemma's) takes 2 row tiles (32 query tokens) and 16 keys a step: its staged q, K, V^T and weights then
+// take 39 KB of shared memory (at 4 row tiles and 32 keys they would take 76 KB, past the 48 KB a static
+// allocation may have on NVIDIA and the 64 KB of AMD's LDS). Each of its row tiles is held by two warps that
+// both compute its scores and weights and each accumulate half of its output's columns: 16 rows of 256
+// accumulators in one warp left no registers for the next step's rows in flight, and 2 warps a workgroup too few
+// to hide a step's latencies (paged_attention was faster below ~8,000 query rows on an H200).
 template <int HD>
 struct Tile {
   static constexpr bool kWide = HD > 128;
-  static constexpr int kWarps = kWide ? 2 : 4;              // the launch bounds' warps
+  static constexpr int kWarps = 4;                          // the launch bounds' warps
+  static constexpr int kColumnSplit = kWide ? 2 : 1;        // warps that share a row tile, each with its columns
+  static constexpr int kRowWarps = kWarps / kColumnSplit;   // row tiles (16 query tokens of one head) a workgroup
   static constexpr int kKeys = kWide ? 16 : 32;             // keys per step
   static constexpr int kMaxHeadDim = kWide ? HD : 128;
   static constexpr int kQStride = kMaxHeadDim + 8;          // halves per staged q row and per K row (16-byte aligned
   static constexpr int kKStride = kMaxHeadDim + 8;          // rows whose fragment loads start in different banks)
   static constexpr int kVStride = kKeys + 8;                // halves per row of V^T (one head_dim element's keys)
-  static constexpr int kPStride = kKeys + 8;                // halves per row of a warp's weights
-  static constexpr int kMaxTokens = kWarps * kRows;         // a workgroup's tokens (one head per warp)
+  static constexpr int kPStride = kKeys + 8;                // halves per row of a row tile's weights
+  static constexpr int kMaxTokens = kRowWarps * kRows;      // a workgroup's tokens (one head per row tile)
   static constexpr int kThreads = kWarps * WARP_SIZE;
 };
 
@@ -98,11 +103,11 @@ struct Params {
 template <int HD>
 struct Shared {
   using T = Tile<HD>;
-  unsigned short q[T::kMaxTokens * T::kQStride];        // each warp's 16 query rows, f16, scaled
+  unsigned short q[T::kMaxTokens * T::kQStride];        // each row tile's 16 query rows, f16, scaled
   unsigned short k[T::kKeys * T::kKStride];             // the step's keys, one row each
   unsigned short vt[T::kMaxHeadDim * T::kVStride];      // the step's values, transposed: row d holds element d of
                                                         // each key
-  unsigned short p[T::kWarps][kRows * T::kPStride];     // each warp's weights of the step
+  unsigned short p[T::kRowWarps][kRows * T::kPStride];  // each row tile's weights of the step
   int seq[T::kMaxTokens];
   int pos[T::kMaxTokens];
 };
@@ -146,7 +151,7 @@ static __device__ __forceinline__ void reduce_rows(float (&v)[kLaneRows]) {
 
 // Whether the next step's K and V rows are loaded while this step's products run (NVIDIA, CDNA), or in their own
 // step, each piece stored as it arrives (RDNA, whose larger WMMA fragments leave no registers for them: they
-// spilled; the FMA path; and the wide tile everywhere).
+// spilled; the FMA path).
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16 || RF_MMA_KIND == RF_MMA_CDNA_MFMA
 constexpr bool kPrefetchKind = true;
 #else
@@ -242,23 +247,25 @@ template <int HD, bool kCap>  // kCap: the soft-capped entries (the scores in ba
 __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
   using T = Tile<HD>;
   constexpr int NT = HD / 16;  // matrix tiles of columns
-  constexpr int kWarps = T::kWarps, kKeys = T::kKeys, kMaxTokens = T::kMaxTokens;
+  constexpr int kRowWarps = T::kRowWarps, kKeys = T::kKeys, kMaxTokens = T::kMaxTokens;
   constexpr int kQStride = T::kQStride, kKStride = T::kKStride, kVStride = T::kVStride, kPStride = T::kPStride;
-  constexpr bool kPrefetch = kPrefetchKind && !T::kWide;
+  constexpr int NO = NT / T::kColumnSplit;  // the output's column tiles a warp accumulates
+  constexpr bool kPrefetch = kPrefetchKind;
   constexpr int kKeyTiles = kKeys / 16;
   const int tid = (int)threadIdx.x, threads = (int)blockDim.x;
   const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+  const int row_warp = warp / T::kColumnSplit, part = warp % T::kColumnSplit;  // its row tile, its columns' share
   const int group = p.n_heads / p.n_kv_heads;
-  const int hpw = kWarps % 4 == 0 && group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;  // query heads per workgroup
-  const int chunks = group / hpw, tokens = kRows * (kWarps / hpw);
+  const int hpw = kRowWarps % 4 == 0 && group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;  // query heads per workgroup
+  const int chunks = group / hpw, tokens = kRows * (kRowWarps / hpw);
   const int units = p.n_kv_heads * chunks;
   const int n_tiles = (p.n_tokens + tokens - 1) / tokens;
   const int tile = n_tiles - 1 - (int)blockIdx.x / units;  // the last query tiles first
   if (tile < 0) return;  // uniform: workgroups past the launch's tiles
   const int unit = (int)blockIdx.x % units, kv_head = unit / chunks;
   const int first_head = kv_head * group + (unit % chunks) * hpw;
-  const int head = first_head + warp % hpw;  // this warp's head and first token of the workgroup's
-  const int row0 = kRows * (warp / hpw);
+  const int head = first_head + row_warp % hpw;  // this warp's head and first token of the workgroup's
+  const int row0 = kRows * (row_warp / hpw);
   const int t0 = tile * tokens;
 
   for (int i = tid; i < tokens; i += threads) {
@@ -266,7 +273,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
     sh.seq[i] = t < p.n_tokens ? p.token_seq[t] : 0;
     sh.pos[i] = t < p.n_tokens ? p.positions[t] : -1;
   }
-  // q staged as f16, scale * log2(e) folded in; row w * 16 + r is warp w's row r.
+  // q staged as f16, scale * log2(e) folded in; row w * 16 + r is row tile w's row r.
   const float q_scale = p.scale * kLog2e;
   const float cap = kCap ? p.softcap * kLog2e : 0.0f, two_over_cap = kCap ? 2.0f / p.softcap : 0.0f;
   for (int e = tid; e < kMaxTokens * (HD / 4); e += threads) {
@@ -282,7 +289,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
   __syncthreads();
   // q's fragments are loaded from shared memory at every step rather than kept: the registers go to the next
   // step's K and V rows in flight, which hide the loads' latency (block table, then rows) behind the products.
-  const unsigned short* my_q = sh.q + warp * kRows * kQStride;
+  const unsigned short* my_q = sh.q + row_warp * kRows * kQStride;
 
   int block_shift = 0;
   while ((1 << block_shift) < p.block_size) ++block_shift;
@@ -290,14 +297,15 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
   Rows rows = {nullptr, (unsigned int)p.num_blocks, (unsigned int)(p.n_kv_heads * p.block_size) * row_bytes, row_bytes,
                block_shift, p.block_size - 1, (unsigned long long)kv_head * p.block_size * row_bytes};
 
-  float o[NT][RF_MMA_ACC], m[kLaneRows], l[kLaneRows];  // l: this lane's part of its rows' sums until the end
+  // o: this warp's columns 16 (part NO + c) + ..; l: this lane's part of its rows' sums until the end
+  float o[NO][RF_MMA_ACC], m[kLaneRows], l[kLaneRows];
 #pragma unroll
   for (int r = 0; r < kLaneRows; ++r) m[r] = -RF_INFINITY, l[r] = 0.0f;
 #pragma unroll
-  for (int c = 0; c < NT; ++c)
+  for (int c = 0; c < NO; ++c)
 #pragma unroll
     for (int e = 0; e < RF_MMA_ACC; ++e) o[c][e] = 0.0f;
-  unsigned short* my_p = sh.p[warp];
+  unsigned short* my_p = sh.p[row_warp];
 
   for (int rb = 0; rb < tokens;) {  // runs of one sequence (uniform: every thread reads the same shared values)
     if (sh.pos[rb] < 0) {
@@ -389,12 +397,13 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
         for (int e = 0; e < RF_MMA_ACC; ++e) {
           const int r = lane_row_of(e);
 #pragma unroll
-          for (int c = 0; c < NT; ++c) o[c][e] *= mx[r];
+          for (int c = 0; c < NO; ++c) o[c][e] *= mx[r];
 #pragma unroll
           for (int n = 0; n < kKeyTiles; ++n) {
             const float w = exp2f(s[n][e] - ref[r]);
             l[r] += w;
-            my_p[rf_mma_acc_row(lane, e) * kPStride + 16 * n + rf_mma_acc_col(lane, e)] = rf_float_to_f16(w);
+            if (part == 0)  // a row tile's warps have the same weights: one writes them
+              my_p[rf_mma_acc_row(lane, e) * kPStride + 16 * n + rf_mma_acc_col(lane, e)] = rf_float_to_f16(w);
           }
         }
       }
@@ -405,9 +414,9 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
           RfMmaA a;
           rf_mma_load_a(a, my_p + 16 * n, kPStride);
 #pragma unroll
-          for (int c = 0; c < NT; ++c) {
+          for (int c = 0; c < NO; ++c) {
             RfMmaB b;
-            rf_mma_load_b(b, sh.vt + 16 * c * kVStride + 16 * n, kVStride);
+            rf_mma_load_b(b, sh.vt + 16 * (part * NO + c) * kVStride + 16 * n, kVStride);
             rf_mma(o[c], a, b);
           }
         }
@@ -427,11 +436,12 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
     if (p.out_f16) {  // uniform: a kernel argument
       unsigned short* out_row = reinterpret_cast<unsigned short*>(p.out) + row;
 #pragma unroll
-      for (int c = 0; c < NT; ++c) out_row[16 * c + rf_mma_acc_col(lane, e)] = rf_float_to_f16(o[c][e] * inv);
+      for (int c = 0; c < NO; ++c)
+        out_row[16 * (part * NO + c) + rf_mma_acc_col(lane, e)] = rf_float_to_f16(o[c][e] * inv);
     } else {
       float* out_row = p.out + row;
 #pragma unroll
-      for (int c = 0; c < NT; ++c) out_row[16 * c + rf_mma_acc_col(lane, e)] = o[c][e] * inv;
+      for (int c = 0; c < NO; ++c) out_row[16 * (part * NO + c) + rf_mma_acc_col(lane, e)] = o[c][e] * inv;
     }
   }
 }
@@ -440,8 +450,8 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
 }  // namespace
 
 // prompt_attention_f16_d<head_dim>[_softcap](out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens,
-// n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window, scale, out_f16, softcap); blockDim the
-// tile's warps (4; 2 for a head of 256); out_f16 1: out is written as f16 (the o product reads it so,
+// n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, window, scale, out_f16, softcap); blockDim 4
+// warps; out_f16 1: out is written as f16 (the o product reads it so,
 // hipcore/model/blocks.py), 0: float32. One entry per head size (multiples of 16 up to 128, and 256): each gets the
 // registers of its own accumulators (one kernel that switched over them all took the largest's and spilled on
 // sm_90). The `_softcap` entries (below) cap the scores at `softcap` (Gemma 2); the others ignore it (the launcher
@@ -476,8 +486,8 @@ RF_PROMPT_ATTENTION_ENTRY(80, RF_PROMPT_ATTENTION_BOUNDS)
 RF_PROMPT_ATTENTION_ENTRY(96, RF_PROMPT_ATTENTION_BOUNDS)
 RF_PROMPT_ATTENTION_ENTRY(112, __launch_bounds__(4 * WARP_SIZE, 1))
 RF_PROMPT_ATTENTION_ENTRY(128, RF_PROMPT_ATTENTION_BOUNDS)
-RF_PROMPT_ATTENTION_ENTRY(256, __launch_bounds__(2 * WARP_SIZE))
+RF_PROMPT_ATTENTION_ENTRY(256, RF_PROMPT_ATTENTION_BOUNDS)
 // Capped entries for the head sizes of the models that cap their scores (Gemma 2: 128 at 27B, 256 at 2B and 9B;
 // hipcore/ops/prompt_attention.py's SOFTCAP_HEAD_DIMS): with the cap, sm_90's d32 and d64 spilled 8-12 bytes.
 RF_PROMPT_ATTENTION_CAPPED_ENTRY(128, RF_PROMPT_ATTENTION_BOUNDS)
-RF_PROMPT_ATTENTION_CAPPED_ENTRY(256, __launch_bounds__(2 * WARP_SIZE))
+RF_PROMPT_ATTENTION_CAPPED_ENTRY(256, RF_PROMPT_ATTENTION_BOUNDS)

@@ -4,10 +4,11 @@ against tests/kernel_emulation/emulation.h's emulation of its instruction, again
 reference within PagedSample.matrix_core_tolerance. The steps mix what the forward pass gives the kernel: a
 prompt chunk after cached tokens, a prompt from the start, decode tokens and padding in one launch (so that
 a workgroup's tokens span sequences), groups of 1 to 8 query heads, head sizes of 1 to 8 matrix tiles and
-Gemma's 16 (the wide tile of 2 warps and 16 keys a step), sliding windows, Gemma 2's soft cap. Planted faults
-(a row reduced over too few lanes, a token that does not see itself, runs that ignore the sequence, a window
-one key short, the wide tile stepping over keys or splitting its heads unlike the launcher, a cap left out,
-taken in natural units or applied after the mask) prove the comparison catches what such a kernel gets wrong.
+Gemma's 16 (the wide tile: two warps a row tile, each with half the columns, and 16 keys a step), sliding
+windows, Gemma 2's soft cap. Planted faults (a row reduced over too few lanes, a token that does not see itself,
+runs that ignore the sequence, a window one key short, the wide tile stepping over keys, reading another warp's
+columns or splitting its heads unlike the launcher, a cap left out, taken in natural units or applied after the
+mask) prove the comparison catches what such a kernel gets wrong.
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ def test_the_capped_entries_match_the_capped_reference(harnesses, kind, tmp_path
     ("a window one key short", "row_last[r] - key > window_keys", "row_last[r] - key >= window_keys", ("nvidia_mma",), 2),
     ("the wide tile stepping over the narrow one's 32 keys", "k0 <= hi; k0 += kKeys)", "k0 <= hi; k0 += 32)",
      ("nvidia_mma", "cdna_mfma"), 7),
+    ("a column split's second warp reading the first's V columns", "sh.vt + 16 * (part * NO + c) * kVStride",
+     "sh.vt + 16 * c * kVStride", ("nvidia_mma", "rdna3_wmma"), 7),
     ("the wide tile's heads a workgroup not the launcher's", "group % 2 == 0 ? 2 : 1", "group % 2 == 0 && HD < 256 ? 2 : 1",
      ("nvidia_mma",), 7),
 ])

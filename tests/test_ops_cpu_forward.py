@@ -169,32 +169,27 @@ def test_prompt_attention_launch_computes_attention_and_checks_its_arguments(cpu
 
 
 def test_prompt_attention_takes_prompt_steps_with_matrix_cores_only():
-    assert prompt_attention.takes("sm_90", 512, "f16", 128, n_heads=32)
-    assert prompt_attention.takes("gfx942", 32, "f16", 64, n_heads=9) and prompt_attention.takes("gfx1100", 32, "f16", 96, n_heads=8)
-    assert not prompt_attention.takes("gfx1030", 512, "f16", 128, n_heads=32)  # no matrix cores: paged_attention
-    assert not prompt_attention.takes("cpu", 512, "f16", 128, n_heads=32)
-    assert not prompt_attention.takes("sm_90", 31, "f16", 128, n_heads=32)  # too few tokens for a tile
-    assert not prompt_attention.takes("sm_90", 512, "q8_0", 128, n_heads=32)
-    assert not prompt_attention.takes("sm_90", 512, "bf16", 128, n_heads=32)
-    # Gemma's heads of 256 from 8,192 query rows (Gemma-2-9B's 16 heads at 512 tokens, the 8 of Gemma-3-4B at
-    # 1,024), not on RDNA (where that entry spills); Gemma 2's soft caps at its head sizes only
-    assert prompt_attention.takes("sm_90", 512, "f16", 256, n_heads=16) and prompt_attention.takes("gfx942", 1024, "f16", 256, n_heads=8)
-    assert not prompt_attention.takes("sm_90", 512, "f16", 256, n_heads=8)
-    assert not prompt_attention.takes("sm_90", 1023, "f16", 256, n_heads=8)
-    assert prompt_attention.takes("sm_90", 512, "f16", 128, n_heads=8)  # the narrow tile: no such bound
-    assert not prompt_attention.takes("gfx1100", 4096, "f16", 256, n_heads=16)
-    assert not prompt_attention.takes("gfx1201", 4096, "f16", 256, n_heads=16)
-    assert not prompt_attention.takes("sm_90", 4096, "f16", 192, n_heads=16)
-    assert not prompt_attention.takes("sm_90", 4096, "f16", 512, n_heads=16)
-    assert prompt_attention.takes("sm_90", 512, "f16", 256, softcap=50.0, n_heads=16)
-    assert prompt_attention.takes("sm_90", 512, "f16", 128, softcap=50.0, n_heads=32)
-    assert not prompt_attention.takes("sm_90", 512, "f16", 64, softcap=50.0, n_heads=32)
+    assert prompt_attention.takes("sm_90", 512, "f16", 128)
+    assert prompt_attention.takes("gfx942", 32, "f16", 64) and prompt_attention.takes("gfx1100", 32, "f16", 96)
+    assert not prompt_attention.takes("gfx1030", 512, "f16", 128)  # no matrix cores: paged_attention
+    assert not prompt_attention.takes("cpu", 512, "f16", 128)
+    assert not prompt_attention.takes("sm_90", 31, "f16", 128)  # too few tokens for a tile
+    assert not prompt_attention.takes("sm_90", 512, "q8_0", 128)
+    assert not prompt_attention.takes("sm_90", 512, "bf16", 128)
+    # Gemma's heads of 256 (not on RDNA4, where that entry spills), Gemma 2's soft caps at its head sizes only
+    assert prompt_attention.takes("sm_90", 512, "f16", 256) and prompt_attention.takes("gfx942", 32, "f16", 256)
+    assert prompt_attention.takes("gfx1100", 512, "f16", 256) and not prompt_attention.takes("gfx1201", 512, "f16", 256)
+    assert prompt_attention.takes("gfx1201", 512, "f16", 128)
+    assert not prompt_attention.takes("sm_90", 512, "f16", 192) and not prompt_attention.takes("sm_90", 512, "f16", 512)
+    assert prompt_attention.takes("sm_90", 512, "f16", 256, softcap=50.0)
+    assert prompt_attention.takes("sm_90", 512, "f16", 128, softcap=50.0)
+    assert not prompt_attention.takes("sm_90", 512, "f16", 64, softcap=50.0)
     # the geometry: 16 tokens x 4 heads a workgroup for Llama 3's groups of 4; 64 x 1 for the demo's 3; heads of
-    # 256 (Gemma-2-9B's 16 over 8): 2 warps, 16 tokens x 2 heads
+    # 256 (Gemma-2-9B's 16 over 8): 2 row tiles of 2 warps each, 16 tokens x 2 heads
     assert prompt_attention.geometry("sm_90", 512, 32, 8, 128) == (32 * 8, 128)
     assert prompt_attention.geometry("gfx942", 512, 9, 3, 64) == (8 * 3 * 3, 256)
-    assert prompt_attention.geometry("sm_90", 512, 16, 8, 256) == (32 * 8, 64)
-    assert prompt_attention.geometry("gfx942", 100, 4, 1, 256) == (7 * 1 * 2, 128)  # Gemma 3 1B's group of 4: 2 x 16
+    assert prompt_attention.geometry("sm_90", 512, 16, 8, 256) == (32 * 8, 128)
+    assert prompt_attention.geometry("gfx942", 100, 4, 1, 256) == (7 * 1 * 2, 256)  # Gemma 3 1B's group of 4: 2 x 16
 
 
 class RecordingKernel:

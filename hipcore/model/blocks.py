@@ -83,7 +83,7 @@ def _kv_store(ctx: StepContext, i: int, t: int) -> Launch:
 def _takes_prompt_attention(ctx: StepContext, t: int) -> bool:
     cfg = ctx.config
     return not ctx.decode and prompt_attention.takes(ctx.device.arch, t, ctx.cache.config.dtype, cfg.head_dim,
-                                                     cfg.attn_softcap, n_heads=cfg.n_heads)
+                                                     cfg.attn_softcap)
 
 
 def _attention_out_f16(ctx: StepContext, lw, t: int) -> bool:

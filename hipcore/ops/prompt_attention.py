@@ -13,12 +13,12 @@ per head size, each with the registers of its own accumulators), signature
     (out p, q p, k_pool p, v_pool p, block_tables p, token_seq p, positions p,
      n_tokens i, n_heads i, n_kv_heads i, head_dim i, block_size i, max_blocks i, num_blocks i, window i, scale f,
      out_f16 i, softcap f)
-with paged_attention's layouts. A head up to 128 takes a workgroup of 4 warps (64 query tokens a workgroup at
-most), a head of 256 one of 2 (32 tokens; its tiles' shared memory and accumulators, the kernel's Tile). The
-forward pass takes it (`takes`) for steps that are not decode steps, of at least MIN_TOKENS tokens, with an
-f16 cache, a head size of HEAD_DIMS (and of SOFTCAP_HEAD_DIMS with a soft cap), on a GPU with matrix cores
-(matmul_mma.has_matrix_cores); a head of 256 from WIDE_MIN_QUERY_ROWS query rows and not on RDNA (its WMMA
-fragments spill that entry's registers); everything else stays on paged_attention.
+with paged_attention's layouts. A workgroup has 4 warps: for a head up to 128 each holds a tile of 16 query
+rows (64 query tokens a workgroup at most), for a head of 256 two share one, each with half its output's
+columns (32 tokens; its tiles' shared memory and accumulators, the kernel's Tile). The forward pass takes it
+(`takes`) for steps that are not decode steps, of at least MIN_TOKENS tokens, with an f16 cache, a head size of
+HEAD_DIMS (and of SOFTCAP_HEAD_DIMS with a soft cap), on a GPU with matrix cores (matmul_mma.has_matrix_cores);
+a head of 256 not on RDNA4 (that entry spills a few registers there); everything else stays on paged_attention.
 
 Precision: q (scaled) and the weights are rounded to f16, K and V are the cache's f16 values, the products
 are exact and summed in f32 (tests/support/forward_pass_samples.py's matrix_core_tolerance bounds the
@@ -41,22 +41,17 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "prompt_attention"
 SIGNATURE = "ppppppp iiiiiiii f i f"
-WARPS = 4  # per workgroup of a head up to NARROW_MAX_HEAD_DIM: the kernel's launch bounds
-WIDE_WARPS = 2  # per workgroup of a head of WIDE_HEAD_DIM
-ROWS = 16  # query tokens per warp: one matrix tile
+WARPS = 4  # per workgroup: the kernel's launch bounds
+WIDE_COLUMN_SPLIT = 2  # warps that share a tile of query rows for a head of WIDE_HEAD_DIM, each with its columns
+ROWS = 16  # query tokens per row tile: one matrix tile
 HEAD_DIM_MULTIPLE = 16
 NARROW_MAX_HEAD_DIM = 128
 WIDE_HEAD_DIM = 256  # Gemma's heads (the kernel's wide Tile)
 HEAD_DIMS = (*range(HEAD_DIM_MULTIPLE, NARROW_MAX_HEAD_DIM + 1, HEAD_DIM_MULTIPLE), WIDE_HEAD_DIM)  # an entry each
 SOFTCAP_HEAD_DIMS = (128, 256)  # Gemma 2's heads (27B; 2B and 9B): a soft-capped entry each
 MIN_TOKENS = 32  # fewer query tokens: paged_attention (a workgroup's 16-64 token tile would be mostly empty)
-# The wide tile's workgroups of 2 warps, one or two an SM at a 512-token prompt of 8 heads, leave its steps' latency
-# unhidden: below this many query rows (tokens x heads) paged_attention was faster. Measured on an NVIDIA H200 (132
-# SMs), pp against the tree before: Gemma-3-4B (8 heads) 768 tokens 0.93, 1,024 1.00, 1,536 1.18; Gemma-2-2B (8)
-# 512 0.95, 768 1.04; Gemma-2-9B (16) 512 1.11.
-WIDE_MIN_QUERY_ROWS = 8192
 KV_DTYPE = "f16"
-_RDNA = re.compile(r"gfx1[12][0-9a-f]{2}$")
+_RDNA4 = re.compile(r"gfx12[0-9a-f]{2}$")
 
 
 def kernel_name(head_dim: int, softcap: bool = False) -> str:
@@ -66,29 +61,29 @@ def kernel_name(head_dim: int, softcap: bool = False) -> str:
 KERNEL_NAMES = (*(kernel_name(d) for d in HEAD_DIMS), *(kernel_name(d, True) for d in SOFTCAP_HEAD_DIMS))
 
 
-def warps(head_dim: int) -> int:
-    """A workgroup's warps for this head size (the kernel's Tile)."""
-    return WIDE_WARPS if head_dim > NARROW_MAX_HEAD_DIM else WARPS
+def row_tiles(head_dim: int) -> int:
+    """A workgroup's tiles of 16 query rows for this head size (the kernel's Tile: one a warp, one per two warps for
+    a head of 256)."""
+    return WARPS // WIDE_COLUMN_SPLIT if head_dim > NARROW_MAX_HEAD_DIM else WARPS
 
 
 def heads_per_workgroup(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
-    """Query heads one workgroup serves: 4, 2 or 1, the most that divides the group and the warps (the kernel's
-    hpw)."""
+    """Query heads one workgroup serves: 4, 2 or 1, the most that divides the group and the row tiles (the
+    kernel's hpw)."""
     group = n_heads // n_kv_heads
-    return 4 if warps(head_dim) % 4 == 0 and group % 4 == 0 else 2 if group % 2 == 0 else 1
+    return 4 if row_tiles(head_dim) % 4 == 0 and group % 4 == 0 else 2 if group % 2 == 0 else 1
 
 
 def tokens_per_workgroup(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
-    """Consecutive query tokens one workgroup serves: 16 per warp, the warps not spent on heads."""
-    return ROWS * (warps(head_dim) // heads_per_workgroup(n_heads, n_kv_heads, head_dim))
+    """Consecutive query tokens one workgroup serves: 16 per row tile, the row tiles not spent on heads."""
+    return ROWS * (row_tiles(head_dim) // heads_per_workgroup(n_heads, n_kv_heads, head_dim))
 
 
 def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int) -> tuple[int, int]:
-    """(grid, block): a workgroup of the head size's warps per (query tile, KV head, chunk of the group's query
-    heads)."""
+    """(grid, block): a workgroup of 4 warps per (query tile, KV head, chunk of the group's query heads)."""
     chunks = (n_heads // n_kv_heads) // heads_per_workgroup(n_heads, n_kv_heads, head_dim)
     tiles = -(-n_tokens // tokens_per_workgroup(n_heads, n_kv_heads, head_dim))
-    return tiles * n_kv_heads * chunks, warps(head_dim) * wavefront_size(arch)
+    return tiles * n_kv_heads * chunks, WARPS * wavefront_size(arch)
 
 
 def supports(kv_dtype: str, head_dim: int, softcap: float = 0.0) -> bool:
@@ -96,12 +91,12 @@ def supports(kv_dtype: str, head_dim: int, softcap: float = 0.0) -> bool:
     return kv_dtype == KV_DTYPE and head_dim in (SOFTCAP_HEAD_DIMS if softcap else HEAD_DIMS)
 
 
-def takes(arch: str, n_tokens: int, kv_dtype: str, head_dim: int, softcap: float = 0.0, *, n_heads: int) -> bool:
-    """Whether a step of n_tokens query tokens of n_heads heads that is not a decode step runs its attention here
-    on `arch` (the rest: paged_attention). Decode steps never do: each of their tokens is its own sequence, which
-    would leave 15 of a warp's 16 rows empty. A head of 256: from WIDE_MIN_QUERY_ROWS query rows, and not on
-    RDNA (that entry spills there: its WMMA fragments hold 16 halves a lane, twice NVIDIA's and CDNA's)."""
-    if head_dim > NARROW_MAX_HEAD_DIM and (_RDNA.match(arch) or n_tokens * n_heads < WIDE_MIN_QUERY_ROWS):
+def takes(arch: str, n_tokens: int, kv_dtype: str, head_dim: int, softcap: float = 0.0) -> bool:
+    """Whether a step of n_tokens query tokens that is not a decode step runs its attention here on `arch`
+    (the rest: paged_attention). Decode steps never do: each of their tokens is its own sequence, which
+    would leave 15 of a warp's 16 rows empty. A head of 256 not on RDNA4: that entry spills 16-24 bytes
+    there (its WMMA fragments hold 16 halves a lane, twice NVIDIA's and CDNA's)."""
+    if head_dim > NARROW_MAX_HEAD_DIM and _RDNA4.match(arch):
         return False
     return n_tokens >= MIN_TOKENS and has_matrix_cores(arch) and supports(kv_dtype, head_dim, softcap)
 

@@ -10,7 +10,7 @@ Tolerance: 4e-2 of the largest logit over the top 10, the quantized families' GP
 activations rounded to f16 or int8 against the cpu backend's float32); what a wrong activation does (SiLU for GELU, the
 gate read at another token) moves the logits by whole units.
 And the attention of heads of 256 on prompt_attention's wide tile (WIDE): the whole reduced model against the cpu
-backend, with as many heads and tokens as that tile needs.
+backend.
 When $OUT is set, the figures are written to $OUT/gemma_prompt_gpu_figures.json as well.
 """
 
@@ -35,8 +35,8 @@ MAX_RELATIVE_QUANT_LOGIT_DIFF = 4e-2
 PROMPT_TOKENS = 512
 SIZES = dict(hidden=256, heads=4, kv_heads=2, ffn=5120)
 LAYERS = {"Gemma-2-9B": 2, "Gemma-3-4B": 6}  # gemma3's sixth layer is its first global one
-# Heads of 256 on prompt_attention's wide tile (Gemma 2's with its soft cap of 50): the query rows it takes from
-# (WIDE_MIN_QUERY_ROWS), with Gemma-2-9B's 16 heads over 8 at 512 tokens and Gemma-3-4B's 8 over 4 at 1,024
+# Heads of 256 on prompt_attention's wide tile (Gemma 2's with its soft cap of 50), Gemma-2-9B's 16 heads over 8
+# and Gemma-3-4B's 8 over 4
 WIDE = {"Gemma-2-9B": (dict(hidden=256, heads=16, kv_heads=8, ffn=1024), 512, 50.0),
         "Gemma-3-4B": (dict(hidden=256, heads=8, kv_heads=4, ffn=1024), 1024, 0.0)}
 
@@ -84,7 +84,7 @@ def test_the_f16_geglu_prompt_matches_the_cpu_backend(gpu, tmp_path, monkeypatch
 @pytest.mark.parametrize("shape", WIDE)
 def test_heads_of_256_on_the_matrix_cores_match_the_cpu_backend(gpu, tmp_path, shape):
     sizes, n_tokens, softcap = WIDE[shape]
-    assert prompt_attention.takes(gpu.arch, n_tokens, "f16", 256, softcap, n_heads=sizes["heads"])
+    assert prompt_attention.takes(gpu.arch, n_tokens, "f16", 256, softcap)
     vocab = 256 + 4 + 256
     path = write_reduced(tmp_path, write_tiktoken(tmp_path / "tokenizer.model"), shape, 12, layers=LAYERS[shape],
                          **sizes)
