@@ -56,7 +56,7 @@ def test_an_op_is_built_from_the_files_it_includes():
     for op in ("silu_mul", "gelu_mul"):  # the gated activations' one definition
         assert [f.name for f in source_files(op)] == [*COMPAT, f"{op}.hip", "gated_activation.h"]
     assert [f.name for f in source_files("prompt_attention")] == [*COMPAT, "prompt_attention.hip", "matrix_cores.h",
-                                                                   "attention_soft_cap.h"]
+                                                                   "attention_soft_cap.h", "prompt_attention_tiles.h"]
     assert [f.name for f in source_files("paged_attention")] == [*COMPAT, "paged_attention.hip",  # the cap's one
                                                                   "paged_attention_formats.h",    # definition
                                                                   "attention_soft_cap.h", "paged_attention_tiles.h"]
