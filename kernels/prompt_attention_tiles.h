@@ -93,6 +93,11 @@ struct Fetch {
   static constexpr int kChunks = HD / 8;                                     // 16-byte pieces of a row
   static constexpr int kKLoads = (kKeys * kChunks + kThreads - 1) / kThreads;  // per thread
   static constexpr int kVLoads = (kKeys / 2 * kChunks + kThreads - 1) / kThreads;
+  // issue and store deal V's pieces to lanes pair by pair (pair = e % kPairs): a warp's transposed words of one
+  // element then lie in consecutive words of a row of V^T, 2 (narrow) or 4 (wide) lanes a bank of shared memory.
+  // Dealt piece by piece, as K's are (and as load_and_store still does: RDNA's registers took it worse), a lane's
+  // row was 8 rows (96 or 160 words, whole multiples of the 32 banks) from the next lane's: 16 or 32 lanes a bank.
+  static constexpr int kPairs = kKeys / 2;
   uint4 k[kKLoads], va[kVLoads], vb[kVLoads];
 
   // Member by member, as matmul.hip loads its prefetched x: a whole-struct copy into an array element put the
@@ -115,7 +120,7 @@ struct Fetch {
     for (int i = 0; i < kVLoads; ++i) {
       const int e = tid + kThreads * i;
       if (e < kKeys / 2 * kChunks) {
-        const int pair = e / kChunks, c = e % kChunks;
+        const int pair = e % kPairs, c = e / kPairs;
         copy(va[i], p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair, hi)) + 16 * c);
         copy(vb[i], p.v_pool + Rows::at(rows, lesser(k0 + 2 * pair + 1, hi)) + 16 * c);
       }
@@ -162,7 +167,7 @@ struct Fetch {
     for (int i = 0; i < kVLoads; ++i) {
       const int e = tid + kThreads * i;
       if (e < kKeys / 2 * kChunks) {
-        transpose_pair(sh, e / kChunks, e % kChunks, va[i], vb[i]);
+        transpose_pair(sh, e % kPairs, e / kPairs, va[i], vb[i]);
       }
     }
   }
