@@ -89,7 +89,6 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
   constexpr int kRowWarps = T::kRowWarps, kKeys = T::kKeys, kMaxTokens = T::kMaxTokens;
   constexpr int kQStride = T::kQStride, kKStride = T::kKStride, kVStride = T::kVStride, kPStride = T::kPStride;
   constexpr int NO = NT / T::kColumnSplit;  // the output's column tiles a warp accumulates
-  constexpr bool kPrefetch = kPrefetchKind;
   constexpr int kKeyTiles = kKeys / 16;
   const int tid = (int)threadIdx.x, threads = (int)blockDim.x;
   const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;

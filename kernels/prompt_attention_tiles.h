@@ -78,9 +78,9 @@ struct Rows {
 // step, each piece stored as it arrives (RDNA, whose larger WMMA fragments leave no registers for them: they
 // spilled; the FMA path).
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16 || RF_MMA_KIND == RF_MMA_CDNA_MFMA
-constexpr bool kPrefetchKind = true;
+constexpr bool kPrefetch = true;
 #else
-constexpr bool kPrefetchKind = false;
+constexpr bool kPrefetch = false;
 #endif
 
 // One step's K and V rows (keys k0 .. k0 + kKeys - 1, those past `hi` reading key hi), loaded into registers by
