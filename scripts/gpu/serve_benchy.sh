@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# `rocmforge serve` under llama-benchy (PyPI; the load generator issue 14 names), beside `rocmforge bench -b 32`.
+# llama-benchy sends each level's clients together, one batch a run, streaming /v1/chat/completions, and
+# reports a batch's generation throughput as the tokens after each request's first, over the time from the
+# batch's first token to its last: the decode phase, as llama-batched-bench's S_TG and `rocmforge bench -b`
+# measure it, with the HTTP path (the engine's process, the HTTP process, SSE, the client) inside it. The
+# prompts' evaluation is its own figure (pp t/s, time to first token). scripts/gpu/serve_bench.sh measures
+# the same server under llm-benchmark-runner, whose clients go in rounds and whose figure counts the rounds'
+# gaps too.
+#
+#   bash scripts/gpu/serve_benchy.sh MODEL OUTDIR [CONCURRENCIES]      (CONCURRENCIES default "1 8 32 64")
+#
+# The GPU machine reaches no network: llama-benchy's tokenizer is written from the model's own vocabulary
+# (scripts/gguf_tokenizer_json.py) and its corpus is this repository's README and docs/architecture.md,
+# placed where llama-benchy caches a downloaded book. Knobs: as serve_bench.sh's (DEVICE, PROMPT_TOKENS,
+# OUTPUT_TOKENS, PORT, WHEELS, SERVE_ARGS, BENCH_BATCH, BENCH_REPS) and RUNS (llama-benchy's runs a level, 3).
+# Exit 0 when llama-benchy and bench ran and the server exited 0 after SIGTERM (every KV block back).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ $# -ge 2 ] || { echo "usage: $0 MODEL OUTDIR [CONCURRENCIES]" >&2; exit 2; }
+MODEL="$1"; OUT="$2"; LEVELS=(${3:-1 8 32 64})
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+DEVICE="${DEVICE:-auto}" BENCH_BATCH="${BENCH_BATCH:-32}" BENCH_REPS="${BENCH_REPS:-3}" RUNS="${RUNS:-3}"
+. scripts/gpu/serve_bench_lib.sh
+sb_init
+
+sb_install "import starlette, uvicorn, gguf, prometheus_client, typer, rich, regex, jinja2, httpx, httptools, uvloop" \
+  starlette uvicorn gguf prometheus-client typer rich regex jinja2 httpx httptools uvloop
+# llama-benchy without its transformers requirement: it loads a local tokenizer.json with `tokenizers` alone.
+if ! "$PY" -c "import llama_benchy, aiohttp, pydantic, tabulate, tokenizers, requests" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --find-links "$WHEELS" aiohttp pydantic tabulate requests tokenizers >> "$OUT/pip.log" 2>&1
+  "$PY" -m pip install -q --no-index --no-deps --find-links "$WHEELS" llama-benchy >> "$OUT/pip.log" 2>&1 \
+    || { note "llama-benchy not installable from $WHEELS"; exit 1; }
+fi
+"$PY" -m pip list 2>/dev/null | grep -iE "^(starlette|uvicorn|httptools|uvloop|llama-benchy|aiohttp|tokenizers) " > "$OUT/packages.txt"
+
+"$PY" scripts/gguf_tokenizer_json.py "$MODEL" "$OUT/tokenizer.json" > /dev/null || { note "no tokenizer.json"; exit 1; }
+BOOK_URL="file:///rocmforge-corpus"
+CACHE="$HOME/.cache/llama-benchy"; mkdir -p "$CACHE"
+cat README.md docs/architecture.md > "$CACHE/$("$PY" -c "import hashlib, sys; print(hashlib.md5(sys.argv[1].encode()).hexdigest())" "$BOOK_URL").txt"
+
+sb_start_server "rocmforge serve" "$PY" -m rocmforge_cli.app serve -m "$MODEL" --device "$DEVICE" --host 127.0.0.1 \
+  --port "$PORT" --parallel "$MAXC" --queue "$MAXC" --ctx-size "$CTX" --ignore-eos --model-name "$NAME" ${SERVE_ARGS:-}
+before=$(metric rocmforge_generated_tokens_total); t0=$SECONDS
+note "llama-benchy at ${LEVELS[*]} clients, $RUNS runs a level, pp $PROMPT_TOKENS, tg $OUTPUT_TOKENS"
+"$PY" -m llama_benchy --base-url "$URL/v1" --model "$NAME" --tokenizer "$OUT/tokenizer.json" --book-url "$BOOK_URL" \
+  --pp "$PROMPT_TOKENS" --tg "$OUTPUT_TOKENS" --concurrency "${LEVELS[@]}" --runs "$RUNS" --skip-coherence \
+  --format json --save-result "$OUT/benchy.json" > "$OUT/benchy.log" 2>&1 || { note "llama-benchy failed"; status=1; }
+after=$(metric rocmforge_generated_tokens_total)
+echo "$before $after $(( SECONDS - t0 ))" > "$OUT/server_tokens.txt"
+sb_stop_server
+grep -a "^shutdown:" "$OUT/server.log" | tail -1 > "$OUT/shutdown_line.txt"
+[ "$SERVER_RC" -eq 0 ] || status=1
+
+note "rocmforge bench -b $BENCH_BATCH"
+"$PY" -m rocmforge_cli.app bench -m "$MODEL" --device "$DEVICE" -p 0 -n 0 -b "$BENCH_BATCH" --batch-gen "$OUTPUT_TOKENS" \
+  -r "$BENCH_REPS" -o json -q > "$OUT/bench_b32.json" 2> "$OUT/bench.log" || { note "bench failed (see bench.log)"; status=1; }
+"$PY" scripts/gpu/serve_benchy_report.py "$OUT" | tee "$OUT/summary.md" || status=1
+note "done, status $status"
+exit $status

@@ -1,0 +1,86 @@
+"""The summary of scripts/gpu/serve_benchy.sh: llama-benchy's levels beside `rocmforge bench -b 32`.
+
+    python3 scripts/gpu/serve_benchy_report.py OUTDIR
+
+Reads OUTDIR/benchy.json (llama-benchy's JSON report), OUTDIR/bench_b32.json (`rocmforge bench -o json`) and
+OUTDIR/shutdown_line.txt; prints a markdown table, one row a level: llama-benchy's generation throughput (the
+batch's tokens after each request's first, over its first token to its last), its prompt throughput and time
+to first token (means over the runs, ± their spread), then the 32-client throughput over bench -b 32. Exit 1
+when a file is missing or llama-benchy reported no level.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+TARGET = 0.8  # issue 14: the HTTP layer costs at most 20% of bench -b 32
+
+
+def _metric(run: dict, key: str) -> tuple[float, float] | None:
+    m = run.get(key)
+    return None if not m else (float(m["mean"]), float(m["std"]))
+
+
+def _cell(m: tuple[float, float] | None, digits: int = 0) -> str:
+    return "-" if m is None else f"{m[0]:,.{digits}f} ± {m[1]:,.{digits}f}"
+
+
+def bench_b(path: Path) -> tuple[str, float, float] | None:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    for r in report.get("results", []):
+        if r["test"].startswith("b"):
+            return r["test"], float(r["mean"]), float(r["sd"])
+    return None
+
+
+def summary(outdir: Path) -> tuple[str, bool]:
+    runs = [r for r in json.loads((outdir / "benchy.json").read_text()).get("benchmarks", [])
+            if not r.get("is_context_prefill_phase")]
+    lines = ["| clients | generation t/s (decode phase) | per request t/s | prompt t/s | time to first token ms |",
+             "| ---: | ---: | ---: | ---: | ---: |"]
+    by_clients = {}
+    for r in sorted(runs, key=lambda r: r["concurrency"]):
+        by_clients[r["concurrency"]] = r
+        lines.append(f"| {r['concurrency']} | {_cell(_metric(r, 'tg_throughput'))} | "
+                     f"{_cell(_metric(r, 'tg_req_throughput'), 1)} | {_cell(_metric(r, 'pp_throughput'))} | "
+                     f"{_cell(_metric(r, 'e2e_ttft'), 1)} |")
+    bench = bench_b(outdir / "bench_b32.json")
+    if bench is None:
+        lines.append("\n- rocmforge bench: no result (see bench.log)")
+        return "\n".join(lines) + "\n", False
+    test, mean, sd = bench
+    lines.append(f"\n- rocmforge bench {test}: {mean:,.1f} ± {sd:,.1f} t/s (decode steps only)")
+    batch = int(test[1:].split("x")[0])
+    level = by_clients.get(batch)
+    tg = None if level is None else _metric(level, "tg_throughput")
+    if tg is not None and mean > 0:
+        ratio = tg[0] / mean
+        verdict = "met" if ratio >= TARGET else "NOT met"
+        lines.append(f"- llama-benchy's generation throughput at {batch} clients / bench {test}: {ratio:.2f} "
+                     f"(target >= {TARGET:.2f}: {verdict})")
+    shutdown = outdir / "shutdown_line.txt"
+    if shutdown.exists() and shutdown.read_text().strip():
+        lines.append(f"- the server's shutdown check: {shutdown.read_text().strip()}")
+    return "\n".join(lines) + "\n", bool(runs)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        text, ok = summary(Path(argv[0]))
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"no summary: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
