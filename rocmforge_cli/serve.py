@@ -26,7 +26,7 @@ def serve_command(
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
     kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", help="KV cache size in blocks (default: enough for the context).", show_default=False)] = None,
     kv_memory: Annotated[Optional[str], typer.Option("--kv-memory", help="KV cache size as memory, e.g. 2GiB or 50% (of free memory).", show_default=False)] = None,
-    step_tokens: Annotated[int, typer.Option("--step-tokens", help="Prompt tokens evaluated per engine step (longer prompts go in chunks).")] = 512,
+    step_tokens: Annotated[int, typer.Option("--step-tokens", help="Prompt tokens evaluated per engine step, beside the running requests' decoding (longer prompts go in chunks). More takes a burst of prompts in fewer steps, at the cost of activation memory (the memory plan shows it) and of longer pauses for streams under way; llama-server's --batch-size default is the same.")] = 2048,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 16,
     device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ROCMFORGE_API_KEY", help="Require `Authorization: Bearer KEY` on every /v1 route.", show_default=False)] = None,
