@@ -45,13 +45,13 @@ def test_ratio_is_the_32_client_generation_throughput_over_bench(tmp_path):
     text, ok = report.summary(tmp_path)
     assert ok
     assert "| 32 | 3,300 ± 33 |" in text and "| 1 | 400 ± 4 |" in text
-    assert "/ bench b32x128: 0.82 (target >= 0.80: met)" in text
+    assert "/ rocmforge bench b32x128: 0.82 (target >= 0.80: met)" in text
     assert "every KV block returned" in text
 
 
 def test_a_ratio_below_the_target_says_not_met(tmp_path):
     _write(tmp_path, [_run(32, 3000.0)], 4000.0)
-    assert "0.75 (target >= 0.80: NOT met)" in report.summary(tmp_path)[0]
+    assert "/ rocmforge bench b32x128: 0.75 (target >= 0.80: NOT met)" in report.summary(tmp_path)[0]
 
 
 def test_missing_bench_or_levels_fail(tmp_path):
@@ -85,3 +85,24 @@ def test_tokenizer_json_refuses_other_vocabularies(tmp_path):
     path = write_tiny_llama(tmp_path / "m.gguf", tokenizer="llama")
     with pytest.raises(SystemExit, match="only byte-level BPE"):
         gguf_tokenizer_json.tokenizer_json(read_plan(path).metadata)
+
+
+def test_llama_batched_bench_names_itself_in_the_ratio(tmp_path):
+    _write(tmp_path, [_run(32, 2600.0)], None)
+    (tmp_path / "bench_b32.json").write_text(json.dumps(
+        {"tool": "llama-batched-bench", "results": [{"test": "b32x128", "mean": 3250.0, "sd": 20.0}]}))
+    text = report.summary(tmp_path)[0]
+    assert "- llama-batched-bench b32x128: 3,250.0 ± 20.0 t/s" in text
+    assert "/ llama-batched-bench b32x128: 0.80 (target >= 0.80: met)" in text
+
+
+def test_batched_reads_s_tg_of_the_measured_runs(tmp_path):
+    # a stand-in for llama-batched-bench: one JSON line per -npl entry (the first is the warm-up, not counted)
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text("#!/usr/bin/env python3\nimport json, sys\nnpl = sys.argv[sys.argv.index('-npl') + 1].split(',')\n"
+                    "for i, b in enumerate(npl):\n"
+                    "    print(json.dumps({'pl': int(b), 'speed_tg': 1000.0 if i == 0 else 3000.0 + 100 * i}))\n")
+    fake.chmod(0o755)
+    doc = report.batched(str(fake), str(tmp_path / "m.gguf"), 32, 128, 2)
+    assert doc["tool"] == "llama-batched-bench"
+    assert doc["results"] == [{"test": "b32x128", "mean": 3150.0, "sd": pytest.approx(70.7106781)}]

@@ -13,8 +13,13 @@
 # The GPU machine reaches no network: llama-benchy's tokenizer is written from the model's own vocabulary
 # (scripts/gguf_tokenizer_json.py) and its corpus is this repository's README and docs/architecture.md,
 # placed where llama-benchy caches a downloaded book. Knobs: as serve_bench.sh's (DEVICE, PROMPT_TOKENS,
-# OUTPUT_TOKENS, PORT, WHEELS, SERVE_ARGS, BENCH_BATCH, BENCH_REPS) and RUNS (llama-benchy's runs a level, 3).
-# Exit 0 when llama-benchy and bench ran and the server exited 0 after SIGTERM (every KV block back).
+# OUTPUT_TOKENS, PORT, WHEELS, SERVE_ARGS, BENCH_BATCH, BENCH_REPS), RUNS (llama-benchy's runs a level, 3) and
+# BENCHY_ARGS (more llama-benchy options, e.g. `--extra-body temperature=0`).
+# With LLAMA_SERVER (the binary scripts/gpu/build_llama_cpp.sh builds) the same load goes to llama.cpp's
+# llama-server, started as scripts/gpu/llama_server_bench.sh starts it (the same sampling, no prompt cache), and
+# llama-batched-bench beside it (-npp 1 -ntg OUTPUT_TOKENS -npl BENCH_BATCH -fa on, its S_TG) takes bench's place.
+# Exit 0 when llama-benchy and bench ran and the server exited 0 after SIGTERM (rocmforge serve: every KV block
+# back; llama-server's exit code is recorded, not judged).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 2 ] || { echo "usage: $0 MODEL OUTDIR [CONCURRENCIES]" >&2; exit 2; }
@@ -39,22 +44,37 @@ BOOK_URL="file:///rocmforge-corpus"
 CACHE="$HOME/.cache/llama-benchy"; mkdir -p "$CACHE"
 cat README.md docs/architecture.md > "$CACHE/$("$PY" -c "import hashlib, sys; print(hashlib.md5(sys.argv[1].encode()).hexdigest())" "$BOOK_URL").txt"
 
-sb_start_server "rocmforge serve" "$PY" -m rocmforge_cli.app serve -m "$MODEL" --device "$DEVICE" --host 127.0.0.1 \
-  --port "$PORT" --parallel "$MAXC" --queue "$MAXC" --ctx-size "$CTX" --ignore-eos --model-name "$NAME" ${SERVE_ARGS:-}
-before=$(metric rocmforge_generated_tokens_total); t0=$SECONDS
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  COUNTER=llamacpp:tokens_predicted_total
+  "$LLAMA_SERVER" --version 2>&1 | grep -m1 '^version' > "$OUT/llama_server_version.txt"
+  sb_start_server "llama-server" "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
+    -np "$MAXC" -c "$(( CTX * MAXC ))" --cont-batching -fa on -ngl "${NGL:-99}" --ignore-eos --metrics \
+    --temp 1 --top-k 0 --top-p 1 --min-p 0 --no-cache-prompt --cache-ram 0 ${LLAMA_SERVER_ARGS:-}
+else
+  COUNTER=rocmforge_generated_tokens_total
+  sb_start_server "rocmforge serve" "$PY" -m rocmforge_cli.app serve -m "$MODEL" --device "$DEVICE" --host 127.0.0.1 \
+    --port "$PORT" --parallel "$MAXC" --queue "$MAXC" --ctx-size "$CTX" --ignore-eos --model-name "$NAME" ${SERVE_ARGS:-}
+fi
+before=$(metric "$COUNTER"); t0=$SECONDS
 note "llama-benchy at ${LEVELS[*]} clients, $RUNS runs a level, pp $PROMPT_TOKENS, tg $OUTPUT_TOKENS"
 "$PY" -m llama_benchy --base-url "$URL/v1" --model "$NAME" --tokenizer "$OUT/tokenizer.json" --book-url "$BOOK_URL" \
   --pp "$PROMPT_TOKENS" --tg "$OUTPUT_TOKENS" --concurrency "${LEVELS[@]}" --runs "$RUNS" --skip-coherence \
-  --format json --save-result "$OUT/benchy.json" > "$OUT/benchy.log" 2>&1 || { note "llama-benchy failed"; status=1; }
-after=$(metric rocmforge_generated_tokens_total)
+  ${BENCHY_ARGS:-} --format json --save-result "$OUT/benchy.json" > "$OUT/benchy.log" 2>&1 || { note "llama-benchy failed"; status=1; }
+after=$(metric "$COUNTER")
 echo "$before $after $(( SECONDS - t0 ))" > "$OUT/server_tokens.txt"
 sb_stop_server
 grep -a "^shutdown:" "$OUT/server.log" | tail -1 > "$OUT/shutdown_line.txt"
-[ "$SERVER_RC" -eq 0 ] || status=1
-
-note "rocmforge bench -b $BENCH_BATCH"
-"$PY" -m rocmforge_cli.app bench -m "$MODEL" --device "$DEVICE" -p 0 -n 0 -b "$BENCH_BATCH" --batch-gen "$OUTPUT_TOKENS" \
-  -r "$BENCH_REPS" -o json -q > "$OUT/bench_b32.json" 2> "$OUT/bench.log" || { note "bench failed (see bench.log)"; status=1; }
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  BATCHED="${LLAMA_BATCHED_BENCH:-$(dirname "$LLAMA_SERVER")/llama-batched-bench}"
+  note "llama-batched-bench -npl $BENCH_BATCH"
+  "$PY" scripts/gpu/serve_benchy_report.py batched "$BATCHED" "$MODEL" "$BENCH_BATCH" "$OUTPUT_TOKENS" "$BENCH_REPS" \
+    > "$OUT/bench_b32.json" 2> "$OUT/bench.log" || { note "llama-batched-bench failed (see bench.log)"; status=1; }
+else
+  [ "$SERVER_RC" -eq 0 ] || status=1
+  note "rocmforge bench -b $BENCH_BATCH"
+  "$PY" -m rocmforge_cli.app bench -m "$MODEL" --device "$DEVICE" -p 0 -n 0 -b "$BENCH_BATCH" --batch-gen "$OUTPUT_TOKENS" \
+    -r "$BENCH_REPS" -o json -q > "$OUT/bench_b32.json" 2> "$OUT/bench.log" || { note "bench failed (see bench.log)"; status=1; }
+fi
 "$PY" scripts/gpu/serve_benchy_report.py "$OUT" | tee "$OUT/summary.md" || status=1
 note "done, status $status"
 exit $status
