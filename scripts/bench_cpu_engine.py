@@ -17,6 +17,9 @@ machine too: the load average is printed beside the figures):
                   decode rate, without prompt evaluation)
   step ms         mean time of a decode-only step (one token for every running request)
   TTFT s          mean time from submission to a request's first token
+  burst tok/s     llama-benchy's generation throughput of a batch: the tokens after each request's first over the
+                  time from the first request's first token to the last request's last (the engine alone under
+                  scripts/gpu/serve_benchy.sh's load: beside the server's figure, what the HTTP layer costs)
 
 --rounds-of K --rounds R: the load of scripts/gpu/serve_bench.sh's load generator instead, without HTTP: the
 concurrency's requests in groups of K (as its processes hold their clients), each group submitting its K
@@ -59,28 +62,38 @@ def run_once(engine, prompts: list[list[int]], gen_tokens: int, sampling: str = 
     from hipcore.engine.sampler import SamplingParams
 
     params = SamplingParams(**SAMPLING[sampling], max_tokens=gen_tokens, seed=TOKEN_SEED)
+    submitted = time.perf_counter()
     ids = [engine.submit(p, params) for p in prompts]
     decode_seconds, decode_tokens, decode_steps = 0.0, 0, 0
+    ended: dict[int, float] = {}  # request id -> when the step that ended it returned (its last token read)
     start = time.perf_counter()
     while engine.has_work():
         prompt_before, generated_before = engine.stats.prompt_tokens, engine.stats.generated_tokens
         t0 = time.perf_counter()
         engine.step()
-        seconds = time.perf_counter() - t0
+        now = time.perf_counter()
+        seconds = now - t0
         if engine.stats.prompt_tokens == prompt_before:  # a decode-only step
             decode_seconds += seconds
             decode_tokens += engine.stats.generated_tokens - generated_before
             decode_steps += 1
+        for i in ids:
+            if i not in ended and engine.finished_record(i) is not None:
+                ended[i] = now
     wall = time.perf_counter() - start
     records = [engine.finished_record(i) for i in ids]
     generated = sum(len(r.generated_tokens[0]) for r in records)
     prompt = sum(len(p) for p in prompts)
+    first = min(submitted + (r.time_to_first_token or 0.0) for r in records)
+    after_first = sum(max(0, len(r.generated_tokens[0]) - 1) for r in records)
+    window = max(ended.values()) - first if ended else 0.0
     return {
         "requests": len(prompts), "prompt_tokens": prompt, "generated_tokens": generated, "wall_s": wall,
         "total_tok_s": (prompt + generated) / wall, "gen_tok_s": generated / wall,
         "decode_tok_s": decode_tokens / decode_seconds if decode_seconds else 0.0,
         "decode_step_ms": 1e3 * decode_seconds / decode_steps if decode_steps else 0.0,
         "ttft_s": statistics.mean(r.time_to_first_token or 0.0 for r in records),
+        "burst_tok_s": after_first / window if window > 0 else 0.0, "burst_window_s": window,
         "endings": sorted({r.ending.value for r in records}),
     }
 
@@ -117,7 +130,7 @@ def run_rounds(engine, vocab: int, concurrency: int, group: int, rounds: int, pr
         "requests": len(ids), "prompt_tokens": prompt, "generated_tokens": generated, "wall_s": wall,
         "total_tok_s": (prompt + generated) / wall, "gen_tok_s": generated / wall, "decode_tok_s": 0.0,
         "decode_step_ms": 0.0, "ttft_s": statistics.mean(r.time_to_first_token or 0.0 for r in records),
-        "endings": sorted({r.ending.value for r in records}), "rounds_of": group, "rounds": rounds,
+        "burst_tok_s": 0.0, "burst_window_s": 0.0, "endings": sorted({r.ending.value for r in records}), "rounds_of": group, "rounds": rounds,
     }
 
 
@@ -197,11 +210,12 @@ def main() -> int:
           f"KV {args.kv_dtype}")
     print(f"{m['cpu']}, {m['cpu_count']} CPUs, load average {m['load_average'][0]:.1f}, numpy {m['numpy']}, "
           f"commit {m['commit']}, {m['date']}")
-    header = f"{'requests':>8} {'total tok/s':>12} {'gen tok/s':>10} {'decode tok/s':>13} {'step ms':>8} {'TTFT s':>7} {'wall s':>7}"
+    header = (f"{'requests':>8} {'total tok/s':>12} {'gen tok/s':>10} {'decode tok/s':>13} {'burst tok/s':>12} "
+              f"{'step ms':>8} {'TTFT s':>7} {'wall s':>7}")
     print(header)
     for r in results:
         print(f"{r['requests']:>8} {r['total_tok_s']:>12.1f} {r['gen_tok_s']:>10.1f} {r['decode_tok_s']:>13.1f} "
-              f"{r['decode_step_ms']:>8.0f} {r['ttft_s']:>7.2f} {r['wall_s']:>7.1f}")
+              f"{r['burst_tok_s']:>12.1f} {r['decode_step_ms']:>8.0f} {r['ttft_s']:>7.2f} {r['wall_s']:>7.1f}")
     return 0
 
 

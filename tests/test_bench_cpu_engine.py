@@ -39,3 +39,17 @@ def test_rounds_of_a_group_follow_each_other_and_groups_overlap(tmp_path_factory
         assert result["requests"] == 12 and result["generated_tokens"] == 12 * 6 and result["endings"] == ["length"]
         assert [g for g, _ in submitted].count(0) == [g for g, _ in submitted].count(1) == 6
         assert most_active == 4  # both groups submitted at once, never more than the concurrency
+
+
+
+def test_burst_window_starts_at_the_first_token_and_counts_tokens_after_each_first(tmp_path_factory):
+    # max_seqs 2 of 3 requests: the third's prompt waits until the first two have ended, so the batch's window
+    # (llama-benchy's: the first request's first token to the last request's last) holds every decode-only step
+    # and the third's prompt step too: its rate is below the decode-only steps'
+    with load_tiny(tiny_model(tmp_path_factory), max_seqs=2, kv_blocks=80) as model:
+        prompts = bench_cpu_engine.bench_prompts(model.config.vocab_size, 3, 5)
+        result = bench_cpu_engine.run_once(model.engine, prompts, 6)
+    assert result["generated_tokens"] == 18 and result["endings"] == ["length"]
+    assert 0 < result["burst_window_s"] <= result["wall_s"]
+    assert abs(result["burst_tok_s"] * result["burst_window_s"] - 15) < 1e-6  # 6 - 1 tokens of each request
+    assert 0 < result["burst_tok_s"] < result["decode_tok_s"]
