@@ -35,6 +35,7 @@ class MemoryPlan:
     kv_config: KvCacheConfig
     ctx_size: int
     max_seqs: int
+    max_step_tokens: int = 0  # prompt tokens a step: what the activations are sized for
 
     @property
     def needed(self) -> int:
@@ -75,9 +76,16 @@ class MemoryPlan:
         if self.fits:
             return
         blocks, tokens = self.largest_kv_that_fits()
+        step = self.activations + self.scratch
+        fewer_step_tokens = (f"fewer prompt tokens a step (serve's --step-tokens; steps of {self.max_step_tokens} tokens "
+                             f"for {self.max_seqs} sequences take {format_bytes(step)})")
         if blocks > 0:
             advice = (f"the KV cache could hold {tokens} tokens ({blocks} blocks): use --ctx-size {tokens} "
                       f"or --kv-blocks {blocks}, or a smaller --kv-dtype (q8_0)")
+            if step * 4 > self.needed:  # the activations are a large share: shrinking them is an answer too
+                advice += f", or {fewer_step_tokens}"
+        elif self.weights <= self.free - self.margin:
+            advice = f"the weights fit but not with a step's activations: use {fewer_step_tokens} or fewer --parallel sequences"
         else:
             advice = "the weights alone do not fit: use a smaller or more quantized model, or another device"
         raise DeviceOutOfMemory(
@@ -157,4 +165,5 @@ def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_s
         activations=sum(n for n, tag in sizes.values() if tag == "activations"),
         scratch=sum(n for n, tag in sizes.values() if tag == "scratch"),
         free=info.free, total=info.total, margin=margin, kv_config=kv_config, ctx_size=ctx_size, max_seqs=max_seqs,
+        max_step_tokens=max_step_tokens,
     )
