@@ -130,7 +130,8 @@ def run_rounds(engine, vocab: int, concurrency: int, group: int, rounds: int, pr
         "requests": len(ids), "prompt_tokens": prompt, "generated_tokens": generated, "wall_s": wall,
         "total_tok_s": (prompt + generated) / wall, "gen_tok_s": generated / wall, "decode_tok_s": 0.0,
         "decode_step_ms": 0.0, "ttft_s": statistics.mean(r.time_to_first_token or 0.0 for r in records),
-        "burst_tok_s": 0.0, "burst_window_s": 0.0, "endings": sorted({r.ending.value for r in records}), "rounds_of": group, "rounds": rounds,
+        "burst_tok_s": 0.0, "burst_window_s": 0.0,  # a burst's figure: run_once's loads only
+        "endings": sorted({r.ending.value for r in records}), "rounds_of": group, "rounds": rounds,
     }
 
 
