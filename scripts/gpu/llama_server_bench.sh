@@ -48,9 +48,7 @@ SOURCE_TXT="$(dirname "$LLAMA_SERVER")/../../SOURCE.txt"
 echo "$VERSION" > "$OUT/llama_server_version.txt"
 
 EXTRA_META="llama_server_version=$VERSION"
-sb_start_server "llama-server" "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
-  -np "$MAXC" -c "$(( CTX * MAXC ))" --cont-batching -fa on -ngl "${NGL:-99}" --ignore-eos --metrics \
-  --temp 1 --top-k 0 --top-p 1 --min-p 0 --no-cache-prompt --cache-ram 0 ${LLAMA_SERVER_ARGS:-}
+sb_start_llama_server
 sb_fit_prompt
 sb_run_levels llamacpp:tokens_predicted_total
 sb_stop_server

@@ -41,8 +41,7 @@ if ! "$PY" -c "import httptools, uvloop" 2>/dev/null; then
 fi
 "$PY" -m pip list 2>/dev/null | grep -iE "^(starlette|uvicorn|gguf|httpx|rich|llm-benchmark-runner|httptools|uvloop) " > "$OUT/packages.txt"
 
-sb_start_server "rocmforge serve" "$PY" -m rocmforge_cli.app serve -m "$MODEL" --device "$DEVICE" --host 127.0.0.1 \
-  --port "$PORT" --parallel "$MAXC" --queue "$MAXC" --ctx-size "$CTX" --ignore-eos --model-name "$NAME" ${SERVE_ARGS:-}
+sb_start_rocmforge_serve
 sb_fit_prompt
 sb_run_levels rocmforge_generated_tokens_total
 sb_stop_server

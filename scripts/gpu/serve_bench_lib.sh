@@ -2,7 +2,8 @@
 # (llama.cpp's llama-server): the same load generator, prompt, output length, levels and records for
 # any OpenAI-compatible server, so that serve_bench_report.py can put the two side by side.
 # Sourced, not run. The caller sets MODEL, OUT and LEVELS (an array), then:
-#   sb_init; sb_install PACKAGE...; sb_start_server LABEL CMD...; sb_fit_prompt;
+#   sb_init; sb_install PACKAGE...; sb_start_server LABEL CMD... (or sb_start_rocmforge_serve,
+#   sb_start_llama_server); sb_fit_prompt;
 #   sb_run_levels TOKEN_COUNTER; sb_stop_server; sb_summary
 # Knobs (environment): PROMPT_TOKENS (128; 0: a one-word message, the shortest chat prompt),
 # OUTPUT_TOKENS (128), MIN_REQUESTS (16), ROUNDS (2),
@@ -63,6 +64,19 @@ sb_start_server() {
   done
   if ! http_ok "$URL/health"; then note "the server did not become healthy"; tail -30 "$OUT/server.log" >&2; exit 1; fi
   note "healthy"
+}
+
+# The two servers as every benchmark here starts them (the reasons for each option: llama_server_bench.sh's and
+# serve_bench.sh's headers): `rocmforge serve` with SERVE_ARGS, llama-server ($LLAMA_SERVER) with LLAMA_SERVER_ARGS
+# (after ours: a later flag wins).
+sb_start_rocmforge_serve() {
+  sb_start_server "rocmforge serve" "$PY" -m rocmforge_cli.app serve -m "$MODEL" --device "$DEVICE" --host 127.0.0.1 \
+    --port "$PORT" --parallel "$MAXC" --queue "$MAXC" --ctx-size "$CTX" --ignore-eos --model-name "$NAME" ${SERVE_ARGS:-}
+}
+sb_start_llama_server() {
+  sb_start_server "llama-server" "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
+    -np "$MAXC" -c "$(( CTX * MAXC ))" --cont-batching -fa on -ngl "${NGL:-99}" --ignore-eos --metrics \
+    --temp 1 --top-k 0 --top-p 1 --min-p 0 --no-cache-prompt --cache-ram 0 ${LLAMA_SERVER_ARGS:-}
 }
 
 sb_kill_server() {

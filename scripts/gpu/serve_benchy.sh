@@ -47,13 +47,10 @@ cat README.md docs/architecture.md > "$CACHE/$("$PY" -c "import hashlib, sys; pr
 if [ -n "${LLAMA_SERVER:-}" ]; then
   COUNTER=llamacpp:tokens_predicted_total
   "$LLAMA_SERVER" --version 2>&1 | grep -m1 '^version' > "$OUT/llama_server_version.txt"
-  sb_start_server "llama-server" "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
-    -np "$MAXC" -c "$(( CTX * MAXC ))" --cont-batching -fa on -ngl "${NGL:-99}" --ignore-eos --metrics \
-    --temp 1 --top-k 0 --top-p 1 --min-p 0 --no-cache-prompt --cache-ram 0 ${LLAMA_SERVER_ARGS:-}
+  sb_start_llama_server
 else
   COUNTER=rocmforge_generated_tokens_total
-  sb_start_server "rocmforge serve" "$PY" -m rocmforge_cli.app serve -m "$MODEL" --device "$DEVICE" --host 127.0.0.1 \
-    --port "$PORT" --parallel "$MAXC" --queue "$MAXC" --ctx-size "$CTX" --ignore-eos --model-name "$NAME" ${SERVE_ARGS:-}
+  sb_start_rocmforge_serve
 fi
 before=$(metric "$COUNTER"); t0=$SECONDS
 note "llama-benchy at ${LEVELS[*]} clients, $RUNS runs a level, pp $PROMPT_TOKENS, tg $OUTPUT_TOKENS"
