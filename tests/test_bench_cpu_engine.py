@@ -42,14 +42,25 @@ def test_rounds_of_a_group_follow_each_other_and_groups_overlap(tmp_path_factory
 
 
 
-def test_burst_window_starts_at_the_first_token_and_counts_tokens_after_each_first(tmp_path_factory):
-    # max_seqs 2 of 3 requests: the third's prompt waits until the first two have ended, so the batch's window
-    # (llama-benchy's: the first request's first token to the last request's last) holds every decode-only step
-    # and the third's prompt step too: its rate is below the decode-only steps'
+
+def test_burst_window_starts_at_the_first_token_and_ends_with_the_last_request(tmp_path_factory):
+    # max_seqs 2 of 3 requests: the third's prompt waits until one of the first two has ended, so the batch's
+    # window (llama-benchy's: the first request's first token to the last request's end) holds an early request's
+    # decoding and the late one's, one after the other
     with load_tiny(tiny_model(tmp_path_factory), max_seqs=2, kv_blocks=80) as model:
+        engine = model.engine
+        ids: list[int] = []
+        original = engine.submit
+        engine.submit = lambda *args, **kwargs: ids.append(original(*args, **kwargs)) or ids[-1]
         prompts = bench_cpu_engine.bench_prompts(model.config.vocab_size, 3, 5)
-        result = bench_cpu_engine.run_once(model.engine, prompts, 6)
+        result = bench_cpu_engine.run_once(engine, prompts, 6)
+        records = [engine.finished_record(i) for i in ids]
     assert result["generated_tokens"] == 18 and result["endings"] == ["length"]
-    assert 0 < result["burst_window_s"] <= result["wall_s"]
     assert abs(result["burst_tok_s"] * result["burst_window_s"] - 15) < 1e-6  # 6 - 1 tokens of each request
-    assert 0 < result["burst_tok_s"] < result["decode_tok_s"]
+    assert 0 < result["burst_window_s"] <= result["wall_s"]
+    spans = {r.request_id: r.seconds - r.time_to_first_token for r in records}  # each request's own decoding
+    late = max(records, key=lambda r: r.time_to_first_token)
+    early = min(records, key=lambda r: r.seconds)
+    assert late.time_to_first_token >= early.seconds - 1e-3  # it waited for a free slot (submissions µs apart)
+    assert result["burst_window_s"] >= max(spans.values())
+    assert result["burst_window_s"] >= spans[early.request_id] + spans[late.request_id] - 1e-3
