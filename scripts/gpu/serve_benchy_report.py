@@ -18,7 +18,8 @@ import sys
 import types
 from pathlib import Path
 
-TARGET = 0.8  # issue 14: the HTTP layer costs at most 20% of bench -b 32
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_bench_report import TARGET, bench_record  # noqa: E402  (one reading of bench_b32.json for both reports)
 
 
 def _metric(run: dict, key: str) -> tuple[float, float] | None:
@@ -28,18 +29,6 @@ def _metric(run: dict, key: str) -> tuple[float, float] | None:
 
 def _cell(m: tuple[float, float] | None, digits: int = 0) -> str:
     return "-" if m is None else f"{m[0]:,.{digits}f} ± {m[1]:,.{digits}f}"
-
-
-def bench_b(path: Path) -> tuple[str, str, float, float] | None:
-    """(tool, test, mean, sd) of the batched row of a bench_b32.json."""
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    for r in report.get("results", []):
-        if r["test"].startswith("b"):
-            return report.get("tool", "rocmforge bench"), r["test"], float(r["mean"]), float(r["sd"])
-    return None
 
 
 def batched(exe: str, model: str, batch: int, tokens: int, reps: int) -> dict:
@@ -64,7 +53,7 @@ def summary(outdir: Path) -> tuple[str, bool]:
         lines.append(f"| {r['concurrency']} | {_cell(_metric(r, 'tg_throughput'))} | "
                      f"{_cell(_metric(r, 'tg_req_throughput'), 1)} | {_cell(_metric(r, 'pp_throughput'))} | "
                      f"{_cell(_metric(r, 'e2e_ttft'), 1)} |")
-    bench = bench_b(outdir / "bench_b32.json")
+    bench = bench_record(outdir / "bench_b32.json")
     if bench is None:
         lines.append("\n- the batched bench: no result (see bench.log)")
         return "\n".join(lines) + "\n", False
