@@ -271,6 +271,7 @@ __device__ __forceinline__ void matmul_mma(const Launch& a, int tile_tokens, uns
     __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
     __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
     __shared__ int last;                                                                                          \
+    rf_grid_dependency_sync(); /* a programmatic launch */                                                        \
     const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
                            rows, cols, n_tokens, splits, accumulate};                                             \
     mmq::matmul_mma<Step>(a, tile_tokens, ws, xs, &last);                                                   \
@@ -300,6 +301,7 @@ RF_MATMUL_MMA_ENTRY(matmul_mma_q6_k, mmq::Wide6)
     __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
     __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
     __shared__ int last;                                                                                          \
+    rf_grid_dependency_sync(); /* a programmatic launch */                                                        \
     const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
                            rows, cols, n_tokens, splits, accumulate};                                             \
     rf_check_wave_size();                                                                                         \
@@ -337,6 +339,7 @@ RF_MATMUL_MMA_X16_ENTRY(matmul_mma_x16_q6_k, mmq::Wide6)
     __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
     __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kWideTileTokens * mmq::kMaxStride];           \
     __shared__ int last;                                                                                          \
+    rf_grid_dependency_sync(); /* a programmatic launch */                                                        \
     const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
                            rows, cols, n_tokens, splits, accumulate};                                             \
     rf_check_wave_size();                                                                                         \
@@ -365,6 +368,7 @@ RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_q6_k, mmq::Wide6)
     __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
     __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kWideTileTokens * mmq::kMaxStride];           \
     __shared__ int last;                                                                                          \
+    rf_grid_dependency_sync(); /* a programmatic launch */                                                        \
     const mmq::Launch a = {const_cast<float*>(gate), static_cast<const unsigned char*>(W), x, nullptr, rows, cols, \
                            n_tokens, splits, 0, nullptr, nullptr, h16};                                                \
     rf_check_wave_size();                                                                                         \
@@ -390,6 +394,7 @@ RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_gelu_up_q5_k, mmq::Wide<true>, true)
     __shared__ __attribute__((aligned(16))) unsigned short ws[mmq::kTileRows * mmq::kMaxStride];                 \
     __shared__ __attribute__((aligned(16))) unsigned short xs[mmq::kMaxTileTokens * mmq::kMaxStride];            \
     __shared__ int last;                                                                                          \
+    rf_grid_dependency_sync(); /* a programmatic launch */                                                        \
     const mmq::Launch a = {gate, static_cast<const unsigned char*>(W_gate), x, static_cast<unsigned char*>(workspace), \
                            rows, cols, n_tokens, 1, 0, up, static_cast<const unsigned char*>(W_up), h16};         \
     rf_check_wave_size();                                                                                         \
@@ -416,6 +421,22 @@ RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
                                                          int accumulate) {                                         \
     __shared__ __attribute__((aligned(16))) unsigned short xs[kXsHalves];                                         \
     __shared__ int last;                                                                                          \
+    rf_grid_dependency_deferred(); /* waits in fragment_tiles */                                                  \
+    const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
+                           rows, cols, n_tokens, splits, accumulate};                                             \
+    (void)tile_tokens;                                                                                            \
+    mmq::fragment_tiles<typename mmq::Fragments<Step>::Format, TN>(a, xs, &last);                                \
+  }
+
+// The 32-element formats' fragment entries: wait first (fragment_tiles' waited).
+#define RF_MATMUL_MMA_FRAGMENT_ENTRY_WAIT_FIRST(name, Step, TN, kXsHalves, BOUNDS)                                          \
+  extern "C" __global__ BOUNDS void name(float* __restrict__ y, const void* __restrict__ W,                       \
+                                                         const float* __restrict__ x, void* workspace, int rows,    \
+                                                         int cols, int n_tokens, int tile_tokens, int splits,       \
+                                                         int accumulate) {                                         \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[kXsHalves];                                         \
+    __shared__ int last;                                                                                          \
+    rf_grid_dependency_sync(); /* a programmatic launch */                                                       \
     const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
                            rows, cols, n_tokens, splits, accumulate};                                             \
     (void)tile_tokens;                                                                                            \
@@ -435,9 +456,10 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTok
 // (a lane format for the staged entry, one for the direct), and the wide layers' prompts (projections.mma_first) in
 // 128-token tiles of f16 x only.
 #define RF_BLOCK32_ENTRIES(kind, Format, StagedLane, DirectLane)                                                  \
-  RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_##kind, mmq::Pair32<StagedLane>, mmq::kStreamTokens,          \
-                               RF_STAGED_X, RF_BOUNDS)                                                            \
-  RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_##kind, mmq::Pair32<DirectLane>, mmq::kDirectTokens, 8, RF_BOUNDS) \
+  RF_MATMUL_MMA_FRAGMENT_ENTRY_WAIT_FIRST(matmul_mma_fragments_##kind, mmq::Pair32<StagedLane>, mmq::kStreamTokens, \
+                                          RF_STAGED_X, RF_BOUNDS)                                                 \
+  RF_MATMUL_MMA_FRAGMENT_ENTRY_WAIT_FIRST(matmul_mma_direct_##kind, mmq::Pair32<DirectLane>, mmq::kDirectTokens, 8,  \
+                                          RF_BOUNDS)                                                              \
   RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_##kind, mmq::Narrow<Format>)                                     \
   RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_silu_up_##kind, mmq::Narrow<Format>, false)
 RF_BLOCK32_ENTRIES(q4_0, mmq::Q4_0, mmq::Q4_0Lane, mmq::Q4_0Lane)

@@ -204,6 +204,8 @@ template <class L>
 struct Block32Fragments {
   typedef Pair32<L> Step;
   static constexpr int kDepth = L::kDepth;
+  static constexpr int kCombineFloats = 0;  // combine_splits one split at a time: the light entries keep their registers
+  static constexpr bool kWeightsBeforeWait = false;  // their entries wait first (fragment_tiles says why)
   struct Raw {
     typename L::template Raw<true> first;
     typename L::template Raw<false> second;

@@ -38,7 +38,12 @@ static __device__ __forceinline__ void store_result(const Launch& a, int r, int 
 // its own slots of every split back in split order (the same order whoever arrives last: a replay equals its
 // eager twin bit for bit), so no fragment layout is involved, and sets the counter back to zero for the next
 // launch. Returns whether this workgroup holds the whole tile in acc (uniform across the workgroup).
-template <int kAcc>
+// kBatch > 1: the last workgroup runs the sum alone, often on an otherwise idle GPU, so its L2 round trips are the
+// launch's tail; it loads kBatch splits' partials before it adds any of them (the same sum, in split order), one
+// round trip per kBatch splits where a 16-way split took 16. It costs the registers of kBatch * kAcc loads, which
+// the fragment path's K-quant entries have to spare (hipcore/ops/matmul_mma.py measures it); light entries would
+// lose occupancy (the F16 fragment entry went from 64 to 118 registers at 64 loads), so they keep 1.
+template <int kBatch = 1, int kAcc>
 __device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch& a, int tile, int split, int tid, int* last) {
   constexpr unsigned long long kPartFloats = (unsigned long long)kAcc * kThreads;
   const int splits = a.splits;
@@ -61,10 +66,29 @@ __device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch&
   const float* mine = partials + (unsigned long long)tile * splits * kPartFloats + tid;
 #pragma unroll
   for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
-  for (int s = 0; s < splits; ++s) {  // in split order
-    const float* src = mine + (unsigned long long)s * kPartFloats;
+  if constexpr (kBatch == 1) {
+    for (int s = 0; s < splits; ++s) {  // in split order
+      const float* src = mine + (unsigned long long)s * kPartFloats;
 #pragma unroll
-    for (int e = 0; e < kAcc; ++e) acc[e] += load_partial(src + e * kThreads);
+      for (int e = 0; e < kAcc; ++e) acc[e] += load_partial(src + e * kThreads);
+    }
+  } else {  // kBatch splits' partials loaded before any is added: one round trip per kBatch splits
+    for (int s0 = 0; s0 < splits; s0 += kBatch) {
+      float part_of[kBatch][kAcc];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const float* src = mine + (unsigned long long)lesser_of(s0 + b, splits - 1) * kPartFloats;
+#pragma unroll
+        for (int e = 0; e < kAcc; ++e) part_of[b][e] = load_partial(src + e * kThreads);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (s0 + b < splits) {  // uniform
+#pragma unroll
+          for (int e = 0; e < kAcc; ++e) acc[e] += part_of[b][e];
+        }
+      }
+    }
   }
   if (tid == 0) counters[tile] = 0;  // ready for the next launch
   return true;

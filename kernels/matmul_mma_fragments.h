@@ -50,6 +50,8 @@ template <bool kFiveBit>
 struct WideFragments {
   typedef Wide<kFiveBit> Step;
   static constexpr int kDepth = kFiveBit ? 2 : 3;  // steps of loads in flight per lane, within 128 registers
+  static constexpr int kCombineFloats = 64;        // combine_splits' partial floats a thread loads a round trip
+  static constexpr bool kWeightsBeforeWait = true;  // the first steps' loads overlap the kernel ahead
   struct Raw {
     uint4 head;
     uint2 q, h;
@@ -76,6 +78,8 @@ struct WideFragments {
 struct Wide6Fragments {
   typedef Wide6 Step;
   static constexpr int kDepth = 2;
+  static constexpr int kCombineFloats = 64;
+  static constexpr bool kWeightsBeforeWait = true;
   struct Raw {
     unsigned int ql[3], qh[3];
     int scale_a, scale_b, shift;
@@ -143,6 +147,9 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
   const int steps = cols / kStepCols;
   const int items = tiles * splits;
 
+  // For the kernel ahead: before the first item's x (see below). The 32-element formats' entries wait first (a
+  // wait here raised their registers: Q8_0's direct entry 79 -> 86, past three workgroups an SM).
+  bool waited = !F::kWeightsBeforeWait;
   for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
     const int tile = item / splits, split = item - tile * splits;
     const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
@@ -176,7 +183,17 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
       const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
 #pragma unroll
       for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], c, t);
-      if constexpr (kStaged) {
+    }
+    // A programmatic launch (the K-quant entries defer their wait to here): the first item's weight loads, which
+    // no kernel writes, are in flight while the kernel ahead finishes; x, y and the workspace only after it.
+    if (!waited) {  // uniform
+      rf_grid_dependency_sync();
+      waited = true;
+    }
+    if constexpr (kStaged) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
 #pragma unroll
         for (int p = 0; p < kXLoads; ++p) xv[d][p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c, x_col[p]));
       }
@@ -232,7 +249,8 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
       }
     }
 
-    if (splits > 1 && !combine_splits(acc, a, tile, split, tid, last)) continue;  // uniform
+    constexpr int kCombineBatch = F::kCombineFloats > kAcc ? F::kCombineFloats / kAcc : 1;
+    if (splits > 1 && !combine_splits<kCombineBatch>(acc, a, tile, split, tid, last)) continue;  // uniform
 
     // c0, c1: row g, tokens 2t, 2t + 1 of token tile j; c2, c3: row g + 8.
 #pragma unroll

@@ -8,6 +8,7 @@ weights it prefetches. Checked on the sources, and proven on planted faults."""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -27,6 +28,10 @@ DEFER = "rf_grid_dependency_deferred()"
 DEFERRED = {
     "fused_qmatvec": ("fused_qmatvec_tiles.h", "tile_dot",
                       ("__syncthreads", "stage_chunk", "st.", "x[", "*x", "out[", "atomic")),
+    # The fragment path's K-quant entries: the first item's weights, then the wait, then x, y and the workspace.
+    "matmul_mma": ("matmul_mma_fragments.h", "fragment_tiles",
+                   ("__syncthreads", "float4*>(x_src", "xs +", "xv[d]", "store_result", "combine_splits", "atomic",
+                    "a.y", "workspace")),
     "fused_matvec": ("fused_matvec.hip", "fused_matvec",
                      ("__syncthreads", "accumulate", "fused_pass", "a.x", "x[", "finish", "atomic")),
     "paged_attention": ("paged_attention.hip", "run",
@@ -48,7 +53,12 @@ def programmatic_ops() -> dict[str, str]:
             if not any(k.arg == "programmatic" and getattr(k.value, "value", None) is True for k in call.keywords):
                 continue
             op = call.args[1]
-            name = op.value if isinstance(op, ast.Constant) else constants[op.id]
+            if isinstance(op, ast.Constant):
+                name = op.value
+            elif op.id in constants:
+                name = constants[op.id]
+            else:  # a name the module imports (matmul_mma_swiglu's OP is matmul_mma's)
+                name = getattr(importlib.import_module(f"hipcore.ops.{path.stem}"), op.id)
             found[name] = path.name
     return found
 
@@ -94,11 +104,12 @@ def deferred_wait_problems(source: str, function: str, forbidden: tuple[str, ...
 
 
 def test_the_programmatic_ops_are_the_decode_steps():
-    """What a single-token decode step launches (the K-quant and the demo model's paths), and prompt steps'
-    attention (prompt_attention, which waits first; paged_attention waits once it has prefetched its rows), so
-    that a change that drops one shows here."""
+    """What a single-token decode step launches (the K-quant and the demo model's paths), the matrix cores'
+    products (decode batches and prompts: matmul_mma, whose K-quant fragment entries wait once their first weights
+    are loading), and prompt steps' attention (prompt_attention, which waits first; paged_attention waits once it
+    has prefetched its rows), so that a change that drops one shows here."""
     assert set(programmatic_ops()) == {"embedding", "fused_matvec", "fused_qmatvec", "head_norm_rope", "kv_store",
-                                       "paged_attention", "prompt_attention", "sample"}
+                                       "matmul_mma", "paged_attention", "prompt_attention", "sample"}
 
 
 @pytest.mark.parametrize("op", sorted(programmatic_ops()))
@@ -176,3 +187,24 @@ def test_the_check_catches_fused_matvec_reading_x_before_its_wait():
     late = without.replace(anchor, "    }\n  }\n" + sync_line + "}\n\ntemplate <class Format, int KS = 1>", 1)
     assert late != without and SYNC in late
     assert "uses 'fused_pass'" in " ".join(deferred_wait_problems(late, function, forbidden))
+
+
+def test_the_check_catches_the_fragment_path_reading_x_before_its_wait():
+    """matmul_mma's K-quant fragment entries load their first weights, then wait, then x: a wait moved past the
+    staged x's loads or gone is caught, and so is an entry of the op that neither waits nor defers."""
+    header, function, forbidden = DEFERRED["matmul_mma"]
+    source = (kernels_dir() / header).read_text()
+    assert deferred_wait_problems(source, function, forbidden) == []
+    assert "F::load" in code_before_wait(source, function)  # what the deferral is for
+    wait = "      rf_grid_dependency_sync();\n"
+    assert source.count(wait) == 1
+    without = source.replace(wait, "")
+    assert deferred_wait_problems(without, function, forbidden) == [f"{function} never calls {SYNC}"]
+    anchor = "    const int next = lesser_of(c0 + kDepth * kStepCols, c_end - kStepCols);\n"
+    assert without.count(anchor) == 1
+    late = without.replace(anchor, anchor + "    rf_grid_dependency_sync();\n")
+    assert "uses 'float4*>(x_src'" in " ".join(deferred_wait_problems(late, function, forbidden))
+    entries = (kernels_dir() / "matmul_mma.hip").read_text()
+    assert entries_not_waiting_first(entries, deferred=True) == []
+    dropped = entries.replace("rf_grid_dependency_sync(); /* a programmatic launch */", "(void)0;", 1)
+    assert len(entries_not_waiting_first(dropped, deferred=True)) == 1

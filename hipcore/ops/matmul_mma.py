@@ -303,7 +303,8 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     if entry.startswith(f"{OP}_direct_") and split > 1 and tile_count(rows, n_tokens, DIRECT_MAX_TOKENS) > MAX_SPLIT_TILES:
         raise ValueError(f"{entry}: its {DIRECT_MAX_TOKENS}-token tiles are more than the {MAX_SPLIT_TILES} counters "
                          "a split launch has")
-    kernel = get_kernel(device, OP, entry, SIGNATURE)
+    # Programmatic: the entries wait for the kernel ahead (the fragment path once its first weights are loading).
+    kernel = get_kernel(device, OP, entry, SIGNATURE, programmatic=True)
     kernel.launch(grid, block, (y, w, x, workspace if split > 1 else 0, rows, cols, n_tokens, tile, split,
                                 int(bool(accumulate))), stream=stream)
 

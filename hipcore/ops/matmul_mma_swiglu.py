@@ -129,7 +129,7 @@ def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up
             (("h16", h16, n_tokens * rows * F16_BYTES), ("gate", gate, out_bytes), ("up", up, out_bytes),
              ("x16", x16, n_tokens * cols * F16_BYTES)), 2):
         check_disjoint(entry, (name_a, a, size_a), (name_b, b, size_b))
-    kernel = get_kernel(device, OP, entry, SWIGLU_SIGNATURE)
+    kernel = get_kernel(device, OP, entry, SWIGLU_SIGNATURE, programmatic=True)
     kernel.launch(min(2 * tiles, MAX_GRID), THREADS, (h16, gate, up, w_gate, w_up, x16, workspace, rows, cols,
                                                        n_tokens, tile), stream=stream)
 
@@ -205,5 +205,5 @@ def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w
              ("x16", x16, n_tokens * cols * F16_BYTES), ("W_up", w_up, rows * row_bytes(weight_type, cols))), 2):
         check_disjoint(entry, (name_a, a, size_a), (name_b, b, size_b))
     grid = min(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), MAX_GRID)
-    get_kernel(device, OP, entry, SILU_UP_SIGNATURE).launch(
+    get_kernel(device, OP, entry, SILU_UP_SIGNATURE, programmatic=True).launch(
         grid, THREADS, (h16, gate, w_up, x16, rows, cols, n_tokens, 1), stream=stream)
