@@ -112,13 +112,16 @@ def test_nvidias_shared_tile_kernel_at_32_token_tiles_still_matches(mma_harnesse
         assert excess <= 1.0, f"{weight_type} {rows}x{cols} tokens {n_tokens} splits {splits}: {excess:.3g} x the bound"
 
 
-# Faults of the split combine each detector must catch: a split's partial left out of the sum, the
-# counter not reset for the next launch, the residual add dropped.
+# Faults of the split combine each detector must catch: a split's partial left out of the sum (one split at a
+# time: Q4_0's fragment entry; four a round trip: the K-quants'), the counter not reset for the next launch, the
+# residual add dropped. Each with the weight type whose entry runs the faulty code.
 SPLIT_FAULTS = {
     "a split left out": ("for (int s = 0; s < splits; ++s) {  // in split order",
-                         "for (int s = 1; s < splits; ++s) {  // in split order"),
-    "counter not reset": ("if (tid == 0) counters[tile] = 0;  // ready for the next launch", ""),
-    "no residual add": ("*out = a.accumulate ? *out + v : v;", "*out = v;"),
+                         "for (int s = 1; s < splits; ++s) {  // in split order", "q4_0"),
+    "a split left out of a batch": ("for (int s0 = 0; s0 < splits; s0 += kBatch) {",
+                                    "for (int s0 = 1; s0 < splits; s0 += kBatch) {", "q4_k"),
+    "counter not reset": ("if (tid == 0) counters[tile] = 0;  // ready for the next launch", "", "q4_k"),
+    "no residual add": ("*out = a.accumulate ? *out + v : v;", "*out = v;", "q4_k"),
 }
 
 
@@ -137,9 +140,10 @@ def assert_caught(fault: str, measure) -> None:
 
 @pytest.mark.parametrize("fault", SPLIT_FAULTS)
 def test_a_broken_split_combine_is_caught(fault, tmp_path):
-    harness = nvidia_harness_with(*SPLIT_FAULTS[fault], tmp_path)
+    old, new, weight_type = SPLIT_FAULTS[fault]
+    harness = nvidia_harness_with(old, new, tmp_path)
     rng = np.random.default_rng(11)
-    assert_caught(fault, lambda: worst_excess(harness, "q4_k", 130, 512, 9, 32, None, rng, tmp_path, splits=4,
+    assert_caught(fault, lambda: worst_excess(harness, weight_type, 130, 512, 9, 32, None, rng, tmp_path, splits=4,
                                               accumulate=True))
 
 

@@ -64,7 +64,7 @@ def test_the_launcher_counts_the_steps_of_a_split(cpu_device, monkeypatch):
 
     launched = []
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
-    monkeypatch.setattr(matmul_mma, "get_kernel", lambda dev, op, entry, sig: type(
+    monkeypatch.setattr(matmul_mma, "get_kernel", lambda dev, op, entry, sig, programmatic=False: type(
         "K", (), {"launch": lambda self, *a, **k: launched.append(entry)})())
     monkeypatch.setattr(matmul_mma.matvec, "check_operands", lambda *a, **k: None)
     workspace = cpu_device.allocate(fused_matmul.WORKSPACE_BYTES, "scratch")
@@ -85,7 +85,7 @@ def test_the_block_formats_split_in_steps_of_two_blocks(cpu_device, monkeypatch)
 
     launched = []
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
-    monkeypatch.setattr(matmul_mma, "get_kernel", lambda dev, op, entry, sig: type(
+    monkeypatch.setattr(matmul_mma, "get_kernel", lambda dev, op, entry, sig, programmatic=False: type(
         "K", (), {"launch": lambda self, grid, block, args, stream=None: launched.append((entry, args[8]))})())
     monkeypatch.setattr(matmul_mma.matvec, "check_operands", lambda *a, **k: None)
     workspace = cpu_device.allocate(fused_matmul.WORKSPACE_BYTES, "scratch")
