@@ -79,15 +79,18 @@ static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x, con
 
 extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32(float* out, const float* x, const float* weight, int n,
                                                               float eps) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rmsnorm.py)
   rmsnorm_row(out, x, weight, n, eps);
 }
 
 extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32_f16(unsigned short* out, const float* x,
                                                                   const float* weight, int n, float eps) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rmsnorm.py)
   rmsnorm_row(out, x, weight, n, eps);
 }
 
 extern "C" __global__ __launch_bounds__(256) void rmsnorm_add_f32(float* out, const float* x, const float* weight, int n,
                                                                   float eps) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rmsnorm.py)
   rmsnorm_row<float, true>(out, x, weight, n, eps);
 }

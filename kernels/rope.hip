@@ -70,6 +70,7 @@ struct RopeHalvesPairs {
 extern "C" __global__ __launch_bounds__(256) void rope_f32(float* x, const int* positions, const float* freq_factors,
                                                            int n_tokens, int n_heads, int head_dim, int rope_dim,
                                                            float theta_base, float freq_scale) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rope.py)
   rope_pairs(x, positions, freq_factors, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale, 1,
              RopeAdjacentPairs());
 }
@@ -78,6 +79,7 @@ extern "C" __global__ __launch_bounds__(256) void rope_neox_f32(float* x, const 
                                                                 const float* freq_factors, int n_tokens, int n_heads,
                                                                 int head_dim, int rope_dim, float theta_base,
                                                                 float freq_scale) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rope.py)
   rope_pairs(x, positions, freq_factors, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale, rope_dim / 2,
              RopeHalvesPairs());
 }

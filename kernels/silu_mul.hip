@@ -4,6 +4,7 @@
 #include "gated_activation.h"
 
 extern "C" __global__ __launch_bounds__(256) void silu_mul_f32(float* out, const float* gate, const float* up, int n) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/silu_mul.py)
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < (unsigned long long)n;
        i += stride) {

@@ -106,10 +106,11 @@ def deferred_wait_problems(source: str, function: str, forbidden: tuple[str, ...
 def test_the_programmatic_ops_are_the_decode_steps():
     """What a single-token decode step launches (the K-quant and the demo model's paths), the matrix cores'
     products (decode batches and prompts: matmul_mma, whose K-quant fragment entries wait once their first weights
-    are loading), and prompt steps' attention (prompt_attention, which waits first; paged_attention waits once it
+    are loading) and the single ops between them (rmsnorm, rope, silu_mul), and prompt steps' attention (prompt_attention, which waits first; paged_attention waits once it
     has prefetched its rows), so that a change that drops one shows here."""
     assert set(programmatic_ops()) == {"embedding", "fused_matvec", "fused_qmatvec", "head_norm_rope", "kv_store",
-                                       "matmul_mma", "paged_attention", "prompt_attention", "sample"}
+                                       "matmul_mma", "paged_attention", "prompt_attention", "rmsnorm", "rope", "sample",
+                                       "silu_mul"}
 
 
 @pytest.mark.parametrize("op", sorted(programmatic_ops()))

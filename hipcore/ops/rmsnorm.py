@@ -65,7 +65,7 @@ def launch_add(device: Device, stream: Stream | None, out: Any, x: Any, weight: 
         check_memory(OP, name, buf, rows * n * 4)
     check_memory(OP, "weight", weight, n * 4)
     check_disjoint(ENTRY_ADD, ("out", out, rows * n * 4), ("x", x, rows * n * 4))
-    kernel = get_kernel(device, OP, ENTRY_ADD, SIGNATURE)
+    kernel = get_kernel(device, OP, ENTRY_ADD, SIGNATURE, programmatic=True)
     kernel.launch(rows, row_block(n, MAX_THREADS), (out, x, weight, n, eps), stream=stream)
 
 
@@ -78,5 +78,5 @@ def launch(device: Device, stream: Stream | None, out: Any, x: Any, weight: Any,
     check_memory(OP, "weight", weight, n * 4)
     if out_f16:
         check_disjoint(ENTRY_F16, ("out", out, rows * n * 2), ("x", x, rows * n * 4))
-    kernel = get_kernel(device, OP, ENTRY_F16 if out_f16 else ENTRY, SIGNATURE)
+    kernel = get_kernel(device, OP, ENTRY_F16 if out_f16 else ENTRY, SIGNATURE, programmatic=True)
     kernel.launch(rows, row_block(n, MAX_THREADS), (out, x, weight, n, eps), stream=stream)

@@ -103,6 +103,6 @@ def launch(device: Device, stream: Stream | None, x: Any, positions: Any, n_toke
     check_memory(OP, "positions", positions, n_tokens * 4)
     factors = factors_arg(OP, freq_factors, rope_dim)
     grid, block = elementwise_grid(n_tokens * n_heads * (rope_dim // 2))
-    kernel = get_kernel(device, OP, ENTRIES[rope_type], SIGNATURE)
+    kernel = get_kernel(device, OP, ENTRIES[rope_type], SIGNATURE, programmatic=True)
     kernel.launch(grid, block, (x, positions, factors, n_tokens, n_heads, head_dim, rope_dim, theta_base, freq_scale),
                   stream=stream)

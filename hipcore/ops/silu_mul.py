@@ -37,4 +37,4 @@ def launch(device: Device, stream: Stream | None, out: Any, gate: Any, up: Any, 
     for name, arg in (("out", out), ("gate", gate), ("up", up)):
         check_memory(OP, name, arg, n * 4)
     grid, block = elementwise_grid(n)
-    get_kernel(device, OP, ENTRY, SIGNATURE).launch(grid, block, (out, gate, up, n), stream=stream)
+    get_kernel(device, OP, ENTRY, SIGNATURE, programmatic=True).launch(grid, block, (out, gate, up, n), stream=stream)
