@@ -421,7 +421,7 @@ RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
                                                          int accumulate) {                                         \
     __shared__ __attribute__((aligned(16))) unsigned short xs[kXsHalves];                                         \
     __shared__ int last;                                                                                          \
-    rf_grid_dependency_deferred(); /* waits in fragment_tiles */                                                  \
+    rf_grid_dependency_deferred(); /* waits in fragment_item */                                                   \
     const mmq::Launch a = {y, static_cast<const unsigned char*>(W), x, static_cast<unsigned char*>(workspace),     \
                            rows, cols, n_tokens, splits, accumulate};                                             \
     (void)tile_tokens;                                                                                            \
@@ -452,6 +452,29 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_fragments_q6_k, mmq::Wide6, mmq::kStream
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8, RF_BOUNDS)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8, RF_BOUNDS_TWO_PER_SM)
 RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8, RF_BOUNDS)
+// The attention input's q, k and v products of one x in one launch (mmq::qkv_fragment_tiles; K-quants, each of its
+// own type): matmul_mma_qkv_fragments (32-token tiles, x staged) and matmul_mma_qkv_direct (at most 8 tokens),
+// (y_q, y_k, y_v, W_q, W_k, W_v, x, workspace, rows_q, rows_k, rows_v, types, cols, n_tokens, splits); types holds
+// the three type codes, 4 bits each, q's lowest (hipcore/ops/matmul_mma.py launch_qkv). Two workgroups per SM:
+// within 128 registers, the most any of the three formats' entries takes.
+#define RF_MATMUL_MMA_QKV_ENTRY(name, TN, kXsHalves)                                                              \
+  extern "C" __global__ __launch_bounds__(256, 2) void name(                                                     \
+      float* __restrict__ y_q, float* __restrict__ y_k, float* __restrict__ y_v, const void* __restrict__ W_q,     \
+      const void* __restrict__ W_k, const void* __restrict__ W_v, const float* __restrict__ x, void* workspace,    \
+      int rows_q, int rows_k, int rows_v, int types, int cols, int n_tokens, int splits) {                        \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[kXsHalves];                                         \
+    __shared__ int last;                                                                                          \
+    rf_grid_dependency_deferred(); /* waits in fragment_item */                                                   \
+    const mmq::QkvLaunch q = {{y_q, y_k, y_v},                                                                    \
+                              {static_cast<const unsigned char*>(W_q), static_cast<const unsigned char*>(W_k),    \
+                               static_cast<const unsigned char*>(W_v)},                                          \
+                              {rows_q, rows_k, rows_v},                                                           \
+                              {types & 15, (types >> 4) & 15, (types >> 8) & 15},                                 \
+                              x, static_cast<unsigned char*>(workspace), cols, n_tokens, splits};                \
+    mmq::qkv_fragment_tiles<TN>(q, xs, &last);                                                                    \
+  }
+RF_MATMUL_MMA_QKV_ENTRY(matmul_mma_qkv_fragments, mmq::kStreamTokens, RF_STAGED_X)
+RF_MATMUL_MMA_QKV_ENTRY(matmul_mma_qkv_direct, mmq::kDirectTokens, 8)
 // The 32-element block formats, F16 and BF16 (matmul_mma_block32_fragments.h): the fragment path, two runs of 32 a step
 // (a lane format for the staged entry, one for the direct), and the wide layers' prompts (projections.mma_first) in
 // 128-token tiles of f16 x only.

@@ -124,11 +124,14 @@ struct Fragments<Wide6> {
   typedef Wide6Fragments Format;
 };
 
-// The tiles of 128 rows x TN tokens (kStreamTokens: x staged; kDirectTokens: x from memory) with the
-// weights' fragments from registers (see above); the same items, split ranges, workspace and results as
-// mma_tiles<Step, 32, ...> (a direct tile's partials are a quarter of the workspace slot's size).
+// One item of the tiles of 128 rows x TN tokens (kStreamTokens: x staged; kDirectTokens: x from memory) with the
+// weights' fragments from registers (see above): split `split` of tile `tile` of a's product, its partials and
+// counter at workspace tile `key` (tile itself in a launch of one product; the tile's place among all three in
+// qkv_fragment_tiles'). waited: whether this workgroup has waited for the kernel ahead (the first item waits
+// once its weights are loading).
 template <class F, int TN>
-__device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* xs, int* last) {
+__device__ __forceinline__ void fragment_item(const Launch& a, int tile, int split, int key, unsigned short* xs,
+                                              int* last, bool& waited) {
   typedef typename F::Step Step;
   constexpr bool kStaged = TN != kDirectTokens;
   constexpr int kStepCols = Step::kStepCols, kDepth = F::kDepth;
@@ -143,121 +146,168 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane >> 2, t = lane & 3;
   const unsigned long long row_bytes = Step::row_bytes(cols);
   const int row_tiles = (rows + kTileRows - 1) / kTileRows;
-  const int tiles = row_tiles * ((n_tokens + TN - 1) / TN);
   const int steps = cols / kStepCols;
-  const int items = tiles * splits;
-
-  // For the kernel ahead: before the first item's x (see below). The 32-element formats' entries wait first (a
-  // wait here raised their registers: Q8_0's direct entry 79 -> 86, past three workgroups an SM).
-  bool waited = !F::kWeightsBeforeWait;
-  for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
-    const int tile = item / splits, split = item - tile * splits;
-    const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
-    const int c_end = (int)((long long)(split + 1) * steps / splits) * kStepCols;
-    const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * TN;
-    const unsigned char* w_src[2];  // rows g and g + 8 of the warp's 16
+  const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
+  const int c_end = (int)((long long)(split + 1) * steps / splits) * kStepCols;
+  const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * TN;
+  const unsigned char* w_src[2];  // rows g and g + 8 of the warp's 16
 #pragma unroll
-    for (int e = 0; e < 2; ++e) w_src[e] = a.W + (unsigned long long)lesser_of(r0 + 16 * warp + g + 8 * e, rows - 1) * row_bytes;
-    // Staged: float4 p of this thread is token v / kXPerToken, step columns 4 (v % kXPerToken) .. (v = tid +
-    // kThreads p). Direct: token g of the tile (the last token where past the batch).
-    const float* x_src[kXLoads];
-    int x_dst[kXLoads], x_col[kXLoads];
+  for (int e = 0; e < 2; ++e) w_src[e] = a.W + (unsigned long long)lesser_of(r0 + 16 * warp + g + 8 * e, rows - 1) * row_bytes;
+  // Staged: float4 p of this thread is token v / kXPerToken, step columns 4 (v % kXPerToken) .. (v = tid +
+  // kThreads p). Direct: token g of the tile (the last token where past the batch).
+  const float* x_src[kXLoads];
+  int x_dst[kXLoads], x_col[kXLoads];
 #pragma unroll
-    for (int p = 0; p < kXLoads; ++p) {
-      const int v = tid + kThreads * p;
-      const int token = kStaged ? v / kXPerToken : g;
-      x_col[p] = 4 * (v % kXPerToken);
-      x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols;
-      x_dst[p] = token * kStreamStride + stream_x_position(x_col[p]);
-    }
+  for (int p = 0; p < kXLoads; ++p) {
+    const int v = tid + kThreads * p;
+    const int token = kStaged ? v / kXPerToken : g;
+    x_col[p] = 4 * (v % kXPerToken);
+    x_src[p] = x + (unsigned long long)lesser_of(t0 + token, n_tokens - 1) * cols;
+    x_dst[p] = token * kStreamStride + stream_x_position(x_col[p]);
+  }
 
-    float acc[kAcc];  // token tile j's c0 .. c3 at 4 j
+  float acc[kAcc];  // token tile j's c0 .. c3 at 4 j
 #pragma unroll
-    for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
+  for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
 
-    // kDepth steps of weights (and of staged x) in registers, loaded kDepth steps ahead of their use.
-    typename F::Raw raw[kDepth][2];
-    float4 xv[kStaged ? kDepth : 1][kXLoads];
+  // kDepth steps of weights (and of staged x) in registers, loaded kDepth steps ahead of their use.
+  typename F::Raw raw[kDepth][2];
+  float4 xv[kStaged ? kDepth : 1][kXLoads];
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) {
+    const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], c, t);
+  }
+  // A programmatic launch (the K-quant entries defer their wait to here): the first item's weight loads, which
+  // no kernel writes, are in flight while the kernel ahead finishes; x, y and the workspace only after it.
+  if (!waited) {  // uniform
+    rf_grid_dependency_sync();
+    waited = true;
+  }
+  if constexpr (kStaged) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], c, t);
+      for (int p = 0; p < kXLoads; ++p) xv[d][p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c, x_col[p]));
     }
-    // A programmatic launch (the K-quant entries defer their wait to here): the first item's weight loads, which
-    // no kernel writes, are in flight while the kernel ahead finishes; x, y and the workspace only after it.
-    if (!waited) {  // uniform
-      rf_grid_dependency_sync();
-      waited = true;
-    }
-    if constexpr (kStaged) {
+  }
+
+  for (int c_base = c_begin; c_base < c_end; c_base += kDepth * kStepCols) {
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int c = lesser_of(c_begin + d * kStepCols, c_end - kStepCols);
+    for (int d = 0; d < kDepth; ++d) {  // unrolled: raw[d] and xv[d] stay registers
+      const int c0 = c_base + d * kStepCols;
+      if (c0 >= c_end) break;  // uniform across the workgroup
+      if constexpr (kStaged) {
+        __syncthreads();  // every warp is done reading the previous step's x
 #pragma unroll
-        for (int p = 0; p < kXLoads; ++p) xv[d][p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(c, x_col[p]));
+        for (int p = 0; p < kXLoads; ++p) {
+          unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
+          dst[0] = pack_f16(xv[d][p].x, xv[d][p].y);
+          dst[1] = pack_f16(xv[d][p].z, xv[d][p].w);
+        }
       }
-    }
+      float4 xd[4];  // direct: the lane's x of each k-substep, loaded before the decode hides its latency
+      if constexpr (!kStaged) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) xd[s] = *reinterpret_cast<const float4*>(x_src[0] + Step::column(c0, frag_column(s, t)));
+      }
+      unsigned int pairs[2][8];  // rows g, g + 8
+#pragma unroll
+      for (int e = 0; e < 2; ++e) F::decode(raw[d][e], c0, pairs[e]);
+      if constexpr (kStaged) __syncthreads();
 
-    for (int c_base = c_begin; c_base < c_end; c_base += kDepth * kStepCols) {
+      const int next = lesser_of(c0 + kDepth * kStepCols, c_end - kStepCols);
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {  // unrolled: raw[d] and xv[d] stay registers
-        const int c0 = c_base + d * kStepCols;
-        if (c0 >= c_end) break;  // uniform across the workgroup
-        if constexpr (kStaged) {
-          __syncthreads();  // every warp is done reading the previous step's x
+      for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], next, t);
+      if constexpr (kStaged) {
 #pragma unroll
-          for (int p = 0; p < kXLoads; ++p) {
-            unsigned int* dst = reinterpret_cast<unsigned int*>(xs + x_dst[p]);
-            dst[0] = pack_f16(xv[d][p].x, xv[d][p].y);
-            dst[1] = pack_f16(xv[d][p].z, xv[d][p].w);
-          }
-        }
-        float4 xd[4];  // direct: the lane's x of each k-substep, loaded before the decode hides its latency
-        if constexpr (!kStaged) {
-#pragma unroll
-          for (int s = 0; s < 4; ++s) xd[s] = *reinterpret_cast<const float4*>(x_src[0] + Step::column(c0, frag_column(s, t)));
-        }
-        unsigned int pairs[2][8];  // rows g, g + 8
-#pragma unroll
-        for (int e = 0; e < 2; ++e) F::decode(raw[d][e], c0, pairs[e]);
-        if constexpr (kStaged) __syncthreads();
+        for (int p = 0; p < kXLoads; ++p) xv[d][p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
+      }
 
-        const int next = lesser_of(c0 + kDepth * kStepCols, c_end - kStepCols);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) raw[d][e] = F::load(w_src[e], next, t);
+      for (int s = 0; s < 4; ++s) {
+        const unsigned int fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
         if constexpr (kStaged) {
 #pragma unroll
-          for (int p = 0; p < kXLoads; ++p) xv[d][p] = *reinterpret_cast<const float4*>(x_src[p] + Step::column(next, x_col[p]));
-        }
-
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const unsigned int fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
-          if constexpr (kStaged) {
-#pragma unroll
-            for (int j = 0; j < kTokenTiles; ++j) {
-              const unsigned int* src = reinterpret_cast<const unsigned int*>(xs + (8 * j + g) * kStreamStride + 16 * s + 4 * t);
-              const unsigned int fb[2] = {src[0], src[1]};
-              rf_mma_m16n8k16_f16(acc + 4 * j, fa, fb);
-            }
-          } else {
-            const unsigned int fb[2] = {pack_f16(xd[s].x, xd[s].y), pack_f16(xd[s].z, xd[s].w)};
-            rf_mma_m16n8k16_f16(acc, fa, fb);
+          for (int j = 0; j < kTokenTiles; ++j) {
+            const unsigned int* src = reinterpret_cast<const unsigned int*>(xs + (8 * j + g) * kStreamStride + 16 * s + 4 * t);
+            const unsigned int fb[2] = {src[0], src[1]};
+            rf_mma_m16n8k16_f16(acc + 4 * j, fa, fb);
           }
+        } else {
+          const unsigned int fb[2] = {pack_f16(xd[s].x, xd[s].y), pack_f16(xd[s].z, xd[s].w)};
+          rf_mma_m16n8k16_f16(acc, fa, fb);
         }
       }
     }
+  }
 
-    constexpr int kCombineBatch = F::kCombineFloats > kAcc ? F::kCombineFloats / kAcc : 1;
-    if (splits > 1 && !combine_splits<kCombineBatch>(acc, a, tile, split, tid, last)) continue;  // uniform
+  constexpr int kCombineBatch = F::kCombineFloats > kAcc ? F::kCombineFloats / kAcc : 1;
+  if (splits > 1 && !combine_splits<kCombineBatch>(acc, a, key, split, tid, last)) return;  // uniform
 
-    // c0, c1: row g, tokens 2t, 2t + 1 of token tile j; c2, c3: row g + 8.
+  // c0, c1: row g, tokens 2t, 2t + 1 of token tile j; c2, c3: row g + 8.
 #pragma unroll
-    for (int j = 0; j < kTokenTiles; ++j)
+  for (int j = 0; j < kTokenTiles; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        store_result(a, r0 + 16 * warp + g + 8 * (e >> 1), t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);
+    for (int e = 0; e < 4; ++e)
+      store_result(a, r0 + 16 * warp + g + 8 * (e >> 1), t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);
+}
+
+// The tiles of 128 rows x TN tokens of a's product, one item (tile, split) after another; the same items, split
+// ranges, workspace and results as mma_tiles<Step, 32, ...> (a direct tile's partials are a quarter of the
+// workspace slot's size).
+template <class F, int TN>
+__device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* xs, int* last) {
+  const int tiles = ((a.rows + kTileRows - 1) / kTileRows) * ((a.n_tokens + TN - 1) / TN);
+  const int items = tiles * a.splits;
+  // For the kernel ahead: the first item waits (fragment_item). The 32-element formats' entries wait first (a
+  // wait there raised their registers: Q8_0's direct entry 79 -> 86, past three workgroups an SM).
+  bool waited = !F::kWeightsBeforeWait;
+  for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
+    const int tile = item / a.splits;
+    fragment_item<F, TN>(a, tile, item - tile * a.splits, tile, xs, last, waited);
+  }
+}
+
+// The attention input's three products of one x (q, k and v: K-quants, each of its own type) in one launch, so
+// that k's and v's few row tiles share the q tiles' waves instead of paying a launch and a tail each. Their tiles
+// are numbered q's, then k's, then v's (the workspace's counters and partials follow that numbering), each split
+// into q.splits column ranges; types: Q4_K 0, Q5_K 1, Q6_K 2 (hipcore/ops/matmul_mma.py QKV_TYPE_CODES).
+struct QkvLaunch {
+  float* y[3];
+  const unsigned char* W[3];
+  int rows[3], type[3];
+  const void* x;
+  unsigned char* workspace;
+  int cols, n_tokens, splits;
+};
+
+template <class T>
+static __device__ __forceinline__ T of_three(const T (&v)[3], int m) {
+  return m == 0 ? v[0] : m == 1 ? v[1] : v[2];
+}
+
+template <int TN>
+__device__ __forceinline__ void qkv_fragment_tiles(const QkvLaunch& q, unsigned short* xs, int* last) {
+  const int token_tiles = (q.n_tokens + TN - 1) / TN;
+  const int first_k = ((q.rows[0] + kTileRows - 1) / kTileRows) * token_tiles;
+  const int first_v = first_k + ((q.rows[1] + kTileRows - 1) / kTileRows) * token_tiles;
+  const int items = (first_v + ((q.rows[2] + kTileRows - 1) / kTileRows) * token_tiles) * q.splits;
+  bool waited = false;
+  for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
+    const int key = item / q.splits, split = item - key * q.splits;
+    const int m = key < first_k ? 0 : key < first_v ? 1 : 2;
+    // Selected, not indexed: an index into the parameters put the whole struct on the stack.
+    const Launch a = {of_three(q.y, m), of_three(q.W, m), q.x, q.workspace, of_three(q.rows, m), q.cols, q.n_tokens,
+                      q.splits, 0};
+    const int tile = key - (m == 0 ? 0 : m == 1 ? first_k : first_v);
+    switch (of_three(q.type, m)) {  // uniform
+      case 0: fragment_item<WideFragments<false>, TN>(a, tile, split, key, xs, last, waited); break;
+      case 1: fragment_item<WideFragments<true>, TN>(a, tile, split, key, xs, last, waited); break;
+      default: fragment_item<Wide6Fragments, TN>(a, tile, split, key, xs, last, waited); break;
+    }
   }
 }
 #endif

@@ -451,3 +451,54 @@ def test_a_broken_swiglu_is_caught(kind, fault, tmp_path):
     harness = nvidia_harness_with(*faults[fault], tmp_path)
     rng = np.random.default_rng(seed)
     assert_caught(fault, lambda: measure(harness, rng, tmp_path))
+
+
+# The attention input's q|k|v in one launch (NVIDIA's fragment path): (types, rows, n_tokens, splits): the 32-token
+# tiles with every row tile cut short and three splits; the direct entry (5 tokens) with four; Q6_K q and k with a
+# Q4_K v, whole tiles, unsplit.
+QKV_CASES = [(("q4_k", "q4_k", "q6_k"), (130, 36, 20), 9, 3), (("q5_k", "q5_k", "q6_k"), (64, 40, 140), 5, 4),
+             (("q6_k", "q6_k", "q4_k"), (256, 128, 128), 32, 1)]
+
+
+def qkv_worst_excess(harness, types, rows, n_tokens, splits, rng, tmp_path, cols: int = 512) -> float:
+    """max |got - want| / bound over the three products of one matmul_mma_qkv launch (NaN: unwritten)."""
+    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, rows)]
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    (tmp_path / "w").write_bytes(b"".join(raw.tobytes() for raw in raws))
+    x.tofile(tmp_path / "x")
+    tile = 8 if n_tokens <= matmul_mma.DIRECT_MAX_TOKENS else 32
+    tiles = sum(matmul_mma.tile_count(r, n_tokens, tile) for r in rows)
+    ws_bytes = matmul_mma.partial_bytes(tiles, splits, 32) if splits > 1 else 0
+    grid, threads, used, entry = matmul_mma.qkv_geometry(rows, n_tokens, cols, ws_bytes, splits)
+    assert used == splits
+    codes = sum(matmul_mma.QKV_TYPE_CODES[t] << (4 * i) for i, t in enumerate(types))
+    run_mma(harness, entry, grid, threads, ",".join(map(str, rows)), cols, n_tokens, codes, splits, 0, ws_bytes,
+            tmp_path / "w", tmp_path / "x", "-", tmp_path / "y", tmp_path / "ws")
+    got, at, worst = np.fromfile(tmp_path / "y", np.float32), 0, 0.0
+    for raw, t, r in zip(raws, types, rows):
+        part = got[at:at + n_tokens * r].reshape(n_tokens, r)
+        at += n_tokens * r
+        want = matmul_mma.reference(raw, t, x, r, cols)
+        bound = matmul_mma.error_bound(raw, t, x, r, cols)
+        worst = max(worst, float(np.max(np.where(np.isfinite(part), np.abs(part - want) / bound, np.inf))))
+    if ws_bytes:
+        counters = np.fromfile(tmp_path / "ws", np.int32)[:matmul_mma.COUNTER_BYTES // 4]
+        assert not counters.any(), f"{types} {splits} splits: the counters were not left at zero"
+    return worst
+
+
+def test_qkv_in_one_launch_matches_the_reference(mma_harnesses, tmp_path):
+    rng = np.random.default_rng(17)
+    for types, rows, n_tokens, splits in QKV_CASES:
+        excess = qkv_worst_excess(mma_harnesses["nvidia_mma"], types, rows, n_tokens, splits, rng, tmp_path)
+        assert excess <= 1.0, f"{types} rows {rows} tokens {n_tokens} splits {splits}: {excess:.3g} x the bound"
+
+
+@pytest.mark.parametrize("fault", ["v's tiles counted from k's", "Q4_K read as Q5_K"])
+def test_a_wrong_qkv_item_is_caught(fault, tmp_path):
+    old, new = {"v's tiles counted from k's": ("m == 1 ? first_k : first_v);", "m == 1 ? first_k : first_k);"),
+                "Q4_K read as Q5_K": ("case 0: fragment_item<WideFragments<false>, TN>",
+                                      "case 0: fragment_item<WideFragments<true>, TN>")}[fault]
+    harness = nvidia_harness_with(old, new, tmp_path)
+    rng = np.random.default_rng(19)
+    assert_caught(fault, lambda: qkv_worst_excess(harness, *QKV_CASES[0][:2], 9, 3, rng, tmp_path))

@@ -29,7 +29,7 @@ DEFERRED = {
     "fused_qmatvec": ("fused_qmatvec_tiles.h", "tile_dot",
                       ("__syncthreads", "stage_chunk", "st.", "x[", "*x", "out[", "atomic")),
     # The fragment path's K-quant entries: the first item's weights, then the wait, then x, y and the workspace.
-    "matmul_mma": ("matmul_mma_fragments.h", "fragment_tiles",
+    "matmul_mma": ("matmul_mma_fragments.h", "fragment_item",
                    ("__syncthreads", "float4*>(x_src", "xs +", "xv[d]", "store_result", "combine_splits", "atomic",
                     "a.y", "workspace")),
     "fused_matvec": ("fused_matvec.hip", "fused_matvec",
@@ -197,7 +197,7 @@ def test_the_check_catches_the_fragment_path_reading_x_before_its_wait():
     source = (kernels_dir() / header).read_text()
     assert deferred_wait_problems(source, function, forbidden) == []
     assert "F::load" in code_before_wait(source, function)  # what the deferral is for
-    wait = "      rf_grid_dependency_sync();\n"
+    wait = "    rf_grid_dependency_sync();\n"
     assert source.count(wait) == 1
     without = source.replace(wait, "")
     assert deferred_wait_problems(without, function, forbidden) == [f"{function} never calls {SYNC}"]

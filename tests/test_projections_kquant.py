@@ -121,6 +121,8 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
     fused = ["attn_norm+qkv+rope", "ffn_norm+gate_up+silu", "attn_output+residual"]
     single = ["attn_norm", "q_proj", "k_proj", "v_proj", "rope_q", "rope_k", "ffn_norm", "gate_proj", "up_proj",
               "silu_mul", "attn_output+residual"]
+    # on the fragment path q, k and v are one launch (matmul_mma.launch_qkv)
+    fragments = ["attn_norm", "qkv_proj"] + single[4:]
 
     def names(t):
         return [n for plan in (p.attention_input(lw, t, b["q"]), p.feed_forward_input(lw, t),
@@ -132,7 +134,7 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
 
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
     assert projections.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == 4
-    assert names(4) == fused and names(5) == single
+    assert names(4) == fused and names(5) == fragments
     assert head_names(4) == ["output_norm+head"] and head_names(5) == ["output_norm", "head"]
     monkeypatch.setattr(cpu_device, "arch", "gfx942")
     assert projections.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == FUSED_QMATVEC_MAX_TOKENS

@@ -213,7 +213,16 @@ class ProjectionPlanner:
         f16 = self.qkv_f16(lw, t)
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
                                                                    cfg.rms_norm_eps, out_f16=f16))]
-        for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
+        weights = (lw.attn_q, lw.attn_k, lw.attn_v)
+        one_launch = not f16 and None not in weights and matmul_mma.takes_qkv(dev, t, tuple(w.fmt for w in weights),
+                                                                               h)
+        if one_launch:  # a decode batch's three products on the fragment path: one launch (matmul_mma.launch_qkv)
+            plan.append(("qkv_proj", lambda: matmul_mma.launch_qkv(
+                dev, st, (b["q"], b["k"], b["v"]), tuple(weight_arg(w) for w in weights), b["xn"],
+                tuple(w.rows for w in weights), h, t, weight_types=tuple(w.fmt for w in weights),
+                workspace=self.workspace)))
+        for name, out, wt in () if one_launch else (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k),
+                                                    ("v", b["v"], lw.attn_v)):
             if f16:
                 plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.launch(
                     dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,

@@ -265,3 +265,34 @@ def test_the_wide_geglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     bound = matmul_mma_swiglu.silu_up_error_bound(w_gate, w_up, weight_type, x32, rows, cols, "gelu")
     bad = ~(np.abs(got - want) <= bound)
     assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0].tolist()}"
+
+
+@pytest.mark.parametrize("types,rows,cols,n_tokens", [
+    # Llama-3.1-8B's attention input (Q4_K_M's two kinds of layer) at a batch of 8 (the direct entry) and 32;
+    # Llama-3.2-1B's; a Q5_K_M layer; rows that cut tiles short.
+    (("q4_k", "q4_k", "q6_k"), (4096, 1024, 1024), 4096, 8), (("q4_k", "q4_k", "q6_k"), (4096, 1024, 1024), 4096, 32),
+    (("q4_k", "q4_k", "q4_k"), (4096, 1024, 1024), 4096, 32), (("q4_k", "q4_k", "q6_k"), (2048, 512, 512), 2048, 24),
+    (("q5_k", "q5_k", "q6_k"), (4096, 1024, 1024), 4096, 6), (("q6_k", "q5_k", "q4_k"), (300, 130, 36), 512, 40),
+])
+def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
+    """matmul_mma.launch_qkv with a workspace as the runner has: each of q, k and v within the bound of its
+    reference, twice in a row bit for bit the same, the counters left at zero."""
+    from hipcore.ops import fused_matmul
+
+    raws = [random_weights(rng, t, r, cols) for t, r in zip(types, rows)]
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    ws = tuple(mem.upload(raw, "weights") for raw in raws)
+    xs = mem.upload(x)
+    ys = tuple(mem.poisoned(n_tokens * r * 4) for r in rows)
+    workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8))
+    assert matmul_mma.takes_qkv(gpu, n_tokens, types, cols)
+    runs = []
+    for _ in range(2):
+        matmul_mma.launch_qkv(gpu, None, ys, ws, xs, rows, cols, n_tokens, weight_types=types, workspace=workspace)
+        runs.append([y.download(np.float32).reshape(n_tokens, r) for y, r in zip(ys, rows)])
+        for got, raw, t, r, name in zip(runs[-1], raws, types, rows, "qkv"):
+            want = matmul_mma.reference(raw, t, x, r, cols)
+            bad = ~(np.abs(got - want) <= matmul_mma.error_bound(raw, t, x, r, cols))
+            assert not bad.any(), f"seed {seed}, {name} ({t}): {int(bad.sum())} of {bad.size} outputs off"
+    assert all(np.array_equal(a, b) for a, b in zip(*runs)), "two launches of the same products differ"
+    assert not workspace.download(np.int32, matmul_mma.COUNTER_BYTES // 4).any(), "counters left non-zero"

@@ -12,7 +12,10 @@
 // (tile 128). The SwiGLU's up product (matmul_mma_silu_up_<type>) reads W_up from the W file, f16 x, the gate's
 // float32 product from the y_in file, and writes h16 (f16, starting as 0xFF bytes) to the y file; tile and
 // accumulate are not its arguments (pass 128 0), splits is (1); the GeGLU's (matmul_mma_gelu_up_<type>) likewise.
-// Both exist on NVIDIA's mma only.
+// Both exist on NVIDIA's mma only. The attention input's q|k|v entries (matmul_mma_qkv_fragments and _direct, NVIDIA's
+// mma only) take rows as "q,k,v" (three row counts), tile_tokens as the packed type codes (matmul_mma.py
+// QKV_TYPE_CODES, 4 bits each, q's lowest), q's, k's and v's weights one after another in the W file, and write
+// y_q, y_k and y_v one after another to the y file (starting as NaN); accumulate 0 and y_in "-".
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +35,34 @@ int main(int argc, char** argv) {
   const int splits = std::atoi(argv[8]), accumulate = std::atoi(argv[9]);
   const size_t workspace_bytes = (size_t)std::atoll(argv[10]);
   std::vector<char> w = read_file(argv[11]), x = read_file(argv[12]);
+#if RF_MMA_KIND == 1
+  using Qkv = void (*)(float*, float*, float*, const void*, const void*, const void*, const float*, void*, int, int, int,
+                       int, int, int, int);
+  const std::map<std::string, Qkv> qkv = {{"matmul_mma_qkv_fragments", matmul_mma_qkv_fragments},
+                                          {"matmul_mma_qkv_direct", matmul_mma_qkv_direct}};
+  if (qkv.count(entry)) {
+    int r[3];
+    if (std::sscanf(argv[4], "%d,%d,%d", &r[0], &r[1], &r[2]) != 3 || accumulate) return 5;
+    const int types = tile, block_bytes[3] = {144, 176, 210};  // Q4_K, Q5_K, Q6_K per 256 columns
+    size_t w_at[3], y_at[3], w_end = 0, y_end = 0;
+    for (int i = 0; i < 3; ++i) {
+      w_at[i] = w_end, y_at[i] = y_end;
+      w_end += (size_t)r[i] * (cols / 256) * block_bytes[(types >> (4 * i)) & 15];
+      y_end += (size_t)r[i] * tokens;
+    }
+    if (w.size() != w_end) return 5;
+    std::vector<float> ys(y_end, std::nanf(""));
+    std::vector<char> workspace(workspace_bytes, 0);
+    void* ws = workspace_bytes ? workspace.data() : nullptr;
+    emu_launch(grid, block, [&] {
+      qkv.at(entry)(ys.data() + y_at[0], ys.data() + y_at[1], ys.data() + y_at[2], w.data() + w_at[0], w.data() + w_at[1],
+                    w.data() + w_at[2], (const float*)x.data(), ws, r[0], r[1], r[2], types, cols, tokens, splits);
+    });
+    write_file(argv[14], ys.data(), ys.size() * 4);
+    write_file(argv[15], workspace.data(), workspace_bytes);
+    return 0;
+  }
+#endif
   std::vector<float> y((size_t)rows * tokens, std::nanf(""));
   if (std::string(argv[13]) != "-") {
     std::vector<char> y_in = read_file(argv[13]);
