@@ -475,6 +475,28 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTok
   }
 RF_MATMUL_MMA_QKV_ENTRY(matmul_mma_qkv_fragments, mmq::kStreamTokens, RF_STAGED_X)
 RF_MATMUL_MMA_QKV_ENTRY(matmul_mma_qkv_direct, mmq::kDirectTokens, 8)
+// A decode batch's SwiGLU feed-forward input in one launch (mmq::swiglu_fragment_tiles; gate and up of one K-quant
+// type): matmul_mma_swiglu_fragments_<type> (32-token tiles, x staged) and matmul_mma_swiglu_direct_<type> (at most 8
+// tokens), (gate, up, W_gate, W_up, x, workspace, rows, cols, n_tokens, splits): gate = silu(x W_gate^T) * (x W_up^T)
+// as float32, up the up product's scratch (hipcore/ops/matmul_mma_swiglu.py launch_swiglu_fragments).
+#define RF_MATMUL_MMA_SWIGLU_FRAGMENT_ENTRY(name, Step, TN, kXsHalves)                                            \
+  extern "C" __global__ __launch_bounds__(256, 2) void name(                                                     \
+      float* __restrict__ gate, float* __restrict__ up, const void* __restrict__ W_gate,                         \
+      const void* __restrict__ W_up, const float* __restrict__ x, void* workspace, int rows, int cols,           \
+      int n_tokens, int splits) {                                                                               \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[kXsHalves];                                         \
+    __shared__ int last;                                                                                          \
+    rf_grid_dependency_deferred(); /* waits in fragment_item */                                                   \
+    const mmq::Launch a = {gate, static_cast<const unsigned char*>(W_gate), x, static_cast<unsigned char*>(workspace), \
+                           rows, cols, n_tokens, splits, 0, up, static_cast<const unsigned char*>(W_up), nullptr}; \
+    mmq::swiglu_fragment_tiles<typename mmq::Fragments<Step>::Format, TN>(a, xs, &last);                         \
+  }
+RF_MATMUL_MMA_SWIGLU_FRAGMENT_ENTRY(matmul_mma_swiglu_fragments_q4_k, mmq::Wide<false>, mmq::kStreamTokens, RF_STAGED_X)
+RF_MATMUL_MMA_SWIGLU_FRAGMENT_ENTRY(matmul_mma_swiglu_fragments_q5_k, mmq::Wide<true>, mmq::kStreamTokens, RF_STAGED_X)
+RF_MATMUL_MMA_SWIGLU_FRAGMENT_ENTRY(matmul_mma_swiglu_fragments_q6_k, mmq::Wide6, mmq::kStreamTokens, RF_STAGED_X)
+RF_MATMUL_MMA_SWIGLU_FRAGMENT_ENTRY(matmul_mma_swiglu_direct_q4_k, mmq::Wide<false>, mmq::kDirectTokens, 8)
+RF_MATMUL_MMA_SWIGLU_FRAGMENT_ENTRY(matmul_mma_swiglu_direct_q5_k, mmq::Wide<true>, mmq::kDirectTokens, 8)
+RF_MATMUL_MMA_SWIGLU_FRAGMENT_ENTRY(matmul_mma_swiglu_direct_q6_k, mmq::Wide6, mmq::kDirectTokens, 8)
 // The 32-element block formats, F16 and BF16 (matmul_mma_block32_fragments.h): the fragment path, two runs of 32 a step
 // (a lane format for the staged entry, one for the direct), and the wide layers' prompts (projections.mma_first) in
 // 128-token tiles of f16 x only.

@@ -100,8 +100,10 @@ __device__ __forceinline__ bool combine_splits(float (&acc)[kAcc], const Launch&
 // tiles back from L2 (load_partial; its own too, row by row, coalesced, with no accumulator held), writes
 // silu(gate) * up as f16 into h16 (the down product's x, which it would round to f16 anyway) and sets the
 // tile's counter back to zero. Needs splits == 1 and at most kCounterBytes / 4 tiles (the launcher's
-// checks); silu as silu_mul.hip computes it (gated_activation.h).
-template <int TN>
+// checks); silu as silu_mul.hip computes it (gated_activation.h). kInPlace: the result goes to a.y as float32, over
+// the gate's tile (the fragment path's pairs: the down product after them reads float32 x), and `tile` is the
+// pair's counter.
+template <int TN, bool kInPlace = false>
 __device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, int t0, int tid, int* last) {
   int* counters = reinterpret_cast<int*>(a.workspace);
   __threadfence();  // as combine_splits: every thread's writes, then the count
@@ -121,7 +123,10 @@ __device__ __forceinline__ void swiglu_pair(const Launch& a, int tile, int r0, i
       const unsigned long long i = (unsigned long long)(t0 + t) * a.rows + r0 + r;
       const float g = load_partial(a.y + i);
       const float u = load_partial(a.y_up + i);
-      a.h16[i] = rf_float_to_f16(rf_silu_gated(g, u));
+      if constexpr (kInPlace)
+        a.y[i] = rf_silu_gated(g, u);
+      else
+        a.h16[i] = rf_float_to_f16(rf_silu_gated(g, u));
     }
   }
   if (tid == 0) counters[tile] = 0;  // the pair's counter, ready for the next launch

@@ -129,9 +129,12 @@ struct Fragments<Wide6> {
 // counter at workspace tile `key` (tile itself in a launch of one product; the tile's place among all three in
 // qkv_fragment_tiles'). waited: whether this workgroup has waited for the kernel ahead (the first item waits
 // once its weights are loading).
-template <class F, int TN>
+// kPair: the item is one product of a SwiGLU pair (swiglu_fragment_tiles): its whole tile stored, it counts itself in
+// the pair's counter pair_key and the second of the two writes silu(gate) * up over pair's gate tile.
+template <class F, int TN, bool kPair = false>
 __device__ __forceinline__ void fragment_item(const Launch& a, int tile, int split, int key, unsigned short* xs,
-                                              int* last, bool& waited) {
+                                              int* last, bool& waited, const Launch* pair = nullptr,
+                                              int pair_key = 0) {
   typedef typename F::Step Step;
   constexpr bool kStaged = TN != kDirectTokens;
   constexpr int kStepCols = Step::kStepCols, kDepth = F::kDepth;
@@ -253,6 +256,7 @@ __device__ __forceinline__ void fragment_item(const Launch& a, int tile, int spl
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       store_result(a, r0 + 16 * warp + g + 8 * (e >> 1), t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);
+  if constexpr (kPair) swiglu_pair<TN, true>(*pair, pair_key, r0, t0, tid, last);
 }
 
 // The tiles of 128 rows x TN tokens of a's product, one item (tile, split) after another; the same items, split
@@ -268,6 +272,26 @@ __device__ __forceinline__ void fragment_tiles(const Launch& a, unsigned short* 
   for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
     const int tile = item / a.splits;
     fragment_item<F, TN>(a, tile, item - tile * a.splits, tile, xs, last, waited);
+  }
+}
+
+// A decode batch's feed-forward input in one launch: h = silu(x W_gate^T) * (x W_up^T), both of a's format, into a.y
+// (float32, the gate's scratch first; the down product's x), a.y_up the up product's scratch. Each tile's gate and
+// up are two items side by side (pair item 2 tile + product), each split into a.splits column ranges whose partials
+// and counters are the pair item's (combine_splits); the whole tiles then meet through the pair's counter, 2 tiles
+// + tile (swiglu_pair). One launch instead of gate, up and silu_mul: the two products share their waves and the
+// activation needs no launch of its own.
+template <class F, int TN>
+__device__ __forceinline__ void swiglu_fragment_tiles(const Launch& a, unsigned short* xs, int* last) {
+  const int tiles = ((a.rows + kTileRows - 1) / kTileRows) * ((a.n_tokens + TN - 1) / TN);
+  const int items = 2 * tiles * a.splits;
+  bool waited = !F::kWeightsBeforeWait;
+  for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
+    const int pair_item = item / a.splits, split = item - pair_item * a.splits;
+    const int tile = pair_item >> 1, product = pair_item & 1;
+    const Launch own = {product ? a.y_up : a.y, product ? a.W_up : a.W, a.x, a.workspace, a.rows, a.cols, a.n_tokens,
+                        a.splits, 0};
+    fragment_item<F, TN, true>(own, tile, split, pair_item, xs, last, waited, &a, 2 * tiles + tile);
   }
 }
 

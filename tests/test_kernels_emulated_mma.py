@@ -502,3 +502,49 @@ def test_a_wrong_qkv_item_is_caught(fault, tmp_path):
     harness = nvidia_harness_with(old, new, tmp_path)
     rng = np.random.default_rng(19)
     assert_caught(fault, lambda: qkv_worst_excess(harness, *QKV_CASES[0][:2], 9, 3, rng, tmp_path))
+
+
+# The fragment path's SwiGLU (gate, up and silu in one launch): (type, rows, n_tokens, splits): 32-token tiles, row
+# tiles cut short, three splits; the direct entry unsplit; Q6_K's 32-token tiles, two splits.
+SWIGLU_FRAGMENT_CASES = [("q4_k", 130, 9, 3), ("q5_k", 200, 6, 1), ("q6_k", 64, 20, 2)]
+
+
+def swiglu_fragments_worst_excess(harness, weight_type, rows, n_tokens, splits, rng, tmp_path, cols: int = 512):
+    """max over silu(gate) * up and the up product of |got - want| / bound of one launch (NaN: unwritten)."""
+    w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    (tmp_path / "w").write_bytes(w_gate.tobytes() + w_up.tobytes())
+    x.tofile(tmp_path / "x")
+    tile = 8 if n_tokens <= matmul_mma.DIRECT_MAX_TOKENS else 32
+    ws_bytes = matmul_mma.partial_bytes(2 * matmul_mma.tile_count(rows, n_tokens, tile), splits, 32)
+    grid, threads, used, entry = matmul_mma_swiglu.swiglu_fragments_geometry(weight_type, rows, n_tokens, cols,
+                                                                             ws_bytes, splits)
+    assert used == splits
+    run_mma(harness, entry, grid, threads, rows, cols, n_tokens, 0, splits, 0, ws_bytes, tmp_path / "w",
+            tmp_path / "x", "-", tmp_path / "y", tmp_path / "ws")
+    got = np.fromfile(tmp_path / "y", np.float32).reshape(2, n_tokens, rows)
+    want_h, _, want_u = matmul_mma_swiglu.swiglu_reference(w_gate, w_up, weight_type, x, rows, cols)
+    bound_h, _, bound_u = matmul_mma_swiglu.swiglu_error_bound(w_gate, w_up, weight_type, x, rows, cols)
+    counters = np.fromfile(tmp_path / "ws", np.int32)[:matmul_mma.COUNTER_BYTES // 4]
+    assert not counters.any(), f"{weight_type} {splits} splits: the counters were not left at zero"
+    return max(float(np.max(np.where(np.isfinite(g), np.abs(g - w) / b, np.inf)))
+               for g, w, b in ((got[0], want_h, bound_h), (got[1], want_u, bound_u)))
+
+
+def test_the_fragment_paths_swiglu_matches_the_reference(mma_harnesses, tmp_path):
+    rng = np.random.default_rng(23)
+    for weight_type, rows, n_tokens, splits in SWIGLU_FRAGMENT_CASES:
+        excess = swiglu_fragments_worst_excess(mma_harnesses["nvidia_mma"], weight_type, rows, n_tokens, splits, rng,
+                                               tmp_path)
+        assert excess <= 1.0, f"{weight_type} rows {rows} tokens {n_tokens} splits {splits}: {excess:.3g} x the bound"
+
+
+@pytest.mark.parametrize("fault", ["the pair's SwiGLU left out", "up for gate"])
+def test_a_wrong_swiglu_pair_is_caught(fault, tmp_path):
+    old, new = {"the pair's SwiGLU left out": ("  if constexpr (kPair) swiglu_pair<TN, true>(*pair, pair_key, r0, t0, tid, last);\n",
+                                               ""),
+                "up for gate": ("const Launch own = {product ? a.y_up : a.y, product ? a.W_up : a.W,",
+                                "const Launch own = {product ? a.y_up : a.y, a.W_up,")}[fault]
+    harness = nvidia_harness_with(old, new, tmp_path)
+    rng = np.random.default_rng(29)
+    assert_caught(fault, lambda: swiglu_fragments_worst_excess(harness, "q4_k", 130, 9, 3, rng, tmp_path))

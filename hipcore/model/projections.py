@@ -214,8 +214,8 @@ class ProjectionPlanner:
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
                                                                    cfg.rms_norm_eps, out_f16=f16))]
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
-        one_launch = not f16 and None not in weights and matmul_mma.takes_qkv(dev, t, tuple(w.fmt for w in weights),
-                                                                               h)
+        one_launch = not f16 and None not in weights and matmul_mma.takes_qkv(
+            dev, t, tuple(w.fmt for w in weights), h, tuple(w.rows for w in weights))
         if one_launch:  # a decode batch's three products on the fragment path: one launch (matmul_mma.launch_qkv)
             plan.append(("qkv_proj", lambda: matmul_mma.launch_qkv(
                 dev, st, (b["q"], b["k"], b["v"]), tuple(weight_arg(w) for w in weights), b["xn"],
@@ -276,6 +276,13 @@ class ProjectionPlanner:
                         dev, st, b["ffn_h16"], b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t,
                         weight_type=gate.fmt, workspace=self.workspace))]
         plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
+        gate, up = lw.ffn_gate, lw.ffn_up
+        if swiglu and None not in (gate, up) and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, h) and \
+                matmul_mma_swiglu.swiglu_fragments_fit(dev, t, f, h, (gate.fmt, up.fmt), self.workspace):
+            # a decode batch on the fragment path: gate, up and SwiGLU in one launch (float32 h in b["gate"])
+            return plan + [("gate_up+silu", lambda: matmul_mma_swiglu.launch_swiglu_fragments(
+                dev, st, b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t, weight_type=gate.fmt,
+                workspace=self.workspace))]
         for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
             plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,

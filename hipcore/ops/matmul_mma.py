@@ -406,12 +406,14 @@ QKV_TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2}
 QKV_ENV = "ROCMFORGE_QKV_ONE_LAUNCH"
 
 
-def takes_qkv(device: Device, n_tokens: int, weight_types: tuple[str, str, str], cols: int) -> bool:
-    """Whether a step of n_tokens tokens computes q, k and v of these types in one launch_qkv."""
+def takes_qkv(device: Device, n_tokens: int, weight_types: tuple[str, str, str], cols: int,
+              rows: tuple[int, int, int]) -> bool:
+    """Whether a step of n_tokens tokens computes q, k and v of these types and row counts in one launch_qkv."""
     if os.environ.get(QKV_ENV, "1") == "0":
         return False
     return all(t in QKV_TYPE_CODES and has_fragment_path(device.arch, t, 32, cols)
-               and takes_matrix_cores(device, n_tokens, t) for t in weight_types)
+               and takes_matrix_cores(device, n_tokens, t) for t in weight_types) and all(
+        pick_tile_tokens(r, n_tokens) == 32 for r in rows)  # where each product alone takes the fragment path
 
 
 def qkv_geometry(rows: tuple[int, int, int], n_tokens: int, cols: int, workspace_bytes: int,

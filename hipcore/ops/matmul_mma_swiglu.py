@@ -12,21 +12,29 @@ W_up p, x16 p, rows i, cols i, n_tokens i, splits i)` computes the up product fr
 silu(gate) * up as f16 from its epilogue, gate being the float32 gate product a launch before (matmul_mma.launch
 with x_f16); splits is 1 (an argument only because nvcc spilled more without it). With activation "gelu" (Gemma's
 GeGLU) `matmul_mma_gelu_up_<type>` (GELU_UP_TYPES), the same with gelu(gate) * up.
+
+A decode batch's SwiGLU on the fragment path (`launch_swiglu_fragments`, where `swiglu_fragments_fit`):
+`matmul_mma_swiglu_fragments_<type>` (32-token tiles) or `matmul_mma_swiglu_direct_<type>` (at most 8 tokens), (gate
+p, up p, W_gate p, W_up p, x p, workspace p, rows i, cols i, n_tokens i, splits i): gate = silu(x @ W_gate^T) * (x @
+W_up^T) as float32 from float32 x (the down product's x on the fragment path), up the up product's scratch; the
+columns split as a product's are, gate and up tiles side by side.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 import numpy as np
 
 from hipcore.ops import gelu_mul, matvec, silu_mul
 from hipcore.ops.launch_checks import check_disjoint, check_memory
-from hipcore.ops.matmul_mma import (COUNTER_BYTES, F16_BYTES, F16_HALF_SPACING, MAX_GRID, MAX_SPLIT_TILES, OP, THREADS,
-                                    U16, WEIGHT_ALIGNMENT, WIDE_TILE_TOKENS, X16_WIDE_ONLY_TYPES, error_bound, has_wide_tiles,
-                                    pick_splits, pick_tile_tokens, pick_x16_tile_tokens, reference, takes_matrix_cores,
-                                    tile_count)
+from hipcore.ops.matmul_mma import (COUNTER_BYTES, DIRECT_MAX_TOKENS, F16_BYTES, F16_HALF_SPACING, INT32_MAX, MAX_GRID,
+                                    MAX_SPLIT_TILES, OP, THREADS, U16, WEIGHT_ALIGNMENT, WIDE_STEP_COLS, WIDE_TILE_TOKENS,
+                                    WIDE_TYPES, X16_WIDE_ONLY_TYPES, error_bound, has_fragment_path, has_wide_tiles,
+                                    partial_bytes, pick_splits, pick_tile_tokens, pick_x16_tile_tokens, reference,
+                                    takes_matrix_cores, tile_count)
 from hipcore.ops.weight_formats import host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -207,3 +215,84 @@ def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w
     grid = min(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), MAX_GRID)
     get_kernel(device, OP, entry, SILU_UP_SIGNATURE, programmatic=True).launch(
         grid, THREADS, (h16, gate, w_up, x16, rows, cols, n_tokens, 1), stream=stream)
+
+
+# ---- a decode batch's SwiGLU on the fragment path ---------------------------------------------------
+
+# Gate, up and SwiGLU of a decode batch in one launch (kernels/matmul_mma_fragments.h swiglu_fragment_tiles) instead
+# of two fragment-path products and silu_mul: the two products share their waves and the activation its launch.
+# "0" in SWIGLU_FRAGMENTS_ENV: the three launches (to measure what the one saves).
+SWIGLU_FRAGMENT_SIGNATURE = "ppppppiiii"
+SWIGLU_FRAGMENT_TYPES = WIDE_TYPES
+SWIGLU_FRAGMENTS_ENV = "ROCMFORGE_SWIGLU_FRAGMENTS"
+
+
+def swiglu_fragments_fit(device: Device, n_tokens: int, rows: int, cols: int, weight_types: tuple[str, str],
+                         workspace: Any) -> bool:
+    """Whether launch_swiglu_fragments takes gate and up of these types: one type of SWIGLU_FRAGMENT_TYPES on NVIDIA's
+    fragment path at n_tokens tokens, a workspace Buffer for the counters (two products' tiles and the pairs')."""
+    weight_type = weight_types[0]
+    if os.environ.get(SWIGLU_FRAGMENTS_ENV, "1") == "0" or weight_types[1] != weight_type:
+        return False
+    tiles = tile_count(rows, n_tokens, DIRECT_MAX_TOKENS if n_tokens <= DIRECT_MAX_TOKENS else 32)
+    return (weight_type in SWIGLU_FRAGMENT_TYPES and has_fragment_path(device.arch, weight_type, 32, cols)
+            and takes_matrix_cores(device, n_tokens, weight_type) and isinstance(workspace, Buffer)
+            and workspace.nbytes >= COUNTER_BYTES and 3 * tiles <= MAX_SPLIT_TILES
+            and pick_tile_tokens(rows, n_tokens) == 32)  # where each product alone takes the fragment path
+
+
+def swiglu_fragments_geometry(weight_type: str, rows: int, n_tokens: int, cols: int, workspace_bytes: int,
+                              splits: int | None = None) -> tuple[int, int, int, str]:
+    """(grid, block, splits, entry) of launch_swiglu_fragments: the direct entry's 8-token tiles for at most
+    DIRECT_MAX_TOKENS tokens, else 32-token tiles; gate's and up's tiles together split as pick_splits splits one
+    product's (or `splits`), fewer while the workspace is too small (slots sized for 32-token tiles)."""
+    direct = n_tokens <= DIRECT_MAX_TOKENS
+    tiles = tile_count(rows, n_tokens, DIRECT_MAX_TOKENS if direct else 32)
+    if 3 * tiles > MAX_SPLIT_TILES:
+        raise ValueError(f"{OP}: {tiles} tiles of a SwiGLU pair need more than the {MAX_SPLIT_TILES} counters")
+    steps = cols // WIDE_STEP_COLS
+    split = pick_splits(2 * tiles, cols, WIDE_STEP_COLS) if splits is None else splits
+    if isinstance(split, bool) or not isinstance(split, int) or not 1 <= split <= steps:
+        raise ValueError(f"{OP}: splits must be an int in [1, {steps}], got {split!r}")
+    while split > 1 and partial_bytes(2 * tiles, split, 32) > workspace_bytes:
+        split -= 1
+    if 2 * tiles * split > INT32_MAX:
+        raise ValueError(f"{OP}: {rows} rows x {n_tokens} tokens is more work items than the kernel counts")
+    entry = f"{OP}_swiglu_{'direct' if direct else 'fragments'}_{weight_type}"
+    return min(2 * tiles * split, MAX_GRID), THREADS, split, entry
+
+
+def launch_swiglu_fragments(device: Device, stream: Stream | None, gate: Any, up: Any, w_gate: Any, w_up: Any, x: Any,
+                            rows: int, cols: int, n_tokens: int, *, weight_type: str, workspace: Any) -> None:
+    """gate[n_tokens, rows] = silu(x @ W_gate^T) * (x @ W_up^T) in one launch (up: the up product, scratch), x
+    float32 [n_tokens, cols], both W [rows, cols] of `weight_type`; `workspace` a Buffer zeroed once (the kernels
+    leave its counters at zero). Only where swiglu_fragments_fit."""
+    if weight_type not in SWIGLU_FRAGMENT_TYPES or not has_fragment_path(device.arch, weight_type, 32, cols):
+        raise ValueError(f"{OP}: the fragment path's SwiGLU takes {', '.join(SWIGLU_FRAGMENT_TYPES)} on NVIDIA, not "
+                         f"{weight_type!r} on {device.arch}")
+    if not isinstance(workspace, Buffer) or workspace.nbytes < COUNTER_BYTES:
+        raise ValueError(f"{OP}: a SwiGLU pair needs a workspace Buffer of at least {COUNTER_BYTES} bytes (its counters)")
+    grid, block, split, entry = swiglu_fragments_geometry(weight_type, rows, n_tokens, cols, workspace.nbytes)
+    for y, w in ((gate, w_gate), (up, w_up), (gate, w_up), (up, w_gate)):  # each output apart from x and both W
+        matvec.check_operands(entry, weight_type, SWIGLU_FRAGMENT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens",
+                              alignment=WEIGHT_ALIGNMENT)
+    check_disjoint(entry, ("gate", gate, n_tokens * rows * 4), ("up", up, n_tokens * rows * 4))
+    kernel = get_kernel(device, OP, entry, SWIGLU_FRAGMENT_SIGNATURE, programmatic=True)
+    kernel.launch(grid, block, (gate, up, w_gate, w_up, x, workspace, rows, cols, n_tokens, split), stream=stream)
+
+
+def _host_swiglu_fragments(weight_type: str):
+    def run(device: CpuDevice, grid, block, gate: int, up: int, w_gate: int, w_up: int, x: int, workspace: int,
+            rows: int, cols: int, n_tokens: int, splits: int) -> None:
+        xs = device.view(x, np.float32, (n_tokens, cols))
+        g, u = np.empty((n_tokens, rows), np.float32), device.view(up, np.float32, (n_tokens, rows))
+        for w, out in ((w_gate, g), (w_up, u)):
+            host_product(device.view(w, np.uint8, (rows, row_bytes(weight_type, cols))), weight_type, xs, cols, out)
+        device.view(gate, np.float32, (n_tokens, rows))[:] = silu_mul.reference(g, u)  # as silu_mul's host kernel
+
+    return run
+
+
+for _type in SWIGLU_FRAGMENT_TYPES:
+    for _kind in ("fragments", "direct"):
+        cpu_kernel(f"{OP}_swiglu_{_kind}_{_type}", SWIGLU_FRAGMENT_SIGNATURE)(_host_swiglu_fragments(_type))

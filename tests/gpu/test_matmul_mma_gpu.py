@@ -285,7 +285,7 @@ def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
     xs = mem.upload(x)
     ys = tuple(mem.poisoned(n_tokens * r * 4) for r in rows)
     workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8))
-    assert matmul_mma.takes_qkv(gpu, n_tokens, types, cols)
+    assert matmul_mma.takes_qkv(gpu, n_tokens, types, cols, rows)
     runs = []
     for _ in range(2):
         matmul_mma.launch_qkv(gpu, None, ys, ws, xs, rows, cols, n_tokens, weight_types=types, workspace=workspace)
@@ -294,5 +294,36 @@ def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
             want = matmul_mma.reference(raw, t, x, r, cols)
             bad = ~(np.abs(got - want) <= matmul_mma.error_bound(raw, t, x, r, cols))
             assert not bad.any(), f"seed {seed}, {name} ({t}): {int(bad.sum())} of {bad.size} outputs off"
+    assert all(np.array_equal(a, b) for a, b in zip(*runs)), "two launches of the same products differ"
+    assert not workspace.download(np.int32, matmul_mma.COUNTER_BYTES // 4).any(), "counters left non-zero"
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
+    # Llama-3.1-8B's and Llama-3.2-1B's gate and up at batches of 8 (the direct entry) and 32; Q5_K and Q6_K; rows that
+    # cut a tile short.
+    ("q4_k", 14336, 4096, 8), ("q4_k", 14336, 4096, 32), ("q4_k", 8192, 2048, 24), ("q5_k", 14336, 4096, 6),
+    ("q6_k", 300, 512, 40),
+])
+def test_the_fragment_paths_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
+    """matmul_mma_swiglu.launch_swiglu_fragments with a workspace as the runner has: silu(gate) * up and the up
+    product within their bounds, twice in a row bit for bit the same, the counters left at zero."""
+    from hipcore.ops import fused_matmul
+
+    w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
+    gate, up = mem.poisoned(n_tokens * rows * 4), mem.poisoned(n_tokens * rows * 4)
+    workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8))
+    assert matmul_mma_swiglu.swiglu_fragments_fit(gpu, n_tokens, rows, cols, (weight_type, weight_type), workspace)
+    want_h, _, want_u = matmul_mma_swiglu.swiglu_reference(w_gate, w_up, weight_type, x, rows, cols)
+    bound_h, _, bound_u = matmul_mma_swiglu.swiglu_error_bound(w_gate, w_up, weight_type, x, rows, cols)
+    runs = []
+    for _ in range(2):
+        matmul_mma_swiglu.launch_swiglu_fragments(gpu, None, gate, up, wg, wu, xs, rows, cols, n_tokens,
+                                                  weight_type=weight_type, workspace=workspace)
+        runs.append([b.download(np.float32).reshape(n_tokens, rows) for b in (gate, up)])
+        for got, want, bound, name in zip(runs[-1], (want_h, want_u), (bound_h, bound_u), ("silu(gate) * up", "up")):
+            bad = ~(np.abs(got - want) <= bound)
+            assert not bad.any(), f"seed {seed}, {name}: {int(bad.sum())} of {bad.size} outputs off"
     assert all(np.array_equal(a, b) for a, b in zip(*runs)), "two launches of the same products differ"
     assert not workspace.download(np.int32, matmul_mma.COUNTER_BYTES // 4).any(), "counters left non-zero"

@@ -15,7 +15,10 @@
 // Both exist on NVIDIA's mma only. The attention input's q|k|v entries (matmul_mma_qkv_fragments and _direct, NVIDIA's
 // mma only) take rows as "q,k,v" (three row counts), tile_tokens as the packed type codes (matmul_mma.py
 // QKV_TYPE_CODES, 4 bits each, q's lowest), q's, k's and v's weights one after another in the W file, and write
-// y_q, y_k and y_v one after another to the y file (starting as NaN); accumulate 0 and y_in "-".
+// y_q, y_k and y_v one after another to the y file (starting as NaN); accumulate 0 and y_in "-". The fragment
+// path's SwiGLU (matmul_mma_swiglu_fragments_<type> and _direct_<type>, NVIDIA's mma only) reads the gate's then the
+// up projection's weights from the W file and float32 x, and writes silu(gate) * up then the up product (float32,
+// starting as NaN) to the y file; tile is not its argument, accumulate 0 and y_in "-".
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,6 +62,28 @@ int main(int argc, char** argv) {
                     w.data() + w_at[2], (const float*)x.data(), ws, r[0], r[1], r[2], types, cols, tokens, splits);
     });
     write_file(argv[14], ys.data(), ys.size() * 4);
+    write_file(argv[15], workspace.data(), workspace_bytes);
+    return 0;
+  }
+  using SwigluFragments = void (*)(float*, float*, const void*, const void*, const float*, void*, int, int, int, int);
+  const std::map<std::string, SwigluFragments> swiglu_fragments = {
+      {"matmul_mma_swiglu_fragments_q4_k", matmul_mma_swiglu_fragments_q4_k},
+      {"matmul_mma_swiglu_fragments_q5_k", matmul_mma_swiglu_fragments_q5_k},
+      {"matmul_mma_swiglu_fragments_q6_k", matmul_mma_swiglu_fragments_q6_k},
+      {"matmul_mma_swiglu_direct_q4_k", matmul_mma_swiglu_direct_q4_k},
+      {"matmul_mma_swiglu_direct_q5_k", matmul_mma_swiglu_direct_q5_k},
+      {"matmul_mma_swiglu_direct_q6_k", matmul_mma_swiglu_direct_q6_k}};
+  if (swiglu_fragments.count(entry)) {
+    const int rows = std::atoi(argv[4]);
+    if (w.size() % 2 || accumulate) return 5;
+    std::vector<float> out(2 * (size_t)rows * tokens, std::nanf(""));
+    std::vector<char> workspace(workspace_bytes, 0);
+    void* ws = workspace_bytes ? workspace.data() : nullptr;
+    emu_launch(grid, block, [&] {
+      swiglu_fragments.at(entry)(out.data(), out.data() + (size_t)rows * tokens, w.data(), w.data() + w.size() / 2,
+                                 (const float*)x.data(), ws, rows, cols, tokens, splits);
+    });
+    write_file(argv[14], out.data(), out.size() * 4);
     write_file(argv[15], workspace.data(), workspace_bytes);
     return 0;
   }

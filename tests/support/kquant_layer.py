@@ -43,6 +43,7 @@ def layer(cpu_device):
              "k": MAX_T * KV_HEADS * HEAD_DIM, "v": MAX_T * KV_HEADS * HEAD_DIM, "attn": MAX_T * HEADS * HEAD_DIM,
              "gate": MAX_T * FFN, "up": MAX_T * FFN, "logits": MAX_T * VOCAB, "rows": MAX_T * HIDDEN}
     buffers = {name: put(np.zeros(n, np.float32)) for name, n in sizes.items()}
+    buffers["matmul_workspace"] = put(np.zeros(4096, np.uint8))  # the runner's has one (counters, split partials)
     config = SimpleNamespace(n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, ffn_size=FFN,
                              vocab_size=VOCAB, rms_norm_eps=1e-5, rope_dim=HEAD_DIM, rope_theta=10000.0,
                              qkv_bias=False)
