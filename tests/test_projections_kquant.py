@@ -142,6 +142,19 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
     assert names(FUSED_QMATVEC_MAX_TOKENS) == fused and names(FUSED_QMATVEC_MAX_TOKENS + 1) == single
     assert head_names(projections.HEAD_MATVEC_MAX_ROWS) == ["output_norm+head"]
 
+    # the one-launch entries' host kernels compute what the single ops' launches do (q, k, v; silu(gate) * up)
+    t, pos = FUSED_QMATVEC_MAX_TOKENS + 1, b["rows"]
+    b["x"].upload(layer.rng.standard_normal((t, HIDDEN)).astype(np.float32))
+    outs = {}
+    for arch in ("gfx942", "sm_90"):
+        monkeypatch.setattr(cpu_device, "arch", arch)
+        run([launch for launch in p.attention_input(lw, t, pos) + p.feed_forward_input(lw, t)
+             if not launch[0].startswith("rope")])
+        outs[arch] = [read(b[n], (t, rows)).copy() for n, rows in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM),
+                                                                      ("v", KV_HEADS * HEAD_DIM), ("gate", FFN))]
+    for name, single_ops, one_launch in zip("qkvh", outs["gfx942"], outs["sm_90"]):
+        assert np.array_equal(single_ops, one_launch), f"{name}: the one-launch host kernel differs"
+
 
 @pytest.mark.parametrize("t", [1, 3, MAX_T])
 def test_biases_ride_in_the_fused_launch_and_follow_the_single_ops(layer, t):

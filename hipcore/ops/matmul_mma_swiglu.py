@@ -30,11 +30,11 @@ import numpy as np
 
 from hipcore.ops import gelu_mul, matvec, silu_mul
 from hipcore.ops.launch_checks import check_disjoint, check_memory
-from hipcore.ops.matmul_mma import (COUNTER_BYTES, DIRECT_MAX_TOKENS, F16_BYTES, F16_HALF_SPACING, INT32_MAX, MAX_GRID,
-                                    MAX_SPLIT_TILES, OP, THREADS, U16, WEIGHT_ALIGNMENT, WIDE_STEP_COLS, WIDE_TILE_TOKENS,
-                                    WIDE_TYPES, X16_WIDE_ONLY_TYPES, error_bound, has_fragment_path, has_wide_tiles,
-                                    partial_bytes, pick_splits, pick_tile_tokens, pick_x16_tile_tokens, reference,
-                                    takes_matrix_cores, tile_count)
+from hipcore.ops.matmul_mma import (COUNTER_BYTES, DIRECT_MAX_TOKENS, DIRECT_Q6K_MAX_SPLIT_STEPS, F16_BYTES,
+                                    F16_HALF_SPACING, INT32_MAX, MAX_GRID, MAX_SPLIT_TILES, OP, THREADS, U16,
+                                    WEIGHT_ALIGNMENT, WIDE_STEP_COLS, WIDE_TILE_TOKENS, WIDE_TYPES, X16_WIDE_ONLY_TYPES,
+                                    error_bound, has_fragment_path, has_wide_tiles, partial_bytes, pick_splits,
+                                    pick_tile_tokens, pick_x16_tile_tokens, reference, takes_matrix_cores, tile_count)
 from hipcore.ops.weight_formats import host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -235,10 +235,16 @@ def swiglu_fragments_fit(device: Device, n_tokens: int, rows: int, cols: int, we
     if os.environ.get(SWIGLU_FRAGMENTS_ENV, "1") == "0" or weight_types[1] != weight_type:
         return False
     tiles = tile_count(rows, n_tokens, DIRECT_MAX_TOKENS if n_tokens <= DIRECT_MAX_TOKENS else 32)
-    return (weight_type in SWIGLU_FRAGMENT_TYPES and has_fragment_path(device.arch, weight_type, 32, cols)
+    fits = (weight_type in SWIGLU_FRAGMENT_TYPES and has_fragment_path(device.arch, weight_type, 32, cols)
             and takes_matrix_cores(device, n_tokens, weight_type) and isinstance(workspace, Buffer)
             and workspace.nbytes >= COUNTER_BYTES and 3 * tiles <= MAX_SPLIT_TILES
             and pick_tile_tokens(rows, n_tokens) == 32)  # where each product alone takes the fragment path
+    if fits and weight_type == "q6_k" and n_tokens <= DIRECT_MAX_TOKENS:
+        # Q6_K's direct entry only over the short splits it was measured faster on (matmul_mma.entry_name's rule;
+        # the pair's direct entry has no staged twin to fall back on)
+        splits = swiglu_fragments_geometry(weight_type, rows, n_tokens, cols, workspace.nbytes)[2]
+        return -(-(cols // WIDE_STEP_COLS) // splits) <= DIRECT_Q6K_MAX_SPLIT_STEPS
+    return fits
 
 
 def swiglu_fragments_geometry(weight_type: str, rows: int, n_tokens: int, cols: int, workspace_bytes: int,
