@@ -298,7 +298,7 @@ __device__ __forceinline__ void swiglu_fragment_tiles(const Launch& a, unsigned 
 // The attention input's three products of one x (q, k and v: K-quants, each of its own type) in one launch, so
 // that k's and v's few row tiles share the q tiles' waves instead of paying a launch and a tail each. Their tiles
 // are numbered q's, then k's, then v's (the workspace's counters and partials follow that numbering), each split
-// into q.splits column ranges; types: Q4_K 0, Q5_K 1, Q6_K 2 (hipcore/ops/matmul_mma.py QKV_TYPE_CODES).
+// into q.splits column ranges; types: Q4_K 0, Q5_K 1, Q6_K 2 (hipcore/ops/matmul_mma_qkv.py QKV_TYPE_CODES).
 struct QkvLaunch {
   float* y[3];
   const unsigned char* W[3];

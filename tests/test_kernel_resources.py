@@ -70,6 +70,12 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
                     # bytes; at one (173 registers, none spilled) the 8B's gate + up+SwiGLU took 779.9 against
                     # 618.8 us on an NVIDIA H100 (docs/benchmarks.md). Held to that size.
                     assert usage.get("spill_store_bytes", 0) <= 64 and usage.get("stack_bytes", 0) <= 64, f"{target} {name}: {usage}"
+                elif target.startswith("sm_") and name == "matmul_mma_swiglu_fragments_q4_k":
+                    # gate, up and SwiGLU in one launch (Q4_K's three steps of loads in flight and the pair's
+                    # epilogue): nvcc 13 spills 4 bytes at 128 registers; measured so on an NVIDIA H200, faster than
+                    # the two products and silu_mul (the 8B at 32 sequences 4,822 -> 5,025 t/s, docs/benchmarks.md).
+                    # Held to that size.
+                    assert usage.get("spill_store_bytes", 0) <= 4 and usage.get("stack_bytes", 0) <= 8, f"{target} {name}: {usage}"
                 elif target == "sm_80" and name == "matmul_mma_x16_128_bf16":
                     # BF16's conversion to f16 as the 128-token tiles stage it: nvcc 13 spills 4 bytes on sm_80 at
                     # 128 registers (none on sm_90; two 8-byte stores instead of one of 16 changed nothing). No
@@ -83,8 +89,10 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
                     # path's staged entries: x of 32 tokens of 80 halves, the flag; its direct ones: the flag
                     wide = name.startswith(("matmul_mma_x16_128_", "matmul_mma_silu_up_", "matmul_mma_gelu_up_"))
                     gated_up = (128 + 128) * 72 * 2
+                    # (the fragment path's entries: matmul_mma_[qkv_|swiglu_]fragments / direct...)
+                    kind = "fragments" if "_fragments" in name else "direct" if "_direct" in name else name.split("_")[2]
                     shared = {"fragments": 32 * 80 * 2 + 4, "direct": 4, "silu": gated_up, "gelu": gated_up}.get(
-                        name.split("_")[2], (128 + (128 if wide else 64)) * 72 * 2 + 4)
+                        kind, (128 + (128 if wide else 64)) * 72 * 2 + 4)
                     assert usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
                 if op in ("matvec", "qmatvec", "matmul"):
                     assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hipcore.runtime.kernels import kernels_dir
+from hipcore.runtime.kernels import compat_files, kernels_dir, source_files
 from support.kernel_source_text import braced_block
 
 OPS_DIR = Path(__file__).parents[1] / "hipcore" / "ops"
@@ -115,7 +115,8 @@ def test_the_programmatic_ops_are_the_decode_steps():
 
 @pytest.mark.parametrize("op", sorted(programmatic_ops()))
 def test_every_entry_of_a_programmatic_op_waits_first(op):
-    source = (kernels_dir() / f"{op}.hip").read_text()
+    # the op's source with the parts it includes (matmul_mma's fragment entries live in one of them)
+    source = "\n".join(path.read_text() for path in source_files(op)[len(compat_files()):])
     assert source.count("__global__") >= 1
     assert entries_not_waiting_first(source, deferred=op in DEFERRED) == []
     if DEFER in _code(source):
@@ -205,6 +206,9 @@ def test_the_check_catches_the_fragment_path_reading_x_before_its_wait():
     assert without.count(anchor) == 1
     late = without.replace(anchor, anchor + "    rf_grid_dependency_sync();\n")
     assert "uses 'float4*>(x_src'" in " ".join(deferred_wait_problems(late, function, forbidden))
+    entries = (kernels_dir() / "matmul_mma_fragment_entries.h").read_text()
+    assert entries_not_waiting_first(entries, deferred=True) == []
+    assert len(entries_not_waiting_first(entries.replace(DEFER + ";", "(void)0;", 1), deferred=True)) == 1
     entries = (kernels_dir() / "matmul_mma.hip").read_text()
     assert entries_not_waiting_first(entries, deferred=True) == []
     dropped = entries.replace("rf_grid_dependency_sync(); /* a programmatic launch */", "(void)0;", 1)

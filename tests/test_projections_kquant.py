@@ -121,7 +121,7 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
     fused = ["attn_norm+qkv+rope", "ffn_norm+gate_up+silu", "attn_output+residual"]
     single = ["attn_norm", "q_proj", "k_proj", "v_proj", "rope_q", "rope_k", "ffn_norm", "gate_proj", "up_proj",
               "silu_mul", "attn_output+residual"]
-    # on the fragment path q, k and v are one launch (matmul_mma.launch_qkv), gate, up and SwiGLU another
+    # on the fragment path q, k and v are one launch (matmul_mma_qkv.launch_qkv), gate, up and SwiGLU another
     # (matmul_mma_swiglu.launch_swiglu_fragments)
     fragments = ["attn_norm", "qkv_proj", "rope_q", "rope_k", "ffn_norm", "gate_up+silu", "attn_output+residual"]
 

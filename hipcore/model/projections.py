@@ -28,7 +28,7 @@ import os
 from typing import Any, Callable
 
 from hipcore.ops import (add, add_bias, fused_matmul, fused_matvec, fused_qmatvec, gelu_mul, kv_store, matmul_mma,
-                         matmul_mma_swiglu, rmsnorm, rope, silu_mul)
+                         matmul_mma_qkv, matmul_mma_swiglu, rmsnorm, rope, silu_mul)
 from hipcore.runtime.device import Buffer, Device, Stream
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
@@ -214,10 +214,10 @@ class ProjectionPlanner:
         plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
                                                                    cfg.rms_norm_eps, out_f16=f16))]
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
-        one_launch = not f16 and None not in weights and matmul_mma.takes_qkv(
+        one_launch = not f16 and None not in weights and matmul_mma_qkv.takes_qkv(
             dev, t, tuple(w.fmt for w in weights), h, tuple(w.rows for w in weights))
-        if one_launch:  # a decode batch's three products on the fragment path: one launch (matmul_mma.launch_qkv)
-            plan.append(("qkv_proj", lambda: matmul_mma.launch_qkv(
+        if one_launch:  # a decode batch's three products on the fragment path: one launch (matmul_mma_qkv.launch_qkv)
+            plan.append(("qkv_proj", lambda: matmul_mma_qkv.launch_qkv(
                 dev, st, (b["q"], b["k"], b["v"]), tuple(weight_arg(w) for w in weights), b["xn"],
                 tuple(w.rows for w in weights), h, t, weight_types=tuple(w.fmt for w in weights),
                 workspace=self.workspace)))

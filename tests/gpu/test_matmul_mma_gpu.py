@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import gelu_mul, matmul_mma, matmul_mma_swiglu
+from hipcore.ops import gelu_mul, matmul_mma, matmul_mma_qkv, matmul_mma_swiglu
 from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
 from support.weight_samples import random_weights
@@ -275,7 +275,7 @@ def test_the_wide_geglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     (("q5_k", "q5_k", "q6_k"), (4096, 1024, 1024), 4096, 6), (("q6_k", "q5_k", "q4_k"), (300, 130, 36), 512, 40),
 ])
 def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
-    """matmul_mma.launch_qkv with a workspace as the runner has: each of q, k and v within the bound of its
+    """matmul_mma_qkv.launch_qkv with a workspace as the runner has: each of q, k and v within the bound of its
     reference, twice in a row bit for bit the same, the counters left at zero."""
     from hipcore.ops import fused_matmul
 
@@ -285,10 +285,10 @@ def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
     xs = mem.upload(x)
     ys = tuple(mem.poisoned(n_tokens * r * 4) for r in rows)
     workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8))
-    assert matmul_mma.takes_qkv(gpu, n_tokens, types, cols, rows)
+    assert matmul_mma_qkv.takes_qkv(gpu, n_tokens, types, cols, rows)
     runs = []
     for _ in range(2):
-        matmul_mma.launch_qkv(gpu, None, ys, ws, xs, rows, cols, n_tokens, weight_types=types, workspace=workspace)
+        matmul_mma_qkv.launch_qkv(gpu, None, ys, ws, xs, rows, cols, n_tokens, weight_types=types, workspace=workspace)
         runs.append([y.download(np.float32).reshape(n_tokens, r) for y, r in zip(ys, rows)])
         for got, raw, t, r, name in zip(runs[-1], raws, types, rows, "qkv"):
             want = matmul_mma.reference(raw, t, x, r, cols)

@@ -13,7 +13,7 @@
 // float32 product from the y_in file, and writes h16 (f16, starting as 0xFF bytes) to the y file; tile and
 // accumulate are not its arguments (pass 128 0), splits is (1); the GeGLU's (matmul_mma_gelu_up_<type>) likewise.
 // Both exist on NVIDIA's mma only. The attention input's q|k|v entries (matmul_mma_qkv_fragments and _direct, NVIDIA's
-// mma only) take rows as "q,k,v" (three row counts), tile_tokens as the packed type codes (matmul_mma.py
+// mma only) take rows as "q,k,v" (three row counts), tile_tokens as the packed type codes (matmul_mma_qkv.py
 // QKV_TYPE_CODES, 4 bits each, q's lowest), q's, k's and v's weights one after another in the W file, and write
 // y_q, y_k and y_v one after another to the y file (starting as NaN); accumulate 0 and y_in "-". The fragment
 // path's SwiGLU (matmul_mma_swiglu_fragments_<type> and _direct_<type>, NVIDIA's mma only) reads the gate's then the

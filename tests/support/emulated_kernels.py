@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hipcore.runtime.kernels import COMPAT_HEADER, compat_files, kernels_dir, source_files
 
@@ -116,3 +117,17 @@ def run_mma(harness: Path, *args) -> None:
     """One kernel launch through a harness of build_mma_harnesses (arguments: see harness_mma.cpp)."""
     proc = subprocess.run([str(harness), *map(str, args)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"harness {args[:3]} exited with {proc.returncode}: {proc.stderr[-2000:]}"
+
+
+def nvidia_harness_with(old: str, new: str, work: Path) -> Path:
+    """NVIDIA's matmul_mma harness built in `work` with `old` replaced by `new` in matmul_mma's sources (a planted
+    fault)."""
+    return build_mma_harnesses(work, ("nvidia_mma",), kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
+
+
+def assert_caught(fault: str, measure) -> None:
+    """measure() -> worst excess; the planted fault must fail the ordinary check (beyond the bound, or a
+    counter left set)."""
+    with pytest.raises(AssertionError, match="x the bound|counters were not left at zero"):
+        excess = measure()
+        assert excess <= 1.0, f"{fault}: {excess:.3g} x the bound"
