@@ -52,7 +52,7 @@ def test_an_op_is_built_from_the_files_it_includes():
     assert [f.name for f in source_files("matmul_mma")] == [*COMPAT, "matmul_mma.hip", "matrix_cores.h",
                                                              "matmul_mma_formats.h", "matmul_mma_epilogues.h",
                                                              "matmul_mma_fragments.h", "matmul_mma_block32_fragments.h",
-                                                             "gated_activation.h"]
+                                                             "matmul_mma_fragment_entries.h", "gated_activation.h"]
     for op in ("silu_mul", "gelu_mul"):  # the gated activations' one definition
         assert [f.name for f in source_files(op)] == [*COMPAT, f"{op}.hip", "gated_activation.h"]
     assert [f.name for f in source_files("prompt_attention")] == [*COMPAT, "prompt_attention.hip", "matrix_cores.h",
