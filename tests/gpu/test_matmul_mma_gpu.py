@@ -281,6 +281,8 @@ def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
 
     raws = [random_weights(rng, t, r, cols) for t, r in zip(types, rows)]
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    if not matmul_mma.has_fragment_path(gpu.arch, types[0], 32):
+        pytest.skip(f"{gpu.arch} has no fragment path (NVIDIA sm_80 and later only)")
     ws = tuple(mem.upload(raw, "weights") for raw in raws)
     xs = mem.upload(x)
     ys = tuple(mem.poisoned(n_tokens * r * 4) for r in rows)
@@ -309,6 +311,8 @@ def test_the_fragment_paths_swiglu(gpu, mem, rng, seed, weight_type, rows, cols,
     product within their bounds, twice in a row bit for bit the same, the counters left at zero."""
     from hipcore.ops import fused_matmul
 
+    if not matmul_mma.has_fragment_path(gpu.arch, weight_type, 32):
+        pytest.skip(f"{gpu.arch} has no fragment path (NVIDIA sm_80 and later only)")
     w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
