@@ -49,7 +49,7 @@ static __device__ __forceinline__ int stream_x_position(int col) {
 template <bool kFiveBit>
 struct WideFragments {
   typedef Wide<kFiveBit> Step;
-  static constexpr int kDepth = kFiveBit ? 2 : 3;  // steps of loads in flight per lane, within 128 registers
+  static constexpr int kDepth = kFiveBit ? 2 : 3;  // steps of loads in flight per lane, within 128 registers (staged)
   static constexpr int kCombineFloats = 64;        // combine_splits' partial floats a thread loads a round trip
   static constexpr bool kWeightsBeforeWait = true;  // the first steps' loads overlap the kernel ahead
   struct Raw {
@@ -72,6 +72,31 @@ struct WideFragments {
     decode_k_word<kFiveBit>(r.q.x, r.h.x, j, k, pairs + 0, pairs + 4);
     decode_k_word<kFiveBit>(r.q.y, r.h.y, j, k, pairs + 2, pairs + 6);
   }
+  // A lane's whole super-block at once (the direct entry: superblock_item): the header, Q5_K's fifth bits and the
+  // 8 code bytes of each of its four steps, so that a row's 128 code bytes are asked for together.
+  struct Block {
+    uint4 head;
+    uint2 h, q[4];
+  };
+  static __device__ __forceinline__ Block load_block(const unsigned char* __restrict__ row, int sb, int t) {
+    const unsigned char* b = row + (sb >> 8) * Step::kBlockBytes;
+    Block k;
+    k.head = *reinterpret_cast<const uint4*>(b);
+    k.h = kFiveBit ? *reinterpret_cast<const uint2*>(b + 16 + 8 * t) : uint2{0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) k.q[j] = *reinterpret_cast<const uint2*>(b + Step::kQsOffset + 32 * j + 8 * t);
+    return k;
+  }
+};
+
+// Whether F loads whole super-blocks for the direct items (superblock_item): Q4_K's and Q5_K's formats.
+template <class F>
+struct HasBlockLoads {
+  static constexpr bool value = false;
+};
+template <bool kFiveBit>
+struct HasBlockLoads<WideFragments<kFiveBit>> {
+  static constexpr bool value = true;
 };
 
 // Q6_K: a lane's 8 bytes of ql and of qh (l = 8t .. 8t + 7 of both runs), the two runs' scales, d.
@@ -124,19 +149,91 @@ struct Fragments<Wide6> {
   typedef Wide6Fragments Format;
 };
 
+// fragment_item's direct (8-token) item for Q4_K and Q5_K: its weights loaded a super-block at a time, two in
+// registers (one decoded while the next loads), where fragment_item keeps kDepth steps in flight, each step's
+// loads issued on their own one step apart. A row's 144 (176) bytes are asked for together: on an NVIDIA H200 the
+// 8B's batch of 8 went 1,613-1,620 -> 1,715-1,720 t/s, the 1B's 5,973 -> 6,242-6,252 (docs/benchmarks.md). A
+// super-block only partly in the split's columns is loaded whole and its other steps skipped.
+template <class F, bool kPair>
+__device__ __forceinline__ void superblock_item(const Launch& a, int tile, int split, int key, int* last, bool& waited,
+                                                const Launch* pair, int pair_key) {
+  typedef typename F::Step Step;
+  constexpr int kStepCols = Step::kStepCols;
+  const float* __restrict__ x = static_cast<const float*>(a.x);
+  const int rows = a.rows, cols = a.cols, n_tokens = a.n_tokens, splits = a.splits;
+  const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane >> 2, t = lane & 3;
+  const unsigned long long row_bytes = Step::row_bytes(cols);
+  const int row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int steps = cols / kStepCols;
+  const int c_begin = (int)((long long)split * steps / splits) * kStepCols;
+  const int c_end = (int)((long long)(split + 1) * steps / splits) * kStepCols;
+  const int r0 = (tile % row_tiles) * kTileRows, t0 = (tile / row_tiles) * kDirectTokens;
+  const unsigned char* w_src[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) w_src[e] = a.W + (unsigned long long)lesser_of(r0 + 16 * warp + g + 8 * e, rows - 1) * row_bytes;
+  const float* x_src = x + (unsigned long long)lesser_of(t0 + g, n_tokens - 1) * cols;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int sb_begin = c_begin & ~255, sb_last = (c_end - 1) & ~255;
+  typename F::Block blk[2][2];  // [buffer][row]
+#pragma unroll
+  for (int e = 0; e < 2; ++e) blk[0][e] = F::load_block(w_src[e], sb_begin, t);
+  if (!waited) {  // uniform
+    rf_grid_dependency_sync();
+    waited = true;
+  }
+  auto run = [&](const typename F::Block (&k)[2], int sb) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c0 = sb + j * kStepCols;
+      if (c0 < c_begin || c0 >= c_end) continue;  // uniform
+      float4 xd[4];
+#pragma unroll
+      for (int s = 0; s < 4; ++s) xd[s] = *reinterpret_cast<const float4*>(x_src + Step::column(c0, frag_column(s, t)));
+      unsigned int pairs[2][8];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) F::decode(typename F::Raw{k[e].head, k[e].q[j], k[e].h}, c0, pairs[e]);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const unsigned int fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
+        const unsigned int fb[2] = {pack_f16(xd[s].x, xd[s].y), pack_f16(xd[s].z, xd[s].w)};
+        rf_mma_m16n8k16_f16(acc, fa, fb);
+      }
+    }
+  };
+  for (int sb = sb_begin; sb <= sb_last; sb += 512) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) blk[1][e] = F::load_block(w_src[e], lesser_of(sb + 256, sb_last), t);
+    run(blk[0], sb);
+    if (sb + 256 > sb_last) break;  // uniform
+#pragma unroll
+    for (int e = 0; e < 2; ++e) blk[0][e] = F::load_block(w_src[e], lesser_of(sb + 512, sb_last), t);
+    run(blk[1], sb + 256);
+  }
+  constexpr int kCombineBatch = F::kCombineFloats / 4;
+  if (splits > 1 && !combine_splits<kCombineBatch>(acc, a, key, split, tid, last)) return;  // uniform
+#pragma unroll
+  for (int e = 0; e < 4; ++e) store_result(a, r0 + 16 * warp + g + 8 * (e >> 1), t0 + 2 * t + (e & 1), acc[e]);
+  if constexpr (kPair) swiglu_pair<kDirectTokens, true>(*pair, pair_key, r0, t0, tid, last);
+}
+
 // One item of the tiles of 128 rows x TN tokens (kStreamTokens: x staged; kDirectTokens: x from memory) with the
 // weights' fragments from registers (see above): split `split` of tile `tile` of a's product, its partials and
 // counter at workspace tile `key` (tile itself in a launch of one product; the tile's place among all three in
 // qkv_fragment_tiles'). waited: whether this workgroup has waited for the kernel ahead (the first item waits
 // once its weights are loading).
 // kPair: the item is one product of a SwiGLU pair (swiglu_fragment_tiles): its whole tile stored, it counts itself in
-// the pair's counter pair_key and the second of the two writes silu(gate) * up over pair's gate tile.
+// the pair's counter pair_key and the second of the two writes silu(gate) * up over pair's gate tile. Q4_K's and Q5_K's direct items
+// are superblock_item's.
 template <class F, int TN, bool kPair = false>
 __device__ __forceinline__ void fragment_item(const Launch& a, int tile, int split, int key, unsigned short* xs,
                                               int* last, bool& waited, const Launch* pair = nullptr,
                                               int pair_key = 0) {
   typedef typename F::Step Step;
   constexpr bool kStaged = TN != kDirectTokens;
+  if constexpr (!kStaged && HasBlockLoads<F>::value) {
+    superblock_item<F, kPair>(a, tile, split, key, last, waited, pair, pair_key);
+    return;
+  }
   constexpr int kStepCols = Step::kStepCols, kDepth = F::kDepth;
   constexpr int kXLoads = kStaged ? TN * kStepCols / 4 / kThreads : 1;  // float4s of staged x per thread
   constexpr int kXPerToken = kStepCols / 4;

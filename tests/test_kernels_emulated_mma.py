@@ -163,7 +163,7 @@ def test_a_wrong_fragment_layout_is_caught(fault, tmp_path):
 # Faults of NVIDIA's fragment path (K-quant decode batches; 32 tokens take its staged entry, 8 its direct
 # one): staged x in the wrong k order, direct x at the wrong k positions or of the wrong token, the A
 # fragment's rows and k halves crossed, results written to the wrong token, Q6_K's scale of the wrong 16
-# elements.
+# elements, the direct Q4_K item's second super-block decoded with the first one's weights (superblock_item).
 FRAGMENT_FAULTS = {
     "staged x in the wrong k order": ("q4_k", 32, "return 16 * (2 * half + ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);",
                                       "return 16 * (half + 2 * ((c >> 2) & 1)) + 4 * (c >> 3) + (c & 3);"),
@@ -176,20 +176,24 @@ FRAGMENT_FAULTS = {
     "the wrong token": ("q4_k", 32, "t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);", "t0 + 8 * j + 2 * t + (e >> 1), acc[4 * j + e]);"),
     "Q6_K's scale of the wrong elements": ("q6_k", 8, "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t >> 1)];",
                                            "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t & 1)];"),
+    # (768 columns: with two super-blocks the last load refills both buffers with the second)
+    "a direct super-block decoded from the other buffer": ("q4_k", 8, "    run(blk[1], sb + 256);",
+                                                           "    run(blk[0], sb + 256);", 768),
 }
 
 
-def nvidia_excess_with(old: str, new: str, weight_type: str, n_tokens: int, seed: int, tmp_path) -> float:
-    """worst_excess of a 64 x 512 product of n_tokens on NVIDIA's harness built with `old` replaced by `new`
+def nvidia_excess_with(old: str, new: str, weight_type: str, n_tokens: int, seed: int, tmp_path,
+                       cols: int = 512) -> float:
+    """worst_excess of a 64 x cols product of n_tokens on NVIDIA's harness built with `old` replaced by `new`
     in matmul_mma's sources (kernels/matmul_mma.hip and the parts it includes)."""
-    return worst_excess(nvidia_harness_with(old, new, tmp_path), weight_type, 64, 512, n_tokens, 32, None,
+    return worst_excess(nvidia_harness_with(old, new, tmp_path), weight_type, 64, cols, n_tokens, 32, None,
                         np.random.default_rng(seed), tmp_path)
 
 
 @pytest.mark.parametrize("fault", FRAGMENT_FAULTS)
 def test_a_broken_fragment_path_is_caught(fault, tmp_path):
-    weight_type, n_tokens, old, new = FRAGMENT_FAULTS[fault]
-    excess = nvidia_excess_with(old, new, weight_type, n_tokens, 29, tmp_path)
+    weight_type, n_tokens, old, new, *cols = FRAGMENT_FAULTS[fault]
+    excess = nvidia_excess_with(old, new, weight_type, n_tokens, 29, tmp_path, *cols)
     assert excess > 10.0, f"{fault}: the planted fault went unnoticed ({excess:.3g} x the bound)"
 
 

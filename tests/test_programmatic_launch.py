@@ -38,6 +38,9 @@ DEFERRED = {
                         ("__syncthreads", "attend<", "p.q", "p.out", "rows[", "workspace", "atomic", "load_rows",
                          "sh.")),
 }
+# Further functions of an op that wait for its deferring entries, with DEFERRED's header and forbidden words:
+# matmul_mma's direct Q4_K / Q5_K items (fragment_item hands them to superblock_item before it loads anything).
+DEFERRED_ALSO = {"matmul_mma": ("superblock_item",)}
 
 
 def programmatic_ops() -> dict[str, str]:
@@ -122,7 +125,8 @@ def test_every_entry_of_a_programmatic_op_waits_first(op):
     if DEFER in _code(source):
         assert op in DEFERRED, f"{op} defers its wait but DEFERRED does not name where it waits"
         header, function, forbidden = DEFERRED[op]
-        assert deferred_wait_problems((kernels_dir() / header).read_text(), function, forbidden) == []
+        for name in (function, *DEFERRED_ALSO.get(op, ())):
+            assert deferred_wait_problems((kernels_dir() / header).read_text(), name, forbidden) == []
 
 
 def test_the_check_catches_a_deferred_wait_that_is_missing_or_late():
@@ -198,14 +202,21 @@ def test_the_check_catches_the_fragment_path_reading_x_before_its_wait():
     source = (kernels_dir() / header).read_text()
     assert deferred_wait_problems(source, function, forbidden) == []
     assert "F::load" in code_before_wait(source, function)  # what the deferral is for
+    (also,) = DEFERRED_ALSO["matmul_mma"]
+    assert deferred_wait_problems(source, also, forbidden) == [] and "F::load_block" in code_before_wait(source, also)
     wait = "    rf_grid_dependency_sync();\n"
-    assert source.count(wait) == 1
+    assert source.count(wait) == 2  # fragment_item's and superblock_item's
     without = source.replace(wait, "")
     assert deferred_wait_problems(without, function, forbidden) == [f"{function} never calls {SYNC}"]
     anchor = "    const int next = lesser_of(c0 + kDepth * kStepCols, c_end - kStepCols);\n"
     assert without.count(anchor) == 1
     late = without.replace(anchor, anchor + "    rf_grid_dependency_sync();\n")
     assert "uses 'float4*>(x_src'" in " ".join(deferred_wait_problems(late, function, forbidden))
+    # superblock_item's wait moved past its x loads
+    x_loads = "xd[s] = *reinterpret_cast<const float4*>(x_src + Step::column(c0, frag_column(s, t)));\n"
+    assert without.count(x_loads) == 1
+    late = without.replace(x_loads, x_loads + "      rf_grid_dependency_sync();\n")
+    assert "uses 'float4*>(x_src'" in " ".join(deferred_wait_problems(late, also, forbidden))
     entries = (kernels_dir() / "matmul_mma_fragment_entries.h").read_text()
     assert entries_not_waiting_first(entries, deferred=True) == []
     assert len(entries_not_waiting_first(entries.replace(DEFER + ";", "(void)0;", 1), deferred=True)) == 1
