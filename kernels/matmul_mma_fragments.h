@@ -89,14 +89,21 @@ struct WideFragments {
   }
 };
 
-// Whether F loads whole super-blocks for the direct items (superblock_item): Q4_K's and Q5_K's formats.
+// Whether F loads whole super-blocks for the direct items (superblock_item): Q4_K's and Q5_K's formats, on sm_90
+// (and in the emulation). On sm_80 nvcc 13 spilled 4 bytes of the SwiGLU pair's direct entries at 128 registers with
+// them, and no sm_80 GPU has measured either form: sm_80 keeps fragment_item's steps.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kSuperblockLoads = false;
+#else
+constexpr bool kSuperblockLoads = true;
+#endif
 template <class F>
 struct HasBlockLoads {
   static constexpr bool value = false;
 };
 template <bool kFiveBit>
 struct HasBlockLoads<WideFragments<kFiveBit>> {
-  static constexpr bool value = true;
+  static constexpr bool value = kSuperblockLoads;
 };
 
 // Q6_K: a lane's 8 bytes of ql and of qh (l = 8t .. 8t + 7 of both runs), the two runs' scales, d.
