@@ -21,6 +21,7 @@ from hipcore.engine.engine import EngineHooks
 from hipcore.errors import RocmforgeError
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.engine.request import Ending, Phase
+from hipcore.engine.warmup import batch_ladder
 from hipcore.model.forward import PROMPT_PLAN_CACHE_SIZE
 from profiles import leak_bugs
 from profiles.leak_handles import read_handles
@@ -357,13 +358,6 @@ def prompt_shape_lengths(step_tokens: int, max_context: int, pool_tokens: int) -
     context and in the KV pool."""
     top = max(1, min(step_tokens, max_context - 2, pool_tokens - 2))
     return list(range(max(1, top - PROMPT_PLAN_CACHE_SIZE), top + 1))
-
-
-def batch_ladder(parallel: int) -> list[int]:
-    """Batch sizes the warm-up decodes at: powers of two up to `parallel`, and `parallel` itself
-    (runners pad decode steps to such classes and may capture a graph for each on first use)."""
-    sizes = [1 << k for k in range(parallel.bit_length()) if 1 << k <= parallel]
-    return sizes + ([parallel] if sizes[-1] != parallel else [])
 
 
 def _text_prompts(loaded) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:

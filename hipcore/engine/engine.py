@@ -161,6 +161,15 @@ class Engine:
         finally:
             self._step_lock.release()
 
+    def forget_history(self) -> None:
+        """Clear the counters (EngineStats) and the finished records, as if no request had run: a server's warm-up
+        (hipcore/engine/warmup.py) leaves nothing of its own requests in what its clients read. Idle engines only."""
+        with self._lock:
+            if self._active or self._inbox or self._running_step is not None:
+                raise ValueError("forget_history needs an idle engine")
+            self._finished.clear()
+        self.stats = EngineStats()
+
     def run_until_idle(self, max_steps: int | None = None) -> list[Event]:
         events: list[Event] = []
         for _ in itertools.count() if max_steps is None else range(max_steps):
