@@ -1,0 +1,65 @@
+"""The driver layer of serve-leak-check: device memory the server's process holds outside the ledger (GPU backends).
+
+The ledger counts every byte rocmforge allocates; the driver's free-memory figure also moves for what the driver
+allocates on its own, once, on first use (a step graph instantiated, a kernel's code loaded lazily, the context's
+per-thread local memory grown for a kernel that needs more), in 2 MiB steps. As in leak-check's driver layer
+(profiles/leak_driver_memory.py; RELIABILITY "Leak checks, layered", 3), a loss the ledger does not explain is a leak
+only when it is confirmed: seen over the first half of the requests and again over the second. A loss in one half
+only is a warning with its numbers, and so is one that no reading mid-run can place. A 240 s run of 64 clients on the
+Llama-3.1-8B shape ended 10 MiB lower than its baseline with every ledger byte back (docs/benchmarks.md, 2026-12-02,
+fourth session), which the baseline-to-end comparison before this called a leak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DRIVER_METRIC = "rocmforge_driver_free_bytes"
+
+
+@dataclass
+class DriverSeries:
+    """(requests done, the driver's free bytes) read while the clients ran, in order."""
+
+    samples: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, requests_done: int, metrics: dict[str, float]) -> None:
+        if DRIVER_METRIC in metrics:
+            self.samples.append((int(requests_done), int(metrics[DRIVER_METRIC])))
+
+    def midway(self, requests_done: int) -> int | None:
+        """The free bytes read first once half of `requests_done` requests were done (None: no such reading)."""
+        half = requests_done / 2
+        return next((free for done, free in self.samples if 0 < done and half <= done < requests_done), None)
+
+
+@dataclass
+class DriverVerdict:
+    leaks: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def judge_driver(series: DriverSeries, baseline_free: float, final_free: float, requests_done: int,
+                 ledger_growth: float, tolerance: int) -> DriverVerdict:
+    """The server's driver-side loss from its baseline to its end, less the ledger's growth (judged by the ledger
+    itself), split at the reading midway through the requests."""
+    verdict = DriverVerdict()
+    explained = max(0.0, ledger_growth)
+    lost = baseline_free - final_free - explained
+    if lost <= tolerance:
+        return verdict
+    mid = series.midway(requests_done)
+    outside = f"beyond the ledger's {explained:+.0f}: device memory outside rocmforge's allocations"
+    if mid is None:
+        verdict.warnings.append(f"the driver's free memory dropped by {lost:.0f} bytes ({outside}); no reading midway "
+                                "through the requests tells a one-off from growth")
+        return verdict
+    first, second = baseline_free - mid, mid - final_free - explained
+    halves = f"{first:+.0f} over the first half of the requests, {second:+.0f} over the second"
+    if first > tolerance and second > tolerance:
+        verdict.leaks.append(f"the driver's free memory kept dropping: {halves} ({outside})")
+    else:
+        verdict.warnings.append(f"the driver's free memory dropped by {lost:.0f} bytes, {halves}, not in both "
+                                f"({outside}, taken once: what the driver allocates on a first use, a graph or "
+                                "kernel code, or another process)")
+    return verdict
