@@ -33,7 +33,7 @@ def serve_command(
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model's name in the API. Default: the file name without .gguf.", show_default=False)] = None,
     grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests may run on after SIGTERM / Ctrl-C before they are cancelled.")] = 10.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate through end-of-generation tokens up to max_tokens unless a request sends ignore_eos false (fixed output lengths for load generators, as llama-server's --ignore-eos).")] = False,
-    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="On a GPU, before taking requests: run a decode step of every batch size class up to --parallel and the padded prompt-step shapes, so that kernels load and step graphs are captured now, not in the first clients' latency (and device memory stays flat from the first request). A few seconds on an 8B model.")] = True,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="On a GPU, before taking requests: run a decode step of every batch size class up to --parallel, a few prompts up to --step-tokens long and the padded prompt-step shapes, so that kernels load and step graphs are captured now, not in the first clients' latency (and device memory stays flat from the first request). A few seconds on an 8B model.")] = True,
     one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients). Always so on Windows.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or memory plan on stderr.")] = False,
     plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
@@ -93,12 +93,15 @@ def serve_command(
 
 def warm_up_with_progress(engine, parallel: int, quiet: bool) -> None:
     """hipcore/engine/warmup.py's warm_up, said on stderr before and after (unless quiet)."""
-    from hipcore.engine.warmup import batch_ladder, warm_up
+    from hipcore.engine.warmup import batch_ladder, prompt_ladder, warm_up
 
     sizes = ", ".join(map(str, batch_ladder(min(parallel, engine.scheduler.max_seqs))))
+    lengths = ", ".join(map(str, prompt_ladder(engine.scheduler.max_step_tokens, engine.max_context)))
     if not quiet:
-        stderr.print(f"warming up: decode batches of {sizes}, and the prompt-step shapes", highlight=False, markup=False)
+        stderr.print(f"warming up: decode batches of {sizes}; prompts of {lengths} tokens; the prompt-step shapes",
+                     highlight=False, markup=False)
     done = warm_up(engine, parallel)
     if not quiet:
-        stderr.print(f"warmed up in {done.seconds:.1f} s ({len(done.batch_sizes)} batch sizes, {done.prompt_shapes} "
-                     "prompt-step shapes)", highlight=False, markup=False)
+        stderr.print(f"warmed up in {done.seconds:.1f} s ({len(done.batch_sizes)} batch sizes, "
+                     f"{len(done.prompt_lengths)} prompts, {done.prompt_shapes} prompt-step shapes)",
+                     highlight=False, markup=False)

@@ -9,7 +9,8 @@ fell by a few MiB after its first minutes under load: `rocmforge serve-leak-chec
 the driver's free memory 10 MiB lower after 240 s of 64 clients than after its four-request warm-up, with every
 ledger byte and KV block back (docs/benchmarks.md, 2026-12-02, fourth session; that the drop was such first uses,
 and that this warm-up removes it, is not yet measured). warm_up runs a decode step of every
-batch-size class up to the engine's parallel sequences (the batched products' kernels at each tile shape they take)
+batch-size class up to the engine's parallel sequences (the batched products' kernels at each tile shape they take),
+a prompt of each of a few lengths up to a whole step (the prompt path's products and attention at their tile shapes),
 and brings the runner's prompt-step plans and graphs to their bound, as leak-check's warm-up does
 (profiles/leak_check.py), then forgets those requests, so that a server's counters start at its first client.
 """
@@ -28,6 +29,16 @@ LADDER_NEW_TOKENS = 4
 LADDER_PROMPT = (1, 2)  # two token ids every vocabulary has; the warm-up reads no text
 
 
+def prompt_ladder(step_tokens: int, max_context: int) -> list[int]:
+    """Prompt lengths a warm-up evaluates, one request each: 16, 64, 256, ... below the longest prompt one step
+    takes, and that one (a step's tokens, or the context less the new tokens). The products pick their tiles and
+    attention its kernel by the step's tokens."""
+    top = min(step_tokens, max_context - LADDER_NEW_TOKENS)
+    if top < 1:
+        return []
+    return [n for n in (4 ** k for k in range(2, 12)) if n < top] + [top]
+
+
 def batch_ladder(parallel: int) -> list[int]:
     """Batch sizes a warm-up decodes at: powers of two up to `parallel`, and `parallel` itself (runners pad decode
     steps to such classes and may capture a graph for each on first use)."""
@@ -40,15 +51,16 @@ def batch_ladder(parallel: int) -> list[int]:
 @dataclass
 class WarmUp:
     batch_sizes: list[int]  # the decode batch sizes run, each at least LADDER_NEW_TOKENS - 1 steps
+    prompt_lengths: list[int]  # the prompts evaluated, one request each
     prompt_shapes: int      # padded prompt-step shapes brought to their graphs (0: the runner pads none)
     seconds: float
 
 
 def warm_up(engine: Engine, parallel: int) -> WarmUp:
-    """Run `engine` (idle, owned by this thread) through a decode step of every batch-size class up to `parallel`
-    and through the runner's padded prompt-step shapes, then clear its counters and finished records. Each class's
-    requests are submitted together and decode together, greedy and through their end-of-generation tokens, so a
-    step of exactly that many sequences runs LADDER_NEW_TOKENS - 1 times."""
+    """Run `engine` (idle, owned by this thread) through a decode step of every batch-size class up to `parallel`,
+    prompts of prompt_ladder's lengths and the runner's padded prompt-step shapes, then clear its counters and
+    finished records. Each class's requests are submitted together and decode together, greedy and through their
+    end-of-generation tokens, so a step of exactly that many sequences runs LADDER_NEW_TOKENS - 1 times."""
     if engine.has_work():
         raise ValueError("warm_up needs an idle engine")
     started = time.perf_counter()
@@ -58,7 +70,11 @@ def warm_up(engine: Engine, parallel: int) -> WarmUp:
         for _ in range(size):
             engine.submit(LADDER_PROMPT, params, tag="warm-up")
         engine.run_until_idle()
+    lengths = prompt_ladder(engine.scheduler.max_step_tokens, engine.max_context)
+    for length in lengths:
+        engine.submit((LADDER_PROMPT * length)[:length], SamplingParams(temperature=0.0, max_tokens=1), tag="warm-up")
+        engine.run_until_idle()
     fill_prompt_caches = getattr(engine.runner, "fill_prompt_caches", None)
     shapes = fill_prompt_caches() if fill_prompt_caches is not None else 0
     engine.forget_history()
-    return WarmUp(sizes, shapes, time.perf_counter() - started)
+    return WarmUp(sizes, lengths, shapes, time.perf_counter() - started)
