@@ -68,6 +68,7 @@ class ServeLeakReport:
     server_tail: str = ""
     findings: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # reported with their numbers; they fail nothing
+    driver: dict = field(default_factory=dict)  # the driver layer's figures (serve_leak_driver), GPU only
     seconds: float = 0.0
     host: dict = field(default_factory=dict)
     host_line: str = ""
@@ -80,6 +81,7 @@ class ServeLeakReport:
         return {"requests": self.requests, "plans": dict(self.plans), "statuses": dict(self.statuses),
                 "baseline": self.baseline, "final": self.final, "server_exit": self.server_exit,
                 "findings": self.findings, "warnings": self.warnings, "seconds": round(self.seconds, 2), "host": self.host,
+                "driver": self.driver,
                 "clean": not self.findings}
 
 
@@ -188,6 +190,7 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> Se
                                      settings.driver_tolerance)
                 report.findings += found.leaks
                 report.warnings += found.warnings
+                report.driver = found.to_dict()
     except _ServerGone as exc:
         report.findings.append(str(exc))
     finally:

@@ -37,6 +37,10 @@ class DriverSeries:
 class DriverVerdict:
     leaks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    readings: dict = field(default_factory=dict)  # the figures judged (bytes), for the report
+
+    def to_dict(self) -> dict:
+        return self.readings
 
 
 def judge_driver(series: DriverSeries, baseline_free: float, final_free: float, requests_done: int,
@@ -46,9 +50,12 @@ def judge_driver(series: DriverSeries, baseline_free: float, final_free: float, 
     verdict = DriverVerdict()
     explained = max(0.0, ledger_growth)
     lost = baseline_free - final_free - explained
+    mid = series.midway(requests_done)
+    verdict.readings = {"baseline_free": baseline_free, "midway_free": mid, "final_free": final_free,
+                        "ledger_growth": ledger_growth, "unexplained_loss": lost, "tolerance": tolerance,
+                        "readings": len(series.samples)}
     if lost <= tolerance:
         return verdict
-    mid = series.midway(requests_done)
     outside = f"beyond the ledger's {explained:+.0f}: device memory outside rocmforge's allocations"
     if mid is None:
         verdict.warnings.append(f"the driver's free memory dropped by {lost:.0f} bytes ({outside}); no reading midway "

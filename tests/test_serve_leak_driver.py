@@ -30,6 +30,8 @@ def test_a_steady_loss_is_a_leak():
     s = series(lambda done: BASE - lost_per_request * done)
     verdict = judge_driver(s, BASE, BASE - lost_per_request * 20_000, 20_000, 0.0, TOLERANCE)
     assert len(verdict.leaks) == 1 and "kept dropping" in verdict.leaks[0] and verdict.warnings == []
+    assert verdict.to_dict()["midway_free"] == BASE - lost_per_request * 10_000
+    assert verdict.to_dict()["unexplained_loss"] == lost_per_request * 20_000
 
 
 @pytest.mark.parametrize("when", [100, 15_000])  # the first half or the second
