@@ -13,19 +13,18 @@ fourth session), which the baseline-to-end comparison before this called a leak.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from profiles.serve_leak_host import MetricSeries
 
 DRIVER_METRIC = "rocmforge_driver_free_bytes"
 
 
 @dataclass
-class DriverSeries:
-    """(requests done, the driver's free bytes) read while the clients ran, in order."""
+class DriverSeries(MetricSeries):
+    """The driver's free bytes against requests done, read while the clients ran."""
 
-    samples: list[tuple[int, int]] = field(default_factory=list)
-
-    def add(self, requests_done: int, metrics: dict[str, float]) -> None:
-        if DRIVER_METRIC in metrics:
-            self.samples.append((int(requests_done), int(metrics[DRIVER_METRIC])))
+    metric: ClassVar[str] = DRIVER_METRIC
 
     def midway(self, requests_done: int) -> int | None:
         """The free bytes read first once half of `requests_done` requests were done (None: no such reading)."""

@@ -13,6 +13,7 @@ memory grows by design (measured on the cpu backend over HTTP: about +2 MiB per 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from profiles.leak_report import MIN_HOST_SPAN
 
@@ -22,14 +23,23 @@ WARM_REQUESTS = 1000  # hipcore.engine.engine.Engine's default finished_bound
 
 
 @dataclass
-class HostSeries:
-    """(requests done, server RSS bytes) samples in the order they were read."""
+class MetricSeries:
+    """(requests done, the server's `metric` from /metrics) samples in the order they were read; readings without
+    it (another backend) add nothing."""
 
+    metric: ClassVar[str]
     samples: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, requests_done: int, metrics: dict[str, float]) -> None:
-        if RSS_METRIC in metrics:
-            self.samples.append((int(requests_done), int(metrics[RSS_METRIC])))
+        if self.metric in metrics:
+            self.samples.append((int(requests_done), int(metrics[self.metric])))
+
+
+@dataclass
+class HostSeries(MetricSeries):
+    """The server's RSS bytes against requests done."""
+
+    metric: ClassVar[str] = RSS_METRIC
 
     def second_half_slope(self, warm_requests: int = WARM_REQUESTS) -> tuple[float | None, int]:
         """(bytes per request by least squares over the samples of the second half of the requests, and past
