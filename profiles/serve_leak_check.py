@@ -187,7 +187,7 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> Se
             if DRIVER_FREE in baseline:
                 growth = sum(final.get(key, 0.0) - before for key, before in _ledger(baseline).items())
                 found = judge_driver(driver, baseline[DRIVER_FREE], final[DRIVER_FREE], report.requests, growth,
-                                     settings.driver_tolerance)
+                                     settings.driver_tolerance, server_warmed_up="--no-warmup" not in settings.extra_args)
                 report.findings += found.leaks
                 report.warnings += found.warnings
                 report.driver = found.to_dict()

@@ -7,7 +7,10 @@ per-thread local memory grown for a kernel that needs more), in 2 MiB steps. As 
 only when it is confirmed: seen over the first half of the requests and again over the second. A loss in one half
 only is a warning with its numbers, and so is one that no reading mid-run can place. A 240 s run of 64 clients on the
 Llama-3.1-8B shape ended 10 MiB lower than its baseline with every ledger byte back (docs/benchmarks.md, 2026-12-02,
-fourth session), which the baseline-to-end comparison before this called a leak.
+fourth session), which the baseline-to-end comparison before this called a leak. Those were first uses the load met
+over both halves of its requests: with serve's warm-up (hipcore/engine/warmup.py) the same run ends with the driver's
+free bytes at their baseline, and with `--no-warmup` it loses the 10 MiB again, 4 in the first half and 6 in the
+second (fifth session), which this judge still calls a leak; the finding then says that the warm-up was off.
 """
 
 from __future__ import annotations
@@ -43,9 +46,10 @@ class DriverVerdict:
 
 
 def judge_driver(series: DriverSeries, baseline_free: float, final_free: float, requests_done: int,
-                 ledger_growth: float, tolerance: int) -> DriverVerdict:
+                 ledger_growth: float, tolerance: int, *, server_warmed_up: bool = True) -> DriverVerdict:
     """The server's driver-side loss from its baseline to its end, less the ledger's growth (judged by the ledger
-    itself), split at the reading midway through the requests."""
+    itself), split at the reading midway through the requests. server_warmed_up False (serve ran with --no-warmup):
+    a leak's finding says so, since the server's first uses then fall inside the requests."""
     verdict = DriverVerdict()
     explained = max(0.0, ledger_growth)
     lost = baseline_free - final_free - explained
@@ -63,7 +67,9 @@ def judge_driver(series: DriverSeries, baseline_free: float, final_free: float, 
     first, second = baseline_free - mid, mid - final_free - explained
     halves = f"{first:+.0f} over the first half of the requests, {second:+.0f} over the second"
     if first > tolerance and second > tolerance:
-        verdict.leaks.append(f"the driver's free memory kept dropping: {halves} ({outside})")
+        cold = ("" if server_warmed_up else "; the server ran with --no-warmup, so its decode batch classes' first "
+                "uses (step graphs, kernel code) fell inside the requests: run it with its warm-up to tell those from a leak")
+        verdict.leaks.append(f"the driver's free memory kept dropping: {halves} ({outside}){cold}")
     else:
         verdict.warnings.append(f"the driver's free memory dropped by {lost:.0f} bytes, {halves}, not in both "
                                 f"({outside}, taken once: what the driver allocates on a first use, a graph or "

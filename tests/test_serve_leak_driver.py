@@ -34,6 +34,15 @@ def test_a_steady_loss_is_a_leak():
     assert verdict.to_dict()["unexplained_loss"] == lost_per_request * 20_000
 
 
+@pytest.mark.parametrize("warmed_up", [True, False])
+def test_a_leak_from_a_server_without_its_warm_up_says_so(warmed_up):
+    # The 8B run of 2026-12-02's fifth session with --no-warmup: 4 MiB over the first half, 6 over the second.
+    s = series(lambda done: BASE - (4 * MIB if done >= 2_000 else 0) - (6 * MIB if done >= 14_000 else 0))
+    verdict = judge_driver(s, BASE, BASE - 10 * MIB, 20_000, 0.0, TOLERANCE, server_warmed_up=warmed_up)
+    assert len(verdict.leaks) == 1 and "+4194304 over the first half" in verdict.leaks[0]
+    assert ("--no-warmup" in verdict.leaks[0]) is not warmed_up
+
+
 @pytest.mark.parametrize("when", [100, 15_000])  # the first half or the second
 def test_a_loss_taken_once_is_a_warning(when):
     s = series(lambda done: BASE - (10 * MIB if done >= when else 0))

@@ -7,9 +7,10 @@ loads a kernel's code and grows the context's per-thread local memory the first 
 lazy loading). A server that took requests at once paid those in its first clients' latency, and its device memory
 fell by a few MiB after its first minutes under load: `rocmforge serve-leak-check` on the Llama-3.1-8B shape found
 the driver's free memory 10 MiB lower after 240 s of 64 clients than after its four-request warm-up, with every
-ledger byte and KV block back (docs/benchmarks.md, 2026-12-02, fourth session; that the drop was such first uses,
-and that this warm-up removes it, is not yet measured). warm_up runs a decode step of every
-batch-size class up to the engine's parallel sequences (the batched products' kernels at each tile shape they take),
+ledger byte and KV block back; with this warm-up the same soak left the driver's free bytes exactly at their
+baseline, and without it the 10 MiB went again (docs/benchmarks.md, 2026-12-02, fourth and fifth sessions). warm_up
+runs a decode step of every batch-size class up to the engine's parallel sequences (the batched products' kernels at
+each tile shape they take),
 a prompt of each of a few lengths up to a whole step (the prompt path's products and attention at their tile shapes),
 and brings the runner's prompt-step plans and graphs to their bound, as leak-check's warm-up does
 (profiles/leak_check.py), then forgets those requests, so that a server's counters start at its first client.
