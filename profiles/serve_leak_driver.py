@@ -67,8 +67,9 @@ def judge_driver(series: DriverSeries, baseline_free: float, final_free: float, 
     first, second = baseline_free - mid, mid - final_free - explained
     halves = f"{first:+.0f} over the first half of the requests, {second:+.0f} over the second"
     if first > tolerance and second > tolerance:
-        cold = ("" if server_warmed_up else "; the server ran with --no-warmup, so its decode batch classes' first "
-                "uses (step graphs, kernel code) fell inside the requests: run it with its warm-up to tell those from a leak")
+        cold = ("" if server_warmed_up else "; the server ran with --no-warmup, so its decode batch classes' "
+                "first uses (step graphs, kernel code) fell inside the requests: run it with its warm-up to tell "
+                "those from a leak")
         verdict.leaks.append(f"the driver's free memory kept dropping: {halves} ({outside}){cold}")
     else:
         verdict.warnings.append(f"the driver's free memory dropped by {lost:.0f} bytes, {halves}, not in both "
