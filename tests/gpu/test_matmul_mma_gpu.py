@@ -74,9 +74,11 @@ def test_project_on_either_side_of_the_threshold(gpu, mem, rng, seed, n_tokens):
 
 
 @pytest.mark.parametrize("weight_type,rows,cols,n_tokens", [
-    # Llama-3.1-8B's decode batches (one token tile: split over the columns) and a 1B-shaped k.
+    # Llama-3.1-8B's decode batches (one token tile: split over the columns) and a 1B-shaped k; a small product at a
+    # prompt step of 512 tokens (the fragment path's 32-token tiles, 16 of them down the tokens, 4 splits: the
+    # reduced Gemma-2-9B's o in tests/gpu/test_gemma_prompt_gpu.py).
     ("q4_k", 4096, 4096, 32), ("q4_k", 1024, 4096, 9), ("q6_k", 1024, 4096, 16), ("q4_k", 14336, 4096, 32),
-    ("q6_k", 4096, 14336, 24), ("q4_k", 512, 2048, 12), ("q8_0", 130, 512, 40),
+    ("q6_k", 4096, 14336, 24), ("q4_k", 512, 2048, 12), ("q8_0", 130, 512, 40), ("q4_k", 256, 1024, 512),
 ])
 def test_split_columns_and_the_residual_add(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     """A workspace as the runner has: the launcher splits the columns; the result matches the reference,
@@ -178,6 +180,8 @@ def test_swiglu_pairs(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     # and 4 ways (the 8B's k, the 1B's down).
     ("q5_k", 16384, 256, 150, False), ("q6_k", 16384, 256, 150, True), ("q4_k", 1024, 4096, 512, False),
     ("q6_k", 2048, 8192, 512, True),
+    # 32-token tiles at 512 tokens, split 8 ways: the reduced Gemma-2-9B's down (tests/gpu/test_gemma_prompt_gpu.py).
+    ("q4_k", 256, 5120, 512, True), ("q6_k", 256, 5120, 512, True),
     # The block formats, F16 and BF16 (128-token tiles only): the 8B's gate and down, a 1B-shaped k split 4 ways.
     ("q8_0", 14336, 4096, 512, False), ("q4_0", 4096, 14336, 512, True), ("f16", 4096, 4096, 512, False),
     ("q5_1", 1024, 4096, 512, True), ("q5_0", 4096, 4096, 300, False), ("q4_1", 2048, 2048, 512, True),
@@ -269,10 +273,12 @@ def test_the_wide_geglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
 
 @pytest.mark.parametrize("types,rows,cols,n_tokens", [
     # Llama-3.1-8B's attention input (Q4_K_M's two kinds of layer) at a batch of 8 (the direct entry) and 32;
-    # Llama-3.2-1B's; a Q5_K_M layer; rows that cut tiles short.
+    # Llama-3.2-1B's; a Q5_K_M layer; rows that cut tiles short; a prompt step of 512 tokens, which small products
+    # take here too (tests/gpu/test_gemma_prompt_gpu.py's reduced Gemma-2-9B: heads of 256 over 256 columns).
     (("q4_k", "q4_k", "q6_k"), (4096, 1024, 1024), 4096, 8), (("q4_k", "q4_k", "q6_k"), (4096, 1024, 1024), 4096, 32),
     (("q4_k", "q4_k", "q4_k"), (4096, 1024, 1024), 4096, 32), (("q4_k", "q4_k", "q6_k"), (2048, 512, 512), 2048, 24),
     (("q5_k", "q5_k", "q6_k"), (4096, 1024, 1024), 4096, 6), (("q6_k", "q5_k", "q4_k"), (300, 130, 36), 512, 40),
+    (("q4_k", "q4_k", "q4_k"), (1024, 512, 512), 256, 512),
 ])
 def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
     """matmul_mma_qkv.launch_qkv with a workspace as the runner has: each of q, k and v within the bound of its
