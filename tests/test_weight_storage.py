@@ -12,17 +12,9 @@ from hipcore.gguf.quants import SUPPORTED_TYPES
 from hipcore.model import weights
 from hipcore.model.weights import neox_pair_order, planned_weight_bytes, storage_format, upload_weights
 from hipcore.ops import embedding, rope
-from hipcore.runtime.cpu import CpuDevice
 from support.gguf_factory import write_tiny_llama
 from support.phi3_models import write_model
-
-
-class StandInGpu(CpuDevice):
-    """A cpu device that says it is a GPU of `backend`, so the weights take their GPU formats."""
-
-    def __init__(self, backend: str):
-        super().__init__(capacity=1 << 30)
-        self.backend, self.arch = backend, {"hip": "gfx942", "cuda": "sm_90"}[backend]
+from support.stand_in_gpu import StandInGpu
 
 
 def _file_bytes(plan, names) -> int:
