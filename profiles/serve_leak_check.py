@@ -29,7 +29,7 @@ import itertools
 import httpx
 
 from profiles.leak_bugs import TESTING_ENV
-from profiles.serve_leak_driver import DriverSeries, judge_driver
+from profiles.serve_leak_driver import DRIVER_METRIC, DriverSeries, judge_driver
 from profiles.serve_leak_host import DEFAULT_GROWTH_PER_1000, HostSeries, judge_host
 
 HEALTH_TIMEOUT_S = 300.0  # loading the model
@@ -184,9 +184,9 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> Se
                 k: final[k] for k in ("rocmforge_kv_physical_blocks", "rocmforge_kv_pending_blocks",
                                       "rocmforge_kv_free_blocks", "rocmforge_kv_total_blocks", "rocmforge_kv_reserved_blocks")}
             report.findings += _judge(baseline, final)
-            if DRIVER_FREE in baseline:
+            if DRIVER_METRIC in baseline:
                 growth = sum(final.get(key, 0.0) - before for key, before in _ledger(baseline).items())
-                found = judge_driver(driver, baseline[DRIVER_FREE], final[DRIVER_FREE], report.requests, growth,
+                found = judge_driver(driver, baseline[DRIVER_METRIC], final[DRIVER_METRIC], report.requests, growth,
                                      settings.driver_tolerance, server_warmed_up="--no-warmup" not in settings.extra_args)
                 report.findings += found.leaks
                 report.warnings += found.warnings
@@ -216,11 +216,8 @@ class _ServerGone(Exception):
     pass
 
 
-DRIVER_FREE = "rocmforge_driver_free_bytes"
-
-
 def _driver(m: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in m.items() if k == DRIVER_FREE}
+    return {k: v for k, v in m.items() if k == DRIVER_METRIC}
 
 
 def _wait_healthy(client: httpx.Client, server: subprocess.Popen) -> None:
