@@ -19,6 +19,10 @@ A matrix W [rows, cols] is stored row-major, each row cols / block_elements bloc
           sixteen sub-blocks of 16 with an int8 scale; w = d * scale * (q - 32), q six bits: in half h
           (128 elements), element 128h + 32s + l takes nibble s >> 1 of ql[64h + 32(s & 1) + l] and
           bits 2s, 2s + 1 of qh[32h + l].
+    mxfp4 32 per 17 bytes: {uint8 e; uint8 qs[16]}  (GGML type 39, OCP microscaling FP4)
+          w = 2^(e - 128) * v[q], v = the e2m1 values doubled {0, 1, 2, 3, 4, 6, 8, 12} and their
+          negatives for codes 8..15 (bit 3 the sign); element j < 16 is the low nibble of qs[j],
+          16 + j its high nibble, as in q4_0 (ggml's dequantize_row_mxfp4: E8M0 scale halved).
 
 This is ggml's layout (ggml-common.h; the gguf package's quants.py decodes the same). The decoder here
 is written independently of the gguf package, which the tests check it against: it keeps the numpy
@@ -32,9 +36,11 @@ import numpy as np
 
 # Elements and bytes per block of each format (lower-case names = the kernels' variant suffixes).
 BLOCK_ELEMENTS = {"f32": 1, "f16": 1, "bf16": 1, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32,
-                  "q4_k": 256, "q5_k": 256, "q6_k": 256}
+                  "q4_k": 256, "q5_k": 256, "q6_k": 256, "mxfp4": 32}
 BLOCK_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34,
-               "q4_k": 144, "q5_k": 176, "q6_k": 210}
+               "q4_k": 144, "q5_k": 176, "q6_k": 210, "mxfp4": 17}
+# MXFP4's e2m1 codes as the doubled values the products use (their scale is 2^(e - 128), half of E8M0's 2^(e - 127)).
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 FORMATS = tuple(BLOCK_ELEMENTS)
 
 
@@ -105,6 +111,9 @@ def dequantize_rows(raw: np.ndarray, weight_type: str, cols: int, dtype: type = 
         w = _halves(blocks, 0, f64) * (five_bit_codes(blocks, 2).astype(f64) - 16)
     elif weight_type == "q5_1":
         w = _halves(blocks, 0, f64) * five_bit_codes(blocks, 4) + _halves(blocks, 2, f64)
+    elif weight_type == "mxfp4":
+        scale = np.ldexp(1.0, blocks[..., 0:1].astype(np.int64) - 128)  # exact in float64 for every e
+        w = scale * MXFP4_VALUES[_nibbles(blocks[..., 1:17], 16)].astype(f64)
     elif weight_type in ("q4_k", "q5_k"):
         sc, m = k_scales(blocks[..., 4:16])  # [rows, nb, 8]
         qs = blocks[..., 16:144] if weight_type == "q4_k" else blocks[..., 48:176]

@@ -38,7 +38,9 @@ def max_abs_error(values: np.ndarray, type_name: str) -> float:
     span = 2 * amax
     step = {"F32": 0.0, "F16": amax * 2**-10, "BF16": amax * 2**-7,
             "Q8_0": amax / 127, "Q4_0": amax / 8, "Q4_1": span / 15, "Q5_0": amax / 16, "Q5_1": span / 31,
-            "Q4_K": span / 15, "Q5_K": span / 31, "Q6_K": amax / 31}[type_name]
+            "Q4_K": span / 15, "Q5_K": span / 31, "Q6_K": amax / 31,
+            # MXFP4: a block's largest value 1.5 * 2^floor(log2 amax) clips up to amax / 2; steps are at most amax / 2
+            "MXFP4": amax / 2}[type_name]
     # K-quant sub-block scales are themselves quantized (6 bits under an fp16 d for Q4_K/Q5_K,
     # int8 for Q6_K): a rounded-down scale can clip the extreme code by up to half a scale unit per level.
     scale_error = {"Q4_K": span / 63, "Q5_K": span / 63, "Q6_K": amax / 127}.get(type_name, 0.0)

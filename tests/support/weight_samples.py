@@ -21,6 +21,10 @@ def random_weights(rng: np.random.Generator, weight_type: str, rows: int, cols: 
         return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
     if weight_type == "bf16":
         return (rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    if weight_type == "mxfp4":  # every code; E8M0 scales 2^-9 .. 2^2 (the values e2m1 times half of 2^(e - 127))
+        blocks = rng.integers(0, 256, (rows, cols // 32, 17), dtype=np.uint8)
+        blocks[..., 0] = rng.integers(119, 131, (rows, cols // 32), dtype=np.uint8)
+        return blocks.reshape(rows, -1)
     blocks = rng.integers(0, 256, (rows, cols // BLOCK_ELEMENTS[weight_type], BLOCK_BYTES[weight_type]), dtype=np.uint8)
     for offset in SCALE_OFFSETS[weight_type]:
         scale = (rng.standard_normal((rows, blocks.shape[1], 1)) * SCALE_SIZE[weight_type]).astype(np.float16)

@@ -1,0 +1,249 @@
+"""moe_experts: the selected experts' feed-forward products of a mixture-of-experts layer.
+
+Expert tensors are the GGUF's 3-D [n_expert, rows, cols] in their block format (EXPERT_TYPES), one expert's
+matrix after another: expert e's row r starts at byte (e * rows + r) * row_bytes(cols). ids int32 [tokens, k]
+and weights float32 [tokens, k] come from moe_route. Biases (gpt-oss) are float32 [n_expert, rows], or None.
+
+- gate|up, `moe_gate_up_<type>(h p, x p, gate p, up p, ids p, gate_bias p, up_bias p, tokens i, k i, ff i,
+  hidden i, n_expert i, activation i)`: for every token t and slot j, e = ids[t, j],
+  h[t, j] = act(gate_e . x[t] + gate_bias_e, up_e . x[t] + up_bias_e), float32 [tokens, k, ff], with
+  act "swiglu" silu(g) * u, or "swiglu_oai" (gpt-oss; ggml's swiglu_oai): g' = min(g, 7), u' = clamp(u, -7, 7),
+  g' * sigmoid(1.702 g') * (u' + 1).
+- down, `moe_down_<type>(out p, h p, down p, ids p, weights p, down_bias p, tokens i, k i, hidden i, ff i,
+  n_expert i)`: out[t] += sum_j weights[t, j] * (down_e . h[t, j] + down_bias_e), float32 [tokens, hidden],
+  the k terms summed in slot order by one warp (no atomics: the same bits on every run).
+
+The quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: the input (x, or h) is
+quantized per 32-column slice to int8 exactly as qmatvec.quantize_x does, and `reference` uses that input, so
+it states the kernels' function; F16, BF16 and F32 multiply the float input. One launch a projection for every
+token of the step; each warp reads only its expert's rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
+from hipcore.ops.qmatvec import U32, quantize_x
+from hipcore.ops.weight_formats import check_format, column_multiple, dequantize_rows, row_bytes
+from hipcore.runtime.cpu import CpuDevice, cpu_kernel
+from hipcore.runtime.device import Device, Dim3, Stream
+from hipcore.runtime.kernels import get_kernel, wavefront_size
+
+OP = "moe_experts"
+GATE_UP_SIGNATURE = "pppppppiiiiii"
+DOWN_SIGNATURE = "ppppppiiiii"
+QUANTIZED_X_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4")
+FLOAT_TYPES = ("f16", "bf16", "f32")
+EXPERT_TYPES = QUANTIZED_X_TYPES + FLOAT_TYPES
+ACTIVATIONS = {"swiglu": 0, "swiglu_oai": 1}
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
+ROWS_PER_WARP = 2  # rows of one (token, slot) a warp computes together
+THREADS = 256
+
+
+def supports(weight_type: str) -> bool:
+    return weight_type in EXPERT_TYPES
+
+
+# ---- reference -------------------------------------------------------------------------------
+
+
+def activation_reference(gate: np.ndarray, up: np.ndarray, activation: str) -> np.ndarray:
+    """float64: the gated activation of (gate, up)."""
+    g, u = np.asarray(gate, dtype=np.float64), np.asarray(up, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        if activation == "swiglu":
+            return g / (1.0 + np.exp(-g)) * u
+        if activation == "swiglu_oai":
+            g = np.minimum(g, OAI_LIMIT)
+            return g / (1.0 + np.exp(-OAI_ALPHA * g)) * (np.clip(u, -OAI_LIMIT, OAI_LIMIT) + 1.0)
+    raise ValueError(f"{OP}: activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
+
+
+def expert_matrix(raw: np.ndarray, weight_type: str, expert: int, rows: int, cols: int, dtype=np.float64) -> np.ndarray:
+    """[rows, cols] of `dtype`: expert `expert` of raw expert bytes (any shape holding n_expert * rows rows)."""
+    per_row = row_bytes(weight_type, cols)
+    flat = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    start = expert * rows * per_row
+    return dequantize_rows(flat[start:start + rows * per_row].reshape(rows, per_row), weight_type, cols, dtype)
+
+
+def kernel_input(x: np.ndarray, weight_type: str) -> np.ndarray:
+    """float64 [n, cols]: the input as the kernel multiplies it (quantized per slice for QUANTIZED_X_TYPES)."""
+    x = np.asarray(x, dtype=np.float32)
+    return quantize_x(x, weight_type) if weight_type in QUANTIZED_X_TYPES else x.astype(np.float64)
+
+
+def _products(raw, weight_type, ids, x_of_pair, rows, cols):
+    """float64 [pairs, rows] and the magnitudes |x| @ |W|^T: pair i = (t, j) multiplied by expert ids.flat[i]."""
+    flat_ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    out, magnitude = np.zeros((flat_ids.size, rows)), np.zeros((flat_ids.size, rows))
+    for expert in np.unique(flat_ids):
+        pairs = np.nonzero(flat_ids == expert)[0]
+        w = expert_matrix(raw, weight_type, int(expert), rows, cols)
+        xs = x_of_pair[pairs]
+        out[pairs] = xs @ w.T
+        magnitude[pairs] = np.abs(xs) @ np.abs(w).T
+    return out, magnitude
+
+
+def gate_up_reference(x, gate_raw, up_raw, weight_type, ids, ff, hidden, activation, gate_bias=None, up_bias=None,
+                      with_bound=False):
+    """float64 [tokens, k, ff] (see the module docstring); with_bound: also a bound on the kernel's float32 error.
+
+    The bound: each of gate and up is a dot product of cols terms, rounded at most cols / 32 + 10 times on
+    any term's path (qmatvec.error_bound's count), so |error| <= (cols / 32 + 10) u |x| . |w| (plus the bias's
+    rounding); the activation's factors move it by at most max |d act / dg| <= 1.2 and the other factor,
+    and the activation's own evaluation adds 8 u of its result."""
+    tokens, k = np.asarray(ids).shape
+    xq = kernel_input(np.asarray(x, dtype=np.float32).reshape(tokens, hidden), weight_type)
+    x_of_pair = np.repeat(xq, k, axis=0)
+    g, g_mag = _products(gate_raw, weight_type, ids, x_of_pair, ff, hidden)
+    u, u_mag = _products(up_raw, weight_type, ids, x_of_pair, ff, hidden)
+    flat_ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if gate_bias is not None:
+        g = g + np.asarray(gate_bias, dtype=np.float32).reshape(-1, ff)[flat_ids]
+    if up_bias is not None:
+        u = u + np.asarray(up_bias, dtype=np.float32).reshape(-1, ff)[flat_ids]
+    h = activation_reference(g, u, activation)
+    if not with_bound:
+        return h.reshape(tokens, k, ff)
+    steps = (hidden // 32 + 10) * U32
+    eg, eu = steps * (g_mag + np.abs(g)), steps * (u_mag + np.abs(u))
+    act_u = np.abs(u) + 1.0 if activation == "swiglu_oai" else np.abs(u)
+    bound = 1.2 * eg * (act_u + eu) + np.abs(g) * eu + 8 * U32 * np.abs(h) + 1e-30
+    return h.reshape(tokens, k, ff), bound.reshape(tokens, k, ff)
+
+
+def down_reference(h, down_raw, weight_type, ids, weights, hidden, ff, down_bias=None, with_bound=False):
+    """float64 [tokens, hidden]: what the kernel adds to out; with_bound: also a bound on its float32 error
+    (each product's as gate|up's, times |weight|, and k + 2 roundings of the weighted sum)."""
+    tokens, k = np.asarray(ids).shape
+    hq = kernel_input(np.asarray(h, dtype=np.float32).reshape(tokens * k, ff), weight_type)
+    y, y_mag = _products(down_raw, weight_type, ids, hq, hidden, ff)
+    if down_bias is not None:
+        y = y + np.asarray(down_bias, dtype=np.float32).reshape(-1, hidden)[np.asarray(ids, dtype=np.int64).reshape(-1)]
+    w = np.asarray(weights, dtype=np.float32).astype(np.float64).reshape(tokens, k, 1)
+    terms = w * y.reshape(tokens, k, hidden)
+    out = terms.sum(axis=1)
+    if not with_bound:
+        return out
+    each = (ff // 32 + 10) * U32 * (y_mag + np.abs(y)).reshape(tokens, k, hidden)
+    bound = (np.abs(w) * each).sum(axis=1) + (k + 2) * U32 * np.abs(terms).sum(axis=1) + 1e-30
+    return out, bound
+
+
+# ---- host implementation (the cpu backend) ---------------------------------------------------
+
+
+def _optional(device: CpuDevice, ptr: int, shape) -> np.ndarray | None:
+    return device.view(ptr, np.float32, shape) if ptr else None
+
+
+def _expert_bytes(device: CpuDevice, ptr: int, weight_type: str, n_expert: int, rows: int, cols: int) -> np.ndarray:
+    return device.view(ptr, np.uint8, n_expert * rows * row_bytes(weight_type, cols))
+
+
+def _check_ids(ids: np.ndarray, n_expert: int, entry: str) -> None:
+    if ids.size and (ids.min() < 0 or ids.max() >= n_expert):
+        raise ValueError(f"{entry}: expert id out of range [0, {n_expert}): {int(ids.min())}..{int(ids.max())}")
+
+
+def _host_gate_up(weight_type: str):
+    def run(device: CpuDevice, grid: Dim3, block: Dim3, h: int, x: int, gate: int, up: int, ids: int, gate_bias: int,
+            up_bias: int, tokens: int, k: int, ff: int, hidden: int, n_expert: int, activation: int) -> None:
+        chosen = device.view(ids, np.int32, (tokens, k))
+        _check_ids(chosen, n_expert, f"moe_gate_up_{weight_type}")
+        act = next(name for name, value in ACTIVATIONS.items() if value == activation)
+        device.view(h, np.float32, (tokens, k, ff))[:] = gate_up_reference(
+            device.view(x, np.float32, (tokens, hidden)), _expert_bytes(device, gate, weight_type, n_expert, ff, hidden),
+            _expert_bytes(device, up, weight_type, n_expert, ff, hidden), weight_type, chosen, ff, hidden, act,
+            _optional(device, gate_bias, (n_expert, ff)), _optional(device, up_bias, (n_expert, ff)))
+
+    return run
+
+
+def _host_down(weight_type: str):
+    def run(device: CpuDevice, grid: Dim3, block: Dim3, out: int, h: int, down: int, ids: int, weights: int,
+            down_bias: int, tokens: int, k: int, hidden: int, ff: int, n_expert: int) -> None:
+        chosen = device.view(ids, np.int32, (tokens, k))
+        _check_ids(chosen, n_expert, f"moe_down_{weight_type}")
+        added = down_reference(device.view(h, np.float32, (tokens, k, ff)),
+                               _expert_bytes(device, down, weight_type, n_expert, hidden, ff), weight_type, chosen,
+                               device.view(weights, np.float32, (tokens, k)), hidden, ff,
+                               _optional(device, down_bias, (n_expert, hidden)))
+        view = device.view(out, np.float32, (tokens, hidden))
+        view[:] = view + added.astype(np.float32)
+
+    return run
+
+
+for _type in EXPERT_TYPES:
+    cpu_kernel(f"moe_gate_up_{_type}", GATE_UP_SIGNATURE)(_host_gate_up(_type))
+    cpu_kernel(f"moe_down_{_type}", DOWN_SIGNATURE)(_host_down(_type))
+
+
+# ---- launchers ---------------------------------------------------------------------------------
+
+
+def geometry(arch: str, pairs: int, rows: int) -> tuple[int, int]:
+    """(grid, block) for `pairs` (token, slot) products of `rows` rows: a warp a group of ROWS_PER_WARP rows of one
+    pair (the kernel loops over what the grid does not cover)."""
+    warps = pairs * -(-rows // ROWS_PER_WARP)
+    return max(1, min(-(-warps // (THREADS // wavefront_size(arch))), 65_535)), THREADS
+
+
+def _check_experts(weight_type: str, n_expert: int, rows: int, cols: int, **tensors: Any) -> None:
+    check_format(OP, weight_type, EXPERT_TYPES)
+    if cols % column_multiple(weight_type):
+        raise ValueError(f"{OP}: {weight_type} experts need a multiple of {column_multiple(weight_type)} columns, "
+                         f"got {cols}")
+    for name, tensor in tensors.items():
+        check_memory(OP, name, tensor, n_expert * rows * row_bytes(weight_type, cols), alignment=16 if weight_type
+                     in ("q4_k", "q5_k") else 1 if weight_type == "mxfp4" else 2)
+
+
+def _bias_arg(name: str, bias: Any, n_expert: int, rows: int) -> Any:
+    if bias is None:
+        return 0
+    check_memory(OP, name, bias, n_expert * rows * 4)
+    return bias
+
+
+def launch_gate_up(device: Device, stream: Stream | None, h: Any, x: Any, gate_exps: Any, up_exps: Any, ids: Any,
+                   tokens: int, k: int, activation: str, gate_bias: Any = None, up_bias: Any = None, *, weight_type: str,
+                   n_expert: int, ff: int, hidden: int) -> None:
+    """h float32 [tokens, k, ff] from x float32 [tokens, hidden] through the experts ids [tokens, k] name."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{OP}: activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
+    check_sizes(OP, tokens=tokens, k=k, ff=ff, hidden=hidden, n_expert=n_expert, pairs=tokens * k)
+    _check_experts(weight_type, n_expert, ff, hidden, gate_exps=gate_exps, up_exps=up_exps)
+    check_memory(OP, "h", h, tokens * k * ff * 4)
+    check_memory(OP, "x", x, tokens * hidden * 4, alignment=16)
+    check_memory(OP, "ids", ids, tokens * k * 4)
+    check_disjoint(OP, ("h", h, tokens * k * ff * 4), ("x", x, tokens * hidden * 4))
+    biases = _bias_arg("gate_bias", gate_bias, n_expert, ff), _bias_arg("up_bias", up_bias, n_expert, ff)
+    grid, block = geometry(device.arch, tokens * k, ff)
+    kernel = get_kernel(device, OP, f"moe_gate_up_{weight_type}", GATE_UP_SIGNATURE)
+    kernel.launch(grid, block, (h, x, gate_exps, up_exps, ids, *biases, tokens, k, ff, hidden, n_expert,
+                                ACTIVATIONS[activation]), stream=stream)
+
+
+def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_exps: Any, ids: Any, weights: Any,
+                tokens: int, k: int, down_bias: Any = None, *, weight_type: str, n_expert: int, hidden: int,
+                ff: int) -> None:
+    """out float32 [tokens, hidden] += sum_j weights[t, j] (down_{ids[t, j]} . h[t, j] + bias)."""
+    check_sizes(OP, tokens=tokens, k=k, ff=ff, hidden=hidden, n_expert=n_expert, pairs=tokens * k)
+    _check_experts(weight_type, n_expert, hidden, ff, down_exps=down_exps)
+    check_memory(OP, "out", out, tokens * hidden * 4)
+    check_memory(OP, "h", h, tokens * k * ff * 4, alignment=16)
+    check_memory(OP, "ids", ids, tokens * k * 4)
+    check_memory(OP, "weights", weights, tokens * k * 4)
+    check_disjoint(OP, ("out", out, tokens * hidden * 4), ("h", h, tokens * k * ff * 4))
+    bias = _bias_arg("down_bias", down_bias, n_expert, hidden)
+    grid, block = geometry(device.arch, tokens, hidden)
+    kernel = get_kernel(device, OP, f"moe_down_{weight_type}", DOWN_SIGNATURE)
+    kernel.launch(grid, block, (out, h, down_exps, ids, weights, bias, tokens, k, hidden, ff, n_expert), stream=stream)
