@@ -7,6 +7,7 @@ and talks to the engine over a pipe), and events come back a step at a time into
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hmac
@@ -28,6 +29,7 @@ from rocmforge_serve.responses import stream_response, whole_response
 
 log = logging.getLogger("rocmforge.serve")
 TEMPLATE_WORKERS = 4  # chat renders at once; a warm worker renders in about a millisecond
+STATE_WAIT_S = 0.9  # /metrics: the engine's process answers from its published reading; past this it is 503
 
 
 async def read_body(request: Request, cap: int) -> bytes:
@@ -94,16 +96,32 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
              "max_model_len": served.context}]})
 
     async def health(request: Request) -> Response:
-        reason = await unhealthy_reason(served)
-        if reason:
-            return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
+        """Liveness (vLLM's /health): 200 while the server runs, busy, full or draining; 503 once its engine has
+        stopped (a fault), so that a probe restarts only a server that cannot recover. Never waits for the engine."""
+        loop = served.loop
+        if loop.fault or not loop.running:
+            return JSONResponse({"status": "unavailable", "reason": loop.fault or "the engine is not running"},
+                                status_code=503)
         return JSONResponse({"status": "ok"})
+
+    async def load(request: Request) -> Response:
+        """Readiness and load (vLLM's /load, with its `server_load`: requests in flight): 200 when a new request
+        would be taken now, 503 with the reason when not (full, draining, stopped). Never waits for the engine."""
+        reason = not_ready_reason(served)
+        loop = served.loop
+        body = {"server_load": loop.in_flight, "ready": reason is None, "limit": served.max_seqs + served.max_queue,
+                "parallel": served.max_seqs}
+        if reason is not None:
+            body["reason"] = reason
+        return JSONResponse(body, status_code=200 if reason is None else 503)
 
     async def metrics_route(request: Request) -> Response:
         try:
-            state = await served.loop.state()
+            state = await asyncio.wait_for(served.loop.state(), STATE_WAIT_S)
         except EngineStopped as exc:
             raise unavailable(str(exc)) from None
+        except asyncio.TimeoutError:
+            raise unavailable(f"the engine's process did not answer within {STATE_WAIT_S:g} s") from None
         return Response(metrics.render(state, served.loop.in_flight, served.latency), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def api_error(request: Request, exc: ApiError) -> Response:
@@ -123,6 +141,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/load", load, methods=["GET"]),
         Route("/metrics", metrics_route, methods=["GET"]),
     ]
     @contextlib.asynccontextmanager
@@ -140,8 +159,8 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
     return app
 
 
-async def unhealthy_reason(served: ServedModel) -> str | None:
-    """Why the server cannot take a minimal request now (None: it can)."""
+def not_ready_reason(served: ServedModel) -> str | None:
+    """Why the server would not take a new request now (None: it would); from the HTTP side's own state."""
     loop = served.loop
     if loop.fault:
         return loop.fault
@@ -152,14 +171,6 @@ async def unhealthy_reason(served: ServedModel) -> str | None:
     limit = served.max_seqs + served.max_queue
     if loop.in_flight >= limit:
         return f"the queue is full ({loop.in_flight} requests in flight, at most {limit})"
-    try:
-        state = await loop.state()
-    except EngineStopped as exc:
-        return str(exc)
-    if state["fault"] or not state["engine_running"]:  # with two processes, only the engine's side knows
-        return state["fault"] or "the engine is not running"
-    if state["usable_blocks"] < 1:
-        return "the KV cache has no usable block"
     return None
 
 

@@ -9,7 +9,8 @@ reader, which sleeps in the pipe's recv until a message comes (a submit, a cance
 Messages, each a tuple whose first item names it (pickled by multiprocessing's Connection):
   HTTP -> engine: ("submit", id, prompt_ids, params, tag), ("cancel", id), ("state", token), ("started",)
   engine -> HTTP: ("events", [(id, seq_index, token_ids, text, finished, ending value, error), ...]) once a
-  step for every request of the HTTP process, ("refused", id, status, message), ("state", token, dict).
+  step for every request of the HTTP process, ("refused", id, status, message), ("state", token, dict),
+  ("fault", message) when the engine's loop stopped on a fault (the HTTP side's /health needs no round trip).
 Ids are the HTTP process's own; the bridge keeps each one's BridgeSink, which holds the engine's id. When
 the pipe closes (the HTTP process ended, or died) every request it left is cancelled, so its blocks come
 back at the next step like any disconnected client's.
@@ -64,6 +65,7 @@ class EngineBridge:
         self._sinks: dict[int, BridgeSink] = {}
         self._reader = threading.Thread(target=self._read, name="rocmforge-bridge-in", daemon=True)
         self._sender = threading.Thread(target=self._write, name="rocmforge-bridge-out", daemon=True)
+        loop.fault_listeners.append(lambda fault: self._send(("fault", fault)))
 
     def start(self) -> None:
         self._reader.start()
@@ -141,6 +143,8 @@ class EngineBridge:
             self._send(("state", message[1], state))
         elif kind == "started":
             self.started.set()
+            if self.loop.fault:  # stopped before the HTTP process listened
+                self._send(("fault", self.loop.fault))
         else:
             log.error("the HTTP process sent an unknown message %r", kind)
 

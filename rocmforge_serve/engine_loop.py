@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import ctypes
 import sys
 import threading
@@ -25,10 +26,14 @@ from typing import Callable
 
 from hipcore.engine.engine import Engine
 from hipcore.engine.request import Ending, Event
-from rocmforge_serve.engine_state import read_engine_state
+from rocmforge_serve.engine_state import live_state, read_engine_state
 
 Sink = Callable[[Event], None]
 RATE_WINDOW_S = 10.0  # tokens/s is measured over this trailing window
+# The engine publishes its reading after a step at most this often while it has work (a reading costs the KV
+# profile and a driver call: ~0.1 ms, a few % of a 3 ms decode step if taken every step), and always when it
+# runs out of work, so an idle server's reading is never older than its last step.
+PUBLISH_INTERVAL_S = 0.05
 ENGINE_THREAD_NAME = "rf-engine"  # as the OS shows it (top -H, /proc/PID/task/*/comm; 15 bytes at most)
 PR_SET_NAME = 15
 
@@ -49,7 +54,7 @@ class EngineStopped(Exception):
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, *, device=None, idle_wait_s: float = 0.5):
+    def __init__(self, engine: Engine, *, device=None, idle_wait_s: float = 0.5, queue_timeout_s: float | None = None):
         self.engine = engine
         self.device = device  # hipcore.runtime.device.Device, for the ledger and the driver's figures
         self._cond = threading.Condition()
@@ -59,9 +64,11 @@ class EngineLoop:
         self.fault: str | None = None  # why the loop stopped on its own (an exception outside any request)
         self._idle_wait_s = idle_wait_s
         self._rate: collections.deque[tuple[float, int]] = collections.deque()
-        # Held while the engine steps: readers of its state from other threads (metrics, health) take it
-        # so that they never see a step half done (nor iterate a dict the step is changing).
-        self.state_lock = threading.Lock()
+        self.queue_timeout_s = queue_timeout_s  # a request not admitted within it ends with 503 (None: no limit)
+        self._timed_out: dict[int, str] = {}  # request id -> why it was ended while queued (the engine thread's)
+        self.fault_listeners: list[Callable[[str], None]] = []  # told the fault, on the engine's thread
+        self._published = read_engine_state(engine, device)  # replaced whole by the engine's thread, never edited
+        self._published_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rocmforge-engine", daemon=True)
 
     # ---- any thread ---------------------------------------------------------------------------
@@ -97,8 +104,8 @@ class EngineLoop:
             return len(self._sinks)
 
     def state_now(self) -> dict:
-        """A reading of the engine between two steps (engine_state.py)."""
-        return read_engine_state(self)
+        """The engine's last published reading with the live figures (engine_state.py); never waits for a step."""
+        return live_state(self, self._published)
 
     async def state(self) -> dict:
         """state_now() for the handlers, async as EngineClient's (a round trip to the engine's process) is."""
@@ -128,6 +135,7 @@ class EngineLoop:
         self._thread.join()
         events = self.engine.shutdown(Ending.CANCELLED)
         self._dispatch(events)
+        self.publish()
         return events
 
     # ---- the engine thread --------------------------------------------------------------------
@@ -142,22 +150,49 @@ class EngineLoop:
                     return
             before = self.engine.stats.generated_tokens
             try:
-                with self.state_lock:
-                    events = self.engine.step()
+                events = self.engine.step()
+                if self.queue_timeout_s is not None:
+                    self._end_stale_waiters()
             except BaseException as exc:  # noqa: BLE001 - outside any one request: stop serving, say why
                 self.fault = f"the engine stopped: {type(exc).__name__}: {exc}"
                 self._fail_all(self.fault)
+                for listener in self.fault_listeners:
+                    listener(self.fault)
                 return
             made = self.engine.stats.generated_tokens - before
+            now = time.monotonic()
             with self._cond:
                 if made:
-                    self._rate.append((time.monotonic(), made))
+                    self._rate.append((now, made))
             self._dispatch(events)
+            if now - self._published_at >= PUBLISH_INTERVAL_S or not self.engine.has_work():
+                self.publish()
+
+    def publish(self) -> None:
+        """On the engine's thread (or before it starts, or after it stopped): a new reading for the readers."""
+        self._published = read_engine_state(self.engine, self.device)
+        self._published_at = time.monotonic()
+
+    def _end_stale_waiters(self) -> None:
+        """Cancel the requests that waited in the queue past queue_timeout_s, never admitted (a preempted one was
+        admitted once and keeps its place); their final event says why (a 503 with Retry-After)."""
+        limit = time.perf_counter() - self.queue_timeout_s
+        for request in self.engine.scheduler.waiting:
+            if request.admitted_at is None and request.submitted_at < limit \
+                    and request.request_id not in self._timed_out:
+                self._timed_out[request.request_id] = (
+                    f"the request waited in the queue for more than {self.queue_timeout_s:g} s "
+                    "(--queue-timeout) without starting; retry later")
+                self.engine.cancel(request.request_id)
 
     def _dispatch(self, events: list[Event]) -> None:
         by_channel: dict[object, list[tuple[Sink, Event]]] = {}
         with self._cond:
             for event in events:
+                if event.finished and self._timed_out:
+                    reason = self._timed_out.pop(event.request_id, None)
+                    if reason is not None and event.ending == Ending.CANCELLED:
+                        event = dataclasses.replace(event, error=reason)
                 sink = self._sinks.get(event.request_id)
                 if sink is None:
                     continue

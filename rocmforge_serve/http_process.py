@@ -36,6 +36,7 @@ class EngineClient:
         self.fault: str | None = None  # set when the engine's process is gone
         self.on_lost = lambda: None  # serve_http: stop serving then
         self._open = True
+        self._gone = False  # the pipe to the engine's process broke (_lost ran)
         self._accepting = True
         self._sinks: dict[int, AsyncSink] = {}
         self._ids = itertools.count(1)
@@ -83,7 +84,10 @@ class EngineClient:
         future = self._loop.create_future()
         self._states[token] = future
         self._send(("state", token))
-        state = await future
+        try:
+            state = await future
+        finally:
+            self._states.pop(token, None)  # a reader that gave up (a timeout) leaves no future behind
         if "error" in state:
             raise RuntimeError(f"reading the engine's state failed: {state['error']}")
         own = anon_rss_bytes()
@@ -134,13 +138,16 @@ class EngineClient:
             future = self._states.pop(message[1], None)
             if future is not None and not future.done():
                 future.set_result(message[2])
+        elif kind == "fault":  # the engine's loop stopped: refuse requests, /health says why
+            self.fault = message[1]
         else:
             log.error("the engine's process sent an unknown message %r", kind)
 
     def _lost(self, reason: str) -> None:
         """The engine's process is gone: every request fails, every reading too, and the server stops."""
-        if self.fault is not None:
+        if self._gone:
             return
+        self._gone = True
         self.fault = reason
         self._open = False
         if self._loop is not None:

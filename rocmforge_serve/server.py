@@ -64,11 +64,12 @@ class ShutdownReport:
 class Server:
     def __init__(self, loaded, *, name: str, host: str = "127.0.0.1", port: int = 8080, max_queue: int = 64,
                  api_key: str | None = None, grace_s: float = 10.0, max_body_bytes: int | None = None,
-                 log_level: str = "warning", ignore_eos: bool = False, http_process: bool = False):
+                 log_level: str = "warning", ignore_eos: bool = False, http_process: bool = False,
+                 queue_timeout_s: float | None = 300.0):
         self.loaded = loaded
         self.grace_s = grace_s
         self.http_process = http_process
-        self.engine_loop = EngineLoop(loaded.engine, device=loaded.device)
+        self.engine_loop = EngineLoop(loaded.engine, device=loaded.device, queue_timeout_s=queue_timeout_s)
         served = served_model(loaded, name=name, max_queue=max_queue, ignore_eos=ignore_eos)
         self.context = served.context
         self.report: ShutdownReport | None = None

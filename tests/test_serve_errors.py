@@ -144,9 +144,10 @@ def test_a_full_queue_gets_429_with_retry_after_not_a_hang(model_path, http_proc
             assert time.monotonic() - t0 < 5
             assert_openai_error(full, 429)
             assert full.headers["retry-after"] == "1"
-            assert httpx.get(live.url + "/health").status_code == 503
+            assert httpx.get(live.url + "/health").status_code == 200  # liveness: busy is alive
+            assert httpx.get(live.url + "/load").status_code == 503  # readiness: full
         wait_idle(live.url)
-        assert httpx.get(live.url + "/health").status_code == 200
+        assert httpx.get(live.url + "/load").status_code == 200
 
 
 def test_an_engine_that_stopped_is_unhealthy_and_refuses_requests(model_path, http_process):

@@ -21,10 +21,14 @@ MODEL_NAME = "tiny"
 SHAPES = ["one process", "http process"]  # a module's live server in each shape of rocmforge_serve.server.Server
 FAULT_TOKEN = 383  # a prompt that starts with this token id fails in the sampler (an engine fault in one request)
 SLOW_TOKEN = 382  # each step that computes a prompt starting with this id takes 50 ms more (a slow prompt, on purpose)
+HOLD_TOKEN = 381  # ... and each step of a request whose prompt starts with this id takes HOLD_S (a long prompt step)
+HOLD_S = 3.0
 
 
 def _slow_steps(requests) -> bool:
-    if any(r.prompt_ids[:1] == [SLOW_TOKEN] for r in requests):
+    if any(r.prompt_ids[:1] == [HOLD_TOKEN] for r in requests):
+        time.sleep(HOLD_S)
+    elif any(r.prompt_ids[:1] == [SLOW_TOKEN] for r in requests):
         time.sleep(0.05)
     return False  # never fails the step
 
@@ -35,13 +39,14 @@ def fault_hooks() -> EngineHooks:
 
 @contextlib.contextmanager
 def live_server(model_path, *, api_key=None, max_queue=16, max_body_bytes=None, grace_s=2.0, ignore_eos=False,
-                http_process=False, **load_options):
+                http_process=False, queue_timeout_s=300.0, **load_options):
     """http_process: the HTTP layer in a spawned process of its own, as `rocmforge serve` runs it (the engine
     and its fault hooks stay in this process)."""
     loaded = load_tiny(model_path, hooks=fault_hooks(), **load_options)
     try:
         server = Server(loaded, name=MODEL_NAME, max_queue=max_queue, api_key=api_key, grace_s=grace_s,
-                        max_body_bytes=max_body_bytes, ignore_eos=ignore_eos, http_process=http_process)
+                        max_body_bytes=max_body_bytes, ignore_eos=ignore_eos, http_process=http_process,
+                        queue_timeout_s=queue_timeout_s)
         with ServerThread(server) as live:
             yield live
     finally:
