@@ -16,6 +16,8 @@ import time
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -25,6 +27,7 @@ from rocmforge_serve.api_errors import ApiError, server_error, unavailable
 from rocmforge_serve.engine_loop import EngineStopped
 from rocmforge_serve.generation import ClientGone, ServedModel, start_generation
 from rocmforge_serve.protocol import MAX_BODY_BYTES, parse_generation, parse_json_body
+from rocmforge_serve.request_guard import HostPolicy, RequestGuard
 from rocmforge_serve.responses import stream_response, whole_response
 
 log = logging.getLogger("rocmforge.serve")
@@ -47,7 +50,8 @@ async def read_body(request: Request, cap: int) -> bytes:
 
 
 def create_app(served: ServedModel, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               on_startup=None, on_shutdown=None) -> Starlette:
+               on_startup=None, on_shutdown=None, policy: HostPolicy | None = None) -> Starlette:
+    """policy: the Host / Origin rules (request_guard.py); None: a server on loopback with no extra names."""
     key = api_key.encode("utf-8") if api_key else None
 
     def authorize(request: Request) -> None:
@@ -57,7 +61,8 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
         scheme, _, token = given.partition(" ")
         # compare_digest on bytes: the time taken does not depend on where the first difference is
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8", "replace"), key):
-            raise ApiError(401, "invalid or missing API key: send Authorization: Bearer KEY", code="invalid_api_key")
+            raise ApiError(401, "invalid or missing API key: send Authorization: Bearer KEY", code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
 
     def check_model(name: str | None) -> None:
         if name is not None and name != served.name:
@@ -153,8 +158,15 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
         if on_shutdown is not None:
             on_shutdown()
 
+    policy = policy or HostPolicy("127.0.0.1")
+    middleware = [Middleware(RequestGuard, policy=policy)]
+    if policy.cors_origins:  # preflights and the response headers of the origins allowed (the guard refused the rest)
+        middleware.append(Middleware(CORSMiddleware, allow_origins=["*"] if "*" in policy.cors_origins else
+                                     list(policy.cors_origins), allow_methods=["GET", "POST"],
+                                     allow_headers=["Authorization", "Content-Type"], max_age=600))
     app = Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: unexpected},
-                    lifespan=lifespan)
+                    lifespan=lifespan, middleware=middleware)
+    app.router.redirect_slashes = False  # its redirect names the Host the request gave: /v1/models/ is a 404
     app.state.served = served
     return app
 

@@ -174,7 +174,7 @@ def serve_http(served: ServedModel, conn, sock, settings: dict) -> None:
         if served.templates is not None:
             served.templates.close()
 
-    app = create_app(served, api_key=settings["api_key"], max_body_bytes=settings["max_body_bytes"],
+    app = create_app(served, api_key=settings["api_key"], max_body_bytes=settings["max_body_bytes"], policy=settings["policy"],
                      on_startup=lambda: client.attach(asyncio.get_running_loop()), on_shutdown=stopped)
     server = SignalledUvicorn(uvicorn_config(app, **settings["uvicorn"]), signals=(signal.SIGTERM,))
     client.on_lost = lambda: setattr(server, "should_exit", True)

@@ -30,6 +30,7 @@ from rocmforge_serve.app import attach, create_app, served_model
 from rocmforge_serve.engine_bridge import EngineBridge
 from rocmforge_serve.engine_loop import EngineLoop
 from rocmforge_serve.protocol import MAX_BODY_BYTES
+from rocmforge_serve.request_guard import HostPolicy
 from rocmforge_serve.uvicorn_stack import SignalledUvicorn, http_stack, uvicorn_config
 
 log = logging.getLogger("rocmforge.serve")
@@ -65,7 +66,8 @@ class Server:
     def __init__(self, loaded, *, name: str, host: str = "127.0.0.1", port: int = 8080, max_queue: int = 64,
                  api_key: str | None = None, grace_s: float = 10.0, max_body_bytes: int | None = None,
                  log_level: str = "warning", ignore_eos: bool = False, http_process: bool = False,
-                 queue_timeout_s: float | None = 300.0):
+                 queue_timeout_s: float | None = 300.0, allowed_hosts: tuple[str, ...] = (),
+                 cors_origins: tuple[str, ...] = ()):
         self.loaded = loaded
         self.grace_s = grace_s
         self.http_process = http_process
@@ -76,15 +78,16 @@ class Server:
         self._kv_at_start = loaded.device.ledger.bytes_by_tag().get("kv", 0)
         self.http, self.loop = http_stack()
         uvicorn_settings = dict(host=host, port=port, grace_s=grace_s, log_level=log_level)
+        policy = HostPolicy(host, tuple(allowed_hosts), tuple(cors_origins))
         if http_process:
             self.served = served  # pickled to the HTTP process, which attaches its EngineClient
             self._http_settings = {"api_key": api_key, "max_body_bytes": max_body_bytes or MAX_BODY_BYTES,
-                                   "uvicorn": uvicorn_settings}
+                                   "uvicorn": uvicorn_settings, "policy": policy}
             self.uvicorn = None
         else:
             self.served = attach(served, self.engine_loop)
             extra = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
-            self.app = create_app(self.served, api_key=api_key, on_shutdown=self.shutdown_check, **extra)
+            self.app = create_app(self.served, api_key=api_key, on_shutdown=self.shutdown_check, policy=policy, **extra)
             self.uvicorn = SignalledUvicorn(uvicorn_config(self.app, **uvicorn_settings))
         self.bridge: EngineBridge | None = None
         self.http_pid: int | None = None

@@ -63,7 +63,8 @@ BAD_BODIES = [
 
 @pytest.mark.parametrize("body,status,param", BAD_BODIES, ids=[repr(b[:24]) for b, _, _ in BAD_BODIES])
 def test_bad_input_gets_a_clear_openai_error_and_the_server_keeps_serving(live, body, status, param):
-    assert_openai_error(post(live, "/v1/completions", content=body), status, param)
+    assert_openai_error(post(live, "/v1/completions", content=body, headers={"Content-Type": "application/json"}),
+                        status, param)
     ok = post(live, "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
@@ -171,6 +172,7 @@ def test_api_key_guards_every_v1_route(model_path, http_process):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
                 response = httpx.request(method, live.url + path, headers=headers, json={"prompt": "a"})
                 assert_openai_error(response, 401)
+                assert response.headers["www-authenticate"] == "Bearer"  # RFC 6750
         good = httpx.post(live.url + "/v1/completions", headers={"Authorization": "Bearer s3cret"},
                           json={"prompt": "a", "max_tokens": 2}, timeout=30)
         assert good.status_code == 200
