@@ -8,7 +8,7 @@
 // them, because the formats read one line in several loads (Q6_K's and Q8_0's 4-byte words: without L1,
 // Q6_K's products ran at half speed). Measured on an NVIDIA H200, one-token decode step replayed from its
 // graph: Llama-3.1-8B / Llama-3.2-1B shapes in Q4_K_M 2,536 -> 2,330 us and 737 -> 645 us (attention's cost
-// inside the step, scripts/gpu/measure_step_anatomy.py: 6.0 -> 3.0 and 3.8 -> 2.4 us a launch); the demo
+// inside the step, scripts/bench/measure_step_anatomy.py: 6.0 -> 3.0 and 3.8 -> 2.4 us a launch); the demo
 // model (Q4_1, 92 MiB) 587 -> 560 us. Batched steps (8 or more tokens) unchanged. Elsewhere plain loads
 // (AMD's nontemporal loads would be the counterpart; unmeasured, so not used).
 //

@@ -103,7 +103,7 @@ class DecodeProfile:
             lines.append(f"the replayed graph takes {self.graph_us:,.0f} us for {self.launches} launches; measured kind "
                          f"by kind the kernels add up to {self.kernels_us:,.0f} us, so the launches and the gaps "
                          f"between them cost about {gap / self.launches:.1f} us each; on an H200 most of it was each "
-                         "kind finding L2 cold after its neighbours (scripts/gpu/measure_step_anatomy.py splits it "
+                         "kind finding L2 cold after its neighbours (scripts/bench/measure_step_anatomy.py splits it "
                          "kind by kind)")
         if gap < 0:
             lines.append("(kinds replayed alone run slower than inside the whole step: their weights miss the cache)")

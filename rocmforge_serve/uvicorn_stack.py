@@ -15,7 +15,7 @@ import uvicorn
 def http_stack() -> tuple[str, str]:
     """(uvicorn's `http`, its `loop`): httptools' C parser and uvloop where they are installed (they are the
     project's dependencies; uvloop not on Windows), else h11 and asyncio's own loop, which work the same but
-    cost more host time per token. Measured with scripts/serve_overhead.py (32 streaming clients, the demo
+    cost more host time per token. Measured with scripts/bench/serve_overhead.py (32 streaming clients, the demo
     model's tokenizer, on a 2-core CPU machine): the event loop's CPU per generated token 15.9-17.1 -> 11.6-12.2
     us, the server's 26.2 -> 20.8-22.0 us, median time to first token 50-52 -> 14-17 ms."""
     http = "httptools" if importlib.util.find_spec("httptools") is not None else "h11"

@@ -1,4 +1,4 @@
-"""scripts/bench_cpu_engine.py's --rounds-of load (serve_bench.sh's load generator without HTTP), on the cpu backend:
+"""scripts/bench/bench_cpu_engine.py's --rounds-of load (serve_bench.sh's load generator without HTTP), on the cpu backend:
 every group runs its rounds, a group's next round starts only once its last one has ended, and the groups overlap."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support.engine_testing import load_tiny, tiny_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
 import bench_cpu_engine  # noqa: E402
 
 

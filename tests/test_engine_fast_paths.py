@@ -1,4 +1,4 @@
-"""The engine's per-step fast paths give what the general paths give (scripts/engine_host_cost.py measures
+"""The engine's per-step fast paths give what the general paths give (scripts/bench/engine_host_cost.py measures
 what they save): the decode batch built straight from the sequences (build_decode_batch) against the general
 batch of the same one-token slices; SamplingRows.from_rows against build(); StopChecker without stop strings
 against the general path; Event's own __init__ against the dataclass it still is; TextBuffer against plain

@@ -1,5 +1,5 @@
 """Gemma 3's and Gemma 2's layers with their fused launches, on the cpu backend with small models of the Gemma-3-4B
-and Gemma-2-9B shapes (scripts/synthetic_models.py) in Q4_K_M: the products as a GPU takes them (fused_qmatvec's
+and Gemma-2-9B shapes (scripts/models/synthetic_models.py) in Q4_K_M: the products as a GPU takes them (fused_qmatvec's
 q|k|v, without RoPE for Gemma 3, with RoPE and the store of k and v for Gemma 2, and its gate|up with GeGLU, through
 their host references), head_norm_rope (Gemma 3), and each post-norm added to the residual stream in one launch; 8
 launches a Gemma 3 decode layer where the single ops took 13, 7 a Gemma 2 layer (13 while its attention input took
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from support.model_steps import keep_gpu_formats, prompt_then_decode
-from test_synthetic_models import SMALL, write_reduced, write_tiktoken  # also puts scripts/ on sys.path
+from test_synthetic_models import SMALL, write_reduced, write_tiktoken  # also puts scripts/models/ on sys.path
 
 PROMPT = [260, 259, 32, 104, 101, 108]
 LAYER = ["attn_norm+qkv", "qk_norm+rope+kv_store", "attention", "attn_output", "attn_output_post_norm+residual",

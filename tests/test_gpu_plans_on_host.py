@@ -3,7 +3,7 @@
 weights take their GPU formats and the launchers the paths that architecture has (NVIDIA's fragment path, q|k|v
 and the SwiGLU in one launch, f16 activations, prompt attention on the matrix cores; AMD's MFMA and WMMA tiles; none
 of them on gfx1030), and each launch runs the cpu backend's host kernel behind its entry. A reduced model of each
-family (scripts/synthetic_models.py in Q4_K_M) steps through a 256-token prompt, a step of nine 12-token prompts,
+family (scripts/models/synthetic_models.py in Q4_K_M) steps through a 256-token prompt, a step of nine 12-token prompts,
 and decode steps of 10, 3 and 1 sequences: every step's logits must be the plain cpu backend's within the GPU tier's
 bound for the quantized families (4e-2 of the largest logit over the top 10: the f16 and int8 activations those
 paths round to; 1.9e-2 the largest seen here). What this checks is the plumbing of the GPU paths (which buffers,

@@ -1,6 +1,6 @@
 """qwen3's attention input as the fused q|k|v products without RoPE and one head_norm_rope launch (the per-head norms,
 RoPE, and the store of k and v: hipcore/model/blocks.py head_normed_attention_input), on the cpu backend with a
-small model of the Qwen3-4B shape (scripts/synthetic_models.py; heads of 128 on a 256-wide model): the same logits
+small model of the Qwen3-4B shape (scripts/models/synthetic_models.py; heads of 128 on a 256-wide model): the same logits
 as the single ops it replaces (the norms and RoPE as their own launches); the same logits and cache bytes whether
 head_norm_rope stores k and v or kv_store's launch does (ROCMFORGE_KV_EPILOGUE=0); and the launches a step takes."""
 
@@ -14,7 +14,7 @@ import pytest
 from hipcore.model.blocks import Family, compose, pre_norm_layer, qk_head_norm, qkv_products, rope_qk
 from hipcore.model.projections import KV_EPILOGUE_ENV
 from support.model_steps import keep_gpu_formats, prompt_then_decode
-from test_synthetic_models import SMALL, write_reduced, write_tiktoken  # also puts scripts/ on sys.path
+from test_synthetic_models import SMALL, write_reduced, write_tiktoken  # also puts scripts/models/ on sys.path
 
 PROMPT = [260, 259, 32, 104, 101, 108]
 LAYERS = SMALL["layers"]

@@ -13,7 +13,7 @@ import pytest
 
 from hipcore.model.projections import KV_EPILOGUE_ENV
 from support.model_steps import keep_gpu_formats, prompt_then_decode
-from test_synthetic_models import SMALL, write_small, write_tiktoken  # also puts scripts/ on sys.path
+from test_synthetic_models import SMALL, write_small, write_tiktoken  # also puts scripts/models/ on sys.path
 
 PROMPT = [260, 259, 32, 104, 101, 108]
 

@@ -13,7 +13,7 @@ import pytest
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model import forward
 from support.model_steps import step_batch
-from test_synthetic_models import write_small, write_tiktoken  # also puts scripts/ on sys.path
+from test_synthetic_models import write_small, write_tiktoken  # also puts scripts/models/ on sys.path
 
 
 @pytest.fixture(scope="module")

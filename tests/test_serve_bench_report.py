@@ -1,4 +1,4 @@
-"""scripts/gpu/serve_bench_report.py: the summary of one server's run (rocmforge serve or llama-server) and
+"""scripts/bench/serve_bench_report.py: the summary of one server's run (rocmforge serve or llama-server) and
 the comparison of two, from files in llm-benchmark-runner's output format written here."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "gpu"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 sys.path.insert(0, str(SCRIPTS))
 
 import serve_bench_report as report  # noqa: E402

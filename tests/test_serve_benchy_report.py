@@ -1,5 +1,5 @@
-"""scripts/gpu/serve_benchy_report.py (llama-benchy's levels beside `rocmforge bench -b 32`) and
-scripts/gguf_tokenizer_json.py (the tokenizer.json llama-benchy sizes its prompts with), on files written here."""
+"""scripts/bench/serve_benchy_report.py (llama-benchy's levels beside `rocmforge bench -b 32`) and
+scripts/bench/gguf_tokenizer_json.py (the tokenizer.json llama-benchy sizes its prompts with), on files written here."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from hipcore.gguf.file import read_plan
 from support.gguf_factory import write_tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
 import gguf_tokenizer_json  # noqa: E402
 import serve_benchy_report as report  # noqa: E402
@@ -75,7 +74,7 @@ def test_tokenizer_json_carries_the_files_vocabulary(tmp_path):
     assert control and [a["id"] for a in doc["added_tokens"]] == control
     assert all(a["content"] == tokens[a["id"]] for a in doc["added_tokens"])
     out = tmp_path / "tokenizer.json"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gguf_tokenizer_json.py"), str(path), str(out)],
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "gguf_tokenizer_json.py"), str(path), str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text(encoding="utf-8")) == doc

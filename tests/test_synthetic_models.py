@@ -1,4 +1,4 @@
-"""scripts/synthetic_models.py: random-weight GGUFs of real shapes, read back by our GGUF reader, run by the
+"""scripts/models/synthetic_models.py: random-weight GGUFs of real shapes, read back by our GGUF reader, run by the
 cpu backend (finite logits), with llama.cpp's Q4_K_M type mix and a tiktoken-derived BPE vocabulary."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "models"
 sys.path.insert(0, str(SCRIPTS))
 
 import synthetic_models as sm  # noqa: E402

@@ -32,7 +32,7 @@ from hipcore.ops import (add, add_bias, fused_matmul, fused_matvec, fused_qmatve
 from hipcore.runtime.device import Buffer, Device, Stream
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
-# model's shapes: scripts/gpu/measure_matmul.py --fused prints both kernels per token count).
+# model's shapes: scripts/bench/measure_matmul.py --fused prints both kernels per token count).
 FUSED_MATVEC_MAX_TOKENS = 8
 # Up to this many tokens the separate K-quant matrices take fused_qmatvec (one pass over W for up to 8
 # tokens), beyond it the single ops on matmul_mma, which take the K-quants from

@@ -130,7 +130,7 @@ def pick_tile_tokens(row_tiles: int, n_tokens: int) -> int:
     """32-token tiles up to 32 tokens (less padding); beyond, 64 (twice the products per shared load)
     unless that leaves fewer than FEW_TILES tiles: such launches are latency-bound, and twice the tiles
     of half the size finish sooner than the same tiles split further (measured on an H100 with the demo
-    model's products, scripts/gpu/measure_fused_matmul.py --tiles: at 64 tokens every product, 22.6
+    model's products, scripts/bench/measure_fused_matmul.py --tiles: at 64 tokens every product, 22.6
     against 24.1 us for gate|up's 48 tiles; at 128 and 512 tokens 64-token tiles from 30 tiles on)."""
     if n_tokens <= TILE_TOKENS[0] or tile_count(row_tiles, n_tokens, TILE_TOKENS[-1]) < FEW_TILES:
         return TILE_TOKENS[0]
@@ -146,7 +146,7 @@ def pick_splits(tiles: int, cols: int, tile_tokens: int) -> int:
     """Column ranges per tile, each at least MIN_SPLIT_STEPS steps: as many as keep the workgroups within
     BUSY_ITEMS (one wave; a few more would run as a second, nearly empty one), within half of it for
     fewer than SMALL_SPLIT_TILES tiles, and a tile whole rather than in two halves. From the H100 figures
-    of scripts/gpu/measure_fused_matmul.py --variants on the demo model's products (the raw report is in git
+    of scripts/bench/measure_fused_matmul.py --variants on the demo model's products (the raw report is in git
     history: docs/gpu-runs/2026-11-22-fused-matmul-h100-run3.md at commit 855248c), where this picks the faster of the budgets measured in every
     case: a few tiles' work is short and the combine of many partials outweighs more parallelism beyond
     about one workgroup per SM (q|k|v at 64 tokens, 30 tiles: 11.8 us in 4 splits, 13.1 in 6), more

@@ -23,7 +23,7 @@ GATE_UP_ROWS_PER_WARP = {"1": 2, "n": 1}
 # so more tiles per workgroup means less staging; launches with fewer tiles keep one workgroup per tile. Two is
 # what an SM holds of the one-token entries (256 threads of 106-128 registers): more leave a second, partial
 # round of workgroups behind the first, fewer leave loads unissued. Measured on an NVIDIA H100 80GB HBM3 (132
-# SMs; scripts/gpu/measure_qmatvec_decode.py --max-workgroups 132,264,396, one token, µs): norm+head 1B
+# SMs; scripts/bench/measure_qmatvec_decode.py --max-workgroups 132,264,396, one token, µs): norm+head 1B
 # 126.6 / 88.1 / 107.8, 8B 238.4 / 171.4 / 204.1; norm+gate|up+swiglu 1B 12.5 / 9.4 / 10.3, 8B 35.2 / 29.2 /
 # 29.8; the rest equal within 1.5% at 264 and 396. (An earlier 396 had beaten one workgroup per tile.)
 # DEFAULT_MULTIPROCESSORS: where the device does not say (the cpu backend, the emulation), an H100's.
@@ -35,7 +35,7 @@ MAX_WORKGROUPS: int | None = None
 # kernels/fused_qmatvec.hip: tile_dot): few tiles leave too few weight loads in flight per SM (an 8B's o and
 # down have 128 tiles of 32 rows for 132 SMs). k_split doubles, up to MAX_K_SPLIT, while the tiles stay
 # within the workgroup cap and each warp keeps SPLIT_MIN_SLICES of a row. Measured on an NVIDIA H100 80GB HBM3
-# (scripts/gpu/measure_qmatvec_decode.py --k-split): 8B o 8.30 -> 7.44 us at 2 (9.49 at 4), down 25.7 ->
+# (scripts/bench/measure_qmatvec_decode.py --k-split): 8B o 8.30 -> 7.44 us at 2 (9.49 at 4), down 25.7 ->
 # 24.4 at 2 (26.3 at 4); 1B o 5.21 -> 4.74 at 2, down 14.4 -> 9.5 at 4. gate|up lost at 2 and stays whole.
 # norm+q|k|v+RoPE at one token splits the same way: a 1B's q|k|v has 96 tiles for 132 SMs, 5.50 -> 5.09 us
 # at 2 (8.65 at 4); an 8B's 192 tiles would become 384, more than the cap (11.9 -> 15.3 us when it ran so).

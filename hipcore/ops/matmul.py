@@ -38,7 +38,7 @@ BUSY_WORKGROUPS = 128  # about one per compute unit of the GPUs this is tuned on
 MAX_GRID = 1 << 20  # enough workgroups to fill any GPU; the kernel loops over the tiles beyond
 # Up to this many tokens matvec reads W once (it takes 8 tokens per pass over W) and is as fast as W can
 # be read; beyond it matvec reads W again per 8 tokens, while matmul reads each W tile once per tile of
-# tokens. See scripts/gpu/measure_matmul.py, which measures the crossover.
+# tokens. See scripts/bench/measure_matmul.py, which measures the crossover.
 MATVEC_MAX_TOKENS = 8
 
 

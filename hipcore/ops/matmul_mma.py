@@ -67,7 +67,7 @@ MMA_MIN_TOKENS_KQUANT = 7
 # Where the K-quants take the fragment path (NVIDIA sm_80+), from 5 tokens: on an NVIDIA H200, per
 # Llama-3.1-8B layer, fused_qmatvec's four launches take 146 us at 4 tokens and 333 at 6 (two passes over W),
 # the fragment path's seven products 144 and 146 us plus ~18 us of the single ops' norm, RoPE and SwiGLU
-# (~11 since rmsnorm moves float4s; scripts/gpu/measure_qmatvec_decode.py beside measure_matmul_mma.py;
+# (~11 since rmsnorm moves float4s; scripts/bench/measure_qmatvec_decode.py beside measure_matmul_mma.py;
 # docs/benchmarks.md).
 MMA_MIN_TOKENS_KQUANT_FRAGMENTS = 5
 KQUANT_TYPES = WIDE_TYPES

@@ -10,7 +10,7 @@ has llama-cpp-python 0.3.36 and the gguf package (never a dependency of rocmforg
 
 The file's SHA-256 is recorded: the test writes the model again and refuses to compare against data
 recorded from other bytes. KV cache in F32 and F32 weights: llama.cpp's CPU path then quantizes nothing,
-so the comparison sees RoPE and attention, not 8-bit rounding. The AMX workaround of record_llamacpp.py
+so the comparison sees RoPE and attention, not 8-bit rounding. The AMX workaround of llamacpp_recording.py
 (use_extra_bufts = False) applies here too.
 """
 
@@ -27,14 +27,12 @@ from pathlib import Path
 import numpy as np
 
 import llama_cpp
-import llama_cpp.llama_cpp as llama_lowlevel
+from llamacpp_recording import GOLDEN, without_amx_buffers
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 from support.gguf_factory import write_tiny_llama  # noqa: E402
 from support.rope_factors import far_factors  # noqa: E402
 
-DEFAULT_OUT = ROOT / "tests" / "golden" / "tiny_llama_rope_freqs_llamacpp.json"
+DEFAULT_OUT = GOLDEN / "tiny_llama_rope_freqs_llamacpp.json"
 # The model: tiny_llama_spec's defaults (2 layers, hidden 64, 4 heads of 16, 2 KV heads, vocab 384), seed 11,
 # and 8 factors from far_factors(default_rng(FACTOR_SEED), 16). tests/test_golden_rope_freqs.py uses these.
 MODEL_SEED, FACTOR_SEED, HEAD_DIM = 11, 7, 16
@@ -56,14 +54,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
-    original = llama_lowlevel.llama_model_default_params
-
-    def params():
-        p = original()
-        p.use_extra_bufts = False
-        return p
-
-    llama_lowlevel.llama_model_default_params = params
+    without_amx_buffers()
     with tempfile.TemporaryDirectory() as folder:
         path = write_tiny_llama(Path(folder) / "tiny-rope-freqs.gguf", **model_kwargs())
         digest = hashlib.sha256(path.read_bytes()).hexdigest()

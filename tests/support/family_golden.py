@@ -34,8 +34,8 @@ TIE_MARGIN = 0.1
 # The GPU tier's comparison with the cpu backend (tests/gpu/test_families_gpu.py, test_gemma3_gpu.py) holds the
 # float32 paths to 1e-3 of the largest logit. An F16 or BF16 file's single-op products of 5 tokens and more run on
 # the matrix cores where the GPU has them (hipcore/ops/matmul_mma.py: x rounded to f16, u = 2^-11), as llama.cpp's
-# do. Rounding x so in those products on the cpu backend reproduces their effect (scripts/f16_rounding_on_cpu.py;
-# docs/benchmarks.md, 2026-11-29, fifth session): qwen2-f16 3.8e-4 / 3.2e-4 (an H200 measured 3.80e-4 / 3.25e-4),
+# do. Rounding x so in those products on the cpu backend reproduces their effect (2026-11-29,
+# docs/history/2026-12-06-removed-measurement-tools.md): qwen2-f16 3.8e-4 / 3.2e-4 (an H200 measured 3.80e-4 / 3.25e-4),
 # qwen3-f16 1.05e-3 / 1.14e-3 and gemma3-f16 0.90e-3 / 1.03e-3 (their per-head norms amplify it). 3e-3 is that
 # thrice over; a wrong kernel moves logits by whole units.
 MAX_RELATIVE_MMA_LOGIT_DIFF = 3e-3

@@ -1,5 +1,5 @@
 """The tiny phi3 models whose llama.cpp outputs are recorded in tests/golden/phi3_llamacpp.json (by
-scripts/golden/record_llamacpp_phi3.py) and compared in tests/test_golden_phi3.py. Both sides write the file
+scripts/golden/record_llamacpp_tiny_family.py phi3) and compared in tests/test_golden_phi3.py. Both sides write the file
 with this code from the same seed, so it is the same file byte for byte (the golden data holds its sha256
 and the test checks it).
 
