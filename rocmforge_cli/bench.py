@@ -17,7 +17,7 @@ from profiles.bench import (
 from profiles.llama_cpp_runs import batched_bench_beside, run_llama_bench, run_llama_batched_bench
 from profiles.decode_profile import DecodeProfile, profile_decode
 from rocmforge_cli.common import handle_errors, stderr
-from rocmforge_cli.generate import DEVICE_HELP, resolve_model
+from rocmforge_cli.options import Device, KvDtype, Model, Quiet, resolve_model
 
 
 def parse_counts(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
@@ -108,7 +108,7 @@ def profile_markdown(p: DecodeProfile) -> str:
 
 @handle_errors
 def bench_command(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model (SmolLM2-135M-Instruct) if installed.", show_default=False)] = None,
+    model: Model = None,
     prompt: Annotated[Optional[str], typer.Option("-p", "--n-prompt", help="Prompt lengths to test (pp), comma-separated; 0 skips. Default: 512 on a GPU, 32 on the CPU.", show_default=False)] = None,
     gen: Annotated[Optional[str], typer.Option("-n", "--n-gen", help="Tokens to generate one by one (tg), comma-separated; 0 skips. Default: 128 on a GPU, 8 on the CPU.", show_default=False)] = None,
     batch: Annotated[Optional[str], typer.Option("-b", "--batch", help="Parallel sequences for batched decode, comma-separated; 0 skips. Default: 8,32,64,128 on a GPU, 4 on the CPU.", show_default=False)] = None,
@@ -116,14 +116,14 @@ def bench_command(
     depth: Annotated[Optional[str], typer.Option("--n-depth", help="Tokens already in the context before each tg test, comma-separated (llama-bench's -d): decode speed at long contexts, e.g. 0,4096. Default: 0.", show_default=False)] = None,
     repetitions: Annotated[Optional[int], typer.Option("-r", "--repetitions", help="Measured runs of each test (after one warm-up run). Default: 5 on a GPU, 2 on the CPU.", show_default=False)] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="md (a table like llama-bench's) or json.")] = "md",
-    device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
+    device: Device = "auto",
+    kv_dtype: KvDtype = "f16",
     llama_bench: Annotated[Optional[str], typer.Option("--llama-bench", help="Path of llama.cpp's llama-bench: run it on the same model and show its figures and the ratio beside ours.", show_default=False)] = None,
     llama_batched_bench: Annotated[Optional[str], typer.Option("--llama-batched-bench", help="Path of llama.cpp's llama-batched-bench for the b rows (-npp 1 -ntg N -npl B -fa on). Default: the one beside --llama-bench.", show_default=False)] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Also report where one decode step's time goes (kernels, launches, host work).")] = False,
     profile_batch: Annotated[int, typer.Option("--profile-batch", help="Sequences in the profiled decode step.")] = 1,
     no_graphs: Annotated[bool, typer.Option("--no-graphs", help="Launch decode steps one kernel at a time instead of replaying captured graphs (to measure what graphs save).")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Measure prompt (pp) and decode (tg) speed, and decode with many sequences at once (b), like
     llama.cpp's llama-bench; print a table (or JSON) with the device, model, quant, KV dtype and commit.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -12,6 +12,7 @@ from hipcore.runtime.selection import pick_device
 from hipcore.runtime.ledger import format_bytes
 from hipcore.runtime.selection import DeviceInventory, DeviceSummary, discover_devices
 from rocmforge_cli.common import handle_errors, stderr, stdout
+from rocmforge_cli.options import device_option, json_option
 
 
 def code_objects_for(arch: str) -> Optional[list[str]]:
@@ -74,12 +75,10 @@ def render_inventory(inventory: DeviceInventory) -> None:
 
 @handle_errors
 def devices_command(
-    as_json: bool = typer.Option(False, "--json", help="Print the devices and the reasons as JSON instead of a table."),
-    device: Optional[str] = typer.Option(
-        None, "--device", "-d",
-        help="Check one --device value instead of listing everything: open it and show it, or say why it "
-             "cannot be used. One of auto, hip, cuda, cpu, optionally with an index (cuda:1).",
-    ),
+    as_json: Annotated[bool, json_option("Print the devices and the reasons as JSON instead of a table.")] = False,
+    device: Annotated[Optional[str], device_option(
+        "Check one --device value instead of listing everything: open it and show it, or say why it "
+        "cannot be used. One of auto, hip, cuda, cpu, optionally with an index (cuda:1).")] = None,
 ) -> None:
     """List the GPUs rocmforge can use (AMD through HIP, NVIDIA through CUDA) and the CPU backend, with
     their memory and precompiled kernels, and say which one --device auto takes and why the others were not."""

@@ -11,44 +11,17 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from hipcore.tokenizer.chat_template import chat_prompt, chat_template_from_metadata
-from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import RocmforgeError, UsageError
-from hipcore.kvcache import DEFAULT_BLOCK_SIZE, kv_dtype as check_kv_dtype
-from hipcore.kvcache.config import MAX_SLOTS, RESERVED_BLOCKS
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.escapes import process_escapes
 from rocmforge_cli.stream_text import stream_text
 from rocmforge_cli.generate_input import choose_seed, read_prompt, sampling_params
-
-DEVICE_HELP = "Where to run: auto (AMD GPU via HIP, else NVIDIA GPU via CUDA, else CPU), hip, cuda or cpu; add :N for the N-th GPU."
-
-
-def resolve_model(model: Optional[str]) -> str:
-    """The --model path, or the demo model when it is installed, or a clear message on how to get one."""
-    if model:
-        return model
-    demo = find_demo_model()
-    if demo is None:
-        raise UsageError(f"no --model given and the demo model is not installed; run `{INSTALL_HINT}` or pass --model PATH.gguf")
-    return str(demo)
-
-
-def check_options(ctx_size: Optional[int], kv_dtype: str, kv_blocks: Optional[int], kv_memory: Optional[str]) -> None:
-    """Refuse bad sizes before the model is read (one line, exit 2), in the words of the options."""
-    if ctx_size is not None and ctx_size < 1:
-        raise UsageError(f"--ctx-size must be at least 1 token, got {ctx_size}")
-    if kv_blocks is not None and kv_blocks < 1:
-        raise UsageError(f"--kv-blocks must be at least 1 (block 0 is reserved and added on top), got {kv_blocks}")
-    most_blocks = MAX_SLOTS // DEFAULT_BLOCK_SIZE - RESERVED_BLOCKS  # the cache's own limit counts block 0
-    if kv_blocks is not None and kv_blocks > most_blocks:
-        raise UsageError(f"--kv-blocks must be at most {most_blocks:,} ({DEFAULT_BLOCK_SIZE}-token blocks; block 0 is "
-                         f"reserved and added on top), got {kv_blocks:,}")
-    if kv_blocks is not None and kv_memory is not None:
-        raise UsageError("give either --kv-blocks or --kv-memory, not both")
-    check_kv_dtype(kv_dtype)
-
+from rocmforge_cli.options import (
+    CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, check_options, json_option, max_tokens_option, quiet_option,
+    resolve_model, seed_option,
+)
 
 def load_with_progress(path: str, options: LoadOptions, quiet: bool) -> LoadedModel:
     if quiet:
@@ -86,8 +59,8 @@ def format_timings(t: dict) -> str:
 @handle_errors
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt text; '-' or nothing reads it from stdin.", show_default=False)] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model (SmolLM2-135M-Instruct) if installed.", show_default=False)] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")] = 256,
+    model: Model = None,
+    max_tokens: Annotated[int, max_tokens_option("Most tokens to generate (llama.cpp's -n/--n-predict).")] = 256,
     temperature: Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy (always the most likely token).")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k", help="Keep only the k most likely tokens (0 = off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", help="Keep the smallest set of tokens whose probability reaches p (1 = off).")] = 0.95,
@@ -96,18 +69,18 @@ def generate(
     repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="Window of the repeat penalty in tokens (0 = off, -1 = all).")] = 64,
     presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="Subtract this from tokens already present (0 = off).")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="Subtract this x count from repeated tokens (0 = off).")] = 0.0,
-    seed: Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed, for reproducible sampling. Default: random.", show_default=False)] = None,
+    seed: Annotated[Optional[int], seed_option("Random seed, for reproducible sampling. Default: random (and printed).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed. Escapes such as \\n work as in the prompt.", show_default=False)] = None,
     no_escape: Annotated[bool, typer.Option("--no-escape", help="Take the prompt, --system and --stop literally: no \\n \\t \\' \\\" \\\\ \\xHH escapes (processed by default, as llama.cpp does; stdin is always literal).")] = False,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template, as a user message.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message (implies --chat).", show_default=False)] = None,
-    device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
-    ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context length in tokens (prompt + output). Default: the model's, at most 4096.", show_default=False)] = None,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
-    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", help="KV cache size in blocks (default: enough for the context).", show_default=False)] = None,
-    kv_memory: Annotated[Optional[str], typer.Option("--kv-memory", help="KV cache size as memory, e.g. 2GiB or 50% (of free memory).", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the text, tokens and timings instead of streaming.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or timings on stderr.")] = False,
+    device: Device = "auto",
+    ctx_size: CtxSize = None,
+    kv_dtype: KvDtype = "f16",
+    kv_blocks: KvBlocks = None,
+    kv_memory: KvMemory = None,
+    as_json: Annotated[bool, json_option("Print one JSON object with the text, tokens and timings instead of streaming.")] = False,
+    quiet: Annotated[bool, quiet_option()] = False,
 ) -> None:
     """Generate text from a prompt, streaming it to stdout; timings go to stderr.
 

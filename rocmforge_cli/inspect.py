@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -17,6 +17,7 @@ from hipcore.errors import RocmforgeError, UsageError, printable
 from hipcore.gguf.file import ModelPlan, read_plan
 from hipcore.runtime.ledger import format_bytes
 from rocmforge_cli.common import handle_errors, stderr, stdout
+from rocmforge_cli.options import json_option, model_option
 
 
 def tokenizer_summary(plan: ModelPlan) -> dict[str, Any]:
@@ -131,18 +132,28 @@ def _cell(value: str) -> Text:
 
 @handle_errors
 def inspect_command(
-    model: Optional[str] = typer.Argument(
-        None, show_default=False, metavar="MODEL",
-        help="Path of a GGUF model file. Default: the demo model (SmolLM2-135M-Instruct) if installed."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON instead of tables."),
-    list_tensors: bool = typer.Option(False, "--tensors", help="Also list every tensor: name, type, shape, offset, bytes."),
+    model: Annotated[Optional[str], typer.Argument(
+        show_default=False, metavar="MODEL",
+        help="Path of a GGUF model file (or give it with -m/--model, as the other commands take it). Default: the demo "
+             "model (SmolLM2-135M-Instruct) if installed.")] = None,
+    model_flag: Annotated[Optional[str], model_option()] = None,
+    as_json: Annotated[bool, json_option("Print the result as JSON instead of tables.")] = False,
+    list_tensors: Annotated[bool, typer.Option("--tensors", help="Also list every tensor: name, type, shape, offset, bytes.")] = False,
 ) -> None:
     """Validate a GGUF model file and show its architecture, configuration, tokenizer and tensor types.
 
     Only the header is read (the weights are not loaded), and every count, size and offset in it is checked first.
 
     A damaged or truncated file gets a one-line error and exit code 3; a valid file using something rocmforge does not support (an architecture, a tensor type) gets exit code 4, naming it.
+
+    Examples:
+      rocmforge inspect model.gguf
+      rocmforge inspect -m model.gguf --json | jq .config
+      rocmforge inspect --tensors                   (the demo model, every tensor listed)
     """
+    if model is not None and model_flag is not None and model != model_flag:
+        raise UsageError(f"two models given: {model!r} and -m {model_flag!r}; give one")
+    model = model or model_flag
     path = model or _demo_model()
     start = time.perf_counter()
     plan = read_plan(path)

@@ -13,7 +13,10 @@ from profiles.leak_render import render
 from profiles.leak_settings import LeakCheckSettings
 from profiles.leak_thresholds import parse_fail_on
 from rocmforge_cli.common import handle_errors, stderr, stdout
-from rocmforge_cli.generate import DEVICE_HELP, resolve_model
+from rocmforge_cli.options import (
+    Device, KvDtype, Model, PlantBug, block_size_option, json_option, kv_blocks_option, parallel_option, quiet_option,
+    resolve_model, seed_option,
+)
 from rocmforge_cli.leak_progress_display import PlainProgress, RichProgress
 
 FAIL_ON_HELP = (
@@ -40,26 +43,26 @@ def parse_range(text: str) -> tuple[int, int]:
 
 @handle_errors
 def leak_check_command(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model (SmolLM2-135M-Instruct) if installed.", show_default=False)] = None,
-    device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
-    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests to run after the warm-up.")] = 1000,
-    parallel: Annotated[int, typer.Option("--parallel", "-p", help="Sequences in flight at once (a request with n samples takes n); also the engine's sequence limit.")] = 8,
-    seed: Annotated[int, typer.Option("--seed", "-s", help="Seed of the workload: the same seed and settings give the same requests.")] = 0,
-    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", help="KV pool size in blocks. Default: deliberately small (about 60% of what --parallel requests hold at once), so requests get preempted.", show_default=False)] = None,
+    model: Model = None,
+    device: Device = "auto",
+    requests: Annotated[int, typer.Option("--requests", help="Requests to run after the warm-up.")] = 1000,
+    parallel: Annotated[int, parallel_option("Sequences in flight at once (a request with n samples takes n); also the engine's sequence limit.")] = 8,
+    seed: Annotated[int, seed_option("Seed of the workload: the same seed and settings give the same requests.")] = 0,
+    kv_blocks: Annotated[Optional[int], kv_blocks_option("KV pool size in blocks. Default: deliberately small (about 60% of what --parallel requests hold at once), so requests get preempted.")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most new tokens per request (each request draws its own limit up to this).")] = 12,
     prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", help="Length range of the random prompts, MIN-MAX tokens.")] = "4-32",
     step_tokens: Annotated[int, typer.Option("--step-tokens", help="Tokens computed per engine step; longer prompts are evaluated in chunks over several steps.")] = 32,
     phases: Annotated[int, typer.Option("--phases", help="Phases the requests are split into; every check runs after each.")] = 4,
     warmup: Annotated[Optional[int], typer.Option("--warmup", help="Warm-up requests before the baseline (default: --parallel).", show_default=False)] = None,
     finished_bound: Annotated[int, typer.Option("--finished-bound", help="Finished-request records the engine may keep; the check fails if it keeps more.")] = 100,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
-    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block; small blocks make short requests cross blocks (and get preempted) more often.")] = 16,
+    kv_dtype: KvDtype = "f16",
+    block_size: Annotated[int, block_size_option("Tokens per KV block; small blocks make short requests cross blocks (and get preempted) more often.")] = 16,
     fail_on: Annotated[Optional[list[str]], typer.Option("--fail-on", help=FAIL_ON_HELP, show_default=False)] = None,
     deadline: Annotated[Optional[float], typer.Option("--deadline", help="End the run as failed (exit 1) after this many seconds from the warm-up on. Default: 300 s + 5 s per request.", show_default=False)] = None,
     no_tracemalloc: Annotated[bool, typer.Option("--no-tracemalloc", help="Measure host memory by RSS only (tracemalloc slows Python code by about a third).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object instead of tables.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (by default: a progress line on a terminal, otherwise a plain line every 10 s with requests done, KV blocks in use and the phase).")] = False,
-    plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
+    as_json: Annotated[bool, json_option("Print the report as one JSON object instead of tables.")] = False,
+    quiet: Annotated[bool, quiet_option("No progress on stderr (by default: a progress line on a terminal, otherwise a plain line every 10 s with requests done, KV blocks in use and the phase).")] = False,
+    plant_bug: PlantBug = None,
 ) -> None:
     """Run a seeded mix of requests through the engine and check that every KV block and every device byte comes back; exit 0 when clean, 1 on a leak or when a layer could not be judged (verdict "not judged"), 2 on a usage error.
 

@@ -21,6 +21,7 @@ from profiles.kv_capacity import (
 from profiles.kv_workloads import WorkloadSpec, check_workloads, run_workloads
 from profiles.presets import PRESETS, preset_names, resolve_shape
 from rocmforge_cli.common import handle_errors, stderr, stdout
+from rocmforge_cli.options import block_size_option, ctx_size_option, device_option, json_option, model_option
 
 PRESET_LIST = ", ".join(preset_names())
 
@@ -48,14 +49,14 @@ def resolve_memory(memory: Optional[str], device_spec: str) -> tuple[int, str]:
 
 @handle_errors
 def profile_kv_command(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="A GGUF model file: its shape is read from the file's metadata (no weights are loaded).", show_default=False)] = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help=f"A named model shape instead of a file, one of: {PRESET_LIST}.", show_default=False)] = None,
+    model: Annotated[Optional[str], model_option("A GGUF model file: its shape is read from the file's metadata (no weights are loaded).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help=f"A named model shape instead of a file, one of: {PRESET_LIST}.", show_default=False)] = None,
     list_presets: Annotated[bool, typer.Option("--list-presets", help="List the model presets with their shapes and exit.")] = False,
     memory: Annotated[Optional[str], typer.Option("--memory", help="Memory to plan for, e.g. 8GiB, 512MiB, 24G, or 70% (of the device's free memory). Default: the free memory of --device.", show_default=False)] = None,
-    device: Annotated[str, typer.Option("--device", "-d", help="Device whose free memory is the default --memory: auto, hip, cuda or cpu (add :N for the N-th GPU).")] = "auto",
+    device: Annotated[str, device_option("Device whose free memory is the default --memory: auto, hip, cuda or cpu (add :N for the N-th GPU).")] = "auto",
     dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help=f"KV dtype to show; repeat for several. Default: all ({', '.join(KV_DTYPES)}).", show_default=False)] = None,
-    block_sizes: Annotated[Optional[list[int]], typer.Option("--block-size", help=f"Tokens per KV block; repeat for several. Default: {', '.join(map(str, DEFAULT_BLOCK_SIZES))} for the table, 16 for --plan.", show_default=False)] = None,
-    context: Annotated[Optional[int], typer.Option("--context", help="Context length to plan for (tokens). Default: the model's.", show_default=False)] = None,
+    block_sizes: Annotated[Optional[list[int]], block_size_option(f"Tokens per KV block; repeat for several. Default: {', '.join(map(str, DEFAULT_BLOCK_SIZES))} for the table, 16 for --plan.")] = None,
+    context: Annotated[Optional[int], ctx_size_option("Context length to plan for (tokens). Default: the model's.", "--context")] = None,
     plan: Annotated[bool, typer.Option("--plan", help="Say how many tokens, and sequences of --seq-len tokens, fit in --memory beside the weights and the activations, for each KV dtype.")] = False,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="With --plan: the length of each sequence (prompt + output). Default: the context length.", show_default=False)] = None,
     weights_type: Annotated[Optional[str], typer.Option("--weights-type", help=f"With --plan: count the weights as every parameter in this type ({', '.join(t.lower() for t in WEIGHT_TYPES)}; the _S/_M/_L mixes at llama.cpp's bits per weight). Default: a file's real tensor bytes; q4_k_m (4.84 bits/weight) for a preset.", show_default=False)] = None,
@@ -65,7 +66,7 @@ def profile_kv_command(
     lengths: Annotated[Optional[list[int]], typer.Option("--length", help="With --workloads: a single-sequence length in tokens; repeat for several. Default: 1, 17, 100.", show_default=False)] = None,
     concurrent: Annotated[Optional[int], typer.Option("--concurrent", help="With --workloads: how many sequences run together. Default: 8.", show_default=False)] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", help="With --workloads: parallel samples forked from one prompt. Default: 4.", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON (exact integers) instead of tables.")] = False,
+    as_json: Annotated[bool, json_option("Print everything as JSON (exact integers) instead of tables.")] = False,
 ) -> None:
     """Show how much KV cache memory a model needs per token and how many tokens fit.
 

@@ -12,31 +12,35 @@ import typer
 from hipcore.engine.loader import LoadOptions
 from hipcore.errors import EXIT_FAILURE, UsageError
 from rocmforge_cli.common import handle_errors, stderr
-from rocmforge_cli.generate import DEVICE_HELP, check_options, load_with_progress, resolve_model
+from rocmforge_cli.generate import load_with_progress
+from rocmforge_cli.options import (
+    BlockSize, CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, Parallel, PlantBug, Quiet, check_options,
+    quiet_option, resolve_model,
+)
 
 
 @handle_errors
 def serve_command(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model (SmolLM2-135M-Instruct) if installed.", show_default=False)] = None,
+    model: Model = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on. The default takes no connections from other machines; 0.0.0.0 takes them from anywhere (use --api-key).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8080,
-    parallel: Annotated[int, typer.Option("--parallel", "-np", help="Requests decoded together (continuous batching); more wait in the queue.")] = 8,
+    parallel: Parallel = 8,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait beyond --parallel; past that a request gets 429 with Retry-After.")] = 64,
-    ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context length in tokens (prompt + output). Default: the model's, at most 4096.", show_default=False)] = None,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache storage: f16, bf16, f32 or q8_0.")] = "f16",
-    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", help="KV cache size in blocks (default: enough for the context).", show_default=False)] = None,
-    kv_memory: Annotated[Optional[str], typer.Option("--kv-memory", help="KV cache size as memory, e.g. 2GiB or 50% (of free memory).", show_default=False)] = None,
+    ctx_size: CtxSize = None,
+    kv_dtype: KvDtype = "f16",
+    kv_blocks: KvBlocks = None,
+    kv_memory: KvMemory = None,
     step_tokens: Annotated[int, typer.Option("--step-tokens", help="Prompt tokens evaluated per engine step, beside the running requests' decoding (longer prompts go in chunks). More takes a burst of prompts in fewer steps, at the cost of activation memory (the memory plan shows it) and of longer pauses for streams under way; llama-server's --batch-size default is the same.")] = 2048,
-    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 16,
-    device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
+    block_size: BlockSize = 16,
+    device: Device = "auto",
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ROCMFORGE_API_KEY", help="Require `Authorization: Bearer KEY` on every /v1 route.", show_default=False)] = None,
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model's name in the API. Default: the file name without .gguf.", show_default=False)] = None,
     grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests may run on after SIGTERM / Ctrl-C before they are cancelled.")] = 10.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate through end-of-generation tokens up to max_tokens unless a request sends ignore_eos false (fixed output lengths for load generators, as llama-server's --ignore-eos).")] = False,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="On a GPU, before taking requests: run a decode step of every batch size class up to --parallel, a few prompts up to --step-tokens long and the padded prompt-step shapes, so that kernels load and step graphs are captured now, not in the first clients' latency (and device memory stays flat from the first request). A few seconds on an 8B model.")] = True,
     one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients). Always so on Windows.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or memory plan on stderr.")] = False,
-    plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
+    quiet: Annotated[bool, quiet_option("No progress or memory plan on stderr.")] = False,
+    plant_bug: PlantBug = None,
 ) -> None:
     """Serve the model over HTTP with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions (streaming too), /health and /metrics.
 

@@ -10,23 +10,23 @@ import typer
 from hipcore.errors import UsageError
 from profiles.serve_leak_check import ServeLeakSettings, run_serve_leak_check
 from rocmforge_cli.common import handle_errors, stderr, stdout
-from rocmforge_cli.generate import DEVICE_HELP, resolve_model
+from rocmforge_cli.options import Device, Model, PlantBug, json_option, quiet_option, resolve_model, seed_option
 
 
 @handle_errors
 def serve_leak_check_command(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Path of a GGUF model file. Default: the demo model if installed.", show_default=False)] = None,
-    device: Annotated[str, typer.Option("--device", "-d", help=DEVICE_HELP)] = "auto",
-    requests: Annotated[Optional[int], typer.Option("--requests", "-n", help="Requests to send after the warm-up. Default: 200; with --duration, no limit but the time.", show_default=False)] = None,
+    model: Model = None,
+    device: Device = "auto",
+    requests: Annotated[Optional[int], typer.Option("--requests", help="Requests to send after the warm-up. Default: 200; with --duration, no limit but the time.", show_default=False)] = None,
     duration: Annotated[Optional[str], typer.Option("--duration", help="A soak: send requests until this much time has passed (e.g. 90s, 10m, 1h); the server's host memory must then be judged flat (at most 1 MiB per 1,000 requests over the second half, which must span >= 250 requests).", show_default=False)] = None,
     clients: Annotated[int, typer.Option("--clients", help="Concurrent HTTP clients; the server decodes half as many at once, so the rest queue.")] = 8,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most new tokens per request (each draws its own).")] = 8,
-    seed: Annotated[int, typer.Option("--seed", "-s", help="Seed of the request mix.")] = 0,
+    seed: Annotated[int, seed_option("Seed of the request mix: the same seed and settings send the same requests.")] = 0,
     serve_arg: Annotated[Optional[list[str]], typer.Option("--serve-arg", help="An extra argument for `rocmforge serve` (repeatable), e.g. --serve-arg=--kv-blocks=64.", show_default=False)] = None,
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the clients may run at most. Default: 600, or the duration plus 300.", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
-    plant_bug: Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help="Tests only (needs ROCMFORGE_TESTING=1).")] = None,
+    as_json: Annotated[bool, json_option("Print the report as one JSON object.")] = False,
+    quiet: Annotated[bool, quiet_option("No progress on stderr.")] = False,
+    plant_bug: PlantBug = None,
 ) -> None:
     """Start `rocmforge serve` on a free loopback port, send it a seeded mix of requests from concurrent clients (some leave during the prompt or mid-stream), then check that every KV block and ledger byte came back, that the GPU driver's free memory did not keep dropping, and that it exits 0 on SIGTERM; exit 1 on a leak (a driver drop in one half of the requests only is a warning).
 
