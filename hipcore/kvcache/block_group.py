@@ -15,10 +15,11 @@ access, and it asks every group for a plan before it changes any (all or nothing
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from hipcore.kvcache.block_pool import BlockPool
 from hipcore.kvcache.config import NULL_BLOCK
+from hipcore.kvcache.prefix_index import BlockHash
 from hipcore.kvcache.table_rows import TableRows
 
 
@@ -42,13 +43,14 @@ class BlockGroup:
     num_blocks: int
     block_size: int
     window: int  # 0: global (keeps everything)
+    block_hash: BlockHash = hash  # the prefix cache's block key (prefix_index.py)
     pool: BlockPool = field(init=False)
     tables: dict[int, list[int]] = field(default_factory=dict, init=False)
     kept_from: dict[int, int] = field(default_factory=dict, init=False)  # first position still held
     rows: TableRows = field(default_factory=TableRows, init=False)  # the tables in numpy, kept in step below
 
     def __post_init__(self) -> None:
-        self.pool = BlockPool(self.num_blocks)
+        self.pool = BlockPool(self.num_blocks, self.block_hash)
 
     def plan(self, seq_id: int, length: int, n_tokens: int) -> AppendPlan:
         """The plan to grow sequence `seq_id` (now `length` tokens) by n_tokens; changes nothing."""
@@ -135,6 +137,14 @@ class BlockGroup:
         self.tables[seq_id] = []
         self.kept_from[seq_id] = 0
         self.rows.add(seq_id)
+
+    def attach(self, seq_id: int, table: Sequence[int], kept_from: int) -> None:
+        """The new (empty) sequence's table is `table`, blocks of a cached prefix it holds already (prefix_cache.py),
+        the null block below `kept_from` in a window group."""
+        self.tables[seq_id] = list(table)
+        self.kept_from[seq_id] = kept_from
+        if table:
+            self.rows.write(seq_id, 0, table)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         parent = self.tables[parent_id]

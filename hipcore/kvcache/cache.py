@@ -20,37 +20,50 @@ A model with sliding-window layers (KvCacheConfig.layer_windows) gets two layer 
 own block pool and block tables (block_group.py): `reserve` grows both at once (all or nothing) and,
 in the local group, releases the blocks that every window layer has left behind. Queries that take a
 `group` argument default to the global group, which is the only one of a llama model.
+
+With prefix caching (prefix_cache.py), `add_sequence(seq_id, prefix=prompt)` starts the sequence with the blocks
+of the longest cached prefix of the prompt (its length is what it returns), `register_computed` hashes a
+sequence's computed full blocks, and `free_sequence(seq_id, computed=tokens)` hashes them on the way out: those
+blocks go to the LRU of cached blocks (after the fence) instead of the free list, and a reservation evicts them,
+least recently used first, before it says "no space".
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from hipcore.kvcache.block_counts import BlockCounts
 from hipcore.kvcache.block_group import BlockGroup
 from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP, NULL_BLOCK, KvCacheConfig
 from hipcore.kvcache.errors import KvCacheError, KvInvariantError
 from hipcore.kvcache.group_view import KvGroupView, group_view
-from hipcore.kvcache.invariants import check_group_invariants
+from hipcore.kvcache.invariants import check_group_invariants, check_prefix_invariants
 from hipcore.kvcache.pools import allocate_pools, copy_block
+from hipcore.kvcache.prefix_cache import PrefixCaching
+from hipcore.kvcache.prefix_index import BlockHash
 from hipcore.kvcache.profile import MemoryProfile, build_profile
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
-class KvCache:
+class KvCache(BlockCounts):
     """Paged K/V pools (one K and one V allocation per layer, tag "kv", sized by the layer's group) and
     per-sequence block tables in each layer group."""
 
-    def __init__(self, device: Device, config: KvCacheConfig, label: str = "kv"):
+    def __init__(self, device: Device, config: KvCacheConfig, label: str = "kv", *, prefix_caching: bool = False,
+                 model_identity: str = "", block_hash: BlockHash = hash):
+        """prefix_caching: keep released full blocks for prompts that start alike (module docstring); model_identity
+        (the model file's name and size, say) and block_hash go into every block's key (prefix_index.py)."""
         self.device = device
         self.config = config
         self._lock = threading.RLock()
         self._groups: dict[str, BlockGroup] = {
             group: BlockGroup(group, config.group_blocks(group), config.block_size,
-                              config.window if group == LOCAL_GROUP else 0)
+                              config.window if group == LOCAL_GROUP else 0, block_hash)
             for group in config.groups}
+        self.prefix = PrefixCaching(config, self._groups, model_identity, block_hash) if prefix_caching else None
         self._pool = self._groups[GLOBAL_GROUP].pool  # the global group's (the only one of a llama model)
         self._tables = self._groups[GLOBAL_GROUP].tables
         self._group_list = tuple(self._groups.values())
@@ -63,8 +76,10 @@ class KvCache:
 
     # ---- sequences -----------------------------------------------------------------------------
 
-    def add_sequence(self, seq_id: int) -> None:
-        """Start an empty sequence (no blocks until `reserve`)."""
+    def add_sequence(self, seq_id: int, prefix: Sequence[int] | None = None) -> int:
+        """Start a sequence: empty (no blocks until `reserve`), or, given the tokens it starts with and with prefix
+        caching on, holding the blocks of their longest cached prefix. Returns its length: the tokens whose K/V it
+        has already (a multiple of the block size, below len(prefix))."""
         with self._lock:
             self._check_open()
             _check_seq_id(seq_id)
@@ -72,7 +87,26 @@ class KvCache:
                 raise KvCacheError(f"sequence {seq_id} already exists in the KV cache")
             for group in self._groups.values():
                 group.add(seq_id)
-            self._lengths[seq_id] = 0
+            length = self.prefix.attach(seq_id, prefix) if self.prefix is not None and prefix else 0
+            self._lengths[seq_id] = length
+            return length
+
+    def cached_prefix(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """(tokens add_sequence(_, tokens) would start with, cached global blocks it would take out of the available
+        ones); (0, 0) with caching off. Changes nothing, counts nothing."""
+        with self._lock:
+            self._check_open()
+            return self.prefix.peek(tokens) if self.prefix is not None and tokens else (0, 0)
+
+    def register_computed(self, seq_id: int, computed: Sequence[int]) -> int:
+        """With prefix caching on: the sequence's first len(computed) tokens are `computed` and their K/V are written
+        (the step that wrote them has finished); its full blocks among them are hashed, to be found by later
+        prompts. Returns how many of its global blocks are hashed (0 with caching off)."""
+        with self._lock:
+            self._table(seq_id)
+            if self.prefix is None:
+                return 0
+            return self.prefix.register(seq_id, computed, self._lengths[seq_id])
 
     def reserve(self, seq_id: int, n_tokens: int, stream: Stream | None = None) -> bool:
         """Extend sequence `seq_id` by n_tokens slots (taking blocks as needed, copying a shared
@@ -107,7 +141,7 @@ class KvCache:
                     # Next most common: the last block is full and one new block per group takes the tokens
                     # (the general path's plan, take and apply for that case, without building them).
                     for group in groups:
-                        if not group.appends_new_block(seq_id, length, n_tokens) or not group.pool.num_free:
+                        if not group.appends_new_block(seq_id, length, n_tokens) or not group.pool.num_available:
                             break
                     else:
                         for group in groups:
@@ -130,7 +164,7 @@ class KvCache:
         groups = self._group_list  # (global first: the order every group-wise step below keeps)
         plans = [group.plan(seq_id, length, n_tokens) for group in groups]
         for group, plan in zip(groups, plans):
-            if plan.blocks_taken > group.pool.num_free:
+            if plan.blocks_taken > group.pool.num_available:
                 return False
         taken = [group.pool.take(plan.blocks_taken, seq_id) or [] for group, plan in zip(groups, plans)]
         fence = self._launched_step
@@ -161,12 +195,15 @@ class KvCache:
                 group.fork(parent_id, child_id)
             self._lengths[child_id] = self._lengths[parent_id]
 
-    def free_sequence(self, seq_id: int) -> None:
+    def free_sequence(self, seq_id: int, computed: Sequence[int] | None = None) -> None:
         """End a sequence: its blocks lose one reference each (last block first); blocks nobody holds
         any more wait for the step fence. Freeing an unknown (or already freed) id is an error. Every
-        layer group gives back what the sequence holds in it (global first, then local)."""
+        layer group gives back what the sequence holds in it (global first, then local). `computed`: as
+        register_computed's, hashed first (with caching on), so that those blocks are cached, not freed."""
         with self._lock:
             self._table(seq_id)
+            if self.prefix is not None and computed:
+                self.prefix.register(seq_id, computed, self._lengths[seq_id])
             for group in self._groups.values():
                 group.free(seq_id, self._launched_step)
             del self._lengths[seq_id]
@@ -278,21 +315,6 @@ class KvCache:
         """The layer groups, global first (docs/architecture.md, "The release path of a KV block")."""
         return tuple(self._groups)
 
-    @property
-    def num_free_blocks(self) -> int:
-        """Free blocks of the global group (the admission unit; see num_free_blocks_in)."""
-        return self._pool.num_free
-
-    @property
-    def num_pending_blocks(self) -> int:
-        """Blocks of every group waiting for the step fence."""
-        return sum(group.pool.num_pending for group in self._groups.values())
-
-    @property
-    def num_usable_blocks(self) -> int:
-        """Global blocks a sequence could ever get (all but the null block): the admission limit."""
-        return self._pool.num_usable
-
     def group_view(self, group: str) -> KvGroupView:
         """`group`'s pools as its layers' kernels see them (group_view.py); the forward pass hands it to
         the layers of a sliding-window group."""
@@ -301,40 +323,32 @@ class KvCache:
             self._group(group)
             return group_view(self.config, self.k_pools, self.v_pools, group)
 
-    def num_free_blocks_in(self, group: str) -> int:
-        return self._group(group).pool.num_free
-
-    def num_pending_blocks_in(self, group: str) -> int:
-        return self._group(group).pool.num_pending
-
-    def num_usable_blocks_in(self, group: str) -> int:
-        return self._group(group).pool.num_usable
-
-    @property
-    def tokens_that_fit(self) -> int:
-        return self._pool.num_free * self.config.block_size
-
-    def refcount(self, block: int, group: str = GLOBAL_GROUP) -> int:
+    def flush_prefix_cache(self) -> int:
+        """Evict every cached block to the free list; returns how many (0 with caching off)."""
         with self._lock:
-            return self._group(group).pool.refcount(block)
+            return self.prefix.flush() if self.prefix is not None else 0
 
     def memory_profile(self) -> MemoryProfile:
         """The profile of the open cache; a closed one has no pools to describe, so it refuses."""
         with self._lock:
             if self._closed:
                 raise KvCacheError("the KV cache is closed: its pools were freed, so it has no memory profile")
-            return build_profile(self.config, self._groups, self._lengths)
+            return build_profile(self.config, self._groups, self._lengths, self.prefix)
 
     # ---- invariants ----------------------------------------------------------------------------
 
-    def check_invariants(self, quiescent: bool = False) -> None:
+    def check_invariants(self, quiescent: bool = False, sequence_tokens: Mapping[int, Sequence[int]] | None = None) -> None:
         """Raise KvInvariantError naming what broke (docs/architecture.md, KV cache invariants 1, 2, 7; and 6 when
-        `quiescent`: no sequence left, nothing pending, every usable block free)."""
+        `quiescent`: no sequence left, nothing pending, every usable block free or cached); with prefix caching, the
+        hash entries too, against each live sequence's computed tokens where `sequence_tokens` gives them."""
         with self._lock:
             if self._closed:
                 raise KvInvariantError("the KV cache is closed; its invariants are not defined any more")
             for group in self._groups.values():
                 check_group_invariants(self.config, group, self._lengths)
+                if self.prefix is not None:
+                    check_prefix_invariants(group, self.prefix.salts[group.name], self.config.block_size,
+                                            sequence_tokens)
             for buf in self.k_pools + self.v_pools:
                 if buf.freed:
                     raise KvInvariantError(f"pool {buf.label} was freed while the cache is open")

@@ -8,7 +8,7 @@ a production engine.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from hipcore.kvcache.block_group import BlockGroup
 from hipcore.kvcache.config import NULL_BLOCK, KvCacheConfig
@@ -22,7 +22,7 @@ def check_group_invariants(config: KvCacheConfig, group: BlockGroup, lengths: Ma
     one): position p was released only if p + window < length."""
     pool, tables, name = group.pool, group.tables, group.name
     refcounts = pool.refcounts()
-    free, pending = pool.free_blocks(), pool.pending_blocks()
+    free, pending, cached = pool.free_blocks(), pool.pending_blocks(), pool.cached_blocks()
     num_blocks = config.group_blocks(name)
     if pool.num_blocks != num_blocks or len(refcounts) != num_blocks:
         raise KvInvariantError(f"the {name} block pool has {pool.num_blocks} blocks, the config {num_blocks}")
@@ -65,8 +65,8 @@ def check_group_invariants(config: KvCacheConfig, group: BlockGroup, lengths: Ma
                 f"hold it (sequences {seqs})"
             )
 
-    # Free and pending lists: distinct, disjoint, never the null block, never referenced.
-    for listing, blocks in (("free list", free), ("pending list", pending)):
+    # Free, pending and cached lists: distinct, disjoint, never the null block, never referenced.
+    for listing, blocks in (("free list", free), ("pending list", pending), ("cached list", cached)):
         seen = Counter(blocks)
         for block, n in seen.items():
             if n > 1:
@@ -78,16 +78,18 @@ def check_group_invariants(config: KvCacheConfig, group: BlockGroup, lengths: Ma
                 seqs = sorted(s for s, t in tables.items() if block in t)[:10]
                 raise KvInvariantError(f"{name} block {block} is on the {listing} but referenced {refcounts[block]} "
                                        f"times (sequences {seqs})")
-    both = set(free) & set(pending)
-    if both:
-        raise KvInvariantError(f"{name} block {min(both)} is both free and pending")
+    for (one, a), (other, b) in (((("free", free), ("pending", pending))), (("free", free), ("cached", cached)),
+                                 (("pending", pending), ("cached", cached))):
+        both = set(a) & set(b)
+        if both:
+            raise KvInvariantError(f"{name} block {min(both)} is both {one} and {other}")
 
-    # Conservation (1): free + pending + referenced == total - reserved.
+    # Conservation (1): free + pending + cached + referenced == total - reserved.
     referenced = sum(1 for c in refcounts if c > 0)
-    if len(free) + len(pending) + referenced != pool.num_usable:
+    if len(free) + len(pending) + len(cached) + referenced != pool.num_usable:
         raise KvInvariantError(
-            f"{name} blocks do not add up: {len(free)} free + {len(pending)} pending + {referenced} referenced "
-            f"!= {pool.num_usable} usable"
+            f"{name} blocks do not add up: {len(free)} free + {len(pending)} pending + {len(cached)} cached + "
+            f"{referenced} referenced != {pool.num_usable} usable"
         )
 
     # The numpy copy of the tables that steps read (table_rows.py) says what the lists say.
@@ -116,3 +118,47 @@ def _check_window(config: KvCacheConfig, group: BlockGroup, seq_id: int, table: 
             f"{stray[0] * bs} to {stray[0] * bs + bs - 1}, all out of the window (kept from {kept_from}): it "
             "should have gone back to the pool")
     return released
+
+
+def check_prefix_invariants(group: BlockGroup, salt: int, block_size: int,
+                            sequence_tokens: Mapping[int, Sequence[int]] | None = None) -> None:
+    """The prefix cache's invariants in one layer group (docs/architecture.md, "Prefix caching"): every hash entry's
+    key is the hash of its parent key and token ids (a full block's), the key maps back to that block, and the block
+    is referenced, pending or cached, never free; every cached block is hashed. With `sequence_tokens` (each live
+    sequence's computed tokens), every hashed block a sequence holds at table index i holds that sequence's tokens
+    i * block_size ... (i + 1) * block_size - 1, and a sequence's first block is keyed on the group's salt."""
+    pool, name = group.pool, group.name
+    index = pool.prefix
+    free = set(pool.free_blocks())
+    for key, block in index.block_of.items():
+        entry = index.entry_of.get(block)
+        if entry is None or entry.key != key:
+            raise KvInvariantError(f"the {name} prefix index maps key {key:#x} to block {block}, whose entry "
+                                   f"{'is missing' if entry is None else f'has key {entry.key:#x}'}")
+    for block, entry in index.entry_of.items():
+        if index.block_of.get(entry.key) != block:
+            raise KvInvariantError(f"{name} block {block}'s hash entry (key {entry.key:#x}) is not in the index")
+        if block in free:
+            raise KvInvariantError(f"the {name} prefix index points at block {block}, which is free: a lookup of its "
+                                   "prefix would hand out a block someone else may fill")
+        if len(entry.tokens) != block_size or index.block_hash((entry.parent, entry.tokens)) != entry.key:
+            raise KvInvariantError(f"{name} block {block}'s hash entry does not match its contents: key {entry.key:#x} "
+                                   f"is not the hash of its parent key and its {len(entry.tokens)} token ids")
+    for block in index.lru:
+        if block not in index.entry_of:
+            raise KvInvariantError(f"{name} block {block} is cached but has no hash entry: nothing can find it")
+        if pool.refcount_of_held(block):
+            raise KvInvariantError(f"{name} block {block} is cached (evictable) but referenced "
+                                   f"{pool.refcount_of_held(block)} times")
+    for seq_id, tokens in (sequence_tokens or {}).items():
+        table = group.tables.get(seq_id, ())
+        for i, block in enumerate(table):
+            entry = index.entry_of.get(block) if block != NULL_BLOCK else None
+            if entry is None:
+                continue
+            if entry.tokens != tuple(tokens[i * block_size:(i + 1) * block_size]):
+                raise KvInvariantError(f"sequence {seq_id} holds {name} block {block} at index {i}, hashed as other "
+                                       "tokens than the sequence's own there")
+            if i == 0 and entry.parent != salt:
+                raise KvInvariantError(f"sequence {seq_id}'s first {name} block {block} is keyed on another parent "
+                                       "than the group's salt")
