@@ -361,6 +361,8 @@ class Engine:
                     self._fork_samples(request)  # every sample draws its first token from these logits
                     targets = list(request.seqs)
                 request.phase = Phase.DECODE
+                # Its prompt's K/V are written (this step finished): later prompts that start alike may share them.
+                self.cache.register_computed(seq.seq_id, seq.tokens[:seq.num_prompt])
                 if request.first_token_at is None:
                     request.first_token_at = time.perf_counter()
                     self.stats.first_token_time.observe(request.first_token_at - request.submitted_at)
@@ -422,9 +424,14 @@ class Engine:
         return events
 
     def _release_sequence(self, seq: Sequence, ending: Ending) -> None:
-        """THE place a sequence's KV blocks are given back (fenced until the step's work is done)."""
+        """THE place a sequence's KV blocks are given back (fenced until the step's work is done). With prefix
+        caching, the full blocks of its computed tokens are kept, hashed, unless it failed (a failed step's K/V
+        may be wrong; blocks it took from the cache were only read and stay cached)."""
         if self.cache.has_sequence(seq.seq_id):
-            self.cache.free_sequence(seq.seq_id)
+            if self.cache.prefix is not None and ending is not Ending.FAILED:
+                self.cache.free_sequence(seq.seq_id, computed=seq.tokens[:seq.num_cached])
+            else:
+                self.cache.free_sequence(seq.seq_id)
         seq.finished = True
         seq.ending = seq.ending or ending
 
@@ -445,6 +452,7 @@ class Engine:
             texts=tuple(s.text for s in request.seqs), error=error, preemptions=request.preemptions,
             tag=request.tag, seconds=request.finished_at - request.submitted_at,
             time_to_first_token=None if request.first_token_at is None else request.first_token_at - request.submitted_at,
+            cached_tokens=request.cached_tokens,
         )
         with self._lock:
             self._active.pop(request.request_id, None)

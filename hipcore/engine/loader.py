@@ -8,6 +8,7 @@ allocated so far.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -38,6 +39,7 @@ class LoadOptions:
     cpu_capacity: int | None = None  # emulate a card's size on the cpu backend
     finished_bound: int = 1000
     hooks: EngineHooks | None = None
+    prefix_caching: bool = False  # keep full KV blocks for prompts that start alike (hipcore/kvcache/prefix_cache.py)
 
 
 @dataclass
@@ -109,7 +111,10 @@ def load_model(path: str, options: LoadOptions | None = None, *, status: StatusF
         say("memory plan (before anything is allocated):\n" + plan.table())
         weights = upload_weights(device, gguf, progress)
         undo.append(weights.free)
-        cache = KvCache(device, plan.kv_config)
+        # The file's name and size stand for the model in every cached block's key: a cache lives with one model, but
+        # a key that names it cannot be mistaken for another's.
+        cache = KvCache(device, plan.kv_config, prefix_caching=opts.prefix_caching,
+                        model_identity=f"{os.path.basename(str(path))}:{os.path.getsize(path)}")
         undo.append(cache.close)
         runner = ModelRunner(device, cfg, weights, cache, max_step_tokens=opts.max_step_tokens, max_seqs=opts.max_seqs,
                              max_context=ctx)

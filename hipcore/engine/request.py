@@ -90,6 +90,7 @@ class Request:
     admitted_at: float | None = None  # the scheduler's first admission (a preempted request keeps it)
     first_token_at: float | None = None
     finished_at: float | None = None
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission (none computed)
     tag: str = ""  # free-form label from the caller (leak-check records the planned ending)
 
     @property
@@ -140,3 +141,4 @@ class FinishedRecord:
     tag: str
     seconds: float
     time_to_first_token: float | None
+    cached_tokens: int = 0  # of the prompt, found in the prefix cache (OpenAI's usage.prompt_tokens_details)

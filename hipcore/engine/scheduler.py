@@ -18,6 +18,10 @@ Policy, as in vLLM's default scheduler:
 - An engine with nothing running admits the queue's head whenever its first chunk fits, without
   the reserve: the reserve keeps running requests from being preempted at once, and an idle engine
   has none (a request that needs the whole pool would otherwise never start).
+- With prefix caching (hipcore/kvcache/prefix_cache.py) a sequence admitted starts with the blocks of
+  the longest cached prefix of its tokens, and its first chunk starts after them. A preempted request's
+  computed blocks are hashed as it is freed, so that its recomputation finds them unless evicted.
+  "Free blocks" here are the available ones: free, or cached and evictable.
 
 schedule() must only run while no device work of an earlier step is in flight: blocks freed by a
 preemption are then safe to hand out again at once (the step fence of the KV cache).
@@ -164,21 +168,25 @@ class Scheduler:
             need_blocks = 0
             room = budget
             for seq in seqs:
-                n = min(seq.pending, room)
+                cached, evictable = self.cache.cached_prefix(seq.tokens)  # (0, 0) without prefix caching
+                n = min(len(seq.tokens) - cached, room)
                 if n <= 0:
                     break
                 chunks.append((seq, n))
-                need_blocks += blocks_for(n, self.cache.config.block_size)
+                need_blocks += blocks_for(n, self.cache.config.block_size) + evictable
                 room -= n
             floor = self.watermark if self.running else 0
-            if not chunks or self.cache.num_free_blocks - need_blocks < floor:
+            if not chunks or self.cache.num_available_blocks - need_blocks < floor:
                 break
             for seq, n in chunks:
-                self.cache.add_sequence(seq.seq_id)
+                seq.num_cached = self.cache.add_sequence(seq.seq_id, seq.tokens)
+                if seq is seqs[0] and not request.preemptions:
+                    request.cached_tokens = seq.num_cached
                 if not self.cache.reserve(seq.seq_id, n):  # the reserve above makes this rare
                     for s, _ in chunks:
                         if self.cache.has_sequence(s.seq_id):
                             self.cache.free_sequence(s.seq_id)
+                        s.num_cached = 0
                     self.cache.release_fenced()
                     return out
             # Samples of a preempted request that got no room in this step's budget join with an
@@ -232,7 +240,10 @@ class Scheduler:
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Free all of the request's blocks and queue it first, to be recomputed."""
         for seq in request.live_seqs:
-            if self.cache.has_sequence(seq.seq_id):
+            if self.cache.has_sequence(seq.seq_id) and self.cache.prefix is not None:
+                # its computed blocks stay cached for its recomputation (unless evicted meanwhile)
+                self.cache.free_sequence(seq.seq_id, computed=seq.tokens[:seq.num_cached])
+            elif self.cache.has_sequence(seq.seq_id):
                 self.cache.free_sequence(seq.seq_id)
             seq.num_cached = 0
         # Safe: no device work is in flight while the scheduler runs (see the module docstring).

@@ -72,7 +72,7 @@ def following_sequences(running: LaunchedStep, scheduler: "Scheduler", cache: Kv
         # With running's token the sequence holds len(tokens) + 1 tokens and has generated one more.
         if checker.tokens_seen + 2 > checker.max_tokens or len(seq.tokens) + 2 > max_context:
             return None
-    if any(cache.num_free_blocks_in(group) < len(seqs) for group in cache.groups):
+    if any(cache.num_available_blocks_in(group) < len(seqs) for group in cache.groups):
         return None
     return seqs
 

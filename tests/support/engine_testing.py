@@ -86,9 +86,9 @@ def count_releases(model: LoadedModel) -> collections.Counter:
     releases: collections.Counter[int] = collections.Counter()
     free_sequence = model.cache.free_sequence
 
-    def counting_free(seq_id: int) -> None:
+    def counting_free(seq_id: int, **kwargs) -> None:
         releases[seq_id] += 1
-        free_sequence(seq_id)
+        free_sequence(seq_id, **kwargs)
 
     model.cache.free_sequence = counting_free
     return releases
