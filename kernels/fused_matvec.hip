@@ -271,7 +271,7 @@ __device__ __forceinline__ void fused_pass(const Args& a, int b0) {
 // 64 items) fetched into L2 before a one-token launch waits for the kernel ahead, one prefetch a lane (half
 // the lanes a row), so that the first DRAM round trip overlaps that kernel's end instead of following it,
 // as fused_qmatvec's tile_dot does. Reads only the weights, which no kernel writes. Measured on an NVIDIA
-// H200 (docs/benchmarks.md, 2026-11-28, sixth session), the demo model's shapes (Q4_1): tg128 1,844 ->
+// H200 (docs/history/2026-11-28-qkv-tiles-attention-prefetch.md), the demo model's shapes (Q4_1): tg128 1,844 ->
 // 1,906 t/s. Not for batches (8 sequences of the demo lost 3% with it) nor for the formats whose kPrefetch
 // is false (fused_matvec_formats.h).
 template <class Format, Epilogue E, int KS>

@@ -274,8 +274,8 @@ struct SwigluPass {
 
 // The one-token head's slice loop unrolled by two (tile_dot's UNROLL) where it was measured and fits the
 // registers: NVIDIA (an H200: the 8B's head 151.1 -> 136.2 us, 71% -> 75% of copy; tg128 +0.5%). The same
-// unroll in gate|up and q|k|v lost in the step (docs/benchmarks.md, 2026-11-28, fourth session). AMD keeps
-// one: RDNA's wave32 builds spill 80-108 bytes with it, and no AMD device was at hand to measure either family.
+// unroll in gate|up and q|k|v lost in the step (docs/history/2026-11-28-h200-table-launch-boundary.md). AMD keeps
+// one: RDNA's wave32 builds spill 80-108 bytes with it, and no AMD GPU has measured either family.
 #if defined(RF_NVIDIA)
 constexpr int kHeadUnroll = 2;
 #else

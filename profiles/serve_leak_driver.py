@@ -3,14 +3,15 @@
 The ledger counts every byte rocmforge allocates; the driver's free-memory figure also moves for what the driver
 allocates on its own, once, on first use (a step graph instantiated, a kernel's code loaded lazily, the context's
 per-thread local memory grown for a kernel that needs more), in 2 MiB steps. As in leak-check's driver layer
-(profiles/leak_driver_memory.py; RELIABILITY "Leak checks, layered", 3), a loss the ledger does not explain is a leak
-only when it is confirmed: seen over the first half of the requests and again over the second. A loss in one half
-only is a warning with its numbers, and so is one that no reading mid-run can place. A 240 s run of 64 clients on the
-Llama-3.1-8B shape ended 10 MiB lower than its baseline with every ledger byte back (docs/benchmarks.md, 2026-12-02,
-fourth session), which the baseline-to-end comparison before this called a leak. Those were first uses the load met
-over both halves of its requests: with serve's warm-up (hipcore/engine/warmup.py) the same run ends with the driver's
-free bytes at their baseline, and with `--no-warmup` it loses the 10 MiB again, 4 in the first half and 6 in the
-second (fifth session), which this judge still calls a leak; the finding then says that the warm-up was off.
+(profiles/leak_driver_memory.py; RELIABILITY "Leak checks, layered", 3), a loss the ledger does not explain is a
+leak only when it is confirmed: seen over the first half of the requests and again over the second. A loss in one
+half only is a warning with its numbers, and so is one that no reading mid-run can place. A 240 s run of 64 clients
+on the Llama-3.1-8B shape ended 10 MiB lower than its baseline with every ledger byte back
+(docs/history/2026-12-02-serve-prompt-length-warmup-soak.md), which the baseline-to-end comparison before this
+called a leak. Those were first uses the load met over both halves of its requests: with serve's warm-up
+(hipcore/engine/warmup.py) the same run ends with the driver's free bytes at their baseline, and with `--no-warmup`
+it loses the 10 MiB again, 4 in the first half and 6 in the second (the same note), which this judge still calls a
+leak; the finding then says that the warm-up was off.
 """
 
 from __future__ import annotations

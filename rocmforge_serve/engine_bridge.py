@@ -1,7 +1,7 @@
 """The engine's end of the pipe to the HTTP process (http_process.py is the other end).
 
 Why two processes: one interpreter means one GIL, and on a small model the engine's thread waited for the
-event loop's turn more than for the device (docs/benchmarks.md, fourth session of 2026-11-27: the demo
+event loop's turn more than for the device (docs/history/2026-11-27-serve-gil-soak-attention-split.md: the demo
 model's engine waited for the device 28% of a 32-client run, the rest mostly for the interpreter). With
 the HTTP layer in a process of its own, the engine's process runs its stepping thread and this bridge's
 reader, which sleeps in the pipe's recv until a message comes (a submit, a cancel, a state request).

@@ -33,7 +33,7 @@ def cpu_device():
 
 @pytest.fixture(scope="session")
 def harnesses(tmp_path_factory) -> dict[int, Path]:
-    """The kernel-emulation harness per warp width (tests/support/emulated_kernels.py), built once a session."""
+    """The kernel-emulation harness per warp width (tests/support/emulated_kernels.py), built once per test run."""
     return build_harnesses(tmp_path_factory.mktemp("kernel_emulation"))
 
 
@@ -44,6 +44,6 @@ def warp(request) -> int:
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
-    """Every op of the suite built for the default targets of each vendor whose compiler is here, once a session
+    """Every op of the suite built for the default targets of each vendor whose compiler is here, once per test run
     (tests/support/kernel_builds.py): (the output folder, the build's report, its progress lines)."""
     return build_every_op(tmp_path_factory.mktemp("prebuilt"))

@@ -1,7 +1,7 @@
 """The kernel build (kernels/build.py) and the loader's use of its manifest (hipcore/runtime/kernels.py).
 
 One build of every op of this suite for every default AMD target (clang-22, no ROCm) and NVIDIA target
-(nvcc) per session, into a temporary folder (tests/conftest.py's `built`, tests/support/kernel_builds.py).
+(nvcc) per test run, into a temporary folder (tests/conftest.py's `built`, tests/support/kernel_builds.py).
 The checks read the code objects with their own ELF parsing, independent of the build script's; what the
 objects use (registers, spills, shared memory, matrix instructions): tests/test_kernel_resources.py.
 """

@@ -1,4 +1,4 @@
-"""What each code object of the kernel build uses (tests/support/kernel_builds.py, one build a session):
+"""What each code object of the kernel build uses (tests/support/kernel_builds.py, one build per test run):
 registers without spills where the kernels' speed depends on it, the shared memory their tiles take, and the
 matrix instruction matmul_mma runs on each AMD target. Read from the build's manifest and, for the matrix
 instructions, from llvm-objdump's disassembly."""

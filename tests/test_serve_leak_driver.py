@@ -36,7 +36,8 @@ def test_a_steady_loss_is_a_leak():
 
 @pytest.mark.parametrize("warmed_up", [True, False])
 def test_a_leak_from_a_server_without_its_warm_up_says_so(warmed_up):
-    # The 8B run of 2026-12-02's fifth session with --no-warmup: 4 MiB over the first half, 6 over the second.
+    # The 8B run of 2026-12-02 with --no-warmup: 4 MiB over the first half, 6 over the second
+    # (docs/history/2026-12-02-serve-prompt-length-warmup-soak.md).
     s = series(lambda done: BASE - (4 * MIB if done >= 2_000 else 0) - (6 * MIB if done >= 14_000 else 0))
     verdict = judge_driver(s, BASE, BASE - 10 * MIB, 20_000, 0.0, TOLERANCE, server_warmed_up=warmed_up)
     assert len(verdict.leaks) == 1 and "+4194304 over the first half" in verdict.leaks[0]

@@ -8,7 +8,7 @@ lazy loading). A server that took requests at once paid those in its first clien
 fell by a few MiB after its first minutes under load: `rocmforge serve-leak-check` on the Llama-3.1-8B shape found
 the driver's free memory 10 MiB lower after 240 s of 64 clients than after its four-request warm-up, with every
 ledger byte and KV block back; with this warm-up the same soak left the driver's free bytes exactly at their
-baseline, and without it the 10 MiB went again (docs/benchmarks.md, 2026-12-02, fourth and fifth sessions). warm_up
+baseline, and without it the 10 MiB went again (docs/history/2026-12-02-serve-prompt-length-warmup-soak.md). warm_up
 runs a decode step of every batch-size class up to the engine's parallel sequences (the batched products' kernels at
 each tile shape they take),
 a prompt of each of a few lengths up to a whole step (the prompt path's products and attention at their tile shapes),

@@ -56,7 +56,7 @@ SWIGLU_PAIRS_ENV = "ROCMFORGE_SWIGLU_PAIRS"
 # integer dot products) rather than fused_matvec (weights decoded to floats, FMA), which both read them.
 # Measured on an NVIDIA H200, Llama-3.1-8B shapes (4 layers), tg128: Q8_0 1,225-1,233 -> 1,899-1,922 t/s (gate|up
 # 57.1 -> 37.1 us, the head 236.9 -> 142.3), Q5_0 1,148-1,151 -> 1,934-1,950, Q5_1 1,198 -> 2,023-2,035 (gate|up
-# 72.3 -> 36.0 us) (docs/benchmarks.md, 2026-11-29, third session). Only as wide as measured
+# 72.3 -> 36.0 us) (docs/history/2026-11-29-staged-weights-per-type.md). Only as wide as measured
 # (QMATVEC_FIRST_MIN_COLS): the demo model's tied Q8_0 head has 576 columns, and with its Q4_1 layers on
 # fused_qmatvec too it lost 1,903 -> 1,757 t/s; Q4_1 stays on fused_matvec (no wide Q4_1 model was measured).
 # "0" in QMATVEC_FIRST_ENV: fused_matvec (to measure the difference).
@@ -69,9 +69,10 @@ QMATVEC_FIRST_ENV = "ROCMFORGE_QMATVEC_FIRST"
 # (NVIDIA sm_80+): decode batches on that path, prompts on its shared tiles, both on the matrix cores where
 # fused_matmul decodes to floats and multiplies on FMA. Measured on an NVIDIA H200, Llama-3.1-8B shapes (4 layers),
 # against the fused families: Q8_0 pp512 15,423 -> 45,774 t/s, 8 sequences 2,818 -> 4,641, 32 sequences 5,139 ->
-# 16,460; Q5_0, Q5_1 likewise; F16 14,845 -> 64,286, 2,930 -> 6,608 and 4,767 -> 21,529 (docs/benchmarks.md,
-# 2026-11-29, fourth session). In matrices of MMA_FIRST_MIN_COLS columns or more: the demo model's narrow ones keep
-# the fused families, measured ahead of llama.cpp there. Not on AMD: no AMD GPU has measured the two side by side.
+# 16,460; Q5_0, Q5_1 likewise; F16 14,845 -> 64,286, 2,930 -> 6,608 and 4,767 -> 21,529
+# (docs/history/2026-11-29-block32-matrix-cores.md). In matrices of MMA_FIRST_MIN_COLS columns or more: the demo
+# model's narrow ones keep the fused families, measured ahead of llama.cpp there. Not on AMD: no AMD GPU has measured
+# the two side by side.
 # "0" in MMA_FIRST_ENV: the fused families (to measure the difference).
 MMA_FIRST_MIN_COLS = QMATVEC_FIRST_MIN_COLS
 MMA_FIRST_ENV = "ROCMFORGE_MMA_FIRST"

@@ -50,7 +50,7 @@ FORCED_K_SPLIT: int | None = None
 # 32 rows on 132 SMs put two on 60 SMs and one on 72), tiles of the fewest groups, at least
 # MIN_TILE_GROUPS_SHARE of the block's, whose count fits the workgroup cap (8B: 6 of 8 groups, 257 tiles; 3B:
 # 5 of 8, 258; 1B at k_split 2: 3 of 4, 257), so that nearly every SM holds two. Measured on an NVIDIA H200
-# (docs/benchmarks.md, 2026-11-28, sixth session): alone the 8B's launch is no faster (9.90 us at 8 groups,
+# (docs/history/2026-11-28-qkv-tiles-attention-prefetch.md): alone the 8B's launch is no faster (9.90 us at 8 groups,
 # 10.21 at 6, 10.27 at 7; 5 groups, 308 tiles past the cap, 15.44), but in the decode step it is: tg128 8B
 # 434.5 -> 438.0, 3B 749.3 -> 758.7, 1B 1,529 -> 1,535 t/s, the same in a second round.
 # FORCED_TILE_GROUPS: a fixed tile_groups for measuring and tests (0: all the groups), None in use.

@@ -9,7 +9,8 @@ the staged entries), then decode together (steps of 6 tokens: the direct entries
 tokens; every row's top-10 logits within MAX_RELATIVE_LOGIT_DIFF of its largest. Tolerance: matmul_mma rounds W and x
 to f16 (u = 2^-11) in each of the ~9 products on a logit's path, ~2e-3 relative, against the cpu's float32 decode; 1e-2
 covers that 5x over, and a mis-decoded weight (a nibble of the wrong lane, a fifth bit of the next pair) moves logits
-by their own size (tests/test_kernels_emulated_mma.py plants such faults). The KV cache is f32. Figures go to $OUT/block_formats_mma_figures.json when $OUT is set.
+by their own size (tests/test_kernels_emulated_mma.py plants such faults). The KV cache is f32. Figures go to
+block_formats_mma_figures.json in $ROCMFORGE_FIGURES, when set.
 
 And a 200-token prompt on the 128-token tiles of f16 x (q, k, v, o, gate, down: matmul_mma_x16_128_<type>; up with the
 SwiGLU: matmul_mma_silu_up_<type>), as a wide model's prompts take them (WIDE_MIN_TILES and BUSY_ITEMS lowered so that
@@ -79,8 +80,8 @@ def test_block_format_model_on_the_fragment_path_matches_the_cpu_backend(gpu, tm
 
 def record(label: str, figures: dict) -> None:
     print(figures)
-    if os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / "block_formats_mma_figures.json"
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        out = Path(os.environ["ROCMFORGE_FIGURES"]) / "block_formats_mma_figures.json"
         previous = json.loads(out.read_text()) if out.exists() else {}
         out.write_text(json.dumps({**previous, label: figures}, indent=2))
 

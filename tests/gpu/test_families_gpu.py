@@ -6,7 +6,7 @@ tests/gpu/test_fused_qmatvec_gpu.py, whose reasoning holds here: the same nine p
 
 These models take the unfused attention input (norm, three products, bias adds or per-head norms, NEOX RoPE:
 kernels add_bias.hip, rmsnorm.hip over heads, rope.hip's rope_neox_f32) and the fused kernels everywhere else.
-When $OUT is set, the figures are written to $OUT/families_gpu_figures.json as well.
+The figures also go to families_gpu_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def options(**kw) -> LoadOptions:
 
 
 def record_figures(name: str, figures: dict) -> None:
-    if os.environ.get("OUT"):
-        path = Path(os.environ["OUT"]) / "families_gpu_figures.json"
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        path = Path(os.environ["ROCMFORGE_FIGURES"]) / "families_gpu_figures.json"
         data = json.loads(path.read_text()) if path.exists() else {}
         data[name] = figures
         path.write_text(json.dumps(data, indent=2))

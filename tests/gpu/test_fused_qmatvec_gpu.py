@@ -10,7 +10,8 @@
    error of at most half a step of amax / 127, ~0.5% of the product relative (rms), independent between
    products. Nine products lie on the path of a logit in a two-layer model, ~1.5% relative rms: 4e-2 is
    more than twice that, and a wrong kernel (a wrong type, scale or rotation) moves logits by their
-   own size. Measured figures go to $OUT/kquant_model_figures.json.
+   own size. Measured figures go to kquant_model_figures.json in
+   $ROCMFORGE_FIGURES, when set.
 3. Graph replay equals eager on that model.
 4. The q|k|v launch storing k and v into the paged cache (kv_store.EpilogueTarget) writes kv_store's bytes.
 """
@@ -270,8 +271,9 @@ def test_q4_k_m_model_matches_the_cpu_backend(gpu, kquant_model):
         figures = {"steps": steps, "max_rel_top10_logit_diff": worst, "greedy_decided_steps": decided,
                    "greedy_agree": agree}
         print(figures)
-        if os.environ.get("OUT"):
-            (Path(os.environ["OUT"]) / "kquant_model_figures.json").write_text(json.dumps(figures, indent=2))
+        if os.environ.get("ROCMFORGE_FIGURES"):
+            out = Path(os.environ["ROCMFORGE_FIGURES"]) / "kquant_model_figures.json"
+            out.write_text(json.dumps(figures, indent=2))
 
 
 def test_q4_k_m_graph_replay_equals_eager(gpu, kquant_model):

@@ -9,7 +9,7 @@ captured graph), and both families in every weight type with GPU kernels against
 gemma2 runs its layers as single ops like gemma3 (plus softcap after the head); phi3 takes llama's fused attention
 input over its attn_qkv buffer (q and k rows reordered at load for NORM RoPE: hipcore/model/weights.py NEOX_AS_NORM)
 and the fused gate|up kernels over its ffn_up buffer as it is.
-When $OUT is set, the figures are written to $OUT/gemma2_phi3_gpu_figures.json as well.
+The figures also go to gemma2_phi3_gpu_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def options(**kw) -> LoadOptions:
 
 
 def record_figures(name: str, figures: dict) -> None:
-    if os.environ.get("OUT"):
-        path = Path(os.environ["OUT"]) / "gemma2_phi3_gpu_figures.json"
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        path = Path(os.environ["ROCMFORGE_FIGURES"]) / "gemma2_phi3_gpu_figures.json"
         data = json.loads(path.read_text()) if path.exists() else {}
         data[name] = figures
         path.write_text(json.dumps(data, indent=2))

@@ -9,7 +9,7 @@ llama.cpp's record, with the long prompt past its 512-key window.
 
 gemma3's layers take the planner's products (fused_qmatvec at decode steps, matmul_mma in prompts), head_norm_rope,
 paged_attention with the layer's window and rmsnorm_add for its post-norms (tests/test_gemma_fused_launches.py).
-When $OUT is set, the figures are written to $OUT/gemma3_gpu_figures.json as well.
+The figures also go to gemma3_gpu_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def options(**kw) -> LoadOptions:
 
 
 def record_figures(name: str, figures: dict) -> None:
-    if os.environ.get("OUT"):
-        path = Path(os.environ["OUT"]) / "gemma3_gpu_figures.json"
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        path = Path(os.environ["ROCMFORGE_FIGURES"]) / "gemma3_gpu_figures.json"
         data = json.loads(path.read_text()) if path.exists() else {}
         data[name] = figures
         path.write_text(json.dumps(data, indent=2))

@@ -11,7 +11,7 @@ activations rounded to f16 or int8 against the cpu backend's float32); what a wr
 gate read at another token) moves the logits by whole units.
 And the attention of heads of 256 on prompt_attention's wide tile (WIDE): the whole reduced model against the cpu
 backend.
-When $OUT is set, the figures are written to $OUT/gemma_prompt_gpu_figures.json as well.
+The figures also go to gemma_prompt_gpu_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def test_the_f16_geglu_prompt_matches_the_cpu_backend(gpu, tmp_path, monkeypatch
     figures = {"f16_vs_cpu": relative_top10(fused, on_cpu), "f32_vs_cpu": relative_top10(single, on_cpu),
                "f16_vs_f32": relative_top10(fused, single)}
     print(f"{shape}: {figures}")
-    if os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / "gemma_prompt_gpu_figures.json"
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        out = Path(os.environ["ROCMFORGE_FIGURES"]) / "gemma_prompt_gpu_figures.json"
         data = json.loads(out.read_text()) if out.exists() else {}
         out.write_text(json.dumps({**data, shape: figures}, indent=2))
     assert np.isfinite(fused).all()
@@ -93,8 +93,8 @@ def test_heads_of_256_on_the_matrix_cores_match_the_cpu_backend(gpu, tmp_path, s
     on_gpu, _ = prompt_logits(path, gpu, tokens)
     figure = relative_top10(on_gpu, on_cpu)
     print(f"{shape}, heads of 256 at {n_tokens} tokens: {figure:.2e}")
-    if os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / "gemma_prompt_gpu_figures.json"
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        out = Path(os.environ["ROCMFORGE_FIGURES"]) / "gemma_prompt_gpu_figures.json"
         data = json.loads(out.read_text()) if out.exists() else {}
         out.write_text(json.dumps({**data, f"{shape} wide attention": figure}, indent=2))
     assert np.isfinite(on_gpu).all()

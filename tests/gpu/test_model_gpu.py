@@ -2,8 +2,8 @@
 prompts, graph replay equal to eager, device sampling equal to host sampling, the weights' bytes, and
 every byte back after a generate run.
 
-The model: $ROCMFORGE_DEMO_MODEL, else the installed demo model (SmolLM2-135M-Instruct Q4_1). When $OUT
-is set, the figures of the CPU comparison are written to $OUT/model_gpu_figures.json as well.
+The model: $ROCMFORGE_DEMO_MODEL, else the installed demo model (SmolLM2-135M-Instruct Q4_1). The figures of
+the CPU comparison also go to model_gpu_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
 from __future__ import annotations
@@ -96,8 +96,9 @@ def test_golden_prompts_match_the_cpu_backend(on_gpu, on_cpu):
         if same_prefix < STEPS:  # allowed only where the cpu's own choice was a near-tie
             top2 = np.sort(cpu_logits[same_prefix])[-2:]
             assert top2[1] - top2[0] < NEAR_TIE, f"{name}: step {same_prefix} differs with a top-2 margin of {top2[1] - top2[0]:.3f}"
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "model_gpu_figures.json").write_text(json.dumps(figures, indent=2))
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        out = Path(os.environ["ROCMFORGE_FIGURES"]) / "model_gpu_figures.json"
+        out.write_text(json.dumps(figures, indent=2))
 
 
 def test_graph_replay_equals_eager(on_gpu):

@@ -15,7 +15,7 @@ which rounds W and x to f16 (u = 2^-11) in each of the ~9 products on a logit's 
 1e-2 covers that 5x over; a wrong decode (a fifth bit misplaced moves a weight by 16 d) moves logits by
 their own size. The same files once more with the one-token products on fused_qmatvec's int8 entries (the path wide
 Q5_0 / Q5_1 models take: projections.qmatvec_first), within the int8 paths' tolerance. Figures go to
-$OUT/q5_model_figures.json when $OUT is set.
+q5_model_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def compare_with_the_cpu(gpu, models, name, tolerance, label):
     figures = {"model": label, "steps": steps, "max_rel_top10_logit_diff": worst, "greedy_decided_steps": decided,
                "greedy_agree": agree}
     print(figures)
-    if os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / "q5_model_figures.json"
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        out = Path(os.environ["ROCMFORGE_FIGURES"]) / "q5_model_figures.json"
         previous = json.loads(out.read_text()) if out.exists() else {}
         out.write_text(json.dumps({**previous, label: figures}, indent=2))

@@ -8,7 +8,8 @@ the largest logit. Tolerances: Q8_0 runs in float32 on both sides (summation ord
 measured on the other model tests), 1e-3 leaves room for the larger angles the factors make; Q4_K_M
 rounds x to int8 per 32 values on the GPU, 4e-2 as tests/gpu/test_fused_qmatvec_gpu.py derives. The same
 weights without the factors move the logits by far more than either tolerance (checked), so a GPU path
-that dropped the factors could not pass. Figures go to $OUT/rope_factors_gpu_figures.json.
+that dropped the factors could not pass. Figures go to
+rope_factors_gpu_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
 from __future__ import annotations
@@ -84,5 +85,6 @@ def test_gpu_applies_the_factors_as_the_cpu_backend(gpu, tmp_path_factory, name)
     assert plain_least > 3 * tolerance, f"{name}: without the factors the logits moved only {plain_least:.3e}"
     _figures[name] = {"steps": len(got), "max_rel_top10_logit_diff": worst, "without_factors_min_rel_diff": plain_least}
     print(name, _figures[name])
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "rope_factors_gpu_figures.json").write_text(json.dumps(_figures, indent=2))
+    if os.environ.get("ROCMFORGE_FIGURES"):
+        out = Path(os.environ["ROCMFORGE_FIGURES"]) / "rope_factors_gpu_figures.json"
+        out.write_text(json.dumps(_figures, indent=2))

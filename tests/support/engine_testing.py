@@ -24,7 +24,7 @@ TINY_EOS = 2  # tokenizer.ggml.eos_token_id of gguf_factory's gpt2 vocabulary
 
 
 def tiny_model(tmp_path_factory, name: str = "tiny.gguf", **overrides) -> Path:
-    """Write (once per name per session) the tiny test model and return its path."""
+    """Write (once per name per test run) the tiny test model and return its path."""
     folder = tmp_path_factory.getbasetemp() / "engine-models"
     folder.mkdir(exist_ok=True)
     path = folder / name

@@ -1,6 +1,6 @@
 """The kernel build that tests/test_kernel_build.py and tests/test_kernel_resources.py read: every op of the
 suite for every default target of each vendor whose compiler is here (clang-22 for AMD, no ROCm; nvcc for
-NVIDIA), once a session into a temporary folder (tests/conftest.py's `built` fixture), and the entry points
+NVIDIA), once per test run into a temporary folder (tests/conftest.py's `built` fixture), and the entry points
 each code object must hold."""
 
 from __future__ import annotations
