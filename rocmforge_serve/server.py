@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from rocmforge_serve.app import attach, create_app, served_model
+from rocmforge_serve.connection_guard import ConnectionLimits
 from rocmforge_serve.engine_bridge import EngineBridge
 from rocmforge_serve.engine_loop import EngineLoop
 from rocmforge_serve.protocol import MAX_BODY_BYTES
@@ -67,7 +68,7 @@ class Server:
                  api_key: str | None = None, grace_s: float = 10.0, max_body_bytes: int | None = None,
                  log_level: str = "warning", ignore_eos: bool = False, http_process: bool = False,
                  queue_timeout_s: float | None = 300.0, allowed_hosts: tuple[str, ...] = (),
-                 cors_origins: tuple[str, ...] = ()):
+                 cors_origins: tuple[str, ...] = (), limits: ConnectionLimits | None = None):
         self.loaded = loaded
         self.grace_s = grace_s
         self.http_process = http_process
@@ -77,7 +78,7 @@ class Server:
         self.report: ShutdownReport | None = None
         self._kv_at_start = loaded.device.ledger.bytes_by_tag().get("kv", 0)
         self.http, self.loop = http_stack()
-        uvicorn_settings = dict(host=host, port=port, grace_s=grace_s, log_level=log_level)
+        uvicorn_settings = dict(host=host, port=port, grace_s=grace_s, log_level=log_level, limits=limits)
         policy = HostPolicy(host, tuple(allowed_hosts), tuple(cors_origins))
         if http_process:
             self.served = served  # pickled to the HTTP process, which attaches its EngineClient

@@ -11,6 +11,8 @@ import threading
 
 import uvicorn
 
+from rocmforge_serve.connection_guard import ConnectionLimits, guarded_protocol
+
 
 def http_stack() -> tuple[str, str]:
     """(uvicorn's `http`, its `loop`): httptools' C parser and uvloop where they are installed (they are the
@@ -23,10 +25,15 @@ def http_stack() -> tuple[str, str]:
     return http, loop
 
 
-def uvicorn_config(app, *, host: str, port: int, grace_s: float, log_level: str) -> uvicorn.Config:
+def uvicorn_config(app, *, host: str, port: int, grace_s: float, log_level: str,
+                   limits: ConnectionLimits | None = None) -> uvicorn.Config:
+    """limits: connection_guard.py's, on httptools (h11, the fallback, bounds the head's size alone, with a 400)."""
     http, loop = http_stack()
+    limits = limits or ConnectionLimits()
+    protocol = guarded_protocol(limits) if http == "httptools" else http
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                          timeout_graceful_shutdown=grace_s, access_log=False, http=http, loop=loop)
+                          timeout_graceful_shutdown=grace_s, access_log=False, http=protocol, loop=loop,
+                          timeout_keep_alive=limits.idle_timeout_s, h11_max_incomplete_event_size=limits.head_bytes)
 
 
 class SignalledUvicorn(uvicorn.Server):

@@ -30,7 +30,8 @@ def test_the_live_server_runs_on_the_stack_it_names(tmp_path_factory):
     with live_server(tiny_model(tmp_path_factory), max_queue=4) as live:
         server = live.server
         assert (server.http, server.loop) == ("httptools", "uvloop")
-        assert "httptools" in server.uvicorn.config.http_protocol_class.__module__
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        assert issubclass(server.uvicorn.config.http_protocol_class, HttpToolsProtocol)  # under connection_guard
         response = httpx.post(live.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 4}, timeout=30)
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] >= 1
         import uvloop
