@@ -242,6 +242,18 @@ def test_paged_attention_geometry_and_workspace_sizes():
     assert paged_attention.workspace_size(64, 9, 3, 64, 128) == 0  # contexts of one piece never split
 
 
+def test_paged_attention_workspace_sizing_costs_the_same_for_any_step_size():
+    """Planning looped over every token count up to the step's (serve --step-tokens 1000000000 planned for
+    minutes); it stops where launches stop splitting, so any step size plans in the same time, to the same size."""
+    import time
+
+    small = paged_attention.workspace_size(512, 9, 3, 64, 8192)
+    t0 = time.perf_counter()
+    assert paged_attention.workspace_size(10**12, 9, 3, 64, 8192) == small
+    assert paged_attention.workspace_size(10**12, 32, 8, 128, 131072) == paged_attention.workspace_size(4096, 32, 8, 128, 131072)
+    assert time.perf_counter() - t0 < 0.5
+
+
 def test_paged_attention_launcher_refuses_bad_arguments(cpu_device):
     buf = cpu_device.allocate(1 << 16, "scratch")
     base = dict(n_tokens=1, n_heads=9, n_kv_heads=3, head_dim=64, block_size=16, max_blocks=4, num_blocks=4,

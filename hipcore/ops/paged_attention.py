@@ -190,8 +190,13 @@ def workspace_size(max_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int
     """Bytes of a workspace with which every launch of up to max_tokens tokens, over contexts of up to
     max_context keys, splits as much as this launcher wants (a few MiB at most: splitting stops once
     the tokens alone fill the GPU)."""
-    return max((workspace_bytes(n, n_heads, n_kv_heads, head_dim, launch_slots(n, n_heads, n_kv_heads, max_context))
-                for n in range(1, max_tokens + 1) if split_limit(n, n_heads, n_kv_heads, max_context) > 1), default=0)
+    largest = 0
+    for n in range(1, max_tokens + 1):
+        if split_limit(n, n_heads, n_kv_heads, max_context) <= 1:
+            break  # it never grows with n: no launch of more tokens splits (at most TARGET_WORKGROUPS / 2 steps)
+        largest = max(largest, workspace_bytes(n, n_heads, n_kv_heads, head_dim,
+                                               launch_slots(n, n_heads, n_kv_heads, max_context)))
+    return largest
 
 
 def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, slots: int) -> tuple[int, int]:
