@@ -1,0 +1,139 @@
+"""Which kernel each product takes, by weight type, architecture, token count and shape, against
+tests/golden/kernel_choices.json: the choices the code made before they moved into one module (recorded at
+7ab3041's decision functions in hipcore/model/projections.py and the ops' launchers, by `python
+tests/test_kernel_choice.py --record`). A choice that differs from the record fails with its key, the recorded
+and the present value. Nothing here needs a GPU: the launchers run on the cpu backend behind a device that
+reports each architecture, and record the entry they would launch instead of launching it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hipcore.model import projections
+from hipcore.ops import fused_matmul, matmul, matmul_mma, matmul_mma_qkv, matmul_mma_swiglu
+
+GOLDEN = Path(__file__).parent / "golden" / "kernel_choices.json"
+TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+ARCHS = ("sm_90", "sm_80", "sm_75", "gfx942", "gfx1100", "gfx1201", "gfx1030")
+TOKENS = (1, 2, 4, 5, 6, 7, 8, 9, 16, 32, 64, 128, 512)
+# (rows, cols) of a product, and the gate/up rows of the feed-forward over the same columns: the demo model's
+# narrow shapes and the Llama-3.1-8B's
+SHAPES = {"576x576": (576, 576, 1536), "4096x4096": (4096, 4096, 14336)}
+
+
+def _launched(device, monkeypatch, **kwargs) -> str:
+    """The entry matmul_mma.launch picks for this product (W at address 0, so word-aligned)."""
+    entries = []
+    monkeypatch.setattr(matmul_mma, "get_kernel", lambda dev, op, entry, sig, programmatic=False: SimpleNamespace(
+        launch=lambda *a, **k: entries.append(entry)))
+    monkeypatch.setattr(matmul_mma.matvec, "check_operands", lambda *a, **k: None)
+    matmul_mma.launch(device, None, 0, 0, 0, **kwargs)
+    return entries[0]
+
+
+def choices(device, workspace, monkeypatch, arch: str, weight_type: str, n_tokens: int, shape: str) -> str:
+    """One line of every choice for this product, as the model's projections ask them."""
+    rows, cols, ffn_rows = SHAPES[shape]
+    monkeypatch.setattr(device, "arch", arch)
+    w = SimpleNamespace(fmt=weight_type, cols=cols)
+    family = projections.fused_family(weight_type, n_tokens, cols=cols, arch=arch)
+    head = projections.fused_family(weight_type, n_tokens, projections.HEAD_MATVEC_MAX_ROWS, cols=cols, arch=arch)
+    out = {
+        "family": family.__name__.rsplit(".", 1)[-1] if family else "-",
+        "head_family": head.__name__.rsplit(".", 1)[-1] if head else "-",
+        "qmatvec_first": projections.qmatvec_first(weight_type, n_tokens, cols),
+        "mma_first": projections.mma_first(weight_type, n_tokens, cols, arch),
+        "separate": projections.separate_fusable(n_tokens, w, max_tokens=projections.qmatvec_limit(device, w)),
+        "head_separate": projections.separate_fusable(n_tokens, w,
+                                                      max_tokens=projections.head_qmatvec_limit(device, w)),
+    }
+    if matmul_mma.takes_matrix_cores(device, n_tokens, weight_type):
+        out["project"] = _launched(device, monkeypatch, rows=rows, cols=cols, n_tokens=n_tokens,
+                                   weight_type=weight_type, workspace=workspace)
+    else:
+        out["project"] = "matmul" if n_tokens > matmul.MATVEC_MAX_TOKENS else "matvec"
+    out["f16_x"] = matmul_mma.takes_f16_x(device, weight_type, rows, n_tokens)
+    if out["f16_x"]:
+        out["f16_x_entry"] = _launched(device, monkeypatch, rows=rows, cols=cols, n_tokens=n_tokens,
+                                       weight_type=weight_type, workspace=workspace, x_f16=True)
+    out["qkv_one_launch"] = matmul_mma_qkv.takes_qkv(device, n_tokens, (weight_type,) * 3, cols,
+                                                     (rows, rows // 4, rows // 4))
+    out["swiglu_pair"] = matmul_mma_swiglu.swiglu_fits(device, n_tokens, ffn_rows, weight_type, workspace)
+    out["silu_up"] = matmul_mma_swiglu.silu_up_fits(device, n_tokens, ffn_rows, weight_type, "silu")
+    out["gelu_up"] = matmul_mma_swiglu.silu_up_fits(device, n_tokens, ffn_rows, weight_type, "gelu")
+    out["swiglu_fragments"] = matmul_mma_swiglu.swiglu_fragments_fit(device, n_tokens, ffn_rows, cols,
+                                                                     (weight_type,) * 2, workspace)
+    return " ".join(f"{k}={v}" for k, v in out.items())
+
+
+def mixed_choices(device, monkeypatch, arch: str, n_tokens: int) -> str:
+    """A Q4_K_M layer's q|k|v (Q4_K q and k, Q6_K v) on the 8B's shapes: one launch or three."""
+    monkeypatch.setattr(device, "arch", arch)
+    q, k, v = (SimpleNamespace(fmt=t, cols=4096) for t in ("q4_k", "q4_k", "q6_k"))
+    limit = projections.qmatvec_limit(device, q, k, v)
+    return (f"separate={projections.separate_fusable(n_tokens, q, k, v, max_tokens=limit)} "
+            f"qkv_one_launch={matmul_mma_qkv.takes_qkv(device, n_tokens, ('q4_k', 'q4_k', 'q6_k'), 4096, (4096, 1024, 1024))}")
+
+
+def decision_table(device, monkeypatch) -> dict[str, str]:
+    workspace = device.allocate(max(fused_matmul.WORKSPACE_BYTES, matmul_mma.WIDE_WORKSPACE_BYTES), "scratch")
+    try:
+        table = {}
+        for arch in ARCHS:
+            for weight_type in TYPES:
+                for shape in SHAPES:
+                    for t in TOKENS:
+                        table[f"{arch} {weight_type} {shape} t={t}"] = choices(device, workspace, monkeypatch, arch,
+                                                                               weight_type, t, shape)
+            for t in TOKENS:
+                table[f"{arch} q4_k_m-qkv 4096x4096 t={t}"] = mixed_choices(device, monkeypatch, arch, t)
+        return table
+    finally:
+        workspace.free()
+
+
+def grouped(table: dict[str, str]) -> dict[str, list[str]]:
+    """The table as the golden file holds it: each distinct line of choices, with the products that take it."""
+    out: dict[str, list[str]] = {}
+    for key, line in table.items():
+        out.setdefault(line, []).append(key)
+    return out
+
+
+def recorded_table() -> dict[str, str]:
+    return {key: line for line, keys in json.loads(GOLDEN.read_text()).items() for key in keys}
+
+
+def test_every_product_takes_the_kernel_it_took_before(cpu_device, monkeypatch):
+    recorded = recorded_table()
+    now = decision_table(cpu_device, monkeypatch)
+    assert sorted(now) == sorted(recorded), "the table's keys changed"
+    changed = [f"{key}:\n  recorded {recorded[key]}\n  now      {now[key]}" for key in recorded if now[key] != recorded[key]]
+    assert not changed, f"{len(changed)} choices changed:\n" + "\n".join(changed[:10])
+
+
+def test_the_comparison_catches_a_changed_choice(cpu_device, monkeypatch):
+    """Planted: Q6_K's direct entry over one more step a split than measured; the table must differ there."""
+    recorded = recorded_table()
+    monkeypatch.setattr(matmul_mma, "DIRECT_Q6K_MAX_SPLIT_STEPS", 0)
+    now = decision_table(cpu_device, monkeypatch)
+    assert any(now[key] != recorded[key] for key in recorded if " q6_k " in key)
+    assert all(now[key] == recorded[key] for key in recorded if " q6_k " not in key and "q4_k_m" not in key)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
+    from hipcore.runtime.cpu import CpuDevice
+
+    mp = pytest.MonkeyPatch()
+    dev = CpuDevice(capacity=4 << 30)
+    try:
+        GOLDEN.write_text(json.dumps(grouped(decision_table(dev, mp)), indent=1) + "\n")
+    finally:
+        mp.undo()
+        dev.close()
+    print(f"wrote {GOLDEN}")
