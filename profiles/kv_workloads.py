@@ -10,6 +10,10 @@ quiescent (every block back, every count 0, no sequence left):
               tokens arrived; the figures show it
   forks       one prompt with n parallel samples: the prompt's blocks shared (bytes saved), then the
               partly filled last block copied by each sample that appends to it
+  chat        multi-turn conversations, each turn's prompt the whole history (kv_prefix_workloads.py)
+  system      requests that share one system prompt (kv_prefix_workloads.py)
+
+Prefix caching is on unless --no-prefix-cache: the cache is flushed after each workload, so each starts empty.
 
 Two modes, the same workloads and the same Engine, Scheduler and KvCache code:
   engine   a real model (hipcore.engine.loader) runs every forward pass.
@@ -23,18 +27,19 @@ Two modes, the same workloads and the same Engine, Scheduler and KvCache code:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from hipcore.engine.engine import Engine
 from hipcore.errors import UsageError
-from hipcore.kvcache import KvCache, KvCacheConfig, KvInvariantError, MemoryProfile
+from hipcore.kvcache import KvCache, KvCacheConfig
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.runtime.cpu import CpuDevice
 from hipcore.engine.sampler import SamplingParams
 from profiles.kv_capacity import check_kv_choices, row_format_problem
+from profiles.kv_prefix_workloads import PREFIX_WORKLOADS, prefix_blocks_needed
+from profiles.kv_workload_run import Bench, WorkloadResult, WorkloadRun, WorkloadSpec, greedy
 from profiles.presets import ModelShape
 
 # What prompts are made of on a real model: ordinary prose, so that greedy decoding does not stop at
@@ -48,60 +53,6 @@ PROMPT_TEXT = (
 
 
 CONCURRENT_MAX_TOKENS = 16  # long enough that none ends before the last prompt is admitted
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """Sizes kept small by default: on the cpu backend the demo model evaluates a few hundred prompt
-    tokens per second at best, and every workload runs its own prompts."""
-
-    lengths: tuple[int, ...] = (1, 17, 100)  # single sequences
-    concurrent: int = 8  # sequences resident together, of lengths concurrent_base + 5 * i
-    concurrent_base: int = 24
-    append_tokens: int = 17  # a full block of 16 and one token: fragmentation shows
-    fork_prompt: int = 40
-    samples: int = 4
-    fork_tokens: int = 4  # tokens each sample generates before the second fork snapshot (the first copies)
-
-    def check(self, context: int) -> None:
-        for name, value in (("--concurrent", self.concurrent), ("--samples", self.samples)):
-            if not 1 <= value <= 256:
-                raise UsageError(f"{name} must be between 1 and 256, got {value}")
-        if not self.lengths or any(not 1 <= n for n in self.lengths):
-            raise UsageError("--length values must be at least 1 token")
-        if self.longest + 2 > context:
-            raise UsageError(f"the longest workload sequence needs {self.longest + 2} tokens of context but the "
-                             f"model has {context}; use shorter --length values")
-
-    @property
-    def concurrent_lengths(self) -> list[int]:
-        return [self.concurrent_base + 5 * i for i in range(self.concurrent)]
-
-    @property
-    def longest(self) -> int:
-        return max(*self.lengths, *self.concurrent_lengths, self.append_tokens, self.fork_prompt + self.fork_tokens)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    label: str
-    profile: MemoryProfile
-
-    def to_dict(self) -> dict[str, object]:
-        return {"label": self.label, "profile": self.profile.to_dict()}
-
-
-@dataclass(frozen=True)
-class WorkloadResult:
-    name: str
-    description: str
-    snapshots: tuple[Snapshot, ...]
-    quiescent_after: bool  # once its requests ended: every block back, every count 0, no sequence left
-    notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "description": self.description, "snapshots": [s.to_dict() for s in self.snapshots],
-                "quiescent_after": self.quiescent_after, "notes": list(self.notes)}
 
 
 @dataclass(frozen=True)
@@ -162,16 +113,6 @@ class _NoText:
 
 # ---- the bench: an engine and its cache, in either mode --------------------------------------------
 
-@dataclass
-class Bench:
-    engine: Engine
-    cache: KvCache
-    device_text: str
-    mode: str
-    prompt_source: Callable[[int], list[int]]
-    close: Callable[[], None]
-
-
 def blocks_needed(spec: WorkloadSpec, block_size: int) -> int:
     """Usable blocks for the largest workload, by the engine's own admission rule (each sample its
     own blocks for prompt + max tokens - 1), with room for the scheduler's reserve."""
@@ -182,16 +123,17 @@ def blocks_needed(spec: WorkloadSpec, block_size: int) -> int:
         sum(per(n, CONCURRENT_MAX_TOKENS) for n in spec.concurrent_lengths),
         per(1, spec.append_tokens + 1),
         per(spec.fork_prompt, spec.fork_tokens + 2, spec.samples),
+        prefix_blocks_needed(spec, block_size),
     )
     return need + max(2, need // 50)
 
 
 def open_engine_bench(shape: ModelShape, path: str, device: str, dtype: str, block_size: int, spec: WorkloadSpec,
-                      max_step_tokens: int) -> Bench:
+                      max_step_tokens: int, prefix_caching: bool = True) -> Bench:
     ctx = min(spec.longest + 16, shape.context_length)
-    opts = LoadOptions(device=device, ctx_size=ctx, max_seqs=max(spec.concurrent, spec.samples),
+    opts = LoadOptions(device=device, ctx_size=ctx, max_seqs=spec.max_seqs,
                        max_step_tokens=max_step_tokens, kv_dtype=dtype, block_size=block_size,
-                       kv_blocks=blocks_needed(spec, block_size))
+                       kv_blocks=blocks_needed(spec, block_size), prefix_caching=prefix_caching)
     loaded = load_model(path, opts)
     words = loaded.tokenizer.encode(PROMPT_TEXT)
 
@@ -201,12 +143,13 @@ def open_engine_bench(shape: ModelShape, path: str, device: str, dtype: str, blo
     return Bench(loaded.engine, loaded.cache, loaded.device.describe(), "engine", prompt, loaded.close)
 
 
-def open_kv_only_bench(shape: ModelShape, dtype: str, block_size: int, spec: WorkloadSpec, max_step_tokens: int) -> Bench:
+def open_kv_only_bench(shape: ModelShape, dtype: str, block_size: int, spec: WorkloadSpec, max_step_tokens: int,
+                       prefix_caching: bool = True) -> Bench:
     config = KvCacheConfig(shape.n_layers, shape.n_kv_heads, shape.head_dim, blocks_needed(spec, block_size) + 1,
                            block_size, dtype)
     device = CpuDevice(capacity=config.cache_bytes + (64 << 20))
-    cache = KvCache(device, config)
-    engine = Engine(KvOnlyRunner(shape, cache), KvOnlyTokenizer(), cache, max_seqs=max(spec.concurrent, spec.samples),
+    cache = KvCache(device, config, prefix_caching=prefix_caching, model_identity=shape.name)
+    engine = Engine(KvOnlyRunner(shape, cache), KvOnlyTokenizer(), cache, max_seqs=spec.max_seqs,
                     max_step_tokens=max_step_tokens, max_context=shape.context_length)
 
     def close() -> None:
@@ -223,60 +166,10 @@ def open_kv_only_bench(shape: ModelShape, dtype: str, block_size: int, spec: Wor
 
 # ---- the workloads ------------------------------------------------------------------------------
 
-@dataclass
-class _Run:
-    bench: Bench
-    snapshots: list[Snapshot] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-
-    @property
-    def engine(self) -> Engine:
-        return self.bench.engine
-
-    def submit(self, length: int, params: SamplingParams) -> int:
-        self.ids.append(self.engine.submit(self.bench.prompt_source(length), params))
-        return self.ids[-1]
-
-    def cached(self, rid: int) -> list[int]:
-        """Tokens cached per live sample of a request (empty once it ended)."""
-        request = self.engine.request(rid)
-        return [] if request is None else [s.num_cached for s in request.live_seqs]
-
-    def step_until(self, done: Callable[[], bool], limit: int = 100_000) -> None:
-        for _ in range(limit):
-            if done() or not self.engine.has_work():
-                return
-            self.engine.step()
-
-    def snapshot(self, label: str, *expected: int) -> None:
-        """The cache's profile now; `expected` are the requests that should be in it."""
-        ended = [rid for rid in expected if self.engine.request(rid) is None]
-        if ended:
-            self.notes.append(f"{label}: request(s) {ended} ended early (end of text) and are not in the profile")
-        self.snapshots.append(Snapshot(label, self.bench.cache.memory_profile()))
-
-    def finish(self, name: str, description: str) -> WorkloadResult:
-        for rid in self.ids:
-            self.engine.cancel(rid)
-        self.engine.run_until_idle()
-        try:
-            self.bench.cache.check_invariants(quiescent=True)
-            quiescent = True
-        except KvInvariantError as exc:
-            quiescent = False
-            self.notes.append(f"NOT quiescent after the workload: {exc}")
-        return WorkloadResult(name, description, tuple(self.snapshots), quiescent, tuple(self.notes))
-
-
-def _greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens)
-
-
 def single_sequences(bench: Bench, spec: WorkloadSpec) -> WorkloadResult:
-    run = _Run(bench)
+    run = WorkloadRun(bench)
     for length in spec.lengths:
-        rid = run.submit(length, _greedy(2))
+        rid = run.submit(length, greedy(2))
         run.step_until(lambda: run.cached(rid) == [length])
         run.snapshot(f"{length} tokens", rid)
         run.engine.cancel(rid)
@@ -285,9 +178,9 @@ def single_sequences(bench: Bench, spec: WorkloadSpec) -> WorkloadResult:
 
 
 def concurrent_sequences(bench: Bench, spec: WorkloadSpec) -> WorkloadResult:
-    run = _Run(bench)
+    run = WorkloadRun(bench)
     lengths = spec.concurrent_lengths
-    ids = [run.submit(n, _greedy(CONCURRENT_MAX_TOKENS)) for n in lengths]
+    ids = [run.submit(n, greedy(CONCURRENT_MAX_TOKENS)) for n in lengths]
     # The first ones decode while the last prompts are still being admitted: profile once every
     # prompt is in, whatever each has generated by then.
     run.step_until(lambda: all(run.cached(rid) and run.cached(rid)[0] >= n for rid, n in zip(ids, lengths)))
@@ -296,14 +189,15 @@ def concurrent_sequences(bench: Bench, spec: WorkloadSpec) -> WorkloadResult:
 
 
 def appends_vs_batched(bench: Bench, spec: WorkloadSpec) -> WorkloadResult:
-    run = _Run(bench)
+    run = WorkloadRun(bench)
     n = spec.append_tokens
-    appended = run.submit(1, _greedy(n + 1))
+    appended = run.submit(1, greedy(n + 1))
     run.step_until(lambda: run.cached(appended) == [n])
     run.snapshot(f"{n} tokens by 1-token appends", appended)
     run.engine.cancel(appended)
     run.engine.run_until_idle()
-    batched = run.submit(n, _greedy(2))
+    bench.cache.flush_prefix_cache()  # the second part starts from the same empty pool as the first
+    batched = run.submit(n, greedy(2))
     run.step_until(lambda: run.cached(batched) == [n])
     run.snapshot(f"{n} tokens by one batched prompt", batched)
     return run.finish("appends", f"{n} tokens built by single-token appends (a 1-token prompt, decoding), then the same "
@@ -311,7 +205,7 @@ def appends_vs_batched(bench: Bench, spec: WorkloadSpec) -> WorkloadResult:
 
 
 def shared_prefix_forks(bench: Bench, spec: WorkloadSpec) -> WorkloadResult:
-    run = _Run(bench)
+    run = WorkloadRun(bench)
     p, n, g = spec.fork_prompt, spec.samples, spec.fork_tokens
     params = SamplingParams(n=n, seed=0, temperature=0.8, max_tokens=g + 2)
     rid = run.submit(p, params)
@@ -323,7 +217,7 @@ def shared_prefix_forks(bench: Bench, spec: WorkloadSpec) -> WorkloadResult:
                                "on write")
 
 
-WORKLOADS = (single_sequences, concurrent_sequences, appends_vs_batched, shared_prefix_forks)
+WORKLOADS = (single_sequences, concurrent_sequences, appends_vs_batched, shared_prefix_forks, *PREFIX_WORKLOADS)
 
 KV_ONLY_NOTE = ("kv-only: a preset has no weights, so no forward pass runs; the engine's scheduler and the KV cache "
                 "reserve, fork, copy and free blocks exactly as they would for this model (the same code), and each "
@@ -343,14 +237,15 @@ def check_workloads(shape: ModelShape, dtype: str, block_size: int, spec: Worklo
 
 
 def run_workloads(shape: ModelShape, *, model_path: str | None, device: str = "auto", dtype: str = "f16",
-                  block_size: int = 16, spec: WorkloadSpec = WorkloadSpec(), max_step_tokens: int = 512) -> WorkloadReport:
+                  block_size: int = 16, spec: WorkloadSpec = WorkloadSpec(), max_step_tokens: int = 512,
+                  prefix_caching: bool = True) -> WorkloadReport:
     """Run every workload on a real model (model_path) or, for a preset, on the KV cache alone."""
     check_workloads(shape, dtype, block_size, spec, max_step_tokens)
     t0 = time.perf_counter()
     if model_path is not None:
-        bench = open_engine_bench(shape, model_path, device, dtype, block_size, spec, max_step_tokens)
+        bench = open_engine_bench(shape, model_path, device, dtype, block_size, spec, max_step_tokens, prefix_caching)
     else:
-        bench = open_kv_only_bench(shape, dtype, block_size, spec, max_step_tokens)
+        bench = open_kv_only_bench(shape, dtype, block_size, spec, max_step_tokens, prefix_caching)
     try:
         results = tuple(workload(bench, spec) for workload in WORKLOADS)
         cfg = bench.cache.config

@@ -149,7 +149,11 @@ def memory_profile_table(profile: MemoryProfile, title: str = "KV cache memory p
     t.add_row("fragmentation", f"{p.fragmentation_ratio:.1%}",
               f"{p.allocated_slots - p.used_slots:,} of {p.allocated_slots:,} slots unused ({format_bytes(p.wasted_bytes)})")
     t.add_row("sharing", _int(p.shared_blocks), f"shared blocks; {format_bytes(p.sharing_saved_bytes)} saved")
-    t.add_row("capacity", _int(p.capacity_tokens), "tokens that still fit (free blocks x block size)")
+    if p.prefix_caching:
+        t.add_row("prefix cache", _int(p.cached_blocks),
+                  f"cached blocks ({format_bytes(p.pool_bytes_cached)}): no sequence holds them, evicted when needed; "
+                  f"hit rate {p.prefix_hit_rate:.1%} ({p.prefix_hit_tokens:,} of {p.prefix_query_tokens:,} prompt tokens)")
+    t.add_row("capacity", _int(p.capacity_tokens), "tokens that still fit ((free + cached) blocks x block size)")
     t.add_row("page tables", format_bytes(p.page_table_bytes), "int32 per table entry")
     t.add_row("allocator", format_bytes(p.allocator_bytes), "free list, pending list, reference counts, sequences")
     if len(p.groups) > 1:
@@ -192,6 +196,9 @@ def workload_table(result: WorkloadResult) -> Table:
     row("saved by sharing", lambda p: format_bytes(p.sharing_saved_bytes))
     row("page tables", lambda p: f"{p.page_table_bytes:,} B")
     row("allocator", lambda p: f"{p.allocator_bytes:,} B")
+    if any(p.prefix_caching for p in profiles):
+        row("cached blocks", lambda p: f"{p.cached_blocks:,} ({format_bytes(p.pool_bytes_cached)})")
+        row("prefix hit rate", lambda p: f"{p.prefix_hit_rate:.1%} of {p.prefix_query_tokens:,}")
     row("free / capacity", lambda p: f"{format_bytes(p.pool_bytes_free)} / {p.capacity_tokens:,} tokens")
     lines = ["cache quiescent after the workload: " + ("yes (every block back, every count 0)" if result.quiescent_after else "NO")]
     lines += list(result.notes)

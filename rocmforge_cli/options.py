@@ -38,6 +38,8 @@ PARALLEL_HELP = "Requests decoded together (continuous batching); more wait in t
 QUIET_HELP = "No progress or timings on stderr."
 JSON_HELP = "Print the result as one JSON object instead of tables."
 PLANT_BUG_HELP = "Tests only (needs ROCMFORGE_TESTING=1)."
+PREFIX_CACHE_HELP = ("Prefix caching: keep the KV blocks of finished prompts for later prompts that start alike "
+                     "(evicted, least recently used first, when the cache needs room).")
 
 
 def model_option(help: str = MODEL_HELP) -> typer.models.OptionInfo:
@@ -74,6 +76,10 @@ def kv_blocks_option(help: str = KV_BLOCKS_HELP) -> typer.models.OptionInfo:
 
 def block_size_option(help: str = BLOCK_SIZE_HELP) -> typer.models.OptionInfo:
     return typer.Option("--block-size", help=help)
+
+
+def prefix_cache_option(help: str = PREFIX_CACHE_HELP) -> typer.models.OptionInfo:
+    return typer.Option("--prefix-cache/--no-prefix-cache", help=help)
 
 
 def max_tokens_option(help: str) -> typer.models.OptionInfo:

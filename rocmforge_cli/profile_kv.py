@@ -21,7 +21,8 @@ from profiles.kv_capacity import (
 from profiles.kv_workloads import WorkloadSpec, check_workloads, run_workloads
 from profiles.presets import PRESETS, preset_names, resolve_shape
 from rocmforge_cli.common import handle_errors, stderr, stdout
-from rocmforge_cli.options import block_size_option, ctx_size_option, device_option, json_option, model_option
+from rocmforge_cli.options import (block_size_option, ctx_size_option, device_option, json_option, model_option,
+                                    prefix_cache_option)
 
 PRESET_LIST = ", ".join(preset_names())
 
@@ -66,6 +67,7 @@ def profile_kv_command(
     lengths: Annotated[Optional[list[int]], typer.Option("--length", help="With --workloads: a single-sequence length in tokens; repeat for several. Default: 1, 17, 100.", show_default=False)] = None,
     concurrent: Annotated[Optional[int], typer.Option("--concurrent", help="With --workloads: how many sequences run together. Default: 8.", show_default=False)] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", help="With --workloads: parallel samples forked from one prompt. Default: 4.", show_default=False)] = None,
+    prefix_cache: Annotated[bool, prefix_cache_option("With --workloads: prefix caching on (the chat and system-prompt workloads show its hits; the cache is emptied after each workload).")] = True,
     as_json: Annotated[bool, json_option("Print everything as JSON (exact integers) instead of tables.")] = False,
 ) -> None:
     """Show how much KV cache memory a model needs per token and how many tokens fit.
@@ -76,6 +78,7 @@ def profile_kv_command(
       rocmforge profile-kv --preset Llama-2-70B --plan --memory 80GiB
       rocmforge profile-kv --workloads                       (the demo model, on --device)
       rocmforge profile-kv --workloads --preset Llama-2-70B  (the KV cache alone)
+      rocmforge profile-kv --workloads --no-prefix-cache     (every prompt computed whole)
     """
     if list_presets:
         shapes = list(PRESETS.values())
@@ -88,9 +91,10 @@ def profile_kv_command(
         model = default_model()
     if workloads:
         run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_tokens, lengths, concurrent, samples,
-                              as_json, memory=memory, context=context, plan=plan, seq_len=seq_len, weights_type=weights_type)
+                              as_json, prefix_cache, memory=memory, context=context, plan=plan, seq_len=seq_len, weights_type=weights_type)
         return
-    for name, value in (("--length", lengths), ("--concurrent", concurrent), ("--samples", samples)):
+    for name, value in (("--length", lengths), ("--concurrent", concurrent), ("--samples", samples),
+                        ("--no-prefix-cache", None if prefix_cache else True)):
         if value is not None:
             raise UsageError(f"{name} only applies to --workloads")
     shape = resolve_shape(model, preset)
@@ -133,7 +137,7 @@ def default_model() -> str:
 
 
 def run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_tokens, lengths, concurrent, samples,
-                          as_json, **not_for_workloads) -> None:
+                          as_json, prefix_cache, **not_for_workloads) -> None:
     for name, value in not_for_workloads.items():
         if value not in (None, False):
             flag = "--" + name.replace("_", "-")
@@ -151,7 +155,7 @@ def run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_t
         where = "the KV cache alone (a preset has no weights)" if model is None else f"{shape.name} on --device {device}"
         stderr.print(f"running KV workloads: {where} ...", markup=False)
     report = run_workloads(shape, model_path=model, device=device, dtype=dtype, block_size=block_size, spec=spec,
-                           max_step_tokens=max_step_tokens)
+                           max_step_tokens=max_step_tokens, prefix_caching=prefix_cache)
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
         return

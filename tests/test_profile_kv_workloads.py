@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from support.engine_testing import tiny_model
 
+from hipcore.kvcache.profile import HASH_ENTRY_BYTES, TOKEN_ID_BYTES
 from profiles.kv_workloads import WorkloadSpec, run_workloads
 from profiles.presets import PRESETS, shape_from_gguf
 from rocmforge_cli.app import app
@@ -37,8 +38,9 @@ def preset_report() -> dict:
 
 def test_kv_only_mode_says_so_and_ends_quiescent(preset_report):
     assert preset_report["mode"] == "kv-only" and "no forward pass" in preset_report["mode_note"]
-    assert [w["name"] for w in preset_report["workloads"]] == ["single", "concurrent", "appends", "forks"]
-    assert all(w["quiescent_after"] and not w["notes"] for w in preset_report["workloads"])
+    assert [w["name"] for w in preset_report["workloads"]] == ["single", "concurrent", "appends", "forks", "chat", "system"]
+    assert all(w["quiescent_after"] for w in preset_report["workloads"])
+    assert not any(w["notes"] for w in preset_report["workloads"][:4])  # (the prefix workloads note their hit rates)
 
 
 def test_single_sequences_by_hand(preset_report):
@@ -56,7 +58,11 @@ def test_single_sequences_by_hand(preset_report):
 def test_appends_and_batched_prompt_leave_the_same_figures(preset_report):
     snap = snapshots(preset_report)
     appended, batched = snap["appends/17 tokens by 1-token appends"], snap["appends/17 tokens by one batched prompt"]
-    assert appended == batched
+    # The prefix counts are the workload's prompts so far; the batched prompt's full block is hashed at its first
+    # token (one hash entry in the allocator), the appended one's only when it ends.
+    counts = ("prefix_query_tokens", "prefix_hit_tokens", "prefix_hit_rate", "allocator_bytes")
+    assert {k: v for k, v in appended.items() if k not in counts} == {k: v for k, v in batched.items() if k not in counts}
+    assert batched["allocator_bytes"] - appended["allocator_bytes"] == HASH_ENTRY_BYTES + 16 * TOKEN_ID_BYTES
     assert (appended["physical_blocks"], appended["allocated_slots"] - appended["used_slots"]) == (2, 15)
 
 
@@ -92,9 +98,9 @@ def test_engine_mode_leaves_the_cache_exactly_as_kv_only_mode(tiny_path):
     engine = run_workloads(shape, model_path=tiny_path, device="cpu", spec=spec, max_step_tokens=32)
     kv_only = run_workloads(shape, model_path=None, spec=spec, max_step_tokens=32)
     assert (engine.mode, kv_only.mode) == ("engine", "kv-only")
-    assert len(engine.results) == len(kv_only.results) == 4
+    assert len(engine.results) == len(kv_only.results) == 6
     for real, alone in zip(engine.results, kv_only.results):
-        assert real.quiescent_after and alone.quiescent_after and not real.notes
+        assert real.quiescent_after and alone.quiescent_after and real.notes == alone.notes
         assert [s.label for s in real.snapshots] == [s.label for s in alone.snapshots]
         for a, b in zip(real.snapshots, alone.snapshots):
             assert a.profile == b.profile, (real.name, a.label)
@@ -107,7 +113,7 @@ def test_table_output_on_a_model_file(tiny_path):
     assert "engine: the real model runs every forward pass" in out and "q8_0, blocks of 8 tokens" in out
     for title in ("single:", "concurrent:", "appends:", "forks:", "5 tokens", "fragmentation", "saved by sharing"):
         assert title in out
-    assert out.count("cache quiescent after the workload: yes") == 4
+    assert out.count("cache quiescent after the workload: yes") == 6
     assert "running KV workloads" in err
 
 
@@ -130,3 +136,39 @@ def test_bad_workload_options_exit_2_with_one_line(args, message):
 def test_workload_options_need_workloads():
     result = runner.invoke(app, ["profile-kv", "--preset", "Llama-2-7B", "--memory", "1GiB", "--concurrent", "4"])
     assert result.exit_code == 2 and "--concurrent only applies to --workloads" in result.stderr
+
+
+def test_chat_turns_find_their_history_in_the_prefix_cache(preset_report):
+    (chat,) = [w for w in preset_report["workloads"] if w["name"] == "chat"]
+    spec = WorkloadSpec()
+    turns = [s["profile"] for s in chat["snapshots"]]
+    assert len(turns) == spec.chat_turns
+    # Turn t's prompts are t x 24 user tokens + (t - 1) x 8 reply tokens; every full block of the last turn's
+    # computed tokens (its prompt and all but the last reply token) is found: (t - 1) x 32 - 1 tokens, rounded down
+    # to blocks of 16, per conversation.
+    hits = [p["prefix_hit_tokens"] for p in turns]
+    expected = [0]
+    for turn in range(1, spec.chat_turns):
+        expected.append(expected[-1] + spec.chat_conversations * ((turn * 32 - 1) // 16 * 16))
+    assert hits == expected
+    assert chat["notes"][0].startswith("turn 1: 0 of 96 prompt tokens") and "(0%)" in chat["notes"][0]
+    assert all(p["cached_blocks"] == 0 for p in turns)  # each turn took every block the last one left
+
+
+def test_a_shared_system_prompt_is_computed_once_and_shared(preset_report):
+    (system,) = [w for w in preset_report["workloads"] if w["name"] == "system"]
+    alone, together = (s["profile"] for s in system["snapshots"])
+    blocks = WorkloadSpec().system_tokens // 16  # 3 full blocks
+    assert alone["cached_blocks"] == blocks and alone["active_sequences"] == 0
+    others = WorkloadSpec().system_requests - 1
+    assert together["shared_blocks"] == blocks and together["prefix_hit_tokens"] == others * blocks * 16
+    assert together["sharing_saved_bytes"] == (others - 1) * blocks * LLAMA2_70B_F16_BLOCK
+
+
+def test_no_prefix_cache_computes_every_prompt_whole():
+    code, out, err = run("--preset", "Llama-2-7B", "--json", "--no-prefix-cache")
+    assert code == 0, err
+    profiles = [s["profile"] for w in json.loads(out)["workloads"] for s in w["snapshots"]]
+    assert not any(p["prefix_caching"] or p["prefix_hit_tokens"] or p["cached_blocks"] for p in profiles)
+    assert not any(p["shared_blocks"] for w in json.loads(out)["workloads"] if w["name"] == "system"
+                   for p in (s["profile"] for s in w["snapshots"]))

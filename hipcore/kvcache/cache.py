@@ -328,6 +328,12 @@ class KvCache(BlockCounts):
         with self._lock:
             return self.prefix.flush() if self.prefix is not None else 0
 
+    def reset_prefix_counts(self) -> None:
+        """The hit counters (MemoryProfile.prefix_query_tokens, prefix_hit_tokens) back to 0."""
+        with self._lock:
+            if self.prefix is not None:
+                self.prefix.query_tokens = self.prefix.hit_tokens = 0
+
     def memory_profile(self) -> MemoryProfile:
         """The profile of the open cache; a closed one has no pools to describe, so it refuses."""
         with self._lock:
