@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -36,17 +36,28 @@ STATE_WAIT_S = 0.9  # /metrics: the engine's process answers from its published 
 
 
 async def read_body(request: Request, cap: int) -> bytes:
-    """The body, refused with 413 as soon as it passes the cap (never buffered beyond it)."""
+    """The body, refused with 413 as soon as it passes the cap (never buffered beyond it); ClientGone if the
+    client leaves before it is all in."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap:
         raise ApiError(413, f"the request body is {int(declared)} bytes; at most {cap}", code="body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise ApiError(413, f"the request body is over {cap} bytes", code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise ApiError(413, f"the request body is over {cap} bytes", code="body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone("during its request body") from None
     return b"".join(chunks)
+
+
+def client_left(request: Request, exc: ClientGone) -> Response:
+    """A client that left: a normal event, one debug line; the response goes nowhere (499, as nginx logs it)."""
+    log.debug("%s %s: the client left %s; its request was cancelled", request.method, request.url.path,
+              exc.args[0] if exc.args else "")
+    return Response(status_code=499)
 
 
 def create_app(served: ServedModel, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
@@ -71,20 +82,20 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
 
     async def generate(request: Request, chat: bool) -> Response:
         authorize(request)
-        body = parse_json_body(await read_body(request, max_body_bytes))
-        call = parse_generation(body, chat=chat)
-        check_model(call.model)
         try:
+            body = parse_json_body(await read_body(request, max_body_bytes))
+            call = parse_generation(body, chat=chat)
+            check_model(call.model)
             gen = await start_generation(served, call, request.receive)
-        except ClientGone:
-            return Response(status_code=499)  # nobody reads it; the request was cancelled
+        except ClientGone as exc:
+            return client_left(request, exc)
         if call.stream:
             return StreamingResponse(stream_response(gen, chat, call.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             return JSONResponse(await whole_response(gen, chat))
-        except ClientGone:
-            return Response(status_code=499)
+        except ClientGone as exc:
+            return client_left(request, exc)
         finally:
             gen.close()
 

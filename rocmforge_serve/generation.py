@@ -77,7 +77,7 @@ class Generation:
         while not sink.events:
             if self.disconnected.done():
                 self.close()
-                raise ClientGone()
+                raise ClientGone(self._where())
             await sink.wait()  # put() or, on a disconnect, the watcher's done callback wakes it
         return sink.take_all()
 
@@ -89,9 +89,13 @@ class Generation:
         while not sink.events:
             if self.disconnected.done():
                 self.close()
-                raise ClientGone()
+                raise ClientGone(self._where())
             await sink.wait()
         return sink.events.popleft()
+
+    def _where(self) -> str:
+        return "before its first token" if self.completion_tokens == 0 and self.first is None else \
+            f"after {self.completion_tokens} tokens"
 
     async def event_batches(self):
         """The request's events up to and including the final one, in lists of those that arrived together
@@ -113,12 +117,15 @@ class Generation:
             for event in batch:
                 yield event
 
-    def close(self) -> None:
-        """Cancel the request unless it ended (safe to call twice; the engine's cancel is a no-op then)."""
+    def close(self) -> bool:
+        """Cancel the request unless it ended (safe to call twice; the engine's cancel is a no-op then). True
+        when this call cancelled it."""
         self.disconnected.cancel()
         if not self._done:
             self._done = True
             self.served.loop.cancel(self.request_id)
+            return True
+        return False
 
 
 async def watch_disconnect(receive) -> None:

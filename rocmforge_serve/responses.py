@@ -7,6 +7,7 @@ expects; model text only ever travels inside JSON strings (escaped), never raw.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import AsyncIterator
@@ -14,6 +15,7 @@ from typing import AsyncIterator
 from hipcore.engine.request import Ending
 from rocmforge_serve.generation import ClientGone, Generation, error_for_ending
 
+log = logging.getLogger("rocmforge.serve")
 FINISH_REASON = {Ending.EOS: "stop", Ending.STOP: "stop", Ending.LENGTH: "length"}
 
 
@@ -135,7 +137,9 @@ async def stream_response(gen: Generation, chat: bool, include_usage: bool) -> A
                 out.append(_sse("[DONE]"))
             if out:
                 yield b"".join(out)
-    except ClientGone:
-        return
+    except ClientGone as exc:
+        log.debug("request %d: the client left mid-stream (%s); cancelled", gen.request_id, exc.args[0])
     finally:
-        gen.close()
+        if gen.close():  # cancelled from outside (the ASGI server saw the client leave first)
+            log.debug("request %d: the client left mid-stream (after %d tokens); cancelled", gen.request_id,
+                      gen.completion_tokens)
