@@ -218,7 +218,8 @@ struct Narrow<BF16> : Narrow<F16> {  // F16's loads, narrowed as stored
 // pair, from its first 16 bytes (d, dmin, the 12 scale bytes: hipcore/ops/weight_formats.py k_scales
 // documents them). No conversion instruction: those run at a quarter of the f16 rate on NVIDIA, and the
 // float path's eleven per row and step (four int -> float, seven float -> f16) were a large part of a decode
-// batch's instructions, which an issue-bound warp pays for (measured on an H100: docs/benchmarks.md).
+// batch's instructions, which an issue-bound warp pays for (measured on an H100:
+// docs/history/2026-11-27-conversion-free-kquant-scales.md).
 // The two sub-blocks' 6-bit scales and mins come out as two bytes each (the low one 2j's), their f16 values
 // as 1024 + v from a byte permute minus 1024 (exact); -1024 sc exactly; -(dmin m) is one f16 product,
 // rounded once as the float path rounded dmin m (the product of an f16 and a 6-bit integer is exact in f32).
@@ -242,7 +243,7 @@ static __device__ __forceinline__ KPairScales k_pair_scales(const uint4& head, i
 
 // v rounded to f16, in both lanes of a pair. Q6_K's scales d * scales[] keep it (three conversions per row
 // and step): the byte-permute form of k_pair_scales, the same values, made Q6_K's products 1-3% slower on an
-// H100 (the 8B's down 45.1 -> 46.4 us at 32 tokens; docs/benchmarks.md).
+// H100 (the 8B's down 45.1 -> 46.4 us at 32 tokens; the same note).
 static __device__ __forceinline__ unsigned int f16_pair(float v) { return (unsigned int)rf_float_to_f16(v) * 0x10001u; }
 
 // One word of a Q4_K / Q5_K chunk's codes (bytes 4i .. 4i + 3: four columns of sub-block 2j in the low

@@ -24,7 +24,8 @@ namespace mmq {
 // - 8-token tiles (a batch of at most 8) read x straight from memory: the lane's four columns are adjacent
 //   in x too, so its B fragment is one 16-byte load rounded to f16 in registers, and the eight warps of a
 //   workgroup share it through the cache. No shared memory and no barrier in the loop: each warp runs at
-//   its own pace. Measured on an H100 against the staged entry (docs/benchmarks.md), 8 tokens: gate/up 41.1
+//   its own pace. Measured on an H100 against the staged entry
+//   (docs/history/2026-11-27-fragment-path-kquant-batches.md), 8 tokens: gate/up 41.1
 //   -> 31.0 us, q/o 16.5 -> 12.2; Q6_K gains only over short splits (v 11.4 -> 9.1, but the 8B's down 45.5
 //   -> 51.1: hipcore/ops/matmul_mma.py DIRECT_Q6K_MAX_SPLIT_STEPS); at 32 tokens every warp rounding every
 //   x value cost more than the barriers (gate/up 108 us against 42).
@@ -157,10 +158,11 @@ struct Fragments<Wide6> {
 };
 
 // fragment_item's direct (8-token) item for Q4_K and Q5_K: its weights loaded a super-block at a time, two in
-// registers (one decoded while the next loads), where fragment_item keeps kDepth steps in flight, each step's
-// loads issued on their own one step apart. A row's 144 (176) bytes are asked for together: on an NVIDIA H200 the
-// 8B's batch of 8 went 1,613-1,620 -> 1,715-1,720 t/s, the 1B's 5,973 -> 6,242-6,252 (docs/benchmarks.md). A
-// super-block only partly in the split's columns is loaded whole and its other steps skipped.
+// registers (one decoded while the next loads), where fragment_item keeps kDepth steps in flight, each step's loads
+// issued on their own one step apart. A row's 144 (176) bytes are asked for together: on an NVIDIA H200 the 8B's
+// batch of 8 went 1,613-1,620 -> 1,715-1,720 t/s, the 1B's 5,973 -> 6,242-6,252
+// (docs/history/2026-12-02-superblock-loads.md). A super-block only partly in the split's columns is loaded whole and
+// its other steps skipped.
 template <class F, bool kPair>
 __device__ __forceinline__ void superblock_item(const Launch& a, int tile, int split, int key, int* last, bool& waited,
                                                 const Launch* pair, int pair_key) {

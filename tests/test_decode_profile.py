@@ -1,5 +1,6 @@
 """profiles/decode_profile.py's arithmetic: the bandwidth floor and the launch-gap advice, on the figures of
-the NVIDIA H100 8B decode step (docs/benchmarks.md), so a wrong formula shows as a wrong number."""
+the NVIDIA H100 8B decode step (docs/history/raw/2026-11-24-fused-decode-h100.md), so a wrong formula shows as a
+wrong number."""
 
 from __future__ import annotations
 

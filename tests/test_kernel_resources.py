@@ -68,12 +68,13 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
                 if target == "sm_90" and name.startswith(("matmul_mma_silu_up_", "matmul_mma_gelu_up_")):
                     # The one exception, measured: at two workgroups per SM (128 registers) nvcc spills 40-56
                     # bytes; at one (173 registers, none spilled) the 8B's gate + up+SwiGLU took 779.9 against
-                    # 618.8 us on an NVIDIA H100 (docs/benchmarks.md). Held to that size.
+                    # 618.8 us on an NVIDIA H100 (docs/history/2026-11-28-wide-prompt-tiles.md). Held to that size.
                     assert usage.get("spill_store_bytes", 0) <= 64 and usage.get("stack_bytes", 0) <= 64, f"{target} {name}: {usage}"
                 elif target.startswith("sm_") and name == "matmul_mma_swiglu_fragments_q4_k":
                     # gate, up and SwiGLU in one launch (Q4_K's three steps of loads in flight and the pair's
                     # epilogue): nvcc 13 spills 4 bytes at 128 registers; measured so on an NVIDIA H200, faster than
-                    # the two products and silu_mul (the 8B at 32 sequences 4,822 -> 5,025 t/s, docs/benchmarks.md).
+                    # the two products and silu_mul (the 8B at 32 sequences 4,822 -> 5,025 t/s,
+                    # docs/history/2026-12-02-decode-batches-one-launch.md).
                     # Held to that size.
                     assert usage.get("spill_store_bytes", 0) <= 4 and usage.get("stack_bytes", 0) <= 8, f"{target} {name}: {usage}"
                 elif target == "sm_80" and name == "matmul_mma_x16_128_bf16":

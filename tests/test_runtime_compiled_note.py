@@ -1,6 +1,6 @@
 """Which kernels a process compiled at run time (hipcore/runtime/kernels.py runtime_compiled_ops), and the
 note `rocmforge bench` adds when any were: objects from hiprtc / nvrtc can run much slower than the build
-script's (docs/benchmarks.md), so a figure measured on them must say so."""
+script's (docs/history/2026-11-25-split-residual-programmatic-launch.md), so a figure measured on them must say so."""
 
 from __future__ import annotations
 

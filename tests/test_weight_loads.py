@@ -1,8 +1,8 @@
 """The decode products read their weights through kernels/weight_loads.h: on NVIDIA with an L2 evict-first
 policy, so that a step's weight stream does not push the KV cache, x and the kernels' code out of L2 (measured
-on an NVIDIA H200: the 8B-shape decode step 2,536 -> 2,330 us, docs/benchmarks.md). These checks keep a format
-from quietly going back to plain loads, and keep the two measured traps out: loads that skip L1 (Q6_K's
-products ran at half speed) and a policy on AMD, where nothing was measured."""
+on an NVIDIA H200: the 8B-shape decode step 2,536 -> 2,330 us, docs/history/2026-11-28-l2-evict-first.md). These
+checks keep a format from quietly going back to plain loads, and keep the two measured traps out: loads that skip
+L1 (Q6_K's products ran at half speed) and a policy on AMD, where nothing was measured."""
 
 from __future__ import annotations
 

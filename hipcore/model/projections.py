@@ -44,7 +44,7 @@ FUSED_QMATVEC_MAX_TOKENS = matmul_mma.MMA_MIN_TOKENS_KQUANT - 1
 HEAD_MATVEC_MAX_ROWS = 8
 # The K-quant head where matmul_mma has the fragment path leaves fused_qmatvec after 4 rows: on an NVIDIA
 # H200, Llama 3's Q6_K head (128256 x 4096) took fused_qmatvec 312 us at 4 rows and 895 at 6, the fragment
-# path 333 at 2 and 394 at 8 (docs/benchmarks.md).
+# path 333 at 2 and 394 at 8 (docs/history/2026-11-27-fragment-path-kquant-batches.md).
 HEAD_QMATVEC_MAX_ROWS_FRAGMENTS = 4
 # "0": k and v always leave the products for kv_store's launch (to measure what the epilogue store saves).
 KV_EPILOGUE_ENV = "ROCMFORGE_KV_EPILOGUE"

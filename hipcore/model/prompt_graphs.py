@@ -2,7 +2,8 @@
 
 A step that evaluates prompt tokens (a prompt, or prompt tokens joining decoding sequences) ran its ~180-240
 launches eagerly, and in a server every decoding sequence waits through it: on an NVIDIA H200 the demo model's
-31-token prompt step took 3.4-4.9 ms eagerly and 2.0-2.1 ms replayed from a graph (docs/benchmarks.md). Steps of up
+31-token prompt step took 3.4-4.9 ms eagerly and 2.0-2.1 ms replayed from a graph
+(docs/history/2026-11-29-first-token-prompt-graphs.md). Steps of up
 to PROMPT_GRAPH_MAX_TOKENS tokens are therefore padded to a few shapes (padded_shape: tokens to a multiple of
 TOKEN_QUANTUM, logits rows to a decode bucket), so that shapes recur, and a shape's graph is captured the third
 time it runs and replayed from the fourth: capturing costs a second pass over the launches and an instantiation,

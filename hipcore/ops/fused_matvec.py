@@ -48,9 +48,9 @@ SIGNATURES = {
 BIG_MATRIX_ROW_GROUPS = 4096
 SPLIT = 4  # warps per row pair in the *_split_* entries (kernels/fused_matvec.hip: kSplit)
 # Batches from this size take the split entries on matrices of fewer than SPLIT_MAX_GROUPS row pairs (gate|up: rows).
-# Measured on an NVIDIA H100 80GB HBM3 with the demo model's shapes at 8 tokens (docs/benchmarks.md, "Overlapped
-# decode steps"): down (288 pairs) 11.4 -> 5.4 us, q|k|v (480) 10.2 -> 4.9, o (288) 7.4 -> 4.2, but gate|up (1,536)
-# 8.6 -> 9.4; at one token the split was slower (tg128 1,538 -> 1,496 t/s).
+# Measured on an NVIDIA H100 80GB HBM3 with the demo model's shapes at 8 tokens
+# (docs/history/2026-11-27-overlapped-decode-steps.md): down (288 pairs) 11.4 -> 5.4 us, q|k|v (480) 10.2 -> 4.9, o
+# (288) 7.4 -> 4.2, but gate|up (1,536) 8.6 -> 9.4; at one token the split was slower (tg128 1,538 -> 1,496 t/s).
 SPLIT_MIN_BATCH = 2
 SPLIT_MAX_GROUPS = 1024
 VECTOR_ALIGNMENT = 16  # x and g are read with 16-byte loads

@@ -56,10 +56,12 @@ MIN_SPLIT_STEPS = 4  # a shorter split spends more on its partial tile than on i
 COUNTER_BYTES = 4096  # kCounterBytes: one int32 counter per tile, before the partials
 MAX_SPLIT_TILES = COUNTER_BYTES // 4
 # From this many tokens on `project` takes the matrix cores where the device has them (measured on an
-# NVIDIA H100 80GB HBM3 on the Llama-3.1-8B shapes against matmul's FP32 kernel: docs/benchmarks.md).
+# NVIDIA H100 80GB HBM3 on the Llama-3.1-8B shapes against matmul's FP32 kernel:
+# docs/history/2026-11-24-qmatvec-matmul-mma-llama3-baseline.md).
 MMA_MIN_TOKENS = matmul.MATVEC_MAX_TOKENS + 1
 # The K-quants from fewer: whole Llama-3.1-8B and Llama-3.2-1B Q4_K_M models on an H100 with their decode
-# batches on the matrix cores from 2 tokens, against fused_qmatvec in the same run (docs/benchmarks.md):
+# batches on the matrix cores from 2 tokens, against fused_qmatvec in the same run
+# (docs/history/2026-11-24-split-k-gemma3-270m-serve.md):
 # 8 tokens 723 against 653 t/s (8B) and 2,394 against 2,022 (1B); 4 tokens 383 against 536 and 1,247
 # against 1,492. The step time of fused_qmatvec grows with the tokens and the matrix cores' barely does;
 # between the two points measured, the lines cross near 7 (8B) and 6 (1B) tokens.
@@ -68,7 +70,7 @@ MMA_MIN_TOKENS_KQUANT = 7
 # Llama-3.1-8B layer, fused_qmatvec's four launches take 146 us at 4 tokens and 333 at 6 (two passes over W),
 # the fragment path's seven products 144 and 146 us plus ~18 us of the single ops' norm, RoPE and SwiGLU
 # (~11 since rmsnorm moves float4s; scripts/bench/measure_qmatvec_decode.py beside measure_matmul_mma.py;
-# docs/benchmarks.md).
+# docs/history/2026-11-27-fragment-path-kquant-batches.md).
 MMA_MIN_TOKENS_KQUANT_FRAGMENTS = 5
 KQUANT_TYPES = WIDE_TYPES
 F16_MAX = 65504.0
@@ -318,15 +320,15 @@ X16_WIDE_ONLY_TYPES = PAIR32_FRAGMENT_TYPES
 F16_BYTES = 2
 
 
-# f16-x products in tiles of 128 tokens (their own entries): each decoded step feeds twice the tokens and each
-# warp's fragment reads twice the multiply-adds, where the 64-token tiles are bound by the SM's shared-memory
-# pipe. On an NVIDIA H100 at 512 tokens, against the 64-token tiles (µs): the 8B's gate 351 -> 264 (448 tiles);
-# with the columns split as pick_splits splits them (the tiles times splits near BUSY_ITEMS), down (Q6_K, 128
-# tiles) 471 -> 317 (2 splits; 446 unsplit), q 100 -> 75 (2), k 32.2 -> 32.7 (32 tiles, 8 splits), v 43.2 -> 38.9;
-# the 1B's down 164 -> 112 (64 tiles, 4 splits), q 31.6 -> 29.4 (4); but its k and v (16 tiles) 16.1 -> 17.0 and
-# 19.4 -> 19.6 (docs/benchmarks.md). So from WIDE_MIN_TILES tiles of 128 tokens on, for steps of at least
-# WIDE_MIN_TOKENS (prompts: nothing smaller was measured). NVIDIA's mma only (has_wide_tiles): on gfx1030 (FMA at
-# wave 32) and gfx1100 (WMMA) the 128-token tiles spilled, and no AMD GPU has measured them.
+# f16-x products in tiles of 128 tokens (their own entries): each decoded step feeds twice the tokens and each warp's
+# fragment reads twice the multiply-adds, where the 64-token tiles are bound by the SM's shared-memory pipe. On an
+# NVIDIA H100 at 512 tokens, against the 64-token tiles (µs): the 8B's gate 351 -> 264 (448 tiles); with the columns
+# split as pick_splits splits them (the tiles times splits near BUSY_ITEMS), down (Q6_K, 128 tiles) 471 -> 317 (2
+# splits; 446 unsplit), q 100 -> 75 (2), k 32.2 -> 32.7 (32 tiles, 8 splits), v 43.2 -> 38.9; the 1B's down 164 -> 112
+# (64 tiles, 4 splits), q 31.6 -> 29.4 (4); but its k and v (16 tiles) 16.1 -> 17.0 and 19.4 -> 19.6
+# (docs/history/2026-11-28-wide-prompt-tiles.md). So from WIDE_MIN_TILES tiles of 128 tokens on, for steps of at least
+# WIDE_MIN_TOKENS (prompts: nothing smaller was measured). NVIDIA's mma only (has_wide_tiles): on gfx1030 (FMA at wave
+# 32) and gfx1100 (WMMA) the 128-token tiles spilled, and no AMD GPU has measured them.
 WIDE_TILE_TOKENS = 128
 WIDE_MIN_TILES = 32
 WIDE_MIN_TOKENS = 128

@@ -7,7 +7,8 @@ on sm_90 and later, for the kernels that wait for the kernel ahead of them (the 
 start overlap the end of the one before; fused_qmatvec prefetches its first weights into L2 before it
 waits). ROCMFORGE_PDL=0 launches every kernel with cuLaunchKernel. On by default since the prefetch:
 measured on an NVIDIA H100, single-sequence decode of the 8B Q4_K_M 322 -> 340 t/s and of the 1B 1,090 ->
-1,200 (docs/benchmarks.md); before it, on alone gained 1.6-2.6% (and had cost 2-5% with older kernels).
+1,200 (docs/history/2026-11-27-kv-epilogue-weight-prefetch.md); before it, on alone gained 1.6-2.6% (and had
+cost 2-5% with older kernels).
 
 What is CUDA's own, and so lives here: one primary context per device, retained at open and released
 at close(), made current with cuCtxSetCurrent on every thread that touches the device; the arch

@@ -295,7 +295,8 @@ def _load_module(device: Device, op: str) -> Module:
 def runtime_compiled_ops(arch: str) -> list[str]:
     """The ops this process loaded for `arch` from a run-time compile (no prebuilt object of their current
     sources), sorted. Their code comes from hiprtc / nvrtc, whose objects can run slower than the build
-    script's (docs/benchmarks.md): a measurement should say when it ran any."""
+    script's (10-20% on the 8B: docs/history/2026-11-25-split-residual-programmatic-launch.md): a measurement
+    should say when it ran any."""
     arch = arch.split(":", 1)[0]
     with _lock:
         return sorted(op for a, op in _runtime_compiled_ops if a == arch)
