@@ -99,6 +99,19 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
                     assert usage["shared_bytes"] == (2 * 64 * 36 * 4 if op == "matmul" else 0), f"{target} {name}: {usage}"
 
 
+def test_moe_kernels_keep_everything_in_registers(built):
+    """The experts' products (a decode step runs gate|up and down in every layer) and the router hold their rows' loads,
+    accumulators and logits in registers on every target: no spills, no scratch, no shared memory."""
+    out, _, _ = built
+    manifest = json.loads((out / "manifest.json").read_text())
+    for target in all_targets():
+        for op in ("moe_experts", "moe_route"):
+            for name, usage in manifest["objects"][target][op]["kernels"].items():
+                off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
+                                                             "spill_store_bytes", "stack_bytes"))
+                assert off_chip == 0 and usage["shared_bytes"] == 0, f"{target} {name}: {usage}"
+
+
 def test_one_token_k_quant_products_keep_everything_in_registers_on_amd(built):
     """The decode step's one-token fused_qmatvec entries (the K-quants' `_1`, the 32-element blocks' `_1b`) run every
     layer of every token: no AMD target may spill them. (The head's slice loop is unrolled by two on NVIDIA only, fused_qmatvec.hip kHeadUnroll: the

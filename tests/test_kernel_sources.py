@@ -60,6 +60,8 @@ def test_an_op_is_built_from_the_files_it_includes():
     assert [f.name for f in source_files("paged_attention")] == [*COMPAT, "paged_attention.hip",  # the cap's one
                                                                   "paged_attention_formats.h",    # definition
                                                                   "attention_soft_cap.h", "paged_attention_tiles.h"]
+    assert [f.name for f in source_files("moe_experts")] == [*COMPAT, "moe_experts.hip", "gated_activation.h",
+                                                              "qmatvec_formats.h", "mxfp4_q8_format.h", "weight_loads.h"]
     assert [f.name for f in source_files("add")] == [*COMPAT, "add.hip"]
     # An op that includes nothing of its own is built from hip_compat.h's files and its source alone.
     alone = [op for op in op_names() if len(source_files(op)) == len(COMPAT) + 1]

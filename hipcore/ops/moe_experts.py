@@ -38,6 +38,8 @@ DOWN_SIGNATURE = "ppppppiiiii"
 QUANTIZED_X_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4")
 FLOAT_TYPES = ("f16", "bf16", "f32")
 EXPERT_TYPES = QUANTIZED_X_TYPES + FLOAT_TYPES
+# The widest aligned load the kernels make of the experts (MXFP4's 17-byte blocks are read as aligned words).
+WEIGHT_ALIGNMENT = {"q4_k": 16, "q5_k": 16, "q6_k": 2, "q8_0": 2, "mxfp4": 1, "f16": 16, "bf16": 16, "f32": 16}
 ACTIVATIONS = {"swiglu": 0, "swiglu_oai": 1}
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
 ROWS_PER_WARP = 2  # rows of one (token, slot) a warp computes together
@@ -202,8 +204,8 @@ def _check_experts(weight_type: str, n_expert: int, rows: int, cols: int, **tens
         raise ValueError(f"{OP}: {weight_type} experts need a multiple of {column_multiple(weight_type)} columns, "
                          f"got {cols}")
     for name, tensor in tensors.items():
-        check_memory(OP, name, tensor, n_expert * rows * row_bytes(weight_type, cols), alignment=16 if weight_type
-                     in ("q4_k", "q5_k") else 1 if weight_type == "mxfp4" else 2)
+        check_memory(OP, name, tensor, n_expert * rows * row_bytes(weight_type, cols),
+                     alignment=WEIGHT_ALIGNMENT[weight_type])
 
 
 def _bias_arg(name: str, bias: Any, n_expert: int, rows: int) -> Any:

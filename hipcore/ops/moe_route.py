@@ -60,7 +60,14 @@ def reference(logits: np.ndarray, k: int, mode: str, normalize: bool) -> tuple[n
     return ids, weights
 
 
-ERROR_BOUND = 64 * 2.0**-24  # relative, per weight: an exp and a sum of at most 256 terms in float32, a division
+def error_bound(logits: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """float64 [tokens, k]: how far the kernel's float32 weights may be from `reference`'s. Each exp(l - top) is off
+    by u |l - top| from the difference's rounding and a few u from exp itself; the sums (a lane's 8 terms, at most
+    6 shuffle levels) and the divisions add under 24 u: (4 spread + 48) u relative, spread = max - min of the
+    token's finite logits (NaN counts as -inf and contributes nothing)."""
+    finite = np.where(np.isfinite(logits), logits, np.nan)
+    spread = (np.nanmax(finite, axis=-1) - np.nanmin(finite, axis=-1))[:, None].astype(np.float64)
+    return (4 * spread + 48) * 2.0**-24 * np.abs(weights) + 1e-30
 
 
 @cpu_kernel(ENTRY, SIGNATURE)

@@ -56,6 +56,35 @@ def build_harnesses(work: Path) -> dict[int, Path]:
         return dict(zip(WARPS, pool.map(build, WARPS)))
 
 
+def build_op_harnesses(work: Path, ops: tuple[str, ...], harness: str, kernel_edit=None) -> dict[int, Path]:
+    """tests/kernel_emulation/<harness> compiled in `work` per warp width, against the sources of `ops` alone (an op
+    family with a harness of its own: the main one is not rebuilt for it). kernel_edit(text) -> text, when given,
+    changes those sources (the tests' planted faults) and must change something."""
+    compiler = shutil.which("g++")
+    assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
+    texts = {path.name: path.read_text() for op in ops for path in own_files(op)}
+    if kernel_edit is not None:
+        edited = {name: kernel_edit(text) for name, text in texts.items()}
+        assert edited != texts, f"the planted edit matched nothing in {', '.join(texts)}"
+        texts = edited
+    for name, text in texts.items():
+        (work / name).write_text(text)
+    for name in ("emulation.h", "harness_io.h", harness):
+        shutil.copy(EMULATION / name, work)
+    header = (kernels_dir() / COMPAT_HEADER).read_text()
+    (work / COMPAT_HEADER).write_text('#pragma once\n#include "emulation.h"\n' + header[header.index(NEUTRAL_MARKER):])
+
+    def build(warp: int) -> Path:
+        out = work / f"{Path(harness).stem}{warp}"
+        proc = subprocess.run([compiler, "-std=c++20", "-O1", "-pthread", f"-DWARP_SIZE={warp}", "-Wno-unknown-pragmas",
+                               "-o", str(out), str(work / harness)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return out
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(WARPS, pool.map(build, WARPS)))
+
+
 def run(harnesses, warp: int, *args) -> None:
     """One kernel launch through the harness built for `warp` (its arguments: see harness.cpp)."""
     proc = subprocess.run([str(harnesses[warp]), *map(str, args)], capture_output=True, text=True, timeout=300)

@@ -1,0 +1,236 @@
+// The selected experts' products of a mixture-of-experts feed-forward (hipcore/ops/moe_experts.py), one launch a
+// projection for every token of the step:
+//   moe_gate_up_<type>: h[t, j] = act(gate_e . x[t] + gate_bias_e, up_e . x[t] + up_bias_e), e = ids[t, j];
+//   moe_down_<type>:    out[t] += sum_j weights[t, j] (down_e . h[t, j] + down_bias_e).
+// Expert tensors are [n_expert, rows, cols] in their GGUF block format; biases float32 [n_expert, rows] or null.
+//
+// Work: a warp takes kRows rows of one (token, slot) for gate|up (the gate's and up's rows together: 2 kRows rows'
+// loads in flight, the activation in the warp), or kRows rows of one token for down, walking its k slots in order
+// and summing their weighted products in registers before one add into out: no atomics, the same bits every run.
+// Items are ordered so that neighbouring warps take neighbouring rows of the same expert. Each warp reads only the
+// rows of the experts its token selected; the grid loops over the items it does not cover.
+//
+// Quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: a lane takes slices l, l + WARP_SIZE,
+// ... of 32 weights, quantizes x's matching 32 values to int8 (qmatvec_formats.h's quantize_x) and forms the
+// integer dot products (rf_dp4a). F16, BF16 and F32 multiply float x, 8 columns a lane a step.
+// An expert id outside [0, n_expert) reads nothing and contributes 0 (the host kernels refuse it).
+// down's entries ask for two workgroups an SM: without it nvcc held F16's and BF16's to 64 registers on sm_80 and
+// spilled 4 bytes.
+// Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; x and h 16-byte aligned;
+// experts 16-byte aligned (Q4_K, Q5_K and the float types), 2-byte (Q6_K, Q8_0) or byte-aligned (MXFP4).
+#include "hip_compat.h"
+#include "gated_activation.h"
+#include "qmatvec_formats.h"  // XSlice, quantize_x and the K-quant / Q8_0 formats
+#include "mxfp4_q8_format.h"
+
+namespace {
+namespace moe {
+
+constexpr int kRows = 2;
+
+// qmatvec's integer path over N rows at once: acc[r] += w[r] . xq for this lane's slices.
+template <class Format>
+struct Quantized {
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return Format::row_bytes(cols); }
+  template <int N>
+  static __device__ __forceinline__ void rows(const unsigned char* const w[N], const float* __restrict__ x, int cols,
+                                              float acc[N]) {
+    const int lane = (int)threadIdx.x % WARP_SIZE;
+    for (int slice = lane; slice < cols / 32; slice += WARP_SIZE) {
+      typename Format::Raw raw[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], slice);  // every row's loads before the first use
+      int col_a, col_b;
+      Format::columns(slice, col_a, col_b);
+      const q8::XSlice xs = q8::quantize_x(x, col_a, col_b);
+#pragma unroll
+      for (int r = 0; r < N; ++r) acc[r] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r]);
+    }
+  }
+};
+
+// Eight weights of a float type: 16 bytes (F16, BF16) or 32 (F32) loaded, then multiplied into acc with x's eight
+// values (the loads of every row first, the conversions after: fewer registers live than eight floats a row).
+struct F16Elem {
+  static constexpr int kBytes = 2;
+  struct Raw {
+    uint4 q;
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* p) { return {load_weights16(p)}; }
+  static __device__ __forceinline__ float pair(unsigned int word, const float* x, float acc) {
+    acc = fmaf(rf_f16_to_float((unsigned short)(word & 0xffffu)), x[0], acc);
+    return fmaf(rf_f16_to_float((unsigned short)(word >> 16)), x[1], acc);
+  }
+  static __device__ __forceinline__ float fma8(const Raw r, const float x[8], float acc) {
+    return pair(r.q.w, x + 6, pair(r.q.z, x + 4, pair(r.q.y, x + 2, pair(r.q.x, x, acc))));
+  }
+};
+struct BF16Elem {
+  static constexpr int kBytes = 2;
+  typedef F16Elem::Raw Raw;
+  static __device__ __forceinline__ Raw load(const unsigned char* p) { return {load_weights16(p)}; }
+  static __device__ __forceinline__ float pair(unsigned int word, const float* x, float acc) {
+    acc = fmaf(rf_uint_as_float(word << 16), x[0], acc);
+    return fmaf(rf_uint_as_float(word & 0xffff0000u), x[1], acc);
+  }
+  static __device__ __forceinline__ float fma8(const Raw r, const float x[8], float acc) {
+    return pair(r.q.w, x + 6, pair(r.q.z, x + 4, pair(r.q.y, x + 2, pair(r.q.x, x, acc))));
+  }
+};
+struct F32Elem {
+  static constexpr int kBytes = 4;
+  struct Raw {
+    uint4 a, b;
+  };
+  static __device__ __forceinline__ Raw load(const unsigned char* p) { return {load_weights16(p), load_weights16(p + 16)}; }
+  static __device__ __forceinline__ float fma8(const Raw r, const float x[8], float acc) {
+    acc = fmaf(rf_uint_as_float(r.a.x), x[0], acc), acc = fmaf(rf_uint_as_float(r.a.y), x[1], acc);
+    acc = fmaf(rf_uint_as_float(r.a.z), x[2], acc), acc = fmaf(rf_uint_as_float(r.a.w), x[3], acc);
+    acc = fmaf(rf_uint_as_float(r.b.x), x[4], acc), acc = fmaf(rf_uint_as_float(r.b.y), x[5], acc);
+    acc = fmaf(rf_uint_as_float(r.b.z), x[6], acc);
+    return fmaf(rf_uint_as_float(r.b.w), x[7], acc);
+  }
+};
+
+template <class Elem>
+struct Float {
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * Elem::kBytes; }
+  template <int N>
+  static __device__ __forceinline__ void rows(const unsigned char* const w[N], const float* __restrict__ x, int cols,
+                                              float acc[N]) {
+    const int lane = (int)threadIdx.x % WARP_SIZE;
+    for (int c = 8 * lane; c < cols; c += 8 * WARP_SIZE) {
+      typename Elem::Raw raw[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) raw[r] = Elem::load(w[r] + (unsigned long long)c * Elem::kBytes);
+      const float4 x0 = *reinterpret_cast<const float4*>(x + c), x1 = *reinterpret_cast<const float4*>(x + c + 4);
+      const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int r = 0; r < N; ++r) acc[r] = Elem::fma8(raw[r], xv, acc[r]);
+    }
+  }
+};
+
+struct Warp {
+  int lane, first, stride;
+  __device__ __forceinline__ Warp() {
+    const int warps = (int)blockDim.x / WARP_SIZE;
+    lane = (int)threadIdx.x % WARP_SIZE;
+    first = (int)blockIdx.x * warps + (int)threadIdx.x / WARP_SIZE;
+    stride = (int)gridDim.x * warps;
+  }
+};
+
+template <class P>
+__device__ __forceinline__ void gate_up(float* __restrict__ h, const float* __restrict__ x, const void* gate_,
+                                        const void* up_, const int* __restrict__ ids, const float* __restrict__ gate_bias,
+                                        const float* __restrict__ up_bias, int tokens, int k, int ff, int hidden,
+                                        int n_expert, int activation) {
+  rf_check_wave_size();
+  const Warp warp;
+  const unsigned char* gate = static_cast<const unsigned char*>(gate_);
+  const unsigned char* up = static_cast<const unsigned char*>(up_);
+  const unsigned long long row_bytes = P::row_bytes(hidden);
+  const long long groups = (ff + kRows - 1) / kRows;
+  const long long items = (long long)tokens * k * groups;
+  for (long long item = warp.first; item < items; item += warp.stride) {  // uniform across the warp
+    const int pair = (int)(item / groups), r0 = (int)(item % groups) * kRows;
+    const int e = ids[pair];
+    float* out = h + (unsigned long long)pair * ff;
+    if (e < 0 || e >= n_expert) {
+      if (warp.lane < kRows && r0 + warp.lane < ff) out[r0 + warp.lane] = 0.0f;
+      continue;
+    }
+    const unsigned long long expert = (unsigned long long)e * ff;
+    const unsigned char* w[2 * kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {  // rows past the end read the last row again and are not written
+      const unsigned long long row = expert + (unsigned long long)(r0 + r < ff ? r0 + r : ff - 1);
+      w[r] = gate + row * row_bytes;
+      w[kRows + r] = up + row * row_bytes;
+    }
+    float acc[2 * kRows];
+#pragma unroll
+    for (int r = 0; r < 2 * kRows; ++r) acc[r] = 0.0f;
+    P::template rows<2 * kRows>(w, x + (unsigned long long)(pair / k) * hidden, hidden, acc);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float g = rf_warp_sum(acc[r]), u = rf_warp_sum(acc[kRows + r]);
+      if (warp.lane == r && r0 + r < ff) {
+        const unsigned long long b = expert + (unsigned long long)(r0 + r);
+        if (gate_bias) g += gate_bias[b];
+        if (up_bias) u += up_bias[b];
+        out[r0 + r] = activation ? rf_swiglu_oai_gated(g, u) : rf_silu_gated(g, u);
+      }
+    }
+  }
+}
+
+template <class P>
+__device__ __forceinline__ void down(float* __restrict__ out, const float* __restrict__ h, const void* down_,
+                                     const int* __restrict__ ids, const float* __restrict__ weights,
+                                     const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,
+                                     int n_expert) {
+  rf_check_wave_size();
+  const Warp warp;
+  const unsigned char* down = static_cast<const unsigned char*>(down_);
+  const unsigned long long row_bytes = P::row_bytes(ff);
+  const long long groups = (hidden + kRows - 1) / kRows;
+  const long long items = (long long)tokens * groups;
+  for (long long item = warp.first; item < items; item += warp.stride) {  // uniform across the warp
+    const int t = (int)(item / groups), r0 = (int)(item % groups) * kRows;
+    float total[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) total[r] = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int pair = t * k + j;
+      const int e = ids[pair];
+      if (e < 0 || e >= n_expert) continue;  // uniform: one id for the warp
+      const unsigned long long expert = (unsigned long long)e * hidden;
+      const unsigned char* w[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        w[r] = down + (expert + (unsigned long long)(r0 + r < hidden ? r0 + r : hidden - 1)) * row_bytes;
+      float acc[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+      P::template rows<kRows>(w, h + (unsigned long long)pair * ff, ff, acc);
+      const float weight = weights[pair];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float y = rf_warp_sum(acc[r]);
+        if (down_bias && r0 + r < hidden) y += down_bias[expert + (unsigned long long)(r0 + r)];
+        total[r] = fmaf(weight, y, total[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (warp.lane == r && r0 + r < hidden) out[(unsigned long long)t * hidden + r0 + r] += total[r];
+  }
+}
+
+}  // namespace moe
+}  // namespace
+
+#define RF_MOE_ENTRIES(suffix, Policy)                                                                                  \
+  extern "C" __global__ __launch_bounds__(256) void moe_gate_up_##suffix(                                            \
+      float* __restrict__ h, const float* __restrict__ x, const void* __restrict__ gate, const void* __restrict__ up, \
+      const int* __restrict__ ids, const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int tokens, \
+      int k, int ff, int hidden, int n_expert, int activation) {                                                      \
+    moe::gate_up<Policy>(h, x, gate, up, ids, gate_bias, up_bias, tokens, k, ff, hidden, n_expert, activation);    \
+  }                                                                                                                   \
+  extern "C" __global__ __launch_bounds__(256, 2) void moe_down_##suffix(                                               \
+      float* __restrict__ out, const float* __restrict__ h, const void* __restrict__ down, const int* __restrict__ ids, \
+      const float* __restrict__ weights, const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,  \
+      int n_expert) {                                                                                                 \
+    moe::down<Policy>(out, h, down, ids, weights, down_bias, tokens, k, hidden, ff, n_expert);                       \
+  }
+
+RF_MOE_ENTRIES(q4_k, moe::Quantized<q8::Q4_KFormat>)
+RF_MOE_ENTRIES(q5_k, moe::Quantized<q8::Q5_KFormat>)
+RF_MOE_ENTRIES(q6_k, moe::Quantized<q8::Q6_KFormat>)
+RF_MOE_ENTRIES(q8_0, moe::Quantized<q8::Q8_0Format>)
+RF_MOE_ENTRIES(mxfp4, moe::Quantized<q8::MXFP4Format>)
+RF_MOE_ENTRIES(f16, moe::Float<moe::F16Elem>)
+RF_MOE_ENTRIES(bf16, moe::Float<moe::BF16Elem>)
+RF_MOE_ENTRIES(f32, moe::Float<moe::F32Elem>)

@@ -1,0 +1,123 @@
+"""kernels/moe_route.hip and kernels/moe_experts.hip run on the CPU under the host emulation at wave 32 and wave 64
+(tests/kernel_emulation/harness_moe.cpp), against hipcore/ops/moe_route.py's and moe_experts.py's float64
+references and their bounds; planted faults (a misread MXFP4 sign, the down sum's weights dropped) must be caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.ops import moe_experts, moe_route
+from hipcore.ops.weight_formats import column_multiple
+from support.emulated_kernels import ARCH_FOR_WARP, build_op_harnesses, run, write_inputs
+from support.weight_samples import random_weights
+
+OPS = ("moe_route", "moe_experts")
+HARNESS = "harness_moe.cpp"
+U32 = 2.0**-24
+
+
+@pytest.fixture(scope="module")
+def moe_harnesses(tmp_path_factory):
+    return build_op_harnesses(tmp_path_factory.mktemp("moe_emulation"), OPS, HARNESS)
+
+
+@pytest.mark.parametrize("mode,normalize", [("softmax_topk", True), ("softmax_topk", False), ("topk_softmax", False)])
+def test_route(moe_harnesses, warp, mode, normalize, tmp_path):
+    rng = np.random.default_rng([warp, len(mode), int(normalize)])
+    for tokens, n_expert, k in [(3, 128, 8), (5, 32, 4), (2, 256, 32), (1, 7, 7), (9, 64, 1)]:
+        logits = (rng.standard_normal((tokens, n_expert)) * 4).astype(np.float32)
+        logits[0, 5] = logits[0, 2] = logits[0].max() + 1  # a tie for the first place
+        logits[-1, 0] = np.nan  # never chosen (ggml would rank it anywhere)
+        (path,) = write_inputs(tmp_path, logits=logits)
+        want_ids, want_weights = moe_route.reference(np.where(np.isnan(logits), -np.inf, logits), k, mode, normalize)
+        grid, block = moe_route.geometry(ARCH_FOR_WARP[warp], tokens)
+        for g in sorted({grid, 1}):
+            run(moe_harnesses, warp, "moe_route_f32", g, block, tokens, n_expert, k, moe_route.MODES[mode],
+                int(normalize), path, tmp_path / "ids", tmp_path / "weights")
+            ids = np.fromfile(tmp_path / "ids", np.int32).reshape(tokens, k)
+            weights = np.fromfile(tmp_path / "weights", np.float32).reshape(tokens, k)
+            assert np.array_equal(ids, want_ids), (tokens, n_expert, k, g)
+            assert np.all(np.abs(weights - want_weights) <= moe_route.error_bound(logits, want_weights)), (tokens, k)
+            assert want_ids[0, :2].tolist() == [2, 5][:k]
+
+
+def expert_files(tmp_path, rng, weight_type, n_expert, rows, cols, name):
+    raw = random_weights(rng, weight_type, n_expert * rows, cols)
+    raw.tofile(tmp_path / name)
+    return raw, tmp_path / name
+
+
+def run_gate_up(harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidden, n_expert, activation, biases,
+                grid=None):
+    gate, gate_path = expert_files(tmp_path, rng, weight_type, n_expert, ff, hidden, "gate")
+    up, up_path = expert_files(tmp_path, rng, weight_type, n_expert, ff, hidden, "up")
+    x = (rng.standard_normal((tokens, hidden)) * rng.choice([1e-2, 1.0, 4.0], (tokens, hidden))).astype(np.float32)
+    x[0, :32] = 0.0  # a zero slice
+    ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
+    bias = [(rng.standard_normal((n_expert, ff)) * 2).astype(np.float32) if biases else None for _ in range(2)]
+    paths = write_inputs(tmp_path, x=x, ids=ids, **{f"b{i}": b for i, b in enumerate(bias) if b is not None})
+    bias_paths = [tmp_path / f"b{i}" if b is not None else "-" for i, b in enumerate(bias)]
+    g, block = moe_experts.geometry(ARCH_FOR_WARP[warp], tokens * k, ff)
+    run(harnesses, warp, f"moe_gate_up_{weight_type}", grid or g, block, tokens, k, ff, hidden, n_expert,
+        moe_experts.ACTIVATIONS[activation], paths[0], gate_path, up_path, paths[1], *bias_paths, tmp_path / "h")
+    got = np.fromfile(tmp_path / "h", np.float32).reshape(tokens, k, ff)
+    want, bound = moe_experts.gate_up_reference(x, gate, up, weight_type, ids, ff, hidden, activation, *bias,
+                                                with_bound=True)
+    return got, want, bound
+
+
+def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert, biases, grid=None):
+    down, down_path = expert_files(tmp_path, rng, weight_type, n_expert, hidden, ff, "down")
+    h = (rng.standard_normal((tokens, k, ff)) * rng.choice([1e-2, 1.0, 4.0], (tokens, k, ff))).astype(np.float32)
+    ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
+    weights = rng.random((tokens, k)).astype(np.float32)
+    bias = rng.standard_normal((n_expert, hidden)).astype(np.float32) if biases else None
+    residual = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    paths = write_inputs(tmp_path, h=h, ids=ids, weights=weights, residual=residual,
+                         **({"bias": bias} if biases else {}))
+    g, block = moe_experts.geometry(ARCH_FOR_WARP[warp], tokens, hidden)
+    run(harnesses, warp, f"moe_down_{weight_type}", grid or g, block, tokens, k, hidden, ff, n_expert, paths[0],
+        down_path, paths[1], paths[2], tmp_path / "bias" if biases else "-", paths[3], tmp_path / "out")
+    got = np.fromfile(tmp_path / "out", np.float32).reshape(tokens, hidden)
+    added, bound = moe_experts.down_reference(h, down, weight_type, ids, weights, hidden, ff, bias, with_bound=True)
+    return got, residual + added, bound + U32 * np.abs(residual + added)
+
+
+@pytest.mark.parametrize("weight_type", moe_experts.EXPERT_TYPES)
+def test_gate_up(moe_harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 1])
+    block = column_multiple(weight_type)
+    for tokens, k, ff, hidden, n_expert, activation, biases, grid in [
+            (1, 4, 9, 2 * block, 6, "swiglu", False, None), (3, 2, 4, block, 5, "swiglu_oai", True, None),
+            (2, 3, 5, 3 * block if block == 256 else 96 * 32 // 8, 4, "swiglu_oai", False, 1)]:
+        got, want, bound = run_gate_up(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidden, n_expert,
+                                       activation, biases, grid)
+        assert np.all(np.abs(got - want) <= bound), (tokens, k, ff, hidden, activation, grid)
+
+
+@pytest.mark.parametrize("weight_type", moe_experts.EXPERT_TYPES)
+def test_down(moe_harnesses, warp, weight_type, tmp_path):
+    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 2])
+    block = column_multiple(weight_type)
+    for tokens, k, hidden, ff, n_expert, biases, grid in [(1, 4, 7, 2 * block, 6, True, None),
+                                                          (3, 2, 4, block, 5, False, 1)]:
+        got, want, bound = run_down(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert,
+                                    biases, grid)
+        assert np.all(np.abs(got - want) <= bound), (tokens, k, hidden, ff, grid)
+
+
+@pytest.mark.parametrize("old,new,projection,weight_type", [
+    ("((codes >> 3) & 0x01010101u)", "((codes >> 2) & 0x01010101u)", "gate_up", "mxfp4"),  # the sign from the wrong bit
+    ("total[r] = fmaf(weight, y, total[r]);", "total[r] += y;", "down", "q4_k"),  # the routing weights dropped
+])
+def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
+    work = tmp_path / "planted"
+    work.mkdir()
+    harnesses = build_op_harnesses(work, OPS, HARNESS, kernel_edit=lambda text: text.replace(old, new))
+    rng = np.random.default_rng(5)
+    if projection == "gate_up":
+        got, want, bound = run_gate_up(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 64, 4, "swiglu", False)
+    else:
+        got, want, bound = run_down(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 256, 4, False)
+    assert not np.all(np.abs(got - want) <= bound)
