@@ -38,6 +38,12 @@ llama.cpp's (src/models/<family>.cpp; the RoPE layout from llama_model_rope_type
          src/models/phi3.cpp). An attention.sliding_window key is read by llama.cpp and then switched off
          ("Phi SWA is currently disabled"): every layer attends to the whole context, as there. The 128k
          variants' LongRoPE (rope_factors_long / rope_factors_short) is not implemented and refused (exit 4).
+  qwen3moe  qwen3's attention (per-head q/k norms, NEOX RoPE) with a mixture-of-experts feed-forward in every layer
+         (llama.cpp: src/models/qwen3moe.cpp, build_moe_ffn in src/llama-graph.cpp): a router (ffn_gate_inp,
+         [expert_count, hidden]), a softmax over all experts, the expert_used_count largest kept and renormalized
+         to sum 1 (llama.cpp passes norm_w = true for qwen3moe whatever the file says), and for each kept expert
+         e: down_e(silu(gate_e x) * up_e x), weighted and summed. The experts are 3-D tensors [expert_count, rows,
+         cols] (ffn_gate_exps / ffn_up_exps of expert_feed_forward_length rows, ffn_down_exps of hidden rows).
 """
 
 from __future__ import annotations
@@ -67,17 +73,40 @@ class Architecture:
     tied_output: bool = False  # the output projection is always token_embd (output.weight is refused)
     fused_qkv: bool = False    # blk.N.attn_qkv.weight holds q, k, v rows back to back (no attn_q/k/v)
     fused_gate_up: bool = False  # blk.N.ffn_up.weight holds gate rows then up rows (no ffn_gate)
+    moe: bool = False          # a mixture-of-experts feed-forward (router + 3-D expert tensors) in every layer
+    expert_gating: str = ""    # "softmax_topk" (softmax over all, top-k) or "topk_softmax" (top-k, softmax over k)
+    expert_weights_norm: bool = False  # the k kept weights renormalized to sum 1 (after softmax_topk)
+    expert_activation: str = "swiglu"  # "swiglu", or "swiglu_oai" (gpt-oss's clamped form)
+    moe_biases: bool = False   # the router and every expert product add a bias (gpt-oss)
+    o_bias: bool = False       # blk.N.attn_output.bias: added after the o product
+    attn_sinks: bool = False   # blk.N.attn_sinks.weight: a learned logit per head in every attention softmax
+    ffn_norm_name: str = "ffn_norm"  # the pre-feed-forward norm's tensor (gpt-oss: post_attention_norm)
 
-    def layer_matrices(self, q_size: int, kv_size: int, hidden: int, ffn: int) -> dict[str, tuple[int, int]]:
-        """The per-layer matrices (name without blk.N. and .weight -> numpy-order shape) as the file holds them."""
+    def layer_matrices(self, q_size: int, kv_size: int, hidden: int, ffn: int, experts: int = 0,
+                       expert_ffn: int = 0) -> dict[str, tuple[int, ...]]:
+        """The per-layer matrices (name without blk.N. and .weight -> numpy-order shape) as the file holds them;
+        a mixture of experts' are its router and its 3-D expert tensors (experts, rows, cols)."""
         qkv = ({"attn_qkv": (q_size + 2 * kv_size, hidden)} if self.fused_qkv else
                {"attn_q": (q_size, hidden), "attn_k": (kv_size, hidden), "attn_v": (kv_size, hidden)})
+        if self.moe:
+            return {**qkv, "attn_output": (hidden, q_size), "ffn_gate_inp": (experts, hidden),
+                    "ffn_gate_exps": (experts, expert_ffn, hidden), "ffn_up_exps": (experts, expert_ffn, hidden),
+                    "ffn_down_exps": (experts, hidden, expert_ffn)}
         ffn_in = {"ffn_up": (2 * ffn, hidden)} if self.fused_gate_up else {"ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden)}
         return {**qkv, "attn_output": (hidden, q_size), **ffn_in, "ffn_down": (hidden, ffn)}
 
-    def layer_vectors(self, q_size: int, kv_size: int, head_dim: int, hidden: int = 0) -> dict[str, tuple[int]]:
-        """Per-layer 1-D tensors beyond the llama layout: name (without blk.N.) -> shape."""
-        extra: dict[str, tuple[int]] = {}
+    def layer_vectors(self, q_size: int, kv_size: int, head_dim: int, hidden: int = 0, n_heads: int = 0,
+                      experts: int = 0, expert_ffn: int = 0) -> dict[str, tuple[int, ...]]:
+        """Per-layer tensors beyond the llama layout's matrices and norms: name (without blk.N.) -> shape (the expert
+        biases are 2-D: one row per expert)."""
+        extra: dict[str, tuple[int, ...]] = {}
+        if self.o_bias:
+            extra["attn_output.bias"] = (hidden,)
+        if self.attn_sinks:
+            extra["attn_sinks.weight"] = (n_heads,)
+        if self.moe_biases:
+            extra.update({"ffn_gate_inp.bias": (experts,), "ffn_gate_exps.bias": (experts, expert_ffn),
+                          "ffn_up_exps.bias": (experts, expert_ffn), "ffn_down_exps.bias": (experts, hidden)})
         if self.post_norms:
             extra.update({"post_attention_norm.weight": (hidden,), "post_ffw_norm.weight": (hidden,)})
         if self.qkv_bias:
@@ -97,4 +126,9 @@ ARCHITECTURES: dict[str, Architecture] = {
                            swa_period=2, swa_rope_scaled=True, swa_pattern_key=True, default_sliding_window=4096,
                            attn_softcap=50.0, final_softcap=30.0, tied_output=True),
     "phi3": Architecture("phi3", rope_type="neox", fused_qkv=True, fused_gate_up=True),
+    "qwen3moe": Architecture("qwen3moe", rope_type="neox", qk_norm=True, moe=True, expert_gating="softmax_topk",
+                             expert_weights_norm=True),
 }
+# Mixture-of-experts architectures llama.cpp knows and rocmforge does not (yet): named in the refusal.
+UNSUPPORTED_MOE = ("qwen2moe", "mixtral", "deepseek", "deepseek2", "dbrx", "olmoe", "granitemoe", "phimoe", "llama4",
+                   "grok", "arctic", "hunyuan-moe", "ernie4_5-moe", "glm4moe", "bailingmoe", "dots1", "jamba")

@@ -1,7 +1,7 @@
 """ModelConfig: a model's hyperparameters, read from GGUF metadata and checked against the tensors.
 
-Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma2, gemma3, phi3), whose keys are
-`<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
+Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma2, gemma3, phi3, and the
+mixtures of experts qwen3moe, whose expert keys hipcore/gguf/moe_keys.py reads), whose keys are `<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
 and "linear" (positions divided by the factor); "yarn", "longrope" and the rest are named and
 refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
 file carries it as the optional rope_freqs.weight tensor, which every RoPE launch divides by.
@@ -22,6 +22,7 @@ from typing import Iterable, Mapping, Protocol
 from hipcore.gguf.architectures import ARCHITECTURES
 from hipcore.gguf.header import GGUFError, Limits, show
 from hipcore.gguf.metadata_keys import MetadataKeys
+from hipcore.gguf.moe_keys import read_moe_keys, refuse_unsupported_moe
 from hipcore.gguf.vocabulary_checks import check_tokenizer_metadata
 
 SUPPORTED_ROPE_SCALING = ("none", "linear")
@@ -79,6 +80,18 @@ class ModelConfig:
     swa_rope_scaled: bool = False  # local layers keep the model's RoPE scaling (gemma2)
     attn_softcap: float = 0.0     # attention scores capped at c tanh(S / c) before the softmax; 0: none
     final_softcap: float = 0.0    # output logits capped at f tanh(logits / f); 0: none
+    # A mixture of experts in every layer's feed-forward (moe_keys.py; 0 experts: a dense model).
+    n_experts: int = 0            # experts per layer
+    n_experts_used: int = 0       # experts each token is routed to (top-k)
+    expert_ffn_size: int = 0      # rows of each expert's gate and up
+    expert_gating: str = ""       # "softmax_topk" (qwen3moe) or "topk_softmax" (gpt-oss)
+    expert_weights_norm: bool = False  # the k kept softmax weights renormalized to sum 1
+    expert_activation: str = "swiglu"  # "swiglu" or "swiglu_oai"
+    moe_biases: bool = False      # router and expert products add biases
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
 
     @property
     def attention_scale(self) -> float:
@@ -114,9 +127,11 @@ class ModelConfig:
         if not self.tie_embeddings:
             shapes["output.weight"] = (v, h)
         family = ARCHITECTURES[self.architecture]
-        layer = {"attn_norm": (h,), "ffn_norm": (h,), **family.layer_matrices(self.q_size, self.kv_size, h, f)}
+        e, ef = self.n_experts, self.expert_ffn_size
+        layer = {"attn_norm": (h,), family.ffn_norm_name: (h,),
+                 **family.layer_matrices(self.q_size, self.kv_size, h, f, e, ef)}
         layer = {f"{part}.weight": shape for part, shape in layer.items()}
-        layer.update(family.layer_vectors(self.q_size, self.kv_size, self.head_dim, h))
+        layer.update(family.layer_vectors(self.q_size, self.kv_size, self.head_dim, h, self.n_heads, e, ef))
         for i in range(self.n_layers):
             for part, shape in layer.items():
                 shapes[f"blk.{i}.{part}"] = shape
@@ -153,17 +168,17 @@ def config_from_metadata(
         raise keys.error("general.architecture", arch, "1 to 64 printable ASCII characters without spaces",
                          problem=f"{show(arch)} is not an architecture name")
     if arch not in ARCHITECTURES:
+        refuse_unsupported_moe(keys, arch)
         raise keys.error("general.architecture", arch, " or ".join(map(repr, ARCHITECTURES)), unsupported=True,
                          problem=f"architecture {show(arch)} is not supported")
-    experts = keys.uint32(f"{arch}.expert_count", default=0)
-    if experts:
-        raise keys.error(f"{arch}.expert_count", experts, "0 (dense models)", unsupported=True,
-                         problem=f"a mixture-of-experts model ({experts} experts) is not supported")
     n_layers = keys.uint32(f"{arch}.block_count", lo=1, hi=limits.max_layers)
     _check_supported(keys, f"{arch}.block_count", n_layers, SUPPORTED_MAX_LAYERS, "layers")
     context = keys.uint32(f"{arch}.context_length", lo=1, hi=limits.max_context)
     hidden = keys.uint32(f"{arch}.embedding_length", lo=1, hi=_MAX_DIM)
-    ffn = keys.uint32_or_uniform_array(f"{arch}.feed_forward_length", n_layers, lo=1, hi=_MAX_DIM)
+    family = ARCHITECTURES[arch]
+    ffn = keys.uint32_or_uniform_array(f"{arch}.feed_forward_length", n_layers, lo=1, hi=_MAX_DIM,
+                                       default=1 if family.moe else None)  # a MoE's dense width is unused
+    moe = read_moe_keys(keys, arch, family, n_layers, ffn)
     n_heads = keys.uint32_or_uniform_array(f"{arch}.attention.head_count", n_layers, lo=1, hi=_MAX_DIM)
     n_kv = keys.uint32_or_uniform_array(f"{arch}.attention.head_count_kv", n_layers, lo=1, hi=n_heads,
                                         default=n_heads)
@@ -180,7 +195,6 @@ def config_from_metadata(
                          problem=f"RoPE needs an even head size, not {rope_dim}")
     scaling, factor, original = _rope_scaling(keys, arch, context)
     names = {t.name for t in tensors}
-    family = ARCHITECTURES[arch]
     window = period = 0
     if family.swa_period:  # required where llama.cpp requires it (gemma3); else its default (gemma2: 4096)
         window = keys.uint32(f"{arch}.attention.sliding_window", lo=1, hi=limits.max_context,
@@ -209,7 +223,7 @@ def config_from_metadata(
         embedding_scale=_float32(math.sqrt(hidden)) if family.scaled_embedding else 1.0,
         query_scale=_query_scale(arch, n_layers, hidden, n_heads),
         sliding_window=window, swa_period=period, swa_rope_theta=swa_rope_theta, swa_rope_scaled=family.swa_rope_scaled,
-        attn_softcap=softcaps.get("attn", 0.0), final_softcap=softcaps.get("final", 0.0),
+        attn_softcap=softcaps.get("attn", 0.0), final_softcap=softcaps.get("final", 0.0), **moe,
     )
     _refuse_long_rope(arch, tensors)
     check_tensor_shapes(config, tensors, offsets=offsets)

@@ -40,6 +40,7 @@ from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP
 from hipcore.model.batch import StepBatch
 from hipcore.model.blocks import StepContext
 from hipcore.model.families import family_for
+from hipcore.model.moe_blocks import check_moe_weights, moe_buffer_sizes
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
 from hipcore.model.prompt_graphs import CAPTURE_AT_RUN, PromptGraphs, padded_shape, padded_shapes, prompt_graphs_default
 from hipcore.model.step_inputs import StepInputs, input_bytes, window_input_bytes
@@ -66,7 +67,8 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
                      block_size: int = 16, window_group: bool = False) -> dict[str, tuple[int, str]]:
     """name -> (bytes, ledger tag) of every buffer the runner allocates. The memory plan uses this.
     window_group: the KV cache has a sliding-window group (its step inputs have a buffer of their own)."""
-    h, f, v = config.hidden_size, config.ffn_size, config.vocab_size
+    h, v = config.hidden_size, config.vocab_size
+    f = config.expert_ffn_size if config.is_moe else config.ffn_size  # a MoE's dense buffers: never wider
     q_width, kv_width = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
     t, rows = step_capacity(max_tokens, max_seqs)
     seqs = max(max_seqs, rows)
@@ -81,6 +83,7 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
         "kept_tokens": (rows * 4, "scratch"),  # a step's tokens, kept while the step after it runs (launch_sampled)
         "step_inputs": (input_bytes(t, rows, seqs, max_blocks), "scratch"),
     }
+    sizes.update(moe_buffer_sizes(config, t))
     if window_group:
         sizes["step_inputs_local"] = (window_input_bytes(t, seqs, max_blocks), "scratch")
     workspace = paged_attention.workspace_size(t, config.n_heads, config.n_kv_heads, config.head_dim,
@@ -121,6 +124,7 @@ class ModelRunner:
         if config.rope_scaling not in ("none", "linear"):
             raise UnsupportedModelError(f"rope scaling {config.rope_scaling!r} is not supported yet (none, linear)")
         self.family = family_for(config.architecture)
+        check_moe_weights(config, weights.layers)
         if weights.rope_pairs_adjacent:  # NEOX pairs uploaded side by side (weights.py, NEOX_AS_NORM): NORM mode
             config = dataclasses.replace(config, rope_type="norm")
         self.device, self.config, self.weights, self.cache = device, config, weights, cache

@@ -18,7 +18,8 @@ from hipcore.runtime.ledger import format_bytes
 
 MARGIN_FRACTION = 0.03  # what we leave free for the driver, other processes and fragmentation
 MARGIN_CAP = 512 << 20
-MAX_PLANNED_BLOCKS = 2**24  # a probe's global pool, only so that window_pool_blocks is not capped by it
+MAX_PLANNED_BLOCKS = 2**24
+ACTIVATION_TAGS = ("activations", "moe_router", "moe_experts")  # a mixture of experts' buffers count as activations  # a probe's global pool, only so that window_pool_blocks is not capped by it
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_s
     return MemoryPlan(
         device=f"{device.name} ({device.arch})", backend=device.backend,
         weights=planned_weight_bytes(device, model_plan), kv=kv_config.cache_bytes,
-        activations=sum(n for n, tag in sizes.values() if tag == "activations"),
+        activations=sum(n for n, tag in sizes.values() if tag in ACTIVATION_TAGS),
         scratch=sum(n for n, tag in sizes.values() if tag == "scratch"),
         free=info.free, total=info.total, margin=margin, kv_config=kv_config, ctx_size=ctx_size, max_seqs=max_seqs,
         max_step_tokens=max_step_tokens,

@@ -42,6 +42,7 @@ from typing import Callable
 import numpy as np
 
 from hipcore.gguf.errors import GGUFError
+from hipcore.model.neox_rows import neox_pair_order, paired_fused_qkv, paired_rows
 from hipcore.ops import matmul_mma
 from hipcore.runtime.device import Buffer, Device
 
@@ -51,10 +52,18 @@ GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_
 GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-# Per-layer vectors some families add (hipcore/gguf/architectures.py): LayerWeights field -> tensor name part.
+# A mixture of experts' layer matrices in place of ffn_gate, ffn_up and ffn_down: the router, 2-D, and the experts,
+# 3-D [experts, rows, cols], each uploaded as one buffer in its file format on a GPU (the expert ops read expert e
+# at e * rows * row_bytes), float32 on the cpu backend.
+MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# Per-layer vectors some families add (hipcore/gguf/architectures.py): LayerWeights field -> tensor name part. The
+# expert biases are 2-D (a row per expert) and stored as float32 like the vectors.
 FAMILY_VECTORS = {"attn_q_bias": "attn_q.bias", "attn_k_bias": "attn_k.bias", "attn_v_bias": "attn_v.bias",
                   "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight",
-                  "attn_post_norm": "post_attention_norm.weight", "ffn_post_norm": "post_ffw_norm.weight"}
+                  "attn_post_norm": "post_attention_norm.weight", "ffn_post_norm": "post_ffw_norm.weight",
+                  "attn_output_bias": "attn_output.bias", "attn_sinks": "attn_sinks.weight",
+                  "ffn_gate_inp_bias": "ffn_gate_inp.bias", "ffn_gate_exps_bias": "ffn_gate_exps.bias",
+                  "ffn_up_exps_bias": "ffn_up_exps.bias", "ffn_down_exps_bias": "ffn_down_exps.bias"}
 # Layer matrices uploaded into one buffer when their formats agree: (group name, members).
 FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("ffn_gate", "ffn_up")))
 # Matrices a family's files hold already concatenated (phi3): file tensor -> (its members, in row order).
@@ -100,9 +109,9 @@ class LayerWeights:
     attn_v: Weight
     attn_output: Weight
     ffn_norm: Weight
-    ffn_gate: Weight
-    ffn_up: Weight
-    ffn_down: Weight
+    ffn_gate: Weight | None  # None in a mixture of experts' layer (its experts below)
+    ffn_up: Weight | None
+    ffn_down: Weight | None
     attn_qkv: Weight | None = None  # q, k, v rows back to back in one buffer (same format), else None
     ffn_gate_up: Weight | None = None  # gate rows then up rows in one buffer (same format), else None
     attn_q_bias: Weight | None = None  # qwen2: added to each product (FAMILY_VECTORS)
@@ -112,6 +121,16 @@ class LayerWeights:
     attn_k_norm: Weight | None = None
     attn_post_norm: Weight | None = None  # gemma3: RMSNorm of the attention output before the residual add, [hidden]
     ffn_post_norm: Weight | None = None  # gemma3: RMSNorm of the feed-forward output before the residual add
+    attn_output_bias: Weight | None = None  # gpt-oss: added after the o product, [hidden]
+    attn_sinks: Weight | None = None  # gpt-oss: a logit per head in every attention softmax, [n_heads]
+    ffn_gate_inp: Weight | None = None  # MoE: the router, [experts, hidden]
+    ffn_gate_exps: Weight | None = None  # MoE: [experts, expert_ffn, hidden]
+    ffn_up_exps: Weight | None = None  # MoE: [experts, expert_ffn, hidden]
+    ffn_down_exps: Weight | None = None  # MoE: [experts, hidden, expert_ffn]
+    ffn_gate_inp_bias: Weight | None = None  # gpt-oss: [experts]
+    ffn_gate_exps_bias: Weight | None = None  # gpt-oss: [experts, expert_ffn]
+    ffn_up_exps_bias: Weight | None = None  # gpt-oss: [experts, expert_ffn]
+    ffn_down_exps_bias: Weight | None = None  # gpt-oss: [experts, hidden]
 
 
 @dataclass
@@ -168,7 +187,7 @@ def _layer_parts(config) -> list[str]:
     """The per-layer matrices and norms as the file names them (LAYER_TENSORS, or a family's fused ones)."""
     expected = config.expected_tensor_shapes()
     return [t for t in ("attn_norm", "attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
-                        "ffn_up", "ffn_down") if f"blk.0.{t}.weight" in expected]
+                        "ffn_up", "ffn_down", *MOE_TENSORS) if f"blk.0.{t}.weight" in expected]
 
 
 def _file_fused(config) -> dict[str, tuple[str, ...]]:
@@ -225,42 +244,9 @@ def rope_factors(gguf) -> np.ndarray | None:
     return factors
 
 
-def neox_pair_order(head_dim: int, rope_dim: int) -> np.ndarray:
-    """The rows of one head in their upload order: NEOX pair i (rows i and i + rope_dim / 2) at 2i and 2i + 1,
-    the rows past rope_dim (not rotated) where they were."""
-    half = rope_dim // 2
-    order = np.arange(head_dim)
-    order[0:rope_dim:2] = np.arange(half)
-    order[1:rope_dim:2] = np.arange(half) + half
-    return order
-
-
 def pairs_neox_rows(config) -> bool:
     """True when upload_weights reorders this model's q and k rows (NEOX_AS_NORM)."""
     return config.rope_type == "neox" and config.architecture in NEOX_AS_NORM
-
-
-def _paired_rows(data: np.ndarray, heads: int, head_dim: int, rope_dim: int) -> np.ndarray:
-    """data (a matrix of heads * head_dim rows, or a vector of as many values; its bytes, as the file holds them, or
-    its values) with its rows in neox_pair_order per head, in data's shape."""
-    order = (np.arange(heads)[:, None] * head_dim + neox_pair_order(head_dim, rope_dim)[None, :]).reshape(-1)
-    if data.size % order.size:
-        raise GGUFError(f"expected whole rows of {heads} heads of {head_dim} to reorder, the tensor has {data.size} "
-                        "elements")
-    return np.ascontiguousarray(data.reshape(order.size, -1)[order]).reshape(data.shape)
-
-
-def _paired_fused_qkv(data: np.ndarray, config) -> np.ndarray:
-    """A q|k|v tensor (q_size + 2 kv_size rows) with its q rows and its k rows each in neox_pair_order per head."""
-    rows = config.q_size + 2 * config.kv_size
-    if data.size % rows:
-        raise GGUFError(f"expected whole rows of a q|k|v of {rows} rows to reorder, the tensor has {data.size} "
-                        "elements")
-    by_row = data.reshape(rows, -1)
-    q, k = config.q_size, config.q_size + config.kv_size
-    parts = [_paired_rows(by_row[:q], config.n_heads, config.head_dim, config.rope_dim),
-             _paired_rows(by_row[q:k], config.n_kv_heads, config.head_dim, config.rope_dim), by_row[k:]]
-    return np.concatenate(parts).reshape(data.shape)
 
 
 def _upload_groups(config) -> list[tuple[str | None, list[tuple[str, bool, bool]]]]:
@@ -309,9 +295,9 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
         data = file_data(name, fmt, vec)
         if paired and name.endswith(_PAIRED_ROWS):  # blk.N.attn_q.weight ...: rows first, as the file has them
             heads = config.n_heads if ".attn_q." in name else config.n_kv_heads
-            data = _paired_rows(data, heads, config.head_dim, config.rope_dim)
+            data = paired_rows(data, heads, config.head_dim, config.rope_dim)
         elif paired and name.endswith(_PAIRED_FUSED):
-            data = _paired_fused_qkv(data, config)
+            data = paired_fused_qkv(data, config)
         return data
 
     def file_data(name: str, fmt: str, vec: bool) -> np.ndarray:
@@ -370,7 +356,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
             uploaded.update({f"blk.{i}.{m}.weight": view for m, view in
                              zip(members, _row_views(whole, sizes, plan.tensor(f"blk.{i}.{tensor}.weight")))})
     layers = [
-        LayerWeights(*(uploaded[f"blk.{i}.{t}.weight"] for t in LAYER_TENSORS),
+        LayerWeights(*(uploaded.get(f"blk.{i}.{t}.weight") for t in LAYER_TENSORS),
+                     **{t: uploaded.get(f"blk.{i}.{t}.weight") for t in MOE_TENSORS},
                      **{g: groups.get(f"blk.{i}.{g}") for g, _ in FUSED_GROUPS},
                      **{field: uploaded[f"blk.{i}.{part}"] for field, part in vectors.items()})
         for i in range(config.n_layers)

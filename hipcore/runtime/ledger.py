@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterable
 
-TAGS = ("weights", "kv", "activations", "scratch", "other")
+# moe_router / moe_experts: a mixture of experts' router logits and choices, and its experts' intermediate products
+TAGS = ("weights", "kv", "activations", "scratch", "moe_router", "moe_experts", "other")
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 

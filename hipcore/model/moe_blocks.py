@@ -1,0 +1,78 @@
+"""The mixture-of-experts feed-forward block (qwen3moe, gpt-oss), as launches for a step of t tokens.
+
+llama.cpp's build_moe_ffn (src/llama-graph.cpp), for every token of the step:
+    xn      = rmsnorm(x) * ffn_norm                         rmsnorm
+    logits  = xn @ Wr^T (+ router bias)                     matmul_mma.project (+ add_bias), [t, experts]
+    ids, w  = the k experts and their weights               moe_route (softmax_topk or topk_softmax)
+    h[t, j] = act(gate_e . xn[t] (+b), up_e . xn[t] (+b))   moe_experts.launch_gate_up, e = ids[t, j]
+    x      += sum_j w[t, j] (down_e . h[t, j] (+b))         moe_experts.launch_down, into the residual stream
+Five launches a layer (six with the router's bias), each over every token of the step: the router's product is an
+ordinary dense product (the existing matmul kernels), the experts' read only the selected experts' rows.
+
+The router's logits, the chosen ids and weights live in buffers tagged "moe_router", the experts' intermediate h in
+one tagged "moe_experts" (forward.activation_sizes), so that the ledger and leak checks see them apart.
+"""
+
+from __future__ import annotations
+
+from hipcore.errors import UnsupportedModelError
+from hipcore.model.projections import Launch, weight_arg
+from hipcore.ops import add_bias, matmul_mma, moe_experts, moe_route, rmsnorm
+
+ROUTER_TAG = "moe_router"
+EXPERTS_TAG = "moe_experts"
+
+
+def moe_buffer_sizes(config, tokens: int) -> dict[str, tuple[int, str]]:
+    """name -> (bytes, ledger tag) of the MoE block's buffers for steps of up to `tokens` token rows."""
+    if not config.is_moe:
+        return {}
+    e, k, ff = config.n_experts, config.n_experts_used, config.expert_ffn_size
+    return {"moe_logits": (tokens * e * 4, ROUTER_TAG), "moe_ids": (tokens * k * 4, ROUTER_TAG),
+            "moe_weights": (tokens * k * 4, ROUTER_TAG), "moe_h": (tokens * k * ff * 4, EXPERTS_TAG)}
+
+
+def check_moe_weights(config, layers) -> None:
+    """The expert tensors the ops take: gate and up of one format (one launch reads both), each a format
+    moe_experts reads (UnsupportedModelError, exit 4, naming the tensor otherwise)."""
+    if not config.is_moe:
+        return
+    for i, lw in enumerate(layers):
+        if lw.ffn_gate_exps.fmt != lw.ffn_up_exps.fmt:
+            raise UnsupportedModelError(
+                f"layer {i}: ffn_gate_exps ({lw.ffn_gate_exps.fmt.upper()}) and ffn_up_exps "
+                f"({lw.ffn_up_exps.fmt.upper()}) differ in type; the experts' gate|up launch reads one type")
+        for name in ("ffn_gate_exps", "ffn_down_exps"):
+            fmt = getattr(lw, name).fmt
+            if not moe_experts.supports(fmt):
+                raise UnsupportedModelError(f"layer {i}: {name} in {fmt.upper()}: the expert products read "
+                                            f"{', '.join(t.upper() for t in moe_experts.EXPERT_TYPES)}")
+
+
+def _bias(w) -> object:
+    return None if w is None else w.buffer
+
+
+def moe_feed_forward(ctx, i: int, lw, t: int) -> list[Launch]:
+    """x += the mixture of experts' output on rmsnorm(x) (see the module docstring): every launch of the block."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    h, e, k, ff = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_size
+    router, gate, up, down = lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps
+    plan: list[Launch] = [
+        ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps)),
+        ("moe_router", lambda: matmul_mma.project(dev, st, b["moe_logits"], weight_arg(router), b["xn"], e, h, t,
+                                                  weight_type=router.fmt, workspace=ctx.products.workspace))]
+    if lw.ffn_gate_inp_bias is not None:
+        plan.append(("moe_router_bias", lambda: add_bias.launch(dev, st, b["moe_logits"], lw.ffn_gate_inp_bias.buffer,
+                                                                t, e)))
+    plan += [
+        ("moe_route", lambda: moe_route.launch(dev, st, b["moe_ids"], b["moe_weights"], b["moe_logits"], t, e, k,
+                                               cfg.expert_gating, cfg.expert_weights_norm)),
+        ("moe_gate_up", lambda: moe_experts.launch_gate_up(
+            dev, st, b["moe_h"], b["xn"], weight_arg(gate), weight_arg(up), b["moe_ids"], t, k, cfg.expert_activation,
+            _bias(lw.ffn_gate_exps_bias), _bias(lw.ffn_up_exps_bias), weight_type=gate.fmt, n_expert=e, ff=ff,
+            hidden=h)),
+        ("moe_down+residual", lambda: moe_experts.launch_down(
+            dev, st, b["x"], b["moe_h"], weight_arg(down), b["moe_ids"], b["moe_weights"], t, k,
+            _bias(lw.ffn_down_exps_bias), weight_type=down.fmt, n_expert=e, hidden=h, ff=ff))]
+    return plan
