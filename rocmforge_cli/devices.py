@@ -81,7 +81,13 @@ def devices_command(
         "cannot be used. One of auto, hip, cuda, cpu, optionally with an index (cuda:1).")] = None,
 ) -> None:
     """List the GPUs rocmforge can use (AMD through HIP, NVIDIA through CUDA) and the CPU backend, with
-    their memory and precompiled kernels, and say which one --device auto takes and why the others were not."""
+    their memory and precompiled kernels, and say which one --device auto takes and why the others were not.
+
+    Examples:
+      rocmforge devices
+      rocmforge devices -d cuda:1        (open that one GPU, or say why it cannot be used)
+      rocmforge devices --json
+    """
     if device is not None:
         choice = pick_device(device)
         try:

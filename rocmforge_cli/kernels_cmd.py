@@ -12,19 +12,23 @@ from rich.table import Table
 from hipcore.errors import UsageError
 from hipcore.runtime.kernels import MANIFEST_NAME, op_names, prebuilt_dir, read_manifest, source_digest
 from rocmforge_cli.common import handle_errors, stderr, stdout
+from rocmforge_cli.llama_flags import FlagCheckedCommand
 
 app = typer.Typer(
     name="kernels",
     help=(
         "Precompile the GPU kernels and show which are built.\n\n"
         "Without precompiled code objects for your GPU, rocmforge compiles each kernel at run time the "
-        "first time it is used (hiprtc / nvrtc) and keeps it in ~/.cache/rocmforge."
+        "first time it is used (hiprtc / nvrtc) and keeps it in ~/.cache/rocmforge.\n\n"
+        "Examples:\n\n"
+        "  rocmforge kernels list\n\n"
+        "  rocmforge kernels build --amd-targets gfx1100 --nvidia-targets none"
     ),
     no_args_is_help=True,
 )
 
 
-@app.command("build")
+@app.command("build", cls=FlagCheckedCommand)
 @handle_errors
 def build_command(
     amd_targets: Optional[str] = typer.Option(
@@ -55,6 +59,11 @@ def build_command(
     What compiled is kept even when something else fails.
 
     Exit status 1 when anything failed or a compiler is missing (the message names what to install).
+
+    Examples:
+      rocmforge kernels build --amd-targets gfx1100 --nvidia-targets none
+      rocmforge kernels build --amd-targets none --nvidia-targets sm_90 --ops rmsnorm,matvec -j 2
+      rocmforge kernels build --out /tmp/prebuilt       (then ROCMFORGE_PREBUILT_DIR=/tmp/prebuilt)
     """
     from rocmforge_kernels import build as kbuild
 
@@ -73,7 +82,7 @@ def build_command(
         raise typer.Exit(status)
 
 
-@app.command("list")
+@app.command("list", cls=FlagCheckedCommand)
 @handle_errors
 def list_command(
     directory: Optional[Path] = typer.Option(
@@ -88,6 +97,11 @@ def list_command(
     A cell is the most registers per thread any of the op's kernels uses there.
 
     'stale' marks a code object built from older sources (rocmforge compiles those at run time).
+
+    Examples:
+      rocmforge kernels list
+      rocmforge kernels list --json | jq '.objects | keys'
+      rocmforge kernels list --dir /tmp/prebuilt
     """
     folder = directory or prebuilt_dir()
     if directory is not None and not (directory / MANIFEST_NAME).is_file():

@@ -123,3 +123,23 @@ def check_options(ctx_size: Optional[int], kv_dtype: str, kv_blocks: Optional[in
     if kv_blocks is not None and kv_memory is not None:
         raise UsageError("give either --kv-blocks or --kv-memory, not both")
     check_kv_dtype(kv_dtype)
+
+
+# Each short flag and the option it stands for, in every command; tests/test_cli_flags.py holds the app to it
+# and `rocmforge --help` prints it. llama.cpp's meanings (llama-cli, llama-server) where it has them.
+SHORT_FLAGS: dict[str, str] = {
+    "-m": "--model", "-d": "--device", "-dev": "--device", "-c": "--ctx-size", "-s": "--seed", "-np": "--parallel",
+    "-n": "--max-tokens", "-p": "--prompt", "-f": "--file", "-sys": "--system", "-t": "--threads",
+    "-cnv": "--conversation", "-no-cnv": "--no-conversation", "-co": "--color", "-e": "--escape",
+    "-q": "--quiet", "-h": "--help", "-V": "--version", "-j": "--jobs",
+    "-b": "--batch", "-r": "--repetitions", "-o": "--output",  # bench's alone
+}
+# bench speaks llama-bench's flags, as llama.cpp's own bench does: -p and -n are lengths of the tests there.
+BENCH_SHORT_FLAGS: dict[str, str] = {"-p": "--n-prompt", "-n": "--n-gen"}
+
+
+def short_flag_table(per_line: int = 4) -> list[str]:
+    """The table of short flags for `rocmforge --help`, a few to a line."""
+    cells = [f"{flag} {long}" for flag, long in SHORT_FLAGS.items() if flag not in ("-h", "-V")]
+    cells += [f"bench: {flag} {long}" for flag, long in BENCH_SHORT_FLAGS.items()]
+    return [" | ".join(cells[i:i + per_line]) for i in range(0, len(cells), per_line)]
