@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -15,9 +16,10 @@ from hipcore.errors import RocmforgeError, UsageError
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
 from rocmforge_cli.common import handle_errors, stderr
+from rocmforge_cli.stream_text import PROMPT_COLOR, RESET_COLOR
 from rocmforge_cli.escapes import process_escapes
 from rocmforge_cli.stream_text import stream_text
-from rocmforge_cli.generate_input import choose_seed, read_prompt, sampling_params
+from rocmforge_cli.generate_input import choose_seed, prompt_source, read_prompt, sampling_params
 from rocmforge_cli.options import (
     CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, check_options, json_option, max_tokens_option, quiet_option,
     resolve_model, seed_option,
@@ -41,6 +43,28 @@ def load_with_progress(path: str, options: LoadOptions, quiet: bool) -> LoadedMo
     return loaded
 
 
+def threads_note(threads: Optional[int], backend: str) -> Optional[str]:
+    """-t on a GPU changes nothing: said once rather than ignored."""
+    if threads is None or backend == "cpu":
+        return None
+    return f"note: -t {threads}: the model runs on {backend}; --threads sets the cpu backend's BLAS threads only"
+
+
+def stdout_is_terminal() -> bool:
+    """Whether --color may colour: only text for a person, never codes in a file or a pipe."""
+    return sys.stdout.isatty()
+
+
+def limit_threads(threads: Optional[int]) -> None:
+    """-t N: the cpu backend's matrix products (numpy's BLAS) on N threads, for the rest of the process. An
+    environment variable would have to be set before numpy loads; threadpoolctl changes it at run time."""
+    if threads is None:
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads, user_api="blas")
+
+
 def format_timings(t: dict) -> str:
     """llama.cpp's perf lines, so people comparing the two read the same figures."""
     def line(label: str, ms: float, n: int, unit: str) -> str:
@@ -59,8 +83,10 @@ def format_timings(t: dict) -> str:
 @handle_errors
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt text; '-' or nothing reads it from stdin.", show_default=False)] = None,
+    prompt_flag: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt text, as llama.cpp's -p (instead of the argument).", show_default=False)] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from this file (UTF-8, taken literally, as stdin is).", show_default=False)] = None,
     model: Model = None,
-    max_tokens: Annotated[int, max_tokens_option("Most tokens to generate (llama.cpp's -n/--n-predict).")] = 256,
+    max_tokens: Annotated[int, max_tokens_option("Most tokens to generate (in a conversation: in each answer).")] = 256,
     temperature: Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy (always the most likely token).")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k", help="Keep only the k most likely tokens (0 = off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", help="Keep the smallest set of tokens whose probability reaches p (1 = off).")] = 0.95,
@@ -71,9 +97,13 @@ def generate(
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="Subtract this x count from repeated tokens (0 = off).")] = 0.0,
     seed: Annotated[Optional[int], seed_option("Random seed, for reproducible sampling. Default: random (and printed).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed. Escapes such as \\n work as in the prompt.", show_default=False)] = None,
-    no_escape: Annotated[bool, typer.Option("--no-escape", help="Take the prompt, --system and --stop literally: no \\n \\t \\' \\\" \\\\ \\xHH escapes (processed by default, as llama.cpp does; stdin is always literal).")] = False,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate through end-of-generation tokens up to --max-tokens (--stop still ends it), as llama.cpp's --ignore-eos.")] = False,
+    escape: Annotated[bool, typer.Option("--escape/--no-escape", "-e", help="Process \\n \\t \\' \\\" \\\\ \\xHH escapes in the prompt, --system and --stop, as llama.cpp does (stdin and -f are always literal); --no-escape takes them literally.")] = True,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template, as a user message.")] = False,
-    system: Annotated[Optional[str], typer.Option("--system", help="System message (implies --chat).", show_default=False)] = None,
+    system: Annotated[Optional[str], typer.Option("--system", "--system-prompt", "-sys", help="System message (implies --chat).", show_default=False)] = None,
+    conversation: Annotated[bool, typer.Option("--conversation/--no-conversation", "-cnv/-no-cnv", help="Chat in the terminal: each line you type is a user message, answered with the whole conversation in the chat template. /exit or Ctrl-D ends it, Ctrl-C stops an answer (at the prompt, twice: exits), /clear forgets the conversation. A prompt given is the first message.")] = False,
+    color: Annotated[bool, typer.Option("--color", "-co", help="On a terminal, show the prompt (in a conversation: your input) in colour, the output in the terminal's own, as llama-cli does.")] = False,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Threads of the cpu backend's matrix products (BLAS). On a GPU it changes nothing (a note says so). Default: BLAS's own.", show_default=False)] = None,
     device: Device = "auto",
     ctx_size: CtxSize = None,
     kv_dtype: KvDtype = "f16",
@@ -82,38 +112,65 @@ def generate(
     as_json: Annotated[bool, json_option("Print one JSON object with the text, tokens and timings instead of streaming.")] = False,
     quiet: Annotated[bool, quiet_option()] = False,
 ) -> None:
-    """Generate text from a prompt, streaming it to stdout; timings go to stderr.
+    """Generate text from a prompt, streaming it to stdout; timings go to stderr. With -cnv, chat in the terminal.
+
+    llama.cpp's spellings work: -m, -p, -f, -n, -c, -s, -t, -sys, -cnv, --temp, --ignore-eos, --color; its flags
+    with no meaning here (-ngl, -fa, --mlock, ...) are refused with one line saying so.
 
     Examples:
       rocmforge generate "The capital of France is"
-      rocmforge generate --chat --temp 0 "Write a haiku about GPUs."
+      rocmforge generate -m model.gguf -p "Write a haiku about GPUs." --chat --temp 0 -n 64
+      rocmforge generate -f prompt.txt -n 128 -s 42
+      rocmforge generate -cnv -sys "You are a terse assistant."
       echo "Tell me a joke" | rocmforge generate --chat --json
     """
-    escape = not no_escape
     seed, drawn_seed = choose_seed(seed)
     params = sampling_params(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()), escape=escape,
+        seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()), escape=escape, ignore_eos=ignore_eos,
     )
     check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
-    text_in = read_prompt(prompt, escape)
+    if threads is not None and threads < 1:
+        raise UsageError(f"-t/--threads must be at least 1, got {threads}")
+    if conversation and as_json:
+        raise UsageError("-cnv/--conversation is a chat in the terminal; it has no --json (use serve for a program)")
+    given, file_text = prompt_source(prompt, prompt_flag, file)
     if system is not None and escape:
         system = process_escapes(system, "--system")
-    if not text_in and not (chat or system is not None):
-        raise UsageError("the prompt is empty: give some text (or use --chat, whose template adds its own)")
+    if conversation:  # stdin is the conversation: a prompt is the first message only when given
+        text_in = file_text if file_text is not None else (
+            None if given is None else process_escapes(given, "the prompt") if escape else given)
+    else:
+        text_in = file_text if file_text is not None else read_prompt(given, escape)
+        if not text_in and not (chat or system is not None):
+            raise UsageError("the prompt is empty: give some text (or use --chat, whose template adds its own)")
+    colored = color and stdout_is_terminal()
     path = resolve_model(model)
     options = LoadOptions(device=device, ctx_size=ctx_size, kv_dtype=kv_dtype, kv_blocks=kv_blocks, kv_memory=kv_memory)
+    limit_threads(threads)
     with load_with_progress(path, options, quiet or as_json) as loaded:
+        note = threads_note(threads, loaded.device.backend)
+        if note and not quiet:
+            stderr.print(note, highlight=False, markup=False)
+        if drawn_seed and not (quiet or as_json):  # --json carries it in the object, stderr stays empty
+            stderr.print(f"seed: {seed} (none was given; pass --seed {seed} to repeat this run)", highlight=False)
+        template = chat_template_from_metadata(loaded.gguf.metadata)
+        if conversation:
+            from rocmforge_cli.chat import Chat
+
+            Chat(loaded.engine, loaded.tokenizer, template, params, system=system, color=colored, quiet=quiet).run(
+                first=text_in)
+            return
         tokenizer = loaded.tokenizer
         if chat or system is not None:
             messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text_in}]
-            template = chat_template_from_metadata(loaded.gguf.metadata)
-            text_in, prompt_ids = chat_prompt(tokenizer, template, messages, context_tokens=loaded.engine.max_context)
+            prompt_text, prompt_ids = chat_prompt(tokenizer, template, messages, context_tokens=loaded.engine.max_context)
         else:
-            prompt_ids = tokenizer.encode(text_in)
-        if drawn_seed and not (quiet or as_json):  # --json carries it in the object, stderr stays empty
-            stderr.print(f"seed: {seed} (none was given; pass --seed {seed} to repeat this run)", highlight=False)
+            prompt_text, prompt_ids = text_in, tokenizer.encode(text_in)
+        if colored:  # the user's words in llama-cli's prompt colour, then the output in the terminal's own
+            sys.stdout.write(f"{PROMPT_COLOR}{stream_text(text_in)}{RESET_COLOR}" + ("\n" if chat or system is not None else ""))
+        text_in = prompt_text
         pieces: list[str] = []
         tokens: list[int] = []
         ending = None

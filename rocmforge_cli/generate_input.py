@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 import sys
+from pathlib import Path
 from typing import Optional
 
 from hipcore.errors import UsageError
@@ -28,12 +29,31 @@ def read_prompt(prompt: Optional[str], escape: bool) -> str:
     if prompt is not None and prompt != "-":
         return process_escapes(prompt, "the prompt") if escape else prompt
     if sys.stdin.isatty() and prompt is None:
-        raise UsageError('give a prompt: rocmforge generate "Once upon a time" (or pipe it on stdin)')
+        raise UsageError('give a prompt: rocmforge generate "Once upon a time" (or -p TEXT, -f FILE, or pipe it on stdin)')
     raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    return _utf8(raw, "the prompt on stdin")
+
+
+def prompt_source(positional: Optional[str], flag: Optional[str], file: Optional[Path]) -> tuple[Optional[str], Optional[str]]:
+    """(the prompt given as text, or None; the text of -f FILE, or None): at most one of the three ways."""
+    given = [name for name, value in (("a prompt argument", positional), ("-p/--prompt", flag), ("-f/--file", file))
+             if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"give the prompt one way, not {' and '.join(given)}")
+    if file is None:
+        return (flag if flag is not None else positional), None
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"-f/--file: cannot read {str(file)!r}: {exc.strerror or exc}") from None
+    return None, _utf8(raw, f"-f/--file {str(file)!r}")
+
+
+def _utf8(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"the prompt on stdin is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}); "
+        raise UsageError(f"{what} is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}); "
                          "convert it first, e.g. with iconv -f latin1 -t utf-8") from None
 
 

@@ -17,3 +17,10 @@ def stream_text(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c in _LAYOUT else repr(c)[1:-1] for c in text)
+
+
+# llama-cli's colours with --color (on a terminal only): the prompt yellow, the user's input bold green, the
+# generated text in the terminal's own colour.
+PROMPT_COLOR = "\x1b[33m"
+USER_INPUT_COLOR = "\x1b[1;32m"
+RESET_COLOR = "\x1b[0m"

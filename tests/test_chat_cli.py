@@ -1,0 +1,136 @@
+"""`rocmforge generate -cnv`: the chat in the terminal (on the tiny model). Each turn renders the whole
+conversation; /exit, /clear, end of input; Ctrl-C at the prompt (twice ends it) and during an answer (stops
+it at a step's end, the request cancelled and its blocks back, the chat going on)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from typer.testing import CliRunner
+
+from support.engine_testing import greedy, load_tiny, tiny_model
+
+from hipcore.tokenizer.chat_template import chat_prompt, chat_template_from_metadata
+from rocmforge_cli.app import app
+from rocmforge_cli.chat import Chat
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    with load_tiny(tiny) as loaded:
+        yield loaded
+
+
+class Lines:
+    """read_line for Chat: the given lines in turn; an exception instance is raised instead; then EOF."""
+
+    def __init__(self, *items):
+        self.items, self.markers = list(items), []
+
+    def __call__(self, marker: str) -> str:
+        self.markers.append(marker)
+        if not self.items:
+            raise EOFError
+        item = self.items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class Spy:
+    """The engine's generate(), recording each prompt; `on_event(n)` runs after the n-th event of a turn."""
+
+    def __init__(self, engine, on_event=None):
+        self.engine, self.prompts, self.on_event, self.real = engine, [], on_event, engine.generate
+
+    def __call__(self, prompt_ids, params):
+        self.prompts.append(list(prompt_ids))
+        for n, event in enumerate(self.real(prompt_ids, params)):
+            yield event
+            if self.on_event:
+                self.on_event(n)
+
+
+def chat_with(model, monkeypatch, lines: Lines, params=None, on_event=None, **options):
+    spy = Spy(model.engine, on_event)
+    monkeypatch.setattr(model.engine, "generate", spy)
+    template = chat_template_from_metadata(model.gguf.metadata)
+    chat = Chat(model.engine, model.tokenizer, template, params or greedy(3), read_line=lines, quiet=True, **options)
+    return chat, spy, template
+
+
+def test_each_turn_renders_the_whole_conversation(model, monkeypatch, capsys):
+    chat, spy, template = chat_with(model, monkeypatch, Lines("first question", "second question", "/exit"),
+                                    system="Be brief.")
+    chat.run()
+    roles = [m["role"] for m in chat.messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant"]
+    assert len(spy.prompts) == 2
+    for turn, prompt in enumerate(spy.prompts):
+        expected = chat_prompt(model.tokenizer, template, chat.messages[:2 + 2 * turn], context_tokens=model.engine.max_context)
+        assert prompt == expected[1]
+    assert len(spy.prompts[1]) > len(spy.prompts[0])  # the first answer is in the second prompt
+    assert model.engine.active_count == 0
+
+
+def test_a_first_message_clear_and_end_of_input(model, monkeypatch, capsys):
+    lines = Lines("again", "/clear", "fresh")
+    chat, spy, template = chat_with(model, monkeypatch, lines)
+    chat.run(first="opening")
+    assert len(spy.prompts) == 3 and len(lines.markers) == 4  # the last read met the end of input
+    assert [m["content"] for m in chat.messages if m["role"] == "user"] == ["fresh"]  # /clear forgot the rest
+    alone = chat_prompt(model.tokenizer, template, [{"role": "user", "content": "fresh"}],
+                        context_tokens=model.engine.max_context)[1]
+    assert spy.prompts[2] == alone
+
+
+def test_ctrl_c_at_the_prompt_once_goes_on_twice_ends(model, monkeypatch, capsys):
+    lines = Lines(KeyboardInterrupt(), "hello", KeyboardInterrupt(), KeyboardInterrupt(), "never read")
+    chat, spy, _ = chat_with(model, monkeypatch, lines)
+    chat.run()
+    assert len(spy.prompts) == 1 and lines.items == ["never read"]
+
+
+def test_ctrl_c_during_an_answer_stops_it_and_the_chat_goes_on(model, monkeypatch, capsys):
+    def interrupt_after_the_second(n: int) -> None:
+        if n == 1:
+            signal.raise_signal(signal.SIGINT)  # as Ctrl-C in a terminal: the handler, not an exception mid-step
+
+    params = greedy(40, ignore_eos=True)
+    chat, spy, _ = chat_with(model, monkeypatch, Lines("tell me a long story", "/exit"), params=params,
+                             on_event=interrupt_after_the_second)
+    chat.run()
+    answer = chat.messages[-1]
+    assert answer["role"] == "assistant"
+    kept = model.tokenizer.encode(answer["content"])
+    assert 0 < len(kept) < 40  # stopped after two events, kept what was said
+    assert model.engine.active_count == 0
+    model.cache.check_invariants(quiescent=True)  # every block of the cancelled request is back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the usual Ctrl-C again at the prompt
+
+
+def test_a_conversation_past_the_context_is_said_and_dropped(model, monkeypatch, capsys):
+    chat, spy, _ = chat_with(model, monkeypatch, Lines("word " * (model.engine.max_context + 8), "short", "/exit"))
+    chat.quiet = False
+    chat.run()
+    assert [m["content"] for m in chat.messages if m["role"] == "user"] == ["short"]
+    assert "not answered:" in capsys.readouterr().err
+
+
+def test_the_command_chats_over_stdin(tiny):
+    result = runner.invoke(app, ["generate", "-m", str(tiny), "-d", "cpu", "--temp", "0", "-n", "3", "-cnv"],
+                           input="hello\nagain\n/exit\nnot read\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("> ") == 3
+    assert "/exit or Ctrl-D ends" in result.stderr
+    ended = runner.invoke(app, ["generate", "-m", str(tiny), "-d", "cpu", "--temp", "0", "-n", "2", "-cnv", "-q"],
+                          input="hello\n")  # Ctrl-D: the end of input
+    assert ended.exit_code == 0 and ended.stdout.count("> ") == 2
