@@ -7,7 +7,8 @@ the HTTP layer in a process of its own, the engine's process runs its stepping t
 reader, which sleeps in the pipe's recv until a message comes (a submit, a cancel, a state request).
 
 Messages, each a tuple whose first item names it (pickled by multiprocessing's Connection):
-  HTTP -> engine: ("submit", id, prompt_ids, params, tag), ("cancel", id), ("state", token), ("started",)
+  HTTP -> engine: ("submit", id, prompt_ids, params, tag), ("cancel", id, reason or None), ("state", token),
+  ("started",)
   engine -> HTTP: ("events", [(id, seq_index, token_ids, text, finished, ending value, error), ...]) once a
   step for every request of the HTTP process, ("refused", id, status, message), ("state", token, dict),
   ("fault", message) when the engine's loop stopped on a fault (the HTTP side's /health needs no round trip).
@@ -133,7 +134,7 @@ class EngineBridge:
             with self._sinks_lock:
                 sink = self._sinks.get(message[1])
             if sink is not None and sink.request_id is not None:
-                self.loop.cancel(sink.request_id)
+                self.loop.cancel(sink.request_id, message[2] if len(message) > 2 else None)
         elif kind == "state":
             try:
                 state = self.loop.state_now()

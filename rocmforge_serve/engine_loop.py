@@ -65,7 +65,7 @@ class EngineLoop:
         self._idle_wait_s = idle_wait_s
         self._rate: collections.deque[tuple[float, int]] = collections.deque()
         self.queue_timeout_s = queue_timeout_s  # a request not admitted within it ends with 503 (None: no limit)
-        self._timed_out: dict[int, str] = {}  # request id -> why it was ended while queued (the engine thread's)
+        self._reasons: dict[int, str] = {}  # request id -> why it was cancelled, for its final event (under _cond)
         self.fault_listeners: list[Callable[[str], None]] = []  # told the fault, on the engine's thread
         self._published = read_engine_state(engine, device)  # replaced whole by the engine's thread, never edited
         self._published_at = time.monotonic()
@@ -93,10 +93,27 @@ class EngineLoop:
             self._cond.notify()
         return rid
 
-    def cancel(self, request_id: int) -> None:
+    def cancel(self, request_id: int, reason: str | None = None) -> None:
+        """End the request at the next step; `reason`, if given, is its final event's error (a 503's message)."""
+        with self._cond:
+            if reason is not None and request_id in self._sinks:
+                self._reasons.setdefault(request_id, reason)
         self.engine.cancel(request_id)
         with self._cond:
             self._cond.notify()
+
+    def stop_intake(self) -> None:
+        """Refuse new requests (the server is draining); the ones in flight go on."""
+        with self._cond:
+            self._accepting = False
+
+    def cancel_all(self, reason: str) -> int:
+        """Cancel every request in flight with this reason; how many there were."""
+        with self._cond:
+            ids = list(self._sinks)
+        for rid in ids:
+            self.cancel(rid, reason)
+        return len(ids)
 
     @property
     def in_flight(self) -> int:
@@ -177,20 +194,17 @@ class EngineLoop:
         """Cancel the requests that waited in the queue past queue_timeout_s, never admitted (a preempted one was
         admitted once and keeps its place); their final event says why (a 503 with Retry-After)."""
         limit = time.perf_counter() - self.queue_timeout_s
-        for request in self.engine.scheduler.waiting:
-            if request.admitted_at is None and request.submitted_at < limit \
-                    and request.request_id not in self._timed_out:
-                self._timed_out[request.request_id] = (
-                    f"the request waited in the queue for more than {self.queue_timeout_s:g} s "
-                    "(--queue-timeout) without starting; retry later")
-                self.engine.cancel(request.request_id)
+        stale = [r.request_id for r in self.engine.scheduler.waiting if r.admitted_at is None and r.submitted_at < limit]
+        for rid in stale:
+            self.cancel(rid, f"the request waited in the queue for more than {self.queue_timeout_s:g} s "
+                             "(--queue-timeout) without starting; retry later")
 
     def _dispatch(self, events: list[Event]) -> None:
         by_channel: dict[object, list[tuple[Sink, Event]]] = {}
         with self._cond:
             for event in events:
-                if event.finished and self._timed_out:
-                    reason = self._timed_out.pop(event.request_id, None)
+                if event.finished and self._reasons:
+                    reason = self._reasons.pop(event.request_id, None)
                     if reason is not None and event.ending == Ending.CANCELLED:
                         event = dataclasses.replace(event, error=reason)
                 sink = self._sinks.get(event.request_id)

@@ -70,10 +70,19 @@ class EngineClient:
         self._send(("submit", client_id, list(prompt_ids), params, tag))
         return client_id
 
-    def cancel(self, client_id: int) -> None:
+    def cancel(self, client_id: int, reason: str | None = None) -> None:
         """The engine ends the request at its next step and sends its final event (a no-op if it ended)."""
-        if client_id in self._sinks:
-            self._send(("cancel", client_id))
+        if self._open and client_id in self._sinks:
+            self._send(("cancel", client_id, reason))
+
+    def stop_intake(self) -> None:
+        self._accepting = False
+
+    def cancel_all(self, reason: str) -> int:
+        ids = list(self._sinks)
+        for client_id in ids:
+            self.cancel(client_id, reason)
+        return len(ids)
 
     async def state(self) -> dict:
         """The engine's reading (engine_state.py), taken between two steps in its process; host memory is
@@ -149,8 +158,8 @@ class EngineClient:
             return
         self._gone = True
         self.fault = reason
-        self._open = False
-        if self._loop is not None:
+        was_open, self._open = self._open, False
+        if self._loop is not None and was_open:  # a closed Connection has no fileno (OSError: handle is closed)
             self._loop.remove_reader(self.conn.fileno())
         sinks, self._sinks = self._sinks, {}
         for client_id, sink in sinks.items():
@@ -176,6 +185,7 @@ def serve_http(served: ServedModel, conn, sock, settings: dict) -> None:
 
     app = create_app(served, api_key=settings["api_key"], max_body_bytes=settings["max_body_bytes"], policy=settings["policy"],
                      on_startup=lambda: client.attach(asyncio.get_running_loop()), on_shutdown=stopped)
-    server = SignalledUvicorn(uvicorn_config(app, **settings["uvicorn"]), signals=(signal.SIGTERM,))
+    server = SignalledUvicorn(uvicorn_config(app, **settings["uvicorn"]), signals=(signal.SIGTERM,), served=served,
+                              grace_s=settings["grace_s"])
     client.on_lost = lambda: setattr(server, "should_exit", True)
     server.run(sockets=[sock] if sock is not None else None)

@@ -5,12 +5,13 @@ and the engine's thread share the interpreter. Two processes (`http_process=True
 runs): the engine and its thread stay here, uvicorn and the app run in a spawned process
 (http_process.py), and engine_bridge.py joins the two, so the event loop never holds the engine's GIL.
 
-SIGTERM or Ctrl-C: uvicorn stops accepting, lets in-flight requests finish for up to `grace_s`, then
-cancels what is left (each handler's `finally` cancels its request; with two processes, this process
-relays the signal to the HTTP process as SIGTERM and every request the HTTP process leaves is cancelled
-when its pipe closes). The engine loop then stops, ending anything still queued through the engine's
-release path, and the check reads the KV cache's quiescence invariants and the ledger's kv bytes against
-the figure at start; with two processes, an HTTP process that did not exit 0 fails the check too.
+SIGTERM or Ctrl-C: the server drains first (drain.py): new requests get a JSON 503, in-flight ones run up to
+`grace_s`, the rest are cancelled through the engine and still get their answer (a final event and [DONE], or a
+JSON 503); with two processes, this process relays the signal to the HTTP process as SIGTERM, which drains, and
+every request the HTTP process leaves is cancelled when its pipe closes. The engine loop then stops, ending
+anything still queued through the engine's release path, and the check reads the KV cache's quiescence
+invariants and the ledger's kv bytes against the figure at start; with two processes, an HTTP process that did
+not exit 0 fails the check too.
 """
 
 from __future__ import annotations
@@ -78,18 +79,18 @@ class Server:
         self.report: ShutdownReport | None = None
         self._kv_at_start = loaded.device.ledger.bytes_by_tag().get("kv", 0)
         self.http, self.loop = http_stack()
-        uvicorn_settings = dict(host=host, port=port, grace_s=grace_s, log_level=log_level, limits=limits)
+        uvicorn_settings = dict(host=host, port=port, log_level=log_level, limits=limits)
         policy = HostPolicy(host, tuple(allowed_hosts), tuple(cors_origins))
         if http_process:
             self.served = served  # pickled to the HTTP process, which attaches its EngineClient
             self._http_settings = {"api_key": api_key, "max_body_bytes": max_body_bytes or MAX_BODY_BYTES,
-                                   "uvicorn": uvicorn_settings, "policy": policy}
+                                   "uvicorn": uvicorn_settings, "policy": policy, "grace_s": grace_s}
             self.uvicorn = None
         else:
             self.served = attach(served, self.engine_loop)
             extra = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
             self.app = create_app(self.served, api_key=api_key, on_shutdown=self.shutdown_check, policy=policy, **extra)
-            self.uvicorn = SignalledUvicorn(uvicorn_config(self.app, **uvicorn_settings))
+            self.uvicorn = SignalledUvicorn(uvicorn_config(self.app, **uvicorn_settings), served=self.served, grace_s=grace_s)
         self.bridge: EngineBridge | None = None
         self.http_pid: int | None = None
         self.http_exit_code: int | None = None

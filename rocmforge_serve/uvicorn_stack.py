@@ -12,6 +12,7 @@ import threading
 import uvicorn
 
 from rocmforge_serve.connection_guard import ConnectionLimits, guarded_protocol
+from rocmforge_serve.drain import TAIL_S, drain
 
 
 def http_stack() -> tuple[str, str]:
@@ -25,14 +26,15 @@ def http_stack() -> tuple[str, str]:
     return http, loop
 
 
-def uvicorn_config(app, *, host: str, port: int, grace_s: float, log_level: str,
+def uvicorn_config(app, *, host: str, port: int, log_level: str,
                    limits: ConnectionLimits | None = None) -> uvicorn.Config:
     """limits: connection_guard.py's, on httptools (h11, the fallback, bounds the head's size alone, with a 400)."""
     http, loop = http_stack()
     limits = limits or ConnectionLimits()
     protocol = guarded_protocol(limits) if http == "httptools" else http
+    # the grace is drain.py's (before uvicorn's shutdown); uvicorn's own timeout then only covers the tail
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                          timeout_graceful_shutdown=grace_s, access_log=False, http=protocol, loop=loop,
+                          timeout_graceful_shutdown=TAIL_S, access_log=False, http=protocol, loop=loop,
                           timeout_keep_alive=limits.idle_timeout_s, h11_max_incomplete_event_size=limits.head_bytes)
 
 
@@ -40,11 +42,21 @@ class SignalledUvicorn(uvicorn.Server):
     """uvicorn re-raises the caught SIGTERM / SIGINT after its shutdown, which would end the process by the
     signal (exit 143 / 130) and skip our check's verdict; here the signal only starts the shutdown, and the
     exit code says whether every block came back. A second signal still forces the exit (uvicorn's rule).
-    `signals`: the ones it handles (the HTTP process takes only SIGTERM, from the engine's process)."""
+    `signals`: the ones it handles (the HTTP process takes only SIGTERM, from the engine's process).
+    `served` and `grace_s`: the shutdown drains the served model's requests first (drain.py)."""
 
-    def __init__(self, config: uvicorn.Config, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
+    def __init__(self, config: uvicorn.Config, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM), *,
+                 served=None, grace_s: float = 0.0):
         super().__init__(config)
         self.signals = signals
+        self.served = served
+        self.grace_s = grace_s
+        self.drained: str | None = None  # drain's line
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.served is not None and self.served.loop is not None and not self.force_exit:
+            self.drained = await drain(self.served, self, self.grace_s)
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self):
