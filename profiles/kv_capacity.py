@@ -21,7 +21,7 @@ from hipcore.kvcache import KV_DTYPES, KvCacheConfig, KvConfigError, kv_dtype
 from hipcore.model.forward import activation_sizes
 from hipcore.model.memory_plan import MARGIN_CAP, MARGIN_FRACTION
 from profiles.presets import ModelShape
-from profiles.weight_types import WEIGHT_TYPES, weights_as  # noqa: F401 (WEIGHT_TYPES: the CLI's list)
+from profiles.weight_types import WEIGHT_TYPES, bits_per_weight, weights_as  # noqa: F401 (WEIGHT_TYPES: the CLI's list)
 
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64)
 DEFAULT_MAX_STEP_TOKENS = 512  # the engine's default prompt tokens per step
@@ -216,6 +216,13 @@ def weight_bytes(shape: ModelShape, weights_type: str | None) -> tuple[int, str]
     (for a preset, Q4_K_M unless told: what most published GGUF files are; F16 left only zeros on 80 GiB)."""
     if weights_type is None and shape.weight_bytes is not None:
         return shape.weight_bytes, f"the file's tensors ({shape.weight_type or 'mixed'})"
+    if weights_type is None and shape.expert_type:  # gpt-oss as published: MXFP4 experts, the rest at 8 bits
+        experts, _ = weights_as(shape.expert_params, shape.expert_type)
+        rest, _ = weights_as(shape.n_params - shape.expert_params, "Q8_0")
+        return experts + rest, (f"{shape.expert_params:,} expert parameters as {shape.expert_type} "
+                                f"({bits_per_weight(shape.expert_type):g} bits/weight), the other "
+                                f"{shape.n_params - shape.expert_params:,} as Q8_0 (the published GGUF); "
+                                "--weights-type to change")
     return weights_as(shape.n_params, weights_type)
 
 

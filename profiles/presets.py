@@ -40,6 +40,19 @@ class ModelShape:
     weight_bytes: int | None = None  # exact, for a real file; presets estimate it per weight type
     weight_type: str = ""  # a file's dominant tensor type, e.g. "Q4_1"
     layer_windows: tuple[int, ...] = ()  # per layer: 0 global, W a sliding window (KvCacheConfig.layer_windows)
+    # A mixture of experts (0 experts: dense). n_active_params: the weights one token's forward pass reads (the routed
+    # experts and every other matrix; not the embedding table, of which it reads a row). expert_type: the experts'
+    # type in the published GGUF where it differs from the rest (gpt-oss: MXFP4); the rest then counts as Q8_0.
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_size: int = 0
+    n_active_params: int = 0
+    expert_params: int = 0
+    expert_type: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
 
     def to_dict(self) -> dict[str, object]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -59,6 +72,35 @@ def llama_parameter_count(n_layers: int, n_heads: int, n_kv_heads: int, head_dim
     layer = attention + 3 * hidden_size * ffn_size + norms_per_layer * hidden_size
     embeddings = vocab_size * hidden_size * (1 if tie_embeddings else 2)
     return embeddings + n_layers * layer + hidden_size
+
+
+def moe_parameter_counts(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, hidden_size: int, vocab_size: int,
+                         experts: int, used: int, expert_ffn: int, *, qk_norm: bool = False,
+                         biases: bool = False) -> tuple[int, int, int]:
+    """(total, active, expert) parameters of a mixture-of-experts decoder with untied embeddings: qwen3moe's layer
+    (qwen3's attention, a router, 3-D gate/up/down experts) or, with biases, gpt-oss's (q/k/v/o biases, a sink per
+    head, router and expert biases). Active: what one token reads (module docstring of ModelShape's fields)."""
+    q, kv = n_heads * head_dim, n_kv_heads * head_dim
+    attention = 2 * hidden_size * q + 2 * hidden_size * kv + (2 * head_dim if qk_norm else 0)
+    attention += (q + 2 * kv + hidden_size + n_heads) if biases else 0
+    router = experts * hidden_size + (experts if biases else 0)
+    expert = 3 * expert_ffn * hidden_size + ((2 * expert_ffn + hidden_size) if biases else 0)
+    dense = attention + router + 2 * hidden_size
+    embedding = vocab_size * hidden_size
+    total = n_layers * (dense + experts * expert) + 2 * embedding + hidden_size
+    active = n_layers * (dense + used * expert) + embedding + hidden_size
+    return total, active, n_layers * experts * expert
+
+
+def _moe(name: str, source: str, *, layers: int, heads: int, kv_heads: int, head_dim: int, hidden: int, vocab: int,
+         context: int, experts: int, used: int, expert_ffn: int, qk_norm: bool = False, biases: bool = False,
+         window: int = 0, expert_type: str = "") -> ModelShape:
+    total, active, expert = moe_parameter_counts(layers, heads, kv_heads, head_dim, hidden, vocab, experts, used,
+                                                 expert_ffn, qk_norm=qk_norm, biases=biases)
+    windows = tuple(window if il % 2 == 0 else 0 for il in range(layers)) if window else ()  # set_swa_pattern(2)
+    return ModelShape(name, layers, heads, kv_heads, head_dim, hidden, expert_ffn, vocab, context, total, source,
+                      layer_windows=windows, n_experts=experts, n_experts_used=used, expert_ffn_size=expert_ffn,
+                      n_active_params=active, expert_params=expert, expert_type=expert_type)
 
 
 def _preset(name: str, source: str, *, layers: int, heads: int, kv_heads: int, hidden: int, ffn: int, vocab: int,
@@ -123,6 +165,22 @@ PRESETS: dict[str, ModelShape] = {p.name: p for p in (
             window=1024),
     _preset("Mistral-7B", _HF.format("mistralai/Mistral-7B-v0.1"),
             layers=32, heads=32, kv_heads=8, hidden=4096, ffn=14336, vocab=32000, context=32768, tied=False),
+    # Qwen3-30B-A3B config.json: 48 layers, 32 heads of head_dim 128, 4 KV heads, hidden 2048, 128 experts of which
+    # 8 are routed to (num_experts_per_tok), moe_intermediate_size 768, vocab 151936, max_position_embeddings 40960,
+    # untied. Model card: 30.5B parameters, 3.3B activated (counting the embedding).
+    _moe("Qwen3-30B-A3B", _HF.format("Qwen/Qwen3-30B-A3B"), layers=48, heads=32, kv_heads=4, head_dim=128,
+         hidden=2048, vocab=151936, context=40960, experts=128, used=8, expert_ffn=768, qk_norm=True),
+    # gpt-oss config.json: hidden 2880, 64 heads of head_dim 64, 8 KV heads, intermediate_size (each expert) 2880,
+    # 4 experts per token, vocab 201088, max_position_embeddings 131072, sliding_window 128 on every other layer
+    # (llama.cpp: set_swa_pattern(2), even layers); 20b: 24 layers, 32 experts; 120b: 36 layers, 128 experts. Model
+    # cards: 21B / 3.6B active and 117B / 5.1B active (llama.cpp: 20.91 B and 116.83 B). Experts in MXFP4 as
+    # published (ggml-org/gpt-oss-*-GGUF: 12.1 GB and 59.02 GiB).
+    _moe("gpt-oss-20b", _HF.format("openai/gpt-oss-20b"), layers=24, heads=64, kv_heads=8, head_dim=64, hidden=2880,
+         vocab=201088, context=131072, experts=32, used=4, expert_ffn=2880, biases=True, window=128,
+         expert_type="MXFP4"),
+    _moe("gpt-oss-120b", _HF.format("openai/gpt-oss-120b"), layers=36, heads=64, kv_heads=8, head_dim=64, hidden=2880,
+         vocab=201088, context=131072, experts=128, used=4, expert_ffn=2880, biases=True, window=128,
+         expert_type="MXFP4"),
 )}
 
 
@@ -144,12 +202,18 @@ def shape_from_gguf(path: str | os.PathLike) -> ModelShape:
     plan = read_plan(path)
     cfg = plan.config
     by_type = plan.bytes_by_type()
+    expert = sum(t.n_elements for t in plan.tensors if "_exps." in t.name)
+    active = (sum(t.n_elements for t in plan.tensors if "_exps." not in t.name and t.name != "token_embd.weight")
+              + expert * cfg.n_experts_used // max(cfg.n_experts, 1))
     return ModelShape(
         name=cfg.name or os.path.basename(os.fspath(path)), n_layers=cfg.n_layers, n_heads=cfg.n_heads,
         n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, hidden_size=cfg.hidden_size, ffn_size=cfg.ffn_size,
         vocab_size=cfg.vocab_size, context_length=cfg.context_length,
         n_params=sum(t.n_elements for t in plan.tensors), source=os.fspath(path),
         weight_bytes=plan.total_tensor_bytes, weight_type=next(iter(by_type), ""),
+        layer_windows=tuple(cfg.layer_window(i) for i in range(cfg.n_layers)) if cfg.sliding_window else (),
+        n_experts=cfg.n_experts, n_experts_used=cfg.n_experts_used, expert_ffn_size=cfg.expert_ffn_size,
+        n_active_params=active if cfg.is_moe else 0, expert_params=expert,
     )
 
 

@@ -65,6 +65,9 @@ def model_table(shape: ModelShape) -> Table:
         t.add_row("attention layers", f"{shape.n_layers - local} global, {local} sliding-window "
                                       f"(window {max(shape.layer_windows):,} tokens)")
     t.add_row("parameters", _int(shape.n_params))
+    if shape.is_moe:
+        t.add_row("experts", f"{shape.n_experts_used} of {shape.n_experts} a token, {shape.expert_ffn_size:,} wide")
+        t.add_row("active parameters", f"{_int(shape.n_active_params)} a token (the embedding table aside)")
     if shape.weight_bytes is not None:
         t.add_row("weights in the file", f"{format_bytes(shape.weight_bytes)} ({shape.weight_bytes:,} B, {shape.weight_type})")
     return t

@@ -12,7 +12,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from hipcore.errors import UsageError
 
 DEFAULT_WEIGHTS_TYPE = "Q4_K_M"  # what most published GGUF files of a model are
-SINGLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "Q3_K", "Q2_K")
+SINGLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "MXFP4", "Q3_K", "Q2_K")
 MIX_BITS_PER_WEIGHT = {
     "Q2_K_MIX": 3.35, "Q3_K_S": 3.50, "Q3_K_M": 3.91, "Q3_K_L": 4.27, "Q4_K_S": 4.58, "Q4_K_M": 4.84,
     "Q5_K_S": 5.52, "Q5_K_M": 5.68,
