@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from hipcore.errors import EXIT_FAILURE, RocmforgeError, printable
-from hipcore.runtime.errors import KernelCompileError
+from hipcore.runtime.errors import DeviceOutOfMemory, KernelCompileError
 
 # Results go to stdout; progress, stats and errors go to stderr (so `generate ... > out.txt` and
 # `--json | jq` stay clean).
@@ -92,8 +92,9 @@ def _silence_stdout() -> None:
 
 def _terminal_safe(exc: RocmforgeError) -> str:
     """The message with every control character escaped: errors quote model files, whose text must
-    never move the cursor or add a line. A compiler log (our own kernels) keeps its line breaks."""
-    if isinstance(exc, KernelCompileError):
+    never move the cursor or add a line. A compiler log (our own kernels) and an out-of-memory error's table of
+    the plan keep their line breaks (each line still escaped)."""
+    if isinstance(exc, (KernelCompileError, DeviceOutOfMemory)):  # a compiler log; the memory plan's table
         return "\n".join(printable(line) for line in str(exc).split("\n"))
     return printable(str(exc))
 

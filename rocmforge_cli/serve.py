@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -38,24 +39,29 @@ def serve_command(
     grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests may run on after SIGTERM / Ctrl-C before they are cancelled.")] = 10.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate through end-of-generation tokens up to max_tokens unless a request sends ignore_eos false (fixed output lengths for load generators, as llama-server's --ignore-eos).")] = False,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="On a GPU, before taking requests: run a decode step of every batch size class up to --parallel, a few prompts up to --step-tokens long and the padded prompt-step shapes, so that kernels load and step graphs are captured now, not in the first clients' latency (and device memory stays flat from the first request). A few seconds on an 8B model.")] = True,
+    queue_timeout: Annotated[float, typer.Option("--queue-timeout", help="Seconds a request may wait in the queue without starting; past that it gets 503 with Retry-After.")] = 300.0,
+    allowed_hosts: Annotated[Optional[list[str]], typer.Option("--allowed-hosts", help="Names the server may be reached by (the Host header), comma-separated or repeated; '*.example.com' for subdomains, '*' for any. On a loopback address localhost, 127.0.0.1 and ::1 are always allowed; elsewhere, without this option, any name is.", show_default=False)] = None,
+    cors_origins: Annotated[Optional[list[str]], typer.Option("--cors-origins", help="Web origins (scheme://host[:port]) whose pages may call the API, comma-separated or repeated; '*' for any. Without it, requests that carry another Origin than the server's own get 403.", show_default=False)] = None,
     one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients). Always so on Windows.")] = False,
     quiet: Annotated[bool, quiet_option("No progress or memory plan on stderr.")] = False,
     plant_bug: PlantBug = None,
 ) -> None:
-    """Serve the model over HTTP with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions (streaming too), /health and /metrics.
+    """Serve the model over HTTP with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions (streaming too), /health (liveness), /load (readiness and load) and /metrics.
 
-    On SIGTERM or Ctrl-C it finishes in-flight requests (up to --shutdown-grace seconds), cancels the rest, checks that every KV block came back, and exits 0 (1 if one did not).
+    Request bodies must be JSON (Content-Type: application/json); the Host and Origin headers must name this server (see --allowed-hosts, --cors-origins), so that web pages cannot drive it. On SIGTERM or Ctrl-C it answers new requests with 503, finishes in-flight ones (up to --shutdown-grace seconds), cancels the rest (each still gets its answer), checks that every KV block came back, and exits 0 (1 if one did not).
 
     Examples:
       rocmforge serve --port 8080
       rocmforge serve -m model.gguf --parallel 32 --api-key secret
-      curl localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
+      rocmforge serve --host 0.0.0.0 --allowed-hosts gpu1.lan --cors-origins http://localhost:3000 --api-key secret
+      curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"Hi"}]}'
     """
     check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be in 0..65535, got {port}")
-    if parallel < 1 or queue < 0 or step_tokens < 1 or grace < 0:
-        raise UsageError("--parallel and --step-tokens must be at least 1; --queue and --shutdown-grace at least 0")
+    check_ranges(port=port, parallel=parallel, queue=queue, step_tokens=step_tokens, grace=grace,
+                 queue_timeout=queue_timeout)
+    hosts, origins = split_list(allowed_hosts, "--allowed-hosts"), split_list(cors_origins, "--cors-origins")
+    for origin in origins:
+        check_origin(origin)
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty")
     path = resolve_model(model)
@@ -80,7 +86,8 @@ def serve_command(
                 warm_up_with_progress(loaded.engine, parallel, quiet)
             name = model_name or Path(path).name.removesuffix(".gguf")
             server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
-                            log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=two_processes)
+                            log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=two_processes,
+                            queue_timeout_s=queue_timeout, allowed_hosts=hosts, cors_origins=origins)
             where = "in a process of its own" if two_processes else "in the engine's process"
             stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.context} tokens, "
                          f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}, {where}); "
@@ -93,6 +100,40 @@ def serve_command(
         stderr.print(f"after close the ledger still holds {ledger_left} bytes", highlight=False)
     if not report.clean or ledger_left:
         raise typer.Exit(EXIT_FAILURE)
+
+
+# Each numeric option's range, checked before anything is read or planned (a value past it is a usage error, exit 2).
+RANGES = {  # option: (least, most)
+    "--port": (0, 65535), "--parallel": (1, 1024), "--queue": (0, 65536), "--step-tokens": (1, 65536),
+    "--shutdown-grace": (0.0, 3600.0), "--queue-timeout": (0.001, 86400.0),
+}
+
+
+def check_ranges(**values) -> None:
+    for key, value in values.items():
+        flag = "--" + {"grace": "shutdown-grace"}.get(key, key.replace("_", "-"))
+        least, most = RANGES[flag]
+        if not math.isfinite(value) or not least <= value <= most:
+            raise UsageError(f"{flag} must be a number from {least:g} to {most:g}, got {value}")
+
+
+def split_list(values: Optional[list[str]], flag: str) -> tuple[str, ...]:
+    """Repeated and comma-separated values as one tuple; an empty item, or one with a space, is a usage error."""
+    items = tuple(item.strip() for value in values or () for item in value.split(","))
+    bad = next((item for item in items if not item or any(c.isspace() for c in item)
+                or (flag == "--allowed-hosts" and "/" in item)), None)
+    if bad is not None:
+        raise UsageError(f"{flag}: {bad!r} is not a {'host name' if flag == '--allowed-hosts' else 'web origin'}")
+    return items
+
+
+def check_origin(origin: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(origin)
+    if origin != "*" and (parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/")
+                          or parts.query or parts.fragment):
+        raise UsageError(f"--cors-origins: {origin!r} is not an origin; use scheme://host[:port], e.g. http://localhost:3000")
 
 
 def warm_up_with_progress(engine, parallel: int, quiet: bool) -> None:
