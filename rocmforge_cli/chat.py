@@ -72,7 +72,13 @@ class Chat:
         """Answer `first` (when given), then each line read, until /exit, end of input or a second Ctrl-C."""
         self._say(f"chat: type a message; {EXIT_COMMANDS[0]} or Ctrl-D ends, Ctrl-C stops an answer, "
                   f"{CLEAR_COMMAND} forgets the conversation")
-        pending, interrupted = first, False
+        try:
+            self._converse(first)
+        except KeyboardInterrupt:  # a second Ctrl-C that came between two reads rather than in one
+            self._write("\n")
+
+    def _converse(self, pending: Optional[str]) -> None:
+        interrupted = False
         while True:
             if pending is not None:
                 line, pending = pending, None
@@ -87,7 +93,7 @@ class Chat:
                     if interrupted:
                         return
                     interrupted = True
-                    self._say(f"(Ctrl-C again, {EXIT_COMMANDS[0]} or Ctrl-D to leave)")
+                    self._say(f"(Ctrl-C again, {EXIT_COMMANDS[0]} or Ctrl-D to leave)", always=True)
                     continue
             interrupted = False
             command = line.strip()
@@ -100,47 +106,51 @@ class Chat:
                 self.turn(line)
 
     def turn(self, text: str) -> Optional[str]:
-        """One user message answered: the answer (kept in the conversation), or None when the conversation no
-        longer fits the context (the message is dropped, and the chat says so)."""
+        """One user message answered: the answer (kept in the conversation, also when Ctrl-C stopped it), or
+        None when the conversation no longer fits the context or Ctrl-C came before the first word (the
+        message is dropped, and the chat says so)."""
         self.messages.append({"role": "user", "content": text})
-        try:
-            _, prompt_ids = chat_prompt(self.tokenizer, self.template, self.messages,
-                                        context_tokens=self.engine.max_context)
-            answer, ending, stopped = self._stream(prompt_ids)
-        except UsageError as exc:  # the conversation is longer than the context
-            return self._not_answered(str(exc))
+        with StopOnInterrupt() as stop:  # from the template's rendering to the answer's last token
+            try:
+                _, prompt_ids = chat_prompt(self.tokenizer, self.template, self.messages,
+                                            context_tokens=self.engine.max_context)
+                answer, ending = self._stream(prompt_ids, stop) if not stop.requested else ("", None)
+            except UsageError as exc:  # the conversation is longer than the context
+                return self._not_answered(f"{exc}; {CLEAR_COMMAND} starts the conversation again")
         if ending is not None and ending.error:
             if ending.ending != Ending.REJECTED:
                 raise RocmforgeError(f"generation {ending.ending.value if ending.ending else 'failed'}: {ending.error}")
-            return self._not_answered(ending.error)
-        if stopped:
-            self._say("(stopped)")
+            return self._not_answered(f"{ending.error}; {CLEAR_COMMAND} starts the conversation again")
+        if stop.requested and not answer:
+            return self._not_answered("stopped before the first word")
+        if stop.requested:
+            self._say("(stopped)", always=True)
         self.messages.append({"role": "assistant", "content": answer})
         return answer
 
     def _not_answered(self, why: str) -> None:
         self.messages.pop()
-        self._say(f"not answered: {why}; {CLEAR_COMMAND} starts the conversation again")
+        self._say(f"not answered: {why}", always=True)
 
-    def _stream(self, prompt_ids: list[int]):
+    def _stream(self, prompt_ids: list[int], stop: StopOnInterrupt):
+        """Stream the answer to the prompt until it ends or Ctrl-C asks it to stop: (its text, its last event)."""
         pieces: list[str] = []
         ending = None
         stream = self.engine.generate(prompt_ids, self.params)
-        with StopOnInterrupt() as stop:
-            try:
-                for event in stream:
-                    if event.text:
-                        pieces.append(event.text)
-                        self._write(stream_text(event.text))
-                    if event.finished:
-                        ending = event
-                    if stop.requested:
-                        break
-            finally:
-                stream.close()  # a request still running is cancelled here, its blocks back in the pool
+        try:
+            for event in stream:
+                if event.text:
+                    pieces.append(event.text)
+                    self._write(stream_text(event.text))
+                if event.finished:
+                    ending = event
+                if stop.requested:
+                    break
+        finally:
+            stream.close()  # a request still running is cancelled here, its blocks back in the pool
         if pieces:
             self._write("\n")
-        return "".join(pieces), ending, stop.requested
+        return "".join(pieces), ending
 
     def _read(self) -> str:
         if not self.color:
@@ -157,6 +167,7 @@ class Chat:
         self.out.write(text)
         self.out.flush()
 
-    def _say(self, message: str) -> None:
-        if not self.quiet:
+    def _say(self, message: str, always: bool = False) -> None:
+        """A line on stderr; --quiet keeps only those that answer what the user did."""
+        if always or not self.quiet:
             stderr.print(message, highlight=False, markup=False)

@@ -4,7 +4,12 @@ it at a step's end, the request cancelled and its blocks back, the chat going on
 
 from __future__ import annotations
 
+import os
+import pty
+import select
 import signal
+import sys
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -134,3 +139,75 @@ def test_the_command_chats_over_stdin(tiny):
     ended = runner.invoke(app, ["generate", "-m", str(tiny), "-d", "cpu", "--temp", "0", "-n", "2", "-cnv", "-q"],
                           input="hello\n")  # Ctrl-D: the end of input
     assert ended.exit_code == 0 and ended.stdout.count("> ") == 2
+
+
+def _read_until(fd: int, wanted: bytes, seen: bytearray, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {wanted!r} in {bytes(seen)!r}"
+        if select.select([fd], [], [], left)[0]:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                break
+    assert wanted in seen, bytes(seen)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="a pseudo-terminal with fork (Linux)")
+def test_ctrl_c_typed_at_a_terminal(tiny):
+    """Under a pseudo-terminal, as a person types: a line answered, Ctrl-C at the prompt says how to leave,
+    a second Ctrl-C ends the chat with status 0."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the chat, its terminal the pseudo-terminal
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        os.execv(sys.executable, [sys.executable, "-m", "rocmforge_cli.app", "generate", "-m", str(tiny), "-d", "cpu",
+                                  "--temp", "0", "-n", "3", "-cnv", "-q"])
+    seen = bytearray()
+    try:
+        _read_until(fd, b"> ", seen)
+        os.write(fd, b"hello\r")
+        _read_until(fd, b"hello", seen)
+        del seen[:]
+        _read_until(fd, b"> ", seen)  # answered, back at the prompt
+        os.write(fd, b"\x03")
+        _read_until(fd, b"Ctrl-C again", seen)
+        os.write(fd, b"\x03")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="a pseudo-terminal with fork (Linux)")
+def test_ctrl_c_typed_during_an_answer_stops_it(tiny):
+    """Under a pseudo-terminal: Ctrl-C while an answer streams stops it, and the chat asks for the next line."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        os.execv(sys.executable, [sys.executable, "-m", "rocmforge_cli.app", "generate", "-m", str(tiny), "-d", "cpu",
+                                  "--temp", "0", "-n", "200", "--ignore-eos", "-cnv", "-q"])
+    seen = bytearray()
+    try:
+        _read_until(fd, b"> ", seen)
+        os.write(fd, b"hello\r")
+        _read_until(fd, b"hello\r\n", seen)
+        del seen[:]
+        while not seen:  # the answer has begun
+            seen += os.read(fd, 4096)
+        os.write(fd, b"\x03")
+        _read_until(fd, b"(stopped)", seen)
+        _read_until(fd, b"> ", seen)
+        os.write(fd, b"/exit\r")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
