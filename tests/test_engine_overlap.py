@@ -12,7 +12,7 @@ import pytest
 from support.engine_testing import TINY_EOS, assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, tiny_model
 
 from hipcore.engine.engine import Engine
-from hipcore.engine.hooks import OVERLAP_ENV, overlap_default
+from hipcore.ops.kernel_choice import Switches
 from hipcore.engine.request import CancelResult, Ending
 from hipcore.engine.sampler import SamplingParams
 from hipcore.model.batch import SeqSlice, build_decode_batch, build_step_batch
@@ -195,10 +195,8 @@ def test_shutdown_and_an_abandoned_stream_wait_for_the_step_running_ahead(model)
 
 
 def test_overlap_can_be_turned_off(monkeypatch, model):
-    monkeypatch.setenv(OVERLAP_ENV, "0")
-    assert not overlap_default()
-    monkeypatch.setenv(OVERLAP_ENV, "1")
-    assert overlap_default()
+    assert not Switches.read({"ROCMFORGE_STEP_OVERLAP": "0"}).step_overlap
+    assert Switches.read({"ROCMFORGE_STEP_OVERLAP": "1"}).step_overlap and Switches.read({}).step_overlap
     watching = WatchingRunner(model.runner)
     run_mix(model, [(prompt_of(5), greedy(12, ignore_eos=True))], overlap=False, runner=watching)
     assert watching.followed == 0 and watching.launched == 12

@@ -8,9 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hipcore.model.projections import (FUSED_MATVEC_MAX_TOKENS, FUSED_QMATVEC_MAX_TOKENS, MMA_FIRST_ENV, MMA_FIRST_MIN_COLS,
-                                      QMATVEC_FIRST_ENV, QMATVEC_FIRST_MIN_COLS, fused_family, mma_first, qmatvec_limit,
-                                      separate_fusable)
+from hipcore.ops.kernel_choice import (FUSED_MATVEC_MAX_TOKENS, FUSED_QMATVEC_MAX_TOKENS, MMA_FIRST_MIN_COLS,
+                                       QMATVEC_FIRST_MIN_COLS, fused_family, mma_first, qmatvec_limit, separate_fusable)
 from hipcore.ops import add, fused_matmul, fused_matvec, matmul_mma, matvec, rmsnorm, rope, silu_mul
 from support.weight_samples import random_weights
 
@@ -223,29 +222,27 @@ def test_fused_matmul_launchers_refuse_what_the_kernels_cannot_do(mem):
                                       head_dim=8, rope_dim=8, eps=1e-5, theta=1e4, freq_scale=1.0, **kw)
 
 
-def test_projection_family_by_step_size(monkeypatch):
+def test_projection_family_by_step_size():
     assert fused_family("q4_1", 1) is fused_matvec
     assert fused_family("q4_1", FUSED_MATVEC_MAX_TOKENS) is fused_matvec
     assert fused_family("q4_1", FUSED_MATVEC_MAX_TOKENS + 1) is fused_matmul
     assert fused_family("q8_0", 512) is fused_matmul
     assert fused_family("q6_k", 1) is None and fused_family("q6_k", 512) is None
     # One token of a Q8_0, Q5_0 or Q5_1 matrix of at least QMATVEC_FIRST_MIN_COLS columns goes to fused_qmatvec (no
-    # fused_matvec family); narrower ones, more tokens, Q4_1 keep fused_matvec, and QMATVEC_FIRST_ENV=0 gives it back.
+    # fused_matvec family); narrower ones, more tokens, Q4_1 keep fused_matvec.
     wide = QMATVEC_FIRST_MIN_COLS
     for t in ("q8_0", "q5_0", "q5_1"):
         assert fused_family(t, 1, cols=wide) is None and fused_family(t, 1, cols=14336) is None, t
         assert fused_family(t, 1, cols=wide // 2) is fused_matvec and fused_family(t, 1) is fused_matvec, t
         assert fused_family(t, 2, cols=wide) is fused_matvec, t
     assert fused_family("q4_1", 1, cols=wide) is fused_matvec
-    monkeypatch.setenv(QMATVEC_FIRST_ENV, "0")
-    assert fused_family("q8_0", 1, cols=wide) is fused_matvec and fused_family("q5_0", 1, cols=wide) is fused_matvec
 
 
-def test_wide_block_format_products_take_the_matrix_cores_on_nvidia(monkeypatch):
+def test_wide_block_format_products_take_the_matrix_cores_on_nvidia():
     """mma_first: from matmul_mma.min_tokens tokens on, a Q8_0, Q5_0, Q5_1, Q4_1, F16 or BF16 product of at least
     MMA_FIRST_MIN_COLS columns leaves the fused families for the single ops (matmul_mma's fragment path, its shared
     tiles for prompts) where that path exists (NVIDIA sm_80+); fewer tokens, narrow matrices, columns that are not
-    whole steps of two blocks, AMD targets and MMA_FIRST_ENV=0 keep them."""
+    whole steps of two blocks and AMD targets keep them."""
     wide, lo = MMA_FIRST_MIN_COLS, matmul_mma.min_tokens("q8_0", "sm_90")
     assert lo == matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS < FUSED_MATVEC_MAX_TOKENS
     for t in ("q8_0", "q5_0", "q5_1", "q4_1", "f16", "bf16"):
@@ -257,8 +254,6 @@ def test_wide_block_format_products_take_the_matrix_cores_on_nvidia(monkeypatch)
         assert fused_family(t, lo, cols=wide, arch="gfx942") is fused_matvec, t
         assert fused_family(t, 512, cols=wide, arch="gfx1100") is fused_matmul, t
     assert not mma_first("f32", 32, wide, "sm_90") and fused_family("f32", 32, cols=wide, arch="sm_90") is fused_matmul
-    monkeypatch.setenv(MMA_FIRST_ENV, "0")
-    assert fused_family("q8_0", 32, cols=wide, arch="sm_90") is fused_matmul
 
 
 def test_q4_0_takes_the_fragment_path_from_where_the_k_quants_do():

@@ -2,7 +2,8 @@
 RoPE, and the store of k and v: hipcore/model/blocks.py head_normed_attention_input), on the cpu backend with a
 small model of the Qwen3-4B shape (scripts/models/synthetic_models.py; heads of 128 on a 256-wide model): the same logits
 as the single ops it replaces (the norms and RoPE as their own launches); the same logits and cache bytes whether
-head_norm_rope stores k and v or kv_store's launch does (ROCMFORGE_KV_EPILOGUE=0); and the launches a step takes."""
+head_norm_rope stores k and v or kv_store's launch does (kernel_choice.stores_kv_in_epilogue planted False); and
+the launches a step takes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from hipcore.model.blocks import Family, compose, pre_norm_layer, qk_head_norm, qkv_products, rope_qk
-from hipcore.model.projections import KV_EPILOGUE_ENV
+from hipcore.ops import kernel_choice
 from support.model_steps import keep_gpu_formats, prompt_then_decode
 from test_synthetic_models import SMALL, write_reduced, write_tiktoken  # also puts scripts/models/ on sys.path
 
@@ -53,9 +54,9 @@ def test_the_same_logits_as_the_single_ops_it_replaces(model_path):
 @pytest.mark.usefixtures("weights_as_a_gpu_holds_them")
 @pytest.mark.parametrize("kv_dtype", ["f16", "bf16", "f32"])
 def test_k_and_v_stored_by_head_norm_rope_as_kv_store_stores_them(model_path, monkeypatch, kv_dtype):
-    monkeypatch.setenv(KV_EPILOGUE_ENV, "0")
-    logits_off, _, decode_off, pools_off = prompt_then_decode(model_path, kv_dtype, PROMPT)
-    monkeypatch.setenv(KV_EPILOGUE_ENV, "1")
+    with monkeypatch.context() as planted:
+        planted.setattr(kernel_choice, "stores_kv_in_epilogue", lambda dtype: False)
+        logits_off, _, decode_off, pools_off = prompt_then_decode(model_path, kv_dtype, PROMPT)
     logits_on, prompt_on, decode_on, pools_on = prompt_then_decode(model_path, kv_dtype, PROMPT)
     # a decode step's layer: the fused products (fused_qmatvec, no RoPE), one head_norm_rope launch, attention
     assert decode_on.count("attn_norm+qkv") == LAYERS and decode_on.count("qk_norm+rope+kv_store") == LAYERS
@@ -70,8 +71,7 @@ def test_k_and_v_stored_by_head_norm_rope_as_kv_store_stores_them(model_path, mo
 
 
 @pytest.mark.usefixtures("weights_as_a_gpu_holds_them")
-def test_a_q8_0_cache_keeps_the_kv_store_launch(model_path, monkeypatch):
-    monkeypatch.setenv(KV_EPILOGUE_ENV, "1")
+def test_a_q8_0_cache_keeps_the_kv_store_launch(model_path):
     _, _, decode, _ = prompt_then_decode(model_path, "q8_0", PROMPT)
     assert decode.count("kv_store") == LAYERS and decode.count("qk_norm+rope") == LAYERS
     assert "qk_norm+rope+kv_store" not in decode

@@ -1,21 +1,23 @@
 """Which kernel each product takes, by weight type, architecture, token count and shape, against
-tests/golden/kernel_choices.json: the choices the code made before they moved into one module (recorded at
-7ab3041's decision functions in hipcore/model/projections.py and the ops' launchers, by `python
-tests/test_kernel_choice.py --record`). A choice that differs from the record fails with its key, the recorded
-and the present value. Nothing here needs a GPU: the launchers run on the cpu backend behind a device that
-reports each architecture, and record the entry they would launch instead of launching it."""
+tests/golden/kernel_choices.json: the choices the code made before they moved into hipcore/ops/kernel_choice.py
+(recorded from 7ab3041's decision functions in hipcore/model/projections.py and the ops' launchers, by `python
+tests/test_kernel_choice.py --record`), now asked of kernel_choice. A choice that differs from the record fails
+with its key, the recorded and the present value. Nothing here needs a GPU: the launchers run on the cpu backend
+behind a device that reports each architecture, and record the entry they would launch instead of launching it.
+Also: the ROCMFORGE_* switches are read in kernel_choice alone, and the README lists them."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from hipcore.model import projections
-from hipcore.ops import fused_matmul, matmul, matmul_mma, matmul_mma_qkv, matmul_mma_swiglu
+from hipcore.ops import fused_matmul, kernel_choice, matmul, matmul_mma
 
 GOLDEN = Path(__file__).parent / "golden" / "kernel_choices.json"
 TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
@@ -41,32 +43,32 @@ def choices(device, workspace, monkeypatch, arch: str, weight_type: str, n_token
     rows, cols, ffn_rows = SHAPES[shape]
     monkeypatch.setattr(device, "arch", arch)
     w = SimpleNamespace(fmt=weight_type, cols=cols)
-    family = projections.fused_family(weight_type, n_tokens, cols=cols, arch=arch)
-    head = projections.fused_family(weight_type, n_tokens, projections.HEAD_MATVEC_MAX_ROWS, cols=cols, arch=arch)
+    family = kernel_choice.fused_family(weight_type, n_tokens, cols=cols, arch=arch)
+    head = kernel_choice.fused_family(weight_type, n_tokens, kernel_choice.HEAD_MATVEC_MAX_ROWS, cols=cols, arch=arch)
     out = {
         "family": family.__name__.rsplit(".", 1)[-1] if family else "-",
         "head_family": head.__name__.rsplit(".", 1)[-1] if head else "-",
-        "qmatvec_first": projections.qmatvec_first(weight_type, n_tokens, cols),
-        "mma_first": projections.mma_first(weight_type, n_tokens, cols, arch),
-        "separate": projections.separate_fusable(n_tokens, w, max_tokens=projections.qmatvec_limit(device, w)),
-        "head_separate": projections.separate_fusable(n_tokens, w,
-                                                      max_tokens=projections.head_qmatvec_limit(device, w)),
+        "qmatvec_first": kernel_choice.qmatvec_first(weight_type, n_tokens, cols),
+        "mma_first": kernel_choice.mma_first(weight_type, n_tokens, cols, arch),
+        "separate": kernel_choice.separate_fusable(n_tokens, w, max_tokens=kernel_choice.qmatvec_limit(device, w)),
+        "head_separate": kernel_choice.separate_fusable(n_tokens, w,
+                                                      max_tokens=kernel_choice.head_qmatvec_limit(device, w)),
     }
     if matmul_mma.takes_matrix_cores(device, n_tokens, weight_type):
         out["project"] = _launched(device, monkeypatch, rows=rows, cols=cols, n_tokens=n_tokens,
                                    weight_type=weight_type, workspace=workspace)
     else:
         out["project"] = "matmul" if n_tokens > matmul.MATVEC_MAX_TOKENS else "matvec"
-    out["f16_x"] = matmul_mma.takes_f16_x(device, weight_type, rows, n_tokens)
+    out["f16_x"] = kernel_choice.takes_f16_x(device, weight_type, rows, n_tokens)
     if out["f16_x"]:
         out["f16_x_entry"] = _launched(device, monkeypatch, rows=rows, cols=cols, n_tokens=n_tokens,
                                        weight_type=weight_type, workspace=workspace, x_f16=True)
-    out["qkv_one_launch"] = matmul_mma_qkv.takes_qkv(device, n_tokens, (weight_type,) * 3, cols,
+    out["qkv_one_launch"] = kernel_choice.takes_qkv(device, n_tokens, (weight_type,) * 3, cols,
                                                      (rows, rows // 4, rows // 4))
-    out["swiglu_pair"] = matmul_mma_swiglu.swiglu_fits(device, n_tokens, ffn_rows, weight_type, workspace)
-    out["silu_up"] = matmul_mma_swiglu.silu_up_fits(device, n_tokens, ffn_rows, weight_type, "silu")
-    out["gelu_up"] = matmul_mma_swiglu.silu_up_fits(device, n_tokens, ffn_rows, weight_type, "gelu")
-    out["swiglu_fragments"] = matmul_mma_swiglu.swiglu_fragments_fit(device, n_tokens, ffn_rows, cols,
+    out["swiglu_pair"] = kernel_choice.swiglu_fits(device, n_tokens, ffn_rows, weight_type, workspace)
+    out["silu_up"] = kernel_choice.silu_up_fits(device, n_tokens, ffn_rows, weight_type, "silu")
+    out["gelu_up"] = kernel_choice.silu_up_fits(device, n_tokens, ffn_rows, weight_type, "gelu")
+    out["swiglu_fragments"] = kernel_choice.swiglu_fragments_fit(device, n_tokens, ffn_rows, cols,
                                                                      (weight_type,) * 2, workspace)
     return " ".join(f"{k}={v}" for k, v in out.items())
 
@@ -75,9 +77,9 @@ def mixed_choices(device, monkeypatch, arch: str, n_tokens: int) -> str:
     """A Q4_K_M layer's q|k|v (Q4_K q and k, Q6_K v) on the 8B's shapes: one launch or three."""
     monkeypatch.setattr(device, "arch", arch)
     q, k, v = (SimpleNamespace(fmt=t, cols=4096) for t in ("q4_k", "q4_k", "q6_k"))
-    limit = projections.qmatvec_limit(device, q, k, v)
-    return (f"separate={projections.separate_fusable(n_tokens, q, k, v, max_tokens=limit)} "
-            f"qkv_one_launch={matmul_mma_qkv.takes_qkv(device, n_tokens, ('q4_k', 'q4_k', 'q6_k'), 4096, (4096, 1024, 1024))}")
+    limit = kernel_choice.qmatvec_limit(device, q, k, v)
+    return (f"separate={kernel_choice.separate_fusable(n_tokens, q, k, v, max_tokens=limit)} "
+            f"qkv_one_launch={kernel_choice.takes_qkv(device, n_tokens, ('q4_k', 'q4_k', 'q6_k'), 4096, (4096, 1024, 1024))}")
 
 
 def decision_table(device, monkeypatch) -> dict[str, str]:
@@ -124,6 +126,52 @@ def test_the_comparison_catches_a_changed_choice(cpu_device, monkeypatch):
     now = decision_table(cpu_device, monkeypatch)
     assert any(now[key] != recorded[key] for key in recorded if " q6_k " in key)
     assert all(now[key] == recorded[key] for key in recorded if " q6_k " not in key and "q4_k_m" not in key)
+
+
+# ROCMFORGE_* variables the package reads outside kernel_choice: settings, not paths of a product.
+SETTINGS = {
+    "ROCMFORGE_PREBUILT_DIR": "the code objects' folder (hipcore/runtime/kernels.py)",
+    "ROCMFORGE_CACHE_DIR": "the run-time compiled kernels' cache (hipcore/runtime/kernels.py)",
+    "ROCMFORGE_API_KEY": "serve's --api-key",
+    "ROCMFORGE_COMMIT": "the commit named in bench's reports where the sources have no .git",
+    "ROCMFORGE_TESTING": "--plant-bug, for the project's own tests",
+}
+PACKAGES = ("hipcore", "profiles", "rocmforge_cli", "rocmforge_serve")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def variables_read_outside(source: str) -> set[str]:
+    """The ROCMFORGE_* names a module's source spells out in a string (every read of one does: os.environ, envvar=)."""
+    return set(re.findall(r"[\"'](ROCMFORGE_[A-Z0-9_]+)[\"']", source))
+
+
+def test_the_switches_are_read_in_kernel_choice_alone():
+    """No module but kernel_choice names a switch; the other ROCMFORGE_* variables are SETTINGS, none of them a
+    switch; a planted read of a removed experiment switch is found."""
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            if path.name != "kernel_choice.py":
+                for name in variables_read_outside(path.read_text()):
+                    found.setdefault(name, []).append(str(path.relative_to(REPO)))
+    assert set(found) <= set(SETTINGS), {k: v for k, v in found.items() if k not in SETTINGS}
+    assert not set(SETTINGS) & set(kernel_choice.ENVIRONMENT)
+    planted = 'if os.environ.get("ROCMFORGE_WIDE_TILES", "1") != "0":'
+    assert variables_read_outside(planted) == {"ROCMFORGE_WIDE_TILES"}
+
+
+def test_each_switch_is_read_once_as_documented():
+    """Each switch is on unless its variable is "0"; SWITCHES is what the environment said at import; the README's
+    table lists every switch and setting a user may set."""
+    switches = kernel_choice.Switches
+    assert switches.read({}) == switches(step_overlap=True, prompt_graphs=True)
+    assert switches.read({"ROCMFORGE_STEP_OVERLAP": "0"}) == switches(step_overlap=False, prompt_graphs=True)
+    assert switches.read({"ROCMFORGE_PROMPT_GRAPHS": " 0 ", "ROCMFORGE_STEP_OVERLAP": "1"}) == switches(
+        step_overlap=True, prompt_graphs=False)
+    assert kernel_choice.SWITCHES == switches.read(os.environ)
+    readme = (REPO / "README.md").read_text()
+    for name in [*kernel_choice.ENVIRONMENT, "ROCMFORGE_PREBUILT_DIR", "ROCMFORGE_CACHE_DIR", "ROCMFORGE_API_KEY"]:
+        assert f"| `{name}" in readme, name
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:

@@ -1,7 +1,8 @@
 """fused_qmatvec's q|k|v launch storing k and v into the paged cache itself (hipcore/model/projections.py:
 stores_kv; kv_store.EpilogueTarget): on the cpu backend, with the weights kept in their GGUF blocks as a GPU
 holds them, a Q4_K_M model of Llama-3.2-1B's layer mix (reduced sizes) gives the same logits and the same cache
-bytes with the epilogue store and with kv_store's own launch (ROCMFORGE_KV_EPILOGUE=0), its decode plans have
+bytes with the epilogue store and with kv_store's own launch (kernel_choice.stores_kv_in_epilogue planted
+False), its decode plans have
 no kv_store launch, and a q8_0 cache or a prompt step keeps it."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipcore.model.projections import KV_EPILOGUE_ENV
+from hipcore.ops import kernel_choice
 from support.model_steps import keep_gpu_formats, prompt_then_decode
 from test_synthetic_models import SMALL, write_small, write_tiktoken  # also puts scripts/models/ on sys.path
 
@@ -37,9 +38,9 @@ def run_steps(path: Path, kv_dtype: str):
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "bf16", "f32"])
 def test_epilogue_store_gives_the_same_logits_and_cache_without_the_launch(model_path, monkeypatch, kv_dtype):
-    monkeypatch.setenv(KV_EPILOGUE_ENV, "0")
-    logits_off, _, decode_off, pools_off = run_steps(model_path, kv_dtype)
-    monkeypatch.setenv(KV_EPILOGUE_ENV, "1")
+    with monkeypatch.context() as planted:
+        planted.setattr(kernel_choice, "stores_kv_in_epilogue", lambda dtype: False)
+        logits_off, _, decode_off, pools_off = run_steps(model_path, kv_dtype)
     logits_on, prompt_on, decode_on, pools_on = run_steps(model_path, kv_dtype)
     layers = SMALL["layers"]
     assert decode_off.count("kv_store") == layers and "kv_store" not in decode_on
@@ -52,7 +53,6 @@ def test_epilogue_store_gives_the_same_logits_and_cache_without_the_launch(model
     assert np.isfinite(logits_on[-1]).all()
 
 
-def test_a_q8_0_cache_keeps_the_kv_store_launch(model_path, monkeypatch):
-    monkeypatch.setenv(KV_EPILOGUE_ENV, "1")
+def test_a_q8_0_cache_keeps_the_kv_store_launch(model_path):
     _, _, decode, _ = run_steps(model_path, "q8_0")
     assert decode.count("kv_store") == SMALL["layers"] and "attn_norm+qkv+rope+kv_store" not in decode

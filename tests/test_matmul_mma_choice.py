@@ -206,19 +206,20 @@ def test_cpu_backend_kernel_accumulates_into_y(cpu_device):
 
 def test_where_q_k_v_and_gate_up_take_one_launch(cpu_device, monkeypatch):
     """takes_qkv and swiglu_fragments_fit: K-quants on NVIDIA's fragment path where each product alone would take
-    it (32-token tiles), with the runner's workspace; not on AMD, not with other types, not when turned off; Q6_K's
+    it (32-token tiles), with the runner's workspace; not on AMD, not with other types; Q6_K's
     SwiGLU pair at 8 tokens or fewer only over splits as short as its direct entry was measured on."""
-    from hipcore.ops import fused_matmul, matmul_mma_qkv, matmul_mma_swiglu
+    from hipcore.ops import fused_matmul
+    from hipcore.ops.kernel_choice import swiglu_fragments_fit as fit
+    from hipcore.ops.kernel_choice import takes_qkv
 
     workspace = cpu_device.allocate(fused_matmul.WORKSPACE_BYTES, "scratch")
     try:
         qkv_rows, q4km = (4096, 1024, 1024), ("q4_k", "q4_k", "q6_k")
         monkeypatch.setattr(cpu_device, "arch", "sm_90")
-        assert matmul_mma_qkv.takes_qkv(cpu_device, 32, q4km, 4096, qkv_rows)
-        assert matmul_mma_qkv.takes_qkv(cpu_device, 5, ("q5_k", "q5_k", "q4_k"), 4096, qkv_rows)
-        assert not matmul_mma_qkv.takes_qkv(cpu_device, 4, q4km, 4096, qkv_rows)  # below the matrix cores' batches
-        assert not matmul_mma_qkv.takes_qkv(cpu_device, 32, ("q4_k", "q4_k", "q8_0"), 4096, qkv_rows)
-        fit = matmul_mma_swiglu.swiglu_fragments_fit
+        assert takes_qkv(cpu_device, 32, q4km, 4096, qkv_rows)
+        assert takes_qkv(cpu_device, 5, ("q5_k", "q5_k", "q4_k"), 4096, qkv_rows)
+        assert not takes_qkv(cpu_device, 4, q4km, 4096, qkv_rows)  # below the matrix cores' batches
+        assert not takes_qkv(cpu_device, 32, ("q4_k", "q4_k", "q8_0"), 4096, qkv_rows)
         assert fit(cpu_device, 32, 14336, 4096, ("q4_k", "q4_k"), workspace)
         assert fit(cpu_device, 8, 14336, 4096, ("q4_k", "q4_k"), workspace)
         assert not fit(cpu_device, 8, 14336, 4096, ("q4_k", "q5_k"), workspace)
@@ -226,14 +227,8 @@ def test_where_q_k_v_and_gate_up_take_one_launch(cpu_device, monkeypatch):
         assert fit(cpu_device, 32, 14336, 4096, ("q6_k", "q6_k"), workspace)
         assert not fit(cpu_device, 8, 14336, 4096, ("q6_k", "q6_k"), workspace)  # one split of 64 steps
         assert fit(cpu_device, 8, 512, 2048, ("q6_k", "q6_k"), workspace)  # 8 splits of 4 steps
-        monkeypatch.setenv(matmul_mma_qkv.QKV_ENV, "0")
-        monkeypatch.setenv(matmul_mma_swiglu.SWIGLU_FRAGMENTS_ENV, "0")
-        assert not matmul_mma_qkv.takes_qkv(cpu_device, 32, q4km, 4096, qkv_rows)
-        assert not fit(cpu_device, 32, 14336, 4096, ("q4_k", "q4_k"), workspace)
-        monkeypatch.delenv(matmul_mma_qkv.QKV_ENV)
-        monkeypatch.delenv(matmul_mma_swiglu.SWIGLU_FRAGMENTS_ENV)
         monkeypatch.setattr(cpu_device, "arch", "gfx942")
-        assert not matmul_mma_qkv.takes_qkv(cpu_device, 32, q4km, 4096, qkv_rows)
+        assert not takes_qkv(cpu_device, 32, q4km, 4096, qkv_rows)
         assert not fit(cpu_device, 32, 14336, 4096, ("q4_k", "q4_k"), workspace)
     finally:
         workspace.free()

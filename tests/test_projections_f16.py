@@ -35,9 +35,8 @@ def test_prompt_steps_on_matrix_cores_run_the_feed_forward_in_f16_with_swiglu_pa
     """A prompt step (64-token tiles) on a device with matrix cores norms x to f16, computes a Q4_K gate and up
     in one matmul_mma_swiglu launch that leaves silu(gate) * up as f16 in b["ffn_h16"] (no silu_mul launch),
     and the Q6_K down product reads it (x16 entry, the residual added); without the workspace its counters
-    live in, with ROCMFORGE_SWIGLU_PAIRS=0, without the ffn_h16 buffer, with Q6_K gate and up, or on a device
+    live in, without the ffn_h16 buffer, with Q6_K gate and up, or on a device
     without matrix cores the step keeps float32, two products and silu_mul."""
-    from hipcore.model import projections
     from hipcore.ops import matmul, matmul_mma, silu_mul
 
     t = 70
@@ -61,9 +60,6 @@ def test_prompt_steps_on_matrix_cores_run_the_feed_forward_in_f16_with_swiglu_pa
         monkeypatch.setattr(cpu_device, "arch", "sm_90")
         assert names(without=("matmul_workspace",)) == single
         assert names(without=("ffn_h16",)) == single
-        monkeypatch.setenv(projections.SWIGLU_PAIRS_ENV, "0")
-        assert names() == single
-        monkeypatch.delenv(projections.SWIGLU_PAIRS_ENV)
         p = planner()
         plan = p.feed_forward_input(lw, t) + p.feed_forward_output(lw, t)
         assert [n for n, _ in plan] == ["ffn_norm", "gate_up+silu", "ffn_down+residual"]
@@ -154,7 +150,7 @@ def run_wide_feed_forward(layer, buffers, plan, t: int):
 
 
 def test_wide_prompt_steps_take_the_gate_then_the_up_product_with_the_swiglu(layer, cpu_device, monkeypatch):
-    """Where 128-token tiles are many (matmul_mma_swiglu.silu_up_fits), a prompt step's feed-forward norms x to f16,
+    """Where 128-token tiles are many (kernel_choice.silu_up_fits), a prompt step's feed-forward norms x to f16,
     writes the Q4_K gate product (float32, matmul_mma_x16_128), then the up product whose epilogue leaves
     silu(gate) * up as f16 in b["ffn_h16"] (matmul_mma_silu_up), and the Q6_K down reads it; it needs no
     workspace. With fewer tiles the step keeps the SwiGLU pair."""
@@ -229,18 +225,17 @@ def test_wide_prompt_steps_of_a_geglu_take_the_up_product_with_the_gelu_and_a_do
 
 @pytest.mark.parametrize("weight_type", ["q8_0", "f16"])
 def test_wide_block_format_prompt_steps_take_the_128_token_f16_path(layer, cpu_device, monkeypatch, weight_type):
-    """A feed-forward of a block format or F16 (projections.mma_first's wide layers; MMA_FIRST_MIN_COLS set to 0 for
+    """A feed-forward of a block format or F16 (kernel_choice.mma_first's wide layers; MMA_FIRST_MIN_COLS set to 0 for
     this small layer) takes the same f16 path as the K-quants where 128-token tiles are many: the gate product, the
     up product with the SwiGLU (matmul_mma_silu_up_<type>), down reading f16; where they are not it keeps float32,
     two products and silu_mul (these types have no 64-token f16 entries and no SwiGLU pairs)."""
-    from hipcore.model import projections
-    from hipcore.ops import matmul, matmul_mma, silu_mul
+    from hipcore.ops import kernel_choice, matmul, matmul_mma, silu_mul
 
     t = 130
     lw, rng = layer.lw, layer.rng
     buffers, workspace, config = feed_forward_buffers(layer, cpu_device, t)
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
-    monkeypatch.setattr(projections, "MMA_FIRST_MIN_COLS", 0)
+    monkeypatch.setattr(kernel_choice, "MMA_FIRST_MIN_COLS", 0)
     monkeypatch.setattr(matmul, "BUSY_WORKGROUPS", 1)
     raw = {name: random_weights(rng, weight_type, rows, cols)
            for name, rows, cols in (("ffn_gate", FFN, HIDDEN), ("ffn_up", FFN, HIDDEN), ("ffn_down", HIDDEN, FFN))}
@@ -315,7 +310,7 @@ def test_the_wide_swiglu_refuses_what_its_kernel_cannot_take(layer, cpu_device, 
 def test_prompt_steps_with_wide_qkv_tiles_norm_x_to_f16_for_q_k_and_v(layer, cpu_device, monkeypatch):
     """Where q, k and v all take the 128-token tiles (pick_x16_tile_tokens), the attention's norm writes f16 and
     they read it (matmul_mma.launch with x_f16); their products are those of the f16 values. Where k and v do not,
-    without the wide tiles (ROCMFORGE_WIDE_TILES=0) or on a GPU without them, x stays float32."""
+    or on a GPU without the wide tiles, x stays float32."""
     from hipcore.ops import matmul, matmul_mma
 
     t = 130
@@ -334,9 +329,6 @@ def test_prompt_steps_with_wide_qkv_tiles_norm_x_to_f16_for_q_k_and_v(layer, cpu
     assert not planner.qkv_f16(lw, t)  # k's and v's 128 rows: 2 tiles each
     monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 2)
     assert planner.qkv_f16(lw, t)
-    monkeypatch.setenv(matmul_mma.WIDE_TILES_ENV, "0")
-    assert not planner.qkv_f16(lw, t)
-    monkeypatch.delenv(matmul_mma.WIDE_TILES_ENV)
     monkeypatch.setattr(cpu_device, "arch", "gfx942")
     assert not planner.qkv_f16(lw, t)
     monkeypatch.setattr(cpu_device, "arch", "sm_90")

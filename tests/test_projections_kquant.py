@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS, FUSED_QMATVEC_MAX_TOKENS
 from hipcore.model.weights import Weight
-from hipcore.ops import fused_qmatvec, rope
+from hipcore.ops import fused_qmatvec, kernel_choice, rope
+from hipcore.ops.kernel_choice import FUSED_MATVEC_MAX_TOKENS, FUSED_QMATVEC_MAX_TOKENS
 from support.kquant_layer import (FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, MAX_T, TYPES, VOCAB,  # noqa: F401 (layer: a fixture)
                                   layer, read, run)
 
@@ -74,10 +74,8 @@ def test_an_unsupported_type_in_the_group_keeps_the_single_ops(layer, cpu_device
 def test_the_qmatvec_limit_moves_the_k_quant_decode_steps_alone(layer, monkeypatch):
     """FUSED_QMATVEC_MAX_TOKENS, not fused_matvec's limit, decides where the separate K-quant matrices leave
     fused_qmatvec: lowered to 2, a 4-token step takes the single ops while fused_matvec's limit stays 8."""
-    from hipcore.model import projections
-
-    monkeypatch.setattr(projections, "FUSED_QMATVEC_MAX_TOKENS", 2)
-    assert projections.FUSED_MATVEC_MAX_TOKENS == 8
+    monkeypatch.setattr(kernel_choice, "FUSED_QMATVEC_MAX_TOKENS", 2)
+    assert kernel_choice.FUSED_MATVEC_MAX_TOKENS == 8
     p, lw, b = layer.planner, layer.lw, layer.b
     assert [n for n, _ in p.attention_input(lw, 2, b["q"])] == ["attn_norm+qkv+rope"]
     assert [n for n, _ in p.attention_input(lw, 4, b["q"])] == ["attn_norm", "q_proj", "k_proj", "v_proj", "rope_q",
@@ -114,8 +112,6 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
     """On NVIDIA sm_80+ (matmul_mma's fragment path) a layer leaves fused_qmatvec after 4 tokens and the head
     after 4 rows; elsewhere after FUSED_QMATVEC_MAX_TOKENS and HEAD_MATVEC_MAX_ROWS. The plans only: the
     cpu backend runs every entry's product."""
-    from hipcore.model import projections
-
     p, lw, b = layer.planner, layer.lw, layer.b
     head = layer.weights["output"]
     fused = ["attn_norm+qkv+rope", "ffn_norm+gate_up+silu", "attn_output+residual"]
@@ -134,13 +130,13 @@ def test_where_the_fragment_path_exists_k_quant_steps_leave_fused_qmatvec_sooner
         return [n for n, _ in p.head(head, layer.norms["output_norm"], b["x"], r)]
 
     monkeypatch.setattr(cpu_device, "arch", "sm_90")
-    assert projections.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == 4
+    assert kernel_choice.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == 4
     assert names(4) == fused and names(5) == fragments
     assert head_names(4) == ["output_norm+head"] and head_names(5) == ["output_norm", "head"]
     monkeypatch.setattr(cpu_device, "arch", "gfx942")
-    assert projections.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == FUSED_QMATVEC_MAX_TOKENS
+    assert kernel_choice.qmatvec_limit(cpu_device, lw.attn_q, lw.attn_v) == FUSED_QMATVEC_MAX_TOKENS
     assert names(FUSED_QMATVEC_MAX_TOKENS) == fused and names(FUSED_QMATVEC_MAX_TOKENS + 1) == single
-    assert head_names(projections.HEAD_MATVEC_MAX_ROWS) == ["output_norm+head"]
+    assert head_names(kernel_choice.HEAD_MATVEC_MAX_ROWS) == ["output_norm+head"]
 
     # the one-launch entries' host kernels compute what the single ops' launches do (q, k, v; silu(gate) * up)
     t, pos = FUSED_QMATVEC_MAX_TOKENS + 1, b["rows"]

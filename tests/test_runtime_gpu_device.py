@@ -147,7 +147,6 @@ def driver_calls(dev: GpuDevice) -> dict:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_driver_call_passes_arguments_the_bindings_accept(backend, monkeypatch):
-    monkeypatch.setenv("ROCMFORGE_PDL", "1")  # programmatic launches on: the CUDA column's cuLaunchKernelEx
     dev = unopened(backend)
     library_missing = CUDA_MISSING if backend == "cuda" else HIP_MISSING
     calls = driver_calls(dev)
@@ -162,11 +161,9 @@ def test_every_driver_call_passes_arguments_the_bindings_accept(backend, monkeyp
 
 
 def test_programmatic_launches_only_where_the_device_has_them(monkeypatch):
-    """CUDA sm_90 and later (ROCMFORGE_PDL unset, the default, or 1): a kernel asked for as programmatic
-    launches through cuLaunchKernelEx with the programmatic-serialization attribute, the grid, block, shared
-    memory and stream filled in; a plain kernel, an sm_80 device and ROCMFORGE_PDL=0 launch through
-    cuLaunchKernel. HIP has no such launch."""
-    monkeypatch.setenv("ROCMFORGE_PDL", "1")
+    """CUDA sm_90 and later: a kernel asked for as programmatic launches through cuLaunchKernelEx with the
+    programmatic-serialization attribute, the grid, block, shared memory and stream filled in; a plain kernel and
+    an sm_80 device launch through cuLaunchKernel. HIP has no such launch."""
     seen = []
     binding = StandIn(driver, cuLaunchKernel=lambda *args: seen.append(("plain", args)) or (driver.CUresult.CUDA_SUCCESS,),
                       cuLaunchKernelEx=lambda config, *args: seen.append(("ex", config, args)) or (driver.CUresult.CUDA_SUCCESS,))
@@ -194,10 +191,6 @@ def test_programmatic_launches_only_where_the_device_has_them(monkeypatch):
         kernel, _, (kind, *_) = launch(arch, programmatic)
         assert kind == "plain" and not kernel.programmatic, (arch, programmatic)
     assert launch("sm_100", True)[2][0] == "ex"
-    monkeypatch.setenv("ROCMFORGE_PDL", "0")
-    assert launch("sm_90", True)[2][0] == "plain"
-    monkeypatch.delenv("ROCMFORGE_PDL")
-    assert launch("sm_90", True)[2][0] == "ex"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

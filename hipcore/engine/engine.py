@@ -20,7 +20,7 @@ from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
-from hipcore.engine.hooks import EngineHooks, EngineStats, InjectedFault, overlap_default
+from hipcore.engine.hooks import EngineHooks, EngineStats, InjectedFault
 from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
 from hipcore.engine.sampler import Sampler, StopChecker, StopReason
 from hipcore.engine.scheduler import Scheduled, Scheduler
@@ -28,6 +28,7 @@ from hipcore.engine.step_launch import LaunchedStep, StepLauncher, following_seq
 from hipcore.errors import UsageError
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.runner import Runner
+from hipcore.ops.kernel_choice import SWITCHES
 from hipcore.tokenizer.tokenizer import Tokenizer
 
 
@@ -40,7 +41,7 @@ class Engine:
                  overlap: bool | None = None):
         """runner executes each step's StepBatch (hipcore/model/runner.py); cache holds the sequences' KV blocks.
         overlap: launch the next decode step before handling this one's tokens where the runner can
-        (step_launch.py); default on unless ROCMFORGE_STEP_OVERLAP=0."""
+        (step_launch.py); default kernel_choice.SWITCHES.step_overlap (off: ROCMFORGE_STEP_OVERLAP=0)."""
         if finished_bound < 0:
             raise ValueError("finished_bound must be >= 0")
         self.runner = runner
@@ -59,7 +60,7 @@ class Engine:
         self._lock = threading.Lock()  # guards _active, _finished, _inbox between threads
         self._step_lock = threading.Lock()  # exactly one thread steps at a time
         self._closed = False
-        self._launcher = StepLauncher(cache, overlap=overlap_default() if overlap is None else overlap)
+        self._launcher = StepLauncher(cache, overlap=SWITCHES.step_overlap if overlap is None else overlap)
         self._running_step: LaunchedStep | None = None  # a decode step left running; step() reads its tokens
 
     # ---- any thread ---------------------------------------------------------------------------

@@ -1,10 +1,9 @@
 """What the engine takes from outside and gives back besides events: fault-injection hooks (leak-check and tests),
-its counters, and whether decode steps overlap the host's work (hipcore/engine/step_launch.py)."""
+and its counters."""
 
 from __future__ import annotations
 
 import collections
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -12,13 +11,6 @@ from typing import Callable
 from hipcore.engine.latency import LatencyHistogram
 from hipcore.engine.request import Request
 from hipcore.errors import RocmforgeError
-
-OVERLAP_ENV = "ROCMFORGE_STEP_OVERLAP"  # "0": every step waits for its tokens before the next is prepared
-
-
-def overlap_default() -> bool:
-    return os.environ.get(OVERLAP_ENV, "1").strip() != "0"
-
 
 class InjectedFault(RocmforgeError):
     """Raised on purpose by fault-injection hooks (leak-check and tests), never by real work."""

@@ -26,7 +26,7 @@ from typing import Callable
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.projections import Launch, ProjectionPlanner, weight_arg
 from hipcore.model.step_inputs import StepInputs
-from hipcore.ops import (head_norm_rope, kv_store, matmul_mma, paged_attention, prompt_attention,
+from hipcore.ops import (head_norm_rope, kernel_choice, kv_store, matmul_mma, paged_attention, prompt_attention,
                          rmsnorm, rope, scale, softcap)
 from hipcore.runtime.device import Buffer, Device, Stream
 
@@ -88,7 +88,7 @@ def _takes_prompt_attention(ctx: StepContext, t: int) -> bool:
 
 def _attention_out_f16(ctx: StepContext, lw, t: int) -> bool:
     """The llama layer's attention writes f16 for its o product (pre_norm_layer): where prompt_attention computes
-    it and the o product reads f16 (ProjectionPlanner.reads_f16). ROCMFORGE_WIDE_TILES=0 keeps float32."""
+    it and the o product reads f16 (ProjectionPlanner.reads_f16)."""
     return _takes_prompt_attention(ctx, t) and ctx.products.reads_f16(lw.attn_output, t)
 
 
@@ -163,8 +163,8 @@ def _head_norm_fused(ctx: StepContext) -> bool:
 
 def _head_norm_stores_kv(ctx: StepContext) -> bool:
     """True when head_normed_attention_input's head_norm_rope launch stores k and v into the cache itself (the
-    element-wise KV formats; ROCMFORGE_KV_EPILOGUE=0 keeps the kv_store launch, as for the products' epilogue)."""
-    return _head_norm_fused(ctx) and ctx.products.kv_in_epilogue and kv_store.epilogue_fusable(ctx.cache.config.dtype)
+    element-wise KV formats, as for the products' epilogue)."""
+    return _head_norm_fused(ctx) and kernel_choice.stores_kv_in_epilogue(ctx.cache.config.dtype)
 
 
 def head_normed_attention_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:

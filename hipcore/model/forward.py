@@ -42,11 +42,12 @@ from hipcore.model.blocks import StepContext
 from hipcore.model.families import family_for
 from hipcore.model.moe_blocks import check_moe_weights, moe_buffer_sizes
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
-from hipcore.model.prompt_graphs import CAPTURE_AT_RUN, PromptGraphs, padded_shape, padded_shapes, prompt_graphs_default
+from hipcore.model.prompt_graphs import CAPTURE_AT_RUN, PromptGraphs, padded_shape, padded_shapes
 from hipcore.model.step_inputs import StepInputs, input_bytes, window_input_bytes
 from hipcore.model.weights import ModelWeights
 from hipcore.model.projections import Launch, ProjectionPlanner
 from hipcore.ops import embedding, fused_matmul, matmul_mma, paged_attention, sample, select_rows
+from hipcore.ops.kernel_choice import SWITCHES
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.device import Buffer, Device
 
@@ -139,7 +140,7 @@ class ModelRunner:
         self.inputs: StepInputs | None = None
         self.graphs = DecodeGraphs(device, self.stream, max_seqs, capture=use_graphs)
         # Prompt and mixed steps padded to recurring shapes, replayed from graphs (off: ROCMFORGE_PROMPT_GRAPHS=0)
-        self.pad_prompt_steps = prompt_graphs_default()
+        self.pad_prompt_steps = SWITCHES.prompt_graphs
         self.prompt_graphs = PromptGraphs(device, self.stream, capture=use_graphs)
         self._outstanding: list[PendingStep] = []  # launched, not collected, in launch order
         self._read_stream = self._kept_event = None

@@ -16,7 +16,6 @@ Graphs live exactly as long as their shape's launch plan in the runner's bounded
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Hashable
 
 from hipcore.model.decode_graphs import BUCKETS, capture_launches
@@ -25,11 +24,6 @@ from hipcore.runtime.device import Device, Graph, Stream
 PROMPT_GRAPH_MAX_TOKENS = 128  # larger steps run eagerly at their own shape: their launches are a small share
 TOKEN_QUANTUM = 16  # padded token rows: at most 15 more, a shape per 16 tokens
 CAPTURE_AT_RUN = 3  # a shape's graph is captured at its third run (its plan kept all along)
-PROMPT_GRAPHS_ENV = "ROCMFORGE_PROMPT_GRAPHS"  # "0": prompt and mixed steps unpadded and eager, as before
-
-
-def prompt_graphs_default() -> bool:
-    return os.environ.get(PROMPT_GRAPHS_ENV, "1").strip() != "0"
 
 
 def padded_shape(tokens: int, rows: int, token_capacity: int, row_capacity: int) -> tuple[int, int] | None:

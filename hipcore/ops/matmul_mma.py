@@ -11,7 +11,7 @@ x in f16 (`launch(..., x_f16=True)`): `matmul_mma_x16_<type>` for X16_TYPES, the
 [n_tokens, cols] (rmsnorm's out_f16, or a SwiGLU pair's h16): half the bytes each tile reads, the same results
 (the float32 kernels round x to f16 as they stage it). Shared tiles of 32 or 64 tokens (no fragment path), or
 WIDE_TILE_TOKENS (128) where those tiles are many (`matmul_mma_x16_128_<type>`, pick_x16_tile_tokens); the block
-formats, F16 and BF16 (X16_WIDE_ONLY_TYPES) have the 128-token entries only (takes_f16_x).
+formats, F16 and BF16 (X16_WIDE_ONLY_TYPES) have the 128-token entries only (kernel_choice.takes_f16_x).
 
 The entries that end in a SwiGLU (a prompt step's feed-forward) have their launchers in matmul_mma_swiglu.py.
 
@@ -25,7 +25,6 @@ workgroup each (pick_splits), and the last to finish sums the partials in a work
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
@@ -284,7 +283,7 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
                          f"{'float32 x' if not x_f16 else device.arch}")
     if x_f16 and weight_type in X16_WIDE_ONLY_TYPES and tile_tokens != WIDE_TILE_TOKENS:
         raise ValueError(f"{OP}: f16 x of {weight_type} is read in {WIDE_TILE_TOKENS}-token tiles only, not "
-                         f"{tile_tokens} (takes_f16_x)")
+                         f"{tile_tokens} (kernel_choice.takes_f16_x)")
     tile = pick_tile_tokens(rows, n_tokens) if tile_tokens is None else tile_tokens
     fragments = not x_f16 and path != "shared" and has_fragment_path(device.arch, weight_type, tile, cols)
     if fragments and weight_type in WORD_ALIGNED_FRAGMENT_TYPES and address(w) % 4:
@@ -314,8 +313,8 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
 # ---- f16 x ----------------------------------------------------------------------------------------
 
 X16_TYPES = WIDE_TYPES
-# The wide Q8_0, Q5_0, Q5_1, Q4_1, F16, BF16 (and Q4_0) layers' prompts (projections.mma_first) read f16 x in 128-token
-# tiles only (their x16_128 and silu_up entries; no 64-token x16 entries): takes_f16_x.
+# The wide Q8_0, Q5_0, Q5_1, Q4_1, F16, BF16 (and Q4_0) layers' prompts (kernel_choice.mma_first) read f16 x in 128-token
+# tiles only (their x16_128 and silu_up entries; no 64-token x16 entries): kernel_choice.takes_f16_x.
 X16_WIDE_ONLY_TYPES = PAIR32_FRAGMENT_TYPES
 F16_BYTES = 2
 
@@ -334,8 +333,6 @@ WIDE_MIN_TILES = 32
 WIDE_MIN_TOKENS = 128
 # The workspace the 128-token tiles' splits need at most: BUSY_ITEMS partial tiles of 128 x 128 floats.
 WIDE_WORKSPACE_BYTES = COUNTER_BYTES + BUSY_ITEMS * TILE_ROWS * WIDE_TILE_TOKENS * 4
-# "0": f16-x products keep 64-token tiles and the feed-forward its SwiGLU pairs (to measure what the wide tiles save).
-WIDE_TILES_ENV = "ROCMFORGE_WIDE_TILES"
 
 
 def x16_entry(weight_type: str, tile_tokens: int = 64) -> str:
@@ -349,21 +346,10 @@ def has_wide_tiles(arch: str) -> bool:
 
 def pick_x16_tile_tokens(rows: int, n_tokens: int, arch: str) -> int:
     """An f16-x product's tile: WIDE_TILE_TOKENS where `arch` has them, the step has at least WIDE_MIN_TOKENS and
-    they make at least WIDE_MIN_TILES tiles, else pick_tile_tokens' (always where ROCMFORGE_WIDE_TILES=0)."""
-    if (has_wide_tiles(arch) and n_tokens >= WIDE_MIN_TOKENS and tile_count(rows, n_tokens, WIDE_TILE_TOKENS) >= WIDE_MIN_TILES
-            and os.environ.get(WIDE_TILES_ENV, "1") != "0"):
+    they make at least WIDE_MIN_TILES tiles, else pick_tile_tokens'."""
+    if (has_wide_tiles(arch) and n_tokens >= WIDE_MIN_TOKENS and tile_count(rows, n_tokens, WIDE_TILE_TOKENS) >= WIDE_MIN_TILES):
         return WIDE_TILE_TOKENS
     return pick_tile_tokens(rows, n_tokens)
-
-
-def takes_f16_x(device: Device, weight_type: str, rows: int, n_tokens: int) -> bool:
-    """Whether `launch(x_f16=True)` takes this product on `device`: on the matrix cores, a type of X16_TYPES, or of
-    X16_WIDE_ONLY_TYPES where pick_x16_tile_tokens picks the 128-token tiles."""
-    if not takes_matrix_cores(device, n_tokens, weight_type):
-        return False
-    if weight_type in X16_TYPES:
-        return True
-    return weight_type in X16_WIDE_ONLY_TYPES and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS
 
 
 for _type in X16_TYPES:

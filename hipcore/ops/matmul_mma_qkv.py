@@ -10,7 +10,6 @@ each (q's lowest).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ from hipcore.ops import matvec
 from hipcore.ops.launch_checks import INT32_MAX
 from hipcore.ops.matmul_mma import (DIRECT_MAX_TOKENS, MAX_GRID, MAX_SPLIT_TILES, OP, THREADS, WEIGHT_ALIGNMENT,
                                     WEIGHT_TYPES, WIDE_STEP_COLS, has_fragment_path, partial_bytes, pick_splits,
-                                    pick_tile_tokens, takes_matrix_cores, tile_count)
+                                    tile_count)
 from hipcore.ops.weight_formats import host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -29,21 +28,10 @@ from hipcore.runtime.kernels import get_kernel
 # matmul_mma_qkv_direct for at most DIRECT_MAX_TOKENS tokens: kernels/matmul_mma_fragments.h qkv_fragment_tiles):
 # q, k and v of one x, K-quants each of its own type (a Q4_K_M file has Q4_K q and k, and Q6_K or Q4_K v by layer).
 # Three launches gave k's and v's few row tiles (the 8B's 8 each) a launch, a ramp and a split-K tail of their own;
-# here their tiles share the q tiles' waves, every tile split alike. "0" in QKV_ENV: three launches (to measure what
-# the one saves).
+# here their tiles share the q tiles' waves, every tile split alike. Where a step takes it:
+# hipcore/ops/kernel_choice.py takes_qkv.
 QKV_SIGNATURE = "ppppppppiiiiiii"
 QKV_TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2}
-QKV_ENV = "ROCMFORGE_QKV_ONE_LAUNCH"
-
-
-def takes_qkv(device: Device, n_tokens: int, weight_types: tuple[str, str, str], cols: int,
-              rows: tuple[int, int, int]) -> bool:
-    """Whether a step of n_tokens tokens computes q, k and v of these types and row counts in one launch_qkv."""
-    if os.environ.get(QKV_ENV, "1") == "0":
-        return False
-    return all(t in QKV_TYPE_CODES and has_fragment_path(device.arch, t, 32, cols)
-               and takes_matrix_cores(device, n_tokens, t) for t in weight_types) and all(
-        pick_tile_tokens(r, n_tokens) == 32 for r in rows)  # where each product alone takes the fragment path
 
 
 def qkv_geometry(rows: tuple[int, int, int], n_tokens: int, cols: int, workspace_bytes: int,
@@ -71,7 +59,7 @@ def launch_qkv(device: Device, stream: Stream | None, ys: tuple[Any, Any, Any], 
                rows: tuple[int, int, int], cols: int, n_tokens: int, *, weight_types: tuple[str, str, str],
                workspace: Any = None) -> None:
     """ys[i][n_tokens, rows[i]] = x[n_tokens, cols] @ ws[i][rows[i], cols]^T for q, k and v (i = 0, 1, 2) in one
-    launch on the fragment path (takes_qkv: K-quants, NVIDIA sm_80+); `workspace` as launch's."""
+    launch on the fragment path (kernel_choice.takes_qkv: K-quants, NVIDIA sm_80+); `workspace` as launch's."""
     if len(ys) != 3 or len(ws) != 3 or len(rows) != 3 or len(weight_types) != 3:
         raise ValueError(f"{OP}_qkv: three outputs, weights, row counts and types (q, k, v)")
     for t in weight_types:

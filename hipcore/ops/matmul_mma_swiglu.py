@@ -5,15 +5,15 @@ SwiGLU pairs (`launch_swiglu`): `matmul_mma_swiglu_<type>(h16 p, gate p, up p, W
 workspace p, rows i, cols i, n_tokens i, tile_tokens i)` for SWIGLU_TYPES computes a prompt step's gate and up
 products from f16 x in one launch, their tiles side by side, and h16 = silu(gate) * up as f16 where the second of
 each pair ends (no silu_mul launch; the down product reads h16 with x_f16); gate and up receive the products
-(float32 scratch). Where `swiglu_fits` is false the caller keeps two products and silu_mul.
+(float32 scratch). Where `kernel_choice.swiglu_fits` is false the caller keeps two products and silu_mul.
 
-The SwiGLU in 128-token tiles (`launch_silu_up`, where `silu_up_fits`): `matmul_mma_silu_up_<type>(h16 p, gate p,
+The SwiGLU in 128-token tiles (`launch_silu_up`, where `kernel_choice.silu_up_fits`): `matmul_mma_silu_up_<type>(h16 p, gate p,
 W_up p, x16 p, rows i, cols i, n_tokens i, splits i)` computes the up product from f16 x and writes h16 =
 silu(gate) * up as f16 from its epilogue, gate being the float32 gate product a launch before (matmul_mma.launch
 with x_f16); splits is 1 (an argument only because nvcc spilled more without it). With activation "gelu" (Gemma's
 GeGLU) `matmul_mma_gelu_up_<type>` (GELU_UP_TYPES), the same with gelu(gate) * up.
 
-A decode batch's SwiGLU on the fragment path (`launch_swiglu_fragments`, where `swiglu_fragments_fit`):
+A decode batch's SwiGLU on the fragment path (`launch_swiglu_fragments`, where `kernel_choice.swiglu_fragments_fit`):
 `matmul_mma_swiglu_fragments_<type>` (32-token tiles) or `matmul_mma_swiglu_direct_<type>` (at most 8 tokens), (gate
 p, up p, W_gate p, W_up p, x p, workspace p, rows i, cols i, n_tokens i, splits i): gate = silu(x @ W_gate^T) * (x @
 W_up^T) as float32 from float32 x (the down product's x on the fragment path), up the up product's scratch; the
@@ -23,18 +23,16 @@ columns split as a product's are, gate and up tiles side by side.
 from __future__ import annotations
 
 import itertools
-import os
 from typing import Any
 
 import numpy as np
 
 from hipcore.ops import gelu_mul, matvec, silu_mul
 from hipcore.ops.launch_checks import check_disjoint, check_memory
-from hipcore.ops.matmul_mma import (COUNTER_BYTES, DIRECT_MAX_TOKENS, DIRECT_Q6K_MAX_SPLIT_STEPS, F16_BYTES,
-                                    F16_HALF_SPACING, INT32_MAX, MAX_GRID, MAX_SPLIT_TILES, OP, THREADS, U16,
-                                    WEIGHT_ALIGNMENT, WIDE_STEP_COLS, WIDE_TILE_TOKENS, WIDE_TYPES, X16_WIDE_ONLY_TYPES,
-                                    error_bound, has_fragment_path, has_wide_tiles, partial_bytes, pick_splits,
-                                    pick_tile_tokens, pick_x16_tile_tokens, reference, takes_matrix_cores, tile_count)
+from hipcore.ops.matmul_mma import (COUNTER_BYTES, DIRECT_MAX_TOKENS, F16_BYTES, F16_HALF_SPACING, INT32_MAX, MAX_GRID,
+                                    MAX_SPLIT_TILES, OP, THREADS, U16, WEIGHT_ALIGNMENT, WIDE_STEP_COLS,
+                                    WIDE_TILE_TOKENS, WIDE_TYPES, X16_WIDE_ONLY_TYPES, error_bound, has_fragment_path,
+                                    has_wide_tiles, partial_bytes, pick_splits, pick_tile_tokens, reference, tile_count)
 from hipcore.ops.weight_formats import host_product, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -104,21 +102,11 @@ for _type in SWIGLU_TYPES:
     cpu_kernel(swiglu_entry(_type), SWIGLU_SIGNATURE)(_host_swiglu(_type))
 
 
-def swiglu_fits(device: Device, n_tokens: int, rows: int, weight_type: str, workspace: Any) -> bool:
-    """Whether launch_swiglu takes this pair: matrix cores, a type of SWIGLU_TYPES, a step the launcher tiles
-    in 64 tokens (a prompt step; decode batches keep their split and fragment paths), at most MAX_SPLIT_TILES
-    tiles (one counter each) and a workspace for the counters."""
-    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in SWIGLU_TYPES
-            and isinstance(workspace, Buffer) and workspace.nbytes >= COUNTER_BYTES
-            and pick_tile_tokens(rows, n_tokens) == 64
-            and tile_count(rows, n_tokens, 64) <= MAX_SPLIT_TILES)
-
-
 def launch_swiglu(device: Device, stream: Stream | None, h16: Any, gate: Any, up: Any, w_gate: Any, w_up: Any,
                   x16: Any, rows: int, cols: int, n_tokens: int, *, weight_type: str, workspace: Any) -> None:
     """h16[n_tokens, rows] = silu(x16 @ W_gate^T) * (x16 @ W_up^T) as f16 in one launch, x16 f16 [n_tokens,
     cols]; gate and up receive the two products (float32 scratch); both W [rows, cols] of `weight_type`;
-    `workspace` as launch's (its counters). Only where swiglu_fits."""
+    `workspace` as launch's (its counters). Only where kernel_choice.swiglu_fits."""
     if weight_type not in SWIGLU_TYPES:
         raise ValueError(f"{OP}: SwiGLU pairs take {', '.join(SWIGLU_TYPES)} weights, got {weight_type!r}")
     if not isinstance(workspace, Buffer) or workspace.nbytes < COUNTER_BYTES:
@@ -180,16 +168,6 @@ for _activation, (_types, _, _) in ACTIVATIONS.items():
         cpu_kernel(gated_up_entry(_type, _activation), SILU_UP_SIGNATURE)(_host_silu_up(_type, _activation))
 
 
-def silu_up_fits(device: Device, n_tokens: int, rows: int, weight_type: str, activation: str = "silu") -> bool:
-    """Whether a feed-forward of `rows` gate/up rows takes the 128-token SwiGLU (launch with x_f16 for the gate,
-    then launch_silu_up; activation "gelu": the GeGLU): matrix cores, a type of the activation's entries
-    (SILU_UP_TYPES, GELU_UP_TYPES), 128-token tiles (pick_x16_tile_tokens) so many that no product of them is
-    split (the epilogue needs the whole sum)."""
-    return (takes_matrix_cores(device, n_tokens, weight_type) and weight_type in ACTIVATIONS[activation][0]
-            and pick_x16_tile_tokens(rows, n_tokens, device.arch) == WIDE_TILE_TOKENS
-            and pick_splits(tile_count(rows, n_tokens, WIDE_TILE_TOKENS), 1 << 30) == 1)
-
-
 def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w_up: Any, x16: Any, rows: int,
                    cols: int, n_tokens: int, *, weight_type: str, activation: str = "silu") -> None:
     """h16[n_tokens, rows] = silu(gate) * (x16 @ W_up^T) as f16, in 128-token tiles (activation "gelu": GeGLU's
@@ -221,30 +199,8 @@ def launch_silu_up(device: Device, stream: Stream | None, h16: Any, gate: Any, w
 
 # Gate, up and SwiGLU of a decode batch in one launch (kernels/matmul_mma_fragments.h swiglu_fragment_tiles) instead
 # of two fragment-path products and silu_mul: the two products share their waves and the activation its launch.
-# "0" in SWIGLU_FRAGMENTS_ENV: the three launches (to measure what the one saves).
 SWIGLU_FRAGMENT_SIGNATURE = "ppppppiiii"
 SWIGLU_FRAGMENT_TYPES = WIDE_TYPES
-SWIGLU_FRAGMENTS_ENV = "ROCMFORGE_SWIGLU_FRAGMENTS"
-
-
-def swiglu_fragments_fit(device: Device, n_tokens: int, rows: int, cols: int, weight_types: tuple[str, str],
-                         workspace: Any) -> bool:
-    """Whether launch_swiglu_fragments takes gate and up of these types: one type of SWIGLU_FRAGMENT_TYPES on NVIDIA's
-    fragment path at n_tokens tokens, a workspace Buffer for the counters (two products' tiles and the pairs')."""
-    weight_type = weight_types[0]
-    if os.environ.get(SWIGLU_FRAGMENTS_ENV, "1") == "0" or weight_types[1] != weight_type:
-        return False
-    tiles = tile_count(rows, n_tokens, DIRECT_MAX_TOKENS if n_tokens <= DIRECT_MAX_TOKENS else 32)
-    fits = (weight_type in SWIGLU_FRAGMENT_TYPES and has_fragment_path(device.arch, weight_type, 32, cols)
-            and takes_matrix_cores(device, n_tokens, weight_type) and isinstance(workspace, Buffer)
-            and workspace.nbytes >= COUNTER_BYTES and 3 * tiles <= MAX_SPLIT_TILES
-            and pick_tile_tokens(rows, n_tokens) == 32)  # where each product alone takes the fragment path
-    if fits and weight_type == "q6_k" and n_tokens <= DIRECT_MAX_TOKENS:
-        # Q6_K's direct entry only over the short splits it was measured faster on (matmul_mma.entry_name's rule;
-        # the pair's direct entry has no staged twin to fall back on)
-        splits = swiglu_fragments_geometry(weight_type, rows, n_tokens, cols, workspace.nbytes)[2]
-        return -(-(cols // WIDE_STEP_COLS) // splits) <= DIRECT_Q6K_MAX_SPLIT_STEPS
-    return fits
 
 
 def swiglu_fragments_geometry(weight_type: str, rows: int, n_tokens: int, cols: int, workspace_bytes: int,
@@ -272,7 +228,7 @@ def launch_swiglu_fragments(device: Device, stream: Stream | None, gate: Any, up
                             rows: int, cols: int, n_tokens: int, *, weight_type: str, workspace: Any) -> None:
     """gate[n_tokens, rows] = silu(x @ W_gate^T) * (x @ W_up^T) in one launch (up: the up product, scratch), x
     float32 [n_tokens, cols], both W [rows, cols] of `weight_type`; `workspace` a Buffer zeroed once (the kernels
-    leave its counters at zero). Only where swiglu_fragments_fit."""
+    leave its counters at zero). Only where kernel_choice.swiglu_fragments_fit."""
     if weight_type not in SWIGLU_FRAGMENT_TYPES or not has_fragment_path(device.arch, weight_type, 32, cols):
         raise ValueError(f"{OP}: the fragment path's SwiGLU takes {', '.join(SWIGLU_FRAGMENT_TYPES)} on NVIDIA, not "
                          f"{weight_type!r} on {device.arch}")

@@ -5,10 +5,9 @@ The same HIP kernel sources as on AMD, compiled by nvcc (precompiled cubins) or 
 are loaded with cuModuleLoadData and launched with cuLaunchKernelEx as programmatic dependent launches
 on sm_90 and later, for the kernels that wait for the kernel ahead of them (the launch and the kernel's
 start overlap the end of the one before; fused_qmatvec prefetches its first weights into L2 before it
-waits). ROCMFORGE_PDL=0 launches every kernel with cuLaunchKernel. On by default since the prefetch:
-measured on an NVIDIA H100, single-sequence decode of the 8B Q4_K_M 322 -> 340 t/s and of the 1B 1,090 ->
-1,200 (docs/history/2026-11-27-kv-epilogue-weight-prefetch.md); before it, on alone gained 1.6-2.6% (and had
-cost 2-5% with older kernels).
+waits). Measured on an NVIDIA H100 with the prefetch, single-sequence decode of the 8B Q4_K_M 322 -> 340 t/s
+and of the 1B 1,090 -> 1,200 against plain launches (docs/history/2026-11-27-kv-epilogue-weight-prefetch.md);
+before it, they gained 1.6-2.6% (and had cost 2-5% with older kernels).
 
 What is CUDA's own, and so lives here: one primary context per device, retained at open and released
 at close(), made current with cuCtxSetCurrent on every thread that touches the device; the arch
@@ -21,7 +20,6 @@ driver; probe() says why the backend cannot be used there.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 from hipcore.runtime.cuda_calls import VENDOR, call_error, check, load_driver_bindings, probe  # noqa: F401 (probe: selection)
@@ -59,7 +57,7 @@ class CudaDevice(GpuDevice):
 
     def _programmatic_launch_config(self) -> Any:
         major = int(self.arch[3:-1]) if self.arch.startswith("sm_") and self.arch[3:].isdigit() else 0
-        if major < 9 or os.environ.get("ROCMFORGE_PDL", "1") == "0":
+        if major < 9:
             return None
         drv = self._drv
         attribute = drv.CUlaunchAttribute()

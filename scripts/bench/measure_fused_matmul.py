@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path, help="also write the figures as JSON to this file")
     opts = parser.parse_args()
     tokens = [int(n) for n in opts.tokens.split(",")]
-    from hipcore.model.projections import FUSED_MATVEC_MAX_TOKENS
+    from hipcore.ops.kernel_choice import FUSED_MATVEC_MAX_TOKENS
     result = measure(opts.device, tokens, opts.rotate_mib << 20, opts.replays, opts.repeats, FUSED_MATVEC_MAX_TOKENS,
                      opts.tiles, parse_variants(opts.variants))
     if opts.json_out:

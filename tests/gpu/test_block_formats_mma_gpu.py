@@ -3,7 +3,7 @@ their prompt and decode-batch products on matmul_mma's fragment path as wide mod
 backend (run with `pytest -m gpu tests/gpu/test_block_formats_mma_gpu.py`).
 
 Wide Q8_0, Q5_0, Q5_1, Q4_1, F16 and BF16 matrices leave the fused families for the single ops on NVIDIA from
-matmul_mma.min_tokens tokens (projections.mma_first), and separate Q4_0 matrices leave fused_qmatvec there
+matmul_mma.min_tokens tokens (kernel_choice.mma_first), and separate Q4_0 matrices leave fused_qmatvec there
 (qmatvec_limit); these files are narrower than MMA_FIRST_MIN_COLS, which is set to 0 here. Six sequences start together (one step of 15 prompt tokens:
 the staged entries), then decode together (steps of 6 tokens: the direct entries), teacher-forced on the cpu's greedy
 tokens; every row's top-10 logits within MAX_RELATIVE_LOGIT_DIFF of its largest. Tolerance: matmul_mma rounds W and x
@@ -27,8 +27,7 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model import projections
-from hipcore.ops import matmul_mma, matmul_mma_swiglu
+from hipcore.ops import kernel_choice, matmul_mma, matmul_mma_swiglu
 from support.gguf_factory import write_tiny_llama
 from support.launch_recording import record_entries
 from support.model_steps import step_batch
@@ -48,7 +47,7 @@ def test_block_format_model_on_the_fragment_path_matches_the_cpu_backend(gpu, tm
         pytest.skip(f"{gpu.arch} has no fragment path (NVIDIA sm_80 and later only)")
     path = write_tiny_llama(tmp_path / f"{tensor_type}.gguf", hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=384,
                             n_layers=2, tensor_type=tensor_type, embedding_type="Q8_0", tied=False, context=256, seed=13)
-    monkeypatch.setattr(projections, "MMA_FIRST_MIN_COLS", 0)
+    monkeypatch.setattr(kernel_choice, "MMA_FIRST_MIN_COLS", 0)
     entries = record_entries(monkeypatch, matmul_mma)
     options = dict(max_seqs=8, ctx_size=256, kv_dtype="f32")
     worst = 0.0
@@ -92,7 +91,7 @@ def test_block_format_prompt_on_the_128_token_f16_tiles_matches_the_cpu_backend(
         pytest.skip(f"{gpu.arch} has no 128-token tiles (NVIDIA sm_80 and later only)")
     path = write_tiny_llama(tmp_path / f"{tensor_type}.gguf", hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=384,
                             n_layers=2, tensor_type=tensor_type, embedding_type="Q8_0", tied=False, context=256, seed=17)
-    monkeypatch.setattr(projections, "MMA_FIRST_MIN_COLS", 0)
+    monkeypatch.setattr(kernel_choice, "MMA_FIRST_MIN_COLS", 0)
     monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 1)
     monkeypatch.setattr(matmul_mma, "BUSY_ITEMS", 8)
     entries = record_entries(monkeypatch, matmul_mma, matmul_mma_swiglu)

@@ -315,8 +315,10 @@ def test_q4_k_m_prompt_step_with_swiglu_pairs_matches_the_cpu_backend(gpu, kquan
     prompt = [(7 * i + 3) % 380 for i in range(140)]
     options = dict(max_seqs=4, ctx_size=256, kv_dtype="f16")
     logits = {}
+    with_pairs = projections.ProjectionPlanner.ffn_pairs
     for label, pairs, kind in (("pairs", "1", "gate_up+silu"), ("wide", "1", "up_proj+silu"), ("no pairs", "0", None)):
-        monkeypatch.setenv(projections.SWIGLU_PAIRS_ENV, pairs)
+        monkeypatch.setattr(projections.ProjectionPlanner, "ffn_pairs",
+                            with_pairs if pairs == "1" else lambda *args, **kwargs: False)
         monkeypatch.setattr(matmul_mma, "WIDE_MIN_TILES", 1 if label == "wide" else 1 << 30)
         # This small model's few tiles would be split; the wide SwiGLU takes unsplit steps only.
         monkeypatch.setattr(matmul_mma, "BUSY_ITEMS", 2 if label == "wide" else 264)

@@ -4,7 +4,7 @@ before the post-norm reading the f16 result: ProjectionPlanner.ffn_pairs with ac
 Gemma-2-9B and Gemma-3-4B shapes (scripts/models/synthetic_models.py in Q4_K_M: 2 and 6 layers, so that each has a
 global layer, and a feed-forward of 5,120 rows so
 that a 512-token prompt makes the 160 tiles of 128 tokens the path needs) against the cpu backend's float32 single
-ops, and against the same GPU with the path turned off (ROCMFORGE_SWIGLU_PAIRS=0).
+ops, and against the same GPU with the path turned off (ProjectionPlanner.ffn_pairs planted False).
 
 Tolerance: 4e-2 of the largest logit over the top 10, the quantized families' GPU bound (tests/gpu/test_families_gpu.py:
 activations rounded to f16 or int8 against the cpu backend's float32); what a wrong activation does (SiLU for GELU, the
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model.projections import SWIGLU_PAIRS_ENV
+from hipcore.model.projections import ProjectionPlanner
 from hipcore.ops import prompt_attention
 from support.model_steps import step_batch
 from test_synthetic_models import write_reduced, write_tiktoken
@@ -66,7 +66,7 @@ def test_the_f16_geglu_prompt_matches_the_cpu_backend(gpu, tmp_path, monkeypatch
     on_cpu, _ = prompt_logits(path, None, tokens)
     fused, names = prompt_logits(path, gpu, tokens)
     assert names.count("up_proj+gelu") == LAYERS[shape] and "gelu_mul" not in names, names
-    monkeypatch.setenv(SWIGLU_PAIRS_ENV, "0")
+    monkeypatch.setattr(ProjectionPlanner, "ffn_pairs", lambda *args, **kwargs: False)
     single, single_names = prompt_logits(path, gpu, tokens)
     assert "gelu_mul" in single_names and "up_proj+gelu" not in single_names
     figures = {"f16_vs_cpu": relative_top10(fused, on_cpu), "f32_vs_cpu": relative_top10(single, on_cpu),

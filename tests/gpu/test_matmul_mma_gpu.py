@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import gelu_mul, matmul_mma, matmul_mma_qkv, matmul_mma_swiglu
+from hipcore.ops import gelu_mul, kernel_choice, matmul_mma, matmul_mma_qkv, matmul_mma_swiglu
 from hipcore.ops.weight_formats import column_multiple
 from hipcore.runtime import kernels as loader
 from support.weight_samples import random_weights
@@ -224,7 +224,7 @@ def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
     """The gate product in 128-token tiles (launch with x_f16), then matmul_mma_silu_up: h16 within
     silu_up_error_bound of the reference, and the same bytes as a SwiGLU pair's h16 (the same products and the
     same silu)."""
-    assert matmul_mma_swiglu.silu_up_fits(gpu, n_tokens, rows, weight_type)
+    assert kernel_choice.silu_up_fits(gpu, n_tokens, rows, weight_type)
     w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
     # Random Q8_0 codes reach 127 d: with unit x over 4,096 columns silu(gate) * up passed f16's 65,504 (h16 is f16,
     # as for the K-quants), which a model's activations do not; x at a quarter keeps h within range for every type.
@@ -254,7 +254,7 @@ def test_the_wide_swiglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens)
 ])
 def test_the_wide_geglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     """matmul_mma_gelu_up (Gemma's GeGLU): h16 within the GeGLU bound of gelu(gate) * up."""
-    assert matmul_mma_swiglu.silu_up_fits(gpu, n_tokens, rows, weight_type, "gelu")
+    assert kernel_choice.silu_up_fits(gpu, n_tokens, rows, weight_type, "gelu")
     w_gate, w_up = (random_weights(rng, weight_type, rows, cols) for _ in range(2))
     x = (0.25 * rng.standard_normal((n_tokens, cols))).astype(np.float16)  # as test_the_wide_swiglu's
     wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
@@ -293,7 +293,7 @@ def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
     xs = mem.upload(x)
     ys = tuple(mem.poisoned(n_tokens * r * 4) for r in rows)
     workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8))
-    assert matmul_mma_qkv.takes_qkv(gpu, n_tokens, types, cols, rows)
+    assert kernel_choice.takes_qkv(gpu, n_tokens, types, cols, rows)
     runs = []
     for _ in range(2):
         matmul_mma_qkv.launch_qkv(gpu, None, ys, ws, xs, rows, cols, n_tokens, weight_types=types, workspace=workspace)
@@ -324,7 +324,7 @@ def test_the_fragment_paths_swiglu(gpu, mem, rng, seed, weight_type, rows, cols,
     wg, wu, xs = mem.upload(w_gate, "weights"), mem.upload(w_up, "weights"), mem.upload(x)
     gate, up = mem.poisoned(n_tokens * rows * 4), mem.poisoned(n_tokens * rows * 4)
     workspace = mem.upload(np.zeros(fused_matmul.WORKSPACE_BYTES, np.uint8))
-    assert matmul_mma_swiglu.swiglu_fragments_fit(gpu, n_tokens, rows, cols, (weight_type, weight_type), workspace)
+    assert kernel_choice.swiglu_fragments_fit(gpu, n_tokens, rows, cols, (weight_type, weight_type), workspace)
     want_h, _, want_u = matmul_mma_swiglu.swiglu_reference(w_gate, w_up, weight_type, x, rows, cols)
     bound_h, _, bound_u = matmul_mma_swiglu.swiglu_error_bound(w_gate, w_up, weight_type, x, rows, cols)
     runs = []

@@ -14,7 +14,7 @@ steps (fused_matvec / matvec) differ from the cpu only in float32 summation orde
 which rounds W and x to f16 (u = 2^-11) in each of the ~9 products on a logit's path: ~2e-3 relative.
 1e-2 covers that 5x over; a wrong decode (a fifth bit misplaced moves a weight by 16 d) moves logits by
 their own size. The same files once more with the one-token products on fused_qmatvec's int8 entries (the path wide
-Q5_0 / Q5_1 models take: projections.qmatvec_first), within the int8 paths' tolerance. Figures go to
+Q5_0 / Q5_1 models take: kernel_choice.qmatvec_first), within the int8 paths' tolerance. Figures go to
 q5_model_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
@@ -28,8 +28,7 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.model import projections
-from hipcore.ops import fused_qmatvec
+from hipcore.ops import fused_qmatvec, kernel_choice
 from support.gguf_factory import write_tiny_llama
 from support.launch_recording import record_entries
 from support.model_steps import step_batch
@@ -63,10 +62,10 @@ def test_q5_model_matches_the_cpu_backend(gpu, models, name):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_q5_model_on_the_int8_entries_matches_the_cpu_backend(gpu, models, name, monkeypatch):
     """The same files with their one-token Q5_0 / Q5_1 / Q8_0 products on fused_qmatvec's int8 entries, as wide models
-    take them (projections.qmatvec_first; these are narrower than QMATVEC_FIRST_MIN_COLS, which is set to 0 here):
+    take them (kernel_choice.qmatvec_first; these are narrower than QMATVEC_FIRST_MIN_COLS, which is set to 0 here):
     the decode steps round x to int8 per 32 values, so the tolerance is the int8 paths' (MAX_RELATIVE_QUANT_LOGIT_DIFF),
     and the launches must have gone to the "1b" entries."""
-    monkeypatch.setattr(projections, "QMATVEC_FIRST_MIN_COLS", 0)
+    monkeypatch.setattr(kernel_choice, "QMATVEC_FIRST_MIN_COLS", 0)
     names = record_entries(monkeypatch, fused_qmatvec)
     compare_with_the_cpu(gpu, models, name, MAX_RELATIVE_QUANT_LOGIT_DIFF, f"{name}-int8")
     assert any(n.endswith("_1b") for n in names), f"no one-token launch took the 1b entries: {sorted(set(names))}"
