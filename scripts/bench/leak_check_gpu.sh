@@ -34,7 +34,7 @@ status=0
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>/dev/null \
     || rocm-smi --showproductname 2>/dev/null || echo "no GPU tool found"; } > "$OUTDIR/device.txt"
-# ROCMFORGE_COMMIT names the commit where the sources travel without a current .git
+# ROCMFORGE_COMMIT names the commit where the sources were copied without their .git
 if [ -n "${ROCMFORGE_COMMIT:-}" ]; then echo "$ROCMFORGE_COMMIT" > "$OUTDIR/commit.txt"
 else git log -1 --format='%H %cd' > "$OUTDIR/commit.txt" 2>/dev/null || true; fi
 
