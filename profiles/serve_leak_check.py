@@ -8,7 +8,8 @@ hold no KV block (physical, pending) and its ledger must equal the baseline byte
 driver's free memory (GPU) must not have dropped beyond the ledger's growth over both halves of the
 requests (profiles/serve_leak_driver.py: a drop in one half only is a warning); then it gets SIGTERM and
 must exit 0, which it does only when its own shutdown check found the KV cache quiescent and the ledger
-empty after close.
+empty after close. The findings and the verdict are leak-check's kind (serve_leak_report.py): a layer that
+could not be judged, such as host memory on a short run, makes the verdict "not judged" and the exit code 1.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import itertools
@@ -29,8 +29,11 @@ import itertools
 import httpx
 
 from profiles.leak_bugs import TESTING_ENV
+from profiles.leak_report import LEAK, WARNING, Finding
+from profiles.leak_thresholds import Thresholds
 from profiles.serve_leak_driver import DRIVER_METRIC, DriverSeries, judge_driver
 from profiles.serve_leak_host import DEFAULT_GROWTH_PER_1000, HostSeries, judge_host
+from profiles.serve_leak_report import KV_KEYS, ServeLeakReport, judge_host_layer, judge_pool_and_ledger, ledger_of
 
 HEALTH_TIMEOUT_S = 300.0  # loading the model
 IDLE_TIMEOUT_S = 60.0
@@ -49,40 +52,17 @@ class ServeLeakSettings:
     seed: int = 0
     extra_args: tuple[str, ...] = ()  # passed to `rocmforge serve` (e.g. --ctx-size 512)
     planted_bug: str | None = None
-    driver_tolerance: int = 2 << 20  # the driver's free memory moves in 2 MiB steps on an H100
+    driver_granule: int = 2 << 20  # the driver's free memory moves in 2 MiB steps on an H100
     time_limit_s: float = 600.0  # the whole request phase, whatever happens
     duration_s: float | None = None  # a soak: clients start requests until this many seconds have passed
-    sample_interval_s: float = 1.0  # the server's host memory is read this often while the clients run
-    host_growth_per_1000: int = DEFAULT_GROWTH_PER_1000
-    require_host: bool = False  # a run whose host memory could not be judged fails (soaks)
-
-
-@dataclass
-class ServeLeakReport:
-    requests: int = 0
-    plans: Counter = field(default_factory=Counter)
-    statuses: Counter = field(default_factory=Counter)
-    baseline: dict = field(default_factory=dict)
-    final: dict = field(default_factory=dict)
-    server_exit: int | None = None
-    server_tail: str = ""
-    findings: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # reported with their numbers; they fail nothing
-    driver: dict = field(default_factory=dict)  # the driver layer's figures (serve_leak_driver), GPU only
-    seconds: float = 0.0
-    host: dict = field(default_factory=dict)
-    host_line: str = ""
-
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.findings else 0
+    sample_interval_s: float = 0.25  # the server's host memory is read this often while the clients run
+    thresholds: Thresholds = field(default_factory=Thresholds)  # --fail-on (blocks, ledger, driver, host-growth)
 
     def to_dict(self) -> dict:
-        return {"requests": self.requests, "plans": dict(self.plans), "statuses": dict(self.statuses),
-                "baseline": self.baseline, "final": self.final, "server_exit": self.server_exit,
-                "findings": self.findings, "warnings": self.warnings, "seconds": round(self.seconds, 2), "host": self.host,
-                "driver": self.driver,
-                "clean": not self.findings}
+        return {"model": self.model, "device": self.device, "requests": self.requests, "clients": self.clients,
+                "max_tokens": self.max_tokens, "seed": self.seed, "serve_args": list(self.extra_args),
+                "time_limit_s": self.time_limit_s, "duration_s": self.duration_s,
+                "sample_interval_s": self.sample_interval_s, "fail_on": self.thresholds.describe()}
 
 
 def _free_port() -> int:
@@ -98,10 +78,6 @@ def _metrics(client: httpx.Client) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
-
-
-def _ledger(m: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in m.items() if k.startswith("rocmforge_ledger_bytes")}
 
 
 def _body(rng: random.Random, settings: ServeLeakSettings, chat: bool, stream: bool) -> dict:
@@ -142,8 +118,10 @@ def _one_request(client: httpx.Client, rng: random.Random, settings: ServeLeakSe
         return plan, "left"
 
 
-def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> ServeLeakReport:
-    report = ServeLeakReport()
+def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None, command_line: str = "") -> ServeLeakReport:
+    t = settings.thresholds
+    report = ServeLeakReport(command=command_line, settings=settings.to_dict(), thresholds=t,
+                             planted_bug=settings.planted_bug)
     started = time.monotonic()
     port = _free_port()
     command = [sys.executable, "-m", "rocmforge_cli.app", "serve", "--model", settings.model, "--device", settings.device,
@@ -166,7 +144,7 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> Se
                 _one_request(client, random.Random(-1 - warm_seed), settings)
             _wait_idle(client)
             baseline = _metrics(client)
-            report.baseline = _ledger(baseline) | _driver(baseline)
+            report.baseline = ledger_of(baseline) | _driver(baseline) | _kv(baseline)
             host, driver = HostSeries(), DriverSeries()
             host.add(0, baseline)
             amount = f"{settings.duration_s:.0f} s of requests" if settings.duration_s else f"{settings.requests} requests"
@@ -174,25 +152,23 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> Se
             _drive(settings, client, report, time.monotonic(), host, driver)
             final = _wait_idle(client)
             host.add(report.requests, final)
-            verdict = judge_host(host, settings.host_growth_per_1000)
-            report.host, report.host_line = verdict.to_dict(), verdict.line()
-            if verdict.leaked:
-                report.findings.append(verdict.line())
-            elif settings.require_host and not verdict.judged:
-                report.findings.append(verdict.line() + ": a soak must judge it; run longer")
-            report.final = _ledger(final) | _driver(final) | {
-                k: final[k] for k in ("rocmforge_kv_physical_blocks", "rocmforge_kv_pending_blocks",
-                                      "rocmforge_kv_free_blocks", "rocmforge_kv_total_blocks", "rocmforge_kv_reserved_blocks")}
-            report.findings += _judge(baseline, final)
+            report.final = ledger_of(final) | _driver(final) | _kv(final)
+            report.findings += judge_pool_and_ledger(baseline, final, t)
             if DRIVER_METRIC in baseline:
-                growth = sum(final.get(key, 0.0) - before for key, before in _ledger(baseline).items())
+                growth = sum(final.get(key, 0.0) - before for key, before in ledger_of(baseline).items())
                 found = judge_driver(driver, baseline[DRIVER_METRIC], final[DRIVER_METRIC], report.requests, growth,
-                                     settings.driver_tolerance, server_warmed_up="--no-warmup" not in settings.extra_args)
-                report.findings += found.leaks
-                report.warnings += found.warnings
+                                     settings.driver_granule + (t.driver or 0),
+                                     server_warmed_up="--no-warmup" not in settings.extra_args)
+                report.findings += [Finding("driver", LEAK if t.driver is not None else WARNING, m) for m in found.leaks]
+                report.findings += [Finding("driver", WARNING, m) for m in found.warnings]
                 report.driver = found.to_dict()
+            verdict = judge_host(host, t.host_growth_per_1000 if t.host_growth_per_1000 is not None else DEFAULT_GROWTH_PER_1000)
+            report.host, report.host_line = verdict.to_dict(), verdict.line()
+            host_finding = judge_host_layer(verdict, t)
+            if host_finding is not None:
+                report.findings.append(host_finding)
     except _ServerGone as exc:
-        report.findings.append(str(exc))
+        report.findings.append(Finding("server", LEAK, str(exc)))
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
@@ -201,13 +177,13 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None) -> Se
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-                report.findings.append(f"the server did not exit within {EXIT_TIMEOUT_S:.0f} s of SIGTERM")
+                report.findings.append(Finding("server", LEAK, f"the server did not exit within {EXIT_TIMEOUT_S:.0f} s of SIGTERM"))
         reader.join(timeout=5)
     report.server_exit = server.returncode
     report.server_tail = "".join(output[-20:])
     if server.returncode != 0:
-        report.findings.append(f"the server exited {server.returncode} after SIGTERM (its shutdown check): "
-                               + " | ".join(line.strip() for line in output[-3:]))
+        report.findings.append(Finding("server", LEAK, f"the server exited {server.returncode} after SIGTERM (its shutdown "
+                                       "check): " + " | ".join(line.strip() for line in output[-3:])))
     report.seconds = time.monotonic() - started
     return report
 
@@ -218,6 +194,10 @@ class _ServerGone(Exception):
 
 def _driver(m: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in m.items() if k == DRIVER_METRIC}
+
+
+def _kv(m: dict[str, float]) -> dict[str, float]:
+    return {k: m[k] for k in KV_KEYS if k in m}
 
 
 def _wait_healthy(client: httpx.Client, server: subprocess.Popen) -> None:
@@ -285,20 +265,3 @@ def _drive(settings: ServeLeakSettings, client: httpx.Client, report: ServeLeakR
         t.join()
     done.set()
     watcher.join()
-
-
-def _judge(baseline: dict, final: dict) -> list[str]:
-    """The KV pool's and the ledger's findings (the driver's: serve_leak_driver.judge_driver)."""
-    findings = []
-    held = final["rocmforge_kv_physical_blocks"] + final["rocmforge_kv_pending_blocks"]
-    if held:
-        findings.append(f"{held:.0f} KV blocks not returned with every request ended")
-    usable = final["rocmforge_kv_total_blocks"] - final["rocmforge_kv_reserved_blocks"]
-    if final["rocmforge_kv_free_blocks"] != usable:
-        findings.append(f"{final['rocmforge_kv_free_blocks']:.0f} free KV blocks, {usable:.0f} expected")
-    for key, before in _ledger(baseline).items():
-        after = final.get(key, 0.0)
-        if after != before:
-            tag = key.partition("=")[2].strip('"}')
-            findings.append(f"ledger {tag}: {after - before:+.0f} bytes against the baseline")
-    return findings

@@ -6,20 +6,43 @@ import pytest
 
 from support.engine_testing import tiny_model
 
+from profiles.leak_thresholds import parse_fail_on
 from profiles.serve_leak_check import ServeLeakSettings, run_serve_leak_check
+
+
+HOST_OFF = parse_fail_on(["host-growth=off"])  # 24 requests cannot judge host memory (it takes 1,500)
 
 
 def settings(path, **overrides) -> ServeLeakSettings:
     return ServeLeakSettings(model=str(path), device="cpu", requests=24, clients=6, max_tokens=6, seed=3,
-                             extra_args=("--ctx-size", "256", "--step-tokens", "16", "--kv-blocks", "400"), time_limit_s=120, **overrides)
+                             extra_args=("--ctx-size", "256", "--step-tokens", "16", "--kv-blocks", "400"), time_limit_s=120,
+                             **{"thresholds": HOST_OFF, **overrides})
 
 
 def test_a_clean_server_passes_with_disconnects_in_the_mix(tmp_path_factory):
     report = run_serve_leak_check(settings(tiny_model(tmp_path_factory)))
-    assert report.findings == [], report.server_tail
+    assert [(f.layer, f.severity) for f in report.findings] == [("host", "warning")], report.server_tail
+    assert report.verdict == "clean" and report.exit_code == 0
     assert report.requests == 24 and report.server_exit == 0
     assert report.plans["leave-mid-stream"] and report.plans["leave-in-prompt"]
     assert report.final["rocmforge_kv_physical_blocks"] == 0
+    as_json = report.to_dict()
+    assert set(as_json) >= {"verdict", "exit_code", "driver_layer", "findings", "layers", "thresholds", "host", "phases"}
+    assert as_json["driver_layer"] == "not applicable (cpu backend)"
+    assert {row["layer"] for row in as_json["layers"]} >= {"kv blocks", "ledger: kv", "host (RssAnon+VmSwap)"}
+
+
+def test_a_run_too_short_to_judge_host_memory_is_not_judged_and_exits_1(tmp_path_factory, capsys):
+    from rocmforge_cli.app import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["serve-leak-check", "-m", str(tiny_model(tmp_path_factory)), "--device", "cpu",
+                                      "--requests", "8", "--clients", "4", "--max-tokens", "2", "-q",
+                                      "--serve-arg=--ctx-size=256", "--serve-arg=--kv-blocks=400"],
+                                env={"COLUMNS": "160"})
+    assert result.exit_code == 1, result.output
+    assert "NOT JUDGED: nothing leaked in what was checked, but host could not be judged (exit 1)" in result.output
+    assert "host memory not judged" in result.output and "{" not in result.output  # a table, no Python dicts
 
 
 @pytest.mark.parametrize("bug", ["no-release-on-completion", "release-on-cancel-only", "device-leak"])
@@ -28,4 +51,4 @@ def test_a_planted_leak_is_caught(tmp_path_factory, bug):
     assert report.exit_code == 1
     # the layer that sees it: KV blocks still held (release bugs) or ledger bytes not returned (device leak)
     expected = "ledger scratch" if bug == "device-leak" else "KV blocks not returned"
-    assert any(expected in f for f in report.findings), report.findings
+    assert any(expected in f.message and f.severity == "leak" for f in report.findings), report.findings

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from profiles.serve_leak_check import ServeLeakReport
+from profiles.leak_report import Finding
+from profiles.serve_leak_report import ServeLeakReport
 from profiles.serve_leak_driver import DRIVER_METRIC, DriverSeries, judge_driver
 from rocmforge_cli import serve_leak_check as command
 from rocmforge_cli.app import app
@@ -72,14 +73,16 @@ def test_midway_is_the_first_reading_past_half_the_requests():
 
 
 def test_the_command_prints_a_warning_and_exits_0(monkeypatch, tmp_path):
-    report = ServeLeakReport(requests=40, warnings=["the driver's free memory dropped by 10485760 bytes"])
-    monkeypatch.setattr(command, "run_serve_leak_check", lambda settings, say: report)
+    report = ServeLeakReport(requests=40, baseline={DRIVER_METRIC: BASE}, findings=[
+        Finding("driver", "warning", "the driver's free memory dropped by 10485760 bytes")])
+    monkeypatch.setattr(command, "run_serve_leak_check", lambda settings, say, command_line: report)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"")
-    result = CliRunner().invoke(app, ["serve-leak-check", "-m", str(model), "-q"])
+    result = CliRunner().invoke(app, ["serve-leak-check", "-m", str(model), "-q"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "WARNING: the driver's free memory dropped by 10485760 bytes" in result.output
-    assert "clean: every KV block and every ledger byte came back (1 warning)" in result.output
-    report.findings.append("the driver's free memory kept dropping")
-    result = CliRunner().invoke(app, ["serve-leak-check", "-m", str(model), "-q"])
-    assert result.exit_code == 1 and "LEAK: the driver's free memory kept dropping" in result.output
+    assert "CLEAN: every block and every device byte came back (1 warnings)" in result.output
+    assert "the driver's free memory dropped by 10485760 bytes" in result.output and "{" not in result.output
+    report.findings.append(Finding("driver", "leak", "the driver's free memory kept dropping"))
+    result = CliRunner().invoke(app, ["serve-leak-check", "-m", str(model), "-q"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "LEAK: 1 findings (exit 1)" in result.output
+    assert "the driver's free memory kept dropping" in result.output

@@ -71,12 +71,14 @@ def test_the_server_publishes_its_anonymous_rss(tmp_path_factory):
 
 def test_a_soak_too_short_to_judge_host_memory_is_never_called_clean(tmp_path_factory):
     settings = ServeLeakSettings(model=str(tiny_model(tmp_path_factory)), device="cpu", requests=None, clients=4,
-                                 max_tokens=4, seed=5, duration_s=3.0, require_host=True, sample_interval_s=0.2,
+                                 max_tokens=4, seed=5, duration_s=3.0, sample_interval_s=0.2,
                                  extra_args=("--ctx-size", "256", "--step-tokens", "16", "--kv-blocks", "400"))
     report = run_serve_leak_check(settings)
     assert report.requests > 0 and report.server_exit == 0, report.server_tail
     assert report.host["samples"] >= 3 and not report.host["judged"]
-    assert report.exit_code == 1 and any("a soak must judge it" in f for f in report.findings), report.findings
+    assert report.exit_code == 1 and report.verdict == "not judged"
+    assert [(f.layer, f.severity) for f in report.findings] == [("host", "not judged")], report.findings
+    assert "--requests 1500 or more" in report.findings[0].message
 
 
 @pytest.mark.parametrize("text,seconds", [("90", 90.0), ("90s", 90.0), ("10m", 600.0), ("1.5h", 5400.0)])
