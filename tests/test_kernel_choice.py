@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hipcore.ops import fused_matmul, kernel_choice, matmul, matmul_mma
+from hipcore.ops import fused_matmul, kernel_choice, matmul_mma
 
 GOLDEN = Path(__file__).parent / "golden" / "kernel_choices.json"
 TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
@@ -54,11 +54,12 @@ def choices(device, workspace, monkeypatch, arch: str, weight_type: str, n_token
         "head_separate": kernel_choice.separate_fusable(n_tokens, w,
                                                       max_tokens=kernel_choice.head_qmatvec_limit(device, w)),
     }
-    if matmul_mma.takes_matrix_cores(device, n_tokens, weight_type):
+    op = kernel_choice.single_product_op(device, n_tokens, weight_type)
+    if op is matmul_mma:
         out["project"] = _launched(device, monkeypatch, rows=rows, cols=cols, n_tokens=n_tokens,
                                    weight_type=weight_type, workspace=workspace)
     else:
-        out["project"] = "matmul" if n_tokens > matmul.MATVEC_MAX_TOKENS else "matvec"
+        out["project"] = op.__name__.rsplit(".", 1)[-1]
     out["f16_x"] = kernel_choice.takes_f16_x(device, weight_type, rows, n_tokens)
     if out["f16_x"]:
         out["f16_x_entry"] = _launched(device, monkeypatch, rows=rows, cols=cols, n_tokens=n_tokens,

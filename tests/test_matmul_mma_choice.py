@@ -1,5 +1,5 @@
 """matmul_mma's launcher decisions on the cpu backend: which archs have matrix cores, the tile choice, and
-`project` (the call a model's single-op products make) taking the matrix cores only where they exist,
+kernel_choice.project (the call a model's single-op products make) taking the matrix cores only where they exist,
 for its formats, from MMA_MIN_TOKENS tokens; the cpu backend's matmul_mma kernels computing the product."""
 
 from __future__ import annotations
@@ -116,9 +116,12 @@ def test_tiles_fit_the_batch_and_fill_the_device():
 
 
 def test_project_takes_the_matrix_cores_where_they_exist(cpu_device, monkeypatch):
+    from hipcore.ops import kernel_choice, matvec
+
     calls = []
     monkeypatch.setattr(matmul_mma, "launch", lambda *a, **k: calls.append(("mma", a[7], k["weight_type"])))
-    monkeypatch.setattr(matmul, "project", lambda *a, **k: calls.append(("matmul", a[7], k["weight_type"])))
+    monkeypatch.setattr(matmul, "launch", lambda *a, **k: calls.append(("matmul", a[7], k["weight_type"])))
+    monkeypatch.setattr(matvec, "launch", lambda *a, **k: calls.append(("matvec", a[7], k["weight_type"])))
     lo = matmul_mma.MMA_MIN_TOKENS
     assert matmul_mma.MMA_MIN_TOKENS_KQUANT_FRAGMENTS < matmul_mma.MMA_MIN_TOKENS_KQUANT < lo
     assert matmul_mma.min_tokens("q8_0", "gfx942") == matmul_mma.min_tokens("q8_0") == lo
@@ -132,16 +135,20 @@ def test_project_takes_the_matrix_cores_where_they_exist(cpu_device, monkeypatch
         klo, qlo = matmul_mma.min_tokens("q4_k", arch), matmul_mma.min_tokens("q8_0", arch)
         calls.clear()
         for n, wt in ((klo - 1, "q4_k"), (klo, "q4_k"), (qlo - 1, "q8_0"), (qlo, "q8_0"), (512, "q6_k"), (512, "f32")):
-            matmul_mma.project(cpu_device, None, 0, 0, 0, 4, 256, n, weight_type=wt)
-        mma = "mma" if matmul_mma.has_matrix_cores(arch) else "matmul"
-        assert calls == [("matmul", klo - 1, "q4_k"), (mma, klo, "q4_k"), ("matmul", qlo - 1, "q8_0"), (mma, qlo, "q8_0"),
-                         (mma, 512, "q6_k"), ("matmul", 512, "f32")], arch
+            kernel_choice.project(cpu_device, None, 0, 0, 0, 4, 256, n, weight_type=wt)
+
+        def fp32(n):  # without the matrix cores: matvec up to MATVEC_MAX_TOKENS tokens, matmul beyond
+            return "matvec" if n <= matmul.MATVEC_MAX_TOKENS else "matmul"
+
+        def mma(n):
+            return "mma" if matmul_mma.has_matrix_cores(arch) else fp32(n)
+        assert calls == [(fp32(klo - 1), klo - 1, "q4_k"), (mma(klo), klo, "q4_k"), (fp32(qlo - 1), qlo - 1, "q8_0"),
+                         (mma(qlo), qlo, "q8_0"), (mma(512), 512, "q6_k"), ("matmul", 512, "f32")], arch
 
 
-def test_the_single_op_path_of_a_layer_goes_through_matmul_mma():
-    assert projections.matmul_mma is matmul_mma
+def test_the_single_op_path_of_a_layer_goes_through_kernel_choice():
     source = open(projections.__file__).read()
-    assert "matmul.project(" not in source and source.count("matmul_mma.project(") == 5
+    assert ".project(" in source and source.count(".project(") == source.count("kernel_choice.project(") == 5
 
 
 def test_cpu_backend_kernel_computes_the_product(cpu_device):

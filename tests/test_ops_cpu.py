@@ -9,7 +9,7 @@ import pytest
 
 from support.gguf_quantize import max_abs_error, quantize
 from hipcore.model.weights import GPU_MATRIX_TYPES
-from hipcore.ops import add, add_bias, argmax, matmul, matvec, rmsnorm, rope, silu_mul, weight_formats
+from hipcore.ops import add, add_bias, argmax, kernel_choice, matmul, matvec, rmsnorm, rope, silu_mul, weight_formats
 from hipcore.ops.weight_formats import column_multiple
 from support.weight_samples import random_weights
 
@@ -159,7 +159,7 @@ def test_project_takes_matvec_for_few_tokens_and_matmul_beyond(cpu_device, monke
     monkeypatch.setattr(matvec, "launch", lambda *a, **k: calls.append(("matvec", a[7])))
     monkeypatch.setattr(matmul, "launch", lambda *a, **k: calls.append(("matmul", a[7])))
     for n in (1, matmul.MATVEC_MAX_TOKENS, matmul.MATVEC_MAX_TOKENS + 1, 512):
-        matmul.project(cpu_device, None, 0, 0, 0, 4, 32, n, weight_type="q4_1")
+        kernel_choice.project(cpu_device, None, 0, 0, 0, 4, 32, n, weight_type="q4_1")
     limit = matmul.MATVEC_MAX_TOKENS
     assert calls == [("matvec", 1), ("matvec", limit), ("matmul", limit + 1), ("matmul", 512)]
 

@@ -26,8 +26,8 @@ from typing import Callable
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.projections import Launch, ProjectionPlanner, weight_arg
 from hipcore.model.step_inputs import StepInputs
-from hipcore.ops import (head_norm_rope, kernel_choice, kv_store, matmul_mma, paged_attention, prompt_attention,
-                         rmsnorm, rope, scale, softcap)
+from hipcore.ops import (head_norm_rope, kernel_choice, kv_store, paged_attention, prompt_attention, rmsnorm, rope,
+                         scale, softcap)
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
@@ -208,7 +208,7 @@ def qkv_products(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t,
                                                                cfg.hidden_size, cfg.rms_norm_eps))]
     for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
-        plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
+        plan.append((f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
             dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
             workspace=ctx.products.workspace)))
     return plan

@@ -2,7 +2,7 @@
 
 llama.cpp's build_moe_ffn (src/llama-graph.cpp), for every token of the step:
     xn      = rmsnorm(x) * ffn_norm                         rmsnorm
-    logits  = xn @ Wr^T (+ router bias)                     matmul_mma.project (+ add_bias), [t, experts]
+    logits  = xn @ Wr^T (+ router bias)                     kernel_choice.project (+ add_bias), [t, experts]
     ids, w  = the k experts and their weights               moe_route (softmax_topk or topk_softmax)
     h[t, j] = act(gate_e . xn[t] (+b), up_e . xn[t] (+b))   moe_experts.launch_gate_up, e = ids[t, j]
     x      += sum_j w[t, j] (down_e . h[t, j] (+b))         moe_experts.launch_down, into the residual stream
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hipcore.errors import UnsupportedModelError
 from hipcore.model.projections import Launch, weight_arg
-from hipcore.ops import add_bias, matmul_mma, moe_experts, moe_route, rmsnorm
+from hipcore.ops import add_bias, kernel_choice, moe_experts, moe_route, rmsnorm
 
 ROUTER_TAG = "moe_router"
 EXPERTS_TAG = "moe_experts"
@@ -60,7 +60,7 @@ def moe_feed_forward(ctx, i: int, lw, t: int) -> list[Launch]:
     router, gate, up, down = lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps
     plan: list[Launch] = [
         ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps)),
-        ("moe_router", lambda: matmul_mma.project(dev, st, b["moe_logits"], weight_arg(router), b["xn"], e, h, t,
+        ("moe_router", lambda: kernel_choice.project(dev, st, b["moe_logits"], weight_arg(router), b["xn"], e, h, t,
                                                   weight_type=router.fmt, workspace=ctx.products.workspace))]
     if lw.ffn_gate_inp_bias is not None:
         plan.append(("moe_router_bias", lambda: add_bias.launch(dev, st, b["moe_logits"], lw.ffn_gate_inp_bias.buffer,

@@ -10,7 +10,7 @@ Three ways, per product, decided by the step's size and the weight's format:
                 types (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) when q|k|v or gate|up are separate matrices, of
                 one type or several (a Q4_K_M layer: Q4_K q, k with Q6_K v): the same four launches; and
                 one token of wide Q8_0, Q5_0 and Q5_1 products (qmatvec_first), concatenated or not;
-  single ops    (rmsnorm, matmul_mma.project, rope, silu_mul, add) for formats no fused kernel reads,
+  single ops    (rmsnorm, kernel_choice.project, rope, silu_mul, add) for formats no fused kernel reads,
                 prompt steps of weights without the concatenated q|k|v and gate|up buffers, and on NVIDIA
                 the wide Q8_0, Q5_0, Q5_1, Q4_1, F16 and BF16 products of decode batches and prompts (mma_first); their
                 products run on the matrix cores from matmul_mma.min_tokens tokens where the device has them,
@@ -125,7 +125,7 @@ class ProjectionPlanner:
                     dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
                     workspace=self.workspace, x_f16=True)))
                 continue
-            plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
+            plan.append((f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
                 workspace=self.workspace)))
         for name, out, bias in zip("qkv", (b["q"], b["k"], b["v"]), biases or ()):
@@ -181,7 +181,7 @@ class ProjectionPlanner:
                 dev, st, b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t, weight_type=gate.fmt,
                 workspace=self.workspace))]
         for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
-            plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.project(
+            plan.append((f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
                 workspace=self.workspace)))
         gated = silu_mul if swiglu else gelu_mul
@@ -273,13 +273,14 @@ class ProjectionPlanner:
             return [(f"{name}+residual", lambda: matmul_mma.launch(
                 dev, st, b["x"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt, workspace=self.workspace,
                 accumulate=True))]
-        return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt)),
+        return [(name, lambda: kernel_choice.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
+                                                     weight_type=wt.fmt)),
                 (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
 
     def product(self, name: str, wt, x: Buffer, cols: int, t: int, x_f16: bool = False) -> list[Launch]:
         """b["proj"] = x @ W^T, hidden_size rows (a product normalized before its residual add: Gemma's o and down):
         fused_qmatvec's residual entry storing instead of adding where it takes the weight and the step, else
-        matmul_mma.project. x_f16: x holds f16 (Gemma's down after the f16 feed-forward, only where ffn_pairs with
+        kernel_choice.project. x_f16: x holds f16 (Gemma's down after the f16 feed-forward, only where ffn_pairs with
         GeGLU): matmul_mma's f16 entry."""
         b, dev, st, h = self.b, self.device, self.stream, self.config.hidden_size
         if x_f16:
@@ -288,8 +289,8 @@ class ProjectionPlanner:
         if kernel_choice.takes_fused_qmatvec(dev, t, wt):
             return [(name, lambda: fused_qmatvec.launch_add(dev, st, b["proj"], weight_arg(wt), x, rows=h, cols=cols,
                                                             batch=t, weight_type=wt.fmt, store=True))]
-        return [(name, lambda: matmul_mma.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt,
-                                                  workspace=self.workspace))]
+        return [(name, lambda: kernel_choice.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
+                                                     weight_type=wt.fmt, workspace=self.workspace))]
 
     def head(self, out_w, norm_w, rows: Buffer, r: int) -> list[Launch]:
         """b["logits"][:r] = rmsnorm(rows) @ W_out^T."""
@@ -306,5 +307,5 @@ class ProjectionPlanner:
                 dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, batch=r, eps=eps,
                 weight_type=out_w.fmt))]
         return [("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, norm_w.buffer, r, h, eps)),
-                ("head", lambda: matmul_mma.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h, r,
-                                                    weight_type=out_w.fmt, workspace=self.workspace))]
+                ("head", lambda: kernel_choice.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h, r,
+                                                       weight_type=out_w.fmt, workspace=self.workspace))]

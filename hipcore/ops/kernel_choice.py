@@ -11,8 +11,9 @@ hipcore/model/projections.py builds a layer's launches from these answers, in th
   3. the single ops: q, k and v in one launch on the fragment path (takes_qkv), a decode batch's gate, up and
      SwiGLU in one launch (swiglu_fragments_fit), a prompt's feed-forward on f16 activations with gate, up and the
      activation in one launch (silu_up_fits in 128-token tiles, else swiglu_fits), products reading f16 x
-     (takes_f16_x); else one product each: matmul_mma.project (the matrix cores from matmul_mma.min_tokens tokens
-     where the device has them, else matmul beyond matmul.MATVEC_MAX_TOKENS tokens, else matvec).
+     (takes_f16_x); else one product each (project, single_product_op): matmul_mma on the matrix cores from
+     matmul_mma.min_tokens tokens where the device has them, else matmul beyond matmul.MATVEC_MAX_TOKENS tokens,
+     else matvec.
 Inside a matrix-core product the launcher picks its entry from the tile, split and architecture
 (matmul_mma.entry_name: the fragment path's direct or staged entry on NVIDIA sm_80+, else the shared tiles);
 tests/test_kernel_choice.py pins every choice against tests/golden/kernel_choices.json.
@@ -30,9 +31,9 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from hipcore.ops import (fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul_mma, matmul_mma_qkv,
-                         matmul_mma_swiglu)
-from hipcore.runtime.device import Buffer, Device
+from hipcore.ops import (fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul, matmul_mma, matmul_mma_qkv,
+                         matmul_mma_swiglu, matvec)
+from hipcore.runtime.device import Buffer, Device, Stream
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,23 @@ def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED
     if n_tokens <= max_matvec_tokens:
         return fused_matvec
     return fused_matmul if fused_matmul.supports(weight_type) else None
+
+
+def single_product_op(device: Device, n_tokens: int, weight_type: str):
+    """The op module that computes a product alone (no fused norm, activation or residual): matmul_mma where the
+    matrix cores take it (matmul_mma.takes_matrix_cores), else matmul beyond matmul.MATVEC_MAX_TOKENS tokens (W
+    decoded once per tile of tokens), else matvec (a pass over W per 8 tokens, as fast as W can be read)."""
+    if matmul_mma.takes_matrix_cores(device, n_tokens, weight_type):
+        return matmul_mma
+    return matmul if n_tokens > matmul.MATVEC_MAX_TOKENS else matvec
+
+
+def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
+            weight_type: str, workspace: Any = None) -> None:
+    """y[n_tokens, rows] = x @ W^T by single_product_op's kernel; `workspace` is matmul_mma's (its splits)."""
+    op = single_product_op(device, n_tokens, weight_type)
+    extra = {"workspace": workspace} if op is matmul_mma else {}
+    op.launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type, **extra)
 
 
 def family_of(weight, n_tokens: int, arch: str):

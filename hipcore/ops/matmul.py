@@ -12,7 +12,8 @@ the smallest that holds every token, so a short batch computes no padding; and f
 BUSY_WORKGROUPS workgroups, when smaller tiles spread the work over more compute units (an H100 has
 132; SmolLM2's 576-row projections at 512 tokens are only 72 tiles of 64 x 64).
 
-`project` is what a model calls: matvec up to MATVEC_MAX_TOKENS tokens, matmul beyond.
+kernel_choice.project, what a model calls, takes matvec up to MATVEC_MAX_TOKENS tokens and matmul beyond (where
+the matrix cores do not take the product).
 """
 
 from __future__ import annotations
@@ -118,12 +119,3 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
     kernel = get_kernel(device, OP, f"{OP}_{weight_type}", SIGNATURE)
     kernel.launch(grid, block, (y, w, x, rows, cols, n_tokens, tile), stream=stream)
 
-
-def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
-            weight_type: str) -> None:
-    """y[n_tokens, rows] = x @ W^T by whichever kernel is faster for n_tokens: matvec up to
-    MATVEC_MAX_TOKENS tokens, matmul beyond. The call a model's projections make."""
-    if n_tokens > MATVEC_MAX_TOKENS:
-        launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type)
-    else:
-        matvec.launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type)

@@ -5,7 +5,7 @@ accumulate i)` for the types of WEIGHT_TYPES (kernels/matmul_mma.hip); operands,
 matmul's; accumulate 1 adds the product to y (the residual connection) instead of storing it. W is decoded to f16
 in shared memory, x rounded to f16, and 16x16x16 f16 products accumulate in f32 on the matrix instruction
 hip_compat.h picks for the target (mma.sync on NVIDIA sm_80+, MFMA on CDNA, WMMA on RDNA3/RDNA4; plain
-FMA elsewhere, where `has_matrix_cores` is false and `project` keeps matmul's FP32 kernel instead).
+FMA elsewhere, where `has_matrix_cores` is false and kernel_choice.project keeps matmul's FP32 kernel instead).
 
 x in f16 (`launch(..., x_f16=True)`): `matmul_mma_x16_<type>` for X16_TYPES, the same arguments with x f16
 [n_tokens, cols] (rmsnorm's out_f16, or a SwiGLU pair's h16): half the bytes each tile reads, the same results
@@ -54,7 +54,7 @@ BUSY_ITEMS = 264
 MIN_SPLIT_STEPS = 4  # a shorter split spends more on its partial tile than on its products
 COUNTER_BYTES = 4096  # kCounterBytes: one int32 counter per tile, before the partials
 MAX_SPLIT_TILES = COUNTER_BYTES // 4
-# From this many tokens on `project` takes the matrix cores where the device has them (measured on an
+# From this many tokens on kernel_choice.project takes the matrix cores where the device has them (measured on an
 # NVIDIA H100 80GB HBM3 on the Llama-3.1-8B shapes against matmul's FP32 kernel:
 # docs/history/2026-11-24-qmatvec-matmul-mma-llama3-baseline.md).
 MMA_MIN_TOKENS = matmul.MATVEC_MAX_TOKENS + 1
@@ -358,7 +358,7 @@ for _type in X16_TYPES + X16_WIDE_ONLY_TYPES:
     cpu_kernel(x16_entry(_type, WIDE_TILE_TOKENS), SIGNATURE)(_host(_type, np.float16))
 
 def min_tokens(weight_type: str, arch: str = "") -> int:
-    """The fewest tokens whose products `project` runs on the matrix cores, for W of this type on `arch`
+    """The fewest tokens whose products kernel_choice.project runs on the matrix cores, for W of this type on `arch`
     (from fewer where the type takes the fragment path)."""
     if has_fragment_path(arch, weight_type, 32):
         return MMA_MIN_TOKENS_KQUANT_FRAGMENTS
@@ -366,17 +366,8 @@ def min_tokens(weight_type: str, arch: str = "") -> int:
 
 
 def takes_matrix_cores(device: Device, n_tokens: int, weight_type: str) -> bool:
-    """Whether `project` runs this product on the matrix cores (else matmul's kernels)."""
+    """Whether kernel_choice.project runs this product on the matrix cores (else matmul's or matvec's)."""
     return (n_tokens >= min_tokens(weight_type, device.arch) and supports(weight_type)
             and has_matrix_cores(device.arch))
 
-
-def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
-            weight_type: str, workspace: Any = None) -> None:
-    """matmul.project, with the matrix cores from min_tokens(weight_type) tokens on where the device has
-    them and the format is one of WEIGHT_TYPES."""
-    if takes_matrix_cores(device, n_tokens, weight_type):
-        launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type, workspace=workspace)
-    else:
-        matmul.project(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type)
 

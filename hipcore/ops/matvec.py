@@ -8,7 +8,7 @@ K-quants); y must not overlap x or W.
 Geometry: a warp takes two rows at a time when batch is 1 and one row otherwise (the kernel loops
 over row groups, so any grid is correct). Large matrices get 256-thread blocks; small ones 64-thread
 blocks, so that their few warps spread over as many compute units as possible. A batch of more than 8
-rows makes the kernel pass over W again for every 8; hipcore/ops/matmul.py `project` hands such batches
+rows makes the kernel pass over W again for every 8; hipcore/ops/kernel_choice.py `project` hands such batches
 to the matmul kernel instead.
 """
 

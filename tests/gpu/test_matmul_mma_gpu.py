@@ -1,6 +1,6 @@
 """The GPU tier of matmul_mma (kernels/matmul_mma.hip on the device's matrix instructions) against its
 numpy reference on fresh random inputs, within matmul_mma.error_bound (the f16 roundings of W and x and
-the f32 sums; the module says why), and `project`'s choice between it and matmul."""
+the f32 sums; the module says why), and kernel_choice.project's choice between it and matmul."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_project_on_either_side_of_the_threshold(gpu, mem, rng, seed, n_tokens):
     raw = random_weights(rng, "q4_k", rows, cols)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     w, xs, y = mem.upload(raw, "weights"), mem.upload(x), mem.poisoned(n_tokens * rows * 4)
-    matmul_mma.project(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type="q4_k")
+    kernel_choice.project(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type="q4_k")
     got = y.download(np.float32).reshape(n_tokens, rows)
     assert np.all(np.abs(got - matmul_mma.reference(raw, "q4_k", x, rows, cols))
                   <= matmul_mma.error_bound(raw, "q4_k", x, rows, cols)), f"seed {seed}"

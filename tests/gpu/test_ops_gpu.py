@@ -134,12 +134,16 @@ def test_matmul_loops_over_tiles_a_small_grid_leaves(gpu, mem, rng, seed):
 
 
 @pytest.mark.parametrize("n_tokens", [1, matmul.MATVEC_MAX_TOKENS, matmul.MATVEC_MAX_TOKENS + 1, 512])
-def test_project_on_either_side_of_the_crossover(gpu, mem, rng, seed, n_tokens):
+def test_project_on_either_side_of_the_crossover(gpu, mem, rng, seed, n_tokens, monkeypatch):
+    """matvec and matmul on either side of MATVEC_MAX_TOKENS (the matrix cores, where the GPU has them, left out)."""
+    from hipcore.ops import kernel_choice, matmul_mma
+
+    monkeypatch.setattr(matmul_mma, "has_matrix_cores", lambda arch: False)
     rows, cols = 576, 1536
     raw = random_weights(rng, "q4_1", rows, cols)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     w, xs, y = mem.upload(raw, "weights"), mem.upload(x), mem.poisoned(n_tokens * rows * 4)
-    matmul.project(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type="q4_1")
+    kernel_choice.project(gpu, None, y, w, xs, rows, cols, n_tokens, weight_type="q4_1")
     got = y.download(np.float32).reshape(n_tokens, rows)
     bound = matmul.error_bound(raw, "q4_1", x, rows, cols)
     assert np.all(np.abs(got - matmul.reference(raw, "q4_1", x, rows, cols)) <= bound), f"seed {seed}"
