@@ -1,6 +1,8 @@
 // Part of the matvec op (kernels/matvec.hip includes it; built and hashed with it: hipcore/runtime/kernels.py
-// source_files): the weight formats, each loading an item's raw words apart from decoding them.
+// source_files): the weight formats, each loading an item's raw words apart from decoding them with the primitives
+// of block_formats.h (the layouts' one definition).
 #pragma once
+#include "block_formats.h"
 
 namespace {
 
@@ -9,160 +11,120 @@ constexpr int kMaxBatchPerPass = 8;
 // Each format loads an item's raw words (load) apart from turning them into 8 floats (decode), so that
 // the loop can issue the loads of two items before it waits for the first.
 
-// Q4_1 block: {half d; half m; uint8 qs[16]}; element j < 16 is d * (qs[j] & 15) + m, element j >= 16
-// is d * (qs[j - 16] >> 4) + m. Item s (0..3) of a block takes qs[4s .. 4s+3]: their low nibbles are
-// elements 4s..4s+3 and their high nibbles elements 16+4s..16+4s+3.
+// Q4_1: item s (0..3) of a block takes qs[4s .. 4s+3]: their low nibbles are elements 4s..4s+3 and their high
+// nibbles elements 16+4s..16+4s+3.
 struct Q4_1Format {
+  typedef rf_blocks::Q4_1 B;
   struct Raw {
     unsigned int dm, q;  // d in the low half of dm, m in the high half
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    const unsigned char* b = row + (item >> 2) * 20;
-    return {*reinterpret_cast<const unsigned int*>(b), *reinterpret_cast<const unsigned int*>(b + 4 + 4 * (item & 3))};
+    const unsigned char* b = row + (item >> 2) * B::kBytes;
+    return {*reinterpret_cast<const unsigned int*>(b), *reinterpret_cast<const unsigned int*>(b + B::kQsAt + 4 * (item & 3))};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
-    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
-    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[j] = fmaf(d, (float)((r.q >> (8 * j)) & 15u), m);
-      w[4 + j] = fmaf(d, (float)((r.q >> (8 * j + 4)) & 15u), m);
-    }
+    B::decode_word(B::d_of(r.dm), B::m_of(r.dm), r.q, w);
     col_a = (item >> 2) * 32 + 4 * (item & 3);
     col_b = col_a + 16;
   }
 };
 
-// Q8_0 block: {half d; int8 qs[32]}; element j is d * qs[j]. Item s takes qs[8s .. 8s+7].
+// Q8_0: item s takes qs[8s .. 8s+7].
 struct Q8_0Format {
+  typedef rf_blocks::Q8_0 B;
   struct Raw {
     unsigned short d, q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 34; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * 34);
-    const unsigned short* q = b + 1 + 4 * (item & 3);
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + 4 * (item & 3);
     return {b[0], {q[0], q[1], q[2], q[3]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
-    const float d = rf_f16_to_float(r.d);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[2 * j] = d * (float)(signed char)(r.q[j] & 0xffu);
-      w[2 * j + 1] = d * (float)(signed char)(r.q[j] >> 8);
-    }
+    B::decode8(rf_f16_to_float(r.d), r.q, w);
     col_a = (item >> 2) * 32 + 8 * (item & 3);
     col_b = col_a + 4;
   }
 };
 
-// Q4_0 block: {half d; uint8 qs[16]} (18 bytes, so only 2-byte aligned); element j < 16 is
-// d * ((qs[j] & 15) - 8), element j >= 16 is d * ((qs[j - 16] >> 4) - 8). Items as in Q4_1.
+// Q4_0 (18 bytes, so only 2-byte aligned): items as in Q4_1, 2-byte loads.
 struct Q4_0Format {
+  typedef rf_blocks::Q4_0 B;
   struct Raw {
     unsigned short d, q[2];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 18; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * 18);
-    const unsigned short* q = b + 1 + 2 * (item & 3);
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + 2 * (item & 3);
     return {b[0], {q[0], q[1]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
-    const float d = rf_f16_to_float(r.d);
-    const unsigned int q = (unsigned int)r.q[0] | ((unsigned int)r.q[1] << 16);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[j] = d * (float)((int)((q >> (8 * j)) & 15u) - 8);
-      w[4 + j] = d * (float)((int)((q >> (8 * j + 4)) & 15u) - 8);
-    }
+    B::decode_word(rf_f16_to_float(r.d), (unsigned int)r.q[0] | ((unsigned int)r.q[1] << 16), w);
     col_a = (item >> 2) * 32 + 4 * (item & 3);
     col_b = col_a + 16;
   }
 };
 
-// Q5_1 block: {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes, 4-byte aligned): Q4_1's nibbles with
-// bit j of qh (a little-endian word) as element j's fifth bit. Items as in Q4_1: item s's fifth bits are
-// bits 4s..4s+3 and 16+4s..16+4s+3 of qh. Three 4-byte loads: d|m, qh, the item's qs word.
+// Q5_1 (24 bytes, 4-byte aligned): items as in Q4_1; item s's fifth bits are bits 4s..4s+3 and 16+4s..16+4s+3
+// of qh. Three 4-byte loads: d|m, qh, the item's qs word.
 struct Q5_1Format {
+  typedef rf_blocks::Q5_1 B;
   struct Raw {
     unsigned int dm, h, q;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 2) * 24);
-    return {b[0], b[1], b[2 + (item & 3)]};
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 2) * B::kBytes);
+    return {b[0], b[B::kQhAt / 4], b[B::kQsAt / 4 + (item & 3)]};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
-    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
-    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
-    const unsigned int h = r.h >> (4 * (item & 3));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[j] = fmaf(d, (float)(((r.q >> (8 * j)) & 15u) | (((h >> j) & 1u) << 4)), m);
-      w[4 + j] = fmaf(d, (float)(((r.q >> (8 * j + 4)) & 15u) | (((h >> (16 + j)) & 1u) << 4)), m);
-    }
+    B::decode_word(B::d_of(r.dm), B::m_of(r.dm), r.q, r.h >> (4 * (item & 3)), w);
     col_a = (item >> 2) * 32 + 4 * (item & 3);
     col_b = col_a + 16;
   }
 };
 
-// Q5_0 block: {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, so only 2-byte aligned); element j is
-// d * (q - 16), q as in Q5_1. Items as in Q4_1; 2-byte loads.
+// Q5_0 (22 bytes, so only 2-byte aligned): items as in Q5_1; 2-byte loads.
 struct Q5_0Format {
+  typedef rf_blocks::Q5_0 B;
   struct Raw {
     unsigned short d, h[2], q[2];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 22; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * 22);
-    const unsigned short* q = b + 3 + 2 * (item & 3);
-    return {b[0], {b[1], b[2]}, {q[0], q[1]}};
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 2) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + 2 * (item & 3);
+    return {b[0], {b[B::kQhAt / 2], b[B::kQhAt / 2 + 1]}, {q[0], q[1]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
-    const float d = rf_f16_to_float(r.d);
-    const unsigned int q = (unsigned int)r.q[0] | ((unsigned int)r.q[1] << 16);
-    const unsigned int h = ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (4 * (item & 3));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[j] = d * (float)((int)(((q >> (8 * j)) & 15u) | (((h >> j) & 1u) << 4)) - 16);
-      w[4 + j] = d * (float)((int)(((q >> (8 * j + 4)) & 15u) | (((h >> (16 + j)) & 1u) << 4)) - 16);
-    }
+    B::decode_word(rf_f16_to_float(r.d), (unsigned int)r.q[0] | ((unsigned int)r.q[1] << 16),
+                   ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (4 * (item & 3)), w);
     col_a = (item >> 2) * 32 + 4 * (item & 3);
     col_b = col_a + 16;
   }
 };
 
-static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
-
-// The 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K / Q5_K super-block, from its 12 packed
-// scale bytes held as three little-endian words s0, s1, s2. Sub-block i < 4: sc = scales[i] & 63,
-// m = scales[i + 4] & 63; i >= 4: the low four bits are in scales[i + 4] (sc: low nibble, m: high), the
-// top two in bits 6-7 of scales[i - 4] (sc) and scales[i] (m). Plain words, no arrays: a lane-dependent
-// index into a register array would put it in local memory.
+// The scale and min of sub-block `sub` of a Q4_K / Q5_K super-block as floats (rf_blocks::KScales::scale_min).
 static __device__ __forceinline__ void k_scale_min(unsigned int s0, unsigned int s1, unsigned int s2, int sub, float& sc,
                                                    float& m) {
-  const int k = sub & 3;
-  const unsigned int a = byte_of(s0, k), b = byte_of(s1, k), c = byte_of(s2, k);
-  sc = (float)(sub < 4 ? (a & 63u) : ((c & 15u) | ((a >> 6) << 4)));
-  m = (float)(sub < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
+  rf_blocks::KScales::scale_min(s0, s1, s2, sub, sc, m);
 }
 
-// Q4_K super-block: {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes), w = d*sc*q - dmin*m
-// per sub-block of 32. Chunk j (0..3) of 64 elements is qs[32j .. 32j+31]: low nibbles are sub-block 2j,
-// high nibbles sub-block 2j+1. Item s (0..31) of a super-block takes qs[32j + 4u .. +3] (j = s / 8,
+// Q4_K (block_format_q4_k.h): item s (0..31) of a super-block takes qs[32j + 4u .. +3] (j = s / 8,
 // u = s % 8): elements 64j + 4u .. +3 and 64j + 32 + 4u .. +3. One 4-byte load for the codes and four
 // for the header, which the 8 lanes of a chunk share (one cache line).
 struct Q4_KFormat {
   struct Raw {
     unsigned int dm, s0, s1, s2, q;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 144; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<rf_blocks::Q4_K>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 5) * 144);
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 5) * rf_blocks::Q4_K::kBytes);
     const int s = item & 31;
-    return {b[0], b[1], b[2], b[3], b[4 + 8 * (s >> 3) + (s & 7)]};
+    return {b[0], b[1], b[2], b[3], b[rf_blocks::Q4_K::kQsAt / 4 + 8 * (s >> 3) + (s & 7)]};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
     const int s = item & 31, j = s >> 3;
@@ -182,18 +144,16 @@ struct Q4_KFormat {
   }
 };
 
-// Q5_K super-block: {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes): Q4_K
-// plus a fifth bit per code, bit i of qh[l] for element l of sub-block i. Items as in Q4_K; the item's
-// qh bytes are qh[4u .. 4u+3].
+// Q5_K (block_format_q5_k.h): items as in Q4_K; the item's qh bytes are qh[4u .. 4u+3].
 struct Q5_KFormat {
   struct Raw {
     unsigned int dm, s0, s1, s2, q, h;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 176; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<rf_blocks::Q5_K>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 5) * 176);
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (item >> 5) * rf_blocks::Q5_K::kBytes);
     const int s = item & 31;
-    return {b[0], b[1], b[2], b[3], b[12 + 8 * (s >> 3) + (s & 7)], b[4 + (s & 7)]};
+    return {b[0], b[1], b[2], b[3], b[rf_blocks::Q5_K::kQsAt / 4 + 8 * (s >> 3) + (s & 7)], b[rf_blocks::Q5_K::kQhAt / 4 + (s & 7)]};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
     const int s = item & 31, j = s >> 3;
@@ -215,25 +175,24 @@ struct Q5_KFormat {
   }
 };
 
-// Q6_K super-block: {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned);
-// w = d * scale * (q - 32) per sub-block of 16. In half h (128 elements) element 128h + 32s + l (s 0..3,
-// l 0..31) is nibble s >> 1 of ql[64h + 32(s & 1) + l] with bits 2s..2s+1 of qh[32h + l] on top. Item
-// (s 0..31 of the super-block: h = s / 16, p = s % 8, odd = (s / 8) % 2) takes ql[64h + 32odd + 4p .. +3]
+// Q6_K (block_format_q6_k.h: element 128h + 32s + l is nibble s >> 1 of ql[64h + 32(s & 1) + l] with bits 2s,
+// 2s + 1 of qh[32h + l] on top). Item (s 0..31 of the super-block: h = s / 16, p = s % 8, odd = (s / 8) % 2) takes ql[64h + 32odd + 4p .. +3]
 // and qh[32h + 4p .. +3]: its low nibbles are elements 128h + 32odd + 4p .. +3, its high nibbles the same
 // plus 64. Every bit of the eight bytes loaded is used.
 struct Q6_KFormat {
   struct Raw {
     unsigned short ql[2], qh[2], sa, sb, d;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<rf_blocks::Q6_K>(cols); }
   static __device__ __forceinline__ int scale_index(int s) { return 8 * (s >> 4) + 2 * ((s >> 3) & 1) + ((s & 7) >> 2); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int item) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 5) * 210);
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (item >> 5) * rf_blocks::Q6_K::kBytes);
     const int s = item & 31, h = s >> 4, p = s & 7;
     const unsigned short* ql = b + 32 * h + 16 * ((s >> 3) & 1) + 2 * p;
-    const unsigned short* qh = b + 64 + 16 * h + 2 * p;
+    const unsigned short* qh = b + rf_blocks::Q6_K::kQhAt / 2 + 16 * h + 2 * p;
     const int sa = scale_index(s);  // the high nibbles' scale is 4 further on: same 2-byte word parity
-    return {{ql[0], ql[1]}, {qh[0], qh[1]}, b[96 + (sa >> 1)], b[96 + ((sa + 4) >> 1)], b[104]};
+    constexpr int kScales = rf_blocks::Q6_K::kScalesAt / 2;
+    return {{ql[0], ql[1]}, {qh[0], qh[1]}, b[kScales + (sa >> 1)], b[kScales + ((sa + 4) >> 1)], b[rf_blocks::Q6_K::kDAt / 2]};
   }
   static __device__ __forceinline__ void decode(const Raw r, int item, float w[8], int& col_a, int& col_b) {
     const int s = item & 31, odd = (s >> 3) & 1, sa = scale_index(s);

@@ -16,6 +16,12 @@ from hipcore.runtime.kernels import COMPAT_HEADER, compat_files, kernels_dir, op
 
 # hip_compat.h and the vendor parts it includes, first in every op's files
 COMPAT = [COMPAT_HEADER, "hip_compat_nvidia.h", "hip_compat_amd_clang.h", "hip_compat_amd.h"]
+# block_formats.h and the one header of each GGUF block format it includes (Q5_1's includes Q5_0's, Q5_K's Q4_K's)
+BLOCK_FORMATS = ["block_formats.h", "block_format_common.h", "block_format_f16.h", "block_format_q4_0.h",
+                 "block_format_q4_1.h", "block_format_q5_0.h", "block_format_q5_1.h", "block_format_q8_0.h",
+                 "block_format_q4_k.h", "block_format_q5_k.h", "block_format_q6_k.h", "block_format_mxfp4.h"]
+# The ops that decode GGUF blocks through block_formats.h
+BLOCK_FORMAT_USERS = ("embedding", "matvec")
 
 
 @pytest.fixture
@@ -63,6 +69,8 @@ def test_an_op_is_built_from_the_files_it_includes():
     assert [f.name for f in source_files("moe_experts")] == [*COMPAT, "moe_experts.hip", "gated_activation.h",
                                                               "qmatvec_formats.h", "mxfp4_q8_format.h", "weight_loads.h"]
     assert [f.name for f in source_files("add")] == [*COMPAT, "add.hip"]
+    assert [f.name for f in source_files("embedding")] == [*COMPAT, "embedding.hip", *BLOCK_FORMATS]
+    assert [f.name for f in source_files("matvec")] == [*COMPAT, "matvec.hip", "matvec_formats.h", *BLOCK_FORMATS]
     # An op that includes nothing of its own is built from hip_compat.h's files and its source alone.
     alone = [op for op in op_names() if len(source_files(op)) == len(COMPAT) + 1]
     assert "rope" in alone and "fused_qmatvec" not in alone and "matmul_mma" not in alone
@@ -109,3 +117,12 @@ def test_includes_are_followed_through_files_and_cycles_end(sources):
     before = source_digest("tmp_op", sources)
     (sources / "b_part.h").write_text((sources / "b_part.h").read_text() + "// deeper edit\n")
     assert source_digest("tmp_op", sources) != before
+
+
+def test_an_edit_to_a_block_format_changes_the_digest_of_every_op_that_decodes_blocks(sources):
+    ops = (*BLOCK_FORMAT_USERS, "add", "rope")
+    before = {op: source_digest(op, sources) for op in ops}
+    header = sources / "block_format_q5_0.h"  # two includes deep, and through block_format_q5_1.h a third way
+    header.write_text(header.read_text() + "\n// an edit\n")
+    after = {op: source_digest(op, sources) for op in ops}
+    assert [op for op in ops if after[op] != before[op]] == list(BLOCK_FORMAT_USERS)
