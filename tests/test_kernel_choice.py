@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -165,6 +166,7 @@ def test_each_switch_is_read_once_as_documented():
     """Each switch is on unless its variable is "0"; SWITCHES is what the environment said at import; the README's
     table lists every switch and setting a user may set."""
     switches = kernel_choice.Switches
+    assert sorted(kernel_choice.ENVIRONMENT.values()) == sorted(f.name for f in fields(switches))
     assert switches.read({}) == switches(step_overlap=True, prompt_graphs=True)
     assert switches.read({"ROCMFORGE_STEP_OVERLAP": "0"}) == switches(step_overlap=False, prompt_graphs=True)
     assert switches.read({"ROCMFORGE_PROMPT_GRAPHS": " 0 ", "ROCMFORGE_STEP_OVERLAP": "1"}) == switches(

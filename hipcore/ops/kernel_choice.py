@@ -28,7 +28,7 @@ Switches (environment variables, read once when this module is imported; README.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hipcore.ops import (fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul, matmul_mma, matmul_mma_qkv,
@@ -49,12 +49,11 @@ class Switches:
 
 
 ENVIRONMENT = {"ROCMFORGE_STEP_OVERLAP": "step_overlap", "ROCMFORGE_PROMPT_GRAPHS": "prompt_graphs"}
-assert sorted(ENVIRONMENT.values()) == sorted(f.name for f in fields(Switches))
 SWITCHES = Switches.read(os.environ)
 
 
 # Up to this many tokens fused_matvec is faster (measured on an NVIDIA H100 80GB HBM3 with the demo
-# model's shapes: scripts/bench/measure_matmul.py --fused prints both kernels per token count).
+# model's shapes: scripts/bench/measure_fused_matmul.py prints both kernels per token count).
 FUSED_MATVEC_MAX_TOKENS = 8
 # Up to this many tokens the separate K-quant matrices take fused_qmatvec (one pass over W for up to 8
 # tokens), beyond it the single ops on matmul_mma, which take the K-quants from

@@ -1,5 +1,5 @@
 """The fused products of a llama layer on a GPU: fused_matvec against fused_matmul (split columns) per token
-count, at the demo model's shapes, to set hipcore/model/projections.py's crossover.
+count, at the demo model's shapes, to set hipcore/ops/kernel_choice.py's crossover (FUSED_MATVEC_MAX_TOKENS).
 
     python3 scripts/bench/measure_fused_matmul.py [--tokens 1,2,4,8,16,32,64,128,512] [--json-out FILE]
     python3 scripts/bench/measure_fused_matmul.py --tiles        # also each tile shape forced
