@@ -144,7 +144,8 @@ CASES: list[tuple[str, Callable[[], bytes], int, str]] = [
     ("upper-case key", edit(lambda g: g.kvs.append(kv("General.Name", STRING, "x"))), INVALID, "lower_snake_case"),
     # architecture names: llama.cpp's own names are unsupported, damaged ones invalid
     ("architecture command-r", edit(architecture("command-r")), UNSUPPORTED, "'command-r' is not supported"),
-    ("architecture gpt-oss", edit(architecture("gpt-oss")), UNSUPPORTED, "'gpt-oss' is not supported"),
+    ("architecture hunyuan-moe", edit(architecture("hunyuan-moe")), UNSUPPORTED,
+     "mixture-of-experts architecture 'hunyuan-moe' is not supported"),
     ("architecture with an escape sequence", edit(retype("general.architecture", STRING, "llama\x1b[2J")), INVALID,
      "'llama\\x1b[2J' is not an architecture name"),
     ("architecture with a newline", edit(retype("general.architecture", STRING, "lla\nma")), INVALID,

@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from hipcore.errors import UnsupportedModelError
 from hipcore.gguf.config import config_from_metadata
 from hipcore.gguf.errors import GGUFError
+from hipcore.model.families import gpt_oss
 from support.gguf_factory import tiny_llama_spec
 from support.moe_models import N_EXPERTS, N_USED, moe_spec
 
@@ -83,3 +85,32 @@ def test_expert_tensors_of_the_wrong_shape_are_invalid():
             t.shape = (N_EXPERTS - 1, 64, 64)
     error = _refusal(metadata, tensors)
     assert error.exit_code == 3 and "ffn_up_exps" in str(error)
+
+
+def test_gpt_oss_reads_its_traits():
+    metadata, tensors = _parts("gpt-oss-mxfp4")
+    config = config_from_metadata(metadata, tensors)
+    assert (config.expert_gating, config.expert_weights_norm, config.expert_activation) == ("topk_softmax", False,
+                                                                                             "swiglu_oai")
+    assert config.moe_biases and config.qkv_bias and not config.qk_norm and config.rope_type == "neox"
+    assert (config.rope_scaling, config.rope_scaling_factor, config.rope_original_context) == ("yarn", 4.0, 64)
+    assert [config.layer_window(i) for i in range(3)] == [16, 0, 16]  # llama.cpp's set_swa_pattern(2): even layers
+    shapes = config.expected_tensor_shapes()
+    assert shapes["blk.0.attn_sinks.weight"] == (4,) and shapes["blk.0.attn_output.bias"] == (64,)
+    assert shapes["blk.1.ffn_up_exps.bias"] == (N_EXPERTS, 64) and shapes["blk.1.ffn_down_exps.bias"] == (N_EXPERTS, 64)
+    assert "blk.0.post_attention_norm.weight" in shapes and "blk.0.ffn_norm.weight" not in shapes
+
+
+def test_yarn_is_read_for_gpt_oss_only():
+    """YaRN is checked against llama.cpp on gpt-oss (tests/test_golden_moe.py); elsewhere it stays refused."""
+    metadata, tensors = _parts("qwen3moe-f32")
+    metadata.update({"qwen3moe.rope.scaling.type": "yarn", "qwen3moe.rope.scaling.factor": 4.0})
+    error = _refusal(metadata, tensors)
+    assert error.exit_code == 4 and "yarn" in str(error)
+
+
+def test_gpt_oss_is_refused_where_attention_has_no_sinks():
+    with pytest.raises(UnsupportedModelError, match="attention with sinks") as caught:
+        gpt_oss.check_backend(SimpleNamespace(backend="hip"))
+    assert caught.value.exit_code == 4
+    gpt_oss.check_backend(SimpleNamespace(backend="cpu"))

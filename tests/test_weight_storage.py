@@ -70,8 +70,9 @@ def test_the_plan_check_catches_a_table_widened_to_f16(tmp_path, monkeypatch):
 
 
 def test_every_gpu_table_type_has_a_lookup_kernel():
-    """Every type the reader accepts has a lookup kernel, so no table is widened at load."""
-    assert weights.GPU_TABLE_TYPES == set(embedding.TABLE_TYPES) == {t.lower() for t in SUPPORTED_TYPES}
+    """Every type the reader accepts has a lookup kernel, so no table is widened at load; but MXFP4, gpt-oss's expert
+    format, which no published file uses for a table (one would be widened to F16 at load, and said)."""
+    assert weights.GPU_TABLE_TYPES == set(embedding.TABLE_TYPES) == {t.lower() for t in SUPPORTED_TYPES} - {"mxfp4"}
 
 
 def _bf16_model(tmp_path):

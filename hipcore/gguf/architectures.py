@@ -44,6 +44,13 @@ llama.cpp's (src/models/<family>.cpp; the RoPE layout from llama_model_rope_type
          to sum 1 (llama.cpp passes norm_w = true for qwen3moe whatever the file says), and for each kept expert
          e: down_e(silu(gate_e x) * up_e x), weighted and summed. The experts are 3-D tensors [expert_count, rows,
          cols] (ffn_gate_exps / ffn_up_exps of expert_feed_forward_length rows, ffn_down_exps of hidden rows).
+  gpt-oss   (llama.cpp: src/models/openai-moe.cpp) q, k, v and o products with biases, a learned per-head sink
+         logit in every attention softmax (attn_sinks), NEOX RoPE (YaRN-scaled in the published files: factor 32
+         over an original context of 4096), even layers attending through a sliding window (attention.sliding_window,
+         required; llama.cpp's set_swa_pattern(2)) with the model's RoPE, the pre-feed-forward norm stored as
+         post_attention_norm, and a mixture of experts whose router and experts carry biases: top-k of the router
+         logits, a softmax over the k kept, and gpt-oss's clamped SwiGLU (x = min(gate, 7), y = clamp(up, -7, 7),
+         x sigmoid(1.702 x) (y + 1)).
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ class Architecture:
     o_bias: bool = False       # blk.N.attn_output.bias: added after the o product
     attn_sinks: bool = False   # blk.N.attn_sinks.weight: a learned logit per head in every attention softmax
     ffn_norm_name: str = "ffn_norm"  # the pre-feed-forward norm's tensor (gpt-oss: post_attention_norm)
+    yarn: bool = False         # rope.scaling.type "yarn" accepted (gpt-oss's files)
 
     def layer_matrices(self, q_size: int, kv_size: int, hidden: int, ffn: int, experts: int = 0,
                        expert_ffn: int = 0) -> dict[str, tuple[int, ...]]:
@@ -128,6 +136,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     "phi3": Architecture("phi3", rope_type="neox", fused_qkv=True, fused_gate_up=True),
     "qwen3moe": Architecture("qwen3moe", rope_type="neox", qk_norm=True, moe=True, expert_gating="softmax_topk",
                              expert_weights_norm=True),
+    "gpt-oss": Architecture("gpt-oss", rope_type="neox", qkv_bias=True, o_bias=True, attn_sinks=True, swa_period=2,
+                            swa_rope_scaled=True, moe=True, expert_gating="topk_softmax",
+                            expert_activation="swiglu_oai", moe_biases=True, ffn_norm_name="post_attention_norm", yarn=True),
 }
 # Mixture-of-experts architectures llama.cpp knows and rocmforge does not (yet): named in the refusal.
 UNSUPPORTED_MOE = ("qwen2moe", "mixtral", "deepseek", "deepseek2", "dbrx", "olmoe", "granitemoe", "phimoe", "llama4",

@@ -1,9 +1,10 @@
 """ModelConfig: a model's hyperparameters, read from GGUF metadata and checked against the tensors.
 
 Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma2, gemma3, phi3, and the
-mixtures of experts qwen3moe, whose expert keys hipcore/gguf/moe_keys.py reads), whose keys are `<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none"
-and "linear" (positions divided by the factor); "yarn", "longrope" and the rest are named and
-refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
+mixtures of experts qwen3moe, whose expert keys hipcore/gguf/moe_keys.py reads), whose keys are `<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none",
+"linear" (positions divided by the factor) and, for gpt-oss, "yarn" (llama.cpp's: per-pair frequencies between the
+interpolated and the original ones, and a magnitude factor; hipcore/model/yarn.py); "longrope" and the rest (and
+"yarn" elsewhere) are named and refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
 file carries it as the optional rope_freqs.weight tensor, which every RoPE launch divides by.
 
 The checks here are what make a plan safe to allocate from: block_count, context and head counts
@@ -26,6 +27,7 @@ from hipcore.gguf.moe_keys import read_moe_keys, refuse_unsupported_moe
 from hipcore.gguf.vocabulary_checks import check_tokenizer_metadata
 
 SUPPORTED_ROPE_SCALING = ("none", "linear")
+YARN = "yarn"  # for the architectures whose files use it (Architecture.yarn: gpt-oss), checked against llama.cpp there
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
@@ -62,7 +64,7 @@ class ModelConfig:
     rope_theta: float
     rope_dim: int                 # dimensions of each head that RoPE rotates (== head_dim for llama)
     rope_scaling: str             # one of SUPPORTED_ROPE_SCALING
-    rope_scaling_factor: float    # 1.0 unless rope_scaling == "linear"
+    rope_scaling_factor: float    # 1.0 unless rope_scaling is "linear" or "yarn"
     rope_original_context: int
     tie_embeddings: bool          # output.weight absent: the output projection is token_embd.weight
     file_type: int | None
@@ -80,6 +82,7 @@ class ModelConfig:
     swa_rope_scaled: bool = False  # local layers keep the model's RoPE scaling (gemma2)
     attn_softcap: float = 0.0     # attention scores capped at c tanh(S / c) before the softmax; 0: none
     final_softcap: float = 0.0    # output logits capped at f tanh(logits / f); 0: none
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: YaRN's magnitude factor is multiplied by it
     # A mixture of experts in every layer's feed-forward (moe_keys.py; 0 experts: a dense model).
     n_experts: int = 0            # experts per layer
     n_experts_used: int = 0       # experts each token is routed to (top-k)
@@ -193,7 +196,7 @@ def config_from_metadata(
     if rope_dim % 2:
         raise keys.error(f"{arch}.rope.dimension_count", rope_dim, "an even head size",
                          problem=f"RoPE needs an even head size, not {rope_dim}")
-    scaling, factor, original = _rope_scaling(keys, arch, context)
+    scaling, factor, original = _rope_scaling(keys, arch, context, ARCHITECTURES[arch].yarn)
     names = {t.name for t in tensors}
     window = period = 0
     if family.swa_period:  # required where llama.cpp requires it (gemma3); else its default (gemma2: 4096)
@@ -224,6 +227,7 @@ def config_from_metadata(
         query_scale=_query_scale(arch, n_layers, hidden, n_heads),
         sliding_window=window, swa_period=period, swa_rope_theta=swa_rope_theta, swa_rope_scaled=family.swa_rope_scaled,
         attn_softcap=softcaps.get("attn", 0.0), final_softcap=softcaps.get("final", 0.0), **moe,
+        rope_attn_factor=keys.float32(f"{arch}.rope.scaling.attn_factor", lo=0.0, hi=1e3, default=1.0),
     )
     _refuse_long_rope(arch, tensors)
     check_tensor_shapes(config, tensors, offsets=offsets)
@@ -296,19 +300,23 @@ def _head_dim(keys: MetadataKeys, arch: str, hidden: int, n_heads: int) -> int:
     return key_length
 
 
-def _rope_scaling(keys: MetadataKeys, arch: str, context: int) -> tuple[str, float, int]:
+def _rope_scaling(keys: MetadataKeys, arch: str, context: int, yarn: bool) -> tuple[str, float, int]:
     type_key = f"{arch}.rope.scaling.type"
     factor_key = f"{arch}.rope.scaling.factor"
     if factor_key not in keys and f"{arch}.rope.scale_linear" in keys:
         factor_key = f"{arch}.rope.scale_linear"  # the older name of the linear factor
     factor = keys.float32(factor_key, lo=0.0, hi=1024.0, default=1.0)
     kind = keys.string(type_key, default="linear" if factor != 1.0 else "none")
-    if kind not in SUPPORTED_ROPE_SCALING:
-        raise keys.error(type_key, kind, " or ".join(SUPPORTED_ROPE_SCALING), unsupported=True,
+    supported = SUPPORTED_ROPE_SCALING + ((YARN,) if yarn else ())
+    if kind not in supported:
+        raise keys.error(type_key, kind, " or ".join(supported), unsupported=True,
                          problem=f"RoPE scaling {show(kind)} is not supported")
     if kind == "none" and factor != 1.0:
         raise keys.error(factor_key, factor, "1.0 when rope.scaling.type is 'none'",
                          problem=f"factor {factor:g} contradicts scaling type 'none'")
+    if kind == "yarn" and factor < 1.0:
+        raise keys.error(factor_key, factor, "at least 1.0 for YaRN", unsupported=True,
+                         problem=f"YaRN scaling by {factor:g} (a shorter context) is not supported")
     original = keys.uint32(f"{arch}.rope.scaling.original_context_length", lo=1, hi=context, default=context)
     return kind, factor, original
 

@@ -20,7 +20,9 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-SUPPORTED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+# MXFP4 (type 39: an E8M0 scale and 32 e2m1 values, 4.25 bits a weight): gpt-oss's experts; any tensor of it reads.
+SUPPORTED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+                             "MXFP4"})
 
 REMOVED_TYPES: dict[int, str] = {
     4: "Q4_2", 5: "Q4_3",

@@ -39,7 +39,8 @@ from hipcore.kvcache.cache import KvCache
 from hipcore.kvcache.config import GLOBAL_GROUP, LOCAL_GROUP
 from hipcore.model.batch import StepBatch
 from hipcore.model.blocks import StepContext
-from hipcore.model.families import family_for
+from hipcore.model.families import family_for, gpt_oss
+from hipcore.model import yarn
 from hipcore.model.moe_blocks import check_moe_weights, moe_buffer_sizes
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
 from hipcore.model.prompt_graphs import CAPTURE_AT_RUN, PromptGraphs, padded_shape, padded_shapes
@@ -122,10 +123,12 @@ class ModelRunner:
 
     def __init__(self, device: Device, config: ModelConfig, weights: ModelWeights, cache: KvCache, *, max_step_tokens: int, max_seqs: int,
                  max_context: int | None = None, use_graphs: bool = True):
-        if config.rope_scaling not in ("none", "linear"):
-            raise UnsupportedModelError(f"rope scaling {config.rope_scaling!r} is not supported yet (none, linear)")
+        if config.rope_scaling not in ("none", "linear", "yarn"):
+            raise UnsupportedModelError(f"rope scaling {config.rope_scaling!r} is not supported yet (none, linear, yarn)")
         self.family = family_for(config.architecture)
         check_moe_weights(config, weights.layers)
+        if config.architecture == "gpt-oss":
+            gpt_oss.check_backend(device)
         if weights.rope_pairs_adjacent:  # NEOX pairs uploaded side by side (weights.py, NEOX_AS_NORM): NORM mode
             config = dataclasses.replace(config, rope_type="norm")
         self.device, self.config, self.weights, self.cache = device, config, weights, cache
@@ -134,7 +137,9 @@ class ModelRunner:
         self.max_blocks = -(-min(max_context or config.context_length, config.context_length) // block_size)
         self.token_capacity, self.row_capacity = step_capacity(max_step_tokens, max_seqs)
         self.stream = device.default_stream
-        self.scale = config.attention_scale
+        # YaRN: its frequencies are the uploaded divisors (weights.rope_freqs) and its magnitude m scales q and k,
+        # so every score by m^2 (yarn.py)
+        self.scale = config.attention_scale * yarn.magnitude(config) ** 2
         self.freq_scale = 1.0 / config.rope_scaling_factor if config.rope_scaling == "linear" else 1.0
         self.buffers: dict[str, Buffer] = {}
         self.inputs: StepInputs | None = None

@@ -41,9 +41,11 @@ from typing import Callable
 
 import numpy as np
 
+from hipcore.gguf.architectures import ARCHITECTURES
 from hipcore.gguf.errors import GGUFError
+from hipcore.model import yarn
 from hipcore.model.neox_rows import neox_pair_order, paired_fused_qkv, paired_rows
-from hipcore.ops import matmul_mma
+from hipcore.ops import matmul_mma, moe_experts
 from hipcore.runtime.device import Buffer, Device
 
 # Matrix formats with GPU matvec/matmul kernels (lower-case = the kernels' variant suffix).
@@ -156,11 +158,14 @@ class ModelWeights:
         self.buffers.clear()
 
 
-def storage_format(device: Device, type_name: str, *, is_table: bool, is_vector: bool) -> str:
-    """The format a tensor of GGUF type `type_name` is stored in on `device`."""
+def storage_format(device: Device, type_name: str, *, is_table: bool, is_vector: bool, is_experts: bool = False) -> str:
+    """The format a tensor of GGUF type `type_name` is stored in on `device` (is_experts: a 3-D expert tensor, which
+    keeps every format the expert products read, MXFP4 among them)."""
     t = type_name.lower()
     if device.backend == "cpu" or is_vector:
         return "f32"
+    if is_experts and moe_experts.supports(t):
+        return t
     supported = GPU_TABLE_TYPES & GPU_MATRIX_TYPES if is_table else GPU_MATRIX_TYPES
     return t if t in supported else "f16"
 
@@ -186,8 +191,13 @@ def _stored_bytes(fmt: str, info) -> int:
 def _layer_parts(config) -> list[str]:
     """The per-layer matrices and norms as the file names them (LAYER_TENSORS, or a family's fused ones)."""
     expected = config.expected_tensor_shapes()
-    return [t for t in ("attn_norm", "attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
-                        "ffn_up", "ffn_down", *MOE_TENSORS) if f"blk.0.{t}.weight" in expected]
+    return [t for t in ("attn_norm", "attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", _ffn_norm(config),
+                        "ffn_gate", "ffn_up", "ffn_down", *MOE_TENSORS) if f"blk.0.{t}.weight" in expected]
+
+
+def _ffn_norm(config) -> str:
+    """The pre-feed-forward norm's tensor (gpt-oss's files call it post_attention_norm)."""
+    return ARCHITECTURES[config.architecture].ffn_norm_name
 
 
 def _file_fused(config) -> dict[str, tuple[str, ...]]:
@@ -216,17 +226,19 @@ def _has_rope_freqs(plan) -> bool:
 
 def _family_vectors(config) -> dict[str, str]:
     """The FAMILY_VECTORS this config's layers carry (its expected tensors say which)."""
-    expected = config.expected_tensor_shapes()
-    return {field: part for field, part in FAMILY_VECTORS.items() if f"blk.0.{part}" in expected}
+    expected, ffn_norm = config.expected_tensor_shapes(), f"{_ffn_norm(config)}.weight"
+    return {field: part for field, part in FAMILY_VECTORS.items() if f"blk.0.{part}" in expected and part != ffn_norm}
 
 
 def planned_weight_bytes(device: Device, plan) -> int:
     """Exactly what upload_weights will allocate for this model on this device (for the memory plan)."""
     matrices = sum(
-        _stored_bytes(storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec), plan.tensor(name))
+        _stored_bytes(storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec,
+                                     is_experts=name.endswith("_exps.weight")), plan.tensor(name))
         for name, table, vec in _tensor_roles(plan.config)
     )
-    return matrices + (plan.tensor(ROPE_FREQS).n_elements * 4 if _has_rope_freqs(plan) else 0)
+    divisors = _has_rope_freqs(plan) or plan.config.rope_scaling == "yarn"
+    return matrices + (plan.config.rope_dim // 2 * 4 if divisors else 0)
 
 
 def rope_factors(gguf) -> np.ndarray | None:
@@ -271,6 +283,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
     """Upload every tensor of `gguf` (an open hipcore.gguf.file.GGUFFile) the forward pass needs."""
     plan, config = gguf.plan, gguf.config
     factors = rope_factors(gguf)  # checked before anything is allocated
+    if config.rope_scaling == "yarn":  # YaRN's frequencies as the divisors every RoPE launch reads (yarn.py)
+        factors = yarn.divisors(config, factors)
     total = planned_weight_bytes(device, plan)
     done = 0
     uploaded: dict[str, Weight] = {}
@@ -284,7 +298,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
     def stored_format(name: str, table: bool, vec: bool) -> str:
         """storage_format's, except a BF16 matrix beyond f16's range: F32 (see the module's docstring)."""
         if name not in formats:
-            fmt = storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec)
+            fmt = storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec,
+                                 is_experts=name.endswith("_exps.weight"))
             narrowed = fmt == "bf16" and matmul_mma.has_matrix_cores(device.arch)  # (no pass over it elsewhere)
             formats[name] = "f32" if narrowed and not bf16_fits_f16(gguf.raw(name)) else fmt
         return formats[name]
@@ -356,7 +371,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
             uploaded.update({f"blk.{i}.{m}.weight": view for m, view in
                              zip(members, _row_views(whole, sizes, plan.tensor(f"blk.{i}.{tensor}.weight")))})
     layers = [
-        LayerWeights(*(uploaded.get(f"blk.{i}.{t}.weight") for t in LAYER_TENSORS),
+        LayerWeights(*(uploaded.get(f"blk.{i}.{_ffn_norm(config) if t == 'ffn_norm' else t}.weight")
+                       for t in LAYER_TENSORS),
                      **{t: uploaded.get(f"blk.{i}.{t}.weight") for t in MOE_TENSORS},
                      **{g: groups.get(f"blk.{i}.{g}") for g, _ in FUSED_GROUPS},
                      **{field: uploaded[f"blk.{i}.{part}"] for field, part in vectors.items()})

@@ -7,6 +7,10 @@ Gemma's local layers) a token at position p sees only positions p - window < j <
 LLAMA_SWA_TYPE_STANDARD: the window counts the token itself); keys before the window are never read, and
 the block-table entries wholly before it may hold anything (the KV cache frees those blocks). With a soft
 cap (`softcap` > 0, Gemma 2) every scaled score S becomes softcap * tanh(S / softcap) before the softmax.
+With sinks (gpt-oss's attn_sinks: float32 [n_heads], one logit per query head) every softmax has one more term in
+its denominator, exp(sink - m) with m the largest of the scores and the sink, and nothing more in its sum of values
+(ggml's soft_max with sinks). The sink entries, `paged_attention_<kv dtype>_sinks` (the signature above and
+`sinks p` last), exist as host kernels only so far: `takes_sinks` says where they run.
 
 Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0; kernels/paged_attention.hip), and
 `paged_attention_<kv dtype>_softcap` for a soft cap (its own entry points, so that the kernels without one
@@ -69,10 +73,11 @@ def first_visible(positions: np.ndarray, window: int) -> np.ndarray:
 
 def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtype, block_tables: np.ndarray,
               token_seq: np.ndarray, positions: np.ndarray, scale: float, window: int = 0,
-              softcap: float = 0.0) -> np.ndarray:
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """float32 [T, n_heads, head_dim]. Pools are uint8 [num_blocks, n_kv_heads, block_size, row_bytes].
     window > 0: each token sees its last `window` positions (itself included); only their blocks are read.
-    softcap > 0: the scaled scores are capped, softcap * tanh(S / softcap), before the softmax."""
+    softcap > 0: the scaled scores are capped, softcap * tanh(S / softcap), before the softmax.
+    sinks: float32 [n_heads], a logit per query head added to every softmax's denominator."""
     n_tokens, n_heads, head_dim = q.shape
     num_blocks, n_kv_heads, block_size, _ = k_pool.shape
     if n_heads % n_kv_heads:
@@ -103,24 +108,36 @@ def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtyp
             scores = softcap * np.tanh(scores / softcap)
         key_pos = np.arange(base, ctx)[None, :]
         scores[..., (key_pos > pos[:, None]) | (key_pos < first[:, None])] = -np.inf
-        scores -= scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(axis=-1, keepdims=True)
+        top = scores.max(axis=-1, keepdims=True)
+        if sinks is not None:  # [kv, g, 1, 1]: query head kv * group + g's logit
+            sink = np.asarray(sinks, dtype=np.float64).reshape(n_kv_heads, group, 1, 1)
+            top = np.maximum(top, sink)
+        p = np.exp(scores - top)
+        total = p.sum(axis=-1, keepdims=True) + (np.exp(sink - top) if sinks is not None else 0.0)
+        p /= total
         o = np.einsum("kgnc,kcd->kgnd", p, v.astype(np.float64))  # [kv, g, n, hd]
         out[idx] = o.transpose(2, 0, 1, 3).reshape(len(idx), n_heads, head_dim)
     return out
 
 
-def kernel_name(kv_dtype: str, softcap: bool = False) -> str:
-    return f"paged_attention_{kv_dtype}" + ("_softcap" if softcap else "")
+def kernel_name(kv_dtype: str, softcap: bool = False, sinks: bool = False) -> str:
+    return f"paged_attention_{kv_dtype}" + ("_softcap" if softcap else "") + ("_sinks" if sinks else "")
 
 
-def _register(fmt: KvDtype, softcap: bool) -> None:
-    @cpu_kernel(kernel_name(fmt.name, softcap), SIGNATURE.replace(" ", ""))
+def takes_sinks(device: Device) -> bool:
+    """Whether the sink entries run on this device (host kernels only so far: the cpu backend)."""
+    return device.backend == "cpu"
+
+
+SINKS_SIGNATURE = SIGNATURE + " p"
+
+
+def _register(fmt: KvDtype, softcap: bool, with_sinks: bool = False) -> None:
+    @cpu_kernel(kernel_name(fmt.name, softcap, with_sinks), (SINKS_SIGNATURE if with_sinks else SIGNATURE).replace(" ", ""))
     def host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int,
              token_seq: int, positions: int, workspace: int, n_tokens: int, n_heads: int, n_kv_heads: int,
              head_dim: int, block_size: int, max_blocks: int, num_blocks: int, slots: int, window: int,
-             scale: float, softcap: float) -> None:
+             scale: float, softcap: float, sinks: int = 0) -> None:
         pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
         seqs = dev.view(token_seq, np.int32, n_tokens)
         n_seqs = int(seqs.max()) + 1 if n_tokens else 0
@@ -129,6 +146,7 @@ def _register(fmt: KvDtype, softcap: bool) -> None:
             dev.view(k_pool, np.uint8, pool_shape), dev.view(v_pool, np.uint8, pool_shape), fmt,
             dev.view(block_tables, np.int32, (n_seqs, max_blocks)), seqs,
             dev.view(positions, np.int32, n_tokens), scale, window, softcap,
+            dev.view(sinks, np.float32, n_heads) if with_sinks else None,
         )
         dev.view(out, np.float32, (n_tokens, n_heads, head_dim))[:] = result  # computed in full first: out may be q
 
@@ -136,6 +154,7 @@ def _register(fmt: KvDtype, softcap: bool) -> None:
 for _fmt in KV_DTYPES.values():
     for _softcap in (False, True):
         _register(_fmt, _softcap)
+        _register(_fmt, _softcap, with_sinks=True)
 
 
 # ---- geometry and workspace --------------------------------------------------------------------
@@ -238,12 +257,16 @@ def check_operands(op: str, kv_dtype: str, out, q, k_pool, v_pool, block_tables,
 def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
            n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
            num_blocks: int, scale: float, kv_dtype: str, workspace: Buffer | None = None, window: int = 0,
-           softcap: float = 0.0) -> None:
+           softcap: float = 0.0, sinks: Any = None) -> None:
     """Queue attention for n_tokens query tokens (see the module docstring); `workspace` (optional, zeroed
     once after allocation, at least workspace_size(...) bytes for full speed) lets decode split keys;
     window > 0 limits each token to its last `window` positions (0: the whole context); softcap > 0 caps
-    the scaled scores (Gemma 2), 0 leaves them."""
-    op = kernel_name(kv_dtype, softcap > 0)
+    the scaled scores (Gemma 2), 0 leaves them; sinks: float32 [n_heads] (gpt-oss), where takes_sinks."""
+    op = kernel_name(kv_dtype, softcap > 0, sinks is not None)
+    if sinks is not None:
+        if not takes_sinks(device):
+            raise ValueError(f"{OP}: attention sinks have no kernel on {device.backend} yet (takes_sinks)")
+        check_memory(op, "sinks", sinks, n_heads * 4)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"{OP}: no kernel for KV dtype {kv_dtype!r}; have {', '.join(KV_DTYPES)}")
     check_operands(op, kv_dtype, out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens=n_tokens,
@@ -268,8 +291,9 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
         raise ValueError(f"{op}: {n_tokens} tokens need {grid} workgroups, more than a launch takes")
     # programmatic: the entries wait for the kernel ahead (hip_compat.h: rf_grid_dependency_sync) once they have
     # prefetched the K and V rows they will read (kernels/paged_attention.hip: run)
-    kernel = get_kernel(device, OP, op, SIGNATURE.replace(" ", ""), programmatic=True)
+    kernel = get_kernel(device, OP, op, (SIGNATURE if sinks is None else SINKS_SIGNATURE).replace(" ", ""),
+                        programmatic=True)
     kernel.launch(grid, block,
                   [out, q, k_pool, v_pool, block_tables, token_seq, positions, workspace_address, n_tokens, n_heads,
-                   n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window, scale, softcap],
-                  stream=stream)
+                   n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window, scale, softcap,
+                   *(() if sinks is None else (sinks,))], stream=stream)

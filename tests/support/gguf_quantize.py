@@ -140,6 +140,9 @@ def random_blocks(type_name: str, n_blocks: int, rng: np.random.Generator, scale
         values = rng.standard_normal(n_blocks * block).astype(np.float32)
         return quantize(values, type_name).reshape(n_blocks, block_bytes)
     out = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    if type_name == "MXFP4":  # an E8M0 exponent byte first: 2^(e - 128) within a factor of 4 of `scale`
+        out[:, 0] = np.clip(np.round(np.log2(scale)) + 128 + rng.integers(-2, 3, size=n_blocks), 1, 254)
+        return out
     for start, count in _SCALE_FIELDS[type_name]:
         scales = (rng.uniform(0.25, 1.0, size=(n_blocks, count)) * scale).astype(np.float16)
         out[:, start:start + 2 * count] = scales.view(np.uint8).reshape(n_blocks, 2 * count)

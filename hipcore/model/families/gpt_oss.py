@@ -1,0 +1,49 @@
+"""gpt-oss (gpt-oss-20b, gpt-oss-120b; llama.cpp: src/models/openai-moe.cpp): per layer
+    q, k, v = rmsnorm(x) @ [Wq; Wk; Wv]^T + [bq; bk; bv], NEOX RoPE (YaRN-scaled: hipcore/model/yarn.py)
+    attn    = attention over the cache with a learned sink logit per head (attn_sinks), the even layers through the
+              sliding window (ModelConfig.layer_window)
+    x      += attn @ Wo^T + bo
+    x      += the mixture of experts on rmsnorm(x) (the norm the file calls post_attention_norm; router bias, top-k of
+              the logits then a softmax over the k, expert biases, the clamped SwiGLU: hipcore/model/moe_blocks.py)
+The products are the planner's (biases added in fused_qmatvec's epilogue or by add_bias); the attention takes
+paged_attention's sink entries, which run where paged_attention.takes_sinks (so far the cpu backend): elsewhere the
+model is refused at load, by name (check_backend)."""
+
+from hipcore.errors import UnsupportedModelError
+from hipcore.model.blocks import Family, StepContext, _kv_store, positions, rope_qk
+from hipcore.model.moe_blocks import moe_feed_forward
+from hipcore.model.projections import Launch
+from hipcore.ops import add_bias, paged_attention
+
+
+def check_backend(device) -> None:
+    if not paged_attention.takes_sinks(device):
+        raise UnsupportedModelError(f"gpt-oss: attention with sinks (attn_sinks) has no kernel on {device.backend} "
+                                    "yet; the cpu backend runs it (--device cpu)")
+
+
+def attention_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """q, k, v with their biases, then NEOX RoPE on q and k with the layer's base and the YaRN divisors."""
+    return ctx.products.attention_input(lw, t, positions(ctx), rotate=False) + rope_qk(ctx, i, lw, t)
+
+
+def sink_attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """Store k and v, then attn = attention(q, cached K, cached V) with the layer's sinks and window."""
+    cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
+    tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
+    return [_kv_store(ctx, i, t), ("attention+sinks", lambda: paged_attention.launch(
+        dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
+        n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
+        kv_dtype=kv.dtype, workspace=b.get("attention_workspace"), window=cfg.layer_window(i),
+        sinks=lw.attn_sinks.buffer))]
+
+
+def biased_attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """x += attn @ Wo^T + bo."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    return ctx.products.residual_product("attn_output", lw.attn_output, b["attn"], cfg.q_size, t) + [
+        ("attn_output_bias", lambda: add_bias.launch(dev, st, b["x"], lw.attn_output_bias.buffer, t, cfg.hidden_size))]
+
+
+FAMILY = Family("gpt-oss", (attention_input, sink_attention, biased_attention_output, moe_feed_forward))
