@@ -70,11 +70,15 @@ class EngineLoop:
         self._published = read_engine_state(engine, device)  # replaced whole by the engine's thread, never edited
         self._published_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rocmforge-engine", daemon=True)
+        self._stopped = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch_queue, name="rocmforge-queue-watch", daemon=True)
 
     # ---- any thread ---------------------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
+        if self.queue_timeout_s is not None:
+            self._watchdog.start()
 
     @property
     def running(self) -> bool:
@@ -149,6 +153,7 @@ class EngineLoop:
         with self._cond:
             self._stop = True
             self._cond.notify()
+        self._stopped.set()
         self._thread.join()
         events = self.engine.shutdown(Ending.CANCELLED)
         self._dispatch(events)
@@ -168,8 +173,6 @@ class EngineLoop:
             before = self.engine.stats.generated_tokens
             try:
                 events = self.engine.step()
-                if self.queue_timeout_s is not None:
-                    self._end_stale_waiters()
             except BaseException as exc:  # noqa: BLE001 - outside any one request: stop serving, say why
                 self.fault = f"the engine stopped: {type(exc).__name__}: {exc}"
                 self._fail_all(self.fault)
@@ -190,14 +193,38 @@ class EngineLoop:
         self._published = read_engine_state(self.engine, self.device)
         self._published_at = time.monotonic()
 
-    def _end_stale_waiters(self) -> None:
-        """Cancel the requests that waited in the queue past queue_timeout_s, never admitted (a preempted one was
-        admitted once and keeps its place); their final event says why (a 503 with Retry-After)."""
-        limit = time.perf_counter() - self.queue_timeout_s
-        stale = [r.request_id for r in self.engine.scheduler.waiting if r.admitted_at is None and r.submitted_at < limit]
-        for rid in stale:
-            self.cancel(rid, f"the request waited in the queue for more than {self.queue_timeout_s:g} s "
-                             "(--queue-timeout) without starting; retry later")
+    # ---- the queue's watchdog (its own thread: the engine's may be inside a long prompt step) -----------
+
+    def _watch_queue(self) -> None:
+        """Every request not admitted within queue_timeout_s (still in the engine's inbox or its queue; a preempted
+        one was admitted once and keeps its place) gets its final event now, a 503 with the reason, and is
+        cancelled; the engine ends it at its next step, whose own final event then finds no sink."""
+        interval = min(1.0, max(0.05, self.queue_timeout_s / 4))
+        while not self._stopped.wait(interval):
+            limit = time.perf_counter() - self.queue_timeout_s
+            with self._cond:
+                ids = list(self._sinks)
+            for rid in ids:
+                request = self.engine.request(rid)
+                if request is not None and request.admitted_at is None and request.submitted_at < limit:
+                    self._expire(rid)
+
+    def _expire(self, rid: int) -> None:
+        with self._cond:
+            sink = self._sinks.pop(rid, None)
+        if sink is None:  # it ended meanwhile
+            return
+        self.engine.cancel(rid)
+        with self._cond:
+            self._cond.notify()
+        event = Event(rid, 0, finished=True, ending=Ending.CANCELLED,
+                      error=f"the request waited in the queue for more than {self.queue_timeout_s:g} s "
+                            "(--queue-timeout) without starting; retry later")
+        channel = getattr(sink, "channel", None)
+        if channel is not None:
+            channel.deliver([(sink, event)])
+        else:
+            sink(event)
 
     def _dispatch(self, events: list[Event]) -> None:
         by_channel: dict[object, list[tuple[Sink, Event]]] = {}

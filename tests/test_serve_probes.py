@@ -81,3 +81,21 @@ def test_a_request_queued_past_its_limit_gets_503_with_retry_after(model_path, h
             assert "waited in the queue for more than 0.5 s" in queued.json()["error"]["message"]
         after = wait_idle(live.url)
         assert after["rocmforge_kv_free_blocks"] == after["rocmforge_kv_total_blocks"] - after["rocmforge_kv_reserved_blocks"]
+
+
+def test_the_queue_timeout_fires_while_a_long_step_runs(model_path, http_process):
+    """The request behind a HOLD_S prompt step waits in the engine's inbox (the step drains it only when it ends):
+    its 503 comes from the loop's watchdog, not after the step."""
+    with live_server(model_path, max_seqs=1, max_queue=4, queue_timeout_s=0.5, http_process=http_process) as live:
+        threading.Thread(target=httpx.post, args=(live.url + "/v1/completions",), daemon=True,
+                         kwargs={"json": {"prompt": [HOLD_TOKEN, 5, 6], "max_tokens": 1}, "timeout": 30}).start()
+        deadline = time.monotonic() + 10
+        while metrics(live.url)["rocmforge_requests_in_flight"] < 1:
+            assert time.monotonic() < deadline
+        t0 = time.monotonic()
+        queued = httpx.post(live.url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 2}, timeout=30)
+        waited = time.monotonic() - t0
+        assert queued.status_code == 503 and queued.headers["retry-after"], queued.text
+        assert waited < HOLD_S - 0.5, waited  # before the held step ended
+        after = wait_idle(live.url)
+        assert after["rocmforge_kv_free_blocks"] == after["rocmforge_kv_total_blocks"] - after["rocmforge_kv_reserved_blocks"]
