@@ -178,13 +178,13 @@ class Server:
 
     @contextlib.contextmanager
     def _relay_signals(self):
-        """Two processes: SIGTERM / Ctrl-C here starts the shutdown; a second one skips the grace."""
+        """Two processes: SIGTERM / Ctrl-C here starts the shutdown; a second Ctrl-C skips the grace."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
 
-        def handle(_signum, _frame):
-            (self._force if self._exit.is_set() else self._exit).set()
+        def handle(signum, _frame):  # uvicorn's rule: only a second Ctrl-C skips the grace, not a repeated SIGTERM
+            (self._force if self._exit.is_set() and signum == signal.SIGINT else self._exit).set()
         previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield

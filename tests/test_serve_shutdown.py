@@ -112,8 +112,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("mode", [[], ["--one-process"]], ids=["two processes", "one process"])
-def test_sigterm_mid_stream_exits_0_and_the_stream_gets_its_done(model_path, mode):
+@pytest.mark.parametrize("mode,signals", [([], 1), (["--one-process"], 1), ([], 2)],
+                         ids=["two processes", "one process", "two processes, SIGTERM twice"])
+def test_sigterm_mid_stream_exits_0_and_the_stream_gets_its_done(model_path, mode, signals):
+    """A repeated SIGTERM (a supervisor's) does not cut the shutdown short; only a second Ctrl-C does."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "rocmforge_cli.app", "serve", "--model", str(model_path),
                                "--device", "cpu", "--port", str(port), "--shutdown-grace", "0", *mode],
@@ -134,7 +136,9 @@ def test_sigterm_mid_stream_exits_0_and_the_stream_gets_its_done(model_path, mod
                           json={"prompt": [SLOW_TOKEN, 5], "max_tokens": 250, "stream": True, "ignore_eos": True}) as response:
             for line in response.iter_lines():
                 if line and not lines:
-                    server.send_signal(signal.SIGTERM)
+                    for _ in range(signals):
+                        server.send_signal(signal.SIGTERM)
+                        time.sleep(0.05)
                 if line:
                     lines.append(line)
         output, _ = server.communicate(timeout=60)
