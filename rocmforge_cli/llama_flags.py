@@ -12,9 +12,11 @@ import re
 
 from typing import Any
 
+import typer
+from rich.markup import escape
 from typer.core import TyperCommand
 
-from hipcore.errors import EXIT_USAGE
+from hipcore.errors import EXIT_USAGE, printable
 from rocmforge_cli.common import fail
 
 # llama.cpp's flags with no meaning here: refused (exit 2) with what to do instead. Never accepted silently:
@@ -75,20 +77,33 @@ def check_flags(command: TyperCommand, ctx: Any, args: list[str]) -> None:
             i += 2 if takes_value and not equals else 1
             continue
         if flag in NO_MEANING:
-            raise fail(f"{flag}: {NO_MEANING[flag]}", EXIT_USAGE)
+            raise refuse(f"{flag}: {NO_MEANING[flag]}")
         if flag in retired:
-            raise fail(f"{flag}: {retired[flag]}", EXIT_USAGE)
+            raise refuse(f"{flag}: {retired[flag]}")
         if _LETTERS_AFTER_ONE_DASH.fullmatch(flag):
             short = options.get(flag[:2])
             if short is not None and not short.is_flag:
-                raise fail(f"{flag}: no such option for {name} (not {flag[:2]} with the value {flag[2:]!r}: to mean "
-                           f"that, write {flag[:2]} {flag[2:]})", EXIT_USAGE)
+                raise refuse(f"{flag}: no such option for {name} (not {flag[:2]} with the value {flag[2:]!r}: to mean "
+                           f"that, write {flag[:2]} {flag[2:]})")
         i += 1
 
 
+# Click's usage error (an unknown option, a value of the wrong type), found by name: Typer carries its own Click.
+_CLICK_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def refuse(message: str) -> Exception:
+    """The usage error to raise: one line, exit 2; the user's words shown as typed, never as markup or control codes."""
+    return fail(escape(printable(message)), EXIT_USAGE)
+
+
 class FlagCheckedCommand(TyperCommand):
-    """A Typer command whose arguments pass check_flags before Click parses them."""
+    """A Typer command whose arguments pass check_flags before Click parses them, and whose usage errors are
+    one line, as every other error of rocmforge is (Click's own are a usage line, a hint and a framed box)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         check_flags(self, ctx, args)
-        return super().parse_args(ctx, args)
+        try:
+            return super().parse_args(ctx, args)
+        except _CLICK_USAGE_ERROR as exc:
+            raise refuse(f"{exc.format_message()} (see {ctx.command_path} -h)") from None

@@ -147,3 +147,17 @@ def test_a_value_that_looks_like_a_flag_is_left_to_its_option():
 def test_every_command_checks_its_flags():
     assert all(isinstance(command, FlagCheckedCommand) for _, command in ALL)
     assert set(RETIRED) <= {" ".join(path) for path, _ in ALL}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["generate", "-n", "x", "hi"], "Invalid value for '--max-tokens'"),
+    (["bench", "--no-such-option"], "No such option: --no-such-option"),
+    (["generate", "--stop"], "Option '--stop' requires an argument"),
+    (["kernels", "build", "-j", "0"], "--jobs"),
+    (["inspect", "--no-such[bold]x"], "--no-such[bold]x"),  # the user's words as typed, not as markup
+])
+def test_clicks_own_usage_errors_are_one_line_and_exit_2(args, words):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert words in line and line.endswith(f"(see rocmforge {' '.join(args[:2] if args[0] == 'kernels' else args[:1])} -h)")
