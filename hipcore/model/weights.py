@@ -2,7 +2,9 @@
 
 On a GPU, quantized weights stay in their GGUF block format and the kernels dequantize them as
 they read. A matrix type with no kernel yet is converted once to F16 at load (said, not silent).
-The cpu backend dequantizes everything to float32 once (numpy matmuls are its fast path).
+The cpu backend dequantizes everything to float32 once (numpy matmuls are its fast path), but a mixture of experts'
+3-D expert tensors, which stay in their file format there too: the expert ops' host kernels decode the selected
+experts and quantize their input as the GPU kernels do (a 30B MoE's experts would take 120 GB as float32).
 
 A failure half-way (out of memory, a read error) frees every buffer uploaded so far before the
 error propagates: nothing is left half-uploaded (docs/architecture.md, "Out of memory", rule 2).
@@ -162,10 +164,10 @@ def storage_format(device: Device, type_name: str, *, is_table: bool, is_vector:
     """The format a tensor of GGUF type `type_name` is stored in on `device` (is_experts: a 3-D expert tensor, which
     keeps every format the expert products read, MXFP4 among them)."""
     t = type_name.lower()
+    if is_experts and moe_experts.supports(t):  # on the cpu backend too: its host kernel decodes the selected experts
+        return t
     if device.backend == "cpu" or is_vector:
         return "f32"
-    if is_experts and moe_experts.supports(t):
-        return t
     supported = GPU_TABLE_TYPES & GPU_MATRIX_TYPES if is_table else GPU_MATRIX_TYPES
     return t if t in supported else "f16"
 

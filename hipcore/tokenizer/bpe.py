@@ -31,6 +31,14 @@ _QWEN2 = (
     _CONTRACTIONS_ANY_CASE
     + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# gpt-oss's o200k vocabulary (tokenizer.ggml.pre "gpt-4o"): llama.cpp's rewrite of the tokenizer.json pattern
+# (src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GPT4O), which it runs: an "upper" letter is any letter but a-z, a "lower"
+# one any but A-Z.
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS_ANY_CASE + "?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS_ANY_CASE + "?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # The regex module's \s is exactly the Unicode White_Space set that llama.cpp uses.
 
 
@@ -55,6 +63,7 @@ _DIGITS_THEN_GPT2 = PreTokenizer("smollm", (r"\p{N}", _GPT2))
 _LLAMA3_STYLE = PreTokenizer("llama3", (_LLAMA3,), add_bos=True, ignore_merges=True)
 _LLAMA3_REGEX_ONLY = PreTokenizer("dbrx", (_LLAMA3,))
 _QWEN2_STYLE = PreTokenizer("qwen2", (_QWEN2,))
+_GPT4O_STYLE = PreTokenizer("gpt-4o", (_GPT4O,), clean_spaces=False)
 
 
 def _variant(base: PreTokenizer, name: str, **changes: object) -> PreTokenizer:
@@ -80,6 +89,7 @@ PRETOKENIZERS: Mapping[str, PreTokenizer] = {
     **{n: _variant(_QWEN2_STYLE, n) for n in ("stablelm2", "megrez")},
     **{n: _variant(_QWEN2_STYLE, n, clean_spaces=False) for n in (
         "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open")},
+    "gpt-4o": _GPT4O_STYLE,
 }
 
 

@@ -15,6 +15,7 @@ that the sinks take a visible share of each softmax), the pre-feed-forward norm 
 window of GPT_OSS_WINDOW keys on the even layers (shorter than every prompt), YaRN RoPE (factor 4 over an original
 context of 64, so that the ramp between interpolated and original frequencies falls inside the head), a router and
 experts with biases, and expert gates and ups scaled by EXPERT_GAIN so that gpt-oss's SwiGLU clamp at 7 bites.
+Its tokenizer declares gpt-oss's pre-tokenizer ("gpt-4o").
 "gpt-oss-mxfp4" holds its experts in MXFP4 (GGML type 39, as the published files), "gpt-oss-f16" in F16, everything
 else F32 in both: a failure in one alone points at MXFP4's decoding rather than the architecture.
 """
@@ -43,9 +44,8 @@ _GPT_OSS = dict(architecture="gpt-oss", hidden=64, expert_ffn=64, tensor_type="F
 MOE_MODELS: dict[str, dict] = {
     "qwen3moe-f32": dict(architecture="qwen3moe", seed=71, hidden=64, expert_ffn=64, tensor_type="F32",
                          expert_types={}),
-    "qwen3moe-q4km": dict(architecture="qwen3moe", seed=72, hidden=256, expert_ffn=256, tensor_type="Q8_0",
-                          embedding_type="F16", expert_types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K",
-                                                              "ffn_down_exps": "Q6_K"}),
+    "qwen3moe-q4km": dict(architecture="qwen3moe", seed=72, hidden=256, expert_ffn=256, tensor_type="F32",
+                          expert_types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q6_K"}),
     "gpt-oss-mxfp4": dict(seed=81, expert_types={part: "MXFP4" for part in ("ffn_gate_exps", "ffn_up_exps",
                                                                             "ffn_down_exps")}, **_GPT_OSS),
     "gpt-oss-f16": dict(seed=82, expert_types={part: "F16" for part in ("ffn_gate_exps", "ffn_up_exps",
@@ -57,7 +57,8 @@ _GPT_OSS_KEYS = {"attention.sliding_window": (UINT32, GPT_OSS_WINDOW), "rope.sca
 # The prompts: the ChatML template every qwen GGUF embeds, rendered by hand, and plain text.
 PROMPTS = {
     "chat": "<|im_start|>user\nHello there, how are you today?<|im_end|>\n<|im_start|>assistant\n",
-    "text": "The quick brown fox jumps over the lazy dog, then it runs there and back again.",
+    # capitals, contractions, digits, letters beyond ASCII, a slash: what the pre-tokenizers split differently
+    "text": "The quick brown fox jumps over the lazy dog; it's 2024, DON'T panic: über-Café/x 12345 runs back again.",
 }
 GREEDY_TOKENS = 24
 
@@ -78,8 +79,9 @@ def moe_spec(name: str):
     metadata[:0] = [Meta("general.architecture", STRING, arch), Meta("general.name", STRING, f"tiny-{name}-test")]
     metadata += [Meta(f"{arch}.expert_count", UINT32, N_EXPERTS), Meta(f"{arch}.expert_used_count", UINT32, N_USED),
                  Meta(f"{arch}.expert_feed_forward_length", UINT32, expert_ffn)]
-    if arch == "gpt-oss":
+    if arch == "gpt-oss":  # its keys, and the o200k pre-tokenizer's name as its files have it
         metadata += [Meta(f"{arch}.{key}", kind, value) for key, (kind, value) in _GPT_OSS_KEYS.items()]
+        metadata = [Meta(m.key, STRING, "gpt-4o") if m.key == "tokenizer.ggml.pre" else m for m in metadata]
     rng = np.random.default_rng(seed + 1000)
     residual = 1.0 / math.sqrt(2 * n_layers)
 
