@@ -1,6 +1,7 @@
-"""The commands on a tiny mixture-of-experts file (tests/support/moe_models.py, qwen3moe) on the cpu backend:
-generate, bench, profile-kv, leak-check and serve each run it, and the router's and experts' buffers are in the
-ledger under their own tags (moe_router, moe_experts), all back at the end."""
+"""The commands on the tiny mixture-of-experts files (tests/support/moe_models.py: qwen3moe, and gpt-oss with MXFP4
+experts and sliding-window layers) on the cpu backend: generate, bench, profile-kv, leak-check and serve each run
+them, and the router's and experts' buffers are in the ledger under their own tags (moe_router, moe_experts), all back
+at the end."""
 
 from __future__ import annotations
 
@@ -20,9 +21,18 @@ runner = CliRunner()
 ENV = {"COLUMNS": "200"}
 
 
+MODELS = ("qwen3moe-f32", "gpt-oss-mxfp4")
+
+
 @pytest.fixture(scope="module")
-def moe_file(tmp_path_factory) -> str:
-    return str(write_moe_model("qwen3moe-f32", tmp_path_factory.mktemp("moe-commands")))
+def files(tmp_path_factory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("moe-commands")
+    return {name: str(write_moe_model(name, folder)) for name in MODELS}
+
+
+@pytest.fixture(params=MODELS)
+def moe_file(request, files) -> str:
+    return files[request.param]
 
 
 def invoke(*args: str):
@@ -48,7 +58,8 @@ def test_generate(moe_file):
     assert len(json.loads(out)["tokens"]) == 6
 
 
-def test_bench(moe_file):
+def test_bench(files):
+    moe_file = files["qwen3moe-f32"]
     code, out, err = invoke("bench", "-m", moe_file, "--device", "cpu", "-p", "8", "-n", "4", "-r", "1", "-o", "json")
     assert code == 0, err
     rows = json.loads(out)
@@ -56,9 +67,11 @@ def test_bench(moe_file):
 
 
 def test_profile_kv(moe_file):
-    code, out, err = invoke("profile-kv", "-m", moe_file, "--json")
+    code, out, err = invoke("profile-kv", "-m", moe_file, "--plan", "--memory", "1GiB", "--json")
     assert code == 0, err
-    assert json.loads(out)
+    model = json.loads(out)["model"]
+    assert model["n_experts"] == 8 and 0 < model["n_active_params"] < model["n_params"]
+    assert model["layer_windows"] == ([16, 0, 16] if "gpt-oss" in moe_file else [])
 
 
 def test_leak_check_judges_it_clean(moe_file):
