@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.forward import activation_sizes
+from hipcore.runtime.device import Device
 from rocmforge_cli.app import app
 from support.moe_models import write_moe_model
 from support.serve_testing import MODEL_NAME, live_server
@@ -90,3 +91,22 @@ def test_serve_answers_a_completion(moe_file):
                                                                "temperature": 0}, timeout=60)
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 4
+
+
+def test_leak_check_finds_a_leak_under_the_moe_tags(files, monkeypatch):
+    """A planted leak (leak-check's device-leak bug) whose buffers carry the moe_experts tag is found and named by it."""
+    original = Device.allocate
+
+    def allocate(self, nbytes, tag="other", label="", owner=""):
+        return original(self, nbytes, "moe_experts" if label == "planted.step_scratch" else tag, label, owner)
+
+    monkeypatch.setattr(Device, "allocate", allocate)
+    result = runner.invoke(app, ["leak-check", "-m", files["qwen3moe-f32"], "--device", "cpu", "--requests", "8",
+                                 "--phases", "1", "--max-tokens", "4", "--prompt-tokens", "2-6", "--parallel", "2",
+                                 "--warmup", "1", "--finished-bound", "4", "--step-tokens", "16", "--json",
+                                 "--no-tracemalloc", "-q", "--plant-bug", "device-leak"],
+                           env={**ENV, "ROCMFORGE_TESTING": "1"})
+    report = json.loads(result.stdout)
+    final = report["phases"][-1]["ledger"]
+    assert result.exit_code == 1 and report["verdict"] != "clean"
+    assert final["growth_bytes"]["moe_experts"] == final["leaked_bytes"] > 0
