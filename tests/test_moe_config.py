@@ -32,6 +32,15 @@ def test_qwen3moe_reads_its_experts():
     assert shapes["blk.0.attn_q_norm.weight"] == (32,) and "blk.0.ffn_gate.weight" not in shapes
 
 
+def test_keys_llamacpp_ignores_for_these_architectures_change_nothing():
+    """llama.cpp fixes the gating per architecture (qwen3moe.cpp passes softmax and norm_w = true), whatever they say."""
+    metadata, tensors = _parts()
+    metadata.update({"qwen3moe.expert_gating_func": 2, "qwen3moe.expert_weights_norm": False,
+                     "qwen3moe.expert_weights_scale": 2.5})
+    config = config_from_metadata(metadata, tensors)
+    assert (config.expert_gating, config.expert_weights_norm) == ("softmax_topk", True)
+
+
 def test_qwen3moe_expert_width_falls_back_as_llamacpp():
     """Without expert_feed_forward_length llama.cpp takes feed_forward_length / expert_used_count."""
     metadata, tensors = _parts()
@@ -50,7 +59,6 @@ def _refusal(metadata, tensors) -> GGUFError:
     (lambda m: m.update({"qwen3moe.expert_shared_count": 1}), True, "shared experts"),
     (lambda m: m.update({"qwen3moe.expert_group_count": 4}), True, "expert groups"),
     (lambda m: m.update({"qwen3moe.expert_used_count": (2, 2, 2)}), True, "per-layer count"),
-    (lambda m: m.update({"qwen3moe.expert_gating_func": 2}), True, "gating function"),
     (lambda m: m.update({"qwen3moe.expert_used_count": N_EXPERTS + 1}), False, "expert_used_count"),
     (lambda m: m.pop("qwen3moe.expert_count"), False, "expert_count"),
 ])

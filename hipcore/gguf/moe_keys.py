@@ -6,8 +6,10 @@ each MoE model's load_arch_hparams), and the refusals of what rocmforge does not
                                       refused: every layer routes the same count here)
   <arch>.expert_feed_forward_length   rows of each expert's gate and up (a per-layer array must be uniform); qwen3moe
                                       falls back to feed_forward_length / expert_used_count as llama.cpp does
-  <arch>.expert_shared_count, expert_group_count > 1, expert_gating_func other than the family's: refused (exit 4,
-                                      named): qwen3moe and gpt-oss files carry none of them.
+  <arch>.expert_shared_count, expert_group_count > 1: refused (exit 4, named): qwen3moe and gpt-oss files carry
+                                      neither. expert_gating_func, expert_weights_norm and expert_weights_scale are
+                                      not read: llama.cpp fixes them per architecture (qwen3moe: softmax, then the
+                                      kept weights renormalized; gpt-oss: top-k, then a softmax over them).
 
 A dense architecture whose file declares experts (Mixtral as "llama") and the MoE architectures llama.cpp knows
 and rocmforge does not (architectures.UNSUPPORTED_MOE) are refused with exit 4 naming what is missing.
@@ -54,10 +56,6 @@ def read_moe_keys(keys: MetadataKeys, arch: str, family: Architecture, n_layers:
         value = keys.uint32(key, default=0)
         if value > (1 if "group" in key else 0):
             raise keys.error(key, value, "0", unsupported=True, problem=f"{what} ({value}) are not supported for {arch}")
-    gating_key = f"{arch}.expert_gating_func"
-    if gating_key in keys and keys.uint32(gating_key) not in (0, 1):  # 1: softmax (llama.cpp's enum); 0: none given
-        raise keys.error(gating_key, keys.metadata[gating_key], "1 (softmax)", unsupported=True,
-                         problem="an expert gating function other than softmax is not supported")
     ffn_key = f"{arch}.expert_feed_forward_length"
     default = ffn // used if arch == "qwen3moe" and ffn // used else None  # llama.cpp's qwen3moe fallback
     expert_ffn = keys.uint32_or_uniform_array(ffn_key, n_layers, lo=1, hi=_MAX_DIM, default=default)
