@@ -16,7 +16,7 @@ from typing import Callable
 from hipcore.engine.engine import Engine, EngineHooks
 from hipcore.gguf.file import GGUFFile
 from hipcore.kvcache.cache import KvCache
-from hipcore.model.forward import ModelRunner
+from hipcore.model.forward import ModelRunner, check_device
 from hipcore.model.memory_plan import MemoryPlan, make_plan
 from hipcore.model.weights import ModelWeights, upload_weights
 from hipcore.runtime.device import Device
@@ -102,6 +102,7 @@ def load_model(path: str, options: LoadOptions | None = None, *, status: StatusF
             undo.append(device.close)
         say(f"device: {device.describe()}")
         cfg = gguf.config
+        check_device(cfg, device)  # before anything is allocated
         ctx = opts.ctx_size or min(cfg.context_length, DEFAULT_CTX_SIZE)
         plan = make_plan(device, gguf.plan, ctx_size=ctx, max_seqs=opts.max_seqs, max_step_tokens=opts.max_step_tokens,
                          kv_dtype=opts.kv_dtype, block_size=opts.block_size, kv_blocks=opts.kv_blocks,

@@ -59,6 +59,13 @@ PLAN_CACHE_MAX_TOKENS = 128  # launch plans of decode steps up to this size are 
 # in which the device has nothing to run yet.
 PROMPT_PLAN_CACHE_SIZE = 16  # (and the graphs of padded shapes, prompt_graphs.py: a server's mixed steps can take more than 8)
 
+def check_device(config: ModelConfig, device: Device) -> None:
+    """UnsupportedModelError (exit 4) where the model needs a kernel the device lacks: gpt-oss's attention sinks.
+    The loader asks before anything is allocated; the runner asks again."""
+    if config.architecture == "gpt-oss":
+        gpt_oss.check_backend(device)
+
+
 def step_capacity(max_tokens: int, max_seqs: int) -> tuple[int, int]:
     """(token rows, logits rows) the buffers hold: a step's tokens, or a decode step padded to its bucket."""
     pad = bucket_capacity(max_seqs)
@@ -127,8 +134,7 @@ class ModelRunner:
             raise UnsupportedModelError(f"rope scaling {config.rope_scaling!r} is not supported yet (none, linear, yarn)")
         self.family = family_for(config.architecture)
         check_moe_weights(config, weights.layers)
-        if config.architecture == "gpt-oss":
-            gpt_oss.check_backend(device)
+        check_device(config, device)
         if weights.rope_pairs_adjacent:  # NEOX pairs uploaded side by side (weights.py, NEOX_AS_NORM): NORM mode
             config = dataclasses.replace(config, rope_type="norm")
         self.device, self.config, self.weights, self.cache = device, config, weights, cache

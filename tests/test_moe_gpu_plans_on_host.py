@@ -1,0 +1,64 @@
+"""The mixture-of-experts models' GPU step plans on the CPU (tests/support/stand_in_gpu.py): the tiny qwen3moe with
+Q4_K/Q6_K experts stepped through each GPU architecture's plan, every launch running its entry's host twin, against
+the cpu backend (prompt, batched prompts and decode steps); each plan reaches the MoE entries (the router's product,
+moe_route_f32, moe_gate_up_q4_k, moe_down_q6_k) with the experts kept in their file format; gpt-oss is refused on
+them with exit 4 (no sink kernel on a GPU yet)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.errors import UnsupportedModelError
+from support.model_steps import step_batch
+from support.moe_models import write_moe_model
+from support.stand_in_gpu import StandInGpu, host_kernels_for_stand_ins
+
+ARCHS = ("sm_90", "sm_80", "gfx942", "gfx1100", "gfx1030")
+MAX_RELATIVE_LOGIT_DIFF = 1e-3  # the same host kernels; the paths differ in summation order and f16 staging only
+MOE_ENTRIES = ("moe_route_f32", "moe_gate_up_q4_k", "moe_down_q6_k")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("moe-gpu-plans")
+    return {name: write_moe_model(name, folder) for name in ("qwen3moe-q4km", "gpt-oss-mxfp4")}
+
+
+def run_steps(path, device=None) -> list[np.ndarray]:
+    opts = LoadOptions(device="cpu" if device is None else "auto", max_seqs=8, max_step_tokens=64, ctx_size=256,
+                       kv_dtype="f16")
+    rng = np.random.default_rng(2)
+    draw = lambda n: [int(t) for t in rng.integers(0, 384, n)]  # noqa: E731
+    with load_model(str(path), opts, **({} if device is None else {"device": device})) as model:
+        assert model.weights.layers[0].ffn_gate_exps.fmt == "q4_k" and model.weights.layers[0].ffn_down_exps.fmt == "q6_k"
+        logits = [model.runner.execute(step_batch(model.cache, [(1, draw(40), 0)]))]
+        logits.append(model.runner.execute(step_batch(model.cache, [(s, draw(9), 0) for s in range(2, 6)])))
+        logits.append(model.runner.execute(step_batch(model.cache, [(s, draw(1), 40 if s == 1 else 9)
+                                                                    for s in range(1, 6)])))
+        return [step.astype(np.float64) for step in logits]
+
+
+@pytest.fixture(scope="module")
+def on_cpu(files):
+    return run_steps(files["qwen3moe-q4km"])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_qwen3moe_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, on_cpu, monkeypatch, arch):
+    host_kernels_for_stand_ins(monkeypatch)
+    device = StandInGpu(arch=arch)
+    got = run_steps(files["qwen3moe-q4km"], device)
+    worst = max(float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, on_cpu, strict=True))
+    assert worst <= MAX_RELATIVE_LOGIT_DIFF, f"{arch}: logits off by {worst:.2e} of the largest"
+    assert set(MOE_ENTRIES) <= device.entries, sorted(device.entries)
+
+
+def test_gpt_oss_is_refused_on_a_gpu_before_anything_is_allocated(files, monkeypatch):
+    host_kernels_for_stand_ins(monkeypatch)
+    device = StandInGpu("hip")
+    with pytest.raises(UnsupportedModelError, match="attention with sinks") as caught:
+        load_model(str(files["gpt-oss-mxfp4"]), LoadOptions(device="auto", ctx_size=256), device=device)
+    assert caught.value.exit_code == 4
+    assert device.ledger.peak_total == 0
