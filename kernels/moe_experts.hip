@@ -47,6 +47,28 @@ struct Quantized {
       for (int r = 0; r < N; ++r) acc[r] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r]);
     }
   }
+  // The same for NB inputs at once (the grouped path): each slice of the N rows decoded once, applied to every input.
+  template <int N, int NB>
+  static __device__ __forceinline__ void rows_batched(const unsigned char* const w[N], const float* const x[NB], int cols,
+                                                      float acc[N][NB]) {
+    const int lane = (int)threadIdx.x % WARP_SIZE;
+    for (int slice = lane; slice < cols / 32; slice += WARP_SIZE) {
+      typename Format::Raw raw[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], slice);
+      int col_a, col_b;
+      Format::columns(slice, col_a, col_b);
+      typename Format::Decoded dec[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) dec[r] = Format::decode(raw[r], slice);
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const q8::XSlice xs = q8::quantize_x(x[b], col_a, col_b);
+#pragma unroll
+        for (int r = 0; r < N; ++r) acc[r][b] = fmaf(xs.d, Format::apply(dec[r], xs), acc[r][b]);
+      }
+    }
+  }
 };
 
 // Eight weights of a float type: 16 bytes (F16, BF16) or 32 (F32) loaded, then multiplied into acc with x's eight
@@ -107,6 +129,23 @@ struct Float {
       const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
       for (int r = 0; r < N; ++r) acc[r] = Elem::fma8(raw[r], xv, acc[r]);
+    }
+  }
+  template <int N, int NB>
+  static __device__ __forceinline__ void rows_batched(const unsigned char* const w[N], const float* const x[NB], int cols,
+                                                      float acc[N][NB]) {
+    const int lane = (int)threadIdx.x % WARP_SIZE;
+    for (int c = 8 * lane; c < cols; c += 8 * WARP_SIZE) {
+      typename Elem::Raw raw[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) raw[r] = Elem::load(w[r] + (unsigned long long)c * Elem::kBytes);
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const float4 x0 = *reinterpret_cast<const float4*>(x[b] + c), x1 = *reinterpret_cast<const float4*>(x[b] + c + 4);
+        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int r = 0; r < N; ++r) acc[r][b] = Elem::fma8(raw[r], xv, acc[r][b]);
+      }
     }
   }
 };
@@ -212,6 +251,8 @@ __device__ __forceinline__ void down(float* __restrict__ out, const float* __res
 }  // namespace moe
 }  // namespace
 
+#include "moe_experts_grouped.h"  // prompts and batches: the pairs of each expert together
+
 #define RF_MOE_ENTRIES(suffix, Policy)                                                                                  \
   extern "C" __global__ __launch_bounds__(256) void moe_gate_up_##suffix(                                            \
       float* __restrict__ h, const float* __restrict__ x, const void* __restrict__ gate, const void* __restrict__ up, \
@@ -224,6 +265,18 @@ __device__ __forceinline__ void down(float* __restrict__ out, const float* __res
       const float* __restrict__ weights, const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,  \
       int n_expert) {                                                                                                 \
     moe::down<Policy>(out, h, down, ids, weights, down_bias, tokens, k, hidden, ff, n_expert);                       \
+  }                                                                                                                   \
+  extern "C" __global__ __launch_bounds__(256) void moe_gate_up_grouped_##suffix(                                    \
+      float* __restrict__ h, const float* __restrict__ x, const void* __restrict__ gate, const void* __restrict__ up, \
+      const int* __restrict__ ids, const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int tokens, \
+      int k, int ff, int hidden, int n_expert, int activation) {                                                      \
+    moe::gate_up_grouped<Policy>(h, x, gate, up, ids, gate_bias, up_bias, tokens, k, ff, hidden, n_expert, activation); \
+  }                                                                                                                   \
+  extern "C" __global__ __launch_bounds__(256, 2) void moe_down_grouped_##suffix(                                       \
+      float* __restrict__ terms, const float* __restrict__ h, const void* __restrict__ down, const int* __restrict__ ids, \
+      const float* __restrict__ weights, const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,  \
+      int n_expert) {                                                                                                 \
+    moe::down_grouped<Policy>(terms, h, down, ids, weights, down_bias, tokens, k, hidden, ff, n_expert);             \
   }
 
 RF_MOE_ENTRIES(q4_k, moe::Quantized<q8::Q4_KFormat>)
@@ -234,3 +287,16 @@ RF_MOE_ENTRIES(mxfp4, moe::Quantized<q8::MXFP4Format>)
 RF_MOE_ENTRIES(f16, moe::Float<moe::F16Elem>)
 RF_MOE_ENTRIES(bf16, moe::Float<moe::BF16Elem>)
 RF_MOE_ENTRIES(f32, moe::Float<moe::F32Elem>)
+
+// out[t] += sum_j terms[t, j] in slot order (the grouped down's second step): grid-stride over tokens x hidden.
+extern "C" __global__ __launch_bounds__(256) void moe_sum_slots_f32(float* __restrict__ out, const float* __restrict__ terms,
+                                                                   int tokens, int k, int hidden) {
+  const unsigned long long n = (unsigned long long)tokens * hidden;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const unsigned long long t = i / hidden, r = i % hidden;
+    float total = 0.0f;
+    for (int j = 0; j < k; ++j) total += terms[(t * k + j) * hidden + r];
+    out[i] += total;
+  }
+}

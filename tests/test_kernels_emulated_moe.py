@@ -49,7 +49,7 @@ def expert_files(tmp_path, rng, weight_type, n_expert, rows, cols, name):
 
 
 def run_gate_up(harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidden, n_expert, activation, biases,
-                grid=None):
+                grid=None, grouped=False):
     gate, gate_path = expert_files(tmp_path, rng, weight_type, n_expert, ff, hidden, "gate")
     up, up_path = expert_files(tmp_path, rng, weight_type, n_expert, ff, hidden, "up")
     x = (rng.standard_normal((tokens, hidden)) * rng.choice([1e-2, 1.0, 4.0], (tokens, hidden))).astype(np.float32)
@@ -58,8 +58,10 @@ def run_gate_up(harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidd
     bias = [(rng.standard_normal((n_expert, ff)) * 2).astype(np.float32) if biases else None for _ in range(2)]
     paths = write_inputs(tmp_path, x=x, ids=ids, **{f"b{i}": b for i, b in enumerate(bias) if b is not None})
     bias_paths = [tmp_path / f"b{i}" if b is not None else "-" for i, b in enumerate(bias)]
-    g, block = moe_experts.geometry(ARCH_FOR_WARP[warp], tokens * k, ff)
-    run(harnesses, warp, f"moe_gate_up_{weight_type}", grid or g, block, tokens, k, ff, hidden, n_expert,
+    g, block = (moe_experts.grouped_geometry(n_expert, ff) if grouped
+                else moe_experts.geometry(ARCH_FOR_WARP[warp], tokens * k, ff))
+    entry = f"moe_gate_up_grouped_{weight_type}" if grouped else f"moe_gate_up_{weight_type}"
+    run(harnesses, warp, entry, grid or g, block, tokens, k, ff, hidden, n_expert,
         moe_experts.ACTIVATIONS[activation], paths[0], gate_path, up_path, paths[1], *bias_paths, tmp_path / "h")
     got = np.fromfile(tmp_path / "h", np.float32).reshape(tokens, k, ff)
     want, bound = moe_experts.gate_up_reference(x, gate, up, weight_type, ids, ff, hidden, activation, *bias,
@@ -67,7 +69,8 @@ def run_gate_up(harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidd
     return got, want, bound
 
 
-def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert, biases, grid=None):
+def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert, biases, grid=None,
+             grouped=False):
     down, down_path = expert_files(tmp_path, rng, weight_type, n_expert, hidden, ff, "down")
     h = (rng.standard_normal((tokens, k, ff)) * rng.choice([1e-2, 1.0, 4.0], (tokens, k, ff))).astype(np.float32)
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
@@ -76,8 +79,10 @@ def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff,
     residual = rng.standard_normal((tokens, hidden)).astype(np.float32)
     paths = write_inputs(tmp_path, h=h, ids=ids, weights=weights, residual=residual,
                          **({"bias": bias} if biases else {}))
-    g, block = moe_experts.geometry(ARCH_FOR_WARP[warp], tokens, hidden)
-    run(harnesses, warp, f"moe_down_{weight_type}", grid or g, block, tokens, k, hidden, ff, n_expert, paths[0],
+    g, block = (moe_experts.grouped_geometry(n_expert, hidden) if grouped
+                else moe_experts.geometry(ARCH_FOR_WARP[warp], tokens, hidden))
+    entry = f"moe_down_grouped_{weight_type}" if grouped else f"moe_down_{weight_type}"
+    run(harnesses, warp, entry, grid or g, block, tokens, k, hidden, ff, n_expert, paths[0],
         down_path, paths[1], paths[2], tmp_path / "bias" if biases else "-", paths[3], tmp_path / "out")
     got = np.fromfile(tmp_path / "out", np.float32).reshape(tokens, hidden)
     added, bound = moe_experts.down_reference(h, down, weight_type, ids, weights, hidden, ff, bias, with_bound=True)
@@ -105,6 +110,24 @@ def test_down(moe_harnesses, warp, weight_type, tmp_path):
         got, want, bound = run_down(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert,
                                     biases, grid)
         assert np.all(np.abs(got - want) <= bound), (tokens, k, hidden, ff, grid)
+
+
+@pytest.mark.parametrize("weight_type", moe_experts.EXPERT_TYPES)
+def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
+    """The grouped entries: experts chosen by several pairs (groups of 4 and partial ones) or by none; a tile of 64 rows
+    and a partial one; a grid that loops over the (expert, tile) items."""
+    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 3])
+    block = column_multiple(weight_type)
+    cases = [(4, 2, 5, block, 3, False, 2)]
+    if weight_type == "q4_k":  # a second tile (the emulation's warps take seconds a tile)
+        cases.append((5, 2, 66, block, 3, True, None))
+    for tokens, k, ff, hidden, n_expert, biases, grid in cases:
+        got, want, bound = run_gate_up(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidden, n_expert,
+                                       "swiglu_oai", biases, grid, grouped=True)
+        assert np.all(np.abs(got - want) <= bound), (tokens, k, ff, hidden, grid)
+        got, want, bound = run_down(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidden, n_expert,
+                                    biases, grid, grouped=True)
+        assert np.all(np.abs(got - want) <= bound), (tokens, k, ff, hidden, grid)
 
 
 @pytest.mark.parametrize("old,new,projection,weight_type", [

@@ -250,3 +250,38 @@ def test_host_kernel_refuses_an_expert_id_out_of_range(cpu_device):
         moe_experts.launch_gate_up(cpu_device, None, h, x, g_buf, u_buf, to_device(cpu_device, np.array([[0, 2]], np.int32)),
                                    1, 2, "swiglu", weight_type="q8_0", n_expert=2, ff=4, hidden=32)
         cpu_device.synchronize()
+
+
+def test_grouped_path_on_the_host_kernels(cpu_device):
+    """The grouped entries' host kernels (down's through its workspace and the slot sum) give the per-pair path's
+    results; the launcher picks the grouped path where the pairs average two an expert, and refuses a grouped down
+    without a workspace, or with one overlapping h."""
+    rng = np.random.default_rng(17)
+    n_expert, k, ff, hidden, tokens = 4, 2, 64, 32, 6
+    (gate, up), (g_buf, u_buf) = expert_buffers(cpu_device, rng, "q8_0", n_expert, ff, hidden, 2)
+    (down,), (d_buf,) = expert_buffers(cpu_device, rng, "q8_0", n_expert, hidden, ff, 1)
+    x = to_device(cpu_device, rng.standard_normal((tokens, hidden)).astype(np.float32))
+    ids = to_device(cpu_device, np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32))
+    weights = to_device(cpu_device, rng.random((tokens, k)).astype(np.float32))
+    common = dict(weight_type="q8_0", n_expert=n_expert)
+    results = {}
+    for path in ("pairs", "grouped"):
+        h, out = empty(cpu_device, tokens * k * ff * 4), to_device(cpu_device, np.ones((tokens, hidden), np.float32))
+        moe_experts.launch_gate_up(cpu_device, None, h, x, g_buf, u_buf, ids, tokens, k, "swiglu", ff=ff, hidden=hidden,
+                                   path=path, **common)
+        workspace = empty(cpu_device, moe_experts.down_workspace_bytes(tokens, k, hidden))
+        moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, tokens, k, hidden=hidden, ff=ff,
+                                workspace=workspace, path=path, **common)
+        results[path] = h.download(np.float32), out.download(np.float32)
+    assert np.array_equal(results["pairs"][0], results["grouped"][0])
+    np.testing.assert_allclose(results["grouped"][1], results["pairs"][1], rtol=1e-6, atol=1e-6)
+    assert moe_experts.grouped_pays(tokens, k, n_expert) and not moe_experts.grouped_pays(1, 8, 128)
+    with pytest.raises(ValueError, match="needs a workspace"):
+        moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, tokens, k, hidden=hidden, ff=ff,
+                                path="grouped", **common)
+    with pytest.raises(ValueError, match="workspace and h overlap"):
+        moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, tokens, k, hidden=hidden, ff=ff,
+                                workspace=h, path="grouped", **common)
+    with pytest.raises(ValueError, match="path must be"):
+        moe_experts.launch_gate_up(cpu_device, None, h, x, g_buf, u_buf, ids, tokens, k, "swiglu", ff=ff, hidden=hidden,
+                                   path="sorted", **common)

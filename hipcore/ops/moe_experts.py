@@ -13,6 +13,12 @@ and weights float32 [tokens, k] come from moe_route. Biases (gpt-oss) are float3
   n_expert i)`: out[t] += sum_j weights[t, j] * (down_e . h[t, j] + down_bias_e), float32 [tokens, hidden],
   the k terms summed in slot order by one warp (no atomics: the same bits on every run).
 
+Two paths, the same function: per pair (decode steps: a warp a few rows of one (token, slot)) and grouped (prompts
+and batches, `grouped_pays`: a workgroup takes one expert's rows and gathers the pairs that chose it, so that each
+slice of an expert's weights is decoded once for 2 pairs; `moe_gate_up_grouped_<type>`, and for down
+`moe_down_grouped_<type>` writing each pair's weighted term into a workspace float32 [tokens, k, hidden] that
+`moe_sum_slots_f32(out p, terms p, tokens i, k i, hidden i)` adds into out in slot order: deterministic).
+
 The quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: the input (x, or h) is
 quantized per 32-column slice to int8 exactly as qmatvec.quantize_x does, and `reference` uses that input, so
 it states the kernels' function; F16, BF16 and F32 multiply the float input. One launch a projection for every
@@ -35,6 +41,7 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 OP = "moe_experts"
 GATE_UP_SIGNATURE = "pppppppiiiiii"
 DOWN_SIGNATURE = "ppppppiiiii"
+SUM_SLOTS_ENTRY, SUM_SLOTS_SIGNATURE = "moe_sum_slots_f32", "ppiii"
 QUANTIZED_X_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4")
 FLOAT_TYPES = ("f16", "bf16", "f32")
 EXPERT_TYPES = QUANTIZED_X_TYPES + FLOAT_TYPES
@@ -44,6 +51,8 @@ ACTIVATIONS = {"swiglu": 0, "swiglu_oai": 1}
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
 ROWS_PER_WARP = 2  # rows of one (token, slot) a warp computes together
 THREADS = 256
+GROUPED_TILE_ROWS = 64  # rows of one expert a grouped workgroup takes (kernels/moe_experts_grouped.h kTileRows)
+GROUPED_MIN_PAIRS_PER_EXPERT = 2  # the grouped path once the pairs average this many an expert
 
 
 def supports(weight_type: str) -> bool:
@@ -183,9 +192,34 @@ def _host_down(weight_type: str):
     return run
 
 
+def _host_down_terms(weight_type: str):
+    def run(device: CpuDevice, grid: Dim3, block: Dim3, terms: int, h: int, down: int, ids: int, weights: int,
+            down_bias: int, tokens: int, k: int, hidden: int, ff: int, n_expert: int) -> None:
+        chosen = device.view(ids, np.int32, (tokens, k))
+        _check_ids(chosen, n_expert, f"moe_down_grouped_{weight_type}")
+        hq = kernel_input(device.view(h, np.float32, (tokens * k, ff)), weight_type)
+        y, _ = _products(_expert_bytes(device, down, weight_type, n_expert, hidden, ff), weight_type, chosen, hq,
+                         hidden, ff)
+        if down_bias:
+            y = y + device.view(down_bias, np.float32, (n_expert, hidden))[chosen.reshape(-1)]
+        w = device.view(weights, np.float32, tokens * k).astype(np.float64)[:, None]
+        device.view(terms, np.float32, (tokens * k, hidden))[:] = w * y
+
+    return run
+
+
+@cpu_kernel(SUM_SLOTS_ENTRY, SUM_SLOTS_SIGNATURE)
+def _host_sum_slots(device: CpuDevice, grid: Dim3, block: Dim3, out: int, terms: int, tokens: int, k: int,
+                    hidden: int) -> None:
+    view = device.view(out, np.float32, (tokens, hidden))
+    view[:] = view + device.view(terms, np.float32, (tokens, k, hidden)).sum(axis=1, dtype=np.float32)
+
+
 for _type in EXPERT_TYPES:
     cpu_kernel(f"moe_gate_up_{_type}", GATE_UP_SIGNATURE)(_host_gate_up(_type))
+    cpu_kernel(f"moe_gate_up_grouped_{_type}", GATE_UP_SIGNATURE)(_host_gate_up(_type))
     cpu_kernel(f"moe_down_{_type}", DOWN_SIGNATURE)(_host_down(_type))
+    cpu_kernel(f"moe_down_grouped_{_type}", DOWN_SIGNATURE)(_host_down_terms(_type))
 
 
 # ---- launchers ---------------------------------------------------------------------------------
@@ -196,6 +230,28 @@ def geometry(arch: str, pairs: int, rows: int) -> tuple[int, int]:
     pair (the kernel loops over what the grid does not cover)."""
     warps = pairs * -(-rows // ROWS_PER_WARP)
     return max(1, min(-(-warps // (THREADS // wavefront_size(arch))), 65_535)), THREADS
+
+
+def grouped_pays(tokens: int, k: int, n_expert: int) -> bool:
+    """The grouped path once the (token, slot) pairs average GROUPED_MIN_PAIRS_PER_EXPERT an expert: below that few
+    pairs share an expert and the per-pair path's finer grid wins."""
+    return tokens * k >= GROUPED_MIN_PAIRS_PER_EXPERT * n_expert
+
+
+def grouped_geometry(n_expert: int, rows: int) -> tuple[int, int]:
+    """(grid, block) of the grouped entries: a workgroup an (expert, tile of GROUPED_TILE_ROWS rows)."""
+    return max(1, min(n_expert * -(-rows // GROUPED_TILE_ROWS), 65_535)), THREADS
+
+
+def down_workspace_bytes(tokens: int, k: int, hidden: int) -> int:
+    """Bytes of the workspace the grouped down path takes: each pair's weighted term, float32 [tokens, k, hidden]."""
+    return tokens * k * hidden * 4
+
+
+def _grouped(path: str | None, tokens: int, k: int, n_expert: int) -> bool:
+    if path not in (None, "pairs", "grouped"):
+        raise ValueError(f"{OP}: path must be None (chosen), 'pairs' or 'grouped', not {path!r}")
+    return path == "grouped" or (path is None and grouped_pays(tokens, k, n_expert))
 
 
 def _check_experts(weight_type: str, n_expert: int, rows: int, cols: int, **tensors: Any) -> None:
@@ -217,8 +273,9 @@ def _bias_arg(name: str, bias: Any, n_expert: int, rows: int) -> Any:
 
 def launch_gate_up(device: Device, stream: Stream | None, h: Any, x: Any, gate_exps: Any, up_exps: Any, ids: Any,
                    tokens: int, k: int, activation: str, gate_bias: Any = None, up_bias: Any = None, *, weight_type: str,
-                   n_expert: int, ff: int, hidden: int) -> None:
-    """h float32 [tokens, k, ff] from x float32 [tokens, hidden] through the experts ids [tokens, k] name."""
+                   n_expert: int, ff: int, hidden: int, path: str | None = None) -> None:
+    """h float32 [tokens, k, ff] from x float32 [tokens, hidden] through the experts ids [tokens, k] name. path: None
+    picks (grouped_pays), "pairs" or "grouped" forces one (the tests and measurements)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"{OP}: activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
     check_sizes(OP, tokens=tokens, k=k, ff=ff, hidden=hidden, n_expert=n_expert, pairs=tokens * k)
@@ -228,16 +285,20 @@ def launch_gate_up(device: Device, stream: Stream | None, h: Any, x: Any, gate_e
     check_memory(OP, "ids", ids, tokens * k * 4)
     check_disjoint(OP, ("h", h, tokens * k * ff * 4), ("x", x, tokens * hidden * 4))
     biases = _bias_arg("gate_bias", gate_bias, n_expert, ff), _bias_arg("up_bias", up_bias, n_expert, ff)
-    grid, block = geometry(device.arch, tokens * k, ff)
-    kernel = get_kernel(device, OP, f"moe_gate_up_{weight_type}", GATE_UP_SIGNATURE)
+    grouped = _grouped(path, tokens, k, n_expert)
+    grid, block = grouped_geometry(n_expert, ff) if grouped else geometry(device.arch, tokens * k, ff)
+    entry = f"moe_gate_up_grouped_{weight_type}" if grouped else f"moe_gate_up_{weight_type}"
+    kernel = get_kernel(device, OP, entry, GATE_UP_SIGNATURE)
     kernel.launch(grid, block, (h, x, gate_exps, up_exps, ids, *biases, tokens, k, ff, hidden, n_expert,
                                 ACTIVATIONS[activation]), stream=stream)
 
 
 def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_exps: Any, ids: Any, weights: Any,
                 tokens: int, k: int, down_bias: Any = None, *, weight_type: str, n_expert: int, hidden: int,
-                ff: int) -> None:
-    """out float32 [tokens, hidden] += sum_j weights[t, j] (down_{ids[t, j]} . h[t, j] + bias)."""
+                ff: int, workspace: Any = None, path: str | None = None) -> None:
+    """out float32 [tokens, hidden] += sum_j weights[t, j] (down_{ids[t, j]} . h[t, j] + bias). The grouped path
+    (path None and grouped_pays, or "grouped") needs `workspace` (down_workspace_bytes); without one, the per-pair
+    path runs."""
     check_sizes(OP, tokens=tokens, k=k, ff=ff, hidden=hidden, n_expert=n_expert, pairs=tokens * k)
     _check_experts(weight_type, n_expert, hidden, ff, down_exps=down_exps)
     check_memory(OP, "out", out, tokens * hidden * 4)
@@ -246,6 +307,22 @@ def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_ex
     check_memory(OP, "weights", weights, tokens * k * 4)
     check_disjoint(OP, ("out", out, tokens * hidden * 4), ("h", h, tokens * k * ff * 4))
     bias = _bias_arg("down_bias", down_bias, n_expert, hidden)
+    if path == "grouped" and workspace is None:
+        raise ValueError(f"{OP}: the grouped down path needs a workspace of {down_workspace_bytes(tokens, k, hidden)} bytes")
+    if workspace is not None and _grouped(path, tokens, k, n_expert):
+        terms = down_workspace_bytes(tokens, k, hidden)
+        check_memory(OP, "workspace", workspace, terms)
+        check_disjoint(OP, ("workspace", workspace, terms), ("h", h, tokens * k * ff * 4))
+        check_disjoint(OP, ("workspace", workspace, terms), ("out", out, tokens * hidden * 4))
+        grid, block = grouped_geometry(n_expert, hidden)
+        kernel = get_kernel(device, OP, f"moe_down_grouped_{weight_type}", DOWN_SIGNATURE)
+        kernel.launch(grid, block, (workspace, h, down_exps, ids, weights, bias, tokens, k, hidden, ff, n_expert),
+                      stream=stream)
+        grid, block = -(-tokens * hidden // THREADS), THREADS
+        get_kernel(device, OP, SUM_SLOTS_ENTRY, SUM_SLOTS_SIGNATURE).launch(
+            min(grid, 65_535), block, (out, workspace, tokens, k, hidden), stream=stream)
+        return
+    _grouped(path, tokens, k, n_expert)  # checks the name
     grid, block = geometry(device.arch, tokens, hidden)
     kernel = get_kernel(device, OP, f"moe_down_{weight_type}", DOWN_SIGNATURE)
     kernel.launch(grid, block, (out, h, down_exps, ids, weights, bias, tokens, k, hidden, ff, n_expert), stream=stream)

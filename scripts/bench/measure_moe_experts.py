@@ -16,7 +16,9 @@ How it measures: each launch's expert tensors are replicated over --rotate-mib o
 worth per copy) and the timed launches walk the copies with fresh random expert ids per copy, so each launch
 reads its experts' weights from DRAM as in decoding. The launches are captured in one graph, replayed, and timed
 with events. bytes read = the distinct selected experts' rows (gate and up, or down) of the launch; GB/s =
-bytes / GPU time. Before timing, every launch kind's output is checked against hipcore/ops/moe_experts.py's
+bytes / GPU time (for the grouped path's down, its second launch, the slot sum, included). At more than one token
+both paths are timed (pairs: a warp per (token, slot); grouped: a workgroup per expert), the launcher's choice in
+bold. Before timing, every launch kind's output is checked against hipcore/ops/moe_experts.py's
 float64 reference within its bound (a miss is reported on stderr and in the JSON, not fatal).
 """
 
@@ -77,6 +79,7 @@ class Layer:
         self.weights_buf = self._upload(self.route_weights)
         self.x_buf = self._upload(self.x)
         self.h_buf = self._alloc(tokens * k * ff * 4, "activations")
+        self.workspace = self._alloc(moe_experts.down_workspace_bytes(tokens, k, hidden), "scratch")
         self.out_buf = self._upload(np.zeros((tokens, hidden), np.float32))
         self.logits_buf = self._upload(rng.standard_normal((tokens, n_expert)).astype(np.float32))
         self.route_ids = self._alloc(tokens * k * 4, "activations")
@@ -103,17 +106,19 @@ class Layer:
     def ids_at(self, copy: int) -> int:
         return self.ids_buf.addr() + copy * self.tokens * self.k * 4
 
-    def gate_up(self, stream, copy: int) -> None:
+    def gate_up(self, stream, copy: int, path: str | None = None) -> None:
         moe_experts.launch_gate_up(self.dev, stream, self.h_buf, self.x_buf, self.weight_at("gate", copy),
                                    self.weight_at("up", copy), self.ids_at(copy), self.tokens, self.k, self.activation,
-                                   weight_type=self.up_type, n_expert=self.n_expert, ff=self.ff, hidden=self.hidden)
+                                   weight_type=self.up_type, n_expert=self.n_expert, ff=self.ff, hidden=self.hidden,
+                                   path=path)
 
-    def down(self, stream, copy: int) -> None:
+    def down(self, stream, copy: int, path: str | None = None) -> None:
         moe_experts.launch_down(self.dev, stream, self.out_buf, self.h_buf, self.weight_at("down", copy),
                                 self.ids_at(copy), self.weights_buf, self.tokens, self.k, weight_type=self.down_type,
-                                n_expert=self.n_expert, hidden=self.hidden, ff=self.ff)
+                                n_expert=self.n_expert, hidden=self.hidden, ff=self.ff, workspace=self.workspace,
+                                path=path)
 
-    def route(self, stream, copy: int) -> None:
+    def route(self, stream, copy: int, path: str | None = None) -> None:
         moe_route.launch(self.dev, stream, self.route_ids, self.route_w, self.logits_buf, self.tokens, self.n_expert,
                          self.k, "topk_softmax" if self.activation == "swiglu_oai" else "softmax_topk", True)
 
@@ -126,24 +131,24 @@ class Layer:
             return distinct * 2 * self.ff * row_bytes(self.up_type, self.hidden)
         return distinct * self.hidden * row_bytes(self.down_type, self.ff)
 
-    def check(self, stream) -> list[str]:
-        """gate|up and down of copy 0 against the references; the problems found."""
+    def check(self, stream, path: str) -> list[str]:
+        """gate|up and down of copy 0 on `path` against the references; the problems found."""
         problems = []
-        self.gate_up(stream, 0)
+        self.gate_up(stream, 0, path)
         stream.synchronize()
         h = self.h_buf.download(np.float32).reshape(self.tokens, self.k, self.ff)
         want, bound = moe_experts.gate_up_reference(self.x, self.raw["gate"], self.raw["up"], self.up_type, self.ids[0],
                                                     self.ff, self.hidden, self.activation, with_bound=True)
         if not np.all(np.abs(h - want) <= bound):
-            problems.append(f"{self.shape} gate_up: {int((~(np.abs(h - want) <= bound)).sum())} values off")
+            problems.append(f"{self.shape} {self.tokens} tokens {path} gate_up: {int((~(np.abs(h - want) <= bound)).sum())} values off")
         self.out_buf.upload(np.zeros((self.tokens, self.hidden), np.float32))
-        self.down(stream, 0)
+        self.down(stream, 0, path)
         stream.synchronize()
         out = self.out_buf.download(np.float32).reshape(self.tokens, self.hidden)
         want, bound = moe_experts.down_reference(h, self.raw["down"], self.down_type, self.ids[0], self.route_weights,
                                                  self.hidden, self.ff, with_bound=True)
         if not np.all(np.abs(out - want) <= bound):
-            problems.append(f"{self.shape} down: {int((~(np.abs(out - want) <= bound)).sum())} values off")
+            problems.append(f"{self.shape} {self.tokens} tokens {path} down: {int((~(np.abs(out - want) <= bound)).sum())} values off")
         return problems
 
 
@@ -160,17 +165,21 @@ def measure(device_spec: str, shapes: list[str], token_counts: list[int], rotate
             for tokens in token_counts:
                 layer = Layer(dev, stream, rng, shape, tokens, rotate_bytes)
                 try:
-                    problems += layer.check(stream)
-                    for kind in ("route", "gate_up", "down"):
+                    paths = ("pairs",) if tokens == 1 else ("pairs", "grouped")
+                    for path in paths:
+                        problems += layer.check(stream, path)
+                    chosen = "grouped" if moe_experts.grouped_pays(tokens, layer.k, layer.n_expert) else "pairs"
+                    for kind, path in [("route", "-")] + [(kind, path) for kind in ("gate_up", "down") for path in paths]:
                         launch = getattr(layer, kind)
-                        launches = [lambda s, c=c: launch(s, c) for c in range(layer.copies)]
+                        launches = [lambda s, c=c, p=path: launch(s, c, p) for c in range(layer.copies)]
                         ms = graph_time_per_launch(dev, stream, launches, replays, repeats)
                         nbytes = layer.bytes_read(kind)
-                        rows.append({"shape": shape, "tokens": tokens, "kind": kind,
+                        rows.append({"shape": shape, "tokens": tokens, "kind": kind, "path": path,
+                                     "chosen": path in ("-", chosen),
                                      "weight_type": layer.up_type if kind == "gate_up" else layer.down_type,
                                      "us": ms * 1e3, "bytes_read": nbytes, "bandwidth_gbs": nbytes / (ms * 1e-3) / 1e9,
                                      "fraction_of_copy": nbytes / (ms * 1e-3) / copy_bw})
-                        print(f"{shape} {tokens} tokens {kind}: {ms * 1e3:.1f} us, "
+                        print(f"{shape} {tokens} tokens {kind} {path}: {ms * 1e3:.1f} us, "
                               f"{rows[-1]['bandwidth_gbs']:.0f} GB/s", file=sys.stderr)
                 finally:
                     layer.free()
@@ -189,7 +198,7 @@ def main() -> None:
     parser.add_argument("outdir", type=Path, help="folder for moe_experts.json")
     parser.add_argument("--device", default="auto", help="auto, hip, cuda (optionally :N); default auto")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
-    parser.add_argument("--tokens", default="1,8", help="comma-separated token counts (default 1,8)")
+    parser.add_argument("--tokens", default="1,8,64,512", help="comma-separated token counts (default 1,8,64,512)")
     parser.add_argument("--rotate-mib", type=int, default=2048, help="device memory the weight copies fill (default 2048)")
     parser.add_argument("--replays", type=int, default=5, help="graph replays per timed run (default 5)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
@@ -204,10 +213,11 @@ def main() -> None:
     (opts.outdir / "moe_experts.json").write_text(json.dumps(result, indent=2))
     print(f"moe_experts on {result['device']} ({result['code_objects']}); {result['date']}, commit {result['commit']}, "
           f"median of {result['repeats']} runs; copy {result['copy_bandwidth_gbs']:.0f} GB/s (read + write)\n")
-    print("| shape | tokens | launch | type | bytes read | µs | GB/s | % of copy |")
-    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |")
+    print("| shape | tokens | launch | path | type | bytes read | µs | GB/s | % of copy |")
+    print("| --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |")
     for r in result["rows"]:
-        print(f"| {r['shape']} | {r['tokens']} | {r['kind']} | {r['weight_type']} | {r['bytes_read'] / 1e6:.2f} MB | "
+        path = f"**{r['path']}**" if r["chosen"] and r["path"] != "-" else r["path"]
+        print(f"| {r['shape']} | {r['tokens']} | {r['kind']} | {path} | {r['weight_type']} | {r['bytes_read'] / 1e6:.2f} MB | "
               f"{r['us']:.1f} | {r['bandwidth_gbs']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
     if result["problems"]:
         sys.exit(1)

@@ -44,7 +44,7 @@ def experts(rng, weight_type, n_expert, rows, cols):
     return random_weights(rng, weight_type, n_expert * rows, cols)
 
 
-def gate_up_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, tokens, activation, biases):
+def gate_up_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, tokens, activation, biases, path=None):
     gate, up = experts(rng, weight_type, n_expert, ff, hidden), experts(rng, weight_type, n_expert, ff, hidden)
     x = (rng.standard_normal((tokens, hidden)) * rng.choice([1e-2, 1.0, 4.0], (tokens, hidden))).astype(np.float32)
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
@@ -53,14 +53,14 @@ def gate_up_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, toke
     moe_experts.launch_gate_up(gpu, None, h, mem.upload(x), mem.upload(gate, "weights"), mem.upload(up, "weights"),
                                mem.upload(ids), tokens, k, activation,
                                *[mem.upload(b) if b is not None else None for b in bias],
-                               weight_type=weight_type, n_expert=n_expert, ff=ff, hidden=hidden)
+                               weight_type=weight_type, n_expert=n_expert, ff=ff, hidden=hidden, path=path)
     gpu.synchronize()
     want, bound = moe_experts.gate_up_reference(x, gate, up, weight_type, ids, ff, hidden, activation, *bias,
                                                 with_bound=True)
     check(h.download(np.float32).reshape(tokens, k, ff), want, bound, f"gate_up {weight_type}", seed)
 
 
-def down_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, tokens, biases):
+def down_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, tokens, biases, path=None):
     down = experts(rng, weight_type, n_expert, hidden, ff)
     h = (rng.standard_normal((tokens, k, ff)) * rng.choice([1e-2, 1.0, 4.0], (tokens, k, ff))).astype(np.float32)
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
@@ -70,7 +70,8 @@ def down_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, tokens,
     out = mem.upload(residual)
     moe_experts.launch_down(gpu, None, out, mem.upload(h), mem.upload(down, "weights"), mem.upload(ids),
                             mem.upload(weights), tokens, k, mem.upload(bias) if biases else None,
-                            weight_type=weight_type, n_expert=n_expert, hidden=hidden, ff=ff)
+                            weight_type=weight_type, n_expert=n_expert, hidden=hidden, ff=ff, path=path,
+                            workspace=mem.poisoned(moe_experts.down_workspace_bytes(tokens, k, hidden)))
     gpu.synchronize()
     added, bound = moe_experts.down_reference(h, down, weight_type, ids, weights, hidden, ff, bias, with_bound=True)
     want = residual + added
@@ -80,26 +81,28 @@ def down_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, tokens,
 
 @pytest.mark.parametrize("weight_type", moe_experts.EXPERT_TYPES)
 @pytest.mark.parametrize("tokens", [1, 5])
-def test_small_shapes(gpu, mem, rng, seed, weight_type, tokens):
+@pytest.mark.parametrize("path", ["pairs", "grouped"])
+def test_small_shapes(gpu, mem, rng, seed, weight_type, tokens, path):
     block = column_multiple(weight_type)
-    gate_up_case(gpu, mem, rng, seed, weight_type, 2 * block, 13, 6, 3, tokens, "swiglu", False)
-    gate_up_case(gpu, mem, rng, seed, weight_type, block, 7, 5, 2, tokens, "swiglu_oai", True)
-    down_case(gpu, mem, rng, seed, weight_type, 11, 2 * block, 6, 3, tokens, True)
+    gate_up_case(gpu, mem, rng, seed, weight_type, 2 * block, 13, 6, 3, tokens, "swiglu", False, path)
+    gate_up_case(gpu, mem, rng, seed, weight_type, block, 70, 5, 2, tokens, "swiglu_oai", True, path)
+    down_case(gpu, mem, rng, seed, weight_type, 11, 2 * block, 6, 3, tokens, True, path)
 
 
-@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("tokens", [1, 4, 64])
 @pytest.mark.parametrize("gate_up_type,down_type", [("q4_k", "q6_k"), ("q4_k", "q4_k"), ("q8_0", "q8_0")])
 def test_qwen3_30b_a3b_shapes(gpu, mem, rng, seed, gate_up_type, down_type, tokens):
-    hidden, ff, n_expert, k = QWEN3_30B_A3B
+    hidden, ff, n_expert, k = QWEN3_30B_A3B  # 64 tokens: the grouped path
     gate_up_case(gpu, mem, rng, seed, gate_up_type, hidden, ff, n_expert, k, tokens, "swiglu", False)
     down_case(gpu, mem, rng, seed, down_type, hidden, ff, n_expert, k, tokens, False)
 
 
 @pytest.mark.parametrize("weight_type", ["mxfp4", "f16"])
-def test_gpt_oss_20b_shapes(gpu, mem, rng, seed, weight_type):
-    hidden, ff, n_expert, k = GPT_OSS_20B
-    gate_up_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, 2, "swiglu_oai", True)
-    down_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, 2, True)
+@pytest.mark.parametrize("tokens", [2, 16])
+def test_gpt_oss_20b_shapes(gpu, mem, rng, seed, weight_type, tokens):
+    hidden, ff, n_expert, k = GPT_OSS_20B  # 16 tokens: the grouped path
+    gate_up_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, tokens, "swiglu_oai", True)
+    down_case(gpu, mem, rng, seed, weight_type, hidden, ff, n_expert, k, tokens, True)
 
 
 def test_a_layer_replays_from_a_graph_as_eager(gpu, mem, rng):

@@ -3,6 +3,8 @@
 //   harness_moe moe_gate_up_<type> <grid> <block> tokens k ff hidden n_expert activation x gate up ids gate_bias
 //               up_bias h_out
 //   harness_moe moe_down_<type> <grid> <block> tokens k hidden ff n_expert h down ids weights down_bias out_in out_out
+//   moe_gate_up_grouped_<type> as moe_gate_up_<type>; moe_down_grouped_<type> as moe_down_<type>: its terms into a
+//   NaN-filled workspace, then moe_sum_slots_f32 (its own grid) adds them into out.
 // A bias file of "-" passes a null pointer. Outputs start as NaN (out_in for down, which adds into it).
 #include <cmath>
 #include <cstdlib>
@@ -41,11 +43,10 @@ int main(int argc, char** argv) {
     write_file(a[7], weights.data(), weights.size() * 4);
     return 0;
   }
+#define RF_MOE_PAIR(t) {#t, {moe_gate_up_##t, moe_down_##t}}, {"grouped_" #t, {moe_gate_up_grouped_##t, moe_down_grouped_##t}}
   const std::map<std::string, std::pair<GateUp, Down>> kernels = {
-      {"q4_k", {moe_gate_up_q4_k, moe_down_q4_k}}, {"q5_k", {moe_gate_up_q5_k, moe_down_q5_k}},
-      {"q6_k", {moe_gate_up_q6_k, moe_down_q6_k}}, {"q8_0", {moe_gate_up_q8_0, moe_down_q8_0}},
-      {"mxfp4", {moe_gate_up_mxfp4, moe_down_mxfp4}}, {"f16", {moe_gate_up_f16, moe_down_f16}},
-      {"bf16", {moe_gate_up_bf16, moe_down_bf16}}, {"f32", {moe_gate_up_f32, moe_down_f32}}};
+      RF_MOE_PAIR(q4_k), RF_MOE_PAIR(q5_k), RF_MOE_PAIR(q6_k), RF_MOE_PAIR(q8_0),
+      RF_MOE_PAIR(mxfp4), RF_MOE_PAIR(f16), RF_MOE_PAIR(bf16), RF_MOE_PAIR(f32)};
   const std::string gate_up_prefix = "moe_gate_up_", down_prefix = "moe_down_";
   if (entry.rfind(gate_up_prefix, 0) == 0 && kernels.count(entry.substr(gate_up_prefix.size()))) {
     const GateUp kernel = kernels.at(entry.substr(gate_up_prefix.size())).first;
@@ -67,10 +68,20 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 5; ++i) n[i] = std::atoi(a[i]);
     std::vector<char> h = read_file(a[5]), down = read_file(a[6]), ids = read_file(a[7]), weights = read_file(a[8]);
     std::vector<char> bias = optional_file(a[9]), out = read_file(a[10]);
-    emu_launch(grid, block, [&] {
-      kernel((float*)out.data(), (const float*)h.data(), down.data(), (const int*)ids.data(),
-             (const float*)weights.data(), floats_or_null(bias), n[0], n[1], n[2], n[3], n[4]);
-    });
+    if (entry.rfind("moe_down_grouped_", 0) == 0) {
+      std::vector<float> terms((size_t)n[0] * n[1] * n[2], std::nanf(""));
+      emu_launch(grid, block, [&] {
+        kernel(terms.data(), (const float*)h.data(), down.data(), (const int*)ids.data(), (const float*)weights.data(),
+               floats_or_null(bias), n[0], n[1], n[2], n[3], n[4]);
+      });
+      emu_launch((unsigned)((n[0] * n[2] + 255) / 256), 256,
+                 [&] { moe_sum_slots_f32((float*)out.data(), terms.data(), n[0], n[1], n[2]); });
+    } else {
+      emu_launch(grid, block, [&] {
+        kernel((float*)out.data(), (const float*)h.data(), down.data(), (const int*)ids.data(),
+               (const float*)weights.data(), floats_or_null(bias), n[0], n[1], n[2], n[3], n[4]);
+      });
+    }
     write_file(a[11], out.data(), out.size());
     return 0;
   }

@@ -34,8 +34,8 @@ EXPECTED_KERNELS = {
     "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0", "f16", "bf16")]
                   + [f"matmul_mma_x16_{t}" for t in ("q4_k", "q5_k", "q6_k")]
                   + [f"matmul_mma_swiglu_{t}" for t in ("q4_k", "q5_k")],
-    "moe_experts": [f"moe_{projection}_{t}" for projection in ("gate_up", "down")
-                    for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16", "f32")],
+    "moe_experts": [f"moe_{projection}_{t}" for projection in ("gate_up", "down", "gate_up_grouped", "down_grouped")
+                    for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16", "f32")] + ["moe_sum_slots_f32"],
     "moe_route": ["moe_route_f32"],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
