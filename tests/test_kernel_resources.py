@@ -101,7 +101,8 @@ def test_matrix_product_kernels_keep_everything_in_registers(built):
 
 def test_moe_kernels_keep_everything_in_registers(built):
     """The experts' products (a decode step runs gate|up and down in every layer) and the router hold their rows' loads,
-    accumulators and logits in registers on every target: no spills, no scratch, no shared memory."""
+    accumulators and logits in registers on every target: no spills, no scratch; shared memory only in the grouped
+    entries (the gathered pairs: 2,048 ints and their count)."""
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
     for target in all_targets():
@@ -109,7 +110,8 @@ def test_moe_kernels_keep_everything_in_registers(built):
             for name, usage in manifest["objects"][target][op]["kernels"].items():
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
-                assert off_chip == 0 and usage["shared_bytes"] == 0, f"{target} {name}: {usage}"
+                shared = 2048 * 4 + 4 if "_grouped_" in name else 0
+                assert off_chip == 0 and usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
 
 
 def test_one_token_k_quant_products_keep_everything_in_registers_on_amd(built):
