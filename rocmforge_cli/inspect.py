@@ -80,6 +80,9 @@ def render(plan: ModelPlan, list_tensors: bool) -> None:
         ("file", f"{plan.path} ({format_bytes(plan.file_size)}, GGUF v{plan.version}, alignment {plan.alignment})"),
         ("architecture", f"{c.architecture}" + (f" - {c.name}" if c.name else "")),
         ("layers / hidden / ffn", f"{c.n_layers} / {c.hidden_size} / {c.ffn_size}"),
+        *([("experts", f"{c.n_experts_used} of {c.n_experts} a token, {c.expert_ffn_size} wide; " + (
+            "softmax over all, top-k, renormalized" if c.expert_gating == "softmax_topk" else "top-k, softmax over them")
+            + (", biases, clamped SwiGLU" if c.expert_activation == "swiglu_oai" else ""))] if c.is_moe else []),
         ("attention heads", f"{c.n_heads} query, {c.n_kv_heads} KV (head size {c.head_dim})"),
         ("vocabulary / context", f"{c.vocab_size} tokens / {c.context_length} tokens"),
         ("RoPE", f"base {c.rope_theta:g}, {c.rope_dim} dims, {c.rope_type.upper()} pairs, scaling {c.rope_scaling}"

@@ -110,3 +110,10 @@ def test_leak_check_finds_a_leak_under_the_moe_tags(files, monkeypatch):
     final = report["phases"][-1]["ledger"]
     assert result.exit_code == 1 and report["verdict"] != "clean"
     assert final["growth_bytes"]["moe_experts"] == final["leaked_bytes"] > 0
+
+
+def test_inspect_names_the_experts(moe_file):
+    code, out, err = invoke("inspect", moe_file)
+    assert code == 0, err
+    assert "2 of 8 a token, 64 wide" in out
+    assert ("top-k, softmax over them" if "gpt-oss" in moe_file else "softmax over all, top-k") in out
