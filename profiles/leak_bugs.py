@@ -8,7 +8,10 @@ host memory kept per request (10 KiB, and 300 bytes), a block counted as held tw
 released once, which hangs a run that does not judge progress by tokens kept, device memory
 taken through the raw driver call (outside the ledger), and a stream, a kernel module (loaded
 outside the kernel cache) or a file descriptor made per few steps and never released (handles the
-ledger does not hold).
+ledger does not hold). And three of a prefix cache (hipcore/kvcache/prefix_cache.py), where memory
+accounting gets subtle: a cached block taken with a reference nobody drops, an eviction that leaves
+the block's hash entry pointing at it once it is free, and a block taken from the cache but left on
+its LRU, so that an eviction frees it while a sequence still holds it.
 
 Why monkeypatching one loaded model instead of hook points in the engine, cache or loader: the
 production code keeps no test-only branches that a configuration could ever reach, and each bug
@@ -140,6 +143,61 @@ def _refcount_taken_twice(loaded) -> None:
     pool.take = take
 
 
+def _global_pool(loaded):
+    pool = getattr(loaded.cache, "_pool", None)
+    if pool is None:
+        raise RuntimeError("planted bug: KvCache._pool no longer exists; update profiles/leak_bugs.py")
+    if loaded.cache.prefix is None:
+        raise RuntimeError("planted bug: this bug lives in the prefix cache; run with prefix caching on")
+    return pool
+
+
+def _cached_reference_kept(loaded) -> None:
+    """BlockPool.take_cached takes a second reference on a block it takes off the LRU of cached blocks, and
+    nothing ever drops it: the block's tables release it once, so it is neither cached nor free again."""
+    pool = _global_pool(loaded)
+    _require(pool, "take_cached")
+    original = pool.take_cached
+
+    def take_cached(block, seq_id):
+        was_cached = block in pool.prefix.lru
+        original(block, seq_id)
+        if was_cached:
+            pool.share(block, seq_id)  # the bug: a reference nobody will release
+
+    pool.take_cached = take_cached
+
+
+def _hash_entry_on_freed_block(loaded) -> None:
+    """An eviction takes the block off the LRU and frees it but forgets its hash entry (PrefixIndex.forget drops
+    only the LRU entry): the index points at a free block, which the next prompt with that prefix may be handed
+    while another sequence fills it."""
+    pool = _global_pool(loaded)
+    index = pool.prefix
+    _require(index, "forget")
+
+    def forget(block):
+        index.lru.pop(block, None)  # the bug: block_of and entry_of keep the block
+
+    index.forget = forget
+
+
+def _eviction_of_a_held_block(loaded) -> None:
+    """BlockPool.take_cached leaves the block it takes on the LRU of cached blocks: an eviction then frees it while
+    the sequence that took it still holds it (the eviction skips no referenced block)."""
+    pool = _global_pool(loaded)
+    _require(pool, "take_cached")
+    original = pool.take_cached
+
+    def take_cached(block, seq_id):
+        was_cached = block in pool.prefix.lru
+        original(block, seq_id)
+        if was_cached:
+            pool.prefix.lru[block] = None  # the bug: still evictable while held
+
+    pool.take_cached = take_cached
+
+
 def _host_leak(nbytes: int) -> Callable[[object], None]:
     """Engine._end_request keeps `nbytes` of host memory per request ended (a per-request cache or
     log that is never trimmed)."""
@@ -222,6 +280,12 @@ BUGS: dict[str, PlantedBug] = {b.name: b for b in (
     PlantedBug("double-decrement", "a shared KV block's reference count is decremented twice", _double_decrement),
     PlantedBug("refcount-taken-twice", "a KV block handed out alone is counted as held twice and released once",
                _refcount_taken_twice),
+    PlantedBug("cached-reference-kept", "a block taken from the prefix cache gets a reference nobody drops",
+               _cached_reference_kept),
+    PlantedBug("hash-entry-on-freed-block", "an eviction frees a cached block but leaves its hash entry pointing at it",
+               _hash_entry_on_freed_block),
+    PlantedBug("eviction-of-held-block", "a block taken from the prefix cache stays evictable, and an eviction frees it "
+               "while a sequence holds it", _eviction_of_a_held_block),
     PlantedBug("host-leak", f"{HOST_LEAK_BYTES >> 10} KiB of host memory kept per request ended", _host_leak(HOST_LEAK_BYTES)),
     PlantedBug("host-leak-slow", f"{HOST_LEAK_SLOW_BYTES} bytes of host memory kept per request ended",
                _host_leak(HOST_LEAK_SLOW_BYTES)),

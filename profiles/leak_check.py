@@ -54,7 +54,7 @@ def run_leak_check(settings: LeakCheckSettings, progress: ProgressSink | None = 
     hooks = EngineHooks()  # filled in once the driver exists; the engine keeps this object
     options = LoadOptions(device=settings.device, max_seqs=settings.parallel, max_step_tokens=settings.step_tokens,
                           kv_dtype=settings.kv_dtype, block_size=shape.block_size, kv_blocks=kv_blocks,
-                          finished_bound=settings.finished_bound, hooks=hooks)
+                          finished_bound=settings.finished_bound, hooks=hooks, prefix_caching=settings.prefix_caching)
     loaded = load_model(settings.model, options, status=say)
     started_tracing = False
     try:
@@ -180,7 +180,7 @@ class _Run:
         self.stats_base = (self.engine.stats.preemptions, self.engine.stats.prompt_tokens, self.engine.stats.generated_tokens)
         self.base = {
             "ledger_bytes": dict(baseline.bytes_by_tag), "ledger_count": dict(baseline.count_by_tag),
-            "blocks_used": self.cache.num_usable_blocks - self.cache.num_free_blocks,
+            "blocks_used": self.cache.num_usable_blocks - self.cache.num_available_blocks,
             "driver_free": None if driver_base is None else driver_base.free,
             "driver_used": None if driver_base is None else self.total_memory - driver_base.free,
             "rss": read_rss(),
@@ -207,12 +207,15 @@ class _Run:
         stats_base, base = self.stats_base, self.base
         host = self._host_result()
         stats_now = (self.engine.stats.preemptions, self.engine.stats.prompt_tokens, self.engine.stats.generated_tokens)
+        prefix = None if self.cache.closed else self.cache.memory_profile()  # its hit counts, warm-up included
         close_ledger, close_error = self._close()
         peaks = {"blocks_used": self.peak_blocks, "ledger_bytes": self.device.ledger.peak_by_tag(),
                  "driver_used": self.peak_driver_used, "rss": host.peak_rss}
         requests = self._request_summary()
         requests.update(preemptions=stats_now[0] - stats_base[0], prompt_tokens=stats_now[1] - stats_base[1],
                         generated_tokens=stats_now[2] - stats_base[2], steps=driver.steps, injected=dict(driver.injected))
+        if prefix is not None and prefix.prefix_caching:
+            requests.update(prefix_query_tokens=prefix.prefix_query_tokens, prefix_hit_tokens=prefix.prefix_hit_tokens)
         failure = driver.failure
         stalls = driver.stalls[:MAX_STALL_MESSAGES] + (
             [f"... and {len(driver.stalls) - MAX_STALL_MESSAGES} more stalls"] if len(driver.stalls) > MAX_STALL_MESSAGES else [])
@@ -275,7 +278,7 @@ class _Run:
         return self.outcomes.describe(index, self.phase_names)
 
     def _on_step(self) -> None:
-        used = self.cache.num_usable_blocks - self.cache.num_free_blocks
+        used = self.cache.num_usable_blocks - self.cache.num_available_blocks  # (cached blocks are not used)
         self.peak_blocks = max(self.peak_blocks, used)
         if self.progress is not None:
             self.progress.blocks(used, self.cache.num_usable_blocks)

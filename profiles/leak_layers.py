@@ -68,6 +68,7 @@ class BlockReading:
     leaked: list[dict] = field(default_factory=list)  # one entry per block that is not free, with its group
     # layer group -> (usable, free, bytes per block): a cache with sliding-window layers has two pools
     groups: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    cached: int = 0  # prefix-cache blocks (every group) before the reading evicted them: accounted, not leaked
 
     @property
     def not_free(self) -> int:
@@ -81,7 +82,8 @@ class BlockReading:
 
     def to_dict(self) -> dict:
         return {
-            "usable": self.usable, "free": self.free, "pending": self.pending, "not_free": self.not_free,
+            "usable": self.usable, "free": self.free, "pending": self.pending, "cached": self.cached,
+            "not_free": self.not_free,
             "leaked_bytes": self.leaked_bytes, "bytes_per_block": self.bytes_per_block,
             "invariant_error": self.invariant_error, "leaked": self.leaked[:ITEMS_KEPT],
             "leaked_not_listed": max(0, len(self.leaked) - ITEMS_KEPT),
@@ -92,8 +94,20 @@ class BlockReading:
 
 def read_blocks(cache, owner_of_sequence) -> BlockReading:
     """Every block of every layer group that is not on the free list, with its group, the sequences whose
-    tables hold it and their requests (`owner_of_sequence(seq_id) -> dict | None`)."""
+    tables hold it and their requests (`owner_of_sequence(seq_id) -> dict | None`).
+
+    Prefix caching: a cached block is neither held nor free. It is not a leak, and it is accounted: the
+    invariants (each cached block unreferenced, each hash entry keyed on its tokens and on a block that is
+    not free) are checked while the blocks are cached, then the cache is flushed, and every block must be
+    free. A block whose reference is never dropped, or an entry left on a freed block, shows either way."""
     cfg = cache.config
+    cached = cache.num_cached_blocks
+    try:
+        cache.check_invariants(quiescent=True)
+        cached_error = None
+    except KvInvariantError as exc:
+        cached_error = f"with {cached} blocks cached: {exc}"
+    cache.flush_prefix_cache()
     leaked, groups = [], {}
     for group in cache.groups:
         holders: dict[int, list[int]] = {}
@@ -111,12 +125,12 @@ def read_blocks(cache, owner_of_sequence) -> BlockReading:
                          cfg.group_bytes_per_block(group))
     try:
         cache.check_invariants(quiescent=True)
-        error = None
+        error = cached_error
     except KvInvariantError as exc:
-        error = str(exc)
+        error = cached_error or str(exc)
     return BlockReading(usable=sum(u for u, _, _ in groups.values()), free=sum(f for _, f, _ in groups.values()),
                         pending=cache.num_pending_blocks, bytes_per_block=cfg.bytes_per_block, invariant_error=error,
-                        leaked=leaked, groups=groups)
+                        leaked=leaked, groups=groups, cached=cached)
 
 
 @dataclass

@@ -72,16 +72,18 @@ def host_growth_table(report: LeakReport) -> Table:
 
 
 def phases_table(report: LeakReport) -> Table:
-    t = _table("After each phase", ["phase", "requests", "seconds", "engine state", "KV blocks not free",
-                                   "ledger growth", "driver loss", "records"], text_columns=("engine state",))
+    t = _table("After each phase", ["phase", "requests", "seconds", "engine state", "KV blocks cached (evicted)",
+                                   "KV blocks not free", "ledger growth", "driver loss", "records"],
+               text_columns=("engine state",))
     for p in report.phases:
         e = p.engine
         state = "empty" if e.empty else f"{e.active_requests} active, {e.cache_sequences} tables"
         blocks = "-" if p.blocks is None else f"{p.blocks.not_free:,}"
+        cached = "-" if p.blocks is None else f"{p.blocks.cached:,}"
         growth = p.ledger.leaked_bytes
         name = p.name + ("" if p.ledger_judged else " (ledger not judged)") + (
             " (KV invariant broken)" if p.blocks is not None and p.blocks.invariant_error else "")
-        t.add_row(name, f"{p.requests:,}", f"{p.seconds:.1f}", state, blocks, _exact(growth), _b(p.driver_loss),
+        t.add_row(name, f"{p.requests:,}", f"{p.seconds:.1f}", state, cached, blocks, _exact(growth), _b(p.driver_loss),
                   f"{e.finished_records}/{e.finished_bound}")
     return t
 

@@ -305,8 +305,9 @@ def _judge_blocks(out: list[Finding], phase: PhaseResult, t: Thresholds) -> None
             owner = (f"; first: {group}block {first['block']} (refcount {first['refcount']}) held by "
                      + (f"request {who['request_id']} ({who['plan']}, ended {who['ending']} in {who['phase_at_end']}, "
                         f"{who['run_phase']})" if who else "no block table"))
+        cached = f" once {b.cached} cached were evicted" if b.cached else ""
         out.append(Finding("kv blocks", severity, f"after {phase.name}: {b.leaked_bytes:,} bytes in {b.not_free} KV blocks "
-                                                  f"not returned ({b.pending} pending, {b.free} of {b.usable} free){owner}"))
+                                                  f"not returned ({b.pending} pending, {b.free} of {b.usable} free{cached}){owner}"))
 
 
 def _judge_ledger(out: list[Finding], phase: PhaseResult, t: Thresholds) -> None:

@@ -35,6 +35,7 @@ class LeakCheckSettings:
     thresholds: Thresholds = field(default_factory=Thresholds)
     planted_bug: str | None = None
     deadline: float | None = None  # seconds from the warm-up on; None: deadline_seconds()'s default
+    prefix_caching: bool = True  # as serve runs: cached blocks, and prompts that share prefixes (leak_workload)
 
     def deadline_seconds(self) -> float:
         """The run ends as failed past this (a leak that keeps steps busy without progress must end
@@ -46,7 +47,7 @@ class LeakCheckSettings:
     def shape(self) -> WorkloadShape:
         return WorkloadShape(seed=self.seed, max_tokens=self.max_tokens, prompt_min=self.prompt_tokens[0],
                              prompt_max=self.prompt_tokens[1], step_tokens=self.step_tokens, block_size=self.block_size,
-                             parallel=self.parallel)
+                             parallel=self.parallel, shared_prefixes=self.prefix_caching)
 
     @property
     def warmup_requests(self) -> int:
@@ -85,6 +86,8 @@ class LeakCheckSettings:
             parts += ["--deadline", f"{self.deadline:g}"]
         if not self.tracemalloc:
             parts.append("--no-tracemalloc")
+        if not self.prefix_caching:
+            parts.append("--no-prefix-cache")
         for key, value in self.thresholds.to_dict().items():
             if value != getattr(Thresholds(), key):
                 cli_key = {"host_growth_per_1000": "host-growth", "host_traced_per_1000": "host-traced"}.get(key, key)
@@ -101,5 +104,5 @@ class LeakCheckSettings:
             "prompt_tokens": list(self.prompt_tokens), "step_tokens": self.step_tokens, "phases": self.phases,
             "warmup": self.warmup_requests, "finished_bound": self.finished_bound, "kv_dtype": self.kv_dtype,
             "block_size": self.block_size, "deadline_seconds": self.deadline_seconds(),
-            "tracemalloc": self.tracemalloc, "thresholds": self.thresholds.to_dict(),
+            "tracemalloc": self.tracemalloc, "prefix_caching": self.prefix_caching, "thresholds": self.thresholds.to_dict(),
         }

@@ -6,7 +6,9 @@ mix covers every way a request can end (RELIABILITY "Leak checks"): run to max t
 stop string or at the end-of-generation token, cancelled while waiting / during prompt evaluation /
 mid-decode / racing its final step, failed by an injected sampler or forward-pass fault, parallel
 samples sharing their prompt's blocks (some cancelled), and requests that can never fit the pool.
-Preemption is not planned per request: a deliberately small KV pool makes it happen.
+Preemption is not planned per request: a deliberately small KV pool makes it happen. With prefix
+caching (shared_prefixes), three random prompts in four start with at least half of one of SHARED_BASES
+seeded prompts, so that requests of every plan take cached blocks and share them while they run.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hipcore.engine.scheduler import blocks_for
 MAX_SAMPLES = 3  # n of the parallel-sample requests is 2 or 3
 MAX_N = 1024  # SamplingParams' largest n
 WATERMARK_ALLOWANCE = 2  # the scheduler keeps ~1% of the pool (at least one block) free at admission
+SHARED_BASES = 2  # prompts that random prompts start with, when shared_prefixes
 
 
 class Plan(enum.IntEnum):
@@ -103,6 +106,7 @@ class WorkloadShape:
     step_tokens: int  # the engine's max_step_tokens: prompts longer than this take several steps
     block_size: int
     parallel: int
+    shared_prefixes: bool = False  # prompts that start alike, for the prefix cache (module docstring)
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -177,6 +181,10 @@ class Workload:
         budget = _chat_prompt_budget(shape)
         self.text_prompts = tuple(p[-shape.prompt_max:] for p in text_prompts if p)
         self.chat_prompts = tuple(p[-budget:] for p in chat_prompts if p)
+        longest = max(shape.prompt_max, shape.long_prompt[1])
+        bases = np.random.default_rng([shape.seed, 1 << 20])
+        self.bases = [bases.integers(0, vocab_size, size=longest).tolist()
+                      for _ in range(SHARED_BASES)] if shape.shared_prefixes else []
 
     def plan(self, index: int) -> RequestPlan:
         s = self.shape
@@ -255,4 +263,11 @@ class Workload:
 
     def _random_prompt(self, rng: np.random.Generator, low: int, high: int) -> list[int]:
         length = int(rng.integers(low, high + 1))
-        return rng.integers(0, self.vocab_size, size=length).tolist()
+        prompt = rng.integers(0, self.vocab_size, size=length).tolist()
+        # Which base, and where its cut ends, come from the prompt's own random ids: the plan's draws stay those of
+        # a run without shared prefixes, so every request keeps its plan and its length.
+        pick = prompt[0] % 4
+        if self.bases and pick < 3:
+            cut = length - prompt[-1] % (length // 2 + 1)  # at least half of it: long enough to fill a block
+            prompt = self.bases[pick % SHARED_BASES][:cut] + prompt[cut:]
+        return prompt

@@ -14,8 +14,8 @@ from profiles.leak_settings import LeakCheckSettings
 from profiles.leak_thresholds import parse_fail_on
 from rocmforge_cli.common import handle_errors, stderr, stdout
 from rocmforge_cli.options import (
-    Device, KvDtype, Model, PlantBug, block_size_option, json_option, kv_blocks_option, parallel_option, quiet_option,
-    resolve_model, seed_option,
+    Device, KvDtype, Model, PlantBug, block_size_option, json_option, kv_blocks_option, parallel_option,
+    prefix_cache_option, quiet_option, resolve_model, seed_option,
 )
 from rocmforge_cli.leak_progress_display import PlainProgress, RichProgress
 
@@ -60,13 +60,14 @@ def leak_check_command(
     fail_on: Annotated[Optional[list[str]], typer.Option("--fail-on", help=FAIL_ON_HELP, show_default=False)] = None,
     deadline: Annotated[Optional[float], typer.Option("--deadline", help="End the run as failed (exit 1) after this many seconds from the warm-up on. Default: 300 s + 5 s per request.", show_default=False)] = None,
     no_tracemalloc: Annotated[bool, typer.Option("--no-tracemalloc", help="Measure host memory by RSS only (tracemalloc slows Python code by about a third).")] = False,
+    prefix_cache: Annotated[bool, prefix_cache_option("Prefix caching, as serve runs it: half the random prompts start alike; cached blocks are counted, checked and evicted after each phase, then every block must be free.")] = True,
     as_json: Annotated[bool, json_option("Print the report as one JSON object instead of tables.")] = False,
     quiet: Annotated[bool, quiet_option("No progress on stderr (by default: a progress line on a terminal, otherwise a plain line every 10 s with requests done, KV blocks in use and the phase).")] = False,
     plant_bug: PlantBug = None,
 ) -> None:
     """Run a seeded mix of requests through the engine and check that every KV block and every device byte comes back; exit 0 when clean, 1 on a leak or when a layer could not be judged (verdict "not judged"), 2 on a usage error.
 
-    The mix covers every way a request ends: max tokens, end token, stop string, cancelled while waiting / during its prompt / mid-decode / in its final step, failed by an injected sampler or forward-pass fault, parallel samples sharing their prompt's blocks, rejection, preemption under a small KV pool, and a shutdown with requests in flight. After the warm-up a baseline is taken; after each phase the engine must be empty, every KV block free, the device ledger equal to the baseline byte for byte, the driver's free memory unchanged beyond the ledger's own growth (GPU; on the cpu backend this layer is reported as not applicable), the device's streams, events, graphs and modules (beyond the kernel cache's one an op) and the process's open file descriptors as many as at the baseline, and host memory flat per request (tracemalloc on every run length; the RSS slope on runs of 500 requests or more); after the model is closed the ledger must be empty. A request preempted 50 times in a row without keeping a new token, or a run past --deadline, ends the run with exit 1 naming the KV blocks that never came back.
+    The mix covers every way a request ends (with prefix caching on, as serve runs, and prompts that share prefixes): max tokens, end token, stop string, cancelled while waiting / during its prompt / mid-decode / in its final step, failed by an injected sampler or forward-pass fault, parallel samples sharing their prompt's blocks, rejection, preemption under a small KV pool, and a shutdown with requests in flight. After the warm-up a baseline is taken; after each phase the engine must be empty, every KV block free, the device ledger equal to the baseline byte for byte, the driver's free memory unchanged beyond the ledger's own growth (GPU; on the cpu backend this layer is reported as not applicable), the device's streams, events, graphs and modules (beyond the kernel cache's one an op) and the process's open file descriptors as many as at the baseline, and host memory flat per request (tracemalloc on every run length; the RSS slope on runs of 500 requests or more); after the model is closed the ledger must be empty. A request preempted 50 times in a row without keeping a new token, or a run past --deadline, ends the run with exit 1 naming the KV blocks that never came back.
 
     Cost: on the cpu backend the demo model computes roughly 20-40 tokens per second on two cores, so the defaults (1,000 requests, prompts of 4-32 tokens, up to 12 new tokens) take about 15-25 minutes there; on a GPU they take a minute or two. For a quick check use e.g. --requests 200 --prompt-tokens 2-10 --max-tokens 4.
 
@@ -74,12 +75,13 @@ def leak_check_command(
       rocmforge leak-check --device cpu --requests 200 --prompt-tokens 2-10 --max-tokens 4
       rocmforge leak-check --requests 10000 --json > leak.json
       rocmforge leak-check --fail-on host-growth=2MiB/1000req --fail-on driver=4MiB
+      rocmforge leak-check --device cpu --requests 200 --no-prefix-cache
     """
     settings = LeakCheckSettings(
         model=resolve_model(model), device=device, requests=requests, parallel=parallel, seed=seed, kv_blocks=kv_blocks,
         max_tokens=max_tokens, prompt_tokens=parse_range(prompt_tokens), step_tokens=step_tokens, phases=phases,
         warmup=warmup, finished_bound=finished_bound, kv_dtype=kv_dtype, block_size=block_size, tracemalloc=not no_tracemalloc,
-        thresholds=parse_fail_on(fail_on), planted_bug=plant_bug, deadline=deadline,
+        thresholds=parse_fail_on(fail_on), planted_bug=plant_bug, deadline=deadline, prefix_caching=prefix_cache,
     )
     settings.validate()
     if quiet:
