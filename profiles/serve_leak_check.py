@@ -2,9 +2,11 @@
 
 The server runs as its own process (the command a user runs), on a free port of 127.0.0.1. After a
 warm-up the baseline is read from its /metrics; then `clients` threads send a seeded mix of requests
-(completions and chat, streamed or whole) and some of them leave at random points: during the prompt
-(a read timeout), or after a random number of streamed chunks. When the server is idle again it must
-hold no KV block (physical, pending) and its ledger must equal the baseline byte for byte per tag; the
+(completions and chat, streamed or whole, and conversations of a few turns whose every prompt holds the one
+before it and a system prompt every chat shares, so that the server's prefix cache is hit) and some of them
+leave at random points: during the prompt (a read timeout), or after a random number of streamed chunks.
+When the server is idle again it must hold no KV block (physical, pending), every other block free or
+cached (the prefix cache's, evictable), and its ledger must equal the baseline byte for byte per tag; the
 driver's free memory (GPU) must not have dropped beyond the ledger's growth over both halves of the
 requests (profiles/serve_leak_driver.py: a drop in one half only is a warning); then it gets SIGTERM and
 must exit 0, which it does only when its own shutdown check found the KV cache quiescent and the ledger
@@ -38,8 +40,12 @@ from profiles.serve_leak_report import KV_KEYS, ServeLeakReport, judge_host_laye
 HEALTH_TIMEOUT_S = 300.0  # loading the model
 IDLE_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 60.0
-PLANS = ("whole", "stream", "leave-in-prompt", "leave-mid-stream")
+PLANS = ("whole", "stream", "leave-in-prompt", "leave-mid-stream", "conversation")
 PROMPT_WORDS = "the quick brown fox jumps over a lazy dog while seven small robots count blue stars".split()
+# Every conversation's first message, and half the other chats': long enough to fill a few KV blocks, so that the
+# prefix cache keeps it once and every later chat shares it.
+SYSTEM_PROMPT = ("You are a patient assistant on a small harbour town's help line. Answer in one short sentence, "
+                 "name the street when you give a place, and say so plainly when you do not know.")
 
 
 @dataclass
@@ -87,14 +93,35 @@ def _body(rng: random.Random, settings: ServeLeakSettings, chat: bool, stream: b
     if rng.random() < 0.2:
         body["stop"] = [rng.choice(PROMPT_WORDS)]
     if chat:
-        body["messages"] = [{"role": "user", "content": words}]
+        system = [{"role": "system", "content": SYSTEM_PROMPT}] if rng.random() < 0.5 else []
+        body["messages"] = system + [{"role": "user", "content": words}]
     else:
         body["prompt"] = words
     return body
 
 
+def _conversation(client: httpx.Client, rng: random.Random, settings: ServeLeakSettings) -> str:
+    """Two or three turns, each prompt the whole conversation so far: its start is in the prefix cache."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    status = ""
+    for _ in range(rng.randint(2, 3)):
+        messages.append({"role": "user", "content": " ".join(rng.choice(PROMPT_WORDS) for _ in range(rng.randint(2, 12)))})
+        response = client.post("/v1/chat/completions", timeout=120, json={
+            "messages": messages, "max_tokens": rng.randint(1, settings.max_tokens), "temperature": 0})
+        status = str(response.status_code)
+        if response.status_code != 200:
+            break
+        messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
+    return status
+
+
 def _one_request(client: httpx.Client, rng: random.Random, settings: ServeLeakSettings) -> tuple[str, str]:
     plan = rng.choice(PLANS)
+    if plan == "conversation":
+        try:
+            return plan, _conversation(client, rng, settings)
+        except httpx.TimeoutException:
+            return plan, "left"
     chat = rng.random() < 0.5
     path = "/v1/chat/completions" if chat else "/v1/completions"
     body = _body(rng, settings, chat, stream=plan in ("stream", "leave-mid-stream"))

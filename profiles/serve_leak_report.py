@@ -25,7 +25,8 @@ from profiles.leak_report import MIN_HOST_SPAN
 
 SERVE_FAIL_ON_KEYS = ("blocks", "ledger", "driver", "host-growth")  # the --fail-on keys this check has layers for
 KV_KEYS = ("rocmforge_kv_physical_blocks", "rocmforge_kv_pending_blocks", "rocmforge_kv_free_blocks",
-           "rocmforge_kv_total_blocks", "rocmforge_kv_reserved_blocks", "rocmforge_kv_bytes_per_block")
+           "rocmforge_kv_total_blocks", "rocmforge_kv_reserved_blocks", "rocmforge_kv_bytes_per_block",
+           "rocmforge_kv_cached_blocks", "rocmforge_prefix_cache_queries_total", "rocmforge_prefix_cache_hits_total")
 
 
 def ledger_of(metrics: dict[str, float]) -> dict[str, float]:
@@ -145,8 +146,10 @@ def judge_pool_and_ledger(baseline: dict, final: dict, t: Thresholds) -> list[Fi
         severity = LEAK if t.blocks is not None and held > t.blocks else WARNING
         out.append(Finding("kv blocks", severity, f"{held} KV blocks not returned with every request ended"))
     usable = final["rocmforge_kv_total_blocks"] - final["rocmforge_kv_reserved_blocks"]
-    if final["rocmforge_kv_free_blocks"] != usable:
-        out.append(Finding("kv blocks", LEAK, f"{final['rocmforge_kv_free_blocks']:.0f} free KV blocks, {usable:.0f} expected"))
+    cached = final.get("rocmforge_kv_cached_blocks", 0.0)  # the prefix cache's: evictable, not held, no leak
+    if final["rocmforge_kv_free_blocks"] + cached != usable:
+        out.append(Finding("kv blocks", LEAK, f"{final['rocmforge_kv_free_blocks']:.0f} free and {cached:.0f} cached KV "
+                                              f"blocks, {usable:.0f} expected"))
     for key, before in ledger_of(baseline).items():
         grown = final.get(key, 0.0) - before
         if grown:

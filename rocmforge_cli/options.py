@@ -98,6 +98,7 @@ Parallel = Annotated[int, parallel_option()]
 Quiet = Annotated[bool, quiet_option()]
 AsJson = Annotated[bool, json_option()]
 PlantBug = Annotated[Optional[str], typer.Option("--plant-bug", hidden=True, help=PLANT_BUG_HELP)]
+PrefixCache = Annotated[bool, prefix_cache_option()]
 
 
 def resolve_model(model: Optional[str]) -> str:

@@ -15,8 +15,8 @@ from hipcore.errors import EXIT_FAILURE, UsageError
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.generate import load_with_progress
 from rocmforge_cli.options import (
-    BlockSize, CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, Parallel, PlantBug, Quiet, check_options,
-    quiet_option, resolve_model,
+    BlockSize, CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, Parallel, PlantBug, PrefixCache, Quiet,
+    check_options, quiet_option, resolve_model,
 )
 
 
@@ -42,6 +42,7 @@ def serve_command(
     queue_timeout: Annotated[float, typer.Option("--queue-timeout", help="Seconds a request may wait in the queue without starting; past that it gets 503 with Retry-After.")] = 300.0,
     allowed_hosts: Annotated[Optional[list[str]], typer.Option("--allowed-hosts", help="Names the server may be reached by (the Host header), comma-separated or repeated; '*.example.com' for subdomains, '*' for any. On a loopback address localhost, 127.0.0.1 and ::1 are always allowed; elsewhere, without this option, any name is.", show_default=False)] = None,
     cors_origins: Annotated[Optional[list[str]], typer.Option("--cors-origins", help="Web origins (scheme://host[:port]) whose pages may call the API, comma-separated or repeated; '*' for any. Without it, requests that carry another Origin than the server's own get 403.", show_default=False)] = None,
+    prefix_cache: PrefixCache = True,
     one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients). Always so on Windows.")] = False,
     quiet: Annotated[bool, quiet_option("No progress or memory plan on stderr.")] = False,
     plant_bug: PlantBug = None,
@@ -50,10 +51,13 @@ def serve_command(
 
     Request bodies must be JSON (Content-Type: application/json); the Host and Origin headers must name this server (see --allowed-hosts, --cors-origins), so that web pages cannot drive it. On SIGTERM or Ctrl-C it answers new requests with 503, finishes in-flight ones (up to --shutdown-grace seconds), cancels the rest (each still gets its answer), checks that every KV block came back, and exits 0 (1 if one did not).
 
+    Prefix caching is on (--no-prefix-cache turns it off): a prompt that starts as an earlier one did (a chat's history, a shared system prompt) takes that prompt's KV blocks instead of computing them; /metrics counts rocmforge_prefix_cache_queries and rocmforge_prefix_cache_hits (prompt tokens, vLLM's names), and each response's usage.prompt_tokens_details.cached_tokens says how many of its prompt were found.
+
     Examples:
       rocmforge serve --port 8080
       rocmforge serve -m model.gguf --parallel 32 --api-key secret
       rocmforge serve --host 0.0.0.0 --allowed-hosts gpu1.lan --cors-origins http://localhost:3000 --api-key secret
+      rocmforge serve --no-prefix-cache          (compute every prompt from its first token)
       curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"Hi"}]}'
     """
     check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
@@ -75,7 +79,8 @@ def serve_command(
     # The HTTP process reads its pipe from the event loop (add_reader), which Windows' default loop lacks.
     two_processes = not one_process and sys.platform != "win32"
     options = LoadOptions(device=device, ctx_size=ctx_size, max_seqs=parallel, max_step_tokens=step_tokens,
-                          kv_dtype=kv_dtype, block_size=block_size, kv_blocks=kv_blocks, kv_memory=kv_memory)
+                          kv_dtype=kv_dtype, block_size=block_size, kv_blocks=kv_blocks, kv_memory=kv_memory,
+                          prefix_caching=prefix_cache)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         with load_with_progress(path, options, quiet) as loaded:

@@ -38,7 +38,8 @@ log = logging.getLogger("rocmforge.serve")
 def event_fields(client_id: int, event: Event) -> tuple:
     """An Event as plain data for the pipe (a tuple pickles in a fraction of a dataclass's time)."""
     ending = event.ending.value if event.ending is not None else None
-    return (client_id, event.seq_index, event.token_ids, event.text, event.finished, ending, event.error)
+    return (client_id, event.seq_index, event.token_ids, event.text, event.finished, ending, event.error,
+            event.cached_tokens)
 
 
 class BridgeSink:

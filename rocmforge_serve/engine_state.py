@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hipcore.engine.request import Ending
 from hipcore.runtime.host_memory import anon_rss_bytes
-from rocmforge_serve.metrics import PROFILE_GAUGES
+from rocmforge_serve.metrics import PREFIX_CACHE_COUNTERS, PROFILE_GAUGES
 
 
 def read_engine_state(engine, device) -> dict:
@@ -25,7 +25,7 @@ def read_engine_state(engine, device) -> dict:
     }
     if not cache.closed:
         profile = cache.memory_profile()
-        state["kv_profile"] = {name: getattr(profile, name) for name in PROFILE_GAUGES}
+        state["kv_profile"] = {name: getattr(profile, name) for name in (*PROFILE_GAUGES, *PREFIX_CACHE_COUNTERS)}
         state["usable_blocks"] = cache.num_usable_blocks
     if device is not None:
         state["driver_free_bytes"] = device.driver_free_bytes()

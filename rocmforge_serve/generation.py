@@ -63,6 +63,7 @@ class Generation:
     disconnected: asyncio.Task
     prompt_tokens: int
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, found in the prefix cache (the final event says)
     ending: Ending | None = None
     first: Event | None = None
     _done: bool = field(default=False)
@@ -105,7 +106,7 @@ class Generation:
             for i, event in enumerate(batch):
                 self.completion_tokens += len(event.token_ids)
                 if event.finished:
-                    self.ending = event.ending
+                    self.ending, self.cached_tokens = event.ending, event.cached_tokens
                     self._done = True
                     del batch[i + 1:]  # nothing follows a request's final event; never yield past it
                     break

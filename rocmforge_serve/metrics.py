@@ -31,7 +31,14 @@ PROFILE_GAUGES = {  # MemoryProfile field -> help
     "fragmentation_ratio": "token slots allocated but unused over slots allocated",
     "page_table_bytes": "host bytes of the block tables",
     "allocator_bytes": "host bytes of the block allocator's bookkeeping",
-    "capacity_tokens": "tokens that still fit (free blocks x block size)",
+    "capacity_tokens": "tokens that still fit ((free + cached) blocks x block size)",
+    "cached_blocks": "KV blocks kept by the prefix cache: no sequence holds them, evicted least recently used first",
+    "pool_bytes_cached": "device bytes of the prefix cache's blocks",
+}
+# vLLM's prefix-cache counters (vllm:prefix_cache_queries / prefix_cache_hits), in prompt tokens, with our prefix
+PREFIX_CACHE_COUNTERS = {
+    "prefix_query_tokens": ("prefix_cache_queries", "prompt tokens looked up in the prefix cache"),
+    "prefix_hit_tokens": ("prefix_cache_hits", "prompt tokens found in the prefix cache (not computed)"),
 }
 
 
@@ -67,6 +74,8 @@ class StateCollector:
         if profile is not None:  # None once the KV cache is closed
             for name, help_text in PROFILE_GAUGES.items():
                 yield GaugeMetricFamily(f"{PREFIX}_kv_{name}", help_text, value=float(profile[name]))
+            for field_name, (name, help_text) in PREFIX_CACHE_COUNTERS.items():
+                yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=float(profile[field_name]))
         by_tag = state["ledger_bytes"]
         if by_tag is not None:
             family = GaugeMetricFamily(f"{PREFIX}_ledger_bytes", "device bytes live in the ledger, by tag", labels=["tag"])

@@ -21,7 +21,9 @@ FINISH_REASON = {Ending.EOS: "stop", Ending.STOP: "stop", Ending.LENGTH: "length
 
 def _usage(gen: Generation) -> dict:
     return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-            "total_tokens": gen.prompt_tokens + gen.completion_tokens}
+            "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+            # OpenAI's field: prompt tokens whose KV the server had already (the prefix cache)
+            "prompt_tokens_details": {"cached_tokens": gen.cached_tokens}}
 
 
 def _envelope(gen: Generation, chat: bool, choices: list, stream: bool) -> dict:

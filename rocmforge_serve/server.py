@@ -118,7 +118,12 @@ class Server:
             self.served.templates.close()
         error = None
         try:
-            self.loaded.cache.check_invariants(quiescent=True)
+            cache = self.loaded.cache
+            cache.check_invariants(quiescent=True)  # the prefix cache's blocks and entries checked as they are
+            cache.flush_prefix_cache()  # then evicted: every block must be free
+            cache.check_invariants(quiescent=True)
+            if cache.num_free_blocks != cache.num_usable_blocks:
+                raise RuntimeError(f"{cache.num_free_blocks} of {cache.num_usable_blocks} KV blocks free")
         except Exception as exc:  # noqa: BLE001 - the invariant's message is the finding
             error = f"{type(exc).__name__}: {exc}"
         kv_now = self.loaded.device.ledger.bytes_by_tag().get("kv", 0)

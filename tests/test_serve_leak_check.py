@@ -24,8 +24,11 @@ def test_a_clean_server_passes_with_disconnects_in_the_mix(tmp_path_factory):
     assert [(f.layer, f.severity) for f in report.findings] == [("host", "warning")], report.server_tail
     assert report.verdict == "clean" and report.exit_code == 0
     assert report.requests == 24 and report.server_exit == 0
-    assert report.plans["leave-mid-stream"] and report.plans["leave-in-prompt"]
+    assert report.plans["leave-mid-stream"] and report.plans["leave-in-prompt"] and report.plans["conversation"]
     assert report.final["rocmforge_kv_physical_blocks"] == 0
+    # serve's prefix cache is on: conversations and the shared system prompt found their blocks, and the blocks
+    # left cached at the end were no finding (the server's shutdown check evicted them and found every block free)
+    assert report.final["rocmforge_prefix_cache_hits_total"] > 0
     as_json = report.to_dict()
     assert set(as_json) >= {"verdict", "exit_code", "driver_layer", "findings", "layers", "thresholds", "host", "phases"}
     assert as_json["driver_layer"] == "not applicable (cpu backend)"

@@ -84,7 +84,8 @@ def test_a_burst_of_events_goes_out_in_one_write_in_order(chat):
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     usage = chunks.pop()
-    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
+                                                     "prompt_tokens_details": {"cached_tokens": 0}}
     if chat:
         assert chunks.pop(0)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         texts = [c["choices"][0]["delta"].get("content") for c in chunks]

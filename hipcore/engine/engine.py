@@ -163,13 +163,17 @@ class Engine:
             self._step_lock.release()
 
     def forget_history(self) -> None:
-        """Clear the counters (EngineStats) and the finished records, as if no request had run: a server's warm-up
-        (hipcore/engine/warmup.py) leaves nothing of its own requests in what its clients read. Idle engines only."""
+        """Clear the counters (EngineStats), the finished records and the prefix cache (its blocks and hit counts),
+        as if no request had run: a server's warm-up (hipcore/engine/warmup.py) leaves nothing of its own requests
+        in what its clients read. Idle engines only."""
         with self._lock:
             if self._active or self._inbox or self._running_step is not None:
                 raise ValueError("forget_history needs an idle engine")
             self._finished.clear()
         self.stats = EngineStats()
+        self.cache.release_fenced()
+        self.cache.flush_prefix_cache()
+        self.cache.reset_prefix_counts()
 
     def run_until_idle(self, max_steps: int | None = None) -> list[Event]:
         events: list[Event] = []
@@ -461,6 +465,7 @@ class Engine:
             while len(self._finished) > self.finished_bound:
                 self._finished.popitem(last=False)
         self.stats.endings[ending.value] += 1
-        event = Event(request.request_id, 0, (), "", finished=True, ending=ending, error=error)
+        event = Event(request.request_id, 0, (), "", finished=True, ending=ending, error=error,
+                      cached_tokens=request.cached_tokens)
         request.events.put(event)
         return [event]

@@ -109,12 +109,13 @@ class Event:
     finished: bool = False
     ending: Ending | None = None
     error: str | None = None
+    cached_tokens: int = 0  # the final event's: prompt tokens found in the prefix cache (FinishedRecord's)
 
     # The engine makes one per token per sequence. The __init__ that frozen=True generates sets each field
     # through object.__setattr__ (~1.2 us for seven); storing into __dict__ takes ~0.3 us. dataclass keeps an
     # __init__ the class defines, and frozen still refuses every later assignment.
     def __init__(self, request_id: int, seq_index: int, token_ids: tuple[int, ...] = (), text: str = "",
-                 finished: bool = False, ending: Ending | None = None, error: str | None = None):
+                 finished: bool = False, ending: Ending | None = None, error: str | None = None, cached_tokens: int = 0):
         fields = self.__dict__
         fields["request_id"] = request_id
         fields["seq_index"] = seq_index
@@ -123,6 +124,7 @@ class Event:
         fields["finished"] = finished
         fields["ending"] = ending
         fields["error"] = error
+        fields["cached_tokens"] = cached_tokens
 
 
 @dataclass(frozen=True)
