@@ -16,6 +16,7 @@ from profiles.bench import (
 )
 from profiles.llama_cpp_runs import batched_bench_beside, run_llama_bench, run_llama_batched_bench
 from profiles.decode_profile import DecodeProfile, profile_decode
+from rocmforge_cli.bench_prefix import prefix_reuse_command
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.options import Device, KvDtype, Model, Quiet, resolve_model
 
@@ -123,6 +124,11 @@ def bench_command(
     profile: Annotated[bool, typer.Option("--profile", help="Also report where one decode step's time goes (kernels, launches, host work).")] = False,
     profile_batch: Annotated[int, typer.Option("--profile-batch", help="Sequences in the profiled decode step.")] = 1,
     no_graphs: Annotated[bool, typer.Option("--no-graphs", help="Launch decode steps one kernel at a time instead of replaying captured graphs (to measure what graphs save).")] = False,
+    prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse", help="Instead of pp/tg/b: a multi-turn chat load (each turn's prompt the whole conversation so far) with the prefix cache and without; time to first token by turn and throughput, in a table of its own.")] = False,
+    conversations: Annotated[Optional[int], typer.Option("--conversations", help="With --prefix-reuse: conversations run together. Default: 32 on a GPU, 4 on the CPU.", show_default=False)] = None,
+    turns: Annotated[Optional[int], typer.Option("--turns", help="With --prefix-reuse: turns of each conversation. Default: 8 on a GPU, 3 on the CPU.", show_default=False)] = None,
+    turn_tokens: Annotated[Optional[int], typer.Option("--turn-tokens", help="With --prefix-reuse: user tokens each turn adds. Default: 200 on a GPU, 24 on the CPU.", show_default=False)] = None,
+    reply_tokens: Annotated[Optional[int], typer.Option("--reply-tokens", help="With --prefix-reuse: tokens of each reply. Default: 32 on a GPU, 4 on the CPU.", show_default=False)] = None,
     quiet: Quiet = False,
 ) -> None:
     """Measure prompt (pp) and decode (tg) speed, and decode with many sequences at once (b), like
@@ -133,6 +139,7 @@ def bench_command(
       rocmforge bench -p 512 -n 128 -b 64 -r 3 -o json
       rocmforge bench -n 128 --n-depth 0,4096   # decode after a 4k context too
       rocmforge bench --profile         # and where a decode step's time goes
+      rocmforge bench --prefix-reuse --conversations 32 --turns 8   # a chat's history, cached and not
     """
     if output not in ("md", "json"):
         raise UsageError(f"-o takes md or json, got {output!r}")
@@ -141,8 +148,19 @@ def bench_command(
     if profile_batch < 1:
         raise UsageError(f"--profile-batch must be at least 1, got {profile_batch}")
     path = resolve_model(model)
+    chat = {"--conversations": conversations, "--turns": turns, "--turn-tokens": turn_tokens, "--reply-tokens": reply_tokens}
+    if not prefix_reuse and any(v is not None for v in chat.values()):
+        raise UsageError(f"{next(k for k, v in chat.items() if v is not None)} only applies to --prefix-reuse")
     choice = pick_device(device)
     dev = choice.device
+    if prefix_reuse:
+        try:
+            say = (lambda m: None) if quiet else (lambda m: stderr.print(m, highlight=False, markup=False))
+            prefix_reuse_command(path, dev, kv_dtype=kv_dtype, output=output, quiet=quiet, conversations=conversations,
+                                 turns=turns, turn_tokens=turn_tokens, reply_tokens=reply_tokens, say=say)
+        finally:
+            dev.close()
+        return
     try:
         defaults = CPU_DEFAULTS if dev.backend == "cpu" else GPU_DEFAULTS
         pick = lambda given, key: defaults[key] if given is None else given  # noqa: E731

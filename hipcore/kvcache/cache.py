@@ -42,13 +42,13 @@ from hipcore.kvcache.errors import KvCacheError, KvInvariantError
 from hipcore.kvcache.group_view import KvGroupView, group_view
 from hipcore.kvcache.invariants import check_group_invariants, check_prefix_invariants
 from hipcore.kvcache.pools import allocate_pools, copy_block
-from hipcore.kvcache.prefix_cache import PrefixCaching
+from hipcore.kvcache.prefix_cache import PrefixCacheMethods, PrefixCaching
 from hipcore.kvcache.prefix_index import BlockHash
 from hipcore.kvcache.profile import MemoryProfile, build_profile
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
-class KvCache(BlockCounts):
+class KvCache(BlockCounts, PrefixCacheMethods):
     """Paged K/V pools (one K and one V allocation per layer, tag "kv", sized by the layer's group) and
     per-sequence block tables in each layer group."""
 
@@ -63,6 +63,7 @@ class KvCache(BlockCounts):
             group: BlockGroup(group, config.group_blocks(group), config.block_size,
                               config.window if group == LOCAL_GROUP else 0, block_hash)
             for group in config.groups}
+        self._model_identity, self._block_hash = model_identity, block_hash
         self.prefix = PrefixCaching(config, self._groups, model_identity, block_hash) if prefix_caching else None
         self._pool = self._groups[GLOBAL_GROUP].pool  # the global group's (the only one of a llama model)
         self._tables = self._groups[GLOBAL_GROUP].tables
@@ -90,23 +91,6 @@ class KvCache(BlockCounts):
             length = self.prefix.attach(seq_id, prefix) if self.prefix is not None and prefix else 0
             self._lengths[seq_id] = length
             return length
-
-    def cached_prefix(self, tokens: Sequence[int]) -> tuple[int, int]:
-        """(tokens add_sequence(_, tokens) would start with, cached global blocks it would take out of the available
-        ones); (0, 0) with caching off. Changes nothing, counts nothing."""
-        with self._lock:
-            self._check_open()
-            return self.prefix.peek(tokens) if self.prefix is not None and tokens else (0, 0)
-
-    def register_computed(self, seq_id: int, computed: Sequence[int]) -> int:
-        """With prefix caching on: the sequence's first len(computed) tokens are `computed` and their K/V are written
-        (the step that wrote them has finished); its full blocks among them are hashed, to be found by later
-        prompts. Returns how many of its global blocks are hashed (0 with caching off)."""
-        with self._lock:
-            self._table(seq_id)
-            if self.prefix is None:
-                return 0
-            return self.prefix.register(seq_id, computed, self._lengths[seq_id])
 
     def reserve(self, seq_id: int, n_tokens: int, stream: Stream | None = None) -> bool:
         """Extend sequence `seq_id` by n_tokens slots (taking blocks as needed, copying a shared
@@ -322,17 +306,6 @@ class KvCache(BlockCounts):
             self._check_open()
             self._group(group)
             return group_view(self.config, self.k_pools, self.v_pools, group)
-
-    def flush_prefix_cache(self) -> int:
-        """Evict every cached block to the free list; returns how many (0 with caching off)."""
-        with self._lock:
-            return self.prefix.flush() if self.prefix is not None else 0
-
-    def reset_prefix_counts(self) -> None:
-        """The hit counters (MemoryProfile.prefix_query_tokens, prefix_hit_tokens) back to 0."""
-        with self._lock:
-            if self.prefix is not None:
-                self.prefix.query_tokens = self.prefix.hit_tokens = 0
 
     def memory_profile(self) -> MemoryProfile:
         """The profile of the open cache; a closed one has no pools to describe, so it refuses."""

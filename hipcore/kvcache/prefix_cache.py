@@ -16,10 +16,12 @@ window's blocks in each window group.
 
 from __future__ import annotations
 
+import threading
 from typing import Mapping, Sequence
 
 from hipcore.kvcache.block_group import BlockGroup
 from hipcore.kvcache.config import NULL_BLOCK, KvCacheConfig
+from hipcore.kvcache.errors import KvCacheError
 from hipcore.kvcache.prefix_index import BlockEntry, BlockHash, chain_entries
 
 
@@ -106,3 +108,65 @@ class PrefixCaching:
     def flush(self) -> int:
         """Evict every cached block of every group; returns how many."""
         return sum(group.pool.flush_cached() for group in self.groups.values())
+
+
+class PrefixCacheMethods:
+    """The KvCache's prefix-caching methods (mixed into KvCache, which provides these attributes)."""
+
+    config: KvCacheConfig
+    prefix: PrefixCaching | None
+    _groups: dict[str, BlockGroup]
+    _lengths: dict[int, int]
+    _tables: dict[int, list[int]]
+    _lock: threading.RLock
+    _model_identity: str
+    _block_hash: BlockHash
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _table(self, seq_id: int) -> list[int]:
+        raise NotImplementedError
+
+    num_pending_blocks: int  # (BlockCounts')
+
+    def cached_prefix(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """(tokens add_sequence(_, tokens) would start with, cached global blocks it would take out of the available
+        ones); (0, 0) with caching off. Changes nothing, counts nothing."""
+        with self._lock:
+            self._check_open()
+            return self.prefix.peek(tokens) if self.prefix is not None and tokens else (0, 0)
+
+    def register_computed(self, seq_id: int, computed: Sequence[int]) -> int:
+        """With prefix caching on: the sequence's first len(computed) tokens are `computed` and their K/V are written
+        (the step that wrote them has finished); its full blocks among them are hashed, to be found by later
+        prompts. Returns how many of its global blocks are hashed (0 with caching off)."""
+        with self._lock:
+            self._table(seq_id)
+            if self.prefix is None:
+                return 0
+            return self.prefix.register(seq_id, computed, self._lengths[seq_id])
+
+    def flush_prefix_cache(self) -> int:
+        """Evict every cached block to the free list; returns how many (0 with caching off)."""
+        with self._lock:
+            return self.prefix.flush() if self.prefix is not None else 0
+
+    def set_prefix_caching(self, enabled: bool) -> None:
+        """Turn prefix caching on or off (off evicts every cached block); only with no sequence live (a bench that
+        measures the same load both ways on one model)."""
+        with self._lock:
+            self._check_open()
+            if self._tables or self.num_pending_blocks:
+                raise KvCacheError("prefix caching changes only while no sequence is live and nothing is pending")
+            if enabled and self.prefix is None:
+                self.prefix = PrefixCaching(self.config, self._groups, self._model_identity, self._block_hash)
+            elif not enabled and self.prefix is not None:
+                self.prefix.flush()
+                self.prefix = None
+
+    def reset_prefix_counts(self) -> None:
+        """The hit counters (MemoryProfile.prefix_query_tokens, prefix_hit_tokens) back to 0."""
+        with self._lock:
+            if self.prefix is not None:
+                self.prefix.query_tokens = self.prefix.hit_tokens = 0
