@@ -9,7 +9,7 @@ reader, which sleeps in the pipe's recv until a message comes (a submit, a cance
 Messages, each a tuple whose first item names it (pickled by multiprocessing's Connection):
   HTTP -> engine: ("submit", id, prompt_ids, params, tag), ("cancel", id, reason or None), ("state", token),
   ("started",)
-  engine -> HTTP: ("events", [(id, seq_index, token_ids, text, finished, ending value, error), ...]) once a
+  engine -> HTTP: ("events", [(id, seq_index, token_ids, text, finished, ending value, error, cached tokens), ...]) once a
   step for every request of the HTTP process, ("refused", id, status, message), ("state", token, dict),
   ("fault", message) when the engine's loop stopped on a fault (the HTTP side's /health needs no round trip).
 Ids are the HTTP process's own; the bridge keeps each one's BridgeSink, which holds the engine's id. When
