@@ -21,8 +21,8 @@ from rocmforge_cli.escapes import process_escapes
 from rocmforge_cli.stream_text import stream_text
 from rocmforge_cli.generate_input import choose_seed, prompt_source, read_prompt, sampling_params
 from rocmforge_cli.options import (
-    CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, check_options, json_option, max_tokens_option, quiet_option,
-    resolve_model, seed_option,
+    CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, check_options, json_option, max_tokens_option,
+    prefix_cache_option, quiet_option, resolve_model, seed_option,
 )
 
 def load_with_progress(path: str, options: LoadOptions, quiet: bool) -> LoadedModel:
@@ -110,6 +110,7 @@ def generate(
     kv_blocks: KvBlocks = None,
     kv_memory: KvMemory = None,
     as_json: Annotated[bool, json_option("Print one JSON object with the text, tokens and timings instead of streaming.")] = False,
+    prefix_cache: Annotated[bool, prefix_cache_option("With -cnv: each turn takes the KV blocks of the conversation so far from the turn before, computing only what is new.")] = True,
     quiet: Annotated[bool, quiet_option()] = False,
 ) -> None:
     """Generate text from a prompt, streaming it to stdout; timings go to stderr. With -cnv, chat in the terminal.
@@ -147,7 +148,8 @@ def generate(
             raise UsageError("the prompt is empty: give some text (or use --chat, whose template adds its own)")
     colored = color and stdout_is_terminal()
     path = resolve_model(model)
-    options = LoadOptions(device=device, ctx_size=ctx_size, kv_dtype=kv_dtype, kv_blocks=kv_blocks, kv_memory=kv_memory)
+    options = LoadOptions(device=device, ctx_size=ctx_size, kv_dtype=kv_dtype, kv_blocks=kv_blocks, kv_memory=kv_memory,
+                          prefix_caching=prefix_cache)
     limit_threads(threads)
     with load_with_progress(path, options, quiet or as_json) as loaded:
         note = threads_note(threads, loaded.device.backend)

@@ -211,3 +211,15 @@ def test_ctrl_c_typed_during_an_answer_stops_it(tiny):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         os.close(fd)
+
+
+def test_each_turn_takes_the_conversation_so_far_from_the_prefix_cache(tiny, monkeypatch):
+    with load_tiny(tiny, prefix_caching=True, block_size=4) as cached:
+        chat, spy, _ = chat_with(cached, monkeypatch, Lines("first question", "second question", "/exit"),
+                                 system="Be brief and kind to everyone who asks anything at all.")
+        chat.run()
+        profile = cached.cache.memory_profile()
+        first, second = spy.prompts
+        # the second turn found every full block of the first turn's prompt (its answer's blocks too, but one)
+        assert profile.prefix_hit_tokens >= len(first) // 4 * 4 > 0
+        assert profile.prefix_query_tokens == len(first) + len(second)
