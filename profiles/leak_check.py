@@ -27,7 +27,7 @@ from profiles import leak_bugs
 from profiles.leak_handles import read_handles
 from profiles.leak_driver import ENDINGS, PHASES, EngineFailure, Outcomes, WorkloadDriver
 from profiles.leak_layers import (
-    HostMonitor, read_blocks, read_driver, read_engine_state, read_ledger, read_rss, BlockReading,
+    HostMonitor, read_blocks, read_driver, read_engine_state, read_ledger, read_rss, step_invariant_error, BlockReading,
 )
 from profiles.leak_report import HostFit, HostResult, LeakReport, PhaseResult, judge
 from profiles.leak_settings import LeakCheckSettings
@@ -113,6 +113,7 @@ class _Run:
         self.next_sample = 0
         self.measuring = False
         self.peak_blocks = 0
+        self.step_error: str | None = None  # the first KV invariant a step broke in the phase under way
         self.peak_driver_used: int | None = None
         self.total_memory = self.device.memory_info().total
         self.device_description = self.device.describe()
@@ -263,6 +264,9 @@ class _Run:
         engine_state = read_engine_state(self.engine, self.s.finished_bound)
         try:
             blocks = read_blocks(self.cache, self._owner_of_sequence)
+            if self.step_error is not None and blocks.invariant_error is None:
+                blocks.invariant_error = f"between two steps of {name}: {self.step_error}"
+            self.step_error = None
         except RocmforgeError as exc:
             blocks = BlockReading(self.cache.num_usable_blocks, self.cache.num_free_blocks, self.cache.num_pending_blocks,
                                   self.cache.config.bytes_per_block, f"the KV cache could not be read: {exc}")
@@ -278,6 +282,8 @@ class _Run:
         return self.outcomes.describe(index, self.phase_names)
 
     def _on_step(self) -> None:
+        if self.step_error is None:
+            self.step_error = step_invariant_error(self.engine)
         used = self.cache.num_usable_blocks - self.cache.num_available_blocks  # (cached blocks are not used)
         self.peak_blocks = max(self.peak_blocks, used)
         if self.progress is not None:

@@ -133,6 +133,20 @@ def read_blocks(cache, owner_of_sequence) -> BlockReading:
                         leaked=leaked, groups=groups, cached=cached)
 
 
+def step_invariant_error(engine) -> str | None:
+    """The KV cache's invariants between two steps, the prefix cache's hash entries checked against every live
+    sequence's tokens (leak-check runs it after every step: a cached block evicted while a sequence holds it, say,
+    shows only while it is held). None when they hold."""
+    cache = engine.cache
+    tokens = {seq.seq_id: seq.tokens for request in engine.scheduler.running for seq in request.seqs
+              if not seq.finished and cache.has_sequence(seq.seq_id)}
+    try:
+        cache.check_invariants(sequence_tokens=tokens)
+    except KvInvariantError as exc:
+        return str(exc)
+    return None
+
+
 @dataclass
 class LedgerReading:
     bytes_by_tag: dict[str, int]

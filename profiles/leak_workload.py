@@ -8,7 +8,8 @@ mid-decode / racing its final step, failed by an injected sampler or forward-pas
 samples sharing their prompt's blocks (some cancelled), and requests that can never fit the pool.
 Preemption is not planned per request: a deliberately small KV pool makes it happen. With prefix
 caching (shared_prefixes), three random prompts in four start with at least half of one of SHARED_BASES
-seeded prompts, so that requests of every plan take cached blocks and share them while they run.
+seeded prompts (not those of CANCEL_PROMPT, which must take several steps), so that requests of every plan
+take cached blocks and share them while they run.
 """
 
 from __future__ import annotations
@@ -209,8 +210,8 @@ class Workload:
         elif kind == Plan.CANCEL_WAITING:
             params = SamplingParams(max_tokens=max_tokens, **sampled)
             return RequestPlan(index, kind, prompt, params, 0, cancel_at_once=bool(rng.random() < 0.5))
-        elif kind == Plan.CANCEL_PROMPT:
-            prompt = self._random_prompt(rng, *s.long_prompt)
+        elif kind == Plan.CANCEL_PROMPT:  # (never a shared prefix: a cached start could leave one step to cancel in)
+            prompt = self._random_prompt(rng, *s.long_prompt, shared=False)
             params = SamplingParams(max_tokens=max_tokens, **sampled)
         elif kind in (Plan.CANCEL_DECODE, Plan.PARALLEL_CANCEL, Plan.CANCEL_FINAL):
             max_tokens = max(3, max_tokens)
@@ -261,13 +262,13 @@ class Workload:
         """2 or 3, but never more than the engine's sequence slots (--parallel)."""
         return min(int(rng.integers(2, MAX_SAMPLES + 1)), self.shape.parallel)
 
-    def _random_prompt(self, rng: np.random.Generator, low: int, high: int) -> list[int]:
+    def _random_prompt(self, rng: np.random.Generator, low: int, high: int, shared: bool = True) -> list[int]:
         length = int(rng.integers(low, high + 1))
         prompt = rng.integers(0, self.vocab_size, size=length).tolist()
         # Which base, and where its cut ends, come from the prompt's own random ids: the plan's draws stay those of
         # a run without shared prefixes, so every request keeps its plan and its length.
         pick = prompt[0] % 4
-        if self.bases and pick < 3:
+        if shared and self.bases and pick < 3:
             cut = length - prompt[-1] % (length // 2 + 1)  # at least half of it: long enough to fill a block
             prompt = self.bases[pick % SHARED_BASES][:cut] + prompt[cut:]
         return prompt

@@ -156,7 +156,8 @@ def check_prefix_invariants(group: BlockGroup, salt: int, block_size: int,
             entry = index.entry_of.get(block) if block != NULL_BLOCK else None
             if entry is None:
                 continue
-            if entry.tokens != tuple(tokens[i * block_size:(i + 1) * block_size]):
+            chunk = tuple(tokens[i * block_size:(i + 1) * block_size])
+            if len(chunk) == block_size and entry.tokens != chunk:  # (tokens given only as far as they are known)
                 raise KvInvariantError(f"sequence {seq_id} holds {name} block {block} at index {i}, hashed as other "
                                        "tokens than the sequence's own there")
             if i == 0 and entry.parent != salt:
