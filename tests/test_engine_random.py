@@ -54,10 +54,13 @@ step = st.tuples(st.just("step"), st.integers(1, 4))
 operations = st.lists(st.one_of(submit, cancel, step), min_size=5, max_size=30)
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True])
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations)
-def test_random_submit_cancel_step_keeps_every_invariant(path, solo, ops):
-    with load_tiny(path, max_seqs=4, max_step_tokens=8, block_size=BLOCK_SIZE, kv_blocks=KV_BLOCKS) as model:
+def test_random_submit_cancel_step_keeps_every_invariant(path, solo, prefix_caching, ops):
+    # With prefix caching every prompt is a prefix of one token sequence: they share all they can.
+    with load_tiny(path, max_seqs=4, max_step_tokens=8, block_size=BLOCK_SIZE, kv_blocks=KV_BLOCKS,
+                   prefix_caching=prefix_caching) as model:
         engine = model.engine
         baseline = kv_bytes(model)
         submitted: dict[int, tuple[tuple[int, ...], SamplingParams]] = {}
@@ -65,12 +68,13 @@ def test_random_submit_cancel_step_keeps_every_invariant(path, solo, ops):
 
         def step_and_check():
             engine.step()
-            model.cache.check_invariants()
+            live = {seq.seq_id: seq.tokens for r in engine.scheduler.running for seq in r.seqs if not seq.finished}
+            model.cache.check_invariants(sequence_tokens=live)
 
         for op in ops:
             if op[0] == "submit":
                 _, length, max_tokens, n, seed = op
-                prompt = tuple(prompt_of(length, salt=length * 7 + max_tokens))
+                prompt = tuple(prompt_of(length, salt=0 if prefix_caching else length * 7 + max_tokens))
                 params = params_of(max_tokens, n, seed)
                 submitted[engine.submit(list(prompt), params)] = (prompt, params)
             elif op[0] == "cancel":
@@ -105,4 +109,6 @@ def test_random_submit_cancel_step_keeps_every_invariant(path, solo, ops):
                     assert alone[:len(tokens)] == tokens
                 else:
                     assert tokens == alone, f"request {rid} sample {index}"
+        model.cache.check_invariants(quiescent=True)
+        model.cache.flush_prefix_cache()  # cached blocks are evictable, not held: then every block is free
         assert_quiescent(model, baseline)
