@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from rocmforge_cli.common import set_debug
-from rocmforge_cli.llama_flags import FlagCheckedCommand
+from rocmforge_cli.llama_flags import FlagCheckedCommand, FlagCheckedGroup
 from rocmforge_cli.options import short_flag_table
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ app = typer.Typer(
         + "\n\nllama.cpp flags with no meaning here (-ngl, -fa, --mlock, --no-mmap, ...) are refused with one line "
           "saying what to do instead, exit 2."
     ),
+    cls=FlagCheckedGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -98,10 +98,12 @@ def generate(
     seed: Annotated[Optional[int], seed_option("Random seed, for reproducible sampling. Default: random (and printed).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed. Escapes such as \\n work as in the prompt.", show_default=False)] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate through end-of-generation tokens up to --max-tokens (--stop still ends it), as llama.cpp's --ignore-eos.")] = False,
-    escape: Annotated[bool, typer.Option("--escape/--no-escape", "-e", help="Process \\n \\t \\' \\\" \\\\ \\xHH escapes in the prompt, --system and --stop, as llama.cpp does (stdin and -f are always literal); --no-escape takes them literally.")] = True,
+    no_escape: Annotated[bool, typer.Option("--no-escape", help="Take the prompt, --system and --stop literally: no \\n \\t \\' \\\" \\\\ \\xHH escapes (processed by default, as llama.cpp does; stdin and -f are always literal).")] = False,
+    escape_flag: Annotated[bool, typer.Option("--escape", "-e", hidden=True, help="llama-cli's -e: escapes are processed by default here; --no-escape wins.")] = False,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template, as a user message.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", "--system-prompt", "-sys", help="System message (implies --chat).", show_default=False)] = None,
-    conversation: Annotated[bool, typer.Option("--conversation/--no-conversation", "-cnv/-no-cnv", help="Chat in the terminal: each line you type is a user message, answered with the whole conversation in the chat template. /exit or Ctrl-D ends it, Ctrl-C stops an answer (at the prompt, twice: exits), /clear forgets the conversation. A prompt given is the first message.")] = False,
+    conversation: Annotated[bool, typer.Option("--conversation", "-cnv", help="Chat in the terminal: each line you type is a user message, answered with the whole conversation in the chat template. /exit or Ctrl-D ends it, Ctrl-C stops an answer (at the prompt, twice: exits), /clear forgets the conversation. A prompt given is the first message.")] = False,
+    no_conversation: Annotated[bool, typer.Option("--no-conversation", "-no-cnv", hidden=True, help="llama-cli's -no-cnv: the chat is off unless -cnv is given; -no-cnv wins.")] = False,
     color: Annotated[bool, typer.Option("--color", "-co", help="On a terminal, show the prompt (in a conversation: your input) in colour, the output in the terminal's own, as llama-cli does.")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Threads of the cpu backend's matrix products (BLAS). On a GPU it changes nothing (a note says so). Default: BLAS's own.", show_default=False)] = None,
     device: Device = "auto",
@@ -125,6 +127,7 @@ def generate(
       rocmforge generate -cnv -sys "You are a terse assistant."
       echo "Tell me a joke" | rocmforge generate --chat --json
     """
+    escape, conversation = not no_escape, conversation and not no_conversation
     seed, drawn_seed = choose_seed(seed)
     params = sampling_params(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,

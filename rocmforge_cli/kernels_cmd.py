@@ -12,7 +12,7 @@ from rich.table import Table
 from hipcore.errors import UsageError
 from hipcore.runtime.kernels import MANIFEST_NAME, op_names, prebuilt_dir, read_manifest, source_digest
 from rocmforge_cli.common import handle_errors, stderr, stdout
-from rocmforge_cli.llama_flags import FlagCheckedCommand
+from rocmforge_cli.llama_flags import FlagCheckedCommand, FlagCheckedGroup
 
 app = typer.Typer(
     name="kernels",
@@ -24,6 +24,7 @@ app = typer.Typer(
         "  rocmforge kernels list\n\n"
         "  rocmforge kernels build --amd-targets gfx1100 --nvidia-targets none"
     ),
+    cls=FlagCheckedGroup,
     no_args_is_help=True,
 )
 

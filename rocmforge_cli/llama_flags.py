@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from hipcore.errors import EXIT_USAGE, printable
 from rocmforge_cli.common import fail
@@ -97,6 +97,12 @@ def refuse(message: str) -> Exception:
     return fail(escape(printable(message)), EXIT_USAGE)
 
 
+def usage_line(exc: Exception, ctx: Any) -> Exception:
+    """Click's usage error as one line; its no-arguments help (a usage error with no message) as Click shows it."""
+    message = exc.format_message()  # type: ignore[attr-defined]
+    return refuse(f"{message} (see {ctx.command_path} -h)") if message.strip() else exc
+
+
 class FlagCheckedCommand(TyperCommand):
     """A Typer command whose arguments pass check_flags before Click parses them, and whose usage errors are
     one line, as every other error of rocmforge is (Click's own are a usage line, a hint and a framed box)."""
@@ -106,4 +112,23 @@ class FlagCheckedCommand(TyperCommand):
         try:
             return super().parse_args(ctx, args)
         except _CLICK_USAGE_ERROR as exc:
-            raise refuse(f"{exc.format_message()} (see {ctx.command_path} -h)") from None
+            raise usage_line(exc, ctx) from None
+
+
+class FlagCheckedGroup(TyperGroup):
+    """The same for a group of commands (rocmforge itself, kernels): its own options checked, an unknown
+    command or option one line."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        own = args[:next((i for i, a in enumerate(args) if not a.startswith("-")), len(args))]
+        check_flags(self, ctx, own)
+        try:
+            return super().parse_args(ctx, args)
+        except _CLICK_USAGE_ERROR as exc:
+            raise usage_line(exc, ctx) from None
+
+    def resolve_command(self, ctx: Any, args: list[str]):
+        try:
+            return super().resolve_command(ctx, args)
+        except _CLICK_USAGE_ERROR as exc:
+            raise usage_line(exc, ctx) from None

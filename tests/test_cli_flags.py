@@ -161,3 +161,19 @@ def test_clicks_own_usage_errors_are_one_line_and_exit_2(args, words):
     assert result.exit_code == 2
     line = one_error_line(result)
     assert words in line and line.endswith(f"(see rocmforge {' '.join(args[:2] if args[0] == 'kernels' else args[:1])} -h)")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["-ngl", "99", "generate"], "error: -ngl: every layer runs on the GPU here; drop the flag"),
+    (["no-such-command"], "error: No such command 'no-such-command'. (see rocmforge -h)"),
+    (["kernels", "no-such"], "error: No such command 'no-such'. (see rocmforge kernels -h)"),
+    (["--bogus", "generate"], "error: No such option: --bogus (see rocmforge -h)"),
+])
+def test_the_groups_errors_are_one_line_too(args, words):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and one_error_line(result) == words
+
+
+def test_a_group_without_a_command_shows_its_help():
+    result = runner.invoke(app, ["kernels"])
+    assert "build" in result.output and "list" in result.output and "error:" not in result.output
