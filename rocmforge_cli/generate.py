@@ -19,7 +19,7 @@ from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.stream_text import PROMPT_COLOR, RESET_COLOR
 from rocmforge_cli.escapes import process_escapes
 from rocmforge_cli.stream_text import stream_text
-from rocmforge_cli.generate_input import choose_seed, prompt_source, read_prompt, sampling_params
+from rocmforge_cli.generate_input import choose_seed, constraint_grammar, prompt_source, read_prompt, sampling_params
 from rocmforge_cli.options import (
     CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, check_options, json_option, max_tokens_option,
     prefix_cache_option, quiet_option, resolve_model, seed_option,
@@ -105,6 +105,8 @@ def generate(
     conversation: Annotated[bool, typer.Option("--conversation", "-cnv", help="Chat in the terminal: each line you type is a user message, answered with the whole conversation in the chat template. /exit or Ctrl-D ends it, Ctrl-C stops an answer (at the prompt, twice: exits), /clear forgets the conversation. A prompt given is the first message.")] = False,
     no_conversation: Annotated[bool, typer.Option("--no-conversation", "-no-cnv", hidden=True, help="llama-cli's -no-cnv: the chat is off unless -cnv is given; -no-cnv wins.")] = False,
     color: Annotated[bool, typer.Option("--color", "-co", help="On a terminal, show the prompt (in a conversation: your input) in colour, the output in the terminal's own, as llama-cli does.")] = False,
+    json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON that validates against the JSON Schema in this file (constrained decoding).", show_default=False)] = None,
+    grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this GBNF grammar file (llama.cpp's grammar format).", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Threads of the cpu backend's matrix products (BLAS). On a GPU it changes nothing (a note says so). Default: BLAS's own.", show_default=False)] = None,
     device: Device = "auto",
     ctx_size: CtxSize = None,
@@ -126,6 +128,8 @@ def generate(
       rocmforge generate -f prompt.txt -n 128 -s 42
       rocmforge generate -cnv -sys "You are a terse assistant."
       echo "Tell me a joke" | rocmforge generate --chat --json
+      rocmforge generate -p "A user record:" --json-schema user.schema.json -n 128
+      rocmforge generate -p "Is water wet?" --chat --grammar yes_no.gbnf
     """
     escape, conversation = not no_escape, conversation and not no_conversation
     seed, drawn_seed = choose_seed(seed)
@@ -133,6 +137,7 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         seed=seed, max_tokens=max_tokens, stop=tuple(stop or ()), escape=escape, ignore_eos=ignore_eos,
+        grammar=constraint_grammar(json_schema, grammar),
     )
     check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
     if threads is not None and threads < 1:

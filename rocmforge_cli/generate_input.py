@@ -3,6 +3,7 @@ be UTF-8), escapes, the sampling options checked in the words of the options, an
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
 from pathlib import Path
@@ -80,3 +81,28 @@ def _in_option_words(message: str) -> str:
     if "stop string" in message:
         return f"--stop: {message}"
     return message
+
+
+def constraint_grammar(json_schema_file: Optional[Path], grammar_file: Optional[Path]) -> Optional[str]:
+    """The grammar of --json-schema FILE or --grammar FILE (GBNF), compiled and checked before the model loads."""
+    from hipcore.engine.grammar import compile_grammar
+
+    if json_schema_file is not None and grammar_file is not None:
+        raise UsageError("--json-schema and --grammar both constrain the output; give one")
+    option, path = ("--json-schema", json_schema_file) if json_schema_file is not None else ("--grammar", grammar_file)
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{option}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        if option == "--grammar":
+            return compile_grammar(gbnf=text)
+        try:
+            schema = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"{path} is not JSON: {exc}") from None
+        return compile_grammar(json_schema=schema)
+    except UsageError as exc:
+        raise UsageError(f"{option}: {exc}") from None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from hipcore.engine.latency import LatencyHistogram
 from hipcore.engine.request import Ending, Event
+from hipcore.engine.grammar import compile_grammar, grammar_vocabulary
 from hipcore.errors import InvalidModelError, UsageError
 from hipcore.tokenizer.chat_template import render_chat
 from rocmforge_serve.api_errors import ApiError, bad_request, server_error, unavailable
@@ -149,6 +150,20 @@ def error_for_ending(event: Event) -> ApiError | None:
     return server_error(f"generation failed: {event.error or event.ending}")
 
 
+def compiled_constraint(served: ServedModel, request: GenerationRequest) -> str | None:
+    """The request's grammar for SamplingParams.grammar (None: unconstrained); runs in a worker thread. A
+    constraint that is not valid or not supported is a 400 naming the field it came in."""
+    if request.constraint is None:
+        return None
+    try:
+        grammar = compile_grammar(**request.constraint)
+    except UsageError as exc:
+        raise bad_request(f"{request.constraint_param}: {exc}", param=request.constraint_param,
+                          code="unsupported_schema") from None
+    grammar_vocabulary(served.tokenizer)  # built once, here rather than on the engine's thread
+    return grammar
+
+
 def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
     """Render (chat) and tokenize; runs in a worker thread (the template renders in a sandboxed child)."""
     tok = served.tokenizer
@@ -187,6 +202,7 @@ def check_capacity(served: ServedModel) -> None:
 async def start_generation(served: ServedModel, request: GenerationRequest, receive) -> Generation:
     check_capacity(served)
     started = time.perf_counter()
+    grammar = await asyncio.to_thread(compiled_constraint, served, request)
     ids = await asyncio.to_thread(prompt_ids, served, request)
     served.latency.prepare_time.observe(time.perf_counter() - started)
     if not ids:
@@ -195,7 +211,7 @@ async def start_generation(served: ServedModel, request: GenerationRequest, rece
         raise context_error(len(ids), request.max_tokens, served.context)
     max_tokens = request.max_tokens if request.max_tokens is not None else served.context - len(ids)
     ignore_eos = served.ignore_eos if request.ignore_eos is None else request.ignore_eos
-    params = check_sampling({**request.sampling, "ignore_eos": ignore_eos}, max_tokens)
+    params = check_sampling({**request.sampling, "ignore_eos": ignore_eos, "grammar": grammar}, max_tokens)
     sink = AsyncSink(asyncio.get_running_loop())
     disconnected = asyncio.ensure_future(watch_disconnect(receive))
     disconnected.add_done_callback(lambda _task: sink.wake())  # a handler waiting for events learns at once

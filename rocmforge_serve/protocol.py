@@ -33,6 +33,9 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool | None = None  # vLLM's extra; None: the server's default (serve --ignore-eos)
+    # The constraint as compile_grammar's keyword arguments (compiled off the event loop), and the field it came from
+    constraint: dict | None = None
+    constraint_param: str | None = None
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -95,7 +98,47 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
         sampling["top_k"] = 0
     check_sampling(sampling, 1)  # max_tokens is judged against the context once the prompt is tokenized
     ignore_eos = _optional(body, "ignore_eos", bool)
-    return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage, ignore_eos)
+    constraint, constraint_param = _constraint(body)
+    return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage, ignore_eos,
+                             constraint, constraint_param)
+
+
+def _constraint(body: dict) -> tuple[dict | None, str | None]:
+    """OpenAI's response_format, llama.cpp's json_schema and grammar (GBNF): at most one, as compile_grammar's
+    arguments. A strict json_schema and a non-strict one are both enforced (llama.cpp's rule too)."""
+    found = []
+    response_format = _optional(body, "response_format", dict)
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind == "json_object":
+            schema = response_format.get("schema")  # llama.cpp's json_object with a schema
+            found.append(({"json_schema": schema} if schema is not None else {"json_object": True}, "response_format"))
+        elif kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise bad_request("response_format.json_schema must be an object with a schema",
+                                  param="response_format.json_schema", code="invalid_type")
+            strict = spec.get("strict")
+            if strict is not None and not isinstance(strict, bool):
+                raise bad_request("response_format.json_schema.strict must be a boolean",
+                                  param="response_format.json_schema.strict", code="invalid_type")
+            found.append(({"json_schema": spec["schema"]}, "response_format.json_schema.schema"))
+        elif kind != "text":
+            raise bad_request(f"response_format.type {_quoted(kind)} is not supported (text, json_object, json_schema)",
+                              param="response_format.type", code="unsupported")
+    if body.get("json_schema") is not None:
+        found.append(({"json_schema": body["json_schema"]}, "json_schema"))
+    grammar = _optional(body, "grammar", str)
+    if grammar:
+        found.append(({"gbnf": grammar}, "grammar"))
+    if len(found) > 1:
+        names = " and ".join(param.split(".")[0] for _, param in found)
+        raise bad_request(f"{names} both constrain the output; send one", param=found[1][1])
+    return found[0] if found else (None, None)
+
+
+def _quoted(value: Any) -> str:
+    return json.dumps(value)[:80] if not isinstance(value, str) else repr(value[:80])
 
 
 def check_sampling(sampling: dict, max_tokens: int) -> SamplingParams:

@@ -22,6 +22,7 @@ import numpy as np
 
 from hipcore.engine.hooks import EngineHooks, EngineStats, InjectedFault
 from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, Phase, Request, Sequence
+from hipcore.engine.grammar import TokenConstraint, grammar_vocabulary
 from hipcore.engine.sampler import Sampler, StopChecker, StopReason
 from hipcore.engine.scheduler import Scheduled, Scheduler
 from hipcore.engine.step_launch import LaunchedStep, StepLauncher, following_sequences, requests_of
@@ -275,12 +276,18 @@ class Engine:
         seq = Sequence(next(self._seq_ids), request, tokens, num_prompt=len(request.prompt_ids))
         params = request.params
         seq.decoder = self.tokenizer.stream_decoder()
-        seq.sampler = Sampler(params.for_sample(len(request.seqs)))
+        seq.sampler = Sampler(params.for_sample(len(request.seqs)), constraint=self._constraint(params))
         eos_ids = () if params.ignore_eos else self.tokenizer.eot_ids
         # The checker releases the text into the sequence's output itself.
         seq.stop_checker = StopChecker(eos_ids=eos_ids, stop_strings=params.stop, max_tokens=params.max_tokens,
                                        output=seq.output)
         return seq
+
+    def _constraint(self, params) -> TokenConstraint | None:
+        """A new sequence's grammar state when its request is constrained (the vocabulary's view built once)."""
+        if params.grammar is None:
+            return None
+        return TokenConstraint(grammar_vocabulary(self.tokenizer), params.grammar)
 
     def _launch(self, scheduled: list[Scheduled], events: list[Event]) -> LaunchedStep | None:
         """Launch the scheduler's step; None (its requests failed, with events) if the launch failed."""

@@ -55,6 +55,9 @@ class SamplingParams:
     # Generate through end-of-generation tokens up to max_tokens (llama.cpp's --ignore-eos, vLLM's ignore_eos):
     # fixed output lengths for benchmarks. Stop strings still end the request.
     ignore_eos: bool = False
+    # A constraint's grammar in llguidance's text (hipcore/engine/grammar.py, compile_grammar): each step's
+    # logits are masked to the tokens it allows before the chain above. None: unconstrained.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         # Accept any sequence of stop strings but store a tuple, so the params stay hashable.
@@ -150,9 +153,11 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], params: Sampling
 class Sampler:
     """Picks the next token from a logits vector; holds the seeded generator of one request."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, constraint=None):
+        """constraint: the sequence's TokenConstraint (hipcore/engine/grammar.py) when params.grammar is set."""
         params.validate()
         self.params = params
+        self.constraint = constraint
         seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % (1 << 64))
         self.seed = seed
         self._rng = np.random.Generator(np.random.PCG64(seed))
@@ -160,7 +165,8 @@ class Sampler:
         # Asked every step; params are frozen. device_row: the row of SamplingRows.from_rows without the uniform;
         # top_k capped at int32's largest (the device reads it as a float; only a greedy row, which ignores it,
         # can hold more and still be samplable on the device).
-        self.device_samplable = device_samplable(params)
+        # A constrained row samples on the host: its mask is computed on the host every step.
+        self.device_samplable = device_samplable(params) and constraint is None
         self.greedy = params.greedy
         self.device_row = (0.0 if params.greedy else float(params.temperature), min(int(params.top_k), _INT32_MAX),
                            float(params.top_p), float(params.min_p))
@@ -171,11 +177,16 @@ class Sampler:
         if logits.ndim != 1 or logits.shape[0] == 0:
             raise UsageError(f"sample() needs one non-empty row of logits, got shape {logits.shape}")
         params = self.params
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         logits = apply_penalties(logits, history, params)
         if params.greedy:
-            return int(np.argmax(logits))
+            return self._accepted(int(np.argmax(logits)))
         ids = np.arange(logits.shape[0], dtype=np.int64)
         kept = logits.astype(np.float32, copy=False)
+        if self.constraint is not None:  # only the tokens the grammar allows are candidates
+            allowed = np.isfinite(kept)
+            ids, kept = ids[allowed], kept[allowed]
         if not whole_vocabulary(params.top_k, params.top_p):  # else: every token, in id order, no sort
             ids, kept = top_k_filter(ids, kept, params.top_k)
             ids, kept = top_p_filter(ids, kept, params.top_p)
@@ -184,7 +195,12 @@ class Sampler:
         # One uniform draw against the cumulative distribution: reproducible for a given seed.
         cumulative = np.cumsum(probs)
         pick = int(np.searchsorted(cumulative, self.next_uniform() * cumulative[-1], side="right"))
-        return int(ids[min(pick, ids.shape[0] - 1)])
+        return self._accepted(int(ids[min(pick, ids.shape[0] - 1)]))
+
+    def _accepted(self, token: int) -> int:
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token
 
     def next_uniform(self) -> float:
         """The one draw sample() makes for a non-greedy pick. A caller that picks elsewhere (the device
