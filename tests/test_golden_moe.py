@@ -19,6 +19,7 @@ import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.blocks import Family
+from hipcore.model.moe_blocks import moe_feed_forward, shared_expert
 from support import family_golden
 from support.family_golden import TIE_MARGIN, disagreements, margin, run_on_cpu, with_config
 from support.model_steps import step_batch
@@ -111,7 +112,8 @@ def router_gaps(path: Path, ids: list[int]) -> np.ndarray:
             return run
 
         layer = runner.family.layer
-        runner.family = Family("recorded", (*layer[:-1], recorded(layer[-1])))
+        at = layer.index(moe_feed_forward)
+        runner.family = Family("recorded", (*layer[:at], recorded(layer[at]), *layer[at + 1:]))
         runner.execute(step_batch(model.cache, [(1, list(ids), 0)]))
         return np.array(gaps)
 
@@ -155,6 +157,7 @@ def expert_sets(path: Path, prompt_ids: list[int]) -> list[set[tuple[int, ...]]]
         runner, k = model.runner, model.config.n_experts_used
         seen: list[set[tuple[int, ...]]] = [set() for _ in range(model.config.n_layers)]
         layer = runner.family.layer
+        at = layer.index(moe_feed_forward)
 
         def recorded(block):
             def run(ctx, i, lw, t):
@@ -165,7 +168,7 @@ def expert_sets(path: Path, prompt_ids: list[int]) -> list[set[tuple[int, ...]]]
                 return block(ctx, i, lw, t) + [("read moe_ids", read)]
             return run
 
-        runner.family = Family("recorded", (*layer[:-1], recorded(layer[-1])))
+        runner.family = Family("recorded", (*layer[:at], recorded(layer[at]), *layer[at + 1:]))
         runner.execute(step_batch(model.cache, [(1, list(prompt_ids), 0)]))
         return seen
 
@@ -202,6 +205,17 @@ def _yarn_frequencies_dropped(runner):
     w.buffer.upload(np.ones(w.shape, dtype=np.float32))
 
 
+def _shared_expert_dropped(runner):
+    runner.family = Family("planted", tuple(b for b in runner.family.layer if b is not shared_expert))
+
+
+def _shared_gate_dropped(runner):
+    """A planted fault: the shared expert added whole (its sigmoid gate 1 for every token)."""
+    for lw in runner.weights.layers:
+        lw.ffn_gate_inp_shexp.buffer.upload(np.full(lw.ffn_gate_inp_shexp.shape, 0.0, dtype=np.float32))
+    runner.buffers["moe_half"].upload(np.array([1.0], dtype=np.float32))
+
+
 def _yarn_magnitude_dropped(runner):
     runner.scale = runner.config.attention_scale
 
@@ -209,6 +223,9 @@ def _yarn_magnitude_dropped(runner):
 PLANTED = {"router logits negated": ("qwen3moe-f32", _router_negated),
            "routed weights not renormalized": ("qwen3moe-f32", with_config(expert_weights_norm=False)),
            "one expert fewer": ("qwen3moe-f32", with_config(n_experts_used=N_USED - 1)),
+           "shared expert dropped": ("qwen2moe-f32", _shared_expert_dropped),
+           "shared expert ungated": ("qwen2moe-f32", _shared_gate_dropped),
+           "qwen2moe's routed weights renormalized": ("qwen2moe-f32", with_config(expert_weights_norm=True)),
            "sinks dropped": ("gpt-oss-f16", _sinks_dropped),
            "YaRN's frequencies dropped": ("gpt-oss-f16", _yarn_frequencies_dropped),
            "YaRN's magnitude dropped": ("gpt-oss-f16", _yarn_magnitude_dropped),

@@ -77,7 +77,7 @@ def test_a_dense_file_declaring_experts_is_refused_as_a_mixture():
     assert error.exit_code == 4 and "Mixtral" in str(error) and "qwen3moe" in str(error)
 
 
-@pytest.mark.parametrize("arch", ["qwen2moe", "deepseek2", "mixtral"])
+@pytest.mark.parametrize("arch", ["olmoe", "deepseek2", "mixtral"])
 def test_unsupported_moe_architectures_are_named(arch):
     metadata, tensors = _parts()
     metadata = {k.replace("qwen3moe.", f"{arch}.", 1): v for k, v in metadata.items()}
@@ -122,3 +122,15 @@ def test_gpt_oss_is_refused_where_attention_has_no_sinks():
         gpt_oss.check_backend(SimpleNamespace(backend="hip"))
     assert caught.value.exit_code == 4
     gpt_oss.check_backend(SimpleNamespace(backend="cpu"))
+
+
+def test_qwen2moe_reads_its_shared_expert():
+    metadata, tensors = _parts("qwen2moe-f32")
+    config = config_from_metadata(metadata, tensors)
+    assert (config.shared_ffn_size, config.expert_ffn_size, config.expert_weights_norm) == (96, 64, False)
+    shapes = config.expected_tensor_shapes()
+    assert shapes["blk.0.ffn_gate_inp_shexp.weight"] == (64,) and shapes["blk.2.ffn_down_shexp.weight"] == (64, 96)
+    assert config.qkv_bias and config.rope_type == "neox"
+    del metadata["qwen2moe.expert_shared_feed_forward_length"]  # llama.cpp then takes feed_forward_length
+    metadata["qwen2moe.feed_forward_length"] = 96
+    assert config_from_metadata(metadata, tensors).shared_ffn_size == 96

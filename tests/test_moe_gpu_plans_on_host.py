@@ -1,7 +1,8 @@
 """The mixture-of-experts models' GPU step plans on the CPU (tests/support/stand_in_gpu.py): the tiny qwen3moe with
 Q4_K/Q6_K experts stepped through each GPU architecture's plan, every launch running its entry's host twin, against
 the cpu backend (prompt, batched prompts and decode steps); each plan reaches the MoE entries (the router's product,
-moe_route_f32, moe_gate_up_q4_k, moe_down_q6_k) with the experts kept in their file format; gpt-oss is refused on
+moe_route_f32, moe_gate_up and moe_down for Q4_K and Q6_K, per token and grouped) with the experts kept in their file
+format; gpt-oss is refused on
 them with exit 4 (no sink kernel on a GPU yet)."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from support.stand_in_gpu import StandInGpu, host_kernels_for_stand_ins
 
 ARCHS = ("sm_90", "sm_80", "gfx942", "gfx1100", "gfx1030")
 MAX_RELATIVE_LOGIT_DIFF = 1e-3  # the same host kernels; the paths differ in summation order and f16 staging only
-MOE_ENTRIES = ("moe_route_f32", "moe_gate_up_q4_k", "moe_down_q6_k")
+# per token (decode of a few) and grouped by expert (prompts and batches: moe_experts.grouped_pays)
+MOE_ENTRIES = ("moe_route_f32", "moe_gate_up_q4_k", "moe_down_q6_k", "moe_gate_up_grouped_q4_k", "moe_down_grouped_q6_k")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,7 @@ def run_steps(path, device=None) -> list[np.ndarray]:
         logits.append(model.runner.execute(step_batch(model.cache, [(s, draw(9), 0) for s in range(2, 6)])))
         logits.append(model.runner.execute(step_batch(model.cache, [(s, draw(1), 40 if s == 1 else 9)
                                                                     for s in range(1, 6)])))
+        logits.append(model.runner.execute(step_batch(model.cache, [(1, draw(1), 41)])))  # below the grouped path
         return [step.astype(np.float64) for step in logits]
 
 

@@ -44,6 +44,10 @@ llama.cpp's (src/models/<family>.cpp; the RoPE layout from llama_model_rope_type
          to sum 1 (llama.cpp passes norm_w = true for qwen3moe whatever the file says), and for each kept expert
          e: down_e(silu(gate_e x) * up_e x), weighted and summed. The experts are 3-D tensors [expert_count, rows,
          cols] (ffn_gate_exps / ffn_up_exps of expert_feed_forward_length rows, ffn_down_exps of hidden rows).
+  qwen2moe  (Qwen1.5-MoE, Qwen2-57B-A14B; llama.cpp: src/models/qwen2moe.cpp) qwen2's attention (q/k/v biases, NEOX
+         RoPE) with qwen3moe's routed experts, their weights not renormalized (norm_w = false), and a shared expert
+         beside them: down_s(silu(gate_s x) * up_s x) (ffn_*_shexp, expert_shared_feed_forward_length rows, else
+         feed_forward_length) scaled by sigmoid(ffn_gate_inp_shexp . x), added with the routed experts' sum.
   gpt-oss   (llama.cpp: src/models/openai-moe.cpp) q, k, v and o products with biases, a learned per-head sink
          logit in every attention softmax (attn_sinks), NEOX RoPE (YaRN-scaled in the published files: factor 32
          over an original context of 4096), even layers attending through a sliding window (attention.sliding_window,
@@ -89,17 +93,20 @@ class Architecture:
     attn_sinks: bool = False   # blk.N.attn_sinks.weight: a learned logit per head in every attention softmax
     ffn_norm_name: str = "ffn_norm"  # the pre-feed-forward norm's tensor (gpt-oss: post_attention_norm)
     yarn: bool = False         # rope.scaling.type "yarn" accepted (gpt-oss's files)
+    shared_expert: bool = False  # a shared expert beside the routed ones, its output scaled by a sigmoid gate (qwen2moe)
 
     def layer_matrices(self, q_size: int, kv_size: int, hidden: int, ffn: int, experts: int = 0,
-                       expert_ffn: int = 0) -> dict[str, tuple[int, ...]]:
+                       expert_ffn: int = 0, shared_ffn: int = 0) -> dict[str, tuple[int, ...]]:
         """The per-layer matrices (name without blk.N. and .weight -> numpy-order shape) as the file holds them;
         a mixture of experts' are its router and its 3-D expert tensors (experts, rows, cols)."""
         qkv = ({"attn_qkv": (q_size + 2 * kv_size, hidden)} if self.fused_qkv else
                {"attn_q": (q_size, hidden), "attn_k": (kv_size, hidden), "attn_v": (kv_size, hidden)})
         if self.moe:
+            shared = ({"ffn_gate_shexp": (shared_ffn, hidden), "ffn_up_shexp": (shared_ffn, hidden),
+                       "ffn_down_shexp": (hidden, shared_ffn)} if self.shared_expert else {})
             return {**qkv, "attn_output": (hidden, q_size), "ffn_gate_inp": (experts, hidden),
                     "ffn_gate_exps": (experts, expert_ffn, hidden), "ffn_up_exps": (experts, expert_ffn, hidden),
-                    "ffn_down_exps": (experts, hidden, expert_ffn)}
+                    "ffn_down_exps": (experts, hidden, expert_ffn), **shared}
         ffn_in = {"ffn_up": (2 * ffn, hidden)} if self.fused_gate_up else {"ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden)}
         return {**qkv, "attn_output": (hidden, q_size), **ffn_in, "ffn_down": (hidden, ffn)}
 
@@ -108,6 +115,8 @@ class Architecture:
         """Per-layer tensors beyond the llama layout's matrices and norms: name (without blk.N.) -> shape (the expert
         biases are 2-D: one row per expert)."""
         extra: dict[str, tuple[int, ...]] = {}
+        if self.shared_expert:
+            extra["ffn_gate_inp_shexp.weight"] = (hidden,)  # the shared expert's gate: one logit a token
         if self.o_bias:
             extra["attn_output.bias"] = (hidden,)
         if self.attn_sinks:
@@ -136,10 +145,12 @@ ARCHITECTURES: dict[str, Architecture] = {
     "phi3": Architecture("phi3", rope_type="neox", fused_qkv=True, fused_gate_up=True),
     "qwen3moe": Architecture("qwen3moe", rope_type="neox", qk_norm=True, moe=True, expert_gating="softmax_topk",
                              expert_weights_norm=True),
+    "qwen2moe": Architecture("qwen2moe", rope_type="neox", qkv_bias=True, moe=True, expert_gating="softmax_topk",
+                             shared_expert=True),
     "gpt-oss": Architecture("gpt-oss", rope_type="neox", qkv_bias=True, o_bias=True, attn_sinks=True, swa_period=2,
                             swa_rope_scaled=True, moe=True, expert_gating="topk_softmax",
                             expert_activation="swiglu_oai", moe_biases=True, ffn_norm_name="post_attention_norm", yarn=True),
 }
 # Mixture-of-experts architectures llama.cpp knows and rocmforge does not (yet): named in the refusal.
-UNSUPPORTED_MOE = ("qwen2moe", "mixtral", "deepseek", "deepseek2", "dbrx", "olmoe", "granitemoe", "phimoe", "llama4",
+UNSUPPORTED_MOE = ("mixtral", "deepseek", "deepseek2", "dbrx", "olmoe", "granitemoe", "phimoe", "llama4",
                    "grok", "arctic", "hunyuan-moe", "ernie4_5-moe", "glm4moe", "bailingmoe", "dots1", "jamba")

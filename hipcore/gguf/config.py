@@ -1,7 +1,7 @@
 """ModelConfig: a model's hyperparameters, read from GGUF metadata and checked against the tensors.
 
 Accepted architectures: those of hipcore/gguf/architectures.py (llama, qwen2, qwen3, gemma2, gemma3, phi3, and the
-mixtures of experts qwen3moe, whose expert keys hipcore/gguf/moe_keys.py reads), whose keys are `<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none",
+mixtures of experts qwen3moe, qwen2moe and gpt-oss, whose expert keys hipcore/gguf/moe_keys.py reads), whose keys are `<architecture>.*`. Anything else is a valid but unsupported file (exit 4) and the error names the architecture. Supported RoPE scaling: "none",
 "linear" (positions divided by the factor) and, for gpt-oss, "yarn" (llama.cpp's: per-pair frequencies between the
 interpolated and the original ones, and a magnitude factor; hipcore/model/yarn.py); "longrope" and the rest (and
 "yarn" elsewhere) are named and refused (exit 4) rather than silently computed wrong. Llama 3.1/3.2's "llama3" scaling needs no key: the
@@ -91,6 +91,7 @@ class ModelConfig:
     expert_weights_norm: bool = False  # the k kept softmax weights renormalized to sum 1
     expert_activation: str = "swiglu"  # "swiglu" or "swiglu_oai"
     moe_biases: bool = False      # router and expert products add biases
+    shared_ffn_size: int = 0      # rows of the shared expert's gate and up (qwen2moe); 0: none
 
     @property
     def is_moe(self) -> bool:
@@ -132,7 +133,7 @@ class ModelConfig:
         family = ARCHITECTURES[self.architecture]
         e, ef = self.n_experts, self.expert_ffn_size
         layer = {"attn_norm": (h,), family.ffn_norm_name: (h,),
-                 **family.layer_matrices(self.q_size, self.kv_size, h, f, e, ef)}
+                 **family.layer_matrices(self.q_size, self.kv_size, h, f, e, ef, self.shared_ffn_size)}
         layer = {f"{part}.weight": shape for part, shape in layer.items()}
         layer.update(family.layer_vectors(self.q_size, self.kv_size, self.head_dim, h, self.n_heads, e, ef))
         for i in range(self.n_layers):

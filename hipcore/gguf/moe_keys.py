@@ -6,8 +6,8 @@ each MoE model's load_arch_hparams), and the refusals of what rocmforge does not
                                       refused: every layer routes the same count here)
   <arch>.expert_feed_forward_length   rows of each expert's gate and up (a per-layer array must be uniform); qwen3moe
                                       falls back to feed_forward_length / expert_used_count as llama.cpp does
-  <arch>.expert_shared_count, expert_group_count > 1: refused (exit 4, named): qwen3moe and gpt-oss files carry
-                                      neither. expert_gating_func, expert_weights_norm and expert_weights_scale are
+  <arch>.expert_shared_count (beyond qwen2moe's one), expert_group_count > 1: refused (exit 4, named): the
+                                      files of these architectures carry no others. expert_gating_func, expert_weights_norm and expert_weights_scale are
                                       not read: llama.cpp fixes them per architecture (qwen3moe: softmax, then the
                                       kept weights renormalized; gpt-oss: top-k, then a softmax over them).
 
@@ -54,11 +54,14 @@ def read_moe_keys(keys: MetadataKeys, arch: str, family: Architecture, n_layers:
     for key, what in ((f"{arch}.expert_shared_count", "shared experts"),
                       (f"{arch}.expert_group_count", "expert groups")):
         value = keys.uint32(key, default=0)
-        if value > (1 if "group" in key else 0):
+        if value > (1 if "group" in key or family.shared_expert else 0):
             raise keys.error(key, value, "0", unsupported=True, problem=f"{what} ({value}) are not supported for {arch}")
     ffn_key = f"{arch}.expert_feed_forward_length"
-    default = ffn // used if arch == "qwen3moe" and ffn // used else None  # llama.cpp's qwen3moe fallback
+    default = ffn // used if arch in ("qwen3moe", "qwen2moe") and ffn // used else None  # llama.cpp's fallback
     expert_ffn = keys.uint32_or_uniform_array(ffn_key, n_layers, lo=1, hi=_MAX_DIM, default=default)
-    return dict(n_experts=experts, n_experts_used=used, expert_ffn_size=expert_ffn,
+    shared_ffn = 0
+    if family.shared_expert:
+        shared_ffn = keys.uint32(f"{arch}.expert_shared_feed_forward_length", lo=1, hi=_MAX_DIM, default=ffn)
+    return dict(n_experts=experts, n_experts_used=used, expert_ffn_size=expert_ffn, shared_ffn_size=shared_ffn,
                 expert_gating=family.expert_gating, expert_weights_norm=family.expert_weights_norm,
                 expert_activation=family.expert_activation, moe_biases=family.moe_biases)

@@ -41,7 +41,7 @@ from hipcore.model.batch import StepBatch
 from hipcore.model.blocks import StepContext
 from hipcore.model.families import family_for, gpt_oss
 from hipcore.model import yarn
-from hipcore.model.moe_blocks import check_moe_weights, moe_buffer_sizes
+from hipcore.model.moe_blocks import check_moe_weights, init_moe_buffers, moe_buffer_sizes
 from hipcore.model.decode_graphs import DecodeGraphs, bucket_capacity
 from hipcore.model.prompt_graphs import CAPTURE_AT_RUN, PromptGraphs, padded_shape, padded_shapes
 from hipcore.model.step_inputs import StepInputs, input_bytes, window_input_bytes
@@ -154,6 +154,9 @@ class ModelRunner:
         self.pad_prompt_steps = SWITCHES.prompt_graphs
         self.prompt_graphs = PromptGraphs(device, self.stream, capture=use_graphs)
         self._outstanding: list[PendingStep] = []  # launched, not collected, in launch order
+        # (before anything that may fail: close() clears them)
+        self._plans: dict[tuple[int, int, bool, bool, bool], list[Launch]] = {}
+        self._prompt_plans: OrderedDict[tuple[int, int, bool, bool, bool], list[Launch]] = OrderedDict()
         self._read_stream = self._kept_event = None
         try:
             # collect() of a step whose tokens were kept reads them on a stream of its own, after the event:
@@ -169,14 +172,13 @@ class ModelRunner:
             for name in ("attention_workspace", "matmul_workspace", "sample_workspace"):
                 if name in self.buffers:
                     self.buffers[name].fill(0)  # the kernels keep their counters at zero from here on
+            init_moe_buffers(self.buffers)
             self.inputs = StepInputs(device, tokens=self.token_capacity, rows=self.row_capacity,
                                      seqs=max(max_seqs, self.row_capacity), max_blocks=self.max_blocks,
                                      window_group=window_group)
         except BaseException:
             self.close()
             raise
-        self._plans: dict[tuple[int, int, bool, bool, bool], list[Launch]] = {}
-        self._prompt_plans: OrderedDict[tuple[int, int, bool, bool, bool], list[Launch]] = OrderedDict()
         factors = weights.rope_freqs.buffer if weights.rope_freqs is not None else None
         self.products = ProjectionPlanner(device, self.stream, config, self.buffers, self.freq_scale, factors)
 

@@ -9,15 +9,22 @@ llama.cpp's build_moe_ffn (src/llama-graph.cpp), for every token of the step:
 Five launches a layer (six with the router's bias), each over every token of the step: the router's product is an
 ordinary dense product (the existing matmul kernels), the experts' read only the selected experts' rows.
 
+qwen2moe's shared expert (shared_expert) is the same two expert launches over one expert, the shared ffn_*_shexp
+matrices (2-D: one expert's layout), every token routed to it (ids all 0, a buffer zeroed once) with the weight
+sigmoid(ffn_gate_inp_shexp . xn) = 0.5 + 0.5 tanh(g / 2): the gate's one-row product, then scale (1/4), softcap (1/2)
+and add_bias (+1/2), existing launches (llama.cpp computes silu(g) / g, the same function).
+
 The router's logits, the chosen ids and weights live in buffers tagged "moe_router", the experts' intermediate h in
 one tagged "moe_experts" (forward.activation_sizes), so that the ledger and leak checks see them apart.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from hipcore.errors import UnsupportedModelError
 from hipcore.model.projections import Launch, weight_arg
-from hipcore.ops import add_bias, kernel_choice, moe_experts, moe_route, rmsnorm
+from hipcore.ops import add_bias, kernel_choice, moe_experts, moe_route, rmsnorm, scale, softcap
 
 ROUTER_TAG = "moe_router"
 EXPERTS_TAG = "moe_experts"
@@ -28,8 +35,21 @@ def moe_buffer_sizes(config, tokens: int) -> dict[str, tuple[int, str]]:
     if not config.is_moe:
         return {}
     e, k, ff = config.n_experts, config.n_experts_used, config.expert_ffn_size
-    return {"moe_logits": (tokens * e * 4, ROUTER_TAG), "moe_ids": (tokens * k * 4, ROUTER_TAG),
-            "moe_weights": (tokens * k * 4, ROUTER_TAG), "moe_h": (tokens * k * ff * 4, EXPERTS_TAG)}
+    sizes = {"moe_logits": (tokens * e * 4, ROUTER_TAG), "moe_ids": (tokens * k * 4, ROUTER_TAG),
+             "moe_weights": (tokens * k * 4, ROUTER_TAG), "moe_h": (tokens * k * ff * 4, EXPERTS_TAG),
+             # the grouped down path's per-slot terms (moe_experts.launch_down), the shared expert's too
+             "moe_down_workspace": (moe_experts.down_workspace_bytes(tokens, k, config.hidden_size), EXPERTS_TAG)}
+    if getattr(config, "shared_ffn_size", 0):
+        sizes.update({"moe_shared_gate": (tokens * 4, ROUTER_TAG), "moe_shared_ids": (tokens * 4, ROUTER_TAG),
+                      "moe_half": (4, ROUTER_TAG), "moe_shared_h": (tokens * config.shared_ffn_size * 4, EXPERTS_TAG)})
+    return sizes
+
+
+def init_moe_buffers(buffers: dict) -> None:
+    """The shared expert's constants, once after allocation: every token routed to expert 0, and the sigmoid's 1/2."""
+    if "moe_shared_ids" in buffers:
+        buffers["moe_shared_ids"].fill(0)
+        buffers["moe_half"].upload(np.array([0.5], dtype=np.float32))
 
 
 def check_moe_weights(config, layers) -> None:
@@ -42,7 +62,11 @@ def check_moe_weights(config, layers) -> None:
             raise UnsupportedModelError(
                 f"layer {i}: ffn_gate_exps ({lw.ffn_gate_exps.fmt.upper()}) and ffn_up_exps "
                 f"({lw.ffn_up_exps.fmt.upper()}) differ in type; the experts' gate|up launch reads one type")
-        for name in ("ffn_gate_exps", "ffn_down_exps"):
+        if config.shared_ffn_size and lw.ffn_gate_shexp.fmt != lw.ffn_up_shexp.fmt:
+            raise UnsupportedModelError(f"layer {i}: ffn_gate_shexp and ffn_up_shexp differ in type; the shared "
+                                        "expert's gate|up launch reads one type")
+        for name in ("ffn_gate_exps", "ffn_down_exps") + (("ffn_gate_shexp", "ffn_down_shexp")
+                                                           if config.shared_ffn_size else ()):
             fmt = getattr(lw, name).fmt
             if not moe_experts.supports(fmt):
                 raise UnsupportedModelError(f"layer {i}: {name} in {fmt.upper()}: the expert products read "
@@ -74,5 +98,27 @@ def moe_feed_forward(ctx, i: int, lw, t: int) -> list[Launch]:
             hidden=h)),
         ("moe_down+residual", lambda: moe_experts.launch_down(
             dev, st, b["x"], b["moe_h"], weight_arg(down), b["moe_ids"], b["moe_weights"], t, k,
-            _bias(lw.ffn_down_exps_bias), weight_type=down.fmt, n_expert=e, hidden=h, ff=ff))]
+            _bias(lw.ffn_down_exps_bias), weight_type=down.fmt, n_expert=e, hidden=h, ff=ff,
+            workspace=b["moe_down_workspace"]))]
     return plan
+
+
+def shared_expert(ctx, i: int, lw, t: int) -> list[Launch]:
+    """x += sigmoid(ffn_gate_inp_shexp . xn) * down_s(silu(gate_s xn) * up_s xn), xn the feed-forward's normalized input
+    (moe_feed_forward's, which must come first): qwen2moe's shared expert (see the module docstring)."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    h, ff = cfg.hidden_size, cfg.shared_ffn_size
+    gate, up, down = lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp
+    g = b["moe_shared_gate"]
+    return [
+        ("shared_gate", lambda: kernel_choice.project(dev, st, g, lw.ffn_gate_inp_shexp.buffer, b["xn"], 1, h, t,
+                                                      weight_type="f32", workspace=ctx.products.workspace)),
+        ("shared_gate/4", lambda: scale.launch(dev, st, g, g, t, 0.25)),
+        ("shared_gate_tanh/2", lambda: softcap.launch(dev, st, g, g, t, 0.5)),
+        ("shared_gate_sigmoid", lambda: add_bias.launch(dev, st, g, b["moe_half"], t, 1)),
+        ("shared_gate_up", lambda: moe_experts.launch_gate_up(
+            dev, st, b["moe_shared_h"], b["xn"], weight_arg(gate), weight_arg(up), b["moe_shared_ids"], t, 1, "swiglu",
+            weight_type=gate.fmt, n_expert=1, ff=ff, hidden=h)),
+        ("shared_down+residual", lambda: moe_experts.launch_down(
+            dev, st, b["x"], b["moe_shared_h"], weight_arg(down), b["moe_shared_ids"], g, t, 1,
+            weight_type=down.fmt, n_expert=1, hidden=h, ff=ff, workspace=b["moe_down_workspace"]))]

@@ -46,6 +46,8 @@ import numpy as np
 from hipcore.gguf.architectures import ARCHITECTURES
 from hipcore.gguf.errors import GGUFError
 from hipcore.model import yarn
+from hipcore.model.layer_weights import LayerWeights
+from hipcore.model.weight_handle import Weight
 from hipcore.model.neox_rows import neox_pair_order, paired_fused_qkv, paired_rows
 from hipcore.ops import matmul_mma, moe_experts
 from hipcore.runtime.device import Buffer, Device
@@ -59,7 +61,8 @@ LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_
 # A mixture of experts' layer matrices in place of ffn_gate, ffn_up and ffn_down: the router, 2-D, and the experts,
 # 3-D [experts, rows, cols], each uploaded as one buffer in its file format on a GPU (the expert ops read expert e
 # at e * rows * row_bytes), float32 on the cpu backend.
-MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp",
+               "ffn_down_shexp")  # the last three: qwen2moe's shared expert, 2-D, read by the expert ops as one expert
 # Per-layer vectors some families add (hipcore/gguf/architectures.py): LayerWeights field -> tensor name part. The
 # expert biases are 2-D (a row per expert) and stored as float32 like the vectors.
 FAMILY_VECTORS = {"attn_q_bias": "attn_q.bias", "attn_k_bias": "attn_k.bias", "attn_v_bias": "attn_v.bias",
@@ -67,7 +70,8 @@ FAMILY_VECTORS = {"attn_q_bias": "attn_q.bias", "attn_k_bias": "attn_k.bias", "a
                   "attn_post_norm": "post_attention_norm.weight", "ffn_post_norm": "post_ffw_norm.weight",
                   "attn_output_bias": "attn_output.bias", "attn_sinks": "attn_sinks.weight",
                   "ffn_gate_inp_bias": "ffn_gate_inp.bias", "ffn_gate_exps_bias": "ffn_gate_exps.bias",
-                  "ffn_up_exps_bias": "ffn_up_exps.bias", "ffn_down_exps_bias": "ffn_down_exps.bias"}
+                  "ffn_up_exps_bias": "ffn_up_exps.bias", "ffn_down_exps_bias": "ffn_down_exps.bias",
+                  "ffn_gate_inp_shexp": "ffn_gate_inp_shexp.weight"}
 # Layer matrices uploaded into one buffer when their formats agree: (group name, members).
 FUSED_GROUPS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("ffn_gate", "ffn_up")))
 # Matrices a family's files hold already concatenated (phi3): file tensor -> (its members, in row order).
@@ -78,63 +82,11 @@ ROPE_FREQS = "rope_freqs.weight"  # optional: RoPE frequency divisors (Llama 3.1
 # Architectures whose NEOX RoPE runs in NORM mode on reordered q and k rows (see the module's docstring): qwen2 and
 # phi3, whose q, k and v then take the fused attention-input kernels (qwen2's biases and all). qwen3 and gemma
 # normalize each head of q and k first, which no fused kernel does.
-NEOX_AS_NORM = frozenset({"qwen2", "phi3", "gemma2"})
+NEOX_AS_NORM = frozenset({"qwen2", "phi3", "gemma2", "qwen2moe"})
 _PAIRED_ROWS = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
 _PAIRED_FUSED = "attn_qkv.weight"  # phi3's q|k|v: its q and k row ranges reordered, v's left
 
 ProgressFn = Callable[[int, int, str], None]  # (bytes done, bytes total, tensor name)
-
-
-@dataclass(frozen=True)
-class Weight:
-    buffer: Buffer
-    fmt: str  # "f32", "q4_1", ...: which kernel variant reads it
-    shape: tuple[int, ...]  # numpy order: (rows, cols) for matrices
-    offset: int = 0  # bytes into `buffer` (matrices sharing one buffer, see FUSED_GROUPS)
-
-    @property
-    def rows(self) -> int:
-        return self.shape[0]
-
-    @property
-    def cols(self) -> int:
-        return self.shape[-1]
-
-    def addr(self) -> int:
-        """Device address of the first byte of this tensor."""
-        return self.buffer.addr(self.offset)
-
-
-@dataclass
-class LayerWeights:
-    attn_norm: Weight
-    attn_q: Weight
-    attn_k: Weight
-    attn_v: Weight
-    attn_output: Weight
-    ffn_norm: Weight
-    ffn_gate: Weight | None  # None in a mixture of experts' layer (its experts below)
-    ffn_up: Weight | None
-    ffn_down: Weight | None
-    attn_qkv: Weight | None = None  # q, k, v rows back to back in one buffer (same format), else None
-    ffn_gate_up: Weight | None = None  # gate rows then up rows in one buffer (same format), else None
-    attn_q_bias: Weight | None = None  # qwen2: added to each product (FAMILY_VECTORS)
-    attn_k_bias: Weight | None = None
-    attn_v_bias: Weight | None = None
-    attn_q_norm: Weight | None = None  # qwen3: RMSNorm weight of every q head, [head_dim]
-    attn_k_norm: Weight | None = None
-    attn_post_norm: Weight | None = None  # gemma3: RMSNorm of the attention output before the residual add, [hidden]
-    ffn_post_norm: Weight | None = None  # gemma3: RMSNorm of the feed-forward output before the residual add
-    attn_output_bias: Weight | None = None  # gpt-oss: added after the o product, [hidden]
-    attn_sinks: Weight | None = None  # gpt-oss: a logit per head in every attention softmax, [n_heads]
-    ffn_gate_inp: Weight | None = None  # MoE: the router, [experts, hidden]
-    ffn_gate_exps: Weight | None = None  # MoE: [experts, expert_ffn, hidden]
-    ffn_up_exps: Weight | None = None  # MoE: [experts, expert_ffn, hidden]
-    ffn_down_exps: Weight | None = None  # MoE: [experts, hidden, expert_ffn]
-    ffn_gate_inp_bias: Weight | None = None  # gpt-oss: [experts]
-    ffn_gate_exps_bias: Weight | None = None  # gpt-oss: [experts, expert_ffn]
-    ffn_up_exps_bias: Weight | None = None  # gpt-oss: [experts, expert_ffn]
-    ffn_down_exps_bias: Weight | None = None  # gpt-oss: [experts, hidden]
 
 
 @dataclass

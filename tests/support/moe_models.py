@@ -6,7 +6,8 @@ checks it).
 qwen3moe: qwen3's tiny layer (tests/support/gguf_factory.py, per-head q/k norms, a head size of its own) with the
 dense feed-forward replaced by N_EXPERTS experts of which N_USED are routed to: a router ffn_gate_inp (F32, as
 llama.cpp's quantizer keeps it) whose logits spread over a few units (ROUTER_GAIN), so that tokens and layers pick
-different experts, and 3-D expert tensors. "qwen3moe-f32" holds everything in F32 (the architecture alone);
+different experts, and 3-D expert tensors. qwen2moe: qwen2's tiny layer (q/k/v biases) with qwen3moe's experts and a shared expert SHARED_FFN wide whose gate's
+logits spread over a few units (SHARED_GATE_GAIN), all F32. "qwen3moe-f32" holds everything in F32 (the architecture alone);
 "qwen3moe-q4km" is laid out as a Q4_K_M file is (Q4_K gate and up experts, Q6_K down experts, Q8_0 attention, an
 F16 head and embedding), 256 wide so that the K-quants' super-blocks fit.
 
@@ -46,12 +47,17 @@ MOE_MODELS: dict[str, dict] = {
                          expert_types={}),
     "qwen3moe-q4km": dict(architecture="qwen3moe", seed=72, hidden=256, expert_ffn=256, tensor_type="F32",
                           expert_types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q6_K"}),
+    # llama.cpp's qwen2moe takes q and o as hidden x hidden: heads of hidden / n_heads
+    "qwen2moe-f32": dict(architecture="qwen2moe", seed=92, hidden=64, head_dim=16, expert_ffn=64, tensor_type="F32",
+                         expert_types={}),
     "gpt-oss-mxfp4": dict(seed=81, expert_types={part: "MXFP4" for part in ("ffn_gate_exps", "ffn_up_exps",
                                                                             "ffn_down_exps")}, **_GPT_OSS),
     "gpt-oss-f16": dict(seed=82, expert_types={part: "F16" for part in ("ffn_gate_exps", "ffn_up_exps",
                                                                         "ffn_down_exps")}, **_GPT_OSS),
 }
-_BASE_ARCHITECTURE = {"qwen3moe": "qwen3", "gpt-oss": "qwen2"}  # the dense tiny layer each starts from
+_BASE_ARCHITECTURE = {"qwen3moe": "qwen3", "qwen2moe": "qwen2", "gpt-oss": "qwen2"}
+SHARED_FFN = 96  # qwen2moe's shared expert: wider than the routed ones, as Qwen1.5-MoE's (5632 against 1408)
+SHARED_GATE_GAIN = 2.0  # its gate's logits spread over a few units: sigmoid from near 0 to near 1  # the dense tiny layer each starts from
 _GPT_OSS_KEYS = {"attention.sliding_window": (UINT32, GPT_OSS_WINDOW), "rope.scaling.type": (STRING, "yarn"),
                  "rope.scaling.factor": (FLOAT32, 4.0), "rope.scaling.original_context_length": (UINT32, 64)}
 # The prompts: the ChatML template every qwen GGUF embeds, rendered by hand, and plain text.
@@ -70,8 +76,8 @@ def moe_spec(name: str):
     expert_types = spec.pop("expert_types")
     embedding_type = spec.pop("embedding_type", None)
     base_arch = _BASE_ARCHITECTURE[arch]
-    base = tiny_llama_spec(**{**_BASE, "architecture": base_arch}, seed=seed, embedding_type=embedding_type,
-                           tensor_types={"output": "F16"} if embedding_type else {}, **spec)
+    base = tiny_llama_spec(**{**_BASE, "architecture": base_arch, **spec}, seed=seed, embedding_type=embedding_type,
+                           tensor_types={"output": "F16"} if embedding_type else {})
     hidden, n_layers = spec["hidden"], _BASE["n_layers"]
     metadata = [replace(m, key=m.key.replace(f"{base_arch}.", f"{arch}.", 1)) if m.key.startswith(f"{base_arch}.")
                 else m for m in base.metadata]
@@ -79,6 +85,8 @@ def moe_spec(name: str):
     metadata[:0] = [Meta("general.architecture", STRING, arch), Meta("general.name", STRING, f"tiny-{name}-test")]
     metadata += [Meta(f"{arch}.expert_count", UINT32, N_EXPERTS), Meta(f"{arch}.expert_used_count", UINT32, N_USED),
                  Meta(f"{arch}.expert_feed_forward_length", UINT32, expert_ffn)]
+    if arch == "qwen2moe":
+        metadata.append(Meta(f"{arch}.expert_shared_feed_forward_length", UINT32, SHARED_FFN))
     if arch == "gpt-oss":  # its keys, and the o200k pre-tokenizer's name as its files have it
         metadata += [Meta(f"{arch}.{key}", kind, value) for key, (kind, value) in _GPT_OSS_KEYS.items()]
         metadata = [Meta(m.key, STRING, "gpt-4o") if m.key == "tokenizer.ggml.pre" else m for m in metadata]
@@ -105,6 +113,13 @@ def moe_spec(name: str):
               for part, values in (("ffn_gate_exps", linear(N_EXPERTS, expert_ffn, hidden, scale=gain)),
                                    ("ffn_up_exps", linear(N_EXPERTS, expert_ffn, hidden, scale=gain)),
                                    ("ffn_down_exps", linear(N_EXPERTS, hidden, expert_ffn, scale=residual / gain))))]
+        if arch == "qwen2moe":
+            experts[i] += [_encode(f"blk.{i}.ffn_gate_inp_shexp.weight",
+                                   (rng.standard_normal(hidden) * SHARED_GATE_GAIN / math.sqrt(hidden)).astype(np.float32),
+                                   "F32"),
+                           _encode(f"blk.{i}.ffn_gate_shexp.weight", linear(SHARED_FFN, hidden), "F32"),
+                           _encode(f"blk.{i}.ffn_up_shexp.weight", linear(SHARED_FFN, hidden), "F32"),
+                           _encode(f"blk.{i}.ffn_down_shexp.weight", linear(hidden, SHARED_FFN, scale=residual), "F32")]
         if oss:
             experts[i] += [named(f"blk.{i}.ffn_gate_inp.bias", bias(N_EXPERTS)),
                            named(f"blk.{i}.ffn_gate_exps.bias", bias(N_EXPERTS, expert_ffn)),

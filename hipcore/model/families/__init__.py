@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from hipcore.errors import UnsupportedModelError
 from hipcore.model.blocks import Family
-from hipcore.model.families import gemma2, gemma3, gpt_oss, llama, phi3, qwen2, qwen3, qwen3moe
+from hipcore.model.families import gemma2, gemma3, gpt_oss, llama, phi3, qwen2, qwen2moe, qwen3, qwen3moe
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, gemma2.FAMILY,
                                                   gemma3.FAMILY, phi3.FAMILY, qwen3moe.FAMILY,
-                                                  gpt_oss.FAMILY)}
+                                                  gpt_oss.FAMILY, qwen2moe.FAMILY)}
 
 
 def family_for(architecture: str) -> Family:
