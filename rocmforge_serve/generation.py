@@ -20,6 +20,7 @@ from hipcore.tokenizer.chat_template import render_chat
 from rocmforge_serve.api_errors import ApiError, bad_request, server_error, unavailable
 from rocmforge_serve.engine_loop import AsyncSink, EngineStopped
 from rocmforge_serve.protocol import GenerationRequest, check_sampling, context_error
+from rocmforge_serve.tool_calls import ToolRequest, call_grammar, template_messages, tool_format
 
 
 class ClientGone(Exception):
@@ -67,6 +68,8 @@ class Generation:
     cached_tokens: int = 0  # of the prompt, found in the prefix cache (the final event says)
     ending: Ending | None = None
     first: Event | None = None
+    tools: ToolRequest | None = None  # the request's tools when calls are parsed from its answer
+    tool_format: str | None = None
     _done: bool = field(default=False)
 
     async def next_batch(self) -> list[Event]:
@@ -150,9 +153,25 @@ def error_for_ending(event: Event) -> ApiError | None:
     return server_error(f"generation failed: {event.error or event.ending}")
 
 
-def compiled_constraint(served: ServedModel, request: GenerationRequest) -> str | None:
+def request_tool_format(served: ServedModel, request: GenerationRequest) -> str | None:
+    """The call format of the model's template for a request with tools (a 400 when it has none); None without
+    tools or with tool_choice "none"."""
+    if request.tools is None or not request.tools.active:
+        return None
+    fmt = tool_format(served.chat_template)
+    if fmt is None:
+        raise bad_request("this model's chat template has no tool support (it does not render tools or has no "
+                          "tool-call format this server reads: Qwen2.5/Qwen3's <tool_call>, Llama 3.1's JSON); send "
+                          "the request without tools", param="tools", code="unsupported")
+    return fmt
+
+
+def compiled_constraint(served: ServedModel, request: GenerationRequest, fmt: str | None = None) -> str | None:
     """The request's grammar for SamplingParams.grammar (None: unconstrained); runs in a worker thread. A
-    constraint that is not valid or not supported is a 400 naming the field it came in."""
+    constraint that is not valid or not supported is a 400 naming the field it came in. fmt: the tool-call
+    format, whose call a forced tool_choice constrains."""
+    if fmt is not None and request.tools.forced:
+        request.constraint, request.constraint_param = call_grammar(fmt, request.tools), "tools"
     if request.constraint is None:
         return None
     try:
@@ -170,11 +189,14 @@ def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
     if request.messages is not None:
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        messages = template_messages(request.messages)
+        tools = request.tools.tools if request.tools is not None and request.tools.active else None
         try:
             if served.templates is not None:
-                text = served.templates.render(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
+                text = served.templates.render(served.chat_template, messages, bos_token=bos, eos_token=eos,
+                                               tools=tools)
             else:
-                text = render_chat(served.chat_template, request.messages, bos_token=bos, eos_token=eos)
+                text = render_chat(served.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools)
         except UsageError as exc:
             raise bad_request(str(exc), param="messages") from None
         except InvalidModelError as exc:
@@ -202,7 +224,8 @@ def check_capacity(served: ServedModel) -> None:
 async def start_generation(served: ServedModel, request: GenerationRequest, receive) -> Generation:
     check_capacity(served)
     started = time.perf_counter()
-    grammar = await asyncio.to_thread(compiled_constraint, served, request)
+    fmt = request_tool_format(served, request)
+    grammar = await asyncio.to_thread(compiled_constraint, served, request, fmt)
     ids = await asyncio.to_thread(prompt_ids, served, request)
     served.latency.prepare_time.observe(time.perf_counter() - started)
     if not ids:
@@ -224,7 +247,8 @@ async def start_generation(served: ServedModel, request: GenerationRequest, rece
     except (UsageError, ApiError) as exc:
         disconnected.cancel()
         raise exc if isinstance(exc, ApiError) else bad_request(str(exc)) from None
-    generation = Generation(served, rid, sink, disconnected, prompt_tokens=len(ids))
+    generation = Generation(served, rid, sink, disconnected, prompt_tokens=len(ids),
+                            tools=request.tools if fmt is not None else None, tool_format=fmt)
     try:
         # Wait for the first event before answering, so a rejection or a fault gets its own status code.
         first = await generation.next_event()

@@ -15,6 +15,7 @@ from typing import Any
 from hipcore.engine.sampler import MAX_STOP_STRINGS, SamplingParams
 from hipcore.errors import UsageError
 from rocmforge_serve.api_errors import ApiError, bad_request
+from rocmforge_serve.tool_calls import ToolRequest, parse_tools
 
 MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt the context can hold, far below a memory hazard
 MAX_MESSAGES = 1024
@@ -36,6 +37,7 @@ class GenerationRequest:
     # The constraint as compile_grammar's keyword arguments (compiled off the event loop), and the field it came from
     constraint: dict | None = None
     constraint_param: str | None = None
+    tools: ToolRequest | None = None  # chat: the function tools and tool_choice
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -72,7 +74,7 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
     n = _optional(body, "n", int)
     if n not in (None, 1):
         raise bad_request(f"n must be 1 (one choice per request), got {n}", param="n")
-    for unsupported in ("logprobs", "echo", "tools", "functions", "logit_bias", "best_of", "suffix"):
+    for unsupported in ("logprobs", "echo", "functions", "logit_bias", "best_of", "suffix"):
         value = body.get(unsupported)
         if value not in (None, False, 0, [], {}) and not (unsupported == "best_of" and value == 1):
             raise bad_request(f"{unsupported} is not supported by this server", param=unsupported, code="unsupported")
@@ -99,8 +101,14 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
     check_sampling(sampling, 1)  # max_tokens is judged against the context once the prompt is tokenized
     ignore_eos = _optional(body, "ignore_eos", bool)
     constraint, constraint_param = _constraint(body)
+    tools = parse_tools(body) if chat else None
+    if not chat and body.get("tools"):
+        raise bad_request("tools are for /v1/chat/completions", param="tools", code="unsupported")
+    if tools is not None and tools.forced and constraint is not None:
+        raise bad_request(f"tool_choice {tools.choice!r} and {constraint_param.split('.')[0]} both constrain the "
+                          "output; send one", param="tool_choice")
     return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage, ignore_eos,
-                             constraint, constraint_param)
+                             constraint, constraint_param, tools)
 
 
 def _constraint(body: dict) -> tuple[dict | None, str | None]:
@@ -222,9 +230,42 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(message, dict):
             raise bad_request(f"{where} must be an object", param=where, code="invalid_type")
         role = message.get("role")
-        if role not in ("system", "developer", "user", "assistant"):
-            raise bad_request(f"{where}.role must be system, developer, user or assistant", param=f"{where}.role")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(message.get("content"), where)})
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise bad_request(f"{where}.role must be system, developer, user, assistant or tool", param=f"{where}.role")
+        checked = {"role": "system" if role == "developer" else role}
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if calls:
+            checked["tool_calls"] = _tool_calls(calls, where)
+        content = message.get("content")
+        checked["content"] = "" if content is None and calls else _content(content, where)
+        if role == "tool" and message.get("tool_call_id") is not None:
+            checked["tool_call_id"] = _checked_str(message["tool_call_id"], f"{where}.tool_call_id")
+        out.append(checked)
+    return out
+
+
+def _checked_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise bad_request(f"{where} must be a string", param=where, code="invalid_type")
+    return value
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict]:
+    """An assistant message's earlier calls, as the client echoes them back: [{id, type, function: {name,
+    arguments (a JSON string)}}]."""
+    if not isinstance(calls, list):
+        raise bad_request(f"{where}.tool_calls must be an array", param=f"{where}.tool_calls", code="invalid_type")
+    out = []
+    for k, call in enumerate(calls):
+        at = f"{where}.tool_calls[{k}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise bad_request(f"{at} must have a function", param=at)
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, (str, dict)):
+            raise bad_request(f"{at}.function.arguments must be a JSON string", param=f"{at}.function.arguments")
+        out.append({"id": str(call.get("id", "")), "type": "function", "function": {
+            "name": _checked_str(function.get("name"), f"{at}.function.name"), "arguments": arguments}})
     return out
 
 

@@ -14,6 +14,7 @@ from typing import AsyncIterator
 
 from hipcore.engine.request import Ending
 from rocmforge_serve.generation import ClientGone, Generation, error_for_ending
+from rocmforge_serve.tool_calls import parse_calls
 
 log = logging.getLogger("rocmforge.serve")
 FINISH_REASON = {Ending.EOS: "stop", Ending.STOP: "stop", Ending.LENGTH: "length"}
@@ -49,8 +50,12 @@ async def whole_response(gen: Generation, chat: bool) -> dict:
     text = "".join(pieces)
     reason = FINISH_REASON[final.ending]
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                  "logprobs": None}
+        message = {"role": "assistant", "content": text}
+        if gen.tools is not None:
+            content, calls = parse_calls(gen.tool_format, text, gen.tools.tools)
+            if calls:
+                message, reason = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+        choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None}
     else:
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
     body = _envelope(gen, chat, [choice], stream=False)
@@ -104,6 +109,34 @@ class ChunkEncoder:
         return _sse({**self.envelope, "choices": [], "usage": _usage(gen)})
 
 
+async def _tool_call_stream(gen: Generation, encoder: ChunkEncoder, include_usage: bool) -> AsyncIterator[bytes]:
+    """A chat answer that may hold tool calls: the text is held until the end (a call is only known as one when
+    it is whole), then sent as content and/or one tool_calls delta per call, as OpenAI streams them."""
+    pieces, final = [], None
+    async for event in gen.events():
+        pieces.append(event.text)
+        if event.finished:
+            final = event
+    error = error_for_ending(final)
+    if error is not None:
+        yield _sse(error.body()) + _sse("[DONE]")
+        return
+    reason = FINISH_REASON[final.ending]
+    content, calls = parse_calls(gen.tool_format, "".join(pieces), gen.tools.tools)
+    out = []
+    if content:
+        out.append(encoder.text(content))
+    for index, call in enumerate(calls):
+        delta = {"tool_calls": [{"index": index, **call}]}
+        out.append(_sse({**encoder.envelope, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                                          "logprobs": None}]}))
+    out.append(encoder.text("", "tool_calls" if calls else reason))
+    if include_usage:
+        out.append(encoder.usage(gen))
+    out.append(_sse("[DONE]"))
+    yield b"".join(out)
+
+
 _encode_string = json.encoder.encode_basestring  # json.dumps(text, ensure_ascii=False) for one str, in C
 
 
@@ -118,6 +151,10 @@ async def stream_response(gen: Generation, chat: bool, include_usage: bool) -> A
         if chat:
             yield _sse({**encoder.envelope, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                          "finish_reason": None, "logprobs": None}]})
+        if gen.tools is not None:
+            async for chunk in _tool_call_stream(gen, encoder, include_usage):
+                yield chunk
+            return
         async for batch in gen.event_batches():
             out = []
             ended = False

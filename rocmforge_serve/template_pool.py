@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 
 from hipcore.errors import InvalidModelError, RocmforgeError, UsageError, printable
-from hipcore.tokenizer.chat_template import CHATML_TEMPLATE, CHILD_STARTUP_S, template_allowance
+from hipcore.tokenizer.chat_template import (
+    CHATML_TEMPLATE, CHILD_STARTUP_S, checked_messages, conversation_size, template_allowance,
+)
 from hipcore.tokenizer.chat_template_sandbox import DEFAULT_TIMEOUT_S, USAGE
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
@@ -92,13 +94,15 @@ class TemplatePool:
         self._closed = False
 
     def render(self, template: str | None, messages: list[dict], *, bos_token: str, eos_token: str,
-               timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-        """The prompt text of a conversation (add_generation_prompt), as render_chat gives it."""
+               timeout_s: float = DEFAULT_TIMEOUT_S, tools: list[dict] | None = None) -> str:
+        """The prompt text of a conversation (add_generation_prompt), as render_chat gives it (tools likewise)."""
         source = template if template is not None else CHATML_TEMPLATE
-        conversation = [{"role": m["role"], "content": m["content"]} for m in messages]
-        chars = sum(len(m["role"]) + len(m["content"]) for m in conversation)
+        conversation = checked_messages(messages)
+        chars = conversation_size(conversation, tools)
         context = {"messages": conversation, "bos_token": bos_token, "eos_token": eos_token,
                    "add_generation_prompt": True}
+        if tools:
+            context["tools"] = tools
         request = json.dumps({"template": source, "context": context, "timeout_s": timeout_s,
                               "max_chars": template_allowance(source, len(conversation), chars, bos_token, eos_token)},
                              ensure_ascii=True).encode("ascii") + b"\n"

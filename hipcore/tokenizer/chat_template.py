@@ -95,13 +95,16 @@ def render_chat(
     max_output_chars: int | None = None,
     context_tokens: int | None = None,
     isolated: bool = True,
+    tools: list[dict] | None = None,
 ) -> str:
-    """Render `messages` ([{"role": ..., "content": ...}]) with `template` (None: ChatML).
+    """Render `messages` ([{"role": ..., "content": ...}]) with `template` (None: ChatML). tools: OpenAI's
+    function tools, which the template receives as `tools` (as transformers' apply_chat_template passes them);
+    messages may then carry tool_calls (assistant) and tool_call_id (tool results).
 
     max_output_chars replaces the template's allowance (see the module's notes); context_tokens,
     when given, bounds the result by the context (MAX_CHARS_PER_TOKEN characters a token)."""
-    conversation = _checked_messages(messages)
-    conversation_chars = sum(len(m["role"]) + len(m["content"]) for m in conversation)
+    conversation = checked_messages(messages)
+    conversation_chars = conversation_size(conversation, tools)
     context_chars = None if context_tokens is None else context_tokens * MAX_CHARS_PER_TOKEN
     if context_chars is not None and conversation_chars > context_chars:
         raise UsageError(f"the conversation has {conversation_chars:,} characters, more than a context of "
@@ -116,6 +119,8 @@ def render_chat(
         "eos_token": eos_token,
         "add_generation_prompt": bool(add_generation_prompt),
     }
+    if tools:
+        context["tools"] = tools
     if isolated:
         text = _render_in_child(source, context, timeout_s, max_chars)
     else:
@@ -189,7 +194,16 @@ def _render_in_child(template: str, context: dict, timeout_s: float, max_chars: 
     raise (UsageError if reply.get("kind") == USAGE else InvalidModelError)(message)
 
 
-def _checked_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+def conversation_size(conversation: list[dict], tools: list[dict] | None) -> int:
+    """The characters a template may repeat of the conversation: its texts, tool calls and tools."""
+    chars = sum(len(m["role"]) + len(m["content"]) for m in conversation)
+    extras = [m["tool_calls"] for m in conversation if "tool_calls" in m]
+    if tools or extras:
+        chars += len(json.dumps([tools or [], extras]))
+    return chars
+
+
+def checked_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     if not isinstance(messages, (list, tuple)):
         raise UsageError(f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
     out = []
@@ -197,7 +211,13 @@ def _checked_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
         if not isinstance(message, Mapping):
             raise UsageError(f"message {i} must be a dict with 'role' and 'content', got {type(message).__name__}")
         role, content = message.get("role"), message.get("content")
+        if content is None and message.get("tool_calls"):
+            content = ""
         if not isinstance(role, str) or not isinstance(content, str):
             raise UsageError(f"message {i} needs string 'role' and 'content' fields")
-        out.append({"role": role, "content": content})
+        checked = {"role": role, "content": content}
+        for extra in ("tool_calls", "tool_call_id", "name"):  # a tool call's and a tool result's fields
+            if message.get(extra) is not None:
+                checked[extra] = message[extra]
+        out.append(checked)
     return out
