@@ -1,7 +1,7 @@
 """Attacks on `rocmforge serve --device cpu`, each bounded in count and time, on loopback only; every one is
 judged held or not, and the tally is written to OUTDIR (attacks.json, attacks.txt, the servers' logs).
 
-    python scripts/serve_attacks.py OUTDIR [--model PATH.gguf] [--quick]
+    python scripts/bench/serve_attacks.py OUTDIR [--model PATH.gguf] [--quick]
 
 What it sends (issue 50's list): malformed bodies and fields; bodies that are not JSON (text/plain, forms,
 multipart); Host and Origin of other names (DNS rebinding, cross-site pages) and a trailing-slash redirect;
