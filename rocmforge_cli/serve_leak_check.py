@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from typing import Annotated, Optional
@@ -54,8 +55,10 @@ def serve_leak_check_command(
         requests = DEFAULT_REQUESTS
     if time_limit is None:
         time_limit = 600.0 if duration_s is None else duration_s + 300.0
-    if (requests is not None and requests < 1) or clients < 1 or max_tokens < 1 or time_limit <= 0:
-        raise UsageError("--requests, --clients and --max-tokens must be at least 1, --time-limit positive")
+    for flag, value, least, most in (("--requests", requests, 1, 10**8), ("--clients", clients, 1, 1024),
+                                     ("--max-tokens", max_tokens, 1, 65536), ("--time-limit", time_limit, 0.001, 7 * 86400)):
+        if value is not None and not (math.isfinite(value) and least <= value <= most):  # a thread per client
+            raise UsageError(f"{flag} must be a number from {least:g} to {most:g}, got {value}")
     thresholds = serve_fail_on(fail_on)
     settings = ServeLeakSettings(model=resolve_model(model), device=device, requests=requests, clients=clients,
                                  max_tokens=max_tokens, seed=seed, extra_args=tuple(serve_arg or ()), planted_bug=plant_bug,

@@ -50,3 +50,11 @@ def test_an_out_of_memory_table_keeps_its_lines_and_escapes_each(capsys):
     err = capsys.readouterr().err
     assert "\\n" not in err and "component  bytes\n" in err
     assert "\x1b[31m" not in err and "\\x1b" in err  # a control character in a line is still escaped
+
+
+@pytest.mark.parametrize("args,message", [(["--clients", "1000000"], "--clients must be a number from 1 to 1024"),
+                                          (["--requests", "0"], "--requests must be a number from 1"),
+                                          (["--time-limit", "nan"], "--time-limit must be a number")])
+def test_serve_leak_check_bounds_its_options_too(args, message):
+    result = runner.invoke(app, ["serve-leak-check", "--model", "/nonexistent/model.gguf", "--device", "cpu", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
