@@ -92,7 +92,8 @@ def serve_command(
             name = model_name or Path(path).name.removesuffix(".gguf")
             server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
                             log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=two_processes,
-                            queue_timeout_s=queue_timeout, allowed_hosts=hosts, cors_origins=origins)
+                            queue_timeout_s=queue_timeout, allowed_hosts=hosts, cors_origins=origins,
+                            access_log=not quiet)
             where = "in a process of its own" if two_processes else "in the engine's process"
             stderr.print(f"serving {name!r} on http://{host}:{port}/v1 (context {server.context} tokens, "
                          f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}, {where}); "

@@ -23,6 +23,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rocmforge_serve import metrics
+from rocmforge_serve.access_log import AccessLog
+from rocmforge_serve.tokenize_routes import detokenize_body, model_card, tokenize_body
 from rocmforge_serve.api_errors import ApiError, server_error, unavailable
 from rocmforge_serve.engine_loop import EngineStopped
 from rocmforge_serve.generation import ClientGone, ServedModel, start_generation
@@ -61,8 +63,9 @@ def client_left(request: Request, exc: ClientGone) -> Response:
 
 
 def create_app(served: ServedModel, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               on_startup=None, on_shutdown=None, policy: HostPolicy | None = None) -> Starlette:
-    """policy: the Host / Origin rules (request_guard.py); None: a server on loopback with no extra names."""
+               on_startup=None, on_shutdown=None, policy: HostPolicy | None = None, access_log: bool = False) -> Starlette:
+    """policy: the Host / Origin rules (request_guard.py); None: a server on loopback with no extra names.
+    access_log: one line per request (access_log.py)."""
     key = api_key.encode("utf-8") if api_key else None
 
     def authorize(request: Request) -> None:
@@ -89,6 +92,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
             gen = await start_generation(served, call, request.receive)
         except ClientGone as exc:
             return client_left(request, exc)
+        request.state.generation = gen  # its token counts for the access log
         if call.stream:
             return StreamingResponse(stream_response(gen, chat, call.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -107,9 +111,27 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
 
     async def models(request: Request) -> Response:
         authorize(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": served.name, "object": "model", "created": served.created, "owned_by": "rocmforge",
-             "max_model_len": served.context}]})
+        return JSONResponse({"object": "list", "data": [model_card(served)]})
+
+    async def model(request: Request) -> Response:
+        authorize(request)
+        name = request.path_params["name"]
+        if name != served.name:
+            raise ApiError(404, f"the model {name[:200]!r} does not exist; this server serves {served.name!r}",
+                           param="model", code="model_not_found")
+        return JSONResponse(model_card(served))
+
+    async def tokenize(request: Request) -> Response:
+        """llama-server's /tokenize: {"content", "add_special", "with_pieces"} -> {"tokens"}."""
+        authorize(request)
+        body = parse_json_body(await read_body(request, max_body_bytes))
+        return JSONResponse(await asyncio.to_thread(tokenize_body, served, body))
+
+    async def detokenize(request: Request) -> Response:
+        """llama-server's /detokenize: {"tokens"} -> {"content"}."""
+        authorize(request)
+        body = parse_json_body(await read_body(request, max_body_bytes))
+        return JSONResponse(detokenize_body(served, body))
 
     async def health(request: Request) -> Response:
         """Liveness (vLLM's /health): 200 while the server runs, busy, full or draining; 503 once its engine has
@@ -154,6 +176,9 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
 
     routes = [
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
@@ -170,7 +195,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_body_byte
             on_shutdown()
 
     policy = policy or HostPolicy("127.0.0.1")
-    middleware = [Middleware(RequestGuard, policy=policy)]
+    middleware = [Middleware(AccessLog, enabled=access_log), Middleware(RequestGuard, policy=policy)]
     if policy.cors_origins:  # preflights and the response headers of the origins allowed (the guard refused the rest)
         middleware.append(Middleware(CORSMiddleware, allow_origins=["*"] if "*" in policy.cors_origins else
                                      list(policy.cors_origins), allow_methods=["GET", "POST"],

@@ -68,6 +68,8 @@ class Generation:
     cached_tokens: int = 0  # of the prompt, found in the prefix cache (the final event says)
     ending: Ending | None = None
     first: Event | None = None
+    choices: int = 1  # n: parallel samples, events told apart by seq_index
+    max_tokens: int = 0
     tools: ToolRequest | None = None  # the request's tools when calls are parsed from its answer
     tool_format: str | None = None
     _done: bool = field(default=False)
@@ -235,6 +237,9 @@ async def start_generation(served: ServedModel, request: GenerationRequest, rece
     max_tokens = request.max_tokens if request.max_tokens is not None else served.context - len(ids)
     ignore_eos = served.ignore_eos if request.ignore_eos is None else request.ignore_eos
     params = check_sampling({**request.sampling, "ignore_eos": ignore_eos, "grammar": grammar}, max_tokens)
+    if params.n > served.max_seqs:
+        raise bad_request(f"n is {params.n}, more than the {served.max_seqs} sequences the server runs at once "
+                          "(serve --parallel)", param="n")
     sink = AsyncSink(asyncio.get_running_loop())
     disconnected = asyncio.ensure_future(watch_disconnect(receive))
     disconnected.add_done_callback(lambda _task: sink.wake())  # a handler waiting for events learns at once
@@ -248,6 +253,7 @@ async def start_generation(served: ServedModel, request: GenerationRequest, rece
         disconnected.cancel()
         raise exc if isinstance(exc, ApiError) else bad_request(str(exc)) from None
     generation = Generation(served, rid, sink, disconnected, prompt_tokens=len(ids),
+                            choices=params.n, max_tokens=params.max_tokens,
                             tools=request.tools if fmt is not None else None, tool_format=fmt)
     try:
         # Wait for the first event before answering, so a rejection or a fault gets its own status code.

@@ -184,7 +184,7 @@ def serve_http(served: ServedModel, conn, sock, settings: dict) -> None:
             served.templates.close()
 
     app = create_app(served, api_key=settings["api_key"], max_body_bytes=settings["max_body_bytes"], policy=settings["policy"],
-                     on_startup=lambda: client.attach(asyncio.get_running_loop()), on_shutdown=stopped)
+                     access_log=settings.get("access_log", False), on_startup=lambda: client.attach(asyncio.get_running_loop()), on_shutdown=stopped)
     server = SignalledUvicorn(uvicorn_config(app, **settings["uvicorn"]), signals=(signal.SIGTERM,), served=served,
                               grace_s=settings["grace_s"])
     client.on_lost = lambda: setattr(server, "should_exit", True)

@@ -20,6 +20,7 @@ from rocmforge_serve.tool_calls import ToolRequest, parse_tools
 MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt the context can hold, far below a memory hazard
 MAX_MESSAGES = 1024
 MAX_PROMPT_IDS = 1 << 20
+MAX_CHOICES = 16  # n: choices of one request (each a sequence of the engine's running batch)
 
 
 @dataclass
@@ -71,9 +72,9 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
         max_tokens = _optional(body, "max_tokens", int)
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-    n = _optional(body, "n", int)
-    if n not in (None, 1):
-        raise bad_request(f"n must be 1 (one choice per request), got {n}", param="n")
+    n = _optional(body, "n", int) or 1
+    if not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"n must be between 1 and {MAX_CHOICES}, got {n}", param="n")
     for unsupported in ("logprobs", "echo", "functions", "logit_bias", "best_of", "suffix"):
         value = body.get(unsupported)
         if value not in (None, False, 0, [], {}) and not (unsupported == "best_of" and value == 1):
@@ -95,6 +96,7 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
         "repeat_last_n": -1,  # OpenAI's penalties count every generated token so far
         "seed": _optional(body, "seed", int),
         "stop": _stop(body),
+        "n": n,  # parallel samples: they share the prompt's KV blocks (the engine forks the sequence)
     }
     if sampling["top_k"] < 0:  # vLLM's -1 means off, as our 0 does
         sampling["top_k"] = 0
@@ -104,6 +106,9 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
     tools = parse_tools(body) if chat else None
     if not chat and body.get("tools"):
         raise bad_request("tools are for /v1/chat/completions", param="tools", code="unsupported")
+    if tools is not None and tools.active and n > 1:
+        raise bad_request("n > 1 with tools is not supported: one choice per request with tools", param="n",
+                          code="unsupported")
     if tools is not None and tools.forced and constraint is not None:
         raise bad_request(f"tool_choice {tools.choice!r} and {constraint_param.split('.')[0]} both constrain the "
                           "output; send one", param="tool_choice")

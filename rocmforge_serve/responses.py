@@ -36,31 +36,44 @@ def _envelope(gen: Generation, chat: bool, choices: list, stream: bool) -> dict:
 _run_id = uuid.uuid4().hex[:8]  # request ids restart with the process; this keeps response ids unique
 
 
+def _choice_reason(gen: Generation, final_reason: str, tokens: int) -> str:
+    """One of n choices' finish reason: the engine's final event tells the request's; a choice that generated
+    max_tokens tokens was cut there (an end-of-generation token is never counted), any other one stopped."""
+    if gen.choices == 1:
+        return final_reason
+    return "length" if tokens >= gen.max_tokens else "stop"
+
+
 async def whole_response(gen: Generation, chat: bool) -> dict:
     """Collect every event, then one JSON body (the caller maps an error ending to its status)."""
-    pieces = []
+    pieces = [[] for _ in range(gen.choices)]
+    tokens = [0] * gen.choices
     final = None
     async for event in gen.events():
-        pieces.append(event.text)
+        pieces[event.seq_index].append(event.text)
+        tokens[event.seq_index] += len(event.token_ids)
         if event.finished:
             final = event
     error = error_for_ending(final)
     if error is not None:
         raise error
-    text = "".join(pieces)
-    reason = FINISH_REASON[final.ending]
+    final_reason = FINISH_REASON[final.ending]
+    choices = [_whole_choice(gen, chat, i, "".join(pieces[i]), _choice_reason(gen, final_reason, tokens[i]))
+               for i in range(gen.choices)]
+    body = _envelope(gen, chat, choices, stream=False)
+    body["usage"] = _usage(gen)
+    return body
+
+
+def _whole_choice(gen: Generation, chat: bool, index: int, text: str, reason: str) -> dict:
     if chat:
         message = {"role": "assistant", "content": text}
         if gen.tools is not None:
             content, calls = parse_calls(gen.tool_format, text, gen.tools.tools)
             if calls:
                 message, reason = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-        choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None}
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
-    body = _envelope(gen, chat, [choice], stream=False)
-    body["usage"] = _usage(gen)
-    return body
+        return {"index": index, "message": message, "finish_reason": reason, "logprobs": None}
+    return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
 
 
 def _sse(payload: dict | str) -> bytes:
@@ -109,6 +122,39 @@ class ChunkEncoder:
         return _sse({**self.envelope, "choices": [], "usage": _usage(gen)})
 
 
+async def _choices_stream(gen: Generation, encoder: ChunkEncoder, include_usage: bool) -> AsyncIterator[bytes]:
+    """n > 1: each event's chunk names its choice (index); the finish reasons of every choice come at the end."""
+    tokens = [0] * gen.choices
+    chat = encoder.chat
+    async for batch in gen.event_batches():
+        out = []
+        for event in batch:
+            tokens[event.seq_index] += len(event.token_ids)
+            if event.finished:
+                error = error_for_ending(event)
+                if error is not None:
+                    out.append(_sse(error.body()))
+                else:
+                    final_reason = FINISH_REASON[event.ending]
+                    for index in range(gen.choices):
+                        out.append(_sse({**encoder.envelope, "choices": [_stream_choice(
+                            chat, index, "", _choice_reason(gen, final_reason, tokens[index]))]}))
+                if include_usage and error is None:
+                    out.append(encoder.usage(gen))
+                out.append(_sse("[DONE]"))
+                break
+            if event.text:
+                out.append(_sse({**encoder.envelope, "choices": [_stream_choice(chat, event.seq_index, event.text)]}))
+        if out:
+            yield b"".join(out)
+
+
+def _stream_choice(chat: bool, index: int, text: str, reason: str | None = None) -> dict:
+    if chat:
+        return {"index": index, "delta": {"content": text} if text else {}, "finish_reason": reason, "logprobs": None}
+    return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+
+
 async def _tool_call_stream(gen: Generation, encoder: ChunkEncoder, include_usage: bool) -> AsyncIterator[bytes]:
     """A chat answer that may hold tool calls: the text is held until the end (a call is only known as one when
     it is whole), then sent as content and/or one tool_calls delta per call, as OpenAI streams them."""
@@ -149,10 +195,15 @@ async def stream_response(gen: Generation, chat: bool, include_usage: bool) -> A
     encoder = ChunkEncoder(gen, chat)
     try:
         if chat:
-            yield _sse({**encoder.envelope, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                         "finish_reason": None, "logprobs": None}]})
+            yield b"".join(_sse({**encoder.envelope, "choices": [{
+                "index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                "logprobs": None}]}) for index in range(gen.choices))
         if gen.tools is not None:
             async for chunk in _tool_call_stream(gen, encoder, include_usage):
+                yield chunk
+            return
+        if gen.choices > 1:
+            async for chunk in _choices_stream(gen, encoder, include_usage):
                 yield chunk
             return
         async for batch in gen.event_batches():

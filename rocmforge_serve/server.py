@@ -69,7 +69,7 @@ class Server:
                  api_key: str | None = None, grace_s: float = 10.0, max_body_bytes: int | None = None,
                  log_level: str = "warning", ignore_eos: bool = False, http_process: bool = False,
                  queue_timeout_s: float | None = 300.0, allowed_hosts: tuple[str, ...] = (),
-                 cors_origins: tuple[str, ...] = (), limits: ConnectionLimits | None = None):
+                 cors_origins: tuple[str, ...] = (), limits: ConnectionLimits | None = None, access_log: bool = False):
         self.loaded = loaded
         self.grace_s = grace_s
         self.http_process = http_process
@@ -84,12 +84,14 @@ class Server:
         if http_process:
             self.served = served  # pickled to the HTTP process, which attaches its EngineClient
             self._http_settings = {"api_key": api_key, "max_body_bytes": max_body_bytes or MAX_BODY_BYTES,
-                                   "uvicorn": uvicorn_settings, "policy": policy, "grace_s": grace_s}
+                                   "uvicorn": uvicorn_settings, "policy": policy, "grace_s": grace_s,
+                                   "access_log": access_log}
             self.uvicorn = None
         else:
             self.served = attach(served, self.engine_loop)
             extra = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
-            self.app = create_app(self.served, api_key=api_key, on_shutdown=self.shutdown_check, policy=policy, **extra)
+            self.app = create_app(self.served, api_key=api_key, on_shutdown=self.shutdown_check, policy=policy,
+                                  access_log=access_log, **extra)
             self.uvicorn = SignalledUvicorn(uvicorn_config(self.app, **uvicorn_settings), served=self.served, grace_s=grace_s)
         self.bridge: EngineBridge | None = None
         self.http_pid: int | None = None

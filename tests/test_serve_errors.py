@@ -55,7 +55,7 @@ BAD_BODIES = [
     (b'{"prompt": "hi", "stream": "yes"}', 400, "stream"),
     (b'{"prompt": 42}', 400, "prompt"),
     (b'{"prompt": [1, 99999]}', 400, "prompt"),
-    (b'{"prompt": "hi", "n": 3}', 400, "n"),
+    (b'{"prompt": "hi", "n": 17}', 400, "n"),
     (b'{"prompt": "hi", "model": "gpt-4"}', 404, "model"),
     (b"[" * 100000 + b"]" * 100000, 413, None),  # past the 64 KiB cap of this server
 ]

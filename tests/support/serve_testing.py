@@ -40,7 +40,7 @@ def fault_hooks() -> EngineHooks:
 @contextlib.contextmanager
 def live_server(model_path, *, api_key=None, max_queue=16, max_body_bytes=None, grace_s=2.0, ignore_eos=False,
                 http_process=False, queue_timeout_s=300.0, allowed_hosts=(), cors_origins=(),
-                limits=None, **load_options):
+                limits=None, access_log=False, **load_options):
     """http_process: the HTTP layer in a spawned process of its own, as `rocmforge serve` runs it (the engine
     and its fault hooks stay in this process)."""
     loaded = load_tiny(model_path, hooks=fault_hooks(), **load_options)
@@ -48,7 +48,7 @@ def live_server(model_path, *, api_key=None, max_queue=16, max_body_bytes=None, 
         server = Server(loaded, name=MODEL_NAME, max_queue=max_queue, api_key=api_key, grace_s=grace_s,
                         max_body_bytes=max_body_bytes, ignore_eos=ignore_eos, http_process=http_process,
                         queue_timeout_s=queue_timeout_s, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
-                        limits=limits)
+                        limits=limits, access_log=access_log)
         with ServerThread(server) as live:
             yield live
     finally:
