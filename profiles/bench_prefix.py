@@ -7,7 +7,8 @@ t's prompt is the whole conversation so far. All C requests of a turn are submit
 server would send them, and the turn ends when all have answered. Per turn: time to first token (submission to the
 first token on the host: the queue, the prompt's steps and the first sample), p50 and p99 over the C requests, and
 the share of prompt tokens the cache held. Over the run: tokens per second, prompt and generated tokens over the
-wall time of all turns. A short warm-up load runs first (kernels load, graphs are captured), both ways.
+wall time of all turns. Before either run, serve's warm-up (hipcore/engine/warmup.py: every decode batch-size class,
+the prompt-step shapes) and two turns of the load both ways, so that neither run pays a first use the other does not.
 
 Both runs use the same random user tokens (one seed); the replies are each run's own greedy tokens.
 """
@@ -21,6 +22,7 @@ import numpy as np
 
 from hipcore.engine.engine import Engine
 from hipcore.engine.sampler import SamplingParams
+from hipcore.engine.warmup import warm_up
 from hipcore.errors import UsageError
 
 GPU_CHAT = dict(conversations=32, turns=8, turn_tokens=200, reply_tokens=32)
@@ -47,7 +49,7 @@ class ChatLoad:
         return -(-(self.turns * (self.turn_tokens + self.reply_tokens) + 2) // 64) * 64
 
     def warm_up(self) -> "ChatLoad":
-        return ChatLoad(min(self.conversations, 4), 2, self.turn_tokens, min(self.reply_tokens, 4), self.seed + 1)
+        return ChatLoad(self.conversations, 2, self.turn_tokens, min(self.reply_tokens, 4), self.seed + 1)
 
 
 @dataclass
@@ -189,6 +191,8 @@ def run_prefix_reuse(loaded, load: ChatLoad, *, tokenizer, say=lambda _m: None) 
     """Warm up, then the load with the prefix cache and without."""
     load.validate()
     say("prefix reuse: warm-up")
+    loaded.cache.set_prefix_caching(False)
+    warm_up(loaded.engine, load.conversations)
     for caching in (True, False):
         run_chat_load(loaded, load.warm_up(), prefix_caching=caching, tokenizer=tokenizer)
     say("prefix reuse: with the prefix cache")
