@@ -155,8 +155,10 @@ class Chat:
     def _read(self) -> str:
         if not self.color:
             return self.read_line("> ")
-        try:  # \001 \002 tell readline the colour codes take no room on the line
-            return self.read_line(f"\001{USER_INPUT_COLOR}\002> ")
+        # with readline (stdin a terminal), \001 \002 tell it the colour codes take no room on the line
+        color = f"\001{USER_INPUT_COLOR}\002" if sys.stdin.isatty() else USER_INPUT_COLOR
+        try:
+            return self.read_line(f"{color}> ")
         finally:
             self._write(RESET_COLOR)
 

@@ -4,6 +4,7 @@ it at a step's end, the request cancelled and its blocks back, the chat going on
 
 from __future__ import annotations
 
+import io
 import os
 import pty
 import select
@@ -19,6 +20,7 @@ from support.engine_testing import greedy, load_tiny, tiny_model
 from hipcore.tokenizer.chat_template import chat_prompt, chat_template_from_metadata
 from rocmforge_cli.app import app
 from rocmforge_cli.chat import Chat
+from rocmforge_cli.stream_text import RESET_COLOR, USER_INPUT_COLOR
 
 runner = CliRunner()
 
@@ -223,3 +225,12 @@ def test_each_turn_takes_the_conversation_so_far_from_the_prefix_cache(tiny, mon
         # the second turn found every full block of the first turn's prompt (its answer's blocks too, but one)
         assert profile.prefix_hit_tokens >= len(first) // 4 * 4 > 0
         assert profile.prefix_query_tokens == len(first) + len(second)
+
+
+def test_color_marks_the_input_and_resets_after_it(model, monkeypatch):
+    out = io.StringIO()
+    lines = Lines("hi", "/exit")
+    chat, _, _ = chat_with(model, monkeypatch, lines, color=True, out=out)
+    chat.run()
+    assert lines.markers == [f"{USER_INPUT_COLOR}> "] * 2  # stdin is no terminal here: no readline markers
+    assert out.getvalue().startswith(RESET_COLOR) and "\x1b[" not in out.getvalue().replace(RESET_COLOR, "")
