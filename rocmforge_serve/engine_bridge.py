@@ -9,7 +9,7 @@ reader, which sleeps in the pipe's recv until a message comes (a submit, a cance
 Messages, each a tuple whose first item names it (pickled by multiprocessing's Connection):
   HTTP -> engine: ("submit", id, prompt_ids, params, tag), ("cancel", id, reason or None), ("state", token),
   ("started",)
-  engine -> HTTP: ("events", [(id, seq_index, token_ids, text, finished, ending value, error, cached tokens), ...]) once a
+  engine -> HTTP: ("events", [(id, seq_index, token_ids, text, finished, ending value, error, cached tokens, logprobs), ...]) once a
   step for every request of the HTTP process, ("refused", id, status, message), ("state", token, dict),
   ("fault", message) when the engine's loop stopped on a fault (the HTTP side's /health needs no round trip).
 Ids are the HTTP process's own; the bridge keeps each one's BridgeSink, which holds the engine's id. When
@@ -39,7 +39,7 @@ def event_fields(client_id: int, event: Event) -> tuple:
     """An Event as plain data for the pipe (a tuple pickles in a fraction of a dataclass's time)."""
     ending = event.ending.value if event.ending is not None else None
     return (client_id, event.seq_index, event.token_ids, event.text, event.finished, ending, event.error,
-            event.cached_tokens)
+            event.cached_tokens, event.logprobs)
 
 
 class BridgeSink:

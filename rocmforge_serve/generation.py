@@ -69,6 +69,7 @@ class Generation:
     ending: Ending | None = None
     first: Event | None = None
     choices: int = 1  # n: parallel samples, events told apart by seq_index
+    logprobs: int | None = None  # SamplingParams.logprobs: the events carry them
     max_tokens: int = 0
     tools: ToolRequest | None = None  # the request's tools when calls are parsed from its answer
     tool_format: str | None = None
@@ -253,7 +254,7 @@ async def start_generation(served: ServedModel, request: GenerationRequest, rece
         disconnected.cancel()
         raise exc if isinstance(exc, ApiError) else bad_request(str(exc)) from None
     generation = Generation(served, rid, sink, disconnected, prompt_tokens=len(ids),
-                            choices=params.n, max_tokens=params.max_tokens,
+                            choices=params.n, max_tokens=params.max_tokens, logprobs=params.logprobs,
                             tools=request.tools if fmt is not None else None, tool_format=fmt)
     try:
         # Wait for the first event before answering, so a rejection or a fault gets its own status code.

@@ -132,11 +132,11 @@ class EngineClient:
         kind = message[0]
         if kind == "events":
             sinks = self._sinks
-            for client_id, seq_index, token_ids, text, finished, ending, error, cached in message[1]:
+            for client_id, seq_index, token_ids, text, finished, ending, error, cached, logprobs in message[1]:
                 sink = sinks.pop(client_id, None) if finished else sinks.get(client_id)
                 if sink is not None:
                     sink.put(Event(client_id, seq_index, token_ids, text, finished,
-                                   Ending(ending) if ending is not None else None, error, cached))
+                                   Ending(ending) if ending is not None else None, error, cached, logprobs))
         elif kind == "refused":  # the engine would not take it: 400 (its rules) or 503 (not serving)
             _, client_id, status, text = message
             sink = self._sinks.pop(client_id, None)

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from hipcore.engine.sampler import MAX_STOP_STRINGS, SamplingParams
+from hipcore.engine.sampler import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
 from hipcore.errors import UsageError
 from rocmforge_serve.api_errors import ApiError, bad_request
 from rocmforge_serve.tool_calls import ToolRequest, parse_tools
@@ -75,7 +75,7 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
     n = _optional(body, "n", int) or 1
     if not 1 <= n <= MAX_CHOICES:
         raise bad_request(f"n must be between 1 and {MAX_CHOICES}, got {n}", param="n")
-    for unsupported in ("logprobs", "echo", "functions", "logit_bias", "best_of", "suffix"):
+    for unsupported in ("echo", "functions", "logit_bias", "best_of", "suffix"):
         value = body.get(unsupported)
         if value not in (None, False, 0, [], {}) and not (unsupported == "best_of" and value == 1):
             raise bad_request(f"{unsupported} is not supported by this server", param=unsupported, code="unsupported")
@@ -96,6 +96,7 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
         "repeat_last_n": -1,  # OpenAI's penalties count every generated token so far
         "seed": _optional(body, "seed", int),
         "stop": _stop(body),
+        "logprobs": _logprobs(body, chat),
         "n": n,  # parallel samples: they share the prompt's KV blocks (the engine forks the sequence)
     }
     if sampling["top_k"] < 0:  # vLLM's -1 means off, as our 0 does
@@ -114,6 +115,25 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
                           "output; send one", param="tool_choice")
     return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage, ignore_eos,
                              constraint, constraint_param, tools)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """SamplingParams.logprobs: chat's logprobs (a boolean) with top_logprobs (0-20), completions' logprobs (0-5)."""
+    if chat:
+        wanted = _optional(body, "logprobs", bool)
+        top = _optional(body, "top_logprobs", int)
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {top}", param="top_logprobs")
+        if top is not None and not wanted:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (top or 0) if wanted else None
+    value = body.get("logprobs")
+    if value is None or value is False:
+        return None
+    value = _optional(body, "logprobs", int)
+    if not 0 <= value <= 5:
+        raise bad_request(f"logprobs must be between 0 and 5, got {value}", param="logprobs")
+    return value
 
 
 def _constraint(body: dict) -> tuple[dict | None, str | None]:

@@ -14,6 +14,7 @@ from typing import AsyncIterator
 
 from hipcore.engine.request import Ending
 from rocmforge_serve.generation import ClientGone, Generation, error_for_ending
+from rocmforge_serve.logprobs_format import chat_logprobs, completion_logprobs, event_logprobs
 from rocmforge_serve.tool_calls import parse_calls
 
 log = logging.getLogger("rocmforge.serve")
@@ -48,10 +49,12 @@ async def whole_response(gen: Generation, chat: bool) -> dict:
     """Collect every event, then one JSON body (the caller maps an error ending to its status)."""
     pieces = [[] for _ in range(gen.choices)]
     tokens = [0] * gen.choices
+    logprobs = [[] for _ in range(gen.choices)]
     final = None
     async for event in gen.events():
         pieces[event.seq_index].append(event.text)
         tokens[event.seq_index] += len(event.token_ids)
+        logprobs[event.seq_index] += event_logprobs(event)
         if event.finished:
             final = event
     error = error_for_ending(final)
@@ -60,6 +63,10 @@ async def whole_response(gen: Generation, chat: bool) -> dict:
     final_reason = FINISH_REASON[final.ending]
     choices = [_whole_choice(gen, chat, i, "".join(pieces[i]), _choice_reason(gen, final_reason, tokens[i]))
                for i in range(gen.choices)]
+    if gen.logprobs is not None:
+        tokenizer = gen.served.tokenizer
+        for choice, taken in zip(choices, logprobs):
+            choice["logprobs"] = chat_logprobs(tokenizer, taken) if chat else completion_logprobs(tokenizer, taken)
     body = _envelope(gen, chat, choices, stream=False)
     body["usage"] = _usage(gen)
     return body
@@ -123,9 +130,12 @@ class ChunkEncoder:
 
 
 async def _choices_stream(gen: Generation, encoder: ChunkEncoder, include_usage: bool) -> AsyncIterator[bytes]:
-    """n > 1: each event's chunk names its choice (index); the finish reasons of every choice come at the end."""
+    """n > 1 or logprobs: each event's chunk names its choice (index) and carries its tokens' log-probabilities;
+    the finish reasons of every choice come at the end."""
     tokens = [0] * gen.choices
+    offsets = [0] * gen.choices
     chat = encoder.chat
+    tokenizer = gen.served.tokenizer
     async for batch in gen.event_batches():
         out = []
         for event in batch:
@@ -143,8 +153,14 @@ async def _choices_stream(gen: Generation, encoder: ChunkEncoder, include_usage:
                     out.append(encoder.usage(gen))
                 out.append(_sse("[DONE]"))
                 break
-            if event.text:
-                out.append(_sse({**encoder.envelope, "choices": [_stream_choice(chat, event.seq_index, event.text)]}))
+            taken = event_logprobs(event) if gen.logprobs is not None else []
+            if event.text or taken:
+                choice = _stream_choice(chat, event.seq_index, event.text)
+                if taken:
+                    choice["logprobs"] = chat_logprobs(tokenizer, taken) if chat else completion_logprobs(
+                        tokenizer, taken, offsets[event.seq_index])
+                offsets[event.seq_index] += len(event.text)
+                out.append(_sse({**encoder.envelope, "choices": [choice]}))
         if out:
             yield b"".join(out)
 
@@ -202,7 +218,7 @@ async def stream_response(gen: Generation, chat: bool, include_usage: bool) -> A
             async for chunk in _tool_call_stream(gen, encoder, include_usage):
                 yield chunk
             return
-        if gen.choices > 1:
+        if gen.choices > 1 or gen.logprobs is not None:
             async for chunk in _choices_stream(gen, encoder, include_usage):
                 yield chunk
             return

@@ -4,6 +4,7 @@ the official OpenAI client and httpx against a live server (cpu backend, the tin
 from __future__ import annotations
 
 import logging
+import math
 
 import httpx
 import openai
@@ -88,3 +89,49 @@ def test_no_access_lines_when_off(tmp_path_factory, caplog):
         with caplog.at_level(logging.INFO, logger="rocmforge.serve.access"):
             httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=30)
     assert not [r for r in caplog.records if r.name == "rocmforge.serve.access"]
+
+
+def test_chat_logprobs_are_the_samplers_distribution(client):
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=5, temperature=0, logprobs=True, top_logprobs=20,
+                                           extra_body={"ignore_eos": True})
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == 5
+    assert bytes(b for e in entries for b in e.bytes).decode("utf-8", "replace") == reply.choices[0].message.content
+    for entry in entries:
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert len(tops) == 20 and tops == sorted(tops, reverse=True) and all(v <= 0 for v in tops)
+        assert entry.top_logprobs[0].token == entry.token and entry.logprob == tops[0]  # greedy: the most likely
+        assert sum(math.exp(v) for v in tops) <= 1 + 1e-9
+
+
+def test_logprobs_under_a_grammar_are_over_the_allowed_tokens(live):
+    """The mask is part of the sampler's distribution: the allowed tokens' probabilities sum to 1."""
+    reply = httpx.post(live.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "?"}], "max_tokens": 4, "temperature": 1.0, "seed": 2,
+        "logprobs": True, "top_logprobs": 20, "grammar": 'root ::= "yes" | "no"'}, timeout=60).json()
+    first = reply["choices"][0]["logprobs"]["content"][0]
+    assert all(t["token"] and ("yes".startswith(t["token"]) or "no".startswith(t["token"])) for t in first["top_logprobs"])
+    assert abs(sum(math.exp(t["logprob"]) for t in first["top_logprobs"]) - 1.0) < 1e-6
+
+
+def test_completion_logprobs_and_streamed_ones(client):
+    kwargs = dict(model=MODEL_NAME, prompt="a b", max_tokens=4, temperature=0, logprobs=3,
+                  extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs).choices[0]
+    assert len(whole.logprobs.tokens) == len(whole.logprobs.token_logprobs) == 4
+    assert all(len(top) <= 3 and max(top.values()) == lp
+               for top, lp in zip(whole.logprobs.top_logprobs, whole.logprobs.token_logprobs))
+    assert whole.logprobs.text_offset[0] == 0 and whole.logprobs.text_offset == sorted(whole.logprobs.text_offset)
+    streamed = [c.choices[0].logprobs for c in client.completions.create(stream=True, **kwargs)
+                if c.choices and c.choices[0].logprobs]
+    assert [lp for part in streamed for lp in part.token_logprobs] == whole.logprobs.token_logprobs
+
+
+@pytest.mark.parametrize("body, param", [({"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                                           "top_logprobs": 21}, "top_logprobs"),
+                                         ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+                                          "top_logprobs")])
+def test_bad_logprobs_are_400s(live, body, param):
+    reply = httpx.post(live.url + "/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param

@@ -406,7 +406,9 @@ class Engine:
             seq.tokens.append(token)
             delta = checker.push(token, seq.decoder.feed(token))
         if delta or not end_of_generation:  # (the checker put delta in seq.output)
-            event = Event(request.request_id, request.seqs.index(seq), () if end_of_generation else (token,), delta)
+            logprobs = seq.sampler.logprobs if seq.sampler.params.logprobs is not None and not end_of_generation else None
+            event = Event(request.request_id, request.seqs.index(seq), () if end_of_generation else (token,), delta,
+                          logprobs=logprobs)
             events.append(event)
             request.events.put(event)
         if checker.reason is not None:

@@ -110,12 +110,15 @@ class Event:
     ending: Ending | None = None
     error: str | None = None
     cached_tokens: int = 0  # the final event's: prompt tokens found in the prefix cache (FinishedRecord's)
+    # With SamplingParams.logprobs: the token's log-probability and the top ones [(id, logprob)] (Sampler.logprobs)
+    logprobs: tuple | None = None
 
     # The engine makes one per token per sequence. The __init__ that frozen=True generates sets each field
     # through object.__setattr__ (~1.2 us for seven); storing into __dict__ takes ~0.3 us. dataclass keeps an
     # __init__ the class defines, and frozen still refuses every later assignment.
     def __init__(self, request_id: int, seq_index: int, token_ids: tuple[int, ...] = (), text: str = "",
-                 finished: bool = False, ending: Ending | None = None, error: str | None = None, cached_tokens: int = 0):
+                 finished: bool = False, ending: Ending | None = None, error: str | None = None, cached_tokens: int = 0,
+                 logprobs: tuple | None = None):
         fields = self.__dict__
         fields["request_id"] = request_id
         fields["seq_index"] = seq_index
@@ -125,6 +128,7 @@ class Event:
         fields["ending"] = ending
         fields["error"] = error
         fields["cached_tokens"] = cached_tokens
+        fields["logprobs"] = logprobs
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ MAX_STOP_STRINGS = 16
 _INT32_MAX = 2**31 - 1
 UNIFORM_BATCH = 64  # Sampler.next_uniform's draws per generator call
 MAX_STOP_STRING_CHARS = 256
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class SamplingParams:
     # A constraint's grammar in llguidance's text (hipcore/engine/grammar.py, compile_grammar): each step's
     # logits are masked to the tokens it allows before the chain above. None: unconstrained.
     grammar: str | None = None
+    # Log-probabilities of each sampled token and of the `logprobs` most likely ones (0: the sampled token's
+    # alone; OpenAI's top_logprobs, at most MAX_LOGPROBS), from the distribution sample() draws from. None: off.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept any sequence of stop strings but store a tuple, so the params stay hashable.
@@ -84,6 +88,8 @@ class SamplingParams:
             _check_int("seed", self.seed, low=0, high=(1 << 64) - 1, hint="leave it out for a random seed")
         _check_int("max_tokens", self.max_tokens, low=1, high=1 << 31, hint="the number of tokens to generate")
         _check_int("n", self.n, low=1, high=1024, hint="the number of parallel samples")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS, hint="the most likely tokens reported")
         if not isinstance(self.ignore_eos, bool):
             raise UsageError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -166,7 +172,9 @@ class Sampler:
         # top_k capped at int32's largest (the device reads it as a float; only a greedy row, which ignores it,
         # can hold more and still be samplable on the device).
         # A constrained row samples on the host: its mask is computed on the host every step.
-        self.device_samplable = device_samplable(params) and constraint is None
+        # Log-probabilities need the row's logits on the host too.
+        self.device_samplable = device_samplable(params) and constraint is None and params.logprobs is None
+        self.logprobs: tuple | None = None  # the last sampled token's (logprob, [(id, logprob)...]) with params.logprobs
         self.greedy = params.greedy
         self.device_row = (0.0 if params.greedy else float(params.temperature), min(int(params.top_k), _INT32_MAX),
                            float(params.top_p), float(params.min_p))
@@ -181,7 +189,7 @@ class Sampler:
             logits = self.constraint.mask(logits)
         logits = apply_penalties(logits, history, params)
         if params.greedy:
-            return self._accepted(int(np.argmax(logits)))
+            return self._accepted(int(np.argmax(logits)), logits)
         ids = np.arange(logits.shape[0], dtype=np.int64)
         kept = logits.astype(np.float32, copy=False)
         if self.constraint is not None:  # only the tokens the grammar allows are candidates
@@ -195,11 +203,13 @@ class Sampler:
         # One uniform draw against the cumulative distribution: reproducible for a given seed.
         cumulative = np.cumsum(probs)
         pick = int(np.searchsorted(cumulative, self.next_uniform() * cumulative[-1], side="right"))
-        return self._accepted(int(ids[min(pick, ids.shape[0] - 1)]))
+        return self._accepted(int(ids[min(pick, ids.shape[0] - 1)]), logits)
 
-    def _accepted(self, token: int) -> int:
+    def _accepted(self, token: int, logits: np.ndarray) -> int:
         if self.constraint is not None:
             self.constraint.accept(token)
+        if self.params.logprobs is not None:
+            self.logprobs = token_logprobs(logits, token, self.params.logprobs)
         return token
 
     def next_uniform(self) -> float:
@@ -212,6 +222,23 @@ class Sampler:
         if not drawn:
             drawn += reversed(self._rng.random(UNIFORM_BATCH).tolist())
         return drawn.pop()
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple:
+    """(the token's log-probability, [(id, logprob)] of the `top` most likely, most likely first) under the
+    distribution the sampler draws from before its filters: the model's logits after the penalties and the
+    grammar's mask, at temperature 1 (vLLM's and OpenAI's convention: the filters change which token is drawn, not
+    the reported probabilities)."""
+    row = np.asarray(logits, dtype=np.float64)
+    finite = row[np.isfinite(row)]
+    peak = finite.max()
+    log_total = peak + math.log(np.exp(finite - peak).sum())
+    chosen = float(row[token] - log_total)
+    if top == 0:
+        return chosen, ()
+    best = np.argpartition(-row, min(top, row.shape[0] - 1))[:top]
+    best = best[np.argsort(-row[best], kind="stable")]
+    return chosen, tuple((int(i), float(row[i] - log_total)) for i in best if np.isfinite(row[i]))
 
 
 def device_samplable(params: SamplingParams) -> bool:
