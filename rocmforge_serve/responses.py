@@ -14,6 +14,8 @@ from typing import AsyncIterator
 
 from hipcore.engine.request import Ending
 from rocmforge_serve.generation import ClientGone, Generation, error_for_ending
+from rocmforge_serve import harmony
+from rocmforge_serve.harmony import is_harmony
 from rocmforge_serve.logprobs_format import chat_logprobs, completion_logprobs, event_logprobs
 from rocmforge_serve.tool_calls import parse_calls
 
@@ -75,12 +77,20 @@ async def whole_response(gen: Generation, chat: bool) -> dict:
 def _whole_choice(gen: Generation, chat: bool, index: int, text: str, reason: str) -> dict:
     if chat:
         message = {"role": "assistant", "content": text}
+        if _harmony(gen):  # gpt-oss: its analysis channel as reasoning_content
+            reasoning, text = harmony.split(text)
+            message = {"role": "assistant", "content": text, **({"reasoning_content": reasoning} if reasoning else {})}
         if gen.tools is not None:
             content, calls = parse_calls(gen.tool_format, text, gen.tools.tools)
             if calls:
                 message, reason = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
         return {"index": index, "message": message, "finish_reason": reason, "logprobs": None}
     return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+
+
+def _harmony(gen: Generation) -> bool:
+    """Whether the served model answers in harmony channels (gpt-oss's template)."""
+    return is_harmony(getattr(gen.served, "chat_template", None))
 
 
 def _sse(payload: dict | str) -> bytes:
@@ -124,6 +134,11 @@ class ChunkEncoder:
             return _sse({**self.envelope, "choices": [self._choice(text, reason)]})
         before, after = frame
         return before + _encode_string(text).encode("utf-8") + after
+
+    def reasoning(self, text: str) -> bytes:
+        """One chat chunk carrying reasoning text (gpt-oss's analysis channel) as `reasoning_content`."""
+        return _sse({**self.envelope, "choices": [{"index": 0, "delta": {"reasoning_content": text},
+                                                   "finish_reason": None, "logprobs": None}]})
 
     def usage(self, gen: Generation) -> bytes:
         return _sse({**self.envelope, "choices": [], "usage": _usage(gen)})
@@ -222,6 +237,7 @@ async def stream_response(gen: Generation, chat: bool, include_usage: bool) -> A
             async for chunk in _choices_stream(gen, encoder, include_usage):
                 yield chunk
             return
+        splitter = harmony.HarmonySplitter() if chat and _harmony(gen) else None
         async for batch in gen.event_batches():
             out = []
             ended = False
@@ -234,6 +250,12 @@ async def stream_response(gen: Generation, chat: bool, include_usage: bool) -> A
                         out.append(_sse(error.body()))
                         break
                     reason = FINISH_REASON[event.ending]
+                if splitter is not None:  # gpt-oss: reasoning and answer apart, no channel markup
+                    parts = splitter.feed(event.text) + (splitter.finish() if reason is not None else [])
+                    out += [encoder.reasoning(t) if kind == "reasoning" else encoder.text(t) for kind, t in parts]
+                    if reason is not None:
+                        out.append(encoder.text("", reason))
+                    continue
                 if not event.text and reason is None:
                     continue
                 out.append(encoder.text(event.text, reason))

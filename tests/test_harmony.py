@@ -1,0 +1,81 @@
+"""gpt-oss's harmony output split as llama.cpp's server splits it (rocmforge_serve/harmony.py): the analysis channel as
+reasoning_content, the final channel as content, no channel markup, whole and streamed in any chunking; chat answers
+of a harmony template through the response builders (a model with another template is untouched)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from hipcore.engine.request import Ending, Event
+from rocmforge_serve import responses
+from rocmforge_serve.harmony import HarmonySplitter, is_harmony, split
+
+ANSWER = ("<|channel|>analysis<|message|>The user asks for 2+2; <|it is> 4.<|start|>assistant<|channel|>final"
+          "<|message|>2 + 2 = 4 <")
+HARMONY_TEMPLATE = "{{ '<|start|>assistant<|channel|>final<|message|>' }}"
+
+
+def test_whole_answer():
+    assert split(ANSWER) == ("The user asks for 2+2; <|it is> 4.", "2 + 2 = 4 <")
+    assert split("no channels at all") == ("", "no channels at all")
+    assert split("<|channel|>final<|message|>just the answer") == ("", "just the answer")
+    assert split("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}") == ("", "{}")
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 11])
+def test_streamed_in_any_chunking_as_whole(size):
+    splitter, parts = HarmonySplitter(), []
+    for i in range(0, len(ANSWER), size):
+        parts += splitter.feed(ANSWER[i:i + size])
+    parts += splitter.finish()
+    assert ("".join(t for k, t in parts if k == "reasoning"), "".join(t for k, t in parts if k == "content")) == split(ANSWER)
+    assert not any("<|channel|>" in t or "<|message|>" in t for _, t in parts)
+
+
+def test_is_harmony():
+    assert is_harmony(HARMONY_TEMPLATE) and not is_harmony("{{ '<|im_start|>assistant' }}") and not is_harmony(None)
+
+
+class FakeGeneration:
+    def __init__(self, pieces, template):
+        self.served = SimpleNamespace(name="m", chat_template=template)
+        self.request_id, self.prompt_tokens, self.completion_tokens, self.cached_tokens = 1, 3, len(pieces), 0
+        self.tools, self.choices, self.logprobs = None, 1, None
+        self._events = [Event(1, 0, text=p) for p in pieces[:-1]] + [
+            Event(1, 0, text=pieces[-1], finished=True, ending=Ending.EOS)]
+
+    async def events(self):
+        for event in self._events:
+            yield event
+
+    async def event_batches(self):
+        yield self._events
+
+    def close(self):
+        return False
+
+
+def _pieces(text, size=4):
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def test_chat_answers_of_a_harmony_template():
+    body = asyncio.run(responses.whole_response(FakeGeneration(_pieces(ANSWER), HARMONY_TEMPLATE), chat=True))
+    message = body["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "2 + 2 = 4 <", "reasoning_content": "The user asks for 2+2; <|it is> 4."}
+
+    async def collect():
+        return [c async for c in responses.stream_response(FakeGeneration(_pieces(ANSWER), HARMONY_TEMPLATE), True, False)]
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for chunk in asyncio.run(collect())
+              for line in chunk.decode().split("\n\n") if line.startswith("data: {")]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert "".join(d.get("content", "") for d in deltas) == message["content"]
+
+
+def test_other_templates_are_untouched():
+    body = asyncio.run(responses.whole_response(FakeGeneration(_pieces(ANSWER), "{{ '<|im_start|>' }}"), chat=True))
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
