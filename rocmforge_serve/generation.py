@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from hipcore.engine.latency import LatencyHistogram
 from hipcore.engine.request import Ending, Event
-from hipcore.engine.grammar import compile_grammar, grammar_vocabulary
+from hipcore.engine.grammar import GRAMMAR_FAILURE, compile_grammar, grammar_vocabulary
 from hipcore.errors import InvalidModelError, UsageError
 from hipcore.tokenizer.chat_template import render_chat
 from rocmforge_serve.api_errors import ApiError, bad_request, server_error, unavailable
@@ -151,6 +151,9 @@ def error_for_ending(event: Event) -> ApiError | None:
     if event.ending == Ending.REJECTED:
         return bad_request(event.error or "the request can never fit the KV cache", param="max_tokens",
                            code="context_length_exceeded")
+    if event.ending == Ending.FAILED and GRAMMAR_FAILURE in (event.error or ""):
+        # the request's own constraint gave out (llguidance's parser limits: a schema whose recursion never ends)
+        return bad_request(f"the output's constraint failed: {event.error}", code="grammar_failed")
     if event.ending == Ending.CANCELLED:
         return unavailable(event.error or "the request was cancelled (the server is shutting down)")
     return server_error(f"generation failed: {event.error or event.ending}")

@@ -102,6 +102,20 @@ def test_recursive_schema_is_served(client):
         assert reply.choices[0].finish_reason == "length"
 
 
+def test_a_schema_whose_recursion_never_ends_is_a_400_in_bounded_time(live):
+    """A required property that refers to the whole schema has no finite instance: llguidance compiles it, then its
+    parser's item limit stops it at the first token; that is the request's fault (400), and the server serves on."""
+    endless = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"], "additionalProperties": False}
+    started = time.perf_counter()
+    reply = httpx.post(live.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 24, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "endless", "schema": endless}}}, timeout=60)
+    assert time.perf_counter() - started < 10
+    assert reply.status_code == 400 and "the grammar failed" in reply.json()["error"]["message"], reply.text
+    after = httpx.post(live.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=60)
+    assert after.status_code == 200
+
+
 BIG_SCHEMA = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 100}
                                                for i in range(8000)}}
 
@@ -118,6 +132,10 @@ BIG_SCHEMA = {"type": "object", "properties": {f"p{i}": {"type": "string", "desc
     ({"json_schema": {"type": "string", "pattern": "(?=a)b"}}, "json_schema", "look-around"),
     ({"json_schema": BIG_SCHEMA}, "json_schema", "at most 65,536"),
     ({"grammar": "root ::= missing"}, "grammar", "missing"),
+    ({"grammar": 'root ::= "a" root'}, "grammar", "never accepts"),
+    ({"grammar": 'root ::= item\nitem ::= "[" item "]"'}, "grammar", "never accepts"),
+    ({"json_schema": False}, "json_schema", "no value matches it"),
+    ({"json_schema": {"allOf": [{"type": "string"}, {"type": "integer"}]}}, "json_schema", "Unsatisfiable"),
     ({"grammar": 'root ::= "a"', "json_schema": {"type": "object"}}, "grammar", "send one"),
 ])
 def test_bad_constraints_are_a_400_naming_them_and_the_server_serves_on(live, extra, param, words):

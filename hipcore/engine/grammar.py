@@ -20,6 +20,7 @@ import numpy as np
 
 from hipcore.errors import UsageError
 
+GRAMMAR_FAILURE = "the grammar failed"  # how a constraint's failure while sampling begins (the server's 400 reads it)
 MAX_GRAMMAR_BYTES = 64 << 10  # a schema or grammar text: far above any tool's schema, far below a slow compile
 
 
@@ -73,8 +74,10 @@ def compile_grammar(*, json_schema: Any = None, json_object: bool = False, gbnf:
     if json_object:
         json_schema = {"type": "object"}
     if json_schema is not None:
-        if isinstance(json_schema, bool):
-            json_schema = {} if json_schema else {"not": {}}
+        if json_schema is False:
+            raise UsageError("the JSON Schema is false: no value matches it")
+        if json_schema is True:
+            json_schema = {}
         if not isinstance(json_schema, dict):
             raise UsageError("the JSON Schema must be an object")
         text = json.dumps(json_schema)
@@ -91,6 +94,7 @@ def compile_grammar(*, json_schema: Any = None, json_object: bool = False, gbnf:
             grammar = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(gbnf))
         except Exception as exc:  # the converter raises plain Exceptions for GBNF syntax errors
             raise UsageError(f"the GBNF grammar is not valid: {_first_line(exc)}") from None
+        _check_gbnf_accepts(gbnf)
         what = "the GBNF grammar"
     elif lark is not None:
         _check_size("the grammar", lark)
@@ -102,6 +106,42 @@ def compile_grammar(*, json_schema: Any = None, json_object: bool = False, gbnf:
     if is_error:
         raise UsageError(f"{what} is not supported: {_first_line(messages[0])}")
     return grammar
+
+
+def _check_gbnf_accepts(gbnf: str) -> None:
+    """UsageError when the grammar's root derives no finite text (root ::= "a" root): llguidance takes such a
+    grammar, and every answer would then run to max_tokens. A rule is productive when one of its alternatives is
+    a sequence of literals, character classes, optional repetitions and productive rules (a fixed point over the
+    rules of llguidance's own GBNF parser)."""
+    from llguidance import gbnf_to_lark as gbnf_ast
+
+    rules = gbnf_ast.GrammarParser().parse(gbnf)
+    productive: set[str] = set()
+
+    def derives(node) -> bool:
+        if isinstance(node, (gbnf_ast.LiteralNode, gbnf_ast.RegexNode)):
+            return True
+        if isinstance(node, gbnf_ast.RuleRefNode):
+            return node.name in productive
+        if isinstance(node, gbnf_ast.SequenceNode):
+            return all(derives(child) for child in node.nodes)
+        if isinstance(node, gbnf_ast.AlternativeNode):
+            return any(derives(child) for child in node.alternatives)
+        if isinstance(node, gbnf_ast.RepetitionNode):
+            return node.min_times == 0 or derives(node.node)
+        return True  # a node this check does not know: assume it derives text (never a false refusal)
+
+    changed = True
+    while changed:
+        changed = False
+        for name, rule in rules.items():
+            if name not in productive and derives(rule.alternatives):
+                productive.add(name)
+                changed = True
+    if "root" in rules and "root" not in productive:
+        stuck = sorted(set(rules) - productive)
+        raise UsageError("the GBNF grammar never accepts: no finite text matches root (rules without an end: "
+                         f"{', '.join(stuck[:8])})")
 
 
 def _first_line(error: Any) -> str:
@@ -127,10 +167,10 @@ class TokenConstraint:
         matcher = self._matcher
         matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if matcher.is_error():
-            raise RuntimeError(f"the grammar failed: {_first_line(matcher.get_error())}")
+            raise RuntimeError(f"{GRAMMAR_FAILURE}: {_first_line(matcher.get_error())}")
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size].astype(bool)
         if not allowed.any():
-            raise RuntimeError("the grammar allows no token here")
+            raise RuntimeError(f"{GRAMMAR_FAILURE}: it allows no token here")
         return allowed
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
@@ -139,7 +179,8 @@ class TokenConstraint:
 
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(int(token)):
-            raise RuntimeError(f"the grammar refused token {int(token)}: {_first_line(self._matcher.get_error())}")
+            raise RuntimeError(f"{GRAMMAR_FAILURE}: it refused token {int(token)}: "
+                               f"{_first_line(self._matcher.get_error())}")
 
     @property
     def complete(self) -> bool:
