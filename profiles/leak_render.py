@@ -102,6 +102,8 @@ def requests_table(report: LeakReport) -> Table:
     t.add_row("  cancels that raced the final step", f"{inj.get('final_step_cancels', 0):,}")
     t.add_row("parallel-sample requests (n > 1)", f"{r.get('parallel_sample_requests', 0):,}")
     t.add_row("requests preempted (preemptions)", f"{r.get('preempted_requests', 0):,} ({r.get('preemptions', 0):,})")
+    if "prefix_query_tokens" in r:  # the run's prefix cache (warm-up included), as serve's /metrics counts it
+        t.add_row("prompt tokens found in the prefix cache", f"{r['prefix_hit_tokens']:,} of {r['prefix_query_tokens']:,}")
     t.add_row("ended other than planned", f"{r.get('unexpected', 0):,}")
     t.add_row("dropped by the final shutdown", f"{r.get('shutdown_tail', {}).get('dropped', 0):,}")
     return t

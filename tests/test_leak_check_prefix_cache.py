@@ -68,3 +68,10 @@ def test_planted_prefix_cache_bugs_are_caught(tiny, bug, expected):
     messages = kv_findings(report)
     for alternatives in expected:  # each must show, in one of its spellings
         assert any(text in m for m in messages for text in alternatives.split("|")), (alternatives, messages)
+
+
+def test_the_table_says_how_much_the_prefix_cache_found(tiny):
+    result = runner.invoke(app, ["leak-check", "--model", tiny, "--device", "cpu", "--requests", "12", "--phases", "2",
+                                 "--no-tracemalloc", "-q"], env={"COLUMNS": "200"})
+    assert "prompt tokens found in the prefix cache" in result.stdout, result.stdout[-2000:]
+    assert "KV blocks cached (evicted)" in result.stdout
