@@ -12,6 +12,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from hipcore.tokenizer.chat_template import chat_prompt, chat_template_from_metadata
+from hipcore.tokenizer.harmony import HarmonySplitter, is_harmony
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
@@ -113,6 +114,7 @@ def generate(
     kv_dtype: KvDtype = "f16",
     kv_blocks: KvBlocks = None,
     kv_memory: KvMemory = None,
+    reasoning: Annotated[bool, typer.Option("--reasoning", help="With --chat on a model that answers in channels (gpt-oss's harmony): also show its reasoning (the analysis channel), on stderr; the answer alone goes to stdout either way.")] = False,
     as_json: Annotated[bool, json_option("Print one JSON object with the text, tokens and timings instead of streaming.")] = False,
     prefix_cache: Annotated[bool, prefix_cache_option("With -cnv: each turn takes the KV blocks of the conversation so far from the turn before, computing only what is new.")] = True,
     quiet: Annotated[bool, quiet_option()] = False,
@@ -182,6 +184,9 @@ def generate(
             sys.stdout.write(f"{PROMPT_COLOR}{stream_text(text_in)}{RESET_COLOR}" + ("\n" if chat or system is not None else ""))
         text_in = prompt_text
         pieces: list[str] = []
+        # gpt-oss: the analysis channel is reasoning (stderr with --reasoning), the final channel the answer
+        splitter = HarmonySplitter() if (chat or system is not None) and is_harmony(template) else None
+        thoughts: list[str] = []
         tokens: list[int] = []
         ending = None
         started, first_at = time.perf_counter(), None
@@ -190,11 +195,16 @@ def generate(
                 tokens.extend(event.token_ids)
                 if first_at is None and event.token_ids:
                     first_at = time.perf_counter()
-                if event.text:
-                    pieces.append(event.text)
-                    if not as_json:
-                        sys.stdout.write(stream_text(event.text))
-                        sys.stdout.flush()
+                if event.text or (splitter is not None and event.finished):
+                    parts = [("content", event.text)] if splitter is None else (
+                        splitter.feed(event.text) + (splitter.finish() if event.finished else []))
+                    for kind, text in parts:
+                        (thoughts if kind == "reasoning" else pieces).append(text)
+                        if as_json or (kind == "reasoning" and not reasoning):
+                            continue
+                        out = sys.stderr if kind == "reasoning" else sys.stdout
+                        out.write(stream_text(text))
+                        out.flush()
                 if event.finished:
                     ending = event
         except KeyboardInterrupt:
@@ -213,7 +223,8 @@ def generate(
         if as_json:
             print(json.dumps({
                 "model": path, "device": loaded.device.describe(), "prompt": text_in, "prompt_tokens": len(prompt_ids),
-                "text": "".join(pieces), "tokens": tokens, "ending": ending.ending.value if ending and ending.ending else None,
+                "text": "".join(pieces), **({"reasoning": "".join(thoughts)} if splitter is not None else {}),
+                "tokens": tokens, "ending": ending.ending.value if ending and ending.ending else None,
                 "seed": params.seed, "seed_drawn": drawn_seed, "timings": timings,
             }, ensure_ascii=False))
         elif not quiet:

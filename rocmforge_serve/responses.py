@@ -13,9 +13,9 @@ import uuid
 from typing import AsyncIterator
 
 from hipcore.engine.request import Ending
+from hipcore.tokenizer import harmony
+from hipcore.tokenizer.harmony import is_harmony
 from rocmforge_serve.generation import ClientGone, Generation, error_for_ending
-from rocmforge_serve import harmony
-from rocmforge_serve.harmony import is_harmony
 from rocmforge_serve.logprobs_format import chat_logprobs, completion_logprobs, event_logprobs
 from rocmforge_serve.tool_calls import parse_calls
 

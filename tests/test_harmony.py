@@ -1,6 +1,6 @@
-"""gpt-oss's harmony output split as llama.cpp's server splits it (rocmforge_serve/harmony.py): the analysis channel as
+"""gpt-oss's harmony output split as llama.cpp's server splits it (hipcore/tokenizer/harmony.py): the analysis channel as
 reasoning_content, the final channel as content, no channel markup, whole and streamed in any chunking; chat answers
-of a harmony template through the response builders (a model with another template is untouched)."""
+of a harmony template through serve's response builders (a model with another template is untouched) and generate."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from typer.testing import CliRunner
 
+from hipcore.engine.engine import Engine
 from hipcore.engine.request import Ending, Event
+from rocmforge_cli.app import app
 from rocmforge_serve import responses
-from rocmforge_serve.harmony import HarmonySplitter, is_harmony, split
+from support.gguf_factory import write_tiny_llama
+from hipcore.tokenizer.harmony import HarmonySplitter, is_harmony, split
 
 ANSWER = ("<|channel|>analysis<|message|>The user asks for 2+2; <|it is> 4.<|start|>assistant<|channel|>final"
           "<|message|>2 + 2 = 4 <")
@@ -79,3 +83,27 @@ def test_chat_answers_of_a_harmony_template():
 def test_other_templates_are_untouched():
     body = asyncio.run(responses.whole_response(FakeGeneration(_pieces(ANSWER), "{{ '<|im_start|>' }}"), chat=True))
     assert body["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
+
+
+def test_generate_shows_the_answer_and_the_reasoning_only_when_asked(tmp_path, monkeypatch):
+    """`generate --chat` on a harmony template: the final channel on stdout, the analysis on stderr with --reasoning,
+    both apart in --json; the engine's events stand in for a gpt-oss answer."""
+    path = write_tiny_llama(tmp_path / "m.gguf", extra_metadata={"tokenizer.chat_template": HARMONY_TEMPLATE})
+    pieces = _pieces(ANSWER, 5)
+
+    def generate(self, prompt_ids, params):
+        for i, text in enumerate(pieces):
+            last = i == len(pieces) - 1
+            yield Event(1, 0, token_ids=(5,), text=text, finished=last, ending=Ending.EOS if last else None)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    monkeypatch.setattr(Engine, "finished_record", lambda self, request_id: None)
+    run = lambda *args: CliRunner().invoke(app, ["generate", "-m", str(path), "--device", "cpu", "--chat", "-q", *args,  # noqa: E731
+                                                 "hi"], env={"COLUMNS": "200"})
+    plain = run()
+    assert plain.exit_code == 0, plain.stderr
+    assert plain.stdout.strip() == "2 + 2 = 4 <" and "analysis" not in plain.stderr and "2+2" not in plain.stderr
+    shown = run("--reasoning")
+    assert shown.stdout.strip() == "2 + 2 = 4 <" and "The user asks for 2+2; <|it is> 4." in shown.stderr
+    body = json.loads(run("--json").stdout)
+    assert (body["text"], body["reasoning"]) == ("2 + 2 = 4 <", "The user asks for 2+2; <|it is> 4.")
