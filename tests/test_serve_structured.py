@@ -149,3 +149,16 @@ def test_bad_constraints_are_a_400_naming_them_and_the_server_serves_on(live, ex
     after = httpx.post(live.url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "a", "max_tokens": 2},
                        timeout=60)
     assert after.status_code == 200
+
+
+def test_constraint_and_logprobs_cross_the_http_process_pipe(tmp_path_factory):
+    """With two processes (rocmforge serve's shape) the grammar compiles in the HTTP process and the engine's
+    process builds its own vocabulary view; the answer still validates and its logprobs come back."""
+    with live_server(tiny_model(tmp_path_factory), max_seqs=2, http_process=True) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        reply = _chat(client, max_tokens=80, temperature=1.0, seed=2, logprobs=True, top_logprobs=2,
+                      response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": PERSON}})
+        jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+        entries = reply.choices[0].logprobs.content
+        assert len(entries) == reply.usage.completion_tokens  # (the end-of-generation token is not counted)
+        assert entries[0].token == "{" and entries[0].logprob == 0.0  # the grammar allows '{' alone: probability 1
