@@ -19,6 +19,7 @@ from profiles.decode_profile import DecodeProfile, profile_decode
 from rocmforge_cli.bench_prefix import prefix_reuse_command
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.options import Device, KvDtype, Model, Quiet, resolve_model
+from rocmforge_cli.threads import Threads, limit_threads, threads_note
 
 
 def parse_counts(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
@@ -129,6 +130,7 @@ def bench_command(
     turns: Annotated[Optional[int], typer.Option("--turns", help="With --prefix-reuse: turns of each conversation. Default: 8 on a GPU, 3 on the CPU.", show_default=False)] = None,
     turn_tokens: Annotated[Optional[int], typer.Option("--turn-tokens", help="With --prefix-reuse: user tokens each turn adds. Default: 200 on a GPU, 24 on the CPU.", show_default=False)] = None,
     reply_tokens: Annotated[Optional[int], typer.Option("--reply-tokens", help="With --prefix-reuse: tokens of each reply. Default: 32 on a GPU, 4 on the CPU.", show_default=False)] = None,
+    threads: Threads = None,
     quiet: Quiet = False,
 ) -> None:
     """Measure prompt (pp) and decode (tg) speed, and decode with many sequences at once (b), like
@@ -147,12 +149,15 @@ def bench_command(
         raise UsageError("--profile measures graph replay; leave out --no-graphs")
     if profile_batch < 1:
         raise UsageError(f"--profile-batch must be at least 1, got {profile_batch}")
+    limit_threads(threads)
     path = resolve_model(model)
     chat = {"--conversations": conversations, "--turns": turns, "--turn-tokens": turn_tokens, "--reply-tokens": reply_tokens}
     if not prefix_reuse and any(v is not None for v in chat.values()):
         raise UsageError(f"{next(k for k, v in chat.items() if v is not None)} only applies to --prefix-reuse")
     choice = pick_device(device)
     dev = choice.device
+    if (note := threads_note(threads, dev.backend)) and not quiet:
+        stderr.print(note, highlight=False, markup=False)
     if prefix_reuse:
         try:
             say = (lambda m: None) if quiet else (lambda m: stderr.print(m, highlight=False, markup=False))

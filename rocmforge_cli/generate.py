@@ -18,6 +18,7 @@ from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.stream_text import PROMPT_COLOR, RESET_COLOR
+from rocmforge_cli.threads import Threads, limit_threads, threads_note
 from rocmforge_cli.escapes import process_escapes
 from rocmforge_cli.stream_text import stream_text
 from rocmforge_cli.generate_input import choose_seed, constraint_grammar, prompt_source, read_prompt, sampling_params
@@ -44,26 +45,9 @@ def load_with_progress(path: str, options: LoadOptions, quiet: bool) -> LoadedMo
     return loaded
 
 
-def threads_note(threads: Optional[int], backend: str) -> Optional[str]:
-    """-t on a GPU changes nothing: said once rather than ignored."""
-    if threads is None or backend == "cpu":
-        return None
-    return f"note: -t {threads}: the model runs on {backend}; --threads sets the cpu backend's BLAS threads only"
-
-
 def stdout_is_terminal() -> bool:
     """Whether --color may colour: only text for a person, never codes in a file or a pipe."""
     return sys.stdout.isatty()
-
-
-def limit_threads(threads: Optional[int]) -> None:
-    """-t N: the cpu backend's matrix products (numpy's BLAS) on N threads, for the rest of the process. An
-    environment variable would have to be set before numpy loads; threadpoolctl changes it at run time."""
-    if threads is None:
-        return
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=threads, user_api="blas")
 
 
 def format_timings(t: dict) -> str:
@@ -108,7 +92,7 @@ def generate(
     color: Annotated[bool, typer.Option("--color", "-co", help="On a terminal, show the prompt (in a conversation: your input) in colour, the output in the terminal's own, as llama-cli does.")] = False,
     json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON that validates against the JSON Schema in this file (constrained decoding).", show_default=False)] = None,
     grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this GBNF grammar file (llama.cpp's grammar format).", show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Threads of the cpu backend's matrix products (BLAS). On a GPU it changes nothing (a note says so). Default: BLAS's own.", show_default=False)] = None,
+    threads: Threads = None,
     device: Device = "auto",
     ctx_size: CtxSize = None,
     kv_dtype: KvDtype = "f16",
@@ -142,8 +126,7 @@ def generate(
         grammar=constraint_grammar(json_schema, grammar),
     )
     check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
-    if threads is not None and threads < 1:
-        raise UsageError(f"-t/--threads must be at least 1, got {threads}")
+    limit_threads(threads)
     if conversation and as_json:
         raise UsageError("-cnv/--conversation is a chat in the terminal; it has no --json (use serve for a program)")
     given, file_text = prompt_source(prompt, prompt_flag, file)
@@ -160,7 +143,6 @@ def generate(
     path = resolve_model(model)
     options = LoadOptions(device=device, ctx_size=ctx_size, kv_dtype=kv_dtype, kv_blocks=kv_blocks, kv_memory=kv_memory,
                           prefix_caching=prefix_cache)
-    limit_threads(threads)
     with load_with_progress(path, options, quiet or as_json) as loaded:
         note = threads_note(threads, loaded.device.backend)
         if note and not quiet:

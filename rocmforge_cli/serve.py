@@ -14,6 +14,7 @@ from hipcore.engine.loader import LoadOptions
 from hipcore.errors import EXIT_FAILURE, UsageError
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.generate import load_with_progress
+from rocmforge_cli.threads import Threads, limit_threads, threads_note
 from rocmforge_cli.options import (
     BlockSize, CtxSize, Device, KvBlocks, KvDtype, KvMemory, Model, Parallel, PlantBug, PrefixCache, Quiet,
     check_options, quiet_option, resolve_model,
@@ -45,6 +46,7 @@ def serve_command(
     prefix_cache: PrefixCache = True,
     one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients). Always so on Windows.")] = False,
     quiet: Annotated[bool, quiet_option("No progress or memory plan on stderr.")] = False,
+    threads: Threads = None,
     plant_bug: PlantBug = None,
 ) -> None:
     """Serve the model over HTTP with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions (streaming too), /health (liveness), /load (readiness and load) and /metrics.
@@ -61,6 +63,7 @@ def serve_command(
       curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"Hi"}]}'
     """
     check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
+    limit_threads(threads)
     check_ranges(port=port, parallel=parallel, queue=queue, step_tokens=step_tokens, grace=grace,
                  queue_timeout=queue_timeout)
     hosts, origins = split_list(allowed_hosts, "--allowed-hosts"), split_list(cors_origins, "--cors-origins")
@@ -84,6 +87,8 @@ def serve_command(
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         with load_with_progress(path, options, quiet) as loaded:
+            if (note := threads_note(threads, loaded.device.backend)) and not quiet:
+                stderr.print(note, highlight=False, markup=False)
             if plant_bug:  # proves serve-leak-check catches a leak (profiles/leak_bugs.py)
                 from profiles import leak_bugs
                 leak_bugs.plant(plant_bug, loaded)

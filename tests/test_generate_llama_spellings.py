@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from support.engine_testing import tiny_model
 
 from rocmforge_cli import generate as generate_module
+from rocmforge_cli import threads as threads_module
 from rocmforge_cli.app import app
 from rocmforge_cli.stream_text import PROMPT_COLOR, RESET_COLOR
 
@@ -104,9 +105,9 @@ def test_threads_set_blas_threads_on_the_cpu_backend(tiny, monkeypatch):
 
 
 def test_threads_on_a_gpu_is_a_note(tiny):
-    assert generate_module.threads_note(4, "hip") == ("note: -t 4: the model runs on hip; --threads sets the cpu "
+    assert threads_module.threads_note(4, "hip") == ("note: -t 4: the model runs on hip; --threads sets the cpu "
                                                       "backend's BLAS threads only")
-    assert generate_module.threads_note(4, "cpu") is None and generate_module.threads_note(None, "cuda") is None
+    assert threads_module.threads_note(4, "cpu") is None and threads_module.threads_note(None, "cuda") is None
     result = runner.invoke(app, ["generate", "-m", tiny, "-d", "cpu", "--temp", "0", "-n", "1", "-t", "1", "hi"])
     assert result.exit_code == 0 and "note: -t" not in result.stderr
 
@@ -119,3 +120,20 @@ def test_color_only_on_a_terminal(tiny, monkeypatch):
     shown = runner.invoke(app, args)
     assert shown.exit_code == 0, shown.stderr
     assert shown.stdout.startswith(f"{PROMPT_COLOR}hello{RESET_COLOR}")
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "serve"])
+def test_threads_below_one_is_refused_before_the_model_is_read(command):
+    result = runner.invoke(app, [command, "-m", "/nonexistent/model.gguf", "-d", "cpu", "-t", "0", "hi"][:None if command == "generate" else -1])
+    assert result.exit_code == 2 and result.stderr.strip() == "error: -t/--threads must be at least 1, got 0"
+
+
+def test_bench_takes_threads_as_llama_bench_does(tiny, monkeypatch):
+    import threadpoolctl
+
+    asked = []
+    monkeypatch.setattr(threadpoolctl, "threadpool_limits", lambda **kw: asked.append(kw))
+    result = runner.invoke(app, ["bench", "-m", tiny, "-d", "cpu", "-p", "0", "-n", "1", "-b", "0", "-r", "1", "-o", "json",
+                                 "-q", "-t", "3"])
+    assert result.exit_code == 0, result.stderr
+    assert asked == [{"limits": 3, "user_api": "blas"}]
