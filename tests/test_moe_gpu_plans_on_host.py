@@ -1,9 +1,9 @@
 """The mixture-of-experts models' GPU step plans on the CPU (tests/support/stand_in_gpu.py): the tiny qwen3moe with
-Q4_K/Q6_K experts stepped through each GPU architecture's plan, every launch running its entry's host twin, against
-the cpu backend (prompt, batched prompts and decode steps); each plan reaches the MoE entries (the router's product,
-moe_route_f32, moe_gate_up and moe_down for Q4_K and Q6_K, per token and grouped) with the experts kept in their file
-format; gpt-oss is refused on
-them with exit 4 (no sink kernel on a GPU yet)."""
+Q4_K/Q6_K experts, and qwen2moe with its shared expert, stepped through each GPU architecture's plan, every launch
+running its entry's host twin, against the cpu backend (prompt, batched prompts and decode steps); each plan reaches
+the MoE entries (the router's product, moe_route_f32, moe_gate_up and moe_down for Q4_K and Q6_K, per token and
+grouped) with the experts kept in their file format; gpt-oss is refused on them with exit 4 (no sink kernel on a GPU
+yet)."""
 
 from __future__ import annotations
 
@@ -25,16 +25,17 @@ MOE_ENTRIES = ("moe_route_f32", "moe_gate_up_q4_k", "moe_down_q6_k", "moe_gate_u
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("moe-gpu-plans")
-    return {name: write_moe_model(name, folder) for name in ("qwen3moe-q4km", "gpt-oss-mxfp4")}
+    return {name: write_moe_model(name, folder) for name in ("qwen3moe-q4km", "qwen2moe-f32", "gpt-oss-mxfp4")}
 
 
-def run_steps(path, device=None) -> list[np.ndarray]:
+def run_steps(path, device=None, expert_types=("q4_k", "q6_k")) -> list[np.ndarray]:
     opts = LoadOptions(device="cpu" if device is None else "auto", max_seqs=8, max_step_tokens=64, ctx_size=256,
                        kv_dtype="f16")
     rng = np.random.default_rng(2)
     draw = lambda n: [int(t) for t in rng.integers(0, 384, n)]  # noqa: E731
     with load_model(str(path), opts, **({} if device is None else {"device": device})) as model:
-        assert model.weights.layers[0].ffn_gate_exps.fmt == "q4_k" and model.weights.layers[0].ffn_down_exps.fmt == "q6_k"
+        layer = model.weights.layers[0]
+        assert (layer.ffn_gate_exps.fmt, layer.ffn_down_exps.fmt) == expert_types
         logits = [model.runner.execute(step_batch(model.cache, [(1, draw(40), 0)]))]
         logits.append(model.runner.execute(step_batch(model.cache, [(s, draw(9), 0) for s in range(2, 6)])))
         logits.append(model.runner.execute(step_batch(model.cache, [(s, draw(1), 40 if s == 1 else 9)
@@ -56,6 +57,17 @@ def test_qwen3moe_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, on_cp
     worst = max(float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, on_cpu, strict=True))
     assert worst <= MAX_RELATIVE_LOGIT_DIFF, f"{arch}: logits off by {worst:.2e} of the largest"
     assert set(MOE_ENTRIES) <= device.entries, sorted(device.entries)
+
+
+@pytest.mark.parametrize("arch", ("sm_90", "gfx942", "gfx1030"))
+def test_qwen2moe_shared_expert_steps_through_each_gpu_plan(files, monkeypatch, arch):
+    host_kernels_for_stand_ins(monkeypatch)
+    want = run_steps(files["qwen2moe-f32"], expert_types=("f32", "f32"))
+    device = StandInGpu(arch=arch)
+    got = run_steps(files["qwen2moe-f32"], device, expert_types=("f32", "f32"))
+    worst = max(float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, want, strict=True))
+    assert worst <= MAX_RELATIVE_LOGIT_DIFF, f"{arch}: logits off by {worst:.2e} of the largest"
+    assert {"moe_gate_up_f32", "moe_down_f32", "scale_f32", "softcap_f32"} <= device.entries, sorted(device.entries)
 
 
 def test_gpt_oss_is_refused_on_a_gpu_before_anything_is_allocated(files, monkeypatch):
