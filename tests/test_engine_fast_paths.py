@@ -139,7 +139,7 @@ def test_event_is_still_a_frozen_dataclass():
     event = Event(3, 1, (7,), "hi")
     assert event == Event(request_id=3, seq_index=1, token_ids=(7,), text="hi", finished=False, ending=None)
     assert hash(event) == hash(Event(3, 1, (7,), "hi")) and event != Event(3, 1, (7,), "ho")
-    assert repr(event) == "Event(request_id=3, seq_index=1, token_ids=(7,), text='hi', finished=False, ending=None, error=None)"
+    assert repr(event) == "Event(request_id=3, seq_index=1, token_ids=(7,), text='hi', finished=False, ending=None, error=None, cached_tokens=0, logprobs=None)"
     assert [f.name for f in dataclasses.fields(Event)] == list(vars(event))
     assert dataclasses.asdict(event)["text"] == "hi"
     assert dataclasses.replace(event, finished=True, ending=Ending.EOS).ending is Ending.EOS

@@ -341,12 +341,14 @@ class Engine:
         except Exception as exc:  # the step failed: fail its requests cleanly, keep serving the rest
             self._fail(requests, f"the forward pass failed: {exc}", events)
             return events
-        logits, picked = launched.logits, launched.picked
+        logits, picked, host_rows = launched.logits, launched.picked, launched.host_rows
         row = 0
         for seq, _, samples in scheduled:  # `samples` was decided before num_cached advanced
             if samples:
                 if picked is None:
                     self._sample(seq, events, logits[row])
+                elif host_rows is not None and row in host_rows:
+                    self._sample(seq, events, logits[host_rows[row]])
                 else:
                     self._sample(seq, events, None, picked=picked[row])
                 row += 1

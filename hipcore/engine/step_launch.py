@@ -39,7 +39,8 @@ _SEQ_ID, _NUM_CACHED, _TOKENS = (operator.attrgetter(name) for name in ("seq_id"
 
 @dataclass(eq=False)
 class LaunchedStep:
-    """A step handed to the runner. Exactly one of logits / picked / pending is set until its tokens are read."""
+    """A step handed to the runner. Exactly one of logits / picked / pending is set until its tokens are read, but
+    for a step with host_rows: picked for every row, logits for those rows."""
 
     scheduled: list["Scheduled"]
     fence: int  # the KV cache's step id (KvCache.begin_step)
@@ -48,6 +49,8 @@ class LaunchedStep:
     pending: object | None = None  # sampled on the device, still running (OverlappingRunner.launch_sampled)
     # a decode step that the next step may follow on the device: every sequence decoding, each sampled there
     followable: bool = False
+    # a step sampled on the device but for these sample rows, whose logits are `logits` (row -> index there)
+    host_rows: dict[int, int] | None = None
 
 
 def requests_of(scheduled: list["Scheduled"]) -> list[Request]:
@@ -107,10 +110,15 @@ class StepLauncher:
         """Run the step; a decode step on an overlapping runner is left running (its `pending`)."""
         samples, overlaps = self._capabilities(runner)
         batch = self._build_batch(scheduled)
-        sampling = self._device_sampling(scheduled) if samples else None
+        sampling, host_rows = self._device_sampling(runner, scheduled) if samples else (None, None)
         fence = self.cache.begin_step()
         if sampling is None:
             return LaunchedStep(scheduled, fence, logits=runner.execute(batch))
+        if host_rows:  # the other rows' tokens from the device, these rows' logits for their samplers
+            picked = np.asarray(runner.execute_sampled(batch, sampling)).tolist()  # type: ignore[attr-defined]
+            logits = runner.sampled_step_logits(host_rows)  # type: ignore[attr-defined]
+            return LaunchedStep(scheduled, fence, logits=logits, picked=picked,
+                                host_rows={row: k for k, row in enumerate(host_rows)})
         if not overlaps:
             return LaunchedStep(scheduled, fence, picked=np.asarray(runner.execute_sampled(batch, sampling)).tolist())  # type: ignore[attr-defined]
         pending = runner.launch_sampled(batch, sampling)  # type: ignore[attr-defined]
@@ -153,17 +161,29 @@ class StepLauncher:
             slices.append(SeqSlice(seq.seq_id, seq.tokens[first:first + item.num_tokens], first, item.samples))
         return build_step_batch(self.cache, slices)
 
-    def _device_sampling(self, scheduled: list["Scheduled"]) -> SamplingRows | None:
-        """The sampling inputs with which the runner picks this step's tokens on the device, or None to
-        sample on the host: penalties or a rule the device lacks (device_samplable), or a prompt about to
-        fork into parallel samples (they all draw from its logits). Each non-greedy row's uniform comes from
-        its sampler now, as Sampler.sample would draw it (and only once the whole step is known to sample on
-        the device)."""
+    def _device_sampling(self, runner: Runner, scheduled: list["Scheduled"]) -> tuple[SamplingRows | None,
+                                                                                       list[int] | None]:
+        """(the sampling inputs with which the runner picks this step's tokens on the device, the sample rows
+        that sample on the host instead), or (None, None) to sample every row on the host: a prompt about to fork
+        into parallel samples (they all draw from its logits), or no row the device can sample. A row the device
+        cannot sample (a grammar's mask, logprobs, penalties: device_samplable) samples on the host from its own
+        logits, read back alone, while the others stay on the device (a runner with sampled_step_logits). Each
+        device row's uniform comes from its sampler now, as Sampler.sample would draw it (and only once the step
+        is known to sample on the device); a host row draws its own in Sampler.sample."""
         seqs = [item.seq for item in scheduled if item.samples]
-        for seq in seqs:
+        host_rows = []
+        for row, seq in enumerate(seqs):
             if not seq.sampler.device_samplable:
-                return None
+                host_rows.append(row)
             request = seq.request
             if request.phase is Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
-                return None
-        return self._sampling_rows.rows([seq.sampler for seq in seqs])
+                return None, None
+        if not host_rows:
+            return self._sampling_rows.rows([seq.sampler for seq in seqs]), None
+        if len(host_rows) == len(seqs) or getattr(runner, "sampled_step_logits", None) is None:
+            return None, None
+        host = set(host_rows)
+        return SamplingRows.from_rows([
+            (0.0, 0, 1.0, 0.0, 0.0) if row in host else  # greedy, no draw: a token that is not taken
+            seq.sampler.device_row + (0.0 if seq.sampler.greedy else seq.sampler.next_uniform(),)
+            for row, seq in enumerate(seqs)]), host_rows

@@ -244,12 +244,29 @@ class ModelRunner:
         assert isinstance(pending, PendingStep)
         self._outstanding.pop(0)
         batch = pending.batch
+        self._last_collected = pending
         if not pending.kept:
             return self._download_rows(self.buffers["tokens"], batch, pending.rows, pending.all_rows, 1, np.int32).reshape(-1)
         assert self._kept_event is not None
         self._kept_event.synchronize()  # the step and the copy of its tokens are done (the next step may run on)
         out = np.empty(batch.num_tokens, dtype=np.int32)
         self.device.copy_device_to_host(out, self.buffers["kept_tokens"], stream=self._read_stream)
+        return out
+
+    def sampled_step_logits(self, indices: list[int]) -> np.ndarray:
+        """float32 logits [len(indices), vocab] of those sample rows of the step collected last, read from the device
+        row by row (the tokens the device picked for them are the caller's to ignore): a step whose other rows
+        sample on the device while these sample on the host (a grammar's mask, logprobs, penalties). Before the
+        next step is launched, which overwrites them."""
+        pending = getattr(self, "_last_collected", None)
+        if pending is None or self._outstanding:
+            raise ValueError("sampled_step_logits: after collect() and before the next step only")
+        batch, vocab = pending.batch, self.config.vocab_size
+        out = np.empty((len(indices), vocab), dtype=np.float32)
+        self.stream.synchronize()
+        for k, index in enumerate(indices):
+            row = int(batch.sample_rows[index]) if pending.all_rows else index
+            self.device.copy_device_to_host(out[k], self.buffers["logits"], offset=row * vocab * 4)
         return out
 
     def _check_none_outstanding(self) -> None:
