@@ -15,6 +15,9 @@
 // The `_softcap` entry points (Gemma 2's attention logit soft-capping) cap every score before the softmax:
 // S = softcap * tanh(scale * q . K[j] / softcap), as llama.cpp does to the scaled scores; the others ignore
 // `softcap` (the launcher passes 0 to them).
+// The `_sinks` entry points (gpt-oss's attn_sinks, float32 [n_heads], one more argument) add exp(sink - M) to every
+// softmax's denominator, M the largest of the scores and the sink (ggml's soft_max with sinks), once per (token,
+// head): in the workgroup's merge when the keys are not split, in the combining workgroup's when they are.
 //
 // Work split (1-D grid of n_tokens x n_kv_heads x `slots` workgroups; hipcore/ops/paged_attention.py
 // picks `slots` and mirrors the plan below). Each token's plan is made in the kernel from its own
@@ -68,6 +71,7 @@ struct Params {
   int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window;
   float scale;
   float softcap;  // 0: scores as they are
+  const float* __restrict__ sinks;  // the `_sinks` entries: a logit per query head in every softmax's denominator
 };
 
 struct Shared {
@@ -120,7 +124,7 @@ static __device__ __forceinline__ Workspace workspace_layout(const Params& p, co
           stats + (unsigned long long)p.n_tokens * p.n_heads * plan.split_stride * 2};
 }
 
-template <class KV, int NG, bool kCap>
+template <class KV, int NG, bool kCap, bool kSinks>
 __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* __restrict__ table, int token, int kv_head,
                                        int first_head, int first_key, int ctx, const Plan& plan, int split,
                                        int counter_index) {
@@ -254,6 +258,10 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
     const int g = i / hd, dim = i - g * hd;
     float mx = sh.m[0][g];
     for (int w2 = 1; w2 < key_warps; ++w2) mx = fmaxf(mx, sh.m[w2][g]);
+    // A sink (base 2, as the scores) joins the max and the denominator once: here when the keys are not split, in
+    // the combine below when they are.
+    const float sink = kSinks && n_split == 1 ? p.sinks[first_head + g] * kLog2e : -RF_INFINITY;
+    mx = fmaxf(mx, sink);
     float sum = 0.0f, o = 0.0f;
     for (int w2 = 0; w2 < key_warps; ++w2) {
       const float f = exp2f(sh.m[w2][g] - mx);
@@ -261,6 +269,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
       o = fmaf(sh.o[w2][g][dim], f, o);
     }
     if (n_split == 1) {
+      if (kSinks) sum += exp2f(sink - mx);
       out_rows[i] = o / sum;
     } else {
       const unsigned long long at = first_partial + (unsigned long long)g * plan.split_stride + split;
@@ -294,10 +303,13 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
     for (int s0 = 0; s0 < n_split; s0 += WARP_SIZE)
       if (s0 + lane < n_split) mx = fmaxf(mx, stats[2 * (s0 + lane)]);
     mx = warp_max(mx);
+    const float sink = kSinks ? p.sinks[first_head + g] * kLog2e : -RF_INFINITY;
+    mx = fmaxf(mx, sink);
     float sum = 0.0f;
     for (int s0 = 0; s0 < n_split; s0 += WARP_SIZE)
       if (s0 + lane < n_split) sum += stats[2 * (s0 + lane) + 1] * exp2f(stats[2 * (s0 + lane)] - mx);
     sum = rf_warp_sum(sum);
+    if (kSinks) sum += exp2f(sink - mx);
     for (int s0 = 0; s0 < n_split; s0 += WARP_SIZE)
       if (s0 + lane < n_split) sh.split_weight[g][s0 + lane] = exp2f(stats[2 * (s0 + lane)] - mx) / sum;
   }
@@ -359,7 +371,7 @@ __device__ __forceinline__ void prefetch_rows(const Params& p, const int* __rest
 // step's positions, sequences and block tables, which the host uploads before the step's first kernel and no
 // kernel writes, and prefetches the rows they name (prefetch_rows); q, the pools' data, `out` and the
 // workspace come after it (tests/test_programmatic_launch.py checks the order on this source).
-template <class KV, bool kCap>
+template <class KV, bool kCap, bool kSinks>
 __device__ __forceinline__ void run(const Params& p) {
   __shared__ Shared sh;  // one instance for every head count: the switch below picks one per workgroup
   rf_check_wave_size();
@@ -399,10 +411,10 @@ __device__ __forceinline__ void run(const Params& p) {
   const int first_head = kv_head * group + chunk * plan.chunk_heads;
   const int counter_index = (token * p.n_kv_heads + kv_head) * plan.n_chunks + chunk;  // used when splitting only
   switch (min(plan.chunk_heads, group - chunk * plan.chunk_heads)) {
-    case 1: attend<KV, 1, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
-    case 2: attend<KV, 2, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
-    case 3: attend<KV, 3, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
-    case 4: attend<KV, 4, kCap>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 1: attend<KV, 1, kCap, kSinks>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 2: attend<KV, 2, kCap, kSinks>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 3: attend<KV, 3, kCap, kSinks>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 4: attend<KV, 4, kCap, kSinks>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
     default: break;
   }
 }
@@ -426,8 +438,22 @@ __device__ __forceinline__ void run(const Params& p) {
     const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
                                           positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \
-                                          max_blocks, num_blocks, slots, window, scale, softcap};                     \
-    rf_paged_attention::run<rf_paged_attention::KV, CAP>(p);                                                          \
+                                          max_blocks, num_blocks, slots, window, scale, softcap, nullptr};            \
+    rf_paged_attention::run<rf_paged_attention::KV, CAP, false>(p);                                                   \
+  }
+// gpt-oss's attention sinks (attn_sinks: float32 [n_heads]): the signature above and `sinks` last.
+#define RF_PAGED_ATTENTION_SINKS_KERNEL(name, KV, CAP)                                                                \
+  extern "C" __global__ __launch_bounds__(RF_ATTENTION_THREADS, RF_ATTENTION_MIN_BLOCKS) void name(                 \
+      float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,                   \
+      const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
+      void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
+      int num_blocks, int slots, int window, float scale, float softcap, const float* __restrict__ sinks) {           \
+    rf_grid_dependency_deferred(); /* waits in run(), after prefetching its rows */                                  \
+    const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
+                                          static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
+                                          positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \
+                                          max_blocks, num_blocks, slots, window, scale, softcap, sinks};              \
+    rf_paged_attention::run<rf_paged_attention::KV, CAP, true>(p);                                                    \
   }
 
 // The soft-capped variants (Gemma 2) are their own entry points, so that the kernels every other model runs
@@ -440,3 +466,11 @@ RF_PAGED_ATTENTION_KERNEL(paged_attention_f16_softcap, F16Kv, true)
 RF_PAGED_ATTENTION_KERNEL(paged_attention_bf16_softcap, BF16Kv, true)
 RF_PAGED_ATTENTION_KERNEL(paged_attention_f32_softcap, F32Kv, true)
 RF_PAGED_ATTENTION_KERNEL(paged_attention_q8_0_softcap, Q8_0Kv, true)
+RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_f16_sinks, F16Kv, false)
+RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_bf16_sinks, BF16Kv, false)
+RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_f32_sinks, F32Kv, false)
+RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_q8_0_sinks, Q8_0Kv, false)
+RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_f16_softcap_sinks, F16Kv, true)
+RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_bf16_softcap_sinks, BF16Kv, true)
+RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_f32_softcap_sinks, F32Kv, true)
+RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_q8_0_softcap_sinks, Q8_0Kv, true)

@@ -2,8 +2,8 @@
 Q4_K/Q6_K experts, and qwen2moe with its shared expert, stepped through each GPU architecture's plan, every launch
 running its entry's host twin, against the cpu backend (prompt, batched prompts and decode steps); each plan reaches
 the MoE entries (the router's product, moe_route_f32, moe_gate_up and moe_down for Q4_K and Q6_K, per token and
-grouped) with the experts kept in their file format; gpt-oss is refused on them with exit 4 (no sink kernel on a GPU
-yet)."""
+grouped) with the experts kept in their file format; and the tiny gpt-oss (MXFP4 experts, attention with sinks)
+likewise, through paged_attention's sink entries."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.errors import UnsupportedModelError
 from support.model_steps import step_batch
 from support.moe_models import write_moe_model
 from support.stand_in_gpu import StandInGpu, host_kernels_for_stand_ins
@@ -70,10 +69,16 @@ def test_qwen2moe_shared_expert_steps_through_each_gpu_plan(files, monkeypatch, 
     assert {"moe_gate_up_f32", "moe_down_f32", "scale_f32", "softcap_f32"} <= device.entries, sorted(device.entries)
 
 
-def test_gpt_oss_is_refused_on_a_gpu_before_anything_is_allocated(files, monkeypatch):
+GPT_OSS_ENTRIES = ("paged_attention_f16_sinks", "moe_route_f32", "moe_gate_up_mxfp4", "moe_down_mxfp4",
+                   "moe_gate_up_grouped_mxfp4", "moe_down_grouped_mxfp4")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpt_oss_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, monkeypatch, arch):
+    on_cpu = run_steps(files["gpt-oss-mxfp4"], expert_types=("mxfp4", "mxfp4"))
     host_kernels_for_stand_ins(monkeypatch)
-    device = StandInGpu("hip")
-    with pytest.raises(UnsupportedModelError, match="attention with sinks") as caught:
-        load_model(str(files["gpt-oss-mxfp4"]), LoadOptions(device="auto", ctx_size=256), device=device)
-    assert caught.value.exit_code == 4
-    assert device.ledger.peak_total == 0
+    device = StandInGpu(arch=arch)
+    got = run_steps(files["gpt-oss-mxfp4"], device, expert_types=("mxfp4", "mxfp4"))
+    worst = max(float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, on_cpu, strict=True))
+    assert worst <= MAX_RELATIVE_LOGIT_DIFF, f"{arch}: logits off by {worst:.2e} of the largest"
+    assert set(GPT_OSS_ENTRIES) <= device.entries, sorted(device.entries)

@@ -1,6 +1,6 @@
 """paged_attention's sinks (gpt-oss's attn_sinks): a logit per query head in every softmax's denominator and nothing in
 its sum of values (ggml's soft_max with sinks), against attention computed from that definition, through the host
-kernel, and refused where no kernel has them (paged_attention.takes_sinks)."""
+kernel, and refused on a backend without them (paged_attention.takes_sinks: none so far)."""
 
 from __future__ import annotations
 
@@ -66,8 +66,9 @@ def test_sinks_through_the_host_kernel_and_refused_elsewhere(cpu_device):
 
 def test_devices_without_sink_kernels_are_refused(cpu_device, monkeypatch):
     sample = _sample(5)
-    monkeypatch.setattr(cpu_device, "backend", "hip")  # as a GPU's device reads; no kernel entry has sinks there
-    assert not paged_attention.takes_sinks(cpu_device)
+    monkeypatch.setattr(cpu_device, "backend", "hip")  # as a GPU's device reads: kernels/paged_attention.hip has sinks
+    assert paged_attention.takes_sinks(cpu_device)
+    monkeypatch.setattr(paged_attention, "takes_sinks", lambda device: False)  # a backend without them
     with pytest.raises(ValueError, match="attention sinks have no kernel on hip"):
         paged_attention.launch(cpu_device, None, to_device(cpu_device, sample.q, "activations"), *[None] * 6,
                                n_tokens=1, n_heads=8, n_kv_heads=2, head_dim=64, block_size=16, max_blocks=4,

@@ -9,8 +9,9 @@ the block-table entries wholly before it may hold anything (the KV cache frees t
 cap (`softcap` > 0, Gemma 2) every scaled score S becomes softcap * tanh(S / softcap) before the softmax.
 With sinks (gpt-oss's attn_sinks: float32 [n_heads], one logit per query head) every softmax has one more term in
 its denominator, exp(sink - m) with m the largest of the scores and the sink, and nothing more in its sum of values
-(ggml's soft_max with sinks). The sink entries, `paged_attention_<kv dtype>_sinks` (the signature above and
-`sinks p` last), exist as host kernels only so far: `takes_sinks` says where they run.
+(ggml's soft_max with sinks). The sink entries, `paged_attention_<kv dtype>[_softcap]_sinks` (the signature below and
+`sinks p` last), run on every backend (kernels/paged_attention.hip adds the sink in the merge of a token's keys, or in
+the combine of its splits).
 
 Kernels `paged_attention_<kv dtype>` (f16, bf16, f32, q8_0; kernels/paged_attention.hip), and
 `paged_attention_<kv dtype>_softcap` for a soft cap (its own entry points, so that the kernels without one
@@ -125,8 +126,9 @@ def kernel_name(kv_dtype: str, softcap: bool = False, sinks: bool = False) -> st
 
 
 def takes_sinks(device: Device) -> bool:
-    """Whether the sink entries run on this device (host kernels only so far: the cpu backend)."""
-    return device.backend == "cpu"
+    """Whether the sink entries run on this device: on every backend (host kernels on the cpu, kernels/paged_attention.hip's
+    `_sinks` entries on the GPUs)."""
+    return True
 
 
 SINKS_SIGNATURE = SIGNATURE + " p"

@@ -85,8 +85,9 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
     write_file(a[11], v_pool.data(), v_pool.size());
   } else if (entry.rfind("paged_attention_", 0) == 0) {
     // n_tokens n_heads n_kv_heads head_dim block_size max_blocks num_blocks max_splits window scale softcap q k_pool
-    // v_pool block_tables token_seq positions workspace_bytes out workspace_out: the workspace starts zeroed
-    // (a null pointer when its size is 0) and is written back, so that its counters can be checked.
+    // v_pool block_tables token_seq positions workspace_bytes out workspace_out [sinks]: the workspace starts zeroed
+    // (a null pointer when its size is 0) and is written back, so that its counters can be checked; the `_sinks`
+    // entries take the sinks' file last.
     int n[9];
     for (int i = 0; i < 9; ++i) n[i] = std::atoi(a[i]);
     a += 1;  // past the window: the rest as before it
@@ -107,6 +108,25 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
         {"paged_attention_bf16_softcap", paged_attention_bf16_softcap},
         {"paged_attention_f32_softcap", paged_attention_f32_softcap},
         {"paged_attention_q8_0_softcap", paged_attention_q8_0_softcap}};
+    using SinksAttention = void (*)(float*, const float*, const void*, const void*, const int*, const int*, const int*,
+                                    void*, int, int, int, int, int, int, int, int, int, float, float, const float*);
+    const std::map<std::string, SinksAttention> with_sinks = {
+        {"paged_attention_f16_sinks", paged_attention_f16_sinks}, {"paged_attention_bf16_sinks", paged_attention_bf16_sinks},
+        {"paged_attention_f32_sinks", paged_attention_f32_sinks}, {"paged_attention_q8_0_sinks", paged_attention_q8_0_sinks},
+        {"paged_attention_f16_softcap_sinks", paged_attention_f16_softcap_sinks},
+        {"paged_attention_q8_0_softcap_sinks", paged_attention_q8_0_softcap_sinks}};
+    if (with_sinks.count(entry)) {
+      const SinksAttention kernel = with_sinks.at(entry);
+      std::vector<char> sinks = read_file(a[18]);
+      emu_launch(grid, block, [&] {
+        kernel(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
+               (const int*)token_seq.data(), (const int*)positions.data(), workspace_bytes ? workspace.data() : nullptr,
+               n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], scale, softcap, (const float*)sinks.data());
+      });
+      write_file(a[16], out.data(), out.size() * 4);
+      write_file(a[17], workspace.data(), workspace_bytes);
+      return true;
+    }
     if (!kernels.count(entry)) std::exit(2);
     const Attention kernel = kernels.at(entry);
     emu_launch(grid, block, [&] {

@@ -31,13 +31,18 @@ def own_files(op: str) -> list[Path]:
     return source_files(op)[len(compat_files()):]
 
 
-def build_harnesses(work: Path) -> dict[int, Path]:
-    """The harness compiled for each warp width in `work`, from the kernel sources of every op."""
+def build_harnesses(work: Path, edit: dict | None = None, warps: tuple[int, ...] = WARPS) -> dict[int, Path]:
+    """The harness compiled for each warp width in `work`, from the kernel sources of every op. edit: file name ->
+    text -> text, a planted fault in that source (it must change the file)."""
     compiler = shutil.which("g++")
     assert compiler, "g++ (C++20) is needed to build the kernel emulation: apt-get install g++"
     for op in OPS + FORWARD_PASS_OPS:
         for path in own_files(op):  # hip_compat.h is made below, without its vendor parts
             shutil.copy(path, work)
+    for name, change in (edit or {}).items():
+        text = (work / name).read_text()
+        assert change(text) != text, f"the planted edit matched nothing in {name}"
+        (work / name).write_text(change(text))
     for name in ("emulation.h", "harness_io.h", "harness.cpp"):
         shutil.copy(EMULATION / name, work)
     header = (kernels_dir() / COMPAT_HEADER).read_text()
@@ -53,7 +58,7 @@ def build_harnesses(work: Path) -> dict[int, Path]:
         return out
 
     with ThreadPoolExecutor(2) as pool:
-        return dict(zip(WARPS, pool.map(build, WARPS)))
+        return dict(zip(warps, pool.map(build, warps)))
 
 
 def build_op_harnesses(work: Path, ops: tuple[str, ...], harness: str, kernel_edit=None) -> dict[int, Path]:

@@ -39,7 +39,8 @@ EXPECTED_KERNELS = {
     "moe_route": ["moe_route_f32"],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
-    "paged_attention": [f"paged_attention_{kv}{cap}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")],
+    "paged_attention": [f"paged_attention_{kv}{cap}{sinks}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")
+                        for sinks in ("", "_sinks")],
     "prompt_attention": list(prompt_attention.KERNEL_NAMES),
     "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
     "rmsnorm": ["rmsnorm_add_f32", "rmsnorm_f32", "rmsnorm_f32_f16"],

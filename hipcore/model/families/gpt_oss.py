@@ -6,8 +6,8 @@
     x      += the mixture of experts on rmsnorm(x) (the norm the file calls post_attention_norm; router bias, top-k of
               the logits then a softmax over the k, expert biases, the clamped SwiGLU: hipcore/model/moe_blocks.py)
 The products are the planner's (biases added in fused_qmatvec's epilogue or by add_bias); the attention takes
-paged_attention's sink entries, which run where paged_attention.takes_sinks (so far the cpu backend): elsewhere the
-model is refused at load, by name (check_backend)."""
+paged_attention's sink entries, which run where paged_attention.takes_sinks (every backend; check_backend refuses the
+model at load, by name, on one without them)."""
 
 from hipcore.errors import UnsupportedModelError
 from hipcore.model.blocks import Family, StepContext, _kv_store, positions, rope_qk
