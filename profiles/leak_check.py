@@ -31,6 +31,7 @@ from profiles.leak_layers import (
 )
 from profiles.leak_report import HostFit, HostResult, LeakReport, PhaseResult, judge
 from profiles.leak_settings import LeakCheckSettings
+from profiles.memory_timeline import MemoryTimeline
 from profiles.leak_workload import CHAT_QUESTIONS, TEXT_PROMPTS, Plan, Workload
 
 HOST_SAMPLES = 200  # host-memory samples over the run (plus one per phase end)
@@ -76,6 +77,8 @@ def run_leak_check(settings: LeakCheckSettings, progress: ProgressSink | None = 
         if started_tracing:
             tracemalloc.stop()
     report.findings = judge(report)
+    report.timeline = run.timeline
+    run.timeline.mark_verdict(report.verdict, report.findings)
     return report
 
 
@@ -118,6 +121,8 @@ class _Run:
         self.total_memory = self.device.memory_info().total
         self.device_description = self.device.describe()
         self.phases: list[PhaseResult] = []
+        self.timeline = MemoryTimeline(f"leak-check {settings.model}", total_blocks=loaded.cache.num_usable_blocks)
+        self.driver.timeline = self.timeline
         self.phase_names = ["warm-up"] + [f"phase {k}" for k in range(1, settings.phases + 1)] + ["shutdown"]
 
     # ---- the run --------------------------------------------------------------------------------
@@ -272,6 +277,9 @@ class _Run:
                                   self.cache.config.bytes_per_block, f"the KV cache could not be read: {exc}")
         ledger = read_ledger(self.device.ledger, baseline, self.driver.step_owner)
         driver = read_driver(self.device) if driver_base is not None else None
+        self.timeline.mark("phase", name)
+        self.timeline.mark_held(o["request_id"] for b in blocks.leaked for o in b["owners"])
+        self._sample()
         return PhaseResult(name, requests, seconds, engine_state, blocks, ledger, driver,
                            None if driver_base is None else driver_base.free, handles=read_handles(self.device))
 
@@ -288,6 +296,9 @@ class _Run:
         self.peak_blocks = max(self.peak_blocks, used)
         if self.progress is not None:
             self.progress.blocks(used, self.cache.num_usable_blocks)
+        self.timeline.track_requests(self.cache, ((rid, e.request) for rid, e in self.driver.inflight.items()))
+        if self.timeline.due():
+            self._sample()
         if not self.measuring:
             return
         done = self._done_measured()
@@ -298,6 +309,10 @@ class _Run:
             if free is not None:
                 used_driver = self.total_memory - int(free)
                 self.peak_driver_used = max(self.peak_driver_used or 0, used_driver)
+
+    def _sample(self) -> None:
+        if not self.cache.closed:
+            self.timeline.sample_cache(self.cache, self.device.ledger, self.device.driver_free_bytes(), read_rss())
 
     def _done_measured(self) -> int:
         return int(self.outcomes.done()[self.first:self.first + self.s.requests].sum())

@@ -104,6 +104,7 @@ class WorkloadDriver:
         self.parallel = parallel
         self.ledger = ledger
         self.on_step = on_step
+        self.timeline = None  # a MemoryTimeline: each request's span
         self.inflight: dict[int, _InFlight] = {}
         self.run_phase = 0
         self.dropping_expected = False  # set for the requests left in flight when the engine is shut down
@@ -233,6 +234,8 @@ class WorkloadDriver:
         request = self.engine.request(rid)
         out.kind[i], out.samples[i], out.run_phase[i], out.request_id[i] = int(plan.kind), plan.params.n, self.run_phase, rid
         self.inflight[rid] = _InFlight(plan, request, Phase.WAITING)
+        if self.timeline is not None:
+            self.timeline.request_started(rid, plan.kind.label)
         if plan.cancel_at_once:
             self._cancel(rid, plan)
 
@@ -267,6 +270,8 @@ class WorkloadDriver:
         record = self.engine.finished_record(request.request_id)
         phase = record.phase_at_end if record is not None else entry.phase_before_step
         out.ending[i] = ENDINGS.index(ending)
+        if self.timeline is not None:
+            self.timeline.request_ended(request.request_id, ending.value)
         out.phase_at_end[i] = PHASES.index(phase)
         out.preemptions[i] = request.preemptions
         for k, seq in enumerate(request.seqs[:MAX_SAMPLES]):

@@ -145,6 +145,7 @@ class LeakReport:
     planted_bug: str | None = None
     interrupted: bool = False  # Ctrl-C: what was read is reported, nothing is concluded
     findings: list[Finding] = field(default_factory=list)
+    timeline: object = None  # a MemoryTimeline of the run (not in to_dict: --report and --plot draw it)
 
     @property
     def leaked(self) -> bool:
