@@ -9,8 +9,10 @@ from rich.text import Text
 
 from hipcore.runtime.ledger import format_bytes
 from profiles.leak_report import LEAK, MIN_HOST_SPAN, NOT_JUDGED, LeakReport
+from profiles.sparkline import sparkline
 
 ITEMS_SHOWN = 20
+FIRST_COLUMN_WORD = 12  # the longest word kept whole in a first column ("activations"); longer ones fold
 
 
 def _table(title: str, columns: list[str], text_columns: tuple[str, ...] = ()) -> Table:
@@ -144,11 +146,32 @@ def leaks_table(report: LeakReport) -> Table | None:
     return t
 
 
+def curves_text(report: LeakReport) -> Text | None:
+    """KV blocks in use and host memory over the whole run, as two terminal sparklines (--plot draws them)."""
+    timeline = report.timeline
+    if timeline is None or not timeline.series("t"):
+        return None
+    lines = Text()
+    used = [v for v in timeline.series("kv_used") if v is not None]
+    rss = [v for v in timeline.series("rss") if v is not None]
+    if used:
+        lines.append(f"{'KV blocks in use':<17} ").append(sparkline(used), style="cyan")
+        lines.append(f" {used[0]:,} -> {used[-1]:,} (peak {max(used):,})\n")
+    if rss:
+        lines.append(f"{'host memory (RSS)':<17} ").append(sparkline(rss), style="green")
+        lines.append(f" {_b(rss[0])} -> {_b(rss[-1])}\n")
+    return lines if lines.plain else None
+
+
 def keep_figures_whole(table: Table) -> Table:
     """Give each figure column (right-aligned) the width of its widest cell, so that a narrow
-    terminal wraps the text columns and never breaks a number from its unit or itself."""
-    for column in table.columns:
-        if column.justify == "right":
+    terminal wraps the text columns and never breaks a number from its unit or itself; the first
+    column is at least its longest word wide, so names wrap between words only."""
+    for k, column in enumerate(table.columns):
+        if k == 0 and column.justify == "left":
+            words = [len(w) for c in column._cells for w in (c.plain if isinstance(c, Text) else str(c)).split()]
+            column.min_width = min(FIRST_COLUMN_WORD, max(words, default=0))
+        elif column.justify == "right":
             cells = [Text.from_markup(c).cell_len if isinstance(c, str) else c.cell_len for c in column._cells]
             words = [len(w) for w in str(column.header).split()]  # a header wraps between its words only
             column.min_width = max(cells + words, default=0)
@@ -166,8 +189,8 @@ def findings_table(report: LeakReport) -> Table | None:
 
 
 def render(report: LeakReport) -> Group:
-    parts = [verdict_text(report), layers_table(report), host_growth_table(report), phases_table(report),
-             requests_table(report)]
+    parts = [verdict_text(report), *filter(None, [curves_text(report)]), layers_table(report), host_growth_table(report),
+             phases_table(report), requests_table(report)]
     for extra in (leaks_table(report), findings_table(report)):
         if extra is not None:
             parts.append(extra)

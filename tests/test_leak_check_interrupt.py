@@ -66,6 +66,11 @@ def test_no_table_breaks_a_number_across_lines_at_80_columns(tiny):
     numbers = {n for n in NUMBER.findall(wide.export_text()) if len(n) >= 3}
     narrow = set(NUMBER.findall("\n".join(lines)))
     assert numbers <= narrow, sorted(numbers - narrow)[:10]
+    # The layer names wrap between words: "ledger: activations" never becomes "activation / s".
+    words = {w for row in report.layer_totals() for w in row["layer"].split() if len(w) <= 12}
+    narrow_words = set("\n".join(lines).split())
+    assert "activations" in words and words <= narrow_words, sorted(words - narrow_words)
+    assert "KV blocks in use" in lines[1] and "host memory (RSS)" in lines[2]  # the sparklines under the verdict
 
 
 def test_the_warm_up_fills_the_tokenizer_caches_before_the_baseline(tiny, monkeypatch):

@@ -156,3 +156,11 @@ def test_the_plot_writes_png_and_svg():
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
     svg = render(timeline, "svg").decode()
     assert "<svg" in svg and "KV blocks used" in svg and "leak: kv blocks" in svg
+
+
+def test_the_sparkline_follows_the_values_within_its_width():
+    from profiles.sparkline import BARS, sparkline
+    rising = sparkline(range(1000), width=20)
+    assert len(rising) == 20 and rising[0] == BARS[0] and rising[-1] == BARS[-1] and list(rising) == sorted(rising)
+    assert sparkline([5, 5, None, 5]) == BARS[0] * 3 and sparkline([None]) == ""
+    assert sparkline([0, 10, 0], width=3) == BARS[0] + BARS[-1] + BARS[0]
