@@ -79,16 +79,14 @@ def pick_device(spec: str = "auto", *, cpu_capacity: int | None = None) -> Devic
     backend, index = parse_device_spec(spec)
     if backend == "cpu":
         dev = _open_cpu(index, cpu_capacity)
-        others = [f"{b}: not tried: the cpu backend was asked for" for b in GPU_BACKENDS]
-        return DeviceChoice(dev, others + [_taken(dev, "asked for")])
+        return DeviceChoice(dev, [_taken(dev, "asked for")])  # the lines say only what was tried
     if backend in GPU_BACKENDS:
         i = index or 0
         dev, why = _unavailable_reason(lambda: open_gpu(backend, i))
         if dev is None:
             raise UsageError(f"device {str(spec).strip()} is not available: {why}; run `rocmforge devices` to see "
                              f"what was found, or use --device auto")
-        reasons = [f"{b}: not tried: {backend} was asked for" for b in BACKENDS if b != backend]
-        return DeviceChoice(dev, [_taken(dev, "asked for")] + reasons)  # type: ignore[arg-type]
+        return DeviceChoice(dev, [_taken(dev, "asked for")])  # type: ignore[arg-type]
     reasons: list[str] = []
     for b in GPU_BACKENDS:
         dev, why = _unavailable_reason(lambda: open_gpu(b, 0))
