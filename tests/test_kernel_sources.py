@@ -68,7 +68,8 @@ def test_an_op_is_built_from_the_files_it_includes():
                                                                   "attention_soft_cap.h", "paged_attention_tiles.h"]
     assert [f.name for f in source_files("moe_experts")] == [*COMPAT, "moe_experts.hip", "gated_activation.h",
                                                               "qmatvec_formats.h", "mxfp4_q8_format.h", "moe_experts_grouped.h",
-                                                              "weight_loads.h"]
+                                                              "weight_loads.h", "block_format_mxfp4.h",
+                                                              "block_format_common.h"]
     assert [f.name for f in source_files("add")] == [*COMPAT, "add.hip"]
     assert [f.name for f in source_files("embedding")] == [*COMPAT, "embedding.hip", *BLOCK_FORMATS]
     assert [f.name for f in source_files("matvec")] == [*COMPAT, "matvec.hip", "matvec_formats.h", *BLOCK_FORMATS]

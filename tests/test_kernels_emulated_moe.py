@@ -131,7 +131,7 @@ def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
 
 
 @pytest.mark.parametrize("old,new,projection,weight_type", [
-    ("((codes >> 3) & 0x01010101u)", "((codes >> 2) & 0x01010101u)", "gate_up", "mxfp4"),  # the sign from the wrong bit
+    ("((codes >> 3) & kByteOnes)", "((codes >> 2) & kByteOnes)", "gate_up", "mxfp4"),  # the sign from the wrong bit
     ("total[r] = fmaf(weight, y, total[r]);", "total[r] += y;", "down", "q4_k"),  # the routing weights dropped
 ])
 def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
