@@ -9,7 +9,34 @@ import pytest
 
 from support.emulated_kernels import WARPS, build_harnesses
 from support.kernel_builds import build_every_op
+from support.tiers import full_tier_reason
 from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=("everyday", "full"), default="everyday",
+                     help="everyday (default): the tests that need no compiler and no long run; full: every test. "
+                          "Test files named on the command line run whatever their tier (tests/support/tiers.py).")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the full tier's tests `full` (before -m is applied), and leave them out of a default everyday run."""
+    full = []
+    for item in items:
+        if full_tier_reason(item.path.name, item.fixturenames):
+            item.add_marker(pytest.mark.full)
+            full.append(item)
+    if config.getoption("--tier") == "everyday" and config.args_source == pytest.Config.ArgsSource.TESTPATHS and full:
+        left_out = set(map(id, full))
+        items[:] = [item for item in items if id(item) not in left_out]
+        config.hook.pytest_deselected(items=full)
+
+
+def pytest_report_header(config):
+    if config.getoption("--tier") == "everyday" and config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        return "tier: everyday (the full tier's tests are deselected; `pytest --tier full` runs every test)"
+    return f"tier: {config.getoption('--tier')}"
 
 
 @pytest.fixture(scope="session")

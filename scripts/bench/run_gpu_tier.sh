@@ -20,6 +20,9 @@ DEADLINE="${DEADLINE:-480}"
 WORK="${TMPDIR:-/tmp}"
 TIER="$OUTDIR/tier"
 mkdir -p "$TIER"
+# the tests' figures (JSON), written where ROCMFORGE_FIGURES points
+export ROCMFORGE_FIGURES="${ROCMFORGE_FIGURES:-$OUTDIR/figures}"
+mkdir -p "$ROCMFORGE_FIGURES"
 : > "$TIER/summary.txt"
 
 PK="$WORK/rocmforge_tier_pkg"
