@@ -24,7 +24,9 @@ def pytest_collection_modifyitems(config, items):
     """Mark the full tier's tests `full` (before -m is applied), and leave them out of a default everyday run."""
     full = []
     for item in items:
-        if full_tier_reason(item.path.name, item.fixturenames):
+        if item.get_closest_marker("full"):
+            full.append(item)
+        elif full_tier_reason(item.path.name, item.fixturenames):
             item.add_marker(pytest.mark.full)
             full.append(item)
     if config.getoption("--tier") == "everyday" and config.args_source == pytest.Config.ArgsSource.TESTPATHS and full:
