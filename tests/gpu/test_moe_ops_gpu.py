@@ -97,6 +97,13 @@ def test_qwen3_30b_a3b_shapes(gpu, mem, rng, seed, gate_up_type, down_type, toke
     down_case(gpu, mem, rng, seed, down_type, hidden, ff, n_expert, k, tokens, False)
 
 
+def test_qwen3_30b_a3b_prompt_past_one_gathering_segment(gpu, mem, rng, seed):
+    """300 tokens x 8 slots = 2,400 pairs: the grouped entries gather them in two segments of at most 2,048."""
+    hidden, ff, n_expert, k = QWEN3_30B_A3B
+    gate_up_case(gpu, mem, rng, seed, "q4_k", hidden, ff, n_expert, k, 300, "swiglu", False, "grouped")
+    down_case(gpu, mem, rng, seed, "q6_k", hidden, ff, n_expert, k, 300, False, "grouped")
+
+
 @pytest.mark.parametrize("weight_type", ["mxfp4", "f16"])
 @pytest.mark.parametrize("tokens", [2, 16])
 def test_gpt_oss_20b_shapes(gpu, mem, rng, seed, weight_type, tokens):
