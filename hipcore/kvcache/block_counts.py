@@ -23,8 +23,9 @@ class BlockCounts:
     _groups: "dict[str, BlockGroup]"
     _lock: "threading.RLock"
 
-    def _group(self, group: str) -> "BlockGroup":
-        raise NotImplementedError
+    if TYPE_CHECKING:
+
+        def _group(self, group: str) -> "BlockGroup": ...  # KvCache's
 
     @property
     def num_free_blocks(self) -> int:

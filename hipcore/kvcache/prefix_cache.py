@@ -17,7 +17,7 @@ window's blocks in each window group.
 from __future__ import annotations
 
 import threading
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from hipcore.kvcache.block_group import BlockGroup
 from hipcore.kvcache.config import NULL_BLOCK, KvCacheConfig
@@ -122,11 +122,11 @@ class PrefixCacheMethods:
     _model_identity: str
     _block_hash: BlockHash
 
-    def _check_open(self) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # KvCache's
 
-    def _table(self, seq_id: int) -> list[int]:
-        raise NotImplementedError
+        def _check_open(self) -> None: ...
+
+        def _table(self, seq_id: int) -> list[int]: ...
 
     num_pending_blocks: int  # (BlockCounts')
 
