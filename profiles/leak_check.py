@@ -16,7 +16,6 @@ import tracemalloc
 from collections import Counter
 from typing import Protocol
 
-from hipcore.tokenizer.chat_template import chat_template_from_metadata, render_chat
 from hipcore.engine.engine import EngineHooks
 from hipcore.errors import RocmforgeError
 from hipcore.engine.loader import LoadOptions, load_model
@@ -32,7 +31,7 @@ from profiles.leak_layers import (
 from profiles.leak_report import HostFit, HostResult, LeakReport, PhaseResult, judge
 from profiles.leak_settings import LeakCheckSettings
 from profiles.memory_timeline import MemoryTimeline
-from profiles.leak_workload import CHAT_QUESTIONS, TEXT_PROMPTS, Plan, Workload
+from profiles.leak_workload import Plan, Workload, text_prompts
 
 HOST_SAMPLES = 200  # host-memory samples over the run (plus one per phase end)
 SHUTDOWN_STEPS = 2  # steps the final requests run before the engine is shut down under them
@@ -46,7 +45,8 @@ class ProgressSink(Protocol):
     def blocks(self, used: int, usable: int) -> None: ...  # KV blocks in use, after every engine step
 
 
-def run_leak_check(settings: LeakCheckSettings, progress: ProgressSink | None = None) -> LeakReport:
+def run_leak_check(settings: LeakCheckSettings, progress: ProgressSink | None = None, trace=None) -> LeakReport:
+    """`trace`: a TraceRecorder (profiles/trace_events.py) to record allocations, steps and requests into."""
     settings.validate()
     started = time.perf_counter()
     say = progress.status if progress is not None else (lambda _text: None)
@@ -60,6 +60,9 @@ def run_leak_check(settings: LeakCheckSettings, progress: ProgressSink | None = 
     started_tracing = False
     try:
         run = _Run(settings, loaded, hooks, kv_blocks, progress)
+        if trace is not None:
+            trace.seed(loaded.device.ledger.live())
+            loaded.device.ledger.observer, run.driver.trace = trace.ledger_event, trace
         if settings.planted_bug:
             leak_bugs.plant(settings.planted_bug, loaded)
             say(f"planted bug: {settings.planted_bug} ({leak_bugs.BUGS[settings.planted_bug].description})")
@@ -94,7 +97,7 @@ class _Run:
         self.progress = progress
         self.kv_blocks = kv_blocks
         shape = settings.shape()
-        text, chat = _text_prompts(loaded)
+        text, chat = text_prompts(loaded)
         self.workload = Workload(shape, loaded.config.vocab_size, loaded.cache.num_usable_blocks,
                                  self.engine.max_context, text, chat)
         # Request indices: warm-up mix, batch-size ladder, record fillers, the measured requests, the tail.
@@ -382,23 +385,3 @@ def prompt_shape_lengths(step_tokens: int, max_context: int, pool_tokens: int) -
     context and in the KV pool."""
     top = max(1, min(step_tokens, max_context - 2, pool_tokens - 2))
     return list(range(max(1, top - PROMPT_PLAN_CACHE_SIZE), top + 1))
-
-
-def _text_prompts(loaded) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
-    """Token ids of the plain-text prompts and of the chat questions rendered with the model's
-    template. A model whose tokenizer or template cannot do it simply gets random prompts."""
-    tok = loaded.tokenizer
-    try:
-        text = tuple(tuple(tok.encode(t)) for t in TEXT_PROMPTS)
-    except RocmforgeError:
-        return (), ()
-    try:
-        template = chat_template_from_metadata(loaded.gguf.metadata)
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        chat = tuple(tuple(tok.encode(render_chat(template, [{"role": "user", "content": q}], bos_token=bos, eos_token=eos)))
-                     for q in CHAT_QUESTIONS)
-    except RocmforgeError:
-        chat = ()
-    return text, chat
-

@@ -24,6 +24,7 @@ import numpy as np
 
 from hipcore.engine.engine import EngineHooks
 from hipcore.engine.request import CancelResult, Ending, Phase, Request
+from profiles.trace_events import graph_replays
 from profiles.leak_progress import PreemptionProgress, blocks_not_back, fruitless_preemption
 from profiles.leak_workload import MAX_SAMPLES, Plan, RequestPlan, Workload, ACCEPTED_ENDINGS
 
@@ -105,6 +106,7 @@ class WorkloadDriver:
         self.ledger = ledger
         self.on_step = on_step
         self.timeline = None  # a MemoryTimeline: each request's span
+        self.trace = None  # a TraceRecorder: each step and request
         self.inflight: dict[int, _InFlight] = {}
         self.run_phase = 0
         self.dropping_expected = False  # set for the requests left in flight when the engine is shut down
@@ -236,6 +238,8 @@ class WorkloadDriver:
         self.inflight[rid] = _InFlight(plan, request, Phase.WAITING)
         if self.timeline is not None:
             self.timeline.request_started(rid, plan.kind.label)
+        if self.trace is not None:
+            self.trace.request_started(rid, plan.kind.label)
         if plan.cancel_at_once:
             self._cancel(rid, plan)
 
@@ -243,6 +247,7 @@ class WorkloadDriver:
         for entry in self.inflight.values():
             entry.phase_before_step = entry.request.phase
         self._last_batch = []
+        started, replays = time.perf_counter(), graph_replays(self.engine)
         try:
             self.engine.step()
         except Exception as exc:  # the run cannot go on: report what the engine said, then check
@@ -251,6 +256,8 @@ class WorkloadDriver:
             self._collect()
             return False
         self.steps += 1
+        if self.trace is not None:
+            self.trace.step(started, time.perf_counter(), len(self.inflight), graph_replays(self.engine) - replays)
         self._note_new_allocations()
         if self.on_step is not None:
             self.on_step()
@@ -272,6 +279,8 @@ class WorkloadDriver:
         out.ending[i] = ENDINGS.index(ending)
         if self.timeline is not None:
             self.timeline.request_ended(request.request_id, ending.value)
+        if self.trace is not None:
+            self.trace.request_ended(request.request_id, ending.value)
         out.phase_at_end[i] = PHASES.index(phase)
         out.preemptions[i] = request.preemptions
         for k, seq in enumerate(request.seqs[:MAX_SAMPLES]):

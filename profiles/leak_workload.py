@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hipcore.errors import UsageError
+from hipcore.errors import RocmforgeError, UsageError
+from hipcore.tokenizer.chat_template import chat_template_from_metadata, render_chat
 from hipcore.engine.sampler import SamplingParams
 from hipcore.engine.scheduler import blocks_for
 
@@ -272,3 +273,23 @@ class Workload:
             cut = length - prompt[-1] % (length // 2 + 1)  # at least half of it: long enough to fill a block
             prompt = self.bases[pick % SHARED_BASES][:cut] + prompt[cut:]
         return prompt
+
+
+def text_prompts(loaded) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """Token ids of the plain-text prompts and of the chat questions rendered with the model's
+    template. A model whose tokenizer or template cannot do it simply gets random prompts."""
+    tok = loaded.tokenizer
+    try:
+        text = tuple(tuple(tok.encode(t)) for t in TEXT_PROMPTS)
+    except RocmforgeError:
+        return (), ()
+    try:
+        template = chat_template_from_metadata(loaded.gguf.metadata)
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        chat = tuple(tuple(tok.encode(render_chat(template, [{"role": "user", "content": q}], bos_token=bos, eos_token=eos)))
+                     for q in CHAT_QUESTIONS)
+    except RocmforgeError:
+        chat = ()
+    return text, chat
+

@@ -18,7 +18,7 @@ from rocmforge_cli.options import (
     prefix_cache_option, quiet_option, resolve_model, seed_option,
 )
 from rocmforge_cli.leak_progress_display import PlainProgress, RichProgress
-from rocmforge_cli.picture_options import PlotFile, ReportFile, check_picture_paths, write_pictures
+from rocmforge_cli.picture_options import PlotFile, ReportFile, TraceFile, check_picture_paths, write_pictures, write_trace
 
 FAIL_ON_HELP = (
     "Fail (exit 1) when a layer leaks more than LIMIT; repeatable. KEY=LIMIT with KEY one of: blocks (KV blocks, "
@@ -66,6 +66,7 @@ def leak_check_command(
     quiet: Annotated[bool, quiet_option("No progress on stderr (by default: a progress line on a terminal, otherwise a plain line every 10 s with requests done, KV blocks in use and the phase).")] = False,
     report_file: ReportFile = None,
     plot_file: PlotFile = None,
+    trace_file: TraceFile = None,
     plant_bug: PlantBug = None,
 ) -> None:
     """Run a seeded mix of requests through the engine and check that every KV block and every device byte comes back; exit 0 when clean, 1 on a leak or when a layer could not be judged (verdict "not judged"), 2 on a usage error.
@@ -79,7 +80,7 @@ def leak_check_command(
       rocmforge leak-check --requests 10000 --json > leak.json
       rocmforge leak-check --fail-on host-growth=2MiB/1000req --fail-on driver=4MiB
       rocmforge leak-check --device cpu --requests 200 --no-prefix-cache
-      rocmforge leak-check --requests 2000 --report leak.html --plot leak.png
+      rocmforge leak-check --requests 2000 --report leak.html --plot leak.png --trace leak.json
     """
     settings = LeakCheckSettings(
         model=resolve_model(model), device=device, requests=requests, parallel=parallel, seed=seed, kv_blocks=kv_blocks,
@@ -88,16 +89,17 @@ def leak_check_command(
         thresholds=parse_fail_on(fail_on), planted_bug=plant_bug, deadline=deadline, prefix_caching=prefix_cache,
     )
     settings.validate()
-    check_picture_paths(report_file, plot_file)
+    trace = check_picture_paths(report_file, plot_file, trace_file)
     if quiet:
-        report = run_leak_check(settings)
+        report = run_leak_check(settings, trace=trace)
     elif stderr.is_terminal:
         with RichProgress.bar_for(stderr) as bar:
-            report = run_leak_check(settings, RichProgress(bar))
+            report = run_leak_check(settings, RichProgress(bar), trace)
     else:  # a log: plain lines every few seconds instead of a bar that only a terminal can redraw
-        report = run_leak_check(settings, PlainProgress())
+        report = run_leak_check(settings, PlainProgress(), trace)
     write_pictures(report.timeline, report_file, plot_file, report.findings,
                    [f"command: {report.command}", f"device: {report.device}", f"model: {report.model}"])
+    write_trace(trace, trace_file, {"command": report.command, "device": report.device, "verdict": report.verdict})
     if as_json:
         print(json.dumps(report.to_dict(), indent=1))
     else:

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 # moe_router / moe_experts: a mixture of experts' router logits and choices, and its experts' intermediate products
 TAGS = ("weights", "kv", "activations", "scratch", "moe_router", "moe_experts", "other")
@@ -142,6 +142,9 @@ class Ledger:
     _peak_total: int = 0
     _serials: itertools.count = field(default_factory=lambda: itertools.count(1))
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Told of every record ("alloc", allocation) and release ("free", allocation), after the ledger is updated:
+    # a trace of the run (profiles/trace_events.py). None costs nothing.
+    observer: Callable[[str, Allocation], None] | None = None
 
     def record(self, ptr: int, nbytes: int, tag: str, label: str = "", owner: str = "", site: str | None = None) -> Allocation:
         if tag not in TAGS:
@@ -155,6 +158,8 @@ class Ledger:
             self._count[tag] += 1
             self._peak[tag] = max(self._peak[tag], self._bytes[tag])
             self._peak_total = max(self._peak_total, sum(self._bytes.values()))
+        if self.observer is not None:
+            self.observer("alloc", alloc)
         return alloc
 
     def release(self, ptr: int) -> Allocation:
@@ -164,6 +169,8 @@ class Ledger:
                 raise KeyError(f"ledger: no live allocation at {ptr:#x}")
             self._bytes[alloc.tag] -= alloc.nbytes
             self._count[alloc.tag] -= 1
+        if self.observer is not None:
+            self.observer("free", alloc)
         return alloc
 
     def find(self, ptr: int) -> Allocation | None:
