@@ -17,7 +17,7 @@ from hipcore.tokenizer import harmony
 from hipcore.tokenizer.harmony import is_harmony
 from rocmforge_serve.generation import ClientGone, Generation, error_for_ending
 from rocmforge_serve.logprobs_format import chat_logprobs, completion_logprobs, event_logprobs
-from rocmforge_serve.tool_calls import parse_calls
+from rocmforge_serve.tool_calls import CallWatcher, parse_calls
 
 log = logging.getLogger("rocmforge.serve")
 FINISH_REASON = {Ending.EOS: "stop", Ending.STOP: "stop", Ending.LENGTH: "length"}
@@ -187,19 +187,27 @@ def _stream_choice(chat: bool, index: int, text: str, reason: str | None = None)
 
 
 async def _tool_call_stream(gen: Generation, encoder: ChunkEncoder, include_usage: bool) -> AsyncIterator[bytes]:
-    """A chat answer that may hold tool calls: the text is held until the end (a call is only known as one when
-    it is whole), then sent as content and/or one tool_calls delta per call, as OpenAI streams them."""
-    pieces, final = [], None
-    async for event in gen.events():
-        pieces.append(event.text)
-        if event.finished:
-            final = event
+    """A chat answer that may hold tool calls: text that cannot begin a call streams as content as it comes
+    (tool_calls.CallWatcher); the rest waits until the answer ends (a call is only known as one when it is whole),
+    then goes as content and/or one tool_calls delta per call, as OpenAI streams them."""
+    watcher = CallWatcher(gen.tool_format, gen.tools.forced)
+    final = None
+    async for batch in gen.event_batches():
+        out = []
+        for event in batch:
+            released = watcher.feed(event.text)
+            if released:
+                out.append(encoder.text(released))
+            if event.finished:
+                final = event
+        if out:
+            yield b"".join(out)
     error = error_for_ending(final)
     if error is not None:
         yield _sse(error.body()) + _sse("[DONE]")
         return
     reason = FINISH_REASON[final.ending]
-    content, calls = parse_calls(gen.tool_format, "".join(pieces), gen.tools.tools)
+    content, calls = parse_calls(gen.tool_format, watcher.rest(), gen.tools.tools)
     out = []
     if content:
         out.append(encoder.text(content))

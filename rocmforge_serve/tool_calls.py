@@ -152,6 +152,53 @@ def _call(payload: str, key: str, known: set[str]) -> dict | None:
             "function": {"name": value["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}}
 
 
+class CallWatcher:
+    """Which text of a streamed answer can go out as content at once, and which must wait until the answer is whole
+    (it may be a call). Hermes: everything before a <tool_call> (and before a tail that could begin one); Llama 3.1:
+    the whole answer waits if it begins with "{" or "<" (a JSON call, or <|python_tag|>), else it all streams. A
+    forced call waits whole."""
+
+    def __init__(self, fmt: str, forced: bool):
+        self.fmt, self.forced = fmt, forced
+        self.text = ""
+        self.sent = 0  # characters of text already released as content
+        self.holding = forced
+
+    def feed(self, piece: str) -> str:
+        self.text += piece
+        if self.holding:
+            return ""
+        if self.fmt == HERMES:
+            start = self.text.find("<tool_call>", self.sent)
+            if start >= 0:
+                self.holding = True
+                end = start
+            else:
+                end = len(self.text) - _partial_tail(self.text, "<tool_call>")
+        else:
+            stripped = self.text.lstrip()
+            if not stripped:
+                return ""
+            if stripped[0] in "{<":
+                self.holding = True
+                return ""
+            end = len(self.text)
+        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return out
+
+    def rest(self) -> str:
+        """What was not released: the text in which calls are looked for once the answer ends."""
+        return self.text[self.sent:]
+
+
+def _partial_tail(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that begins `marker` (it may become the marker)."""
+    for length in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:length]):
+            return length
+    return 0
+
+
 def template_messages(messages: list[dict]) -> list[dict]:
     """The messages as chat templates read them: a call's arguments as an object (OpenAI sends a JSON string;
     Qwen's template writes them with tojson, as vLLM and llama.cpp pass them)."""

@@ -152,3 +152,27 @@ def test_calls_parsed_in_each_familys_format():
     for fmt, text in [(HERMES, '<tool_call>{"name": "unknown", "arguments": {}}</tool_call>'),
                       (HERMES, "<tool_call>not json</tool_call>"), (LLAMA3, "The answer is 7.")]:
         assert parse_calls(fmt, text, TOOLS) == (text, [])
+
+
+def test_auto_streams_text_that_is_no_call_as_it_comes(client):
+    """With tools and tool_choice auto, content that cannot begin a call is not held to the end: several content
+    deltas, which rebuild the whole answer."""
+    kwargs = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, max_tokens=24, temperature=0)
+    whole = client.chat.completions.create(**kwargs).choices[0].message
+    assert not whole.tool_calls
+    parts = [c.choices[0].delta.content for c in client.chat.completions.create(stream=True, **kwargs)
+             if c.choices and c.choices[0].delta.content]
+    assert "".join(parts) == whole.content and len(parts) > 3, parts
+
+
+def test_call_watcher_holds_what_may_be_a_call():
+    from rocmforge_serve.tool_calls import CallWatcher
+
+    hermes = CallWatcher(HERMES, forced=False)
+    assert [hermes.feed(p) for p in ["Let me", " check <tool", "_call>\\n{", "}"]] == ["Let me", " check ", "", ""]
+    assert hermes.rest() == "<tool_call>\\n{}"
+    llama = CallWatcher(LLAMA3, forced=False)
+    assert [llama.feed(p) for p in ["  ", '{"name"', ": 1}"]] == ["", "", ""] and llama.rest() == '  {"name": 1}'
+    prose = CallWatcher(LLAMA3, forced=False)
+    assert [prose.feed(p) for p in [" It", " is"]] == [" It", " is"] and prose.rest() == ""
+    assert CallWatcher(HERMES, forced=True).feed("text") == ""
