@@ -88,6 +88,7 @@ class Bench:
     mode: str
     prompt_source: Callable[[int], list[int]]
     close: Callable[[], None]
+    device: object = None  # the Device whose ledger holds the pools (and the weights, on a real model)
 
 
 @dataclass

@@ -40,7 +40,10 @@ from hipcore.engine.sampler import SamplingParams
 from profiles.kv_capacity import check_kv_choices, row_format_problem
 from profiles.kv_prefix_workloads import PREFIX_WORKLOADS, prefix_blocks_needed
 from profiles.kv_workload_run import Bench, WorkloadResult, WorkloadRun, WorkloadSpec, greedy
+from profiles.engine_recording import record_engine
+from profiles.memory_timeline import MemoryTimeline
 from profiles.presets import ModelShape
+from profiles.trace_events import TraceRecorder
 
 # What prompts are made of on a real model: ordinary prose, so that greedy decoding does not stop at
 # an end-of-text token before the profile is taken.
@@ -140,7 +143,7 @@ def open_engine_bench(shape: ModelShape, path: str, device: str, dtype: str, blo
     def prompt(length: int) -> list[int]:
         return (words * (length // len(words) + 1))[:length]
 
-    return Bench(loaded.engine, loaded.cache, loaded.device.describe(), "engine", prompt, loaded.close)
+    return Bench(loaded.engine, loaded.cache, loaded.device.describe(), "engine", prompt, loaded.close, loaded.device)
 
 
 def open_kv_only_bench(shape: ModelShape, dtype: str, block_size: int, spec: WorkloadSpec, max_step_tokens: int,
@@ -161,7 +164,7 @@ def open_kv_only_bench(shape: ModelShape, dtype: str, block_size: int, spec: Wor
         return [1 + i % (shape.vocab_size - 1) for i in range(length)]
 
     return Bench(engine, cache, "host memory (numpy): a pool sized to the workloads, not to a device", "kv-only",
-                 prompt, close)
+                 prompt, close, device)
 
 
 # ---- the workloads ------------------------------------------------------------------------------
@@ -238,8 +241,10 @@ def check_workloads(shape: ModelShape, dtype: str, block_size: int, spec: Worklo
 
 def run_workloads(shape: ModelShape, *, model_path: str | None, device: str = "auto", dtype: str = "f16",
                   block_size: int = 16, spec: WorkloadSpec = WorkloadSpec(), max_step_tokens: int = 512,
-                  prefix_caching: bool = True) -> WorkloadReport:
-    """Run every workload on a real model (model_path) or, for a preset, on the KV cache alone."""
+                  prefix_caching: bool = True, status=lambda _text: None, timeline: MemoryTimeline | None = None,
+                  trace: TraceRecorder | None = None) -> WorkloadReport:
+    """Run every workload on a real model (model_path) or, for a preset, on the KV cache alone; `status` is told
+    of each workload as it starts, `timeline` and `trace` (optional) record the run."""
     check_workloads(shape, dtype, block_size, spec, max_step_tokens)
     t0 = time.perf_counter()
     if model_path is not None:
@@ -247,7 +252,17 @@ def run_workloads(shape: ModelShape, *, model_path: str | None, device: str = "a
     else:
         bench = open_kv_only_bench(shape, dtype, block_size, spec, max_step_tokens, prefix_caching)
     try:
-        results = tuple(workload(bench, spec) for workload in WORKLOADS)
+        if timeline is not None:
+            timeline.total_blocks = bench.cache.num_usable_blocks
+            device = bench.device
+            record_engine(bench.engine, bench.cache, timeline, device.ledger, trace, device.driver_free_bytes)
+        results = []
+        for k, workload in enumerate(WORKLOADS):
+            status(f"workload {k + 1} of {len(WORKLOADS)}: {workload.__name__.replace('_', ' ')}")
+            results.append(workload(bench, spec))
+            if timeline is not None:
+                timeline.mark("phase", results[-1].name)
+        results = tuple(results)
         cfg = bench.cache.config
         return WorkloadReport(
             model=shape, mode=bench.mode, mode_note=ENGINE_NOTE if bench.mode == "engine" else KV_ONLY_NOTE,

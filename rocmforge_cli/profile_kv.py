@@ -19,8 +19,10 @@ from profiles.kv_capacity import (
     DEFAULT_BLOCK_SIZES, DEFAULT_MAX_SEQS, DEFAULT_MAX_STEP_TOKENS, WEIGHT_TYPES, capacity_table, plan_kv,
 )
 from profiles.kv_workloads import WorkloadSpec, check_workloads, run_workloads
+from profiles.memory_timeline import MemoryTimeline
 from profiles.presets import PRESETS, preset_names, resolve_shape
 from rocmforge_cli.common import handle_errors, stderr, stdout
+from rocmforge_cli.picture_options import PlotFile, ReportFile, TraceFile, check_picture_paths, write_pictures, write_trace
 from rocmforge_cli.options import (block_size_option, ctx_size_option, device_option, json_option, model_option,
                                     prefix_cache_option)
 
@@ -67,6 +69,9 @@ def profile_kv_command(
     lengths: Annotated[Optional[list[int]], typer.Option("--length", help="With --workloads: a single-sequence length in tokens; repeat for several. Default: 1, 17, 100.", show_default=False)] = None,
     concurrent: Annotated[Optional[int], typer.Option("--concurrent", help="With --workloads: how many sequences run together. Default: 8.", show_default=False)] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", help="With --workloads: parallel samples forked from one prompt. Default: 4.", show_default=False)] = None,
+    report_file: ReportFile = None,
+    plot_file: PlotFile = None,
+    trace_file: TraceFile = None,
     prefix_cache: Annotated[bool, prefix_cache_option("With --workloads: prefix caching on (the chat and system-prompt workloads show its hits; the cache is emptied after each workload).")] = True,
     as_json: Annotated[bool, json_option("Print everything as JSON (exact integers) instead of tables.")] = False,
 ) -> None:
@@ -79,6 +84,7 @@ def profile_kv_command(
       rocmforge profile-kv --workloads                       (the demo model, on --device)
       rocmforge profile-kv --workloads --preset Llama-2-70B  (the KV cache alone)
       rocmforge profile-kv --workloads --no-prefix-cache     (every prompt computed whole)
+      rocmforge profile-kv --workloads --report kv.html --plot kv.png --trace kv.json
     """
     if list_presets:
         shapes = list(PRESETS.values())
@@ -91,9 +97,10 @@ def profile_kv_command(
         model = default_model()
     if workloads:
         run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_tokens, lengths, concurrent, samples,
-                              as_json, prefix_cache, memory=memory, context=context, plan=plan, seq_len=seq_len, weights_type=weights_type)
+                              as_json, prefix_cache, (report_file, plot_file, trace_file), memory=memory, context=context, plan=plan, seq_len=seq_len, weights_type=weights_type)
         return
     for name, value in (("--length", lengths), ("--concurrent", concurrent), ("--samples", samples),
+                        ("--report", report_file), ("--plot", plot_file), ("--trace", trace_file),
                         ("--no-prefix-cache", None if prefix_cache else True)):
         if value is not None:
             raise UsageError(f"{name} only applies to --workloads")
@@ -137,7 +144,7 @@ def default_model() -> str:
 
 
 def run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_tokens, lengths, concurrent, samples,
-                          as_json, prefix_cache, **not_for_workloads) -> None:
+                          as_json, prefix_cache, pictures=(None, None, None), **not_for_workloads) -> None:
     for name, value in not_for_workloads.items():
         if value not in (None, False):
             flag = "--" + name.replace("_", "-")
@@ -151,11 +158,19 @@ def run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_t
                         samples=defaults.samples if samples is None else samples)
     dtype, block_size = (dtypes or ["f16"])[0], (block_sizes or [16])[0]
     check_workloads(shape, dtype, block_size, spec, max_step_tokens)
+    report_file, plot_file, trace_file = pictures
+    trace = check_picture_paths(report_file, plot_file, trace_file)
+    timeline = MemoryTimeline(f"profile-kv --workloads {shape.name}") if report_file or plot_file or trace else None
     if not as_json:
         where = "the KV cache alone (a preset has no weights)" if model is None else f"{shape.name} on --device {device}"
         stderr.print(f"running KV workloads: {where} ...", markup=False)
     report = run_workloads(shape, model_path=model, device=device, dtype=dtype, block_size=block_size, spec=spec,
-                           max_step_tokens=max_step_tokens, prefix_caching=prefix_cache)
+                           max_step_tokens=max_step_tokens, prefix_caching=prefix_cache, timeline=timeline, trace=trace,
+                           status=lambda text: stderr.print(f"profile-kv: {text}", markup=False, highlight=False))
+    if timeline is not None:
+        timeline.verdict = "quiescent" if all(r.quiescent_after for r in report.results) else "NOT quiescent"
+        write_pictures(timeline, report_file, plot_file, summary=[f"device: {report.device}"])
+        write_trace(trace, trace_file, {"command": "profile-kv --workloads", "model": shape.name})
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
         return
