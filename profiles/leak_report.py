@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 
 from hipcore.runtime.ledger import format_bytes
 from profiles.leak_driver_memory import NOT_APPLICABLE_CPU, judge_driver
+from profiles.leak_findings import (  # noqa: F401 (re-exported: the checks import them from here)
+    EXIT_CLEAN, EXIT_INTERRUPTED, EXIT_LEAK, INTERRUPTED, LEAK, NOT_JUDGED, WARNING, Finding, FindingsVerdict)
 from profiles.leak_handles import handle_rows, judge_handles
 from profiles.leak_layers import BlockReading, DriverReading, EngineState, LedgerReading
 from profiles.leak_thresholds import Thresholds
 
-EXIT_CLEAN, EXIT_LEAK, EXIT_INTERRUPTED = 0, 1, 130  # 130: 128 + SIGINT, as shells report Ctrl-C
-LEAK, WARNING, NOT_JUDGED = "leak", "warning", "not judged"
-INTERRUPTED = "interrupted, no verdict"
 # Requests the judged (second-half) RSS fit must span: over fewer, the slope's noise (malloc arenas,
 # page-granular RSS; measured 0 to 11 MiB/1000 req between seeds of 300-request runs) exceeds the
 # 1 MiB/1000 req threshold, so RSS is reported and not judged; tracemalloc judges such runs.
@@ -114,17 +113,7 @@ class HostResult:
 
 
 @dataclass
-class Finding:
-    layer: str
-    severity: str  # "leak" fails the run; "warning" does not
-    message: str
-
-    def to_dict(self) -> dict:
-        return {"layer": self.layer, "severity": self.severity, "message": self.message}
-
-
-@dataclass
-class LeakReport:
+class LeakReport(FindingsVerdict):
     command: str
     settings: dict
     model: str
@@ -146,26 +135,6 @@ class LeakReport:
     interrupted: bool = False  # Ctrl-C: what was read is reported, nothing is concluded
     findings: list[Finding] = field(default_factory=list)
     timeline: object = None  # a MemoryTimeline of the run (not in to_dict: --report and --plot draw it)
-
-    @property
-    def leaked(self) -> bool:
-        return any(f.severity == LEAK for f in self.findings)
-
-    @property
-    def not_judged(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == NOT_JUDGED]
-
-    @property
-    def verdict(self) -> str:
-        if self.interrupted:
-            return INTERRUPTED
-        return "leak" if self.leaked else NOT_JUDGED if self.not_judged else "clean"
-
-    @property
-    def exit_code(self) -> int:
-        if self.interrupted:
-            return EXIT_INTERRUPTED
-        return EXIT_LEAK if self.leaked or self.not_judged else EXIT_CLEAN
 
     @property
     def final(self) -> PhaseResult | None:

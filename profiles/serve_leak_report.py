@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from profiles.leak_driver_memory import NOT_APPLICABLE_CPU
-from profiles.leak_report import EXIT_CLEAN, EXIT_LEAK, LEAK, NOT_JUDGED, WARNING, Finding
+from profiles.leak_findings import LEAK, NOT_JUDGED, WARNING, Finding, FindingsVerdict
 from profiles.leak_thresholds import Thresholds
 from profiles.serve_leak_driver import DRIVER_METRIC
 from profiles.serve_leak_host import WARM_REQUESTS
@@ -38,7 +38,7 @@ def tag_of(key: str) -> str:
 
 
 @dataclass
-class ServeLeakReport:
+class ServeLeakReport(FindingsVerdict):
     command: str = ""
     settings: dict = field(default_factory=dict)
     thresholds: Thresholds = field(default_factory=Thresholds)
@@ -56,26 +56,6 @@ class ServeLeakReport:
     host_line: str = ""
     seconds: float = 0.0
     interrupted: bool = False  # leak_render's verdict reads it; this check has no partial report
-
-    @property
-    def leaked(self) -> bool:
-        return any(f.severity == LEAK for f in self.findings)
-
-    @property
-    def not_judged(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == NOT_JUDGED]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == WARNING]
-
-    @property
-    def verdict(self) -> str:
-        return "leak" if self.leaked else NOT_JUDGED if self.not_judged else "clean"
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_LEAK if self.leaked or self.not_judged else EXIT_CLEAN
 
     @property
     def backend(self) -> str:
