@@ -30,7 +30,7 @@ from rocmforge_cli.options import (
 def load_with_progress(path: str, options: LoadOptions, quiet: bool) -> LoadedModel:
     if quiet:
         return load_model(path, options)
-    with Progress(TextColumn("loading [bold]{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+    with Progress(TextColumn("loading [bold]{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TimeRemainingColumn(),
                   console=stderr, transient=True) as bar:
         task = bar.add_task("weights", total=None)
 

@@ -48,3 +48,23 @@ def test_weights_that_fit_without_a_steps_activations_name_step_tokens():
 def test_weights_that_do_not_fit_say_so():
     text = advice(plan(weights=300 * MiB, kv=KV.cache_bytes, activations=1 * MiB, free=200 * MiB))
     assert "the weights alone do not fit" in text and "--step-tokens" not in text
+
+
+def test_weights_that_grow_on_load_are_explained_within_80_columns(demo_model_path):
+    from hipcore.gguf.file import GGUFFile
+    from hipcore.model.memory_plan import make_plan
+    from hipcore.runtime.cpu import CpuDevice
+
+    gguf = GGUFFile.open(str(demo_model_path))
+    device = CpuDevice()
+    try:
+        p = make_plan(device, gguf.plan, ctx_size=256, max_seqs=1, max_step_tokens=64)
+    finally:
+        device.close()
+    # The demo file's matrices are Q4_1: the cpu backend keeps them as f32, about 5.6 times their bytes.
+    assert p.weights > 4 * p.weights_in_file and p.weights_converted > 0.9 * p.weights_in_file
+    text = p.table()
+    assert "weights grow on load: the cpu backend computes on dequantized copies" in " ".join(text.split())
+    assert "as f32" in text and max(len(line) for line in text.splitlines()) <= 80
+    same = plan(weights=100 * MiB, kv=KV.cache_bytes, activations=1 * MiB, free=200 * MiB)  # nothing converted: no note
+    assert "grow" not in same.table() and same.rows()[0][0] == "weights"

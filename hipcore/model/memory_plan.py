@@ -7,11 +7,12 @@ block count that would fit, with nothing allocated (docs/architecture.md, "Out o
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from hipcore.kvcache.config import KvCacheConfig
 from hipcore.model.forward import activation_sizes
-from hipcore.model.weights import planned_weight_bytes
+from hipcore.model.weights import planned_weight_bytes, weight_growth
 from hipcore.runtime.device import Device
 from hipcore.runtime.errors import DeviceOutOfMemory, UsageError
 from hipcore.runtime.ledger import format_bytes
@@ -37,6 +38,22 @@ class MemoryPlan:
     ctx_size: int
     max_seqs: int
     max_step_tokens: int = 0  # prompt tokens a step: what the activations are sized for
+    weights_in_file: int = 0  # the same tensors' bytes in the file
+    weights_converted: int = 0  # of those, the bytes stored in another format on this device (weights_format)
+    weights_format: str = ""
+
+    @property
+    def weights_grow(self) -> bool:
+        return self.weights > self.weights_in_file and self.weights_converted > 0
+
+    def weights_note(self) -> str:
+        """Why the weights take more than the file: a plan that says 513.1 MiB for a 92 MiB file says why."""
+        if not self.weights_grow:
+            return ""
+        why = ("the cpu backend computes on dequantized copies" if self.backend == "cpu"
+               else "types this GPU's kernels do not read are converted")
+        return (f"weights grow on load: {why} ({format_bytes(self.weights_converted)} of the file's "
+                f"{format_bytes(self.weights_in_file)} stored as {self.weights_format})")
 
     @property
     def needed(self) -> int:
@@ -51,7 +68,8 @@ class MemoryPlan:
         local = (f"; sliding-window layers: {kv.window_blocks - 1} blocks of {len(kv.window_layers)} layers"
                  if kv.layer_windows else "")
         return [
-            ("weights", self.weights),
+            (f"weights ({format_bytes(self.weights_in_file)} in the file)" if self.weights_grow else "weights",
+             self.weights),
             (f"kv cache ({kv.num_blocks - 1} blocks x {kv.block_size} tokens, {kv.dtype}{local})", self.kv),
             ("activations", self.activations),
             ("scratch (step inputs, attention workspace)", self.scratch),
@@ -62,7 +80,9 @@ class MemoryPlan:
 
     def table(self) -> str:
         width = max(len(name) for name, _ in self.rows())
-        return "\n".join(f"  {name:<{width}}  {format_bytes(n):>10}" for name, n in self.rows())
+        note = self.weights_note()
+        return "\n".join([f"  {name:<{width}}  {format_bytes(n):>10}" for name, n in self.rows()]
+                         + textwrap.wrap(note, 78, initial_indent="  ", subsequent_indent="  "))
 
     def largest_kv_that_fits(self) -> tuple[int, int]:
         """(usable blocks, tokens) the KV pool could have beside everything else."""
@@ -160,8 +180,10 @@ def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_s
                                   window_blocks=kv_config.window_pool_blocks(max_seqs, max_step_tokens))
     max_blocks = -(-ctx_size // block_size)  # the runner's block tables are as wide as the context
     sizes = activation_sizes(cfg, max_step_tokens, max_seqs, max_blocks, block_size, bool(kv_config.layer_windows))
+    in_file, converted, fmt = weight_growth(device, model_plan)
     return MemoryPlan(
         device=f"{device.name} ({device.arch})", backend=device.backend,
+        weights_in_file=in_file, weights_converted=converted, weights_format=fmt,
         weights=planned_weight_bytes(device, model_plan), kv=kv_config.cache_bytes,
         activations=sum(n for n, tag in sizes.values() if tag in ACTIVATION_TAGS),
         scratch=sum(n for n, tag in sizes.values() if tag == "scratch"),

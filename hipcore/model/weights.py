@@ -195,6 +195,22 @@ def planned_weight_bytes(device: Device, plan) -> int:
     return matrices + (plan.config.rope_dim // 2 * 4 if divisors else 0)
 
 
+def weight_growth(device: Device, plan) -> tuple[int, int, str]:
+    """(bytes in the file, bytes converted to another format on load, that format) of the tensors upload_weights
+    stores: the cpu backend keeps every quantized matrix as f32 (numpy has no quantized product), a GPU stores
+    a type its kernels do not read as f16."""
+    in_file = converted = 0
+    formats: set[str] = set()
+    for name, table, vec in _tensor_roles(plan.config):
+        info = plan.tensor(name)
+        fmt = storage_format(device, info.type_name, is_table=table, is_vector=vec, is_experts=name.endswith("_exps.weight"))
+        in_file += info.nbytes
+        if fmt != info.type_name.lower():
+            converted += info.nbytes
+            formats.add(fmt)
+    return in_file, converted, "/".join(sorted(formats))
+
+
 def rope_factors(gguf) -> np.ndarray | None:
     """float32 [rope_dim / 2]: the file's RoPE frequency divisors, checked finite and positive; None without them."""
     if not _has_rope_freqs(gguf.plan):
