@@ -16,6 +16,7 @@ from hipcore.tokenizer.harmony import HarmonySplitter, is_harmony
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
+from profiles.memory_breakdown import breakdown_table, memory_breakdown
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.stream_text import PROMPT_COLOR, RESET_COLOR
 from rocmforge_cli.threads import Threads, limit_threads, threads_note
@@ -198,6 +199,7 @@ def generate(
             sys.stdout.write("\n")
         record = loaded.engine.finished_record(ending.request_id) if ending else None
         timings = _timings(loaded, record, len(prompt_ids), len(tokens))
+        memory = memory_breakdown(loaded.device)
         if ending is not None and ending.error:
             if ending.ending == Ending.REJECTED:
                 raise UsageError(ending.error)
@@ -207,10 +209,11 @@ def generate(
                 "model": path, "device": loaded.device.describe(), "prompt": text_in, "prompt_tokens": len(prompt_ids),
                 "text": "".join(pieces), **({"reasoning": "".join(thoughts)} if splitter is not None else {}),
                 "tokens": tokens, "ending": ending.ending.value if ending and ending.ending else None,
-                "seed": params.seed, "seed_drawn": drawn_seed, "timings": timings,
+                "seed": params.seed, "seed_drawn": drawn_seed, "timings": timings, "memory": memory,
             }, ensure_ascii=False))
         elif not quiet:
             stderr.print(format_timings(timings), highlight=False)
+            stderr.print(breakdown_table(memory))
 
 
 def report_interrupt(loaded: LoadedModel, started: float, first_at: Optional[float], prompt_tokens: int, generated: int,

@@ -76,7 +76,7 @@ def test_chat_json_has_every_field_and_llamacpps_prompt():
     (line,) = result.stdout.splitlines()
     out = json.loads(line)
     assert set(out) == {"model", "device", "prompt", "prompt_tokens", "text", "tokens", "ending", "seed", "seed_drawn",
-                        "timings"}
+                        "timings", "memory"}
     assert out["prompt"] == CHAT["text"] and out["prompt_tokens"] == len(CHAT["prompt_ids"])  # the default system prompt
     assert out["tokens"] == CHAT["greedy_ids"][:1] and out["text"] == "The"  # llama.cpp's first token, margin 0.6
     assert out["ending"] == "length" and isinstance(out["seed"], int) and out["seed_drawn"] is True  # repeatable
