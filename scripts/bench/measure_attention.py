@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -34,12 +33,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from profiles.bench import source_commit as commit  # noqa: E402
 from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype  # noqa: E402
 from hipcore.ops import paged_attention  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
 from hipcore.runtime.selection import pick_device  # noqa: E402
+from measure_matvec import timed  # noqa: E402
 
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 MAX_CONTEXT = 8192
@@ -49,19 +50,6 @@ SCALE = float(np.float32(1 / np.sqrt(HEAD_DIM)))
 CASES = [(f"decode {b} x {c}", b, c, 1) for b in (1, 64) for c in (128, 512, 2048, 8192)] + [("prompt 512", 1, 512, 512)]
 PATTERN_BYTES = 1 << 22  # random K/V bytes tiled over the pools
 MAX_COPIES = 256  # graph nodes per replay at most
-
-
-def timed(dev, stream, fn, repeats: int) -> float:
-    """Median over `repeats` of the event-timed milliseconds of fn() on stream."""
-    start, end = dev.create_event(), dev.create_event()
-    times = []
-    for _ in range(repeats):
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_ms(end))
-    return statistics.median(times)
 
 
 def random_pool(dev, stream, rng, kv: str, nbytes: int):
