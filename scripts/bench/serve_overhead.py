@@ -40,15 +40,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[2]  # the repository
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
-SAMPLE_TEXT = (
-    "The history of computing is a story of layers. Each generation of engineers builds on the abstractions "
-    "left by the one before, and each layer hides the details of the layer below it. A programmer who writes "
-    "a web server rarely thinks about the instructions the processor executes, and the designer of a "
-    "processor rarely thinks about the web servers that will run on it. Yet the boundaries leak: a cache "
-    "miss, a lock held too long, a copy made once per byte instead of once per buffer, and the layers above "
-    "feel it. Good systems are built by people who can move between the layers when they must. Café, naïve, "
-    "日本語のテキスト, emoji 🙂 and other characters that take several bytes keep the decoder honest. "
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_host_cost import SAMPLE_TEXT  # noqa: E402  (the same text for both measures of the host)
 
 
 # ---- the child: the real server over an instant runner ---------------------------------------------------
