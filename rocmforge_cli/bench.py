@@ -17,6 +17,7 @@ from profiles.bench import (
 from profiles.llama_cpp_runs import batched_bench_beside, run_llama_bench, run_llama_batched_bench
 from profiles.decode_profile import DecodeProfile, profile_decode
 from rocmforge_cli.bench_prefix import prefix_reuse_command
+from profiles.memory_breakdown import breakdown_table, memory_breakdown
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.options import Device, KvDtype, Model, Quiet, resolve_model
 from rocmforge_cli.threads import Threads, limit_threads, threads_note
@@ -199,6 +200,7 @@ def bench_command(
                 report.interrupted = True
                 report.notes.append(f"interrupted after {len(report.results)} of {cfg.test_count} tests: "
                                     "the rows above are all that was measured")
+            memory = memory_breakdown(dev)  # while the model is loaded: what it holds
         finally:
             loaded.close()
     finally:
@@ -207,6 +209,7 @@ def bench_command(
         out = report.to_dict()
         if prof is not None:
             out["profile"] = prof.to_dict()
+        out["memory"] = memory
         print(json.dumps(out, indent=2))
     else:
         print("\n".join(table_foot(report)))
@@ -214,6 +217,8 @@ def bench_command(
             print()
             print(profile_markdown(prof))
     sys.stdout.flush()
+    if output != "json" and not quiet:
+        stderr.print(breakdown_table(memory))
     if report.interrupted:
         stderr.print("interrupted")
         raise typer.Exit(130)

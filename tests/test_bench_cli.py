@@ -33,6 +33,8 @@ def test_json_report_has_every_test_and_the_facts(tiny):
         assert r["mean"] == pytest.approx(sum(r["tokens_per_second"]) / 2)
     assert report["backend"] == "cpu" and report["kv_dtype"] == "f16" and report["quant"] == "F32"
     assert report["graphs"] is True and report["commit"] and report["model"] == "tiny.gguf"
+    memory = report["memory"]  # taken while the model was loaded
+    assert memory["weights"] > 0 and memory["kv_cache"] > 0 and memory["ledger"] >= memory["weights"] + memory["kv_cache"]
 
 
 def test_markdown_table_and_profile(tiny):
