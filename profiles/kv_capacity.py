@@ -18,7 +18,7 @@ from typing import Iterable
 
 from hipcore.errors import UsageError
 from hipcore.kvcache import KV_DTYPES, KvCacheConfig, KvConfigError, kv_dtype
-from hipcore.model.forward import activation_sizes
+from hipcore.model.activations import activation_sizes
 from hipcore.model.memory_plan import MARGIN_CAP, MARGIN_FRACTION
 from profiles.presets import ModelShape
 from profiles.weight_types import WEIGHT_TYPES, bits_per_weight, weights_as  # noqa: F401 (WEIGHT_TYPES: the CLI's list)

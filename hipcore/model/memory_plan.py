@@ -11,7 +11,7 @@ import textwrap
 from dataclasses import dataclass
 
 from hipcore.kvcache.config import KvCacheConfig
-from hipcore.model.forward import activation_sizes
+from hipcore.model.activations import activation_sizes
 from hipcore.model.weights import planned_weight_bytes, weight_growth
 from hipcore.runtime.device import Device
 from hipcore.runtime.errors import DeviceOutOfMemory, UsageError

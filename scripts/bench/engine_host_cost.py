@@ -139,7 +139,7 @@ def build(model_path: str, max_seqs: int, ctx: int, pack: bool):
     from hipcore.gguf.file import GGUFFile
     from hipcore.kvcache.cache import KvCache
     from hipcore.kvcache.config import KvCacheConfig
-    from hipcore.model.forward import step_capacity
+    from hipcore.model.activations import step_capacity
     from hipcore.model.step_inputs import StepInputs
     from hipcore.runtime.selection import pick_device
     from hipcore.tokenizer.tokenizer import Tokenizer
