@@ -43,7 +43,9 @@ _NO_MEANING: dict[tuple[str, ...], str] = {
     ("-hf", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"):
         "rocmforge downloads nothing: fetch the GGUF file first and pass -m PATH",
     ("-a", "--alias"): "the model's name in the API is serve's --model-name",
-    ("-cram", "--cache-ram", "--cache-reuse"): "there is no prompt cache here; drop the flag",
+    ("-cram", "--cache-ram", "--cache-reuse"):
+        "serve reuses cached prompt prefixes from the KV cache's own blocks (on by default, --no-prefix-cache turns "
+        "it off), with no cache in host RAM to size; drop the flag",
 }
 NO_MEANING: dict[str, str] = {flag: note for flags, note in _NO_MEANING.items() for flag in flags}
 

@@ -124,6 +124,15 @@ def test_the_ngl_line_says_what_to_do():
     assert one_error_line(result) == "error: -ngl: every layer runs on the GPU here; drop the flag"
 
 
+@pytest.mark.parametrize("flag", ["-cram", "--cache-ram", "--cache-reuse"])
+def test_the_prompt_cache_flags_point_at_prefix_caching(flag):
+    """serve caches prompts' prefixes (on by default): the line says so rather than that there is no cache."""
+    result = runner.invoke(app, ["serve", flag, "8192", "-m", "missing.gguf"])
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert "--no-prefix-cache" in line and "no prompt cache" not in line
+
+
 @pytest.mark.parametrize("args, words", [
     (["generate", "-nx", "3"], "-nx: no such option for generate (not -n with the value 'x'"),
     (["serve", "-cgarbage"], "-cgarbage: no such option for serve (not -c with the value 'garbage'"),
