@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from rocmforge_serve.api_errors import ApiError
+
 log = logging.getLogger("rocmforge.serve")
 
 
@@ -37,8 +39,7 @@ class ConnectionLimits:
 
 
 def _refusal_bytes(status: int, message: str, code: str) -> bytes:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode("utf-8")
+    body = json.dumps(ApiError(status, message, code=code).body()).encode("utf-8")
     return b"".join([STATUS_LINE[status], b"content-type: application/json\r\n",
                      b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body])
 
