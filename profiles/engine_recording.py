@@ -4,6 +4,7 @@ is called from (run_until_idle included), samples the timeline and notes each re
 
 from __future__ import annotations
 
+import threading
 import time
 
 from hipcore.engine.request import Phase
@@ -17,19 +18,26 @@ def record_engine(engine, cache, timeline: MemoryTimeline, ledger=None, trace: T
     """Wrap `engine`'s submit and step; returns a function that unwraps them."""
     submit, step = engine.submit, engine.step
     live: dict[int, object] = {}
+    lock = threading.Lock()  # serve submits from its HTTP threads while its engine thread steps
 
     def recorded_submit(prompt, params, **kwargs):
         rid = submit(prompt, params, **kwargs)
         label = kwargs.get("tag", "") or "request"
-        timeline.request_started(rid, label)
-        if trace is not None:
-            trace.request_started(rid, label)
-        live[rid] = engine.request(rid)
+        with lock:
+            timeline.request_started(rid, label)
+            if trace is not None:
+                trace.request_started(rid, label)
+            live[rid] = engine.request(rid)
         return rid
 
     def recorded_step():
         started, replays = time.perf_counter(), graph_replays(engine)
         events = step()
+        with lock:
+            _after_step(started, replays)
+        return events
+
+    def _after_step(started, replays):
         if trace is not None:
             trace.step(started, time.perf_counter(), len(live), graph_replays(engine) - replays)
         timeline.track_requests(cache, ((rid, r) for rid, r in live.items() if r is not None))
@@ -42,7 +50,6 @@ def record_engine(engine, cache, timeline: MemoryTimeline, ledger=None, trace: T
                 del live[rid]
         if timeline.due() and not cache.closed:
             timeline.sample_cache(cache, ledger, driver_free(), anon_rss_bytes())
-        return events
 
     engine.submit, engine.step = recorded_submit, recorded_step
     if trace is not None and ledger is not None:

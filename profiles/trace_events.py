@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class TraceRecorder:
         self.count = 0
         self.dropped = 0
         self.names: dict[str, int] = {}
+        self._lock = threading.Lock()  # allocations may come from several threads (serve)
 
     def _us(self, t: float | None = None) -> float:
         return ((self.clock() if t is None else t) - self.started) * 1e6
@@ -62,12 +64,13 @@ class TraceRecorder:
         return self.names.get(text, -1)
 
     def _add(self, kind: int, ts: float, ints: tuple, dur: float = -1.0) -> None:
-        if self.count >= self.max_events:
-            self.dropped += 1
-            return
-        k = self.count
-        self.ts[k], self.dur[k], self.kind[k], self.ints[k] = ts, dur, kind, ints
-        self.count += 1
+        with self._lock:
+            if self.count >= self.max_events:
+                self.dropped += 1
+                return
+            k = self.count
+            self.ts[k], self.dur[k], self.kind[k], self.ints[k] = ts, dur, kind, ints
+            self.count += 1
 
     # ---- what is recorded -----------------------------------------------------------------------
 

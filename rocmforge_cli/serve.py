@@ -12,6 +12,10 @@ import typer
 
 from hipcore.engine.loader import LoadOptions
 from hipcore.errors import EXIT_FAILURE, UsageError
+from profiles.engine_recording import record_engine
+from profiles.memory_breakdown import breakdown_table, memory_breakdown
+from profiles.memory_timeline import MemoryTimeline
+from rocmforge_cli.picture_options import PlotFile, ReportFile, TraceFile, check_picture_paths, write_pictures, write_trace
 from rocmforge_cli.common import handle_errors, stderr
 from rocmforge_cli.generate import load_with_progress
 from rocmforge_cli.threads import Threads, limit_threads, threads_note
@@ -47,6 +51,9 @@ def serve_command(
     one_process: Annotated[bool, typer.Option("--one-process", help="Run the HTTP layer in the engine's process instead of a process of its own (one interpreter: less to start, slower on small models under many clients). Always so on Windows.")] = False,
     quiet: Annotated[bool, quiet_option("No progress or memory plan on stderr.")] = False,
     threads: Threads = None,
+    report_file: ReportFile = None,
+    plot_file: PlotFile = None,
+    trace_file: TraceFile = None,
     plant_bug: PlantBug = None,
 ) -> None:
     """Serve the model over HTTP with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions (streaming too), /health (liveness), /load (readiness and load) and /metrics.
@@ -60,6 +67,7 @@ def serve_command(
       rocmforge serve -m model.gguf --parallel 32 --api-key secret
       rocmforge serve --host 0.0.0.0 --allowed-hosts gpu1.lan --cors-origins http://localhost:3000 --api-key secret
       rocmforge serve --no-prefix-cache          (compute every prompt from its first token)
+      rocmforge serve --report serve.html --trace serve.json   (written at exit)
       curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"Hi"}]}'
     """
     check_options(ctx_size, kv_dtype, kv_blocks, kv_memory)
@@ -72,6 +80,7 @@ def serve_command(
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty")
     path = resolve_model(model)
+    trace = check_picture_paths(report_file, plot_file, trace_file)
     from rocmforge_serve.server import Server, bound_socket  # the ASGI stack loads only for this command
 
     try:  # before the model loads: a port in use is said at once, not after a minute of loading
@@ -95,6 +104,11 @@ def serve_command(
             if warmup and loaded.device.arch != "cpu":  # the cpu backend loads nothing lazily and captures no graph
                 warm_up_with_progress(loaded.engine, parallel, quiet)
             name = model_name or Path(path).name.removesuffix(".gguf")
+            timeline = None
+            if report_file or plot_file or trace:
+                timeline = MemoryTimeline(f"serve {name}", total_blocks=loaded.cache.num_usable_blocks)
+                record_engine(loaded.engine, loaded.cache, timeline, loaded.device.ledger, trace,
+                              loaded.device.driver_free_bytes)
             server = Server(loaded, name=name, host=host, port=port, max_queue=queue, api_key=api_key, grace_s=grace,
                             log_level="warning" if quiet else "info", ignore_eos=ignore_eos, http_process=two_processes,
                             queue_timeout_s=queue_timeout, allowed_hosts=hosts, cors_origins=origins,
@@ -104,8 +118,15 @@ def serve_command(
                          f"{parallel} in parallel, queue {queue}; HTTP {server.http}, event loop {server.loop}, {where}); "
                          f"Ctrl-C stops", highlight=False, markup=False)
             report = server.run(sockets=[listening])  # its line is logged (stderr) by the shutdown check
+            memory = memory_breakdown(loaded.device)  # what the model held, before it is closed
     finally:
         listening.close()
+    if not quiet:
+        stderr.print(breakdown_table(memory))
+    if timeline is not None:
+        timeline.verdict = "clean" if report.clean else "leak"
+        write_pictures(timeline, report_file, plot_file, summary=[report.line()])
+    write_trace(trace, trace_file, {"command": "serve", "model": path})
     ledger_left = loaded.device.ledger.total_bytes
     if ledger_left:
         stderr.print(f"after close the ledger still holds {ledger_left} bytes", highlight=False)

@@ -1,0 +1,51 @@
+"""`rocmforge serve --report/--plot/--trace`: written at exit (SIGTERM), with the requests it served as spans and
+steps on the trace, and the memory breakdown printed after the shutdown check."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from support.engine_testing import tiny_model
+from test_serve_shutdown import free_port
+from test_trace_events import validate
+
+
+def test_serve_writes_its_pictures_at_exit(tmp_path_factory, tmp_path):
+    model = tiny_model(tmp_path_factory)
+    page, trace = tmp_path / "serve.html", tmp_path / "serve.json"
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "rocmforge_cli.app", "serve", "--model", str(model), "--device",
+                               "cpu", "--port", str(port), "--report", str(page), "--trace", str(trace)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.1)
+        for k in range(3):
+            answer = httpx.post(url + "/v1/completions", json={"prompt": [5, 6, 7 + k], "max_tokens": 4}, timeout=30)
+            assert answer.status_code == 200
+        server.send_signal(signal.SIGTERM)
+        output, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, output
+    assert "memory breakdown" in output and "this process (the ledger)" in output
+    data = json.loads(page.read_text().split('id="memory-timeline">')[1].split("</script>")[0])
+    assert data["verdict"] == "clean" and len(data["spans"]) == 3 and all(s["end"] is not None for s in data["spans"])
+    events = json.loads(trace.read_text())
+    assert validate(events) == {}  # the model closed: every allocation freed
+    assert sum(e["name"] == "engine step" for e in events["traceEvents"]) >= 3
