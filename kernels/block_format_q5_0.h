@@ -38,9 +38,9 @@ struct Q5_0 {
       w[4 + j] = d * (float)((int)(((q >> (8 * j + 4)) & 15u) | (((h >> (16 + j)) & 1u) << 4)) - kBias);
     }
   }
-  // Elements k .. k + 7 (k % 8 == 0) from the four 2-byte code words at qs[k % 16 ..], h = qh >> k; shift 0 or 4.
+  // Elements k .. k + 7 (k % 8 == 0) from the four 2-byte code words at qs[k % 16 ..]; shift 0 (k < 16) or 4; h = qh >> k.
   template <class Code = PlainCodes>
-  static __device__ __forceinline__ void decode8(float d, const unsigned short q[4], unsigned int h, int shift, float w[8]) {
+  static __device__ __forceinline__ void decode8(float d, const unsigned short q[4], int shift, unsigned int h, float w[8]) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const unsigned int code = ((q[k >> 1] >> (8 * (k & 1) + shift)) & 15u) | (((h >> k) & 1u) << 4);

@@ -36,9 +36,9 @@ struct Q5_1 {
       w[4 + j] = fmaf(d, (float)(((q >> (8 * j + 4)) & 15u) | (((h >> (16 + j)) & 1u) << 4)), m);
     }
   }
-  // Elements k .. k + 7 (k % 8 == 0) from the two code words at qs[k % 16 ..], h = qh >> k; shift 0 or 4.
+  // Elements k .. k + 7 (k % 8 == 0) from the two code words at qs[k % 16 ..]; shift 0 (k < 16) or 4; h = qh >> k.
   template <class Code = PlainCodes>
-  static __device__ __forceinline__ void decode8(float d, float m, const unsigned int q[2], unsigned int h, int shift,
+  static __device__ __forceinline__ void decode8(float d, float m, const unsigned int q[2], int shift, unsigned int h,
                                                  float w[8]) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) {

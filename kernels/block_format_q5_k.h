@@ -35,6 +35,11 @@ struct Q5_K : KScales {
     lo = low_nibbles(q) | (((h >> (2 * c)) & kByteOnes) << 4);
     hi = high_nibbles(q) | (((h >> (2 * c + 1)) & kByteOnes) << 4);
   }
+  // The fifth bits alone, or-ed onto Q4_K::codes' nibbles (the same codes, in that order).
+  static __device__ __forceinline__ void add_fifth_bits(unsigned int h, int c, unsigned int& lo, unsigned int& hi) {
+    lo |= ((h >> (2 * c)) & kByteOnes) << 4;
+    hi |= ((h >> (2 * c + 1)) & kByteOnes) << 4;
+  }
 };
 
 // Q4_K or Q5_K by whether the codes have a fifth bit (the ops that read both with one template).

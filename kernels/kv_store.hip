@@ -15,6 +15,7 @@
 // q8_0 gives each 32-element block to 32 consecutive lanes (a whole NVIDIA/RDNA warp, half a CDNA
 // one), which find its amax with shuffles of width 32. Block size: a multiple of 64 up to 256.
 #include "hip_compat.h"
+#include "block_format_q8_0.h"  // the q8_0 rows' layout
 
 namespace rf_kv_store {
 
@@ -66,7 +67,7 @@ __device__ __forceinline__ void store_elementwise(unsigned char* __restrict__ k_
   }
 }
 
-constexpr int kQ8Elems = 32, kQ8Bytes = 34;
+constexpr int kQ8Elems = rf_blocks::Q8_0::kValues, kQ8Bytes = rf_blocks::Q8_0::kBytes;
 
 __device__ __forceinline__ void store_q8_0(unsigned char* __restrict__ k_pool, unsigned char* __restrict__ v_pool,
                                            const float* __restrict__ k, const float* __restrict__ v,
@@ -104,7 +105,7 @@ __device__ __forceinline__ void store_q8_0(unsigned char* __restrict__ k_pool, u
         unsigned char* dst = (is_v ? v_pool : k_pool) + (first_row + (unsigned long long)head * block_size) * row_bytes +
                              (unsigned long long)quant_block * kQ8Bytes;
         if (lane == 0) *reinterpret_cast<unsigned short*>(dst) = rf_float_to_f16(d);
-        dst[2 + lane] = (unsigned char)(signed char)q;
+        dst[rf_blocks::Q8_0::kQsAt + lane] = (unsigned char)(signed char)q;
       }
     }
   }

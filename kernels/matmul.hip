@@ -27,6 +27,7 @@
 // Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matvec
 // (F32 16 bytes, F16/BF16 16, Q4_1/Q5_1/Q4_K/Q5_K 4, Q8_0/Q4_0/Q5_0/Q6_K 2); x 16-byte aligned; blockDim 256.
 #include "hip_compat.h"
+#include "block_formats.h"  // the layouts and their decode primitives
 
 namespace {
 namespace mm {
@@ -88,140 +89,101 @@ struct BF16 {
   }
 };
 
-// Q8_0 block {half d; int8 qs[32]} (34 bytes, 2-byte aligned): qs[k .. k+7], k = col % 32.
+// Q8_0 (34 bytes, 2-byte aligned): qs[k .. k+7], k = col % 32.
 struct Q8_0 {
+  typedef rf_blocks::Q8_0 B;
   struct Raw {
     unsigned short d, q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 34; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 34);
-    const unsigned short* q = b + 1 + ((col & 31) >> 1);
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + ((col & 31) >> 1);
     return {b[0], {q[0], q[1], q[2], q[3]}};
   }
-  static __device__ __forceinline__ void decode(const Raw r, int, float w[8]) {
-    const float d = rf_f16_to_float(r.d);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[2 * k] = d * (float)(signed char)(r.q[k] & 0xffu);
-      w[2 * k + 1] = d * (float)(signed char)(r.q[k] >> 8);
-    }
-  }
+  static __device__ __forceinline__ void decode(const Raw r, int, float w[8]) { B::decode8(rf_f16_to_float(r.d), r.q, w); }
 };
 
-// Q4_0 block {half d; uint8 qs[16]} (18 bytes, 2-byte aligned): columns k .. k+7 (k = col % 32) are the
-// low nibbles of qs[k .. k+7] when k < 16, else the high nibbles of qs[k-16 .. k-9].
+// Q4_0 (18 bytes, 2-byte aligned): columns k .. k+7 (k = col % 32) are the low nibbles of qs[k .. k+7] when
+// k < 16, else the high nibbles of qs[k-16 .. k-9].
 struct Q4_0 {
+  typedef rf_blocks::Q4_0 B;
   struct Raw {
     unsigned short d, q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 18; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 18);
-    const unsigned short* q = b + 1 + ((col & 15) >> 1);
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + ((col & 15) >> 1);
     return {b[0], {q[0], q[1], q[2], q[3]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const float d = rf_f16_to_float(r.d);
-    const int shift = (col & 16) >> 2;  // 0 or 4
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[2 * k] = d * (float)((int)((r.q[k] >> shift) & 15u) - 8);
-      w[2 * k + 1] = d * (float)((int)((r.q[k] >> (8 + shift)) & 15u) - 8);
-    }
+    B::decode8(rf_f16_to_float(r.d), r.q, (col & 16) >> 2, w);
   }
 };
 
 // Q4_1 block {half d; half m; uint8 qs[16]} (20 bytes, 4-byte aligned): nibbles as in Q4_0.
 struct Q4_1 {
+  typedef rf_blocks::Q4_1 B;
   struct Raw {
     unsigned int dm, q[2];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * 20);
-    const unsigned int* q = b + 1 + ((col & 15) >> 2);
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * B::kBytes);
+    const unsigned int* q = b + B::kQsAt / 4 + ((col & 15) >> 2);
     return {b[0], {q[0], q[1]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
-    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
-    const int shift = (col & 16) >> 2;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w[k] = fmaf(d, (float)((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u), m);
+    B::decode8(B::d_of(r.dm), B::m_of(r.dm), r.q, (col & 16) >> 2, w);
   }
 };
 
-// Q5_1 block {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes, 4-byte aligned): Q4_1's nibbles with
-// bit k of qh (a little-endian word) on top of column k's code (k = col % 32).
+// Q5_1 (24 bytes, 4-byte aligned): Q4_1's nibbles with bit k of qh on top of column k's code (k = col % 32).
 struct Q5_1 {
+  typedef rf_blocks::Q5_1 B;
   struct Raw {
     unsigned int dm, h, q[2];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * 24);
-    const unsigned int* q = b + 2 + ((col & 15) >> 2);
-    return {b[0], b[1], {q[0], q[1]}};
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * B::kBytes);
+    const unsigned int* q = b + B::kQsAt / 4 + ((col & 15) >> 2);
+    return {b[0], b[B::kQhAt / 4], {q[0], q[1]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
-    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
-    const int shift = (col & 16) >> 2;
-    const unsigned int h = r.h >> (col & 31);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      w[k] = fmaf(d, (float)(((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u) | (((h >> k) & 1u) << 4)), m);
-    }
+    B::decode8(B::d_of(r.dm), B::m_of(r.dm), r.q, (col & 16) >> 2, r.h >> (col & 31), w);
   }
 };
 
-// Q5_0 block {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, 2-byte aligned): d * (q - 16), q as in Q5_1.
+// Q5_0 (22 bytes, 2-byte aligned): Q5_1's codes, 2-byte loads.
 struct Q5_0 {
+  typedef rf_blocks::Q5_0 B;
   struct Raw {
     unsigned short d, h[2], q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 22; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 22);
-    const unsigned short* q = b + 3 + ((col & 15) >> 1);
-    return {b[0], {b[1], b[2]}, {q[0], q[1], q[2], q[3]}};
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + ((col & 15) >> 1);
+    return {b[0], {b[B::kQhAt / 2], b[B::kQhAt / 2 + 1]}, {q[0], q[1], q[2], q[3]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const float d = rf_f16_to_float(r.d);
-    const int shift = (col & 16) >> 2;
-    const unsigned int h = ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (col & 31);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const unsigned int q = ((r.q[k >> 1] >> (8 * (k & 1) + shift)) & 15u) | (((h >> k) & 1u) << 4);
-      w[k] = d * (float)((int)q - 16);
-    }
+    B::decode8(rf_f16_to_float(r.d), r.q, (col & 16) >> 2,
+               ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (col & 31), w);
   }
 };
 
 static __device__ __forceinline__ int lesser(int a, int b) { return a < b ? a : b; }
 
-static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
-
-// The 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K / Q5_K super-block from its 12 scale bytes
-// as three words (as matvec.hip's k_scale_min; hipcore/ops/weight_formats.py k_scales documents it).
-static __device__ __forceinline__ void k_scale_min(unsigned int s0, unsigned int s1, unsigned int s2, int sub, float& sc,
-                                                   float& m) {
-  const int k = sub & 3;
-  const unsigned int a = byte_of(s0, k), b = byte_of(s1, k), c = byte_of(s2, k);
-  sc = (float)(sub < 4 ? (a & 63u) : ((c & 15u) | ((a >> 6) << 4)));
-  m = (float)(sub < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
-}
-
-// Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes). Column e = col % 256
-// lies in chunk j = e / 64 of qs[32j .. 32j+31]: the low nibbles of qs[32j + l] for e % 64 < 32 (sub-block
-// 2j), else the high nibbles (sub-block 2j+1), l = e % 32.
-// Q5_K {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes) adds bit `sub` of
-// qh[l] as the fifth bit.
+// Q4_K and Q5_K (block_format_q4_k.h, block_format_q5_k.h): column e = col % 256 lies in chunk j = e / 64 of
+// qs[32j .. 32j+31]: the low nibbles of qs[32j + l] for e % 64 < 32 (sub-block 2j), else the high nibbles
+// (sub-block 2j+1), l = e % 32; Q5_K adds bit `sub` of qh[l] as the fifth bit.
 template <bool kFiveBit>
 struct QK_4or5 {
-  static constexpr int kBlockBytes = kFiveBit ? 176 : 144;
-  static constexpr int kQsWord = kFiveBit ? 12 : 4;  // where qs starts, in words
+  typedef typename rf_blocks::Q4or5_K<kFiveBit>::type B;
+  static constexpr int kBlockBytes = B::kBytes;
+  static constexpr int kQsWord = B::kQsAt / 4;  // where qs starts, in words
   struct Raw {
     unsigned int dm, s0, s1, s2, q[2], h[2];
   };
@@ -232,13 +194,13 @@ struct QK_4or5 {
     const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 8) * kBlockBytes);
     const int e = col & 255, l4 = (e & 31) >> 2;
     const unsigned int* q = b + kQsWord + 8 * (e >> 6) + l4;
-    const unsigned int* h = b + 4 + l4;  // qh[l .. l+7], Q5_K only
+    const unsigned int* h = b + rf_blocks::Q5_K::kQhAt / 4 + l4;  // qh[l .. l+7], Q5_K only
     return {b[0], b[1], b[2], b[3], {q[0], q[1]}, {kFiveBit ? h[0] : 0u, kFiveBit ? h[1] : 0u}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
     const int e = col & 255, sub = e >> 5, shift = 4 * (sub & 1);
     float sc, m;
-    k_scale_min(r.s0, r.s1, r.s2, sub, sc, m);
+    B::scale_min(r.s0, r.s1, r.s2, sub, sc, m);
     const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu)) * sc;  // exact: 11 x 6 bits
     const float neg_min = -(rf_f16_to_float((unsigned short)(r.dm >> 16)) * m);
 #pragma unroll
@@ -252,21 +214,21 @@ struct QK_4or5 {
 typedef QK_4or5<false> Q4_K;
 typedef QK_4or5<true> Q5_K;
 
-// Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned).
-// Column e = col % 256: half h = e / 128, quarter s = (e % 128) / 32, l = e % 32; the code is nibble
+// Q6_K (block_format_q6_k.h; 210 bytes, 2-byte aligned). Column e = col % 256: half h = e / 128, quarter s = (e % 128) / 32, l = e % 32; the code is nibble
 // s >> 1 of ql[64h + 32(s & 1) + l] with bits 2s, 2s+1 of qh[32h + l] on top, minus 32; the scale is
 // scales[e / 16].
 struct Q6_K {
+  typedef rf_blocks::Q6_K B;
   struct Raw {
     unsigned short ql[4], qh[4], sc, d;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 8) * 210);
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 8) * B::kBytes);
     const int e = col & 255, h = e >> 7, s = (e >> 5) & 3, l2 = (e & 31) >> 1;
     const unsigned short* ql = b + 32 * h + 16 * (s & 1) + l2;
-    const unsigned short* qh = b + 64 + 16 * h + l2;
-    return {{ql[0], ql[1], ql[2], ql[3]}, {qh[0], qh[1], qh[2], qh[3]}, b[96 + (e >> 5)], b[104]};
+    const unsigned short* qh = b + B::kQhAt / 2 + 16 * h + l2;
+    return {{ql[0], ql[1], ql[2], ql[3]}, {qh[0], qh[1], qh[2], qh[3]}, b[B::kScalesAt / 2 + (e >> 5)], b[B::kDAt / 2]};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
     const int e = col & 255, s = (e >> 5) & 3;

@@ -1,7 +1,8 @@
 // Part of the paged_attention op (kernels/paged_attention.hip includes it; built and hashed with it:
 // hipcore/runtime/kernels.py source_files): the kernel's constants and the KV cache formats, each a
-// lane's raw words of a row and how they decode to floats.
+// lane's raw words of a row and how they decode to floats (block_formats.h's primitives).
 #pragma once
+#include "block_formats.h"  // the layouts and their decode primitives
 
 namespace rf_paged_attention {
 
@@ -70,29 +71,23 @@ struct F32Kv {
   }
 };
 
-// Q8_0 block: {half d; int8 q[32]}, 34 bytes, value d * q; chunk c is q[8(c%4) .. 8(c%4)+7] of block c/4.
-// A lane's words start at its block (the scale); lane_aux is where its 8 quants sit in the block.
+// Q8_0 (block_format_q8_0.h): chunk c is qs[8(c%4) .. 8(c%4)+7] of block c/4. A lane's words start at its
+// block (the scale); lane_aux is where its 8 quants sit in the block.
 struct Q8_0Kv {
+  typedef rf_blocks::Q8_0 B;
   struct Raw {
     unsigned short d, q[4];
   };
   // 2: five 16-bit words per key, unpacked into registers each, spill on AMD at 4 with two tiles in flight.
   static constexpr int kUnroll = 2;
-  static __device__ __forceinline__ unsigned int row_bytes(int head_dim) { return (unsigned int)(head_dim / 32) * 34; }
-  static __device__ __forceinline__ int lane_offset(int chunk) { return (chunk >> 2) * 34; }
-  static __device__ __forceinline__ int lane_aux(int chunk) { return 2 + 8 * (chunk & 3); }
+  static __device__ __forceinline__ unsigned int row_bytes(int head_dim) { return (unsigned int)(head_dim / B::kValues) * B::kBytes; }
+  static __device__ __forceinline__ int lane_offset(int chunk) { return (chunk >> 2) * B::kBytes; }
+  static __device__ __forceinline__ int lane_aux(int chunk) { return B::kQsAt + 8 * (chunk & 3); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ p, int aux) {
     const unsigned short* q = reinterpret_cast<const unsigned short*>(p + aux);
     return {*reinterpret_cast<const unsigned short*>(p), {q[0], q[1], q[2], q[3]}};
   }
-  static __device__ __forceinline__ void decode(const Raw r, float v[kChunk]) {
-    const float d = rf_f16_to_float(r.d);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = d * (float)(signed char)(r.q[i] & 0xffu);
-      v[2 * i + 1] = d * (float)(signed char)(r.q[i] >> 8);
-    }
-  }
+  static __device__ __forceinline__ void decode(const Raw r, float v[kChunk]) { B::decode8(rf_f16_to_float(r.d), r.q, v); }
 };
 
 }  // namespace rf_paged_attention

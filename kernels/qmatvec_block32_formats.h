@@ -18,19 +18,20 @@ static __device__ __forceinline__ int slice_codes_dot(const unsigned int lo[4], 
   return s;
 }
 
-// Q4_1 block {half d; half m; uint8 qs[16]} (20 bytes, 4-byte aligned): Q4_0's nibbles, w = d * q + m, so a
-// slice's sum is d * (codes . x) + m * sum(x). Five aligned 4-byte loads: d|m and the 16 code bytes.
+// Q4_1 (block_format_q4_1.h; 20 bytes, 4-byte aligned): Q4_0's nibbles, w = d * q + m, so a slice's sum is
+// d * (codes . x) + m * sum(x). Five aligned 4-byte loads: d|m and the 16 code bytes.
 struct Q4_1Format {
   struct Raw {
     unsigned int dm, q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
+  typedef rf_blocks::Q4_1 B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
-    const unsigned char* b = row + slice * 20;
+    const unsigned char* b = row + slice * B::kBytes;
     Raw r;
     r.dm = load_weights4(b);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r.q[i] = load_weights4(b + 4 + 4 * i);
+    for (int i = 0; i < 4; ++i) r.q[i] = load_weights4(b + B::kQsAt + 4 * i);
     return r;
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
@@ -43,8 +44,8 @@ struct Q4_1Format {
   static __device__ __forceinline__ Decoded decode(const Raw r, int) {
     Decoded k;
     Q4_0Format::nibble_codes(r.q, k.lo, k.hi);
-    k.d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
-    k.m = rf_f16_to_float((unsigned short)(r.dm >> 16));
+    k.d = B::d_of(r.dm);
+    k.m = B::m_of(r.dm);
     return k;
   }
   static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) {
@@ -54,10 +55,9 @@ struct Q4_1Format {
 };
 
 // The fifth bits of Q5_0 / Q5_1: bits 4i .. 4i + 3 of h (elements 4i .. 4i + 3 of a run) moved to bit 4 of
-// bytes 0 .. 3, to be or-ed onto the nibbles.
+// bytes 0 .. 3, to be or-ed onto the nibbles (rf_blocks::fifth_bits4).
 static __device__ __forceinline__ unsigned int fifth_bits(unsigned int h, int i) {
-  const unsigned int b = (h >> (4 * i)) & 15u;
-  return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4;
+  return rf_blocks::fifth_bits4((h >> (4 * i)) & 15u);
 }
 
 // A Q5_0 / Q5_1 slice's codes: the nibbles of q with the fifth bits of h (bits 0..15 run a's, 16..31 run b's).
@@ -65,25 +65,25 @@ static __device__ __forceinline__ void five_bit_codes(const unsigned int q[4], u
                                                       unsigned int hi[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    lo[i] = (q[i] & kLowNibbles) | fifth_bits(h, i);
-    hi[i] = ((q[i] >> 4) & kLowNibbles) | fifth_bits(h >> 16, i);
+    lo[i] = rf_blocks::low_nibbles(q[i]) | fifth_bits(h, i);
+    hi[i] = rf_blocks::high_nibbles(q[i]) | fifth_bits(h >> 16, i);
   }
 }
 
-// Q5_0 block {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, 2-byte aligned): element j < 16 is the low
-// nibble of qs[j] with bit j of qh (a little-endian word) as its fifth bit, element 16 + j the high nibble
-// with bit 16 + j; w = d * (q - 16).
+// Q5_0 (block_format_q5_0.h; 22 bytes, 2-byte aligned): element j < 16 is the low nibble of qs[j] with bit j
+// of qh (a little-endian word) as its fifth bit, element 16 + j the high nibble with bit 16 + j; w = d * (q - 16).
 struct Q5_0Format {
   struct Raw {
     unsigned int h, q[4];
     unsigned short d;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 22; }
+  typedef rf_blocks::Q5_0 B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
-    const unsigned char* b = row + slice * 22;
+    const unsigned char* b = row + slice * B::kBytes;
     Raw r;
-    unsigned int hq[5];  // qh and qs: 20 bytes from b + 2
-    load_words<5>(b + 2, hq);
+    unsigned int hq[5];  // qh and qs: 20 bytes from qh
+    load_words<5>(b + B::kQhAt, hq);
     r.h = hq[0];
 #pragma unroll
     for (int i = 0; i < 4; ++i) r.q[i] = hq[1 + i];
@@ -106,19 +106,20 @@ struct Q5_0Format {
   static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
-// Q5_1 block {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes, 4-byte aligned): Q5_0's codes, w = d * q + m.
+// Q5_1 (block_format_q5_1.h; 24 bytes, 4-byte aligned): Q5_0's codes, w = d * q + m.
 struct Q5_1Format {
   struct Raw {
     unsigned int dm, h, q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
+  typedef rf_blocks::Q5_1 B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
-    const unsigned char* b = row + slice * 24;
+    const unsigned char* b = row + slice * B::kBytes;
     Raw r;
     r.dm = load_weights4(b);
-    r.h = load_weights4(b + 4);
+    r.h = load_weights4(b + B::kQhAt);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r.q[i] = load_weights4(b + 8 + 4 * i);
+    for (int i = 0; i < 4; ++i) r.q[i] = load_weights4(b + B::kQsAt + 4 * i);
     return r;
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
@@ -128,8 +129,8 @@ struct Q5_1Format {
   static __device__ __forceinline__ Decoded decode(const Raw r, int) {
     Decoded k;
     five_bit_codes(r.q, r.h, k.lo, k.hi);
-    k.d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
-    k.m = rf_f16_to_float((unsigned short)(r.dm >> 16));
+    k.d = B::d_of(r.dm);
+    k.m = B::m_of(r.dm);
     return k;
   }
   static __device__ __forceinline__ float apply(const Decoded& k, const XSlice& x) { return Q4_1Format::apply(k, x); }

@@ -1,16 +1,17 @@
 // Part of the qmatvec op (kernels/qmatvec.hip includes it, and fused_qmatvec.hip for the same products;
 // built and hashed with both: hipcore/runtime/kernels.py source_files): x quantized per slice to int8
-// (XSlice) and the weight formats' loads, decodes and integer dot products.
+// (XSlice) and the weight formats' loads, decodes (block_formats.h's packed codes) and integer dot products.
 #pragma once
 
+#include "block_formats.h"  // the layouts and their decode primitives
 #include "weight_loads.h"  // the weights read with an L2 evict-first policy on NVIDIA
 
 namespace {
 namespace q8 {
 
 constexpr int kMaxBatchPerPass = 4;
-constexpr unsigned int kLowNibbles = 0x0F0F0F0Fu;
-constexpr unsigned int kOnes = 0x01010101u;
+constexpr unsigned int kLowNibbles = rf_blocks::kLowNibbles;
+constexpr unsigned int kOnes = rf_blocks::kByteOnes;
 
 // One token's x over one slice, quantized: codes of run a (xq[0..3]) and run b (xq[4..7]), four per
 // word, the scale d, and the sums of each run's codes (for the formats' offsets and mins).
@@ -58,8 +59,6 @@ static __device__ __forceinline__ XSlice quantize_x(const float* __restrict__ x,
   return quantize_values(v);
 }
 
-static __device__ __forceinline__ unsigned int byte_of(unsigned int word, int i) { return (word >> (8 * i)) & 0xffu; }
-
 // N little-endian words starting at a 2-byte aligned address: N + 1 aligned 4-byte loads, each pair
 // shifted by 0 or 16 bits (a misaligned wide load would fault on NVIDIA).
 template <int N>
@@ -75,13 +74,10 @@ static __device__ __forceinline__ void load_words(const unsigned char* __restric
 }
 
 // The 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K / Q5_K super-block from its three words of
-// packed scales (the layout: matvec.hip's k_scale_min).
+// packed scales (rf_blocks::KScales::scale_min), as ints.
 static __device__ __forceinline__ void k_scale_min(unsigned int s0, unsigned int s1, unsigned int s2, int sub, int& sc,
                                                    int& m) {
-  const int k = sub & 3;
-  const unsigned int a = byte_of(s0, k), b = byte_of(s1, k), c = byte_of(s2, k);
-  sc = (int)(sub < 4 ? (a & 63u) : ((c & 15u) | ((a >> 6) << 4)));
-  m = (int)(sub < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
+  rf_blocks::KScales::scale_min(s0, s1, s2, sub, sc, m);
 }
 
 static __device__ __forceinline__ unsigned int word_of(const uint4 v, int k) {
@@ -107,17 +103,18 @@ struct KDecoded {
   }
 };
 
-// Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]}: slice s (0..7) takes
+// Q4_K (block_format_q4_k.h): slice s (0..7) takes
 // qs[32j + 16u .. +15] (j = s / 2, u = s % 2): low nibbles are elements 64j + 16u .. +15 of sub-block 2j,
 // high nibbles 64j + 32 + 16u .. +15 of sub-block 2j + 1. w = d * sc * q - dmin * m.
 struct Q4_KFormat {
   struct Raw {
     uint4 head, q;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 144; }
+  typedef rf_blocks::Q4_K B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
-    const uint4* b = reinterpret_cast<const uint4*>(row + (slice >> 3) * 144);
-    return {load_weights16(b), load_weights16(b + 1 + (slice & 7))};
+    const uint4* b = reinterpret_cast<const uint4*>(row + (slice >> 3) * B::kBytes);
+    return {load_weights16(b), load_weights16(b + B::kQsAt / 16 + (slice & 7))};
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
     col_a = (slice >> 3) * 256 + 64 * ((slice & 7) >> 1) + 16 * (slice & 1);
@@ -130,11 +127,7 @@ struct Q4_KFormat {
     k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, k.sc0, k.m0);
     k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, k.sc1, k.m1);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const unsigned int q = word_of(r.q, i);
-      k.lo[i] = q & kLowNibbles;
-      k.hi[i] = (q >> 4) & kLowNibbles;
-    }
+    for (int i = 0; i < 4; ++i) B::codes(word_of(r.q, i), k.lo[i], k.hi[i]);
     k.d = rf_f16_to_float((unsigned short)(r.head.x & 0xffffu));
     k.dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
     return k;
@@ -143,16 +136,18 @@ struct Q4_KFormat {
   static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
-// Q5_K super-block {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]}: slices as Q4_K's;
+// Q5_K (block_format_q5_k.h): slices as Q4_K's;
 // the fifth bit of element l of sub-block i is bit i of qh[l], so slice s reads qh[16u .. +15].
 struct Q5_KFormat {
   struct Raw {
     uint4 head, q, h;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 176; }
+  typedef rf_blocks::Q5_K B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
-    const uint4* b = reinterpret_cast<const uint4*>(row + (slice >> 3) * 176);
-    return {load_weights16(b), load_weights16(b + 3 + (slice & 7)), load_weights16(b + 1 + (slice & 1))};
+    const uint4* b = reinterpret_cast<const uint4*>(row + (slice >> 3) * B::kBytes);
+    return {load_weights16(b), load_weights16(b + B::kQsAt / 16 + (slice & 7)),
+            load_weights16(b + B::kQhAt / 16 + (slice & 1))};
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
     Q4_KFormat::columns(slice, col_a, col_b);
@@ -164,11 +159,7 @@ struct Q5_KFormat {
     k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j, k.sc0, k.m0);
     k_scale_min(r.head.y, r.head.z, r.head.w, 2 * j + 1, k.sc1, k.m1);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const unsigned int q = word_of(r.q, i), h = word_of(r.h, i);
-      k.lo[i] = (q & kLowNibbles) | (((h >> (2 * j)) & kOnes) << 4);
-      k.hi[i] = ((q >> 4) & kLowNibbles) | (((h >> (2 * j + 1)) & kOnes) << 4);
-    }
+    for (int i = 0; i < 4; ++i) B::codes(word_of(r.q, i), word_of(r.h, i), j, k.lo[i], k.hi[i]);
     k.d = rf_f16_to_float((unsigned short)(r.head.x & 0xffffu));
     k.dmin = rf_f16_to_float((unsigned short)(r.head.x >> 16));
     return k;
@@ -177,8 +168,7 @@ struct Q5_KFormat {
   static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
-// Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned):
-// slice s (half h = s / 4, t = s % 4) takes ql[64h + 16t .. +15], whose low nibbles are elements
+// Q6_K (block_format_q6_k.h; 210 bytes, 2-byte aligned): slice s (half h = s / 4, t = s % 4) takes ql[64h + 16t .. +15], whose low nibbles are elements
 // 128h + 16t .. +15 (sub-block 8h + t) and high nibbles 128h + 64 + 16t .. +15 (sub-block 8h + t + 4),
 // and the two high bits of each from qh[32h + 16(t % 2) .. +15], bits 2(t / 2) and 4 + 2(t / 2).
 // w = d * scale * (q - 32): the codes 0..63 go into the dot product as they are and 32 * sum(x) comes off.
@@ -188,16 +178,17 @@ struct Q6_KFormat {
     int scale_a, scale_b;
     unsigned short d;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
+  typedef rf_blocks::Q6_K B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
-    const unsigned char* b = row + (slice >> 3) * 210;
+    const unsigned char* b = row + (slice >> 3) * B::kBytes;
     const int h = (slice >> 2) & 1, t = slice & 3;
     Raw r;
     load_words<4>(b + 64 * h + 16 * t, r.ql);
-    load_words<4>(b + 128 + 32 * h + 16 * (t & 1), r.qh);
-    r.scale_a = (int)(signed char)b[192 + 8 * h + t];
-    r.scale_b = (int)(signed char)b[196 + 8 * h + t];
-    r.d = *reinterpret_cast<const unsigned short*>(b + 208);
+    load_words<4>(b + B::kQhAt + 32 * h + 16 * (t & 1), r.qh);
+    r.scale_a = (int)(signed char)b[B::kScalesAt + 8 * h + t];
+    r.scale_b = (int)(signed char)b[B::kScalesAt + 4 + 8 * h + t];
+    r.d = *reinterpret_cast<const unsigned short*>(b + B::kDAt);
     return r;
   }
   static __device__ __forceinline__ void columns(int slice, int& col_a, int& col_b) {
@@ -214,10 +205,7 @@ struct Q6_KFormat {
     const int shift = 2 * ((slice & 3) >> 1);
     Decoded k;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      k.lo[i] = (r.ql[i] & kLowNibbles) | (((r.qh[i] >> shift) & 0x03030303u) << 4);
-      k.hi[i] = ((r.ql[i] >> 4) & kLowNibbles) | (((r.qh[i] >> (shift + 4)) & 0x03030303u) << 4);
-    }
+    for (int i = 0; i < 4; ++i) B::codes(r.ql[i], r.qh[i], shift, k.lo[i], k.hi[i]);
     k.scale_a = r.scale_a, k.scale_b = r.scale_b;
     k.d = rf_f16_to_float(r.d);
     return k;
@@ -234,17 +222,18 @@ struct Q6_KFormat {
   static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
-// Q8_0 block {half d; int8 qs[32]}: a slice is a block, run a its elements 0..15, run b 16..31.
+// Q8_0 (block_format_q8_0.h): a slice is a block, run a its elements 0..15, run b 16..31.
 struct Q8_0Format {
   struct Raw {
     unsigned int q[8];
     unsigned short d;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 34; }
+  typedef rf_blocks::Q8_0 B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
-    const unsigned char* b = row + slice * 34;
+    const unsigned char* b = row + slice * B::kBytes;
     Raw r;
-    load_words<8>(b + 2, r.q);
+    load_words<8>(b + B::kQsAt, r.q);
     r.d = *reinterpret_cast<const unsigned short*>(b);
     return r;
   }
@@ -272,18 +261,19 @@ struct Q8_0Format {
   static __device__ __forceinline__ float dot(const Raw r, int slice, const XSlice& x) { return apply(decode(r, slice), x); }
 };
 
-// Q4_0 block {half d; uint8 qs[16]}: low nibbles are elements 0..15 (run a), high nibbles 16..31 (run b);
+// Q4_0 (block_format_q4_0.h): low nibbles are elements 0..15 (run a), high nibbles 16..31 (run b);
 // w = d * (q - 8).
 struct Q4_0Format {
   struct Raw {
     unsigned int q[4];
     unsigned short d;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 18; }
+  typedef rf_blocks::Q4_0 B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int slice) {
-    const unsigned char* b = row + slice * 18;
+    const unsigned char* b = row + slice * B::kBytes;
     Raw r;
-    load_words<4>(b + 2, r.q);
+    load_words<4>(b + B::kQsAt, r.q);
     r.d = *reinterpret_cast<const unsigned short*>(b);
     return r;
   }
@@ -299,8 +289,8 @@ struct Q4_0Format {
   static __device__ __forceinline__ void nibble_codes(const unsigned int q[4], unsigned int lo[4], unsigned int hi[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      lo[i] = q[i] & kLowNibbles;
-      hi[i] = (q[i] >> 4) & kLowNibbles;
+      lo[i] = rf_blocks::low_nibbles(q[i]);
+      hi[i] = rf_blocks::high_nibbles(q[i]);
     }
   }
   static __device__ __forceinline__ Decoded decode(const Raw r, int) {

@@ -21,7 +21,8 @@ BLOCK_FORMATS = ["block_formats.h", "block_format_common.h", "block_format_f16.h
                  "block_format_q4_1.h", "block_format_q5_0.h", "block_format_q5_1.h", "block_format_q8_0.h",
                  "block_format_q4_k.h", "block_format_q5_k.h", "block_format_q6_k.h", "block_format_mxfp4.h"]
 # The ops that decode GGUF blocks through block_formats.h
-BLOCK_FORMAT_USERS = ("embedding", "matvec")
+BLOCK_FORMAT_USERS = ("embedding", "fused_matmul", "fused_matvec", "fused_qmatvec", "matmul", "matvec", "moe_experts",
+                      "paged_attention", "qmatvec")
 
 
 @pytest.fixture
@@ -47,14 +48,15 @@ def header_and_source_digest(op: str, folder: Path) -> str:
 
 def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
+    formats = BLOCK_FORMATS[1:]  # what block_formats.h brings, met a level below it
     assert [f.name for f in source_files("fused_qmatvec")] == [*COMPAT, "fused_qmatvec.hip", "qmatvec_formats.h",
                                                                 "qmatvec_block32_formats.h", "fused_qmatvec_tiles.h",
                                                                 "fused_qmatvec_epilogue.h", "gated_activation.h",
-                                                                "weight_loads.h"]
-    assert [f.name for f in source_files("qmatvec")] == [*COMPAT, "qmatvec.hip", "qmatvec_formats.h",
-                                                          "weight_loads.h"]
-    assert [f.name for f in source_files("fused_matvec")] == [*COMPAT, "fused_matvec.hip",
-                                                               "fused_matvec_formats.h", "weight_loads.h"]
+                                                                "block_formats.h", "weight_loads.h", *formats]
+    assert [f.name for f in source_files("qmatvec")] == [*COMPAT, "qmatvec.hip", "qmatvec_formats.h", "block_formats.h",
+                                                          "weight_loads.h", *formats]
+    assert [f.name for f in source_files("fused_matvec")] == [*COMPAT, "fused_matvec.hip", "fused_matvec_formats.h",
+                                                               "block_formats.h", "weight_loads.h", *formats]
     assert [f.name for f in source_files("matmul_mma")] == [*COMPAT, "matmul_mma.hip", "matrix_cores.h",
                                                              "matmul_mma_formats.h", "matmul_mma_epilogues.h",
                                                              "matmul_mma_fragments.h", "matmul_mma_block32_fragments.h",
@@ -65,11 +67,15 @@ def test_an_op_is_built_from_the_files_it_includes():
                                                                    "attention_soft_cap.h", "prompt_attention_tiles.h"]
     assert [f.name for f in source_files("paged_attention")] == [*COMPAT, "paged_attention.hip",  # the cap's one
                                                                   "paged_attention_formats.h",    # definition
-                                                                  "attention_soft_cap.h", "paged_attention_tiles.h"]
+                                                                  "attention_soft_cap.h", "paged_attention_tiles.h",
+                                                                  *BLOCK_FORMATS]
+    # kv_store writes q8_0 rows: Q8_0's header alone
+    assert [f.name for f in source_files("kv_store")] == [*COMPAT, "kv_store.hip", "block_format_q8_0.h",
+                                                           "block_format_common.h"]
     assert [f.name for f in source_files("moe_experts")] == [*COMPAT, "moe_experts.hip", "gated_activation.h",
                                                               "qmatvec_formats.h", "mxfp4_q8_format.h", "moe_experts_grouped.h",
-                                                              "weight_loads.h", "block_format_mxfp4.h",
-                                                              "block_format_common.h"]
+                                                              "block_formats.h", "weight_loads.h", "block_format_mxfp4.h",
+                                                              *(f for f in formats if f != "block_format_mxfp4.h")]
     assert [f.name for f in source_files("add")] == [*COMPAT, "add.hip"]
     assert [f.name for f in source_files("embedding")] == [*COMPAT, "embedding.hip", *BLOCK_FORMATS]
     assert [f.name for f in source_files("matvec")] == [*COMPAT, "matvec.hip", "matvec_formats.h", *BLOCK_FORMATS]
@@ -122,7 +128,7 @@ def test_includes_are_followed_through_files_and_cycles_end(sources):
 
 
 def test_an_edit_to_a_block_format_changes_the_digest_of_every_op_that_decodes_blocks(sources):
-    ops = (*BLOCK_FORMAT_USERS, "add", "rope")
+    ops = (*BLOCK_FORMAT_USERS, "kv_store", "add", "rope")
     before = {op: source_digest(op, sources) for op in ops}
     header = sources / "block_format_q5_0.h"  # two includes deep, and through block_format_q5_1.h a third way
     header.write_text(header.read_text() + "\n// an edit\n")
