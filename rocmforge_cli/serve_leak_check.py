@@ -6,6 +6,7 @@ import json
 import math
 import shlex
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -15,6 +16,7 @@ from profiles.leak_thresholds import Thresholds, parse_fail_on
 from profiles.serve_leak_check import ServeLeakSettings, run_serve_leak_check
 from profiles.serve_leak_render import render
 from profiles.serve_leak_report import SERVE_FAIL_ON_KEYS
+from rocmforge_cli.picture_options import PlotFile, ReportFile, TraceFile, check_picture_paths
 from rocmforge_cli.common import handle_errors, stderr, stdout
 from rocmforge_cli.options import Device, Model, PlantBug, json_option, quiet_option, resolve_model, seed_option
 
@@ -41,6 +43,9 @@ def serve_leak_check_command(
     fail_on: Annotated[Optional[list[str]], typer.Option("--fail-on", help=FAIL_ON_HELP, show_default=False)] = None,
     as_json: Annotated[bool, json_option("Print the report as one JSON object (leak-check's keys).")] = False,
     quiet: Annotated[bool, quiet_option("No progress on stderr.")] = False,
+    report_file: ReportFile = None,
+    plot_file: PlotFile = None,
+    trace_file: TraceFile = None,
     plant_bug: PlantBug = None,
 ) -> None:
     """Start `rocmforge serve` on a free loopback port, send it a seeded mix of requests from concurrent clients (some leave during the prompt or mid-stream), then check that every KV block and ledger byte came back, that the GPU driver's free memory did not keep dropping, that the server's host memory is flat, and that it exits 0 on SIGTERM; exit 0 when clean, 1 on a leak or when a layer could not be judged (verdict "not judged": e.g. host memory on a run of fewer than 1,500 requests; --fail-on host-growth=off makes that a warning), 2 on a usage error. A driver drop in one half of the requests only is a warning.
@@ -49,6 +54,7 @@ def serve_leak_check_command(
       rocmforge serve-leak-check --device cpu --requests 60 --max-tokens 4 --fail-on host-growth=off
       rocmforge serve-leak-check --requests 5000 --clients 64 --json > serve-leak.json
       rocmforge serve-leak-check --duration 30m --clients 64 --max-tokens 64 --json > soak.json
+      rocmforge serve-leak-check --requests 1500 --report serve.html --trace serve.json   (the server's, at its exit)
     """
     duration_s = parse_duration(duration) if duration is not None else None
     if requests is None and duration_s is None:
@@ -60,8 +66,13 @@ def serve_leak_check_command(
         if value is not None and not (math.isfinite(value) and least <= value <= most):  # a thread per client
             raise UsageError(f"{flag} must be a number from {least:g} to {most:g}, got {value}")
     thresholds = serve_fail_on(fail_on)
+    check_picture_paths(report_file, plot_file, trace_file)
+    # The server records its own run and writes the files as it exits (serve's options of the same names).
+    pictures = [arg for flag, path in (("--report", report_file), ("--plot", plot_file), ("--trace", trace_file))
+                if path is not None for arg in (flag, str(Path(path).resolve()))]
     settings = ServeLeakSettings(model=resolve_model(model), device=device, requests=requests, clients=clients,
-                                 max_tokens=max_tokens, seed=seed, extra_args=tuple(serve_arg or ()), planted_bug=plant_bug,
+                                 max_tokens=max_tokens, seed=seed, extra_args=(*(serve_arg or ()), *pictures),
+                                 planted_bug=plant_bug,
                                  time_limit_s=time_limit, duration_s=duration_s, thresholds=thresholds)
     say = (lambda _m: None) if quiet else (lambda m: stderr.print(m, highlight=False, markup=False))
     report = run_serve_leak_check(settings, say, command_line=" ".join(["rocmforge", *map(shlex.quote, sys.argv[1:])]))

@@ -49,3 +49,20 @@ def test_serve_writes_its_pictures_at_exit(tmp_path_factory, tmp_path):
     events = json.loads(trace.read_text())
     assert validate(events) == {}  # the model closed: every allocation freed
     assert sum(e["name"] == "engine step" for e in events["traceEvents"]) >= 3
+
+
+def test_serve_leak_check_has_the_server_write_its_pictures(tmp_path_factory, tmp_path):
+    from typer.testing import CliRunner
+    from rocmforge_cli.app import app
+
+    page, image = tmp_path / "s.html", tmp_path / "s.png"
+    result = CliRunner().invoke(app, ["serve-leak-check", "-m", str(tiny_model(tmp_path_factory)), "--device", "cpu",
+                                      "--requests", "8", "--clients", "4", "--max-tokens", "2", "-q",
+                                      "--fail-on", "host-growth=off", "--report", str(page), "--plot", str(image)],
+                                env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    data = json.loads(page.read_text().split('id="memory-timeline">')[1].split("</script>")[0])
+    assert data["verdict"] == "clean" and len(data["spans"]) >= 8  # the warm-up's requests too
+    assert image.read_bytes().startswith(b"\x89PNG")
+    wrong = CliRunner().invoke(app, ["serve-leak-check", "--device", "cpu", "--report", "s.txt"])
+    assert wrong.exit_code == 2 and "--report" in wrong.output
