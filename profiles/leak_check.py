@@ -154,16 +154,18 @@ class _Run:
         before_warmup = self.device.ledger.snapshot()
         driver.deadline = time.monotonic() + s.deadline_seconds()
         t0 = time.perf_counter()
-        driver.run(range(s.warmup_requests), run_phase=0)
+        if self.progress is not None:  # the warm-up's requests counted too: on the cpu backend it takes minutes
+            self.progress.start(self.first, "warm-up")
+        driver.run(range(s.warmup_requests), run_phase=0, progress=self._advance)
         start = s.warmup_requests
         for size in self.ladder:  # every decode batch-size class once: graphs or plans made per size exist now
-            driver.run(range(start, start + size), run_phase=0, plan_for=self.workload.ladder_plan)
+            driver.run(range(start, start + size), run_phase=0, plan_for=self.workload.ladder_plan, progress=self._advance)
             start += size
         # Prompts one at a time, each of its own length: the runner keeps the launch plans of a bounded number of
         # prompt-step shapes, now at that bound (on an NVIDIA H200 the GPU tier's run, with 2-10 token prompts,
         # filled it during phase 1 instead: +289 KB of plans, judged a host leak).
         for length in self.prompt_lengths:
-            driver.run(range(start, start + 1), run_phase=0,
+            driver.run(range(start, start + 1), run_phase=0, progress=self._advance,
                        plan_for=lambda index, n=length: self.workload.prompt_shape_plan(index, n))
             start += 1
         # The runner's prompt-step plans and graphs (padded shapes, captured at a shape's second step) at their
@@ -171,7 +173,7 @@ class _Run:
         fill_prompt_caches = getattr(self.engine.runner, "fill_prompt_caches", None)
         if fill_prompt_caches is not None:
             fill_prompt_caches()
-        driver.run(range(start, self.first), run_phase=0, plan_for=self.workload.filler_plan)
+        driver.run(range(start, self.first), run_phase=0, plan_for=self.workload.filler_plan, progress=self._advance)
         # The tokenizer's per-token caches, bounded by the vocabulary, at their bound: a random-weights model's
         # tokens spread over the whole vocabulary and filled them during the measured phases (H100, the demo's
         # random twin, 4,000 requests: 576 KiB of tracemalloc's 1.2 MB, judged a leak with overlap on or off).

@@ -36,7 +36,11 @@ class RichProgress:
             self.bar.update(self.task, description=text)
 
     def start(self, total: int, description: str) -> None:
-        self.task = self.bar.add_task(description, total=total, blocks=self._blocks)
+        """A count from 0 of `total` (the warm-up's requests, then the measured ones: the same bar again)."""
+        if self.task is None:
+            self.task = self.bar.add_task(description, total=total, blocks=self._blocks)
+        else:
+            self.bar.reset(self.task, total=total, description=description, blocks=self._blocks)
 
     def advance(self, n: int) -> None:
         if self.task is not None:
@@ -85,6 +89,6 @@ class PlainProgress:
         if now - self.last < self.every:
             return
         self.last = now
-        done = f"{self.done:,}/{self.total:,} requests done" if self.total is not None else "warming up"
+        done = f"{self.done:,}/{self.total:,} requests done" if self.total is not None else "loading"
         blocks = f", KV blocks in use {self.used:,}/{self.usable:,}" if self.used is not None else ""
         self._print(f"{self.phase}: {done}{blocks}, {now - self.started:.0f} s")

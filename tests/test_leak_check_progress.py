@@ -35,6 +35,9 @@ def test_a_log_gets_plain_progress_lines_and_quiet_gets_none(tiny, monkeypatch):
     assert done == sorted(done) and done[-1] == 16
     assert any(int(used) > 0 for _, _, used, _ in lines) and all(int(used) <= int(n) for _, _, used, n in lines)
     assert "leak-check: warm-up:" in result.stderr and "leak-check: shutdown with requests in flight" in result.stderr
+    # The warm-up counts its own requests (it took 196 s with nothing on screen on the demo model).
+    warm = re.findall(r"^leak-check: warm-up: .*: (\d+)/(\d+) requests done", result.stderr, re.M)
+    assert warm and int(warm[-1][0]) <= int(warm[-1][1]) and int(warm[-1][1]) > 16, result.stderr[-2000:]
 
     quiet = runner.invoke(app, ["leak-check", "--model", tiny, *ARGS, "-q"])
     assert quiet.stdout.strip() and quiet.stderr == ""
@@ -46,10 +49,13 @@ def test_on_a_terminal_the_progress_line_shows_the_phase_requests_and_blocks():
     with RichProgress.bar_for(console) as bar:
         progress = RichProgress(bar)
         progress.blocks(3, 40)
-        progress.start(16, "requests")
+        progress.start(130, "warm-up")
+        progress.advance(130)
+        progress.start(16, "requests")  # the same bar, counted again from 0
         progress.status("phase 2 of 4")
         progress.advance(5)
         progress.blocks(7, 40)
         bar.refresh()
     text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.getvalue())
     assert "phase 2 of 4" in text and "5/16" in text and "KV blocks 7/40" in text
+    assert "130/130" not in text.splitlines()[-1] and len(bar.tasks) == 1
