@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -53,6 +53,7 @@ DEFAULT_AMD_TARGETS = ("gfx90a", "gfx942", "gfx1030", "gfx1100", "gfx1201")
 DEFAULT_NVIDIA_TARGETS = ("sm_80", "sm_90")
 DEFAULT_AMD_COMPILER = "clang-22"
 DEFAULT_NVCC = "nvcc"
+HEARTBEAT_SECONDS = 10.0  # with nothing finished for this long, a line names the compiles still running
 
 AMD_TARGET = re.compile(r"gfx[0-9a-f]{3,4}|gfx[0-9]+(-[0-9]+)?-generic")
 NVIDIA_TARGET = re.compile(r"sm_[0-9]{2,3}[af]?")
@@ -262,21 +263,40 @@ def build(out_dir: Path | None = None, amd_targets: Sequence[str] | str | None =
     writer = _ManifestWriter(out_dir)
     workers = max(1, jobs or os.cpu_count() or 1)
     say(f"building {len(tasks)} code objects ({len(chosen)} ops) into {out_dir} with {workers} parallel jobs")
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_compile_one, *task, sources, out_dir, writer) for task in tasks]
+    running: dict[tuple[str, str], float] = {}  # (target, op) -> when its compile started
+
+    def compile_timed(vendor, compiler, version, target, op):
+        running[(target, op)] = time.monotonic()
         try:
-            for done, future in enumerate(as_completed(futures), 1):
-                r = future.result()
-                report.results.append(r)
-                if r.ok:
-                    regs = ", ".join(f"{k} {v.get('registers', '?')} regs" for k, v in sorted(r.kernels.items()))
-                    say(f"[{done}/{len(tasks)}] {r.target} {r.op}: {r.path.relative_to(out_dir)} ({regs}) "
-                        f"{r.seconds:.1f}s")
-                else:
-                    say(f"[{done}/{len(tasks)}] {r.target} {r.op}: FAILED after {r.seconds:.1f}s\n"
-                        + "\n".join("    " + line for line in r.error.splitlines()))
+            return _compile_one(vendor, compiler, version, target, op, sources, out_dir, writer)
+        finally:
+            running.pop((target, op), None)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = {pool.submit(compile_timed, *task) for task in tasks}
+        done = 0
+        try:
+            while pending:
+                finished, pending = wait(pending, timeout=HEARTBEAT_SECONDS, return_when=FIRST_COMPLETED)
+                if not finished:  # a long compile is never silent: name what is still compiling and for how long
+                    now = time.monotonic()
+                    still = sorted(running.items(), key=lambda item: item[1])
+                    say(f"still compiling ({done}/{len(tasks)} done): " + ", ".join(
+                        f"{target} {op} {now - t0:.0f}s" for (target, op), t0 in still[:4])
+                        + (f" and {len(still) - 4} more" if len(still) > 4 else ""))
+                for future in finished:
+                    done += 1
+                    r = future.result()
+                    report.results.append(r)
+                    if r.ok:
+                        regs = ", ".join(f"{k} {v.get('registers', '?')} regs" for k, v in sorted(r.kernels.items()))
+                        say(f"[{done}/{len(tasks)}] {r.target} {r.op}: {r.path.relative_to(out_dir)} ({regs}) "
+                            f"{r.seconds:.1f}s")
+                    else:
+                        say(f"[{done}/{len(tasks)}] {r.target} {r.op}: FAILED after {r.seconds:.1f}s\n"
+                            + "\n".join("    " + line for line in r.error.splitlines()))
         except KeyboardInterrupt:
-            for future in futures:
+            for future in pending:
                 future.cancel()
             raise
     return report
