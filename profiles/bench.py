@@ -309,8 +309,8 @@ def run_bench(loaded: LoadedModel, cfg: BenchConfig, *, status: StatusFn | None 
     tests += [(f"b{b}x{n}", 0, n, b, lambda b=b: work.decode(b, n)) for b in cfg.batches]
     work = Workloads(loaded, cfg)
     try:
-        for name, n_prompt, n_gen, batch, fn in tests:
-            say(name)
+        for k, (name, n_prompt, n_gen, batch, fn) in enumerate(tests):
+            say(f"test {k + 1} of {len(tests)}: {name} ({len(tests) - k - 1} left after it)")
             result = TestResult(name, n_prompt, n_gen, batch, _repeat(name, fn, cfg.repetitions, say))
             report.results.append(result)
             if on_result is not None:

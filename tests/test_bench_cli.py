@@ -243,3 +243,12 @@ def test_depth_values_are_checked():
     for bad in ("-1", "x", ","):
         result = bench("-d", "cpu", "-p", "0", "-n", "2", "-b", "0", "--n-depth", bad, "-q")
         assert result.exit_code == 2 and "--n-depth" in result.output, (bad, result.output)
+
+
+def test_bench_says_each_test_with_the_tests_left_and_ends_with_the_memory_breakdown(tiny):
+    result = bench("-m", tiny, "-d", "cpu", "-p", "8", "-n", "2", "-b", "2", "--batch-gen", "2", "-r", "1")
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if line.startswith("test ")]
+    assert said == ["test 1 of 3: pp8 (2 left after it)", "test 2 of 3: tg2 (1 left after it)",
+                    "test 3 of 3: b2x2 (0 left after it)"], result.stderr
+    assert "memory breakdown" in result.stderr and "this process (the ledger)" in result.stderr
