@@ -1,8 +1,8 @@
 """`--report FILE.html`: one self-contained page of a MemoryTimeline that opens offline.
 
-The page holds the verdict and its findings, the figure of profiles/plot.py as inline SVG (no script,
-no external resource), and the timeline's data as JSON in a <script type="application/json"> element
-(id "memory-timeline") for whoever wants the numbers behind the curves.
+The page holds the verdict, the figure of profiles/plot.py right under it (the curves are what a reader
+looks at first) as inline SVG (no script, no external resource), the findings, and the timeline's data as
+JSON in a <script type="application/json"> element (id "memory-timeline") for the numbers behind the curves.
 """
 
 from __future__ import annotations
@@ -55,13 +55,12 @@ def build_html(timeline: MemoryTimeline, findings=(), summary: list[str] | None 
 <h1>{html.escape(timeline.title)}</h1>
 <p class="verdict {css}">verdict: {html.escape(verdict)}</p>
 {held_text}
-<ul>{lines}</ul>
-<h2>Findings</h2>
-{_findings_table([f for f in findings if f.severity != "warning"] + [f for f in findings if f.severity == "warning"])}
-<h2>Memory over the run</h2>
 <figure>{_svg(timeline)}</figure>
 <p>{len(timeline.series("t")):,} samples (one every {timeline.stride} steps), {len(spans):,} request lifetimes
 ({timeline.dropped_spans:,} older ones dropped). The data: the JSON in the element <code>#{DATA_ID}</code>.</p>
+<h2>Findings</h2>
+{_findings_table([f for f in findings if f.severity != "warning"] + [f for f in findings if f.severity == "warning"])}
+<ul>{lines}</ul>
 <script type="application/json" id="{DATA_ID}">{data}</script>
 </body></html>
 """

@@ -129,8 +129,10 @@ class Page(HTMLParser):
 def test_the_html_report_is_self_contained_and_carries_the_curves_lifetimes_and_verdict():
     timeline = leaky_timeline()
     page = Page()
-    page.feed(build_html(timeline, [Finding("kv blocks", "leak", "after phase 1: <16> blocks not returned")],
-                         ["command: rocmforge leak-check"]))
+    text_html = build_html(timeline, [Finding("kv blocks", "leak", "after phase 1: <16> blocks not returned")],
+                           ["command: rocmforge leak-check"])
+    assert text_html.index("verdict: leak") < text_html.index("<svg") < text_html.index("Findings")  # curves first
+    page.feed(text_html)
     tags = [t for t, _ in page.tags]
     assert tags.count("svg") == 1 and tags.count("script") == 1
     for tag, attrs in page.tags:  # nothing fetched from elsewhere: opens offline
