@@ -27,13 +27,10 @@ static __device__ __forceinline__ unsigned int code_pair(unsigned int v, unsigne
   return rf_h2_sub(rf_byte_perm(v, kF16Byte, e ? 0x4342u : 0x4140u), bias);
 }
 
-// Bits 0 and 1 of b moved to bit 4 of bytes 0 and 1: a pair's fifth bits (Q5_1), or-ed onto its nibbles.
-static __device__ __forceinline__ unsigned int fifth_bit_pair(unsigned int b) { return ((b & 1u) | ((b & 2u) << 7)) << 4; }
-
-// Bits 0 .. 3 of b moved to bit 4 of bytes 0 .. 3: a word's fifth bits (Q5_0).
-static __device__ __forceinline__ unsigned int fifth_bit_word(unsigned int b) {
-  return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4;
-}
+// The fifth bits of Q5_0 / Q5_1, or-ed onto their nibbles: a pair's (rf_blocks::fifth_bits2, Q5_1) and a word's
+// (rf_blocks::fifth_bits4, Q5_0).
+static __device__ __forceinline__ unsigned int fifth_bit_pair(unsigned int b) { return rf_blocks::fifth_bits2(b); }
+static __device__ __forceinline__ unsigned int fifth_bit_word(unsigned int b) { return rf_blocks::fifth_bits4(b); }
 
 // A block's f16 scale in both lanes of a pair.
 static __device__ __forceinline__ unsigned int scale_pair(unsigned short d) { return (unsigned int)d * 0x10001u; }
@@ -73,12 +70,12 @@ struct ScaledCodes {
 // sm_90).
 template <int kStepsInFlight>
 struct Q8_0Lane {
-  static constexpr int kBlockBytes = 34, kDepth = kStepsInFlight;
+  static constexpr int kBlockBytes = rf_blocks::Q8_0::kBytes, kDepth = kStepsInFlight;
   template <bool kFirst>
   using Raw = ScaledCodes<kFirst>;
   template <bool kFirst>
   static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
-    return Raw<kFirst>::load(b, 2 + 8 * t);
+    return Raw<kFirst>::load(b, rf_blocks::Q8_0::kQsAt + 8 * t);
   }
   template <bool kFirst>
   static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int, unsigned int out[4]) {
@@ -92,12 +89,12 @@ struct Q8_0Lane {
 // Q4_0 {half d; uint8 qs[16]} (18 bytes, 2-byte aligned): column k < 16 is the low nibble of qs[k], k >= 16 the high
 // nibble of qs[k - 16], so lanes t and t + 2 read the same bytes qs[8 (t % 2) ..], nibbles apart. w = d * (q - 8).
 struct Q4_0Lane {
-  static constexpr int kBlockBytes = 18, kDepth = 2;
+  static constexpr int kBlockBytes = rf_blocks::Q4_0::kBytes, kDepth = 2;
   template <bool kFirst>
   using Raw = ScaledCodes<kFirst>;
   template <bool kFirst>
   static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
-    return Raw<kFirst>::load(b, 2 + 8 * (t & 1));
+    return Raw<kFirst>::load(b, rf_blocks::Q4_0::kQsAt + 8 * (t & 1));
   }
   template <bool kFirst>
   static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int t, unsigned int out[4]) {
@@ -111,7 +108,8 @@ struct Q4_0Lane {
 // Q5_0 {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, 2-byte aligned): Q4_0's nibbles with bit k of qh (a
 // little-endian word) as column k's fifth bit, so lane t's fifth bits are byte t of qh; w = d * (q - 16).
 struct Q5_0Lane {
-  static constexpr int kBlockBytes = 22, kDepth = 2;
+  typedef rf_blocks::Q5_0 B;
+  static constexpr int kBlockBytes = B::kBytes, kDepth = 2;
   template <bool kFirst>
   struct Raw {
     unsigned short d;
@@ -120,7 +118,7 @@ struct Q5_0Lane {
   };
   template <bool kFirst>
   static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
-    return {*reinterpret_cast<const unsigned short*>(b), b[2 + t], CodeWords<kFirst>::load(b + 6 + 8 * (t & 1))};
+    return {*reinterpret_cast<const unsigned short*>(b), b[B::kQhAt + t], CodeWords<kFirst>::load(b + B::kQsAt + 8 * (t & 1))};
   }
   template <bool kFirst>
   static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int t, unsigned int out[4]) {
@@ -138,7 +136,8 @@ struct Q5_0Lane {
 // qs[16]} (24 bytes): Q4_0's and Q5_0's codes, w = d * q + m, one f16 fused multiply-add (one rounding).
 template <bool kFiveBit>
 struct Q41Lane {
-  static constexpr int kBlockBytes = kFiveBit ? 24 : 20, kQsOffset = kFiveBit ? 8 : 4, kDepth = kFiveBit ? 2 : 3;
+  static constexpr int kBlockBytes = kFiveBit ? rf_blocks::Q5_1::kBytes : rf_blocks::Q4_1::kBytes;
+  static constexpr int kQsOffset = kFiveBit ? rf_blocks::Q5_1::kQsAt : rf_blocks::Q4_1::kQsAt, kDepth = kFiveBit ? 2 : 3;
   template <bool>  // the same in either block of a step: 4-byte aligned
   struct Raw {
     unsigned int dm, h, q[2];
@@ -147,7 +146,7 @@ struct Q41Lane {
   static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
     const unsigned int* w = reinterpret_cast<const unsigned int*>(b);
     const unsigned int* q = reinterpret_cast<const unsigned int*>(b + kQsOffset) + 2 * (t & 1);
-    return {w[0], kFiveBit ? w[1] : 0u, {q[0], q[1]}};
+    return {w[0], kFiveBit ? w[rf_blocks::Q5_1::kQhAt / 4] : 0u, {q[0], q[1]}};
   }
   template <bool kFirst>
   static __device__ __forceinline__ void decode(const Raw<kFirst>& r, int t, unsigned int out[4]) {

@@ -1,15 +1,17 @@
 // Part of the matmul_mma op (kernels/matmul_mma.hip includes it; its code objects are built and hashed with
 // it: hipcore/runtime/kernels.py source_files): the GGUF block formats the product reads and the step shapes
 // that read them into the matrix cores' f16 operands (Narrow for every format, F16 and BF16 too, Wide for Q4_K / Q5_K, Wide6
-// for Q6_K), with the K-quants' packed-f16 decoders; and x's two forms (XF32, XF16).
+// for Q6_K), with the K-quants' packed-f16 decoders; and x's two forms (XF32, XF16). The layouts and the decode
+// primitives are block_formats.h's.
 #pragma once
 #include "hip_compat.h"
+#include "block_formats.h"  // the layouts and their decode primitives
 
 namespace {
 namespace mmq {
 
 // Each format: Raw load(row, col) reads what the 8 consecutive weights col .. col+7 (col % 8 == 0) of a
-// row need; decode(raw, col, w) turns it into floats (as in matmul.hip).
+// row need; decode(raw, col, w) turns it into floats (as in matmul.hip, with FastCodes' conversions).
 
 // float(v) - bias for a code 0 <= v < 2^22 and a small integer bias, without the int-to-float converter: v
 // goes into the mantissa of 2^23 and 2^23 + bias comes off, both exact. A step decodes one code per weight,
@@ -18,124 +20,101 @@ static __device__ __forceinline__ float code_to_float(unsigned int v, float bias
   return rf_uint_as_float(0x4B000000u | v) - (8388608.0f + bias);
 }
 
-// Q8_0 block {half d; int8 qs[32]} (34 bytes, 2-byte aligned): qs[k .. k+7], k = col % 32.
+// block_formats.h's decode8 with code_to_float; a signed byte b is (b ^ 0x80) - 128.
+struct FastCodes {
+  static __device__ __forceinline__ float of(unsigned int v) { return code_to_float(v); }
+  static __device__ __forceinline__ float biased(unsigned int v, int bias) { return code_to_float(v, (float)bias); }
+  static __device__ __forceinline__ float of_int8(unsigned int byte) { return code_to_float(byte ^ 0x80u, 128.0f); }
+};
+
+// Q8_0 (34 bytes, 2-byte aligned): qs[k .. k+7], k = col % 32.
 struct Q8_0 {
+  typedef rf_blocks::Q8_0 B;
   struct Raw {
     unsigned short d, q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 34; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 34);
-    const unsigned short* q = b + 1 + ((col & 31) >> 1);
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + ((col & 31) >> 1);
     return {b[0], {q[0], q[1], q[2], q[3]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int, float w[8]) {
-    const float d = rf_f16_to_float(r.d);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      // (b ^ 0x80) - 128 is b as a signed byte
-      w[2 * k] = d * code_to_float((r.q[k] & 0xffu) ^ 0x80u, 128.0f);
-      w[2 * k + 1] = d * code_to_float((unsigned int)(r.q[k] >> 8) ^ 0x80u, 128.0f);
-    }
+    B::decode8<FastCodes>(rf_f16_to_float(r.d), r.q, w);
   }
 };
 
-// Q4_0 block {half d; uint8 qs[16]} (18 bytes, 2-byte aligned): columns k .. k+7 (k = col % 32) are the
-// low nibbles of qs[k .. k+7] when k < 16, else the high nibbles of qs[k-16 .. k-9].
+// Q4_0 (18 bytes, 2-byte aligned): columns k .. k+7 (k = col % 32) are the low nibbles of qs[k .. k+7] when
+// k < 16, else the high nibbles of qs[k-16 .. k-9].
 struct Q4_0 {
+  typedef rf_blocks::Q4_0 B;
   struct Raw {
     unsigned short d, q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 18; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 18);
-    const unsigned short* q = b + 1 + ((col & 15) >> 1);
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + ((col & 15) >> 1);
     return {b[0], {q[0], q[1], q[2], q[3]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const float d = rf_f16_to_float(r.d);
-    const int shift = (col & 16) >> 2;  // 0 or 4
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[2 * k] = d * code_to_float((r.q[k] >> shift) & 15u, 8.0f);
-      w[2 * k + 1] = d * code_to_float((r.q[k] >> (8 + shift)) & 15u, 8.0f);
-    }
+    B::decode8<FastCodes>(rf_f16_to_float(r.d), r.q, (col & 16) >> 2, w);
   }
 };
 
-// Q4_1 block {half d; half m; uint8 qs[16]} (20 bytes, 4-byte aligned): nibbles as in Q4_0.
+// Q4_1 (20 bytes, 4-byte aligned): nibbles as in Q4_0.
 struct Q4_1 {
+  typedef rf_blocks::Q4_1 B;
   struct Raw {
     unsigned int dm, q[2];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 20; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * 20);
-    const unsigned int* q = b + 1 + ((col & 15) >> 2);
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * B::kBytes);
+    const unsigned int* q = b + B::kQsAt / 4 + ((col & 15) >> 2);
     return {b[0], {q[0], q[1]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
-    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
-    const int shift = (col & 16) >> 2;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w[k] = fmaf(d, code_to_float((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u), m);
+    B::decode8<FastCodes>(B::d_of(r.dm), B::m_of(r.dm), r.q, (col & 16) >> 2, w);
   }
 };
 
-// Q5_1 block {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes, 4-byte aligned): Q4_1's nibbles with
-// bit k of qh (a little-endian word) on top of column k's code (k = col % 32).
+// Q5_1 (24 bytes, 4-byte aligned): Q4_1's nibbles with bit k of qh on top of column k's code (k = col % 32).
 struct Q5_1 {
+  typedef rf_blocks::Q5_1 B;
   struct Raw {
     unsigned int dm, h, q[2];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 24; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * 24);
-    const unsigned int* q = b + 2 + ((col & 15) >> 2);
-    return {b[0], b[1], {q[0], q[1]}};
+    const unsigned int* b = reinterpret_cast<const unsigned int*>(row + (col >> 5) * B::kBytes);
+    const unsigned int* q = b + B::kQsAt / 4 + ((col & 15) >> 2);
+    return {b[0], b[B::kQhAt / 4], {q[0], q[1]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const float d = rf_f16_to_float((unsigned short)(r.dm & 0xffffu));
-    const float m = rf_f16_to_float((unsigned short)(r.dm >> 16));
-    const int shift = (col & 16) >> 2;
-    const unsigned int h = r.h >> (col & 31);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      w[k] = fmaf(d, code_to_float(((r.q[k >> 2] >> (8 * (k & 3) + shift)) & 15u) | (((h >> k) & 1u) << 4)), m);
-    }
+    B::decode8<FastCodes>(B::d_of(r.dm), B::m_of(r.dm), r.q, (col & 16) >> 2, r.h >> (col & 31), w);
   }
 };
 
-// Q5_0 block {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes, 2-byte aligned): d * (q - 16), q as in Q5_1.
+// Q5_0 (22 bytes, 2-byte aligned): Q5_1's codes, 2-byte loads.
 struct Q5_0 {
+  typedef rf_blocks::Q5_0 B;
   struct Raw {
     unsigned short d, h[2], q[4];
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 32) * 22; }
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
-    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * 22);
-    const unsigned short* q = b + 3 + ((col & 15) >> 1);
-    return {b[0], {b[1], b[2]}, {q[0], q[1], q[2], q[3]}};
+    const unsigned short* b = reinterpret_cast<const unsigned short*>(row + (col >> 5) * B::kBytes);
+    const unsigned short* q = b + B::kQsAt / 2 + ((col & 15) >> 1);
+    return {b[0], {b[B::kQhAt / 2], b[B::kQhAt / 2 + 1]}, {q[0], q[1], q[2], q[3]}};
   }
   static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
-    const float d = rf_f16_to_float(r.d);
-    const int shift = (col & 16) >> 2;
-    const unsigned int h = ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (col & 31);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const unsigned int q = ((r.q[k >> 1] >> (8 * (k & 1) + shift)) & 15u) | (((h >> k) & 1u) << 4);
-      w[k] = d * code_to_float(q, 16.0f);
-    }
+    B::decode8<FastCodes>(rf_f16_to_float(r.d), r.q, (col & 16) >> 2,
+                          ((unsigned int)r.h[0] | ((unsigned int)r.h[1] << 16)) >> (col & 31), w);
   }
 };
 
-// Q4_K super-block {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes) and Q5_K {half d;
-// half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes): read in 64-column steps (Wide,
-// below); w = d * sc * q - dmin * m, Q5_K's fifth bit of element l of sub-block i is bit i of qh[l].
-
-// Q6_K super-block {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes, 2-byte aligned):
-// w = d * scales[e / 16] * (q - 32), a 6-bit code q; read in steps of two runs (Wide6, below).
+// Q4_K and Q5_K are read in 64-column steps (Wide, below), Q6_K in steps of two runs (Wide6, below).
 
 static __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
   return (unsigned int)rf_float_to_f16(lo) | ((unsigned int)rf_float_to_f16(hi) << 16);
@@ -203,9 +182,7 @@ struct Narrow<F16> {
 // (matmul_mma.error_bound's h). Larger ones would overflow: hipcore/model/weights.py stores a matrix holding any as
 // F32 instead, which this path never reads.
 struct BF16 : F16 {  // F16's layout and loads
-  static __device__ __forceinline__ unsigned int narrow(unsigned int word) {
-    return rf_floats_to_h2(rf_uint_as_float(word << 16), rf_uint_as_float(word & 0xffff0000u));
-  }
+  static __device__ __forceinline__ unsigned int narrow(unsigned int word) { return rf_blocks::BF16::to_f16_pair(word); }
 };
 template <>
 struct Narrow<BF16> : Narrow<F16> {  // F16's loads, narrowed as stored
@@ -215,30 +192,13 @@ struct Narrow<BF16> : Narrow<F16> {  // F16's loads, narrowed as stored
 };
 
 // The f16 constants of sub-blocks 2j (lo) and 2j + 1 (hi) of a Q4_K / Q5_K super-block, in both lanes of a
-// pair, from its first 16 bytes (d, dmin, the 12 scale bytes: hipcore/ops/weight_formats.py k_scales
-// documents them). No conversion instruction: those run at a quarter of the f16 rate on NVIDIA, and the
-// float path's eleven per row and step (four int -> float, seven float -> f16) were a large part of a decode
-// batch's instructions, which an issue-bound warp pays for (measured on an H100:
+// pair (rf_blocks::KScales::pair_scales). No conversion instruction: those run at a quarter of the f16 rate on
+// NVIDIA, and the float path's eleven per row and step (four int -> float, seven float -> f16) were a large part
+// of a decode batch's instructions, which an issue-bound warp pays for (measured on an H100:
 // docs/history/2026-11-27-conversion-free-kquant-scales.md).
-// The two sub-blocks' 6-bit scales and mins come out as two bytes each (the low one 2j's), their f16 values
-// as 1024 + v from a byte permute minus 1024 (exact); -1024 sc exactly; -(dmin m) is one f16 product,
-// rounded once as the float path rounded dmin m (the product of an f16 and a 6-bit integer is exact in f32).
-struct KPairScales {
-  unsigned int d, sc_lo, sc_hi, off_lo, off_hi, min_lo, min_hi;
-};
+typedef rf_blocks::KPairScales KPairScales;
 static __device__ __forceinline__ KPairScales k_pair_scales(const uint4& head, int j) {
-  const unsigned int shift = 16u * (unsigned int)(j & 1);  // sub-blocks 2j, 2j + 1: bytes 2 (j % 2), + 1
-  const unsigned int a = head.y >> shift, b = head.z >> shift, c = head.w >> shift;
-  const unsigned int sc = j < 2 ? a & 0x3f3fu : (c & 0x0f0fu) | ((a & 0xc0c0u) >> 2);
-  const unsigned int m = j < 2 ? b & 0x3f3fu : ((c >> 4) & 0x0f0fu) | ((b & 0xc0c0u) >> 2);
-  constexpr unsigned int k64 = 0x64646464u, k1024 = 0x64006400u, kMinus1024 = 0xe400e400u;
-  const unsigned int sc_lo = rf_h2_sub(rf_byte_perm(sc, k64, 0x4040u), k1024);
-  const unsigned int sc_hi = rf_h2_sub(rf_byte_perm(sc, k64, 0x4141u), k1024);
-  const unsigned int neg_dmin = rf_byte_perm(head.x, 0u, 0x3232u) ^ 0x80008000u;  // -dmin in both lanes
-  return {rf_byte_perm(head.x, 0u, 0x1010u),  // the file's f16 d in both lanes
-          sc_lo, sc_hi, rf_h2_mul(sc_lo, kMinus1024), rf_h2_mul(sc_hi, kMinus1024),
-          rf_h2_mul(neg_dmin, rf_h2_sub(rf_byte_perm(m, k64, 0x4040u), k1024)),
-          rf_h2_mul(neg_dmin, rf_h2_sub(rf_byte_perm(m, k64, 0x4141u), k1024))};
+  return rf_blocks::KScales::pair_scales(head, j);
 }
 
 // v rounded to f16, in both lanes of a pair. Q6_K's scales d * scales[] keep it (three conversions per row
@@ -256,11 +216,9 @@ static __device__ __forceinline__ unsigned int f16_pair(float v) { return (unsig
 template <bool kFiveBit>
 static __device__ __forceinline__ void decode_k_word(unsigned int word, unsigned int h, int j, const KPairScales& k,
                                                      unsigned int lo[2], unsigned int hi[2]) {
-  unsigned int a = word & 0x0f0f0f0fu, b = (word >> 4) & 0x0f0f0f0fu;
-  if (kFiveBit) {
-    a |= ((h >> (2 * j)) & 0x01010101u) << 4;
-    b |= ((h >> (2 * j + 1)) & 0x01010101u) << 4;
-  }
+  unsigned int a, b;
+  rf_blocks::Q4_K::codes(word, a, b);
+  if (kFiveBit) rf_blocks::Q5_K::add_fifth_bits(h, j, a, b);
   unsigned int pa[2], pb[2];
   biased_pairs(a, pa);
   biased_pairs(b, pb);
@@ -291,7 +249,8 @@ static __device__ __forceinline__ void store_pairs(const unsigned int lo[8], con
 template <bool kFiveBit>
 struct Wide {
   static constexpr int kStepCols = 64, kGroupsPerRow = 2;
-  static constexpr int kBlockBytes = kFiveBit ? 176 : 144, kQsOffset = kFiveBit ? 48 : 16;
+  typedef typename rf_blocks::Q4or5_K<kFiveBit>::type B;
+  static constexpr int kBlockBytes = B::kBytes, kQsOffset = B::kQsAt;
   struct Raw {
     uint4 head, q, h;  // h: Q5_K's fifth bits qh[16g ..], zero for Q4_K
   };
@@ -305,7 +264,7 @@ struct Wide {
     Raw r;
     r.head = *reinterpret_cast<const uint4*>(b);
     r.q = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * j + 16 * g);
-    r.h = kFiveBit ? *reinterpret_cast<const uint4*>(b + 16 + 16 * g) : uint4{0u, 0u, 0u, 0u};
+    r.h = kFiveBit ? *reinterpret_cast<const uint4*>(b + rf_blocks::Q5_K::kQhAt + 16 * g) : uint4{0u, 0u, 0u, 0u};
     return r;
   }
   static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {
@@ -345,8 +304,8 @@ static __device__ __forceinline__ void shift_words(const unsigned int w[N + 1], 
 static __device__ __forceinline__ void decode_q6_word(unsigned int ql, unsigned int qh, int t, unsigned int scale_a,
                                                       unsigned int scale_b, unsigned int lo[2], unsigned int hi[2]) {
   constexpr unsigned int k1056 = 0x64206420u;  // 1056 = 1024 + 32 in both lanes
-  const unsigned int a = (ql & 0x0f0f0f0fu) | (((qh >> (2 * t)) & 0x03030303u) << 4);
-  const unsigned int b = ((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (2 * t + 4)) & 0x03030303u) << 4);
+  unsigned int a, b;
+  rf_blocks::Q6_K::codes(ql, qh, 2 * t, a, b);
   unsigned int pa[2], pb[2];
   biased_pairs(a, pa);
   biased_pairs(b, pb);
@@ -373,21 +332,22 @@ struct Wide6 {
     int scale_a, scale_b, shift;
     unsigned short d;
   };
-  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)(cols / 256) * 210; }
+  typedef rf_blocks::Q6_K B;
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
   static __device__ __forceinline__ int column(int c0, int col) {
     const int k = c0 >> 6;
     return (k >> 2) * 256 + ((k >> 1) & 1) * 128 + (k & 1) * 32 + (col < 32 ? col : col + 32);
   }
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int g) {
     const int k = c0 >> 6, h = (k >> 1) & 1, t = k & 1;
-    const unsigned char* b = row + (k >> 2) * 210;
+    const unsigned char* b = row + (k >> 2) * B::kBytes;
     Raw r;
     // Both runs start at an even offset from b, so one shift serves the two.
     r.shift = load_aligned_words<4>(b + 64 * h + 32 * t + 16 * g, r.ql);
-    load_aligned_words<4>(b + 128 + 32 * h + 16 * g, r.qh);
-    r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * t + g];
-    r.scale_b = (int)(signed char)b[192 + 8 * h + 2 * t + 4 + g];
-    r.d = *reinterpret_cast<const unsigned short*>(b + 208);
+    load_aligned_words<4>(b + B::kQhAt + 32 * h + 16 * g, r.qh);
+    r.scale_a = (int)(signed char)b[B::kScalesAt + 8 * h + 2 * t + g];
+    r.scale_b = (int)(signed char)b[B::kScalesAt + 8 * h + 2 * t + 4 + g];
+    r.d = *reinterpret_cast<const unsigned short*>(b + B::kDAt);
     return r;
   }
   static __device__ __forceinline__ void store(const Raw& r, int c0, int g, unsigned short* ws_row) {

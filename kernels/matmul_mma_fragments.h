@@ -63,7 +63,7 @@ struct WideFragments {
     Raw r;
     r.head = *reinterpret_cast<const uint4*>(b);
     r.q = *reinterpret_cast<const uint2*>(b + Step::kQsOffset + 32 * j + 8 * t);
-    r.h = kFiveBit ? *reinterpret_cast<const uint2*>(b + 16 + 8 * t) : uint2{0u, 0u};
+    r.h = kFiveBit ? *reinterpret_cast<const uint2*>(b + rf_blocks::Q5_K::kQhAt + 8 * t) : uint2{0u, 0u};
     return r;
   }
   // pairs[2 s + e]: pair e of k-substep s (code bytes 0..3 feed substeps 0 and 2, bytes 4..7 1 and 3).
@@ -83,7 +83,7 @@ struct WideFragments {
     const unsigned char* b = row + (sb >> 8) * Step::kBlockBytes;
     Block k;
     k.head = *reinterpret_cast<const uint4*>(b);
-    k.h = kFiveBit ? *reinterpret_cast<const uint2*>(b + 16 + 8 * t) : uint2{0u, 0u};
+    k.h = kFiveBit ? *reinterpret_cast<const uint2*>(b + rf_blocks::Q5_K::kQhAt + 8 * t) : uint2{0u, 0u};
 #pragma unroll
     for (int j = 0; j < 4; ++j) k.q[j] = *reinterpret_cast<const uint2*>(b + Step::kQsOffset + 32 * j + 8 * t);
     return k;
@@ -120,13 +120,14 @@ struct Wide6Fragments {
   };
   static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int c0, int t) {
     const int k = c0 >> 6, h = (k >> 1) & 1, u = k & 1;
-    const unsigned char* b = row + (k >> 2) * 210;
+    typedef rf_blocks::Q6_K B;
+    const unsigned char* b = row + (k >> 2) * B::kBytes;
     Raw r;
     r.shift = load_aligned_words<2>(b + 64 * h + 32 * u + 8 * t, r.ql);  // both at even offsets: one shift
-    load_aligned_words<2>(b + 128 + 32 * h + 8 * t, r.qh);
-    r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t >> 1)];  // scales of 16 elements: l / 16
-    r.scale_b = (int)(signed char)b[192 + 8 * h + 2 * u + 4 + (t >> 1)];
-    r.d = *reinterpret_cast<const unsigned short*>(b + 208);
+    load_aligned_words<2>(b + B::kQhAt + 32 * h + 8 * t, r.qh);
+    r.scale_a = (int)(signed char)b[B::kScalesAt + 8 * h + 2 * u + (t >> 1)];  // scales of 16 elements: l / 16
+    r.scale_b = (int)(signed char)b[B::kScalesAt + 8 * h + 2 * u + 4 + (t >> 1)];
+    r.d = *reinterpret_cast<const unsigned short*>(b + B::kDAt);
     return r;
   }
   static __device__ __forceinline__ void decode(const Raw& r, int c0, unsigned int pairs[8]) {

@@ -21,8 +21,8 @@ BLOCK_FORMATS = ["block_formats.h", "block_format_common.h", "block_format_f16.h
                  "block_format_q4_1.h", "block_format_q5_0.h", "block_format_q5_1.h", "block_format_q8_0.h",
                  "block_format_q4_k.h", "block_format_q5_k.h", "block_format_q6_k.h", "block_format_mxfp4.h"]
 # The ops that decode GGUF blocks through block_formats.h
-BLOCK_FORMAT_USERS = ("embedding", "fused_matmul", "fused_matvec", "fused_qmatvec", "matmul", "matvec", "moe_experts",
-                      "paged_attention", "qmatvec")
+BLOCK_FORMAT_USERS = ("embedding", "fused_matmul", "fused_matvec", "fused_qmatvec", "matmul", "matmul_mma", "matvec",
+                      "moe_experts", "paged_attention", "qmatvec")
 
 
 @pytest.fixture
@@ -60,7 +60,8 @@ def test_an_op_is_built_from_the_files_it_includes():
     assert [f.name for f in source_files("matmul_mma")] == [*COMPAT, "matmul_mma.hip", "matrix_cores.h",
                                                              "matmul_mma_formats.h", "matmul_mma_epilogues.h",
                                                              "matmul_mma_fragments.h", "matmul_mma_block32_fragments.h",
-                                                             "matmul_mma_fragment_entries.h", "gated_activation.h"]
+                                                             "matmul_mma_fragment_entries.h", "block_formats.h",
+                                                             "gated_activation.h", *formats]
     for op in ("silu_mul", "gelu_mul"):  # the gated activations' one definition
         assert [f.name for f in source_files(op)] == [*COMPAT, f"{op}.hip", "gated_activation.h"]
     assert [f.name for f in source_files("prompt_attention")] == [*COMPAT, "prompt_attention.hip", "matrix_cores.h",

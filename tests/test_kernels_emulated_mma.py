@@ -174,8 +174,8 @@ FRAGMENT_FAULTS = {
     "A's rows and k halves crossed": ("q5_k", 32, "fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};",
                                       "fa[4] = {pairs[0][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s], pairs[1][2 * s + 1]};"),
     "the wrong token": ("q4_k", 32, "t0 + 8 * j + 2 * t + (e & 1), acc[4 * j + e]);", "t0 + 8 * j + 2 * t + (e >> 1), acc[4 * j + e]);"),
-    "Q6_K's scale of the wrong elements": ("q6_k", 8, "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t >> 1)];",
-                                           "r.scale_a = (int)(signed char)b[192 + 8 * h + 2 * u + (t & 1)];"),
+    "Q6_K's scale of the wrong elements": ("q6_k", 8, "r.scale_a = (int)(signed char)b[B::kScalesAt + 8 * h + 2 * u + (t >> 1)];",
+                                           "r.scale_a = (int)(signed char)b[B::kScalesAt + 8 * h + 2 * u + (t & 1)];"),
     # (768 columns: with two super-blocks the last load refills both buffers with the second)
     "a direct super-block decoded from the other buffer": ("q4_k", 8, "    run(blk[1], sb + 256);",
                                                            "    run(blk[0], sb + 256);", 768),
@@ -207,8 +207,8 @@ DECODE_FAULTS = {
     "the min added": ("q4_k", "rf_byte_perm(head.x, 0u, 0x3232u) ^ 0x80008000u;", "rf_byte_perm(head.x, 0u, 0x3232u);"),
     "a scale's top bits of the wrong place": ("q4_k", "(c & 0x0f0fu) | ((a & 0xc0c0u) >> 2)", "(c & 0x0f0fu) | ((a & 0xc0c0u) >> 4)"),
     "a Q6_K scale's sign dropped": ("q6_k", "f16_pair(d * (float)r.scale_a)", "f16_pair(d * (float)(r.scale_a & 0x7f))"),
-    "the fifth bit of the next sub-block": ("q5_k", "a |= ((h >> (2 * j)) & 0x01010101u) << 4;",
-                                            "a |= ((h >> (2 * j + 1)) & 0x01010101u) << 4;"),
+    "the fifth bit of the next sub-block": ("q5_k", "lo |= ((h >> (2 * c)) & kByteOnes) << 4;",  # block_format_q5_k.h
+                                            "lo |= ((h >> (2 * c + 1)) & kByteOnes) << 4;"),
     "a Q6_K lane centred on 31": ("q6_k", "k1056 = 0x64206420u;", "k1056 = 0x641f6420u;"),
 }
 
@@ -253,7 +253,7 @@ BLOCK32_FAULTS = {
                                           "shift = 4u * (unsigned int)(t & 1);"),
     "Q8_0's codes read unsigned": ("q8_0", 16, "r.q.word(p >> 1) ^ 0x80808080u", "r.q.word(p >> 1)"),
     "a fifth bit of the neighbouring pair": ("q5_1", 8, "fifth_bit_pair(h >> (2 * p))", "fifth_bit_pair(h >> (2 * p + 1))"),
-    "lane 0's fifth bits in every lane": ("q5_0", 16, "b[2 + t], CodeWords", "b[2], CodeWords"),
+    "lane 0's fifth bits in every lane": ("q5_0", 16, "b[B::kQhAt + t], CodeWords", "b[B::kQhAt], CodeWords"),
     "Q4_1's min left out": ("q4_1", 8, "rf_h2_fma(code_pair(codes, k1024, 0), d, m)",
                             "rf_h2_mul(code_pair(codes, k1024, 0), d)"),
     "the second block decoded as the first": ("q8_0", 8, "L::decode(r.second, t, pairs + 4);",
