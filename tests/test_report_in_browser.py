@@ -1,5 +1,5 @@
-"""The --report page rendered by headless Chromium (the full tier: it needs the `chromium` package): the
-screenshot is not blank and the series names are in the rendered page's text."""
+"""The --report page rendered by headless Chromium (the full tier, tests/support/tiers.py: it needs the `chromium`
+package): the screenshot is not blank and the series names are in the rendered page's text."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ import shutil
 import subprocess
 
 import numpy as np
-import pytest
 
 from profiles.report_html import build_html
 from test_memory_timeline import leaky_timeline
-
-pytestmark = pytest.mark.full
 
 
 def chromium() -> str:
