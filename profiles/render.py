@@ -7,6 +7,9 @@ terminal never hides a digit. JSON output (`to_dict()` of each result) carries e
 
 from __future__ import annotations
 
+import re
+import textwrap
+
 from rich import box
 from rich.table import Table
 
@@ -26,14 +29,17 @@ def _bytes(n: int | None) -> str:
 
 
 class _WholeNumbersTable(Table):
-    """A table whose number cells are never broken across lines: each number column is at least as wide
-    as its widest cell (its header and the text columns wrap instead, at 80 columns)."""
+    """A table whose numbers are never broken across lines: each number column is at least as wide as the
+    widest part of its cells, a part being what lies between ' / ' and before ' (' ("272.0 MiB /", "528 tokens"),
+    so that a cell of two figures may take two lines at 80 columns but no number is cut (its header and the text
+    columns wrap too)."""
 
     def add_row(self, *cells, **kwargs) -> None:
         super().add_row(*cells, **kwargs)
         for column, cell in zip(self.columns, cells):
             if isinstance(cell, str) and column.justify == "right":
-                column.min_width = max(column.min_width or 0, len(cell))
+                parts = re.split(r"(?<= /) | (?=\()", cell)
+                column.min_width = max(column.min_width or 0, *(len(part) for part in parts))
 
 
 def _table(title: str, columns: list[str], *, header: bool = True, text_columns: tuple[str, ...] = (),
@@ -182,7 +188,8 @@ def workloads_header(report: WorkloadReport) -> Table:
 
 def workload_table(result: WorkloadResult) -> Table:
     """One column per snapshot of the workload, one row per MemoryProfile figure."""
-    t = _table(f"{result.name}: {result.description}", ["figure"] + [s.label for s in result.snapshots],
+    # The title wrapped at word boundaries: rich prints a title wider than its table on one line.
+    t = _table(textwrap.fill(f"{result.name}: {result.description}", 78), ["figure"] + [s.label for s in result.snapshots],
                word_a_line_headers=False)  # snapshot labels read as phrases
     profiles = [s.profile for s in result.snapshots]
 

@@ -51,3 +51,14 @@ def test_the_workloads_report_plot_and_trace(tmp_path):
 def test_the_picture_options_need_workloads():
     result = runner.invoke(app, ["profile-kv", "--preset", "Llama-2-7B", "--report", "kv.html"])
     assert result.exit_code == 2 and "--report only applies to --workloads" in result.output
+
+
+def test_the_workloads_output_fits_80_columns_and_uses_200():
+    for width in (80, 200):
+        result = runner.invoke(app, ["profile-kv", "--workloads", "--preset", "Llama-2-7B"], env={"COLUMNS": str(width)})
+        assert result.exit_code == 0, result.output[-2000:]
+        lines = result.stdout.splitlines()
+        assert max(len(line) for line in lines) <= width, max(lines, key=len)
+        # every figure of the single-sequence table whole: "264.0 MiB /" and "528 tokens" may take two lines
+        assert any("93.8% (15 slots)" in line for line in lines)
+    assert any(len(line) > 100 for line in lines)  # at 200 columns the room is used
