@@ -65,11 +65,13 @@ def leave_during_prompt(live) -> None:
 
 
 def leave_mid_stream(live) -> None:
-    with socket.create_connection(("127.0.0.1", live.port)) as sock:
+    with socket.create_connection(("127.0.0.1", live.port), timeout=60) as sock:  # a stream that never comes fails
         sock.sendall(post_head(len(STREAM_BODY)) + STREAM_BODY)
         received = b""
         while received.count(b"data:") < 2:
-            received += sock.recv(4096)
+            piece = sock.recv(4096)
+            assert piece, f"the server closed the stream before two events: {received!r}"
+            received += piece
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # a reset
 
 
