@@ -106,7 +106,15 @@ def test_ctrl_c_at_the_prompt_once_goes_on_twice_ends(model, monkeypatch, capsys
     assert len(spy.prompts) == 1 and lines.items == ["never read"]
 
 
-def test_ctrl_c_during_an_answer_stops_it_and_the_chat_goes_on(model, monkeypatch, capsys):
+@pytest.fixture
+def ctrl_c_as_in_a_terminal():
+    """SIGINT as an interactive shell leaves it to Python (a run started in the background inherits it ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_during_an_answer_stops_it_and_the_chat_goes_on(model, monkeypatch, capsys, ctrl_c_as_in_a_terminal):
     def interrupt_after_the_second(n: int) -> None:
         if n == 1:
             signal.raise_signal(signal.SIGINT)  # as Ctrl-C in a terminal: the handler, not an exception mid-step
@@ -163,6 +171,7 @@ def test_ctrl_c_typed_at_a_terminal(tiny):
     pid, fd = pty.fork()
     if pid == 0:  # the child: the chat, its terminal the pseudo-terminal
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a terminal's shell starts it, even under a background run
         os.execv(sys.executable, [sys.executable, "-m", "rocmforge_cli.app", "generate", "-m", str(tiny), "-d", "cpu",
                                   "--temp", "0", "-n", "3", "-cnv", "-q"])
     seen = bytearray()
@@ -191,6 +200,7 @@ def test_ctrl_c_typed_during_an_answer_stops_it(tiny):
     pid, fd = pty.fork()
     if pid == 0:
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a terminal's shell starts it, even under a background run
         os.execv(sys.executable, [sys.executable, "-m", "rocmforge_cli.app", "generate", "-m", str(tiny), "-d", "cpu",
                                   "--temp", "0", "-n", "200", "--ignore-eos", "-cnv", "-q"])
     seen = bytearray()
