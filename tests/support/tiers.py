@@ -27,6 +27,7 @@ FULL_MODULES = {
     "test_gguf_fuzz.py": "mutation fuzzing of the GGUF reader",
     "test_gpu_plans_on_host.py": "every family's step plans on six GPU architectures through host twins",
     "test_golden_gemma3_270m.py": "the real Gemma 3 270M (240 MB) against llama.cpp on the cpu backend",
+    "test_leak_check_clean.py": "leak-check's clean runs end to end, hundreds of requests on the demo model",
     "test_report_in_browser.py": "--report's page rendered by headless Chromium (the chromium package)",
 }
 
