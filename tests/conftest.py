@@ -38,7 +38,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     if config.getoption("--tier") == "everyday" and config.args_source == pytest.Config.ArgsSource.TESTPATHS:
         return "tier: everyday (the full tier's tests are deselected; `pytest --tier full` runs every test)"
-    return f"tier: {config.getoption('--tier')}"
+    if config.getoption("--tier") == "everyday":
+        return "tier: every test of the files named (a bare `pytest` is the everyday tier)"
+    return "tier: full"
 
 
 @pytest.fixture(scope="session")
