@@ -1,9 +1,9 @@
 """Where one decode step's time goes: kernels on the device, launches, and host work.
 
 Measured on a loaded model, for a decode step of `batch` sequences at `context` tokens:
-  - graph: the whole step replayed from its captured graph (device time between two events);
+  - graph: the whole step replayed from its captured graph (GPU time between two events);
   - kernels: each kind of launch (all 30 layers' q|k|v products, all kv_stores, ...) captured into a
-    graph of its own and replayed, so each kind's device time is measured as it runs inside a graph,
+    graph of its own and replayed, so each kind's GPU time is measured as it runs inside a graph,
     reading its own layers' weights from memory as the real step does;
   - eager: the same launches made one by one from Python (what a step costs without graphs);
   - host: the runner's own split of a step (packing and uploading the inputs, the replay call, the
@@ -32,7 +32,7 @@ from profiles.bench import BenchConfig, Workloads
 class KernelKind:
     name: str
     launches: int
-    us_per_step: float  # device time of all launches of this kind in one step
+    us_per_step: float  # GPU time of all launches of this kind in one step
 
     @property
     def us_per_launch(self) -> float:
@@ -45,7 +45,7 @@ class DecodeProfile:
     context: int
     device: str
     launches: int
-    graph_us: float  # device time of the step replayed from its graph
+    graph_us: float  # GPU time of the step replayed from its graph
     eager_us: float  # wall time of the same launches made one by one (synchronized at the end)
     kernels: list[KernelKind]
     runner_us: float  # runner.execute_sampled wall time per step (graph path)
@@ -127,7 +127,7 @@ def decode_batch(cache, batch: int, context: int, seq_base: int = 10_000_000) ->
 
 
 def device_us(device, stream, fn, reps: int) -> float:
-    """Mean device time of fn() (which queues work on `stream`) over reps runs, in microseconds."""
+    """Mean GPU time of fn() (which queues work on `stream`) over reps runs, in microseconds."""
     start, end = device.create_event(), device.create_event()
     fn()
     stream.synchronize()

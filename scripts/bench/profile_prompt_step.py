@@ -1,4 +1,4 @@
-"""Where a prompt step's time goes on a GPU: the whole step's device time, each kind of launch's (all 30
+"""Where a prompt step's time goes on a GPU: the whole step's GPU time, each kind of launch's (all 30
 layers' q|k|v products, all attentions, ...) captured into a graph of its own and replayed, and the
 runner's host time for the step (plan, launches from Python, the wait and the download).
 
@@ -55,7 +55,7 @@ def main() -> None:
         print(f"prompt step of {n} tokens on {device.describe()}: {len(plan)} launches")
         print(f"runner.execute (host wall, plan + launches + wait + download): {host_us:,.0f} us "
               f"= {n / host_us * 1e6:,.0f} tokens/s")
-        print(f"device time of the launches, back to back: {step_us:,.0f} us = {n / step_us * 1e6:,.0f} tokens/s\n")
+        print(f"GPU time of the launches, back to back: {step_us:,.0f} us = {n / step_us * 1e6:,.0f} tokens/s\n")
         print("| launch | count | us per step | us per launch |")
         print("| --- | ---: | ---: | ---: |")
         for label, launches in kinds.items():

@@ -361,7 +361,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ctx", type=int, default=320)
-    parser.add_argument("--step-ms", type=float, default=2.9, help="the stand-in device time of one step (sleep)")
+    parser.add_argument("--step-ms", type=float, default=2.9, help="the stand-in GPU time of one step (sleep)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval in the server process (default: the server's own choice)")
     parser.add_argument("--profile", default=None, help="path prefix for cProfile output of the server's threads")
