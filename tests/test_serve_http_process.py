@@ -15,7 +15,7 @@ import time
 import httpx
 
 from support.engine_testing import load_tiny, tiny_model
-from support.serve_testing import SLOW_TOKEN, live_server, metrics
+from support.serve_testing import SLOW_TOKEN, live_server, metrics, wait_until_up
 
 from rocmforge_serve.engine_bridge import EngineBridge
 from rocmforge_serve.engine_loop import EngineLoop
@@ -104,15 +104,7 @@ def test_ctrl_c_to_the_process_group_stops_both_processes_cleanly(tmp_path_facto
                               start_new_session=True)  # its own process group: Ctrl-C reaches both processes
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.1)
+        wait_until_up(server, url)
         streaming = threading.Event()
         client = threading.Thread(target=stream_until_gone, args=(url, (5, 6, 7), streaming))
         client.start()

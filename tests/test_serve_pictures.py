@@ -7,10 +7,10 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
+from support.serve_testing import wait_until_up
 from support.engine_testing import tiny_model
 from test_serve_shutdown import free_port
 from test_trace_events import validate
@@ -25,15 +25,7 @@ def test_serve_writes_its_pictures_at_exit(tmp_path_factory, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.1)
+        wait_until_up(server, url)
         for k in range(3):
             answer = httpx.post(url + "/v1/completions", json={"prompt": [5, 6, 7 + k], "max_tokens": 4}, timeout=30)
             assert answer.status_code == 200

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from support.engine_testing import tiny_model
-from support.serve_testing import SHAPES, SLOW_TOKEN, live_server, metrics
+from support.serve_testing import SHAPES, SLOW_TOKEN, live_server, metrics, wait_until_up
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +122,7 @@ def test_sigterm_mid_stream_exits_0_and_the_stream_gets_its_done(model_path, mod
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.1)
+        wait_until_up(server, url)
         lines: list[str] = []
         with httpx.stream("POST", url + "/v1/completions", timeout=30,
                           json={"prompt": [SLOW_TOKEN, 5], "max_tokens": 250, "stream": True, "ignore_eos": True}) as response:

@@ -70,3 +70,16 @@ def wait_idle(url: str, timeout_s: float = 20.0) -> dict[str, float]:
         if time.monotonic() > deadline:
             raise AssertionError(f"the server did not come back to idle: {m}")
         time.sleep(0.02)
+
+
+def wait_until_up(server, url: str, timeout_s: float = 60.0) -> None:
+    """Until a `rocmforge serve` started as a subprocess answers /health with 200; fails if it exits or times out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.1)
