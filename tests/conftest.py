@@ -9,7 +9,7 @@ import pytest
 
 from support.emulated_kernels import WARPS, build_harnesses
 from support.kernel_builds import build_every_op
-from support.tiers import full_tier_reason
+from support.tiers import EVERYDAY_TIMEOUT_S, FULL_TIMEOUT_S, full_tier_reason
 from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 
 
@@ -24,11 +24,14 @@ def pytest_collection_modifyitems(config, items):
     """Mark the full tier's tests `full` (before -m is applied), and leave them out of a default everyday run."""
     full = []
     for item in items:
-        if item.get_closest_marker("full"):
-            full.append(item)
-        elif full_tier_reason(item.path.name, item.fixturenames):
+        in_full = bool(item.get_closest_marker("full"))
+        if not in_full and full_tier_reason(item.path.name, item.fixturenames):
             item.add_marker(pytest.mark.full)
+            in_full = True
+        if in_full:
             full.append(item)
+        if not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(FULL_TIMEOUT_S if in_full else EVERYDAY_TIMEOUT_S))
     if config.getoption("--tier") == "everyday" and config.args_source == pytest.Config.ArgsSource.TESTPATHS and full:
         left_out = set(map(id, full))
         items[:] = [item for item in items if id(item) not in left_out]

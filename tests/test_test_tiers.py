@@ -7,7 +7,7 @@ import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
-from support.tiers import COMPILING_FIXTURES, FULL_MODULES, full_tier_reason
+from support.tiers import COMPILING_FIXTURES, EVERYDAY_TIMEOUT_S, FULL_MODULES, full_tier_reason
 
 TESTS = Path(__file__).resolve().parent
 
@@ -46,3 +46,18 @@ def test_a_bare_run_leaves_the_full_tier_out_and_the_full_tier_keeps_it():
     assert any("test_kernel_resources.py" in t for t in full) and set(everyday) < set(full)
     only_full = collected("--tier", "full", "-m", "full")  # what .ci/run adds after the everyday tier
     assert set(only_full) == set(full) - set(everyday)
+
+
+
+def test_every_test_has_a_time_limit_by_its_tier(request, tmp_path):
+    """A hanging test fails alone (pytest-timeout) instead of stopping the run: the limit is on every test, and a
+    planted hang past its limit fails while the test after it still runs."""
+    assert request.node.get_closest_marker("timeout").args == (EVERYDAY_TIMEOUT_S,)
+    (tmp_path / "test_planted.py").write_text(
+        "import time, pytest\n"
+        "@pytest.mark.timeout(1)\n"
+        "def test_hangs():\n    time.sleep(60)\n"
+        "def test_after():\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Timeout" in proc.stdout and "1 failed, 1 passed" in proc.stdout, proc.stdout[-2000:]

@@ -32,6 +32,12 @@ FULL_MODULES = {
 }
 
 
+# A test that hangs fails alone after this long instead of stopping the whole run (pytest-timeout); a full-tier
+# test's first use of a compiling fixture builds every kernel for every target inside its own time.
+EVERYDAY_TIMEOUT_S = 300
+FULL_TIMEOUT_S = 2400
+
+
 def full_tier_reason(module_name: str, fixturenames: list[str] | tuple[str, ...]) -> str | None:
     """Why a test of `module_name` using `fixturenames` is in the full tier, or None when it is everyday."""
     for pattern, why in FULL_MODULES.items():
