@@ -68,7 +68,11 @@ static __device__ __forceinline__ void load_words(const unsigned char* __restric
   const int shift = (int)(addr & 2u) * 8;
   unsigned int w[N + 1];
 #pragma unroll
-  for (int k = 0; k <= N; ++k) w[k] = load_weights4(base + k);
+  for (int k = 0; k < N; ++k) w[k] = load_weights4(base + k);
+  // The word past the run is needed only when the run starts mid-word; at a word boundary it lies wholly past
+  // the run and, for a Q8_0 block ending its buffer at a page's end, past the mapping (an illegal address): the
+  // last word is read again instead, its bits shifted out.
+  w[N] = load_weights4(base + N - (shift == 0 ? 1 : 0));
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = (unsigned int)((((unsigned long long)w[k + 1] << 32) | w[k]) >> shift);
 }

@@ -144,3 +144,36 @@ def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
     else:
         got, want, bound = run_down(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 256, 4, False)
     assert not np.all(np.abs(got - want) <= bound)
+
+
+FIXED_LAST_WORD = "w[N] = load_weights4(base + N - (shift == 0 ? 1 : 0));"
+
+
+def q8_0_experts_ending_at_a_page(harnesses, warp, tmp_path, grouped):
+    """Q8_0 experts of 4 x 6 rows x 64 columns: 48 blocks, 1,632 bytes (a multiple of 16, so the harness puts their
+    end at a guarded page's start) and the last block's codes at a word boundary, every expert chosen: the last
+    row's last block is read, and a load past it dies."""
+    rng = np.random.default_rng([warp, 8])
+    got, want, bound = run_gate_up(harnesses, warp, tmp_path, rng, "q8_0", 1, 4, 6, 64, 4, "swiglu", False,
+                                   grouped=grouped)
+    assert np.all(np.abs(got - want) <= bound)
+    got, want, bound = run_down(harnesses, warp, tmp_path, rng, "q8_0", 1, 4, 6, 64, 4, False, grouped=grouped)
+    assert np.all(np.abs(got - want) <= bound)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_q8_0_experts_ending_at_a_page_are_read_to_their_last_byte_and_no_further(moe_harnesses, warp, tmp_path,
+                                                                                   grouped):
+    assert (4 * 6 * 2 * 34) % 16 == 0 and (34 * (4 * 6 * 2 - 1) + 2) % 4 == 0
+    q8_0_experts_ending_at_a_page(moe_harnesses, warp, tmp_path, grouped)
+
+
+def test_a_load_past_the_last_block_is_caught(tmp_path):
+    """The planted fault: qmatvec_formats.h's load_words reading the word past a run that starts at a word boundary
+    (as it did when a Q8_0 expert tensor of Qwen3-30B-A3B's shape faulted on an NVIDIA H100)."""
+    work = tmp_path / "planted"
+    work.mkdir()
+    harnesses = build_op_harnesses(work, OPS, HARNESS,
+                                   kernel_edit=lambda text: text.replace(FIXED_LAST_WORD, "w[N] = load_weights4(base + N);"))
+    with pytest.raises(AssertionError, match="exited with -11"):
+        q8_0_experts_ending_at_a_page(harnesses, 32, tmp_path, False)

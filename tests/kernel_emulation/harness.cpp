@@ -31,13 +31,13 @@
 #include "select_rows.hip"
 #include "silu_mul.hip"
 
-static std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, std::nanf("")); }
+static Guarded<float> nan_filled(size_t n) { return Guarded<float>(n, std::nanf("")); }
 
 // RoPE frequency factors (or biases): a file of floats, or "-" for none (the kernels then get a null pointer).
-static std::vector<char> optional_file(const char* path) {
-  return std::string(path) == "-" ? std::vector<char>() : read_file(path);
+static Bytes optional_file(const char* path) {
+  return std::string(path) == "-" ? Bytes() : read_file(path);
 }
-static const float* factors_of(const std::vector<char>& v) {
+static const float* factors_of(const Bytes& v) {
   return v.empty() ? nullptr : (const float*)v.data();
 }
 
@@ -45,16 +45,16 @@ static const float* factors_of(const std::vector<char>& v) {
 static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsigned block, char** a) {
   if (entry == "select_rows_f32") {  // n_rows width n_src_rows x rows out
     const int n_rows = std::atoi(a[0]), width = std::atoi(a[1]), n_src_rows = std::atoi(a[2]);
-    std::vector<char> x = read_file(a[3]), rows = read_file(a[4]);
-    std::vector<float> out = nan_filled((size_t)n_rows * width);
+    Bytes x = read_file(a[3]), rows = read_file(a[4]);
+    Guarded<float> out = nan_filled((size_t)n_rows * width);
     emu_launch(grid, block, [&] {
       select_rows_f32(out.data(), (const float*)x.data(), (const int*)rows.data(), n_rows, width, n_src_rows);
     });
     write_file(a[5], out.data(), out.size() * 4);
   } else if (entry.rfind("embedding_", 0) == 0) {  // n_tokens hidden vocab table ids out
     const int n_tokens = std::atoi(a[0]), hidden = std::atoi(a[1]), vocab = std::atoi(a[2]);
-    std::vector<char> table = read_file(a[3]), ids = read_file(a[4]);
-    std::vector<float> out = nan_filled((size_t)n_tokens * hidden);
+    Bytes table = read_file(a[3]), ids = read_file(a[4]);
+    Guarded<float> out = nan_filled((size_t)n_tokens * hidden);
     using Embedding = void (*)(float*, const void*, const int*, int, int, int);
     const std::map<std::string, Embedding> kernels = {
         {"embedding_f32", embedding_f32},   {"embedding_f16", embedding_f16},   {"embedding_bf16", embedding_bf16},
@@ -70,8 +70,8 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
     // the pools are read, written into and written back whole, what was not to be touched included.
     const int n_tokens = std::atoi(a[0]), heads = std::atoi(a[1]), head_dim = std::atoi(a[2]);
     const int block_size = std::atoi(a[3]), num_blocks = std::atoi(a[4]);
-    std::vector<char> k = read_file(a[5]), v = read_file(a[6]), slots = read_file(a[7]);
-    std::vector<char> k_pool = read_file(a[8]), v_pool = read_file(a[9]);
+    Bytes k = read_file(a[5]), v = read_file(a[6]), slots = read_file(a[7]);
+    Bytes k_pool = read_file(a[8]), v_pool = read_file(a[9]);
     using KvStore = void (*)(void*, void*, const float*, const float*, const int*, int, int, int, int, int);
     const std::map<std::string, KvStore> kernels = {{"kv_store_f16", kv_store_f16}, {"kv_store_bf16", kv_store_bf16},
                                                     {"kv_store_f32", kv_store_f32}, {"kv_store_q8_0", kv_store_q8_0}};
@@ -94,11 +94,11 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
     const float scale = std::strtof(a[8], nullptr);
     const float softcap = std::strtof(a[9], nullptr);
     a += 1;  // past the soft cap: the rest as before it
-    std::vector<char> q = read_file(a[9]), k_pool = read_file(a[10]), v_pool = read_file(a[11]);
-    std::vector<char> tables = read_file(a[12]), token_seq = read_file(a[13]), positions = read_file(a[14]);
+    Bytes q = read_file(a[9]), k_pool = read_file(a[10]), v_pool = read_file(a[11]);
+    Bytes tables = read_file(a[12]), token_seq = read_file(a[13]), positions = read_file(a[14]);
     const size_t workspace_bytes = (size_t)std::atoll(a[15]);
-    std::vector<float> workspace((workspace_bytes + 3) / 4, 0.0f);
-    std::vector<float> out = nan_filled((size_t)n[0] * n[1] * n[3]);
+    Guarded<float> workspace((workspace_bytes + 3) / 4, 0.0f);
+    Guarded<float> out = nan_filled((size_t)n[0] * n[1] * n[3]);
     using Attention = void (*)(float*, const float*, const void*, const void*, const int*, const int*, const int*, void*,
                                int, int, int, int, int, int, int, int, int, float, float);
     const std::map<std::string, Attention> kernels = {
@@ -117,7 +117,7 @@ static bool run_forward_pass_ops(const std::string& entry, unsigned grid, unsign
         {"paged_attention_q8_0_softcap_sinks", paged_attention_q8_0_softcap_sinks}};
     if (with_sinks.count(entry)) {
       const SinksAttention kernel = with_sinks.at(entry);
-      std::vector<char> sinks = read_file(a[18]);
+      Bytes sinks = read_file(a[18]);
       emu_launch(grid, block, [&] {
         kernel(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
                (const int*)token_seq.data(), (const int*)positions.data(), workspace_bytes ? workspace.data() : nullptr,
@@ -168,9 +168,9 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
     const int q_rows = std::atoi(a[0]), kv_rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const int head_dim = std::atoi(a[4]), rope_dim = std::atoi(a[5]);
     const float eps = std::strtof(a[6], nullptr), theta = std::strtof(a[7], nullptr), scale = std::strtof(a[8], nullptr);
-    std::vector<char> w = read_file(a[9]), x = read_file(a[10]), g = read_file(a[11]), pos = read_file(a[12]);
-    std::vector<char> factors = optional_file(a[13]);
-    std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
+    Bytes w = read_file(a[9]), x = read_file(a[10]), g = read_file(a[11]), pos = read_file(a[12]);
+    Bytes factors = optional_file(a[13]);
+    Guarded<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
     auto kernel = entry.find("_split_") != std::string::npos ? BY_TYPE(matvec_norm_rope_split) : BY_TYPE(matvec_norm_rope);
     emu_launch(grid, block, [&] {
@@ -186,8 +186,8 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
     const bool swiglu = entry.rfind("matvec_norm_swiglu_", 0) == 0;
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
     const float eps = std::strtof(a[3], nullptr);
-    std::vector<char> w = read_file(a[4]), x = read_file(a[5]), g = read_file(a[6]);
-    std::vector<float> y = nan_filled((size_t)rows * batch);
+    Bytes w = read_file(a[4]), x = read_file(a[5]), g = read_file(a[6]);
+    Guarded<float> y = nan_filled((size_t)rows * batch);
     auto kernel = swiglu ? (entry.find("_split_") != std::string::npos ? BY_TYPE(matvec_norm_swiglu_split)
                                                                        : BY_TYPE(matvec_norm_swiglu))
                          : BY_TYPE(matvec_norm);
@@ -197,7 +197,7 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
     write_file(a[7], y.data(), y.size() * 4);
   } else if (entry.rfind("matvec_add_", 0) == 0) {  // rows cols batch W x y_in out
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
-    std::vector<char> w = read_file(a[3]), x = read_file(a[4]), y = read_file(a[5]);
+    Bytes w = read_file(a[3]), x = read_file(a[4]), y = read_file(a[5]);
     auto kernel = entry.find("_split_") != std::string::npos ? BY_TYPE(matvec_add_split) : BY_TYPE(matvec_add);
     emu_launch(grid, block, [&] { kernel((float*)y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
     write_file(a[6], y.data(), y.size());
@@ -223,7 +223,7 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     // the K then the V pool. Without the three bias files the kernel gets null biases.
     int kv_format = 0, block_size = 0, num_blocks = 0;
     size_t pool_bytes = 0;
-    std::vector<char> slots;
+    Bytes slots;
     if (store) {
       kv_format = std::atoi(a[0]), block_size = std::atoi(a[1]), num_blocks = std::atoi(a[2]);
       pool_bytes = (size_t)std::atoll(a[3]);
@@ -233,15 +233,15 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     const int types = std::atoi(a[0]), q_rows = std::atoi(a[1]), kv_rows = std::atoi(a[2]), cols = std::atoi(a[3]);
     const int batch = std::atoi(a[4]), head_dim = std::atoi(a[5]), rope_dim = std::atoi(a[6]);
     const float eps = std::strtof(a[7], nullptr), theta = std::strtof(a[8], nullptr), scale = std::strtof(a[9], nullptr);
-    std::vector<char> wq = read_file(a[10]), wk = read_file(a[11]), wv = read_file(a[12]), x = read_file(a[13]),
+    Bytes wq = read_file(a[10]), wk = read_file(a[11]), wv = read_file(a[12]), x = read_file(a[13]),
                       g = read_file(a[14]), pos = read_file(a[15]), factors = optional_file(a[16]);
     const int k_split = std::atoi(a[18]), tile_groups = std::atoi(a[19]);
     const bool biased = a[20] != nullptr;  // argv ends in a null pointer
-    std::vector<char> bq = biased ? read_file(a[20]) : std::vector<char>(), bk = biased ? read_file(a[21]) : bq,
+    Bytes bq = biased ? read_file(a[20]) : Bytes(), bk = biased ? read_file(a[21]) : bq,
                       bv = biased ? read_file(a[22]) : bq;
-    std::vector<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
+    Guarded<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
-    std::vector<unsigned char> pools(2 * pool_bytes, 0xA5);  // a byte no store writes by chance everywhere
+    Guarded<unsigned char> pools(2 * pool_bytes, 0xA5);  // a byte no store writes by chance everywhere
     auto kernel = blocks ? qmatvec_norm_rope_1b : one ? qmatvec_norm_rope_1 : qmatvec_norm_rope_n;
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), wq.data(), wk.data(), wv.data(), (const float*)x.data(),
@@ -253,7 +253,7 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     });
     q.insert(q.end(), k.begin(), k.end());
     q.insert(q.end(), v.begin(), v.end());
-    std::vector<char> out((const char*)q.data(), (const char*)(q.data() + q.size()));
+    Bytes out((const char*)q.data(), (const char*)(q.data() + q.size()));
     out.insert(out.end(), pools.begin(), pools.end());
     write_file(a[17], out.data(), out.size());
   } else if (entry == "qmatvec_norm_swiglu_1" || entry == "qmatvec_norm_swiglu_n" ||
@@ -261,8 +261,8 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     // types rows cols batch eps Wg Wu x g out
     const int types = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const float eps = std::strtof(a[4], nullptr);
-    std::vector<char> wg = read_file(a[5]), wu = read_file(a[6]), x = read_file(a[7]), g = read_file(a[8]);
-    std::vector<float> y = nan_filled((size_t)rows * batch);
+    Bytes wg = read_file(a[5]), wu = read_file(a[6]), x = read_file(a[7]), g = read_file(a[8]);
+    Guarded<float> y = nan_filled((size_t)rows * batch);
     auto kernel = entry == "qmatvec_norm_swiglu_split_1" ? qmatvec_norm_swiglu_split_1
                   : blocks                                ? qmatvec_norm_swiglu_1b
                   : one                                   ? qmatvec_norm_swiglu_1
@@ -274,8 +274,8 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
   } else if (entry == "qmatvec_norm_1" || entry == "qmatvec_norm_n" || entry == "qmatvec_norm_1b") {  // type rows cols batch eps W x g out
     const int type = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const float eps = std::strtof(a[4], nullptr);
-    std::vector<char> w = read_file(a[5]), x = read_file(a[6]), g = read_file(a[7]);
-    std::vector<float> y = nan_filled((size_t)rows * batch);
+    Bytes w = read_file(a[5]), x = read_file(a[6]), g = read_file(a[7]);
+    Guarded<float> y = nan_filled((size_t)rows * batch);
     auto kernel = blocks ? qmatvec_norm_1b : one ? qmatvec_norm_1 : qmatvec_norm_n;
     emu_launch(grid, block, [&] {
       kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), type, rows, cols, batch, eps);
@@ -284,7 +284,7 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
   } else if (entry == "qmatvec_add_1" || entry == "qmatvec_add_n" || entry == "qmatvec_add_1b") {  // type rows cols batch W x y_in out k_split
     const int type = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const int k_split = std::atoi(a[8]);
-    std::vector<char> w = read_file(a[4]), x = read_file(a[5]), y = read_file(a[6]);
+    Bytes w = read_file(a[4]), x = read_file(a[5]), y = read_file(a[6]);
     auto kernel = blocks ? qmatvec_add_1b : one ? qmatvec_add_1 : qmatvec_add_n;
     emu_launch(grid, block, [&] {
       kernel((float*)y.data(), w.data(), (const float*)x.data(), type, rows, cols, batch, k_split);
@@ -301,18 +301,18 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
 // after the output, so that the test can check that the counters are zero again.
 static bool run_fused_matmul(const std::string& entry, unsigned grid, unsigned block, char** a) {
   auto suffix = [&](const char* family) { return entry.substr(std::string(family).size()); };
-  auto workspace_of = [](const char* bytes) { return std::vector<char>((size_t)std::atoll(bytes), 0); };
-  auto data = [](std::vector<char>& v) -> void* { return v.empty() ? nullptr : v.data(); };
+  auto workspace_of = [](const char* bytes) { return Bytes((size_t)std::atoll(bytes), 0); };
+  auto data = [](Bytes& v) -> void* { return v.empty() ? nullptr : v.data(); };
   if (entry.rfind("matmul_norm_rope_", 0) == 0) {
     // q_rows kv_rows cols n_tokens head_dim rope_dim tile splits eps theta freq_scale workspace_bytes
     // W x g positions factors|- out (q|k|v) workspace_out
     int n[8];
     for (int i = 0; i < 8; ++i) n[i] = std::atoi(a[i]);
     const float eps = std::strtof(a[8], nullptr), theta = std::strtof(a[9], nullptr), scale = std::strtof(a[10], nullptr);
-    std::vector<char> ws = workspace_of(a[11]);
-    std::vector<char> w = read_file(a[12]), x = read_file(a[13]), g = read_file(a[14]), pos = read_file(a[15]);
-    std::vector<char> factors = optional_file(a[16]);
-    std::vector<float> q = nan_filled((size_t)n[3] * n[0]), k = nan_filled((size_t)n[3] * n[1]),
+    Bytes ws = workspace_of(a[11]);
+    Bytes w = read_file(a[12]), x = read_file(a[13]), g = read_file(a[14]), pos = read_file(a[15]);
+    Bytes factors = optional_file(a[16]);
+    Guarded<float> q = nan_filled((size_t)n[3] * n[0]), k = nan_filled((size_t)n[3] * n[1]),
                        v = nan_filled((size_t)n[3] * n[1]);
     auto kernel = BY_TYPE(matmul_norm_rope);
     emu_launch(grid, block, [&] {
@@ -330,9 +330,9 @@ static bool run_fused_matmul(const std::string& entry, unsigned grid, unsigned b
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), tokens = std::atoi(a[2]);
     const int tile = std::atoi(a[3]), splits = std::atoi(a[4]);
     const float eps = std::strtof(a[5], nullptr);
-    std::vector<char> ws = workspace_of(a[6]);
-    std::vector<char> w = read_file(a[7]), x = read_file(a[8]), g = read_file(a[9]);
-    std::vector<float> y = nan_filled((size_t)rows * tokens);
+    Bytes ws = workspace_of(a[6]);
+    Bytes w = read_file(a[7]), x = read_file(a[8]), g = read_file(a[9]);
+    Guarded<float> y = nan_filled((size_t)rows * tokens);
     auto kernel = swiglu ? BY_TYPE(matmul_norm_swiglu)
                          : BY_TYPE(matmul_norm);
     emu_launch(grid, block, [&] {
@@ -345,8 +345,8 @@ static bool run_fused_matmul(const std::string& entry, unsigned grid, unsigned b
     // rows cols n_tokens tile splits workspace_bytes W x y_in out workspace_out
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), tokens = std::atoi(a[2]);
     const int tile = std::atoi(a[3]), splits = std::atoi(a[4]);
-    std::vector<char> ws = workspace_of(a[5]);
-    std::vector<char> w = read_file(a[6]), x = read_file(a[7]), y = read_file(a[8]);
+    Bytes ws = workspace_of(a[5]);
+    Bytes w = read_file(a[6]), x = read_file(a[7]), y = read_file(a[8]);
     auto kernel = BY_TYPE(matmul_add);
     emu_launch(grid, block, [&] {
       kernel((float*)y.data(), w.data(), (const float*)x.data(), data(ws), rows, cols, tokens, tile, splits);
@@ -372,10 +372,10 @@ int main(int argc, char** argv) {
     // out: the rows' tokens, then (with a workspace) its counters, which the kernel must leave at zero.
     const int vocab = std::atoi(a[0]), chunks = std::atoi(a[4]);
     const size_t workspace_bytes = (size_t)std::atoll(a[5]);
-    std::vector<char> logits = read_file(a[1]), params = read_file(a[2]);
+    Bytes logits = read_file(a[1]), params = read_file(a[2]);
     const unsigned rows = grid / (unsigned)chunks;
-    std::vector<int> out(rows, -1);
-    std::vector<unsigned char> workspace(workspace_bytes, 0);
+    Guarded<int> out(rows, -1);
+    Guarded<unsigned char> workspace(workspace_bytes, 0);
     emu_launch(grid, block, [&] {
       sample_f32(out.data(), (const float*)logits.data(), (const float*)params.data(), vocab,
                  workspace_bytes ? workspace.data() : nullptr, chunks);
@@ -386,8 +386,8 @@ int main(int argc, char** argv) {
   }
   if (entry.rfind("matvec_", 0) == 0 || entry.rfind("qmatvec_", 0) == 0) {  // rows cols batch W x y
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), batch = std::atoi(a[2]);
-    std::vector<char> w = read_file(a[3]), x = read_file(a[4]);
-    std::vector<float> y = nan_filled((size_t)rows * batch);
+    Bytes w = read_file(a[3]), x = read_file(a[4]);
+    Guarded<float> y = nan_filled((size_t)rows * batch);
     using Matvec = void (*)(float*, const void*, const float*, int, int, int);
     const std::map<std::string, Matvec> kernels = {
         {"matvec_q4_0", matvec_q4_0}, {"matvec_q4_1", matvec_q4_1}, {"matvec_q8_0", matvec_q8_0},
@@ -402,8 +402,8 @@ int main(int argc, char** argv) {
     write_file(a[5], y.data(), y.size() * 4);
   } else if (entry.rfind("matmul_", 0) == 0) {  // rows cols n_tokens tile_tokens W x y
     const int rows = std::atoi(a[0]), cols = std::atoi(a[1]), tokens = std::atoi(a[2]), tile = std::atoi(a[3]);
-    std::vector<char> w = read_file(a[4]), x = read_file(a[5]);
-    std::vector<float> y = nan_filled((size_t)rows * tokens);
+    Bytes w = read_file(a[4]), x = read_file(a[5]);
+    Guarded<float> y = nan_filled((size_t)rows * tokens);
     using Matmul = void (*)(float*, const void*, const float*, int, int, int, int);
     const std::map<std::string, Matmul> kernels = {
         {"matmul_q4_0", matmul_q4_0}, {"matmul_q4_1", matmul_q4_1}, {"matmul_q8_0", matmul_q8_0},
@@ -416,22 +416,22 @@ int main(int argc, char** argv) {
     write_file(a[6], y.data(), y.size() * 4);
   } else if (entry == "argmax_f32") {  // n x out
     const int n = std::atoi(a[0]);
-    std::vector<char> x = read_file(a[1]);
-    std::vector<int> out(grid, -1);
+    Bytes x = read_file(a[1]);
+    Guarded<int> out(grid, -1);
     emu_launch(grid, block, [&] { argmax_f32(out.data(), (const float*)x.data(), n); });
     write_file(a[2], out.data(), out.size() * 4);
   } else if (entry == "rmsnorm_f32") {  // n eps x weight out; x is normalized in place when out is "-"
     const int n = std::atoi(a[0]);
     const float eps = std::strtof(a[1], nullptr);
-    std::vector<char> x = read_file(a[2]), weight = read_file(a[3]);
-    std::vector<float> out = nan_filled((size_t)grid * n);
+    Bytes x = read_file(a[2]), weight = read_file(a[3]);
+    Guarded<float> out = nan_filled((size_t)grid * n);
     float* dst = std::string(a[4]) == "-" ? (float*)x.data() : out.data();
     emu_launch(grid, block, [&] { rmsnorm_f32(dst, (const float*)x.data(), (const float*)weight.data(), n, eps); });
     write_file(a[std::string(a[4]) == "-" ? 5 : 4], dst, (size_t)grid * n * 4);
   } else if (entry == "rmsnorm_add_f32") {  // n eps residual x weight out; out: the residual after the add
     const int n = std::atoi(a[0]);
     const float eps = std::strtof(a[1], nullptr);
-    std::vector<char> residual = read_file(a[2]), x = read_file(a[3]), weight = read_file(a[4]);
+    Bytes residual = read_file(a[2]), x = read_file(a[3]), weight = read_file(a[4]);
     emu_launch(grid, block, [&] {
       rmsnorm_add_f32((float*)residual.data(), (const float*)x.data(), (const float*)weight.data(), n, eps);
     });
@@ -439,15 +439,15 @@ int main(int argc, char** argv) {
   } else if (entry == "rmsnorm_f32_f16") {  // n eps x weight out (f16)
     const int n = std::atoi(a[0]);
     const float eps = std::strtof(a[1], nullptr);
-    std::vector<char> x = read_file(a[2]), weight = read_file(a[3]);
-    std::vector<unsigned short> out((size_t)grid * n, 0xFFFFu);  // NaN
+    Bytes x = read_file(a[2]), weight = read_file(a[3]);
+    Guarded<unsigned short> out((size_t)grid * n, 0xFFFFu);  // NaN
     emu_launch(grid, block, [&] { rmsnorm_f32_f16(out.data(), (const float*)x.data(), (const float*)weight.data(), n, eps); });
     write_file(a[4], out.data(), out.size() * 2);
   } else if (entry == "rope_f32" || entry == "rope_neox_f32") {
     // n_tokens n_heads head_dim rope_dim theta_base freq_scale x positions factors|- out
     const int tokens = std::atoi(a[0]), heads = std::atoi(a[1]), head_dim = std::atoi(a[2]), rope_dim = std::atoi(a[3]);
     const float theta = std::strtof(a[4], nullptr), scale = std::strtof(a[5], nullptr);
-    std::vector<char> x = read_file(a[6]), positions = read_file(a[7]), factors = optional_file(a[8]);
+    Bytes x = read_file(a[6]), positions = read_file(a[7]), factors = optional_file(a[8]);
     const auto kernel = entry == "rope_f32" ? rope_f32 : rope_neox_f32;
     emu_launch(grid, block, [&] {
       kernel((float*)x.data(), (const int*)positions.data(), factors_of(factors), tokens, heads, head_dim, rope_dim,
@@ -463,10 +463,10 @@ int main(int argc, char** argv) {
     const float eps = std::strtof(a[6], nullptr), theta = std::strtof(a[7], nullptr), scale = std::strtof(a[8], nullptr);
     const int kv_format = std::atoi(a[9]), block_size = std::atoi(a[10]), num_blocks = std::atoi(a[11]);
     const size_t pool_bytes = (size_t)std::atoll(a[12]);
-    std::vector<char> q = read_file(a[13]), k = read_file(a[14]), v = read_file(a[15]), qw = read_file(a[16]),
+    Bytes q = read_file(a[13]), k = read_file(a[14]), v = read_file(a[15]), qw = read_file(a[16]),
                       kw = read_file(a[17]), positions = read_file(a[18]), factors = optional_file(a[19]),
                       slots = optional_file(a[20]);
-    std::vector<unsigned char> pools(2 * pool_bytes, 0xA5);
+    Guarded<unsigned char> pools(2 * pool_bytes, 0xA5);
     emu_launch(grid, block, [&] {
       head_norm_rope_f32((float*)q.data(), (float*)k.data(), (const float*)v.data(), (const float*)qw.data(),
                          (const float*)kw.data(), (const int*)positions.data(), factors_of(factors), tokens, heads,
@@ -479,27 +479,27 @@ int main(int argc, char** argv) {
     write_file(a[21], q.data(), q.size());
   } else if (entry == "add_bias_f32") {  // rows n x bias out
     const int rows = std::atoi(a[0]), n = std::atoi(a[1]);
-    std::vector<char> x = read_file(a[2]), bias = read_file(a[3]);
+    Bytes x = read_file(a[2]), bias = read_file(a[3]);
     emu_launch(grid, block, [&] { add_bias_f32((float*)x.data(), (const float*)bias.data(), rows, n); });
     write_file(a[4], x.data(), x.size());
   } else if (entry == "scale_f32") {  // n factor x out
     const int n = std::atoi(a[0]);
     const float factor = std::strtof(a[1], nullptr);
-    std::vector<char> x = read_file(a[2]);
-    std::vector<float> out = nan_filled((size_t)n);
+    Bytes x = read_file(a[2]);
+    Guarded<float> out = nan_filled((size_t)n);
     emu_launch(grid, block, [&] { scale_f32(out.data(), (const float*)x.data(), n, factor); });
     write_file(a[3], out.data(), out.size() * 4);
   } else if (entry == "softcap_f32") {  // n cap x out
     const int n = std::atoi(a[0]);
     const float cap = std::strtof(a[1], nullptr);
-    std::vector<char> x = read_file(a[2]);
-    std::vector<float> out = nan_filled((size_t)n);
+    Bytes x = read_file(a[2]);
+    Guarded<float> out = nan_filled((size_t)n);
     emu_launch(grid, block, [&] { softcap_f32(out.data(), (const float*)x.data(), n, cap); });
     write_file(a[3], out.data(), out.size() * 4);
   } else if (entry == "silu_mul_f32" || entry == "gelu_mul_f32" || entry == "add_f32") {  // n first second out
     const int n = std::atoi(a[0]);
-    std::vector<char> first = read_file(a[1]), second = read_file(a[2]);
-    std::vector<float> out = nan_filled((size_t)n);
+    Bytes first = read_file(a[1]), second = read_file(a[2]);
+    Guarded<float> out = nan_filled((size_t)n);
     const float* p = (const float*)first.data();
     const float* q = (const float*)second.data();
     emu_launch(grid, block, [&] {

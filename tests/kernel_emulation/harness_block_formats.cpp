@@ -10,9 +10,9 @@
 #include "block_formats.h"
 
 template <class F>
-static void dequantize(const std::vector<char>& in, const char* out) {
+static void dequantize(const Bytes& in, const char* out) {
   const size_t blocks = in.size() / F::kBytes;
-  std::vector<float> y(blocks * F::kValues);
+  Guarded<float> y(blocks * F::kValues);
   for (size_t b = 0; b < blocks; ++b) {
     rf_blocks::dequantize_block<F>(reinterpret_cast<const unsigned char*>(in.data()) + b * F::kBytes, y.data() + b * F::kValues);
   }
@@ -22,9 +22,9 @@ static void dequantize(const std::vector<char>& in, const char* out) {
 int main(int argc, char** argv) {
   if (argc != 4) return 2;
   const std::string type = argv[1];
-  const std::vector<char> in = read_file(argv[2]);
+  const Bytes in = read_file(argv[2]);
   if (type == "mxfp4_int8") {
-    std::vector<unsigned int> words(in.size() / 4);
+    Guarded<unsigned int> words(in.size() / 4);
     std::memcpy(words.data(), in.data(), words.size() * 4);
     for (unsigned int& w : words) w = rf_blocks::MXFP4::int8_values(w);
     write_file(argv[3], words.data(), words.size() * 4);

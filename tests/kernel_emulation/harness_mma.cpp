@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   const int rows = std::atoi(argv[4]), cols = std::atoi(argv[5]), tokens = std::atoi(argv[6]), tile = std::atoi(argv[7]);
   const int splits = std::atoi(argv[8]), accumulate = std::atoi(argv[9]);
   const size_t workspace_bytes = (size_t)std::atoll(argv[10]);
-  std::vector<char> w = read_file(argv[11]), x = read_file(argv[12]);
+  Bytes w = read_file(argv[11]), x = read_file(argv[12]);
 #if RF_MMA_KIND == 1
   using Qkv = void (*)(float*, float*, float*, const void*, const void*, const void*, const float*, void*, int, int, int,
                        int, int, int, int);
@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
       y_end += (size_t)r[i] * tokens;
     }
     if (w.size() != w_end) return 5;
-    std::vector<float> ys(y_end, std::nanf(""));
-    std::vector<char> workspace(workspace_bytes, 0);
+    Guarded<float> ys(y_end, std::nanf(""));
+    Bytes workspace(workspace_bytes, 0);
     void* ws = workspace_bytes ? workspace.data() : nullptr;
     emu_launch(grid, block, [&] {
       qkv.at(entry)(ys.data() + y_at[0], ys.data() + y_at[1], ys.data() + y_at[2], w.data() + w_at[0], w.data() + w_at[1],
@@ -76,8 +76,8 @@ int main(int argc, char** argv) {
   if (swiglu_fragments.count(entry)) {
     const int rows = std::atoi(argv[4]);
     if (w.size() % 2 || accumulate) return 5;
-    std::vector<float> out(2 * (size_t)rows * tokens, std::nanf(""));
-    std::vector<char> workspace(workspace_bytes, 0);
+    Guarded<float> out(2 * (size_t)rows * tokens, std::nanf(""));
+    Bytes workspace(workspace_bytes, 0);
     void* ws = workspace_bytes ? workspace.data() : nullptr;
     emu_launch(grid, block, [&] {
       swiglu_fragments.at(entry)(out.data(), out.data() + (size_t)rows * tokens, w.data(), w.data() + w.size() / 2,
@@ -88,13 +88,13 @@ int main(int argc, char** argv) {
     return 0;
   }
 #endif
-  std::vector<float> y((size_t)rows * tokens, std::nanf(""));
+  Guarded<float> y((size_t)rows * tokens, std::nanf(""));
   if (std::string(argv[13]) != "-") {
-    std::vector<char> y_in = read_file(argv[13]);
+    Bytes y_in = read_file(argv[13]);
     if (y_in.size() != y.size() * 4) return 5;
     std::memcpy(y.data(), y_in.data(), y_in.size());
   }
-  std::vector<char> workspace(workspace_bytes, 0);
+  Bytes workspace(workspace_bytes, 0);
   using Matmul = void (*)(float*, const void*, const float*, void*, int, int, int, int, int, int);
   const std::map<std::string, Matmul> kernels = {
       {"matmul_mma_q4_0", matmul_mma_q4_0}, {"matmul_mma_q4_1", matmul_mma_q4_1}, {"matmul_mma_q8_0", matmul_mma_q8_0},
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     if (w.size() % 2) return 5;
     const char* w_up = w.data() + w.size() / 2;
     const size_t n = y.size();  // rows * tokens
-    std::vector<unsigned char> out(n * 2 + 2 * n * 4, 0xFF);
+    Guarded<unsigned char> out(n * 2 + 2 * n * 4, 0xFF);
     unsigned short* h16 = reinterpret_cast<unsigned short*>(out.data());
     float* gate = reinterpret_cast<float*>(out.data() + n * 2);
     emu_launch(grid, block, [&] { kernel(h16, gate, gate + n, w.data(), w_up, x.data(), ws, rows, cols, tokens, tile); });
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
   };
   if (silu_up.count(entry)) {
     if (std::string(argv[13]) == "-") return 5;  // the gate's product is its input
-    std::vector<unsigned char> h16(y.size() * 2, 0xFF);
+    Guarded<unsigned char> h16(y.size() * 2, 0xFF);
     emu_launch(grid, block, [&] {
       silu_up.at(entry)(reinterpret_cast<unsigned short*>(h16.data()), y.data(), w.data(), x.data(), rows, cols, tokens, splits);
     });

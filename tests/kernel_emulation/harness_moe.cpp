@@ -16,10 +16,10 @@
 #include "moe_route.hip"
 #include "moe_experts.hip"
 
-static std::vector<char> optional_file(const char* path) {
-  return std::string(path) == "-" ? std::vector<char>() : read_file(path);
+static Bytes optional_file(const char* path) {
+  return std::string(path) == "-" ? Bytes() : read_file(path);
 }
-static const float* floats_or_null(const std::vector<char>& v) { return v.empty() ? nullptr : (const float*)v.data(); }
+static const float* floats_or_null(const Bytes& v) { return v.empty() ? nullptr : (const float*)v.data(); }
 
 using GateUp = void (*)(float*, const float*, const void*, const void*, const int*, const float*, const float*, int, int,
                         int, int, int, int);
@@ -33,9 +33,9 @@ int main(int argc, char** argv) {
   if (entry == "moe_route_f32") {
     const int tokens = std::atoi(a[0]), n_expert = std::atoi(a[1]), k = std::atoi(a[2]);
     const int mode = std::atoi(a[3]), normalize = std::atoi(a[4]);
-    std::vector<char> logits = read_file(a[5]);
-    std::vector<int> ids((size_t)tokens * k, -1);
-    std::vector<float> weights((size_t)tokens * k, std::nanf(""));
+    Bytes logits = read_file(a[5]);
+    Guarded<int> ids((size_t)tokens * k, -1);
+    Guarded<float> weights((size_t)tokens * k, std::nanf(""));
     emu_launch(grid, block, [&] {
       moe_route_f32(ids.data(), weights.data(), (const float*)logits.data(), tokens, n_expert, k, mode, normalize);
     });
@@ -52,9 +52,9 @@ int main(int argc, char** argv) {
     const GateUp kernel = kernels.at(entry.substr(gate_up_prefix.size())).first;
     int n[6];
     for (int i = 0; i < 6; ++i) n[i] = std::atoi(a[i]);
-    std::vector<char> x = read_file(a[6]), gate = read_file(a[7]), up = read_file(a[8]), ids = read_file(a[9]);
-    std::vector<char> gate_bias = optional_file(a[10]), up_bias = optional_file(a[11]);
-    std::vector<float> h((size_t)n[0] * n[1] * n[2], std::nanf(""));
+    Bytes x = read_file(a[6]), gate = read_file(a[7]), up = read_file(a[8]), ids = read_file(a[9]);
+    Bytes gate_bias = optional_file(a[10]), up_bias = optional_file(a[11]);
+    Guarded<float> h((size_t)n[0] * n[1] * n[2], std::nanf(""));
     emu_launch(grid, block, [&] {
       kernel(h.data(), (const float*)x.data(), gate.data(), up.data(), (const int*)ids.data(), floats_or_null(gate_bias),
              floats_or_null(up_bias), n[0], n[1], n[2], n[3], n[4], n[5]);
@@ -66,10 +66,10 @@ int main(int argc, char** argv) {
     const Down kernel = kernels.at(entry.substr(down_prefix.size())).second;
     int n[5];
     for (int i = 0; i < 5; ++i) n[i] = std::atoi(a[i]);
-    std::vector<char> h = read_file(a[5]), down = read_file(a[6]), ids = read_file(a[7]), weights = read_file(a[8]);
-    std::vector<char> bias = optional_file(a[9]), out = read_file(a[10]);
+    Bytes h = read_file(a[5]), down = read_file(a[6]), ids = read_file(a[7]), weights = read_file(a[8]);
+    Bytes bias = optional_file(a[9]), out = read_file(a[10]);
     if (entry.rfind("moe_down_grouped_", 0) == 0) {
-      std::vector<float> terms((size_t)n[0] * n[1] * n[2], std::nanf(""));
+      Guarded<float> terms((size_t)n[0] * n[1] * n[2], std::nanf(""));
       emu_launch(grid, block, [&] {
         kernel(terms.data(), (const float*)h.data(), down.data(), (const int*)ids.data(), (const float*)weights.data(),
                floats_or_null(bias), n[0], n[1], n[2], n[3], n[4]);

@@ -38,9 +38,9 @@ int main(int argc, char** argv) {
   int n[8];
   for (int i = 0; i < 8; ++i) n[i] = std::atoi(argv[4 + i]);
   const float scale = std::strtof(argv[12], nullptr);
-  std::vector<char> q = read_file(argv[13]), k_pool = read_file(argv[14]), v_pool = read_file(argv[15]);
-  std::vector<char> tables = read_file(argv[16]), token_seq = read_file(argv[17]), positions = read_file(argv[18]);
-  std::vector<float> out((size_t)n[0] * n[1] * n[3], std::nanf(""));
+  Bytes q = read_file(argv[13]), k_pool = read_file(argv[14]), v_pool = read_file(argv[15]);
+  Bytes tables = read_file(argv[16]), token_seq = read_file(argv[17]), positions = read_file(argv[18]);
+  Guarded<float> out((size_t)n[0] * n[1] * n[3], std::nanf(""));
   emu_launch(grid, block, [&] {
     kernel(out.data(), (const float*)q.data(), k_pool.data(), v_pool.data(), (const int*)tables.data(),
            (const int*)token_seq.data(), (const int*)positions.data(), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7],
