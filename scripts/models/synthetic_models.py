@@ -15,8 +15,13 @@ layers is left out); Gemma-2-9B and Gemma-2-2B: the gemma2 architecture (Gemma 3
 norms, RoPE theta 10,000, a window of 4,096 on every other layer, attention scores capped at 50 and the logits at
 30), heads of 256, a vocabulary of 256,000 padded the same way, tied embeddings; Phi-3-mini: the phi3 architecture, q|k|v and gate|up each one tensor as Phi-3's files hold
 them, 32 KV heads of 96, RoPE theta 10,000, a 4,096 context, and Llama 3's vocabulary, not Phi-3's 32,064, since
-the tokenizer is Llama 3's: its head is four times Phi-3's). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M with llama.cpp's mix of tensor types
-(tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
+the tokenizer is Llama 3's: its head is four times Phi-3's); the mixtures of experts (moe_layers.py): Qwen3-30B-A3B
+(qwen3moe: Qwen3's attention, 32 heads of 128 and 4 KV heads on 2,048, 48 layers, 128 experts of 768 rows, 8 used,
+a vocabulary of 151,936, RoPE theta 1,000,000; write it as Q4_K_M) and gpt-oss-20b (gpt-oss: 64 heads of 64 and 8 KV
+heads on 2,880, 24 layers, 32 experts of 2,880 rows, 4 used, biases, sinks, a window of 128 on the even layers, YaRN
+factor 32 over 4,096, a vocabulary of 201,088; write it as MXFP4_MOE, the published ggml-org file's types: MXFP4
+experts, Q8_0 attention, embeddings and head, F32 routers). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0, Q4_K_M and
+MXFP4_MOE with llama.cpp's mix of tensor types (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
 as it loads the real ones. Quantized blocks are random bytes with their scale fields overwritten by
 small finite values, so a forward pass stays finite and the file is written at disk speed. Needs numpy
 and gguf only; the same seed gives the same file.
@@ -35,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama3_tokenizer import GgufVocab, find_llama3_tokenizer_model, gguf_vocab  # noqa: E402
+from moe_layers import add_moe_keys, moe_layer_tensors, mxfp4_blocks, random_bytes  # noqa: E402
 from tensor_types import FILE_TYPES, tensor_type  # noqa: E402
 
 
@@ -60,6 +66,12 @@ class Shape:
     sliding_window: int = 0  # gemma3, gemma2: attention.sliding_window (its local layers' window)
     attn_softcap: float = 0.0  # gemma2: attn_logit_softcapping (attention scores capped at c tanh(s / c))
     final_softcap: float = 0.0  # gemma2: final_logit_softcapping (the logits capped the same way)
+    experts: int = 0  # qwen3moe, gpt-oss: experts per layer (0: a dense feed-forward of ffn rows)
+    experts_used: int = 0  # experts each token is routed to
+    expert_ffn: int = 0  # rows of each expert's gate and up
+    oss: bool = False  # gpt-oss: q/k/v/o, router and expert biases, attn_sinks, post_attention_norm
+    yarn_factor: float = 0.0  # gpt-oss: YaRN RoPE scaling's factor and original context
+    yarn_original_context: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -91,12 +103,20 @@ SHAPES = {
     "Gemma-2-2B": replace(GEMMA2_9B, hidden=2304, layers=26, heads=8, kv_heads=4, ffn=9216),
     "Phi-3-mini": Shape(hidden=3072, layers=32, heads=32, kv_heads=32, ffn=8192, tied=False, rope_factor=0.0,
                         context=4096, rope_theta=10000.0, arch="phi3", fused=True),
+    # feed_forward_length as the published files carry it (llama.cpp's qwen3moe and gpt-oss read the experts' own)
+    "Qwen3-30B-A3B": Shape(hidden=2048, layers=48, heads=32, kv_heads=4, ffn=6144, tied=False, rope_factor=0.0,
+                           context=40960, vocab=151936, rope_theta=1000000.0, arch="qwen3moe", rms_eps=1e-6,
+                           qk_norm=True, head_size=128, experts=128, experts_used=8, expert_ffn=768),
+    "gpt-oss-20b": Shape(hidden=2880, layers=24, heads=64, kv_heads=8, ffn=2880, tied=False, rope_factor=0.0,
+                         vocab=201088, rope_theta=150000.0, arch="gpt-oss", head_size=64, sliding_window=128,
+                         experts=32, experts_used=4, expert_ffn=2880, oss=True, yarn_factor=32.0,
+                         yarn_original_context=4096),
 }
 TOKEN_TYPE_UNUSED = 5  # llama.cpp's LLAMA_TOKEN_TYPE_UNUSED: the padding rows of a vocabulary
 
 # Bytes and elements of one block, and where its f16 scale(s) sit.
 BLOCKS = {"BF16": (2, 1), "Q4_0": (18, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32), "Q4_K": (144, 256),
-          "Q5_K": (176, 256), "Q6_K": (210, 256)}
+          "Q5_K": (176, 256), "Q6_K": (210, 256), "MXFP4": (17, 32)}
 WEIGHT_STD = 0.02  # the size of a trained model's weights; activations stay O(1) through the layers
 
 
@@ -115,15 +135,21 @@ def _f16_bytes(value: float) -> np.ndarray:
     return np.array([value], np.float16).view(np.uint8)
 
 
-def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) -> np.ndarray:
+def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int, *, fast: bool = False) -> np.ndarray:
     """(rows, cols // block_elems * block_bytes) uint8 of random blocks whose decoded weights have a
-    standard deviation near WEIGHT_STD (scale fields set, quants random)."""
+    standard deviation near WEIGHT_STD (scale fields set, quants random). fast: the bytes from the generator's raw
+    words (the expert tensors, most of a mixture of experts' bytes; the dense shapes' files stay as they were)."""
     size, elems = BLOCKS[qtype]
     if cols % elems:
         raise ValueError(f"{qtype} rows must be a multiple of {elems} values, got {cols}")
     n = rows * cols // elems
-    blocks = np.frombuffer(rng.bytes(n * size), np.uint8).reshape(n, size).copy()
-    if qtype == "Q4_0":  # w = d * (q - 8), q in 0..15: sd(q) = 4.6
+    if fast:
+        blocks = random_bytes(rng, n * size).reshape(n, size)
+    else:
+        blocks = np.frombuffer(rng.bytes(n * size), np.uint8).reshape(n, size).copy()
+    if qtype == "MXFP4":
+        mxfp4_blocks(blocks)
+    elif qtype == "Q4_0":  # w = d * (q - 8), q in 0..15: sd(q) = 4.6
         blocks[:, 0:2] = _f16_bytes(WEIGHT_STD / 4.6)
     elif qtype == "Q5_0":  # w = d * (q - 16), q in 0..31: sd(q) = 9.2
         blocks[:, 0:2] = _f16_bytes(WEIGHT_STD / 9.2)
@@ -153,6 +179,9 @@ def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
     out = [("rope_freqs.weight", (shape.head_dim // 2,))] if shape.rope_factor else []
     out.append(("token_embd.weight", (shape.vocab, h)))
     for i in range(shape.layers):
+        if shape.experts:
+            out += moe_layer_tensors(shape, i)
+            continue
         if shape.fused:  # as llama.cpp's converter writes Phi-3's layers
             out += [(f"blk.{i}.attn_norm.weight", (h,)), (f"blk.{i}.attn_qkv.weight", (q + 2 * kv, h)),
                     (f"blk.{i}.attn_output.weight", (h, q)), (f"blk.{i}.ffn_norm.weight", (h,)),
@@ -178,11 +207,16 @@ def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
 def tensor_data(rng: np.random.Generator, name: str, dims: tuple[int, ...], qtype: str, shape: Shape) -> np.ndarray:
     if name == "rope_freqs.weight":
         return rope_factors(shape)
-    if name.endswith(".bias"):  # small, as trained biases are next to O(1) activations
-        return (0.1 * rng.standard_normal(dims[0], np.float32)).astype(np.float32)
-    if len(dims) == 1:  # norms: ones with a little noise, as trained norms sit near 1
+    if name.endswith(".bias"):  # small, as trained biases are next to O(1) activations (experts': [experts, rows])
+        return (0.1 * rng.standard_normal(dims, np.float32)).astype(np.float32)
+    if len(dims) == 1:  # norms: ones with a little noise, as trained norms sit near 1 (gpt-oss's sink logits too)
         return (1.0 + 0.05 * rng.standard_normal(dims[0], np.float32)).astype(np.float32)
+    if len(dims) == 3:  # experts: [experts, rows, cols], written as one block of experts * rows rows
+        experts, rows, cols = dims
+        return random_blocks(rng, qtype, experts * rows, cols, fast=True).reshape(experts, rows, -1)
     rows, cols = dims
+    if qtype == "F32":  # routers (ffn_gate_inp): logits of a few tenths over O(1) inputs, so routing varies
+        return (WEIGHT_STD * rng.standard_normal((rows, cols), np.float32)).astype(np.float32)
     if qtype == "F16":
         return (WEIGHT_STD * rng.standard_normal((rows, cols), np.float32)).astype(np.float16)
     if qtype == "BF16":  # the top halves of float32 values, rounded to nearest even
@@ -196,6 +230,7 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
     import gguf  # the writer only where a file is written (the tests import the rest without it)
 
     vocab = padded(vocab, shape.vocab)
+    plan = tensor_plan(shape, file_type)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), shape.arch)
     w.add_name(name)
@@ -215,6 +250,8 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
     w.add_vocab_size(shape.vocab)
     if shape.sliding_window:
         w.add_sliding_window(shape.sliding_window)
+    if shape.experts:
+        add_moe_keys(w, shape)
     for which, cap in (("attn", shape.attn_softcap), ("final", shape.final_softcap)):
         if cap:
             w.add_float32(f"{shape.arch}.{which}_logit_softcapping", cap)
@@ -228,18 +265,14 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
     w.add_add_bos_token(True)
     w.add_chat_template(vocab.chat_template)
 
-    plan = []
-    for tname, dims in tensor_shapes(shape):
-        qtype = "F32" if len(dims) == 1 else tensor_type(tname, file_type, shape.layers, shape.tied)
-        plan.append((tname, dims, qtype))
-        if qtype == "F32":
-            w.add_tensor_info(tname, dims, np.dtype(np.float32), 4 * dims[0])
-        elif qtype == "F16":
-            w.add_tensor_info(tname, dims, np.dtype(np.float16), 2 * dims[0] * dims[1])
+    for tname, dims, qtype in plan:
+        if qtype in ("F32", "F16"):
+            dtype = np.dtype(np.float32 if qtype == "F32" else np.float16)
+            w.add_tensor_info(tname, dims, dtype, dtype.itemsize * math.prod(dims))
         else:
             size, elems = BLOCKS[qtype]
-            raw = (dims[0], dims[1] // elems * size)
-            w.add_tensor_info(tname, raw, np.dtype(np.uint8), raw[0] * raw[1], raw_dtype=gguf.GGMLQuantizationType[qtype])
+            raw = (*dims[:-1], dims[-1] // elems * size)
+            w.add_tensor_info(tname, raw, np.dtype(np.uint8), math.prod(raw), raw_dtype=gguf.GGMLQuantizationType[qtype])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -249,6 +282,20 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
         if log and (i + 1) % 50 == 0:
             log(f"  {i + 1}/{len(plan)} tensors, {time.perf_counter() - start:.1f} s")
     w.close()
+
+
+def tensor_plan(shape: Shape, file_type: str) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, dims, type) of every tensor: norms, biases and sinks F32, the matrices as tensor_types.py says; a
+    ValueError (before anything is written) where a row is no whole number of the type's blocks."""
+    plan = []
+    for tname, dims in tensor_shapes(shape):
+        flat = len(dims) == 1 or tname.endswith(".bias")
+        qtype = "F32" if flat else tensor_type(tname, file_type, shape.layers, shape.tied)
+        if qtype in BLOCKS and dims[-1] % BLOCKS[qtype][1]:
+            raise ValueError(f"{file_type}: {tname} would be {qtype}, whose rows hold multiples of {BLOCKS[qtype][1]} "
+                             f"values; its rows hold {dims[-1]}")
+        plan.append((tname, dims, qtype))
+    return plan
 
 
 def padded(vocab: GgufVocab, size: int) -> GgufVocab:
@@ -263,9 +310,10 @@ def padded(vocab: GgufVocab, size: int) -> GgufVocab:
                    token_types=vocab.token_types + [TOKEN_TYPE_UNUSED] * extra)
 
 
-def reduced(shape: Shape, *, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> Shape:
-    """The same family at a small size (the tests' model)."""
-    return replace(shape, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab)
+def reduced(shape: Shape, *, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+            **moe) -> Shape:
+    """The same family at a small size (the tests' model); moe: experts, experts_used, expert_ffn, head_size."""
+    return replace(shape, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab, **moe)
 
 
 def model_name(shape_name: str, file_type: str) -> str:
@@ -307,7 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {source} gives {len(vocab.tokens)} tokens with the special ones; {args.shape} has "
               f"{shape.vocab} (is it Llama 3's tokenizer.model?)", file=sys.stderr)
         return 2
-    write_model(args.output, shape, args.file_type, vocab, name=model_name(args.shape, args.file_type), seed=args.seed)
+    try:
+        write_model(args.output, shape, args.file_type, vocab, name=model_name(args.shape, args.file_type),
+                    seed=args.seed)
+    except ValueError as exc:  # a type whose blocks do not fit the shape's rows: nothing written
+        print(f"error: {args.shape}: {exc}", file=sys.stderr)
+        return 2
     size = args.output.stat().st_size
     print(f"wrote {args.output}: {size / 2**30:.2f} GiB in {time.perf_counter() - start:.1f} s")
     return 0
