@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import itertools
 
@@ -37,9 +38,13 @@ from profiles.serve_leak_driver import DRIVER_METRIC, DriverSeries, judge_driver
 from profiles.serve_leak_host import DEFAULT_GROWTH_PER_1000, HostSeries, judge_host
 from profiles.serve_leak_report import KV_KEYS, ServeLeakReport, judge_host_layer, judge_pool_and_ledger, ledger_of
 
+if TYPE_CHECKING:  # the engine's modules stay out of the client's process
+    from profiles.leak_check import ProgressSink
+
 HEALTH_TIMEOUT_S = 300.0  # loading the model
 IDLE_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 60.0
+WARM_UP_REQUESTS = 4
 PLANS = ("whole", "stream", "leave-in-prompt", "leave-mid-stream", "conversation")
 PROMPT_WORDS = "the quick brown fox jumps over a lazy dog while seven small robots count blue stars".split()
 # Every conversation's first message, and half the other chats': long enough to fill a few KV blocks, so that the
@@ -145,7 +150,11 @@ def _one_request(client: httpx.Client, rng: random.Random, settings: ServeLeakSe
         return plan, "left"
 
 
-def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None, command_line: str = "") -> ServeLeakReport:
+def run_serve_leak_check(settings: ServeLeakSettings, progress: ProgressSink | None = None,
+                         command_line: str = "") -> ServeLeakReport:
+    """`progress`: leak-check's progress sink (profiles/leak_check.py): each phase as a status, the warm-up's and the
+    measured requests counted, the server's KV blocks in use as its /metrics report them."""
+    say = progress.status if progress is not None else (lambda _text: None)
     t = settings.thresholds
     report = ServeLeakReport(command=command_line, settings=settings.to_dict(), thresholds=t,
                              planted_bug=settings.planted_bug)
@@ -167,16 +176,24 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None, comma
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             _wait_healthy(client, server)
             say("warm-up")
-            for warm_seed in range(4):  # modules, graphs and the template worker, before the baseline
+            if progress is not None:
+                progress.start(WARM_UP_REQUESTS, "warm-up")
+            for warm_seed in range(WARM_UP_REQUESTS):  # modules, graphs and the template worker, before the baseline
                 _one_request(client, random.Random(-1 - warm_seed), settings)
+                if progress is not None:
+                    progress.advance(1)
             _wait_idle(client)
             baseline = _metrics(client)
+            _show_blocks(progress, baseline)
             report.baseline = ledger_of(baseline) | _driver(baseline) | _kv(baseline)
             host, driver = HostSeries(), DriverSeries()
             host.add(0, baseline)
             amount = f"{settings.duration_s:.0f} s of requests" if settings.duration_s else f"{settings.requests} requests"
+            if progress is not None:
+                progress.start(settings.requests, "requests")
             say(f"{amount} from {settings.clients} clients")
-            _drive(settings, client, report, time.monotonic(), host, driver)
+            _drive(settings, client, report, time.monotonic(), host, driver, progress)
+            say("waiting for the server to finish its requests")
             final = _wait_idle(client)
             host.add(report.requests, final)
             report.final = ledger_of(final) | _driver(final) | _kv(final)
@@ -198,6 +215,7 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None, comma
         report.findings.append(Finding("server", LEAK, str(exc)))
     finally:
         if server.poll() is None:
+            say("stopping the server (SIGTERM) and reading its shutdown check")
             server.send_signal(signal.SIGTERM)
             try:
                 server.wait(timeout=EXIT_TIMEOUT_S)
@@ -213,6 +231,13 @@ def run_serve_leak_check(settings: ServeLeakSettings, say=lambda _m: None, comma
                                        "check): " + " | ".join(line.strip() for line in output[-3:])))
     report.seconds = time.monotonic() - started
     return report
+
+
+def _show_blocks(progress: ProgressSink | None, metrics: dict[str, float]) -> None:
+    """The server's KV blocks in use (held by a sequence) of its usable ones, on the progress line."""
+    if progress is not None and "rocmforge_kv_physical_blocks" in metrics:
+        progress.blocks(int(metrics["rocmforge_kv_physical_blocks"]),
+                        int(metrics["rocmforge_kv_total_blocks"] - metrics["rocmforge_kv_reserved_blocks"]))
 
 
 class _ServerGone(Exception):
@@ -254,7 +279,7 @@ def _wait_idle(client: httpx.Client) -> dict[str, float]:
 
 
 def _drive(settings: ServeLeakSettings, client: httpx.Client, report: ServeLeakReport, started: float,
-           host: HostSeries, driver: DriverSeries) -> None:
+           host: HostSeries, driver: DriverSeries, progress: ProgressSink | None) -> None:
     lock = threading.Lock()
     next_index = iter(range(settings.requests)) if settings.requests is not None else itertools.count()
     deadline = started + settings.time_limit_s
@@ -269,7 +294,9 @@ def _drive(settings: ServeLeakSettings, client: httpx.Client, report: ServeLeakR
                 host.add(requests_done, metrics)
                 driver.add(requests_done, metrics)
             except httpx.HTTPError:
-                pass  # a missed sample; the slope needs the span, not every point
+                continue  # a missed sample; the slope needs the span, not every point
+            with lock:
+                _show_blocks(progress, metrics)
 
     def worker() -> None:
         while time.monotonic() < deadline:
@@ -282,6 +309,8 @@ def _drive(settings: ServeLeakSettings, client: httpx.Client, report: ServeLeakR
                 report.requests += 1
                 report.plans[plan] += 1
                 report.statuses[status] += 1
+                if progress is not None:
+                    progress.advance(1)
 
     threads = [threading.Thread(target=worker) for _ in range(settings.clients)]
     watcher = threading.Thread(target=sampler, daemon=True)

@@ -17,7 +17,7 @@ from rocmforge_cli.options import (
     Device, KvDtype, Model, PlantBug, block_size_option, json_option, kv_blocks_option, parallel_option,
     prefix_cache_option, quiet_option, resolve_model, seed_option,
 )
-from rocmforge_cli.leak_progress_display import PlainProgress, RichProgress
+from rocmforge_cli.leak_progress_display import progress_on_stderr
 from rocmforge_cli.picture_options import PlotFile, ReportFile, TraceFile, check_picture_paths, write_pictures, write_trace
 
 FAIL_ON_HELP = (
@@ -90,13 +90,8 @@ def leak_check_command(
     )
     settings.validate()
     trace = check_picture_paths(report_file, plot_file, trace_file)
-    if quiet:
-        report = run_leak_check(settings, trace=trace)
-    elif stderr.is_terminal:
-        with RichProgress.bar_for(stderr) as bar:
-            report = run_leak_check(settings, RichProgress(bar), trace)
-    else:  # a log: plain lines every few seconds instead of a bar that only a terminal can redraw
-        report = run_leak_check(settings, PlainProgress(), trace)
+    with progress_on_stderr(stderr, quiet, "leak-check") as progress:
+        report = run_leak_check(settings, progress, trace)
     write_pictures(report.timeline, report_file, plot_file, report.findings,
                    [f"command: {report.command}", f"device: {report.device}", f"model: {report.model}"])
     write_trace(trace, trace_file, {"command": report.command, "device": report.device, "verdict": report.verdict})

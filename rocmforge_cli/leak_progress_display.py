@@ -1,4 +1,5 @@
-"""leak-check's progress on stderr: requests done of the total, KV blocks in use, and the phase.
+"""leak-check's and serve-leak-check's progress on stderr: requests done of the total, KV blocks in use, and the
+phase.
 
 On a terminal: a rich progress line, redrawn in place. Otherwise (CI logs, a pipe): each status
 line as it comes and a plain summary line every PLAIN_EVERY_SECONDS, so a long run is never silent
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -35,8 +38,9 @@ class RichProgress:
         else:
             self.bar.update(self.task, description=text)
 
-    def start(self, total: int, description: str) -> None:
-        """A count from 0 of `total` (the warm-up's requests, then the measured ones: the same bar again)."""
+    def start(self, total: int | None, description: str) -> None:
+        """A count from 0 of `total` (the warm-up's requests, then the measured ones: the same bar again; None: a
+        count with no end, as a soak's)."""
         if self.task is None:
             self.task = self.bar.add_task(description, total=total, blocks=self._blocks)
         else:
@@ -54,27 +58,29 @@ class RichProgress:
 
 class PlainProgress:
     """Lines on stderr: status lines as they come, and every `every` seconds
-    'leak-check: <phase>: D/T requests done, KV blocks in use U/N, S s'."""
+    '<command>: <phase>: D/T requests done, KV blocks in use U/N, S s'."""
 
-    def __init__(self, every: float | None = None):
+    def __init__(self, every: float | None = None, command: str = "leak-check"):
+        self.command = command
         self.every = PLAIN_EVERY_SECONDS if every is None else every
         self.started = time.monotonic()
         self.last = self.started
         self.phase = "loading"
         self.done = 0
         self.total: int | None = None
+        self.counting = False
         self.used: int | None = None
         self.usable: int | None = None
 
     def _print(self, text: str) -> None:
-        print(f"leak-check: {text}", file=sys.stderr, flush=True)  # sys.stderr looked up now: it may be redirected
+        print(f"{self.command}: {text}", file=sys.stderr, flush=True)  # sys.stderr looked up now: it may be redirected
 
     def status(self, text: str) -> None:
         self.phase = text
         self._print(text)
 
-    def start(self, total: int, description: str) -> None:
-        self.total, self.done = total, 0
+    def start(self, total: int | None, description: str) -> None:
+        self.total, self.done, self.counting = total, 0, True
 
     def advance(self, n: int) -> None:
         self.done += n
@@ -89,6 +95,19 @@ class PlainProgress:
         if now - self.last < self.every:
             return
         self.last = now
-        done = f"{self.done:,}/{self.total:,} requests done" if self.total is not None else "loading"
+        total = f"/{self.total:,}" if self.total is not None else ""
+        done = f"{self.done:,}{total} requests done" if self.counting else "loading"
         blocks = f", KV blocks in use {self.used:,}/{self.usable:,}" if self.used is not None else ""
         self._print(f"{self.phase}: {done}{blocks}, {now - self.started:.0f} s")
+
+
+@contextmanager
+def progress_on_stderr(console, quiet: bool, command: str) -> Iterator[RichProgress | PlainProgress | None]:
+    """The progress a command shows: none with --quiet, the bar on a terminal, plain lines in a log."""
+    if quiet:
+        yield None
+    elif console.is_terminal:
+        with RichProgress.bar_for(console) as bar:
+            yield RichProgress(bar)
+    else:  # a log: plain lines every few seconds instead of a bar that only a terminal can redraw
+        yield PlainProgress(command=command)

@@ -18,6 +18,7 @@ from profiles.serve_leak_render import render
 from profiles.serve_leak_report import SERVE_FAIL_ON_KEYS
 from rocmforge_cli.picture_options import PlotFile, ReportFile, TraceFile, check_picture_paths
 from rocmforge_cli.common import handle_errors, stderr, stdout
+from rocmforge_cli.leak_progress_display import progress_on_stderr
 from rocmforge_cli.options import Device, Model, PlantBug, json_option, quiet_option, resolve_model, seed_option
 
 
@@ -42,7 +43,7 @@ def serve_leak_check_command(
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the clients may run at most. Default: 600, or the duration plus 300.", show_default=False)] = None,
     fail_on: Annotated[Optional[list[str]], typer.Option("--fail-on", help=FAIL_ON_HELP, show_default=False)] = None,
     as_json: Annotated[bool, json_option("Print the report as one JSON object (leak-check's keys).")] = False,
-    quiet: Annotated[bool, quiet_option("No progress on stderr.")] = False,
+    quiet: Annotated[bool, quiet_option("No progress on stderr (by default: a progress bar on a terminal, otherwise a line for each phase and every 10 s one with requests done and the server's KV blocks in use).")] = False,
     report_file: ReportFile = None,
     plot_file: PlotFile = None,
     trace_file: TraceFile = None,
@@ -74,8 +75,9 @@ def serve_leak_check_command(
                                  max_tokens=max_tokens, seed=seed, extra_args=(*(serve_arg or ()), *pictures),
                                  planted_bug=plant_bug,
                                  time_limit_s=time_limit, duration_s=duration_s, thresholds=thresholds)
-    say = (lambda _m: None) if quiet else (lambda m: stderr.print(m, highlight=False, markup=False))
-    report = run_serve_leak_check(settings, say, command_line=" ".join(["rocmforge", *map(shlex.quote, sys.argv[1:])]))
+    with progress_on_stderr(stderr, quiet, "serve-leak-check") as progress:
+        report = run_serve_leak_check(settings, progress,
+                                      command_line=" ".join(["rocmforge", *map(shlex.quote, sys.argv[1:])]))
     if as_json:
         print(json.dumps(report.to_dict(), indent=1))
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from support.engine_testing import tiny_model
@@ -46,6 +48,34 @@ def test_a_run_too_short_to_judge_host_memory_is_not_judged_and_exits_1(tmp_path
     assert result.exit_code == 1, result.output
     assert "NOT JUDGED: nothing leaked in what was checked, but host could not be judged (exit 1)" in result.output
     assert "host memory not judged" in result.output and "{" not in result.output  # a table, no Python dicts
+    assert result.stderr == ""  # -q: no progress
+
+
+def test_a_log_gets_a_plain_line_for_each_phase_and_the_requests_counted(tmp_path_factory, monkeypatch):
+    """stderr not a terminal: leak-check's plain progress lines, named serve-leak-check."""
+    from rocmforge_cli import leak_progress_display
+    from rocmforge_cli.app import app
+    from typer.testing import CliRunner
+
+    monkeypatch.setattr(leak_progress_display, "PLAIN_EVERY_SECONDS", 0.0)  # a line at every chance, not every 10 s
+    result = CliRunner().invoke(app, ["serve-leak-check", "-m", str(tiny_model(tmp_path_factory)), "--device", "cpu",
+                                      "--requests", "8", "--clients", "4", "--max-tokens", "2", "--json",
+                                      "--fail-on", "host-growth=off", "--serve-arg=--ctx-size=256",
+                                      "--serve-arg=--kv-blocks=400"])
+    assert result.exit_code == 0, result.output[-3000:]
+    lines = result.stderr.splitlines()
+    assert all(line.startswith("serve-leak-check: ") for line in lines), lines
+    phases = [line for line in lines if "requests done" not in line]
+    assert [line.split(":")[1].strip() for line in phases] == [
+        "starting the server on 127.0.0.1", "warm-up", "8 requests from 4 clients",
+        "waiting for the server to finish its requests", "stopping the server (SIGTERM) and reading its shutdown check"]
+    warm = re.findall(r"^serve-leak-check: warm-up: (\d)/4 requests done", result.stderr, re.M)
+    assert sorted(map(int, warm)) == list(map(int, warm)) and set(map(int, warm)) == {1, 2, 3, 4}
+    counted = re.findall(r"^serve-leak-check: 8 requests from 4 clients: (\d)/8 requests done(.*), \d+ s$", result.stderr, re.M)
+    done = [int(d) for d, _ in counted]
+    assert sorted(done) == done and set(done) == set(range(1, 9)), result.stderr
+    blocks = [tuple(map(int, b)) for b in re.findall(r"KV blocks in use (\d+)/(\d+)", result.stderr)]
+    assert blocks and all(used <= usable == 400 for used, usable in blocks), blocks  # the server's usable blocks
 
 
 @pytest.mark.parametrize("bug", ["no-release-on-completion", "release-on-cancel-only", "device-leak"])

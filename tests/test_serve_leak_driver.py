@@ -75,7 +75,7 @@ def test_midway_is_the_first_reading_past_half_the_requests():
 def test_the_command_prints_a_warning_and_exits_0(monkeypatch, tmp_path):
     report = ServeLeakReport(requests=40, baseline={DRIVER_METRIC: BASE}, findings=[
         Finding("driver", "warning", "the driver's free memory dropped by 10485760 bytes")])
-    monkeypatch.setattr(command, "run_serve_leak_check", lambda settings, say, command_line: report)
+    monkeypatch.setattr(command, "run_serve_leak_check", lambda settings, progress, command_line: report)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"")
     result = CliRunner().invoke(app, ["serve-leak-check", "-m", str(model), "-q"], env={"COLUMNS": "200"})
