@@ -77,7 +77,7 @@ class SequenceEndings:
         may be wrong; blocks it took from the cache were only read and stay cached)."""
         if self.cache.has_sequence(seq.seq_id):
             if self.cache.prefix is not None and ending is not Ending.FAILED:
-                self.cache.free_sequence(seq.seq_id, computed=seq.tokens[:seq.num_cached])
+                self.cache.free_sequence(seq.seq_id, computed=seq.tokens[:seq.num_cached], keys=seq.block_keys)
             else:
                 self.cache.free_sequence(seq.seq_id)
         seq.finished = True

@@ -374,7 +374,7 @@ class Engine(SequenceEndings):
                     targets = list(request.seqs)
                 request.phase = Phase.DECODE
                 # Its prompt's K/V are written (this step finished): later prompts that start alike may share them.
-                self.cache.register_computed(seq.seq_id, seq.tokens[:seq.num_prompt])
+                self.cache.register_computed(seq.seq_id, seq.tokens[:seq.num_prompt], seq.block_keys)
                 if request.first_token_at is None:
                     request.first_token_at = time.perf_counter()
                     self.stats.first_token_time.observe(request.first_token_at - request.submitted_at)
@@ -391,6 +391,7 @@ class Engine(SequenceEndings):
         parent = request.seqs[0]
         for _ in range(request.params.n - 1):
             child = self._new_sequence(request, list(parent.tokens))
+            child.copy_block_keys(parent)  # the prompt's blocks hashed once for all the samples
             child.num_cached = parent.num_cached
             self.cache.fork(parent.seq_id, child.seq_id)
             request.seqs.append(child)

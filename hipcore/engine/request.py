@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hipcore.engine.text_buffer import TextBuffer
+from hipcore.kvcache.prefix_index import BlockKeys
 
 
 class Ending(str, enum.Enum):
@@ -53,6 +54,21 @@ class Sequence:
     stop_checker: Any = None
     sampler: Any = None
     output: TextBuffer = field(default_factory=TextBuffer, repr=False)  # text emitted so far (see `text`)
+    _keys: BlockKeys | None = field(default=None, repr=False)  # (see `block_keys`)
+
+    @property
+    def block_keys(self) -> BlockKeys:
+        """The prefix cache's keys of the full blocks of `tokens`, each hashed once for all the sequence's lookups and
+        hashings (queue, admission, prompt end, preemption, release). The engine only appends to `tokens`, which
+        leaves every full block's key valid; a new token list gets new keys."""
+        keys = self._keys
+        if keys is None or keys.tokens is not self.tokens:
+            keys = self._keys = BlockKeys(self.tokens)
+        return keys
+
+    def copy_block_keys(self, other: "Sequence") -> None:
+        """Its tokens are a copy of `other`'s (a parallel sample's at the fork): the keys hashed so far are its too."""
+        self._keys = other.block_keys.fork(self.tokens)
 
     @property
     def text(self) -> str:

@@ -168,7 +168,8 @@ class Scheduler:
             need_blocks = 0
             room = budget
             for seq in seqs:
-                cached, evictable = self.cache.cached_prefix(seq.tokens)  # (0, 0) without prefix caching
+                # (0, 0) without prefix caching; the keys are hashed once while the request waits, not every step
+                cached, evictable = self.cache.cached_prefix(seq.tokens, seq.block_keys)
                 n = min(len(seq.tokens) - cached, room)
                 if n <= 0:
                     break
@@ -179,7 +180,7 @@ class Scheduler:
             if not chunks or self.cache.num_available_blocks - need_blocks < floor:
                 break
             for seq, n in chunks:
-                seq.num_cached = self.cache.add_sequence(seq.seq_id, seq.tokens)
+                seq.num_cached = self.cache.add_sequence(seq.seq_id, seq.tokens, seq.block_keys)
                 if seq is seqs[0] and not request.preemptions:
                     request.cached_tokens = seq.num_cached
                 if not self.cache.reserve(seq.seq_id, n):  # the reserve above makes this rare
@@ -242,7 +243,7 @@ class Scheduler:
         for seq in request.live_seqs:
             if self.cache.has_sequence(seq.seq_id) and self.cache.prefix is not None:
                 # its computed blocks stay cached for its recomputation (unless evicted meanwhile)
-                self.cache.free_sequence(seq.seq_id, computed=seq.tokens[:seq.num_cached])
+                self.cache.free_sequence(seq.seq_id, computed=seq.tokens[:seq.num_cached], keys=seq.block_keys)
             elif self.cache.has_sequence(seq.seq_id):
                 self.cache.free_sequence(seq.seq_id)
             seq.num_cached = 0

@@ -43,7 +43,7 @@ from hipcore.kvcache.group_view import KvGroupView, group_view
 from hipcore.kvcache.invariants import check_group_invariants, check_prefix_invariants
 from hipcore.kvcache.pools import allocate_pools, copy_block
 from hipcore.kvcache.prefix_cache import PrefixCacheMethods, PrefixCaching
-from hipcore.kvcache.prefix_index import BlockHash
+from hipcore.kvcache.prefix_index import BlockHash, BlockKeys
 from hipcore.kvcache.profile import MemoryProfile, build_profile
 from hipcore.runtime.device import Buffer, Device, Stream
 
@@ -77,10 +77,12 @@ class KvCache(BlockCounts, PrefixCacheMethods):
 
     # ---- sequences -----------------------------------------------------------------------------
 
-    def add_sequence(self, seq_id: int, prefix: Sequence[int] | None = None) -> int:
+    def add_sequence(self, seq_id: int, prefix: Sequence[int] | None = None, keys: BlockKeys | None = None) -> int:
         """Start a sequence: empty (no blocks until `reserve`), or, given the tokens it starts with and with prefix
         caching on, holding the blocks of their longest cached prefix. Returns its length: the tokens whose K/V it
-        has already (a multiple of the block size, below len(prefix))."""
+        has already (a multiple of the block size, below len(prefix)). `keys`: the BlockKeys of a token list that
+        starts with `prefix` (the sequence's own, kept from one call to the next, so that each of its blocks is
+        hashed once: prefix_index.py); without them the blocks are hashed on every call."""
         with self._lock:
             self._check_open()
             _check_seq_id(seq_id)
@@ -88,7 +90,7 @@ class KvCache(BlockCounts, PrefixCacheMethods):
                 raise KvCacheError(f"sequence {seq_id} already exists in the KV cache")
             for group in self._groups.values():
                 group.add(seq_id)
-            length = self.prefix.attach(seq_id, prefix) if self.prefix is not None and prefix else 0
+            length = self.prefix.attach(seq_id, prefix, keys) if self.prefix is not None and prefix else 0
             self._lengths[seq_id] = length
             return length
 
@@ -179,15 +181,16 @@ class KvCache(BlockCounts, PrefixCacheMethods):
                 group.fork(parent_id, child_id)
             self._lengths[child_id] = self._lengths[parent_id]
 
-    def free_sequence(self, seq_id: int, computed: Sequence[int] | None = None) -> None:
+    def free_sequence(self, seq_id: int, computed: Sequence[int] | None = None, keys: BlockKeys | None = None) -> None:
         """End a sequence: its blocks lose one reference each (last block first); blocks nobody holds
         any more wait for the step fence. Freeing an unknown (or already freed) id is an error. Every
         layer group gives back what the sequence holds in it (global first, then local). `computed`: as
-        register_computed's, hashed first (with caching on), so that those blocks are cached, not freed."""
+        register_computed's, hashed first (with caching on), so that those blocks are cached, not freed; `keys`: as
+        add_sequence's."""
         with self._lock:
             self._table(seq_id)
             if self.prefix is not None and computed:
-                self.prefix.register(seq_id, computed, self._lengths[seq_id])
+                self.prefix.register(seq_id, computed, self._lengths[seq_id], keys)
             for group in self._groups.values():
                 group.free(seq_id, self._launched_step)
             del self._lengths[seq_id]

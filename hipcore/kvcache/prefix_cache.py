@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from hipcore.kvcache.block_group import BlockGroup
 from hipcore.kvcache.config import NULL_BLOCK, KvCacheConfig
 from hipcore.kvcache.errors import KvCacheError
-from hipcore.kvcache.prefix_index import BlockEntry, BlockHash, chain_entries
+from hipcore.kvcache.prefix_index import BlockEntry, BlockHash, BlockKeys, chain_entries
 
 
 class PrefixCaching:
@@ -39,10 +39,14 @@ class PrefixCaching:
         self.query_tokens = 0
         self.hit_tokens = 0
 
-    def entries(self, group: str, tokens: Sequence[int], count: int) -> list[BlockEntry]:
+    def entries(self, group: str, tokens: Sequence[int], count: int, keys: BlockKeys | None = None) -> list[BlockEntry]:
+        """The entries of the first `count` full blocks of `tokens` in `group`; from `keys` (the BlockKeys of a token
+        list that starts with `tokens`), hashed there once, where given."""
+        if keys is not None:
+            return keys.entries(self.salts[group], self.config.block_size, count, self.block_hash)
         return chain_entries(self.salts[group], tokens, self.config.block_size, count, self.block_hash)
 
-    def match(self, tokens: Sequence[int]) -> tuple[int, dict[str, list[int]]]:
+    def match(self, tokens: Sequence[int], keys: BlockKeys | None = None) -> tuple[int, dict[str, list[int]]]:
         """(cached tokens, each group's table for them) of the longest cached prefix of `tokens` that leaves the
         last token to compute; changes nothing."""
         bs = self.config.block_size
@@ -50,7 +54,7 @@ class PrefixCaching:
         found: dict[str, list[int | None]] = {}
         full = most
         for name, group in self.groups.items():
-            entries = self.entries(name, tokens, most)
+            entries = self.entries(name, tokens, most, keys)
             blocks = [group.pool.lookup(entry) for entry in entries]
             found[name] = blocks
             if not group.window:
@@ -67,20 +71,20 @@ class PrefixCaching:
                 return n * bs, tables
         return 0, {}
 
-    def peek(self, tokens: Sequence[int]) -> tuple[int, int]:
+    def peek(self, tokens: Sequence[int], keys: BlockKeys | None = None) -> tuple[int, int]:
         """(cached tokens, how many of the global blocks holding them are cached, not held) for `tokens`: what
         attach would give, and how many available blocks it would take out of the pool's reach."""
-        cached, tables = self.match(tokens)
+        cached, tables = self.match(tokens, keys)
         if not cached:
             return 0, 0
         pool = next(iter(self.groups.values())).pool  # the global group: the admission unit
         table = next(iter(tables.values()))
         return cached, sum(1 for block in table if not pool.refcount_of_held(block))
 
-    def attach(self, seq_id: int, tokens: Sequence[int]) -> int:
+    def attach(self, seq_id: int, tokens: Sequence[int], keys: BlockKeys | None = None) -> int:
         """Give the new (empty) sequence `seq_id` the blocks of the longest cached prefix of `tokens`; returns its
         length (cached tokens). Counts the lookup."""
-        cached, tables = self.match(tokens)
+        cached, tables = self.match(tokens, keys)
         self.query_tokens += len(tokens)
         self.hit_tokens += cached
         for name, table in tables.items():
@@ -92,7 +96,7 @@ class PrefixCaching:
             group.attach(seq_id, table, kept_from)
         return cached
 
-    def register(self, seq_id: int, tokens: Sequence[int], length: int) -> int:
+    def register(self, seq_id: int, tokens: Sequence[int], length: int, keys: BlockKeys | None = None) -> int:
         """Hash the full blocks of sequence `seq_id` (of `length` reserved tokens) whose tokens, `tokens`, have their
         K/V computed; returns how many blocks are hashed after it (in the global group)."""
         bs = self.config.block_size
@@ -100,7 +104,7 @@ class PrefixCaching:
         hashed = 0
         for name, group in self.groups.items():
             table = group.tables[seq_id]
-            for block, entry in zip(table, self.entries(name, tokens, count)):
+            for block, entry in zip(table, self.entries(name, tokens, count, keys)):
                 if block != NULL_BLOCK and group.pool.register(block, entry, seq_id) and not group.window:
                     hashed += 1
         return hashed
@@ -130,22 +134,22 @@ class PrefixCacheMethods:
 
     num_pending_blocks: int  # (BlockCounts')
 
-    def cached_prefix(self, tokens: Sequence[int]) -> tuple[int, int]:
+    def cached_prefix(self, tokens: Sequence[int], keys: BlockKeys | None = None) -> tuple[int, int]:
         """(tokens add_sequence(_, tokens) would start with, cached global blocks it would take out of the available
-        ones); (0, 0) with caching off. Changes nothing, counts nothing."""
+        ones); (0, 0) with caching off. Changes nothing, counts nothing. `keys`: as add_sequence's."""
         with self._lock:
             self._check_open()
-            return self.prefix.peek(tokens) if self.prefix is not None and tokens else (0, 0)
+            return self.prefix.peek(tokens, keys) if self.prefix is not None and tokens else (0, 0)
 
-    def register_computed(self, seq_id: int, computed: Sequence[int]) -> int:
+    def register_computed(self, seq_id: int, computed: Sequence[int], keys: BlockKeys | None = None) -> int:
         """With prefix caching on: the sequence's first len(computed) tokens are `computed` and their K/V are written
         (the step that wrote them has finished); its full blocks among them are hashed, to be found by later
-        prompts. Returns how many of its global blocks are hashed (0 with caching off)."""
+        prompts. Returns how many of its global blocks are hashed (0 with caching off). `keys`: as add_sequence's."""
         with self._lock:
             self._table(seq_id)
             if self.prefix is None:
                 return 0
-            return self.prefix.register(seq_id, computed, self._lengths[seq_id])
+            return self.prefix.register(seq_id, computed, self._lengths[seq_id], keys)
 
     def flush_prefix_cache(self) -> int:
         """Evict every cached block to the free list; returns how many (0 with caching off)."""

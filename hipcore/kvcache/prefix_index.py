@@ -15,7 +15,7 @@ evicted, least recently used first, when the pool needs a free block). A free bl
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 BlockHash = Callable[[object], int]
 
@@ -36,6 +36,38 @@ def chain_entries(salt: int, tokens, block_size: int, count: int, block_hash: Bl
         entries.append(BlockEntry(key, parent, chunk))
         parent = key
     return entries
+
+
+class BlockKeys:
+    """The entries of one token list's full blocks, per group salt, each computed once: kept on a sequence
+    (hipcore/engine/request.py) for every lookup and hashing of its tokens, from its first wait in the queue to its
+    release. Valid while `tokens` only grows (a sequence appends its sampled tokens): a full block's entry depends on
+    its tokens and those before it only. A caller that changes a token already in a full block makes new BlockKeys."""
+
+    __slots__ = ("tokens", "_chains")
+
+    def __init__(self, tokens: Sequence[int]):
+        self.tokens = tokens
+        self._chains: dict[int, list[BlockEntry]] = {}  # salt -> entries of the first full blocks, in order
+
+    def entries(self, salt: int, block_size: int, count: int, block_hash: BlockHash) -> list[BlockEntry]:
+        """chain_entries(salt, self.tokens, block_size, count, block_hash), hashing only blocks not hashed before."""
+        chain = self._chains.get(salt)
+        if chain is None:
+            chain = self._chains[salt] = []
+        if len(chain) < count:
+            if count * block_size > len(self.tokens):
+                raise ValueError(f"{count} full blocks of {block_size} asked of {len(self.tokens)} tokens")
+            start = len(chain)
+            chain += chain_entries(chain[-1].key if chain else salt, self.tokens[start * block_size:count * block_size],
+                                   block_size, count - start, block_hash)
+        return chain if len(chain) == count else chain[:count]
+
+    def fork(self, tokens: Sequence[int]) -> "BlockKeys":
+        """The keys of `tokens`, a copy of this list's tokens (a parallel sample's): the entries so far, shared."""
+        twin = BlockKeys(tokens)
+        twin._chains = {salt: list(chain) for salt, chain in self._chains.items()}
+        return twin
 
 
 class PrefixIndex:
