@@ -96,6 +96,15 @@ def run(args) -> dict:
             "generated_per_second": generated / seconds}
 
 
+def cached_share(run: dict) -> str:
+    """The share of the run's prompt tokens its server reported cached (usage.prompt_tokens_details.cached_tokens)."""
+    requests = [r for t in run["turns"] for r in t["requests"]]
+    if any(r.get("cached_tokens") is None for r in requests):
+        return "not reported"
+    cached = sum(r["cached_tokens"] for r in requests)
+    return f"{cached:,} of {run['prompt_tokens']:,} ({cached / run['prompt_tokens']:.0%})"
+
+
 def table(runs: list[dict]) -> str:
     first = runs[0]
     lines = [f"{first['conversations']} conversations x {first['turns_count']} turns, {first['turn_tokens']} new tokens "
@@ -105,12 +114,12 @@ def table(runs: list[dict]) -> str:
     for i, turn in enumerate(first["turns"]):
         cells = [f"{r['turns'][i]['ttft_p50'] * 1e3:,.0f} / {r['turns'][i]['ttft_p99'] * 1e3:,.0f} ms" for r in runs]
         lines.append(f"| {turn['turn']} | " + " | ".join(cells) + " |")
-    lines += ["", "| run | seconds | tokens/s (prompt + generated) | generated/s | TTFT p50 from turn 3, median of turns |",
-              "| --- | ---: | ---: | ---: | ---: |"]
+    lines += ["", "| run | seconds | tokens/s (prompt + generated) | generated/s | TTFT p50 from turn 3, median of turns "
+              "| prompt tokens the server found cached |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in runs:
         late = [t["ttft_p50"] for t in r["turns"][2:]] or [t["ttft_p50"] for t in r["turns"]]
         lines.append(f"| {r['label']} | {r['seconds']:,.2f} | {r['tokens_per_second']:,.1f} | "
-                     f"{r['generated_per_second']:,.1f} | {statistics.median(late) * 1e3:,.1f} ms |")
+                     f"{r['generated_per_second']:,.1f} | {statistics.median(late) * 1e3:,.1f} ms | {cached_share(r)} |")
     return "\n".join(lines)
 
 

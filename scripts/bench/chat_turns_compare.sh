@@ -8,7 +8,8 @@
 #
 # LLAMA_SERVER is the binary scripts/bench/build_llama_cpp.sh built (empty string: skip llama-server).
 # Knobs: CONVERSATIONS (32), TURNS (8), TURN_TOKENS (200), REPLY_TOKENS (32), CTX (per conversation: 2048),
-# IDS (prompt token ids drawn from: "1000 30000"), PORT (8095), NGL (99), PYTHON (python3), ROCMFORGE (rocmforge).
+# IDS (prompt token ids drawn from: "1000 30000"), PORT (8095), NGL (99), PYTHON (python3), ROCMFORGE (rocmforge),
+# RF_ARGS (more arguments for both `rocmforge serve` and `rocmforge bench`, e.g. "--device cpu" for a quick check).
 # Writes OUTDIR/<run>.json and .log for each server run, OUTDIR/bench_prefix_reuse.md, OUTDIR/compare.md.
 set -uo pipefail
 [ $# -eq 3 ] || { echo "usage: $0 MODEL LLAMA_SERVER OUTDIR" >&2; exit 2; }
@@ -30,6 +31,9 @@ wait_healthy() {  # $1: pid
 run_load() {  # $1: label, then the server command
   local label=$1; shift
   note "$label: $*"
+  if curl -s -o /dev/null "http://127.0.0.1:$PORT/"; then  # another server would answer the load in its place
+    status=1; note "$label: port $PORT is taken by another process; not run (set PORT)"; return
+  fi
   "$@" > "$OUTDIR/$label.log" 2>&1 &
   local pid=$!
   if wait_healthy $pid; then
@@ -41,10 +45,12 @@ run_load() {  # $1: label, then the server command
   fi
   kill -TERM $pid 2>/dev/null; wait $pid; note "$label: server exit $?"
 }
-{ git rev-parse HEAD 2>/dev/null; nvidia-smi -L 2>/dev/null || rocm-smi --showproductname 2>/dev/null; date -u; } > "$OUTDIR/meta.txt"
+{ git rev-parse HEAD 2>/dev/null; echo "$MODEL; C=$C T=$T U=$U R=$R CTX=$CTX RF_ARGS=${RF_ARGS:-}"; nvidia-smi -L 2>/dev/null || rocm-smi --showproductname 2>/dev/null; date -u; } > "$OUTDIR/meta.txt"
 
-run_load rocmforge-cached "$RF" serve -m "$MODEL" --port "$PORT" --parallel "$C" --ctx-size "$CTX" -q
-run_load rocmforge-uncached "$RF" serve -m "$MODEL" --port "$PORT" --parallel "$C" --ctx-size "$CTX" -q --no-prefix-cache
+read -r -a RF_EXTRA <<< "${RF_ARGS:-}"
+run_load rocmforge-cached "$RF" serve -m "$MODEL" --port "$PORT" --parallel "$C" --ctx-size "$CTX" -q ${RF_EXTRA[@]+"${RF_EXTRA[@]}"}
+run_load rocmforge-uncached "$RF" serve -m "$MODEL" --port "$PORT" --parallel "$C" --ctx-size "$CTX" -q \
+  --no-prefix-cache ${RF_EXTRA[@]+"${RF_EXTRA[@]}"}
 runs=("$OUTDIR/rocmforge-cached.json" "$OUTDIR/rocmforge-uncached.json")
 if [ -n "$LLAMA_SERVER" ]; then
   "$LLAMA_SERVER" --version > "$OUTDIR/llama_server_version.txt" 2>&1
@@ -57,7 +63,7 @@ existing=(); for f in "${runs[@]}"; do [ -f "$f" ] && existing+=("$f"); done
 [ ${#existing[@]} -gt 0 ] && "$PY" scripts/bench/chat_turns_bench.py --compare "${existing[@]}" | tee "$OUTDIR/compare.md"
 note "rocmforge bench --prefix-reuse"
 "$RF" bench -m "$MODEL" --prefix-reuse --conversations "$C" --turns "$T" --turn-tokens "$U" --reply-tokens "$R" \
-  > "$OUTDIR/bench_prefix_reuse.md" 2> "$OUTDIR/bench_prefix_reuse.log" || { status=1; note "bench --prefix-reuse failed"; }
+  ${RF_EXTRA[@]+"${RF_EXTRA[@]}"} > "$OUTDIR/bench_prefix_reuse.md" 2> "$OUTDIR/bench_prefix_reuse.log" || { status=1; note "bench --prefix-reuse failed"; }
 cat "$OUTDIR/bench_prefix_reuse.md"
 note "done, status $status"
 exit $status
