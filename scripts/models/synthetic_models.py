@@ -211,10 +211,11 @@ def tensor_data(rng: np.random.Generator, name: str, dims: tuple[int, ...], qtyp
         return (0.1 * rng.standard_normal(dims, np.float32)).astype(np.float32)
     if len(dims) == 1:  # norms: ones with a little noise, as trained norms sit near 1 (gpt-oss's sink logits too)
         return (1.0 + 0.05 * rng.standard_normal(dims[0], np.float32)).astype(np.float32)
-    if len(dims) == 3:  # experts: [experts, rows, cols], written as one block of experts * rows rows
+    if len(dims) == 3:  # experts: [experts, rows, cols], made as one matrix of experts * rows rows
         experts, rows, cols = dims
-        return random_blocks(rng, qtype, experts * rows, cols, fast=True).reshape(experts, rows, -1)
+        return tensor_data(rng, name, (experts * rows, cols), qtype, shape).reshape(experts, rows, -1)
     rows, cols = dims
+    fast = shape.experts > 0  # the mixtures of experts' files are new: every tensor from the fast path
     if qtype == "F32":  # routers (ffn_gate_inp): logits of a few tenths over O(1) inputs, so routing varies
         return (WEIGHT_STD * rng.standard_normal((rows, cols), np.float32)).astype(np.float32)
     if qtype == "F16":
@@ -222,7 +223,7 @@ def tensor_data(rng: np.random.Generator, name: str, dims: tuple[int, ...], qtyp
     if qtype == "BF16":  # the top halves of float32 values, rounded to nearest even
         bits = (WEIGHT_STD * rng.standard_normal((rows, cols), np.float32)).view(np.uint32)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).view(np.uint8)
-    return random_blocks(rng, qtype, rows, cols)
+    return random_blocks(rng, qtype, rows, cols, fast=fast)
 
 
 def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, name: str, seed: int = 0,
