@@ -21,10 +21,10 @@ a vocabulary of 151,936, RoPE theta 1,000,000; write it as Q4_K_M) and gpt-oss-2
 heads on 2,880, 24 layers, 32 experts of 2,880 rows, 4 used, biases, sinks, a window of 128 on the even layers, YaRN
 factor 32 over 4,096, a vocabulary of 201,088; write it as MXFP4_MOE, the published ggml-org file's types: MXFP4
 experts, Q8_0 attention, embeddings and head, F32 routers). Types: F16, BF16, Q8_0, Q5_1, Q5_0, Q4_0, Q4_K_M and
-MXFP4_MOE with llama.cpp's mix of tensor types (tensor_types.py). The tokenizer is Llama 3's own (llama3_tokenizer.py), so llama.cpp loads the files
-as it loads the real ones. Quantized blocks are random bytes with their scale fields overwritten by
-small finite values, so a forward pass stays finite and the file is written at disk speed. Needs numpy
-and gguf only; the same seed gives the same file.
+MXFP4_MOE with llama.cpp's mix of tensor types (tensor_types.py). The tokenizer is Llama 3's own
+(llama3_tokenizer.py), so llama.cpp loads the files as it loads the real ones. Quantized blocks are random bytes
+with their scale fields overwritten by small finite values, so a forward pass stays finite and the file is written
+at disk speed. Needs numpy and gguf only; the same seed gives the same file.
 """
 
 from __future__ import annotations
@@ -273,7 +273,8 @@ def write_model(path: Path, shape: Shape, file_type: str, vocab: GgufVocab, *, n
         else:
             size, elems = BLOCKS[qtype]
             raw = (*dims[:-1], dims[-1] // elems * size)
-            w.add_tensor_info(tname, raw, np.dtype(np.uint8), math.prod(raw), raw_dtype=gguf.GGMLQuantizationType[qtype])
+            w.add_tensor_info(tname, raw, np.dtype(np.uint8), math.prod(raw),
+                              raw_dtype=gguf.GGMLQuantizationType[qtype])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
