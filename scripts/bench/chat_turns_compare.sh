@@ -8,7 +8,9 @@
 #
 # LLAMA_SERVER is the binary scripts/bench/build_llama_cpp.sh built (empty string: skip llama-server).
 # Knobs: CONVERSATIONS (32), TURNS (8), TURN_TOKENS (200), REPLY_TOKENS (32), CTX (per conversation: 2048),
-# IDS (prompt token ids drawn from: "1000 30000"), PORT (8095), NGL (99), PYTHON (python3), ROCMFORGE (rocmforge),
+# IDS (prompt token ids drawn from: "1000 30000"), PORT (8095), NGL (99), PYTHON (python3), ROCMFORGE (the command that
+# runs rocmforge: default "$PYTHON -m rocmforge_cli.app" from this checkout, as a GPU machine without the package
+# installed has it), ROCMFORGE_COMMIT (the commit, where the sources were copied without their .git),
 # RF_ARGS (more arguments for both `rocmforge serve` and `rocmforge bench`, e.g. "--device cpu" for a quick check).
 # Writes OUTDIR/<run>.json and .log for each server run, OUTDIR/bench_prefix_reuse.md, OUTDIR/compare.md.
 set -uo pipefail
@@ -16,7 +18,9 @@ set -uo pipefail
 MODEL="$(realpath -m "$1")"; LLAMA_SERVER="${2:+$(realpath -m "$2")}"; OUTDIR="$(realpath -m "$3")"
 cd "$(dirname "$0")/../.."
 C=${CONVERSATIONS:-32}; T=${TURNS:-8}; U=${TURN_TOKENS:-200}; R=${REPLY_TOKENS:-32}; CTX=${CTX:-2048}
-PORT=${PORT:-8095}; PY=${PYTHON:-python3}; RF=${ROCMFORGE:-rocmforge}
+PORT=${PORT:-8095}; PY=${PYTHON:-python3}
+read -r -a RF <<< "${ROCMFORGE:-$PY -m rocmforge_cli.app}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUTDIR"
 status=0
 note() { echo "[chat_turns_compare] $*" | tee -a "$OUTDIR/notes.txt" >&2; }
@@ -45,11 +49,11 @@ run_load() {  # $1: label, then the server command
   fi
   kill -TERM $pid 2>/dev/null; wait $pid; note "$label: server exit $?"
 }
-{ git rev-parse HEAD 2>/dev/null; echo "$MODEL; C=$C T=$T U=$U R=$R CTX=$CTX RF_ARGS=${RF_ARGS:-}"; nvidia-smi -L 2>/dev/null || rocm-smi --showproductname 2>/dev/null; date -u; } > "$OUTDIR/meta.txt"
+{ echo "${ROCMFORGE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo 'commit unknown')}"; echo "$MODEL; C=$C T=$T U=$U R=$R CTX=$CTX RF_ARGS=${RF_ARGS:-}"; nvidia-smi -L 2>/dev/null || rocm-smi --showproductname 2>/dev/null; date -u; } > "$OUTDIR/meta.txt"
 
 read -r -a RF_EXTRA <<< "${RF_ARGS:-}"
-run_load rocmforge-cached "$RF" serve -m "$MODEL" --port "$PORT" --parallel "$C" --ctx-size "$CTX" -q ${RF_EXTRA[@]+"${RF_EXTRA[@]}"}
-run_load rocmforge-uncached "$RF" serve -m "$MODEL" --port "$PORT" --parallel "$C" --ctx-size "$CTX" -q \
+run_load rocmforge-cached "${RF[@]}" serve -m "$MODEL" --port "$PORT" --parallel "$C" --ctx-size "$CTX" -q ${RF_EXTRA[@]+"${RF_EXTRA[@]}"}
+run_load rocmforge-uncached "${RF[@]}" serve -m "$MODEL" --port "$PORT" --parallel "$C" --ctx-size "$CTX" -q \
   --no-prefix-cache ${RF_EXTRA[@]+"${RF_EXTRA[@]}"}
 runs=("$OUTDIR/rocmforge-cached.json" "$OUTDIR/rocmforge-uncached.json")
 if [ -n "$LLAMA_SERVER" ]; then
@@ -62,7 +66,7 @@ fi
 existing=(); for f in "${runs[@]}"; do [ -f "$f" ] && existing+=("$f"); done
 [ ${#existing[@]} -gt 0 ] && "$PY" scripts/bench/chat_turns_bench.py --compare "${existing[@]}" | tee "$OUTDIR/compare.md"
 note "rocmforge bench --prefix-reuse"
-"$RF" bench -m "$MODEL" --prefix-reuse --conversations "$C" --turns "$T" --turn-tokens "$U" --reply-tokens "$R" \
+"${RF[@]}" bench -m "$MODEL" --prefix-reuse --conversations "$C" --turns "$T" --turn-tokens "$U" --reply-tokens "$R" \
   ${RF_EXTRA[@]+"${RF_EXTRA[@]}"} > "$OUTDIR/bench_prefix_reuse.md" 2> "$OUTDIR/bench_prefix_reuse.log" || { status=1; note "bench --prefix-reuse failed"; }
 cat "$OUTDIR/bench_prefix_reuse.md"
 note "done, status $status"
