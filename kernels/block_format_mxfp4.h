@@ -46,6 +46,46 @@ struct MXFP4 {
     const unsigned int sign = ((codes >> 3) & kByteOnes) * 0xffu;  // 0xff in the bytes of codes 8..15
     return (positive & ~sign) | (negative & sign);
   }
+  // Eight consecutive elements k .. k + 7 (k % 8 == 0) from the code bytes qs[k % 16 ..] as two words q; shift: 0
+  // for k < 16 (low nibbles), 4 above. d = scale(e): a power of two, so each product is exact.
+  template <class Code = PlainCodes>
+  static __device__ __forceinline__ void decode8(float d, const unsigned int q[2], int shift, float w[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const unsigned int code = (q[k >> 2] >> (8 * (k & 3) + shift)) & 15u;
+      const float magnitude = Code::of((kMagnitudes >> (4u * (code & 7u))) & 15u);
+      w[k] = d * ((code & 8u) ? -magnitude : magnitude);
+    }
+  }
+};
+
+// The float tiles' reading of MXFP4 (matmul.hip's formats, matmul_mma's Narrow; Code: their conversion): load(row,
+// col) reads what weights col .. col + 7 (col % 8 == 0) of a row need, decode(raw, col, w) turns it into floats.
+// The 17-byte blocks are only byte aligned: the eight code bytes come from three aligned words shifted into place,
+// the third read again in place of the word past them where they start at a word boundary (that word can lie past
+// the last block, and past the buffer's mapping).
+template <class Code = PlainCodes>
+struct MXFP4Eights {
+  typedef MXFP4 B;
+  struct Raw {
+    unsigned int e, q[2];
+  };
+  static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return rf_blocks::row_bytes<B>(cols); }
+  static __device__ __forceinline__ Raw load(const unsigned char* __restrict__ row, int col) {
+    const unsigned char* block = row + (unsigned long long)(col >> 5) * B::kBytes;
+    const unsigned long long addr = (unsigned long long)(block + B::kQsAt + (col & 15));
+    const unsigned int* base = reinterpret_cast<const unsigned int*>(addr & ~3ull);
+    const int shift = 8 * (int)(addr & 3u);
+    const unsigned int w0 = base[0], w1 = base[1], w2 = base[shift == 0 ? 1 : 2];
+    Raw r;
+    r.e = block[0];
+    r.q[0] = (unsigned int)((((unsigned long long)w1 << 32) | w0) >> shift);
+    r.q[1] = (unsigned int)((((unsigned long long)w2 << 32) | w1) >> shift);
+    return r;
+  }
+  static __device__ __forceinline__ void decode(const Raw r, int col, float w[8]) {
+    B::decode8<Code>(B::scale(r.e), r.q, (col & 16) >> 2, w);
+  }
 };
 
 }  // namespace rf_blocks

@@ -25,7 +25,7 @@
 // - Every output is one float32 sum in column order, one fused multiply-add per column.
 // - No warp-level operations: the kernel is the same on wave32 and wave64.
 // Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W aligned as for matvec
-// (F32 16 bytes, F16/BF16 16, Q4_1/Q5_1/Q4_K/Q5_K 4, Q8_0/Q4_0/Q5_0/Q6_K 2); x 16-byte aligned; blockDim 256.
+// (F32 16 bytes, F16/BF16 16, Q4_1/Q5_1/Q4_K/Q5_K 4, Q8_0/Q4_0/Q5_0/Q6_K 2, MXFP4 1); x 16-byte aligned; blockDim 256.
 #include "hip_compat.h"
 #include "block_formats.h"  // the layouts and their decode primitives
 
@@ -121,6 +121,9 @@ struct Q4_0 {
     B::decode8(rf_f16_to_float(r.d), r.q, (col & 16) >> 2, w);
   }
 };
+
+// MXFP4 (17 bytes, byte aligned): block_format_mxfp4.h's reading of eight weights, as matmul_mma's.
+typedef rf_blocks::MXFP4Eights<> MXFP4;
 
 // Q4_1 block {half d; half m; uint8 qs[16]} (20 bytes, 4-byte aligned): nibbles as in Q4_0.
 struct Q4_1 {
@@ -372,3 +375,4 @@ RF_MATMUL_ENTRY(matmul_q6_k, Q6_K)
 RF_MATMUL_ENTRY(matmul_f16, F16)
 RF_MATMUL_ENTRY(matmul_bf16, BF16)
 RF_MATMUL_ENTRY(matmul_f32, F32)
+RF_MATMUL_ENTRY(matmul_mxfp4, MXFP4)

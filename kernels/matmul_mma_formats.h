@@ -62,6 +62,9 @@ struct Q4_0 {
   }
 };
 
+// MXFP4 (17 bytes, byte aligned): block_format_mxfp4.h's reading of eight weights, as matmul.hip's, with FastCodes.
+typedef rf_blocks::MXFP4Eights<FastCodes> MXFP4;
+
 // Q4_1 (20 bytes, 4-byte aligned): nibbles as in Q4_0.
 struct Q4_1 {
   typedef rf_blocks::Q4_1 B;

@@ -1,5 +1,5 @@
 // Matrix-vector product on GGUF weights with the activations quantized to int8 on the fly, the decode
-// path for the K-quants (and Q8_0, Q4_0):
+// path for the K-quants (and Q8_0, Q4_0, MXFP4):
 //   y[b, r] = sum_c W[r, c] * xq[b, c]   for r < rows, b < batch
 // where xq is x quantized per slice of 32 columns (see below) to int8 codes times one float scale:
 // d = amax / 127, q = rint(x * (127 / amax)) (0 when amax is 0). The products are integer dot products of
@@ -22,11 +22,13 @@
 // Formats and their loads: Q4_K (144-byte super-blocks) and Q5_K (176) are 16-byte aligned, so a lane
 // reads its 16 code bytes and the 16-byte header with two 16-byte loads (Q5_K: one more for the fifth
 // bits). Q6_K (210), Q8_0 (34) and Q4_0 (18) are only 2-byte aligned: their runs of bytes are read as
-// aligned 4-byte words and shifted into place (one word more than the run).
+// aligned 4-byte words and shifted into place (one word more than the run); MXFP4 (17, byte aligned) likewise
+// (mxfp4_q8_format.h, moe_experts.hip's reading).
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; W 16-byte aligned
-// (Q4_K, Q5_K) or 2-byte (the others); x 16-byte aligned. Block size: a multiple of 64 up to 256.
+// (Q4_K, Q5_K), 2-byte (the others) or any (MXFP4); x 16-byte aligned. Block size: a multiple of 64 up to 256.
 #include "hip_compat.h"
 #include "qmatvec_formats.h"  // XSlice and the weight formats (Q4_K .. Q4_0)
+#include "mxfp4_q8_format.h"  // MXFP4, as moe_experts.hip reads it (any dense tensor of the type too)
 
 namespace {
 namespace q8 {
@@ -139,3 +141,4 @@ RF_QMATVEC_ENTRY(qmatvec_q5_k, q8::Q5_KFormat)
 RF_QMATVEC_ENTRY(qmatvec_q6_k, q8::Q6_KFormat)
 RF_QMATVEC_ENTRY(qmatvec_q8_0, q8::Q8_0Format)
 RF_QMATVEC_ENTRY(qmatvec_q4_0, q8::Q4_0Format)
+RF_QMATVEC_ENTRY(qmatvec_mxfp4, q8::MXFP4Format)

@@ -21,7 +21,7 @@ import pytest
 from hipcore.ops import fused_matmul, kernel_choice, matmul_mma
 
 GOLDEN = Path(__file__).parent / "golden" / "kernel_choices.json"
-TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
 ARCHS = ("sm_90", "sm_80", "sm_75", "gfx942", "gfx1100", "gfx1201", "gfx1030")
 TOKENS = (1, 2, 4, 5, 6, 7, 8, 9, 16, 32, 64, 128, 512)
 # (rows, cols) of a product, and the gate/up rows of the feed-forward over the same columns: the demo model's

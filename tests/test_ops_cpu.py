@@ -9,7 +9,8 @@ import pytest
 
 from support.gguf_quantize import max_abs_error, quantize
 from hipcore.model.weights import GPU_MATRIX_TYPES
-from hipcore.ops import add, add_bias, argmax, kernel_choice, matmul, matvec, rmsnorm, rope, silu_mul, weight_formats
+from hipcore.ops import (add, add_bias, argmax, kernel_choice, matmul, matmul_mma, matvec, qmatvec, rmsnorm, rope,
+                         silu_mul, weight_formats)
 from hipcore.ops.weight_formats import column_multiple
 from support.weight_samples import random_weights
 
@@ -158,16 +159,22 @@ def test_project_takes_matvec_for_few_tokens_and_matmul_beyond(cpu_device, monke
     calls = []
     monkeypatch.setattr(matvec, "launch", lambda *a, **k: calls.append(("matvec", a[7])))
     monkeypatch.setattr(matmul, "launch", lambda *a, **k: calls.append(("matmul", a[7])))
-    for n in (1, matmul.MATVEC_MAX_TOKENS, matmul.MATVEC_MAX_TOKENS + 1, 512):
-        kernel_choice.project(cpu_device, None, 0, 0, 0, 4, 32, n, weight_type="q4_1")
+    monkeypatch.setattr(qmatvec, "launch", lambda *a, **k: calls.append(("qmatvec", a[7])))
+    for weight_type in ("q4_1", "mxfp4"):  # MXFP4's few tokens on qmatvec: matvec has no entry for it
+        for n in (1, matmul.MATVEC_MAX_TOKENS, matmul.MATVEC_MAX_TOKENS + 1, 512):
+            kernel_choice.project(cpu_device, None, 0, 0, 0, 4, 32, n, weight_type=weight_type)
     limit = matmul.MATVEC_MAX_TOKENS
-    assert calls == [("matvec", 1), ("matvec", limit), ("matmul", limit + 1), ("matmul", 512)]
+    assert calls == [("matvec", 1), ("matvec", limit), ("matmul", limit + 1), ("matmul", 512),
+                     ("qmatvec", 1), ("qmatvec", limit), ("matmul", limit + 1), ("matmul", 512)]
 
 
 def test_gpu_matrix_types_are_the_kernels_formats():
     """The weights loader keeps a matrix in its GGUF format on a GPU exactly when both product kernels
-    read it (else it converts it to F16 at load)."""
-    assert GPU_MATRIX_TYPES == frozenset(matvec.WEIGHT_TYPES) & frozenset(matmul.WEIGHT_TYPES)
+    read it, the few tokens' (matvec, or qmatvec for QMATVEC_SINGLE_TYPES) and matmul (else it converts it to F16 at
+    load)."""
+    few = frozenset(matvec.WEIGHT_TYPES) | frozenset(kernel_choice.QMATVEC_SINGLE_TYPES) & frozenset(qmatvec.WEIGHT_TYPES)
+    assert GPU_MATRIX_TYPES == few & frozenset(matmul.WEIGHT_TYPES)
+    assert "mxfp4" in GPU_MATRIX_TYPES and "mxfp4" in matmul_mma.WEIGHT_TYPES
     assert {"f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k"} <= GPU_MATRIX_TYPES  # issue 6's minimum
 
 

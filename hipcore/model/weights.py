@@ -20,7 +20,8 @@ BF16 matrices are narrowed to f16 on the matrix cores (kernels/matmul_mma_format
 65,504, an overflow beyond it. On a device with matrix cores, a BF16 matrix holding any larger value (or an inf or
 NaN) is stored as F32 instead, which no path narrows (said in ModelWeights.converted; the memory plan counted it at
 its file size, so the load takes twice that for it). LLM weights are far inside f16's range: in practice every BF16
-matrix stays BF16.
+matrix stays BF16. A dense MXFP4 matrix likewise: its largest weight is 12 * 2^(e - 128) for a block's scale byte e, so
+one of e > MXFP4_F16_MAX_SCALE is stored as F32 (the 3-D expert tensors keep MXFP4: their products stay in int8).
 
 qwen2's, phi3's and gemma2's NEOX RoPE rotates pairs (i, i + rope_dim / 2) of each head; the fused attention-input
 kernels rotate adjacent pairs (2i, 2i + 1) (NORM). For the architectures in NEOX_AS_NORM, the rows of attn_q and attn_k (and
@@ -52,8 +53,10 @@ from hipcore.model.neox_rows import neox_pair_order, paired_fused_qkv, paired_ro
 from hipcore.ops import matmul_mma, moe_experts
 from hipcore.runtime.device import Buffer, Device
 
-# Matrix formats with GPU matvec/matmul kernels (lower-case = the kernels' variant suffix).
-GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
+# Matrix formats with GPU product kernels (lower-case = the kernels' variant suffix; MXFP4's few-token products take
+# qmatvec, its others matmul / matmul_mma: hipcore/ops/kernel_choice.py single_product_op).
+GPU_MATRIX_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+                              "mxfp4"})
 # Embedding-table formats with a GPU lookup kernel (hipcore/ops/embedding.py).
 GPU_TABLE_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 
@@ -127,6 +130,18 @@ def storage_format(device: Device, type_name: str, *, is_table: bool, is_vector:
 # The largest bfloat16 magnitude f16 holds (0x477F: 65,280; the next, 65,536, is past f16's 65,504), as its low 15 bits.
 BF16_F16_MAX_BITS = 0x477F
 _RANGE_CHUNK = 1 << 24  # elements a pass of bf16_fits_f16 takes (32 MiB of uint16 temporaries)
+
+
+# The largest MXFP4 scale byte whose weights f16 holds: 12 * 2^(140 - 128) = 49,152; at 141, 98,304 is past 65,504.
+MXFP4_F16_MAX_SCALE = 140
+MXFP4_BLOCK_BYTES = 17
+
+
+def mxfp4_fits_f16(raw: np.ndarray) -> bool:
+    """Whether every weight of an MXFP4 tensor's bytes has a magnitude f16 holds (each block's scale byte, its first,
+    at most MXFP4_F16_MAX_SCALE)."""
+    scales = np.asarray(raw).reshape(-1, MXFP4_BLOCK_BYTES)[:, 0]
+    return int(scales.max(initial=0)) <= MXFP4_F16_MAX_SCALE
 
 
 def bf16_fits_f16(raw: np.ndarray) -> bool:
@@ -266,12 +281,13 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
     formats: dict[str, str] = {}
 
     def stored_format(name: str, table: bool, vec: bool) -> str:
-        """storage_format's, except a BF16 matrix beyond f16's range: F32 (see the module's docstring)."""
+        """storage_format's, except a BF16 or dense MXFP4 matrix beyond f16's range: F32 (the module's docstring)."""
         if name not in formats:
-            fmt = storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec,
-                                 is_experts=name.endswith("_exps.weight"))
-            narrowed = fmt == "bf16" and matmul_mma.has_matrix_cores(device.arch)  # (no pass over it elsewhere)
-            formats[name] = "f32" if narrowed and not bf16_fits_f16(gguf.raw(name)) else fmt
+            experts = name.endswith("_exps.weight")
+            fmt = storage_format(device, plan.tensor(name).type_name, is_table=table, is_vector=vec, is_experts=experts)
+            fits = {"bf16": bf16_fits_f16, "mxfp4": mxfp4_fits_f16}.get(fmt)
+            narrowed = fits is not None and not experts and matmul_mma.has_matrix_cores(device.arch)  # (nowhere else)
+            formats[name] = "f32" if narrowed and not fits(gguf.raw(name)) else fmt
         return formats[name]
 
     paired = pairs_neox_rows(config)
@@ -291,7 +307,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
             return gguf.raw(name)
         values = gguf.dequantize(name)
         if device.backend != "cpu" and not vec:
-            why = "values beyond f16's range" if info.type_name == "BF16" else "no kernel reads this type yet"
+            wide = info.type_name in ("BF16", "MXFP4")
+            why = "values beyond f16's range" if wide else "no kernel reads this type yet"
             converted.append(f"{name} ({info.type_name} -> {fmt.upper()}: {why})")
         return values.astype(np.float32 if fmt == "f32" else np.float16)
 

@@ -48,8 +48,9 @@ OP = "fused_qmatvec"
 # qmatvec's types (the `_1` and `_n` entries), and, at one token only, the 32-element blocks with a min or a fifth
 # bit (kernels/qmatvec_formats.h: Q4_1Format, Q5_0Format, Q5_1Format), which only these fused products read on int8
 # activations: the `_1b` entries, whose type switch holds those with Q8_0 and Q4_0 (BLOCK32_TYPES; one switch of
-# all eight types slowed the K-quant entries: kernels/fused_qmatvec_tiles.h, TypeSet).
-KQUANT_TYPES = qmatvec.WEIGHT_TYPES
+# all eight types slowed the K-quant entries: kernels/fused_qmatvec_tiles.h, TypeSet). Not qmatvec's MXFP4: no fused
+# entry reads it (its products take the single ops: kernel_choice.single_product_op).
+KQUANT_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0")
 BLOCK32_TYPES = ("q4_1", "q5_0", "q5_1", "q8_0", "q4_0")
 WEIGHT_TYPES = KQUANT_TYPES + ("q4_1", "q5_0", "q5_1")
 WEIGHT_ALIGNMENT = {**qmatvec.WEIGHT_ALIGNMENT, "q4_1": 4, "q5_0": 2, "q5_1": 4}

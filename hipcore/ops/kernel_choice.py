@@ -13,7 +13,7 @@ hipcore/model/projections.py builds a layer's launches from these answers, in th
      activation in one launch (silu_up_fits in 128-token tiles, else swiglu_fits), products reading f16 x
      (takes_f16_x); else one product each (project, single_product_op): matmul_mma on the matrix cores from
      matmul_mma.min_tokens tokens where the device has them, else matmul beyond matmul.MATVEC_MAX_TOKENS tokens,
-     else matvec.
+     else matvec (qmatvec for MXFP4: QMATVEC_SINGLE_TYPES).
 Inside a matrix-core product the launcher picks its entry from the tile, split and architecture
 (matmul_mma.entry_name: the fragment path's direct or staged entry on NVIDIA sm_80+, else the shared tiles);
 tests/test_kernel_choice.py pins every choice against tests/golden/kernel_choices.json.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hipcore.ops import (fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul, matmul_mma, matmul_mma_qkv,
-                         matmul_mma_swiglu, matvec)
+                         matmul_mma_swiglu, matvec, qmatvec)
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
@@ -88,6 +88,11 @@ QMATVEC_FIRST_MIN_COLS = 4096
 # model's narrow ones keep the fused families, measured ahead of llama.cpp there. Not on AMD: no AMD GPU has measured
 # the two side by side.
 MMA_FIRST_MIN_COLS = QMATVEC_FIRST_MIN_COLS
+
+# Types whose few-token single products take qmatvec (int8 activations, dp4a) where the others take matvec, which has
+# no entry for them: MXFP4, whose codes are integers (the doubled e2m1 values) and so decode for dp4a in two byte
+# permutes (kernels/mxfp4_q8_format.h, the expert products' reading), as llama.cpp's MMVQ path reads them too.
+QMATVEC_SINGLE_TYPES = ("mxfp4",)
 
 
 def separate_fusable(n_tokens: int, *weights, max_tokens: int | None = None) -> bool:
@@ -165,10 +170,13 @@ def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED
 def single_product_op(device: Device, n_tokens: int, weight_type: str):
     """The op module that computes a product alone (no fused norm, activation or residual): matmul_mma where the
     matrix cores take it (matmul_mma.takes_matrix_cores), else matmul beyond matmul.MATVEC_MAX_TOKENS tokens (W
-    decoded once per tile of tokens), else matvec (a pass over W per 8 tokens, as fast as W can be read)."""
+    decoded once per tile of tokens), else matvec (a pass over W per 8 tokens, as fast as W can be read), or qmatvec
+    for QMATVEC_SINGLE_TYPES."""
     if matmul_mma.takes_matrix_cores(device, n_tokens, weight_type):
         return matmul_mma
-    return matmul if n_tokens > matmul.MATVEC_MAX_TOKENS else matvec
+    if n_tokens > matmul.MATVEC_MAX_TOKENS:
+        return matmul
+    return qmatvec if weight_type in QMATVEC_SINGLE_TYPES else matvec
 
 
 def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,

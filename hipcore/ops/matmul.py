@@ -31,7 +31,10 @@ from hipcore.runtime.kernels import get_kernel
 
 OP = "matmul"
 SIGNATURE = "pppiiii"
-WEIGHT_TYPES = matvec.WEIGHT_TYPES
+# matvec's and MXFP4 (whose few-token products take qmatvec: kernel_choice.single_product_op).
+WEIGHT_TYPES = matvec.WEIGHT_TYPES + ("mxfp4",)
+# The widest aligned load the kernel makes of W (MXFP4: none, its blocks read as the aligned words around them).
+WEIGHT_ALIGNMENT = {**matvec.WEIGHT_ALIGNMENT, "mxfp4": 1}
 THREADS = 256  # the kernel's thread layout is written for exactly this
 TILE_ROWS = 64
 TILE_TOKENS = (16, 32, 64)
@@ -112,7 +115,7 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
            weight_type: str, tile_tokens: int | None = None) -> None:
     """y[n_tokens, rows] = x[n_tokens, cols] @ W[rows, cols]^T for W of `weight_type` (one of WEIGHT_TYPES).
     tile_tokens overrides the launcher's choice of tile (16, 32 or 64 tokens): for measurements."""
-    matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens")
+    matvec.check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, n_tokens, "n_tokens", WEIGHT_ALIGNMENT)
     grid, block, tile = geometry(rows, n_tokens, tile_tokens)
     if tile_count(rows, n_tokens, tile) > INT32_MAX:  # the kernel counts tiles in int32
         raise ValueError(f"matmul_{weight_type}: {rows} rows x {n_tokens} tokens is more tiles than the kernel counts")

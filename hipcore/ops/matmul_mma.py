@@ -39,7 +39,7 @@ from hipcore.runtime.kernels import get_kernel
 
 OP = "matmul_mma"
 SIGNATURE = "ppppiiiiii"
-WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "bf16")
+WEIGHT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "bf16", "mxfp4")
 THREADS = 256  # the kernel's warp tiling is written for exactly this
 TILE_ROWS = 128
 TILE_TOKENS = (32, 64)
@@ -47,8 +47,9 @@ MAX_GRID = 1 << 20
 STEP_COLS = 32  # Narrow's kStepCols: a split is a range of whole steps
 WIDE_STEP_COLS = 64  # Wide's and Wide6's: the K-quants read 64 columns of a super-block per step
 WIDE_TYPES = ("q4_k", "q5_k", "q6_k")
-# Wide reads 16-byte words of Q4_K / Q5_K super-blocks (144 and 176 bytes: multiples of 16).
-WEIGHT_ALIGNMENT = {**matvec.WEIGHT_ALIGNMENT, "q4_k": 16, "q5_k": 16}
+# Wide reads 16-byte words of Q4_K / Q5_K super-blocks (144 and 176 bytes: multiples of 16); MXFP4's 17-byte blocks
+# are read as the aligned words around them (matmul.WEIGHT_ALIGNMENT).
+WEIGHT_ALIGNMENT = {**matmul.WEIGHT_ALIGNMENT, "q4_k": 16, "q5_k": 16}
 # Workgroups resident at once on an H100/H200: 132 SMs x 2 (256 threads of at most 128 registers).
 BUSY_ITEMS = 264
 MIN_SPLIT_STEPS = 4  # a shorter split spends more on its partial tile than on its products

@@ -29,9 +29,10 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "qmatvec"
 SIGNATURE = "pppiii"
-WEIGHT_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0")
-# The widest aligned load the kernel makes of W: 16-byte blocks for Q4_K / Q5_K, 2-byte words otherwise.
-WEIGHT_ALIGNMENT = {"q4_k": 16, "q5_k": 16, "q6_k": 2, "q8_0": 2, "q4_0": 2}
+WEIGHT_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "mxfp4")
+# The widest aligned load the kernel makes of W: 16-byte blocks for Q4_K / Q5_K, 2-byte words, or none (MXFP4: its
+# 17-byte blocks read as the aligned words around them).
+WEIGHT_ALIGNMENT = {"q4_k": 16, "q5_k": 16, "q6_k": 2, "q8_0": 2, "q4_0": 2, "mxfp4": 1}
 BIG_MATRIX_ROW_GROUPS = 4096
 SLICE = 32
 U32 = 2.0**-24

@@ -395,7 +395,7 @@ int main(int argc, char** argv) {
         {"matvec_q4_k", matvec_q4_k}, {"matvec_q5_k", matvec_q5_k}, {"matvec_q6_k", matvec_q6_k},
         {"matvec_f16", matvec_f16},   {"matvec_bf16", matvec_bf16}, {"matvec_f32", matvec_f32},
         {"qmatvec_q4_k", qmatvec_q4_k}, {"qmatvec_q5_k", qmatvec_q5_k}, {"qmatvec_q6_k", qmatvec_q6_k},
-        {"qmatvec_q8_0", qmatvec_q8_0}, {"qmatvec_q4_0", qmatvec_q4_0}};
+        {"qmatvec_q8_0", qmatvec_q8_0}, {"qmatvec_q4_0", qmatvec_q4_0}, {"qmatvec_mxfp4", qmatvec_mxfp4}};
     if (!kernels.count(entry)) return 2;
     const Matvec kernel = kernels.at(entry);
     emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), rows, cols, batch); });
@@ -409,7 +409,8 @@ int main(int argc, char** argv) {
         {"matmul_q4_0", matmul_q4_0}, {"matmul_q4_1", matmul_q4_1}, {"matmul_q8_0", matmul_q8_0},
         {"matmul_q5_0", matmul_q5_0}, {"matmul_q5_1", matmul_q5_1},
         {"matmul_q4_k", matmul_q4_k}, {"matmul_q5_k", matmul_q5_k}, {"matmul_q6_k", matmul_q6_k},
-        {"matmul_f16", matmul_f16},   {"matmul_bf16", matmul_bf16}, {"matmul_f32", matmul_f32}};
+        {"matmul_f16", matmul_f16},   {"matmul_bf16", matmul_bf16}, {"matmul_f32", matmul_f32},
+        {"matmul_mxfp4", matmul_mxfp4}};
     if (!kernels.count(entry)) return 2;
     const Matmul kernel = kernels.at(entry);
     emu_launch(grid, block, [&] { kernel(y.data(), w.data(), (const float*)x.data(), rows, cols, tokens, tile); });

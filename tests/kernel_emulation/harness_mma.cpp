@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, Matmul> kernels = {
       {"matmul_mma_q4_0", matmul_mma_q4_0}, {"matmul_mma_q4_1", matmul_mma_q4_1}, {"matmul_mma_q8_0", matmul_mma_q8_0},
       {"matmul_mma_q5_0", matmul_mma_q5_0}, {"matmul_mma_q5_1", matmul_mma_q5_1}, {"matmul_mma_f16", matmul_mma_f16},
-      {"matmul_mma_bf16", matmul_mma_bf16},
+      {"matmul_mma_bf16", matmul_mma_bf16}, {"matmul_mma_mxfp4", matmul_mma_mxfp4},
       {"matmul_mma_q4_k", matmul_mma_q4_k}, {"matmul_mma_q5_k", matmul_mma_q5_k}, {"matmul_mma_q6_k", matmul_mma_q6_k},
 #if RF_MMA_KIND == 1  // NVIDIA's fragment path of decode batches
       {"matmul_mma_fragments_q4_k", matmul_mma_fragments_q4_k}, {"matmul_mma_fragments_q5_k", matmul_mma_fragments_q5_k},

@@ -30,8 +30,9 @@ EXPECTED_KERNELS = {
                       for tokens in ("1", "n", "1b")] + ["qmatvec_norm_swiglu_split_1"],
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
     "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q5_0", "matmul_q5_1",
-               "matmul_q4_k", "matmul_q5_k", "matmul_q6_k", "matmul_q8_0"],
-    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0", "f16", "bf16")]
+               "matmul_q4_k", "matmul_q5_k", "matmul_q6_k", "matmul_q8_0", "matmul_mxfp4"],
+    "matmul_mma": [f"matmul_mma_{t}" for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q8_0", "f16", "bf16",
+                                               "mxfp4")]
                   + [f"matmul_mma_x16_{t}" for t in ("q4_k", "q5_k", "q6_k")]
                   + [f"matmul_mma_swiglu_{t}" for t in ("q4_k", "q5_k")],
     "moe_experts": [f"moe_{projection}_{t}" for projection in ("gate_up", "down", "gate_up_grouped", "down_grouped")
@@ -42,7 +43,7 @@ EXPECTED_KERNELS = {
     "paged_attention": [f"paged_attention_{kv}{cap}{sinks}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")
                         for sinks in ("", "_sinks")],
     "prompt_attention": list(prompt_attention.KERNEL_NAMES),
-    "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0"],
+    "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0", "qmatvec_mxfp4"],
     "rmsnorm": ["rmsnorm_add_f32", "rmsnorm_f32", "rmsnorm_f32_f16"],
     "rope": ["rope_f32", "rope_neox_f32"],
     "sample": ["sample_f32"],
