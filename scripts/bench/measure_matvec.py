@@ -8,6 +8,8 @@ Run from the repository root on a GPU machine (the project need not be installed
     python3 scripts/bench/measure_matvec.py --json     # the same figures as JSON
     python3 scripts/bench/measure_matvec.py --shapes llama8b --batch 1,2,4,8   # every K-quant and Q8_0 / Q4_0
         type on the 8B shapes (4096x4096, 1024x4096, 14336x4096, 4096x14336), matvec beside qmatvec
+    python3 scripts/bench/measure_matvec.py --shapes llama8b --types mxfp4,q4_0,f16 --batch 1,4,8   # a dense MXFP4
+        matrix on qmatvec beside Q4_0's, and matvec on the F16 it was converted to before it had kernels
 
 How it measures:
 - copy bandwidth: cuMemcpyDtoD / hipMemcpyDtoD of a 1 GiB buffer, timed with events over several
@@ -48,7 +50,7 @@ CASES = [("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576)]
 LLAMA8B_SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)]
 LLAMA8B_TYPES = ("q4_k", "q6_k", "q5_k", "q8_0", "q4_0")
 # Byte offsets and sizes of the f16 scales that must be finite and small (d, and m / dmin) per format.
-SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q8_0": (0,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+SCALE_OFFSETS = {"q4_0": (0,), "q4_1": (0, 2), "q8_0": (0,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "mxfp4": ()}
 SCALE_SIZE = {"q4_0": 0.02, "q4_1": 0.02, "q8_0": 0.02, "q4_k": 0.002, "q5_k": 0.002, "q6_k": 0.0005}
 CHECKED_ROWS = 512  # rows of each matrix checked against the numpy reference (all of a small one)
 COPY_BYTES = 1 << 30
@@ -87,8 +89,13 @@ def copy_bandwidth(dev, stream, repeats: int) -> float:
 
 
 def random_weights(rng: np.random.Generator, weight_type: str, rows: int, cols: int) -> np.ndarray:
-    """Raw blocks [rows, row_bytes]: random codes and sub-block scales with finite, small f16 scales."""
+    """Raw blocks [rows, row_bytes]: random codes and sub-block scales with finite, small f16 scales (MXFP4: E8M0
+    scale bytes for 2^-10 .. 2^-4; F16: normal values of 0.02)."""
+    if weight_type == "f16":
+        return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16).view(np.uint8)
     blocks = rng.integers(0, 256, (rows, cols // BLOCK_ELEMENTS[weight_type], BLOCK_BYTES[weight_type]), dtype=np.uint8)
+    if weight_type == "mxfp4":
+        blocks[..., 0] = rng.integers(118, 125, blocks.shape[:2], dtype=np.uint8)
     for offset in SCALE_OFFSETS[weight_type]:
         scale = (rng.standard_normal((rows, blocks.shape[1], 1)) * SCALE_SIZE[weight_type]).astype(np.float16)
         blocks[..., offset:offset + 2] = scale.view(np.uint8)
@@ -186,7 +193,8 @@ def cases(shapes: str, batches: list[int], types: tuple[str, ...]) -> list[tuple
     """(op, weight type, rows, cols, batch) of each measurement."""
     if shapes == "demo":
         return [(matvec, t, r, c, b) for b in batches for (t, r, c) in CASES]
-    return [(op, t, r, c, b) for t in types for (r, c) in LLAMA8B_SHAPES for b in batches for op in (matvec, qmatvec)]
+    return [(op, t, r, c, b) for t in types for (r, c) in LLAMA8B_SHAPES for b in batches for op in (matvec, qmatvec)
+            if t in op.WEIGHT_TYPES]  # MXFP4: qmatvec alone; F16: matvec alone
 
 
 def gpu_or_exit(device_spec: str):
