@@ -2,15 +2,18 @@
 on the matrix cores) and matmul_mxfp4 (prompts without them), each against its op's float64 reference and bound, on
 fresh random inputs (the seed is printed on failure) with poisoned outputs; gpt-oss-20b's shapes (hidden 2880, q 4096
 = 64 heads of 64, k and v 512) and small odd ones; W starting at every byte offset mod 4, as the rows of a q|k|v
-buffer of 17-byte blocks do; and kernel_choice.project, the model's single product, at every token count it splits
-on."""
+buffer of 17-byte blocks do; kernel_choice.project, the model's single product, at every token count it splits on;
+and a tiny model whose every matrix is MXFP4 against the cpu backend, teacher-forced."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.ops import kernel_choice, matmul, matmul_mma, qmatvec
+from support.gguf_factory import write_tiny_llama
+from support.model_steps import step_batch
 from support.weight_samples import random_weights
 
 pytestmark = pytest.mark.gpu
@@ -18,6 +21,9 @@ pytestmark = pytest.mark.gpu
 # (rows, cols): gpt-oss-20b's q, k|v and o products, its head's width, small odd ones (one block, three)
 SHAPES = [(4096, 2880), (512, 2880), (2880, 4096), (7, 32), (33, 96)]
 OPS = {"qmatvec": qmatvec, "matmul": matmul, "matmul_mma": matmul_mma}
+# The model's few-token products quantize x to int8 per 32 values, which the cpu backend's do not: the bound
+# tests/gpu/test_families_gpu.py takes for the quantized types (derived in tests/gpu/test_fused_qmatvec_gpu.py).
+MAX_RELATIVE_QUANT_LOGIT_DIFF = 4e-2
 
 
 def check(got, want, bound, what, seed):
@@ -85,3 +91,24 @@ def test_the_models_single_product_takes_mxfp4(gpu, mem, rng, seed, tokens):
     op = kernel_choice.single_product_op(gpu, tokens, "mxfp4")
     check(y.download(np.float32).reshape(tokens, rows), op.reference(raw, "mxfp4", x, rows, cols),
           op.error_bound(raw, "mxfp4", x, rows, cols), f"project via {op.__name__} tokens {tokens}", seed)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+def test_a_model_of_mxfp4_matrices_matches_the_cpu_backend(gpu, tmp_path, architecture):
+    """Every matrix MXFP4 (the embedding table converted to F16 on the GPU); a 40-token prompt (the prompt products),
+    then 12 decode steps teacher-forced on the cpu's greedy tokens (qmatvec), the top-10 logits compared."""
+    path = write_tiny_llama(tmp_path / "m.gguf", architecture=architecture, tensor_type="MXFP4", n_layers=2, hidden=256,
+                            n_heads=4, n_kv_heads=2, ffn=512, vocab=384, tied=False, logit_scale=6.0, seed=7)
+    opts = dict(max_seqs=8, ctx_size=256, kv_dtype="f16", max_step_tokens=64)
+    prompt = [int(t) for t in np.random.default_rng(9).integers(0, 384, 40)]
+    with load_model(str(path), LoadOptions(device="cpu", **opts)) as on_cpu, \
+            load_model(str(path), LoadOptions(**opts), device=gpu) as on_gpu:
+        assert on_gpu.weights.layers[0].attn_q.fmt == "mxfp4" and on_gpu.weights.output.fmt == "mxfp4"
+        tokens = list(prompt)
+        for step in range(13):
+            items = [(77, tokens if step == 0 else tokens[-1:], 0 if step == 0 else len(tokens) - 1)]
+            g, c = (m.runner.execute(step_batch(m.cache, items))[0].astype(np.float64) for m in (on_gpu, on_cpu))
+            top = np.argsort(c)[-10:]
+            rel = float(np.max(np.abs(g[top] - c[top])) / np.max(np.abs(c)))
+            assert rel <= MAX_RELATIVE_QUANT_LOGIT_DIFF, f"step {step}: top-10 logits differ by {rel:.3e} of the largest"
+            tokens.append(int(np.argmax(c)))
