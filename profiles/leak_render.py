@@ -4,21 +4,25 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from hipcore.runtime.ledger import format_bytes
+from profiles.breakable_text import BreakableText, ShellCommandText, TableNote
 from profiles.leak_report import LEAK, MIN_HOST_SPAN, NOT_JUDGED, LeakReport
 from profiles.sparkline import sparkline
 
 ITEMS_SHOWN = 20
-FIRST_COLUMN_WORD = 12  # the longest word kept whole in a first column ("activations"); longer ones fold
+LAYER_NAME = r"(?<= )|(?<=\+)"  # 'host (RssAnon+VmSwap)' may take three lines, none of them part of a word
+FIRST_COLUMN_WORD = 13  # the longest word kept whole in a first column ("(tracemalloc)"); longer ones fold
 
 
 def _table(title: str, columns: list[str], text_columns: tuple[str, ...] = ()) -> Table:
     # Light rules and no outer padding: the room goes to the figures (80 columns hold every table).
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-              collapse_padding=True)
+    # Two spaces between columns (the rule's and one of padding), none at the edges.
+    t = Table(title=TableNote(title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+              padding=(0, 0, 0, 1))
     for i, name in enumerate(columns):
         t.add_column(name, justify="left" if i == 0 or name in text_columns else "right", overflow="fold")
     return t
@@ -55,7 +59,8 @@ def layers_table(report: LeakReport) -> Table:
         count = "-" if row["count"] is None else f"{row['count']:,} {unit}"
         per = "-" if row["per_request"] is None else _b(round(row["per_request"]))
         # Compact figures keep the table within 80 columns; --json and the findings give exact bytes.
-        t.add_row(row["layer"], _b(row["bytes"]), count, per, _b(row["baseline"]), _b(row["peak"]), _b(row["final"]))
+        t.add_row(BreakableText(row["layer"], LAYER_NAME), _b(row["bytes"]), count, per, _b(row["baseline"]),
+                  _b(row["peak"]), _b(row["final"]))
     return t
 
 
@@ -163,7 +168,29 @@ def curves_text(report: LeakReport) -> Text | None:
     return lines if lines.plain else None
 
 
-def keep_figures_whole(table: Table) -> Table:
+class FiguresFirst:
+    """A table whose figure columns keep their width on a narrow terminal: the text columns wrap instead. (Rich
+    shrinks every column alike when a table is too wide, then widens each back to its minimum, past the edge.)"""
+
+    def __init__(self, table: Table):
+        self.table = table
+
+    def __rich_measure__(self, console, options) -> Measurement:
+        return Measurement.get(console, options, self.table)
+
+    def __rich_console__(self, console, options):
+        figures = [c for c in self.table.columns if c.justify == "right"]
+        narrow = self.table.__rich_measure__(console, options).maximum > options.max_width
+        for column in figures if narrow else ():
+            column.width = column.min_width
+        try:
+            yield self.table
+        finally:
+            for column in figures if narrow else ():
+                column.width = None
+
+
+def keep_figures_whole(table: Table) -> FiguresFirst:
     """Give each figure column (right-aligned) the width of its widest cell, so that a narrow
     terminal wraps the text columns and never breaks a number from its unit or itself; the first
     column is at least its longest word wide, so names wrap between words only."""
@@ -175,7 +202,7 @@ def keep_figures_whole(table: Table) -> Table:
             cells = [Text.from_markup(c).cell_len if isinstance(c, str) else c.cell_len for c in column._cells]
             words = [len(w) for w in str(column.header).split()]  # a header wraps between its words only
             column.min_width = max(cells + words, default=0)
-    return table
+    return FiguresFirst(table)
 
 
 def findings_table(report: LeakReport) -> Table | None:
@@ -184,7 +211,7 @@ def findings_table(report: LeakReport) -> Table | None:
     t = _table("Findings", ["layer", "severity", "what"], text_columns=("severity", "what"))
     for f in report.findings:
         style = "red" if f.severity == LEAK else "bold yellow" if f.severity == NOT_JUDGED else "yellow"
-        t.add_row(f.layer, Text(f.severity, style=style), f.message)
+        t.add_row(f.layer, Text(f.severity, style=style), BreakableText(f.message))
     return t
 
 
@@ -200,7 +227,7 @@ def render(report: LeakReport) -> Group:
         for line in report.host.tracemalloc_top:
             t.add_row(line["where"], f"{line['bytes']:,}", f"{line['allocations']:,}")
         parts.append(t)
-    parts.append(Text(f"{report.device}; {report.requests.get('total', 0):,} requests in {report.wall_seconds:.1f} s "
+    parts.append(BreakableText(f"{report.device}; {report.requests.get('total', 0):,} requests in {report.wall_seconds:.1f} s "
                       f"(model load {report.load_seconds:.1f} s)"))
-    parts.append(Text(f"reproduce: {report.command}", style="dim"))
+    parts.append(ShellCommandText("reproduce: ", report.command, style="dim"))
     return Group(*parts)

@@ -8,13 +8,13 @@ terminal never hides a digit. JSON output (`to_dict()` of each result) carries e
 from __future__ import annotations
 
 import re
-import textwrap
 
 from rich import box
 from rich.table import Table
 
 from hipcore.kvcache import MemoryProfile
 from hipcore.runtime.ledger import format_bytes
+from profiles.breakable_text import BETWEEN_WORDS, FIGURE_PAIR, PATH, BreakableText, TableNote
 from profiles.kv_capacity import CapacityTable, KvPlan, bytes_per_token
 from profiles.kv_workloads import WorkloadReport, WorkloadResult
 from profiles.presets import ModelShape
@@ -35,11 +35,19 @@ class _WholeNumbersTable(Table):
     columns wrap too)."""
 
     def add_row(self, *cells, **kwargs) -> None:
+        cells = [BreakableText(cell, FIGURE_PAIR if column.justify == "right" else BETWEEN_WORDS)
+                 if isinstance(cell, str) else cell for column, cell in zip(self.columns, cells)]
         super().add_row(*cells, **kwargs)
         for column, cell in zip(self.columns, cells):
-            if isinstance(cell, str) and column.justify == "right":
-                parts = re.split(r"(?<= /) | (?=\()", cell)
+            if isinstance(cell, BreakableText) and column.justify == "right":
+                parts = re.split(r"(?<= /) | (?=\()", cell.text)
                 column.min_width = max(column.min_width or 0, *(len(part) for part in parts))
+
+    def __rich_console__(self, console, options):
+        # a caption, as the title, wraps between words and never between a number and its unit
+        if isinstance(self.caption, str):
+            self.caption = TableNote(self.caption, style="table.caption")
+        yield from super().__rich_console__(console, options)
 
 
 def _table(title: str, columns: list[str], *, header: bool = True, text_columns: tuple[str, ...] = (),
@@ -47,7 +55,7 @@ def _table(title: str, columns: list[str], *, header: bool = True, text_columns:
     """Columns named in text_columns (and the first) are left-aligned; the rest are numbers."""
     # Lines under the header only, no column borders: the 9 characters they take let a table of 8 number
     # columns keep every number whole at 80 columns.
-    t = _WholeNumbersTable(title=title, title_justify="left", show_header=header, box=box.SIMPLE_HEAD,
+    t = _WholeNumbersTable(title=TableNote(title), title_justify="left", show_header=header, box=box.SIMPLE_HEAD,
                            show_edge=False, collapse_padding=True)
     for i, name in enumerate(columns):
         left = i == 0 or name in text_columns
@@ -59,7 +67,7 @@ def _table(title: str, columns: list[str], *, header: bool = True, text_columns:
 
 def model_table(shape: ModelShape) -> Table:
     t = _table(f"Model: {shape.name}", ["field", "value"], header=False, text_columns=("value",))
-    t.add_row("source", shape.source)
+    t.add_row("source", BreakableText(shape.source, PATH))
     t.add_row("layers", _int(shape.n_layers))
     t.add_row("heads (query / KV)", f"{shape.n_heads} / {shape.n_kv_heads}")
     t.add_row("head dim", _int(shape.head_dim))
@@ -188,8 +196,7 @@ def workloads_header(report: WorkloadReport) -> Table:
 
 def workload_table(result: WorkloadResult) -> Table:
     """One column per snapshot of the workload, one row per MemoryProfile figure."""
-    # The title wrapped at word boundaries: rich prints a title wider than its table on one line.
-    t = _table(textwrap.fill(f"{result.name}: {result.description}", 78), ["figure"] + [s.label for s in result.snapshots],
+    t = _table(f"{result.name}: {result.description}", ["figure"] + [s.label for s in result.snapshots],
                word_a_line_headers=False)  # snapshot labels read as phrases
     profiles = [s.profile for s in result.snapshots]
 

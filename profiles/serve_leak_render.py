@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.table import Table
-from rich.text import Text
 
+from profiles.breakable_text import BreakableText, ShellCommandText
 from profiles.leak_render import _table, findings_table, keep_figures_whole, layers_table, verdict_text
 from profiles.serve_leak_report import ServeLeakReport
 
@@ -28,7 +28,7 @@ def render(report: ServeLeakReport) -> Group:
         parts.append(findings)
     parts = [keep_figures_whole(p) if isinstance(p, Table) else p for p in parts]
     if report.host_line:
-        parts.append(Text(report.host_line))
+        parts.append(BreakableText(report.host_line))
     if report.command:
-        parts.append(Text(f"reproduce: {report.command}", style="dim"))
+        parts.append(ShellCommandText("reproduce: ", report.command, style="dim"))
     return Group(*parts)

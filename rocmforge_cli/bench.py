@@ -18,7 +18,7 @@ from profiles.llama_cpp_runs import batched_bench_beside, run_llama_bench, run_l
 from profiles.decode_profile import DecodeProfile, profile_decode
 from rocmforge_cli.bench_prefix import prefix_reuse_command
 from profiles.memory_breakdown import breakdown_table, memory_breakdown
-from rocmforge_cli.common import handle_errors, stderr
+from rocmforge_cli.common import handle_errors, stderr, stdout, terminal_width
 from rocmforge_cli.options import Device, KvDtype, Model, Quiet, resolve_model
 from rocmforge_cli.threads import Threads, limit_threads, threads_note
 
@@ -67,18 +67,35 @@ def table_head(report: BenchReport) -> list[str]:
     return ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
 
 
-def table_row(report: BenchReport, r: TestResult, theirs: dict[str, tuple[float, float]]) -> str:
+MODEL_SHORTEST = 8  # a model name is cut to fit a narrow terminal, never below this
+
+
+def table_row(report: BenchReport, r: TestResult, theirs: dict[str, tuple[float, float]], width: int | None = None) -> str:
+    """One markdown row; on a terminal narrower than the row, the model's name is shortened with '…' (the foot gives
+    it whole), so that the terminal never cuts a figure across lines."""
     row = [report.model, format_bytes(report.model_bytes), _params(report.params), report.backend, report.kv_dtype,
            r.test, f"{_number(r.mean)} ± {_number(r.sd)}"]
     if theirs:
         other = theirs.get(r.test)
         row += [f"{_number(other[0])} ± {_number(other[1])}", f"{r.mean / other[0]:.2f}"] if other else ["-", "-"]
-    return "| " + " | ".join(row) + " |"
+    text = "| " + " | ".join(row) + " |"
+    if width is not None and len(text) > width and len(report.model) > MODEL_SHORTEST:
+        keep = max(MODEL_SHORTEST, len(report.model) - (len(text) - width)) - 1
+        text = text.replace(f"| {report.model} |", f"| {report.model[:keep]}… |", 1)
+    return text
 
 
-def table_foot(report: BenchReport) -> list[str]:
-    lines = ["", f"device: {report.device}", f"quant: {report.quant}; graphs: {'on' if report.graphs else 'off'}; "
-             f"commit: {report.commit}; date: {report.date}"]
+def table_foot(report: BenchReport, width: int | None = None) -> list[str]:
+    lines = [""]
+    if width is not None and any(len(table_row(report, r, report.llama_cpp_figures())) > width for r in report.results):
+        lines.append(f"model: {report.model}")  # shortened in the rows
+    build = [f"quant: {report.quant}", f"graphs: {'on' if report.graphs else 'off'}", f"commit: {report.commit}",
+             f"date: {report.date}"]
+    if width is None or len("; ".join(build)) <= width:
+        build = ["; ".join(build)]
+    else:  # two lines on a narrow terminal, so that it cuts neither the commit nor the date
+        build = ["; ".join(build[:2]), "; ".join(build[2:])]
+    lines += [f"device: {report.device}", *build]
     return lines + [f"note: {n}" for n in report.notes]
 
 
@@ -212,13 +229,13 @@ def bench_command(
         out["memory"] = memory
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join(table_foot(report)))
+        print("\n".join(table_foot(report, terminal_width(stdout))))
         if prof is not None:
             print()
             print(profile_markdown(prof))
     sys.stdout.flush()
     if output != "json" and not quiet:
-        stderr.print(breakdown_table(memory))
+        stderr.print(breakdown_table(memory), soft_wrap=False)
     if report.interrupted:
         stderr.print("interrupted")
         raise typer.Exit(130)
@@ -252,5 +269,5 @@ def _run_tests(report: BenchReport, loaded, cfg: BenchConfig, output: str, say) 
     theirs = report.llama_cpp_figures()
     print("\n".join(table_head(report)), flush=True)
     run_bench(loaded, cfg, status=say, report=report,
-              on_result=lambda r: print(table_row(report, r, theirs), flush=True))
+              on_result=lambda r: print(table_row(report, r, theirs, terminal_width(stdout)), flush=True))
 

@@ -21,6 +21,12 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 _state = {"debug": False}
 
+
+def terminal_width(console: Console) -> int | None:
+    """The columns a reader of `console` sees: its terminal's, or COLUMNS; None for a file or a pipe, which nothing
+    wraps (a log keeps llama.cpp's lines and bench's markdown whole)."""
+    return console.width if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else None
+
 # The reader of stdout went away (`rocmforge generate ... | head -c 20`): end quietly with the status a
 # shell reports for a Unix tool ended by SIGPIPE (128 + 13), so `set -o pipefail` scripts can still tell.
 EXIT_BROKEN_PIPE = 141

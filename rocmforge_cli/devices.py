@@ -66,7 +66,7 @@ def render_inventory(inventory: DeviceInventory) -> None:
     for d in inventory.found:
         table.add_row(d.backend, str(d.index), d.name, d.arch, format_bytes(d.total_bytes), format_bytes(d.free_bytes),
                       _code_objects_cell(d, code_objects_for(d.arch)))
-    stdout.print(table)
+    stdout.print(table, soft_wrap=False)
     choice = inventory.auto_choice
     stdout.print(f"--device auto takes {choice.backend}:{choice.index}:", markup=False)
     for line in inventory.auto_reasons():

@@ -17,7 +17,7 @@ from hipcore.errors import RocmforgeError, UsageError
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
 from profiles.memory_breakdown import breakdown_table, memory_breakdown
-from rocmforge_cli.common import handle_errors, stderr
+from rocmforge_cli.common import handle_errors, stderr, terminal_width
 from rocmforge_cli.stream_text import PROMPT_COLOR, RESET_COLOR
 from rocmforge_cli.threads import Threads, limit_threads, threads_note
 from rocmforge_cli.escapes import process_escapes
@@ -51,12 +51,17 @@ def stdout_is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
-def format_timings(t: dict) -> str:
-    """llama.cpp's perf lines, so people comparing the two read the same figures."""
+def format_timings(t: dict, width: int | None = None) -> str:
+    """llama.cpp's perf lines, so people comparing the two read the same figures; a line wider than `width` goes on
+    after 'per token,' under its '(' (a terminal would cut it anywhere, a figure too)."""
     def line(label: str, ms: float, n: int, unit: str) -> str:
         per = ms / n if n else 0.0
         rate = 1000.0 * n / ms if ms > 0 else 0.0
-        return f"{label:>17} = {ms:10.2f} ms / {n:5d} {unit:<6} ({per:8.2f} ms per token, {rate:10.2f} tokens per second)"
+        head = f"{label:>17} = {ms:10.2f} ms / {n:5d} {unit:<6} ({per:8.2f} ms per token,"
+        tail = f"{rate:10.2f} tokens per second)"
+        if width is None or len(head) + 1 + len(tail) <= width:
+            return f"{head} {tail}"
+        return f"{head}\n{' ' * head.index('(')}{tail}"
 
     return "\n".join([
         f"{'load time':>17} = {t['load_ms']:10.2f} ms",
@@ -212,8 +217,8 @@ def generate(
                 "seed": params.seed, "seed_drawn": drawn_seed, "timings": timings, "memory": memory,
             }, ensure_ascii=False))
         elif not quiet:
-            stderr.print(format_timings(timings), highlight=False)
-            stderr.print(breakdown_table(memory))
+            stderr.print(format_timings(timings, terminal_width(stderr)), highlight=False)
+            stderr.print(breakdown_table(memory), soft_wrap=False)
 
 
 def report_interrupt(loaded: LoadedModel, started: float, first_at: Optional[float], prompt_tokens: int, generated: int,
@@ -235,7 +240,7 @@ def report_interrupt(loaded: LoadedModel, started: float, first_at: Optional[flo
         "eval_ms": (now - first_at) * 1e3 if first_at is not None else 0.0, "eval_runs": max(0, generated - 1),
         "generated_tokens": generated, "total_ms": (now - started) * 1e3,
     }
-    stderr.print(format_timings(timings), highlight=False)
+    stderr.print(format_timings(timings, terminal_width(stderr)), highlight=False)
 
 
 def _timings(loaded: LoadedModel, record, prompt_tokens: int, generated: int) -> dict:

@@ -16,6 +16,7 @@ from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
 from hipcore.errors import RocmforgeError, UsageError, printable
 from hipcore.gguf.file import ModelPlan, read_plan
 from hipcore.runtime.ledger import format_bytes
+from profiles.breakable_text import BETWEEN_WORDS, PATH, BreakableText
 from rocmforge_cli.common import handle_errors, stderr, stdout
 from rocmforge_cli.options import json_option, model_option
 
@@ -106,8 +107,9 @@ def render(plan: ModelPlan, list_tensors: bool) -> None:
                  + ("" if tok["supported"] else f" - NOT SUPPORTED: {tok['problem']}")))
     rows.append(("chat template", f"{tok['chat_template_chars']} characters" if tok["chat_template_chars"] else "none"))
     for field, value in rows:
-        overview.add_row(field, _cell(value))
-    stdout.print(overview)
+        # the path folds after a '/', the rest between words (the model's own text is printable() either way)
+        overview.add_row(field, BreakableText(printable(value), PATH if field == "file" else BETWEEN_WORDS))
+    stdout.print(overview, soft_wrap=False)
 
     types = Table(title=f"{len(plan.tensors)} tensors, {format_bytes(plan.total_tensor_bytes)}", title_justify="left")
     for column, justify in (("type", "left"), ("tensors", "right"), ("bytes", "right"), ("share", "right")):
@@ -115,7 +117,7 @@ def render(plan: ModelPlan, list_tensors: bool) -> None:
     for name, (count, nbytes) in plan.bytes_by_type().items():
         share = 100.0 * nbytes / plan.total_tensor_bytes if plan.total_tensor_bytes else 0.0
         types.add_row(name, str(count), format_bytes(nbytes), f"{share:.1f}%")
-    stdout.print(types)
+    stdout.print(types, soft_wrap=False)
 
     if list_tensors:
         listing = Table(title="tensors in file order", title_justify="left")
@@ -124,7 +126,7 @@ def render(plan: ModelPlan, list_tensors: bool) -> None:
             listing.add_column(column, justify=justify)  # type: ignore[arg-type]
         for t in plan.tensors:
             listing.add_row(_cell(t.name), t.type_name, " x ".join(map(str, t.shape)), str(t.offset), str(t.nbytes))
-        stdout.print(listing)
+        stdout.print(listing, soft_wrap=False)
 
 
 def _cell(value: str) -> Text:

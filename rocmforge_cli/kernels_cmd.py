@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
 from hipcore.errors import UsageError
 from hipcore.runtime.kernels import MANIFEST_NAME, op_names, prebuilt_dir, read_manifest, source_digest
+from profiles.breakable_text import TableNote
 from rocmforge_cli.common import handle_errors, stderr, stdout
 from rocmforge_cli.llama_flags import FlagCheckedCommand, FlagCheckedGroup
 
@@ -116,10 +118,12 @@ def list_command(
         stderr.print(f"no precompiled kernels in {folder}; run `rocmforge kernels build`", markup=False)
         return
     targets = sorted(objects, key=lambda t: (not t.startswith("gfx"), t))
-    table = Table(title=f"precompiled kernels in {folder} (registers per thread, most of the op's kernels)")
+    # Rules under the header only and a target's name never shortened: 'gfx1…' could be any of three.
+    table = Table(title=TableNote(f"precompiled kernels in {folder} (registers per thread, most of the op's kernels)"),
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1))
     table.add_column("op", no_wrap=True)
     for target in targets:
-        table.add_column(target, justify="right")
+        table.add_column(target, justify="right", min_width=len(target))
     ops = sorted(set(op_names()) | {op for per_target in objects.values() for op in per_target})
     digests = {op: source_digest(op) for op in op_names()}
     for op in ops:
@@ -133,4 +137,4 @@ def list_command(
             cell = str(max(registers)) if registers else "?"
             row.append(cell if entry.get("source_sha256") == digests.get(op) else f"{cell} stale")
         table.add_row(*row)
-    stdout.print(table)
+    stdout.print(table, soft_wrap=False)

@@ -37,7 +37,7 @@ def device_free_memory(device_spec: str) -> tuple[int, str]:
         where = f"free on {choice.device.backend}:{choice.device.index} {choice.device.name}"
     finally:
         choice.device.close()
-    stderr.print(f"memory budget: {format_bytes(info.free)} {where} (pass --memory to choose another)", markup=False)
+    stderr.print(f"memory budget: {format_bytes(info.free)} {where} (pass --memory to choose another)", markup=False, soft_wrap=False)
     return info.free, where
 
 
@@ -91,7 +91,7 @@ def profile_kv_command(
         if as_json:
             print(json.dumps({"presets": [s.to_dict() for s in shapes]}, indent=2))
         else:
-            stdout.print(render.presets_table(shapes))
+            stdout.print(render.presets_table(shapes), soft_wrap=False)
         return
     if model is None and preset is None:
         model = default_model()
@@ -119,19 +119,19 @@ def profile_kv_command(
         if as_json:
             print(json.dumps({"model": shape.to_dict(), "plan": result.to_dict()}, indent=2))
             return
-        stdout.print(render.model_table(shape))
+        stdout.print(render.model_table(shape), soft_wrap=False)
         for table in render.plan_tables(result):
-            stdout.print(table)
+            stdout.print(table, soft_wrap=False)
         return
     table = capacity_table(shape, budget, memory_source=source, context=context, dtypes=dtypes,
                            block_sizes=block_sizes or DEFAULT_BLOCK_SIZES)
     if as_json:
         print(json.dumps({"model": shape.to_dict(), "capacity": table.to_dict()}, indent=2))
         return
-    stdout.print(render.model_table(shape))
-    stdout.print(render.capacity_table(table))
+    stdout.print(render.model_table(shape), soft_wrap=False)
+    stdout.print(render.capacity_table(table), soft_wrap=False)
     if shape.layer_windows:
-        stdout.print(render.window_groups_table(shape, table.rows, table.context))
+        stdout.print(render.window_groups_table(shape, table.rows, table.context), soft_wrap=False)
 
 
 def default_model() -> str:
@@ -174,7 +174,7 @@ def run_workloads_command(model, preset, device, dtypes, block_sizes, max_step_t
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
         return
-    stdout.print(render.model_table(shape))
-    stdout.print(render.workloads_header(report))
+    stdout.print(render.model_table(shape), soft_wrap=False)
+    stdout.print(render.workloads_header(report), soft_wrap=False)
     for result in report.results:
-        stdout.print(render.workload_table(result))
+        stdout.print(render.workload_table(result), soft_wrap=False)

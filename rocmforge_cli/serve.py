@@ -122,7 +122,7 @@ def serve_command(
     finally:
         listening.close()
     if not quiet:
-        stderr.print(breakdown_table(memory))
+        stderr.print(breakdown_table(memory), soft_wrap=False)
     if timeline is not None:
         timeline.verdict = "clean" if report.clean else "leak"
         write_pictures(timeline, report_file, plot_file, summary=[report.line()])

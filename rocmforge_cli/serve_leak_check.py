@@ -81,7 +81,7 @@ def serve_leak_check_command(
     if as_json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
-        stdout.print(render(report))
+        stdout.print(render(report), soft_wrap=False)
     if report.exit_code:
         raise typer.Exit(report.exit_code)
 
