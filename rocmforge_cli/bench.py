@@ -19,6 +19,7 @@ from profiles.decode_profile import DecodeProfile, profile_decode
 from rocmforge_cli.bench_prefix import prefix_reuse_command
 from profiles.memory_breakdown import breakdown_table, memory_breakdown
 from rocmforge_cli.common import handle_errors, stderr, stdout, terminal_width
+from rocmforge_cli.markdown_out import print_markdown
 from rocmforge_cli.options import Device, KvDtype, Model, Quiet, resolve_model
 from rocmforge_cli.threads import Threads, limit_threads, threads_note
 
@@ -232,7 +233,7 @@ def bench_command(
         print("\n".join(table_foot(report, terminal_width(stdout))))
         if prof is not None:
             print()
-            print(profile_markdown(prof))
+            print_markdown(profile_markdown(prof))
     sys.stdout.flush()
     if output != "json" and not quiet:
         stderr.print(breakdown_table(memory), soft_wrap=False)

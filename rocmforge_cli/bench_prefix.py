@@ -9,6 +9,7 @@ from pathlib import Path
 from hipcore.engine.loader import LoadOptions, load_model
 from profiles.bench import _NoEndTokenizer, source_commit
 from profiles.bench_prefix import CPU_CHAT, GPU_CHAT, ChatLoad, run_prefix_reuse
+from rocmforge_cli.markdown_out import print_markdown
 
 
 def prefix_reuse_command(path: str, dev, *, kv_dtype: str, output: str, quiet: bool, conversations: int | None,
@@ -30,6 +31,5 @@ def prefix_reuse_command(path: str, dev, *, kv_dtype: str, output: str, quiet: b
     if output == "json":
         print(json.dumps({**facts, **report.to_dict()}, indent=2))
         return
-    print(f"{facts['model']} on {facts['device']}, KV {facts['kv_dtype']} in blocks of {facts['block_size']}, "
-          f"commit {facts['commit']}")
-    print("\n".join(report.markdown()))
+    print_markdown("\n".join([f"{facts['model']} on {facts['device']}, KV {facts['kv_dtype']} in blocks of "
+                               f"{facts['block_size']}, commit {facts['commit']}", *report.markdown()]))

@@ -93,6 +93,14 @@ def test_bench_and_its_breakdown(long_named):
     assert "memory breakdown" in narrow.stderr
 
 
+def test_bench_prefix_reuse(tiny):
+    """Markdown as written at 200 columns (and in a file); drawn by rich at 80, where its header is 116 wide."""
+    narrow, wide = both("bench", "--model", tiny, "--device", "cpu", "--prefix-reuse", "--conversations", "2",
+                        "--turns", "2")
+    assert "| turn | prompt | TTFT p50 cached |" in wide.stdout
+    assert not any(line.startswith("|") for line in narrow.stdout.splitlines()) and "hit" in narrow.stdout
+
+
 @pytest.mark.parametrize("args", [[], ["--plan"], ["--workloads"]], ids=["capacity", "plan", "workloads"])
 def test_profile_kv(long_named, args):
     narrow, wide = both("profile-kv", "--model", long_named, "--device", "cpu", *args)
