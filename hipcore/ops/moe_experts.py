@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
+from hipcore.ops.moe_expert_cache import cache_of
 from hipcore.ops.qmatvec import U32, quantize_x
 from hipcore.ops.weight_formats import check_format, column_multiple, dequantize_rows, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -88,17 +89,25 @@ def kernel_input(x: np.ndarray, weight_type: str) -> np.ndarray:
     return quantize_x(x, weight_type) if weight_type in QUANTIZED_X_TYPES else x.astype(np.float64)
 
 
-def _products(raw, weight_type, ids, x_of_pair, rows, cols):
-    """float64 [pairs, rows] and the magnitudes |x| @ |W|^T: pair i = (t, j) multiplied by expert ids.flat[i]."""
+def _products(matrix_of, ids, x_of_pair, rows, with_magnitude=False):
+    """float64 [pairs, rows] and, with_magnitude, |x| @ |W|^T (else None): pair i = (t, j) multiplied by expert
+    ids.flat[i], whose float64 [rows, cols] matrix_of(expert) gives; one product an expert for all its pairs."""
     flat_ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    out, magnitude = np.zeros((flat_ids.size, rows)), np.zeros((flat_ids.size, rows))
+    out = np.zeros((flat_ids.size, rows))
+    magnitude = np.zeros_like(out) if with_magnitude else None
     for expert in np.unique(flat_ids):
         pairs = np.nonzero(flat_ids == expert)[0]
-        w = expert_matrix(raw, weight_type, int(expert), rows, cols)
+        w = matrix_of(int(expert))
         xs = x_of_pair[pairs]
         out[pairs] = xs @ w.T
-        magnitude[pairs] = np.abs(xs) @ np.abs(w).T
+        if with_magnitude:
+            magnitude[pairs] = np.abs(xs) @ np.abs(w).T
     return out, magnitude
+
+
+def _raw_experts(raw, weight_type, rows, cols):
+    """expert -> its float64 [rows, cols] from raw expert bytes (the references: decoded on every call)."""
+    return lambda expert: expert_matrix(raw, weight_type, expert, rows, cols)
 
 
 def gate_up_reference(x, gate_raw, up_raw, weight_type, ids, ff, hidden, activation, gate_bias=None, up_bias=None,
@@ -109,11 +118,16 @@ def gate_up_reference(x, gate_raw, up_raw, weight_type, ids, ff, hidden, activat
     any term's path (qmatvec.error_bound's count), so |error| <= (cols / 32 + 10) u |x| . |w| (plus the bias's
     rounding); the activation's factors move it by at most max |d act / dg| <= 1.2 and the other factor,
     and the activation's own evaluation adds 8 u of its result."""
+    return _gate_up(x, _raw_experts(gate_raw, weight_type, ff, hidden), _raw_experts(up_raw, weight_type, ff, hidden),
+                    weight_type, ids, ff, hidden, activation, gate_bias, up_bias, with_bound)
+
+
+def _gate_up(x, gate_of, up_of, weight_type, ids, ff, hidden, activation, gate_bias, up_bias, with_bound):
     tokens, k = np.asarray(ids).shape
     xq = kernel_input(np.asarray(x, dtype=np.float32).reshape(tokens, hidden), weight_type)
     x_of_pair = np.repeat(xq, k, axis=0)
-    g, g_mag = _products(gate_raw, weight_type, ids, x_of_pair, ff, hidden)
-    u, u_mag = _products(up_raw, weight_type, ids, x_of_pair, ff, hidden)
+    g, g_mag = _products(gate_of, ids, x_of_pair, ff, with_bound)
+    u, u_mag = _products(up_of, ids, x_of_pair, ff, with_bound)
     flat_ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     if gate_bias is not None:
         g = g + np.asarray(gate_bias, dtype=np.float32).reshape(-1, ff)[flat_ids]
@@ -132,11 +146,23 @@ def gate_up_reference(x, gate_raw, up_raw, weight_type, ids, ff, hidden, activat
 def down_reference(h, down_raw, weight_type, ids, weights, hidden, ff, down_bias=None, with_bound=False):
     """float64 [tokens, hidden]: what the kernel adds to out; with_bound: also a bound on its float32 error
     (each product's as gate|up's, times |weight|, and k + 2 roundings of the weighted sum)."""
+    return _down(h, _raw_experts(down_raw, weight_type, hidden, ff), weight_type, ids, weights, hidden, ff, down_bias,
+                 with_bound)
+
+
+def _down_products(h, down_of, weight_type, ids, hidden, ff, down_bias, with_bound):
+    """float64 [tokens * k, hidden]: each pair's down product plus its bias, and the magnitudes (with_bound)."""
     tokens, k = np.asarray(ids).shape
     hq = kernel_input(np.asarray(h, dtype=np.float32).reshape(tokens * k, ff), weight_type)
-    y, y_mag = _products(down_raw, weight_type, ids, hq, hidden, ff)
+    y, y_mag = _products(down_of, ids, hq, hidden, with_bound)
     if down_bias is not None:
         y = y + np.asarray(down_bias, dtype=np.float32).reshape(-1, hidden)[np.asarray(ids, dtype=np.int64).reshape(-1)]
+    return y, y_mag
+
+
+def _down(h, down_of, weight_type, ids, weights, hidden, ff, down_bias, with_bound):
+    tokens, k = np.asarray(ids).shape
+    y, y_mag = _down_products(h, down_of, weight_type, ids, hidden, ff, down_bias, with_bound)
     w = np.asarray(weights, dtype=np.float32).astype(np.float64).reshape(tokens, k, 1)
     terms = w * y.reshape(tokens, k, hidden)
     out = terms.sum(axis=1)
@@ -154,8 +180,14 @@ def _optional(device: CpuDevice, ptr: int, shape) -> np.ndarray | None:
     return device.view(ptr, np.float32, shape) if ptr else None
 
 
-def _expert_bytes(device: CpuDevice, ptr: int, weight_type: str, n_expert: int, rows: int, cols: int) -> np.ndarray:
-    return device.view(ptr, np.uint8, n_expert * rows * row_bytes(weight_type, cols))
+def _cached_experts(device: CpuDevice, ptr: int, weight_type: str, n_expert: int, rows: int, cols: int):
+    """expert -> its float64 [rows, cols] from the experts at device address ptr, through the device's cache of
+    decoded experts (moe_expert_cache: decoded once while they fit, never a different result)."""
+    per_row = row_bytes(weight_type, cols)
+    raw = device.view(ptr, np.uint8, (n_expert * rows, per_row))
+    cache = cache_of(device)
+    return lambda expert: cache.matrix(ptr + expert * rows * per_row, raw[expert * rows:(expert + 1) * rows],
+                                       weight_type, cols)
 
 
 def _check_ids(ids: np.ndarray, n_expert: int, entry: str) -> None:
@@ -169,10 +201,11 @@ def _host_gate_up(weight_type: str):
         chosen = device.view(ids, np.int32, (tokens, k))
         _check_ids(chosen, n_expert, f"moe_gate_up_{weight_type}")
         act = next(name for name, value in ACTIVATIONS.items() if value == activation)
-        device.view(h, np.float32, (tokens, k, ff))[:] = gate_up_reference(
-            device.view(x, np.float32, (tokens, hidden)), _expert_bytes(device, gate, weight_type, n_expert, ff, hidden),
-            _expert_bytes(device, up, weight_type, n_expert, ff, hidden), weight_type, chosen, ff, hidden, act,
-            _optional(device, gate_bias, (n_expert, ff)), _optional(device, up_bias, (n_expert, ff)))
+        gate_of = _cached_experts(device, gate, weight_type, n_expert, ff, hidden)
+        up_of = _cached_experts(device, up, weight_type, n_expert, ff, hidden)
+        device.view(h, np.float32, (tokens, k, ff))[:] = _gate_up(
+            device.view(x, np.float32, (tokens, hidden)), gate_of, up_of, weight_type, chosen, ff, hidden, act,
+            _optional(device, gate_bias, (n_expert, ff)), _optional(device, up_bias, (n_expert, ff)), False)
 
     return run
 
@@ -182,10 +215,10 @@ def _host_down(weight_type: str):
             down_bias: int, tokens: int, k: int, hidden: int, ff: int, n_expert: int) -> None:
         chosen = device.view(ids, np.int32, (tokens, k))
         _check_ids(chosen, n_expert, f"moe_down_{weight_type}")
-        added = down_reference(device.view(h, np.float32, (tokens, k, ff)),
-                               _expert_bytes(device, down, weight_type, n_expert, hidden, ff), weight_type, chosen,
-                               device.view(weights, np.float32, (tokens, k)), hidden, ff,
-                               _optional(device, down_bias, (n_expert, hidden)))
+        added = _down(device.view(h, np.float32, (tokens, k, ff)),
+                      _cached_experts(device, down, weight_type, n_expert, hidden, ff), weight_type, chosen,
+                      device.view(weights, np.float32, (tokens, k)), hidden, ff,
+                      _optional(device, down_bias, (n_expert, hidden)), False)
         view = device.view(out, np.float32, (tokens, hidden))
         view[:] = view + added.astype(np.float32)
 
@@ -197,11 +230,9 @@ def _host_down_terms(weight_type: str):
             down_bias: int, tokens: int, k: int, hidden: int, ff: int, n_expert: int) -> None:
         chosen = device.view(ids, np.int32, (tokens, k))
         _check_ids(chosen, n_expert, f"moe_down_grouped_{weight_type}")
-        hq = kernel_input(device.view(h, np.float32, (tokens * k, ff)), weight_type)
-        y, _ = _products(_expert_bytes(device, down, weight_type, n_expert, hidden, ff), weight_type, chosen, hq,
-                         hidden, ff)
-        if down_bias:
-            y = y + device.view(down_bias, np.float32, (n_expert, hidden))[chosen.reshape(-1)]
+        y, _ = _down_products(device.view(h, np.float32, (tokens, k, ff)),
+                              _cached_experts(device, down, weight_type, n_expert, hidden, ff), weight_type, chosen,
+                              hidden, ff, _optional(device, down_bias, (n_expert, hidden)), False)
         w = device.view(weights, np.float32, tokens * k).astype(np.float64)[:, None]
         device.view(terms, np.float32, (tokens * k, hidden))[:] = w * y
 
