@@ -89,20 +89,36 @@ def kernel_input(x: np.ndarray, weight_type: str) -> np.ndarray:
     return quantize_x(x, weight_type) if weight_type in QUANTIZED_X_TYPES else x.astype(np.float64)
 
 
-def _products(matrix_of, ids, x_of_pair, rows, with_magnitude=False):
-    """float64 [pairs, rows] and, with_magnitude, |x| @ |W|^T (else None): pair i = (t, j) multiplied by expert
-    ids.flat[i], whose float64 [rows, cols] matrix_of(expert) gives; one product an expert for all its pairs."""
+def _pair_groups(ids):
+    """The (token, slot) pairs grouped by expert: (order, spans), order the pairs (i = t * k + j) sorted by expert,
+    stable, and spans [(expert, start, end)] its runs."""
     flat_ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    out = np.zeros((flat_ids.size, rows))
-    magnitude = np.zeros_like(out) if with_magnitude else None
-    for expert in np.unique(flat_ids):
-        pairs = np.nonzero(flat_ids == expert)[0]
-        w = matrix_of(int(expert))
-        xs = x_of_pair[pairs]
-        out[pairs] = xs @ w.T
+    order = np.argsort(flat_ids, kind="stable")
+    experts, starts = np.unique(flat_ids[order], return_index=True)
+    ends = [*starts[1:].tolist(), flat_ids.size]
+    return order, list(zip(experts.tolist(), starts.tolist(), ends))
+
+
+def _products(matrix_of, groups, x_sorted, rows, with_magnitude=False):
+    """float64 [pairs, rows] in pair order and, with_magnitude, |x| @ |W|^T (else None): x_sorted [pairs, cols] the
+    inputs in groups' order (_pair_groups), each run multiplied by its expert's float64 [rows, cols] matrix_of(expert),
+    one product an expert for all its pairs."""
+    order, spans = groups
+    done = np.empty((order.size, rows))
+    magnitude = np.empty_like(done) if with_magnitude else None
+    for expert, start, end in spans:
+        w = matrix_of(expert)
+        xs = x_sorted[start:end]
+        done[start:end] = xs @ w.T
         if with_magnitude:
-            magnitude[pairs] = np.abs(xs) @ np.abs(w).T
-    return out, magnitude
+            magnitude[start:end] = np.abs(xs) @ np.abs(w).T
+    return _unsorted(order, done), _unsorted(order, magnitude) if with_magnitude else None
+
+
+def _unsorted(order, rows_sorted):
+    out = np.empty_like(rows_sorted)
+    out[order] = rows_sorted
+    return out
 
 
 def _raw_experts(raw, weight_type, rows, cols):
@@ -125,9 +141,10 @@ def gate_up_reference(x, gate_raw, up_raw, weight_type, ids, ff, hidden, activat
 def _gate_up(x, gate_of, up_of, weight_type, ids, ff, hidden, activation, gate_bias, up_bias, with_bound):
     tokens, k = np.asarray(ids).shape
     xq = kernel_input(np.asarray(x, dtype=np.float32).reshape(tokens, hidden), weight_type)
-    x_of_pair = np.repeat(xq, k, axis=0)
-    g, g_mag = _products(gate_of, ids, x_of_pair, ff, with_bound)
-    u, u_mag = _products(up_of, ids, x_of_pair, ff, with_bound)
+    groups = _pair_groups(ids)
+    x_sorted = xq[groups[0] // k]  # pair i is token i // k's
+    g, g_mag = _products(gate_of, groups, x_sorted, ff, with_bound)
+    u, u_mag = _products(up_of, groups, x_sorted, ff, with_bound)
     flat_ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     if gate_bias is not None:
         g = g + np.asarray(gate_bias, dtype=np.float32).reshape(-1, ff)[flat_ids]
@@ -154,7 +171,8 @@ def _down_products(h, down_of, weight_type, ids, hidden, ff, down_bias, with_bou
     """float64 [tokens * k, hidden]: each pair's down product plus its bias, and the magnitudes (with_bound)."""
     tokens, k = np.asarray(ids).shape
     hq = kernel_input(np.asarray(h, dtype=np.float32).reshape(tokens * k, ff), weight_type)
-    y, y_mag = _products(down_of, ids, hq, hidden, with_bound)
+    groups = _pair_groups(ids)
+    y, y_mag = _products(down_of, groups, hq[groups[0]], hidden, with_bound)
     if down_bias is not None:
         y = y + np.asarray(down_bias, dtype=np.float32).reshape(-1, hidden)[np.asarray(ids, dtype=np.int64).reshape(-1)]
     return y, y_mag
