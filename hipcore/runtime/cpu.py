@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 import os
 import threading
 import time
@@ -215,7 +216,7 @@ class CpuDevice(Device):
         """A typed numpy view of device memory (what host kernels read and write)."""
         dtype = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = int(math.prod(shape))  # not np.prod: ~10x its speed on a short tuple, and every host kernel calls it
         return self.bytes_at(ptr, count * dtype.itemsize).view(dtype).reshape(shape)
 
     # ---- copies --------------------------------------------------------------------------------
