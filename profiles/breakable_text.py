@@ -41,9 +41,11 @@ class BreakableText:
             lines.append(line.rstrip())
         return lines
 
+    def widest_piece(self) -> int:
+        return max((cell_len(p.strip()) for pieces in self.paragraphs for p in pieces), default=0)
+
     def __rich_measure__(self, console, options) -> Measurement:
-        widest = max((cell_len(p.strip()) for pieces in self.paragraphs for p in pieces), default=0)
-        return Measurement(widest, max(cell_len(line) for line in self.text.split("\n")))
+        return Measurement(self.widest_piece(), max(cell_len(line) for line in self.text.split("\n")))
 
     def __rich_console__(self, console, options):
         yield Text("\n".join(self.lines(options.max_width)), justify=options.justify, overflow="fold", style=self.style or "")

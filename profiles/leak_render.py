@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hipcore.runtime.ledger import format_bytes
-from profiles.breakable_text import BreakableText, ShellCommandText, TableNote
+from profiles.breakable_text import FIGURE_PAIR, PATH, BreakableText, ShellCommandText, TableNote
 from profiles.leak_report import LEAK, MIN_HOST_SPAN, NOT_JUDGED, LeakReport
 from profiles.sparkline import sparkline
 
@@ -30,10 +30,6 @@ def _table(title: str, columns: list[str], text_columns: tuple[str, ...] = ()) -
 
 def _b(n: int | None) -> str:
     return "-" if n is None else f"{format_bytes(n)}" if abs(n) >= 1024 else f"{n} B"
-
-
-def _exact(n: int | None) -> str:
-    return "-" if n is None else f"{n:,} B"
 
 
 def verdict_text(report: LeakReport) -> Text:
@@ -80,7 +76,7 @@ def host_growth_table(report: LeakReport) -> Table:
 
 def phases_table(report: LeakReport) -> Table:
     t = _table("After each phase", ["phase", "requests", "seconds", "engine state", "KV blocks cached (evicted)",
-                                   "KV blocks not free", "ledger growth", "driver loss", "records"],
+                                   "KV blocks not free", "ledger growth / driver loss", "records"],
                text_columns=("engine state",))
     for p in report.phases:
         e = p.engine
@@ -90,8 +86,9 @@ def phases_table(report: LeakReport) -> Table:
         growth = p.ledger.leaked_bytes
         name = p.name + ("" if p.ledger_judged else " (ledger not judged)") + (
             " (KV invariant broken)" if p.blocks is not None and p.blocks.invariant_error else "")
-        t.add_row(name, f"{p.requests:,}", f"{p.seconds:.1f}", state, cached, blocks, _exact(growth), _b(p.driver_loss),
-                  f"{e.finished_records}/{e.finished_bound}")
+        # compact as the layers' table (exact below 1 KiB): 80 columns hold it; --json and the findings give bytes
+        t.add_row(name, f"{p.requests:,}", f"{p.seconds:.1f}", state, cached, blocks,
+                  BreakableText(f"{_b(growth)} / {_b(p.driver_loss)}", FIGURE_PAIR), f"{e.finished_records}/{e.finished_bound}")
     return t
 
 
@@ -146,8 +143,8 @@ def leaks_table(report: LeakReport) -> Table | None:
         return None
     t = _table(f"Not returned ({len(rows):,}; first {min(len(rows), ITEMS_SHOWN)})", ["seen", "what", "owner", "allocated at"],
                text_columns=("what", "owner", "allocated at"))
-    for row in rows[:ITEMS_SHOWN]:
-        t.add_row(*row)
+    for seen_in, what, owner, site in rows[:ITEMS_SHOWN]:
+        t.add_row(seen_in, what, owner, BreakableText(site, PATH))  # a source path folds after a '/'
     return t
 
 
@@ -199,7 +196,8 @@ def keep_figures_whole(table: Table) -> FiguresFirst:
             words = [len(w) for c in column._cells for w in (c.plain if isinstance(c, Text) else str(c)).split()]
             column.min_width = min(FIRST_COLUMN_WORD, max(words, default=0))
         elif column.justify == "right":
-            cells = [Text.from_markup(c).cell_len if isinstance(c, str) else c.cell_len for c in column._cells]
+            cells = [Text.from_markup(c).cell_len if isinstance(c, str) else
+                     c.widest_piece() if isinstance(c, BreakableText) else c.cell_len for c in column._cells]
             words = [len(w) for w in str(column.header).split()]  # a header wraps between its words only
             column.min_width = max(cells + words, default=0)
     return FiguresFirst(table)
@@ -225,7 +223,7 @@ def render(report: LeakReport) -> Group:
     if report.host.tracemalloc_top and report.leaked:
         t = _table("Host: tracemalloc's largest growth since the baseline", ["where", "bytes", "allocations"])
         for line in report.host.tracemalloc_top:
-            t.add_row(line["where"], f"{line['bytes']:,}", f"{line['allocations']:,}")
+            t.add_row(BreakableText(line["where"], PATH), f"{line['bytes']:,}", f"{line['allocations']:,}")
         parts.append(t)
     parts.append(BreakableText(f"{report.device}; {report.requests.get('total', 0):,} requests in {report.wall_seconds:.1f} s "
                       f"(model load {report.load_seconds:.1f} s)"))

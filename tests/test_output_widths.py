@@ -24,15 +24,15 @@ from rocmforge_cli.app import app
 runner = CliRunner()
 
 
-def at(width: int, *args: str):
+def at(width: int, *args: str, exit_code: int = 0):
     result = runner.invoke(app, list(args), env={"COLUMNS": str(width)})
-    assert result.exit_code == 0, result.output[-3000:]
+    assert result.exit_code == exit_code, result.output[-3000:]
     return result
 
 
-def both(*args: str):
+def both(*args: str, exit_code: int = 0):
     """The command's stdout and stderr at 80 and at 200 columns, each pair checked."""
-    narrow, wide = at(NARROW, *args), at(WIDE, *args)
+    narrow, wide = at(NARROW, *args, exit_code=exit_code), at(WIDE, *args, exit_code=exit_code)
     assert_readable_at(narrow.stdout, wide.stdout)
     assert_readable_at(narrow.stderr, wide.stderr)
     return narrow, wide
@@ -135,24 +135,30 @@ def test_kernels_list(tmp_path):
     assert "paged_attention" in narrow.stdout and "stale" in narrow.stdout
 
 
-@pytest.fixture(scope="module")
-def leak_report(tiny):
+@pytest.fixture(scope="module", params=[None, "device-leak"], ids=["clean", "planted-leak"])
+def leak_report(tiny, request):
+    """A clean run, and one with a planted leak: what a user reads first then (findings, where each byte was made)."""
     from profiles.leak_check import run_leak_check
     from profiles.leak_settings import LeakCheckSettings
 
-    return run_leak_check(LeakCheckSettings(model=tiny, device="cpu", requests=24, kv_blocks=400, tracemalloc=True))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ROCMFORGE_TESTING", "1")
+        return run_leak_check(LeakCheckSettings(model=tiny, device="cpu", requests=24, kv_blocks=400, tracemalloc=True,
+                                                planted_bug=request.param))
 
 
 def test_leak_check_summary(tiny, leak_report, monkeypatch):
     from rocmforge_cli import leak_check
 
     monkeypatch.setattr(leak_check, "run_leak_check", lambda settings, progress, trace: leak_report)
-    narrow, wide = both("leak-check", "--model", tiny, "--device", "cpu", "-q")
+    narrow, wide = both("leak-check", "--model", tiny, "--device", "cpu", "-q", exit_code=leak_report.exit_code)
     assert "Not returned, per layer" in narrow.stdout
     assert exact_numbers(narrow.stdout) == exact_numbers(wide.stdout)  # one report: the same figures, not only forms
-    # the reproduce line is a command a shell takes as it is printed: wrapped after ' \' at 80 columns
+    # the reproduce line is a command a shell takes as it is printed: wrapped after ' \\' at 80 columns
     command = " ".join(part.rstrip(" \\").strip() for part in narrow.stdout.split("reproduce: ")[1].splitlines())
     assert command.split() == leak_report.command.split()
+    if leak_report.leaked:
+        assert "LEAK:" in narrow.stdout and "Not returned (" in narrow.stdout and "leak_bugs.py:" in wide.stdout
 
 
 def test_serve_leak_check_summary(tmp_path_factory, tiny, monkeypatch):
