@@ -1,28 +1,28 @@
 """The cpu backend's decoded experts: each expert matrix moe_experts' host kernels multiply, decoded to float64 once
 and kept while it fits, so that a decode step does not decode the same K-quant or MXFP4 rows again.
 
-An entry is keyed by where the expert's bytes lie (device pointer, type, rows, cols) and keeps a copy of those
+An entry is keyed by where the expert's bytes lie (device, pointer, type, rows, cols) and keeps a copy of those
 bytes: a hit is used only when the bytes are still the same (a buffer freed and another allocated at its address,
-or weights written again, decode afresh), so the cache never changes a result. The entries live with their device
-(released with it) and the least recently used go first past BUDGET_BYTES a device. float64 is what the products
-take (the decoding is exact in it): 8 bytes a weight, 14x a Q4_K expert's bytes; the copy adds the raw size.
+weights written again, another device at the same id: decoded afresh), so the cache never changes a result. One
+cache a process, the least recently used out past BUDGET_BYTES, so that the experts of models closed (or of
+devices kept alive) hold at most that. float64 is what the products take (the decoding is exact in it): 8 bytes a
+weight, 14x a Q4_K expert's bytes, plus the copy of the raw bytes.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-import weakref
 
 import numpy as np
 
 from hipcore.ops.weight_formats import dequantize_rows
 
-BUDGET_BYTES = 512 << 20
+BUDGET_BYTES = 256 << 20
 
 
 class ExpertCache:
-    """Decoded expert matrices by (pointer, type, rows, cols), least recently used out past budget_bytes."""
+    """Decoded expert matrices by (where, type, rows, cols), least recently used out past budget_bytes."""
 
     def __init__(self, budget_bytes: int = BUDGET_BYTES) -> None:
         self.budget_bytes = budget_bytes
@@ -31,10 +31,10 @@ class ExpertCache:
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def matrix(self, ptr: int, raw_rows: np.ndarray, weight_type: str, cols: int) -> np.ndarray:
-        """float64 [rows, cols]: raw_rows uint8 [rows, row_bytes] (the expert's bytes at device address ptr)
-        decoded; read-only, shared with later calls."""
-        key = (ptr, weight_type, raw_rows.shape, cols)
+    def matrix(self, where: tuple, raw_rows: np.ndarray, weight_type: str, cols: int) -> np.ndarray:
+        """float64 [rows, cols]: raw_rows uint8 [rows, row_bytes] (the expert's bytes, found `where`: a device's
+        id and the address) decoded; read-only, shared with later calls."""
+        key = (where, weight_type, raw_rows.shape, cols)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry[0] == raw_rows.tobytes():  # a copy and a memcmp: ~3x np.array_equal's speed
@@ -58,14 +58,4 @@ class ExpertCache:
         return matrix
 
 
-_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_CACHES_LOCK = threading.Lock()
-
-
-def cache_of(device) -> ExpertCache:
-    """The device's cache (made on first use, released with the device)."""
-    with _CACHES_LOCK:
-        cache = _CACHES.get(device)
-        if cache is None:
-            cache = _CACHES[device] = ExpertCache()
-        return cache
+EXPERTS = ExpertCache()  # the process's

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
-from hipcore.ops.moe_expert_cache import cache_of
+from hipcore.ops.moe_expert_cache import EXPERTS
 from hipcore.ops.qmatvec import U32, quantize_x
 from hipcore.ops.weight_formats import check_format, column_multiple, dequantize_rows, row_bytes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -199,13 +199,12 @@ def _optional(device: CpuDevice, ptr: int, shape) -> np.ndarray | None:
 
 
 def _cached_experts(device: CpuDevice, ptr: int, weight_type: str, n_expert: int, rows: int, cols: int):
-    """expert -> its float64 [rows, cols] from the experts at device address ptr, through the device's cache of
-    decoded experts (moe_expert_cache: decoded once while they fit, never a different result)."""
+    """expert -> its float64 [rows, cols] from the experts at device address ptr, through the cache of decoded
+    experts (moe_expert_cache: decoded once while they fit, never a different result)."""
     per_row = row_bytes(weight_type, cols)
     raw = device.view(ptr, np.uint8, (n_expert * rows, per_row))
-    cache = cache_of(device)
-    return lambda expert: cache.matrix(ptr + expert * rows * per_row, raw[expert * rows:(expert + 1) * rows],
-                                       weight_type, cols)
+    return lambda expert: EXPERTS.matrix((id(device), ptr + expert * rows * per_row),
+                                         raw[expert * rows:(expert + 1) * rows], weight_type, cols)
 
 
 def _check_ids(ids: np.ndarray, n_expert: int, entry: str) -> None:
