@@ -118,6 +118,11 @@ def test_inspect(long_named):
     assert "SmolLM2-135M-Instruct-rocmforge-width-test.Q4_1.gguf" in wide.stdout
 
 
+def test_inspect_the_demo_models_tensors(demo_model_path):
+    narrow, wide = both("inspect", str(demo_model_path), "--tensors")
+    assert "blk.29.ffn_down.weight" in narrow.stdout and "Q4_1" in narrow.stdout
+
+
 def test_devices():
     both("devices")
 
