@@ -152,8 +152,7 @@ def bench_command(
     threads: Threads = None,
     quiet: Quiet = False,
 ) -> None:
-    """Measure prompt (pp) and decode (tg) speed, and decode with many sequences at once (b), like
-    llama.cpp's llama-bench; print a table (or JSON) with the device, model, quant, KV dtype and commit.
+    """Measure prompt (pp) and decode (tg) speed, and decode with many sequences at once (b), like llama.cpp's llama-bench; print a table (or JSON) with the device, model, quant, KV dtype and commit.
 
     Examples:
       rocmforge bench                   # the demo model, this device's defaults

@@ -80,8 +80,7 @@ def devices_command(
         "Check one --device value instead of listing everything: open it and show it, or say why it "
         "cannot be used. One of auto, hip, cuda, cpu, optionally with an index (cuda:1).")] = None,
 ) -> None:
-    """List the GPUs rocmforge can use (AMD through HIP, NVIDIA through CUDA) and the CPU backend, with
-    their memory and precompiled kernels, and say which one --device auto takes and why the others were not.
+    """List the GPUs rocmforge can use (AMD through HIP, NVIDIA through CUDA) and the CPU backend, with their memory and precompiled kernels, and say which one --device auto takes and why the others were not.
 
     Examples:
       rocmforge devices
