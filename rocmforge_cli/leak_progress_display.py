@@ -15,6 +15,8 @@ from typing import Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from profiles.breakable_text import BreakableText
+
 PLAIN_EVERY_SECONDS = 10.0
 
 
@@ -33,8 +35,8 @@ class RichProgress:
                         console=console, transient=True)
 
     def status(self, text: str) -> None:
-        if self.task is None:
-            self.bar.console.print(text, highlight=False)
+        if self.task is None:  # a line of its own, wrapped between words (the warm-up's is 180 columns)
+            self.bar.console.print(BreakableText(text), soft_wrap=False)
         else:
             self.bar.update(self.task, description=text)
 

@@ -59,3 +59,14 @@ def test_on_a_terminal_the_progress_line_shows_the_phase_requests_and_blocks():
     text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.getvalue())
     assert "phase 2 of 4" in text and "5/16" in text and "KV blocks 7/40" in text
     assert "130/130" not in text.splitlines()[-1] and len(bar.tasks) == 1
+
+
+def test_on_a_narrow_terminal_a_long_status_line_wraps_between_words():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=60, soft_wrap=True)  # as rocmforge_cli.common's stderr
+    text = ("warm-up: 8 requests, decode batches of 1, 2, 4, 8, 17 prompts of distinct lengths, then 100 rejected "
+            "ones to fill the finished records; every token's text decoded once")
+    with RichProgress.bar_for(console) as bar:
+        RichProgress(bar).status(text)
+    lines = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.getvalue()).strip().splitlines()
+    assert len(lines) > 1 and max(map(len, lines)) <= 60 and " ".join(lines).split() == text.split()
