@@ -58,14 +58,40 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
-def table_head(report: BenchReport) -> list[str]:
-    """The header of llama-bench's table, with llama.cpp's columns when it was run."""
+def table_head(report: BenchReport, width: int | None = None) -> list[str]:
+    """The header of llama-bench's table, with llama.cpp's columns when it was run (and the terminal has room for
+    them: else they come in a table of their own below, llama_cpp_beside)."""
     head = ["model", "size", "params", "backend", "kv", "test", "t/s"]
     align = ["---", "---:", "---:", "---", "---", "---:", "---:"]
-    if report.llama_cpp_figures():
+    if report.llama_cpp_figures() and not llama_cpp_apart(report, width):
         head += ["llama.cpp t/s", "ratio"]
         align += ["---:", "---:"]
     return ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
+
+
+# The widest figures a row is sized for when deciding, before any test ran, whether llama.cpp's columns fit.
+_WIDE_FIGURES = f"{_number(99999.99)} ± {_number(9999.99)}"
+
+
+def llama_cpp_apart(report: BenchReport, width: int | None) -> bool:
+    """Whether llama.cpp's columns go to a table of their own: on a terminal too narrow for a row that carries them
+    with the model's name shortened as far as it goes."""
+    if width is None or not report.llama_cpp_figures():
+        return False
+    cells = [report.model[:MODEL_SHORTEST], format_bytes(report.model_bytes), _params(report.params), report.backend,
+             report.kv_dtype, "b32x128", _WIDE_FIGURES, _WIDE_FIGURES, "9.99"]
+    return len("| " + " | ".join(cells) + " |") > width
+
+
+def llama_cpp_beside(report: BenchReport) -> list[str]:
+    """llama.cpp's figures and the ratio per test, a table of their own (a narrow terminal: llama_cpp_apart)."""
+    theirs = report.llama_cpp_figures()
+    lines = ["", "| test | llama.cpp t/s | ratio |", "| ---: | ---: | ---: |"]
+    for r in report.results:
+        other = theirs.get(r.test)
+        lines.append(f"| {r.test} | {_number(other[0])} ± {_number(other[1])} | {r.mean / other[0]:.2f} |" if other
+                     else f"| {r.test} | - | - |")
+    return lines
 
 
 MODEL_SHORTEST = 8  # a model name is cut to fit a narrow terminal, never below this
@@ -87,8 +113,10 @@ def table_row(report: BenchReport, r: TestResult, theirs: dict[str, tuple[float,
 
 
 def table_foot(report: BenchReport, width: int | None = None) -> list[str]:
-    lines = [""]
-    if width is not None and any(len(table_row(report, r, report.llama_cpp_figures())) > width for r in report.results):
+    apart = llama_cpp_apart(report, width)
+    lines = llama_cpp_beside(report) + [""] if apart else [""]
+    theirs = {} if apart else report.llama_cpp_figures()
+    if width is not None and any(len(table_row(report, r, theirs)) > width for r in report.results):
         lines.append(f"model: {report.model}")  # shortened in the rows
     build = [f"quant: {report.quant}", f"graphs: {'on' if report.graphs else 'off'}", f"commit: {report.commit}",
              f"date: {report.date}"]
@@ -266,8 +294,9 @@ def _run_tests(report: BenchReport, loaded, cfg: BenchConfig, output: str, say) 
     if output != "md":
         run_bench(loaded, cfg, status=say, report=report)
         return
-    theirs = report.llama_cpp_figures()
-    print("\n".join(table_head(report)), flush=True)
+    width = terminal_width(stdout)
+    theirs = {} if llama_cpp_apart(report, width) else report.llama_cpp_figures()
+    print("\n".join(table_head(report, width)), flush=True)
     run_bench(loaded, cfg, status=say, report=report,
-              on_result=lambda r: print(table_row(report, r, theirs, terminal_width(stdout)), flush=True))
+              on_result=lambda r: print(table_row(report, r, theirs, width), flush=True))
 

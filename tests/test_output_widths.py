@@ -93,6 +93,24 @@ def test_bench_and_its_breakdown(long_named):
     assert "memory breakdown" in narrow.stderr
 
 
+FAKE_LLAMA_BENCH = """#!/bin/sh
+echo '[{"n_prompt": 8, "n_gen": 0, "avg_ts": 41234.56, "stddev_ts": 1234.5}, {"n_prompt": 0, "n_gen": 4, "avg_ts": 1450.25, "stddev_ts": 3.5}]'
+"""
+
+
+def test_bench_beside_llama_cpp(long_named, tmp_path):
+    """With llama.cpp's columns a row is too wide for 80 columns even with the name shortened: its figures and the
+    ratio go to a table of their own below, every figure kept; at 200 columns they stay in the rows."""
+    exe = tmp_path / "llama-bench"
+    exe.write_text(FAKE_LLAMA_BENCH)
+    exe.chmod(0o755)
+    narrow, wide = both("bench", "--model", long_named, "--device", "cpu", "-p", "8", "-n", "4", "-b", "0", "-r", "1",
+                        "--llama-bench", str(exe))
+    assert "| test | llama.cpp t/s | ratio |" in narrow.stdout and "41234.56 ± 1234.50" in narrow.stdout
+    assert "| test | llama.cpp t/s | ratio |" not in wide.stdout
+    assert sum("41234.56 ± 1234.50" in line and "| pp8 |" in line for line in wide.stdout.splitlines()) == 1
+
+
 def test_bench_prefix_reuse(tiny):
     """Markdown as written at 200 columns (and in a file); drawn by rich at 80, where its header is 116 wide."""
     narrow, wide = both("bench", "--model", tiny, "--device", "cpu", "--prefix-reuse", "--conversations", "2",
