@@ -1,9 +1,13 @@
 // Token sampling on the device, one block per row of logits (a split row: `chunks` blocks, see sample_f32),
 // so that only the chosen token ids (4 bytes a row) go back to the host instead of the whole vocabulary's logits.
 //
-//   sample_f32(out, logits, params, vocab, workspace, chunks), grid = rows * chunks:
+//   sample_f32(out, logits, params, vocab, workspace, chunks, mask), grid = rows * chunks:
 //   out[row] = the token hipcore/engine/sampler.py's Sampler picks from logits[row] with the row's params:
 //   params[row] = {temperature, top_k, top_p, min_p, uniform}, float32 (top_k a whole number)
+//   mask: null, or a grammar's allowed tokens, ceil(vocab / 32) uint32 words a row (llguidance's packed layout:
+//   token t is bit t % 32 of word t / 32, 1 allows it); the forbidden logits become -inf before anything below
+//   reads them (apply_token_mask), so every path (greedy, split or not, top-k, top-p, min-p, temperature) picks
+//   among the allowed tokens only.
 //
 // temperature <= 0: greedy, numpy's argmax (lowest index among equal maxima, the first NaN wins).
 // Otherwise llama.cpp's chain as the host sampler runs it, on the top_k (1 <= top_k <= kMaxTopK)
@@ -261,6 +265,19 @@ static __device__ void split_top_k(int* out, const float* x, const float* p, int
   draw_from_sorted(out, k, p[0], p[2], p[3], p[4], sh);
 }
 
+// A constrained row's forbidden logits set to -inf, in place, over [first, first + n): the span this workgroup
+// reads next (its chunk of a split row; the whole row for a row that chunk 0 samples alone). In place: the logits
+// are the step's own scratch, read by nothing after the sampler but the host rows' read-back, and a masked copy
+// would need a second buffer the size of the logits. The split rows' last workgroup reads only its own chunk's
+// logits and the workspace, except split_whole_vocabulary's crossing chunk, whose writes its fence publishes.
+static __device__ void apply_token_mask(float* x, const unsigned* row_mask, int first, int n) {
+  for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) {
+    const int token = first + i;
+    if (!((row_mask[token >> 5] >> (token & 31)) & 1u)) x[token] = -RF_INFINITY;
+  }
+  __syncthreads();  // the block's writes are seen by its own reads
+}
+
 }  // namespace sampling
 }  // namespace
 
@@ -270,25 +287,40 @@ static __device__ void split_top_k(int* out, const float* x, const float* p, int
 // return at once.
 // (1024, 1): one workgroup a multiprocessor at least, so the compiler may take the 64 registers a thread of 1,024
 // can have (without it nvcc held sample_f32 to 32, spilling 48 bytes, once the split top-k path was in).
-extern "C" __global__ __launch_bounds__(1024, 1) void sample_f32(int* out, const float* logits, const float* params,
-                                                              int vocab, void* workspace, int chunks) {
+extern "C" __global__ __launch_bounds__(1024, 1) void sample_f32(int* out, float* logits, const float* params,
+                                                              int vocab, void* workspace, int chunks,
+                                                              const unsigned* mask) {
   __shared__ sampling::Shared sh;
   rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/sample.py)
   rf_check_wave_size();
   const int row = (int)blockIdx.x / chunks, chunk = (int)blockIdx.x - row * chunks;
-  const float* x = logits + (unsigned long long)row * vocab;
+  float* x = logits + (unsigned long long)row * vocab;
   const float* p = params + (unsigned long long)row * sampling::kParams;
-  if (chunks > 1 && workspace != nullptr && !(p[0] > 0.0f)) {
+  const bool split = chunks > 1 && workspace != nullptr;
+  const bool greedy_split = split && !(p[0] > 0.0f);
+  const bool top_k_split = split && p[0] > 0.0f && (int)p[1] >= 1 && (int)p[1] <= sampling::kSplitTopK;
+  const bool whole_vocabulary_split = split && (int)p[1] <= 0 && !(p[2] < 1.0f) && !(p[3] > 0.0f);
+  if (mask != nullptr) {
+    const unsigned* row_mask = mask + (unsigned long long)row * ((vocab + 31) / 32);
+    if (greedy_split || top_k_split || whole_vocabulary_split) {
+      const int span = ((vocab + chunks - 1) / chunks + 3) / 4 * 4;  // the split paths' chunk span
+      const int first = chunk * span;
+      if (first < vocab) sampling::apply_token_mask(x, row_mask, first, min(span, vocab - first));
+    } else if (chunk == 0) {
+      sampling::apply_token_mask(x, row_mask, 0, vocab);
+    }
+  }
+  if (greedy_split) {
     sampling::split_greedy(out + row, x, vocab, row, chunk, chunks, (int)gridDim.x / chunks,
                            static_cast<unsigned char*>(workspace), sh);
     return;
   }
-  if (chunks > 1 && workspace != nullptr && p[0] > 0.0f && (int)p[1] >= 1 && (int)p[1] <= sampling::kSplitTopK) {
+  if (top_k_split) {
     sampling::split_top_k(out + row, x, p, vocab, row, chunk, chunks, (int)gridDim.x / chunks,
                           static_cast<unsigned char*>(workspace), sh);
     return;
   }
-  if (chunks > 1 && workspace != nullptr && (int)p[1] <= 0 && !(p[2] < 1.0f) && !(p[3] > 0.0f)) {
+  if (whole_vocabulary_split) {
     sampling::split_whole_vocabulary(out + row, x, vocab, p[0], p[4], row, chunk, chunks, (int)gridDim.x / chunks,
                                      static_cast<unsigned char*>(workspace), sh);
     return;

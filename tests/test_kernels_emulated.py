@@ -371,3 +371,65 @@ def test_sample(harnesses, warp, tmp_path):
     run(harnesses, warp, "sample_f32", 2, 64, 50, *files, tmp_path / "o", 1, 0)
     got = np.fromfile(tmp_path / "o", np.int32)
     assert all(int(got[i]) in acceptable_picks(small[i], prm[i]) for i in range(2))
+
+
+def _masked_sample_case(rng, vocab):
+    """Rows of every path (greedy, top-k split and not, top-p, min-p, the whole vocabulary) under a random packed
+    token mask (about a third allowed), one row allowing a single token, one allowing only tokens far below the
+    row's largest logits."""
+    rows = 10
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    params = np.array([
+        [0.0, 0, 1.0, 0.0, 0.0], [0.8, 40, 0.95, 0.05, 0.0], [1.0, 200, 1.0, 0.0, 0.0], [0.7, 30, 0.8, 0.0, 0.0],
+        [1.0, 0, 1.0, 0.0, 0.0], [0.9, 0, 1.0, 0.1, 0.0], [1.2, 64, 1.0, 0.0, 0.0], [0.0, 40, 0.95, 0.05, 0.0],
+        [1.0, 0, 1.0, 0.0, 0.0], [0.8, 40, 0.95, 0.05, 0.0]], dtype=np.float32)
+    params[:, 4] = rng.random(rows)
+    allowed = rng.random((rows, vocab)) < 0.35
+    allowed[7] = False
+    allowed[7, rng.integers(vocab)] = True  # one token allowed: a greedy row must pick it
+    order = np.argsort(logits[8])
+    allowed[8] = False
+    allowed[8, order[:20]] = True  # only the 20 smallest logits allowed
+    allowed[9] = False
+    allowed[9, order[:3]] = True  # fewer allowed than top_k
+    packed = np.packbits(np.pad(allowed, ((0, 0), (0, sample.mask_words(vocab) * 32 - vocab))), axis=1,
+                         bitorder="little").view(np.uint32)
+    assert np.array_equal(sample.unpack_mask(packed, vocab), allowed)
+    return logits, params, allowed, packed
+
+
+def _masked_picks_wrong(harnesses, warp, vocab, logits, params, allowed, mask_file, tmp_path, chunks):
+    """Rows whose pick is forbidden or not the host sampler's on the masked logits (up to float32 rounding)."""
+    files = write_inputs(tmp_path, x=logits, p=params)
+    nbytes = sample.workspace_bytes(len(params), chunks) if chunks > 1 else 0
+    run(harnesses, warp, "sample_f32", len(params) * chunks, 64, vocab, *files, tmp_path / "o", chunks, nbytes,
+        mask_file)
+    got = np.fromfile(tmp_path / "o", np.int32)
+    assert not got[len(params):].any(), f"counters left {got[len(params):]}"
+    masked = np.where(allowed, logits, np.float32(-np.inf))
+    return [i for i in range(len(params))
+            if not allowed[i, got[i]] or int(got[i]) not in acceptable_picks(masked[i], params[i], du_max=1e-5)]
+
+
+@pytest.mark.parametrize("vocab", [4096, 1001])
+def test_sample_with_token_mask(harnesses, warp, vocab, tmp_path):
+    """A grammar's packed token mask (llguidance's layout): every row's pick, one workgroup a row or split over
+    chunks, is an allowed token and the host sampler's pick on the masked logits; the mask's bits read in reversed
+    order within each word, or the mask ignored, are caught."""
+    rng = np.random.default_rng([warp, vocab, 53])
+    logits, params, allowed, packed = _masked_sample_case(rng, vocab)
+    packed.tofile(tmp_path / "mask")
+    for chunks in (1, 7):
+        assert _masked_picks_wrong(harnesses, warp, vocab, logits, params, allowed, tmp_path / "mask", tmp_path,
+                                   chunks) == [], f"chunks {chunks}"
+    # the host twin (the cpu backend's kernel) picks the same way
+    assert np.array_equal(sample.reference(logits, params, packed)[[0, 7]],
+                          [int(np.argmax(np.where(allowed[i], logits[i], -np.inf))) for i in (0, 7)])
+    # planted faults: bit 31 - b read for bit b, and no mask at all
+    reversed_bits = np.packbits(np.unpackbits(packed.view(np.uint8), bitorder="little").reshape(-1, 32)[:, ::-1],
+                                bitorder="little").view(np.uint32)
+    reversed_bits.tofile(tmp_path / "reversed")
+    for fault in (tmp_path / "reversed", "-"):
+        for chunks in (1, 7):
+            wrong = _masked_picks_wrong(harnesses, warp, vocab, logits, params, allowed, fault, tmp_path, chunks)
+            assert len(wrong) >= len(params) // 2, f"{fault} chunks {chunks}: only rows {wrong} wrong"

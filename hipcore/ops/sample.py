@@ -1,9 +1,11 @@
 """sample: pick each row's next token on the device, by the host sampler's rules (hipcore/engine/sampler.py).
 The numpy filters below (top-k, top-p, min-p, softmax) are this op's reference and the host sampler's math.
 
-Kernel `sample_f32(out p, logits p, params p, vocab i, workspace p, chunks i)` (kernels/sample.hip): logits
-float32 [rows, vocab], params float32 [rows, 5] = (temperature, top_k, top_p, min_p, uniform), out int32
-[rows]; grid = rows * chunks. A greedy row, a row with a top_k of at most SPLIT_TOP_K, and a whole-vocabulary
+Kernel `sample_f32(out p, logits p, params p, vocab i, workspace p, chunks i, mask p)` (kernels/sample.hip):
+logits float32 [rows, vocab], params float32 [rows, 5] = (temperature, top_k, top_p, min_p, uniform), out int32
+[rows]; grid = rows * chunks. mask: 0 (none), or uint32 [rows, mask_words(vocab)], a grammar's allowed tokens
+per row in llguidance's packed layout (token t is bit t % 32 of word t // 32; an unconstrained row's words all
+ones): the kernel sets each forbidden logit to -inf, in place, before it samples. A greedy row, a row with a top_k of at most SPLIT_TOP_K, and a whole-vocabulary
 row without min-p (see below), is split over its `chunks` workgroups when there is a workspace (zeroed once when allocated, at least
 workspace_bytes(rows, chunks); the kernel leaves its counters at zero after every launch; launches that
 share one run one after another), every other row is one workgroup's (the others of its chunks return at
@@ -41,7 +43,7 @@ from hipcore.runtime.kernels import get_kernel
 
 OP = "sample"
 ENTRY = "sample_f32"
-SIGNATURE = "pppipi"
+SIGNATURE = "pppipip"
 PARAMS_PER_ROW = 5  # temperature, top_k, top_p, min_p, uniform
 MAX_TOP_K = 1024  # the kernel's shared-memory candidate capacity (kMaxTopK)
 SPLIT_TOP_K = 64  # rows with top_k up to this are split over the chunks with a workspace (kSplitTopK)
@@ -57,6 +59,23 @@ COUNTER_BYTES_ALIGNMENT = 256  # kernels/sample.hip: kCounterBytesAlignment
 def chunks_for(vocab: int) -> int:
     """Workgroups a greedy row of `vocab` logits is split over."""
     return max(1, min(MAX_CHUNKS, -(-vocab // CHUNK_LOGITS)))
+
+
+def mask_words(vocab: int) -> int:
+    """uint32 words of one row's token mask."""
+    return -(-vocab // 32)
+
+
+def unpack_mask(mask: np.ndarray, vocab: int) -> np.ndarray:
+    """bool [rows, vocab] of packed uint32 [rows, mask_words(vocab)] masks: may each token come next."""
+    words = np.ascontiguousarray(np.asarray(mask, dtype=np.uint32).reshape(-1, mask_words(vocab)))
+    return np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab].astype(bool)
+
+
+def apply_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The logits [rows, vocab] with every token the packed mask forbids at -inf (a copy)."""
+    logits = np.asarray(logits, dtype=np.float32)
+    return np.where(unpack_mask(mask, logits.shape[-1]).reshape(logits.shape), logits, np.float32(-np.inf))
 
 
 def workspace_bytes(rows: int, chunks: int) -> int:
@@ -194,8 +213,11 @@ def pick(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p
     return int(ids[min(at, ids.shape[0] - 1)])
 
 
-def reference(logits: np.ndarray, params: np.ndarray) -> np.ndarray:
-    """int32 [rows] for logits [rows, vocab] and params [rows, PARAMS_PER_ROW]."""
+def reference(logits: np.ndarray, params: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """int32 [rows] for logits [rows, vocab] and params [rows, PARAMS_PER_ROW], with the packed token mask
+    uint32 [rows, mask_words(vocab)] applied first where given."""
+    if mask is not None:
+        logits = apply_mask(logits, mask)
     params = np.asarray(params, dtype=np.float64).reshape(-1, PARAMS_PER_ROW)
     return np.array([pick(row, t, int(k), p, m, u) for row, (t, k, p, m, u) in zip(np.asarray(logits), params)],
                     dtype=np.int32)
@@ -203,15 +225,19 @@ def reference(logits: np.ndarray, params: np.ndarray) -> np.ndarray:
 
 @cpu_kernel(ENTRY, SIGNATURE)
 def _host(device: CpuDevice, grid: Dim3, block: Dim3, out: int, logits: int, params: int, vocab: int, workspace: int,
-          chunks: int) -> None:
+          chunks: int, mask: int) -> None:
     rows = grid[0] // chunks
-    device.view(out, np.int32, rows)[:] = reference(device.view(logits, np.float32, (rows, vocab)),
-                                                    device.view(params, np.float32, (rows, PARAMS_PER_ROW)))
+    x = device.view(logits, np.float32, (rows, vocab))
+    if mask:  # in place, as the kernel does
+        x[:] = apply_mask(x, device.view(mask, np.uint32, (rows, mask_words(vocab))))
+    device.view(out, np.int32, rows)[:] = reference(x, device.view(params, np.float32, (rows, PARAMS_PER_ROW)))
 
 
 def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params: Any, rows: int, vocab: int,
-           workspace: Buffer | None = None) -> None:
-    """out[rows] = the picked token of each row of logits [rows, vocab] under params [rows, 5]. With a
+           workspace: Buffer | None = None, mask: Any = None) -> None:
+    """out[rows] = the picked token of each row of logits [rows, vocab] under params [rows, 5], among the tokens
+    the packed mask uint32 [rows, mask_words(vocab)] allows where one is given (its forbidden logits are set to
+    -inf in place). With a
     workspace (zeroed once after allocation, workspace_size(...) bytes or more) greedy rows, rows with a top_k
     of at most SPLIT_TOP_K and whole-vocabulary rows without min-p are split over chunks_for(vocab)
     workgroups; without one, or one too small for `rows`, every row is one workgroup's."""
@@ -219,6 +245,8 @@ def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params:
     check_memory(OP, "out", out, rows * 4)
     check_memory(OP, "logits", logits, rows * vocab * 4)
     check_memory(OP, "params", params, rows * PARAMS_PER_ROW * 4)
+    if mask is not None:
+        check_memory(OP, "mask", mask, rows * mask_words(vocab) * 4)
     chunks = chunks_for(vocab)
     if workspace is not None and not isinstance(workspace, Buffer):
         raise ValueError(f"{OP}: workspace must be a Buffer (its size decides whether greedy rows are split)")
@@ -229,4 +257,4 @@ def launch(device: Device, stream: Stream | None, out: Any, logits: Any, params:
     # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
     kernel = get_kernel(device, OP, ENTRY, SIGNATURE, programmatic=True)
     kernel.launch(rows * chunks, row_block(vocab, MAX_THREADS),
-                  (out, logits, params, vocab, workspace if chunks > 1 else 0, chunks), stream=stream)
+                  (out, logits, params, vocab, workspace if chunks > 1 else 0, chunks, 0 if mask is None else mask), stream=stream)

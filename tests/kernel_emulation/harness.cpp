@@ -368,17 +368,20 @@ int main(int argc, char** argv) {
   if (run_fused_matvec(entry, grid, block, a)) return 0;
   if (run_fused_qmatvec(entry, grid, block, a)) return 0;
   if (run_fused_matmul(entry, grid, block, a)) return 0;
-  if (entry == "sample_f32") {  // vocab logits params out chunks workspace_bytes (grid = rows * chunks)
+  if (entry == "sample_f32") {  // vocab logits params out chunks workspace_bytes [mask] (grid = rows * chunks)
     // out: the rows' tokens, then (with a workspace) its counters, which the kernel must leave at zero.
+    // mask: a file of the rows' packed token masks, or none (a null pointer).
     const int vocab = std::atoi(a[0]), chunks = std::atoi(a[4]);
     const size_t workspace_bytes = (size_t)std::atoll(a[5]);
     Bytes logits = read_file(a[1]), params = read_file(a[2]);
+    const Bytes mask = argc > 10 ? optional_file(a[6]) : Bytes();
     const unsigned rows = grid / (unsigned)chunks;
     Guarded<int> out(rows, -1);
     Guarded<unsigned char> workspace(workspace_bytes, 0);
     emu_launch(grid, block, [&] {
-      sample_f32(out.data(), (const float*)logits.data(), (const float*)params.data(), vocab,
-                 workspace_bytes ? workspace.data() : nullptr, chunks);
+      sample_f32(out.data(), (float*)logits.data(), (const float*)params.data(), vocab,
+                 workspace_bytes ? workspace.data() : nullptr, chunks,
+                 mask.empty() ? nullptr : (const unsigned*)mask.data());
     });
     if (workspace_bytes) out.insert(out.end(), (const int*)workspace.data(), (const int*)workspace.data() + rows);
     write_file(a[3], out.data(), out.size() * 4);
