@@ -275,7 +275,9 @@ def test_events_and_streams_of_another_backend_are_refused():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_closing_an_unopened_device_releases_quietly(backend):
     dev = unopened(backend)
+    dev.loaded_code["modules"]["add"] = object()  # what the kernel loader keeps on the device: close() drops it
     dev.close()  # the synchronize and release calls fail here; close() must not raise
+    assert dev.loaded_code == {"modules": {}, "kernels": {}}
     assert dev._closed and getattr(gpu_device._current, "key", None) is None
     with pytest.raises(DeviceError, match=f"{backend}:0 was closed"):
         dev._make_current()

@@ -203,6 +203,10 @@ class Device(abc.ABC):
         self._alloc_lock = threading.Lock()
         self._fail_at: int | None = None  # test hook: make the k-th allocation from now fail
         self._alloc_attempts = 0
+        # The modules and kernels hipcore/runtime/kernels.py loaded for this device ({"modules": {op: Module},
+        # "kernels": {key: Kernel}}): kept on the device, not in a table of the process, because they refer to
+        # it; a process-wide table would keep every device alive. close() empties it.
+        self.loaded_code: dict[str, dict] = {"modules": {}, "kernels": {}}
 
     # ---- memory -------------------------------------------------------------------------------
 
@@ -321,6 +325,12 @@ class Device(abc.ABC):
 
     def close(self) -> None:
         """Release backend resources (contexts, modules). Live buffers are the caller's to free."""
+        self._forget_loaded_code()
+
+    def _forget_loaded_code(self) -> None:
+        """Drop the kernel loader's modules and kernels of this device (its close path calls this)."""
+        for table in self.loaded_code.values():
+            table.clear()
 
     def jit_compile(self, source: str, name: str, include_dirs: Sequence[str] = (), options: Sequence[str] = ()) -> bytes:
         """Compile kernel source at run time into a code object for this device (nvrtc on NVIDIA,

@@ -359,6 +359,7 @@ class GpuDevice(Device):
         self._enter()
         release_quietly(self._api.entry("device_synchronize"))
         self._resources.release_all()
+        self._forget_loaded_code()
         self._closed = True
         self._leave()
         self._release_context()

@@ -38,7 +38,6 @@ import os
 import re
 import tempfile
 import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -241,8 +240,6 @@ def available_code_objects(arch: str) -> list[str]:
 # ---- loading -----------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_modules: "weakref.WeakKeyDictionary[Device, dict[str, Module]]" = weakref.WeakKeyDictionary()
-_kernels: "weakref.WeakKeyDictionary[Device, dict[tuple[str, str, str], Kernel]]" = weakref.WeakKeyDictionary()
 _warned_runtime_compile = False
 _runtime_compiled_ops: set[tuple[str, str]] = set()  # (arch, op) loaded from a run-time compile
 
@@ -252,30 +249,36 @@ def get_kernel(device: Device, op: str, entry: str, signature: str, *, programma
     programmatic: the entry calls rf_grid_dependency_sync() first (Module.kernel)."""
     key = (op, entry, signature, programmatic)
     with _lock:
-        cached = _kernels.get(device, {}).get(key)
+        modules, kernels = _loaded_code(device)
+        cached = kernels.get(key)
         if cached is not None:
             return cached
-        module = _modules.get(device, {}).get(op)
+        module = modules.get(op)
         if module is None:
             module = _load_module(device, op)
-            _modules.setdefault(device, {})[op] = module
+            modules[op] = module
         kernel = module.kernel(entry, signature, programmatic)
-        _kernels.setdefault(device, {})[key] = kernel
+        kernels[key] = kernel
         return kernel
 
 
+def _loaded_code(device: Device) -> tuple[dict[str, Module], dict[tuple, Kernel]]:
+    """The device's own tables of loaded modules (by op) and kernels (Device.loaded_code): on the device, so
+    that they are collected with it and its close() empties them."""
+    return device.loaded_code["modules"], device.loaded_code["kernels"]
+
+
 def cached_module_count(device: Device) -> int:
-    """Modules the cache holds for `device`: one an op, loaded at the op's first launch and kept until
-    forget_device (leak-check counts the device's modules beyond these: profiles/leak_handles.py)."""
+    """Modules the cache holds for `device`: one an op, loaded at the op's first launch and kept until the
+    device closes or forget_device (leak-check counts the device's modules beyond these: profiles/leak_handles.py)."""
     with _lock:
-        return len(_modules.get(device, {}))
+        return len(_loaded_code(device)[0])
 
 
 def forget_device(device: Device) -> None:
-    """Drop the cached modules and kernels of a device (call before closing it)."""
+    """Drop the cached modules and kernels of a device (its close() does this too)."""
     with _lock:
-        _modules.pop(device, None)
-        _kernels.pop(device, None)
+        device._forget_loaded_code()
 
 
 def _load_module(device: Device, op: str) -> Module:
