@@ -1,17 +1,20 @@
-"""A step whose rows sample partly on the host (a grammar's mask, logprobs) keeps its other rows on the device
-sampler: only the host rows' logits come back (ModelRunner.sampled_step_logits), and every row's tokens are the
-ones the same step gives when all its rows sample on the host (the engine's rule before: logits of every row). On the cpu backend, whose device sampler is the kernel's host entry."""
+"""A step whose rows sample partly on the host (logprobs) keeps its other rows on the device sampler: only the host
+rows' logits come back (ModelRunner.sampled_step_logits), and every row's tokens are the ones the same step gives
+when all its rows sample on the host (the engine's rule before: logits of every row). A grammar's rows sample on
+the device, under their token masks. On the cpu backend, whose device sampler is the kernel's host entry."""
 
 from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 
 from support.engine_testing import load_tiny, prompt_of, tiny_model
 
-from hipcore.engine.grammar import compile_grammar
-from hipcore.engine.sampler import SamplingParams
+from hipcore.engine import step_launch
+from hipcore.engine.grammar import TokenConstraint, compile_grammar
+from hipcore.engine.sampler import Sampler, SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 999}},
           "required": ["ok", "n"], "additionalProperties": False}
@@ -33,15 +36,16 @@ def model(tmp_path_factory):
         yield loaded
 
 
-@pytest.mark.parametrize("host_kind", ["grammar", "logprobs"])
+@pytest.mark.parametrize("host_kind", ["grammar with penalties", "logprobs"])
 def test_device_rows_stay_on_the_device_beside_host_rows(model, host_kind):
     runner = model.engine.runner
     read = []
     original = runner.sampled_step_logits
     runner.sampled_step_logits = lambda indices: read.append(list(indices)) or original(indices)
     try:
-        host = (SamplingParams(temperature=0.8, seed=3, max_tokens=40, grammar=compile_grammar(json_schema=SCHEMA))
-                if host_kind == "grammar" else _free(3).__class__(**{**_free(3).__dict__, "logprobs": 2}))
+        host = (SamplingParams(temperature=0.8, seed=3, max_tokens=40, repeat_penalty=1.1,
+                               grammar=compile_grammar(json_schema=SCHEMA))
+                if host_kind.startswith("grammar") else _free(3).__class__(**{**_free(3).__dict__, "logprobs": 2}))
         mixed = _run(model, [_free(1), host, _free(2)])
     finally:
         runner.sampled_step_logits = original
@@ -52,6 +56,57 @@ def test_device_rows_stay_on_the_device_beside_host_rows(model, host_kind):
         del runner.sampled_step_logits
     assert [r.generated_tokens for r in mixed] == [r.generated_tokens for r in all_host]
     assert read and all(indices == [1] for indices in read), read  # only the host row's logits came back
-    if host_kind == "grammar":
+    if host_kind.startswith("grammar"):
         value = json.loads(mixed[1].texts[0])
         assert set(value) == {"ok", "n"}
+
+
+def _constrained_jobs():
+    grammar = compile_grammar(json_schema=SCHEMA)
+    return [_free(1), SamplingParams(temperature=0.8, seed=3, max_tokens=40, grammar=grammar), _free(2),
+            SamplingParams(temperature=0.0, max_tokens=40, grammar=grammar),
+            SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5, max_tokens=40, grammar=grammar)]
+
+
+def _host_masking_forbidden(monkeypatch):
+    """The host's side of constrained sampling raises: a grammar's row must sample on the device."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a constrained row sampled on the host")
+    monkeypatch.setattr(TokenConstraint, "mask", refuse)
+    original = Sampler.sample
+    monkeypatch.setattr(Sampler, "sample", lambda self, *a, **k: refuse() if self.constraint is not None
+                        else original(self, *a, **k))
+
+
+def test_constrained_rows_sample_on_the_device(model, monkeypatch):
+    """json_schema requests (seeded, greedy, the whole vocabulary) beside free ones: every constrained row picks on
+    the device sampler under its grammar's token mask (the host's masking raises; no logits come back) and ends
+    with JSON that validates."""
+    _host_masking_forbidden(monkeypatch)
+    runner = model.engine.runner
+    read = []
+    monkeypatch.setattr(runner, "sampled_step_logits", lambda indices: read.append(indices), raising=False)
+    masks = []
+    original = step_launch.with_token_masks
+    monkeypatch.setattr(step_launch, "with_token_masks", lambda *a: masks.append(1) or original(*a))
+    records = _run(model, _constrained_jobs())
+    assert read == [] and masks
+    for i in (1, 3, 4):
+        assert records[i].ending.value == "eos", (i, records[i].texts[0])
+        jsonschema.validate(json.loads(records[i].texts[0]), SCHEMA)
+
+
+def test_constrained_rows_without_their_masks_are_caught(model, monkeypatch):
+    """The planted fault: the device sampler given no masks (the rows' grammars left out) picks tokens the grammar
+    refuses, and the requests fail instead of ending with JSON."""
+    monkeypatch.setattr(step_launch, "with_token_masks", lambda sampling, *a: sampling)
+    records = _run(model, _constrained_jobs())
+    assert all(records[i].ending.value != "eos" or not _valid(records[i].texts[0]) for i in (1, 3, 4))
+
+
+def _valid(text: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True

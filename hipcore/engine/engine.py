@@ -379,7 +379,11 @@ class Engine(SequenceEndings):
                     request.first_token_at = time.perf_counter()
                     self.stats.first_token_time.observe(request.first_token_at - request.submitted_at)
             for target in targets:
-                token = picked if picked is not None else target.sampler.sample(logits, target.tokens)
+                if picked is not None:
+                    token = picked
+                    target.sampler.accept_picked(token)
+                else:
+                    token = target.sampler.sample(logits, target.tokens)
                 self._accept_token(target, token, events)
         except Exception as exc:
             # The events of this request made before the failure stay in its queue but not in the step's list.

@@ -162,16 +162,20 @@ class TokenConstraint:
         self._bits = np.zeros((vocabulary.vocab_size + 31) // 32, dtype=np.int32)
         self.vocab_size = vocabulary.vocab_size
 
-    def allowed(self) -> np.ndarray:
-        """A bool per token of the vocabulary: may it come next."""
+    def packed(self) -> np.ndarray:
+        """The allowed tokens of the next step as llguidance gives them: uint32 words, token t at bit t % 32 of
+        word t // 32 (the layout hipcore/ops/sample.py's kernel takes). Valid until the next call."""
         matcher = self._matcher
         matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if matcher.is_error():
             raise RuntimeError(f"{GRAMMAR_FAILURE}: {_first_line(matcher.get_error())}")
-        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size].astype(bool)
-        if not allowed.any():
+        if not self._bits.any():
             raise RuntimeError(f"{GRAMMAR_FAILURE}: it allows no token here")
-        return allowed
+        return self._bits.view(np.uint32)
+
+    def allowed(self) -> np.ndarray:
+        """A bool per token of the vocabulary: may it come next."""
+        return np.unpackbits(self.packed().view(np.uint8), bitorder="little")[:self.vocab_size].astype(bool)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """The logits with every token the grammar forbids at -inf (a copy)."""

@@ -171,9 +171,9 @@ class Sampler:
         # Asked every step; params are frozen. device_row: the row of SamplingRows.from_rows without the uniform;
         # top_k capped at int32's largest (the device reads it as a float; only a greedy row, which ignores it,
         # can hold more and still be samplable on the device).
-        # A constrained row samples on the host: its mask is computed on the host every step.
-        # Log-probabilities need the row's logits on the host too.
-        self.device_samplable = device_samplable(params) and constraint is None and params.logprobs is None
+        # A constrained row samples on the device too, its grammar's mask uploaded every step (the engine's
+        # StepLauncher); log-probabilities need the row's logits on the host.
+        self.device_samplable = device_samplable(params) and params.logprobs is None
         self.logprobs: tuple | None = None  # the last sampled token's (logprob, [(id, logprob)...]) with params.logprobs
         self.greedy = params.greedy
         self.device_row = (0.0 if params.greedy else float(params.temperature), min(int(params.top_k), _INT32_MAX),
@@ -204,6 +204,11 @@ class Sampler:
         cumulative = np.cumsum(probs)
         pick = int(np.searchsorted(cumulative, self.next_uniform() * cumulative[-1], side="right"))
         return self._accepted(int(ids[min(pick, ids.shape[0] - 1)]), logits)
+
+    def accept_picked(self, token: int) -> None:
+        """A token picked on the device (under the grammar's mask where constrained): the grammar moves on."""
+        if self.constraint is not None:
+            self.constraint.accept(token)
 
     def _accepted(self, token: int, logits: np.ndarray) -> int:
         if self.constraint is not None:

@@ -17,6 +17,7 @@ step ahead is dropped, and its blocks wait on the cache's step fence until that 
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,7 +29,7 @@ from hipcore.engine.sampling_rows import StepSamplingRows
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.batch import SeqSlice, StepBatch, build_decode_batch, build_step_batch
 from hipcore.model.runner import OverlappingRunner, Runner, SamplingRunner
-from hipcore.ops.sample import SamplingRows
+from hipcore.ops.sample import SamplingRows, mask_words
 
 if TYPE_CHECKING:
     from hipcore.engine.scheduler import Scheduled, Scheduler
@@ -122,7 +123,8 @@ class StepLauncher:
         if not overlaps:
             return LaunchedStep(scheduled, fence, picked=np.asarray(runner.execute_sampled(batch, sampling)).tolist())  # type: ignore[attr-defined]
         pending = runner.launch_sampled(batch, sampling)  # type: ignore[attr-defined]
-        followable = batch.is_decode_only and len(sampling) == batch.num_tokens and all(
+        # a constrained row's next mask needs this step's token: no step follows it on the device
+        followable = sampling.mask is None and batch.is_decode_only and len(sampling) == batch.num_tokens and all(
             item.seq.request.phase is Phase.DECODE for item in scheduled)
         return LaunchedStep(scheduled, fence, pending=pending, followable=followable)
 
@@ -179,11 +181,28 @@ class StepLauncher:
             if request.phase is Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
                 return None, None
         if not host_rows:
-            return self._sampling_rows.rows([seq.sampler for seq in seqs]), None
+            sampling = self._sampling_rows.rows([seq.sampler for seq in seqs])
+            return with_token_masks(sampling, seqs, runner.config.vocab_size, set()), None
         if len(host_rows) == len(seqs) or getattr(runner, "sampled_step_logits", None) is None:
             return None, None
         host = set(host_rows)
-        return SamplingRows.from_rows([
+        sampling = SamplingRows.from_rows([
             (0.0, 0, 1.0, 0.0, 0.0) if row in host else  # greedy, no draw: a token that is not taken
             seq.sampler.device_row + (0.0 if seq.sampler.greedy else seq.sampler.next_uniform(),)
-            for row, seq in enumerate(seqs)]), host_rows
+            for row, seq in enumerate(seqs)])
+        return with_token_masks(sampling, seqs, runner.config.vocab_size, host), host_rows
+
+
+def with_token_masks(sampling: SamplingRows, seqs: list[Sequence], vocab: int, host_rows: set[int]) -> SamplingRows:
+    """`sampling` with the packed token masks of its constrained device rows (their grammars' allowed tokens now;
+    all ones for the other rows), or as it is when no device row is constrained."""
+    constrained = [row for row, seq in enumerate(seqs) if seq.sampler.constraint is not None and row not in host_rows]
+    if not constrained:
+        return sampling
+    words = mask_words(vocab)
+    mask = np.full((len(seqs), words), 0xFFFFFFFF, dtype=np.uint32)
+    for row in constrained:
+        packed = seqs[row].sampler.constraint.packed()
+        mask[row] = 0
+        mask[row, :min(words, packed.shape[0])] = packed[:words]
+    return dataclasses.replace(sampling, mask=mask)

@@ -47,6 +47,8 @@ def activation_sizes(config, max_tokens: int, max_seqs: int, max_blocks: int,
     if t >= matmul_mma.WIDE_MIN_TOKENS:
         matmul_workspace = max(matmul_workspace, matmul_mma.WIDE_WORKSPACE_BYTES)
     sizes["matmul_workspace"] = (matmul_workspace, "scratch")
+    # the constrained rows' packed token masks, uploaded each step that has one (sample.launch's mask)
+    sizes["token_mask"] = (rows * sample.mask_words(v) * 4, "scratch")
     sample_workspace = sample.workspace_size(rows, v)  # split rows' figures per chunk of the vocabulary
     if sample_workspace:
         sizes["sample_workspace"] = (sample_workspace, "scratch")

@@ -256,6 +256,8 @@ class ModelRunner:
         batch.validate(kv.block_size, kv.num_blocks, kv.window_blocks if LOCAL_GROUP in self.cache.groups else None)
         assert self.inputs is not None, "the runner is closed"
         decode = batch.is_decode_only
+        if sampling is not None and sampling.mask is not None:
+            return self._run_masked(batch, sampling, decode, token_ids_from)
         bucket = self.graphs.bucket_for(n) if decode else None
         if bucket is not None:
             self.inputs.pack(batch, padded_tokens=bucket, all_rows=True, sampling=sampling, stream=self.stream)
@@ -276,6 +278,28 @@ class ModelRunner:
         self._take_token_ids(token_ids_from, n)
         rows = n if decode else r
         _run_all(self.launch_plan(n, rows, all_rows=decode, with_sampling=want_tokens, decode=decode))
+        return rows, decode
+
+    def _run_masked(self, batch: StepBatch, sampling: SamplingRows, decode: bool,
+                    token_ids_from: Buffer | None) -> tuple[int, bool]:
+        """A step with constrained rows: their token masks uploaded (all ones for the other rows), the step
+        unpadded and outside the graphs (a grammar's steps are few beside the unconstrained ones'), and the
+        sample launch given the masks."""
+        n, r = batch.num_tokens, int(batch.sample_rows.shape[0])
+        rows = n if decode else r
+        mask = sampling.mask
+        assert mask is not None and self.inputs is not None
+        if mask.shape != (r, sample.mask_words(self.config.vocab_size)):
+            raise ValueError(f"token mask of shape {mask.shape} for {r} rows of {self.config.vocab_size} logits")
+        if rows != r:  # decode: row i is token i, the sample rows among them
+            full = np.full((rows, mask.shape[1]), 0xFFFFFFFF, dtype=np.uint32)
+            full[batch.sample_rows] = mask
+            mask = full
+        self._mask_upload = np.ascontiguousarray(mask, dtype=np.uint32)  # kept until the copy is done
+        self.device.copy_host_to_device(self.buffers["token_mask"], self._mask_upload, stream=self.stream)
+        self.inputs.pack(batch, padded_tokens=n, all_rows=decode, sampling=sampling, stream=self.stream)
+        self._take_token_ids(token_ids_from, n)
+        _run_all(self.launch_plan(n, rows, all_rows=decode, with_sampling=True, decode=decode, masked=True))
         return rows, decode
 
     def padded_prompt_shape(self, tokens: int, rows: int) -> tuple[int, int] | None:
@@ -331,27 +355,32 @@ class ModelRunner:
 
     # ---- the launch sequence ------------------------------------------------------------------
 
-    def launch_plan(self, t: int, r: int, *, all_rows: bool, with_sampling: bool, decode: bool) -> list[Launch]:
+    def launch_plan(self, t: int, r: int, *, all_rows: bool, with_sampling: bool, decode: bool,
+                    masked: bool = False) -> list[Launch]:
         """The step's launches, in order, for t token rows whose logits are wanted at r rows (all_rows:
         r == t and row i is token i; else rows listed in the step inputs' sample_rows); decode: every
         token is its own sequence's next token. Plans are kept per shape: every decode plan (their shapes are
         few, one per batch size), and the PROMPT_PLAN_CACHE_SIZE most recently used of the others, which come in
         every (tokens, rows) shape (kept without a bound, they grew for thousands of requests: leak-check saw
-        ~20 MiB per 1,000 requests on the demo model)."""
+        ~20 MiB per 1,000 requests on the demo model). masked: the sample launch takes the token masks."""
         key = (t, r, all_rows, with_sampling, decode)  # decode changes the plan (the attention op)
+        if masked:
+            key += ("masked",)
         kept = self._plans if decode and t <= PLAN_CACHE_MAX_TOKENS else self._prompt_plans
         plan = kept.get(key)
         if plan is None:
-            plan = self._build_plan(t, r, all_rows, with_sampling, decode)
+            plan = self._build_plan(t, r, all_rows, with_sampling, decode, masked)
             kept[key] = plan
             if len(self._prompt_plans) > PROMPT_PLAN_CACHE_SIZE:
                 dropped, _ = self._prompt_plans.popitem(last=False)
-                self.prompt_graphs.drop(dropped)  # a shape's graph goes with its plan
+                if len(dropped) == 5:  # a shape's graph goes with its plan (masked plans have none)
+                    self.prompt_graphs.drop(dropped)
         elif kept is self._prompt_plans:
             self._prompt_plans.move_to_end(key)
         return plan
 
-    def _build_plan(self, t: int, r: int, all_rows: bool, with_sampling: bool, decode: bool) -> list[Launch]:
+    def _build_plan(self, t: int, r: int, all_rows: bool, with_sampling: bool, decode: bool,
+                    masked: bool = False) -> list[Launch]:
         cfg, w, b, dev, st = self.config, self.weights, self.buffers, self.device, self.stream
         inputs, products = self.inputs, self.products
         assert inputs is not None
@@ -380,7 +409,8 @@ class ModelRunner:
         plan += self.family.output_launches(ctx, r)  # e.g. gemma2's final logit soft-capping
         if with_sampling:
             plan.append(("sample", lambda: sample.launch(dev, st, b["tokens"], b["logits"], inputs.addr("sampling"), r, v,
-                                                         b.get("sample_workspace"))))
+                                                         b.get("sample_workspace"),
+                                                         b["token_mask"] if masked else None)))
         return plan
 
 

@@ -111,6 +111,9 @@ class SamplingRows:
     top_p: np.ndarray  # float32 [R]
     min_p: np.ndarray  # float32 [R]
     uniform: np.ndarray  # float64 [R]: the draw in [0, 1) of each non-greedy row
+    # uint32 [R, mask_words(vocab)]: the rows' packed token masks (a grammar's allowed tokens; all ones for an
+    # unconstrained row), or None when no row is constrained
+    mask: np.ndarray | None = None
 
     @classmethod
     def build(cls, params: Sequence[RowParams], uniforms: Sequence[float]) -> "SamplingRows":
