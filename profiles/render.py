@@ -109,6 +109,9 @@ def capacity_table(table: CapacityTable) -> Table:
     if table.model.layer_windows:
         t.caption += ("\nsliding-window model: B/token is a token inside the window (every layer);\n"
                       "B/block and blocks are the global pool's; seqs are window-true (see below)")
+        if all(table.model.layer_windows):
+            t.caption += ("\nevery layer slides: the global pool holds no layer (B/block 0, its blocks count\n"
+                          "positions only); the local pool below is the whole cache")
     t.caption_justify = "left"
     return t
 

@@ -49,7 +49,6 @@ def test_no_window_is_one_group_exactly_as_before():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(layer_windows=(4, 0)), "2 entries for 3 layers"),
-    (dict(layer_windows=(4, 4, 4)), "at least one global layer"),
     (dict(layer_windows=(4, -1, 0)), "window of layer 1 must be between"),
     (dict(layer_windows=(4, 1.5, 0)), "window of layer 1 must be an integer"),
     (dict(layer_windows="4,0,0"), "sequence of window lengths"),

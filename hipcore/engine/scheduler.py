@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from hipcore.engine.request import Phase, Request, Sequence
 from hipcore.kvcache.cache import KvCache
+from hipcore.kvcache.config import LOCAL_GROUP
 
 
 class Scheduled(NamedTuple):
@@ -116,7 +117,25 @@ class Scheduler:
                 f"+ up to {max_new_tokens} new, {bs} tokens per block) but the pool has only {have}; "
                 "give the KV cache more memory (--kv-blocks / --kv-memory) or lower --max-tokens"
             )
-        return None
+        return self._never_fits_window(request, max_new_tokens)
+
+    def _never_fits_window(self, request: Request, max_new_tokens: int) -> str | None:
+        """Why the request could never run in the sliding-window pool (None if it might): each sample holds at once
+        its first prompt chunk's blocks (nothing has left the window yet), and later a window's blocks; a pool smaller
+        than that (--kv-blocks of a model whose every layer slides) would keep it waiting forever."""
+        if LOCAL_GROUP not in self.cache.groups:
+            return None
+        config, n = self.cache.config, max(1, request.params.n)
+        first_chunk = min(len(request.prompt_ids), self.max_step_tokens)
+        held = max(config.blocks_for_tokens(first_chunk), config.window_blocks_per_sequence())
+        need = n * min(held, config.blocks_for_tokens(len(request.prompt_ids) + max_new_tokens - 1))
+        have = self.cache.num_usable_blocks_in(LOCAL_GROUP)
+        if need <= have:
+            return None
+        return (f"request {request.request_id} needs {need} KV blocks of the sliding-window layers at once (a prompt "
+                f"chunk of {first_chunk} tokens, a window of {config.window}, {config.block_size} tokens per block"
+                f"{f', {n} samples' if n > 1 else ''}) but their pool has only {have}; give the KV cache more memory "
+                "(--kv-blocks / --kv-memory) or fewer prompt tokens a step")
 
     @staticmethod
     def seq_demand(request: Request) -> int:

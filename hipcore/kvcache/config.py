@@ -14,6 +14,9 @@ cache keeps two groups, as vLLM's hybrid KV cache manager does:
   local   the layers with a window: their own pool of `window_blocks` blocks and their own block
           tables; a sequence keeps only the blocks that still hold a position some future query can
           read (the group's window is the largest of its layers'), the rest go back to the pool.
+A model whose every layer has a window (a one-layer gpt-oss) keeps both groups: the global group then holds no
+layer, so its blocks cost no memory and only count each sequence's positions (table length, capacity); the local
+pool is the whole cache, about a window (plus a step) per sequence.
 """
 
 from __future__ import annotations
@@ -111,6 +114,8 @@ class KvCacheConfig:
         windows = _check_layer_windows(layer_windows, n_layers)
         probe = cls(n_layers, n_kv_heads, head_dim, RESERVED_BLOCKS + 1, block_size, dtype, windows,
                     (window_blocks or RESERVED_BLOCKS + 1) if windows else 0)
+        if probe.layer_windows and not probe.global_layers:
+            return cls._window_only_for_memory(probe, budget_bytes, window_blocks)
         if probe.layer_windows and window_blocks:
             room, per_block = budget_bytes - window_blocks * probe.window_bytes_per_block, probe.bytes_per_block
         else:  # one group, or a local pool as large as the global one: each global block brings its local twin
@@ -123,6 +128,27 @@ class KvCacheConfig:
                 f"{format_bytes(budget_bytes - room + (RESERVED_BLOCKS + 1) * per_block)} is needed"
             )
         return cls(n_layers, n_kv_heads, head_dim, num_blocks, block_size, dtype, probe.layer_windows, window_blocks)
+
+    @classmethod
+    def _window_only_for_memory(cls, probe: "KvCacheConfig", budget_bytes: int, window_blocks: int) -> "KvCacheConfig":
+        """for_memory of a model whose every layer has a window: the budget is the local pool's (`window_blocks`
+        when given, else as many blocks as fit); the global group, holding no layer, gets as many blocks, which
+        cost nothing (a caller that knows the contexts, as the memory plan does, sizes it for them)."""
+        per_block = probe.window_bytes_per_block
+        fitting = min(budget_bytes // per_block, MAX_SLOTS // probe.block_size, MAX_CACHE_BYTES // per_block)
+        blocks = window_blocks or fitting
+        if blocks < RESERVED_BLOCKS + 1 or blocks * per_block > budget_bytes:
+            raise KvConfigError(
+                f"a KV budget of {format_bytes(budget_bytes)} holds no usable block: one block of {probe.block_size} "
+                f"tokens needs {format_bytes(per_block)} and block 0 is reserved, so at least "
+                f"{format_bytes(max(blocks, RESERVED_BLOCKS + 1) * per_block)} is needed")
+        return cls(probe.n_layers, probe.n_kv_heads, probe.head_dim, blocks, probe.block_size, probe.dtype,
+                   probe.layer_windows, blocks)
+
+    @property
+    def window_only(self) -> bool:
+        """Every layer has a sliding window: the global group holds no layer (it only counts positions)."""
+        return bool(self.layer_windows) and not self.global_layers
 
     @property
     def format(self) -> KvDtype:
@@ -289,9 +315,6 @@ def _check_layer_windows(windows: object, n_layers: int) -> tuple[int, ...]:
         _check_int(f"window of layer {i}", w, 0, MAX_WINDOW)
     if not any(out):
         return ()
-    if all(out):
-        raise KvConfigError("every layer has a sliding window; the KV cache needs at least one global layer "
-                            "(a model whose layers all slide is not supported yet)")
     return out
 
 

@@ -67,10 +67,14 @@ class MemoryPlan:
         kv = self.kv_config
         local = (f"; sliding-window layers: {kv.window_blocks - 1} blocks of {len(kv.window_layers)} layers"
                  if kv.layer_windows else "")
+        kv_row = f"kv cache ({kv.num_blocks - 1} blocks x {kv.block_size} tokens, {kv.dtype}{local})"
+        if kv.window_only:  # the global group counts positions only: the local pool is the cache
+            kv_row = (f"kv cache ({kv.window_blocks - 1} blocks x {kv.block_size} tokens, {kv.dtype}; every layer "
+                      f"slides: a window of {kv.window}, {kv.window_blocks_per_sequence()} blocks a sequence)")
         return [
             (f"weights ({format_bytes(self.weights_in_file)} in the file)" if self.weights_grow else "weights",
              self.weights),
-            (f"kv cache ({kv.num_blocks - 1} blocks x {kv.block_size} tokens, {kv.dtype}{local})", self.kv),
+            (kv_row, self.kv),
             ("activations", self.activations),
             ("scratch (step inputs, attention workspace)", self.scratch),
             ("total needed", self.needed),
@@ -88,7 +92,11 @@ class MemoryPlan:
         """(usable blocks, tokens) the KV pool could have beside everything else."""
         kv = self.kv_config
         # A sliding-window group's pool is sized by sequences, not by context: it stays as planned.
-        room = self.free - self.margin - self.weights - self.activations - self.scratch - kv.window_blocks * kv.window_bytes_per_block
+        room = self.free - self.margin - self.weights - self.activations - self.scratch
+        if kv.window_only:  # the local pool is the whole cache
+            blocks = max(0, room // kv.window_bytes_per_block - 1)
+            return blocks, blocks * kv.block_size
+        room -= kv.window_blocks * kv.window_bytes_per_block
         blocks = max(0, room // kv.bytes_per_block - 1)
         return blocks, blocks * self.kv_config.block_size
 
@@ -100,7 +108,10 @@ class MemoryPlan:
         step = self.activations + self.scratch
         fewer_step_tokens = (f"fewer prompt tokens a step (serve's --step-tokens; steps of {self.max_step_tokens} tokens "
                              f"for {self.max_seqs} sequences take {format_bytes(step)})")
-        if blocks > 0:
+        if blocks > 0 and self.kv_config.window_only:
+            advice = (f"the KV cache of sliding-window layers could hold {blocks} blocks: use --kv-blocks {blocks}, "
+                      "fewer --parallel sequences or a smaller --kv-dtype (q8_0)")
+        elif blocks > 0:
             advice = (f"the KV cache could hold {tokens} tokens ({blocks} blocks): use --ctx-size {tokens} "
                       f"or --kv-blocks {blocks}, or a smaller --kv-dtype (q8_0)")
             if step * 4 > self.needed:  # the activations are a large share: shrinking them is an answer too
@@ -148,6 +159,21 @@ def parse_memory_size(text: str, free: int) -> int:
     return int(number * mult)
 
 
+def _window_only_kv(shape: dict, ctx_size: int, max_seqs: int, max_step_tokens: int, kv_blocks: int | None,
+                    kv_memory: str | None, free: int) -> KvCacheConfig:
+    """The cache of a model whose every layer has a window: the local pool is the whole cache (--kv-blocks or
+    --kv-memory size it, else about a window and a step per sequence: window_pool_blocks); the global group holds no
+    layer and costs nothing, so it counts positions for max_seqs full contexts."""
+    positions = max_seqs * -(-ctx_size // shape["block_size"]) + 1
+    if kv_blocks is not None:
+        local = kv_blocks + 1
+    elif kv_memory is not None:
+        local = KvCacheConfig.for_memory(parse_memory_size(kv_memory, free), **shape).window_blocks
+    else:
+        local = KvCacheConfig(num_blocks=positions, **shape).window_pool_blocks(max_seqs, max_step_tokens)
+    return KvCacheConfig(num_blocks=max(positions, local), **shape, window_blocks=local)
+
+
 def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_step_tokens: int,
               kv_dtype: str = "f16", block_size: int = 16, kv_blocks: int | None = None,
               kv_memory: str | None = None, layer_windows: tuple[int, ...] = ()) -> MemoryPlan:
@@ -165,7 +191,9 @@ def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_s
                  dtype=kv_dtype, layer_windows=layer_windows)
     if kv_blocks is not None and kv_memory is not None:
         raise UsageError("give either --kv-blocks or --kv-memory, not both")
-    if kv_blocks is not None:
+    if layer_windows and all(layer_windows):
+        kv_config = _window_only_kv(shape, ctx_size, max_seqs, max_step_tokens, kv_blocks, kv_memory, info.free)
+    elif kv_blocks is not None:
         kv_config = KvCacheConfig(num_blocks=kv_blocks + 1, **shape)
     elif kv_memory is not None:
         budget = parse_memory_size(kv_memory, info.free)
@@ -175,7 +203,7 @@ def make_plan(device: Device, model_plan, *, ctx_size: int, max_seqs: int, max_s
             kv_config = KvCacheConfig.for_memory(budget, **shape, window_blocks=min(wanted, kv_config.num_blocks))
     else:  # room for max_seqs full contexts, plus the null block
         kv_config = KvCacheConfig(num_blocks=max_seqs * -(-ctx_size // block_size) + 1, **shape)
-    if kv_config.layer_windows and kv_memory is None:
+    if kv_config.layer_windows and kv_memory is None and not kv_config.window_only:
         kv_config = KvCacheConfig(num_blocks=kv_config.num_blocks, **shape,
                                   window_blocks=kv_config.window_pool_blocks(max_seqs, max_step_tokens))
     max_blocks = -(-ctx_size // block_size)  # the runner's block tables are as wide as the context

@@ -55,6 +55,13 @@ MOE_MODELS: dict[str, dict] = {
     "gpt-oss-f16": dict(seed=82, expert_types={part: "F16" for part in ("ffn_gate_exps", "ffn_up_exps",
                                                                         "ffn_down_exps")}, **_GPT_OSS),
 }
+# gpt-oss of one layer: llama.cpp's gpt-oss slides on the even layers, so its only layer has a window and no layer is
+# global (the KV cache's window-only case: docs/architecture.md, "The release path of a KV block"). F16 experts, so
+# that its comparison with llama.cpp takes the float models' tolerances. Recorded apart (gpt_oss_window_only_llamacpp.json).
+WINDOW_ONLY_MODELS: dict[str, dict] = {
+    "gpt-oss-window-only": dict(seed=83, n_layers=1, expert_types={part: "F16" for part in (
+        "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}, **_GPT_OSS),
+}
 _BASE_ARCHITECTURE = {"qwen3moe": "qwen3", "qwen2moe": "qwen2", "gpt-oss": "qwen2"}
 SHARED_FFN = 96  # qwen2moe's shared expert: wider than the routed ones, as Qwen1.5-MoE's (5632 against 1408)
 SHARED_GATE_GAIN = 2.0  # its gate's logits spread over a few units: sigmoid from near 0 to near 1  # the dense tiny layer each starts from
@@ -71,14 +78,14 @@ GREEDY_TOKENS = 24
 
 def moe_spec(name: str):
     """MOE_MODELS[name] as a gguf_factory model (TinyLlama): qwen3's tiny model with its feed-forward made experts."""
-    spec = dict(MOE_MODELS[name])
+    spec = dict(MOE_MODELS.get(name) or WINDOW_ONLY_MODELS[name])
     arch, seed, expert_ffn = spec.pop("architecture"), spec.pop("seed"), spec.pop("expert_ffn")
     expert_types = spec.pop("expert_types")
     embedding_type = spec.pop("embedding_type", None)
     base_arch = _BASE_ARCHITECTURE[arch]
     base = tiny_llama_spec(**{**_BASE, "architecture": base_arch, **spec}, seed=seed, embedding_type=embedding_type,
                            tensor_types={"output": "F16"} if embedding_type else {})
-    hidden, n_layers = spec["hidden"], _BASE["n_layers"]
+    hidden, n_layers = spec["hidden"], spec.get("n_layers", _BASE["n_layers"])
     metadata = [replace(m, key=m.key.replace(f"{base_arch}.", f"{arch}.", 1)) if m.key.startswith(f"{base_arch}.")
                 else m for m in base.metadata]
     metadata = [m for m in metadata if m.key not in ("general.architecture", "general.name")]
@@ -143,5 +150,5 @@ def moe_spec(name: str):
 
 
 def write_moe_model(name: str, folder: Path) -> Path:
-    """Write MOE_MODELS[name] as <folder>/<name>.gguf and return its path."""
+    """Write MOE_MODELS[name] (or WINDOW_ONLY_MODELS[name]) as <folder>/<name>.gguf and return its path."""
     return write_gguf(Path(folder) / f"{name}.gguf", moe_spec(name))
