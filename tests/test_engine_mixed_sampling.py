@@ -13,7 +13,7 @@ import pytest
 from support.engine_testing import load_tiny, prompt_of, tiny_model
 
 from hipcore.engine import step_launch
-from hipcore.engine.grammar import TokenConstraint, compile_grammar
+from hipcore.engine.grammar import GRAMMAR_FAILURE, TokenConstraint, compile_grammar
 from hipcore.engine.sampler import Sampler, SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 999}},
@@ -102,6 +102,19 @@ def test_constrained_rows_without_their_masks_are_caught(model, monkeypatch):
     monkeypatch.setattr(step_launch, "with_token_masks", lambda sampling, *a: sampling)
     records = _run(model, _constrained_jobs())
     assert all(records[i].ending.value != "eos" or not _valid(records[i].texts[0]) for i in (1, 3, 4))
+
+
+def test_a_grammar_that_gives_out_fails_its_request_alone(model, monkeypatch):
+    """A grammar that fails while its step's masks are gathered (llguidance's limits) ends its own request with the
+    grammar's failure; the free rows of the same steps finish (the step is not failed as a whole)."""
+    def gives_out(self):
+        raise RuntimeError(f"{GRAMMAR_FAILURE}: planted")
+    monkeypatch.setattr(TokenConstraint, "packed", gives_out)
+    records = _run(model, _constrained_jobs())
+    for i in (1, 3, 4):
+        assert records[i].ending.value == "failed" and GRAMMAR_FAILURE in records[i].error, records[i]
+    for i in (0, 2):
+        assert records[i].ending.value == "length" and len(records[i].generated_tokens[0]) == 12, records[i]
 
 
 def _valid(text: str) -> bool:

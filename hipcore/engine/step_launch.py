@@ -174,15 +174,22 @@ class StepLauncher:
         is known to sample on the device); a host row draws its own in Sampler.sample."""
         seqs = [item.seq for item in scheduled if item.samples]
         host_rows = []
+        masks: dict[int, np.ndarray] = {}  # a constrained device row's packed token mask
         for row, seq in enumerate(seqs):
-            if not seq.sampler.device_samplable:
+            sampler = seq.sampler
+            if not sampler.device_samplable:
                 host_rows.append(row)
+            elif sampler.constraint is not None:
+                try:
+                    masks[row] = sampler.constraint.packed().copy()
+                except RuntimeError:  # the grammar gave out: on the host its sampler raises it, failing this row alone
+                    host_rows.append(row)
             request = seq.request
             if request.phase is Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
                 return None, None
+        vocab = runner.config.vocab_size
         if not host_rows:
-            sampling = self._sampling_rows.rows([seq.sampler for seq in seqs])
-            return with_token_masks(sampling, seqs, runner.config.vocab_size, set()), None
+            return with_token_masks(self._sampling_rows.rows([seq.sampler for seq in seqs]), masks, vocab), None
         if len(host_rows) == len(seqs) or getattr(runner, "sampled_step_logits", None) is None:
             return None, None
         host = set(host_rows)
@@ -190,19 +197,17 @@ class StepLauncher:
             (0.0, 0, 1.0, 0.0, 0.0) if row in host else  # greedy, no draw: a token that is not taken
             seq.sampler.device_row + (0.0 if seq.sampler.greedy else seq.sampler.next_uniform(),)
             for row, seq in enumerate(seqs)])
-        return with_token_masks(sampling, seqs, runner.config.vocab_size, host), host_rows
+        return with_token_masks(sampling, masks, vocab), host_rows
 
 
-def with_token_masks(sampling: SamplingRows, seqs: list[Sequence], vocab: int, host_rows: set[int]) -> SamplingRows:
-    """`sampling` with the packed token masks of its constrained device rows (their grammars' allowed tokens now;
-    all ones for the other rows), or as it is when no device row is constrained."""
-    constrained = [row for row, seq in enumerate(seqs) if seq.sampler.constraint is not None and row not in host_rows]
-    if not constrained:
+def with_token_masks(sampling: SamplingRows, masks: dict[int, np.ndarray], vocab: int) -> SamplingRows:
+    """`sampling` with its rows' packed token masks (`masks`: a constrained row's grammar's allowed tokens; all
+    ones for the other rows), or as it is when no row is constrained."""
+    if not masks:
         return sampling
     words = mask_words(vocab)
-    mask = np.full((len(seqs), words), 0xFFFFFFFF, dtype=np.uint32)
-    for row in constrained:
-        packed = seqs[row].sampler.constraint.packed()
+    mask = np.full((len(sampling), words), 0xFFFFFFFF, dtype=np.uint32)
+    for row, packed in masks.items():
         mask[row] = 0
         mask[row, :min(words, packed.shape[0])] = packed[:words]
     return dataclasses.replace(sampling, mask=mask)
