@@ -1,5 +1,5 @@
 """Constrained decoding and logprobs on a real GPU (run with `pytest -m gpu tests/gpu`): a step whose rows sample
-partly on the host keeps the other rows on the device sampler and reads back only the host rows' logits
+partly on the host (logprobs) keeps the other rows on the device sampler and reads back only the host rows' logits
 (ModelRunner.sampled_step_logits, the rows' offsets into the device's logits buffer); every row's tokens equal
 those of the same step sampled wholly on the host, and the grammar's row is valid JSON.
 
@@ -28,6 +28,10 @@ def test_mixed_steps_give_the_all_host_tokens(gpu):
     # greedy free rows: the device's and the host's picks agree exactly (a seeded draw may differ by float32
     # rounding where a cumulative sum meets its threshold), so a difference is a wrong row's logits
     free = [SamplingParams(temperature=0.0, max_tokens=24 + i, ignore_eos=True) for i in range(6)]
+    # the grammar's row samples on the device (under its token mask) in the mixed run and on the host in the other (a
+    # step with a host row and no sampled_step_logits samples every row on the host): seeded, its draws can differ
+    # only where a cumulative sum lies within float32 rounding of the draw (greedy, a random model's integer may
+    # run to max_tokens and never close the JSON)
     constrained = SamplingParams(temperature=0.8, seed=7, max_tokens=48, grammar=compile_grammar(json_schema=SCHEMA))
     with_logprobs = SamplingParams(temperature=0.0, max_tokens=24, logprobs=3, ignore_eos=True)
     jobs = free[:3] + [constrained] + free[3:] + [with_logprobs]
