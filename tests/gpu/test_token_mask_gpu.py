@@ -23,7 +23,9 @@ from hipcore.engine.sampler import Sampler, SamplingParams
 from hipcore.ops import sample
 
 pytestmark = pytest.mark.gpu
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"}},
+# bounded: a greedy row of a random model must still close the JSON within max_tokens
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
           "required": ["name", "age"], "additionalProperties": False}
 
 
