@@ -21,7 +21,7 @@
 // `types` packs one type code per matrix, 4 bits each (q | k << 4 | v << 8; gate | up << 4, and for gate|up the
 // activation at kActivationShift: 0 SiLU, 1 GELU); the codes
 // are WeightType's: the `_1` and `_n` entries read the K-quants, Q8_0 and Q4_0, the one-token `_1b` entries Q4_1,
-// Q5_0, Q5_1, Q8_0 and Q4_0 (fused_qmatvec_tiles.h: TypeSet). The type is a branch per row group, uniform across the warp. k_split (qmatvec_add and
+// Q5_0, Q5_1, Q8_0 and Q4_0, the `_1m` and `_nm` entries MXFP4 alone (fused_qmatvec_tiles.h: TypeSet). The type is a branch per row group, uniform across the warp. k_split (qmatvec_add and
 // qmatvec_norm_rope at one token): the warps that share a row group's columns, 1, 2 or 4 (anything else
 // counts as 1; see tile_dot). tile_groups (qmatvec_norm_rope at one token): the row groups of a tile, fewer
 // than the block's to spread q|k|v's few hundred tiles evenly over the SMs (Tiles; 0: all of them).
@@ -43,6 +43,7 @@
 #include "hip_compat.h"
 #include "qmatvec_formats.h"      // x quantized per slice, the formats and their int8 dot products
 #include "qmatvec_block32_formats.h"  // Q4_1, Q5_0, Q5_1 (the one-token _1b entries)
+#include "mxfp4_q8_format.h"  // MXFP4 (the _1m and _nm entries), as qmatvec.hip and moe_experts.hip read it
 #include "fused_qmatvec_tiles.h"  // x staged in shared memory and the row groups' dot products (tile_dot)
 #include "fused_qmatvec_epilogue.h"  // the norm's scale, RoPE and the store of k and v into the paged cache
 #include "gated_activation.h"        // gate|up's SwiGLU or GeGLU
@@ -399,6 +400,10 @@ RF_FUSED_QMATVEC_ENTRIES(1, true, fq::kKQuantTypes)
 RF_FUSED_QMATVEC_ENTRIES(n, false, fq::kKQuantTypes)
 // One token of the 32-element blocks with a min or a fifth bit (and Q8_0, Q4_0): fused_qmatvec_tiles.h, TypeSet.
 RF_FUSED_QMATVEC_ENTRIES(1b, true, fq::kBlock32Types)
+// MXFP4 alone (every matrix of the launch), one token and any number: their own entries, so that the switches above
+// keep the registers they were measured with.
+RF_FUSED_QMATVEC_ENTRIES(1m, true, fq::kMXFP4Types)
+RF_FUSED_QMATVEC_ENTRIES(nm, false, fq::kMXFP4Types)
 
 // One token's gate|up whose last round of tiles goes split (norm_swiglu_pass: SPLIT_LAST).
 extern "C" __global__ __launch_bounds__(fq::kBlockThreads) void qmatvec_norm_swiglu_split_1(

@@ -9,7 +9,7 @@ namespace fq {
 
 using q8::XSlice;
 
-enum WeightType { kQ4_K = 0, kQ5_K = 1, kQ6_K = 2, kQ8_0 = 3, kQ4_0 = 4, kQ4_1 = 5, kQ5_0 = 6, kQ5_1 = 7 };
+enum WeightType { kQ4_K = 0, kQ5_K = 1, kQ6_K = 2, kQ8_0 = 3, kQ4_0 = 4, kQ4_1 = 5, kQ5_0 = 6, kQ5_1 = 7, kMXFP4 = 8 };
 
 constexpr int kMaxBatchPerPass = 8;  // a decode step's tokens (FUSED_QMATVEC_MAX_TOKENS): one pass over W
 
@@ -293,14 +293,18 @@ __device__ __forceinline__ void tile_dot(Stage& st, int type, const unsigned cha
 // eight raised the spills of the one-token entries at 128 registers (qmatvec_norm_swiglu_split_1: 36 -> 504
 // bytes of spill loads) and slowed the K-quant products on an NVIDIA H200 (Llama-3.1-8B shapes, Q4_K_M: gate|up
 // 23.96 -> 24.60 us, q|k|v 10.24 -> 10.93); a call out of line instead raised the entries' registers (q|k|v to
-// 170: one workgroup an SM).
-enum TypeSet { kKQuantTypes = 0, kBlock32Types = 1 };
+// 170: one workgroup an SM). MXFP4 has entries of its own (the `_1m` and `_nm` entries, every matrix MXFP4): no switch.
+enum TypeSet { kKQuantTypes = 0, kBlock32Types = 1, kMXFP4Types = 2 };
 
 // tile_dot for matrices whose format is known only at run time (uniform across the block), one of TYPES's.
 template <int NB, int ROWS, int M, bool NORM, int KS = 1, int UNROLL = 1, int TYPES = kKQuantTypes>
 __device__ __forceinline__ void typed_tile_dot(int type, Stage& st, const unsigned char* const W[M], int rows, int r0,
                                                const float* x, const float* g, int cols, int tokens,
                                                float out[M][ROWS][NB], float ss[NB], int part = 0) {
+  if constexpr (TYPES == kMXFP4Types) {
+    tile_dot<q8::MXFP4Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part);
+    return;
+  }
   if constexpr (TYPES == kBlock32Types) {
     switch (type) {
       case kQ4_1: tile_dot<q8::Q4_1Format, NB, ROWS, M, NORM, KS, UNROLL>(st, type, W, rows, r0, x, g, cols, tokens, out, ss, part); break;

@@ -50,9 +50,11 @@ def test_an_op_is_built_from_the_files_it_includes():
     folder = kernels_dir()
     formats = BLOCK_FORMATS[1:]  # what block_formats.h brings, met a level below it
     assert [f.name for f in source_files("fused_qmatvec")] == [*COMPAT, "fused_qmatvec.hip", "qmatvec_formats.h",
-                                                                "qmatvec_block32_formats.h", "fused_qmatvec_tiles.h",
-                                                                "fused_qmatvec_epilogue.h", "gated_activation.h",
-                                                                "block_formats.h", "weight_loads.h", *formats]
+                                                                "qmatvec_block32_formats.h", "mxfp4_q8_format.h",
+                                                                "fused_qmatvec_tiles.h", "fused_qmatvec_epilogue.h",
+                                                                "gated_activation.h", "block_formats.h", "weight_loads.h",
+                                                                "block_format_mxfp4.h",
+                                                                *(f for f in formats if f != "block_format_mxfp4.h")]
     assert [f.name for f in source_files("qmatvec")] == [*COMPAT, "qmatvec.hip", "qmatvec_formats.h", "mxfp4_q8_format.h",
                                                           "block_formats.h", "weight_loads.h", "block_format_mxfp4.h",
                                                           *(f for f in formats if f != "block_format_mxfp4.h")]

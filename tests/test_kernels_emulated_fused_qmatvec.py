@@ -44,20 +44,21 @@ def suffixes(batch, types):
     """The entries (their suffixes) that read `types` for `batch` tokens: the launcher's (entry_suffix), and "n"
     wherever "n" reads them; none where no entry does (the 32-element block types past one token)."""
     got = {fused_qmatvec.entry_suffix(batch, types)} if fused_qmatvec.supports(*types, tokens=batch) else set()
-    return sorted(got | ({"n"} if fused_qmatvec.supports(*types, tokens=2) else set()))
+    return sorted(got | ({"n"} if all(t in fused_qmatvec.KQUANT_TYPES for t in types) else set()))
 
 
 def grids(warp, entry, variant, cols, *matrix_rows, more=()):
     """(grid, block, k_split, tile_groups): the launcher's, one workgroup walking every tile, and `more`. variant:
-    an entry suffix ("1b" sizes its grid as "1": one token)."""
-    variant = "1" if variant == "1b" else variant
+    an entry suffix ("1b" and "1m" size their grids as "1": one token; "nm" as "n")."""
+    variant = variant[0]
     geo = fused_qmatvec_geometry.geometry(ARCH_FOR_WARP[warp], entry, variant, cols, *matrix_rows)
     return [geo._replace(grid=g) for g in sorted({geo.grid, 1, *more})]
 
 
 # q, k, v types as Q4_K_M lays them out (Q6_K v), one layer of every other type, three distinct types, and the
 # 32-element blocks with a min or a fifth bit.
-QKV_TYPES = [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q6_k", "q4_k", "q5_k"), ("q4_1", "q5_0", "q5_1")]
+QKV_TYPES = [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q6_k", "q4_k", "q5_k"), ("q4_1", "q5_0", "q5_1"),
+             ("mxfp4",) * 3]
 
 
 @pytest.mark.parametrize("types", QKV_TYPES, ids=["-".join(t) for t in QKV_TYPES])
@@ -227,7 +228,8 @@ def test_norm_rope_stores_kv_into_the_cache(harnesses, warp, kv_dtype, tmp_path)
                 assert np.array_equal(pool, want), f"{name} pool {kv_dtype} batch {batch} grid {grid}"
 
 
-@pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q5_k"), ("q5_0", "q5_0"), ("q4_1", "q5_1")],
+@pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q5_k"), ("q5_0", "q5_0"), ("q4_1", "q5_1"),
+                                   ("mxfp4", "mxfp4")],
                          ids=lambda t: "-".join(t))
 def test_norm_swiglu(harnesses, warp, types, tmp_path):
     rng = np.random.default_rng([warp, 2, *map(ord, "".join(types))])
@@ -351,7 +353,8 @@ def test_entry_suffix_picks_the_entries_that_read_the_types():
     assert fused_qmatvec.entry_suffix(1, ("q8_0", "q4_0")) == "1" and fused_qmatvec.entry_suffix(5, ("q8_0",)) == "n"
     assert fused_qmatvec.entry_suffix(1, ("q5_0", "q5_0", "q5_1")) == "1b"
     assert fused_qmatvec.entry_suffix(1, ("q4_1", "q8_0")) == "1b"
-    for batch, types in [(2, ("q5_0",)), (1, ("q5_0", "q6_k")), (1, ("q4_1", "q4_k"))]:
+    assert fused_qmatvec.entry_suffix(1, ("mxfp4",) * 3) == "1m" and fused_qmatvec.entry_suffix(4, ("mxfp4",)) == "nm"
+    for batch, types in [(2, ("q5_0",)), (1, ("q5_0", "q6_k")), (1, ("q4_1", "q4_k")), (1, ("mxfp4", "q4_0"))]:
         with pytest.raises(ValueError, match="no entry reads"):
             fused_qmatvec.entry_suffix(batch, types)
 

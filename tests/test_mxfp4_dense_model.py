@@ -3,9 +3,9 @@ the head). On the cpu backend, which decodes each to float32 at load (the gguf p
 of the same model written as F32 holding hipcore/ops/weight_formats.py's decoding of those tensors (the GPU references'
 decoder, written apart from gguf's); a planted fault there (the FP4 sign bit misread) must part the two. On each GPU
 architecture's plan (tests/support/stand_in_gpu.py: every launch runs its entry's host twin) the matrices stay MXFP4 and
-the products take qmatvec_mxfp4 (a few tokens) and matmul_mma_mxfp4 or, without matrix cores, matmul_mxfp4 (prompts),
-with the cpu backend's logits. A matrix with weights beyond f16's range is stored as F32 where the matrix cores would
-narrow it."""
+the products take fused_qmatvec's MXFP4 entries or qmatvec_mxfp4 (a few tokens) and matmul_mma_mxfp4 or, without
+matrix cores, matmul_mxfp4 (prompts), with the cpu backend's logits. A matrix with weights beyond f16's range is stored
+as F32 where the matrix cores would narrow it."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn
 # products do not: through two layers and the head the logits move up to 1.6% of the largest here (0.7% in the
 # prompt steps, from the head alone). A sign misread moves them past 10% (test_a_misread_sign_bit_is_caught).
 MAX_RELATIVE_LOGIT_DIFF = 0.03
-# The decode product and the prompt product each architecture's plan takes for MXFP4 (no matrix cores on sm_75 and
-# gfx1030: matmul's FP32 tiles).
+# The prompt product each architecture's plan takes for MXFP4 (no matrix cores on sm_75 and gfx1030: matmul's FP32
+# tiles); every plan takes fused_qmatvec's MXFP4 entries for one token and qmatvec beyond its limit (8 tokens).
 ENTRIES = {"sm_90": "matmul_mma_mxfp4", "gfx942": "matmul_mma_mxfp4", "gfx1100": "matmul_mma_mxfp4",
            "sm_75": "matmul_mxfp4", "gfx1030": "matmul_mxfp4"}
 
@@ -60,7 +60,8 @@ def files(tmp_path_factory):
 
 
 def run_steps(path, device=None, weight_type="f32") -> list[np.ndarray]:
-    """Logits of a prompt of 40 tokens, a batch of four 9-token prompts and a decode step of five sequences."""
+    """Logits of a prompt of 40 tokens, a batch of four 9-token prompts, a decode step of five sequences (a step of 8
+    tokens: the runner pads a decode step to its graph's shape) and one of a single sequence."""
     opts = LoadOptions(device="cpu" if device is None else "auto", max_seqs=8, max_step_tokens=64, ctx_size=256,
                        kv_dtype="f16")
     rng = np.random.default_rng(3)
@@ -72,6 +73,7 @@ def run_steps(path, device=None, weight_type="f32") -> list[np.ndarray]:
         logits.append(model.runner.execute(step_batch(model.cache, [(s, draw(9), 0) for s in range(2, 6)])))
         logits.append(model.runner.execute(step_batch(model.cache, [(s, draw(1), 40 if s == 1 else 9)
                                                                     for s in range(1, 6)])))
+        logits.append(model.runner.execute(step_batch(model.cache, [(1, draw(1), 41)])))
         return [step.astype(np.float64) for step in logits]
 
 
@@ -102,7 +104,8 @@ def test_each_gpu_plan_keeps_mxfp4_and_matches_the_cpu_backend(files, on_cpu, mo
     device = StandInGpu(arch=arch)
     got = run_steps(files["mxfp4"], device, "mxfp4")
     assert worst(got, on_cpu) <= MAX_RELATIVE_LOGIT_DIFF, arch
-    assert {"qmatvec_mxfp4", ENTRIES[arch]} <= device.entries, sorted(device.entries)
+    fused = {f"qmatvec_{kind}_1m" for kind in ("norm_rope", "norm_swiglu", "add", "norm")}
+    assert {"qmatvec_mxfp4", ENTRIES[arch], *fused} <= device.entries, sorted(device.entries)
 
 
 def _plant_scale(source, target, scale: int) -> None:

@@ -7,7 +7,7 @@ Three ways, per product, decided by the step's size and the weight's format:
   fused_matmul  (hipcore/ops/fused_matmul.py) beyond: W decoded once per tile of 32/64 tokens, the
                 columns split across workgroups while the tiles are few (decode batches);
   fused_qmatvec (hipcore/ops/fused_qmatvec.py) up to FUSED_QMATVEC_MAX_TOKENS tokens for the int8-activation
-                types (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) when q|k|v or gate|up are separate matrices, of
+                types (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0; MXFP4 alone) when q|k|v or gate|up are separate matrices, of
                 one type or several (a Q4_K_M layer: Q4_K q, k with Q6_K v): the same four launches; and
                 one token of wide Q8_0, Q5_0 and Q5_1 products (qmatvec_first), concatenated or not;
   single ops    (rmsnorm, kernel_choice.project, rope, silu_mul, add) for formats no fused kernel reads,

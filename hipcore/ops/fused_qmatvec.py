@@ -21,7 +21,7 @@ cannot be one concatenated matrix and fused_matvec does not apply. These kernels
   qmatvec_norm_<v>(y, W, x, g, type, rows, cols, batch, eps)
 
 <v> is "1" for one token (its own entries: fewer registers, see the kernel), "1b" for one token of Q4_1, Q5_0 or
-Q5_1 (entries of their own: see BLOCK32_TYPES) and "n" for any number (passes
+Q5_1 (entries of their own: see BLOCK32_TYPES), "1m" and "nm" for MXFP4 alone (MXFP4_TYPES) and "n" for any number (passes
 of up to MAX_TOKENS_PER_PASS tokens, each reading W once). The products are qmatvec's: x (times g when
 normalizing) quantized per slice of 32 to int8 and one float scale, integer dot products with the weight
 codes; each workgroup quantizes x once into shared memory for all its warps. rmsnorm(x) * g = s * (x * g) with s = 1 / sqrt(mean(x^2)
@@ -48,13 +48,16 @@ OP = "fused_qmatvec"
 # qmatvec's types (the `_1` and `_n` entries), and, at one token only, the 32-element blocks with a min or a fifth
 # bit (kernels/qmatvec_formats.h: Q4_1Format, Q5_0Format, Q5_1Format), which only these fused products read on int8
 # activations: the `_1b` entries, whose type switch holds those with Q8_0 and Q4_0 (BLOCK32_TYPES; one switch of
-# all eight types slowed the K-quant entries: kernels/fused_qmatvec_tiles.h, TypeSet). Not qmatvec's MXFP4: no fused
-# entry reads it (its products take the single ops: kernel_choice.single_product_op).
+# all eight types slowed the K-quant entries: kernels/fused_qmatvec_tiles.h, TypeSet). qmatvec's MXFP4 is in neither
+# switch: it has entries of its own, `_1m` and `_nm`, for launches whose matrices are all MXFP4 (MXFP4_TYPES: no type
+# switch, so the others keep the registers they were measured with).
 KQUANT_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0")
 BLOCK32_TYPES = ("q4_1", "q5_0", "q5_1", "q8_0", "q4_0")
-WEIGHT_TYPES = KQUANT_TYPES + ("q4_1", "q5_0", "q5_1")
+MXFP4_TYPES = ("mxfp4",)
+WEIGHT_TYPES = KQUANT_TYPES + ("q4_1", "q5_0", "q5_1") + MXFP4_TYPES
 WEIGHT_ALIGNMENT = {**qmatvec.WEIGHT_ALIGNMENT, "q4_1": 4, "q5_0": 2, "q5_1": 4}
-TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7}  # WeightType
+TYPE_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7,
+              "mxfp4": 8}  # WeightType
 SIGNATURES = {
     # q, k, v, Wq, Wk, Wv, x, g, positions, freq_factors, bq, bk, bv, ..., kv_format, k_split, tile_groups
     "qmatvec_norm_rope": "pppppppppppppiiiiiiifffpppiiiii",
@@ -68,8 +71,8 @@ VECTOR_ALIGNMENT = 16
 
 def supports(*weight_types: str, tokens: int = 1) -> bool:
     """True when one launch of these kernels reads matrices of all these types for a step of `tokens` tokens:
-    all of KQUANT_TYPES, or at one token all of BLOCK32_TYPES."""
-    return all(t in KQUANT_TYPES for t in weight_types) or (
+    all of KQUANT_TYPES, or at one token all of BLOCK32_TYPES, or all of MXFP4_TYPES."""
+    return all(t in KQUANT_TYPES for t in weight_types) or all(t in MXFP4_TYPES for t in weight_types) or (
         tokens == 1 and all(t in BLOCK32_TYPES for t in weight_types))
 
 
@@ -194,7 +197,7 @@ def _register(variant: str) -> None:
         dev.view(y, np.float32, (batch, rows))[:] = _host_normed(dev, w, type_code, x, g, rows, cols, batch, eps)
 
 
-for _variant in ("1", "n", "1b"):
+for _variant in ("1", "n", "1b", "1m", "nm"):
     _register(_variant)
 
 
@@ -208,10 +211,13 @@ def variant(batch: int) -> str:
 
 def entry_suffix(batch: int, weight_types: Sequence[str]) -> str:
     """The suffix of the entry that reads these types for `batch` tokens: variant(batch), or "1b" for one token of
-    a type outside KQUANT_TYPES (BLOCK32_TYPES); ValueError where no entry reads them together."""
+    a type outside KQUANT_TYPES (BLOCK32_TYPES), variant(batch) + "m" for MXFP4_TYPES; ValueError where no entry reads
+    them together."""
     if not supports(*weight_types, tokens=batch):
         raise ValueError(f"fused_qmatvec: no entry reads {', '.join(weight_types)} together at {batch} tokens "
                          f"({', '.join(KQUANT_TYPES)} at any count; {', '.join(BLOCK32_TYPES)} at one token)")
+    if all(t in MXFP4_TYPES for t in weight_types):
+        return variant(batch) + "m"
     return "1b" if not all(t in KQUANT_TYPES for t in weight_types) else variant(batch)
 
 

@@ -7,7 +7,8 @@ hipcore/model/projections.py builds a layer's launches from these answers, in th
      product takes fused_qmatvec first (qmatvec_first: one token of wide Q8_0, Q5_0, Q5_1) or the matrix cores
      first (mma_first: wide 32-element block formats, F16, BF16 on NVIDIA's fragment path);
   2. fused_qmatvec over the separate matrices (separate_fusable, up to qmatvec_limit tokens, head_qmatvec_limit
-     rows for the head): the K-quants, Q8_0, Q4_0, and the one-token entries of Q5_0 and Q5_1 where measured;
+     rows for the head): the K-quants, Q8_0, Q4_0, MXFP4 (its own entries), and the one-token entries of Q5_0 and Q5_1
+     where measured;
   3. the single ops: q, k and v in one launch on the fragment path (takes_qkv), a decode batch's gate, up and
      SwiGLU in one launch (swiglu_fragments_fit), a prompt's feed-forward on f16 activations with gate, up and the
      activation in one launch (silu_up_fits in 128-token tiles, else swiglu_fits), products reading f16 x
@@ -102,6 +103,8 @@ def separate_fusable(n_tokens: int, *weights, max_tokens: int | None = None) -> 
     if n_tokens > limit or any(w is None for w in weights):
         return False
     if all(w.fmt in fused_qmatvec.KQUANT_TYPES for w in weights):
+        return True
+    if all(w.fmt in fused_qmatvec.MXFP4_TYPES for w in weights):  # its own entries, chosen as Q4_0's are (unmeasured)
         return True
     # The one-token entries of the 32-element blocks (Q5_0, Q5_1, ...: fused_qmatvec.BLOCK32_TYPES) only where they
     # were measured faster than the other paths (qmatvec_first), so that a narrow model keeps what it ran on.

@@ -55,8 +55,8 @@ def check(got, want, bound, what):
                            f"got {got[bad][0]!r}, want {want[bad][0]!r}")
 
 
-@pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q4_1", "q5_0", "q5_1")],
-                         ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q4_0"), ("q4_1", "q5_0", "q5_1"),
+                                   ("mxfp4",) * 3], ids=lambda t: "-".join(t))
 @pytest.mark.parametrize("heads,kv_heads,head_dim,cols,batch", [(32, 8, 128, 4096, 1), (32, 8, 128, 4096, 3),
                                                                 (4, 2, 64, 512, 1), (4, 2, 64, 256, 7)])
 @pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
@@ -172,7 +172,8 @@ GATES = {"silu": (1.1, 1e-5), "gelu": (1.13, 4e-5)}
     (("q4_k", "q4_k"), 14336, 4096, 1, "silu"), (("q4_k", "q6_k"), 14336, 4096, 2, "silu"),
     (("q8_0", "q5_k"), 300, 512, 5, "silu"), (("q5_0", "q5_1"), 14336, 4096, 1, "silu"),
     (("q4_1", "q4_1"), 300, 512, 1, "silu"), (("q4_k", "q4_k"), 10240, 2560, 1, "gelu"),
-    (("q4_k", "q6_k"), 10240, 2560, 5, "gelu"), (("q5_0", "q5_0"), 10240, 2560, 1, "gelu")])
+    (("q4_k", "q6_k"), 10240, 2560, 5, "gelu"), (("q5_0", "q5_0"), 10240, 2560, 1, "gelu"),
+    (("mxfp4", "mxfp4"), 2880, 2880, 1, "silu"), (("mxfp4", "mxfp4"), 300, 512, 5, "silu")])
 def test_norm_swiglu(gpu, mem, rng, seed, types, rows, cols, batch, activation):
     wg, wu = (random_weights(rng, t, rows, cols) for t in types)
     x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)
@@ -195,7 +196,8 @@ def test_norm_swiglu(gpu, mem, rng, seed, types, rows, cols, batch, activation):
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [("q6_k", 4096, 14336, 1), ("q4_k", 4096, 4096, 4),
                                                          ("q6_k", 128256, 4096, 1), ("q4_0", 77, 96, 9),
                                                          ("q5_0", 4096, 14336, 1), ("q5_1", 4096, 4096, 1),
-                                                         ("q4_1", 77, 96, 1)])
+                                                         ("q4_1", 77, 96, 1), ("mxfp4", 2880, 4096, 1),
+                                                         ("mxfp4", 77, 96, 3)])
 def test_add_and_norm(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     raw = random_weights(rng, weight_type, rows, cols)
     x = (rng.standard_normal((batch, cols)) * 2).astype(np.float32)

@@ -207,16 +207,19 @@ static bool run_fused_matvec(const std::string& entry, unsigned grid, unsigned b
   return true;
 }
 
-// fused_qmatvec.hip (entries qmatvec_<kind>_<1|n|1b>); true when `entry` was one of its kernels. Weights
+// fused_qmatvec.hip (entries qmatvec_<kind>_<1|n|1b|1m|nm>); true when `entry` was one of its kernels. Weights
 // are separate files, each matrix with its type code in `types` (4 bits each).
 static bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned block, char** a) {
   const bool blocks = ends_with(entry, "_1b");  // one token of the 32-element block types
-  const bool one = ends_with(entry, "_1") || blocks;
+  const bool mx = ends_with(entry, "_1m") || ends_with(entry, "_nm");  // MXFP4's own entries
+  const bool one = ends_with(entry, "_1") || blocks || ends_with(entry, "_1m");
+  const std::string kind = mx ? entry.substr(0, entry.size() - 3) : "";  // qmatvec_<kind> of an MXFP4 entry
   const bool store = entry.rfind("qmatvec_norm_rope_store_", 0) == 0;  // the harness's name for a cache target
-  if (entry == "qmatvec_norm_rope_1" || entry == "qmatvec_norm_rope_n" || entry == "qmatvec_norm_rope_1b" || store) {
+  if (entry == "qmatvec_norm_rope_1" || entry == "qmatvec_norm_rope_n" || entry == "qmatvec_norm_rope_1b" || store ||
+      kind == "qmatvec_norm_rope") {
     // [store: kv_format block_size num_blocks pool_bytes slots] then
     // types q_rows kv_rows cols batch head_dim rope_dim eps theta freq_scale Wq Wk Wv x g positions factors|- out
     // k_split tile_groups [bq bk bv]; out: q, k, v (floats; with a cache target k and v must stay NaN) and, with one,
@@ -242,7 +245,8 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     Guarded<float> q = nan_filled((size_t)batch * q_rows), k = nan_filled((size_t)batch * kv_rows),
                        v = nan_filled((size_t)batch * kv_rows);
     Guarded<unsigned char> pools(2 * pool_bytes, 0xA5);  // a byte no store writes by chance everywhere
-    auto kernel = blocks ? qmatvec_norm_rope_1b : one ? qmatvec_norm_rope_1 : qmatvec_norm_rope_n;
+    auto kernel = mx ? (one ? qmatvec_norm_rope_1m : qmatvec_norm_rope_nm)
+                  : blocks ? qmatvec_norm_rope_1b : one ? qmatvec_norm_rope_1 : qmatvec_norm_rope_n;
     emu_launch(grid, block, [&] {
       kernel(q.data(), k.data(), v.data(), wq.data(), wk.data(), wv.data(), (const float*)x.data(),
              (const float*)g.data(), (const int*)pos.data(), factors_of(factors), factors_of(bq), factors_of(bk),
@@ -257,13 +261,14 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
     out.insert(out.end(), pools.begin(), pools.end());
     write_file(a[17], out.data(), out.size());
   } else if (entry == "qmatvec_norm_swiglu_1" || entry == "qmatvec_norm_swiglu_n" ||
-             entry == "qmatvec_norm_swiglu_split_1" || entry == "qmatvec_norm_swiglu_1b") {
+             entry == "qmatvec_norm_swiglu_split_1" || entry == "qmatvec_norm_swiglu_1b" || kind == "qmatvec_norm_swiglu") {
     // types rows cols batch eps Wg Wu x g out
     const int types = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const float eps = std::strtof(a[4], nullptr);
     Bytes wg = read_file(a[5]), wu = read_file(a[6]), x = read_file(a[7]), g = read_file(a[8]);
     Guarded<float> y = nan_filled((size_t)rows * batch);
     auto kernel = entry == "qmatvec_norm_swiglu_split_1" ? qmatvec_norm_swiglu_split_1
+                  : mx                                    ? (one ? qmatvec_norm_swiglu_1m : qmatvec_norm_swiglu_nm)
                   : blocks                                ? qmatvec_norm_swiglu_1b
                   : one                                   ? qmatvec_norm_swiglu_1
                                                           : qmatvec_norm_swiglu_n;
@@ -271,21 +276,23 @@ static bool run_fused_qmatvec(const std::string& entry, unsigned grid, unsigned 
       kernel(y.data(), wg.data(), wu.data(), (const float*)x.data(), (const float*)g.data(), types, rows, cols, batch, eps);
     });
     write_file(a[9], y.data(), y.size() * 4);
-  } else if (entry == "qmatvec_norm_1" || entry == "qmatvec_norm_n" || entry == "qmatvec_norm_1b") {  // type rows cols batch eps W x g out
+  } else if (entry == "qmatvec_norm_1" || entry == "qmatvec_norm_n" || entry == "qmatvec_norm_1b" ||
+             kind == "qmatvec_norm") {  // type rows cols batch eps W x g out
     const int type = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const float eps = std::strtof(a[4], nullptr);
     Bytes w = read_file(a[5]), x = read_file(a[6]), g = read_file(a[7]);
     Guarded<float> y = nan_filled((size_t)rows * batch);
-    auto kernel = blocks ? qmatvec_norm_1b : one ? qmatvec_norm_1 : qmatvec_norm_n;
+    auto kernel = mx ? (one ? qmatvec_norm_1m : qmatvec_norm_nm) : blocks ? qmatvec_norm_1b : one ? qmatvec_norm_1 : qmatvec_norm_n;
     emu_launch(grid, block, [&] {
       kernel(y.data(), w.data(), (const float*)x.data(), (const float*)g.data(), type, rows, cols, batch, eps);
     });
     write_file(a[8], y.data(), y.size() * 4);
-  } else if (entry == "qmatvec_add_1" || entry == "qmatvec_add_n" || entry == "qmatvec_add_1b") {  // type rows cols batch W x y_in out k_split
+  } else if (entry == "qmatvec_add_1" || entry == "qmatvec_add_n" || entry == "qmatvec_add_1b" ||
+             kind == "qmatvec_add") {  // type rows cols batch W x y_in out k_split
     const int type = std::atoi(a[0]), rows = std::atoi(a[1]), cols = std::atoi(a[2]), batch = std::atoi(a[3]);
     const int k_split = std::atoi(a[8]);
     Bytes w = read_file(a[4]), x = read_file(a[5]), y = read_file(a[6]);
-    auto kernel = blocks ? qmatvec_add_1b : one ? qmatvec_add_1 : qmatvec_add_n;
+    auto kernel = mx ? (one ? qmatvec_add_1m : qmatvec_add_nm) : blocks ? qmatvec_add_1b : one ? qmatvec_add_1 : qmatvec_add_n;
     emu_launch(grid, block, [&] {
       kernel((float*)y.data(), w.data(), (const float*)x.data(), type, rows, cols, batch, k_split);
     });

@@ -27,7 +27,7 @@ EXPECTED_KERNELS = {
                                                         "norm_rope_split", "norm_swiglu_split", "add_split")
                      for t in ("q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32")],
     "fused_qmatvec": [f"qmatvec_{kind}_{tokens}" for kind in ("norm_rope", "norm_swiglu", "add", "norm")
-                      for tokens in ("1", "n", "1b")] + ["qmatvec_norm_swiglu_split_1"],
+                      for tokens in ("1", "n", "1b", "1m", "nm")] + ["qmatvec_norm_swiglu_split_1"],
     "kv_store": ["kv_store_bf16", "kv_store_f16", "kv_store_f32", "kv_store_q8_0"],
     "matmul": ["matmul_bf16", "matmul_f16", "matmul_f32", "matmul_q4_0", "matmul_q4_1", "matmul_q5_0", "matmul_q5_1",
                "matmul_q4_k", "matmul_q5_k", "matmul_q6_k", "matmul_q8_0", "matmul_mxfp4"],
