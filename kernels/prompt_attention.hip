@@ -82,7 +82,9 @@ static __device__ __forceinline__ void reduce_rows(float (&v)[kLaneRows]) {
     }
 }
 
-template <int HD, bool kCap>  // kCap: the soft-capped entries (the scores in base 2, softcap * log2(e) their cap)
+// kCap: the soft-capped entries (the scores in base 2, softcap * log2(e) their cap); kSinks: the entries with a sink
+// logit per query head (gpt-oss's attn_sinks), which joins each row's max and denominator and adds no value.
+template <int HD, bool kCap, bool kSinks>
 __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
   using T = Tile<HD>;
   constexpr int NT = HD / 16;  // matrix tiles of columns
@@ -264,12 +266,21 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
   }
 
   reduce_rows<false>(l);
+  float row_scale[kLaneRows];  // what each row's accumulators are multiplied by: 1 / its softmax's denominator
+#pragma unroll
+  for (int r = 0; r < kLaneRows; ++r) {
+    if (kSinks) {  // the sink in base 2, as the scores; a row that saw no key keeps m = -inf, so kept = 0
+      const float sink = p.sinks[head] * kLog2e, top = fmaxf(m[r], sink), kept = exp2f(m[r] - top);
+      row_scale[r] = kept / (l[r] * kept + exp2f(sink - top));
+    } else {
+      row_scale[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;  // padding rows saw no key: zero
+    }
+  }
 #pragma unroll
   for (int e = 0; e < RF_MMA_ACC; ++e) {
     const int t = t0 + row0 + rf_mma_acc_row(lane, e);
     if (t >= p.n_tokens) continue;
-    const float sum = l[lane_row_of(e)];
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // padding rows saw no key: zero
+    const float inv = row_scale[lane_row_of(e)];
     const unsigned long long row = ((unsigned long long)t * p.n_heads + head) * HD;
     if (p.out_f16) {  // uniform: a kernel argument
       unsigned short* out_row = reinterpret_cast<unsigned short*>(p.out) + row;
@@ -296,24 +307,29 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
 // passes 0), and compile as without the cap: its arithmetic would take registers from them all.
 // BOUNDS: the launch bounds; head size 112 says one workgroup per SM at least, without which ptxas held it to 168
 // registers on sm_80 and spilled 12 bytes.
-#define RF_PROMPT_ATTENTION_KERNEL(NAME, HD, CAP, BOUNDS)                                                          \
+#define RF_PROMPT_ATTENTION_KERNEL(NAME, HD, CAP, SINKS, BOUNDS, SINKS_PARAM, SINKS_ARG)                            \
   extern "C" __global__ BOUNDS void NAME(                                                                          \
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,               \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions, \
       int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks,     \
-      int window, float scale, int out_f16, float softcap) {                                                       \
+      int window, float scale, int out_f16, float softcap SINKS_PARAM) {                                           \
     rf_grid_dependency_sync(); /* a programmatic launch (hipcore/ops/prompt_attention.py) */                      \
     __shared__ __attribute__((aligned(16))) rf_prompt_attention::Shared<HD> sh;                                   \
     const rf_prompt_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                     \
                                            static_cast<const unsigned char*>(v_pool), block_tables, token_seq,     \
                                            positions, n_tokens, n_heads, n_kv_heads, head_dim, block_size,         \
-                                           max_blocks, num_blocks, window, scale, out_f16, softcap};               \
+                                           max_blocks, num_blocks, window, scale, out_f16, softcap, SINKS_ARG};    \
     rf_check_wave_size();                                                                                          \
-    if (head_dim == HD) rf_prompt_attention::attend<HD, CAP>(p, sh); /* the launcher picks the entry by it */     \
+    if (head_dim == HD) rf_prompt_attention::attend<HD, CAP, SINKS>(p, sh); /* the launcher picks the entry */    \
   }
-#define RF_PROMPT_ATTENTION_ENTRY(HD, BOUNDS) RF_PROMPT_ATTENTION_KERNEL(prompt_attention_f16_d##HD, HD, false, BOUNDS)
+#define RF_NO_SINKS_PARAM
+#define RF_SINKS_PARAM , const float* __restrict__ sinks
+#define RF_PROMPT_ATTENTION_ENTRY(HD, BOUNDS) \
+  RF_PROMPT_ATTENTION_KERNEL(prompt_attention_f16_d##HD, HD, false, false, BOUNDS, RF_NO_SINKS_PARAM, nullptr)
 #define RF_PROMPT_ATTENTION_CAPPED_ENTRY(HD, BOUNDS) \
-  RF_PROMPT_ATTENTION_KERNEL(prompt_attention_f16_d##HD##_softcap, HD, true, BOUNDS)
+  RF_PROMPT_ATTENTION_KERNEL(prompt_attention_f16_d##HD##_softcap, HD, true, false, BOUNDS, RF_NO_SINKS_PARAM, nullptr)
+#define RF_PROMPT_ATTENTION_SINKS_ENTRY(HD, BOUNDS) \
+  RF_PROMPT_ATTENTION_KERNEL(prompt_attention_f16_d##HD##_sinks, HD, false, true, BOUNDS, RF_SINKS_PARAM, sinks)
 
 #define RF_PROMPT_ATTENTION_BOUNDS __launch_bounds__(4 * WARP_SIZE)
 RF_PROMPT_ATTENTION_ENTRY(16, RF_PROMPT_ATTENTION_BOUNDS)
@@ -329,3 +345,7 @@ RF_PROMPT_ATTENTION_ENTRY(256, RF_PROMPT_ATTENTION_BOUNDS)
 // hipcore/ops/prompt_attention.py's SOFTCAP_HEAD_DIMS): with the cap, sm_90's d32 and d64 spilled 8-12 bytes.
 RF_PROMPT_ATTENTION_CAPPED_ENTRY(128, RF_PROMPT_ATTENTION_BOUNDS)
 RF_PROMPT_ATTENTION_CAPPED_ENTRY(256, RF_PROMPT_ATTENTION_BOUNDS)
+// Entries with sinks (the trailing `sinks p`: float32 [n_heads]) for gpt-oss's heads of 64 and the tiny test models'
+// 32 (hipcore/ops/prompt_attention.py's SINKS_HEAD_DIMS).
+RF_PROMPT_ATTENTION_SINKS_ENTRY(32, RF_PROMPT_ATTENTION_BOUNDS)
+RF_PROMPT_ATTENTION_SINKS_ENTRY(64, RF_PROMPT_ATTENTION_BOUNDS)

@@ -44,6 +44,7 @@ struct Params {
   float scale;
   int out_f16;    // out holds f16 values (the o product's f16 x) instead of float32
   float softcap;  // the capped entries: S becomes softcap * tanh(S / softcap) (the others ignore it)
+  const float* __restrict__ sinks;  // the _sinks entries: a logit per query head (gpt-oss); nullptr for the others
 };
 
 template <int HD>

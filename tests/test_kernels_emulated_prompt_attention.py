@@ -8,7 +8,8 @@ Gemma's 16 (the wide tile: two warps a row tile, each with half the columns, and
 windows, Gemma 2's soft cap. Planted faults (a row reduced over too few lanes, a token that does not see itself,
 runs that ignore the sequence, a window one key short, the wide tile stepping over keys, reading another warp's
 columns or splitting its heads unlike the launcher, a cap left out, taken in natural units or applied after the
-mask) prove the comparison catches what such a kernel gets wrong.
+mask) prove the comparison catches what such a kernel gets wrong. The `_sinks` entries (gpt-oss's sink logit per query
+head) against paged_attention's reference with sinks; the sink left out of the denominator, planted, is caught.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hipcore.ops import prompt_attention
-from support.emulated_kernels import ARCH_FOR_WARP, MMA_KINDS, build_mma_harnesses, run_mma, write_inputs
+from hipcore.kvcache.dtypes import kv_dtype
+from hipcore.ops import paged_attention, prompt_attention
+from support.emulated_kernels import ARCH_FOR_WARP, MMA_KINDS, U32, build_mma_harnesses, run_mma, write_inputs
 from support.forward_pass_samples import make_sample, windowed
 
 OP = "prompt_attention"
@@ -45,16 +47,17 @@ def harnesses(tmp_path_factory):
     return build_mma_harnesses(tmp_path_factory.mktemp("kernel_emulation_prompt_attention"), op=OP)
 
 
-def run_kernel(harness, warp: int, sample, tmp_path, out_f16: bool = False) -> np.ndarray:
-    """The kernel's output for `sample` (its soft cap's entry) with the launcher's geometry (NaN where it wrote
-    nothing); out_f16: written as f16 (returned as float32 values)."""
+def run_kernel(harness, warp: int, sample, tmp_path, out_f16: bool = False, sinks=None) -> np.ndarray:
+    """The kernel's output for `sample` (its soft cap's entry, or with `sinks` the sink entry) with the launcher's
+    geometry (NaN where it wrote nothing); out_f16: written as f16 (returned as float32 values)."""
     s = sample
     grid, block = prompt_attention.geometry(ARCH_FOR_WARP[warp], s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim)
     paths = write_inputs(tmp_path, q=s.q, k_pool=s.k_pool, v_pool=s.v_pool, tables=s.block_tables,
-                         token_seq=s.token_seq, positions=s.positions)
-    run_mma(harness, prompt_attention.kernel_name(s.head_dim, s.softcap > 0), grid, block, s.n_tokens, s.n_heads,
-            s.n_kv_heads, s.head_dim, s.block_size, s.max_blocks, s.num_blocks, s.window, s.scale, *paths,
-            tmp_path / "out", int(out_f16), repr(float(s.softcap)))
+                         token_seq=s.token_seq, positions=s.positions,
+                         **({} if sinks is None else {"sinks": np.asarray(sinks, np.float32)}))
+    run_mma(harness, prompt_attention.kernel_name(s.head_dim, s.softcap > 0, sinks is not None), grid, block,
+            s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim, s.block_size, s.max_blocks, s.num_blocks, s.window,
+            s.scale, *paths[:6], tmp_path / "out", int(out_f16), repr(float(s.softcap)), *paths[6:])
     return np.fromfile(tmp_path / "out", np.float16 if out_f16 else np.float32).astype(np.float32).reshape(s.q.shape)
 
 
@@ -157,3 +160,49 @@ def test_f16_output_at_float32_offsets_is_caught(tmp_path):
     assert not np.array_equal(f16, sample.reference().astype(np.float16).astype(np.float32))
     want, tol = sample.reference(), sample.matrix_core_tolerance()
     assert np.max(np.where(np.isfinite(f16), np.abs(f16 - want) / (tol + 2.0**-11 * np.abs(want)), np.inf)) > 1
+
+
+# (case, sink mean): gpt-oss's heads of 64 (a group of 8: two chunks of 4 heads) with a window shorter than the prompt
+# and decode tokens beside it; heads of 32 (the tiny models'), groups of 2, padding. Sinks of the scores' size, one far
+# above every score (its head's rows shrink towards zero).
+SINK_CASES = [(8, 1, 64, 16, [(60, 45), (20, 1)], 2, 20), (4, 2, 32, 8, [(50, 40), (9, 9)], 1, 0)]
+
+
+def sinks_of(rng, n_heads: int) -> np.ndarray:
+    sinks = (rng.standard_normal(n_heads) * 2 + 1).astype(np.float32)
+    sinks[-1] = 30.0
+    return sinks
+
+
+def sink_excess(harness, warp, sample, sinks, tmp_path) -> tuple[float, np.ndarray, np.ndarray]:
+    """(max |got - want| / bound, want, bound): the reference with sinks; the bound matrix_core_tolerance's (the
+    sink only lowers each weight, by the same factor) plus the sink's exp and one more term in each sum."""
+    got = run_kernel(harness, warp, sample, tmp_path, sinks=sinks)
+    want = paged_attention.reference(sample.q, sample.k_pool, sample.v_pool, kv_dtype("f16"), sample.block_tables,
+                                     sample.token_seq, sample.positions, sample.scale, sample.window, 0.0, sinks)
+    tol = sample.matrix_core_tolerance() + 8 * U32 * np.abs(want)
+    return float(np.max(np.where(np.isfinite(got), np.abs(got - want) / tol, np.inf))), want, tol
+
+
+@pytest.mark.parametrize("kind", list(MMA_KINDS))
+def test_the_sink_entries_match_the_reference_with_sinks(harnesses, kind, tmp_path):
+    warp = MMA_KINDS[kind][1]
+    rng = np.random.default_rng([37, MMA_KINDS[kind][0], warp])
+    for case in SINK_CASES:
+        sample = case_sample(rng, case)
+        sinks = sinks_of(rng, case[0])
+        excess, want, tol = sink_excess(harnesses[kind], warp, sample, sinks, tmp_path)
+        assert excess <= 1, f"{kind} {case[:3]}: worst {excess:.2f} x tolerance"
+        assert (np.abs(sample.reference() - want) / tol).max() > 10, "the sinks must matter at this case"
+
+
+def test_the_sink_left_out_of_the_denominator_is_caught(tmp_path):
+    old = "row_scale[r] = kept / (l[r] * kept + exp2f(sink - top));"
+    new = "row_scale[r] = kept / (l[r] * kept);"
+    kinds = ("nvidia_mma", "cdna_mfma")
+    built = build_mma_harnesses(tmp_path, kinds, kernel_edit=lambda text: text.replace(old, new), op=OP)
+    rng = np.random.default_rng(38)
+    sample = case_sample(rng, SINK_CASES[0])
+    sinks = sinks_of(rng, SINK_CASES[0][0])
+    for kind in kinds:
+        assert sink_excess(built[kind], MMA_KINDS[kind][1], sample, sinks, tmp_path)[0] > 1, f"not caught on {kind}"

@@ -3,7 +3,8 @@ Q4_K/Q6_K experts, and qwen2moe with its shared expert, stepped through each GPU
 running its entry's host twin, against the cpu backend (prompt, batched prompts and decode steps); each plan reaches
 the MoE entries (the router's product, moe_route_f32, moe_gate_up and moe_down for Q4_K and Q6_K, per token and
 grouped) with the experts kept in their file format; and the tiny gpt-oss (MXFP4 experts, attention with sinks)
-likewise, through paged_attention's sink entries."""
+likewise, its 40-token prompt through prompt_attention's sink entry where the GPU has matrix cores (paged_attention's
+sink entries for the rest and for decode steps)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
+from hipcore.ops.matmul_mma import has_matrix_cores
 from support.model_steps import step_batch
 from support.moe_models import write_moe_model
 from support.stand_in_gpu import StandInGpu, host_kernels_for_stand_ins
@@ -82,3 +84,5 @@ def test_gpt_oss_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, monkey
     worst = max(float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, on_cpu, strict=True))
     assert worst <= MAX_RELATIVE_LOGIT_DIFF, f"{arch}: logits off by {worst:.2e} of the largest"
     assert set(GPT_OSS_ENTRIES) <= device.entries, sorted(device.entries)
+    prompt_entry = "prompt_attention_f16_d32_sinks"  # the prompt step of 40 tokens, heads of 32
+    assert (prompt_entry in device.entries) == has_matrix_cores(arch), sorted(device.entries)

@@ -10,7 +10,7 @@ import pytest
 
 from support.forward_pass_samples import make_sample, random_table
 from hipcore.gguf import quants
-from hipcore.kvcache.dtypes import KV_DTYPES
+from hipcore.kvcache.dtypes import KV_DTYPES, kv_dtype
 from hipcore.ops import embedding, paged_attention, prompt_attention, select_rows
 from hipcore.runtime import kernels as loader
 from hipcore.runtime.errors import DeviceError
@@ -286,3 +286,27 @@ def test_every_entry_has_a_host_kernel(cpu_device):
         assert module.kernel(f"embedding_{table_type}", embedding.SIGNATURE).name
     assert module.kernel("select_rows_f32", select_rows.SIGNATURE).name
     assert loader.get_kernel(cpu_device, "paged_attention", "paged_attention_q8_0", "ppppppppiiiiiiiiiff")
+
+
+def test_prompt_attention_launch_with_sinks(cpu_device):
+    """The sink entries (gpt-oss's heads of 64) on the cpu backend: paged_attention's reference with sinks; a head size
+    without a sink entry, a cap with sinks, and a sinks buffer short of n_heads floats are refused."""
+    rng = np.random.default_rng(7)
+    s = make_sample(rng, "f16", 8, 1, 64, 16, [(90, 40)], padding=1)
+    sinks = (rng.standard_normal(8) + 1).astype(np.float32)
+    args = [to_device(cpu_device, a) for a in (s.q, s.k_pool, s.v_pool, s.block_tables, s.token_seq, s.positions)]
+    sizes = dict(n_tokens=s.n_tokens, n_heads=8, n_kv_heads=1, head_dim=64, block_size=16, max_blocks=s.max_blocks,
+                 num_blocks=s.num_blocks, scale=s.scale)
+    out = poisoned(cpu_device, s.q.nbytes)
+    prompt_attention.launch(cpu_device, None, out, *args, **sizes, sinks=to_device(cpu_device, sinks))
+    want = paged_attention.reference(s.q, s.k_pool, s.v_pool, kv_dtype("f16"), s.block_tables, s.token_seq,
+                                     s.positions, s.scale, 0, 0.0, sinks)
+    np.testing.assert_array_equal(out.download(np.float32).reshape(s.q.shape), want)
+    assert not np.allclose(want, s.reference())
+    assert prompt_attention.takes("sm_90", 40, "f16", 64, sinks=True) and not prompt_attention.takes(
+        "gfx1030", 40, "f16", 64, sinks=True)
+    for bad, message, buf in ((dict(head_dim=128), "no entry for head_dim 128 with sinks", sinks),
+                              (dict(softcap=30.0), "none with both a cap and sinks", sinks),
+                              ({}, "sinks needs", sinks[:4])):
+        with pytest.raises(ValueError, match=message):
+            prompt_attention.launch(cpu_device, None, out, *args, **{**sizes, **bad}, sinks=to_device(cpu_device, buf))

@@ -19,6 +19,9 @@ columns (32 tokens; its tiles' shared memory and accumulators, the kernel's Tile
 (`takes`) for steps that are not decode steps, of at least MIN_TOKENS tokens, with an f16 cache, a head size of
 HEAD_DIMS (and of SOFTCAP_HEAD_DIMS with a soft cap), on a GPU with matrix cores (matmul_mma.has_matrix_cores);
 a head of 256 not on RDNA4 (that entry spills a few registers there); everything else stays on paged_attention.
+With sinks (gpt-oss's attn_sinks, a logit per query head: paged_attention's rule, the sink joins each softmax's max
+and denominator and adds no value) the entries `prompt_attention_f16_d<head_dim>_sinks` for SINKS_HEAD_DIMS take
+`sinks p` last (SINKS_SIGNATURE); no soft cap with them (gpt-oss has none).
 
 Precision: q (scaled) and the weights are rounded to f16, K and V are the cache's f16 values, the products
 are exact and summed in f32 (tests/support/forward_pass_samples.py's matrix_core_tolerance bounds the
@@ -28,11 +31,12 @@ difference from the reference).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 
 from hipcore.ops import paged_attention
-from hipcore.ops.launch_checks import check_disjoint
+from hipcore.ops.launch_checks import check_disjoint, check_memory
 from hipcore.ops.matmul_mma import has_matrix_cores
 from hipcore.kvcache.dtypes import KV_DTYPES
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
@@ -41,6 +45,7 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "prompt_attention"
 SIGNATURE = "ppppppp iiiiiiii f i f"
+SINKS_SIGNATURE = SIGNATURE + " p"
 WARPS = 4  # per workgroup: the kernel's launch bounds
 WIDE_COLUMN_SPLIT = 2  # warps that share a tile of query rows for a head of WIDE_HEAD_DIM, each with its columns
 ROWS = 16  # query tokens per row tile: one matrix tile
@@ -49,16 +54,18 @@ NARROW_MAX_HEAD_DIM = 128
 WIDE_HEAD_DIM = 256  # Gemma's heads (the kernel's wide Tile)
 HEAD_DIMS = (*range(HEAD_DIM_MULTIPLE, NARROW_MAX_HEAD_DIM + 1, HEAD_DIM_MULTIPLE), WIDE_HEAD_DIM)  # an entry each
 SOFTCAP_HEAD_DIMS = (NARROW_MAX_HEAD_DIM, WIDE_HEAD_DIM)  # Gemma 2's heads (27B; 2B and 9B): a capped entry each
+SINKS_HEAD_DIMS = (32, 64)  # gpt-oss's heads of 64, and the tiny test models' 32: an entry with sinks each
 MIN_TOKENS = 32  # fewer query tokens: paged_attention (a workgroup's 16-64 token tile would be mostly empty)
 KV_DTYPE = "f16"
 _RDNA4 = re.compile(r"gfx12[0-9a-f]{2}$")
 
 
-def kernel_name(head_dim: int, softcap: bool = False) -> str:
-    return f"prompt_attention_{KV_DTYPE}_d{head_dim}" + ("_softcap" if softcap else "")
+def kernel_name(head_dim: int, softcap: bool = False, sinks: bool = False) -> str:
+    return f"prompt_attention_{KV_DTYPE}_d{head_dim}" + ("_softcap" if softcap else "") + ("_sinks" if sinks else "")
 
 
-KERNEL_NAMES = (*(kernel_name(d) for d in HEAD_DIMS), *(kernel_name(d, True) for d in SOFTCAP_HEAD_DIMS))
+KERNEL_NAMES = (*(kernel_name(d) for d in HEAD_DIMS), *(kernel_name(d, True) for d in SOFTCAP_HEAD_DIMS),
+                *(kernel_name(d, sinks=True) for d in SINKS_HEAD_DIMS))
 
 
 def row_tiles(head_dim: int) -> int:
@@ -86,27 +93,29 @@ def geometry(arch: str, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: 
     return tiles * n_kv_heads * chunks, WARPS * wavefront_size(arch)
 
 
-def supports(kv_dtype: str, head_dim: int, softcap: float = 0.0) -> bool:
-    """Whether a kernel computes attention of this cache format, head size and soft cap."""
+def supports(kv_dtype: str, head_dim: int, softcap: float = 0.0, sinks: bool = False) -> bool:
+    """Whether a kernel computes attention of this cache format, head size, soft cap and sinks (not both)."""
+    if sinks:
+        return kv_dtype == KV_DTYPE and not softcap and head_dim in SINKS_HEAD_DIMS
     return kv_dtype == KV_DTYPE and head_dim in (SOFTCAP_HEAD_DIMS if softcap else HEAD_DIMS)
 
 
-def takes(arch: str, n_tokens: int, kv_dtype: str, head_dim: int, softcap: float = 0.0) -> bool:
+def takes(arch: str, n_tokens: int, kv_dtype: str, head_dim: int, softcap: float = 0.0, sinks: bool = False) -> bool:
     """Whether a step of n_tokens query tokens that is not a decode step runs its attention here on `arch`
     (the rest: paged_attention). Decode steps never do: each of their tokens is its own sequence, which
     would leave 15 of a warp's 16 rows empty. A head of 256 not on RDNA4: that entry spills 16-24 bytes
     there (its WMMA fragments hold 16 halves a lane, twice NVIDIA's and CDNA's)."""
     if head_dim > NARROW_MAX_HEAD_DIM and _RDNA4.match(arch):
         return False
-    return n_tokens >= MIN_TOKENS and has_matrix_cores(arch) and supports(kv_dtype, head_dim, softcap)
+    return n_tokens >= MIN_TOKENS and has_matrix_cores(arch) and supports(kv_dtype, head_dim, softcap, sinks)
 
 
-def _register(head_dim: int, capped: bool) -> None:
-    @cpu_kernel(kernel_name(head_dim, capped), SIGNATURE.replace(" ", ""))
+def _register(head_dim: int, capped: bool, with_sinks: bool = False) -> None:
+    @cpu_kernel(kernel_name(head_dim, capped, with_sinks), (SINKS_SIGNATURE if with_sinks else SIGNATURE).replace(" ", ""))
     def host(dev: CpuDevice, grid, block, out: int, q: int, k_pool: int, v_pool: int, block_tables: int,
              token_seq: int, positions: int, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
              block_size: int, max_blocks: int, num_blocks: int, window: int, scale: float, out_f16: int,
-             softcap: float) -> None:
+             softcap: float, sinks: int = 0) -> None:
         fmt = KV_DTYPES[KV_DTYPE]
         pool_shape = (num_blocks, n_kv_heads, block_size, fmt.row_bytes(head_dim))
         seqs = dev.view(token_seq, np.int32, n_tokens)
@@ -115,7 +124,8 @@ def _register(head_dim: int, capped: bool) -> None:
             dev.view(q, np.float32, (n_tokens, n_heads, head_dim)),
             dev.view(k_pool, np.uint8, pool_shape), dev.view(v_pool, np.uint8, pool_shape), fmt,
             dev.view(block_tables, np.int32, (n_seqs, max_blocks)), seqs,
-            dev.view(positions, np.int32, n_tokens), scale, window, softcap if capped else 0.0)
+            dev.view(positions, np.int32, n_tokens), scale, window, softcap if capped else 0.0,
+            dev.view(sinks, np.float32, n_heads) if with_sinks else None)
         # computed in full first: out may be q
         dev.view(out, np.float16 if out_f16 else np.float32, (n_tokens, n_heads, head_dim))[:] = result
 
@@ -124,22 +134,29 @@ for _head_dim in HEAD_DIMS:
     _register(_head_dim, False)
 for _head_dim in SOFTCAP_HEAD_DIMS:
     _register(_head_dim, True)
+for _head_dim in SINKS_HEAD_DIMS:
+    _register(_head_dim, False, with_sinks=True)
 
 
 def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
            n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
-           num_blocks: int, scale: float, window: int = 0, softcap: float = 0.0, out_f16: bool = False) -> None:
+           num_blocks: int, scale: float, window: int = 0, softcap: float = 0.0, out_f16: bool = False,
+           sinks: Any = None) -> None:
     """Queue attention for n_tokens query tokens of an f16 cache (paged_attention's arguments and result; no
     workspace); softcap > 0 caps the scaled scores (Gemma 2), 0 leaves them; out_f16: out receives f16 values (for
-    an o product reading f16 x) instead of float32, and may not overlap q.
+    an o product reading f16 x) instead of float32, and may not overlap q; sinks: float32 [n_heads] (gpt-oss).
     The caller checks `supports` first; this raises ValueError otherwise."""
-    name = kernel_name(head_dim, softcap > 0)
+    name = kernel_name(head_dim, softcap > 0, sinks is not None)
     if not (np.isfinite(softcap) and softcap >= 0):
         raise ValueError(f"{name}: softcap must be 0 (none) or a positive finite cap, got {softcap}")
-    if not supports(KV_DTYPE, head_dim, softcap):
-        sizes = SOFTCAP_HEAD_DIMS if softcap else HEAD_DIMS
-        raise ValueError(f"{OP}: no entry for head_dim {head_dim}{' with a soft cap' if softcap else ''}; have "
-                         f"{', '.join(map(str, sizes))}")
+    if not supports(KV_DTYPE, head_dim, softcap, sinks is not None):
+        sizes = SINKS_HEAD_DIMS if sinks is not None and not softcap else SOFTCAP_HEAD_DIMS if softcap else HEAD_DIMS
+        what = " with a soft cap" if softcap else ""
+        what += " with sinks" if sinks is not None else ""
+        raise ValueError(f"{OP}: no entry for head_dim {head_dim}{what}; have {', '.join(map(str, sizes))}"
+                         + (" (none with both a cap and sinks)" if softcap and sinks is not None else ""))
+    if sinks is not None:
+        check_memory(name, "sinks", sinks, n_heads * 4)
     paged_attention.check_operands(name, KV_DTYPE, out, q, k_pool, v_pool, block_tables, token_seq, positions,
                                    n_tokens=n_tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                                    block_size=block_size, max_blocks=max_blocks, num_blocks=num_blocks, window=window,
@@ -150,8 +167,9 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
         check_disjoint(name, ("out", out, rows * 2), ("q", q, rows * 4))
     grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads, head_dim)
     # programmatic: the entry waits for the kernel ahead first (hip_compat.h: rf_grid_dependency_sync)
-    kernel = get_kernel(device, OP, name, SIGNATURE.replace(" ", ""), programmatic=True)
+    kernel = get_kernel(device, OP, name, (SIGNATURE if sinks is None else SINKS_SIGNATURE).replace(" ", ""),
+                        programmatic=True)
     kernel.launch(grid, block,
                   [out, q, k_pool, v_pool, block_tables, token_seq, positions, n_tokens, n_heads, n_kv_heads, head_dim,
-                   block_size, max_blocks, num_blocks, window, scale, int(bool(out_f16)), float(softcap)],
-                  stream=stream)
+                   block_size, max_blocks, num_blocks, window, scale, int(bool(out_f16)), float(softcap),
+                   *(() if sinks is None else (sinks,))], stream=stream)

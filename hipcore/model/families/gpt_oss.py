@@ -6,14 +6,15 @@
     x      += the mixture of experts on rmsnorm(x) (the norm the file calls post_attention_norm; router bias, top-k of
               the logits then a softmax over the k, expert biases, the clamped SwiGLU: hipcore/model/moe_blocks.py)
 The products are the planner's (biases added in fused_qmatvec's epilogue or by add_bias); the attention takes
-paged_attention's sink entries, which run where paged_attention.takes_sinks (every backend; check_backend refuses the
-model at load, by name, on one without them)."""
+prompt_attention's sink entries for prompt steps on the matrix cores (prompt_attention.takes with sinks: an f16
+cache, heads of SINKS_HEAD_DIMS), paged_attention's otherwise, which run where paged_attention.takes_sinks (every
+backend; check_backend refuses the model at load, by name, on one without them)."""
 
 from hipcore.errors import UnsupportedModelError
 from hipcore.model.blocks import Family, StepContext, _kv_store, positions, rope_qk
 from hipcore.model.moe_blocks import moe_feed_forward
 from hipcore.model.projections import Launch
-from hipcore.ops import add_bias, paged_attention
+from hipcore.ops import add_bias, paged_attention, prompt_attention
 
 
 def check_backend(device) -> None:
@@ -31,6 +32,12 @@ def sink_attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """Store k and v, then attn = attention(q, cached K, cached V) with the layer's sinks and window."""
     cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
     tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
+    if not ctx.decode and prompt_attention.takes(dev.arch, t, kv.dtype, cfg.head_dim, sinks=True):
+        return [_kv_store(ctx, i, t), ("prompt_attention+sinks", lambda: prompt_attention.launch(
+            dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
+            n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+            block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
+            window=cfg.layer_window(i), sinks=lw.attn_sinks.buffer))]
     return [_kv_store(ctx, i, t), ("attention+sinks", lambda: paged_attention.launch(
         dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
         n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
