@@ -348,7 +348,7 @@ class _Run:
             final_rss=rss[-1] if rss else None, whole=fit(0), judged=fit(self.s.requests // 2),
             tracemalloc_bytes=t_bytes, tracemalloc_count=t_count, tracemalloc_top=top,
             series={"requests": m.values("requests"), "rss": rss, "traced": m.values("traced")},
-            traced=traced, traced_requests=self._done_measured() + self._done_tail(),
+            traced=traced, traced_requests=self._done_measured() + self._done_tail(), expert_cache=m.expert_cache,
         )
 
     def _done_tail(self) -> int:

@@ -18,6 +18,7 @@ import tracemalloc
 from dataclasses import asdict, dataclass, field
 
 from hipcore.kvcache import KvInvariantError
+from hipcore.ops.moe_expert_cache import EXPERTS
 from hipcore.runtime.host_memory import anon_rss_bytes
 from hipcore.runtime.ledger import TAGS, Allocation, LedgerSnapshot
 
@@ -240,8 +241,11 @@ class HostMonitor:
         self.count = 0
         self.rss_available = read_rss() is not None
         self.baseline_snapshot: tracemalloc.Snapshot | None = None
+        self._cache_emptied = self._cache_high = 0  # the cache's accounted bytes when the baseline emptied it, most since
+        self.expert_cache: dict | None = None  # expert_cache_reading() before the final snapshot emptied it
 
     def sample(self, requests_done: int) -> None:
+        """Host memory now, less the cpu backend's cache of decoded experts (its own layer: expert_cache_reading)."""
         if self.count == len(self.requests):  # keep every other sample: the slope needs the span, not density
             keep = slice(0, self.count, 2)
             for arr in (self.requests, self.rss, self.traced):
@@ -249,11 +253,19 @@ class HostMonitor:
             self.count = (self.count + 1) // 2
         i = self.count
         self.requests[i] = requests_done
-        self.rss[i] = read_rss() or 0
-        self.traced[i] = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
+        cache, rss = EXPERTS.accounted_bytes(), read_rss()
+        # RSS keeps the pages the cache's emptying freed (malloc reuses them): it grows by the cache past that.
+        self._cache_high = max(self._cache_high, cache)
+        self.rss[i] = rss - max(0, self._cache_high - self._cache_emptied) if rss else 0
+        self.traced[i] = tracemalloc.get_traced_memory()[0] - cache if tracemalloc.is_tracing() else 0
         self.count += 1
 
     def take_baseline(self) -> None:
+        # The decoded experts' cache fills as experts are first used, after the warm-up too (a model with more
+        # experts than the warm-up routes to): emptied here and before the final snapshot, it is no host growth,
+        # and whatever an eviction or clear() does not free still is.
+        self._cache_emptied = self._cache_high = EXPERTS.accounted_bytes()
+        EXPERTS.clear()
         if tracemalloc.is_tracing():
             self.baseline_snapshot = tracemalloc.take_snapshot()
 
@@ -274,6 +286,8 @@ class HostMonitor:
     def tracemalloc_growth(self, limit: int = 10) -> tuple[int, int, list[dict]]:
         """(bytes, allocations) still live that were made since the baseline, by tracemalloc, and the
         source lines that grew most."""
+        self.expert_cache = expert_cache_reading()
+        EXPERTS.clear()
         if self.baseline_snapshot is None or not tracemalloc.is_tracing():
             return 0, 0, []
         now = tracemalloc.take_snapshot().filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
@@ -282,3 +296,12 @@ class HostMonitor:
         lines = [{"where": f"{s.traceback[0].filename}:{s.traceback[0].lineno}", "bytes": s.size_diff,
                   "allocations": s.count_diff} for s in grown[:limit]]
         return sum(s.size_diff for s in stats), sum(s.count_diff for s in stats), lines
+
+
+def expert_cache_reading() -> dict | None:
+    """The cpu backend's decoded experts (hipcore/ops/moe_expert_cache.py) since the baseline: their most bytes
+    (past the budget: the cache does not evict, a leak), held now, entries; None when no expert was decoded."""
+    if not EXPERTS.peak_bytes:
+        return None
+    return {"peak_bytes": EXPERTS.peak_bytes, "budget_bytes": EXPERTS.budget_bytes, "held_bytes": EXPERTS.held_bytes,
+            "entries": EXPERTS.entries}

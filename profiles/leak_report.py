@@ -99,6 +99,7 @@ class HostResult:
     series: dict[str, list[int]] = field(default_factory=dict)
     traced: bool = False  # tracemalloc ran from the baseline to the end
     traced_requests: int = 0  # requests run between the tracemalloc baseline and its final snapshot
+    expert_cache: dict | None = None  # the cpu backend's decoded experts, apart (leak_layers.expert_cache_reading)
 
     def to_dict(self) -> dict:
         return {
@@ -108,7 +109,7 @@ class HostResult:
             "tracemalloc_not_returned": {"bytes": self.tracemalloc_bytes, "allocations": self.tracemalloc_count,
                                          "top_lines": self.tracemalloc_top, "traced": self.traced,
                                          "requests": self.traced_requests, "allowance_bytes": HOST_TRACED_SLACK},
-            "series": self.series,
+            "series": self.series, "expert_cache": self.expert_cache,
         }
 
 
@@ -182,6 +183,10 @@ class LeakReport(FindingsVerdict):
             rows.append({"layer": "host (tracemalloc)", "bytes": max(0, h.tracemalloc_bytes),
                          "count": max(0, h.tracemalloc_count), "unit": "allocations", "baseline": None, "peak": None, "final": None,
                          "per_request": round(max(0, h.tracemalloc_bytes) / max(1, h.traced_requests), 3)})
+        if h.expert_cache is not None:
+            rows.append({"layer": "host (decoded experts' cache)", "bytes": None,  # bounded, emptied: not kept
+                         "count": h.expert_cache["entries"], "unit": "entries", "baseline": 0,
+                         "peak": h.expert_cache["peak_bytes"], "final": h.expert_cache["held_bytes"], "per_request": None})
         for row in rows:
             if "per_request" not in row:  # host rows: the fitted slope is the per-request figure
                 slope = h.judged.rss_slope if row["layer"].startswith("host (Rss") else h.judged.traced_slope
@@ -304,6 +309,10 @@ def _judge_host(out: list[Finding], report: LeakReport, t: Thresholds) -> None:
     """tracemalloc judges every run length; the RSS slope judges long runs too (it also sees memory
     that Python does not allocate). With neither, the host layer is "not judged"."""
     h = report.host
+    cache = h.expert_cache
+    if cache is not None and cache["peak_bytes"] > cache["budget_bytes"]:
+        out.append(Finding("host", LEAK, f"the decoded experts' cache held {cache['peak_bytes']:,} bytes, past its budget "
+                                         f"of {cache['budget_bytes']:,} (hipcore/ops/moe_expert_cache.py): it did not evict"))
     judged = []
     if h.traced:
         _judge_traced(out, h, t)

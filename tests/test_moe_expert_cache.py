@@ -4,6 +4,9 @@ references' float64 results rounded to float32, bit for bit, before and after th
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+
 import numpy as np
 import pytest
 from test_ops_cpu_moe import empty, expert_buffers, expert_sample, to_device
@@ -48,6 +51,32 @@ def test_the_budget_holds_the_most_recently_used():
     small = ExpertCache(budget_bytes=one - 1)  # an expert past the budget is decoded every time, never kept
     small.matrix((1, 0), raws[0], "q8_0", 64)
     assert small.held_bytes == 0
+
+
+@pytest.mark.parametrize("weight_type, rows, cols", [("f32", 64, 64), ("q4_k", 256, 256), ("f16", 32, 64)])
+def test_accounted_bytes_are_what_tracemalloc_finds_the_entries_hold(weight_type, rows, cols):
+    """leak-check subtracts accounted_bytes() from host memory: within 200 bytes an entry of what they hold."""
+    rng = np.random.default_rng(5)
+    raws = [raw_rows(rng, weight_type, rows, cols) for _ in range(32)]
+    cache = ExpertCache()
+    gc.collect()
+    tracing = tracemalloc.is_tracing()
+    tracemalloc.start(1)
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i, raw in enumerate(raws):
+            cache.matrix((1, 0x1000 + i * raw.nbytes), raw, weight_type, cols)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+        assert abs(cache.accounted_bytes() - held) <= 200 * cache.entries, (cache.accounted_bytes(), held)
+        assert cache.peak_bytes == cache.held_bytes > 0
+        cache.clear()
+        gc.collect()
+        assert cache.entries == cache.held_bytes == cache.peak_bytes == cache.accounted_bytes() == 0
+        assert tracemalloc.get_traced_memory()[0] - before < 200 * len(raws)
+    finally:
+        if not tracing:
+            tracemalloc.stop()
 
 
 @pytest.mark.parametrize("weight_type", moe_experts.EXPERT_TYPES)

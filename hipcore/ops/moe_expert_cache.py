@@ -7,6 +7,10 @@ weights written again, another device at the same id: decoded afresh), so the ca
 cache a process, the least recently used out past BUDGET_BYTES, so that the experts of models closed (or of
 devices kept alive) hold at most that. float64 is what the products take (the decoding is exact in it): 8 bytes a
 weight, 14x a Q4_K expert's bytes, plus the copy of the raw bytes.
+
+The cache fills as experts are first used, so leak-check (profiles/leak_layers.py) accounts for it as its own host
+layer: it empties the cache at its baseline and before its final tracemalloc snapshot, subtracts
+accounted_bytes() from the host samples in between, and judges peak_bytes against the budget.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import numpy as np
 from hipcore.ops.weight_formats import dequantize_rows
 
 BUDGET_BYTES = 256 << 20
+# Python's bytes per entry beside the two arrays' data (key tuples, the dict's node, the array and bytes headers):
+# 675-873 by tracemalloc over F16, F32 and Q4_K experts.
+ENTRY_BOOKKEEPING_BYTES = 768
 
 
 class ExpertCache:
@@ -27,6 +34,7 @@ class ExpertCache:
     def __init__(self, budget_bytes: int = BUDGET_BYTES) -> None:
         self.budget_bytes = budget_bytes
         self.held_bytes = 0
+        self.peak_bytes = 0  # most held_bytes since made or cleared: never past budget_bytes
         self.hits = self.misses = 0
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -52,10 +60,29 @@ class ExpertCache:
             if size <= self.budget_bytes:
                 self._entries[key] = (raw_rows.tobytes(), matrix)
                 self.held_bytes += size
-                while self.held_bytes > self.budget_bytes:
-                    _, (raw, decoded) = self._entries.popitem(last=False)
-                    self.held_bytes -= len(raw) + decoded.nbytes
+                self._evict_past_budget()
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         return matrix
+
+    def _evict_past_budget(self) -> None:
+        while self.held_bytes > self.budget_bytes:
+            _, (raw, decoded) = self._entries.popitem(last=False)
+            self.held_bytes -= len(raw) + decoded.nbytes
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    def accounted_bytes(self) -> int:
+        """What the entries cost the process: their data and each one's bookkeeping (ENTRY_BOOKKEEPING_BYTES)."""
+        with self._lock:
+            return self.held_bytes + len(self._entries) * ENTRY_BOOKKEEPING_BYTES
+
+    def clear(self) -> None:
+        """Drop every entry (a result never depends on the cache: later calls decode afresh)."""
+        with self._lock:
+            self._entries.clear()
+            self.held_bytes = self.peak_bytes = 0
 
 
 EXPERTS = ExpertCache()  # the process's
