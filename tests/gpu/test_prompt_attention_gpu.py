@@ -58,3 +58,40 @@ def test_prompt_attention_matches_the_reference(gpu, mem, rng, seed, case):
                             num_blocks=s.num_blocks, scale=s.scale, window=s.window, softcap=s.softcap, out_f16=True)
     assert np.array_equal(out16.download(np.float16).reshape(s.q.shape), got.astype(np.float16)), \
         f"seed {seed} {case}: the f16 output is not the float32 output rounded"
+
+
+# gpt-oss's sink entries: (n_heads, n_kv_heads, head_dim, block_size, sequences, padding, window)
+SINK_CASES = {
+    "gpt-oss-20b prompt 512, window 128": (64, 8, 64, 16, [(512, 512)], 0, 128),
+    "gpt-oss-20b chunk after 900 + decodes, no window": (64, 8, 64, 16, [(1400, 500), (40, 1)], 2, 0),
+    "tiny gpt-oss heads of 32": (4, 2, 32, 16, [(100, 71)], 1, 16),
+}
+
+
+@pytest.mark.parametrize("case", list(SINK_CASES))
+def test_prompt_attention_with_sinks_matches_the_reference(gpu, mem, rng, seed, case):
+    """The `_sinks` entries against paged_attention's reference with sinks, within matrix_core_tolerance (a sink only
+    lowers each weight, by one factor a row) plus the sink's exp and one more term in each sum."""
+    from hipcore.kvcache.dtypes import kv_dtype
+    from hipcore.ops import paged_attention
+
+    n_heads, n_kv_heads, head_dim, block_size, seqs, padding, window = SINK_CASES[case]
+    s = make_sample(rng, "f16", n_heads, n_kv_heads, head_dim, block_size, seqs, padding=padding,
+                    q_scale=float(rng.uniform(0.5, 3)))
+    s = windowed(s, window) if window else s
+    sinks = (rng.standard_normal(n_heads) * 2 + 1).astype(np.float32)
+    inputs = [mem.upload(s.q), mem.upload(s.k_pool, "kv"), mem.upload(s.v_pool, "kv"),
+              mem.upload(s.block_tables, "scratch"), mem.upload(s.token_seq, "scratch"), mem.upload(s.positions, "scratch")]
+    out = mem.poisoned(s.q.nbytes)
+    prompt_attention.launch(gpu, None, out, *inputs, n_tokens=s.n_tokens, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
+                            head_dim=s.head_dim, block_size=s.block_size, max_blocks=s.max_blocks,
+                            num_blocks=s.num_blocks, scale=s.scale, window=s.window,
+                            sinks=mem.upload(sinks, "weights"))
+    got = out.download(np.float32).reshape(s.q.shape)
+    want = paged_attention.reference(s.q, s.k_pool, s.v_pool, kv_dtype("f16"), s.block_tables, s.token_seq,
+                                     s.positions, s.scale, s.window, 0.0, sinks)
+    tol = s.matrix_core_tolerance() + 8 * np.finfo(np.float32).eps / 2 * np.abs(want)
+    bad = ~(np.abs(got - want) <= tol)
+    assert not bad.any(), (f"seed {seed} {case}: {int(bad.sum())} of {bad.size} outputs off; worst "
+                           f"{float(np.nanmax(np.abs(got - want) / tol)):.2f} x tolerance")
+    assert not got[s.positions < 0].any(), "padding rows are zero"
