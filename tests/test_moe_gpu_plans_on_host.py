@@ -86,3 +86,17 @@ def test_gpt_oss_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, monkey
     assert set(GPT_OSS_ENTRIES) <= device.entries, sorted(device.entries)
     prompt_entry = "prompt_attention_f16_d32_sinks"  # the prompt step of 40 tokens, heads of 32
     assert (prompt_entry in device.entries) == has_matrix_cores(arch), sorted(device.entries)
+
+
+@pytest.mark.parametrize("arch", ("sm_90", "gfx1030"))
+def test_a_gpt_oss_whose_every_layer_slides_steps_through_each_gpu_plan(tmp_path, monkeypatch, arch):
+    """The one-layer gpt-oss (its only layer slides; the KV cache's global group holds no layer): each plan reads the
+    local group's pools and tables, its 40-token prompt past the 16-key window as on the cpu backend."""
+    path = write_moe_model("gpt-oss-window-only", tmp_path)
+    on_cpu = run_steps(path, expert_types=("f16", "f16"))
+    host_kernels_for_stand_ins(monkeypatch)
+    device = StandInGpu(arch=arch)
+    got = run_steps(path, device, expert_types=("f16", "f16"))
+    worst = max(float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, on_cpu, strict=True))
+    assert worst <= MAX_RELATIVE_LOGIT_DIFF, f"{arch}: logits off by {worst:.2e} of the largest"
+    assert ("prompt_attention_f16_d32_sinks" in device.entries) == has_matrix_cores(arch), sorted(device.entries)
