@@ -11,6 +11,7 @@ HTTP layer shares the engine's process or runs in a process of its own (the read
 from __future__ import annotations
 
 from hipcore.engine.request import Ending
+from hipcore.ops.moe_expert_cache import EXPERTS
 from hipcore.runtime.host_memory import anon_rss_bytes
 from rocmforge_serve.metrics import PREFIX_CACHE_COUNTERS, PROFILE_GAUGES
 
@@ -44,4 +45,7 @@ def live_state(loop, published: dict) -> dict:
     state.update(ledger_bytes=dict(device.ledger.bytes_by_tag()) if device is not None else None,
                  tokens_per_second=loop.tokens_per_second(), engine_running=loop.running, fault=loop.fault,
                  accepting=loop.accepting, host_rss_anon_bytes=anon_rss_bytes())
+    if EXPERTS.peak_bytes:  # the cpu backend decoded experts: serve-leak-check takes them out of the RSS it judges
+        state.update(moe_expert_cache_bytes=EXPERTS.accounted_bytes(), moe_expert_cache_peak_bytes=EXPERTS.peak_bytes,
+                     moe_expert_cache_budget_bytes=EXPERTS.budget_bytes)
     return state

@@ -121,6 +121,17 @@ class StateCollector:
                                     "the server's anonymous resident + swapped memory, the engine's process and the "
                                     "HTTP process together when they are two (host-memory leak checks)",
                                     value=float(state["host_rss_anon_bytes"]))
+        if state.get("moe_expert_cache_bytes") is not None:
+            for key, help_text in EXPERT_CACHE_GAUGES:
+                yield GaugeMetricFamily(f"{PREFIX}_{key}", help_text, value=float(state[key]))
+
+
+# The cpu backend's decoded experts (hipcore/ops/moe_expert_cache.py), in the RSS above: a bounded cache.
+EXPERT_CACHE_GAUGES = (
+    ("moe_expert_cache_bytes", "bytes the cpu backend's cache of decoded experts holds (data and bookkeeping)"),
+    ("moe_expert_cache_peak_bytes", "the most data bytes that cache held"),
+    ("moe_expert_cache_budget_bytes", "that cache's budget: it evicts past it"),
+)
 
 
 def render(state: dict, in_flight: int, http_latency=None) -> bytes:

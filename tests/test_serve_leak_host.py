@@ -8,10 +8,14 @@ import httpx
 import pytest
 
 from support.engine_testing import tiny_model
+from support.moe_models import write_moe_model
 from support.serve_testing import live_server, metrics
 
+from hipcore.ops.moe_expert_cache import EXPERTS
 from profiles.serve_leak_check import ServeLeakSettings, run_serve_leak_check
-from profiles.serve_leak_host import RSS_METRIC, HostSeries, judge_host
+from profiles.serve_leak_host import (
+    CACHE_BUDGET_METRIC, CACHE_METRIC, CACHE_PEAK_METRIC, RSS_METRIC, HostSeries, judge_host,
+)
 
 MIB = 1 << 20
 
@@ -61,12 +65,46 @@ def test_growth_while_the_finished_records_fill_is_not_a_leak():
     assert verdict.judged and verdict.growth_per_1000 == 0
 
 
+def cache_series(requests: int, cache_of, budget: int, every: int = 10) -> HostSeries:
+    """RSS of 200 MiB plus the decoded experts' cache, as the server publishes them (the peak: the most so far)."""
+    s, peak = HostSeries(), 0
+    for done in range(0, requests + 1, every):
+        cache = cache_of(done)
+        peak = max(peak, cache)
+        s.add(done, {RSS_METRIC: float(200 * MIB + cache), CACHE_METRIC: float(cache), CACHE_PEAK_METRIC: float(peak),
+                     CACHE_BUDGET_METRIC: float(budget)})
+    return s
+
+
+def test_the_experts_cache_filling_is_not_host_growth_and_past_its_budget_is_a_leak():
+    # experts first used all run long: 10 KiB more cached per request, under a 256 MiB budget
+    filling = cache_series(3000, lambda n: n * 10_240, 256 * MIB)
+    verdict = judge_host(filling)
+    assert verdict.judged and not verdict.leaked and verdict.growth_per_1000 == 0, verdict.line()
+    # planted revert: the same server judged on its whole RSS
+    whole = series(3000, lambda n: 200 * MIB + n * 10_240)
+    assert judge_host(whole).leaked
+    # planted fault: a cache that does not evict past its budget (1 MiB here)
+    past = judge_host(cache_series(3000, lambda n: n * 10_240, MIB))
+    assert past.leaked and "past its budget of 1,048,576" in past.line() and "flat" in past.line()
+
+
 def test_the_server_publishes_its_anonymous_rss(tmp_path_factory):
     with live_server(tiny_model(tmp_path_factory), max_seqs=2) as live:
         before = metrics(live.url)[RSS_METRIC]
         assert httpx.post(live.url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 2}, timeout=30).status_code == 200
         after = metrics(live.url)[RSS_METRIC]
     assert 1 * MIB < before and 1 * MIB < after  # a live Python process with numpy holds far more than 1 MiB
+
+
+def test_a_cpu_server_of_a_mixture_of_experts_publishes_its_decoded_experts(tmp_path_factory):
+    EXPERTS.clear()
+    with live_server(write_moe_model("qwen3moe-f32", tmp_path_factory.mktemp("moe")), max_seqs=2) as live:
+        assert CACHE_METRIC not in metrics(live.url)  # nothing decoded yet
+        assert httpx.post(live.url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 2}, timeout=30).status_code == 200
+        published = metrics(live.url)
+    assert published[CACHE_METRIC] >= EXPERTS.held_bytes > 0 and published[CACHE_PEAK_METRIC] > 0
+    assert published[CACHE_BUDGET_METRIC] == EXPERTS.budget_bytes
 
 
 def test_a_soak_too_short_to_judge_host_memory_is_never_called_clean(tmp_path_factory):
