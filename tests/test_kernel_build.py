@@ -150,6 +150,7 @@ class RecordingGpu:
         self.arch = arch
         self.loaded: list[tuple[str, bytes]] = []
         self.compiled: list[tuple[str, str, list[str]]] = []
+        self.loaded_code: dict[str, dict] = {"modules": {}, "kernels": {}}  # as Device keeps them
 
     def load_module(self, image: bytes, name: str = ""):
         self.loaded.append((name, image))

@@ -21,6 +21,7 @@ class CompilingGpu:
     def __init__(self, arch: str):
         self.arch = arch
         self.compiled: list[str] = []
+        self.loaded_code: dict[str, dict] = {"modules": {}, "kernels": {}}  # as Device keeps them
 
     def load_module(self, image: bytes, name: str = ""):
         class Module:
