@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from support.kv_sequences import run
+
 from hipcore.kvcache.cache import KvCache
 from hipcore.kvcache.config import LOCAL_GROUP, NULL_BLOCK, KvCacheConfig
 from hipcore.kvcache.errors import KvInvariantError
@@ -22,16 +24,6 @@ WINDOWED = KvCacheConfig(n_layers=2, n_kv_heads=1, head_dim=32, num_blocks=16, b
 def device():
     return CpuDevice(capacity=64 << 20)
 
-
-def run(cache: KvCache, seq: int, tokens: list[int]) -> int:
-    """A prompt evaluated and ended: add with its prefix looked up, reserve the rest, free with its tokens computed.
-    Returns the cached tokens it started with."""
-    cached = cache.add_sequence(seq, tokens)
-    assert cache.reserve(seq, len(tokens) - cached)
-    cache.free_sequence(seq, computed=tokens)
-    cache.release_fenced()
-    cache.check_invariants()
-    return cached
 
 
 def test_a_released_prefix_is_cached_and_shared_by_the_next_prompt(device):

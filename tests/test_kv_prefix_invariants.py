@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from support.engine_testing import greedy, load_tiny, prompt_of, tiny_model
+from support.kv_sequences import run
 
 from hipcore.engine.request import Phase
 from hipcore.kvcache.cache import KvCache
@@ -28,15 +29,6 @@ def device():
 def pool_of(cache: KvCache):
     return cache._groups["global"].pool
 
-
-def run(cache: KvCache, seq: int, tokens: list[int]) -> int:
-    """A prompt looked up, computed and ended (its tokens hashed on the way out); invariants checked."""
-    cached = cache.add_sequence(seq, tokens)
-    assert cache.reserve(seq, len(tokens) - cached)
-    cache.free_sequence(seq, computed=tokens)
-    cache.release_fenced()
-    cache.check_invariants()
-    return cached
 
 
 # ---- a cached block's reference count -------------------------------------------------------------------------

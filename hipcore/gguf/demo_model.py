@@ -24,3 +24,14 @@ def find_demo_model() -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def model_or_demo(model: str | None) -> str:
+    """`model`, or the demo model's path when it is None; a measurement tool's default. Raises FileNotFoundError
+    naming the install command when neither is there."""
+    if model is not None:
+        return model
+    demo = find_demo_model()
+    if demo is None:
+        raise FileNotFoundError(f"no --model and the demo model is not installed: {INSTALL_HINT}")
+    return str(demo)

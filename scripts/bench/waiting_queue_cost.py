@@ -86,15 +86,13 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs; the median of their figures")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    model = args.model
-    if model is None:
-        from hipcore.gguf.demo_model import INSTALL_HINT, find_demo_model
+    from hipcore.gguf.demo_model import model_or_demo
 
-        demo = find_demo_model()
-        if demo is None:
-            print(f"no --model and the demo model is not installed: {INSTALL_HINT}", file=sys.stderr)
-            return 2
-        model = str(demo)
+    try:
+        model = model_or_demo(args.model)
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     ctx = args.prompt_tokens + args.max_tokens + 16
     engine, runner, cache, calls = build(model, args.waiting, args.fit, ctx)
     try:
