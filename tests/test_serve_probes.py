@@ -56,7 +56,7 @@ def test_health_is_liveness_and_load_is_readiness(model_path, http_process):
     with live_server(model_path, max_seqs=1, max_queue=0, http_process=http_process) as live:
         assert httpx.get(live.url + "/load").json() == {"server_load": 0, "ready": True, "limit": 1, "parallel": 1}
         with httpx.stream("POST", live.url + "/v1/completions", timeout=30,
-                          json={"prompt": [SLOW_TOKEN, 5, 6], "max_tokens": 200, "stream": True}) as response:
+                          json={"prompt": [SLOW_TOKEN, 5, 6], "max_tokens": 200, "stream": True, "ignore_eos": True}) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data:")
             health = httpx.get(live.url + "/health")
@@ -71,7 +71,7 @@ def test_health_is_liveness_and_load_is_readiness(model_path, http_process):
 def test_a_request_queued_past_its_limit_gets_503_with_retry_after(model_path, http_process):
     with live_server(model_path, max_seqs=1, max_queue=4, queue_timeout_s=0.5, http_process=http_process) as live:
         with httpx.stream("POST", live.url + "/v1/completions", timeout=30,
-                          json={"prompt": [SLOW_TOKEN, 5, 6], "max_tokens": 200, "stream": True}) as response:
+                          json={"prompt": [SLOW_TOKEN, 5, 6], "max_tokens": 200, "stream": True, "ignore_eos": True}) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data:")  # it holds the only running slot for ~10 s
             t0 = time.monotonic()
