@@ -111,14 +111,14 @@ if [ ! -x "$BIN/llama-bench" ] || [ ! -x "$BIN/llama-batched-bench" ]; then
   write_table; exit 1
 fi
 for shape in "${SHAPE_LIST[@]}"; do
-  out="$RESULTS/$shape.md" model="$(model_path "$shape")"
-  if finished "$out" && [ -z "${FRESH:-}" ]; then note "$shape: measured by an earlier run ($out)"; continue; fi
+  shape_table="$RESULTS/$shape.md" model="$(model_path "$shape")"
+  if finished "$shape_table" && [ -z "${FRESH:-}" ]; then note "$shape: measured by an earlier run ($shape_table)"; continue; fi
   [ -s "$model" ] || { failed "$shape: not measured (no model file)"; continue; }
   left=$((DEADLINE - SECONDS))
   if [ "$left" -lt "$EST_S" ]; then late "$shape: not started, ${left}s of DEADLINE left (a shape takes about ${EST_S}s)"; continue; fi
   note "bench $shape (${TESTS[*]})"
   timeout "$left" python3 -m rocmforge_cli.app bench -m "$model" "${TESTS[@]}" -r "$REPS" \
-    --llama-bench "$BIN/llama-bench" > "$out" 2>> "$OUTDIR/bench.log"
+    --llama-bench "$BIN/llama-bench" > "$shape_table" 2>> "$OUTDIR/bench.log"
   rc=$?
   note "bench $shape rc=$rc"
   if [ "$rc" -eq 124 ]; then late "$shape: stopped at DEADLINE (${DEADLINE}s)"
