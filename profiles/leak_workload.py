@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hipcore.errors import RocmforgeError, UsageError
-from hipcore.tokenizer.chat_template import chat_template_from_metadata, render_chat
+from hipcore.tokenizer.chat_template import chat_template_from_metadata, encode_chat, render_chat
 from hipcore.engine.sampler import SamplingParams
 from hipcore.engine.scheduler import blocks_for
 
@@ -287,7 +287,8 @@ def text_prompts(loaded) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, 
         template = chat_template_from_metadata(loaded.gguf.metadata)
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        chat = tuple(tuple(tok.encode(render_chat(template, [{"role": "user", "content": q}], bos_token=bos, eos_token=eos)))
+        chat = tuple(tuple(encode_chat(tok, render_chat(template, [{"role": "user", "content": q}], bos_token=bos,
+                                                          eos_token=eos)))
                      for q in CHAT_QUESTIONS)
     except RocmforgeError:
         chat = ()

@@ -16,7 +16,7 @@ from hipcore.engine.latency import LatencyHistogram
 from hipcore.engine.request import Ending, Event
 from hipcore.engine.grammar import GRAMMAR_FAILURE, compile_grammar, grammar_vocabulary
 from hipcore.errors import InvalidModelError, UsageError
-from hipcore.tokenizer.chat_template import render_chat
+from hipcore.tokenizer.chat_template import encode_chat, render_chat
 from rocmforge_serve.api_errors import ApiError, bad_request, server_error, unavailable
 from rocmforge_serve.engine_loop import AsyncSink, EngineStopped
 from rocmforge_serve.protocol import GenerationRequest, check_sampling, context_error
@@ -207,7 +207,7 @@ def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
             raise bad_request(str(exc), param="messages") from None
         except InvalidModelError as exc:
             raise server_error(f"the model's chat template failed: {exc}") from None
-        return tok.encode(text)
+        return encode_chat(tok, text)
     if isinstance(request.prompt, str):
         return tok.encode(request.prompt)
     vocab = served.vocab_size

@@ -177,3 +177,23 @@ def test_child_and_in_process_renders_agree_on_unusual_text():
     messages = [{"role": "user", "content": "é 中文 🙂 \\ \" ' \udcff"}]
     template = "{{ messages[0]['content'] }}|{{ messages | tojson }}"
     assert _render(template, messages) == _render(template, messages, isolated=False)
+
+
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_a_template_that_writes_bos_gives_one_bos_token(tmp_path, add_bos):
+    """Llama 3's and Gemma's templates write the BOS text; where the tokenizer adds a BOS too (as their GGUFs say),
+    the prompt still begins with one, as llama.cpp's chat templates give it; where it does not, the template's
+    BOS is the one. With the template's BOS kept (planted), the first case begins with two and fails."""
+    from support.gguf_factory import write_tiny_llama
+    from hipcore.tokenizer.chat_template import chat_prompt
+    from hipcore.tokenizer.tokenizer import Tokenizer
+
+    template = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}"
+    path = write_tiny_llama(tmp_path / "bos.gguf", extra_metadata={"tokenizer.ggml.add_bos_token": add_bos,
+                                                                   "tokenizer.chat_template": template})
+    tokenizer = Tokenizer.from_metadata(read_plan(path).metadata)
+    text, ids = chat_prompt(tokenizer, template, USER, context_tokens=256, isolated=False)
+    assert text.startswith(tokenizer.token_text(tokenizer.bos_id))
+    assert ids[0] == tokenizer.bos_id and ids.count(tokenizer.bos_id) == 1, ids
+    assert ids == tokenizer.encode(text, add_bos=False)
+    assert tokenizer.encode(text).count(tokenizer.bos_id) == (2 if add_bos else 1)  # what encoding alone gives

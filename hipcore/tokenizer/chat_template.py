@@ -158,7 +158,16 @@ def chat_prompt(tokenizer: Tokenizer, template: str | None, messages: list[dict]
     if not text.strip() and any(m["content"].strip() for m in messages):
         raise InvalidModelError("the model's chat template produced an empty prompt (nothing but whitespace) "
                                 "from a conversation with text")
-    return text, tokenizer.encode(text)
+    return text, encode_chat(tokenizer, text)
+
+
+def encode_chat(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of a conversation as the chat template rendered it. A template that writes the BOS text itself
+    (Llama 3's, Gemma's) on a model whose tokenizer adds a BOS (as their GGUFs say) would begin the prompt with two
+    BOS tokens: the template's is dropped first, as llama.cpp's chat templates do (common/chat.cpp)."""
+    if tokenizer.add_bos and tokenizer.bos_id is not None:
+        text = text.removeprefix(tokenizer.token_text(tokenizer.bos_id))
+    return tokenizer.encode(text)
 
 
 def _render_in_child(template: str, context: dict, timeout_s: float, max_chars: int) -> str:
