@@ -180,11 +180,11 @@ def head_normed_attention_input(ctx: StepContext, i: int, lw, t: int) -> list[La
     theta, freq_scale = cfg.layer_rope(i, ctx.products.freq_scale)
     target = kv_store.epilogue_target(ctx.cache, i, ctx.inputs.buffer) if _head_norm_stores_kv(ctx) else None
     name = "qk_norm+rope" if target is None else "qk_norm+rope+kv_store"
-    return products + [(name, lambda: head_norm_rope.launch(
+    return products + [Launch(name, lambda: head_norm_rope.launch(
         dev, st, b["q"], b["k"], b["v"], lw.attn_q_norm.buffer, lw.attn_k_norm.buffer, positions(ctx), n_tokens=t,
         n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim,
         eps=cfg.rms_norm_eps, theta=theta, freq_scale=freq_scale, freq_factors=ctx.products.freq_factors,
-        rope_type=cfg.rope_type, kv_target=target))]
+        rope_type=cfg.rope_type, kv_target=target), reads=(lw.attn_q_norm, lw.attn_k_norm))]
 
 
 def attention_after_head_norm(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
@@ -205,12 +205,13 @@ def attention_after_head_norm_for_output(ctx: StepContext, i: int, lw, t: int) -
 def qkv_products(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """xn = rmsnorm(x); q, k, v = xn @ Wq^T, xn @ Wk^T, xn @ Wv^T (no RoPE yet)."""
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
-    plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t,
-                                                               cfg.hidden_size, cfg.rms_norm_eps))]
+    plan: list[Launch] = [Launch("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t,
+                                                                     cfg.hidden_size, cfg.rms_norm_eps),
+                                 reads=(lw.attn_norm,))]
     for name, out, wt in (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k), ("v", b["v"], lw.attn_v)):
-        plan.append((f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
+        plan.append(Launch(f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
             dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
-            workspace=ctx.products.workspace)))
+            workspace=ctx.products.workspace), reads=(wt,)))
     return plan
 
 
@@ -218,8 +219,8 @@ def qk_head_norm(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """Every head of q and of k RMS-normalized over head_dim, with its weight, in place."""
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     hd, eps = cfg.head_dim, cfg.rms_norm_eps
-    return [(f"{name}_norm", lambda out=out, w=w, heads=heads: rmsnorm.launch(dev, st, out, out, w.buffer, t * heads,
-                                                                               hd, eps))
+    return [Launch(f"{name}_norm", lambda out=out, w=w, heads=heads: rmsnorm.launch(dev, st, out, out, w.buffer,
+                                                                                     t * heads, hd, eps), reads=(w,))
             for name, out, w, heads in (("q", b["q"], lw.attn_q_norm, cfg.n_heads),
                                         ("k", b["k"], lw.attn_k_norm, cfg.n_kv_heads))]
 
@@ -295,8 +296,8 @@ def _post_normed_residual(ctx: StepContext, name: str, wt, norm, x: Buffer, cols
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     h = cfg.hidden_size
     return ctx.products.product(name, wt, x, cols, t, x_f16=x_f16) + [
-        (f"{name}_post_norm+residual", lambda: rmsnorm.launch_add(dev, st, b["x"], b["proj"], norm.buffer, t, h,
-                                                                  cfg.rms_norm_eps))]
+        Launch(f"{name}_post_norm+residual", lambda: rmsnorm.launch_add(dev, st, b["x"], b["proj"], norm.buffer, t, h,
+                                                                        cfg.rms_norm_eps), reads=(norm,))]
 
 
 def post_normed_attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from hipcore.errors import UnsupportedModelError
+from hipcore.model.launch import ExpertReads
 from hipcore.model.projections import Launch, weight_arg
 from hipcore.ops import add_bias, kernel_choice, moe_experts, moe_route, rmsnorm, scale, softcap
 
@@ -83,23 +84,30 @@ def moe_feed_forward(ctx, i: int, lw, t: int) -> list[Launch]:
     h, e, k, ff = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_size
     router, gate, up, down = lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps
     plan: list[Launch] = [
-        ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps)),
-        ("moe_router", lambda: kernel_choice.project(dev, st, b["moe_logits"], weight_arg(router), b["xn"], e, h, t,
-                                                  weight_type=router.fmt, workspace=ctx.products.workspace))]
+        Launch("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps),
+               reads=(lw.ffn_norm,)),
+        Launch("moe_router", lambda: kernel_choice.project(dev, st, b["moe_logits"], weight_arg(router), b["xn"], e, h,
+                                                        t, weight_type=router.fmt, workspace=ctx.products.workspace),
+               reads=(router,))]
     if lw.ffn_gate_inp_bias is not None:
-        plan.append(("moe_router_bias", lambda: add_bias.launch(dev, st, b["moe_logits"], lw.ffn_gate_inp_bias.buffer,
-                                                                t, e)))
+        plan.append(Launch("moe_router_bias", lambda: add_bias.launch(dev, st, b["moe_logits"],
+                                                                      lw.ffn_gate_inp_bias.buffer, t, e),
+                           reads=(lw.ffn_gate_inp_bias,)))
+
+    def selected(*weights) -> ExpertReads:  # of these, the experts' launches read only those moe_route wrote in moe_ids
+        return ExpertReads(tuple(w for w in weights if w is not None), b["moe_ids"], t * k, e)
+
     plan += [
         ("moe_route", lambda: moe_route.launch(dev, st, b["moe_ids"], b["moe_weights"], b["moe_logits"], t, e, k,
                                                cfg.expert_gating, cfg.expert_weights_norm)),
-        ("moe_gate_up", lambda: moe_experts.launch_gate_up(
+        Launch("moe_gate_up", lambda: moe_experts.launch_gate_up(
             dev, st, b["moe_h"], b["xn"], weight_arg(gate), weight_arg(up), b["moe_ids"], t, k, cfg.expert_activation,
             _bias(lw.ffn_gate_exps_bias), _bias(lw.ffn_up_exps_bias), weight_type=gate.fmt, n_expert=e, ff=ff,
-            hidden=h)),
-        ("moe_down+residual", lambda: moe_experts.launch_down(
+            hidden=h), experts=selected(gate, up, lw.ffn_gate_exps_bias, lw.ffn_up_exps_bias)),
+        Launch("moe_down+residual", lambda: moe_experts.launch_down(
             dev, st, b["x"], b["moe_h"], weight_arg(down), b["moe_ids"], b["moe_weights"], t, k,
             _bias(lw.ffn_down_exps_bias), weight_type=down.fmt, n_expert=e, hidden=h, ff=ff,
-            workspace=b["moe_down_workspace"]))]
+            workspace=b["moe_down_workspace"]), experts=selected(down, lw.ffn_down_exps_bias))]
     return plan
 
 
@@ -111,14 +119,15 @@ def shared_expert(ctx, i: int, lw, t: int) -> list[Launch]:
     gate, up, down = lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp
     g = b["moe_shared_gate"]
     return [
-        ("shared_gate", lambda: kernel_choice.project(dev, st, g, lw.ffn_gate_inp_shexp.buffer, b["xn"], 1, h, t,
-                                                      weight_type="f32", workspace=ctx.products.workspace)),
+        Launch("shared_gate", lambda: kernel_choice.project(dev, st, g, lw.ffn_gate_inp_shexp.buffer, b["xn"], 1, h, t,
+                                                            weight_type="f32", workspace=ctx.products.workspace),
+               reads=(lw.ffn_gate_inp_shexp,)),
         ("shared_gate/4", lambda: scale.launch(dev, st, g, g, t, 0.25)),
         ("shared_gate_tanh/2", lambda: softcap.launch(dev, st, g, g, t, 0.5)),
         ("shared_gate_sigmoid", lambda: add_bias.launch(dev, st, g, b["moe_half"], t, 1)),
-        ("shared_gate_up", lambda: moe_experts.launch_gate_up(
+        Launch("shared_gate_up", lambda: moe_experts.launch_gate_up(
             dev, st, b["moe_shared_h"], b["xn"], weight_arg(gate), weight_arg(up), b["moe_shared_ids"], t, 1, "swiglu",
-            weight_type=gate.fmt, n_expert=1, ff=ff, hidden=h)),
-        ("shared_down+residual", lambda: moe_experts.launch_down(
+            weight_type=gate.fmt, n_expert=1, ff=ff, hidden=h), reads=(gate, up)),
+        Launch("shared_down+residual", lambda: moe_experts.launch_down(
             dev, st, b["x"], b["moe_shared_h"], weight_arg(down), b["moe_shared_ids"], g, t, 1,
-            weight_type=down.fmt, n_expert=1, hidden=h, ff=ff, workspace=b["moe_down_workspace"]))]
+            weight_type=down.fmt, n_expert=1, hidden=h, ff=ff, workspace=b["moe_down_workspace"]), reads=(down,))]

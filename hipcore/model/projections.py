@@ -25,14 +25,13 @@ row count the same way.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
+from hipcore.model.launch import Launch  # the blocks import it from here with the planner
 from hipcore.ops import (add, add_bias, fused_matmul, fused_qmatvec, gelu_mul, kv_store, matmul_mma, matmul_mma_qkv,
                          matmul_mma_swiglu, rmsnorm, rope, silu_mul)
 from hipcore.ops import kernel_choice
 from hipcore.runtime.device import Buffer, Device, Stream
-
-Launch = tuple[str, Callable[[], None]]  # (what it computes, the launch)
 
 
 def weight_arg(w) -> Any:
@@ -94,43 +93,45 @@ class ProjectionPlanner:
             raise ValueError("attention_input: k and v cannot be stored by this step's products (see stores_kv)")
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
-            return [(label, lambda: family.launch_norm_rope(
+            return [Launch(label, lambda: family.launch_norm_rope(
                 dev, st, b["q"], b["k"], b["v"], weight_arg(qkv), b["x"], lw.attn_norm.buffer, positions,
                 q_rows=nh * hd, kv_rows=nkv * hd, cols=h, head_dim=hd, rope_dim=rope_dim, eps=cfg.rms_norm_eps,
                 theta=cfg.rope_theta, freq_scale=self.freq_scale, weight_type=qkv.fmt, freq_factors=factors,
-                **kwargs))]
+                **kwargs), reads=(lw.attn_norm, qkv))]
         if self._separate_qkv_fusable(lw, t):
             weights = [(weight_arg(w), w.fmt) for w in (lw.attn_q, lw.attn_k, lw.attn_v)]
             name = label if kv_target is None else "attn_norm+qkv+rope+kv_store"
-            return [(name, lambda: fused_qmatvec.launch_norm_rope(
+            return [Launch(name, lambda: fused_qmatvec.launch_norm_rope(
                 dev, st, b["q"], b["k"], b["v"], weights, b["x"], lw.attn_norm.buffer, positions, q_rows=nh * hd,
                 kv_rows=nkv * hd, cols=h, batch=t, head_dim=hd, rope_dim=rope_dim, eps=cfg.rms_norm_eps,
                 theta=cfg.rope_theta, freq_scale=self.freq_scale, freq_factors=factors,
-                kv_target=kv_target, biases=None if biases is None else [weight_arg(v) for v in biases]))]
+                kv_target=kv_target, biases=None if biases is None else [weight_arg(v) for v in biases]),
+                reads=(lw.attn_norm, lw.attn_q, lw.attn_k, lw.attn_v, *(biases or ())))]
         f16 = self.qkv_f16(lw, t)
-        plan: list[Launch] = [("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t, h,
-                                                                   cfg.rms_norm_eps, out_f16=f16))]
+        plan: list[Launch] = [Launch("attn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.attn_norm.buffer, t,
+                                                                         h, cfg.rms_norm_eps, out_f16=f16),
+                                     reads=(lw.attn_norm,))]
         weights = (lw.attn_q, lw.attn_k, lw.attn_v)
         one_launch = not f16 and None not in weights and kernel_choice.takes_qkv(
             dev, t, tuple(w.fmt for w in weights), h, tuple(w.rows for w in weights))
         if one_launch:  # a decode batch's three products on the fragment path: one launch (matmul_mma_qkv.launch_qkv)
-            plan.append(("qkv_proj", lambda: matmul_mma_qkv.launch_qkv(
+            plan.append(Launch("qkv_proj", lambda: matmul_mma_qkv.launch_qkv(
                 dev, st, (b["q"], b["k"], b["v"]), tuple(weight_arg(w) for w in weights), b["xn"],
                 tuple(w.rows for w in weights), h, t, weight_types=tuple(w.fmt for w in weights),
-                workspace=self.workspace)))
+                workspace=self.workspace), reads=weights))
         for name, out, wt in () if one_launch else (("q", b["q"], lw.attn_q), ("k", b["k"], lw.attn_k),
                                                     ("v", b["v"], lw.attn_v)):
             if f16:
-                plan.append((f"{name}_proj", lambda out=out, wt=wt: matmul_mma.launch(
+                plan.append(Launch(f"{name}_proj", lambda out=out, wt=wt: matmul_mma.launch(
                     dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
-                    workspace=self.workspace, x_f16=True)))
+                    workspace=self.workspace, x_f16=True), reads=(wt,)))
                 continue
-            plan.append((f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
+            plan.append(Launch(f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
-                workspace=self.workspace)))
+                workspace=self.workspace), reads=(wt,)))
         for name, out, bias in zip("qkv", (b["q"], b["k"], b["v"]), biases or ()):
-            plan.append((f"{name}_bias", lambda out=out, bias=bias: add_bias.launch(dev, st, out, bias.buffer, t,
-                                                                                    bias.rows)))
+            plan.append(Launch(f"{name}_bias", lambda out=out, bias=bias: add_bias.launch(dev, st, out, bias.buffer, t,
+                                                                                          bias.rows), reads=(bias,)))
         for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)) if rotate else ():
             plan.append((f"rope_{name}", lambda out=out, heads=heads: rope.launch(
                 dev, st, out, positions, t, heads, hd, cfg.rope_dim, cfg.rope_theta, self.freq_scale, self.freq_factors)))
@@ -149,41 +150,43 @@ class ProjectionPlanner:
             if gate_up is not None and swiglu else None
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
-            return [("ffn_norm+gate_up+silu", lambda: family.launch_norm_swiglu(
+            return [Launch("ffn_norm+gate_up+silu", lambda: family.launch_norm_swiglu(
                 dev, st, b["gate"], weight_arg(gate_up), b["x"], lw.ffn_norm.buffer, rows=f, cols=h, eps=eps,
-                weight_type=gate_up.fmt, **kwargs))]
+                weight_type=gate_up.fmt, **kwargs), reads=(lw.ffn_norm, gate_up))]
         if kernel_choice.takes_fused_qmatvec(dev, t, lw.ffn_gate, lw.ffn_up):
             weights = [(weight_arg(w), w.fmt) for w in (lw.ffn_gate, lw.ffn_up)]
-            return [(f"ffn_norm+gate_up+{activation}", lambda: fused_qmatvec.launch_norm_swiglu(
+            return [Launch(f"ffn_norm+gate_up+{activation}", lambda: fused_qmatvec.launch_norm_swiglu(
                 dev, st, b["gate"], weights, b["x"], lw.ffn_norm.buffer, rows=f, cols=h, batch=t, eps=eps,
-                activation=activation))]
+                activation=activation), reads=(lw.ffn_norm, lw.ffn_gate, lw.ffn_up))]
         if self.ffn_pairs(lw, t, activation):  # x16 = rmsnorm(x) as f16, then the products, the activation in an epilogue
             gate, up = lw.ffn_gate, lw.ffn_up
-            norm = ("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
-                                                       out_f16=True))
+            norm = Launch("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps,
+                                                             out_f16=True), reads=(lw.ffn_norm,))
             if kernel_choice.silu_up_fits(dev, t, f, gate.fmt, activation):  # 128-token tiles: gate, then up+act
                 return [norm,
-                        ("gate_proj", lambda: matmul_mma.launch(
-                            dev, st, b["gate"], weight_arg(gate), b["xn"], f, h, t, weight_type=gate.fmt, x_f16=True)),
-                        (f"up_proj+{activation}", lambda: matmul_mma_swiglu.launch_silu_up(
+                        Launch("gate_proj", lambda: matmul_mma.launch(
+                            dev, st, b["gate"], weight_arg(gate), b["xn"], f, h, t, weight_type=gate.fmt, x_f16=True),
+                            reads=(gate,)),
+                        Launch(f"up_proj+{activation}", lambda: matmul_mma_swiglu.launch_silu_up(
                             dev, st, b["ffn_h16"], b["gate"], weight_arg(up), b["xn"], f, h, t, weight_type=up.fmt,
-                            activation=activation))]
+                            activation=activation), reads=(up,))]
             return [norm,
-                    ("gate_up+silu", lambda: matmul_mma_swiglu.launch_swiglu(
+                    Launch("gate_up+silu", lambda: matmul_mma_swiglu.launch_swiglu(
                         dev, st, b["ffn_h16"], b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t,
-                        weight_type=gate.fmt, workspace=self.workspace))]
-        plan: list[Launch] = [("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, eps))]
+                        weight_type=gate.fmt, workspace=self.workspace), reads=(gate, up))]
+        plan: list[Launch] = [Launch("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h,
+                                                                        eps), reads=(lw.ffn_norm,))]
         gate, up = lw.ffn_gate, lw.ffn_up
         if swiglu and None not in (gate, up) and (gate.rows, gate.cols) == (up.rows, up.cols) == (f, h) and \
                 kernel_choice.swiglu_fragments_fit(dev, t, f, h, (gate.fmt, up.fmt), self.workspace):
             # a decode batch on the fragment path: gate, up and SwiGLU in one launch (float32 h in b["gate"])
-            return plan + [("gate_up+silu", lambda: matmul_mma_swiglu.launch_swiglu_fragments(
+            return plan + [Launch("gate_up+silu", lambda: matmul_mma_swiglu.launch_swiglu_fragments(
                 dev, st, b["gate"], b["up"], weight_arg(gate), weight_arg(up), b["xn"], f, h, t, weight_type=gate.fmt,
-                workspace=self.workspace))]
+                workspace=self.workspace), reads=(gate, up))]
         for name, out, wt in (("gate", b["gate"], lw.ffn_gate), ("up", b["up"], lw.ffn_up)):
-            plan.append((f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
+            plan.append(Launch(f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
-                workspace=self.workspace)))
+                workspace=self.workspace), reads=(wt,)))
         gated = silu_mul if swiglu else gelu_mul
         plan.append((f"{activation}_mul", lambda: gated.launch(dev, st, b["gate"], b["gate"], b["up"], t * f)))
         return plan
@@ -237,9 +240,9 @@ class ProjectionPlanner:
         if not self.ffn_pairs(lw, t):
             return self.residual_product("ffn_down", lw.ffn_down, self.b["gate"], f, t)
         b, dev, st, wt = self.b, self.device, self.stream, lw.ffn_down
-        return [("ffn_down+residual", lambda: matmul_mma.launch(
+        return [Launch("ffn_down+residual", lambda: matmul_mma.launch(
             dev, st, b["x"], weight_arg(wt), b["ffn_h16"], self.config.hidden_size, f, t, weight_type=wt.fmt,
-            workspace=self.workspace, accumulate=True, x_f16=True))]
+            workspace=self.workspace, accumulate=True, x_f16=True), reads=(wt,))]
 
     def reads_f16(self, wt, t: int) -> bool:
         """True when the residual product of `wt` (the o projection) can read its x as f16 in a step of t tokens:
@@ -258,23 +261,23 @@ class ProjectionPlanner:
         if x_f16:
             if not self.reads_f16(wt, t):
                 raise ValueError(f"residual_product: {name} cannot read f16 x in a step of {t} tokens (see reads_f16)")
-            return [(f"{name}+residual", lambda: matmul_mma.launch(
+            return [Launch(f"{name}+residual", lambda: matmul_mma.launch(
                 dev, st, b["x"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt, workspace=self.workspace,
-                accumulate=True, x_f16=True))]
+                accumulate=True, x_f16=True), reads=(wt,))]
         family = kernel_choice.family_of(wt, t, self.device.arch)
         if family is not None:
             kwargs = self._fused_kwargs(family, t)
-            return [(f"{name}+residual", lambda: family.launch_add(
-                dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, weight_type=wt.fmt, **kwargs))]
+            return [Launch(f"{name}+residual", lambda: family.launch_add(
+                dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, weight_type=wt.fmt, **kwargs), reads=(wt,))]
         if kernel_choice.takes_fused_qmatvec(dev, t, wt):
-            return [(f"{name}+residual", lambda: fused_qmatvec.launch_add(
-                dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, batch=t, weight_type=wt.fmt))]
+            return [Launch(f"{name}+residual", lambda: fused_qmatvec.launch_add(
+                dev, st, b["x"], weight_arg(wt), x, rows=h, cols=cols, batch=t, weight_type=wt.fmt), reads=(wt,))]
         if matmul_mma.takes_matrix_cores(dev, t, wt.fmt):  # the residual add in the product's epilogue
-            return [(f"{name}+residual", lambda: matmul_mma.launch(
+            return [Launch(f"{name}+residual", lambda: matmul_mma.launch(
                 dev, st, b["x"], weight_arg(wt), x, h, cols, t, weight_type=wt.fmt, workspace=self.workspace,
-                accumulate=True))]
-        return [(name, lambda: kernel_choice.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
-                                                     weight_type=wt.fmt)),
+                accumulate=True), reads=(wt,))]
+        return [Launch(name, lambda: kernel_choice.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
+                                                           weight_type=wt.fmt), reads=(wt,)),
                 (f"{name}_residual", lambda: add.launch(dev, st, b["x"], b["x"], b["proj"], t * h))]
 
     def product(self, name: str, wt, x: Buffer, cols: int, t: int, x_f16: bool = False) -> list[Launch]:
@@ -284,13 +287,15 @@ class ProjectionPlanner:
         GeGLU): matmul_mma's f16 entry."""
         b, dev, st, h = self.b, self.device, self.stream, self.config.hidden_size
         if x_f16:
-            return [(name, lambda: matmul_mma.launch(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
-                                                     weight_type=wt.fmt, workspace=self.workspace, x_f16=True))]
+            return [Launch(name, lambda: matmul_mma.launch(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
+                                                           weight_type=wt.fmt, workspace=self.workspace, x_f16=True),
+                           reads=(wt,))]
         if kernel_choice.takes_fused_qmatvec(dev, t, wt):
-            return [(name, lambda: fused_qmatvec.launch_add(dev, st, b["proj"], weight_arg(wt), x, rows=h, cols=cols,
-                                                            batch=t, weight_type=wt.fmt, store=True))]
-        return [(name, lambda: kernel_choice.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
-                                                     weight_type=wt.fmt, workspace=self.workspace))]
+            return [Launch(name, lambda: fused_qmatvec.launch_add(dev, st, b["proj"], weight_arg(wt), x, rows=h,
+                                                                  cols=cols, batch=t, weight_type=wt.fmt, store=True),
+                           reads=(wt,))]
+        return [Launch(name, lambda: kernel_choice.project(dev, st, b["proj"], weight_arg(wt), x, h, cols, t,
+                                                           weight_type=wt.fmt, workspace=self.workspace), reads=(wt,))]
 
     def head(self, out_w, norm_w, rows: Buffer, r: int) -> list[Launch]:
         """b["logits"][:r] = rmsnorm(rows) @ W_out^T."""
@@ -299,13 +304,15 @@ class ProjectionPlanner:
         family = kernel_choice.head_family(out_w, r, dev.arch)
         if family is not None:
             kwargs = self._fused_kwargs(family, r)
-            return [("output_norm+head", lambda: family.launch_norm(
+            return [Launch("output_norm+head", lambda: family.launch_norm(
                 dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, eps=eps,
-                weight_type=out_w.fmt, **kwargs))]
+                weight_type=out_w.fmt, **kwargs), reads=(norm_w, out_w))]
         if kernel_choice.head_takes_fused_qmatvec(dev, r, out_w):
-            return [("output_norm+head", lambda: fused_qmatvec.launch_norm(
+            return [Launch("output_norm+head", lambda: fused_qmatvec.launch_norm(
                 dev, st, b["logits"], weight_arg(out_w), rows, norm_w.buffer, rows=v, cols=h, batch=r, eps=eps,
-                weight_type=out_w.fmt))]
-        return [("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, norm_w.buffer, r, h, eps)),
-                ("head", lambda: kernel_choice.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h, r,
-                                                       weight_type=out_w.fmt, workspace=self.workspace))]
+                weight_type=out_w.fmt), reads=(norm_w, out_w))]
+        return [Launch("output_norm", lambda: rmsnorm.launch(dev, st, b["rows"], rows, norm_w.buffer, r, h, eps),
+                       reads=(norm_w,)),
+                Launch("head", lambda: kernel_choice.project(dev, st, b["logits"], weight_arg(out_w), b["rows"], v, h,
+                                                             r, weight_type=out_w.fmt, workspace=self.workspace),
+                       reads=(out_w,))]

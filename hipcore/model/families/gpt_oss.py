@@ -33,24 +33,25 @@ def sink_attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
     tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
     if not ctx.decode and prompt_attention.takes(dev.arch, t, kv.dtype, cfg.head_dim, sinks=True):
-        return [_kv_store(ctx, i, t), ("prompt_attention+sinks", lambda: prompt_attention.launch(
+        return [_kv_store(ctx, i, t), Launch("prompt_attention+sinks", lambda: prompt_attention.launch(
             dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
             n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
             block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
-            window=cfg.layer_window(i), sinks=lw.attn_sinks.buffer))]
-    return [_kv_store(ctx, i, t), ("attention+sinks", lambda: paged_attention.launch(
+            window=cfg.layer_window(i), sinks=lw.attn_sinks.buffer), reads=(lw.attn_sinks,))]
+    return [_kv_store(ctx, i, t), Launch("attention+sinks", lambda: paged_attention.launch(
         dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
         n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
         block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
         kv_dtype=kv.dtype, workspace=b.get("attention_workspace"), window=cfg.layer_window(i),
-        sinks=lw.attn_sinks.buffer))]
+        sinks=lw.attn_sinks.buffer), reads=(lw.attn_sinks,))]
 
 
 def biased_attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """x += attn @ Wo^T + bo."""
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     return ctx.products.residual_product("attn_output", lw.attn_output, b["attn"], cfg.q_size, t) + [
-        ("attn_output_bias", lambda: add_bias.launch(dev, st, b["x"], lw.attn_output_bias.buffer, t, cfg.hidden_size))]
+        Launch("attn_output_bias", lambda: add_bias.launch(dev, st, b["x"], lw.attn_output_bias.buffer, t,
+                                                           cfg.hidden_size), reads=(lw.attn_output_bias,))]
 
 
 FAMILY = Family("gpt-oss", (attention_input, sink_attention, biased_attention_output, moe_feed_forward))
