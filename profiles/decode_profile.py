@@ -9,7 +9,11 @@ Measured on a loaded model, for a decode step of `batch` sequences at `context` 
   - host: the runner's own split of a step (packing and uploading the inputs, the replay call, the
     wait and the download of the tokens) and the engine's whole step (scheduling, the batch, the
     bookkeeping of sampled tokens and detokenizing) on real decoding requests;
-  - the floor: the weight bytes a step must read over the device's copy bandwidth, measured here.
+  - bytes: each kind's weights read in the step, as its launches declare them (hipcore/model/launch.py), and its
+    GB/s; a mixture of experts' expert launches read only the experts the step's tokens were routed to, counted
+    from the routing buffer read back before each of them in one pass of the step's launches;
+  - the floor: the active weights read once (every weight, but of a mixture's expert tensors only the selected
+    experts) over the device's copy bandwidth, measured here.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from hipcore.engine.loader import LoadedModel
 from hipcore.model.batch import SeqSlice, StepBatch, build_step_batch
+from hipcore.model.launch import declared
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.ledger import format_bytes
 from profiles.bench import BenchConfig, Workloads
@@ -33,10 +38,18 @@ class KernelKind:
     name: str
     launches: int
     us_per_step: float  # GPU time of all launches of this kind in one step
+    bytes_read: int | None = None  # weight bytes its launches read in one step; None: they read no weight
 
     @property
     def us_per_launch(self) -> float:
         return self.us_per_step / self.launches
+
+    @property
+    def gb_per_s(self) -> float | None:
+        """Weight bytes read per second, in GB/s (what a kind that streams its weights is bound by)."""
+        if self.bytes_read is None or self.us_per_step <= 0:
+            return None
+        return self.bytes_read / self.us_per_step / 1e3
 
 
 @dataclass
@@ -51,8 +64,11 @@ class DecodeProfile:
     runner_us: float  # runner.execute_sampled wall time per step (graph path)
     runner_split_us: dict[str, float]  # pack+upload, replay call, wait+download
     engine_step_us: float  # Engine.step wall time per decode step on real requests
-    weight_bytes: int
+    weight_bytes: int  # the active weights: what one step reads (a mixture: only its selected experts)
     copy_bandwidth: float  # bytes/s, device-to-device copy (read + write counted)
+    total_weight_bytes: int | None = None  # every weight on the device (None: the same as weight_bytes)
+    experts_selected: list[int] = field(default_factory=list)  # a mixture: distinct experts each MoE layer read
+    experts_per_layer: int = 0  # a mixture: the experts each layer holds
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -68,18 +84,36 @@ class DecodeProfile:
 
     @property
     def floor_us(self) -> float:
-        """Reading every weight once at the copy's memory traffic (read + write bytes per second): a kernel that
+        """Reading the active weights once (weight_bytes: every weight, but of a mixture's experts only those the step
+        selected) at the copy's memory traffic (read + write bytes per second): a kernel that
         only reads moves its bytes through the same memory system, and the decode kernels reach well past half
         the copy figure (2,008 GB/s for Q4_K against a 2,998 GB/s copy on an NVIDIA H100 80GB HBM3), so half of
         it would be no floor."""
         return 1e6 * self.weight_bytes / self.copy_bandwidth if self.copy_bandwidth else 0.0
 
+    @property
+    def floor_ratio(self) -> float | None:
+        """The graph step's time over the floor's."""
+        return self.graph_us / self.floor_us if self.floor_us > 0 else None
+
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(kernels_us=self.kernels_us, floor_us=self.floor_us, host_us=self.host_us)
+        out.update(kernels_us=self.kernels_us, floor_us=self.floor_us, host_us=self.host_us,
+                   floor_ratio=self.floor_ratio)
         for k, kind in zip(out["kernels"], self.kernels):
-            k["us_per_launch"] = kind.us_per_launch
+            k.update(us_per_launch=kind.us_per_launch, gb_per_s=kind.gb_per_s)
         return out
+
+    def weights_line(self) -> str:
+        """Which weights the floor counts: all of them, or a mixture's active share."""
+        total = self.total_weight_bytes
+        if total is None or total == self.weight_bytes:
+            return f"all {format_bytes(self.weight_bytes)} of weights"
+        layers = self.experts_selected
+        counts = f"{min(layers)}" if layers and min(layers) == max(layers) else \
+            f"{min(layers)}-{max(layers)} (mean {statistics.fmean(layers):.1f})" if layers else ""
+        experts = f", of each MoE layer's {self.experts_per_layer} experts the {counts} selected" if layers else ""
+        return f"the active {format_bytes(self.weight_bytes)} of {format_bytes(total)} of weights{experts}"
 
     def advice(self) -> list[str]:
         """What the figures say it would take to get closer to the floor."""
@@ -109,21 +143,79 @@ class DecodeProfile:
             lines.append("(kinds replayed alone run slower than inside the whole step: their weights miss the cache)")
         if self.floor_us:
             slow = max(self.kernels, key=lambda k: k.us_per_step)
-            lines.append(f"the floor is {self.floor_us:,.0f} us ({format_bytes(self.weight_bytes)} of weights at "
+            active = "" if self.total_weight_bytes in (None, self.weight_bytes) else "active "
+            lines.append(f"the graph step ({self.graph_us:,.0f} us) is {self.floor_ratio:.2f}x the floor of "
+                         f"{self.floor_us:,.0f} us ({format_bytes(self.weight_bytes)} of {active}weights read once at "
                          f"{self.copy_bandwidth / 1e9:,.0f} GB/s); the largest kind is {slow.name} at "
                          f"{slow.us_per_launch:.1f} us per launch")
         return lines
 
 
-def decode_batch(cache, batch: int, context: int, seq_base: int = 10_000_000) -> tuple[StepBatch, list[int]]:
+def decode_batch(cache, batch: int, context: int, seq_base: int = 10_000_000,
+                 vocab_size: int | None = None) -> tuple[StepBatch, list[int]]:
     """A decode step of `batch` sequences each at position context - 1 (their KV reserved, contents as
-    they are: the timing does not depend on them). Returns the batch and the sequence ids to free."""
+    they are: a dense model's timing does not depend on them). With vocab_size, each sequence decodes a token of
+    its own, so that a mixture's tokens route apart as a real batch's do; else all token 100. Returns the batch
+    and the sequence ids to free."""
     ids = list(range(seq_base, seq_base + batch))
+    tokens = [100 if vocab_size is None else (100 + 7919 * i) % vocab_size for i in range(batch)]
     for s in ids:
         cache.add_sequence(s)
         if not cache.reserve(s, context):
             raise RuntimeError(f"the KV cache has no room for {batch} sequences of {context} tokens")
-    return build_step_batch(cache, [SeqSlice(s, [100], context - 1, True) for s in ids]), ids
+    return build_step_batch(cache, [SeqSlice(s, [tok], context - 1, True) for s, tok in zip(ids, tokens)]), ids
+
+
+def routed_experts(device, stream, plan) -> list[int | None]:
+    """Runs the plan's launches once, in order; before each that reads experts by the step's routing (a mixture's
+    expert launches), the number of distinct experts its routing buffer names. One entry per launch (None where the
+    launch reads no experts). The routing buffer is shared by the layers, so it is read back before each launch. The
+    rows that pad a batch to its decode bucket are routed too, and their experts read: they count."""
+    selected: list[int | None] = []
+    for entry in plan:
+        launch = declared(entry)
+        experts = launch.experts
+        if experts is None:
+            selected.append(None)
+        else:
+            ids = np.empty(experts.pairs, np.int32)
+            stream.synchronize()
+            device.copy_device_to_host(ids, experts.ids)
+            selected.append(len(np.unique(ids)))
+        launch[1]()
+    stream.synchronize()
+    return selected
+
+
+@dataclass
+class StepBytes:
+    """The weight bytes of one step's launches: each launch's, the active total and the whole."""
+
+    per_launch: list[int | None]  # None: the launch reads no weight
+    active: int  # every weight, less the expert slices no token of the step selected
+    total: int
+    experts_selected: list[int]  # per expert launch of gate|up (one a MoE layer): distinct experts read
+    experts_per_layer: int
+
+
+def step_bytes(plan, selected: list[int | None], total: int) -> StepBytes:
+    """What each launch of `plan` reads given routed_experts' counts, and the active weights (see StepBytes)."""
+    per_launch: list[int | None] = []
+    unread = 0
+    layers, per_layer = [], 0
+    for entry, count in zip(plan, selected, strict=True):
+        launch = declared(entry)
+        experts = launch.experts
+        if experts is None:
+            per_launch.append(launch.fixed_bytes() if launch.reads else None)
+            continue
+        read = experts.bytes_for(count)
+        per_launch.append(launch.fixed_bytes() + read)
+        unread += experts.bytes_for(experts.n_expert) - read
+        per_layer = experts.n_expert
+        if launch.label == "moe_gate_up":
+            layers.append(count)
+    return StepBytes(per_launch, total - unread, total, layers, per_layer)
 
 
 def device_us(device, stream, fn, reps: int) -> float:
@@ -163,24 +255,29 @@ def profile_decode(loaded: LoadedModel, *, batch: int = 1, context: int = 128, r
     bucket = runner.graphs.bucket_for(batch)
     if bucket is None:
         raise ValueError(f"a batch of {batch} has no decode bucket (at most {runner.graphs.buckets[-1]})")
-    step, seq_ids = decode_batch(cache, batch, context)
+    step, seq_ids = decode_batch(cache, batch, context, vocab_size=loaded.config.vocab_size)
     try:
         sampling = SamplingRows.greedy(batch)
         runner.execute_sampled(step, sampling)  # loads every kernel; captures the bucket's graph
         runner.execute_sampled(step, sampling)
         plan = runner.launch_plan(bucket, bucket, all_rows=True, with_sampling=True, decode=True)
         graph_us = device_us(device, stream, lambda: runner.graphs.run(bucket, lambda: None), reps)
+        weights = step_bytes(plan, routed_experts(device, stream, plan), loaded.weights.nbytes)
 
         kinds: OrderedDict[str, list] = OrderedDict()
-        for label, launch in plan:
+        kind_bytes: dict[str, int | None] = {}
+        for (label, launch), nbytes in zip(plan, weights.per_launch):
             kinds.setdefault(label, []).append(launch)
+            if nbytes is not None:
+                kind_bytes[label] = kind_bytes.get(label, 0) + nbytes
         kernels = []
         for label, launches in kinds.items():
             with device.capture(stream) as cap:
                 for launch in launches:
                     launch()
             try:
-                kernels.append(KernelKind(label, len(launches), device_us(device, stream, lambda: cap.graph.launch(stream), reps)))
+                kernels.append(KernelKind(label, len(launches), device_us(device, stream, lambda: cap.graph.launch(stream), reps),
+                                          bytes_read=kind_bytes.get(label)))
             finally:
                 cap.graph.destroy()
 
@@ -225,7 +322,9 @@ def profile_decode(loaded: LoadedModel, *, batch: int = 1, context: int = 128, r
     return DecodeProfile(
         batch=batch, context=context, device=device.describe(), launches=len(plan), graph_us=graph_us,
         eager_us=eager_us, kernels=kernels, runner_us=runner_us, runner_split_us=split,
-        engine_step_us=engine_step_us, weight_bytes=loaded.weights.nbytes, copy_bandwidth=bandwidth,
+        engine_step_us=engine_step_us, weight_bytes=weights.active, copy_bandwidth=bandwidth,
+        total_weight_bytes=weights.total, experts_selected=weights.experts_selected,
+        experts_per_layer=weights.experts_per_layer,
     )
 
 

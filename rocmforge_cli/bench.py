@@ -143,14 +143,17 @@ def profile_markdown(p: DecodeProfile) -> str:
     lines += [f"| graph replay (device) | {p.graph_us:,.1f} |",
               f"| eager launches (wall, no graph) | {p.eager_us:,.1f} |",
               f"| kernels, kind by kind (device, in graphs) | {p.kernels_us:,.1f} |",
-              f"| floor: weights at copy bandwidth | {p.floor_us:,.1f} |", "",
-              "| kernel | launches | us per step | us per launch | share |", "| --- | ---: | ---: | ---: | ---: |"]
+              f"| floor: active weights at copy bandwidth | {p.floor_us:,.1f} |", "",
+              "| kernel | launches | us per step | us per launch | share | weights read | GB/s |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     total = p.kernels_us or 1.0
     for k in sorted(p.kernels, key=lambda k: -k.us_per_step):
+        read = "-" if k.bytes_read is None else format_bytes(k.bytes_read)
+        rate = "-" if k.gb_per_s is None else f"{k.gb_per_s:,.0f}" if k.gb_per_s >= 10 else f"{k.gb_per_s:.2f}"
         lines.append(f"| {k.name} | {k.launches} | {k.us_per_step:,.1f} | {k.us_per_launch:,.2f} | "
-                     f"{100 * k.us_per_step / total:.0f}% |")
-    lines += ["", f"weights {format_bytes(p.weight_bytes)}; device-to-device copy {p.copy_bandwidth / 1e9:,.0f} GB/s "
-              "(read + write)"]
+                     f"{100 * k.us_per_step / total:.0f}% | {read} | {rate} |")
+    lines += ["", f"floor: {p.weights_line()}; device-to-device copy {p.copy_bandwidth / 1e9:,.0f} GB/s "
+              "(read + write); weights read: what each kind's launches read in the step, - where they read no weight"]
     lines += [f"- {line}" for line in p.advice()]
     return "\n".join(lines)
 
@@ -169,7 +172,7 @@ def bench_command(
     kv_dtype: KvDtype = "f16",
     llama_bench: Annotated[Optional[str], typer.Option("--llama-bench", help="Path of llama.cpp's llama-bench: run it on the same model and show its figures and the ratio beside ours.", show_default=False)] = None,
     llama_batched_bench: Annotated[Optional[str], typer.Option("--llama-batched-bench", help="Path of llama.cpp's llama-batched-bench for the b rows (-npp 1 -ntg N -npl B -fa on). Default: the one beside --llama-bench.", show_default=False)] = None,
-    profile: Annotated[bool, typer.Option("--profile", help="Also report where one decode step's time goes (kernels, launches, host work).")] = False,
+    profile: Annotated[bool, typer.Option("--profile", help="Also report where one decode step's time goes: each kind of kernel with the weights it reads and their GB/s, launches, host work, and how far the step is from the floor of reading the active weights once (a mixture of experts: only the experts its tokens select).")] = False,
     profile_batch: Annotated[int, typer.Option("--profile-batch", help="Sequences in the profiled decode step.")] = 1,
     no_graphs: Annotated[bool, typer.Option("--no-graphs", help="Launch decode steps one kernel at a time instead of replaying captured graphs (to measure what graphs save).")] = False,
     prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse", help="Instead of pp/tg/b: a multi-turn chat load (each turn's prompt the whole conversation so far) with the prefix cache and without; time to first token by turn and throughput, in a table of its own.")] = False,

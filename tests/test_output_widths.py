@@ -93,6 +93,19 @@ def test_bench_and_its_breakdown(long_named):
     assert "memory breakdown" in narrow.stderr
 
 
+def test_bench_profile_of_a_mixture(tmp_path):
+    from support.moe_models import write_moe_model
+
+    """The profile's kernel table, with its weights read and GB/s columns, within each width (its advice depends on
+    timings, so that the two runs' figures are not compared)."""
+    moe = str(write_moe_model("qwen3moe-q4km", tmp_path))
+    for width in (NARROW, WIDE):
+        out = at(width, "bench", "--model", moe, "--device", "cpu", "-p", "0", "-n", "2", "-b", "0", "-r", "1",
+                 "--profile", "-q").stdout
+        assert max(len(line) for line in out.splitlines()) <= width
+        assert "moe_gate_up" in out and "GB/s" in out and "of each MoE layer's 8 experts" in " ".join(out.split())
+
+
 FAKE_LLAMA_BENCH = """#!/bin/sh
 echo '[{"n_prompt": 8, "n_gen": 0, "avg_ts": 41234.56, "stddev_ts": 1234.5}, {"n_prompt": 0, "n_gen": 4, "avg_ts": 1450.25, "stddev_ts": 3.5}]'
 """
