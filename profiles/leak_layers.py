@@ -241,7 +241,7 @@ class HostMonitor:
         self.count = 0
         self.rss_available = read_rss() is not None
         self.baseline_snapshot: tracemalloc.Snapshot | None = None
-        self._cache_emptied = self._cache_high = 0  # the cache's accounted bytes when the baseline emptied it, most since
+        self._objects_emptied = self._objects_high = 0  # the entries' Python objects when the baseline emptied them, most since
         self.expert_cache: dict | None = None  # expert_cache_reading() before the final snapshot emptied it
 
     def sample(self, requests_done: int) -> None:
@@ -253,18 +253,19 @@ class HostMonitor:
             self.count = (self.count + 1) // 2
         i = self.count
         self.requests[i] = requests_done
-        cache, rss = EXPERTS.accounted_bytes(), read_rss()
-        # RSS keeps the pages the cache's emptying freed (malloc reuses them): it grows by the cache past that.
-        self._cache_high = max(self._cache_high, cache)
-        self.rss[i] = rss - max(0, self._cache_high - self._cache_emptied) if rss else 0
-        self.traced[i] = tracemalloc.get_traced_memory()[0] - cache if tracemalloc.is_tracing() else 0
+        mapped, objects, rss = EXPERTS.held_bytes, EXPERTS.traced_bytes(), read_rss()
+        # The entries' mappings are in the RSS exactly while held (unmapped by the baseline's emptying); their Python
+        # objects' memory is kept by the allocator when emptied and reused: the RSS grows by them past that.
+        self._objects_high = max(self._objects_high, objects)
+        self.rss[i] = rss - mapped - max(0, self._objects_high - self._objects_emptied) if rss else 0
+        self.traced[i] = tracemalloc.get_traced_memory()[0] - objects if tracemalloc.is_tracing() else 0
         self.count += 1
 
     def take_baseline(self) -> None:
         # The decoded experts' cache fills as experts are first used, after the warm-up too (a model with more
         # experts than the warm-up routes to): emptied here and before the final snapshot, it is no host growth,
         # and whatever an eviction or clear() does not free still is.
-        self._cache_emptied = self._cache_high = EXPERTS.accounted_bytes()
+        self._objects_emptied = self._objects_high = EXPERTS.traced_bytes()
         EXPERTS.clear()
         if tracemalloc.is_tracing():
             self.baseline_snapshot = tracemalloc.take_snapshot()
@@ -287,7 +288,10 @@ class HostMonitor:
         """(bytes, allocations) still live that were made since the baseline, by tracemalloc, and the
         source lines that grew most."""
         self.expert_cache = expert_cache_reading()
+        rss = read_rss()
         EXPERTS.clear()
+        if self.expert_cache is not None and rss is not None:  # tracemalloc does not see the mappings: the RSS does
+            self.expert_cache["rss_given_back"] = rss - read_rss()
         if self.baseline_snapshot is None or not tracemalloc.is_tracing():
             return 0, 0, []
         now = tracemalloc.take_snapshot().filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
