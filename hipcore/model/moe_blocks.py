@@ -8,6 +8,9 @@ llama.cpp's build_moe_ffn (src/llama-graph.cpp), for every token of the step:
     x      += sum_j w[t, j] (down_e . h[t, j] (+b))         moe_experts.launch_down, into the residual stream
 Five launches a layer (six with the router's bias), each over every token of the step: the router's product is an
 ordinary dense product (the existing matmul kernels), the experts' read only the selected experts' rows.
+A prompt whose pairs average moe_experts_mma.MIN_PAIRS_PER_EXPERT an expert on a device with matrix cores takes
+moe_experts_mma instead of the two expert launches: the pairs sorted by expert (moe_sort), then gate, up (with the
+activation) and down as matrix products of each expert's pairs, and the weighted terms summed into the stream.
 
 qwen2moe's shared expert (shared_expert) is the same two expert launches over one expert, the shared ffn_*_shexp
 matrices (2-D: one expert's layout), every token routed to it (ids all 0, a buffer zeroed once) with the weight
@@ -25,7 +28,7 @@ import numpy as np
 from hipcore.errors import UnsupportedModelError
 from hipcore.model.launch import ExpertReads
 from hipcore.model.projections import Launch, weight_arg
-from hipcore.ops import add_bias, kernel_choice, moe_experts, moe_route, rmsnorm, scale, softcap
+from hipcore.ops import add_bias, kernel_choice, moe_experts, moe_experts_mma, moe_route, rmsnorm, scale, softcap
 
 ROUTER_TAG = "moe_router"
 EXPERTS_TAG = "moe_experts"
@@ -36,10 +39,15 @@ def moe_buffer_sizes(config, tokens: int) -> dict[str, tuple[int, str]]:
     if not config.is_moe:
         return {}
     e, k, ff = config.n_experts, config.n_experts_used, config.expert_ffn_size
+    sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(tokens * k, e)
     sizes = {"moe_logits": (tokens * e * 4, ROUTER_TAG), "moe_ids": (tokens * k * 4, ROUTER_TAG),
              "moe_weights": (tokens * k * 4, ROUTER_TAG), "moe_h": (tokens * k * ff * 4, EXPERTS_TAG),
-             # the grouped down path's per-slot terms (moe_experts.launch_down), the shared expert's too
-             "moe_down_workspace": (moe_experts.down_workspace_bytes(tokens, k, config.hidden_size), EXPERTS_TAG)}
+             # the pairs sorted by expert and their tiles (moe_experts_mma, prompts on the matrix cores)
+             "moe_sorted": (sorted_bytes, ROUTER_TAG), "moe_tiles": (tiles_bytes, ROUTER_TAG),
+             # the grouped down path's per-slot terms (moe_experts.launch_down), the shared expert's too; the
+             # matrix-core path's gate product before them
+             "moe_down_workspace": (moe_experts.down_workspace_bytes(tokens, k, max(config.hidden_size, ff)),
+                                    EXPERTS_TAG)}
     if getattr(config, "shared_ffn_size", 0):
         sizes.update({"moe_shared_gate": (tokens * 4, ROUTER_TAG), "moe_shared_ids": (tokens * 4, ROUTER_TAG),
                       "moe_half": (4, ROUTER_TAG), "moe_shared_h": (tokens * config.shared_ffn_size * 4, EXPERTS_TAG)})
@@ -93,13 +101,12 @@ def moe_feed_forward(ctx, i: int, lw, t: int) -> list[Launch]:
         plan.append(Launch("moe_router_bias", lambda: add_bias.launch(dev, st, b["moe_logits"],
                                                                       lw.ffn_gate_inp_bias.buffer, t, e),
                            reads=(lw.ffn_gate_inp_bias,)))
-
-    def selected(*weights) -> ExpertReads:  # of these, the experts' launches read only those moe_route wrote in moe_ids
-        return ExpertReads(tuple(w for w in weights if w is not None), b["moe_ids"], t * k, e)
-
+    plan.append(("moe_route", lambda: moe_route.launch(dev, st, b["moe_ids"], b["moe_weights"], b["moe_logits"], t, e,
+                                                       k, cfg.expert_gating, cfg.expert_weights_norm)))
+    if takes_matrix_cores(dev.arch, cfg, t, gate, down):
+        return plan + _matrix_core_experts(ctx, lw, t)
+    selected = _selected(b, t * k, e)
     plan += [
-        ("moe_route", lambda: moe_route.launch(dev, st, b["moe_ids"], b["moe_weights"], b["moe_logits"], t, e, k,
-                                               cfg.expert_gating, cfg.expert_weights_norm)),
         Launch("moe_gate_up", lambda: moe_experts.launch_gate_up(
             dev, st, b["moe_h"], b["xn"], weight_arg(gate), weight_arg(up), b["moe_ids"], t, k, cfg.expert_activation,
             _bias(lw.ffn_gate_exps_bias), _bias(lw.ffn_up_exps_bias), weight_type=gate.fmt, n_expert=e, ff=ff,
@@ -109,6 +116,43 @@ def moe_feed_forward(ctx, i: int, lw, t: int) -> list[Launch]:
             _bias(lw.ffn_down_exps_bias), weight_type=down.fmt, n_expert=e, hidden=h, ff=ff,
             workspace=b["moe_down_workspace"]), experts=selected(down, lw.ffn_down_exps_bias))]
     return plan
+
+
+def _selected(b, pairs: int, n_expert: int):
+    """ExpertReads of these weights: the experts' launches read only the experts moe_route wrote in moe_ids."""
+    return lambda *weights: ExpertReads(tuple(w for w in weights if w is not None), b["moe_ids"], pairs, n_expert)
+
+
+def takes_matrix_cores(arch: str, cfg, t: int, gate, down) -> bool:
+    """Whether a step of t tokens multiplies the experts on the matrix cores (moe_experts_mma.pays, and expert
+    values within f16's range)."""
+    return gate.fits_f16 and down.fits_f16 and moe_experts_mma.pays(
+        arch, t, cfg.n_experts_used, cfg.n_experts, (gate.fmt, down.fmt), (cfg.hidden_size, cfg.expert_ffn_size))
+
+
+def _matrix_core_experts(ctx, lw, t: int) -> list[Launch]:
+    """The experts' launches of a prompt on the matrix cores (the module docstring)."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    h, e, k, ff = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_size
+    gate, up, down = lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps
+    pairs, tile = t * k, moe_experts_mma.tile_tokens(t * k, e)
+    sorted_, tiles, g = b["moe_sorted"], b["moe_tiles"], b["moe_down_workspace"]
+    shape = dict(pairs=pairs, n_expert=e, tile=tile)
+    selected = _selected(b, pairs, e)
+    return [
+        ("moe_sort", lambda: moe_experts_mma.launch_sort(dev, st, sorted_, tiles, b["moe_ids"], pairs, e, tile)),
+        Launch("moe_gate", lambda: moe_experts_mma.launch_products(
+            dev, st, "gate", g, weight_arg(gate), b["xn"], sorted_, tiles, weight_type=gate.fmt, rows=ff, cols=h,
+            x_per=k, bias=_bias(lw.ffn_gate_exps_bias), **shape), experts=selected(gate, lw.ffn_gate_exps_bias)),
+        Launch("moe_up", lambda: moe_experts_mma.launch_products(
+            dev, st, "up", b["moe_h"], weight_arg(up), b["xn"], sorted_, tiles, weight_type=up.fmt, rows=ff, cols=h,
+            x_per=k, bias=_bias(lw.ffn_up_exps_bias), g=g, activation=cfg.expert_activation, **shape),
+            experts=selected(up, lw.ffn_up_exps_bias)),
+        Launch("moe_down", lambda: moe_experts_mma.launch_products(
+            dev, st, "down", g, weight_arg(down), b["moe_h"], sorted_, tiles, weight_type=down.fmt, rows=h, cols=ff,
+            x_per=1, bias=_bias(lw.ffn_down_exps_bias), weights=b["moe_weights"], **shape),
+            experts=selected(down, lw.ffn_down_exps_bias)),
+        ("moe_sum+residual", lambda: moe_experts_mma.launch_sum_slots(dev, st, b["x"], g, t, k, h))]
 
 
 def shared_expert(ctx, i: int, lw, t: int) -> list[Launch]:

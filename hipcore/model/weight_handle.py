@@ -13,6 +13,9 @@ class Weight:
     fmt: str  # "f32", "q4_1", ...: which kernel variant reads it
     shape: tuple[int, ...]  # numpy order: (rows, cols) for matrices
     offset: int = 0  # bytes into `buffer` (matrices sharing one buffer, see FUSED_GROUPS)
+    # Every value within f16's range: false only for a BF16 or MXFP4 expert tensor found wider on a matrix-core
+    # device (hipcore/model/weights.py), which the matrix-core expert products (ops/moe_experts_mma.py) then leave alone.
+    fits_f16: bool = True
 
     @property
     def rows(self) -> int:

@@ -290,6 +290,14 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
             formats[name] = "f32" if narrowed and not fits(gguf.raw(name)) else fmt
         return formats[name]
 
+    def experts_fit_f16(name: str, fmt: str) -> bool:
+        """A 3-D expert tensor of BF16 or MXFP4 on a matrix-core device: whether its values fit f16 (the prompt's
+        expert products round them to f16; the per-pair products, which read them as they are, take it otherwise)."""
+        fits = {"bf16": bf16_fits_f16, "mxfp4": mxfp4_fits_f16}.get(fmt)
+        if fits is None or not name.endswith("_exps.weight") or not matmul_mma.has_matrix_cores(device.arch):
+            return True
+        return fits(gguf.raw(name))
+
     paired = pairs_neox_rows(config)
 
     def host_data(name: str, fmt: str, vec: bool) -> np.ndarray:
@@ -335,7 +343,8 @@ def upload_weights(device: Device, gguf, progress: ProgressFn | None = None) -> 
                 for (name, _table, vec), size in zip(unit, sizes):
                     data = host_data(name, fmt, vec)
                     buf.upload(data, offset=offset)
-                    uploaded[name] = Weight(buf, fmt, tuple(plan.tensor(name).shape), offset)
+                    uploaded[name] = Weight(buf, fmt, tuple(plan.tensor(name).shape), offset,
+                                            fits_f16=experts_fit_f16(name, fmt))
                     offset += size
                     done += size
                     if progress is not None:

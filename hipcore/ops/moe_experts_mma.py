@@ -1,0 +1,229 @@
+"""moe_experts_mma: a prompt's expert products on the matrix cores (kernels/moe_experts_mma.hip).
+
+The (token, slot) pairs of a step, p = t * k + j choosing expert ids[p], are sorted by expert on the device
+(`moe_mma_sort`: sorted pair numbers and a list of token tiles, no host synchronization), and each expert's pairs are
+multiplied as a matrix, tile_tokens (32 or 64) pairs at a time, with 128-row tiles of the expert's weights decoded to
+f16 in shared memory, as matmul_mma multiplies a dense prompt. moe_experts' per-pair and grouped paths decode a slice
+of an expert for one or two pairs; a prompt of 512 tokens gives Qwen3-30B-A3B's 128 experts 32 pairs each on average.
+
+Three products a layer, each `moe_mma_<mode>_<type>(out p, g p, W p, x p, sorted p, tiles p, bias p, weights p,
+rows i, cols i, pairs i, x_per i, n_expert i, tile_tokens i, max_tiles i, activation i)`:
+  gate: G[p] = gate_e . x[t] + gate_bias_e                   float32 [pairs, ff] (the down workspace, reused)
+  up:   h[p] = act(G[p], up_e . x[t] + up_bias_e)             float32 [pairs, ff]: moe_experts' h, the same layout
+  down: terms[p] = weights[p] (down_e . h[p] + down_bias_e)   then moe_experts' moe_sum_slots_f32 adds the k terms of
+                                                              each token into the residual stream, in slot order
+Precision as matmul_mma's (W and the input rounded to f16, exact products, f32 sums): `error_bound`. The result of
+a pair does not depend on where the sort put it. Taken where the device has matrix cores, the experts' type has
+entries (TYPES) and the pairs average at least MIN_PAIRS_PER_EXPERT an expert (`pays`); BF16 and MXFP4 experts
+only where their weights fit f16 (hipcore/model/weights.py marks them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hipcore.ops import matmul, matmul_mma, moe_experts
+from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
+from hipcore.ops.weight_formats import column_multiple, row_bytes
+from hipcore.runtime.cpu import CpuDevice, cpu_kernel
+from hipcore.runtime.device import Device, Stream
+from hipcore.runtime.kernels import get_kernel
+
+OP = "moe_experts_mma"
+SORT_ENTRY, SORT_SIGNATURE = "moe_mma_sort", "pppiii"
+SIGNATURE = "ppppppppiiiiiiii"
+MODES = ("gate", "up", "down")
+TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16")
+THREADS = 256
+TILE_ROWS = 128
+MAX_EXPERTS = 512  # kMaxExperts: the sort's shared counters
+# The matrix-core path once the pairs average this many an expert: below it most of a 32-pair tile is padding and
+# moe_experts' grouped path, which decodes a slice for two pairs at a time, reads no more.
+MIN_PAIRS_PER_EXPERT = 8
+WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
+MAX_GRID = 1 << 20
+
+
+def step_cols(weight_type: str) -> int:
+    return matmul_mma.WIDE_STEP_COLS if weight_type in matmul_mma.WIDE_TYPES else matmul_mma.STEP_COLS
+
+
+def supports(weight_type: str, cols: int) -> bool:
+    return weight_type in TYPES and cols % step_cols(weight_type) == 0 and cols % column_multiple(weight_type) == 0
+
+
+def pays(arch: str, tokens: int, k: int, n_expert: int, weight_types: tuple[str, ...], widths: tuple[int, ...]) -> bool:
+    """Whether a step of `tokens` tokens takes the matrix-core path: matrix cores on `arch`, entries for every expert
+    type (gate|up's and down's) at their column counts (hidden for gate|up, ff for down), at most MAX_EXPERTS experts,
+    and at least MIN_PAIRS_PER_EXPERT pairs an expert on average."""
+    return (matmul_mma.has_matrix_cores(arch) and n_expert <= MAX_EXPERTS
+            and all(supports(t, c) for t, c in zip(weight_types, widths))
+            and tokens * k >= MIN_PAIRS_PER_EXPERT * n_expert)
+
+
+def tile_tokens(pairs: int, n_expert: int) -> int:
+    return 64 if pairs >= WIDE_TILE_PAIRS * n_expert else 32
+
+
+def max_tiles(pairs: int, n_expert: int, tile: int) -> int:
+    """The most token tiles a sort can list: each expert's last tile may be partial."""
+    return -(-pairs // tile) + min(n_expert, pairs)
+
+
+def sort_bytes(pairs: int, n_expert: int) -> tuple[int, int]:
+    """Bytes of (sorted, tiles) for `pairs` pairs: int32 [pairs] and int32 [1 + 3 max_tiles] at the smaller tile."""
+    return pairs * 4, (1 + 3 * max_tiles(pairs, n_expert, 32)) * 4
+
+
+# ---- reference -------------------------------------------------------------------------------
+
+
+def sort_reference(ids: np.ndarray, n_expert: int, tile: int) -> tuple[dict[int, list[int]], list[tuple[int, int]]]:
+    """What a sort must produce, up to the order within an expert: expert -> its pairs (ascending), and the tiles'
+    (expert, pairs in it) in expert order."""
+    flat = np.asarray(ids, dtype=np.int64).reshape(-1)
+    groups = {e: np.flatnonzero(flat == e).tolist() for e in range(n_expert) if np.any(flat == e)}
+    tiles = [(e, min(tile, len(ps) - j)) for e, ps in groups.items() for j in range(0, len(ps), tile)]
+    return groups, tiles
+
+
+def products_reference(x_rows: np.ndarray, raw: np.ndarray, weight_type: str, ids: np.ndarray, rows: int, cols: int):
+    """(float64 [pairs, rows] exact products W_{ids[p]} . x_rows[p], float64 [pairs, rows] their error bound on the
+    matrix cores, matmul_mma.error_bound's per expert)."""
+    flat = np.asarray(ids, dtype=np.int64).reshape(-1)
+    per_expert = rows * row_bytes(weight_type, cols)
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    y, bound = np.zeros((flat.size, rows)), np.zeros((flat.size, rows))
+    for e in np.unique(flat):
+        at = np.flatnonzero(flat == e)
+        w = raw[e * per_expert:(e + 1) * per_expert]
+        y[at] = matmul.reference(w, weight_type, x_rows[at], rows, cols)
+        bound[at] = matmul_mma.error_bound(w, weight_type, x_rows[at], rows, cols)
+    return y, bound
+
+
+# ---- host implementation (the cpu backend: what a stand-in GPU with matrix cores runs) -----------
+
+
+@cpu_kernel(SORT_ENTRY, SORT_SIGNATURE)
+def _host_sort(device: CpuDevice, grid, block, sorted_: int, tiles: int, ids: int, pairs: int, n_expert: int,
+               tile: int) -> None:
+    flat = device.view(ids, np.int32, pairs)
+    order = np.argsort(flat, kind="stable")
+    order = order[(flat[order] >= 0) & (flat[order] < n_expert)]
+    device.view(sorted_, np.int32, order.size)[:] = order
+    listed, at = [], 0
+    for e in range(n_expert):
+        count = int(np.count_nonzero(flat == e))
+        listed += [(e, at + j, min(tile, count - j)) for j in range(0, count, tile)]
+        at += count
+    out = device.view(tiles, np.int32, 1 + 3 * len(listed))
+    out[0] = len(listed)
+    if listed:
+        out[1:] = np.asarray(listed, dtype=np.int32).reshape(-1)
+
+
+def _host_products(weight_type: str, mode: str):
+    def run(device: CpuDevice, grid, block, out: int, g: int, W: int, x: int, sorted_: int, tiles: int, bias: int,
+            weights: int, rows: int, cols: int, pairs: int, x_per: int, n_expert: int, tile: int, most: int,
+            activation: int) -> None:
+        listed = int(device.view(tiles, np.int32, 1)[0])
+        table = device.view(tiles, np.int32, 1 + 3 * listed)[1:].reshape(-1, 3)[:most]
+        order = device.view(sorted_, np.int32, pairs)
+        per_row = row_bytes(weight_type, cols)
+        raw = device.view(W, np.uint8, n_expert * rows * per_row)
+        result = device.view(out, np.float32, (pairs, rows))
+        for e, start, count in table.tolist():
+            ps = order[start:start + count].astype(np.int64)
+            xs = device.view(x, np.float32, (pairs // x_per, cols))[ps // x_per]
+            w = moe_experts.expert_matrix(raw, weight_type, e, rows, cols)
+            y = _f16(xs) @ _f16(w).T
+            if bias:
+                y = y + device.view(bias, np.float32, (n_expert, rows))[e]
+            if mode == "gate":
+                result[ps] = y
+            elif mode == "up":
+                act = "swiglu_oai" if activation else "swiglu"
+                result[ps] = moe_experts.activation_reference(device.view(g, np.float32, (pairs, rows))[ps], y, act)
+            else:
+                result[ps] = device.view(weights, np.float32, pairs)[ps][:, None].astype(np.float64) * y
+
+    return run
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32).astype(np.float16).astype(np.float64)
+
+
+for _type in TYPES:
+    for _mode in MODES:
+        cpu_kernel(f"moe_mma_{_mode}_{_type}", SIGNATURE)(_host_products(_type, _mode))
+
+
+# ---- launchers ---------------------------------------------------------------------------------
+
+
+def geometry(rows: int, pairs: int, n_expert: int, tile: int) -> tuple[int, int]:
+    """(grid, block): a workgroup an item (listed tile, 128-row tile) of at most max_tiles tiles (those past the
+    sort's count find nothing to do)."""
+    return max(1, min(-(-rows // TILE_ROWS) * max_tiles(pairs, n_expert, tile), MAX_GRID)), THREADS
+
+
+def launch_sort(device: Device, stream: Stream | None, sorted_: Any, tiles: Any, ids: Any, pairs: int, n_expert: int,
+                tile: int) -> None:
+    """sorted int32 [pairs] and tiles int32 [1 + 3 max_tiles] from ids int32 [pairs] (the module docstring)."""
+    check_sizes(OP, pairs=pairs, n_expert=n_expert, tile=tile)
+    if n_expert > MAX_EXPERTS or tile not in matmul_mma.TILE_TOKENS:
+        raise ValueError(f"{OP}: at most {MAX_EXPERTS} experts and tiles of 32 or 64 pairs, got {n_expert} and {tile}")
+    check_memory(OP, "sorted", sorted_, pairs * 4)
+    check_memory(OP, "tiles", tiles, (1 + 3 * max_tiles(pairs, n_expert, tile)) * 4)
+    check_memory(OP, "ids", ids, pairs * 4)
+    get_kernel(device, OP, SORT_ENTRY, SORT_SIGNATURE).launch(1, THREADS, (sorted_, tiles, ids, pairs, n_expert, tile),
+                                                              stream=stream)
+
+
+def launch_products(device: Device, stream: Stream | None, mode: str, out: Any, W: Any, x: Any, sorted_: Any,
+                    tiles: Any, *, weight_type: str, rows: int, cols: int, pairs: int, x_per: int, n_expert: int,
+                    tile: int, bias: Any = None, g: Any = None, weights: Any = None, activation: str = "swiglu") -> None:
+    """One of the three products (the module docstring): out float32 [pairs, rows] from x float32 [pairs / x_per,
+    cols] and W [n_expert, rows, cols] of weight_type; g float32 [pairs, rows] for "up", weights float32 [pairs] for
+    "down"; bias float32 [n_expert, rows] or None."""
+    if mode not in MODES:
+        raise ValueError(f"{OP}: mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if not supports(weight_type, cols):
+        raise ValueError(f"{OP}: no entry for {weight_type} experts of {cols} columns")
+    if activation not in moe_experts.ACTIVATIONS:
+        raise ValueError(f"{OP}: activation must be one of {', '.join(moe_experts.ACTIVATIONS)}, not {activation!r}")
+    check_sizes(OP, rows=rows, cols=cols, pairs=pairs, x_per=x_per, n_expert=n_expert, tile=tile)
+    if pairs % x_per:
+        raise ValueError(f"{OP}: pairs ({pairs}) must be a multiple of x_per ({x_per})")
+    check_memory(OP, "W", W, n_expert * rows * row_bytes(weight_type, cols),
+                 alignment=matmul_mma.WEIGHT_ALIGNMENT[weight_type])
+    check_memory(OP, "x", x, pairs // x_per * cols * 4, alignment=16)
+    check_memory(OP, "out", out, pairs * rows * 4)
+    check_memory(OP, "sorted", sorted_, pairs * 4)
+    check_memory(OP, "tiles", tiles, (1 + 3 * max_tiles(pairs, n_expert, tile)) * 4)
+    check_disjoint(OP, ("out", out, pairs * rows * 4), ("x", x, pairs // x_per * cols * 4))
+    if mode == "up":
+        check_memory(OP, "g", g, pairs * rows * 4)
+    if mode == "down":
+        check_memory(OP, "weights", weights, pairs * 4)
+    if bias is not None:
+        check_memory(OP, "bias", bias, n_expert * rows * 4)
+    grid, block = geometry(rows, pairs, n_expert, tile)
+    kernel = get_kernel(device, OP, f"moe_mma_{mode}_{weight_type}", SIGNATURE)
+    kernel.launch(grid, block, (out, g if mode == "up" else 0, W, x, sorted_, tiles, 0 if bias is None else bias,
+                                weights if mode == "down" else 0, rows, cols, pairs, x_per, n_expert, tile,
+                                max_tiles(pairs, n_expert, tile), moe_experts.ACTIVATIONS[activation]), stream=stream)
+
+
+def launch_sum_slots(device: Device, stream: Stream | None, out: Any, terms: Any, tokens: int, k: int,
+                     hidden: int) -> None:
+    """out float32 [tokens, hidden] += the k terms of each token, in slot order (moe_experts' moe_sum_slots_f32)."""
+    check_memory(OP, "out", out, tokens * hidden * 4)
+    check_memory(OP, "terms", terms, tokens * k * hidden * 4)
+    grid = min(-(-tokens * hidden // moe_experts.THREADS), 65_535)
+    get_kernel(device, moe_experts.OP, moe_experts.SUM_SLOTS_ENTRY, moe_experts.SUM_SLOTS_SIGNATURE).launch(
+        grid, moe_experts.THREADS, (out, terms, tokens, k, hidden), stream=stream)
