@@ -17,9 +17,12 @@ worth per copy) and the timed launches walk the copies with fresh random expert 
 reads its experts' weights from DRAM as in decoding. The launches are captured in one graph, replayed, and timed
 with events. bytes read = the distinct selected experts' rows (gate and up, or down) of the launch; GB/s =
 bytes / GPU time (for the grouped path's down, its second launch, the slot sum, included). At more than one token
-both paths are timed (pairs: a warp per (token, slot); grouped: a workgroup per expert), the launcher's choice in
-bold. Before timing, every launch kind's output is checked against hipcore/ops/moe_experts.py's
-float64 reference within its bound (a miss is reported on stderr and in the JSON, not fatal).
+both paths are timed (pairs: a warp per (token, slot); grouped: a workgroup per expert), and where the device has matrix
+cores and the pairs average moe_experts_mma.MIN_PAIRS_PER_EXPERT an expert, the matrix-core path too (mma: its gate_up
+row is the sort, the gate and the up launches; its down row the down launch and the slot sum); the launcher's choice
+in bold. Before timing, the pairs and grouped paths' outputs are checked against hipcore/ops/moe_experts.py's
+float64 reference within its bound (a miss is reported on stderr and in the JSON, not fatal); the mma path's are
+checked by tests/gpu/test_moe_experts_mma_gpu.py.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure_matvec import commit, copy_bandwidth, gpu_or_exit, graph_time_per_launch  # noqa: E402
 
-from hipcore.ops import moe_experts, moe_route  # noqa: E402
+from hipcore.ops import moe_experts, moe_experts_mma, moe_route  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
 
@@ -79,7 +82,10 @@ class Layer:
         self.weights_buf = self._upload(self.route_weights)
         self.x_buf = self._upload(self.x)
         self.h_buf = self._alloc(tokens * k * ff * 4, "activations")
-        self.workspace = self._alloc(moe_experts.down_workspace_bytes(tokens, k, hidden), "scratch")
+        self.workspace = self._alloc(moe_experts.down_workspace_bytes(tokens, k, max(hidden, ff)), "scratch")
+        self.tile = moe_experts_mma.tile_tokens(tokens * k, n_expert)
+        sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(tokens * k, n_expert)
+        self.sorted_buf, self.tiles_buf = self._alloc(sorted_bytes, "scratch"), self._alloc(tiles_bytes, "scratch")
         self.out_buf = self._upload(np.zeros((tokens, hidden), np.float32))
         self.logits_buf = self._upload(rng.standard_normal((tokens, n_expert)).astype(np.float32))
         self.route_ids = self._alloc(tokens * k * 4, "activations")
@@ -106,13 +112,40 @@ class Layer:
     def ids_at(self, copy: int) -> int:
         return self.ids_buf.addr() + copy * self.tokens * self.k * 4
 
+    def mma_pays(self) -> bool:
+        return moe_experts_mma.pays(self.dev.arch, self.tokens, self.k, self.n_expert, (self.up_type, self.down_type),
+                                    (self.hidden, self.ff))
+
+    def _mma(self, stream, mode: str, copy: int) -> None:
+        pairs = self.tokens * self.k
+        shape = dict(pairs=pairs, n_expert=self.n_expert, tile=self.tile)
+        if mode == "gate":
+            moe_experts_mma.launch_sort(self.dev, stream, self.sorted_buf, self.tiles_buf, self.ids_at(copy), pairs,
+                                        self.n_expert, self.tile)
+        rows, cols, x, out, x_per = ((self.hidden, self.ff, self.h_buf, self.workspace, 1) if mode == "down" else
+                                     (self.ff, self.hidden, self.x_buf, self.h_buf if mode == "up" else self.workspace, self.k))
+        moe_experts_mma.launch_products(self.dev, stream, mode, out, self.weight_at(mode, copy), x, self.sorted_buf,
+                                        self.tiles_buf, weight_type=self.down_type if mode == "down" else self.up_type,
+                                        rows=rows, cols=cols, x_per=x_per, g=self.workspace, weights=self.weights_buf,
+                                        activation=self.activation, **shape)
+        if mode == "down":
+            moe_experts_mma.launch_sum_slots(self.dev, stream, self.out_buf, self.workspace, self.tokens, self.k,
+                                             self.hidden)
+
     def gate_up(self, stream, copy: int, path: str | None = None) -> None:
+        if path == "mma":
+            self._mma(stream, "gate", copy)
+            self._mma(stream, "up", copy)
+            return
         moe_experts.launch_gate_up(self.dev, stream, self.h_buf, self.x_buf, self.weight_at("gate", copy),
                                    self.weight_at("up", copy), self.ids_at(copy), self.tokens, self.k, self.activation,
                                    weight_type=self.up_type, n_expert=self.n_expert, ff=self.ff, hidden=self.hidden,
                                    path=path)
 
     def down(self, stream, copy: int, path: str | None = None) -> None:
+        if path == "mma":
+            self._mma(stream, "down", copy)
+            return
         moe_experts.launch_down(self.dev, stream, self.out_buf, self.h_buf, self.weight_at("down", copy),
                                 self.ids_at(copy), self.weights_buf, self.tokens, self.k, weight_type=self.down_type,
                                 n_expert=self.n_expert, hidden=self.hidden, ff=self.ff, workspace=self.workspace,
@@ -169,6 +202,8 @@ def measure(device_spec: str, shapes: list[str], token_counts: list[int], rotate
                     for path in paths:
                         problems += layer.check(stream, path)
                     chosen = "grouped" if moe_experts.grouped_pays(tokens, layer.k, layer.n_expert) else "pairs"
+                    if layer.mma_pays():
+                        paths, chosen = (*paths, "mma"), "mma"
                     for kind, path in [("route", "-")] + [(kind, path) for kind in ("gate_up", "down") for path in paths]:
                         launch = getattr(layer, kind)
                         launches = [lambda s, c=c, p=path: launch(s, c, p) for c in range(layer.copies)]
