@@ -31,7 +31,7 @@ MAX_RELATIVE_LOGIT_DIFF = {"qwen3moe-f32": 1e-3, "qwen2moe-f32": 1e-3, "qwen3moe
 
 
 def options(**kw) -> LoadOptions:
-    return LoadOptions(**{"max_seqs": 8, "ctx_size": 256, "kv_dtype": "f16", "max_step_tokens": 64, **kw})
+    return LoadOptions(**{"max_seqs": 8, "ctx_size": 256, "kv_dtype": "f16", "max_step_tokens": 128, **kw})
 
 
 @pytest.fixture(scope="module")
