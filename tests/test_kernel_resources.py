@@ -114,6 +114,23 @@ def test_moe_kernels_keep_everything_in_registers(built):
                 assert off_chip == 0 and usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
 
 
+def test_moe_matrix_core_products_stay_on_chip(built):
+    """moe_experts_mma (a prompt's experts on the matrix cores): shared memory of a 128-row tile and a 64-pair tile of
+    72 halves each, the sort's four counters per expert (512 each); no spills on any AMD target. nvcc 13 spills 4-8
+    bytes of Q4_K's up (sm_80, sm_90) and down (sm_80) at 128 registers; at 154 (one workgroup per SM, __launch_bounds__
+    (256, 1)) none. Held to that size until a GPU measures the two."""
+    out, _, _ = built
+    manifest = json.loads((out / "manifest.json").read_text())
+    for target in all_targets():
+        for name, usage in manifest["objects"][target]["moe_experts_mma"]["kernels"].items():
+            off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
+                                                         "spill_store_bytes", "stack_bytes"))
+            held = target.startswith("sm_") and name in ("moe_mma_up_q4_k", "moe_mma_down_q4_k")
+            assert off_chip <= (16 if held else 0), f"{target} {name}: {usage}"
+            shared = 4 * 512 * 4 if name == "moe_mma_sort" else (128 + 64) * 72 * 2
+            assert usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
+
+
 def test_one_token_k_quant_products_keep_everything_in_registers_on_amd(built):
     """The decode step's one-token fused_qmatvec entries (the K-quants' `_1`, the 32-element blocks' `_1b`) run every
     layer of every token: no AMD target may spill them. (The head's slice loop is unrolled by two on NVIDIA only, fused_qmatvec.hip kHeadUnroll: the
