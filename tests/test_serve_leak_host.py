@@ -14,7 +14,7 @@ from support.serve_testing import live_server, metrics
 from hipcore.ops.moe_expert_cache import EXPERTS
 from profiles.serve_leak_check import ServeLeakSettings, run_serve_leak_check
 from profiles.serve_leak_host import (
-    CACHE_BUDGET_METRIC, CACHE_METRIC, CACHE_PEAK_METRIC, RSS_METRIC, HostSeries, judge_host,
+    CACHE_BUDGET_METRIC, CACHE_METRIC, CACHE_PEAK_METRIC, CONFIRM_REQUESTS, RSS_METRIC, HostSeries, judge_host,
 )
 
 MIB = 1 << 20
@@ -33,6 +33,13 @@ def test_a_planted_slope_is_caught():
     assert verdict.judged and verdict.leaked
     assert verdict.growth_per_1000 == 10_240_000
     assert "GROWING" in verdict.line()
+
+
+def test_growth_on_a_run_shorter_than_the_settling_says_how_to_confirm_it():
+    short = judge_host(series(1500, lambda n: 100 * MIB + n * 2048))
+    assert short.leaked and "--requests 12000 tells a bound from a leak" in short.line()
+    long = judge_host(series(CONFIRM_REQUESTS, lambda n: 100 * MIB + n * 2048))
+    assert long.leaked and "GROWING" in long.line() and "tells a bound" not in long.line()
 
 
 def test_flat_memory_after_a_warm_up_passes():
@@ -87,6 +94,18 @@ def test_the_experts_cache_filling_is_not_host_growth_and_past_its_budget_is_a_l
     # planted fault: a cache that does not evict past its budget (1 MiB here)
     past = judge_host(cache_series(3000, lambda n: n * 10_240, MIB))
     assert past.leaked and "past its budget of 1,048,576" in past.line() and "flat" in past.line()
+
+
+def test_a_planted_host_leak_beside_a_filling_cache_is_caught():
+    # profiles.leak_bugs' host-leak (10 KiB a request) in a server whose decoded experts fill all run long
+    s, peak = HostSeries(), 0
+    for done in range(0, 3001, 10):
+        cache = min(done, 2000) * 10_240
+        peak = max(peak, cache)
+        s.add(done, {RSS_METRIC: float(200 * MIB + cache + done * 10_240), CACHE_METRIC: float(cache),
+                     CACHE_PEAK_METRIC: float(peak), CACHE_BUDGET_METRIC: float(256 * MIB)})
+    verdict = judge_host(s)
+    assert verdict.leaked and verdict.growth_per_1000 == 10_240_000 and "GROWING" in verdict.line()
 
 
 def test_the_server_publishes_its_anonymous_rss(tmp_path_factory):
