@@ -20,6 +20,7 @@ only where their weights fit f16 (hipcore/model/weights.py marks them).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -40,8 +41,9 @@ THREADS = 256
 TILE_ROWS = 128
 MAX_EXPERTS = 512  # kMaxExperts: the sort's shared counters
 # The matrix-core path once the pairs average this many an expert: below it most of a 32-pair tile is padding and
-# moe_experts' grouped path, which decodes a slice for two pairs at a time, reads no more.
-MIN_PAIRS_PER_EXPERT = 8
+# moe_experts' grouped path, which decodes a slice for two pairs at a time, reads no more. ROCMFORGE_MOE_MMA_MIN_PAIRS
+# sets it for a measurement (e.g. 1: decode batches on the matrix cores too).
+MIN_PAIRS_PER_EXPERT = float(os.environ.get("ROCMFORGE_MOE_MMA_MIN_PAIRS", "8"))
 WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
 MAX_GRID = 1 << 20
 

@@ -18,7 +18,7 @@ reads its experts' weights from DRAM as in decoding. The launches are captured i
 with events. bytes read = the distinct selected experts' rows (gate and up, or down) of the launch; GB/s =
 bytes / GPU time (for the grouped path's down, its second launch, the slot sum, included). At more than one token
 both paths are timed (pairs: a warp per (token, slot); grouped: a workgroup per expert), and where the device has matrix
-cores and the pairs average moe_experts_mma.MIN_PAIRS_PER_EXPERT an expert, the matrix-core path too (mma: its gate_up
+cores, the matrix-core path too, at every token count (mma: its gate_up
 row is the sort, the gate and the up launches; its down row the down launch and the slot sum); the launcher's choice
 in bold. Before timing, the pairs and grouped paths' outputs are checked against hipcore/ops/moe_experts.py's
 float64 reference within its bound (a miss is reported on stderr and in the JSON, not fatal); the mma path's are
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure_matvec import commit, copy_bandwidth, gpu_or_exit, graph_time_per_launch  # noqa: E402
 
-from hipcore.ops import moe_experts, moe_experts_mma, moe_route  # noqa: E402
+from hipcore.ops import matmul_mma, moe_experts, moe_experts_mma, moe_route  # noqa: E402
 from hipcore.ops.weight_formats import row_bytes  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
 
@@ -115,6 +115,11 @@ class Layer:
     def mma_pays(self) -> bool:
         return moe_experts_mma.pays(self.dev.arch, self.tokens, self.k, self.n_expert, (self.up_type, self.down_type),
                                     (self.hidden, self.ff))
+
+    def mma_runs(self) -> bool:
+        """The matrix-core path exists here (timed at every token count, taken where mma_pays)."""
+        return (matmul_mma.has_matrix_cores(self.dev.arch) and self.n_expert <= moe_experts_mma.MAX_EXPERTS
+                and moe_experts_mma.supports(self.up_type, self.hidden) and moe_experts_mma.supports(self.down_type, self.ff))
 
     def _mma(self, stream, mode: str, copy: int) -> None:
         pairs = self.tokens * self.k
@@ -202,8 +207,9 @@ def measure(device_spec: str, shapes: list[str], token_counts: list[int], rotate
                     for path in paths:
                         problems += layer.check(stream, path)
                     chosen = "grouped" if moe_experts.grouped_pays(tokens, layer.k, layer.n_expert) else "pairs"
-                    if layer.mma_pays():
-                        paths, chosen = (*paths, "mma"), "mma"
+                    if layer.mma_runs():
+                        paths = (*paths, "mma")
+                        chosen = "mma" if layer.mma_pays() else chosen
                     for kind, path in [("route", "-")] + [(kind, path) for kind in ("gate_up", "down") for path in paths]:
                         launch = getattr(layer, kind)
                         launches = [lambda s, c=c, p=path: launch(s, c, p) for c in range(layer.copies)]
