@@ -5,13 +5,15 @@ nothing, and is destroyed on close."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from support.engine_testing import load_tiny, prompt_of, tiny_model
 from hipcore.model.decode_graphs import BUCKETS, DecodeGraphs, bucket_capacity
 from hipcore.model.forward import ModelRunner, activation_sizes
-from hipcore.ops.sample import SamplingRows
+from hipcore.ops.sample import SamplingRows, mask_words
 from hipcore.engine.sampler import SamplingParams
 from support.model_steps import step_batch
 
@@ -114,5 +116,40 @@ def test_runner_memory_is_what_the_plan_counts_and_close_frees_graphs(model):
         graph.launch()
     runner.close()  # idempotent
     for s in (41, 42, 43):
+        cache.free_sequence(s)
+    cache.release_fenced()
+
+
+def test_masked_decode_steps_replay_their_own_graphs_as_eager(model, eager):
+    """Decode steps whose rows sample under token masks (a grammar's) are padded to their bucket and replay its
+    masked graph: each step's tokens equal the eager runner's and lie in their rows' masks, though the masks change
+    every step (read from the token_mask buffer, nothing frozen into the graph); one capture per bucket, none of the
+    unmasked graphs used."""
+    cache, runner = model.cache, model.runner
+    vocab = model.config.vocab_size
+    masked, plain = runner.masked_graphs, runner.graphs
+    captures, plain_replays = masked.captures, plain.replays
+    rng = np.random.default_rng(5)
+    last, pos = {}, {}
+    for seq_id, n in {41: 3, 42: 7, 43: 2}.items():
+        runner.execute(step_batch(cache, [(seq_id, prompt_of(n, seq_id), 0)]))
+        last[seq_id], pos[seq_id] = 1, n
+    for step in range(4):
+        batch = step_batch(cache, [(s, [last[s]], pos[s]) for s in last])
+        allowed = rng.random((len(last), vocab)) < 0.05  # a few tokens a row, different each step
+        allowed[:, 0] = True
+        mask = np.packbits(allowed, axis=1, bitorder="little").view(np.uint8)
+        words = np.zeros((len(last), mask_words(vocab) * 4), np.uint8)
+        words[:, :mask.shape[1]] = mask
+        params = [SamplingParams(temperature=0.9, seed=step * 10 + i) for i in range(len(last))]
+        sampling = dataclasses.replace(SamplingRows.build(params, np.linspace(0.05, 0.95, len(last))),
+                                       mask=words.view(np.uint32))
+        got = runner.execute_sampled(batch, sampling)
+        assert np.array_equal(got, eager.execute_sampled(batch, sampling)), step
+        assert all(allowed[i, t] for i, t in enumerate(got)), (step, got)
+        for s, t in zip(last, got):
+            last[s], pos[s] = int(t), pos[s] + 1
+    assert masked.captures == captures + 1 and masked.captured(4) and plain.replays == plain_replays
+    for s in last:
         cache.free_sequence(s)
     cache.release_fenced()

@@ -109,7 +109,14 @@ def test_a_grammar_that_gives_out_fails_its_request_alone(model, monkeypatch):
     grammar's failure; the free rows of the same steps finish (the step is not failed as a whole)."""
     def gives_out(self):
         raise RuntimeError(f"{GRAMMAR_FAILURE}: planted")
+
+    def masks_give_out(constraints):  # the step's masks, computed together, each grammar reported failed
+        packed, _ = real_masks(constraints)
+        return packed, [f"{GRAMMAR_FAILURE}: planted"] * len(constraints)
+
+    real_masks = step_launch.packed_masks
     monkeypatch.setattr(TokenConstraint, "packed", gives_out)
+    monkeypatch.setattr(step_launch, "packed_masks", masks_give_out)
     records = _run(model, _constrained_jobs())
     for i in (1, 3, 4):
         assert records[i].ending.value == "failed" and GRAMMAR_FAILURE in records[i].error, records[i]

@@ -150,6 +150,35 @@ def _first_line(error: Any) -> str:
     return (text or "(no message)")[:300]
 
 
+_EXECUTOR: Any = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def packed_masks(constraints: list["TokenConstraint"]) -> tuple[np.ndarray, list[str | None]]:
+    """The next step's allowed tokens of several sequences at once, on llguidance's thread pool (LLExecutor: 80% of
+    the CPUs, at most 32). A step's constrained rows need their masks before it launches; one by one they cost their
+    sum there (32 rows of a 128k vocabulary took ~11 ms of a 24 ms step of the Llama-3.1-8B shape on an NVIDIA H100).
+    Returns uint32 [n, words] as TokenConstraint.packed gives each row, and per constraint None or why its grammar
+    failed (an error, or no token allowed)."""
+    global _EXECUTOR
+    import llguidance
+
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = llguidance.LLExecutor()
+    words = constraints[0]._bits.shape[0]
+    bits = np.zeros((len(constraints), words), dtype=np.int32)
+    _EXECUTOR.unsafe_compute_mask_ptr([(c._matcher, i) for i, c in enumerate(constraints)], bits.ctypes.data,
+                                      words * 4, len(constraints))
+    failures: list[str | None] = []
+    for row, c in zip(bits, constraints):
+        if c._matcher.is_error():
+            failures.append(f"{GRAMMAR_FAILURE}: {_first_line(c._matcher.get_error())}")
+        else:
+            failures.append(None if row.any() else f"{GRAMMAR_FAILURE}: it allows no token here")
+    return bits.view(np.uint32), failures
+
+
 class TokenConstraint:
     """One sequence's grammar state: which tokens may come next, and advancing it by each accepted token."""
 

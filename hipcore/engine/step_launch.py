@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hipcore.engine.grammar import packed_masks
 from hipcore.engine.request import Phase, Request, Sequence
 from hipcore.engine.sampling_rows import StepSamplingRows
 from hipcore.kvcache.cache import KvCache
@@ -174,19 +175,25 @@ class StepLauncher:
         is known to sample on the device); a host row draws its own in Sampler.sample."""
         seqs = [item.seq for item in scheduled if item.samples]
         host_rows = []
-        masks: dict[int, np.ndarray] = {}  # a constrained device row's packed token mask
+        constrained = []  # the rows the device samples under a grammar's token mask
         for row, seq in enumerate(seqs):
             sampler = seq.sampler
             if not sampler.device_samplable:
                 host_rows.append(row)
             elif sampler.constraint is not None:
-                try:
-                    masks[row] = sampler.constraint.packed().copy()
-                except RuntimeError:  # the grammar gave out: on the host its sampler raises it, failing this row alone
-                    host_rows.append(row)
+                constrained.append(row)
             request = seq.request
             if request.phase is Phase.PROMPT and request.params.n > 1 and len(request.seqs) == 1:
                 return None, None
+        masks: dict[int, np.ndarray] = {}  # a constrained device row's packed token mask, all computed at once
+        if constrained:
+            packed, failures = packed_masks([seqs[row].sampler.constraint for row in constrained])
+            for row, words, failure in zip(constrained, packed, failures):
+                if failure is None:
+                    masks[row] = words
+                else:  # the grammar gave out: on the host its sampler raises it, failing this row alone
+                    host_rows.append(row)
+            host_rows.sort()
         vocab = runner.config.vocab_size
         if not host_rows:
             return with_token_masks(self._sampling_rows.rows([seq.sampler for seq in seqs]), masks, vocab), None
