@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import sys
 import time
@@ -87,7 +88,7 @@ async def run(url: str, constrained: int, free: int, max_tokens: int) -> dict:
         values = sorted(r["ttft_s"] for r in done if r["constrained"] == kind and r["ttft_s"] is not None)
         if not values:
             return {}
-        return {"p50_ms": 1000 * statistics.median(values), "p90_ms": 1000 * values[int(0.9 * (len(values) - 1))],
+        return {"p50_ms": 1000 * statistics.median(values), "p90_ms": 1000 * values[math.ceil(0.9 * len(values)) - 1],
                 "max_ms": 1000 * values[-1]}
 
     return {"constrained": constrained, "unconstrained": free, "wall_s": wall, "tokens": tokens,
