@@ -11,7 +11,7 @@ memory grows by design (measured on the cpu backend over HTTP: about +2 MiB per 
 Past it the server's memory still settles for a while. On the cpu backend, a qwen3moe of 256 experts (its
 decoded experts' cache off or on): the HTTP process +1.6 MiB and the engine's memory outside malloc's heap +0.8
 to +1.0 MiB from request 1,000 to 6,000, flat after; runs of 1,500 requests judged +0.96 to +2.5 MiB per 1,000
-on it and on the tiny dense model (17 of 18 runs over the limit), runs of 12,000 on the mixture +24 to +72 KiB.
+on it and on the tiny dense model (17 of 18 runs over the limit), runs of 12,000 +24 to +107 KiB on either.
 A verdict of growth on a shorter run than CONFIRM_REQUESTS says so (still a leak: never called clean).
 On the cpu backend the server also publishes its cache of decoded experts (rocmforge_moe_expert_cache_*): it
 fills as experts are first used, so its bytes (its entries' own mappings and their Python objects, exact:
@@ -56,14 +56,26 @@ class HostSeries(MetricSeries):
     metric: ClassVar[str] = RSS_METRIC
     cache_peak: int = 0
     cache_budget: int | None = None
+    cache_first: int | None = None  # the cache's bytes taken out of the first sample and of the last
+    cache_last: int = 0
 
     def add(self, requests_done: int, metrics: dict[str, float]) -> None:
         if self.metric not in metrics:
             return
-        self.samples.append((int(requests_done), int(metrics[self.metric] - metrics.get(CACHE_METRIC, 0))))
+        self.cache_last = int(metrics.get(CACHE_METRIC, 0))
+        self.cache_first = self.cache_last if self.cache_first is None else self.cache_first
+        self.samples.append((int(requests_done), int(metrics[self.metric]) - self.cache_last))
         if CACHE_BUDGET_METRIC in metrics:
             self.cache_peak = max(self.cache_peak, int(metrics[CACHE_PEAK_METRIC]))
             self.cache_budget = int(metrics[CACHE_BUDGET_METRIC])
+
+    def expert_cache(self) -> dict | None:
+        """The decoded experts' cache as the samples saw it (bytes taken out at the first and last, most data bytes,
+        budget), or None when the server published none (no expert decoded, or another backend)."""
+        if self.cache_budget is None:
+            return None
+        return {"first_bytes": self.cache_first, "last_bytes": self.cache_last, "peak_bytes": self.cache_peak,
+                "budget_bytes": self.cache_budget}
 
     def expert_cache_past_budget(self) -> str | None:
         if self.cache_budget is None or self.cache_peak <= self.cache_budget:
@@ -100,6 +112,7 @@ class HostVerdict:
     limit_per_1000: int
     cache_past_budget: str | None = None  # HostSeries.expert_cache_past_budget()
     requests: int = 0  # done at the last sample
+    expert_cache: dict | None = None  # HostSeries.expert_cache()
 
     @property
     def grows(self) -> bool:
@@ -126,6 +139,10 @@ class HostVerdict:
             return f"host memory: not judged ({slope}, fewer than {MIN_HOST_SPAN}); {rss}"
         verdict = "GROWING" if self.grows else "flat"
         line = f"host memory: {verdict}: {slope}, limit {self.limit_per_1000 >> 10} KiB; {rss}"
+        if self.expert_cache is not None:
+            c = self.expert_cache
+            line += (f"; less the decoded experts' cache, {_mib(c['first_bytes'])} -> {_mib(c['last_bytes'])} (its most "
+                     f"{_mib(c['peak_bytes'])} of a {_mib(c['budget_bytes'])} budget)")
         if self.grows and self.requests < CONFIRM_REQUESTS:
             line += (f"; a server's memory can settle for thousands of requests past the first {WARM_REQUESTS:,} (the "
                      f"cpu backend's up to about request 6,000): --requests {CONFIRM_REQUESTS} tells a bound from a leak")
@@ -135,7 +152,7 @@ class HostVerdict:
         return {"judged": self.judged, "growth_per_1000_requests": self.growth_per_1000, "span_requests": self.span,
                 "rss_first": self.first, "rss_last": self.last, "samples": self.samples,
                 "limit_per_1000_requests": self.limit_per_1000, "leaked": self.leaked,
-                "expert_cache_past_budget": self.cache_past_budget}
+                "expert_cache_past_budget": self.cache_past_budget, "expert_cache": self.expert_cache}
 
 
 def judge_host(series: HostSeries, limit_per_1000: int = DEFAULT_GROWTH_PER_1000) -> HostVerdict:
@@ -145,7 +162,8 @@ def judge_host(series: HostSeries, limit_per_1000: int = DEFAULT_GROWTH_PER_1000
                        growth_per_1000=None if slope is None else round(slope * 1000), span=span,
                        first=samples[0][1] if samples else None, last=samples[-1][1] if samples else None,
                        samples=len(samples), limit_per_1000=limit_per_1000,
-                       cache_past_budget=series.expert_cache_past_budget(), requests=samples[-1][0] if samples else 0)
+                       cache_past_budget=series.expert_cache_past_budget(), requests=samples[-1][0] if samples else 0,
+                       expert_cache=series.expert_cache())
 
 
 def _mib(value: int | None) -> str:

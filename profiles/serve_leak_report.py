@@ -100,6 +100,11 @@ class ServeLeakReport(FindingsVerdict):
             rows.append({"layer": "host (RssAnon+VmSwap)", "bytes": max(0, (h["rss_last"] or 0) - (h["rss_first"] or 0)),
                          "count": None, "unit": "", "baseline": h["rss_first"], "peak": None, "final": h["rss_last"],
                          "per_request": None if growth is None else round(growth / 1000, 3)})
+        cache = h.get("expert_cache")
+        if cache:  # taken out of the row above; bounded, judged against its budget
+            rows.append({"layer": "host (decoded experts' cache)", "bytes": None, "count": None, "unit": "",
+                         "baseline": cache["first_bytes"], "peak": cache["peak_bytes"], "final": cache["last_bytes"],
+                         "per_request": None})
         return rows
 
     def to_dict(self) -> dict:

@@ -12,7 +12,9 @@ from support.moe_models import write_moe_model
 from support.serve_testing import live_server, metrics
 
 from hipcore.ops.moe_expert_cache import EXPERTS
+from profiles.leak_thresholds import Thresholds
 from profiles.serve_leak_check import ServeLeakSettings, run_serve_leak_check
+from profiles.serve_leak_report import ServeLeakReport
 from profiles.serve_leak_host import (
     CACHE_BUDGET_METRIC, CACHE_METRIC, CACHE_PEAK_METRIC, CONFIRM_REQUESTS, RSS_METRIC, HostSeries, judge_host,
 )
@@ -88,6 +90,14 @@ def test_the_experts_cache_filling_is_not_host_growth_and_past_its_budget_is_a_l
     filling = cache_series(3000, lambda n: n * 10_240, 256 * MIB)
     verdict = judge_host(filling)
     assert verdict.judged and not verdict.leaked and verdict.growth_per_1000 == 0, verdict.line()
+    # the report says what was taken out: the cache at the first and last sample, its most, its budget
+    assert verdict.expert_cache == {"first_bytes": 0, "last_bytes": 3000 * 10_240, "peak_bytes": 3000 * 10_240,
+                                    "budget_bytes": 256 * MIB}
+    assert "less the decoded experts' cache, 0.0 MiB -> 29.3 MiB (its most 29.3 MiB of a 256.0 MiB budget)" in verdict.line()
+    report = ServeLeakReport(command="", settings={}, thresholds=Thresholds())
+    report.host = verdict.to_dict()
+    rows = {row["layer"]: row for row in report.layer_totals()}
+    assert rows["host (decoded experts' cache)"]["final"] == 3000 * 10_240 and rows["host (RssAnon+VmSwap)"]["bytes"] == 0
     # planted revert: the same server judged on its whole RSS
     whole = series(3000, lambda n: 200 * MIB + n * 10_240)
     assert judge_host(whole).leaked
