@@ -137,6 +137,7 @@ SETTINGS = {
     "ROCMFORGE_API_KEY": "serve's --api-key",
     "ROCMFORGE_COMMIT": "the commit named in bench's reports where the sources have no .git",
     "ROCMFORGE_TESTING": "--plant-bug, for the project's own tests",
+    "ROCMFORGE_MOE_MMA_MIN_PAIRS": "the pairs an expert from which a MoE step takes the matrix cores (ops/moe_experts_mma.py)",
 }
 PACKAGES = ("hipcore", "profiles", "rocmforge_cli", "rocmforge_serve")
 REPO = Path(__file__).resolve().parents[1]
