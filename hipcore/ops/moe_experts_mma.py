@@ -40,10 +40,12 @@ TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16")
 THREADS = 256
 TILE_ROWS = 128
 MAX_EXPERTS = 512  # kMaxExperts: the sort's shared counters
-# The matrix-core path once the pairs average this many an expert: below it most of a 32-pair tile is padding and
-# moe_experts' grouped path, which decodes a slice for two pairs at a time, reads no more. ROCMFORGE_MOE_MMA_MIN_PAIRS
-# sets it for a measurement (e.g. 1: decode batches on the matrix cores too).
-MIN_PAIRS_PER_EXPERT = float(os.environ.get("ROCMFORGE_MOE_MMA_MIN_PAIRS", "8"))
+# The matrix-core path once the pairs average this many an expert: where moe_experts would take its grouped path
+# (moe_experts.GROUPED_MIN_PAIRS_PER_EXPERT), which it beats. Measured on an NVIDIA H100 (2026-12-06, 9de832b):
+# Qwen3-30B-A3B at 32 sequences (2 pairs an expert) 1,306 against 811 t/s grouped; gpt-oss-20b at 32 (4 an expert)
+# 1,021 against 426; at 8 sequences (1 an expert) gpt-oss-20b lost, 399 against 604 t/s on the per-pair path.
+# ROCMFORGE_MOE_MMA_MIN_PAIRS sets it for a measurement.
+MIN_PAIRS_PER_EXPERT = float(os.environ.get("ROCMFORGE_MOE_MMA_MIN_PAIRS", "2"))
 WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
 MAX_GRID = 1 << 20
 

@@ -1,6 +1,6 @@
 """kernels/moe_experts_mma.hip on a real GPU: the sort against sort_reference, and a layer's gate, up (with the
 activation) and down products with the slot sum, against float64 references within matmul_mma's error bound carried
-through each epilogue, at Qwen3-30B-A3B's shape (a 512-token prompt: Q4_K gate|up, Q6_K or Q4_K down) and
+through each epilogue, at Qwen3-30B-A3B's shape (prompts of 32 and 256 tokens: Q4_K gate|up, Q6_K or Q4_K down) and
 gpt-oss-20b's (MXFP4 and F16 experts with biases, swiglu_oai), and a replay from a captured graph with the same bits
 as eager launches. Skipped where the device has no matrix cores (moe_experts_mma is never taken there)."""
 
@@ -99,17 +99,18 @@ def layer_case(gpu, mem, rng, seed, gate_type, down_type, hidden, ff, n_expert, 
     check(b["out"].download(np.float32).reshape(tokens, hidden), want, bound, f"down {down_type}", seed)
 
 
-@pytest.mark.parametrize("tokens", [16, 512])
+# (the float64 references of a 512-token layer took about a minute each: the tests stop at 256 tokens)
+@pytest.mark.parametrize("tokens", [32, 256])
 @pytest.mark.parametrize("gate_type,down_type", [("q4_k", "q6_k"), ("q4_k", "q4_k")])
 def test_qwen3_30b_a3b_prompt(gpu, mem, rng, seed, gate_type, down_type, tokens):
-    hidden, ff, n_expert, k = QWEN3_30B_A3B  # 512 tokens: 4,096 pairs, 32 an expert (32-pair tiles)
+    hidden, ff, n_expert, k = QWEN3_30B_A3B  # 256 tokens: 2,048 pairs, 16 an expert (32-pair tiles)
     layer_case(gpu, mem, rng, seed, gate_type, down_type, hidden, ff, n_expert, k, tokens, "swiglu", False)
 
 
 @pytest.mark.parametrize("weight_type", ["mxfp4", "f16", "q8_0"])
 def test_gpt_oss_20b_prompt(gpu, mem, rng, seed, weight_type):
-    hidden, ff, n_expert, k = GPT_OSS_20B  # 512 tokens: 2,048 pairs, 64 an expert (64-pair tiles)
-    layer_case(gpu, mem, rng, seed, weight_type, weight_type, hidden, ff, n_expert, k, 512, "swiglu_oai", True)
+    hidden, ff, n_expert, k = GPT_OSS_20B  # 384 tokens: 1,536 pairs, 48 an expert (64-pair tiles)
+    layer_case(gpu, mem, rng, seed, weight_type, weight_type, hidden, ff, n_expert, k, 384, "swiglu_oai", True)
 
 
 def test_a_prompt_layer_replays_from_a_graph_as_eager(gpu, mem, rng):
