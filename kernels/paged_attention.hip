@@ -20,7 +20,7 @@
 // head): in the workgroup's merge when the keys are not split, in the combining workgroup's when they are.
 //
 // Work split (1-D grid of n_tokens x n_kv_heads x `slots` workgroups; hipcore/ops/paged_attention.py
-// picks `slots` and mirrors the plan below). Each token's plan is made in the kernel from its own
+// picks `slots` and mirrors the plan in paged_attention_plan.h). Each token's plan is made in the kernel from its own
 // context length, so a graph captured with fixed arguments adapts to the context at every replay;
 // workgroups past the plan's count exit at once.
 // - Normally a workgroup serves one token, one KV head and up to four of the query heads that read it
@@ -54,25 +54,11 @@
 #include "paged_attention_formats.h"  // the constants and the KV formats
 #include "attention_soft_cap.h"        // the capped entries' rf_attention_soft_cap
 #include "paged_attention_tiles.h"    // a warp's walk over its keys (Walk, fetch_blocks, load_rows, consume)
+#include "paged_attention_plan.h"     // Params, the work's plan, the workspace, prefetch_rows
 
 namespace rf_paged_attention {
 
 // ---- the kernel --------------------------------------------------------------------------------
-
-struct Params {
-  float* out;
-  const float* q;
-  const unsigned char* __restrict__ k_pool;
-  const unsigned char* __restrict__ v_pool;
-  const int* __restrict__ block_tables;
-  const int* __restrict__ token_seq;
-  const int* __restrict__ positions;
-  void* workspace;
-  int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, num_blocks, slots, window;
-  float scale;
-  float softcap;  // 0: scores as they are
-  const float* __restrict__ sinks;  // the `_sinks` entries: a logit per query head in every softmax's denominator
-};
 
 struct Shared {
   float o[kMaxWarps][kMaxGroupHeads][kMaxHeadDim];  // each warp's unnormalized output
@@ -81,48 +67,6 @@ struct Shared {
   float split_weight[kMaxGroupHeads][kMaxSplits];   // the combining workgroup's factor per split
   int last;
 };
-
-// How the `slots` workgroups of one (token, KV head) share its work, from the number of keys the token
-// attends to (its context, or its window).
-struct Plan {
-  int n_chunks;        // workgroups over the group's query heads
-  int chunk_heads;     // query heads per chunk (the last chunk may have fewer)
-  int n_split;         // workgroups over the keys, per chunk
-  int keys_per_split;  // whole steps of the workgroup, so that no step is half empty but the last
-  int split_stride;    // splits per (token, query head) in the workspace
-};
-
-static __device__ __forceinline__ Plan make_plan(const Params& p, int n_keys, int step_keys) {
-  const int group = p.n_heads / p.n_kv_heads;
-  const int chunks = (group + kMaxGroupHeads - 1) / kMaxGroupHeads;
-  const int split_stride = max(min(p.slots / chunks, kMaxSplits), 1);
-  if (group > 1 && p.slots >= group && n_keys <= kSpreadMaxContext &&
-      (long long)p.n_tokens * p.n_heads <= kSpreadMaxWorkgroups)
-    return {group, 1, 1, n_keys, split_stride};
-  const int max_split = p.workspace != nullptr ? split_stride : 1;
-  int n_split = max(min(max_split, (n_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit), 1);
-  int keys_per_split = (n_keys + n_split - 1) / n_split;
-  keys_per_split = (keys_per_split + step_keys - 1) / step_keys * step_keys;
-  n_split = (n_keys + keys_per_split - 1) / keys_per_split;
-  return {chunks, (group + chunks - 1) / chunks, n_split, keys_per_split, split_stride};
-}
-
-// Workspace: [int counters per (token, KV head, head chunk)], padded to 256 bytes, then float
-// stats [token, head, split, {max, sum}], then float partial outputs [token, head, split, head_dim].
-struct Workspace {
-  int* counters;
-  float* stats;
-  float* partial;
-};
-
-static __device__ __forceinline__ Workspace workspace_layout(const Params& p, const Plan& plan) {
-  const unsigned long long counter_bytes =
-      ((unsigned long long)p.n_tokens * p.n_kv_heads * plan.n_chunks * 4 + 255) & ~255ull;
-  unsigned char* base = static_cast<unsigned char*>(p.workspace);
-  float* stats = reinterpret_cast<float*>(base + counter_bytes);
-  return {reinterpret_cast<int*>(base), stats,
-          stats + (unsigned long long)p.n_tokens * p.n_heads * plan.split_stride * 2};
-}
 
 template <class KV, int NG, bool kCap, bool kSinks>
 __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* __restrict__ table, int token, int kv_head,
@@ -333,40 +277,6 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
   if (tid == 0) ws.counters[counter_index] = 0;  // ready for the next launch
 }
 
-// The K and V rows of keys first .. last - 1 (at most `budget` of them) of one KV head fetched into L2, a
-// 128-byte line a thread at a time. Issued before the workgroup waits for the kernel ahead (the q|k|v
-// product, whose epilogue stores this step's own K and V row): a decode step's layers stream their weights
-// through L2 between two reads of a layer's cache, so otherwise every key's first load waits on DRAM after
-// that wait. A prefetch reads no data and a line the kernel ahead then writes is updated in L2 (the point
-// of coherence), so it may come before the wait; block numbers outside the pool are skipped. A token's
-// workgroups prefetch kPrefetchKeys keys in all, shared among its splits: at short contexts that is every
-// key, and the wait for the first rows is what it saves; a long context's keys stream at full bandwidth
-// anyway, and prefetching all of them (an 8B's 16 MB a layer at 4,096 keys) while the kernel ahead streams
-// its weights cost more than it saved (measured on an H200: tg128 after 4,096 tokens 329 -> 322 t/s).
-constexpr int kPrefetchKeys = 512;
-
-template <class KV>
-__device__ __forceinline__ void prefetch_rows(const Params& p, const int* __restrict__ table, int kv_head, int first,
-                                              int last, int budget) {
-  const unsigned int row_bytes = KV::row_bytes(p.head_dim);
-  const unsigned int lines = (row_bytes + 127u) / 128u;
-  const unsigned long long head_stride = (unsigned long long)p.block_size * row_bytes;
-  const unsigned long long block_stride = head_stride * (unsigned int)p.n_kv_heads;
-  const int keys = min(last - first, budget);
-  int block_shift = 0;
-  while ((1 << block_shift) < p.block_size) ++block_shift;
-  for (int i = (int)threadIdx.x; i < keys * (int)lines; i += (int)blockDim.x) {
-    const int key = first + i / (int)lines;
-    const unsigned int line = (unsigned int)(i % (int)lines);
-    const unsigned int block = (unsigned int)table[key >> block_shift];
-    if (block >= (unsigned int)p.num_blocks) continue;
-    const unsigned long long at = block * block_stride + kv_head * head_stride +
-                                  (unsigned long long)(key & (p.block_size - 1)) * row_bytes + 128u * line;
-    rf_prefetch_l2(p.k_pool + at);
-    rf_prefetch_l2(p.v_pool + at);
-  }
-}
-
 // The entries defer their wait to here (rf_grid_dependency_deferred): what comes before it reads only the
 // step's positions, sequences and block tables, which the host uploads before the step's first kernel and no
 // kernel writes, and prefetches the rows they name (prefetch_rows); q, the pools' data, `out` and the
@@ -441,20 +351,6 @@ __device__ __forceinline__ void run(const Params& p) {
                                           max_blocks, num_blocks, slots, window, scale, softcap, nullptr};            \
     rf_paged_attention::run<rf_paged_attention::KV, CAP, false>(p);                                                   \
   }
-// gpt-oss's attention sinks (attn_sinks: float32 [n_heads]): the signature above and `sinks` last.
-#define RF_PAGED_ATTENTION_SINKS_KERNEL(name, KV, CAP)                                                                \
-  extern "C" __global__ __launch_bounds__(RF_ATTENTION_THREADS, RF_ATTENTION_MIN_BLOCKS) void name(                 \
-      float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,                   \
-      const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
-      void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
-      int num_blocks, int slots, int window, float scale, float softcap, const float* __restrict__ sinks) {           \
-    rf_grid_dependency_deferred(); /* waits in run(), after prefetching its rows */                                  \
-    const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
-                                          static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
-                                          positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \
-                                          max_blocks, num_blocks, slots, window, scale, softcap, sinks};              \
-    rf_paged_attention::run<rf_paged_attention::KV, CAP, true>(p);                                                    \
-  }
 
 // The soft-capped variants (Gemma 2) are their own entry points, so that the kernels every other model runs
 // compile exactly as without the cap: its arithmetic would otherwise take registers from them all.
@@ -466,11 +362,4 @@ RF_PAGED_ATTENTION_KERNEL(paged_attention_f16_softcap, F16Kv, true)
 RF_PAGED_ATTENTION_KERNEL(paged_attention_bf16_softcap, BF16Kv, true)
 RF_PAGED_ATTENTION_KERNEL(paged_attention_f32_softcap, F32Kv, true)
 RF_PAGED_ATTENTION_KERNEL(paged_attention_q8_0_softcap, Q8_0Kv, true)
-RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_f16_sinks, F16Kv, false)
-RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_bf16_sinks, BF16Kv, false)
-RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_f32_sinks, F32Kv, false)
-RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_q8_0_sinks, Q8_0Kv, false)
-RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_f16_softcap_sinks, F16Kv, true)
-RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_bf16_softcap_sinks, BF16Kv, true)
-RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_f32_softcap_sinks, F32Kv, true)
-RF_PAGED_ATTENTION_SINKS_KERNEL(paged_attention_q8_0_softcap_sinks, Q8_0Kv, true)
+#include "paged_attention_sinks.h"  // the `_sinks` entries: RF_PAGED_ATTENTION_SINKS_KERNEL

@@ -72,6 +72,7 @@ def test_an_op_is_built_from_the_files_it_includes():
     assert [f.name for f in source_files("paged_attention")] == [*COMPAT, "paged_attention.hip",  # the cap's one
                                                                   "paged_attention_formats.h",    # definition
                                                                   "attention_soft_cap.h", "paged_attention_tiles.h",
+                                                                  "paged_attention_plan.h", "paged_attention_sinks.h",
                                                                   *BLOCK_FORMATS]
     # kv_store writes q8_0 rows: Q8_0's header alone
     assert [f.name for f in source_files("kv_store")] == [*COMPAT, "kv_store.hip", "block_format_q8_0.h",
