@@ -14,7 +14,7 @@ import pytest
 
 from support.family_models import FAMILY_MODELS
 from support.gguf_factory import write_tiny_llama
-from support.serve_testing import MODEL_NAME, live_server
+from support.serve_testing import MODEL_NAME, live_server, tool_round
 from support.engine_testing import tiny_model
 
 from hipcore.gguf.file import GGUFFile
@@ -79,12 +79,7 @@ def test_tool_loop_call_then_result_then_answer(client):
                                            max_tokens=160, seed=5)
     call = first.choices[0].message.tool_calls[0]
     _valid_call(call)
-    messages = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call.id, "type": "function", "function": {"name": call.function.name,
-                                                             "arguments": call.function.arguments}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "clear"}'},
-    ]
+    messages = ASK + tool_round(call, '{"temperature": 21, "sky": "clear"}')
     # auto, 8 tokens: too few for a whole <tool_call>...</tool_call>, so the answer is content
     second = client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, max_tokens=8,
                                             temperature=0)

@@ -26,7 +26,7 @@ import pytest
 
 from support.gguf_factory import write_tiny_llama
 from support.gguf_vocab import TOKEN_CONTROL, gpt2_vocab
-from support.serve_testing import MODEL_NAME, live_server
+from support.serve_testing import MODEL_NAME, live_server, tool_round
 
 import rocmforge_serve.generation as generation
 from rocmforge_serve.tool_calls import HERMES, LLAMA3, tool_format
@@ -233,12 +233,7 @@ def test_tool_loop_call_then_result_then_next_request(live, client, rendered):
                                            max_tokens=120, seed=17)
     call = first.choices[0].message.tool_calls[0]
     valid_tool_call(call)
-    messages = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call.id, "type": "function", "function": {"name": call.function.name,
-                                                             "arguments": call.function.arguments}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": RESULT},
-    ]
+    messages = ASK + tool_round(call, RESULT)
     second = client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, max_tokens=6,
                                             temperature=0)
     answer = second.choices[0]

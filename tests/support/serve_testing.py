@@ -83,3 +83,12 @@ def wait_until_up(server, url: str, timeout_s: float = 60.0) -> None:
             pass
         assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
         time.sleep(0.1)
+
+
+def tool_round(call, result: str) -> list[dict]:
+    """The messages a client adds after the model's tool call `call` (an openai ChatCompletionMessageToolCall): the
+    assistant's turn carrying the call, then the tool's result as role "tool"."""
+    return [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": call.id, "type": "function", "function": {"name": call.function.name,
+                                                                 "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": result}]
