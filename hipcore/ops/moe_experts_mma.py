@@ -1,4 +1,4 @@
-"""moe_experts_mma: a prompt's expert products on the matrix cores (kernels/moe_experts_mma.hip).
+"""moe_experts_mma: the expert products of prompts and batches on the matrix cores (kernels/moe_experts_mma.hip).
 
 The (token, slot) pairs of a step, p = t * k + j choosing expert ids[p], are sorted by expert on the device
 (`moe_mma_sort`: sorted pair numbers and a list of token tiles, no host synchronization), and each expert's pairs are
