@@ -152,7 +152,7 @@ def _matrix_core_experts(ctx, lw, t: int) -> list[Launch]:
             dev, st, "down", g, weight_arg(down), b["moe_h"], sorted_, tiles, weight_type=down.fmt, rows=h, cols=ff,
             x_per=1, bias=_bias(lw.ffn_down_exps_bias), weights=b["moe_weights"], **shape),
             experts=selected(down, lw.ffn_down_exps_bias)),
-        ("moe_sum+residual", lambda: moe_experts_mma.launch_sum_slots(dev, st, b["x"], g, t, k, h))]
+        ("moe_sum+residual", lambda: moe_experts.launch_sum_slots(dev, st, b["x"], g, t, k, h))]
 
 
 def shared_expert(ctx, i: int, lw, t: int) -> list[Launch]:

@@ -366,11 +366,20 @@ def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_ex
         kernel = get_kernel(device, OP, f"moe_down_grouped_{weight_type}", DOWN_SIGNATURE)
         kernel.launch(grid, block, (workspace, h, down_exps, ids, weights, bias, tokens, k, hidden, ff, n_expert),
                       stream=stream)
-        grid, block = -(-tokens * hidden // THREADS), THREADS
-        get_kernel(device, OP, SUM_SLOTS_ENTRY, SUM_SLOTS_SIGNATURE).launch(
-            min(grid, 65_535), block, (out, workspace, tokens, k, hidden), stream=stream)
+        launch_sum_slots(device, stream, out, workspace, tokens, k, hidden)
         return
     _grouped(path, tokens, k, n_expert)  # checks the name
     grid, block = geometry(device.arch, tokens, hidden)
     kernel = get_kernel(device, OP, f"moe_down_{weight_type}", DOWN_SIGNATURE)
     kernel.launch(grid, block, (out, h, down_exps, ids, weights, bias, tokens, k, hidden, ff, n_expert), stream=stream)
+
+
+def launch_sum_slots(device: Device, stream: Stream | None, out: Any, terms: Any, tokens: int, k: int,
+                     hidden: int) -> None:
+    """out float32 [tokens, hidden] += the k terms float32 [tokens, k, hidden] of each token, in slot order (the
+    grouped down path's second launch; moe_experts_mma's down too)."""
+    check_memory(OP, "out", out, tokens * hidden * 4)
+    check_memory(OP, "terms", terms, tokens * k * hidden * 4)
+    grid = min(-(-tokens * hidden // THREADS), 65_535)
+    get_kernel(device, OP, SUM_SLOTS_ENTRY, SUM_SLOTS_SIGNATURE).launch(grid, THREADS, (out, terms, tokens, k, hidden),
+                                                                        stream=stream)

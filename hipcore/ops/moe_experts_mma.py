@@ -221,13 +221,3 @@ def launch_products(device: Device, stream: Stream | None, mode: str, out: Any, 
     kernel.launch(grid, block, (out, g if mode == "up" else 0, W, x, sorted_, tiles, 0 if bias is None else bias,
                                 weights if mode == "down" else 0, rows, cols, pairs, x_per, n_expert, tile,
                                 max_tiles(pairs, n_expert, tile), moe_experts.ACTIVATIONS[activation]), stream=stream)
-
-
-def launch_sum_slots(device: Device, stream: Stream | None, out: Any, terms: Any, tokens: int, k: int,
-                     hidden: int) -> None:
-    """out float32 [tokens, hidden] += the k terms of each token, in slot order (moe_experts' moe_sum_slots_f32)."""
-    check_memory(OP, "out", out, tokens * hidden * 4)
-    check_memory(OP, "terms", terms, tokens * k * hidden * 4)
-    grid = min(-(-tokens * hidden // moe_experts.THREADS), 65_535)
-    get_kernel(device, moe_experts.OP, moe_experts.SUM_SLOTS_ENTRY, moe_experts.SUM_SLOTS_SIGNATURE).launch(
-        grid, moe_experts.THREADS, (out, terms, tokens, k, hidden), stream=stream)

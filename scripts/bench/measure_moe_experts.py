@@ -134,7 +134,7 @@ class Layer:
                                         rows=rows, cols=cols, x_per=x_per, g=self.workspace, weights=self.weights_buf,
                                         activation=self.activation, **shape)
         if mode == "down":
-            moe_experts_mma.launch_sum_slots(self.dev, stream, self.out_buf, self.workspace, self.tokens, self.k,
+            moe_experts.launch_sum_slots(self.dev, stream, self.out_buf, self.workspace, self.tokens, self.k,
                                              self.hidden)
 
     def gate_up(self, stream, copy: int, path: str | None = None) -> None:

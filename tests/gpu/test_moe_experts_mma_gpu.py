@@ -90,7 +90,7 @@ def layer_case(gpu, mem, rng, seed, gate_type, down_type, hidden, ff, n_expert, 
     moe_experts_mma.launch_products(gpu, None, "down", b["g"], b["down"], b["h"], b["sorted"], b["tiles"],
                                     weight_type=down_type, rows=hidden, cols=ff, x_per=1, bias=bias_bufs["down"],
                                     weights=b["w"], **shape)
-    moe_experts_mma.launch_sum_slots(gpu, None, b["out"], b["g"], tokens, k, hidden)
+    moe_experts.launch_sum_slots(gpu, None, b["out"], b["g"], tokens, k, hidden)
     gpu.synchronize()
     y, y_bound = moe_experts_mma.products_reference(h_got.astype(np.float64), down, down_type, ids, hidden, ff)
     if biases:
@@ -140,7 +140,7 @@ def test_a_prompt_layer_replays_from_a_graph_as_eager(gpu, mem, rng):
             moe_experts_mma.launch_products(gpu, stream, mode, b[out], b[W], b[x], b["sorted"], b["tiles"],
                                             weight_type="q4_k", rows=rows, cols=cols, x_per=x_per,
                                             g=b["g"], weights=b["w"], **shape)
-        moe_experts_mma.launch_sum_slots(gpu, stream, b["out"], b["g"], tokens, k, hidden)
+        moe_experts.launch_sum_slots(gpu, stream, b["out"], b["g"], tokens, k, hidden)
 
     stream = gpu.create_stream()
     layer(stream)  # loads the modules before the capture

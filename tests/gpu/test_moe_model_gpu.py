@@ -1,8 +1,8 @@
 """The tiny mixture-of-experts models on the GPU (run with `pytest -m gpu tests/gpu/test_moe_model_gpu.py`): each of
 tests/support/moe_models.py against the cpu backend (teacher-forced logits at every step, within a stated tolerance;
 greedy tokens) and against llama.cpp's golden record (the check of tests/test_golden_moe.py); a decode step replayed
-from its captured graph (the engine's default) is what runs every step after the prompt. gpt-oss is refused with
-exit 4 where paged_attention has no sink kernel yet (paged_attention.takes_sinks), and compared where it has one.
+from its captured graph (the engine's default) is what runs every step after the prompt. gpt-oss's attention sinks run
+on every backend (paged_attention.takes_sinks), so every model is compared.
 The figures also go to moe_gpu_figures.json in $ROCMFORGE_FIGURES, when set.
 """
 
@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
-from hipcore.errors import UnsupportedModelError
-from hipcore.ops import matmul_mma, paged_attention
+from hipcore.ops import matmul_mma
 from support.family_golden import disagreements, evaluate
 from support.moe_models import GREEDY_TOKENS, MOE_MODELS, write_moe_model
 
@@ -54,10 +53,6 @@ def files(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("name", MOE_MODELS)
 def test_gpu_equals_cpu_and_agrees_with_llamacpp(gpu, golden, files, name):
     record = golden["models"][name]
-    if name.startswith("gpt-oss") and not paged_attention.takes_sinks(gpu):
-        with pytest.raises(UnsupportedModelError, match="attention with sinks"):
-            load_model(str(files[name]), options(), device=gpu)
-        pytest.skip(f"paged_attention has no sink kernel on {gpu.backend} yet: gpt-oss refused (checked above)")
     runs = {}
     for backend in ("gpu", "cpu"):
         opts = options() if backend == "gpu" else options(device="cpu")
