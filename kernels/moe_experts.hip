@@ -4,18 +4,21 @@
 //   moe_down_<type>:    out[t] += sum_j weights[t, j] (down_e . h[t, j] + down_bias_e).
 // Expert tensors are [n_expert, rows, cols] in their GGUF block format; biases float32 [n_expert, rows] or null.
 //
-// Work: a warp takes kRows rows of one (token, slot) for gate|up (the gate's and up's rows together: 2 kRows rows'
-// loads in flight, the activation in the warp), or kRows rows of one token for down, walking its k slots in order
-// and summing their weighted products in registers before one add into out: no atomics, the same bits every run.
-// Items are ordered so that neighbouring warps take neighbouring rows of the same expert. Each warp reads only the
-// rows of the experts its token selected; the grid loops over the items it does not cover.
-//
+// Work (the per-pair path, decode steps and small batches): a workgroup takes one token and a chunk of rows, its
+// warps the (slot, group of rows) units of that chunk: for gate|up kRows rows of gate and of up together (2 kRows
+// rows' loads in flight, the activation in the warp), for down kDownRows rows of one slot, each slot's weighted
+// product left in shared memory and the k of them summed in slot order by one thread a row before one add into out:
+// no atomics, the same bits every run. A quantized type's input (x, or the token's k slices of h) is quantized once a
+// workgroup into shared memory (Staged) rather than by every warp; the slots spread over the warps give a decode step
+// k times the warps that one warp a row's k slots would. Each warp reads only the rows of the experts its token
+// selected; the grid loops over the items it does not cover.
 // Quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: a lane takes slices l, l + WARP_SIZE,
 // ... of 32 weights, quantizes x's matching 32 values to int8 (qmatvec_formats.h's quantize_x) and forms the
 // integer dot products (rf_dp4a). F16, BF16 and F32 multiply float x, 8 columns a lane a step.
 // An expert id outside [0, n_expert) reads nothing and contributes 0 (the host kernels refuse it).
 // down's entries ask for two workgroups an SM: without it nvcc held F16's and BF16's to 64 registers on sm_80 and
-// spilled 4 bytes.
+// spilled 4 bytes. The per-pair path holds at most kMaxStagedSlices slices of input (12,288 columns of x, or of a
+// token's k slices of h a pass) and kMaxSlots slots (the launcher sends wider ones down the grouped path).
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; x and h 16-byte aligned;
 // experts 16-byte aligned (Q4_K, Q5_K and the float types), 2-byte (Q6_K, Q8_0) or byte-aligned (MXFP4).
 #include "hip_compat.h"
@@ -26,12 +29,61 @@
 namespace {
 namespace moe {
 
-constexpr int kRows = 2;
+constexpr int kRows = 2;       // rows of gate and of up a gate|up unit
+constexpr int kDownRows = 4;   // rows of down a down unit: 2 left a decode step's workgroups quantizing h twice as often
+constexpr int kMaxSlots = 32;
+constexpr int kMaxStagedSlices = 384;  // 16.5 KiB: Qwen3-30B-A3B's down holds 8 x 24, gpt-oss-20b's 4 x 90
+constexpr int kMaxBlockRows = kDownRows * (256 / 32);  // the most rows a down workgroup takes (256 threads)
+
+// Quantized input slices in shared memory, a structure of arrays: a warp's lanes read consecutive slices' words
+// without bank conflicts (an array of 44-byte XSlices put four lanes on each bank).
+struct StagedSlices {
+  int xq[8][kMaxStagedSlices];
+  float d[kMaxStagedSlices];
+  int sum_a[kMaxStagedSlices], sum_b[kMaxStagedSlices];
+  __device__ __forceinline__ void put(int i, const q8::XSlice& s) {
+#pragma unroll
+    for (int w = 0; w < 8; ++w) xq[w][i] = s.xq[w];
+    d[i] = s.d, sum_a[i] = s.sum_a, sum_b[i] = s.sum_b;
+  }
+  __device__ __forceinline__ q8::XSlice get(int i) const {
+    q8::XSlice s;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) s.xq[w] = xq[w][i];
+    s.d = d[i], s.sum_a = sum_a[i], s.sum_b = sum_b[i];
+    return s;
+  }
+};
+struct NothingStaged {};
 
 // qmatvec's integer path over N rows at once: acc[r] += w[r] . xq for this lane's slices.
 template <class Format>
 struct Quantized {
+  typedef StagedSlices Staged;
+  static constexpr bool kStages = true;
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return Format::row_bytes(cols); }
+  // x's cols / 32 slices quantized into s from slice `at` on, by all threads of the workgroup.
+  static __device__ __forceinline__ void stage(Staged& s, int at, const float* __restrict__ x, int cols) {
+    for (int slice = (int)threadIdx.x; slice < cols / 32; slice += (int)blockDim.x) {
+      int col_a, col_b;
+      Format::columns(slice, col_a, col_b);
+      s.put(at + slice, q8::quantize_x(x, col_a, col_b));
+    }
+  }
+  // rows() with x's slices read from s (stage()d from `at` on): the same arithmetic, the same bits.
+  template <int N>
+  static __device__ __forceinline__ void rows_staged(const unsigned char* const w[N], const Staged& s, int at,
+                                                     const float* __restrict__, int cols, float acc[N]) {
+    const int lane = (int)threadIdx.x % WARP_SIZE;
+    for (int slice = lane; slice < cols / 32; slice += WARP_SIZE) {
+      typename Format::Raw raw[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], slice);
+      const q8::XSlice xs = s.get(at + slice);
+#pragma unroll
+      for (int r = 0; r < N; ++r) acc[r] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r]);
+    }
+  }
   template <int N>
   static __device__ __forceinline__ void rows(const unsigned char* const w[N], const float* __restrict__ x, int cols,
                                               float acc[N]) {
@@ -116,7 +168,15 @@ struct F32Elem {
 
 template <class Elem>
 struct Float {
+  typedef NothingStaged Staged;  // float inputs are multiplied as they are
+  static constexpr bool kStages = false;
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * Elem::kBytes; }
+  static __device__ __forceinline__ void stage(Staged&, int, const float* __restrict__, int) {}
+  template <int N>
+  static __device__ __forceinline__ void rows_staged(const unsigned char* const w[N], const Staged&, int,
+                                                     const float* __restrict__ x, int cols, float acc[N]) {
+    rows<N>(w, x, cols, acc);
+  }
   template <int N>
   static __device__ __forceinline__ void rows(const unsigned char* const w[N], const float* __restrict__ x, int cols,
                                               float acc[N]) {
@@ -150,13 +210,16 @@ struct Float {
   }
 };
 
-struct Warp {
-  int lane, first, stride;
-  __device__ __forceinline__ Warp() {
-    const int warps = (int)blockDim.x / WARP_SIZE;
+// The (slot, row group) units of a per-pair workgroup: `groups` groups of `rows_per_unit` rows for each of the k
+// slots, at least one group (more warps than slots: several groups; fewer: a warp takes several slots).
+struct Units {
+  int lane, warp, warps, groups, block_rows;
+  __device__ __forceinline__ Units(int k, int rows_per_unit) {
     lane = (int)threadIdx.x % WARP_SIZE;
-    first = (int)blockIdx.x * warps + (int)threadIdx.x / WARP_SIZE;
-    stride = (int)gridDim.x * warps;
+    warp = (int)threadIdx.x / WARP_SIZE;
+    warps = (int)blockDim.x / WARP_SIZE;
+    groups = warps >= k ? warps / k : 1;
+    block_rows = groups * rows_per_unit;
   }
 };
 
@@ -166,40 +229,48 @@ __device__ __forceinline__ void gate_up(float* __restrict__ h, const float* __re
                                         const float* __restrict__ up_bias, int tokens, int k, int ff, int hidden,
                                         int n_expert, int activation) {
   rf_check_wave_size();
-  const Warp warp;
+  __shared__ typename P::Staged staged;
+  const Units units(k, kRows);
   const unsigned char* gate = static_cast<const unsigned char*>(gate_);
   const unsigned char* up = static_cast<const unsigned char*>(up_);
   const unsigned long long row_bytes = P::row_bytes(hidden);
-  const long long groups = (ff + kRows - 1) / kRows;
-  const long long items = (long long)tokens * k * groups;
-  for (long long item = warp.first; item < items; item += warp.stride) {  // uniform across the warp
-    const int pair = (int)(item / groups), r0 = (int)(item % groups) * kRows;
-    const int e = ids[pair];
-    float* out = h + (unsigned long long)pair * ff;
-    if (e < 0 || e >= n_expert) {
-      if (warp.lane < kRows && r0 + warp.lane < ff) out[r0 + warp.lane] = 0.0f;
-      continue;
-    }
-    const unsigned long long expert = (unsigned long long)e * ff;
-    const unsigned char* w[2 * kRows];
+  const int chunks = (ff + units.block_rows - 1) / units.block_rows;
+  for (long long item = blockIdx.x; item < (long long)tokens * chunks; item += gridDim.x) {  // uniform: the workgroup's
+    const int t = (int)(item / chunks), r_block = (int)(item % chunks) * units.block_rows;
+    const float* xt = x + (unsigned long long)t * hidden;
+    __syncthreads();  // every warp is done with the previous item's slices
+    P::stage(staged, 0, xt, hidden);
+    __syncthreads();
+    for (int u = units.warp; u < k * units.groups; u += units.warps) {  // uniform across the warp
+      const int pair = t * k + u % k, r0 = r_block + (u / k) * kRows;
+      if (r0 >= ff) continue;
+      const int e = ids[pair];
+      float* out = h + (unsigned long long)pair * ff;
+      if (e < 0 || e >= n_expert) {
+        if (units.lane < kRows && r0 + units.lane < ff) out[r0 + units.lane] = 0.0f;
+        continue;
+      }
+      const unsigned long long expert = (unsigned long long)e * ff;
+      const unsigned char* w[2 * kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {  // rows past the end read the last row again and are not written
-      const unsigned long long row = expert + (unsigned long long)(r0 + r < ff ? r0 + r : ff - 1);
-      w[r] = gate + row * row_bytes;
-      w[kRows + r] = up + row * row_bytes;
-    }
-    float acc[2 * kRows];
+      for (int r = 0; r < kRows; ++r) {  // rows past the end read the last row again and are not written
+        const unsigned long long row = expert + (unsigned long long)(r0 + r < ff ? r0 + r : ff - 1);
+        w[r] = gate + row * row_bytes;
+        w[kRows + r] = up + row * row_bytes;
+      }
+      float acc[2 * kRows];
 #pragma unroll
-    for (int r = 0; r < 2 * kRows; ++r) acc[r] = 0.0f;
-    P::template rows<2 * kRows>(w, x + (unsigned long long)(pair / k) * hidden, hidden, acc);
+      for (int r = 0; r < 2 * kRows; ++r) acc[r] = 0.0f;
+      P::template rows_staged<2 * kRows>(w, staged, 0, xt, hidden, acc);
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float g = rf_warp_sum(acc[r]), u = rf_warp_sum(acc[kRows + r]);
-      if (warp.lane == r && r0 + r < ff) {
-        const unsigned long long b = expert + (unsigned long long)(r0 + r);
-        if (gate_bias) g += gate_bias[b];
-        if (up_bias) u += up_bias[b];
-        out[r0 + r] = activation ? rf_swiglu_oai_gated(g, u) : rf_silu_gated(g, u);
+      for (int r = 0; r < kRows; ++r) {
+        float g = rf_warp_sum(acc[r]), u_ = rf_warp_sum(acc[kRows + r]);
+        if (units.lane == r && r0 + r < ff) {
+          const unsigned long long b = expert + (unsigned long long)(r0 + r);
+          if (gate_bias) g += gate_bias[b];
+          if (up_bias) u_ += up_bias[b];
+          out[r0 + r] = activation ? rf_swiglu_oai_gated(g, u_) : rf_silu_gated(g, u_);
+        }
       }
     }
   }
@@ -211,40 +282,57 @@ __device__ __forceinline__ void down(float* __restrict__ out, const float* __res
                                      const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,
                                      int n_expert) {
   rf_check_wave_size();
-  const Warp warp;
+  __shared__ typename P::Staged staged;
+  __shared__ float slot_terms[kMaxSlots][kMaxBlockRows];  // slot j's down product (plus bias) for the chunk's rows
+  __shared__ float slot_weight[kMaxSlots];                // its routing weight, 0 for an id out of range
+  const Units units(k, kDownRows);
   const unsigned char* down = static_cast<const unsigned char*>(down_);
   const unsigned long long row_bytes = P::row_bytes(ff);
-  const long long groups = (hidden + kRows - 1) / kRows;
-  const long long items = (long long)tokens * groups;
-  for (long long item = warp.first; item < items; item += warp.stride) {  // uniform across the warp
-    const int t = (int)(item / groups), r0 = (int)(item % groups) * kRows;
-    float total[kRows];
+  const int chunks = (hidden + units.block_rows - 1) / units.block_rows;
+  const int slot_slices = ff / 32;  // staged slices of one slot's h
+  const int slots_a_pass = P::kStages ? (kMaxStagedSlices / slot_slices < k ? kMaxStagedSlices / slot_slices : k) : k;
+  for (long long item = blockIdx.x; item < (long long)tokens * chunks; item += gridDim.x) {  // uniform: the workgroup's
+    const int t = (int)(item / chunks), r_block = (int)(item % chunks) * units.block_rows;
+    for (int j0 = 0; j0 < k; j0 += slots_a_pass) {
+      const int slots = k - j0 < slots_a_pass ? k - j0 : slots_a_pass;
+      __syncthreads();  // every warp is done with the previous pass's slices
+      for (int j = 0; j < slots; ++j)
+        P::stage(staged, j * slot_slices, h + (unsigned long long)(t * k + j0 + j) * ff, ff);
+      __syncthreads();
+      for (int u = units.warp; u < slots * units.groups; u += units.warps) {  // uniform across the warp
+        const int j = j0 + u % slots, group = u / slots, r0 = r_block + group * kDownRows;
+        const int pair = t * k + j, e = ids[pair];
+        const bool chosen = e >= 0 && e < n_expert;
+        float y[kDownRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) total[r] = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int pair = t * k + j;
-      const int e = ids[pair];
-      if (e < 0 || e >= n_expert) continue;  // uniform: one id for the warp
-      const unsigned long long expert = (unsigned long long)e * hidden;
-      const unsigned char* w[kRows];
+        for (int r = 0; r < kDownRows; ++r) y[r] = 0.0f;
+        if (chosen && r0 < hidden) {
+          const unsigned long long expert = (unsigned long long)e * hidden;
+          const unsigned char* w[kDownRows];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        w[r] = down + (expert + (unsigned long long)(r0 + r < hidden ? r0 + r : hidden - 1)) * row_bytes;
-      float acc[kRows];
+          for (int r = 0; r < kDownRows; ++r)
+            w[r] = down + (expert + (unsigned long long)(r0 + r < hidden ? r0 + r : hidden - 1)) * row_bytes;
+          P::template rows_staged<kDownRows>(w, staged, (u % slots) * slot_slices, h + (unsigned long long)pair * ff,
+                                             ff, y);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-      P::template rows<kRows>(w, h + (unsigned long long)pair * ff, ff, acc);
-      const float weight = weights[pair];
+          for (int r = 0; r < kDownRows; ++r) {
+            y[r] = rf_warp_sum(y[r]);
+            if (down_bias && r0 + r < hidden) y[r] += down_bias[expert + (unsigned long long)(r0 + r)];
+          }
+        }
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float y = rf_warp_sum(acc[r]);
-        if (down_bias && r0 + r < hidden) y += down_bias[expert + (unsigned long long)(r0 + r)];
-        total[r] = fmaf(weight, y, total[r]);
+        for (int r = 0; r < kDownRows; ++r)
+          if (units.lane == r) slot_terms[j][group * kDownRows + r] = y[r];
+        if (units.lane == 0 && group == 0) slot_weight[j] = chosen ? weights[pair] : 0.0f;
       }
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      if (warp.lane == r && r0 + r < hidden) out[(unsigned long long)t * hidden + r0 + r] += total[r];
+    __syncthreads();
+    for (int r = (int)threadIdx.x; r < units.block_rows; r += (int)blockDim.x)
+      if (r_block + r < hidden) {
+        float total = 0.0f;
+        for (int j = 0; j < k; ++j) total = fmaf(slot_weight[j], slot_terms[j][r], total);
+        out[(unsigned long long)t * hidden + r_block + r] += total;
+      }
   }
 }
 
@@ -254,7 +342,7 @@ __device__ __forceinline__ void down(float* __restrict__ out, const float* __res
 #include "moe_experts_grouped.h"  // prompts and batches: the pairs of each expert together
 
 #define RF_MOE_ENTRIES(suffix, Policy)                                                                                  \
-  extern "C" __global__ __launch_bounds__(256) void moe_gate_up_##suffix(                                            \
+  extern "C" __global__ __launch_bounds__(256, 2) void moe_gate_up_##suffix(                                            \
       float* __restrict__ h, const float* __restrict__ x, const void* __restrict__ gate, const void* __restrict__ up, \
       const int* __restrict__ ids, const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int tokens, \
       int k, int ff, int hidden, int n_expert, int activation) {                                                      \

@@ -59,7 +59,7 @@ def run_gate_up(harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidd
     paths = write_inputs(tmp_path, x=x, ids=ids, **{f"b{i}": b for i, b in enumerate(bias) if b is not None})
     bias_paths = [tmp_path / f"b{i}" if b is not None else "-" for i, b in enumerate(bias)]
     g, block = (moe_experts.grouped_geometry(n_expert, ff) if grouped
-                else moe_experts.geometry(ARCH_FOR_WARP[warp], tokens * k, ff))
+                else moe_experts.geometry(ARCH_FOR_WARP[warp], tokens, k, ff, moe_experts.GATE_UP_ROWS))
     entry = f"moe_gate_up_grouped_{weight_type}" if grouped else f"moe_gate_up_{weight_type}"
     run(harnesses, warp, entry, grid or g, block, tokens, k, ff, hidden, n_expert,
         moe_experts.ACTIVATIONS[activation], paths[0], gate_path, up_path, paths[1], *bias_paths, tmp_path / "h")
@@ -80,7 +80,7 @@ def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff,
     paths = write_inputs(tmp_path, h=h, ids=ids, weights=weights, residual=residual,
                          **({"bias": bias} if biases else {}))
     g, block = (moe_experts.grouped_geometry(n_expert, hidden) if grouped
-                else moe_experts.geometry(ARCH_FOR_WARP[warp], tokens, hidden))
+                else moe_experts.geometry(ARCH_FOR_WARP[warp], tokens, k, hidden, moe_experts.DOWN_ROWS))
     entry = f"moe_down_grouped_{weight_type}" if grouped else f"moe_down_{weight_type}"
     run(harnesses, warp, entry, grid or g, block, tokens, k, hidden, ff, n_expert, paths[0],
         down_path, paths[1], paths[2], tmp_path / "bias" if biases else "-", paths[3], tmp_path / "out")
@@ -95,7 +95,8 @@ def test_gate_up(moe_harnesses, warp, weight_type, tmp_path):
     block = column_multiple(weight_type)
     for tokens, k, ff, hidden, n_expert, activation, biases, grid in [
             (1, 4, 9, 2 * block, 6, "swiglu", False, None), (3, 2, 4, block, 5, "swiglu_oai", True, None),
-            (2, 3, 5, 3 * block if block == 256 else 96 * 32 // 8, 4, "swiglu_oai", False, 1)]:
+            (2, 3, 5, 3 * block if block == 256 else 96 * 32 // 8, 4, "swiglu_oai", False, 1),
+            (1, 9, 3, block, 10, "swiglu", False, None)]:  # more slots than a workgroup's warps: a warp takes several
         got, want, bound = run_gate_up(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidden, n_expert,
                                        activation, biases, grid)
         assert np.all(np.abs(got - want) <= bound), (tokens, k, ff, hidden, activation, grid)
@@ -105,8 +106,12 @@ def test_gate_up(moe_harnesses, warp, weight_type, tmp_path):
 def test_down(moe_harnesses, warp, weight_type, tmp_path):
     rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 2])
     block = column_multiple(weight_type)
-    for tokens, k, hidden, ff, n_expert, biases, grid in [(1, 4, 7, 2 * block, 6, True, None),
-                                                          (3, 2, 4, block, 5, False, 1)]:
+    # a token's slices of h past the workgroup's shared memory (two passes of slots), more slots than warps
+    wide = -(-(moe_experts.MAX_STAGED_COLUMNS // 3 + 1) // block) * block
+    cases = [(1, 4, 7, 2 * block, 6, True, None), (3, 2, 4, block, 5, False, 1), (1, 9, 3, block, 10, True, None)]
+    if weight_type in moe_experts.QUANTIZED_X_TYPES:
+        cases.append((1, 4, 3, wide, 5, False, None))
+    for tokens, k, hidden, ff, n_expert, biases, grid in cases:
         got, want, bound = run_down(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert,
                                     biases, grid)
         assert np.all(np.abs(got - want) <= bound), (tokens, k, hidden, ff, grid)
@@ -132,7 +137,7 @@ def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
 
 @pytest.mark.parametrize("old,new,projection,weight_type", [
     ("((codes >> 3) & kByteOnes)", "((codes >> 2) & kByteOnes)", "gate_up", "mxfp4"),  # the sign from the wrong bit
-    ("total[r] = fmaf(weight, y, total[r]);", "total[r] += y;", "down", "q4_k"),  # the routing weights dropped
+    ("total = fmaf(slot_weight[j], slot_terms[j][r], total);", "total += slot_terms[j][r];", "down", "q4_k"),  # the routing weights dropped
 ])
 def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
     work = tmp_path / "planted"

@@ -285,3 +285,43 @@ def test_grouped_path_on_the_host_kernels(cpu_device):
     with pytest.raises(ValueError, match="path must be"):
         moe_experts.launch_gate_up(cpu_device, None, h, x, g_buf, u_buf, ids, tokens, k, "swiglu", ff=ff, hidden=hidden,
                                    path="sorted", **common)
+
+
+def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):
+    """The per-pair path holds a quantized type's input in shared memory (MAX_STAGED_COLUMNS) and at most MAX_SLOTS
+    slots: wider products go down the grouped path (chosen, with the per-pair path's results), a forced per-pair launch
+    of one is refused, and a wide down without a workspace is refused rather than run on a path that cannot take it."""
+    wide = moe_experts.MAX_STAGED_COLUMNS + 32
+    assert moe_experts.pairs_fit("q8_0", 8, moe_experts.MAX_STAGED_COLUMNS)
+    assert not moe_experts.pairs_fit("q8_0", 8, wide) and moe_experts.pairs_fit("f16", 8, wide)
+    assert not moe_experts.pairs_fit("f16", moe_experts.MAX_SLOTS + 1, 64)
+    entries = []
+    get_kernel = moe_experts.get_kernel
+    monkeypatch.setattr(moe_experts, "get_kernel", lambda dev, op, entry, sig: entries.append(entry) or
+                        get_kernel(dev, op, entry, sig))
+    rng = np.random.default_rng(23)
+    n_expert, k, tokens = 3, 2, 1
+    common = dict(weight_type="q8_0", n_expert=n_expert)
+    ids_host = np.array([[2, 0]], np.int32)
+    ids, weights = to_device(cpu_device, ids_host), to_device(cpu_device, np.array([[0.25, 0.75]], np.float32))
+    (gate, up), (g_buf, u_buf) = expert_buffers(cpu_device, rng, "q8_0", n_expert, 32, wide, 2)
+    x = rng.standard_normal((tokens, wide)).astype(np.float32)
+    h = empty(cpu_device, tokens * k * 32 * 4)
+    moe_experts.launch_gate_up(cpu_device, None, h, to_device(cpu_device, x), g_buf, u_buf, ids, tokens, k, "swiglu",
+                               ff=32, hidden=wide, **common)
+    assert entries == ["moe_gate_up_grouped_q8_0"]
+    want = moe_experts.gate_up_reference(x, gate, up, "q8_0", ids_host, 32, wide, "swiglu")
+    np.testing.assert_allclose(h.download(np.float32).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="per-pair path takes at most"):
+        moe_experts.launch_gate_up(cpu_device, None, h, to_device(cpu_device, x), g_buf, u_buf, ids, tokens, k,
+                                   "swiglu", ff=32, hidden=wide, path="pairs", **common)
+    (down,), (d_buf,) = expert_buffers(cpu_device, rng, "q8_0", n_expert, 8, wide, 1)
+    h = to_device(cpu_device, rng.standard_normal((tokens, k, wide)).astype(np.float32))
+    out = to_device(cpu_device, np.zeros((tokens, 8), np.float32))
+    with pytest.raises(ValueError, match="needs a workspace"):
+        moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, tokens, k, hidden=8, ff=wide, **common)
+    entries.clear()
+    workspace = empty(cpu_device, moe_experts.down_workspace_bytes(tokens, k, 8))
+    moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, tokens, k, hidden=8, ff=wide,
+                            workspace=workspace, **common)
+    assert entries[0] == "moe_down_grouped_q8_0"

@@ -13,7 +13,9 @@ and weights float32 [tokens, k] come from moe_route. Biases (gpt-oss) are float3
   n_expert i)`: out[t] += sum_j weights[t, j] * (down_e . h[t, j] + down_bias_e), float32 [tokens, hidden],
   the k terms summed in slot order by one warp (no atomics: the same bits on every run).
 
-Two paths, the same function: per pair (decode steps: a warp a few rows of one (token, slot)) and grouped (prompts
+Two paths, the same function: per pair (decode steps: a workgroup a token and a chunk of rows, its warps the
+(slot, rows) units of that chunk, a quantized type's input quantized once a workgroup into shared memory; at most
+MAX_SLOTS slots and MAX_STAGED_COLUMNS columns of input, wider products take the grouped path) and grouped (prompts
 and batches, `grouped_pays`: a workgroup takes one expert's rows and gathers the pairs that chose it, so that each
 slice of an expert's weights is decoded once for 2 pairs; `moe_gate_up_grouped_<type>`, and for down
 `moe_down_grouped_<type>` writing each pair's weighted term into a workspace float32 [tokens, k, hidden] that
@@ -50,7 +52,9 @@ EXPERT_TYPES = QUANTIZED_X_TYPES + FLOAT_TYPES
 WEIGHT_ALIGNMENT = {"q4_k": 16, "q5_k": 16, "q6_k": 2, "q8_0": 2, "mxfp4": 1, "f16": 16, "bf16": 16, "f32": 16}
 ACTIVATIONS = {"swiglu": 0, "swiglu_oai": 1}
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
-ROWS_PER_WARP = 2  # rows of one (token, slot) a warp computes together
+GATE_UP_ROWS, DOWN_ROWS = 2, 4  # rows of one (token, slot) a warp of the per-pair path computes together
+MAX_SLOTS = 32  # kernels/moe_experts.hip kMaxSlots
+MAX_STAGED_COLUMNS = 384 * 32  # kMaxStagedSlices: a quantized type's input the per-pair path holds in shared memory
 THREADS = 256
 GROUPED_TILE_ROWS = 64  # rows of one expert a grouped workgroup takes (kernels/moe_experts_grouped.h kTileRows)
 GROUPED_MIN_PAIRS_PER_EXPERT = 2  # the grouped path once the pairs average this many an expert
@@ -273,11 +277,19 @@ for _type in EXPERT_TYPES:
 # ---- launchers ---------------------------------------------------------------------------------
 
 
-def geometry(arch: str, pairs: int, rows: int) -> tuple[int, int]:
-    """(grid, block) for `pairs` (token, slot) products of `rows` rows: a warp a group of ROWS_PER_WARP rows of one
-    pair (the kernel loops over what the grid does not cover)."""
-    warps = pairs * -(-rows // ROWS_PER_WARP)
-    return max(1, min(-(-warps // (THREADS // wavefront_size(arch))), 65_535)), THREADS
+def geometry(arch: str, tokens: int, k: int, rows: int, rows_per_unit: int) -> tuple[int, int]:
+    """(grid, block) of the per-pair entries: a workgroup a token and a chunk of rows, its warps the (slot, group of
+    rows_per_unit rows) units of the chunk (GATE_UP_ROWS, DOWN_ROWS); the kernel loops over what the grid does not
+    cover."""
+    warps = THREADS // wavefront_size(arch)
+    chunk = rows_per_unit * max(1, warps // k)
+    return max(1, min(tokens * -(-rows // chunk), 65_535)), THREADS
+
+
+def pairs_fit(weight_type: str, k: int, cols: int) -> bool:
+    """Whether the per-pair path takes a product of `cols` columns for k slots: at most MAX_SLOTS slots, and a
+    quantized type's input at most MAX_STAGED_COLUMNS (its slices in shared memory)."""
+    return k <= MAX_SLOTS and (weight_type not in QUANTIZED_X_TYPES or cols <= MAX_STAGED_COLUMNS)
 
 
 def grouped_pays(tokens: int, k: int, n_expert: int) -> bool:
@@ -296,10 +308,15 @@ def down_workspace_bytes(tokens: int, k: int, hidden: int) -> int:
     return tokens * k * hidden * 4
 
 
-def _grouped(path: str | None, tokens: int, k: int, n_expert: int) -> bool:
+def _grouped(path: str | None, tokens: int, k: int, n_expert: int, fits: bool = True) -> bool:
+    """Whether the grouped path runs: forced, or chosen (grouped_pays, or a product the per-pair path does not take:
+    fits is pairs_fit's answer)."""
     if path not in (None, "pairs", "grouped"):
         raise ValueError(f"{OP}: path must be None (chosen), 'pairs' or 'grouped', not {path!r}")
-    return path == "grouped" or (path is None and grouped_pays(tokens, k, n_expert))
+    if path == "pairs" and not fits:
+        raise ValueError(f"{OP}: the per-pair path takes at most {MAX_SLOTS} slots and {MAX_STAGED_COLUMNS} columns "
+                         f"of a quantized type's input")
+    return path == "grouped" or (path is None and (not fits or grouped_pays(tokens, k, n_expert)))
 
 
 def _check_experts(weight_type: str, n_expert: int, rows: int, cols: int, **tensors: Any) -> None:
@@ -333,8 +350,9 @@ def launch_gate_up(device: Device, stream: Stream | None, h: Any, x: Any, gate_e
     check_memory(OP, "ids", ids, tokens * k * 4)
     check_disjoint(OP, ("h", h, tokens * k * ff * 4), ("x", x, tokens * hidden * 4))
     biases = _bias_arg("gate_bias", gate_bias, n_expert, ff), _bias_arg("up_bias", up_bias, n_expert, ff)
-    grouped = _grouped(path, tokens, k, n_expert)
-    grid, block = grouped_geometry(n_expert, ff) if grouped else geometry(device.arch, tokens * k, ff)
+    grouped = _grouped(path, tokens, k, n_expert, pairs_fit(weight_type, k, hidden))
+    grid, block = (grouped_geometry(n_expert, ff) if grouped
+                   else geometry(device.arch, tokens, k, ff, GATE_UP_ROWS))
     entry = f"moe_gate_up_grouped_{weight_type}" if grouped else f"moe_gate_up_{weight_type}"
     kernel = get_kernel(device, OP, entry, GATE_UP_SIGNATURE)
     kernel.launch(grid, block, (h, x, gate_exps, up_exps, ids, *biases, tokens, k, ff, hidden, n_expert,
@@ -355,9 +373,10 @@ def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_ex
     check_memory(OP, "weights", weights, tokens * k * 4)
     check_disjoint(OP, ("out", out, tokens * hidden * 4), ("h", h, tokens * k * ff * 4))
     bias = _bias_arg("down_bias", down_bias, n_expert, hidden)
-    if path == "grouped" and workspace is None:
+    fits = pairs_fit(weight_type, k, ff)
+    if (path == "grouped" or not fits) and workspace is None:
         raise ValueError(f"{OP}: the grouped down path needs a workspace of {down_workspace_bytes(tokens, k, hidden)} bytes")
-    if workspace is not None and _grouped(path, tokens, k, n_expert):
+    if workspace is not None and _grouped(path, tokens, k, n_expert, fits):
         terms = down_workspace_bytes(tokens, k, hidden)
         check_memory(OP, "workspace", workspace, terms)
         check_disjoint(OP, ("workspace", workspace, terms), ("h", h, tokens * k * ff * 4))
@@ -368,8 +387,8 @@ def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_ex
                       stream=stream)
         launch_sum_slots(device, stream, out, workspace, tokens, k, hidden)
         return
-    _grouped(path, tokens, k, n_expert)  # checks the name
-    grid, block = geometry(device.arch, tokens, hidden)
+    _grouped(path, tokens, k, n_expert, fits)  # checks the name
+    grid, block = geometry(device.arch, tokens, k, hidden, DOWN_ROWS)
     kernel = get_kernel(device, OP, f"moe_down_{weight_type}", DOWN_SIGNATURE)
     kernel.launch(grid, block, (out, h, down_exps, ids, weights, bias, tokens, k, hidden, ff, n_expert), stream=stream)
 
