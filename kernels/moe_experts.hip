@@ -8,17 +8,19 @@
 // warps the (slot, group of rows) units of that chunk: for gate|up kRows rows of gate and of up together (2 kRows
 // rows' loads in flight, the activation in the warp), for down kDownRows rows of one slot, each slot's weighted
 // product left in shared memory and the k of them summed in slot order by one thread a row before one add into out:
-// no atomics, the same bits every run. A quantized type's input (x, or the token's k slices of h) is quantized once a
-// workgroup into shared memory (Staged) rather than by every warp; the slots spread over the warps give a decode step
-// k times the warps that one warp a row's k slots would. Each warp reads only the rows of the experts its token
+// no atomics, the same bits every run. gate|up's input x, which its k slots share, is quantized once a workgroup
+// into shared memory (Staged: a quantized type's) rather than by every warp; down's warps quantize their own slot's
+// slices of h as they go, while their rows' loads are in flight (staged, every warp waited for the workgroup's
+// quantizing before its first load: Qwen3-30B-A3B's down at one token 15.5 against 11.8 us). The slots spread over
+// the warps give down k times the warps that one warp a row's k slots in series would. Each warp reads only the rows of the experts its token
 // selected; the grid loops over the items it does not cover.
 // Quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: a lane takes slices l, l + WARP_SIZE,
 // ... of 32 weights, quantizes x's matching 32 values to int8 (qmatvec_formats.h's quantize_x) and forms the
 // integer dot products (rf_dp4a). F16, BF16 and F32 multiply float x, 8 columns a lane a step.
 // An expert id outside [0, n_expert) reads nothing and contributes 0 (the host kernels refuse it).
 // down's entries ask for two workgroups an SM: without it nvcc held F16's and BF16's to 64 registers on sm_80 and
-// spilled 4 bytes. The per-pair path holds at most kMaxStagedSlices slices of input (12,288 columns of x, or of a
-// token's k slices of h a pass) and kMaxSlots slots (the launcher sends wider ones down the grouped path).
+// spilled 4 bytes. The per-pair path holds at most kMaxStagedSlices slices of gate|up's input (12,288 columns of x)
+// and kMaxSlots slots (the launcher sends wider products down the grouped path).
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; x and h 16-byte aligned;
 // experts 16-byte aligned (Q4_K, Q5_K and the float types), 2-byte (Q6_K, Q8_0) or byte-aligned (MXFP4).
 #include "hip_compat.h"
@@ -30,9 +32,9 @@ namespace {
 namespace moe {
 
 constexpr int kRows = 2;       // rows of gate and of up a gate|up unit
-constexpr int kDownRows = 4;   // rows of down a down unit: 2 left a decode step's workgroups quantizing h twice as often
+constexpr int kDownRows = 2;   // rows of down a down unit (4 held Q6_K at 128 registers on sm_90, spilled Q5_K on sm_80)
 constexpr int kMaxSlots = 32;
-constexpr int kMaxStagedSlices = 384;  // 16.5 KiB: Qwen3-30B-A3B's down holds 8 x 24, gpt-oss-20b's 4 x 90
+constexpr int kMaxStagedSlices = 384;  // 16.5 KiB: x of 12,288 columns (Qwen3-30B-A3B's 2,048, gpt-oss-20b's 2,880)
 constexpr int kMaxBlockRows = kDownRows * (256 / 32);  // the most rows a down workgroup takes (256 threads)
 
 // Quantized input slices in shared memory, a structure of arrays: a warp's lanes read consecutive slices' words
@@ -282,49 +284,39 @@ __device__ __forceinline__ void down(float* __restrict__ out, const float* __res
                                      const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,
                                      int n_expert) {
   rf_check_wave_size();
-  __shared__ typename P::Staged staged;
   __shared__ float slot_terms[kMaxSlots][kMaxBlockRows];  // slot j's down product (plus bias) for the chunk's rows
   __shared__ float slot_weight[kMaxSlots];                // its routing weight, 0 for an id out of range
   const Units units(k, kDownRows);
   const unsigned char* down = static_cast<const unsigned char*>(down_);
   const unsigned long long row_bytes = P::row_bytes(ff);
   const int chunks = (hidden + units.block_rows - 1) / units.block_rows;
-  const int slot_slices = ff / 32;  // staged slices of one slot's h
-  const int slots_a_pass = P::kStages ? (kMaxStagedSlices / slot_slices < k ? kMaxStagedSlices / slot_slices : k) : k;
   for (long long item = blockIdx.x; item < (long long)tokens * chunks; item += gridDim.x) {  // uniform: the workgroup's
     const int t = (int)(item / chunks), r_block = (int)(item % chunks) * units.block_rows;
-    for (int j0 = 0; j0 < k; j0 += slots_a_pass) {
-      const int slots = k - j0 < slots_a_pass ? k - j0 : slots_a_pass;
-      __syncthreads();  // every warp is done with the previous pass's slices
-      for (int j = 0; j < slots; ++j)
-        P::stage(staged, j * slot_slices, h + (unsigned long long)(t * k + j0 + j) * ff, ff);
-      __syncthreads();
-      for (int u = units.warp; u < slots * units.groups; u += units.warps) {  // uniform across the warp
-        const int j = j0 + u % slots, group = u / slots, r0 = r_block + group * kDownRows;
-        const int pair = t * k + j, e = ids[pair];
-        const bool chosen = e >= 0 && e < n_expert;
-        float y[kDownRows];
+    __syncthreads();  // the previous item's sums have read slot_terms
+    for (int u = units.warp; u < k * units.groups; u += units.warps) {  // uniform across the warp
+      const int j = u % k, group = u / k, r0 = r_block + group * kDownRows;
+      const int pair = t * k + j, e = ids[pair];
+      const bool chosen = e >= 0 && e < n_expert;
+      float y[kDownRows];
 #pragma unroll
-        for (int r = 0; r < kDownRows; ++r) y[r] = 0.0f;
-        if (chosen && r0 < hidden) {
-          const unsigned long long expert = (unsigned long long)e * hidden;
-          const unsigned char* w[kDownRows];
-#pragma unroll
-          for (int r = 0; r < kDownRows; ++r)
-            w[r] = down + (expert + (unsigned long long)(r0 + r < hidden ? r0 + r : hidden - 1)) * row_bytes;
-          P::template rows_staged<kDownRows>(w, staged, (u % slots) * slot_slices, h + (unsigned long long)pair * ff,
-                                             ff, y);
-#pragma unroll
-          for (int r = 0; r < kDownRows; ++r) {
-            y[r] = rf_warp_sum(y[r]);
-            if (down_bias && r0 + r < hidden) y[r] += down_bias[expert + (unsigned long long)(r0 + r)];
-          }
-        }
+      for (int r = 0; r < kDownRows; ++r) y[r] = 0.0f;
+      if (chosen && r0 < hidden) {
+        const unsigned long long expert = (unsigned long long)e * hidden;
+        const unsigned char* w[kDownRows];
 #pragma unroll
         for (int r = 0; r < kDownRows; ++r)
-          if (units.lane == r) slot_terms[j][group * kDownRows + r] = y[r];
-        if (units.lane == 0 && group == 0) slot_weight[j] = chosen ? weights[pair] : 0.0f;
+          w[r] = down + (expert + (unsigned long long)(r0 + r < hidden ? r0 + r : hidden - 1)) * row_bytes;
+        P::template rows<kDownRows>(w, h + (unsigned long long)pair * ff, ff, y);
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r) {
+          y[r] = rf_warp_sum(y[r]);
+          if (down_bias && r0 + r < hidden) y[r] += down_bias[expert + (unsigned long long)(r0 + r)];
+        }
       }
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r)
+        if (units.lane == r) slot_terms[j][group * kDownRows + r] = y[r];
+      if (units.lane == 0 && group == 0) slot_weight[j] = chosen ? weights[pair] : 0.0f;
     }
     __syncthreads();
     for (int r = (int)threadIdx.x; r < units.block_rows; r += (int)blockDim.x)

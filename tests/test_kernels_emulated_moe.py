@@ -106,7 +106,7 @@ def test_gate_up(moe_harnesses, warp, weight_type, tmp_path):
 def test_down(moe_harnesses, warp, weight_type, tmp_path):
     rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 2])
     block = column_multiple(weight_type)
-    # a token's slices of h past the workgroup's shared memory (two passes of slots), more slots than warps
+    # h wider than gate|up's staged x (down quantizes its own), more slots than warps
     wide = -(-(moe_experts.MAX_STAGED_COLUMNS // 3 + 1) // block) * block
     cases = [(1, 4, 7, 2 * block, 6, True, None), (3, 2, 4, block, 5, False, 1), (1, 9, 3, block, 10, True, None)]
     if weight_type in moe_experts.QUANTIZED_X_TYPES:

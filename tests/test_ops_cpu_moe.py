@@ -290,7 +290,8 @@ def test_grouped_path_on_the_host_kernels(cpu_device):
 def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):
     """The per-pair path holds a quantized type's input in shared memory (MAX_STAGED_COLUMNS) and at most MAX_SLOTS
     slots: wider products go down the grouped path (chosen, with the per-pair path's results), a forced per-pair launch
-    of one is refused, and a wide down without a workspace is refused rather than run on a path that cannot take it."""
+    of one is refused, and a down of too many slots without a workspace is refused rather than run on a path that
+    cannot take it."""
     wide = moe_experts.MAX_STAGED_COLUMNS + 32
     assert moe_experts.pairs_fit("q8_0", 8, moe_experts.MAX_STAGED_COLUMNS)
     assert not moe_experts.pairs_fit("q8_0", 8, wide) and moe_experts.pairs_fit("f16", 8, wide)
@@ -315,13 +316,17 @@ def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):
     with pytest.raises(ValueError, match="per-pair path takes at most"):
         moe_experts.launch_gate_up(cpu_device, None, h, to_device(cpu_device, x), g_buf, u_buf, ids, tokens, k,
                                    "swiglu", ff=32, hidden=wide, path="pairs", **common)
-    (down,), (d_buf,) = expert_buffers(cpu_device, rng, "q8_0", n_expert, 8, wide, 1)
-    h = to_device(cpu_device, rng.standard_normal((tokens, k, wide)).astype(np.float32))
-    out = to_device(cpu_device, np.zeros((tokens, 8), np.float32))
+    many = moe_experts.MAX_SLOTS + 1  # down: more slots than a workgroup sums
+    (down,), (d_buf,) = expert_buffers(cpu_device, rng, "q8_0", many, 8, 32, 1)
+    ids = to_device(cpu_device, rng.permutation(many)[None].astype(np.int32))
+    weights = to_device(cpu_device, rng.random((1, many)).astype(np.float32))
+    h = to_device(cpu_device, rng.standard_normal((1, many, 32)).astype(np.float32))
+    out = to_device(cpu_device, np.zeros((1, 8), np.float32))
     with pytest.raises(ValueError, match="needs a workspace"):
-        moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, tokens, k, hidden=8, ff=wide, **common)
+        moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, 1, many, hidden=8, ff=32,
+                                weight_type="q8_0", n_expert=many)
     entries.clear()
-    workspace = empty(cpu_device, moe_experts.down_workspace_bytes(tokens, k, 8))
-    moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, tokens, k, hidden=8, ff=wide,
-                            workspace=workspace, **common)
+    workspace = empty(cpu_device, moe_experts.down_workspace_bytes(1, many, 8))
+    moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, 1, many, hidden=8, ff=32,
+                            workspace=workspace, weight_type="q8_0", n_expert=many)
     assert entries[0] == "moe_down_grouped_q8_0"

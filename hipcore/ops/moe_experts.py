@@ -14,8 +14,8 @@ and weights float32 [tokens, k] come from moe_route. Biases (gpt-oss) are float3
   the k terms summed in slot order by one warp (no atomics: the same bits on every run).
 
 Two paths, the same function: per pair (decode steps: a workgroup a token and a chunk of rows, its warps the
-(slot, rows) units of that chunk, a quantized type's input quantized once a workgroup into shared memory; at most
-MAX_SLOTS slots and MAX_STAGED_COLUMNS columns of input, wider products take the grouped path) and grouped (prompts
+(slot, rows) units of that chunk, gate|up's quantized input quantized once a workgroup into shared memory; at most
+MAX_SLOTS slots and gate|up MAX_STAGED_COLUMNS columns of input, wider products take the grouped path) and grouped (prompts
 and batches, `grouped_pays`: a workgroup takes one expert's rows and gathers the pairs that chose it, so that each
 slice of an expert's weights is decoded once for 2 pairs; `moe_gate_up_grouped_<type>`, and for down
 `moe_down_grouped_<type>` writing each pair's weighted term into a workspace float32 [tokens, k, hidden] that
@@ -52,9 +52,9 @@ EXPERT_TYPES = QUANTIZED_X_TYPES + FLOAT_TYPES
 WEIGHT_ALIGNMENT = {"q4_k": 16, "q5_k": 16, "q6_k": 2, "q8_0": 2, "mxfp4": 1, "f16": 16, "bf16": 16, "f32": 16}
 ACTIVATIONS = {"swiglu": 0, "swiglu_oai": 1}
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
-GATE_UP_ROWS, DOWN_ROWS = 2, 4  # rows of one (token, slot) a warp of the per-pair path computes together
+GATE_UP_ROWS, DOWN_ROWS = 2, 2  # rows of one (token, slot) a warp of the per-pair path computes together
 MAX_SLOTS = 32  # kernels/moe_experts.hip kMaxSlots
-MAX_STAGED_COLUMNS = 384 * 32  # kMaxStagedSlices: a quantized type's input the per-pair path holds in shared memory
+MAX_STAGED_COLUMNS = 384 * 32  # kMaxStagedSlices: a quantized x the per-pair gate|up holds in shared memory
 THREADS = 256
 GROUPED_TILE_ROWS = 64  # rows of one expert a grouped workgroup takes (kernels/moe_experts_grouped.h kTileRows)
 GROUPED_MIN_PAIRS_PER_EXPERT = 2  # the grouped path once the pairs average this many an expert
@@ -286,10 +286,10 @@ def geometry(arch: str, tokens: int, k: int, rows: int, rows_per_unit: int) -> t
     return max(1, min(tokens * -(-rows // chunk), 65_535)), THREADS
 
 
-def pairs_fit(weight_type: str, k: int, cols: int) -> bool:
-    """Whether the per-pair path takes a product of `cols` columns for k slots: at most MAX_SLOTS slots, and a
-    quantized type's input at most MAX_STAGED_COLUMNS (its slices in shared memory)."""
-    return k <= MAX_SLOTS and (weight_type not in QUANTIZED_X_TYPES or cols <= MAX_STAGED_COLUMNS)
+def pairs_fit(weight_type: str, k: int, cols: int, staged: bool = True) -> bool:
+    """Whether the per-pair path takes a product of `cols` input columns for k slots: at most MAX_SLOTS slots, and
+    where it stages the input (gate|up) a quantized type's at most MAX_STAGED_COLUMNS (its slices in shared memory)."""
+    return k <= MAX_SLOTS and (not staged or weight_type not in QUANTIZED_X_TYPES or cols <= MAX_STAGED_COLUMNS)
 
 
 def grouped_pays(tokens: int, k: int, n_expert: int) -> bool:
@@ -373,7 +373,7 @@ def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_ex
     check_memory(OP, "weights", weights, tokens * k * 4)
     check_disjoint(OP, ("out", out, tokens * hidden * 4), ("h", h, tokens * k * ff * 4))
     bias = _bias_arg("down_bias", down_bias, n_expert, hidden)
-    fits = pairs_fit(weight_type, k, ff)
+    fits = pairs_fit(weight_type, k, ff, staged=False)
     if (path == "grouped" or not fits) and workspace is None:
         raise ValueError(f"{OP}: the grouped down path needs a workspace of {down_workspace_bytes(tokens, k, hidden)} bytes")
     if workspace is not None and _grouped(path, tokens, k, n_expert, fits):
