@@ -127,7 +127,7 @@ def test_masked_decode_steps_replay_their_own_graphs_as_eager(model, eager):
     unmasked graphs used."""
     cache, runner = model.cache, model.runner
     vocab = model.config.vocab_size
-    masked, plain = runner.masked_graphs, runner.graphs
+    masked, plain = runner.forward_graphs, runner.graphs
     captures, plain_replays = masked.captures, plain.replays
     rng = np.random.default_rng(5)
     last, pos = {}, {}

@@ -97,9 +97,11 @@ def test_constrained_rows_sample_on_the_device(model, monkeypatch):
 
 
 def test_constrained_rows_without_their_masks_are_caught(model, monkeypatch):
-    """The planted fault: the device sampler given no masks (the rows' grammars left out) picks tokens the grammar
-    refuses, and the requests fail instead of ending with JSON."""
-    monkeypatch.setattr(step_launch, "with_token_masks", lambda sampling, *a: sampling)
+    """The planted fault: the device sampler given no masks (every row's all ones, in the steps that wait for them
+    and in those launched before them) picks tokens the grammar refuses, and the requests fail instead of ending
+    with JSON."""
+    original = step_launch.token_masks
+    monkeypatch.setattr(step_launch, "token_masks", lambda rows, masks, vocab: original(rows, {}, vocab))
     records = _run(model, _constrained_jobs())
     assert all(records[i].ending.value != "eos" or not _valid(records[i].texts[0]) for i in (1, 3, 4))
 

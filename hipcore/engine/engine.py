@@ -138,6 +138,8 @@ class Engine(SequenceEndings):
                     quiet = not self._inbox
                 self._running_step = ahead = self._chain_after(running, events) if quiet else None
                 events += self._complete(running)
+                if ahead is not None and ahead.awaiting_masks:  # its grammars have taken running's tokens now
+                    self._running_step = ahead = self._sample_ahead(ahead, events)
                 if ahead is not None:
                     self._release_settled()
                     self.stats.step_seconds += time.perf_counter() - t0
@@ -323,6 +325,20 @@ class Engine(SequenceEndings):
         for seq in seqs:
             seq.num_cached += 1
         self.stats.steps += 1
+        return ahead
+
+    def _sample_ahead(self, ahead: LaunchedStep, events: list[Event]) -> LaunchedStep | None:
+        """Launch the sampling of the step ahead under its rows' token masks (the device computes its logits
+        meanwhile); a sequence whose grammar gave out fails its request alone. None (its requests failed, with
+        events) if the launch failed."""
+        try:
+            gave_out = self._launcher.sample_ahead(self.runner, ahead)
+        except Exception as exc:
+            live = [r for r in requests_of(ahead.scheduled) if r.phase is not Phase.FINISHED]
+            self._fail(live, f"the forward pass failed: {exc}", events)
+            return None
+        for seq, why in gave_out:
+            events += self._end_request(seq.request, Ending.FAILED, f"sampling failed: {why}")
         return ahead
 
     def _complete(self, launched: LaunchedStep) -> list[Event]:

@@ -13,6 +13,11 @@ no sequence can end by length with the running step's token, and the pool has a 
 step ahead holds exactly the sequences the scheduler would have picked. A sequence that ends with the
 running step's token (end of generation, a stop string) was computed once more for nothing; its row of the
 step ahead is dropped, and its blocks wait on the cache's step fence until that step is done.
+
+Rows under a grammar follow too, where the runner can launch a step before its token masks (MaskDeferringRunner):
+a row's next mask needs the running step's token, so the step ahead's launches up to the logits go first, and its
+sampling once the running step's tokens are read and taken by the grammars and the masks computed (sample_ahead).
+The host's reading, grammars and masks then overlap the device's forward pass instead of sitting between steps.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from hipcore.engine.request import Phase, Request, Sequence
 from hipcore.engine.sampling_rows import StepSamplingRows
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.batch import SeqSlice, StepBatch, build_decode_batch, build_step_batch
-from hipcore.model.runner import OverlappingRunner, Runner, SamplingRunner
+from hipcore.model.runner import MaskDeferringRunner, OverlappingRunner, Runner, SamplingRunner
 from hipcore.ops.sample import SamplingRows, mask_words
 
 if TYPE_CHECKING:
@@ -53,6 +58,8 @@ class LaunchedStep:
     followable: bool = False
     # a step sampled on the device but for these sample rows, whose logits are `logits` (row -> index there)
     host_rows: dict[int, int] | None = None
+    # launched ahead with rows under a grammar: its sampling waits for their masks (StepLauncher.sample_ahead)
+    awaiting_masks: bool = False
 
 
 def requests_of(scheduled: list["Scheduled"]) -> list[Request]:
@@ -93,24 +100,27 @@ class StepLauncher:
         # isinstance() against a runtime-checkable Protocol inspects the class's attributes on every call (tens
         # of microseconds, each step); the answers are kept for the runner they were given for.
         self._checked_runner: object = None
-        self._samples = self._overlaps = False
+        self._samples = self._overlaps = self._defers = False
 
     def clear(self) -> None:
         self._sampling_rows.clear()
 
-    def _capabilities(self, runner: Runner) -> tuple[bool, bool]:
+    def _capabilities(self, runner: Runner) -> tuple[bool, bool, bool]:
+        """(samples on the device, overlaps its steps, launches a step before its token masks)"""
         if runner is not self._checked_runner:
             self._checked_runner = runner
             self._samples = isinstance(runner, SamplingRunner)
             self._overlaps = self._samples and isinstance(runner, OverlappingRunner)
-        return self._samples, self._overlaps and self.overlap
+            self._defers = self._overlaps and isinstance(runner, MaskDeferringRunner)
+        overlaps = self._overlaps and self.overlap
+        return self._samples, overlaps, overlaps and self._defers
 
     def can_follow(self, runner: Runner) -> bool:
         return self._capabilities(runner)[1]
 
     def launch(self, runner: Runner, scheduled: list["Scheduled"]) -> LaunchedStep:
         """Run the step; a decode step on an overlapping runner is left running (its `pending`)."""
-        samples, overlaps = self._capabilities(runner)
+        samples, overlaps, defers = self._capabilities(runner)
         batch = self._build_batch(scheduled)
         sampling, host_rows = self._device_sampling(runner, scheduled) if samples else (None, None)
         fence = self.cache.begin_step()
@@ -124,21 +134,50 @@ class StepLauncher:
         if not overlaps:
             return LaunchedStep(scheduled, fence, picked=np.asarray(runner.execute_sampled(batch, sampling)).tolist())  # type: ignore[attr-defined]
         pending = runner.launch_sampled(batch, sampling)  # type: ignore[attr-defined]
-        # a constrained row's next mask needs this step's token: no step follows it on the device
-        followable = sampling.mask is None and batch.is_decode_only and len(sampling) == batch.num_tokens and all(
-            item.seq.request.phase is Phase.DECODE for item in scheduled)
+        # a constrained row's next mask needs this step's token: a step follows it on the device only where its
+        # sampling can wait for that mask (launch_following)
+        followable = (sampling.mask is None or defers) and batch.is_decode_only and \
+            len(sampling) == batch.num_tokens and all(item.seq.request.phase is Phase.DECODE for item in scheduled)
         return LaunchedStep(scheduled, fence, pending=pending, followable=followable)
 
     def launch_following(self, runner: Runner, scheduled: list["Scheduled"], before: LaunchedStep) -> LaunchedStep:
         """Launch the decode step after `before` (still running) for the same sequences in the same order, each
-        one position on (their slots reserved, num_cached advanced by `before`): token ids on the device."""
+        one position on (their slots reserved, num_cached advanced by `before`): token ids on the device. Where a
+        row is under a grammar, its mask needs `before`'s token: the step's sampling waits (sample_ahead)."""
         seqs = list(map(_SEQ, scheduled))
         batch = build_decode_batch(self.cache, list(map(_SEQ_ID, seqs)), [0] * len(seqs), list(map(_NUM_CACHED, seqs)),
                                    [True] * len(seqs))
         sampling = self._sampling_rows.rows([seq.sampler for seq in seqs])
         fence = self.cache.begin_step()
+        if any(seq.sampler.constraint is not None for seq in seqs):
+            pending = runner.launch_before_masks(batch, sampling, follows=before.pending)  # type: ignore[attr-defined]
+            return LaunchedStep(scheduled, fence, pending=pending, followable=True, awaiting_masks=True)
         pending = runner.launch_sampled(batch, sampling, follows=before.pending)  # type: ignore[attr-defined]
         return LaunchedStep(scheduled, fence, pending=pending, followable=True)
+
+    def sample_ahead(self, runner: Runner, step: LaunchedStep) -> list[tuple[Sequence, str]]:
+        """Launch the sampling of `step` (launch_following's, awaiting its masks) under its rows' token masks,
+        computed now: the step before's tokens are read and taken by the grammars, while the device computes
+        `step`'s logits. Returns the sequences whose grammar gave out, with why (the caller fails them); their rows,
+        and those of sequences that ended meanwhile, sample unmasked, their tokens dropped when read."""
+        seqs = list(map(_SEQ, step.scheduled))
+        rows = [row for row, seq in enumerate(seqs) if seq.sampler.constraint is not None and not seq.finished
+                and seq.request.phase is not Phase.FINISHED]
+        masks: dict[int, np.ndarray] = {}
+        gave_out: list[tuple[Sequence, str]] = []
+        if rows:
+            try:
+                packed, failures = packed_masks([seqs[row].sampler.constraint for row in rows])
+            except Exception as exc:  # the step's sampling must still be launched: its rows fail alone
+                packed, failures = [None] * len(rows), [str(exc)] * len(rows)
+            for row, words, failure in zip(rows, packed, failures):
+                if failure is None:
+                    masks[row] = words
+                else:
+                    gave_out.append((seqs[row], failure))
+        step.awaiting_masks = False
+        runner.sample_under_masks(step.pending, token_masks(len(seqs), masks, runner.config.vocab_size))  # type: ignore[attr-defined]
+        return gave_out
 
     @staticmethod
     def read(runner: Runner, step: LaunchedStep) -> None:
@@ -212,9 +251,15 @@ def with_token_masks(sampling: SamplingRows, masks: dict[int, np.ndarray], vocab
     ones for the other rows), or as it is when no row is constrained."""
     if not masks:
         return sampling
+    return dataclasses.replace(sampling, mask=token_masks(len(sampling), masks, vocab))
+
+
+def token_masks(rows: int, masks: dict[int, np.ndarray], vocab: int) -> np.ndarray:
+    """uint32 [rows, mask_words(vocab)]: each row in `masks` its grammar's packed allowed tokens, every other row
+    all ones."""
     words = mask_words(vocab)
-    mask = np.full((len(sampling), words), 0xFFFFFFFF, dtype=np.uint32)
+    mask = np.full((rows, words), 0xFFFFFFFF, dtype=np.uint32)
     for row, packed in masks.items():
         mask[row] = 0
         mask[row, :min(words, packed.shape[0])] = packed[:words]
-    return dataclasses.replace(sampling, mask=mask)
+    return mask

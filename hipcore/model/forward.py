@@ -51,7 +51,7 @@ from hipcore.model.projections import Launch, ProjectionPlanner
 from hipcore.ops import embedding, sample, select_rows
 from hipcore.ops.kernel_choice import SWITCHES
 from hipcore.ops.sample import SamplingRows
-from hipcore.runtime.device import Buffer, Device
+from hipcore.runtime.device import Buffer, Device, Stream
 
 PLAN_CACHE_MAX_TOKENS = 128  # launch plans of decode steps up to this size are kept (decode buckets)
 # Plans of other steps (prompts, prompt chunks, mixed steps) kept, the least recently used dropped first: a
@@ -75,6 +75,7 @@ class PendingStep:
     rows: int  # logits rows computed
     all_rows: bool  # whether they are all the token rows
     kept: bool = False  # a following step's launch copied the tokens to the kept buffer: collect reads them there
+    awaiting_masks: bool = False  # launch_before_masks: its sampling waits for sample_under_masks
 
 
 class ModelRunner:
@@ -107,8 +108,9 @@ class ModelRunner:
         self.buffers: dict[str, Buffer] = {}
         self.inputs: StepInputs | None = None
         self.graphs = DecodeGraphs(device, self.stream, max_seqs, capture=use_graphs)
-        # decode steps with constrained rows: the same buckets, the sample launch reading the token masks
-        self.masked_graphs = DecodeGraphs(device, self.stream, max_seqs, capture=use_graphs)
+        # decode steps with constrained rows: the same buckets' launches up to the logits; their sample launch,
+        # reading the token masks, comes after (at once, or once the masks are known: launch_before_masks)
+        self.forward_graphs = DecodeGraphs(device, self.stream, max_seqs, capture=use_graphs)
         # Prompt and mixed steps padded to recurring shapes, replayed from graphs (off: ROCMFORGE_PROMPT_GRAPHS=0)
         self.pad_prompt_steps = SWITCHES.prompt_graphs
         self.prompt_graphs = PromptGraphs(device, self.stream, capture=use_graphs)
@@ -144,7 +146,7 @@ class ModelRunner:
     def close(self) -> None:
         """Destroy the decode graphs and free every buffer; idempotent."""
         self.graphs.close()
-        self.masked_graphs.close()
+        self.forward_graphs.close()
         self.prompt_graphs.close()
         self._plans.clear()
         self._prompt_plans.clear()
@@ -178,11 +180,49 @@ class ModelRunner:
         """execute_sampled without the wait: collect() reads the tokens. With `follows` (the decode step just
         launched and not collected, whose every row sampled), this decode step of the same sequences in the
         same order takes its token ids from that step's tokens on the device (see OverlappingRunner)."""
+        return self._launch(batch, sampling, follows, masks_later=False)
+
+    def launch_before_masks(self, batch: StepBatch, sampling: SamplingRows,
+                            follows: object | None = None) -> PendingStep:
+        """launch_sampled for a decode step whose token masks (a grammar's, for some of its rows) are not known
+        yet: its launches up to the logits run now, its sampling once sample_under_masks gives the masks (after
+        the step before is collected). The masks need the tokens of the step before; the host reads those and
+        computes the masks while the device computes this step's logits. collect() and a following step only
+        after sample_under_masks."""
+        if not batch.is_decode_only or sampling.mask is not None:
+            raise ValueError("launch_before_masks: a decode step, its masks given later (none in its sampling rows)")
+        pending = self._launch(batch, sampling, follows, masks_later=True)
+        pending.awaiting_masks = True
+        return pending
+
+    def sample_under_masks(self, pending: object, mask: np.ndarray) -> None:
+        """Launch the sampling of the step of launch_before_masks under `mask` (uint32 [sample rows,
+        mask_words(vocab)]; all ones for a row without a grammar). A failed launch drops the step (no collect)."""
+        if not (isinstance(pending, PendingStep) and pending.awaiting_masks and self._outstanding
+                and self._outstanding[-1] is pending):
+            raise ValueError("sample_under_masks: the step launched last by launch_before_masks, once")
+        try:
+            if len(self._outstanding) > 1:
+                raise ValueError("sample_under_masks: once the step before it is collected")
+            # The step before has run (collected), so nothing reads the mask buffer: the masks go up on a stream
+            # of their own, not behind this step's forward pass (a copy from pageable memory may wait for the
+            # stream's work), and the sampling is launched once they are there.
+            assert self._read_stream is not None
+            self._upload_mask(pending.batch, mask, pending.rows, stream=self._read_stream)
+            self._read_stream.synchronize()
+            self._sample_launch(pending.rows, masked=True)[1]()
+        except BaseException:
+            self._outstanding.remove(pending)
+            raise
+        pending.awaiting_masks = False
+
+    def _launch(self, batch: StepBatch, sampling: SamplingRows, follows: object | None, *,
+                masks_later: bool) -> PendingStep:
         if len(sampling) != batch.sample_rows.shape[0]:
             raise ValueError(f"{len(sampling)} sampling rows for {batch.sample_rows.shape[0]} sample rows")
         if follows is None:
             self._check_none_outstanding()
-            rows, all_rows = self._run(batch, sampling, want_tokens=True)
+            rows, all_rows = self._run(batch, sampling, want_tokens=True, masks_later=masks_later)
         else:
             before = self._check_follows(batch, follows)
             b, n = self.buffers, batch.num_tokens
@@ -192,7 +232,8 @@ class ModelRunner:
             assert self._kept_event is not None
             self._kept_event.record(self.stream)
             before.kept = True
-            rows, all_rows = self._run(batch, sampling, want_tokens=True, token_ids_from=b["kept_tokens"])
+            rows, all_rows = self._run(batch, sampling, want_tokens=True, token_ids_from=b["kept_tokens"],
+                                       masks_later=masks_later)
         pending = PendingStep(batch, rows, all_rows)
         self._outstanding.append(pending)
         return pending
@@ -202,6 +243,8 @@ class ModelRunner:
         if not self._outstanding or pending is not self._outstanding[0]:
             raise ValueError("collect: not the oldest step launched and not yet collected on this runner")
         assert isinstance(pending, PendingStep)
+        if pending.awaiting_masks:
+            raise ValueError("collect: the step's token masks were never given (sample_under_masks)")
         self._outstanding.pop(0)
         batch = pending.batch
         self._last_collected = pending
@@ -239,6 +282,8 @@ class ModelRunner:
         sampled, of as many sequences each one position on."""
         if not isinstance(follows, PendingStep) or self._outstanding != [follows]:
             raise ValueError("follows: the step launched last on this runner, the only one not yet collected")
+        if follows.awaiting_masks:
+            raise ValueError("follows: a step whose token masks were never given (sample_under_masks)")
         before = follows.batch
         n = batch.num_tokens
         if not (batch.is_decode_only and before.is_decode_only and before.num_tokens == n and follows.all_rows
@@ -248,7 +293,7 @@ class ModelRunner:
         return follows
 
     def _run(self, batch: StepBatch, sampling: SamplingRows | None, *, want_tokens: bool,
-             token_ids_from: Buffer | None = None) -> tuple[int, bool]:
+             token_ids_from: Buffer | None = None, masks_later: bool = False) -> tuple[int, bool]:
         """Stage and launch one step; returns (logits rows computed, whether they are all token rows)."""
         n, s, r = batch.num_tokens, batch.num_seqs, int(batch.sample_rows.shape[0])
         if n > self.max_step_tokens or s > self.max_seqs:
@@ -259,8 +304,9 @@ class ModelRunner:
         batch.validate(kv.block_size, kv.num_blocks, kv.window_blocks if LOCAL_GROUP in self.cache.groups else None)
         assert self.inputs is not None, "the runner is closed"
         decode = batch.is_decode_only
-        if sampling is not None and sampling.mask is not None:
-            return self._run_masked(batch, sampling, decode, token_ids_from)
+        if masks_later or (sampling is not None and sampling.mask is not None):
+            assert sampling is not None
+            return self._run_masked(batch, sampling, decode, token_ids_from, masks_later)
         bucket = self.graphs.bucket_for(n) if decode else None
         if bucket is not None:
             self.inputs.pack(batch, padded_tokens=bucket, all_rows=True, sampling=sampling, stream=self.stream)
@@ -283,36 +329,50 @@ class ModelRunner:
         _run_all(self.launch_plan(n, rows, all_rows=decode, with_sampling=want_tokens, decode=decode))
         return rows, decode
 
-    def _run_masked(self, batch: StepBatch, sampling: SamplingRows, decode: bool,
-                    token_ids_from: Buffer | None) -> tuple[int, bool]:
-        """A step with constrained rows: their token masks uploaded (all ones for the other rows) and the sample
-        launch given them. A decode step is padded to its bucket and replayed from that bucket's masked graph, as an
-        unconstrained one from its own (32 constrained streams beside 32 free ones on the Llama-3.1-8B shape ran
-        their steps eagerly at 24 against 13 ms on an NVIDIA H100); a prompt step runs unpadded and eagerly."""
+    def _run_masked(self, batch: StepBatch, sampling: SamplingRows, decode: bool, token_ids_from: Buffer | None,
+                    masks_later: bool) -> tuple[int, bool]:
+        """A step with constrained rows: the sample launch takes their token masks (all ones for the other rows).
+        A decode step is padded to its bucket and replays that bucket's forward graph (its launches up to the
+        logits), then the masked sample launch: at once, or once the masks are given (launch_before_masks). (32
+        constrained streams beside 32 free ones on the Llama-3.1-8B shape ran their steps eagerly at 24 against
+        13 ms on an NVIDIA H100.) A prompt step runs unpadded and eagerly."""
         n, r = batch.num_tokens, int(batch.sample_rows.shape[0])
         bucket = self.graphs.bucket_for(n) if decode else None
         rows = bucket or (n if decode else r)
-        mask = sampling.mask
-        assert mask is not None and self.inputs is not None
-        if mask.shape != (r, sample.mask_words(self.config.vocab_size)):
-            raise ValueError(f"token mask of shape {mask.shape} for {r} rows of {self.config.vocab_size} logits")
+        assert self.inputs is not None
+        if not masks_later:
+            self._upload_mask(batch, sampling.mask, rows)
+        if not decode:
+            self.inputs.pack(batch, padded_tokens=n, all_rows=False, sampling=sampling, stream=self.stream)
+            self._take_token_ids(token_ids_from, n)
+            _run_all(self.launch_plan(n, r, all_rows=False, with_sampling=True, decode=False, masked=True))
+            return r, False
+        self.inputs.pack(batch, padded_tokens=rows, all_rows=True, sampling=sampling, stream=self.stream)
+        self._take_token_ids(token_ids_from, n)
+        plan = self.launch_plan(rows, rows, all_rows=True, with_sampling=False, decode=True)
+        if bucket is not None:
+            self.forward_graphs.capture = self.graphs.capture  # bench --no-graphs turns both off
+            self.forward_graphs.run(bucket, lambda: _run_all(plan))
+        else:
+            _run_all(plan)
+        if not masks_later:
+            self._sample_launch(rows, masked=True)[1]()
+        return rows, True
+
+    def _upload_mask(self, batch: StepBatch, mask: np.ndarray | None, rows: int,
+                     stream: Stream | None = None) -> None:
+        """The step's token masks [sample rows, words] into the token_mask buffer's first `rows` rows (on `stream`,
+        else the runner's; a decode step's padding rows all ones)."""
+        r, words = int(batch.sample_rows.shape[0]), sample.mask_words(self.config.vocab_size)
+        if mask is None or mask.shape != (r, words):
+            raise ValueError(f"token mask of shape {None if mask is None else mask.shape} for {r} rows of "
+                             f"{self.config.vocab_size} logits")
         if rows != r:  # decode: row i is token i, the sample rows among them; padding rows all ones
-            full = np.full((rows, mask.shape[1]), 0xFFFFFFFF, dtype=np.uint32)
+            full = np.full((rows, words), 0xFFFFFFFF, dtype=np.uint32)
             full[batch.sample_rows] = mask
             mask = full
         self._mask_upload = np.ascontiguousarray(mask, dtype=np.uint32)  # kept until the copy is done
-        self.device.copy_host_to_device(self.buffers["token_mask"], self._mask_upload, stream=self.stream)
-        if bucket is not None:
-            self.inputs.pack(batch, padded_tokens=bucket, all_rows=True, sampling=sampling, stream=self.stream)
-            self._take_token_ids(token_ids_from, n)
-            plan = self.launch_plan(bucket, bucket, all_rows=True, with_sampling=True, decode=True, masked=True)
-            self.masked_graphs.capture = self.graphs.capture  # bench --no-graphs turns both off
-            self.masked_graphs.run(bucket, lambda: _run_all(plan))
-            return bucket, True
-        self.inputs.pack(batch, padded_tokens=n, all_rows=decode, sampling=sampling, stream=self.stream)
-        self._take_token_ids(token_ids_from, n)
-        _run_all(self.launch_plan(n, rows, all_rows=decode, with_sampling=True, decode=decode, masked=True))
-        return rows, decode
+        self.device.copy_host_to_device(self.buffers["token_mask"], self._mask_upload, stream=stream or self.stream)
 
     def padded_prompt_shape(self, tokens: int, rows: int) -> tuple[int, int] | None:
         """(token rows, logits rows) of a prompt or mixed step as this runner runs it (None: unpadded)."""
@@ -420,10 +480,15 @@ class ModelRunner:
         plan += products.head(w.output, w.output_norm, rows, r)
         plan += self.family.output_launches(ctx, r)  # e.g. gemma2's final logit soft-capping
         if with_sampling:
-            plan.append(("sample", lambda: sample.launch(dev, st, b["tokens"], b["logits"], inputs.addr("sampling"), r, v,
-                                                         b.get("sample_workspace"),
-                                                         b["token_mask"] if masked else None)))
+            plan.append(self._sample_launch(r, masked))
         return plan
+
+    def _sample_launch(self, r: int, masked: bool) -> Launch:
+        """Sampling the r logits rows on the device into the tokens buffer (masked: under the token masks)."""
+        dev, st, b, inputs, v = self.device, self.stream, self.buffers, self.inputs, self.config.vocab_size
+        assert inputs is not None
+        return ("sample", lambda: sample.launch(dev, st, b["tokens"], b["logits"], inputs.addr("sampling"), r, v,
+                                                b.get("sample_workspace"), b["token_mask"] if masked else None))
 
 
 def _run_all(plan: list[Launch]) -> None:

@@ -50,3 +50,19 @@ class OverlappingRunner(SamplingRunner, Protocol):
         """Wait for a launched step; int32 token ids [len(batch.sample_rows)]. Each handle is collected once,
         in launch order."""
         ...
+
+
+@runtime_checkable
+class MaskDeferringRunner(OverlappingRunner, Protocol):
+    """An overlapping runner whose decode step can be launched before its rows' token masks are known (a grammar's
+    mask needs the token of the step before): the launches up to the logits now, the masked sampling later, so the
+    host computes the masks while the device computes the logits (hipcore/engine/step_launch.py)."""
+
+    def launch_before_masks(self, batch: StepBatch, sampling: SamplingRows, follows: object | None = None) -> object:
+        """launch_sampled without the sampling, which waits for sample_under_masks; collect() after that."""
+        ...
+
+    def sample_under_masks(self, pending: object, mask: np.ndarray) -> None:
+        """Launch the step's sampling under `mask` (uint32 [sample rows, mask_words(vocab)], all ones for a row
+        without a grammar), before any other step."""
+        ...
