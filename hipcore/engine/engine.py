@@ -26,7 +26,8 @@ from hipcore.engine.request import CancelResult, Ending, Event, FinishedRecord, 
 from hipcore.engine.grammar import TokenConstraint, grammar_vocabulary
 from hipcore.engine.sampler import Sampler, StopChecker
 from hipcore.engine.scheduler import Scheduled, Scheduler
-from hipcore.engine.step_launch import LaunchedStep, StepLauncher, following_sequences, requests_of
+from hipcore.engine.step_launch import LaunchedStep, StepLauncher, requests_of
+from hipcore.engine.steps_ahead import StepsAhead
 from hipcore.errors import UsageError
 from hipcore.kvcache.cache import KvCache
 from hipcore.model.runner import Runner
@@ -34,7 +35,7 @@ from hipcore.ops.kernel_choice import SWITCHES
 from hipcore.tokenizer.tokenizer import Tokenizer
 
 
-class Engine(SequenceEndings):
+class Engine(SequenceEndings, StepsAhead):
     def __init__(self, runner: Runner, tokenizer: Tokenizer, cache: KvCache, *, max_seqs: int = 64, max_step_tokens: int = 512,
                  max_context: int | None = None, finished_bound: int = 1000, hooks: EngineHooks | None = None,
                  overlap: bool | None = None):
@@ -304,42 +305,6 @@ class Engine(SequenceEndings):
                 stats.prompt_tokens += num_tokens
         stats.prompt_steps += stats.prompt_tokens != prompt_tokens
         return launched
-
-    def _chain_after(self, running: LaunchedStep, events: list[Event]) -> LaunchedStep | None:
-        """Launch the decode step after `running` before its tokens are read, or None where that step might
-        not be the one the scheduler would pick (step_launch.following_sequences)."""
-        if not running.followable or not self._launcher.can_follow(self.runner):
-            return None
-        seqs = following_sequences(running, self.scheduler, self.cache, self.max_context)
-        if seqs is None:
-            return None
-        scheduled = running.scheduled
-        if self.cache.reserve_each([(seq.seq_id, 1) for seq in seqs]) != len(seqs):  # (cannot happen: see there)
-            self._fail(requests_of(scheduled), "the KV cache refused a reservation it had room for", events)
-            return None
-        try:
-            ahead = self._launcher.launch_following(self.runner, scheduled, running)
-        except Exception as exc:
-            self._fail(requests_of(scheduled), f"the forward pass failed: {exc}", events)
-            return None
-        for seq in seqs:
-            seq.num_cached += 1
-        self.stats.steps += 1
-        return ahead
-
-    def _sample_ahead(self, ahead: LaunchedStep, events: list[Event]) -> LaunchedStep | None:
-        """Launch the sampling of the step ahead under its rows' token masks (the device computes its logits
-        meanwhile); a sequence whose grammar gave out fails its request alone. None (its requests failed, with
-        events) if the launch failed."""
-        try:
-            gave_out = self._launcher.sample_ahead(self.runner, ahead)
-        except Exception as exc:
-            live = [r for r in requests_of(ahead.scheduled) if r.phase is not Phase.FINISHED]
-            self._fail(live, f"the forward pass failed: {exc}", events)
-            return None
-        for seq, why in gave_out:
-            events += self._end_request(seq.request, Ending.FAILED, f"sampling failed: {why}")
-        return ahead
 
     def _complete(self, launched: LaunchedStep) -> list[Event]:
         """Read the step's tokens (waiting for the device) and accept them, or fail its requests."""
