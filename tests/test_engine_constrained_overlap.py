@@ -19,6 +19,7 @@ from support.engine_testing import assert_quiescent, greedy, kv_bytes, load_tiny
 from hipcore.engine import step_launch
 from hipcore.engine.engine import Engine
 from hipcore.engine.grammar import GRAMMAR_FAILURE, compile_grammar
+from hipcore.engine.hooks import EngineHooks
 from hipcore.engine.request import CancelResult, Ending
 from hipcore.engine.sampler import SamplingParams
 from hipcore.model.batch import SeqSlice, build_decode_batch, build_step_batch
@@ -196,6 +197,47 @@ def test_a_failed_masked_sampling_launch_fails_its_step_and_the_engine_serves_on
     assert [(record.ending, record.generated_tokens, record.texts, record.error)] == alone
     assert watching.masked > 3
     assert_quiescent(model, model.baseline)
+
+
+def test_a_step_read_failing_while_the_next_waits_for_its_masks(model):
+    """The running step's read fails (the fault-injection hook) while the step after it, launched ahead, waits for
+    its masks: their requests fail, that step's sampling is still launched and read, nothing is left behind, and a
+    request after them runs as it runs alone."""
+    alone = run(model, [(prompt_of(9, salt=9), constrained(temperature=0.0))], overlap=False)
+    waiting = []
+
+    def fail_the_fifth(requests):
+        waiting.append(engine._running_step is not None and engine._running_step.awaiting_masks)
+        return len(waiting) == 5
+
+    engine = model.engine = Engine(DeferringRunner(model.runner), model.tokenizer, model.cache, max_seqs=8,
+                                   max_step_tokens=64, overlap=True, hooks=EngineHooks(fail_step=fail_the_fifth))
+    ids = [engine.submit(prompt, params) for prompt, params in jobs()[:4]]
+    engine.run_until_idle()
+    assert waiting[4]  # the failed read came while a step ahead waited for its masks
+    assert all(engine.finished_record(i).ending == Ending.FAILED for i in ids)
+    assert_quiescent(model, model.baseline)
+    assert not model.runner._outstanding
+    engine.hooks.fail_step = None
+    rid = engine.submit(prompt_of(9, salt=9), constrained(temperature=0.0))
+    engine.run_until_idle()
+    record = engine.finished_record(rid)
+    assert [(record.ending, record.generated_tokens, record.texts, record.error)] == alone
+
+
+def test_a_constrained_row_whose_sampling_fails_ahead_fails_alone(model):
+    reference = run(model, jobs(), overlap=False)
+    tokens_of_3 = []
+    hooks = EngineHooks(fail_sampling=lambda request: request.request_id == 4 and (
+        tokens_of_3.append(1) or len(tokens_of_3) == 6))  # jobs()[3]'s 6th token
+    engine = model.engine = Engine(DeferringRunner(model.runner), model.tokenizer, model.cache, max_seqs=8,
+                                   max_step_tokens=64, overlap=True, hooks=hooks)
+    ids = [engine.submit(prompt, params) for prompt, params in jobs()]
+    engine.run_until_idle()
+    assert_quiescent(model, model.baseline)
+    records = [(r.ending, r.generated_tokens, r.texts, r.error) for r in map(engine.finished_record, ids)]
+    assert records[3][0] == Ending.FAILED and "injected" in records[3][3]
+    assert records[:3] + records[4:] == reference[:3] + reference[4:]
 
 
 @pytest.mark.parametrize("when", range(1, 6))
