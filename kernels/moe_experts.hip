@@ -89,16 +89,27 @@ struct Quantized {
   template <int N>
   static __device__ __forceinline__ void rows(const unsigned char* const w[N], const float* __restrict__ x, int cols,
                                               float acc[N]) {
-    const int lane = (int)threadIdx.x % WARP_SIZE;
-    for (int slice = lane; slice < cols / 32; slice += WARP_SIZE) {
-      typename Format::Raw raw[N];
+    const int lane = (int)threadIdx.x % WARP_SIZE, slices = cols / 32;
+    if (lane >= slices) return;
+    typename Format::Raw raw[N];
 #pragma unroll
-      for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], slice);  // every row's loads before the first use
+    for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], lane);  // every row's loads before the first use
+    for (int slice = lane; slice < slices; slice += WARP_SIZE) {  // the next slice's loads in flight during this one's
+      const bool more = slice + WARP_SIZE < slices;
+      typename Format::Raw ahead[N];
+      if (more) {
+#pragma unroll
+        for (int r = 0; r < N; ++r) ahead[r] = Format::load(w[r], slice + WARP_SIZE);
+      }
       int col_a, col_b;
       Format::columns(slice, col_a, col_b);
       const q8::XSlice xs = q8::quantize_x(x, col_a, col_b);
 #pragma unroll
       for (int r = 0; r < N; ++r) acc[r] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r]);
+      if (more) {
+#pragma unroll
+        for (int r = 0; r < N; ++r) raw[r] = ahead[r];
+      }
     }
   }
   // The same for NB inputs at once (the grouped path): each slice of the N rows decoded once, applied to every input.
