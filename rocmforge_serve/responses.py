@@ -140,6 +140,11 @@ class ChunkEncoder:
         return _sse({**self.envelope, "choices": [{"index": 0, "delta": {"reasoning_content": text},
                                                    "finish_reason": None, "logprobs": None}]})
 
+    def delta(self, delta: dict, logprobs: dict | None) -> bytes:
+        """One chat chunk with this delta (content or tool_calls) and these chat logprobs (or none)."""
+        return _sse({**self.envelope, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                                   "logprobs": logprobs}]})
+
     def usage(self, gen: Generation) -> bytes:
         return _sse({**self.envelope, "choices": [], "usage": _usage(gen)})
 
@@ -189,15 +194,21 @@ def _stream_choice(chat: bool, index: int, text: str, reason: str | None = None)
 async def _tool_call_stream(gen: Generation, encoder: ChunkEncoder, include_usage: bool) -> AsyncIterator[bytes]:
     """A chat answer that may hold tool calls: text that cannot begin a call streams as content as it comes
     (tool_calls.CallWatcher); the rest waits until the answer ends (a call is only known as one when it is whole),
-    then goes as content and/or one tool_calls delta per call, as OpenAI streams them."""
+    then goes as content and/or one tool_calls delta per call, as OpenAI streams them. With logprobs, a content
+    chunk carries those of the tokens whose text it releases; the held tokens' (the calls' among them) come with
+    the first tool_calls delta, else with what follows the held text (every token's, once, in order)."""
     watcher = CallWatcher(gen.tool_format, gen.tools.forced)
+    held = _HeldLogprobs() if gen.logprobs is not None else None
     final = None
     async for batch in gen.event_batches():
         out = []
         for event in batch:
             released = watcher.feed(event.text)
+            if held is not None:
+                held.add(event)
             if released:
-                out.append(encoder.text(released))
+                out.append(encoder.text(released) if held is None else
+                           encoder.delta({"content": released}, held.take(gen, watcher.sent)))
             if event.finished:
                 final = event
         if out:
@@ -208,18 +219,41 @@ async def _tool_call_stream(gen: Generation, encoder: ChunkEncoder, include_usag
         return
     reason = FINISH_REASON[final.ending]
     content, calls = parse_calls(gen.tool_format, watcher.rest(), gen.tools.tools)
+    rest = held.take(gen, None) if held is not None else None
     out = []
     if content:
-        out.append(encoder.text(content))
+        out.append(encoder.delta({"content": content}, None if calls else rest))
     for index, call in enumerate(calls):
-        delta = {"tool_calls": [{"index": index, **call}]}
-        out.append(_sse({**encoder.envelope, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
-                                                          "logprobs": None}]}))
+        out.append(encoder.delta({"tool_calls": [{"index": index, **call}]}, rest if index == 0 else None))
+    if rest and not content and not calls:  # held tokens of no text (a character's first bytes at the end)
+        out.append(encoder.delta({}, rest))
     out.append(encoder.text("", "tool_calls" if calls else reason))
     if include_usage:
         out.append(encoder.usage(gen))
     out.append(_sse("[DONE]"))
     yield b"".join(out)
+
+
+class _HeldLogprobs:
+    """The log-probabilities of a streamed tool-call answer's tokens not yet sent, each with the end of its text in
+    the answer (characters): a content chunk takes those whose text it released whole."""
+
+    def __init__(self):
+        self.entries: list[tuple[int, list]] = []
+        self.chars = 0
+
+    def add(self, event) -> None:
+        self.chars += len(event.text)
+        taken = event_logprobs(event)
+        if taken:
+            self.entries.append((self.chars, taken))
+
+    def take(self, gen: Generation, released: int | None) -> dict | None:
+        """Chat logprobs of the tokens whose text ends within the first `released` characters (None: all)."""
+        count = len(self.entries) if released is None else \
+            next((i for i, (end, _) in enumerate(self.entries) if end > released), len(self.entries))
+        taken, self.entries = self.entries[:count], self.entries[count:]
+        return chat_logprobs(gen.served.tokenizer, [pair for _, pairs in taken for pair in pairs]) if taken else None
 
 
 _encode_string = json.encoder.encode_basestring  # json.dumps(text, ensure_ascii=False) for one str, in C

@@ -171,3 +171,49 @@ def test_call_watcher_holds_what_may_be_a_call():
     prose = CallWatcher(LLAMA3, forced=False)
     assert [prose.feed(p) for p in [" It", " is"]] == [" It", " is"] and prose.rest() == ""
     assert CallWatcher(HERMES, forced=True).feed("text") == ""
+
+
+def _tokens(entries) -> list[tuple]:
+    return [(e.token, e.logprob, tuple((t.token, t.logprob) for t in e.top_logprobs)) for e in entries]
+
+
+def _text(entries) -> str:
+    return bytes(b for e in entries for b in e.bytes).decode("utf-8", "replace")
+
+
+def test_a_calls_logprobs_cover_every_token_whole_and_streamed(client):
+    """logprobs with a tool call: the tokens of the call itself are in choices[].logprobs.content (as llama-server and
+    vLLM report them), and the stream carries the same entries, the call's with its tool_calls delta."""
+    kwargs = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, max_tokens=160, seed=4, logprobs=True, top_logprobs=3,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = client.chat.completions.create(**kwargs)
+    choice = whole.choices[0]
+    [call] = choice.message.tool_calls
+    entries = choice.logprobs.content
+    assert choice.finish_reason == "tool_calls" and len(entries) == whole.usage.completion_tokens
+    _, [parsed] = parse_calls(HERMES, _text(entries), TOOLS)  # the generated text, call and all
+    assert parsed["function"]["name"] == call.function.name == "get_weather"
+    assert json.loads(parsed["function"]["arguments"]) == _valid_call(call)
+    for entry in entries:
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert 1 <= len(tops) <= 3 and tops == sorted(tops, reverse=True) and entry.logprob <= 0
+    chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+    streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert _tokens(streamed) == _tokens(entries)
+    [call_chunk] = [c for c in chunks if c.choices[0].delta.tool_calls]
+    assert "get_weather" in _text(call_chunk.choices[0].logprobs.content)
+
+
+def test_streamed_content_beside_tools_carries_its_tokens_logprobs(client):
+    """tool_choice auto, an answer that is no call: each content chunk carries the logprobs of the tokens whose text
+    it releases; together they are the whole answer's, in order."""
+    kwargs = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, max_tokens=24, temperature=0, logprobs=True,
+                  top_logprobs=2)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert not whole.message.tool_calls and len(whole.logprobs.content) == 24
+    chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+    with_text = [c for c in chunks if c.delta.content]
+    assert len(with_text) > 3 and all(c.logprobs and c.logprobs.content for c in with_text)
+    streamed = [e for c in chunks if c.logprobs for e in c.logprobs.content]
+    assert _tokens(streamed) == _tokens(whole.logprobs.content)
+    assert "".join(c.delta.content for c in with_text) == whole.message.content
