@@ -200,9 +200,10 @@ def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
         try:
             if served.templates is not None:
                 text = served.templates.render(served.chat_template, messages, bos_token=bos, eos_token=eos,
-                                               tools=tools)
+                                               tools=tools, template_kwargs=request.template_kwargs)
             else:
-                text = render_chat(served.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools)
+                text = render_chat(served.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools,
+                                   template_kwargs=request.template_kwargs)
         except UsageError as exc:
             raise bad_request(str(exc), param="messages") from None
         except InvalidModelError as exc:

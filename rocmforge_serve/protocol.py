@@ -14,6 +14,7 @@ from typing import Any
 
 from hipcore.engine.sampler import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
 from hipcore.errors import UsageError
+from hipcore.tokenizer.chat_template import checked_template_kwargs
 from rocmforge_serve.api_errors import ApiError, bad_request
 from rocmforge_serve.tool_calls import ToolRequest, parse_tools
 
@@ -39,6 +40,7 @@ class GenerationRequest:
     constraint: dict | None = None
     constraint_param: str | None = None
     tools: ToolRequest | None = None  # chat: the function tools and tool_choice
+    template_kwargs: dict | None = None  # chat: chat_template_kwargs, more variables for the model's template
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -114,7 +116,22 @@ def parse_generation(body: dict, *, chat: bool) -> GenerationRequest:
         raise bad_request(f"tool_choice {tools.choice!r} and {constraint_param.split('.')[0]} both constrain the "
                           "output; send one", param="tool_choice")
     return GenerationRequest(model, prompt, messages, max_tokens, sampling, stream, include_usage, ignore_eos,
-                             constraint, constraint_param, tools)
+                             constraint, constraint_param, tools, _template_kwargs(body, chat))
+
+
+def _template_kwargs(body: dict, chat: bool) -> dict | None:
+    """llama-server's and vLLM's chat_template_kwargs: an object of variables for the chat template (Qwen3's
+    enable_thinking); none may replace what the request itself gives the template (messages, tools, ...)."""
+    value = _optional(body, "chat_template_kwargs", dict)
+    if not value:
+        return None
+    if not chat:
+        raise bad_request("chat_template_kwargs is for /v1/chat/completions", param="chat_template_kwargs",
+                          code="unsupported")
+    try:
+        return checked_template_kwargs(value)
+    except UsageError as exc:
+        raise bad_request(f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:

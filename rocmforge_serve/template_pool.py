@@ -21,7 +21,8 @@ from pathlib import Path
 
 from hipcore.errors import InvalidModelError, RocmforgeError, UsageError, printable
 from hipcore.tokenizer.chat_template import (
-    CHATML_TEMPLATE, CHILD_STARTUP_S, checked_messages, conversation_size, template_allowance,
+    CHATML_TEMPLATE, CHILD_STARTUP_S, checked_messages, checked_template_kwargs, conversation_size, template_allowance,
+    template_context,
 )
 from hipcore.tokenizer.chat_template_sandbox import DEFAULT_TIMEOUT_S, USAGE
 
@@ -94,15 +95,16 @@ class TemplatePool:
         self._closed = False
 
     def render(self, template: str | None, messages: list[dict], *, bos_token: str, eos_token: str,
-               timeout_s: float = DEFAULT_TIMEOUT_S, tools: list[dict] | None = None) -> str:
-        """The prompt text of a conversation (add_generation_prompt), as render_chat gives it (tools likewise)."""
+               timeout_s: float = DEFAULT_TIMEOUT_S, tools: list[dict] | None = None,
+               template_kwargs: dict | None = None) -> str:
+        """The prompt text of a conversation (add_generation_prompt), as render_chat gives it (tools and
+        template_kwargs likewise)."""
         source = template if template is not None else CHATML_TEMPLATE
         conversation = checked_messages(messages)
-        chars = conversation_size(conversation, tools)
-        context = {"messages": conversation, "bos_token": bos_token, "eos_token": eos_token,
-                   "add_generation_prompt": True}
-        if tools:
-            context["tools"] = tools
+        template_kwargs = checked_template_kwargs(template_kwargs)
+        chars = conversation_size(conversation, tools, template_kwargs)
+        context = template_context(conversation, bos_token=bos_token, eos_token=eos_token, add_generation_prompt=True,
+                                   tools=tools, template_kwargs=template_kwargs)
         request = json.dumps({"template": source, "context": context, "timeout_s": timeout_s,
                               "max_chars": template_allowance(source, len(conversation), chars, bos_token, eos_token)},
                              ensure_ascii=True).encode("ascii") + b"\n"

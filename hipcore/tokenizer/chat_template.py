@@ -96,15 +96,19 @@ def render_chat(
     context_tokens: int | None = None,
     isolated: bool = True,
     tools: list[dict] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """Render `messages` ([{"role": ..., "content": ...}]) with `template` (None: ChatML). tools: OpenAI's
     function tools, which the template receives as `tools` (as transformers' apply_chat_template passes them);
-    messages may then carry tool_calls (assistant) and tool_call_id (tool results).
+    messages may then carry tool_calls (assistant) and tool_call_id (tool results). template_kwargs: more
+    variables for the template (e.g. Qwen3's enable_thinking), as apply_chat_template's extra keyword arguments;
+    none may name a variable the render sets itself (checked_template_kwargs).
 
     max_output_chars replaces the template's allowance (see the module's notes); context_tokens,
     when given, bounds the result by the context (MAX_CHARS_PER_TOKEN characters a token)."""
     conversation = checked_messages(messages)
-    conversation_chars = conversation_size(conversation, tools)
+    template_kwargs = checked_template_kwargs(template_kwargs)
+    conversation_chars = conversation_size(conversation, tools, template_kwargs)
     context_chars = None if context_tokens is None else context_tokens * MAX_CHARS_PER_TOKEN
     if context_chars is not None and conversation_chars > context_chars:
         raise UsageError(f"the conversation has {conversation_chars:,} characters, more than a context of "
@@ -113,14 +117,8 @@ def render_chat(
     source = template if template is not None else CHATML_TEMPLATE
     max_chars = max_output_chars if max_output_chars is not None else template_allowance(
         source, len(conversation), conversation_chars, bos_token, eos_token)
-    context = {
-        "messages": conversation,
-        "bos_token": bos_token,
-        "eos_token": eos_token,
-        "add_generation_prompt": bool(add_generation_prompt),
-    }
-    if tools:
-        context["tools"] = tools
+    context = template_context(conversation, bos_token=bos_token, eos_token=eos_token,
+                               add_generation_prompt=add_generation_prompt, tools=tools, template_kwargs=template_kwargs)
     if isolated:
         text = _render_in_child(source, context, timeout_s, max_chars)
     else:
@@ -203,13 +201,49 @@ def _render_in_child(template: str, context: dict, timeout_s: float, max_chars: 
     raise (UsageError if reply.get("kind") == USAGE else InvalidModelError)(message)
 
 
-def conversation_size(conversation: list[dict], tools: list[dict] | None) -> int:
-    """The characters a template may repeat of the conversation: its texts, tool calls and tools."""
+def conversation_size(conversation: list[dict], tools: list[dict] | None,
+                      template_kwargs: Mapping[str, Any] | None = None) -> int:
+    """The characters a template may repeat of the conversation: its texts, tool calls, tools and extra variables."""
     chars = sum(len(m["role"]) + len(m["content"]) for m in conversation)
     extras = [m["tool_calls"] for m in conversation if "tool_calls" in m]
     if tools or extras:
         chars += len(json.dumps([tools or [], extras]))
+    if template_kwargs:
+        chars += len(json.dumps(template_kwargs))
     return chars
+
+
+# The variables a render sets itself, and the sandbox's functions: a template's extra variables never replace them
+# (a request's messages, tools and add_generation_prompt are its own fields; llama-server's and vLLM's
+# chat_template_kwargs are for the template's own switches, such as Qwen3's enable_thinking).
+RENDER_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+SANDBOX_NAMES = ("raise_exception", "strftime_now", "range", "dict", "lipsum", "cycler", "joiner", "namespace")
+
+
+def checked_template_kwargs(template_kwargs: Mapping[str, Any] | None) -> dict:
+    """The extra variables of a render, as a dict; a UsageError naming one that would replace a render's own."""
+    if template_kwargs is None:
+        return {}
+    if not isinstance(template_kwargs, Mapping):
+        raise UsageError(f"the chat template's extra variables must be an object, got {type(template_kwargs).__name__}")
+    for name in template_kwargs:
+        if not isinstance(name, str):
+            raise UsageError("the chat template's extra variables must have string names")
+        if name in RENDER_VARIABLES or name in SANDBOX_NAMES:
+            raise UsageError(f"{printable(name[:64])} is set by the render itself; an extra variable cannot "
+                             "replace it")
+    return dict(template_kwargs)
+
+
+def template_context(conversation: list[dict], *, bos_token: str, eos_token: str, add_generation_prompt: bool,
+                     tools: list[dict] | None, template_kwargs: Mapping[str, Any] | None) -> dict:
+    """The variables a template renders with: the extra ones first, the render's own over them."""
+    context = dict(template_kwargs or {})
+    context.update(messages=conversation, bos_token=bos_token, eos_token=eos_token,
+                   add_generation_prompt=bool(add_generation_prompt))
+    if tools:
+        context["tools"] = tools
+    return context
 
 
 def checked_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
