@@ -151,11 +151,12 @@ class ChunkEncoder:
 
 async def _choices_stream(gen: Generation, encoder: ChunkEncoder, include_usage: bool) -> AsyncIterator[bytes]:
     """n > 1 or logprobs: each event's chunk names its choice (index) and carries its tokens' log-probabilities;
-    the finish reasons of every choice come at the end."""
+    the finish reasons of every choice come at the end. Harmony answers (gpt-oss) are split per choice, as whole."""
     tokens = [0] * gen.choices
     offsets = [0] * gen.choices
     chat = encoder.chat
     tokenizer = gen.served.tokenizer
+    splitters = [harmony.HarmonySplitter() for _ in range(gen.choices)] if chat and _harmony(gen) else None
     async for batch in gen.event_batches():
         out = []
         for event in batch:
@@ -166,6 +167,8 @@ async def _choices_stream(gen: Generation, encoder: ChunkEncoder, include_usage:
                     out.append(_sse(error.body()))
                 else:
                     final_reason = FINISH_REASON[event.ending]
+                    for index, splitter in enumerate(splitters or []):  # what each held back (a marker's start)
+                        out += _harmony_chunks(encoder, index, splitter.finish(), None)
                     for index in range(gen.choices):
                         out.append(_sse({**encoder.envelope, "choices": [_stream_choice(
                             chat, index, "", _choice_reason(gen, final_reason, tokens[index]))]}))
@@ -174,7 +177,10 @@ async def _choices_stream(gen: Generation, encoder: ChunkEncoder, include_usage:
                 out.append(_sse("[DONE]"))
                 break
             taken = event_logprobs(event) if gen.logprobs is not None else []
-            if event.text or taken:
+            if splitters is not None:
+                out += _harmony_chunks(encoder, event.seq_index, splitters[event.seq_index].feed(event.text),
+                                       chat_logprobs(tokenizer, taken) if taken else None)
+            elif event.text or taken:
                 choice = _stream_choice(chat, event.seq_index, event.text)
                 if taken:
                     choice["logprobs"] = chat_logprobs(tokenizer, taken) if chat else completion_logprobs(
@@ -183,6 +189,17 @@ async def _choices_stream(gen: Generation, encoder: ChunkEncoder, include_usage:
                 out.append(_sse({**encoder.envelope, "choices": [choice]}))
         if out:
             yield b"".join(out)
+
+
+def _harmony_chunks(encoder: ChunkEncoder, index: int, parts: list[tuple[str, str]], logprobs: dict | None) -> list:
+    """One choice's split harmony text as chunks (reasoning_content or content); the token's logprobs with the first,
+    or alone in an empty delta when its text was markup or is held back."""
+    deltas = [{"reasoning_content": text} if kind == "reasoning" else {"content": text} for kind, text in parts]
+    if logprobs is not None and not deltas:
+        deltas = [{}]
+    return [_sse({**encoder.envelope, "choices": [{"index": index, "delta": delta, "finish_reason": None,
+                                                   "logprobs": logprobs if k == 0 else None}]})
+            for k, delta in enumerate(deltas)]
 
 
 def _stream_choice(chat: bool, index: int, text: str, reason: str | None = None) -> dict:

@@ -80,6 +80,36 @@ def test_chat_answers_of_a_harmony_template():
     assert "".join(d.get("content", "") for d in deltas) == message["content"]
 
 
+class FakeChoices(FakeGeneration):
+    """n choices of one harmony answer, each piece a token with its logprobs (the engine's events with logprobs)."""
+
+    def __init__(self, pieces, choices, logprobs):
+        super().__init__(pieces, HARMONY_TEMPLATE)
+        self.served.tokenizer = SimpleNamespace(token_piece=lambda token_id: pieces[token_id].encode("utf-8"))
+        self.choices, self.logprobs, self.max_tokens = choices, logprobs, 99
+        self._events = [Event(1, seq, token_ids=(k,), text=piece, logprobs=(-0.25, []))
+                        for k, piece in enumerate(pieces) for seq in range(choices)]
+        self._events.append(Event(1, 0, finished=True, ending=Ending.EOS))
+
+
+@pytest.mark.parametrize("choices, logprobs", [(1, 0), (2, None), (2, 1)])
+def test_streamed_choices_and_logprobs_split_as_whole(choices, logprobs):
+    """Streams with logprobs or n > 1 go their own way (each chunk names its choice): the channels are split there
+    too, never the markup as content, and each token's logprobs come once, in order."""
+    pieces = _pieces(ANSWER)
+
+    async def collect():
+        return [c async for c in responses.stream_response(FakeChoices(pieces, choices, logprobs), True, False)]
+    found = [json.loads(line[6:])["choices"][0] for chunk in asyncio.run(collect())
+             for line in chunk.decode().split("\n\n") if line.startswith("data: {")]
+    for index in range(choices):
+        mine = [c for c in found if c["index"] == index]
+        assert "".join(c["delta"].get("reasoning_content", "") for c in mine) == "The user asks for 2+2; <|it is> 4."
+        assert "".join(c["delta"].get("content", "") for c in mine) == "2 + 2 = 4 <"
+        tokens = [e["token"] for c in mine if c["logprobs"] for e in c["logprobs"]["content"]]
+        assert tokens == (pieces if logprobs is not None else [])
+
+
 def test_other_templates_are_untouched():
     body = asyncio.run(responses.whole_response(FakeGeneration(_pieces(ANSWER), "{{ '<|im_start|>' }}"), chat=True))
     assert body["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
