@@ -139,6 +139,38 @@ def test_matvec_geometry_covers_every_row():
             assert warps * (2 if batch == 1 else 1) >= rows and block % 64 == 0
 
 
+def test_matvec_split_takes_products_of_few_rows_only():
+    """The routers of Qwen3-30B-A3B and gpt-oss-20b (a token, a decode batch) and a shared expert's gate take the split
+    entries, a workgroup a row with threads enough for the row in one step; everything else keeps its entry and
+    geometry: quantized types, rows of fewer than SPLIT_MIN_COLS columns, SPLIT_MAX_GROUPS row groups or more."""
+    for arch in ("sm_90", "gfx942", "gfx1100"):
+        for weight_type in matvec.SPLIT_TYPES:
+            for rows, cols, batch in ((128, 2048, 1), (128, 2048, 8), (32, 2880, 1), (1, 2048, 1), (1022, 1024, 1),
+                                      (511, 4096, 2)):
+                entry, grid, block = matvec.choose(arch, weight_type, rows, cols, batch)
+                assert entry == f"matvec_split_{weight_type}" and grid == rows, (arch, weight_type, rows, cols, batch)
+                per_thread = 2 if batch == 1 else 1
+                assert block % 64 == 0 and 64 <= block <= matvec.SPLIT_MAX_THREADS
+                assert block * per_thread * 8 >= cols or block == matvec.SPLIT_MAX_THREADS
+            for rows, cols, batch in ((1024, 2048, 1), (512, 2048, 2), (4096, 4096, 1), (128, 576, 1), (128, 992, 8)):
+                assert matvec.choose(arch, weight_type, rows, cols, batch) == (
+                    f"matvec_{weight_type}", *matvec.geometry(arch, rows, batch)), (arch, weight_type, rows, cols, batch)
+        for weight_type in ("q4_k", "q8_0", "q4_0"):
+            assert matvec.choose(arch, weight_type, 128, 2048, 1) == (f"matvec_{weight_type}",
+                                                                       *matvec.geometry(arch, 128, 1))
+
+
+def test_matvec_launches_the_split_entry_on_the_cpu_backend(cpu_device, monkeypatch):
+    """The host twin of matvec_split_f32 is registered and gives the reference's result (run_product's bound)."""
+    entries = []
+    real = matvec.get_kernel
+    monkeypatch.setattr(matvec, "get_kernel", lambda dev, op, entry, sig: entries.append(entry) or real(dev, op, entry,
+                                                                                                        sig))
+    run_product(cpu_device, matvec.launch, "f32", 128, 2048, 1, 5)
+    run_product(cpu_device, matvec.launch, "bf16", 32, 2880, 4, 6)
+    assert entries == ["matvec_split_f32", "matvec_split_bf16"]
+
+
 @pytest.mark.parametrize("rows,n_tokens", [(1, 1), (192, 512), (576, 512), (1536, 512), (576, 128), (576, 2048),
                                            (4096, 512), (11008, 512), (49152, 4096), (49152, 9), (7, 33)])
 def test_matmul_tiles_cover_the_output_and_keep_the_gpu_busy(rows, n_tokens):

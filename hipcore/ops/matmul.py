@@ -55,18 +55,7 @@ def reference(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, col
     return np.asarray(x, dtype=np.float64).reshape(-1, cols) @ dequantize_rows(raw, weight_type, cols, np.float64).T
 
 
-def error_bound(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """float64 [n_tokens, rows]: how far a kernel's float32 result may be from `reference`.
-
-    Each output is a float32 sum of `cols` products of x with weights decoded to float32 (exact, or one
-    rounding: d*q+m, d*sc*q-dmin*m, d*scale*q), each added by one fused multiply-add. In any order of
-    summation each product then passes through at most `cols` roundings and its weight through one, so
-    |error| <= (cols + 1) * u * sum_c |w x| (the recursive-summation bound, u = 2^-24); (cols + 2) leaves
-    room for the reference's own float64 rounding. A mis-decoded weight is off by O(|w x|), far above it.
-    """
-    raw = np.ascontiguousarray(w_raw, dtype=np.uint8).reshape(rows, row_bytes(weight_type, cols))
-    w_abs = np.abs(dequantize_rows(raw, weight_type, cols, np.float64))
-    return (cols + 2) * 2.0**-24 * (np.abs(np.asarray(x, dtype=np.float64).reshape(-1, cols)) @ w_abs.T) + 1e-30
+error_bound = matvec.error_bound  # the same sums of cols products: one bound
 
 
 # ---- host implementation (the cpu backend) ---------------------------------------------------

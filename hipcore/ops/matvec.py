@@ -10,6 +10,10 @@ over row groups, so any grid is correct). Large matrices get 256-thread blocks; 
 blocks, so that their few warps spread over as many compute units as possible. A batch of more than 8
 rows makes the kernel pass over W again for every 8; hipcore/ops/kernel_choice.py `project` hands such batches
 to the matmul kernel instead.
+
+Products of few rows (split_rows: the MoE routers, 128 x 2048 or 32 x 2880 in F32) take `matvec_split_<type>`
+(F16, BF16, F32; same arguments): a workgroup a row, its threads splitting the row's columns and their sums added
+in a fixed order, so that such a product runs more than one warp a row pair (split_geometry).
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ WEIGHT_ALIGNMENT = {"q4_0": 2, "q4_1": 4, "q5_0": 2, "q5_1": 4, "q8_0": 2, "q4_k
                     "bf16": 16, "f32": 16}
 X_ALIGNMENT = 16  # x is read with 16-byte loads
 BIG_MATRIX_ROW_GROUPS = 4096  # from here on 256-thread blocks, below it 64-thread ones
+SPLIT_TYPES = ("f16", "bf16", "f32")
+# The split entries take products whose row groups (a warp each in `geometry`) number fewer than SPLIT_MAX_GROUPS,
+# over rows of at least SPLIT_MIN_COLS columns (narrower rows are one step of a warp already). Set from the
+# latency of a row group's steps, not yet from a measurement of both sides: a decode step of Qwen3-30B-A3B's router
+# (128 x 2048 F32, 64 row pairs) took 5.35 us at 196 GB/s on an NVIDIA H100 on matvec_f32, its warps walking
+# each row in four round trips to memory; scripts/bench/measure_router_matvec.py times both entries.
+SPLIT_MAX_GROUPS = 512
+SPLIT_MIN_COLS = 1024
+SPLIT_MAX_THREADS = 256  # kernels/matvec.hip: kSplitMaxThreads
 
 
 # ---- reference ---------------------------------------------------------------------------------
@@ -48,6 +61,20 @@ def reference(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, col
     raw = np.ascontiguousarray(w_raw, dtype=np.uint8).reshape(rows, row_bytes(weight_type, cols))
     w = dequantize_rows(raw, weight_type, cols, np.float64)
     return np.asarray(x, dtype=np.float64).reshape(-1, cols) @ w.T
+
+
+def error_bound(w_raw: np.ndarray, weight_type: str, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """float64 [batch, rows]: how far a kernel's float32 result may be from `reference`.
+
+    Each output is a float32 sum of `cols` products of x with weights decoded to float32 (exact, or one
+    rounding: d*q+m, d*sc*q-dmin*m, d*scale*q), each added by one fused multiply-add. In any order of
+    summation each product then passes through at most `cols` roundings and its weight through one, so
+    |error| <= (cols + 1) * u * sum_c |w x| (the recursive-summation bound, u = 2^-24); (cols + 2) leaves
+    room for the reference's own float64 rounding. A mis-decoded weight is off by O(|w x|), far above it.
+    """
+    raw = np.ascontiguousarray(w_raw, dtype=np.uint8).reshape(rows, row_bytes(weight_type, cols))
+    w_abs = np.abs(dequantize_rows(raw, weight_type, cols, np.float64))
+    return (cols + 2) * 2.0**-24 * (np.abs(np.asarray(x, dtype=np.float64).reshape(-1, cols)) @ w_abs.T) + 1e-30
 
 
 # ---- host implementation (the cpu backend) ---------------------------------------------------
@@ -65,6 +92,8 @@ def _host(weight_type: str):
 
 for _type in WEIGHT_TYPES:
     cpu_kernel(f"matvec_{_type}", SIGNATURE)(_host(_type))
+for _type in SPLIT_TYPES:
+    cpu_kernel(f"matvec_split_{_type}", SIGNATURE)(_host(_type))
 
 
 # ---- launcher ----------------------------------------------------------------------------------
@@ -77,6 +106,27 @@ def geometry(arch: str, rows: int, batch: int) -> tuple[int, int]:
     threads = 256 if groups >= BIG_MATRIX_ROW_GROUPS else 64
     warps_per_block = max(1, threads // wavefront_size(arch))
     return -(-groups // warps_per_block), threads
+
+
+def split_rows(weight_type: str, rows: int, cols: int, batch: int) -> bool:
+    """True when this product takes the split entry (see SPLIT_MAX_GROUPS)."""
+    groups = -(-rows // (2 if batch == 1 else 1))
+    return weight_type in SPLIT_TYPES and cols >= SPLIT_MIN_COLS and groups < SPLIT_MAX_GROUPS
+
+
+def split_geometry(rows: int, cols: int, batch: int) -> tuple[int, int]:
+    """(grid, block) of the split entry: a workgroup a row, threads enough for one step over the row (two items of
+    8 columns a thread when decoding, one for batches) in multiples of 64, up to SPLIT_MAX_THREADS."""
+    per_thread = 2 if batch == 1 else 1
+    threads = -(-(cols // 8) // per_thread)
+    return rows, min(SPLIT_MAX_THREADS, max(64, -(-threads // 64) * 64))
+
+
+def choose(arch: str, weight_type: str, rows: int, cols: int, batch: int) -> tuple[str, int, int]:
+    """(entry, grid, block) of this product on a device of architecture `arch`."""
+    if split_rows(weight_type, rows, cols, batch):
+        return (f"{OP}_split_{weight_type}", *split_geometry(rows, cols, batch))
+    return (f"{OP}_{weight_type}", *geometry(arch, rows, batch))
 
 
 def check_operands(op: str, weight_type: str, have: tuple[str, ...], y: Any, w: Any, x: Any, rows: int, cols: int,
@@ -101,6 +151,6 @@ def launch(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: 
            weight_type: str) -> None:
     """y[batch, rows] = x[batch, cols] @ W[rows, cols]^T for W of `weight_type` (one of WEIGHT_TYPES)."""
     check_operands(OP, weight_type, WEIGHT_TYPES, y, w, x, rows, cols, batch, "batch")
-    grid, block = geometry(device.arch, rows, batch)
-    kernel = get_kernel(device, OP, f"{OP}_{weight_type}", SIGNATURE)
+    entry, grid, block = choose(device.arch, weight_type, rows, cols, batch)
+    kernel = get_kernel(device, OP, entry, SIGNATURE)
     kernel.launch(grid, block, (y, w, x, rows, cols, batch), stream=stream)

@@ -30,7 +30,8 @@ ENTRIES = {
     "add_bias": [("add_bias_f32", add_bias.SIGNATURE)],
     "argmax": [("argmax_f32", argmax.SIGNATURE)],
     "matmul": [(f"matmul_{t}", matmul.SIGNATURE) for t in matmul.WEIGHT_TYPES],
-    "matvec": [(f"matvec_{t}", matvec.SIGNATURE) for t in matvec.WEIGHT_TYPES],
+    "matvec": [(f"matvec_{t}", matvec.SIGNATURE) for t in matvec.WEIGHT_TYPES]
+              + [(f"matvec_split_{t}", matvec.SIGNATURE) for t in matvec.SPLIT_TYPES],
     "rmsnorm": [("rmsnorm_f32", rmsnorm.SIGNATURE), ("rmsnorm_f32_f16", rmsnorm.SIGNATURE),
                 ("rmsnorm_add_f32", rmsnorm.SIGNATURE)],
     "rope": [("rope_f32", rope.SIGNATURE), ("rope_neox_f32", rope.SIGNATURE)],
@@ -82,6 +83,30 @@ def run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch, kernel=None)
 ])
 def test_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     run_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch)
+
+
+@pytest.mark.parametrize("weight_type,rows,cols,batch", [
+    # Qwen3-30B-A3B's router (a token, a decode batch), gpt-oss-20b's and gpt-oss-120b's, a shared expert's gate, the
+    # most rows a token takes the split entry for, the other float types, a batch of two passes.
+    ("f32", 128, 2048, 1), ("f32", 128, 2048, 8), ("f32", 32, 2880, 1), ("f32", 128, 2880, 4), ("f32", 1, 2048, 1),
+    ("f32", 1022, 1024, 1), ("f16", 60, 2048, 1), ("bf16", 64, 3584, 2), ("f32", 33, 1056, 11),
+])
+def test_matvec_split(gpu, mem, rng, seed, weight_type, rows, cols, batch):
+    """Products of few rows take matvec_split_<type>: within matvec.error_bound of the reference, and the same bits
+    on a second launch (the warps' sums are added in a fixed order)."""
+    assert matvec.split_rows(weight_type, rows, cols, batch)
+    raw = random_weights(rng, weight_type, rows, cols)
+    x = rng.standard_normal((batch, cols)).astype(np.float32)
+    w, xs = mem.upload(raw, "weights"), mem.upload(x)
+    outputs = []
+    for _ in range(2):
+        y = mem.poisoned(batch * rows * 4)
+        matvec.launch(gpu, None, y, w, xs, rows, cols, batch, weight_type=weight_type)
+        outputs.append(y.download(np.float32).reshape(batch, rows))
+    want, bound = matvec.reference(raw, weight_type, x, rows, cols), matvec.error_bound(raw, weight_type, x, rows, cols)
+    bad = ~(np.abs(outputs[0] - want) <= bound)
+    assert not bad.any(), f"seed {seed}: {int(bad.sum())} of {bad.size} outputs off; first at {np.argwhere(bad)[0]}"
+    assert outputs[0].tobytes() == outputs[1].tobytes(), f"seed {seed}: two launches differ"
 
 
 def run_matmul(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens, tile=None, kernel=None, grid=None):

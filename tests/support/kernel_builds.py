@@ -41,7 +41,8 @@ EXPECTED_KERNELS = {
     "moe_experts_mma": ["moe_mma_sort"] + [f"moe_mma_{mode}_{t}" for mode in ("gate", "up", "down")
                                            for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16")],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
-               "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0"],
+               "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0", "matvec_split_f16", "matvec_split_bf16",
+               "matvec_split_f32"],
     "paged_attention": [f"paged_attention_{kv}{cap}{sinks}" for kv in ("bf16", "f16", "f32", "q8_0") for cap in ("", "_softcap")
                         for sinks in ("", "_sinks")],
     "prompt_attention": list(prompt_attention.KERNEL_NAMES),
