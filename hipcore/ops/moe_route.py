@@ -12,7 +12,8 @@ The experts come in descending order. Both modes select on the logits: softmax i
 llama.cpp's (which sorts the float32 probabilities) except where two different logits round to one
 probability. Equal logits go to the lower expert index (ggml's sort leaves their order unspecified).
 One warp per token (the kernel loops over tokens, so any grid is correct), n_expert <= 256 and
-k <= MAX_K: a fixed launch shape with no host synchronization, capturable in the decode graph.
+k <= MAX_K: a fixed launch shape with no host synchronization, capturable in the decode graph. Up to 8 choices the
+warp merges its lanes' sorted lists, more take k rounds of an arg-max: the same choices and weights either way.
 """
 
 from __future__ import annotations
