@@ -1,26 +1,30 @@
 // The selected experts' products of a mixture-of-experts feed-forward (hipcore/ops/moe_experts.py), one launch a
 // projection for every token of the step:
 //   moe_gate_up_<type>: h[t, j] = act(gate_e . x[t] + gate_bias_e, up_e . x[t] + up_bias_e), e = ids[t, j];
-//   moe_down_<type>:    out[t] += sum_j weights[t, j] (down_e . h[t, j] + down_bias_e).
+//   moe_down_<type>, moe_down_slots_<type>: out[t] += sum_j weights[t, j] (down_e . h[t, j] + down_bias_e).
 // Expert tensors are [n_expert, rows, cols] in their GGUF block format; biases float32 [n_expert, rows] or null.
 //
-// Work (the per-pair path, decode steps and small batches): a workgroup takes one token and a chunk of rows, its
-// warps the (slot, group of rows) units of that chunk: for gate|up kRows rows of gate and of up together (2 kRows
-// rows' loads in flight, the activation in the warp), for down kDownRows rows of one slot, each slot's weighted
-// product left in shared memory and the k of them summed in slot order by one thread a row before one add into out:
-// no atomics, the same bits every run. gate|up's input x, which its k slots share, is quantized once a workgroup
-// into shared memory (Staged: a quantized type's) rather than by every warp; down's warps quantize their own slot's
-// slices of h as they go, while their rows' loads are in flight (staged, every warp waited for the workgroup's
-// quantizing before its first load: Qwen3-30B-A3B's down at one token 15.5 against 11.8 us). The slots spread over
-// the warps give down k times the warps that one warp a row's k slots in series would. Each warp reads only the rows of the experts its token
-// selected; the grid loops over the items it does not cover.
+// Work (the per-pair path, decode steps and small batches). gate|up: a workgroup takes one token and a chunk of rows,
+// its warps the (slot, kRows rows) units of that chunk, kRows rows of gate and of up together (2 kRows rows' loads in
+// flight, the activation in the warp); x, which the k slots share, is quantized once a workgroup into shared memory
+// (Staged, a quantized type's) rather than by every warp. down has two forms, the same sums in the same order (no
+// atomics, the same bits every run), the launcher choosing by how long a slot's product is:
+//   moe_down_<type>, slot-serial: a warp takes kRows rows of one token and walks its k slots in order, summing in
+//     registers before one add into out. Where a lane walks one slice of a slot (Qwen3-30B-A3B's 768 columns) it
+//     measured best: 11.8 us a layer at one token on an H100, against 14.6-15.5 for the slot-parallel forms.
+//   moe_down_slots_<type>, slot-parallel: a workgroup takes one token and a chunk of rows, its warps the (slot,
+//     kSlotRows rows) units, the token's k slices of h quantized once into shared memory, each slot's weighted
+//     product left there and the k summed in slot order by one thread a row. Where a lane walks several slices of a
+//     slot (gpt-oss-20b's 2,880 columns) it measured 21.3 us a layer against the slot-serial 36.1.
+// Each warp reads only the rows of the experts its token selected; the grid loops over the items it does not cover.
 // Quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: a lane takes slices l, l + WARP_SIZE,
 // ... of 32 weights, quantizes x's matching 32 values to int8 (qmatvec_formats.h's quantize_x) and forms the
 // integer dot products (rf_dp4a). F16, BF16 and F32 multiply float x, 8 columns a lane a step.
 // An expert id outside [0, n_expert) reads nothing and contributes 0 (the host kernels refuse it).
 // down's entries ask for two workgroups an SM: without it nvcc held F16's and BF16's to 64 registers on sm_80 and
-// spilled 4 bytes. The per-pair path holds at most kMaxStagedSlices slices of gate|up's input (12,288 columns of x)
-// and kMaxSlots slots (the launcher sends wider products down the grouped path).
+// spilled 4 bytes (gate|up's too, once it staged x: sm_80 spilled Q4_K's). The per-pair path holds at most
+// kMaxStagedSlices slices of staged input (12,288 columns of x; h of a slot in moe_down_slots) and kMaxSlots slots
+// (the launcher sends wider products down the grouped path).
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; x and h 16-byte aligned;
 // experts 16-byte aligned (Q4_K, Q5_K and the float types), 2-byte (Q6_K, Q8_0) or byte-aligned (MXFP4).
 #include "hip_compat.h"
@@ -32,10 +36,10 @@ namespace {
 namespace moe {
 
 constexpr int kRows = 2;       // rows of gate and of up a gate|up unit
-constexpr int kDownRows = 2;   // rows of down a down unit (4 held Q6_K at 128 registers on sm_90, spilled Q5_K on sm_80)
+constexpr int kSlotRows = 4;   // rows of down a moe_down_slots unit
 constexpr int kMaxSlots = 32;
-constexpr int kMaxStagedSlices = 384;  // 16.5 KiB: x of 12,288 columns (Qwen3-30B-A3B's 2,048, gpt-oss-20b's 2,880)
-constexpr int kMaxBlockRows = kDownRows * (256 / 32);  // the most rows a down workgroup takes (256 threads)
+constexpr int kMaxStagedSlices = 384;  // 16.5 KiB: Qwen3-30B-A3B's x holds 64, gpt-oss-20b's x 90 and its h 4 x 90
+constexpr int kMaxBlockRows = kSlotRows * (256 / 32);  // the most rows a moe_down_slots workgroup takes (256 threads)
 
 // Quantized input slices in shared memory, a structure of arrays: a warp's lanes read consecutive slices' words
 // without bank conflicts (an array of 44-byte XSlices put four lanes on each bank).
@@ -89,29 +93,19 @@ struct Quantized {
   template <int N>
   static __device__ __forceinline__ void rows(const unsigned char* const w[N], const float* __restrict__ x, int cols,
                                               float acc[N]) {
-    const int lane = (int)threadIdx.x % WARP_SIZE, slices = cols / 32;
-    if (lane >= slices) return;
-    typename Format::Raw raw[N];
+    const int lane = (int)threadIdx.x % WARP_SIZE;
+    for (int slice = lane; slice < cols / 32; slice += WARP_SIZE) {
+      typename Format::Raw raw[N];
 #pragma unroll
-    for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], lane);  // every row's loads before the first use
-    for (int slice = lane; slice < slices; slice += WARP_SIZE) {  // the next slice's loads in flight during this one's
-      const bool more = slice + WARP_SIZE < slices;
-      typename Format::Raw ahead[N];
-      if (more) {
-#pragma unroll
-        for (int r = 0; r < N; ++r) ahead[r] = Format::load(w[r], slice + WARP_SIZE);
-      }
+      for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], slice);  // every row's loads before the first use
       int col_a, col_b;
       Format::columns(slice, col_a, col_b);
       const q8::XSlice xs = q8::quantize_x(x, col_a, col_b);
 #pragma unroll
       for (int r = 0; r < N; ++r) acc[r] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r]);
-      if (more) {
-#pragma unroll
-        for (int r = 0; r < N; ++r) raw[r] = ahead[r];
-      }
     }
   }
+
   // The same for NB inputs at once (the grouped path): each slice of the N rows decoded once, applied to every input.
   template <int N, int NB>
   static __device__ __forceinline__ void rows_batched(const unsigned char* const w[N], const float* const x[NB], int cols,
@@ -289,45 +283,114 @@ __device__ __forceinline__ void gate_up(float* __restrict__ h, const float* __re
   }
 }
 
+// A warp's place in the slot-serial down's grid: its first item and the stride to the next.
+struct Warp {
+  int lane, first, stride;
+  __device__ __forceinline__ Warp() {
+    const int warps = (int)blockDim.x / WARP_SIZE;
+    lane = (int)threadIdx.x % WARP_SIZE;
+    first = (int)blockIdx.x * warps + (int)threadIdx.x / WARP_SIZE;
+    stride = (int)gridDim.x * warps;
+  }
+};
+
+// down, slot-serial: a warp takes kRows rows of one token and walks its k slots in order, summing their weighted
+// products in registers before one add into out.
 template <class P>
 __device__ __forceinline__ void down(float* __restrict__ out, const float* __restrict__ h, const void* down_,
                                      const int* __restrict__ ids, const float* __restrict__ weights,
                                      const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,
                                      int n_expert) {
   rf_check_wave_size();
+  const Warp warp;
+  const unsigned char* down = static_cast<const unsigned char*>(down_);
+  const unsigned long long row_bytes = P::row_bytes(ff);
+  const long long groups = (hidden + kRows - 1) / kRows;
+  const long long items = (long long)tokens * groups;
+  for (long long item = warp.first; item < items; item += warp.stride) {  // uniform across the warp
+    const int t = (int)(item / groups), r0 = (int)(item % groups) * kRows;
+    float total[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) total[r] = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int pair = t * k + j;
+      const int e = ids[pair];
+      if (e < 0 || e >= n_expert) continue;  // uniform: one id for the warp
+      const unsigned long long expert = (unsigned long long)e * hidden;
+      const unsigned char* w[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        w[r] = down + (expert + (unsigned long long)(r0 + r < hidden ? r0 + r : hidden - 1)) * row_bytes;
+      float acc[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+      P::template rows<kRows>(w, h + (unsigned long long)pair * ff, ff, acc);
+      const float weight = weights[pair];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float y = rf_warp_sum(acc[r]);
+        if (down_bias && r0 + r < hidden) y += down_bias[expert + (unsigned long long)(r0 + r)];
+        total[r] = fmaf(weight, y, total[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (warp.lane == r && r0 + r < hidden) out[(unsigned long long)t * hidden + r0 + r] += total[r];
+  }
+}
+
+// down, slot-parallel: a workgroup takes one token and kSlotRows * groups rows, its warps the (slot, rows) units; the
+// token's k slices of h are quantized once a workgroup into shared memory (passes of as many slots as it holds), each
+// slot's weighted product left in shared memory and the k summed in slot order by one thread a row.
+template <class P>
+__device__ __forceinline__ void down_slots(float* __restrict__ out, const float* __restrict__ h, const void* down_,
+                                     const int* __restrict__ ids, const float* __restrict__ weights,
+                                     const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,
+                                     int n_expert) {
+  rf_check_wave_size();
+  __shared__ typename P::Staged staged;
   __shared__ float slot_terms[kMaxSlots][kMaxBlockRows];  // slot j's down product (plus bias) for the chunk's rows
   __shared__ float slot_weight[kMaxSlots];                // its routing weight, 0 for an id out of range
-  const Units units(k, kDownRows);
+  const Units units(k, kSlotRows);
   const unsigned char* down = static_cast<const unsigned char*>(down_);
   const unsigned long long row_bytes = P::row_bytes(ff);
   const int chunks = (hidden + units.block_rows - 1) / units.block_rows;
+  const int slot_slices = ff / 32;  // staged slices of one slot's h
+  const int slots_a_pass = P::kStages ? (kMaxStagedSlices / slot_slices < k ? kMaxStagedSlices / slot_slices : k) : k;
   for (long long item = blockIdx.x; item < (long long)tokens * chunks; item += gridDim.x) {  // uniform: the workgroup's
     const int t = (int)(item / chunks), r_block = (int)(item % chunks) * units.block_rows;
-    __syncthreads();  // the previous item's sums have read slot_terms
-    for (int u = units.warp; u < k * units.groups; u += units.warps) {  // uniform across the warp
-      const int j = u % k, group = u / k, r0 = r_block + group * kDownRows;
-      const int pair = t * k + j, e = ids[pair];
-      const bool chosen = e >= 0 && e < n_expert;
-      float y[kDownRows];
+    for (int j0 = 0; j0 < k; j0 += slots_a_pass) {
+      const int slots = k - j0 < slots_a_pass ? k - j0 : slots_a_pass;
+      __syncthreads();  // every warp is done with the previous pass's slices
+      for (int j = 0; j < slots; ++j)
+        P::stage(staged, j * slot_slices, h + (unsigned long long)(t * k + j0 + j) * ff, ff);
+      __syncthreads();
+      for (int u = units.warp; u < slots * units.groups; u += units.warps) {  // uniform across the warp
+        const int j = j0 + u % slots, group = u / slots, r0 = r_block + group * kSlotRows;
+        const int pair = t * k + j, e = ids[pair];
+        const bool chosen = e >= 0 && e < n_expert;
+        float y[kSlotRows];
 #pragma unroll
-      for (int r = 0; r < kDownRows; ++r) y[r] = 0.0f;
-      if (chosen && r0 < hidden) {
-        const unsigned long long expert = (unsigned long long)e * hidden;
-        const unsigned char* w[kDownRows];
+        for (int r = 0; r < kSlotRows; ++r) y[r] = 0.0f;
+        if (chosen && r0 < hidden) {
+          const unsigned long long expert = (unsigned long long)e * hidden;
+          const unsigned char* w[kSlotRows];
 #pragma unroll
-        for (int r = 0; r < kDownRows; ++r)
-          w[r] = down + (expert + (unsigned long long)(r0 + r < hidden ? r0 + r : hidden - 1)) * row_bytes;
-        P::template rows<kDownRows>(w, h + (unsigned long long)pair * ff, ff, y);
+          for (int r = 0; r < kSlotRows; ++r)
+            w[r] = down + (expert + (unsigned long long)(r0 + r < hidden ? r0 + r : hidden - 1)) * row_bytes;
+          P::template rows_staged<kSlotRows>(w, staged, (u % slots) * slot_slices, h + (unsigned long long)pair * ff,
+                                             ff, y);
 #pragma unroll
-        for (int r = 0; r < kDownRows; ++r) {
-          y[r] = rf_warp_sum(y[r]);
-          if (down_bias && r0 + r < hidden) y[r] += down_bias[expert + (unsigned long long)(r0 + r)];
+          for (int r = 0; r < kSlotRows; ++r) {
+            y[r] = rf_warp_sum(y[r]);
+            if (down_bias && r0 + r < hidden) y[r] += down_bias[expert + (unsigned long long)(r0 + r)];
+          }
         }
-      }
 #pragma unroll
-      for (int r = 0; r < kDownRows; ++r)
-        if (units.lane == r) slot_terms[j][group * kDownRows + r] = y[r];
-      if (units.lane == 0 && group == 0) slot_weight[j] = chosen ? weights[pair] : 0.0f;
+        for (int r = 0; r < kSlotRows; ++r)
+          if (units.lane == r) slot_terms[j][group * kSlotRows + r] = y[r];
+        if (units.lane == 0 && group == 0) slot_weight[j] = chosen ? weights[pair] : 0.0f;
+      }
     }
     __syncthreads();
     for (int r = (int)threadIdx.x; r < units.block_rows; r += (int)blockDim.x)
@@ -356,6 +419,12 @@ __device__ __forceinline__ void down(float* __restrict__ out, const float* __res
       const float* __restrict__ weights, const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,  \
       int n_expert) {                                                                                                 \
     moe::down<Policy>(out, h, down, ids, weights, down_bias, tokens, k, hidden, ff, n_expert);                       \
+  }                                                                                                                   \
+  extern "C" __global__ __launch_bounds__(256, 2) void moe_down_slots_##suffix(                                         \
+      float* __restrict__ out, const float* __restrict__ h, const void* __restrict__ down, const int* __restrict__ ids, \
+      const float* __restrict__ weights, const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,  \
+      int n_expert) {                                                                                                 \
+    moe::down_slots<Policy>(out, h, down, ids, weights, down_bias, tokens, k, hidden, ff, n_expert);                 \
   }                                                                                                                   \
   extern "C" __global__ __launch_bounds__(256) void moe_gate_up_grouped_##suffix(                                    \
       float* __restrict__ h, const float* __restrict__ x, const void* __restrict__ gate, const void* __restrict__ up, \

@@ -109,8 +109,8 @@ QUANTIZED = tuple(f"_{t}" for t in moe_experts.QUANTIZED_X_TYPES)
 def test_moe_kernels_keep_everything_in_registers(built):
     """The experts' products (a decode step runs gate|up and down in every layer) and the router hold their rows' loads,
     accumulators and logits in registers on every target: no spills, no scratch. Shared memory: the grouped entries'
-    gathered pairs (2,048 ints and their count); the per-pair gate|up's input slices of a quantized type (384 slices of
-    11 words) and down's slot terms (32 slots x 16 rows and 32 weights)."""
+    gathered pairs (2,048 ints and their count); the per-pair gate|up's and moe_down_slots' input slices of a quantized
+    type (384 slices of 11 words) and moe_down_slots' slot terms (32 slots x 32 rows and 32 weights)."""
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
     for target in all_targets():
@@ -118,8 +118,9 @@ def test_moe_kernels_keep_everything_in_registers(built):
             for name, usage in manifest["objects"][target][op]["kernels"].items():
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
-                staged = 384 * 11 * 4 if name.endswith(QUANTIZED) and name.startswith("moe_gate_up_") else 0
-                terms = (32 * 16 + 32) * 4 if name.startswith("moe_down_") else 0
+                stages = name.startswith(("moe_gate_up_", "moe_down_slots_")) and "_grouped_" not in name
+                staged = 384 * 11 * 4 if name.endswith(QUANTIZED) and stages else 0
+                terms = (32 * 32 + 32) * 4 if name.startswith("moe_down_slots_") else 0
                 shared = 2048 * 4 + 4 if "_grouped_" in name else staged + terms if "_sum_" not in name else 0
                 assert off_chip == 0 and usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
 

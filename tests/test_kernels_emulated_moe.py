@@ -70,7 +70,7 @@ def run_gate_up(harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidd
 
 
 def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert, biases, grid=None,
-             grouped=False):
+             grouped=False, slots=False):
     down, down_path = expert_files(tmp_path, rng, weight_type, n_expert, hidden, ff, "down")
     h = (rng.standard_normal((tokens, k, ff)) * rng.choice([1e-2, 1.0, 4.0], (tokens, k, ff))).astype(np.float32)
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
@@ -79,9 +79,11 @@ def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff,
     residual = rng.standard_normal((tokens, hidden)).astype(np.float32)
     paths = write_inputs(tmp_path, h=h, ids=ids, weights=weights, residual=residual,
                          **({"bias": bias} if biases else {}))
+    arch = ARCH_FOR_WARP[warp]
     g, block = (moe_experts.grouped_geometry(n_expert, hidden) if grouped
-                else moe_experts.geometry(ARCH_FOR_WARP[warp], tokens, k, hidden, moe_experts.DOWN_ROWS))
-    entry = f"moe_down_grouped_{weight_type}" if grouped else f"moe_down_{weight_type}"
+                else moe_experts.geometry(arch, tokens, k, hidden, moe_experts.SLOT_ROWS) if slots
+                else moe_experts.serial_geometry(arch, tokens, hidden))
+    entry = f"moe_down_{'grouped_' if grouped else 'slots_' if slots else ''}{weight_type}"
     run(harnesses, warp, entry, grid or g, block, tokens, k, hidden, ff, n_expert, paths[0],
         down_path, paths[1], paths[2], tmp_path / "bias" if biases else "-", paths[3], tmp_path / "out")
     got = np.fromfile(tmp_path / "out", np.float32).reshape(tokens, hidden)
@@ -102,18 +104,22 @@ def test_gate_up(moe_harnesses, warp, weight_type, tmp_path):
         assert np.all(np.abs(got - want) <= bound), (tokens, k, ff, hidden, activation, grid)
 
 
+@pytest.mark.parametrize("slots", [False, True], ids=["serial", "slots"])
 @pytest.mark.parametrize("weight_type", moe_experts.EXPERT_TYPES)
-def test_down(moe_harnesses, warp, weight_type, tmp_path):
-    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 2])
+def test_down(moe_harnesses, warp, weight_type, slots, tmp_path):
+    """Both per-pair downs: slot-serial (moe_down) and slot-parallel (moe_down_slots: also more slots than warps, and a
+    token's slices of h past its shared memory, in two passes of slots)."""
+    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 2, int(slots)])
     block = column_multiple(weight_type)
-    # h wider than gate|up's staged x (down quantizes its own), more slots than warps
     wide = -(-(moe_experts.MAX_STAGED_COLUMNS // 3 + 1) // block) * block
-    cases = [(1, 4, 7, 2 * block, 6, True, None), (3, 2, 4, block, 5, False, 1), (1, 9, 3, block, 10, True, None)]
-    if weight_type in moe_experts.QUANTIZED_X_TYPES:
-        cases.append((1, 4, 3, wide, 5, False, None))
+    cases = [(1, 4, 7, 2 * block, 6, True, None), (3, 2, 4, block, 5, False, 1)]
+    if slots:
+        cases.append((1, 9, 3, block, 10, True, None))
+        if weight_type in moe_experts.QUANTIZED_X_TYPES:
+            cases.append((1, 4, 3, wide, 5, False, None))
     for tokens, k, hidden, ff, n_expert, biases, grid in cases:
         got, want, bound = run_down(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert,
-                                    biases, grid)
+                                    biases, grid, slots=slots)
         assert np.all(np.abs(got - want) <= bound), (tokens, k, hidden, ff, grid)
 
 
@@ -137,7 +143,9 @@ def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
 
 @pytest.mark.parametrize("old,new,projection,weight_type", [
     ("((codes >> 3) & kByteOnes)", "((codes >> 2) & kByteOnes)", "gate_up", "mxfp4"),  # the sign from the wrong bit
-    ("total = fmaf(slot_weight[j], slot_terms[j][r], total);", "total += slot_terms[j][r];", "down", "q4_k"),  # the routing weights dropped
+    ("total[r] = fmaf(weight, y, total[r]);", "total[r] += y;", "down", "q4_k"),  # the routing weights dropped
+    ("total = fmaf(slot_weight[j], slot_terms[j][r], total);", "total += slot_terms[j][r];", "down_slots", "q4_k"),
+    ("slot_weight[j] = chosen ? weights[pair] : 0.0f;", "slot_weight[j] = 1.0f;", "down_slots", "q8_0"),
 ])
 def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
     work = tmp_path / "planted"
@@ -147,7 +155,8 @@ def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
     if projection == "gate_up":
         got, want, bound = run_gate_up(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 64, 4, "swiglu", False)
     else:
-        got, want, bound = run_down(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 256, 4, False)
+        got, want, bound = run_down(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 256, 4, False,
+                                    slots=projection == "down_slots")
     assert not np.all(np.abs(got - want) <= bound)
 
 

@@ -289,9 +289,9 @@ def test_grouped_path_on_the_host_kernels(cpu_device):
 
 def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):
     """The per-pair path holds a quantized type's input in shared memory (MAX_STAGED_COLUMNS) and at most MAX_SLOTS
-    slots: wider products go down the grouped path (chosen, with the per-pair path's results), a forced per-pair launch
-    of one is refused, and a down of too many slots without a workspace is refused rather than run on a path that
-    cannot take it."""
+    slots: a wider gate|up goes down the grouped path (chosen, with the per-pair path's results) and a forced per-pair
+    launch of one is refused; down takes the slot-serial or the slot-parallel entry (slots_pay), each without a
+    workspace."""
     wide = moe_experts.MAX_STAGED_COLUMNS + 32
     assert moe_experts.pairs_fit("q8_0", 8, moe_experts.MAX_STAGED_COLUMNS)
     assert not moe_experts.pairs_fit("q8_0", 8, wide) and moe_experts.pairs_fit("f16", 8, wide)
@@ -316,17 +316,20 @@ def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):
     with pytest.raises(ValueError, match="per-pair path takes at most"):
         moe_experts.launch_gate_up(cpu_device, None, h, to_device(cpu_device, x), g_buf, u_buf, ids, tokens, k,
                                    "swiglu", ff=32, hidden=wide, path="pairs", **common)
-    many = moe_experts.MAX_SLOTS + 1  # down: more slots than a workgroup sums
-    (down,), (d_buf,) = expert_buffers(cpu_device, rng, "q8_0", many, 8, 32, 1)
-    ids = to_device(cpu_device, rng.permutation(many)[None].astype(np.int32))
-    weights = to_device(cpu_device, rng.random((1, many)).astype(np.float32))
-    h = to_device(cpu_device, rng.standard_normal((1, many, 32)).astype(np.float32))
-    out = to_device(cpu_device, np.zeros((1, 8), np.float32))
-    with pytest.raises(ValueError, match="needs a workspace"):
-        moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, 1, many, hidden=8, ff=32,
-                                weight_type="q8_0", n_expert=many)
-    entries.clear()
-    workspace = empty(cpu_device, moe_experts.down_workspace_bytes(1, many, 8))
-    moe_experts.launch_down(cpu_device, None, out, h, d_buf, ids, weights, 1, many, hidden=8, ff=32,
-                            workspace=workspace, weight_type="q8_0", n_expert=many)
-    assert entries[0] == "moe_down_grouped_q8_0"
+    # down: slot-serial where a lane walks one step of a slot (or more slots than moe_down_slots sums), slot-parallel
+    # where it walks several; neither needs the grouped path's workspace
+    many = moe_experts.MAX_SLOTS + 1
+    for k_, ff_, entry in [(many, 32, "moe_down_q8_0"), (2, 32, "moe_down_q8_0"), (2, 2048, "moe_down_slots_q8_0")]:
+        assert moe_experts.slots_pay(cpu_device.arch, "q8_0", k_, ff_) == ("slots" in entry)
+        (down,), (d_buf,) = expert_buffers(cpu_device, rng, "q8_0", many, 8, ff_, 1)
+        ids_host = rng.permutation(many)[None, :k_].astype(np.int32)
+        weights_host = rng.random((1, k_)).astype(np.float32)
+        h_host = rng.standard_normal((1, k_, ff_)).astype(np.float32)
+        out = to_device(cpu_device, np.zeros((1, 8), np.float32))
+        entries.clear()
+        moe_experts.launch_down(cpu_device, None, out, to_device(cpu_device, h_host), d_buf, to_device(cpu_device, ids_host),
+                                to_device(cpu_device, weights_host), 1, k_, hidden=8, ff=ff_, weight_type="q8_0",
+                                n_expert=many)
+        assert entries == [entry]
+        want = moe_experts.down_reference(h_host, down, "q8_0", ids_host, weights_host, 8, ff_)
+        np.testing.assert_allclose(out.download(np.float32).reshape(want.shape), want, rtol=1e-4, atol=1e-4)

@@ -13,13 +13,16 @@ and weights float32 [tokens, k] come from moe_route. Biases (gpt-oss) are float3
   n_expert i)`: out[t] += sum_j weights[t, j] * (down_e . h[t, j] + down_bias_e), float32 [tokens, hidden],
   the k terms summed in slot order by one warp (no atomics: the same bits on every run).
 
-Two paths, the same function: per pair (decode steps: a workgroup a token and a chunk of rows, its warps the
-(slot, rows) units of that chunk, gate|up's quantized input quantized once a workgroup into shared memory; at most
-MAX_SLOTS slots and gate|up MAX_STAGED_COLUMNS columns of input, wider products take the grouped path) and grouped (prompts
-and batches, `grouped_pays`: a workgroup takes one expert's rows and gathers the pairs that chose it, so that each
-slice of an expert's weights is decoded once for 2 pairs; `moe_gate_up_grouped_<type>`, and for down
-`moe_down_grouped_<type>` writing each pair's weighted term into a workspace float32 [tokens, k, hidden] that
-`moe_sum_slots_f32(out p, terms p, tokens i, k i, hidden i)` adds into out in slot order: deterministic).
+Two paths, the same function: per pair (decode steps and small batches: gate|up a workgroup a token and a chunk of
+rows, its warps the (slot, rows) units, a quantized x quantized once a workgroup into shared memory, at most
+MAX_SLOTS slots and MAX_STAGED_COLUMNS columns of x; down slot-serial, `moe_down_<type>`, a warp a token's rows
+walking its k slots in order, or slot-parallel, `moe_down_slots_<type>`, a workgroup a token's rows, its warps the
+slots, h quantized once into shared memory, where `slots_pay`: kernels/moe_experts.hip says what each measured) and
+grouped (prompts and batches, `grouped_pays`, or a gate|up wider than the per-pair path takes: a workgroup takes one
+expert's rows and gathers the pairs that chose it, so that each slice of an expert's weights is decoded once for 2
+pairs; `moe_gate_up_grouped_<type>`, and for down `moe_down_grouped_<type>` writing each pair's weighted term into a
+workspace float32 [tokens, k, hidden] that `moe_sum_slots_f32(out p, terms p, tokens i, k i, hidden i)` adds into out
+in slot order: deterministic).
 
 The quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: the input (x, or h) is
 quantized per 32-column slice to int8 exactly as qmatvec.quantize_x does, and `reference` uses that input, so
@@ -52,7 +55,7 @@ EXPERT_TYPES = QUANTIZED_X_TYPES + FLOAT_TYPES
 WEIGHT_ALIGNMENT = {"q4_k": 16, "q5_k": 16, "q6_k": 2, "q8_0": 2, "mxfp4": 1, "f16": 16, "bf16": 16, "f32": 16}
 ACTIVATIONS = {"swiglu": 0, "swiglu_oai": 1}
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
-GATE_UP_ROWS, DOWN_ROWS = 2, 2  # rows of one (token, slot) a warp of the per-pair path computes together
+GATE_UP_ROWS, DOWN_ROWS, SLOT_ROWS = 2, 2, 4  # rows a warp of the per-pair entries computes together (kRows, kSlotRows)
 MAX_SLOTS = 32  # kernels/moe_experts.hip kMaxSlots
 MAX_STAGED_COLUMNS = 384 * 32  # kMaxStagedSlices: a quantized x the per-pair gate|up holds in shared memory
 THREADS = 256
@@ -271,6 +274,7 @@ for _type in EXPERT_TYPES:
     cpu_kernel(f"moe_gate_up_{_type}", GATE_UP_SIGNATURE)(_host_gate_up(_type))
     cpu_kernel(f"moe_gate_up_grouped_{_type}", GATE_UP_SIGNATURE)(_host_gate_up(_type))
     cpu_kernel(f"moe_down_{_type}", DOWN_SIGNATURE)(_host_down(_type))
+    cpu_kernel(f"moe_down_slots_{_type}", DOWN_SIGNATURE)(_host_down(_type))
     cpu_kernel(f"moe_down_grouped_{_type}", DOWN_SIGNATURE)(_host_down_terms(_type))
 
 
@@ -278,18 +282,35 @@ for _type in EXPERT_TYPES:
 
 
 def geometry(arch: str, tokens: int, k: int, rows: int, rows_per_unit: int) -> tuple[int, int]:
-    """(grid, block) of the per-pair entries: a workgroup a token and a chunk of rows, its warps the (slot, group of
-    rows_per_unit rows) units of the chunk (GATE_UP_ROWS, DOWN_ROWS); the kernel loops over what the grid does not
-    cover."""
+    """(grid, block) of the per-pair entries that give a workgroup a token and a chunk of rows, its warps the (slot,
+    group of rows_per_unit rows) units of the chunk (gate|up: GATE_UP_ROWS; moe_down_slots: SLOT_ROWS); the kernel
+    loops over what the grid does not cover."""
     warps = THREADS // wavefront_size(arch)
     chunk = rows_per_unit * max(1, warps // k)
     return max(1, min(tokens * -(-rows // chunk), 65_535)), THREADS
 
 
-def pairs_fit(weight_type: str, k: int, cols: int, staged: bool = True) -> bool:
-    """Whether the per-pair path takes a product of `cols` input columns for k slots: at most MAX_SLOTS slots, and
-    where it stages the input (gate|up) a quantized type's at most MAX_STAGED_COLUMNS (its slices in shared memory)."""
-    return k <= MAX_SLOTS and (not staged or weight_type not in QUANTIZED_X_TYPES or cols <= MAX_STAGED_COLUMNS)
+def serial_geometry(arch: str, tokens: int, rows: int) -> tuple[int, int]:
+    """(grid, block) of the slot-serial down: a warp DOWN_ROWS rows of one token."""
+    warps = tokens * -(-rows // DOWN_ROWS)
+    return max(1, min(-(-warps // (THREADS // wavefront_size(arch))), 65_535)), THREADS
+
+
+def pairs_fit(weight_type: str, k: int, cols: int) -> bool:
+    """Whether the per-pair path's staged entries (gate|up, moe_down_slots) take a product of `cols` input columns for
+    k slots: at most MAX_SLOTS slots, and a quantized type's input at most MAX_STAGED_COLUMNS (its slices in shared
+    memory)."""
+    return k <= MAX_SLOTS and (weight_type not in QUANTIZED_X_TYPES or cols <= MAX_STAGED_COLUMNS)
+
+
+def slots_pay(arch: str, weight_type: str, k: int, ff: int) -> bool:
+    """The slot-parallel down (moe_down_slots) where a lane walks more than one step of a slot's ff columns (32 a step
+    for the quantized types, 8 for the float ones) and it takes the product (pairs_fit); the slot-serial one where a
+    slot's product is one step a lane. On an H100 at one token: gpt-oss-20b's down (2,880 columns of MXFP4, 3 steps a
+    lane) 21.3 us a layer slot-parallel against 36.1 slot-serial; Qwen3-30B-A3B's (768 columns, one step) 11.8
+    slot-serial against 14.6-15.5."""
+    step = 32 if weight_type in QUANTIZED_X_TYPES else 8
+    return ff > step * wavefront_size(arch) and pairs_fit(weight_type, k, ff)
 
 
 def grouped_pays(tokens: int, k: int, n_expert: int) -> bool:
@@ -373,10 +394,9 @@ def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_ex
     check_memory(OP, "weights", weights, tokens * k * 4)
     check_disjoint(OP, ("out", out, tokens * hidden * 4), ("h", h, tokens * k * ff * 4))
     bias = _bias_arg("down_bias", down_bias, n_expert, hidden)
-    fits = pairs_fit(weight_type, k, ff, staged=False)
-    if (path == "grouped" or not fits) and workspace is None:
+    if path == "grouped" and workspace is None:
         raise ValueError(f"{OP}: the grouped down path needs a workspace of {down_workspace_bytes(tokens, k, hidden)} bytes")
-    if workspace is not None and _grouped(path, tokens, k, n_expert, fits):
+    if workspace is not None and _grouped(path, tokens, k, n_expert):
         terms = down_workspace_bytes(tokens, k, hidden)
         check_memory(OP, "workspace", workspace, terms)
         check_disjoint(OP, ("workspace", workspace, terms), ("h", h, tokens * k * ff * 4))
@@ -387,9 +407,14 @@ def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_ex
                       stream=stream)
         launch_sum_slots(device, stream, out, workspace, tokens, k, hidden)
         return
-    _grouped(path, tokens, k, n_expert, fits)  # checks the name
-    grid, block = geometry(device.arch, tokens, k, hidden, DOWN_ROWS)
-    kernel = get_kernel(device, OP, f"moe_down_{weight_type}", DOWN_SIGNATURE)
+    _grouped(path, tokens, k, n_expert)  # checks the name
+    if slots_pay(device.arch, weight_type, k, ff):
+        grid, block = geometry(device.arch, tokens, k, hidden, SLOT_ROWS)
+        entry = f"moe_down_slots_{weight_type}"
+    else:
+        grid, block = serial_geometry(device.arch, tokens, hidden)
+        entry = f"moe_down_{weight_type}"
+    kernel = get_kernel(device, OP, entry, DOWN_SIGNATURE)
     kernel.launch(grid, block, (out, h, down_exps, ids, weights, bias, tokens, k, hidden, ff, n_expert), stream=stream)
 
 

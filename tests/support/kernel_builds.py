@@ -35,7 +35,8 @@ EXPECTED_KERNELS = {
                                                "mxfp4")]
                   + [f"matmul_mma_x16_{t}" for t in ("q4_k", "q5_k", "q6_k")]
                   + [f"matmul_mma_swiglu_{t}" for t in ("q4_k", "q5_k")],
-    "moe_experts": [f"moe_{projection}_{t}" for projection in ("gate_up", "down", "gate_up_grouped", "down_grouped")
+    "moe_experts": [f"moe_{projection}_{t}"
+                    for projection in ("gate_up", "down", "down_slots", "gate_up_grouped", "down_grouped")
                     for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16", "f32")] + ["moe_sum_slots_f32"],
     "moe_route": ["moe_route_f32"],
     "moe_experts_mma": ["moe_mma_sort"] + [f"moe_mma_{mode}_{t}" for mode in ("gate", "up", "down")
