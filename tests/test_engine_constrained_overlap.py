@@ -14,7 +14,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from support.engine_testing import assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, tiny_model
+from support.engine_testing import assert_quiescent, greedy, prompt_of
+from support.overlap_fixtures import model, path  # noqa: F401 (fixtures)
 
 from hipcore.engine import step_launch
 from hipcore.engine.engine import Engine
@@ -27,18 +28,6 @@ from hipcore.ops.sample import SamplingRows, mask_words
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 999}},
           "required": ["ok", "n"], "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    return tiny_model(tmp_path_factory)
-
-
-@pytest.fixture
-def model(path):
-    with load_tiny(path, max_seqs=8, max_step_tokens=64, kv_blocks=64) as loaded:
-        loaded.baseline = kv_bytes(loaded)
-        yield loaded
 
 
 class DeferringRunner:

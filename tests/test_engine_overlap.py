@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from support.engine_testing import TINY_EOS, assert_quiescent, greedy, kv_bytes, load_tiny, prompt_of, tiny_model
+from support.engine_testing import TINY_EOS, assert_quiescent, greedy, prompt_of
+from support.overlap_fixtures import model, path  # noqa: F401 (fixtures)
 
 from hipcore.engine.engine import Engine
 from hipcore.ops.kernel_choice import Switches
@@ -17,18 +18,6 @@ from hipcore.engine.request import CancelResult, Ending
 from hipcore.engine.sampler import SamplingParams
 from hipcore.model.batch import SeqSlice, build_decode_batch, build_step_batch
 from hipcore.ops.sample import SamplingRows
-
-
-@pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    return tiny_model(tmp_path_factory)
-
-
-@pytest.fixture
-def model(path):
-    with load_tiny(path, max_seqs=8, max_step_tokens=64, kv_blocks=64) as loaded:
-        loaded.baseline = kv_bytes(loaded)
-        yield loaded
 
 
 class WatchingRunner:
