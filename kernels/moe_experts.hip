@@ -24,7 +24,7 @@
 // down's entries ask for two workgroups an SM: without it nvcc held F16's and BF16's to 64 registers on sm_80 and
 // spilled 4 bytes (gate|up's too, once it staged x: sm_80 spilled Q4_K's). The per-pair path holds at most
 // kMaxStagedSlices slices of staged input (12,288 columns of x; h of a slot in moe_down_slots) and kMaxSlots slots
-// (the launcher sends wider products down the grouped path).
+// (the launcher sends a wider gate|up down the grouped path, a wider down to the slot-serial form).
 // Requirements the launcher checks: cols % 256 == 0 for the K-quants, % 32 otherwise; x and h 16-byte aligned;
 // experts 16-byte aligned (Q4_K, Q5_K and the float types), 2-byte (Q6_K, Q8_0) or byte-aligned (MXFP4).
 #include "hip_compat.h"
@@ -105,7 +105,6 @@ struct Quantized {
       for (int r = 0; r < N; ++r) acc[r] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r]);
     }
   }
-
   // The same for NB inputs at once (the grouped path): each slice of the N rows decoded once, applied to every input.
   template <int N, int NB>
   static __device__ __forceinline__ void rows_batched(const unsigned char* const w[N], const float* const x[NB], int cols,
@@ -344,9 +343,9 @@ __device__ __forceinline__ void down(float* __restrict__ out, const float* __res
 // slot's weighted product left in shared memory and the k summed in slot order by one thread a row.
 template <class P>
 __device__ __forceinline__ void down_slots(float* __restrict__ out, const float* __restrict__ h, const void* down_,
-                                     const int* __restrict__ ids, const float* __restrict__ weights,
-                                     const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,
-                                     int n_expert) {
+                                           const int* __restrict__ ids, const float* __restrict__ weights,
+                                           const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,
+                                           int n_expert) {
   rf_check_wave_size();
   __shared__ typename P::Staged staged;
   __shared__ float slot_terms[kMaxSlots][kMaxBlockRows];  // slot j's down product (plus bias) for the chunk's rows
