@@ -167,7 +167,7 @@ def request_tool_format(served: ServedModel, request: GenerationRequest) -> str 
     fmt = tool_format(served.chat_template)
     if fmt is None:
         raise bad_request("this model's chat template has no tool support (it does not render tools or has no "
-                          "tool-call format this server reads: Qwen2.5/Qwen3's <tool_call>, Llama 3.1's JSON); send "
+                          "tool-call format this server reads: Qwen2.5/Qwen3's <tool_call>, Llama 3.1's JSON, gpt-oss's harmony); send "
                           "the request without tools", param="tools", code="unsupported")
     return fmt
 

@@ -17,7 +17,8 @@ from hipcore.tokenizer import harmony
 from hipcore.tokenizer.harmony import is_harmony
 from rocmforge_serve.generation import ClientGone, Generation, error_for_ending
 from rocmforge_serve.logprobs_format import chat_logprobs, completion_logprobs, event_logprobs
-from rocmforge_serve.tool_calls import CallWatcher, parse_calls
+from rocmforge_serve import harmony_calls
+from rocmforge_serve.tool_calls import HARMONY, CallWatcher, new_call, parse_calls
 
 log = logging.getLogger("rocmforge.serve")
 FINISH_REASON = {Ending.EOS: "stop", Ending.STOP: "stop", Ending.LENGTH: "length"}
@@ -77,6 +78,13 @@ async def whole_response(gen: Generation, chat: bool) -> dict:
 def _whole_choice(gen: Generation, chat: bool, index: int, text: str, reason: str) -> dict:
     if chat:
         message = {"role": "assistant", "content": text}
+        if gen.tools is not None and gen.tool_format == HARMONY:  # gpt-oss's calls, read from its markup
+            reasoning, content, calls = harmony_calls.parse(text, gen.tools.tools, new_call)
+            message = {"role": "assistant", "content": content or (None if calls else ""),
+                       **({"reasoning_content": reasoning} if reasoning else {})}
+            if calls:
+                message, reason = {**message, "tool_calls": calls}, "tool_calls"
+            return {"index": index, "message": message, "finish_reason": reason, "logprobs": None}
         if _harmony(gen):  # gpt-oss: its analysis channel as reasoning_content
             reasoning, text = harmony.split(text)
             message = {"role": "assistant", "content": text, **({"reasoning_content": reasoning} if reasoning else {})}
@@ -251,6 +259,40 @@ async def _tool_call_stream(gen: Generation, encoder: ChunkEncoder, include_usag
     yield b"".join(out)
 
 
+async def _harmony_tool_call_stream(gen: Generation, encoder: ChunkEncoder, include_usage: bool) -> AsyncIterator[bytes]:
+    """gpt-oss's answer that may hold tool calls: reasoning and content stream as they come, a message at a time once
+    its header is read (harmony_calls.HarmonyCallWatcher); from a call's header on, the rest waits for the end, then
+    goes as reasoning, content and one tool_calls delta per call. Each token's logprobs come with its own chunk."""
+    watcher = harmony_calls.HarmonyCallWatcher(gen.tools.forced)
+    tokenizer = gen.served.tokenizer
+    final = None
+    async for batch in gen.event_batches():
+        out = []
+        for event in batch:
+            taken = event_logprobs(event) if gen.logprobs is not None else []
+            out += _harmony_chunks(encoder, 0, watcher.feed(event.text), chat_logprobs(tokenizer, taken) if taken else None)
+            if event.finished:
+                final = event
+        if out:
+            yield b"".join(out)
+    error = error_for_ending(final)
+    if error is not None:
+        yield _sse(error.body()) + _sse("[DONE]")
+        return
+    parts, rest = watcher.finish()
+    out = _harmony_chunks(encoder, 0, parts, None)
+    reasoning, content, calls = harmony_calls.parse(rest, gen.tools.tools, new_call) if rest else ("", "", [])
+    out += _harmony_chunks(encoder, 0, [(kind, text) for kind, text in (("reasoning", reasoning), ("content", content))
+                                        if text], None)
+    for index, call in enumerate(calls):
+        out.append(encoder.delta({"tool_calls": [{"index": index, **call}]}, None))
+    out.append(encoder.text("", "tool_calls" if calls else FINISH_REASON[final.ending]))
+    if include_usage:
+        out.append(encoder.usage(gen))
+    out.append(_sse("[DONE]"))
+    yield b"".join(out)
+
+
 class _HeldLogprobs:
     """The log-probabilities of a streamed tool-call answer's tokens not yet sent, each with the end of its text in
     the answer (characters): a content chunk takes those whose text it released whole."""
@@ -289,7 +331,8 @@ async def stream_response(gen: Generation, chat: bool, include_usage: bool) -> A
                 "index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
                 "logprobs": None}]}) for index in range(gen.choices))
         if gen.tools is not None:
-            async for chunk in _tool_call_stream(gen, encoder, include_usage):
+            stream = _harmony_tool_call_stream if gen.tool_format == HARMONY else _tool_call_stream
+            async for chunk in stream(gen, encoder, include_usage):
                 yield chunk
             return
         if gen.choices > 1 or gen.logprobs is not None:

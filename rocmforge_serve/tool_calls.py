@@ -5,6 +5,7 @@ them), so the model sees them as it was trained to. Which format its calls come 
   - "hermes": Qwen2.5 / Qwen3 (and the Hermes models): <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>
   - "llama3": Llama 3.1+: a JSON object {"name": ..., "parameters": {...}} as the whole answer (after an optional
     <|python_tag|>).
+  - "harmony": gpt-oss: a commentary message to functions.NAME whose text is the arguments (harmony_calls.py).
 A template with neither has no tool support: a request with tools is a 400 saying so. With tool_choice "required"
 or a named function the answer is constrained by a grammar (hipcore/engine/grammar.py) to one call whose
 arguments validate against the function's parameters, so even a small model emits a valid call; with "auto" the
@@ -18,9 +19,11 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from hipcore.tokenizer.harmony import is_harmony
+from rocmforge_serve import harmony_calls
 from rocmforge_serve.api_errors import bad_request
 
-HERMES, LLAMA3 = "hermes", "llama3"
+HERMES, LLAMA3, HARMONY = "hermes", "llama3", "harmony"
 MAX_TOOLS = 128
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -86,6 +89,8 @@ def tool_format(template: str | None) -> str | None:
         return None
     if "<tool_call>" in template:
         return HERMES
+    if is_harmony(template) and "functions." in template:
+        return HARMONY
     if "<|python_tag|>" in template or "ipython" in template:
         return LLAMA3
     return None
@@ -107,8 +112,10 @@ def _call_schema(fmt: str, tools: list[dict], name: str | None) -> dict:
 def call_grammar(fmt: str, request: ToolRequest) -> dict:
     """compile_grammar's arguments for a forced call: one call of the named function (or of any, "required")."""
     # compact JSON: with free whitespace a random model fills its tokens with spaces and newlines
-    schema = {**_call_schema(fmt, request.tools, request.name),
-              "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+    compact = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+    if fmt == HARMONY:
+        return harmony_calls.call_grammar(request.tools, request.name, compact)
+    schema = {**_call_schema(fmt, request.tools, request.name), **compact}
     if fmt == HERMES:
         return {"lark": 'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json ' + json.dumps(schema)}
     return {"json_schema": schema}
@@ -148,8 +155,13 @@ def _call(payload: str, key: str, known: set[str]) -> dict | None:
     arguments = value.get(key, value.get("arguments", value.get("parameters", {})))
     if not isinstance(arguments, dict):
         return None
+    return new_call(value["name"], arguments)
+
+
+def new_call(name: str, arguments: dict) -> dict:
+    """One OpenAI tool_call: a fresh id, the arguments as a JSON string."""
     return {"id": "call_" + secrets.token_hex(12), "type": "function",
-            "function": {"name": value["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}}
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
 
 
 class CallWatcher:

@@ -76,9 +76,10 @@ PROMPTS = {
 GREEDY_TOKENS = 24
 
 
-def moe_spec(name: str):
-    """MOE_MODELS[name] as a gguf_factory model (TinyLlama): qwen3's tiny model with its feed-forward made experts."""
-    spec = dict(MOE_MODELS.get(name) or WINDOW_ONLY_MODELS[name])
+def moe_spec(name: str, **overrides):
+    """MOE_MODELS[name] as a gguf_factory model (TinyLlama): qwen3's tiny model with its feed-forward made experts.
+    overrides: tiny_llama_spec's arguments that differ (a longer context, another vocabulary: extra_metadata)."""
+    spec = {**(MOE_MODELS.get(name) or WINDOW_ONLY_MODELS[name]), **overrides}
     arch, seed, expert_ffn = spec.pop("architecture"), spec.pop("seed"), spec.pop("expert_ffn")
     expert_types = spec.pop("expert_types")
     embedding_type = spec.pop("embedding_type", None)
