@@ -17,6 +17,7 @@ from hipcore.engine.request import Ending, Event
 from hipcore.engine.grammar import GRAMMAR_FAILURE, compile_grammar, grammar_vocabulary
 from hipcore.errors import InvalidModelError, UsageError
 from hipcore.tokenizer.chat_template import encode_chat, render_chat
+from hipcore.tokenizer.harmony import is_harmony
 from rocmforge_serve.api_errors import ApiError, bad_request, server_error, unavailable
 from rocmforge_serve.engine_loop import AsyncSink, EngineStopped
 from rocmforge_serve.protocol import GenerationRequest, check_sampling, context_error
@@ -195,7 +196,7 @@ def prompt_ids(served: ServedModel, request: GenerationRequest) -> list[int]:
     if request.messages is not None:
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        messages = template_messages(request.messages)
+        messages = template_messages(request.messages, harmony=is_harmony(served.chat_template))
         tools = request.tools.tools if request.tools is not None and request.tools.active else None
         try:
             if served.templates is not None:

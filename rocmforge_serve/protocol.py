@@ -280,6 +280,8 @@ def _messages(body: dict) -> list[dict]:
             checked["tool_calls"] = _tool_calls(calls, where)
         content = message.get("content")
         checked["content"] = "" if content is None and calls else _content(content, where)
+        if role == "assistant" and isinstance(message.get("reasoning_content"), str):
+            checked["reasoning_content"] = message["reasoning_content"]  # the answer's reasoning, sent back
         if role == "tool" and message.get("tool_call_id") is not None:
             checked["tool_call_id"] = _checked_str(message["tool_call_id"], f"{where}.tool_call_id")
         out.append(checked)

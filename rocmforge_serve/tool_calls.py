@@ -211,11 +211,20 @@ def _partial_tail(text: str, marker: str) -> int:
     return 0
 
 
-def template_messages(messages: list[dict]) -> list[dict]:
+def template_messages(messages: list[dict], harmony: bool = False) -> list[dict]:
     """The messages as chat templates read them: a call's arguments as an object (OpenAI sends a JSON string;
-    Qwen's template writes them with tojson, as vLLM and llama.cpp pass them)."""
+    Qwen's template writes them with tojson, as vLLM and llama.cpp pass them). An assistant's reasoning_content goes
+    to gpt-oss's template as "thinking" (the analysis message it writes before a call), without the content beside
+    a call, as llama.cpp passes it; other templates get none."""
     out = []
     for message in messages:
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None:
+            message = {k: v for k, v in message.items() if k != "reasoning_content"}
+            if harmony:
+                message["thinking"] = reasoning
+                if message.get("tool_calls"):
+                    message.pop("content", None)
         calls = message.get("tool_calls")
         if calls:
             converted = []

@@ -141,13 +141,19 @@ def reference_render(messages: list[dict], tools: list[dict] | None) -> str:
 
 def hf_messages(messages: list[dict]) -> list[dict]:
     """The conversation as transformers' apply_chat_template takes it: a call's arguments as an object, and the
-    call's message with content "" (OpenAI's null content; the template tests `in message.content`)."""
+    call's message with content "" (OpenAI's null content; the template tests `in message.content`); an assistant's
+    reasoning_content as the template's "thinking", without content beside a call (llama.cpp's gpt-oss handler)."""
     out = []
     for message in messages:
         if message.get("tool_calls"):
             calls = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
                      for c in message["tool_calls"]]
-            message = {"role": message["role"], "content": message.get("content") or "", "tool_calls": calls}
+            message = {**message, "content": message.get("content") or "", "tool_calls": calls}
+        if "reasoning_content" in message:
+            message = {**message, "thinking": message["reasoning_content"]}
+            del message["reasoning_content"]
+            if message.get("tool_calls"):
+                del message["content"]
         out.append(message)
     return out
 
@@ -339,6 +345,26 @@ def test_tool_loop_call_then_result_then_next_request(live, client, rendered):
     assert third.choices[0].finish_reason in ("stop", "length", "tool_calls")
     expected = assert_rendered_as_template(live, rendered[2], messages, TOOLS)
     assert "<|start|>assistant<|channel|>final<|message|>It is 21 C and clear.<|end|>" in expected
+
+
+def test_a_calls_reasoning_sent_back_renders_as_its_analysis_message(live, client, rendered, monkeypatch):
+    """The client sends the call's message back with its reasoning_content: the template writes it as the analysis
+    message before the call, until a later final answer (then the template drops it)."""
+    plant(monkeypatch, PLANTED["channel_header"])
+    first = client.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, max_tokens=8)
+    message = first.choices[0].message
+    assert message.reasoning_content == "Need the weather."
+    call = message.tool_calls[0]
+    messages = ASK + tool_round(call, RESULT)
+    messages[1]["reasoning_content"] = message.reasoning_content
+    client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, max_tokens=2)
+    expected = assert_rendered_as_template(live, rendered[1], messages, TOOLS)
+    assert ("<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant "
+            "to=functions.get_weather<|channel|>commentary json<|message|>") in expected
+    messages += [{"role": "assistant", "content": "It is 21 C."}, {"role": "user", "content": "And in F?"}]
+    client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, max_tokens=2)
+    expected = assert_rendered_as_template(live, rendered[2], messages, TOOLS)
+    assert "Need the weather." not in expected
 
 
 def test_planted_tools_left_out_of_the_template_are_caught(live, client, rendered, monkeypatch):

@@ -204,7 +204,7 @@ def _render_in_child(template: str, context: dict, timeout_s: float, max_chars: 
 def conversation_size(conversation: list[dict], tools: list[dict] | None,
                       template_kwargs: Mapping[str, Any] | None = None) -> int:
     """The characters a template may repeat of the conversation: its texts, tool calls, tools and extra variables."""
-    chars = sum(len(m["role"]) + len(m["content"]) for m in conversation)
+    chars = sum(len(m["role"]) + len(m["content"]) + len(m.get("thinking", "")) for m in conversation)
     extras = [m["tool_calls"] for m in conversation if "tool_calls" in m]
     if tools or extras:
         chars += len(json.dumps([tools or [], extras]))
@@ -262,5 +262,7 @@ def checked_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
         for extra in ("tool_calls", "tool_call_id", "name"):  # a tool call's and a tool result's fields
             if message.get(extra) is not None:
                 checked[extra] = message[extra]
+        if isinstance(message.get("thinking"), str):  # gpt-oss's template: the reasoning before a call
+            checked["thinking"] = message["thinking"]
         out.append(checked)
     return out
