@@ -323,6 +323,27 @@ def test_streamed_forced_call_comes_as_tool_calls_deltas(live, client, choice):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_a_forced_calls_markers_are_the_special_tokens_and_its_logprobs_every_token(live, client):
+    """The grammar writes the markers as text; the model emits them as its special tokens (their canonical
+    tokenization), as gpt-oss writes them. With logprobs, every token's entry comes once, whole and streamed."""
+    kwargs = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, max_tokens=120, seed=5, logprobs=True, top_logprobs=2,
+                  tool_choice={"type": "function", "function": {"name": "add"}})
+    whole = client.chat.completions.create(**kwargs)
+    record = live.server.loaded.engine.finished_records()[-1]
+    tokenizer = live.server.served.tokenizer
+    [generated] = record.generated_tokens
+    for marker in ("<|channel|>", "<|constrain|>", "<|message|>"):
+        [marker_id] = tokenizer.encode(marker, add_bos=False)
+        assert generated.count(marker_id) == 1, (marker, generated)
+    assert_harmony_call(raw_answer(live), "add")
+    entries = whole.choices[0].logprobs.content
+    assert whole.choices[0].finish_reason == "tool_calls" and len(entries) == whole.usage.completion_tokens
+    chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+    streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
 def test_tool_loop_call_then_result_then_next_request(live, client, rendered):
     first = client.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
                                            max_tokens=120, seed=17)
