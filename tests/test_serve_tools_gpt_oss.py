@@ -68,7 +68,7 @@ PLANTED = {
 
 def write_gpt_oss(path: Path) -> Path:
     """The tiny gpt-oss with harmony's special tokens and the real template (a context of 4,096: the template's
-    preamble and the two tools are ~700 tokens of the tiny vocabulary)."""
+    preamble and the two tools are ~500 tokens of the tiny vocabulary)."""
     tokens, types, merges = gpt2_vocab(VOCAB - len(HARMONY_SPECIALS))
     tokens = [*tokens, *HARMONY_SPECIALS]
     types = [*types, *[TOKEN_CONTROL] * len(HARMONY_SPECIALS)]
