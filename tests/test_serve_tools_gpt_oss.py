@@ -324,8 +324,8 @@ def test_streamed_forced_call_comes_as_tool_calls_deltas(live, client, choice):
 
 
 def test_a_forced_calls_markers_are_the_special_tokens_and_its_logprobs_every_token(live, client):
-    """The grammar writes the markers as text; the model emits them as its special tokens (their canonical
-    tokenization), as gpt-oss writes them. With logprobs, every token's entry comes once, whole and streamed."""
+    """The grammar names the markers as tokens; the model emits them as its special tokens, as gpt-oss writes
+    them. With logprobs, every token's entry comes once, whole and streamed."""
     kwargs = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, max_tokens=120, seed=5, logprobs=True, top_logprobs=2,
                   tool_choice={"type": "function", "function": {"name": "add"}})
     whole = client.chat.completions.create(**kwargs)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from hipcore.errors import UsageError
+from hipcore.tokenizer.harmony import MARKERS
 
 GRAMMAR_FAILURE = "the grammar failed"  # how a constraint's failure while sampling begins (the server's 400 reads it)
 MAX_GRAMMAR_BYTES = 64 << 10  # a schema or grammar text: far above any tool's schema, far below a slow compile
@@ -35,7 +36,11 @@ class GrammarVocabulary:
             eos_token_id = next(iter(sorted(tokenizer.eot_ids)), tokenizer.eos_id)
             bos_token_id = tokenizer.bos_id
             tokens = [tokenizer.token_piece(i) for i in range(tokenizer.vocab_size)]
-            special_token_ids = [i for i in range(tokenizer.vocab_size) if tokenizer.is_special(i)]
+            # harmony's markers are rendered text to the tokenizer but tokens to the grammar: a JSON string must not
+            # hold <|end|> or <|channel|> (harmony's split would cut the answer there); grammars name them <|end|>
+            special_token_ids = [i for i in range(tokenizer.vocab_size)
+                                 if tokenizer.is_special(i) or tokenizer.token_piece(i).decode("utf-8", "replace")
+                                 in MARKERS]
 
             def __call__(self, text):
                 return tokenizer.encode(text.decode("utf-8", "replace") if isinstance(text, bytes) else text,
@@ -64,13 +69,19 @@ def _check_size(what: str, text: str) -> None:
         raise UsageError(f"{what} is {size:,} bytes; at most {MAX_GRAMMAR_BYTES:,}")
 
 
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # compact JSON
+
+
 def compile_grammar(*, json_schema: Any = None, json_object: bool = False, gbnf: str | None = None,
-                    lark: str | None = None) -> str:
-    """llguidance's grammar text for one constraint (exactly one argument given), checked; UsageError names
-    the problem (a schema that is not JSON Schema, an unsupported keyword or format, a GBNF syntax error)."""
+                    lark: str | None = None, lark_prefix: str = "") -> str:
+    """llguidance's grammar text for one constraint (exactly one of the first four given), checked; UsageError names
+    the problem (a schema that is not JSON Schema, an unsupported keyword or format, a GBNF syntax error).
+    lark_prefix: a Lark expression the output begins with before the JSON (gpt-oss's final-channel header)."""
     import llguidance
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
+    if lark_prefix and json_schema is None and not json_object:
+        raise UsageError("a prefix goes before JSON only")
     if json_object:
         json_schema = {"type": "object"}
     if json_schema is not None:
@@ -83,11 +94,15 @@ def compile_grammar(*, json_schema: Any = None, json_object: bool = False, gbnf:
         text = json.dumps(json_schema)
         _check_size("the JSON Schema", text)
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                text, defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
         except (ValueError, RuntimeError) as exc:
             raise UsageError(f"the JSON Schema is not usable: {_first_line(exc)}") from None
         what = "the JSON Schema"
+        if lark_prefix:  # the schema checked above by itself, so its errors read the same with a prefix
+            _check_valid(llguidance, grammar, what)
+            schema = {**json_schema, "x-guidance": {**JSON_LAYOUT, **json_schema.get("x-guidance", {})}}
+            grammar = llguidance.LLMatcher.grammar_from_lark(
+                f"start: {lark_prefix} %json {json.dumps(schema)}")
     elif gbnf is not None:
         _check_size("the grammar", gbnf)
         try:
@@ -102,10 +117,14 @@ def compile_grammar(*, json_schema: Any = None, json_object: bool = False, gbnf:
         what = "the Lark grammar"
     else:
         raise UsageError("compile_grammar needs a JSON Schema or a grammar")
+    _check_valid(llguidance, grammar, what)
+    return grammar
+
+
+def _check_valid(llguidance: Any, grammar: str, what: str) -> None:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise UsageError(f"{what} is not supported: {_first_line(messages[0])}")
-    return grammar
 
 
 def _check_gbnf_accepts(gbnf: str) -> None:

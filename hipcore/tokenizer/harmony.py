@@ -13,6 +13,7 @@ from __future__ import annotations
 
 MARKERS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>")
 REASONING_CHANNELS = ("analysis",)
+FINAL_HEADER = "<|channel|>final<|message|>"  # what a constrained answer begins with: the JSON is the final message
 
 
 def is_harmony(template: str | None) -> bool:
