@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,7 +13,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from hipcore.tokenizer.chat_template import chat_prompt, chat_template_from_metadata
-from hipcore.tokenizer.harmony import HarmonySplitter, is_harmony
+from hipcore.tokenizer.harmony import FINAL_HEADER, HarmonySplitter, as_lark, is_harmony
 from hipcore.errors import RocmforgeError, UsageError
 from hipcore.engine.loader import LoadedModel, LoadOptions, load_model
 from hipcore.engine.request import Ending
@@ -96,7 +97,7 @@ def generate(
     conversation: Annotated[bool, typer.Option("--conversation", "-cnv", help="Chat in the terminal: each line you type is a user message, answered with the whole conversation in the chat template. /exit or Ctrl-D ends it, Ctrl-C stops an answer (at the prompt, twice: exits), /clear forgets the conversation. A prompt given is the first message.")] = False,
     no_conversation: Annotated[bool, typer.Option("--no-conversation", "-no-cnv", hidden=True, help="llama-cli's -no-cnv: the chat is off unless -cnv is given; -no-cnv wins.")] = False,
     color: Annotated[bool, typer.Option("--color", "-co", help="On a terminal, show the prompt (in a conversation: your input) in colour, the output in the terminal's own, as llama-cli does.")] = False,
-    json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON that validates against the JSON Schema in this file (constrained decoding).", show_default=False)] = None,
+    json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON that validates against the JSON Schema in this file (constrained decoding); with --chat on gpt-oss, its final message is that JSON.", show_default=False)] = None,
     grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this GBNF grammar file (llama.cpp's grammar format).", show_default=False)] = None,
     threads: Threads = None,
     device: Device = "auto",
@@ -156,6 +157,9 @@ def generate(
         if drawn_seed and not (quiet or as_json):  # --json carries it in the object, stderr stays empty
             stderr.print(f"seed: {seed} (none was given; pass --seed {seed} to repeat this run)", highlight=False)
         template = chat_template_from_metadata(loaded.gguf.metadata)
+        if json_schema is not None and (chat or system is not None or conversation) and is_harmony(template):
+            # gpt-oss: the JSON is its final message, after the header it was trained to write (as serve does)
+            params = replace(params, grammar=constraint_grammar(json_schema, None, as_lark(FINAL_HEADER)))
         if conversation:
             from rocmforge_cli.chat import Chat
 

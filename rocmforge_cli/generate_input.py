@@ -83,8 +83,10 @@ def _in_option_words(message: str) -> str:
     return message
 
 
-def constraint_grammar(json_schema_file: Optional[Path], grammar_file: Optional[Path]) -> Optional[str]:
-    """The grammar of --json-schema FILE or --grammar FILE (GBNF), compiled and checked before the model loads."""
+def constraint_grammar(json_schema_file: Optional[Path], grammar_file: Optional[Path],
+                       lark_prefix: str = "") -> Optional[str]:
+    """The grammar of --json-schema FILE or --grammar FILE (GBNF), compiled and checked before the model loads.
+    lark_prefix: what the output begins with before the JSON (gpt-oss's final-channel header)."""
     from hipcore.engine.grammar import compile_grammar
 
     if json_schema_file is not None and grammar_file is not None:
@@ -103,6 +105,6 @@ def constraint_grammar(json_schema_file: Optional[Path], grammar_file: Optional[
             schema = json.loads(text)
         except ValueError as exc:
             raise UsageError(f"{path} is not JSON: {exc}") from None
-        return compile_grammar(json_schema=schema)
+        return compile_grammar(json_schema=schema, lark_prefix=lark_prefix)
     except UsageError as exc:
         raise UsageError(f"{option}: {exc}") from None

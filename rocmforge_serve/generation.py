@@ -17,8 +17,7 @@ from hipcore.engine.request import Ending, Event
 from hipcore.engine.grammar import GRAMMAR_FAILURE, compile_grammar, grammar_vocabulary
 from hipcore.errors import InvalidModelError, UsageError
 from hipcore.tokenizer.chat_template import encode_chat, render_chat
-from hipcore.tokenizer.harmony import FINAL_HEADER, is_harmony
-from rocmforge_serve import harmony_calls
+from hipcore.tokenizer.harmony import FINAL_HEADER, as_lark, is_harmony
 from rocmforge_serve.api_errors import ApiError, bad_request, server_error, unavailable
 from rocmforge_serve.engine_loop import AsyncSink, EngineStopped
 from rocmforge_serve.protocol import GenerationRequest, check_sampling, context_error
@@ -187,7 +186,7 @@ def compiled_constraint(served: ServedModel, request: GenerationRequest, fmt: st
             and "gbnf" not in constraint:
         # gpt-oss answers in harmony messages: the JSON is its final message's text, after the header it was trained
         # to write (llama.cpp's gpt-oss handler does the same); a GBNF grammar constrains the raw output, as there
-        constraint = {**constraint, "lark_prefix": harmony_calls.as_lark(FINAL_HEADER)}
+        constraint = {**constraint, "lark_prefix": as_lark(FINAL_HEADER)}
     try:
         grammar = compile_grammar(**constraint)
     except UsageError as exc:

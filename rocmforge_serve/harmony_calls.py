@@ -110,13 +110,6 @@ class HarmonyCallWatcher:
         return self.splitter.feed(self.text[self.sent:]) + self.splitter.finish(), ""
 
 
-def as_lark(text: str) -> str:
-    """Harmony text as a Lark sequence: each marker as its token (<|channel|>: llguidance's special-token syntax, the
-    markers being special tokens to the grammar engine), the rest as quoted literals."""
-    parts = re.split("(" + "|".join(re.escape(marker) for marker in harmony.MARKERS) + ")", text)
-    return " ".join(part if part in harmony.MARKERS else json.dumps(part) for part in parts if part)
-
-
 def call_grammar(tools: list[dict], name: str | None, compact: dict) -> dict:
     """compile_grammar's arguments for a forced call: gpt-oss's call message of the named function (or of any), its
     arguments valid against the function's parameters; the markers are their tokens."""
@@ -126,7 +119,7 @@ def call_grammar(tools: list[dict], name: str | None, compact: dict) -> dict:
         if name is not None and function["name"] != name:
             continue
         head = f"<|channel|>commentary to=functions.{function['name']} <|constrain|>json<|message|>"
-        options.append(f"{as_lark(head)} %json " + json.dumps({**function.get("parameters", {"type": "object"}),
+        options.append(f"{harmony.as_lark(head)} %json " + json.dumps({**function.get("parameters", {"type": "object"}),
                                                                    **compact}))
     rules = [f"call{i}: {option}" for i, option in enumerate(options)]
     return {"lark": "start: " + " | ".join(f"call{i}" for i in range(len(options))) + "\n" + "\n".join(rules)}

@@ -10,7 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from support.engine_testing import tiny_model
+from test_serve_tools_gpt_oss import write_gpt_oss
 from rocmforge_cli.app import app
+from hipcore.gguf.file import read_plan
+from hipcore.tokenizer.harmony import FINAL_HEADER
+from hipcore.tokenizer.tokenizer import Tokenizer
 
 runner = CliRunner()
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}},
@@ -65,3 +69,18 @@ def test_bad_constraint_files_are_one_line_and_exit_2(tiny, tmp_path, name, cont
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and words in lines[0], result.stderr
+
+
+def test_json_schema_on_gpt_oss_is_the_final_message(tmp_path):
+    """With --chat on a harmony template, the JSON is gpt-oss's final message: the generated tokens begin with
+    <|channel|>final<|message|>'s tokens, and the answer (after harmony's split) is the JSON alone."""
+    model = write_gpt_oss(tmp_path / "gpt-oss.gguf")
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA), encoding="utf-8")
+    result = generate("--model", str(model), "--device", "cpu", "-n", "40", "--temp", "1", "-s", "3", "--json",
+                      "--chat", "--json-schema", str(schema), "hello")
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    jsonschema.validate(json.loads(out["text"]), SCHEMA)
+    header = Tokenizer.from_metadata(read_plan(model).metadata).encode(FINAL_HEADER, add_bos=False)
+    assert out["tokens"][:len(header)] == header and out["reasoning"] == "", out

@@ -11,9 +11,19 @@ holding back only a tail that may be the start of a marker, so a marker split ac
 
 from __future__ import annotations
 
+import json
+import re
+
 MARKERS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>")
 REASONING_CHANNELS = ("analysis",)
 FINAL_HEADER = "<|channel|>final<|message|>"  # what a constrained answer begins with: the JSON is the final message
+
+
+def as_lark(text: str) -> str:
+    """Harmony text as a Lark sequence for llguidance: each marker as its token (<|channel|>: llguidance's
+    special-token syntax; hipcore/engine/grammar.py makes the markers special tokens), the rest as quoted literals."""
+    parts = re.split("(" + "|".join(re.escape(marker) for marker in MARKERS) + ")", text)
+    return " ".join(part if part in MARKERS else json.dumps(part) for part in parts if part)
 
 
 def is_harmony(template: str | None) -> bool:
