@@ -114,7 +114,7 @@ for shape in "${SHAPE_LIST[@]}"; do
   shape_table="$RESULTS/$shape.md" model="$(model_path "$shape")"
   if finished "$shape_table" && [ -z "${FRESH:-}" ]; then note "$shape: measured by an earlier run ($shape_table)"; continue; fi
   [ -s "$model" ] || { failed "$shape: not measured (no model file)"; continue; }
-  left=$((DEADLINE - SECONDS))
+  left=$((DEADLINE - SECONDS)); [ "$left" -gt 0 ] || left=0  # past the deadline: none left, however far past
   if [ "$left" -lt "$EST_S" ]; then late "$shape: not started, ${left}s of DEADLINE left (a shape takes about ${EST_S}s)"; continue; fi
   note "bench $shape (${TESTS[*]})"
   timeout "$left" python3 -m rocmforge_cli.app bench -m "$model" "${TESTS[@]}" -r "$REPS" \
