@@ -78,7 +78,8 @@ def test_an_op_is_built_from_the_files_it_includes():
     assert [f.name for f in source_files("kv_store")] == [*COMPAT, "kv_store.hip", "block_format_q8_0.h",
                                                            "block_format_common.h"]
     assert [f.name for f in source_files("moe_experts")] == [*COMPAT, "moe_experts.hip", "gated_activation.h",
-                                                              "qmatvec_formats.h", "mxfp4_q8_format.h", "moe_experts_grouped.h",
+                                                              "qmatvec_formats.h", "mxfp4_q8_format.h", "moe_experts_down.h",
+                                                              "moe_experts_grouped.h",
                                                               "block_formats.h", "weight_loads.h", "block_format_mxfp4.h",
                                                               *(f for f in formats if f != "block_format_mxfp4.h")]
     assert [f.name for f in source_files("add")] == [*COMPAT, "add.hip"]
