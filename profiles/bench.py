@@ -55,6 +55,7 @@ class BenchConfig:
     use_graphs: bool = True
     seed: int = 0
     profile_batch: int = 0  # sequences of the profiled decode step (0: no profile)
+    profile_depth: int = 128  # tokens already in each of its sequences' context
 
     def validate(self) -> None:
         for name, values in (("-p", self.prompt_tokens), ("-n", self.gen_tokens), ("-b", self.batches)):
@@ -68,6 +69,8 @@ class BenchConfig:
             raise UsageError(f"--batch-gen must be at least 1, got {self.batch_gen_tokens}")
         if not self.depths or any(d < 0 for d in self.depths):
             raise UsageError(f"--n-depth values must be 0 or more, got {', '.join(map(str, self.depths)) or 'none'}")
+        if self.profile_depth < 1:
+            raise UsageError(f"--profile-depth must be at least 1, got {self.profile_depth}")
 
     @property
     def test_count(self) -> int:
@@ -82,8 +85,9 @@ class BenchConfig:
         """Tokens a sequence may hold: the longest prompt and its sampled token, or a one-token prompt and
         the longest generation, with one spare (the engine refuses a prompt as long as the context)."""
         depth = max(self.depths)
+        profiled = self.profile_depth + 2 if self.profile_batch else 0
         need = max((*(p + 2 for p in self.prompt_tokens), *(max(depth, 1) + n + 1 for n in self.gen_tokens),
-                    self.batch_gen_tokens + 2, 16))
+                    self.batch_gen_tokens + 2, profiled, 16))
         return -(-need // 64) * 64
 
 

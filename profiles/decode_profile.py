@@ -151,6 +151,9 @@ class DecodeProfile:
         return lines
 
 
+RESERVE_CHUNK = 256  # tokens a profiled sequence's KV is reserved at a time (a window group holds about that much more)
+
+
 def decode_batch(cache, batch: int, context: int, seq_base: int = 10_000_000,
                  vocab_size: int | None = None) -> tuple[StepBatch, list[int]]:
     """A decode step of `batch` sequences each at position context - 1 (their KV reserved, contents as
@@ -159,10 +162,14 @@ def decode_batch(cache, batch: int, context: int, seq_base: int = 10_000_000,
     and the sequence ids to free."""
     ids = list(range(seq_base, seq_base + batch))
     tokens = [100 if vocab_size is None else (100 + 7919 * i) % vocab_size for i in range(batch)]
+    cache.device.synchronize()  # the blocks released below may be read by nothing in flight
     for s in ids:
         cache.add_sequence(s)
-        if not cache.reserve(s, context):
-            raise RuntimeError(f"the KV cache has no room for {batch} sequences of {context} tokens")
+        for start in range(0, context, RESERVE_CHUNK):
+            if not cache.reserve(s, min(RESERVE_CHUNK, context - start)):
+                raise RuntimeError(f"the KV cache has no room for {batch} sequences of {context} tokens")
+            # a window group's blocks behind the window go back to its pool, as a prompt's chunks give them back
+            cache.release_fenced()
     return build_step_batch(cache, [SeqSlice(s, [tok], context - 1, True) for s, tok in zip(ids, tokens)]), ids
 
 

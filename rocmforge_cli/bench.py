@@ -174,6 +174,7 @@ def bench_command(
     llama_batched_bench: Annotated[Optional[str], typer.Option("--llama-batched-bench", help="Path of llama.cpp's llama-batched-bench for the b rows (-npp 1 -ntg N -npl B -fa on). Default: the one beside --llama-bench.", show_default=False)] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Also report where one decode step's time goes: each kind of kernel with the weights it reads and their GB/s, launches, host work, and how far the step is from the floor of reading the active weights once (a mixture of experts: only the experts its tokens select).")] = False,
     profile_batch: Annotated[int, typer.Option("--profile-batch", help="Sequences in the profiled decode step.")] = 1,
+    profile_depth: Annotated[int, typer.Option("--profile-depth", help="Tokens already in each profiled sequence's context (attention's share grows with it), e.g. 4096.")] = 128,
     no_graphs: Annotated[bool, typer.Option("--no-graphs", help="Launch decode steps one kernel at a time instead of replaying captured graphs (to measure what graphs save).")] = False,
     prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse", help="Instead of pp/tg/b: a multi-turn chat load (each turn's prompt the whole conversation so far) with the prefix cache and without; time to first token by turn and throughput, in a table of its own.")] = False,
     conversations: Annotated[Optional[int], typer.Option("--conversations", help="With --prefix-reuse: conversations run together. Default: 32 on a GPU, 4 on the CPU.", show_default=False)] = None,
@@ -190,6 +191,7 @@ def bench_command(
       rocmforge bench -p 512 -n 128 -b 64 -r 3 -o json
       rocmforge bench -n 128 --n-depth 0,4096   # decode after a 4k context too
       rocmforge bench --profile         # and where a decode step's time goes
+      rocmforge bench -p 0 -n 0 -b 0 --profile --profile-depth 4096   # a decode step after a 4k context
       rocmforge bench --prefix-reuse --conversations 32 --turns 8   # a chat's history, cached and not
     """
     if output not in ("md", "json"):
@@ -224,7 +226,7 @@ def bench_command(
             gen_tokens=pick(parse_counts(gen, "-n"), "gen_tokens"),
             batches=pick(parse_counts(batch, "-b"), "batches"),
             batch_gen_tokens=pick(batch_gen, "batch_gen_tokens"), depths=parse_depths(depth), repetitions=pick(repetitions, "repetitions"),
-            use_graphs=not no_graphs, profile_batch=profile_batch if profile else 0,
+            use_graphs=not no_graphs, profile_batch=profile_batch if profile else 0, profile_depth=profile_depth,
         )
         cfg.validate()
         say = (lambda m: None) if quiet else (lambda m: stderr.print(m, highlight=False, markup=False))
@@ -240,8 +242,8 @@ def bench_command(
             try:
                 _run_tests(report, loaded, cfg, output, say)
                 if profile:
-                    say(f"profiling a decode step of batch {profile_batch}")
-                    prof = profile_decode(loaded, batch=profile_batch, context=min(128, cfg.context - 1),
+                    say(f"profiling a decode step of batch {profile_batch} after {profile_depth} tokens")
+                    prof = profile_decode(loaded, batch=profile_batch, context=min(profile_depth, cfg.context - 1),
                                           copy_bytes=(256 << 20) if dev.backend != "cpu" else (16 << 20),
                                           reps=50 if dev.backend != "cpu" else 3, engine_steps=64 if dev.backend != "cpu" else 4)
             except KeyboardInterrupt:

@@ -8,6 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from support.engine_testing import tiny_model
+from support.gguf_factory import write_gguf
+from support.moe_models import moe_spec
 from profiles.bench import BenchConfig
 from rocmforge_cli.app import app
 
@@ -47,6 +49,20 @@ def test_markdown_table_and_profile(tiny):
     for kind in ("attn_norm+qkv+rope", "kv_store", "attention", "ffn_norm+gate_up+silu", "ffn_down+residual", "sample"):
         assert f"| {kind} |" in out
     assert "graph replay (device)" in out and "floor" in out
+    deep = bench("-m", tiny, "-d", "cpu", "-p", "0", "-n", "0", "-b", "0", "-r", "1", "--profile", "--profile-depth", "40",
+                 "--kv-dtype", "f32", "-q")
+    assert deep.exit_code == 0, deep.output
+    assert "One decode step: batch 1, context 40" in deep.stdout
+
+
+def test_profile_deeper_than_a_window_layers_pool(tmp_path):
+    """A sliding-window model profiled past what its window group holds: the profiled sequence's KV is reserved a
+    chunk at a time, the blocks behind the window given back (one reserve of 1,500 tokens found no room)."""
+    path = write_gguf(tmp_path / "gpt-oss-long.gguf", moe_spec("gpt-oss-mxfp4", context=2048))
+    result = bench("-m", str(path), "-d", "cpu", "-p", "0", "-n", "0", "-b", "0", "-r", "1", "--profile",
+                   "--profile-depth", "1500", "-q")
+    assert result.exit_code == 0, result.output
+    assert "One decode step: batch 1, context 1500" in result.stdout
 
 
 def test_without_graphs_and_bad_options(tiny):
@@ -55,7 +71,8 @@ def test_without_graphs_and_bad_options(tiny):
     assert json.loads(result.stdout)["graphs"] is False
     for args, message in ((("-p", "x"),), "whole numbers"), ((("-o", "csv"),), "md or json"), \
                          ((("-p", "0", "-n", "0", "-b", "0"),), "nothing to run"), \
-                         ((("--profile", "--no-graphs"),), "--no-graphs"):
+                         ((("--profile", "--no-graphs"),), "--no-graphs"), \
+                         ((("--profile", "--profile-depth", "0"),), "--profile-depth must be at least 1"):
         result = bench("-m", tiny, "-d", "cpu", *args[0])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
 
@@ -74,6 +91,9 @@ def test_context_holds_the_longest_prompt_and_generation():
     assert BenchConfig(model="m", prompt_tokens=(512,), gen_tokens=(128,), batches=()).context > 513
     assert BenchConfig(model="m", prompt_tokens=(), gen_tokens=(1000,), batches=()).context >= 1002
     assert BenchConfig(model="m", prompt_tokens=(), gen_tokens=(), batches=(8,), batch_gen_tokens=300).context >= 302
+    assert BenchConfig(model="m", prompt_tokens=(), gen_tokens=(), batches=(), profile_batch=1,
+                       profile_depth=4096).context >= 4098
+    assert BenchConfig(model="m", prompt_tokens=(), gen_tokens=(8,), batches=(), profile_depth=4096).context < 4096
 
 
 # ---- rows as they finish, Ctrl-C, llama.cpp side by side, host time -------------------------------
