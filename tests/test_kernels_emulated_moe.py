@@ -126,12 +126,20 @@ def test_down(moe_harnesses, warp, weight_type, slots, tmp_path):
 @pytest.mark.parametrize("weight_type", moe_experts.EXPERT_TYPES)
 def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
     """The grouped entries: experts chosen by several pairs (groups of 4 and partial ones) or by none; a tile of 64 rows
-    and a partial one; a grid that loops over the (expert, tile) items."""
+    and a partial one; a grid that loops over the (expert, tile) items. A quantized type's inputs staged a pass at a time:
+    inputs of 200 slices, one a pass (an expert's pairs in several passes), and inputs wider than the staged slices
+    hold, quantized in the loop."""
     rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 3])
     block = column_multiple(weight_type)
     cases = [(4, 2, 5, block, 3, False, 2)]
     if weight_type == "q4_k":  # a second tile (the emulation's warps take seconds a tile)
         cases.append((5, 2, 66, block, 3, True, None))
+    if weight_type in moe_experts.QUANTIZED_X_TYPES:
+        one_a_pass = 200 * 32
+        assert moe_experts.MAX_STAGED_COLUMNS // one_a_pass == 1
+        cases.append((3, 2, 2, one_a_pass, 2, True, None))
+        if weight_type in ("q4_k", "mxfp4"):
+            cases.append((2, 1, 2, moe_experts.MAX_STAGED_COLUMNS + 256, 2, False, None))
     for tokens, k, ff, hidden, n_expert, biases, grid in cases:
         got, want, bound = run_gate_up(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidden, n_expert,
                                        "swiglu_oai", biases, grid, grouped=True)
@@ -146,6 +154,9 @@ def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
     ("total[r] = fmaf(weight, y, total[r]);", "total[r] += y;", "down", "q4_k"),  # the routing weights dropped
     ("total = fmaf(slot_weight[j], slot_terms[j][r], total);", "total += slot_terms[j][r];", "down_slots", "q4_k"),
     ("slot_weight[j] = chosen ? weights[pair] : 0.0f;", "slot_weight[j] = 1.0f;", "down_slots", "q8_0"),
+    # a staged pass's inputs taken from the first pass's pairs
+    ("base + (unsigned long long)(g.pairs[p0 + b] / per)", "base + (unsigned long long)(g.pairs[b] / per)",
+     "grouped", "q8_0"),
 ])
 def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
     work = tmp_path / "planted"
@@ -154,6 +165,9 @@ def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
     rng = np.random.default_rng(5)
     if projection == "gate_up":
         got, want, bound = run_gate_up(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 64, 4, "swiglu", False)
+    elif projection == "grouped":  # inputs of 200 slices: one pair a staged pass
+        got, want, bound = run_gate_up(harnesses, 32, tmp_path, rng, weight_type, 3, 2, 2, 200 * 32, 2, "swiglu", False,
+                                       grouped=True)
     else:
         got, want, bound = run_down(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 256, 4, False,
                                     slots=projection == "down_slots")
