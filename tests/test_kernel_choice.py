@@ -138,6 +138,7 @@ SETTINGS = {
     "ROCMFORGE_COMMIT": "the commit named in bench's reports where the sources have no .git",
     "ROCMFORGE_TESTING": "--plant-bug, for the project's own tests",
     "ROCMFORGE_MOE_MMA_MIN_PAIRS": "the pairs an expert from which a MoE step takes the matrix cores (ops/moe_experts_mma.py)",
+    "ROCMFORGE_MOE_GROUPED_MIN_PAIRS": "the pairs an expert from which a MoE step takes the grouped path (ops/moe_experts.py)",
 }
 PACKAGES = ("hipcore", "profiles", "rocmforge_cli", "rocmforge_serve")
 REPO = Path(__file__).resolve().parents[1]

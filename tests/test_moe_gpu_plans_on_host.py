@@ -19,7 +19,7 @@ from support.stand_in_gpu import StandInGpu, host_kernels_for_stand_ins
 
 ARCHS = ("sm_90", "sm_80", "gfx942", "gfx1100", "gfx1030")
 MAX_RELATIVE_LOGIT_DIFF = 1e-3  # the same host kernels; the paths differ in summation order and f16 staging only
-# The steps whose quantized experts take the matrix cores (moe_experts_mma: 8 tokens or more, 16 pairs of 8 experts)
+# The steps whose quantized experts take the matrix cores (moe_experts_mma: 16 tokens or more, 32 pairs of 8 experts)
 # round the experts' input to f16 where the cpu backend's expert products, as the GPU's other expert paths,
 # round it to int8 per 32 values (moe_experts.QUANTIZED_X_TYPES): tests/gpu/test_moe_model_gpu.py's 4e-2 for such files;
 # the decode steps attend to the prompts' keys and values, so they differ as much.

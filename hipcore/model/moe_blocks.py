@@ -8,7 +8,7 @@ llama.cpp's build_moe_ffn (src/llama-graph.cpp), for every token of the step:
     x      += sum_j w[t, j] (down_e . h[t, j] (+b))         moe_experts.launch_down, into the residual stream
 Five launches a layer (six with the router's bias), each over every token of the step: the router's product is an
 ordinary dense product (the existing matmul kernels), the experts' read only the selected experts' rows.
-A step whose pairs average moe_experts_mma.MIN_PAIRS_PER_EXPERT an expert on a device with matrix cores takes
+A step whose pairs average moe_experts_mma.min_pairs_per_expert an expert on a device with matrix cores takes
 moe_experts_mma instead of the two expert launches: the pairs sorted by expert (moe_sort), then gate, up (with the
 activation) and down as matrix products of each expert's pairs, and the weighted terms summed into the stream.
 

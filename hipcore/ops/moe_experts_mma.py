@@ -14,8 +14,8 @@ rows i, cols i, pairs i, x_per i, n_expert i, tile_tokens i, max_tiles i, activa
                                                               each token into the residual stream, in slot order
 Precision as matmul_mma's (W and the input rounded to f16, exact products, f32 sums): `error_bound`. The result of
 a pair does not depend on where the sort put it. Taken where the device has matrix cores, the experts' type has
-entries (TYPES) and the pairs average at least MIN_PAIRS_PER_EXPERT an expert (`pays`); BF16 and MXFP4 experts
-only where their weights fit f16 (hipcore/model/weights.py marks them).
+entries (TYPES) and the pairs average at least min_pairs_per_expert an expert (`pays`: 4, 8 for MXFP4); BF16 and
+MXFP4 experts only where their weights fit f16 (hipcore/model/weights.py marks them).
 """
 
 from __future__ import annotations
@@ -40,12 +40,15 @@ TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16")
 THREADS = 256
 TILE_ROWS = 128
 MAX_EXPERTS = 512  # kMaxExperts: the sort's shared counters
-# The matrix-core path once the pairs average this many an expert: where moe_experts would take its grouped path
-# (moe_experts.GROUPED_MIN_PAIRS_PER_EXPERT), which it beats. Measured on an NVIDIA H100 (2026-12-06, 9de832b):
-# Qwen3-30B-A3B at 32 sequences (2 pairs an expert) 1,306 against 811 t/s grouped; gpt-oss-20b at 32 (4 an expert)
-# 1,021 against 426; at 8 sequences (1 an expert) gpt-oss-20b lost, 399 against 604 t/s on the per-pair path.
-# ROCMFORGE_MOE_MMA_MIN_PAIRS sets it for a measurement.
-MIN_PAIRS_PER_EXPERT = float(os.environ.get("ROCMFORGE_MOE_MMA_MIN_PAIRS", "2"))
+# The matrix-core path once the pairs average this many an expert; below it moe_experts' grouped path (from
+# moe_experts.GROUPED_MIN_PAIRS_PER_EXPERT) beats it, for longer with MXFP4 experts. Measured on an NVIDIA H100
+# (2026-12-06, 3f654a6, t/s of batched decode, grouped against matrix cores): Qwen3-30B-A3B (Q4_K/Q6_K) at 32 sequences
+# (2 pairs an expert) 1,469 against 1,306, at 64 (4) 1,983 against 2,267, at 128 (8) 2,275 against 4,059;
+# gpt-oss-20b (MXFP4) at 16 (2) 1,007 against 569, at 32 (4) 1,373 against 1,018, at 64 (8) 1,697 against 1,939.
+# ROCMFORGE_MOE_MMA_MIN_PAIRS sets it for every type, for a measurement.
+MIN_PAIRS_PER_EXPERT = 4
+MXFP4_MIN_PAIRS_PER_EXPERT = 8
+_MIN_PAIRS_OVERRIDE = os.environ.get("ROCMFORGE_MOE_MMA_MIN_PAIRS")
 WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
 MAX_GRID = 1 << 20
 
@@ -61,10 +64,18 @@ def supports(weight_type: str, cols: int) -> bool:
 def pays(arch: str, tokens: int, k: int, n_expert: int, weight_types: tuple[str, ...], widths: tuple[int, ...]) -> bool:
     """Whether a step of `tokens` tokens takes the matrix-core path: matrix cores on `arch`, entries for every expert
     type (gate|up's and down's) at their column counts (hidden for gate|up, ff for down), at most MAX_EXPERTS experts,
-    and at least MIN_PAIRS_PER_EXPERT pairs an expert on average."""
+    and at least min_pairs_per_expert(weight_types) pairs an expert on average."""
     return (matmul_mma.has_matrix_cores(arch) and n_expert <= MAX_EXPERTS
             and all(supports(t, c) for t, c in zip(weight_types, widths))
-            and tokens * k >= MIN_PAIRS_PER_EXPERT * n_expert)
+            and tokens * k >= min_pairs_per_expert(weight_types) * n_expert)
+
+
+def min_pairs_per_expert(weight_types: tuple[str, ...]) -> float:
+    """The pairs an expert from which the matrix-core path pays: MXFP4_MIN_PAIRS_PER_EXPERT where an expert tensor is
+    MXFP4, else MIN_PAIRS_PER_EXPERT (ROCMFORGE_MOE_MMA_MIN_PAIRS overrides both)."""
+    if _MIN_PAIRS_OVERRIDE is not None:
+        return float(_MIN_PAIRS_OVERRIDE)
+    return MXFP4_MIN_PAIRS_PER_EXPERT if "mxfp4" in weight_types else MIN_PAIRS_PER_EXPERT
 
 
 def tile_tokens(pairs: int, n_expert: int) -> int:
