@@ -124,3 +124,27 @@ def test_script_past_its_deadline_starts_no_shape_and_exits_2(tmp_path):
         assert f"- {shape}: not started, 0s of DEADLINE left (a shape takes about 120s)" in table
     status = (tmp_path / "out" / "status.txt").read_text()
     assert "s bench " not in status and "(exit 2)" in status
+
+
+def test_profiles_script_profiles_each_model_at_each_batch_and_depth_and_names_what_it_could_not(tmp_path):
+    """scripts/bench/moe_profiles.sh on the cpu backend with a tiny gpt-oss file: a profile a (batch, depth), each
+    at the depth asked; a missing model is a failure (exit 1) named in status.txt; past DEADLINE nothing starts
+    (exit 2)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from support.gguf_factory import write_gguf
+    from support.moe_models import moe_spec
+    model = write_gguf(tmp_path / "tiny-oss.gguf", moe_spec("gpt-oss-mxfp4", context=256))
+    script = str(REPO / "scripts" / "bench" / "moe_profiles.sh")
+    env = {**os.environ, "DEVICE": "cpu", "PROFILES": "1 2@40", "PROMPT_TOKENS": "0", "TMPDIR": str(tmp_path)}
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", script, str(out), str(model), str(tmp_path / "absent.gguf")], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr
+    assert "One decode step: batch 1, context 128" in (out / "tiny-oss-b1-d128.md").read_text()
+    assert "One decode step: batch 2, context 40" in (out / "tiny-oss-b2-d40.md").read_text()
+    status = (out / "status.txt").read_text()
+    assert "tiny-oss-b2-d40.md rc=0" in status and "absent: no model file" in status and "(exit 1)" in status
+    late = subprocess.run(["bash", script, str(tmp_path / "late"), str(model)], capture_output=True, text=True,
+                          env={**env, "DEADLINE": "0"}, timeout=120)
+    assert late.returncode == 2, late.stderr
+    assert "not started, past DEADLINE" in (tmp_path / "late" / "status.txt").read_text()
