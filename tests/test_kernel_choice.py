@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -175,8 +176,28 @@ def test_each_switch_is_read_once_as_documented():
         step_overlap=True, prompt_graphs=False)
     assert kernel_choice.SWITCHES == switches.read(os.environ)
     readme = (REPO / "README.md").read_text()
-    for name in [*kernel_choice.ENVIRONMENT, "ROCMFORGE_PREBUILT_DIR", "ROCMFORGE_CACHE_DIR", "ROCMFORGE_API_KEY"]:
+    for name in [*kernel_choice.ENVIRONMENT, "ROCMFORGE_PREBUILT_DIR", "ROCMFORGE_CACHE_DIR", "ROCMFORGE_API_KEY",
+                 "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MMA_FIRST_MIN_COLS"]:
         assert f"| `{name}" in readme, name
+
+
+def test_mma_first_columns_follow_their_setting():
+    """ROCMFORGE_MMA_FIRST_MIN_COLS (read at import) moves where the block-32 formats leave the fused families for the
+    matrix cores: gpt-oss-20b's 2,880-column Q8_0 products stay on the fused families by default and move at 2880;
+    the demo model's 576 columns stay put."""
+    probe = ("from hipcore.ops import kernel_choice as k, matmul_mma as m; n = m.min_tokens('q8_0', 'sm_90'); "
+             "print(k.MMA_FIRST_MIN_COLS, k.mma_first('q8_0', n, 2880, 'sm_90'), k.mma_first('q8_0', n, 576, 'sm_90'), "
+             "k.mma_first('q8_0', n - 1, 2880, 'sm_90'), k.fused_family('q8_0', 8, cols=2880, arch='sm_90') is None)")
+    def run(value: str | None) -> str:
+        env = {key: v for key, v in os.environ.items() if key != "ROCMFORGE_MMA_FIRST_MIN_COLS"}
+        if value is not None:
+            env["ROCMFORGE_MMA_FIRST_MIN_COLS"] = value
+        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+    assert run(None) == "4096 False False False False"
+    assert run("2880") == "2880 True False False True"
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:

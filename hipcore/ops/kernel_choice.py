@@ -87,8 +87,9 @@ QMATVEC_FIRST_MIN_COLS = 4096
 # 16,460; Q5_0, Q5_1 likewise; F16 14,845 -> 64,286, 2,930 -> 6,608 and 4,767 -> 21,529
 # (docs/history/2026-11-29-block32-matrix-cores.md). In matrices of MMA_FIRST_MIN_COLS columns or more: the demo
 # model's narrow ones keep the fused families, measured ahead of llama.cpp there. Not on AMD: no AMD GPU has measured
-# the two side by side.
-MMA_FIRST_MIN_COLS = QMATVEC_FIRST_MIN_COLS
+# the two side by side. ROCMFORGE_MMA_FIRST_MIN_COLS sets it for a measurement (gpt-oss-20b's Q8_0 attention and head
+# have 2,880 columns: docs/history/2026-12-06-moe-grouped-staged.md).
+MMA_FIRST_MIN_COLS = int(os.environ.get("ROCMFORGE_MMA_FIRST_MIN_COLS", str(QMATVEC_FIRST_MIN_COLS)))
 
 # Types whose few-token single products take qmatvec (int8 activations, dp4a) where the others take matvec, which has
 # no entry for them: MXFP4, whose codes are integers (the doubled e2m1 values) and so decode for dp4a in two byte
