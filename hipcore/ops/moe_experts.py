@@ -63,7 +63,7 @@ THREADS = 256
 GROUPED_TILE_ROWS = 64  # rows of one expert a grouped workgroup takes (kernels/moe_experts_grouped.h kTileRows)
 # The grouped path once the pairs average this many an expert (ROCMFORGE_MOE_GROUPED_MIN_PAIRS sets it for a
 # measurement); moe_experts_mma takes over from its own threshold where the device has matrix cores. Measured on an
-# NVIDIA H100 (2026-12-06, 3f654a6, t/s of batched decode): gpt-oss-20b at 8 sequences (1 pair an expert) 914 grouped
+# NVIDIA H100 (2026-12-06, 5057825, t/s of batched decode): gpt-oss-20b at 8 sequences (1 pair an expert) 914 grouped
 # against 751 per pair (its gate|up 139 against 186 us a layer, down 76 against 125); Qwen3-30B-A3B at 8 (0.5 an
 # expert) 896 against 1,057, at 16 (1) 1,006 against 1,018.
 GROUPED_MIN_PAIRS_PER_EXPERT = float(os.environ.get("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "1"))

@@ -42,7 +42,7 @@ TILE_ROWS = 128
 MAX_EXPERTS = 512  # kMaxExperts: the sort's shared counters
 # The matrix-core path once the pairs average this many an expert; below it moe_experts' grouped path (from
 # moe_experts.GROUPED_MIN_PAIRS_PER_EXPERT) beats it, for longer with MXFP4 experts. Measured on an NVIDIA H100
-# (2026-12-06, 3f654a6, t/s of batched decode, grouped against matrix cores): Qwen3-30B-A3B (Q4_K/Q6_K) at 32 sequences
+# (2026-12-06, 5057825, t/s of batched decode, grouped against matrix cores): Qwen3-30B-A3B (Q4_K/Q6_K) at 32 sequences
 # (2 pairs an expert) 1,469 against 1,306, at 64 (4) 1,983 against 2,267, at 128 (8) 2,275 against 4,059;
 # gpt-oss-20b (MXFP4) at 16 (2) 1,007 against 569, at 32 (4) 1,373 against 1,018, at 64 (8) 1,697 against 1,939.
 # ROCMFORGE_MOE_MMA_MIN_PAIRS sets it for every type, for a measurement.
