@@ -156,3 +156,19 @@ def test_option_errors_name_the_option_as_typed(tiny, args, option):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith((f"error: {option} ", f"error: {option}: ")), result.stderr
     assert "_" not in lines[0].split(" must")[0]  # no internal field name such as max_tokens
+
+
+@pytest.mark.parametrize("name, kind, good", [("ROCMFORGE_MMA_FIRST_MIN_COLS", "a whole number", "2880"),
+                                              ("ROCMFORGE_MOE_MMA_MIN_PAIRS", "a number", "2.5"),
+                                              ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "a number", "1")])
+def test_a_bad_numeric_setting_is_one_line_and_exit_2(tiny, name, kind, good, monkeypatch):
+    """A measurement setting (the README's settings table) that is no number is refused when the model loads, in one
+    line naming it, exit 2, as a bad option is: not a traceback, not a failed forward pass, and on a dense model too;
+    a good value of the same setting runs."""
+    monkeypatch.setenv(name, "lots")
+    result = invoke("--model", tiny, "--device", "cpu", "-p", "Hi", "-n", "2")
+    assert result.exit_code == 2, result.output
+    assert f"error: {name} must be {kind} of 0 or more, got 'lots'" in result.stderr
+    assert "Traceback" not in result.output and "forward pass" not in result.output
+    monkeypatch.setenv(name, good)
+    assert invoke("--model", tiny, "--device", "cpu", "-p", "Hi", "-n", "2").exit_code == 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -20,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from hipcore.ops import fused_matmul, kernel_choice, matmul_mma
+from hipcore.runtime.errors import UsageError
 
 GOLDEN = Path(__file__).parent / "golden" / "kernel_choices.json"
 TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
@@ -181,24 +181,26 @@ def test_each_switch_is_read_once_as_documented():
         assert f"| `{name}" in readme, name
 
 
-def test_mma_first_columns_follow_their_setting():
-    """ROCMFORGE_MMA_FIRST_MIN_COLS (read at import) moves where the block-32 formats leave the fused families for the
-    matrix cores: gpt-oss-20b's 2,880-column Q8_0 products stay on the fused families by default and move at 2880;
-    the demo model's 576 columns stay put."""
-    probe = ("from hipcore.ops import kernel_choice as k, matmul_mma as m; n = m.min_tokens('q8_0', 'sm_90'); "
-             "print(k.MMA_FIRST_MIN_COLS, k.mma_first('q8_0', n, 2880, 'sm_90'), k.mma_first('q8_0', n, 576, 'sm_90'), "
-             "k.mma_first('q8_0', n - 1, 2880, 'sm_90'), k.fused_family('q8_0', 8, cols=2880, arch='sm_90') is None)")
-    def run(value: str | None) -> str:
-        env = {key: v for key, v in os.environ.items() if key != "ROCMFORGE_MMA_FIRST_MIN_COLS"}
-        if value is not None:
-            env["ROCMFORGE_MMA_FIRST_MIN_COLS"] = value
-        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO,
-                              timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.strip()
-    assert run(None) == "4096 False False False False"
-    assert run("2880") == "2880 True False False True"
-
+def test_mma_first_columns_follow_their_setting(monkeypatch):
+    """ROCMFORGE_MMA_FIRST_MIN_COLS moves where the block-32 formats leave the fused families for the matrix cores:
+    gpt-oss-20b's 2,880-column Q8_0 products stay on the fused families by default and move at 2880; the demo
+    model's 576 columns stay put; a value that is no whole number of 0 or more is a UsageError naming it, from the
+    choice itself and from check_settings (which the loader calls on every device)."""
+    n = matmul_mma.min_tokens("q8_0", "sm_90")
+    def choices() -> tuple:
+        return (kernel_choice.mma_first_min_cols(), kernel_choice.mma_first("q8_0", n, 2880, "sm_90"),
+                kernel_choice.mma_first("q8_0", n, 576, "sm_90"), kernel_choice.mma_first("q8_0", n - 1, 2880, "sm_90"),
+                kernel_choice.fused_family("q8_0", 8, cols=2880, arch="sm_90") is None)
+    monkeypatch.delenv("ROCMFORGE_MMA_FIRST_MIN_COLS", raising=False)
+    assert choices() == (4096, False, False, False, False)
+    monkeypatch.setenv("ROCMFORGE_MMA_FIRST_MIN_COLS", "2880")
+    assert choices() == (2880, True, False, False, True)
+    for bad in ("abc", "-1", "2880.5", ""):
+        monkeypatch.setenv("ROCMFORGE_MMA_FIRST_MIN_COLS", bad)
+        with pytest.raises(UsageError, match=r"ROCMFORGE_MMA_FIRST_MIN_COLS must be a whole number of 0 or more"):
+            kernel_choice.mma_first("q8_0", n, 2880, "sm_90")
+        with pytest.raises(UsageError, match=r"ROCMFORGE_MMA_FIRST_MIN_COLS must be a whole number of 0 or more"):
+            kernel_choice.check_settings()
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     from hipcore.runtime.cpu import CpuDevice

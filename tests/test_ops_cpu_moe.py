@@ -254,7 +254,7 @@ def test_host_kernel_refuses_an_expert_id_out_of_range(cpu_device):
 
 def test_grouped_path_on_the_host_kernels(cpu_device):
     """The grouped entries' host kernels (down's through its workspace and the slot sum) give the per-pair path's
-    results; the launcher picks the grouped path where the pairs average two an expert, and refuses a grouped down
+    results; the launcher picks the grouped path where the pairs average one an expert, and refuses a grouped down
     without a workspace, or with one overlapping h."""
     rng = np.random.default_rng(17)
     n_expert, k, ff, hidden, tokens = 4, 2, 64, 32, 6
@@ -285,6 +285,35 @@ def test_grouped_path_on_the_host_kernels(cpu_device):
     with pytest.raises(ValueError, match="path must be"):
         moe_experts.launch_gate_up(cpu_device, None, h, x, g_buf, u_buf, ids, tokens, k, "swiglu", ff=ff, hidden=hidden,
                                    path="sorted", **common)
+
+
+def test_path_thresholds_follow_their_settings(monkeypatch):
+    """The grouped path from one pair an expert, the matrix cores from 4 (8 where an expert tensor is MXFP4); the
+    ROCMFORGE_MOE_GROUPED_MIN_PAIRS and ROCMFORGE_MOE_MMA_MIN_PAIRS settings move them; a value that is no number of
+    0 or more is a UsageError naming the setting."""
+    from hipcore.ops import moe_experts_mma
+    from hipcore.runtime.errors import UsageError
+    for name in ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MOE_MMA_MIN_PAIRS"):
+        monkeypatch.delenv(name, raising=False)
+    qwen, oss = ("q4_k", "q6_k"), ("mxfp4", "mxfp4")
+    widths = (2048, 768)
+    assert moe_experts.grouped_pays(16, 8, 128) and not moe_experts.grouped_pays(15, 8, 128)
+    assert moe_experts_mma.pays("sm_90", 64, 8, 128, qwen, widths) and not moe_experts_mma.pays("sm_90", 63, 8, 128, qwen,
+                                                                                                widths)
+    assert moe_experts_mma.pays("sm_90", 64, 4, 32, oss, widths) and not moe_experts_mma.pays("sm_90", 63, 4, 32, oss,
+                                                                                              widths)
+    monkeypatch.setenv("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "2")
+    monkeypatch.setenv("ROCMFORGE_MOE_MMA_MIN_PAIRS", "2")
+    assert not moe_experts.grouped_pays(16, 8, 128) and moe_experts.grouped_pays(32, 8, 128)
+    assert moe_experts_mma.pays("sm_90", 16, 4, 32, oss, widths) and not moe_experts_mma.pays("sm_90", 15, 4, 32, oss,
+                                                                                              widths)
+    for name, check in (("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", lambda: moe_experts.grouped_pays(16, 8, 128)),
+                        ("ROCMFORGE_MOE_MMA_MIN_PAIRS", lambda: moe_experts_mma.pays("sm_90", 64, 8, 128, qwen, widths))):
+        for bad in ("two", "-1", "nan"):
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(UsageError, match=f"{name} must be a number of 0 or more, got '{bad}'"):
+                check()
+        monkeypatch.delenv(name)
 
 
 def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):

@@ -49,7 +49,7 @@ from hipcore.model.prompt_graphs import CAPTURE_AT_RUN, PromptGraphs, padded_sha
 from hipcore.model.step_inputs import StepInputs
 from hipcore.model.weights import ModelWeights
 from hipcore.model.projections import Launch, ProjectionPlanner
-from hipcore.ops import embedding, sample, select_rows
+from hipcore.ops import embedding, kernel_choice, sample, select_rows
 from hipcore.ops.kernel_choice import SWITCHES
 from hipcore.ops.sample import SamplingRows
 from hipcore.runtime.device import Buffer, Device, Stream
@@ -63,8 +63,10 @@ PROMPT_PLAN_CACHE_SIZE = 16  # (and the graphs of padded shapes, prompt_graphs.p
 
 
 def check_device(config: ModelConfig, device: Device) -> None:
-    """UnsupportedModelError (exit 4) where the model needs a kernel the device lacks: gpt-oss's attention sinks.
-    The loader asks before anything is allocated; the runner asks again."""
+    """UnsupportedModelError (exit 4) where the model needs a kernel the device lacks: gpt-oss's attention sinks;
+    UsageError (exit 2) where a numeric setting of the environment is bad (kernel_choice.check_settings). The loader
+    asks before anything is allocated; the runner asks again."""
+    kernel_choice.check_settings()
     if config.architecture == "gpt-oss":
         gpt_oss.check_backend(device)
 

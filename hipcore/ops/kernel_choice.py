@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hipcore.ops import (fused_matmul, fused_matvec, fused_qmatvec, kv_store, matmul, matmul_mma, matmul_mma_qkv,
-                         matmul_mma_swiglu, matvec, qmatvec)
+                         matmul_mma_swiglu, matvec, moe_experts, moe_experts_mma, qmatvec)
+from hipcore.runtime import settings
 from hipcore.runtime.device import Buffer, Device, Stream
 
 
@@ -89,7 +90,7 @@ QMATVEC_FIRST_MIN_COLS = 4096
 # model's narrow ones keep the fused families, measured ahead of llama.cpp there. Not on AMD: no AMD GPU has measured
 # the two side by side. ROCMFORGE_MMA_FIRST_MIN_COLS sets it for a measurement (gpt-oss-20b's Q8_0 attention and head
 # have 2,880 columns: docs/history/2026-12-06-moe-grouped-staged.md).
-MMA_FIRST_MIN_COLS = int(os.environ.get("ROCMFORGE_MMA_FIRST_MIN_COLS", str(QMATVEC_FIRST_MIN_COLS)))
+MMA_FIRST_MIN_COLS = QMATVEC_FIRST_MIN_COLS
 
 # Types whose few-token single products take qmatvec (int8 activations, dp4a) where the others take matvec, which has
 # no entry for them: MXFP4, whose codes are integers (the doubled e2m1 values) and so decode for dp4a in two byte
@@ -155,7 +156,20 @@ def mma_first(weight_type: str, n_tokens: int, cols: int, arch: str) -> bool:
     ops on the matrix cores on `arch` instead (see MMA_FIRST_MIN_COLS)."""
     return (weight_type in matmul_mma.PAIR32_FRAGMENT_TYPES
             and matmul_mma.has_fragment_path(arch, weight_type, 32, cols)
-            and n_tokens >= matmul_mma.min_tokens(weight_type, arch) and cols >= MMA_FIRST_MIN_COLS)
+            and n_tokens >= matmul_mma.min_tokens(weight_type, arch) and cols >= mma_first_min_cols())
+
+
+def check_settings() -> None:
+    """Read every numeric setting (the README's table) once, so that a bad value is refused (UsageError) when a model
+    loads, before anything is allocated, rather than inside its first step."""
+    mma_first_min_cols()
+    moe_experts.grouped_min_pairs()
+    moe_experts_mma.min_pairs_per_expert(())
+
+
+def mma_first_min_cols() -> int:
+    """MMA_FIRST_MIN_COLS, or ROCMFORGE_MMA_FIRST_MIN_COLS where set."""
+    return int(settings.number("ROCMFORGE_MMA_FIRST_MIN_COLS", MMA_FIRST_MIN_COLS, whole=True))
 
 
 def fused_family(weight_type: str, n_tokens: int, max_matvec_tokens: int = FUSED_MATVEC_MAX_TOKENS, *, cols: int = 0,

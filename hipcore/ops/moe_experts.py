@@ -32,7 +32,6 @@ token of the step; each warp reads only its expert's rows.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,7 @@ from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
 from hipcore.ops.moe_expert_cache import EXPERTS
 from hipcore.ops.qmatvec import U32, quantize_x
 from hipcore.ops.weight_formats import check_format, column_multiple, dequantize_rows, row_bytes
+from hipcore.runtime import settings
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Dim3, Stream
 from hipcore.runtime.kernels import get_kernel, wavefront_size
@@ -66,7 +66,7 @@ GROUPED_TILE_ROWS = 64  # rows of one expert a grouped workgroup takes (kernels/
 # NVIDIA H100 (2026-12-06, 5057825, t/s of batched decode): gpt-oss-20b at 8 sequences (1 pair an expert) 914 grouped
 # against 751 per pair (its gate|up 139 against 186 us a layer, down 76 against 125); Qwen3-30B-A3B at 8 (0.5 an
 # expert) 896 against 1,057, at 16 (1) 1,006 against 1,018.
-GROUPED_MIN_PAIRS_PER_EXPERT = float(os.environ.get("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "1"))
+GROUPED_MIN_PAIRS_PER_EXPERT = 1.0
 
 
 def supports(weight_type: str) -> bool:
@@ -322,7 +322,12 @@ def slots_pay(arch: str, weight_type: str, k: int, ff: int) -> bool:
 def grouped_pays(tokens: int, k: int, n_expert: int) -> bool:
     """The grouped path once the (token, slot) pairs average GROUPED_MIN_PAIRS_PER_EXPERT an expert: below that few
     pairs share an expert and the per-pair path's finer grid wins."""
-    return tokens * k >= GROUPED_MIN_PAIRS_PER_EXPERT * n_expert
+    return tokens * k >= grouped_min_pairs() * n_expert
+
+
+def grouped_min_pairs() -> float:
+    """GROUPED_MIN_PAIRS_PER_EXPERT, or ROCMFORGE_MOE_GROUPED_MIN_PAIRS where set."""
+    return settings.number("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", GROUPED_MIN_PAIRS_PER_EXPERT)
 
 
 def grouped_geometry(n_expert: int, rows: int) -> tuple[int, int]:

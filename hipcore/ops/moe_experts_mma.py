@@ -20,7 +20,6 @@ MXFP4 experts only where their weights fit f16 (hipcore/model/weights.py marks t
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ import numpy as np
 from hipcore.ops import matmul, matmul_mma, moe_experts
 from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
 from hipcore.ops.weight_formats import column_multiple, row_bytes
+from hipcore.runtime import settings
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Stream
 from hipcore.runtime.kernels import get_kernel
@@ -48,7 +48,6 @@ MAX_EXPERTS = 512  # kMaxExperts: the sort's shared counters
 # ROCMFORGE_MOE_MMA_MIN_PAIRS sets it for every type, for a measurement.
 MIN_PAIRS_PER_EXPERT = 4
 MXFP4_MIN_PAIRS_PER_EXPERT = 8
-_MIN_PAIRS_OVERRIDE = os.environ.get("ROCMFORGE_MOE_MMA_MIN_PAIRS")
 WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
 MAX_GRID = 1 << 20
 
@@ -73,9 +72,8 @@ def pays(arch: str, tokens: int, k: int, n_expert: int, weight_types: tuple[str,
 def min_pairs_per_expert(weight_types: tuple[str, ...]) -> float:
     """The pairs an expert from which the matrix-core path pays: MXFP4_MIN_PAIRS_PER_EXPERT where an expert tensor is
     MXFP4, else MIN_PAIRS_PER_EXPERT (ROCMFORGE_MOE_MMA_MIN_PAIRS overrides both)."""
-    if _MIN_PAIRS_OVERRIDE is not None:
-        return float(_MIN_PAIRS_OVERRIDE)
-    return MXFP4_MIN_PAIRS_PER_EXPERT if "mxfp4" in weight_types else MIN_PAIRS_PER_EXPERT
+    default = MXFP4_MIN_PAIRS_PER_EXPERT if "mxfp4" in weight_types else MIN_PAIRS_PER_EXPERT
+    return settings.number("ROCMFORGE_MOE_MMA_MIN_PAIRS", default)
 
 
 def tile_tokens(pairs: int, n_expert: int) -> int:
