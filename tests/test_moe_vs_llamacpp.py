@@ -78,6 +78,26 @@ def test_a_run_cut_at_its_deadline_keeps_its_rows_and_names_the_tests_it_lost(tm
             "tg128 after 4,096 tokens") in text
 
 
+def test_a_variants_rows_follow_its_shape_against_the_same_llama_cpp_figures(tmp_path):
+    """VARIANT's bench (rocmforge alone, <shape>@variant.md) is shown after its shape, named with the settings, its
+    ratio taken against the shape's llama.cpp figure of the same test."""
+    base = report([Result("b8x128", 0, 128, 8, [900.0])], batched=[{"test": "b8x128", "avg_ts": 1000.0,
+                                                                    "stddev_ts": 3.0}])
+    variant = report([Result("b8x128", 0, 128, 8, [1300.0]), Result("pp512", 512, 0, 1, [7000.0])])
+    (tmp_path / "gpt-oss-20b.md").write_text(as_bench_prints_it(base))
+    (tmp_path / "gpt-oss-20b@variant.md").write_text(as_bench_prints_it(variant))
+    (tmp_path / "variant.txt").write_text("ROCMFORGE_MMA_FIRST_MIN_COLS=2880\n")
+    rows = [line for line in moe_table.table(tmp_path).splitlines() if line.startswith("| gpt")]
+    card = "cuda:0 NVIDIA H100 80GB HBM3 (sm_90)"
+    assert rows == [
+        f"| gpt-oss-20b | 8 sequences x 128 | 900.0 ± 0.0 | 1,000.0 ± 3.0 | 0.90 | >= 1.2 | {card} | 0123abcd |",
+        f"| gpt-oss-20b with ROCMFORGE_MMA_FIRST_MIN_COLS=2880 | 8 sequences x 128 | 1,300.0 ± 0.0 | 1,000.0 ± 3.0 | "
+        f"**1.30** | >= 1.2 | {card} | 0123abcd |",
+        f"| gpt-oss-20b with ROCMFORGE_MMA_FIRST_MIN_COLS=2880 | pp512 | 7,000.0 ± 0.0 | - | - | >= 1.1 | {card} | "
+        "0123abcd |",
+    ]
+
+
 def test_table_says_when_nothing_was_measured(tmp_path):
     (tmp_path / "gpt-oss-20b.md").write_text("")
     text = moe_table.table(tmp_path)
@@ -148,3 +168,30 @@ def test_profiles_script_profiles_each_model_at_each_batch_and_depth_and_names_w
                           env={**env, "DEADLINE": "0"}, timeout=120)
     assert late.returncode == 2, late.stderr
     assert "not started, past DEADLINE" in (tmp_path / "late" / "status.txt").read_text()
+
+
+def test_script_variant_settings_are_checked_and_wait_for_the_deadline(tmp_path):
+    """VARIANT words that are not NAME=VALUE measure no variant (a failure, named); good ones past DEADLINE are left
+    (exit 2), each shape named with its settings."""
+    bin_dir = tmp_path / "work" / "llama.cpp" / "build" / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("llama-bench", "llama-batched-bench"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 99\n")
+        (bin_dir / tool).chmod(0o755)
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("Qwen3-30B-A3B-Q4_K_M.gguf", "gpt-oss-20b-MXFP4_MOE.gguf"):
+        (models / name).write_bytes(b"GGUF")
+    env = {**os.environ, "MODELS": str(models), "WORK": str(tmp_path / "work"), "RESULTS": str(tmp_path / "results"),
+           "TMPDIR": str(tmp_path), "DEADLINE": "0", "LLAMA_CPP_TARBALL": "", "TOKENIZER_MODEL": ""}
+    script = str(REPO / "scripts" / "bench" / "moe_vs_llamacpp.sh")
+    bad = subprocess.run(["bash", script, str(tmp_path / "bad")], capture_output=True, text=True, timeout=120,
+                         env={**env, "VARIANT": "ROCMFORGE_MMA_FIRST_MIN_COLS=2880 2880"})
+    assert bad.returncode == 1, bad.stderr
+    assert "- VARIANT: '2880' is not NAME=VALUE; no variant measured" in (tmp_path / "bad" / "table.md").read_text()
+    late = subprocess.run(["bash", script, str(tmp_path / "late")], capture_output=True, text=True, timeout=120,
+                          env={**env, "VARIANT": "ROCMFORGE_MMA_FIRST_MIN_COLS=2880"})
+    assert late.returncode == 2, late.stderr
+    table = (tmp_path / "late" / "table.md").read_text()
+    for shape in ("Qwen3-30B-A3B", "gpt-oss-20b"):
+        assert f"- {shape} with ROCMFORGE_MMA_FIRST_MIN_COLS=2880: not started, 0s of DEADLINE left" in table

@@ -4,7 +4,9 @@ the notes of what was skipped or cut.
 
     python scripts/bench/moe_table.py RESULTS_DIR [DEVICE] [COMMIT] > table.md
 
-RESULTS_DIR holds <shape>.md (bench's stdout) and skipped.txt (one line per thing not done, with why). bench prints
+RESULTS_DIR holds <shape>.md (bench's stdout), skipped.txt (one line per thing not done, with why) and, where the
+script measured VARIANT's settings too, <shape>@variant.md (rocmforge alone) and variant.txt (the settings): those
+rows read "<shape> with <settings>" against the llama.cpp figures of <shape>.md. bench prints
 each row as soon as its test is measured and its foot (device, commit) at the end, so a run stopped at its deadline
 keeps the rows it measured: DEVICE and COMMIT stand in for the foot it never printed.
 """
@@ -55,11 +57,23 @@ def read_bench(text: str) -> tuple[list[tuple[str, tuple | None, tuple | None]],
     return rows, device, commit, notes
 
 
+VARIANT_SUFFIX = "@variant"
+
+
 def table(results: Path, device: str = "?", commit: str = "?") -> str:
     lines, notes = list(HEAD), []
-    for path in sorted(results.glob("*.md")):
-        shape = path.stem
-        rows, found_device, found_commit, bench_notes = read_bench(path.read_text(errors="replace"))
+    variant_file = results / "variant.txt"
+    variant = variant_file.read_text().strip() if variant_file.is_file() else "other settings"
+    read = {path.stem: read_bench(path.read_text(errors="replace")) for path in results.glob("*.md")}
+    # each shape, then its variant's rows, with the shape's llama.cpp figures
+    for stem in sorted(read, key=lambda s: (s.removesuffix(VARIANT_SUFFIX), s.endswith(VARIANT_SUFFIX))):
+        rows, found_device, found_commit, bench_notes = read[stem]
+        shape = stem
+        if stem.endswith(VARIANT_SUFFIX):
+            base = stem.removesuffix(VARIANT_SUFFIX)
+            shape = f"{base} with {variant}"
+            theirs_by_test = {test: theirs for test, _, theirs in read.get(base, ([],))[0]}
+            rows = [(test, ours, theirs or theirs_by_test.get(test)) for test, ours, theirs in rows]
         if found_commit is None:
             done = {test for test, _, _ in rows}
             missing = [SHOWN[t] for t in EXPECTED_TESTS if t not in done]

@@ -39,6 +39,11 @@
 # the models (MODELS, default ${TMPDIR:-/tmp}/models) and each shape's finished table (RESULTS, default
 # ${TMPDIR:-/tmp}/moe-bench; FRESH=1 measures again); the second run's table.md holds both runs' shapes.
 # SHAPES (space-separated) chooses fewer, in that order.
+# VARIANT: settings to measure beside the defaults in the same run, as NAME=VALUE words (e.g.
+# VARIANT="ROCMFORGE_MMA_FIRST_MIN_COLS=2880"): after every shape's own bench (first every shape, then the
+# variants, so the deadline cuts a variant before a shape), rocmforge alone again with those settings on the same
+# file and tests, into RESULTS/<shape>@variant.md; the table shows its rows as "<shape> with VARIANT" against the
+# same llama.cpp figures. Guessed at VARIANT_EST_S (default 80) seconds a shape.
 # ROCMFORGE_COMMIT names the commit where the tree has no .git. Exit 0 when every shape was measured whole, 1 when
 # something failed (a build, a model, a bench), 2 when something was left for the deadline.
 set -uo pipefail
@@ -125,6 +130,29 @@ for shape in "${SHAPE_LIST[@]}"; do
   elif [ "$rc" -ne 0 ]; then failed "$shape: rocmforge bench exited with $rc ($(tail -1 "$OUTDIR/bench.log" | cut -c1-200))"
   fi
 done
+if [ -n "${VARIANT:-}" ]; then
+  read -r -a VARIANT_ENV <<< "$VARIANT"
+  for setting in "${VARIANT_ENV[@]}"; do
+    [[ "$setting" =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] || { failed "VARIANT: '$setting' is not NAME=VALUE; no variant measured"; VARIANT_ENV=(); break; }
+  done
+  echo "$VARIANT" > "$RESULTS/variant.txt"
+  for shape in "${SHAPE_LIST[@]}"; do
+    [ "${#VARIANT_ENV[@]}" -gt 0 ] || break
+    variant_table="$RESULTS/$shape@variant.md" model="$(model_path "$shape")"
+    if finished "$variant_table" && [ -z "${FRESH:-}" ]; then note "$shape with $VARIANT: measured by an earlier run"; continue; fi
+    [ -s "$model" ] || { failed "$shape with $VARIANT: not measured (no model file)"; continue; }
+    left=$((DEADLINE - SECONDS)); [ "$left" -gt 0 ] || left=0
+    if [ "$left" -lt "${VARIANT_EST_S:-80}" ]; then late "$shape with $VARIANT: not started, ${left}s of DEADLINE left"; continue; fi
+    note "bench $shape with $VARIANT"
+    timeout "$left" env "${VARIANT_ENV[@]}" python3 -m rocmforge_cli.app bench -m "$model" "${TESTS[@]}" -r "$REPS" \
+      > "$variant_table" 2>> "$OUTDIR/bench.log"
+    rc=$?
+    note "bench $shape with $VARIANT rc=$rc"
+    if [ "$rc" -eq 124 ]; then late "$shape with $VARIANT: stopped at DEADLINE (${DEADLINE}s)"
+    elif [ "$rc" -ne 0 ]; then failed "$shape with $VARIANT: rocmforge bench exited with $rc ($(tail -1 "$OUTDIR/bench.log" | cut -c1-200))"
+    fi
+  done
+fi
 write_table
 note "done (exit $STATUS)"
 exit "$STATUS"
