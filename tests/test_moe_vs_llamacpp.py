@@ -122,9 +122,9 @@ def test_script_without_a_build_or_a_tokenizer_writes_a_table_of_what_it_skipped
     assert not list((tmp_path / "models").iterdir())
 
 
-def test_script_past_its_deadline_starts_no_shape_and_exits_2(tmp_path):
-    """DEADLINE=0 with the build and both models in place: no bench starts (none of the three is run), each shape is
-    named with the time it lacked, and the exit status says "run again" (2), not failure."""
+def built_and_written_past_the_deadline(tmp_path) -> dict:
+    """The script's environment with llama.cpp's tools and both model files in place (stand-ins that are never run
+    or read: no shape starts) and DEADLINE=0."""
     bin_dir = tmp_path / "work" / "llama.cpp" / "build" / "bin"
     bin_dir.mkdir(parents=True)
     for tool in ("llama-bench", "llama-batched-bench"):  # present, never run: no shape starts
@@ -134,8 +134,14 @@ def test_script_past_its_deadline_starts_no_shape_and_exits_2(tmp_path):
     models.mkdir()
     for name in ("Qwen3-30B-A3B-Q4_K_M.gguf", "gpt-oss-20b-MXFP4_MOE.gguf"):
         (models / name).write_bytes(b"GGUF")
-    env = {**os.environ, "MODELS": str(models), "WORK": str(tmp_path / "work"), "RESULTS": str(tmp_path / "results"),
-           "TMPDIR": str(tmp_path), "DEADLINE": "0", "LLAMA_CPP_TARBALL": "", "TOKENIZER_MODEL": ""}
+    return {**os.environ, "MODELS": str(models), "WORK": str(tmp_path / "work"), "RESULTS": str(tmp_path / "results"),
+            "TMPDIR": str(tmp_path), "DEADLINE": "0", "LLAMA_CPP_TARBALL": "", "TOKENIZER_MODEL": ""}
+
+
+def test_script_past_its_deadline_starts_no_shape_and_exits_2(tmp_path):
+    """DEADLINE=0 with the build and both models in place: no bench starts (none of the three is run), each shape is
+    named with the time it lacked, and the exit status says "run again" (2), not failure."""
+    env = built_and_written_past_the_deadline(tmp_path)
     proc = subprocess.run(["bash", str(REPO / "scripts" / "bench" / "moe_vs_llamacpp.sh"), str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -173,17 +179,7 @@ def test_profiles_script_profiles_each_model_at_each_batch_and_depth_and_names_w
 def test_script_variant_settings_are_checked_and_wait_for_the_deadline(tmp_path):
     """VARIANT words that are not NAME=VALUE measure no variant (a failure, named); good ones past DEADLINE are left
     (exit 2), each shape named with its settings."""
-    bin_dir = tmp_path / "work" / "llama.cpp" / "build" / "bin"
-    bin_dir.mkdir(parents=True)
-    for tool in ("llama-bench", "llama-batched-bench"):
-        (bin_dir / tool).write_text("#!/bin/sh\nexit 99\n")
-        (bin_dir / tool).chmod(0o755)
-    models = tmp_path / "models"
-    models.mkdir()
-    for name in ("Qwen3-30B-A3B-Q4_K_M.gguf", "gpt-oss-20b-MXFP4_MOE.gguf"):
-        (models / name).write_bytes(b"GGUF")
-    env = {**os.environ, "MODELS": str(models), "WORK": str(tmp_path / "work"), "RESULTS": str(tmp_path / "results"),
-           "TMPDIR": str(tmp_path), "DEADLINE": "0", "LLAMA_CPP_TARBALL": "", "TOKENIZER_MODEL": ""}
+    env = built_and_written_past_the_deadline(tmp_path)
     script = str(REPO / "scripts" / "bench" / "moe_vs_llamacpp.sh")
     bad = subprocess.run(["bash", script, str(tmp_path / "bad")], capture_output=True, text=True, timeout=120,
                          env={**env, "VARIANT": "ROCMFORGE_MMA_FIRST_MIN_COLS=2880 2880"})
