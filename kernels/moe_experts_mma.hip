@@ -1,5 +1,5 @@
 // The experts' products of a mixture-of-experts layer on the matrix cores, for prompts and batches whose pairs
-// average 2 or more an expert (hipcore/ops/moe_experts_mma.py pays): the (token, slot) pairs of a
+// average enough an expert (hipcore/ops/moe_experts_mma.py pays: 4, 8 for MXFP4): the (token, slot) pairs of a
 // step grouped by expert and each expert's pairs multiplied as a matrix, TN (32 or 64) pairs at a time, as
 // matmul_mma.hip multiplies a prompt (its step shapes and block-format decoders, matmul_mma_formats.h; its warp tiling).
 // The per-pair and grouped paths of moe_experts.hip decode a slice of an expert's weights for one or two pairs; here
