@@ -23,8 +23,7 @@ def _parse(name: str, raw: str | None, default: float, whole: bool) -> float:
     try:
         value = int(raw.strip()) if whole else float(raw.strip())
     except ValueError:
-        raise UsageError(f"{name} must be {kind} of 0 or more, got {raw!r}; unset it for the default "
-                         f"({default:g})") from None
-    if not value >= 0:  # also refuses nan
+        value = None
+    if value is None or not value >= 0:  # `not >=` also refuses nan
         raise UsageError(f"{name} must be {kind} of 0 or more, got {raw!r}; unset it for the default ({default:g})")
     return value

@@ -115,20 +115,28 @@ if [ ! -x "$BIN/llama-bench" ] || [ ! -x "$BIN/llama-batched-bench" ]; then
   failed "every shape: not measured, llama.cpp did not build (build.log)"; tail -30 "$OUTDIR/build.log" 2> /dev/null
   write_table; exit 1
 fi
-for shape in "${SHAPE_LIST[@]}"; do
-  shape_table="$RESULTS/$shape.md" model="$(model_path "$shape")"
-  if finished "$shape_table" && [ -z "${FRESH:-}" ]; then note "$shape: measured by an earlier run ($shape_table)"; continue; fi
-  [ -s "$model" ] || { failed "$shape: not measured (no model file)"; continue; }
-  left=$((DEADLINE - SECONDS)); [ "$left" -gt 0 ] || left=0  # past the deadline: none left, however far past
-  if [ "$left" -lt "$EST_S" ]; then late "$shape: not started, ${left}s of DEADLINE left (a shape takes about ${EST_S}s)"; continue; fi
-  note "bench $shape (${TESTS[*]})"
-  timeout "$left" python3 -m rocmforge_cli.app bench -m "$model" "${TESTS[@]}" -r "$REPS" \
-    --llama-bench "$BIN/llama-bench" > "$shape_table" 2>> "$OUTDIR/bench.log"
-  rc=$?
-  note "bench $shape rc=$rc"
-  if [ "$rc" -eq 124 ]; then late "$shape: stopped at DEADLINE (${DEADLINE}s)"
-  elif [ "$rc" -ne 0 ]; then failed "$shape: rocmforge bench exited with $rc ($(tail -1 "$OUTDIR/bench.log" | cut -c1-200))"
+# bench_one LABEL TABLE MODEL EST_S [NAME=VALUE ...] -- [BENCH_ARG ...]: rocmforge bench's tests on MODEL with those
+# settings into TABLE, unless an earlier run finished it, the model is missing or less than EST_S of DEADLINE is left
+bench_one() {
+  local label="$1" table="$2" model="$3" est="$4" settings=()
+  shift 4
+  while [ "$1" != "--" ]; do settings+=("$1"); shift; done
+  shift
+  if finished "$table" && [ -z "${FRESH:-}" ]; then note "$label: measured by an earlier run ($table)"; return; fi
+  [ -s "$model" ] || { failed "$label: not measured (no model file)"; return; }
+  local left=$((DEADLINE - SECONDS)); [ "$left" -gt 0 ] || left=0  # past the deadline: none left, however far past
+  if [ "$left" -lt "$est" ]; then late "$label: not started, ${left}s of DEADLINE left (a shape takes about ${est}s)"; return; fi
+  note "bench $label (${TESTS[*]})"
+  timeout "$left" env "${settings[@]}" python3 -m rocmforge_cli.app bench -m "$model" "${TESTS[@]}" -r "$REPS" "$@" \
+    > "$table" 2>> "$OUTDIR/bench.log"
+  local rc=$?
+  note "bench $label rc=$rc"
+  if [ "$rc" -eq 124 ]; then late "$label: stopped at DEADLINE (${DEADLINE}s)"
+  elif [ "$rc" -ne 0 ]; then failed "$label: rocmforge bench exited with $rc ($(tail -1 "$OUTDIR/bench.log" | cut -c1-200))"
   fi
+}
+for shape in "${SHAPE_LIST[@]}"; do
+  bench_one "$shape" "$RESULTS/$shape.md" "$(model_path "$shape")" "$EST_S" -- --llama-bench "$BIN/llama-bench"
 done
 if [ -n "${VARIANT:-}" ]; then
   read -r -a VARIANT_ENV <<< "$VARIANT"
@@ -136,22 +144,12 @@ if [ -n "${VARIANT:-}" ]; then
     [[ "$setting" =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] || { failed "VARIANT: '$setting' is not NAME=VALUE; no variant measured"; VARIANT_ENV=(); break; }
   done
   echo "$VARIANT" > "$RESULTS/variant.txt"
-  for shape in "${SHAPE_LIST[@]}"; do
-    [ "${#VARIANT_ENV[@]}" -gt 0 ] || break
-    variant_table="$RESULTS/$shape@variant.md" model="$(model_path "$shape")"
-    if finished "$variant_table" && [ -z "${FRESH:-}" ]; then note "$shape with $VARIANT: measured by an earlier run"; continue; fi
-    [ -s "$model" ] || { failed "$shape with $VARIANT: not measured (no model file)"; continue; }
-    left=$((DEADLINE - SECONDS)); [ "$left" -gt 0 ] || left=0
-    if [ "$left" -lt "${VARIANT_EST_S:-80}" ]; then late "$shape with $VARIANT: not started, ${left}s of DEADLINE left"; continue; fi
-    note "bench $shape with $VARIANT"
-    timeout "$left" env "${VARIANT_ENV[@]}" python3 -m rocmforge_cli.app bench -m "$model" "${TESTS[@]}" -r "$REPS" \
-      > "$variant_table" 2>> "$OUTDIR/bench.log"
-    rc=$?
-    note "bench $shape with $VARIANT rc=$rc"
-    if [ "$rc" -eq 124 ]; then late "$shape with $VARIANT: stopped at DEADLINE (${DEADLINE}s)"
-    elif [ "$rc" -ne 0 ]; then failed "$shape with $VARIANT: rocmforge bench exited with $rc ($(tail -1 "$OUTDIR/bench.log" | cut -c1-200))"
-    fi
-  done
+  if [ "${#VARIANT_ENV[@]}" -gt 0 ]; then
+    for shape in "${SHAPE_LIST[@]}"; do
+      bench_one "$shape with $VARIANT" "$RESULTS/$shape@variant.md" "$(model_path "$shape")" "${VARIANT_EST_S:-80}" \
+        "${VARIANT_ENV[@]}" --
+    done
+  fi
 fi
 write_table
 note "done (exit $STATUS)"
