@@ -20,7 +20,7 @@
 //                                                             them into the residual stream in slot order
 //     The grid is an upper bound (row tiles x max_tiles); workgroups past the listed tiles have nothing to do.
 // Precision as matmul_mma's: W and x rounded to f16 (|w|, |x| below 65504), products exact, sums in f32.
-// Requirements the launcher checks: blockDim 256; cols a multiple of the step (32; 64 for the K-quants) and of the
+// Requirements the launcher checks: blockDim 256; cols a multiple of the step (32; 64 for the K-quants and the `_s64` entries) and of the
 // format's block; W aligned as matmul_mma's; n_expert <= kMaxExperts; the ids valid (a pair whose id is out of range
 // is never sorted and its output row is not written).
 #include "hip_compat.h"
@@ -55,6 +55,16 @@ struct Args {
 };
 
 static __device__ __forceinline__ int lesser(int a, int b) { return a < b ? a : b; }
+
+// Twice<Narrow<F>>: a Narrow step of 64 columns, 8 groups of 8 a row (Narrow's load, store and column take any group
+// number: group g is columns c0 + 8g ..). Half the barriers of 32-column steps, twice the loads in flight a step: the
+// 32-column steps of the prompts' experts were latency-bound, 1.8-2.1 us a step on an H100
+// (docs/history/2026-12-06-moe-grouped-staged.md). The `_s64` entries; the launcher takes them where cols allows
+// (hipcore/ops/moe_experts_mma.py: narrow_step_cols).
+template <class S>
+struct Twice : S {
+  static constexpr int kStepCols = 2 * S::kStepCols, kGroupsPerRow = 2 * S::kGroupsPerRow;
+};
 
 // One listed tile of pairs (expert e, sorted[start .. start + count)) times rows [r0, r0 + 128) of W_e, then the
 // mode's epilogue. A step of kStepCols columns at a time: the 128 x step weights decoded once into shared memory
@@ -208,9 +218,12 @@ extern "C" __global__ __launch_bounds__(256) void moe_mma_sort(int* __restrict__
   }
 }
 
-// moe_mma_<mode>_<type>: the module comment's arguments; blockDim 256.
-#define RF_MOE_MMA_ENTRY(name, Step, kMode)                                                                        \
-  extern "C" __global__ __launch_bounds__(256) void name(                                                          \
+// moe_mma_<mode>_<type>: the module comment's arguments; blockDim 256. BOUNDS: the launch bounds, (256) or (256, 2).
+// nvcc 13 holds the (256) entries to 128 registers (two workgroups an SM) of itself, but gave the `_s64` entries'
+// doubled loads up to 174 (gpt-oss' up: one workgroup an SM); (256, 2) asks for two workgroups an SM (on AMD: two
+// waves a SIMD) explicitly. (An explicit (256, 1) lets nvcc take 140-166 registers in the 32-column entries too.)
+#define RF_MOE_MMA_ENTRY(name, Step, kMode, BOUNDS)                                                                \
+  extern "C" __global__ __launch_bounds__ BOUNDS void name(                                                        \
       float* __restrict__ out, const float* __restrict__ g, const void* __restrict__ W, const float* __restrict__ x, \
       const int* __restrict__ sorted, const int* __restrict__ tiles, const float* __restrict__ bias,              \
       const float* __restrict__ weights, int rows, int cols, int pairs, int x_per, int n_expert, int tile_tokens,   \
@@ -227,10 +240,11 @@ extern "C" __global__ __launch_bounds__(256) void moe_mma_sort(int* __restrict__
       moe_mma::products<Step, 64, kMode>(a, max_tiles, ws, xs);                                                    \
   }
 
-#define RF_MOE_MMA_ENTRIES(type, Step)                                 \
-  RF_MOE_MMA_ENTRY(moe_mma_gate_##type, Step, moe_mma::kGate)          \
-  RF_MOE_MMA_ENTRY(moe_mma_up_##type, Step, moe_mma::kUp)              \
-  RF_MOE_MMA_ENTRY(moe_mma_down_##type, Step, moe_mma::kDown)
+#define RF_MOE_MMA_ENTRIES_BOUND(type, Step, BOUNDS)                 \
+  RF_MOE_MMA_ENTRY(moe_mma_gate_##type, Step, moe_mma::kGate, BOUNDS) \
+  RF_MOE_MMA_ENTRY(moe_mma_up_##type, Step, moe_mma::kUp, BOUNDS)     \
+  RF_MOE_MMA_ENTRY(moe_mma_down_##type, Step, moe_mma::kDown, BOUNDS)
+#define RF_MOE_MMA_ENTRIES(type, Step) RF_MOE_MMA_ENTRIES_BOUND(type, Step, (256))
 
 RF_MOE_MMA_ENTRIES(q4_k, mmq::Wide<false>)
 RF_MOE_MMA_ENTRIES(q5_k, mmq::Wide<true>)
@@ -239,3 +253,7 @@ RF_MOE_MMA_ENTRIES(q8_0, mmq::Narrow<mmq::Q8_0>)
 RF_MOE_MMA_ENTRIES(mxfp4, mmq::Narrow<mmq::MXFP4>)
 RF_MOE_MMA_ENTRIES(f16, mmq::Narrow<mmq::F16>)
 RF_MOE_MMA_ENTRIES(bf16, mmq::Narrow<mmq::BF16>)
+RF_MOE_MMA_ENTRIES_BOUND(q8_0_s64, moe_mma::Twice<mmq::Narrow<mmq::Q8_0>>, (256, 2))
+RF_MOE_MMA_ENTRIES_BOUND(mxfp4_s64, moe_mma::Twice<mmq::Narrow<mmq::MXFP4>>, (256, 2))
+RF_MOE_MMA_ENTRIES_BOUND(f16_s64, moe_mma::Twice<mmq::Narrow<mmq::F16>>, (256, 2))
+RF_MOE_MMA_ENTRIES_BOUND(bf16_s64, moe_mma::Twice<mmq::Narrow<mmq::BF16>>, (256, 2))

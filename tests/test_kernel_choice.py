@@ -140,6 +140,7 @@ SETTINGS = {
     "ROCMFORGE_TESTING": "--plant-bug, for the project's own tests",
     "ROCMFORGE_MOE_MMA_MIN_PAIRS": "the pairs an expert from which a MoE step takes the matrix cores (ops/moe_experts_mma.py)",
     "ROCMFORGE_MOE_GROUPED_MIN_PAIRS": "the pairs an expert from which a MoE step takes the grouped path (ops/moe_experts.py)",
+    "ROCMFORGE_MOE_MMA_NARROW_STEP": "the columns a step of the 32-element formats' MoE matrix-core products (ops/moe_experts_mma.py)",
 }
 PACKAGES = ("hipcore", "profiles", "rocmforge_cli", "rocmforge_serve")
 REPO = Path(__file__).resolve().parents[1]
@@ -177,7 +178,8 @@ def test_each_switch_is_read_once_as_documented():
     assert kernel_choice.SWITCHES == switches.read(os.environ)
     readme = (REPO / "README.md").read_text()
     for name in [*kernel_choice.ENVIRONMENT, "ROCMFORGE_PREBUILT_DIR", "ROCMFORGE_CACHE_DIR", "ROCMFORGE_API_KEY",
-                 "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MMA_FIRST_MIN_COLS"]:
+                 "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MMA_FIRST_MIN_COLS",
+                 "ROCMFORGE_QMATVEC_FIRST_MIN_COLS", "ROCMFORGE_MOE_MMA_NARROW_STEP"]:
         assert f"| `{name}" in readme, name
 
 
@@ -200,6 +202,27 @@ def test_mma_first_columns_follow_their_setting(monkeypatch):
         with pytest.raises(UsageError, match=r"ROCMFORGE_MMA_FIRST_MIN_COLS must be a whole number of 0 or more"):
             kernel_choice.mma_first("q8_0", n, 2880, "sm_90")
         with pytest.raises(UsageError, match=r"ROCMFORGE_MMA_FIRST_MIN_COLS must be a whole number of 0 or more"):
+            kernel_choice.check_settings()
+
+
+def test_qmatvec_first_columns_follow_their_setting(monkeypatch):
+    """ROCMFORGE_QMATVEC_FIRST_MIN_COLS moves where one token of Q8_0, Q5_0 and Q5_1 leaves fused_matvec for
+    fused_qmatvec: gpt-oss-20b's 2,880 columns stay on fused_matvec by default and move at 2880 (no fused family:
+    its q, k and v then take fused_qmatvec's separate matrices); two tokens never move; a bad value is a UsageError
+    naming it, from the choice and from check_settings."""
+    def choices() -> tuple:
+        return (kernel_choice.qmatvec_first_min_cols(), kernel_choice.qmatvec_first("q8_0", 1, 2880),
+                kernel_choice.qmatvec_first("q8_0", 2, 2880), kernel_choice.qmatvec_first("q4_1", 1, 2880),
+                kernel_choice.fused_family("q8_0", 1, cols=2880, arch="sm_90") is None)
+    monkeypatch.delenv("ROCMFORGE_QMATVEC_FIRST_MIN_COLS", raising=False)
+    assert choices() == (4096, False, False, False, False)
+    monkeypatch.setenv("ROCMFORGE_QMATVEC_FIRST_MIN_COLS", "2880")
+    assert choices() == (2880, True, False, False, True)
+    for bad in ("abc", "-1", "1e3"):
+        monkeypatch.setenv("ROCMFORGE_QMATVEC_FIRST_MIN_COLS", bad)
+        with pytest.raises(UsageError, match=r"ROCMFORGE_QMATVEC_FIRST_MIN_COLS must be a whole number of 0 or more"):
+            kernel_choice.qmatvec_first("q8_0", 1, 2880)
+        with pytest.raises(UsageError, match=r"ROCMFORGE_QMATVEC_FIRST_MIN_COLS must be a whole number of 0 or more"):
             kernel_choice.check_settings()
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:

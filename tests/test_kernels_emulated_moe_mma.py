@@ -1,8 +1,9 @@
 """kernels/moe_experts_mma.hip on every matrix-core path of matrix_cores.h, run on the CPU (the NVIDIA mma.sync
 fragments at 32 lanes, CDNA's MFMA at 64, RDNA3's and RDNA4's WMMA at 32, the FMA fallback at both widths): the sort
 against sort_reference, each product against the float64 reference within matmul_mma's error bound carried through
-the epilogue. Planted faults (an expert's weights taken from the wrong offset, a pair written to the tile's column
-instead of its own row, the sort dropping an expert's last tile) must be caught."""
+the epilogue; the 32-element formats' 64-column steps (`_s64`) likewise. Planted faults (an expert's weights taken
+from the wrong offset, a pair written to the tile's column instead of its own row, the sort dropping an expert's last
+tile, a 64-column step loading only 32 columns) must be caught."""
 
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def check_sort(ids, n_expert, tile, sorted_, tiles) -> None:
 
 
 def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, cols, n_expert, tile, biases,
-                 activation="swiglu", ids=None, check=True):
-    """(got, want, bound) of one product launch on fresh inputs, sorted by the emulated sort."""
+                 activation="swiglu", ids=None, check=True, suffix=""):
+    """(got, want, bound) of one product launch on fresh inputs, sorted by the emulated sort; suffix "_s64": the
+    64-column steps' entry."""
     ids = skewed_ids(rng, tokens, k, n_expert) if ids is None else ids
     pairs = tokens * k
     sorted_, tiles = sort(harness, tmp_path, ids, n_expert, tile)
@@ -72,7 +74,7 @@ def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, col
             arr.tofile(tmp_path / name)
             files.append(tmp_path / name)
     grid, block = moe_experts_mma.geometry(rows, pairs, n_expert, tile)
-    run_mma(harness, f"moe_mma_{mode}_{weight_type}", grid, block, rows, cols, pairs, x_per, n_expert, tile,
+    run_mma(harness, f"moe_mma_{mode}_{weight_type}{suffix}", grid, block, rows, cols, pairs, x_per, n_expert, tile,
             moe_experts_mma.max_tiles(pairs, n_expert, tile), moe_experts.ACTIVATIONS[activation], tmp_path / "w",
             tmp_path / "x", tmp_path / "sorted", tmp_path / "tiles", *files, tmp_path / "out")
     got = np.fromfile(tmp_path / "out", np.float32).reshape(pairs, rows)
@@ -125,6 +127,27 @@ def test_every_type_and_mode_on_nvidias_fragments(harnesses, weight_type, mode, 
     assert worst_excess(got, want, bound) <= 1.0
 
 
+@pytest.mark.parametrize("kind", MMA_KINDS)
+@pytest.mark.parametrize("mode", moe_experts_mma.MODES)
+def test_64_column_steps_match_the_reference_on_each_path(harnesses, kind, mode, tmp_path):
+    """The `_s64` entries (two 32-column steps between barriers) of gpt-oss' MXFP4 experts on every matrix-core path:
+    192 columns (three steps), a partial row tile, 32- and 64-pair tiles."""
+    rng = np.random.default_rng([len(kind), len(mode), 64])
+    for tile in (32, 64):
+        got, want, bound = run_products(harnesses[kind], tmp_path, rng, mode, "mxfp4", 40, 2, 160, 192, 5, tile,
+                                        biases=True, activation="swiglu_oai", suffix="_s64")
+        assert worst_excess(got, want, bound) <= 1.0, tile
+
+
+@pytest.mark.parametrize("weight_type", moe_experts_mma.NARROW_S64_TYPES)
+@pytest.mark.parametrize("mode", moe_experts_mma.MODES)
+def test_every_64_column_entry_on_nvidias_fragments(harnesses, weight_type, mode, tmp_path):
+    rng = np.random.default_rng([len(weight_type), len(mode), 64])
+    got, want, bound = run_products(harnesses["nvidia_mma"], tmp_path, rng, mode, weight_type, 70, 2, 130, 320, 3, 64,
+                                    biases=True, suffix="_s64")
+    assert worst_excess(got, want, bound) <= 1.0
+
+
 PLANTED = {
     "the expert's offset dropped": ("const unsigned char* W = a.W + (unsigned long long)e * rows * row_bytes;",
                                     "const unsigned char* W = a.W;"),
@@ -132,7 +155,9 @@ PLANTED = {
                                           "const unsigned long long at = (unsigned long long)(start + t) * rows + r;"),
     "an expert's last tile not listed": ("tile += (count[e] + tile_tokens - 1) / tile_tokens;",
                                          "tile += count[e] / tile_tokens;"),
+    "a 64-column step loading 32 columns": ("kGroupsPerRow = 2 * S::kGroupsPerRow;", "kGroupsPerRow = S::kGroupsPerRow;"),
 }
+PLANTED_SUFFIX = {"a 64-column step loading 32 columns": "_s64"}
 
 
 @pytest.mark.parametrize("fault", PLANTED)
@@ -144,7 +169,7 @@ def test_a_planted_fault_is_caught(fault, tmp_path):
 
     def measure():
         got, want, bound = run_products(harness, tmp_path, rng, "gate", "q8_0", 40, 2, 130, 256, 5, 32, biases=False,
-                                        check=False)
+                                        check=False, suffix=PLANTED_SUFFIX.get(fault, ""))
         return worst_excess(got, want, bound)
 
     assert_caught(fault, measure)

@@ -316,6 +316,57 @@ def test_path_thresholds_follow_their_settings(monkeypatch):
         monkeypatch.delenv(name)
 
 
+def test_narrow_step_setting_picks_the_64_column_entries(monkeypatch):
+    """ROCMFORGE_MOE_MMA_NARROW_STEP=64 takes the `_s64` entries for the 32-element formats where cols is a multiple of
+    64 (gpt-oss-20b's 2,880), never for the K-quants (their steps are 64 already) nor at 32-multiple widths; unset or
+    32 keeps the 32-column entries; anything but 32 or 64 is a UsageError naming the setting, also from
+    check_settings."""
+    from hipcore.ops import kernel_choice, moe_experts_mma
+    from hipcore.runtime.errors import UsageError
+    monkeypatch.delenv("ROCMFORGE_MOE_MMA_NARROW_STEP", raising=False)
+    names = lambda: (moe_experts_mma.entry_name("up", "mxfp4", 2880), moe_experts_mma.entry_name("down", "q8_0", 96),
+                     moe_experts_mma.entry_name("gate", "q4_k", 2048), moe_experts_mma.entry_name("gate", "bf16", 128))
+    assert names() == ("moe_mma_up_mxfp4", "moe_mma_down_q8_0", "moe_mma_gate_q4_k", "moe_mma_gate_bf16")
+    monkeypatch.setenv("ROCMFORGE_MOE_MMA_NARROW_STEP", "32")
+    assert names() == ("moe_mma_up_mxfp4", "moe_mma_down_q8_0", "moe_mma_gate_q4_k", "moe_mma_gate_bf16")
+    monkeypatch.setenv("ROCMFORGE_MOE_MMA_NARROW_STEP", "64")
+    assert names() == ("moe_mma_up_mxfp4_s64", "moe_mma_down_q8_0", "moe_mma_gate_q4_k", "moe_mma_gate_bf16_s64")
+    for bad in ("48", "sixty-four", "-64"):
+        monkeypatch.setenv("ROCMFORGE_MOE_MMA_NARROW_STEP", bad)
+        with pytest.raises(UsageError, match="ROCMFORGE_MOE_MMA_NARROW_STEP must be"):
+            moe_experts_mma.entry_name("up", "mxfp4", 2880)
+        with pytest.raises(UsageError, match="ROCMFORGE_MOE_MMA_NARROW_STEP must be"):
+            kernel_choice.check_settings()
+
+
+def test_64_column_entries_compute_what_the_others_do(cpu_device, monkeypatch):
+    """On the cpu backend the `_s64` entries are registered and give the 32-column entries' results (both are the
+    float64 reference): a prompt's MXFP4 gate launched under either setting."""
+    from hipcore.ops import moe_experts_mma
+    rng = np.random.default_rng(64)
+    tokens, k, n_expert, rows, cols = 12, 2, 4, 64, 128
+    ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
+    pairs = tokens * k
+    raw = random_weights(rng, "mxfp4", n_expert * rows, cols)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    tile = moe_experts_mma.tile_tokens(pairs, n_expert)
+    sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(pairs, n_expert)
+    bufs = {name: cpu_device.allocate(size, "scratch") for name, size in
+            (("sorted", sorted_bytes), ("tiles", tiles_bytes), ("out", pairs * rows * 4))}
+    w, xb, idb = (to_device(cpu_device, a) for a in (raw, x, ids))
+    moe_experts_mma.launch_sort(cpu_device, None, bufs["sorted"], bufs["tiles"], idb, pairs, n_expert, tile)
+    results = []
+    for step in ("32", "64"):
+        monkeypatch.setenv("ROCMFORGE_MOE_MMA_NARROW_STEP", step)
+        moe_experts_mma.launch_products(cpu_device, None, "gate", bufs["out"], w, xb, bufs["sorted"], bufs["tiles"],
+                                        weight_type="mxfp4", rows=rows, cols=cols, pairs=pairs, x_per=k,
+                                        n_expert=n_expert, tile=tile)
+        results.append(bufs["out"].download(np.float32).reshape(pairs, rows))
+    want, bound = moe_experts_mma.products_reference(x[np.arange(pairs) // k].astype(np.float64), raw, "mxfp4", ids,
+                                                     rows, cols)
+    assert np.all(np.abs(results[0] - want) <= bound) and np.array_equal(results[0], results[1])
+
+
 def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):
     """The per-pair path holds a quantized type's input in shared memory (MAX_STAGED_COLUMNS) and at most MAX_SLOTS
     slots: a wider gate|up goes down the grouped path (chosen, with the per-pair path's results) and a forced per-pair

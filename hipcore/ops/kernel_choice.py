@@ -78,7 +78,7 @@ HEAD_QMATVEC_MAX_ROWS_FRAGMENTS = 4
 # (QMATVEC_FIRST_MIN_COLS): the demo model's tied Q8_0 head has 576 columns, and with its Q4_1 layers on
 # fused_qmatvec too it lost 1,903 -> 1,757 t/s; Q4_1 stays on fused_matvec (no wide Q4_1 model was measured).
 QMATVEC_FIRST_TYPES = ("q8_0", "q5_0", "q5_1")
-QMATVEC_FIRST_MIN_COLS = 4096
+QMATVEC_FIRST_MIN_COLS = 4096  # ROCMFORGE_QMATVEC_FIRST_MIN_COLS sets it for a measurement (gpt-oss-20b's 2,880 columns)
 
 # Products of the 32-element block formats that the fused families read (Q8_0, Q5_0, Q5_1, Q4_1), of F16 and of BF16
 # take the single ops instead, from matmul_mma.min_tokens tokens on, where matmul_mma has its fragment path for them
@@ -148,7 +148,7 @@ def head_qmatvec_limit(device: Device, weight) -> int:
 def qmatvec_first(weight_type: str, n_tokens: int, cols: int) -> bool:
     """True when a one-token product of a type both fused families read, over `cols` columns, goes to fused_qmatvec
     (int8 activations, dp4a) rather than fused_matvec (float weights, FMA): see QMATVEC_FIRST_TYPES."""
-    return n_tokens == 1 and weight_type in QMATVEC_FIRST_TYPES and cols >= QMATVEC_FIRST_MIN_COLS
+    return n_tokens == 1 and weight_type in QMATVEC_FIRST_TYPES and cols >= qmatvec_first_min_cols()
 
 
 def mma_first(weight_type: str, n_tokens: int, cols: int, arch: str) -> bool:
@@ -165,6 +165,13 @@ def check_settings() -> None:
     mma_first_min_cols()
     moe_experts.grouped_min_pairs()
     moe_experts_mma.min_pairs_per_expert(())
+    moe_experts_mma.narrow_step_cols()
+    qmatvec_first_min_cols()
+
+
+def qmatvec_first_min_cols() -> int:
+    """QMATVEC_FIRST_MIN_COLS, or ROCMFORGE_QMATVEC_FIRST_MIN_COLS where set."""
+    return int(settings.number("ROCMFORGE_QMATVEC_FIRST_MIN_COLS", QMATVEC_FIRST_MIN_COLS, whole=True))
 
 
 def mma_first_min_cols() -> int:

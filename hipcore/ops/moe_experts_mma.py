@@ -30,6 +30,7 @@ from hipcore.ops.weight_formats import column_multiple, row_bytes
 from hipcore.runtime import settings
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Stream
+from hipcore.runtime.errors import UsageError
 from hipcore.runtime.kernels import get_kernel
 
 OP = "moe_experts_mma"
@@ -50,6 +51,12 @@ MIN_PAIRS_PER_EXPERT = 4
 MXFP4_MIN_PAIRS_PER_EXPERT = 8
 WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
 MAX_GRID = 1 << 20
+# The 32-element formats' steps (Q8_0, MXFP4, F16, BF16: matmul_mma's Narrow steps of 32 columns) also have `_s64`
+# entries reading two steps at once, 64 columns between two barriers: the 32-column steps were latency-bound (1.8-2.1
+# us a step of gpt-oss-20b's prompt on an H100, docs/history/2026-12-06-moe-grouped-staged.md). Taken where
+# ROCMFORGE_MOE_MMA_NARROW_STEP is 64 (NARROW_STEP_COLS unless set) and cols is a multiple of 64.
+NARROW_S64_TYPES = ("q8_0", "mxfp4", "f16", "bf16")
+NARROW_STEP_COLS = 32
 
 
 def step_cols(weight_type: str) -> int:
@@ -74,6 +81,22 @@ def min_pairs_per_expert(weight_types: tuple[str, ...]) -> float:
     MXFP4, else MIN_PAIRS_PER_EXPERT (ROCMFORGE_MOE_MMA_MIN_PAIRS overrides both)."""
     default = MXFP4_MIN_PAIRS_PER_EXPERT if "mxfp4" in weight_types else MIN_PAIRS_PER_EXPERT
     return settings.number("ROCMFORGE_MOE_MMA_MIN_PAIRS", default)
+
+
+def narrow_step_cols() -> int:
+    """NARROW_STEP_COLS, or ROCMFORGE_MOE_MMA_NARROW_STEP where set (32 or 64; anything else is a UsageError)."""
+    step = int(settings.number("ROCMFORGE_MOE_MMA_NARROW_STEP", NARROW_STEP_COLS, whole=True))
+    if step not in (32, 64):
+        raise UsageError(f"ROCMFORGE_MOE_MMA_NARROW_STEP must be 32 or 64, got {step}; unset it for the default "
+                         f"({NARROW_STEP_COLS})")
+    return step
+
+
+def entry_name(mode: str, weight_type: str, cols: int) -> str:
+    """The kernel entry of one product: moe_mma_<mode>_<type>, with `_s64` where a 32-element format's experts take
+    64-column steps (narrow_step_cols, cols a multiple of 64)."""
+    s64 = weight_type in NARROW_S64_TYPES and cols % 64 == 0 and narrow_step_cols() == 64
+    return f"moe_mma_{mode}_{weight_type}" + ("_s64" if s64 else "")
 
 
 def tile_tokens(pairs: int, n_expert: int) -> int:
@@ -172,7 +195,8 @@ def _f16(a: np.ndarray) -> np.ndarray:
 
 for _type in TYPES:
     for _mode in MODES:
-        cpu_kernel(f"moe_mma_{_mode}_{_type}", SIGNATURE)(_host_products(_type, _mode))
+        for _suffix in ("", "_s64") if _type in NARROW_S64_TYPES else ("",):
+            cpu_kernel(f"moe_mma_{_mode}_{_type}{_suffix}", SIGNATURE)(_host_products(_type, _mode))
 
 
 # ---- launchers ---------------------------------------------------------------------------------
@@ -226,7 +250,7 @@ def launch_products(device: Device, stream: Stream | None, mode: str, out: Any, 
     if bias is not None:
         check_memory(OP, "bias", bias, n_expert * rows * 4)
     grid, block = geometry(rows, pairs, n_expert, tile)
-    kernel = get_kernel(device, OP, f"moe_mma_{mode}_{weight_type}", SIGNATURE)
+    kernel = get_kernel(device, OP, entry_name(mode, weight_type, cols), SIGNATURE)
     kernel.launch(grid, block, (out, g if mode == "up" else 0, W, x, sorted_, tiles, 0 if bias is None else bias,
                                 weights if mode == "down" else 0, rows, cols, pairs, x_per, n_expert, tile,
                                 max_tiles(pairs, n_expert, tile), moe_experts.ACTIVATIONS[activation]), stream=stream)

@@ -39,7 +39,9 @@ int main(int argc, char** argv) {
 #define RF_MOE_MMA_TYPE(t) {"gate_" #t, moe_mma_gate_##t}, {"up_" #t, moe_mma_up_##t}, {"down_" #t, moe_mma_down_##t}
   const std::map<std::string, Products> kernels = {RF_MOE_MMA_TYPE(q4_k), RF_MOE_MMA_TYPE(q5_k), RF_MOE_MMA_TYPE(q6_k),
                                                    RF_MOE_MMA_TYPE(q8_0), RF_MOE_MMA_TYPE(mxfp4), RF_MOE_MMA_TYPE(f16),
-                                                   RF_MOE_MMA_TYPE(bf16)};
+                                                   RF_MOE_MMA_TYPE(bf16), RF_MOE_MMA_TYPE(q8_0_s64),
+                                                   RF_MOE_MMA_TYPE(mxfp4_s64), RF_MOE_MMA_TYPE(f16_s64),
+                                                   RF_MOE_MMA_TYPE(bf16_s64)};
   const std::string prefix = "moe_mma_";
   if (entry.rfind(prefix, 0) != 0 || !kernels.count(entry.substr(prefix.size()))) return 2;
   int n[8];

@@ -40,7 +40,8 @@ EXPECTED_KERNELS = {
                     for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16", "f32")] + ["moe_sum_slots_f32"],
     "moe_route": ["moe_route_f32"],
     "moe_experts_mma": ["moe_mma_sort"] + [f"moe_mma_{mode}_{t}" for mode in ("gate", "up", "down")
-                                           for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16")],
+                                           for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16",
+                                                     "q8_0_s64", "mxfp4_s64", "f16_s64", "bf16_s64")],
     "matvec": ["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_q8_0", "matvec_split_f16", "matvec_split_bf16",
                "matvec_split_f32"],
