@@ -185,8 +185,8 @@ def test_each_switch_is_read_once_as_documented():
 
 def test_mma_first_columns_follow_their_setting(monkeypatch):
     """ROCMFORGE_MMA_FIRST_MIN_COLS moves where the block-32 formats leave the fused families for the matrix cores:
-    gpt-oss-20b's 2,880-column Q8_0 products stay on the fused families by default and move at 2880; the demo
-    model's 576 columns stay put; a value that is no whole number of 0 or more is a UsageError naming it, from the
+    gpt-oss-20b's 2,880-column Q8_0 products take the matrix cores by default (measured) and stay on the fused
+    families at 4096 (the earlier default); the demo model's 576 columns stay put; a value that is no whole number of 0 or more is a UsageError naming it, from the
     choice itself and from check_settings (which the loader calls on every device)."""
     n = matmul_mma.min_tokens("q8_0", "sm_90")
     def choices() -> tuple:
@@ -194,9 +194,9 @@ def test_mma_first_columns_follow_their_setting(monkeypatch):
                 kernel_choice.mma_first("q8_0", n, 576, "sm_90"), kernel_choice.mma_first("q8_0", n - 1, 2880, "sm_90"),
                 kernel_choice.fused_family("q8_0", 8, cols=2880, arch="sm_90") is None)
     monkeypatch.delenv("ROCMFORGE_MMA_FIRST_MIN_COLS", raising=False)
-    assert choices() == (4096, False, False, False, False)
-    monkeypatch.setenv("ROCMFORGE_MMA_FIRST_MIN_COLS", "2880")
     assert choices() == (2880, True, False, False, True)
+    monkeypatch.setenv("ROCMFORGE_MMA_FIRST_MIN_COLS", "4096")
+    assert choices() == (4096, False, False, False, False)
     for bad in ("abc", "-1", "2880.5", ""):
         monkeypatch.setenv("ROCMFORGE_MMA_FIRST_MIN_COLS", bad)
         with pytest.raises(UsageError, match=r"ROCMFORGE_MMA_FIRST_MIN_COLS must be a whole number of 0 or more"):
@@ -207,17 +207,17 @@ def test_mma_first_columns_follow_their_setting(monkeypatch):
 
 def test_qmatvec_first_columns_follow_their_setting(monkeypatch):
     """ROCMFORGE_QMATVEC_FIRST_MIN_COLS moves where one token of Q8_0, Q5_0 and Q5_1 leaves fused_matvec for
-    fused_qmatvec: gpt-oss-20b's 2,880 columns stay on fused_matvec by default and move at 2880 (no fused family:
-    its q, k and v then take fused_qmatvec's separate matrices); two tokens never move; a bad value is a UsageError
+    fused_qmatvec: gpt-oss-20b's 2,880 columns take fused_qmatvec by default (measured; no fused family: its q, k and
+    v take fused_qmatvec's separate matrices) and fused_matvec at 4096 (the earlier default); two tokens never move; a bad value is a UsageError
     naming it, from the choice and from check_settings."""
     def choices() -> tuple:
         return (kernel_choice.qmatvec_first_min_cols(), kernel_choice.qmatvec_first("q8_0", 1, 2880),
                 kernel_choice.qmatvec_first("q8_0", 2, 2880), kernel_choice.qmatvec_first("q4_1", 1, 2880),
                 kernel_choice.fused_family("q8_0", 1, cols=2880, arch="sm_90") is None)
     monkeypatch.delenv("ROCMFORGE_QMATVEC_FIRST_MIN_COLS", raising=False)
-    assert choices() == (4096, False, False, False, False)
-    monkeypatch.setenv("ROCMFORGE_QMATVEC_FIRST_MIN_COLS", "2880")
     assert choices() == (2880, True, False, False, True)
+    monkeypatch.setenv("ROCMFORGE_QMATVEC_FIRST_MIN_COLS", "4096")
+    assert choices() == (4096, False, False, False, False)
     for bad in ("abc", "-1", "1e3"):
         monkeypatch.setenv("ROCMFORGE_QMATVEC_FIRST_MIN_COLS", bad)
         with pytest.raises(UsageError, match=r"ROCMFORGE_QMATVEC_FIRST_MIN_COLS must be a whole number of 0 or more"):

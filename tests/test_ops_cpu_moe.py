@@ -317,20 +317,21 @@ def test_path_thresholds_follow_their_settings(monkeypatch):
 
 
 def test_narrow_step_setting_picks_the_64_column_entries(monkeypatch):
-    """ROCMFORGE_MOE_MMA_NARROW_STEP=64 takes the `_s64` entries for the 32-element formats where cols is a multiple of
-    64 (gpt-oss-20b's 2,880), never for the K-quants (their steps are 64 already) nor at 32-multiple widths; unset or
-    32 keeps the 32-column entries; anything but 32 or 64 is a UsageError naming the setting, also from
+    """The `_s64` entries (the default, and ROCMFORGE_MOE_MMA_NARROW_STEP=64) for the 32-element formats where cols is
+    a multiple of 64 (gpt-oss-20b's 2,880), never for the K-quants (their steps are 64 already) nor at 32-multiple
+    widths; 32 keeps the 32-column entries; anything but 32 or 64 is a UsageError naming the setting, also from
     check_settings."""
     from hipcore.ops import kernel_choice, moe_experts_mma
     from hipcore.runtime.errors import UsageError
-    monkeypatch.delenv("ROCMFORGE_MOE_MMA_NARROW_STEP", raising=False)
     names = lambda: (moe_experts_mma.entry_name("up", "mxfp4", 2880), moe_experts_mma.entry_name("down", "q8_0", 96),
                      moe_experts_mma.entry_name("gate", "q4_k", 2048), moe_experts_mma.entry_name("gate", "bf16", 128))
-    assert names() == ("moe_mma_up_mxfp4", "moe_mma_down_q8_0", "moe_mma_gate_q4_k", "moe_mma_gate_bf16")
+    wide = ("moe_mma_up_mxfp4_s64", "moe_mma_down_q8_0", "moe_mma_gate_q4_k", "moe_mma_gate_bf16_s64")
+    monkeypatch.delenv("ROCMFORGE_MOE_MMA_NARROW_STEP", raising=False)
+    assert names() == wide
     monkeypatch.setenv("ROCMFORGE_MOE_MMA_NARROW_STEP", "32")
     assert names() == ("moe_mma_up_mxfp4", "moe_mma_down_q8_0", "moe_mma_gate_q4_k", "moe_mma_gate_bf16")
     monkeypatch.setenv("ROCMFORGE_MOE_MMA_NARROW_STEP", "64")
-    assert names() == ("moe_mma_up_mxfp4_s64", "moe_mma_down_q8_0", "moe_mma_gate_q4_k", "moe_mma_gate_bf16_s64")
+    assert names() == wide
     for bad in ("48", "sixty-four", "-64"):
         monkeypatch.setenv("ROCMFORGE_MOE_MMA_NARROW_STEP", bad)
         with pytest.raises(UsageError, match="ROCMFORGE_MOE_MMA_NARROW_STEP must be"):

@@ -76,9 +76,11 @@ HEAD_QMATVEC_MAX_ROWS_FRAGMENTS = 4
 # 57.1 -> 37.1 us, the head 236.9 -> 142.3), Q5_0 1,148-1,151 -> 1,934-1,950, Q5_1 1,198 -> 2,023-2,035 (gate|up
 # 72.3 -> 36.0 us) (docs/history/2026-11-29-staged-weights-per-type.md). Only as wide as measured
 # (QMATVEC_FIRST_MIN_COLS): the demo model's tied Q8_0 head has 576 columns, and with its Q4_1 layers on
-# fused_qmatvec too it lost 1,903 -> 1,757 t/s; Q4_1 stays on fused_matvec (no wide Q4_1 model was measured).
+# fused_qmatvec too it lost 1,903 -> 1,757 t/s; Q4_1 stays on fused_matvec (no wide Q4_1 model was measured). From
+# 2,880 columns: gpt-oss-20b's Q8_0 attention and head, tg128 407.7 -> 418.9 t/s on an NVIDIA H100 (2026-12-06,
+# docs/history/2026-12-06-moe-narrow-steps-2880-columns.md); ROCMFORGE_QMATVEC_FIRST_MIN_COLS sets it.
 QMATVEC_FIRST_TYPES = ("q8_0", "q5_0", "q5_1")
-QMATVEC_FIRST_MIN_COLS = 4096  # ROCMFORGE_QMATVEC_FIRST_MIN_COLS sets it for a measurement (gpt-oss-20b's 2,880 columns)
+QMATVEC_FIRST_MIN_COLS = 2880
 
 # Products of the 32-element block formats that the fused families read (Q8_0, Q5_0, Q5_1, Q4_1), of F16 and of BF16
 # take the single ops instead, from matmul_mma.min_tokens tokens on, where matmul_mma has its fragment path for them
@@ -88,8 +90,9 @@ QMATVEC_FIRST_MIN_COLS = 4096  # ROCMFORGE_QMATVEC_FIRST_MIN_COLS sets it for a 
 # 16,460; Q5_0, Q5_1 likewise; F16 14,845 -> 64,286, 2,930 -> 6,608 and 4,767 -> 21,529
 # (docs/history/2026-11-29-block32-matrix-cores.md). In matrices of MMA_FIRST_MIN_COLS columns or more: the demo
 # model's narrow ones keep the fused families, measured ahead of llama.cpp there. Not on AMD: no AMD GPU has measured
-# the two side by side. ROCMFORGE_MMA_FIRST_MIN_COLS sets it for a measurement (gpt-oss-20b's Q8_0 attention and head
-# have 2,880 columns: docs/history/2026-12-06-moe-grouped-staged.md).
+# the two side by side. From 2,880 columns (gpt-oss-20b's Q8_0 attention and head): 8 sequences 911.8 -> 973.9 t/s,
+# 32 sequences 1,374.5 -> 1,473.5 on an NVIDIA H100 (2026-12-06, the head 995 -> 378 us at 8 rows;
+# docs/history/2026-12-06-moe-narrow-steps-2880-columns.md); ROCMFORGE_MMA_FIRST_MIN_COLS sets it.
 MMA_FIRST_MIN_COLS = QMATVEC_FIRST_MIN_COLS
 
 # Types whose few-token single products take qmatvec (int8 activations, dp4a) where the others take matvec, which has
