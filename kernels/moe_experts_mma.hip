@@ -20,9 +20,9 @@
 //                                                             them into the residual stream in slot order
 //     The grid is an upper bound (row tiles x max_tiles); workgroups past the listed tiles have nothing to do.
 // Precision as matmul_mma's: W and x rounded to f16 (|w|, |x| below 65504), products exact, sums in f32.
-// Requirements the launcher checks: blockDim 256; cols a multiple of the step (32; 64 for the K-quants and the `_s64` entries) and of the
-// format's block; W aligned as matmul_mma's; n_expert <= kMaxExperts; the ids valid (a pair whose id is out of range
-// is never sorted and its output row is not written).
+// Requirements the launcher checks: blockDim 256; cols a multiple of the step (32; 64 for the K-quants and the `_s64`
+// entries) and of the format's block; W aligned as matmul_mma's; n_expert <= kMaxExperts; the ids valid (a pair whose
+// id is out of range is never sorted and its output row is not written).
 #include "hip_compat.h"
 #include "matrix_cores.h"        // rf_mma: one warp's 16x16x16 f16 tile on the matrix cores
 #include "matmul_mma_formats.h"  // the block formats and the step shapes that read them into f16 tiles

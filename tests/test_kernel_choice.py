@@ -186,8 +186,9 @@ def test_each_switch_is_read_once_as_documented():
 def test_mma_first_columns_follow_their_setting(monkeypatch):
     """ROCMFORGE_MMA_FIRST_MIN_COLS moves where the block-32 formats leave the fused families for the matrix cores:
     gpt-oss-20b's 2,880-column Q8_0 products take the matrix cores by default (measured) and stay on the fused
-    families at 4096 (the earlier default); the demo model's 576 columns stay put; a value that is no whole number of 0 or more is a UsageError naming it, from the
-    choice itself and from check_settings (which the loader calls on every device)."""
+    families at 4096 (the earlier default); the demo model's 576 columns stay put; a value that is no whole number of
+    0 or more is a UsageError naming it, from the choice itself and from check_settings (which the loader calls on
+    every device)."""
     n = matmul_mma.min_tokens("q8_0", "sm_90")
     def choices() -> tuple:
         return (kernel_choice.mma_first_min_cols(), kernel_choice.mma_first("q8_0", n, 2880, "sm_90"),
@@ -208,8 +209,8 @@ def test_mma_first_columns_follow_their_setting(monkeypatch):
 def test_qmatvec_first_columns_follow_their_setting(monkeypatch):
     """ROCMFORGE_QMATVEC_FIRST_MIN_COLS moves where one token of Q8_0, Q5_0 and Q5_1 leaves fused_matvec for
     fused_qmatvec: gpt-oss-20b's 2,880 columns take fused_qmatvec by default (measured; no fused family: its q, k and
-    v take fused_qmatvec's separate matrices) and fused_matvec at 4096 (the earlier default); two tokens never move; a bad value is a UsageError
-    naming it, from the choice and from check_settings."""
+    v take fused_qmatvec's separate matrices) and fused_matvec at 4096 (the earlier default); two tokens never move;
+    a bad value is a UsageError naming it, from the choice and from check_settings."""
     def choices() -> tuple:
         return (kernel_choice.qmatvec_first_min_cols(), kernel_choice.qmatvec_first("q8_0", 1, 2880),
                 kernel_choice.qmatvec_first("q8_0", 2, 2880), kernel_choice.qmatvec_first("q4_1", 1, 2880),

@@ -155,7 +155,8 @@ PLANTED = {
                                           "const unsigned long long at = (unsigned long long)(start + t) * rows + r;"),
     "an expert's last tile not listed": ("tile += (count[e] + tile_tokens - 1) / tile_tokens;",
                                          "tile += count[e] / tile_tokens;"),
-    "a 64-column step loading 32 columns": ("kGroupsPerRow = 2 * S::kGroupsPerRow;", "kGroupsPerRow = S::kGroupsPerRow;"),
+    "a 64-column step loading 32 columns": ("kGroupsPerRow = 2 * S::kGroupsPerRow;",
+                                            "kGroupsPerRow = S::kGroupsPerRow;"),
 }
 PLANTED_SUFFIX = {"a 64-column step loading 32 columns": "_s64"}
 

@@ -6,7 +6,7 @@ multiplied as a matrix, tile_tokens (32 or 64) pairs at a time, with 128-row til
 f16 in shared memory, as matmul_mma multiplies a dense prompt. moe_experts' per-pair and grouped paths decode a slice
 of an expert for one or two pairs; a prompt of 512 tokens gives Qwen3-30B-A3B's 128 experts 32 pairs each on average.
 
-Three products a layer, each `moe_mma_<mode>_<type>(out p, g p, W p, x p, sorted p, tiles p, bias p, weights p,
+Three products a layer, each `moe_mma_<mode>_<type>[_s64](out p, g p, W p, x p, sorted p, tiles p, bias p, weights p,
 rows i, cols i, pairs i, x_per i, n_expert i, tile_tokens i, max_tiles i, activation i)`:
   gate: G[p] = gate_e . x[t] + gate_bias_e                   float32 [pairs, ff] (the down workspace, reused)
   up:   h[p] = act(G[p], up_e . x[t] + up_bias_e)             float32 [pairs, ff]: moe_experts' h, the same layout
