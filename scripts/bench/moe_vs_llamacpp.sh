@@ -33,7 +33,8 @@
 # Expected: the build bounds the start (about 290 s; the models are written meanwhile), then about 2 x EST_S:
 # about 8-9 minutes in all on a fresh H100 machine, so DEADLINE (default 540) may cut the second shape; running
 # the same command again on the warm machine reuses the build, the models and every finished shape's table and
-# measures what is missing (a few minutes).
+# measures what is missing (a few minutes). Seen on an H100 on 2026-12-06 with REPS=2: the build and both models
+# 382 s (beside a GPU test run), then each shape about 40 s and each variant about 20 s (the guesses are generous).
 # DEADLINE: seconds from the start (default 540) after which no shape starts and a running one is stopped.
 # Everything is reused by a second run on the same machine: the build (WORK, default ${TMPDIR:-/tmp}/llama.cpp),
 # the models (MODELS, default ${TMPDIR:-/tmp}/models) and each shape's finished table (RESULTS, default
