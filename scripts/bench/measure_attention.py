@@ -1,11 +1,12 @@
-"""GPU time of paged attention at the demo model's shapes (9 query heads over 3 KV heads of 64, KV
-blocks of 16), as a table for docs/benchmarks.md: decode at contexts 128 / 512 / 2048 / 8192 for 1
-and 64 sequences, and a 512-token prompt.
+"""GPU time of paged attention at a model's head shape (by default the demo model's: 9 query heads over 3
+KV heads of 64; KV blocks of 16), as a table for docs/benchmarks.md: decode at contexts 128 / 512 / 2048 /
+8192 for 1 and 64 sequences, and a 512-token prompt.
 
 Run from the repository root on a GPU machine (the project need not be installed):
 
     python3 scripts/bench/measure_attention.py                    # markdown table on stdout
     python3 scripts/bench/measure_attention.py --kv-dtype f16,q8_0 --json
+    python3 scripts/bench/measure_attention.py --shape qwen3-30b-a3b --contexts 128,4096 --sequences 1,8 --no-prompt
 
 How it measures:
 - The launches are captured in one graph, as decode runs in the engine, replayed, and timed with
@@ -42,12 +43,31 @@ from hipcore.runtime import kernels as loader  # noqa: E402
 from hipcore.runtime.selection import pick_device  # noqa: E402
 from measure_matvec import timed  # noqa: E402
 
-N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
+# (query heads, KV heads, head size) of the models whose attention this measures
+SHAPES = {
+    "demo": (9, 3, 64),  # SmolLM2-135M
+    "llama-3.1-8b": (32, 8, 128),
+    "qwen3-30b-a3b": (32, 4, 128),
+    "gpt-oss-20b": (64, 8, 64),
+}
+N_HEADS, N_KV_HEADS, HEAD_DIM = SHAPES["demo"]
+BLOCK_SIZE = 16
 MAX_CONTEXT = 8192
 MAX_BLOCKS = MAX_CONTEXT // BLOCK_SIZE
 SCALE = float(np.float32(1 / np.sqrt(HEAD_DIM)))
-# (name, sequences, context, query tokens per sequence)
-CASES = [(f"decode {b} x {c}", b, c, 1) for b in (1, 64) for c in (128, 512, 2048, 8192)] + [("prompt 512", 1, 512, 512)]
+
+
+def cases(sequences: list[int], contexts: list[int], prompt: bool) -> list[tuple[str, int, int, int]]:
+    """(name, sequences, context, query tokens per sequence) of every measured launch."""
+    decode = [(f"decode {b} x {c}", b, c, 1) for b in sequences for c in contexts]
+    return decode + ([("prompt 512", 1, 512, 512)] if prompt else [])
+
+
+def use_shape(name: str) -> None:
+    """Measure the head shape SHAPES[name] (the module's constants, which every case reads)."""
+    global N_HEADS, N_KV_HEADS, HEAD_DIM, SCALE
+    N_HEADS, N_KV_HEADS, HEAD_DIM = SHAPES[name]
+    SCALE = float(np.float32(1 / np.sqrt(HEAD_DIM)))
 PATTERN_BYTES = 1 << 22  # random K/V bytes tiled over the pools
 MAX_COPIES = 256  # graph nodes per replay at most
 
@@ -69,7 +89,7 @@ def random_pool(dev, stream, rng, kv: str, nbytes: int):
 
 
 def measure_case(dev, stream, rng, kv: str, name: str, n_seqs: int, context: int, n_query: int, rotate_bytes: int,
-                 replays: int, repeats: int) -> dict:
+                 replays: int, repeats: int, single: bool = True) -> dict:
     fmt = kv_dtype(kv)
     row_bytes = fmt.row_bytes(HEAD_DIM)
     blocks_per_seq = -(-context // BLOCK_SIZE)
@@ -130,7 +150,7 @@ def measure_case(dev, stream, rng, kv: str, name: str, n_seqs: int, context: int
         result = {"kv_dtype": kv, "case": name, "sequences": n_seqs, "context": context, "query_tokens": n_tokens,
                   "kv_bytes": 2 * n_seqs * context * N_KV_HEADS * row_bytes, "copies": copies,
                   "splits": paged_attention.split_limit(n_tokens, N_HEADS, N_KV_HEADS, MAX_CONTEXT)}
-        for split in (True, False):
+        for split in (True, False) if single else (True,):
             for c in range(copies):
                 launch(stream, c, split)  # warm up (and load the module) outside the capture
             stream.synchronize()
@@ -156,7 +176,8 @@ def measure_case(dev, stream, rng, kv: str, name: str, n_seqs: int, context: int
             buf.free()
 
 
-def measure(device_spec: str, kv_dtypes: list[str], rotate_bytes: int, replays: int, repeats: int) -> dict:
+def measure(device_spec: str, kv_dtypes: list[str], rotate_bytes: int, replays: int, repeats: int,
+            measured_cases: list[tuple[str, int, int, int]], single: bool = True) -> dict:
     choice = pick_device(device_spec)
     dev = choice.device
     if dev.backend == "cpu":
@@ -164,14 +185,15 @@ def measure(device_spec: str, kv_dtypes: list[str], rotate_bytes: int, replays: 
     try:
         stream = dev.create_stream()
         rng = np.random.default_rng(0)
-        rows = [measure_case(dev, stream, rng, kv, name, b, c, nq, rotate_bytes, replays, repeats)
-                for kv in kv_dtypes for name, b, c, nq in CASES]
+        rows = [measure_case(dev, stream, rng, kv, name, b, c, nq, rotate_bytes, replays, repeats, single)
+                for kv in kv_dtypes for name, b, c, nq in measured_cases]
         precompiled = "paged_attention" in loader.available_code_objects(dev.arch)
         loader.forget_device(dev)
         return {"device": dev.describe(), "backend": dev.backend, "arch": dev.arch,
                 "code_objects": "precompiled kernels" if precompiled else "kernels compiled at run time",
                 "date": datetime.date.today().isoformat(), "commit": commit(), "repeats": repeats,
-                "replays": replays, "rows": rows}
+                "replays": replays, "shape": {"n_heads": N_HEADS, "n_kv_heads": N_KV_HEADS, "head_dim": HEAD_DIM,
+                                              "block_size": BLOCK_SIZE}, "rows": rows}
     finally:
         dev.close()
 
@@ -184,23 +206,42 @@ def main() -> None:
                         help="KV pool the decode launches walk, in at most 256 copies (default 256)")
     parser.add_argument("--replays", type=int, default=5, help="graph replays per timed run (default 5)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
+    parser.add_argument("--shape", default="demo", choices=sorted(SHAPES),
+                        help="the model whose query heads, KV heads and head size are measured (default demo)")
+    parser.add_argument("--contexts", default="128,512,2048,8192",
+                        help=f"comma-separated decode contexts, each at most {MAX_CONTEXT} (default 128,512,2048,8192)")
+    parser.add_argument("--sequences", default="1,64", help="comma-separated decode batch sizes (default 1,64)")
+    parser.add_argument("--no-prompt", action="store_true", help="leave out the 512-token prompt")
+    parser.add_argument("--split-only", action="store_true",
+                        help="time the launches with the workspace only (leave out the one-workgroup column)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     opts = parser.parse_args()
+    try:
+        contexts = [int(c) for c in opts.contexts.split(",") if c.strip()]
+        sequences = [int(b) for b in opts.sequences.split(",") if b.strip()]
+    except ValueError:
+        parser.error("--contexts and --sequences take comma-separated whole numbers")
+    if not contexts or not sequences or min(contexts + sequences) < 1 or max(contexts) > MAX_CONTEXT:
+        parser.error(f"--contexts and --sequences need at least one value each, every one from 1 (contexts to {MAX_CONTEXT})")
+    use_shape(opts.shape)
     kv_dtypes = [k.strip() for k in opts.kv_dtype.split(",") if k.strip()]
     unknown = [k for k in kv_dtypes if k not in KV_DTYPES]
     if unknown:
         parser.error(f"unknown KV dtype {', '.join(unknown)}; choose from {', '.join(KV_DTYPES)}")
-    result = measure(opts.device, kv_dtypes, opts.rotate_mib << 20, opts.replays, opts.repeats)
+    result = measure(opts.device, kv_dtypes, opts.rotate_mib << 20, opts.replays, opts.repeats,
+                     cases(sequences, contexts, not opts.no_prompt), not opts.split_only)
     if opts.json:
         print(json.dumps(result, indent=2))
         return
     print(f"paged attention on {result['device']} ({result['code_objects']}); {result['date']}, commit "
-          f"{result['commit']}, median of {result['repeats']} runs; 9 query / 3 KV heads of 64, blocks of 16\n")
+          f"{result['commit']}, median of {result['repeats']} runs; {opts.shape}: {N_HEADS} query / {N_KV_HEADS} KV heads "
+          f"of {HEAD_DIM}, blocks of {BLOCK_SIZE}\n")
     print("| KV | case | query tokens | K+V (unique) | µs per launch (graph) | GB/s | splits (max) | µs, one workgroup per token |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in result["rows"]:
         print(f"| {r['kv_dtype']} | {r['case']} | {r['query_tokens']} | {r['kv_bytes'] / 1e6:.2f} MB | "
-              f"{r['split_us']:.2f} | {r['bandwidth_gbs']:.0f} | {r['splits']} | {r['single_us']:.2f} |")
+              f"{r['split_us']:.2f} | {r['bandwidth_gbs']:.0f} | {r['splits']} | "
+              + (f"{r['single_us']:.2f} |" if "single_us" in r else "- |"))
 
 
 if __name__ == "__main__":
