@@ -4,6 +4,16 @@
 #pragma once
 #include "hip_compat.h"
 
+// Whether a member of a block's Layout struct sits at byte `at`, for the formats' layout checks. nvrtc 13.0
+// knows no __builtin_offsetof ("type name is not allowed" in every op that includes the formats; 13.5 has it),
+// so a run-time compile on NVIDIA checks the sizes alone; every precompiled build (nvcc, clang) and
+// hiprtc check the offsets too.
+#if defined(__CUDACC_RTC__)
+#define RF_MEMBER_AT(type, member, at) true
+#else
+#define RF_MEMBER_AT(type, member, at) (__builtin_offsetof(type, member) == (at))
+#endif
+
 namespace rf_blocks {
 
 constexpr unsigned int kLowNibbles = 0x0F0F0F0Fu;  // the low nibble of each byte of a word

@@ -13,7 +13,7 @@ struct MXFP4 {
     unsigned char e, qs[16];
   };
   static constexpr int kValues = 32, kBytes = 17, kQsAt = 1;
-  static_assert(sizeof(Layout) == kBytes && __builtin_offsetof(Layout, qs) == kQsAt, "MXFP4's layout");
+  static_assert(sizeof(Layout) == kBytes && RF_MEMBER_AT(Layout, qs, kQsAt), "MXFP4's layout");
   // The doubled E2M1 magnitudes of codes 0..7, a nibble each (code 5 is 6, 6 is 8, 7 is 12); codes 8..15 are their
   // negatives. As int8 bytes for byte permutes: codes 0..3, 4..7, 8..11, 12..15.
   static constexpr unsigned int kMagnitudes = 0xC8643210u;

@@ -11,7 +11,7 @@ struct Q4_0 {
     unsigned char qs[16];
   };
   static constexpr int kValues = 32, kBytes = 18, kQsAt = 2, kBias = 8;
-  static_assert(sizeof(Layout) == kBytes && __builtin_offsetof(Layout, qs) == kQsAt, "Q4_0's layout");
+  static_assert(sizeof(Layout) == kBytes && RF_MEMBER_AT(Layout, qs, kQsAt), "Q4_0's layout");
 
   // Element j of a row of blocks.
   static __device__ __forceinline__ float element(const unsigned char* row, int j) {

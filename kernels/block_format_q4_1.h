@@ -11,7 +11,7 @@ struct Q4_1 {
     unsigned char qs[16];
   };
   static constexpr int kValues = 32, kBytes = 20, kQsAt = 4;
-  static_assert(sizeof(Layout) == kBytes && __builtin_offsetof(Layout, qs) == kQsAt, "Q4_1's layout");
+  static_assert(sizeof(Layout) == kBytes && RF_MEMBER_AT(Layout, qs, kQsAt), "Q4_1's layout");
 
   // Element j of a row of blocks.
   static __device__ __forceinline__ float element(const unsigned char* row, int j) {

@@ -67,8 +67,8 @@ struct Q4_K : KScales {
     unsigned char scales[12], qs[128];
   };
   static constexpr int kValues = 256, kBytes = 144, kQsAt = 16;
-  static_assert(sizeof(Layout) == kBytes && __builtin_offsetof(Layout, scales) == kScalesAt &&
-                __builtin_offsetof(Layout, qs) == kQsAt, "Q4_K's layout");
+  static_assert(sizeof(Layout) == kBytes && RF_MEMBER_AT(Layout, scales, kScalesAt) &&
+                RF_MEMBER_AT(Layout, qs, kQsAt), "Q4_K's layout");
 
   // Element j of a row of super-blocks.
   static __device__ __forceinline__ float element(const unsigned char* row, int j) {

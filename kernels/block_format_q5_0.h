@@ -18,8 +18,8 @@ struct Q5_0 {
     unsigned char qh[4], qs[16];
   };
   static constexpr int kValues = 32, kBytes = 22, kQhAt = 2, kQsAt = 6, kBias = 16;
-  static_assert(sizeof(Layout) == kBytes && __builtin_offsetof(Layout, qh) == kQhAt &&
-                __builtin_offsetof(Layout, qs) == kQsAt, "Q5_0's layout");
+  static_assert(sizeof(Layout) == kBytes && RF_MEMBER_AT(Layout, qh, kQhAt) &&
+                RF_MEMBER_AT(Layout, qs, kQsAt), "Q5_0's layout");
 
   // Element j of a row of blocks.
   static __device__ __forceinline__ float element(const unsigned char* row, int j) {

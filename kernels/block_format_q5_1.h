@@ -12,8 +12,8 @@ struct Q5_1 {
     unsigned char qh[4], qs[16];
   };
   static constexpr int kValues = 32, kBytes = 24, kQhAt = 4, kQsAt = 8;
-  static_assert(sizeof(Layout) == kBytes && __builtin_offsetof(Layout, qh) == kQhAt &&
-                __builtin_offsetof(Layout, qs) == kQsAt, "Q5_1's layout");
+  static_assert(sizeof(Layout) == kBytes && RF_MEMBER_AT(Layout, qh, kQhAt) &&
+                RF_MEMBER_AT(Layout, qs, kQsAt), "Q5_1's layout");
 
   // Element j of a row of blocks.
   static __device__ __forceinline__ float element(const unsigned char* row, int j) {

@@ -15,8 +15,8 @@ struct Q6_K {
   };
   static constexpr int kValues = 256, kBytes = 210, kQhAt = 128, kScalesAt = 192, kDAt = 208;
   static constexpr int kBias = 32;
-  static_assert(sizeof(Layout) == kBytes && __builtin_offsetof(Layout, qh) == kQhAt &&
-                __builtin_offsetof(Layout, scales) == kScalesAt && __builtin_offsetof(Layout, d) == kDAt,
+  static_assert(sizeof(Layout) == kBytes && RF_MEMBER_AT(Layout, qh, kQhAt) &&
+                RF_MEMBER_AT(Layout, scales, kScalesAt) && RF_MEMBER_AT(Layout, d, kDAt),
                 "Q6_K's layout");
 
   // Exact in float32 in this order: (d * scale) is a half times an int8 (at most 18 significant bits), times a

@@ -11,7 +11,7 @@ struct Q8_0 {
     signed char qs[32];
   };
   static constexpr int kValues = 32, kBytes = 34, kQsAt = 2;
-  static_assert(sizeof(Layout) == kBytes && __builtin_offsetof(Layout, qs) == kQsAt, "Q8_0's layout");
+  static_assert(sizeof(Layout) == kBytes && RF_MEMBER_AT(Layout, qs, kQsAt), "Q8_0's layout");
 
   // Element j of a row of blocks.
   static __device__ __forceinline__ float element(const unsigned char* row, int j) {
