@@ -24,7 +24,7 @@ FULL_MODULES = {
     "test_kernels_emulated*.py": "the kernels run in emulation at wave 64 and wave 32 (a harness compiled per op)",
     "test_block_formats.py": "each block format's decoding compiled into the emulation harness",
     "test_compiler_gate.py": "the compilers' gates, each a real compile",
-    "test_kernels_nvrtc.py": "every op compiled by nvrtc (about 5 minutes on two cores), as the loader compiles at run time",
+    "test_kernels_nvrtc.py": "every op compiled by nvrtc (7.5 minutes on two cores), as the loader compiles at run time",
     "test_gguf_fuzz.py": "mutation fuzzing of the GGUF reader",
     "test_gpu_plans_on_host.py": "every family's step plans on six GPU architectures through host twins",
     "test_golden_gemma3_270m.py": "the real Gemma 3 270M (240 MB) against llama.cpp on the cpu backend",
