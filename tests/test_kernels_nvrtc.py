@@ -8,7 +8,6 @@ a missing library fails these tests there instead of skipping them."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -17,7 +16,7 @@ from rocmforge_kernels import build as kbuild
 from hipcore.runtime import kernels as loader
 from hipcore.runtime.errors import KernelCompileError
 from hipcore.runtime.rtc import compile_with_nvrtc
-from support.compiler_gate import COMPILERS, require_compiler
+from support.compiler_gate import COMPILERS, require_compiler, skip_or_fail
 
 REQUIRE_ENV = "ROCMFORGE_REQUIRE_NVRTC"
 OPS = sorted(path.stem for path in loader.kernels_dir().glob("*.hip"))
@@ -26,26 +25,23 @@ OPS = sorted(path.stem for path in loader.kernels_dir().glob("*.hip"))
 ARCHS = ("sm_120",)
 
 
-def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the nvrtc library cuda-bindings loads; skips, or fails under REQUIRE_ENV, without one."""
+def require_nvrtc() -> None:
+    """Skip the calling test without an nvrtc library for cuda-bindings to load, or fail it under REQUIRE_ENV."""
     try:
         from cuda.bindings import nvrtc
 
-        err, major, minor = nvrtc.nvrtcVersion()
+        err, _, _ = nvrtc.nvrtcVersion()  # loads the library: the first call is where a missing one shows
         if err:
             raise RuntimeError(f"nvrtcVersion returned {err}")
-        return int(major), int(minor)
     except Exception as exc:  # noqa: BLE001 - no cuda-bindings, or no libnvrtc for it to load
-        problem = f"nvrtc is not available ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); pip install nvidia-cuda-nvrtc"
-        if os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
-            pytest.fail(f"{REQUIRE_ENV} is set, so the nvrtc tests are required: {problem}", pytrace=False)
-        pytest.skip(f"{problem} (set {REQUIRE_ENV}=1 to require it)")
+        skip_or_fail(REQUIRE_ENV, "nvrtc tests", "nvrtc (pip install nvidia-cuda-nvrtc)",
+                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("op", OPS)
 def test_every_op_compiles_with_nvrtc(op, arch):
-    nvrtc_version()
+    require_nvrtc()
     source = (loader.kernels_dir() / f"{op}.hip").read_text()
     cubin = compile_with_nvrtc(source, f"{op}.hip", arch, [str(loader.kernels_dir())])
     assert cubin[:4] == b"\x7fELF", f"{op} for {arch}: nvrtc returned no ELF code object"
@@ -54,7 +50,7 @@ def test_every_op_compiles_with_nvrtc(op, arch):
 def test_a_source_nvrtc_rejects_is_reported_with_its_log():
     """The check above can fail: a source with an error is a KernelCompileError naming the file and the line, not a
     silent empty object (the planted fault: an undeclared identifier in an otherwise valid kernel)."""
-    nvrtc_version()
+    require_nvrtc()
     bad = 'extern "C" __global__ void k(float* out) { out[0] = not_declared_anywhere; }\n'
     with pytest.raises(KernelCompileError, match=rf"nvrtc could not compile planted\.hip for {ARCHS[0]}") as caught:
         compile_with_nvrtc(bad, "planted.hip", ARCHS[0])

@@ -25,12 +25,16 @@ def available_vendors() -> list[str]:
     return [vendor for vendor in COMPILERS if not compiler_problem(vendor)]
 
 
+def skip_or_fail(variable: str, tests: str, needs: str, problem: str) -> None:
+    """Skip the calling test for `problem` (what `tests` need, `needs`, is missing), or fail it when the environment
+    sets `variable` to require them."""
+    if os.environ.get(variable, "") not in ("", "0"):
+        pytest.fail(f"{variable} is set, so the {tests} are required: {problem}", pytrace=False)
+    pytest.skip(f"{tests} need {needs}: {problem} (set {variable}=1 to require them)")
+
+
 def require_compiler(vendor: str) -> None:
     """Skip the calling test when the vendor's compiler is missing, or fail it when REQUIRE_ENV says so."""
     problem = compiler_problem(vendor)
-    if not problem:
-        return
-    variable = REQUIRE_ENV[vendor]
-    if os.environ.get(variable, "") not in ("", "0"):
-        pytest.fail(f"{variable} is set, so the {vendor} kernel-build tests are required: {problem}", pytrace=False)
-    pytest.skip(f"{vendor} kernel-build tests need {COMPILERS[vendor]}: {problem} (set {variable}=1 to require them)")
+    if problem:
+        skip_or_fail(REQUIRE_ENV[vendor], f"{vendor} kernel-build tests", COMPILERS[vendor], problem)
