@@ -138,3 +138,47 @@ static __device__ __forceinline__ void rf_mma(float acc[RF_MMA_ACC], const RfMma
   }
 }
 #endif
+
+// ------------------------------------------------------------------------------------------------
+// Rows of an accumulator tile, for the attention kernels' online softmax (prompt_attention.hip,
+// paged_attention_mma.h): a lane keeps each of its rows' max and sum once (RF_MMA_LANE_ROWS of them), reduced
+// over the RF_MMA_ROW_LANES lanes that hold the row. NVIDIA: lane 4g + t holds rows g (accumulators 0, 1, 4, 5)
+// and g + 8 (2, 3, 6, 7), with lanes 4g .. 4g + 3. The AMD kinds and the FMA path: accumulator i is a row of
+// its own, held by the 16 lanes of one l / 16.
+// ------------------------------------------------------------------------------------------------
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+#define RF_MMA_ROW_LANES 4
+#define RF_MMA_LANE_ROWS 2
+static __device__ __forceinline__ int rf_mma_lane_row_of(int acc) { return (acc >> 1) & 1; }
+static __device__ __forceinline__ int rf_mma_acc_of_lane_row(int r) { return 2 * r; }
+#else
+#define RF_MMA_ROW_LANES 16
+#define RF_MMA_LANE_ROWS RF_MMA_ACC
+static __device__ __forceinline__ int rf_mma_lane_row_of(int acc) { return acc; }
+static __device__ __forceinline__ int rf_mma_acc_of_lane_row(int r) { return r; }
+#endif
+
+// A lane's values of its rows combined over the lanes that hold each row (max or sum).
+template <bool kMax>
+static __device__ __forceinline__ void rf_mma_reduce_rows(float (&v)[RF_MMA_LANE_ROWS]) {
+#pragma unroll
+  for (int o = 1; o < RF_MMA_ROW_LANES; o <<= 1)
+#pragma unroll
+    for (int r = 0; r < RF_MMA_LANE_ROWS; ++r) {
+      const float other = __shfl_xor(v[r], o);
+      v[r] = kMax ? fmaxf(v[r], other) : v[r] + other;
+    }
+}
+
+// Element d of the 8 halves in a and in b (the same 16-byte piece of two consecutive keys' rows) as one word of
+// row row0 + d of a transposed tile (row stride `stride` halves), at halves col and col + 1: the V^T operand the
+// attention kernels' second product reads.
+static __device__ __forceinline__ void rf_mma_store_transposed_pair(unsigned short* tile, int stride, int row0, int col,
+                                                                    const uint4& a, const uint4& b) {
+  const unsigned int wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int d = 0; d < 8; ++d) {
+    const unsigned int ha = (wa[d / 2] >> (16 * (d % 2))) & 0xffffu, hb = (wb[d / 2] >> (16 * (d % 2))) & 0xffffu;
+    *reinterpret_cast<unsigned int*>(tile + (row0 + d) * stride + col) = ha | hb << 16;
+  }
+}
