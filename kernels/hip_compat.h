@@ -12,8 +12,7 @@
 // What every AMD path shares (wave size, conversions, the matrix-core kind of each target): hip_compat_amd.h.
 //
 // What a kernel may use, everywhere:
-//   threadIdx / blockIdx / blockDim / gridDim (.x .y .z), __syncthreads(), rf_warp_sync() (a warp's lanes),
-//   __shfl_xor(v, mask[, width])
+//   threadIdx / blockIdx / blockDim / gridDim (.x .y .z), __syncthreads(), __shfl_xor(v, mask[, width])
 //   and __shfl(v, src_lane[, width]) for int / unsigned / float, WARP_SIZE (a compile-time constant: 64
 //   on CDNA/GCN, 32 on RDNA and NVIDIA), __global__ __device__ __shared__ __launch_bounds__
 //   __forceinline__ __restrict__, float4 / uint4, expf __expf exp2f log2f sqrtf fabsf fmaxf fminf fmaf

@@ -26,13 +26,6 @@ static __device__ __forceinline__ int rf_dp4a(int a, int b, int c) {
   return __builtin_amdgcn_sdot4(a, b, c, false);
 #endif
 }
-// A barrier over the wave's lanes that orders their LDS accesses (hip_compat.h's list): a wave's lanes run in
-// lockstep and its LDS operations complete in order, so only the compiler must not move accesses across it.
-static __device__ __forceinline__ void rf_warp_sync() {
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
-  __builtin_amdgcn_wave_barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
-}
 static __device__ __forceinline__ unsigned int rf_float_as_uint(float f) { return __builtin_bit_cast(unsigned int, f); }
 static __device__ __forceinline__ float rf_uint_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }
 static __device__ __forceinline__ float rf_f16_to_float(unsigned short bits) {

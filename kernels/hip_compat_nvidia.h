@@ -36,8 +36,6 @@ static __device__ __forceinline__ int rf_lane_id() {
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
   return (int)lane;
 }
-// A barrier over the warp's lanes that orders their shared-memory accesses (hip_compat.h's list).
-static __device__ __forceinline__ void rf_warp_sync() { __syncwarp(); }
 
 // PTX conversions: exact for f16 -> f32, round-to-nearest-even for f32 -> f16.
 static __device__ __forceinline__ float rf_f16_to_float(unsigned short bits) {

@@ -46,10 +46,6 @@
 // - The loads are pipelined: while a warp computes one tile, the K and V rows of its next tile are in
 //   flight, and the block-table entries of the tile after that. Decoding at short contexts is bound
 //   by the latency of these loads, not by bandwidth.
-// The `_mma_d<head_dim>` entries (f16 caches; paged_attention_mma.h) walk a split's keys on the matrix cores instead,
-// a group's query heads (up to 16) as the rows of one matrix tile and 16 keys a warp and step; their plan has chunks
-// of MmaTile::kHeads heads, splits of at least kMmaMinKeysPerSplit keys and no one-workgroup-per-head plan. Both walks
-// leave each warp's max, sum and output in a Merge area, and finish merges the warps and combines the splits.
 // Requirements the launcher checks: head_dim a multiple of 8 up to 256, block_size a power of two,
 // n_heads a multiple of n_kv_heads, q 16-byte aligned, a pool block (n_kv_heads x block_size rows)
 // under 2 GiB. Block size: 4 warps (the launch bounds).
@@ -59,24 +55,29 @@
 #include "attention_soft_cap.h"        // the capped entries' rf_attention_soft_cap
 #include "paged_attention_tiles.h"    // a warp's walk over its keys (Walk, fetch_blocks, load_rows, consume)
 #include "paged_attention_plan.h"     // Params, the work's plan, the workspace, prefetch_rows
-#include "paged_attention_mma.h"      // the matrix-core walk (walk_mma) and the warps' Merge area
 
 namespace rf_paged_attention {
 
 // ---- the kernel --------------------------------------------------------------------------------
 
-typedef Merge<kMaxGroupHeads> Shared;  // the scalar walk's shared memory: only the merge's
+struct Shared {
+  float o[kMaxWarps][kMaxGroupHeads][kMaxHeadDim];  // each warp's unnormalized output
+  float m[kMaxWarps][kMaxGroupHeads];               // its running max (base 2)
+  float l[kMaxWarps][kMaxGroupHeads];               // its sum of exponentials
+  float split_weight[kMaxGroupHeads][kMaxSplits];   // the combining workgroup's factor per split
+  int last;
+};
 
-// The scalar walk of a split's keys k_begin .. k_end - 1 for the chunk's NG query heads from first_head: each warp's
-// max, sum and unnormalized output left in sh, the workgroup synchronised after.
-template <class KV, int NG, bool kCap>
-__device__ __forceinline__ void walk(const Params& p, Shared& sh, const int* __restrict__ table, int token, int kv_head,
-                                     int first_head, int k_begin, int k_end) {
+template <class KV, int NG, bool kCap, bool kSinks>
+__device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* __restrict__ table, int token, int kv_head,
+                                       int first_head, int first_key, int ctx, const Plan& plan, int split,
+                                       int counter_index) {
   const int hd = p.head_dim;
   const int tid = (int)threadIdx.x, threads = (int)blockDim.x;
   const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
   const int all_warps = threads / WARP_SIZE;
   const int key_warps = min(all_warps, kMaxWarps);
+  float* out_rows = p.out + ((unsigned long long)token * p.n_heads + first_head) * hd;  // NG heads, contiguous
 
   // Lane roles: lanes_per_key consecutive lanes hold one key's row, 8 elements each.
   int lanes_per_key = 1;
@@ -84,6 +85,8 @@ __device__ __forceinline__ void walk(const Params& p, Shared& sh, const int* __r
   const int keys_per_warp = WARP_SIZE / lanes_per_key;
   constexpr int U = KV::kUnroll;
   const int tile = keys_per_warp * U;  // keys of one warp's step
+  const int k_begin = first_key + split * plan.keys_per_split;
+  const int k_end = min(ctx, k_begin + plan.keys_per_split);
 
   const int key_slot = lane / lanes_per_key, chunk = lane % lanes_per_key;
   const bool chunk_live = chunk * kChunk < hd;  // head_dim 80 uses 10 of 16 lanes
@@ -179,7 +182,7 @@ __device__ __forceinline__ void walk(const Params& p, Shared& sh, const int* __r
 #pragma unroll
       for (int g = 0; g < NG; ++g)
 #pragma unroll
-        for (int j = 0; j < kChunk; ++j) sh.o[warp][g * hd + dim0 + j] = acc[g][j];
+        for (int j = 0; j < kChunk; ++j) sh.o[warp][g][dim0 + j] = acc[g][j];
     }
     if (lane == 0) {
 #pragma unroll
@@ -190,25 +193,12 @@ __device__ __forceinline__ void walk(const Params& p, Shared& sh, const int* __r
     }
   }
   __syncthreads();
-}
-
-// Merge the warps' results in sh (either walk's) for the chunk's ng query heads; unsplit, write `out`; split, publish
-// this split's partial result, and the last of the token's splits to arrive combines them all.
-template <bool kSinks, class M>
-__device__ __forceinline__ void finish(const Params& p, M& sh, int token, int first_head, int ng, const Plan& plan,
-                                       int split, int counter_index) {
-  const int hd = p.head_dim;
-  const int tid = (int)threadIdx.x, threads = (int)blockDim.x;
-  const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-  const int all_warps = threads / WARP_SIZE;
-  const int key_warps = min(all_warps, kMaxWarps);
-  float* out_rows = p.out + ((unsigned long long)token * p.n_heads + first_head) * hd;  // ng heads, contiguous
 
   // Merge the warps: warp 0 saw the split's first key, so the max is finite.
   const int n_split = plan.n_split;
   const Workspace ws = n_split > 1 ? workspace_layout(p, plan) : Workspace{nullptr, nullptr, nullptr};
   const unsigned long long first_partial = ((unsigned long long)token * p.n_heads + first_head) * plan.split_stride;
-  for (int i = tid; i < ng * hd; i += threads) {
+  for (int i = tid; i < NG * hd; i += threads) {
     const int g = i / hd, dim = i - g * hd;
     float mx = sh.m[0][g];
     for (int w2 = 1; w2 < key_warps; ++w2) mx = fmaxf(mx, sh.m[w2][g]);
@@ -220,7 +210,7 @@ __device__ __forceinline__ void finish(const Params& p, M& sh, int token, int fi
     for (int w2 = 0; w2 < key_warps; ++w2) {
       const float f = exp2f(sh.m[w2][g] - mx);
       sum = fmaf(sh.l[w2][g], f, sum);
-      o = fmaf(sh.o[w2][i], f, o);
+      o = fmaf(sh.o[w2][g][dim], f, o);
     }
     if (n_split == 1) {
       if (kSinks) sum += exp2f(sink - mx);
@@ -251,7 +241,7 @@ __device__ __forceinline__ void finish(const Params& p, M& sh, int token, int fi
 
   // Each split's factor: exp2(max_s - max) / total sum, one warp per head. Volatile reads: other
   // workgroups wrote these during this kernel, so no cached copy may answer.
-  for (int g = warp; g < ng; g += all_warps) {
+  for (int g = warp; g < NG; g += all_warps) {
     const volatile float* stats = ws.stats + 2 * (first_partial + (unsigned long long)g * plan.split_stride);
     float mx = -RF_INFINITY;
     for (int s0 = 0; s0 < n_split; s0 += WARP_SIZE)
@@ -270,7 +260,7 @@ __device__ __forceinline__ void finish(const Params& p, M& sh, int token, int fi
   __syncthreads();
   // The partial rows, eight splits' loads in flight at a time.
   constexpr int kBatch = 8;
-  for (int i = tid; i < ng * hd; i += threads) {
+  for (int i = tid; i < NG * hd; i += threads) {
     const int g = i / hd, dim = i - g * hd;
     const volatile float* partial = ws.partial + (first_partial + (unsigned long long)g * plan.split_stride) * hd + dim;
     float o = 0.0f;
@@ -291,22 +281,9 @@ __device__ __forceinline__ void finish(const Params& p, M& sh, int token, int fi
 // step's positions, sequences and block tables, which the host uploads before the step's first kernel and no
 // kernel writes, and prefetches the rows they name (prefetch_rows); q, the pools' data, `out` and the
 // workspace come after it (tests/test_programmatic_launch.py checks the order on this source).
-// The shared memory of a walk: the scalar walk's merge area, or the matrix-core walk's stages and merge.
-template <int kMmaHD>
-struct SharedOf {
-  typedef MmaShared<kMmaHD> type;
-};
-template <>
-struct SharedOf<0> {
-  typedef Shared type;
-};
-
-// kMmaHD: 0 for the scalar walk (every KV format, the chunks of at most 4 heads, the spread plan), or the head size
-// of a matrix-core entry (f16, chunks of up to MmaTile::kHeads heads).
-template <class KV, bool kCap, bool kSinks, int kMmaHD = 0>
+template <class KV, bool kCap, bool kSinks>
 __device__ __forceinline__ void run(const Params& p) {
-  __shared__ __attribute__((aligned(16))) typename SharedOf<kMmaHD>::type sh;  // one for every head count
-  using MT = MmaTile<kMmaHD ? kMmaHD : 16>;
+  __shared__ Shared sh;  // one instance for every head count: the switch below picks one per workgroup
   rf_check_wave_size();
   int rest = (int)blockIdx.x;
   const int slot = rest % p.slots;
@@ -324,16 +301,14 @@ __device__ __forceinline__ void run(const Params& p) {
   int lanes_per_key = 1;
   while (lanes_per_key * kChunk < p.head_dim) lanes_per_key <<= 1;
   // (a padding token's plan, of one key, is never used: no division by an empty split)
-  const int n_keys = max(ctx - first_key, 1);
-  const Plan plan = kMmaHD ? make_plan(p, n_keys, kMaxWarps * kMmaKeys, MT::kHeads, false, kMmaMinKeysPerSplit)
-                           : make_plan(p, n_keys, kMaxWarps * (WARP_SIZE / lanes_per_key) * KV::kUnroll, kMaxGroupHeads,
-                                       true, kMinKeysPerSplit);
+  const Plan plan = make_plan(p, max(ctx - first_key, 1), kMaxWarps * (WARP_SIZE / lanes_per_key) * KV::kUnroll);
   const bool attends = ctx > 0 && slot < plan.n_chunks * plan.n_split;
   const int chunk = slot / plan.n_split, split = slot - chunk * plan.n_split;
   const int* __restrict__ table = p.block_tables + (unsigned long long)seq * p.max_blocks;
-  const int k_begin = first_key + split * plan.keys_per_split;
-  const int k_end = min(ctx, k_begin + plan.keys_per_split);
-  if (attends) prefetch_rows<KV>(p, table, kv_head, k_begin, k_end, kPrefetchKeys / plan.n_split);
+  const int split_begin = first_key + split * plan.keys_per_split;
+  if (attends)
+    prefetch_rows<KV>(p, table, kv_head, split_begin, min(ctx, split_begin + plan.keys_per_split),
+                      kPrefetchKeys / plan.n_split);
   rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/paged_attention.py)
   if (ctx <= 0) {  // a padding token: the KV head's first workgroup zeroes the group's rows
     if (slot == 0) {
@@ -344,24 +319,13 @@ __device__ __forceinline__ void run(const Params& p) {
   }
   if (!attends) return;
   const int first_head = kv_head * group + chunk * plan.chunk_heads;
-  const int ng = min(plan.chunk_heads, group - chunk * plan.chunk_heads);
   const int counter_index = (token * p.n_kv_heads + kv_head) * plan.n_chunks + chunk;  // used when splitting only
-  if constexpr (kMmaHD > 0) {
-    walk_mma<kMmaHD>(p, sh, table, token, kv_head, first_head, ng, k_begin, k_end);
-    finish<kSinks>(p, sh.u.merge, token, first_head, ng, plan, split, counter_index);
-  } else {
-    // finish in each case, with its head count a constant (17 registers fewer on sm_90 than one call after the switch)
-#define RF_WALK_AND_FINISH(NG)                                                      \
-  walk<KV, NG, kCap>(p, sh, table, token, kv_head, first_head, k_begin, k_end); \
-  finish<kSinks>(p, sh, token, first_head, NG, plan, split, counter_index);
-    switch (ng) {
-      case 1: RF_WALK_AND_FINISH(1) break;
-      case 2: RF_WALK_AND_FINISH(2) break;
-      case 3: RF_WALK_AND_FINISH(3) break;
-      case 4: RF_WALK_AND_FINISH(4) break;
-      default: break;
-    }
-#undef RF_WALK_AND_FINISH
+  switch (min(plan.chunk_heads, group - chunk * plan.chunk_heads)) {
+    case 1: attend<KV, 1, kCap, kSinks>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 2: attend<KV, 2, kCap, kSinks>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 3: attend<KV, 3, kCap, kSinks>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    case 4: attend<KV, 4, kCap, kSinks>(p, sh, table, token, kv_head, first_head, first_key, ctx, plan, split, counter_index); break;
+    default: break;
   }
 }
 
@@ -374,24 +338,19 @@ __device__ __forceinline__ void run(const Params& p) {
 #define RF_ATTENTION_THREADS (rf_paged_attention::kMaxWarps * WARP_SIZE)
 #define RF_ATTENTION_MIN_BLOCKS 2
 
-// One entry: KV format, soft cap, sinks (SINKS_PARAM / SINKS_ARG: the trailing `sinks` pointer or nothing), and
-// MMA_HD: 0 for the scalar walk, else the head size of a matrix-core entry.
-#define RF_PAGED_ATTENTION_ENTRY(name, KV, CAP, SINKS, MMA_HD, SINKS_PARAM, SINKS_ARG)                                \
+#define RF_PAGED_ATTENTION_KERNEL(name, KV, CAP)                                                                      \
   extern "C" __global__ __launch_bounds__(RF_ATTENTION_THREADS, RF_ATTENTION_MIN_BLOCKS) void name(                 \
       float* out, const float* q, const void* __restrict__ k_pool, const void* __restrict__ v_pool,                   \
       const int* __restrict__ block_tables, const int* __restrict__ token_seq, const int* __restrict__ positions,     \
       void* workspace, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,       \
-      int num_blocks, int slots, int window, float scale, float softcap SINKS_PARAM) {                                \
+      int num_blocks, int slots, int window, float scale, float softcap) {                                            \
     rf_grid_dependency_deferred(); /* waits in run(), after prefetching its rows */                                  \
     const rf_paged_attention::Params p = {out, q, static_cast<const unsigned char*>(k_pool),                         \
                                           static_cast<const unsigned char*>(v_pool), block_tables, token_seq,         \
                                           positions, workspace, n_tokens, n_heads, n_kv_heads, head_dim, block_size,  \
-                                          max_blocks, num_blocks, slots, window, scale, softcap, SINKS_ARG};          \
-    rf_paged_attention::run<rf_paged_attention::KV, CAP, SINKS, MMA_HD>(p);                                          \
+                                          max_blocks, num_blocks, slots, window, scale, softcap, nullptr};            \
+    rf_paged_attention::run<rf_paged_attention::KV, CAP, false>(p);                                                   \
   }
-#define RF_PAGED_ATTENTION_NO_SINKS_PARAM
-#define RF_PAGED_ATTENTION_KERNEL(name, KV, CAP) \
-  RF_PAGED_ATTENTION_ENTRY(name, KV, CAP, false, 0, RF_PAGED_ATTENTION_NO_SINKS_PARAM, nullptr)
 
 // The soft-capped variants (Gemma 2) are their own entry points, so that the kernels every other model runs
 // compile exactly as without the cap: its arithmetic would otherwise take registers from them all.
@@ -404,14 +363,3 @@ RF_PAGED_ATTENTION_KERNEL(paged_attention_bf16_softcap, BF16Kv, true)
 RF_PAGED_ATTENTION_KERNEL(paged_attention_f32_softcap, F32Kv, true)
 RF_PAGED_ATTENTION_KERNEL(paged_attention_q8_0_softcap, Q8_0Kv, true)
 #include "paged_attention_sinks.h"  // the `_sinks` entries: RF_PAGED_ATTENTION_SINKS_KERNEL
-// The matrix-core entries (paged_attention_mma.h): f16 caches, the head sizes hipcore/ops/paged_attention.py's
-// MMA_HEAD_DIMS lists (the tiny test models' 32, gpt-oss's 64, Qwen3's and Llama's 128), each its own entry so that
-// each gets the registers of its own accumulators; `_sinks` as above.
-#define RF_PAGED_ATTENTION_MMA_KERNEL(HD)                                                                         \
-  RF_PAGED_ATTENTION_ENTRY(paged_attention_f16_mma_d##HD, F16Kv, false, false, HD,                                \
-                           RF_PAGED_ATTENTION_NO_SINKS_PARAM, nullptr)                                            \
-  RF_PAGED_ATTENTION_ENTRY(paged_attention_f16_mma_d##HD##_sinks, F16Kv, false, true, HD,                         \
-                           RF_PAGED_ATTENTION_SINKS_PARAM, sinks)
-RF_PAGED_ATTENTION_MMA_KERNEL(32)
-RF_PAGED_ATTENTION_MMA_KERNEL(64)
-RF_PAGED_ATTENTION_MMA_KERNEL(128)

@@ -31,18 +31,15 @@ struct Plan {
   int split_stride;    // splits per (token, query head) in the workspace
 };
 
-// step_keys: a workgroup's keys a step; max_heads: the most query heads a chunk has; spread: whether the walk may
-// take one workgroup per query head (the scalar walk's plan for short contexts); min_keys: the fewest keys a split has.
-static __device__ __forceinline__ Plan make_plan(const Params& p, int n_keys, int step_keys, int max_heads, bool spread,
-                                                 int min_keys) {
+static __device__ __forceinline__ Plan make_plan(const Params& p, int n_keys, int step_keys) {
   const int group = p.n_heads / p.n_kv_heads;
-  const int chunks = (group + max_heads - 1) / max_heads;
+  const int chunks = (group + kMaxGroupHeads - 1) / kMaxGroupHeads;
   const int split_stride = max(min(p.slots / chunks, kMaxSplits), 1);
-  if (spread && group > 1 && p.slots >= group && n_keys <= kSpreadMaxContext &&
+  if (group > 1 && p.slots >= group && n_keys <= kSpreadMaxContext &&
       (long long)p.n_tokens * p.n_heads <= kSpreadMaxWorkgroups)
     return {group, 1, 1, n_keys, split_stride};
   const int max_split = p.workspace != nullptr ? split_stride : 1;
-  int n_split = max(min(max_split, (n_keys + min_keys - 1) / min_keys), 1);
+  int n_split = max(min(max_split, (n_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit), 1);
   int keys_per_split = (n_keys + n_split - 1) / n_split;
   keys_per_split = (keys_per_split + step_keys - 1) / step_keys * step_keys;
   n_split = (n_keys + keys_per_split - 1) / keys_per_split;

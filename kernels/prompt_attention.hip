@@ -26,7 +26,7 @@
 // - Rows outside the run keep everything they hold: their scores are all masked, so their factor is 1 and
 //   their weights 0.
 // - A row's accumulators are spread over lanes as the matrix instruction leaves them (rf_mma_acc_row/col): a lane
-//   keeps its rows' max and sum once each (RF_MMA_LANE_ROWS), reduced over the lanes holding the row (RF_MMA_ROW_LANES).
+//   keeps its rows' max and sum once each (kLaneRows), reduced over the lanes holding the row (kRowLanes).
 // - On NVIDIA and CDNA the next step's K and V rows are loaded into registers while the current step's products
 //   run (q's fragments are read from shared memory at each step instead of held, to leave the registers for them).
 // Precision: q and the weights are rounded to f16 (|scale * q| must stay below 65504; the weights are in [0, 1]);
@@ -45,6 +45,22 @@
 namespace {
 namespace rf_prompt_attention {
 
+// The rows of an accumulator tile a lane holds, and the lanes that hold one row. NVIDIA: lane 4g + t holds rows
+// g (accumulators 0, 1, 4, 5) and g + 8 (2, 3, 6, 7), with lanes 4g .. 4g + 3. The AMD kinds and the FMA path:
+// accumulator i is a row of its own, held by the 16 lanes of one l / 16. A row's max, sum and visible keys are
+// kept once per lane (kLaneRows), not once per accumulator.
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+constexpr int kRowLanes = 4;
+constexpr int kLaneRows = 2;
+static __device__ __forceinline__ int lane_row_of(int acc) { return (acc >> 1) & 1; }
+static __device__ __forceinline__ int acc_of_lane_row(int r) { return 2 * r; }
+#else
+constexpr int kRowLanes = 16;
+constexpr int kLaneRows = RF_MMA_ACC;
+static __device__ __forceinline__ int lane_row_of(int acc) { return acc; }
+static __device__ __forceinline__ int acc_of_lane_row(int r) { return r; }
+#endif
+
 static __device__ __forceinline__ unsigned int pack_halves(float lo, float hi) {
   return (unsigned int)rf_float_to_f16(lo) | (unsigned int)rf_float_to_f16(hi) << 16;
 }
@@ -52,6 +68,18 @@ static __device__ __forceinline__ unsigned int pack_halves(float lo, float hi) {
 // exp2 of (x - reference) where an all -inf reference counts as 0, so that -inf - -inf never occurs.
 static __device__ __forceinline__ float safe_reference(float max_value) {
   return max_value == -RF_INFINITY ? 0.0f : max_value;
+}
+
+// A lane's values of its rows combined over the lanes that hold each row (max or sum).
+template <bool kMax>
+static __device__ __forceinline__ void reduce_rows(float (&v)[kLaneRows]) {
+#pragma unroll
+  for (int o = 1; o < kRowLanes; o <<= 1)
+#pragma unroll
+    for (int r = 0; r < kLaneRows; ++r) {
+      const float other = __shfl_xor(v[r], o);
+      v[r] = kMax ? fmaxf(v[r], other) : v[r] + other;
+    }
 }
 
 // kCap: the soft-capped entries (the scores in base 2, softcap * log2(e) their cap); kSinks: the entries with a sink
@@ -110,9 +138,9 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
                block_shift, p.block_size - 1, (unsigned long long)kv_head * p.block_size * row_bytes};
 
   // o: this warp's columns 16 (part NO + c) + ..; l: this lane's part of its rows' sums until the end
-  float o[NO][RF_MMA_ACC], m[RF_MMA_LANE_ROWS], l[RF_MMA_LANE_ROWS];
+  float o[NO][RF_MMA_ACC], m[kLaneRows], l[kLaneRows];
 #pragma unroll
-  for (int r = 0; r < RF_MMA_LANE_ROWS; ++r) m[r] = -RF_INFINITY, l[r] = 0.0f;
+  for (int r = 0; r < kLaneRows; ++r) m[r] = -RF_INFINITY, l[r] = 0.0f;
 #pragma unroll
   for (int c = 0; c < NO; ++c)
 #pragma unroll
@@ -139,10 +167,10 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
       }
     // A row sees keys row_last - window_keys .. row_last (window_keys: window - 1, or all before it).
     const int window_keys = p.window > 0 ? p.window - 1 : 0x7fffffff;
-    int row_last[RF_MMA_LANE_ROWS];
+    int row_last[kLaneRows];
 #pragma unroll
-    for (int lr = 0; lr < RF_MMA_LANE_ROWS; ++lr) {
-      const int r = row0 + rf_mma_acc_row(lane, rf_mma_acc_of_lane_row(lr));
+    for (int lr = 0; lr < kLaneRows; ++lr) {
+      const int r = row0 + rf_mma_acc_row(lane, acc_of_lane_row(lr));
       row_last[lr] = r >= rb && r < re ? sh.pos[r] : -1;
     }
     rows.table = p.block_tables + (unsigned long long)seq * p.max_blocks;
@@ -181,12 +209,12 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
 #pragma unroll
             for (int e = 0; e < RF_MMA_ACC; ++e) s[n][e] = rf_attention_soft_cap(s[n][e], cap, two_over_cap);
         }
-        float mx[RF_MMA_LANE_ROWS];
+        float mx[kLaneRows];
 #pragma unroll
-        for (int r = 0; r < RF_MMA_LANE_ROWS; ++r) mx[r] = -RF_INFINITY;
+        for (int r = 0; r < kLaneRows; ++r) mx[r] = -RF_INFINITY;
 #pragma unroll
         for (int e = 0; e < RF_MMA_ACC; ++e) {
-          const int r = rf_mma_lane_row_of(e);
+          const int r = lane_row_of(e);
 #pragma unroll
           for (int n = 0; n < kKeyTiles; ++n) {
             const int key = k0 + 16 * n + rf_mma_acc_col(lane, e);
@@ -194,10 +222,10 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
             mx[r] = fmaxf(mx[r], s[n][e]);
           }
         }
-        rf_mma_reduce_rows<true>(mx);
-        float ref[RF_MMA_LANE_ROWS];
+        reduce_rows<true>(mx);
+        float ref[kLaneRows];
 #pragma unroll
-        for (int r = 0; r < RF_MMA_LANE_ROWS; ++r) {
+        for (int r = 0; r < kLaneRows; ++r) {
           const float m_new = fmaxf(m[r], mx[r]);
           ref[r] = safe_reference(m_new);
           const float correction = exp2f(m[r] - ref[r]);
@@ -207,7 +235,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
         }
 #pragma unroll
         for (int e = 0; e < RF_MMA_ACC; ++e) {
-          const int r = rf_mma_lane_row_of(e);
+          const int r = lane_row_of(e);
 #pragma unroll
           for (int c = 0; c < NO; ++c) o[c][e] *= mx[r];
 #pragma unroll
@@ -237,10 +265,10 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
     rb = re;
   }
 
-  rf_mma_reduce_rows<false>(l);
-  float row_scale[RF_MMA_LANE_ROWS];  // what each row's accumulators are multiplied by: 1 / its softmax's denominator
+  reduce_rows<false>(l);
+  float row_scale[kLaneRows];  // what each row's accumulators are multiplied by: 1 / its softmax's denominator
 #pragma unroll
-  for (int r = 0; r < RF_MMA_LANE_ROWS; ++r) {
+  for (int r = 0; r < kLaneRows; ++r) {
     if (kSinks) {  // the sink in base 2, as the scores; a row that saw no key keeps m = -inf, so kept = 0
       const float sink = p.sinks[head] * kLog2e, top = fmaxf(m[r], sink), kept = exp2f(m[r] - top);
       row_scale[r] = kept / (l[r] * kept + exp2f(sink - top));
@@ -252,7 +280,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared<HD>& sh) {
   for (int e = 0; e < RF_MMA_ACC; ++e) {
     const int t = t0 + row0 + rf_mma_acc_row(lane, e);
     if (t >= p.n_tokens) continue;
-    const float inv = row_scale[rf_mma_lane_row_of(e)];
+    const float inv = row_scale[lane_row_of(e)];
     const unsigned long long row = ((unsigned long long)t * p.n_heads + head) * HD;
     if (p.out_f16) {  // uniform: a kernel argument
       unsigned short* out_row = reinterpret_cast<unsigned short*>(p.out) + row;

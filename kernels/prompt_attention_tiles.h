@@ -147,7 +147,12 @@ struct Fetch {
   // Element d of the 8 of piece c of keys 2 pair and 2 pair + 1 (a and b) as one word of V^T's row 8 c + d.
   static __device__ __forceinline__ void transpose_pair(Shared<HD>& sh, int pair, int c, const uint4& a,
                                                         const uint4& b) {
-    rf_mma_store_transposed_pair(sh.vt, kVStride, 8 * c, 2 * pair, a, b);
+    const unsigned int wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int d = 0; d < 8; ++d) {
+      const unsigned int ha = (wa[d / 2] >> (16 * (d % 2))) & 0xffffu, hb = (wb[d / 2] >> (16 * (d % 2))) & 0xffffu;
+      *reinterpret_cast<unsigned int*>(sh.vt + (8 * c + d) * kVStride + 2 * pair) = ha | hb << 16;
+    }
   }
 
   __device__ __forceinline__ void store(Shared<HD>& sh, int tid) const {

@@ -16,8 +16,7 @@ from rocmforge_kernels import build as kbuild
 def test_attention_kernels_keep_their_registers(built):
     """paged_attention holds four query heads' q and outputs in registers: no target may spill them to
     memory (the kernel's launch bounds of 4 warps leave every compiler room for them), and each keeps
-    its shared-memory workspace for merging warps; the matrix-core entries their staged q, K and V^T (and no private
-    array promoted to shared memory, as a whole-struct copy once did on AMD)."""
+    its shared-memory workspace for merging warps."""
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
     for target in all_targets():
@@ -25,14 +24,6 @@ def test_attention_kernels_keep_their_registers(built):
             spilled = usage.get("vgpr_spills", 0) + usage.get("scratch_bytes", 0) + usage.get("spill_store_bytes", 0)
             assert spilled == 0, f"{target} {name} spills: {usage}"
             assert usage["shared_bytes"] >= 4 * 4 * 256 * 4, f"{target} {name}: {usage}"
-            if "_mma_d" in name:  # q (16 rows), then each warp's K rows and V^T (16 keys) or, after the walk, the
-                # merge (4 warps' 1,024 outputs, their max and sum per head, each head's split factors, the flag)
-                head_dim = int(name.removesuffix("_sinks").rsplit("_d", 1)[1])
-                heads = min(16, 1024 // head_dim)
-                stages = 4 * (16 * (head_dim + 8) + head_dim * 24) * 2
-                merge = 4 * 1024 * 4 + 2 * 4 * heads * 4 + heads * 64 * 4 + 4
-                expected = 16 * (head_dim + 8) * 2 + max(stages, merge)
-                assert usage["shared_bytes"] == expected <= 48 * 1024, f"{target} {name}: {usage}"
 
 
 def test_prompt_attention_keeps_its_outputs_and_next_rows_in_registers(built):

@@ -105,8 +105,8 @@ def test_the_capped_entries_match_the_capped_reference(harnesses, kind, tmp_path
 
 
 @pytest.mark.parametrize("fault,old,new,kinds,case", [
-    ("a row reduced over half its lanes", "#define RF_MMA_ROW_LANES 4\n", "#define RF_MMA_ROW_LANES 2\n", ("nvidia_mma",), 0),
-    ("a row reduced over half its lanes", "#define RF_MMA_ROW_LANES 16\n", "#define RF_MMA_ROW_LANES 8\n",
+    ("a row reduced over half its lanes", "constexpr int kRowLanes = 4;", "constexpr int kRowLanes = 2;", ("nvidia_mma",), 0),
+    ("a row reduced over half its lanes", "constexpr int kRowLanes = 16;", "constexpr int kRowLanes = 8;",
      ("cdna_mfma", "rdna3_wmma", "rdna4_wmma"), 0),
     ("a token that does not see itself", "key > row_last[r]", "key >= row_last[r]", ("nvidia_mma", "cdna_mfma"), 0),
     ("runs that ignore the sequence", "sh.pos[re] >= 0 && sh.seq[re] == seq", "sh.pos[re] >= 0", ("rdna4_wmma",), 0),

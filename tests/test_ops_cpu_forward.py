@@ -310,37 +310,3 @@ def test_prompt_attention_launch_with_sinks(cpu_device):
                               ({}, "sinks needs", sinks[:4])):
         with pytest.raises(ValueError, match=message):
             prompt_attention.launch(cpu_device, None, out, *args, **{**sizes, **bad}, sinks=to_device(cpu_device, buf))
-
-
-def test_matrix_core_chunks():
-    """A workgroup serves a whole group of 8 at a head of 128, 16 heads at 64 and 32 (the merge's 1,024 values): a
-    group of 16 at a head of 128 takes two chunks; the scalar entries' chunks stay at 4 heads."""
-    assert paged_attention.head_chunks(16, 1, paged_attention.mma_chunking(128)) == 2
-    assert paged_attention.head_chunks(16, 1, paged_attention.mma_chunking(32)) == 1
-    assert paged_attention.head_chunks(32, 4, paged_attention.mma_chunking(128)) == 1
-    assert paged_attention.head_chunks(32, 4) == 2
-
-
-def test_launcher_picks_the_matrix_cores_where_they_fit():
-    """takes_matrix_cores: f16 caches, groups of 8 or more, the entries' head sizes, no cap, a GPU with matrix cores."""
-    assert paged_attention.takes_matrix_cores("sm_90", "f16", 32, 4, 128)  # Qwen3-30B-A3B
-    assert paged_attention.takes_matrix_cores("gfx942", "f16", 64, 8, 64)  # gpt-oss-20b
-    assert paged_attention.takes_matrix_cores("gfx1100", "f16", 16, 1, 32)
-    for arch, kv, heads, kv_heads, head_dim, cap in (("sm_90", "f16", 32, 8, 128, 0.0),  # a group of 4 (Llama 3)
-                                                      ("sm_90", "q8_0", 32, 4, 128, 0.0), ("sm_90", "f16", 32, 4, 96, 0.0),
-                                                      ("sm_90", "f16", 32, 4, 128, 50.0), ("gfx1030", "f16", 32, 4, 128, 0.0),
-                                                      ("sm_75", "f16", 32, 4, 128, 0.0), ("cpu", "f16", 32, 4, 128, 0.0)):
-        assert not paged_attention.takes_matrix_cores(arch, kv, heads, kv_heads, head_dim, cap), (arch, kv, heads, head_dim)
-    # the workspace is sized for either entry: the matrix-core chunks (one per KV head) split further
-    chunking = paged_attention.mma_chunking(128)
-    size = paged_attention.workspace_size(1, 32, 4, 128, 8192)
-    slots = paged_attention.launch_slots(1, 32, 4, 8192, chunking)
-    assert size >= paged_attention.workspace_bytes(1, 32, 4, 128, slots, chunking) > \
-        paged_attention.workspace_bytes(1, 32, 4, 128, paged_attention.launch_slots(1, 32, 4, 8192))
-
-
-def test_matrix_cores_refused_where_no_entry_exists():
-    with pytest.raises(ValueError, match="no matrix-core entry"):
-        paged_attention.launch(None, None, None, None, None, None, None, None, None, n_tokens=1, n_heads=8,
-                               n_kv_heads=2, head_dim=128, block_size=16, max_blocks=1, num_blocks=2, scale=1.0,
-                               kv_dtype="f16", matrix_cores=True)

@@ -35,8 +35,8 @@ DEFERRED = {
     "fused_matvec": ("fused_matvec.hip", "fused_matvec",
                      ("__syncthreads", "accumulate", "fused_pass", "a.x", "x[", "finish", "atomic")),
     "paged_attention": ("paged_attention.hip", "run",
-                        ("__syncthreads", "walk<", "walk_mma<", "finish<", "RF_WALK_AND_FINISH", "p.q", "p.out",
-                         "rows[", "workspace", "atomic", "load_rows", "sh.")),
+                        ("__syncthreads", "attend<", "p.q", "p.out", "rows[", "workspace", "atomic", "load_rows",
+                         "sh.")),
 }
 # Further functions of an op that wait for its deferring entries, with DEFERRED's header and forbidden words:
 # matmul_mma's direct Q4_K / Q5_K items (fragment_item hands them to superblock_item before it loads anything).
@@ -166,8 +166,8 @@ def test_the_check_catches_attention_reading_q_or_writing_before_its_wait():
     late = without.replace("    return;\n  }\n  if (!attends) return;", "    return;\n  }\n" + sync_line +
                            "  if (!attends) return;", 1)
     assert late != without and "uses 'rows['" in " ".join(deferred_wait_problems(late, function, forbidden))
-    after = without.replace("#undef RF_WALK_AND_FINISH\n  }\n", "#undef RF_WALK_AND_FINISH\n  }\n" + sync_line, 1)
-    assert after != without and "uses 'walk_mma<'" in " ".join(deferred_wait_problems(after, function, forbidden))
+    after = without.replace("    default: break;\n  }\n", "    default: break;\n  }\n" + sync_line, 1)
+    assert after != without and "uses 'attend<'" in " ".join(deferred_wait_problems(after, function, forbidden))
 
 
 def test_the_check_catches_an_entry_that_does_not_wait_first():

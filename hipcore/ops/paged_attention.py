@@ -23,13 +23,6 @@ q, out: float32 [n_tokens, n_heads, head_dim] (out may be q); pools: [num_blocks
 block_size, row_bytes] (the KvCache layout); block_tables: int32 [n_seqs, max_blocks]; token_seq,
 positions: int32 [n_tokens]. Query head h reads KV head h // (n_heads / n_kv_heads), as llama.cpp does.
 
-The matrix-core entries `paged_attention_f16_mma_d<head_dim>[_sinks]` (same signature; kernels/paged_attention_mma.h)
-take f16 caches where takes_matrix_cores says: a group of at least MMA_MIN_GROUP query heads, a head size in
-MMA_HEAD_DIMS, no soft cap, a GPU with matrix cores. A workgroup serves up to mma_group_heads(head_dim) query heads (a
-whole group of 8) as the rows of a 16 x 16 matrix tile, 16 keys a warp and step, with q and the weights rounded to
-f16 (as prompt_attention's); splits and their workspace as below, with those chunks and never the one-workgroup-per-
-query-head plan.
-
 Geometry (1-D grid): `slots` workgroups of 4 warps per (token, KV head); the kernel makes each token's
 plan from its own context length, which is what lets a graph captured once serve every later step:
 - a launch of at most 64 (token, query head) pairs (a decode step of a few sequences) gives a token of
@@ -45,13 +38,12 @@ plan from its own context length, which is what lets a graph captured once serve
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from hipcore.kvcache.dtypes import KV_DTYPES, KvDtype
 from hipcore.ops.launch_checks import INT32_MAX, check_memory, check_sizes
-from hipcore.ops.matmul_mma import has_matrix_cores
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Buffer, Device, Stream
 from hipcore.runtime.errors import DeviceError
@@ -71,10 +63,6 @@ SPREAD_MAX_WORKGROUPS = 64  # the kernel's kSpreadMaxWorkgroups
 TARGET_WORKGROUPS = 256
 COUNTER_BYTES_ALIGNMENT = 256
 POOL_ALIGNMENT = {"f16": 16, "bf16": 16, "f32": 16, "q8_0": 2}  # the widest aligned load of a row
-MMA_HEAD_DIMS = (32, 64, 128)  # the matrix-core entries' head sizes (kernels/paged_attention.hip)
-MMA_MIN_GROUP = 8  # query heads a KV head needs for them: a 16-row tile holds the group's heads
-MMA_MERGE_VALUES = 1024  # the kernel's kMergeValues: a workgroup's heads x head_dim
-MMA_MIN_KEYS_PER_SPLIT = 128  # the kernel's kMmaMinKeysPerSplit
 Q_ALIGNMENT = 16  # q is read with 16-byte loads
 
 
@@ -133,30 +121,8 @@ def reference(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, fmt: KvDtyp
     return out
 
 
-def kernel_name(kv_dtype: str, softcap: bool = False, sinks: bool = False, mma_head_dim: int = 0) -> str:
-    """The entry for a KV format, soft cap and sinks; mma_head_dim > 0: the matrix-core entry of that head size."""
-    if mma_head_dim:
-        return f"paged_attention_{kv_dtype}_mma_d{mma_head_dim}" + ("_sinks" if sinks else "")
+def kernel_name(kv_dtype: str, softcap: bool = False, sinks: bool = False) -> str:
     return f"paged_attention_{kv_dtype}" + ("_softcap" if softcap else "") + ("_sinks" if sinks else "")
-
-
-def mma_group_heads(head_dim: int) -> int:
-    """Query heads a matrix-core workgroup serves (the kernel's MmaTile::kHeads): a tile's 16 rows, as far as the
-    merge's room for their outputs allows."""
-    return min(16, MMA_MERGE_VALUES // head_dim)
-
-
-def matrix_cores_fit(kv_dtype: str, n_heads: int, n_kv_heads: int, head_dim: int, softcap: float = 0.0) -> bool:
-    """Whether a launch has a matrix-core entry, whatever the GPU (see takes_matrix_cores)."""
-    return (kv_dtype == "f16" and head_dim in MMA_HEAD_DIMS and softcap == 0 and n_kv_heads > 0
-            and n_heads // n_kv_heads >= MMA_MIN_GROUP)
-
-
-def takes_matrix_cores(arch: str, kv_dtype: str, n_heads: int, n_kv_heads: int, head_dim: int,
-                       softcap: float = 0.0) -> bool:
-    """Whether this launcher runs a launch on the matrix-core entries on `arch`: f16 KV, a group of at least
-    MMA_MIN_GROUP heads, a head size in MMA_HEAD_DIMS, no soft cap, and matrix cores (gfx1030 and the cpu have none)."""
-    return has_matrix_cores(arch) and matrix_cores_fit(kv_dtype, n_heads, n_kv_heads, head_dim, softcap)
 
 
 def takes_sinks(device: Device) -> bool:
@@ -196,86 +162,61 @@ for _fmt in KV_DTYPES.values():
 # ---- geometry and workspace --------------------------------------------------------------------
 
 
-class Chunking(NamedTuple):
-    """How an entry shares a (token, KV head)'s work among workgroups (the kernel's make_plan arguments)."""
-    group_heads: int = MAX_GROUP_HEADS  # the most query heads a workgroup serves
-    min_keys_per_split: int = MIN_KEYS_PER_SPLIT  # the fewest keys a split has
-    spreads: bool = True  # short contexts of a small launch take one workgroup per query head
+def head_chunks(n_heads: int, n_kv_heads: int) -> int:
+    """Workgroups per (token, KV head, split): the group's query heads in balanced chunks of <= 4."""
+    return -(-(n_heads // n_kv_heads) // MAX_GROUP_HEADS)
 
 
-SCALAR = Chunking()  # the scalar entries'
-
-
-def mma_chunking(head_dim: int) -> Chunking:
-    """The matrix-core entries' (kernels/paged_attention_mma.h: MmaTile::kHeads, kMmaMinKeysPerSplit; no spreading)."""
-    return Chunking(mma_group_heads(head_dim), MMA_MIN_KEYS_PER_SPLIT, False)
-
-
-def head_chunks(n_heads: int, n_kv_heads: int, chunking: Chunking = SCALAR) -> int:
-    """Workgroups per (token, KV head, split): the group's query heads in balanced chunks of <= group_heads."""
-    return -(-(n_heads // n_kv_heads) // chunking.group_heads)
-
-
-def split_limit(n_tokens: int, n_heads: int, n_kv_heads: int, max_context: int,
-                chunking: Chunking = SCALAR) -> int:
+def split_limit(n_tokens: int, n_heads: int, n_kv_heads: int, max_context: int) -> int:
     """The most workgroups a token's keys are split among: enough for TARGET_WORKGROUPS in all, at most
-    MAX_SPLITS, and no more than the longest context (max_context keys) has pieces of min_keys_per_split keys."""
-    groups = n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads, chunking)
-    return max(1, min(MAX_SPLITS, TARGET_WORKGROUPS // groups, -(-max_context // chunking.min_keys_per_split)))
+    MAX_SPLITS, and no more than the longest context (max_context keys) has pieces of 128 keys."""
+    groups = n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads)
+    return max(1, min(MAX_SPLITS, TARGET_WORKGROUPS // groups, -(-max_context // MIN_KEYS_PER_SPLIT)))
 
 
-def spreads(n_tokens: int, n_heads: int, n_kv_heads: int, chunking: Chunking = SCALAR) -> bool:
-    """Whether a launch is small enough for the kernel to give short contexts one workgroup per query head (the
-    scalar entries only)."""
-    return chunking.spreads and n_heads > n_kv_heads and n_tokens * n_heads <= SPREAD_MAX_WORKGROUPS
+def spreads(n_tokens: int, n_heads: int, n_kv_heads: int) -> bool:
+    """Whether a launch is small enough for the kernel to give short contexts one workgroup per query head."""
+    return n_heads > n_kv_heads and n_tokens * n_heads <= SPREAD_MAX_WORKGROUPS
 
 
-def slot_count(n_tokens: int, n_heads: int, n_kv_heads: int, splits: int, chunking: Chunking = SCALAR) -> int:
+def slot_count(n_tokens: int, n_heads: int, n_kv_heads: int, splits: int) -> int:
     """Workgroups per (token, KV head) for `splits` splits of each head chunk's keys: room for the
     one-workgroup-per-query-head plan too where the launch is small enough for it."""
-    slots = head_chunks(n_heads, n_kv_heads, chunking) * splits
-    return max(slots, n_heads // n_kv_heads) if spreads(n_tokens, n_heads, n_kv_heads, chunking) else slots
+    slots = head_chunks(n_heads, n_kv_heads) * splits
+    return max(slots, n_heads // n_kv_heads) if spreads(n_tokens, n_heads, n_kv_heads) else slots
 
 
-def split_stride(n_heads: int, n_kv_heads: int, slots: int, chunking: Chunking = SCALAR) -> int:
+def split_stride(n_heads: int, n_kv_heads: int, slots: int) -> int:
     """Splits per (token, query head) the kernel may make with `slots` (the workspace's stride)."""
-    return max(1, min(MAX_SPLITS, slots // head_chunks(n_heads, n_kv_heads, chunking)))
+    return max(1, min(MAX_SPLITS, slots // head_chunks(n_heads, n_kv_heads)))
 
 
-def workspace_bytes(n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, slots: int,
-                    chunking: Chunking = SCALAR) -> int:
+def workspace_bytes(n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, slots: int) -> int:
     """Workspace one launch of n_tokens with `slots` workgroups per (token, KV head) uses (0: it never splits)."""
-    stride = split_stride(n_heads, n_kv_heads, slots, chunking)
+    stride = split_stride(n_heads, n_kv_heads, slots)
     if stride <= 1:
         return 0
-    counters = n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads, chunking) * 4
+    counters = n_tokens * n_kv_heads * head_chunks(n_heads, n_kv_heads) * 4
     counters = -(-counters // COUNTER_BYTES_ALIGNMENT) * COUNTER_BYTES_ALIGNMENT
     return counters + n_tokens * n_heads * stride * (head_dim + 2) * 4
 
 
-def launch_slots(n_tokens: int, n_heads: int, n_kv_heads: int, max_context: int,
-                 chunking: Chunking = SCALAR) -> int:
+def launch_slots(n_tokens: int, n_heads: int, n_kv_heads: int, max_context: int) -> int:
     """The slots this launcher uses for a launch of n_tokens over contexts up to max_context keys, given
     a large enough workspace."""
-    splits = split_limit(n_tokens, n_heads, n_kv_heads, max_context, chunking)
-    return slot_count(n_tokens, n_heads, n_kv_heads, splits, chunking)
+    return slot_count(n_tokens, n_heads, n_kv_heads, split_limit(n_tokens, n_heads, n_kv_heads, max_context))
 
 
 def workspace_size(max_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, max_context: int) -> int:
     """Bytes of a workspace with which every launch of up to max_tokens tokens, over contexts of up to
-    max_context keys, splits as much as this launcher wants, on either entry (a few MiB at most: splitting
-    stops once the tokens alone fill the GPU)."""
-    chunkings = [SCALAR]
-    if matrix_cores_fit("f16", n_heads, n_kv_heads, head_dim):
-        chunkings.append(mma_chunking(head_dim))
+    max_context keys, splits as much as this launcher wants (a few MiB at most: splitting stops once
+    the tokens alone fill the GPU)."""
     largest = 0
-    for chunking in chunkings:
-        for n in range(1, max_tokens + 1):
-            if split_limit(n, n_heads, n_kv_heads, max_context, chunking) <= 1:
-                break  # it never grows with n: no launch of more tokens splits (at most TARGET_WORKGROUPS / 2 steps)
-            largest = max(largest, workspace_bytes(n, n_heads, n_kv_heads, head_dim,
-                                                   launch_slots(n, n_heads, n_kv_heads, max_context, chunking),
-                                                   chunking))
+    for n in range(1, max_tokens + 1):
+        if split_limit(n, n_heads, n_kv_heads, max_context) <= 1:
+            break  # it never grows with n: no launch of more tokens splits (at most TARGET_WORKGROUPS / 2 steps)
+        largest = max(largest, workspace_bytes(n, n_heads, n_kv_heads, head_dim,
+                                               launch_slots(n, n_heads, n_kv_heads, max_context)))
     return largest
 
 
@@ -318,20 +259,12 @@ def check_operands(op: str, kv_dtype: str, out, q, k_pool, v_pool, block_tables,
 def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_tables, token_seq, positions, *,
            n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
            num_blocks: int, scale: float, kv_dtype: str, workspace: Buffer | None = None, window: int = 0,
-           softcap: float = 0.0, sinks: Any = None, matrix_cores: bool | None = None) -> None:
+           softcap: float = 0.0, sinks: Any = None) -> None:
     """Queue attention for n_tokens query tokens (see the module docstring); `workspace` (optional, zeroed
     once after allocation, at least workspace_size(...) bytes for full speed) lets decode split keys;
     window > 0 limits each token to its last `window` positions (0: the whole context); softcap > 0 caps
-    the scaled scores (Gemma 2), 0 leaves them; sinks: float32 [n_heads] (gpt-oss), where takes_sinks.
-    matrix_cores: None lets takes_matrix_cores choose the entry; False keeps the scalar one; True asks for the
-    matrix-core one (an error where the launch has none: scripts/bench/measure_attention.py compares them)."""
-    if matrix_cores is None:
-        matrix_cores = takes_matrix_cores(device.arch, kv_dtype, n_heads, n_kv_heads, head_dim, softcap)
-    elif matrix_cores and not matrix_cores_fit(kv_dtype, n_heads, n_kv_heads, head_dim, softcap):
-        raise ValueError(f"{OP}: no matrix-core entry for {kv_dtype} KV, {n_heads}/{n_kv_heads} heads of {head_dim}"
-                         f"{', a soft cap' if softcap else ''} (takes_matrix_cores)")
-    chunking = mma_chunking(head_dim) if matrix_cores else SCALAR
-    op = kernel_name(kv_dtype, softcap > 0, sinks is not None, head_dim if matrix_cores else 0)
+    the scaled scores (Gemma 2), 0 leaves them; sinks: float32 [n_heads] (gpt-oss), where takes_sinks."""
+    op = kernel_name(kv_dtype, softcap > 0, sinks is not None)
     if sinks is not None:
         if not takes_sinks(device):
             raise ValueError(f"{OP}: attention sinks have no kernel on {device.backend} yet (takes_sinks)")
@@ -346,14 +279,13 @@ def launch(device: Device, stream: Stream | None, out, q, k_pool, v_pool, block_
         raise ValueError(f"{op}: softcap must be 0 (none) or a positive finite cap, got {softcap}")
 
     max_keys = min(window, max_blocks * block_size) if window else max_blocks * block_size  # a token's most keys
-    splits = split_limit(n_tokens, n_heads, n_kv_heads, max_keys, chunking) if workspace is not None else 1
+    splits = split_limit(n_tokens, n_heads, n_kv_heads, max_keys) if workspace is not None else 1
     if workspace is not None and not isinstance(workspace, Buffer):
         raise ValueError(f"{op}: workspace must be a Buffer (its size decides how far keys are split)")
     while splits > 1 and workspace_bytes(n_tokens, n_heads, n_kv_heads, head_dim,
-                                         slot_count(n_tokens, n_heads, n_kv_heads, splits, chunking),
-                                         chunking) > workspace.nbytes:
+                                         slot_count(n_tokens, n_heads, n_kv_heads, splits)) > workspace.nbytes:
         splits -= 1
-    slots = slot_count(n_tokens, n_heads, n_kv_heads, splits, chunking)
+    slots = slot_count(n_tokens, n_heads, n_kv_heads, splits)
     # Without a workspace pointer the kernel splits nothing: none is passed where this launcher wants no split.
     workspace_address: Any = workspace if splits > 1 else 0
     grid, block = geometry(device.arch, n_tokens, n_heads, n_kv_heads, slots)

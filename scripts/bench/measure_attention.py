@@ -7,7 +7,6 @@ Run from the repository root on a GPU machine (the project need not be installed
     python3 scripts/bench/measure_attention.py                    # markdown table on stdout
     python3 scripts/bench/measure_attention.py --kv-dtype f16,q8_0 --json
     python3 scripts/bench/measure_attention.py --shape qwen3-30b-a3b --contexts 128,4096 --sequences 1,8 --no-prompt
-    python3 scripts/bench/measure_attention.py --shape qwen3-30b-a3b --entry both --split-only   # scalar vs matrix cores
 
 How it measures:
 - The launches are captured in one graph, as decode runs in the engine, replayed, and timed with
@@ -20,10 +19,7 @@ How it measures:
 - Decode uses the workspace (keys split over workgroups) as the runner will; the "one workgroup"
   column shows the same launch without it, for comparison.
 - bytes = the K and V rows read (context x KV heads x row bytes x 2), once per launch; GB/s = bytes /
-  time. Each configuration's output is first checked against the numpy reference (within 1e-3, or 1e-2 for the
-  matrix-core entries, which round q and the weights to f16).
-- --entry: the launcher's choice (auto), the scalar entries, the matrix-core ones (paged_attention_mma.h; f16, groups
-  of 8 or more), or both, each case once per entry in the same run.
+  time. Each configuration's output is first checked against the numpy reference.
 """
 
 from __future__ import annotations
@@ -93,7 +89,7 @@ def random_pool(dev, stream, rng, kv: str, nbytes: int):
 
 
 def measure_case(dev, stream, rng, kv: str, name: str, n_seqs: int, context: int, n_query: int, rotate_bytes: int,
-                 replays: int, repeats: int, single: bool = True, matrix_cores: bool | None = None) -> dict:
+                 replays: int, repeats: int, single: bool = True) -> dict:
     fmt = kv_dtype(kv)
     row_bytes = fmt.row_bytes(HEAD_DIM)
     blocks_per_seq = -(-context // BLOCK_SIZE)
@@ -138,7 +134,7 @@ def measure_case(dev, stream, rng, kv: str, name: str, n_seqs: int, context: int
             paged_attention.launch(dev, s, out, q_buf, k_pool, v_pool, tables[copy][1], seq_buf, pos_buf,
                                    n_tokens=n_tokens, n_heads=N_HEADS, n_kv_heads=N_KV_HEADS, head_dim=HEAD_DIM,
                                    block_size=BLOCK_SIZE, max_blocks=MAX_BLOCKS, num_blocks=num_blocks, scale=SCALE,
-                                   kv_dtype=kv, workspace=workspace if split else None, matrix_cores=matrix_cores)
+                                   kv_dtype=kv, workspace=workspace if split else None)
 
         # Correctness first, against the reference on the first copy's blocks.
         launch(stream, 0, True)
@@ -147,17 +143,13 @@ def measure_case(dev, stream, rng, kv: str, name: str, n_seqs: int, context: int
         shape = (num_blocks, N_KV_HEADS, BLOCK_SIZE, row_bytes)
         want = paged_attention.reference(q, k_pool.download(np.uint8).reshape(shape), v_pool.download(np.uint8).reshape(shape),
                                          fmt, tables[0][0], token_seq, positions, SCALE)
-        if matrix_cores is None:
-            matrix_cores = paged_attention.takes_matrix_cores(dev.arch, kv, N_HEADS, N_KV_HEADS, HEAD_DIM)
-        close = 1e-2 if matrix_cores else 1e-3
-        if not np.allclose(got, want, rtol=close, atol=close):
+        if not np.allclose(got, want, rtol=1e-3, atol=1e-3):
             raise SystemExit(f"paged_attention_{kv} {name} gives wrong results on this device "
                              f"(max difference {float(np.abs(got - want).max()):.3g})")
 
-        chunking = paged_attention.mma_chunking(HEAD_DIM) if matrix_cores else paged_attention.SCALAR
-        result = {"kv_dtype": kv, "entry": "matrix" if matrix_cores else "scalar", "case": name, "sequences": n_seqs, "context": context, "query_tokens": n_tokens,
+        result = {"kv_dtype": kv, "case": name, "sequences": n_seqs, "context": context, "query_tokens": n_tokens,
                   "kv_bytes": 2 * n_seqs * context * N_KV_HEADS * row_bytes, "copies": copies,
-                  "splits": paged_attention.split_limit(n_tokens, N_HEADS, N_KV_HEADS, MAX_CONTEXT, chunking)}
+                  "splits": paged_attention.split_limit(n_tokens, N_HEADS, N_KV_HEADS, MAX_CONTEXT)}
         for split in (True, False) if single else (True,):
             for c in range(copies):
                 launch(stream, c, split)  # warm up (and load the module) outside the capture
@@ -184,11 +176,8 @@ def measure_case(dev, stream, rng, kv: str, name: str, n_seqs: int, context: int
             buf.free()
 
 
-ENTRIES = {"auto": (None,), "scalar": (False,), "matrix": (True,), "both": (False, True)}
-
-
 def measure(device_spec: str, kv_dtypes: list[str], rotate_bytes: int, replays: int, repeats: int,
-            measured_cases: list[tuple[str, int, int, int]], single: bool = True, entry: str = "auto") -> dict:
+            measured_cases: list[tuple[str, int, int, int]], single: bool = True) -> dict:
     choice = pick_device(device_spec)
     dev = choice.device
     if dev.backend == "cpu":
@@ -196,8 +185,8 @@ def measure(device_spec: str, kv_dtypes: list[str], rotate_bytes: int, replays: 
     try:
         stream = dev.create_stream()
         rng = np.random.default_rng(0)
-        rows = [measure_case(dev, stream, rng, kv, name, b, c, nq, rotate_bytes, replays, repeats, single, mma)
-                for kv in kv_dtypes for name, b, c, nq in measured_cases for mma in ENTRIES[entry]]
+        rows = [measure_case(dev, stream, rng, kv, name, b, c, nq, rotate_bytes, replays, repeats, single)
+                for kv in kv_dtypes for name, b, c, nq in measured_cases]
         precompiled = "paged_attention" in loader.available_code_objects(dev.arch)
         loader.forget_device(dev)
         return {"device": dev.describe(), "backend": dev.backend, "arch": dev.arch,
@@ -225,8 +214,6 @@ def main() -> None:
     parser.add_argument("--no-prompt", action="store_true", help="leave out the 512-token prompt")
     parser.add_argument("--split-only", action="store_true",
                         help="time the launches with the workspace only (leave out the one-workgroup column)")
-    parser.add_argument("--entry", default="auto", choices=sorted(ENTRIES),
-                        help="the launcher's choice of entry (auto), the scalar or matrix-core entries, or both (default auto)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     opts = parser.parse_args()
     try:
@@ -242,17 +229,17 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown KV dtype {', '.join(unknown)}; choose from {', '.join(KV_DTYPES)}")
     result = measure(opts.device, kv_dtypes, opts.rotate_mib << 20, opts.replays, opts.repeats,
-                     cases(sequences, contexts, not opts.no_prompt), not opts.split_only, opts.entry)
+                     cases(sequences, contexts, not opts.no_prompt), not opts.split_only)
     if opts.json:
         print(json.dumps(result, indent=2))
         return
     print(f"paged attention on {result['device']} ({result['code_objects']}); {result['date']}, commit "
           f"{result['commit']}, median of {result['repeats']} runs; {opts.shape}: {N_HEADS} query / {N_KV_HEADS} KV heads "
           f"of {HEAD_DIM}, blocks of {BLOCK_SIZE}\n")
-    print("| KV | entry | case | query tokens | K+V (unique) | µs per launch (graph) | GB/s | splits (max) | µs, one workgroup per token |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| KV | case | query tokens | K+V (unique) | µs per launch (graph) | GB/s | splits (max) | µs, one workgroup per token |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in result["rows"]:
-        print(f"| {r['kv_dtype']} | {r['entry']} | {r['case']} | {r['query_tokens']} | {r['kv_bytes'] / 1e6:.2f} MB | "
+        print(f"| {r['kv_dtype']} | {r['case']} | {r['query_tokens']} | {r['kv_bytes'] / 1e6:.2f} MB | "
               f"{r['split_us']:.2f} | {r['bandwidth_gbs']:.0f} | {r['splits']} | "
               + (f"{r['single_us']:.2f} |" if "single_us" in r else "- |"))
 

@@ -77,7 +77,6 @@ inline int atomicMin(int* p, int v) {
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int rf_lane_id() { return (int)threadIdx.x % WARP_SIZE; }
-inline void rf_warp_sync() { (*emu_warps)[threadIdx.x / WARP_SIZE].barrier->arrive_and_wait(); }
 
 inline unsigned int emu_exchange(unsigned int v, int partner) {
   EmuWarp& warp = (*emu_warps)[threadIdx.x / WARP_SIZE];

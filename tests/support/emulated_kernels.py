@@ -111,7 +111,7 @@ MMA_KINDS = {"fma32": (0, 32), "fma64": (0, 64), "nvidia_mma": (1, 32), "cdna_mf
 MMA_OP = "matmul_mma"
 # The ops on the matrix cores and the harness that runs each (tests/kernel_emulation/).
 MMA_HARNESSES = {"matmul_mma": "harness_mma.cpp", "prompt_attention": "harness_prompt_attention.cpp",
-                 "moe_experts_mma": "harness_moe_mma.cpp", "paged_attention": "harness_paged_attention_mma.cpp"}
+                 "moe_experts_mma": "harness_moe_mma.cpp"}
 
 
 def build_mma_harnesses(work: Path, kinds=tuple(MMA_KINDS), kernel_edit=None, op: str = MMA_OP) -> dict[str, Path]:
