@@ -258,21 +258,37 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
       if (s0 + lane < n_split) sh.split_weight[g][s0 + lane] = exp2f(stats[2 * (s0 + lane)] - mx) / sum;
   }
   __syncthreads();
-  // The partial rows, eight splits' loads in flight at a time.
-  constexpr int kBatch = 8;
-  for (int i = tid; i < NG * hd; i += threads) {
-    const int g = i / hd, dim = i - g * hd;
-    const volatile float* partial = ws.partial + (first_partial + (unsigned long long)g * plan.split_stride) * hd + dim;
-    float o = 0.0f;
-    for (int s0 = 0; s0 < n_split; s0 += kBatch) {
-      float part[kBatch];
+  // The partial rows: a thread's values together (NG * hd / threads of them: 4 at a chunk of 4 heads of 128 and warps
+  // of 32, 2 at wave 64), eight splits of each at a time, so that the workgroup has 4,096 loads in flight instead of
+  // 1,024 (the combine's time is their latency).
+  constexpr int kBatch = 8, kValues = 128 / WARP_SIZE;
+  for (int i0 = tid; i0 < NG * hd; i0 += kValues * threads) {
+    const volatile float* partial[kValues];
+    int head_of[kValues];
+    float o[kValues];
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) part[j] = s0 + j < n_split ? partial[(unsigned long long)(s0 + j) * hd] : 0.0f;
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j)
-        if (s0 + j < n_split) o = fmaf(sh.split_weight[g][s0 + j], part[j], o);
+    for (int v = 0; v < kValues; ++v) {
+      const int i = min(i0 + v * threads, NG * hd - 1), g = i / hd, dim = i - g * hd;
+      partial[v] = ws.partial + (first_partial + (unsigned long long)g * plan.split_stride) * hd + dim;
+      head_of[v] = g;
+      o[v] = 0.0f;
     }
-    out_rows[i] = o;
+    for (int s0 = 0; s0 < n_split; s0 += kBatch) {
+      float part[kValues][kBatch];
+#pragma unroll
+      for (int v = 0; v < kValues; ++v)
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j)
+          part[v][j] = s0 + j < n_split ? partial[v][(unsigned long long)(s0 + j) * hd] : 0.0f;
+#pragma unroll
+      for (int v = 0; v < kValues; ++v)
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j)
+          if (s0 + j < n_split) o[v] = fmaf(sh.split_weight[head_of[v]][s0 + j], part[v][j], o[v]);
+    }
+#pragma unroll
+    for (int v = 0; v < kValues; ++v)
+      if (i0 + v * threads < NG * hd) out_rows[i0 + v * threads] = o[v];
   }
   if (tid == 0) ws.counters[counter_index] = 0;  // ready for the next launch
 }
