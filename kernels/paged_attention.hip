@@ -265,10 +265,12 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
   for (int i0 = tid; i0 < NG * hd; i0 += kValues * threads) {
     const volatile float* partial[kValues];
     int head_of[kValues];
+    bool live[kValues];  // a thread past the chunk's values loads nothing for them (heads of 64: 2 of 4 live)
     float o[kValues];
 #pragma unroll
     for (int v = 0; v < kValues; ++v) {
-      const int i = min(i0 + v * threads, NG * hd - 1), g = i / hd, dim = i - g * hd;
+      live[v] = i0 + v * threads < NG * hd;
+      const int i = live[v] ? i0 + v * threads : i0, g = i / hd, dim = i - g * hd;
       partial[v] = ws.partial + (first_partial + (unsigned long long)g * plan.split_stride) * hd + dim;
       head_of[v] = g;
       o[v] = 0.0f;
@@ -279,7 +281,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
       for (int v = 0; v < kValues; ++v)
 #pragma unroll
         for (int j = 0; j < kBatch; ++j)
-          part[v][j] = s0 + j < n_split ? partial[v][(unsigned long long)(s0 + j) * hd] : 0.0f;
+          part[v][j] = live[v] && s0 + j < n_split ? partial[v][(unsigned long long)(s0 + j) * hd] : 0.0f;
 #pragma unroll
       for (int v = 0; v < kValues; ++v)
 #pragma unroll
@@ -288,7 +290,7 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
     }
 #pragma unroll
     for (int v = 0; v < kValues; ++v)
-      if (i0 + v * threads < NG * hd) out_rows[i0 + v * threads] = o[v];
+      if (live[v]) out_rows[i0 + v * threads] = o[v];
   }
   if (tid == 0) ws.counters[counter_index] = 0;  // ready for the next launch
 }
