@@ -259,8 +259,8 @@ __device__ __forceinline__ void attend(const Params& p, Shared& sh, const int* _
   }
   __syncthreads();
   // The partial rows: a thread's values together (NG * hd / threads of them: 4 at a chunk of 4 heads of 128 and warps
-  // of 32, 2 at wave 64), eight splits of each at a time, so that the workgroup has 4,096 loads in flight instead of
-  // 1,024 (the combine's time is their latency).
+  // of 32, 2 at wave 64), eight splits of each at a time: four times (at wave 64 twice) the loads in flight of one value
+  // at a time, whose round trips were the combine's time (docs/history/2026-12-07-paged-attention-matrix-cores.md).
   constexpr int kBatch = 8, kValues = 128 / WARP_SIZE;
   for (int i0 = tid; i0 < NG * hd; i0 += kValues * threads) {
     const volatile float* partial[kValues];
