@@ -27,9 +27,10 @@
 // - In decoding each lane loads two items before using the first (see matvec_pass).
 // - The matvec_split_<type> entries (F16, BF16, F32: the MoE routers' types) are for products of few rows, whose
 //   row groups leave most of the GPU idle and walk each row in several round trips to memory (a router of 128
-//   rows: 64 warps). A workgroup takes one row at a time and its threads split the row's items, so a row is
-//   read in one or two round trips; the warps' sums meet in shared memory and are added in warp order (no
-//   atomics: the same bits on every run and for any grid). hipcore/ops/matvec.py split_rows says where.
+//   rows: 64 warps). A workgroup takes one row and one pass of up to 8 batch rows at a time and its threads split
+//   the row's items, so a row is read in one or two round trips; the warps' sums meet in shared memory and are
+//   added in warp order (no atomics: the same bits on every run and for any grid). hipcore/ops/matvec.py
+//   split_rows says where; hipcore/ops/kernel_choice.py takes it past 8 tokens too (split_takes_batch).
 // Requirements the launcher checks: cols % 32 == 0 (% 256 for the K-quants); W 16-byte aligned (F16,
 // BF16, F32), 4-byte (Q4_1, Q5_1, Q4_K, Q5_K) or 2-byte (Q8_0, Q4_0, Q5_0, Q6_K); x 16-byte aligned. Block size: a
 // multiple of 64 up to 256.
@@ -152,65 +153,69 @@ __device__ __forceinline__ void matvec(float* __restrict__ y, const void* __rest
 constexpr int kSplitMaxThreads = 256;  // the entries' launch bounds
 constexpr int kSplitMaxWarps = kSplitMaxThreads / WARP_SIZE;
 
-// One pass over W for NB batch rows in the split layout: rows r = blockIdx.x, + gridDim.x, ... (uniform across the
-// workgroup, so every thread reaches the barriers); thread t takes items t, t + blockDim.x, ... of the row.
+// Row r of W times batch rows x[0 .. NB) in the split layout (every thread of the workgroup calls it: it holds
+// barriers); thread t takes items t, t + blockDim.x, ... of the row.
 template <class Format, int NB>
-__device__ __forceinline__ void matvec_split_pass(float* __restrict__ y, const unsigned char* __restrict__ W,
-                                                  const float* __restrict__ x, int rows, int cols, float* partial) {
+__device__ __forceinline__ void matvec_split_row(float* __restrict__ y, const unsigned char* __restrict__ W,
+                                                 const float* __restrict__ x, int r, int rows, int cols,
+                                                 float* partial) {
   const int lane = (int)threadIdx.x % WARP_SIZE, warp = (int)threadIdx.x / WARP_SIZE;
   const int threads = (int)blockDim.x, warps = threads / WARP_SIZE;
   const int items = cols / 8;
   const unsigned long long row_bytes = Format::row_bytes(cols);
   constexpr int kItemsPerStep = NB == 1 ? 2 : 1;  // as matvec_pass: two items' loads in flight when decoding
 
-  for (int r = (int)blockIdx.x; r < rows; r += (int)gridDim.x) {
-    const unsigned char* w = W + (unsigned long long)r * row_bytes;
-    float acc[NB], unused[NB];
+  const unsigned char* w = W + (unsigned long long)r * row_bytes;
+  float acc[NB], unused[NB];
 #pragma unroll
-    for (int b = 0; b < NB; ++b) acc[b] = unused[b] = 0.0f;
-    for (int item = (int)threadIdx.x; item < items; item += kItemsPerStep * threads) {
-      const bool has_item2 = kItemsPerStep == 2 && item + threads < items;
-      const int item2 = has_item2 ? item + threads : item;
-      const typename Format::Raw raw = Format::load(w, item);
-      const typename Format::Raw next = kItemsPerStep == 2 ? Format::load(w, item2) : raw;
-      accumulate<Format, NB, 1>(raw, raw, item, x, cols, acc, unused);
-      if (kItemsPerStep == 2) accumulate<Format, NB, 1>(next, next, item2, x, cols, acc, unused, has_item2);
-    }
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      const float s = rf_warp_sum(acc[b]);
-      if (lane == 0) partial[warp * kMaxBatchPerPass + b] = s;
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < NB) {
-      const int b = (int)threadIdx.x;
-      float s = 0.0f;
-      for (int i = 0; i < warps; ++i) s += partial[i * kMaxBatchPerPass + b];
-      y[(unsigned long long)b * rows + r] = s;
-    }
-    __syncthreads();  // partial is written again for the next row
+  for (int b = 0; b < NB; ++b) acc[b] = unused[b] = 0.0f;
+  for (int item = (int)threadIdx.x; item < items; item += kItemsPerStep * threads) {
+    const bool has_item2 = kItemsPerStep == 2 && item + threads < items;
+    const int item2 = has_item2 ? item + threads : item;
+    const typename Format::Raw raw = Format::load(w, item);
+    const typename Format::Raw next = kItemsPerStep == 2 ? Format::load(w, item2) : raw;
+    accumulate<Format, NB, 1>(raw, raw, item, x, cols, acc, unused);
+    if (kItemsPerStep == 2) accumulate<Format, NB, 1>(next, next, item2, x, cols, acc, unused, has_item2);
   }
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    const float s = rf_warp_sum(acc[b]);
+    if (lane == 0) partial[warp * kMaxBatchPerPass + b] = s;
+  }
+  __syncthreads();
+  if ((int)threadIdx.x < NB) {
+    const int b = (int)threadIdx.x;
+    float s = 0.0f;
+    for (int i = 0; i < warps; ++i) s += partial[i * kMaxBatchPerPass + b];
+    y[(unsigned long long)b * rows + r] = s;
+  }
+  __syncthreads();  // partial is written again for the next item
 }
 
+// Items (row r, pass p: batch rows 8p .. 8p + 7) r + rows * p = blockIdx.x, + gridDim.x, ... (uniform across the
+// workgroup): a batch's passes spread over workgroups as its rows do, so a router's product over 32 tokens runs
+// rows x 4 workgroups, not rows workgroups passing over their row four times.
 template <class Format>
 __device__ __forceinline__ void matvec_split(float* __restrict__ y, const void* __restrict__ W_,
                                              const float* __restrict__ x, int rows, int cols, int batch) {
   rf_check_wave_size();
   __shared__ float partial[kSplitMaxWarps * kMaxBatchPerPass];
   const unsigned char* W = static_cast<const unsigned char*>(W_);
-  for (int b0 = 0; b0 < batch; b0 += kMaxBatchPerPass) {
+  const int passes = (batch + kMaxBatchPerPass - 1) / kMaxBatchPerPass;
+  for (int item = (int)blockIdx.x; item < rows * passes; item += (int)gridDim.x) {  // the launcher keeps it < 2^31
+    const int r = item % rows, b0 = (item / rows) * kMaxBatchPerPass;
     float* yp = y + (unsigned long long)b0 * rows;
     const float* xp = x + (unsigned long long)b0 * cols;
     const int left = batch - b0;
     switch (left < kMaxBatchPerPass ? left : kMaxBatchPerPass) {
-      case 1: matvec_split_pass<Format, 1>(yp, W, xp, rows, cols, partial); break;
-      case 2: matvec_split_pass<Format, 2>(yp, W, xp, rows, cols, partial); break;
-      case 3: matvec_split_pass<Format, 3>(yp, W, xp, rows, cols, partial); break;
-      case 4: matvec_split_pass<Format, 4>(yp, W, xp, rows, cols, partial); break;
-      case 5: matvec_split_pass<Format, 5>(yp, W, xp, rows, cols, partial); break;
-      case 6: matvec_split_pass<Format, 6>(yp, W, xp, rows, cols, partial); break;
-      case 7: matvec_split_pass<Format, 7>(yp, W, xp, rows, cols, partial); break;
-      default: matvec_split_pass<Format, 8>(yp, W, xp, rows, cols, partial); break;
+      case 1: matvec_split_row<Format, 1>(yp, W, xp, r, rows, cols, partial); break;
+      case 2: matvec_split_row<Format, 2>(yp, W, xp, r, rows, cols, partial); break;
+      case 3: matvec_split_row<Format, 3>(yp, W, xp, r, rows, cols, partial); break;
+      case 4: matvec_split_row<Format, 4>(yp, W, xp, r, rows, cols, partial); break;
+      case 5: matvec_split_row<Format, 5>(yp, W, xp, r, rows, cols, partial); break;
+      case 6: matvec_split_row<Format, 6>(yp, W, xp, r, rows, cols, partial); break;
+      case 7: matvec_split_row<Format, 7>(yp, W, xp, r, rows, cols, partial); break;
+      default: matvec_split_row<Format, 8>(yp, W, xp, r, rows, cols, partial); break;
     }
   }
 }

@@ -56,7 +56,7 @@ def choices(device, workspace, monkeypatch, arch: str, weight_type: str, n_token
         "head_separate": kernel_choice.separate_fusable(n_tokens, w,
                                                       max_tokens=kernel_choice.head_qmatvec_limit(device, w)),
     }
-    op = kernel_choice.single_product_op(device, n_tokens, weight_type)
+    op = kernel_choice.project_op(device, n_tokens, weight_type, rows, cols)
     if op is matmul_mma:
         out["project"] = _launched(device, monkeypatch, rows=rows, cols=cols, n_tokens=n_tokens,
                                    weight_type=weight_type, workspace=workspace)
@@ -129,6 +129,36 @@ def test_the_comparison_catches_a_changed_choice(cpu_device, monkeypatch):
     now = decision_table(cpu_device, monkeypatch)
     assert any(now[key] != recorded[key] for key in recorded if " q6_k " in key)
     assert all(now[key] == recorded[key] for key in recorded if " q6_k " not in key and "q4_k_m" not in key)
+
+
+# The MoE routers (F32, experts x hidden): Qwen3-30B-A3B's, gpt-oss-20b's, gpt-oss-120b's
+ROUTERS = {"qwen3-30b-a3b": (128, 2048), "gpt-oss-20b": (32, 2880), "gpt-oss-120b": (128, 2880)}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_decode_batchs_router_takes_the_split_matvec_and_a_prompts_matmul(cpu_device, monkeypatch, arch):
+    """Past 8 tokens a router keeps matvec's split entry while its items' x (rows x tokens x cols floats) stays within
+    matvec.SPLIT_MAX_X_BYTES (32 tokens on every router: one or two matmul workgroups walked the columns there),
+    matmul beyond (512 tokens); project launches the entry project_op names, at split_geometry's grid (a workgroup a
+    row and pass of 8 tokens)."""
+    from hipcore.ops import matmul, matvec
+    monkeypatch.setattr(cpu_device, "arch", arch)
+    for name, (rows, cols) in ROUTERS.items():
+        for t in (1, 8, 9, 32):
+            assert kernel_choice.project_op(cpu_device, t, "f32", rows, cols) is matvec, (name, t)
+        assert kernel_choice.project_op(cpu_device, 512, "f32", rows, cols) is matmul, name
+        # every token count up to the bound takes the split entry, none past it
+        for t in (16, 64, 128, 256):
+            split = rows * t * cols * 4 <= matvec.SPLIT_MAX_X_BYTES
+            assert (kernel_choice.project_op(cpu_device, t, "f32", rows, cols) is matvec) == split, (name, t)
+    assert kernel_choice.project_op(cpu_device, 32, "f32", 4096, 4096) is matmul  # not few rows: matmul's tiles
+    assert kernel_choice.project_op(cpu_device, 32, "q8_0", 32, 2880) is not matvec  # not a split type
+    launched = []
+    monkeypatch.setattr(matvec, "get_kernel", lambda dev, op, entry, sig: SimpleNamespace(
+        launch=lambda grid, block, args, stream=None: launched.append((entry, grid, block))))
+    monkeypatch.setattr(matvec, "check_operands", lambda *a, **k: None)
+    kernel_choice.project(cpu_device, None, 0, 0, 0, 32, 2880, 32, weight_type="f32")
+    assert launched == [("matvec_split_f32", 32 * 4, 256)]
 
 
 # ROCMFORGE_* variables the package reads outside kernel_choice: settings, not paths of a product.

@@ -15,8 +15,11 @@ from support.weight_samples import random_weights
 HARNESS = "harness_matvec.cpp"
 # (rows, cols, batch): Qwen3-30B-A3B's router (128 x 2048) at one token and a decode batch of 8 (cut to fewer rows:
 # every row runs the same code), gpt-oss-20b's (32 x 2880: 360 items, not a multiple of the block's threads), a
-# shared expert's gate (1 row), a row of fewer items than the block has threads, batches of 3 and of 11 (two passes)
-SHAPES = [(4, 2048, 1), (3, 2048, 8), (3, 2880, 1), (1, 2048, 1), (5, 1056, 1), (2, 1024, 3), (2, 1024, 11)]
+# shared expert's gate (1 row), a row of fewer items than the block has threads, batches of 3 and of 11 (two passes),
+# decode batches past 8 tokens as kernel_choice.project hands them over (32 tokens: four passes, each a workgroup's
+# item; 20: the last pass of 4)
+SHAPES = [(4, 2048, 1), (3, 2048, 8), (3, 2880, 1), (1, 2048, 1), (5, 1056, 1), (2, 1024, 3), (2, 1024, 11),
+          (2, 2048, 32), (3, 2880, 20)]
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +47,25 @@ def test_split_matvec_matches_reference_with_the_same_bits_on_any_grid(matvec_ha
         got, want, bound, launched = split_product(matvec_harnesses, warp, tmp_path, np.random.default_rng(seed),
                                                    weight_type, rows, cols, batch)
         assert np.all(np.abs(got - want) <= bound), f"{rows}x{cols} batch {batch}"
-        for grid in (1, 2):  # a workgroup looping over rows: each row summed as before, to the bit
+        for grid in (1, 2, 5):  # workgroups looping over (row, pass) items: each summed as before, to the bit
             *_, looped = split_product(matvec_harnesses, warp, tmp_path, np.random.default_rng(seed), weight_type,
                                        rows, cols, batch, grid)
             assert looped == launched, f"{rows}x{cols} batch {batch} grid {grid}"
 
 
-@pytest.mark.parametrize("old,new", [
-    ("for (int i = 0; i < warps; ++i) s += partial", "for (int i = 1; i < warps; ++i) s += partial"),  # warp 0 lost
+@pytest.mark.parametrize("old,new,batch", [
+    ("for (int i = 0; i < warps; ++i) s += partial", "for (int i = 1; i < warps; ++i) s += partial", 1),  # warp 0 lost
     ("const bool has_item2 = kItemsPerStep == 2 && item + threads < items;",
-     "const bool has_item2 = false;"),  # a decoding thread's second item dropped
+     "const bool has_item2 = false;", 1),  # a decoding thread's second item dropped
+    ("const int passes = (batch + kMaxBatchPerPass - 1) / kMaxBatchPerPass;",
+     "const int passes = batch / kMaxBatchPerPass;", 20),  # a batch's last, partial pass dropped
+    ("const int r = item % rows, b0 = (item / rows) * kMaxBatchPerPass;",
+     "const int r = item % rows, b0 = 0;", 20),  # every item's pass taken as the first
 ])
-def test_planted_faults_are_caught(tmp_path, old, new):
+def test_planted_faults_are_caught(tmp_path, old, new, batch):
     work = tmp_path / "planted"
     work.mkdir()
     harnesses = build_op_harnesses(work, ("matvec",), HARNESS, kernel_edit=lambda text: text.replace(old, new))
     rng = np.random.default_rng(11)
-    got, want, bound, _ = split_product(harnesses, 32, tmp_path, rng, "f32", 3, 2880, 1)
+    got, want, bound, _ = split_product(harnesses, 32, tmp_path, rng, "f32", 3, 2880, batch)
     assert not np.all(np.abs(got - want) <= bound)

@@ -207,10 +207,19 @@ def single_product_op(device: Device, n_tokens: int, weight_type: str):
     return qmatvec if weight_type in QMATVEC_SINGLE_TYPES else matvec
 
 
+def project_op(device: Device, n_tokens: int, weight_type: str, rows: int, cols: int):
+    """The op module `project` launches: single_product_op's, but matvec (its split entry) where matmul would take
+    a product of few rows that matvec.split_takes_batch keeps (a decode batch's MoE router)."""
+    op = single_product_op(device, n_tokens, weight_type)
+    if op is matmul and matvec.split_takes_batch(weight_type, rows, cols, n_tokens):
+        return matvec
+    return op
+
+
 def project(device: Device, stream: Stream | None, y: Any, w: Any, x: Any, rows: int, cols: int, n_tokens: int, *,
             weight_type: str, workspace: Any = None) -> None:
-    """y[n_tokens, rows] = x @ W^T by single_product_op's kernel; `workspace` is matmul_mma's (its splits)."""
-    op = single_product_op(device, n_tokens, weight_type)
+    """y[n_tokens, rows] = x @ W^T by project_op's kernel; `workspace` is matmul_mma's (its splits)."""
+    op = project_op(device, n_tokens, weight_type, rows, cols)
     extra = {"workspace": workspace} if op is matmul_mma else {}
     op.launch(device, stream, y, w, x, rows, cols, n_tokens, weight_type=weight_type, **extra)
 

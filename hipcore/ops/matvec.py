@@ -12,8 +12,10 @@ rows makes the kernel pass over W again for every 8; hipcore/ops/kernel_choice.p
 to the matmul kernel instead.
 
 Products of few rows (split_rows: the MoE routers, 128 x 2048 or 32 x 2880 in F32) take `matvec_split_<type>`
-(F16, BF16, F32; same arguments): a workgroup a row, its threads splitting the row's columns and their sums added
-in a fixed order, so that such a product runs more than one warp a row pair (split_geometry).
+(F16, BF16, F32; same arguments): a workgroup a row and pass of up to 8 batch rows, its threads splitting the row's
+columns and their sums added in a fixed order, so that such a product runs more than one warp a row pair
+(split_geometry). kernel_choice.project takes it past matmul.MATVEC_MAX_TOKENS tokens too (split_takes_batch: a
+decode batch's router, where matmul's tiles left one to four workgroups walking the columns).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
+from hipcore.ops.launch_checks import INT32_MAX, check_disjoint, check_memory, check_sizes
 from hipcore.ops.weight_formats import (  # noqa: F401 (BLOCK_BYTES: re-exported)
     BLOCK_BYTES, check_format, column_multiple, dequantize_rows, host_product, row_bytes,
 )
@@ -45,8 +47,19 @@ SPLIT_TYPES = ("f16", "bf16", "f32")
 # (128 x 2048 F32, 64 row pairs) took 5.35 us at 196 GB/s on an NVIDIA H100 on matvec_f32, its warps walking
 # each row in four round trips to memory; scripts/bench/measure_router_matvec.py times both entries.
 SPLIT_MAX_GROUPS = 512
+MAX_BATCH_PER_PASS = 8  # kernels/matvec.hip: kMaxBatchPerPass
+MAX_SPLIT_GRID = 1 << 20  # enough workgroups to fill any GPU; the split entry loops over its items beyond
 SPLIT_MIN_COLS = 1024
 SPLIT_MAX_THREADS = 256  # kernels/matvec.hip: kSplitMaxThreads
+# Past matmul.MATVEC_MAX_TOKENS tokens such a product keeps the split entry while the x its workgroups read
+# (each (row, pass) item reads its 8 tokens' x again: rows x batch x cols floats, from L2) stays within this. matmul
+# would tile it as 64 rows x 16 tokens (pick_tile_tokens halves the tile for the few rows): a 32-token decode batch
+# of gpt-oss-20b's router (32 x 2880) is one or two workgroups walking 90 steps of 32 columns, one step's loads in
+# flight, where a 512-token prompt's 32 workgroups took 67 us on an NVIDIA H100
+# (docs/history/raw/2026-12-06-moe-narrow-steps-h100.md); the split entry runs 32 x 4 workgroups of one pass each.
+# The bound keeps prompts' routers (Qwen3-30B-A3B's at 512 tokens would read 512 MiB of x) on matmul's tiles;
+# scripts/bench/measure_router_matvec.py --with-matmul times both at growing token counts.
+SPLIT_MAX_X_BYTES = 64 << 20
 
 
 # ---- reference ---------------------------------------------------------------------------------
@@ -111,15 +124,24 @@ def geometry(arch: str, rows: int, batch: int) -> tuple[int, int]:
 def split_rows(weight_type: str, rows: int, cols: int, batch: int) -> bool:
     """True when this product takes the split entry (see SPLIT_MAX_GROUPS)."""
     groups = -(-rows // (2 if batch == 1 else 1))
-    return weight_type in SPLIT_TYPES and cols >= SPLIT_MIN_COLS and groups < SPLIT_MAX_GROUPS
+    return (weight_type in SPLIT_TYPES and cols >= SPLIT_MIN_COLS and groups < SPLIT_MAX_GROUPS
+            and rows * -(-batch // MAX_BATCH_PER_PASS) <= INT32_MAX)  # the kernel counts its items in int32
+
+
+def split_takes_batch(weight_type: str, rows: int, cols: int, batch: int) -> bool:
+    """True when a product of more than matmul.MATVEC_MAX_TOKENS tokens takes the split entry rather than matmul's
+    tiles: split_rows, and the x its items read within SPLIT_MAX_X_BYTES."""
+    return split_rows(weight_type, rows, cols, batch) and rows * batch * cols * 4 <= SPLIT_MAX_X_BYTES
 
 
 def split_geometry(rows: int, cols: int, batch: int) -> tuple[int, int]:
-    """(grid, block) of the split entry: a workgroup a row, threads enough for one step over the row (two items of
-    8 columns a thread when decoding, one for batches) in multiples of 64, up to SPLIT_MAX_THREADS."""
+    """(grid, block) of the split entry: a workgroup a row and pass of up to 8 batch rows (kMaxBatchPerPass), threads
+    enough for one step over the row (two items of 8 columns a thread when decoding, one for batches) in multiples
+    of 64, up to SPLIT_MAX_THREADS."""
     per_thread = 2 if batch == 1 else 1
     threads = -(-(cols // 8) // per_thread)
-    return rows, min(SPLIT_MAX_THREADS, max(64, -(-threads // 64) * 64))
+    passes = -(-batch // MAX_BATCH_PER_PASS)
+    return min(rows * passes, MAX_SPLIT_GRID), min(SPLIT_MAX_THREADS, max(64, -(-threads // 64) * 64))
 
 
 def choose(arch: str, weight_type: str, rows: int, cols: int, batch: int) -> tuple[str, int, int]:

@@ -6,9 +6,10 @@ launch and GB/s against the card's device-to-device copy bandwidth measured in t
 Run from the repository root on a GPU machine, with code objects built for it first (otherwise the kernels are
 compiled at run time, which the output says):
 
-    python3 kernels/build.py --amd-targets none --nvidia-targets sm_90 --ops matvec,add
+    python3 kernels/build.py --amd-targets none --nvidia-targets sm_90 --ops matvec,matmul,add
     python3 scripts/bench/measure_router_matvec.py OUTDIR                 # markdown on stdout, OUTDIR/router_matvec.json
     python3 scripts/bench/measure_router_matvec.py OUTDIR --tokens 1,2,8 --types f32,bf16
+    python3 scripts/bench/measure_router_matvec.py OUTDIR --tokens 16,32,64,128,512 --with-matmul --routers-only
 
 How it measures (as measure_matvec.py): the weights are replicated over --rotate-mib of device memory and the timed
 launches walk the copies, so each launch reads its weights from DRAM as in decoding; the launches are captured in one
@@ -33,7 +34,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_matvec import commit, copy_bandwidth, floor_us, gpu_or_exit, graph_time_per_launch  # noqa: E402
 
-from hipcore.ops import matvec  # noqa: E402
+from hipcore.ops import kernel_choice, matmul, matvec  # noqa: E402
 from hipcore.runtime import kernels as loader  # noqa: E402
 from hipcore.runtime.kernels import get_kernel  # noqa: E402
 
@@ -45,14 +46,20 @@ SHAPES = [("qwen3-30b-a3b router", 128, 2048), ("gpt-oss-20b router", 32, 2880),
           ("256 rows", 256, 2048), ("512 rows", 512, 2048), ("1024 rows", 1024, 2048), ("2048 rows", 2048, 2048)]
 
 
-def entries(arch: str, weight_type: str, rows: int, cols: int, batch: int) -> dict[str, tuple[int, int]]:
-    """entry -> (grid, block) of both entries of this product."""
-    return {f"matvec_{weight_type}": matvec.geometry(arch, rows, batch),
-            f"matvec_split_{weight_type}": matvec.split_geometry(rows, cols, batch)}
+def entries(arch: str, weight_type: str, rows: int, cols: int, batch: int,
+            with_matmul: bool = False) -> dict[str, tuple[str, str, int, int, tuple]]:
+    """entry -> (op, signature, grid, block, arguments after rows, cols, batch) of the entries timed for this product:
+    matvec's two, and matmul's at its launcher's tile past matmul.MATVEC_MAX_TOKENS tokens when with_matmul."""
+    out = {f"matvec_{weight_type}": (matvec.OP, matvec.SIGNATURE, *matvec.geometry(arch, rows, batch), ()),
+           f"matvec_split_{weight_type}": (matvec.OP, matvec.SIGNATURE, *matvec.split_geometry(rows, cols, batch), ())}
+    if with_matmul and batch > matmul.MATVEC_MAX_TOKENS:
+        grid, block, tile = matmul.geometry(rows, batch)
+        out[f"matmul_{weight_type}"] = (matmul.OP, matmul.SIGNATURE, grid, block, (tile,))
+    return out
 
 
 def measure_shape(dev, stream, rng, name: str, weight_type: str, rows: int, cols: int, batch: int, rotate_bytes: int,
-                  replays: int, repeats: int) -> list[dict]:
+                  replays: int, repeats: int, with_matmul: bool = False) -> list[dict]:
     stride = rows * matvec.row_bytes(weight_type, cols)
     copies = max(2, rotate_bytes // stride)
     raw = random_weights(rng, weight_type, rows, cols)
@@ -60,7 +67,9 @@ def measure_shape(dev, stream, rng, name: str, weight_type: str, rows: int, cols
     weights = dev.allocate(copies * stride, "weights", label=f"{weight_type} {rows}x{cols} x{copies}")
     xs = dev.allocate(x.nbytes, "activations", label="x")
     y = dev.allocate(batch * rows * 4, "activations", label="y")
-    chosen = matvec.choose(dev.arch, weight_type, rows, cols, batch)[0]
+    op = kernel_choice.project_op(dev, batch, weight_type, rows, cols)  # what the model launches
+    chosen = (matvec.choose(dev.arch, weight_type, rows, cols, batch)[0] if op is matvec
+              else f"{op.OP}_{weight_type}")
     want = matvec.reference(raw, weight_type, x, rows, cols)
     bound = matvec.error_bound(raw, weight_type, x, rows, cols)
     results = []
@@ -70,11 +79,12 @@ def measure_shape(dev, stream, rng, name: str, weight_type: str, rows: int, cols
             dev.copy_device_to_device(weights, weights, stride, dst_offset=k * stride, stream=stream)
         xs.upload(x)
         stream.synchronize()
-        for entry, (grid, block) in entries(dev.arch, weight_type, rows, cols, batch).items():
-            kernel = get_kernel(dev, matvec.OP, entry, matvec.SIGNATURE)
+        for entry, (op_name, signature, grid, block, extra) in entries(dev.arch, weight_type, rows, cols, batch,
+                                                                         with_matmul).items():
+            kernel = get_kernel(dev, op_name, entry, signature)
 
-            def launch(s, k=0, kernel=kernel, grid=grid, block=block):
-                kernel.launch(grid, block, (y, weights.addr(k * stride), xs, rows, cols, batch), stream=s)
+            def launch(s, k=0, kernel=kernel, grid=grid, block=block, extra=extra):
+                kernel.launch(grid, block, (y, weights.addr(k * stride), xs, rows, cols, batch, *extra), stream=s)
             outputs = []
             for _ in range(2):
                 y.fill(0xFF, stream=stream)
@@ -100,15 +110,16 @@ def measure_shape(dev, stream, rng, name: str, weight_type: str, rows: int, cols
 
 
 def measure(device_spec: str, types: list[str], tokens: list[int], rotate_bytes: int, replays: int,
-            repeats: int) -> dict:
+            repeats: int, with_matmul: bool = False, shapes: list[tuple[str, int, int]] = SHAPES) -> dict:
     dev = gpu_or_exit(device_spec)
     try:
         stream = dev.create_stream()
         precompiled = "matvec" in loader.available_code_objects(dev.arch)
         copy_bw = copy_bandwidth(dev, stream, repeats)
         rng = np.random.default_rng(0)
-        rows = [r for t in types for b in tokens for (name, n, c) in SHAPES
-                for r in measure_shape(dev, stream, rng, name, t, n, c, b, rotate_bytes, replays, repeats)]
+        rows = [r for t in types for b in tokens for (name, n, c) in shapes
+                for r in measure_shape(dev, stream, rng, name, t, n, c, b, rotate_bytes, replays, repeats,
+                                       with_matmul)]
         for row in rows:
             row["fraction_of_copy"] = row["bandwidth_gbs"] * 1e9 / copy_bw
         result = {"device": dev.describe(), "backend": dev.backend, "arch": dev.arch,
@@ -116,7 +127,8 @@ def measure(device_spec: str, types: list[str], tokens: list[int], rotate_bytes:
                   "date": datetime.date.today().isoformat(), "commit": commit(), "repeats": repeats,
                   "replays": replays, "copy_bandwidth_gbs": copy_bw / 1e9,
                   "floor_us": floor_us(dev, stream, replays, repeats), "split_max_groups": matvec.SPLIT_MAX_GROUPS,
-                  "split_min_cols": matvec.SPLIT_MIN_COLS, "rows": rows}
+                  "split_min_cols": matvec.SPLIT_MIN_COLS, "split_max_x_bytes": matvec.SPLIT_MAX_X_BYTES,
+                  "rows": rows}
         loader.forget_device(dev)
         return result
     finally:
@@ -124,7 +136,8 @@ def measure(device_spec: str, types: list[str], tokens: list[int], rotate_bytes:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"matvec's two entries at the routers' shapes on {result['device']} ({result['code_objects']}); "
+    lines = [f"matvec's two entries (and matmul's) at the routers' shapes on {result['device']} "
+             f"({result['code_objects']}); "
              f"{result['date']}, commit {result['commit']}, median of {result['repeats']} runs",
              "", f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s (read + write); an empty kernel in a "
              f"graph: {result['floor_us']:.2f} µs; the launcher's choice in bold", "",
@@ -147,6 +160,10 @@ def main() -> None:
     parser.add_argument("--types", default="f32", help="comma-separated weight types of matvec.SPLIT_TYPES (default f32)")
     parser.add_argument("--rotate-mib", type=int, default=256,
                         help="device memory the weight copies fill (default 256: five times an H100's L2)")
+    parser.add_argument("--with-matmul", action="store_true",
+                        help="past 8 tokens time matmul's tiles too (what a batch's router took before it kept the "
+                             "split entry: matvec.SPLIT_MAX_X_BYTES)")
+    parser.add_argument("--routers-only", action="store_true", help="the three routers' shapes alone")
     parser.add_argument("--replays", type=int, default=5, help="graph replays per timed run (default 5)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
     opts = parser.parse_args()
@@ -155,8 +172,9 @@ def main() -> None:
     if unknown:
         parser.error(f"--types: {', '.join(unknown)} not in {', '.join(matvec.SPLIT_TYPES)}")
     opts.out.mkdir(parents=True, exist_ok=True)
+    shapes = [s for s in SHAPES if "router" in s[0]] if opts.routers_only else SHAPES
     result = measure(opts.device, types, [int(t) for t in opts.tokens.split(",")], opts.rotate_mib << 20,
-                     opts.replays, opts.repeats)
+                     opts.replays, opts.repeats, opts.with_matmul, shapes)
     (opts.out / "router_matvec.json").write_text(json.dumps(result, indent=2))
     text = markdown(result)
     (opts.out / "router_matvec.md").write_text(text)

@@ -87,9 +87,11 @@ def test_matvec(gpu, mem, rng, seed, weight_type, rows, cols, batch):
 
 @pytest.mark.parametrize("weight_type,rows,cols,batch", [
     # Qwen3-30B-A3B's router (a token, a decode batch), gpt-oss-20b's and gpt-oss-120b's, a shared expert's gate, the
-    # most rows a token takes the split entry for, the other float types, a batch of two passes.
+    # most rows a token takes the split entry for, the other float types, a batch of two passes; decode batches of 32
+    # (each pass a workgroup's item, as kernel_choice.project launches them past 8 tokens) and of 20 (a last pass of 4).
     ("f32", 128, 2048, 1), ("f32", 128, 2048, 8), ("f32", 32, 2880, 1), ("f32", 128, 2880, 4), ("f32", 1, 2048, 1),
     ("f32", 1022, 1024, 1), ("f16", 60, 2048, 1), ("bf16", 64, 3584, 2), ("f32", 33, 1056, 11),
+    ("f32", 128, 2048, 32), ("f32", 32, 2880, 32), ("f32", 32, 2880, 20),
 ])
 def test_matvec_split(gpu, mem, rng, seed, weight_type, rows, cols, batch):
     """Products of few rows take matvec_split_<type>: within matvec.error_bound of the reference, and the same bits
