@@ -157,6 +157,10 @@ def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
     # a staged pass's inputs taken from the first pass's pairs
     ("base + (unsigned long long)(g.pairs[p0 + b] / per)", "base + (unsigned long long)(g.pairs[b] / per)",
      "grouped", "q8_0"),
+    # the grouped path's second slice in flight: dropped, or its weights loaded from the first slice's
+    ("if (has_second) apply_staged<N, NB>(raw2, second, s, at, acc);", "", "grouped", "mxfp4"),
+    ("raw2[r] = Format::load(w[r], has_second ? second : slice);", "raw2[r] = Format::load(w[r], slice);", "grouped",
+     "q4_k"),
 ])
 def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
     work = tmp_path / "planted"
