@@ -136,21 +136,20 @@ ROUTERS = {"qwen3-30b-a3b": (128, 2048), "gpt-oss-20b": (32, 2880), "gpt-oss-120
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_decode_batchs_router_takes_the_split_matvec_and_a_prompts_matmul(cpu_device, monkeypatch, arch):
+def test_a_routers_product_takes_the_split_matvec_while_its_x_is_within_the_bound(cpu_device, monkeypatch, arch):
     """Past 8 tokens a router keeps matvec's split entry while its items' x (rows x tokens x cols floats) stays within
-    matvec.SPLIT_MAX_X_BYTES (32 tokens on every router: one or two matmul workgroups walked the columns there),
-    matmul beyond (512 tokens); project launches the entry project_op names, at split_geometry's grid (a workgroup a
-    row and pass of 8 tokens)."""
+    matvec.SPLIT_MAX_X_BYTES, matmul beyond: a decode batch of 32 on every router (one to four matmul workgroups
+    walked the columns there), gpt-oss-20b's 512-token prompt too, Qwen3-30B-A3B's and gpt-oss-120b's on matmul;
+    project launches the entry project_op names, at split_geometry's grid (a workgroup a row and pass of 8 tokens)."""
     from hipcore.ops import matmul, matvec
     monkeypatch.setattr(cpu_device, "arch", arch)
     for name, (rows, cols) in ROUTERS.items():
-        for t in (1, 8, 9, 32):
-            assert kernel_choice.project_op(cpu_device, t, "f32", rows, cols) is matvec, (name, t)
-        assert kernel_choice.project_op(cpu_device, 512, "f32", rows, cols) is matmul, name
-        # every token count up to the bound takes the split entry, none past it
-        for t in (16, 64, 128, 256):
-            split = rows * t * cols * 4 <= matvec.SPLIT_MAX_X_BYTES
-            assert (kernel_choice.project_op(cpu_device, t, "f32", rows, cols) is matvec) == split, (name, t)
+        for t in (1, 8, 9, 16, 32, 64, 128, 256, 512, 2048):
+            split = t <= 8 or rows * t * cols * 4 <= matvec.SPLIT_MAX_X_BYTES
+            assert kernel_choice.project_op(cpu_device, t, "f32", rows, cols) is (matvec if split else matmul), (name, t)
+        assert kernel_choice.project_op(cpu_device, 32, "f32", rows, cols) is matvec, name
+    assert kernel_choice.project_op(cpu_device, 512, "f32", 32, 2880) is matvec  # gpt-oss-20b's prompt: 180 MiB
+    assert kernel_choice.project_op(cpu_device, 512, "f32", 128, 2048) is matmul  # Qwen3-30B-A3B's: 512 MiB
     assert kernel_choice.project_op(cpu_device, 32, "f32", 4096, 4096) is matmul  # not few rows: matmul's tiles
     assert kernel_choice.project_op(cpu_device, 32, "q8_0", 32, 2880) is not matvec  # not a split type
     launched = []

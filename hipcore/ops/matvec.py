@@ -53,13 +53,14 @@ SPLIT_MIN_COLS = 1024
 SPLIT_MAX_THREADS = 256  # kernels/matvec.hip: kSplitMaxThreads
 # Past matmul.MATVEC_MAX_TOKENS tokens such a product keeps the split entry while the x its workgroups read
 # (each (row, pass) item reads its 8 tokens' x again: rows x batch x cols floats, from L2) stays within this. matmul
-# would tile it as 64 rows x 16 tokens (pick_tile_tokens halves the tile for the few rows): a 32-token decode batch
-# of gpt-oss-20b's router (32 x 2880) is one or two workgroups walking 90 steps of 32 columns, one step's loads in
-# flight, where a 512-token prompt's 32 workgroups took 67 us on an NVIDIA H100
-# (docs/history/raw/2026-12-06-moe-narrow-steps-h100.md); the split entry runs 32 x 4 workgroups of one pass each.
-# The bound keeps prompts' routers (Qwen3-30B-A3B's at 512 tokens would read 512 MiB of x) on matmul's tiles;
-# scripts/bench/measure_router_matvec.py --with-matmul times both at growing token counts.
-SPLIT_MAX_X_BYTES = 64 << 20
+# tiles it as 64 rows x 16 tokens (pick_tile_tokens halves the tile for the few rows), one to 64 workgroups walking
+# 64-90 steps of columns with one step's loads in flight: 63 us at any token count for Qwen3-30B-A3B's router (128 x
+# 2048), 87-89 us for gpt-oss-20b's (32 x 2880) and gpt-oss-120b's (128 x 2880). The split entry's time grows with
+# the x it reads: Qwen3-30B-A3B's 5.3 us at 32 tokens, 16.7 at 128, 31.3 at 256 (256 MiB of x), 59.8 at 512 (512
+# MiB: the crossover); gpt-oss-20b's 3.9 at 32, 22.6 at 512 (180 MiB). Measured on an NVIDIA H100 80GB HBM3
+# (2026-12-07, scripts/bench/measure_router_matvec.py --with-matmul; docs/history/2026-12-07-moe-router-batches.md).
+# The bound keeps twice the crossover's margin.
+SPLIT_MAX_X_BYTES = 256 << 20
 
 
 # ---- reference ---------------------------------------------------------------------------------

@@ -89,6 +89,7 @@ def measure_shape(dev, stream, rng, name: str, weight_type: str, rows: int, cols
             for _ in range(2):
                 y.fill(0xFF, stream=stream)
                 launch(stream)
+                stream.synchronize()  # download waits for the default stream's work, not this stream's
                 outputs.append(y.download(np.float32).reshape(batch, rows))
             within = bool(np.all(np.abs(outputs[0] - want) <= bound))
             repeatable = outputs[0].tobytes() == outputs[1].tobytes()
