@@ -55,7 +55,7 @@ SPLIT_MAX_THREADS = 256  # kernels/matvec.hip: kSplitMaxThreads
 # (each (row, pass) item reads its 8 tokens' x again: rows x batch x cols floats, from L2) stays within this. matmul
 # tiles it as 64 rows x 16 tokens (pick_tile_tokens halves the tile for the few rows), one to 64 workgroups walking
 # 64-90 steps of columns with one step's loads in flight: 63 us at any token count for Qwen3-30B-A3B's router (128 x
-# 2048), 87-89 us for gpt-oss-20b's (32 x 2880) and gpt-oss-120b's (128 x 2880). The split entry's time grows with
+# 2048), 87-92 us for gpt-oss-20b's (32 x 2880) and gpt-oss-120b's (128 x 2880). The split entry's time grows with
 # the x it reads: Qwen3-30B-A3B's 5.3 us at 32 tokens, 16.7 at 128, 31.3 at 256 (256 MiB of x), 59.8 at 512 (512
 # MiB: the crossover); gpt-oss-20b's 3.9 at 32, 22.6 at 512 (180 MiB). Measured on an NVIDIA H100 80GB HBM3
 # (2026-12-07, scripts/bench/measure_router_matvec.py --with-matmul; docs/history/2026-12-07-moe-router-batches.md).
