@@ -156,6 +156,7 @@ def measure_case(dev, stream, rng, op, weight_type: str, rows: int, cols: int, b
 
         y.fill(0xFF, stream=stream)
         op.launch(dev, stream, y, weights.addr(stride * (copies - 1)), xs, rows, cols, batch, weight_type=weight_type)
+        stream.synchronize()  # download waits for the default stream's work, not this stream's
         check_result(op, weight_type, y.download(np.float32).reshape(batch, rows), raw, x, rows, cols)
 
         launches = [
