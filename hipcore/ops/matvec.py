@@ -126,7 +126,12 @@ def split_rows(weight_type: str, rows: int, cols: int, batch: int) -> bool:
     """True when this product takes the split entry (see SPLIT_MAX_GROUPS)."""
     groups = -(-rows // (2 if batch == 1 else 1))
     return (weight_type in SPLIT_TYPES and cols >= SPLIT_MIN_COLS and groups < SPLIT_MAX_GROUPS
-            and rows * -(-batch // MAX_BATCH_PER_PASS) <= INT32_MAX)  # the kernel counts its items in int32
+            and split_items(rows, batch) <= INT32_MAX)  # the kernel counts its items in int32
+
+
+def split_items(rows: int, batch: int) -> int:
+    """The split entry's work items: a row and pass of up to MAX_BATCH_PER_PASS batch rows each."""
+    return rows * -(-batch // MAX_BATCH_PER_PASS)
 
 
 def split_takes_batch(weight_type: str, rows: int, cols: int, batch: int) -> bool:
@@ -141,8 +146,7 @@ def split_geometry(rows: int, cols: int, batch: int) -> tuple[int, int]:
     of 64, up to SPLIT_MAX_THREADS."""
     per_thread = 2 if batch == 1 else 1
     threads = -(-(cols // 8) // per_thread)
-    passes = -(-batch // MAX_BATCH_PER_PASS)
-    return min(rows * passes, MAX_SPLIT_GRID), min(SPLIT_MAX_THREADS, max(64, -(-threads // 64) * 64))
+    return min(split_items(rows, batch), MAX_SPLIT_GRID), min(SPLIT_MAX_THREADS, max(64, -(-threads // 64) * 64))
 
 
 def choose(arch: str, weight_type: str, rows: int, cols: int, batch: int) -> tuple[str, int, int]:
