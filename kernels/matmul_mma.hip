@@ -229,7 +229,6 @@ __device__ __forceinline__ void mma_tiles(const Launch& a, unsigned short* ws, u
 }  // namespace
 
 #include "matmul_mma_fragments.h"  // NVIDIA's decode batches: fragments decoded in registers (uses the above)
-#include "matmul_mma_block32_fragments.h"  // the same for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16, BF16
 
 namespace {
 namespace mmq {

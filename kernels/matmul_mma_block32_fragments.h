@@ -1,6 +1,7 @@
-// Part of the matmul_mma op (matmul_mma_fragments.h includes it; built and hashed with it: hipcore/runtime/kernels.py
-// source_files): the fragment path's reading of the 32-element block formats, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and of
-// F16 and BF16 in runs of 32, for NVIDIA's decode batches (the K-quants' are in matmul_mma_fragments.h, which explains the lanes' k order).
+// Part of the matmul_mma op and of moe_experts_mma (matmul_mma_fragment_formats.h includes it; built and hashed with
+// each: hipcore/runtime/kernels.py source_files): the fragment path's reading of the 32-element block formats, Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4, and of F16 and BF16 in runs of 32, for NVIDIA's decode batches and grouped experts
+// (the K-quants' are in matmul_mma_fragment_formats.h, which explains the lanes' k order).
 #pragma once
 #include "hip_compat.h"
 
@@ -158,6 +159,49 @@ struct Q41Lane {
       unsigned int codes = (r.q[p >> 1] >> (16 * (p & 1) + shift)) & 0x0f0fu;
       if (kFiveBit) codes |= fifth_bit_pair(h >> (2 * p));
       out[p] = rf_h2_fma(code_pair(codes, k1024, 0), d, m);
+    }
+  }
+};
+
+// MXFP4 {uint8 e; uint8 qs[16]} (17 bytes, byte aligned: block_format_mxfp4.h): Q4_0's nibble order, so lane t's
+// eight codes are the low (t < 2) or high nibbles of qs[8 (t % 2) ..], read as MXFP4Eights reads eight weights (three
+// aligned words shifted into place). w = kvalue[code] * 2^(e - 128), rounded once to f16 as the shared tiles round
+// it: the doubled E2M1 values (0, 1, 2, 3, 4, 6, 8, 12) are f16s whose low byte is zero, so a byte permute of the
+// codes gives their high bytes (the sign bit or-ed in from the code's), and one f16 multiply by 2^(e - 128) rounds
+// the exact product. Where that scale is below f16's normal range, the multiply goes in two: by 2^-14 (exact: the
+// values stay normal), then by 2^(e - 114) (an f16 subnormal, or zero below 2^-24, where the product rounds to zero
+// anyway), still one rounding. Scales above 2^15 overflow: the launcher takes MXFP4 experts on this path only where
+// their weights fit f16 (hipcore/model/weights.py).
+template <int kStepsInFlight>
+struct MXFP4Lane {
+  typedef rf_blocks::MXFP4 B;
+  static constexpr int kBlockBytes = B::kBytes, kDepth = kStepsInFlight;
+  static constexpr unsigned int kHighLow = 0x42403C00u, kHighHigh = 0x4A484644u;  // f16 high bytes of 0, 1, 2, 3; 4, 6, 8, 12
+  template <bool>  // the same in either block of a step: byte aligned
+  using Raw = typename rf_blocks::MXFP4Eights<>::Raw;
+  template <bool kFirst>
+  static __device__ __forceinline__ Raw<kFirst> load(const unsigned char* __restrict__ b, int t) {
+    return rf_blocks::MXFP4Eights<>::load(b, 8 * t);  // the block's columns 8t .. 8t + 7
+  }
+  static __device__ __forceinline__ void decode(const Raw<true>& r, int t, unsigned int out[4]) {  // either block's
+    const int k = (int)r.e - 128;
+    const bool small = k < -14;
+    const unsigned int scale = k > 15 ? 0x7C00u : small ? 0x0400u : (unsigned int)(k + 15) << 10;
+    const int k2 = k + 14;  // the second factor's exponent where small
+    const unsigned int second = k2 < -24 ? 0u : k2 < -14 ? 1u << (k2 + 24) : (unsigned int)(k2 + 15) << 10;
+    const unsigned int shift = 4u * (unsigned int)(t >> 1);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const unsigned int codes = (r.q[i] >> shift) & 0x0f0f0f0fu;
+      const unsigned int c = codes & 0x07070707u, spread = c | (c >> 4);
+      const unsigned int selector = (spread & 0xffu) | ((spread >> 8) & 0xff00u);  // code n's magnitude at nibble n
+      const unsigned int high = rf_byte_perm(kHighLow, kHighHigh, selector) | ((codes & 0x08080808u) << 4);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        unsigned int v = rf_h2_mul(rf_byte_perm(high, 0u, e ? 0x3424u : 0x1404u), scale * 0x10001u);
+        if (small) v = rf_h2_mul(v, second * 0x10001u);
+        out[2 * i + e] = v;
+      }
     }
   }
 };

@@ -26,6 +26,7 @@
 #include "hip_compat.h"
 #include "matrix_cores.h"        // rf_mma: one warp's 16x16x16 f16 tile on the matrix cores
 #include "matmul_mma_formats.h"  // the block formats and the step shapes that read them into f16 tiles
+#include "matmul_mma_fragment_formats.h"  // NVIDIA: the formats read straight into mma.sync's A fragments
 #include "gated_activation.h"    // rf_silu_gated, rf_swiglu_oai_gated
 
 namespace {
@@ -65,6 +66,16 @@ template <class S>
 struct Twice : S {
   static constexpr int kStepCols = 2 * S::kStepCols, kGroupsPerRow = 2 * S::kGroupsPerRow;
 };
+
+// Pair `pair`'s row r of the mode's output from y = (W_e . x_row(pair))[r] (the module comment's epilogues).
+template <int kMode>
+__device__ __forceinline__ void store_pair(const Args& a, int e, int pair, int r, float y) {
+  const unsigned long long at = (unsigned long long)pair * a.rows + r;
+  if (a.bias) y += a.bias[(unsigned long long)e * a.rows + r];
+  if (kMode == kGate) a.out[at] = y;
+  if (kMode == kUp) a.out[at] = a.activation ? rf_swiglu_oai_gated(a.g[at], y) : rf_silu_gated(a.g[at], y);
+  if (kMode == kDown) a.out[at] = a.weights[pair] * y;
+}
 
 // One listed tile of pairs (expert e, sorted[start .. start + count)) times rows [r0, r0 + 128) of W_e, then the
 // mode's epilogue. A step of kStepCols columns at a time: the 128 x step weights decoded once into shared memory
@@ -157,13 +168,7 @@ __device__ __forceinline__ void tile_product(const Args& a, int e, int start, in
         const int r = r0 + warp_row + 16 * i + rf_mma_acc_row(lane, q);
         const int t = warp_token + 16 * j + rf_mma_acc_col(lane, q);
         if (t >= count || r >= rows) continue;
-        const int pair = a.sorted[start + t];
-        const unsigned long long at = (unsigned long long)pair * rows + r;
-        float y = acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + q];
-        if (a.bias) y += a.bias[(unsigned long long)e * rows + r];
-        if (kMode == kGate) a.out[at] = y;
-        if (kMode == kUp) a.out[at] = a.activation ? rf_swiglu_oai_gated(a.g[at], y) : rf_silu_gated(a.g[at], y);
-        if (kMode == kDown) a.out[at] = a.weights[pair] * y;
+        store_pair<kMode>(a, e, a.sorted[start + t], r, acc[(i * kTokenTilesPerWarp + j) * RF_MMA_ACC + q]);
       }
 }
 
@@ -179,6 +184,80 @@ __device__ __forceinline__ void products(const Args& a, int max_tiles, unsigned 
     tile_product<Step, TN, kMode>(a, t[0], t[1], t[2], (item % row_tiles) * kTileRows, ws, xs);
   }
 }
+
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+// ---- Few pairs an expert (NVIDIA): the weights' fragments decoded in registers ---------------------------------
+// Where a batch's pairs average one to a few an expert (gpt-oss-20b at 32 sequences: 4), the tiles above are mostly
+// padding (their 32 pairs hold 4) and the grouped path of moe_experts.hip walks each row once per two pairs. Here a
+// tile is at most kDirectPairs (8) pairs of one expert, the n of one mma.sync m16n8k16: each warp owns 16 rows of the
+// 128-row tile, each lane decodes the weights of its own A fragments straight from its loads (matmul_mma's direct
+// entries for a dense batch of at most 8 tokens: matmul_mma_fragment_formats.h says the lanes' k order) and reads its
+// pair's x from memory (lane 4 g + t: pair g of the tile, the last again past count). No shared memory and no barrier:
+// each warp runs at its own pace, F::kDepth steps of weights in flight. The same products as the tiles above (W and x
+// rounded to f16, exact products, f32 sums), so a pair's result does not depend on the path either.
+constexpr int kDirectPairs = 8;
+
+template <class F, int kMode>
+__device__ __forceinline__ void direct_tile_product(const Args& a, int e, int start, int count, int r0) {
+  typedef typename F::Step Step;
+  constexpr int kStepCols = Step::kStepCols, kDepth = F::kDepth;
+  const int rows = a.rows, cols = a.cols;
+  const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane >> 2, t = lane & 3;
+  const unsigned long long row_bytes = Step::row_bytes(cols);
+  const unsigned char* W = a.W + (unsigned long long)e * rows * row_bytes;
+  const unsigned char* w_src[2];  // rows g and g + 8 of the warp's 16 (past the last row: the last again)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) w_src[h] = W + (unsigned long long)lesser(r0 + 16 * warp + g + 8 * h, rows - 1) * row_bytes;
+  const int pair = a.sorted[start + lesser(g, count - 1)];
+  const float* x_src = a.x + (unsigned long long)(pair / a.x_per) * cols;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  typename F::Raw raw[kDepth][2];
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) {
+    const int c = lesser(d * kStepCols, cols - kStepCols);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) raw[d][h] = F::load(w_src[h], c, t);
+  }
+  for (int c_base = 0; c_base < cols; c_base += kDepth * kStepCols) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {  // unrolled: raw[d] stays registers
+      const int c0 = c_base + d * kStepCols;
+      if (c0 >= cols) break;  // uniform
+      float4 xd[4];  // the lane's x of each k-substep, loaded before the decode hides its latency
+#pragma unroll
+      for (int s = 0; s < 4; ++s) xd[s] = *reinterpret_cast<const float4*>(x_src + Step::column(c0, mmq::frag_column(s, t)));
+      unsigned int pairs[2][8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) F::decode(raw[d][h], c0, pairs[h]);
+      const int next = lesser(c0 + kDepth * kStepCols, cols - kStepCols);  // past the end: the last step again
+#pragma unroll
+      for (int h = 0; h < 2; ++h) raw[d][h] = F::load(w_src[h], next, t);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const unsigned int fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
+        const unsigned int fb[2] = {mmq::pack_f16(xd[s].x, xd[s].y), mmq::pack_f16(xd[s].z, xd[s].w)};
+        rf_mma_m16n8k16_f16(acc, fa, fb);
+      }
+    }
+  }
+  // acc[q]: row g + 8 (q / 2) of the warp's, pair 2t + q % 2 of the tile.
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int r = r0 + 16 * warp + g + 8 * (q >> 1), p = 2 * t + (q & 1);
+    if (p < count && r < rows) store_pair<kMode>(a, e, a.sorted[start + p], r, acc[q]);
+  }
+}
+
+template <class F, int kMode>
+__device__ __forceinline__ void direct_products(const Args& a, int max_tiles) {
+  const int row_tiles = (a.rows + kTileRows - 1) / kTileRows;
+  const int listed = lesser(a.tiles[0], max_tiles);
+  for (int item = (int)blockIdx.x; item < row_tiles * listed; item += (int)gridDim.x) {  // uniform across the group
+    const int* t = a.tiles + 1 + 3 * (item / row_tiles);
+    direct_tile_product<F, kMode>(a, t[0], t[1], t[2], (item % row_tiles) * kTileRows);
+  }
+}
+#endif
 
 }  // namespace moe_mma
 }  // namespace
@@ -257,3 +336,31 @@ RF_MOE_MMA_ENTRIES_BOUND(q8_0_s64, moe_mma::Twice<mmq::Narrow<mmq::Q8_0>>, (256,
 RF_MOE_MMA_ENTRIES_BOUND(mxfp4_s64, moe_mma::Twice<mmq::Narrow<mmq::MXFP4>>, (256, 2))
 RF_MOE_MMA_ENTRIES_BOUND(f16_s64, moe_mma::Twice<mmq::Narrow<mmq::F16>>, (256, 2))
 RF_MOE_MMA_ENTRIES_BOUND(bf16_s64, moe_mma::Twice<mmq::Narrow<mmq::BF16>>, (256, 2))
+
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16
+// moe_mma_<mode>_<type>_direct: the same arguments, tiles of at most kDirectPairs pairs (tile_tokens 8: the
+// launcher's sort), NVIDIA only (hipcore/ops/moe_experts_mma.py direct_pays).
+#define RF_MOE_MMA_DIRECT_ENTRY(name, Step, kMode)                                                                 \
+  extern "C" __global__ __launch_bounds__(256) void name(                                                          \
+      float* __restrict__ out, const float* __restrict__ g, const void* __restrict__ W, const float* __restrict__ x, \
+      const int* __restrict__ sorted, const int* __restrict__ tiles, const float* __restrict__ bias,              \
+      const float* __restrict__ weights, int rows, int cols, int pairs, int x_per, int n_expert, int tile_tokens,   \
+      int max_tiles, int activation) {                                                                             \
+    rf_grid_dependency_sync(); /* a programmatic launch */                                                         \
+    (void)pairs, (void)n_expert, (void)tile_tokens; /* the launcher's checks */                                    \
+    const moe_mma::Args a = {out, g, static_cast<const unsigned char*>(W), x, sorted, tiles, bias, weights,         \
+                             rows, cols, x_per, activation};                                                       \
+    moe_mma::direct_products<typename mmq::Fragments<Step>::Format, kMode>(a, max_tiles);                          \
+  }
+#define RF_MOE_MMA_DIRECT_ENTRIES(type, Step)                                 \
+  RF_MOE_MMA_DIRECT_ENTRY(moe_mma_gate_##type##_direct, Step, moe_mma::kGate) \
+  RF_MOE_MMA_DIRECT_ENTRY(moe_mma_up_##type##_direct, Step, moe_mma::kUp)     \
+  RF_MOE_MMA_DIRECT_ENTRY(moe_mma_down_##type##_direct, Step, moe_mma::kDown)
+RF_MOE_MMA_DIRECT_ENTRIES(q4_k, mmq::Wide<false>)
+RF_MOE_MMA_DIRECT_ENTRIES(q5_k, mmq::Wide<true>)
+RF_MOE_MMA_DIRECT_ENTRIES(q6_k, mmq::Wide6)
+RF_MOE_MMA_DIRECT_ENTRIES(q8_0, mmq::Pair32<mmq::Q8_0Lane<2>>)
+RF_MOE_MMA_DIRECT_ENTRIES(mxfp4, mmq::Pair32<mmq::MXFP4Lane<3>>)
+RF_MOE_MMA_DIRECT_ENTRIES(f16, mmq::Pair32<mmq::F16Lane<2>>)
+RF_MOE_MMA_DIRECT_ENTRIES(bf16, mmq::Pair32<mmq::BF16Lane<1>>)
+#endif

@@ -62,9 +62,15 @@ def test_an_op_is_built_from_the_files_it_includes():
                                                                "block_formats.h", "weight_loads.h", *formats]
     assert [f.name for f in source_files("matmul_mma")] == [*COMPAT, "matmul_mma.hip", "matrix_cores.h",
                                                              "matmul_mma_formats.h", "matmul_mma_epilogues.h",
-                                                             "matmul_mma_fragments.h", "matmul_mma_block32_fragments.h",
-                                                             "matmul_mma_fragment_entries.h", "block_formats.h",
-                                                             "gated_activation.h", *formats]
+                                                             "matmul_mma_fragments.h", "matmul_mma_fragment_entries.h",
+                                                             "block_formats.h", "gated_activation.h",
+                                                             "matmul_mma_fragment_formats.h", *formats,
+                                                             "matmul_mma_block32_fragments.h"]
+    # the fragment formats' one definition, read by matmul_mma's decode batches and moe_experts_mma's few-pairs tiles
+    assert [f.name for f in source_files("moe_experts_mma")] == [*COMPAT, "moe_experts_mma.hip", "matrix_cores.h",
+                                                                  "matmul_mma_formats.h", "matmul_mma_fragment_formats.h",
+                                                                  "gated_activation.h", "block_formats.h",
+                                                                  "matmul_mma_block32_fragments.h", *formats]
     for op in ("silu_mul", "gelu_mul"):  # the gated activations' one definition
         assert [f.name for f in source_files(op)] == [*COMPAT, f"{op}.hip", "gated_activation.h"]
     assert [f.name for f in source_files("prompt_attention")] == [*COMPAT, "prompt_attention.hip", "matrix_cores.h",

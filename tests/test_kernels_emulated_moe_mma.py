@@ -1,9 +1,12 @@
 """kernels/moe_experts_mma.hip on every matrix-core path of matrix_cores.h, run on the CPU (the NVIDIA mma.sync
 fragments at 32 lanes, CDNA's MFMA at 64, RDNA3's and RDNA4's WMMA at 32, the FMA fallback at both widths): the sort
 against sort_reference, each product against the float64 reference within matmul_mma's error bound carried through
-the epilogue; the 32-element formats' 64-column steps (`_s64`) likewise. Planted faults (an expert's weights taken
-from the wrong offset, a pair written to the tile's column instead of its own row, the sort dropping an expert's last
-tile, a 64-column step loading only 32 columns) must be caught."""
+the epilogue; the 32-element formats' 64-column steps (`_s64`) likewise, and NVIDIA's few-pairs entries (`_direct`:
+tiles of 8 pairs, the weights decoded into mma.sync's fragments) for every type and mode, MXFP4's scales below f16's
+normal range among them. Planted faults (an expert's weights taken from the wrong offset, a pair written to the tile's
+column instead of its own row, the sort dropping an expert's last tile, a 64-column step loading only 32 columns; in
+the few-pairs entries every lane taking the tile's first pair's x, the steps in flight refilled one step ahead instead
+of kDepth, MXFP4's sign bits or its small scales' second factor dropped) must be caught."""
 
 from __future__ import annotations
 
@@ -50,15 +53,19 @@ def check_sort(ids, n_expert, tile, sorted_, tiles) -> None:
 
 
 def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, cols, n_expert, tile, biases,
-                 activation="swiglu", ids=None, check=True, suffix=""):
+                 activation="swiglu", ids=None, check=True, suffix="", scales=None):
     """(got, want, bound) of one product launch on fresh inputs, sorted by the emulated sort; suffix "_s64": the
-    64-column steps' entry."""
+    64-column steps' entry, "_direct" the few-pairs one (tile 8). scales (lo, hi): MXFP4's E8M0 bytes drawn from
+    lo .. hi - 1 instead of random_weights' range."""
     ids = skewed_ids(rng, tokens, k, n_expert) if ids is None else ids
     pairs = tokens * k
     sorted_, tiles = sort(harness, tmp_path, ids, n_expert, tile)
     if check:  # (the planted faults' test measures the products of a broken sort too)
         check_sort(ids, n_expert, tile, sorted_, tiles)
     raw = random_weights(rng, weight_type, n_expert * rows, cols)
+    if scales is not None:
+        blocks = raw.reshape(n_expert * rows, cols // 32, 17)
+        blocks[..., 0] = rng.integers(*scales, blocks.shape[:2], dtype=np.uint8)
     raw.tofile(tmp_path / "w")
     x_per = 1 if mode == "down" else k
     x = (rng.standard_normal((pairs // x_per, cols)) * rng.choice([0.1, 1.0, 3.0], (pairs // x_per, 1))).astype(np.float32)
@@ -148,17 +155,53 @@ def test_every_64_column_entry_on_nvidias_fragments(harnesses, weight_type, mode
     assert worst_excess(got, want, bound) <= 1.0
 
 
+DIRECT_COLS = {"q4_k": 512, "q5_k": 256, "q6_k": 512}  # whole super-blocks; the 32-element formats' 320: 5 steps
+
+
+@pytest.mark.parametrize("weight_type", moe_experts_mma.DIRECT_TYPES)
+@pytest.mark.parametrize("mode", moe_experts_mma.MODES)
+def test_every_few_pairs_entry_on_nvidias_fragments(harnesses, weight_type, mode, tmp_path):
+    """Tiles of at most 8 pairs: expert 0 takes all 19 tokens' first slots (three tiles, the last partial), the other
+    experts one to a few pairs; 130 rows (a partial row tile); steps past a multiple of the steps in flight."""
+    rng = np.random.default_rng([len(weight_type), len(mode), 8])
+    got, want, bound = run_products(harnesses["nvidia_mma"], tmp_path, rng, mode, weight_type, 19, 3, 130,
+                                    DIRECT_COLS.get(weight_type, 320), 9, 8, biases=True,
+                                    activation="swiglu_oai" if weight_type == "mxfp4" else "swiglu", suffix="_direct")
+    assert worst_excess(got, want, bound) <= 1.0
+
+
+@pytest.mark.parametrize("mode", moe_experts_mma.MODES)
+def test_mxfp4_few_pairs_scales_across_f16s_range(harnesses, mode, tmp_path):
+    """MXFP4's E8M0 scales 2^-40 .. 2^11: values f16 holds as normals, as subnormals (the two-factor multiply) and
+    not at all (rounded to zero), each rounded once as the shared tiles round them."""
+    rng = np.random.default_rng([len(mode), 39])
+    got, want, bound = run_products(harnesses["nvidia_mma"], tmp_path, rng, mode, "mxfp4", 12, 4, 64, 256, 6, 8,
+                                    biases=False, suffix="_direct", scales=(88, 140))
+    assert worst_excess(got, want, bound) <= 1.0
+
+
 PLANTED = {
     "the expert's offset dropped": ("const unsigned char* W = a.W + (unsigned long long)e * rows * row_bytes;",
                                     "const unsigned char* W = a.W;"),
-    "a pair written at its tile column": ("const unsigned long long at = (unsigned long long)pair * rows + r;",
-                                          "const unsigned long long at = (unsigned long long)(start + t) * rows + r;"),
+    "a pair written at its tile column": ("store_pair<kMode>(a, e, a.sorted[start + t], r,",
+                                          "store_pair<kMode>(a, e, start + t, r,"),
     "an expert's last tile not listed": ("tile += (count[e] + tile_tokens - 1) / tile_tokens;",
                                          "tile += count[e] / tile_tokens;"),
     "a 64-column step loading 32 columns": ("kGroupsPerRow = 2 * S::kGroupsPerRow;",
                                             "kGroupsPerRow = S::kGroupsPerRow;"),
 }
-PLANTED_SUFFIX = {"a 64-column step loading 32 columns": "_s64"}
+DIRECT_PLANTED = {  # the few-pairs entries': (old, new, weight type, MXFP4 scales)
+    "every lane taking the tile's first pair": ("const int pair = a.sorted[start + lesser(g, count - 1)];",
+                                               "const int pair = a.sorted[start];", "q4_k", None),
+    "the steps in flight refilled one step ahead": (
+        "const int next = lesser(c0 + kDepth * kStepCols, cols - kStepCols);  // past the end",
+        "const int next = lesser(c0 + kStepCols, cols - kStepCols);  // past the end", "q8_0", None),
+    "MXFP4's sign bits dropped": ("| ((codes & 0x08080808u) << 4);", ";", "mxfp4", None),
+    "MXFP4's small scales' second factor dropped": ("if (small) v = rf_h2_mul(v, second * 0x10001u);", "", "mxfp4",
+                                                    (88, 110)),
+}
+PLANTED.update({fault: spec[:2] for fault, spec in DIRECT_PLANTED.items()})
+PLANTED_SUFFIX = {"a 64-column step loading 32 columns": "_s64", **{fault: "_direct" for fault in DIRECT_PLANTED}}
 
 
 @pytest.mark.parametrize("fault", PLANTED)
@@ -168,9 +211,13 @@ def test_a_planted_fault_is_caught(fault, tmp_path):
                                   kernel_edit=lambda text: text.replace(old, new))["nvidia_mma"]
     rng = np.random.default_rng(7)
 
+    suffix = PLANTED_SUFFIX.get(fault, "")
+    weight_type, scales = DIRECT_PLANTED[fault][2:] if fault in DIRECT_PLANTED else ("q8_0", None)
+    tile, cols = (8, DIRECT_COLS.get(weight_type, 320)) if suffix == "_direct" else (32, 256)
+
     def measure():
-        got, want, bound = run_products(harness, tmp_path, rng, "gate", "q8_0", 40, 2, 130, 256, 5, 32, biases=False,
-                                        check=False, suffix=PLANTED_SUFFIX.get(fault, ""))
+        got, want, bound = run_products(harness, tmp_path, rng, "gate", weight_type, 40, 2, 130, cols, 5, tile,
+                                        biases=False, check=False, suffix=suffix, scales=scales)
         return worst_excess(got, want, bound)
 
     assert_caught(fault, measure)

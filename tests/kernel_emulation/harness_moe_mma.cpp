@@ -1,7 +1,7 @@
 // Runs kernels/moe_experts_mma.hip under the host emulation (emulation.h), with the matrix-core path chosen on the
 // command line (-DRF_MMA_KIND=..., -DWARP_SIZE=...), as harness_mma.cpp does:
 //   harness_moe_mma moe_mma_sort <grid> <block> pairs n_expert tile ids sorted_out tiles_out
-//   harness_moe_mma moe_mma_<mode>_<type> <grid> <block> rows cols pairs x_per n_expert tile max_tiles activation
+//   harness_moe_mma moe_mma_<mode>_<type>[_s64|_direct] <grid> <block> rows cols pairs x_per n_expert tile max_tiles activation
 //                   W x sorted tiles bias g weights out
 // sorted starts as -1 and tiles as 0x7F7F7F7F ints, so an entry the sort forgot shows; out starts as NaN. A bias, g
 // or weights file of "-" passes a null pointer.
@@ -41,7 +41,14 @@ int main(int argc, char** argv) {
                                                    RF_MOE_MMA_TYPE(q8_0), RF_MOE_MMA_TYPE(mxfp4), RF_MOE_MMA_TYPE(f16),
                                                    RF_MOE_MMA_TYPE(bf16), RF_MOE_MMA_TYPE(q8_0_s64),
                                                    RF_MOE_MMA_TYPE(mxfp4_s64), RF_MOE_MMA_TYPE(f16_s64),
-                                                   RF_MOE_MMA_TYPE(bf16_s64)};
+                                                   RF_MOE_MMA_TYPE(bf16_s64)
+#if RF_MMA_KIND == RF_MMA_NV_M16N8K16  // the few-pairs tiles' entries (NVIDIA's fragments only)
+                                                   , RF_MOE_MMA_TYPE(q4_k_direct), RF_MOE_MMA_TYPE(q5_k_direct),
+                                                   RF_MOE_MMA_TYPE(q6_k_direct), RF_MOE_MMA_TYPE(q8_0_direct),
+                                                   RF_MOE_MMA_TYPE(mxfp4_direct), RF_MOE_MMA_TYPE(f16_direct),
+                                                   RF_MOE_MMA_TYPE(bf16_direct)
+#endif
+  };
   const std::string prefix = "moe_mma_";
   if (entry.rfind(prefix, 0) != 0 || !kernels.count(entry.substr(prefix.size()))) return 2;
   int n[8];
