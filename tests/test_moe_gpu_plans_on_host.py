@@ -27,6 +27,7 @@ MATRIX_CORE_EXPERTS_DIFF = 4e-2
 # per token (decode of a few), grouped by expert (batches: moe_experts.grouped_pays), on the matrix cores (prompts)
 MOE_ENTRIES = ("moe_route_f32", "moe_gate_up_q4_k", "moe_down_q6_k", "moe_gate_up_grouped_q4_k", "moe_down_grouped_q6_k")
 MATRIX_CORE_ENTRIES = ("moe_mma_sort", "moe_mma_gate_q4_k", "moe_mma_up_q4_k", "moe_mma_down_q6_k", "moe_sum_slots_f32")
+DIRECT_ENTRIES = ("moe_mma_gate_q4_k_direct", "moe_mma_up_q4_k_direct", "moe_mma_down_q6_k_direct")
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +78,8 @@ def test_qwen3moe_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, on_cp
     grouped = {"moe_gate_up_grouped_q4_k", "moe_down_grouped_q6_k"}  # where the matrix cores take the steps
     assert set(MOE_ENTRIES) - (grouped if has_matrix_cores(arch) else set()) <= device.entries, sorted(device.entries)
     assert (set(MATRIX_CORE_ENTRIES) <= device.entries) == has_matrix_cores(arch), sorted(device.entries)
+    # the batches of 4 and 5 tokens (8 and 10 pairs of 8 experts): NVIDIA's few-pairs tiles
+    assert (set(DIRECT_ENTRIES) <= device.entries) == arch.startswith("sm_"), sorted(device.entries)
 
 
 @pytest.mark.parametrize("arch", ("sm_90", "gfx942", "gfx1030"))
@@ -103,6 +106,7 @@ def test_gpt_oss_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, monkey
     # hidden and expert width 64: the 64-column steps' entries (moe_experts_mma.NARROW_STEP_COLS)
     assert ("moe_mma_up_mxfp4_s64" in device.entries) == has_matrix_cores(arch), sorted(device.entries)
     assert "moe_mma_up_mxfp4" not in device.entries, sorted(device.entries)
+    assert ("moe_mma_up_mxfp4_direct" in device.entries) == arch.startswith("sm_"), sorted(device.entries)
     grouped = {"moe_gate_up_grouped_mxfp4", "moe_down_grouped_mxfp4"}  # where the matrix cores take the steps
     assert set(GPT_OSS_ENTRIES) - (grouped if has_matrix_cores(arch) else set()) <= device.entries, sorted(device.entries)
     prompt_entry = "prompt_attention_f16_d32_sinks"  # the prompt step of 40 tokens, heads of 32

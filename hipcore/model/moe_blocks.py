@@ -10,7 +10,9 @@ Five launches a layer (six with the router's bias), each over every token of the
 ordinary dense product (the existing matmul kernels), the experts' read only the selected experts' rows.
 A step whose pairs average moe_experts_mma.min_pairs_per_expert an expert on a device with matrix cores takes
 moe_experts_mma instead of the two expert launches: the pairs sorted by expert (moe_sort), then gate, up (with the
-activation) and down as matrix products of each expert's pairs, and the weighted terms summed into the stream.
+activation) and down as matrix products of each expert's pairs, and the weighted terms summed into the stream. On
+NVIDIA a step of fewer pairs an expert (from moe_experts_mma.direct_min_pairs) takes the same launches in tiles of
+at most 8 pairs (moe_experts_mma.direct_pays: the decode batches).
 
 qwen2moe's shared expert (shared_expert) is the same two expert launches over one expert, the shared ffn_*_shexp
 matrices (2-D: one expert's layout), every token routed to it (ids all 0, a buffer zeroed once) with the weight
@@ -103,8 +105,9 @@ def moe_feed_forward(ctx, i: int, lw, t: int) -> list[Launch]:
                            reads=(lw.ffn_gate_inp_bias,)))
     plan.append(("moe_route", lambda: moe_route.launch(dev, st, b["moe_ids"], b["moe_weights"], b["moe_logits"], t, e,
                                                        k, cfg.expert_gating, cfg.expert_weights_norm)))
-    if takes_matrix_cores(dev.arch, cfg, t, gate, down):
-        return plan + _matrix_core_experts(ctx, lw, t)
+    tile = matrix_core_tile(dev.arch, cfg, t, gate, down)
+    if tile:
+        return plan + _matrix_core_experts(ctx, lw, t, tile)
     selected = _selected(b, t * k, e)
     plan += [
         Launch("moe_gate_up", lambda: moe_experts.launch_gate_up(
@@ -123,19 +126,26 @@ def _selected(b, pairs: int, n_expert: int):
     return lambda *weights: ExpertReads(tuple(w for w in weights if w is not None), b["moe_ids"], pairs, n_expert)
 
 
-def takes_matrix_cores(arch: str, cfg, t: int, gate, down) -> bool:
-    """Whether a step of t tokens multiplies the experts on the matrix cores (moe_experts_mma.pays, and expert
-    values within f16's range)."""
-    return gate.fits_f16 and down.fits_f16 and moe_experts_mma.pays(
-        arch, t, cfg.n_experts_used, cfg.n_experts, (gate.fmt, down.fmt), (cfg.hidden_size, cfg.expert_ffn_size))
+def matrix_core_tile(arch: str, cfg, t: int, gate, down) -> int:
+    """The pairs a tile when a step of t tokens multiplies the experts on the matrix cores (expert values within
+    f16's range, and moe_experts_mma.pays: 32 or 64; else moe_experts_mma.direct_pays: DIRECT_TILE_PAIRS), or 0."""
+    if not (gate.fits_f16 and down.fits_f16):
+        return 0
+    e, k = cfg.n_experts, cfg.n_experts_used
+    types, widths = (gate.fmt, down.fmt), (cfg.hidden_size, cfg.expert_ffn_size)
+    if moe_experts_mma.pays(arch, t, k, e, types, widths):
+        return moe_experts_mma.tile_tokens(t * k, e)
+    if moe_experts_mma.direct_pays(arch, t, k, e, types, widths):
+        return moe_experts_mma.DIRECT_TILE_PAIRS
+    return 0
 
 
-def _matrix_core_experts(ctx, lw, t: int) -> list[Launch]:
-    """The experts' launches of a prompt on the matrix cores (the module docstring)."""
+def _matrix_core_experts(ctx, lw, t: int, tile: int) -> list[Launch]:
+    """The experts' launches of a step on the matrix cores, `tile` pairs a tile (the module docstring)."""
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     h, e, k, ff = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_size
     gate, up, down = lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps
-    pairs, tile = t * k, moe_experts_mma.tile_tokens(t * k, e)
+    pairs = t * k
     sorted_, tiles, g = b["moe_sorted"], b["moe_tiles"], b["moe_down_workspace"]
     shape = dict(pairs=pairs, n_expert=e, tile=tile)
     selected = _selected(b, pairs, e)

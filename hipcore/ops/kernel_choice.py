@@ -168,6 +168,7 @@ def check_settings() -> None:
     mma_first_min_cols()
     moe_experts.grouped_min_pairs()
     moe_experts_mma.min_pairs_per_expert(())
+    moe_experts_mma.direct_min_pairs(())
     moe_experts_mma.narrow_step_cols()
     qmatvec_first_min_cols()
 

@@ -13,7 +13,13 @@ rows i, cols i, pairs i, x_per i, n_expert i, tile_tokens i, max_tiles i, activa
   down: terms[p] = weights[p] (down_e . h[p] + down_bias_e)   then moe_experts' moe_sum_slots_f32 adds the k terms of
                                                               each token into the residual stream, in slot order
 Precision as matmul_mma's (W and the input rounded to f16, exact products, f32 sums): `error_bound`. The result of
-a pair does not depend on where the sort put it. Taken where the device has matrix cores, the experts' type has
+a pair does not depend on where the sort put it.
+
+On NVIDIA, where the pairs average only one to a few an expert (decode batches: gpt-oss-20b's 32 sequences give its
+32 experts 4 pairs each), the same three products run in tiles of at most DIRECT_TILE_PAIRS (8) pairs with the weights
+decoded straight into mma.sync's fragments (`moe_mma_<mode>_<type>_direct`, as matmul_mma's direct entries multiply a
+dense batch of 8 tokens): each selected expert's weights are read once for all its pairs, where the 32-pair tiles
+are mostly padding and moe_experts' grouped path walks each row once per two pairs (`direct_pays`). Taken where the device has matrix cores, the experts' type has
 entries (TYPES) and the pairs average at least min_pairs_per_expert an expert (`pays`: 4, 8 for MXFP4); BF16 and
 MXFP4 experts only where their weights fit f16 (hipcore/model/weights.py marks them).
 """
@@ -50,6 +56,7 @@ MAX_EXPERTS = 512  # kMaxExperts: the sort's shared counters
 MIN_PAIRS_PER_EXPERT = 4
 MXFP4_MIN_PAIRS_PER_EXPERT = 8
 WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
+TILE_PAIRS = (8, 32, 64)  # the sort's tiles: the few-pairs entries' (8) and the shared tiles' (32, 64)
 MAX_GRID = 1 << 20
 # The 32-element formats' steps (Q8_0, MXFP4, F16, BF16: matmul_mma's Narrow steps of 32 columns) also have `_s64`
 # entries reading two steps at once, 64 columns between two barriers: the 32-column steps were latency-bound (1.8-2.1
@@ -59,6 +66,17 @@ MAX_GRID = 1 << 20
 # docs/history/2026-12-06-moe-narrow-steps-2880-columns.md).
 NARROW_S64_TYPES = ("q8_0", "mxfp4", "f16", "bf16")
 NARROW_STEP_COLS = 64
+# The few-pairs tiles (NVIDIA's fragments): at most this many pairs of one expert, mma.sync's n.
+DIRECT_TILE_PAIRS = 8
+DIRECT_TYPES = TYPES
+DIRECT_STEP_COLS = 64  # every format's fragment step: a K-quant chunk, or two 32-element blocks
+# Q8_0's 34-byte blocks are read in aligned 4-byte words there (matmul_mma.WORD_ALIGNED_FRAGMENT_TYPES).
+DIRECT_WEIGHT_ALIGNMENT = {**matmul_mma.WEIGHT_ALIGNMENT, "q8_0": 4}
+# The few-pairs tiles from this many pairs an expert on average (MXFP4_: where an expert tensor is MXFP4), up to the
+# matrix-core tiles' threshold (min_pairs_per_expert); below it moe_experts' paths. ROCMFORGE_MOE_DIRECT_MIN_PAIRS
+# sets both for a measurement.
+DIRECT_MIN_PAIRS_PER_EXPERT = 1.0
+MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT = 1.0
 
 
 def step_cols(weight_type: str) -> int:
@@ -85,6 +103,29 @@ def min_pairs_per_expert(weight_types: tuple[str, ...]) -> float:
     return settings.number("ROCMFORGE_MOE_MMA_MIN_PAIRS", default)
 
 
+def has_direct(arch: str, weight_type: str, cols: int) -> bool:
+    """Whether the few-pairs entries take experts of this type and column count on `arch`: NVIDIA with matrix
+    cores (mma.sync's fragment layout), DIRECT_TYPES, cols whole fragment steps."""
+    return (arch.startswith("sm_") and matmul_mma.has_matrix_cores(arch) and weight_type in DIRECT_TYPES
+            and cols % DIRECT_STEP_COLS == 0 and supports(weight_type, cols))
+
+
+def direct_pays(arch: str, tokens: int, k: int, n_expert: int, weight_types: tuple[str, ...],
+                widths: tuple[int, ...]) -> bool:
+    """Whether a step of `tokens` tokens takes the few-pairs tiles: has_direct for every expert type at its columns,
+    at most MAX_EXPERTS experts, and at least direct_min_pairs() pairs an expert on average (the caller asks `pays`
+    first: from min_pairs_per_expert on the 32- and 64-pair tiles take over)."""
+    return (n_expert <= MAX_EXPERTS and all(has_direct(arch, t, c) for t, c in zip(weight_types, widths))
+            and tokens * k >= direct_min_pairs(weight_types) * n_expert)
+
+
+def direct_min_pairs(weight_types: tuple[str, ...]) -> float:
+    """MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT where an expert tensor is MXFP4, else DIRECT_MIN_PAIRS_PER_EXPERT
+    (ROCMFORGE_MOE_DIRECT_MIN_PAIRS overrides both)."""
+    default = MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT if "mxfp4" in weight_types else DIRECT_MIN_PAIRS_PER_EXPERT
+    return settings.number("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", default)
+
+
 def narrow_step_cols() -> int:
     """NARROW_STEP_COLS, or ROCMFORGE_MOE_MMA_NARROW_STEP where set (32 or 64; anything else is a UsageError)."""
     step = int(settings.number("ROCMFORGE_MOE_MMA_NARROW_STEP", NARROW_STEP_COLS, whole=True))
@@ -94,9 +135,12 @@ def narrow_step_cols() -> int:
     return step
 
 
-def entry_name(mode: str, weight_type: str, cols: int) -> str:
-    """The kernel entry of one product: moe_mma_<mode>_<type>, with `_s64` where a 32-element format's experts take
-    64-column steps (narrow_step_cols, cols a multiple of 64)."""
+def entry_name(mode: str, weight_type: str, cols: int, tile: int = 32) -> str:
+    """The kernel entry of one product: moe_mma_<mode>_<type>, with `_direct` for the few-pairs tiles (tile
+    DIRECT_TILE_PAIRS), `_s64` where a 32-element format's experts take 64-column steps (narrow_step_cols, cols a
+    multiple of 64)."""
+    if tile == DIRECT_TILE_PAIRS:
+        return f"moe_mma_{mode}_{weight_type}_direct"
     s64 = weight_type in NARROW_S64_TYPES and cols % 64 == 0 and narrow_step_cols() == 64
     return f"moe_mma_{mode}_{weight_type}" + ("_s64" if s64 else "")
 
@@ -111,8 +155,8 @@ def max_tiles(pairs: int, n_expert: int, tile: int) -> int:
 
 
 def sort_bytes(pairs: int, n_expert: int) -> tuple[int, int]:
-    """Bytes of (sorted, tiles) for `pairs` pairs: int32 [pairs] and int32 [1 + 3 max_tiles] at the smaller tile."""
-    return pairs * 4, (1 + 3 * max_tiles(pairs, n_expert, 32)) * 4
+    """Bytes of (sorted, tiles) for `pairs` pairs: int32 [pairs] and int32 [1 + 3 max_tiles] at the smallest tile."""
+    return pairs * 4, (1 + 3 * max_tiles(pairs, n_expert, DIRECT_TILE_PAIRS)) * 4
 
 
 # ---- reference -------------------------------------------------------------------------------
@@ -197,7 +241,7 @@ def _f16(a: np.ndarray) -> np.ndarray:
 
 for _type in TYPES:
     for _mode in MODES:
-        for _suffix in ("", "_s64") if _type in NARROW_S64_TYPES else ("",):
+        for _suffix in ("", "_direct", "_s64") if _type in NARROW_S64_TYPES else ("", "_direct"):
             cpu_kernel(f"moe_mma_{_mode}_{_type}{_suffix}", SIGNATURE)(_host_products(_type, _mode))
 
 
@@ -214,8 +258,9 @@ def launch_sort(device: Device, stream: Stream | None, sorted_: Any, tiles: Any,
                 tile: int) -> None:
     """sorted int32 [pairs] and tiles int32 [1 + 3 max_tiles] from ids int32 [pairs] (the module docstring)."""
     check_sizes(OP, pairs=pairs, n_expert=n_expert, tile=tile)
-    if n_expert > MAX_EXPERTS or tile not in matmul_mma.TILE_TOKENS:
-        raise ValueError(f"{OP}: at most {MAX_EXPERTS} experts and tiles of 32 or 64 pairs, got {n_expert} and {tile}")
+    if n_expert > MAX_EXPERTS or tile not in TILE_PAIRS:
+        raise ValueError(f"{OP}: at most {MAX_EXPERTS} experts and tiles of 8, 32 or 64 pairs, got {n_expert} and "
+                         f"{tile}")
     check_memory(OP, "sorted", sorted_, pairs * 4)
     check_memory(OP, "tiles", tiles, (1 + 3 * max_tiles(pairs, n_expert, tile)) * 4)
     check_memory(OP, "ids", ids, pairs * 4)
@@ -233,13 +278,17 @@ def launch_products(device: Device, stream: Stream | None, mode: str, out: Any, 
         raise ValueError(f"{OP}: mode must be one of {', '.join(MODES)}, not {mode!r}")
     if not supports(weight_type, cols):
         raise ValueError(f"{OP}: no entry for {weight_type} experts of {cols} columns")
+    direct = tile == DIRECT_TILE_PAIRS
+    if direct and not has_direct(device.arch, weight_type, cols):
+        raise ValueError(f"{OP}: no few-pairs entry for {weight_type} experts of {cols} columns on {device.arch} "
+                         f"(NVIDIA with matrix cores, whole steps of {DIRECT_STEP_COLS} columns)")
     if activation not in moe_experts.ACTIVATIONS:
         raise ValueError(f"{OP}: activation must be one of {', '.join(moe_experts.ACTIVATIONS)}, not {activation!r}")
     check_sizes(OP, rows=rows, cols=cols, pairs=pairs, x_per=x_per, n_expert=n_expert, tile=tile)
     if pairs % x_per:
         raise ValueError(f"{OP}: pairs ({pairs}) must be a multiple of x_per ({x_per})")
     check_memory(OP, "W", W, n_expert * rows * row_bytes(weight_type, cols),
-                 alignment=matmul_mma.WEIGHT_ALIGNMENT[weight_type])
+                 alignment=(DIRECT_WEIGHT_ALIGNMENT if direct else matmul_mma.WEIGHT_ALIGNMENT)[weight_type])
     check_memory(OP, "x", x, pairs // x_per * cols * 4, alignment=16)
     check_memory(OP, "out", out, pairs * rows * 4)
     check_memory(OP, "sorted", sorted_, pairs * 4)
@@ -252,7 +301,7 @@ def launch_products(device: Device, stream: Stream | None, mode: str, out: Any, 
     if bias is not None:
         check_memory(OP, "bias", bias, n_expert * rows * 4)
     grid, block = geometry(rows, pairs, n_expert, tile)
-    kernel = get_kernel(device, OP, entry_name(mode, weight_type, cols), SIGNATURE)
+    kernel = get_kernel(device, OP, entry_name(mode, weight_type, cols, tile), SIGNATURE)
     kernel.launch(grid, block, (out, g if mode == "up" else 0, W, x, sorted_, tiles, 0 if bias is None else bias,
                                 weights if mode == "down" else 0, rows, cols, pairs, x_per, n_expert, tile,
                                 max_tiles(pairs, n_expert, tile), moe_experts.ACTIVATIONS[activation]), stream=stream)

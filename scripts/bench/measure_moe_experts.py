@@ -19,8 +19,8 @@ with events. bytes read = the distinct selected experts' rows (gate and up, or d
 bytes / GPU time (for the grouped path's down, its second launch, the slot sum, included). At more than one token
 both paths are timed (pairs: a warp per (token, slot); grouped: a workgroup per expert), and where the device has matrix
 cores, the matrix-core path too, at every token count (mma: its gate_up
-row is the sort, the gate and the up launches; its down row the down launch and the slot sum); the launcher's choice
-in bold. Before timing, the pairs and grouped paths' outputs are checked against hipcore/ops/moe_experts.py's
+row is the sort, the gate and the up launches; its down row the down launch and the slot sum), and on NVIDIA its
+few-pairs tiles (direct: the same launches, 8 pairs a tile) above one token; the launcher's choice in bold. Before timing, the pairs and grouped paths' outputs are checked against hipcore/ops/moe_experts.py's
 float64 reference within its bound (a miss is reported on stderr and in the JSON, not fatal); the mma path's are
 checked by tests/gpu/test_moe_experts_mma_gpu.py.
 """
@@ -121,12 +121,21 @@ class Layer:
         return (matmul_mma.has_matrix_cores(self.dev.arch) and self.n_expert <= moe_experts_mma.MAX_EXPERTS
                 and moe_experts_mma.supports(self.up_type, self.hidden) and moe_experts_mma.supports(self.down_type, self.ff))
 
-    def _mma(self, stream, mode: str, copy: int) -> None:
+    def direct_runs(self) -> bool:
+        """NVIDIA's few-pairs tiles exist here (timed at every token count above one)."""
+        return self.mma_runs() and all(moe_experts_mma.has_direct(self.dev.arch, t, c) for t, c in
+                                       ((self.up_type, self.hidden), (self.down_type, self.ff)))
+
+    def direct_pays(self) -> bool:
+        return moe_experts_mma.direct_pays(self.dev.arch, self.tokens, self.k, self.n_expert,
+                                           (self.up_type, self.down_type), (self.hidden, self.ff))
+
+    def _mma(self, stream, mode: str, copy: int, tile: int | None = None) -> None:
         pairs = self.tokens * self.k
-        shape = dict(pairs=pairs, n_expert=self.n_expert, tile=self.tile)
+        shape = dict(pairs=pairs, n_expert=self.n_expert, tile=tile or self.tile)
         if mode == "gate":
             moe_experts_mma.launch_sort(self.dev, stream, self.sorted_buf, self.tiles_buf, self.ids_at(copy), pairs,
-                                        self.n_expert, self.tile)
+                                        self.n_expert, shape["tile"])
         rows, cols, x, out, x_per = ((self.hidden, self.ff, self.h_buf, self.workspace, 1) if mode == "down" else
                                      (self.ff, self.hidden, self.x_buf, self.h_buf if mode == "up" else self.workspace, self.k))
         moe_experts_mma.launch_products(self.dev, stream, mode, out, self.weight_at(mode, copy), x, self.sorted_buf,
@@ -138,9 +147,10 @@ class Layer:
                                              self.hidden)
 
     def gate_up(self, stream, copy: int, path: str | None = None) -> None:
-        if path == "mma":
-            self._mma(stream, "gate", copy)
-            self._mma(stream, "up", copy)
+        if path in ("mma", "direct"):
+            tile = moe_experts_mma.DIRECT_TILE_PAIRS if path == "direct" else None
+            self._mma(stream, "gate", copy, tile)
+            self._mma(stream, "up", copy, tile)
             return
         moe_experts.launch_gate_up(self.dev, stream, self.h_buf, self.x_buf, self.weight_at("gate", copy),
                                    self.weight_at("up", copy), self.ids_at(copy), self.tokens, self.k, self.activation,
@@ -148,8 +158,8 @@ class Layer:
                                    path=path)
 
     def down(self, stream, copy: int, path: str | None = None) -> None:
-        if path == "mma":
-            self._mma(stream, "down", copy)
+        if path in ("mma", "direct"):
+            self._mma(stream, "down", copy, moe_experts_mma.DIRECT_TILE_PAIRS if path == "direct" else None)
             return
         moe_experts.launch_down(self.dev, stream, self.out_buf, self.h_buf, self.weight_at("down", copy),
                                 self.ids_at(copy), self.weights_buf, self.tokens, self.k, weight_type=self.down_type,
@@ -191,7 +201,7 @@ class Layer:
 
 
 def measure(device_spec: str, shapes: list[str], token_counts: list[int], rotate_bytes: int, replays: int,
-            repeats: int) -> dict:
+            repeats: int, only: tuple[str, ...] = ()) -> dict:
     dev = gpu_or_exit(device_spec)
     try:
         stream = dev.create_stream()
@@ -210,7 +220,11 @@ def measure(device_spec: str, shapes: list[str], token_counts: list[int], rotate
                     if layer.mma_runs():
                         paths = (*paths, "mma")
                         chosen = "mma" if layer.mma_pays() else chosen
-                    for kind, path in [("route", "-")] + [(kind, path) for kind in ("gate_up", "down") for path in paths]:
+                    if tokens > 1 and layer.direct_runs():
+                        paths = (*paths, "direct")
+                        chosen = "direct" if layer.direct_pays() and chosen != "mma" else chosen
+                    timed = [p for p in paths if not only or p in only]
+                    for kind, path in [("route", "-")] + [(kind, path) for kind in ("gate_up", "down") for path in timed]:
                         launch = getattr(layer, kind)
                         launches = [lambda s, c=c, p=path: launch(s, c, p) for c in range(layer.copies)]
                         ms = graph_time_per_launch(dev, stream, launches, replays, repeats)
@@ -243,13 +257,15 @@ def main() -> None:
     parser.add_argument("--rotate-mib", type=int, default=2048, help="device memory the weight copies fill (default 2048)")
     parser.add_argument("--replays", type=int, default=5, help="graph replays per timed run (default 5)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
+    parser.add_argument("--paths", default="", help="comma-separated paths to time, of pairs, grouped, mma, direct "
+                                                    "(default: every path there is; the checks run regardless)")
     opts = parser.parse_args()
     shapes = [s for s in opts.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         parser.error(f"unknown shape {', '.join(unknown)}; known: {', '.join(SHAPES)}")
     result = measure(opts.device, shapes, [int(t) for t in opts.tokens.split(",")], opts.rotate_mib << 20,
-                     opts.replays, opts.repeats)
+                     opts.replays, opts.repeats, tuple(p for p in opts.paths.split(",") if p))
     opts.outdir.mkdir(parents=True, exist_ok=True)
     (opts.outdir / "moe_experts.json").write_text(json.dumps(result, indent=2))
     print(f"moe_experts on {result['device']} ({result['code_objects']}); {result['date']}, commit {result['commit']}, "

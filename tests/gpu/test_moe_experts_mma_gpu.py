@@ -2,7 +2,8 @@
 activation) and down products with the slot sum, against float64 references within matmul_mma's error bound carried
 through each epilogue, at Qwen3-30B-A3B's shape (prompts of 32 and 256 tokens: Q4_K gate|up, Q6_K or Q4_K down) and
 gpt-oss-20b's (MXFP4 and F16 experts with biases, swiglu_oai), and a replay from a captured graph with the same bits
-as eager launches. Skipped where the device has no matrix cores (moe_experts_mma is never taken there)."""
+as eager launches; NVIDIA's few-pairs tiles (`_direct`, 8 pairs a tile) likewise at decode batches of 8 and 32
+sequences, every expert type. Skipped where the device has no matrix cores (moe_experts_mma is never taken there)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,11 @@ def check(got, want, bound, what, seed):
 
 
 def layer_case(gpu, mem, rng, seed, gate_type, down_type, hidden, ff, n_expert, k, tokens, activation, biases,
-               x_scale=1.0):
+               x_scale=1.0, tile=None):
     """The layer's expert launches as moe_blocks makes them, each product checked against its reference. x_scale keeps
     the down product's input h within f16's range, as a model's is (random K-quant experts on inputs of 1 gave |h|
     past 65,504: an infinity in the f16 tile, as matmul_mma's prompts would make of it)."""
-    pairs, tile = tokens * k, moe_experts_mma.tile_tokens(tokens * k, n_expert)
+    pairs, tile = tokens * k, tile or moe_experts_mma.tile_tokens(tokens * k, n_expert)
     gate, up = (random_weights(rng, gate_type, n_expert * ff, hidden) for _ in range(2))
     down = random_weights(rng, down_type, n_expert * hidden, ff)
     x = (rng.standard_normal((tokens, hidden)) * rng.choice([0.1, 1.0, 3.0], (tokens, 1)) * x_scale).astype(np.float32)
@@ -117,11 +118,36 @@ def test_gpt_oss_20b_prompt(gpu, mem, rng, seed, weight_type):
     layer_case(gpu, mem, rng, seed, weight_type, weight_type, hidden, ff, n_expert, k, 384, "swiglu_oai", True)
 
 
-def test_a_prompt_layer_replays_from_a_graph_as_eager(gpu, mem, rng):
+def few_pairs(gpu, *types_and_widths):
+    if not all(moe_experts_mma.has_direct(gpu.arch, t, c) for t, c in types_and_widths):
+        pytest.skip(f"{gpu.arch} has no few-pairs entries (NVIDIA's mma.sync fragments only)")
+
+
+@pytest.mark.parametrize("tokens", [8, 32])
+def test_qwen3_30b_a3b_decode_batch_on_few_pairs_tiles(gpu, mem, rng, seed, tokens):
+    hidden, ff, n_expert, k = QWEN3_30B_A3B  # 32 sequences: 256 pairs, 2 an expert
+    few_pairs(gpu, ("q4_k", hidden), ("q6_k", ff))
+    layer_case(gpu, mem, rng, seed, "q4_k", "q6_k", hidden, ff, n_expert, k, tokens, "swiglu", False, 0.05,
+               tile=moe_experts_mma.DIRECT_TILE_PAIRS)
+
+
+@pytest.mark.parametrize("weight_type", ["mxfp4", "f16", "bf16", "q8_0"])
+def test_gpt_oss_20b_decode_batch_on_few_pairs_tiles(gpu, mem, rng, seed, weight_type):
+    hidden, ff, n_expert, k = GPT_OSS_20B  # 32 sequences: 128 pairs, 4 an expert
+    few_pairs(gpu, (weight_type, hidden))
+    layer_case(gpu, mem, rng, seed, weight_type, weight_type, hidden, ff, n_expert, k, 32, "swiglu_oai", True,
+               tile=moe_experts_mma.DIRECT_TILE_PAIRS)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_prompt_layer_replays_from_a_graph_as_eager(gpu, mem, rng, direct):
     """sort, gate, up, down and the slot sum captured once and replayed: the same bits as eager launches, whatever
-    order the sort's atomics leave each expert's pairs in."""
+    order the sort's atomics leave each expert's pairs in; the few-pairs tiles too (direct)."""
     hidden, ff, n_expert, k, tokens = 256, 256, 16, 4, 64
-    pairs, tile = tokens * k, moe_experts_mma.tile_tokens(tokens * k, n_expert)
+    if direct:
+        few_pairs(gpu, ("q4_k", hidden))
+    pairs = tokens * k
+    tile = moe_experts_mma.DIRECT_TILE_PAIRS if direct else moe_experts_mma.tile_tokens(pairs, n_expert)
     gate, up, down = (random_weights(rng, "q4_k", n_expert * r, c) for r, c in ((ff, hidden), (ff, hidden), (hidden, ff)))
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
     sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(pairs, n_expert)
