@@ -215,7 +215,8 @@ def measure(device_spec: str, shapes: list[str], token_counts: list[int], rotate
                 try:
                     paths = ("pairs",) if tokens == 1 else ("pairs", "grouped")
                     for path in paths:
-                        problems += layer.check(stream, path)
+                        if not only or path in only:
+                            problems += layer.check(stream, path)
                     chosen = "grouped" if moe_experts.grouped_pays(tokens, layer.k, layer.n_expert) else "pairs"
                     if layer.mma_runs():
                         paths = (*paths, "mma")
@@ -257,8 +258,8 @@ def main() -> None:
     parser.add_argument("--rotate-mib", type=int, default=2048, help="device memory the weight copies fill (default 2048)")
     parser.add_argument("--replays", type=int, default=5, help="graph replays per timed run (default 5)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is shown (default 5)")
-    parser.add_argument("--paths", default="", help="comma-separated paths to time, of pairs, grouped, mma, direct "
-                                                    "(default: every path there is; the checks run regardless)")
+    parser.add_argument("--paths", default="", help="comma-separated paths to time (and check), of pairs, grouped, "
+                                                    "mma, direct (default: every path there is)")
     opts = parser.parse_args()
     shapes = [s for s in opts.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
