@@ -248,132 +248,13 @@ __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int st
   }
 }
 
-// MXFP4's rows through shared memory. Its 17-byte blocks are only byte aligned, so direct_tile_product's lanes read
-// each block's codes as three aligned words and its scale as a byte: 16 loads a lane and step, each touching the 8
-// rows of its warp's lanes, where the card's L1 serves a row's line per cycle: an H100 read gpt-oss-20b's experts so
-// at about 800 GB/s. Here each warp copies its 16 rows' bytes of kStageSteps steps (a row's 136 bytes, from the
-// aligned 16 bytes around them) as aligned 16-byte chunks, consecutive lanes along a row, into shared memory, and the
-// lanes decode their fragments from there as before (the same L::load and L::decode on the copy, whose bytes keep
-// their offsets modulo 4). The next stage's chunks are loaded into registers while this one is decoded.
-constexpr int kStageSteps = 4;
-
-template <class L>
-struct StagedRows {
-  static constexpr int kStepBytes = 2 * L::kBlockBytes;                               // a Pair32 step: two blocks
-  static constexpr int kChunks = (14 + kStageSteps * kStepBytes + 15) / 16;           // 16-byte chunks a row's stage spans
-  static constexpr int kRowStride = 16 * kChunks + 4;                                 // words apart: rows in other banks
-  static constexpr int kLoads = (16 * kChunks + WARP_SIZE - 1) / WARP_SIZE;           // chunks a lane copies
-  static constexpr int kWarpBytes = 16 * kRowStride;
-};
-constexpr int kStagedBytes = kWarps * StagedRows<mmq::MXFP4Lane<1>>::kWarpBytes;
-
-template <class L, int kMode>
-__device__ __forceinline__ void staged_tile_product(const Args& a, int e, int start, int count, int r0,
-                                                    unsigned char* staged) {
-  typedef StagedRows<L> S;
-  constexpr int kStepBytes = S::kStepBytes, kChunks = S::kChunks;
-  const int rows = a.rows, cols = a.cols, steps = cols / 64;
-  const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, g = lane >> 2, t = lane & 3;
-  const unsigned long long row_bytes = (unsigned long long)(cols / 32) * L::kBlockBytes;
-  const unsigned char* W = a.W + (unsigned long long)e * rows * row_bytes;
-  unsigned char* mine = staged + warp * S::kWarpBytes;  // this warp's 16 rows
-  const unsigned char* src[S::kLoads];  // chunk v = lane + 32 p: row v / kChunks of the warp's, chunk v % kChunks
-  int dst[S::kLoads];
-#pragma unroll
-  for (int p = 0; p < S::kLoads; ++p) {
-    const int v = lane + WARP_SIZE * p, row = v / kChunks;
-    src[p] = row < 16 ? W + (unsigned long long)lesser(r0 + 16 * warp + row, rows - 1) * row_bytes : nullptr;
-    dst[p] = row * S::kRowStride + 16 * (v % kChunks);
-  }
-  unsigned long long row_at[2];  // the lane's rows g, g + 8
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    row_at[h] = (unsigned long long)(W + (unsigned long long)lesser(r0 + 16 * warp + g + 8 * h, rows - 1) * row_bytes);
-  // Stage s's chunk of load p: the aligned 16 bytes `chunk` into the row's window from its stage start, loaded where
-  // the window still holds bytes of the stage's steps (a chunk past them is never read: past the tensor's end too).
-  auto load = [&](int s, uint4 (&raw)[S::kLoads]) {
-    const unsigned long long begin = (unsigned long long)s * kStageSteps * kStepBytes;
-    const unsigned long long end = (unsigned long long)lesser((s + 1) * kStageSteps, steps) * kStepBytes;
-#pragma unroll
-    for (int p = 0; p < S::kLoads; ++p) {
-      raw[p] = uint4{0u, 0u, 0u, 0u};
-      if (src[p] == nullptr) continue;
-      const unsigned long long base = (unsigned long long)src[p];
-      const unsigned long long addr = ((base + begin) & ~15ull) + (unsigned long long)(dst[p] % S::kRowStride);
-      if (addr < base + end) raw[p] = *reinterpret_cast<const uint4*>(addr);
-    }
-  };
-  const int pair = a.sorted[start + lesser(g, count - 1)];
-  const float* x_src = a.x + (unsigned long long)(pair / a.x_per) * cols;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  uint4 raw[S::kLoads];
-  load(0, raw);
-  const int stages = (steps + kStageSteps - 1) / kStageSteps;
-  for (int s = 0; s < stages; ++s) {
-    __syncthreads();  // every warp is done decoding the previous stage
-#pragma unroll
-    for (int p = 0; p < S::kLoads; ++p) {  // 4-byte stores: the rows' copies are 4 bytes past 16-byte alignment
-      if (src[p] == nullptr) continue;
-      unsigned int* d = reinterpret_cast<unsigned int*>(mine + dst[p]);
-      d[0] = raw[p].x, d[1] = raw[p].y, d[2] = raw[p].z, d[3] = raw[p].w;
-    }
-    __syncthreads();
-    if (s + 1 < stages) load(s + 1, raw);
-    int at[2];  // where the stage's bytes of rows g, g + 8 start in their copies: their offsets modulo 16
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      at[h] = (g + 8 * h) * S::kRowStride + (int)((row_at[h] + (unsigned long long)s * kStageSteps * kStepBytes) & 15u);
-#pragma unroll
-    for (int j = 0; j < kStageSteps; ++j) {
-      const int step = s * kStageSteps + j;
-      if (step >= steps) break;  // uniform
-      const int c0 = 64 * step;
-      float4 xd[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) xd[q] = *reinterpret_cast<const float4*>(x_src + c0 + mmq::frag_column(q, t));
-      unsigned int pairs[2][8];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const unsigned char* b = mine + at[h] + j * kStepBytes;
-        L::decode(L::template load<true>(b, t), t, pairs[h]);
-        L::decode(L::template load<false>(b + L::kBlockBytes, t), t, pairs[h] + 4);
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const unsigned int fa[4] = {pairs[0][2 * q], pairs[1][2 * q], pairs[0][2 * q + 1], pairs[1][2 * q + 1]};
-        const unsigned int fb[2] = {mmq::pack_f16(xd[q].x, xd[q].y), mmq::pack_f16(xd[q].z, xd[q].w)};
-        rf_mma_m16n8k16_f16(acc, fa, fb);
-      }
-    }
-  }
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int r = r0 + 16 * warp + g + 8 * (q >> 1), p = 2 * t + (q & 1);
-    if (p < count && r < rows) store_pair<kMode>(a, e, a.sorted[start + p], r, acc[q]);
-  }
-}
-
-// Whether a fragment format's direct items go through staged_tile_product: MXFP4's.
-template <class F>
-struct Staged {
-  static constexpr bool value = false;
-};
-template <int kDepth>
-struct Staged<mmq::Block32Fragments<mmq::MXFP4Lane<kDepth>>> {
-  static constexpr bool value = true;
-  typedef mmq::MXFP4Lane<kDepth> Lane;
-};
-
 template <class F, int kMode>
-__device__ __forceinline__ void direct_products(const Args& a, int max_tiles, unsigned char* staged) {
+__device__ __forceinline__ void direct_products(const Args& a, int max_tiles) {
   const int row_tiles = (a.rows + kTileRows - 1) / kTileRows;
   const int listed = lesser(a.tiles[0], max_tiles);
   for (int item = (int)blockIdx.x; item < row_tiles * listed; item += (int)gridDim.x) {  // uniform across the group
     const int* t = a.tiles + 1 + 3 * (item / row_tiles);
-    if constexpr (Staged<F>::value)
-      staged_tile_product<typename Staged<F>::Lane, kMode>(a, t[0], t[1], t[2], (item % row_tiles) * kTileRows, staged);
-    else
-      direct_tile_product<F, kMode>(a, t[0], t[1], t[2], (item % row_tiles) * kTileRows);
+    direct_tile_product<F, kMode>(a, t[0], t[1], t[2], (item % row_tiles) * kTileRows);
   }
 }
 #endif
@@ -465,13 +346,11 @@ RF_MOE_MMA_ENTRIES_BOUND(bf16_s64, moe_mma::Twice<mmq::Narrow<mmq::BF16>>, (256,
       const int* __restrict__ sorted, const int* __restrict__ tiles, const float* __restrict__ bias,              \
       const float* __restrict__ weights, int rows, int cols, int pairs, int x_per, int n_expert, int tile_tokens,   \
       int max_tiles, int activation) {                                                                             \
-    typedef typename mmq::Fragments<Step>::Format F;                                                               \
-    __shared__ __attribute__((aligned(16))) unsigned char staged[moe_mma::Staged<F>::value ? moe_mma::kStagedBytes : 16]; \
     rf_grid_dependency_sync(); /* a programmatic launch */                                                         \
     (void)pairs, (void)n_expert, (void)tile_tokens; /* the launcher's checks */                                    \
     const moe_mma::Args a = {out, g, static_cast<const unsigned char*>(W), x, sorted, tiles, bias, weights,         \
                              rows, cols, x_per, activation};                                                       \
-    moe_mma::direct_products<F, kMode>(a, max_tiles, staged);                                                      \
+    moe_mma::direct_products<typename mmq::Fragments<Step>::Format, kMode>(a, max_tiles);                          \
   }
 #define RF_MOE_MMA_DIRECT_ENTRIES(type, Step)                                 \
   RF_MOE_MMA_DIRECT_ENTRY(moe_mma_gate_##type##_direct, Step, moe_mma::kGate) \

@@ -6,8 +6,7 @@ tiles of 8 pairs, the weights decoded into mma.sync's fragments) for every type 
 normal range among them. Planted faults (an expert's weights taken from the wrong offset, a pair written to the tile's
 column instead of its own row, the sort dropping an expert's last tile, a 64-column step loading only 32 columns; in
 the few-pairs entries every lane taking the tile's first pair's x, the steps in flight refilled one step ahead instead
-of kDepth, MXFP4's sign bits or its small scales' second factor dropped, its rows staged in shared memory read from
-their copies' starts or the next stage loaded as the current one) must be caught."""
+of kDepth, MXFP4's sign bits or its small scales' second factor dropped) must be caught."""
 
 from __future__ import annotations
 
@@ -200,10 +199,6 @@ DIRECT_PLANTED = {  # the few-pairs entries': (old, new, weight type, MXFP4 scal
     "MXFP4's sign bits dropped": ("| ((codes & 0x08080808u) << 4);", ";", "mxfp4", None),
     "MXFP4's small scales' second factor dropped": ("if (small) v = rf_h2_mul(v, second * 0x10001u);", "", "mxfp4",
                                                     (88, 110)),
-    "MXFP4's staged rows read from their copies' starts": (
-        "+ (int)((row_at[h] + (unsigned long long)s * kStageSteps * kStepBytes) & 15u);", ";", "mxfp4", None),
-    "MXFP4's next stage loaded as the current one": ("if (s + 1 < stages) load(s + 1, raw);", "load(s, raw);",
-                                                     "mxfp4", None),
 }
 PLANTED.update({fault: spec[:2] for fault, spec in DIRECT_PLANTED.items()})
 PLANTED_SUFFIX = {"a 64-column step loading 32 columns": "_s64", **{fault: "_direct" for fault in DIRECT_PLANTED}}

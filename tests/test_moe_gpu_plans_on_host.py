@@ -78,7 +78,7 @@ def test_qwen3moe_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, on_cp
     grouped = {"moe_gate_up_grouped_q4_k", "moe_down_grouped_q6_k"}  # where the matrix cores take the steps
     assert set(MOE_ENTRIES) - (grouped if has_matrix_cores(arch) else set()) <= device.entries, sorted(device.entries)
     assert (set(MATRIX_CORE_ENTRIES) <= device.entries) == has_matrix_cores(arch), sorted(device.entries)
-    # the batches of 4 and 5 tokens (8 and 10 pairs of 8 experts): NVIDIA's few-pairs tiles
+    # the decode steps of 5 sequences, whose graphs run 8 token rows (16 pairs of 8 experts): NVIDIA's few-pairs tiles
     assert (set(DIRECT_ENTRIES) <= device.entries) == arch.startswith("sm_"), sorted(device.entries)
 
 

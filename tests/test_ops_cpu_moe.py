@@ -288,12 +288,13 @@ def test_grouped_path_on_the_host_kernels(cpu_device):
 
 
 def test_path_thresholds_follow_their_settings(monkeypatch):
-    """The grouped path from one pair an expert, the matrix cores from 4 (8 where an expert tensor is MXFP4); the
-    ROCMFORGE_MOE_GROUPED_MIN_PAIRS and ROCMFORGE_MOE_MMA_MIN_PAIRS settings move them; a value that is no number of
-    0 or more is a UsageError naming the setting."""
+    """The grouped path from one pair an expert, the matrix cores from 4 (8 where an expert tensor is MXFP4), NVIDIA's
+    few-pairs tiles from 2 (4 for MXFP4) and never on AMD; the ROCMFORGE_MOE_GROUPED_MIN_PAIRS,
+    ROCMFORGE_MOE_MMA_MIN_PAIRS and ROCMFORGE_MOE_DIRECT_MIN_PAIRS settings move them; a value that is no number of 0
+    or more is a UsageError naming the setting."""
     from hipcore.ops import moe_experts_mma
     from hipcore.runtime.errors import UsageError
-    for name in ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MOE_MMA_MIN_PAIRS"):
+    for name in ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_DIRECT_MIN_PAIRS"):
         monkeypatch.delenv(name, raising=False)
     qwen, oss = ("q4_k", "q6_k"), ("mxfp4", "mxfp4")
     widths = (2048, 768)
@@ -302,13 +303,20 @@ def test_path_thresholds_follow_their_settings(monkeypatch):
                                                                                                 widths)
     assert moe_experts_mma.pays("sm_90", 64, 4, 32, oss, widths) and not moe_experts_mma.pays("sm_90", 63, 4, 32, oss,
                                                                                               widths)
+    direct = moe_experts_mma.direct_pays
+    assert direct("sm_90", 32, 8, 128, qwen, widths) and not direct("sm_90", 31, 8, 128, qwen, widths)
+    assert direct("sm_80", 32, 4, 32, oss, widths) and not direct("sm_90", 31, 4, 32, oss, widths)
+    assert not direct("gfx942", 32, 4, 32, oss, widths) and not direct("sm_90", 32, 4, 32, ("mxfp4", "f32"), widths)
+    monkeypatch.setenv("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", "1")
+    assert direct("sm_90", 8, 4, 32, oss, widths) and not direct("sm_90", 7, 4, 32, oss, widths)
     monkeypatch.setenv("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "2")
     monkeypatch.setenv("ROCMFORGE_MOE_MMA_MIN_PAIRS", "2")
     assert not moe_experts.grouped_pays(16, 8, 128) and moe_experts.grouped_pays(32, 8, 128)
     assert moe_experts_mma.pays("sm_90", 16, 4, 32, oss, widths) and not moe_experts_mma.pays("sm_90", 15, 4, 32, oss,
                                                                                               widths)
     for name, check in (("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", lambda: moe_experts.grouped_pays(16, 8, 128)),
-                        ("ROCMFORGE_MOE_MMA_MIN_PAIRS", lambda: moe_experts_mma.pays("sm_90", 64, 8, 128, qwen, widths))):
+                        ("ROCMFORGE_MOE_MMA_MIN_PAIRS", lambda: moe_experts_mma.pays("sm_90", 64, 8, 128, qwen, widths)),
+                        ("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", lambda: direct("sm_90", 64, 8, 128, qwen, widths))):
         for bad in ("two", "-1", "nan"):
             monkeypatch.setenv(name, bad)
             with pytest.raises(UsageError, match=f"{name} must be a number of 0 or more, got '{bad}'"):
@@ -366,6 +374,43 @@ def test_64_column_entries_compute_what_the_others_do(cpu_device, monkeypatch):
     want, bound = moe_experts_mma.products_reference(x[np.arange(pairs) // k].astype(np.float64), raw, "mxfp4", ids,
                                                      rows, cols)
     assert np.all(np.abs(results[0] - want) <= bound) and np.array_equal(results[0], results[1])
+
+
+def test_few_pairs_tiles_are_nvidias_and_compute_the_reference(cpu_device, monkeypatch):
+    """The 8-pair tiles (`_direct`) run only where NVIDIA's fragments exist: refused on the cpu backend and on an AMD
+    stand-in, launched on an sm_90 one (its host twin: the reference's products), each listed tile of at most 8
+    pairs, one expert's 13 pairs over two tiles."""
+    from hipcore.ops import moe_experts_mma
+    from support.stand_in_gpu import StandInGpu, host_kernels_for_stand_ins
+    host_kernels_for_stand_ins(monkeypatch)
+    rng = np.random.default_rng(8)
+    tokens, k, n_expert, rows, cols = 13, 2, 4, 64, 128
+    ids = np.stack([[0, 1 + rng.integers(0, n_expert - 1)] for _ in range(tokens)]).astype(np.int32)
+    pairs, tile = tokens * k, moe_experts_mma.DIRECT_TILE_PAIRS
+    raw = random_weights(rng, "mxfp4", n_expert * rows, cols)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    for dev in (cpu_device, StandInGpu(arch="gfx942"), StandInGpu(arch="sm_90")):
+        sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(pairs, n_expert)
+        bufs = {name: dev.allocate(size, "scratch") for name, size in
+                (("sorted", sorted_bytes), ("tiles", tiles_bytes), ("out", pairs * rows * 4))}
+        w, xb, idb = (to_device(dev, a) for a in (raw, x, ids))
+        moe_experts_mma.launch_sort(dev, None, bufs["sorted"], bufs["tiles"], idb, pairs, n_expert, tile)
+        launch = lambda: moe_experts_mma.launch_products(  # noqa: E731
+            dev, None, "gate", bufs["out"], w, xb, bufs["sorted"], bufs["tiles"], weight_type="mxfp4", rows=rows,
+            cols=cols, pairs=pairs, x_per=k, n_expert=n_expert, tile=tile)
+        if not dev.arch.startswith("sm_"):
+            with pytest.raises(ValueError, match="no few-pairs entry for mxfp4 experts"):
+                launch()
+            continue
+        launch()
+        listed = bufs["tiles"].download(np.int32)
+        table = listed[1:1 + 3 * int(listed[0])].reshape(-1, 3)
+        assert table[:, 2].max() <= tile and [int(n) for e, _, n in table if e == 0] == [8, 5]
+        got = bufs["out"].download(np.float32).reshape(pairs, rows)
+        want, bound = moe_experts_mma.products_reference(x[np.arange(pairs) // k].astype(np.float64), raw, "mxfp4",
+                                                         ids, rows, cols)
+        assert np.all(np.abs(got - want) <= bound)
+        assert "moe_mma_gate_mxfp4_direct" in dev.entries
 
 
 def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):

@@ -73,10 +73,14 @@ DIRECT_STEP_COLS = 64  # every format's fragment step: a K-quant chunk, or two 3
 # Q8_0's 34-byte blocks are read in aligned 4-byte words there (matmul_mma.WORD_ALIGNED_FRAGMENT_TYPES).
 DIRECT_WEIGHT_ALIGNMENT = {**matmul_mma.WEIGHT_ALIGNMENT, "q8_0": 4}
 # The few-pairs tiles from this many pairs an expert on average (MXFP4_: where an expert tensor is MXFP4), up to the
-# matrix-core tiles' threshold (min_pairs_per_expert); below it moe_experts' paths. ROCMFORGE_MOE_DIRECT_MIN_PAIRS
-# sets both for a measurement.
-DIRECT_MIN_PAIRS_PER_EXPERT = 1.0
-MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT = 1.0
+# matrix-core tiles' threshold (min_pairs_per_expert); below it moe_experts' paths. Measured on an NVIDIA H100
+# (2026-12-07, scripts/bench/measure_moe_experts.py, gate|up + down us a layer, direct against the path it replaces):
+# gpt-oss-20b (MXFP4) at 8 tokens (1 an expert) 388 against grouped 234, 16 (2) 459 / 381, 32 (4) 502 / 636;
+# Qwen3-30B-A3B (Q4_K/Q6_K) at 8 (0.5) 169 / 118 per pair, 32 (2) 303 / 390 grouped. At the matrix-core tiles'
+# thresholds the few-pairs tiles won too (Qwen3-30B-A3B at 64 tokens 334 / 480, gpt-oss-20b 725 / 1,043), left
+# unmoved until measured beyond them. ROCMFORGE_MOE_DIRECT_MIN_PAIRS sets both for a measurement.
+DIRECT_MIN_PAIRS_PER_EXPERT = 2.0
+MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT = 4.0
 
 
 def step_cols(weight_type: str) -> int:
