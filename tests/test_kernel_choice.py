@@ -170,6 +170,7 @@ SETTINGS = {
     "ROCMFORGE_MOE_MMA_MIN_PAIRS": "the pairs an expert from which a MoE step takes the matrix cores (ops/moe_experts_mma.py)",
     "ROCMFORGE_MOE_GROUPED_MIN_PAIRS": "the pairs an expert from which a MoE step takes the grouped path (ops/moe_experts.py)",
     "ROCMFORGE_MOE_DIRECT_MIN_PAIRS": "the pairs an expert from which a MoE step takes the few-pairs tiles (ops/moe_experts_mma.py)",
+    "ROCMFORGE_MOE_DIRECT_MAX_PAIRS": "the pairs an expert up to which a MoE step takes the few-pairs tiles (ops/moe_experts_mma.py)",
     "ROCMFORGE_MOE_MMA_NARROW_STEP": "the columns a step of the 32-element formats' MoE matrix-core products (ops/moe_experts_mma.py)",
 }
 PACKAGES = ("hipcore", "profiles", "rocmforge_cli", "rocmforge_serve")
@@ -209,7 +210,8 @@ def test_each_switch_is_read_once_as_documented():
     readme = (REPO / "README.md").read_text()
     for name in [*kernel_choice.ENVIRONMENT, "ROCMFORGE_PREBUILT_DIR", "ROCMFORGE_CACHE_DIR", "ROCMFORGE_API_KEY",
                  "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MMA_FIRST_MIN_COLS",
-                 "ROCMFORGE_QMATVEC_FIRST_MIN_COLS", "ROCMFORGE_MOE_MMA_NARROW_STEP", "ROCMFORGE_MOE_DIRECT_MIN_PAIRS"]:
+                 "ROCMFORGE_QMATVEC_FIRST_MIN_COLS", "ROCMFORGE_MOE_MMA_NARROW_STEP", "ROCMFORGE_MOE_DIRECT_MIN_PAIRS",
+                 "ROCMFORGE_MOE_DIRECT_MAX_PAIRS"]:
         assert f"| `{name}" in readme, name
 
 

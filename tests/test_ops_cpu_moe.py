@@ -289,12 +289,13 @@ def test_grouped_path_on_the_host_kernels(cpu_device):
 
 def test_path_thresholds_follow_their_settings(monkeypatch):
     """The grouped path from one pair an expert, the matrix cores from 4 (8 where an expert tensor is MXFP4), NVIDIA's
-    few-pairs tiles from 2 (4 for MXFP4) and never on AMD; the ROCMFORGE_MOE_GROUPED_MIN_PAIRS,
-    ROCMFORGE_MOE_MMA_MIN_PAIRS and ROCMFORGE_MOE_DIRECT_MIN_PAIRS settings move them; a value that is no number of 0
-    or more is a UsageError naming the setting."""
+    few-pairs tiles from 2 to 8 (4 to 16 for MXFP4) and never on AMD; the ROCMFORGE_MOE_GROUPED_MIN_PAIRS,
+    ROCMFORGE_MOE_MMA_MIN_PAIRS, ROCMFORGE_MOE_DIRECT_MIN_PAIRS and ROCMFORGE_MOE_DIRECT_MAX_PAIRS settings move them;
+    a value that is no number of 0 or more is a UsageError naming the setting."""
     from hipcore.ops import moe_experts_mma
     from hipcore.runtime.errors import UsageError
-    for name in ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_DIRECT_MIN_PAIRS"):
+    for name in ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_DIRECT_MIN_PAIRS",
+                 "ROCMFORGE_MOE_DIRECT_MAX_PAIRS"):
         monkeypatch.delenv(name, raising=False)
     qwen, oss = ("q4_k", "q6_k"), ("mxfp4", "mxfp4")
     widths = (2048, 768)
@@ -307,8 +308,12 @@ def test_path_thresholds_follow_their_settings(monkeypatch):
     assert direct("sm_90", 32, 8, 128, qwen, widths) and not direct("sm_90", 31, 8, 128, qwen, widths)
     assert direct("sm_80", 32, 4, 32, oss, widths) and not direct("sm_90", 31, 4, 32, oss, widths)
     assert not direct("gfx942", 32, 4, 32, oss, widths) and not direct("sm_90", 32, 4, 32, ("mxfp4", "f32"), widths)
+    assert direct("sm_90", 128, 8, 128, qwen, widths) and not direct("sm_90", 129, 8, 128, qwen, widths)
+    assert direct("sm_90", 128, 4, 32, oss, widths) and not direct("sm_90", 129, 4, 32, oss, widths)
     monkeypatch.setenv("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", "1")
+    monkeypatch.setenv("ROCMFORGE_MOE_DIRECT_MAX_PAIRS", "32")
     assert direct("sm_90", 8, 4, 32, oss, widths) and not direct("sm_90", 7, 4, 32, oss, widths)
+    assert direct("sm_90", 256, 4, 32, oss, widths) and not direct("sm_90", 257, 4, 32, oss, widths)
     monkeypatch.setenv("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "2")
     monkeypatch.setenv("ROCMFORGE_MOE_MMA_MIN_PAIRS", "2")
     assert not moe_experts.grouped_pays(16, 8, 128) and moe_experts.grouped_pays(32, 8, 128)
@@ -316,7 +321,8 @@ def test_path_thresholds_follow_their_settings(monkeypatch):
                                                                                               widths)
     for name, check in (("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", lambda: moe_experts.grouped_pays(16, 8, 128)),
                         ("ROCMFORGE_MOE_MMA_MIN_PAIRS", lambda: moe_experts_mma.pays("sm_90", 64, 8, 128, qwen, widths)),
-                        ("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", lambda: direct("sm_90", 64, 8, 128, qwen, widths))):
+                        ("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", lambda: direct("sm_90", 64, 8, 128, qwen, widths)),
+                        ("ROCMFORGE_MOE_DIRECT_MAX_PAIRS", lambda: direct("sm_90", 64, 8, 128, qwen, widths))):
         for bad in ("two", "-1", "nan"):
             monkeypatch.setenv(name, bad)
             with pytest.raises(UsageError, match=f"{name} must be a number of 0 or more, got '{bad}'"):

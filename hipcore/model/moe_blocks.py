@@ -11,8 +11,8 @@ ordinary dense product (the existing matmul kernels), the experts' read only the
 A step whose pairs average moe_experts_mma.min_pairs_per_expert an expert on a device with matrix cores takes
 moe_experts_mma instead of the two expert launches: the pairs sorted by expert (moe_sort), then gate, up (with the
 activation) and down as matrix products of each expert's pairs, and the weighted terms summed into the stream. On
-NVIDIA a step of fewer pairs an expert (from moe_experts_mma.direct_min_pairs) takes the same launches in tiles of
-at most 8 pairs (moe_experts_mma.direct_pays: the decode batches).
+NVIDIA a step of a few pairs an expert (moe_experts_mma.direct_pays: 2 to 8, 4 to 16 for MXFP4; the decode batches)
+takes the same launches in tiles of at most 8 pairs instead.
 
 qwen2moe's shared expert (shared_expert) is the same two expert launches over one expert, the shared ffn_*_shexp
 matrices (2-D: one expert's layout), every token routed to it (ids all 0, a buffer zeroed once) with the weight
@@ -128,15 +128,15 @@ def _selected(b, pairs: int, n_expert: int):
 
 def matrix_core_tile(arch: str, cfg, t: int, gate, down) -> int:
     """The pairs a tile when a step of t tokens multiplies the experts on the matrix cores (expert values within
-    f16's range, and moe_experts_mma.pays: 32 or 64; else moe_experts_mma.direct_pays: DIRECT_TILE_PAIRS), or 0."""
+    f16's range, and moe_experts_mma.direct_pays: DIRECT_TILE_PAIRS; else moe_experts_mma.pays: 32 or 64), or 0."""
     if not (gate.fits_f16 and down.fits_f16):
         return 0
     e, k = cfg.n_experts, cfg.n_experts_used
     types, widths = (gate.fmt, down.fmt), (cfg.hidden_size, cfg.expert_ffn_size)
-    if moe_experts_mma.pays(arch, t, k, e, types, widths):
-        return moe_experts_mma.tile_tokens(t * k, e)
     if moe_experts_mma.direct_pays(arch, t, k, e, types, widths):
         return moe_experts_mma.DIRECT_TILE_PAIRS
+    if moe_experts_mma.pays(arch, t, k, e, types, widths):
+        return moe_experts_mma.tile_tokens(t * k, e)
     return 0
 
 

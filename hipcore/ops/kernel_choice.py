@@ -169,6 +169,7 @@ def check_settings() -> None:
     moe_experts.grouped_min_pairs()
     moe_experts_mma.min_pairs_per_expert(())
     moe_experts_mma.direct_min_pairs(())
+    moe_experts_mma.direct_max_pairs(())
     moe_experts_mma.narrow_step_cols()
     qmatvec_first_min_cols()
 

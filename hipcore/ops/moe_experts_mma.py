@@ -77,10 +77,16 @@ DIRECT_WEIGHT_ALIGNMENT = {**matmul_mma.WEIGHT_ALIGNMENT, "q8_0": 4}
 # (2026-12-07, scripts/bench/measure_moe_experts.py, gate|up + down us a layer, direct against the path it replaces):
 # gpt-oss-20b (MXFP4) at 8 tokens (1 an expert) 388 against grouped 234, 16 (2) 459 / 381, 32 (4) 502 / 636;
 # Qwen3-30B-A3B (Q4_K/Q6_K) at 8 (0.5) 169 / 118 per pair, 32 (2) 303 / 390 grouped. At the matrix-core tiles'
-# thresholds the few-pairs tiles won too (Qwen3-30B-A3B at 64 tokens 334 / 480, gpt-oss-20b 725 / 1,043), left
-# unmoved until measured beyond them. ROCMFORGE_MOE_DIRECT_MIN_PAIRS sets both for a measurement.
+# ROCMFORGE_MOE_DIRECT_MIN_PAIRS sets both for a measurement.
 DIRECT_MIN_PAIRS_PER_EXPERT = 2.0
 MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT = 4.0
+# And up to this many, where they beat the 32- and 64-pair tiles (which `pays` takes from fewer pairs on devices
+# without them): the same measurement, direct against matrix-core tiles, Qwen3-30B-A3B at 64 tokens (4 an expert)
+# 334 / 480 us, 96 (6) 399 / 517, 128 (8) 450 / 537; gpt-oss-20b at 64 (8) 725 / 1,043, 96 (12) 897 / 1,107, 128 (16)
+# 1,074 / 1,151. Past 8 pairs an expert re-reads its weights a tile at a time; beyond the measured points the
+# matrix-core tiles take the steps (prompts). ROCMFORGE_MOE_DIRECT_MAX_PAIRS sets both for a measurement.
+DIRECT_MAX_PAIRS_PER_EXPERT = 8.0
+MXFP4_DIRECT_MAX_PAIRS_PER_EXPERT = 16.0
 
 
 def step_cols(weight_type: str) -> int:
@@ -117,10 +123,17 @@ def has_direct(arch: str, weight_type: str, cols: int) -> bool:
 def direct_pays(arch: str, tokens: int, k: int, n_expert: int, weight_types: tuple[str, ...],
                 widths: tuple[int, ...]) -> bool:
     """Whether a step of `tokens` tokens takes the few-pairs tiles: has_direct for every expert type at its columns,
-    at most MAX_EXPERTS experts, and at least direct_min_pairs() pairs an expert on average (the caller asks `pays`
-    first: from min_pairs_per_expert on the 32- and 64-pair tiles take over)."""
+    at most MAX_EXPERTS experts, and from direct_min_pairs() to direct_max_pairs() pairs an expert on average (the
+    caller asks this before `pays`)."""
     return (n_expert <= MAX_EXPERTS and all(has_direct(arch, t, c) for t, c in zip(weight_types, widths))
-            and tokens * k >= direct_min_pairs(weight_types) * n_expert)
+            and direct_min_pairs(weight_types) * n_expert <= tokens * k <= direct_max_pairs(weight_types) * n_expert)
+
+
+def direct_max_pairs(weight_types: tuple[str, ...]) -> float:
+    """MXFP4_DIRECT_MAX_PAIRS_PER_EXPERT where an expert tensor is MXFP4, else DIRECT_MAX_PAIRS_PER_EXPERT
+    (ROCMFORGE_MOE_DIRECT_MAX_PAIRS overrides both)."""
+    default = MXFP4_DIRECT_MAX_PAIRS_PER_EXPERT if "mxfp4" in weight_types else DIRECT_MAX_PAIRS_PER_EXPERT
+    return settings.number("ROCMFORGE_MOE_DIRECT_MAX_PAIRS", default)
 
 
 def direct_min_pairs(weight_types: tuple[str, ...]) -> float:
