@@ -3,7 +3,9 @@
 // step grouped by expert and each expert's pairs multiplied as a matrix, TN (32 or 64) pairs at a time, as
 // matmul_mma.hip multiplies a prompt (its step shapes and block-format decoders, matmul_mma_formats.h; its warp tiling).
 // The per-pair and grouped paths of moe_experts.hip decode a slice of an expert's weights for one or two pairs; here
-// each decoded 128 x step tile of weights feeds up to TN pairs on the matrix instructions.
+// each decoded 128 x step tile of weights feeds up to TN pairs on the matrix instructions. On NVIDIA the
+// moe_mma_<mode>_<type>_direct entries take the same arguments with tiles of at most 8 pairs, the weights decoded
+// straight into mma.sync's fragments (decode batches of a few pairs an expert: below, "Few pairs an expert").
 //
 //   moe_mma_sort(sorted, tiles, ids, pairs, n_expert, tile_tokens): one workgroup. A counting sort of the pairs
 //     (p = t * k + j, ids[p] its expert) by expert into sorted[pairs], and the list of token tiles:
