@@ -1,7 +1,7 @@
 // Part of the matmul_mma op and of moe_experts_mma (matmul_mma_fragment_formats.h includes it; built and hashed with
 // each: hipcore/runtime/kernels.py source_files): the fragment path's reading of the 32-element block formats, Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4, and of F16 and BF16 in runs of 32, for NVIDIA's decode batches and grouped experts
-// (the K-quants' are in matmul_mma_fragment_formats.h, which explains the lanes' k order).
+// Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4, and of F16 and BF16 in runs of 32, for NVIDIA's decode batches and the experts'
+// few-pairs tiles (the K-quants' are in matmul_mma_fragment_formats.h, which explains the lanes' k order).
 #pragma once
 #include "hip_compat.h"
 

@@ -189,15 +189,18 @@ __device__ __forceinline__ void products(const Args& a, int max_tiles, unsigned 
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
 // ---- Few pairs an expert (NVIDIA): the weights' fragments decoded in registers ---------------------------------
-// Where a batch's pairs average one to a few an expert (gpt-oss-20b at 32 sequences: 4), the tiles above are mostly
-// padding (their 32 pairs hold 4) and the grouped path of moe_experts.hip walks each row once per two pairs. Here a
-// tile is at most kDirectPairs (8) pairs of one expert, the n of one mma.sync m16n8k16: each warp owns 16 rows of the
+// Where a batch's pairs average a few an expert (gpt-oss-20b at 32 sequences: 4; the launcher's range, 2 to 8 and 4 to
+// 16 for MXFP4, is measured: hipcore/ops/moe_experts_mma.py direct_pays), the tiles above are mostly padding (their 32
+// pairs hold 4) and the grouped path of moe_experts.hip walks each row once per two pairs. Here a tile is at most 8
+// pairs of one expert (the sort's tile_tokens), the n of one mma.sync m16n8k16: each warp owns 16 rows of the
 // 128-row tile, each lane decodes the weights of its own A fragments straight from its loads (matmul_mma's direct
 // entries for a dense batch of at most 8 tokens: matmul_mma_fragment_formats.h says the lanes' k order) and reads its
 // pair's x from memory (lane 4 g + t: pair g of the tile, the last again past count). No shared memory and no barrier:
 // each warp runs at its own pace, F::kDepth steps of weights in flight. The same products as the tiles above (W and x
-// rounded to f16, exact products, f32 sums), so a pair's result does not depend on the path either.
-constexpr int kDirectPairs = 8;
+// rounded to f16, exact products, f32 sums), so a pair's result does not depend on the path either. Measured on an
+// H100 (docs/history/2026-12-07-moe-few-pairs-tiles.md): 700-870 GB/s of MXFP4 experts, 900-1,070 of K-quants; the
+// decode's instructions bound them (each weight decoded for at most 8 pairs), not the loads (staging MXFP4's
+// byte-aligned rows through shared memory measured the same).
 
 template <class F, int kMode>
 __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int start, int count, int r0) {
@@ -340,8 +343,8 @@ RF_MOE_MMA_ENTRIES_BOUND(f16_s64, moe_mma::Twice<mmq::Narrow<mmq::F16>>, (256, 2
 RF_MOE_MMA_ENTRIES_BOUND(bf16_s64, moe_mma::Twice<mmq::Narrow<mmq::BF16>>, (256, 2))
 
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
-// moe_mma_<mode>_<type>_direct: the same arguments, tiles of at most kDirectPairs pairs (tile_tokens 8: the
-// launcher's sort), NVIDIA only (hipcore/ops/moe_experts_mma.py direct_pays).
+// moe_mma_<mode>_<type>_direct: the same arguments, tiles of at most 8 pairs (tile_tokens 8: the launcher's sort),
+// NVIDIA only (hipcore/ops/moe_experts_mma.py direct_pays).
 #define RF_MOE_MMA_DIRECT_ENTRY(name, Step, kMode)                                                                 \
   extern "C" __global__ __launch_bounds__(256) void name(                                                          \
       float* __restrict__ out, const float* __restrict__ g, const void* __restrict__ W, const float* __restrict__ x, \

@@ -13,15 +13,16 @@ rows i, cols i, pairs i, x_per i, n_expert i, tile_tokens i, max_tiles i, activa
   down: terms[p] = weights[p] (down_e . h[p] + down_bias_e)   then moe_experts' moe_sum_slots_f32 adds the k terms of
                                                               each token into the residual stream, in slot order
 Precision as matmul_mma's (W and the input rounded to f16, exact products, f32 sums): `error_bound`. The result of
-a pair does not depend on where the sort put it.
-
-On NVIDIA, where the pairs average only one to a few an expert (decode batches: gpt-oss-20b's 32 sequences give its
-32 experts 4 pairs each), the same three products run in tiles of at most DIRECT_TILE_PAIRS (8) pairs with the weights
-decoded straight into mma.sync's fragments (`moe_mma_<mode>_<type>_direct`, as matmul_mma's direct entries multiply a
-dense batch of 8 tokens): each selected expert's weights are read once for all its pairs, where the 32-pair tiles
-are mostly padding and moe_experts' grouped path walks each row once per two pairs (`direct_pays`). Taken where the device has matrix cores, the experts' type has
+a pair does not depend on where the sort put it. Taken where the device has matrix cores, the experts' type has
 entries (TYPES) and the pairs average at least min_pairs_per_expert an expert (`pays`: 4, 8 for MXFP4); BF16 and
 MXFP4 experts only where their weights fit f16 (hipcore/model/weights.py marks them).
+
+On NVIDIA, where the pairs average a few an expert (`direct_pays`: 2 to 8, 4 to 16 for MXFP4; decode batches:
+gpt-oss-20b's 32 sequences give its 32 experts 4 pairs each), the same three products run in tiles of at most
+DIRECT_TILE_PAIRS (8) pairs with the weights decoded straight into mma.sync's fragments (`moe_mma_<mode>_<type>_direct`,
+as matmul_mma's direct entries multiply a dense batch of 8 tokens): each selected expert's weights are read once for
+all its pairs, where the 32-pair tiles are mostly padding and moe_experts' grouped path walks each row once per two
+pairs. The caller asks `direct_pays` before `pays`.
 """
 
 from __future__ import annotations
@@ -72,12 +73,11 @@ DIRECT_TYPES = TYPES
 DIRECT_STEP_COLS = 64  # every format's fragment step: a K-quant chunk, or two 32-element blocks
 # Q8_0's 34-byte blocks are read in aligned 4-byte words there (matmul_mma.WORD_ALIGNED_FRAGMENT_TYPES).
 DIRECT_WEIGHT_ALIGNMENT = {**matmul_mma.WEIGHT_ALIGNMENT, "q8_0": 4}
-# The few-pairs tiles from this many pairs an expert on average (MXFP4_: where an expert tensor is MXFP4), up to the
-# matrix-core tiles' threshold (min_pairs_per_expert); below it moe_experts' paths. Measured on an NVIDIA H100
-# (2026-12-07, scripts/bench/measure_moe_experts.py, gate|up + down us a layer, direct against the path it replaces):
-# gpt-oss-20b (MXFP4) at 8 tokens (1 an expert) 388 against grouped 234, 16 (2) 459 / 381, 32 (4) 502 / 636;
-# Qwen3-30B-A3B (Q4_K/Q6_K) at 8 (0.5) 169 / 118 per pair, 32 (2) 303 / 390 grouped. At the matrix-core tiles'
-# ROCMFORGE_MOE_DIRECT_MIN_PAIRS sets both for a measurement.
+# The few-pairs tiles from this many pairs an expert on average (MXFP4_: where an expert tensor is MXFP4); below it
+# moe_experts' paths. Measured on an NVIDIA H100 (2026-12-07, scripts/bench/measure_moe_experts.py, gate|up + down us
+# a layer, direct against the path it replaces): gpt-oss-20b (MXFP4) at 8 tokens (1 an expert) 388 against grouped
+# 234, 16 (2) 459 / 381, 32 (4) 502 / 636; Qwen3-30B-A3B (Q4_K/Q6_K) at 8 (0.5) 169 / 118 per pair, 32 (2) 303 / 390
+# grouped. ROCMFORGE_MOE_DIRECT_MIN_PAIRS sets both for a measurement.
 DIRECT_MIN_PAIRS_PER_EXPERT = 2.0
 MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT = 4.0
 # And up to this many, where they beat the 32- and 64-pair tiles (which `pays` takes from fewer pairs on devices

@@ -20,9 +20,10 @@ bytes / GPU time (for the grouped path's down, its second launch, the slot sum, 
 both paths are timed (pairs: a warp per (token, slot); grouped: a workgroup per expert), and where the device has matrix
 cores, the matrix-core path too, at every token count (mma: its gate_up
 row is the sort, the gate and the up launches; its down row the down launch and the slot sum), and on NVIDIA its
-few-pairs tiles (direct: the same launches, 8 pairs a tile) above one token; the launcher's choice in bold. Before timing, the pairs and grouped paths' outputs are checked against hipcore/ops/moe_experts.py's
-float64 reference within its bound (a miss is reported on stderr and in the JSON, not fatal); the mma path's are
-checked by tests/gpu/test_moe_experts_mma_gpu.py.
+few-pairs tiles (direct: the same launches, 8 pairs a tile) above one token; the launcher's choice in bold; --paths
+times some of them. Before timing, the timed pairs and grouped paths' outputs are checked against
+hipcore/ops/moe_experts.py's float64 reference within its bound (a miss is reported on stderr and in the JSON, not
+fatal); the mma and direct paths' are checked by tests/gpu/test_moe_experts_mma_gpu.py.
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ def measure(device_spec: str, shapes: list[str], token_counts: list[int], rotate
                         chosen = "mma" if layer.mma_pays() else chosen
                     if tokens > 1 and layer.direct_runs():
                         paths = (*paths, "direct")
-                        chosen = "direct" if layer.direct_pays() and chosen != "mma" else chosen
+                        chosen = "direct" if layer.direct_pays() else chosen  # asked first, as moe_blocks does
                     timed = [p for p in paths if not only or p in only]
                     for kind, path in [("route", "-")] + [(kind, path) for kind in ("gate_up", "down") for path in timed]:
                         launch = getattr(layer, kind)
