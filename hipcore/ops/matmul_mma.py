@@ -101,15 +101,19 @@ DIRECT_MAX_TOKENS = 8
 DIRECT_Q6K_MAX_SPLIT_STEPS = 8
 
 
+def has_fragments(arch: str) -> bool:
+    """Whether `arch` runs mma.sync's fragment layout (NVIDIA sm_80 and later), which the fragment paths are written
+    in (this op's decode batches, moe_experts_mma's few-pairs tiles)."""
+    return arch.startswith("sm_") and has_matrix_cores(arch)
+
+
 def has_fragment_path(arch: str, weight_type: str, tile_tokens: int, cols: int | None = None) -> bool:
     """Whether kernels/matmul_mma.hip has the fragment path for this launch: FRAGMENT_TYPES in 32-token tiles
-    on NVIDIA sm_80 and later (the path exists only in mma.sync's fragment layout); for PAIR32_FRAGMENT_TYPES, a
-    product of `cols` columns only where they are whole steps of PAIR32_STEP_COLS (cols None: any product of the
-    type that has them)."""
-    nvidia_mma = arch.startswith("sm_") and has_matrix_cores(arch)
+    on NVIDIA sm_80 and later (has_fragments); for PAIR32_FRAGMENT_TYPES, a product of `cols` columns only where they
+    are whole steps of PAIR32_STEP_COLS (cols None: any product of the type that has them)."""
     if weight_type in PAIR32_FRAGMENT_TYPES and cols is not None and cols % PAIR32_STEP_COLS:
         return False
-    return nvidia_mma and tile_tokens == 32 and weight_type in FRAGMENT_TYPES
+    return has_fragments(arch) and tile_tokens == 32 and weight_type in FRAGMENT_TYPES
 
 
 PATHS = ("auto", "shared", "staged", "direct")

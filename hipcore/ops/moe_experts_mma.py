@@ -71,8 +71,9 @@ NARROW_STEP_COLS = 64
 DIRECT_TILE_PAIRS = 8
 DIRECT_TYPES = TYPES
 DIRECT_STEP_COLS = 64  # every format's fragment step: a K-quant chunk, or two 32-element blocks
-# Q8_0's 34-byte blocks are read in aligned 4-byte words there (matmul_mma.WORD_ALIGNED_FRAGMENT_TYPES).
-DIRECT_WEIGHT_ALIGNMENT = {**matmul_mma.WEIGHT_ALIGNMENT, "q8_0": 4}
+# The 2-byte aligned blocks are read in aligned 4-byte words there, as matmul_mma's fragment path reads them.
+DIRECT_WEIGHT_ALIGNMENT = {t: max(a, 4) if t in matmul_mma.WORD_ALIGNED_FRAGMENT_TYPES else a
+                           for t, a in matmul_mma.WEIGHT_ALIGNMENT.items()}
 # The few-pairs tiles from this many pairs an expert on average (MXFP4_: where an expert tensor is MXFP4); below it
 # moe_experts' paths. Measured on an NVIDIA H100 (2026-12-07, scripts/bench/measure_moe_experts.py, gate|up + down us
 # a layer, direct against the path it replaces): gpt-oss-20b (MXFP4) at 8 tokens (1 an expert) 388 against grouped
@@ -106,18 +107,23 @@ def pays(arch: str, tokens: int, k: int, n_expert: int, weight_types: tuple[str,
             and tokens * k >= min_pairs_per_expert(weight_types) * n_expert)
 
 
+def _pairs_setting(variable: str, weight_types: tuple[str, ...], default: float, mxfp4_default: float) -> float:
+    """A threshold in pairs an expert: mxfp4_default where an expert tensor is MXFP4, else default; `variable`
+    overrides both."""
+    return settings.number(variable, mxfp4_default if "mxfp4" in weight_types else default)
+
+
 def min_pairs_per_expert(weight_types: tuple[str, ...]) -> float:
     """The pairs an expert from which the matrix-core path pays: MXFP4_MIN_PAIRS_PER_EXPERT where an expert tensor is
     MXFP4, else MIN_PAIRS_PER_EXPERT (ROCMFORGE_MOE_MMA_MIN_PAIRS overrides both)."""
-    default = MXFP4_MIN_PAIRS_PER_EXPERT if "mxfp4" in weight_types else MIN_PAIRS_PER_EXPERT
-    return settings.number("ROCMFORGE_MOE_MMA_MIN_PAIRS", default)
+    return _pairs_setting("ROCMFORGE_MOE_MMA_MIN_PAIRS", weight_types, MIN_PAIRS_PER_EXPERT, MXFP4_MIN_PAIRS_PER_EXPERT)
 
 
 def has_direct(arch: str, weight_type: str, cols: int) -> bool:
     """Whether the few-pairs entries take experts of this type and column count on `arch`: NVIDIA with matrix
     cores (mma.sync's fragment layout), DIRECT_TYPES, cols whole fragment steps."""
-    return (arch.startswith("sm_") and matmul_mma.has_matrix_cores(arch) and weight_type in DIRECT_TYPES
-            and cols % DIRECT_STEP_COLS == 0 and supports(weight_type, cols))
+    return (matmul_mma.has_fragments(arch) and weight_type in DIRECT_TYPES and cols % DIRECT_STEP_COLS == 0
+            and supports(weight_type, cols))
 
 
 def direct_pays(arch: str, tokens: int, k: int, n_expert: int, weight_types: tuple[str, ...],
@@ -132,15 +138,15 @@ def direct_pays(arch: str, tokens: int, k: int, n_expert: int, weight_types: tup
 def direct_max_pairs(weight_types: tuple[str, ...]) -> float:
     """MXFP4_DIRECT_MAX_PAIRS_PER_EXPERT where an expert tensor is MXFP4, else DIRECT_MAX_PAIRS_PER_EXPERT
     (ROCMFORGE_MOE_DIRECT_MAX_PAIRS overrides both)."""
-    default = MXFP4_DIRECT_MAX_PAIRS_PER_EXPERT if "mxfp4" in weight_types else DIRECT_MAX_PAIRS_PER_EXPERT
-    return settings.number("ROCMFORGE_MOE_DIRECT_MAX_PAIRS", default)
+    return _pairs_setting("ROCMFORGE_MOE_DIRECT_MAX_PAIRS", weight_types, DIRECT_MAX_PAIRS_PER_EXPERT,
+                          MXFP4_DIRECT_MAX_PAIRS_PER_EXPERT)
 
 
 def direct_min_pairs(weight_types: tuple[str, ...]) -> float:
     """MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT where an expert tensor is MXFP4, else DIRECT_MIN_PAIRS_PER_EXPERT
     (ROCMFORGE_MOE_DIRECT_MIN_PAIRS overrides both)."""
-    default = MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT if "mxfp4" in weight_types else DIRECT_MIN_PAIRS_PER_EXPERT
-    return settings.number("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", default)
+    return _pairs_setting("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", weight_types, DIRECT_MIN_PAIRS_PER_EXPERT,
+                          MXFP4_DIRECT_MIN_PAIRS_PER_EXPERT)
 
 
 def narrow_step_cols() -> int:
