@@ -411,8 +411,9 @@ RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
 #if RF_MMA_KIND == RF_MMA_NV_M16N8K16
 #include "matmul_mma_fragment_entries.h"  // the fragment path's entries (decode batches)
 // The 32-element block formats, F16 and BF16 (matmul_mma_block32_fragments.h): the fragment path, two runs of 32 a step
-// (a lane format for the staged entry, one for the direct), and the wide layers' prompts (projections.mma_first) in
-// 128-token tiles of f16 x only.
+// (a lane format for the staged entry, one for the direct), q, k and v of one type in one launch on it
+// (matmul_mma_qkv_<fragments|direct>_<type>), and the wide layers' prompts (projections.mma_first) in 128-token tiles
+// of f16 x only.
 // The direct entries on sm_80 say two workgroups per SM: without it nvcc 13 held Q5_0's and Q5_1's to 80 registers
 // there (Q5_0's spilling 4 bytes) once fragment_tiles ran each item through fragment_item; sm_90 keeps its choice.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -425,6 +426,11 @@ RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
                                           RF_STAGED_X, RF_BOUNDS)                                                 \
   RF_MATMUL_MMA_FRAGMENT_ENTRY_WAIT_FIRST(matmul_mma_direct_##kind, mmq::Pair32<DirectLane>, mmq::kDirectTokens, 8,  \
                                           RF_BLOCK32_DIRECT_BOUNDS)                                               \
+  RF_MATMUL_MMA_QKV_ENTRY_OF(matmul_mma_qkv_fragments_##kind, mmq::kStreamTokens, RF_STAGED_X,                    \
+                             mmq::FragmentFormatOf<mmq::Pair32<StagedLane> >, RF_BOUNDS, rf_grid_dependency_sync())  \
+  RF_MATMUL_MMA_QKV_ENTRY_OF(matmul_mma_qkv_direct_##kind, mmq::kDirectTokens, 8,                                  \
+                             mmq::FragmentFormatOf<mmq::Pair32<DirectLane> >, RF_BLOCK32_DIRECT_BOUNDS,           \
+                             rf_grid_dependency_sync())                                                           \
   RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_##kind, mmq::Narrow<Format>)                                     \
   RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_silu_up_##kind, mmq::Narrow<Format>, false)
 RF_BLOCK32_ENTRIES(q4_0, mmq::Q4_0, mmq::Q4_0Lane, mmq::Q4_0Lane)

@@ -274,7 +274,8 @@ __device__ __forceinline__ void swiglu_fragment_tiles(const Launch& a, unsigned 
 // The attention input's three products of one x (q, k and v: K-quants, each of its own type) in one launch, so
 // that k's and v's few row tiles share the q tiles' waves instead of paying a launch and a tail each. Their tiles
 // are numbered q's, then k's, then v's (the workspace's counters and partials follow that numbering), each split
-// into q.splits column ranges; types: Q4_K 0, Q5_K 1, Q6_K 2 (hipcore/ops/matmul_mma_qkv.py QKV_TYPE_CODES).
+// into q.splits column ranges; types: Q4_K 0, Q5_K 1, Q6_K 2 (hipcore/ops/matmul_mma_qkv.py QKV_TYPE_CODES), or one
+// 32-element format for all three (Single).
 struct QkvLaunch {
   float* y[3];
   const unsigned char* W[3];
@@ -289,13 +290,30 @@ static __device__ __forceinline__ T of_three(const T (&v)[3], int m) {
   return m == 0 ? v[0] : m == 1 ? v[1] : v[2];
 }
 
-template <int TN>
+// Single: the one fragment format of all three products (the 32-element formats' entries, whose q, k and v share a
+// type; they wait first, as fragment_tiles says), or void: each product's K-quant by its type code.
+template <class T>
+struct IsVoid {
+  static constexpr bool value = false;
+};
+template <>
+struct IsVoid<void> {
+  static constexpr bool value = true;
+};
+
+// The fragment format of a step (named apart from Fragments<Step>::Format for the entry macros, whose parameter is
+// called Format).
+template <class Step>
+using FragmentFormatOf = typename Fragments<Step>::Format;
+
+template <int TN, class Single = void>
 __device__ __forceinline__ void qkv_fragment_tiles(const QkvLaunch& q, unsigned short* xs, int* last) {
   const int token_tiles = (q.n_tokens + TN - 1) / TN;
   const int first_k = ((q.rows[0] + kTileRows - 1) / kTileRows) * token_tiles;
   const int first_v = first_k + ((q.rows[1] + kTileRows - 1) / kTileRows) * token_tiles;
   const int items = (first_v + ((q.rows[2] + kTileRows - 1) / kTileRows) * token_tiles) * q.splits;
   bool waited = false;
+  if constexpr (!IsVoid<Single>::value) waited = !Single::kWeightsBeforeWait;
   for (int item = (int)blockIdx.x; item < items; item += (int)gridDim.x) {  // uniform across the workgroup
     const int key = item / q.splits, split = item - key * q.splits;
     const int m = key < first_k ? 0 : key < first_v ? 1 : 2;
@@ -303,10 +321,14 @@ __device__ __forceinline__ void qkv_fragment_tiles(const QkvLaunch& q, unsigned 
     const Launch a = {of_three(q.y, m), of_three(q.W, m), q.x, q.workspace, of_three(q.rows, m), q.cols, q.n_tokens,
                       q.splits, 0};
     const int tile = key - (m == 0 ? 0 : m == 1 ? first_k : first_v);
-    switch (of_three(q.type, m)) {  // uniform
-      case 0: fragment_item<WideFragments<false>, TN>(a, tile, split, key, xs, last, waited); break;
-      case 1: fragment_item<WideFragments<true>, TN>(a, tile, split, key, xs, last, waited); break;
-      default: fragment_item<Wide6Fragments, TN>(a, tile, split, key, xs, last, waited); break;
+    if constexpr (!IsVoid<Single>::value) {
+      fragment_item<Single, TN>(a, tile, split, key, xs, last, waited);
+    } else {
+      switch (of_three(q.type, m)) {  // uniform
+        case 0: fragment_item<WideFragments<false>, TN>(a, tile, split, key, xs, last, waited); break;
+        case 1: fragment_item<WideFragments<true>, TN>(a, tile, split, key, xs, last, waited); break;
+        default: fragment_item<Wide6Fragments, TN>(a, tile, split, key, xs, last, waited); break;
+      }
     }
   }
 }

@@ -35,9 +35,10 @@ def qkv_worst_excess(harness, types, rows, n_tokens, splits, rng, tmp_path, cols
     tile = 8 if n_tokens <= matmul_mma.DIRECT_MAX_TOKENS else 32
     tiles = sum(matmul_mma.tile_count(r, n_tokens, tile) for r in rows)
     ws_bytes = matmul_mma.partial_bytes(tiles, splits, 32) if splits > 1 else 0
-    grid, threads, used, entry = matmul_mma_qkv.qkv_geometry(rows, n_tokens, cols, ws_bytes, splits)
+    single = types[0] if types[0] in matmul_mma_qkv.SINGLE_TYPES else None
+    grid, threads, used, entry = matmul_mma_qkv.qkv_geometry(rows, n_tokens, cols, ws_bytes, splits, single)
     assert used == splits
-    codes = sum(matmul_mma_qkv.QKV_TYPE_CODES[t] << (4 * i) for i, t in enumerate(types))
+    codes = 0 if single else sum(matmul_mma_qkv.QKV_TYPE_CODES[t] << (4 * i) for i, t in enumerate(types))
     run_mma(harness, entry, grid, threads, ",".join(map(str, rows)), cols, n_tokens, codes, splits, 0, ws_bytes,
             tmp_path / "w", tmp_path / "x", "-", tmp_path / "y", tmp_path / "ws")
     got, at, worst = np.fromfile(tmp_path / "y", np.float32), 0, 0.0
@@ -60,14 +61,31 @@ def test_qkv_in_one_launch_matches_the_reference(nvidia_harness, tmp_path):
         assert excess <= 1.0, f"{types} rows {rows} tokens {n_tokens} splits {splits}: {excess:.3g} x the bound"
 
 
-@pytest.mark.parametrize("fault", ["v's tiles counted from k's", "Q4_K read as Q5_K"])
+# The one-type entries (gpt-oss's Q8_0 q, k, v): the direct entry (8 tokens, 448 columns: 7 steps in three splits)
+# and the 32-token tiles (9 tokens, unsplit), row tiles cut short.
+@pytest.mark.parametrize("weight_type", matmul_mma_qkv.SINGLE_TYPES)
+def test_qkv_of_one_type_in_one_launch_matches_the_reference(nvidia_harness, weight_type, tmp_path):
+    rng = np.random.default_rng([18, len(weight_type), ord(weight_type[-1])])
+    for rows, n_tokens, splits in [((136, 24, 24), 8, 3), ((64, 16, 40), 9, 1)]:
+        excess = qkv_worst_excess(nvidia_harness, (weight_type,) * 3, rows, n_tokens, splits, rng, tmp_path, cols=448)
+        assert excess <= 1.0, f"{weight_type} rows {rows} tokens {n_tokens} splits {splits}: {excess:.3g} x the bound"
+
+
+@pytest.mark.parametrize("fault", ["v's tiles counted from k's", "Q4_K read as Q5_K",
+                                   "one type's tiles numbered across all three"])
 def test_a_wrong_qkv_item_is_caught(fault, tmp_path):
     old, new = {"v's tiles counted from k's": ("m == 1 ? first_k : first_v);", "m == 1 ? first_k : first_k);"),
                 "Q4_K read as Q5_K": ("case 0: fragment_item<WideFragments<false>, TN>",
-                                      "case 0: fragment_item<WideFragments<true>, TN>")}[fault]
+                                      "case 0: fragment_item<WideFragments<true>, TN>"),
+                "one type's tiles numbered across all three": ("fragment_item<Single, TN>(a, tile, split, key,",
+                                                               "fragment_item<Single, TN>(a, key, split, key,")}[fault]
     harness = nvidia_harness_with(old, new, tmp_path)
     rng = np.random.default_rng(19)
-    assert_caught(fault, lambda: qkv_worst_excess(harness, *QKV_CASES[0][:2], 9, 3, rng, tmp_path))
+    if fault.startswith("one type"):  # k's and v's tiles read past their rows: nothing written
+        assert_caught(fault, lambda: qkv_worst_excess(harness, ("q8_0",) * 3, (136, 24, 24), 8, 3, rng, tmp_path,
+                                                      cols=448))
+    else:
+        assert_caught(fault, lambda: qkv_worst_excess(harness, *QKV_CASES[0][:2], 9, 3, rng, tmp_path))
 
 
 # The fragment path's SwiGLU (gate, up and silu in one launch): (type, rows, n_tokens, splits): 32-token tiles, row

@@ -240,9 +240,10 @@ def head_family(weight, rows: int, arch: str):
 def takes_qkv(device: Device, n_tokens: int, weight_types: tuple[str, str, str], cols: int,
               rows: tuple[int, int, int]) -> bool:
     """Whether a step of n_tokens tokens computes q, k and v of these types and row counts in one
-    matmul_mma_qkv.launch_qkv (K-quants on NVIDIA's fragment path)."""
-    return all(t in matmul_mma_qkv.QKV_TYPE_CODES and matmul_mma.has_fragment_path(device.arch, t, 32, cols)
-               and matmul_mma.takes_matrix_cores(device, n_tokens, t) for t in weight_types) and all(
+    matmul_mma_qkv.launch_qkv (K-quants, or three of one 32-element format, on NVIDIA's fragment path)."""
+    return matmul_mma_qkv.takes_types(weight_types) and all(
+        matmul_mma.has_fragment_path(device.arch, t, 32, cols)
+        and matmul_mma.takes_matrix_cores(device, n_tokens, t) for t in weight_types) and all(
         matmul_mma.pick_tile_tokens(r, n_tokens) == 32 for r in rows)  # where each product alone takes the fragments
 
 

@@ -279,6 +279,9 @@ def test_the_wide_geglu(gpu, mem, rng, seed, weight_type, rows, cols, n_tokens):
     (("q4_k", "q4_k", "q4_k"), (4096, 1024, 1024), 4096, 32), (("q4_k", "q4_k", "q6_k"), (2048, 512, 512), 2048, 24),
     (("q5_k", "q5_k", "q6_k"), (4096, 1024, 1024), 4096, 6), (("q6_k", "q5_k", "q4_k"), (300, 130, 36), 512, 40),
     (("q4_k", "q4_k", "q4_k"), (1024, 512, 512), 256, 512),
+    # gpt-oss-20b's Q8_0 attention input (2,880 columns) at 8 and 32 sequences; F16 and BF16 with row tiles cut short.
+    (("q8_0",) * 3, (4096, 512, 512), 2880, 8), (("q8_0",) * 3, (4096, 512, 512), 2880, 32),
+    (("f16",) * 3, (200, 72, 72), 448, 5), (("bf16",) * 3, (200, 72, 72), 448, 20),
 ])
 def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
     """matmul_mma_qkv.launch_qkv with a workspace as the runner has: each of q, k and v within the bound of its
@@ -287,7 +290,7 @@ def test_qkv_in_one_launch(gpu, mem, rng, seed, types, rows, cols, n_tokens):
 
     raws = [random_weights(rng, t, r, cols) for t, r in zip(types, rows)]
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
-    if not matmul_mma.has_fragment_path(gpu.arch, types[0], 32):
+    if not matmul_mma.has_fragment_path(gpu.arch, types[0], 32, cols):
         pytest.skip(f"{gpu.arch} has no fragment path (NVIDIA sm_80 and later only)")
     ws = tuple(mem.upload(raw, "weights") for raw in raws)
     xs = mem.upload(x)

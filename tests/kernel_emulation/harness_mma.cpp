@@ -14,7 +14,8 @@
 // accumulate are not its arguments (pass 128 0), splits is (1); the GeGLU's (matmul_mma_gelu_up_<type>) likewise.
 // Both exist on NVIDIA's mma only. The attention input's q|k|v entries (matmul_mma_qkv_fragments and _direct, NVIDIA's
 // mma only) take rows as "q,k,v" (three row counts), tile_tokens as the packed type codes (matmul_mma_qkv.py
-// QKV_TYPE_CODES, 4 bits each, q's lowest), q's, k's and v's weights one after another in the W file, and write
+// QKV_TYPE_CODES, 4 bits each, q's lowest; unused by the one-type entries matmul_mma_qkv_<fragments|direct>_<type>),
+// q's, k's and v's weights one after another in the W file, and write
 // y_q, y_k and y_v one after another to the y file (starting as NaN); accumulate 0 and y_in "-". The fragment
 // path's SwiGLU (matmul_mma_swiglu_fragments_<type> and _direct_<type>, NVIDIA's mma only) reads the gate's then the
 // up projection's weights from the W file and float32 x, and writes silu(gate) * up then the up product (float32,
@@ -41,16 +42,25 @@ int main(int argc, char** argv) {
 #if RF_MMA_KIND == 1
   using Qkv = void (*)(float*, float*, float*, const void*, const void*, const void*, const float*, void*, int, int, int,
                        int, int, int, int);
+#define RF_QKV_SINGLE(kind) \
+  {"matmul_mma_qkv_fragments_" #kind, matmul_mma_qkv_fragments_##kind}, {"matmul_mma_qkv_direct_" #kind, matmul_mma_qkv_direct_##kind}
   const std::map<std::string, Qkv> qkv = {{"matmul_mma_qkv_fragments", matmul_mma_qkv_fragments},
-                                          {"matmul_mma_qkv_direct", matmul_mma_qkv_direct}};
+                                          {"matmul_mma_qkv_direct", matmul_mma_qkv_direct},
+                                          RF_QKV_SINGLE(q4_0), RF_QKV_SINGLE(q4_1), RF_QKV_SINGLE(q5_0),
+                                          RF_QKV_SINGLE(q5_1), RF_QKV_SINGLE(q8_0), RF_QKV_SINGLE(f16),
+                                          RF_QKV_SINGLE(bf16)};
   if (qkv.count(entry)) {
     int r[3];
     if (std::sscanf(argv[4], "%d,%d,%d", &r[0], &r[1], &r[2]) != 3 || accumulate) return 5;
+    // The K-quants' entries: each weight's rows of its type's bytes; a one-type entry (its name ends in the type):
+    // rows of the W file's bytes over all three row counts.
+    const bool single = entry.rfind("_fragments") + 10 != entry.size() && entry.rfind("_direct") + 7 != entry.size();
     const int types = tile, block_bytes[3] = {144, 176, 210};  // Q4_K, Q5_K, Q6_K per 256 columns
+    const size_t single_row = w.size() / ((size_t)r[0] + r[1] + r[2]);
     size_t w_at[3], y_at[3], w_end = 0, y_end = 0;
     for (int i = 0; i < 3; ++i) {
       w_at[i] = w_end, y_at[i] = y_end;
-      w_end += (size_t)r[i] * (cols / 256) * block_bytes[(types >> (4 * i)) & 15];
+      w_end += single ? (size_t)r[i] * single_row : (size_t)r[i] * (cols / 256) * block_bytes[(types >> (4 * i)) & 15];
       y_end += (size_t)r[i] * tokens;
     }
     if (w.size() != w_end) return 5;

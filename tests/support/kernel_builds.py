@@ -58,7 +58,7 @@ EXPECTED_KERNELS = {
     "softcap": ["softcap_f32"],
 }
 # Entries only NVIDIA's objects have: matmul_mma's fragment path (written in mma.sync's fragment layout: each product,
-# a batch's q|k|v in one launch, its SwiGLU gate and up in one launch) and its 128-token tiles (they spilled on gfx1030
+# a batch's q|k|v in one launch (K-quants, or one 32-element format), its SwiGLU gate and up in one launch) and its 128-token tiles (they spilled on gfx1030
 # and gfx1100), for the K-quants and for the 32-element block formats, F16 and BF16; moe_experts_mma's few-pairs tiles
 # (the same fragment layout).
 PAIR32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16")
@@ -69,6 +69,7 @@ NVIDIA_ONLY_KERNELS = {
                   + [f"matmul_mma_gelu_up_{t}" for t in ("q4_k", "q5_k")]
                   + ["matmul_mma_qkv_fragments", "matmul_mma_qkv_direct"]
                   + [f"matmul_mma_swiglu_{entry}_{t}" for entry in ("fragments", "direct") for t in ("q4_k", "q5_k", "q6_k")],
+                  + [f"matmul_mma_qkv_{entry}_{t}" for entry in ("fragments", "direct") for t in PAIR32_TYPES]
     "moe_experts_mma": [f"moe_mma_{mode}_{t}_direct" for mode in ("gate", "up", "down")
                         for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16")],
 }
