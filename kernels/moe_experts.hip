@@ -1,17 +1,24 @@
 // The selected experts' products of a mixture-of-experts feed-forward (hipcore/ops/moe_experts.py), one launch a
 // projection for every token of the step:
 //   moe_gate_up_<type>: h[t, j] = act(gate_e . x[t] + gate_bias_e, up_e . x[t] + up_bias_e), e = ids[t, j];
-//   moe_down_<type>, moe_down_slots_<type>: out[t] += sum_j weights[t, j] (down_e . h[t, j] + down_bias_e).
+//   moe_down_<type>, moe_down_staged_<type>, moe_down_slots_<type>:
+//     out[t] += sum_j weights[t, j] (down_e . h[t, j] + down_bias_e).
 // Expert tensors are [n_expert, rows, cols] in their GGUF block format; biases float32 [n_expert, rows] or null.
 //
 // Work (the per-pair path, decode steps and small batches). gate|up: a workgroup takes one token and a chunk of rows,
 // its warps the (slot, kRows rows) units of that chunk, kRows rows of gate and of up together (2 kRows rows' loads in
 // flight, the activation in the warp); x, which the k slots share, is quantized once a workgroup into shared memory
-// (Staged, a quantized type's) rather than by every warp. down has two forms, the same sums in the same order (no
-// atomics, the same bits every run), the launcher choosing by how long a slot's product is:
+// (Staged, a quantized type's) rather than by every warp. down has three forms, the same sums in the same order (no
+// atomics, the same bits every run), the launcher choosing by how long a slot's product is and the type:
 //   moe_down_<type>, slot-serial: a warp takes kRows rows of one token and walks its k slots in order, summing in
-//     registers before one add into out. Where a lane walks one slice of a slot (Qwen3-30B-A3B's 768 columns) it
-//     measured best: 11.8 us a layer at one token on an H100, against 14.6-15.5 for the slot-parallel forms.
+//     registers before one add into out, quantizing the slices of h it reads itself. Where a lane walks one slice of a
+//     slot (Qwen3-30B-A3B's 768 columns) it measured 11.8 us a layer at one token on an H100, against 14.6-15.5 for
+//     the slot-parallel forms.
+//   moe_down_staged_<type>, the same with h staged (a quantized type's, k * ff / 32 <= kMaxStagedSlices): a workgroup
+//     takes one token and a chunk of rows and quantizes the token's k slices of h once into shared memory; its warps
+//     walk the slots as above, two slots' rows loaded at once. Each warp quantizing h again for every 2 rows was most
+//     of the slot-serial form's instructions: Qwen3-30B-A3B's Q6_K down 13.1 -> 11.5 us a layer at 1 token, 61.7 ->
+//     50.1 at 8 (H100, 2026-12-07; h staged alone 12.7 and 53.6, two slots alone 12.9 and 59.1).
 //   moe_down_slots_<type>, slot-parallel: a workgroup takes one token and a chunk of rows, its warps the (slot,
 //     kSlotRows rows) units, the token's k slices of h quantized once into shared memory, each slot's weighted
 //     product left there and the k summed in slot order by one thread a row. Where a lane walks several slices of a
@@ -105,6 +112,25 @@ struct Quantized {
       const q8::XSlice xs = q8::quantize_x(x, col_a, col_b);
 #pragma unroll
       for (int r = 0; r < N; ++r) acc[r] = fmaf(xs.d, Format::dot(raw[r], slice, xs), acc[r]);
+    }
+  }
+  // rows_staged() for two slots at once (the staged slot-serial down): rows w[0, N) against the slices staged from
+  // at0, w[N, 2N) against those from at1, every row's loads before the first use, twice rows_staged()'s bytes in
+  // flight; each row's arithmetic is rows_staged()'s (the same bits).
+  template <int N>
+  static __device__ __forceinline__ void rows_two_staged(const unsigned char* const w[2 * N], const Staged& s, int at0,
+                                                         int at1, int cols, float acc[2 * N]) {
+    const int lane = (int)threadIdx.x % WARP_SIZE;
+    for (int slice = lane; slice < cols / 32; slice += WARP_SIZE) {
+      typename Format::Raw raw[2 * N];
+#pragma unroll
+      for (int r = 0; r < 2 * N; ++r) raw[r] = Format::load(w[r], slice);
+      const q8::XSlice xs0 = s.get(at0 + slice);
+#pragma unroll
+      for (int r = 0; r < N; ++r) acc[r] = fmaf(xs0.d, Format::dot(raw[r], slice, xs0), acc[r]);
+      const q8::XSlice xs1 = s.get(at1 + slice);
+#pragma unroll
+      for (int r = 0; r < N; ++r) acc[N + r] = fmaf(xs1.d, Format::dot(raw[N + r], slice, xs1), acc[N + r]);
     }
   }
   // The same for NB staged inputs at once (the grouped path; input b's slices from at[b] on): each slice of the N rows
@@ -368,6 +394,16 @@ __device__ __forceinline__ void gate_up(float* __restrict__ h, const float* __re
     moe::down_grouped<Policy>(terms, h, down, ids, weights, down_bias, tokens, k, hidden, ff, n_expert);             \
   }
 
+// down, slot-serial with h staged (moe_experts_down.h down_staged): the quantized types', whose h it quantizes once a
+// workgroup; two workgroups an SM as the other downs.
+#define RF_MOE_STAGED_DOWN_ENTRY(suffix, Policy)                                                                     \
+  extern "C" __global__ __launch_bounds__(256, 2) void moe_down_staged_##suffix(                                        \
+      float* __restrict__ out, const float* __restrict__ h, const void* __restrict__ down, const int* __restrict__ ids, \
+      const float* __restrict__ weights, const float* __restrict__ down_bias, int tokens, int k, int hidden, int ff,  \
+      int n_expert) {                                                                                                 \
+    moe::down_staged<Policy>(out, h, down, ids, weights, down_bias, tokens, k, hidden, ff, n_expert);                \
+  }
+
 RF_MOE_ENTRIES(q4_k, moe::Quantized<q8::Q4_KFormat>)
 RF_MOE_ENTRIES(q5_k, moe::Quantized<q8::Q5_KFormat>)
 RF_MOE_ENTRIES(q6_k, moe::Quantized<q8::Q6_KFormat>)
@@ -376,6 +412,11 @@ RF_MOE_ENTRIES(mxfp4, moe::Quantized<q8::MXFP4Format>)
 RF_MOE_ENTRIES(f16, moe::Float<moe::F16Elem>)
 RF_MOE_ENTRIES(bf16, moe::Float<moe::BF16Elem>)
 RF_MOE_ENTRIES(f32, moe::Float<moe::F32Elem>)
+RF_MOE_STAGED_DOWN_ENTRY(q4_k, moe::Quantized<q8::Q4_KFormat>)
+RF_MOE_STAGED_DOWN_ENTRY(q5_k, moe::Quantized<q8::Q5_KFormat>)
+RF_MOE_STAGED_DOWN_ENTRY(q6_k, moe::Quantized<q8::Q6_KFormat>)
+RF_MOE_STAGED_DOWN_ENTRY(q8_0, moe::Quantized<q8::Q8_0Format>)
+RF_MOE_STAGED_DOWN_ENTRY(mxfp4, moe::Quantized<q8::MXFP4Format>)
 
 // out[t] += sum_j terms[t, j] in slot order (the grouped down's second step): grid-stride over tokens x hidden.
 extern "C" __global__ __launch_bounds__(256) void moe_sum_slots_f32(float* __restrict__ out, const float* __restrict__ terms,

@@ -109,7 +109,7 @@ QUANTIZED = tuple(f"_{t}" for t in moe_experts.QUANTIZED_X_TYPES)
 def test_moe_kernels_keep_everything_in_registers(built):
     """The experts' products (a decode step runs gate|up and down in every layer) and the router hold their rows' loads,
     accumulators and logits in registers on every target: no spills, no scratch. Shared memory: the grouped entries'
-    gathered pairs (2,048 ints and their count) and a quantized type's staged inputs (384 slices of 11 words); the per-pair gate|up's and moe_down_slots' input slices of a quantized
+    gathered pairs (2,048 ints and their count) and a quantized type's staged inputs (384 slices of 11 words); the per-pair gate|up's, moe_down_staged's and moe_down_slots' input slices of a quantized
     type (384 slices of 11 words) and moe_down_slots' slot terms (32 slots x 32 rows and 32 weights)."""
     out, _, _ = built
     manifest = json.loads((out / "manifest.json").read_text())
@@ -118,7 +118,7 @@ def test_moe_kernels_keep_everything_in_registers(built):
             for name, usage in manifest["objects"][target][op]["kernels"].items():
                 off_chip = sum(usage.get(key, 0) for key in ("vgpr_spills", "sgpr_spills", "scratch_bytes",
                                                              "spill_store_bytes", "stack_bytes"))
-                stages = name.startswith(("moe_gate_up_", "moe_down_slots_")) and "_grouped_" not in name
+                stages = name.startswith(("moe_gate_up_", "moe_down_slots_", "moe_down_staged_")) and "_grouped_" not in name
                 staged = 384 * 11 * 4 if name.endswith(QUANTIZED) and stages else 0
                 terms = (32 * 32 + 32) * 4 if name.startswith("moe_down_slots_") else 0
                 staged_pairs = 384 * 11 * 4 if "_grouped_" in name and name.endswith(QUANTIZED) else 0

@@ -70,7 +70,7 @@ def run_gate_up(harnesses, warp, tmp_path, rng, weight_type, tokens, k, ff, hidd
 
 
 def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert, biases, grid=None,
-             grouped=False, slots=False):
+             grouped=False, slots=False, form=None):
     down, down_path = expert_files(tmp_path, rng, weight_type, n_expert, hidden, ff, "down")
     h = (rng.standard_normal((tokens, k, ff)) * rng.choice([1e-2, 1.0, 4.0], (tokens, k, ff))).astype(np.float32)
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
@@ -83,7 +83,9 @@ def run_down(harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff,
     g, block = (moe_experts.grouped_geometry(n_expert, hidden) if grouped
                 else moe_experts.geometry(arch, tokens, k, hidden, moe_experts.SLOT_ROWS) if slots
                 else moe_experts.serial_geometry(arch, tokens, hidden))
-    entry = f"moe_down_{'grouped_' if grouped else 'slots_' if slots else ''}{weight_type}"
+    if form == "staged":
+        g, block = moe_experts.staged_geometry(arch, tokens, hidden)
+    entry = f"moe_down_{'grouped_' if grouped else 'slots_' if slots else f'{form}_' if form else ''}{weight_type}"
     run(harnesses, warp, entry, grid or g, block, tokens, k, hidden, ff, n_expert, paths[0],
         down_path, paths[1], paths[2], tmp_path / "bias" if biases else "-", paths[3], tmp_path / "out")
     got = np.fromfile(tmp_path / "out", np.float32).reshape(tokens, hidden)
@@ -104,22 +106,29 @@ def test_gate_up(moe_harnesses, warp, weight_type, tmp_path):
         assert np.all(np.abs(got - want) <= bound), (tokens, k, ff, hidden, activation, grid)
 
 
-@pytest.mark.parametrize("slots", [False, True], ids=["serial", "slots"])
-@pytest.mark.parametrize("weight_type", moe_experts.EXPERT_TYPES)
-def test_down(moe_harnesses, warp, weight_type, slots, tmp_path):
-    """Both per-pair downs: slot-serial (moe_down) and slot-parallel (moe_down_slots: also more slots than warps, and a
-    token's slices of h past its shared memory, in two passes of slots)."""
-    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 2, int(slots)])
+@pytest.mark.parametrize("form,weight_type",
+                         [(f, t) for f in ("serial", "slots") for t in moe_experts.EXPERT_TYPES]
+                         + [("staged", t) for t in moe_experts.QUANTIZED_X_TYPES])
+def test_down(moe_harnesses, warp, weight_type, form, tmp_path):
+    """The per-pair downs: slot-serial (moe_down; also an odd k), slot-serial with h staged (moe_down_staged, the
+    quantized types: two slots at once and an odd k's last alone, a token's rows in several chunks, and a grid that
+    loops over them) and slot-parallel
+    (moe_down_slots: also more slots than warps, and a token's slices of h past its shared memory, in two passes of
+    slots)."""
+    slots = form == "slots"
+    rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 2, len(form)])
     block = column_multiple(weight_type)
     wide = -(-(moe_experts.MAX_STAGED_COLUMNS // 3 + 1) // block) * block
     cases = [(1, 4, 7, 2 * block, 6, True, None), (3, 2, 4, block, 5, False, 1)]
+    if form != "slots":
+        cases.append((2, 3, 40, block, 5, True, None))  # odd k; staged: 40 rows in chunks of 16 (wave 64: 8), the last partial
     if slots:
         cases.append((1, 9, 3, block, 10, True, None))
         if weight_type in moe_experts.QUANTIZED_X_TYPES:
             cases.append((1, 4, 3, wide, 5, False, None))
     for tokens, k, hidden, ff, n_expert, biases, grid in cases:
         got, want, bound = run_down(moe_harnesses, warp, tmp_path, rng, weight_type, tokens, k, hidden, ff, n_expert,
-                                    biases, grid, slots=slots)
+                                    biases, grid, slots=slots, form=None if form in ("serial", "slots") else form)
         assert np.all(np.abs(got - want) <= bound), (tokens, k, hidden, ff, grid)
 
 
@@ -159,6 +168,10 @@ def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
      "grouped", "q8_0"),
     # the grouped path's second slice in flight: dropped, or its weights loaded from the first slice's
     ("if (has_second) apply_staged<N, NB>(raw2, second, s, at, acc);", "", "grouped", "mxfp4"),
+    # the staged down's second slot of two: its rows loaded from the first slot's expert, or its slices from the first's
+    ("down_rows_of(w + kRows, down, e1, r0, hidden, row_bytes);", "down_rows_of(w + kRows, down, e0, r0, hidden, row_bytes);",
+     "down_staged", "q6_k"),
+    ("(j + 1) * slot_slices, ff, acc);", "j * slot_slices, ff, acc);", "down_staged", "mxfp4"),
     ("raw2[r] = Format::load(w[r], has_second ? second : slice);", "raw2[r] = Format::load(w[r], slice);", "grouped",
      "q4_k"),
 ])
@@ -174,7 +187,8 @@ def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
                                        grouped=True)
     else:
         got, want, bound = run_down(harnesses, 32, tmp_path, rng, weight_type, 2, 2, 4, 256, 4, False,
-                                    slots=projection == "down_slots")
+                                    slots=projection == "down_slots",
+                                    form="staged" if projection == "down_staged" else None)
     assert not np.all(np.abs(got - want) <= bound)
 
 

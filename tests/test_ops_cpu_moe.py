@@ -316,11 +316,14 @@ def test_wide_products_take_the_grouped_path(cpu_device, monkeypatch):
     with pytest.raises(ValueError, match="per-pair path takes at most"):
         moe_experts.launch_gate_up(cpu_device, None, h, to_device(cpu_device, x), g_buf, u_buf, ids, tokens, k,
                                    "swiglu", ff=32, hidden=wide, path="pairs", **common)
-    # down: slot-serial where a lane walks one step of a slot (or more slots than moe_down_slots sums), slot-parallel
-    # where it walks several; neither needs the grouped path's workspace
+    # down: slot-serial where a lane walks one step of a slot (or more slots than moe_down_slots sums), with h staged
+    # where the token's slices of h fit the staged slices, else each warp quantizing its own; slot-parallel where a
+    # lane walks several steps; none needs the grouped path's workspace
     many = moe_experts.MAX_SLOTS + 1
-    for k_, ff_, entry in [(many, 32, "moe_down_q8_0"), (2, 32, "moe_down_q8_0"), (2, 2048, "moe_down_slots_q8_0")]:
+    for k_, ff_, entry in [(many, 32, "moe_down_staged_q8_0"), (2, 32, "moe_down_staged_q8_0"),
+                           (13, 1024, "moe_down_q8_0"), (2, 2048, "moe_down_slots_q8_0")]:
         assert moe_experts.slots_pay(cpu_device.arch, "q8_0", k_, ff_) == ("slots" in entry)
+        assert moe_experts.staged_down_fits("q8_0", k_, ff_) == (entry != "moe_down_q8_0")
         (down,), (d_buf,) = expert_buffers(cpu_device, rng, "q8_0", many, 8, ff_, 1)
         ids_host = rng.permutation(many)[None, :k_].astype(np.int32)
         weights_host = rng.random((1, k_)).astype(np.float32)

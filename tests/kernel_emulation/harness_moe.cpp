@@ -3,7 +3,7 @@
 //   harness_moe moe_gate_up_<type> <grid> <block> tokens k ff hidden n_expert activation x gate up ids gate_bias
 //               up_bias h_out
 //   harness_moe moe_down_<type> <grid> <block> tokens k hidden ff n_expert h down ids weights down_bias out_in out_out
-//   moe_down_slots_<type> as moe_down_<type>.
+//   moe_down_slots_<type>, moe_down_staged_<type> (the quantized types) as moe_down_<type>.
 //   moe_gate_up_grouped_<type> as moe_gate_up_<type>; moe_down_grouped_<type> as moe_down_<type>: its terms into a
 //   NaN-filled workspace, then moe_sum_slots_f32 (its own grid) adds them into out.
 // A bias file of "-" passes a null pointer. Outputs start as NaN (out_in for down, which adds into it).
@@ -47,9 +47,10 @@ int main(int argc, char** argv) {
 #define RF_MOE_PAIR(t)                                                                                        \
   {#t, {moe_gate_up_##t, moe_down_##t}}, {"grouped_" #t, {moe_gate_up_grouped_##t, moe_down_grouped_##t}},  \
       {"slots_" #t, {moe_gate_up_##t, moe_down_slots_##t}}
+#define RF_MOE_QUANTIZED(t) RF_MOE_PAIR(t), {"staged_" #t, {moe_gate_up_##t, moe_down_staged_##t}}
   const std::map<std::string, std::pair<GateUp, Down>> kernels = {
-      RF_MOE_PAIR(q4_k), RF_MOE_PAIR(q5_k), RF_MOE_PAIR(q6_k), RF_MOE_PAIR(q8_0),
-      RF_MOE_PAIR(mxfp4), RF_MOE_PAIR(f16), RF_MOE_PAIR(bf16), RF_MOE_PAIR(f32)};
+      RF_MOE_QUANTIZED(q4_k), RF_MOE_QUANTIZED(q5_k), RF_MOE_QUANTIZED(q6_k), RF_MOE_QUANTIZED(q8_0),
+      RF_MOE_QUANTIZED(mxfp4), RF_MOE_PAIR(f16), RF_MOE_PAIR(bf16), RF_MOE_PAIR(f32)};
   const std::string gate_up_prefix = "moe_gate_up_", down_prefix = "moe_down_";
   if (entry.rfind(gate_up_prefix, 0) == 0 && kernels.count(entry.substr(gate_up_prefix.size()))) {
     const GateUp kernel = kernels.at(entry.substr(gate_up_prefix.size())).first;

@@ -37,7 +37,8 @@ EXPECTED_KERNELS = {
                   + [f"matmul_mma_swiglu_{t}" for t in ("q4_k", "q5_k")],
     "moe_experts": [f"moe_{projection}_{t}"
                     for projection in ("gate_up", "down", "down_slots", "gate_up_grouped", "down_grouped")
-                    for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16", "f32")] + ["moe_sum_slots_f32"],
+                    for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16", "f32")]
+                   + [f"moe_down_staged_{t}" for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4")] + ["moe_sum_slots_f32"],
     "moe_route": ["moe_route_f32"],
     "moe_experts_mma": ["moe_mma_sort"] + [f"moe_mma_{mode}_{t}" for mode in ("gate", "up", "down")
                                            for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16",
@@ -58,9 +59,9 @@ EXPECTED_KERNELS = {
     "softcap": ["softcap_f32"],
 }
 # Entries only NVIDIA's objects have: matmul_mma's fragment path (written in mma.sync's fragment layout: each product,
-# a batch's q|k|v in one launch (K-quants, or one 32-element format), its SwiGLU gate and up in one launch) and its 128-token tiles (they spilled on gfx1030
-# and gfx1100), for the K-quants and for the 32-element block formats, F16 and BF16; moe_experts_mma's few-pairs tiles
-# (the same fragment layout).
+# a batch's q|k|v in one launch (K-quants, or one 32-element format), its SwiGLU gate and up in one launch) and its
+# 128-token tiles (they spilled on gfx1030 and gfx1100), for the K-quants and for the 32-element block formats, F16 and
+# BF16; moe_experts_mma's few-pairs tiles (the same fragment layout).
 PAIR32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16")
 NVIDIA_ONLY_KERNELS = {
     "matmul_mma": [f"matmul_mma_{entry}_{t}" for entry in ("fragments", "direct", "x16_128")
@@ -68,8 +69,8 @@ NVIDIA_ONLY_KERNELS = {
                   + [f"matmul_mma_silu_up_{t}" for t in ("q4_k", "q5_k") + PAIR32_TYPES]
                   + [f"matmul_mma_gelu_up_{t}" for t in ("q4_k", "q5_k")]
                   + ["matmul_mma_qkv_fragments", "matmul_mma_qkv_direct"]
-                  + [f"matmul_mma_swiglu_{entry}_{t}" for entry in ("fragments", "direct") for t in ("q4_k", "q5_k", "q6_k")],
                   + [f"matmul_mma_qkv_{entry}_{t}" for entry in ("fragments", "direct") for t in PAIR32_TYPES]
+                  + [f"matmul_mma_swiglu_{entry}_{t}" for entry in ("fragments", "direct") for t in ("q4_k", "q5_k", "q6_k")],
     "moe_experts_mma": [f"moe_mma_{mode}_{t}_direct" for mode in ("gate", "up", "down")
                         for t in ("q4_k", "q5_k", "q6_k", "q8_0", "mxfp4", "f16", "bf16")],
 }
