@@ -426,11 +426,10 @@ RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
                                           RF_STAGED_X, RF_BOUNDS)                                                 \
   RF_MATMUL_MMA_FRAGMENT_ENTRY_WAIT_FIRST(matmul_mma_direct_##kind, mmq::Pair32<DirectLane>, mmq::kDirectTokens, 8,  \
                                           RF_BLOCK32_DIRECT_BOUNDS)                                               \
-  RF_MATMUL_MMA_QKV_ENTRY_OF(matmul_mma_qkv_fragments_##kind, mmq::kStreamTokens, RF_STAGED_X,                    \
-                             mmq::FragmentFormatOf<mmq::Pair32<StagedLane> >, RF_BOUNDS, rf_grid_dependency_sync())  \
-  RF_MATMUL_MMA_QKV_ENTRY_OF(matmul_mma_qkv_direct_##kind, mmq::kDirectTokens, 8,                                  \
-                             mmq::FragmentFormatOf<mmq::Pair32<DirectLane> >, RF_BLOCK32_DIRECT_BOUNDS,           \
-                             rf_grid_dependency_sync())                                                           \
+  RF_MATMUL_MMA_QKV_SINGLE_ENTRY(matmul_mma_qkv_fragments_##kind, mmq::kStreamTokens, RF_STAGED_X,                \
+                                 mmq::FragmentFormatOf<mmq::Pair32<StagedLane> >, RF_BOUNDS)                      \
+  RF_MATMUL_MMA_QKV_SINGLE_ENTRY(matmul_mma_qkv_direct_##kind, mmq::kDirectTokens, 8,                              \
+                                 mmq::FragmentFormatOf<mmq::Pair32<DirectLane> >, RF_BLOCK32_DIRECT_BOUNDS)       \
   RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_##kind, mmq::Narrow<Format>)                                     \
   RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_silu_up_##kind, mmq::Narrow<Format>, false)
 RF_BLOCK32_ENTRIES(q4_0, mmq::Q4_0, mmq::Q4_0Lane, mmq::Q4_0Lane)

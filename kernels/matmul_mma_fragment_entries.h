@@ -54,26 +54,33 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTok
 // (y_q, y_k, y_v, W_q, W_k, W_v, x, workspace, rows_q, rows_k, rows_v, types, cols, n_tokens, splits); types holds
 // the three type codes, 4 bits each, q's lowest (hipcore/ops/matmul_mma_qkv.py launch_qkv). Two workgroups per SM:
 // within 128 registers, the most any of the three formats' entries takes.
-#define RF_MATMUL_MMA_QKV_ENTRY(name, TN, kXsHalves) RF_MATMUL_MMA_QKV_ENTRY_OF(name, TN, kXsHalves, void,       \
-                                                                                 __launch_bounds__(256, 2),       \
-                                                                                 rf_grid_dependency_deferred())
-// Single: one fragment format for all three (void: the K-quants by their codes); WAIT: the entry's grid dependency
-// call (the 32-element formats wait first, fragment_tiles says why).
-#define RF_MATMUL_MMA_QKV_ENTRY_OF(name, TN, kXsHalves, Single, BOUNDS, WAIT)                                      \
-  extern "C" __global__ BOUNDS void name(                                                                        \
-      float* __restrict__ y_q, float* __restrict__ y_k, float* __restrict__ y_v, const void* __restrict__ W_q,     \
-      const void* __restrict__ W_k, const void* __restrict__ W_v, const float* __restrict__ x, void* workspace,    \
-      int rows_q, int rows_k, int rows_v, int types, int cols, int n_tokens, int splits) {                        \
+#define RF_MATMUL_MMA_QKV_PARAMS                                                                                  \
+  float *__restrict__ y_q, float *__restrict__ y_k, float *__restrict__ y_v, const void *__restrict__ W_q,         \
+      const void *__restrict__ W_k, const void *__restrict__ W_v, const float *__restrict__ x, void *workspace,    \
+      int rows_q, int rows_k, int rows_v, int types, int cols, int n_tokens, int splits
+#define RF_MATMUL_MMA_QKV_LAUNCH(TN, Single)                                                                        \
+  const mmq::QkvLaunch q = {{y_q, y_k, y_v},                                                                      \
+                            {static_cast<const unsigned char*>(W_q), static_cast<const unsigned char*>(W_k),      \
+                             static_cast<const unsigned char*>(W_v)},                                            \
+                            {rows_q, rows_k, rows_v},                                                             \
+                            {types & 15, (types >> 4) & 15, (types >> 8) & 15},                                   \
+                            x, static_cast<unsigned char*>(workspace), cols, n_tokens, splits};                  \
+  mmq::qkv_fragment_tiles<TN, Single>(q, xs, &last)
+#define RF_MATMUL_MMA_QKV_ENTRY(name, TN, kXsHalves)                                                              \
+  extern "C" __global__ __launch_bounds__(256, 2) void name(RF_MATMUL_MMA_QKV_PARAMS) {                          \
     __shared__ __attribute__((aligned(16))) unsigned short xs[kXsHalves];                                         \
     __shared__ int last;                                                                                          \
-    WAIT;                                                                                                         \
-    const mmq::QkvLaunch q = {{y_q, y_k, y_v},                                                                    \
-                              {static_cast<const unsigned char*>(W_q), static_cast<const unsigned char*>(W_k),    \
-                               static_cast<const unsigned char*>(W_v)},                                          \
-                              {rows_q, rows_k, rows_v},                                                           \
-                              {types & 15, (types >> 4) & 15, (types >> 8) & 15},                                 \
-                              x, static_cast<unsigned char*>(workspace), cols, n_tokens, splits};                \
-    mmq::qkv_fragment_tiles<TN, Single>(q, xs, &last);                                                            \
+    rf_grid_dependency_deferred(); /* waits in fragment_item */                                                   \
+    RF_MATMUL_MMA_QKV_LAUNCH(TN, void);                                                                           \
+  }
+// The same for three products of one 32-element format (Single, its fragment format; `types` unused): these formats'
+// entries wait first (fragment_tiles says why).
+#define RF_MATMUL_MMA_QKV_SINGLE_ENTRY(name, TN, kXsHalves, Single, BOUNDS)                                       \
+  extern "C" __global__ BOUNDS void name(RF_MATMUL_MMA_QKV_PARAMS) {                                              \
+    __shared__ __attribute__((aligned(16))) unsigned short xs[kXsHalves];                                         \
+    __shared__ int last;                                                                                          \
+    rf_grid_dependency_sync(); /* a programmatic launch */                                                        \
+    RF_MATMUL_MMA_QKV_LAUNCH(TN, Single);                                                                         \
   }
 RF_MATMUL_MMA_QKV_ENTRY(matmul_mma_qkv_fragments, mmq::kStreamTokens, RF_STAGED_X)
 RF_MATMUL_MMA_QKV_ENTRY(matmul_mma_qkv_direct, mmq::kDirectTokens, 8)

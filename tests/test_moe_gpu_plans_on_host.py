@@ -1,7 +1,7 @@
 """The mixture-of-experts models' GPU step plans on the CPU (tests/support/stand_in_gpu.py): the tiny qwen3moe with
 Q4_K/Q6_K experts, and qwen2moe with its shared expert, stepped through each GPU architecture's plan, every launch
 running its entry's host twin, against the cpu backend (prompt, batched prompts and decode steps); each plan reaches
-the MoE entries (the router's product, moe_route_f32, moe_gate_up and moe_down for Q4_K and Q6_K, per token and
+the MoE entries (the router's product, moe_route_f32, moe_gate_up and the staged moe_down for Q4_K and Q6_K, per token and
 grouped) with the experts kept in their file format; and the tiny gpt-oss (MXFP4 experts, attention with sinks)
 likewise, its 40-token prompt through prompt_attention's sink entry where the GPU has matrix cores (paged_attention's
 sink entries for the rest and for decode steps)."""
@@ -25,7 +25,7 @@ MAX_RELATIVE_LOGIT_DIFF = 1e-3  # the same host kernels; the paths differ in sum
 # the decode steps attend to the prompts' keys and values, so they differ as much.
 MATRIX_CORE_EXPERTS_DIFF = 4e-2
 # per token (decode of a few), grouped by expert (batches: moe_experts.grouped_pays), on the matrix cores (prompts)
-MOE_ENTRIES = ("moe_route_f32", "moe_gate_up_q4_k", "moe_down_q6_k", "moe_gate_up_grouped_q4_k", "moe_down_grouped_q6_k")
+MOE_ENTRIES = ("moe_route_f32", "moe_gate_up_q4_k", "moe_down_staged_q6_k", "moe_gate_up_grouped_q4_k", "moe_down_grouped_q6_k")
 MATRIX_CORE_ENTRIES = ("moe_mma_sort", "moe_mma_gate_q4_k", "moe_mma_up_q4_k", "moe_mma_down_q6_k", "moe_sum_slots_f32")
 DIRECT_ENTRIES = ("moe_mma_gate_q4_k_direct", "moe_mma_up_q4_k_direct", "moe_mma_down_q6_k_direct")
 
@@ -92,7 +92,7 @@ def test_qwen2moe_shared_expert_steps_through_each_gpu_plan(files, monkeypatch, 
     assert {"moe_gate_up_f32", "moe_down_f32", "scale_f32", "softcap_f32"} <= device.entries, sorted(device.entries)
 
 
-GPT_OSS_ENTRIES = ("paged_attention_f16_sinks", "moe_route_f32", "moe_gate_up_mxfp4", "moe_down_mxfp4",
+GPT_OSS_ENTRIES = ("paged_attention_f16_sinks", "moe_route_f32", "moe_gate_up_mxfp4", "moe_down_staged_mxfp4",
                    "moe_gate_up_grouped_mxfp4", "moe_down_grouped_mxfp4")
 
 
