@@ -21,7 +21,7 @@ struct Warp {
   }
 };
 
-// The first row of each of kRows rows from r0 of an expert's down matrix (rows past the end: the last row again).
+// Where each of kRows rows from r0 of expert e's down matrix starts (rows past the end: the last row again).
 __device__ __forceinline__ void down_rows_of(const unsigned char* w[kRows], const unsigned char* down, int e, int r0,
                                              int hidden, unsigned long long row_bytes) {
   const unsigned long long expert = (unsigned long long)e * hidden;
