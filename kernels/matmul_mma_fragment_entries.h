@@ -55,8 +55,8 @@ RF_MATMUL_MMA_FRAGMENT_ENTRY(matmul_mma_direct_q6_k, mmq::Wide6, mmq::kDirectTok
 // the three type codes, 4 bits each, q's lowest (hipcore/ops/matmul_mma_qkv.py launch_qkv). Two workgroups per SM:
 // within 128 registers, the most any of the three formats' entries takes.
 #define RF_MATMUL_MMA_QKV_PARAMS                                                                                  \
-  float *__restrict__ y_q, float *__restrict__ y_k, float *__restrict__ y_v, const void *__restrict__ W_q,         \
-      const void *__restrict__ W_k, const void *__restrict__ W_v, const float *__restrict__ x, void *workspace,    \
+  float* __restrict__ y_q, float* __restrict__ y_k, float* __restrict__ y_v, const void* __restrict__ W_q,         \
+      const void* __restrict__ W_k, const void* __restrict__ W_v, const float* __restrict__ x, void* workspace,    \
       int rows_q, int rows_k, int rows_v, int types, int cols, int n_tokens, int splits
 #define RF_MATMUL_MMA_QKV_LAUNCH(TN, Single)                                                                        \
   const mmq::QkvLaunch q = {{y_q, y_k, y_v},                                                                      \

@@ -77,7 +77,8 @@ def launch_qkv(device: Device, stream: Stream | None, ys: tuple[Any, Any, Any], 
                rows: tuple[int, int, int], cols: int, n_tokens: int, *, weight_types: tuple[str, str, str],
                workspace: Any = None) -> None:
     """ys[i][n_tokens, rows[i]] = x[n_tokens, cols] @ ws[i][rows[i], cols]^T for q, k and v (i = 0, 1, 2) in one
-    launch on the fragment path (kernel_choice.takes_qkv: K-quants, NVIDIA sm_80+); `workspace` as launch's."""
+    launch on the fragment path (kernel_choice.takes_qkv: K-quants each of its own type, or three of one of
+    SINGLE_TYPES; NVIDIA sm_80+); `workspace` as launch's."""
     if len(ys) != 3 or len(ws) != 3 or len(rows) != 3 or len(weight_types) != 3:
         raise ValueError(f"{OP}_qkv: three outputs, weights, row counts and types (q, k, v)")
     if not takes_types(tuple(weight_types)):
