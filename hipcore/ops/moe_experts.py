@@ -15,21 +15,18 @@ and weights float32 [tokens, k] come from moe_route. Biases (gpt-oss) are float3
 
 Two paths, the same function: per pair (decode steps and small batches: gate|up a workgroup a token and a chunk of
 rows, its warps the (slot, rows) units, a quantized x quantized once a workgroup into shared memory, at most
-MAX_SLOTS slots and MAX_STAGED_COLUMNS columns of x; down slot-serial, `moe_down_<type>`, a warp a token's rows
-walking its k slots in order, or the same with h staged, `moe_down_staged_<type>` (a quantized type's, where
-`staged_down_fits`: a workgroup a token's chunk of rows, its k slices of h quantized once into shared memory, each
-warp two slots' rows at once), or slot-parallel, `moe_down_slots_<type>`, a workgroup a token's rows, its warps the
-slots, h quantized once into shared memory, where `slots_pay`: kernels/moe_experts.hip says what each measured) and
+MAX_SLOTS slots and MAX_STAGED_COLUMNS columns of x; down in one of three forms, launch_down choosing: slot-serial
+`moe_down_<type>`, the same with h staged `moe_down_staged_<type>` (`staged_down_fits`), slot-parallel
+`moe_down_slots_<type>` (`slots_pay`); kernels/moe_experts.hip says what each does and measured) and
 grouped (prompts and batches, `grouped_pays`, or a gate|up wider than the per-pair path takes: a workgroup takes one
 expert's rows and gathers the pairs that chose it, so that each slice of an expert's weights is decoded once for 2
 pairs; `moe_gate_up_grouped_<type>`, and for down `moe_down_grouped_<type>` writing each pair's weighted term into a
 workspace float32 [tokens, k, hidden] that `moe_sum_slots_f32(out p, terms p, tokens i, k i, hidden i)` adds into out
 in slot order: deterministic).
 
-The quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: the input (x, or h) is
-quantized per 32-column slice to int8 exactly as qmatvec.quantize_x does, and `reference` uses that input, so
-it states the kernels' function; F16, BF16 and F32 multiply the float input. One launch a projection for every
-token of the step; each warp reads only its expert's rows.
+The quantized types (Q4_K, Q5_K, Q6_K, Q8_0, MXFP4) take qmatvec's integer path: the input (x, or h) quantized per
+32-column slice to int8 as qmatvec.quantize_x does, which the references use too; F16, BF16 and F32 multiply the
+float input. One launch a projection for every token of the step; each warp reads only its expert's rows.
 """
 
 from __future__ import annotations
@@ -64,10 +61,9 @@ MAX_STAGED_COLUMNS = 384 * 32  # kMaxStagedSlices: a quantized x the per-pair ga
 THREADS = 256
 GROUPED_TILE_ROWS = 64  # rows of one expert a grouped workgroup takes (kernels/moe_experts_grouped.h kTileRows)
 # The grouped path once the pairs average this many an expert (ROCMFORGE_MOE_GROUPED_MIN_PAIRS sets it for a
-# measurement); moe_experts_mma takes over from its own threshold where the device has matrix cores. Measured on an
-# NVIDIA H100 (2026-12-06, 5057825, t/s of batched decode): gpt-oss-20b at 8 sequences (1 pair an expert) 914 grouped
-# against 751 per pair (its gate|up 139 against 186 us a layer, down 76 against 125); Qwen3-30B-A3B at 8 (0.5 an
-# expert) 896 against 1,057, at 16 (1) 1,006 against 1,018.
+# measurement; moe_experts_mma takes over from its own threshold on matrix cores). On an NVIDIA H100 (5057825, t/s of
+# batched decode): gpt-oss-20b at 8 sequences (1 pair an expert) 914 grouped against 751 per pair; Qwen3-30B-A3B at 8
+# (0.5 an expert) 896 against 1,057, at 16 (1) 1,006 against 1,018.
 GROUPED_MIN_PAIRS_PER_EXPERT = 1.0
 
 
@@ -132,7 +128,7 @@ def _products(matrix_of, groups, x_sorted, rows, with_magnitude=False):
 
 def _unsorted(order, rows_sorted):
     out = np.empty_like(rows_sorted)
-    out[order] = rows_sorted
+    out[order] = rows_sorted  # row i of the sorted rows is pair order[i]'s
     return out
 
 
@@ -293,47 +289,41 @@ for _type in EXPERT_TYPES:
 
 def geometry(arch: str, tokens: int, k: int, rows: int, rows_per_unit: int) -> tuple[int, int]:
     """(grid, block) of the per-pair entries that give a workgroup a token and a chunk of rows, its warps the (slot,
-    group of rows_per_unit rows) units of the chunk (gate|up: GATE_UP_ROWS; moe_down_slots: SLOT_ROWS); the kernel
-    loops over what the grid does not cover."""
+    rows_per_unit rows) units (gate|up: GATE_UP_ROWS; moe_down_slots: SLOT_ROWS); the kernel loops past the grid."""
     warps = THREADS // wavefront_size(arch)
     chunk = rows_per_unit * max(1, warps // k)
     return max(1, min(tokens * -(-rows // chunk), 65_535)), THREADS
 
 
 def serial_geometry(arch: str, tokens: int, rows: int) -> tuple[int, int]:
-    """(grid, block) of the slot-serial down: a warp DOWN_ROWS rows of one token."""
+    """(grid, block) of the slot-serial down (moe_down_<type>): a warp DOWN_ROWS rows of one token."""
     warps = tokens * -(-rows // DOWN_ROWS)
     return max(1, min(-(-warps // (THREADS // wavefront_size(arch))), 65_535)), THREADS
 
 
 def staged_geometry(arch: str, tokens: int, rows: int) -> tuple[int, int]:
-    """(grid, block) of the slot-serial down with h staged (moe_down_staged): a workgroup a token's chunk of its
-    warps' DOWN_ROWS rows each; the kernel takes the chunk from the grid (its share of a token's rows)."""
+    """(grid, block) of moe_down_staged: a workgroup a token's chunk of its warps' DOWN_ROWS rows each (the kernel
+    takes the chunk from the grid: its share of a token's rows)."""
     chunk = DOWN_ROWS * (THREADS // wavefront_size(arch))
     return max(1, min(tokens * -(-rows // chunk), 65_535)), THREADS
 
 
 def staged_down_fits(weight_type: str, k: int, ff: int) -> bool:
-    """The slot-serial down with h staged (moe_down_staged) takes a quantized type whose k slices of h fit the
-    staged slices (k * ff / 32 <= MAX_STAGED_COLUMNS / 32: Qwen3-30B-A3B's 8 x 768 columns take 192 of 384). On an
-    NVIDIA H100 its Q6_K down took 11.5 us a layer at one token and 50.1 at 8 against the slot-serial form's 13.1 and
-    61.7 (moe_down_<type>, which keeps the float types and the wider h)."""
+    """The slot-serial down with h staged (moe_down_staged) takes a quantized type whose k slices of h fit the staged
+    slices (Qwen3-30B-A3B's 8 x 768 columns take 192 of 384); moe_down_<type> keeps the float types and wider h."""
     return weight_type in QUANTIZED_X_TYPES and k * ff <= MAX_STAGED_COLUMNS
 
 
 def pairs_fit(weight_type: str, k: int, cols: int) -> bool:
     """Whether the per-pair path's staged entries (gate|up, moe_down_slots) take a product of `cols` input columns for
-    k slots: at most MAX_SLOTS slots, and a quantized type's input at most MAX_STAGED_COLUMNS (its slices in shared
-    memory)."""
+    k slots: at most MAX_SLOTS slots, a quantized type's input at most MAX_STAGED_COLUMNS (its slices staged)."""
     return k <= MAX_SLOTS and (weight_type not in QUANTIZED_X_TYPES or cols <= MAX_STAGED_COLUMNS)
 
 
 def slots_pay(arch: str, weight_type: str, k: int, ff: int) -> bool:
     """The slot-parallel down (moe_down_slots) where a lane walks more than one step of a slot's ff columns (32 a step
-    for the quantized types, 8 for the float ones) and it takes the product (pairs_fit); the slot-serial one where a
-    slot's product is one step a lane. On an H100 at one token: gpt-oss-20b's down (2,880 columns of MXFP4, 3 steps a
-    lane) 21.3 us a layer slot-parallel against 36.1 slot-serial; Qwen3-30B-A3B's (768 columns, one step) 11.8
-    slot-serial against 14.6-15.5."""
+    for the quantized types, 8 for the float ones) and it takes the product (pairs_fit); a slot-serial one where a
+    slot's product is one step a lane (kernels/moe_experts.hip: gpt-oss-20b's and Qwen3-30B-A3B's downs measured)."""
     step = 32 if weight_type in QUANTIZED_X_TYPES else 8
     return ff > step * wavefront_size(arch) and pairs_fit(weight_type, k, ff)
 
@@ -439,14 +429,11 @@ def launch_down(device: Device, stream: Stream | None, out: Any, h: Any, down_ex
         return
     _grouped(path, tokens, k, n_expert)  # checks the name
     if slots_pay(device.arch, weight_type, k, ff):
-        grid, block = geometry(device.arch, tokens, k, hidden, SLOT_ROWS)
-        entry = f"moe_down_slots_{weight_type}"
+        (grid, block), entry = geometry(device.arch, tokens, k, hidden, SLOT_ROWS), f"moe_down_slots_{weight_type}"
     elif staged_down_fits(weight_type, k, ff):
-        grid, block = staged_geometry(device.arch, tokens, hidden)
-        entry = f"moe_down_staged_{weight_type}"
+        (grid, block), entry = staged_geometry(device.arch, tokens, hidden), f"moe_down_staged_{weight_type}"
     else:
-        grid, block = serial_geometry(device.arch, tokens, hidden)
-        entry = f"moe_down_{weight_type}"
+        (grid, block), entry = serial_geometry(device.arch, tokens, hidden), f"moe_down_{weight_type}"
     kernel = get_kernel(device, OP, entry, DOWN_SIGNATURE)
     kernel.launch(grid, block, (out, h, down_exps, ids, weights, bias, tokens, k, hidden, ff, n_expert), stream=stream)
 
