@@ -112,16 +112,15 @@ def test_gate_up(moe_harnesses, warp, weight_type, tmp_path):
 def test_down(moe_harnesses, warp, weight_type, form, tmp_path):
     """The per-pair downs: slot-serial (moe_down; also an odd k), slot-serial with h staged (moe_down_staged, the
     quantized types: two slots at once and an odd k's last alone, a token's rows in several chunks, and a grid that
-    loops over them) and slot-parallel
-    (moe_down_slots: also more slots than warps, and a token's slices of h past its shared memory, in two passes of
-    slots)."""
+    loops over them) and slot-parallel (moe_down_slots: also more slots than warps, and a token's slices of h past its
+    shared memory, in two passes of slots)."""
     slots = form == "slots"
     rng = np.random.default_rng([warp, len(weight_type), ord(weight_type[-1]), 2, len(form)])
     block = column_multiple(weight_type)
     wide = -(-(moe_experts.MAX_STAGED_COLUMNS // 3 + 1) // block) * block
     cases = [(1, 4, 7, 2 * block, 6, True, None), (3, 2, 4, block, 5, False, 1)]
-    if form != "slots":
-        cases.append((2, 3, 40, block, 5, True, None))  # odd k; staged: 40 rows in chunks of 16 (wave 64: 8), the last partial
+    if form != "slots":  # odd k; staged: 40 rows in chunks of 16 (wave 64: 8), the last partial
+        cases.append((2, 3, 40, block, 5, True, None))
     if slots:
         cases.append((1, 9, 3, block, 10, True, None))
         if weight_type in moe_experts.QUANTIZED_X_TYPES:
@@ -169,8 +168,8 @@ def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
     # the grouped path's second slice in flight: dropped, or its weights loaded from the first slice's
     ("if (has_second) apply_staged<N, NB>(raw2, second, s, at, acc);", "", "grouped", "mxfp4"),
     # the staged down's second slot of two: its rows loaded from the first slot's expert, or its slices from the first's
-    ("down_rows_of(w + kRows, down, e1, r0, hidden, row_bytes);", "down_rows_of(w + kRows, down, e0, r0, hidden, row_bytes);",
-     "down_staged", "q6_k"),
+    ("down_rows_of(w + kRows, down, e1, r0, hidden, row_bytes);",
+     "down_rows_of(w + kRows, down, e0, r0, hidden, row_bytes);", "down_staged", "q6_k"),
     ("(j + 1) * slot_slices, ff, acc);", "j * slot_slices, ff, acc);", "down_staged", "mxfp4"),
     ("raw2[r] = Format::load(w[r], has_second ? second : slice);", "raw2[r] = Format::load(w[r], slice);", "grouped",
      "q4_k"),
