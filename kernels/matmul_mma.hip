@@ -421,17 +421,17 @@ RF_MATMUL_MMA_SWIGLU_ENTRY(matmul_mma_swiglu_q5_k, mmq::Wide<true>)
 #else
 #define RF_BLOCK32_DIRECT_BOUNDS __launch_bounds__(256)
 #endif
-#define RF_BLOCK32_ENTRIES(kind, Format, StagedLane, DirectLane)                                                  \
+#define RF_BLOCK32_ENTRIES(kind, Block, StagedLane, DirectLane)                                                    \
   RF_MATMUL_MMA_FRAGMENT_ENTRY_WAIT_FIRST(matmul_mma_fragments_##kind, mmq::Pair32<StagedLane>, mmq::kStreamTokens, \
                                           RF_STAGED_X, RF_BOUNDS)                                                 \
   RF_MATMUL_MMA_FRAGMENT_ENTRY_WAIT_FIRST(matmul_mma_direct_##kind, mmq::Pair32<DirectLane>, mmq::kDirectTokens, 8,  \
                                           RF_BLOCK32_DIRECT_BOUNDS)                                               \
   RF_MATMUL_MMA_QKV_SINGLE_ENTRY(matmul_mma_qkv_fragments_##kind, mmq::kStreamTokens, RF_STAGED_X,                \
-                                 mmq::FragmentFormatOf<mmq::Pair32<StagedLane> >, RF_BOUNDS)                      \
+                                 mmq::Fragments<mmq::Pair32<StagedLane> >::Format, RF_BOUNDS)                    \
   RF_MATMUL_MMA_QKV_SINGLE_ENTRY(matmul_mma_qkv_direct_##kind, mmq::kDirectTokens, 8,                              \
-                                 mmq::FragmentFormatOf<mmq::Pair32<DirectLane> >, RF_BLOCK32_DIRECT_BOUNDS)       \
-  RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_##kind, mmq::Narrow<Format>)                                     \
-  RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_silu_up_##kind, mmq::Narrow<Format>, false)
+                                 mmq::Fragments<mmq::Pair32<DirectLane> >::Format, RF_BLOCK32_DIRECT_BOUNDS)       \
+  RF_MATMUL_MMA_X16_128_ENTRY(matmul_mma_x16_128_##kind, mmq::Narrow<Block>)                                      \
+  RF_MATMUL_MMA_GATED_UP_ENTRY(matmul_mma_silu_up_##kind, mmq::Narrow<Block>, false)
 RF_BLOCK32_ENTRIES(q4_0, mmq::Q4_0, mmq::Q4_0Lane, mmq::Q4_0Lane)
 RF_BLOCK32_ENTRIES(q4_1, mmq::Q4_1, mmq::Q41Lane<false>, mmq::Q41Lane<false>)
 RF_BLOCK32_ENTRIES(q5_0, mmq::Q5_0, mmq::Q5_0Lane, mmq::Q5_0Lane)

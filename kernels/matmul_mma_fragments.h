@@ -301,11 +301,6 @@ struct IsVoid<void> {
   static constexpr bool value = true;
 };
 
-// The fragment format of a step (named apart from Fragments<Step>::Format for the entry macros, whose parameter is
-// called Format).
-template <class Step>
-using FragmentFormatOf = typename Fragments<Step>::Format;
-
 template <int TN, class Single = void>
 __device__ __forceinline__ void qkv_fragment_tiles(const QkvLaunch& q, unsigned short* xs, int* last) {
   const int token_tiles = (q.n_tokens + TN - 1) / TN;
