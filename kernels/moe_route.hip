@@ -1,5 +1,6 @@
 // A mixture-of-experts router's choice (hipcore/ops/moe_route.py): per token, the k largest of n_expert logits
-// (n_expert <= 256, k <= 32), largest first, equal logits lower index first, and their weights:
+// (n_expert <= 256, k <= 32; plus the router's bias where one is given, as add_bias.hip adds it: the same bits),
+// largest first, equal logits lower index first, and their weights:
 //   mode 0 (softmax_topk, qwen3moe): softmax over all experts, the chosen probabilities, divided by their sum
 //          when `normalize`;
 //   mode 1 (topk_softmax, gpt-oss):  softmax over the k chosen logits.
@@ -149,7 +150,8 @@ __device__ __forceinline__ void choose_by_rounds(const float v[kPerLane], int la
 }  // namespace
 
 extern "C" __global__ __launch_bounds__(256) void moe_route_f32(int* __restrict__ ids, float* __restrict__ weights,
-                                                               const float* __restrict__ logits, int tokens,
+                                                               const float* __restrict__ logits,
+                                                               const float* __restrict__ bias, int tokens,
                                                                int n_expert, int k, int mode, int normalize) {
   rf_check_wave_size();
   const int lane = (int)threadIdx.x % WARP_SIZE;
@@ -160,7 +162,7 @@ extern "C" __global__ __launch_bounds__(256) void moe_route_f32(int* __restrict_
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + i * WARP_SIZE;
-      const float x = e < n_expert ? row[e] : -RF_INFINITY;
+      const float x = e < n_expert ? (bias ? row[e] + bias[e] : row[e]) : -RF_INFINITY;
       v[i] = x == x ? x : -RF_INFINITY;
     }
     float mine = -RF_INFINITY;  // lane j < k: the j-th choice's logit and expert

@@ -6,7 +6,9 @@
 // would round it to f16 anyway (out must not be x there); rmsnorm_add_f32 adds the normalized row to out (Gemma's
 // norm after attention and after the feed-forward, before the residual add: out is the residual stream, x the
 // product; out must not be x). The compilers may fuse the weight's product and the add into one FMA: within an
-// ulp of a norm launch then an add launch, one rounding fewer.
+// ulp of a norm launch then an add launch, one rounding fewer. rmsnorm_bias_f32 first adds a bias to x in place
+// (x[i] += bias[i], add_bias.hip's sum: gpt-oss's o bias on the residual stream) and normalizes the sum: the same
+// bits as an add_bias launch then a norm launch; out must not be x.
 #include "hip_compat.h"
 
 // A value of the output: float32, or f16 bits.
@@ -33,32 +35,55 @@ static __device__ __forceinline__ void put4(unsigned short* out, int i, float4 r
   reinterpret_cast<unsigned long long*>(out)[i] = (unsigned long long)lo | ((unsigned long long)hi << 32);
 }
 
+// x + bias where there is one, stored back into x (the same thread reads it again in the second pass).
+static __device__ __forceinline__ float4 biased4(float* x, const float* bias, int i) {
+  float4 v = reinterpret_cast<const float4*>(x)[i];
+  if (bias) {
+    const float4 b = reinterpret_cast<const float4*>(bias)[i];
+    v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
+    reinterpret_cast<float4*>(x)[i] = v;
+  }
+  return v;
+}
+static __device__ __forceinline__ float biased(float* x, const float* bias, int i) {
+  if (!bias) return x[i];
+  const float v = x[i] + bias[i];
+  x[i] = v;
+  return v;
+}
+
+// bias: null, or x's bias, added in place first (rmsnorm_bias_f32; x is then the writable residual stream).
 template <class Out, bool ADD = false>
-static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x, const float* weight, int n, float eps) {
+static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x_in, const float* weight, int n, float eps,
+                                                   const float* bias = nullptr) {
   __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
   const unsigned long long row_start = (unsigned long long)blockIdx.x * (unsigned long long)n;
-  x += row_start;
+  float* x = const_cast<float*>(x_in) + row_start;  // written only where there is a bias
   out += row_start;
   // Rows of whole float4s at 16-byte addresses (every model's hidden size) move 16 bytes a load: a quarter
   // of the loads, which issue together (a 4096-wide row: four a thread), where a float at a time made each
   // thread wait on sixteen. Uniform across the block.
   const unsigned long long addresses = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(out) |
-                                       reinterpret_cast<unsigned long long>(weight);
+                                       reinterpret_cast<unsigned long long>(weight) |
+                                       reinterpret_cast<unsigned long long>(bias);
   const bool whole_float4s = (n & 3) == 0 && (addresses & (sizeof(Out) == 4 ? 15 : 7)) == 0 &&
-                             ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(weight)) & 15) == 0;
+                             ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(weight) |
+                               reinterpret_cast<unsigned long long>(bias)) & 15) == 0;
 
   float sum_sq = 0.0f;
   if (whole_float4s) {
-    const float4* x4 = reinterpret_cast<const float4*>(x);
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-      const float4 v = x4[i];
+      const float4 v = biased4(x, bias, i);
       sum_sq = fmaf(v.x, v.x, sum_sq);
       sum_sq = fmaf(v.y, v.y, sum_sq);
       sum_sq = fmaf(v.z, v.z, sum_sq);
       sum_sq = fmaf(v.w, v.w, sum_sq);
     }
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sum_sq = fmaf(x[i], x[i], sum_sq);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = biased(x, bias, i);
+      sum_sq = fmaf(v, v, sum_sq);
+    }
   }
   sum_sq = rf_block_sum(sum_sq, scratch);
 
@@ -93,4 +118,10 @@ extern "C" __global__ __launch_bounds__(256) void rmsnorm_add_f32(float* out, co
                                                                   float eps) {
   rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rmsnorm.py)
   rmsnorm_row<float, true>(out, x, weight, n, eps);
+}
+
+extern "C" __global__ __launch_bounds__(256) void rmsnorm_bias_f32(float* out, float* x, const float* bias,
+                                                                   const float* weight, int n, float eps) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rmsnorm.py)
+  rmsnorm_row(out, x, weight, n, eps, bias);
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import pytest
 
 from hipcore.engine.loader import LoadOptions, load_model
 from hipcore.model.blocks import Family
-from hipcore.model.moe_blocks import moe_feed_forward, shared_expert
+from hipcore.model.moe_blocks import shared_expert
 from support import family_golden
 from support.family_golden import TIE_MARGIN, disagreements, margin, run_on_cpu, with_config
 from support.model_steps import step_batch
@@ -98,22 +99,26 @@ def router_gaps(path: Path, ids: list[int]) -> np.ndarray:
         runner, cfg = model.runner, model.config
         gaps: list[np.ndarray] = []
 
-        def read(ctx, t):
+        def read(ctx, lw, t):
             logits = np.empty((t, cfg.n_experts), dtype=np.float32)
             runner.device.copy_device_to_host(logits, ctx.buffers["moe_logits"])
+            if lw.ffn_gate_inp_bias is not None:  # moe_route adds the router's bias as it reads the logits
+                bias = np.empty(cfg.n_experts, dtype=np.float32)
+                runner.device.copy_device_to_host(bias, lw.ffn_gate_inp_bias.buffer)
+                logits += bias
             top = -np.sort(-logits, axis=1)
             gaps.append(top[:, cfg.n_experts_used - 1] - top[:, cfg.n_experts_used])
 
         def recorded(block):
             def run(ctx, i, lw, t):
                 launches = block(ctx, i, lw, t)
-                at = next(j for j, (what, _) in enumerate(launches) if what == "moe_route")
-                return launches[:at] + [("read moe_logits", lambda: read(ctx, t))] + launches[at:]
+                at = next((j for j, (what, _) in enumerate(launches) if what == "moe_route"), None)
+                if at is None:
+                    return launches
+                return launches[:at] + [("read moe_logits", lambda: read(ctx, lw, t))] + launches[at:]
             return run
 
-        layer = runner.family.layer
-        at = layer.index(moe_feed_forward)
-        runner.family = Family("recorded", (*layer[:at], recorded(layer[at]), *layer[at + 1:]))
+        runner.family = replace(runner.family, layer=tuple(recorded(block) for block in runner.family.layer))
         runner.execute(step_batch(model.cache, [(1, list(ids), 0)]))
         return np.array(gaps)
 
@@ -156,8 +161,6 @@ def expert_sets(path: Path, prompt_ids: list[int]) -> list[set[tuple[int, ...]]]
     with load_model(str(path), LoadOptions(device="cpu", kv_dtype="f16", max_step_tokens=128, ctx_size=256)) as model:
         runner, k = model.runner, model.config.n_experts_used
         seen: list[set[tuple[int, ...]]] = [set() for _ in range(model.config.n_layers)]
-        layer = runner.family.layer
-        at = layer.index(moe_feed_forward)
 
         def recorded(block):
             def run(ctx, i, lw, t):
@@ -165,10 +168,12 @@ def expert_sets(path: Path, prompt_ids: list[int]) -> list[set[tuple[int, ...]]]
                     ids = np.empty((t, k), dtype=np.int32)
                     runner.device.copy_device_to_host(ids, ctx.buffers["moe_ids"])
                     seen[i].update(tuple(sorted(row)) for row in ids.tolist())
-                return block(ctx, i, lw, t) + [("read moe_ids", read)]
+                launches = block(ctx, i, lw, t)
+                routes = any(what == "moe_route" for what, _ in launches)  # the block of the experts
+                return launches + [("read moe_ids", read)] if routes else launches
             return run
 
-        runner.family = Family("recorded", (*layer[:at], recorded(layer[at]), *layer[at + 1:]))
+        runner.family = replace(runner.family, layer=tuple(recorded(block) for block in runner.family.layer))
         runner.execute(step_batch(model.cache, [(1, list(prompt_ids), 0)]))
         return seen
 

@@ -123,6 +123,31 @@ def test_rmsnorm_add_is_the_norm_then_the_add(harnesses, warp, tmp_path):
         assert not np.array_equal(got, normed)
 
 
+def test_rmsnorm_bias_is_add_bias_then_the_norm(harnesses, warp, tmp_path):
+    """rmsnorm_bias_f32 (gpt-oss's o bias with the feed-forward's norm) leaves x + bias in x (add_bias's sum) and
+    writes rmsnorm_f32's output of that sum, to the bit, on the float4 path and the scalar one; the planted fault (the
+    norm of x without its bias) is a different output."""
+    rng = np.random.default_rng([warp, 6])
+    for rows, n in [(3, 7), (2, 576), (4, 2880)]:
+        x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        weight = (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+        biased = x + bias
+        for name, a in (("x", x), ("b", bias), ("w", weight), ("xb", biased)):
+            a.tofile(tmp_path / name)
+        block = row_block(n, rmsnorm.MAX_THREADS)
+        run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-6, tmp_path / "xb", tmp_path / "w", tmp_path / "normed")
+        normed = np.fromfile(tmp_path / "normed", np.float32).reshape(rows, n)
+        run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-6, tmp_path / "x", tmp_path / "w", tmp_path / "plain")
+        plain = np.fromfile(tmp_path / "plain", np.float32).reshape(rows, n)
+        run(harnesses, warp, "rmsnorm_bias_f32", rows, block, n, 1e-6, tmp_path / "x", tmp_path / "b", tmp_path / "w",
+            tmp_path / "o", tmp_path / "x_out")
+        assert np.array_equal(np.fromfile(tmp_path / "x_out", np.float32).reshape(rows, n), biased), f"{rows}x{n}"
+        got = np.fromfile(tmp_path / "o", np.float32).reshape(rows, n)
+        assert np.array_equal(got, normed), f"{rows}x{n}"
+        assert not np.array_equal(got, plain)
+
+
 @pytest.mark.parametrize("rope_type", ["norm", "neox"])
 @pytest.mark.parametrize("with_factors", [False, True], ids=["plain", "freq_factors"])
 def test_rope(harnesses, warp, with_factors, rope_type, tmp_path):

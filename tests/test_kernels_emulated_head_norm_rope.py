@@ -1,7 +1,8 @@
-"""head_norm_rope (qwen3's and gemma3's per-head norms, RoPE and the store of k and v) under the kernel-language
-emulation (tests/support/emulated_kernels.py), at warp 32 and 64, against its numpy reference (rmsnorm.py's, then
-rope.py's), in both RoPE layouts, with and without frequency factors, over any grid (grid-stride); with a cache
-target, the pools against kv_store.reference on what the same kernel writes without one."""
+"""head_norm_rope (qwen3's and gemma3's per-head norms, gpt-oss's biases, RoPE and the store of k and v) under the
+kernel-language emulation (tests/support/emulated_kernels.py), at warp 32 and 64, against its numpy reference
+(add_bias.py's, rmsnorm.py's, then rope.py's), in both RoPE layouts, with and without frequency factors, over any
+grid (grid-stride); with a cache target, the pools against kv_store.reference on what the same kernel writes without
+one."""
 
 from __future__ import annotations
 
@@ -48,15 +49,18 @@ def tolerance(normed: np.ndarray, positions, rope_dim, factors, rope_type) -> np
 
 
 def run_kernel(harnesses, warp, tmp_path, grid, files, tokens, heads, kv_heads, head_dim, rope_dim, rope_type,
-               kv_format=0, block_size=0, num_blocks=0, pool_bytes=0):
+               kv_format=0, block_size=0, num_blocks=0, pool_bytes=0, biases=("-", "-", "-"), with_v=False):
+    """files: q, k, v, q_weight|-, k_weight|-, positions, factors|-, slots|-; biases: q's, k's, v's (files or -).
+    (q, k, the pools' bytes), and v after them where with_v."""
     run(harnesses, warp, head_norm_rope.ENTRY, grid, head_norm_rope.THREADS, tokens, heads, kv_heads, head_dim,
         rope_dim, head_norm_rope.ROPE_TYPES[rope_type], EPS, THETA, FREQ_SCALE, kv_format, block_size, num_blocks,
-        pool_bytes, *files, tmp_path / "o")
+        pool_bytes, *files[:5], *biases, *files[5:], tmp_path / "o")
     raw = np.fromfile(tmp_path / "o", np.uint8)
     n_q, n_k = tokens * heads * head_dim * 4, tokens * kv_heads * head_dim * 4
     q = raw[:n_q].view(np.float32).reshape(tokens, heads, head_dim)
     k = raw[n_q:n_q + n_k].view(np.float32).reshape(tokens, kv_heads, head_dim)
-    return q, k, raw[n_q + n_k:]
+    v = raw[n_q + n_k:n_q + 2 * n_k].view(np.float32).reshape(tokens, kv_heads, head_dim)
+    return (q, k, raw[n_q + 2 * n_k:], v) if with_v else (q, k, raw[n_q + 2 * n_k:])
 
 
 @pytest.mark.parametrize("rope_type", ["norm", "neox"])
@@ -126,3 +130,69 @@ def test_k_and_v_stored_into_the_cache(harnesses, warp, kv_dtype, tmp_path):
                 want = np.full(pool_shape, 0xA5, np.uint8)
                 kv_store.reference(want, rows, slots, fmt)
                 assert np.array_equal(pool, want), f"{name} pool {kv_dtype} head_dim {head_dim} grid {grid}"
+
+
+def make_biases(rng, heads, kv_heads, head_dim):
+    return [(rng.standard_normal(n * head_dim) * 2).astype(np.float32) for n in (heads, kv_heads, kv_heads)]
+
+
+@pytest.mark.parametrize("rope_type", ["norm", "neox"])
+def test_biases_without_norms(harnesses, warp, rope_type, tmp_path):
+    """gpt-oss's heads: q and k plus their biases, rotated (no norm weights: no norm), v plus its bias in place
+    without a cache target; the planted faults (the bias left out, the bias added after the rotation) lie outside the
+    bound."""
+    rng = np.random.default_rng([warp, 23, len(rope_type)])
+    for tokens, heads, kv_heads, head_dim, rope_dim in [(3, 4, 2, 64, 64), (2, 3, 1, 64, 32)]:
+        q, k, v, _, _ = make_inputs(rng, tokens, heads, kv_heads, head_dim)
+        qb, kb, vb = make_biases(rng, heads, kv_heads, head_dim)
+        positions = rng.integers(0, 40000, tokens).astype(np.int32)
+        factors = far_factors(rng, rope_dim)
+        files = write(tmp_path, q=q, k=k, v=v) + ["-", "-"] + write(tmp_path, p=positions) + \
+            [factors_arg(tmp_path, factors), "-"]
+        biases = write(tmp_path, qb=qb, kb=kb, vb=vb)
+        for grid in sorted({tokens * (heads + 2 * kv_heads), 1, 3}):
+            got_q, got_k, _, got_v = run_kernel(harnesses, warp, tmp_path, grid, files, tokens, heads, kv_heads,
+                                                head_dim, rope_dim, rope_type, biases=biases, with_v=True)
+            assert np.array_equal(got_v, v + vb.reshape(kv_heads, head_dim)), f"v + bias, grid {grid}"
+            for got, x, b in ((got_q, q, qb), (got_k, k, kb)):
+                want = head_norm_rope.reference(x, None, EPS, positions, rope_dim, THETA, FREQ_SCALE, factors,
+                                                rope_type, bias=b)
+                biased = x + b.reshape(x.shape[1:])
+                tol = tolerance(biased, positions, rope_dim, factors, rope_type)
+                assert np.all(np.abs(got.astype(np.float64) - want) <= tol), f"{head_dim}/{rope_dim} grid {grid}"
+                rotate = dict(positions=positions, rope_dim=rope_dim, theta=THETA, freq_scale=FREQ_SCALE,
+                              freq_factors=factors, rope_type=rope_type)
+                for wrong in (head_norm_rope.reference(x, None, EPS, **rotate),
+                              head_norm_rope.reference(x, None, EPS, **rotate) + b.reshape(x.shape[1:])):
+                    assert np.any(np.abs(got - wrong) > tol)
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(kv_store.EPILOGUE_FORMATS))
+def test_biased_k_and_v_stored_into_the_cache(harnesses, warp, kv_dtype, tmp_path):
+    """With biases and a cache target: the pools hold the bytes kv_store writes for the k and v the same kernel makes
+    without a target (k biased and rotated, v biased), q as without one, the k and v buffers as they came."""
+    rng = np.random.default_rng([warp, 29, *map(ord, kv_dtype)])
+    fmt = kv_dtype_named(kv_dtype)
+    tokens, heads, kv_heads, head_dim, rope_dim = 3, 4, 2, 64, 64
+    q, k, v, _, _ = make_inputs(rng, tokens, heads, kv_heads, head_dim)
+    positions = rng.integers(0, 4096, tokens).astype(np.int32)
+    block_size, num_blocks = 4, 3
+    slots = rng.choice(num_blocks * block_size, tokens, replace=False).astype(np.int32)
+    slots[1] = -1
+    pool_shape = (num_blocks, kv_heads, block_size, fmt.row_bytes(head_dim))
+    qb, kb, vb = make_biases(rng, heads, kv_heads, head_dim)
+    biases = write(tmp_path, qb=qb, kb=kb, vb=vb)
+    base = write(tmp_path, q=q, k=k, v=v) + ["-", "-"] + write(tmp_path, p=positions, slots=slots)
+    plain_files, store_files = base[:-1] + ["-", "-"], base[:-1] + ["-", base[-1]]
+    plain_q, plain_k, _, plain_v = run_kernel(harnesses, warp, tmp_path, 5, plain_files, tokens, heads, kv_heads,
+                                              head_dim, rope_dim, "neox", biases=biases, with_v=True)
+    got_q, got_k, pools, got_v = run_kernel(harnesses, warp, tmp_path, 5, store_files, tokens, heads, kv_heads,
+                                            head_dim, rope_dim, "neox", kv_store.EPILOGUE_FORMATS[kv_dtype],
+                                            block_size, num_blocks, int(np.prod(pool_shape)), biases=biases,
+                                            with_v=True)
+    assert np.array_equal(got_q, plain_q)
+    assert np.array_equal(got_k, k) and np.array_equal(got_v, v), "k or v written with a cache target"
+    for pool, rows, name in zip(pools.reshape(2, *pool_shape), (plain_k, plain_v), "kv"):
+        want = np.full(pool_shape, 0xA5, np.uint8)
+        kv_store.reference(want, rows, slots, fmt)
+        assert np.array_equal(pool, want), f"{name} pool {kv_dtype}"

@@ -34,12 +34,32 @@ def test_route(moe_harnesses, warp, mode, normalize, tmp_path):
         grid, block = moe_route.geometry(ARCH_FOR_WARP[warp], tokens)
         for g in sorted({grid, 1}):
             run(moe_harnesses, warp, "moe_route_f32", g, block, tokens, n_expert, k, moe_route.MODES[mode],
-                int(normalize), path, tmp_path / "ids", tmp_path / "weights")
+                int(normalize), path, "-", tmp_path / "ids", tmp_path / "weights")
             ids = np.fromfile(tmp_path / "ids", np.int32).reshape(tokens, k)
             weights = np.fromfile(tmp_path / "weights", np.float32).reshape(tokens, k)
             assert np.array_equal(ids, want_ids), (tokens, n_expert, k, g)
             assert np.all(np.abs(weights - want_weights) <= moe_route.error_bound(logits, want_weights)), (tokens, k)
             assert want_ids[0, :2].tolist() == [2, 5][:k]
+
+
+def test_route_adds_the_router_bias(moe_harnesses, warp, tmp_path):
+    """With a bias the choice and weights are those of the logits plus the bias (add_bias's sum, the same bits as
+    routing a biased copy); a bias that changes the winner proves it is read, and the planted fault (the bias left
+    out) chooses other experts."""
+    rng = np.random.default_rng([warp, 41])
+    tokens, n_expert, k = 6, 32, 4
+    logits = rng.standard_normal((tokens, n_expert)).astype(np.float32)
+    bias = (rng.standard_normal(n_expert) * 3).astype(np.float32)
+    biased_path, plain_path, bias_path = write_inputs(tmp_path, biased=logits + bias, plain=logits, bias=bias)
+    grid, block = moe_route.geometry(ARCH_FOR_WARP[warp], tokens)
+    outputs = []
+    for path, bias_file in ((plain_path, bias_path), (biased_path, "-"), (plain_path, "-")):
+        run(moe_harnesses, warp, "moe_route_f32", grid, block, tokens, n_expert, k, moe_route.MODES["topk_softmax"], 0,
+            path, bias_file, tmp_path / "ids", tmp_path / "weights")
+        outputs.append(((tmp_path / "ids").read_bytes(), (tmp_path / "weights").read_bytes()))
+    with_bias, routed_biased, without = outputs
+    assert with_bias == routed_biased
+    assert with_bias[0] != without[0], "the bias changed no choice: it was not read"
 
 
 def expert_files(tmp_path, rng, weight_type, n_expert, rows, cols, name):

@@ -54,7 +54,7 @@ def route(harnesses, warp, tmp_path, logits, k, mode, normalize):
     (path,) = write_inputs(tmp_path, logits=logits)
     grid, block = moe_route.geometry(ARCH_FOR_WARP[warp], tokens)
     run(harnesses, warp, "moe_route_f32", grid, block, tokens, n_expert, k, moe_route.MODES[mode], int(normalize),
-        path, tmp_path / "ids", tmp_path / "weights")
+        path, "-", tmp_path / "ids", tmp_path / "weights")
     return np.fromfile(tmp_path / "ids", np.int32).reshape(tokens, k), (tmp_path / "weights").read_bytes()
 
 

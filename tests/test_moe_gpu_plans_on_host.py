@@ -4,7 +4,7 @@ running its entry's host twin, against the cpu backend (prompt, batched prompts 
 the MoE entries (the router's product, moe_route_f32, moe_gate_up and the staged moe_down for Q4_K and Q6_K, per token and
 grouped) with the experts kept in their file format; and the tiny gpt-oss (MXFP4 experts, attention with sinks)
 likewise, its 40-token prompt through prompt_attention's sink entry where the GPU has matrix cores (paged_attention's
-sink entries for the rest and for decode steps)."""
+sink entries for the rest and for decode steps), its biases folded into head_norm_rope, the norm and the route."""
 
 from __future__ import annotations
 
@@ -113,6 +113,10 @@ def test_gpt_oss_steps_through_each_gpu_plan_as_on_the_cpu_backend(files, monkey
     assert set(GPT_OSS_ENTRIES) - (grouped if has_matrix_cores(arch) else set()) <= device.entries, sorted(device.entries)
     prompt_entry = "prompt_attention_f16_d32_sinks"  # the prompt step of 40 tokens, heads of 32
     assert (prompt_entry in device.entries) == has_matrix_cores(arch), sorted(device.entries)
+    # the biases folded: q's, k's and v's with RoPE and the f16 cache's store in head_norm_rope, the o bias in the
+    # feed-forward's norm, the router's in moe_route; no add_bias, rope or kv_store launch is left
+    assert {"head_norm_rope_f32", "rmsnorm_bias_f32"} <= device.entries, sorted(device.entries)
+    assert not {"add_bias_f32", "rope_neox_f32", "kv_store_f16"} & device.entries, sorted(device.entries)
 
 
 @pytest.mark.parametrize("arch", ("sm_90", "gfx1030"))

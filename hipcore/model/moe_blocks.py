@@ -2,11 +2,12 @@
 
 llama.cpp's build_moe_ffn (src/llama-graph.cpp), for every token of the step:
     xn      = rmsnorm(x) * ffn_norm                         rmsnorm
-    logits  = xn @ Wr^T (+ router bias)                     kernel_choice.project (+ add_bias), [t, experts]
-    ids, w  = the k experts and their weights               moe_route (softmax_topk or topk_softmax)
+    logits  = xn @ Wr^T                                     kernel_choice.project, [t, experts]
+    ids, w  = the k experts of logits (+ router bias) and   moe_route (softmax_topk or topk_softmax; the bias added
+              their weights                                 as it reads the logits)
     h[t, j] = act(gate_e . xn[t] (+b), up_e . xn[t] (+b))   moe_experts.launch_gate_up, e = ids[t, j]
     x      += sum_j w[t, j] (down_e . h[t, j] (+b))         moe_experts.launch_down, into the residual stream
-Five launches a layer (six with the router's bias), each over every token of the step: the router's product is an
+Five launches a layer, each over every token of the step: the router's product is an
 ordinary dense product (the existing matmul kernels), the experts' read only the selected experts' rows.
 A step whose pairs average moe_experts_mma.min_pairs_per_expert an expert on a device with matrix cores takes
 moe_experts_mma instead of the two expert launches: the pairs sorted by expert (moe_sort), then gate, up (with the
@@ -88,23 +89,28 @@ def _bias(w) -> object:
     return None if w is None else w.buffer
 
 
-def moe_feed_forward(ctx, i: int, lw, t: int) -> list[Launch]:
-    """x += the mixture of experts' output on rmsnorm(x) (see the module docstring): every launch of the block."""
+def moe_feed_forward(ctx, i: int, lw, t: int, residual_bias=None) -> list[Launch]:
+    """x += the mixture of experts' output on rmsnorm(x) (see the module docstring): every launch of the block.
+    residual_bias: a bias the block before left for x (gpt-oss's o bias), added by the norm's launch as it reads x."""
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     h, e, k, ff = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_size
     router, gate, up, down = lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps
+    if residual_bias is None:
+        norm = Launch("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h,
+                                                         cfg.rms_norm_eps), reads=(lw.ffn_norm,))
+    else:
+        norm = Launch("residual_bias+ffn_norm", lambda: rmsnorm.launch_bias(
+            dev, st, b["xn"], b["x"], residual_bias.buffer, lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps),
+            reads=(residual_bias, lw.ffn_norm))
     plan: list[Launch] = [
-        Launch("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps),
-               reads=(lw.ffn_norm,)),
+        norm,
         Launch("moe_router", lambda: kernel_choice.project(dev, st, b["moe_logits"], weight_arg(router), b["xn"], e, h,
                                                         t, weight_type=router.fmt, workspace=ctx.products.workspace),
                reads=(router,))]
-    if lw.ffn_gate_inp_bias is not None:
-        plan.append(Launch("moe_router_bias", lambda: add_bias.launch(dev, st, b["moe_logits"],
-                                                                      lw.ffn_gate_inp_bias.buffer, t, e),
-                           reads=(lw.ffn_gate_inp_bias,)))
-    plan.append(("moe_route", lambda: moe_route.launch(dev, st, b["moe_ids"], b["moe_weights"], b["moe_logits"], t, e,
-                                                       k, cfg.expert_gating, cfg.expert_weights_norm)))
+    router_bias = lw.ffn_gate_inp_bias  # added by moe_route as it reads the logits (gpt-oss)
+    plan.append(Launch("moe_route", lambda: moe_route.launch(
+        dev, st, b["moe_ids"], b["moe_weights"], b["moe_logits"], t, e, k, cfg.expert_gating, cfg.expert_weights_norm,
+        bias=_bias(router_bias)), reads=(router_bias,)))
     tile = matrix_core_tile(dev.arch, cfg, t, gate, down)
     if tile:
         return plan + _matrix_core_experts(ctx, lw, t, tile)

@@ -66,19 +66,26 @@ class ProjectionPlanner:
         return kernel_choice.takes_fused_qmatvec(self.device, t, *weights) \
             and self.config.head_dim % 4 == 0
 
+    def adds_qkv_biases(self, lw, t: int) -> bool:
+        """True when attention_input's products add q's, k's and v's biases themselves in a step of t tokens
+        (fused_qmatvec's epilogue); else the single ops' add_bias launches do, or its caller (leave_biases)."""
+        return bool(self.config.qkv_bias) and self._separate_qkv_fusable(lw, t)
+
     def stores_kv(self, lw, t: int, kv_dtype: str) -> bool:
         """True when attention_input stores k and v into the cache itself (given a kv_target): fused_qmatvec's
         epilogue for the element-wise KV formats. Then the kv_store launch is left out of the step."""
         return self._separate_qkv_fusable(lw, t) and kernel_choice.stores_kv_in_epilogue(kv_dtype)
 
     def attention_input(self, lw, t: int, positions: int, kv_target: kv_store.EpilogueTarget | None = None,
-                        rotate: bool = True) -> list[Launch]:
+                        rotate: bool = True, leave_biases: bool = False) -> list[Launch]:
         """q, k, v = rope(rmsnorm(x) @ [Wq; Wk; Wv]^T (+ [bq; bk; bv] where the model has biases)) in NORM mode into
         b["q"], b["k"], b["v"]. With kv_target, where stores_kv() is true, k and v go into the cache there instead of
         b["k"] and b["v"]. Biases: fused_qmatvec adds them in its epilogue; the concatenated q|k|v's kernels
         (fused_matvec, fused_matmul) add none, so a biased layer takes fused_qmatvec or the single ops.
         rotate=False: the products without RoPE (rope_dim 0 in the fused kernels), for a layer whose per-head norms
-        come between them and RoPE (blocks.py: head_normed_attention_input); no kv_target then."""
+        come between them and RoPE (blocks.py: head_normed_attention_input); no kv_target then. leave_biases: no
+        add_bias launches where the products do not add the biases (adds_qkv_biases false): the caller adds them
+        (gpt-oss: head_norm_rope with its RoPE)."""
         cfg, b, dev, st = self.config, self.b, self.device, self.stream
         nh, nkv, hd, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
         if not rotate and kv_target is not None:
@@ -129,7 +136,7 @@ class ProjectionPlanner:
             plan.append(Launch(f"{name}_proj", lambda out=out, wt=wt: kernel_choice.project(
                 dev, st, out, weight_arg(wt), b["xn"], wt.rows, wt.cols, t, weight_type=wt.fmt,
                 workspace=self.workspace), reads=(wt,)))
-        for name, out, bias in zip("qkv", (b["q"], b["k"], b["v"]), biases or ()):
+        for name, out, bias in zip("qkv", (b["q"], b["k"], b["v"]), () if leave_biases else biases or ()):
             plan.append(Launch(f"{name}_bias", lambda out=out, bias=bias: add_bias.launch(dev, st, out, bias.buffer, t,
                                                                                           bias.rows), reads=(bias,)))
         for name, out, heads in (("q", b["q"], nh), ("k", b["k"], nkv)) if rotate else ():

@@ -1,8 +1,9 @@
 """moe_route: a mixture-of-experts router's choice, per token: the k experts and their weights.
 
-Kernel `moe_route_f32(ids p, weights p, logits p, tokens i, n_expert i, k i, mode i, normalize i)`
-(kernels/moe_route.hip): logits float32 [tokens, n_expert] (the router product, its bias added) ->
-ids int32 [tokens, k] and weights float32 [tokens, k], in llama.cpp's order (build_moe_ffn):
+Kernel `moe_route_f32(ids p, weights p, logits p, bias p, tokens i, n_expert i, k i, mode i, normalize i)`
+(kernels/moe_route.hip): logits float32 [tokens, n_expert] (the router product) plus bias float32 [n_expert] where
+given (gpt-oss's router bias, added as add_bias adds it: one launch fewer a layer) -> ids int32 [tokens, k] and
+weights float32 [tokens, k], in llama.cpp's order (build_moe_ffn):
 
 - "softmax_topk" (qwen3moe, qwen2moe): p = softmax over all experts, the k largest p; weights = those p,
   divided by their sum when `normalize` (the file's expert_weights_norm).
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hipcore.ops import add_bias
 from hipcore.ops.launch_checks import check_disjoint, check_memory, check_sizes
 from hipcore.runtime.cpu import CpuDevice, cpu_kernel
 from hipcore.runtime.device import Device, Dim3, Stream
@@ -29,7 +31,7 @@ from hipcore.runtime.kernels import get_kernel, wavefront_size
 
 OP = "moe_route"
 ENTRY = "moe_route_f32"
-SIGNATURE = "pppiiiii"
+SIGNATURE = "ppppiiiii"
 MODES = {"softmax_topk": 0, "topk_softmax": 1}
 MAX_EXPERTS = 256
 MAX_K = 32
@@ -72,10 +74,13 @@ def error_bound(logits: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 @cpu_kernel(ENTRY, SIGNATURE)
-def _host(device: CpuDevice, grid: Dim3, block: Dim3, ids: int, weights: int, logits: int, tokens: int,
+def _host(device: CpuDevice, grid: Dim3, block: Dim3, ids: int, weights: int, logits: int, bias: int, tokens: int,
           n_expert: int, k: int, mode: int, normalize: int) -> None:
     mode_name = next(name for name, value in MODES.items() if value == mode)
-    got_ids, got_weights = reference(device.view(logits, np.float32, (tokens, n_expert)), k, mode_name, bool(normalize))
+    rows = device.view(logits, np.float32, (tokens, n_expert))
+    if bias:
+        rows = add_bias.reference(rows, device.view(bias, np.float32, n_expert))
+    got_ids, got_weights = reference(rows, k, mode_name, bool(normalize))
     device.view(ids, np.int32, (tokens, k))[:] = got_ids
     device.view(weights, np.float32, (tokens, k))[:] = got_weights
 
@@ -86,8 +91,9 @@ def geometry(arch: str, tokens: int) -> tuple[int, int]:
 
 
 def launch(device: Device, stream: Stream | None, ids: Any, weights: Any, logits: Any, tokens: int, n_expert: int,
-           k: int, mode: str, normalize: bool) -> None:
-    """ids int32 [tokens, k] and weights float32 [tokens, k] from logits float32 [tokens, n_expert]."""
+           k: int, mode: str, normalize: bool, bias: Any = None) -> None:
+    """ids int32 [tokens, k] and weights float32 [tokens, k] from logits float32 [tokens, n_expert] plus bias
+    float32 [n_expert] where given (logits itself is left as it is)."""
     if mode not in MODES:
         raise ValueError(f"{OP}: mode must be one of {', '.join(MODES)}, not {mode!r}")
     check_sizes(OP, tokens=tokens, n_expert=n_expert, k=k)
@@ -97,8 +103,10 @@ def launch(device: Device, stream: Stream | None, ids: Any, weights: Any, logits
     check_memory(OP, "ids", ids, tokens * k * 4)
     check_memory(OP, "weights", weights, tokens * k * 4)
     check_memory(OP, "logits", logits, tokens * n_expert * 4)
+    if bias is not None:
+        check_memory(OP, "bias", bias, n_expert * 4)
     check_disjoint(OP, ("ids", ids, tokens * k * 4), ("weights", weights, tokens * k * 4))
     grid, block = geometry(device.arch, tokens)
     kernel = get_kernel(device, OP, ENTRY, SIGNATURE)
-    kernel.launch(grid, block, (ids, weights, logits, tokens, n_expert, k, MODES[mode], int(bool(normalize))),
-                  stream=stream)
+    kernel.launch(grid, block, (ids, weights, logits, 0 if bias is None else bias, tokens, n_expert, k, MODES[mode],
+                                int(bool(normalize))), stream=stream)

@@ -6,7 +6,10 @@ Kernel `rmsnorm_f32(out p, x p, weight p, n i, eps f)` (kernels/rmsnorm.hip): x 
 matmul_mma's x16 products (launch's out_f16); out must not overlap x there. `rmsnorm_add_f32` (the same arguments)
 adds the normalized rows to out, float32 (launch_add: Gemma's norm of a product before the residual add; the kernel
 may fuse the weight's product with the add, one rounding fewer than a norm launch then an add launch, which the
-host reference does); out must not overlap x.
+host reference does); out must not overlap x. `rmsnorm_bias_f32(out p, x p, bias p, weight p, n i, eps f)` first adds
+bias float32 [n] to every row of x in place, as add_bias adds it, then normalizes the sum into out (launch_bias:
+gpt-oss's o bias on the residual stream with the feed-forward's norm, one launch where there were two, the same
+bits); out must not overlap x.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ OP = "rmsnorm"
 ENTRY = "rmsnorm_f32"
 ENTRY_F16 = "rmsnorm_f32_f16"
 ENTRY_ADD = "rmsnorm_add_f32"
+ENTRY_BIAS = "rmsnorm_bias_f32"
 SIGNATURE = "pppif"
+SIGNATURE_BIAS = "ppppif"
 MAX_THREADS = 256  # the kernel's __launch_bounds__
 
 
@@ -55,6 +60,28 @@ def _host_add(device: CpuDevice, grid: Dim3, block: Dim3, out: int, x: int, weig
     normed = reference(device.view(x, np.float32, (rows, n)), device.view(weight, np.float32, n), eps)
     view = device.view(out, np.float32, (rows, n))
     view[:] = view + normed.astype(np.float32)  # rounded as the norm's float32 output, then the float32 sum
+
+
+@cpu_kernel(ENTRY_BIAS, SIGNATURE_BIAS)
+def _host_bias(device: CpuDevice, grid: Dim3, block: Dim3, out: int, x: int, bias: int, weight: int, n: int,
+               eps: float) -> None:
+    rows = grid[0]
+    view = device.view(x, np.float32, (rows, n))
+    view += device.view(bias, np.float32, n)[None, :]  # add_bias's float32 sum, in place
+    device.view(out, np.float32, (rows, n))[:] = reference(view, device.view(weight, np.float32, n), eps)
+
+
+def launch_bias(device: Device, stream: Stream | None, out: Any, x: Any, bias: Any, weight: Any, rows: int, n: int,
+                eps: float) -> None:
+    """x += bias (every row, in place), then out = rmsnorm(x) * weight; `rows` rows of `n` floats (out and x apart)."""
+    check_sizes(OP, rows=rows, n=n)
+    for name, buf in (("out", out), ("x", x)):
+        check_memory(OP, name, buf, rows * n * 4)
+    for name, buf in (("bias", bias), ("weight", weight)):
+        check_memory(OP, name, buf, n * 4)
+    check_disjoint(ENTRY_BIAS, ("out", out, rows * n * 4), ("x", x, rows * n * 4))
+    kernel = get_kernel(device, OP, ENTRY_BIAS, SIGNATURE_BIAS, programmatic=True)
+    kernel.launch(rows, row_block(n, MAX_THREADS), (out, x, bias, weight, n, eps), stream=stream)
 
 
 def launch_add(device: Device, stream: Stream | None, out: Any, x: Any, weight: Any, rows: int, n: int,

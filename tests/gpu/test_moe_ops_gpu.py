@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipcore.ops import moe_experts, moe_route
+from hipcore.ops import add_bias, moe_experts, moe_route
 from hipcore.ops.weight_formats import column_multiple
 from support.weight_samples import random_weights
 
@@ -38,6 +38,31 @@ def test_route(gpu, mem, rng, seed, mode, normalize, tokens, n_expert, k):
     assert np.array_equal(got_ids, want_ids), f"seed {seed}"
     check(weights.download(np.float32).reshape(tokens, k), want_weights, moe_route.error_bound(logits, want_weights),
           "weights", seed)
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 512])
+def test_route_with_the_router_bias(gpu, mem, rng, seed, tokens):
+    """gpt-oss-20b's router (32 experts, 4 chosen, topk_softmax) with its bias: the ids and weight bytes of routing
+    logits to which add_bias added it, on this GPU."""
+    n_expert, k = 32, 4
+    logits = (rng.standard_normal((tokens, n_expert)) * 3).astype(np.float32)
+    bias = (rng.standard_normal(n_expert) * 3).astype(np.float32)
+    outputs = []
+    for with_bias in (True, False):
+        ids, weights, rows = mem.poisoned(tokens * k * 4), mem.poisoned(tokens * k * 4), mem.upload(logits)
+        bs = mem.upload(bias)
+        if not with_bias:
+            add_bias.launch(gpu, None, rows, bs, tokens, n_expert)
+        moe_route.launch(gpu, None, ids, weights, rows, tokens, n_expert, k, "topk_softmax", False,
+                         bias=bs if with_bias else None)
+        gpu.synchronize()
+        outputs.append((ids.download(np.uint8), weights.download(np.uint8)))
+        if with_bias:
+            assert np.array_equal(rows.download(np.float32).reshape(tokens, n_expert), logits), "logits written"
+    for got, want in zip(*outputs):
+        assert np.array_equal(got, want), f"seed {seed}"
+    want_ids, _ = moe_route.reference(logits + bias, k, "topk_softmax", False)
+    assert np.array_equal(outputs[0][0].view(np.int32).reshape(tokens, k), want_ids), f"seed {seed}"
 
 
 def experts(rng, weight_type, n_expert, rows, cols):

@@ -33,7 +33,7 @@ ENTRIES = {
     "matvec": [(f"matvec_{t}", matvec.SIGNATURE) for t in matvec.WEIGHT_TYPES]
               + [(f"matvec_split_{t}", matvec.SIGNATURE) for t in matvec.SPLIT_TYPES],
     "rmsnorm": [("rmsnorm_f32", rmsnorm.SIGNATURE), ("rmsnorm_f32_f16", rmsnorm.SIGNATURE),
-                ("rmsnorm_add_f32", rmsnorm.SIGNATURE)],
+                ("rmsnorm_add_f32", rmsnorm.SIGNATURE), ("rmsnorm_bias_f32", rmsnorm.SIGNATURE_BIAS)],
     "rope": [("rope_f32", rope.SIGNATURE), ("rope_neox_f32", rope.SIGNATURE)],
     "silu_mul": [("silu_mul_f32", silu_mul.SIGNATURE)],
 }
@@ -202,6 +202,14 @@ def test_rmsnorm(gpu, mem, rng, seed, rows, n):
     assert np.all(np.abs(got - added) <= U32 * (np.abs(normed) + 2 * np.abs(added)) + 1e-37), f"seed {seed}, add"
     rmsnorm.launch(gpu, None, xs, xs, ws, rows, n, 1e-5)  # in place, as the model does it
     assert np.all(np.abs(xs.download(np.float32).reshape(rows, n) - want) <= tol), f"seed {seed}"
+    # the bias first (gpt-oss's o bias): the bytes of an add_bias launch then a norm launch on this GPU
+    bias = rng.standard_normal(n).astype(np.float32)
+    bs, x1, x2, out1, out2 = mem.upload(bias), mem.upload(x), mem.upload(x), mem.poisoned(x.nbytes), mem.poisoned(x.nbytes)
+    add_bias.launch(gpu, None, x1, bs, rows, n)
+    rmsnorm.launch(gpu, None, out1, x1, ws, rows, n, 1e-5)
+    rmsnorm.launch_bias(gpu, None, out2, x2, bs, ws, rows, n, 1e-5)
+    assert np.array_equal(x2.download(np.uint8), x1.download(np.uint8)), f"seed {seed}, x + bias"
+    assert np.array_equal(out2.download(np.uint8), out1.download(np.uint8)), f"seed {seed}, norm of x + bias"
 
 
 @pytest.mark.parametrize("n_tokens,n_heads,head_dim,rope_dim,max_pos", [

@@ -33,7 +33,8 @@
 
 static Guarded<float> nan_filled(size_t n) { return Guarded<float>(n, std::nanf("")); }
 
-// RoPE frequency factors (or biases): a file of floats, or "-" for none (the kernels then get a null pointer).
+// RoPE frequency factors (or biases, norm weights): a file of floats, or "-" for none (the kernels then get a null
+// pointer).
 static Bytes optional_file(const char* path) {
   return std::string(path) == "-" ? Bytes() : read_file(path);
 }
@@ -447,6 +448,16 @@ int main(int argc, char** argv) {
       rmsnorm_add_f32((float*)residual.data(), (const float*)x.data(), (const float*)weight.data(), n, eps);
     });
     write_file(a[5], residual.data(), residual.size());
+  } else if (entry == "rmsnorm_bias_f32") {  // n eps x bias weight out x_out; x_out: x after its bias
+    const int n = std::atoi(a[0]);
+    const float eps = std::strtof(a[1], nullptr);
+    Bytes x = read_file(a[2]), bias = read_file(a[3]), weight = read_file(a[4]);
+    Guarded<float> out = nan_filled((size_t)grid * n);
+    emu_launch(grid, block, [&] {
+      rmsnorm_bias_f32(out.data(), (float*)x.data(), (const float*)bias.data(), (const float*)weight.data(), n, eps);
+    });
+    write_file(a[5], out.data(), out.size() * 4);
+    write_file(a[6], x.data(), x.size());
   } else if (entry == "rmsnorm_f32_f16") {  // n eps x weight out (f16)
     const int n = std::atoi(a[0]);
     const float eps = std::strtof(a[1], nullptr);
@@ -467,27 +478,29 @@ int main(int argc, char** argv) {
     write_file(a[9], x.data(), x.size());
   } else if (entry == "head_norm_rope_f32") {
     // n_tokens n_heads n_kv_heads head_dim rope_dim neox eps theta freq_scale kv_format block_size num_blocks
-    // pool_bytes q k v q_weight k_weight positions factors|- slots|- out; out: q, k (floats, in place: with a cache
-    // target k keeps what came in) then the K and the V pool (pool_bytes each, 0xA5 where nothing was stored).
+    // pool_bytes q k v q_weight|- k_weight|- q_bias|- k_bias|- v_bias|- positions factors|- slots|- out; out: q, k, v
+    // (floats, in place: with a cache target k and v keep what came in) then the K and the V pool (pool_bytes each,
+    // 0xA5 where nothing was stored).
     const int tokens = std::atoi(a[0]), heads = std::atoi(a[1]), kv_heads = std::atoi(a[2]), head_dim = std::atoi(a[3]);
     const int rope_dim = std::atoi(a[4]), neox = std::atoi(a[5]);
     const float eps = std::strtof(a[6], nullptr), theta = std::strtof(a[7], nullptr), scale = std::strtof(a[8], nullptr);
     const int kv_format = std::atoi(a[9]), block_size = std::atoi(a[10]), num_blocks = std::atoi(a[11]);
     const size_t pool_bytes = (size_t)std::atoll(a[12]);
-    Bytes q = read_file(a[13]), k = read_file(a[14]), v = read_file(a[15]), qw = read_file(a[16]),
-                      kw = read_file(a[17]), positions = read_file(a[18]), factors = optional_file(a[19]),
-                      slots = optional_file(a[20]);
+    Bytes q = read_file(a[13]), k = read_file(a[14]), v = read_file(a[15]), qw = optional_file(a[16]),
+          kw = optional_file(a[17]), qb = optional_file(a[18]), kb = optional_file(a[19]), vb = optional_file(a[20]),
+          positions = read_file(a[21]), factors = optional_file(a[22]), slots = optional_file(a[23]);
     Guarded<unsigned char> pools(2 * pool_bytes, 0xA5);
     emu_launch(grid, block, [&] {
-      head_norm_rope_f32((float*)q.data(), (float*)k.data(), (const float*)v.data(), (const float*)qw.data(),
-                         (const float*)kw.data(), (const int*)positions.data(), factors_of(factors), tokens, heads,
-                         kv_heads, head_dim, rope_dim, neox, eps, theta, scale, kv_format ? pools.data() : nullptr,
-                         kv_format ? pools.data() + pool_bytes : nullptr,
+      head_norm_rope_f32((float*)q.data(), (float*)k.data(), (float*)v.data(), factors_of(qw), factors_of(kw),
+                         factors_of(qb), factors_of(kb), factors_of(vb), (const int*)positions.data(),
+                         factors_of(factors), tokens, heads, kv_heads, head_dim, rope_dim, neox, eps, theta, scale,
+                         kv_format ? pools.data() : nullptr, kv_format ? pools.data() + pool_bytes : nullptr,
                          slots.empty() ? nullptr : (const int*)slots.data(), block_size, num_blocks, kv_format);
     });
     q.insert(q.end(), k.begin(), k.end());
+    q.insert(q.end(), v.begin(), v.end());
     q.insert(q.end(), pools.begin(), pools.end());
-    write_file(a[21], q.data(), q.size());
+    write_file(a[24], q.data(), q.size());
   } else if (entry == "add_bias_f32") {  // rows n x bias out
     const int rows = std::atoi(a[0]), n = std::atoi(a[1]);
     Bytes x = read_file(a[2]), bias = read_file(a[3]);

@@ -1,5 +1,5 @@
 // Runs one entry of kernels/moe_route.hip or kernels/moe_experts.hip under the host emulation (emulation.h):
-//   harness_moe moe_route_f32 <grid> <block> tokens n_expert k mode normalize logits ids_out weights_out
+//   harness_moe moe_route_f32 <grid> <block> tokens n_expert k mode normalize logits bias ids_out weights_out
 //   harness_moe moe_gate_up_<type> <grid> <block> tokens k ff hidden n_expert activation x gate up ids gate_bias
 //               up_bias h_out
 //   harness_moe moe_down_<type> <grid> <block> tokens k hidden ff n_expert h down ids weights down_bias out_in out_out
@@ -34,14 +34,15 @@ int main(int argc, char** argv) {
   if (entry == "moe_route_f32") {
     const int tokens = std::atoi(a[0]), n_expert = std::atoi(a[1]), k = std::atoi(a[2]);
     const int mode = std::atoi(a[3]), normalize = std::atoi(a[4]);
-    Bytes logits = read_file(a[5]);
+    Bytes logits = read_file(a[5]), bias = optional_file(a[6]);
     Guarded<int> ids((size_t)tokens * k, -1);
     Guarded<float> weights((size_t)tokens * k, std::nanf(""));
     emu_launch(grid, block, [&] {
-      moe_route_f32(ids.data(), weights.data(), (const float*)logits.data(), tokens, n_expert, k, mode, normalize);
+      moe_route_f32(ids.data(), weights.data(), (const float*)logits.data(), floats_or_null(bias), tokens, n_expert, k,
+                    mode, normalize);
     });
-    write_file(a[6], ids.data(), ids.size() * 4);
-    write_file(a[7], weights.data(), weights.size() * 4);
+    write_file(a[7], ids.data(), ids.size() * 4);
+    write_file(a[8], weights.data(), weights.size() * 4);
     return 0;
   }
 #define RF_MOE_PAIR(t)                                                                                        \

@@ -50,7 +50,7 @@ EXPECTED_KERNELS = {
                         for sinks in ("", "_sinks")],
     "prompt_attention": list(prompt_attention.KERNEL_NAMES),
     "qmatvec": ["qmatvec_q4_0", "qmatvec_q4_k", "qmatvec_q5_k", "qmatvec_q6_k", "qmatvec_q8_0", "qmatvec_mxfp4"],
-    "rmsnorm": ["rmsnorm_add_f32", "rmsnorm_f32", "rmsnorm_f32_f16"],
+    "rmsnorm": ["rmsnorm_add_f32", "rmsnorm_bias_f32", "rmsnorm_f32", "rmsnorm_f32_f16"],
     "rope": ["rope_f32", "rope_neox_f32"],
     "sample": ["sample_f32"],
     "scale": ["scale_f32"],

@@ -2,19 +2,21 @@
     q, k, v = rmsnorm(x) @ [Wq; Wk; Wv]^T + [bq; bk; bv], NEOX RoPE (YaRN-scaled: hipcore/model/yarn.py)
     attn    = attention over the cache with a learned sink logit per head (attn_sinks), the even layers through the
               sliding window (ModelConfig.layer_window)
-    x      += attn @ Wo^T + bo
+    x      += attn @ Wo^T + bo  (bo added by the feed-forward's norm launch: biased_feed_forward)
     x      += the mixture of experts on rmsnorm(x) (the norm the file calls post_attention_norm; router bias, top-k of
               the logits then a softmax over the k, expert biases, the clamped SwiGLU: hipcore/model/moe_blocks.py)
-The products are the planner's (biases added in fused_qmatvec's epilogue or by add_bias); the attention takes
-prompt_attention's sink entries for prompt steps on the matrix cores (prompt_attention.takes with sinks: an f16
-cache, heads of SINKS_HEAD_DIMS), paged_attention's otherwise, which run where paged_attention.takes_sinks (every
-backend; check_backend refuses the model at load, by name, on one without them)."""
+The products are the planner's; the q, k and v biases are added in fused_qmatvec's epilogue or by the head_norm_rope
+launch that rotates q and k and stores k and v in the cache (no norm weights: no per-head norm; one launch a layer
+where there were up to six: _fused_input). The attention takes prompt_attention's sink entries for prompt steps on
+the matrix cores (prompt_attention.takes with sinks: an f16 cache, heads of SINKS_HEAD_DIMS), paged_attention's
+otherwise, which run where paged_attention.takes_sinks (every backend; check_backend refuses the model at load, by
+name, on one without them)."""
 
 from hipcore.errors import UnsupportedModelError
 from hipcore.model.blocks import Family, StepContext, _kv_store, positions, rope_qk
 from hipcore.model.moe_blocks import moe_feed_forward
 from hipcore.model.projections import Launch
-from hipcore.ops import add_bias, paged_attention, prompt_attention
+from hipcore.ops import head_norm_rope, kernel_choice, kv_store, paged_attention, prompt_attention
 
 
 def check_backend(device) -> None:
@@ -23,22 +25,48 @@ def check_backend(device) -> None:
                                     "yet; the cpu backend runs it (--device cpu)")
 
 
+def _fused_input(ctx: StepContext) -> bool:
+    """True when one head_norm_rope launch adds the biases, rotates q and k and (_stores_kv) stores k and v."""
+    return head_norm_rope.supports(ctx.config.head_dim)
+
+
+def _stores_kv(ctx: StepContext) -> bool:
+    """True when attention_input's head_norm_rope launch stores k and v in the cache (the element-wise formats), so
+    sink_attention has no kv_store launch."""
+    return _fused_input(ctx) and kernel_choice.stores_kv_in_epilogue(ctx.cache.config.dtype)
+
+
 def attention_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """q, k, v with their biases, then NEOX RoPE on q and k with the layer's base and the YaRN divisors."""
-    return ctx.products.attention_input(lw, t, positions(ctx), rotate=False) + rope_qk(ctx, i, lw, t)
+    """q, k, v with their biases, then NEOX RoPE on q and k with the layer's base and the YaRN divisors: one
+    head_norm_rope launch after the products (the biases the products did not add, k and v into the cache where
+    _stores_kv), or add_bias and rope launches where it does not take the heads."""
+    if not _fused_input(ctx):
+        return ctx.products.attention_input(lw, t, positions(ctx), rotate=False) + rope_qk(ctx, i, lw, t)
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    products = ctx.products.attention_input(lw, t, positions(ctx), rotate=False, leave_biases=True)
+    weights = () if ctx.products.adds_qkv_biases(lw, t) else (lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
+    theta, freq_scale = cfg.layer_rope(i, ctx.products.freq_scale)
+    target = kv_store.epilogue_target(ctx.cache, i, ctx.inputs.buffer) if _stores_kv(ctx) else None
+    name = ("qkv_bias+rope" if weights else "rope") + ("+kv_store" if target is not None else "")
+    return products + [Launch(name, lambda: head_norm_rope.launch(
+        dev, st, b["q"], b["k"], b["v"], None, None, positions(ctx), n_tokens=t, n_heads=cfg.n_heads,
+        n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps, theta=theta,
+        freq_scale=freq_scale, freq_factors=ctx.products.freq_factors, rope_type=cfg.rope_type, kv_target=target,
+        biases=tuple(w.buffer for w in weights) or None), reads=weights)]
 
 
 def sink_attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """Store k and v, then attn = attention(q, cached K, cached V) with the layer's sinks and window."""
     cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
     tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
+    store = [] if _stores_kv(ctx) else [_kv_store(ctx, i, t)]  # attention_input's launch stored k and v
     if not ctx.decode and prompt_attention.takes(dev.arch, t, kv.dtype, cfg.head_dim, sinks=True):
-        return [_kv_store(ctx, i, t), Launch("prompt_attention+sinks", lambda: prompt_attention.launch(
+        return store + [Launch("prompt_attention+sinks", lambda: prompt_attention.launch(
             dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
             n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
             block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
             window=cfg.layer_window(i), sinks=lw.attn_sinks.buffer), reads=(lw.attn_sinks,))]
-    return [_kv_store(ctx, i, t), Launch("attention+sinks", lambda: paged_attention.launch(
+    return store + [Launch("attention+sinks", lambda: paged_attention.launch(
         dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
         n_tokens=t, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
         block_size=kv.block_size, max_blocks=ctx.max_blocks, num_blocks=kv.num_blocks, scale=ctx.scale,
@@ -46,12 +74,15 @@ def sink_attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
         sinks=lw.attn_sinks.buffer), reads=(lw.attn_sinks,))]
 
 
-def biased_attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
-    """x += attn @ Wo^T + bo."""
-    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
-    return ctx.products.residual_product("attn_output", lw.attn_output, b["attn"], cfg.q_size, t) + [
-        Launch("attn_output_bias", lambda: add_bias.launch(dev, st, b["x"], lw.attn_output_bias.buffer, t,
-                                                           cfg.hidden_size), reads=(lw.attn_output_bias,))]
+def attention_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """x += attn @ Wo^T; its bias bo is left to biased_feed_forward's norm launch."""
+    return ctx.products.residual_product("attn_output", lw.attn_output, ctx.buffers["attn"], ctx.config.q_size, t)
 
 
-FAMILY = Family("gpt-oss", (attention_input, sink_attention, biased_attention_output, moe_feed_forward))
+def biased_feed_forward(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
+    """x += bo, added by the feed-forward's norm launch as it reads x (rmsnorm.launch_bias: one launch where there were
+    two, the same bits), then the mixture of experts."""
+    return moe_feed_forward(ctx, i, lw, t, residual_bias=lw.attn_output_bias)
+
+
+FAMILY = Family("gpt-oss", (attention_input, sink_attention, attention_output, biased_feed_forward))
