@@ -47,6 +47,10 @@ constexpr int kSlotRows = 4;   // rows of down a moe_down_slots unit
 constexpr int kMaxSlots = 32;
 constexpr int kMaxStagedSlices = 384;  // 16.5 KiB: Qwen3-30B-A3B's x holds 64, gpt-oss-20b's x 90 and its h 4 x 90
 constexpr int kMaxBlockRows = kSlotRows * (256 / 32);  // the most rows a moe_down_slots workgroup takes (256 threads)
+#ifndef RF_MOE_GROUPED_IN_FLIGHT
+#define RF_MOE_GROUPED_IN_FLIGHT 2
+#endif
+constexpr int kGroupedInFlight = RF_MOE_GROUPED_IN_FLIGHT;  // slices a lane loads at once on the grouped path
 
 // Quantized input slices in shared memory, a structure of arrays: a warp's lanes read consecutive slices' words
 // without bank conflicts (an array of 44-byte XSlices put four lanes on each bank).
@@ -134,13 +138,13 @@ struct Quantized {
     }
   }
   // The same for NB staged inputs at once (the grouped path; input b's slices from at[b] on): each slice of the N rows
-  // decoded once and applied to every input, with rows_staged's arithmetic for each (the same bits). A lane loads two
-  // of its slices (slice, slice + WARP_SIZE) before using the first: the grouped path's warps walk one row of gate
-  // and one of up (or two of down), so one slice a step left 2 x 17 bytes a lane in flight for gpt-oss-20b's MXFP4.
-  // Measured on an H100: 1-2% (its gate|up 152.0 -> 149.3 us at 8 tokens, 441.7 -> 436.9 at 32): the loads in
-  // flight are not what limits this path. The slices are taken in the same order, so the sums are the same bits; a
-  // second slice past the row reads the first again and is not used. (rows_staged, the per-pair path, the same way
-  // measured slower: 28.7 -> 30.3 us at one token.)
+  // decoded once and applied to every input, with rows_staged's arithmetic for each (the same bits). A lane loads
+  // kGroupedInFlight of its slices (slice, slice + WARP_SIZE, ...) before using the first: the grouped path's warps
+  // walk one row of gate and one of up (or two of down), so one slice a step left 2 x 17 bytes a lane in flight for
+  // gpt-oss-20b's MXFP4. Two measured on an H100: 1-2% (its gate|up 152.0 -> 149.3 us at 8 tokens, 441.7 -> 436.9
+  // at 32). The slices are taken in the same order whatever the count, so the sums are the same bits; a slice past
+  // the row reads the first again and is not used. (rows_staged, the per-pair path, the same way measured slower:
+  // 28.7 -> 30.3 us at one token.)
   template <int N, int NB>
   static __device__ __forceinline__ void apply_staged(const typename Format::Raw raw[N], int slice, const Staged& s,
                                                       const int at[NB], float acc[N][NB]) {
@@ -159,16 +163,17 @@ struct Quantized {
                                                              const int at[NB], const float* const[NB], int cols,
                                                              float acc[N][NB]) {
     const int lane = (int)threadIdx.x % WARP_SIZE, slices = cols / 32;
-    for (int slice = lane; slice < slices; slice += 2 * WARP_SIZE) {
-      const int second = slice + WARP_SIZE;
-      const bool has_second = second < slices;
-      typename Format::Raw raw[N], raw2[N];
+    for (int slice = lane; slice < slices; slice += kGroupedInFlight * WARP_SIZE) {
+      typename Format::Raw raw[kGroupedInFlight][N];
 #pragma unroll
-      for (int r = 0; r < N; ++r) raw[r] = Format::load(w[r], slice);
+      for (int f = 0; f < kGroupedInFlight; ++f) {
+        const int at_f = slice + f * WARP_SIZE < slices ? slice + f * WARP_SIZE : slice;
 #pragma unroll
-      for (int r = 0; r < N; ++r) raw2[r] = Format::load(w[r], has_second ? second : slice);
-      apply_staged<N, NB>(raw, slice, s, at, acc);
-      if (has_second) apply_staged<N, NB>(raw2, second, s, at, acc);
+        for (int r = 0; r < N; ++r) raw[f][r] = Format::load(w[r], at_f);
+      }
+#pragma unroll
+      for (int f = 0; f < kGroupedInFlight; ++f)
+        if (slice + f * WARP_SIZE < slices) apply_staged<N, NB>(raw[f], slice + f * WARP_SIZE, s, at, acc);
     }
   }
   // The same with x quantized in the loop, each slice of each input once for all N rows (an input wider than

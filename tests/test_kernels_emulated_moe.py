@@ -185,14 +185,15 @@ def test_grouped(moe_harnesses, warp, weight_type, tmp_path):
     # a staged pass's inputs taken from the first pass's pairs
     ("base + (unsigned long long)(g.pairs[p0 + b] / per)", "base + (unsigned long long)(g.pairs[b] / per)",
      "grouped", "q8_0"),
-    # the grouped path's second slice in flight: dropped, or its weights loaded from the first slice's
-    ("if (has_second) apply_staged<N, NB>(raw2, second, s, at, acc);", "", "grouped", "mxfp4"),
+    # the grouped path's later slices in flight: dropped, or their weights loaded from the first slice's
+    ("if (slice + f * WARP_SIZE < slices) apply_staged<N, NB>(raw[f], slice + f * WARP_SIZE, s, at, acc);",
+     "apply_staged<N, NB>(raw[0], slice, s, at, acc);", "grouped", "mxfp4"),
     # the staged down's second slot of two: its rows loaded from the first slot's expert, or its slices from the first's
     ("down_rows_of(w + kRows, down, e1, r0, hidden, row_bytes);",
      "down_rows_of(w + kRows, down, e0, r0, hidden, row_bytes);", "down_staged", "q6_k"),
     ("(j + 1) * slot_slices, ff, acc);", "j * slot_slices, ff, acc);", "down_staged", "mxfp4"),
-    ("raw2[r] = Format::load(w[r], has_second ? second : slice);", "raw2[r] = Format::load(w[r], slice);", "grouped",
-     "q4_k"),
+    ("for (int r = 0; r < N; ++r) raw[f][r] = Format::load(w[r], at_f);",
+     "for (int r = 0; r < N; ++r) raw[f][r] = Format::load(w[r], slice);", "grouped", "q4_k"),
 ])
 def test_planted_faults_are_caught(tmp_path, old, new, projection, weight_type):
     work = tmp_path / "planted"
