@@ -47,10 +47,6 @@ constexpr int kSlotRows = 4;   // rows of down a moe_down_slots unit
 constexpr int kMaxSlots = 32;
 constexpr int kMaxStagedSlices = 384;  // 16.5 KiB: Qwen3-30B-A3B's x holds 64, gpt-oss-20b's x 90 and its h 4 x 90
 constexpr int kMaxBlockRows = kSlotRows * (256 / 32);  // the most rows a moe_down_slots workgroup takes (256 threads)
-#ifndef RF_MOE_GROUPED_IN_FLIGHT
-#define RF_MOE_GROUPED_IN_FLIGHT 2
-#endif
-constexpr int kGroupedInFlight = RF_MOE_GROUPED_IN_FLIGHT;  // slices a lane loads at once on the grouped path
 
 // Quantized input slices in shared memory, a structure of arrays: a warp's lanes read consecutive slices' words
 // without bank conflicts (an array of 44-byte XSlices put four lanes on each bank).
@@ -73,11 +69,13 @@ struct StagedSlices {
 };
 struct NothingStaged {};
 
-// qmatvec's integer path over N rows at once: acc[r] += w[r] . xq for this lane's slices.
-template <class Format>
+// qmatvec's integer path over N rows at once: acc[r] += w[r] . xq for this lane's slices. kGateUpInFlight,
+// kDownInFlight: the slices a lane loads at once in the grouped gate|up and down (rows_batched_staged's F).
+template <class Format, int kGateUpInFlight_ = 2, int kDownInFlight_ = 2>
 struct Quantized {
   typedef StagedSlices Staged;
   static constexpr bool kStages = true;
+  static constexpr int kGateUpInFlight = kGateUpInFlight_, kDownInFlight = kDownInFlight_;
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return Format::row_bytes(cols); }
   // x's slice `slice` quantized into s at `at`.
   static __device__ __forceinline__ void stage_slice(Staged& s, int at, const float* __restrict__ x, int slice) {
@@ -138,13 +136,18 @@ struct Quantized {
     }
   }
   // The same for NB staged inputs at once (the grouped path; input b's slices from at[b] on): each slice of the N rows
-  // decoded once and applied to every input, with rows_staged's arithmetic for each (the same bits). A lane loads
-  // kGroupedInFlight of its slices (slice, slice + WARP_SIZE, ...) before using the first: the grouped path's warps
-  // walk one row of gate and one of up (or two of down), so one slice a step left 2 x 17 bytes a lane in flight for
-  // gpt-oss-20b's MXFP4. Two measured on an H100: 1-2% (its gate|up 152.0 -> 149.3 us at 8 tokens, 441.7 -> 436.9
-  // at 32). The slices are taken in the same order whatever the count, so the sums are the same bits; a slice past
-  // the row reads the first again and is not used. (rows_staged, the per-pair path, the same way measured slower:
-  // 28.7 -> 30.3 us at one token.)
+  // decoded once and applied to every input, with rows_staged's arithmetic for each (the same bits). A lane loads F
+  // of its slices (slice, slice + WARP_SIZE, ...) before using the first: the grouped path's warps walk one row of
+  // gate and one of up (or two of down), so one slice a step left 2 x 17 bytes a lane in flight for gpt-oss-20b's
+  // MXFP4. On an H100 (scripts/bench/measure_moe_experts.py, grouped, µs a layer; 2026-12-07): gpt-oss-20b's MXFP4
+  // gate|up at 8 / 16 / 32 tokens 149.0 / 249.0 / 420.2 with two, 138.9 / 237.6 / 398.3 with three (its 2,880
+  // columns, 90 slices: the whole row at once), 143.0 / 243.3 / 409.5 with four; its down 83.4 / 131.8 / 217.5, 80.5 /
+  // 128.3 / 212.3 and 84.1 / 133.8 / 222.0; Qwen3-30B-A3B's Q4_K gate|up at 8 / 16 tokens 88.8 / 144.4 with two, 59.5
+  // / 101.6 with three, but its Q6_K down 68.5 with two, 86.4 with three. So the measured gains take three
+  // (Quantized's kGateUpInFlight, kDownInFlight: MXFP4's gate|up and down, Q4_K's gate|up; sm_80 spilled Q5_K's
+  // gate|up with three), the rest two. The slices are taken in the same order
+  // whatever the count, so the sums are the same bits; a slice past the row reads the first again and is not used.
+  // (rows_staged, the per-pair path, with two measured slower: 28.7 -> 30.3 us at one token.)
   template <int N, int NB>
   static __device__ __forceinline__ void apply_staged(const typename Format::Raw raw[N], int slice, const Staged& s,
                                                       const int at[NB], float acc[N][NB]) {
@@ -158,21 +161,21 @@ struct Quantized {
       for (int r = 0; r < N; ++r) acc[r][b] = fmaf(xs.d, Format::apply(dec[r], xs), acc[r][b]);
     }
   }
-  template <int N, int NB>
+  template <int N, int NB, int F>
   static __device__ __forceinline__ void rows_batched_staged(const unsigned char* const w[N], const Staged& s,
                                                              const int at[NB], const float* const[NB], int cols,
                                                              float acc[N][NB]) {
     const int lane = (int)threadIdx.x % WARP_SIZE, slices = cols / 32;
-    for (int slice = lane; slice < slices; slice += kGroupedInFlight * WARP_SIZE) {
-      typename Format::Raw raw[kGroupedInFlight][N];
+    for (int slice = lane; slice < slices; slice += F * WARP_SIZE) {
+      typename Format::Raw raw[F][N];
 #pragma unroll
-      for (int f = 0; f < kGroupedInFlight; ++f) {
+      for (int f = 0; f < F; ++f) {
         const int at_f = slice + f * WARP_SIZE < slices ? slice + f * WARP_SIZE : slice;
 #pragma unroll
         for (int r = 0; r < N; ++r) raw[f][r] = Format::load(w[r], at_f);
       }
 #pragma unroll
-      for (int f = 0; f < kGroupedInFlight; ++f)
+      for (int f = 0; f < F; ++f)
         if (slice + f * WARP_SIZE < slices) apply_staged<N, NB>(raw[f], slice + f * WARP_SIZE, s, at, acc);
     }
   }
@@ -248,6 +251,7 @@ template <class Elem>
 struct Float {
   typedef NothingStaged Staged;  // float inputs are multiplied as they are
   static constexpr bool kStages = false;
+  static constexpr int kGateUpInFlight = 1, kDownInFlight = 1;  // unused: rows_batched_staged is rows_batched
   static __device__ __forceinline__ unsigned long long row_bytes(int cols) { return (unsigned long long)cols * Elem::kBytes; }
   static __device__ __forceinline__ void stage(Staged&, int, const float* __restrict__, int) {}
   static __device__ __forceinline__ void stage_slice(Staged&, int, const float* __restrict__, int) {}
@@ -270,7 +274,7 @@ struct Float {
       for (int r = 0; r < N; ++r) acc[r] = Elem::fma8(raw[r], xv, acc[r]);
     }
   }
-  template <int N, int NB>
+  template <int N, int NB, int>
   static __device__ __forceinline__ void rows_batched_staged(const unsigned char* const w[N], const Staged&,
                                                              const int[NB], const float* const x[NB], int cols,
                                                              float acc[N][NB]) {
@@ -409,11 +413,19 @@ __device__ __forceinline__ void gate_up(float* __restrict__ h, const float* __re
     moe::down_staged<Policy>(out, h, down, ids, weights, down_bias, tokens, k, hidden, ff, n_expert);                \
   }
 
-RF_MOE_ENTRIES(q4_k, moe::Quantized<q8::Q4_KFormat>)
+namespace {
+namespace moe {
+// the grouped path's slices in flight (rows_batched_staged): three where measured faster
+typedef Quantized<q8::Q4_KFormat, 3, 2> Q4_KPolicy;
+typedef Quantized<q8::MXFP4Format, 3, 3> MXFP4Policy;
+}  // namespace moe
+}  // namespace
+
+RF_MOE_ENTRIES(q4_k, moe::Q4_KPolicy)
 RF_MOE_ENTRIES(q5_k, moe::Quantized<q8::Q5_KFormat>)
 RF_MOE_ENTRIES(q6_k, moe::Quantized<q8::Q6_KFormat>)
 RF_MOE_ENTRIES(q8_0, moe::Quantized<q8::Q8_0Format>)
-RF_MOE_ENTRIES(mxfp4, moe::Quantized<q8::MXFP4Format>)
+RF_MOE_ENTRIES(mxfp4, moe::MXFP4Policy)
 RF_MOE_ENTRIES(f16, moe::Float<moe::F16Elem>)
 RF_MOE_ENTRIES(bf16, moe::Float<moe::BF16Elem>)
 RF_MOE_ENTRIES(f32, moe::Float<moe::F32Elem>)

@@ -88,7 +88,7 @@ __device__ __forceinline__ void gate_up_rows(float* __restrict__ h, const float*
 #pragma unroll
         for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
       if (kStaged)
-        P::template rows_batched_staged<2 * R, NB>(w, staged, at, xs, hidden, acc);
+        P::template rows_batched_staged<2 * R, NB, P::kGateUpInFlight>(w, staged, at, xs, hidden, acc);
       else
         P::template rows_batched<2 * R, NB>(w, xs, hidden, acc);
 #pragma unroll
@@ -138,7 +138,7 @@ __device__ __forceinline__ void down_rows(float* __restrict__ terms, const float
 #pragma unroll
         for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
       if (kStaged)
-        P::template rows_batched_staged<R, NB>(w, staged, at, hs, ff, acc);
+        P::template rows_batched_staged<R, NB, P::kDownInFlight>(w, staged, at, hs, ff, acc);
       else
         P::template rows_batched<R, NB>(w, hs, ff, acc);
 #pragma unroll
