@@ -100,6 +100,24 @@ def test_the_bound_catches_a_missing_weight_and_the_other_layout(harnesses, warp
         assert np.any(np.abs(got_q - wrong) > tol)
 
 
+def cache_case(rng, tokens, kv_heads, head_dim, fmt):
+    """(positions, block_size, num_blocks, slots, pool_shape) of a small paged cache: distinct slots for the tokens, the
+    second a padding token's (-1)."""
+    positions = rng.integers(0, 4096, tokens).astype(np.int32)
+    block_size, num_blocks = 4, 3
+    slots = rng.choice(num_blocks * block_size, tokens, replace=False).astype(np.int32)
+    slots[1] = -1
+    return positions, block_size, num_blocks, slots, (num_blocks, kv_heads, block_size, fmt.row_bytes(head_dim))
+
+
+def assert_pools(pools, pool_shape, k_rows, v_rows, slots, fmt, what):
+    """The K and V pools' bytes (as the harness returns them) are kv_store's for these rows at these slots."""
+    for pool, rows, name in zip(pools.reshape(2, *pool_shape), (k_rows, v_rows), "kv"):
+        want = np.full(pool_shape, 0xA5, np.uint8)
+        kv_store.reference(want, rows, slots, fmt)
+        assert np.array_equal(pool, want), f"{name} pool {what}"
+
+
 @pytest.mark.parametrize("kv_dtype", sorted(kv_store.EPILOGUE_FORMATS))
 def test_k_and_v_stored_into_the_cache(harnesses, warp, kv_dtype, tmp_path):
     """With a cache target k (normalized and rotated) and v go into the pools at each token's slot, the bytes
@@ -109,11 +127,7 @@ def test_k_and_v_stored_into_the_cache(harnesses, warp, kv_dtype, tmp_path):
     fmt = kv_dtype_named(kv_dtype)
     for tokens, heads, kv_heads, head_dim, rope_dim in [(3, 4, 2, 128, 128), (2, 2, 1, 256, 256)]:
         q, k, v, qw, kw = make_inputs(rng, tokens, heads, kv_heads, head_dim)
-        positions = rng.integers(0, 4096, tokens).astype(np.int32)
-        block_size, num_blocks = 4, 3
-        slots = rng.choice(num_blocks * block_size, tokens, replace=False).astype(np.int32)
-        slots[1] = -1
-        pool_shape = (num_blocks, kv_heads, block_size, fmt.row_bytes(head_dim))
+        positions, block_size, num_blocks, slots, pool_shape = cache_case(rng, tokens, kv_heads, head_dim, fmt)
         pool_bytes = int(np.prod(pool_shape))
         base = write(tmp_path, q=q, k=k, v=v, qw=qw, kw=kw, p=positions, slots=slots)
         plain_files, store_files = base[:-1] + ["-", "-"], base[:-1] + ["-", base[-1]]
@@ -126,10 +140,7 @@ def test_k_and_v_stored_into_the_cache(harnesses, warp, kv_dtype, tmp_path):
                                              block_size, num_blocks, pool_bytes)
             assert np.array_equal(got_q, plain_q), "q changed with a cache target"
             assert np.array_equal(got_k, k), "the k buffer was written with a cache target"
-            for pool, rows, name in zip(pools.reshape(2, *pool_shape), (plain_k, v), "kv"):
-                want = np.full(pool_shape, 0xA5, np.uint8)
-                kv_store.reference(want, rows, slots, fmt)
-                assert np.array_equal(pool, want), f"{name} pool {kv_dtype} head_dim {head_dim} grid {grid}"
+            assert_pools(pools, pool_shape, plain_k, v, slots, fmt, f"{kv_dtype} head_dim {head_dim} grid {grid}")
 
 
 def make_biases(rng, heads, kv_heads, head_dim):
@@ -175,11 +186,7 @@ def test_biased_k_and_v_stored_into_the_cache(harnesses, warp, kv_dtype, tmp_pat
     fmt = kv_dtype_named(kv_dtype)
     tokens, heads, kv_heads, head_dim, rope_dim = 3, 4, 2, 64, 64
     q, k, v, _, _ = make_inputs(rng, tokens, heads, kv_heads, head_dim)
-    positions = rng.integers(0, 4096, tokens).astype(np.int32)
-    block_size, num_blocks = 4, 3
-    slots = rng.choice(num_blocks * block_size, tokens, replace=False).astype(np.int32)
-    slots[1] = -1
-    pool_shape = (num_blocks, kv_heads, block_size, fmt.row_bytes(head_dim))
+    positions, block_size, num_blocks, slots, pool_shape = cache_case(rng, tokens, kv_heads, head_dim, fmt)
     qb, kb, vb = make_biases(rng, heads, kv_heads, head_dim)
     biases = write(tmp_path, qb=qb, kb=kb, vb=vb)
     base = write(tmp_path, q=q, k=k, v=v) + ["-", "-"] + write(tmp_path, p=positions, slots=slots)
@@ -192,7 +199,4 @@ def test_biased_k_and_v_stored_into_the_cache(harnesses, warp, kv_dtype, tmp_pat
                                             with_v=True)
     assert np.array_equal(got_q, plain_q)
     assert np.array_equal(got_k, k) and np.array_equal(got_v, v), "k or v written with a cache target"
-    for pool, rows, name in zip(pools.reshape(2, *pool_shape), (plain_k, plain_v), "kv"):
-        want = np.full(pool_shape, 0xA5, np.uint8)
-        kv_store.reference(want, rows, slots, fmt)
-        assert np.array_equal(pool, want), f"{name} pool {kv_dtype}"
+    assert_pools(pools, pool_shape, plain_k, plain_v, slots, fmt, kv_dtype)
