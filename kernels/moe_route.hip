@@ -162,7 +162,8 @@ extern "C" __global__ __launch_bounds__(256) void moe_route_f32(int* __restrict_
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + i * WARP_SIZE;
-      const float x = e < n_expert ? (bias ? row[e] + bias[e] : row[e]) : -RF_INFINITY;
+      float x = e < n_expert ? row[e] : -RF_INFINITY;
+      if (bias != nullptr && e < n_expert) x += bias[e];  // as one select, nvcc spilled 8 bytes at 64 registers
       v[i] = x == x ? x : -RF_INFINITY;
     }
     float mine = -RF_INFINITY;  // lane j < k: the j-th choice's logit and expert
