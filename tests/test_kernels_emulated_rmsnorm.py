@@ -1,0 +1,79 @@
+"""kernels/rmsnorm.hip's entries under the kernel-language emulation (tests/support/emulated_kernels.py) at warp 32 and
+64, against rmsnorm.py's reference and against each other: rmsnorm_f32 (out of place, in place, f16 out),
+rmsnorm_add_f32 (the norm then the add) and rmsnorm_bias_f32 (add_bias then the norm), on the float4 path and the
+scalar one. Tolerances are those of the GPU tier (tests/gpu/test_ops_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hipcore.ops import rmsnorm
+from hipcore.ops.launch_checks import row_block
+from support.emulated_kernels import U32, run
+
+
+def test_rmsnorm(harnesses, warp, tmp_path):
+    rng = np.random.default_rng(warp)
+    # (12, 128): per-head q/k norm (qwen3); n % 4 == 0 takes the float4 path, (1, 1) and (3, 7) the scalar one
+    for rows, n in [(1, 1), (3, 7), (2, 576), (1, 1000), (12, 128), (2, 4096)]:
+        x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        weight = rng.standard_normal(n).astype(np.float32)
+        x.tofile(tmp_path / "x")
+        weight.tofile(tmp_path / "w")
+        want = rmsnorm.reference(x, weight, 1e-5)
+        tol = (n + 8) * U32 * np.abs(want) + 1e-30
+        block = row_block(n, rmsnorm.MAX_THREADS)
+        run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-5, tmp_path / "x", tmp_path / "w", tmp_path / "o")
+        assert np.all(np.abs(np.fromfile(tmp_path / "o", np.float32).reshape(rows, n) - want) <= tol)
+        run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-5, tmp_path / "x", tmp_path / "w", "-", tmp_path / "o")
+        assert np.all(np.abs(np.fromfile(tmp_path / "o", np.float32).reshape(rows, n) - want) <= tol), "in place"
+        # f16 out: the float32 result rounded once more (u16 of it, or half f16's subnormal spacing).
+        run(harnesses, warp, "rmsnorm_f32_f16", rows, block, n, 1e-5, tmp_path / "x", tmp_path / "w", tmp_path / "o")
+        got = np.fromfile(tmp_path / "o", np.float16).reshape(rows, n).astype(np.float64)
+        assert np.all(np.abs(got - want) <= tol + 2.0**-11 * (np.abs(want) + tol) + 2.0**-25), f"f16 out {rows}x{n}"
+
+
+def test_rmsnorm_add_is_the_norm_then_the_add(harnesses, warp, tmp_path):
+    """rmsnorm_add_f32 (Gemma's norm of a product added to the residual stream) gives rmsnorm_f32's output added to
+    the residual, on the float4 path and the scalar one: here (no FMA contraction) the bytes of the two launches it
+    replaces; a GPU compiler may fuse the weight's product with the add (tests/gpu/test_ops_gpu.py's bound)."""
+    rng = np.random.default_rng([warp, 5])
+    for rows, n in [(3, 7), (2, 576), (4, 2560)]:
+        x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        residual = rng.standard_normal((rows, n)).astype(np.float32)
+        weight = (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+        for name, a in (("x", x), ("r", residual), ("w", weight)):
+            a.tofile(tmp_path / name)
+        block = row_block(n, rmsnorm.MAX_THREADS)
+        run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-6, tmp_path / "x", tmp_path / "w", tmp_path / "normed")
+        normed = np.fromfile(tmp_path / "normed", np.float32).reshape(rows, n)
+        run(harnesses, warp, "rmsnorm_add_f32", rows, block, n, 1e-6, tmp_path / "r", tmp_path / "x", tmp_path / "w",
+            tmp_path / "o")
+        got = np.fromfile(tmp_path / "o", np.float32).reshape(rows, n)
+        assert np.array_equal(got, residual + normed), f"{rows}x{n}"
+        assert not np.array_equal(got, normed)
+
+
+def test_rmsnorm_bias_is_add_bias_then_the_norm(harnesses, warp, tmp_path):
+    """rmsnorm_bias_f32 (gpt-oss's o bias with the feed-forward's norm) leaves x + bias in x (add_bias's sum) and
+    writes rmsnorm_f32's output of that sum, to the bit, on the float4 path and the scalar one; the planted fault (the
+    norm of x without its bias) is a different output."""
+    rng = np.random.default_rng([warp, 6])
+    for rows, n in [(3, 7), (2, 576), (4, 2880)]:
+        x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        weight = (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+        biased = x + bias
+        for name, a in (("x", x), ("b", bias), ("w", weight), ("xb", biased)):
+            a.tofile(tmp_path / name)
+        block = row_block(n, rmsnorm.MAX_THREADS)
+        run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-6, tmp_path / "xb", tmp_path / "w", tmp_path / "normed")
+        normed = np.fromfile(tmp_path / "normed", np.float32).reshape(rows, n)
+        run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-6, tmp_path / "x", tmp_path / "w", tmp_path / "plain")
+        plain = np.fromfile(tmp_path / "plain", np.float32).reshape(rows, n)
+        run(harnesses, warp, "rmsnorm_bias_f32", rows, block, n, 1e-6, tmp_path / "x", tmp_path / "b", tmp_path / "w",
+            tmp_path / "o", tmp_path / "x_out")
+        assert np.array_equal(np.fromfile(tmp_path / "x_out", np.float32).reshape(rows, n), biased), f"{rows}x{n}"
+        got = np.fromfile(tmp_path / "o", np.float32).reshape(rows, n)
+        assert np.array_equal(got, normed), f"{rows}x{n}"
+        assert not np.array_equal(got, plain)
