@@ -154,49 +154,57 @@ def feed_forward_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     return ctx.products.feed_forward_output(lw, t)
 
 
-# ---- the attention input of a layer with per-head norms (qwen3, gemma3) ----------------------------------
+# ---- the attention input of a layer with per-head norms (qwen3, gemma3) or biases left for RoPE (gpt-oss) -----
 
-def _head_norm_fused(ctx: StepContext) -> bool:
-    """True when head_norm_rope takes the per-head norms and RoPE of this model (its head_dim)."""
+def head_norm_fused(ctx: StepContext) -> bool:
+    """True when head_norm_rope takes the heads of this model (its head_dim): the per-head norms or the biases, and
+    RoPE, in one launch."""
     return head_norm_rope.supports(ctx.config.head_dim)
 
 
-def _head_norm_stores_kv(ctx: StepContext) -> bool:
-    """True when head_normed_attention_input's head_norm_rope launch stores k and v into the cache itself (the
-    element-wise KV formats, as for the products' epilogue)."""
-    return _head_norm_fused(ctx) and kernel_choice.stores_kv_in_epilogue(ctx.cache.config.dtype)
+def head_norm_stores_kv(ctx: StepContext) -> bool:
+    """True when the head_norm_rope launch stores k and v into the cache itself (the element-wise KV formats, as for
+    the products' epilogue), so that the attention block has no kv_store launch."""
+    return head_norm_fused(ctx) and kernel_choice.stores_kv_in_epilogue(ctx.cache.config.dtype)
+
+
+def head_norm_rope_launch(ctx: StepContext, i: int, t: int, label: str, norms=None, biases=()) -> Launch:
+    """The head_norm_rope launch after the q|k|v products (where head_norm_fused): norms, q's and k's per-head norm
+    Weights (None: no norm); biases, the q, k and v bias Weights the products left (none: none); RoPE in the config's
+    layout with the layer's base and scaling; k and v into the cache where head_norm_stores_kv (label + "+kv_store")."""
+    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
+    theta, freq_scale = cfg.layer_rope(i, ctx.products.freq_scale)
+    target = kv_store.epilogue_target(ctx.cache, i, ctx.inputs.buffer) if head_norm_stores_kv(ctx) else None
+    q_norm, k_norm = (None, None) if norms is None else (w.buffer for w in norms)
+    return Launch(label if target is None else label + "+kv_store", lambda: head_norm_rope.launch(
+        dev, st, b["q"], b["k"], b["v"], q_norm, k_norm, positions(ctx), n_tokens=t, n_heads=cfg.n_heads,
+        n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps, theta=theta,
+        freq_scale=freq_scale, freq_factors=ctx.products.freq_factors, rope_type=cfg.rope_type, kv_target=target,
+        biases=tuple(w.buffer for w in biases) or None), reads=(*(norms or ()), *biases))
 
 
 def head_normed_attention_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """q, k, v = rmsnorm(x) @ [Wq; Wk; Wv]^T, fused where the weights allow (ProjectionPlanner.attention_input without
     RoPE), then one head_norm_rope launch: every head of q and k RMS-normalized with its weight and rotated in the
-    config's layout with the layer's base, k and v stored in the cache where its format allows (_head_norm_stores_kv;
+    config's layout with the layer's base, k and v stored in the cache where its format allows (head_norm_stores_kv;
     pair it with attention_after_head_norm or attention_after_head_norm_for_output). Where head_norm_rope does not
     take the heads, the norms and RoPE as single ops."""
     products = ctx.products.attention_input(lw, t, positions(ctx), rotate=False)
-    if not _head_norm_fused(ctx):
+    if not head_norm_fused(ctx):
         return products + qk_head_norm(ctx, i, lw, t) + rope_qk(ctx, i, lw, t)
-    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
-    theta, freq_scale = cfg.layer_rope(i, ctx.products.freq_scale)
-    target = kv_store.epilogue_target(ctx.cache, i, ctx.inputs.buffer) if _head_norm_stores_kv(ctx) else None
-    name = "qk_norm+rope" if target is None else "qk_norm+rope+kv_store"
-    return products + [Launch(name, lambda: head_norm_rope.launch(
-        dev, st, b["q"], b["k"], b["v"], lw.attn_q_norm.buffer, lw.attn_k_norm.buffer, positions(ctx), n_tokens=t,
-        n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim,
-        eps=cfg.rms_norm_eps, theta=theta, freq_scale=freq_scale, freq_factors=ctx.products.freq_factors,
-        rope_type=cfg.rope_type, kv_target=target), reads=(lw.attn_q_norm, lw.attn_k_norm))]
+    return products + [head_norm_rope_launch(ctx, i, t, "qk_norm+rope", norms=(lw.attn_q_norm, lw.attn_k_norm))]
 
 
 def attention_after_head_norm(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """attention after head_normed_attention_input: the kv_store launch only where head_norm_rope did not store k
     and v; attn in float32."""
-    return ([] if _head_norm_stores_kv(ctx) else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t)]
+    return ([] if head_norm_stores_kv(ctx) else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t)]
 
 
 def attention_after_head_norm_for_output(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """attention_after_head_norm with attn written as f16 where the o product reads it so (pre_norm_layer's
     attention_output must follow)."""
-    stored = _head_norm_stores_kv(ctx)
+    stored = head_norm_stores_kv(ctx)
     return ([] if stored else [_kv_store(ctx, i, t)]) + [_paged_attention(ctx, i, t, out_f16=_attention_out_f16(ctx, lw, t))]
 
 

@@ -7,16 +7,17 @@
               the logits then a softmax over the k, expert biases, the clamped SwiGLU: hipcore/model/moe_blocks.py)
 The products are the planner's; the q, k and v biases are added in fused_qmatvec's epilogue or by the head_norm_rope
 launch that rotates q and k and stores k and v in the cache (no norm weights: no per-head norm; one launch a layer
-where there were up to six: _fused_input). The attention takes prompt_attention's sink entries for prompt steps on
+where there were up to six: blocks.head_norm_rope_launch). The attention takes prompt_attention's sink entries for prompt steps on
 the matrix cores (prompt_attention.takes with sinks: an f16 cache, heads of SINKS_HEAD_DIMS), paged_attention's
 otherwise, which run where paged_attention.takes_sinks (every backend; check_backend refuses the model at load, by
 name, on one without them)."""
 
 from hipcore.errors import UnsupportedModelError
-from hipcore.model.blocks import Family, StepContext, _kv_store, positions, rope_qk
+from hipcore.model.blocks import (Family, StepContext, _kv_store, head_norm_fused, head_norm_rope_launch,
+                                  head_norm_stores_kv, positions, rope_qk)
 from hipcore.model.moe_blocks import moe_feed_forward
 from hipcore.model.projections import Launch
-from hipcore.ops import head_norm_rope, kernel_choice, kv_store, paged_attention, prompt_attention
+from hipcore.ops import paged_attention, prompt_attention
 
 
 def check_backend(device) -> None:
@@ -25,41 +26,22 @@ def check_backend(device) -> None:
                                     "yet; the cpu backend runs it (--device cpu)")
 
 
-def _fused_input(ctx: StepContext) -> bool:
-    """True when one head_norm_rope launch adds the biases, rotates q and k and (_stores_kv) stores k and v."""
-    return head_norm_rope.supports(ctx.config.head_dim)
-
-
-def _stores_kv(ctx: StepContext) -> bool:
-    """True when attention_input's head_norm_rope launch stores k and v in the cache (the element-wise formats), so
-    sink_attention has no kv_store launch."""
-    return _fused_input(ctx) and kernel_choice.stores_kv_in_epilogue(ctx.cache.config.dtype)
-
-
 def attention_input(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """q, k, v with their biases, then NEOX RoPE on q and k with the layer's base and the YaRN divisors: one
-    head_norm_rope launch after the products (the biases the products did not add, k and v into the cache where
-    _stores_kv), or add_bias and rope launches where it does not take the heads."""
-    if not _fused_input(ctx):
+    head_norm_rope launch after the products (the biases the products did not add, no norm; k and v into the cache
+    where head_norm_stores_kv), or add_bias and rope launches where it does not take the heads."""
+    if not head_norm_fused(ctx):
         return ctx.products.attention_input(lw, t, positions(ctx), rotate=False) + rope_qk(ctx, i, lw, t)
-    cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     products = ctx.products.attention_input(lw, t, positions(ctx), rotate=False, leave_biases=True)
-    weights = () if ctx.products.adds_qkv_biases(lw, t) else (lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
-    theta, freq_scale = cfg.layer_rope(i, ctx.products.freq_scale)
-    target = kv_store.epilogue_target(ctx.cache, i, ctx.inputs.buffer) if _stores_kv(ctx) else None
-    name = ("qkv_bias+rope" if weights else "rope") + ("+kv_store" if target is not None else "")
-    return products + [Launch(name, lambda: head_norm_rope.launch(
-        dev, st, b["q"], b["k"], b["v"], None, None, positions(ctx), n_tokens=t, n_heads=cfg.n_heads,
-        n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim, eps=cfg.rms_norm_eps, theta=theta,
-        freq_scale=freq_scale, freq_factors=ctx.products.freq_factors, rope_type=cfg.rope_type, kv_target=target,
-        biases=tuple(w.buffer for w in weights) or None), reads=weights)]
+    biases = () if ctx.products.adds_qkv_biases(lw, t) else (lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
+    return products + [head_norm_rope_launch(ctx, i, t, "qkv_bias+rope" if biases else "rope", biases=biases)]
 
 
 def sink_attention(ctx: StepContext, i: int, lw, t: int) -> list[Launch]:
     """Store k and v, then attn = attention(q, cached K, cached V) with the layer's sinks and window."""
     cfg, b, dev, st, inputs, kv = ctx.config, ctx.buffers, ctx.device, ctx.stream, ctx.inputs, ctx.cache.config
     tables, seq_of, pos = (inputs.addr(n) for n in ("block_tables", "token_seq", "positions"))
-    store = [] if _stores_kv(ctx) else [_kv_store(ctx, i, t)]  # attention_input's launch stored k and v
+    store = [] if head_norm_stores_kv(ctx) else [_kv_store(ctx, i, t)]  # attention_input's launch stored k and v
     if not ctx.decode and prompt_attention.takes(dev.arch, t, kv.dtype, cfg.head_dim, sinks=True):
         return store + [Launch("prompt_attention+sinks", lambda: prompt_attention.launch(
             dev, st, b["attn"], b["q"], ctx.cache.k_pools[i], ctx.cache.v_pools[i], tables, seq_of, pos,
