@@ -13,8 +13,11 @@ import pytest
 from support.engine_testing import tiny_model
 from support.serve_testing import SHAPES, SLOW_TOKEN, live_server, metrics, wait_idle
 
-STREAM_BODY = b'{"prompt": [%d, 5, 6], "max_tokens": 200, "stream": true}' % SLOW_TOKEN
-PROMPT_BODY = b'{"prompt": [%d%s], "max_tokens": 4}' % (SLOW_TOKEN, b"".join(b", %d" % t for t in range(3, 242)))
+# ignore_eos: the tiny model samples its end-of-text token now and then, and a stream that ended on its own before
+# the client left is no disconnect (a flaky pass of nothing, then a missing debug line)
+STREAM_BODY = b'{"prompt": [%d, 5, 6], "max_tokens": 200, "stream": true, "ignore_eos": true}' % SLOW_TOKEN
+PROMPT_BODY = b'{"prompt": [%d%s], "max_tokens": 4, "ignore_eos": true}' % (
+    SLOW_TOKEN, b"".join(b", %d" % t for t in range(3, 242)))
 
 
 @pytest.fixture(scope="module")
@@ -92,5 +95,6 @@ def test_a_client_that_leaves_is_one_debug_line(live, leave, caplog):
         assert len(gone) == 1 and gone[0].levelno == logging.DEBUG, [r.getMessage() for r in caplog.records]
     assert after["rocmforge_kv_free_blocks"] == after["rocmforge_kv_total_blocks"] - after["rocmforge_kv_reserved_blocks"]
     ended = sum(after[k] - before[k] for k in after if k.startswith("rocmforge_requests_total"))
-    failed = after['rocmforge_requests_total{ending="failed"}'] - before['rocmforge_requests_total{ending="failed"}']
-    assert failed == 0 and ended <= 1
+    cancelled = after['rocmforge_requests_total{ending="cancelled"}'] - before['rocmforge_requests_total{ending="cancelled"}']
+    submitted = leave is not leave_during_body  # a body never read whole submits nothing
+    assert ended == cancelled == int(submitted), (ended, cancelled)
