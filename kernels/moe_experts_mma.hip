@@ -17,9 +17,13 @@
 //     [n_expert, rows, cols], y = W_e . x_row(p) + bias_e for its pairs p, x_row(p) = x[p / x_per] (x_per = k for
 //     gate and up, whose input is the token's; 1 for down, whose input h is the pair's), and:
 //       gate: out[p, r] = y                                  (float32 [pairs, rows] scratch)
-//       up:   out[p, r] = act(g[p, r], y)                     act: silu(g) * u, or gpt-oss's swiglu_oai (activation 1)
+//       up:   out[p, r] = act(g[p, r], y)                     act: silu(g) * u, or gpt-oss's swiglu_oai (activation 1);
+//                                                             out is f16 (raw bits) [pairs, rows]: h
 //       down: out[p, r] = weights[p] * y                      the weighted terms; moe_experts' moe_sum_slots_f32 adds
 //                                                             them into the residual stream in slot order
+//     x is float32 for gate and up (the token's normalized input) and f16 for down (up's h). The down product rounds
+//     its input to f16 whichever way it comes, so h stored as f16 gives the same bits as h stored as float32 and
+//     rounded at the load, in half the bytes: the down's x was four times its MXFP4 weights' bytes a step.
 //     The grid is an upper bound (row tiles x max_tiles); workgroups past the listed tiles have nothing to do.
 // Precision as matmul_mma's: W and x rounded to f16 (|w|, |x| below 65504), products exact, sums in f32.
 // Requirements the launcher checks: blockDim 256; cols a multiple of the step (32; 64 for the K-quants and the `_s64`
@@ -69,13 +73,54 @@ struct Twice : S {
   static constexpr int kStepCols = 2 * S::kStepCols, kGroupsPerRow = 2 * S::kGroupsPerRow;
 };
 
+// Four f16 values (8 bytes, one load): CUDA's uint2; hip_compat.h's vector types for AMD stop at uint4 / float4.
+#if defined(RF_NVIDIA)
+typedef uint2 HalfQuad;
+#else
+struct __attribute__((aligned(8))) HalfQuad {
+  unsigned int x, y;
+};
+#endif
+
+// f16 x four values a load (8 bytes), where a tile's step has too few values for mmq::XF16's eight a thread
+// (32 pairs x 32 columns: 128 loads of 8 for 256 threads).
+struct XF16Quad {
+  static constexpr int kValues = 4, kBytes = 2;
+  typedef HalfQuad Raw;
+  static __device__ __forceinline__ void load_into(Raw& r, const unsigned char* row, int col) {
+    r = *reinterpret_cast<const HalfQuad*>(reinterpret_cast<const unsigned short*>(row) + col);
+  }
+  static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) { *reinterpret_cast<HalfQuad*>(dst) = r; }
+};
+
+// x's form by mode: float32 rows for gate and up, f16 rows (up's h) for down (the module comment), in loads of
+// eight values where every thread has whole ones (`values` x values a step of a tile), else four.
+template <int kMode, int values>
+struct ModeInput {
+  typedef mmq::XF32 type;
+};
+template <int values>
+struct ModeInput<kDown, values> {
+  template <bool kEights, int kDummy = 0>
+  struct Pick {
+    typedef mmq::XF16 type;
+  };
+  template <int kDummy>
+  struct Pick<false, kDummy> {
+    typedef XF16Quad type;
+  };
+  typedef typename Pick<values % (8 * kThreads) == 0>::type type;
+};
+
 // Pair `pair`'s row r of the mode's output from y = (W_e . x_row(pair))[r] (the module comment's epilogues).
 template <int kMode>
 __device__ __forceinline__ void store_pair(const Args& a, int e, int pair, int r, float y) {
   const unsigned long long at = (unsigned long long)pair * a.rows + r;
   if (a.bias) y += a.bias[(unsigned long long)e * a.rows + r];
   if (kMode == kGate) a.out[at] = y;
-  if (kMode == kUp) a.out[at] = a.activation ? rf_swiglu_oai_gated(a.g[at], y) : rf_silu_gated(a.g[at], y);
+  if (kMode == kUp)
+    reinterpret_cast<unsigned short*>(a.out)[at] =
+        rf_float_to_f16(a.activation ? rf_swiglu_oai_gated(a.g[at], y) : rf_silu_gated(a.g[at], y));
   if (kMode == kDown) a.out[at] = a.weights[pair] * y;
 }
 
@@ -86,7 +131,7 @@ __device__ __forceinline__ void store_pair(const Args& a, int e, int pair, int r
 template <class Step, int TN, int kMode>
 __device__ __forceinline__ void tile_product(const Args& a, int e, int start, int count, int r0, unsigned short* ws,
                                              unsigned short* xs) {
-  typedef mmq::XF32 XIn;
+  typedef typename ModeInput<kMode, TN * Step::kStepCols>::type XIn;
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
   constexpr int kWLoads = kTileRows * Step::kGroupsPerRow / kThreads;
@@ -119,7 +164,7 @@ __device__ __forceinline__ void tile_product(const Args& a, int e, int start, in
     const int token = v / kXPerToken;
     const int pair = a.sorted[start + lesser(token, count - 1)];  // past the tile's pairs: its last again, not written
     x_col[p] = XIn::kValues * (v % kXPerToken);
-    x_src[p] = reinterpret_cast<const unsigned char*>(a.x + (unsigned long long)(pair / a.x_per) * cols);
+    x_src[p] = reinterpret_cast<const unsigned char*>(a.x) + (unsigned long long)(pair / a.x_per) * cols * XIn::kBytes;
     x_dst[p] = token * kStride + x_col[p];
   }
 
@@ -202,6 +247,30 @@ __device__ __forceinline__ void products(const Args& a, int max_tiles, unsigned 
 // decode's instructions bound them (each weight decoded for at most 8 pairs), not the loads (staging MXFP4's
 // byte-aligned rows through shared memory measured the same).
 
+// A lane's four x values of a k-substep (columns col .. col + 3 of its pair's row) in x's form for the mode, and
+// the f16 pairs i = 0, 1 of its B fragment from them: float32 rows rounded there (gate, up), f16 rows as they are
+// (down).
+template <int kMode>
+struct FragmentInput {
+  static constexpr int kBytes = 4;
+  typedef float4 Raw;
+  static __device__ __forceinline__ Raw load(const unsigned char* row, int col) {
+    return *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + col);
+  }
+  static __device__ __forceinline__ unsigned int pair(const Raw& v, int i) {
+    return i ? mmq::pack_f16(v.z, v.w) : mmq::pack_f16(v.x, v.y);
+  }
+};
+template <>
+struct FragmentInput<kDown> {
+  static constexpr int kBytes = 2;
+  typedef HalfQuad Raw;
+  static __device__ __forceinline__ Raw load(const unsigned char* row, int col) {
+    return *reinterpret_cast<const HalfQuad*>(reinterpret_cast<const unsigned short*>(row) + col);
+  }
+  static __device__ __forceinline__ unsigned int pair(const Raw& v, int i) { return i ? v.y : v.x; }
+};
+
 template <class F, int kMode>
 __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int start, int count, int r0) {
   typedef typename F::Step Step;
@@ -214,7 +283,9 @@ __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int st
 #pragma unroll
   for (int h = 0; h < 2; ++h) w_src[h] = W + (unsigned long long)lesser(r0 + 16 * warp + g + 8 * h, rows - 1) * row_bytes;
   const int pair = a.sorted[start + lesser(g, count - 1)];
-  const float* x_src = a.x + (unsigned long long)(pair / a.x_per) * cols;
+  typedef FragmentInput<kMode> XIn;
+  const unsigned char* x_src =
+      reinterpret_cast<const unsigned char*>(a.x) + (unsigned long long)(pair / a.x_per) * cols * XIn::kBytes;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   typename F::Raw raw[kDepth][2];
 #pragma unroll
@@ -228,9 +299,9 @@ __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int st
     for (int d = 0; d < kDepth; ++d) {  // unrolled: raw[d] stays registers
       const int c0 = c_base + d * kStepCols;
       if (c0 >= cols) break;  // uniform
-      float4 xd[4];  // the lane's x of each k-substep, loaded before the decode hides its latency
+      typename XIn::Raw xd[4];  // the lane's x of each k-substep, loaded before the decode hides its latency
 #pragma unroll
-      for (int s = 0; s < 4; ++s) xd[s] = *reinterpret_cast<const float4*>(x_src + Step::column(c0, mmq::frag_column(s, t)));
+      for (int s = 0; s < 4; ++s) xd[s] = XIn::load(x_src, Step::column(c0, mmq::frag_column(s, t)));
       unsigned int pairs[2][8];
 #pragma unroll
       for (int h = 0; h < 2; ++h) F::decode(raw[d][h], c0, pairs[h]);
@@ -240,7 +311,7 @@ __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int st
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const unsigned int fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
-        const unsigned int fb[2] = {mmq::pack_f16(xd[s].x, xd[s].y), mmq::pack_f16(xd[s].z, xd[s].w)};
+        const unsigned int fb[2] = {XIn::pair(xd[s], 0), XIn::pair(xd[s], 1)};
         rf_mma_m16n8k16_f16(acc, fa, fb);
       }
     }

@@ -4,9 +4,10 @@ against sort_reference, each product against the float64 reference within matmul
 the epilogue; the 32-element formats' 64-column steps (`_s64`) likewise, and NVIDIA's few-pairs entries (`_direct`:
 tiles of 8 pairs, the weights decoded into mma.sync's fragments) for every type and mode, MXFP4's scales below f16's
 normal range among them. Planted faults (an expert's weights taken from the wrong offset, a pair written to the tile's
-column instead of its own row, the sort dropping an expert's last tile, a 64-column step loading only 32 columns; in
-the few-pairs entries every lane taking the tile's first pair's x, the steps in flight refilled one step ahead instead
-of kDepth, MXFP4's sign bits or its small scales' second factor dropped) must be caught."""
+column instead of its own row, the sort dropping an expert's last tile, a 64-column step loading only 32 columns, up's
+h stored as float32 or the down reading it as float32 where both are f16; in the few-pairs entries every lane taking
+the tile's first pair's x, the steps in flight refilled one step ahead instead of kDepth, MXFP4's sign bits or its
+small scales' second factor dropped, the down reading h as float32) must be caught."""
 
 from __future__ import annotations
 
@@ -53,10 +54,10 @@ def check_sort(ids, n_expert, tile, sorted_, tiles) -> None:
 
 
 def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, cols, n_expert, tile, biases,
-                 activation="swiglu", ids=None, check=True, suffix="", scales=None):
+                 activation="swiglu", ids=None, check=True, suffix="", scales=None, x_scale=1.0):
     """(got, want, bound) of one product launch on fresh inputs, sorted by the emulated sort; suffix "_s64": the
     64-column steps' entry, "_direct" the few-pairs one (tile 8). scales (lo, hi): MXFP4's E8M0 bytes drawn from
-    lo .. hi - 1 instead of random_weights' range."""
+    lo .. hi - 1 instead of random_weights' range; x_scale multiplies x (up's h must stay within f16's range)."""
     ids = skewed_ids(rng, tokens, k, n_expert) if ids is None else ids
     pairs = tokens * k
     sorted_, tiles = sort(harness, tmp_path, ids, n_expert, tile)
@@ -68,7 +69,10 @@ def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, col
         blocks[..., 0] = rng.integers(*scales, blocks.shape[:2], dtype=np.uint8)
     raw.tofile(tmp_path / "w")
     x_per = 1 if mode == "down" else k
-    x = (rng.standard_normal((pairs // x_per, cols)) * rng.choice([0.1, 1.0, 3.0], (pairs // x_per, 1))).astype(np.float32)
+    x = (rng.standard_normal((pairs // x_per, cols)) * rng.choice([0.1, 1.0, 3.0], (pairs // x_per, 1))
+         * x_scale).astype(np.float32)
+    if mode == "down":  # the down's input is up's h: f16
+        x = x.astype(np.float16)
     x.tofile(tmp_path / "x")
     bias = (rng.standard_normal((n_expert, rows)) * 2).astype(np.float32) if biases else None
     g = (rng.standard_normal((pairs, rows)) * 2).astype(np.float32) if mode == "up" else None
@@ -84,7 +88,8 @@ def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, col
     run_mma(harness, f"moe_mma_{mode}_{weight_type}{suffix}", grid, block, rows, cols, pairs, x_per, n_expert, tile,
             moe_experts_mma.max_tiles(pairs, n_expert, tile), moe_experts.ACTIVATIONS[activation], tmp_path / "w",
             tmp_path / "x", tmp_path / "sorted", tmp_path / "tiles", *files, tmp_path / "out")
-    got = np.fromfile(tmp_path / "out", np.float32).reshape(pairs, rows)
+    got = np.fromfile(tmp_path / "out", np.float16 if mode == "up" else np.float32).reshape(pairs, rows)
+    got = got.astype(np.float32)
     x_rows = x[np.arange(pairs) // x_per].astype(np.float64)
     y, bound = moe_experts_mma.products_reference(x_rows, raw, weight_type, ids, rows, cols)
     if bias is not None:
@@ -96,7 +101,8 @@ def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, col
         gd = g.astype(np.float64)
         h = moe_experts.activation_reference(gd, y, activation)
         factor = np.abs(gd) + 1.0 if activation == "swiglu_oai" else np.abs(gd)
-        return got, h, 1.2 * factor * bound + 8 * U32 * np.abs(h) + 1e-30
+        # h leaves as f16: one more rounding, half an f16 unit (2^-11 relative; 2^-25 among the subnormals)
+        return got, h, 1.2 * factor * bound + 8 * U32 * np.abs(h) + 2.0**-11 * np.abs(h) + 2.0**-25
     w = weights.astype(np.float64)[:, None]
     return got, w * y, w * bound + 2 * U32 * np.abs(w * y) + 1e-30
 
@@ -173,10 +179,13 @@ def test_every_few_pairs_entry_on_nvidias_fragments(harnesses, weight_type, mode
 @pytest.mark.parametrize("mode", moe_experts_mma.MODES)
 def test_mxfp4_few_pairs_scales_across_f16s_range(harnesses, mode, tmp_path):
     """MXFP4's E8M0 scales 2^-40 .. 2^11: values f16 holds as normals, as subnormals (the two-factor multiply) and
-    not at all (rounded to zero), each rounded once as the shared tiles round them."""
+    not at all (rounded to zero), each rounded once as the shared tiles round them. up's x is smaller: its h, stored as
+    f16, must stay within f16's range as a model's does (weights of 2^12 times x of 1 would not)."""
     rng = np.random.default_rng([len(mode), 39])
     got, want, bound = run_products(harnesses["nvidia_mma"], tmp_path, rng, mode, "mxfp4", 12, 4, 64, 256, 6, 8,
-                                    biases=False, suffix="_direct", scales=(88, 140))
+                                    biases=False, suffix="_direct", scales=(88, 140),
+                                    x_scale=2.0**-10 if mode == "up" else 1.0)
+    assert np.all(np.isfinite(want))
     assert worst_excess(got, want, bound) <= 1.0
 
 
@@ -189,6 +198,9 @@ PLANTED = {
                                          "tile += count[e] / tile_tokens;"),
     "a 64-column step loading 32 columns": ("kGroupsPerRow = 2 * S::kGroupsPerRow;",
                                             "kGroupsPerRow = S::kGroupsPerRow;"),
+    "up's h stored as float32": ("reinterpret_cast<unsigned short*>(a.out)[at] =", "a.out[at] ="),
+    "the down reading h as float32": ("typedef typename Pick<values % (8 * kThreads) == 0>::type type;",
+                                      "typedef mmq::XF32 type;"),
 }
 DIRECT_PLANTED = {  # the few-pairs entries': (old, new, weight type, MXFP4 scales)
     "every lane taking the tile's first pair": ("const int pair = a.sorted[start + lesser(g, count - 1)];",
@@ -199,9 +211,13 @@ DIRECT_PLANTED = {  # the few-pairs entries': (old, new, weight type, MXFP4 scal
     "MXFP4's sign bits dropped": ("| ((codes & 0x08080808u) << 4);", ";", "mxfp4", None),
     "MXFP4's small scales' second factor dropped": ("if (small) v = rf_h2_mul(v, second * 0x10001u);", "", "mxfp4",
                                                     (88, 110)),
+    "the few-pairs down reading h as float32": ("static constexpr int kBytes = 2;", "static constexpr int kBytes = 4;",
+                                                "q8_0", None),
 }
 PLANTED.update({fault: spec[:2] for fault, spec in DIRECT_PLANTED.items()})
 PLANTED_SUFFIX = {"a 64-column step loading 32 columns": "_s64", **{fault: "_direct" for fault in DIRECT_PLANTED}}
+PLANTED_MODE = {"up's h stored as float32": "up", "the down reading h as float32": "down",
+                "the few-pairs down reading h as float32": "down"}  # the others: gate
 
 
 @pytest.mark.parametrize("fault", PLANTED)
@@ -216,8 +232,8 @@ def test_a_planted_fault_is_caught(fault, tmp_path):
     tile, cols = (8, DIRECT_COLS.get(weight_type, 320)) if suffix == "_direct" else (32, 256)
 
     def measure():
-        got, want, bound = run_products(harness, tmp_path, rng, "gate", weight_type, 40, 2, 130, cols, 5, tile,
-                                        biases=False, check=False, suffix=suffix, scales=scales)
+        got, want, bound = run_products(harness, tmp_path, rng, PLANTED_MODE.get(fault, "gate"), weight_type, 40, 2,
+                                        130, cols, 5, tile, biases=False, check=False, suffix=suffix, scales=scales)
         return worst_excess(got, want, bound)
 
     assert_caught(fault, measure)

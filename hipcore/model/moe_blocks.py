@@ -11,7 +11,8 @@ Five launches a layer, each over every token of the step: the router's product i
 ordinary dense product (the existing matmul kernels), the experts' read only the selected experts' rows.
 A step whose pairs average moe_experts_mma.min_pairs_per_expert an expert on a device with matrix cores takes
 moe_experts_mma instead of the two expert launches: the pairs sorted by expert (moe_sort), then gate, up (with the
-activation) and down as matrix products of each expert's pairs, and the weighted terms summed into the stream. On
+activation; h stored as f16 in moe_h, which the down rounds to anyway) and down as matrix products of each expert's
+pairs, and the weighted terms summed into the stream. On
 NVIDIA a step of a few pairs an expert (moe_experts_mma.direct_pays: 2 to 8, 4 to 16 for MXFP4; the decode batches)
 takes the same launches in tiles of at most 8 pairs instead.
 

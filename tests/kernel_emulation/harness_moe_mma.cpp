@@ -3,8 +3,9 @@
 //   harness_moe_mma moe_mma_sort <grid> <block> pairs n_expert tile ids sorted_out tiles_out
 //   harness_moe_mma moe_mma_<mode>_<type>[_s64|_direct] <grid> <block> rows cols pairs x_per n_expert tile max_tiles activation
 //                   W x sorted tiles bias g weights out
-// sorted starts as -1 and tiles as 0x7F7F7F7F ints, so an entry the sort forgot shows; out starts as NaN. A bias, g
-// or weights file of "-" passes a null pointer.
+// sorted starts as -1 and tiles as 0x7F7F7F7F ints, so an entry the sort forgot shows; out starts as NaN: float32
+// [pairs, rows], f16 bits for the up entries (h, which the down entries read as their x). A bias, g or weights file of
+// "-" passes a null pointer.
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -56,12 +57,18 @@ int main(int argc, char** argv) {
   const int rows = n[0], pairs = n[2];
   Bytes w = read_file(a[8]), x = read_file(a[9]), sorted = read_file(a[10]), tiles = read_file(a[11]);
   Bytes bias = optional_file(a[12]), g = optional_file(a[13]), weights = optional_file(a[14]);
-  Guarded<float> out((size_t)pairs * rows, std::nanf(""));
+  const bool half_out = entry.rfind("moe_mma_up_", 0) == 0;  // exactly h's bytes: a write past them dies on the guard
+  Guarded<float> out(half_out ? 0 : (size_t)pairs * rows, std::nanf(""));
+  Guarded<unsigned short> out16(half_out ? (size_t)pairs * rows : 0, 0x7E00);  // an f16 NaN
+  float* out_ptr = half_out ? reinterpret_cast<float*>(out16.data()) : out.data();
   emu_launch(grid, block, [&] {
-    kernels.at(entry.substr(prefix.size()))(out.data(), floats_or_null(g), w.data(), (const float*)x.data(),
+    kernels.at(entry.substr(prefix.size()))(out_ptr, floats_or_null(g), w.data(), (const float*)x.data(),
                                             (const int*)sorted.data(), (const int*)tiles.data(), floats_or_null(bias),
                                             floats_or_null(weights), n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]);
   });
-  write_file(a[15], out.data(), out.size() * 4);
+  if (half_out)
+    write_file(a[15], out16.data(), out16.size() * 2);
+  else
+    write_file(a[15], out.data(), out.size() * 4);
   return 0;
 }
