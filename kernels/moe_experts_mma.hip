@@ -21,9 +21,10 @@
 //                                                             out is f16 (raw bits) [pairs, rows]: h
 //       down: out[p, r] = weights[p] * y                      the weighted terms; moe_experts' moe_sum_slots_f32 adds
 //                                                             them into the residual stream in slot order
-//     x is float32 for gate and up (the token's normalized input) and f16 for down (up's h). The down product rounds
-//     its input to f16 whichever way it comes, so h stored as f16 gives the same bits as h stored as float32 and
-//     rounded at the load, in half the bytes: the down's x was four times its MXFP4 weights' bytes a step.
+//     x is f16 (raw bits) in every mode: for gate and up the token's normalized input (the feed-forward's norm writes
+//     an f16 copy beside the router's float32 rows: hipcore/ops/rmsnorm.py's also_f16), for down up's h. The products
+//     round their input to f16 whichever way it comes, so f16 rows give the same bits as float32 rows rounded at the
+//     load, in half the bytes: a float32 x was four times an MXFP4 expert's weight bytes a step.
 //     The grid is an upper bound (row tiles x max_tiles); workgroups past the listed tiles have nothing to do.
 // Precision as matmul_mma's: W and x rounded to f16 (|w|, |x| below 65504), products exact, sums in f32.
 // Requirements the launcher checks: blockDim 256; cols a multiple of the step (32; 64 for the K-quants and the `_s64`
@@ -93,14 +94,10 @@ struct XF16Quad {
   static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) { *reinterpret_cast<HalfQuad*>(dst) = r; }
 };
 
-// x's form by mode: float32 rows for gate and up, f16 rows (up's h) for down (the module comment), in loads of
-// eight values where every thread has whole ones (`values` x values a step of a tile), else four.
-template <int kMode, int values>
-struct ModeInput {
-  typedef mmq::XF32 type;
-};
+// x's loads: eight f16 values a load where every thread has whole ones (`values` x values a step of a tile), else
+// four (a 32-pair tile's 32-column step).
 template <int values>
-struct ModeInput<kDown, values> {
+struct InputLoads {
   template <bool kEights, int kDummy = 0>
   struct Pick {
     typedef mmq::XF16 type;
@@ -131,7 +128,7 @@ __device__ __forceinline__ void store_pair(const Args& a, int e, int pair, int r
 template <class Step, int TN, int kMode>
 __device__ __forceinline__ void tile_product(const Args& a, int e, int start, int count, int r0, unsigned short* ws,
                                              unsigned short* xs) {
-  typedef typename ModeInput<kMode, TN * Step::kStepCols>::type XIn;
+  typedef typename InputLoads<TN * Step::kStepCols>::type XIn;
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
   constexpr int kWLoads = kTileRows * Step::kGroupsPerRow / kThreads;
@@ -247,22 +244,9 @@ __device__ __forceinline__ void products(const Args& a, int max_tiles, unsigned 
 // decode's instructions bound them (each weight decoded for at most 8 pairs), not the loads (staging MXFP4's
 // byte-aligned rows through shared memory measured the same).
 
-// A lane's four x values of a k-substep (columns col .. col + 3 of its pair's row) in x's form for the mode, and
-// the f16 pairs i = 0, 1 of its B fragment from them: float32 rows rounded there (gate, up), f16 rows as they are
-// (down).
-template <int kMode>
+// A lane's four x values of a k-substep (columns col .. col + 3 of its pair's f16 row) in one 8-byte load; pair i
+// = 0, 1 of them is the B fragment's register i.
 struct FragmentInput {
-  static constexpr int kBytes = 4;
-  typedef float4 Raw;
-  static __device__ __forceinline__ Raw load(const unsigned char* row, int col) {
-    return *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + col);
-  }
-  static __device__ __forceinline__ unsigned int pair(const Raw& v, int i) {
-    return i ? mmq::pack_f16(v.z, v.w) : mmq::pack_f16(v.x, v.y);
-  }
-};
-template <>
-struct FragmentInput<kDown> {
   static constexpr int kBytes = 2;
   typedef HalfQuad Raw;
   static __device__ __forceinline__ Raw load(const unsigned char* row, int col) {
@@ -283,7 +267,7 @@ __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int st
 #pragma unroll
   for (int h = 0; h < 2; ++h) w_src[h] = W + (unsigned long long)lesser(r0 + 16 * warp + g + 8 * h, rows - 1) * row_bytes;
   const int pair = a.sorted[start + lesser(g, count - 1)];
-  typedef FragmentInput<kMode> XIn;
+  typedef FragmentInput XIn;
   const unsigned char* x_src =
       reinterpret_cast<const unsigned char*>(a.x) + (unsigned long long)(pair / a.x_per) * cols * XIn::kBytes;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};

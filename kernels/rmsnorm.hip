@@ -8,7 +8,10 @@
 // product; out must not be x). The compilers may fuse the weight's product and the add into one FMA: within an
 // ulp of a norm launch then an add launch, one rounding fewer. rmsnorm_bias_f32 first adds a bias to x in place
 // (x[i] += bias[i], add_bias.hip's sum: gpt-oss's o bias on the residual stream) and normalizes the sum: the same
-// bits as an add_bias launch then a norm launch; out must not be x.
+// bits as an add_bias launch then a norm launch; out must not be x. rmsnorm_f32_and_f16 and rmsnorm_bias_f32_and_f16
+// write the float32 rows and, from the same values, an f16 copy (out16): a mixture's router reads the float32 rows,
+// its experts' products on the matrix cores the f16 ones, which they would round to f16 anyway; out16 must not
+// overlap out or x.
 #include "hip_compat.h"
 
 // A value of the output: float32, or f16 bits.
@@ -53,13 +56,15 @@ static __device__ __forceinline__ float biased(float* x, const float* bias, int 
 }
 
 // bias: null, or x's bias, added in place first (rmsnorm_bias_f32; x is then the writable residual stream).
+// out16: null, or an f16 copy of each value written to out (the `_and_f16` entries; not with ADD).
 template <class Out, bool ADD = false>
 static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x_in, const float* weight, int n, float eps,
-                                                   const float* bias = nullptr) {
+                                                   const float* bias = nullptr, unsigned short* out16 = nullptr) {
   __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
   const unsigned long long row_start = (unsigned long long)blockIdx.x * (unsigned long long)n;
   float* x = const_cast<float*>(x_in) + row_start;  // written only where there is a bias
   out += row_start;
+  if (out16) out16 += row_start;
   // Rows of whole float4s at 16-byte addresses (every model's hidden size) move 16 bytes a load: a quarter
   // of the loads, which issue together (a 4096-wide row: four a thread), where a float at a time made each
   // thread wait on sixteen. Uniform across the block.
@@ -67,6 +72,7 @@ static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x_in, 
                                        reinterpret_cast<unsigned long long>(weight) |
                                        reinterpret_cast<unsigned long long>(bias);
   const bool whole_float4s = (n & 3) == 0 && (addresses & (sizeof(Out) == 4 ? 15 : 7)) == 0 &&
+                             (reinterpret_cast<unsigned long long>(out16) & 7) == 0 &&
                              ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(weight) |
                                reinterpret_cast<unsigned long long>(bias)) & 15) == 0;
 
@@ -96,9 +102,13 @@ static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x_in, 
       float4 r;
       r.x = (v.x * scale) * w.x, r.y = (v.y * scale) * w.y, r.z = (v.z * scale) * w.z, r.w = (v.w * scale) * w.w;
       put4<ADD>(out, i, r);
+      if (out16) put4<false>(out16, i, r);
     }
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) put<ADD>(out, i, (x[i] * scale) * weight[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      put<ADD>(out, i, (x[i] * scale) * weight[i]);  // one expression, as before: where ADD, the compiler may fuse
+      if (out16) put<false>(out16, i, (x[i] * scale) * weight[i]);
+    }
   }
 }
 
@@ -124,4 +134,17 @@ extern "C" __global__ __launch_bounds__(256) void rmsnorm_bias_f32(float* out, f
                                                                    const float* weight, int n, float eps) {
   rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rmsnorm.py)
   rmsnorm_row(out, x, weight, n, eps, bias);
+}
+
+extern "C" __global__ __launch_bounds__(256) void rmsnorm_f32_and_f16(float* out, unsigned short* out16, const float* x,
+                                                                      const float* weight, int n, float eps) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rmsnorm.py)
+  rmsnorm_row(out, x, weight, n, eps, nullptr, out16);
+}
+
+extern "C" __global__ __launch_bounds__(256) void rmsnorm_bias_f32_and_f16(float* out, unsigned short* out16, float* x,
+                                                                           const float* bias, const float* weight, int n,
+                                                                           float eps) {
+  rf_grid_dependency_sync();  // a programmatic launch (hipcore/ops/rmsnorm.py)
+  rmsnorm_row(out, x, weight, n, eps, bias, out16);
 }

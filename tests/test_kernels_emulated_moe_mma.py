@@ -5,9 +5,9 @@ the epilogue; the 32-element formats' 64-column steps (`_s64`) likewise, and NVI
 tiles of 8 pairs, the weights decoded into mma.sync's fragments) for every type and mode, MXFP4's scales below f16's
 normal range among them. Planted faults (an expert's weights taken from the wrong offset, a pair written to the tile's
 column instead of its own row, the sort dropping an expert's last tile, a 64-column step loading only 32 columns, up's
-h stored as float32 or the down reading it as float32 where both are f16; in the few-pairs entries every lane taking
-the tile's first pair's x, the steps in flight refilled one step ahead instead of kDepth, MXFP4's sign bits or its
-small scales' second factor dropped, the down reading h as float32) must be caught."""
+h stored as float32 or the products reading their f16 x as float32; in the few-pairs entries every lane taking the
+tile's first pair's x, the steps in flight refilled one step ahead instead of kDepth, MXFP4's sign bits or its small
+scales' second factor dropped, x read as float32) must be caught. Every product's x is f16, as the model passes it."""
 
 from __future__ import annotations
 
@@ -71,8 +71,7 @@ def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, col
     x_per = 1 if mode == "down" else k
     x = (rng.standard_normal((pairs // x_per, cols)) * rng.choice([0.1, 1.0, 3.0], (pairs // x_per, 1))
          * x_scale).astype(np.float32)
-    if mode == "down":  # the down's input is up's h: f16
-        x = x.astype(np.float16)
+    x = x.astype(np.float16)  # every product's x is f16: the token's normalized input's copy, or up's h
     x.tofile(tmp_path / "x")
     bias = (rng.standard_normal((n_expert, rows)) * 2).astype(np.float32) if biases else None
     g = (rng.standard_normal((pairs, rows)) * 2).astype(np.float32) if mode == "up" else None
@@ -199,8 +198,8 @@ PLANTED = {
     "a 64-column step loading 32 columns": ("kGroupsPerRow = 2 * S::kGroupsPerRow;",
                                             "kGroupsPerRow = S::kGroupsPerRow;"),
     "up's h stored as float32": ("reinterpret_cast<unsigned short*>(a.out)[at] =", "a.out[at] ="),
-    "the down reading h as float32": ("typedef typename Pick<values % (8 * kThreads) == 0>::type type;",
-                                      "typedef mmq::XF32 type;"),
+    "the products reading x as float32": ("typedef typename Pick<values % (8 * kThreads) == 0>::type type;",
+                                          "typedef mmq::XF32 type;"),
 }
 DIRECT_PLANTED = {  # the few-pairs entries': (old, new, weight type, MXFP4 scales)
     "every lane taking the tile's first pair": ("const int pair = a.sorted[start + lesser(g, count - 1)];",
@@ -211,13 +210,12 @@ DIRECT_PLANTED = {  # the few-pairs entries': (old, new, weight type, MXFP4 scal
     "MXFP4's sign bits dropped": ("| ((codes & 0x08080808u) << 4);", ";", "mxfp4", None),
     "MXFP4's small scales' second factor dropped": ("if (small) v = rf_h2_mul(v, second * 0x10001u);", "", "mxfp4",
                                                     (88, 110)),
-    "the few-pairs down reading h as float32": ("static constexpr int kBytes = 2;", "static constexpr int kBytes = 4;",
-                                                "q8_0", None),
+    "the few-pairs entries reading x as float32": ("static constexpr int kBytes = 2;",
+                                                   "static constexpr int kBytes = 4;", "q8_0", None),
 }
 PLANTED.update({fault: spec[:2] for fault, spec in DIRECT_PLANTED.items()})
 PLANTED_SUFFIX = {"a 64-column step loading 32 columns": "_s64", **{fault: "_direct" for fault in DIRECT_PLANTED}}
-PLANTED_MODE = {"up's h stored as float32": "up", "the down reading h as float32": "down",
-                "the few-pairs down reading h as float32": "down"}  # the others: gate
+PLANTED_MODE = {"up's h stored as float32": "up"}  # the others: gate
 
 
 @pytest.mark.parametrize("fault", PLANTED)

@@ -1,15 +1,17 @@
 """kernels/rmsnorm.hip's entries under the kernel-language emulation (tests/support/emulated_kernels.py) at warp 32 and
 64, against rmsnorm.py's reference and against each other: rmsnorm_f32 (out of place, in place, f16 out),
-rmsnorm_add_f32 (the norm then the add) and rmsnorm_bias_f32 (add_bias then the norm), on the float4 path and the
+rmsnorm_add_f32 (the norm then the add), rmsnorm_bias_f32 (add_bias then the norm) and the `_and_f16` entries (both
+forms of the same values), on the float4 path and the
 scalar one. Tolerances are those of the GPU tier (tests/gpu/test_ops_gpu.py)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from hipcore.ops import rmsnorm
 from hipcore.ops.launch_checks import row_block
-from support.emulated_kernels import U32, run
+from support.emulated_kernels import U32, build_harnesses, run
 
 
 def test_rmsnorm(harnesses, warp, tmp_path):
@@ -77,3 +79,46 @@ def test_rmsnorm_bias_is_add_bias_then_the_norm(harnesses, warp, tmp_path):
         got = np.fromfile(tmp_path / "o", np.float32).reshape(rows, n)
         assert np.array_equal(got, normed), f"{rows}x{n}"
         assert not np.array_equal(got, plain)
+
+
+def check_and_f16_entries(harnesses, warp, tmp_path) -> None:
+    """rmsnorm_f32_and_f16 and rmsnorm_bias_f32_and_f16 against rmsnorm_f32 and rmsnorm_f32_f16 of the same input, to
+    the bit, on the float4 path and the scalar one (the test below)."""
+    rng = np.random.default_rng([warp, 7])
+    for rows, n in [(3, 7), (2, 576), (4, 2880)]:
+        x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        weight = (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+        for name, a in (("x", x), ("b", bias), ("w", weight), ("xb", x + bias)):
+            a.tofile(tmp_path / name)
+        block = row_block(n, rmsnorm.MAX_THREADS)
+        for entry, source, bias_file in (("rmsnorm_f32_and_f16", "x", "-"), ("rmsnorm_bias_f32_and_f16", "xb", "b")):
+            run(harnesses, warp, "rmsnorm_f32", rows, block, n, 1e-6, tmp_path / source, tmp_path / "w",
+                tmp_path / "want")
+            run(harnesses, warp, "rmsnorm_f32_f16", rows, block, n, 1e-6, tmp_path / source, tmp_path / "w",
+                tmp_path / "want16")
+            bias_path = bias_file if bias_file == "-" else tmp_path / bias_file
+            run(harnesses, warp, entry, rows, block, n, 1e-6, tmp_path / "x", bias_path, tmp_path / "w", tmp_path / "o",
+                tmp_path / "o16", tmp_path / "x_out")
+            got, got16 = np.fromfile(tmp_path / "o", np.float32), np.fromfile(tmp_path / "o16", np.uint16)
+            assert np.array_equal(got, np.fromfile(tmp_path / "want", np.float32)), f"{entry} {rows}x{n}"
+            assert np.array_equal(got16, np.fromfile(tmp_path / "want16", np.uint16)), f"{entry} f16 {rows}x{n}"
+            x_out = np.fromfile(tmp_path / "x_out", np.float32)
+            assert np.array_equal(x_out, (x + bias if bias_file != "-" else x).reshape(-1)), f"{entry} x {rows}x{n}"
+
+
+def test_the_and_f16_entries_write_both_forms_of_the_same_values(harnesses, warp, tmp_path):
+    """rmsnorm_f32_and_f16 and rmsnorm_bias_f32_and_f16 (a mixture's router reads the float32 rows, its experts on the
+    matrix cores the f16 copy): the float32 rows are rmsnorm_f32's (or rmsnorm_bias_f32's, x left with its bias) to
+    the bit, the f16 rows rmsnorm_f32_f16's of the same input."""
+    check_and_f16_entries(harnesses, warp, tmp_path)
+
+
+def test_a_copy_taken_before_the_weight_is_caught(tmp_path):
+    """Planted: the float4 path's f16 copy written from x before the norm's scale and weight."""
+    work = tmp_path / "planted"
+    work.mkdir()
+    harnesses = build_harnesses(work, edit={"rmsnorm.hip": lambda text: text.replace(
+        "if (out16) put4<false>(out16, i, r);", "if (out16) put4<false>(out16, i, v);")}, warps=(32,))
+    with pytest.raises(AssertionError, match="f16"):
+        check_and_f16_entries(harnesses, 32, tmp_path)

@@ -88,7 +88,7 @@ def test_64_column_entries_compute_what_the_others_do(cpu_device, monkeypatch):
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
     pairs = tokens * k
     raw = random_weights(rng, "mxfp4", n_expert * rows, cols)
-    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    x = rng.standard_normal((tokens, cols)).astype(np.float16)  # the products' x: f16 (moe_experts_mma.X_BYTES)
     tile = moe_experts_mma.tile_tokens(pairs, n_expert)
     sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(pairs, n_expert)
     bufs = {name: cpu_device.allocate(size, "scratch") for name, size in
@@ -119,7 +119,7 @@ def test_few_pairs_tiles_are_nvidias_and_compute_the_reference(cpu_device, monke
     ids = np.stack([[0, 1 + rng.integers(0, n_expert - 1)] for _ in range(tokens)]).astype(np.int32)
     pairs, tile = tokens * k, moe_experts_mma.DIRECT_TILE_PAIRS
     raw = random_weights(rng, "mxfp4", n_expert * rows, cols)
-    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    x = rng.standard_normal((tokens, cols)).astype(np.float16)  # the products' x: f16 (moe_experts_mma.X_BYTES)
     for dev in (cpu_device, StandInGpu(arch="gfx942"), StandInGpu(arch="sm_90")):
         sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(pairs, n_expert)
         bufs = {name: dev.allocate(size, "scratch") for name, size in

@@ -11,8 +11,9 @@ Five launches a layer, each over every token of the step: the router's product i
 ordinary dense product (the existing matmul kernels), the experts' read only the selected experts' rows.
 A step whose pairs average moe_experts_mma.min_pairs_per_expert an expert on a device with matrix cores takes
 moe_experts_mma instead of the two expert launches: the pairs sorted by expert (moe_sort), then gate, up (with the
-activation; h stored as f16 in moe_h, which the down rounds to anyway) and down as matrix products of each expert's
-pairs, and the weighted terms summed into the stream. On
+activation; h stored as f16 in moe_h) and down as matrix products of each expert's pairs, and the weighted terms
+summed into the stream; the norm then writes an f16 copy of xn too (moe_xn16: gate and up read it, the router the
+float32 rows), as the products round their inputs to f16 anyway. On
 NVIDIA a step of a few pairs an expert (moe_experts_mma.direct_pays: 2 to 8, 4 to 16 for MXFP4; the decode batches)
 takes the same launches in tiles of at most 8 pairs instead.
 
@@ -46,6 +47,8 @@ def moe_buffer_sizes(config, tokens: int) -> dict[str, tuple[int, str]]:
     sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(tokens * k, e)
     sizes = {"moe_logits": (tokens * e * 4, ROUTER_TAG), "moe_ids": (tokens * k * 4, ROUTER_TAG),
              "moe_weights": (tokens * k * 4, ROUTER_TAG), "moe_h": (tokens * k * ff * 4, EXPERTS_TAG),
+             # the normalized input's f16 copy that the matrix-core products read (moe_experts_mma.X_BYTES)
+             "moe_xn16": (tokens * config.hidden_size * moe_experts_mma.X_BYTES, EXPERTS_TAG),
              # the pairs sorted by expert and their tiles (moe_experts_mma, prompts on the matrix cores)
              "moe_sorted": (sorted_bytes, ROUTER_TAG), "moe_tiles": (tiles_bytes, ROUTER_TAG),
              # the grouped down path's per-slot terms (moe_experts.launch_down), the shared expert's too; the
@@ -96,13 +99,15 @@ def moe_feed_forward(ctx, i: int, lw, t: int, residual_bias=None) -> list[Launch
     cfg, b, dev, st = ctx.config, ctx.buffers, ctx.device, ctx.stream
     h, e, k, ff = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_size
     router, gate, up, down = lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps
+    tile = matrix_core_tile(dev.arch, cfg, t, gate, down)
+    also_f16 = b["moe_xn16"] if tile else None  # the matrix-core products' f16 copy of xn
     if residual_bias is None:
         norm = Launch("ffn_norm", lambda: rmsnorm.launch(dev, st, b["xn"], b["x"], lw.ffn_norm.buffer, t, h,
-                                                         cfg.rms_norm_eps), reads=(lw.ffn_norm,))
+                                                         cfg.rms_norm_eps, also_f16=also_f16), reads=(lw.ffn_norm,))
     else:
         norm = Launch("residual_bias+ffn_norm", lambda: rmsnorm.launch_bias(
-            dev, st, b["xn"], b["x"], residual_bias.buffer, lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps),
-            reads=(residual_bias, lw.ffn_norm))
+            dev, st, b["xn"], b["x"], residual_bias.buffer, lw.ffn_norm.buffer, t, h, cfg.rms_norm_eps,
+            also_f16=also_f16), reads=(residual_bias, lw.ffn_norm))
     plan: list[Launch] = [
         norm,
         Launch("moe_router", lambda: kernel_choice.project(dev, st, b["moe_logits"], weight_arg(router), b["xn"], e, h,
@@ -112,7 +117,6 @@ def moe_feed_forward(ctx, i: int, lw, t: int, residual_bias=None) -> list[Launch
     plan.append(Launch("moe_route", lambda: moe_route.launch(
         dev, st, b["moe_ids"], b["moe_weights"], b["moe_logits"], t, e, k, cfg.expert_gating, cfg.expert_weights_norm,
         bias=_bias(router_bias)), reads=(router_bias,)))
-    tile = matrix_core_tile(dev.arch, cfg, t, gate, down)
     if tile:
         return plan + _matrix_core_experts(ctx, lw, t, tile)
     selected = _selected(b, t * k, e)
@@ -159,11 +163,11 @@ def _matrix_core_experts(ctx, lw, t: int, tile: int) -> list[Launch]:
     return [
         ("moe_sort", lambda: moe_experts_mma.launch_sort(dev, st, sorted_, tiles, b["moe_ids"], pairs, e, tile)),
         Launch("moe_gate", lambda: moe_experts_mma.launch_products(
-            dev, st, "gate", g, weight_arg(gate), b["xn"], sorted_, tiles, weight_type=gate.fmt, rows=ff, cols=h,
-            x_per=k, bias=_bias(lw.ffn_gate_exps_bias), **shape), experts=selected(gate, lw.ffn_gate_exps_bias)),
+            dev, st, "gate", g, weight_arg(gate), b["moe_xn16"], sorted_, tiles, weight_type=gate.fmt, rows=ff,
+            cols=h, x_per=k, bias=_bias(lw.ffn_gate_exps_bias), **shape), experts=selected(gate, lw.ffn_gate_exps_bias)),
         Launch("moe_up", lambda: moe_experts_mma.launch_products(
-            dev, st, "up", b["moe_h"], weight_arg(up), b["xn"], sorted_, tiles, weight_type=up.fmt, rows=ff, cols=h,
-            x_per=k, bias=_bias(lw.ffn_up_exps_bias), g=g, activation=cfg.expert_activation, **shape),
+            dev, st, "up", b["moe_h"], weight_arg(up), b["moe_xn16"], sorted_, tiles, weight_type=up.fmt, rows=ff,
+            cols=h, x_per=k, bias=_bias(lw.ffn_up_exps_bias), g=g, activation=cfg.expert_activation, **shape),
             experts=selected(up, lw.ffn_up_exps_bias)),
         Launch("moe_down", lambda: moe_experts_mma.launch_products(
             dev, st, "down", g, weight_arg(down), b["moe_h"], sorted_, tiles, weight_type=down.fmt, rows=h, cols=ff,

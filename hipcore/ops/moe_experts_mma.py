@@ -12,8 +12,10 @@ rows i, cols i, pairs i, x_per i, n_expert i, tile_tokens i, max_tiles i, activa
   up:   h[p] = act(G[p], up_e . x[t] + up_bias_e)             f16 [pairs, ff] (in moe_experts' h buffer)
   down: terms[p] = weights[p] (down_e . h[p] + down_bias_e)   then moe_experts' moe_sum_slots_f32 adds the k terms of
                                                               each token into the residual stream, in slot order
-h is stored as f16 (H_BYTES): the down rounds its input to f16 in any case, so the same bits in half the bytes
-(the down's x, read once per 128-row tile, was four times an MXFP4 expert's weight bytes a step).
+Every product's x is f16 (X_BYTES): gate's and up's the token's normalized input (the feed-forward's norm writes an
+f16 copy beside the router's float32 rows, rmsnorm's also_f16), down's the h up writes. The products round their
+input to f16 in any case, so the same bits in half the bytes (a float32 x, read once per 128-row tile, was four times
+an MXFP4 expert's weight bytes a step).
 Precision as matmul_mma's (W and the input rounded to f16, exact products, f32 sums): `error_bound`. The result of
 a pair does not depend on where the sort put it. Taken where the device has matrix cores, the experts' type has
 entries (TYPES) and the pairs average at least min_pairs_per_expert an expert (`pays`: 4, 8 for MXFP4); BF16 and
@@ -61,7 +63,7 @@ MXFP4_MIN_PAIRS_PER_EXPERT = 8
 WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
 TILE_PAIRS = (8, 32, 64)  # the sort's tiles: the few-pairs entries' (8) and the shared tiles' (32, 64)
 MAX_GRID = 1 << 20
-H_BYTES = 2  # up's output h and the down's input: f16
+X_BYTES = 2  # every product's input and up's output h: f16
 # The 32-element formats' steps (Q8_0, MXFP4, F16, BF16: matmul_mma's Narrow steps of 32 columns) also have `_s64`
 # entries reading two steps at once, 64 columns between two barriers: the 32-column steps were latency-bound (1.8-2.1
 # us a step of gpt-oss-20b's prompt on an H100, docs/history/2026-12-06-moe-grouped-staged.md). Taken where cols is a
@@ -245,7 +247,7 @@ def _host_products(weight_type: str, mode: str):
         result = device.view(out, np.float16 if mode == "up" else np.float32, (pairs, rows))
         for e, start, count in table.tolist():
             ps = order[start:start + count].astype(np.int64)
-            xs = device.view(x, np.float16 if mode == "down" else np.float32, (pairs // x_per, cols))[ps // x_per]
+            xs = device.view(x, np.float16, (pairs // x_per, cols))[ps // x_per]
             w = moe_experts.expert_matrix(raw, weight_type, e, rows, cols)
             y = _f16(xs) @ _f16(w).T
             if bias:
@@ -298,9 +300,9 @@ def launch_sort(device: Device, stream: Stream | None, sorted_: Any, tiles: Any,
 def launch_products(device: Device, stream: Stream | None, mode: str, out: Any, W: Any, x: Any, sorted_: Any,
                     tiles: Any, *, weight_type: str, rows: int, cols: int, pairs: int, x_per: int, n_expert: int,
                     tile: int, bias: Any = None, g: Any = None, weights: Any = None, activation: str = "swiglu") -> None:
-    """One of the three products (the module docstring): out [pairs, rows] (f16 for "up", else float32) from x
-    [pairs / x_per, cols] (f16 for "down", else float32) and W [n_expert, rows, cols] of weight_type; g float32
-    [pairs, rows] for "up", weights float32 [pairs] for "down"; bias float32 [n_expert, rows] or None."""
+    """One of the three products (the module docstring): out [pairs, rows] (f16 for "up", else float32) from x f16
+    [pairs / x_per, cols] and W [n_expert, rows, cols] of weight_type; g float32 [pairs, rows] for "up", weights
+    float32 [pairs] for "down"; bias float32 [n_expert, rows] or None."""
     if mode not in MODES:
         raise ValueError(f"{OP}: mode must be one of {', '.join(MODES)}, not {mode!r}")
     if not supports(weight_type, cols):
@@ -316,8 +318,8 @@ def launch_products(device: Device, stream: Stream | None, mode: str, out: Any, 
         raise ValueError(f"{OP}: pairs ({pairs}) must be a multiple of x_per ({x_per})")
     check_memory(OP, "W", W, n_expert * rows * row_bytes(weight_type, cols),
                  alignment=(DIRECT_WEIGHT_ALIGNMENT if direct else matmul_mma.WEIGHT_ALIGNMENT)[weight_type])
-    x_bytes = pairs // x_per * cols * (H_BYTES if mode == "down" else 4)
-    out_bytes = pairs * rows * (H_BYTES if mode == "up" else 4)
+    x_bytes = pairs // x_per * cols * X_BYTES
+    out_bytes = pairs * rows * (X_BYTES if mode == "up" else 4)
     check_memory(OP, "x", x, x_bytes, alignment=16)
     check_memory(OP, "out", out, out_bytes)
     check_memory(OP, "sorted", sorted_, pairs * 4)

@@ -9,7 +9,10 @@ may fuse the weight's product with the add, one rounding fewer than a norm launc
 host reference does); out must not overlap x. `rmsnorm_bias_f32(out p, x p, bias p, weight p, n i, eps f)` first adds
 bias float32 [n] to every row of x in place, as add_bias adds it, then normalizes the sum into out (launch_bias:
 gpt-oss's o bias on the residual stream with the feed-forward's norm, one launch where there were two, the same
-bits); out must not overlap x.
+bits); out must not overlap x. `rmsnorm_f32_and_f16(out p, out16 p, x p, weight p, n i, eps f)` and
+`rmsnorm_bias_f32_and_f16(out p, out16 p, x p, bias p, weight p, n i, eps f)` write rmsnorm_f32's (rmsnorm_bias_f32's)
+float32 rows and, from the same values, rmsnorm_f32_f16's f16 rows into out16 (launch's and launch_bias's `also_f16`:
+a mixture's router reads the float32 rows, its experts on the matrix cores the f16 ones); out16 overlaps neither.
 """
 
 from __future__ import annotations
@@ -28,8 +31,12 @@ ENTRY = "rmsnorm_f32"
 ENTRY_F16 = "rmsnorm_f32_f16"
 ENTRY_ADD = "rmsnorm_add_f32"
 ENTRY_BIAS = "rmsnorm_bias_f32"
+ENTRY_AND_F16 = "rmsnorm_f32_and_f16"
+ENTRY_BIAS_AND_F16 = "rmsnorm_bias_f32_and_f16"
 SIGNATURE = "pppif"
 SIGNATURE_BIAS = "ppppif"
+SIGNATURE_AND_F16 = "ppppif"
+SIGNATURE_BIAS_AND_F16 = "pppppif"
 MAX_THREADS = 256  # the kernel's __launch_bounds__
 
 
@@ -71,15 +78,46 @@ def _host_bias(device: CpuDevice, grid: Dim3, block: Dim3, out: int, x: int, bia
     device.view(out, np.float32, (rows, n))[:] = reference(view, device.view(weight, np.float32, n), eps)
 
 
+@cpu_kernel(ENTRY_AND_F16, SIGNATURE_AND_F16)
+def _host_and_f16(device: CpuDevice, grid: Dim3, block: Dim3, out: int, out16: int, x: int, weight: int, n: int,
+                  eps: float) -> None:
+    _host(device, grid, block, out, x, weight, n, eps)
+    _copy_f16(device, grid[0], n, out, out16)
+
+
+@cpu_kernel(ENTRY_BIAS_AND_F16, SIGNATURE_BIAS_AND_F16)
+def _host_bias_and_f16(device: CpuDevice, grid: Dim3, block: Dim3, out: int, out16: int, x: int, bias: int, weight: int,
+                       n: int, eps: float) -> None:
+    _host_bias(device, grid, block, out, x, bias, weight, n, eps)
+    _copy_f16(device, grid[0], n, out, out16)
+
+
+def _copy_f16(device: CpuDevice, rows: int, n: int, out: int, out16: int) -> None:
+    """The float32 rows just written, rounded to f16 (the kernel rounds the same float32 values)."""
+    device.view(out16, np.float16, (rows, n))[:] = device.view(out, np.float32, (rows, n))
+
+
+def _check_f16_copy(entry: str, also_f16: Any, rows: int, n: int, *others) -> None:
+    check_memory(OP, "also_f16", also_f16, rows * n * 2)
+    for name, buf in others:
+        check_disjoint(entry, ("also_f16", also_f16, rows * n * 2), (name, buf, rows * n * 4))
+
+
 def launch_bias(device: Device, stream: Stream | None, out: Any, x: Any, bias: Any, weight: Any, rows: int, n: int,
-                eps: float) -> None:
-    """x += bias (every row, in place), then out = rmsnorm(x) * weight; `rows` rows of `n` floats (out and x apart)."""
+                eps: float, *, also_f16: Any = None) -> None:
+    """x += bias (every row, in place), then out = rmsnorm(x) * weight; `rows` rows of `n` floats (out and x apart).
+    also_f16: a buffer of rows x n f16 that also gets the result, rounded (rmsnorm_bias_f32_and_f16), or None."""
     check_sizes(OP, rows=rows, n=n)
     for name, buf in (("out", out), ("x", x)):
         check_memory(OP, name, buf, rows * n * 4)
     for name, buf in (("bias", bias), ("weight", weight)):
         check_memory(OP, name, buf, n * 4)
     check_disjoint(ENTRY_BIAS, ("out", out, rows * n * 4), ("x", x, rows * n * 4))
+    if also_f16 is not None:
+        _check_f16_copy(ENTRY_BIAS_AND_F16, also_f16, rows, n, ("out", out), ("x", x))
+        kernel = get_kernel(device, OP, ENTRY_BIAS_AND_F16, SIGNATURE_BIAS_AND_F16, programmatic=True)
+        kernel.launch(rows, row_block(n, MAX_THREADS), (out, also_f16, x, bias, weight, n, eps), stream=stream)
+        return
     kernel = get_kernel(device, OP, ENTRY_BIAS, SIGNATURE_BIAS, programmatic=True)
     kernel.launch(rows, row_block(n, MAX_THREADS), (out, x, bias, weight, n, eps), stream=stream)
 
@@ -97,12 +135,20 @@ def launch_add(device: Device, stream: Stream | None, out: Any, x: Any, weight: 
 
 
 def launch(device: Device, stream: Stream | None, out: Any, x: Any, weight: Any, rows: int, n: int, eps: float, *,
-           out_f16: bool = False) -> None:
-    """Normalize `rows` rows of `n` floats of x into out (float32, or f16 with out_f16)."""
+           out_f16: bool = False, also_f16: Any = None) -> None:
+    """Normalize `rows` rows of `n` floats of x into out (float32, or f16 with out_f16). also_f16: a buffer of rows x
+    n f16 that also gets the float32 result, rounded (rmsnorm_f32_and_f16; not with out_f16), or None."""
     check_sizes(OP, rows=rows, n=n)
     check_memory(OP, "out", out, rows * n * (2 if out_f16 else 4))
     check_memory(OP, "x", x, rows * n * 4)
     check_memory(OP, "weight", weight, n * 4)
+    if also_f16 is not None:
+        if out_f16:
+            raise ValueError(f"{OP}: also_f16 copies a float32 output; out_f16 writes f16 only")
+        _check_f16_copy(ENTRY_AND_F16, also_f16, rows, n, ("out", out), ("x", x))
+        kernel = get_kernel(device, OP, ENTRY_AND_F16, SIGNATURE_AND_F16, programmatic=True)
+        kernel.launch(rows, row_block(n, MAX_THREADS), (out, also_f16, x, weight, n, eps), stream=stream)
+        return
     if out_f16:
         check_disjoint(ENTRY_F16, ("out", out, rows * n * 2), ("x", x, rows * n * 4))
     kernel = get_kernel(device, OP, ENTRY_F16 if out_f16 else ENTRY, SIGNATURE, programmatic=True)

@@ -82,6 +82,7 @@ class Layer:
         self.ids_buf = self._upload(self.ids)
         self.weights_buf = self._upload(self.route_weights)
         self.x_buf = self._upload(self.x)
+        self.x16_buf = self._upload(self.x.astype(np.float16))  # the matrix-core paths' x (moe_experts_mma.X_BYTES)
         self.h_buf = self._alloc(tokens * k * ff * 4, "activations")
         self.workspace = self._alloc(moe_experts.down_workspace_bytes(tokens, k, max(hidden, ff)), "scratch")
         self.tile = moe_experts_mma.tile_tokens(tokens * k, n_expert)
@@ -138,7 +139,8 @@ class Layer:
             moe_experts_mma.launch_sort(self.dev, stream, self.sorted_buf, self.tiles_buf, self.ids_at(copy), pairs,
                                         self.n_expert, shape["tile"])
         rows, cols, x, out, x_per = ((self.hidden, self.ff, self.h_buf, self.workspace, 1) if mode == "down" else
-                                     (self.ff, self.hidden, self.x_buf, self.h_buf if mode == "up" else self.workspace, self.k))
+                                     (self.ff, self.hidden, self.x16_buf, self.h_buf if mode == "up" else self.workspace,
+                                      self.k))
         moe_experts_mma.launch_products(self.dev, stream, mode, out, self.weight_at(mode, copy), x, self.sorted_buf,
                                         self.tiles_buf, weight_type=self.down_type if mode == "down" else self.up_type,
                                         rows=rows, cols=cols, x_per=x_per, g=self.workspace, weights=self.weights_buf,

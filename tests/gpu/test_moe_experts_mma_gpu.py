@@ -35,11 +35,12 @@ def layer_case(gpu, mem, rng, seed, gate_type, down_type, hidden, ff, n_expert, 
                x_scale=1.0, tile=None):
     """The layer's expert launches as moe_blocks makes them, each product checked against its reference. x_scale keeps
     the down product's input h within f16's range, as a model's is (random K-quant experts on inputs of 1 gave |h|
-    past 65,504: an infinity in the f16 tile, as matmul_mma's prompts would make of it)."""
+    past 65,504: an infinity in the f16 tile, as matmul_mma's prompts would make of it). x is f16, the norm's copy
+    that moe_blocks gives the products (moe_experts_mma.X_BYTES)."""
     pairs, tile = tokens * k, tile or moe_experts_mma.tile_tokens(tokens * k, n_expert)
     gate, up = (random_weights(rng, gate_type, n_expert * ff, hidden) for _ in range(2))
     down = random_weights(rng, down_type, n_expert * hidden, ff)
-    x = (rng.standard_normal((tokens, hidden)) * rng.choice([0.1, 1.0, 3.0], (tokens, 1)) * x_scale).astype(np.float32)
+    x = (rng.standard_normal((tokens, hidden)) * rng.choice([0.1, 1.0, 3.0], (tokens, 1)) * x_scale).astype(np.float16)
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
     weights = rng.random((tokens, k)).astype(np.float32)
     bias = {n: (rng.standard_normal((n_expert, r)) * 2).astype(np.float32) if biases else None
@@ -48,7 +49,8 @@ def layer_case(gpu, mem, rng, seed, gate_type, down_type, hidden, ff, n_expert, 
     sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(pairs, n_expert)
     b = dict(sorted=mem.poisoned(sorted_bytes), tiles=mem.poisoned(tiles_bytes), ids=mem.upload(ids),
              x=mem.upload(x), gate=mem.upload(gate, "weights"), up=mem.upload(up, "weights"),
-             down=mem.upload(down, "weights"), w=mem.upload(weights), h=mem.poisoned(pairs * ff * moe_experts_mma.H_BYTES),
+             down=mem.upload(down, "weights"), w=mem.upload(weights),
+             h=mem.poisoned(pairs * ff * moe_experts_mma.X_BYTES),
              g=mem.poisoned(pairs * max(ff, hidden) * 4), out=mem.upload(residual))
     bias_bufs = {n: mem.upload(v) if v is not None else None for n, v in bias.items()}
     shape = dict(pairs=pairs, n_expert=n_expert, tile=tile)
@@ -152,9 +154,10 @@ def test_a_prompt_layer_replays_from_a_graph_as_eager(gpu, mem, rng, direct):
     ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(tokens)]).astype(np.int32)
     sorted_bytes, tiles_bytes = moe_experts_mma.sort_bytes(pairs, n_expert)
     b = dict(gate=mem.upload(gate, "weights"), up=mem.upload(up, "weights"), down=mem.upload(down, "weights"),
-             x=mem.upload(rng.standard_normal((tokens, hidden)).astype(np.float32)), ids=mem.upload(ids),
+             x=mem.upload(rng.standard_normal((tokens, hidden)).astype(np.float16)), ids=mem.upload(ids),
              w=mem.upload(rng.random((tokens, k)).astype(np.float32)), sorted=mem.poisoned(sorted_bytes),
-             tiles=mem.poisoned(tiles_bytes), g=mem.poisoned(pairs * hidden * 4), h=mem.poisoned(pairs * ff * moe_experts_mma.H_BYTES),
+             tiles=mem.poisoned(tiles_bytes), g=mem.poisoned(pairs * hidden * 4),
+             h=mem.poisoned(pairs * ff * moe_experts_mma.X_BYTES),
              out=mem.upload(np.zeros((tokens, hidden), np.float32)))
     shape = dict(pairs=pairs, n_expert=n_expert, tile=tile)
 

@@ -33,7 +33,9 @@ ENTRIES = {
     "matvec": [(f"matvec_{t}", matvec.SIGNATURE) for t in matvec.WEIGHT_TYPES]
               + [(f"matvec_split_{t}", matvec.SIGNATURE) for t in matvec.SPLIT_TYPES],
     "rmsnorm": [("rmsnorm_f32", rmsnorm.SIGNATURE), ("rmsnorm_f32_f16", rmsnorm.SIGNATURE),
-                ("rmsnorm_add_f32", rmsnorm.SIGNATURE), ("rmsnorm_bias_f32", rmsnorm.SIGNATURE_BIAS)],
+                ("rmsnorm_add_f32", rmsnorm.SIGNATURE), ("rmsnorm_bias_f32", rmsnorm.SIGNATURE_BIAS),
+                ("rmsnorm_f32_and_f16", rmsnorm.SIGNATURE_AND_F16),
+                ("rmsnorm_bias_f32_and_f16", rmsnorm.SIGNATURE_BIAS_AND_F16)],
     "rope": [("rope_f32", rope.SIGNATURE), ("rope_neox_f32", rope.SIGNATURE)],
     "silu_mul": [("silu_mul_f32", silu_mul.SIGNATURE)],
 }
@@ -210,6 +212,19 @@ def test_rmsnorm(gpu, mem, rng, seed, rows, n):
     rmsnorm.launch_bias(gpu, None, out2, x2, bs, ws, rows, n, 1e-5)
     assert np.array_equal(x2.download(np.uint8), x1.download(np.uint8)), f"seed {seed}, x + bias"
     assert np.array_equal(out2.download(np.uint8), out1.download(np.uint8)), f"seed {seed}, norm of x + bias"
+    # both forms at once (a mixture's router and its matrix-core experts): the bytes of the float32 and f16 launches
+    xc, f32, f16 = mem.upload(x), mem.poisoned(x.nbytes), mem.poisoned(rows * n * 2)
+    rmsnorm.launch(gpu, None, out, xc, ws, rows, n, 1e-5)
+    rmsnorm.launch(gpu, None, out16, xc, ws, rows, n, 1e-5, out_f16=True)
+    rmsnorm.launch(gpu, None, f32, xc, ws, rows, n, 1e-5, also_f16=f16)
+    assert np.array_equal(f32.download(np.uint8), out.download(np.uint8)), f"seed {seed}, and_f16's float32"
+    assert np.array_equal(f16.download(np.uint8), out16.download(np.uint8)), f"seed {seed}, and_f16's f16"
+    x3, out3, f16b = mem.upload(x), mem.poisoned(x.nbytes), mem.poisoned(rows * n * 2)
+    rmsnorm.launch_bias(gpu, None, out3, x3, bs, ws, rows, n, 1e-5, also_f16=f16b)
+    rmsnorm.launch(gpu, None, out16, x1, ws, rows, n, 1e-5, out_f16=True)  # x1 holds x + bias
+    assert np.array_equal(x3.download(np.uint8), x1.download(np.uint8)), f"seed {seed}, bias and_f16's x + bias"
+    assert np.array_equal(out3.download(np.uint8), out1.download(np.uint8)), f"seed {seed}, bias and_f16's float32"
+    assert np.array_equal(f16b.download(np.uint8), out16.download(np.uint8)), f"seed {seed}, bias and_f16's f16"
 
 
 @pytest.mark.parametrize("n_tokens,n_heads,head_dim,rope_dim,max_pos", [

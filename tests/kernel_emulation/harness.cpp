@@ -465,6 +465,27 @@ int main(int argc, char** argv) {
     Guarded<unsigned short> out((size_t)grid * n, 0xFFFFu);  // NaN
     emu_launch(grid, block, [&] { rmsnorm_f32_f16(out.data(), (const float*)x.data(), (const float*)weight.data(), n, eps); });
     write_file(a[4], out.data(), out.size() * 2);
+  } else if (entry == "rmsnorm_f32_and_f16" || entry == "rmsnorm_bias_f32_and_f16") {
+    // n eps x bias|- weight out out16 x_out: the float32 rows, their f16 copy, x after its bias (the bias entry's)
+    const int n = std::atoi(a[0]);
+    const float eps = std::strtof(a[1], nullptr);
+    Bytes x = read_file(a[2]), weight = read_file(a[4]);
+    Guarded<float> out = nan_filled((size_t)grid * n);
+    Guarded<unsigned short> out16((size_t)grid * n, 0xFFFFu);  // NaN
+    if (entry == "rmsnorm_bias_f32_and_f16") {
+      Bytes bias = read_file(a[3]);
+      emu_launch(grid, block, [&] {
+        rmsnorm_bias_f32_and_f16(out.data(), out16.data(), (float*)x.data(), (const float*)bias.data(),
+                                 (const float*)weight.data(), n, eps);
+      });
+    } else {
+      emu_launch(grid, block, [&] {
+        rmsnorm_f32_and_f16(out.data(), out16.data(), (const float*)x.data(), (const float*)weight.data(), n, eps);
+      });
+    }
+    write_file(a[5], out.data(), out.size() * 4);
+    write_file(a[6], out16.data(), out16.size() * 2);
+    write_file(a[7], x.data(), x.size());
   } else if (entry == "rope_f32" || entry == "rope_neox_f32") {
     // n_tokens n_heads head_dim rope_dim theta_base freq_scale x positions factors|- out
     const int tokens = std::atoi(a[0]), heads = std::atoi(a[1]), head_dim = std::atoi(a[2]), rope_dim = std::atoi(a[3]);
