@@ -106,8 +106,13 @@ static __device__ __forceinline__ void rmsnorm_row(Out* out, const float* x_in, 
     }
   } else {
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      put<ADD>(out, i, (x[i] * scale) * weight[i]);  // one expression, as before: where ADD, the compiler may fuse
-      if (out16) put<false>(out16, i, (x[i] * scale) * weight[i]);
+      if (out16) {  // x read once: out may be x
+        const float r = (x[i] * scale) * weight[i];
+        put<false>(out, i, r);
+        put<false>(out16, i, r);
+      } else {
+        put<ADD>(out, i, (x[i] * scale) * weight[i]);  // one expression, as before: where ADD, the compiler may fuse
+      }
     }
   }
 }
