@@ -184,7 +184,7 @@ def test_shutdown_with_requests_in_flight_returns_every_block(model_path, http_p
         def stream():
             try:
                 with httpx.stream("POST", live.url + "/v1/completions", timeout=30,
-                                  json={"prompt": "a", "max_tokens": 200, "stream": True}) as response:
+                                  json={"prompt": "a", "max_tokens": 200, "stream": True, "ignore_eos": True}) as response:
                     for _ in response.iter_lines():
                         pass
             except httpx.HTTPError:
