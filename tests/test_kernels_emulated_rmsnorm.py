@@ -1,8 +1,8 @@
 """kernels/rmsnorm.hip's entries under the kernel-language emulation (tests/support/emulated_kernels.py) at warp 32 and
 64, against rmsnorm.py's reference and against each other: rmsnorm_f32 (out of place, in place, f16 out),
 rmsnorm_add_f32 (the norm then the add), rmsnorm_bias_f32 (add_bias then the norm) and the `_and_f16` entries (both
-forms of the same values), on the float4 path and the
-scalar one. Tolerances are those of the GPU tier (tests/gpu/test_ops_gpu.py)."""
+forms of the same values; planted: the f16 copy taken before the scale and weight), on the float4 path and the scalar
+one. Tolerances are those of the GPU tier (tests/gpu/test_ops_gpu.py)."""
 
 from __future__ import annotations
 
