@@ -69,9 +69,9 @@ def run_products(harness, tmp_path, rng, mode, weight_type, tokens, k, rows, col
         blocks[..., 0] = rng.integers(*scales, blocks.shape[:2], dtype=np.uint8)
     raw.tofile(tmp_path / "w")
     x_per = 1 if mode == "down" else k
+    # every product's x is f16: the copy of the token's normalized input, or up's h
     x = (rng.standard_normal((pairs // x_per, cols)) * rng.choice([0.1, 1.0, 3.0], (pairs // x_per, 1))
-         * x_scale).astype(np.float32)
-    x = x.astype(np.float16)  # every product's x is f16: the token's normalized input's copy, or up's h
+         * x_scale).astype(np.float16)
     x.tofile(tmp_path / "x")
     bias = (rng.standard_normal((n_expert, rows)) * 2).astype(np.float32) if biases else None
     g = (rng.standard_normal((pairs, rows)) * 2).astype(np.float32) if mode == "up" else None
