@@ -160,7 +160,8 @@ def test_option_errors_name_the_option_as_typed(tiny, args, option):
 
 @pytest.mark.parametrize("name, kind, good", [("ROCMFORGE_MMA_FIRST_MIN_COLS", "a whole number", "2880"),
                                               ("ROCMFORGE_MOE_MMA_MIN_PAIRS", "a number", "2.5"),
-                                              ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "a number", "1")])
+                                              ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "a number", "1"),
+                                              ("ROCMFORGE_MOE_MMA_WIDE_PAIRS", "a number", "64")])
 def test_a_bad_numeric_setting_is_one_line_and_exit_2(tiny, name, kind, good, monkeypatch):
     """A measurement setting (the README's settings table) that is no number is refused when the model loads, in one
     line naming it, exit 2, as a bad option is: not a traceback, not a failed forward pass, and on a dense model too;

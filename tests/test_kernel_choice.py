@@ -172,6 +172,7 @@ SETTINGS = {
     "ROCMFORGE_MOE_DIRECT_MIN_PAIRS": "the pairs an expert from which a MoE step takes the few-pairs tiles (ops/moe_experts_mma.py)",
     "ROCMFORGE_MOE_DIRECT_MAX_PAIRS": "the pairs an expert up to which a MoE step takes the few-pairs tiles (ops/moe_experts_mma.py)",
     "ROCMFORGE_MOE_MMA_NARROW_STEP": "the columns a step of the 32-element formats' MoE matrix-core products (ops/moe_experts_mma.py)",
+    "ROCMFORGE_MOE_MMA_WIDE_PAIRS": "the pairs an expert from which the MoE matrix-core tiles hold 64 pairs (ops/moe_experts_mma.py)",
 }
 PACKAGES = ("hipcore", "profiles", "rocmforge_cli", "rocmforge_serve")
 REPO = Path(__file__).resolve().parents[1]
@@ -211,7 +212,7 @@ def test_each_switch_is_read_once_as_documented():
     for name in [*kernel_choice.ENVIRONMENT, "ROCMFORGE_PREBUILT_DIR", "ROCMFORGE_CACHE_DIR", "ROCMFORGE_API_KEY",
                  "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MMA_FIRST_MIN_COLS",
                  "ROCMFORGE_QMATVEC_FIRST_MIN_COLS", "ROCMFORGE_MOE_MMA_NARROW_STEP", "ROCMFORGE_MOE_DIRECT_MIN_PAIRS",
-                 "ROCMFORGE_MOE_DIRECT_MAX_PAIRS"]:
+                 "ROCMFORGE_MOE_DIRECT_MAX_PAIRS", "ROCMFORGE_MOE_MMA_WIDE_PAIRS"]:
         assert f"| `{name}" in readme, name
 
 

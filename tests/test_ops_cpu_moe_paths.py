@@ -14,14 +14,17 @@ from test_ops_cpu_moe import to_device
 
 def test_path_thresholds_follow_their_settings(monkeypatch):
     """The grouped path from one pair an expert, the matrix cores from 4 (8 where an expert tensor is MXFP4), NVIDIA's
-    few-pairs tiles from 2 to 8 (4 to 16 for MXFP4) and never on AMD; the ROCMFORGE_MOE_GROUPED_MIN_PAIRS,
-    ROCMFORGE_MOE_MMA_MIN_PAIRS, ROCMFORGE_MOE_DIRECT_MIN_PAIRS and ROCMFORGE_MOE_DIRECT_MAX_PAIRS settings move them;
-    a value that is no number of 0 or more is a UsageError naming the setting."""
+    few-pairs tiles from 2 to 8 (4 to 16 for MXFP4) and never on AMD, 64-pair shared tiles from 48 an expert; the
+    ROCMFORGE_MOE_GROUPED_MIN_PAIRS, ROCMFORGE_MOE_MMA_MIN_PAIRS, ROCMFORGE_MOE_DIRECT_MIN_PAIRS,
+    ROCMFORGE_MOE_DIRECT_MAX_PAIRS and ROCMFORGE_MOE_MMA_WIDE_PAIRS settings move them; a value that is no number of 0
+    or more is a UsageError naming the setting."""
     from hipcore.ops import moe_experts_mma
     from hipcore.runtime.errors import UsageError
     for name in ("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "ROCMFORGE_MOE_MMA_MIN_PAIRS", "ROCMFORGE_MOE_DIRECT_MIN_PAIRS",
-                 "ROCMFORGE_MOE_DIRECT_MAX_PAIRS"):
+                 "ROCMFORGE_MOE_DIRECT_MAX_PAIRS", "ROCMFORGE_MOE_MMA_WIDE_PAIRS"):
         monkeypatch.delenv(name, raising=False)
+    # the shared tiles: 64 pairs from 48 an expert (gpt-oss-20b's 384-token prompt), 32 below
+    assert moe_experts_mma.tile_tokens(384 * 4, 32) == 64 and moe_experts_mma.tile_tokens(383 * 4, 32) == 32
     qwen, oss = ("q4_k", "q6_k"), ("mxfp4", "mxfp4")
     widths = (2048, 768)
     assert moe_experts.grouped_pays(16, 8, 128) and not moe_experts.grouped_pays(15, 8, 128)
@@ -39,6 +42,8 @@ def test_path_thresholds_follow_their_settings(monkeypatch):
     monkeypatch.setenv("ROCMFORGE_MOE_DIRECT_MAX_PAIRS", "32")
     assert direct("sm_90", 8, 4, 32, oss, widths) and not direct("sm_90", 7, 4, 32, oss, widths)
     assert direct("sm_90", 256, 4, 32, oss, widths) and not direct("sm_90", 257, 4, 32, oss, widths)
+    monkeypatch.setenv("ROCMFORGE_MOE_MMA_WIDE_PAIRS", "65")
+    assert moe_experts_mma.tile_tokens(512 * 4, 32) == 32 and moe_experts_mma.tile_tokens(520 * 4, 32) == 64
     monkeypatch.setenv("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", "2")
     monkeypatch.setenv("ROCMFORGE_MOE_MMA_MIN_PAIRS", "2")
     assert not moe_experts.grouped_pays(16, 8, 128) and moe_experts.grouped_pays(32, 8, 128)
@@ -47,7 +52,8 @@ def test_path_thresholds_follow_their_settings(monkeypatch):
     for name, check in (("ROCMFORGE_MOE_GROUPED_MIN_PAIRS", lambda: moe_experts.grouped_pays(16, 8, 128)),
                         ("ROCMFORGE_MOE_MMA_MIN_PAIRS", lambda: moe_experts_mma.pays("sm_90", 64, 8, 128, qwen, widths)),
                         ("ROCMFORGE_MOE_DIRECT_MIN_PAIRS", lambda: direct("sm_90", 64, 8, 128, qwen, widths)),
-                        ("ROCMFORGE_MOE_DIRECT_MAX_PAIRS", lambda: direct("sm_90", 64, 8, 128, qwen, widths))):
+                        ("ROCMFORGE_MOE_DIRECT_MAX_PAIRS", lambda: direct("sm_90", 64, 8, 128, qwen, widths)),
+                        ("ROCMFORGE_MOE_MMA_WIDE_PAIRS", lambda: moe_experts_mma.tile_tokens(512 * 4, 32))):
         for bad in ("two", "-1", "nan"):
             monkeypatch.setenv(name, bad)
             with pytest.raises(UsageError, match=f"{name} must be a number of 0 or more, got '{bad}'"):

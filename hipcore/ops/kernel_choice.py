@@ -171,6 +171,7 @@ def check_settings() -> None:
     moe_experts_mma.direct_min_pairs(())
     moe_experts_mma.direct_max_pairs(())
     moe_experts_mma.narrow_step_cols()
+    moe_experts_mma.wide_tile_pairs()
     qmatvec_first_min_cols()
 
 

@@ -60,7 +60,11 @@ MAX_EXPERTS = 512  # kMaxExperts: the sort's shared counters
 # ROCMFORGE_MOE_MMA_MIN_PAIRS sets it for every type, for a measurement.
 MIN_PAIRS_PER_EXPERT = 4
 MXFP4_MIN_PAIRS_PER_EXPERT = 8
-WIDE_TILE_PAIRS = 48  # 64-pair tiles once the pairs average this many an expert
+# 64-pair tiles once the pairs average this many an expert (ROCMFORGE_MOE_MMA_WIDE_PAIRS for a measurement: a
+# 512-token prompt of gpt-oss-20b averages 64 an expert, and with random routing about half its 32 experts then hold
+# a second tile of a few pairs, whose workgroups cost nearly a full tile's steps; 32-pair tiles pad less and decode
+# each weight tile twice as often)
+WIDE_TILE_PAIRS = 48
 TILE_PAIRS = (8, 32, 64)  # the sort's tiles: the few-pairs entries' (8) and the shared tiles' (32, 64)
 MAX_GRID = 1 << 20
 X_BYTES = 2  # every product's input and up's output h: f16
@@ -173,8 +177,14 @@ def entry_name(mode: str, weight_type: str, cols: int, tile: int = 32) -> str:
     return f"moe_mma_{mode}_{weight_type}" + ("_s64" if s64 else "")
 
 
+def wide_tile_pairs() -> float:
+    """WIDE_TILE_PAIRS, or ROCMFORGE_MOE_MMA_WIDE_PAIRS where set."""
+    return settings.number("ROCMFORGE_MOE_MMA_WIDE_PAIRS", WIDE_TILE_PAIRS)
+
+
 def tile_tokens(pairs: int, n_expert: int) -> int:
-    return 64 if pairs >= WIDE_TILE_PAIRS * n_expert else 32
+    """The shared tiles' pairs for a step of `pairs` pairs: 64 once they average wide_tile_pairs() an expert, else 32."""
+    return 64 if pairs >= wide_tile_pairs() * n_expert else 32
 
 
 def max_tiles(pairs: int, n_expert: int, tile: int) -> int:
