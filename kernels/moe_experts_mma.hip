@@ -83,8 +83,8 @@ struct __attribute__((aligned(8))) HalfQuad {
 };
 #endif
 
-// f16 x four values a load (8 bytes), where a tile's step has too few values for mmq::XF16's eight a thread
-// (32 pairs x 32 columns: 128 loads of 8 for 256 threads).
+// f16 x four values a load (8 bytes): where a tile's step has too few values for mmq::XF16's eight a thread (32
+// pairs x 32 columns: 128 loads of 8 for 256 threads), and a lane's k-substep in the few-pairs entries.
 struct XF16Quad {
   static constexpr int kValues = 4, kBytes = 2;
   typedef HalfQuad Raw;
@@ -94,19 +94,15 @@ struct XF16Quad {
   static __device__ __forceinline__ void store(const Raw& r, unsigned short* dst) { *reinterpret_cast<HalfQuad*>(dst) = r; }
 };
 
-// x's loads: eight f16 values a load where every thread has whole ones (`values` x values a step of a tile), else
-// four (a 32-pair tile's 32-column step).
-template <int values>
-struct InputLoads {
-  template <bool kEights, int kDummy = 0>
-  struct Pick {
-    typedef mmq::XF16 type;
-  };
-  template <int kDummy>
-  struct Pick<false, kDummy> {
-    typedef XF16Quad type;
-  };
-  typedef typename Pick<values % (8 * kThreads) == 0>::type type;
+// x's loads: eight f16 values a load where every thread has whole ones (kEights), else four (a 32-pair tile's
+// 32-column step).
+template <bool kEights>
+struct HalfLoads {
+  typedef mmq::XF16 type;
+};
+template <>
+struct HalfLoads<false> {
+  typedef XF16Quad type;
 };
 
 // Pair `pair`'s row r of the mode's output from y = (W_e . x_row(pair))[r] (the module comment's epilogues).
@@ -128,7 +124,7 @@ __device__ __forceinline__ void store_pair(const Args& a, int e, int pair, int r
 template <class Step, int TN, int kMode>
 __device__ __forceinline__ void tile_product(const Args& a, int e, int start, int count, int r0, unsigned short* ws,
                                              unsigned short* xs) {
-  typedef typename InputLoads<TN * Step::kStepCols>::type XIn;
+  typedef typename HalfLoads<TN * Step::kStepCols % (8 * kThreads) == 0>::type XIn;
   constexpr int kStepCols = Step::kStepCols, kStride = kStepCols + 8;
   constexpr int kTokenTilesPerWarp = TN / 16 / kWarpsAcross;
   constexpr int kWLoads = kTileRows * Step::kGroupsPerRow / kThreads;
@@ -244,17 +240,6 @@ __device__ __forceinline__ void products(const Args& a, int max_tiles, unsigned 
 // decode's instructions bound them (each weight decoded for at most 8 pairs), not the loads (staging MXFP4's
 // byte-aligned rows through shared memory measured the same).
 
-// A lane's four x values of a k-substep (columns col .. col + 3 of its pair's f16 row) in one 8-byte load; pair i
-// = 0, 1 of them is the B fragment's register i.
-struct FragmentInput {
-  static constexpr int kBytes = 2;
-  typedef HalfQuad Raw;
-  static __device__ __forceinline__ Raw load(const unsigned char* row, int col) {
-    return *reinterpret_cast<const HalfQuad*>(reinterpret_cast<const unsigned short*>(row) + col);
-  }
-  static __device__ __forceinline__ unsigned int pair(const Raw& v, int i) { return i ? v.y : v.x; }
-};
-
 template <class F, int kMode>
 __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int start, int count, int r0) {
   typedef typename F::Step Step;
@@ -267,7 +252,7 @@ __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int st
 #pragma unroll
   for (int h = 0; h < 2; ++h) w_src[h] = W + (unsigned long long)lesser(r0 + 16 * warp + g + 8 * h, rows - 1) * row_bytes;
   const int pair = a.sorted[start + lesser(g, count - 1)];
-  typedef FragmentInput XIn;
+  typedef XF16Quad XIn;  // a lane's four x values of a k-substep in one load: its B fragment's two registers
   const unsigned char* x_src =
       reinterpret_cast<const unsigned char*>(a.x) + (unsigned long long)(pair / a.x_per) * cols * XIn::kBytes;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -285,7 +270,7 @@ __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int st
       if (c0 >= cols) break;  // uniform
       typename XIn::Raw xd[4];  // the lane's x of each k-substep, loaded before the decode hides its latency
 #pragma unroll
-      for (int s = 0; s < 4; ++s) xd[s] = XIn::load(x_src, Step::column(c0, mmq::frag_column(s, t)));
+      for (int s = 0; s < 4; ++s) XIn::load_into(xd[s], x_src, Step::column(c0, mmq::frag_column(s, t)));
       unsigned int pairs[2][8];
 #pragma unroll
       for (int h = 0; h < 2; ++h) F::decode(raw[d][h], c0, pairs[h]);
@@ -295,7 +280,7 @@ __device__ __forceinline__ void direct_tile_product(const Args& a, int e, int st
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const unsigned int fa[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
-        const unsigned int fb[2] = {XIn::pair(xd[s], 0), XIn::pair(xd[s], 1)};
+        const unsigned int fb[2] = {xd[s].x, xd[s].y};
         rf_mma_m16n8k16_f16(acc, fa, fb);
       }
     }

@@ -198,8 +198,8 @@ PLANTED = {
     "a 64-column step loading 32 columns": ("kGroupsPerRow = 2 * S::kGroupsPerRow;",
                                             "kGroupsPerRow = S::kGroupsPerRow;"),
     "up's h stored as float32": ("reinterpret_cast<unsigned short*>(a.out)[at] =", "a.out[at] ="),
-    "the products reading x as float32": ("typedef typename Pick<values % (8 * kThreads) == 0>::type type;",
-                                          "typedef mmq::XF32 type;"),
+    "the products reading x as float32": (
+        "typedef typename HalfLoads<TN * Step::kStepCols % (8 * kThreads) == 0>::type XIn;", "typedef mmq::XF32 XIn;"),
 }
 DIRECT_PLANTED = {  # the few-pairs entries': (old, new, weight type, MXFP4 scales)
     "every lane taking the tile's first pair": ("const int pair = a.sorted[start + lesser(g, count - 1)];",
@@ -210,8 +210,8 @@ DIRECT_PLANTED = {  # the few-pairs entries': (old, new, weight type, MXFP4 scal
     "MXFP4's sign bits dropped": ("| ((codes & 0x08080808u) << 4);", ";", "mxfp4", None),
     "MXFP4's small scales' second factor dropped": ("if (small) v = rf_h2_mul(v, second * 0x10001u);", "", "mxfp4",
                                                     (88, 110)),
-    "the few-pairs entries reading x as float32": ("static constexpr int kBytes = 2;",
-                                                   "static constexpr int kBytes = 4;", "q8_0", None),
+    "the few-pairs entries reading x as float32": ("(pair / a.x_per) * cols * XIn::kBytes;\n  float acc[4]",
+                                                   "(pair / a.x_per) * cols * 4;\n  float acc[4]", "q8_0", None),
 }
 PLANTED.update({fault: spec[:2] for fault, spec in DIRECT_PLANTED.items()})
 PLANTED_SUFFIX = {"a 64-column step loading 32 columns": "_s64", **{fault: "_direct" for fault in DIRECT_PLANTED}}
